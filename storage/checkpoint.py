@@ -1,0 +1,81 @@
+"""Checkpoint: the commit-log offset up to which derived files are durable.
+
+File `checkpoint`, replaced atomically (write, fsync, rename):
+
+    offset  size  field
+    0       4     magic        b"HGCK"
+    4       2     version      u16 = 1
+    6       2     reserved     0
+    8       4     body_length  u32
+    12      4     crc32        u32 of the body
+    16      ...   body: msgpack map
+                    commit_offset  int: replay starts here
+                    hours          [[hour, entries, log_bytes, ended,
+                                     last_end_ms], ...]
+                    written_ms     int: when it was taken
+
+Everything derived from records before `commit_offset` was fsync'ed before
+this file was written; recovery cuts every hour back to the sizes listed
+here and replays the log from `commit_offset`.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import zlib
+from dataclasses import dataclass, field
+
+import msgpack
+
+from .errors import CorruptionError
+from .fileutil import atomic_write, check_header
+
+HEADER = struct.Struct("<4sHHII")
+MAGIC = b"HGCK"
+VERSION = 1
+
+
+@dataclass(frozen=True)
+class HourRecord:
+    hour: int
+    entries: int
+    log_bytes: int
+    ended: int
+    last_end_ms: int
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    commit_offset: int = 0
+    hours: tuple[HourRecord, ...] = field(default_factory=tuple)
+    written_ms: int = 0
+
+    def encode(self) -> bytes:
+        body = msgpack.packb({
+            "commit_offset": self.commit_offset,
+            "hours": [[h.hour, h.entries, h.log_bytes, h.ended, h.last_end_ms] for h in self.hours],
+            "written_ms": self.written_ms,
+        })
+        return HEADER.pack(MAGIC, VERSION, 0, len(body), zlib.crc32(body)) + body
+
+    @classmethod
+    def decode(cls, path: str, data: bytes) -> Checkpoint:
+        _, _, _, length, crc = check_header(path, data, HEADER, MAGIC, VERSION)
+        body = data[HEADER.size:]
+        if len(body) != length:
+            raise CorruptionError(path, HEADER.size, f"body is {len(body)} bytes, header says {length}")
+        if zlib.crc32(body) != crc:
+            raise CorruptionError(path, HEADER.size, "checkpoint checksum mismatch")
+        fields = msgpack.unpackb(body)
+        return cls(fields["commit_offset"], tuple(HourRecord(*h) for h in fields["hours"]), fields["written_ms"])
+
+    @classmethod
+    def load(cls, path: str) -> Checkpoint | None:
+        if not os.path.exists(path):
+            return None
+        with open(path, "rb") as f:
+            return cls.decode(path, f.read())
+
+    def save(self, path: str) -> None:
+        atomic_write(path, self.encode())

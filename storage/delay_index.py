@@ -1,0 +1,88 @@
+"""Hour index: one fixed-size entry per message of the hour, in arrival order.
+
+File `delay/<hour:010d>.idx`:
+
+    offset  size  field
+    0       4     magic     b"HGIX"
+    4       2     version   u16 = 1
+    6       2     reserved  0
+    8       8     hour      u64
+    16 + 48*g     entry g (g = globalIndex, 0-based)
+
+An entry (48 bytes, little-endian):
+
+    offset  size  field
+    0       8     trigger_ms        u64  exact trigger time
+    8       4     log_offset8       u32  frame offset in the delay log / 8
+    12      4     size              u32  frame length in bytes
+    16      4     local_index       u32  ordinal within its second
+    20      4     global_index      u32  ordinal within the hour (= g)
+    24      4     pre_global_index  u32  previous entry of the same second,
+                                         0xFFFFFFFF for the first
+    28      4     topic_hash        u32  crc32 of the topic
+    32      4     tag_hash          u32  crc32 of the tag, 0 = no tag
+    36      2     priority          i16
+    38      2     second            u16  second of the hour it is filed under
+    40      4     crc32             u32  of bytes 0..39 (they never change)
+    44      1     status            u8   1..7 (SPEC.md); changed in place
+    45      1     flags             u8   bit 0: released (deleted for good)
+    46      2     retry             u16  changed in place
+
+The second is stored because a message sent after its trigger time is filed
+under the second it arrived in, not the one its trigger_ms names.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+
+from .entry import IndexEntry, Status
+from .errors import CorruptionError
+
+HEADER = struct.Struct("<4sHHQ")
+MAGIC = b"HGIX"
+VERSION = 1
+HEADER_BYTES = HEADER.size
+
+FIXED = struct.Struct("<QIIIIIIIhH")  # bytes 0..39, covered by the crc
+ENTRY = struct.Struct("<QIIIIIIIhHIBBH")
+MUTABLE = struct.Struct("<BBH")
+ENTRY_BYTES = ENTRY.size
+MUTABLE_OFFSET = 44
+NO_ENTRY = 0xFFFFFFFF
+FLAG_RELEASED = 1
+
+assert ENTRY_BYTES == 48 and FIXED.size == 40
+
+
+def entry_offset(global_index: int) -> int:
+    return HEADER_BYTES + global_index * ENTRY_BYTES
+
+
+def header_bytes(hour: int) -> bytes:
+    return HEADER.pack(MAGIC, VERSION, 0, hour)
+
+
+def pack_entry(trigger_ms: int, log_offset8: int, size: int, local_index: int, global_index: int,
+               pre_global_index: int, topic_hash: int, tag_hash: int, priority: int, second: int,
+               status: int = Status.WAITING, flags: int = 0, retry: int = 0) -> bytes:
+    fixed = FIXED.pack(trigger_ms, log_offset8, size, local_index, global_index,
+                       NO_ENTRY if pre_global_index < 0 else pre_global_index,
+                       topic_hash, tag_hash, priority, second)
+    return fixed + struct.pack("<IBBH", zlib.crc32(fixed), status, flags, retry)
+
+
+def unpack_entry(path: str, hour: int, global_index: int, raw: bytes) -> tuple[IndexEntry, int, int, int]:
+    """Decode one entry; returns (entry, log_offset8, size, flags).
+    Refuses a bad checksum or an entry that is not where it says it is."""
+    (trigger_ms, log_offset8, size, local_index, gi, pre, topic_hash, tag_hash,
+     priority, second, crc, status, flags, retry) = ENTRY.unpack(raw)
+    if zlib.crc32(raw[:40]) != crc:
+        raise CorruptionError(path, entry_offset(global_index), "index entry checksum mismatch")
+    if gi != global_index or not 1 <= status <= 7 or second >= 3600:
+        raise CorruptionError(path, entry_offset(global_index),
+                              f"index entry {global_index} holds globalIndex {gi}, status {status}, second {second}")
+    entry = IndexEntry(hour, second, local_index, gi, -1 if pre == NO_ENTRY else pre,
+                       trigger_ms, priority, topic_hash, tag_hash, Status(status), retry)
+    return entry, log_offset8, size, flags

@@ -1,0 +1,77 @@
+"""Hour delay log: the bodies of every message triggering in one UTC hour.
+
+File `delay/<hour:010d>.log`, appended in arrival order:
+
+    offset  size  field
+    0       4     magic     b"HGDL"
+    4       2     version   u16 = 1
+    6       2     reserved  0
+    8       8     hour      u64: UTC hours since the epoch
+    16      ...   frames, each starting on a multiple of 8 bytes:
+                    u32 body_length | u32 crc32(body) | body | zero padding
+                  body = msgpack [topic, msgId, msg, produceTime, ttlMillis,
+                                  maxRetry, tag]
+
+An index entry points at a frame by `offset // 8` (u32, so an hour's log
+may reach 32 GiB) and the frame's length without padding.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import NamedTuple
+
+import msgpack
+
+from .errors import CorruptionError
+from .fileutil import check_header
+from .framing import FRAME_HEADER_BYTES, FrameProblem, decode_frame
+
+HEADER = struct.Struct("<4sHHQ")
+MAGIC = b"HGDL"
+VERSION = 1
+HEADER_BYTES = HEADER.size
+ALIGN_BYTES = 8
+
+
+class Body(NamedTuple):
+    topic: str
+    msg_id: str
+    msg: str
+    produce_ms: int
+    ttl_ms: int
+    max_retry: int
+    tag: str
+
+
+def pack_body(topic: str, msg_id: str, msg: str, produce_ms: int, ttl_ms: int, max_retry: int, tag: str) -> bytes:
+    return msgpack.packb((topic, msg_id, msg, produce_ms, ttl_ms, max_retry, tag))
+
+
+def unpack_body(body) -> Body:
+    return Body(*msgpack.unpackb(body))
+
+
+def header_bytes(hour: int) -> bytes:
+    return HEADER.pack(MAGIC, VERSION, 0, hour)
+
+
+def check_file_header(path: str, buf: bytes, hour: int) -> None:
+    fields = check_header(path, buf, HEADER, MAGIC, VERSION)
+    if fields[3] != hour:
+        raise CorruptionError(path, 8, f"header says hour {fields[3]}, file name says {hour}")
+
+
+def padded_bytes(frame_bytes: int) -> int:
+    return -(-frame_bytes // ALIGN_BYTES) * ALIGN_BYTES
+
+
+def decode_body_frame(path: str, raw: bytes, offset: int) -> bytes:
+    """The body of the frame held in `raw` (read from `offset` of `path`)."""
+    frame = decode_frame(raw, 0, len(raw))
+    if frame.problem is not FrameProblem.OK:
+        raise CorruptionError(path, offset, f"delay log frame: {frame.problem.value}")
+    return frame.body
+
+
+FRAME_OVERHEAD_BYTES = FRAME_HEADER_BYTES

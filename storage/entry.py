@@ -1,0 +1,81 @@
+"""What the rest of hourglass sees of one index entry and one message.
+
+`IndexEntry` is the decoded form of a delay-index entry (the byte layout is
+in `storage.delay_index`); `Message` adds the body read from the delay log.
+The timing wheel works on `IndexEntry` alone, so it never reads bodies.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import NamedTuple
+
+MS_PER_SECOND = 1000
+SECONDS_PER_HOUR = 3600
+MS_PER_HOUR = MS_PER_SECOND * SECONDS_PER_HOUR
+
+
+class Status(enum.IntEnum):
+    """A message's state, numbered as in SPEC.md section 2."""
+
+    WAITING = 1  # stored, trigger time not reached
+    READY = 2  # due, deliverable
+    CONSUMING = 3  # pulled, not acked yet
+    ACKED = 4
+    EXPIRED = 5  # ttl passed, never delivered
+    ENDED = 6  # retries or ttl exhausted after delivery, never acked
+    DELETED = 7
+
+    @property
+    def is_final(self) -> bool:
+        return self >= Status.ACKED
+
+
+class Location(NamedTuple):
+    """Where a message's index entry lives: hour number and globalIndex."""
+
+    hour: int  # UTC hours since the epoch
+    global_index: int
+
+
+class IndexEntry(NamedTuple):
+    hour: int
+    second: int  # 0..3599 within the hour
+    local_index: int  # ordinal within its second
+    global_index: int  # ordinal within its hour
+    pre_global_index: int  # previous entry of the same second, or -1
+    trigger_ms: int
+    priority: int
+    topic_hash: int
+    tag_hash: int  # 0: no tag
+    status: Status
+    retry: int
+
+    @property
+    def location(self) -> Location:
+        return Location(self.hour, self.global_index)
+
+
+class Message(NamedTuple):
+    topic: str
+    msg_id: str
+    msg: str
+    produce_ms: int
+    trigger_ms: int
+    ttl_ms: int
+    max_retry: int
+    priority: int
+    tag: str
+    status: Status
+    retry: int
+    location: Location
+
+    @property
+    def expire_ms(self) -> int:
+        return self.trigger_ms + self.ttl_ms
+
+
+def hour_and_second(ms: int) -> tuple[int, int]:
+    """The UTC hour number and the second within it of an epoch millisecond."""
+    hour, rest_ms = divmod(ms, MS_PER_HOUR)
+    return hour, rest_ms // MS_PER_SECOND

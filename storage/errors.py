@@ -1,0 +1,37 @@
+"""The error hierarchy of hourglass.
+
+Expected outcomes (a duplicate id, an unknown message) are return values;
+these exceptions mean a broken invariant or a refused request.
+"""
+
+from __future__ import annotations
+
+
+class HourglassError(Exception):
+    """Root of every error hourglass raises on purpose."""
+
+
+class CorruptionError(HourglassError):
+    """A file's bytes do not match its format: raised when opening or reading
+    finds a bad magic number, version, length or checksum that cannot be a
+    torn tail. Names the file, the byte offset and the reason."""
+
+    def __init__(self, path: str, offset: int, reason: str) -> None:
+        super().__init__(f"{path}: corrupt at offset {offset}: {reason}")
+        self.path = path
+        self.offset = offset
+        self.reason = reason
+
+
+class InvalidRequest(HourglassError, ValueError):
+    """A caller's input is out of range or malformed; nothing was stored.
+    `parameter` names the offending field."""
+
+    def __init__(self, parameter: str, reason: str) -> None:
+        super().__init__(f"{parameter}: {reason}")
+        self.parameter = parameter
+        self.reason = reason
+
+
+class StoreClosedError(HourglassError):
+    """An operation was attempted on a closed store."""

@@ -1,0 +1,104 @@
+"""Two ways to reach a file's bytes, behind one small interface.
+
+The two nearest hours are memory-mapped (`MappedFile`): reads and writes are
+memcpy's. Later hours are reached with pread/pwrite (`PlainFile`), so a
+backlog of thousands of hours costs file descriptors, not mappings or RSS.
+The on-disk formats (delay log, index, second table) only call `read`,
+`write` and `size_hint`, and do not care which one they got.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+
+from .fileutil import PAGE_BYTES, preallocate
+
+
+class PlainFile:
+    def __init__(self, path: str, create: bool = False) -> None:
+        flags = os.O_RDWR | (os.O_CREAT if create else 0)
+        self.path = path
+        self.fd = os.open(path, flags, 0o644)
+
+    mapped = False
+
+    def read(self, offset: int, length: int) -> bytes:
+        return os.pread(self.fd, length, offset)
+
+    def write(self, offset: int, data) -> None:
+        os.pwrite(self.fd, data, offset)
+
+    def file_bytes(self) -> int:
+        return os.fstat(self.fd).st_size
+
+    def truncate(self, size_bytes: int) -> None:
+        os.ftruncate(self.fd, size_bytes)
+
+    def flush(self) -> None:
+        """Nothing to do: a checkpoint syncs the whole file system once."""
+
+    def shed(self) -> None:
+        """Nothing resident to drop."""
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+    def __repr__(self) -> str:
+        return f"PlainFile({os.path.basename(self.path)})"
+
+
+class MappedFile:
+    """A file mapped whole, grown by doubling (preallocated, so a write into
+    the mapping never meets a full disk as SIGBUS)."""
+
+    mapped = True
+
+    def __init__(self, path: str, create: bool = False, min_bytes: int = 64 * 1024) -> None:
+        self.path = path
+        self.fd = os.open(path, os.O_RDWR | (os.O_CREAT if create else 0), 0o644)
+        size = os.fstat(self.fd).st_size
+        capacity = max(min_bytes, _round_up(size, PAGE_BYTES))
+        if capacity > size:
+            preallocate(self.fd, capacity)
+        self.mm = mmap.mmap(self.fd, capacity)
+
+    def read(self, offset: int, length: int) -> bytes:
+        return self.mm[offset:offset + length]
+
+    def write(self, offset: int, data) -> None:
+        end = offset + len(data)
+        if end > len(self.mm):
+            self._grow(end)
+        self.mm[offset:end] = data
+
+    def _grow(self, needed_bytes: int) -> None:
+        capacity = len(self.mm)
+        while capacity < needed_bytes:
+            capacity *= 2
+        self.mm.close()
+        preallocate(self.fd, capacity)
+        self.mm = mmap.mmap(self.fd, capacity)
+
+    def file_bytes(self) -> int:
+        return len(self.mm)
+
+    def flush(self) -> None:
+        self.mm.flush()
+
+    def shed(self) -> None:
+        """Drop this mapping's resident pages (the data stays in the page
+        cache and the file); the next touch faults them back in."""
+        self.mm.madvise(mmap.MADV_DONTNEED)
+
+    def close(self) -> None:
+        self.mm.flush()
+        self.mm.close()
+        os.close(self.fd)
+
+    def __repr__(self) -> str:
+        return f"MappedFile({os.path.basename(self.path)}, capacity={len(self.mm)})"
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple

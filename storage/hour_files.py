@@ -1,0 +1,133 @@
+"""The three files of one hour, reached mapped (near hours) or plain (far).
+
+`HourFiles` knows where things are in each file and nothing about the
+commit log; the byte layouts are in `delay_log`, `delay_index` and
+`second_table`.
+"""
+
+from __future__ import annotations
+
+import os
+
+from . import delay_index, delay_log, second_table
+from .entry import IndexEntry
+from .errors import CorruptionError
+from .files import MappedFile, PlainFile
+
+
+def hour_paths(directory: str, hour: int) -> tuple[str, str, str]:
+    stem = os.path.join(directory, f"{hour:010d}")
+    return stem + ".log", stem + ".idx", stem + ".sec"
+
+
+def parse_hour_name(name: str) -> int | None:
+    stem, dot, ext = name.partition(".")
+    if dot and ext in ("log", "idx", "sec") and stem.isdigit():
+        return int(stem)
+    return None
+
+
+class HourFiles:
+    """Delay log, index and second table of `hour`.
+
+    Worked example: the 3rd message of second 17 of hour 490000 went to
+    index entry g=41; second 17's slot holds (last=41, count=3) and entry 41
+    holds pre=12, entry 12 holds pre=5, entry 5 holds pre=none. Reading
+    second 17 costs three entry reads, whatever else the hour holds.
+    """
+
+    def __init__(self, directory: str, hour: int, mapped: bool, create: bool) -> None:
+        self.hour = hour
+        self.mapped = mapped
+        paths = hour_paths(directory, hour)
+        if create:
+            for path in paths:
+                if os.path.exists(path):
+                    break
+            else:
+                self._write_headers(paths)
+        kind = MappedFile if mapped else PlainFile
+        self.log, self.idx, self.sec = (kind(p) for p in paths)
+        if not create:
+            self._check_headers()
+
+    def _write_headers(self, paths: tuple[str, str, str]) -> None:
+        log_path, idx_path, sec_path = paths
+        for path, head, size in ((log_path, delay_log.header_bytes(self.hour), delay_log.HEADER_BYTES),
+                                 (idx_path, delay_index.header_bytes(self.hour), delay_index.HEADER_BYTES),
+                                 (sec_path, second_table.header_bytes(self.hour), second_table.FILE_BYTES)):
+            with open(path, "wb") as f:
+                f.write(head)
+                f.truncate(size)
+
+    def _check_headers(self) -> None:
+        delay_log.check_file_header(self.log.path, self.log.read(0, delay_log.HEADER_BYTES), self.hour)
+        for f, module in ((self.idx, delay_index), (self.sec, second_table)):
+            head = f.read(0, module.HEADER_BYTES)
+            fields = module.HEADER.unpack(head) if len(head) == module.HEADER_BYTES else None
+            if fields is None or fields[0] != module.MAGIC or fields[1] != module.VERSION or fields[3] != self.hour:
+                raise CorruptionError(f.path, 0, f"bad header for hour {self.hour}: {fields}")
+        if self.sec.file_bytes() < second_table.FILE_BYTES:
+            raise CorruptionError(self.sec.path, self.sec.file_bytes(), "second table is short")
+
+    # -- index ----------------------------------------------------------------
+
+    def read_entry(self, global_index: int) -> tuple[IndexEntry, int, int, int]:
+        raw = self.idx.read(delay_index.entry_offset(global_index), delay_index.ENTRY_BYTES)
+        if len(raw) != delay_index.ENTRY_BYTES:
+            raise CorruptionError(self.idx.path, delay_index.entry_offset(global_index), "index entry past end of file")
+        return delay_index.unpack_entry(self.idx.path, self.hour, global_index, raw)
+
+    def write_entries(self, first_global_index: int, data: bytes) -> None:
+        self.idx.write(delay_index.entry_offset(first_global_index), data)
+
+    def write_state(self, global_index: int, status: int, flags: int, retry: int) -> None:
+        self.idx.write(delay_index.entry_offset(global_index) + delay_index.MUTABLE_OFFSET,
+                       delay_index.MUTABLE.pack(status, flags, retry))
+
+    # -- delay log ------------------------------------------------------------
+
+    def read_body(self, log_offset8: int, size: int) -> bytes:
+        offset = delay_log.HEADER_BYTES + log_offset8 * delay_log.ALIGN_BYTES
+        return delay_log.decode_body_frame(self.log.path, self.log.read(offset, size), offset)
+
+    def write_frames(self, log_offset8: int, data: bytes) -> None:
+        self.log.write(delay_log.HEADER_BYTES + log_offset8 * delay_log.ALIGN_BYTES, data)
+
+    # -- second table ---------------------------------------------------------
+
+    def read_slot(self, second: int) -> tuple[int, int]:
+        raw = self.sec.read(second_table.slot_offset(second), second_table.SLOT_BYTES)
+        return second_table.unpack_slot(self.sec.path, second, raw)
+
+    def write_slot(self, second: int, last_global_index: int, count: int) -> None:
+        self.sec.write(second_table.slot_offset(second),
+                       second_table.pack_slot(second, last_global_index, count))
+
+    def counts(self):
+        return second_table.counts(self.sec.read(0, second_table.FILE_BYTES))
+
+    # -- lifetime ---------------------------------------------------------------
+
+    def exact_sizes(self, entries: int, log_bytes: int) -> tuple[int, int]:
+        return delay_log.HEADER_BYTES + log_bytes, delay_index.entry_offset(entries)
+
+    def flush(self) -> None:
+        for f in (self.log, self.idx, self.sec):
+            f.flush()
+
+    def shed(self) -> None:
+        for f in (self.log, self.idx, self.sec):
+            f.shed()
+
+    def close(self, entries: int, log_bytes: int) -> None:
+        """Close, cutting the log and index to their exact sizes (a mapped
+        file was grown ahead of its data)."""
+        log_size, idx_size = self.exact_sizes(entries, log_bytes)
+        for f, size in ((self.log, log_size), (self.idx, idx_size), (self.sec, None)):
+            f.close()
+            if size is not None and os.path.getsize(f.path) != size:
+                os.truncate(f.path, size)
+
+    def __repr__(self) -> str:
+        return f"HourFiles(hour={self.hour}, {'mapped' if self.mapped else 'plain'})"

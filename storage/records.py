@@ -1,0 +1,62 @@
+"""Commit-log record bodies: what one state change looks like in the log.
+
+Every body is a msgpack array `[kind, now_ms, items]`:
+
+    SEND   items: [hour, global_index, pre_global_index, local_index, second,
+                   log_offset8, frame_size, trigger_ms, priority, topic_hash,
+                   tag_hash, key, body]
+           (body is the delay-log body, see storage.delay_log)
+    STATE  items: [hour, global_index, status, retry, flags, prev_status]
+
+A record carries every coordinate it was given at append time, so applying
+it is a set of writes at fixed positions: replaying a record twice, or
+over files that already hold part of it, gives the same bytes.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import NamedTuple
+
+import msgpack
+
+
+class Kind(enum.IntEnum):
+    SEND = 1
+    STATE = 2
+
+
+class SendItem(NamedTuple):
+    hour: int
+    global_index: int
+    pre_global_index: int
+    local_index: int
+    second: int
+    log_offset8: int
+    frame_size: int
+    trigger_ms: int
+    priority: int
+    topic_hash: int
+    tag_hash: int
+    key: int
+    body: bytes
+
+
+class StateItem(NamedTuple):
+    hour: int
+    global_index: int
+    status: int
+    retry: int
+    flags: int
+    prev_status: int
+
+
+def encode(kind: Kind, now_ms: int, items: list) -> bytes:
+    return msgpack.packb((int(kind), now_ms, items))
+
+
+def decode(body: bytes) -> tuple[Kind, int, list]:
+    kind, now_ms, items = msgpack.unpackb(body)
+    kind = Kind(kind)
+    make = SendItem if kind is Kind.SEND else StateItem
+    return kind, now_ms, [make(*item) for item in items]

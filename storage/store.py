@@ -1,0 +1,610 @@
+"""The storage engine: commit log in, hourly delay logs and indexes out.
+
+Layout of a data directory:
+
+    checkpoint            commit offset + per-hour sizes (storage.checkpoint)
+    commitlog/*.log       the commit log segments (storage.commit_log)
+    delay/<hour>.log      bodies of messages triggering in that UTC hour
+    delay/<hour>.idx      their index entries (storage.delay_index)
+    delay/<hour>.sec      the hour's second table (storage.second_table)
+    ids/<shard>.hix       (topic, msgId) -> location (storage.id_index)
+
+How a change flows:
+
+    send()/update()   assign coordinates (hour, globalIndex, preGlobalIndex,
+                      localIndex, delay-log offset), append ONE record to the
+                      commit log. Nothing derived is written yet; later calls
+                      in the same batch see the change through small
+                      "pending" overlays (dedup, second-table tails, status).
+    commit()          fsync the log once for everything appended since the
+                      last commit (group commit), then apply the records to
+                      the derived files and return the new index entries.
+    checkpoint()      flush every derived file, record the commit offset,
+                      delete commit-log segments and hours no longer needed.
+
+Derived files are never ahead of the durable log, and applying a record is a
+set of writes at positions the record names; so recovery is: cut each hour
+back to its checkpointed size, replay the log from the checkpoint's offset.
+
+Time is a parameter (`now_ms`): the store never reads a clock. The hour of
+`now_ms` and the next one are the "near" hours, memory-mapped; all others
+are reached with pread/pwrite through a bounded cache of open files.
+
+Concurrency: one thread calls everything, except that `sync_log()` may run
+in a worker thread while that thread keeps appending.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import zlib
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from typing import NamedTuple
+
+from sortedcontainers import SortedList
+
+from . import delay_index, delay_log, records
+from .checkpoint import Checkpoint, HourRecord
+from .commit_log import CommitLog
+from .config import FsyncPolicy, StoreConfig
+from .delay_index import FLAG_RELEASED
+from .entry import MS_PER_HOUR, MS_PER_SECOND, SECONDS_PER_HOUR, IndexEntry, Location, Message, Status
+from .errors import CorruptionError, InvalidRequest, StoreClosedError
+from .fileutil import fsync_dir, sync_filesystem
+from .framing import FRAME_HEADER
+from .hour_files import HourFiles, hour_paths, parse_hour_name
+from .id_index import IdIndex, key_hash
+
+MAX_PRIORITY = 2**15 - 1
+MIN_PRIORITY = -(2**15)
+MAX_RETRY_COUNT = 2**16 - 1
+
+
+class NewMessage(NamedTuple):
+    topic: str
+    msg_id: str
+    msg: str
+    produce_ms: int
+    trigger_ms: int
+    ttl_ms: int
+    max_retry: int
+    priority: int = 0
+    tag: str = ""
+
+
+class SendOutcome(enum.Enum):
+    STORED = "stored"
+    DUPLICATE = "duplicate"  # the id exists: `message` is the stored one, unchanged
+
+
+class SendResult(NamedTuple):
+    outcome: SendOutcome
+    message: Message
+
+
+class StateChange(NamedTuple):
+    location: Location
+    status: Status
+    retry: int
+    released: bool = False  # deleted for good: lookups by id no longer find it
+
+
+class CheckpointReport(NamedTuple):
+    commit_offset: int
+    segments_deleted: int
+    hours_retired: tuple[int, ...]
+
+
+def text_hash(text: str) -> int:
+    """Non-zero 32-bit hash of a topic or tag (0 means "no tag")."""
+    return (zlib.crc32(text.encode()) or 1) if text else 0
+
+
+class _Hour:
+    """What the store keeps in RAM per hour: sizes and counters, no entries."""
+
+    __slots__ = ("hour", "entries", "applied", "log_bytes", "ended", "last_end_ms", "files")
+
+    def __init__(self, hour: int, entries: int = 0, log_bytes: int = 0, ended: int = 0, last_end_ms: int = 0):
+        self.hour = hour
+        self.entries = entries  # assigned globalIndexes (applied ones + pending)
+        self.applied = entries  # globalIndexes written to the files
+        self.log_bytes = log_bytes  # assigned delay-log bytes after the header
+        self.ended = ended  # entries in a final status (4..7)
+        self.last_end_ms = last_end_ms
+        self.files: HourFiles | None = None
+
+    def record(self) -> HourRecord:
+        return HourRecord(self.hour, self.entries, self.log_bytes, self.ended, self.last_end_ms)
+
+    def __repr__(self) -> str:
+        return f"_Hour({self.hour}, entries={self.entries}, ended={self.ended})"
+
+
+class Store:
+    """The disk engine. See the module docstring for the flow of a change.
+
+    Worked example (now = 10:00:00.000 UTC, hour h):
+        send([m1 due 10:00:05.250, m2 due 12:30:00.000], now)
+          m1 -> hour h,   second 5,    globalIndex 0, localIndex 0
+          m2 -> hour h+2, second 1800, globalIndex 0, localIndex 0
+        commit()                        # one fsync, then both applied
+        read_second(h, 5)  -> [entry of m1]
+        update([StateChange(m1.location, Status.ACKED, 0)], now); commit()
+
+    Cost: send and update are O(1) per message plus one record append;
+    commit is one fsync plus O(1) writes per message; read_second is O(the
+    second's messages); memory is O(hours + pending batch), never O(backlog).
+    """
+
+    def __init__(self, directory: str, config: StoreConfig) -> None:
+        self.directory = directory
+        self.config = config
+        self._delay_dir = os.path.join(directory, "delay")
+        self._hours: dict[int, _Hour] = {}
+        self._hour_order = SortedList()
+        self._far_open: OrderedDict[int, _Hour] = OrderedDict()
+        self._near: tuple[int, ...] = ()
+        self._now_hour: int | None = None
+        self._pending: list[tuple[records.Kind, int, list]] = []
+        self._pending_slots: dict[tuple[int, int], tuple[int, int]] = {}
+        self._pending_ids: dict[int, list[Message]] = {}
+        self._pending_state: dict[Location, tuple[int, int, int]] = {}
+        self._closed = False
+        self.log: CommitLog
+        self.ids: IdIndex
+
+    # == opening and recovery ================================================
+
+    @classmethod
+    def open(cls, directory: str, config: StoreConfig | None = None, now_ms: int | None = None) -> Store:
+        """Open or create a store; repairs derived files from the commit log."""
+        store = cls(directory, config or StoreConfig())
+        store._recover()
+        if now_ms is not None:
+            store.advance(now_ms)
+        return store
+
+    def _recover(self) -> None:
+        os.makedirs(self._delay_dir, exist_ok=True)
+        checkpoint_path = os.path.join(self.directory, "checkpoint")
+        ck = Checkpoint.load(checkpoint_path) or Checkpoint()
+        self.log = CommitLog.open(os.path.join(self.directory, "commitlog"), self.config.fsync,
+                                  self.config.segment_bytes, scan_from=ck.commit_offset)
+        if self.log.start_offset > ck.commit_offset or self.log.end_offset < ck.commit_offset:
+            raise CorruptionError(checkpoint_path, 0,
+                                  f"checkpoint offset {ck.commit_offset} is outside the commit log "
+                                  f"[{self.log.start_offset}, {self.log.end_offset}]")
+        for h in ck.hours:
+            self._add_hour(_Hour(h.hour, h.entries, h.log_bytes, h.ended, h.last_end_ms))
+        self._drop_unknown_hour_files()
+        self.ids = IdIndex.open(os.path.join(self.directory, "ids"),
+                                self.config.id_shard_initial_slots, self._hours.__contains__)
+        for _, body in self.log.read_from(ck.commit_offset):
+            kind, now_ms, items = records.decode(body)
+            self._apply(kind, now_ms, items, None)
+        self._trim_hour_files()
+
+    def _drop_unknown_hour_files(self) -> None:
+        """Files of hours the checkpoint does not list were created after it
+        (replay recreates them) or belong to a retired hour."""
+        for name in os.listdir(self._delay_dir):
+            hour = parse_hour_name(name)
+            if hour is None or hour not in self._hours:
+                os.unlink(os.path.join(self._delay_dir, name))
+
+    def _trim_hour_files(self) -> None:
+        """Cut each hour's log and index to exactly its data (a crash can
+        leave a mapped file's preallocation or half-applied tail behind)."""
+        for h in self._hours.values():
+            log_path, idx_path, sec_path = hour_paths(self._delay_dir, h.hour)
+            if not os.path.exists(sec_path):
+                raise CorruptionError(sec_path, 0, f"hour {h.hour} is in the checkpoint but its files are missing")
+            log_size = delay_log.HEADER_BYTES + h.log_bytes
+            idx_size = delay_index.entry_offset(h.entries)
+            for path, size in ((log_path, log_size), (idx_path, idx_size)):
+                actual = os.path.getsize(path)
+                if actual < size:
+                    raise CorruptionError(path, actual, f"file is {actual} bytes, its data needs {size}")
+                if actual > size and not self._is_open(h):
+                    os.truncate(path, size)
+
+    def _is_open(self, h: _Hour) -> bool:
+        return h.files is not None
+
+    # == hours and their files ===============================================
+
+    def _add_hour(self, h: _Hour) -> None:
+        self._hours[h.hour] = h
+        self._hour_order.add(h.hour)
+
+    def _hour(self, hour: int) -> _Hour:
+        h = self._hours.get(hour)
+        if h is None:
+            h = _Hour(hour)
+            self._add_hour(h)
+        return h
+
+    def _files(self, h: _Hour) -> HourFiles:
+        """Open files of hour `h` (creating them on its first write)."""
+        if h.files is not None:
+            if not h.files.mapped:
+                self._far_open.move_to_end(h.hour)
+            return h.files
+        mapped = h.hour in self._near
+        h.files = HourFiles(self._delay_dir, h.hour, mapped, create=True)
+        if not mapped:
+            self._far_open[h.hour] = h
+            if len(self._far_open) > self.config.open_far_hours:
+                _, old = self._far_open.popitem(last=False)
+                self._close_files(old)
+        return h.files
+
+    def _close_files(self, h: _Hour) -> None:
+        if h.files is not None:
+            h.files.close(h.entries, h.log_bytes)
+            h.files = None
+            self._far_open.pop(h.hour, None)
+
+    def advance(self, now_ms: int) -> None:
+        """Tell the store the time; when the hour changes, the mapped pair of
+        near hours moves with it."""
+        now_hour = now_ms // MS_PER_HOUR
+        if now_hour == self._now_hour:
+            return
+        self._now_hour = now_hour
+        near = (now_hour, now_hour + 1)
+        for hour in set(self._near) | set(near):
+            h = self._hours.get(hour)
+            if h is not None and h.files is not None and h.files.mapped != (hour in near):
+                self._close_files(h)  # reopened in the right mode on next use
+        self._near = near
+
+    # == writing ===============================================================
+
+    def send(self, batch: Sequence[NewMessage], now_ms: int) -> list[SendResult]:
+        """Append a batch of new messages as one commit-log record.
+
+        A message whose (topic, msgId) exists (stored, or earlier in this
+        batch) is not stored again: its result is DUPLICATE with the stored
+        message. Durable, and visible to readers, after `commit()`.
+        Raises InvalidRequest (nothing appended) for out-of-range fields."""
+        self._check_open()
+        for i, m in enumerate(batch):
+            _validate(m, i)
+        self.advance(now_ms)
+        results: list[SendResult] = []
+        items: list[records.SendItem] = []
+        for m in batch:
+            key = key_hash(m.topic, m.msg_id)
+            existing = self._find(key, m.topic, m.msg_id)
+            if existing is not None:
+                results.append(SendResult(SendOutcome.DUPLICATE, existing))
+                continue
+            hour, rest_ms = divmod(max(m.trigger_ms, now_ms), MS_PER_HOUR)
+            second = rest_ms // MS_PER_SECOND
+            h = self._hour(hour)
+            gi = h.entries
+            h.entries += 1
+            last, count = self._slot(h, second)
+            body = delay_log.pack_body(m.topic, m.msg_id, m.msg, m.produce_ms, m.ttl_ms, m.max_retry, m.tag)
+            frame_size = FRAME_HEADER.size + len(body)
+            offset8 = h.log_bytes // delay_log.ALIGN_BYTES
+            h.log_bytes += delay_log.padded_bytes(frame_size)
+            items.append(records.SendItem(hour, gi, last, count, second, offset8, frame_size, m.trigger_ms,
+                                          m.priority, text_hash(m.topic), text_hash(m.tag), key, body))
+            self._pending_slots[(hour, second)] = (gi, count + 1)
+            message = Message(m.topic, m.msg_id, m.msg, m.produce_ms, m.trigger_ms, m.ttl_ms, m.max_retry,
+                              m.priority, m.tag, Status.WAITING, 0, Location(hour, gi))
+            self._pending_ids.setdefault(key, []).append(message)
+            results.append(SendResult(SendOutcome.STORED, message))
+        if items:
+            self._append(records.Kind.SEND, now_ms, items)
+        return results
+
+    def update(self, changes: Iterable[StateChange], now_ms: int) -> None:
+        """Append status/retry changes as one record; in place after commit."""
+        self._check_open()
+        self.advance(now_ms)
+        items = []
+        for change in changes:
+            hour, gi = change.location
+            status, flags, retry = self._state(change.location)
+            if change.retry < 0 or change.retry > MAX_RETRY_COUNT:
+                raise InvalidRequest("retry", f"must be in 0..{MAX_RETRY_COUNT}, got {change.retry}")
+            new_flags = flags | (FLAG_RELEASED if change.released else 0)
+            items.append(records.StateItem(hour, gi, int(change.status), change.retry, new_flags, status))
+            self._pending_state[change.location] = (int(change.status), new_flags, change.retry)
+        if items:
+            self._append(records.Kind.STATE, now_ms, items)
+
+    def _append(self, kind: records.Kind, now_ms: int, items: list) -> None:
+        self.log.append(records.encode(kind, now_ms, items))
+        self._pending.append((kind, now_ms, items))
+        if self.config.fsync is FsyncPolicy.ALWAYS:
+            self.apply_pending()
+
+    def sync_log(self) -> int:
+        """fsync everything appended so far; returns how many records are now
+        durable and may be applied. Safe to run in a worker thread."""
+        n = len(self._pending)
+        self.log.sync()
+        return n
+
+    def apply_pending(self, count: int | None = None) -> list[IndexEntry]:
+        """Apply the first `count` (default: all) pending records, which must
+        be durable, to the derived files. Returns the new index entries."""
+        n = len(self._pending) if count is None else count
+        batch, self._pending = self._pending[:n], self._pending[n:]
+        new_entries: list[IndexEntry] = []
+        for kind, now_ms, items in batch:
+            self._apply(kind, now_ms, items, new_entries)
+        if not self._pending:
+            self._pending_slots.clear()
+            self._pending_ids.clear()
+            self._pending_state.clear()
+        return new_entries
+
+    def commit(self) -> list[IndexEntry]:
+        """Group commit: one fsync for every change since the last commit,
+        then apply them. Returns the index entries of newly stored messages."""
+        self._check_open()
+        return self.apply_pending(self.sync_log())
+
+    # == applying records (normal path and recovery) =========================
+
+    def _apply(self, kind: records.Kind, now_ms: int, items: list, new_entries: list[IndexEntry] | None) -> None:
+        if kind is records.Kind.SEND:
+            self._apply_sends(items, new_entries)
+        else:
+            self._apply_states(now_ms, items)
+
+    def _apply_sends(self, items: list[records.SendItem], new_entries: list[IndexEntry] | None) -> None:
+        # Consecutive items of one hour have consecutive globalIndexes and
+        # log offsets: write each run with one call per file.
+        run: list[records.SendItem] = []
+        for item in items:
+            if run and (item.hour != run[-1].hour or item.global_index != run[-1].global_index + 1):
+                self._write_run(run)
+                run = []
+            run.append(item)
+            if new_entries is not None:
+                new_entries.append(IndexEntry(item.hour, item.second, item.local_index, item.global_index,
+                                              item.pre_global_index, item.trigger_ms, item.priority,
+                                              item.topic_hash, item.tag_hash, Status.WAITING, 0))
+        if run:
+            self._write_run(run)
+
+    def _write_run(self, run: list[records.SendItem]) -> None:
+        h = self._hour(run[0].hour)
+        files = self._files(h)
+        entries = []
+        frames = []
+        slots: dict[int, tuple[int, int]] = {}
+        put = self.ids.put
+        for item in run:
+            entries.append(delay_index.pack_entry(
+                item.trigger_ms, item.log_offset8, item.frame_size, item.local_index, item.global_index,
+                item.pre_global_index, item.topic_hash, item.tag_hash, item.priority, item.second))
+            frames.append(FRAME_HEADER.pack(len(item.body), zlib.crc32(item.body)))
+            frames.append(item.body)
+            pad = -item.frame_size % delay_log.ALIGN_BYTES
+            if pad:
+                frames.append(b"\0" * pad)
+            slots[item.second] = (item.global_index, item.local_index + 1)
+            put(item.key, Location(item.hour, item.global_index))
+        first, last = run[0], run[-1]
+        files.write_frames(first.log_offset8, b"".join(frames))
+        files.write_entries(first.global_index, b"".join(entries))
+        for second, (gi, count) in slots.items():
+            files.write_slot(second, gi, count)
+        h.entries = max(h.entries, last.global_index + 1)
+        h.applied = max(h.applied, last.global_index + 1)
+        h.log_bytes = max(h.log_bytes, last.log_offset8 * delay_log.ALIGN_BYTES
+                          + delay_log.padded_bytes(last.frame_size))
+
+    def _apply_states(self, now_ms: int, items: list[records.StateItem]) -> None:
+        for item in items:
+            h = self._hours.get(item.hour)
+            if h is None or item.global_index >= h.applied:
+                raise CorruptionError(self.log.directory, 0,
+                                      f"state change for unknown message {item.hour}/{item.global_index}")
+            self._files(h).write_state(item.global_index, item.status, item.flags, item.retry)
+            was_final, is_final = item.prev_status >= Status.ACKED, item.status >= Status.ACKED
+            if is_final and not was_final:
+                h.ended += 1
+                h.last_end_ms = max(h.last_end_ms, now_ms)
+            elif was_final and not is_final:
+                h.ended -= 1
+
+    # == reading ================================================================
+
+    def get(self, topic: str, msg_id: str) -> Message | None:
+        """The message stored under (topic, msgId), or None (never stored,
+        released, or its hour retired)."""
+        self._check_open()
+        return self._find(key_hash(topic, msg_id), topic, msg_id)
+
+    def _find(self, key: int, topic: str, msg_id: str) -> Message | None:
+        for message in self._pending_ids.get(key, ()):
+            if message.topic == topic and message.msg_id == msg_id:
+                return self.read_message(message.location, message)
+        for where in self.ids.candidates(key):
+            h = self._hours[where.hour]
+            if where.global_index >= h.applied:
+                continue
+            message = self.read_message(where)
+            if message is not None and message.topic == topic and message.msg_id == msg_id:
+                return message
+        return None
+
+    def read_entry(self, where: Location) -> IndexEntry:
+        """The index entry at `where`, with any pending status change."""
+        entry, _, _, _ = self._files(self._hours[where.hour]).read_entry(where.global_index)
+        pending = self._pending_state.get(where)
+        if pending is not None:
+            entry = entry._replace(status=Status(pending[0]), retry=pending[2])
+        return entry
+
+    def read_message(self, where: Location, pending_message: Message | None = None) -> Message | None:
+        """The whole message at `where`; None once it has been released."""
+        status, flags, retry = self._state(where)
+        if flags & FLAG_RELEASED:
+            return None
+        if pending_message is not None:
+            return pending_message._replace(status=Status(status), retry=retry)
+        files = self._files(self._hours[where.hour])
+        entry, offset8, size, _ = files.read_entry(where.global_index)
+        body = delay_log.unpack_body(files.read_body(offset8, size))
+        return Message(body.topic, body.msg_id, body.msg, body.produce_ms, entry.trigger_ms, body.ttl_ms,
+                       body.max_retry, entry.priority, body.tag, Status(status), retry, where)
+
+    def _state(self, where: Location) -> tuple[int, int, int]:
+        """(status, flags, retry) at `where`, pending changes included."""
+        pending = self._pending_state.get(where)
+        if pending is not None:
+            return pending
+        h = self._hours.get(where.hour)
+        if h is None or not 0 <= where.global_index < h.entries:
+            raise InvalidRequest("location", f"no message at {where}")
+        if where.global_index >= h.applied:  # sent in this batch, not applied yet
+            return Status.WAITING, 0, 0
+        entry, _, _, flags = self._files(h).read_entry(where.global_index)
+        return int(entry.status), flags, entry.retry
+
+    def _slot(self, h: _Hour, second: int) -> tuple[int, int]:
+        pending = self._pending_slots.get((h.hour, second))
+        if pending is not None:
+            return pending
+        if h.applied == 0:
+            return -1, 0  # nothing of this hour is on disk yet
+        return self._files(h).read_slot(second)
+
+    def read_second(self, hour: int, second: int) -> list[IndexEntry]:
+        """Every applied entry filed under `second` of `hour`, localIndex
+        ascending, found by walking preGlobalIndex back from the second
+        table: cost proportional to that second's entries."""
+        self._check_open()
+        h = self._hours.get(hour)
+        if h is None:
+            return []
+        files = self._files(h)
+        last, count = files.read_slot(second)
+        if count and last >= h.applied:
+            raise CorruptionError(files.sec.path, 0, f"second {second} points at entry {last}, past the end")
+        out = []
+        gi = last
+        for expected_local in range(count - 1, -1, -1):
+            entry, _, _, _ = files.read_entry(gi)
+            if entry.local_index != expected_local or entry.second != second:
+                raise CorruptionError(files.idx.path, delay_index.entry_offset(gi),
+                                      f"chain of second {second} broken at entry {gi}")
+            out.append(entry)
+            gi = entry.pre_global_index
+        out.reverse()
+        return out
+
+    def second_counts(self, hour: int) -> Sequence[int]:
+        """Entries per second of `hour` (3600 values)."""
+        h = self._hours.get(hour)
+        if h is None:
+            return [0] * SECONDS_PER_HOUR
+        return self._files(h).counts()
+
+    def next_hour(self, from_hour: int) -> int | None:
+        """The first hour >= `from_hour` that holds any entry."""
+        i = self._hour_order.bisect_left(from_hour)
+        return self._hour_order[i] if i < len(self._hour_order) else None
+
+    def hours(self) -> list[tuple[int, int, int]]:
+        """(hour, entries, ended) of every live hour, ascending."""
+        return [(hour, self._hours[hour].entries, self._hours[hour].ended) for hour in self._hour_order]
+
+    # == checkpoint, retention, close ========================================
+
+    def checkpoint(self, now_ms: int) -> CheckpointReport:
+        """Make every derived file durable, record the commit offset, then
+        delete what is no longer needed: commit-log segments before it, and
+        hours whose messages have all ended at least `retention_ms` ago."""
+        self._check_open()
+        self.commit()
+        self.advance(now_ms)
+        for h in self._hours.values():
+            if h.files is not None:
+                h.files.flush()
+        self.ids.flush()
+        sync_filesystem(self.directory)
+        retired = tuple(h.hour for h in self._hours.values() if self._retirable(h, now_ms))
+        kept = tuple(h.record() for hour, h in sorted(self._hours.items()) if hour not in retired)
+        offset = self.log.end_offset
+        Checkpoint(offset, kept, now_ms).save(os.path.join(self.directory, "checkpoint"))
+        for hour in retired:
+            h = self._hours.pop(hour)
+            self._hour_order.remove(hour)
+            self._close_files(h)
+            for path in hour_paths(self._delay_dir, hour):
+                os.unlink(path)
+        if retired:
+            fsync_dir(self._delay_dir)
+        deleted = self.log.delete_before(offset)
+        self.ids.shed()
+        self.log.shed()
+        for h in self._hours.values():
+            if h.files is not None:
+                h.files.shed()
+        return CheckpointReport(offset, deleted, retired)
+
+    def _retirable(self, h: _Hour, now_ms: int) -> bool:
+        return (h.entries > 0 and h.ended == h.entries and (h.hour + 1) * MS_PER_HOUR <= now_ms
+                and h.last_end_ms + self.config.retention_ms <= now_ms)
+
+    def disk_bytes(self) -> int:
+        total = 0
+        for root, _, names in os.walk(self.directory):
+            for name in names:
+                total += os.stat(os.path.join(root, name)).st_blocks * 512
+        return total
+
+    def close(self) -> None:
+        """Commit what is pending and close every file (no checkpoint: the
+        next open replays from the last one)."""
+        if self._closed:
+            return
+        self.commit()
+        for h in list(self._hours.values()):
+            self._close_files(h)
+        self.ids.close()
+        self.log.close()
+        self._closed = True
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreClosedError(f"store {self.directory!r} is closed")
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"Store({self.directory!r}, hours={len(self._hours)}, log_end={self.log.end_offset}, "
+                f"pending_records={len(self._pending)}, fsync={self.config.fsync.value})")
+
+
+def _validate(m: NewMessage, index: int) -> None:
+    where = f"[{index}]."
+    if not m.topic:
+        raise InvalidRequest(where + "topic", "must not be empty")
+    if not m.msg_id:
+        raise InvalidRequest(where + "msgId", "must not be empty")
+    if m.trigger_ms < 0:
+        raise InvalidRequest(where + "triggerTime", f"must be >= 0, got {m.trigger_ms}")
+    if m.ttl_ms < 0:
+        raise InvalidRequest(where + "ttlMillis", f"must be >= 0, got {m.ttl_ms}")
+    if not 0 <= m.max_retry <= MAX_RETRY_COUNT:
+        raise InvalidRequest(where + "maxRetry", f"must be in 0..{MAX_RETRY_COUNT}, got {m.max_retry}")
+    if not MIN_PRIORITY <= m.priority <= MAX_PRIORITY:
+        raise InvalidRequest(where + "priority", f"must be in {MIN_PRIORITY}..{MAX_PRIORITY}, got {m.priority}")

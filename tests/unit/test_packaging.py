@@ -1,0 +1,29 @@
+"""The top-level `wheel` package must not break building or installing."""
+
+import os
+import subprocess
+import sys
+import zipfile
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def test_import_wheel_is_ours():
+    import wheel
+
+    assert os.path.dirname(os.path.abspath(wheel.__file__)) == os.path.join(ROOT, "wheel")
+
+
+@pytest.mark.slow
+def test_pip_builds_a_wheel_of_hourglass(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), ROOT],
+        capture_output=True, text=True, timeout=240,
+    )
+    assert result.returncode == 0, result.stderr
+    (built,) = [p for p in os.listdir(tmp_path) if p.endswith(".whl")]
+    names = zipfile.ZipFile(tmp_path / built).namelist()
+    for package in ("broker", "storage", "wheel", "replication"):
+        assert f"{package}/__init__.py" in names
