@@ -35,8 +35,9 @@ class StoreConfig:
     # Slots each id-index shard starts with (a power of two); shards double
     # independently when 70% full.
     id_shard_initial_slots: int = 1024
-    # Far (not memory-mapped) hours whose files may be open at once.
-    open_far_hours: int = 512
+    # Far (not memory-mapped) hours whose files may be open at once (three
+    # descriptors each; lowered to fit the process's file limit).
+    open_far_hours: int = 2048
 
     def __post_init__(self) -> None:
         if not isinstance(self.fsync, FsyncPolicy):

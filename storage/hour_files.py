@@ -40,15 +40,12 @@ class HourFiles:
         self.hour = hour
         self.mapped = mapped
         paths = hour_paths(directory, hour)
-        if create:
-            for path in paths:
-                if os.path.exists(path):
-                    break
-            else:
-                self._write_headers(paths)
+        fresh = create and not any(os.path.exists(p) for p in paths)
+        if fresh:
+            self._write_headers(paths)
         kind = MappedFile if mapped else PlainFile
         self.log, self.idx, self.sec = (kind(p) for p in paths)
-        if not create:
+        if not fresh:
             self._check_headers()
 
     def _write_headers(self, paths: tuple[str, str, str]) -> None:
@@ -81,9 +78,9 @@ class HourFiles:
     def write_entries(self, first_global_index: int, data: bytes) -> None:
         self.idx.write(delay_index.entry_offset(first_global_index), data)
 
-    def write_state(self, global_index: int, status: int, flags: int, retry: int) -> None:
-        self.idx.write(delay_index.entry_offset(global_index) + delay_index.MUTABLE_OFFSET,
-                       delay_index.MUTABLE.pack(status, flags, retry))
+    def write_state_bytes(self, global_index: int, mutable: bytes) -> None:
+        """Overwrite an entry's status, flags and retry (delay_index.MUTABLE)."""
+        self.idx.write(delay_index.entry_offset(global_index) + delay_index.MUTABLE_OFFSET, mutable)
 
     # -- delay log ------------------------------------------------------------
 

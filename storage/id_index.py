@@ -15,7 +15,7 @@ File `ids/<shard:02x>.hix`:
     8       4     slot_count  u32, a power of two
     12      4     crc32       of bytes 0..11
     16 + 16*i     slot i:
-                    0  8  key   u64  64-bit blake2b of "topic\\0msgId"; 0 = empty
+                    0  8  key   u64  storage.id_index.key_hash of (topic, msgId); 0 = empty
                     8  8  loc   u64  hour << 40 | globalIndex << 8 | check
                   check = crc32(key, hour, globalIndex) & 0xFF
 
@@ -29,13 +29,12 @@ replays its inserts, which are idempotent.
 
 from __future__ import annotations
 
-import hashlib
 import mmap
 import os
 import struct
 import zlib
 from array import array
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 from .entry import Location
 from .errors import CorruptionError
@@ -53,8 +52,12 @@ _CHECK = struct.Struct("<QII")
 
 
 def key_hash(topic: str, msg_id: str) -> int:
-    digest = hashlib.blake2b(f"{topic}\0{msg_id}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") or 1
+    """64-bit key of an id: crc32 in the low half (it picks the slot and
+    the shard, and spreads well), adler32 in the high half (so two ids
+    rarely share all 64 bits). Not cryptographic: candidates are always
+    confirmed against the stored message."""
+    data = f"{topic}\0{msg_id}".encode()
+    return (zlib.adler32(data) << 32 | zlib.crc32(data)) or 1
 
 
 def pack_loc(key: int, hour: int, global_index: int) -> int:
@@ -114,21 +117,6 @@ class Shard:
         fsync_dir(os.path.dirname(final_path))
         self.path = final_path
 
-    def slots(self, key: int) -> Iterator[tuple[int, int, int]]:
-        """(slot offset, key, loc) along `key`'s probe sequence, up to and
-        including the first empty slot."""
-        mask = self.slot_count - 1
-        i = key & mask
-        mm = self.mm
-        unpack = SLOT.unpack_from
-        while True:
-            offset = HEADER_BYTES + i * SLOT_BYTES
-            k, loc = unpack(mm, offset)
-            yield offset, k, loc
-            if k == 0:
-                return
-            i = (i + 1) & mask
-
     def close(self) -> None:
         self.mm.close()
         os.close(self._fd)
@@ -137,7 +125,7 @@ class Shard:
 class IdIndex:
     """Maps a 64-bit id key to the locations of messages that may hold it.
 
-    Worked example: put(k, (490000, 7)) writes slot k & mask (or the next free
+    Worked example: put(k, 490000, 7) writes slot k & mask (or the next free
     one); candidates(k) then yields Location(490000, 7) and any other
     location stored under k (another message whose id hashes alike, or an
     older, released message with the same id). `is_live(hour)` tells which
@@ -171,35 +159,48 @@ class IdIndex:
         return os.path.join(self.directory, f"{n:02x}.hix")
 
     def _shard(self, key: int) -> Shard:
-        return self.shards[(key >> 58) % SHARDS]
+        # Bits 26..31: the probe start uses the low bits of a shard of at
+        # most 2**26 slots, so the two choices stay independent.
+        return self.shards[(key >> 26) & (SHARDS - 1)]
 
     def candidates(self, key: int) -> list[Location]:
         shard = self._shard(key)
         found = []
-        for offset, k, loc in shard.slots(key):
+        mm, mask, unpack = shard.mm, shard.slot_count - 1, SLOT.unpack_from
+        i = key & mask
+        while True:
+            offset = HEADER_BYTES + i * SLOT_BYTES
+            k, loc = unpack(mm, offset)
+            if k == 0:
+                return found
             if k == key:
                 where = unpack_loc(shard.path, offset, k, loc)
                 if self.is_live(where.hour):
                     found.append(where)
-        return found
+            i = (i + 1) & mask
 
-    def put(self, key: int, where: Location) -> None:
-        """Add `where` under `key`; a no-op if that pair is already there
-        (replaying the commit log calls this again for the same pair)."""
+    def put(self, key: int, hour: int, global_index: int) -> None:
+        """Add (hour, global_index) under `key`; a no-op if that pair is
+        already there (replaying the commit log calls this again)."""
         shard = self._shard(key)
-        loc = pack_loc(key, where.hour, where.global_index)
+        loc = pack_loc(key, hour, global_index)
+        mm, mask, unpack = shard.mm, shard.slot_count - 1, SLOT.unpack_from
         reuse = None
-        for offset, k, slot_loc in shard.slots(key):
+        i = key & mask
+        while True:
+            offset = HEADER_BYTES + i * SLOT_BYTES
+            k, slot_loc = unpack(mm, offset)
             if k == 0:
                 break
             if k == key and slot_loc == loc:
                 return
             if reuse is None and not self.is_live(slot_loc >> 40):
                 reuse = offset
+            i = (i + 1) & mask
         if reuse is None:
             reuse = offset
             shard.used += 1
-        SLOT.pack_into(shard.mm, reuse, key, loc)
+        SLOT.pack_into(mm, reuse, key, loc)
         if shard.used > shard.slot_count * MAX_LOAD:
             self._double(shard)
 

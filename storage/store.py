@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import enum
 import os
+import resource
 import zlib
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
@@ -53,13 +54,17 @@ from .delay_index import FLAG_RELEASED
 from .entry import MS_PER_HOUR, MS_PER_SECOND, SECONDS_PER_HOUR, IndexEntry, Location, Message, Status
 from .errors import CorruptionError, InvalidRequest, StoreClosedError
 from .fileutil import fsync_dir, sync_filesystem
-from .framing import FRAME_HEADER
+from .framing import FRAME_HEADER_BYTES
+from .hour import Hour
 from .hour_files import HourFiles, hour_paths, parse_hour_name
 from .id_index import IdIndex, key_hash
 
 MAX_PRIORITY = 2**15 - 1
 MIN_PRIORITY = -(2**15)
 MAX_RETRY_COUNT = 2**16 - 1
+WAITING = Status.WAITING
+# Staged bytes of far hours kept before they are written (see storage.hour).
+STAGE_LIMIT_BYTES = 8 * 1024 * 1024
 
 
 class NewMessage(NamedTuple):
@@ -102,27 +107,6 @@ def text_hash(text: str) -> int:
     return (zlib.crc32(text.encode()) or 1) if text else 0
 
 
-class _Hour:
-    """What the store keeps in RAM per hour: sizes and counters, no entries."""
-
-    __slots__ = ("hour", "entries", "applied", "log_bytes", "ended", "last_end_ms", "files")
-
-    def __init__(self, hour: int, entries: int = 0, log_bytes: int = 0, ended: int = 0, last_end_ms: int = 0):
-        self.hour = hour
-        self.entries = entries  # assigned globalIndexes (applied ones + pending)
-        self.applied = entries  # globalIndexes written to the files
-        self.log_bytes = log_bytes  # assigned delay-log bytes after the header
-        self.ended = ended  # entries in a final status (4..7)
-        self.last_end_ms = last_end_ms
-        self.files: HourFiles | None = None
-
-    def record(self) -> HourRecord:
-        return HourRecord(self.hour, self.entries, self.log_bytes, self.ended, self.last_end_ms)
-
-    def __repr__(self) -> str:
-        return f"_Hour({self.hour}, entries={self.entries}, ended={self.ended})"
-
-
 class Store:
     """The disk engine. See the module docstring for the flow of a change.
 
@@ -143,16 +127,18 @@ class Store:
         self.directory = directory
         self.config = config
         self._delay_dir = os.path.join(directory, "delay")
-        self._hours: dict[int, _Hour] = {}
+        self._hours: dict[int, Hour] = {}
         self._hour_order = SortedList()
-        self._far_open: OrderedDict[int, _Hour] = OrderedDict()
+        self._far_open: OrderedDict[int, Hour] = OrderedDict()
         self._near: tuple[int, ...] = ()
         self._now_hour: int | None = None
         self._pending: list[tuple[records.Kind, int, list]] = []
         self._pending_slots: dict[tuple[int, int], tuple[int, int]] = {}
         self._pending_ids: dict[int, list[Message]] = {}
         self._pending_state: dict[Location, tuple[int, int, int]] = {}
+        self._dirty: set[Hour] = set()  # hours with staged bytes (see storage.hour)
         self._closed = False
+        self._far_limit = _far_hours_limit(config.open_far_hours)
         self.log: CommitLog
         self.ids: IdIndex
 
@@ -178,13 +164,14 @@ class Store:
                                   f"checkpoint offset {ck.commit_offset} is outside the commit log "
                                   f"[{self.log.start_offset}, {self.log.end_offset}]")
         for h in ck.hours:
-            self._add_hour(_Hour(h.hour, h.entries, h.log_bytes, h.ended, h.last_end_ms))
+            self._add_hour(Hour(h.hour, h.entries, h.log_bytes, h.ended, h.last_end_ms))
         self._drop_unknown_hour_files()
         self.ids = IdIndex.open(os.path.join(self.directory, "ids"),
                                 self.config.id_shard_initial_slots, self._hours.__contains__)
         for _, body in self.log.read_from(ck.commit_offset):
             kind, now_ms, items = records.decode(body)
             self._apply(kind, now_ms, items, None)
+        self._flush_staged(everything=True)
         self._trim_hour_files()
 
     def _drop_unknown_hour_files(self) -> None:
@@ -211,23 +198,23 @@ class Store:
                 if actual > size and not self._is_open(h):
                     os.truncate(path, size)
 
-    def _is_open(self, h: _Hour) -> bool:
+    def _is_open(self, h: Hour) -> bool:
         return h.files is not None
 
     # == hours and their files ===============================================
 
-    def _add_hour(self, h: _Hour) -> None:
+    def _add_hour(self, h: Hour) -> None:
         self._hours[h.hour] = h
         self._hour_order.add(h.hour)
 
-    def _hour(self, hour: int) -> _Hour:
+    def _hour(self, hour: int) -> Hour:
         h = self._hours.get(hour)
         if h is None:
-            h = _Hour(hour)
+            h = Hour(hour)
             self._add_hour(h)
         return h
 
-    def _files(self, h: _Hour) -> HourFiles:
+    def _files(self, h: Hour) -> HourFiles:
         """Open files of hour `h` (creating them on its first write)."""
         if h.files is not None:
             if not h.files.mapped:
@@ -237,13 +224,16 @@ class Store:
         h.files = HourFiles(self._delay_dir, h.hour, mapped, create=True)
         if not mapped:
             self._far_open[h.hour] = h
-            if len(self._far_open) > self.config.open_far_hours:
+            if len(self._far_open) > self._far_limit:
                 _, old = self._far_open.popitem(last=False)
                 self._close_files(old)
         return h.files
 
-    def _close_files(self, h: _Hour) -> None:
+    def _close_files(self, h: Hour) -> None:
         if h.files is not None:
+            if h in self._dirty:
+                h.flush(h.files)
+                self._dirty.discard(h)
             h.files.close(h.entries, h.log_bytes)
             h.files = None
             self._far_open.pop(h.hour, None)
@@ -277,28 +267,43 @@ class Store:
         self.advance(now_ms)
         results: list[SendResult] = []
         items: list[records.SendItem] = []
+        pending_slots, pending_ids = self._pending_slots, self._pending_ids
+        hashes: dict[str, int] = {}  # topic and tag hashes, once per batch
+        h = None
         for m in batch:
-            key = key_hash(m.topic, m.msg_id)
-            existing = self._find(key, m.topic, m.msg_id)
+            topic, msg_id = m.topic, m.msg_id
+            key = key_hash(topic, msg_id)
+            existing = self._find(key, topic, msg_id)
             if existing is not None:
                 results.append(SendResult(SendOutcome.DUPLICATE, existing))
                 continue
             hour, rest_ms = divmod(max(m.trigger_ms, now_ms), MS_PER_HOUR)
             second = rest_ms // MS_PER_SECOND
-            h = self._hour(hour)
+            if h is None or h.hour != hour:
+                h = self._hour(hour)
             gi = h.entries
-            h.entries += 1
-            last, count = self._slot(h, second)
-            body = delay_log.pack_body(m.topic, m.msg_id, m.msg, m.produce_ms, m.ttl_ms, m.max_retry, m.tag)
-            frame_size = FRAME_HEADER.size + len(body)
-            offset8 = h.log_bytes // delay_log.ALIGN_BYTES
-            h.log_bytes += delay_log.padded_bytes(frame_size)
+            h.entries = gi + 1
+            last, count = pending_slots.get((hour, second)) or self._slot(h, second)
+            body = delay_log.pack_body(topic, msg_id, m.msg, m.produce_ms, m.ttl_ms, m.max_retry, m.tag)
+            frame_size = FRAME_HEADER_BYTES + len(body)
+            offset8 = h.log_bytes >> 3
+            h.log_bytes += (frame_size + 7) & ~7
+            topic_hash = hashes.get(topic)
+            if topic_hash is None:
+                topic_hash = hashes[topic] = text_hash(topic)
+            tag_hash = hashes.get(m.tag) if m.tag else 0
+            if tag_hash is None:
+                tag_hash = hashes[m.tag] = text_hash(m.tag)
             items.append(records.SendItem(hour, gi, last, count, second, offset8, frame_size, m.trigger_ms,
-                                          m.priority, text_hash(m.topic), text_hash(m.tag), key, body))
-            self._pending_slots[(hour, second)] = (gi, count + 1)
-            message = Message(m.topic, m.msg_id, m.msg, m.produce_ms, m.trigger_ms, m.ttl_ms, m.max_retry,
+                                          m.priority, topic_hash, tag_hash, key, body))
+            pending_slots[(hour, second)] = (gi, count + 1)
+            message = Message(topic, msg_id, m.msg, m.produce_ms, m.trigger_ms, m.ttl_ms, m.max_retry,
                               m.priority, m.tag, Status.WAITING, 0, Location(hour, gi))
-            self._pending_ids.setdefault(key, []).append(message)
+            same_key = pending_ids.get(key)
+            if same_key is None:
+                pending_ids[key] = [message]
+            else:
+                same_key.append(message)
             results.append(SendResult(SendOutcome.STORED, message))
         if items:
             self._append(records.Kind.SEND, now_ms, items)
@@ -341,6 +346,7 @@ class Store:
         new_entries: list[IndexEntry] = []
         for kind, now_ms, items in batch:
             self._apply(kind, now_ms, items, new_entries)
+        self._flush_staged(everything=False)
         if not self._pending:
             self._pending_slots.clear()
             self._pending_ids.clear()
@@ -357,67 +363,53 @@ class Store:
 
     def _apply(self, kind: records.Kind, now_ms: int, items: list, new_entries: list[IndexEntry] | None) -> None:
         if kind is records.Kind.SEND:
-            self._apply_sends(items, new_entries)
-        else:
-            self._apply_states(now_ms, items)
-
-    def _apply_sends(self, items: list[records.SendItem], new_entries: list[IndexEntry] | None) -> None:
-        # Consecutive items of one hour have consecutive globalIndexes and
-        # log offsets: write each run with one call per file.
-        run: list[records.SendItem] = []
-        for item in items:
-            if run and (item.hour != run[-1].hour or item.global_index != run[-1].global_index + 1):
-                self._write_run(run)
-                run = []
-            run.append(item)
-            if new_entries is not None:
-                new_entries.append(IndexEntry(item.hour, item.second, item.local_index, item.global_index,
-                                              item.pre_global_index, item.trigger_ms, item.priority,
-                                              item.topic_hash, item.tag_hash, Status.WAITING, 0))
-        if run:
-            self._write_run(run)
-
-    def _write_run(self, run: list[records.SendItem]) -> None:
-        h = self._hour(run[0].hour)
-        files = self._files(h)
-        entries = []
-        frames = []
-        slots: dict[int, tuple[int, int]] = {}
-        put = self.ids.put
-        for item in run:
-            entries.append(delay_index.pack_entry(
-                item.trigger_ms, item.log_offset8, item.frame_size, item.local_index, item.global_index,
-                item.pre_global_index, item.topic_hash, item.tag_hash, item.priority, item.second))
-            frames.append(FRAME_HEADER.pack(len(item.body), zlib.crc32(item.body)))
-            frames.append(item.body)
-            pad = -item.frame_size % delay_log.ALIGN_BYTES
-            if pad:
-                frames.append(b"\0" * pad)
-            slots[item.second] = (item.global_index, item.local_index + 1)
-            put(item.key, Location(item.hour, item.global_index))
-        first, last = run[0], run[-1]
-        files.write_frames(first.log_offset8, b"".join(frames))
-        files.write_entries(first.global_index, b"".join(entries))
-        for second, (gi, count) in slots.items():
-            files.write_slot(second, gi, count)
-        h.entries = max(h.entries, last.global_index + 1)
-        h.applied = max(h.applied, last.global_index + 1)
-        h.log_bytes = max(h.log_bytes, last.log_offset8 * delay_log.ALIGN_BYTES
-                          + delay_log.padded_bytes(last.frame_size))
-
-    def _apply_states(self, now_ms: int, items: list[records.StateItem]) -> None:
+            put = self.ids.put
+            dirty = self._dirty
+            h = None
+            for item in items:
+                if h is None or h.hour != item.hour:
+                    h = self._hour(item.hour)
+                    dirty.add(h)
+                h.stage_send(item)
+                put(item.key, item.hour, item.global_index)
+                if new_entries is not None:
+                    new_entries.append(IndexEntry(
+                        item.hour, item.second, item.local_index, item.global_index, item.pre_global_index,
+                        item.trigger_ms, item.priority, item.topic_hash, item.tag_hash, WAITING, 0))
+            return
         for item in items:
             h = self._hours.get(item.hour)
             if h is None or item.global_index >= h.applied:
                 raise CorruptionError(self.log.directory, 0,
                                       f"state change for unknown message {item.hour}/{item.global_index}")
-            self._files(h).write_state(item.global_index, item.status, item.flags, item.retry)
+            h.stage_state(item.global_index, item.status, item.flags, item.retry)
+            self._dirty.add(h)
             was_final, is_final = item.prev_status >= Status.ACKED, item.status >= Status.ACKED
             if is_final and not was_final:
                 h.ended += 1
                 h.last_end_ms = max(h.last_end_ms, now_ms)
             elif was_final and not is_final:
                 h.ended -= 1
+
+    def _flush_staged(self, everything: bool) -> None:
+        """Write staged bytes: always for near hours (the dispatcher reads
+        them soon), for far hours only past STAGE_LIMIT_BYTES or when asked."""
+        if not self._dirty:
+            return
+        if not everything:
+            everything = sum(h.staged_bytes for h in self._dirty) > STAGE_LIMIT_BYTES
+        for h in list(self._dirty):
+            if everything or h.hour in self._near:
+                h.flush(self._files(h))
+                self._dirty.discard(h)
+
+    def _readable(self, h: Hour) -> HourFiles:
+        """h's files with everything staged for h written."""
+        files = self._files(h)
+        if h in self._dirty:
+            h.flush(files)
+            self._dirty.discard(h)
+        return files
 
     # == reading ================================================================
 
@@ -442,7 +434,7 @@ class Store:
 
     def read_entry(self, where: Location) -> IndexEntry:
         """The index entry at `where`, with any pending status change."""
-        entry, _, _, _ = self._files(self._hours[where.hour]).read_entry(where.global_index)
+        entry, _, _, _ = self._readable(self._hours[where.hour]).read_entry(where.global_index)
         pending = self._pending_state.get(where)
         if pending is not None:
             entry = entry._replace(status=Status(pending[0]), retry=pending[2])
@@ -455,7 +447,7 @@ class Store:
             return None
         if pending_message is not None:
             return pending_message._replace(status=Status(status), retry=retry)
-        files = self._files(self._hours[where.hour])
+        files = self._readable(self._hours[where.hour])
         entry, offset8, size, _ = files.read_entry(where.global_index)
         body = delay_log.unpack_body(files.read_body(offset8, size))
         return Message(body.topic, body.msg_id, body.msg, body.produce_ms, entry.trigger_ms, body.ttl_ms,
@@ -471,13 +463,15 @@ class Store:
             raise InvalidRequest("location", f"no message at {where}")
         if where.global_index >= h.applied:  # sent in this batch, not applied yet
             return Status.WAITING, 0, 0
-        entry, _, _, flags = self._files(h).read_entry(where.global_index)
+        entry, _, _, flags = self._readable(h).read_entry(where.global_index)
         return int(entry.status), flags, entry.retry
 
-    def _slot(self, h: _Hour, second: int) -> tuple[int, int]:
-        pending = self._pending_slots.get((h.hour, second))
-        if pending is not None:
-            return pending
+    def _slot(self, h: Hour, second: int) -> tuple[int, int]:
+        """(last, count) of a second for the next send: staged or on disk
+        (the caller has looked at the not-yet-durable ones)."""
+        staged = h.slot(second)
+        if staged is not None:
+            return staged
         if h.applied == 0:
             return -1, 0  # nothing of this hour is on disk yet
         return self._files(h).read_slot(second)
@@ -490,7 +484,7 @@ class Store:
         h = self._hours.get(hour)
         if h is None:
             return []
-        files = self._files(h)
+        files = self._readable(h)
         last, count = files.read_slot(second)
         if count and last >= h.applied:
             raise CorruptionError(files.sec.path, 0, f"second {second} points at entry {last}, past the end")
@@ -511,7 +505,7 @@ class Store:
         h = self._hours.get(hour)
         if h is None:
             return [0] * SECONDS_PER_HOUR
-        return self._files(h).counts()
+        return self._readable(h).counts()
 
     def next_hour(self, from_hour: int) -> int | None:
         """The first hour >= `from_hour` that holds any entry."""
@@ -531,6 +525,7 @@ class Store:
         self._check_open()
         self.commit()
         self.advance(now_ms)
+        self._flush_staged(everything=True)
         for h in self._hours.values():
             if h.files is not None:
                 h.files.flush()
@@ -556,7 +551,7 @@ class Store:
                 h.files.shed()
         return CheckpointReport(offset, deleted, retired)
 
-    def _retirable(self, h: _Hour, now_ms: int) -> bool:
+    def _retirable(self, h: Hour, now_ms: int) -> bool:
         return (h.entries > 0 and h.ended == h.entries and (h.hour + 1) * MS_PER_HOUR <= now_ms
                 and h.last_end_ms + self.config.retention_ms <= now_ms)
 
@@ -573,6 +568,7 @@ class Store:
         if self._closed:
             return
         self.commit()
+        self._flush_staged(everything=True)
         for h in list(self._hours.values()):
             self._close_files(h)
         self.ids.close()
@@ -592,6 +588,20 @@ class Store:
     def __repr__(self) -> str:
         return (f"Store({self.directory!r}, hours={len(self._hours)}, log_end={self.log.end_offset}, "
                 f"pending_records={len(self._pending)}, fsync={self.config.fsync.value})")
+
+
+def _far_hours_limit(wanted: int) -> int:
+    """How many far hours may be open at once: each holds three file
+    descriptors, so raise the soft limit as far as allowed and stay below it."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or hard > soft:
+        target = 65536 if hard == resource.RLIM_INFINITY else hard
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):
+            pass
+    return max(4, min(wanted, (soft - 256) // 3))
 
 
 def _validate(m: NewMessage, index: int) -> None:

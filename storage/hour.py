@@ -1,0 +1,120 @@
+"""One hour's live state: counters in RAM, files on disk, and a write stage.
+
+Applying a record does not write each message to the hour's files at once:
+it *stages* the bytes (index entries, delay-log frames, second-table slots)
+in the hour's buffers, and `flush()` writes each buffer with one call. Near
+(memory-mapped) hours are flushed after every commit; far hours are flushed
+when the store's staged total grows past a limit, at a checkpoint, or
+before anything reads them, so a backlog spread over thousands of hours
+costs a few large writes per hour instead of several small ones per
+message. Reads of an hour look at its stage first, so staging is invisible.
+
+Only durable records are staged: staged bytes are derived data that a
+crash may lose, and replaying the log from the checkpoint recreates them.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+from . import delay_index, delay_log
+from .checkpoint import HourRecord
+from .framing import FRAME_HEADER
+from .hour_files import HourFiles
+from .records import SendItem
+
+_PAD = b"\0" * delay_log.ALIGN_BYTES
+
+
+class Hour:
+    __slots__ = ("hour", "entries", "written", "applied", "log_bytes", "written_log_bytes", "ended", "last_end_ms",
+                 "files", "_entries_buf", "_frames_buf", "_slots", "_states")
+
+    def __init__(self, hour: int, entries: int = 0, log_bytes: int = 0, ended: int = 0, last_end_ms: int = 0):
+        self.hour = hour
+        self.entries = entries  # globalIndexes assigned (written + staged + not yet durable)
+        self.written = entries  # globalIndexes whose entries are in the files
+        self.applied = entries  # globalIndexes durable and readable (files + stage)
+        self.log_bytes = log_bytes  # delay-log bytes assigned after the header
+        self.written_log_bytes = log_bytes
+        self.ended = ended  # entries in a final status (4..7)
+        self.last_end_ms = last_end_ms
+        self.files: HourFiles | None = None
+        self._entries_buf = bytearray()  # entries [written, applied)
+        self._frames_buf = bytearray()  # delay-log bytes [written_log_bytes, ...)
+        self._slots: dict[int, tuple[int, int]] = {}  # second -> (last, count) not yet written
+        self._states: dict[int, bytes] = {}  # globalIndex < written -> mutable bytes not yet written
+
+    # -- counters ----------------------------------------------------------------
+
+    @property
+    def staged_bytes(self) -> int:
+        return len(self._entries_buf) + len(self._frames_buf) + 16 * (len(self._slots) + len(self._states))
+
+    def record(self) -> HourRecord:
+        return HourRecord(self.hour, self.entries, self.log_bytes, self.ended, self.last_end_ms)
+
+    # -- staging -----------------------------------------------------------------
+
+    def stage_send(self, item: SendItem) -> None:
+        """Stage one durable send. Items of an hour arrive in globalIndex
+        order; one already staged (a record replayed twice) is skipped."""
+        gi = item.global_index
+        if gi < self.applied:
+            return
+        if gi != self.applied:
+            raise AssertionError(f"hour {self.hour}: entry {gi} staged after {self.applied}")
+        self._entries_buf += delay_index.pack_entry(
+            item.trigger_ms, item.log_offset8, item.frame_size, item.local_index, gi, item.pre_global_index,
+            item.topic_hash, item.tag_hash, item.priority, item.second)
+        body = item.body
+        frames = self._frames_buf
+        frames += FRAME_HEADER.pack(len(body), zlib.crc32(body))
+        frames += body
+        pad = -item.frame_size & 7
+        if pad:
+            frames += _PAD[:pad]
+        self._slots[item.second] = (gi, item.local_index + 1)
+        self.applied = gi + 1
+        if gi >= self.entries:  # replay: counters follow the records
+            self.entries = gi + 1
+            self.log_bytes = (item.log_offset8 << 3) + item.frame_size + pad
+
+    def stage_state(self, global_index: int, status: int, flags: int, retry: int) -> None:
+        mutable = delay_index.MUTABLE.pack(status, flags, retry)
+        if global_index >= self.written:
+            pos = (global_index - self.written) * delay_index.ENTRY_BYTES + delay_index.MUTABLE_OFFSET
+            self._entries_buf[pos:pos + len(mutable)] = mutable
+        else:
+            self._states[global_index] = mutable
+
+    def flush(self, files: HourFiles) -> None:
+        """Write everything staged, one call per buffer."""
+        if self._frames_buf:
+            files.write_frames(self.written_log_bytes // delay_log.ALIGN_BYTES, self._frames_buf)
+            self.written_log_bytes += len(self._frames_buf)
+            self._frames_buf = bytearray()
+        if self._entries_buf:
+            files.write_entries(self.written, self._entries_buf)
+            self.written = self.applied
+            self._entries_buf = bytearray()
+        for second, (last, count) in self._slots.items():
+            files.write_slot(second, last, count)
+        self._slots.clear()
+        for gi, mutable in self._states.items():
+            files.write_state_bytes(gi, mutable)
+        self._states.clear()
+
+    @property
+    def dirty(self) -> bool:
+        return bool(self._entries_buf or self._slots or self._states)
+
+    # -- reads that see the stage -------------------------------------------------
+
+    def slot(self, second: int) -> tuple[int, int] | None:
+        """The staged (last, count) of `second`, or None to read the file."""
+        return self._slots.get(second)
+
+    def __repr__(self) -> str:
+        return (f"Hour({self.hour}, entries={self.entries}, written={self.written}, "
+                f"ended={self.ended}, staged_bytes={self.staged_bytes})")
