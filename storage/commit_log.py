@@ -73,15 +73,19 @@ class Segment:
     @classmethod
     def open(cls, path: str, expected_base: int) -> Segment:
         fd = os.open(path, os.O_RDWR)
-        size = os.fstat(fd).st_size
-        if size < HEADER_BYTES:
+        try:
+            size = os.fstat(fd).st_size
+            if size < HEADER_BYTES:
+                raise CorruptionError(path, 0, f"segment is {size} bytes, shorter than its header")
+            with open(path, "rb") as f:
+                head = f.read(HEADER_BYTES)
+            _, _, _, base = check_header(path, head, SEGMENT_HEADER, SEGMENT_MAGIC, SEGMENT_VERSION)
+            if base != expected_base:
+                raise CorruptionError(path, 8, f"base offset {base} does not match the file name ({expected_base})")
+            return cls(path, base, fd, mmap.mmap(fd, size))
+        except BaseException:
             os.close(fd)
-            raise CorruptionError(path, 0, f"segment is {size} bytes, shorter than its header")
-        mm = mmap.mmap(fd, size)
-        _, _, _, base = check_header(path, mm, SEGMENT_HEADER, SEGMENT_MAGIC, SEGMENT_VERSION)
-        if base != expected_base:
-            raise CorruptionError(path, 8, f"base offset {base} does not match the file name ({expected_base})")
-        return cls(path, base, fd, mm)
+            raise
 
     @property
     def capacity(self) -> int:
@@ -90,6 +94,13 @@ class Segment:
     @property
     def end_offset(self) -> int:
         return self.base_offset + self.write_pos - HEADER_BYTES
+
+    def grow(self, size_bytes: int) -> None:
+        """Enlarge a segment that holds no record yet, so that a record larger
+        than it fits (a crash meanwhile leaves a longer all-zero tail)."""
+        self.mm.close()
+        preallocate(self._fd, size_bytes)
+        self.mm = mmap.mmap(self._fd, size_bytes)
 
     def position(self, offset: int) -> int:
         return offset - self.base_offset + HEADER_BYTES
@@ -141,21 +152,31 @@ class CommitLog:
         log = cls(directory, fsync, segment_bytes)
         names = sorted(n for n in os.listdir(directory) if n.endswith(".log"))
         for name in names:
-            try:
+            if not name[:-4].isdigit():
+                raise CorruptionError(os.path.join(directory, name), 0, "segment name is not an offset")
+        if names and _never_written(os.path.join(directory, names[-1])):
+            # A crash while rolling left the newest segment created, its
+            # header not yet written: it holds no record.
+            os.unlink(os.path.join(directory, names.pop()))
+            fsync_dir(directory)
+        try:
+            for name in names:
                 base = int(name[:-4])
-            except ValueError:
-                raise CorruptionError(os.path.join(directory, name), 0, "segment name is not an offset") from None
-            log._segments.append(Segment.open(os.path.join(directory, name), base))
-            log._bases.append(base)
-        for seg, nxt in zip(log._segments, log._segments[1:]):
-            seg.write_pos = seg.synced_pos = seg.position(nxt.base_offset)
-            if seg.write_pos > seg.capacity:
-                raise CorruptionError(seg.path, seg.capacity,
-                                      f"next segment starts at offset {nxt.base_offset}, past this one's end")
-        if log._segments:
-            log._recover_tail(scan_from)
-        else:
-            log._roll(0)
+                log._segments.append(Segment.open(os.path.join(directory, name), base))
+                log._bases.append(base)
+            for seg, nxt in zip(log._segments, log._segments[1:]):
+                seg.write_pos = seg.synced_pos = seg.position(nxt.base_offset)
+                if seg.write_pos > seg.capacity:
+                    raise CorruptionError(seg.path, seg.capacity,
+                                          f"next segment starts at offset {nxt.base_offset}, past this one's end")
+            if log._segments:
+                log._recover_tail(scan_from)
+            else:
+                log._roll(0)
+        except BaseException:
+            for seg in log._segments:
+                seg.close()
+            raise
         return log
 
     def _recover_tail(self, scan_from: int) -> None:
@@ -221,10 +242,14 @@ class CommitLog:
             seg.sync()
 
     def _roll(self, min_frame_bytes: int) -> Segment:
+        size = max(self.segment_bytes, HEADER_BYTES + min_frame_bytes)
+        if self._segments and self._segments[-1].write_pos == HEADER_BYTES:
+            # An empty segment cannot roll (the next would take its name).
+            self._segments[-1].grow(size)
+            return self._segments[-1]
         base = self._segments[-1].end_offset if self._segments else 0
         if self._segments:
             self._segments[-1].sync()
-        size = max(self.segment_bytes, HEADER_BYTES + min_frame_bytes)
         path = os.path.join(self.directory, f"{base:020d}.log")
         seg = Segment.create(path, base, size)
         self._segments.append(seg)
@@ -286,6 +311,17 @@ class CommitLog:
     def __repr__(self) -> str:
         return (f"CommitLog({self.directory!r}, segments={len(self._segments)}, "
                 f"offsets=[{self.start_offset}, {self.end_offset}), fsync={self.fsync.value})")
+
+
+def _never_written(path: str) -> bool:
+    """True if the file is empty or all zeros (no header, no record)."""
+    with open(path, "rb") as f:
+        if f.read(HEADER_BYTES).strip(b"\0"):
+            return False
+        while chunk := f.read(1 << 20):
+            if chunk.strip(b"\0"):
+                return False
+    return True
 
 
 def _dirty_extent(mm, start: int, end: int) -> int:

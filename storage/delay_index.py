@@ -75,7 +75,10 @@ def pack_entry(trigger_ms: int, log_offset8: int, size: int, local_index: int, g
 
 def unpack_entry(path: str, hour: int, global_index: int, raw: bytes) -> tuple[IndexEntry, int, int, int]:
     """Decode one entry; returns (entry, log_offset8, size, flags).
-    Refuses a bad checksum or an entry that is not where it says it is."""
+    Refuses a short entry, a bad checksum, or an entry that is not where it
+    says it is."""
+    if len(raw) != ENTRY_BYTES:
+        raise CorruptionError(path, entry_offset(global_index), f"index entry is {len(raw)} bytes, not {ENTRY_BYTES}")
     (trigger_ms, log_offset8, size, local_index, gi, pre, topic_hash, tag_hash,
      priority, second, crc, status, flags, retry) = ENTRY.unpack(raw)
     if zlib.crc32(raw[:40]) != crc:

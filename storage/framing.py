@@ -19,6 +19,8 @@ import struct
 import zlib
 from typing import NamedTuple
 
+from .errors import InvalidRequest
+
 FRAME_HEADER = struct.Struct("<II")
 FRAME_HEADER_BYTES = FRAME_HEADER.size
 MAX_BODY_BYTES = 256 * 1024 * 1024
@@ -39,6 +41,11 @@ class Frame(NamedTuple):
 
 
 def encode_frame(body: bytes) -> bytes:
+    """Frame `body`. Refuses what `decode_frame` could not give back: an
+    empty body (its frame is all zeros, read as the end of data) and one
+    over MAX_BODY_BYTES (read as a torn tail)."""
+    if not 0 < len(body) <= MAX_BODY_BYTES:
+        raise InvalidRequest("body", f"must be 1..{MAX_BODY_BYTES} bytes, got {len(body)}")
     return FRAME_HEADER.pack(len(body), zlib.crc32(body)) + body
 
 
@@ -64,14 +71,20 @@ def find_valid_frame(buf, start: int, end: int) -> int | None:
     """The first offset in [start, end) where a well-formed frame begins, or
     None. Used after a bad frame to tell a torn tail (nothing valid after it)
     from corruption in the middle (valid records follow). Cost: one try per
-    non-zero byte, so only the dirty region after the bad frame is scanned."""
+    non-zero byte (and the 3 before it), so only the dirty region after the
+    bad frame is scanned."""
     pos = start
     while pos < end:
         if buf[pos] == 0:
-            # Skip zero runs quickly: a frame never starts with length 0.
+            # Skip zero runs quickly: a frame never has length 0. The length
+            # is little-endian, so its low bytes may be zero (a 256-byte body)
+            # and the frame may start up to 3 bytes before the non-zero one.
             nxt = _next_nonzero(buf, pos, end)
             if nxt is None:
                 return None
+            for candidate in range(max(pos, nxt - 3), nxt):
+                if decode_frame(buf, candidate, end).problem is FrameProblem.OK:
+                    return candidate
             pos = nxt
         frame = decode_frame(buf, pos, end)
         if frame.problem is FrameProblem.OK:

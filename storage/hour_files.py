@@ -43,10 +43,23 @@ class HourFiles:
         fresh = create and not any(os.path.exists(p) for p in paths)
         if fresh:
             self._write_headers(paths)
+        else:
+            # Before mapping: a mapped open grows a short file with zeros,
+            # and an all-zero second-table slot reads as an empty second.
+            least_bytes = (delay_log.HEADER_BYTES, delay_index.HEADER_BYTES, second_table.FILE_BYTES)
+            for path, least in zip(paths, least_bytes):
+                size = os.path.getsize(path)
+                if size < least:
+                    raise CorruptionError(path, size, f"file is {size} bytes, shorter than {least}")
         kind = MappedFile if mapped else PlainFile
         self.log, self.idx, self.sec = (kind(p) for p in paths)
         if not fresh:
-            self._check_headers()
+            try:
+                self._check_headers()
+            except CorruptionError:
+                for f in (self.log, self.idx, self.sec):
+                    f.close()
+                raise
 
     def _write_headers(self, paths: tuple[str, str, str]) -> None:
         log_path, idx_path, sec_path = paths
@@ -64,8 +77,6 @@ class HourFiles:
             fields = module.HEADER.unpack(head) if len(head) == module.HEADER_BYTES else None
             if fields is None or fields[0] != module.MAGIC or fields[1] != module.VERSION or fields[3] != self.hour:
                 raise CorruptionError(f.path, 0, f"bad header for hour {self.hour}: {fields}")
-        if self.sec.file_bytes() < second_table.FILE_BYTES:
-            raise CorruptionError(self.sec.path, self.sec.file_bytes(), "second table is short")
 
     # -- index ----------------------------------------------------------------
 

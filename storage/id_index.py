@@ -93,17 +93,15 @@ class Shard:
 
     @classmethod
     def open(cls, path: str) -> Shard:
-        fd = os.open(path, os.O_RDWR)
-        size = os.fstat(fd).st_size
         with open(path, "rb") as f:
             head = f.read(HEADER_BYTES)
+            size = os.fstat(f.fileno()).st_size
         _, _, _, slot_count, crc = check_header(path, head, HEADER, MAGIC, VERSION)
         if zlib.crc32(head[:12]) != crc:
-            os.close(fd)
             raise CorruptionError(path, 12, "id-index header checksum mismatch")
         if slot_count & (slot_count - 1) or size != HEADER_BYTES + slot_count * SLOT_BYTES:
-            os.close(fd)
             raise CorruptionError(path, 8, f"{slot_count} slots do not fit a file of {size} bytes")
+        fd = os.open(path, os.O_RDWR)
         shard = cls(path, fd, mmap.mmap(fd, size), slot_count)
         keys = array("Q", shard.mm[HEADER_BYTES:])[::2]
         shard.used = slot_count - keys.count(0)
@@ -145,14 +143,22 @@ class IdIndex:
     def open(cls, directory: str, initial_slots: int, is_live: Callable[[int], bool]) -> IdIndex:
         os.makedirs(directory, exist_ok=True)
         index = cls(directory, initial_slots, is_live)
-        for n in range(SHARDS):
-            path = index._path(n)
-            if os.path.exists(path):
-                shard = Shard.open(path)
-            else:
-                shard = Shard.create(path, initial_slots)
-                shard.publish(path)
-            index.shards.append(shard)
+        existing = [os.path.exists(index._path(n)) for n in range(SHARDS)]
+        if any(existing) and not all(existing):
+            missing = index._path(existing.index(False))
+            raise CorruptionError(missing, 0, "id-index shard is missing while others exist")
+        try:
+            for n in range(SHARDS):
+                path = index._path(n)
+                if os.path.exists(path):
+                    shard = Shard.open(path)
+                else:
+                    shard = Shard.create(path, initial_slots)
+                    shard.publish(path)
+                index.shards.append(shard)
+        except BaseException:
+            index.close()
+            raise
         return index
 
     def _path(self, n: int) -> str:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from .config import StoreConfig
 from .entry import MS_PER_HOUR, SECONDS_PER_HOUR, IndexEntry, Location, Message, Status, hour_and_second
 from .errors import InvalidRequest, StoreClosedError
-from .store import CheckpointReport, NewMessage, SendOutcome, SendResult, StateChange, text_hash
+from .store import MAX_RETRY_COUNT, CheckpointReport, NewMessage, SendOutcome, SendResult, StateChange, text_hash
 
 
 @dataclass
@@ -136,6 +136,8 @@ class InMemoryStore:
         changes = list(changes)
         for change in changes:  # all or nothing
             self._live.at(change.location)
+            if not 0 <= change.retry <= MAX_RETRY_COUNT:
+                raise InvalidRequest("retry", f"must be in 0..{MAX_RETRY_COUNT}, got {change.retry}")
         self._live.update(changes, now_ms)
         if changes:
             self._pending.append(("update", changes, now_ms))

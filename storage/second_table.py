@@ -51,6 +51,8 @@ def pack_slot(second: int, last_global_index: int, count: int) -> bytes:
 
 def unpack_slot(path: str, second: int, raw: bytes) -> tuple[int, int]:
     """(last_global_index, count) of second `second`; (-1, 0) when empty."""
+    if len(raw) != SLOT_BYTES:
+        raise CorruptionError(path, slot_offset(second), f"second-table slot {second} is {len(raw)} bytes")
     last, count, crc, _ = SLOT.unpack(raw)
     if count == 0 and last == 0 and crc == 0:
         return -1, 0

@@ -63,6 +63,9 @@ MAX_PRIORITY = 2**15 - 1
 MIN_PRIORITY = -(2**15)
 MAX_RETRY_COUNT = 2**16 - 1
 WAITING = Status.WAITING
+# A batch's characters, bounded so its record (UTF-8, up to 4 bytes each,
+# plus framing) stays under storage.framing.MAX_BODY_BYTES.
+MAX_RECORD_CHARS = 32 * 1024 * 1024
 # Staged bytes of far hours kept before they are written (see storage.hour).
 STAGE_LIMIT_BYTES = 8 * 1024 * 1024
 
@@ -264,6 +267,8 @@ class Store:
         self._check_open()
         for i, m in enumerate(batch):
             _validate(m, i)
+        if sum(len(m.msg) for m in batch) > MAX_RECORD_CHARS:
+            raise InvalidRequest("batch", f"messages total more than {MAX_RECORD_CHARS} characters; split it")
         self.advance(now_ms)
         results: list[SendResult] = []
         items: list[records.SendItem] = []
@@ -314,14 +319,16 @@ class Store:
         self._check_open()
         self.advance(now_ms)
         items = []
+        staged: dict[Location, tuple[int, int, int]] = {}  # published only if every change is valid
         for change in changes:
             hour, gi = change.location
-            status, flags, retry = self._state(change.location)
+            status, flags, retry = staged.get(change.location) or self._state(change.location)
             if change.retry < 0 or change.retry > MAX_RETRY_COUNT:
                 raise InvalidRequest("retry", f"must be in 0..{MAX_RETRY_COUNT}, got {change.retry}")
             new_flags = flags | (FLAG_RELEASED if change.released else 0)
             items.append(records.StateItem(hour, gi, int(change.status), change.retry, new_flags, status))
-            self._pending_state[change.location] = (int(change.status), new_flags, change.retry)
+            staged[change.location] = (int(change.status), new_flags, change.retry)
+        self._pending_state.update(staged)
         if items:
             self._append(records.Kind.STATE, now_ms, items)
 
@@ -422,7 +429,9 @@ class Store:
     def _find(self, key: int, topic: str, msg_id: str) -> Message | None:
         for message in self._pending_ids.get(key, ()):
             if message.topic == topic and message.msg_id == msg_id:
-                return self.read_message(message.location, message)
+                found = self.read_message(message.location, message)
+                if found is not None:  # released in this batch: a later resend may follow
+                    return found
         for where in self.ids.candidates(key):
             h = self._hours[where.hour]
             if where.global_index >= h.applied:

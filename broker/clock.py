@@ -1,0 +1,31 @@
+"""The one real clock of hourglass (everything below broker/ takes time as
+a parameter or through this object; see wheel.clock.Clock)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+
+
+class SystemClock:
+    """Wall time for trigger times, the event loop's monotonic timer for
+    waiting: a wall clock that steps back only makes a wait end early and
+    be re-planned, never makes anything release early."""
+
+    def now_ms(self) -> int:
+        return time.time_ns() // 1_000_000
+
+    async def sleep_until(self, wall_ms: int | None, wake: asyncio.Event) -> None:
+        if wall_ms is None:
+            await wake.wait()
+            return
+        delay_s = (wall_ms - time.time_ns() / 1_000_000) / 1000
+        if delay_s <= 0:
+            await asyncio.sleep(0)
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(wake.wait(), delay_s)
+
+    def __repr__(self) -> str:
+        return f"SystemClock(now_ms={self.now_ms()})"
