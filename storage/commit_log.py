@@ -4,7 +4,8 @@ Every state change of the broker (a batch of sends, a batch of status
 changes) is one record appended here; delay logs, indexes and the id index
 are derived from it and rebuilt from it after a crash.
 
-A segment file `commitlog/<base_offset:020d>.log` is preallocated, written
+A segment file `commitlog/<base_offset:020d>.log` is sized up front (its
+disk blocks reserved a few MiB ahead of the writes), written
 through mmap, and laid out as:
 
     offset  size  field
@@ -40,13 +41,14 @@ from collections.abc import Iterator
 
 from .config import FsyncPolicy
 from .errors import CorruptionError
-from .fileutil import PAGE_BYTES, check_header, fsync_dir, preallocate
+from .fileutil import PAGE_BYTES, allocate, check_header, fsync_dir, preallocate
 from .framing import FRAME_HEADER_BYTES, FrameProblem, decode_frame, encode_frame, find_valid_frame
 
 SEGMENT_HEADER = struct.Struct("<4sHHQ")
 SEGMENT_MAGIC = b"HGCL"
 SEGMENT_VERSION = 1
 HEADER_BYTES = SEGMENT_HEADER.size
+ALLOCATE_STEP_BYTES = 4 * 1024 * 1024
 
 
 class Segment:
@@ -59,11 +61,16 @@ class Segment:
         self.mm = mm
         self.write_pos = HEADER_BYTES  # file position where the next frame goes
         self.synced_pos = HEADER_BYTES
+        # Disk blocks are reserved ALLOCATE_STEP_BYTES ahead of the writes
+        # (so a write through the mapping never meets a full disk as
+        # SIGBUS), not for the whole segment at once.
+        self.allocated = 0
 
     @classmethod
     def create(cls, path: str, base_offset: int, size_bytes: int) -> Segment:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
-        preallocate(fd, size_bytes)
+        os.ftruncate(fd, size_bytes)
+        allocate(fd, 0, min(size_bytes, ALLOCATE_STEP_BYTES))
         mm = mmap.mmap(fd, size_bytes)
         mm[:HEADER_BYTES] = SEGMENT_HEADER.pack(SEGMENT_MAGIC, SEGMENT_VERSION, 0, base_offset)
         mm.flush(0, PAGE_BYTES)
@@ -100,7 +107,16 @@ class Segment:
         than it fits (a crash meanwhile leaves a longer all-zero tail)."""
         self.mm.close()
         preallocate(self._fd, size_bytes)
+        self.allocated = size_bytes
         self.mm = mmap.mmap(self._fd, size_bytes)
+
+    def reserve(self, end_pos: int) -> None:
+        """Reserve disk blocks up to end_pos plus one step (a no-op for
+        blocks reserved before, e.g. by an earlier process)."""
+        start = max(self.allocated, self.write_pos - self.write_pos % PAGE_BYTES)
+        stop = min(self.capacity, max(end_pos, start + ALLOCATE_STEP_BYTES))
+        allocate(self._fd, start, stop - start)
+        self.allocated = stop
 
     def position(self, offset: int) -> int:
         return offset - self.base_offset + HEADER_BYTES
@@ -226,6 +242,8 @@ class CommitLog:
             seg = self._roll(len(frame))
         offset = seg.end_offset
         pos = seg.write_pos
+        if pos + len(frame) > seg.allocated:
+            seg.reserve(pos + len(frame))
         seg.mm[pos:pos + len(frame)] = frame
         seg.write_pos = pos + len(frame)
         if self.fsync is FsyncPolicy.ALWAYS:
@@ -275,6 +293,15 @@ class CommitLog:
                 pos = frame.next_offset
             i += 1
             offset = seg.end_offset
+
+    def seal_active(self, min_bytes: int) -> bool:
+        """Start a new segment if the active one holds at least `min_bytes`,
+        so a checkpoint can delete the old one whole."""
+        seg = self._segments[-1]
+        if seg.write_pos - HEADER_BYTES < min_bytes:
+            return False
+        self._roll(0)
+        return True
 
     def delete_before(self, offset: int) -> int:
         """Delete whole segments that end at or before `offset` (never the

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import errno
 import ctypes.util
 import os
 import struct
@@ -18,6 +19,17 @@ def preallocate(fd: int, size_bytes: int) -> None:
         os.posix_fallocate(fd, 0, size_bytes)
     except OSError:
         os.ftruncate(fd, size_bytes)
+
+
+def allocate(fd: int, offset: int, length: int) -> None:
+    """Reserve disk blocks for [offset, offset + length) of a sized file."""
+    if length <= 0:
+        return
+    try:
+        os.posix_fallocate(fd, offset, length)
+    except OSError as e:
+        if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+            raise
 
 
 def fsync_dir(path: str) -> None:

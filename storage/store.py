@@ -63,6 +63,9 @@ MAX_PRIORITY = 2**15 - 1
 MIN_PRIORITY = -(2**15)
 MAX_RETRY_COUNT = 2**16 - 1
 WAITING = Status.WAITING
+# A checkpoint starts a new commit-log segment when the active one holds this
+# much, so the old one, wholly before the checkpoint, can be deleted.
+SEAL_AT_CHECKPOINT_BYTES = 4 * 1024 * 1024
 # A batch's characters, bounded so its record (UTF-8, up to 4 bytes each,
 # plus framing) stays under storage.framing.MAX_BODY_BYTES.
 MAX_RECORD_CHARS = 32 * 1024 * 1024
@@ -542,6 +545,7 @@ class Store:
         sync_filesystem(self.directory)
         retired = tuple(h.hour for h in self._hours.values() if self._retirable(h, now_ms))
         kept = tuple(h.record() for hour, h in sorted(self._hours.items()) if hour not in retired)
+        self.log.seal_active(SEAL_AT_CHECKPOINT_BYTES)
         offset = self.log.end_offset
         Checkpoint(offset, kept, now_ms).save(os.path.join(self.directory, "checkpoint"))
         for hour in retired:
