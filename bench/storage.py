@@ -48,6 +48,16 @@ def rss_mb() -> float:
     raise RuntimeError("no VmRSS")
 
 
+def disk_parts(directory: str) -> dict[str, int]:
+    """Allocated bytes by kind of file: where the disk goes."""
+    parts: dict[str, int] = {}
+    for root, _, names in os.walk(directory):
+        for name in names:
+            kind = os.path.basename(root) + "/*" + os.path.splitext(name)[1] if root != directory else name
+            parts[kind] = parts.get(kind, 0) + os.stat(os.path.join(root, name)).st_blocks * 512
+    return parts
+
+
 def batches(count: int, batch: int, now_ms: int, spread_ms: int, seed: int):
     rng = random.Random(seed)
     for start in range(0, count, batch):
@@ -74,7 +84,7 @@ def child_fill(directory: str, count: int, batch: int, spread_ms: int, checkpoin
     store.checkpoint(now_ms)
     del msgs
     out = {"msgs_per_s": count / elapsed, "rss_growth_mb": rss_mb() - rss_before,
-           "disk_bytes": store.disk_bytes(), "now_ms": now_ms}
+           "disk_bytes": store.disk_bytes(), "disk_parts": disk_parts(directory), "now_ms": now_ms}
     print(json.dumps(out), flush=True)
     if kill_wait:
         print("READY", flush=True)
@@ -165,6 +175,7 @@ def main() -> None:
         "append_near_msgs_per_s": round(near["msgs_per_s"]),
         f"rss_growth_mb_{suffix}": round(spread["rss_growth_mb"], 1),
         "disk_bytes_per_msg": round(spread["disk_bytes"] / args.messages, 1),
+        "disk_bytes_per_msg_by_file": {k: round(v / args.messages, 1) for k, v in sorted(spread["disk_parts"].items())},
         f"reopen_s_{suffix}": round(reopen["reopen_s"], 3),
         "read_us_per_msg_10": round(read["read_us_per_msg_10"], 2),
         "read_us_per_msg_10000": round(read["read_us_per_msg_10000"], 2),

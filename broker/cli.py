@@ -1,21 +1,59 @@
-"""The `hourglass` command line."""
+"""The `hourglass` command line: `hourglass serve [flags]`."""
 
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
+
+from storage.config import StoreConfig
+
+from .config import ServeConfig, fsync_policy
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hourglass", description="A disk-backed delay-message broker.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="run a broker node")
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=8080, help="HTTP port (default 8080)")
+    serve.add_argument("--data-dir", default="./hourglass-data", help="data directory (default ./hourglass-data)")
+    serve.add_argument("--backend", default="disk", help="disk (default) or redis://HOST:PORT/DB")
+    serve.add_argument("--fsync", default="batch", help="always | batch (default: group commit) | never")
+    serve.add_argument("--max-msg-bytes", type=int, default=1024 * 1024,
+                       help="largest msg in UTF-8 bytes (default 1 MiB)")
+    serve.add_argument("--auth-token-file", default=None,
+                       help="file holding a bearer token required by every endpoint but /health")
+    serve.add_argument("--node-id", default=None, help="this node's id in --cluster")
+    serve.add_argument("--cluster", default=None, help="id=host:http_port:replication_port,... (all nodes)")
+    serve.add_argument("--log-level", default="INFO", help="DEBUG, INFO (default), WARNING, ERROR")
+    return parser
+
+
+def config_from_args(args: argparse.Namespace) -> ServeConfig:
+    if args.backend != "disk":
+        raise ValueError(f"--backend {args.backend}: only the disk backend exists in this version")
+    if args.cluster or args.node_id:
+        raise ValueError("--cluster/--node-id: clustering does not exist in this version; run standalone")
+    token = None
+    if args.auth_token_file:
+        with open(args.auth_token_file, encoding="utf-8") as f:
+            token = f.read().strip()
+    return ServeConfig(host=args.host, port=args.port, data_dir=args.data_dir, max_msg_bytes=args.max_msg_bytes,
+                       auth_token=token, store=StoreConfig(fsync=fsync_policy(args.fsync)))
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="hourglass", description="A disk-backed delay-message broker.")
-    sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("serve", help="run a broker (not available yet in this version)")
+    parser = build_parser()
     args = parser.parse_args(argv)
-    if args.command == "serve":
-        print("hourglass serve: the HTTP broker is not built yet; the storage engine is (see README).",
-              file=sys.stderr)
-        return 2
-    return 0
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        config = config_from_args(args)
+    except (ValueError, OSError) as e:
+        parser.error(str(e))
+    from .server import serve
+
+    return serve(config)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,45 @@
+"""Settings of `hourglass serve`: one frozen dataclass, built by the CLI."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from storage.config import FsyncPolicy, StoreConfig
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    # Address the HTTP API listens on (loopback by default).
+    host: str = "127.0.0.1"
+    port: int = 8080
+    # Where the commit log, delay logs and indexes live.
+    data_dir: str = "./hourglass-data"
+    # Largest `msg`, in UTF-8 bytes; a message exactly this large is accepted.
+    max_msg_bytes: int = 1024 * 1024
+    # Bearer token required by every endpoint but /health (None: no auth).
+    auth_token: str | None = None
+    # How often derived files are made durable and the commit log trimmed.
+    checkpoint_interval_ms: int = 1000
+    store: StoreConfig = field(default_factory=StoreConfig)
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"--port must be in 0..65535, got {self.port}")
+        if self.max_msg_bytes < 1:
+            raise ValueError(f"--max-msg-bytes must be at least 1, got {self.max_msg_bytes}")
+        if self.auth_token is not None and not self.auth_token:
+            raise ValueError("the auth token file is empty")
+        if self.checkpoint_interval_ms < 10:
+            raise ValueError(f"checkpoint_interval_ms must be at least 10, got {self.checkpoint_interval_ms}")
+
+    @property
+    def data_path(self) -> str:
+        return os.path.abspath(self.data_dir)
+
+
+def fsync_policy(text: str) -> FsyncPolicy:
+    try:
+        return FsyncPolicy(text)
+    except ValueError:
+        raise ValueError(f"--fsync must be one of always, batch, never; got {text!r}") from None
