@@ -23,6 +23,7 @@ from storage.commit_log import HEADER_BYTES, CommitLog
 from storage.config import FsyncPolicy
 from storage.errors import CorruptionError
 from storage.framing import FRAME_HEADER_BYTES, FrameProblem, decode_frame, encode_frame, find_valid_frame
+from corruption import xor_byte
 
 SEGMENT_BYTES = 4096
 SETTINGS = settings(max_examples=75, deadline=None)
@@ -88,14 +89,6 @@ def snapshot(directory: str) -> dict[str, bytes]:
         with open(os.path.join(directory, name), "rb") as f:
             out[name] = f.read()
     return out
-
-
-def xor_byte(path: str, position: int, mask: int) -> None:
-    with open(path, "r+b") as f:
-        f.seek(position)
-        old = f.read(1)[0]
-        f.seek(position)
-        f.write(bytes([old ^ mask]))
 
 
 # -- frames -------------------------------------------------------------------

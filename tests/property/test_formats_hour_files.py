@@ -27,6 +27,7 @@ from storage.entry import IndexEntry, Status
 from storage.errors import CorruptionError
 from storage.framing import encode_frame
 from storage.hour_files import HourFiles, hour_paths
+from corruption import xor_byte
 
 HOUR = 490_000
 SETTINGS = settings(max_examples=60, deadline=None)
@@ -135,14 +136,6 @@ def opened(directory: str, mapped: bool, create: bool = False) -> Iterator[HourF
 
 def body_position(offset8: int) -> int:
     return delay_log.HEADER_BYTES + offset8 * delay_log.ALIGN_BYTES
-
-
-def xor_byte(path: str, position: int, mask: int) -> None:
-    with open(path, "r+b") as f:
-        f.seek(position)
-        old = f.read(1)[0]
-        f.seek(position)
-        f.write(bytes([old ^ mask]))
 
 
 masks = st.integers(1, 255)

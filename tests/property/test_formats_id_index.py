@@ -19,6 +19,7 @@ from storage import id_index
 from storage.entry import Location
 from storage.errors import CorruptionError
 from storage.id_index import HEADER_BYTES, SLOT, SLOT_BYTES, IdIndex, pack_loc, unpack_loc
+from corruption import xor_byte
 
 SETTINGS = settings(max_examples=50, deadline=None)
 # RAM-backed where there is one: these tests are about formats, not fsync.
@@ -66,14 +67,6 @@ def find_slot(directory: str, key: int, loc: int) -> tuple[str, int]:
             if data[position:position + SLOT_BYTES] == needle:
                 return os.path.join(directory, name), position
     raise AssertionError(f"no slot holds key {key}")
-
-
-def xor_byte(path: str, position: int, mask: int) -> None:
-    with open(path, "r+b") as f:
-        f.seek(position)
-        old = f.read(1)[0]
-        f.seek(position)
-        f.write(bytes([old ^ mask]))
 
 
 # -- round trip -------------------------------------------------------------
