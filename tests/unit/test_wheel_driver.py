@@ -1,0 +1,202 @@
+"""wheel.driver.WheelDriver on a FakeClock: wake-ups, early wake, ticks, stop."""
+
+import asyncio
+import logging
+
+import pytest
+
+from storage.entry import MS_PER_HOUR, IndexEntry
+from wheel.clock import FakeClock
+from wheel.driver import WheelDriver
+from wheel.scheduler import Scheduler, SchedulerConfig
+from wheel.source import InMemorySlotSource
+from wheel.tick_state import TickState, TickStateFile, read_tick_state
+from wheel.window import release_key
+
+H = 472_000
+T0 = H * MS_PER_HOUR
+EXACT = SchedulerConfig(commit_lag_ms=0)
+
+
+class Rig:
+    """A scheduler, a fake clock, and a driver recording what it does."""
+
+    def __init__(self, tick: TickState | None = None, now_ms: int = T0, config: SchedulerConfig = EXACT,
+                 source: InMemorySlotSource | None = None) -> None:
+        self.clock = FakeClock(now_ms)
+        self.source = source if source is not None else InMemorySlotSource()
+        self.sched = Scheduler(self.source, tick, now_ms, config)
+        self.delivered: list[tuple[int, IndexEntry]] = []
+        self.persisted: list[tuple[int, TickState]] = []
+        self.driver = WheelDriver(self.sched, self.clock, self.deliver, persist_tick=self.persist)
+
+    async def deliver(self, batch: list[IndexEntry]) -> None:
+        now = self.clock.now_ms()
+        self.delivered.extend((now, e) for e in batch)
+        await asyncio.sleep(0)
+
+    def persist(self, tick: TickState) -> None:
+        self.persisted.append((self.clock.now_ms(), tick))
+
+    def send(self, trigger_ms: int, priority: int = 0) -> IndexEntry:
+        entry = self.source.add(trigger_ms, priority, self.clock.now_ms())
+        self.sched.on_new(entry)
+        return entry
+
+    def start(self) -> asyncio.Task:
+        return asyncio.create_task(self.driver.run())
+
+    async def stop(self, task: asyncio.Task) -> None:
+        self.driver.stop()
+        await task
+
+
+def test_idle_with_one_message_two_hours_ahead_sleeps_the_whole_gap():
+    async def main():
+        rig = Rig()
+        e = rig.send(T0 + 2 * MS_PER_HOUR + 300_250)
+        task = rig.start()
+        await rig.clock.run_until(T0 + 3 * MS_PER_HOUR)
+        await rig.stop(task)
+        assert rig.delivered == [(e.trigger_ms, e)]
+        assert rig.driver.wakeups == 4  # start, cascade the hour, preload the second, release
+        assert rig.clock.sleeps <= 5
+        assert len(rig.persisted) <= 5
+
+    asyncio.run(main())
+
+
+def test_an_earlier_message_wakes_the_sleeping_driver():
+    async def main():
+        rig = Rig()
+        rig.send(T0 + 2 * MS_PER_HOUR)
+        task = rig.start()
+        await rig.clock.run_until(T0 + 1_000)
+        assert rig.clock.next_deadline_ms() == T0 + 2 * MS_PER_HOUR - 10_000
+        soon = rig.send(T0 + 3_000)
+        await rig.clock.settle()
+        assert rig.clock.next_deadline_ms() == T0 + 3_000
+        await rig.clock.run_until(T0 + 5_000)
+        assert rig.delivered == [(T0 + 3_000, soon)]
+        assert rig.sched.stats.early_wakes >= 1
+        await rig.stop(task)
+
+    asyncio.run(main())
+
+
+def test_a_clock_stepping_back_never_delivers_early():
+    async def main():
+        rig = Rig()
+        e = rig.send(T0 + 20_000)
+        task = rig.start()
+        await rig.clock.run_until(T0 + 15_000)
+        rig.clock.set(T0 + 5_000)  # NTP stepped the wall clock back 10 s
+        await rig.clock.run_until(T0 + 19_999)
+        assert rig.delivered == []
+        await rig.clock.run_until(T0 + 25_000)
+        assert rig.delivered == [(T0 + 20_000, e)]
+        await rig.stop(task)
+
+    asyncio.run(main())
+
+
+def test_the_tick_is_persisted_within_the_interval_and_not_more_often():
+    async def main():
+        rig = Rig()
+        for i in range(100):
+            rig.send(T0 + 1_000 + 10 * i)
+        task = rig.start()
+        await rig.clock.run_until(T0 + 2_500)
+        times = [t for t, _ in rig.persisted]
+        assert all(b - a >= 50 for a, b in zip(times, times[1:]))
+        assert rig.persisted[-1][1] == rig.sched.tick  # nothing changed since: all written
+        last_release = rig.delivered[-1][0]
+        assert any(last_release <= t <= last_release + 50 for t in times)
+        assert len(rig.delivered) == 100
+        await rig.stop(task)
+
+    asyncio.run(main())
+
+
+def test_stop_persists_the_final_tick_to_a_file(tmp_path):
+    async def main():
+        with TickStateFile(tmp_path / "tick") as f:
+            rig = Rig()
+            rig.driver = WheelDriver(rig.sched, rig.clock, rig.deliver, persist_tick=f.write)
+            for i in range(10):
+                rig.send(T0 + 2_000 + 333 * i)
+            task = rig.start()
+            await rig.clock.run_until(T0 + 3_000)
+            rig.send(T0 + 3_000)  # due now, delivered before stopping
+            await rig.stop(task)
+            assert f.state == rig.sched.tick
+        assert read_tick_state(tmp_path / "tick") == rig.sched.tick
+
+    asyncio.run(main())
+
+
+def test_a_failing_delivery_stops_the_loop_without_persisting_that_batch():
+    async def main():
+        rig = Rig()
+
+        def deliver(batch):
+            raise RuntimeError("ready queue is gone")
+
+        rig.driver = WheelDriver(rig.sched, rig.clock, deliver, persist_tick=rig.persist)
+        rig.send(T0 + 1_000)
+        task = rig.start()
+        await rig.clock.run_until(T0 + 2_000)
+        with pytest.raises(RuntimeError, match="ready queue is gone"):
+            await task
+        assert all(tick.position <= TickState(H, 1, 0).position for _, tick in rig.persisted)
+
+    asyncio.run(main())
+
+
+def test_catch_up_after_downtime_is_batched_in_order_and_logged(caplog):
+    async def main():
+        source = InMemorySlotSource()
+        entries = [source.add(T0 + 3 * i, i % 4, T0) for i in range(1_000)]
+        rig = Rig(tick=TickState(H, 0, 0), now_ms=T0 + MS_PER_HOUR, source=source,
+                  config=SchedulerConfig(max_release_per_poll=100, commit_lag_ms=0))
+        task = rig.start()
+        await rig.clock.run_until(T0 + MS_PER_HOUR + 10)
+        await rig.stop(task)
+        assert [e for _, e in rig.delivered] == sorted(entries, key=release_key)
+        assert rig.driver.wakeups >= 10
+        report = rig.sched.catch_up
+        assert report is not None and report.overdue == 1_000 and not report.active
+
+    with caplog.at_level(logging.WARNING, logger="hourglass.wheel"):
+        asyncio.run(main())
+    assert any("caught up" in r.getMessage() and "1000 overdue" in r.getMessage() for r in caplog.records)
+
+
+def test_run_twice_and_bad_interval_are_refused():
+    async def main():
+        rig = Rig()
+        task = rig.start()
+        await rig.clock.settle()
+        with pytest.raises(RuntimeError, match="already running"):
+            await rig.driver.run()
+        await rig.stop(task)
+        assert "stopping=True" in repr(rig.driver)
+
+    asyncio.run(main())
+    with pytest.raises(ValueError, match="tick_interval_ms"):
+        WheelDriver(Rig().sched, FakeClock(), lambda batch: None, tick_interval_ms=0)
+
+
+def test_with_a_commit_lag_the_tick_covering_a_release_is_written_soon_after():
+    async def main():
+        rig = Rig(config=SchedulerConfig(commit_lag_ms=100))
+        e = rig.send(T0 + 2 * MS_PER_HOUR + 300_050)  # within 100 ms of its second's start
+        task = rig.start()
+        await rig.clock.run_until(T0 + 3 * MS_PER_HOUR)
+        assert rig.delivered == [(e.trigger_ms, e)]
+        assert rig.driver.wakeups == 5
+        at_ms, tick = rig.persisted[-1]
+        assert at_ms == e.trigger_ms + 101 and tick.position > (e.hour * 3600 + e.second, e.local_index)
+        await rig.stop(task)
+
+    asyncio.run(main())

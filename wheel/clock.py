@@ -1,0 +1,107 @@
+"""The clock the wheel is handed: wall time for triggers, and a way to wait.
+
+Nothing in wheel/ reads the system clock. The real clock (in broker/) reads
+the wall clock for `now_ms` and waits on the monotonic clock, so a wall
+clock that steps back or jumps makes a wait neither endless nor early:
+the driver re-polls with the wall time it then reads, and the scheduler
+releases nothing whose trigger is after it. `FakeClock` is for tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Protocol
+
+
+class Clock(Protocol):
+    def now_ms(self) -> int:
+        """Wall-clock milliseconds since the epoch (UTC): what trigger times
+        are compared with. May step back or jump forward."""
+        ...
+
+    async def sleep_until(self, wall_ms: int | None, wake: asyncio.Event) -> None:
+        """Return once now_ms() >= wall_ms (never, for None), or as soon as
+        `wake` is set, whichever comes first. Always yields to the event
+        loop at least once, even when already due. May return early;
+        callers re-check."""
+        ...
+
+
+class FakeClock:
+    """A clock that moves only when told to, in either direction.
+
+        clock = FakeClock(now_ms=1_000)
+        task = asyncio.create_task(driver.run())
+        await clock.run_until(7_200_000)   # jumps from one sleeper's deadline
+                                           # to the next, letting tasks run
+        clock.set(500)                     # the wall clock steps back
+
+    `sleeps` counts sleep_until calls. Deadlines are checked when the time
+    is set; `run_until` is the way to let hours pass in a test without
+    running through them millisecond by millisecond.
+    """
+
+    def __init__(self, now_ms: int = 0) -> None:
+        self._now_ms = now_ms
+        self._sleepers: list[tuple[int | None, asyncio.Future[None]]] = []
+        self.sleeps = 0
+
+    def now_ms(self) -> int:
+        return self._now_ms
+
+    def set(self, now_ms: int) -> None:
+        """Move the time to now_ms (back or forward); wake due sleepers."""
+        self._now_ms = now_ms
+        for wall_ms, future in self._sleepers:
+            if wall_ms is not None and wall_ms <= now_ms and not future.done():
+                future.set_result(None)
+
+    def advance(self, delta_ms: int) -> None:
+        self.set(self._now_ms + delta_ms)
+
+    def next_deadline_ms(self) -> int | None:
+        """The earliest time a current sleeper waits for (None: none does)."""
+        return min((wall_ms for wall_ms, _ in self._sleepers if wall_ms is not None), default=None)
+
+    async def sleep_until(self, wall_ms: int | None, wake: asyncio.Event) -> None:
+        self.sleeps += 1
+        if wake.is_set() or (wall_ms is not None and wall_ms <= self._now_ms):
+            await asyncio.sleep(0)
+            return
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        sleeper = (wall_ms, future)
+        self._sleepers.append(sleeper)
+        waiter = asyncio.ensure_future(wake.wait())
+        try:
+            await asyncio.wait((future, waiter), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            self._sleepers.remove(sleeper)
+            waiter.cancel()
+            future.cancel()
+
+    async def settle(self, max_rounds: int = 100_000) -> None:
+        """Let ready tasks run until no task has called sleep_until for a few
+        rounds of the event loop (they are all asleep or blocked)."""
+        quiet = 0
+        for _ in range(max_rounds):
+            before = self.sleeps
+            await asyncio.sleep(0)
+            quiet = quiet + 1 if self.sleeps == before else 0
+            if quiet >= 5:
+                return
+
+    async def run_until(self, target_ms: int) -> None:
+        """Let time pass up to target_ms: settle, jump to the earliest
+        sleeper's deadline, repeat; then set target_ms and settle."""
+        while True:
+            await self.settle()
+            deadline = self.next_deadline_ms()
+            if deadline is None or deadline > target_ms:
+                break
+            self.set(max(deadline, self._now_ms))
+        if target_ms > self._now_ms:
+            self.set(target_ms)
+        await self.settle()
+
+    def __repr__(self) -> str:
+        return f"FakeClock(now_ms={self._now_ms}, sleepers={len(self._sleepers)})"
