@@ -52,6 +52,7 @@ import zlib
 from typing import NamedTuple
 
 from storage.entry import SECONDS_PER_HOUR
+from storage.errors import CorruptionError
 
 MAGIC = b"HGTS"
 VERSION = 1
@@ -62,15 +63,12 @@ FILE_SIZE = HEADER.size + SLOT_COUNT * SLOT.size
 _EMPTY_SLOT = bytes(SLOT.size)
 
 
-class TickStateError(Exception):
+class TickStateError(CorruptionError):
     """A tick-state file's bytes do not match the format above. Raised when
     opening or reading; names the file, the byte offset and the reason."""
 
     def __init__(self, path: str, offset: int, reason: str) -> None:
-        super().__init__(f"{path}: bad tick state at offset {offset}: {reason}")
-        self.path = path
-        self.offset = offset
-        self.reason = reason
+        super().__init__(path, offset, f"bad tick state: {reason}")
 
 
 class TickState(NamedTuple):
