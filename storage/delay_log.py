@@ -25,7 +25,7 @@ import msgpack
 
 from .errors import CorruptionError
 from .fileutil import check_header
-from .framing import FRAME_HEADER_BYTES, FrameProblem, decode_frame
+from .framing import FrameProblem, decode_frame
 
 HEADER = struct.Struct("<4sHHQ")
 MAGIC = b"HGDL"
@@ -73,5 +73,3 @@ def decode_body_frame(path: str, raw: bytes, offset: int) -> bytes:
         raise CorruptionError(path, offset, f"delay log frame: {frame.problem.value}")
     return frame.body
 
-
-FRAME_OVERHEAD_BYTES = FRAME_HEADER_BYTES

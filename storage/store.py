@@ -201,11 +201,8 @@ class Store:
                 actual = os.path.getsize(path)
                 if actual < size:
                     raise CorruptionError(path, actual, f"file is {actual} bytes, its data needs {size}")
-                if actual > size and not self._is_open(h):
+                if actual > size and h.files is None:  # an open hour is cut when it closes
                     os.truncate(path, size)
-
-    def _is_open(self, h: Hour) -> bool:
-        return h.files is not None
 
     # == hours and their files ===============================================
 
