@@ -1,0 +1,377 @@
+"""Request parameters of the HTTP API: raw mapping in, typed request out.
+
+Each `parse_*` function takes one request's parameters -- a `Mapping[str,
+str]` from a form body or query string, or a `Mapping[str, object]` decoded
+from a JSON body -- and returns a validated, typed request, or raises
+`InvalidRequest(parameter, reason)` naming the first bad parameter. They are
+pure: no aiohttp, no I/O, no clock (`now_ms` and `make_id` are arguments), so
+the HTTP layer only maps `InvalidRequest` to 400 and `MessageTooLarge` to 413.
+
+    endpoint        function          returns
+    sendMsg         parse_send        storage.store.NewMessage
+    sendMsgBatch    parse_send_batch  tuple[NewMessage, ...]
+    deleteMsg       parse_delete      DeleteRequest
+    pullMsg         parse_pull        PullRequest
+    longPollingMsg  parse_long_poll   LongPollRequest
+    ackMsg          parse_ack         AckRequest
+    getMsg          parse_get         GetRequest
+    getTopicInfo    parse_topic       TopicRequest
+
+Rules, in the order a client meets them:
+
+- Absent, JSON null, and the empty string all mean "not given". Unknown
+  keys are ignored (camellia ignores them too).
+- Numbers are decimal integers: form text matching `[+-]?[0-9]{1,19}`, or
+  JSON ints; a JSON float is taken only when integral (`5.0`), never bools.
+  A JSON string is parsed like form text.
+- `ttlMillis`, `ackTimeoutMillis`, `batch`, `longPollingTimeoutMillis` not
+  given or <= 0, and `maxRetry` not given or < 0, take the server's
+  `Defaults` (camellia documents "<= 0" for ttlMillis and "< 0" for the
+  others; a zero ack timeout, batch or poll is meaningless, so 0 defaults
+  too, while maxRetry=0 is a real choice: one delivery).
+- `delayMillis` not given is 0; negative is refused. When the extension
+  `triggerTime` (absolute ms since the epoch) is given it wins and
+  `delayMillis` is ignored, though still validated. A trigger time in the
+  past is fine (due now); beyond `MAX_TRIGGER_MS` (year 9999) is refused,
+  naming whichever parameter produced it.
+- `msg` is required (it may be the empty string); more than
+  `max_msg_bytes` UTF-8 bytes raises `MessageTooLarge`; exactly at the
+  limit is accepted.
+- `topic`, `msgId` and `tag` are 1..256 UTF-8 bytes; `topic` and `msgId`
+  may not hold NUL (storage joins them with it), `tag` may not hold a comma
+  (`tags` filters are comma lists). A missing `msgId` on sendMsg is made by
+  `make_id()`.
+- Booleans are true/false/1/0, any case (JSON true/false/0/1 as well).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from storage.errors import InvalidRequest
+from storage.store import MAX_PRIORITY, MAX_RETRY_COUNT, MIN_PRIORITY, NewMessage
+
+Params = Mapping[str, object]
+
+# 9999-12-31T23:59:59.999Z: the last trigger time (and expire time) accepted.
+MAX_TRIGGER_MS = 253_402_300_799_999
+# Longest topic, msgId or tag, in UTF-8 bytes.
+MAX_NAME_BYTES = 256
+# Most messages one pullMsg / longPollingMsg may ask for.
+MAX_PULL_BATCH = 1000
+# Most messages in one sendMsgBatch.
+MAX_SEND_BATCH = 1000
+# Most tags in one pull filter.
+MAX_TAGS = 64
+# Longest server-side long poll; a client asking for more is refused rather
+# than silently cut short, since its own HTTP timeout must exceed this.
+MAX_LONG_POLLING_TIMEOUT_MS = 5 * 60 * 1000
+# Longest ack timeout or ttl: any duration up to the last trigger time.
+MAX_DURATION_MS = MAX_TRIGGER_MS
+
+_INTEGER = re.compile(r"[+-]?[0-9]{1,19}")  # ASCII only: int() would take "١" and "1_0"
+
+
+class MessageTooLarge(InvalidRequest):
+    """`msg` is longer than the server's --max-msg-bytes in UTF-8 bytes
+    (the HTTP layer answers 413, not 400)."""
+
+
+@dataclass(frozen=True)
+class Defaults:
+    """What a request gets for a parameter it leaves out (or sends as <= 0).
+    Values are camellia-delay-queue's (CamelliaDelayQueueConstants) except
+    `batch`, for which camellia's server states none."""
+
+    # ttlMillis: how long a due message may stay unconsumed before it ends
+    # (expireTime = triggerTime + ttl). camellia: 1 hour.
+    ttl_ms: int = 60 * 60 * 1000
+    # maxRetry: redeliveries after the first; at most max_retry + 1
+    # deliveries. camellia: 10.
+    max_retry: int = 10
+    # ackTimeoutMillis: a pulled message not acked within this is delivered
+    # again. camellia: 30 s.
+    ack_timeout_ms: int = 30 * 1000
+    # batch: messages per pull. 1, as camellia's SDK pulls by default; a
+    # client wanting more says so.
+    batch: int = 1
+    # longPollingTimeoutMillis: how long a long poll waits for a message
+    # before answering an empty list. camellia: 10 s.
+    long_polling_timeout_ms: int = 10 * 1000
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.ttl_ms <= MAX_DURATION_MS:
+            raise ValueError(f"default ttl_ms must be in 1..{MAX_DURATION_MS}, got {self.ttl_ms}")
+        if not 0 <= self.max_retry <= MAX_RETRY_COUNT:
+            raise ValueError(f"default max_retry must be in 0..{MAX_RETRY_COUNT}, got {self.max_retry}")
+        if not 1 <= self.ack_timeout_ms <= MAX_DURATION_MS:
+            raise ValueError(f"default ack_timeout_ms must be in 1..{MAX_DURATION_MS}, got {self.ack_timeout_ms}")
+        if not 1 <= self.batch <= MAX_PULL_BATCH:
+            raise ValueError(f"default batch must be in 1..{MAX_PULL_BATCH}, got {self.batch}")
+        if not 1 <= self.long_polling_timeout_ms <= MAX_LONG_POLLING_TIMEOUT_MS:
+            raise ValueError(f"default long_polling_timeout_ms must be in 1..{MAX_LONG_POLLING_TIMEOUT_MS}, "
+                             f"got {self.long_polling_timeout_ms}")
+
+
+class DeleteRequest(NamedTuple):
+    topic: str
+    msg_id: str
+    release: bool  # forget the message at once: getMsg answers 404 after
+
+
+class PullRequest(NamedTuple):
+    topic: str
+    ack_timeout_ms: int
+    batch: int
+    tags: tuple[str, ...]  # only messages with one of these tags; () = any
+
+
+class LongPollRequest(NamedTuple):
+    topic: str
+    ack_timeout_ms: int
+    batch: int
+    tags: tuple[str, ...]
+    long_polling_timeout_ms: int
+
+
+class AckRequest(NamedTuple):
+    topic: str
+    msg_id: str
+    ack: bool  # False is a nack: deliverable again now, with retry + 1
+
+
+class GetRequest(NamedTuple):
+    topic: str
+    msg_id: str
+
+
+class TopicRequest(NamedTuple):
+    topic: str
+
+
+def decode_utf8(raw: bytes, parameter: str) -> str:
+    """Strict UTF-8 decoding for the HTTP layer; bad bytes are a 400 naming
+    `parameter` and the byte offset."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise InvalidRequest(parameter, f"is not valid UTF-8 (byte {e.start})") from None
+
+
+def parse_send(params: Params, *, now_ms: int, make_id: Callable[[], str], defaults: Defaults,
+               max_msg_bytes: int) -> NewMessage:
+    """sendMsg: produce time is `now_ms`; see the module docstring for the rules."""
+    return _message(params, "", _required_name(params, "topic"), now_ms, make_id, defaults, max_msg_bytes)
+
+
+def parse_send_batch(body: Params, *, now_ms: int, make_id: Callable[[], str], defaults: Defaults,
+                     max_msg_bytes: int) -> tuple[NewMessage, ...]:
+    """sendMsgBatch, a JSON `{"topic": .., "msgs": [{sendMsg keys}, ..]}`,
+    validated whole: the first bad item raises naming its index, e.g.
+    `msgs[3].delayMillis`. An item may repeat `topic` only with the same value."""
+    topic = _required_name(body, "topic")
+    items = body.get("msgs")
+    if not isinstance(items, list):
+        raise InvalidRequest("msgs", "is required: a JSON list of messages")
+    if not 1 <= len(items) <= MAX_SEND_BATCH:
+        raise InvalidRequest("msgs", f"must hold 1..{MAX_SEND_BATCH} messages, got {len(items)}")
+    out = []
+    for i, item in enumerate(items):
+        where = f"msgs[{i}]."
+        if not isinstance(item, Mapping):
+            raise InvalidRequest(f"msgs[{i}]", "must be a JSON object")
+        own = _text(where + "topic", item.get("topic"))
+        if own and own != topic:
+            raise InvalidRequest(where + "topic", "differs from the batch's topic")
+        out.append(_message(item, where, topic, now_ms, make_id, defaults, max_msg_bytes))
+    return tuple(out)
+
+
+def parse_delete(params: Params) -> DeleteRequest:
+    return DeleteRequest(_required_name(params, "topic"), _required_name(params, "msgId"),
+                         _bool(params, "release", default=False))
+
+
+def parse_pull(params: Params, defaults: Defaults) -> PullRequest:
+    topic = _required_name(params, "topic")
+    ack_timeout_ms = _defaulted(params, "ackTimeoutMillis", defaults.ack_timeout_ms, MAX_DURATION_MS)
+    batch = _defaulted(params, "batch", defaults.batch, MAX_PULL_BATCH)
+    return PullRequest(topic, ack_timeout_ms, batch, _tags(params, "tags"))
+
+
+def parse_long_poll(params: Params, defaults: Defaults) -> LongPollRequest:
+    pull = parse_pull(params, defaults)
+    timeout_ms = _defaulted(params, "longPollingTimeoutMillis", defaults.long_polling_timeout_ms,
+                            MAX_LONG_POLLING_TIMEOUT_MS)
+    return LongPollRequest(*pull, timeout_ms)
+
+
+def parse_ack(params: Params) -> AckRequest:
+    return AckRequest(_required_name(params, "topic"), _required_name(params, "msgId"), _bool(params, "ack", default=True))
+
+
+def parse_get(params: Params) -> GetRequest:
+    return GetRequest(_required_name(params, "topic"), _required_name(params, "msgId"))
+
+
+def parse_topic(params: Params) -> TopicRequest:
+    """getTopicInfo."""
+    return TopicRequest(_required_name(params, "topic"))
+
+
+# ---------------------------------------------------------------- internals
+# Each helper takes the full parameter name it reports (`msgs[3].ttlMillis`)
+# separately from the key it reads (`ttlMillis`).
+
+def _message(params: Params, where: str, topic: str, now_ms: int, make_id: Callable[[], str],
+             defaults: Defaults, max_msg_bytes: int) -> NewMessage:
+    msg = _text(where + "msg", params.get("msg"), allow_empty=True)
+    if msg is None:
+        raise InvalidRequest(where + "msg", "is required")
+    size = _utf8_len(msg, where + "msg")
+    if size > max_msg_bytes:
+        raise MessageTooLarge(where + "msg", f"is {size} UTF-8 bytes, more than the limit of {max_msg_bytes}")
+    given_id = _name(where + "msgId", params.get("msgId"), no_nul=True)
+    msg_id = given_id if given_id is not None else make_id()
+
+    delay_ms = _int(where + "delayMillis", params.get("delayMillis"))
+    if delay_ms is not None and delay_ms < 0:
+        raise InvalidRequest(where + "delayMillis", f"must be >= 0, got {delay_ms}")
+    trigger_ms = _int(where + "triggerTime", params.get("triggerTime"))
+    if trigger_ms is not None:
+        if not 0 <= trigger_ms <= MAX_TRIGGER_MS:
+            raise InvalidRequest(where + "triggerTime", f"must be in 0..{MAX_TRIGGER_MS} (ms epoch), got {trigger_ms}")
+    else:
+        trigger_ms = now_ms + (delay_ms or 0)
+        if trigger_ms > MAX_TRIGGER_MS:
+            raise InvalidRequest(where + "delayMillis", f"puts the trigger time past {MAX_TRIGGER_MS} (year 9999)")
+
+    ttl_ms = _defaulted(params, where + "ttlMillis", defaults.ttl_ms, MAX_DURATION_MS)
+    max_retry = _int(where + "maxRetry", params.get("maxRetry"))
+    if max_retry is None or max_retry < 0:
+        max_retry = defaults.max_retry
+    elif max_retry > MAX_RETRY_COUNT:
+        raise InvalidRequest(where + "maxRetry", f"must be at most {MAX_RETRY_COUNT}, got {max_retry}")
+    priority = _int(where + "priority", params.get("priority"))
+    if priority is None:
+        priority = 0
+    elif not MIN_PRIORITY <= priority <= MAX_PRIORITY:
+        raise InvalidRequest(where + "priority", f"must be in {MIN_PRIORITY}..{MAX_PRIORITY}, got {priority}")
+    tag = _name(where + "tag", params.get("tag"), no_comma=True) or ""
+    return NewMessage(topic, msg_id, msg, now_ms, trigger_ms, ttl_ms, max_retry, priority, tag)
+
+
+def _key(parameter: str) -> str:
+    return parameter.rsplit(".", 1)[-1]
+
+
+def _required_name(params: Params, parameter: str) -> str:
+    """A top-level topic or msgId."""
+    value = _name(parameter, params.get(parameter), no_nul=True)
+    if value is None:
+        raise InvalidRequest(parameter, "is required")
+    return value
+
+
+def _text(parameter: str, value: object, allow_empty: bool = False) -> str | None:
+    """The string value, or None when not given ("" counts as not given
+    unless `allow_empty`)."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise InvalidRequest(parameter, f"must be a string, got {type(value).__name__}")
+    if value == "" and not allow_empty:
+        return None
+    return value
+
+
+def _name(parameter: str, value: object, no_nul: bool = False, no_comma: bool = False) -> str | None:
+    text = _text(parameter, value)
+    if text is None:
+        return None
+    size = _utf8_len(text, parameter)
+    if size > MAX_NAME_BYTES:
+        raise InvalidRequest(parameter, f"must be at most {MAX_NAME_BYTES} UTF-8 bytes, got {size}")
+    if no_nul and "\0" in text:
+        raise InvalidRequest(parameter, "must not contain a NUL character")
+    if no_comma and "," in text:
+        raise InvalidRequest(parameter, "must not contain a comma (tag filters are comma lists)")
+    return text
+
+
+def _utf8_len(text: str, parameter: str) -> int:
+    try:
+        return len(text.encode("utf-8"))
+    except UnicodeEncodeError:  # a lone surrogate, e.g. JSON "\ud800"
+        raise InvalidRequest(parameter, "is not valid UTF-8 (lone surrogate)") from None
+
+
+def _int(parameter: str, value: object) -> int | None:
+    """A whole number, or None when not given."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, bool):
+        raise InvalidRequest(parameter, "must be a whole number, got a boolean")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        if math.isfinite(value) and value.is_integer():
+            return int(value)
+        raise InvalidRequest(parameter, f"must be a whole number, got {value!r}")
+    if isinstance(value, str):
+        if _INTEGER.fullmatch(value):
+            return int(value)
+        raise InvalidRequest(parameter, f"must be a whole number, got {value[:40]!r}")
+    raise InvalidRequest(parameter, f"must be a whole number, got {type(value).__name__}")
+
+
+def _defaulted(params: Params, parameter: str, default: int, maximum: int) -> int:
+    """A positive duration or count: <= 0 or not given means `default`."""
+    value = _int(parameter, params.get(_key(parameter)))
+    if value is None or value <= 0:
+        return default
+    if value > maximum:
+        raise InvalidRequest(parameter, f"must be at most {maximum}, got {value}")
+    return value
+
+
+def _bool(params: Params, parameter: str, default: bool) -> bool:
+    value = params.get(parameter)
+    if value is None or value == "":
+        return default
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str):
+        lowered = value.lower()
+        if lowered in ("true", "1"):
+            return True
+        if lowered in ("false", "0"):
+            return False
+    raise InvalidRequest(parameter, f"must be true, false, 1 or 0, got {str(value)[:40]!r}")
+
+
+def _tags(params: Params, parameter: str) -> tuple[str, ...]:
+    """A comma list (or a JSON list of strings); empty items are dropped."""
+    value = params.get(parameter)
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        items: list[object] = list(value.split(","))
+    elif isinstance(value, list):
+        items = value
+    else:
+        raise InvalidRequest(parameter, "must be a comma-separated string or a list of strings")
+    tags = []
+    for item in items:
+        tag = _name(parameter, item, no_comma=True)
+        if tag is not None:
+            tags.append(tag)
+    if len(tags) > MAX_TAGS:
+        raise InvalidRequest(parameter, f"must hold at most {MAX_TAGS} tags, got {len(tags)}")
+    return tuple(dict.fromkeys(tags))
