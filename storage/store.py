@@ -174,9 +174,12 @@ class Store:
         self._drop_unknown_hour_files()
         self.ids = IdIndex.open(os.path.join(self.directory, "ids"),
                                 self.config.id_shard_initial_slots, self._hours.__contains__)
-        for _, body in self.log.read_from(ck.commit_offset):
+        for offset, body in self.log.read_from(ck.commit_offset):
             kind, now_ms, items = records.decode(body)
-            self._apply(kind, now_ms, items, None)
+            try:
+                self._apply(kind, now_ms, items, None)
+            except LookupError as e:
+                raise CorruptionError(self.log.directory, offset, f"commit-log record at offset {offset}: {e}") from e
         self._flush_staged(everything=True)
         self._trim_hour_files()
 
@@ -387,8 +390,7 @@ class Store:
         for item in items:
             h = self._hours.get(item.hour)
             if h is None or item.global_index >= h.applied:
-                raise CorruptionError(self.log.directory, 0,
-                                      f"state change for unknown message {item.hour}/{item.global_index}")
+                raise LookupError(f"state change for unknown message {item.hour}/{item.global_index}")
             h.stage_state(item.global_index, item.status, item.flags, item.retry)
             self._dirty.add(h)
             was_final, is_final = item.prev_status >= Status.ACKED, item.status >= Status.ACKED
