@@ -105,7 +105,7 @@ class StateChange(NamedTuple):
 class CheckpointReport(NamedTuple):
     commit_offset: int
     segments_deleted: int
-    hours_retired: tuple[int, ...]
+    hours_retired: tuple[int, ...]  # ascending
 
 
 def text_hash(text: str) -> int:
@@ -542,7 +542,7 @@ class Store:
                 h.files.flush()
         self.ids.flush()
         sync_filesystem(self.directory)
-        retired = tuple(h.hour for h in self._hours.values() if self._retirable(h, now_ms))
+        retired = tuple(hour for hour in self._hour_order if self._retirable(self._hours[hour], now_ms))
         kept = tuple(h.record() for hour, h in sorted(self._hours.items()) if hour not in retired)
         self.log.seal_active(SEAL_AT_CHECKPOINT_BYTES)
         offset = self.log.end_offset

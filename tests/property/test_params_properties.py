@@ -36,7 +36,7 @@ D = Defaults()
 MAX_MSG_BYTES = 64
 
 # At most 64 characters of at most 4 UTF-8 bytes: always within 256 bytes.
-names = st.text(st.characters(blacklist_characters="\0,"), min_size=1, max_size=64)
+names = st.text(st.characters(blacklist_characters="\0,", codec="utf-8"), min_size=1, max_size=64)
 msgs = st.text(max_size=16)  # at most 64 bytes
 NUMBER = re.compile(r"[+-]?[0-9]+")
 non_numbers = st.one_of(
@@ -89,7 +89,7 @@ def valid_send(draw: st.DrawFn) -> tuple[dict[str, object], NewMessage]:
 
 def corruptions(field: str) -> st.SearchStrategy[object]:
     """Values that make `field` alone invalid, whatever the other fields hold."""
-    too_long = st.text(st.characters(blacklist_characters="\0,"), min_size=257, max_size=300)
+    too_long = st.text(st.characters(blacklist_characters="\0,", codec="utf-8"), min_size=257, max_size=300)
     by_field: dict[str, st.SearchStrategy[object]] = {
         "topic": st.one_of(st.just(""), names.map(lambda s: s + "\0"), too_long, st.integers()),
         "msgId": st.one_of(names.map(lambda s: "\0" + s), too_long, st.integers()),
