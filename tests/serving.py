@@ -1,0 +1,130 @@
+"""Real `hourglass serve` processes for tests and benchmarks: start one on a
+free loopback port, talk to it over HTTP, stop it by PID.
+
+    server = Server.start(tmp_path / "data", log_path=tmp_path / "serve.log")
+    status, answer = server.post("sendMsg", topic="t", msg="hi")
+    server.stop()            # SIGTERM; returns the exit code
+    server.kill()            # SIGKILL
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
+
+PREFIX = "/camellia/delayQueue/"
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def request(url: str, *, data: bytes | None = None, headers: dict | None = None,
+            timeout: float = 30) -> tuple[int, bytes]:
+    """(status, body) of one HTTP request; HTTP errors are answers too."""
+    req = urllib.request.Request(url, data=data, headers=headers or {})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as answer:
+            return answer.status, answer.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+@dataclass
+class Server:
+    proc: subprocess.Popen
+    base: str
+    data_dir: str
+    log_path: str
+    token: str | None = None
+
+    @classmethod
+    def start(cls, data_dir, *flags: str, log_path=None, port: int | None = None, token: str | None = None,
+              wait_s: float = 30) -> Server:
+        port = port or free_port()
+        log_path = str(log_path or f"{data_dir}.log")
+        with open(log_path, "ab") as log:
+            proc = subprocess.Popen([sys.executable, "-m", "broker.cli", "serve", "--port", str(port),
+                                     "--data-dir", str(data_dir), *flags],
+                                    stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+        server = cls(proc, f"http://127.0.0.1:{port}", str(data_dir), log_path, token)
+        server.wait_healthy(wait_s)
+        return server
+
+    def wait_healthy(self, wait_s: float = 30) -> float:
+        """Seconds until /health answered 200."""
+        started = time.monotonic()
+        while time.monotonic() - started < wait_s:
+            if self.proc.poll() is not None:
+                break
+            try:
+                if request(self.base + "/health", timeout=2)[0] == 200:
+                    return time.monotonic() - started
+            except OSError:
+                pass
+            time.sleep(0.02)
+        self.kill()
+        with open(self.log_path, encoding="utf-8", errors="replace") as f:
+            raise AssertionError(f"serve did not come up: {f.read()[-4000:]}")
+
+    def _headers(self, extra: dict | None = None) -> dict:
+        headers = dict(extra or {})
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        return headers
+
+    def get(self, path: str, **params) -> tuple[int, dict | bytes]:
+        query = ("?" + urllib.parse.urlencode(params)) if params else ""
+        status, body = request(self.base + _path(path) + query, headers=self._headers())
+        return status, _decode(body)
+
+    def post(self, path: str, **params) -> tuple[int, dict | bytes]:
+        """POST form-encoded parameters (values str()'d)."""
+        data = urllib.parse.urlencode({k: str(v) for k, v in params.items()}).encode()
+        status, body = request(self.base + _path(path), data=data, headers=self._headers(
+            {"Content-Type": "application/x-www-form-urlencoded"}))
+        return status, _decode(body)
+
+    def post_json(self, path: str, obj) -> tuple[int, dict | bytes]:
+        data = json.dumps(obj).encode()
+        status, body = request(self.base + _path(path), data=data,
+                               headers=self._headers({"Content-Type": "application/json"}))
+        return status, _decode(body)
+
+    def stop(self, timeout: float = 15) -> int:
+        """SIGTERM, then wait; SIGKILL if it does not exit in time."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout=timeout)
+        finally:
+            if self.proc.poll() is None:
+                self.kill()
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+
+
+def _path(path: str) -> str:
+    return path if path.startswith("/") else PREFIX + path
+
+
+def _decode(body: bytes):
+    try:
+        return json.loads(body)
+    except ValueError:
+        return body
