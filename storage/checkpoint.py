@@ -11,7 +11,11 @@ File `checkpoint`, replaced atomically (write, fsync, rename):
     16      ...   body: msgpack map
                     commit_offset  int: replay starts here
                     hours          [[hour, entries, log_bytes, ended,
-                                     last_end_ms], ...]
+                                     last_end_ms, topics], ...]
+                                   topics: {topic_hash: [count of status
+                                   1, 2, ..., 7]} of the hour's messages
+                    topic_names    {topic_hash: topic} of every topic that
+                                   has a message in a listed hour
                     written_ms     int: when it was taken
 
 Everything derived from records before `commit_offset` was fsync'ed before
@@ -33,7 +37,7 @@ from .fileutil import atomic_write, check_header
 
 HEADER = struct.Struct("<4sHHII")
 MAGIC = b"HGCK"
-VERSION = 1
+VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -43,6 +47,7 @@ class HourRecord:
     log_bytes: int
     ended: int
     last_end_ms: int
+    topics: dict[int, list[int]] = field(default_factory=dict)  # topic_hash -> count per status 1..7
 
 
 @dataclass(frozen=True)
@@ -50,12 +55,14 @@ class Checkpoint:
     commit_offset: int = 0
     hours: tuple[HourRecord, ...] = field(default_factory=tuple)
     written_ms: int = 0
+    topic_names: dict[int, str] = field(default_factory=dict)
 
     def encode(self) -> bytes:
         body = msgpack.packb({
             "commit_offset": self.commit_offset,
-            "hours": [[h.hour, h.entries, h.log_bytes, h.ended, h.last_end_ms] for h in self.hours],
+            "hours": [[h.hour, h.entries, h.log_bytes, h.ended, h.last_end_ms, h.topics] for h in self.hours],
             "written_ms": self.written_ms,
+            "topic_names": self.topic_names,
         })
         return HEADER.pack(MAGIC, VERSION, 0, len(body), zlib.crc32(body)) + body
 
@@ -67,8 +74,9 @@ class Checkpoint:
             raise CorruptionError(path, HEADER.size, f"body is {len(body)} bytes, header says {length}")
         if zlib.crc32(body) != crc:
             raise CorruptionError(path, HEADER.size, "checkpoint checksum mismatch")
-        fields = msgpack.unpackb(body)
-        return cls(fields["commit_offset"], tuple(HourRecord(*h) for h in fields["hours"]), fields["written_ms"])
+        fields = msgpack.unpackb(body, strict_map_key=False)
+        return cls(fields["commit_offset"], tuple(HourRecord(*h) for h in fields["hours"]), fields["written_ms"],
+                   fields["topic_names"])
 
     @classmethod
     def load(cls, path: str) -> Checkpoint | None:

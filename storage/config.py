@@ -9,7 +9,8 @@ from dataclasses import dataclass
 class FsyncPolicy(enum.Enum):
     """When appended records reach the disk.
 
-    ALWAYS: every append is fsync'ed before it returns.
+    ALWAYS: every append is fsync'ed before it returns (still applied, and
+            visible, only at `Store.commit()`).
     BATCH:  appends are fsync'ed together by `Store.commit()` (group commit);
             nothing is visible or acknowledged before that.
     NEVER:  the operating system writes when it likes. A killed process loses

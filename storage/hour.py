@@ -28,9 +28,10 @@ _PAD = b"\0" * delay_log.ALIGN_BYTES
 
 class Hour:
     __slots__ = ("hour", "entries", "written", "applied", "log_bytes", "written_log_bytes", "ended", "last_end_ms",
-                 "files", "_entries_buf", "_frames_buf", "_slots", "_states")
+                 "topics", "files", "_entries_buf", "_frames_buf", "_slots", "_states")
 
-    def __init__(self, hour: int, entries: int = 0, log_bytes: int = 0, ended: int = 0, last_end_ms: int = 0):
+    def __init__(self, hour: int, entries: int = 0, log_bytes: int = 0, ended: int = 0, last_end_ms: int = 0,
+                 topics: dict[int, list[int]] | None = None):
         self.hour = hour
         self.entries = entries  # globalIndexes assigned (written + staged + not yet durable)
         self.written = entries  # globalIndexes whose entries are in the files
@@ -39,6 +40,8 @@ class Hour:
         self.written_log_bytes = log_bytes
         self.ended = ended  # entries in a final status (4..7)
         self.last_end_ms = last_end_ms
+        # topic_hash -> [0, count of status 1, ..., count of status 7]
+        self.topics: dict[int, list[int]] = {th: [0, *counts] for th, counts in (topics or {}).items()}
         self.files: HourFiles | None = None
         self._entries_buf = bytearray()  # entries [written, applied)
         self._frames_buf = bytearray()  # delay-log bytes [written_log_bytes, ...)
@@ -52,16 +55,24 @@ class Hour:
         return len(self._entries_buf) + len(self._frames_buf) + 16 * (len(self._slots) + len(self._states))
 
     def record(self) -> HourRecord:
-        return HourRecord(self.hour, self.entries, self.log_bytes, self.ended, self.last_end_ms)
+        return HourRecord(self.hour, self.entries, self.log_bytes, self.ended, self.last_end_ms,
+                          {th: counts[1:] for th, counts in self.topics.items()})
+
+    def count(self, topic_hash: int, status: int, delta: int) -> None:
+        counts = self.topics.get(topic_hash)
+        if counts is None:
+            counts = self.topics[topic_hash] = [0] * 8
+        counts[status] += delta
 
     # -- staging -----------------------------------------------------------------
 
-    def stage_send(self, item: SendItem) -> None:
+    def stage_send(self, item: SendItem) -> bool:
         """Stage one durable send. Items of an hour arrive in globalIndex
-        order; one already staged (a record replayed twice) is skipped."""
+        order; one already staged (a record replayed twice) is skipped
+        (returns False)."""
         gi = item.global_index
         if gi < self.applied:
-            return
+            return False
         if gi != self.applied:
             raise AssertionError(f"hour {self.hour}: entry {gi} staged after {self.applied}")
         self._entries_buf += delay_index.pack_entry(
@@ -79,6 +90,7 @@ class Hour:
         if gi >= self.entries:  # replay: counters follow the records
             self.entries = gi + 1
             self.log_bytes = (item.log_offset8 << 3) + item.frame_size + pad
+        return True
 
     def stage_state(self, global_index: int, status: int, flags: int, retry: int) -> None:
         mutable = delay_index.MUTABLE.pack(status, flags, retry)

@@ -207,6 +207,32 @@ class InMemoryStore:
         committed changes, as in `Store`."""
         return [(hour, len(filed), self._durable.ended(hour)) for hour, filed in sorted(self._live.hours.items())]
 
+    # -- per-topic counts (committed changes only, as in `Store`) ---------------------
+
+    def topic_names(self) -> dict[int, str]:
+        return {text_hash(f.new.topic): f.new.topic for filed in self._durable.hours.values() for f in filed}
+
+    def topic_hours(self, topic_hash: int) -> list[tuple[int, list[int]]]:
+        out = []
+        for hour, filed in sorted(self._durable.hours.items()):
+            counts = [0] * 8
+            for f in filed:
+                if text_hash(f.new.topic) == topic_hash:
+                    counts[f.status] += 1
+            if any(counts):
+                out.append((hour, counts))
+        return out
+
+    def topic_counts(self, topic_hash: int) -> list[int]:
+        total = [0] * 8
+        for _, counts in self.topic_hours(topic_hash):
+            total = [a + b for a, b in zip(total, counts)]
+        return total
+
+    def hour_entries(self, hour: int) -> list[IndexEntry]:
+        self._check_open()
+        return [self._live.at(Location(hour, f.global_index)).entry() for f in self._durable.hours.get(hour, [])]
+
     # -- checkpoint, time, close -----------------------------------------------------
 
     def checkpoint(self, now_ms: int) -> CheckpointReport:

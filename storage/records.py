@@ -6,7 +6,10 @@ Every body is a msgpack array `[kind, now_ms, items]`:
                    log_offset8, frame_size, trigger_ms, priority, topic_hash,
                    tag_hash, key, body]
            (body is the delay-log body, see storage.delay_log)
-    STATE  items: [hour, global_index, status, retry, flags, prev_status]
+    STATE  items: [hour, global_index, status, retry, flags, prev_status,
+                   topic_hash]
+           (prev_status and topic_hash keep the per-topic status counts
+           exact on replay, whatever the index file already holds)
 
 A record carries every coordinate it was given at append time, so applying
 it is a set of writes at fixed positions: replaying a record twice, or
@@ -49,6 +52,7 @@ class StateItem(NamedTuple):
     retry: int
     flags: int
     prev_status: int
+    topic_hash: int
 
 
 def encode(kind: Kind, now_ms: int, items: list) -> bytes:

@@ -49,7 +49,7 @@ from sortedcontainers import SortedList
 from . import delay_index, delay_log, records
 from .checkpoint import Checkpoint, HourRecord
 from .commit_log import CommitLog
-from .config import FsyncPolicy, StoreConfig
+from .config import StoreConfig
 from .delay_index import FLAG_RELEASED
 from .entry import MS_PER_HOUR, MS_PER_SECOND, SECONDS_PER_HOUR, IndexEntry, Location, Message, Status
 from .errors import CorruptionError, InvalidRequest, StoreClosedError
@@ -141,7 +141,8 @@ class Store:
         self._pending: list[tuple[records.Kind, int, list]] = []
         self._pending_slots: dict[tuple[int, int], tuple[int, int]] = {}
         self._pending_ids: dict[int, list[Message]] = {}
-        self._pending_state: dict[Location, tuple[int, int, int]] = {}
+        self._pending_state: dict[Location, tuple[int, int, int, int]] = {}  # status, flags, retry, topic hash
+        self._topic_names: dict[int, str] = {}
         self._dirty: set[Hour] = set()  # hours with staged bytes (see storage.hour)
         self._closed = False
         self._far_limit = _far_hours_limit(config.open_far_hours)
@@ -170,7 +171,8 @@ class Store:
                                   f"checkpoint offset {ck.commit_offset} is outside the commit log "
                                   f"[{self.log.start_offset}, {self.log.end_offset}]")
         for h in ck.hours:
-            self._add_hour(Hour(h.hour, h.entries, h.log_bytes, h.ended, h.last_end_ms))
+            self._add_hour(Hour(h.hour, h.entries, h.log_bytes, h.ended, h.last_end_ms, h.topics))
+        self._topic_names = dict(ck.topic_names)
         self._drop_unknown_hour_files()
         self.ids = IdIndex.open(os.path.join(self.directory, "ids"),
                                 self.config.id_shard_initial_slots, self._hours.__contains__)
@@ -322,15 +324,17 @@ class Store:
         self._check_open()
         self.advance(now_ms)
         items = []
-        staged: dict[Location, tuple[int, int, int]] = {}  # published only if every change is valid
+        staged: dict[Location, tuple[int, int, int, int]] = {}  # published only if every change is valid
         for change in changes:
             hour, gi = change.location
-            status, flags, retry = staged.get(change.location) or self._state(change.location)
+            status, flags, retry, topic_hash = staged.get(change.location) or self._state(change.location)
+            if topic_hash < 0:
+                topic_hash = self._pending_topic_hash(change.location)
             if change.retry < 0 or change.retry > MAX_RETRY_COUNT:
                 raise InvalidRequest("retry", f"must be in 0..{MAX_RETRY_COUNT}, got {change.retry}")
             new_flags = flags | (FLAG_RELEASED if change.released else 0)
-            items.append(records.StateItem(hour, gi, int(change.status), change.retry, new_flags, status))
-            staged[change.location] = (int(change.status), new_flags, change.retry)
+            items.append(records.StateItem(hour, gi, int(change.status), change.retry, new_flags, status, topic_hash))
+            staged[change.location] = (int(change.status), new_flags, change.retry, topic_hash)
         self._pending_state.update(staged)
         if items:
             self._append(records.Kind.STATE, now_ms, items)
@@ -338,8 +342,6 @@ class Store:
     def _append(self, kind: records.Kind, now_ms: int, items: list) -> None:
         self.log.append(records.encode(kind, now_ms, items))
         self._pending.append((kind, now_ms, items))
-        if self.config.fsync is FsyncPolicy.ALWAYS:
-            self.apply_pending()
 
     def sync_log(self) -> int:
         """fsync everything appended so far; returns how many records are now
@@ -380,7 +382,10 @@ class Store:
                 if h is None or h.hour != item.hour:
                     h = self._hour(item.hour)
                     dirty.add(h)
-                h.stage_send(item)
+                if h.stage_send(item):
+                    h.count(item.topic_hash, WAITING, 1)
+                    if item.topic_hash not in self._topic_names:
+                        self._topic_names[item.topic_hash] = delay_log.unpack_body(item.body).topic
                 put(item.key, item.hour, item.global_index)
                 if new_entries is not None:
                     new_entries.append(IndexEntry(
@@ -393,6 +398,8 @@ class Store:
                 raise LookupError(f"state change for unknown message {item.hour}/{item.global_index}")
             h.stage_state(item.global_index, item.status, item.flags, item.retry)
             self._dirty.add(h)
+            h.count(item.topic_hash, item.prev_status, -1)
+            h.count(item.topic_hash, item.status, 1)
             was_final, is_final = item.prev_status >= Status.ACKED, item.status >= Status.ACKED
             if is_final and not was_final:
                 h.ended += 1
@@ -453,7 +460,7 @@ class Store:
 
     def read_message(self, where: Location, pending_message: Message | None = None) -> Message | None:
         """The whole message at `where`; None once it has been released."""
-        status, flags, retry = self._state(where)
+        status, flags, retry, _ = self._state(where)
         if flags & FLAG_RELEASED:
             return None
         if pending_message is not None:
@@ -464,8 +471,8 @@ class Store:
         return Message(body.topic, body.msg_id, body.msg, body.produce_ms, entry.trigger_ms, body.ttl_ms,
                        body.max_retry, entry.priority, body.tag, Status(status), retry, where)
 
-    def _state(self, where: Location) -> tuple[int, int, int]:
-        """(status, flags, retry) at `where`, pending changes included."""
+    def _state(self, where: Location) -> tuple[int, int, int, int]:
+        """(status, flags, retry, topic hash) at `where`, pending changes included."""
         pending = self._pending_state.get(where)
         if pending is not None:
             return pending
@@ -473,9 +480,17 @@ class Store:
         if h is None or not 0 <= where.global_index < h.entries:
             raise InvalidRequest("location", f"no message at {where}")
         if where.global_index >= h.applied:  # sent in this batch, not applied yet
-            return Status.WAITING, 0, 0
+            return Status.WAITING, 0, 0, -1  # topic hash: see _pending_topic_hash
         entry, _, _, flags = self._readable(h).read_entry(where.global_index)
-        return int(entry.status), flags, entry.retry
+        return int(entry.status), flags, entry.retry, entry.topic_hash
+
+    def _pending_topic_hash(self, where: Location) -> int:
+        for kind, _, items in self._pending:
+            if kind is records.Kind.SEND:
+                for item in items:
+                    if item.hour == where.hour and item.global_index == where.global_index:
+                        return item.topic_hash
+        raise AssertionError(f"{where} is neither applied nor pending")
 
     def _slot(self, h: Hour, second: int) -> tuple[int, int]:
         """(last, count) of a second for the next send: staged or on disk
@@ -527,6 +542,45 @@ class Store:
         """(hour, entries, ended) of every live hour, ascending."""
         return [(hour, self._hours[hour].entries, self._hours[hour].ended) for hour in self._hour_order]
 
+    # == per-topic counts (committed changes only) ==============================
+
+    def topic_names(self) -> dict[int, str]:
+        """topic hash -> topic, for every topic with a message in a live hour."""
+        return dict(self._topic_names)
+
+    def topic_hours(self, topic_hash: int) -> list[tuple[int, list[int]]]:
+        """(hour, counts) of every live hour holding messages of the topic,
+        ascending; counts[s] is how many are in status s (index 0 unused)."""
+        out = []
+        for hour in self._hour_order:
+            counts = self._hours[hour].topics.get(topic_hash)
+            if counts is not None and any(counts):
+                out.append((hour, list(counts)))
+        return out
+
+    def topic_counts(self, topic_hash: int) -> list[int]:
+        """The topic's messages per status over all live hours (index 0 unused)."""
+        total = [0] * 8
+        for _, counts in self.topic_hours(topic_hash):
+            total = [a + b for a, b in zip(total, counts)]
+        return total
+
+    def hour_entries(self, hour: int) -> list[IndexEntry]:
+        """Every applied entry of `hour`, globalIndex ascending: a sequential
+        read of the hour's index, for scans (recovery of ready and consuming
+        messages, delay histograms); O(the hour's entries)."""
+        self._check_open()
+        h = self._hours.get(hour)
+        if h is None:
+            return []
+        files = self._readable(h)
+        out = [files.read_entry(gi)[0] for gi in range(h.applied)]
+        pending = self._pending_state
+        if pending:
+            out = [e if (s := pending.get(e.location)) is None else e._replace(status=Status(s[0]), retry=s[2])
+                   for e in out]
+        return out
+
     # == checkpoint, retention, close ========================================
 
     def checkpoint(self, now_ms: int) -> CheckpointReport:
@@ -544,9 +598,11 @@ class Store:
         sync_filesystem(self.directory)
         retired = tuple(hour for hour in self._hour_order if self._retirable(self._hours[hour], now_ms))
         kept = tuple(h.record() for hour, h in sorted(self._hours.items()) if hour not in retired)
+        live_topics = {th for h in kept for th, counts in h.topics.items() if any(counts)}
+        self._topic_names = {th: name for th, name in self._topic_names.items() if th in live_topics}
         self.log.seal_active(SEAL_AT_CHECKPOINT_BYTES)
         offset = self.log.end_offset
-        Checkpoint(offset, kept, now_ms).save(os.path.join(self.directory, "checkpoint"))
+        Checkpoint(offset, kept, now_ms, self._topic_names).save(os.path.join(self.directory, "checkpoint"))
         for hour in retired:
             h = self._hours.pop(hour)
             self._hour_order.remove(hour)

@@ -310,6 +310,16 @@ class StoreMachine(RuleBasedStateMachine):
         assert walked == [hour for hour, _, _ in self.model.hours()]
         assert self.store.next_hour(0) == self.model.next_hour(0)
 
+    @invariant()
+    def topic_counts_agree(self):
+        names = self.store.topic_names()
+        assert names == self.model.topic_names()
+        for topic_hash in sorted(names):
+            assert self.store.topic_hours(topic_hash) == self.model.topic_hours(topic_hash)
+            assert self.store.topic_counts(topic_hash) == self.model.topic_counts(topic_hash)
+        for hour, _, _ in self.model.hours():
+            assert self.store.hour_entries(hour) == self.model.hour_entries(hour), hour
+
     def __repr__(self) -> str:
         return f"StoreMachine(now_ms={self.now_ms}, {self.store!r}, {self.model!r})"
 

@@ -14,17 +14,17 @@ def test_no_file_means_no_checkpoint(tmp_path):
 
 def test_a_leftover_temporary_file_is_ignored(tmp_path):
     path = str(tmp_path / "checkpoint")
-    Checkpoint(7, (HourRecord(490000, 3, 96, 1, 5),), 9).save(path)
+    Checkpoint(7, (HourRecord(490000, 3, 96, 1, 5, {77: [1, 1, 0, 1, 0, 0, 0]}),), 9, {77: "orders"}).save(path)
     (tmp_path / "checkpoint.tmp").write_bytes(b"torn")
-    assert Checkpoint.load(path) == Checkpoint(7, (HourRecord(490000, 3, 96, 1, 5),), 9)
+    assert Checkpoint.load(path) == Checkpoint(7, (HourRecord(490000, 3, 96, 1, 5, {77: [1, 1, 0, 1, 0, 0, 0]}),), 9, {77: "orders"})
 
 
 def test_the_default_checkpoint_round_trips():
     assert Checkpoint.decode("ck", Checkpoint().encode()) == Checkpoint()
 
 
-@pytest.mark.parametrize("data, offset", [(b"", 0), (b"HGCK\x01\x00", 0), (b"HGCX" + bytes(12), 0),
-                                          (b"HGCK\x02\x00" + bytes(10), 4)])
+@pytest.mark.parametrize("data, offset", [(b"", 0), (b"HGCK\x02\x00", 0), (b"HGCX" + bytes(12), 0),
+                                          (b"HGCK\x09\x00" + bytes(10), 4)])
 def test_a_bad_header_is_refused_with_its_offset(data, offset):
     with pytest.raises(CorruptionError) as caught:
         Checkpoint.decode("ck", data)

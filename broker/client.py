@@ -1,0 +1,448 @@
+"""An asyncio client for hourglass's HTTP API (camellia-delay-queue's
+wire format), and a consumer that long-polls, runs a handler and acks.
+
+Five minutes with it:
+
+    import asyncio
+    from broker.client import Consumer, DelayQueueClient
+
+    async def main():
+        async with DelayQueueClient("http://127.0.0.1:8080") as client:
+            sent = await client.send("orders", "pay order 42?", delay_ms=30_000)
+            print(sent.msg_id, sent.trigger_time)          # due in 30 s
+
+            async def handle(msg):                         # raise to nack: it comes back with retry + 1
+                print("due:", msg.msg, "retry", msg.retry)
+
+            consumer = Consumer(client, "orders", handle, concurrency=8)
+            task = asyncio.create_task(consumer.run())     # acks each message its handler finished
+            await asyncio.sleep(60)
+            consumer.stop()                                # returns once running handlers finish
+            await task
+
+    asyncio.run(main())
+
+Retries. Every call is retried, with exponential backoff and jitter, on 503
+(no leader / not ready), on a refused or broken connection and on a
+timeout; any other answer but 200 raises `DelayQueueError` at once. A retry
+may repeat a call the server already applied, so `send` and `send_batch`
+give every message without a `msg_id` a uuid4 id before the first attempt:
+the server stores an id once, and a repeat answers the stored message.
+Delivery is at least once anyway; a pull repeated this way hands out
+messages that come back after their ack timeout.
+
+Redirects. A follower may answer 307/308 with the leader's address. aiohttp
+would follow it but drops `Authorization` when the port changes (a new
+origin), so this client follows up to `MAX_REDIRECTS` itself and keeps the
+token: it is a cluster's token, sent only where its nodes point.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import logging
+import random
+import uuid
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+from yarl import URL
+
+from storage.entry import Status
+from storage.errors import HourglassError
+
+log = logging.getLogger("hourglass.client")
+
+PREFIX = "/camellia/delayQueue/"
+# A redirect chain longer than this is a misconfigured cluster, not a leader change.
+MAX_REDIRECTS = 5
+# What the server waits in a long poll that names no timeout (camellia's 10 s);
+# the client's HTTP timeout must outlast it.
+SERVER_LONG_POLL_DEFAULT_MS = 10_000
+# Failures that a retry may cure: the node is down, restarting or electing.
+TRANSIENT_ERRORS = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, asyncio.TimeoutError)
+
+
+class DelayQueueError(HourglassError):
+    """The server answered a code other than 200 (after retries, for 503).
+    `answer` is the whole JSON object, e.g. with `leader` on a 503."""
+
+    def __init__(self, code: int, msg: str, endpoint: str, answer: Mapping[str, Any] | None = None) -> None:
+        super().__init__(f"{endpoint}: {code} {msg}")
+        self.code = code
+        self.msg = msg
+        self.endpoint = endpoint
+        self.answer = dict(answer or {})
+
+    @property
+    def transient(self) -> bool:
+        """503: no leader known or node not ready; worth retrying."""
+        return self.code == 503
+
+
+def is_transient(error: BaseException) -> bool:
+    """Whether a failed call may succeed if repeated unchanged."""
+    if isinstance(error, DelayQueueError):
+        return error.transient
+    return isinstance(error, TRANSIENT_ERRORS)
+
+
+@dataclass(frozen=True)
+class DelayMsg:
+    """A message as the server reports it (camellia's `delayMsg`). Times are
+    ms since the epoch; `retry` counts redeliveries (0 on the first)."""
+
+    topic: str
+    msg_id: str
+    msg: str
+    produce_time: int
+    trigger_time: int
+    expire_time: int
+    max_retry: int
+    retry: int
+    status: Status
+    priority: int = 0
+    tag: str = ""
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> DelayMsg:
+        """From the camelCase JSON object; `priority` and `tag` (hourglass
+        extensions) may be absent, as from a camellia server."""
+        return cls(obj["topic"], obj["msgId"], obj["msg"], int(obj["produceTime"]), int(obj["triggerTime"]),
+                   int(obj["expireTime"]), int(obj["maxRetry"]), int(obj["retry"]), Status(obj["status"]),
+                   int(obj.get("priority") or 0), obj.get("tag") or "")
+
+
+@dataclass(frozen=True)
+class NewMsg:
+    """One message of `send_batch`; None leaves a field to the server's
+    default (`msg_id` is filled in by the client, see the module docstring)."""
+
+    msg: str
+    msg_id: str | None = None
+    delay_ms: int | None = None
+    ttl_ms: int | None = None
+    max_retry: int | None = None
+    priority: int | None = None
+    trigger_time_ms: int | None = None
+    tag: str | None = None
+
+    def params(self) -> dict[str, Any]:
+        """The wire keys, without the fields left to the server."""
+        wire = {"msg": self.msg, "msgId": self.msg_id, "delayMillis": self.delay_ms, "ttlMillis": self.ttl_ms,
+                "maxRetry": self.max_retry, "priority": self.priority, "triggerTime": self.trigger_time_ms,
+                "tag": self.tag}
+        return {key: value for key, value in wire.items() if value is not None}
+
+
+class DelayQueueClient:
+    """One kept-alive HTTP session to a node (any node of a cluster).
+
+    Use it as an async context manager, or call `close()`; a `session` passed
+    in is the caller's and is not closed. `timeout_s` bounds each attempt of
+    a call (a long poll gets its own wait on top); a call makes at most
+    `retries` + 1 attempts, sleeping `backoff_s` doubled each time up to
+    `max_backoff_s`, with jitter, between them.
+    """
+
+    def __init__(self, base_url: str, *, token: str | None = None, timeout_s: float = 10.0, retries: int = 5,
+                 backoff_s: float = 0.1, max_backoff_s: float = 2.0,
+                 session: aiohttp.ClientSession | None = None) -> None:
+        if timeout_s <= 0:
+            raise ValueError(f"timeout_s must be positive, got {timeout_s}")
+        if retries < 0:
+            raise ValueError(f"retries must be >= 0, got {retries}")
+        if not 0 <= backoff_s <= max_backoff_s:
+            raise ValueError(f"need 0 <= backoff_s <= max_backoff_s, got {backoff_s} and {max_backoff_s}")
+        self.base_url = base_url.rstrip("/")
+        self.timeout_s = timeout_s
+        self.retries = retries
+        self.backoff_s = backoff_s
+        self.max_backoff_s = max_backoff_s
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._session = session
+        self._owns_session = session is None
+
+    def __repr__(self) -> str:
+        return f"DelayQueueClient({self.base_url!r}, timeout_s={self.timeout_s}, retries={self.retries})"
+
+    async def __aenter__(self) -> DelayQueueClient:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._owns_session and self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    # ------------------------------------------------------------ produce
+
+    async def send(self, topic: str, msg: str, *, msg_id: str | None = None, delay_ms: int | None = None,
+                   ttl_ms: int | None = None, max_retry: int | None = None, priority: int | None = None,
+                   trigger_time_ms: int | None = None, tag: str | None = None) -> DelayMsg:
+        """sendMsg. Sending an id that exists answers the stored message,
+        unchanged. `trigger_time_ms` (absolute) wins over `delay_ms`."""
+        new = NewMsg(msg, msg_id or uuid.uuid4().hex, delay_ms, ttl_ms, max_retry, priority, trigger_time_ms, tag)
+        answer = await self._call("POST", "sendMsg", form={"topic": topic, **new.params()})
+        return DelayMsg.from_json(answer["delayMsg"])
+
+    async def send_batch(self, topic: str, msgs: Iterable[NewMsg | Mapping[str, Any]]) -> list[DelayMsg]:
+        """sendMsgBatch: all or nothing, answered in order. Items are `NewMsg`
+        or dicts of its fields, e.g. `{"msg": "hi", "delay_ms": 500}`."""
+        items = [m if isinstance(m, NewMsg) else NewMsg(**m) for m in msgs]
+        wire = [{**m.params(), "msgId": m.msg_id or uuid.uuid4().hex} for m in items]
+        answer = await self._call("POST", "sendMsgBatch", body={"topic": topic, "msgs": wire})
+        return [DelayMsg.from_json(m) for m in answer["delayMsgList"]]
+
+    # ------------------------------------------------------------ consume
+
+    async def pull(self, topic: str, *, batch: int | None = None, ack_timeout_ms: int | None = None,
+                   tags: Iterable[str] | None = None) -> list[DelayMsg]:
+        """pullMsg: up to `batch` deliverable messages, now (maybe none).
+        Each must be acked within `ack_timeout_ms` or it comes back."""
+        form = _pull_form(topic, batch, ack_timeout_ms, tags)
+        answer = await self._call("POST", "pullMsg", form=form)
+        return [DelayMsg.from_json(m) for m in answer["delayMsgList"]]
+
+    async def long_poll(self, topic: str, *, timeout_ms: int | None = None, batch: int | None = None,
+                        ack_timeout_ms: int | None = None, tags: Iterable[str] | None = None) -> list[DelayMsg]:
+        """longPollingMsg: as `pull`, but waits up to `timeout_ms` for a
+        message to become deliverable; an empty list when none did."""
+        form = _pull_form(topic, batch, ack_timeout_ms, tags)
+        if timeout_ms is not None:
+            form["longPollingTimeoutMillis"] = str(timeout_ms)
+        wait_s = (timeout_ms if timeout_ms and timeout_ms > 0 else SERVER_LONG_POLL_DEFAULT_MS) / 1000
+        answer = await self._call("POST", "longPollingMsg", form=form, wait_s=wait_s)
+        return [DelayMsg.from_json(m) for m in answer["delayMsgList"]]
+
+    async def ack(self, topic: str, msg_id: str) -> None:
+        """ackMsg: the message is done and never delivered again."""
+        await self._call("POST", "ackMsg", form={"topic": topic, "msgId": msg_id})
+
+    async def nack(self, topic: str, msg_id: str) -> None:
+        """ackMsg with ack=false: deliverable again now, with retry + 1."""
+        await self._call("POST", "ackMsg", form={"topic": topic, "msgId": msg_id, "ack": "false"})
+
+    # ------------------------------------------------------------ inspect
+
+    async def get(self, topic: str, msg_id: str) -> DelayMsg | None:
+        """getMsg; None when the server has no such message (404)."""
+        answer = await self._call("POST", "getMsg", form={"topic": topic, "msgId": msg_id}, missing_ok=True)
+        return None if answer is None else DelayMsg.from_json(answer["delayMsg"])
+
+    async def delete(self, topic: str, msg_id: str, release: bool = False) -> None:
+        """deleteMsg: never delivered again; with `release`, forgotten too
+        (`get` answers None)."""
+        await self._call("POST", "deleteMsg", form={"topic": topic, "msgId": msg_id,
+                                                    "release": "true" if release else "false"})
+
+    async def topic_info(self, topic: str) -> dict[str, Any] | None:
+        """getTopicInfo's `data` (camellia's shape); None for an unknown topic."""
+        answer = await self._call("GET", "getTopicInfo", query={"topic": topic}, missing_ok=True)
+        return None if answer is None else answer["data"]
+
+    async def topic_info_list(self) -> list[dict[str, Any]]:
+        return (await self._call("GET", "getTopicInfoList"))["data"]
+
+    async def monitor_data(self) -> dict[str, Any]:
+        return (await self._call("GET", "getMonitorData"))["data"]
+
+    async def health(self) -> dict[str, Any]:
+        """GET /health: the whole answer, e.g. `{"status": "ok", "role":
+        "leader", "leader": "n1", ...}`."""
+        return await self._call("GET", "/health")
+
+    # ------------------------------------------------------------ transport
+
+    async def _call(self, method: str, endpoint: str, *, form: Mapping[str, str] | None = None,
+                    body: Any = None, query: Mapping[str, str] | None = None, wait_s: float = 0.0,
+                    missing_ok: bool = False) -> Any:
+        """The answer's JSON object after retries; None for a 404 when
+        `missing_ok`; raises DelayQueueError for any other non-200."""
+        url = URL(self.base_url + (endpoint if endpoint.startswith("/") else PREFIX + endpoint)).update_query(query)
+        timeout = aiohttp.ClientTimeout(total=self.timeout_s + wait_s)
+        for attempt in itertools.count():
+            try:
+                code, answer = await self._request(method, url, form, body, timeout, endpoint)
+                if code == 200 or (code == 404 and missing_ok):
+                    return answer if code == 200 else None
+                raise DelayQueueError(code, str(answer.get("msg", "")), endpoint, answer)
+            except Exception as error:
+                if attempt == self.retries or not is_transient(error):
+                    raise
+                pause_s = min(self.max_backoff_s, self.backoff_s * 2 ** attempt) * random.uniform(0.5, 1.0)
+                log.debug("%s %s failed (%r), attempt %d; again in %.2f s", method, endpoint, error, attempt + 1,
+                          pause_s)
+                await asyncio.sleep(pause_s)
+
+    async def _request(self, method: str, url: URL, form: Mapping[str, str] | None, body: Any,
+                       timeout: aiohttp.ClientTimeout, endpoint: str) -> tuple[int, dict]:
+        """One attempt, following 307/308 with method, body and token kept."""
+        if self._session is None:
+            self._session = aiohttp.ClientSession()
+        for _ in range(MAX_REDIRECTS + 1):
+            async with self._session.request(method, url, data=form, json=body, headers=self._headers,
+                                             timeout=timeout, allow_redirects=False) as resp:
+                location = resp.headers.get("Location")
+                if resp.status in (307, 308) and location:
+                    url = url.join(URL(location))
+                    continue
+                return resp.status, _json_object(resp.status, await resp.text(), endpoint)
+        raise DelayQueueError(resp.status, f"more than {MAX_REDIRECTS} redirects, the last to {url}", endpoint)
+
+
+def _pull_form(topic: str, batch: int | None, ack_timeout_ms: int | None,
+               tags: Iterable[str] | None) -> dict[str, str]:
+    form = {"topic": topic}
+    if batch is not None:
+        form["batch"] = str(batch)
+    if ack_timeout_ms is not None:
+        form["ackTimeoutMillis"] = str(ack_timeout_ms)
+    if tags is not None:
+        form["tags"] = tags if isinstance(tags, str) else ",".join(tags)
+    return form
+
+
+def _json_object(code: int, text: str, endpoint: str) -> dict:
+    """The answer's JSON object; a body that is not one (a proxy's error
+    page, say) becomes a DelayQueueError with the answer's status."""
+    try:
+        answer = json.loads(text)
+    except ValueError:
+        answer = None
+    if not isinstance(answer, dict):
+        raise DelayQueueError(code, f"answer is not a JSON object: {text[:200]!r}", endpoint)
+    return answer
+
+
+class Consumer:
+    """Long-polls a topic and runs `await handler(msg)` for each message,
+    at most `concurrency` at once; acks when the handler returns, nacks (the
+    message comes back now, retry + 1) when it raises.
+
+    It never holds more messages than it has free handler slots: each poll
+    asks for min(`batch`, free slots), so a slow handler leaves the rest of
+    the topic to other consumers. `stop()` ends `run()` after the handlers
+    in flight finish; a long poll in flight is abandoned, and any message the
+    server handed to it comes back after `ack_timeout_ms`. When the broker is
+    unreachable past the client's retries, the consumer logs and polls again
+    after `idle_s`; any other error (say 401) stops it and `run()` raises.
+    """
+
+    def __init__(self, client: DelayQueueClient, topic: str, handler: Callable[[DelayMsg], Awaitable[object]], *,
+                 concurrency: int = 4, batch: int | None = None, ack_timeout_ms: int | None = None,
+                 long_poll_ms: int = 5_000, tags: Iterable[str] | None = None, idle_s: float = 1.0) -> None:
+        if concurrency < 1:
+            raise ValueError(f"concurrency must be at least 1, got {concurrency}")
+        if batch is not None and batch < 1:
+            raise ValueError(f"batch must be at least 1, got {batch}")
+        self.client = client
+        self.topic = topic
+        self.handler = handler
+        self.concurrency = concurrency
+        self.batch = batch or concurrency
+        self.ack_timeout_ms = ack_timeout_ms
+        self.long_poll_ms = long_poll_ms
+        self.tags = tuple(tags) if tags is not None else None
+        self.idle_s = idle_s
+        self.acked = 0
+        self.nacked = 0
+        self._slots = asyncio.Semaphore(concurrency)
+        self._running: set[asyncio.Task] = set()
+        self._stopping = asyncio.Event()
+
+    def __repr__(self) -> str:
+        state = "stopping" if self._stopping.is_set() else "running"
+        return (f"Consumer(topic={self.topic!r}, in_flight={len(self._running)}/{self.concurrency}, "
+                f"acked={self.acked}, nacked={self.nacked}, {state})")
+
+    def stop(self) -> None:
+        """Ask `run()` to return once the handlers in flight finish."""
+        self._stopping.set()
+
+    async def run(self) -> None:
+        try:
+            while not self._stopping.is_set():
+                free = await self._take_slots()
+                msgs = await self._poll(free) if free else []
+                for _ in range(free - len(msgs)):
+                    self._slots.release()
+                for msg in msgs:
+                    task = asyncio.create_task(self._handle(msg))
+                    self._running.add(task)
+                    task.add_done_callback(self._running.discard)
+        except asyncio.CancelledError:
+            for task in self._running:  # their messages come back after the ack timeout
+                task.cancel()
+            raise
+        finally:  # stopped, failed or cancelled: no handler outlives run()
+            if self._running:
+                await asyncio.wait(set(self._running))
+
+    async def _take_slots(self) -> int:
+        """Wait for one free handler slot, then take up to `batch` that are
+        free; 0 if stopped first."""
+        if not await self._until_stopped(self._slots.acquire()):
+            return 0
+        taken = 1
+        while taken < self.batch and not self._slots.locked():
+            await self._slots.acquire()  # does not block: a slot is free
+            taken += 1
+        return taken
+
+    async def _poll(self, batch: int) -> list[DelayMsg]:
+        """Up to `batch` messages; none when stopped, or after a pause when
+        the broker stayed unreachable through the client's retries."""
+        try:
+            return await self._until_stopped(self.client.long_poll(
+                self.topic, timeout_ms=self.long_poll_ms, batch=batch, ack_timeout_ms=self.ack_timeout_ms,
+                tags=self.tags)) or []
+        except Exception as error:
+            if not is_transient(error):
+                raise
+            log.warning("long poll of %r failed: %r; again in %.1f s", self.topic, error, self.idle_s)
+            await self._until_stopped(asyncio.sleep(self.idle_s))
+            return []
+
+    async def _until_stopped(self, work: Awaitable[Any]) -> Any:
+        """`work`'s result, or None if stop() came first (work is cancelled)."""
+        task = asyncio.ensure_future(work)
+        stopped = asyncio.ensure_future(self._stopping.wait())
+        try:
+            await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopped.cancel()
+            if not task.done():
+                task.cancel()
+                await asyncio.wait({task})
+        return None if task.cancelled() else task.result()
+
+    async def _handle(self, msg: DelayMsg) -> None:
+        try:
+            try:
+                await self.handler(msg)
+            except Exception:
+                log.exception("handler failed on %s/%s (retry %d); nack", msg.topic, msg.msg_id, msg.retry)
+                if await self._settle(self.client.nack, msg):
+                    self.nacked += 1
+            else:
+                if await self._settle(self.client.ack, msg):
+                    self.acked += 1
+        finally:
+            self._slots.release()
+
+    async def _settle(self, ack_or_nack: Callable[[str, str], Awaitable[None]], msg: DelayMsg) -> bool:
+        """Ack or nack; a failure is logged, not raised: the message comes
+        back after its ack timeout either way."""
+        try:
+            await ack_or_nack(msg.topic, msg.msg_id)
+            return True
+        except (DelayQueueError, *TRANSIENT_ERRORS) as error:
+            log.warning("%s of %s/%s failed: %r", ack_or_nack.__name__, msg.topic, msg.msg_id, error)
+            return False

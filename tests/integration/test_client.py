@@ -1,0 +1,367 @@
+"""`broker.client` against a real `hourglass serve` on 127.0.0.1, plus small
+in-process aiohttp stubs for what a standalone node never does on its own:
+answer 503, redirect like a follower, lose an answer after applying it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import aiohttp
+import pytest
+from aiohttp import web
+from serving import Server, free_port
+
+from broker.client import Consumer, DelayMsg, DelayQueueClient, DelayQueueError, NewMsg
+from storage.entry import Status
+
+pytestmark = pytest.mark.slow
+
+BOUND_S = 60  # no test body runs longer than this
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, BOUND_S))
+
+
+@pytest.fixture
+def server(tmp_path):
+    server = Server.start(tmp_path / "data")
+    yield server
+    server.stop()
+
+
+@contextlib.asynccontextmanager
+async def stub(handler):
+    """An aiohttp app on a free loopback port answering every path with `handler`."""
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    try:
+        yield "http://127.0.0.1:%d" % runner.addresses[0][1]
+    finally:
+        await runner.cleanup()
+
+
+def wire_msg(topic: str, msg_id: str) -> dict:
+    return {"topic": topic, "msgId": msg_id, "msg": "m", "produceTime": 1, "triggerTime": 1, "expireTime": 2,
+            "maxRetry": 3, "retry": 0, "status": 2}
+
+
+# ------------------------------------------------------------------- values
+
+def test_delay_msg_from_json_with_and_without_the_extensions():
+    camellia = wire_msg("t", "a")
+    assert DelayMsg.from_json(camellia) == DelayMsg("t", "a", "m", 1, 1, 2, 3, 0, Status.READY, 0, "")
+    ours = DelayMsg.from_json({**camellia, "priority": 5, "tag": "vip", "extra": "ignored"})
+    assert (ours.priority, ours.tag, ours.status) == (5, "vip", Status.READY)
+
+
+def test_client_refuses_nonsense_settings_and_has_a_repr():
+    with pytest.raises(ValueError, match="retries"):
+        DelayQueueClient("http://x", retries=-1)
+    assert repr(DelayQueueClient("http://h:1/", retries=2)) == "DelayQueueClient('http://h:1', timeout_s=10.0, retries=2)"
+
+
+# ------------------------------------------------------------ against serve
+
+def test_send_get_pull_ack_round_trip(server):
+    async def body():
+        async with DelayQueueClient(server.base) as client:
+            sent = await client.send("orders", "pay?", msg_id="o-1", max_retry=2, priority=3, tag="eu")
+            assert (sent.topic, sent.msg_id, sent.msg, sent.max_retry, sent.retry) == ("orders", "o-1", "pay?", 2, 0)
+            assert (sent.priority, sent.tag) == (3, "eu")
+            assert sent.trigger_time >= sent.produce_time
+            assert await client.get("orders", "o-1") == sent
+            again = await client.send("orders", "changed", msg_id="o-1")  # same id: the stored message
+            assert again.msg == "pay?"
+
+            pulled = await client.long_poll("orders", timeout_ms=5_000, batch=10)
+            assert [(m.msg_id, m.status, m.retry) for m in pulled] == [("o-1", Status.CONSUMING, 0)]
+            await client.ack("orders", "o-1")
+            assert (await client.get("orders", "o-1")).status == Status.ACKED
+            assert await client.pull("orders", batch=10) == []
+    run(body())
+
+
+def test_send_without_id_gets_one_and_pull_filters_by_tag(server):
+    async def body():
+        async with DelayQueueClient(server.base) as client:
+            a = await client.send("t", "a", tag="x")
+            b = await client.send("t", "b", tag="y")
+            assert a.msg_id != b.msg_id and len(a.msg_id) == 32
+            assert [m.msg_id for m in await client.pull("t", batch=10, tags=["y"])] == [b.msg_id]
+    run(body())
+
+
+def test_send_batch_answers_in_order_and_repeats_idempotently(server):
+    async def body():
+        async with DelayQueueClient(server.base) as client:
+            items = [NewMsg("first", msg_id="b-1"), {"msg": "second", "delay_ms": 0, "priority": 1}]
+            sent = await client.send_batch("batch", items)
+            assert [m.msg for m in sent] == ["first", "second"]
+            assert sent[0].msg_id == "b-1" and sent[1].msg_id and sent[1].priority == 1
+            assert await client.send_batch("batch", [NewMsg("first", msg_id="b-1")]) == sent[:1]
+            pulled = await client.pull("batch", batch=10)
+            assert sorted(m.msg_id for m in pulled) == sorted(m.msg_id for m in sent)
+    run(body())
+
+
+def test_nack_brings_the_message_back_with_retry_plus_one(server):
+    async def body():
+        async with DelayQueueClient(server.base) as client:
+            await client.send("t", "x", msg_id="n-1")
+            [first] = await client.pull("t")
+            await client.nack("t", "n-1")
+            [second] = await client.long_poll("t", timeout_ms=5_000)
+            assert (first.msg_id, first.retry) == ("n-1", 0)
+            assert (second.msg_id, second.retry) == ("n-1", 1)
+    run(body())
+
+
+def test_delete_and_release(server):
+    async def body():
+        async with DelayQueueClient(server.base) as client:
+            await client.send("t", "x", msg_id="kept")
+            await client.send("t", "y", msg_id="gone")
+            await client.delete("t", "kept")
+            assert (await client.get("t", "kept")).status == Status.DELETED
+            await client.delete("t", "gone", release=True)
+            assert await client.get("t", "gone") is None
+            assert await client.pull("t", batch=10) == []
+    run(body())
+
+
+def test_unknowns_are_none_and_the_inspection_calls_answer(server):
+    async def body():
+        async with DelayQueueClient(server.base) as client:
+            assert await client.get("nothing", "nope") is None
+            assert await client.topic_info("nothing") is None
+            await client.send("known", "x", delay_ms=60_000)
+            info = await client.topic_info("known")
+            assert info["topic"] == "known"
+            assert any(i["topic"] == "known" for i in await client.topic_info_list())
+            assert isinstance(await client.monitor_data(), dict)
+            assert (await client.health())["status"] == "ok"
+    run(body())
+
+
+def test_bad_input_raises_at_once_naming_the_parameter(server):
+    async def body():
+        async with DelayQueueClient(server.base) as client:
+            with pytest.raises(DelayQueueError) as caught:
+                await client.send("t", "x", delay_ms=-1)
+            assert (caught.value.code, caught.value.endpoint) == (400, "sendMsg")
+            assert "delayMillis" in caught.value.msg
+    run(body())
+
+
+def test_long_poll_outlasts_the_per_call_timeout(server):
+    async def body():
+        async with DelayQueueClient(server.base, timeout_s=0.5, retries=0) as client:
+            assert await client.long_poll("empty", timeout_ms=1_500) == []
+    run(body())
+
+
+# ------------------------------------------------------------------ consumer
+
+def test_consumer_acks_what_succeeds_and_nacks_what_raises(server):
+    async def body():
+        async with DelayQueueClient(server.base) as client:
+            await client.send_batch("jobs", [{"msg": "fine", "msg_id": "ok"}, {"msg": "boom", "msg_id": "bad"}])
+            seen = []
+            done = asyncio.Event()
+
+            async def handler(msg: DelayMsg) -> None:
+                seen.append((msg.msg_id, msg.retry))
+                if msg.msg_id == "bad" and msg.retry == 0:
+                    raise RuntimeError("first try fails")
+                if len(seen) == 3:
+                    done.set()
+
+            consumer = Consumer(client, "jobs", handler, concurrency=2, long_poll_ms=500)
+            task = asyncio.create_task(consumer.run())
+            await done.wait()
+            consumer.stop()
+            await task
+            assert sorted(seen) == [("bad", 0), ("bad", 1), ("ok", 0)]
+            assert (consumer.acked, consumer.nacked) == (2, 1)
+            bad = await client.get("jobs", "bad")
+            assert (bad.status, bad.retry) == (Status.ACKED, 1)
+            assert repr(consumer) == "Consumer(topic='jobs', in_flight=0/2, acked=2, nacked=1, stopping)"
+    run(body())
+
+
+def test_consumer_holds_no_more_than_its_slots_and_stops_gracefully(server):
+    async def body():
+        async with DelayQueueClient(server.base) as client:
+            sent = await client.send_batch("jobs", [{"msg": str(i)} for i in range(10)])
+            in_flight = peak = 0
+            full, release = asyncio.Event(), asyncio.Event()
+
+            async def handler(msg: DelayMsg) -> None:
+                nonlocal in_flight, peak
+                in_flight += 1
+                peak = max(peak, in_flight)
+                if in_flight == 3:
+                    full.set()
+                await release.wait()
+                in_flight -= 1
+
+            consumer = Consumer(client, "jobs", handler, concurrency=3, batch=10, long_poll_ms=500)
+            task = asyncio.create_task(consumer.run())
+            await full.wait()
+            statuses = [(await client.get("jobs", m.msg_id)).status for m in sent]
+            assert statuses.count(Status.CONSUMING) == 3 and statuses.count(Status.READY) == 7
+
+            consumer.stop()
+            await asyncio.sleep(0.2)
+            assert not task.done()  # the three handlers still run
+            release.set()
+            await task
+            assert (peak, consumer.acked) == (3, 3)
+            statuses = [(await client.get("jobs", m.msg_id)).status for m in sent]
+            assert statuses.count(Status.ACKED) == 3 and statuses.count(Status.READY) == 7
+    run(body())
+
+
+def test_consumer_stops_while_idle_in_a_long_poll(server):
+    async def body():
+        async with DelayQueueClient(server.base) as client:
+            consumer = Consumer(client, "quiet", lambda msg: asyncio.sleep(0), long_poll_ms=30_000)
+            task = asyncio.create_task(consumer.run())
+            await asyncio.sleep(0.3)
+            consumer.stop()
+            await asyncio.wait_for(task, 5)  # well before the poll's 30 s
+    run(body())
+
+
+# ------------------------------------------------------------------- retries
+
+def test_send_survives_a_restart_and_is_stored_once(tmp_path):
+    port = free_port()
+    first = Server.start(tmp_path / "data", port=port)
+
+    async def body():
+        async with DelayQueueClient(first.base, retries=40, max_backoff_s=0.5) as client:
+            await client.send("t", "before", msg_id="a")
+            first.kill()
+            sending = asyncio.create_task(client.send("t", "during"))
+            await asyncio.sleep(0.5)  # the send meets a dead port
+            assert not sending.done()
+            second = await asyncio.to_thread(Server.start, tmp_path / "data", port=port)
+            try:
+                sent = await sending
+                pulled = await client.pull("t", batch=10)
+                assert sorted(m.msg_id for m in pulled) == sorted(["a", sent.msg_id])
+            finally:
+                await asyncio.to_thread(second.stop)
+    try:
+        run(body())
+    finally:
+        first.kill()
+
+
+def test_a_send_whose_answer_was_lost_is_retried_and_stored_once(server):
+    forwarded = []
+
+    async def lose_first_answer(request: web.Request) -> web.StreamResponse:
+        async with aiohttp.ClientSession() as session:
+            async with session.post(server.base + request.path, data=await request.read(),
+                                    headers={"Content-Type": request.headers["Content-Type"]}) as answer:
+                status, text = answer.status, await answer.text()
+        forwarded.append(status)
+        if len(forwarded) == 1:
+            request.transport.close()  # applied by the server, but the client never hears it
+        return web.Response(status=status, text=text, content_type="application/json")
+
+    async def body():
+        async with stub(lose_first_answer) as proxy, DelayQueueClient(proxy, backoff_s=0.01) as client:
+            sent = await client.send("t", "once")
+            assert forwarded == [200, 200]
+            async with DelayQueueClient(server.base) as direct:
+                assert [m.msg_id for m in await direct.pull("t", batch=10)] == [sent.msg_id]
+    run(body())
+
+
+def test_503_is_retried_with_the_same_id_and_other_errors_are_not():
+    ids = []
+
+    async def flaky(request: web.Request) -> web.Response:
+        form = await request.post()
+        ids.append(form["msgId"])
+        if form["topic"] == "bad":
+            return web.json_response({"code": 400, "msg": "msg: is required"}, status=400)
+        if len(ids) < 3 or form["topic"] == "down":
+            return web.json_response({"code": 503, "msg": "no leader", "leader": None}, status=503)
+        return web.json_response({"code": 200, "msg": "success", "delayMsg": wire_msg("t", form["msgId"])})
+
+    async def body():
+        async with stub(flaky) as base, DelayQueueClient(base, retries=3, backoff_s=0.01) as client:
+            sent = await client.send("t", "x")
+            assert ids == [sent.msg_id] * 3
+
+            ids.clear()
+            with pytest.raises(DelayQueueError) as caught:
+                await client.send("bad", "x")
+            assert (caught.value.code, len(ids)) == (400, 1)
+
+            ids.clear()
+            with pytest.raises(DelayQueueError) as caught:
+                await client.send("down", "x")
+            assert caught.value.code == 503 and caught.value.answer["leader"] is None
+            assert len(ids) == 4  # retries=3
+    run(body())
+
+
+def test_a_redirect_is_followed_with_method_body_and_token(tmp_path):
+    token_file = tmp_path / "token"
+    token_file.write_text("s3cret\n")
+    leader = Server.start(tmp_path / "data", "--auth-token-file", str(token_file))
+    redirects = []
+
+    async def follower(request: web.Request) -> web.Response:
+        redirects.append(request.headers.get("Authorization"))
+        raise web.HTTPTemporaryRedirect(leader.base + request.path_qs)
+
+    async def body():
+        async with stub(follower) as base, DelayQueueClient(base, token="s3cret") as client:
+            sent = await client.send("t", "via a follower", msg_id="r-1")
+            assert sent.msg == "via a follower"
+            assert (await client.topic_info("t"))["topic"] == "t"  # a GET with a query
+            assert redirects == ["Bearer s3cret"] * 2
+        async with DelayQueueClient(leader.base, token="wrong", retries=0) as client:
+            with pytest.raises(DelayQueueError) as caught:
+                await client.get("t", "r-1")
+            assert caught.value.code == 401
+    try:
+        run(body())
+    finally:
+        leader.stop()
+
+
+def test_a_non_json_answer_is_an_error_naming_the_status():
+    async def proxy_page(request: web.Request) -> web.Response:
+        return web.Response(status=502, text="<html>bad gateway</html>", content_type="text/html")
+
+    async def body():
+        async with stub(proxy_page) as base, DelayQueueClient(base) as client:
+            with pytest.raises(DelayQueueError) as caught:
+                await client.get("t", "x")
+            assert caught.value.code == 502 and "bad gateway" in caught.value.msg
+    run(body())
+
+
+def test_a_caller_session_is_used_and_left_open():
+    async def ok(request: web.Request) -> web.Response:
+        return web.json_response({"code": 200, "msg": "success", "status": "ok"})
+
+    async def body():
+        async with stub(ok) as base, aiohttp.ClientSession() as session:
+            async with DelayQueueClient(base, session=session) as client:
+                assert (await client.health())["status"] == "ok"
+            assert not session.closed
+    run(body())
+
