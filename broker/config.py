@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 
 from storage.config import FsyncPolicy, StoreConfig
 
+from .params import Defaults
+
 
 @dataclass(frozen=True)
 class ServeConfig:
@@ -22,6 +24,8 @@ class ServeConfig:
     # How often derived files are made durable and the commit log trimmed.
     checkpoint_interval_ms: int = 1000
     store: StoreConfig = field(default_factory=StoreConfig)
+    # What requests get for parameters they leave out (camellia's values).
+    defaults: Defaults = field(default_factory=Defaults)
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:

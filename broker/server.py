@@ -1,9 +1,11 @@
-"""`hourglass serve`: the process around the store.
+"""`hourglass serve`: the process around the broker.
 
-This version opens (and recovers) the data directory, keeps it
-checkpointed, and answers GET /health and GET /metrics; the camellia
-message API is not served yet. SIGTERM or SIGINT: stop accepting, take a
-last checkpoint, close, exit 0.
+Start: open (and recover) the data directory, rebuild the ready and
+consuming queues, start the group-commit, wheel and timer tasks, then
+listen. Every `checkpoint_interval_ms` the store is checkpointed.
+SIGTERM or SIGINT: stop accepting connections, answer long polls in
+flight, finish the requests in flight, stop the wheel (its tick persisted),
+commit, take a last checkpoint, exit 0.
 """
 
 from __future__ import annotations
@@ -11,41 +13,48 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+import os
 import signal
 import time
 
 from aiohttp import web
 
-from storage.store import Store
+from storage.store import Store, text_hash
 
+from .api import Api, answer, json_errors
 from .clock import SystemClock
 from .config import ServeConfig
+from .metrics import Metrics
+from .service import Broker
 
 log = logging.getLogger("hourglass.server")
 
-
-def json_answer(code: int, msg: str, **extra) -> web.Response:
-    """Every answer is a JSON object with `code` and `msg`; status = code."""
-    return web.json_response({"code": code, "msg": msg, **extra}, status=code)
+# How long a stop waits for requests in flight (long polls are answered at once).
+SHUTDOWN_TIMEOUT_S = 10
 
 
 class Node:
-    """A standalone node: the store, its checkpoint loop, the HTTP app."""
+    """A standalone node: store, broker, HTTP app, checkpoint loop."""
 
     def __init__(self, config: ServeConfig) -> None:
         self.config = config
         self.clock = SystemClock()
         started = time.perf_counter()
         self.store = Store.open(config.data_path, config.store, now_ms=self.clock.now_ms())
+        self.metrics = Metrics()
+        self.broker = Broker(self.store, self.clock, config.defaults, self.metrics,
+                             tick_path=os.path.join(config.data_path, "tick"))
         self.opened_s = time.perf_counter() - started
+        self.api = Api(self.broker, config.max_msg_bytes)
         self.checkpoints = 0
         self.checkpoint_seconds = 0.0
         log.info("opened %s in %.3f s: %s", config.data_path, self.opened_s, self.store)
 
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[self._auth])
+        app = web.Application(middlewares=[json_errors, self._auth], client_max_size=self.api.batch_cap)
         app.router.add_get("/health", self.health)
-        app.router.add_get("/metrics", self.metrics)
+        app.router.add_get("/metrics", self.metrics_text)
+        app.router.add_routes(self.api.routes())
         return app
 
     @web.middleware
@@ -54,47 +63,50 @@ class Node:
         if token is not None and request.path != "/health":
             given = request.headers.get("Authorization", "")
             if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
-                return json_answer(401, "missing or wrong bearer token")
+                return answer(401, "missing or wrong bearer token")
         return await handler(request)
 
     async def health(self, request: web.Request) -> web.Response:
-        return json_answer(200, "success", status="ok", role="standalone", leader=None, node=None)
+        return answer(200, "success", status="ok", role="standalone", leader=None, node=None)
 
-    async def metrics(self, request: web.Request) -> web.Response:
+    async def metrics_text(self, request: web.Request) -> web.Response:
+        gauges = []
+        for topic in self.broker.topic_list():
+            counts = self.store.topic_counts(text_hash(topic))
+            gauges.append((topic, counts[1], counts[2], counts[3]))
         hours = self.store.hours()
-        lines = [
-            "# TYPE hourglass_hours gauge", f"hourglass_hours {len(hours)}",
-            "# TYPE hourglass_stored_messages gauge", f"hourglass_stored_messages {sum(h[1] for h in hours)}",
-            "# TYPE hourglass_ended_messages gauge", f"hourglass_ended_messages {sum(h[2] for h in hours)}",
-            "# TYPE hourglass_commit_log_end_offset gauge",
-            f"hourglass_commit_log_end_offset {self.store.log.end_offset}",
-            "# TYPE hourglass_checkpoints_total counter", f"hourglass_checkpoints_total {self.checkpoints}",
-            "# TYPE hourglass_checkpoint_seconds_total counter",
-            f"hourglass_checkpoint_seconds_total {self.checkpoint_seconds:.6f}",
-            "# TYPE hourglass_open_seconds gauge", f"hourglass_open_seconds {self.opened_s:.6f}",
-        ]
-        return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
+        node = [("hourglass_hours", "gauge", len(hours)),
+                ("hourglass_stored_messages", "gauge", sum(h[1] for h in hours)),
+                ("hourglass_ended_messages", "gauge", sum(h[2] for h in hours)),
+                ("hourglass_commit_log_end_offset", "gauge", self.store.log.end_offset),
+                ("hourglass_checkpoints_total", "counter", self.checkpoints),
+                ("hourglass_checkpoint_seconds_total", "counter", self.checkpoint_seconds),
+                ("hourglass_open_seconds", "gauge", self.opened_s),
+                ("hourglass_wheel_released_total", "counter", self.broker.scheduler.stats.released)]
+        return web.Response(text=self.metrics.render(gauges, node), content_type="text/plain")
 
     async def checkpoint_loop(self) -> None:
         interval_s = self.config.checkpoint_interval_ms / 1000
         while True:
             await asyncio.sleep(interval_s)
-            self.checkpoint()
+            await self.checkpoint()
 
-    def checkpoint(self) -> None:
+    async def checkpoint(self) -> None:
+        """Everything appended goes through the group commit (so the wheel
+        hears of new messages) before the store's own checkpoint runs."""
+        while self.store.pending_records:
+            await self.broker.commits.flush()
         started = time.perf_counter()
         self.store.checkpoint(self.clock.now_ms())
         self.checkpoints += 1
         self.checkpoint_seconds += time.perf_counter() - started
 
-    def close(self) -> None:
-        self.checkpoint()
-        self.store.close()
-
 
 async def run(config: ServeConfig) -> None:
     node = Node(config)
-    runner = web.AppRunner(node.app(), handle_signals=False)
+    node.broker.start()
+    runner = web.AppRunner(node.app(), handle_signals=False, shutdown_timeout=SHUTDOWN_TIMEOUT_S,
+                           access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, config.host, config.port)
     await site.start()
@@ -105,10 +117,13 @@ async def run(config: ServeConfig) -> None:
         loop.add_signal_handler(sig, stop.set)
     checkpoints = asyncio.create_task(node.checkpoint_loop())
     await stop.wait()
-    log.info("stopping: finishing requests, last checkpoint")
-    checkpoints.cancel()
+    log.info("stopping: answering long polls, finishing requests")
+    node.broker.begin_stop()
     await runner.cleanup()
-    node.close()
+    checkpoints.cancel()
+    await node.broker.stop()
+    await node.checkpoint()
+    node.store.close()
     log.info("stopped")
 
 

@@ -343,6 +343,11 @@ class Store:
         self.log.append(records.encode(kind, now_ms, items))
         self._pending.append((kind, now_ms, items))
 
+    @property
+    def pending_records(self) -> int:
+        """Records appended and not yet applied (see `sync_log`)."""
+        return len(self._pending)
+
     def sync_log(self) -> int:
         """fsync everything appended so far; returns how many records are now
         durable and may be applied. Safe to run in a worker thread."""

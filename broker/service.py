@@ -1,0 +1,583 @@
+"""The message lifecycle of one node: SPEC.md section 3 over the disk store.
+
+Where each state lives:
+
+    1 WAITING     on disk only; the timing wheel (wheel.Scheduler) reads it
+                  back a few seconds before its trigger and releases it
+    2 READY       on disk, and in RAM in its topic's ready queue, ordered
+                  by (-priority, triggerTime), with an expiry timer
+    3 CONSUMING   on disk, and in RAM with an ack-deadline timer
+    4..7 final    on disk only, readable by getMsg until the hour retires
+
+Every transition is one status change appended to the commit log
+(`Store.update`); a request is answered only after its change is durable
+(`GroupCommit`). The one change made without a request -- WAITING -> READY
+when the wheel releases a message, and READY/CONSUMING -> retry or end when
+a timer fires -- is durable before the wheel's tick moves past it, so
+after a crash nothing released is lost: READY and CONSUMING messages are
+found again by scanning the hours whose counts say they hold some, and
+WAITING ones by the wheel from its tick. A message that was CONSUMING at a
+crash gets a fresh ack deadline of the server's default ack timeout.
+
+Transitions (now = the clock; expire = triggerTime + ttlMillis):
+
+    release      WAITING -> READY, or EXPIRED (5) if now >= expire
+    pull         READY -> CONSUMING, deadline = now + ackTimeoutMillis
+    ack          CONSUMING or READY -> ACKED
+    nack         CONSUMING -> READY with retry+1, or ENDED (6) past maxRetry
+    ack timeout  CONSUMING -> READY with retry+1, or ENDED (6) past maxRetry
+                 or past expire
+    expiry       READY -> EXPIRED (5) if never delivered (retry 0), else ENDED
+                 (6); a CONSUMING message is left to its ack or ack timeout
+    delete       WAITING, READY or CONSUMING -> DELETED; `release` also frees
+                 the msgId (getMsg answers 404, the id may be sent again)
+
+Long polls wait on their topic; a message becoming READY wakes them at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import logging
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from sortedcontainers import SortedList
+
+from storage.entry import MS_PER_HOUR, IndexEntry, Location, Message, Status
+from storage.errors import InvalidRequest
+from storage.store import NewMessage, SendOutcome, StateChange, Store, text_hash
+from wheel.clock import Clock
+from wheel.driver import WheelDriver
+from wheel.scheduler import Scheduler, SchedulerConfig
+from wheel.tick_state import TickState, TickStateFile
+
+from .metrics import Metrics
+from .params import AckRequest, DeleteRequest, Defaults, LongPollRequest, PullRequest
+
+log = logging.getLogger("hourglass.service")
+
+# getTopicInfo's waitingQueueInfo buckets, as camellia names them: upper
+# bounds of time-until-trigger, in ms.
+WAITING_BUCKETS = (
+    ("sizeOf0To1min", 60_000),
+    ("sizeOf1minTo10min", 600_000),
+    ("sizeOf10minTo30min", 1_800_000),
+    ("sizeOf30minTo1hour", 3_600_000),
+    ("sizeOf1hourTo6hour", 6 * 3_600_000),
+    ("sizeOf6hourTo1day", 24 * 3_600_000),
+    ("sizeOf1dayTo7day", 7 * 24 * 3_600_000),
+    ("sizeOf7dayTo30day", 30 * 24 * 3_600_000),
+    ("sizeOf30dayToInfinite", None),
+)
+
+
+class NotFound(Exception):
+    """No such message or topic: HTTP 404."""
+
+
+class Unavailable(Exception):
+    """The node cannot serve now (starting, stopping): HTTP 503."""
+
+
+def new_msg_id() -> str:
+    return uuid.uuid4().hex
+
+
+@dataclass(slots=True)
+class Live:
+    """A READY or CONSUMING message, as held in RAM (no body)."""
+
+    location: Location
+    topic: str
+    tag_hash: int
+    priority: int
+    trigger_ms: int
+    expire_ms: int
+    max_retry: int
+    retry: int
+    status: Status
+    deadline_ms: int = 0  # CONSUMING: when the ack times out
+
+    @property
+    def key(self) -> tuple[int, int, int, int]:
+        """Ready-queue order: higher priority, then earlier trigger."""
+        return (-self.priority, self.trigger_ms, self.location.hour, self.location.global_index)
+
+
+@dataclass
+class TopicQueue:
+    """One topic's ready messages (all, and by tag hash) and its long polls."""
+
+    name: str
+    ready: SortedList = field(default_factory=SortedList)
+    by_tag: dict[int, SortedList] = field(default_factory=lambda: defaultdict(SortedList))
+    consuming: int = 0
+
+    def add(self, live: Live) -> None:
+        key = live.key
+        self.ready.add(key)
+        self.by_tag[live.tag_hash].add(key)
+
+    def remove(self, live: Live) -> None:
+        key = live.key
+        self.ready.remove(key)
+        tagged = self.by_tag[live.tag_hash]
+        tagged.remove(key)
+        if not tagged:
+            del self.by_tag[live.tag_hash]
+
+    def best(self, tag_hashes: frozenset[int] | None) -> Location | None:
+        """The first ready message (among those tags), without taking it."""
+        if tag_hashes is None:
+            key = self.ready[0] if self.ready else None
+        else:
+            heads = [self.by_tag[t][0] for t in tag_hashes if t in self.by_tag]
+            key = min(heads) if heads else None
+        return None if key is None else Location(key[2], key[3])
+
+
+class GroupCommit:
+    """Makes appended records durable together: many requests, one fsync.
+
+    A request appends its record, then awaits `durable()`; the commit task
+    fsyncs (in a worker thread, so the loop keeps taking requests) every
+    record appended so far, applies them to the derived files, hands the new
+    index entries to `on_entries`, and wakes those requests."""
+
+    def __init__(self, store: Store, on_entries: Callable[[list[IndexEntry]], None], metrics: Metrics) -> None:
+        self._store = store
+        self._on_entries = on_entries
+        self._metrics = metrics
+        self._waiting: list[asyncio.Future] = []
+        self._kick = asyncio.Event()
+        self._failed: BaseException | None = None
+
+    async def durable(self) -> None:
+        if self._failed is not None:
+            raise Unavailable(f"the commit log failed: {self._failed}")
+        future = asyncio.get_running_loop().create_future()
+        self._waiting.append(future)
+        self._kick.set()
+        await future
+
+    async def run(self) -> None:
+        store = self._store
+        while True:
+            await self._kick.wait()
+            self._kick.clear()
+            waiting, self._waiting = self._waiting, []
+            count = store.pending_records
+            try:
+                if count:
+                    started = time.perf_counter()
+                    await asyncio.to_thread(store.log.sync)
+                    self._metrics.fsync_seconds.observe(time.perf_counter() - started)
+                    self._on_entries(store.apply_pending(count))
+            except BaseException as e:  # a failed fsync: nothing more may be answered 200
+                self._failed = e
+                for future in waiting + self._waiting:
+                    if not future.done():
+                        future.set_exception(Unavailable(f"the commit log failed: {e}"))
+                raise
+            for future in waiting:
+                if not future.done():
+                    future.set_result(None)
+
+    async def flush(self) -> None:
+        """Commit whatever is pending (used at stop)."""
+        if self._store.pending_records:
+            await self.durable()
+
+
+class Broker:
+    """One standalone node's queues over a `Store`. All methods run on the
+    event loop; `start()` launches the commit, wheel and timer tasks."""
+
+    def __init__(self, store: Store, clock: Clock, defaults: Defaults, metrics: Metrics, *,
+                 tick_path: str, scheduler_config: SchedulerConfig | None = None) -> None:
+        self.store = store
+        self.clock = clock
+        self.defaults = defaults
+        self.metrics = metrics
+        self.topics: dict[str, TopicQueue] = {}
+        self.live: dict[Location, Live] = {}
+        self._timers: list[tuple[int, int, Location, str]] = []  # (due_ms, seq, location, "ack" | "expire")
+        self._timer_seq = itertools.count()
+        self._timer_wake = asyncio.Event()
+        self._waiters: dict[str, list[asyncio.Future]] = defaultdict(list)
+        self._stopping = False
+        self._tick_file = TickStateFile(tick_path, fsync=True)
+        now_ms = clock.now_ms()
+        self._recover(now_ms)
+        self.scheduler = Scheduler(store, self._tick_file.state, now_ms, scheduler_config or SchedulerConfig())
+        self.commits = GroupCommit(store, self._on_committed, metrics)
+        self.driver = WheelDriver(self.scheduler, clock, self._release, persist_tick=self._persist_tick)
+        self._tasks: list[asyncio.Task] = []
+
+    # == lifetime ================================================================
+
+    def start(self) -> None:
+        self._tasks = [asyncio.create_task(self.commits.run(), name="group-commit"),
+                       asyncio.create_task(self.driver.run(), name="wheel"),
+                       asyncio.create_task(self._run_timers(), name="timers")]
+        for task in self._tasks:
+            task.add_done_callback(self._task_ended)
+
+    def _task_ended(self, task: asyncio.Task) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            log.critical("task %s failed: %r; the node stops serving", task.get_name(), task.exception())
+            self._stopping = True
+            self.wake_all()
+
+    def begin_stop(self) -> None:
+        """Refuse new work and answer every long poll now."""
+        self._stopping = True
+        self.wake_all()
+
+    async def stop(self) -> None:
+        """After the HTTP server has finished its requests: stop the wheel
+        (persisting its tick), commit, stop the tasks."""
+        self.begin_stop()
+        self.driver.stop()
+        self._timer_wake.set()
+        wheel, timers = self._tasks[1], self._tasks[2]
+        await asyncio.wait([wheel, timers], timeout=10)
+        await self.commits.flush()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tick_file.close()
+
+    def _check_serving(self) -> None:
+        if self._stopping:
+            raise Unavailable("the node is stopping")
+
+    # == recovery ==================================================================
+
+    def _recover(self, now_ms: int) -> None:
+        """Put READY and CONSUMING messages back in RAM: scan the hours whose
+        counts say they hold some (normally only the last few)."""
+        hours = set()
+        for topic_hash in self.store.topic_names():
+            for hour, counts in self.store.topic_hours(topic_hash):
+                if counts[Status.READY] or counts[Status.CONSUMING]:
+                    hours.add(hour)
+        found = 0
+        for hour in sorted(hours):
+            for entry in self.store.hour_entries(hour):
+                if entry.status in (Status.READY, Status.CONSUMING):
+                    message = self.store.read_message(entry.location)
+                    if message is not None:
+                        live = self._hold(message, entry.tag_hash)
+                        if live.status is Status.CONSUMING:
+                            self._consume(live, now_ms + self.defaults.ack_timeout_ms)
+                        found += 1
+        if found:
+            log.info("recovered %d ready or consuming messages from %d hours", found, len(hours))
+
+    # == the wheel's side ======================================================
+
+    def _on_committed(self, entries: list[IndexEntry]) -> None:
+        on_new = self.scheduler.on_new
+        for entry in entries:
+            on_new(entry)
+
+    def _release(self, entries: list[IndexEntry]) -> None:
+        """Released by the wheel: due now. Becomes READY (or EXPIRED)."""
+        now_ms = self.clock.now_ms()
+        changes = []
+        woken = set()
+        for entry in entries:
+            message = self.store.read_message(entry.location)
+            if message is None or message.status is not Status.WAITING:
+                continue
+            self.metrics.lateness_seconds.observe(max(0, now_ms - message.trigger_ms) / 1000)
+            if now_ms >= message.expire_ms:
+                changes.append(StateChange(message.location, Status.EXPIRED, 0))
+                self.metrics.topic(message.topic).ended += 1
+                continue
+            changes.append(StateChange(message.location, Status.READY, 0))
+            self._hold(message._replace(status=Status.READY), entry.tag_hash)
+            m = self.metrics.topic(message.topic)
+            m.ready += 1
+            m.ready_gap.observe(now_ms - message.trigger_ms)
+            woken.add(message.topic)
+        if changes:
+            self.store.update(changes, now_ms)
+        for topic in woken:
+            self._wake(topic)
+
+    async def _persist_tick(self, tick: TickState) -> None:
+        """The tick moves only past releases that are durable."""
+        await self.commits.durable()
+        self._tick_file.write(tick)
+
+    # == RAM state of READY / CONSUMING messages =================================
+
+    def _hold(self, message: Message, tag_hash: int) -> Live:
+        live = Live(message.location, message.topic, tag_hash, message.priority, message.trigger_ms,
+                    message.expire_ms, message.max_retry, message.retry, message.status)
+        self.live[live.location] = live
+        queue = self._queue(message.topic)
+        if live.status is Status.READY:
+            queue.add(live)
+            self._timer(live.expire_ms, live.location, "expire")
+        else:
+            queue.consuming += 1
+        return live
+
+    def _queue(self, topic: str) -> TopicQueue:
+        queue = self.topics.get(topic)
+        if queue is None:
+            queue = self.topics[topic] = TopicQueue(topic)
+        return queue
+
+    def _consume(self, live: Live, deadline_ms: int) -> None:
+        queue = self.topics[live.topic]
+        if live.status is Status.READY:
+            queue.remove(live)
+            queue.consuming += 1
+        live.status, live.deadline_ms = Status.CONSUMING, deadline_ms
+        self._timer(deadline_ms, live.location, "ack")
+
+    def _requeue(self, live: Live, retry: int) -> None:
+        """CONSUMING -> READY with `retry`."""
+        queue = self.topics[live.topic]
+        queue.consuming -= 1
+        live.status, live.retry = Status.READY, retry
+        queue.add(live)
+        self._timer(live.expire_ms, live.location, "expire")
+
+    def _forget(self, live: Live) -> None:
+        queue = self.topics[live.topic]
+        if live.status is Status.READY:
+            queue.remove(live)
+        else:
+            queue.consuming -= 1
+        del self.live[live.location]
+
+    def _retry_or_end(self, live: Live, now_ms: int) -> StateChange:
+        """The message goes back to READY with retry+1, or ends (6)."""
+        m = self.metrics.topic(live.topic)
+        if live.retry >= live.max_retry or now_ms >= live.expire_ms:
+            self._forget(live)
+            m.ended += 1
+            return StateChange(live.location, Status.ENDED, live.retry)
+        self._requeue(live, live.retry + 1)
+        m.retries += 1
+        self._wake(live.topic)
+        return StateChange(live.location, Status.READY, live.retry)
+
+    # == timers: ack deadlines and expiries ======================================
+
+    def _timer(self, due_ms: int, location: Location, kind: str) -> None:
+        first = self._timers[0][0] if self._timers else None
+        heapq.heappush(self._timers, (due_ms, next(self._timer_seq), location, kind))
+        if first is None or due_ms < first:
+            self._timer_wake.set()
+
+    async def _run_timers(self) -> None:
+        while not self._stopping:
+            self._timer_wake.clear()
+            now_ms = self.clock.now_ms()
+            changes = []
+            while self._timers and self._timers[0][0] <= now_ms:
+                due_ms, _, location, kind = heapq.heappop(self._timers)
+                live = self.live.get(location)
+                if live is None:
+                    continue
+                if kind == "ack" and live.status is Status.CONSUMING and live.deadline_ms == due_ms:
+                    changes.append(self._retry_or_end(live, now_ms))
+                elif kind == "expire" and live.status is Status.READY and now_ms >= live.expire_ms:
+                    self._forget(live)
+                    self.metrics.topic(live.topic).ended += 1
+                    changes.append(StateChange(location, Status.EXPIRED if live.retry == 0 else Status.ENDED,
+                                               live.retry))
+            if changes:
+                self.store.update(changes, now_ms)
+                await self.commits.durable()
+            due = self._timers[0][0] if self._timers else None
+            await self.clock.sleep_until(due, self._timer_wake)
+
+    # == long polls ==============================================================
+
+    def _wake(self, topic: str) -> None:
+        for future in self._waiters.pop(topic, ()):
+            if not future.done():
+                future.set_result(None)
+
+    def wake_all(self) -> None:
+        for topic in list(self._waiters):
+            self._wake(topic)
+
+    # == requests ================================================================
+
+    async def send(self, batch: Sequence[NewMessage]) -> list[Message]:
+        """Store new messages (a duplicate id answers the stored message,
+        unchanged); answered once durable."""
+        self._check_serving()
+        results = self.store.send(batch, batch[0].produce_ms if batch else self.clock.now_ms())
+        for r in results:
+            m = self.metrics.topic(r.message.topic)
+            if r.outcome is SendOutcome.STORED:
+                m.sends += 1
+            else:
+                m.duplicates += 1
+        await self.commits.durable()
+        return [r.message for r in results]
+
+    async def pull(self, request: PullRequest | LongPollRequest) -> list[Message]:
+        """Up to `batch` READY messages of the topic, now CONSUMING."""
+        self._check_serving()
+        queue = self.topics.get(request.topic)
+        if queue is None or not queue.ready:
+            return []
+        tag_hashes = frozenset(text_hash(t) for t in request.tags) if request.tags else None
+        now_ms = self.clock.now_ms()
+        taken: list[Live] = []
+        while len(taken) < request.batch:
+            location = queue.best(tag_hashes)
+            if location is None:
+                break
+            live = self.live[location]
+            self._consume(live, now_ms + request.ack_timeout_ms)
+            taken.append(live)
+        if not taken:
+            return []
+        self.store.update([StateChange(live.location, Status.CONSUMING, live.retry) for live in taken], now_ms)
+        messages = [self.store.read_message(live.location) for live in taken]
+        m = self.metrics.topic(request.topic)
+        m.pulls += len(taken)
+        for message in messages:
+            m.pull_gap.observe(now_ms - message.trigger_ms)
+        await self.commits.durable()
+        return messages
+
+    async def long_poll(self, request: LongPollRequest) -> list[Message]:
+        """As pull, but waits up to the timeout for a message to be READY."""
+        deadline = time.monotonic() + request.long_polling_timeout_ms / 1000
+        while True:
+            if self._stopping:  # answered, possibly empty, as the node stops
+                return []
+            messages = await self.pull(request)
+            remaining = deadline - time.monotonic()
+            if messages or remaining <= 0:
+                return messages
+            future = asyncio.get_running_loop().create_future()
+            self._waiters[request.topic].append(future)
+            try:
+                await asyncio.wait_for(future, remaining)
+            except TimeoutError:
+                pass
+            finally:
+                waiters = self._waiters.get(request.topic)
+                if waiters and future in waiters:
+                    waiters.remove(future)
+                    if not waiters:
+                        del self._waiters[request.topic]
+
+    def _message(self, topic: str, msg_id: str) -> Message:
+        message = self.store.get(topic, msg_id)
+        if message is None:
+            raise NotFound(f"no message {msg_id!r} in topic {topic!r}")
+        return message
+
+    async def ack(self, request: AckRequest) -> None:
+        """ack: CONSUMING or READY -> ACKED (acking an acked message is a
+        no-op). nack: CONSUMING -> READY now with retry+1, or ENDED."""
+        self._check_serving()
+        message = self._message(request.topic, request.msg_id)
+        live = self.live.get(message.location)
+        now_ms = self.clock.now_ms()
+        m = self.metrics.topic(request.topic)
+        if request.ack:
+            if message.status is Status.ACKED:
+                return
+            if live is None:
+                raise InvalidRequest("msgId", f"message is in status {int(message.status)} "
+                                              f"({message.status.name.lower()}), not deliverable: cannot ack")
+            self._forget(live)
+            change = StateChange(live.location, Status.ACKED, live.retry)
+            m.acks += 1
+        else:
+            if live is None or live.status is not Status.CONSUMING:
+                raise InvalidRequest("msgId", f"message is in status {int(message.status)} "
+                                              f"({message.status.name.lower()}), not consuming: cannot nack")
+            change = self._retry_or_end(live, now_ms)
+            m.nacks += 1
+        self.store.update([change], now_ms)
+        await self.commits.durable()
+
+    async def delete(self, request: DeleteRequest) -> None:
+        """WAITING, READY or CONSUMING -> DELETED; `release` also frees the id.
+        Deleting an ended message changes nothing unless `release` is set."""
+        self._check_serving()
+        message = self._message(request.topic, request.msg_id)
+        status = message.status
+        if status is Status.WAITING:
+            self.scheduler.cancel(message.location)
+            status = Status.DELETED
+        elif status in (Status.READY, Status.CONSUMING):
+            live = self.live.get(message.location)
+            if live is not None:
+                self._forget(live)
+            status = Status.DELETED
+        elif not request.release:
+            return
+        self.store.update([StateChange(message.location, status, message.retry, released=request.release)],
+                          self.clock.now_ms())
+        self.metrics.topic(request.topic).deletes += 1
+        await self.commits.durable()
+
+    def get(self, topic: str, msg_id: str) -> Message:
+        self._check_serving()
+        self.metrics.topic(topic).gets += 1
+        return self._message(topic, msg_id)
+
+    # == topic information =======================================================
+
+    def topic_info(self, topic: str) -> dict:
+        """camellia's TopicInfo: queue sizes and the waiting queue's delay
+        buckets. Counts cover committed changes."""
+        topic_hash = text_hash(topic)
+        hours = self.store.topic_hours(topic_hash) if self.store.topic_names().get(topic_hash) == topic else []
+        if not hours and topic not in self.topics:
+            raise NotFound(f"no topic {topic!r}")
+        now_ms = self.clock.now_ms()
+        buckets = [0] * len(WAITING_BUCKETS)
+        totals = [0] * 8
+        for hour, counts in hours:
+            totals = [a + b for a, b in zip(totals, counts)]
+            if not counts[Status.WAITING]:
+                continue
+            first = _bucket(hour * MS_PER_HOUR - now_ms)
+            if first == _bucket((hour + 1) * MS_PER_HOUR - 1 - now_ms):
+                buckets[first] += counts[Status.WAITING]
+                continue
+            for entry in self.store.hour_entries(hour):  # the hour straddles a bucket edge
+                if entry.topic_hash == topic_hash and entry.status is Status.WAITING:
+                    buckets[_bucket(entry.trigger_ms - now_ms)] += 1
+        return {
+            "topic": topic,
+            "waitingQueueSize": totals[Status.WAITING],
+            "waitingQueueInfo": {name: n for (name, _), n in zip(WAITING_BUCKETS, buckets)},
+            "readyQueueSize": totals[Status.READY],
+            "ackQueueSize": totals[Status.CONSUMING],
+        }
+
+    def topic_list(self) -> list[str]:
+        names = set(self.store.topic_names().values()) | set(self.topics)
+        return sorted(names)
+
+
+def _bucket(until_trigger_ms: int) -> int:
+    for i, (_, upper) in enumerate(WAITING_BUCKETS):
+        if upper is None or until_trigger_ms < upper:
+            return i
+    raise AssertionError("the last bucket is unbounded")
