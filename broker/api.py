@@ -154,10 +154,10 @@ class Api:
 
     async def topic_info(self, request: web.Request) -> web.Response:
         topic = params.parse_topic(await self._params(request)).topic
-        return answer(200, "success", data=self.broker.topic_info(topic))
+        return answer(200, "success", data=await self.broker.topic_info(topic))
 
     async def topic_info_list(self, request: web.Request) -> web.Response:
-        return answer(200, "success", data=[self.broker.topic_info(t) for t in self.broker.topic_list()])
+        return answer(200, "success", data=[await self.broker.topic_info(t) for t in self.broker.topic_list()])
 
 
 def parse_form(raw: bytes) -> dict[str, str]:

@@ -542,9 +542,10 @@ class Broker:
 
     # == topic information =======================================================
 
-    def topic_info(self, topic: str) -> dict:
+    async def topic_info(self, topic: str) -> dict:
         """camellia's TopicInfo: queue sizes and the waiting queue's delay
-        buckets. Counts cover committed changes."""
+        buckets, once every change made so far is committed."""
+        await self.commits.flush()
         topic_hash = text_hash(topic)
         hours = self.store.topic_hours(topic_hash) if self.store.topic_names().get(topic_hash) == topic else []
         if not hours and topic not in self.topics:

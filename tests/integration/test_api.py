@@ -1,0 +1,382 @@
+"""Every endpoint and state transition of SPEC 2-3, over HTTP, on one real
+`hourglass serve` process (fresh topic names per test)."""
+
+import json
+import time
+import urllib.parse
+import uuid
+
+import pytest
+from serving import Server, request
+
+pytestmark = pytest.mark.slow
+
+MAX_MSG_BYTES = 1000
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    server = Server.start(tmp_path_factory.mktemp("api") / "data", "--max-msg-bytes", str(MAX_MSG_BYTES))
+    yield server
+    assert server.stop() == 0
+
+
+@pytest.fixture
+def topic():
+    return "t-" + uuid.uuid4().hex[:12]
+
+
+def send(server, topic, msg="m", **params):
+    status, body = server.post("sendMsg", topic=topic, msg=msg, **params)
+    assert status == 200, body
+    return body["delayMsg"]
+
+
+def pull(server, topic, **params):
+    status, body = server.post("pullMsg", topic=topic, **params)
+    assert status == 200, body
+    return body["delayMsgList"]
+
+
+def get(server, topic, msg_id):
+    status, body = server.post("getMsg", topic=topic, msgId=msg_id)
+    return body["delayMsg"] if status == 200 else status
+
+
+def pull_until(server, topic, count, timeout_s=5, **params):
+    """Long-poll until `count` messages came (or the timeout)."""
+    got, deadline = [], time.monotonic() + timeout_s
+    while len(got) < count and time.monotonic() < deadline:
+        status, body = server.post("longPollingMsg", topic=topic, batch=count - len(got),
+                                   longPollingTimeoutMillis=500, **params)
+        assert status == 200, body
+        got += body["delayMsgList"]
+    return got
+
+
+def info(server, topic):
+    status, body = server.get("getTopicInfo", topic=topic)
+    return body["data"] if status == 200 else status
+
+
+# -- send ------------------------------------------------------------------------
+
+
+def test_send_answers_camellia_delay_msg(server, topic):
+    before = int(time.time() * 1000)
+    m = send(server, topic, "hello", msgId="a", delayMillis=5000, ttlMillis=7000, maxRetry=2)
+    assert set(m) == {"topic", "msgId", "msg", "produceTime", "triggerTime", "expireTime", "maxRetry", "retry",
+                      "status", "priority", "tag"}
+    assert (m["topic"], m["msgId"], m["msg"], m["maxRetry"], m["retry"], m["status"]) == (topic, "a", "hello", 2, 0, 1)
+    assert before <= m["produceTime"] <= int(time.time() * 1000)
+    assert m["triggerTime"] == m["produceTime"] + 5000 and m["expireTime"] == m["triggerTime"] + 7000
+    assert get(server, topic, "a") == m
+
+
+def test_defaults_apply_to_absent_empty_or_negative(server, topic):
+    m = send(server, topic, msgId="d", ttlMillis="", maxRetry=-1)
+    assert m["maxRetry"] == 10 and m["expireTime"] - m["triggerTime"] == 3_600_000
+    m = send(server, topic, msgId="d2", ttlMillis=-5)
+    assert m["expireTime"] - m["triggerTime"] == 3_600_000
+
+
+def test_server_made_ids_are_unique(server, topic):
+    ids = {send(server, topic)["msgId"] for _ in range(5)}
+    assert len(ids) == 5 and all(ids)
+
+
+def test_duplicate_id_answers_the_stored_message_unchanged(server, topic):
+    first = send(server, topic, "one", msgId="x", delayMillis=60000)
+    again = send(server, topic, "two", msgId="x", delayMillis=1)
+    assert again == first
+    assert info(server, topic)["waitingQueueSize"] == 1
+
+
+def test_absolute_trigger_time_wins(server, topic):
+    trigger = int(time.time() * 1000) + 3_600_000
+    m = send(server, topic, msgId="abs", triggerTime=trigger, delayMillis=5)
+    assert m["triggerTime"] == trigger
+
+
+def test_json_body_and_batch(server, topic):
+    status, body = server.post_json("sendMsg", {"topic": topic, "msg": "j", "msgId": "j1", "delayMillis": 10})
+    assert status == 200 and body["delayMsg"]["msgId"] == "j1"
+    status, body = server.post_json("sendMsgBatch", {"topic": topic, "msgs": [
+        {"msg": "b0", "msgId": "b0"}, {"msg": "b1", "msgId": "b1", "delayMillis": 60000, "priority": 3},
+        {"msg": "dup", "msgId": "j1"}]})
+    assert status == 200
+    listed = body["delayMsgList"]
+    assert [m["msgId"] for m in listed] == ["b0", "b1", "j1"]
+    assert listed[1]["priority"] == 3 and listed[2]["msg"] == "j"  # the stored one, unchanged
+
+
+def test_a_bad_batch_item_stores_nothing(server, topic):
+    status, body = server.post_json("sendMsgBatch", {"topic": topic, "msgs": [
+        {"msg": "ok", "msgId": "ok1"}, {"msg": "bad", "msgId": "bad", "delayMillis": "soon"}]})
+    assert status == 400 and "msgs[1].delayMillis" in body["msg"]
+    assert get(server, topic, "ok1") == 404
+    assert info(server, topic) == 404
+
+
+# -- pull, ack, nack, retry, ttl --------------------------------------------------------
+
+
+def test_lifecycle_ready_consuming_acked(server, topic):
+    send(server, topic, msgId="a", delayMillis=300)
+    assert pull(server, topic) == []  # not due yet: never early
+    got = pull_until(server, topic, 1)
+    assert [m["msgId"] for m in got] == ["a"] and got[0]["status"] == 3
+    assert int(time.time() * 1000) >= got[0]["triggerTime"]
+    assert get(server, topic, "a")["status"] == 3
+    assert server.post("ackMsg", topic=topic, msgId="a")[0] == 200
+    assert get(server, topic, "a")["status"] == 4
+    assert server.post("ackMsg", topic=topic, msgId="a")[0] == 200  # acking twice is harmless
+
+
+def test_due_message_is_ready_before_pull(server, topic):
+    send(server, topic, msgId="r")
+    deadline = time.monotonic() + 5
+    while get(server, topic, "r")["status"] != 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert get(server, topic, "r")["status"] == 2
+    assert info(server, topic)["readyQueueSize"] == 1
+
+
+def test_priority_then_trigger_order(server, topic):
+    now = int(time.time() * 1000)
+    send(server, topic, msgId="late-low", triggerTime=now - 1000)
+    send(server, topic, msgId="high", triggerTime=now, priority=5)
+    send(server, topic, msgId="early-low", triggerTime=now - 2000)
+    time.sleep(0.3)
+    got = pull(server, topic, batch=3)
+    assert [m["msgId"] for m in got] == ["high", "early-low", "late-low"]
+
+
+def test_ack_timeout_redelivers_with_retry_then_ends(server, topic):
+    send(server, topic, msgId="t", maxRetry=1)
+    first = pull_until(server, topic, 1, ackTimeoutMillis=200)
+    assert first[0]["retry"] == 0
+    second = pull_until(server, topic, 1, ackTimeoutMillis=200)
+    assert second[0]["msgId"] == "t" and second[0]["retry"] == 1
+    deadline = time.monotonic() + 5
+    while get(server, topic, "t")["status"] == 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert get(server, topic, "t")["status"] == 6  # maxRetry=1: two deliveries, then ended
+    assert pull_until(server, topic, 1, timeout_s=0.6) == []
+
+
+def test_nack_makes_it_ready_now_with_retry(server, topic):
+    send(server, topic, msgId="n", maxRetry=0)
+    send(server, topic, msgId="n2", maxRetry=3)
+    got = pull_until(server, topic, 2, ackTimeoutMillis=600000)
+    assert {m["msgId"] for m in got} == {"n", "n2"}
+    assert server.post("ackMsg", topic=topic, msgId="n2", ack="false")[0] == 200
+    again = pull_until(server, topic, 1)
+    assert again[0]["msgId"] == "n2" and again[0]["retry"] == 1
+    assert server.post("ackMsg", topic=topic, msgId="n", ack="false")[0] == 200
+    assert get(server, topic, "n")["status"] == 6  # maxRetry=0: one delivery only
+
+
+def test_ttl_ends_never_delivered_message_as_expired(server, topic):
+    send(server, topic, msgId="e", ttlMillis=100)
+    deadline = time.monotonic() + 5
+    while get(server, topic, "e")["status"] in (1, 2) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert get(server, topic, "e")["status"] == 5
+    assert pull(server, topic) == []
+
+
+def test_ttl_after_a_delivery_ends_as_6(server, topic):
+    send(server, topic, msgId="e6", ttlMillis=400, maxRetry=5)
+    assert pull_until(server, topic, 1, ackTimeoutMillis=100)[0]["msgId"] == "e6"
+    deadline = time.monotonic() + 5
+    while get(server, topic, "e6")["status"] not in (5, 6) and time.monotonic() < deadline:
+        pull(server, topic, ackTimeoutMillis=100)
+        time.sleep(0.02)
+    assert get(server, topic, "e6")["status"] == 6
+
+
+def test_tags_filter_pulls(server, topic):
+    send(server, topic, msgId="a", tag="red")
+    send(server, topic, msgId="b", tag="blue")
+    send(server, topic, msgId="c")
+    time.sleep(0.2)
+    got = pull_until(server, topic, 1, tags="blue,green")
+    assert [m["msgId"] for m in got] == ["b"] and got[0]["tag"] == "blue"
+    assert {m["msgId"] for m in pull_until(server, topic, 2, timeout_s=1)} == {"a", "c"}
+
+
+def test_ack_of_waiting_message_is_refused(server, topic):
+    send(server, topic, msgId="w", delayMillis=600000)
+    status, body = server.post("ackMsg", topic=topic, msgId="w")
+    assert status == 400 and "msgId" in body["msg"]
+    assert get(server, topic, "w")["status"] == 1
+
+
+# -- long polling --------------------------------------------------------------------------
+
+
+def test_long_poll_is_woken_when_the_message_is_due(server, topic):
+    send(server, topic, msgId="lp", delayMillis=700)
+    started = time.monotonic()
+    status, body = server.post("longPollingMsg", topic=topic, longPollingTimeoutMillis=5000)
+    waited = time.monotonic() - started
+    assert status == 200 and [m["msgId"] for m in body["delayMsgList"]] == ["lp"]
+    assert 0.3 < waited < 4
+
+
+def test_long_poll_times_out_empty(server, topic):
+    started = time.monotonic()
+    status, body = server.post("longPollingMsg", topic=topic, longPollingTimeoutMillis=300)
+    assert status == 200 and body["delayMsgList"] == []
+    assert 0.25 <= time.monotonic() - started < 3
+
+
+def test_pull_of_unknown_topic_is_empty(server, topic):
+    assert pull(server, topic) == []
+
+
+# -- delete, get ------------------------------------------------------------------------------
+
+
+def test_delete_waiting_ready_and_consuming(server, topic):
+    send(server, topic, msgId="w", delayMillis=600000)
+    send(server, topic, msgId="c")
+    assert pull_until(server, topic, 1)[0]["msgId"] == "c"
+    send(server, topic, msgId="r")
+    time.sleep(0.2)
+    for msg_id in ("w", "r", "c"):
+        assert server.post("deleteMsg", topic=topic, msgId=msg_id)[0] == 200
+        assert get(server, topic, msg_id)["status"] == 7
+    assert pull(server, topic, batch=5) == []
+    assert info(server, topic)["waitingQueueSize"] == 0
+
+
+def test_delete_with_release_forgets_the_id(server, topic):
+    send(server, topic, "old", msgId="x", delayMillis=600000)
+    assert server.post("deleteMsg", topic=topic, msgId="x", release="true")[0] == 200
+    assert get(server, topic, "x") == 404
+    assert send(server, topic, "new", msgId="x")["msg"] == "new"
+
+
+def test_unknown_message_is_404(server, topic):
+    for endpoint in ("getMsg", "ackMsg", "deleteMsg"):
+        status, body = server.post(endpoint, topic=topic, msgId="nope")
+        assert status == 404 and body["code"] == 404
+
+
+# -- topic info, monitor data -----------------------------------------------------------------
+
+
+def test_topic_info_buckets_and_list(server, topic):
+    minute = 60_000
+    for i, delay in enumerate([0.5 * minute, 5 * minute, 20 * minute, 45 * minute, 3 * 60 * minute,
+                               12 * 60 * minute, 3 * 1440 * minute, 20 * 1440 * minute, 40 * 1440 * minute]):
+        send(server, topic, msgId=f"m{i}", delayMillis=int(delay))
+    data = info(server, topic)
+    assert data["topic"] == topic and data["waitingQueueSize"] == 9
+    assert list(data["waitingQueueInfo"].values()) == [1] * 9
+    assert list(data["waitingQueueInfo"]) == [
+        "sizeOf0To1min", "sizeOf1minTo10min", "sizeOf10minTo30min", "sizeOf30minTo1hour", "sizeOf1hourTo6hour",
+        "sizeOf6hourTo1day", "sizeOf1dayTo7day", "sizeOf7dayTo30day", "sizeOf30dayToInfinite"]
+    assert (data["readyQueueSize"], data["ackQueueSize"]) == (0, 0)
+    status, body = server.get("getTopicInfoList")
+    assert status == 200 and any(d["topic"] == topic and d["waitingQueueSize"] == 9 for d in body["data"])
+    assert info(server, "never-" + topic) == 404
+
+
+def test_monitor_data_shape(server, topic):
+    send(server, topic, msgId="a")
+    pull_until(server, topic, 1)
+    server.post("ackMsg", topic=topic, msgId="a")
+    status, body = server.get("getMonitorData")
+    assert status == 200
+    stats = [s for s in body["data"]["requestStatsList"] if s["topic"] == topic]
+    assert stats == [{"topic": topic, "sendMsg": 1, "pullMsg": 1, "deleteMsg": 0, "ackMsg": 1, "getMsg": 0,
+                      "triggerMsgReady": 1, "triggerMsgEndLife": 0, "triggerMsgTimeout": 0}]
+    gaps = [g for g in body["data"]["pullMsgTimeGapStatsList"] if g["topic"] == topic]
+    assert gaps and set(gaps[0]) == {"topic", "count", "avg", "max"}
+    assert "readyQueueTimeGapStatsList" in body["data"]
+
+
+def test_prometheus_metrics(server, topic):
+    send(server, topic, msgId="a", delayMillis=600000)
+    status, text = server.get("/metrics")
+    text = text.decode()
+    assert status == 200
+    assert f'hourglass_sends_total{{topic="{topic}"}} 1' in text
+    assert f'hourglass_waiting_messages{{topic="{topic}"}} 1' in text
+    assert "hourglass_dispatch_lateness_seconds_bucket" in text and "hourglass_fsync_seconds_count" in text
+
+
+# -- bad input ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("params, named", [
+    ({"msg": "x"}, "topic"),
+    ({"topic": "T"}, "msg"),
+    ({"topic": "T", "msg": "x", "delayMillis": "-1"}, "delayMillis"),
+    ({"topic": "T", "msg": "x", "delayMillis": "1.5"}, "delayMillis"),
+    ({"topic": "T", "msg": "x", "ttlMillis": "abc"}, "ttlMillis"),
+    ({"topic": "T", "msg": "x", "priority": "99999"}, "priority"),
+    ({"topic": "T", "msg": "x", "triggerTime": "-3"}, "triggerTime"),
+    ({"topic": "T", "msg": "x", "tag": "a,b"}, "tag"),
+    ({"topic": "x" * 300, "msg": "x"}, "topic"),
+])
+def test_bad_send_parameters_are_named_and_nothing_is_stored(server, topic, params, named):
+    params = {k: (topic if v == "T" else v) for k, v in params.items()}
+    status, body = server.post("sendMsg", msgId="bad", **params)
+    assert status == 400 and body["code"] == 400 and body["msg"].startswith(named), body
+    assert get(server, topic, "bad") == 404
+
+
+def test_message_size_limit_counts_utf8_bytes(server, topic):
+    at_limit = "é" * (MAX_MSG_BYTES // 2)
+    assert send(server, topic, at_limit, msgId="fits")["msg"] == at_limit
+    status, body = server.post("sendMsg", topic=topic, msg=at_limit + "x", msgId="big")
+    assert status == 413 and body["code"] == 413 and "msg" in body["msg"]
+    assert get(server, topic, "big") == 404
+
+
+def test_oversized_body_is_refused_before_it_is_read(server, topic):
+    data = b"topic=" + topic.encode() + b"&msg=" + b"x" * (4 * MAX_MSG_BYTES + 70_000)
+    status, body = request(server.base + "/camellia/delayQueue/sendMsg", data=data,
+                           headers={"Content-Type": "application/x-www-form-urlencoded"})
+    assert status == 413 and json.loads(body)["code"] == 413
+
+
+def test_invalid_utf8_is_400_and_nothing_is_stored(server, topic):
+    data = b"topic=" + topic.encode() + b"&msgId=u&msg=%ff%fe"
+    status, body = request(server.base + "/camellia/delayQueue/sendMsg", data=data,
+                           headers={"Content-Type": "application/x-www-form-urlencoded"})
+    assert status == 400 and "msg" in json.loads(body)["msg"]
+    assert get(server, topic, "u") == 404
+    status, body = request(server.base + "/camellia/delayQueue/sendMsg", data=b'{"topic": "\xff"}',
+                           headers={"Content-Type": "application/json"})
+    assert status == 400
+
+
+def test_bad_json_and_wrong_method_answer_json(server, topic):
+    status, body = request(server.base + "/camellia/delayQueue/sendMsgBatch", data=b"[1,2",
+                           headers={"Content-Type": "application/json"})
+    assert status == 400 and json.loads(body)["code"] == 400
+    status, body = server.get("sendMsg", topic=topic)
+    assert status == 405 and body["code"] == 405
+    status, body = server.get("noSuchEndpoint")
+    assert status == 404 and body["code"] == 404
+
+
+def test_pull_parameters_validated(server, topic):
+    status, body = server.post("pullMsg", topic=topic, batch="many")
+    assert status == 400 and body["msg"].startswith("batch")
+    status, body = server.post("pullMsg", topic=topic, batch="-1", ackTimeoutMillis="")
+    assert status == 200  # negative or empty: the default
+    status, body = server.post("longPollingMsg", topic=topic, longPollingTimeoutMillis="x")
+    assert status == 400 and body["msg"].startswith("longPollingTimeoutMillis")
+
+
+def test_get_query_string_parameters(server, topic):
+    send(server, topic, msgId="q", delayMillis=600000)
+    query = urllib.parse.urlencode({"topic": topic})
+    status, body = request(server.base + "/camellia/delayQueue/getTopicInfo?" + query)
+    assert status == 200 and json.loads(body)["data"]["waitingQueueSize"] == 1
