@@ -34,7 +34,7 @@ messages that come back after their ack timeout.
 Redirects. A follower may answer 307/308 with the leader's address. aiohttp
 would follow it but drops `Authorization` when the port changes (a new
 origin), so this client follows up to `MAX_REDIRECTS` itself and keeps the
-token: it is a cluster's token, sent only where its nodes point.
+token: it is the cluster's token, and it goes wherever a node redirects.
 """
 
 from __future__ import annotations
@@ -226,7 +226,9 @@ class DelayQueueClient:
         await self._call("POST", "ackMsg", form={"topic": topic, "msgId": msg_id})
 
     async def nack(self, topic: str, msg_id: str) -> None:
-        """ackMsg with ack=false: deliverable again now, with retry + 1."""
+        """ackMsg with ack=false: deliverable again now, with retry + 1. The
+        server refuses (400) a nack of a message no longer consuming, which is
+        also what a retry meets whose first attempt was applied."""
         await self._call("POST", "ackMsg", form={"topic": topic, "msgId": msg_id, "ack": "false"})
 
     # ------------------------------------------------------------ inspect

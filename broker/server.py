@@ -93,11 +93,14 @@ class Node:
 
     async def checkpoint(self) -> None:
         """Everything appended goes through the group commit (so the wheel
-        hears of new messages) before the store's own checkpoint runs."""
+        hears of new messages) before the store's checkpoint; its syncfs
+        runs in a worker thread while requests go on."""
         while self.store.pending_records:
             await self.broker.commits.flush()
         started = time.perf_counter()
-        self.store.checkpoint(self.clock.now_ms())
+        prepared = self.store.prepare_checkpoint(self.clock.now_ms())
+        await asyncio.to_thread(self.store.sync_checkpoint)  # the slow part, off the event loop
+        self.store.finish_checkpoint(prepared)
         self.checkpoints += 1
         self.checkpoint_seconds += time.perf_counter() - started
 

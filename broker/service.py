@@ -24,7 +24,8 @@ Transitions (now = the clock; expire = triggerTime + ttlMillis):
     release      WAITING -> READY, or EXPIRED (5) if now >= expire
     pull         READY -> CONSUMING, deadline = now + ackTimeoutMillis
     ack          CONSUMING or READY -> ACKED
-    nack         CONSUMING -> READY with retry+1, or ENDED (6) past maxRetry
+    nack         CONSUMING -> READY with retry+1, or ENDED (6) past maxRetry;
+                 of a READY message: nothing (a repeated nack)
     ack timeout  CONSUMING -> READY with retry+1, or ENDED (6) past maxRetry
                  or past expire
     expiry       READY -> EXPIRED (5) if never delivered (retry 0), else ENDED
@@ -490,7 +491,8 @@ class Broker:
 
     async def ack(self, request: AckRequest) -> None:
         """ack: CONSUMING or READY -> ACKED (acking an acked message is a
-        no-op). nack: CONSUMING -> READY now with retry+1, or ENDED."""
+        no-op). nack: CONSUMING -> READY now with retry+1, or ENDED (a nack
+        of a READY message, e.g. a repeated nack, is a no-op)."""
         self._check_serving()
         message = self._message(request.topic, request.msg_id)
         live = self.live.get(message.location)
@@ -506,7 +508,9 @@ class Broker:
             change = StateChange(live.location, Status.ACKED, live.retry)
             m.acks += 1
         else:
-            if live is None or live.status is not Status.CONSUMING:
+            if live is not None and live.status is Status.READY:
+                return  # deliverable already (a repeated nack)
+            if live is None:
                 raise InvalidRequest("msgId", f"message is in status {int(message.status)} "
                                               f"({message.status.name.lower()}), not consuming: cannot nack")
             change = self._retry_or_end(live, now_ms)

@@ -108,6 +108,14 @@ class CheckpointReport(NamedTuple):
     hours_retired: tuple[int, ...]  # ascending
 
 
+class PreparedCheckpoint(NamedTuple):
+    offset: int
+    kept: tuple[HourRecord, ...]
+    retired: tuple[int, ...]
+    now_ms: int
+    topic_names: dict[int, str]
+
+
 def text_hash(text: str) -> int:
     """Non-zero 32-bit hash of a topic or tag (0 means "no tag")."""
     return (zlib.crc32(text.encode()) or 1) if text else 0
@@ -591,38 +599,54 @@ class Store:
     def checkpoint(self, now_ms: int) -> CheckpointReport:
         """Make every derived file durable, record the commit offset, then
         delete what is no longer needed: commit-log segments before it, and
-        hours whose messages have all ended at least `retention_ms` ago."""
+        hours whose messages have all ended at least `retention_ms` ago.
+
+        In three steps, so a server can run the slow middle one in a worker
+        thread while it keeps serving: `prepare_checkpoint` (commit, write
+        everything staged, choose the offset and the hours to retire),
+        `sync_checkpoint` (one syncfs; thread-safe), `finish_checkpoint`
+        (write the checkpoint file, delete what it no longer needs). Changes
+        made between prepare and finish are after the offset: replayed."""
+        prepared = self.prepare_checkpoint(now_ms)
+        self.sync_checkpoint()
+        return self.finish_checkpoint(prepared)
+
+    def prepare_checkpoint(self, now_ms: int) -> PreparedCheckpoint:
         self._check_open()
         self.commit()
         self.advance(now_ms)
         self._flush_staged(everything=True)
-        for h in self._hours.values():
-            if h.files is not None:
-                h.files.flush()
-        self.ids.flush()
-        sync_filesystem(self.directory)
         retired = tuple(hour for hour in self._hour_order if self._retirable(self._hours[hour], now_ms))
-        kept = tuple(h.record() for hour, h in sorted(self._hours.items()) if hour not in retired)
-        live_topics = {th for h in kept for th, counts in h.topics.items() if any(counts)}
-        self._topic_names = {th: name for th, name in self._topic_names.items() if th in live_topics}
-        self.log.seal_active(SEAL_AT_CHECKPOINT_BYTES)
-        offset = self.log.end_offset
-        Checkpoint(offset, kept, now_ms, self._topic_names).save(os.path.join(self.directory, "checkpoint"))
-        for hour in retired:
+        for hour in retired:  # gone for readers now; files deleted once the checkpoint no longer lists them
             h = self._hours.pop(hour)
             self._hour_order.remove(hour)
             self._close_files(h)
+        kept = tuple(h.record() for _, h in sorted(self._hours.items()))
+        live_topics = {th for h in kept for th, counts in h.topics.items() if any(counts)}
+        self._topic_names = {th: name for th, name in self._topic_names.items() if th in live_topics}
+        self.log.seal_active(SEAL_AT_CHECKPOINT_BYTES)
+        return PreparedCheckpoint(self.log.end_offset, kept, retired, now_ms, dict(self._topic_names))
+
+    def sync_checkpoint(self) -> None:
+        """Flush every dirty page of the data directory's file system (mapped
+        pages included): safe to run in a worker thread."""
+        sync_filesystem(self.directory)
+
+    def finish_checkpoint(self, p: PreparedCheckpoint) -> CheckpointReport:
+        self._check_open()
+        Checkpoint(p.offset, p.kept, p.now_ms, p.topic_names).save(os.path.join(self.directory, "checkpoint"))
+        for hour in p.retired:
             for path in hour_paths(self._delay_dir, hour):
                 os.unlink(path)
-        if retired:
+        if p.retired:
             fsync_dir(self._delay_dir)
-        deleted = self.log.delete_before(offset)
+        deleted = self.log.delete_before(p.offset)
         self.ids.shed()
         self.log.shed()
         for h in self._hours.values():
             if h.files is not None:
                 h.files.shed()
-        return CheckpointReport(offset, deleted, retired)
+        return CheckpointReport(p.offset, deleted, p.retired)
 
     def _retirable(self, h: Hour, now_ms: int) -> bool:
         return (h.entries > 0 and h.ended == h.entries and (h.hour + 1) * MS_PER_HOUR <= now_ms
