@@ -34,6 +34,7 @@ a worker thread while the writer keeps appending to the same mmap.
 from __future__ import annotations
 
 import bisect
+import errno
 import mmap
 import os
 import struct
@@ -200,7 +201,9 @@ class CommitLog:
         pos = seg.position(max(scan_from, seg.base_offset))
         if pos > seg.capacity:
             pos = HEADER_BYTES
-        end = seg.capacity
+        # Past the last data region (holes, blocks reserved but never
+        # written) every byte reads as zero: no need to fault it in.
+        end = _data_end(seg._fd, pos, seg.capacity)
         mm = seg.mm
         while True:
             frame = decode_frame(mm, pos, end)
@@ -349,6 +352,26 @@ def _never_written(path: str) -> bool:
             if chunk.strip(b"\0"):
                 return False
     return True
+
+
+def _data_end(fd: int, start: int, end: int) -> int:
+    """End of the last data region of the file in [start, end), found with
+    SEEK_DATA/SEEK_HOLE (ext4, xfs, btrfs and tmpfs report unwritten
+    reserved blocks as holes unless the page cache holds data for them);
+    `end` where the file system cannot tell."""
+    last, pos = start, start
+    try:
+        while pos < end:
+            data = os.lseek(fd, pos, os.SEEK_DATA)
+            if data >= end:
+                break
+            pos = os.lseek(fd, data, os.SEEK_HOLE)
+            last = min(pos, end)
+    except OSError as e:
+        if e.errno == errno.ENXIO:  # no data after pos
+            return last
+        return end
+    return last
 
 
 def _dirty_extent(mm, start: int, end: int) -> int:

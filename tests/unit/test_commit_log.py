@@ -336,3 +336,24 @@ def test_a_refused_open_leaks_no_file_descriptor(tmp_path, bad):
         with pytest.raises(CorruptionError):
             open_log(tmp_path)
     assert open_fds() == before
+
+
+def test_a_record_far_past_a_hole_is_still_found(tmp_path):
+    # The tail scan skips holes and reserved, never-written blocks (SEEK_DATA);
+    # a valid record written far beyond them must still be seen, so a zeroed
+    # region followed by data is refused rather than dropped as a torn tail.
+    segment = 64 * 1024 * 1024
+    log = CommitLog.open(str(tmp_path), FsyncPolicy.BATCH, segment)
+    try:
+        log.append(b"a" * 100)
+    finally:
+        log.close()
+    path = tmp_path / f"{0:020d}.log"
+    with open(path, "r+b") as f:
+        f.seek(HEADER_BYTES + FRAME_HEADER_BYTES + 100)
+        f.write(b"\xff" * 4)  # a torn frame after the good record
+        f.seek(40 * 1024 * 1024)
+        f.write(framing.encode_frame(b"later record"))
+    with pytest.raises(CorruptionError) as caught:
+        CommitLog.open(str(tmp_path), FsyncPolicy.BATCH, segment)
+    assert "valid record follows" in str(caught.value)
