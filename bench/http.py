@@ -21,8 +21,11 @@ SIGKILL after 15 s. Messages carry --payload-bytes (100) of `msg`.
   dispatch       --dispatch-msgs (20,000) sent with absolute triggerTime =
                  start + --dispatch-lead-s (3) + uniform 0..--dispatch-window-s
                  (10); --consumers (4) long-poll (--poll-batch 100) and ack
-                 each message. Receive wall time (time.time(), same machine
-                 as the server) minus triggerTime of each first receipt
+                 each message, one ack at a time from a task beside the
+                 poll loop (--no-ack: none, to see lateness without ack
+                 load; the ack timeout outlasts the run). Receive wall
+                 time (time.time(), same machine as the server) minus
+                 triggerTime of each first receipt
                  -> lateness_ms_p50 / p99 / max; early = receipts before
                  triggerTime; lost = ids never received within
                  --grace-s (10) after the last trigger; duplicates = ids
@@ -73,6 +76,7 @@ import argparse  # noqa: E402
 import asyncio  # noqa: E402
 import contextlib  # noqa: E402
 import json  # noqa: E402
+import math  # noqa: E402
 import multiprocessing  # noqa: E402
 import platform  # noqa: E402
 import queue  # noqa: E402
@@ -111,7 +115,7 @@ def percentile(sorted_values: list[float], fraction: float) -> float | None:
     """Nearest-rank percentile of an ascending list (None when empty)."""
     if not sorted_values:
         return None
-    rank = max(1, min(len(sorted_values), round(fraction * len(sorted_values) + 0.5)))
+    rank = max(1, min(len(sorted_values), math.ceil(fraction * len(sorted_values))))
     return round(sorted_values[rank - 1], 3)
 
 
@@ -123,12 +127,18 @@ def count_label(count: int) -> str:
     return str(count)
 
 
-def rss_mb(pid: int) -> float:
+def memory_mb(pid: int) -> dict[str, float]:
+    """VmRSS and its parts from /proc/<pid>/status. RssFile counts the
+    mapped pages of data files (mmap'ed log segments and hours) that happen
+    to be resident, so it moves with the moment; RssAnon is the heap."""
+    wanted = {"VmRSS:": "rss_mb", "RssAnon:": "rss_anon_mb", "RssFile:": "rss_file_mb"}
+    out = {}
     with open(f"/proc/{pid}/status") as f:
         for line in f:
-            if line.startswith("VmRSS:"):
-                return round(int(line.split()[1]) / 1024, 1)
-    raise RuntimeError(f"no VmRSS in /proc/{pid}/status")
+            key, *rest = line.split()
+            if key in wanted:
+                out[wanted[key]] = round(int(rest[0]) / 1024, 1)
+    return out
 
 
 def cpu_s(pid: int) -> float:
@@ -136,6 +146,28 @@ def cpu_s(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def calibration_ms() -> float:
+    """Milliseconds for a fixed pure-Python workload (JSON encoding and
+    decoding): how fast this shared machine runs Python at the moment, to
+    compare runs whose figures differ."""
+    item = {"msg": "x" * 100, "msgId": "calibrate-123456", "delayMillis": 86_400_000}
+    started = time.perf_counter()
+    for _ in range(200):
+        json.loads(json.dumps({"topic": "calibrate", "msgs": [item] * 500}))
+    return round((time.perf_counter() - started) * 1000, 1)
+
+
+def source_state() -> dict:
+    """The commit the server runs from and the files changed on top of it."""
+    def git(*argv: str) -> str:
+        try:
+            return subprocess.run(["git", "-C", ROOT, *argv], capture_output=True, text=True, timeout=10).stdout
+        except OSError:
+            return ""
+    return {"commit": git("rev-parse", "--short", "HEAD").strip() or None,
+            "changed": [line[3:] for line in git("status", "--porcelain").splitlines()]}
 
 
 def own_cpu_s() -> float:
@@ -358,7 +390,8 @@ class Bench:
         finally:
             self.stop_server(name, server)
 
-    def check_ingest(self, scenario: str, server: Server, topic: str, result: dict) -> None:
+    def check_ingest(self, scenario: str, server: Server, topic: str, result: dict) -> bool:
+        """Whether every send was answered 200 and all of them wait."""
         for error in result["errors"]:
             self.problem(scenario, "error answer to a send", **error)
         waiting, answer = waiting_count(server, topic)
@@ -366,42 +399,42 @@ class Bench:
         if waiting != result["msgs"]:
             self.problem(scenario, f"{result['msgs']} sends answered 200 but waitingQueueSize is {waiting}",
                          request=f"GET getTopicInfo?topic={topic}", answer=answer)
+        return not result["errors"] and waiting == result["msgs"]
 
     # --- scenarios ---
 
-    def ingest_batch(self) -> tuple[dict, dict]:
+    def send_spread(self, server: Server, topic: str, count: int, *, batched: bool, min_delay_ms: int,
+                    max_delay_ms: int, pre_encode: bool) -> dict:
+        """Send `count` messages to `topic` from --producers producers, delays
+        uniform in [min_delay_ms, max_delay_ms], by sendMsgBatch or sendMsg."""
         a = self.args
-        topic = "ingest-batch"
 
-        def producer(index: int, count: int) -> Callable[[], Bodies]:
-            return lambda: batch_bodies(topic, spread_messages(f"b{index}-", count, a.payload_bytes, 60 * SECOND_MS,
-                                                               DAY_MS, seed=index), a.batch_size)
+        def producer(index: int, share: int) -> Callable[[], Bodies]:
+            def bodies() -> Bodies:
+                messages = spread_messages(f"p{index}-", share, a.payload_bytes, min_delay_ms, max_delay_ms,
+                                           seed=index)
+                return batch_bodies(topic, messages, a.batch_size) if batched else form_bodies(topic, messages)
+            return bodies
 
-        with self.server(topic) as server:
-            log(f"{topic}: {a.batch_msgs:,} msgs, {a.batch_size} a request, {a.producers} producers")
-            result = run_producers(server, "sendMsgBatch", JSON_TYPE,
-                                   [producer(i, n) for i, n in enumerate(shares(a.batch_msgs, a.producers))],
-                                   total=a.batch_msgs, in_processes=a.producer_procs, pre_encode=True, label=topic)
-            self.check_ingest(topic, server, topic, result)
+        per_request = f"{a.batch_size} a request" if batched else "one a request"
+        log(f"{topic}: sending {count:,} msgs, {per_request}, {a.producers} producers")
+        result = run_producers(server, "sendMsgBatch" if batched else "sendMsg", JSON_TYPE if batched else FORM_TYPE,
+                               [producer(i, n) for i, n in enumerate(shares(count, a.producers))], total=count,
+                               in_processes=a.producer_procs, pre_encode=pre_encode, label=topic)
         del result["answered_ms"]
+        result["stored"] = self.check_ingest(topic, server, topic, result)
+        return result
+
+    def ingest_batch(self) -> tuple[dict, dict]:
+        with self.server("ingest-batch") as server:
+            result = self.send_spread(server, "ingest-batch", self.args.batch_msgs, batched=True,
+                                      min_delay_ms=60 * SECOND_MS, max_delay_ms=DAY_MS, pre_encode=True)
         return {"ingest_batch_msgs_per_s": result["msgs_per_s"]}, result
 
     def ingest_single(self) -> tuple[dict, dict]:
-        a = self.args
-        topic = "ingest-single"
-
-        def producer(index: int, count: int) -> Callable[[], Bodies]:
-            return lambda: form_bodies(topic, spread_messages(f"s{index}-", count, a.payload_bytes, 60 * SECOND_MS,
-                                                              DAY_MS, seed=index))
-
-        with self.server(topic) as server:
-            log(f"{topic}: {a.single_msgs:,} msgs, one a request, {a.producers} producers")
-            result = run_producers(server, "sendMsg", FORM_TYPE,
-                                   [producer(i, n) for i, n in enumerate(shares(a.single_msgs, a.producers))],
-                                   total=a.single_msgs, in_processes=a.producer_procs, pre_encode=True,
-                                   label=topic)
-            self.check_ingest(topic, server, topic, result)
-        del result["answered_ms"]
+        with self.server("ingest-single") as server:
+            result = self.send_spread(server, "ingest-single", self.args.single_msgs, batched=False,
+                                      min_delay_ms=60 * SECOND_MS, max_delay_ms=DAY_MS, pre_encode=True)
         return {"ingest_single_msgs_per_s": result["msgs_per_s"]}, result
 
     def dispatch(self) -> tuple[dict, dict]:
@@ -466,43 +499,39 @@ class Bench:
         a = self.args
         label = count_label(count)
         name = f"backlog-{label}"
-        topic = "backlog"
-
-        def producer(index: int, share: int) -> Callable[[], Bodies]:
-            return lambda: batch_bodies(topic, spread_messages(f"k{index}-", share, a.payload_bytes, HOUR_MS,
-                                                               a.backlog_days * DAY_MS, seed=index), a.batch_size)
-
         server = self.start_server(name)
         try:
-            log(f"{name}: sending {count:,} msgs over {a.backlog_days} days")
-            result = run_producers(server, "sendMsgBatch", JSON_TYPE,
-                                   [producer(i, n) for i, n in enumerate(shares(count, a.producers))],
-                                   total=count, in_processes=a.producer_procs, pre_encode=False, label=name)
-            del result["answered_ms"]
-            self.check_ingest(name, server, topic, result)
+            # Encoded while sending: a million pre-encoded bodies would be ~150 MB.
+            result = self.send_spread(server, name, count, batched=True, min_delay_ms=HOUR_MS,
+                                      max_delay_ms=a.backlog_days * DAY_MS, pre_encode=False)
+            if not result["stored"]:
+                raise RuntimeError(f"{name}: the backlog was not stored as sent (see problems)")
             time.sleep(a.settle_s)  # let a checkpoint or two run, as a server at rest would
-            rss = rss_mb(server.proc.pid)
-            log(f"{name}: RSS {rss} MB; SIGKILL and restart on the same data dir")
+            memory = memory_mb(server.proc.pid)
+            rss = memory["rss_mb"]
+            log(f"{name}: RSS {rss} MB ({memory}); SIGKILL and restart on the same data dir")
             server.kill()
             spawned = time.monotonic()
             server = self.start_server(name, wait_s=a.restart_timeout_s)
             health_s = time.monotonic() - spawned
             deadline = spawned + a.restart_timeout_s
-            waiting, answer = waiting_count(server, topic)
+            waiting, answer = waiting_count(server, name)
             while waiting != result["msgs"] and time.monotonic() < deadline:
                 time.sleep(0.02)
-                waiting, answer = waiting_count(server, topic)
+                waiting, answer = waiting_count(server, name)
             restart_s = time.monotonic() - spawned
             if waiting != result["msgs"]:
                 self.problem(name, f"after restart waitingQueueSize is {waiting}, not {result['msgs']}, "
-                             f"{a.restart_timeout_s} s after spawning", request=f"GET getTopicInfo?topic={topic}",
+                             f"{a.restart_timeout_s} s after spawning", request=f"GET getTopicInfo?topic={name}",
                              answer=answer)
                 restart_s = None
-            result.update({"restart_health_s": round(health_s, 3), "rss_mb_after_restart": rss_mb(server.proc.pid),
+            result.update({"memory": memory, "restart_health_s": round(health_s, 3),
+                           "memory_after_restart": memory_mb(server.proc.pid),
                            "disk_bytes_per_msg": round(disk_bytes(self.data_dir(name)) / max(1, count), 1)})
         finally:
             self.stop_server(name, server)
-        return {f"rss_mb_{label}": rss, f"restart_s_{label}": None if restart_s is None else round(restart_s, 3)}, result
+        restart_s = None if restart_s is None else round(restart_s, 3)
+        return {f"rss_mb_{label}": rss, f"restart_s_{label}": restart_s}, result
 
 
 class Dispatch:
@@ -523,6 +552,8 @@ class Dispatch:
         self.all_received = asyncio.Event()
         self.stop = asyncio.Event()
         self.errors: list[dict] = []
+        self.acks_ms: list[float] = []  # latency of each ackMsg
+        self.last_ack_ms = 0.0  # wall time the last ack was answered
 
     def _on_receipt(self, message: dict, received_ms: float) -> None:
         msg_id = message["msgId"]
@@ -547,8 +578,11 @@ class Dispatch:
             async def ack_loop() -> None:
                 while (msg_id := await acks.get()) is not None:
                     body = urllib.parse.urlencode({"topic": self.TOPIC, "msgId": msg_id}).encode()
+                    sent = time.perf_counter()
                     async with session.post(base + "ackMsg", data=body, headers=headers) as answer:
                         text = await answer.read()
+                    self.acks_ms.append((time.perf_counter() - sent) * 1000)
+                    self.last_ack_ms = time.time() * 1000
                     if answer.status != 200 and len(self.errors) < EVIDENCE:
                         self.errors.append({"request": f"POST ackMsg {body.decode()}", "status": answer.status,
                                             "answer": text.decode("utf-8", "replace")[:500]})
@@ -566,7 +600,8 @@ class Dispatch:
                     continue
                 for message in json.loads(text)["delayMsgList"]:
                     self._on_receipt(message, received_ms)
-                    acks.put_nowait(message["msgId"])
+                    if not a.no_ack:
+                        acks.put_nowait(message["msgId"])
             acks.put_nowait(None)
             await acker
 
@@ -608,9 +643,15 @@ class Dispatch:
         await asyncio.gather(*consumers)
         server_cpu, client_cpu = cpu_s(self.server.proc.pid) - server_cpu_before, own_cpu_s() - cpu_before
         headline, detail = self._report()
+        self.acks_ms.sort()
+        if self.acks_ms:
+            # Acks queue up behind the poll loop; how far behind the last one ends.
+            detail.update({"acks": len(self.acks_ms), "ack_ms_p50": percentile(self.acks_ms, 0.5),
+                           "ack_ms_p99": percentile(self.acks_ms, 0.99),
+                           "last_ack_after_last_trigger_s": round((self.last_ack_ms - last_trigger_ms) / 1000, 3)})
         detail.update({"send_s": round(send_s, 3), "sent_after_trigger": sent_after_trigger,
                        "client_cpu_s": round(client_cpu, 2), "server_cpu_s": round(server_cpu, 2)})
-        await self._lost_evidence(detail)
+        await self._lost_evidence()
         return headline, detail
 
     def _report(self) -> tuple[dict, dict]:
@@ -651,7 +692,7 @@ class Dispatch:
                   "trigger_mismatches": mismatched}
         return headline, detail
 
-    async def _lost_evidence(self, detail: dict) -> None:
+    async def _lost_evidence(self) -> None:
         """Ask the server what became of a few lost messages."""
         if not self.lost:
             return
@@ -663,7 +704,7 @@ class Dispatch:
                     answers.append({"request": f"POST getMsg topic={self.TOPIC}&msgId={msg_id}",
                                     "status": answer.status, "answer": (await answer.text())[:500],
                                     "sent_triggerTime": self.trigger_ms[msg_id]})
-        waiting, info = waiting_count(self.server, self.TOPIC)
+        _, info = waiting_count(self.server, self.TOPIC)
         self.bench.problem("dispatch", f"{len(self.lost)} of {len(self.trigger_ms)} sent messages never received "
                            f"within {self.args.grace_s} s after the last trigger", examples=answers,
                            topic_info=info)
@@ -693,6 +734,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--consumers", type=int, default=4)
     p.add_argument("--poll-batch", type=int, default=100)
     p.add_argument("--ack-timeout-ms", type=int, default=60_000, help="longer than the run: no redelivery")
+    p.add_argument("--no-ack", action="store_true", help="dispatch consumers do not ack (lateness without ack load)")
     p.add_argument("--grace-s", type=float, default=10.0, help="wait after the last trigger before calling a msg lost")
     p.add_argument("--roundtrip-iters", type=int, default=500)
     p.add_argument("--roundtrip-warmup", type=int, default=50)
@@ -726,8 +768,9 @@ def main(argv: list[str] | None = None) -> int:
     work_dir = tempfile.mkdtemp(prefix="hourglass-bench-", dir=args.work_dir)
     bench = Bench(args, work_dir)
     log(f"data and server logs in {work_dir}")
-    out: dict = {"machine": {"cpu_count": os.cpu_count(), "python": platform.python_version(),
-                             "platform": platform.platform()},
+    machine = {"cpu_count": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform(),
+               "calibration_ms_before": calibration_ms()}
+    out: dict = {"machine": machine, "source": source_state(),
                  "parameters": {k: v for k, v in vars(args).items()}}
     details: dict = {}
     runs: list[tuple[str, Callable[[], tuple[dict, dict]]]] = [
@@ -753,6 +796,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if not args.keep:
             shutil.rmtree(work_dir, ignore_errors=True)
+    machine["calibration_ms_after"] = calibration_ms()
     out["scenarios"] = details
     out["problems"] = bench.problems
     out["total_wall_s"] = round(time.monotonic() - _started, 2)
