@@ -39,7 +39,8 @@ from .service import Broker, NotFound, Unavailable, new_msg_id
 log = logging.getLogger("hourglass.api")
 
 PREFIX = "/camellia/delayQueue/"
-# Request bodies: %-encoding or JSON escaping can triple a message's bytes.
+# Request bodies: %-encoding triples a message's bytes at most, JSON
+# escaping (\u00XX for a control character) multiplies them by six.
 BODY_SLACK_BYTES = 64 * 1024
 BATCH_BODY_MIN_CAP_BYTES = 64 * 1024 * 1024
 
@@ -64,8 +65,8 @@ class Api:
     def __init__(self, broker: Broker, max_msg_bytes: int) -> None:
         self.broker = broker
         self.max_msg_bytes = max_msg_bytes
-        self.single_cap = 3 * max_msg_bytes + BODY_SLACK_BYTES
-        self.batch_cap = max(BATCH_BODY_MIN_CAP_BYTES, 3 * max_msg_bytes + BODY_SLACK_BYTES)
+        self.single_cap = 6 * max_msg_bytes + BODY_SLACK_BYTES
+        self.batch_cap = max(BATCH_BODY_MIN_CAP_BYTES, self.single_cap)
 
     def routes(self) -> list[web.RouteDef]:
         post = {"sendMsg": self.send, "sendMsgBatch": self.send_batch, "deleteMsg": self.delete,
@@ -139,7 +140,11 @@ class Api:
 
     async def long_poll(self, request: web.Request) -> web.Response:
         poll = params.parse_long_poll(await self._params(request), self.broker.defaults)
-        return answer(200, "success", delayMsgList=[delay_msg(m) for m in await self.broker.long_poll(poll)])
+        transport = request.transport
+
+        def gone() -> bool:
+            return transport is None or transport.is_closing()
+        return answer(200, "success", delayMsgList=[delay_msg(m) for m in await self.broker.long_poll(poll, gone)])
 
     async def ack(self, request: web.Request) -> web.Response:
         await self.broker.ack(params.parse_ack(await self._params(request)))
@@ -147,7 +152,7 @@ class Api:
 
     async def get(self, request: web.Request) -> web.Response:
         get = params.parse_get(await self._params(request))
-        return answer(200, "success", delayMsg=delay_msg(self.broker.get(get.topic, get.msg_id)))
+        return answer(200, "success", delayMsg=delay_msg(await self.broker.get(get.topic, get.msg_id)))
 
     async def monitor_data(self, request: web.Request) -> web.Response:
         return answer(200, "success", data=self.broker.metrics.monitor_data())
@@ -178,8 +183,8 @@ def parse_json(raw: bytes) -> dict[str, object]:
     text = params.decode_utf8(raw, "body")
     try:
         body = json.loads(text)
-    except ValueError as e:
-        raise InvalidRequest("body", f"is not valid JSON ({e})") from None
+    except (ValueError, RecursionError) as e:
+        raise InvalidRequest("body", f"is not valid JSON ({type(e).__name__}: {e})") from None
     if not isinstance(body, dict):
         raise InvalidRequest("body", "must be a JSON object")
     return body
@@ -192,7 +197,7 @@ def _batch_from_form(raw: bytes) -> dict[str, object]:
     if isinstance(msgs, str) and msgs:
         try:
             return {"topic": form.get("topic"), "msgs": json.loads(msgs)}
-        except ValueError as e:
+        except (ValueError, RecursionError) as e:
             raise InvalidRequest("msgs", f"is not valid JSON ({e})") from None
     return form
 

@@ -62,11 +62,14 @@ class Node:
         token = self.config.auth_token
         if token is not None and request.path != "/health":
             given = request.headers.get("Authorization", "")
-            if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+            if not hmac.compare_digest(given.encode("utf-8", "surrogateescape"), f"Bearer {token}".encode()):
                 return answer(401, "missing or wrong bearer token")
         return await handler(request)
 
     async def health(self, request: web.Request) -> web.Response:
+        if self.broker.failed is not None:
+            return answer(503, f"failed: {self.broker.failed!r}", status="failed", role="standalone",
+                          leader=None, node=None)
         return answer(200, "success", status="ok", role="standalone", leader=None, node=None)
 
     async def metrics_text(self, request: web.Request) -> web.Response:
@@ -89,7 +92,11 @@ class Node:
         interval_s = self.config.checkpoint_interval_ms / 1000
         while True:
             await asyncio.sleep(interval_s)
-            await self.checkpoint()
+            try:
+                await self.checkpoint()
+            except Exception as e:  # the log would grow without bound: stop, a restart recovers
+                self.broker.fail(e, "a checkpoint")
+                return
 
     async def checkpoint(self) -> None:
         """Everything appended goes through the group commit (so the wheel
@@ -105,7 +112,7 @@ class Node:
         self.checkpoint_seconds += time.perf_counter() - started
 
 
-async def run(config: ServeConfig) -> None:
+async def run(config: ServeConfig) -> int:
     node = Node(config)
     node.broker.start()
     runner = web.AppRunner(node.app(), handle_signals=False, shutdown_timeout=SHUTDOWN_TIMEOUT_S,
@@ -118,18 +125,22 @@ async def run(config: ServeConfig) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    node.broker.on_fatal = lambda error: stop.set()
     checkpoints = asyncio.create_task(node.checkpoint_loop())
     await stop.wait()
     log.info("stopping: answering long polls, finishing requests")
     node.broker.begin_stop()
     await runner.cleanup()
     checkpoints.cancel()
+    if node.broker.failed is not None:  # no last checkpoint over a state RAM and disk disagree on
+        log.critical("exiting after a failure; the next start recovers from the commit log")
+        return 1
     await node.broker.stop()
     await node.checkpoint()
     node.store.close()
     log.info("stopped")
+    return 0
 
 
 def serve(config: ServeConfig) -> int:
-    asyncio.run(run(config))
-    return 0
+    return asyncio.run(run(config))

@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 
 from sortedcontainers import SortedList
 
-from storage.entry import MS_PER_HOUR, IndexEntry, Location, Message, Status
+from storage.entry import MS_PER_HOUR, MS_PER_SECOND, SECONDS_PER_HOUR, IndexEntry, Location, Message, Status
 from storage.errors import InvalidRequest
 from storage.store import NewMessage, SendOutcome, StateChange, Store, text_hash
 from wheel.clock import Clock
@@ -78,6 +78,11 @@ WAITING_BUCKETS = (
 )
 
 
+# Index entries classified per slice by getTopicInfo before it lets other
+# work run (a large hour would otherwise stall dispatch for its whole scan).
+SCAN_CHUNK = 4096
+
+
 class NotFound(Exception):
     """No such message or topic: HTTP 404."""
 
@@ -96,7 +101,7 @@ class Live:
 
     location: Location
     topic: str
-    tag_hash: int
+    tag: str
     priority: int
     trigger_ms: int
     expire_ms: int
@@ -117,28 +122,28 @@ class TopicQueue:
 
     name: str
     ready: SortedList = field(default_factory=SortedList)
-    by_tag: dict[int, SortedList] = field(default_factory=lambda: defaultdict(SortedList))
+    by_tag: dict[str, SortedList] = field(default_factory=lambda: defaultdict(SortedList))
     consuming: int = 0
 
     def add(self, live: Live) -> None:
         key = live.key
         self.ready.add(key)
-        self.by_tag[live.tag_hash].add(key)
+        self.by_tag[live.tag].add(key)
 
     def remove(self, live: Live) -> None:
         key = live.key
         self.ready.remove(key)
-        tagged = self.by_tag[live.tag_hash]
+        tagged = self.by_tag[live.tag]
         tagged.remove(key)
         if not tagged:
-            del self.by_tag[live.tag_hash]
+            del self.by_tag[live.tag]
 
-    def best(self, tag_hashes: frozenset[int] | None) -> Location | None:
+    def best(self, tags: frozenset[str] | None) -> Location | None:
         """The first ready message (among those tags), without taking it."""
-        if tag_hashes is None:
+        if tags is None:
             key = self.ready[0] if self.ready else None
         else:
-            heads = [self.by_tag[t][0] for t in tag_hashes if t in self.by_tag]
+            heads = [self.by_tag[t][0] for t in tags if t in self.by_tag]
             key = min(heads) if heads else None
         return None if key is None else Location(key[2], key[3])
 
@@ -213,6 +218,13 @@ class Broker:
         self._timer_wake = asyncio.Event()
         self._waiters: dict[str, list[asyncio.Future]] = defaultdict(list)
         self._stopping = False
+        # Filing seconds of sends appended but not yet handed to the wheel:
+        # the tick written to disk never passes them (see _persist_tick).
+        self._unfiled: dict[int, int] = defaultdict(int)
+        # Called once if the node must stop (a failed append, fsync or task):
+        # RAM and disk may disagree, so only a restart (recovery) is safe.
+        self.on_fatal: Callable[[BaseException], None] | None = None
+        self.failed: BaseException | None = None
         self._tick_file = TickStateFile(tick_path, fsync=True)
         now_ms = clock.now_ms()
         self._recover(now_ms)
@@ -232,9 +244,24 @@ class Broker:
 
     def _task_ended(self, task: asyncio.Task) -> None:
         if not task.cancelled() and task.exception() is not None:
-            log.critical("task %s failed: %r; the node stops serving", task.get_name(), task.exception())
-            self._stopping = True
-            self.wake_all()
+            self.fail(task.exception(), f"task {task.get_name()}")
+
+    def fail(self, error: BaseException, where: str) -> None:
+        if self.failed is None:
+            log.critical("%s failed: %r; the node stops serving and exits", where, error)
+            self.failed = error
+            self.begin_stop()
+            if self.on_fatal is not None:
+                self.on_fatal(error)
+
+    def _update(self, changes: list[StateChange], now_ms: int) -> None:
+        """Log status changes whose RAM side is already done; if the append
+        fails, RAM is ahead of disk: stop the node (a restart recovers)."""
+        try:
+            self.store.update(changes, now_ms)
+        except BaseException as e:
+            self.fail(e, "a commit-log append")
+            raise Unavailable(f"the commit log failed: {e}") from e
 
     def begin_stop(self) -> None:
         """Refuse new work and answer every long poll now."""
@@ -275,7 +302,7 @@ class Broker:
                 if entry.status in (Status.READY, Status.CONSUMING):
                     message = self.store.read_message(entry.location)
                     if message is not None:
-                        live = self._hold(message, entry.tag_hash)
+                        live = self._hold(message)
                         if live.status is Status.CONSUMING:
                             self._consume(live, now_ms + self.defaults.ack_timeout_ms)
                         found += 1
@@ -285,9 +312,15 @@ class Broker:
     # == the wheel's side ======================================================
 
     def _on_committed(self, entries: list[IndexEntry]) -> None:
-        on_new = self.scheduler.on_new
+        on_new, unfiled = self.scheduler.on_new, self._unfiled
         for entry in entries:
             on_new(entry)
+            second = entry.hour * SECONDS_PER_HOUR + entry.second
+            left = unfiled[second] - 1
+            if left > 0:
+                unfiled[second] = left
+            else:
+                del unfiled[second]
 
     def _release(self, entries: list[IndexEntry]) -> None:
         """Released by the wheel: due now. Becomes READY (or EXPIRED)."""
@@ -304,25 +337,31 @@ class Broker:
                 self.metrics.topic(message.topic).ended += 1
                 continue
             changes.append(StateChange(message.location, Status.READY, 0))
-            self._hold(message._replace(status=Status.READY), entry.tag_hash)
+            self._hold(message._replace(status=Status.READY))
             m = self.metrics.topic(message.topic)
             m.ready += 1
             m.ready_gap.observe(now_ms - message.trigger_ms)
             woken.add(message.topic)
         if changes:
-            self.store.update(changes, now_ms)
+            self._update(changes, now_ms)
         for topic in woken:
             self._wake(topic)
 
     async def _persist_tick(self, tick: TickState) -> None:
-        """The tick moves only past releases that are durable."""
+        """The tick moves only past releases that are durable, and never past
+        a send still in its group commit (a slow fsync can outlast the
+        scheduler's commit lag): a restart must read that send's second."""
         await self.commits.durable()
+        tick = min(tick, self.scheduler.tick, key=lambda t: t.position)
+        if self._unfiled:
+            held = TickState.at(min(self._unfiled), 0)
+            tick = min(tick, held, key=lambda t: t.position)
         self._tick_file.write(tick)
 
     # == RAM state of READY / CONSUMING messages =================================
 
-    def _hold(self, message: Message, tag_hash: int) -> Live:
-        live = Live(message.location, message.topic, tag_hash, message.priority, message.trigger_ms,
+    def _hold(self, message: Message) -> Live:
+        live = Live(message.location, message.topic, message.tag, message.priority, message.trigger_ms,
                     message.expire_ms, message.max_retry, message.retry, message.status)
         self.live[live.location] = live
         queue = self._queue(message.topic)
@@ -378,10 +417,26 @@ class Broker:
     # == timers: ack deadlines and expiries ======================================
 
     def _timer(self, due_ms: int, location: Location, kind: str) -> None:
+        if len(self._timers) > 2 * len(self.live) + 1024:
+            self._compact_timers()
         first = self._timers[0][0] if self._timers else None
         heapq.heappush(self._timers, (due_ms, next(self._timer_seq), location, kind))
         if first is None or due_ms < first:
             self._timer_wake.set()
+
+    def _compact_timers(self) -> None:
+        """Drop timers of messages no longer held (acked, deleted, ended) or
+        no longer in the timer's state, so the heap stays O(live)."""
+        def current(timer) -> bool:
+            due_ms, _, location, kind = timer
+            live = self.live.get(location)
+            if live is None:
+                return False
+            if kind == "ack":
+                return live.status is Status.CONSUMING and live.deadline_ms == due_ms
+            return live.status is Status.READY and live.expire_ms == due_ms
+        self._timers = [t for t in self._timers if current(t)]
+        heapq.heapify(self._timers)
 
     async def _run_timers(self) -> None:
         while not self._stopping:
@@ -401,7 +456,7 @@ class Broker:
                     changes.append(StateChange(location, Status.EXPIRED if live.retry == 0 else Status.ENDED,
                                                live.retry))
             if changes:
-                self.store.update(changes, now_ms)
+                self._update(changes, now_ms)
                 await self.commits.durable()
             due = self._timers[0][0] if self._timers else None
             await self.clock.sleep_until(due, self._timer_wake)
@@ -423,11 +478,18 @@ class Broker:
         """Store new messages (a duplicate id answers the stored message,
         unchanged); answered once durable."""
         self._check_serving()
-        results = self.store.send(batch, batch[0].produce_ms if batch else self.clock.now_ms())
+        now_ms = batch[0].produce_ms if batch else self.clock.now_ms()
+        try:
+            results = self.store.send(batch, now_ms)
+        except InvalidRequest:
+            raise
+        except OSError as e:  # nothing was kept (the store undoes a failed append)
+            raise Unavailable(f"the commit log refused the write: {e}") from e
         for r in results:
             m = self.metrics.topic(r.message.topic)
             if r.outcome is SendOutcome.STORED:
                 m.sends += 1
+                self._unfiled[max(r.message.trigger_ms, now_ms) // MS_PER_SECOND] += 1
             else:
                 m.duplicates += 1
         await self.commits.durable()
@@ -439,11 +501,11 @@ class Broker:
         queue = self.topics.get(request.topic)
         if queue is None or not queue.ready:
             return []
-        tag_hashes = frozenset(text_hash(t) for t in request.tags) if request.tags else None
+        tags = frozenset(request.tags) if request.tags else None
         now_ms = self.clock.now_ms()
         taken: list[Live] = []
         while len(taken) < request.batch:
-            location = queue.best(tag_hashes)
+            location = queue.best(tags)
             if location is None:
                 break
             live = self.live[location]
@@ -451,7 +513,7 @@ class Broker:
             taken.append(live)
         if not taken:
             return []
-        self.store.update([StateChange(live.location, Status.CONSUMING, live.retry) for live in taken], now_ms)
+        self._update([StateChange(live.location, Status.CONSUMING, live.retry) for live in taken], now_ms)
         messages = [self.store.read_message(live.location) for live in taken]
         m = self.metrics.topic(request.topic)
         m.pulls += len(taken)
@@ -460,13 +522,18 @@ class Broker:
         await self.commits.durable()
         return messages
 
-    async def long_poll(self, request: LongPollRequest) -> list[Message]:
-        """As pull, but waits up to the timeout for a message to be READY."""
+    async def long_poll(self, request: LongPollRequest, gone: Callable[[], bool] = lambda: False) -> list[Message]:
+        """As pull, but waits up to the timeout for a message to be READY.
+        `gone()` says the client hung up: then nothing is taken, and what
+        was taken meanwhile goes back to READY with its retry unchanged."""
         deadline = time.monotonic() + request.long_polling_timeout_ms / 1000
         while True:
-            if self._stopping:  # answered, possibly empty, as the node stops
+            if self._stopping or gone():  # answered, possibly empty, as the node stops
                 return []
             messages = await self.pull(request)
+            if messages and gone():
+                await self._give_back(messages)
+                return []
             remaining = deadline - time.monotonic()
             if messages or remaining <= 0:
                 return messages
@@ -482,6 +549,19 @@ class Broker:
                     waiters.remove(future)
                     if not waiters:
                         del self._waiters[request.topic]
+
+    async def _give_back(self, messages: list[Message]) -> None:
+        """Pulled for a client that is gone: READY again, as if never pulled."""
+        changes = []
+        for message in messages:
+            live = self.live.get(message.location)
+            if live is not None and live.status is Status.CONSUMING:
+                self._requeue(live, live.retry)
+                changes.append(StateChange(live.location, Status.READY, live.retry))
+                self._wake(live.topic)
+        if changes:
+            self._update(changes, self.clock.now_ms())
+            await self.commits.durable()
 
     def _message(self, topic: str, msg_id: str) -> Message:
         message = self.store.get(topic, msg_id)
@@ -500,6 +580,7 @@ class Broker:
         m = self.metrics.topic(request.topic)
         if request.ack:
             if message.status is Status.ACKED:
+                await self.commits.flush()  # the first ack may still be in its commit
                 return
             if live is None:
                 raise InvalidRequest("msgId", f"message is in status {int(message.status)} "
@@ -509,13 +590,14 @@ class Broker:
             m.acks += 1
         else:
             if live is not None and live.status is Status.READY:
-                return  # deliverable already (a repeated nack)
+                await self.commits.flush()  # deliverable already (a repeated nack)
+                return
             if live is None:
                 raise InvalidRequest("msgId", f"message is in status {int(message.status)} "
                                               f"({message.status.name.lower()}), not consuming: cannot nack")
             change = self._retry_or_end(live, now_ms)
             m.nacks += 1
-        self.store.update([change], now_ms)
+        self._update([change], now_ms)
         await self.commits.durable()
 
     async def delete(self, request: DeleteRequest) -> None:
@@ -533,14 +615,18 @@ class Broker:
                 self._forget(live)
             status = Status.DELETED
         elif not request.release:
+            await self.commits.flush()
             return
-        self.store.update([StateChange(message.location, status, message.retry, released=request.release)],
+        self._update([StateChange(message.location, status, message.retry, released=request.release)],
                           self.clock.now_ms())
         self.metrics.topic(request.topic).deletes += 1
         await self.commits.durable()
 
-    def get(self, topic: str, msg_id: str) -> Message:
+    async def get(self, topic: str, msg_id: str) -> Message:
+        """The message as committed: a change still in its group commit is
+        waited for, never shown before it is durable."""
         self._check_serving()
+        await self.commits.flush()
         self.metrics.topic(topic).gets += 1
         return self._message(topic, msg_id)
 
@@ -565,9 +651,13 @@ class Broker:
             if first == _bucket((hour + 1) * MS_PER_HOUR - 1 - now_ms):
                 buckets[first] += counts[Status.WAITING]
                 continue
-            for entry in self.store.hour_entries(hour):  # the hour straddles a bucket edge
-                if entry.topic_hash == topic_hash and entry.status is Status.WAITING:
-                    buckets[_bucket(entry.trigger_ms - now_ms)] += 1
+            start = 0  # the hour straddles a bucket edge: classify its entries, a slice
+            while chunk := self.store.hour_entries(hour, start, SCAN_CHUNK):  # at a time between requests
+                for entry in chunk:
+                    if entry.topic_hash == topic_hash and entry.status is Status.WAITING:
+                        buckets[_bucket(entry.trigger_ms - now_ms)] += 1
+                start += len(chunk)
+                await asyncio.sleep(0)
         return {
             "topic": topic,
             "waitingQueueSize": totals[Status.WAITING],

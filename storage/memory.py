@@ -229,9 +229,11 @@ class InMemoryStore:
             total = [a + b for a, b in zip(total, counts)]
         return total
 
-    def hour_entries(self, hour: int) -> list[IndexEntry]:
+    def hour_entries(self, hour: int, first: int = 0, count: int | None = None) -> list[IndexEntry]:
         self._check_open()
-        return [self._live.at(Location(hour, f.global_index)).entry() for f in self._durable.hours.get(hour, [])]
+        filed = self._durable.hours.get(hour, [])
+        filed = filed[first:] if count is None else filed[first:first + count]
+        return [self._live.at(Location(hour, f.global_index)).entry() for f in filed]
 
     # -- checkpoint, time, close -----------------------------------------------------
 

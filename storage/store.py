@@ -276,7 +276,9 @@ class Store:
         A message whose (topic, msgId) exists (stored, or earlier in this
         batch) is not stored again: its result is DUPLICATE with the stored
         message. Durable, and visible to readers, after `commit()`.
-        Raises InvalidRequest (nothing appended) for out-of-range fields."""
+        Raises InvalidRequest (nothing appended) for out-of-range fields;
+        if the append itself fails (a full disk), every counter and overlay
+        it touched is put back, so the next send numbers on without a gap."""
         self._check_open()
         for i, m in enumerate(batch):
             _validate(m, i)
@@ -287,6 +289,35 @@ class Store:
         items: list[records.SendItem] = []
         pending_slots, pending_ids = self._pending_slots, self._pending_ids
         hashes: dict[str, int] = {}  # topic and tag hashes, once per batch
+        undo_hours: dict[int, tuple[int, int, bool]] = {}  # hour -> (entries, log_bytes, created here)
+        undo_slots: dict[tuple[int, int], tuple[int, int] | None] = {}
+        undo_ids: list[int] = []
+        try:
+            self._send_items(batch, now_ms, results, items, hashes, undo_hours, undo_slots, undo_ids)
+            if items:
+                self._append(records.Kind.SEND, now_ms, items)
+        except BaseException:
+            for hour, (entries, log_bytes, created) in undo_hours.items():
+                if created:
+                    del self._hours[hour]
+                    self._hour_order.remove(hour)
+                else:
+                    self._hours[hour].entries, self._hours[hour].log_bytes = entries, log_bytes
+            for slot, before in undo_slots.items():
+                if before is None:
+                    del pending_slots[slot]
+                else:
+                    pending_slots[slot] = before
+            for key in reversed(undo_ids):
+                same_key = pending_ids[key]
+                same_key.pop()
+                if not same_key:
+                    del pending_ids[key]
+            raise
+        return results
+
+    def _send_items(self, batch, now_ms, results, items, hashes, undo_hours, undo_slots, undo_ids) -> None:
+        pending_slots, pending_ids = self._pending_slots, self._pending_ids
         h = None
         for m in batch:
             topic, msg_id = m.topic, m.msg_id
@@ -298,6 +329,10 @@ class Store:
             hour, rest_ms = divmod(max(m.trigger_ms, now_ms), MS_PER_HOUR)
             second = rest_ms // MS_PER_SECOND
             if h is None or h.hour != hour:
+                if hour not in undo_hours:
+                    known = self._hours.get(hour)
+                    undo_hours[hour] = ((known.entries, known.log_bytes, False) if known is not None
+                                        else (0, 0, True))
                 h = self._hour(hour)
             gi = h.entries
             h.entries = gi + 1
@@ -314,6 +349,8 @@ class Store:
                 tag_hash = hashes[m.tag] = text_hash(m.tag)
             items.append(records.SendItem(hour, gi, last, count, second, offset8, frame_size, m.trigger_ms,
                                           m.priority, topic_hash, tag_hash, key, body))
+            if (hour, second) not in undo_slots:
+                undo_slots[(hour, second)] = pending_slots.get((hour, second))
             pending_slots[(hour, second)] = (gi, count + 1)
             message = Message(topic, msg_id, m.msg, m.produce_ms, m.trigger_ms, m.ttl_ms, m.max_retry,
                               m.priority, m.tag, Status.WAITING, 0, Location(hour, gi))
@@ -322,10 +359,8 @@ class Store:
                 pending_ids[key] = [message]
             else:
                 same_key.append(message)
+            undo_ids.append(key)
             results.append(SendResult(SendOutcome.STORED, message))
-        if items:
-            self._append(records.Kind.SEND, now_ms, items)
-        return results
 
     def update(self, changes: Iterable[StateChange], now_ms: int) -> None:
         """Append status/retry changes as one record; in place after commit."""
@@ -343,9 +378,9 @@ class Store:
             new_flags = flags | (FLAG_RELEASED if change.released else 0)
             items.append(records.StateItem(hour, gi, int(change.status), change.retry, new_flags, status, topic_hash))
             staged[change.location] = (int(change.status), new_flags, change.retry, topic_hash)
-        self._pending_state.update(staged)
         if items:
             self._append(records.Kind.STATE, now_ms, items)
+        self._pending_state.update(staged)  # only once the record is in the log
 
     def _append(self, kind: records.Kind, now_ms: int, items: list) -> None:
         self.log.append(records.encode(kind, now_ms, items))
@@ -578,16 +613,18 @@ class Store:
             total = [a + b for a, b in zip(total, counts)]
         return total
 
-    def hour_entries(self, hour: int) -> list[IndexEntry]:
-        """Every applied entry of `hour`, globalIndex ascending: a sequential
-        read of the hour's index, for scans (recovery of ready and consuming
-        messages, delay histograms); O(the hour's entries)."""
+    def hour_entries(self, hour: int, first: int = 0, count: int | None = None) -> list[IndexEntry]:
+        """Applied entries of `hour` from globalIndex `first` (`count` of them,
+        default all), ascending: a sequential read of the hour's index, for
+        scans (recovery of ready and consuming messages, delay histograms);
+        O(the entries read). [] once past the end or for an unknown hour."""
         self._check_open()
         h = self._hours.get(hour)
         if h is None:
             return []
         files = self._readable(h)
-        out = [files.read_entry(gi)[0] for gi in range(h.applied)]
+        stop = h.applied if count is None else min(h.applied, first + count)
+        out = [files.read_entry(gi)[0] for gi in range(first, stop)]
         pending = self._pending_state
         if pending:
             out = [e if (s := pending.get(e.location)) is None else e._replace(status=Status(s[0]), retry=s[2])

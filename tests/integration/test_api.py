@@ -380,3 +380,33 @@ def test_get_query_string_parameters(server, topic):
     query = urllib.parse.urlencode({"topic": topic})
     status, body = request(server.base + "/camellia/delayQueue/getTopicInfo?" + query)
     assert status == 200 and json.loads(body)["data"]["waitingQueueSize"] == 1
+
+
+def test_a_long_poll_whose_client_left_takes_nothing(server, topic):
+    import socket
+    host, port = server.base.removeprefix("http://").split(":")
+    body = urllib.parse.urlencode({"topic": topic, "longPollingTimeoutMillis": 20000,
+                                   "ackTimeoutMillis": 600000}).encode()
+    with socket.create_connection((host, int(port))) as s:
+        s.sendall(b"POST /camellia/delayQueue/longPollingMsg HTTP/1.1\r\nHost: x\r\n"
+                  b"Content-Type: application/x-www-form-urlencoded\r\n"
+                  + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        time.sleep(0.3)
+    time.sleep(0.2)  # the poll's client is gone
+    send(server, topic, msgId="g", maxRetry=0)
+    time.sleep(0.5)
+    m = get(server, topic, "g")
+    assert (m["status"], m["retry"]) == (2, 0)  # still ready, not handed to nobody
+    assert [x["msgId"] for x in pull_until(server, topic, 1)] == ["g"]
+
+
+def test_deeply_nested_json_is_400(server, topic):
+    status, body = request(server.base + "/camellia/delayQueue/sendMsg", data=b"[" * 50000,
+                           headers={"Content-Type": "application/json"})
+    assert status == 400 and json.loads(body)["msg"].startswith("body")
+
+
+def test_a_message_at_the_limit_fits_however_it_is_escaped(server, topic):
+    at_limit = "\x01" * MAX_MSG_BYTES  # six bytes each in JSON
+    status, body = server.post_json("sendMsg", {"topic": topic, "msg": at_limit, "msgId": "esc"})
+    assert status == 200, body

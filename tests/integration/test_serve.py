@@ -44,3 +44,18 @@ def test_unknown_backend_is_refused_with_a_sentence(tmp_path):
                              "--data-dir", str(tmp_path)], capture_output=True, text=True, timeout=30)
     assert result.returncode == 2
     assert "--backend" in result.stderr
+
+
+def test_a_token_that_is_not_utf8_is_401(tmp_path):
+    import socket
+    token_file = tmp_path / "token"
+    token_file.write_text("s3cret\n")
+    server = Server.start(tmp_path / "data", "--auth-token-file", str(token_file))
+    try:
+        host, port = server.base.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port))) as s:
+            s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer \xff\xfe\r\nConnection: close\r\n\r\n")
+            answer = s.recv(4096)
+        assert answer.startswith(b"HTTP/1.1 401"), answer[:80]
+    finally:
+        assert server.stop() == 0
