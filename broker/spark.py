@@ -1,0 +1,589 @@
+"""Spark sink: a PySpark data source `hourglass` that sends a DataFrame's rows
+to a broker as delay messages, in batch and in streaming, exactly once in
+effect.
+
+    from broker.spark import register
+    register(spark)                      # once per SparkSession
+    (df.write.format("hourglass")
+       .option("url", "http://127.0.0.1:8080").option("topic", "orders")
+       .mode("append").save())
+    (df.writeStream.format("hourglass")
+       .option("url", "http://127.0.0.1:8080").option("topic", "orders")
+       .option("checkpointLocation", "/data/ckpt/orders").start())
+
+It needs pyspark >= 4.1 (the Python Data Source API, with the Arrow stream
+writer) and pyarrow: `pip install 'hourglass[spark]'`; importing it without
+them raises ImportError saying so.
+
+Columns (names are case-sensitive; any other column is refused, because a
+misspelt `delaymillis` would silently send messages due now):
+
+    column       Spark type                   wire key
+    msg          string (required)            msg
+    msgId        string                       msgId      (null or "": generated, see below)
+    delayMillis  tinyint..bigint              delayMillis
+    triggerTime  tinyint..bigint | timestamp  triggerTime (ms since the epoch; wins over delayMillis)
+    ttlMillis    tinyint..bigint              ttlMillis
+    priority     tinyint..bigint              priority
+    maxRetry     tinyint..bigint              maxRetry
+    tag          string                       tag
+    topic        string                       the request's topic (null: the `topic` option)
+
+A null value means "not given": the broker's default applies (SPEC 3).
+Types are checked when Spark plans the write, on the driver, so a wrong
+type fails `save()`/`start()` naming the column before any row is sent;
+values are checked by the broker, and a refused batch fails the task.
+
+Options (Spark lower-cases their names; unknown ones are refused):
+
+    url             base URL of a node, http(s)://host:port[/path] (required)
+    topic           topic of every row, or of rows whose `topic` is null
+                    (required unless there is a `topic` column)
+    batchsize       messages per sendMsgBatch request, 1..1000 (500)
+    token           bearer token (`--auth-token-file` on the server)
+    timeoutseconds  socket timeout of one request (30)
+    retries         retries of a request after a 503/429/502/504, a refused
+                    or reset connection or a timeout (5)
+    backoffmillis   first retry's pause; it doubles each retry, up to 10 s (200)
+    idprefix        the prefix of generated ids (see below)
+
+Exactly once in effect. The broker keeps one message per (topic, msgId) and
+answers a repeated id with the stored message, unchanged (SPEC 3), so a
+sink whose every row has an id that is the same each time the row is sent
+again may send as often as it likes. A row without a msgId gets
+
+    batch write:  {prefix}-{partition}-{row}          prefix: idprefix, else a random
+                                                      id made once per write, on the driver
+    stream:       {prefix}-{batch}-{partition}-{row}  prefix: idprefix, else the query id
+
+where `partition` is the task's partition id, `row` the row's position in
+that partition (from 0) and `batch` the micro-batch id. A retried task
+(Spark re-sends its whole partition) or a speculative copy makes the same
+ids: the prefix is generated once in `DataSource.writer()` and shipped to
+every task inside the pickled writer. A stream restarted from its checkpoint
+re-runs the batches that were planned but not committed, with the same batch
+ids, and its query id (`StreamingQuery.id`, kept in the checkpoint's
+metadata) is the same, so it makes the same ids too. Running the same batch
+write again is a new write with a new prefix unless `idprefix` names it
+(e.g. "orders-2024-06-01"); two writes of different rows must not share an
+idprefix, or the second one's rows are dropped as duplicates.
+
+This holds when a partition holds the same rows in the same order each time
+it is computed: true for file, range and rate sources, and for Kafka offset
+ranges; not after an unordered shuffle whose order varies between runs.
+There, give each row its own `msgId` (an order id, a hash of the row).
+
+Sending. Each task opens one kept-alive HTTP connection and sends its rows,
+grouped by topic, in sendMsgBatch requests of `batchsize` messages. A
+request answered 503, 429, 502 or 504, or failing with a refused or reset
+connection or a timeout, is retried `retries` times with exponential backoff
+(a failover's few seconds are covered); a 413 splits the batch in halves;
+any other error fails the task at once with a `SinkError` naming the
+partition (and stream batch), the topic, the first row, the URL, the HTTP
+status and the broker's `msg`. Spark retries a failed task
+(`spark.task.maxFailures`) and the ids make that harmless. A failed job
+leaves what it sent in the broker: there is no rollback.
+
+Modes: batch writes take `mode("append")` only (`overwrite` is refused by the
+sink, `errorifexists` and `ignore` by Spark); streams take
+`outputMode("append")` only (`complete` is refused by the sink: a delay queue
+cannot be truncated, and a result re-sent each batch would be new messages
+each batch; Spark refuses `update` for Python data sources). A stream needs a
+`checkpointLocation`, as for any non-built-in sink.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import random
+import struct
+import time
+import urllib.parse
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+
+try:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    from pyspark import TaskContext
+    from pyspark.sql import types as T
+    from pyspark.sql.datasource import (
+        DataSource,
+        DataSourceArrowWriter,
+        DataSourceStreamArrowWriter,
+        WriterCommitMessage,
+    )
+except ImportError as e:  # pragma: no cover - depends on the environment
+    raise ImportError(f"broker.spark needs pyspark>=4.1 and pyarrow: pip install 'hourglass[spark]' ({e})") from e
+
+from broker.params import MAX_SEND_BATCH
+from storage.errors import HourglassError
+
+PREFIX = "/camellia/delayQueue/"
+SEND_BATCH_PATH = PREFIX + "sendMsgBatch"
+# Statuses worth a retry: the node is stopping or has no leader (503), or a
+# proxy in front of it says so (429, 502, 504).
+RETRY_STATUSES = frozenset({429, 502, 503, 504})
+MAX_BACKOFF_MS = 10_000
+# Options Spark itself may pass along with ours.
+SPARK_OPTIONS = frozenset({"path", "checkpointlocation"})
+# Local properties Spark sets on a streaming query's tasks.
+QUERY_ID_PROPERTY = "sql.streaming.queryId"
+BATCH_ID_PROPERTY = "streaming.sql.batchId"
+
+_INTEGERS = (T.ByteType, T.ShortType, T.IntegerType, T.LongType)
+_STRING = (T.StringType,)
+# column -> accepted Spark types; the wire key is the column's name.
+COLUMN_TYPES: dict[str, tuple[type, ...]] = {
+    "msg": _STRING,
+    "msgId": _STRING,
+    "delayMillis": _INTEGERS,
+    "triggerTime": _INTEGERS + (T.TimestampType,),
+    "ttlMillis": _INTEGERS,
+    "priority": _INTEGERS,
+    "maxRetry": _INTEGERS,
+    "tag": _STRING,
+    "topic": _STRING,
+}
+_TYPE_WORDS = {_STRING: "string", _INTEGERS: "an integer (tinyint, smallint, int or bigint)",
+               _INTEGERS + (T.TimestampType,): "an integer (ms since the epoch) or a timestamp"}
+
+
+class SinkConfigError(HourglassError, ValueError):
+    """A bad option, a missing or unknown column or a column of the wrong
+    type; raised on the driver when Spark plans the write, before any row
+    is sent."""
+
+
+class SinkError(HourglassError):
+    """A batch of rows could not be stored: the broker refused it, or could
+    not be reached within the retries. Fails the Spark task."""
+
+
+@dataclass(frozen=True)
+class SinkOptions:
+    """The data source's options, parsed and checked (`from_options`)."""
+
+    # Base URL of a node: scheme http or https, host, port, optional path
+    # prefix (the API's /camellia/delayQueue/ goes after it).
+    url: str
+    # Topic of rows without a topic column, or whose topic is null.
+    topic: str | None = None
+    # Messages per sendMsgBatch request; the server takes 1..MAX_SEND_BATCH.
+    batch_size: int = 500
+    # Bearer token, when the server runs with --auth-token-file.
+    token: str | None = None
+    # Socket timeout of one request (connect, send, answer).
+    timeout_s: float = 30.0
+    # Retries of one request after a retryable failure (0: none).
+    retries: int = 5
+    # Pause before the first retry; doubled each retry up to MAX_BACKOFF_MS.
+    backoff_ms: int = 200
+    # Prefix of generated msgIds; None: per write (batch) or the query id (stream).
+    id_prefix: str | None = None
+
+    def __post_init__(self) -> None:
+        parts = urllib.parse.urlsplit(self.url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise SinkConfigError(f"option url must be http(s)://host:port, got {self.url!r}")
+        if parts.query or parts.fragment:
+            raise SinkConfigError(f"option url may not have a query or fragment, got {self.url!r}")
+        if not 1 <= self.batch_size <= MAX_SEND_BATCH:
+            raise SinkConfigError(f"option batchsize must be in 1..{MAX_SEND_BATCH}, got {self.batch_size}")
+        if not self.timeout_s > 0:
+            raise SinkConfigError(f"option timeoutseconds must be > 0, got {self.timeout_s}")
+        if self.retries < 0:
+            raise SinkConfigError(f"option retries must be >= 0, got {self.retries}")
+        if self.backoff_ms < 0:
+            raise SinkConfigError(f"option backoffmillis must be >= 0, got {self.backoff_ms}")
+        if self.topic == "" or self.id_prefix == "" or self.token == "":
+            raise SinkConfigError("options topic, idprefix and token may not be empty")
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, str]) -> SinkOptions:
+        """From Spark's (lower-cased, string) options."""
+        known = {"url", "topic", "batchsize", "token", "timeoutseconds", "retries", "backoffmillis", "idprefix"}
+        unknown = sorted(k for k in options if k.lower() not in known | SPARK_OPTIONS)
+        if unknown:
+            raise SinkConfigError(f"unknown option(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        opts = {k.lower(): v for k, v in options.items()}
+        if not opts.get("url"):
+            raise SinkConfigError("option url is required, e.g. .option('url', 'http://127.0.0.1:8080')")
+        return cls(url=opts["url"], topic=opts.get("topic"),
+                   batch_size=_number(opts, "batchsize", int, cls.batch_size),
+                   token=opts.get("token"),
+                   timeout_s=_number(opts, "timeoutseconds", float, cls.timeout_s),
+                   retries=_number(opts, "retries", int, cls.retries),
+                   backoff_ms=_number(opts, "backoffmillis", int, cls.backoff_ms),
+                   id_prefix=opts.get("idprefix"))
+
+
+def _number(opts: Mapping[str, str], name: str, kind: type, default):
+    text = opts.get(name)
+    if text is None:
+        return default
+    try:
+        return kind(text)
+    except ValueError:
+        raise SinkConfigError(f"option {name} must be a number, got {text!r}") from None
+
+
+def check_columns(schema: T.StructType, options: SinkOptions) -> tuple[str, ...]:
+    """The columns to send, in schema order, once every column is known and
+    of an accepted type; else SinkConfigError naming the first bad one."""
+    names = []
+    for f in schema.fields:
+        accepted = COLUMN_TYPES.get(f.name)
+        if accepted is None:
+            near = [c for c in COLUMN_TYPES if c.lower() == f.name.lower()]
+            hint = f" (did you mean {near[0]!r}? names are case-sensitive)" if near else ""
+            raise SinkConfigError(f"unknown column {f.name!r}{hint}; the hourglass sink takes only "
+                                  f"{', '.join(COLUMN_TYPES)}")
+        if not isinstance(f.dataType, accepted):
+            raise SinkConfigError(f"column {f.name!r} must be {_TYPE_WORDS[accepted]}, "
+                                  f"got {f.dataType.simpleString()}")
+        names.append(f.name)
+    if "msg" not in names:
+        raise SinkConfigError("column 'msg' is required (a string)")
+    if options.topic is None and "topic" not in names:
+        raise SinkConfigError("option topic is required when there is no topic column")
+    return tuple(names)
+
+
+def _refuse_overwrite(overwrite: bool, what: str) -> None:
+    if overwrite:
+        raise SinkConfigError(f"the hourglass sink only appends ({what}): messages already sent cannot be "
+                              "truncated; use mode('append') / outputMode('append')")
+
+
+class HourglassDataSource(DataSource):
+    """`format("hourglass")`: write-only, batch and streaming (see the module
+    docstring). Both writers check the schema and options here, on the driver."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "hourglass"
+
+    def writer(self, schema: T.StructType, overwrite: bool) -> HourglassWriter:
+        _refuse_overwrite(overwrite, "mode overwrite")
+        options = SinkOptions.from_options(self.options)
+        return HourglassWriter(options, check_columns(schema, options), options.id_prefix or uuid.uuid4().hex[:16])
+
+    def streamWriter(self, schema: T.StructType, overwrite: bool) -> HourglassStreamWriter:
+        _refuse_overwrite(overwrite, "output mode complete")
+        options = SinkOptions.from_options(self.options)
+        return HourglassStreamWriter(options, check_columns(schema, options))
+
+
+def register(spark) -> None:
+    """Make `format("hourglass")` known to this SparkSession (idempotent)."""
+    spark.dataSource.register(HourglassDataSource)
+
+
+@dataclass
+class SinkCommit(WriterCommitMessage):
+    """What one task sent: rows, requests and retried requests."""
+
+    partition: int
+    rows: int
+    requests: int
+    retries: int
+
+
+class HourglassWriter(DataSourceArrowWriter):
+    """Batch writes: made on the driver by `HourglassDataSource.writer()` and
+    pickled to every task, so all attempts of a task share `id_prefix`."""
+
+    def __init__(self, options: SinkOptions, columns: tuple[str, ...], id_prefix: str) -> None:
+        self.options = options
+        self.columns = columns
+        self.id_prefix = id_prefix
+
+    def __repr__(self) -> str:
+        return f"HourglassWriter(url={self.options.url!r}, columns={self.columns}, id_prefix={self.id_prefix!r})"
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> SinkCommit:
+        partition = TaskContext.get().partitionId()
+        where = f"partition {partition}"
+        return send_partition(iterator, self.options, self.columns, f"{self.id_prefix}-{partition}", partition, where)
+
+
+class HourglassStreamWriter(DataSourceStreamArrowWriter):
+    """Streaming writes: the id prefix is `idprefix` or the query id, and the
+    micro-batch id comes from the task's local properties."""
+
+    def __init__(self, options: SinkOptions, columns: tuple[str, ...]) -> None:
+        self.options = options
+        self.columns = columns
+
+    def __repr__(self) -> str:
+        return f"HourglassStreamWriter(url={self.options.url!r}, columns={self.columns})"
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> SinkCommit:
+        context = TaskContext.get()
+        partition = context.partitionId()
+        batch_id = context.getLocalProperty(BATCH_ID_PROPERTY)
+        query_id = self.options.id_prefix or context.getLocalProperty(QUERY_ID_PROPERTY)
+        if batch_id is None or query_id is None:
+            raise SinkError(f"no streaming batch id ({BATCH_ID_PROPERTY}) or query id ({QUERY_ID_PROPERTY}) "
+                            "in the task's local properties: is this a micro-batch query?")
+        where = f"stream batch {batch_id}, partition {partition}"
+        return send_partition(iterator, self.options, self.columns, f"{query_id}-{batch_id}-{partition}",
+                              partition, where)
+
+    def commit(self, messages: Sequence[WriterCommitMessage | None], batchId: int) -> None:
+        pass  # every row is stored by the time its task succeeds
+
+    def abort(self, messages: Sequence[WriterCommitMessage | None], batchId: int) -> None:
+        pass  # nothing to undo: the re-run batch re-sends the same ids
+
+
+# == rows to requests ==========================================================
+#
+# Rows become JSON text inside Arrow, column by column (pyarrow.compute): a
+# row's item is `{"msgId":"p-0-7","msg":"..",...},`, and a request's body is
+# `{"topic":"t","msgs":[` + a run of items, read straight out of the Arrow
+# data buffer, less its last comma, + `]}`. Only strings holding `"`, `\`
+# or a control character go through json.dumps; others are quoted as they
+# are (raw UTF-8 is valid JSON). About 3x cheaper than dicts and json.dumps.
+
+_NEEDS_ESCAPE = r'["\\\x00-\x1f]'
+
+
+@dataclass
+class _Pending:
+    """Items of one topic waiting to fill a request, with their row numbers
+    in the partition (for error messages)."""
+
+    items: list[pa.Array] = field(default_factory=list)
+    rows: list[pa.Array] = field(default_factory=list)
+    count: int = 0
+
+    def add(self, items: pa.Array, rows: pa.Array) -> None:
+        self.items.append(items)
+        self.rows.append(rows)
+        self.count += len(items)
+
+    def send(self, sender: _Sender, topic: str, size: int, *, all_: bool) -> None:
+        """Send every full request of `size` items (and the rest if `all_`)."""
+        items, rows = pa.concat_arrays(self.items), pa.concat_arrays(self.rows)
+        end = self.count if all_ else self.count - self.count % size
+        for start in range(0, end, size):
+            sender.send(topic, items.slice(start, size), rows.slice(start, min(size, end - start)))
+        self.items, self.rows, self.count = [items.slice(end)], [rows.slice(end)], self.count - end
+
+
+def send_partition(batches: Iterator[pa.RecordBatch], options: SinkOptions, columns: tuple[str, ...],
+                   id_prefix: str, partition: int, where: str) -> SinkCommit:
+    """Send one partition's rows, `{id_prefix}-{row}` being a row's id when
+    it has none; return what was sent. Raises SinkError (see `_Sender`)."""
+    pending: dict[str, _Pending] = {}
+    row = 0
+    with _Sender(options, where) as sender:
+        for batch in batches:
+            if batch.num_rows == 0:
+                continue
+            rows = pa.array(range(row, row + batch.num_rows), pa.int64())
+            items = item_texts(batch, columns, id_prefix, rows)
+            for topic, mask in _topics(batch, columns, options.topic, row, where):
+                slot = pending.setdefault(topic, _Pending())
+                if mask is None:
+                    slot.add(items, rows)
+                else:
+                    slot.add(items.filter(mask), rows.filter(mask))
+                if slot.count >= options.batch_size:
+                    slot.send(sender, topic, options.batch_size, all_=False)
+            row += batch.num_rows
+        for topic, slot in pending.items():
+            if slot.count:
+                slot.send(sender, topic, options.batch_size, all_=True)
+        return SinkCommit(partition, row, sender.requests, sender.retried)
+
+
+def item_texts(batch: pa.RecordBatch, columns: tuple[str, ...], id_prefix: str, rows: pa.Array) -> pa.Array:
+    """Each row's sendMsgBatch item as JSON text followed by a comma; a row
+    without a msgId (null or empty) gets `{id_prefix}-{row}`."""
+    # json.dumps escapes character by character, so the prefix's escaped
+    # text followed by "-<row>" is the id's escaped text.
+    generated = pc.binary_join_element_wise(json.dumps(id_prefix, ensure_ascii=False)[:-1] + "-",
+                                            pc.cast(rows, pa.string()), '"', "")
+    if "msgId" in columns:
+        given = batch.column("msgId")
+        has_id = pc.fill_null(pc.greater(pc.utf8_length(given), 0), False)
+        ids = pc.if_else(has_id, _json_strings(given), generated)
+    else:
+        ids = generated
+    parts: list = ['{"msgId":', ids]
+    for name in columns:
+        if name not in ("msgId", "topic"):
+            parts += [f',"{name}":', _json_values(batch.column(name))]
+    return pc.binary_join_element_wise(*parts, "},", "")
+
+
+def _json_strings(array: pa.Array) -> pa.Array:
+    """JSON text of each string of `array`; nulls stay null."""
+    quoted = pc.binary_join_element_wise('"', array, '"', "")
+    needs = pc.fill_null(pc.match_substring_regex(array, _NEEDS_ESCAPE), False)
+    if not pc.any(needs).as_py():
+        return quoted
+    escaped = [json.dumps(v, ensure_ascii=False) for v in array.filter(needs).to_pylist()]
+    return pc.replace_with_mask(quoted, needs, pa.array(escaped, quoted.type))
+
+
+_UNITS_PER_MS = {"s": None, "ms": 1, "us": 1000, "ns": 1_000_000}
+
+
+def _json_values(array: pa.Array) -> pa.Array:
+    """JSON text of a column's values, `null` for nulls; timestamps as ms
+    since the epoch (floored, as Spark does)."""
+    if pa.types.is_string(array.type) or pa.types.is_large_string(array.type):
+        text = _json_strings(array)
+    elif pa.types.is_timestamp(array.type):
+        raw = array.cast(pa.int64())
+        per_ms = _UNITS_PER_MS[array.type.unit]
+        if per_ms is None:
+            millis = pc.multiply(raw, 1000)
+        else:
+            millis = pc.divide(raw, per_ms)  # truncates toward zero: one less for negative non-multiples
+            millis = pc.if_else(pc.and_(pc.less(raw, 0), pc.not_equal(pc.multiply(millis, per_ms), raw)),
+                                pc.subtract(millis, 1), millis)
+        text = pc.cast(millis, pa.string())
+    else:
+        text = pc.cast(array, pa.string())
+    return pc.fill_null(text, "null")
+
+
+def _topics(batch: pa.RecordBatch, columns: tuple[str, ...], default: str | None, first_row: int,
+            where: str) -> list[tuple[str, pa.Array | None]]:
+    """(topic, mask of its rows, or None for all rows) for each topic of the batch."""
+    if "topic" not in columns:
+        return [(default, None)]
+    topics = batch.column("topic")
+    missing = pc.fill_null(pc.equal(topics, ""), True)
+    if pc.any(missing).as_py():
+        if default is None:
+            index = pc.index(missing, True).as_py()
+            raise SinkError(f"hourglass sink, {where}: row {first_row + index} has a null or empty topic and "
+                            "there is no topic option")
+        topics = pc.if_else(missing, default, topics)
+    distinct = pc.unique(topics).to_pylist()
+    if len(distinct) == 1:
+        return [(distinct[0], None)]
+    return [(topic, pc.equal(topics, topic)) for topic in distinct]
+
+
+# == HTTP =======================================================================
+
+
+class _Sender:
+    """sendMsgBatch requests over one kept-alive connection, with retries.
+
+    A request is retried after a RETRY_STATUSES answer or an OSError or
+    HTTPException (refused, reset, timed out), pausing backoff_ms, then
+    twice that, ... up to MAX_BACKOFF_MS, `retries` times. A 413 for more
+    than one message splits the request in halves. Anything else raises
+    SinkError. A retry re-sends the same ids, so it cannot duplicate.
+    """
+
+    def __init__(self, options: SinkOptions, where: str) -> None:
+        self.options = options
+        self.where = where
+        parts = urllib.parse.urlsplit(options.url)
+        self.endpoint = parts.path.rstrip("/") + SEND_BATCH_PATH
+        self.url = f"{parts.scheme}://{parts.netloc}{self.endpoint}"
+        kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+        self.connection = kind(parts.hostname, parts.port, timeout=options.timeout_s)
+        self.headers = {"Content-Type": "application/json"}
+        if options.token:
+            self.headers["Authorization"] = f"Bearer {options.token}"
+        self.requests = 0
+        self.retried = 0
+
+    def __repr__(self) -> str:
+        return f"_Sender({self.url!r}, {self.where}, requests={self.requests}, retried={self.retried})"
+
+    def __enter__(self) -> _Sender:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.connection.close()
+
+    def send(self, topic: str, items: pa.Array, rows: pa.Array) -> None:
+        """Store `items` (item_texts) in `topic`; `rows` are their row numbers."""
+        body = b"".join((b'{"topic":', json.dumps(topic).encode(), b',"msgs":[', _joined(items), b"]}"))
+        status, answer, attempts = self._post(body)
+        if status == 200:
+            return
+        if status == 413 and len(items) > 1:
+            half = len(items) // 2
+            self.send(topic, items.slice(0, half), rows.slice(0, half))
+            self.send(topic, items.slice(half), rows.slice(half))
+            return
+        what = (f"hourglass sink, {self.where}: sendMsgBatch of {len(items)} rows (from row {rows[0].as_py()}) to "
+                f"topic {topic!r} at {self.url}")
+        if status is None:
+            raise SinkError(f"{what}: broker unreachable after {attempts} attempts: {answer}")
+        msg = _broker_msg(answer)
+        tries = f" after {attempts} attempts" if attempts > 1 else ""
+        raise SinkError(f"{what}: HTTP {status}{tries}: {msg}{_failing_row(msg, rows)}")
+
+    def _post(self, body: bytes) -> tuple[int | None, bytes | str, int]:
+        """(status or None when unreachable, answer body or the last error,
+        attempts made)."""
+        attempt = 0
+        while True:
+            attempt += 1
+            self.requests += 1
+            try:
+                self.connection.request("POST", self.endpoint, body, self.headers)
+                response = self.connection.getresponse()
+                answer = response.read()
+                status: int | None = response.status
+                if status not in RETRY_STATUSES:
+                    return status, answer, attempt
+                result: bytes | str = answer
+            except (OSError, http.client.HTTPException) as e:
+                self.connection.close()  # a half-read answer leaves it unusable
+                status, result = None, f"{type(e).__name__}: {e}"
+            if attempt > self.options.retries:
+                return status, result, attempt
+            self.retried += 1
+            pause_ms = min(self.options.backoff_ms * 2 ** (attempt - 1), MAX_BACKOFF_MS)
+            time.sleep(pause_ms * random.uniform(0.5, 1.0) / 1000)
+
+
+def _broker_msg(answer: bytes | str) -> str:
+    """The `msg` of a JSON answer, else the start of the body."""
+    try:
+        decoded = json.loads(answer)
+        if isinstance(decoded, dict) and "msg" in decoded:
+            return str(decoded["msg"])
+    except ValueError:
+        pass
+    text = answer.decode("utf-8", "replace") if isinstance(answer, bytes) else answer
+    return text[:300]
+
+
+# Arrow's offsets of string and large_string arrays: little-endian int32, int64.
+_OFFSET, _LARGE_OFFSET = struct.Struct("<i"), struct.Struct("<q")
+
+
+def _joined(items: pa.Array) -> memoryview:
+    """The texts of `items` back to back, less the last one's comma: a view
+    of the Arrow data buffer, no copy."""
+    _, offsets, data = items.buffers()
+    offset = _LARGE_OFFSET if pa.types.is_large_string(items.type) else _OFFSET
+    start, = offset.unpack_from(offsets, items.offset * offset.size)
+    end, = offset.unpack_from(offsets, (items.offset + len(items)) * offset.size)
+    return memoryview(data)[start:end - 1]
+
+
+def _failing_row(msg: str, rows: pa.Array) -> str:
+    """' (row N of the partition)' when the broker's msg names `msgs[i]`."""
+    if msg.startswith("msgs["):
+        index = msg[5:msg.find("]")]
+        if index.isdigit() and int(index) < len(rows):
+            return f" (row {rows[int(index)].as_py()} of the partition)"
+    return ""
