@@ -31,15 +31,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def config_from_args(args: argparse.Namespace) -> ServeConfig:
-    if args.backend != "disk":
-        raise ValueError(f"--backend {args.backend}: only the disk backend exists in this version")
     if args.cluster or args.node_id:
         raise ValueError("--cluster/--node-id: clustering does not exist in this version; run standalone")
     token = None
     if args.auth_token_file:
         with open(args.auth_token_file, encoding="utf-8") as f:
             token = f.read().strip()
-    return ServeConfig(host=args.host, port=args.port, data_dir=args.data_dir, max_msg_bytes=args.max_msg_bytes,
+    return ServeConfig(host=args.host, port=args.port, data_dir=args.data_dir, backend=args.backend,
+                       max_msg_bytes=args.max_msg_bytes,
                        auth_token=token, store=StoreConfig(fsync=fsync_policy(args.fsync)))
 
 

@@ -17,6 +17,9 @@ class ServeConfig:
     port: int = 8080
     # Where the commit log, delay logs and indexes live.
     data_dir: str = "./hourglass-data"
+    # "disk", or redis://HOST:PORT/DB: the state lives in that Redis
+    # (broker.redis_backend), data_dir and store are then unused.
+    backend: str = "disk"
     # Largest `msg`, in UTF-8 bytes; a message exactly this large is accepted.
     max_msg_bytes: int = 1024 * 1024
     # Bearer token required by every endpoint but /health (None: no auth).
@@ -32,6 +35,8 @@ class ServeConfig:
             raise ValueError(f"--port must be in 0..65535, got {self.port}")
         if self.max_msg_bytes < 1:
             raise ValueError(f"--max-msg-bytes must be at least 1, got {self.max_msg_bytes}")
+        if self.backend != "disk" and not self.backend.startswith(("redis://", "rediss://")):
+            raise ValueError(f"--backend must be disk or redis://HOST:PORT/DB, got {self.backend!r}")
         if self.auth_token is not None and not self.auth_token:
             raise ValueError("the auth token file is empty")
         if self.checkpoint_interval_ms < 10:

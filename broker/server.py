@@ -112,25 +112,69 @@ class Node:
         self.checkpoint_seconds += time.perf_counter() - started
 
 
-async def run(config: ServeConfig) -> int:
-    node = Node(config)
-    node.broker.start()
+class RedisNode:
+    """A node whose state lives in Redis (`--backend redis://...`): no data
+    dir and no checkpoints; any number of such nodes may share the Redis."""
+
+    def __init__(self, config: ServeConfig) -> None:
+        from .redis_backend import RedisBroker  # the redis extra is optional
+
+        self.config = config
+        self.clock = SystemClock()
+        self.metrics = Metrics()
+        self.broker = RedisBroker.from_url(config.backend, self.clock, config.defaults, self.metrics)
+        self.api = Api(self.broker, config.max_msg_bytes)
+
+    app = Node.app
+    _auth = Node._auth
+    health = Node.health
+
+    async def metrics_text(self, request: web.Request) -> web.Response:
+        return web.Response(text=self.metrics.render([], []), content_type="text/plain")
+
+
+async def _serve_until_stopped(node, config: ServeConfig, describe: str) -> web.AppRunner:
+    """Listen, run until SIGTERM/SIGINT or a fatal error, then stop taking
+    work: answer long polls and finish the requests in flight."""
     runner = web.AppRunner(node.app(), handle_signals=False, shutdown_timeout=SHUTDOWN_TIMEOUT_S,
                            access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, config.host, config.port)
-    await site.start()
-    log.info("serving on http://%s:%d (standalone)", config.host, config.port)
+    await web.TCPSite(runner, config.host, config.port).start()
+    log.info("serving on http://%s:%d (%s)", config.host, config.port, describe)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     node.broker.on_fatal = lambda error: stop.set()
-    checkpoints = asyncio.create_task(node.checkpoint_loop())
     await stop.wait()
     log.info("stopping: answering long polls, finishing requests")
     node.broker.begin_stop()
     await runner.cleanup()
+    return runner
+
+
+async def run_redis(config: ServeConfig) -> int:
+    node = RedisNode(config)
+    try:
+        await node.broker.start()
+    except Exception as e:
+        log.critical("cannot use %s: %r", config.backend, e)
+        await node.broker.stop()
+        return 1
+    await _serve_until_stopped(node, config, f"state in {config.backend}")
+    failed = node.broker.failed
+    await node.broker.stop()
+    log.info("stopped")
+    return 1 if failed is not None else 0
+
+
+async def run(config: ServeConfig) -> int:
+    if config.backend != "disk":
+        return await run_redis(config)
+    node = Node(config)
+    node.broker.start()
+    checkpoints = asyncio.create_task(node.checkpoint_loop())
+    await _serve_until_stopped(node, config, "standalone")
     checkpoints.cancel()
     if node.broker.failed is not None:  # no last checkpoint over a state RAM and disk disagree on
         log.critical("exiting after a failure; the next start recovers from the commit log")

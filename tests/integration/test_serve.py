@@ -40,7 +40,7 @@ def test_auth_token_guards_everything_but_health(tmp_path):
 
 
 def test_unknown_backend_is_refused_with_a_sentence(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "broker.cli", "serve", "--backend", "redis://127.0.0.1:1/0",
+    result = subprocess.run([sys.executable, "-m", "broker.cli", "serve", "--backend", "memcached://127.0.0.1:1",
                              "--data-dir", str(tmp_path)], capture_output=True, text=True, timeout=30)
     assert result.returncode == 2
     assert "--backend" in result.stderr
