@@ -99,13 +99,13 @@ class Node:
                 return
 
     async def checkpoint(self) -> None:
-        """Everything appended goes through the group commit (so the wheel
-        hears of new messages) before the store's checkpoint; its syncfs
-        runs in a worker thread while requests go on."""
-        while self.store.pending_records:
-            await self.broker.commits.flush()
+        """The checkpoint is prepared by the group commit at a quiet point
+        (everything appended applied, and the wheel told of it), which a busy
+        node reaches every commit; its syncfs runs in a worker thread while
+        requests go on."""
         started = time.perf_counter()
-        prepared = self.store.prepare_checkpoint(self.clock.now_ms())
+        prepared = await self.broker.commits.at_quiet_point(
+            lambda: self.store.prepare_checkpoint(self.clock.now_ms()))
         await asyncio.to_thread(self.store.sync_checkpoint)  # the slow part, off the event loop
         self.store.finish_checkpoint(prepared)
         self.checkpoints += 1
@@ -180,7 +180,7 @@ async def run(config: ServeConfig) -> int:
         log.critical("exiting after a failure; the next start recovers from the commit log")
         return 1
     await node.broker.stop()
-    await node.checkpoint()
+    node.store.checkpoint(node.clock.now_ms())  # the tasks are stopped: nothing can append now
     node.store.close()
     log.info("stopped")
     return 0

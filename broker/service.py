@@ -161,6 +161,7 @@ class GroupCommit:
         self._on_entries = on_entries
         self._metrics = metrics
         self._waiting: list[asyncio.Future] = []
+        self._quiet: list[tuple[Callable[[], object], asyncio.Future]] = []
         self._kick = asyncio.Event()
         self._failed: BaseException | None = None
 
@@ -194,6 +195,32 @@ class GroupCommit:
             for future in waiting:
                 if not future.done():
                     future.set_result(None)
+            if self._quiet:
+                self._run_quiet()
+
+    def _run_quiet(self) -> None:
+        """Apply everything appended, fsync'ing inline, and run the waiting
+        functions, all without yielding: no request can append in between,
+        so they see a store with nothing pending (however busy the node)."""
+        store = self._store
+        count = store.pending_records
+        if count:
+            store.log.sync()
+            self._on_entries(store.apply_pending(count))
+        quiet, self._quiet = self._quiet, []
+        for fn, future in quiet:
+            try:
+                future.set_result(fn())
+            except Exception as e:
+                future.set_exception(e)
+
+    async def at_quiet_point(self, fn: Callable[[], object]) -> object:
+        """Run `fn` at a moment when every appended record is durable and
+        applied (a checkpoint's first step); returns what it returns."""
+        future = asyncio.get_running_loop().create_future()
+        self._quiet.append((fn, future))
+        self._kick.set()
+        return await future
 
     async def flush(self) -> None:
         """Commit whatever is pending (used at stop)."""
