@@ -52,7 +52,7 @@ from sortedcontainers import SortedList
 
 from storage.entry import MS_PER_HOUR, MS_PER_SECOND, SECONDS_PER_HOUR, IndexEntry, Location, Message, Status
 from storage.errors import InvalidRequest
-from storage.store import NewMessage, SendOutcome, StateChange, Store, text_hash
+from storage.store import NewMessage, SendOutcome, StateChange, Store, text_hash, total_counts
 from wheel.clock import Clock
 from wheel.driver import WheelDriver
 from wheel.scheduler import Scheduler, SchedulerConfig
@@ -183,7 +183,7 @@ class GroupCommit:
             try:
                 if count:
                     started = time.perf_counter()
-                    await asyncio.to_thread(store.log.sync)
+                    await asyncio.to_thread(store.sync_log)
                     self._metrics.fsync_seconds.observe(time.perf_counter() - started)
                     self._on_entries(store.apply_pending(count))
             except BaseException as e:  # a failed fsync: nothing more may be answered 200
@@ -205,7 +205,7 @@ class GroupCommit:
         store = self._store
         count = store.pending_records
         if count:
-            store.log.sync()
+            store.sync_log()
             self._on_entries(store.apply_pending(count))
         quiet, self._quiet = self._quiet, []
         for fn, future in quiet:
@@ -669,9 +669,8 @@ class Broker:
             raise NotFound(f"no topic {topic!r}")
         now_ms = self.clock.now_ms()
         buckets = [0] * len(WAITING_BUCKETS)
-        totals = [0] * 8
+        totals = total_counts(hours)
         for hour, counts in hours:
-            totals = [a + b for a, b in zip(totals, counts)]
             if not counts[Status.WAITING]:
                 continue
             first = _bucket(hour * MS_PER_HOUR - now_ms)

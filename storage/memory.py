@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from .config import StoreConfig
 from .entry import MS_PER_HOUR, SECONDS_PER_HOUR, IndexEntry, Location, Message, Status, hour_and_second
 from .errors import InvalidRequest, StoreClosedError
-from .store import MAX_RETRY_COUNT, CheckpointReport, NewMessage, SendOutcome, SendResult, StateChange, text_hash
+from .store import (MAX_RETRY_COUNT, CheckpointReport, NewMessage, SendOutcome, SendResult, StateChange, text_hash,
+                    total_counts)
 
 
 @dataclass
@@ -224,10 +225,7 @@ class InMemoryStore:
         return out
 
     def topic_counts(self, topic_hash: int) -> list[int]:
-        total = [0] * 8
-        for _, counts in self.topic_hours(topic_hash):
-            total = [a + b for a, b in zip(total, counts)]
-        return total
+        return total_counts(self.topic_hours(topic_hash))
 
     def hour_entries(self, hour: int, first: int = 0, count: int | None = None) -> list[IndexEntry]:
         self._check_open()

@@ -116,6 +116,14 @@ class PreparedCheckpoint(NamedTuple):
     topic_names: dict[int, str]
 
 
+def total_counts(hours: Iterable[tuple[int, list[int]]]) -> list[int]:
+    """Per-status counts (index = status) summed over `topic_hours` rows."""
+    total = [0] * 8
+    for _, counts in hours:
+        total = [a + b for a, b in zip(total, counts)]
+    return total
+
+
 def text_hash(text: str) -> int:
     """Non-zero 32-bit hash of a topic or tag (0 means "no tag")."""
     return (zlib.crc32(text.encode()) or 1) if text else 0
@@ -391,12 +399,11 @@ class Store:
         """Records appended and not yet applied (see `sync_log`)."""
         return len(self._pending)
 
-    def sync_log(self) -> int:
-        """fsync everything appended so far; returns how many records are now
-        durable and may be applied. Safe to run in a worker thread."""
-        n = len(self._pending)
+    def sync_log(self) -> None:
+        """fsync everything appended so far. Safe to run in a worker thread
+        while this one keeps appending: read `pending_records` before it, and
+        apply that many afterwards (`apply_pending`)."""
         self.log.sync()
-        return n
 
     def apply_pending(self, count: int | None = None) -> list[IndexEntry]:
         """Apply the first `count` (default: all) pending records, which must
@@ -417,7 +424,9 @@ class Store:
         """Group commit: one fsync for every change since the last commit,
         then apply them. Returns the index entries of newly stored messages."""
         self._check_open()
-        return self.apply_pending(self.sync_log())
+        count = self.pending_records
+        self.sync_log()
+        return self.apply_pending(count)
 
     # == applying records (normal path and recovery) =========================
 
@@ -608,10 +617,7 @@ class Store:
 
     def topic_counts(self, topic_hash: int) -> list[int]:
         """The topic's messages per status over all live hours (index 0 unused)."""
-        total = [0] * 8
-        for _, counts in self.topic_hours(topic_hash):
-            total = [a + b for a, b in zip(total, counts)]
-        return total
+        return total_counts(self.topic_hours(topic_hash))
 
     def hour_entries(self, hour: int, first: int = 0, count: int | None = None) -> list[IndexEntry]:
         """Applied entries of `hour` from globalIndex `first` (`count` of them,
