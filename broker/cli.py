@@ -6,6 +6,7 @@ import argparse
 import logging
 import sys
 
+from replication.config import Acks, ClusterConfig, parse_cluster
 from storage.config import StoreConfig
 
 from .config import ServeConfig, fsync_policy
@@ -25,21 +26,36 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--auth-token-file", default=None,
                        help="file holding a bearer token required by every endpoint but /health")
     serve.add_argument("--node-id", default=None, help="this node's id in --cluster")
-    serve.add_argument("--cluster", default=None, help="id=host:http_port:replication_port,... (all nodes)")
+    serve.add_argument("--cluster", default=None,
+                       help="id=host:http_port:replication_port,... (every node, this one included); the node "
+                            "listens on its own entry's host and ports, --host/--port are then ignored")
+    serve.add_argument("--acks", default="quorum",
+                       help="cluster only: quorum (default: a write is answered once a majority has it on disk) "
+                            "or leader (once the leader has; weaker, see README)")
     serve.add_argument("--log-level", default="INFO", help="DEBUG, INFO (default), WARNING, ERROR")
     return parser
 
 
 def config_from_args(args: argparse.Namespace) -> ServeConfig:
+    cluster = None
     if args.cluster or args.node_id:
-        raise ValueError("--cluster/--node-id: clustering does not exist in this version; run standalone")
+        if not (args.cluster and args.node_id):
+            raise ValueError("--cluster and --node-id go together")
+        try:
+            acks = Acks(args.acks)
+        except ValueError:
+            raise ValueError(f"--acks must be quorum or leader, got {args.acks!r}") from None
+        cluster = ClusterConfig(args.node_id, parse_cluster(args.cluster), acks=acks)
+        args.host, args.port = cluster.me.host, cluster.me.http_port
+    elif args.acks != "quorum":
+        raise ValueError("--acks applies to a cluster (--cluster/--node-id)")
     token = None
     if args.auth_token_file:
         with open(args.auth_token_file, encoding="utf-8") as f:
             token = f.read().strip()
     return ServeConfig(host=args.host, port=args.port, data_dir=args.data_dir, backend=args.backend,
                        max_msg_bytes=args.max_msg_bytes,
-                       auth_token=token, store=StoreConfig(fsync=fsync_policy(args.fsync)))
+                       auth_token=token, store=StoreConfig(fsync=fsync_policy(args.fsync)), cluster=cluster)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from replication.config import ClusterConfig
 from storage.config import FsyncPolicy, StoreConfig
 
 from .params import Defaults
@@ -29,6 +30,9 @@ class ServeConfig:
     store: StoreConfig = field(default_factory=StoreConfig)
     # What requests get for parameters they leave out (camellia's values).
     defaults: Defaults = field(default_factory=Defaults)
+    # --node-id/--cluster: this node is one of a replicated cluster (None:
+    # standalone). Its host and port then come from its --cluster entry.
+    cluster: ClusterConfig | None = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -39,6 +43,8 @@ class ServeConfig:
             raise ValueError(f"--backend must be disk or redis://HOST:PORT/DB, got {self.backend!r}")
         if self.auth_token is not None and not self.auth_token:
             raise ValueError("the auth token file is empty")
+        if self.cluster is not None and self.backend != "disk":
+            raise ValueError("--cluster needs --backend disk (a Redis backend shares its state already)")
         if self.checkpoint_interval_ms < 10:
             raise ValueError(f"checkpoint_interval_ms must be at least 10, got {self.checkpoint_interval_ms}")
 

@@ -17,6 +17,7 @@ import os
 import signal
 import time
 
+import aiohttp
 from aiohttp import web
 
 from storage.store import Store, text_hash
@@ -168,9 +169,43 @@ async def run_redis(config: ServeConfig) -> int:
     return 1 if failed is not None else 0
 
 
+async def run_cluster(config: ServeConfig) -> int:
+    """A cluster node: serve HTTP (API, /_cluster/ log stream) at once, follow,
+    lead when elected; SIGTERM hands the lead over before stopping."""
+    from replication.node import ClusterNode
+
+    node = ClusterNode(config, config.cluster)
+    node.session = aiohttp.ClientSession()
+    runner = web.AppRunner(node.app(), handle_signals=False, shutdown_timeout=SHUTDOWN_TIMEOUT_S, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, config.host, config.port).start()
+    log.info("serving on http://%s:%d (node %s of %s)", config.host, config.port, config.cluster.node_id,
+             ",".join(config.cluster.peers))
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    node.on_fatal = lambda error: stop.set()
+    roles = asyncio.create_task(node.run(), name="roles")
+    checkpoints = asyncio.create_task(node.checkpoint_loop(), name="checkpoints")
+    roles.add_done_callback(lambda t: t.cancelled() or t.exception() is None or node.fail(t.exception(), "roles"))
+    await stop.wait()
+    log.info("stopping: handing over")
+    roles.cancel()
+    checkpoints.cancel()
+    await asyncio.gather(roles, checkpoints, return_exceptions=True)
+    await node.handover()
+    await runner.cleanup()
+    await node.close()
+    log.info("stopped")
+    return 1 if node.failed is not None else 0
+
+
 async def run(config: ServeConfig) -> int:
     if config.backend != "disk":
         return await run_redis(config)
+    if config.cluster is not None:
+        return await run_cluster(config)
     node = Node(config)
     node.broker.start()
     checkpoints = asyncio.create_task(node.checkpoint_loop())

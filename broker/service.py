@@ -45,7 +45,7 @@ import logging
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 from sortedcontainers import SortedList
@@ -148,6 +148,9 @@ class TopicQueue:
         return None if key is None else Location(key[2], key[3])
 
 
+Replicated = Callable[[int], Awaitable[None]]
+
+
 class GroupCommit:
     """Makes appended records durable together: many requests, one fsync.
 
@@ -156,10 +159,19 @@ class GroupCommit:
     record appended so far, applies them to the derived files, hands the new
     index entries to `on_entries`, and wakes those requests."""
 
-    def __init__(self, store: Store, on_entries: Callable[[list[IndexEntry]], None], metrics: Metrics) -> None:
+    def __init__(self, store: Store, on_entries: Callable[[list[IndexEntry]], None], metrics: Metrics,
+                 replicated: Replicated | None = None, apply_lock: asyncio.Lock | None = None) -> None:
         self._store = store
+        # Held while records are fsync'ed and applied: a snapshot holds it to
+        # copy derived files that do not change under it.
+        self._apply_lock = apply_lock or asyncio.Lock()
         self._on_entries = on_entries
         self._metrics = metrics
+        # In a cluster: called with each offset once it is on this node's
+        # disk, and awaited until enough followers have it too (see
+        # replication.log_stream.LeaderLog); requests are answered then.
+        self._replicated = replicated
+        self._answering: set[asyncio.Task] = set()
         self._waiting: list[asyncio.Future] = []
         self._quiet: list[tuple[Callable[[], object], asyncio.Future]] = []
         self._kick = asyncio.Event()
@@ -179,24 +191,37 @@ class GroupCommit:
             await self._kick.wait()
             self._kick.clear()
             waiting, self._waiting = self._waiting, []
-            count = store.pending_records
-            try:
-                if count:
-                    started = time.perf_counter()
-                    await asyncio.to_thread(store.sync_log)
-                    self._metrics.fsync_seconds.observe(time.perf_counter() - started)
-                    self._on_entries(store.apply_pending(count))
-            except BaseException as e:  # a failed fsync: nothing more may be answered 200
-                self._failed = e
-                for future in waiting + self._waiting:
-                    if not future.done():
-                        future.set_exception(Unavailable(f"the commit log failed: {e}"))
-                raise
-            for future in waiting:
-                if not future.done():
-                    future.set_result(None)
-            if self._quiet:
-                self._run_quiet()
+            async with self._apply_lock:
+                count = store.pending_records
+                end_offset = store.log.end_offset
+                try:
+                    if count:
+                        started = time.perf_counter()
+                        await asyncio.to_thread(store.sync_log)
+                        self._metrics.fsync_seconds.observe(time.perf_counter() - started)
+                        self._on_entries(store.apply_pending(count))
+                except BaseException as e:  # a failed fsync: nothing more may be answered 200
+                    self._failed = e
+                    for future in waiting + self._waiting:
+                        if not future.done():
+                            future.set_exception(Unavailable(f"the commit log failed: {e}"))
+                    raise
+                if self._replicated is None:
+                    _answer(waiting, None)
+                else:  # answered when a quorum has it, while the next batch is fsync'ed
+                    task = asyncio.create_task(self._answer_when_replicated(end_offset, waiting))
+                    self._answering.add(task)
+                    task.add_done_callback(self._answering.discard)
+                if self._quiet:
+                    self._run_quiet()
+
+    async def _answer_when_replicated(self, end_offset: int, waiting: list[asyncio.Future]) -> None:
+        try:
+            await self._replicated(end_offset)
+        except Unavailable as e:
+            _answer(waiting, e)
+        else:
+            _answer(waiting, None)
 
     def _run_quiet(self) -> None:
         """Apply everything appended, fsync'ing inline, and run the waiting
@@ -222,10 +247,26 @@ class GroupCommit:
         self._kick.set()
         return await future
 
+    def abandon(self) -> None:
+        """Answer every waiting request 503 (the node stopped leading)."""
+        error = Unavailable("this node stopped leading; retry (the client does, with the same msgId)")
+        self._failed = self._failed or error  # (requests waiting for followers are failed by the leader log)
+        _answer(self._waiting, error)
+        self._waiting = []
+
     async def flush(self) -> None:
         """Commit whatever is pending (used at stop)."""
         if self._store.pending_records:
             await self.durable()
+
+
+def _answer(waiting: list[asyncio.Future], error: BaseException | None) -> None:
+    for future in waiting:
+        if not future.done():
+            if error is None:
+                future.set_result(None)
+            else:
+                future.set_exception(error)
 
 
 class Broker:
@@ -233,7 +274,8 @@ class Broker:
     event loop; `start()` launches the commit, wheel and timer tasks."""
 
     def __init__(self, store: Store, clock: Clock, defaults: Defaults, metrics: Metrics, *,
-                 tick_path: str, scheduler_config: SchedulerConfig | None = None) -> None:
+                 tick_path: str, scheduler_config: SchedulerConfig | None = None,
+                 replicated: Replicated | None = None, apply_lock: asyncio.Lock | None = None) -> None:
         self.store = store
         self.clock = clock
         self.defaults = defaults
@@ -256,7 +298,7 @@ class Broker:
         now_ms = clock.now_ms()
         self._recover(now_ms)
         self.scheduler = Scheduler(store, self._tick_file.state, now_ms, scheduler_config or SchedulerConfig())
-        self.commits = GroupCommit(store, self._on_committed, metrics)
+        self.commits = GroupCommit(store, self._on_committed, metrics, replicated, apply_lock)
         self.driver = WheelDriver(self.scheduler, clock, self._release, persist_tick=self._persist_tick)
         self._tasks: list[asyncio.Task] = []
 
@@ -308,6 +350,22 @@ class Broker:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tick_file.close()
+
+    async def abandon(self) -> None:
+        """Stop at once without waiting for anything to replicate (this node
+        no longer leads): answer every request in flight 503, stop the tasks."""
+        self.begin_stop()
+        self.driver.stop()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self.commits.abandon()
+        self._tick_file.close()
+
+    @property
+    def tick(self) -> TickState | None:
+        """The tick last persisted: what a follower may take over from."""
+        return self._tick_file.state
 
     def _check_serving(self) -> None:
         if self._stopping:

@@ -328,6 +328,11 @@ class CommitLog:
             if end > 0:
                 seg.mm.madvise(mmap.MADV_DONTNEED, 0, end)
 
+    def segment_ends(self) -> dict[str, int]:
+        """File name -> file position where its records end (a snapshot
+        copies each segment up to there)."""
+        return {os.path.basename(s.path): s.write_pos for s in self._segments}
+
     def disk_bytes(self) -> int:
         return sum(s.capacity for s in self._segments)
 

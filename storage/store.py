@@ -394,6 +394,31 @@ class Store:
         self.log.append(records.encode(kind, now_ms, items))
         self._pending.append((kind, now_ms, items))
 
+    # == replication ============================================================
+
+    def append_replicated(self, offset: int, body: bytes) -> None:
+        """A follower appends the leader's record found at `offset`, byte for
+        byte, so both logs give it the same offset. Durable and applied by
+        the next `commit()`, exactly as if this store had made it."""
+        self._check_open()
+        if offset != self.log.end_offset:
+            raise ValueError(f"record at offset {offset} does not continue this log (it ends at {self.log.end_offset})")
+        kind, now_ms, items = records.decode(body)
+        self.log.append(body)
+        self._pending.append((kind, now_ms, items))
+
+    def read_log(self, offset: int, end_offset: int, max_bytes: int) -> list[tuple[int, bytes]]:
+        """Records from `offset` (a record boundary) before `end_offset`, at
+        least one and about `max_bytes` in all: what a follower fetches."""
+        found: list[tuple[int, bytes]] = []
+        size = 0
+        for at, body in self.log.read_from(offset):
+            if at >= end_offset or (found and size + len(body) > max_bytes):
+                break
+            found.append((at, body))
+            size += len(body)
+        return found
+
     @property
     def pending_records(self) -> int:
         """Records appended and not yet applied (see `sync_log`)."""
@@ -675,7 +700,9 @@ class Store:
         pages included): safe to run in a worker thread."""
         sync_filesystem(self.directory)
 
-    def finish_checkpoint(self, p: PreparedCheckpoint) -> CheckpointReport:
+    def finish_checkpoint(self, p: PreparedCheckpoint, keep_log_from: int | None = None) -> CheckpointReport:
+        """`keep_log_from`: keep commit-log segments from this offset on even
+        if the checkpoint no longer needs them (a follower still reads them)."""
         self._check_open()
         Checkpoint(p.offset, p.kept, p.now_ms, p.topic_names).save(os.path.join(self.directory, "checkpoint"))
         for hour in p.retired:
@@ -683,7 +710,7 @@ class Store:
                 os.unlink(path)
         if p.retired:
             fsync_dir(self._delay_dir)
-        deleted = self.log.delete_before(p.offset)
+        deleted = self.log.delete_before(p.offset if keep_log_from is None else min(p.offset, keep_log_from))
         self.ids.shed()
         self.log.shed()
         for h in self._hours.values():

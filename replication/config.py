@@ -1,0 +1,123 @@
+"""Cluster settings: who the nodes are, how writes are acknowledged, and
+the timings of election, lease and tick-state sync."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+class Acks(enum.Enum):
+    """When a write is answered 200.
+
+    QUORUM (default): once a majority of the nodes (the leader counted) has
+    its commit-log record on disk. A leader that has lost its majority can
+    answer no write, and no pull, so two nodes never hand out the same
+    message in one term.
+    LEADER: once the leader alone has it on disk. Faster, weaker: a leader
+    crash loses what no follower fetched yet, and a deposed leader may go on
+    answering until it notices (at most `lease_ms`)."""
+
+    QUORUM = "quorum"
+    LEADER = "leader"
+
+
+@dataclass(frozen=True)
+class Peer:
+    node_id: str
+    host: str
+    http_port: int  # the API, and the log stream at /_cluster/ (see replication.protocol)
+    raft_port: int  # the election (pysyncobj's Raft); SPEC's "replication_port"
+
+    @property
+    def http_url(self) -> str:
+        return f"http://{self.host}:{self.http_port}"
+
+    @property
+    def raft_address(self) -> str:
+        return f"{self.host}:{self.raft_port}"
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    # This node's id; must be one of `peers`.
+    node_id: str
+    # Every node of the cluster, this one included, by id.
+    peers: dict[str, Peer] = field(default_factory=dict)
+    # When a write is answered (see Acks).
+    acks: Acks = Acks.QUORUM
+    # The leader sends its tick state (and any new records) to followers at
+    # least this often; a crash re-delivers at most what it released since.
+    tick_sync_ms: int = 50
+    # Raft election timeout range (pysyncobj raftMinTimeout/raftMaxTimeout):
+    # a follower that hears nothing from the leader for a random time in
+    # this range stands for election.
+    election_min_ms: int = 400
+    election_max_ms: int = 1000
+    # A leader that has not heard from a majority for this long stops
+    # answering writes and stands down; below election_min_ms, so it has
+    # stopped before anyone else can be elected.
+    lease_ms: int = 300
+    # A write waiting for its quorum longer than this is answered 503 (the
+    # client retries it with the same msgId, on whichever node leads then).
+    write_timeout_ms: int = 3000
+    # The leader keeps commit-log segments back to the slowest follower's
+    # offset, but never more than this many bytes behind its end; a follower
+    # further behind gets a snapshot.
+    retain_log_bytes: int = 256 * 1024 * 1024
+
+    def __post_init__(self) -> None:
+        if self.node_id not in self.peers:
+            raise ValueError(f"--node-id {self.node_id!r} is not in --cluster ({', '.join(self.peers)})")
+        if len(self.peers) < 1:
+            raise ValueError("--cluster names no node")
+        if not 0 < self.tick_sync_ms <= 1000:
+            raise ValueError(f"tick_sync_ms must be in 1..1000, got {self.tick_sync_ms}")
+        if not 0 < self.election_min_ms < self.election_max_ms:
+            raise ValueError("election_min_ms must be positive and below election_max_ms")
+        if not self.tick_sync_ms < self.lease_ms < self.election_min_ms:
+            raise ValueError("lease_ms must lie between tick_sync_ms and election_min_ms: a deposed leader "
+                             "must have stopped before another can be elected")
+        addresses = [(p.host, p.http_port) for p in self.peers.values()] + \
+                    [(p.host, p.raft_port) for p in self.peers.values()]
+        if len(set(addresses)) != len(addresses):
+            raise ValueError("--cluster: two entries share an address (each node needs its own two ports)")
+
+    @property
+    def me(self) -> Peer:
+        return self.peers[self.node_id]
+
+    @property
+    def others(self) -> list[Peer]:
+        return [p for p in self.peers.values() if p.node_id != self.node_id]
+
+    @property
+    def quorum(self) -> int:
+        """Nodes that must hold a record (the leader counted) for acks=quorum."""
+        return len(self.peers) // 2 + 1
+
+
+def parse_cluster(text: str) -> dict[str, Peer]:
+    """`n1=127.0.0.1:8001:9001,n2=...` -> peers by id; ValueError with a
+    sentence naming the bad entry."""
+    peers: dict[str, Peer] = {}
+    for entry in (e.strip() for e in text.split(",")):
+        if not entry:
+            continue
+        node_id, eq, address = entry.partition("=")
+        parts = address.rsplit(":", 2)
+        if not eq or not node_id or len(parts) != 3:
+            raise ValueError(f"--cluster entry {entry!r} is not id=host:http_port:replication_port")
+        host, http_port, raft_port = parts
+        try:
+            ports = int(http_port), int(raft_port)
+        except ValueError:
+            raise ValueError(f"--cluster entry {entry!r}: ports must be integers") from None
+        if not all(0 < p <= 65535 for p in ports):
+            raise ValueError(f"--cluster entry {entry!r}: ports must be in 1..65535")
+        if node_id in peers:
+            raise ValueError(f"--cluster names node {node_id!r} twice")
+        peers[node_id] = Peer(node_id, host, *ports)
+    if not peers:
+        raise ValueError("--cluster names no node")
+    return peers

@@ -1,0 +1,63 @@
+"""The replication protocol: three calls between nodes, on the HTTP port.
+
+Bodies are msgpack maps (Content-Type application/x-msgpack); a node with
+`--auth-token-file` requires the same bearer token from its peers.
+
+POST /_cluster/fetch — a follower pulls the leader's commit log (Kafka's
+replica fetch). The offset it asks from is everything it has on disk, so
+each fetch also acknowledges what came before: the leader counts a record
+as replicated when a quorum has fetched past it.
+
+    request  {node, epoch, offset, last_epoch, wait_ms, catchup}
+      epoch       the term of the leader the follower follows
+      offset      the follower's commit-log end (all of it on its disk)
+      last_epoch  epoch of the follower's last record (replication.epochs)
+      wait_ms     hold the answer this long if there is nothing new
+      catchup     a candidate catching up from a peer that is not the
+                  leader: serve whatever log there is, do not wait
+    answer   {status, epoch, leader, history, records, end_offset,
+              log_start, tick}
+      status      "ok"; "diverged" (the follower's tail is not in this
+                  log: it must take a snapshot); "snapshot" (the offset
+                  is before this log's start); "not_leader"; "stale" (the
+                  follower knows a higher epoch: this node is deposed)
+      records     [[offset, body], ...] from `offset`, ~1 MiB at most
+      end_offset  this node's durable log end
+      tick        [hour_tick, second_tick, local_index] or None: the
+                  leader's wheel position, sent with every answer, and at
+                  least every `tick_sync_ms` (the fetch's wait_ms)
+
+POST /_cluster/position — a candidate asks a peer for its promise and
+its log position before it leads.
+
+    request  {node, epoch}
+    answer   {status, promised, end_offset, last_epoch, history}
+      status  "ok": the peer promises to take no record of an epoch below
+              `epoch` from now on; "refused": it has promised a higher one
+
+GET /_cluster/snapshot — the whole data directory as a tar stream (see
+replication.snapshot), for a follower too far behind, or diverged.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgpack
+
+FETCH_PATH = "/_cluster/fetch"
+POSITION_PATH = "/_cluster/position"
+SNAPSHOT_PATH = "/_cluster/snapshot"
+CONTENT_TYPE = "application/x-msgpack"
+FETCH_MAX_BYTES = 1024 * 1024
+
+
+def pack(message: dict[str, Any]) -> bytes:
+    return msgpack.packb(message, use_bin_type=True)
+
+
+def unpack(data: bytes) -> dict[str, Any]:
+    message = msgpack.unpackb(data, raw=False, strict_map_key=False)
+    if not isinstance(message, dict):
+        raise ValueError("a replication message must be a map")
+    return message
