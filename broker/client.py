@@ -31,6 +31,13 @@ the server stores an id once, and a repeat answers the stored message.
 Delivery is at least once anyway; a pull repeated this way hands out
 messages that come back after their ack timeout.
 
+Clusters. Give every node's address (a list, or one string with commas):
+any node answers any call (a follower forwards it to the leader), and when
+the node in use fails (a refused connection, a timeout, a 503) the next
+attempt goes to the next address. With the retries above and client-made
+ids, a send rides through a leader failover without being lost or stored
+twice.
+
 Redirects. A follower may answer 307/308 with the leader's address. aiohttp
 would follow it but drops `Authorization` when the port changes (a new
 origin), so this client follows up to `MAX_REDIRECTS` itself and keeps the
@@ -45,7 +52,7 @@ import json
 import logging
 import random
 import uuid
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -149,7 +156,8 @@ class DelayQueueClient:
     `max_backoff_s`, with jitter, between them.
     """
 
-    def __init__(self, base_url: str, *, token: str | None = None, timeout_s: float = 10.0, retries: int = 5,
+    def __init__(self, base_url: str | Sequence[str], *, token: str | None = None, timeout_s: float = 10.0,
+                 retries: int = 8,
                  backoff_s: float = 0.1, max_backoff_s: float = 2.0,
                  session: aiohttp.ClientSession | None = None) -> None:
         if timeout_s <= 0:
@@ -158,7 +166,11 @@ class DelayQueueClient:
             raise ValueError(f"retries must be >= 0, got {retries}")
         if not 0 <= backoff_s <= max_backoff_s:
             raise ValueError(f"need 0 <= backoff_s <= max_backoff_s, got {backoff_s} and {max_backoff_s}")
-        self.base_url = base_url.rstrip("/")
+        urls = base_url.split(",") if isinstance(base_url, str) else list(base_url)
+        self.base_urls = [u.strip().rstrip("/") for u in urls if u.strip()]
+        if not self.base_urls:
+            raise ValueError("base_url names no node")
+        self._node = 0  # index in base_urls of the node in use
         self.timeout_s = timeout_s
         self.retries = retries
         self.backoff_s = backoff_s
@@ -169,6 +181,11 @@ class DelayQueueClient:
 
     def __repr__(self) -> str:
         return f"DelayQueueClient({self.base_url!r}, timeout_s={self.timeout_s}, retries={self.retries})"
+
+    @property
+    def base_url(self) -> str:
+        """The node in use."""
+        return self.base_urls[self._node]
 
     async def __aenter__(self) -> DelayQueueClient:
         return self
@@ -267,9 +284,10 @@ class DelayQueueClient:
                     missing_ok: bool = False) -> Any:
         """The answer's JSON object after retries; None for a 404 when
         `missing_ok`; raises DelayQueueError for any other non-200."""
-        url = URL(self.base_url + (endpoint if endpoint.startswith("/") else PREFIX + endpoint)).update_query(query)
+        path = endpoint if endpoint.startswith("/") else PREFIX + endpoint
         timeout = aiohttp.ClientTimeout(total=self.timeout_s + wait_s)
         for attempt in itertools.count():
+            url = URL(self.base_url + path).update_query(query)
             try:
                 code, answer = await self._request(method, url, form, body, timeout, endpoint)
                 if code == 200 or (code == 404 and missing_ok):
@@ -278,6 +296,7 @@ class DelayQueueClient:
             except Exception as error:
                 if attempt == self.retries or not is_transient(error):
                     raise
+                self._node = (self._node + 1) % len(self.base_urls)  # the next node, if there are several
                 pause_s = min(self.max_backoff_s, self.backoff_s * 2 ** attempt) * random.uniform(0.5, 1.0)
                 log.debug("%s %s failed (%r), attempt %d; again in %.2f s", method, endpoint, error, attempt + 1,
                           pause_s)

@@ -1,0 +1,281 @@
+"""A real 3-node hourglass cluster on loopback, and the failover drill that
+tests and bench/failover.py run against it.
+
+    cluster = Cluster.start(tmp_path)          # n1, n2, n3 on free ports
+    leader = cluster.wait_leader()             # its id, once one leads
+    cluster.kill(leader)                       # SIGKILL (freeze/thaw/terminate too)
+    cluster.restart(leader)
+    cluster.stop()                             # SIGTERM every node, by PID
+
+`drill(cluster, fault)` drives producers and long-polling consumers through
+the Python client (given every node's address), applies `fault` to the
+leader mid-run, and returns what happened (see `DrillResult`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+
+from serving import ROOT, Server, free_port, request
+
+NODE_IDS = ("n1", "n2", "n3")
+
+
+@dataclass
+class Cluster:
+    root: str
+    spec: str
+    ports: dict[str, int]
+    flags: tuple[str, ...]
+    nodes: dict[str, Server] = field(default_factory=dict)
+
+    @classmethod
+    def start(cls, root, *flags: str, wait_s: float = 30) -> Cluster:
+        root = str(root)
+        os.makedirs(root, exist_ok=True)
+        ports = {n: free_port() for n in NODE_IDS}
+        spec = ",".join(f"{n}=127.0.0.1:{ports[n]}:{free_port()}" for n in NODE_IDS)
+        cluster = cls(root, spec, ports, flags)
+        for n in NODE_IDS:
+            cluster.restart(n, wait=False)
+        for n in NODE_IDS:
+            cluster.nodes[n].wait_healthy(wait_s)
+        return cluster
+
+    def url(self, node: str) -> str:
+        return f"http://127.0.0.1:{self.ports[node]}"
+
+    @property
+    def urls(self) -> list[str]:
+        return [self.url(n) for n in NODE_IDS]
+
+    def restart(self, node: str, wait: bool = True) -> None:
+        self.nodes[node] = _spawn(os.path.join(self.root, node), node, self)
+        if wait:
+            self.nodes[node].wait_healthy(30)
+
+    def health(self, node: str) -> dict | None:
+        try:
+            status, body = request(self.url(node) + "/health", timeout=1)
+        except OSError:
+            return None
+        return json.loads(body) if status == 200 else None
+
+    def leader(self, exclude: str | None = None) -> tuple[str, int] | None:
+        """(node, term) of a node that says it leads, if any."""
+        for n in NODE_IDS:
+            if n == exclude or not self.alive(n):
+                continue
+            h = self.health(n)
+            if h and h.get("role") == "leader":
+                return n, h["term"]
+        return None
+
+    def wait_leader(self, exclude: str | None = None, above_term: int = 0, wait_s: float = 30) -> str:
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            found = self.leader(exclude)
+            if found and found[1] > above_term:
+                return found[0]
+            time.sleep(0.01)
+        raise AssertionError(f"no leader within {wait_s} s")
+
+    def alive(self, node: str) -> bool:
+        return self.nodes[node].proc.poll() is None
+
+    def kill(self, node: str) -> None:
+        self.nodes[node].kill()
+
+    def freeze(self, node: str) -> None:
+        self.nodes[node].proc.send_signal(signal.SIGSTOP)
+
+    def thaw(self, node: str) -> None:
+        self.nodes[node].proc.send_signal(signal.SIGCONT)
+
+    def terminate(self, node: str) -> int:
+        return self.nodes[node].stop()
+
+    def stop(self) -> None:
+        for n, server in self.nodes.items():
+            server.proc.send_signal(signal.SIGCONT)
+        for server in self.nodes.values():
+            server.stop()
+
+    def leaderships(self) -> list[dict]:
+        """Every node's leadership.log lines."""
+        lines = []
+        for n in NODE_IDS:
+            path = os.path.join(self.root, n, "leadership.log")
+            if os.path.exists(path):
+                with open(path) as f:
+                    lines.extend(json.loads(line) for line in f if line.strip())
+        return lines
+
+    def log_ends(self) -> dict[str, int | None]:
+        return {n: (h or {}).get("log_end_offset") for n in NODE_IDS for h in [self.health(n)]}
+
+
+def _spawn(data: str, node: str, cluster: Cluster) -> Server:
+    """Start a node without waiting for it (the others may not be up yet)."""
+    with open(data + ".log", "ab") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "broker.cli", "serve", "--data-dir", data,
+                                 "--node-id", node, "--cluster", cluster.spec, *cluster.flags],
+                                stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+    return Server(proc, cluster.url(node), data, data + ".log")
+
+
+@dataclass
+class DrillResult:
+    fault: str
+    old_leader: str
+    new_leader: str
+    failover_s: float  # fault -> a new leader (in a higher term) dispatches
+    sent: int  # messages answered 200
+    delivered: int  # distinct ids delivered
+    lost: int  # answered 200, never delivered
+    duplicates: int  # deliveries beyond the first
+    duplicate_causes: dict  # "redelivered (retry>0)" / "released twice (retry=0)"
+    due_near_fault: int  # messages due within 100 ms of the fault
+    lateness_ms_near_fault: dict  # p50/p99/max of messages due in [fault - 1 s, fault + 3 s]
+    early: int  # delivered before their trigger time
+    double_dispatch_terms: list  # terms in which two nodes led (must be empty)
+    rejoined: bool  # every node ended with the same log end
+    send_errors: int
+
+
+async def _drive(cluster: Cluster, fault: str, *, rate: int, run_s: float, fault_at_s: float,
+                 delay_ms: tuple[int, int], freeze_s: float) -> DrillResult:
+    from broker.client import DelayQueueClient
+
+    topic = f"drill-{uuid.uuid4().hex[:8]}"
+    sent: dict[str, int] = {}  # id -> trigger ms
+    deliveries: list[tuple[str, int, int, int]] = []  # id, received ms, trigger ms, retry
+    send_errors = 0
+    stop = asyncio.Event()
+    old_leader = cluster.wait_leader()
+    old_term = cluster.health(old_leader)["term"]
+    fault_ms = 0
+    failover_s = float("nan")
+
+    async def produce(client):
+        nonlocal send_errors
+        loop_started = time.monotonic()
+        i = 0
+        while time.monotonic() - loop_started < run_s:
+            msg_id = f"{topic}-{i}"
+            i += 1
+            delay = random.randint(*delay_ms)
+            try:
+                m = await client.send(topic, "x" * 32, msg_id=msg_id, delay_ms=delay)
+                sent[msg_id] = m.trigger_time
+            except Exception:
+                send_errors += 1
+            await asyncio.sleep(1 / rate)
+
+    async def consume(client):
+        while not stop.is_set():
+            try:
+                msgs = await client.long_poll(topic, timeout_ms=500, batch=32, ack_timeout_ms=4000)
+            except Exception:
+                await asyncio.sleep(0.05)
+                continue
+            now = int(time.time() * 1000)
+            for m in msgs:
+                deliveries.append((m.msg_id, now, m.trigger_time, m.retry))
+            for m in msgs:
+                try:
+                    await client.ack(topic, m.msg_id)
+                except Exception:
+                    pass
+
+    async def strike():
+        nonlocal fault_ms, failover_s
+        await asyncio.sleep(fault_at_s)
+        fault_ms = int(time.time() * 1000)
+        started = time.monotonic()
+        if fault == "sigkill":
+            cluster.kill(old_leader)
+        elif fault == "sigstop":
+            cluster.freeze(old_leader)
+        else:
+            await asyncio.to_thread(cluster.terminate, old_leader)
+        new = await asyncio.to_thread(cluster.wait_leader, old_leader, old_term)
+        failover_s = time.monotonic() - started
+        if fault == "sigstop":
+            await asyncio.sleep(max(0.0, freeze_s - (time.monotonic() - started)))
+            cluster.thaw(old_leader)
+        else:
+            await asyncio.to_thread(cluster.restart, old_leader)
+        return new
+
+    clients = [DelayQueueClient(cluster.urls[i:] + cluster.urls[:i], timeout_s=2.0, retries=12,
+                                max_backoff_s=0.5) for i in range(3)]
+    try:
+        consumers = [asyncio.create_task(consume(c)) for c in clients[1:]]
+        striking = asyncio.create_task(strike())
+        await produce(clients[0])
+        new_leader = await striking
+        # wait for everything sent to be due and delivered (bounded)
+        last_due_ms = max(sent.values(), default=0)
+        deadline = time.monotonic() + max(0, last_due_ms / 1000 - time.time()) + 15
+        while time.monotonic() < deadline and not set(sent) <= {d[0] for d in deliveries}:
+            await asyncio.sleep(0.1)
+        stop.set()
+        await asyncio.gather(*consumers, return_exceptions=True)
+    finally:
+        for c in clients:
+            await c.close()
+
+    seen: dict[str, int] = {}
+    causes = {"redelivered (retry>0)": 0, "released twice (retry=0)": 0}
+    for msg_id, _, _, retry in deliveries:
+        seen[msg_id] = seen.get(msg_id, 0) + 1
+        if seen[msg_id] > 1:
+            causes["redelivered (retry>0)" if retry > 0 else "released twice (retry=0)"] += 1
+    near = sorted(received - trigger for _, received, trigger, _ in deliveries
+                  if fault_ms - 1000 <= trigger <= fault_ms + 3000)
+    terms: dict[int, set] = {}
+    for line in cluster.leaderships():
+        if line["event"] == "start":
+            terms.setdefault(line["term"], set()).add(line["node"])
+    ends = {}
+    for _ in range(100):
+        ends = cluster.log_ends()
+        if None not in ends.values() and len(set(ends.values())) == 1:
+            break
+        await asyncio.sleep(0.1)
+    return DrillResult(
+        fault=fault, old_leader=old_leader, new_leader=new_leader, failover_s=round(failover_s, 3),
+        sent=len(sent), delivered=len(seen), lost=len(set(sent) - set(seen)),
+        duplicates=sum(c - 1 for c in seen.values()), duplicate_causes=causes,
+        due_near_fault=sum(1 for t in sent.values() if abs(t - fault_ms) <= 100),
+        lateness_ms_near_fault=_percentiles(near), early=sum(1 for _, r, t, _ in deliveries if r < t),
+        double_dispatch_terms=sorted(t for t, nodes in terms.items() if len(nodes) > 1),
+        rejoined=None not in ends.values() and len(set(ends.values())) == 1, send_errors=send_errors)
+
+
+def _percentiles(values: list[int]) -> dict:
+    if not values:
+        return {"p50": None, "p99": None, "max": None, "count": 0}
+    pick = lambda q: values[min(len(values) - 1, int(q * len(values)))]  # noqa: E731
+    return {"p50": pick(0.5), "p99": pick(0.99), "max": values[-1], "count": len(values)}
+
+
+def drill(cluster: Cluster, fault: str, *, rate: int = 100, run_s: float = 4.0, fault_at_s: float = 1.5,
+          delay_ms: tuple[int, int] = (300, 2500), freeze_s: float = 5.0) -> dict:
+    """One failover drill (fault: sigkill | sigstop | sigterm); returns a
+    DrillResult as a dict."""
+    if fault not in ("sigkill", "sigstop", "sigterm"):
+        raise ValueError(f"fault must be sigkill, sigstop or sigterm, got {fault!r}")
+    result = asyncio.run(_drive(cluster, fault, rate=rate, run_s=run_s, fault_at_s=fault_at_s,
+                                delay_ms=delay_ms, freeze_s=freeze_s))
+    return asdict(result)
