@@ -1,0 +1,123 @@
+"""A real 3-node cluster on loopback (tests/cluster.py): election, any node
+answering, quorum writes, failover drills (SIGKILL, SIGSTOP, SIGTERM of the
+leader), and a deposed leader whose unreplicated tail is replaced by a
+snapshot. Every process is stopped by PID; each test is bounded in time."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+from cluster import NODE_IDS, Cluster, drill
+from serving import ROOT, free_port
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    c = Cluster.start(tmp_path / "cluster")
+    yield c
+    c.stop()
+
+
+def _others(leader: str) -> list[str]:
+    return [n for n in NODE_IDS if n != leader]
+
+
+def _wait(predicate, wait_s: float = 15, what: str = "condition"):
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"{what} not reached within {wait_s} s")
+
+
+def test_one_leader_and_any_node_answers_any_call(cluster):
+    leader = cluster.wait_leader()
+    roles = {n: cluster.health(n)["role"] for n in NODE_IDS}
+    assert sorted(roles.values()) == ["follower", "follower", "leader"]
+    assert {cluster.health(n)["leader"] for n in NODE_IDS} == {leader}
+    f1, f2 = _others(leader)
+    status, body = cluster.nodes[f1].post("sendMsg", topic="t", msg="via a follower", msgId="m1", delayMillis=0)
+    assert status == 200, body
+    status, body = cluster.nodes[f2].post("getMsg", topic="t", msgId="m1")
+    assert status == 200 and body["delayMsg"]["msg"] == "via a follower"
+    status, body = _wait(lambda: (lambda r: r if r[1].get("delayMsgList") else None)(
+        cluster.nodes[f2].post("pullMsg", topic="t", batch=5)), what="a pull through a follower")
+    assert [m["msgId"] for m in body["delayMsgList"]] == ["m1"]
+    # the followers hold the same log as the leader (the send, the release, the pull)
+    _wait(lambda: len(set(cluster.log_ends().values())) == 1, what="logs converging")
+
+
+def test_bad_input_through_a_follower_is_the_leaders_400_and_stores_nothing(cluster):
+    leader = cluster.wait_leader()
+    follower = _others(leader)[0]
+    status, body = cluster.nodes[follower].post("sendMsg", topic="t", msg="x", delayMillis="soon")
+    assert status == 400 and "delayMillis" in body["msg"]
+    assert cluster.nodes[leader].get("getTopicInfo", topic="t")[0] == 404
+
+
+@pytest.mark.parametrize("fault", ["sigkill", "sigstop", "sigterm"])
+def test_failover_drill_loses_nothing(cluster, fault):
+    result = drill(cluster, fault, rate=80, run_s=3.5, fault_at_s=1.2, freeze_s=4.0)
+    assert result["sent"] >= 50 and result["send_errors"] == 0, result
+    assert result["lost"] == 0, result
+    assert result["early"] == 0, result
+    assert result["double_dispatch_terms"] == [], result
+    assert result["rejoined"], result
+    assert result["new_leader"] != result["old_leader"]
+    if fault == "sigterm":  # a graceful handover re-delivers nothing
+        assert result["duplicates"] == 0, result
+    if fault == "sigstop":  # the frozen leader hands nothing out once it resumes
+        assert result["duplicate_causes"]["released twice (retry=0)"] == 0, result
+
+
+def test_a_deposed_leaders_unreplicated_tail_is_replaced_by_a_snapshot(cluster):
+    leader = cluster.wait_leader()
+    term = cluster.health(leader)["term"]
+    node = cluster.nodes[leader]
+    assert node.post("sendMsg", topic="t", msg="kept", msgId="kept", delayMillis=60_000)[0] == 200
+    _wait(lambda: len(set(cluster.log_ends().values())) == 1, what="logs converging")
+    for n in _others(leader):
+        cluster.kill(n)
+    # Without followers a quorum write cannot be answered 200 (it waits,
+    # then 503); its record stays in the leader's log only.
+    status, body = node.post("sendMsg", topic="t", msg="never answered", msgId="lone", delayMillis=60_000)
+    assert status == 503, body
+    cluster.kill(leader)
+    for n in _others(leader):
+        cluster.restart(n, wait=False)
+    new = cluster.wait_leader(exclude=leader, above_term=term)
+    cluster.restart(leader)
+    follower_view = lambda: cluster.health(leader)  # noqa: E731
+    _wait(lambda: (follower_view() or {}).get("role") == "follower", what="the old leader following")
+    _wait(lambda: len(set(cluster.log_ends().values())) == 1, wait_s=20, what="logs converging")
+    with open(cluster.nodes[leader].log_path) as f:
+        assert "installed a snapshot" in f.read()
+    # the old leader now holds the new leader's history: "kept" but not "lone"
+    assert cluster.nodes[leader].post("getMsg", topic="t", msgId="kept")[0] == 200
+    assert cluster.nodes[new].post("getMsg", topic="t", msgId="lone")[0] == 404
+
+
+def test_cluster_flags_are_checked(tmp_path):
+    def serve(*flags):
+        return subprocess.run([sys.executable, "-m", "broker.cli", "serve", "--data-dir", str(tmp_path / "d"), *flags],
+                              cwd=ROOT, capture_output=True, text=True, timeout=60)
+
+    spec = f"n1=127.0.0.1:{free_port()}:{free_port()},n2=127.0.0.1:{free_port()}:{free_port()}"
+    r = serve("--node-id", "n9", "--cluster", spec)
+    assert r.returncode == 2 and "n9" in r.stderr and "not in --cluster" in r.stderr
+    r = serve("--cluster", spec)
+    assert r.returncode == 2 and "--node-id" in r.stderr
+    r = serve("--node-id", "n1", "--cluster", "n1=127.0.0.1:80")
+    assert r.returncode == 2 and "id=host:http_port:replication_port" in r.stderr
+    r = serve("--acks", "leader")
+    assert r.returncode == 2 and "--acks" in r.stderr
+    r = serve("--node-id", "n1", "--cluster", spec, "--acks", "all")
+    assert r.returncode == 2 and "--acks" in r.stderr
