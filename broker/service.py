@@ -389,7 +389,10 @@ class Broker:
                     if message is not None:
                         live = self._hold(message)
                         if live.status is Status.CONSUMING:
-                            self._consume(live, now_ms + self.defaults.ack_timeout_ms)
+                            # its own deadline if the store knows it (a follower
+                            # applied its record), capped by the default timeout
+                            fresh_ms = now_ms + self.defaults.ack_timeout_ms
+                            self._consume(live, min(self.store.ack_deadline(live.location) or fresh_ms, fresh_ms))
                         found += 1
         if found:
             log.info("recovered %d ready or consuming messages from %d hours", found, len(hours))
@@ -598,7 +601,8 @@ class Broker:
             taken.append(live)
         if not taken:
             return []
-        self._update([StateChange(live.location, Status.CONSUMING, live.retry) for live in taken], now_ms)
+        self._update([StateChange(live.location, Status.CONSUMING, live.retry, deadline_ms=live.deadline_ms)
+                      for live in taken], now_ms)
         messages = [self.store.read_message(live.location) for live in taken]
         m = self.metrics.topic(request.topic)
         m.pulls += len(taken)

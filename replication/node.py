@@ -398,6 +398,9 @@ class ClusterNode:
         if not await self.election.claim(term):
             log.info("term %d: the claim was not committed", term)
             return False
+        if self.epochs.promised > term or not self.election.raft_leader:
+            log.info("term %d: a newer term appeared while claiming", term)
+            return False
         self._start_leading(term)
         return True
 

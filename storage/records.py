@@ -7,9 +7,12 @@ Every body is a msgpack array `[kind, now_ms, items]`:
                    tag_hash, key, body]
            (body is the delay-log body, see storage.delay_log)
     STATE  items: [hour, global_index, status, retry, flags, prev_status,
-                   topic_hash]
+                   topic_hash, deadline_ms]
            (prev_status and topic_hash keep the per-topic status counts
-           exact on replay, whatever the index file already holds)
+           exact on replay, whatever the index file already holds;
+           deadline_ms, for a change to CONSUMING, is its ack deadline, so
+           a follower that takes over redelivers it on time; 0 otherwise,
+           and absent from records written before it existed)
 
 A record carries every coordinate it was given at append time, so applying
 it is a set of writes at fixed positions: replaying a record twice, or
@@ -53,6 +56,7 @@ class StateItem(NamedTuple):
     flags: int
     prev_status: int
     topic_hash: int
+    deadline_ms: int = 0
 
 
 def encode(kind: Kind, now_ms: int, items: list) -> bytes:

@@ -100,6 +100,7 @@ class StateChange(NamedTuple):
     status: Status
     retry: int
     released: bool = False  # deleted for good: lookups by id no longer find it
+    deadline_ms: int = 0  # to CONSUMING: the ack deadline (see Store.ack_deadline)
 
 
 class CheckpointReport(NamedTuple):
@@ -159,6 +160,9 @@ class Store:
         self._pending_ids: dict[int, list[Message]] = {}
         self._pending_state: dict[Location, tuple[int, int, int, int]] = {}  # status, flags, retry, topic hash
         self._topic_names: dict[int, str] = {}
+        # Ack deadlines of CONSUMING messages, from the records applied since
+        # this store was opened: O(messages in flight).
+        self._deadlines: dict[Location, int] = {}
         self._dirty: set[Hour] = set()  # hours with staged bytes (see storage.hour)
         self._closed = False
         self._far_limit = _far_hours_limit(config.open_far_hours)
@@ -384,7 +388,8 @@ class Store:
             if change.retry < 0 or change.retry > MAX_RETRY_COUNT:
                 raise InvalidRequest("retry", f"must be in 0..{MAX_RETRY_COUNT}, got {change.retry}")
             new_flags = flags | (FLAG_RELEASED if change.released else 0)
-            items.append(records.StateItem(hour, gi, int(change.status), change.retry, new_flags, status, topic_hash))
+            items.append(records.StateItem(hour, gi, int(change.status), change.retry, new_flags, status, topic_hash,
+                                           change.deadline_ms))
             staged[change.location] = (int(change.status), new_flags, change.retry, topic_hash)
         if items:
             self._append(records.Kind.STATE, now_ms, items)
@@ -480,6 +485,10 @@ class Store:
                 raise LookupError(f"state change for unknown message {item.hour}/{item.global_index}")
             h.stage_state(item.global_index, item.status, item.flags, item.retry)
             self._dirty.add(h)
+            if item.status == Status.CONSUMING and item.deadline_ms:
+                self._deadlines[Location(item.hour, item.global_index)] = item.deadline_ms
+            elif self._deadlines:
+                self._deadlines.pop(Location(item.hour, item.global_index), None)
             h.count(item.topic_hash, item.prev_status, -1)
             h.count(item.topic_hash, item.status, 1)
             was_final, is_final = item.prev_status >= Status.ACKED, item.status >= Status.ACKED
@@ -539,6 +548,11 @@ class Store:
         if pending is not None:
             entry = entry._replace(status=Status(pending[0]), retry=pending[2])
         return entry
+
+    def ack_deadline(self, where: Location) -> int | None:
+        """The ack deadline of a CONSUMING message, if a record applied since
+        this store was opened gave it (a follower has every one it applied)."""
+        return self._deadlines.get(where)
 
     def read_message(self, where: Location, pending_message: Message | None = None) -> Message | None:
         """The whole message at `where`; None once it has been released."""

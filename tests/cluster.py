@@ -150,6 +150,7 @@ class DrillResult:
     double_dispatch_terms: list  # terms in which two nodes led (must be empty)
     rejoined: bool  # every node ended with the same log end
     send_errors: int
+    lost_status: dict  # status (getMsg) of each lost id, e.g. {"3": 1}: consuming, its answer lost with the leader
 
 
 async def _drive(cluster: Cluster, fault: str, *, rate: int, run_s: float, fault_at_s: float,
@@ -231,6 +232,11 @@ async def _drive(cluster: Cluster, fault: str, *, rate: int, run_s: float, fault
             await asyncio.sleep(0.1)
         stop.set()
         await asyncio.gather(*consumers, return_exceptions=True)
+        lost_status: dict[str, int] = {}
+        for msg_id in set(sent) - {d[0] for d in deliveries}:
+            m = await clients[0].get(topic, msg_id)
+            key = "missing" if m is None else str(int(m.status))
+            lost_status[key] = lost_status.get(key, 0) + 1
     finally:
         for c in clients:
             await c.close()
@@ -260,7 +266,8 @@ async def _drive(cluster: Cluster, fault: str, *, rate: int, run_s: float, fault
         due_near_fault=sum(1 for t in sent.values() if abs(t - fault_ms) <= 100),
         lateness_ms_near_fault=_percentiles(near), early=sum(1 for _, r, t, _ in deliveries if r < t),
         double_dispatch_terms=sorted(t for t, nodes in terms.items() if len(nodes) > 1),
-        rejoined=None not in ends.values() and len(set(ends.values())) == 1, send_errors=send_errors)
+        rejoined=None not in ends.values() and len(set(ends.values())) == 1, send_errors=send_errors,
+        lost_status=lost_status)
 
 
 def _percentiles(values: list[int]) -> dict:
