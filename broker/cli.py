@@ -32,6 +32,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--acks", default="quorum",
                        help="cluster only: quorum (default: a write is answered once a majority has it on disk) "
                             "or leader (once the leader has; weaker, see README)")
+    serve.add_argument("--segment-bytes", type=int, default=64 * 1024 * 1024,
+                       help="size of a commit-log segment file (default 64 MiB); whole segments are deleted "
+                            "once checkpointed")
+    serve.add_argument("--retain-log-bytes", type=int, default=256 * 1024 * 1024,
+                       help="cluster only: the leader keeps this much commit log for followers that fall behind "
+                            "(default 256 MiB); one further behind gets a snapshot")
     serve.add_argument("--log-level", default="INFO", help="DEBUG, INFO (default), WARNING, ERROR")
     return parser
 
@@ -45,7 +51,8 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
             acks = Acks(args.acks)
         except ValueError:
             raise ValueError(f"--acks must be quorum or leader, got {args.acks!r}") from None
-        cluster = ClusterConfig(args.node_id, parse_cluster(args.cluster), acks=acks)
+        cluster = ClusterConfig(args.node_id, parse_cluster(args.cluster), acks=acks,
+                                retain_log_bytes=args.retain_log_bytes)
         args.host, args.port = cluster.me.host, cluster.me.http_port
     elif args.acks != "quorum":
         raise ValueError("--acks applies to a cluster (--cluster/--node-id)")
@@ -54,8 +61,9 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
         with open(args.auth_token_file, encoding="utf-8") as f:
             token = f.read().strip()
     return ServeConfig(host=args.host, port=args.port, data_dir=args.data_dir, backend=args.backend,
-                       max_msg_bytes=args.max_msg_bytes,
-                       auth_token=token, store=StoreConfig(fsync=fsync_policy(args.fsync)), cluster=cluster)
+                       max_msg_bytes=args.max_msg_bytes, auth_token=token,
+                       store=StoreConfig(fsync=fsync_policy(args.fsync), segment_bytes=args.segment_bytes),
+                       cluster=cluster)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -78,6 +78,8 @@ class ClusterConfig:
         if not self.tick_sync_ms < self.lease_ms < self.election_min_ms:
             raise ValueError("lease_ms must lie between tick_sync_ms and election_min_ms: a deposed leader "
                              "must have stopped before another can be elected")
+        if self.retain_log_bytes < 0:
+            raise ValueError(f"--retain-log-bytes must be >= 0, got {self.retain_log_bytes}")
         addresses = [(p.host, p.http_port) for p in self.peers.values()] + \
                     [(p.host, p.raft_port) for p in self.peers.values()]
         if len(set(addresses)) != len(addresses):

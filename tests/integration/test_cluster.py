@@ -121,3 +121,28 @@ def test_cluster_flags_are_checked(tmp_path):
     assert r.returncode == 2 and "--acks" in r.stderr
     r = serve("--node-id", "n1", "--cluster", spec, "--acks", "all")
     assert r.returncode == 2 and "--acks" in r.stderr
+
+
+def test_a_follower_behind_the_retained_log_catches_up_by_snapshot(tmp_path):
+    """Small segments and a small retention: while one follower is down the
+    leader's checkpoints delete the log it would need."""
+    cluster = Cluster.start(tmp_path / "cluster", "--segment-bytes", "65536", "--retain-log-bytes", "65536")
+    try:
+        leader = cluster.wait_leader()
+        behind = _others(leader)[0]
+        cluster.kill(behind)
+        node = cluster.nodes[leader]
+        for i in range(12):  # ~12 x 100 KB of records
+            msgs = [{"msgId": f"b{i}-{j}", "msg": "x" * 500, "delayMillis": 3_600_000} for j in range(200)]
+            status, body = node.post_json("sendMsgBatch", {"topic": "t", "msgs": msgs})
+            assert status == 200, body
+        time.sleep(2.5)  # a checkpoint or two: old segments deleted
+        cluster.restart(behind)
+        _wait(lambda: len(set(cluster.log_ends().values())) == 1, wait_s=30, what="logs converging")
+        with open(cluster.nodes[behind].log_path) as f:
+            text = f.read()
+        assert "behind the retained log" in text and "installed a snapshot" in text
+        status, body = cluster.nodes[behind].post("getMsg", topic="t", msgId="b11-199")
+        assert status == 200 and body["delayMsg"]["msg"] == "x" * 500
+    finally:
+        cluster.stop()
