@@ -23,6 +23,7 @@ whole); 503 (stopping); 500 (a bug, logged). A 4xx stores nothing.
 
 from __future__ import annotations
 
+import hmac
 import json
 import logging
 import urllib.parse
@@ -55,6 +56,21 @@ def delay_msg(m: Message) -> dict:
     return {"topic": m.topic, "msgId": m.msg_id, "msg": m.msg, "produceTime": m.produce_ms,
             "triggerTime": m.trigger_ms, "expireTime": m.expire_ms, "maxRetry": m.max_retry,
             "retry": m.retry, "status": int(m.status), "priority": m.priority, "tag": m.tag}
+
+
+def bearer_auth(token: str | None):
+    """Middleware: every path but /health needs `Authorization: Bearer
+    <token>` (compared in constant time); no token configured: open."""
+    expected = None if token is None else f"Bearer {token}".encode()
+
+    @web.middleware
+    async def auth(request: web.Request, handler):
+        if expected is not None and request.path != "/health":
+            given = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
+            if not hmac.compare_digest(given, expected):
+                return answer(401, "missing or wrong bearer token")
+        return await handler(request)
+    return auth
 
 
 class BodyTooLarge(Exception):

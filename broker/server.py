@@ -11,7 +11,6 @@ commit, take a last checkpoint, exit 0.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 import os
 import signal
@@ -22,7 +21,7 @@ from aiohttp import web
 
 from storage.store import Store, text_hash
 
-from .api import Api, answer, json_errors
+from .api import Api, answer, bearer_auth, json_errors
 from .clock import SystemClock
 from .config import ServeConfig
 from .metrics import Metrics
@@ -52,20 +51,12 @@ class Node:
         log.info("opened %s in %.3f s: %s", config.data_path, self.opened_s, self.store)
 
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[json_errors, self._auth], client_max_size=self.api.batch_cap)
+        app = web.Application(middlewares=[json_errors, bearer_auth(self.config.auth_token)],
+                              client_max_size=self.api.batch_cap)
         app.router.add_get("/health", self.health)
         app.router.add_get("/metrics", self.metrics_text)
         app.router.add_routes(self.api.routes())
         return app
-
-    @web.middleware
-    async def _auth(self, request: web.Request, handler):
-        token = self.config.auth_token
-        if token is not None and request.path != "/health":
-            given = request.headers.get("Authorization", "")
-            if not hmac.compare_digest(given.encode("utf-8", "surrogateescape"), f"Bearer {token}".encode()):
-                return answer(401, "missing or wrong bearer token")
-        return await handler(request)
 
     async def health(self, request: web.Request) -> web.Response:
         if self.broker.failed is not None:
@@ -127,7 +118,6 @@ class RedisNode:
         self.api = Api(self.broker, config.max_msg_bytes)
 
     app = Node.app
-    _auth = Node._auth
     health = Node.health
 
     async def metrics_text(self, request: web.Request) -> web.Response:

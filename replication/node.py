@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import json
 import logging
 import os
@@ -52,7 +51,7 @@ import time
 import aiohttp
 from aiohttp import web
 
-from broker.api import PREFIX, Api, answer, json_errors
+from broker.api import PREFIX, Api, answer, bearer_auth, json_errors
 from broker.clock import SystemClock
 from broker.config import ServeConfig
 from broker.metrics import Metrics
@@ -138,7 +137,8 @@ class ClusterNode:
     # == the HTTP app =============================================================
 
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[json_errors, self._auth, self._route], client_max_size=self.api.batch_cap)
+        app = web.Application(middlewares=[json_errors, bearer_auth(self.config.auth_token), self._route],
+                              client_max_size=self.api.batch_cap)
         app.router.add_get("/health", self.health)
         app.router.add_get("/metrics", self.metrics_text)
         app.router.add_post(protocol.FETCH_PATH, self.on_fetch)
@@ -146,15 +146,6 @@ class ClusterNode:
         app.router.add_get(protocol.SNAPSHOT_PATH, self.on_snapshot)
         app.router.add_routes(self.api.routes())
         return app
-
-    @web.middleware
-    async def _auth(self, request: web.Request, handler):
-        token = self.config.auth_token
-        if token is not None and request.path != "/health":
-            given = request.headers.get("Authorization", "")
-            if not hmac.compare_digest(given.encode("utf-8", "surrogateescape"), f"Bearer {token}".encode()):
-                return answer(401, "missing or wrong bearer token")
-        return await handler(request)
 
     @web.middleware
     async def _route(self, request: web.Request, handler):

@@ -146,3 +146,21 @@ def test_a_follower_behind_the_retained_log_catches_up_by_snapshot(tmp_path):
         assert status == 200 and body["delayMsg"]["msg"] == "x" * 500
     finally:
         cluster.stop()
+
+
+def test_a_cluster_with_a_token_replicates_and_forwards_with_it(tmp_path):
+    token_file = tmp_path / "token"
+    token_file.write_text("s3cret\n")
+    cluster = Cluster.start(tmp_path / "cluster", "--auth-token-file", str(token_file))
+    try:
+        leader = cluster.wait_leader()
+        follower = _others(leader)[0]
+        node = cluster.nodes[follower]
+        assert node.post("sendMsg", topic="t", msg="x", msgId="a")[0] == 401
+        node.token = "s3cret"
+        status, body = node.post("sendMsg", topic="t", msg="x", msgId="a", delayMillis=60_000)
+        assert status == 200, body
+        _wait(lambda: len(set(cluster.log_ends().values())) == 1 and cluster.log_ends()[follower] > 0,
+              what="the send replicated")
+    finally:
+        cluster.stop()
