@@ -2,57 +2,80 @@
 
 `RedisBroker` answers the same request methods as `broker.service.Broker`
 (send, pull, long_poll, ack incl. nack, delete, get, topic_info, topic_list),
-so `broker.api.Api` serves it unchanged. Several hourglass processes may
-share one Redis: every transition is ONE Lua script, so Redis runs it
-atomically and no message is moved, pulled or retried twice.
+so `broker.api.Api` serves it unchanged, with the same lifecycle (the disk
+backend's docstring has the table). Several hourglass processes may share
+one Redis: every read and transition is ONE Lua script over one topic's
+keys, so Redis runs it atomically and no message is moved, pulled or
+retried twice.
 
 Keys of topic T (P = "<prefix>:{T'}:", T' = T with % { } : percent-escaped,
-so the braces hold a Redis Cluster hash tag and every key of a topic shares
-one slot; escaping keeps a topic from forging another topic's keys):
+so the braces hold a Redis Cluster hash tag: every key of a topic is in one
+slot, and escaping keeps a topic from forging another topic's keys):
 
-    P waiting    zset  msgId -> triggerTime ms                       status 1
-    P ready      zset  rk -> -priority  (rk = "%015d:msgId" % trigger) 2
-    P tag:<tag>  zset  as ready, only the messages with that tag      2
-    P expire     zset  msgId -> expireTime ms, of READY messages      2
-    P ack        zset  msgId -> ack deadline ms                       3
-    P m:<msgId>  hash  the message: id msg produce trigger ttl expire
-                       maxRetry priority tag rk status retry
-    <prefix>:topics          set of topic names (not hash-tagged)
-    <prefix>:wake:<T>        pub/sub channel: "a message became READY"
+    P waiting  zset  msgId -> triggerTime ms                          status 1
+    P ready    zset  rk, all scores 0 (ordered by the member's bytes)      2
+    P tagged   zset  "<tag>,<rk>", scores 0: ready messages with a tag      2
+    P expire   zset  msgId -> expireTime ms, of READY messages             2
+    P ack      zset  msgId -> ack deadline ms                              3
+    P meta     hash  msgId -> JSON of strings: produce trigger ttl expire
+                     maxRetry priority tag rk status retry
+    P body     hash  msgId -> msg
+    P retire   zset  msgId -> when a final (4..7) message is purged
+    <prefix>:topics   set of topic names (not hash-tagged; never in a script)
+    <prefix>:wake:<T> pub/sub channel: "a message of T became READY"
 
-Ready order is exact: a zset orders by score, then by member bytes, so
-score = -priority (higher priority first) and a member starting with the
-zero-padded trigger time (earlier first) give (-priority, trigger, msgId)
-with no float arithmetic (a combined score would need 16 + 48 bits, more
-than a double holds exactly). A final message (4..7) keeps its hash for
-`retention_ms` (PEXPIRE), then Redis purges it.
+rk = "%05d%015d:msgId" % (32767 - priority, triggerTime): ready order is
+the bytes of rk, i.e. (-priority, trigger, msgId), exact with no float
+arithmetic. A pull filtered by tags reads the head of each tag's range of
+`tagged` (ZRANGEBYLEX "[tag," "(tag-": a tag holds no comma, and "-"
+follows ","), and takes the smallest rk, compared bytewise. Every script
+receives all eight keys in KEYS and builds no key name itself, as Redis
+Cluster requires (tests/integration/test_redis_cluster.py checks it by
+running the scripts with every undeclared key access made an error).
 
-Scripts never do arithmetic on times (a Lua number printed by an old Redis
-loses digits past 14): the caller passes `now_ms` and deadlines as strings,
-the expire time is stored at send, and scores are compared, not computed.
+Scripts never print a time (a Lua number printed by an old Redis loses
+digits past 14): the caller passes `now_ms`, deadlines and purge times as
+strings, the expire time is stored at send, and times are compared (exact
+below 2^53), not computed.
 
-Tasks: `_mover` runs the move (waiting -> ready/expired) and sweep (ack
-timeouts, ready expiry) scripts of every topic, then sleeps until the
+Tasks: `_mover` runs TICK on every topic (waiting -> ready or expired, ack
+timeouts, ready expiry, purge of retired messages), then sleeps until the
 earliest score it saw (at most `poll_ms`, to notice other processes'
 topics), woken early by a local send due sooner. `_listener` receives the
 wake channel (pattern-subscribed) and wakes this process's long polls.
-Whoever makes a message READY (send, mover, nack) publishes the wake.
+Whoever makes a message READY (send, mover, nack, a give-back) publishes
+the wake.
+
+Redis trouble is answered, not hung on: every command has a timeout and a
+few quick retries; a Redis that is unreachable, refuses the password, is
+out of memory or holds a key of the wrong type under the prefix makes the
+request fail with `Unavailable` (HTTP 503) saying which, and the tasks
+retry until it is back. `?cluster=1` in the URL selects Redis Cluster.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import logging
 import time
+import urllib.parse
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialWithJitterBackoff
+from redis.exceptions import (AuthenticationError, ClusterError, RedisClusterException, RedisError, ResponseError,
+                              TimeoutError as RedisTimeoutError)
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from storage.entry import Location, Message, Status
 from storage.errors import InvalidRequest
-from storage.store import NewMessage
+from storage.store import MAX_PRIORITY, NewMessage
 
 from .metrics import Metrics
 from .params import AckRequest, DeleteRequest, Defaults, LongPollRequest, PullRequest
@@ -62,6 +85,16 @@ log = logging.getLogger("hourglass.redis")
 
 # Every message read from Redis gets this Location: there is no disk entry.
 NO_LOCATION = Location(0, 0)
+
+# Redis errors that say "not now" rather than "hourglass has a bug": the
+# first word of the error Redis answered.
+REFUSALS = frozenset({"OOM", "READONLY", "LOADING", "MASTERDOWN", "BUSY", "NOREPLICAS", "MISCONF", "CLUSTERDOWN",
+                      "TRYAGAIN"})
+# What redis-py raises when Redis fails (its cluster errors are not RedisErrors).
+REDIS_ERRORS = (RedisError, RedisClusterException)
+# The type each key of a topic must have, in the order scripts get them as KEYS.
+KEY_TYPES = {"waiting": "zset", "ready": "zset", "tagged": "zset", "expire": "zset", "ack": "zset",
+             "meta": "hash", "body": "hash", "retire": "zset"}
 
 
 @dataclass(frozen=True)
@@ -73,18 +106,24 @@ class RedisConfig:
     # Longest the mover sleeps with nothing due: it also rereads the topic set,
     # so a topic only another process sends to is swept within this.
     poll_ms: int = 1000
-    # Most messages one move or sweep script handles (a script blocks Redis).
+    # Most messages one step of a TICK script handles (a script blocks Redis).
     script_batch: int = 1000
+    # Longest wait for a connection, and for any answer, before the request
+    # fails with 503 (a stopped Redis must not hang requests).
+    connect_timeout_ms: int = 2000
+    command_timeout_ms: int = 5000
+    # Quick retries of a failed connection (backoff 50 ms doubling, at most
+    # 500 ms) before the request fails: they bridge a Redis restart.
+    retries: int = 3
 
     def __post_init__(self) -> None:
         if not self.key_prefix or any(c in self.key_prefix for c in "{}"):
             raise ValueError(f"key_prefix must be non-empty without braces, got {self.key_prefix!r}")
-        if self.retention_ms < 1:
-            raise ValueError(f"retention_ms must be at least 1, got {self.retention_ms}")
-        if self.poll_ms < 1:
-            raise ValueError(f"poll_ms must be at least 1, got {self.poll_ms}")
-        if self.script_batch < 1:
-            raise ValueError(f"script_batch must be at least 1, got {self.script_batch}")
+        for name in ("retention_ms", "poll_ms", "script_batch", "connect_timeout_ms", "command_timeout_ms"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.retries < 0:
+            raise ValueError(f"retries must be at least 0, got {self.retries}")
 
 
 def escape_topic(topic: str) -> str:
@@ -92,47 +131,116 @@ def escape_topic(topic: str) -> str:
     return topic.replace("%", "%25").replace("{", "%7B").replace("}", "%7D").replace(":", "%3A")
 
 
-def ready_member(trigger_ms: int, msg_id: str) -> str:
-    return f"{trigger_ms:015d}:{msg_id}"
+def ready_member(priority: int, trigger_ms: int, msg_id: str) -> str:
+    """rk: its bytes order ready messages by (-priority, trigger, msgId)."""
+    return f"{MAX_PRIORITY - priority:05d}{trigger_ms:015d}:{msg_id}"
 
 
-# Shared by every script. KEYS = waiting, ready, expire, ack of one topic;
-# ARGV[1] = the topic's key prefix P (message and tag keys are built from it:
-# they share the topic's hash tag, hence its slot).
+@dataclass(frozen=True)
+class TopicKeys:
+    """The keys of one topic, all in one Redis Cluster slot."""
+
+    waiting: str
+    ready: str
+    tagged: str
+    expire: str
+    ack: str
+    meta: str
+    body: str
+    retire: str
+
+    @classmethod
+    def of(cls, key_prefix: str, topic: str) -> TopicKeys:
+        p = f"{key_prefix}:{{{escape_topic(topic)}}}:"
+        return cls(*(p + name for name in KEY_TYPES))
+
+    @property
+    def all(self) -> list[str]:
+        """KEYS of every script, in KEY_TYPES order."""
+        return [getattr(self, name) for name in KEY_TYPES]
+
+
+def split_cluster_flag(url: str) -> tuple[str, bool]:
+    """(the URL for redis-py, whether it asks for Redis Cluster): the query
+    parameter `cluster=1` (or true, yes) selects RedisCluster, which knows
+    only database 0."""
+    parts = urllib.parse.urlsplit(url)
+    query = urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
+    flags = [v for k, v in query if k == "cluster"]
+    if flags and flags[-1].lower() not in ("1", "true", "yes", "0", "false", "no"):
+        raise ValueError(f"--backend {redact(url)}: cluster must be 1 or 0, got {flags[-1]!r}")
+    cluster = bool(flags) and flags[-1].lower() in ("1", "true", "yes")
+    rest = urllib.parse.urlencode([(k, v) for k, v in query if k != "cluster"])
+    if cluster and parts.path.strip("/") not in ("", "0"):
+        raise ValueError(f"--backend {redact(url)}: Redis Cluster has only database 0, got {parts.path!r}")
+    return urllib.parse.urlunsplit(parts._replace(query=rest)), cluster
+
+
+def redact(url: str) -> str:
+    """The URL with its password replaced by ***, for messages and logs."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.netloc.rpartition("@")[2]
+    return urllib.parse.urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+
+
+# == Lua =======================================================================
+# Shared by every script. KEYS are a topic's eight keys (TopicKeys.all); a
+# message is a table of strings, read with load() and written with save().
+
 _LUA_COMMON = """
-local P = ARGV[1]
-local function mkey(id) return P .. 'm:' .. id end
-local function tagkey(tag) return P .. 'tag:' .. tag end
+local WAITING, READY, TAGGED, EXPIRE, ACK, META, BODY, RETIRE =
+  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
+local function load(id)
+  local raw = redis.call('HGET', META, id)
+  if raw then return cjson.decode(raw) end
+  return nil
+end
+local function save(id, m)
+  local raw = cjson.encode(m)
+  redis.call('HSET', META, id, raw)
+  return raw
+end
+-- Bytewise, as zset members are ordered (Lua's < follows Redis's locale).
+local function less(a, b)
+  for i = 1, math.min(#a, #b) do
+    local x, y = string.byte(a, i), string.byte(b, i)
+    if x ~= y then return x < y end
+  end
+  return #a < #b
+end
 local function ready_add(id, m)
-  local f = redis.call('HMGET', m, 'priority', 'rk', 'tag', 'expire')
-  local score = -tonumber(f[1])
-  redis.call('ZADD', KEYS[2], score, f[2])
-  if f[3] ~= '' then redis.call('ZADD', tagkey(f[3]), score, f[2]) end
-  redis.call('ZADD', KEYS[3], f[4], id)
-  redis.call('HSET', m, 'status', '2')
+  redis.call('ZADD', READY, 0, m.rk)
+  if m.tag ~= '' then redis.call('ZADD', TAGGED, 0, m.tag .. ',' .. m.rk) end
+  redis.call('ZADD', EXPIRE, m.expire, id)
+  m.status = '2'
 end
 local function ready_remove(id, m)
-  local f = redis.call('HMGET', m, 'rk', 'tag')
-  redis.call('ZREM', KEYS[2], f[1])
-  if f[2] ~= '' then redis.call('ZREM', tagkey(f[2]), f[1]) end
-  redis.call('ZREM', KEYS[3], id)
+  redis.call('ZREM', READY, m.rk)
+  if m.tag ~= '' then redis.call('ZREM', TAGGED, m.tag .. ',' .. m.rk) end
+  redis.call('ZREM', EXPIRE, id)
 end
-local function finish(m, status, retention)
-  redis.call('HSET', m, 'status', status)
-  redis.call('PEXPIRE', m, retention)
+local function finish(id, m, status, retire_at)
+  m.status = status
+  redis.call('ZADD', RETIRE, retire_at, id)
 end
--- A CONSUMING message (already out of the ack zset) is READY again with
--- retry+1, or ends (6) past maxRetry or its expire time. 1 if READY.
-local function retry_or_end(id, m, now, retention)
-  local f = redis.call('HMGET', m, 'retry', 'maxRetry', 'expire')
-  local retry = tonumber(f[1])
-  if retry >= tonumber(f[2]) or tonumber(now) >= tonumber(f[3]) then
-    finish(m, '6', retention)
-    return 0
+-- A CONSUMING message (already out of ACK) is READY again with retry+1, or
+-- ends (6) past maxRetry or its expire time. True if READY.
+local function retry_or_end(id, m, now, retire_at)
+  local retry = tonumber(m.retry)
+  if retry >= tonumber(m.maxRetry) or tonumber(now) >= tonumber(m.expire) then
+    finish(id, m, '6', retire_at)
+    return false
   end
-  redis.call('HSET', m, 'retry', tostring(retry + 1))
+  m.retry = tostring(retry + 1)
   ready_add(id, m)
-  return 1
+  return true
+end
+-- A message out of READY past its expire time: 5 if never delivered, else 6.
+local function end_expired(id, m, retire_at)
+  if m.retry == '0' then finish(id, m, '5', retire_at) else finish(id, m, '6', retire_at) end
 end
 local function head_score(key)
   local h = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
@@ -140,187 +248,265 @@ local function head_score(key)
 end
 """
 
-# ARGV: P id msg produce trigger ttl expire maxRetry priority tag rk now retention
-# -> {1 stored | 0 duplicate, HGETALL of the message}
+# ARGV: now retire_at, then per message: id msg produce trigger ttl expire
+# maxRetry priority tag rk. -> per message {'1'|'2'|'5'} (stored: waiting,
+# ready, expired) or {'0', meta, body} (the id exists: the stored message).
 _SEND = _LUA_COMMON + """
-local id = ARGV[2]
-local m = mkey(id)
-if redis.call('EXISTS', m) == 1 then return {0, redis.call('HGETALL', m)} end
-redis.call('HSET', m, 'id', id, 'msg', ARGV[3], 'produce', ARGV[4], 'trigger', ARGV[5], 'ttl', ARGV[6],
-           'expire', ARGV[7], 'maxRetry', ARGV[8], 'priority', ARGV[9], 'tag', ARGV[10], 'rk', ARGV[11],
-           'retry', '0', 'status', '1')
-local now = tonumber(ARGV[12])
-if tonumber(ARGV[5]) > now then
-  redis.call('ZADD', KEYS[1], ARGV[5], id)
-elseif now >= tonumber(ARGV[7]) then
-  finish(m, '5', ARGV[13])
-else
-  ready_add(id, m)
-end
-return {1, redis.call('HGETALL', m)}
-"""
-
-# WAITING -> READY, or EXPIRED (5) past its expire time.
-# ARGV: P now limit retention -> {made ready, handled, next waiting score | false}
-_MOVE = _LUA_COMMON + """
-local now = tonumber(ARGV[2])
-local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[2], 'LIMIT', 0, tonumber(ARGV[3]))
-local ready = 0
-for _, id in ipairs(ids) do
-  redis.call('ZREM', KEYS[1], id)
-  local m = mkey(id)
-  local expire = redis.call('HGET', m, 'expire')
-  if expire then
-    if now >= tonumber(expire) then finish(m, '5', ARGV[4]) else ready_add(id, m); ready = ready + 1 end
-  end
-end
-return {ready, #ids, head_score(KEYS[1])}
-"""
-
-# Ack timeouts (CONSUMING -> READY retry+1, or 6) and READY expiry (-> 5 if
-# never delivered, else 6). ARGV: P now limit retention
-# -> {made ready, handled, next ack deadline | false, next expiry | false}
-_SWEEP = _LUA_COMMON + """
-local now = tonumber(ARGV[2])
-local limit = tonumber(ARGV[3])
-local ready = 0
-local timed_out = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', ARGV[2], 'LIMIT', 0, limit)
-for _, id in ipairs(timed_out) do
-  redis.call('ZREM', KEYS[4], id)
-  local m = mkey(id)
-  if redis.call('HGET', m, 'status') == '3' then ready = ready + retry_or_end(id, m, ARGV[2], ARGV[4]) end
-end
-local expired = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', ARGV[2], 'LIMIT', 0, limit)
-for _, id in ipairs(expired) do
-  local m = mkey(id)
-  ready_remove(id, m)
-  if redis.call('HGET', m, 'retry') == '0' then finish(m, '5', ARGV[4]) else finish(m, '6', ARGV[4]) end
-end
-return {ready, #timed_out + #expired, head_score(KEYS[4]), head_score(KEYS[3])}
-"""
-
-# READY -> CONSUMING, best first (among the tags' zsets when tags are given);
-# an expired head is ended on the way, never delivered.
-# ARGV: P now deadline batch retention ntags tag... -> list of HGETALL
-_PULL = _LUA_COMMON + """
-local now = tonumber(ARGV[2])
-local batch = tonumber(ARGV[4])
-local ntags = tonumber(ARGV[6])
-local function head()
-  if ntags == 0 then return redis.call('ZRANGE', KEYS[2], 0, 0)[1] end
-  local best, best_score
-  for i = 1, ntags do
-    local h = redis.call('ZRANGE', tagkey(ARGV[6 + i]), 0, 0, 'WITHSCORES')
-    if h[1] then
-      local s = tonumber(h[2])
-      if best == nil or s < best_score or (s == best_score and h[1] < best) then best, best_score = h[1], s end
-    end
-  end
-  return best
-end
+local now, retire_at = tonumber(ARGV[1]), ARGV[2]
 local out = {}
-while #out < batch do
-  local rk = head()
-  if not rk then break end
-  local id = string.sub(rk, 17)
-  local m = mkey(id)
-  ready_remove(id, m)
-  local f = redis.call('HMGET', m, 'expire', 'retry')
-  if now >= tonumber(f[1]) then
-    if f[2] == '0' then finish(m, '5', ARGV[5]) else finish(m, '6', ARGV[5]) end
+for i = 3, #ARGV, 10 do
+  local id = ARGV[i]
+  local raw = redis.call('HGET', META, id)
+  if raw then
+    out[#out + 1] = {'0', raw, redis.call('HGET', BODY, id)}
   else
-    redis.call('HSET', m, 'status', '3')
-    redis.call('ZADD', KEYS[4], ARGV[3], id)
-    out[#out + 1] = redis.call('HGETALL', m)
+    local m = {produce = ARGV[i + 2], trigger = ARGV[i + 3], ttl = ARGV[i + 4], expire = ARGV[i + 5],
+               maxRetry = ARGV[i + 6], priority = ARGV[i + 7], tag = ARGV[i + 8], rk = ARGV[i + 9],
+               retry = '0', status = '1'}
+    if tonumber(m.trigger) > now then
+      redis.call('ZADD', WAITING, m.trigger, id)
+    elseif now >= tonumber(m.expire) then
+      finish(id, m, '5', retire_at)
+    else
+      ready_add(id, m)
+    end
+    save(id, m)
+    redis.call('HSET', BODY, id, ARGV[i + 1])
+    out[#out + 1] = {m.status}
   end
 end
 return out
 """
 
-# ARGV: P id ack(1|0) now retention -> 'NF' | 'OK' | 'READY' (nack requeued) | 'BAD:<status>'
+# The mover's step: WAITING -> READY (or EXPIRED past its expire time), ack
+# timeouts (CONSUMING -> READY retry+1, or 6), READY expiry (5 if never
+# delivered, else 6), purge of retired final messages. ARGV: now limit
+# retire_at -> {trigger times made ready, retried, ended, 1 if a step was
+# cut at limit, next waiting, ack, expire and retire scores (or false)}
+_TICK = _LUA_COMMON + """
+local now, limit, retire_at = ARGV[1], tonumber(ARGV[2]), ARGV[3]
+local triggers, retried, ended = {}, 0, 0
+-- Pops the members of `key` due by now; runs step(id, m) on those whose
+-- message is still in `status`, and saves them. How many were popped.
+local function each_due(key, status, step)
+  local ids = redis.call('ZRANGEBYSCORE', key, '-inf', now, 'LIMIT', 0, limit)
+  for _, id in ipairs(ids) do
+    redis.call('ZREM', key, id)
+    local m = load(id)
+    if m and m.status == status then
+      step(id, m)
+      save(id, m)
+    end
+  end
+  return #ids
+end
+local due = each_due(WAITING, '1', function(id, m)
+  if tonumber(now) >= tonumber(m.expire) then
+    finish(id, m, '5', retire_at)
+    ended = ended + 1
+  else
+    ready_add(id, m)
+    triggers[#triggers + 1] = m.trigger
+  end
+end)
+local timed_out = each_due(ACK, '3', function(id, m)
+  if retry_or_end(id, m, now, retire_at) then retried = retried + 1 else ended = ended + 1 end
+end)
+local expired = each_due(EXPIRE, '2', function(id, m)
+  ready_remove(id, m)
+  end_expired(id, m, retire_at)
+  ended = ended + 1
+end)
+local retired = redis.call('ZRANGEBYSCORE', RETIRE, '-inf', now, 'LIMIT', 0, limit)
+for _, id in ipairs(retired) do
+  redis.call('ZREM', RETIRE, id)
+  redis.call('HDEL', META, id)
+  redis.call('HDEL', BODY, id)
+end
+local full = 0
+if due == limit or timed_out == limit or expired == limit or #retired == limit then full = 1 end
+return {triggers, retried, ended, full, head_score(WAITING), head_score(ACK), head_score(EXPIRE),
+        head_score(RETIRE)}
+"""
+
+# READY -> CONSUMING, best first (among the tags' ranges when tags are
+# given); an expired head is ended on the way, never delivered.
+# ARGV: now deadline batch retire_at tag... -> {ended, {id, meta, body}...}
+_PULL = _LUA_COMMON + """
+local now, deadline, batch, retire_at = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3]), ARGV[4]
+local function head()
+  if #ARGV == 4 then return redis.call('ZRANGE', READY, 0, 0)[1] end
+  local best
+  for i = 5, #ARGV do
+    local tag = ARGV[i]
+    local h = redis.call('ZRANGEBYLEX', TAGGED, '[' .. tag .. ',', '(' .. tag .. '-', 'LIMIT', 0, 1)[1]
+    if h then
+      local rk = string.sub(h, #tag + 2)
+      if best == nil or less(rk, best) then best = rk end
+    end
+  end
+  return best
+end
+local out, ended = {}, 0
+while #out < batch do
+  local rk = head()
+  if not rk then break end
+  local id = string.sub(rk, 22)
+  local m = load(id)
+  if not m then  -- a member without its message: drop it rather than loop on it
+    redis.call('ZREM', READY, rk)
+    for i = 5, #ARGV do redis.call('ZREM', TAGGED, ARGV[i] .. ',' .. rk) end
+  else
+    ready_remove(id, m)
+    if now >= tonumber(m.expire) then
+      end_expired(id, m, retire_at)
+      ended = ended + 1
+      save(id, m)
+    else
+      m.status = '3'
+      redis.call('ZADD', ACK, deadline, id)
+      out[#out + 1] = {id, save(id, m), redis.call('HGET', BODY, id)}
+    end
+  end
+end
+table.insert(out, 1, ended)
+return out
+"""
+
+# Pulled for a long poll whose client hung up: CONSUMING -> READY, retry
+# unchanged, if still held by that pull (same deadline).
+# ARGV: deadline id... -> how many went back
+_GIVE_BACK = _LUA_COMMON + """
+local given = 0
+for i = 2, #ARGV do
+  local id = ARGV[i]
+  local m = load(id)
+  local deadline = redis.call('ZSCORE', ACK, id)
+  if m and m.status == '3' and deadline and tonumber(deadline) == tonumber(ARGV[1]) then
+    redis.call('ZREM', ACK, id)
+    ready_add(id, m)
+    save(id, m)
+    given = given + 1
+  end
+end
+return given
+"""
+
+# ARGV: id ack(1|0) now retire_at
+# -> 'NF' | 'OK' | 'NOOP' | 'READY' (nack requeued) | 'ENDED' (nack ended it) | 'BAD:<status>'
 _ACK = _LUA_COMMON + """
-local id = ARGV[2]
-local m = mkey(id)
-local st = redis.call('HGET', m, 'status')
-if not st then return 'NF' end
-if ARGV[3] == '1' then
-  if st == '4' then return 'OK' end
+local id = ARGV[1]
+local m = load(id)
+if not m then return 'NF' end
+local st = m.status
+if ARGV[2] == '1' then
+  if st == '4' then return 'NOOP' end
   if st == '2' then ready_remove(id, m)
-  elseif st == '3' then redis.call('ZREM', KEYS[4], id)
+  elseif st == '3' then redis.call('ZREM', ACK, id)
   else return 'BAD:' .. st end
-  finish(m, '4', ARGV[5])
+  finish(id, m, '4', ARGV[4])
+  save(id, m)
   return 'OK'
 end
-if st == '2' then return 'OK' end
+if st == '2' then return 'NOOP' end
 if st ~= '3' then return 'BAD:' .. st end
-redis.call('ZREM', KEYS[4], id)
-if retry_or_end(id, m, ARGV[4], ARGV[5]) == 1 then return 'READY' end
-return 'OK'
+redis.call('ZREM', ACK, id)
+local ready = retry_or_end(id, m, ARGV[3], ARGV[4])
+save(id, m)
+if ready then return 'READY' end
+return 'ENDED'
 """
 
-# ARGV: P id release(1|0) retention -> 'NF' | 'OK'
+# ARGV: id release(1|0) retire_at -> 'NF' | 'OK' | 'NOOP' (ended, not released)
 _DELETE = _LUA_COMMON + """
-local id = ARGV[2]
-local m = mkey(id)
-local st = redis.call('HGET', m, 'status')
-if not st then return 'NF' end
-if st == '1' then redis.call('ZREM', KEYS[1], id)
+local id = ARGV[1]
+local m = load(id)
+if not m then return 'NF' end
+local st = m.status
+if st == '1' then redis.call('ZREM', WAITING, id)
 elseif st == '2' then ready_remove(id, m)
-elseif st == '3' then redis.call('ZREM', KEYS[4], id) end
-if st == '1' or st == '2' or st == '3' then finish(m, '7', ARGV[4]) end
-if ARGV[3] == '1' then redis.call('DEL', m) end
+elseif st == '3' then redis.call('ZREM', ACK, id) end
+if ARGV[2] == '1' then
+  redis.call('HDEL', META, id)
+  redis.call('HDEL', BODY, id)
+  redis.call('ZREM', RETIRE, id)
+  return 'OK'
+end
+if st ~= '1' and st ~= '2' and st ~= '3' then return 'NOOP' end
+finish(id, m, '7', ARGV[3])
+save(id, m)
 return 'OK'
 """
 
+# ARGV: id -> {meta, body} or nil
+_GET = _LUA_COMMON + """
+local raw = redis.call('HGET', META, ARGV[1])
+if not raw then return nil end
+return {raw, redis.call('HGET', BODY, ARGV[1])}
+"""
 
-def _message(topic: str, flat: Sequence[str]) -> Message:
-    f = dict(zip(flat[::2], flat[1::2]))
-    return Message(topic=topic, msg_id=f["id"], msg=f["msg"], produce_ms=int(f["produce"]),
+# getTopicInfo. ARGV: the waiting buckets' upper bounds (trigger ms, exclusive)
+# -> {waiting, ready, consuming, count per bucket...}
+_INFO = _LUA_COMMON + """
+local out = {redis.call('ZCARD', WAITING), redis.call('ZCARD', READY), redis.call('ZCARD', ACK)}
+local low = '-inf'
+for i = 1, #ARGV do
+  out[#out + 1] = redis.call('ZCOUNT', WAITING, low, '(' .. ARGV[i])
+  low = ARGV[i]
+end
+out[#out + 1] = redis.call('ZCOUNT', WAITING, low, '+inf')
+return out
+"""
+
+# Every script, by name: RedisBroker registers these (a test may wrap them).
+SCRIPTS = {"send": _SEND, "tick": _TICK, "pull": _PULL, "give_back": _GIVE_BACK, "ack": _ACK,
+           "delete": _DELETE, "get": _GET, "info": _INFO}
+
+
+def _message(topic: str, msg_id: str, meta: str, body: str) -> Message:
+    f = json.loads(meta)
+    return Message(topic=topic, msg_id=msg_id, msg=body, produce_ms=int(f["produce"]),
                    trigger_ms=int(f["trigger"]), ttl_ms=int(f["ttl"]), max_retry=int(f["maxRetry"]),
                    priority=int(f["priority"]), tag=f["tag"], status=Status(int(f["status"])),
                    retry=int(f["retry"]), location=NO_LOCATION)
 
 
 @dataclass
-class _Keys:
-    prefix: str  # P
-    waiting: str
-    ready: str
-    expire: str
-    ack: str
-    channel: str
-
-    @property
-    def all(self) -> list[str]:
-        return [self.waiting, self.ready, self.expire, self.ack]
-
-
-@dataclass
 class _State:
+    # Topics this process knows of (its sends, the topic set as last read).
     topics: set[str] = field(default_factory=set)
+    # Topics known to be in the topic set (forgotten when Redis was
+    # unreachable: it may come back empty).
+    registered: set[str] = field(default_factory=set)
     waiters: dict[str, list[asyncio.Future]] = field(default_factory=lambda: defaultdict(list))
+    # Last problem reported per place (mover, listener, a topic), so that a
+    # lasting outage is logged once, and its end too.
+    problems: dict[str, str] = field(default_factory=dict)
 
 
 class RedisBroker:
-    """The broker over one Redis database; same request methods as
-    `broker.service.Broker`. `await start()` launches the mover and the
-    wake listener; `await stop()` ends them and closes the client.
+    """The broker over one Redis database (or Redis Cluster); same request
+    methods as `broker.service.Broker`. `await start()` checks the
+    connection and launches the mover and the wake listener; `await stop()`
+    ends them and closes the client.
 
-    Example: a send with delayMillis=5000 runs SEND (hash + waiting zset),
-    wakes this process's mover if it was sleeping past the trigger; 5 s
-    later the mover's MOVE puts it in `ready` and publishes the wake; a long
-    poll on any process pulls it with PULL (-> `ack` zset, deadline now +
-    ackTimeoutMillis); without an ack, a SWEEP after the deadline makes it
-    READY with retry 1. Each step costs one round trip and O(log n) in Redis.
+    Example: a send with delayMillis=5000 runs SEND (meta, body, waiting
+    zset) and wakes this process's mover if it was sleeping past the
+    trigger; 5 s later the mover's TICK puts it in `ready` and publishes the
+    wake; a long poll on any process pulls it with PULL (-> `ack` zset,
+    deadline now + ackTimeoutMillis); without an ack, a TICK after the
+    deadline makes it READY with retry 1. Each step costs one round trip and
+    O(log n) in Redis; the mover costs one TICK per topic per round.
     """
 
-    def __init__(self, client: aioredis.Redis, clock, defaults: Defaults, metrics: Metrics,
-                 config: RedisConfig | None = None) -> None:
+    def __init__(self, client: aioredis.Redis | RedisCluster, clock, defaults: Defaults, metrics: Metrics,
+                 config: RedisConfig | None = None, *, url: str = "redis") -> None:
         self.redis = client
         self.clock = clock
         self.defaults = defaults
         self.metrics = metrics
         self.config = config or RedisConfig()
+        self.url = redact(url)
         self.failed: BaseException | None = None
         self.on_fatal: Callable[[BaseException], None] | None = None
         self._state = _State()
@@ -331,42 +517,112 @@ class RedisBroker:
         self._tasks: list[asyncio.Task] = []
         self._topics_key = f"{self.config.key_prefix}:topics"
         self._channel_prefix = f"{self.config.key_prefix}:wake:"
-        self._send_script = client.register_script(_SEND)
-        self._move_script = client.register_script(_MOVE)
-        self._sweep_script = client.register_script(_SWEEP)
-        self._pull_script = client.register_script(_PULL)
-        self._ack_script = client.register_script(_ACK)
-        self._delete_script = client.register_script(_DELETE)
+        self._scripts = {name: client.register_script(source) for name, source in SCRIPTS.items()}
 
     @classmethod
     def from_url(cls, url: str, clock, defaults: Defaults, metrics: Metrics,
                  config: RedisConfig | None = None) -> RedisBroker:
-        """`url` as redis-py takes it: redis://HOST:PORT/DB."""
-        return cls(aioredis.Redis.from_url(url, decode_responses=True), clock, defaults, metrics, config)
+        """`url` as redis-py takes it (redis://[:password@]HOST:PORT/DB,
+        rediss:// for TLS), plus `?cluster=1` for a Redis Cluster (any of its
+        nodes; database 0). Connects lazily: `start()` says if it cannot."""
+        config = config or RedisConfig()
+        target, cluster = split_cluster_flag(url)
+        options = dict(decode_responses=True, socket_connect_timeout=config.connect_timeout_ms / 1000,
+                       socket_timeout=config.command_timeout_ms / 1000,
+                       retry=Retry(ExponentialWithJitterBackoff(base=0.05, cap=0.5), config.retries))
+        client = RedisCluster.from_url(target, **options) if cluster else aioredis.Redis.from_url(target, **options)
+        return cls(client, clock, defaults, metrics, config, url=url)
 
     def __repr__(self) -> str:
-        return (f"RedisBroker(prefix={self.config.key_prefix!r}, topics={len(self._state.topics)}, "
-                f"next_due_ms={self._next_due_ms}, stopping={self._stopping})")
+        return (f"RedisBroker(url={self.url!r}, prefix={self.config.key_prefix!r}, "
+                f"topics={len(self._state.topics)}, next_due_ms={self._next_due_ms}, stopping={self._stopping})")
 
-    def _keys(self, topic: str) -> _Keys:
-        p = f"{self.config.key_prefix}:{{{escape_topic(topic)}}}:"
-        return _Keys(p, p + "waiting", p + "ready", p + "expire", p + "ack", self._channel_prefix + topic)
+    @property
+    def problem(self) -> str | None:
+        """What keeps the background tasks from Redis now (None: nothing),
+        for a health check to report."""
+        return "; ".join(f"{where}: {what}" for where, what in sorted(self._state.problems.items())) or None
+
+    def keys(self, topic: str) -> TopicKeys:
+        return TopicKeys.of(self.config.key_prefix, topic)
+
+    # == talking to Redis ==========================================================
+
+    async def _script(self, name: str, topic: str, args: Sequence[str]):
+        keys = self.keys(topic)
+        try:
+            return await self._scripts[name](keys=keys.all, args=args)
+        except REDIS_ERRORS as e:
+            raise Unavailable(await self._problem(e, keys.all)) from e
+
+    async def _command(self, name: str, *args: str):
+        """A plain command on the topic set."""
+        try:
+            return await getattr(self.redis, name)(self._topics_key, *args)
+        except REDIS_ERRORS as e:
+            raise Unavailable(await self._problem(e, [])) from e
+
+    async def _problem(self, error: Exception, keys: list[str]) -> str:
+        """What a failed command says to the client (a 503), or re-raise
+        `error` if it looks like a bug here (a 500, logged)."""
+        if isinstance(error, AuthenticationError):
+            return f"authentication to Redis at {self.url} failed: {error}"
+        if isinstance(error, (RedisConnectionError, RedisTimeoutError, ClusterError, RedisClusterException)):
+            self._state.registered.clear()
+            return f"Redis at {self.url} is unreachable: {error}"
+        if isinstance(error, ResponseError) and str(error).startswith("WRONGTYPE"):
+            wrong = await self._wrong_types(keys + [self._topics_key])
+            if wrong:
+                return (f"{'; '.join(wrong)}; every key under {self.config.key_prefix + ':'!r} is hourglass's: "
+                        f"remove or rename it")
+        if isinstance(error, ResponseError) and str(error).split(" ", 1)[0] in REFUSALS:
+            return f"Redis at {self.url} refused the command: {error}"
+        raise error
+
+    async def _wrong_types(self, keys: list[str]) -> list[str]:
+        wanted = dict(zip(keys, KEY_TYPES.values()))
+        wanted[self._topics_key] = "set"
+        wrong = []
+        for key, kind in wanted.items():
+            try:
+                found = await self.redis.type(key)
+            except REDIS_ERRORS:
+                continue
+            if found not in ("none", kind):
+                wrong.append(f"Redis key {key!r} holds a {found}, not the {kind} hourglass keeps there")
+        return wrong
+
+    def _report(self, where: str, problem: str | None) -> None:
+        """Log a lasting problem once, and its end."""
+        before = self._state.problems.get(where)
+        if problem is None:
+            if before is not None:
+                del self._state.problems[where]
+                log.warning("%s works again", where)
+        elif problem != before:
+            self._state.problems[where] = problem
+            log.error("%s: %s; retrying", where, problem)
 
     # == lifetime ================================================================
 
     async def start(self) -> None:
-        """Launch the tasks; returns once the wake channel is subscribed, so
-        no wake published after start() is missed."""
-        await self.redis.ping()
+        """Check the connection, then launch the tasks; returns once the wake
+        channel is subscribed, so no wake published after start() is missed.
+        Raises Unavailable with a sentence if Redis cannot be used."""
+        try:
+            await self.redis.ping()
+        except REDIS_ERRORS as e:
+            raise Unavailable(await self._problem(e, [])) from e
         self._tasks = [asyncio.create_task(self._listener(), name="redis-wake-listener"),
                        asyncio.create_task(self._mover(), name="redis-mover")]
         for task in self._tasks:
             task.add_done_callback(self._task_ended)
-        waiting = asyncio.ensure_future(self._subscribed.wait())
-        await asyncio.wait([waiting, self._tasks[0]], return_when=asyncio.FIRST_COMPLETED)
-        if not waiting.done():
-            waiting.cancel()
-            raise Unavailable(f"cannot subscribe to the wake channel: {self._tasks[0].exception()!r}")
+        wait_s = 2 * (self.config.connect_timeout_ms + self.config.command_timeout_ms) / 1000
+        try:
+            await asyncio.wait_for(self._subscribed.wait(), wait_s)
+        except TimeoutError:
+            raise Unavailable(f"cannot subscribe to the wake channel on Redis at {self.url}: "
+                              f"{self._state.problems.get('wake listener', 'no answer')}") from None
 
     def _task_ended(self, task: asyncio.Task) -> None:
         if not task.cancelled() and task.exception() is not None:
@@ -399,46 +655,79 @@ class RedisBroker:
     # == background tasks ==========================================================
 
     async def _listener(self) -> None:
-        pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
-        try:
-            await pubsub.psubscribe(self._channel_prefix + "*")
-            self._subscribed.set()
-            while True:
-                message = await pubsub.get_message(timeout=None)
-                if message is not None and message["type"] == "pmessage":
-                    self._wake(message["channel"][len(self._channel_prefix):])
-        finally:
-            await pubsub.aclose()
+        """Wake local long polls on other processes' wakes; resubscribe after
+        a lost connection (and wake every poll then: a wake may be lost)."""
+        while not self._stopping:
+            pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
+            try:
+                await pubsub.psubscribe(self._channel_prefix + "*")
+                self._subscribed.set()
+                self._report("wake listener", None)
+                self.wake_all()
+                while True:
+                    message = await pubsub.get_message(timeout=None)
+                    if message is not None and message["type"] == "pmessage":
+                        self._wake(message["channel"][len(self._channel_prefix):])
+            except (*REDIS_ERRORS, OSError) as e:
+                self._report("wake listener", f"Redis at {self.url} is unreachable: {e}")
+            finally:
+                with contextlib.suppress(*REDIS_ERRORS, OSError):
+                    await pubsub.aclose()
+            await asyncio.sleep(self.config.poll_ms / 1000)
 
     async def _mover(self) -> None:
-        limit = self.config.script_batch
         while not self._stopping:
             self._mover_wake.clear()
             self._next_due_ms = 0  # a send during this round wakes the next one
             now_ms = self.clock.now_ms()
-            self._state.topics |= await self.redis.smembers(self._topics_key)
             due_ms = now_ms + self.config.poll_ms
-            for topic in sorted(self._state.topics):
-                keys = self._keys(topic)
-                args = [keys.prefix, str(now_ms), str(limit), str(self.config.retention_ms)]
-                moved, handled, waiting_head = await self._move_script(keys=keys.all, args=args)
-                requeued, swept, ack_head, expire_head = await self._sweep_script(keys=keys.all, args=args)
-                if moved or requeued:
-                    m = self.metrics.topic(topic)
-                    m.ready += moved
-                    m.retries += requeued
-                    await self._publish(topic)
-                if handled >= limit or swept >= limit:
-                    due_ms = now_ms
-                for head in (waiting_head, ack_head, expire_head):
-                    if head:
-                        due_ms = min(due_ms, int(float(head)))
+            try:
+                self._state.topics |= await self._command("smembers")
+            except (Unavailable, *REDIS_ERRORS) as e:
+                self._report("mover", str(e))
+            else:
+                self._report("mover", None)
+                for topic in sorted(self._state.topics):
+                    due_ms = min(due_ms, await self._tick(topic, now_ms))
             self._next_due_ms = due_ms
             await self.clock.sleep_until(due_ms, self._mover_wake)
 
+    async def _tick(self, topic: str, now_ms: int) -> int:
+        """One TICK of a topic; when it next needs one."""
+        limit = self.config.script_batch
+        where = f"topic {topic!r}"
+        try:
+            triggers, retried, ended, full, *heads = await self._script("tick", topic, [
+                str(now_ms), str(limit), str(now_ms + self.config.retention_ms)])
+        except (Unavailable, *REDIS_ERRORS) as e:  # this topic's trouble must not stop the others
+            self._report(where, str(e))
+            return now_ms + self.config.poll_ms
+        self._report(where, None)
+        m = self.metrics.topic(topic)
+        m.retries += retried
+        m.ended += ended
+        self._made_ready(topic, [int(t) for t in triggers], now_ms)
+        if triggers or retried:
+            await self._publish(topic)
+        if full:
+            return now_ms
+        return min([int(float(h)) for h in heads if h] or [now_ms + self.config.poll_ms])
+
+    def _made_ready(self, topic: str, trigger_times: list[int], now_ms: int) -> None:
+        m = self.metrics.topic(topic)
+        m.ready += len(trigger_times)
+        for trigger_ms in trigger_times:
+            m.ready_gap.observe(now_ms - trigger_ms)
+            self.metrics.lateness_seconds.observe(max(0, now_ms - trigger_ms) / 1000)
+
     async def _publish(self, topic: str) -> None:
         self._wake(topic)  # this process at once; others through Redis
-        await self.redis.publish(self._channel_prefix + topic, "1")
+        try:
+            await self.redis.publish(self._channel_prefix + topic, "1")
+        except REDIS_ERRORS as e:  # the change is made: others see it at their next pull or poll_ms
+            self._report("wake publisher", f"Redis at {self.url} is unreachable: {e}")
+        else:
+            self._report("wake publisher", None)
 
     def _wake(self, topic: str) -> None:
         for future in self._state.waiters.pop(topic, ()):
@@ -452,65 +741,82 @@ class RedisBroker:
     # == requests ================================================================
 
     async def send(self, batch: Sequence[NewMessage]) -> list[Message]:
-        """Store new messages (a duplicate id answers the stored message,
-        unchanged). Each message is one atomic script; a batch is one
-        pipeline, not one transaction (it was validated whole already)."""
+        """Store new messages (a duplicate id, also earlier in the batch,
+        answers the stored message, unchanged). One atomic script per topic.
+        A new message is answered as stored, status 1, even when it was due
+        and made READY (or EXPIRED) in the same step: the disk broker
+        answers so too, and releases it right after."""
         self._check_serving()
         if not batch:
             return []
         now_ms = self.clock.now_ms()
-        retention = str(self.config.retention_ms)
-        new_topics = {n.topic for n in batch} - self._state.topics
+        new_topics = {n.topic for n in batch} - self._state.registered
         if new_topics:
-            await self.redis.sadd(self._topics_key, *new_topics)
+            await self._command("sadd", *new_topics)
+            self._state.registered |= new_topics
             self._state.topics |= new_topics
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for n in batch:
-                keys = self._keys(n.topic)
-                await self._send_script(keys=keys.all, client=pipe, args=[
-                    keys.prefix, n.msg_id, n.msg, str(n.produce_ms), str(n.trigger_ms), str(n.ttl_ms),
-                    str(n.trigger_ms + n.ttl_ms), str(n.max_retry), str(n.priority), n.tag,
-                    ready_member(n.trigger_ms, n.msg_id), str(now_ms), retention])
-            results = await pipe.execute()
-        out, ready_topics = [], set()
-        for n, (stored, flat) in zip(batch, results):
-            message = _message(n.topic, flat)
-            m = self.metrics.topic(n.topic)
-            if stored:
-                m.sends += 1
-                if message.status is Status.READY:
-                    ready_topics.add(n.topic)
-                elif message.status is Status.WAITING and message.trigger_ms < self._next_due_ms:
-                    self._mover_wake.set()
-            else:
+        by_topic: dict[str, list[int]] = defaultdict(list)
+        for i, n in enumerate(batch):
+            by_topic[n.topic].append(i)
+        out: list[Message | None] = [None] * len(batch)
+        for topic, positions in by_topic.items():
+            for i, message in zip(positions, await self._send_topic(topic, [batch[i] for i in positions], now_ms)):
+                out[i] = message
+        return out
+
+    async def _send_topic(self, topic: str, batch: list[NewMessage], now_ms: int) -> list[Message]:
+        args = [str(now_ms), str(now_ms + self.config.retention_ms)]
+        for n in batch:
+            args += [n.msg_id, n.msg, str(n.produce_ms), str(n.trigger_ms), str(n.ttl_ms),
+                     str(n.trigger_ms + n.ttl_ms), str(n.max_retry), str(n.priority), n.tag,
+                     ready_member(n.priority, n.trigger_ms, n.msg_id)]
+        results = await self._script("send", topic, args)
+        m = self.metrics.topic(topic)
+        out, ready = [], []
+        answered: dict[str, Message] = {}  # a duplicate of an earlier item gets that item's answer
+        for n, (state, *stored) in zip(batch, results):
+            if state == "0":
                 m.duplicates += 1
-            out.append(message)
-        for topic in ready_topics:
+                out.append(answered.get(n.msg_id) or _message(topic, n.msg_id, *stored))
+                continue
+            m.sends += 1
+            out.append(Message(*n, status=Status.WAITING, retry=0, location=NO_LOCATION))
+            answered[n.msg_id] = out[-1]
+            if state == "2":
+                ready.append(n.trigger_ms)
+            elif state == "5":
+                m.ended += 1
+            elif n.trigger_ms < self._next_due_ms:
+                self._mover_wake.set()
+        self._made_ready(topic, ready, now_ms)
+        if ready:
             await self._publish(topic)
         return out
 
     async def pull(self, request: PullRequest | LongPollRequest) -> list[Message]:
         """Up to `batch` READY messages of the topic, now CONSUMING."""
+        return (await self._pull(request))[0]
+
+    async def _pull(self, request: PullRequest | LongPollRequest) -> tuple[list[Message], str]:
+        """The pulled messages and their ack deadline."""
         self._check_serving()
-        keys = self._keys(request.topic)
         now_ms = self.clock.now_ms()
-        flats = await self._pull_script(keys=keys.all, args=[
-            keys.prefix, str(now_ms), str(now_ms + request.ack_timeout_ms), str(request.batch),
-            str(self.config.retention_ms), str(len(request.tags)), *request.tags])
-        messages = [_message(request.topic, flat) for flat in flats]
-        if messages:
-            m = self.metrics.topic(request.topic)
-            m.pulls += len(messages)
-            for message in messages:
-                m.pull_gap.observe(now_ms - message.trigger_ms)
-        return messages
+        deadline = str(now_ms + request.ack_timeout_ms)
+        ended, *rows = await self._script("pull", request.topic, [
+            str(now_ms), deadline, str(request.batch), str(now_ms + self.config.retention_ms), *request.tags])
+        messages = [_message(request.topic, *row) for row in rows]
+        m = self.metrics.topic(request.topic)
+        m.ended += ended
+        m.pulls += len(messages)
+        for message in messages:
+            m.pull_gap.observe(now_ms - message.trigger_ms)
+        return messages, deadline
 
     async def long_poll(self, request: LongPollRequest, gone: Callable[[], bool] = lambda: False) -> list[Message]:
         """As pull, but waits up to the timeout for a message to be READY,
-        woken by the topic's wake channel. `gone()` (the client hung up) is
-        checked before each pull; unlike the disk broker, what was pulled for
-        a client that hangs up meanwhile is not given back: it waits for its
-        ack timeout (a give-back script keeping retry is still to write)."""
+        woken by the topic's wake channel. `gone()` says the client hung up:
+        then nothing is taken, and what was taken meanwhile goes back to
+        READY with its retry unchanged (as the disk broker does)."""
         deadline = time.monotonic() + request.long_polling_timeout_ms / 1000
         while True:
             if self._stopping or gone():
@@ -518,7 +824,10 @@ class RedisBroker:
             future = asyncio.get_running_loop().create_future()
             self._state.waiters[request.topic].append(future)  # before pulling: a wake in between counts
             try:
-                messages = await self.pull(request)
+                messages, ack_deadline = await self._pull(request)
+                if messages and gone():
+                    await self._give_back(request.topic, messages, ack_deadline)
+                    return []
                 remaining = deadline - time.monotonic()
                 if messages or remaining <= 0:
                     return messages
@@ -533,65 +842,65 @@ class RedisBroker:
                     if not waiters:
                         del self._state.waiters[request.topic]
 
+    async def _give_back(self, topic: str, messages: list[Message], ack_deadline: str) -> None:
+        """Pulled for a client that is gone: READY again, as if never pulled."""
+        if await self._script("give_back", topic, [ack_deadline, *(m.msg_id for m in messages)]):
+            await self._publish(topic)
+
     async def ack(self, request: AckRequest) -> None:
         """ack: CONSUMING or READY -> ACKED (again: no-op). nack: CONSUMING
         -> READY with retry+1, or ENDED; of a READY message: no-op."""
         self._check_serving()
-        keys = self._keys(request.topic)
-        result = await self._ack_script(keys=keys.all, args=[
-            keys.prefix, request.msg_id, "1" if request.ack else "0", str(self.clock.now_ms()),
-            str(self.config.retention_ms)])
+        now_ms = self.clock.now_ms()
+        result = await self._script("ack", request.topic, [
+            request.msg_id, "1" if request.ack else "0", str(now_ms), str(now_ms + self.config.retention_ms)])
         if result == "NF":
             raise NotFound(f"no message {request.msg_id!r} in topic {request.topic!r}")
         if result.startswith("BAD:"):
             status = Status(int(result[4:]))
             what = "not deliverable: cannot ack" if request.ack else "not consuming: cannot nack"
             raise InvalidRequest("msgId", f"message is in status {int(status)} ({status.name.lower()}), {what}")
+        if result == "NOOP":
+            return
         m = self.metrics.topic(request.topic)
         if request.ack:
             m.acks += 1
+            return
+        m.nacks += 1
+        if result == "READY":
+            m.retries += 1
+            await self._publish(request.topic)
         else:
-            m.nacks += 1
-            if result == "READY":
-                m.retries += 1
-                await self._publish(request.topic)
+            m.ended += 1
 
     async def delete(self, request: DeleteRequest) -> None:
-        """WAITING, READY or CONSUMING -> DELETED; `release` also frees the id."""
+        """WAITING, READY or CONSUMING -> DELETED; `release` also frees the
+        id. Deleting an ended message changes nothing unless `release`."""
         self._check_serving()
-        keys = self._keys(request.topic)
-        result = await self._delete_script(keys=keys.all, args=[
-            keys.prefix, request.msg_id, "1" if request.release else "0", str(self.config.retention_ms)])
+        result = await self._script("delete", request.topic, [
+            request.msg_id, "1" if request.release else "0", str(self.clock.now_ms() + self.config.retention_ms)])
         if result == "NF":
             raise NotFound(f"no message {request.msg_id!r} in topic {request.topic!r}")
-        self.metrics.topic(request.topic).deletes += 1
+        if result == "OK":
+            self.metrics.topic(request.topic).deletes += 1
 
     async def get(self, topic: str, msg_id: str) -> Message:
         self._check_serving()
         self.metrics.topic(topic).gets += 1
-        flat = await self.redis.hgetall(self._keys(topic).prefix + "m:" + msg_id)
-        if not flat:
+        found = await self._script("get", topic, [msg_id])
+        if not found:
             raise NotFound(f"no message {msg_id!r} in topic {topic!r}")
-        return _message(topic, [x for kv in flat.items() for x in kv])
+        return _message(topic, msg_id, *found)
 
     # == topic information =======================================================
 
     async def topic_info(self, topic: str) -> dict:
         """camellia's TopicInfo: zset sizes, waiting split into delay buckets."""
-        if not await self.redis.sismember(self._topics_key, topic):
+        if not await self._command("sismember", topic):
             raise NotFound(f"no topic {topic!r}")
-        keys = self._keys(topic)
         now_ms = self.clock.now_ms()
-        async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.zcard(keys.waiting)
-            pipe.zcard(keys.ready)
-            pipe.zcard(keys.ack)
-            low = "-inf"
-            for _, upper in WAITING_BUCKETS:
-                high = "+inf" if upper is None else f"({now_ms + upper}"
-                pipe.zcount(keys.waiting, low, high)
-                low = f"{now_ms + upper}" if upper is not None else low
-            waiting, ready, consuming, *buckets = await pipe.execute()
+        bounds = [str(now_ms + upper) for _, upper in WAITING_BUCKETS if upper is not None]
+        waiting, ready, consuming, *buckets = await self._script("info", topic, bounds)
         return {
             "topic": topic,
             "waitingQueueSize": waiting,

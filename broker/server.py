@@ -118,7 +118,12 @@ class RedisNode:
         self.api = Api(self.broker, config.max_msg_bytes)
 
     app = Node.app
-    health = Node.health
+
+    async def health(self, request: web.Request) -> web.Response:
+        problem = self.broker.problem
+        if problem is not None:  # Redis unreachable or refusing: requests answer 503 meanwhile
+            return answer(503, problem, status="degraded", role="standalone", leader=None, node=None)
+        return await Node.health(self, request)
 
     async def metrics_text(self, request: web.Request) -> web.Response:
         return web.Response(text=self.metrics.render([], []), content_type="text/plain")
@@ -145,14 +150,16 @@ async def _serve_until_stopped(node, config: ServeConfig, describe: str) -> web.
 
 
 async def run_redis(config: ServeConfig) -> int:
-    node = RedisNode(config)
+    node = None
     try:
+        node = RedisNode(config)
         await node.broker.start()
-    except Exception as e:
-        log.critical("cannot use %s: %r", config.backend, e)
-        await node.broker.stop()
+    except Exception as e:  # the error names the URL, its password hidden
+        log.critical("%s", e)
+        if node is not None:
+            await node.broker.stop()
         return 1
-    await _serve_until_stopped(node, config, f"state in {config.backend}")
+    await _serve_until_stopped(node, config, f"state in {node.broker.url}")
     failed = node.broker.failed
     await node.broker.stop()
     log.info("stopped")

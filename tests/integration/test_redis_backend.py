@@ -1,20 +1,30 @@
 """broker.redis_backend.RedisBroker against a real redis-server (one per
 test session, on a free loopback port, no persistence; each test flushes
-it). Drives the broker directly, with the real clock and short delays."""
+it). Drives the broker directly, with the real clock and short delays; then
+Redis trouble met by real `hourglass serve` processes (each with a
+redis-server of its own): down at start or while serving, a wrong
+password, a key of the wrong type, a crash of Redis. The API and lifecycle
+over HTTP, the same as the disk backend's, are in tests/conformance."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import subprocess
+import sys
 import time
 
 import pytest
+from redis_server import free_port, redis_cli, redis_server
+from serving import ROOT, Server
 
 pytest.importorskip("redis", reason="the redis extra is not installed (pip install 'hourglass[redis]')")
 
 from broker.clock import SystemClock  # noqa: E402
 from broker.metrics import Metrics  # noqa: E402
 from broker.params import AckRequest, Defaults, DeleteRequest, LongPollRequest, PullRequest  # noqa: E402
-from broker.redis_backend import RedisBroker, RedisConfig  # noqa: E402
+from broker.redis_backend import RedisBroker, RedisConfig, TopicKeys, redact  # noqa: E402
 from broker.service import NotFound  # noqa: E402
 from storage.entry import Status  # noqa: E402
 from storage.errors import InvalidRequest  # noqa: E402
@@ -167,7 +177,8 @@ def test_delete_and_release(redis_url):
         with pytest.raises(NotFound):
             await b.delete(DeleteRequest(TOPIC, "w", False))
         again, = await b.send([new("w", body="new")])  # the id is free again
-        assert (again.msg, again.status) == ("new", Status.READY)
+        assert (again.msg, again.status) == ("new", Status.WAITING)  # as the disk broker answers a send
+        assert (await b.get(TOPIC, "w")).status is Status.READY
     run(redis_url, scenario)
 
 
@@ -212,3 +223,183 @@ def test_two_brokers_on_one_redis_never_deliver_a_message_twice(redis_url):
         await asyncio.wait_for(asyncio.gather(*(consume(x) for x in (a, b, a, b))), 20)
         assert sorted(seen) == sorted(f"m{i}" for i in range(count))
     run(redis_url, scenario, brokers=2, config=RedisConfig(poll_ms=50))
+
+
+def test_repr_and_problem(redis_url):
+    async def scenario(b: RedisBroker):
+        assert repr(b).startswith(f"RedisBroker(url='{redis_url}', prefix='hg', topics=0,")
+        assert b.problem is None
+    run(redis_url, scenario)
+
+
+def test_a_long_poll_whose_client_hung_up_during_its_pull_gives_the_messages_back(redis_url):
+    async def scenario(b: RedisBroker):
+        await b.send([new("a", max_retry=0), new("b", max_retry=0)])
+        answers = iter([False])  # here when the poll starts; gone once it has pulled
+
+        got = await b.long_poll(LongPollRequest(TOPIC, 30_000, 10, (), 1_000), lambda: next(answers, True))
+        assert got == []
+        for msg_id in ("a", "b"):
+            m = await b.get(TOPIC, msg_id)
+            assert (m.status, m.retry) == (Status.READY, 0)  # as if never pulled
+        info = await b.topic_info(TOPIC)
+        assert (info["readyQueueSize"], info["ackQueueSize"]) == (2, 0)
+        assert [m.msg_id for m in await b.pull(pulling())] == ["a", "b"]
+    run(redis_url, scenario)
+
+
+def test_a_give_back_leaves_a_message_pulled_again_by_another_consumer(redis_url):
+    async def scenario(b: RedisBroker):
+        await b.send([new("a")])
+        first, deadline = await b._pull(pulling(ack_timeout_ms=50))
+        again = await wait_for_status(b, "a", Status.READY)
+        assert again.retry == 1
+        second = await b.pull(pulling())  # another consumer holds it now
+        await b._give_back(TOPIC, first, deadline)  # the first poll's give-back comes late
+        m = await b.get(TOPIC, "a")
+        assert (m.status, m.retry) == (Status.CONSUMING, 1) and second[0].msg_id == "a"
+    run(redis_url, scenario)
+
+
+# -- Redis trouble: clear errors, never hangs (real processes) ---------------------------------
+
+
+def serve_until_exit(backend: str, timeout_s: float = 20) -> tuple[int, str, float]:
+    """Run `hourglass serve --backend backend` expecting it to exit: (code, output, seconds)."""
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "broker.cli", "serve", "--port", str(free_port()),
+                           "--backend", backend], cwd=ROOT, capture_output=True, text=True, timeout=timeout_s)
+    return done.returncode, done.stdout + done.stderr, time.monotonic() - started
+
+
+def test_serve_exits_at_once_naming_the_url_when_redis_is_down():
+    url = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
+    code, output, seconds = serve_until_exit(url)
+    assert code != 0 and seconds < 10, output
+    assert f"Redis at {url} is unreachable" in output, output
+
+
+def test_serve_exits_saying_authentication_failed(tmp_path):
+    with redis_server(tmp_path, "--requirepass", "secret") as port:
+        for url in (f"redis://:wrong@127.0.0.1:{port}/0", f"redis://127.0.0.1:{port}/0"):
+            code, output, seconds = serve_until_exit(url)
+            assert code != 0 and seconds < 10, output
+            assert f"authentication to Redis at {redact(url)} failed" in output, output
+
+
+@pytest.fixture
+def own_redis(tmp_path):
+    """A redis-server of this test's own, and a serve process on it."""
+    with redis_server(tmp_path) as port:
+        server = Server.start(tmp_path / "data", "--backend", f"redis://127.0.0.1:{port}/0")
+        yield port, server
+        server.kill()
+
+
+def test_requests_answer_503_while_redis_is_down_and_recover(own_redis, tmp_path):
+    port, server = own_redis
+    assert server.post("sendMsg", topic="t", msg="m", msgId="a")[0] == 200
+    redis_cli(port, "SHUTDOWN", "NOSAVE")  # Redis goes away under the serving node
+    url = f"redis://127.0.0.1:{port}/0"
+    for call, params in [("sendMsg", {"msg": "m"}), ("pullMsg", {}), ("getMsg", {"msgId": "a"}),
+                         ("ackMsg", {"msgId": "a"}), ("longPollingMsg", {"longPollingTimeoutMillis": 60000})]:
+        started = time.monotonic()
+        status, body = server.post(call, topic="t", **params)
+        assert status == 503 and f"Redis at {url} is unreachable" in body["msg"], (call, body)
+        assert time.monotonic() - started < 10, call
+    status, body = server.get("getTopicInfo", topic="t")
+    assert status == 503 and body["code"] == 503
+    with redis_server(tmp_path, port=port):  # back, empty (no persistence)
+        deadline = time.monotonic() + 10
+        while server.post("sendMsg", topic="t", msg="again", msgId="b")[0] != 200:
+            assert time.monotonic() < deadline, "the node did not recover when Redis came back"
+            time.sleep(0.1)
+        status, body = server.post("longPollingMsg", topic="t", longPollingTimeoutMillis=5000)
+        assert status == 200 and [m["msgId"] for m in body["delayMsgList"]] == ["b"]
+        assert server.get("getTopicInfo", topic="t")[0] == 200  # the topic set was refilled
+        assert server.proc.poll() is None
+    assert server.stop() == 0
+
+
+def test_the_mover_and_listener_outlive_an_outage(tmp_path):
+    async def until(check, within_s: float = 10):
+        deadline = time.monotonic() + within_s
+        while not check():
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.05)
+
+    async def main(port: int):
+        b = RedisBroker.from_url(f"redis://127.0.0.1:{port}/0", SystemClock(), Defaults(), Metrics(),
+                                 RedisConfig(poll_ms=50))
+        other = RedisBroker.from_url(f"redis://127.0.0.1:{port}/0", SystemClock(), Defaults(), Metrics())
+        await b.start()
+        await b.send([new("a", delay_ms=60_000)])
+        redis_cli(port, "SHUTDOWN", "NOSAVE")
+        await until(lambda: b.problem is not None and "unreachable" in b.problem)
+        with redis_server(tmp_path, port=port):
+            await until(lambda: b.problem is None)
+            poll = asyncio.create_task(b.long_poll(LongPollRequest(TOPIC, 30_000, 1, (), 5_000)))
+            await other.start()  # resubscribed: a wake from another process reaches b's poll
+            await asyncio.sleep(0.1)
+            await other.send([new("b")])
+            assert [m.msg_id for m in await asyncio.wait_for(poll, 4)] == ["b"]
+            await other.stop()
+            await b.stop()
+
+    with redis_server(tmp_path) as port:
+        asyncio.run(main(port))
+
+
+def test_a_key_of_the_wrong_type_answers_503_naming_it(own_redis):
+    port, server = own_redis
+    ready = TopicKeys.of("hg", "broken").ready
+    redis_cli(port, "SET", ready, "not a zset")
+    for call, params in [("sendMsg", {"msg": "m"}), ("pullMsg", {}),
+                         ("longPollingMsg", {"longPollingTimeoutMillis": 60000})]:
+        started = time.monotonic()
+        status, body = server.post(call, topic="broken", **params)
+        assert status == 503 and f"Redis key '{ready}' holds a string, not the zset" in body["msg"], (call, body)
+        assert time.monotonic() - started < 10
+    assert server.post("sendMsg", topic="fine", msg="m", msgId="f")[0] == 200  # other topics are served
+    status, body = server.post("longPollingMsg", topic="fine", longPollingTimeoutMillis=5000)
+    assert [m["msgId"] for m in body["delayMsgList"]] == ["f"]
+    redis_cli(port, "DEL", ready)
+    assert server.post("pullMsg", topic="broken")[0] == 200
+    redis_cli(port, "SET", "hg:topics", "1")
+    status, body = server.post("sendMsg", topic="new", msg="m")
+    assert status == 503 and "Redis key 'hg:topics' holds a string, not the set" in body["msg"], body
+    assert server.get("/health")[0] == 200 and server.proc.poll() is None
+    assert server.stop() == 0
+
+
+@pytest.mark.parametrize("persistence, kept", [
+    ((), False),
+    (("--appendonly", "yes", "--appendfsync", "always"), True),
+], ids=["no-persistence", "aof-always"])
+def test_what_survives_a_redis_crash_is_redis_persistence(tmp_path, persistence, kept):
+    """The backends' one durability difference: disk answers 200 once fsync'ed;
+    the Redis backend once Redis has it, so a crash of Redis keeps it only
+    with AOF appendfsync always (the suites' redis-servers run without)."""
+    with redis_server(tmp_path, *persistence) as port:
+        url = f"redis://127.0.0.1:{port}/0"
+        asyncio.run(send_one(url))
+        pid = int(redis_cli(port, "INFO", "server").split("process_id:")[1].split()[0])
+        os.kill(pid, signal.SIGKILL)
+    with redis_server(tmp_path, *persistence, port=port):
+        assert asyncio.run(still_there(url)) is kept
+
+
+async def send_one(url: str) -> None:
+    b = RedisBroker.from_url(url, SystemClock(), Defaults(), Metrics())
+    await b.send([new("a", delay_ms=60_000)])
+    await b.redis.aclose()
+
+
+async def still_there(url: str) -> bool:
+    b = RedisBroker.from_url(url, SystemClock(), Defaults(), Metrics())
+    try:
+        return (await b.get(TOPIC, "a")).status is Status.WAITING
+    except NotFound:
+        return False
+    finally:
+        await b.redis.aclose()

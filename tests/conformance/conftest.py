@@ -1,0 +1,143 @@
+"""The conformance suite: one set of API and lifecycle tests, run against a
+real `hourglass serve` of every backend -- `--backend disk` and `--backend
+redis://...` on a real redis-server (the session's, from tests/conftest.py).
+
+Each test gets `api` (an `Api` over the backend's server, shared by the
+session; fresh topic names keep tests apart) or `serve` (starts its own
+servers of that backend, for restarts and signals). Where the backends
+cannot agree, the test says so: `@pytest.mark.not_on("redis", reason=...)`
+skips it there with the reason, or it asks `api.backend` and states both
+expectations.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+import urllib.parse
+import uuid
+
+import pytest
+from serving import Server
+
+BACKENDS = ("disk", "redis")
+MAX_MSG_BYTES = 1000
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "not_on(backend, reason): the backends disagree here; skip on that one")
+
+
+@pytest.fixture(scope="session", params=BACKENDS)
+def backend_flags(request) -> tuple[str, tuple[str, ...]]:
+    """(backend name, the `hourglass serve` flags that select it)."""
+    if request.param == "disk":
+        return "disk", ("--backend", "disk")
+    pytest.importorskip("redis", reason="the redis extra is not installed (pip install 'hourglass[redis]')")
+    return "redis", ("--backend", request.getfixturevalue("redis_url"))
+
+
+@pytest.fixture(scope="session")
+def shared_server(backend_flags, tmp_path_factory):
+    name, flags = backend_flags
+    server = Server.start(tmp_path_factory.mktemp(name) / "data", "--max-msg-bytes", str(MAX_MSG_BYTES), *flags)
+    yield server
+    assert server.stop() == 0
+
+
+def _skip_if_marked(request, backend: str) -> None:
+    for mark in request.node.iter_markers("not_on"):
+        if mark.args[0] == backend:
+            pytest.skip(f"not on {backend}: {mark.kwargs['reason']}")
+
+
+@pytest.fixture
+def api(request, backend_flags, shared_server) -> Api:
+    _skip_if_marked(request, backend_flags[0])
+    return Api(shared_server, backend_flags[0])
+
+
+@pytest.fixture
+def serve(request, backend_flags, tmp_path):
+    """serve(*flags) starts a server of this backend (data in tmp_path), as
+    an `Api`; every one started is killed at the end of the test."""
+    name, backend = backend_flags
+    _skip_if_marked(request, name)
+    started: list[Server] = []
+
+    def start(*flags: str) -> Api:
+        started.append(Server.start(tmp_path / "data", *backend, *flags, log_path=tmp_path / "serve.log"))
+        return Api(started[-1], name)
+    yield start
+    for server in started:
+        server.kill()
+
+
+@pytest.fixture
+def topic() -> str:
+    return "t-" + uuid.uuid4().hex[:12]
+
+
+class Api:
+    """A serving process and the calls tests make; `send`, `pull`, `info`
+    assert the call succeeded."""
+
+    def __init__(self, server: Server, backend: str) -> None:
+        self.server = server
+        self.backend = backend
+        self.max_msg_bytes = MAX_MSG_BYTES  # shared_server's --max-msg-bytes
+        self.post = server.post
+        self.post_json = server.post_json
+        self.get = server.get
+
+    def __repr__(self) -> str:
+        return f"Api({self.backend}, {self.server.base})"
+
+    def send(self, topic: str, msg: str = "m", **params) -> dict:
+        status, body = self.post("sendMsg", topic=topic, msg=msg, **params)
+        assert status == 200, body
+        return body["delayMsg"]
+
+    def pull(self, topic: str, **params) -> list[dict]:
+        status, body = self.post("pullMsg", topic=topic, **params)
+        assert status == 200, body
+        return body["delayMsgList"]
+
+    def message(self, topic: str, msg_id: str) -> dict | int:
+        """getMsg's delayMsg, or the status code if not 200."""
+        status, body = self.post("getMsg", topic=topic, msgId=msg_id)
+        return body["delayMsg"] if status == 200 else status
+
+    def info(self, topic: str) -> dict | int:
+        """getTopicInfo's data, or the status code if not 200."""
+        status, body = self.get("getTopicInfo", topic=topic)
+        return body["data"] if status == 200 else status
+
+    def pull_until(self, topic: str, count: int, timeout_s: float = 5, **params) -> list[dict]:
+        """Long-poll until `count` messages came (or the timeout)."""
+        got, deadline = [], time.monotonic() + timeout_s
+        while len(got) < count and time.monotonic() < deadline:
+            status, body = self.post("longPollingMsg", topic=topic, batch=count - len(got),
+                                     longPollingTimeoutMillis=300, **params)
+            assert status == 200, body
+            got += body["delayMsgList"]
+        return got
+
+    def wait_status(self, topic: str, msg_id: str, statuses: set[int], timeout_s: float = 5) -> dict:
+        """getMsg until its status is one of `statuses` (or the timeout)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            m = self.message(topic, msg_id)
+            if m["status"] in statuses or time.monotonic() > deadline:
+                return m
+            time.sleep(0.02)
+
+    def abandoned_long_poll(self, topic: str, **params) -> None:
+        """Start a long poll and hang up before it is answered."""
+        host, port = self.server.base.removeprefix("http://").split(":")
+        body = urllib.parse.urlencode({"topic": topic, **params}).encode()
+        with socket.create_connection((host, int(port))) as s:
+            s.sendall(b"POST /camellia/delayQueue/longPollingMsg HTTP/1.1\r\nHost: x\r\n"
+                      b"Content-Type: application/x-www-form-urlencoded\r\n"
+                      + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+            time.sleep(0.3)

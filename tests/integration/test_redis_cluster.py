@@ -1,0 +1,197 @@
+"""RedisBroker on a real Redis Cluster: three masters on loopback (started
+once for the module by tests/redis_server.py, stopped by PID), selected by
+`?cluster=1` in the backend URL.
+
+What Redis Cluster needs of the adapter, checked here: every key of one
+topic hashes to one slot (its `{hash tag}`), and every script declares all
+the keys it touches in KEYS. Redis itself lets a script reach an undeclared
+key of the same slot, so the test runs the scripts with `redis.call`
+replaced by a check that fails on any key not in KEYS; then the whole
+lifecycle runs across topics held by different masters.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from redis_server import redis_cluster
+from serving import Server
+
+pytest.importorskip("redis", reason="the redis extra is not installed (pip install 'hourglass[redis]')")
+
+from redis.asyncio.cluster import RedisCluster  # noqa: E402
+from redis.exceptions import ResponseError  # noqa: E402
+
+from broker import redis_backend  # noqa: E402
+from broker.clock import SystemClock  # noqa: E402
+from broker.metrics import Metrics  # noqa: E402
+from broker.params import AckRequest, Defaults, DeleteRequest, LongPollRequest, PullRequest  # noqa: E402
+from broker.redis_backend import RedisBroker, RedisConfig, TopicKeys  # noqa: E402
+from broker.service import NotFound  # noqa: E402
+from storage.entry import Status  # noqa: E402
+from storage.store import NewMessage  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+# Every redis.call goes through this: a key not in KEYS is an error.
+DECLARED_ONLY = """
+local declared = {}
+for _, key in ipairs(KEYS) do declared[key] = true end
+local function checked_call(command, key, ...)
+  if not declared[key] then error('undeclared key ' .. tostring(key) .. ' in ' .. command) end
+  return redis.call(command, key, ...)
+end
+"""
+
+
+def declared_only(source: str) -> str:
+    return DECLARED_ONLY + source.replace("redis.call(", "checked_call(")
+
+
+@pytest.fixture(scope="module")
+def cluster_ports(tmp_path_factory):
+    with redis_cluster(tmp_path_factory.mktemp("cluster")) as ports:
+        yield ports
+
+
+@pytest.fixture
+def cluster_url(cluster_ports) -> str:
+    return f"redis://127.0.0.1:{cluster_ports[0]}/0?cluster=1"
+
+
+async def owners(url: str, topics: list[str]) -> dict[str, tuple[int, set[int]]]:
+    """topic -> (the port of the master holding it, the slots of its keys)."""
+    client = RedisCluster.from_url(url.removesuffix("?cluster=1"), decode_responses=True)
+    try:
+        out = {}
+        for topic in topics:
+            keys = TopicKeys.of("hg", topic).all
+            slots = {await client.cluster_keyslot(key) for key in keys}
+            out[topic] = (client.get_node_from_key(keys[0]).port, slots)
+        return out
+    finally:
+        await client.aclose()
+
+
+def topics_on_every_master(url: str, masters: int, per_master: int = 2) -> list[str]:
+    """Topic names, `per_master` of them held by each master."""
+    held: dict[int, list[str]] = {}
+    names = [f"topic-{i}" for i in range(200)]
+    for topic, (port, _) in asyncio.run(owners(url, names)).items():
+        if len(held.setdefault(port, [])) < per_master:
+            held[port].append(topic)
+    assert len(held) == masters and all(len(t) == per_master for t in held.values())
+    return [t for group in held.values() for t in group]
+
+
+def test_every_key_of_a_topic_hashes_to_one_slot(cluster_url, cluster_ports):
+    tricky = ["orders", "{", "}", "a}b{c", "{x}", "x:y", "100%", "%7B", "é", "t" * 256, "tag,like"]
+    found = asyncio.run(owners(cluster_url, tricky + topics_on_every_master(cluster_url, len(cluster_ports))))
+    assert all(len(slots) == 1 for _, slots in found.values()), found
+    assert len({port for port, _ in found.values()}) == len(cluster_ports)
+    assert TopicKeys.of("hg", "{").waiting != TopicKeys.of("hg", "%7B").waiting  # escaping is injective
+
+
+def test_the_declared_keys_check_catches_an_undeclared_key(cluster_url):
+    async def main():
+        client = RedisCluster.from_url(cluster_url.removesuffix("?cluster=1"), decode_responses=True)
+        try:
+            keys = TopicKeys.of("hg", "t")
+            ok = client.register_script(declared_only("return redis.call('ZCARD', KEYS[1])"))
+            assert await ok(keys=keys.all) == 0
+            sneaky = client.register_script(declared_only("return redis.call('HLEN', KEYS[6] .. 'x')"))
+            with pytest.raises(ResponseError, match="undeclared key"):
+                await sneaky(keys=keys.all)
+        finally:
+            await client.aclose()
+    asyncio.run(main())
+
+
+def new(topic: str, msg_id: str, *, delay_ms: int = 0, ttl_ms: int = 60_000, max_retry: int = 3, priority: int = 0,
+        tag: str = "") -> NewMessage:
+    now_ms = SystemClock().now_ms()
+    return NewMessage(topic, msg_id, f"body of {msg_id}", now_ms, now_ms + delay_ms, ttl_ms, max_retry, priority, tag)
+
+
+def test_the_lifecycle_across_masters_touches_only_declared_keys(cluster_url, cluster_ports, monkeypatch):
+    monkeypatch.setattr(redis_backend, "SCRIPTS", {n: declared_only(s) for n, s in redis_backend.SCRIPTS.items()})
+    topics = topics_on_every_master(cluster_url, len(cluster_ports))
+    config = RedisConfig(key_prefix="life", poll_ms=50, retention_ms=300)
+
+    async def lifecycle(a: RedisBroker, b: RedisBroker, topic: str) -> None:
+        sent = await a.send([new(topic, "w", delay_ms=1000), new(topic, "r", priority=2, tag="red"),
+                             new(topic, "t", max_retry=1), new(topic, "x", delay_ms=600_000),
+                             new(topic, "r", priority=9)])  # a duplicate in the batch
+        assert [m.msg_id for m in sent] == ["w", "r", "t", "x", "r"] and sent[4] == sent[1]
+        assert [m.msg_id for m in await b.pull(PullRequest(topic, 30_000, 5, ("red", "blue")))] == ["r"]
+        await b.ack(AckRequest(topic, "r", True))
+        taken, = await b.pull(PullRequest(topic, 150, 5, ()))  # "w" is not due yet
+        assert (taken.msg_id, taken.retry) == ("t", 0)
+        # not acked: back after 150 ms with retry 1, moved by either broker's mover
+        again, = await b.long_poll(LongPollRequest(topic, 30_000, 5, (), 5_000))
+        assert (again.msg_id, again.retry) == ("t", 1)
+        await b.ack(AckRequest(topic, "t", False))  # maxRetry 1: a nack ends it
+        assert (await a.get(topic, "t")).status is Status.ENDED
+        due, = await b.long_poll(LongPollRequest(topic, 30_000, 5, (), 5_000))  # woken when "w" is due
+        assert (due.msg_id, due.status) == ("w", Status.CONSUMING)
+        await a.ack(AckRequest(topic, "w", True))
+        await a.delete(DeleteRequest(topic, "w", True))  # released: forgotten at once
+        with pytest.raises(NotFound):
+            await a.get(topic, "w")
+        await a.delete(DeleteRequest(topic, "x", False))
+        assert (await a.get(topic, "x")).status is Status.DELETED
+        info = await a.topic_info(topic)
+        assert (info["topic"], info["waitingQueueSize"], info["readyQueueSize"], info["ackQueueSize"]) == \
+            (topic, 0, 0, 0)
+        purged = time.monotonic() + 5  # final messages are purged after retention_ms
+        while time.monotonic() < purged:
+            try:
+                await a.get(topic, "x")
+            except NotFound:
+                break
+            await asyncio.sleep(0.05)
+        else:
+            pytest.fail(f"{topic}: the deleted message was not purged after its retention")
+
+    async def main():
+        brokers = [RedisBroker.from_url(cluster_url, SystemClock(), Defaults(), Metrics(), config) for _ in range(2)]
+        await brokers[0].redis.flushdb()
+        for broker in brokers:
+            await broker.start()
+            assert all(script.script.startswith(DECLARED_ONLY) for script in broker._scripts.values())
+        try:
+            await asyncio.gather(*(lifecycle(*brokers, topic) for topic in topics))
+            assert set(brokers[1].topic_list()) >= set(topics)  # read back from the topic set
+            for topic in topics:  # a send on one broker wakes a long poll on the other through pub/sub
+                poll = asyncio.create_task(brokers[1].long_poll(LongPollRequest(topic, 30_000, 1, (), 20_000)))
+                await asyncio.sleep(0.1)
+                await brokers[0].send([new(topic, "now")])
+                got = await asyncio.wait_for(poll, 5)  # long before the poll's own timeout
+                assert [m.msg_id for m in got] == ["now"]
+        finally:
+            for broker in brokers:
+                await broker.stop()
+    asyncio.run(main())
+
+
+def test_serve_over_the_cluster(cluster_url, cluster_ports, tmp_path):
+    topics = topics_on_every_master(cluster_url, len(cluster_ports), per_master=1)
+    server = Server.start(tmp_path / "data", "--backend", cluster_url)
+    try:
+        for topic in topics:
+            status, body = server.post("sendMsg", topic=topic, msg="hi", msgId="m", delayMillis=200)
+            assert status == 200 and body["delayMsg"]["status"] == 1
+        for topic in topics:
+            status, body = server.post("longPollingMsg", topic=topic, longPollingTimeoutMillis=5000,
+                                       ackTimeoutMillis=200)
+            assert status == 200 and [m["msgId"] for m in body["delayMsgList"]] == ["m"]
+        for topic in topics:  # not acked: back after the ack timeout with retry 1
+            status, body = server.post("longPollingMsg", topic=topic, longPollingTimeoutMillis=5000)
+            assert status == 200 and [(m["msgId"], m["retry"]) for m in body["delayMsgList"]] == [("m", 1)]
+            assert server.post("ackMsg", topic=topic, msgId="m")[0] == 200
+            assert server.post("getMsg", topic=topic, msgId="m")[1]["delayMsg"]["status"] == 4
+            assert server.get("getTopicInfo", topic=topic)[1]["data"]["ackQueueSize"] == 0
+    finally:
+        assert server.stop() == 0
