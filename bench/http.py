@@ -8,9 +8,11 @@ API on loopback. Prints one JSON object on stdout, progress on stderr.
     .venv/bin/python bench/http.py --only backlog --ten-million   # adds 10,000,000 pending (long)
 
 Each scenario starts its own server (`python -m broker.cli serve --fsync
-batch`, free port, fresh data directory under --work-dir, default a new
-temp dir removed afterwards unless --keep) and stops it by PID: SIGTERM,
-SIGKILL after 15 s. Messages carry --payload-bytes (100) of `msg`.
+batch --backend disk`, free port, fresh data directory under --work-dir,
+default a new temp dir removed afterwards unless --keep) and stops it by
+PID: SIGTERM, SIGKILL after 15 s. Messages carry --payload-bytes (100) of
+`msg`. bench/compare.py runs these scenarios (class Bench, given another
+backend) on the disk and the Redis backend side by side.
 
   ingest-batch   sendMsgBatch, --batch-size (500) messages a request,
                  --producers (4) concurrent producers, --batch-msgs
@@ -175,6 +177,19 @@ def own_cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+class CpuMeter:
+    """CPU seconds the serving processes used since it was made, each as
+    `<name>_cpu_s`: `server` (hourglass serve) and a backend's own processes
+    (`redis` for bench/compare.py's redis-server)."""
+
+    def __init__(self, pids: dict[str, int]) -> None:
+        self.pids = pids
+        self.before = {name: cpu_s(pid) for name, pid in pids.items()}
+
+    def used(self) -> dict[str, float]:
+        return {f"{name}_cpu_s": round(cpu_s(pid) - self.before[name], 2) for name, pid in self.pids.items()}
+
+
 def disk_bytes(directory: str) -> int:
     total = 0
     for path, _, files in os.walk(directory):
@@ -291,11 +306,12 @@ class Progress:
 
 
 def run_producers(server: Server, path: str, content_type: str, producers: list[Callable[[], Bodies]], *,
-                  total: int, in_processes: bool, pre_encode: bool, label: str) -> dict:
+                  total: int, in_processes: bool, pre_encode: bool, label: str, pids: dict[str, int]) -> dict:
     """Run one producer per callable (each makes its bodies) against
     `server`, in this process or one forked process each; returns the
     throughput from the first start to the last answer, request latency
-    percentiles, and client and server CPU seconds over that span."""
+    percentiles, and the CPU seconds of the client and of the serving
+    processes `pids` (see CpuMeter) over that span."""
     url = server.base + PREFIX + path
     fork = multiprocessing.get_context("fork")
     counter = fork.Value("q", 0)
@@ -309,7 +325,7 @@ def run_producers(server: Server, path: str, content_type: str, producers: list[
             child.start()
         try:
             barrier.wait(timeout=600)  # every child has encoded its bodies
-            server_cpu_before = cpu_s(server.proc.pid)
+            meter = CpuMeter(pids)
             with Progress(label, total, counter):
                 results = []
                 while len(results) < len(children):
@@ -318,7 +334,7 @@ def run_producers(server: Server, path: str, content_type: str, producers: list[
                     except queue.Empty:
                         if any(c.exitcode not in (None, 0) for c in children):
                             raise RuntimeError(f"a producer process died: {[c.exitcode for c in children]}")
-            server_cpu = cpu_s(server.proc.pid) - server_cpu_before
+            server_cpu = meter.used()
         finally:
             for child in children:
                 child.join(timeout=10)
@@ -331,17 +347,17 @@ def run_producers(server: Server, path: str, content_type: str, producers: list[
         async def all_producers() -> list[dict]:
             return await asyncio.gather(*(produce(url, content_type, b, counter) for b in bodies))
 
-        server_cpu_before, cpu_before = cpu_s(server.proc.pid), own_cpu_s()
+        meter, cpu_before = CpuMeter(pids), own_cpu_s()
         with Progress(label, total, counter):
             results = asyncio.run(all_producers())
-        server_cpu, client_cpu = cpu_s(server.proc.pid) - server_cpu_before, own_cpu_s() - cpu_before
+        server_cpu, client_cpu = meter.used(), own_cpu_s() - cpu_before
     msgs = sum(r["msgs"] for r in results)
     seconds = max(r["ended"] for r in results) - min(r["started"] for r in results)
     latencies = sorted(x for r in results for x in r["latencies_ms"])
     return {"msgs": msgs, "seconds": round(seconds, 3), "msgs_per_s": round(msgs / seconds, 1) if seconds else None,
             "requests": len(latencies), "request_ms_p50": percentile(latencies, 0.5),
             "request_ms_p99": percentile(latencies, 0.99), "client_cpu_s": round(client_cpu, 2),
-            "server_cpu_s": round(server_cpu, 2), "errors": [e for r in results for e in r["errors"]][:EVIDENCE],
+            **server_cpu, "errors": [e for r in results for e in r["errors"]][:EVIDENCE],
             "answered_ms": [r["answered_ms"] for r in results]}
 
 
@@ -356,10 +372,46 @@ def waiting_count(server: Server, topic: str) -> tuple[int | None, object]:
     return answer["data"]["waitingQueueSize"], answer
 
 
+class DiskBackend:
+    """Where the scenarios' `hourglass serve` keeps its state. This one is
+    the default, `--backend disk`: each scenario's fresh data directory is
+    all there is. bench/compare.py adds a Redis backend; a backend names the
+    processes of its own whose CPU and memory belong with the server's."""
+
+    name = "disk"
+    restart_scope = ("hourglass serve killed (SIGKILL) and started again on the same data dir, which holds "
+                     "the backlog: it replays its commit log and scans")
+
+    def serve_flags(self) -> list[str]:
+        return ["--backend", "disk"]
+
+    @contextlib.contextmanager
+    def state(self, scenario: str) -> Iterator[None]:
+        """Fresh state for one scenario (the disk's is its data dir)."""
+        yield
+
+    def pids(self) -> dict[str, int]:
+        return {}
+
+    def memory(self) -> dict:
+        """VmRSS of the backend's own processes ("rss_mb") and its details."""
+        return {"rss_mb": 0.0}
+
+    def disk_bytes(self) -> int:
+        """Bytes the backend's own processes keep on disk."""
+        return 0
+
+    def restart_everything(self, bench: Bench, scenario: str, server: Server, count: int) -> tuple[Server, dict]:
+        """Kill and restart whatever the backlog lives in besides hourglass
+        serve, if that means anything (here it does not)."""
+        return server, {}
+
+
 class Bench:
-    def __init__(self, args: argparse.Namespace, work_dir: str) -> None:
+    def __init__(self, args: argparse.Namespace, work_dir: str, backend: DiskBackend | None = None) -> None:
         self.args = args
         self.work_dir = work_dir
+        self.backend = backend or DiskBackend()
         self.problems: list[dict] = []
 
     def problem(self, scenario: str, what: str, **evidence) -> None:
@@ -371,7 +423,12 @@ class Bench:
 
     def start_server(self, name: str, wait_s: float = 60) -> Server:
         data_dir = self.data_dir(name)
-        return Server.start(data_dir, "--fsync", "batch", log_path=data_dir + ".log", wait_s=wait_s)
+        return Server.start(data_dir, "--fsync", "batch", *self.backend.serve_flags(), log_path=data_dir + ".log",
+                            wait_s=wait_s)
+
+    def pids(self, server: Server) -> dict[str, int]:
+        """The serving processes, for CpuMeter."""
+        return {"server": server.proc.pid, **self.backend.pids()}
 
     def stop_server(self, scenario: str, server: Server) -> None:
         try:
@@ -384,11 +441,12 @@ class Bench:
 
     @contextlib.contextmanager
     def server(self, name: str) -> Iterator[Server]:
-        server = self.start_server(name)
-        try:
-            yield server
-        finally:
-            self.stop_server(name, server)
+        with self.backend.state(name):
+            server = self.start_server(name)
+            try:
+                yield server
+            finally:
+                self.stop_server(name, server)
 
     def check_ingest(self, scenario: str, server: Server, topic: str, result: dict) -> bool:
         """Whether every send was answered 200 and all of them wait."""
@@ -420,7 +478,8 @@ class Bench:
         log(f"{topic}: sending {count:,} msgs, {per_request}, {a.producers} producers")
         result = run_producers(server, "sendMsgBatch" if batched else "sendMsg", JSON_TYPE if batched else FORM_TYPE,
                                [producer(i, n) for i, n in enumerate(shares(count, a.producers))], total=count,
-                               in_processes=a.producer_procs, pre_encode=pre_encode, label=topic)
+                               in_processes=a.producer_procs, pre_encode=pre_encode, label=topic,
+                               pids=self.pids(server))
         del result["answered_ms"]
         result["stored"] = self.check_ingest(topic, server, topic, result)
         return result
@@ -456,7 +515,7 @@ class Bench:
         sends_ms: list[float] = []
         misses = 0
         log(f"roundtrip: {a.roundtrip_warmup} warm-up + {a.roundtrip_iters} sequential send -> long poll")
-        cpu_before = cpu_s(server.proc.pid)
+        meter = CpuMeter(self.pids(server))
         async with client_session(2) as session:
             for i in range(a.roundtrip_warmup + a.roundtrip_iters):
                 msg_id = f"rt-{i}"
@@ -491,7 +550,7 @@ class Bench:
         detail = {"iterations": len(roundtrips_ms), "misses": misses,
                   "roundtrip_ms_max": percentile(roundtrips_ms, 1.0),
                   "send_ms_p50": percentile(sends_ms, 0.5), "send_ms_p99": percentile(sends_ms, 0.99),
-                  "server_cpu_s": round(cpu_s(server.proc.pid) - cpu_before, 2)}
+                  **meter.used()}
         return {"roundtrip_ms_p50": percentile(roundtrips_ms, 0.5),
                 "roundtrip_ms_p99": percentile(roundtrips_ms, 0.99)}, detail
 
@@ -499,39 +558,56 @@ class Bench:
         a = self.args
         label = count_label(count)
         name = f"backlog-{label}"
-        server = self.start_server(name)
-        try:
-            # Encoded while sending: a million pre-encoded bodies would be ~150 MB.
-            result = self.send_spread(server, name, count, batched=True, min_delay_ms=HOUR_MS,
-                                      max_delay_ms=a.backlog_days * DAY_MS, pre_encode=False)
-            if not result["stored"]:
-                raise RuntimeError(f"{name}: the backlog was not stored as sent (see problems)")
-            time.sleep(a.settle_s)  # let a checkpoint or two run, as a server at rest would
-            memory = memory_mb(server.proc.pid)
-            rss = memory["rss_mb"]
-            log(f"{name}: RSS {rss} MB ({memory}); SIGKILL and restart on the same data dir")
-            server.kill()
-            spawned = time.monotonic()
-            server = self.start_server(name, wait_s=a.restart_timeout_s)
-            health_s = time.monotonic() - spawned
-            deadline = spawned + a.restart_timeout_s
+        with self.backend.state(name):
+            server = self.start_server(name)
+            try:
+                # Encoded while sending: a million pre-encoded bodies would be ~150 MB.
+                result = self.send_spread(server, name, count, batched=True, min_delay_ms=HOUR_MS,
+                                          max_delay_ms=a.backlog_days * DAY_MS, pre_encode=False)
+                if not result["stored"]:
+                    raise RuntimeError(f"{name}: the backlog was not stored as sent (see problems)")
+                time.sleep(a.settle_s)  # let a checkpoint or two run, as a server at rest would
+                memory = memory_mb(server.proc.pid)
+                backend_memory = self.backend.memory()
+                rss = memory["rss_mb"]
+                result.update({"memory": memory, "rss_total_mb": round(rss + backend_memory["rss_mb"], 1),
+                               "disk_bytes_per_msg": round((disk_bytes(self.data_dir(name))
+                                                            + self.backend.disk_bytes()) / max(1, count), 1)})
+                backend = ""
+                if self.backend.pids():
+                    result["backend_memory"] = backend_memory
+                    backend = f", {self.backend.name} {backend_memory}"
+                log(f"{name}: RSS {rss} MB ({memory}{backend}); SIGKILL and restart")
+                server.kill()
+                server, restart = self.respawn(name, result["msgs"], time.monotonic())
+                result.update({"restart_health_s": restart["health_s"], "restart_scope": self.backend.restart_scope,
+                               "memory_after_restart": memory_mb(server.proc.pid)})
+                server, everything = self.backend.restart_everything(self, name, server, result["msgs"])
+                result.update(everything)
+            finally:
+                self.stop_server(name, server)
+        return {f"rss_mb_{label}": rss, f"restart_s_{label}": restart["restart_s"]}, result
+
+    def respawn(self, name: str, count: int, spawned: float) -> tuple[Server, dict]:
+        """Start `name`'s server again and wait until getTopicInfo counts all
+        `count` messages waiting: seconds from `spawned` until /health
+        answered (health_s) and until the count was whole (restart_s; None if
+        not within --restart-timeout-s, a problem)."""
+        a = self.args
+        server = self.start_server(name, wait_s=a.restart_timeout_s)
+        health_s = time.monotonic() - spawned
+        deadline = spawned + a.restart_timeout_s
+        waiting, answer = waiting_count(server, name)
+        while waiting != count and time.monotonic() < deadline:
+            time.sleep(0.02)
             waiting, answer = waiting_count(server, name)
-            while waiting != result["msgs"] and time.monotonic() < deadline:
-                time.sleep(0.02)
-                waiting, answer = waiting_count(server, name)
-            restart_s = time.monotonic() - spawned
-            if waiting != result["msgs"]:
-                self.problem(name, f"after restart waitingQueueSize is {waiting}, not {result['msgs']}, "
-                             f"{a.restart_timeout_s} s after spawning", request=f"GET getTopicInfo?topic={name}",
-                             answer=answer)
-                restart_s = None
-            result.update({"memory": memory, "restart_health_s": round(health_s, 3),
-                           "memory_after_restart": memory_mb(server.proc.pid),
-                           "disk_bytes_per_msg": round(disk_bytes(self.data_dir(name)) / max(1, count), 1)})
-        finally:
-            self.stop_server(name, server)
-        restart_s = None if restart_s is None else round(restart_s, 3)
-        return {f"rss_mb_{label}": rss, f"restart_s_{label}": restart_s}, result
+        restart_s: float | None = round(time.monotonic() - spawned, 3)
+        if waiting != count:
+            self.problem(name, f"after restart waitingQueueSize is {waiting}, not {count}, "
+                         f"{a.restart_timeout_s} s after spawning", request=f"GET getTopicInfo?topic={name}",
+                         answer=answer)
+            restart_s = None
+        return server, {"health_s": round(health_s, 3), "restart_s": restart_s}
 
 
 class Dispatch:
@@ -618,7 +694,7 @@ class Dispatch:
         bodies = [list(batch_bodies(self.TOPIC, part, a.batch_size)) for part in per_producer]
         log(f"dispatch: {a.dispatch_msgs:,} msgs due {a.dispatch_lead_s}..{a.dispatch_lead_s + a.dispatch_window_s} s "
             f"from now, {a.consumers} consumers long-polling batch {a.poll_batch}")
-        server_cpu_before, cpu_before = cpu_s(self.server.proc.pid), own_cpu_s()
+        meter, cpu_before = CpuMeter(self.bench.pids(self.server)), own_cpu_s()
         consumers = [asyncio.create_task(self._consume()) for _ in range(a.consumers)]
         counter = multiprocessing.Value("q", 0)
         url = self.server.base + PREFIX + "sendMsgBatch"
@@ -641,7 +717,7 @@ class Dispatch:
             pass
         self.stop.set()
         await asyncio.gather(*consumers)
-        server_cpu, client_cpu = cpu_s(self.server.proc.pid) - server_cpu_before, own_cpu_s() - cpu_before
+        server_cpu, client_cpu = meter.used(), own_cpu_s() - cpu_before
         headline, detail = self._report()
         self.acks_ms.sort()
         if self.acks_ms:
@@ -650,7 +726,7 @@ class Dispatch:
                            "ack_ms_p99": percentile(self.acks_ms, 0.99),
                            "last_ack_after_last_trigger_s": round((self.last_ack_ms - last_trigger_ms) / 1000, 3)})
         detail.update({"send_s": round(send_s, 3), "sent_after_trigger": sent_after_trigger,
-                       "client_cpu_s": round(client_cpu, 2), "server_cpu_s": round(server_cpu, 2)})
+                       "client_cpu_s": round(client_cpu, 2), **server_cpu})
         await self._lost_evidence()
         return headline, detail
 
@@ -713,8 +789,8 @@ class Dispatch:
 # --- command line --------------------------------------------------------------
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__,
+def build_parser(description: str | None = __doc__) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=description,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--only", default=",".join(SCENARIOS), help=f"comma list of scenarios ({', '.join(SCENARIOS)})")
     p.add_argument("--skip", default="", help="comma list of scenarios to leave out")
@@ -745,8 +821,8 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = build_parser()
+def parse_args(argv: list[str] | None = None, parser: argparse.ArgumentParser | None = None) -> argparse.Namespace:
+    parser = parser or build_parser()
     args = parser.parse_args(argv)
     chosen = [s for s in args.only.split(",") if s]
     skipped = [s for s in args.skip.split(",") if s]
@@ -761,38 +837,66 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+def make_work_dir(args: argparse.Namespace) -> str:
     if args.work_dir:
         os.makedirs(args.work_dir, exist_ok=True)
     work_dir = tempfile.mkdtemp(prefix="hourglass-bench-", dir=args.work_dir)
-    bench = Bench(args, work_dir)
     log(f"data and server logs in {work_dir}")
-    machine = {"cpu_count": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform(),
-               "calibration_ms_before": calibration_ms()}
-    out: dict = {"machine": machine, "source": source_state(),
-                 "parameters": {k: v for k, v in vars(args).items()}}
-    details: dict = {}
-    runs: list[tuple[str, Callable[[], tuple[dict, dict]]]] = [
+    return work_dir
+
+
+def machine_info() -> dict:
+    """The machine, with a calibration_ms_before (add calibration_ms_after at the end)."""
+    return {"cpu_count": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform(),
+            "calibration_ms_before": calibration_ms()}
+
+
+Run = Callable[[], tuple[dict, dict]]
+
+
+def scenario_runs(bench: Bench) -> list[tuple[str, Run]]:
+    """(name, run) of each scenario chosen by bench.args, in order."""
+    args = bench.args
+    runs: list[tuple[str, Run]] = [
         (name, getattr(bench, name.replace("-", "_"))) for name in args.scenarios if name != "backlog"]
     if "backlog" in args.scenarios:
         runs.append((f"backlog-{count_label(args.backlog_msgs)}", lambda: bench.backlog(args.backlog_msgs)))
     if args.ten_million:
         runs.append(("backlog-10m", lambda: bench.backlog(10_000_000)))
+    return runs
+
+
+def run_scenario(name: str, run: Run) -> tuple[dict, dict, bool]:
+    """(headline, detail, whether it ran through) of one scenario; its
+    failure is logged and reported, not raised: one broken scenario should
+    not hide the others' figures."""
+    started = time.monotonic()
+    ok = True
+    try:
+        headline, detail = run()
+    except Exception as e:
+        ok = False
+        log(f"{name} failed: {e!r}")
+        headline, detail = {}, {"error": repr(e)}
+    detail["wall_s"] = round(time.monotonic() - started, 2)
+    log(f"{name}: {json.dumps(headline)} ({detail['wall_s']} s)")
+    return headline, detail, ok
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    work_dir = make_work_dir(args)
+    bench = Bench(args, work_dir)
+    machine = machine_info()
+    out: dict = {"machine": machine, "source": source_state(),
+                 "parameters": {k: v for k, v in vars(args).items()}}
+    details: dict = {}
     failed = False
     try:
-        for name, run in runs:
-            started = time.monotonic()
-            try:
-                headline, detail = run()
-            except Exception as e:  # one broken scenario should not hide the others' figures
-                failed = True
-                log(f"{name} failed: {e!r}")
-                headline, detail = {}, {"error": repr(e)}
-            detail["wall_s"] = round(time.monotonic() - started, 2)
-            log(f"{name}: {json.dumps(headline)} ({detail['wall_s']} s)")
+        for name, run in scenario_runs(bench):
+            headline, details[name], ok = run_scenario(name, run)
+            failed = failed or not ok
             out.update(headline)
-            details[name] = detail
     finally:
         if not args.keep:
             shutil.rmtree(work_dir, ignore_errors=True)
