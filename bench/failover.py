@@ -24,7 +24,8 @@ from every node's leadership.log), rejoined (all log ends equal after).
 
 Ingest: --ingest-msgs messages by sendMsgBatch (--batch-size each,
 --producers concurrent), posted to the leader, every answer a 200 after
-a quorum has the batch on disk (--acks quorum) -> ingest_batch_msgs_per_s.
+a quorum has the batch on disk (--acks quorum) -> ingest_batch_msgs_per_s,
+and each node's CPU time per message (node_cpu_us_per_msg).
 
 A summary line (JSON) ends the output: failover_s max/median, lost and
 duplicates totals, and the ingest rate.
@@ -50,6 +51,13 @@ sys.path[:] = [ROOT, os.path.join(ROOT, "tests")] + [p for p in sys.path if os.p
 import aiohttp  # noqa: E402
 
 from cluster import Cluster, drill  # noqa: E402
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process so far."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def log(text: str) -> None:
@@ -115,7 +123,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.only in (None, "ingest"):
             leader = cluster.wait_leader()
             log(f"ingest: {args.ingest_msgs} messages to leader {leader}")
+            before = {n: cpu_s(cluster.nodes[n].proc.pid) for n in cluster.nodes}
             figures = asyncio.run(ingest(cluster.url(leader), args.ingest_msgs, args.batch_size, args.producers))
+            time.sleep(1.0)  # followers finish applying
+            figures["node_cpu_us_per_msg"] = {
+                ("leader " if n == leader else "follower ") + n:
+                    round((cpu_s(cluster.nodes[n].proc.pid) - before[n]) * 1e6 / args.ingest_msgs, 1)
+                for n in cluster.nodes}
             print(json.dumps({"scenario": "ingest", "acks": args.acks, **figures}), flush=True)
             summary.update(figures)
     finally:
