@@ -1,0 +1,666 @@
+"""Netflix Dyno-queues' interface (seeds 000, 001) on Redis, with redis.asyncio.
+
+A queue of N shards. `push` spreads messages over the shards round-robin
+(Dyno's RoundRobinStrategy); `pop` takes due messages from the shards
+round-robin, moving each id from its shard's queue zset to the shard's
+unack zset, scored by its ack deadline; `ack` forgets it; without an ack,
+`process_unacks` (Dyno's unack sweep; call it periodically or run
+`sweep_unacks_forever`) puts it back in the queue. Every transition is ONE
+Lua script on ONE shard, so two consumers never pop the same id and a
+crash never leaves a message half-moved.
+
+Keys of shard i of queue Q (P = "<key_prefix>:dyno:{Q':i}:", Q' = Q with
+% { } : percent-escaped by `broker.redis_backend.escape_topic`; the braces
+are the Redis Cluster hash tag, so a shard's four keys share one slot, and
+the escaping keeps a name from forging another queue's or shard's keys):
+
+    | key      | type | member -> value                                     |
+    |----------|------|-----------------------------------------------------|
+    | P queue  | zset | id -> due_ms + (99 - priority) / 100  (see below)   |
+    | P unack  | zset | id -> ack deadline ms (popped, not yet acked)       |
+    | P msg    | hash | id -> payload                                       |
+    | P prio   | hash | id -> priority, "0".."99"                           |
+
+A message is in exactly one of `queue` and `unack` and has both hash
+fields while it lives; `ack` and `remove` delete all three. Every script
+is given its shard's four keys in KEYS and builds no key name itself, so
+Redis Cluster accepts it (tests run the scripts on a cluster node with the
+"#!lua" flag that makes Redis refuse any cross-slot access).
+
+Score encoding (priority folded into the due time, as Dyno-queues does).
+Dyno-queues scores `clock.millis() + timeout + priority / 100.0`, so
+within one millisecond its priority 0 pops first, although its Message
+Javadoc says "higher priority message is retrieved ahead". Here priority
+is 0..99 and a HIGHER number pops first within the same millisecond:
+
+    score = due_ms + (99 - priority) / 100,  due_ms = now_ms + delay_ms
+
+e.g. due 1000, priority 99 -> 1000.00; priority 0 -> 1000.99; due 1001,
+priority 99 -> 1001.00. The score is written by the scripts as the decimal
+string "<due_ms>.<99 - priority, two digits>", which Redis parses to the
+nearest double: for due times below 2^43 ms (year 2248) a double's step is
+at most 2^-10, far below 0.01, so distinct (due_ms, priority) pairs keep
+distinct, correctly ordered scores, and due_ms = floor(score). Ties (same
+due ms and priority) pop in id byte order (the zset's member order). A
+message is due when due_ms <= now_ms, i.e. score < now_ms + 1: pop and peek
+ask for scores up to "(now_ms+1" (exclusive).
+
+Order across shards: exact (due, priority, id) order holds within a shard;
+pop visits the shards round-robin, starting one shard further each call,
+so with N > 1 shards a later-due or lower-priority message of one shard
+may pop before a due message of another (Dyno-queues: "not strict FIFO").
+`peek` merges the shards and is in exact order.
+
+Where this differs from Dyno-queues: pop moves the id, its payload read
+and its unack entry in one script (Dyno does ZADD NX, ZREM, HGET as three
+calls and counts "misses"); the message store is per shard, not one hash
+per queue, so each script stays in one slot (`ack`, `remove`, `get` and
+the other by-id calls ask every shard in one pipelined round trip, as
+Dyno's loops over shards do); `push` of an id already stored replaces it
+in place (payload, priority, due time, and out of unack) instead of adding
+it to a second shard — but two processes pushing the same NEW id at the
+same moment may store it in two shards (no cross-slot check is atomic);
+`unack` (not in Dyno's interface: a nack) puts a popped message back now;
+it and `process_unacks` requeue at now_ms with the message's priority (Dyno
+requeues at the old deadline score, losing the priority fraction);
+`set_timeout` also reschedules a popped message (Dyno: only a queued one);
+`pop(count, wait_ms)` returns as soon as at least one message is popped
+(Dyno waits to fill `count`). Time comes from the `now_ms` callable, so
+tests are exact; only pop's wait sleeps on the event loop.
+
+The error classes, `RedisQueueConfig` and the connection and pop-loop
+helpers below are shared with `broker.redis_rmq`.
+
+Usage:
+
+    import asyncio
+    from broker.redis_dyno import DynoConfig, DynoQueue
+
+    async def main():
+        q = await DynoQueue.connect("redis://127.0.0.1:6379/0", "emails",
+                                    DynoConfig(shards=3, unack_timeout_ms=30_000))
+        async with q:
+            await q.push("m-1", '{"to": "a@b.c"}', delay_ms=5_000, priority=10)
+            sweeper = asyncio.create_task(q.sweep_unacks_forever())
+            for message in await q.pop(count=10, wait_ms=10_000):
+                print(message.id, message.payload)      # ... handle it ...
+                await q.ack(message.id)                 # or: await q.unack(message.id)
+            sweeper.cancel()
+
+    asyncio.run(main())
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Generic, Protocol, TypeVar
+
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import AuthenticationError, ConnectionError, ResponseError, TimeoutError
+
+from storage.errors import HourglassError, InvalidRequest
+
+from .clock import SystemClock
+from .redis_backend import escape_topic
+
+T = TypeVar("T")
+S = TypeVar("S", bound="ShardedScripts")
+
+# The longest delay push accepts: due times stay below 2^43 ms, where the
+# priority fraction is exact enough (see the module docstring).
+MAX_DELAY_MS = 100 * 365 * 86_400_000
+
+
+# == errors (shared with broker.redis_rmq) =======================================
+
+class RedisAdapterError(HourglassError):
+    """Root of the errors the Dyno-queues and RMQ interfaces raise about Redis."""
+
+
+class RedisUnavailable(RedisAdapterError):
+    """Redis cannot be reached: connection refused, the connect or reply
+    timeout passed (after the configured retries), or the connection broke."""
+
+
+class RedisAuthError(RedisAdapterError):
+    """Redis refused the credentials: a wrong password, or none given to a
+    Redis that requires one."""
+
+
+class WrongTypeKey(RedisAdapterError):
+    """A key the operation uses holds another Redis type (WRONGTYPE):
+    another program writes under the same key names. `keys` maps each
+    offending key to the type it holds."""
+
+    def __init__(self, message: str, keys: Mapping[str, str]) -> None:
+        super().__init__(message)
+        self.keys = dict(keys)
+
+
+def _address(client: aioredis.Redis) -> str:
+    kwargs = client.connection_pool.connection_kwargs
+    if "path" in kwargs:
+        return f"unix:{kwargs['path']}"
+    return f"{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}"
+
+
+async def call_redis(client: aioredis.Redis, action: Awaitable[T], key_types: Mapping[str, str]) -> T:
+    """Await one Redis call (a command, a script or a pipeline's execute)
+    and turn redis-py's low-level errors into a sentence. `key_types` maps
+    each key the call may touch to the type it must have (zset, hash), to
+    name the culprit of a WRONGTYPE."""
+    try:
+        return await action
+    except AuthenticationError as e:  # a subclass of ConnectionError: first
+        raise RedisAuthError(f"Redis at {_address(client)} refused the credentials ({e}): "
+                             "check the password in the URL") from e
+    except (ConnectionError, TimeoutError) as e:
+        raise RedisUnavailable(f"cannot reach Redis at {_address(client)} ({e}): "
+                               "is it running, and is the address right?") from e
+    except ResponseError as e:
+        if "WRONGTYPE" not in str(e):  # a pipeline prefixes "Command # n (...) of pipeline caused error"
+            raise
+        wrong = await _wrong_types(client, key_types)
+        held = ", ".join(f"{key} holds a {held}, not a {key_types[key]}" for key, held in wrong.items())
+        raise WrongTypeKey(f"a key has the wrong type ({held or e}): another program uses these key "
+                           "names; choose another key_prefix or delete the key", wrong) from e
+
+
+async def _wrong_types(client: aioredis.Redis, key_types: Mapping[str, str]) -> dict[str, str]:
+    try:
+        async with client.pipeline(transaction=False) as pipe:
+            for key in key_types:
+                pipe.type(key)
+            held = await pipe.execute()
+    except (ConnectionError, TimeoutError):
+        return {}
+    return {key: h for (key, want), h in zip(key_types.items(), held) if h not in (want, "none")}
+
+
+# == configuration and helpers (shared with broker.redis_rmq) ===================
+
+def at_least(config: object, low: int, *fields: str) -> None:
+    """For a config's __post_init__: each named field must be >= low."""
+    for name in fields:
+        if getattr(config, name) < low:
+            raise ValueError(f"{name} must be at least {low}, got {getattr(config, name)}")
+
+
+@dataclass(frozen=True)
+class RedisQueueConfig:
+    # First part of every key name. Without braces: they would move the
+    # Redis Cluster hash tag.
+    key_prefix: str = "hg"
+    # `connect` only: longest wait for the TCP connection and the
+    # handshake; a Redis that is down or unreachable fails within it.
+    connect_timeout_ms: int = 2000
+    # `connect` only: longest wait for one reply (a script blocks Redis
+    # while it runs, so leave room for script_batch messages).
+    command_timeout_ms: int = 5000
+    # `connect` only: reconnects after a refused, broken or timed-out
+    # connection before RedisUnavailable. A failure takes at most about
+    # (retries + 1) x the timeout. A resent script may have run once
+    # already (its reply lost): pops then wait for their timeout, so
+    # delivery stays at least once.
+    retries: int = 1
+    # Longest sleep between attempts while pop waits: a message pushed by
+    # another process is seen within it.
+    poll_ms: int = 100
+    # Most messages one sweep script moves (a script blocks Redis while it
+    # runs); a sweep runs the script again until a batch comes back short.
+    script_batch: int = 1000
+
+    def __post_init__(self) -> None:
+        if not self.key_prefix or any(c in self.key_prefix for c in "{}"):
+            raise ValueError(f"key_prefix must be non-empty without braces, got {self.key_prefix!r}")
+        at_least(self, 1, "connect_timeout_ms", "command_timeout_ms", "poll_ms", "script_batch")
+        at_least(self, 0, "retries")
+
+    def client(self, url: str) -> aioredis.Redis:
+        """A redis.asyncio client for `url` (redis://[:password@]HOST:PORT/DB)
+        with this config's timeouts and retries; no I/O yet."""
+        return aioredis.Redis.from_url(
+            url, decode_responses=True, socket_connect_timeout=self.connect_timeout_ms / 1000,
+            socket_timeout=self.command_timeout_ms / 1000, retry=Retry(NoBackoff(), self.retries))
+
+
+def slot_prefix(key_prefix: str, family: str, name: str, index: int) -> str:
+    """"<key_prefix>:<family>:{<name'>:<index>}:" — the braces are one
+    shard's (slot's) hash tag; `escape_topic` keeps ':' and braces out of
+    name', so the tag is injective."""
+    return f"{key_prefix}:{family}:{{{escape_topic(name)}:{index}}}:"
+
+
+def check_int(parameter: str, value: int, low: int, high: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+        raise InvalidRequest(parameter, f"must be an integer from {low} to {high}, got {value!r}")
+
+
+def check_text(parameter: str, value: str, *, empty: bool = False) -> None:
+    if not isinstance(value, str) or (not empty and not value):
+        raise InvalidRequest(parameter, f"must be a{'' if empty else ' non-empty'} string, got {value!r}")
+
+
+def raise_swallowed_cancel() -> None:
+    """Re-raise a cancel() that was lost: on Python 3.11, asyncio.wait_for
+    (which redis-py uses to send each command) returns normally when the
+    cancel lands as the send completes (CPython gh-86296), so a loop over
+    Redis calls would run on. Called between the rounds of our loops."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
+
+
+async def poll(attempt: Callable[[], Awaitable[tuple[list[T], int | None]]], wait_ms: int, poll_ms: int,
+               now_ms: Callable[[], int]) -> list[T]:
+    """Run `attempt` until it returns items or `wait_ms` (monotonic time)
+    has passed, sleeping at most poll_ms between attempts, and no longer
+    than until the next due ms it reported."""
+    deadline = time.monotonic() + wait_ms / 1000
+    while True:
+        items, next_due_ms = await attempt()
+        remaining_s = deadline - time.monotonic()
+        if items or remaining_s <= 0:
+            return items
+        raise_swallowed_cancel()
+        sleep_s = min(remaining_s, poll_ms / 1000)
+        if next_due_ms is not None:
+            sleep_s = min(sleep_s, max(0.001, (next_due_ms - now_ms()) / 1000))
+        await asyncio.sleep(sleep_s)
+
+
+async def repeat(action: Callable[[], Awaitable[object]], interval_ms: int) -> None:
+    """`action` every interval_ms until cancelled; an error ends it."""
+    while True:
+        await action()
+        raise_swallowed_cancel()
+        await asyncio.sleep(interval_ms / 1000)
+
+
+class ShardKeys(Protocol):
+    """The keys of one shard (slot) of a queue: `all` in the order the
+    scripts take them as KEYS, `types` each key's Redis type."""
+
+    @property
+    def all(self) -> list[str]: ...
+
+    @property
+    def types(self) -> dict[str, str]: ...
+
+
+K = TypeVar("K", bound=ShardKeys)
+Take = Callable[[int, int, int], Awaitable[tuple[list[T], int | None]]]
+
+
+class ShardedScripts(Generic[K]):
+    """What DynoQueue and RmqTopic share: a client (closed by `aclose` if
+    `connect` made it), the keys of each shard, and Lua scripts run on one
+    shard at a time with that shard's keys as KEYS, so each script stays in
+    one Redis Cluster slot. Errors come out as the errors above."""
+
+    def __init__(self, client: aioredis.Redis, config: RedisQueueConfig, now_ms: Callable[[], int] | None,
+                 scripts: Mapping[str, str], shards: list[K]) -> None:
+        self.redis = client
+        self.now_ms = now_ms or SystemClock().now_ms
+        self._poll_ms = config.poll_ms
+        self._batch = config.script_batch
+        self._shards = shards
+        self._types = {key: t for shard in shards for key, t in shard.types.items()}
+        self._scripts = {op: client.register_script(source) for op, source in scripts.items()}
+        self._owns_client = False
+        self._next_pop = 0
+
+    async def _opened(self: S) -> S:
+        """Take ownership of the client and PING: a Redis that is down, or a
+        wrong password, fails here with a sentence."""
+        self._owns_client = True
+        try:
+            await call_redis(self.redis, self.redis.ping(), {})
+        except BaseException:
+            await self.aclose()
+            raise
+        return self
+
+    async def aclose(self) -> None:
+        """Close the client if `connect` made it."""
+        if self._owns_client:
+            await self.redis.aclose()
+
+    async def __aenter__(self: S) -> S:
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.aclose()
+
+    async def _script(self, op: str, shard: int, args: Sequence[str]):
+        keys = self._shards[shard]
+        return await call_redis(self.redis, self._scripts[op](keys=keys.all, args=list(args)), keys.types)
+
+    async def _on_shards(self, op: str, args_of: Mapping[int, Sequence[str]]) -> list:
+        """Run script `op` on the shards `args_of` names, each with its args,
+        in one pipelined round trip; the results in that order."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for shard, args in args_of.items():
+                await self._scripts[op](keys=self._shards[shard].all, args=list(args), client=pipe)
+            return await call_redis(self.redis, pipe.execute(), self._types)
+
+    async def _on_every_shard(self, op: str, args: Sequence[str]) -> list:
+        """For the by-id calls, whose id lives in a shard we do not know."""
+        return await self._on_shards(op, {shard: args for shard in range(len(self._shards))})
+
+    async def _read_every_shard(self, command: Callable[[aioredis.client.Pipeline, K], object]) -> list:
+        """`command(pipe, keys)` queues reads for one shard; the replies of all."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for keys in self._shards:
+                command(pipe, keys)
+            return await call_redis(self.redis, pipe.execute(), self._types)
+
+    async def _drain(self, op: str, args: Sequence[str]) -> int:
+        """Run script `op` (args + [script_batch] -> how many it handled) on
+        every shard until a run handles less than a batch; the total."""
+        total = 0
+        for shard in range(len(self._shards)):
+            while True:
+                handled = await self._script(op, shard, [*args, str(self._batch)])
+                total += handled
+                if handled < self._batch:
+                    break
+        return total
+
+    async def _pop(self, count: int, wait_ms: int, take: Take[T]) -> list[T]:
+        """Up to `count` items from the shards round-robin (each attempt
+        starts one shard further), waiting up to wait_ms for the first:
+        `take(now_ms, shard, want)` -> (items, that shard's next due ms)."""
+        check_int("count", count, 1, 100_000)
+        check_int("wait_ms", wait_ms, 0, 86_400_000)
+
+        async def attempt() -> tuple[list[T], int | None]:
+            now_ms = self.now_ms()
+            start, self._next_pop = self._next_pop, (self._next_pop + 1) % len(self._shards)
+            out: list[T] = []
+            next_due_ms: int | None = None
+            for i in range(len(self._shards)):
+                items, due_ms = await take(now_ms, (start + i) % len(self._shards), count - len(out))
+                out += items
+                if due_ms is not None:
+                    next_due_ms = due_ms if next_due_ms is None else min(next_due_ms, due_ms)
+                if len(out) >= count:
+                    break
+            return out, next_due_ms
+
+        return await poll(attempt, wait_ms, self._poll_ms, self.now_ms)
+
+
+def due_of(score: float | str) -> int:
+    """The due ms of a queue score (the priority fraction is below 1)."""
+    return math.floor(float(score))
+
+
+# == the Dyno queue ==========================================================
+
+@dataclass(frozen=True)
+class DynoConfig(RedisQueueConfig):
+    # Shards per queue (Dyno: one per availability zone). Each is its own
+    # slot in Redis Cluster; push and pop go round-robin over them.
+    shards: int = 4
+    # How long a popped message may stay unacked before process_unacks
+    # puts it back (Dyno's unackTime), unless set_unack_timeout changes it.
+    unack_timeout_ms: int = 60_000
+    # sweep_unacks_forever: pause between two process_unacks runs (Dyno's
+    # unackScheduleInMS).
+    unack_sweep_ms: int = 1000
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not 1 <= self.shards <= 1024:
+            raise ValueError(f"shards must be from 1 to 1024, got {self.shards}")
+        at_least(self, 1, "unack_timeout_ms", "unack_sweep_ms")
+
+
+@dataclass(frozen=True)
+class DynoMessage:
+    id: str
+    payload: str
+    priority: int  # 0..99, higher pops first within a millisecond
+    shard: int  # 0..shards-1: which shard holds it
+
+
+@dataclass(frozen=True)
+class ShardSize:
+    queued: int  # in the queue zset (due or not)
+    unacked: int  # popped, waiting for an ack or the unack sweep
+
+
+# Every script: KEYS = queue, unack, msg, prio of one shard.
+_DYNO_COMMON = """
+local function score(due, id)
+  return due .. '.' .. string.format('%02d', 99 - tonumber(redis.call('HGET', KEYS[4], id)))
+end
+"""
+
+SCRIPTS = {
+    # ARGV: id payload priority due_ms -> 1 replaced an existing id | 0 new
+    "push": _DYNO_COMMON + """
+local id = ARGV[1]
+local existed = redis.call('HSET', KEYS[3], id, ARGV[2]) == 0
+redis.call('HSET', KEYS[4], id, ARGV[3])
+redis.call('ZREM', KEYS[2], id)
+redis.call('ZADD', KEYS[1], score(ARGV[4], id), id)
+if existed then return 1 end
+return 0
+""",
+    # Due ids, best first, -> unack. ARGV: due bound "(now+1", deadline, count
+    # -> {head score of the queue | false, {id, payload, priority, ...}}
+    "pop": """
+local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[3]))
+local out = {}
+for _, id in ipairs(ids) do
+  redis.call('ZREM', KEYS[1], id)
+  redis.call('ZADD', KEYS[2], ARGV[2], id)
+  out[#out + 1] = id
+  out[#out + 1] = redis.call('HGET', KEYS[3], id)
+  out[#out + 1] = redis.call('HGET', KEYS[4], id)
+end
+return {redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')[2] or false, out}
+""",
+    # ARGV: id -> 1 acked | 0 not unacked in this shard
+    "ack": """
+if redis.call('ZREM', KEYS[2], ARGV[1]) == 0 then return 0 end
+redis.call('HDEL', KEYS[3], ARGV[1])
+redis.call('HDEL', KEYS[4], ARGV[1])
+return 1
+""",
+    # Unacked -> queue, due now. ARGV: id now_ms -> 1 | 0
+    "unack": _DYNO_COMMON + """
+if redis.call('ZREM', KEYS[2], ARGV[1]) == 0 then return 0 end
+redis.call('ZADD', KEYS[1], score(ARGV[2], ARGV[1]), ARGV[1])
+return 1
+""",
+    # ARGV: id deadline_ms -> 1 | 0 not unacked in this shard
+    "set_unack_timeout": """
+if not redis.call('ZSCORE', KEYS[2], ARGV[1]) then return 0 end
+redis.call('ZADD', KEYS[2], ARGV[2], ARGV[1])
+return 1
+""",
+    # Queued or unacked -> queue, due at due_ms. ARGV: id due_ms -> 1 | 0
+    "set_timeout": _DYNO_COMMON + """
+local id = ARGV[1]
+if not redis.call('ZSCORE', KEYS[1], id) and redis.call('ZREM', KEYS[2], id) == 0 then return 0 end
+redis.call('ZADD', KEYS[1], score(ARGV[2], id), id)
+return 1
+""",
+    # ARGV: id -> 1 removed | 0 not in this shard
+    "remove": """
+redis.call('ZREM', KEYS[1], ARGV[1])
+redis.call('ZREM', KEYS[2], ARGV[1])
+redis.call('HDEL', KEYS[4], ARGV[1])
+return redis.call('HDEL', KEYS[3], ARGV[1])
+""",
+    # Unack deadline <= now -> queue, due now. ARGV: now_ms limit -> how many
+    "process_unacks": _DYNO_COMMON + """
+local ids = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[2]))
+for _, id in ipairs(ids) do
+  redis.call('ZREM', KEYS[2], id)
+  redis.call('ZADD', KEYS[1], score(ARGV[1], id), id)
+end
+return #ids
+""",
+}
+
+
+@dataclass(frozen=True)
+class _ShardKeys:
+    queue: str
+    unack: str
+    msg: str
+    prio: str
+
+    @property
+    def all(self) -> list[str]:
+        return [self.queue, self.unack, self.msg, self.prio]
+
+    @property
+    def types(self) -> dict[str, str]:
+        return {self.queue: "zset", self.unack: "zset", self.msg: "hash", self.prio: "hash"}
+
+
+class DynoQueue(ShardedScripts[_ShardKeys]):
+    """One Dyno queue of `config.shards` shards in one Redis database (or
+    Redis Cluster: every script stays in one shard's slot).
+
+    Example, 2 shards, unack timeout 30 s, now_ms = 1000: push("a",
+    priority=5) -> shard 0 (queue score 1000.94), push("b", delay_ms=500)
+    -> shard 1 (1500.99), push("c") -> shard 0 (1000.99). pop(count=3)
+    visits shard 0 then 1: ["a", "c"] (b is not due), both now in shard 0's
+    unack zset at 31000; the next pop starts at shard 1. ack("a") forgets a;
+    at now_ms = 31000 process_unacks puts c back, due at 31000. Each call
+    costs one round trip and O(log n) per message in Redis (pop: one
+    script per shard visited; by-id calls: one pipeline over the shards).
+
+    The round-robin positions live in this object: share one DynoQueue
+    among the tasks of a process. Any number of processes may use the same
+    queue at once.
+    """
+
+    def __init__(self, client: aioredis.Redis, name: str, config: DynoConfig | None = None,
+                 now_ms: Callable[[], int] | None = None) -> None:
+        check_text("name", name)
+        self.name = name
+        self.config = config or DynoConfig()
+        shards = []
+        for index in range(self.config.shards):
+            p = slot_prefix(self.config.key_prefix, "dyno", name, index)
+            shards.append(_ShardKeys(p + "queue", p + "unack", p + "msg", p + "prio"))
+        super().__init__(client, self.config, now_ms, SCRIPTS, shards)
+        self._next_push = 0
+
+    @classmethod
+    async def connect(cls, url: str, name: str, config: DynoConfig | None = None,
+                      now_ms: Callable[[], int] | None = None) -> DynoQueue:
+        """A queue on its own client for `url` (redis://[:password@]HOST:PORT/DB),
+        checked with a PING: a Redis that is down, or a wrong password,
+        fails here with a sentence."""
+        config = config or DynoConfig()
+        return await cls(config.client(url), name, config, now_ms)._opened()
+
+    def __repr__(self) -> str:
+        return (f"DynoQueue(name={self.name!r}, shards={self.config.shards}, next_push_shard={self._next_push}, "
+                f"next_pop_shard={self._next_pop})")
+
+    # == the Dyno-queues interface ================================================
+
+    async def push(self, msg_id: str, payload: str, *, delay_ms: int = 0, priority: int = 0) -> int:
+        """Store the message, due in `delay_ms`; returns its shard. A new id
+        goes to the next shard round-robin; an id already stored is
+        replaced in place (payload, priority, due time; if it was popped, it
+        is back in the queue)."""
+        check_text("msg_id", msg_id)
+        check_text("payload", payload, empty=True)
+        check_int("delay_ms", delay_ms, 0, MAX_DELAY_MS)
+        check_int("priority", priority, 0, 99)
+        held = await self._read_every_shard(lambda pipe, keys: pipe.hexists(keys.msg, msg_id))
+        if True in held:
+            shard = held.index(True)
+        else:
+            shard, self._next_push = self._next_push, (self._next_push + 1) % self.config.shards
+        await self._script("push", shard, [msg_id, payload, str(priority), str(self.now_ms() + delay_ms)])
+        return shard
+
+    async def pop(self, count: int = 1, wait_ms: int = 0) -> list[DynoMessage]:
+        """Up to `count` due messages, best first within each shard, moved to
+        unack (deadline now + unack_timeout_ms). With none due, waits up to
+        `wait_ms` for one; returns as soon as any is popped."""
+        async def take(now_ms: int, shard: int, want: int) -> tuple[list[DynoMessage], int | None]:
+            head, flat = await self._script("pop", shard, [
+                f"({now_ms + 1}", str(now_ms + self.config.unack_timeout_ms), str(want)])
+            popped = [DynoMessage(flat[i], flat[i + 1], int(flat[i + 2]), shard) for i in range(0, len(flat), 3)]
+            return popped, None if head is None else due_of(head)
+
+        return await self._pop(count, wait_ms, take)
+
+    async def ack(self, msg_id: str) -> bool:
+        """Forget a popped message; False if it is not unacked (never popped,
+        already acked, or put back by unack or the sweep)."""
+        return any(await self._on_every_shard("ack", [msg_id]))
+
+    async def unack(self, msg_id: str) -> bool:
+        """Put a popped message back in the queue, due now; False if it is not unacked."""
+        return any(await self._on_every_shard("unack", [msg_id, str(self.now_ms())]))
+
+    async def set_unack_timeout(self, msg_id: str, timeout_ms: int) -> bool:
+        """Move a popped message's ack deadline to now + timeout_ms (a longer
+        lease); False if it is not unacked."""
+        check_int("timeout_ms", timeout_ms, 0, MAX_DELAY_MS)
+        return any(await self._on_every_shard("set_unack_timeout", [msg_id, str(self.now_ms() + timeout_ms)]))
+
+    async def set_timeout(self, msg_id: str, delay_ms: int) -> bool:
+        """Reschedule a queued or popped message: queued, due now + delay_ms,
+        priority kept. False if there is no such message."""
+        check_int("delay_ms", delay_ms, 0, MAX_DELAY_MS)
+        return any(await self._on_every_shard("set_timeout", [msg_id, str(self.now_ms() + delay_ms)]))
+
+    async def remove(self, msg_id: str) -> bool:
+        """Delete a queued or popped message; False if there is none."""
+        return any(await self._on_every_shard("remove", [msg_id]))
+
+    async def get(self, msg_id: str) -> DynoMessage | None:
+        """The stored message (queued or popped), or None."""
+        found = await self._read_every_shard(lambda pipe, keys: pipe.hget(keys.msg, msg_id).hget(keys.prio, msg_id))
+        for shard in range(self.config.shards):
+            payload, priority = found[2 * shard], found[2 * shard + 1]
+            if payload is not None:
+                return DynoMessage(msg_id, payload, int(priority), shard)
+        return None
+
+    async def size(self) -> int:
+        """Messages in the queue zsets (due or not), not counting popped ones (as Dyno)."""
+        return sum(s.queued for s in await self.shard_sizes())
+
+    async def shard_sizes(self) -> list[ShardSize]:
+        counts = await self._read_every_shard(lambda pipe, keys: pipe.zcard(keys.queue).zcard(keys.unack))
+        return [ShardSize(counts[i], counts[i + 1]) for i in range(0, len(counts), 2)]
+
+    async def peek(self, count: int = 1) -> list[str]:
+        """Ids of up to `count` due messages, in exact (due, priority, id)
+        order over all shards, without popping them."""
+        check_int("count", count, 1, 100_000)
+        bound = f"({self.now_ms() + 1}"
+        heads = await self._read_every_shard(
+            lambda pipe, keys: pipe.zrangebyscore(keys.queue, "-inf", bound, 0, count, withscores=True))
+        return [msg_id for msg_id, _ in sorted((m for head in heads for m in head), key=lambda m: (m[1], m[0]))][:count]
+
+    async def process_unacks(self) -> int:
+        """Dyno's unack sweep: every popped message whose ack deadline has
+        passed goes back to the queue, due now. Returns how many."""
+        return await self._drain("process_unacks", [str(self.now_ms())])
+
+    async def sweep_unacks_forever(self) -> None:
+        """process_unacks every unack_sweep_ms until cancelled (Dyno's
+        scheduled unack processing). An error ends it: await the task."""
+        await repeat(self.process_unacks, self.config.unack_sweep_ms)

@@ -1,0 +1,515 @@
+"""RMQ's three message kinds (seed 002) on Redis, with redis.asyncio.
+
+A topic holds one kind of message, fixed when it is defined (RMQ's
+topicType), spread over `slots` slots (RMQ's slotAmount, a power of 2):
+a message goes to slot CRC32(key) % slots, so every message with the same
+key meets in one slot, where merging happens. The key is the body unless
+the sender names one (RMQ merges by content; its slotBasis is the key).
+
+| kind          | store score     | pops                          | a send whose key is pending      |
+|---------------|-----------------|-------------------------------|----------------------------------|
+| `RANGE_MERGE` | now + range_ms  | due ones (score <= now),      | merges: keeps the pending due    |
+|               |                 | earliest first                | time, takes the new body         |
+| `PRIORITY`    | priority        | highest priority first, due   | merges: takes the new priority   |
+|               |                 | at once (ties: random order)  | and body ("the last stored")     |
+| `FIXED_TIME`  | at_ms (absolute)| due ones, earliest first      | merges: takes the new time and   |
+|               |                 |                               | body ("the last stored")         |
+
+"Pending" is waiting in the store, due or not: a duplicate that arrives
+while the first is being consumed is a new message (RMQ the same: the
+member left the StoreQueue for the PrepareQueue).
+
+Consumption is RMQ's two-phase: `pop` moves a message from the store to
+`prepare`, scored by its ack deadline (now + ack_timeout_ms); `ack`
+forgets it; `nack`, or a deadline passed and found by `process_timeouts`
+(run it periodically, or `sweep_timeouts_forever`), is a failed delivery:
+it goes back to the store (range-merge, fixed-time: due now +
+retry_delay_ms; priority: at its priority) with its failure count + 1,
+until the failure after `max_retries` (16) retries — the 17th delivery —
+sends it to the dead queue. `dead()` lists the dead queue, oldest death
+first; `redrive()` puts dead messages back in the store, due now (at their
+priority), with the failure count reset to 0. A message coming back to the
+store (retry or re-drive) while another with its key is pending merges into
+that newer one (it is dropped; the pending one carries the latest body).
+
+Keys of slot i of topic T (P = "<key_prefix>:rmq:{T':i}:", T' escaped as
+in `broker.redis_backend.escape_topic`; the braces are the slot's Redis
+Cluster hash tag, so each script touches one slot):
+
+    | key        | type | member -> value                                      |
+    |------------|------|------------------------------------------------------|
+    | P store    | zset | id -> score of its kind (table above)                |
+    | P prepare  | zset | id -> ack deadline ms (popped, not yet acked)        |
+    | P dead     | zset | id -> ms it went dead                                |
+    | P pending  | hash | key -> id of the message with that key in the store  |
+    | P body     | hash | id -> body                                           |
+    | P key      | hash | id -> key                                            |
+    | P retry    | hash | id -> failed deliveries so far (absent: 0)           |
+    | P prio     | hash | id -> priority (priority topics)                     |
+    | <key_prefix>:rmq:{T'}:def | string | "<kind> <slots>", set by connect  |
+
+An id is "<slot>-<32 hex digits>" (the slot is where ack, nack and
+redrive find it) and is in exactly one of store, prepare and dead, with
+its body and key, until ack (or a merge) forgets it. Every transition is
+ONE Lua script given its slot's eight keys in KEYS; scripts build no key
+names. Scores are integers (ms, or priority within +-2^53): exact in a
+double. Time comes from the `now_ms` callable.
+
+Where this differs from RMQ: members are ids, not the bodies themselves,
+so a body may be large and a key explicit; the retry count is a hash field
+instead of RMQ's encoding in the StoreQueue score (remaining retries, which
+is why RMQ's priorities must be above 16): a retried message keeps its
+kind's order; there is no ZooKeeper — `pop` visits the slots round-robin
+(order is exact within a slot, as with RMQ's one worker per slot), and a
+consumer that needs per-key serial processing must arrange it itself;
+fixed times in the past are accepted (due at once); range and times are
+in ms, not seconds.
+
+Usage:
+
+    import asyncio
+    from broker.redis_rmq import Kind, RmqConfig, RmqTopic
+
+    async def main():
+        prices = await RmqTopic.connect("redis://127.0.0.1:6379/0", "price-changed", Kind.RANGE_MERGE,
+                                        RmqConfig(slots=8, ack_timeout_ms=30_000))
+        async with prices:
+            await prices.send_range_merge("item-42", range_ms=2_000)
+            await prices.send_range_merge("item-42", range_ms=2_000)  # merged: one delivery in ~2 s
+            sweeper = asyncio.create_task(prices.sweep_timeouts_forever())
+            for message in await prices.pop(count=10, wait_ms=5_000):
+                try:
+                    print("redraw", message.body)
+                    await prices.ack(message.id)
+                except Exception:
+                    await prices.nack(message.id)     # retried; dead after 16 retries
+            print(await prices.dead())                # then: await prices.redrive()
+            sweeper.cancel()
+
+    asyncio.run(main())
+"""
+
+from __future__ import annotations
+
+import enum
+import uuid
+import zlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import redis.asyncio as aioredis
+
+from storage.errors import InvalidRequest
+
+from .redis_backend import escape_topic
+from .redis_dyno import (
+    MAX_DELAY_MS,
+    RedisAdapterError,
+    RedisQueueConfig,
+    ShardedScripts,
+    at_least,
+    call_redis,
+    check_int,
+    check_text,
+    repeat,
+    slot_prefix,
+)
+
+# Priorities are zset scores: integers beyond 2^53 are not exact in a double.
+MAX_PRIORITY = 2**53
+
+
+class Kind(enum.Enum):
+    RANGE_MERGE = "range-merge"
+    PRIORITY = "priority"
+    FIXED_TIME = "fixed-time"
+
+
+class Outcome(enum.Enum):
+    """What a nack did."""
+    RETRY = "retry"  # back in the store, to be delivered again
+    MERGED = "merged"  # a newer message with its key was pending: dropped in its favour
+    DEAD = "dead"  # that was the failure after max_retries retries: in the dead queue
+    GONE = "gone"  # it was not being consumed (acked, timed out already, unknown)
+
+
+class TopicMismatch(RedisAdapterError):
+    """The topic is already defined in Redis with another kind or slot count
+    (RMQ: a topic name has one topicType and slotAmount)."""
+
+
+@dataclass(frozen=True)
+class RmqConfig(RedisQueueConfig):
+    # Slots per topic (RMQ's slotAmount): a power of 2. Each is its own
+    # Redis Cluster slot; pop visits them round-robin.
+    slots: int = 8
+    # Failed or timed-out deliveries retried before the dead queue (RMQ: 16):
+    # at most max_retries + 1 deliveries.
+    max_retries: int = 16
+    # How long a popped message may stay unacked before process_timeouts
+    # counts a failed delivery.
+    ack_timeout_ms: int = 30_000
+    # Range-merge and fixed-time topics: a failed delivery is due again this
+    # long after the failure (RMQ: at once). Priority topics retry at once.
+    retry_delay_ms: int = 0
+    # sweep_timeouts_forever: pause between two process_timeouts runs.
+    sweep_ms: int = 1000
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not 1 <= self.slots <= 16384 or self.slots & (self.slots - 1):
+            raise ValueError(f"slots must be a power of 2 from 1 to 16384, got {self.slots}")
+        at_least(self, 0, "max_retries", "retry_delay_ms")
+        at_least(self, 1, "ack_timeout_ms", "sweep_ms")
+        if self.retry_delay_ms > MAX_DELAY_MS:
+            raise ValueError(f"retry_delay_ms must be at most {MAX_DELAY_MS}, got {self.retry_delay_ms}")
+
+
+@dataclass(frozen=True)
+class RmqMessage:
+    id: str
+    key: str
+    body: str
+    retries: int  # failed deliveries before this one (0 on the first)
+    slot: int
+    died_ms: int | None = None  # set in the dead queue's listing
+
+
+@dataclass(frozen=True)
+class Sent:
+    id: str  # the stored message's id: the pending one's if merged
+    merged: bool  # True: merged into a pending message with the same key
+
+
+@dataclass(frozen=True)
+class RmqSizes:
+    pending: int  # in the store, due or not
+    in_flight: int  # popped, waiting for ack, nack or timeout
+    dead: int
+
+
+# Every script: KEYS = store, prepare, dead, pending, body, key, retry, prio
+# of one slot; ARGV[1] = the topic's kind.
+_RMQ_COMMON = """
+local kind = ARGV[1]
+local function forget(id)
+  for i = 5, 8 do redis.call('HDEL', KEYS[i], id) end
+end
+-- An id in no zset goes back to the store, due at due_ms (priority topics:
+-- at its priority), unless a message with its key is pending: then it
+-- merges into that newer one (is forgotten). 1 if stored.
+local function restore(id, due_ms)
+  local key = redis.call('HGET', KEYS[6], id)
+  if redis.call('HEXISTS', KEYS[4], key) == 1 then forget(id) return 0 end
+  local score = due_ms
+  if kind == 'priority' then score = redis.call('HGET', KEYS[8], id) end
+  redis.call('ZADD', KEYS[1], score, id)
+  redis.call('HSET', KEYS[4], key, id)
+  return 1
+end
+-- A failed delivery of an id in prepare.
+local function fail(id, now, due_ms, max_retries)
+  redis.call('ZREM', KEYS[2], id)
+  if redis.call('HINCRBY', KEYS[7], id, 1) > max_retries then
+    redis.call('ZADD', KEYS[3], now, id)
+    return 'dead'
+  end
+  if restore(id, due_ms) == 1 then return 'retry' end
+  return 'merged'
+end
+"""
+
+SCRIPTS = {
+    # ARGV: kind id key body score -> {1 stored | 0 merged, id}
+    "send": _RMQ_COMMON + """
+local old = redis.call('HGET', KEYS[4], ARGV[3])
+if old then
+  if kind ~= 'range-merge' then redis.call('ZADD', KEYS[1], ARGV[5], old) end
+  if kind == 'priority' then redis.call('HSET', KEYS[8], old, ARGV[5]) end
+  redis.call('HSET', KEYS[5], old, ARGV[4])
+  return {0, old}
+end
+local id = ARGV[2]
+redis.call('ZADD', KEYS[1], ARGV[5], id)
+redis.call('HSET', KEYS[4], ARGV[3], id)
+redis.call('HSET', KEYS[5], id, ARGV[4])
+redis.call('HSET', KEYS[6], id, ARGV[3])
+if kind == 'priority' then redis.call('HSET', KEYS[8], id, ARGV[5]) end
+return {1, id}
+""",
+    # Store -> prepare. ARGV: kind now deadline count
+    # -> {next due score | false, {id, key, body, retries, ...}}
+    "pop": _RMQ_COMMON + """
+local ids
+if kind == 'priority' then
+  ids = redis.call('ZREVRANGE', KEYS[1], 0, tonumber(ARGV[4]) - 1)
+else
+  ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[2], 'LIMIT', 0, tonumber(ARGV[4]))
+end
+local out = {}
+for _, id in ipairs(ids) do
+  local key = redis.call('HGET', KEYS[6], id)
+  redis.call('ZREM', KEYS[1], id)
+  redis.call('HDEL', KEYS[4], key)
+  redis.call('ZADD', KEYS[2], ARGV[3], id)
+  out[#out + 1] = id
+  out[#out + 1] = key
+  out[#out + 1] = redis.call('HGET', KEYS[5], id)
+  out[#out + 1] = redis.call('HGET', KEYS[7], id) or '0'
+end
+local head = false
+if kind ~= 'priority' then head = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')[2] or false end
+return {head, out}
+""",
+    # ARGV: kind id -> 1 acked | 0 not in prepare
+    "ack": _RMQ_COMMON + """
+if redis.call('ZREM', KEYS[2], ARGV[2]) == 0 then return 0 end
+forget(ARGV[2])
+return 1
+""",
+    # ARGV: kind now due_ms max_retries id -> 'retry' | 'merged' | 'dead' | 'gone'
+    "nack": _RMQ_COMMON + """
+if not redis.call('ZSCORE', KEYS[2], ARGV[5]) then return 'gone' end
+return fail(ARGV[5], ARGV[2], ARGV[3], tonumber(ARGV[4]))
+""",
+    # Deadlines <= now: failed deliveries. ARGV: kind now due_ms max_retries limit -> how many
+    "timeouts": _RMQ_COMMON + """
+local ids = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', ARGV[2], 'LIMIT', 0, tonumber(ARGV[5]))
+for _, id in ipairs(ids) do fail(id, ARGV[2], ARGV[3], tonumber(ARGV[4])) end
+return #ids
+""",
+    # Dead -> store, failure count 0. ARGV: kind now id... -> how many left the dead queue
+    "redrive": _RMQ_COMMON + """
+local n = 0
+for i = 3, #ARGV do
+  if redis.call('ZREM', KEYS[3], ARGV[i]) == 1 then
+    redis.call('HDEL', KEYS[7], ARGV[i])
+    restore(ARGV[i], ARGV[2])
+    n = n + 1
+  end
+end
+return n
+""",
+    # As redrive, the oldest deaths first. ARGV: kind now limit -> how many
+    "redrive_oldest": _RMQ_COMMON + """
+local ids = redis.call('ZRANGE', KEYS[3], 0, tonumber(ARGV[3]) - 1)
+for _, id in ipairs(ids) do
+  redis.call('ZREM', KEYS[3], id)
+  redis.call('HDEL', KEYS[7], id)
+  restore(id, ARGV[2])
+end
+return #ids
+""",
+    # Read only. ARGV: kind limit -> {id, died_ms, key, body, retries, ...}, oldest first
+    "dead": _RMQ_COMMON + """
+local out = {}
+local dead = redis.call('ZRANGE', KEYS[3], 0, tonumber(ARGV[2]) - 1, 'WITHSCORES')
+for i = 1, #dead, 2 do
+  local id = dead[i]
+  out[#out + 1] = id
+  out[#out + 1] = dead[i + 1]
+  out[#out + 1] = redis.call('HGET', KEYS[6], id)
+  out[#out + 1] = redis.call('HGET', KEYS[5], id)
+  out[#out + 1] = redis.call('HGET', KEYS[7], id) or '0'
+end
+return out
+""",
+}
+
+
+@dataclass(frozen=True)
+class _SlotKeys:
+    store: str
+    prepare: str
+    dead: str
+    pending: str
+    body: str
+    key: str
+    retry: str
+    prio: str
+
+    @property
+    def all(self) -> list[str]:
+        return [self.store, self.prepare, self.dead, self.pending, self.body, self.key, self.retry, self.prio]
+
+    @property
+    def types(self) -> dict[str, str]:
+        return {k: "zset" if i < 3 else "hash" for i, k in enumerate(self.all)}
+
+
+class RmqTopic(ShardedScripts[_SlotKeys]):
+    """One RMQ topic of one kind over `config.slots` slots.
+
+    Example, a RANGE_MERGE topic, now_ms = 1000: send_range_merge("item-42",
+    range_ms=2000) stores it due at 3000; the same body again at 1500
+    merges (still due at 3000, one message). At 3000 pop() moves it to
+    prepare (deadline 3000 + ack_timeout_ms); nack() puts it back due now
+    with retries 1; after 16 retries the 17th nack sends it to the dead
+    queue; redrive() brings it back with retries 0. Each call is one
+    script (one round trip) on one slot, O(log n) per message; pop visits
+    the slots round-robin, one script each until it has `count`.
+
+    The pop position lives in this object: share one RmqTopic among the
+    tasks of a process. Any number of processes may use the topic at once.
+    """
+
+    def __init__(self, client: aioredis.Redis, topic: str, kind: Kind, config: RmqConfig | None = None,
+                 now_ms: Callable[[], int] | None = None) -> None:
+        check_text("topic", topic)
+        if not isinstance(kind, Kind):
+            raise InvalidRequest("kind", f"must be a Kind ({', '.join(k.name for k in Kind)}), got {kind!r}")
+        self.topic = topic
+        self.kind = kind
+        self.config = config or RmqConfig()
+        slots = []
+        for index in range(self.config.slots):
+            p = slot_prefix(self.config.key_prefix, "rmq", topic, index)
+            slots.append(_SlotKeys(*(p + name for name in ("store", "prepare", "dead", "pending", "body", "key",
+                                                           "retry", "prio"))))
+        super().__init__(client, self.config, now_ms, SCRIPTS, slots)
+        self._definition_key = f"{self.config.key_prefix}:rmq:{{{escape_topic(topic)}}}:def"
+
+    @classmethod
+    async def connect(cls, url: str, topic: str, kind: Kind, config: RmqConfig | None = None,
+                      now_ms: Callable[[], int] | None = None) -> RmqTopic:
+        """A topic on its own client for `url` (redis://[:password@]HOST:PORT/DB).
+        A Redis that is down, or a wrong password, fails here with a
+        sentence; so does a topic already defined with another kind or slot
+        count (TopicMismatch)."""
+        config = config or RmqConfig()
+        opened = await cls(config.client(url), topic, kind, config, now_ms)._opened()
+        try:
+            await opened.define()
+        except BaseException:
+            await opened.aclose()
+            raise
+        return opened
+
+    async def define(self) -> None:
+        """Record this topic's kind and slot count in Redis, or check them
+        against the recorded ones (TopicMismatch)."""
+        mine = f"{self.kind.value} {self.config.slots}"
+        key_types = {self._definition_key: "string"}
+        await call_redis(self.redis, self.redis.set(self._definition_key, mine, nx=True), key_types)
+        recorded = await call_redis(self.redis, self.redis.get(self._definition_key), key_types)
+        if recorded != mine:
+            raise TopicMismatch(f"topic {self.topic!r} is defined as {recorded!r} (kind slots), not {mine!r}: "
+                                "a topic keeps its kind and slot count")
+
+    def __repr__(self) -> str:
+        return (f"RmqTopic(topic={self.topic!r}, kind={self.kind.name}, slots={self.config.slots}, "
+                f"next_pop_slot={self._next_pop})")
+
+    def slot_of(self, key: str) -> int:
+        """RMQ's slot: CRC32 of the key (its slotBasis), mod the slot count."""
+        return zlib.crc32(key.encode()) % self.config.slots
+
+    def _slot_of_id(self, msg_id: str) -> int:
+        head, _, tail = msg_id.partition("-") if isinstance(msg_id, str) else ("", "", "")
+        if not (head.isascii() and head.isdigit() and int(head) < self.config.slots and len(tail) == 32):
+            raise InvalidRequest("id", f"is not an id of this topic (<slot>-<32 hex digits>), got {msg_id!r}")
+        return int(head)
+
+    # == sending =================================================================
+
+    async def send_range_merge(self, body: str, range_ms: int, *, key: str | None = None) -> Sent:
+        """Due in range_ms; a send with the same key while this one is
+        pending merges into it (its due time stays, the body is the new one)."""
+        check_int("range_ms", range_ms, 1, MAX_DELAY_MS)
+        return await self._send(Kind.RANGE_MERGE, body, key, self.now_ms() + range_ms)
+
+    async def send_priority(self, body: str, priority: int, *, key: str | None = None) -> Sent:
+        """Higher priority pops first; a send with the same key while this
+        one is pending merges into it, with the new priority and body."""
+        check_int("priority", priority, -MAX_PRIORITY, MAX_PRIORITY)
+        return await self._send(Kind.PRIORITY, body, key, priority)
+
+    async def send_fixed_time(self, body: str, at_ms: int, *, key: str | None = None) -> Sent:
+        """Due at at_ms (ms since the epoch; in the past: at once); a send
+        with the same key while this one is pending merges into it, with
+        the new time and body."""
+        check_int("at_ms", at_ms, 0, self.now_ms() + MAX_DELAY_MS)
+        return await self._send(Kind.FIXED_TIME, body, key, at_ms)
+
+    async def _send(self, kind: Kind, body: str, key: str | None, score: int) -> Sent:
+        if kind is not self.kind:
+            raise InvalidRequest("kind", f"topic {self.topic!r} holds {self.kind.value} messages, "
+                                         f"not {kind.value}: use send_{self.kind.name.lower()}")
+        check_text("body", body, empty=True)
+        key = body if key is None else key
+        check_text("key", key, empty=True)
+        slot = self.slot_of(key)
+        stored, msg_id = await self._script("send", slot, [
+            kind.value, f"{slot}-{uuid.uuid4().hex}", key, body, str(score)])
+        return Sent(msg_id, merged=not stored)
+
+    # == consuming ===============================================================
+
+    async def pop(self, count: int = 1, wait_ms: int = 0) -> list[RmqMessage]:
+        """Up to `count` deliverable messages (due ones; all, for priority
+        topics), best first within each slot, moved to prepare until
+        now + ack_timeout_ms. With none, waits up to `wait_ms` for one;
+        returns as soon as any is popped."""
+        async def take(now_ms: int, slot: int, want: int) -> tuple[list[RmqMessage], int | None]:
+            head, flat = await self._script("pop", slot, [
+                self.kind.value, str(now_ms), str(now_ms + self.config.ack_timeout_ms), str(want)])
+            popped = [RmqMessage(flat[i], flat[i + 1], flat[i + 2], int(flat[i + 3]), slot)
+                      for i in range(0, len(flat), 4)]
+            return popped, None if head is None else int(float(head))
+
+        return await self._pop(count, wait_ms, take)
+
+    async def ack(self, msg_id: str) -> bool:
+        """Consumed: forget it. False if it is not being consumed (acked
+        already, or its deadline passed and process_timeouts took it back)."""
+        return bool(await self._script("ack", self._slot_of_id(msg_id), [self.kind.value, msg_id]))
+
+    async def nack(self, msg_id: str) -> Outcome:
+        """Failed: back to the store (retries + 1), or dead after max_retries retries."""
+        now_ms = self.now_ms()
+        outcome = await self._script("nack", self._slot_of_id(msg_id), [
+            self.kind.value, str(now_ms), str(now_ms + self.config.retry_delay_ms), str(self.config.max_retries),
+            msg_id])
+        return Outcome(outcome)
+
+    async def process_timeouts(self) -> int:
+        """Every popped message past its ack deadline is a failed delivery
+        (as nack). Returns how many."""
+        now_ms = self.now_ms()
+        return await self._drain("timeouts", [self.kind.value, str(now_ms), str(now_ms + self.config.retry_delay_ms),
+                                              str(self.config.max_retries)])
+
+    async def sweep_timeouts_forever(self) -> None:
+        """process_timeouts every sweep_ms until cancelled. An error ends it:
+        await the task."""
+        await repeat(self.process_timeouts, self.config.sweep_ms)
+
+    # == the dead queue ==========================================================
+
+    async def dead(self, limit: int = 100) -> list[RmqMessage]:
+        """Up to `limit` dead messages, oldest death first (over all slots)."""
+        check_int("limit", limit, 1, 100_000)
+        per_slot = await self._on_every_shard("dead", [self.kind.value, str(limit)])
+        listed = [RmqMessage(flat[i], flat[i + 2], flat[i + 3], int(flat[i + 4]), slot, died_ms=int(flat[i + 1]))
+                  for slot, flat in enumerate(per_slot) for i in range(0, len(flat), 5)]
+        return sorted(listed, key=lambda m: (m.died_ms, m.id))[:limit]
+
+    async def redrive(self, ids: Sequence[str] | None = None) -> int:
+        """Dead messages back to the store (due now; priority topics: at their
+        priority) with retries reset to 0: those of `ids` (others are
+        ignored), or all. Returns how many left the dead queue."""
+        now = str(self.now_ms())
+        if ids is None:
+            return await self._drain("redrive_oldest", [self.kind.value, now])
+        by_slot: dict[int, list[str]] = {}
+        for msg_id in ids:
+            by_slot.setdefault(self._slot_of_id(msg_id), []).append(msg_id)
+        if not by_slot:
+            return 0
+        return sum(await self._on_shards("redrive", {slot: [self.kind.value, now, *group]
+                                                     for slot, group in by_slot.items()}))
+
+    async def sizes(self) -> RmqSizes:
+        counts = await self._read_every_shard(
+            lambda pipe, keys: pipe.zcard(keys.store).zcard(keys.prepare).zcard(keys.dead))
+        return RmqSizes(sum(counts[0::3]), sum(counts[1::3]), sum(counts[2::3]))
