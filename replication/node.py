@@ -1,6 +1,6 @@
 """A cluster node: its roles, the moves between them, and failover.
 
-Roles (GET /health says which):
+Roles (GET /health says leader or follower; a candidate is shown as follower):
 
     follower ──Raft elects it in term T──► candidate ──claim committed──► leader
        ▲                                        │                           │
@@ -173,7 +173,9 @@ class ClusterNode:
             return answer(503, f"the leader {leader} is unreachable ({e.__class__.__name__}); retry", leader=leader)
 
     async def health(self, request: web.Request) -> web.Response:
-        extra = {"role": self.role, "leader": self.known_leader(), "node": self.cluster.node_id,
+        # SPEC's roles are leader and follower: a candidate still follows
+        extra = {"role": "leader" if self.role == "leader" else "follower", "leader": self.known_leader(),
+                 "node": self.cluster.node_id,
                  "term": self.leading_term if self.role == "leader" else self.election.claimed[0],
                  "log_end_offset": self.store.log.end_offset}
         if self.failed is not None:
