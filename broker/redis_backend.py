@@ -814,7 +814,8 @@ class RedisBroker:
 
     async def long_poll(self, request: LongPollRequest, gone: Callable[[], bool] = lambda: False) -> list[Message]:
         """As pull, but waits up to the timeout for a message to be READY,
-        woken by the topic's wake channel. `gone()` says the client hung up:
+        woken by the topic's wake channel (and pulling again every poll_ms
+        in case a wake was lost with a connection). `gone()` says the client hung up:
         then nothing is taken, and what was taken meanwhile goes back to
         READY with its retry unchanged (as the disk broker does)."""
         deadline = time.monotonic() + request.long_polling_timeout_ms / 1000
@@ -831,8 +832,8 @@ class RedisBroker:
                 remaining = deadline - time.monotonic()
                 if messages or remaining <= 0:
                     return messages
-                try:
-                    await asyncio.wait_for(future, remaining)
+                try:  # pull again at least every poll_ms: a wake lost with a connection costs no more
+                    await asyncio.wait_for(future, min(remaining, self.config.poll_ms / 1000))
                 except TimeoutError:
                     pass
             finally:
