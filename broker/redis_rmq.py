@@ -102,7 +102,7 @@ import redis.asyncio as aioredis
 from storage.errors import InvalidRequest
 
 from .redis_backend import escape_topic
-from .redis_dyno import (
+from .redis_shards import (
     MAX_DELAY_MS,
     RedisAdapterError,
     RedisQueueConfig,

@@ -25,15 +25,8 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_stat
 from redis_server import free_port, redis_server  # noqa: E402
 
 import broker.redis_dyno as redis_dyno  # noqa: E402
-from broker.redis_dyno import (  # noqa: E402
-    DynoConfig,
-    DynoMessage,
-    DynoQueue,
-    RedisAuthError,
-    RedisUnavailable,
-    ShardSize,
-    WrongTypeKey,
-)
+from broker.redis_dyno import DynoConfig, DynoMessage, DynoQueue, ShardSize  # noqa: E402
+from broker.redis_shards import RedisAuthError, RedisUnavailable, WrongTypeKey  # noqa: E402
 from storage.errors import InvalidRequest  # noqa: E402
 
 T0 = 1_000_000
