@@ -15,6 +15,7 @@ import logging
 import os
 import signal
 import time
+from collections.abc import Awaitable, Callable
 
 import aiohttp
 from aiohttp import web
@@ -31,6 +32,20 @@ log = logging.getLogger("hourglass.server")
 
 # How long a stop waits for requests in flight (long polls are answered at once).
 SHUTDOWN_TIMEOUT_S = 10
+
+
+async def checkpoint_every(interval_ms: int, checkpoint: Callable[[], Awaitable[None]],
+                           fail: Callable[[BaseException, str], None]) -> None:
+    """Run `checkpoint` every interval. A failure stops the loop and is
+    fatal (`fail`): the commit log would grow without bound; a restart
+    recovers from it."""
+    while True:
+        await asyncio.sleep(interval_ms / 1000)
+        try:
+            await checkpoint()
+        except Exception as e:
+            fail(e, "a checkpoint")
+            return
 
 
 class Node:
@@ -79,16 +94,6 @@ class Node:
                 ("hourglass_open_seconds", "gauge", self.opened_s),
                 ("hourglass_wheel_released_total", "counter", self.broker.scheduler.stats.released)]
         return web.Response(text=self.metrics.render(gauges, node), content_type="text/plain")
-
-    async def checkpoint_loop(self) -> None:
-        interval_s = self.config.checkpoint_interval_ms / 1000
-        while True:
-            await asyncio.sleep(interval_s)
-            try:
-                await self.checkpoint()
-            except Exception as e:  # the log would grow without bound: stop, a restart recovers
-                self.broker.fail(e, "a checkpoint")
-                return
 
     async def checkpoint(self) -> None:
         """The checkpoint is prepared by the group commit at a quiet point
@@ -184,7 +189,8 @@ async def run_cluster(config: ServeConfig) -> int:
         loop.add_signal_handler(sig, stop.set)
     node.on_fatal = lambda error: stop.set()
     roles = asyncio.create_task(node.run(), name="roles")
-    checkpoints = asyncio.create_task(node.checkpoint_loop(), name="checkpoints")
+    checkpoints = asyncio.create_task(checkpoint_every(config.checkpoint_interval_ms, node.checkpoint, node.fail),
+                                      name="checkpoints")
     roles.add_done_callback(lambda t: t.cancelled() or t.exception() is None or node.fail(t.exception(), "roles"))
     await stop.wait()
     log.info("stopping: handing over")
@@ -205,7 +211,8 @@ async def run(config: ServeConfig) -> int:
         return await run_cluster(config)
     node = Node(config)
     node.broker.start()
-    checkpoints = asyncio.create_task(node.checkpoint_loop())
+    checkpoints = asyncio.create_task(checkpoint_every(config.checkpoint_interval_ms, node.checkpoint,
+                                                       node.broker.fail))
     await _serve_until_stopped(node, config, "standalone")
     checkpoints.cancel()
     if node.broker.failed is not None:  # no last checkpoint over a state RAM and disk disagree on

@@ -185,7 +185,6 @@ class Follower:
         self.config: ClusterConfig = node.cluster
         self.needs_snapshot: str | None = None
         self.fetched_records = 0
-        self.leader_id: str | None = None
         self.last_tick: TickState | None = None
 
     async def run(self) -> None:
@@ -193,10 +192,8 @@ class Follower:
         while True:
             term, leader_id = node.election.claimed
             if leader_id is None or leader_id == config.node_id or term < node.epochs.promised:
-                self.leader_id = None if leader_id == config.node_id else leader_id
                 await asyncio.sleep(config.tick_sync_ms / 1000)
                 continue
-            self.leader_id = leader_id
             store = node.store
             end = store.log.end_offset
             request = {"node": config.node_id, "epoch": term, "offset": end,

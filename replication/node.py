@@ -223,11 +223,10 @@ class ClusterNode:
         return web.Response(body=protocol.pack(result), content_type=protocol.CONTENT_TYPE)
 
     async def on_snapshot(self, request: web.Request) -> web.StreamResponse:
-        path, end = await self.make_snapshot()
+        path = await self.make_snapshot()
         try:
             response = web.StreamResponse(headers={
-                "Content-Type": "application/x-tar", "X-Hourglass-Log-End": str(end),
-                "X-Hourglass-History": json.dumps(self.epochs.history)})
+                "Content-Type": "application/x-tar", "X-Hourglass-History": json.dumps(self.epochs.history)})
             await response.prepare(request)
             with open(path, "rb") as f:
                 while chunk := f.read(1024 * 1024):
@@ -239,16 +238,16 @@ class ClusterNode:
 
     # == snapshots and checkpoints ================================================
 
-    async def make_snapshot(self) -> tuple[str, int]:
+    async def make_snapshot(self) -> str:
         """Copy the store files into a tar (see replication.snapshot) while
-        no record is applied; returns its path and the log end it covers."""
+        no record is applied; returns its path."""
         path = os.path.join(self.data_dir, f"snapshot-{os.getpid()}-{time.monotonic_ns()}.tar")
         async with self.checkpoint_lock, self.apply_lock:
             end = self.store.log.end_offset
             files = snapshot.capture(self.data_dir, self.store.log.segment_ends())
             size = await asyncio.to_thread(snapshot.write_tar, self.data_dir, files, path)
         log.info("made a snapshot of %d files, %d bytes, up to offset %d", len(files), size, end)
-        return path, end
+        return path
 
     async def take_snapshot(self, source: str) -> None:
         """Replace this node's store with `source`'s snapshot."""
@@ -272,16 +271,6 @@ class ClusterNode:
             self.store = await asyncio.to_thread(Store.open, self.data_dir, self.config.store, self.clock.now_ms())
             self.set_epochs(Epochs(self.epochs.promised, ()).follow(history))
         log.info("installed a snapshot from %s in %.2f s: %s", source, time.perf_counter() - started, self.store)
-
-    async def checkpoint_loop(self) -> None:
-        interval_s = self.config.checkpoint_interval_ms / 1000
-        while True:
-            await asyncio.sleep(interval_s)
-            try:
-                await self.checkpoint()
-            except Exception as e:
-                self.fail(e, "a checkpoint")
-                return
 
     async def checkpoint(self) -> None:
         async with self.checkpoint_lock:
@@ -314,8 +303,8 @@ class ClusterNode:
             if self.role == "follower":
                 if self.election.raft_leader and time.monotonic() >= self._next_try_s:
                     await self._try_to_lead(term)
-            elif self._should_stand_down():
-                await self._stand_down(self._stand_down_reason)
+            elif (reason := self._stand_down_reason()) is not None:
+                await self._stand_down(reason)
 
     def _start_following(self) -> None:
         self.role = "follower"
@@ -335,23 +324,20 @@ class ClusterNode:
             if source is not None:
                 try:
                     await self.take_snapshot(source)
-                except asyncio.CancelledError:
-                    raise
                 except Exception as e:
                     log.warning("snapshot from %s failed: %r; retrying", source, e)
                     await asyncio.sleep(0.5)
 
-    def _should_stand_down(self) -> bool:
+    def _stand_down_reason(self) -> str | None:
+        """Why this leader must stand down now (None: it need not)."""
         election = self.election
         if not election.raft_leader or election.term != self.leading_term:
-            self._stand_down_reason = f"Raft moved on (term {election.term}, leader {election.raft_leader_id})"
-        elif self._deposed.is_set() or (self.leader_log is not None and self.leader_log.deposed.is_set()):
-            self._stand_down_reason = "a peer knows a newer epoch"
-        elif self.broker is not None and self.broker.failed is not None:
-            self._stand_down_reason = f"the broker failed: {self.broker.failed!r}"
-        else:
-            return False
-        return True
+            return f"Raft moved on (term {election.term}, leader {election.raft_leader_id})"
+        if self._deposed.is_set() or (self.leader_log is not None and self.leader_log.deposed.is_set()):
+            return "a peer knows a newer epoch"
+        if self.broker is not None and self.broker.failed is not None:
+            return f"the broker failed: {self.broker.failed!r}"
+        return None
 
     async def _try_to_lead(self, term: int) -> None:
         await self._stop_following()

@@ -105,8 +105,8 @@ class Cluster:
         return self.nodes[node].stop()
 
     def stop(self) -> None:
-        for n, server in self.nodes.items():
-            server.proc.send_signal(signal.SIGCONT)
+        for server in self.nodes.values():
+            server.proc.send_signal(signal.SIGCONT)  # a frozen node must be able to stop
         for server in self.nodes.values():
             server.stop()
 
