@@ -77,7 +77,7 @@ class Request:
     """One request, read whole. `headers` keys are lower case; `query` is
     the raw query string (bytes, still %-encoded)."""
 
-    __slots__ = ("method", "path", "query", "headers", "body", "transport")
+    __slots__ = ("body", "headers", "method", "path", "query", "transport")
 
     def __init__(self, method: str, path: str, query: bytes, headers: dict[str, str], body: bytes,
                  transport: asyncio.Transport | None) -> None:
@@ -105,7 +105,7 @@ class Request:
 
 
 class Response:
-    __slots__ = ("status", "body", "content_type", "headers")
+    __slots__ = ("body", "content_type", "headers", "status")
 
     def __init__(self, status: int = 200, body: bytes = b"", content_type: str = "application/json",
                  headers: dict[str, str] | None = None) -> None:
@@ -118,7 +118,7 @@ class Response:
 class StreamResponse:
     """A response whose body is produced as it is sent (chunked)."""
 
-    __slots__ = ("status", "chunks", "content_type", "headers")
+    __slots__ = ("chunks", "content_type", "headers", "status")
 
     def __init__(self, chunks: AsyncIterator[bytes], status: int = 200,
                  content_type: str = "application/octet-stream", headers: dict[str, str] | None = None) -> None:
@@ -362,8 +362,8 @@ class Connection(asyncio.Protocol):
 class HttpServer:
     """Listens on host:port, serves `dispatch`; `close()` stops gracefully."""
 
-    def __init__(self, dispatch: Dispatch, body_cap: BodyCap, limits: Limits = Limits()) -> None:
-        self.shared = _Shared(dispatch, body_cap, limits)
+    def __init__(self, dispatch: Dispatch, body_cap: BodyCap, limits: Limits | None = None) -> None:
+        self.shared = _Shared(dispatch, body_cap, limits or Limits())
         self.server: asyncio.AbstractServer | None = None
         self.sweeper: asyncio.Task | None = None
 
@@ -407,7 +407,7 @@ class HttpServer:
                 conn.transport.close()
         try:
             await asyncio.wait_for(shared.idle.wait(), grace_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             log.warning("%d requests still running after %.0f s; closing", shared.running, grace_s)
         for conn in list(shared.connections):
             if conn.transport is not None:

@@ -8,7 +8,7 @@ import json
 from broker.httpd import HttpServer, Limits, Request, Response, StreamResponse
 
 
-async def _serve(limits: Limits = Limits(), cap: int = 1024, slow: asyncio.Event | None = None):
+async def _serve(limits: Limits | None = None, cap: int = 1024, slow: asyncio.Event | None = None):
     seen: list[Request] = []
 
     async def dispatch(request: Request):
@@ -25,7 +25,7 @@ async def _serve(limits: Limits = Limits(), cap: int = 1024, slow: asyncio.Event
         return Response(200, json.dumps({"path": request.path, "query": request.query.decode(),
                                          "body": request.body.decode()}).encode())
 
-    server = HttpServer(dispatch, lambda method, path: cap, limits)
+    server = HttpServer(dispatch, lambda method, path: cap, limits or Limits())
     await server.start("127.0.0.1", 0)
     return server, seen
 
@@ -136,7 +136,8 @@ def test_malformed_requests_get_an_answer_and_a_close():
 def test_connection_cap_answers_503():
     async def main():
         server, _ = await _serve(Limits(max_connections=2))
-        held = [await _connect(server.port) for _ in range(2)]
+        for _ in range(2):
+            await _connect(server.port)
         await asyncio.sleep(0.05)
         reader, _ = await _connect(server.port)
         status, _, _ = await _read_response(reader)
