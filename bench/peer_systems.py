@@ -92,6 +92,19 @@ class PeerError(Exception):
         self.request, self.answer = request, answer
 
 
+def _client_errors() -> tuple[type[BaseException], ...]:
+    errors: tuple[type[BaseException], ...] = (PeerError, OSError, asyncio.IncompleteReadError)
+    try:
+        import redis
+    except ImportError:
+        return errors
+    return (*errors, redis.RedisError)
+
+
+# What a request of a client can fail with (a consumer records it and goes on).
+CLIENT_ERRORS = _client_errors()
+
+
 @dataclass(frozen=True)
 class Counts:
     """A system's own count of a topic's messages, by state."""
@@ -627,15 +640,22 @@ class HttpConnection:
         self.reader, self.writer = await asyncio.open_connection(HOST, self.port)
 
     async def request(self, method: bytes, path: bytes, body: bytes = b"", content_type: bytes = FORM) -> tuple[int, bytes]:
-        if self.writer is None:
-            await self.open()
-        self.writer.write(b"%s %s HTTP/1.1\r\n%s%s\r\nContent-Length: %d\r\n\r\n%s" % (
-            method, path, self.head, content_type, len(body), body))
-        try:
-            return await self._answer()
-        except (asyncio.IncompleteReadError, ConnectionError):
-            await self.close()
-            raise
+        """(status, body). A kept-alive connection the server closed while
+        idle fails before any answer: then once more on a new one (every
+        request here is idempotent: sends carry their msgId)."""
+        reused = self.writer is not None
+        for attempt in (1, 2):
+            if self.writer is None:
+                await self.open()
+            self.writer.write(b"%s %s HTTP/1.1\r\n%s%s\r\nContent-Length: %d\r\n\r\n%s" % (
+                method, path, self.head, content_type, len(body), body))
+            try:
+                return await self._answer()
+            except (asyncio.IncompleteReadError, ConnectionError) as e:
+                await self.close()
+                if not reused or attempt == 2 or (isinstance(e, asyncio.IncompleteReadError) and e.partial):
+                    raise
+        raise AssertionError("unreachable")
 
     async def _answer(self) -> tuple[int, bytes]:
         head = await self.reader.readuntil(b"\r\n\r\n")

@@ -52,8 +52,9 @@ Figures (`figures.<system>`; rates are msgs/s, times ms unless _s):
   dispatch_delivered_per_s    distinct messages received / (last receipt -
       earliest trigger); burst_*, burst_batch_ack_* likewise
   dispatch_lateness_ms_p50/p99/max   receive time - trigger time, over every
-      receipt; _early (received before the trigger), _lost (never
-      received), _duplicates (receipts beyond the first)
+      receipt; _early (received before the trigger), _lost (not received
+      once past the last trigger nothing came for --grace-s),
+      _duplicates (receipts beyond the first)
   lag_rss_mb (+ lag_mover_rss_mb), lag_restart_s, lag_rss_after_restart_mb,
       lag_drain_msgs_per_s (N / (last ack - consumers' start)),
       lag_drain_server_cpu_us_per_msg / _per_request, lag_lost, lag_duplicates
@@ -115,7 +116,7 @@ from array import array  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
 
 from bench_http import CpuMeter, calibration_ms, log, machine_info, own_cpu_s, percentile, source_state  # noqa: E402
-from peer_systems import (BeanstalkdSystem, HourglassSystem, PeerError, RedisSystem, System,  # noqa: E402
+from peer_systems import (CLIENT_ERRORS, BeanstalkdSystem, HourglassSystem, RedisSystem, System,  # noqa: E402
                           decode_payload, make_client, now_ms)
 
 SCENARIOS = ("ingest-batch", "ingest-single", "dispatch", "burst", "lag", "roundtrip")
@@ -192,9 +193,8 @@ def _child(job, kwargs: dict, shared: Shared, results, slot: int) -> None:
 @dataclass
 class TriggerSpec:
     """Trigger times of a producer's messages: `base + uniform(low_ms,
-    high_ms)`, where base is the moment of encoding ("delay") or the gate's
-    start ("window")."""
-    kind: str
+    high_ms)`, where base is the moment of encoding when the producer
+    encodes before the gate (ingest), else the gate's start."""
     low_ms: int
     high_ms: int
     seed: int
@@ -228,8 +228,8 @@ async def producer(shared: Shared, config: dict, payload_bytes: int, indices: ra
         asked = time.perf_counter()
         try:
             await client.send(body)
-        except PeerError as e:
-            errors.append({"request": e.request, "answer": e.answer})
+        except CLIENT_ERRORS as e:
+            errors.append({"request": getattr(e, "request", "send"), "answer": getattr(e, "answer", repr(e))})
             if len(errors) >= EVIDENCE:
                 break
             continue
@@ -284,7 +284,7 @@ async def consumer(shared: Shared, config: dict, payload_bytes: int, ack_timeout
                 await acker.ack_many(handles)
             else:
                 await acker.ack_one(handles[0])
-        except (PeerError, OSError, asyncio.IncompleteReadError) as e:
+        except CLIENT_ERRORS as e:
             error(e)
         else:
             stats["acked"] += len(handles)
@@ -306,7 +306,7 @@ async def consumer(shared: Shared, config: dict, payload_bytes: int, ack_timeout
         asked_ms = now_ms()
         try:
             items = await client.pull(pull_batch, poll_timeout_s)
-        except (PeerError, OSError, asyncio.IncompleteReadError) as e:
+        except CLIENT_ERRORS as e:
             error(e)
             await asyncio.sleep(0.05)
             continue
@@ -372,7 +372,7 @@ async def roundtrip(shared: Shared, config: dict, payload_bytes: int, iters: int
             answered = time.perf_counter()
             if items:
                 await consumer_client.ack_one(items[0][0])
-        except (PeerError, OSError) as e:
+        except CLIENT_ERRORS as e:
             errors.append({"request": getattr(e, "request", "?"), "answer": getattr(e, "answer", repr(e))})
             if len(errors) >= EVIDENCE:
                 break
@@ -587,7 +587,7 @@ class Bench:
     def _producer_jobs(self, system: System, n: int, batch_size: int, spec: TriggerSpec, pre_encode: bool) -> list:
         a = self.args
         return [(producer, {"config": system.client_config(), "payload_bytes": a.payload_bytes, "indices": part,
-                            "spec": TriggerSpec(spec.kind, spec.low_ms, spec.high_ms, spec.seed + i),
+                            "spec": TriggerSpec(spec.low_ms, spec.high_ms, spec.seed + i),
                             "batch_size": batch_size, "pre_encode": pre_encode})
                 for i, part in enumerate(shares(n, a.producers))]
 
@@ -608,7 +608,7 @@ class Bench:
 
     def _ingest(self, system: System, detail: dict, scenario: str, n: int, batch_size: int) -> dict:
         a = self.args
-        spec = TriggerSpec("delay", a.ingest_min_delay_s * 1000, a.ingest_max_delay_s * 1000, seed=14)
+        spec = TriggerSpec(a.ingest_min_delay_s * 1000, a.ingest_max_delay_s * 1000, seed=14)
         memory_before = system.memory()
         meter: list[CpuMeter] = []
         _, results = run_phase(f"{scenario} {system.name}", self._producer_jobs(system, n, batch_size, spec, True),
@@ -643,21 +643,22 @@ class Bench:
         from the first trigger to the end."""
         a = self.args
         lead_ms, window_ms = int(a.lead_s * 1000), int(window_s * 1000)
-        spec = TriggerSpec("window", lead_ms, lead_ms + window_ms, seed=18)
+        spec = TriggerSpec(lead_ms, lead_ms + window_ms, seed=18)
         jobs = (self._producer_jobs(system, n, a.batch_size, spec, False)
-                + self._consumer_jobs(system, n, a.pull_batch, ack_mode, lead_ms,
-                                      (lead_ms + window_ms) / 1000 + a.grace_s + 60))
+                + self._consumer_jobs(system, n, a.pull_batch, ack_mode, lead_ms, a.phase_limit_s))
         meter: list[CpuMeter] = []
+        progress = [0, now_ms()]  # messages received, when that count last grew
 
         def watch(start_ms: int, shared: Shared) -> None:
             now = now_ms()
             if not meter and now >= start_ms + lead_ms:
                 meter.append(CpuMeter(system.pids()))
-            if now > start_ms + lead_ms + window_ms + a.grace_s * 1000:
-                shared.stop.set()  # whatever is not in by now is lost
+            if shared.received.value != progress[0]:
+                progress[:] = [shared.received.value, now]
+            if now > start_ms + lead_ms + window_ms and now - progress[1] > a.grace_s * 1000:
+                shared.stop.set()  # past the last trigger and nothing came for grace_s: the rest is lost
 
-        start_ms, results = run_phase(f"{scenario} {system.name}", jobs, lead_ms / 1000 + window_s + a.grace_s + 60,
-                                      watch=watch)
+        start_ms, results = run_phase(f"{scenario} {system.name}", jobs, a.phase_limit_s, watch=watch)
         cpu = meter[0].used() if meter else {}
         sends, consumed = results[:a.producers], results[a.producers:]
         self._check_sends(system, scenario, sends)
@@ -708,7 +709,7 @@ class Bench:
         a = self.args
         n = a.lag_msgs
         lead_ms, window_ms = int(a.lag_lead_s * 1000), int(a.lag_window_s * 1000)
-        spec = TriggerSpec("window", lead_ms, lead_ms + window_ms, seed=180)
+        spec = TriggerSpec(lead_ms, lead_ms + window_ms, seed=180)
         start_ms, sends = run_phase(f"lag {system.name} send", self._producer_jobs(
             system, n, a.lag_send_batch, spec, False), a.phase_limit_s)
         self._check_sends(system, "lag", sends)
@@ -752,9 +753,13 @@ class Bench:
             a.phase_limit_s + 30, on_open=lambda: meter.append(CpuMeter(system.pids())))
         cpu = meter[0].used()
         got = receipts(results, n)
+        timed_out = now_ms() - drain_start >= a.phase_limit_s * 1000
         for e in got["errors"]:
             self.problem(system.name, "lag", "error answer to a consumer", **e)
-        for what in ("lost", "duplicates", "unknown"):
+        if got["lost"] and timed_out:
+            self.problem(system.name, "lag", f"the drain had {got['distinct']:,} of {n:,} after --phase-limit-s "
+                         f"{a.phase_limit_s}: incomplete (drain_msgs_per_s is the partial rate)")
+        for what in ("duplicates", "unknown") if timed_out else ("lost", "duplicates", "unknown"):
             if got[what]:
                 self.problem(system.name, "lag", f"{got[what]} {what} in the drain",
                              examples=got["lost_examples"] if what == "lost" else None)
@@ -895,7 +900,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-unacked", type=int, default=100, help="per consumer, received and not yet acked")
     p.add_argument("--ack-connections", type=int, default=2, help="per consumer, beside the polling one")
     p.add_argument("--ack-timeout-ms", type=int, default=300_000, help="longer than any run: no redelivery")
-    p.add_argument("--grace-s", type=float, default=10.0, help="after the last trigger, before a message is lost")
+    p.add_argument("--grace-s", type=float, default=10.0,
+                   help="past the last trigger, this long with nothing received ends a dispatch: the rest is lost")
     p.add_argument("--burst-msgs", type=int, default=20_000)
     p.add_argument("--burst-window-s", type=float, default=1.0)
     p.add_argument("--lag-msgs", type=int, default=1_000_000)
@@ -907,7 +913,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lag-ack", choices=("single", "batch"), default="single", help="drain acks (batch: msgIds)")
     p.add_argument("--settle-s", type=float, default=2.0, help="after the last trigger, before counting ready")
     p.add_argument("--restart-limit-s", type=float, default=300.0)
-    p.add_argument("--phase-limit-s", type=float, default=1800.0, help="limit of each send or drain phase")
+    p.add_argument("--phase-limit-s", type=float, default=1800.0,
+                   help="limit of each send, wait or drain phase (--ten-million: 7200 unless given)")
     p.add_argument("--roundtrip-iters", type=int, default=2000)
     p.add_argument("--roundtrip-warmup", type=int, default=50)
     return p
@@ -926,6 +933,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(f"unknown scenario or system {', '.join(unknown)}")
     if args.ten_million:
         args.lag_msgs = 10_000_000
+        if args.phase_limit_s == parser.get_default("phase_limit_s"):
+            args.phase_limit_s = 7200.0
     if "redis" in args.systems and not args.redis_server:
         parser.error("no redis-server on PATH (apt-get install -y redis-server): give --redis-server or leave "
                      "redis out of --systems")
