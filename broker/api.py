@@ -29,12 +29,13 @@ import logging
 import urllib.parse
 from collections.abc import Awaitable, Callable
 
-from aiohttp import web
+import orjson
 
 from storage.entry import Message
 from storage.errors import InvalidRequest
 
 from . import params
+from .httpd import Request, Response, StreamResponse
 from .service import Broker, NotFound, Unavailable, new_msg_id
 
 log = logging.getLogger("hourglass.api")
@@ -46,9 +47,33 @@ BODY_SLACK_BYTES = 64 * 1024
 BATCH_BODY_MIN_CAP_BYTES = 64 * 1024 * 1024
 
 
-def answer(code: int, msg: str, **extra) -> web.Response:
+def answer(code: int, msg: str, **extra) -> Response:
     """Every answer is a JSON object with `code` and `msg`; status = code."""
-    return web.json_response({"code": code, "msg": msg, **extra}, status=code)
+    return Response(code, orjson.dumps({"code": code, "msg": msg, **extra}))
+
+
+Handler = Callable[[Request], Awaitable["Response | StreamResponse"]]
+
+
+class Router:
+    """(method, path) -> handler; an unknown path answers 404, a known path
+    with another method 405 (as JSON answers)."""
+
+    def __init__(self) -> None:
+        self.routes: dict[tuple[str, str], Handler] = {}
+        self.paths: set[str] = set()
+
+    def add(self, method: str, path: str, handler: Handler) -> None:
+        self.routes[(method, path)] = handler
+        self.paths.add(path)
+
+    async def dispatch(self, request: Request) -> Response | StreamResponse:
+        handler = self.routes.get((request.method, request.path))
+        if handler is not None:
+            return await handler(request)
+        if request.path in self.paths:
+            return answer(405, "Method Not Allowed")
+        return answer(404, "Not Found")
 
 
 def delay_msg(m: Message) -> dict:
@@ -58,15 +83,16 @@ def delay_msg(m: Message) -> dict:
             "retry": m.retry, "status": int(m.status), "priority": m.priority, "tag": m.tag}
 
 
-def bearer_auth(token: str | None):
-    """Middleware: every path but /health needs `Authorization: Bearer
-    <token>` (compared in constant time); no token configured: open."""
-    expected = None if token is None else f"Bearer {token}".encode()
+def bearer_auth(token: str | None, handler: Handler) -> Handler:
+    """Every path but /health needs `Authorization: Bearer <token>`
+    (compared in constant time); no token configured: open."""
+    if token is None:
+        return handler
+    expected = f"Bearer {token}".encode()
 
-    @web.middleware
-    async def auth(request: web.Request, handler):
-        if expected is not None and request.path != "/health":
-            given = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
+    async def auth(request: Request) -> Response | StreamResponse:
+        if request.path != "/health":
+            given = request.headers.get("authorization", "").encode("utf-8", "surrogateescape")
             if not hmac.compare_digest(given, expected):
                 return answer(401, "missing or wrong bearer token")
         return await handler(request)
@@ -84,16 +110,22 @@ class Api:
         self.single_cap = 6 * max_msg_bytes + BODY_SLACK_BYTES
         self.batch_cap = max(BATCH_BODY_MIN_CAP_BYTES, self.single_cap)
 
-    def routes(self) -> list[web.RouteDef]:
+    def add_routes(self, router: Router) -> None:
         post = {"sendMsg": self.send, "sendMsgBatch": self.send_batch, "deleteMsg": self.delete,
                 "pullMsg": self.pull, "longPollingMsg": self.long_poll, "ackMsg": self.ack, "getMsg": self.get}
         get = {"getMonitorData": self.monitor_data, "getTopicInfo": self.topic_info,
                "getTopicInfoList": self.topic_info_list}
-        return ([web.post(PREFIX + name, self._handler(h)) for name, h in post.items()]
-                + [web.get(PREFIX + name, self._handler(h)) for name, h in get.items()])
+        for name, h in post.items():
+            router.add("POST", PREFIX + name, self._handler(h))
+        for name, h in get.items():
+            router.add("GET", PREFIX + name, self._handler(h))
 
-    def _handler(self, handle: Callable[[web.Request], Awaitable[web.Response]]):
-        async def run(request: web.Request) -> web.Response:
+    def body_cap(self, method: str, path: str) -> int:
+        """The largest body a path takes, refused (413) before it is read."""
+        return self.batch_cap if path == PREFIX + "sendMsgBatch" else self.single_cap
+
+    def _handler(self, handle: Callable[[Request], Awaitable[Response]]) -> Handler:
+        async def run(request: Request) -> Response:
             try:
                 return await handle(request)
             except params.MessageTooLarge as e:
@@ -110,20 +142,14 @@ class Api:
 
     # -- reading parameters ---------------------------------------------------------
 
-    async def _body(self, request: web.Request, cap: int) -> bytes:
-        if request.content_length is not None and request.content_length > cap:
-            raise BodyTooLarge(f"request body is {request.content_length} bytes, more than {cap}")
-        chunks, size = [], 0
-        while chunk := await request.content.read(65536):
-            size += len(chunk)
-            if size > cap:
-                raise BodyTooLarge(f"request body is more than {cap} bytes")
-            chunks.append(chunk)
-        return b"".join(chunks)
+    async def _body(self, request: Request, cap: int) -> bytes:
+        if len(request.body) > cap:  # the server refuses it before reading: a second line of defence
+            raise BodyTooLarge(f"request body is {len(request.body)} bytes, more than {cap}")
+        return request.body
 
-    async def _params(self, request: web.Request, cap: int | None = None) -> dict[str, object]:
+    async def _params(self, request: Request, cap: int | None = None) -> dict[str, object]:
         if request.method == "GET":
-            return parse_form(request.rel_url.raw_query_string.encode("utf-8", "surrogateescape"))
+            return parse_form(request.query)
         raw = await self._body(request, cap or self.single_cap)
         if request.content_type == "application/json":
             return parse_json(raw)
@@ -131,14 +157,14 @@ class Api:
 
     # -- endpoints --------------------------------------------------------------------
 
-    async def send(self, request: web.Request) -> web.Response:
+    async def send(self, request: Request) -> Response:
         p = await self._params(request)
         message = params.parse_send(p, now_ms=self.broker.clock.now_ms(), make_id=new_msg_id,
                                     defaults=self.broker.defaults, max_msg_bytes=self.max_msg_bytes)
         stored, = await self.broker.send([message])
         return answer(200, "success", delayMsg=delay_msg(stored))
 
-    async def send_batch(self, request: web.Request) -> web.Response:
+    async def send_batch(self, request: Request) -> Response:
         raw = await self._body(request, self.batch_cap)
         body = parse_json(raw) if request.content_type == "application/json" else _batch_from_form(raw)
         batch = params.parse_send_batch(body, now_ms=self.broker.clock.now_ms(), make_id=new_msg_id,
@@ -146,38 +172,35 @@ class Api:
         stored = await self.broker.send(batch)
         return answer(200, "success", delayMsgList=[delay_msg(m) for m in stored])
 
-    async def delete(self, request: web.Request) -> web.Response:
+    async def delete(self, request: Request) -> Response:
         await self.broker.delete(params.parse_delete(await self._params(request)))
         return answer(200, "success")
 
-    async def pull(self, request: web.Request) -> web.Response:
+    async def pull(self, request: Request) -> Response:
         pull = params.parse_pull(await self._params(request), self.broker.defaults)
         return answer(200, "success", delayMsgList=[delay_msg(m) for m in await self.broker.pull(pull)])
 
-    async def long_poll(self, request: web.Request) -> web.Response:
+    async def long_poll(self, request: Request) -> Response:
         poll = params.parse_long_poll(await self._params(request), self.broker.defaults)
-        transport = request.transport
+        return answer(200, "success",
+                      delayMsgList=[delay_msg(m) for m in await self.broker.long_poll(poll, request.gone)])
 
-        def gone() -> bool:
-            return transport is None or transport.is_closing()
-        return answer(200, "success", delayMsgList=[delay_msg(m) for m in await self.broker.long_poll(poll, gone)])
-
-    async def ack(self, request: web.Request) -> web.Response:
+    async def ack(self, request: Request) -> Response:
         await self.broker.ack(params.parse_ack(await self._params(request)))
         return answer(200, "success")
 
-    async def get(self, request: web.Request) -> web.Response:
+    async def get(self, request: Request) -> Response:
         get = params.parse_get(await self._params(request))
         return answer(200, "success", delayMsg=delay_msg(await self.broker.get(get.topic, get.msg_id)))
 
-    async def monitor_data(self, request: web.Request) -> web.Response:
+    async def monitor_data(self, request: Request) -> Response:
         return answer(200, "success", data=self.broker.metrics.monitor_data())
 
-    async def topic_info(self, request: web.Request) -> web.Response:
+    async def topic_info(self, request: Request) -> Response:
         topic = params.parse_topic(await self._params(request)).topic
         return answer(200, "success", data=await self.broker.topic_info(topic))
 
-    async def topic_info_list(self, request: web.Request) -> web.Response:
+    async def topic_info_list(self, request: Request) -> Response:
         return answer(200, "success", data=[await self.broker.topic_info(t) for t in self.broker.topic_list()])
 
 
@@ -216,18 +239,3 @@ def _batch_from_form(raw: bytes) -> dict[str, object]:
         except (ValueError, RecursionError) as e:
             raise InvalidRequest("msgs", f"is not valid JSON ({e})") from None
     return form
-
-
-@web.middleware
-async def json_errors(request: web.Request, handler):
-    """aiohttp's own errors (unknown path, wrong method) as JSON answers;
-    an unexpected exception as a logged 500."""
-    try:
-        return await handler(request)
-    except web.HTTPException as e:
-        if e.status < 400:
-            raise
-        return answer(e.status, e.reason)
-    except Exception:
-        log.exception("bug while serving %s %s", request.method, request.path)
-        return answer(500, "internal error (logged)")

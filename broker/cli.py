@@ -10,6 +10,7 @@ from replication.config import Acks, ClusterConfig, parse_cluster
 from storage.config import StoreConfig
 
 from .config import ServeConfig, fsync_policy
+from .httpd import Limits
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -38,6 +39,19 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--retain-log-bytes", type=int, default=256 * 1024 * 1024,
                        help="cluster only: the leader keeps this much commit log for followers that fall behind "
                             "(default 256 MiB); one further behind gets a snapshot")
+    limits = Limits()
+    serve.add_argument("--max-connections", type=int, default=limits.max_connections,
+                       help=f"open client connections; one more is answered 503 and closed "
+                            f"(default {limits.max_connections}; keep it well below the descriptor limit)")
+    serve.add_argument("--head-timeout", type=float, default=limits.head_timeout_s,
+                       help=f"seconds a client has to send a request's headers (default {limits.head_timeout_s:g})")
+    serve.add_argument("--body-timeout", type=float, default=limits.body_timeout_s,
+                       help=f"seconds a client has to send a request's body (default {limits.body_timeout_s:g})")
+    serve.add_argument("--idle-timeout", type=float, default=limits.idle_timeout_s,
+                       help=f"seconds an idle keep-alive connection is kept (default {limits.idle_timeout_s:g})")
+    serve.add_argument("--body-budget-bytes", type=int, default=limits.body_budget_bytes,
+                       help=f"bytes of large bodies (>64 KiB) received at once, all connections together; "
+                            f"over it: 429 (default {limits.body_budget_bytes})")
     serve.add_argument("--log-level", default="INFO", help="DEBUG, INFO (default), WARNING, ERROR")
     return parser
 
@@ -63,6 +77,9 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
     return ServeConfig(host=args.host, port=args.port, data_dir=args.data_dir, backend=args.backend,
                        max_msg_bytes=args.max_msg_bytes, auth_token=token,
                        store=StoreConfig(fsync=fsync_policy(args.fsync), segment_bytes=args.segment_bytes),
+                       http=Limits(max_connections=args.max_connections, head_timeout_s=args.head_timeout,
+                                   body_timeout_s=args.body_timeout, idle_timeout_s=args.idle_timeout,
+                                   body_budget_bytes=args.body_budget_bytes),
                        cluster=cluster)
 
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from replication.config import ClusterConfig
 from storage.config import FsyncPolicy, StoreConfig
 
+from .httpd import Limits
 from .params import Defaults
 
 
@@ -30,6 +31,8 @@ class ServeConfig:
     store: StoreConfig = field(default_factory=StoreConfig)
     # What requests get for parameters they leave out (camellia's values).
     defaults: Defaults = field(default_factory=Defaults)
+    # What one client connection may hold: connections, deadlines, bodies.
+    http: Limits = field(default_factory=Limits)
     # --node-id/--cluster: this node is one of a replicated cluster (None:
     # standalone). Its host and port then come from its --cluster entry.
     cluster: ClusterConfig | None = None

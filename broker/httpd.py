@@ -325,6 +325,8 @@ class Connection(asyncio.Protocol):
                 response = plain_answer(500, "internal error (logged)")
             transport = self.transport
             if transport is None or transport.is_closing():
+                if isinstance(response, StreamResponse):
+                    await response.chunks.aclose()  # type: ignore[attr-defined]  # its finally blocks run
                 return
             close = not keep_alive or shared.stopping
             if isinstance(response, StreamResponse):
@@ -349,13 +351,16 @@ class Connection(asyncio.Protocol):
 
     async def _stream(self, transport: asyncio.Transport, response: StreamResponse, close: bool) -> None:
         transport.write(_head(response.status, response.content_type, None, response.headers, close))
-        async for chunk in response.chunks:
-            if transport.is_closing():
-                return
-            if chunk:
-                transport.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
-            if transport.get_write_buffer_size() > 4 * 1024 * 1024:
-                await asyncio.sleep(0.01)  # let the socket drain: bounded RAM per stream
+        try:
+            async for chunk in response.chunks:
+                if transport.is_closing():
+                    return
+                if chunk:
+                    transport.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+                while transport.get_write_buffer_size() > 4 * 1024 * 1024 and not transport.is_closing():
+                    await asyncio.sleep(0.01)  # let the socket drain: bounded RAM per stream
+        finally:
+            await response.chunks.aclose()  # type: ignore[attr-defined]
         transport.write(b"0\r\n\r\n")
 
 

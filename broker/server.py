@@ -18,11 +18,11 @@ import time
 from collections.abc import Awaitable, Callable
 
 import aiohttp
-from aiohttp import web
 
 from storage.store import Store, text_hash
 
-from .api import Api, answer, bearer_auth, json_errors
+from .api import Api, Router, answer, bearer_auth
+from .httpd import HttpServer, Request, Response
 from .clock import SystemClock
 from .config import ServeConfig
 from .metrics import Metrics
@@ -65,21 +65,20 @@ class Node:
         self.checkpoint_seconds = 0.0
         log.info("opened %s in %.3f s: %s", config.data_path, self.opened_s, self.store)
 
-    def app(self) -> web.Application:
-        app = web.Application(middlewares=[json_errors, bearer_auth(self.config.auth_token)],
-                              client_max_size=self.api.batch_cap)
-        app.router.add_get("/health", self.health)
-        app.router.add_get("/metrics", self.metrics_text)
-        app.router.add_routes(self.api.routes())
-        return app
+    def handler(self):
+        router = Router()
+        router.add("GET", "/health", self.health)
+        router.add("GET", "/metrics", self.metrics_text)
+        self.api.add_routes(router)
+        return bearer_auth(self.config.auth_token, router.dispatch)
 
-    async def health(self, request: web.Request) -> web.Response:
+    async def health(self, request: Request) -> Response:
         if self.broker.failed is not None:
             return answer(503, f"failed: {self.broker.failed!r}", status="failed", role="standalone",
                           leader=None, node=None)
         return answer(200, "success", status="ok", role="standalone", leader=None, node=None)
 
-    async def metrics_text(self, request: web.Request) -> web.Response:
+    async def metrics_text(self, request: Request) -> Response:
         gauges = []
         for topic in self.broker.topic_list():
             counts = self.store.topic_counts(text_hash(topic))
@@ -93,7 +92,7 @@ class Node:
                 ("hourglass_checkpoint_seconds_total", "counter", self.checkpoint_seconds),
                 ("hourglass_open_seconds", "gauge", self.opened_s),
                 ("hourglass_wheel_released_total", "counter", self.broker.scheduler.stats.released)]
-        return web.Response(text=self.metrics.render(gauges, node), content_type="text/plain")
+        return Response(200, self.metrics.render(gauges, node).encode(), "text/plain; charset=utf-8")
 
     async def checkpoint(self) -> None:
         """The checkpoint is prepared by the group commit at a quiet point
@@ -122,25 +121,28 @@ class RedisNode:
         self.broker = RedisBroker.from_url(config.backend, self.clock, config.defaults, self.metrics)
         self.api = Api(self.broker, config.max_msg_bytes)
 
-    app = Node.app
+    handler = Node.handler
 
-    async def health(self, request: web.Request) -> web.Response:
+    async def health(self, request: Request) -> Response:
         problem = self.broker.problem
         if problem is not None:  # Redis unreachable or refusing: requests answer 503 meanwhile
             return answer(503, problem, status="degraded", role="standalone", leader=None, node=None)
         return await Node.health(self, request)
 
-    async def metrics_text(self, request: web.Request) -> web.Response:
-        return web.Response(text=self.metrics.render([], []), content_type="text/plain")
+    async def metrics_text(self, request: Request) -> Response:
+        return Response(200, self.metrics.render([], []).encode(), "text/plain; charset=utf-8")
 
 
-async def _serve_until_stopped(node, config: ServeConfig, describe: str) -> web.AppRunner:
+async def listen(node, config: ServeConfig) -> HttpServer:
+    server = HttpServer(node.handler(), node.api.body_cap, config.http)
+    await server.start(config.host, config.port)
+    return server
+
+
+async def _serve_until_stopped(node, config: ServeConfig, describe: str) -> None:
     """Listen, run until SIGTERM/SIGINT or a fatal error, then stop taking
     work: answer long polls and finish the requests in flight."""
-    runner = web.AppRunner(node.app(), handle_signals=False, shutdown_timeout=SHUTDOWN_TIMEOUT_S,
-                           access_log=None)
-    await runner.setup()
-    await web.TCPSite(runner, config.host, config.port).start()
+    server = await listen(node, config)
     log.info("serving on http://%s:%d (%s)", config.host, config.port, describe)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -150,8 +152,7 @@ async def _serve_until_stopped(node, config: ServeConfig, describe: str) -> web.
     await stop.wait()
     log.info("stopping: answering long polls, finishing requests")
     node.broker.begin_stop()
-    await runner.cleanup()
-    return runner
+    await server.close(SHUTDOWN_TIMEOUT_S)
 
 
 async def run_redis(config: ServeConfig) -> int:
@@ -178,9 +179,7 @@ async def run_cluster(config: ServeConfig) -> int:
 
     node = ClusterNode(config, config.cluster)
     node.session = aiohttp.ClientSession()
-    runner = web.AppRunner(node.app(), handle_signals=False, shutdown_timeout=SHUTDOWN_TIMEOUT_S, access_log=None)
-    await runner.setup()
-    await web.TCPSite(runner, config.host, config.port).start()
+    server = await listen(node, config)
     log.info("serving on http://%s:%d (node %s of %s)", config.host, config.port, config.cluster.node_id,
              ",".join(config.cluster.peers))
     stop = asyncio.Event()
@@ -198,7 +197,7 @@ async def run_cluster(config: ServeConfig) -> int:
     checkpoints.cancel()
     await asyncio.gather(roles, checkpoints, return_exceptions=True)
     await node.handover()
-    await runner.cleanup()
+    await server.close(SHUTDOWN_TIMEOUT_S)
     await node.close()
     log.info("stopped")
     return 1 if node.failed is not None else 0
@@ -226,4 +225,8 @@ async def run(config: ServeConfig) -> int:
 
 
 def serve(config: ServeConfig) -> int:
-    return asyncio.run(run(config))
+    try:
+        import uvloop  # a faster event loop where it is installed (Linux, macOS)
+    except ImportError:
+        return asyncio.run(run(config))
+    return uvloop.run(run(config))

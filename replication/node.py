@@ -49,9 +49,9 @@ import os
 import time
 
 import aiohttp
-from aiohttp import web
 
-from broker.api import PREFIX, Api, answer, bearer_auth, json_errors
+from broker.api import PREFIX, Api, Router, answer, bearer_auth
+from broker.httpd import Request, Response, StreamResponse
 from broker.clock import SystemClock
 from broker.config import ServeConfig
 from broker.metrics import Metrics
@@ -136,19 +136,20 @@ class ClusterNode:
 
     # == the HTTP app =============================================================
 
-    def app(self) -> web.Application:
-        app = web.Application(middlewares=[json_errors, bearer_auth(self.config.auth_token), self._route],
-                              client_max_size=self.api.batch_cap)
-        app.router.add_get("/health", self.health)
-        app.router.add_get("/metrics", self.metrics_text)
-        app.router.add_post(protocol.FETCH_PATH, self.on_fetch)
-        app.router.add_post(protocol.POSITION_PATH, self.on_position)
-        app.router.add_get(protocol.SNAPSHOT_PATH, self.on_snapshot)
-        app.router.add_routes(self.api.routes())
-        return app
+    def handler(self):
+        router = Router()
+        router.add("GET", "/health", self.health)
+        router.add("GET", "/metrics", self.metrics_text)
+        router.add("POST", protocol.FETCH_PATH, self.on_fetch)
+        router.add("POST", protocol.POSITION_PATH, self.on_position)
+        router.add("GET", protocol.SNAPSHOT_PATH, self.on_snapshot)
+        self.api.add_routes(router)
 
-    @web.middleware
-    async def _route(self, request: web.Request, handler):
+        async def route(request: Request) -> Response | StreamResponse:
+            return await self._route(request, router.dispatch)
+        return bearer_auth(self.config.auth_token, route)
+
+    async def _route(self, request: Request, handler):
         """API calls: served here while this node leads, else forwarded."""
         if not request.path.startswith(PREFIX):
             return await handler(request)
@@ -159,20 +160,19 @@ class ClusterNode:
             return answer(503, "no leader is known yet; retry", leader=None)
         return await self._forward(request, leader)
 
-    async def _forward(self, request: web.Request, leader: str) -> web.StreamResponse:
+    async def _forward(self, request: Request, leader: str) -> Response:
         url = self.cluster.peers[leader].http_url + request.path_qs
-        headers = {k: request.headers[k] for k in FORWARDED_HEADERS if k in request.headers}
-        body = await request.read()
+        headers = {k: request.headers[k.lower()] for k in FORWARDED_HEADERS if k.lower() in request.headers}
         try:
-            async with self.session.request(request.method, url, data=body, headers=headers,
+            async with self.session.request(request.method, url, data=request.body, headers=headers,
                                             timeout=aiohttp.ClientTimeout(total=None, sock_connect=1.0)) as r:
                 data = await r.read()
-                return web.Response(status=r.status, body=data, content_type=r.content_type,
-                                    headers={"X-Hourglass-Leader": leader})
+                return Response(r.status, data, r.headers.get("Content-Type", "application/json"),
+                                headers={"X-Hourglass-Leader": leader})
         except (aiohttp.ClientError, OSError) as e:
             return answer(503, f"the leader {leader} is unreachable ({e.__class__.__name__}); retry", leader=leader)
 
-    async def health(self, request: web.Request) -> web.Response:
+    async def health(self, request: Request) -> Response:
         # SPEC's roles are leader and follower: a candidate still follows
         extra = {"role": "leader" if self.role == "leader" else "follower", "leader": self.known_leader(),
                  "node": self.cluster.node_id,
@@ -182,7 +182,7 @@ class ClusterNode:
             return answer(503, f"failed: {self.failed!r}", status="failed", **extra)
         return answer(200, "success", status="ok", **extra)
 
-    async def metrics_text(self, request: web.Request) -> web.Response:
+    async def metrics_text(self, request: Request) -> Response:
         gauges = []
         if self.broker is not None:
             for topic in self.broker.topic_list():
@@ -194,20 +194,20 @@ class ClusterNode:
                 ("hourglass_replicated_records_total", "counter", self.follower.fetched_records)]
         if self.leader_log is not None:
             node.append(("hourglass_quorum_offset", "gauge", self.leader_log.quorum_offset()))
-        return web.Response(text=self.metrics.render(gauges, node), content_type="text/plain")
+        return Response(200, self.metrics.render(gauges, node).encode(), "text/plain; charset=utf-8")
 
-    async def on_fetch(self, request: web.Request) -> web.Response:
-        message = protocol.unpack(await request.read())
+    async def on_fetch(self, request: Request) -> Response:
+        message = protocol.unpack(request.body)
         if message.get("catchup"):
             result = serve_catchup(self.store, self.epochs, message)
         elif self.leader_log is not None and self.role == "leader":
             result = await self.leader_log.fetch(message)
         else:
             result = {"status": "not_leader", "epoch": self.epochs.promised}
-        return web.Response(body=protocol.pack(result), content_type=protocol.CONTENT_TYPE)
+        return Response(200, protocol.pack(result), protocol.CONTENT_TYPE)
 
-    async def on_position(self, request: web.Request) -> web.Response:
-        message = protocol.unpack(await request.read())
+    async def on_position(self, request: Request) -> Response:
+        message = protocol.unpack(request.body)
         epoch = int(message["epoch"])
         end = self.store.log.end_offset
         result = {"promised": self.epochs.promised, "end_offset": end, "last_epoch": self.epochs.last_epoch(end),
@@ -220,21 +220,20 @@ class ClusterNode:
             result["promised"] = epoch
             if self.role == "leader":  # a newer candidate: this node's term is over
                 asyncio.get_running_loop().call_soon(self._deposed.set)
-        return web.Response(body=protocol.pack(result), content_type=protocol.CONTENT_TYPE)
+        return Response(200, protocol.pack(result), protocol.CONTENT_TYPE)
 
-    async def on_snapshot(self, request: web.Request) -> web.StreamResponse:
+    async def on_snapshot(self, request: Request) -> StreamResponse:
         path = await self.make_snapshot()
-        try:
-            response = web.StreamResponse(headers={
-                "Content-Type": "application/x-tar", "X-Hourglass-History": json.dumps(self.epochs.history)})
-            await response.prepare(request)
-            with open(path, "rb") as f:
-                while chunk := f.read(1024 * 1024):
-                    await response.write(chunk)
-            await response.write_eof()
-            return response
-        finally:
-            os.unlink(path)
+
+        async def chunks():
+            try:
+                with open(path, "rb") as f:
+                    while chunk := f.read(1024 * 1024):
+                        yield chunk
+            finally:
+                os.unlink(path)
+        return StreamResponse(chunks(), content_type="application/x-tar",
+                              headers={"X-Hourglass-History": json.dumps(self.epochs.history)})
 
     # == snapshots and checkpoints ================================================
 
