@@ -14,11 +14,14 @@ names and answers, over `broker.service.Broker`.
 
 Parameters: a form body (application/x-www-form-urlencoded) or a JSON
 object body for POST, the query string for GET; validated by
-`broker.params`. Every answer is a JSON object with `code` and `msg`, HTTP
-status = code: 200; 400 (a bad parameter, named in `msg`); 401; 404 (no
-such message or topic, unknown path); 405; 413 (`msg` above
---max-msg-bytes, or a body above its cap, refused before it is read
-whole); 503 (stopping); 500 (a bug, logged). A 4xx stores nothing.
+`broker.params`. Every answer is a JSON object with `code` and `msg`. As
+camellia's server, the API's outcomes come with HTTP 200 and the code in
+the body: 200; 400 (a bad parameter, named in `msg`); 404 (no such
+message); 413 (`msg` above --max-msg-bytes). Other HTTP statuses are for
+what a client should take as the node's problem: 401 (token), 404 (no
+such path), 405, 413 (a body above its cap, refused before it is read),
+429 (a limit), 503 (stopping, no leader), 500 (a bug, logged). An answer
+other than code 200 stores nothing.
 """
 
 from __future__ import annotations
@@ -47,9 +50,17 @@ BODY_SLACK_BYTES = 64 * 1024
 BATCH_BODY_MIN_CAP_BYTES = 64 * 1024 * 1024
 
 
+# Codes answered with HTTP 200, the code in the body, as camellia does: its
+# SDK takes any other HTTP status for a failed server (throws, tries another).
+IN_BODY_CODES = frozenset((200, 400, 404, 413))
+
+
 def answer(code: int, msg: str, **extra) -> Response:
-    """Every answer is a JSON object with `code` and `msg`; status = code."""
-    return Response(code, orjson.dumps({"code": code, "msg": msg, **extra}))
+    """Every answer is a JSON object with `code` and `msg`. HTTP status 200
+    for the API's outcomes (IN_BODY_CODES); the code itself for what the
+    client should treat as the node's problem (401, 404 no such path, 405,
+    429, 503, 500)."""
+    return Response(200 if code in IN_BODY_CODES else code, orjson.dumps({"code": code, "msg": msg, **extra}))
 
 
 Handler = Callable[[Request], Awaitable["Response | StreamResponse"]]
@@ -159,9 +170,9 @@ class Api:
 
     async def send(self, request: Request) -> Response:
         p = await self._params(request)
-        message = params.parse_send(p, now_ms=self.broker.clock.now_ms(), make_id=new_msg_id,
-                                    defaults=self.broker.defaults, max_msg_bytes=self.max_msg_bytes)
-        stored, = await self.broker.send([message])
+        send = params.parse_send(p, now_ms=self.broker.clock.now_ms(), make_id=new_msg_id,
+                                 defaults=self.broker.defaults, max_msg_bytes=self.max_msg_bytes)
+        stored, = await self.broker.send([send])
         return answer(200, "success", delayMsg=delay_msg(stored))
 
     async def send_batch(self, request: Request) -> Response:

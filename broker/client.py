@@ -243,9 +243,10 @@ class DelayQueueClient:
         await self._call("POST", "ackMsg", form={"topic": topic, "msgId": msg_id})
 
     async def nack(self, topic: str, msg_id: str) -> None:
-        """ackMsg with ack=false: deliverable again now, with retry + 1. The
-        server refuses (400) a nack of a message no longer consuming, which is
-        also what a retry meets whose first attempt was applied."""
+        """ackMsg with ack=false: deliverable again now (its next delivery
+        counts retry + 1). A nack of a message no longer consuming changes
+        nothing, which is also what a retry meets whose first attempt was
+        applied."""
         await self._call("POST", "ackMsg", form={"topic": topic, "msgId": msg_id, "ack": "false"})
 
     # ------------------------------------------------------------ inspect
@@ -255,14 +256,18 @@ class DelayQueueClient:
         answer = await self._call("POST", "getMsg", form={"topic": topic, "msgId": msg_id}, missing_ok=True)
         return None if answer is None else DelayMsg.from_json(answer["delayMsg"])
 
-    async def delete(self, topic: str, msg_id: str, release: bool = False) -> None:
+    async def delete(self, topic: str, msg_id: str, release: bool = False) -> bool:
         """deleteMsg: never delivered again; with `release`, forgotten too
-        (`get` answers None)."""
-        await self._call("POST", "deleteMsg", form={"topic": topic, "msgId": msg_id,
-                                                    "release": "true" if release else "false"})
+        (`get` answers None). False when there was no live message to
+        delete (unknown or already ended: code 404, as camellia's SDK)."""
+        answer = await self._call("POST", "deleteMsg", form={"topic": topic, "msgId": msg_id,
+                                                             "release": "true" if release else "false"},
+                                  missing_ok=True)
+        return answer is not None
 
     async def topic_info(self, topic: str) -> dict[str, Any] | None:
-        """getTopicInfo's `data` (camellia's shape); None for an unknown topic."""
+        """getTopicInfo's `data` (camellia's shape; zeros for an unknown
+        topic). None only from a server that answers 404 for one."""
         answer = await self._call("GET", "getTopicInfo", query={"topic": topic}, missing_ok=True)
         return None if answer is None else answer["data"]
 
@@ -314,7 +319,11 @@ class DelayQueueClient:
                 if resp.status in (307, 308) and location:
                     url = url.join(URL(location))
                     continue
-                return resp.status, _json_object(resp.status, await resp.text(), endpoint)
+                answer = _json_object(resp.status, await resp.text(), endpoint)
+                if resp.status == 200:  # the API's outcome is the code in the body (camellia)
+                    code = answer.get("code", 200)
+                    return (code if isinstance(code, int) else 200), answer
+                return resp.status, answer
         raise DelayQueueError(resp.status, f"more than {MAX_REDIRECTS} redirects, the last to {url}", endpoint)
 
 

@@ -28,16 +28,23 @@ Rules, in the order a client meets them:
   given or <= 0, and `maxRetry` not given or < 0, take the server's
   `Defaults` (camellia documents "<= 0" for ttlMillis and "< 0" for the
   others; a zero ack timeout, batch or poll is meaningless, so 0 defaults
-  too, while maxRetry=0 is a real choice: one delivery).
-- `delayMillis` not given is 0; negative is refused. When the extension
-  `triggerTime` (absolute ms since the epoch) is given it wins and
-  `delayMillis` is ignored, though still validated. A trigger time in the
-  past is fine (due now); beyond `MAX_TRIGGER_MS` (year 9999) is refused,
-  naming whichever parameter produced it.
-- `msg` is required (it may be the empty string); more than
-  `max_msg_bytes` UTF-8 bytes raises `MessageTooLarge`; exactly at the
-  limit is accepted.
-- `topic`, `msgId` and `tag` are 1..256 UTF-8 bytes; `topic` and `msgId`
+  too, while maxRetry=0 is a real choice: one delivery). Above the
+  server's maximum they are clamped to it, never refused: camellia has no
+  maxima, and its SDK re-polls at once after an error.
+- `delayMillis` not given is 0; <= 0 means due now (camellia's SDK sends
+  negative delays for trigger times already past): the trigger time is
+  `now + delayMillis`, floored at 0. When the extension `triggerTime`
+  (absolute ms since the epoch) is given it wins and `delayMillis` is
+  ignored, though still validated. A trigger time in the past is due now;
+  beyond `MAX_TRIGGER_MS` (year 9999) is refused, naming whichever
+  parameter produced it.
+- `msg` is required and not empty (camellia); more than `max_msg_bytes`
+  UTF-8 bytes raises `MessageTooLarge`; exactly at the limit is accepted.
+- `strictIdempotence` (extension, a boolean on sendMsg, on sendMsgBatch's
+  body or on an item): a resend of an id whose message has ended answers
+  the stored message instead of storing the new one (see
+  `NewSend.strict`).
+- `topic`, `msgId` and `tag` are 1..1024 UTF-8 bytes; `topic` and `msgId`
   may not hold NUL (storage joins them with it), `tag` may not hold a comma
   (`tags` filters are comma lists). A missing `msgId` on sendMsg is made by
   `make_id()`.
@@ -48,7 +55,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -59,18 +66,18 @@ Params = Mapping[str, object]
 
 # 9999-12-31T23:59:59.999Z: the last trigger time (and expire time) accepted.
 MAX_TRIGGER_MS = 253_402_300_799_999
-# Longest topic, msgId or tag, in UTF-8 bytes.
-MAX_NAME_BYTES = 256
+# Longest topic, msgId or tag, in UTF-8 bytes (camellia has no limit).
+MAX_NAME_BYTES = 1024
 # Most messages one pullMsg / longPollingMsg may ask for.
 MAX_PULL_BATCH = 1000
 # Most messages in one sendMsgBatch.
 MAX_SEND_BATCH = 1000
 # Most tags in one pull filter.
 MAX_TAGS = 64
-# Longest server-side long poll; a client asking for more is refused rather
-# than silently cut short, since its own HTTP timeout must exceed this.
+# Longest server-side long poll; a client asking for more gets this (its
+# own HTTP timeout must exceed what it asked for, so it exceeds this too).
 MAX_LONG_POLLING_TIMEOUT_MS = 5 * 60 * 1000
-# Longest ack timeout or ttl: any duration up to the last trigger time.
+# Longest ttl a server may be configured to allow: up to the last trigger time.
 MAX_DURATION_MS = MAX_TRIGGER_MS
 
 _INTEGER = re.compile(r"[+-]?[0-9]{1,19}")  # ASCII only: int() would take "١" and "1_0"
@@ -102,6 +109,13 @@ class Defaults:
     # longPollingTimeoutMillis: how long a long poll waits for a message
     # before answering an empty list. camellia: 10 s.
     long_polling_timeout_ms: int = 10 * 1000
+    # The largest ackTimeoutMillis a request gets (larger ones are clamped):
+    # a pulled message is hidden from every consumer until its deadline,
+    # and its ttl does not run meanwhile. --max-ack-timeout-ms.
+    max_ack_timeout_ms: int = 60 * 60 * 1000
+    # The largest ttlMillis a message gets (larger ones are clamped): how
+    # long an ended-unconsumed message can hold a ready slot. --max-ttl-ms.
+    max_ttl_ms: int = 30 * 24 * 60 * 60 * 1000
 
     def __post_init__(self) -> None:
         if not 1 <= self.ttl_ms <= MAX_DURATION_MS:
@@ -115,6 +129,12 @@ class Defaults:
         if not 1 <= self.long_polling_timeout_ms <= MAX_LONG_POLLING_TIMEOUT_MS:
             raise ValueError(f"default long_polling_timeout_ms must be in 1..{MAX_LONG_POLLING_TIMEOUT_MS}, "
                              f"got {self.long_polling_timeout_ms}")
+        if not self.ack_timeout_ms <= self.max_ack_timeout_ms <= MAX_DURATION_MS:
+            raise ValueError(f"--max-ack-timeout-ms must be in {self.ack_timeout_ms}..{MAX_DURATION_MS} "
+                             f"(at least the default ack timeout), got {self.max_ack_timeout_ms}")
+        if not self.ttl_ms <= self.max_ttl_ms <= MAX_DURATION_MS:
+            raise ValueError(f"--max-ttl-ms must be in {self.ttl_ms}..{MAX_DURATION_MS} (at least the default "
+                             f"ttl), got {self.max_ttl_ms}")
 
 
 class DeleteRequest(NamedTuple):
@@ -141,7 +161,7 @@ class LongPollRequest(NamedTuple):
 class AckRequest(NamedTuple):
     topic: str
     msg_id: str
-    ack: bool  # False is a nack: deliverable again now, with retry + 1
+    ack: bool  # False is a nack: deliverable again now
 
 
 class GetRequest(NamedTuple):
@@ -162,18 +182,33 @@ def decode_utf8(raw: bytes, parameter: str) -> str:
         raise InvalidRequest(parameter, f"is not valid UTF-8 (byte {e.start})") from None
 
 
+class NewSend(NamedTuple):
+    """A message to store, and how a resend of an ended id is treated:
+    `strict` False (camellia) stores the new message in the old one's
+    place; True answers the stored one unchanged while it is retained."""
+    message: NewMessage
+    strict: bool
+
+
+def as_sends(items: Sequence[NewSend | NewMessage]) -> list[NewSend]:
+    """A bare NewMessage (from Python callers) is a non-strict send."""
+    return [item if isinstance(item, NewSend) else NewSend(item, False) for item in items]
+
+
 def parse_send(params: Params, *, now_ms: int, make_id: Callable[[], str], defaults: Defaults,
-               max_msg_bytes: int) -> NewMessage:
+               max_msg_bytes: int) -> NewSend:
     """sendMsg: produce time is `now_ms`; see the module docstring for the rules."""
-    return _message(params, "", _required_name(params, "topic"), now_ms, make_id, defaults, max_msg_bytes)
+    return NewSend(_message(params, "", _required_name(params, "topic"), now_ms, make_id, defaults, max_msg_bytes),
+                   _bool(params, "strictIdempotence", default=False))
 
 
 def parse_send_batch(body: Params, *, now_ms: int, make_id: Callable[[], str], defaults: Defaults,
-                     max_msg_bytes: int) -> tuple[NewMessage, ...]:
+                     max_msg_bytes: int) -> tuple[NewSend, ...]:
     """sendMsgBatch, a JSON `{"topic": .., "msgs": [{sendMsg keys}, ..]}`,
     validated whole: the first bad item raises naming its index, e.g.
     `msgs[3].delayMillis`. An item may repeat `topic` only with the same value."""
     topic = _required_name(body, "topic")
+    strict = _bool(body, "strictIdempotence", default=False)
     items = body.get("msgs")
     if not isinstance(items, list):
         raise InvalidRequest("msgs", "is required: a JSON list of messages")
@@ -187,7 +222,8 @@ def parse_send_batch(body: Params, *, now_ms: int, make_id: Callable[[], str], d
         own = _text(where + "topic", item.get("topic"))
         if own and own != topic:
             raise InvalidRequest(where + "topic", "differs from the batch's topic")
-        out.append(_message(item, where, topic, now_ms, make_id, defaults, max_msg_bytes))
+        message = _message(item, where, topic, now_ms, make_id, defaults, max_msg_bytes)
+        out.append(NewSend(message, _bool(item, "strictIdempotence", default=strict, where=where)))
     return tuple(out)
 
 
@@ -198,7 +234,7 @@ def parse_delete(params: Params) -> DeleteRequest:
 
 def parse_pull(params: Params, defaults: Defaults) -> PullRequest:
     topic = _required_name(params, "topic")
-    ack_timeout_ms = _defaulted(params, "ackTimeoutMillis", defaults.ack_timeout_ms, MAX_DURATION_MS)
+    ack_timeout_ms = _defaulted(params, "ackTimeoutMillis", defaults.ack_timeout_ms, defaults.max_ack_timeout_ms)
     batch = _defaulted(params, "batch", defaults.batch, MAX_PULL_BATCH)
     return PullRequest(topic, ack_timeout_ms, batch, _tags(params, "tags"))
 
@@ -229,9 +265,9 @@ def parse_topic(params: Params) -> TopicRequest:
 
 def _message(params: Params, where: str, topic: str, now_ms: int, make_id: Callable[[], str],
              defaults: Defaults, max_msg_bytes: int) -> NewMessage:
-    msg = _text(where + "msg", params.get("msg"), allow_empty=True)
+    msg = _text(where + "msg", params.get("msg"))
     if msg is None:
-        raise InvalidRequest(where + "msg", "is required")
+        raise InvalidRequest(where + "msg", "is required and may not be empty")
     size = _utf8_len(msg, where + "msg")
     if size > max_msg_bytes:
         raise MessageTooLarge(where + "msg", f"is {size} UTF-8 bytes, more than the limit of {max_msg_bytes}")
@@ -239,23 +275,21 @@ def _message(params: Params, where: str, topic: str, now_ms: int, make_id: Calla
     msg_id = given_id if given_id is not None else make_id()
 
     delay_ms = _int(where + "delayMillis", params.get("delayMillis"))
-    if delay_ms is not None and delay_ms < 0:
-        raise InvalidRequest(where + "delayMillis", f"must be >= 0, got {delay_ms}")
     trigger_ms = _int(where + "triggerTime", params.get("triggerTime"))
     if trigger_ms is not None:
-        if not 0 <= trigger_ms <= MAX_TRIGGER_MS:
-            raise InvalidRequest(where + "triggerTime", f"must be in 0..{MAX_TRIGGER_MS} (ms epoch), got {trigger_ms}")
+        if trigger_ms > MAX_TRIGGER_MS:
+            raise InvalidRequest(where + "triggerTime", f"must be at most {MAX_TRIGGER_MS} (ms epoch), got {trigger_ms}")
+        trigger_ms = max(0, trigger_ms)
     else:
-        trigger_ms = now_ms + (delay_ms or 0)
+        trigger_ms = max(0, now_ms + (delay_ms or 0))
         if trigger_ms > MAX_TRIGGER_MS:
             raise InvalidRequest(where + "delayMillis", f"puts the trigger time past {MAX_TRIGGER_MS} (year 9999)")
 
-    ttl_ms = _defaulted(params, where + "ttlMillis", defaults.ttl_ms, MAX_DURATION_MS)
+    ttl_ms = _defaulted(params, where + "ttlMillis", defaults.ttl_ms, defaults.max_ttl_ms)
     max_retry = _int(where + "maxRetry", params.get("maxRetry"))
     if max_retry is None or max_retry < 0:
         max_retry = defaults.max_retry
-    elif max_retry > MAX_RETRY_COUNT:
-        raise InvalidRequest(where + "maxRetry", f"must be at most {MAX_RETRY_COUNT}, got {max_retry}")
+    max_retry = min(max_retry, MAX_RETRY_COUNT - 1)  # retry counts deliveries: up to max_retry + 1
     priority = _int(where + "priority", params.get("priority"))
     if priority is None:
         priority = 0
@@ -330,17 +364,17 @@ def _int(parameter: str, value: object) -> int | None:
 
 
 def _defaulted(params: Params, parameter: str, default: int, maximum: int) -> int:
-    """A positive duration or count: <= 0 or not given means `default`."""
+    """A positive duration or count: <= 0 or not given means `default`,
+    above `maximum` means `maximum`."""
     value = _int(parameter, params.get(_key(parameter)))
     if value is None or value <= 0:
         return default
-    if value > maximum:
-        raise InvalidRequest(parameter, f"must be at most {maximum}, got {value}")
-    return value
+    return min(value, maximum)
 
 
-def _bool(params: Params, parameter: str, default: bool) -> bool:
+def _bool(params: Params, parameter: str, default: bool, where: str = "") -> bool:
     value = params.get(parameter)
+    parameter = where + parameter
     if value is None or value == "":
         return default
     if isinstance(value, bool):

@@ -74,11 +74,10 @@ from redis.exceptions import (AuthenticationError, ClusterError, RedisClusterExc
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from storage.entry import Location, Message, Status
-from storage.errors import InvalidRequest
 from storage.store import MAX_PRIORITY, NewMessage
 
 from .metrics import Metrics
-from .params import AckRequest, DeleteRequest, Defaults, LongPollRequest, PullRequest
+from .params import AckRequest, DeleteRequest, Defaults, LongPollRequest, NewSend, PullRequest, as_sends
 from .service import WAITING_BUCKETS, NotFound, Unavailable
 
 log = logging.getLogger("hourglass.redis")
@@ -226,15 +225,14 @@ local function finish(id, m, status, retire_at)
   m.status = status
   redis.call('ZADD', RETIRE, retire_at, id)
 end
--- A CONSUMING message (already out of ACK) is READY again with retry+1, or
--- ends (6) past maxRetry or its expire time. True if READY.
+-- A CONSUMING message (already out of ACK) is READY again, or ends (6)
+-- after maxRetry + 1 deliveries (retry counts pulls) or past its expire
+-- time. True if READY.
 local function retry_or_end(id, m, now, retire_at)
-  local retry = tonumber(m.retry)
-  if retry >= tonumber(m.maxRetry) or tonumber(now) >= tonumber(m.expire) then
+  if tonumber(m.retry) > tonumber(m.maxRetry) or tonumber(now) >= tonumber(m.expire) then
     finish(id, m, '6', retire_at)
     return false
   end
-  m.retry = tostring(retry + 1)
   ready_add(id, m)
   return true
 end
@@ -249,14 +247,20 @@ end
 """
 
 # ARGV: now retire_at, then per message: id msg produce trigger ttl expire
-# maxRetry priority tag rk. -> per message {'1'|'2'|'5'} (stored: waiting,
-# ready, expired) or {'0', meta, body} (the id exists: the stored message).
+# maxRetry priority tag rk strict. -> per message {'1'|'2'|'5'} (stored:
+# waiting, ready, expired) or {'0', meta, body} (the id exists: the stored
+# message). An id whose message has ended (4-7) is stored anew unless
+# `strict` is '1' (camellia stores the new one).
 _SEND = _LUA_COMMON + """
 local now, retire_at = tonumber(ARGV[1]), ARGV[2]
 local out = {}
-for i = 3, #ARGV, 10 do
+for i = 3, #ARGV, 11 do
   local id = ARGV[i]
   local raw = redis.call('HGET', META, id)
+  if raw and ARGV[i + 10] ~= '1' and tonumber(cjson.decode(raw).status) >= 4 then
+    redis.call('ZREM', RETIRE, id)
+    raw = nil
+  end
   if raw then
     out[#out + 1] = {'0', raw, redis.call('HGET', BODY, id)}
   else
@@ -364,6 +368,7 @@ while #out < batch do
       save(id, m)
     else
       m.status = '3'
+      m.retry = tostring(tonumber(m.retry) + 1)  -- retry counts deliveries (camellia)
       redis.call('ZADD', ACK, deadline, id)
       out[#out + 1] = {id, save(id, m), redis.call('HGET', BODY, id)}
     end
@@ -373,8 +378,8 @@ table.insert(out, 1, ended)
 return out
 """
 
-# Pulled for a long poll whose client hung up: CONSUMING -> READY, retry
-# unchanged, if still held by that pull (same deadline).
+# Pulled for a long poll whose client hung up: CONSUMING -> READY, as if
+# never pulled (its delivery uncounted), if still held by that pull.
 # ARGV: deadline id... -> how many went back
 _GIVE_BACK = _LUA_COMMON + """
 local given = 0
@@ -384,6 +389,7 @@ for i = 2, #ARGV do
   local deadline = redis.call('ZSCORE', ACK, id)
   if m and m.status == '3' and deadline and tonumber(deadline) == tonumber(ARGV[1]) then
     redis.call('ZREM', ACK, id)
+    m.retry = tostring(tonumber(m.retry) - 1)
     ready_add(id, m)
     save(id, m)
     given = given + 1
@@ -393,23 +399,24 @@ return given
 """
 
 # ARGV: id ack(1|0) now retire_at
-# -> 'NF' | 'OK' | 'NOOP' | 'READY' (nack requeued) | 'ENDED' (nack ended it) | 'BAD:<status>'
+# -> 'NF' | 'OK' | 'NOOP' | 'READY' (nack requeued) | 'ENDED' (nack ended it)
+# An ack of a WAITING, READY or CONSUMING message acks it; anything else
+# changes nothing (camellia answers success).
 _ACK = _LUA_COMMON + """
 local id = ARGV[1]
 local m = load(id)
 if not m then return 'NF' end
 local st = m.status
 if ARGV[2] == '1' then
-  if st == '4' then return 'NOOP' end
-  if st == '2' then ready_remove(id, m)
+  if st == '1' then redis.call('ZREM', WAITING, id)
+  elseif st == '2' then ready_remove(id, m)
   elseif st == '3' then redis.call('ZREM', ACK, id)
-  else return 'BAD:' .. st end
+  else return 'NOOP' end
   finish(id, m, '4', ARGV[4])
   save(id, m)
   return 'OK'
 end
-if st == '2' then return 'NOOP' end
-if st ~= '3' then return 'BAD:' .. st end
+if st ~= '3' then return 'NOOP' end
 redis.call('ZREM', ACK, id)
 local ready = retry_or_end(id, m, ARGV[3], ARGV[4])
 save(id, m)
@@ -417,7 +424,8 @@ if ready then return 'READY' end
 return 'ENDED'
 """
 
-# ARGV: id release(1|0) retire_at -> 'NF' | 'OK' | 'NOOP' (ended, not released)
+# ARGV: id release(1|0) retire_at -> 'NF' | 'OK' | 'NOOP' (ended: nothing to
+# delete; released all the same when asked)
 _DELETE = _LUA_COMMON + """
 local id = ARGV[1]
 local m = load(id)
@@ -430,6 +438,7 @@ if ARGV[2] == '1' then
   redis.call('HDEL', META, id)
   redis.call('HDEL', BODY, id)
   redis.call('ZREM', RETIRE, id)
+  if st ~= '1' and st ~= '2' and st ~= '3' then return 'NOOP' end
   return 'OK'
 end
 if st ~= '1' and st ~= '2' and st ~= '3' then return 'NOOP' end
@@ -740,15 +749,17 @@ class RedisBroker:
 
     # == requests ================================================================
 
-    async def send(self, batch: Sequence[NewMessage]) -> list[Message]:
-        """Store new messages (a duplicate id, also earlier in the batch,
-        answers the stored message, unchanged). One atomic script per topic.
-        A new message is answered as stored, status 1, even when it was due
-        and made READY (or EXPIRED) in the same step: the disk broker
-        answers so too, and releases it right after."""
+    async def send(self, sends: Sequence[NewSend | NewMessage]) -> list[Message]:
+        """Store new messages (a duplicate id of a live message, also earlier
+        in the batch, answers the stored message, unchanged; an ended one is
+        replaced unless the send is strict). One atomic script per topic. A
+        message due already is answered READY (or EXPIRED), as it is stored."""
         self._check_serving()
-        if not batch:
+        if not sends:
             return []
+        sends = as_sends(sends)
+        batch = [s.message for s in sends]
+        strict = {i for i, s in enumerate(sends) if s.strict}
         now_ms = self.clock.now_ms()
         new_topics = {n.topic for n in batch} - self._state.registered
         if new_topics:
@@ -760,16 +771,18 @@ class RedisBroker:
             by_topic[n.topic].append(i)
         out: list[Message | None] = [None] * len(batch)
         for topic, positions in by_topic.items():
-            for i, message in zip(positions, await self._send_topic(topic, [batch[i] for i in positions], now_ms)):
+            for i, message in zip(positions, await self._send_topic(
+                    topic, [batch[i] for i in positions], [i in strict for i in positions], now_ms)):
                 out[i] = message
         return out
 
-    async def _send_topic(self, topic: str, batch: list[NewMessage], now_ms: int) -> list[Message]:
+    async def _send_topic(self, topic: str, batch: list[NewMessage], strict: list[bool],
+                          now_ms: int) -> list[Message]:
         args = [str(now_ms), str(now_ms + self.config.retention_ms)]
-        for n in batch:
+        for n, is_strict in zip(batch, strict):
             args += [n.msg_id, n.msg, str(n.produce_ms), str(n.trigger_ms), str(n.ttl_ms),
                      str(n.trigger_ms + n.ttl_ms), str(n.max_retry), str(n.priority), n.tag,
-                     ready_member(n.priority, n.trigger_ms, n.msg_id)]
+                     ready_member(n.priority, n.trigger_ms, n.msg_id), "1" if is_strict else "0"]
         results = await self._script("send", topic, args)
         m = self.metrics.topic(topic)
         out, ready = [], []
@@ -780,7 +793,7 @@ class RedisBroker:
                 out.append(answered.get(n.msg_id) or _message(topic, n.msg_id, *stored))
                 continue
             m.sends += 1
-            out.append(Message(*n, status=Status.WAITING, retry=0, location=NO_LOCATION))
+            out.append(Message(*n, status=Status(int(state)), retry=0, location=NO_LOCATION))
             answered[n.msg_id] = out[-1]
             if state == "2":
                 ready.append(n.trigger_ms)
@@ -849,19 +862,15 @@ class RedisBroker:
             await self._publish(topic)
 
     async def ack(self, request: AckRequest) -> None:
-        """ack: CONSUMING or READY -> ACKED (again: no-op). nack: CONSUMING
-        -> READY with retry+1, or ENDED; of a READY message: no-op."""
+        """ack: WAITING, READY or CONSUMING -> ACKED. nack: CONSUMING ->
+        READY, or ENDED after its last delivery. Anything else (an unknown
+        id, an ended message, a nack of one not consuming) changes nothing
+        and is no error, as camellia."""
         self._check_serving()
         now_ms = self.clock.now_ms()
         result = await self._script("ack", request.topic, [
             request.msg_id, "1" if request.ack else "0", str(now_ms), str(now_ms + self.config.retention_ms)])
-        if result == "NF":
-            raise NotFound(f"no message {request.msg_id!r} in topic {request.topic!r}")
-        if result.startswith("BAD:"):
-            status = Status(int(result[4:]))
-            what = "not deliverable: cannot ack" if request.ack else "not consuming: cannot nack"
-            raise InvalidRequest("msgId", f"message is in status {int(status)} ({status.name.lower()}), {what}")
-        if result == "NOOP":
+        if result in ("NF", "NOOP"):
             return
         m = self.metrics.topic(request.topic)
         if request.ack:
@@ -876,12 +885,15 @@ class RedisBroker:
 
     async def delete(self, request: DeleteRequest) -> None:
         """WAITING, READY or CONSUMING -> DELETED; `release` also frees the
-        id. Deleting an ended message changes nothing unless `release`."""
+        id. An ended or unknown message raises NotFound (camellia's 404);
+        with `release` an ended one is released all the same."""
         self._check_serving()
         result = await self._script("delete", request.topic, [
             request.msg_id, "1" if request.release else "0", str(self.clock.now_ms() + self.config.retention_ms)])
         if result == "NF":
             raise NotFound(f"no message {request.msg_id!r} in topic {request.topic!r}")
+        if result == "NOOP":
+            raise NotFound(f"message {request.msg_id!r} has ended")
         if result == "OK":
             self.metrics.topic(request.topic).deletes += 1
 
@@ -897,8 +909,6 @@ class RedisBroker:
 
     async def topic_info(self, topic: str) -> dict:
         """camellia's TopicInfo: zset sizes, waiting split into delay buckets."""
-        if not await self._command("sismember", topic):
-            raise NotFound(f"no topic {topic!r}")
         now_ms = self.clock.now_ms()
         bounds = [str(now_ms + upper) for _, upper in WAITING_BUCKETS if upper is not None]
         waiting, ready, consuming, *buckets = await self._script("info", topic, bounds)

@@ -59,7 +59,7 @@ from wheel.scheduler import Scheduler, SchedulerConfig
 from wheel.tick_state import TickState, TickStateFile
 
 from .metrics import Metrics
-from .params import AckRequest, DeleteRequest, Defaults, LongPollRequest, PullRequest
+from .params import AckRequest, DeleteRequest, Defaults, LongPollRequest, NewSend, PullRequest, as_sends
 
 log = logging.getLogger("hourglass.service")
 
@@ -491,13 +491,15 @@ class Broker:
         del self.live[live.location]
 
     def _retry_or_end(self, live: Live, now_ms: int) -> StateChange:
-        """The message goes back to READY with retry+1, or ends (6)."""
+        """A delivery was not acked: the message goes back to READY (its next
+        pull counts the next delivery), or ends (6) after max_retry + 1
+        deliveries or past its ttl."""
         m = self.metrics.topic(live.topic)
-        if live.retry >= live.max_retry or now_ms >= live.expire_ms:
+        if live.retry > live.max_retry or now_ms >= live.expire_ms:
             self._forget(live)
             m.ended += 1
             return StateChange(live.location, Status.ENDED, live.retry)
-        self._requeue(live, live.retry + 1)
+        self._requeue(live, live.retry)
         m.retries += 1
         self._wake(live.topic)
         return StateChange(live.location, Status.READY, live.retry)
@@ -562,17 +564,25 @@ class Broker:
 
     # == requests ================================================================
 
-    async def send(self, batch: Sequence[NewMessage]) -> list[Message]:
-        """Store new messages (a duplicate id answers the stored message,
-        unchanged); answered once durable."""
+    async def send(self, sends: Sequence[NewSend | NewMessage]) -> list[Message]:
+        """Store new messages; answered once durable. An id whose message is
+        alive (1-3) answers the stored message, unchanged. An id whose
+        message has ended (4-7) is stored anew, the ended one released (as
+        camellia does), unless the send asks for strict idempotence: then
+        the stored message is answered unchanged while it is retained."""
         self._check_serving()
+        sends = as_sends(sends)
+        batch = [s.message for s in sends]
         now_ms = batch[0].produce_ms if batch else self.clock.now_ms()
-        try:
-            results = self.store.send(batch, now_ms)
-        except InvalidRequest:
-            raise
-        except OSError as e:  # nothing was kept (the store undoes a failed append)
-            raise Unavailable(f"the commit log refused the write: {e}") from e
+        results = self._store_new(batch, now_ms)
+        replace = [i for i, r in enumerate(results)
+                   if r.outcome is SendOutcome.DUPLICATE and r.message.status.is_final and not sends[i].strict]
+        if replace:  # rare: release the ended ones, then store those sends again
+            ended = {results[i].message.location: results[i].message for i in replace}
+            self._update([StateChange(m.location, m.status, m.retry, released=True) for m in ended.values()],
+                         now_ms)
+            for i, result in zip(replace, self._store_new([batch[i] for i in replace], now_ms)):
+                results[i] = result
         for r in results:
             m = self.metrics.topic(r.message.topic)
             if r.outcome is SendOutcome.STORED:
@@ -581,7 +591,28 @@ class Broker:
             else:
                 m.duplicates += 1
         await self.commits.durable()
-        return [r.message for r in results]
+        return self._release_due_now(results, now_ms)
+
+    def _release_due_now(self, results: list, now_ms: int) -> list[Message]:
+        """Messages sent due already (delay <= 0, a past trigger time) are
+        made READY here rather than at the wheel's next poll, so the answer
+        says 2 (as camellia's) and long polls wake at once. (The wheel skips
+        them when it reaches them: they are no longer WAITING.)"""
+        due = [r.message for r in results if r.outcome is SendOutcome.STORED and r.message.trigger_ms <= now_ms]
+        if not due:
+            return [r.message for r in results]
+        self._release([self.store.read_entry(m.location) for m in due])
+        states = {m.location: self.store.read_entry(m.location) for m in due}
+        return [r.message._replace(status=states[r.message.location].status) if r.message.location in states
+                else r.message for r in results]
+
+    def _store_new(self, batch: list[NewMessage], now_ms: int) -> list:
+        try:
+            return self.store.send(batch, now_ms)
+        except InvalidRequest:
+            raise
+        except OSError as e:  # nothing was kept (the store undoes a failed append)
+            raise Unavailable(f"the commit log refused the write: {e}") from e
 
     async def pull(self, request: PullRequest | LongPollRequest) -> list[Message]:
         """Up to `batch` READY messages of the topic, now CONSUMING."""
@@ -597,6 +628,7 @@ class Broker:
             if location is None:
                 break
             live = self.live[location]
+            live.retry += 1  # retry counts deliveries: 1 on the first (camellia)
             self._consume(live, now_ms + request.ack_timeout_ms)
             taken.append(live)
         if not taken:
@@ -645,7 +677,7 @@ class Broker:
         for message in messages:
             live = self.live.get(message.location)
             if live is not None and live.status is Status.CONSUMING:
-                self._requeue(live, live.retry)
+                self._requeue(live, live.retry - 1)
                 changes.append(StateChange(live.location, Status.READY, live.retry))
                 self._wake(live.topic)
         if changes:
@@ -659,42 +691,41 @@ class Broker:
         return message
 
     async def ack(self, request: AckRequest) -> None:
-        """ack: CONSUMING or READY -> ACKED (acking an acked message is a
-        no-op). nack: CONSUMING -> READY now with retry+1, or ENDED (a nack
-        of a READY message, e.g. a repeated nack, is a no-op)."""
+        """ack: WAITING, READY or CONSUMING -> ACKED (never delivered after).
+        nack: CONSUMING -> READY now, or ENDED after its last delivery.
+        Anything else -- an unknown id, an ended message, a nack of a
+        message not consuming -- changes nothing and is no error (camellia)."""
         self._check_serving()
-        message = self._message(request.topic, request.msg_id)
-        live = self.live.get(message.location)
+        message = self.store.get(request.topic, request.msg_id)
+        status = None if message is None else message.status
         now_ms = self.clock.now_ms()
         m = self.metrics.topic(request.topic)
-        if request.ack:
-            if message.status is Status.ACKED:
-                await self.commits.flush()  # the first ack may still be in its commit
-                return
-            if live is None:
-                raise InvalidRequest("msgId", f"message is in status {int(message.status)} "
-                                              f"({message.status.name.lower()}), not deliverable: cannot ack")
+        live = None if message is None else self.live.get(message.location)
+        if request.ack and status is Status.WAITING:
+            self.scheduler.cancel(message.location)
+            change = StateChange(message.location, Status.ACKED, message.retry)
+            m.acks += 1
+        elif request.ack and live is not None:
             self._forget(live)
             change = StateChange(live.location, Status.ACKED, live.retry)
             m.acks += 1
-        else:
-            if live is not None and live.status is Status.READY:
-                await self.commits.flush()  # deliverable already (a repeated nack)
-                return
-            if live is None:
-                raise InvalidRequest("msgId", f"message is in status {int(message.status)} "
-                                              f"({message.status.name.lower()}), not consuming: cannot nack")
+        elif not request.ack and live is not None and live.status is Status.CONSUMING:
             change = self._retry_or_end(live, now_ms)
             m.nacks += 1
+        else:
+            await self.commits.flush()  # an earlier change to it may still be in its commit
+            return
         self._update([change], now_ms)
         await self.commits.durable()
 
     async def delete(self, request: DeleteRequest) -> None:
         """WAITING, READY or CONSUMING -> DELETED; `release` also frees the id.
-        Deleting an ended message changes nothing unless `release` is set."""
+        An ended or unknown message raises NotFound (camellia's 404); with
+        `release` an ended one is released all the same."""
         self._check_serving()
         message = self._message(request.topic, request.msg_id)
         status = message.status
+        was_live = not status.is_final
         if status is Status.WAITING:
             self.scheduler.cancel(message.location)
             status = Status.DELETED
@@ -705,11 +736,13 @@ class Broker:
             status = Status.DELETED
         elif not request.release:
             await self.commits.flush()
-            return
+            raise NotFound(f"message {request.msg_id!r} has ended (status {int(status)})")
         self._update([StateChange(message.location, status, message.retry, released=request.release)],
-                          self.clock.now_ms())
+                     self.clock.now_ms())
         self.metrics.topic(request.topic).deletes += 1
         await self.commits.durable()
+        if not was_live:
+            raise NotFound(f"message {request.msg_id!r} had ended (status {int(status)}); released")
 
     async def get(self, topic: str, msg_id: str) -> Message:
         """The message as committed: a change still in its group commit is
@@ -727,8 +760,6 @@ class Broker:
         await self.commits.flush()
         topic_hash = text_hash(topic)
         hours = self.store.topic_hours(topic_hash) if self.store.topic_names().get(topic_hash) == topic else []
-        if not hours and topic not in self.topics:
-            raise NotFound(f"no topic {topic!r}")
         now_ms = self.clock.now_ms()
         buckets = [0] * len(WAITING_BUCKETS)
         totals = total_counts(hours)

@@ -512,8 +512,14 @@ class _Sender:
 
     def send(self, topic: str, items: pa.Array, rows: pa.Array) -> None:
         """Store `items` (item_texts) in `topic`; `rows` are their row numbers."""
-        body = b"".join((b'{"topic":', json.dumps(topic).encode(), b',"msgs":[', _joined(items), b"]}"))
+        # strictIdempotence: a retried task's resend of an id whose message has
+        # ended meanwhile answers the stored one rather than storing it again
+        body = b"".join((b'{"topic":', json.dumps(topic).encode(), b',"strictIdempotence":true,"msgs":[',
+                         _joined(items), b"]}"))
         status, answer, attempts = self._post(body)
+        kind = "HTTP"
+        if status == 200:  # the API's own outcome is the code in the body (camellia)
+            kind, status = "code", _code(answer)
         if status == 200:
             return
         if status == 413 and len(items) > 1:
@@ -527,7 +533,7 @@ class _Sender:
             raise SinkError(f"{what}: broker unreachable after {attempts} attempts: {answer}")
         msg = _broker_msg(answer)
         tries = f" after {attempts} attempts" if attempts > 1 else ""
-        raise SinkError(f"{what}: HTTP {status}{tries}: {msg}{_failing_row(msg, rows)}")
+        raise SinkError(f"{what}: {kind} {status}{tries}: {msg}{_failing_row(msg, rows)}")
 
     def _post(self, body: bytes) -> tuple[int | None, bytes | str, int]:
         """(status or None when unreachable, answer body or the last error,
@@ -552,6 +558,15 @@ class _Sender:
             self.retried += 1
             pause_ms = min(self.options.backoff_ms * 2 ** (attempt - 1), MAX_BACKOFF_MS)
             time.sleep(pause_ms * random.uniform(0.5, 1.0) / 1000)
+
+
+def _code(answer: bytes | str) -> int:
+    """The `code` of an HTTP 200 answer's JSON body (200 when it has none)."""
+    try:
+        code = json.loads(answer).get("code", 200)
+    except (ValueError, AttributeError):
+        return 200
+    return code if isinstance(code, int) else 200
 
 
 def _broker_msg(answer: bytes | str) -> str:

@@ -85,23 +85,35 @@ class Server:
             headers["Authorization"] = f"Bearer {self.token}"
         return headers
 
+    # The methods below answer (code, body): the API's code -- in the body of
+    # an HTTP 200, as camellia answers -- or the HTTP status when it is not
+    # 200. `http_status` keeps the last HTTP status itself.
+    http_status = 0
+
     def get(self, path: str, **params) -> tuple[int, dict | bytes]:
         query = ("?" + urllib.parse.urlencode(params)) if params else ""
         status, body = request(self.base + _path(path) + query, headers=self._headers())
-        return status, _decode(body)
+        return self._code(status, body)
 
     def post(self, path: str, **params) -> tuple[int, dict | bytes]:
         """POST form-encoded parameters (values str()'d)."""
         data = urllib.parse.urlencode({k: str(v) for k, v in params.items()}).encode()
         status, body = request(self.base + _path(path), data=data, headers=self._headers(
             {"Content-Type": "application/x-www-form-urlencoded"}))
-        return status, _decode(body)
+        return self._code(status, body)
 
     def post_json(self, path: str, obj) -> tuple[int, dict | bytes]:
         data = json.dumps(obj).encode()
         status, body = request(self.base + _path(path), data=data,
                                headers=self._headers({"Content-Type": "application/json"}))
-        return status, _decode(body)
+        return self._code(status, body)
+
+    def _code(self, status: int, raw: bytes) -> tuple[int, dict | bytes]:
+        self.http_status = status
+        body = _decode(raw)
+        if status == 200 and isinstance(body, dict) and isinstance(body.get("code"), int):
+            return body["code"], body
+        return status, body
 
     def stop(self, timeout: float = 15) -> int:
         """SIGTERM, then wait; SIGKILL if it does not exit in time."""

@@ -113,6 +113,12 @@ class Api:
         status, body = self.get("getTopicInfo", topic=topic)
         return body["data"] if status == 200 else status
 
+    def is_empty(self, topic: str) -> bool:
+        """Nothing stored in the topic (getTopicInfo answers zeros)."""
+        data = self.info(topic)
+        return (isinstance(data, dict) and data["waitingQueueSize"] == data["readyQueueSize"]
+                == data["ackQueueSize"] == 0)
+
     def pull_until(self, topic: str, count: int, timeout_s: float = 5, **params) -> list[dict]:
         """Long-poll until `count` messages came (or the timeout)."""
         got, deadline = [], time.monotonic() + timeout_s

@@ -22,7 +22,7 @@ def test_lifecycle_waiting_ready_consuming_acked(api, topic):
     assert api.pull(topic) == []  # not due yet: never early
     assert api.message(topic, "a")["status"] == 1
     got = api.pull_until(topic, 1)
-    assert ids(got) == ["a"] and (got[0]["status"], got[0]["retry"]) == (3, 0)
+    assert ids(got) == ["a"] and (got[0]["status"], got[0]["retry"]) == (3, 1)  # retry counts pulls
     assert int(time.time() * 1000) >= send["triggerTime"]
     assert api.message(topic, "a")["status"] == 3
     assert api.post("ackMsg", topic=topic, msgId="a")[0] == 200
@@ -74,19 +74,21 @@ def test_ack_of_ready_message_acks_it(api, topic):
     assert api.pull(topic) == []
 
 
-def test_ack_and_nack_of_waiting_or_ended_messages_are_refused(api, topic):
+def test_ack_of_a_waiting_message_acks_it_and_other_acks_change_nothing(api, topic):
     api.send(topic, msgId="w", delayMillis=600000)
+    api.send(topic, msgId="w2", delayMillis=600000)
     api.send(topic, msgId="e", maxRetry=0)
-    for ack in ("true", "false"):
-        status, body = api.post("ackMsg", topic=topic, msgId="w", ack=ack)
-        assert status == 400 and body["msg"].startswith("msgId") and "status 1" in body["msg"], body
-    assert api.message(topic, "w")["status"] == 1
+    assert api.post("ackMsg", topic=topic, msgId="w", ack="false") == (200, {"code": 200, "msg": "success"})
+    assert api.message(topic, "w")["status"] == 1  # a nack of a waiting message: nothing to do
+    assert api.post("ackMsg", topic=topic, msgId="w")[0] == 200  # as camellia: acked, never delivered
+    assert api.message(topic, "w")["status"] == 4
+    assert api.info(topic)["waitingQueueSize"] == 1
     assert ids(api.pull_until(topic, 1)) == ["e"]
     assert api.post("ackMsg", topic=topic, msgId="e", ack="false")[0] == 200
     assert api.message(topic, "e")["status"] == 6
-    for ack in ("true", "false"):
-        status, body = api.post("ackMsg", topic=topic, msgId="e", ack=ack)
-        assert status == 400 and body["msg"].startswith("msgId") and "status 6" in body["msg"], body
+    for ack in ("true", "false"):  # ended: no error, no change
+        assert api.post("ackMsg", topic=topic, msgId="e", ack=ack)[0] == 200
+        assert api.message(topic, "e")["status"] == 6
 
 
 def test_nack_makes_it_ready_now_with_retry(api, topic):
@@ -96,11 +98,11 @@ def test_nack_makes_it_ready_now_with_retry(api, topic):
     assert set(ids(got)) == {"n", "n2"}
     assert api.post("ackMsg", topic=topic, msgId="n2", ack="false")[0] == 200
     m = api.message(topic, "n2")
-    assert (m["status"], m["retry"]) == (2, 1)
+    assert (m["status"], m["retry"]) == (2, 1)  # delivered once so far
     assert api.post("ackMsg", topic=topic, msgId="n2", ack="false")[0] == 200  # of a ready one: no change
     assert api.message(topic, "n2") == m
     again = api.pull_until(topic, 1)
-    assert ids(again) == ["n2"] and again[0]["retry"] == 1
+    assert ids(again) == ["n2"] and again[0]["retry"] == 2
     assert api.post("ackMsg", topic=topic, msgId="n", ack="false")[0] == 200
     assert api.message(topic, "n")["status"] == 6  # maxRetry=0: one delivery only
 
@@ -108,11 +110,11 @@ def test_nack_makes_it_ready_now_with_retry(api, topic):
 def test_ack_timeout_redelivers_with_retry_then_ends(api, topic):
     api.send(topic, msgId="t", maxRetry=1)
     first = api.pull_until(topic, 1, ackTimeoutMillis=200)
-    assert first[0]["retry"] == 0
+    assert first[0]["retry"] == 1
     second = api.pull_until(topic, 1, ackTimeoutMillis=200)
-    assert ids(second) == ["t"] and second[0]["retry"] == 1
+    assert ids(second) == ["t"] and second[0]["retry"] == 2
     ended = api.wait_status(topic, "t", {4, 5, 6, 7})
-    assert (ended["status"], ended["retry"]) == (6, 1)  # maxRetry=1: two deliveries, then ended
+    assert (ended["status"], ended["retry"]) == (6, 2)  # maxRetry=1: two deliveries, then ended
     assert api.pull_until(topic, 1, timeout_s=0.4) == []
     assert (api.info(topic)["readyQueueSize"], api.info(topic)["ackQueueSize"]) == (0, 0)
 
@@ -154,7 +156,7 @@ def test_a_consuming_message_past_its_ttl_ends_at_its_ack_timeout(api, topic):
 def test_a_message_already_expired_when_due_ends_as_5(api, topic):
     now = int(time.time() * 1000)
     m = api.send(topic, msgId="old", triggerTime=now - 5000, ttlMillis=1000)
-    assert m["status"] == 1 and m["expireTime"] < now  # as every send: stored, then released
+    assert m["status"] == 5 and m["expireTime"] < now  # due at once, and already past its ttl
     assert api.wait_status(topic, "old", {5})["status"] == 5
     assert api.pull(topic) == []
 
@@ -174,15 +176,36 @@ def test_delete_waiting_ready_and_consuming(api, topic):
     assert api.pull(topic, batch=5) == []
     data = api.info(topic)
     assert (data["waitingQueueSize"], data["readyQueueSize"], data["ackQueueSize"]) == (0, 0, 0)
-    assert api.post("ackMsg", topic=topic, msgId="c")[0] == 400  # deleted: too late to ack
+    assert api.post("ackMsg", topic=topic, msgId="c")[0] == 200  # deleted: an ack changes nothing
+    assert api.message(topic, "c")["status"] == 7
 
 
-def test_delete_of_an_ended_message_changes_nothing(api, topic):
+def test_delete_of_an_ended_message_is_404_and_changes_nothing(api, topic):
     api.send(topic, msgId="a")
     api.pull_until(topic, 1)
     api.post("ackMsg", topic=topic, msgId="a")
-    assert api.post("deleteMsg", topic=topic, msgId="a")[0] == 200
+    assert api.post("deleteMsg", topic=topic, msgId="a")[0] == 404  # camellia's SDK: false
+    assert api.server.http_status == 200
     assert api.message(topic, "a")["status"] == 4
+
+
+def test_a_resend_of_an_ended_id_stores_the_new_message_unless_strict(api, topic):
+    api.send(topic, "first", msgId="r")
+    assert api.send(topic, "dup", msgId="r")["msg"] == "first"  # alive: the stored one, unchanged
+    api.pull_until(topic, 1)
+    api.post("ackMsg", topic=topic, msgId="r")
+    strict = api.send(topic, "strict", msgId="r", strictIdempotence="true")
+    assert (strict["msg"], strict["status"]) == ("first", 4)
+    again = api.send(topic, "second", msgId="r", delayMillis=600000)
+    assert (again["msg"], again["status"], again["retry"]) == ("second", 1, 0)  # as camellia
+    assert api.message(topic, "r")["msg"] == "second"
+
+
+def test_a_send_due_now_answers_ready(api, topic):
+    for delay in ("0", "-5000"):
+        m = api.send(topic, msgId=f"d{delay}", delayMillis=delay)
+        assert m["status"] == 2, m  # camellia: <= 0 is now, and the answer says ready
+    assert sorted(ids(api.pull_until(topic, 2))) == ["d-5000", "d0"]
 
 
 def test_delete_with_release_forgets_the_id(api, topic):
@@ -190,12 +213,12 @@ def test_delete_with_release_forgets_the_id(api, topic):
     api.send(topic, "acked", msgId="y")
     api.pull_until(topic, 1)
     api.post("ackMsg", topic=topic, msgId="y")
-    for msg_id in ("x", "y"):
-        assert api.post("deleteMsg", topic=topic, msgId=msg_id, release="true")[0] == 200
+    for msg_id, code in (("x", 200), ("y", 404)):  # y had ended: 404, released all the same
+        assert api.post("deleteMsg", topic=topic, msgId=msg_id, release="true")[0] == code
         assert api.message(topic, msg_id) == 404
     assert api.post("deleteMsg", topic=topic, msgId="x", release="true")[0] == 404
     again = api.send(topic, "new", msgId="x")
-    assert (again["msg"], again["status"], again["retry"]) == ("new", 1, 0)
+    assert (again["msg"], again["status"], again["retry"]) == ("new", 2, 0)
     assert ids(api.pull_until(topic, 1)) == ["x"]
 
 

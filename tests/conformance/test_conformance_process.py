@@ -65,6 +65,6 @@ def test_a_message_consuming_across_a_restart(serve, topic):
     time.sleep(1.0)  # past the pull's ack deadline
     m = api.message(topic, "c")
     if api.backend == "disk":
-        assert (m["status"], m["retry"]) == (3, 0)  # its new deadline is 30 s after the restart
+        assert (m["status"], m["retry"]) == (3, 1)  # its new deadline is 30 s after the restart
     else:
-        assert (m["status"], m["retry"]) == (2, 1)  # timed out as set: ready again, retry+1
+        assert (m["status"], m["retry"]) == (2, 1)  # timed out as set: ready again (delivered once)

@@ -37,7 +37,7 @@ MAX_MSG_BYTES = 64
 
 # At most 64 characters of at most 4 UTF-8 bytes: always within 256 bytes.
 names = st.text(st.characters(blacklist_characters="\0,", codec="utf-8"), min_size=1, max_size=64)
-msgs = st.text(max_size=16)  # at most 64 bytes
+msgs = st.text(min_size=1, max_size=16)  # at most 64 bytes, never empty
 NUMBER = re.compile(r"[+-]?[0-9]+")
 non_numbers = st.one_of(
     st.sampled_from(["abc", "1.5", "1e3", " 1", "1 ", "1_0", "0x1", "\u0662", "+", "-"]),
@@ -60,10 +60,10 @@ def valid_send(draw: st.DrawFn) -> tuple[dict[str, object], NewMessage]:
     json = draw(st.booleans())
     fields = {
         "msgId": draw(st.none() | names),
-        "delayMillis": draw(st.none() | st.integers(0, 10**12)),
-        "triggerTime": draw(st.none() | st.integers(0, MAX_TRIGGER_MS)),
+        "delayMillis": draw(st.none() | st.integers(-2 * NOW, 10**12)),
+        "triggerTime": draw(st.none() | st.integers(-10**6, MAX_TRIGGER_MS)),
         "ttlMillis": draw(st.none() | st.integers(-10**6, MAX_DURATION_MS)),
-        "maxRetry": draw(st.none() | st.integers(-100, MAX_RETRY_COUNT)),
+        "maxRetry": draw(st.none() | st.integers(-100, MAX_RETRY_COUNT + 5)),
         "priority": draw(st.none() | st.integers(MIN_PRIORITY, MAX_PRIORITY)),
         "tag": draw(st.none() | names),
     }
@@ -80,25 +80,26 @@ def valid_send(draw: st.DrawFn) -> tuple[dict[str, object], NewMessage]:
     ttl, retry = fields["ttlMillis"], fields["maxRetry"]
     expected = NewMessage(
         topic=params["topic"], msg_id=fields["msgId"] or "made", msg=params["msg"], produce_ms=NOW,
-        trigger_ms=fields["triggerTime"] if fields["triggerTime"] is not None else NOW + (fields["delayMillis"] or 0),
-        ttl_ms=ttl if ttl is not None and ttl > 0 else D.ttl_ms,
-        max_retry=retry if retry is not None and retry >= 0 else D.max_retry,
+        trigger_ms=max(0, fields["triggerTime"] if fields["triggerTime"] is not None
+                       else NOW + (fields["delayMillis"] or 0)),
+        ttl_ms=min(ttl, D.max_ttl_ms) if ttl is not None and ttl > 0 else D.ttl_ms,
+        max_retry=min(retry, MAX_RETRY_COUNT - 1) if retry is not None and retry >= 0 else D.max_retry,
         priority=fields["priority"] or 0, tag=fields["tag"] or "")  # type: ignore[arg-type]
     return params, expected
 
 
 def corruptions(field: str) -> st.SearchStrategy[object]:
     """Values that make `field` alone invalid, whatever the other fields hold."""
-    too_long = st.text(st.characters(blacklist_characters="\0,", codec="utf-8"), min_size=257, max_size=300)
+    too_long = st.text(st.characters(blacklist_characters="\0,", codec="utf-8"), min_size=1025, max_size=1100)
     by_field: dict[str, st.SearchStrategy[object]] = {
         "topic": st.one_of(st.just(""), names.map(lambda s: s + "\0"), too_long, st.integers()),
         "msgId": st.one_of(names.map(lambda s: "\0" + s), too_long, st.integers()),
-        "msg": st.one_of(st.text(min_size=MAX_MSG_BYTES + 1), st.integers()),
+        "msg": st.one_of(st.text(min_size=MAX_MSG_BYTES + 1), st.integers(), st.just("")),
         "tag": st.one_of(names.map(lambda s: s + ","), too_long, st.integers()),
-        "delayMillis": st.one_of(st.integers(max_value=-1), st.integers(max_value=-1).map(str)),
-        "triggerTime": st.one_of(st.integers(max_value=-1), st.integers(MAX_TRIGGER_MS + 1, 10**19 - 1).map(str)),
-        "ttlMillis": st.integers(MAX_DURATION_MS + 1, 10**19 - 1),
-        "maxRetry": st.integers(MAX_RETRY_COUNT + 1, 10**9).map(str),
+        "delayMillis": st.nothing(),  # any whole number is a delay (<= 0: now)
+        "triggerTime": st.integers(MAX_TRIGGER_MS + 1, 10**19 - 1).map(str),
+        "ttlMillis": st.nothing(),  # any whole number: defaulted or clamped
+        "maxRetry": st.nothing(),
         "priority": st.one_of(st.integers(max_value=MIN_PRIORITY - 1), st.integers(min_value=MAX_PRIORITY + 1)),
     }
     numeric = field in ("delayMillis", "triggerTime", "ttlMillis", "maxRetry", "priority")
@@ -109,7 +110,7 @@ FIELDS = ["topic", "msgId", "msg", "tag", "delayMillis", "triggerTime", "ttlMill
 
 
 def send(params: dict[str, object]) -> NewMessage:
-    return parse_send(params, now_ms=NOW, make_id=lambda: "made", defaults=D, max_msg_bytes=MAX_MSG_BYTES)
+    return parse_send(params, now_ms=NOW, make_id=lambda: "made", defaults=D, max_msg_bytes=MAX_MSG_BYTES).message
 
 
 @SETTINGS
@@ -129,7 +130,8 @@ def test_one_corrupted_field_is_refused_naming_it(case: tuple[dict[str, object],
         send(params)
     except InvalidRequest as e:
         assert e.parameter == field, e
-        assert isinstance(e, MessageTooLarge) == (field == "msg" and isinstance(params["msg"], str))
+        assert isinstance(e, MessageTooLarge) == (field == "msg" and isinstance(params["msg"], str)
+                                                  and params["msg"] != "")
     else:
         raise AssertionError(f"{field}={params[field]!r} was accepted")
 
@@ -144,8 +146,9 @@ def test_a_batch_is_all_or_nothing_naming_the_bad_index(cases: list[tuple[dict[s
     ids = iter(range(100))
 
     def parse() -> tuple[NewMessage, ...]:
-        return parse_send_batch({"topic": topic, "msgs": items}, now_ms=NOW, make_id=lambda: f"made{next(ids)}",
-                                defaults=D, max_msg_bytes=MAX_MSG_BYTES)
+        return tuple(s.message for s in parse_send_batch({"topic": topic, "msgs": items}, now_ms=NOW,
+                                                         make_id=lambda: f"made{next(ids)}", defaults=D,
+                                                         max_msg_bytes=MAX_MSG_BYTES))
 
     got = parse()
     assert [m._replace(msg_id="") for m in got] == [m._replace(msg_id="") for m in expected]

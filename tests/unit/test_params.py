@@ -39,12 +39,13 @@ LIMIT = 16
 def send(**params: object) -> NewMessage:
     base: dict[str, object] = {"topic": "t", "msg": "m"}
     base.update(params)
-    return parse_send(base, now_ms=NOW, make_id=lambda: "made", defaults=D, max_msg_bytes=LIMIT)
+    return parse_send(base, now_ms=NOW, make_id=lambda: "made", defaults=D, max_msg_bytes=LIMIT).message
 
 
 def batch(body: dict[str, object]) -> tuple[NewMessage, ...]:
     ids = iter(range(10**6))
-    return parse_send_batch(body, now_ms=NOW, make_id=lambda: f"id{next(ids)}", defaults=D, max_msg_bytes=LIMIT)
+    sends = parse_send_batch(body, now_ms=NOW, make_id=lambda: f"id{next(ids)}", defaults=D, max_msg_bytes=LIMIT)
+    return tuple(s.message for s in sends)
 
 
 def refused(parameter: str, fn, *args, **kwargs) -> InvalidRequest:
@@ -81,8 +82,25 @@ def test_zero_or_absent_delay_is_due_now(value: object) -> None:
 
 
 @pytest.mark.parametrize("value", ["-1", -1, "-99999999"])
-def test_negative_delay_is_refused(value: object) -> None:
-    refused("delayMillis", send, delayMillis=value)
+def test_negative_delay_is_due_now_as_camellia(value: object) -> None:
+    assert send(delayMillis=value).trigger_ms == NOW + int(value)
+
+
+def test_a_negative_delay_never_makes_a_negative_trigger_time() -> None:
+    assert send(delayMillis=str(-NOW - 5)).trigger_ms == 0
+
+
+def test_strict_idempotence_is_asked_per_send_or_per_batch() -> None:
+    base = {"topic": "t", "msg": "m"}
+    assert not parse_send(base, now_ms=NOW, make_id=lambda: "i", defaults=D, max_msg_bytes=LIMIT).strict
+    assert parse_send({**base, "strictIdempotence": "true"}, now_ms=NOW, make_id=lambda: "i", defaults=D,
+                      max_msg_bytes=LIMIT).strict
+    sends = parse_send_batch({"topic": "t", "strictIdempotence": True,
+                              "msgs": [{"msg": "a"}, {"msg": "b", "strictIdempotence": False}]},
+                             now_ms=NOW, make_id=lambda: "i", defaults=D, max_msg_bytes=LIMIT)
+    assert [s.strict for s in sends] == [True, False]
+    refused("msgs[0].strictIdempotence", parse_send_batch, {"topic": "t", "msgs": [{"msg": "a",
+            "strictIdempotence": "maybe"}]}, now_ms=NOW, make_id=lambda: "i", defaults=D, max_msg_bytes=LIMIT)
 
 
 @pytest.mark.parametrize("field", ["delayMillis", "ttlMillis", "maxRetry", "priority", "triggerTime"])
@@ -106,9 +124,9 @@ def test_max_retry_zero_means_one_delivery_and_is_kept() -> None:
     assert send(maxRetry="0").max_retry == 0
 
 
-def test_max_retry_above_storage_range_is_refused() -> None:
-    assert send(maxRetry=str(MAX_RETRY_COUNT)).max_retry == MAX_RETRY_COUNT
-    refused("maxRetry", send, maxRetry=str(MAX_RETRY_COUNT + 1))
+def test_max_retry_above_storage_range_is_clamped() -> None:
+    assert send(maxRetry=str(MAX_RETRY_COUNT - 1)).max_retry == MAX_RETRY_COUNT - 1
+    assert send(maxRetry=str(MAX_RETRY_COUNT + 1)).max_retry == MAX_RETRY_COUNT - 1
 
 
 def test_priority_within_storage_range() -> None:
@@ -123,7 +141,7 @@ def test_absolute_trigger_time_wins_over_delay() -> None:
 
 
 def test_delay_is_still_validated_when_trigger_time_wins() -> None:
-    refused("delayMillis", send, triggerTime=str(NOW), delayMillis="-1")
+    refused("delayMillis", send, triggerTime=str(NOW), delayMillis="x")
 
 
 def test_trigger_time_in_the_past_is_due_now_not_refused() -> None:
@@ -133,7 +151,7 @@ def test_trigger_time_in_the_past_is_due_now_not_refused() -> None:
 def test_trigger_time_bounds() -> None:
     assert send(triggerTime=str(MAX_TRIGGER_MS)).trigger_ms == MAX_TRIGGER_MS
     refused("triggerTime", send, triggerTime=str(MAX_TRIGGER_MS + 1))
-    refused("triggerTime", send, triggerTime="-1")
+    assert send(triggerTime="-1").trigger_ms == 0  # in the past: due now
 
 
 def test_delay_of_years_is_accepted_but_not_past_year_9999() -> None:
@@ -152,8 +170,8 @@ def test_msg_size_counts_utf8_bytes_and_the_limit_itself_is_accepted() -> None:
     assert isinstance(info.value, InvalidRequest)
 
 
-def test_empty_msg_is_a_message() -> None:
-    assert send(msg="").msg == ""
+def test_empty_msg_is_refused_as_camellia() -> None:
+    refused("msg", send, msg="")
 
 
 @pytest.mark.parametrize("missing", ["topic", "msg"])
@@ -199,8 +217,9 @@ def test_a_lone_surrogate_is_refused(field: str) -> None:
     refused(field, send, **{field: "a\ud800"})
 
 
-def test_ttl_and_durations_have_a_ceiling() -> None:
-    refused("ttlMillis", send, ttlMillis=str(MAX_TRIGGER_MS + 1))
+def test_ttl_above_the_servers_maximum_is_clamped() -> None:
+    assert send(ttlMillis=str(MAX_TRIGGER_MS + 1)).ttl_ms == D.max_ttl_ms
+    assert send(ttlMillis=str(D.max_ttl_ms)).ttl_ms == D.max_ttl_ms
 
 
 def test_unknown_keys_are_ignored() -> None:
@@ -216,7 +235,7 @@ def test_batch_keeps_order_and_makes_distinct_ids() -> None:
 
 
 def test_batch_item_errors_name_the_index() -> None:
-    items: list[object] = [{"msg": "ok"}] * 3 + [{"msg": "ok", "delayMillis": -1}]
+    items: list[object] = [{"msg": "ok"}] * 3 + [{"msg": "ok", "delayMillis": "soon"}]
     refused("msgs[3].delayMillis", batch, {"topic": "t", "msgs": items})
     refused("msgs[1].msg", batch, {"topic": "t", "msgs": [{"msg": "ok"}, {}]})
     refused("msgs[0].priority", batch, {"topic": "t", "msgs": [{"msg": "ok", "priority": 1.5}]})
@@ -289,7 +308,8 @@ def test_pull_numbers_absent_empty_or_not_positive_are_defaults(field: str, valu
 def test_pull_given_values_and_bounds() -> None:
     assert parse_pull({"topic": "t", "ackTimeoutMillis": "500", "batch": "7"}, D) == PullRequest("t", 500, 7, ())
     assert parse_pull({"topic": "t", "batch": str(MAX_PULL_BATCH)}, D).batch == MAX_PULL_BATCH
-    refused("batch", parse_pull, {"topic": "t", "batch": str(MAX_PULL_BATCH + 1)}, D)
+    assert parse_pull({"topic": "t", "batch": str(MAX_PULL_BATCH + 1)}, D).batch == MAX_PULL_BATCH
+    assert parse_pull({"topic": "t", "ackTimeoutMillis": str(10**15)}, D).ack_timeout_ms == D.max_ack_timeout_ms
     refused("batch", parse_pull, {"topic": "t", "batch": "ten"}, D)
     refused("ackTimeoutMillis", parse_pull, {"topic": "t", "ackTimeoutMillis": "1.5"}, D)
 
@@ -309,8 +329,8 @@ def test_long_poll() -> None:
     assert parse_long_poll({"topic": "t", "longPollingTimeoutMillis": "-1"}, D).long_polling_timeout_ms == \
         D.long_polling_timeout_ms
     assert parse_long_poll({"topic": "t", "longPollingTimeoutMillis": "250"}, D).long_polling_timeout_ms == 250
-    refused("longPollingTimeoutMillis", parse_long_poll,
-            {"topic": "t", "longPollingTimeoutMillis": str(MAX_LONG_POLLING_TIMEOUT_MS + 1)}, D)
+    assert parse_long_poll({"topic": "t", "longPollingTimeoutMillis": str(MAX_LONG_POLLING_TIMEOUT_MS + 1)},
+                           D).long_polling_timeout_ms == MAX_LONG_POLLING_TIMEOUT_MS  # clamped, not refused
     refused("longPollingTimeoutMillis", parse_long_poll, {"topic": "t", "longPollingTimeoutMillis": "x"}, D)
 
 
@@ -325,9 +345,9 @@ def test_decode_utf8() -> None:
 
 def test_defaults_reject_nonsense() -> None:
     for bad in ({"ttl_ms": 0}, {"max_retry": -1}, {"ack_timeout_ms": 0}, {"batch": MAX_PULL_BATCH + 1},
-                {"long_polling_timeout_ms": 0}):
+                {"long_polling_timeout_ms": 0}, {"max_ack_timeout_ms": 1}, {"max_ttl_ms": 1}):
         with pytest.raises(ValueError):
             Defaults(**bad)  # type: ignore[arg-type]
     custom = Defaults(ttl_ms=5, max_retry=0)
-    m = parse_send({"topic": "t", "msg": "m"}, now_ms=0, make_id=lambda: "i", defaults=custom, max_msg_bytes=1)
+    m = parse_send({"topic": "t", "msg": "m"}, now_ms=0, make_id=lambda: "i", defaults=custom, max_msg_bytes=1).message
     assert (m.ttl_ms, m.max_retry) == (5, 0)
