@@ -41,8 +41,11 @@ def build_parser() -> argparse.ArgumentParser:
                             "(default 256 MiB); one further behind gets a snapshot")
     limits = Limits()
     serve.add_argument("--max-connections", type=int, default=limits.max_connections,
-                       help=f"open client connections; one more is answered 503 and closed "
-                            f"(default {limits.max_connections}; keep it well below the descriptor limit)")
+                       help=f"open client connections (default {limits.max_connections}); at the cap a new one "
+                            f"replaces a stalled one or is answered 503; lowered to keep --reserved-fds free")
+    serve.add_argument("--reserved-fds", type=int, default=limits.reserved_fds,
+                       help=f"file descriptors below RLIMIT_NOFILE that connections never take, kept for "
+                            f"storage (default {limits.reserved_fds})")
     serve.add_argument("--head-timeout", type=float, default=limits.head_timeout_s,
                        help=f"seconds a client has to send a request's headers (default {limits.head_timeout_s:g})")
     serve.add_argument("--body-timeout", type=float, default=limits.body_timeout_s,
@@ -77,7 +80,8 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
     return ServeConfig(host=args.host, port=args.port, data_dir=args.data_dir, backend=args.backend,
                        max_msg_bytes=args.max_msg_bytes, auth_token=token,
                        store=StoreConfig(fsync=fsync_policy(args.fsync), segment_bytes=args.segment_bytes),
-                       http=Limits(max_connections=args.max_connections, head_timeout_s=args.head_timeout,
+                       http=Limits(max_connections=args.max_connections, reserved_fds=args.reserved_fds,
+                                   head_timeout_s=args.head_timeout,
                                    body_timeout_s=args.body_timeout, idle_timeout_s=args.idle_timeout,
                                    body_budget_bytes=args.body_budget_bytes),
                        cluster=cluster)

@@ -18,40 +18,67 @@ What a stranger can make it spend, each bounded by `Limits`:
 
 | resource                   | bound                                  | when hit                  |
 |----------------------------|----------------------------------------|---------------------------|
-| connections                | `max_connections`                      | 503, closed at once       |
+| connections                | `max_connections`, and the descriptors | the stalled connection    |
+|                            | left after `reserved_fds` for storage  | nearest its deadline is   |
+|                            | (`broker.descriptors`)                 | closed for it; none: 503  |
+| descriptors at accept      | EMFILE                                 | 503 through a spare one   |
 | head size                  | `max_head_bytes`                       | 431, closed               |
 | time to send a head        | `head_timeout_s` (from its first byte) | closed                    |
 | time to send a body        | `body_timeout_s`                       | closed                    |
 | idle keep-alive            | `idle_timeout_s`                       | closed                    |
 | a body                     | the route's cap (`body_cap`)           | 413 before it is read     |
-| bodies being read at once  | `body_budget_bytes` (bodies > 64 KiB)  | 429 before it is read     |
+| bodies read or handled     | `body_budget_bytes` (bodies > 64 KiB), | 429 before it is read     |
+|   at once                  | held until the answer is written       |                           |
 | pipelined bytes buffered   | one request ahead, reading paused      | (back-pressure)           |
 
 Deadlines are plain numbers checked by one sweep a second, so a request
 costs no timer. Handlers are `async def handler(request) -> Response`;
 `dispatch` is called with every complete request and routes it.
+
+Accepting is the server's own (not `loop.create_server`): a connection
+over the cap is answered 503 and closed on its plain socket at once, so
+refusing a flood holds one descriptor at a time; and EMFILE on accept is
+answered through a spare descriptor kept for that, where asyncio's
+server would log and pause and uvloop's would drop the backlog unanswered.
+A stalled connection is one with no request in progress: idle between
+requests, silent since it connected, or part way through a head. When
+the cap is reached the one nearest its deadline is closed for the newcomer
+(a slow-loris client loses its sockets to real ones); connections running a
+request, or sending a body, are never taken.
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import logging
+import os
+import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from http import HTTPStatus
 
+from .descriptors import DescriptorBudget
+
 log = logging.getLogger("hourglass.httpd")
 
 LARGE_BODY_BYTES = 64 * 1024
+# Connections accepted per wake of the listening socket, so a flood of
+# connects cannot hold the event loop.
+ACCEPTS_PER_WAKE = 32
 _REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
 
 
 @dataclass(frozen=True)
 class Limits:
-    # Open client connections; one more is answered 503 and closed. Keep
-    # it well below the descriptor limit: storage needs descriptors too.
+    # Open client connections. At the cap a new one takes the place of the
+    # stalled connection nearest its deadline, or is answered 503 and closed.
+    # The cap is lowered further to keep `reserved_fds` descriptors free.
     max_connections: int = 1024
+    # File descriptors kept for storage (segments, hour files, checkpoints)
+    # below RLIMIT_NOFILE: connections never take them (broker.descriptors).
+    reserved_fds: int = 128
     # Request line and headers, in bytes.
     max_head_bytes: int = 16 * 1024
     # From a request's first byte until its head is complete.
@@ -68,6 +95,8 @@ class Limits:
         for name in ("max_connections", "max_head_bytes", "body_budget_bytes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, not {getattr(self, name)}")
+        if self.reserved_fds < 0:
+            raise ValueError(f"reserved_fds must be at least 0, not {self.reserved_fds}")
         for name in ("head_timeout_s", "body_timeout_s", "idle_timeout_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, not {getattr(self, name)}")
@@ -159,11 +188,32 @@ class _Shared:
         self.body_cap = body_cap
         self.limits = limits
         self.connections: set[Connection] = set()
+        self.adopting = 0  # accepted, not yet made a Connection
+        self.descriptors = DescriptorBudget(limits.reserved_fds)
         self.body_bytes = 0
-        self.refused = 0  # connections refused at the cap
+        self.refused = 0  # connections answered 503 at the cap (or at EMFILE)
+        self.evicted = 0  # stalled connections closed to make room for a new one
         self.running = 0  # handlers running
         self.stopping = False
         self.idle = asyncio.Event()  # set when no handler is running
+
+    def cap(self) -> int:
+        """Connections allowed now: `max_connections`, lowered to keep the
+        reserved descriptors free."""
+        ceiling = self.descriptors.ceiling()
+        return self.limits.max_connections if ceiling is None else min(self.limits.max_connections, ceiling)
+
+    def make_room(self) -> bool:
+        """True if one more connection may be taken: under the cap, or a
+        stalled connection (the one nearest its deadline) was closed for it."""
+        if len(self.connections) + self.adopting < self.cap():
+            return True
+        victim = min((c for c in self.connections if c.stalled()), key=lambda c: c.deadline, default=None)
+        if victim is None:
+            return False
+        victim.evict()
+        self.evicted += 1
+        return True
 
 
 class Connection(asyncio.Protocol):
@@ -185,14 +235,23 @@ class Connection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]  # uvloop's is no asyncio.Transport
         shared = self.shared
-        if shared.stopping or len(shared.connections) >= shared.limits.max_connections:
+        if shared.stopping:  # accepted as the server began to stop
             shared.refused += 1
-            self.transport.write(self._encode(plain_answer(503, "too many connections, retry later"), True))
+            self.transport.write(self._encode(plain_answer(503, "stopping, retry on another node"), True))
             self.transport.close()
             self.transport = None
             return
         shared.connections.add(self)
         self.deadline = self.loop.time() + shared.limits.idle_timeout_s
+
+    def stalled(self) -> bool:
+        """No request in progress: idle, silent, or part way through a head."""
+        return not self.busy and self.pending is None and self.transport is not None
+
+    def evict(self) -> None:
+        self.shared.connections.discard(self)  # its slot is free now; its descriptor once closed
+        if self.transport is not None:
+            self.transport.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.shared.connections.discard(self)
@@ -239,7 +298,6 @@ class Connection(asyncio.Protocol):
         body = bytes(self.buffer[:length])
         del self.buffer[:length]
         self.pending = None
-        self._release_budget()
         path, _, query = target.partition("?")
         request = Request(method, path, query.encode("latin-1"), headers, body, transport)
         self.busy = True
@@ -337,6 +395,7 @@ class Connection(asyncio.Protocol):
                 transport.close()
                 return
         finally:
+            self._release_budget()  # held while the handler parses and holds the body
             self.busy = False
             shared.running -= 1
             if not shared.running:
@@ -369,44 +428,145 @@ class HttpServer:
 
     def __init__(self, dispatch: Dispatch, body_cap: BodyCap, limits: Limits | None = None) -> None:
         self.shared = _Shared(dispatch, body_cap, limits or Limits())
-        self.server: asyncio.AbstractServer | None = None
+        self.listeners: list[socket.socket] = []
+        self.spare: int | None = None  # a descriptor held to answer 503 at EMFILE
+        self.adoptions: set[asyncio.Task] = set()
         self.sweeper: asyncio.Task | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    def __repr__(self) -> str:
+        shared = self.shared
+        return (f"HttpServer(connections={len(shared.connections)}, cap={shared.cap()}, refused={shared.refused}, "
+                f"evicted={shared.evicted}, {shared.descriptors!r})")
 
     @property
     def connections(self) -> int:
         return len(self.shared.connections)
 
     async def start(self, host: str, port: int) -> None:
-        loop = asyncio.get_running_loop()
+        self.loop = loop = asyncio.get_running_loop()
         self.shared.idle.set()
-        self.server = await loop.create_server(lambda: Connection(self.shared), host, port, backlog=1024,
-                                               reuse_address=True)
+        self.listeners = await _listen(loop, host, port, backlog=1024)
+        self.spare = _open_spare()
+        self.shared.descriptors.measure(0)
+        for listener in self.listeners:
+            loop.add_reader(listener.fileno(), self._accept, listener)
         self.sweeper = asyncio.create_task(self._sweep(), name="http-deadlines")
+        shared = self.shared
+        budget = shared.descriptors
+        if budget.ceiling() is not None and budget.ceiling() < shared.limits.max_connections:
+            level = logging.WARNING if shared.cap() < 16 else logging.INFO
+            log.log(level, "at most %d connections: the descriptor limit is %d, %d are reserved for storage and "
+                    "%d are open (raise `ulimit -n` for more)", shared.cap(), budget.limit, budget.reserved,
+                    budget.others)
 
     @property
     def port(self) -> int:
-        assert self.server is not None
-        return self.server.sockets[0].getsockname()[1]
+        return self.listeners[0].getsockname()[1]
+
+    # -- accepting ---------------------------------------------------------------------
+
+    def _accept(self, listener: socket.socket) -> None:
+        shared = self.shared
+        for _ in range(ACCEPTS_PER_WAKE):
+            try:
+                sock, _ = listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except ConnectionAbortedError:
+                continue
+            except OSError as e:
+                if e.errno in (errno.EMFILE, errno.ENFILE):
+                    self._answer_without_descriptors(listener)
+                else:
+                    log.warning("accepting a connection: %s", e)
+                return
+            if shared.stopping or not shared.make_room():
+                shared.refused += 1
+                _refuse_socket(sock, "stopping, retry on another node" if shared.stopping
+                               else "too many connections, retry later")
+                continue
+            shared.adopting += 1
+            task = self.loop.create_task(self._adopt(sock))  # type: ignore[union-attr]
+            self.adoptions.add(task)
+            task.add_done_callback(self.adoptions.discard)
+
+    async def _adopt(self, sock: socket.socket) -> None:
+        try:
+            sock.setblocking(False)
+            await self.loop.connect_accepted_socket(lambda: Connection(self.shared), sock)  # type: ignore[union-attr]
+        except OSError:  # reset before it could be served
+            sock.close()
+        finally:
+            self.shared.adopting -= 1
+
+    def _answer_without_descriptors(self, listener: socket.socket) -> None:
+        """EMFILE: every descriptor is taken (by storage: connections stop
+        short of its reserve). Free the spare one, accept with it, answer 503,
+        close, take the spare back; and pause accepting for a moment, as the
+        listening socket stays readable while connections wait."""
+        answered = 0
+        while self.spare is not None and answered < ACCEPTS_PER_WAKE:
+            os.close(self.spare)
+            self.spare = None
+            try:
+                sock, _ = listener.accept()
+            except OSError:
+                sock = None
+            if sock is not None:
+                answered += 1
+                self.shared.refused += 1
+                _refuse_socket(sock, "out of file descriptors, retry later")
+            self.spare = _open_spare()
+            if sock is None:
+                break
+        log.warning("out of file descriptors while accepting (%d answered 503); pausing accepts for %.1f s",
+                    answered, EMFILE_PAUSE_S)
+        loop = self.loop
+        assert loop is not None
+        loop.remove_reader(listener.fileno())
+        loop.call_later(EMFILE_PAUSE_S, self._resume_accepting, listener)
+
+    def _resume_accepting(self, listener: socket.socket) -> None:
+        if self.shared.stopping or listener.fileno() < 0:
+            return
+        if self.spare is None:
+            self.spare = _open_spare()
+        self.loop.add_reader(listener.fileno(), self._accept, listener)  # type: ignore[union-attr]
+
+    # -- deadlines and stopping --------------------------------------------------------
 
     async def _sweep(self) -> None:
-        """Close connections past their deadline, once a second."""
+        """Once a second: close connections past their deadline, recount
+        the descriptors in use."""
         loop = asyncio.get_running_loop()
+        shared = self.shared
         while True:
             await asyncio.sleep(1.0)
             now = loop.time()
-            for conn in [c for c in self.shared.connections if not c.busy and c.deadline < now]:
+            for conn in [c for c in shared.connections if not c.busy and c.deadline < now]:
                 if conn.transport is not None:
                     conn.transport.close()
+            shared.descriptors.measure(len(shared.connections) + shared.adopting)
+            if self.spare is None:
+                self.spare = _open_spare()
 
     async def close(self, grace_s: float) -> None:
         """Stop accepting, close idle connections, let requests in flight
         finish for up to `grace_s`, then close everything."""
         shared = self.shared
         shared.stopping = True
-        if self.server is not None:
-            self.server.close()
+        for listener in self.listeners:
+            if listener.fileno() >= 0:
+                self.loop.remove_reader(listener.fileno())  # type: ignore[union-attr]
+                listener.close()
+        if self.spare is not None:
+            os.close(self.spare)
+            self.spare = None
         if self.sweeper is not None:
             self.sweeper.cancel()
+        if self.adoptions:
+            await asyncio.gather(*self.adoptions, return_exceptions=True)
         for conn in list(shared.connections):
             if not conn.busy and conn.transport is not None:
                 conn.transport.close()
@@ -417,5 +577,55 @@ class HttpServer:
         for conn in list(shared.connections):
             if conn.transport is not None:
                 conn.transport.close()
-        if self.server is not None:
-            await self.server.wait_closed()
+
+
+# After EMFILE at accept, how long the listening sockets rest.
+EMFILE_PAUSE_S = 0.1
+
+
+async def _listen(loop: asyncio.AbstractEventLoop, host: str, port: int, backlog: int) -> list[socket.socket]:
+    """Listening, non-blocking sockets on every address `host` resolves to
+    (as `loop.create_server` binds them)."""
+    infos = await loop.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    listeners: list[socket.socket] = []
+    seen = set()
+    try:
+        for family, kind, proto, _, address in infos:
+            if (family, address) in seen:
+                continue
+            seen.add((family, address))
+            sock = socket.socket(family, kind, proto)
+            listeners.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            try:
+                sock.bind(address)
+            except OSError as e:
+                raise OSError(e.errno, f"cannot listen on {address[0]} port {address[1]}: {e.strerror}") from None
+            sock.listen(backlog)
+            sock.setblocking(False)
+    except BaseException:
+        for sock in listeners:
+            sock.close()
+        raise
+    return listeners
+
+
+def _open_spare() -> int | None:
+    try:
+        return os.open(os.devnull, os.O_RDONLY)
+    except OSError:
+        return None
+
+
+def _refuse_socket(sock: socket.socket, text: str) -> None:
+    """503 on a plain, just accepted socket, then close it at once: no
+    transport, so a refused connection holds its descriptor for no time."""
+    try:
+        sock.setblocking(False)
+        sock.send(Connection._encode(plain_answer(503, text), True))
+    except OSError:
+        pass
+    finally:
+        sock.close()

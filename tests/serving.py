@@ -52,13 +52,17 @@ class Server:
 
     @classmethod
     def start(cls, data_dir, *flags: str, log_path=None, port: int | None = None, token: str | None = None,
-              wait_s: float = 30) -> Server:
+              wait_s: float = 30, preexec_fn=None) -> Server:
+        """`preexec_fn` runs in the child before it starts (e.g. to lower a
+        resource limit)."""
         port = port or free_port()
         log_path = str(log_path or f"{data_dir}.log")
         with open(log_path, "ab") as log:
-            proc = subprocess.Popen([sys.executable, "-m", "broker.cli", "serve", "--port", str(port),
-                                     "--data-dir", str(data_dir), *flags],
-                                    stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+            # preexec_fn: the tests' own are a setrlimit, which takes no lock
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "broker.cli", "serve", "--port", str(port), "--data-dir", str(data_dir),
+                 *flags], stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+                preexec_fn=preexec_fn)  # noqa: PLW1509
         server = cls(proc, f"http://127.0.0.1:{port}", str(data_dir), log_path, token)
         server.wait_healthy(wait_s)
         return server

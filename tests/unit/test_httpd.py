@@ -3,9 +3,31 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
+import resource
+import socket
 
-from broker.httpd import HttpServer, Limits, Request, Response, StreamResponse
+from broker.httpd import (
+    EMFILE_PAUSE_S,
+    HttpServer,
+    Limits,
+    Request,
+    Response,
+    StreamResponse,
+)
+
+
+@contextlib.contextmanager
+def _nofile_limit(soft: int):
+    """This process's RLIMIT_NOFILE soft limit lowered for a while."""
+    old = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (soft, old[1]))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, old)
 
 
 async def _serve(limits: Limits | None = None, cap: int = 1024, slow: asyncio.Event | None = None):
@@ -133,18 +155,101 @@ def test_malformed_requests_get_an_answer_and_a_close():
     assert asyncio.run(one(b"GET / HTTP/1.1\r\nX: " + b"a" * 400)) == 431
 
 
-def test_connection_cap_answers_503():
+def test_connection_cap_answers_503_when_every_connection_is_running_a_request():
     async def main():
-        server, _ = await _serve(Limits(max_connections=2))
+        release = asyncio.Event()
+        server, _ = await _serve(Limits(max_connections=2), slow=release)
         for _ in range(2):
-            await _connect(server.port)
+            _, writer = await _connect(server.port)
+            writer.write(b"GET /slow HTTP/1.1\r\n\r\n")
         await asyncio.sleep(0.05)
         reader, _ = await _connect(server.port)
-        status, _, _ = await _read_response(reader)
+        status, headers, _ = await _read_response(reader)
         refused = server.shared.refused
+        release.set()
         await _stop(server)
-        return status, refused
-    assert asyncio.run(main()) == (503, 1)
+        return status, headers["connection"], refused
+    assert asyncio.run(main()) == (503, "close", 1)
+
+
+def test_at_the_cap_a_stalled_connection_makes_room_for_a_new_one():
+    async def main():
+        server, _ = await _serve(Limits(max_connections=2))
+        await _connect(server.port)  # silent: its idle deadline is far
+        slow_reader, slow_writer = await _connect(server.port)
+        slow_writer.write(b"GET / HTTP/1.1\r\nHost:")  # a head started: nearer deadline, closed first
+        await asyncio.sleep(0.05)
+        reader, writer = await _connect(server.port)
+        writer.write(b"GET /new HTTP/1.1\r\n\r\n")
+        status, _, body = await _read_response(reader)
+        slow_got = await asyncio.wait_for(slow_reader.read(), 5)
+        evicted, connections = server.shared.evicted, server.connections
+        await _stop(server)
+        return status, json.loads(body)["path"], slow_got, evicted, connections
+    assert asyncio.run(main()) == (200, "/new", b"", 1, 2)
+
+
+def test_emfile_at_accept_is_answered_503_through_the_spare_descriptor():
+    async def main():
+        server, _ = await _serve()
+        client = socket.socket()
+        client.setblocking(False)
+        hogs = []
+        try:
+            while True:  # take every descriptor the process may open
+                hogs.append(os.open(os.devnull, os.O_RDONLY))
+        except OSError:
+            pass
+        try:
+            try:
+                client.connect(("127.0.0.1", server.port))
+            except BlockingIOError:
+                pass
+            answer = b""
+            for _ in range(200):
+                await asyncio.sleep(0.01)
+                try:
+                    answer += client.recv(4096)
+                except BlockingIOError:
+                    continue
+                except OSError:
+                    break
+                if b"\r\n\r\n" in answer:
+                    break
+            client.close()
+        finally:
+            for fd in hogs:
+                os.close(fd)
+        await asyncio.sleep(EMFILE_PAUSE_S * 2)  # accepting again after its pause
+        reader, writer = await _connect(server.port)
+        writer.write(b"GET /after HTTP/1.1\r\n\r\n")
+        status, _, _ = await _read_response(reader)
+        await _stop(server)
+        return answer, status
+    with _nofile_limit(256):
+        first, after = asyncio.run(main())
+    assert first.startswith(b"HTTP/1.1 503 Service Unavailable") and b"out of file descriptors" in first
+    assert after == 200
+
+
+def test_connections_stop_short_of_the_reserved_descriptors():
+    async def main():
+        release = asyncio.Event()
+        server, _ = await _serve(Limits(reserved_fds=10), slow=release)
+        budget = server.shared.descriptors
+        budget.limit = budget.others + 10 + 2  # room for two connections beside what is open
+        statuses = []
+        for _ in range(2):
+            _, writer = await _connect(server.port)
+            writer.write(b"GET /slow HTTP/1.1\r\n\r\n")
+        await asyncio.sleep(0.05)
+        reader, _ = await _connect(server.port)
+        statuses.append((await _read_response(reader))[0])
+        release.set()
+        cap = server.shared.cap()
+        await _stop(server)
+        return cap, statuses
+    assert asyncio.run(main()) == (2, [503])
 
 
 def test_a_silent_or_slow_head_is_closed_at_its_deadline():
