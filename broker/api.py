@@ -19,9 +19,10 @@ camellia's server, the API's outcomes come with HTTP 200 and the code in
 the body: 200; 400 (a bad parameter, named in `msg`); 404 (no such
 message); 413 (`msg` above --max-msg-bytes). Other HTTP statuses are for
 what a client should take as the node's problem: 401 (token), 404 (no
-such path), 405, 413 (a body above its cap, refused before it is read),
-429 (a limit), 503 (stopping, no leader), 500 (a bug, logged). An answer
-other than code 200 stores nothing.
+such path), 405, 413 (a body above its cap, refused before it is read, or
+above its form pairs, JSON structure or --max-batch-msgs, refused before
+it is decoded: `broker.bodies`), 429 (a limit), 503 (stopping, no leader),
+500 (a bug, logged). An answer other than code 200 stores nothing.
 """
 
 from __future__ import annotations
@@ -38,16 +39,13 @@ from storage.entry import Message
 from storage.errors import InvalidRequest
 
 from . import params
+from .bodies import JSON_MARKS_PER_BODY, BodyLimits, BodyTooLarge, check_json_marks
 from .httpd import Request, Response, StreamResponse
 from .service import Broker, NotFound, Unavailable, new_msg_id
 
 log = logging.getLogger("hourglass.api")
 
 PREFIX = "/camellia/delayQueue/"
-# Request bodies: %-encoding triples a message's bytes at most, JSON
-# escaping (\u00XX for a control character) multiplies them by six.
-BODY_SLACK_BYTES = 64 * 1024
-BATCH_BODY_MIN_CAP_BYTES = 64 * 1024 * 1024
 
 
 # Codes answered with HTTP 200, the code in the body, as camellia does: its
@@ -95,31 +93,30 @@ def delay_msg(m: Message) -> dict:
 
 
 def bearer_auth(token: str | None, handler: Handler) -> Handler:
-    """Every path but /health needs `Authorization: Bearer <token>`
-    (compared in constant time); no token configured: open."""
+    """Every path but /health needs `Authorization: Bearer <token>`, the
+    scheme in any case (RFC 7235), the token compared in constant time as
+    the bytes sent; no token configured: open."""
     if token is None:
         return handler
-    expected = f"Bearer {token}".encode()
+    expected = token.encode()
 
     async def auth(request: Request) -> Response | StreamResponse:
         if request.path != "/health":
-            given = request.headers.get("authorization", "").encode("utf-8", "surrogateescape")
-            if not hmac.compare_digest(given, expected):
+            scheme, _, given = request.headers.get("authorization", "").partition(" ")
+            # httpd decodes header bytes as latin-1: encoding back gives the bytes sent
+            if not (hmac.compare_digest(given.strip().encode("latin-1", "replace"), expected) and scheme.lower() == "bearer"):
                 return answer(401, "missing or wrong bearer token")
         return await handler(request)
     return auth
 
 
-class BodyTooLarge(Exception):
-    pass
-
-
 class Api:
-    def __init__(self, broker: Broker, max_msg_bytes: int) -> None:
+    def __init__(self, broker: Broker, max_msg_bytes: int, bodies: BodyLimits | None = None) -> None:
         self.broker = broker
         self.max_msg_bytes = max_msg_bytes
-        self.single_cap = 6 * max_msg_bytes + BODY_SLACK_BYTES
-        self.batch_cap = max(BATCH_BODY_MIN_CAP_BYTES, self.single_cap)
+        self.bodies = bodies or BodyLimits()  # what decoding a body may cost (broker.bodies)
+        self.single_cap = BodyLimits.body_bytes(max_msg_bytes)
+        self.batch_cap = self.bodies.batch_body_bytes(max_msg_bytes)
 
     def add_routes(self, router: Router) -> None:
         post = {"sendMsg": self.send, "sendMsgBatch": self.send_batch, "deleteMsg": self.delete,
@@ -143,8 +140,8 @@ class Api:
                 return answer(413, str(e))
             except InvalidRequest as e:
                 return answer(400, str(e))
-            except BodyTooLarge as e:
-                return answer(413, str(e))
+            except BodyTooLarge as e:  # HTTP 413 as for a body over its byte cap: too large for this node
+                return Response(413, orjson.dumps({"code": 413, "msg": str(e)}))
             except NotFound as e:
                 return answer(404, str(e))
             except Unavailable as e:
@@ -160,10 +157,13 @@ class Api:
 
     async def _params(self, request: Request, cap: int | None = None) -> dict[str, object]:
         if request.method == "GET":
+            self.bodies.check_form(request.query, "the query string")
             return parse_form(request.query)
         raw = await self._body(request, cap or self.single_cap)
         if request.content_type == "application/json":
+            check_json_marks(raw, JSON_MARKS_PER_BODY, "the body")
             return parse_json(raw)
+        self.bodies.check_form(raw, "the form body")
         return parse_form(raw)
 
     # -- endpoints --------------------------------------------------------------------
@@ -177,7 +177,15 @@ class Api:
 
     async def send_batch(self, request: Request) -> Response:
         raw = await self._body(request, self.batch_cap)
-        body = parse_json(raw) if request.content_type == "application/json" else _batch_from_form(raw)
+        if request.content_type == "application/json":
+            check_json_marks(raw, self.bodies.batch_json_marks, "the body")
+            body = parse_json(raw)
+        else:
+            body = _batch_from_form(raw, self.bodies)
+        items = body.get("msgs")
+        if isinstance(items, list) and len(items) > self.bodies.max_batch_msgs:  # 413: a client splits the batch
+            raise BodyTooLarge(f"msgs holds {len(items)} messages, more than {self.bodies.max_batch_msgs} "
+                               f"(--max-batch-msgs)")
         batch = params.parse_send_batch(body, now_ms=self.broker.clock.now_ms(), make_id=new_msg_id,
                                         defaults=self.broker.defaults, max_msg_bytes=self.max_msg_bytes)
         stored = await self.broker.send(batch)
@@ -240,11 +248,13 @@ def parse_json(raw: bytes) -> dict[str, object]:
     return body
 
 
-def _batch_from_form(raw: bytes) -> dict[str, object]:
+def _batch_from_form(raw: bytes, bodies: BodyLimits) -> dict[str, object]:
     """sendMsgBatch as a form: `topic` and `msgs` holding the JSON list."""
+    bodies.check_form(raw, "the form body")
     form = parse_form(raw)
     msgs = form.get("msgs")
     if isinstance(msgs, str) and msgs:
+        check_json_marks(msgs, bodies.batch_json_marks, "msgs")
         try:
             return {"topic": form.get("topic"), "msgs": json.loads(msgs)}
         except (ValueError, RecursionError) as e:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from replication.config import ClusterConfig
 from storage.config import FsyncPolicy, StoreConfig
 
+from .bodies import BodyLimits
 from .httpd import Limits
 from .params import Defaults
 
@@ -33,6 +34,8 @@ class ServeConfig:
     defaults: Defaults = field(default_factory=Defaults)
     # What one client connection may hold: connections, deadlines, bodies.
     http: Limits = field(default_factory=Limits)
+    # What decoding a request body may cost: form pairs, batch size, JSON.
+    bodies: BodyLimits = field(default_factory=BodyLimits)
     # --node-id/--cluster: this node is one of a replicated cluster (None:
     # standalone). Its host and port then come from its --cluster entry.
     cluster: ClusterConfig | None = None

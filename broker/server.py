@@ -60,7 +60,7 @@ class Node:
         self.broker = Broker(self.store, self.clock, config.defaults, self.metrics,
                              tick_path=os.path.join(config.data_path, "tick"))
         self.opened_s = time.perf_counter() - started
-        self.api = Api(self.broker, config.max_msg_bytes)
+        self.api = Api(self.broker, config.max_msg_bytes, config.bodies)
         self.checkpoints = 0
         self.checkpoint_seconds = 0.0
         log.info("opened %s in %.3f s: %s", config.data_path, self.opened_s, self.store)
@@ -119,7 +119,7 @@ class RedisNode:
         self.clock = SystemClock()
         self.metrics = Metrics()
         self.broker = RedisBroker.from_url(config.backend, self.clock, config.defaults, self.metrics)
-        self.api = Api(self.broker, config.max_msg_bytes)
+        self.api = Api(self.broker, config.max_msg_bytes, config.bodies)
 
     handler = Node.handler
 

@@ -89,7 +89,7 @@ class ClusterNode:
         self.tick_path = os.path.join(self.data_dir, "tick")
         self.tick_file: TickStateFile | None = TickStateFile(self.tick_path, fsync=True)
         self.metrics = Metrics()
-        self.api = Api(None, config.max_msg_bytes)  # its broker is set while this node leads
+        self.api = Api(None, config.max_msg_bytes, config.bodies)  # its broker is set while this node leads
         self.apply_lock = asyncio.Lock()
         self.checkpoint_lock = asyncio.Lock()
         self.role = "follower"
