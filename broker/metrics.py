@@ -95,10 +95,16 @@ class Metrics:
         self.lateness_seconds = Histogram(LATENESS_BUCKETS_S)
         self.fsync_seconds = Histogram(FSYNC_BUCKETS_S)
 
-    def topic(self, name: str) -> TopicMetrics:
+    def topic(self, name: str, exists: bool = True) -> TopicMetrics:
+        """The counters of topic `name`. `exists=False` (a request naming a
+        topic the node does not have) gives counters that are dropped
+        unless the topic has some already: made-up names never become label
+        values of /metrics nor entries here."""
         m = self.topics.get(name)
         if m is None:
-            m = self.topics[name] = TopicMetrics()
+            m = TopicMetrics()
+            if exists:
+                self.topics[name] = m
         return m
 
     def render(self, gauges: Iterable[tuple[str, int, int, int]], node: Iterable[tuple[str, str, float]]) -> str:

@@ -818,7 +818,7 @@ class RedisBroker:
         ended, *rows = await self._script("pull", request.topic, [
             str(now_ms), deadline, str(request.batch), str(now_ms + self.config.retention_ms), *request.tags])
         messages = [_message(request.topic, *row) for row in rows]
-        m = self.metrics.topic(request.topic)
+        m = self.metrics.topic(request.topic, exists=bool(messages) or request.topic in self._state.topics)
         m.ended += ended
         m.pulls += len(messages)
         for message in messages:
@@ -899,8 +899,8 @@ class RedisBroker:
 
     async def get(self, topic: str, msg_id: str) -> Message:
         self._check_serving()
-        self.metrics.topic(topic).gets += 1
         found = await self._script("get", topic, [msg_id])
+        self.metrics.topic(topic, exists=bool(found) or topic in self._state.topics).gets += 1
         if not found:
             raise NotFound(f"no message {msg_id!r} in topic {topic!r}")
         return _message(topic, msg_id, *found)

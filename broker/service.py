@@ -699,7 +699,7 @@ class Broker:
         message = self.store.get(request.topic, request.msg_id)
         status = None if message is None else message.status
         now_ms = self.clock.now_ms()
-        m = self.metrics.topic(request.topic)
+        m = self.metrics.topic(request.topic, exists=message is not None)
         live = None if message is None else self.live.get(message.location)
         if request.ack and status is Status.WAITING:
             self.scheduler.cancel(message.location)
@@ -749,7 +749,7 @@ class Broker:
         waited for, never shown before it is durable."""
         self._check_serving()
         await self.commits.flush()
-        self.metrics.topic(topic).gets += 1
+        self.metrics.topic(topic, exists=self.has_topic(topic)).gets += 1
         return self._message(topic, msg_id)
 
     # == topic information =======================================================
@@ -788,6 +788,9 @@ class Broker:
     def topic_list(self) -> list[str]:
         names = set(self.store.topic_names().values()) | set(self.topics)
         return sorted(names)
+
+    def has_topic(self, topic: str) -> bool:
+        return topic in self.topics or self.store.has_topic(topic)
 
 
 def _bucket(until_trigger_ms: int) -> int:

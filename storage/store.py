@@ -644,6 +644,10 @@ class Store:
         """topic hash -> topic, for every topic with a message in a live hour."""
         return dict(self._topic_names)
 
+    def has_topic(self, topic: str) -> bool:
+        """`topic` has a message in a live hour (as `topic_names`, O(1))."""
+        return self._topic_names.get(text_hash(topic)) == topic
+
     def topic_hours(self, topic_hash: int) -> list[tuple[int, list[int]]]:
         """(hour, counts) of every live hour holding messages of the topic,
         ascending; counts[s] is how many are in status s (index 0 unused)."""
