@@ -4,13 +4,19 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+import stat
 import sys
 
 from replication.config import Acks, ClusterConfig, parse_cluster
 from storage.config import StoreConfig
 
+from .bodies import BodyLimits
 from .config import ServeConfig, fsync_policy
 from .httpd import Limits
+from .params import Defaults
+
+log = logging.getLogger("hourglass.cli")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -25,7 +31,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-msg-bytes", type=int, default=1024 * 1024,
                        help="largest msg in UTF-8 bytes (default 1 MiB)")
     serve.add_argument("--auth-token-file", default=None,
-                       help="file holding a bearer token required by every endpoint but /health")
+                       help="file holding a bearer token required by every endpoint but /health; refused if "
+                            "group or others may read it (chmod 600)")
+    serve.add_argument("--allow-readable-token", action="store_true",
+                       help="accept an --auth-token-file that group or others may read, with a warning")
     serve.add_argument("--node-id", default=None, help="this node's id in --cluster")
     serve.add_argument("--cluster", default=None,
                        help="id=host:http_port:replication_port,... (every node, this one included); the node "
@@ -53,8 +62,22 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--idle-timeout", type=float, default=limits.idle_timeout_s,
                        help=f"seconds an idle keep-alive connection is kept (default {limits.idle_timeout_s:g})")
     serve.add_argument("--body-budget-bytes", type=int, default=limits.body_budget_bytes,
-                       help=f"bytes of large bodies (>64 KiB) received at once, all connections together; "
-                            f"over it: 429 (default {limits.body_budget_bytes})")
+                       help=f"bytes of large bodies (>64 KiB) received or handled at once, all connections "
+                            f"together; over it: 429 (default {limits.body_budget_bytes})")
+    bodies = BodyLimits()
+    serve.add_argument("--max-form-pairs", type=int, default=bodies.max_form_pairs,
+                       help=f"parameters in one form body or query string; more: 413 (default "
+                            f"{bodies.max_form_pairs})")
+    serve.add_argument("--max-batch-msgs", type=int, default=bodies.max_batch_msgs,
+                       help=f"messages in one sendMsgBatch; more: 413 (default and most {bodies.max_batch_msgs}); "
+                            f"the batch body's byte cap grows with it")
+    defaults = Defaults()
+    serve.add_argument("--max-ack-timeout-ms", type=int, default=defaults.max_ack_timeout_ms,
+                       help=f"largest ackTimeoutMillis a pull gets; larger ones are clamped to it (default "
+                            f"{defaults.max_ack_timeout_ms}, 1 h)")
+    serve.add_argument("--max-ttl-ms", type=int, default=defaults.max_ttl_ms,
+                       help=f"largest ttlMillis a message gets; larger ones are clamped to it (default "
+                            f"{defaults.max_ttl_ms}, 30 days)")
     serve.add_argument("--log-level", default="INFO", help="DEBUG, INFO (default), WARNING, ERROR")
     return parser
 
@@ -75,8 +98,7 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
         raise ValueError("--acks applies to a cluster (--cluster/--node-id)")
     token = None
     if args.auth_token_file:
-        with open(args.auth_token_file, encoding="utf-8") as f:
-            token = f.read().strip()
+        token = read_token_file(args.auth_token_file, args.allow_readable_token)
     return ServeConfig(host=args.host, port=args.port, data_dir=args.data_dir, backend=args.backend,
                        max_msg_bytes=args.max_msg_bytes, auth_token=token,
                        store=StoreConfig(fsync=fsync_policy(args.fsync), segment_bytes=args.segment_bytes),
@@ -84,7 +106,24 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
                                    head_timeout_s=args.head_timeout,
                                    body_timeout_s=args.body_timeout, idle_timeout_s=args.idle_timeout,
                                    body_budget_bytes=args.body_budget_bytes),
+                       bodies=BodyLimits(max_form_pairs=args.max_form_pairs, max_batch_msgs=args.max_batch_msgs),
+                       defaults=Defaults(max_ack_timeout_ms=args.max_ack_timeout_ms, max_ttl_ms=args.max_ttl_ms),
                        cluster=cluster)
+
+
+def read_token_file(path: str, allow_readable: bool) -> str:
+    """The token in `path`, surrounding whitespace dropped. A file group or
+    others may read or change is refused: whoever reads it is any client.
+    `allow_readable` (--allow-readable-token) takes it with a warning."""
+    with open(path, encoding="utf-8") as f:
+        mode = stat.S_IMODE(os.fstat(f.fileno()).st_mode)
+        token = f.read().strip()
+    if mode & 0o077:
+        what = f"{path} has mode {mode:04o}: group or others may read or change the token"
+        if not allow_readable:
+            raise ValueError(f"--auth-token-file {what}; chmod 600 {path}, or pass --allow-readable-token")
+        log.warning("--auth-token-file %s (--allow-readable-token)", what)
+    return token
 
 
 def main(argv: list[str] | None = None) -> int:

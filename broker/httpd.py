@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import heapq
 import json
 import logging
 import os
@@ -208,12 +209,16 @@ class _Shared:
         stalled connection (the one nearest its deadline) was closed for it."""
         if len(self.connections) + self.adopting < self.cap():
             return True
-        victim = min((c for c in self.connections if c.stalled()), key=lambda c: c.deadline, default=None)
-        if victim is None:
-            return False
-        victim.evict()
-        self.evicted += 1
-        return True
+        return self.shed(1) == 1
+
+    def shed(self, count: int) -> int:
+        """Close up to `count` stalled connections, those nearest their
+        deadline first; returns how many."""
+        stalled = heapq.nsmallest(count, (c for c in self.connections if c.stalled()), key=lambda c: c.deadline)
+        for victim in stalled:
+            victim.evict()
+        self.evicted += len(stalled)
+        return len(stalled)
 
 
 class Connection(asyncio.Protocol):
@@ -492,8 +497,7 @@ class HttpServer:
             task.add_done_callback(self.adoptions.discard)
 
     async def _adopt(self, sock: socket.socket) -> None:
-        try:
-            sock.setblocking(False)
+        try:  # the loop makes the socket non-blocking
             await self.loop.connect_accepted_socket(lambda: Connection(self.shared), sock)  # type: ignore[union-attr]
         except OSError:  # reset before it could be served
             sock.close()
@@ -548,6 +552,9 @@ class HttpServer:
                 if conn.transport is not None:
                     conn.transport.close()
             shared.descriptors.measure(len(shared.connections) + shared.adopting)
+            excess = len(shared.connections) - shared.cap()
+            if excess > 0:  # storage opened files since these came: its reserve first
+                shared.shed(excess)
             if self.spare is None:
                 self.spare = _open_spare()
 

@@ -323,6 +323,7 @@ def test_503_is_retried_with_the_same_id_and_other_errors_are_not():
 def test_a_redirect_is_followed_with_method_body_and_token(tmp_path):
     token_file = tmp_path / "token"
     token_file.write_text("s3cret\n")
+    token_file.chmod(0o600)  # readable by others: refused (--allow-readable-token)
     leader = Server.start(tmp_path / "data", "--auth-token-file", str(token_file))
     redirects = []
 

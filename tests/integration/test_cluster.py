@@ -152,6 +152,7 @@ def test_a_follower_behind_the_retained_log_catches_up_by_snapshot(tmp_path):
 def test_a_cluster_with_a_token_replicates_and_forwards_with_it(tmp_path):
     token_file = tmp_path / "token"
     token_file.write_text("s3cret\n")
+    token_file.chmod(0o600)  # readable by others: refused (--allow-readable-token)
     cluster = Cluster.start(tmp_path / "cluster", "--auth-token-file", str(token_file))
     try:
         leader = cluster.wait_leader()

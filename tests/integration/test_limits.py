@@ -9,6 +9,8 @@ import json
 import re
 import resource
 import socket
+import subprocess
+import sys
 import time
 
 import pytest
@@ -95,3 +97,108 @@ def test_a_low_descriptor_limit_costs_connections_never_a_checkpoint(tmp_path):
     with open(server.log_path, encoding="utf-8") as f:
         log = f.read()
     assert "Too many open files" not in log and "Traceback" not in log
+
+
+def peak_rss_mb(server: Server) -> float:
+    with open(f"/proc/{server.proc.pid}/status") as f:
+        return int(re.search(r"^VmHWM:\s+(\d+) kB", f.read(), re.MULTILINE).group(1)) / 1024
+
+
+def post_raw(server: Server, call: str, body: bytes, content_type: str) -> tuple[int, dict]:
+    """POST `body`, reading the answer even when the server answers before
+    taking the whole body (a cap) and closes."""
+    host, port = server.base.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=60) as s:
+        s.sendall(f"POST /camellia/delayQueue/{call} HTTP/1.1\r\nHost: x\r\nContent-Type: {content_type}\r\n"
+                  f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode())
+        try:
+            s.sendall(body)
+        except OSError:  # refused unread: the answer is waiting
+            pass
+        answer = b""
+        try:
+            while chunk := s.recv(65536):
+                answer += chunk
+        except ConnectionResetError:  # closed with our body unread: the answer came first
+            pass
+    head, _, payload = answer.partition(b"\r\n\r\n")
+    return int(head.split(b" ")[1]), json.loads(payload)
+
+
+def test_bodies_that_decode_to_many_objects_are_refused_before_decoding(tmp_path):
+    """Before: a 6 MiB form of empty pairs stalled /health 2 s and added
+    117 MB; a 16 MiB batch of `{}` added 338 MB."""
+    server = Server.start(tmp_path / "data")  # --max-msg-bytes 1 MiB: bodies up to 6 MiB + 64 KiB
+    try:
+        answered_within(server, 2.0)
+        before = peak_rss_mb(server)
+        status, answer = post_raw(server, "sendMsg", b"&" * (6 * 1024 * 1024), "application/x-www-form-urlencoded")
+        assert status == 413 and "--max-form-pairs" in answer["msg"]
+        status, answer = post_raw(server, "sendMsgBatch", b'{"topic":"t","msgs":[' + b"{}," * 3_000_000 + b"{}]}",
+                                  "application/json")
+        assert status == 413 and "JSON marks" in answer["msg"]  # 9 MiB: under the byte cap, over the marks
+        status, answer = post_raw(server, "sendMsgBatch", b'{"topic":"t","msgs":[' + b"{}," * 5_600_000 + b"{}]}",
+                                  "application/json")
+        assert status == 413 and "more than" in answer["msg"]  # 16 MiB: over the batch's byte cap, unread
+        status, answer = post_raw(server, "sendMsg", b'{"topic":"t","msg":"m","x":[' + b"[]," * 2_000_000 + b"[]]}",
+                                  "application/json")
+        assert status == 413 and "JSON marks" in answer["msg"]  # any call's JSON, not only a batch's
+        assert peak_rss_mb(server) - before < 100
+        assert answered_within(server, 2.0) == (200, 200)
+    finally:
+        assert server.stop() == 0
+
+
+def test_an_ack_timeout_above_the_maximum_is_clamped(tmp_path):
+    """Before: ackTimeoutMillis=253402300799999 hid a message until a
+    restart. With --max-ack-timeout-ms 30000 it is back after 30 s."""
+    server = Server.start(tmp_path / "data", "--max-ack-timeout-ms", "30000")
+    try:
+        server.post("sendMsg", topic="t", msg="m", msgId="a")
+        deadline = time.monotonic() + 10
+        pulled = []
+        while not pulled and time.monotonic() < deadline:
+            pulled = server.post("pullMsg", topic="t", ackTimeoutMillis=253_402_300_799_999)[1]["delayMsgList"]
+        assert [m["msgId"] for m in pulled] == ["a"]
+        again = []
+        deadline = time.monotonic() + 45
+        while not again and time.monotonic() < deadline:
+            again = server.post("longPollingMsg", topic="t", longPollingTimeoutMillis=5000)[1]["delayMsgList"]
+        assert [m["msgId"] for m in again] == ["a"] and again[0]["retry"] == pulled[0]["retry"] + 1
+    finally:
+        assert server.stop() == 0
+
+
+def _serve_cli(tmp_path, *flags: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "broker.cli", "serve", "--data-dir", str(tmp_path / "data"),
+                           "--port", "0", *flags], capture_output=True, text=True, timeout=30, check=False)
+
+
+def test_a_token_file_others_may_read_is_refused_unless_allowed(tmp_path):
+    token_file = tmp_path / "token"
+    token_file.write_text("s3cret\n")
+    token_file.chmod(0o644)
+    result = _serve_cli(tmp_path, "--auth-token-file", str(token_file))
+    assert result.returncode == 2
+    assert "mode 0644" in result.stderr and "--allow-readable-token" in result.stderr
+    server = Server.start(tmp_path / "data", "--auth-token-file", str(token_file), "--allow-readable-token",
+                          token="s3cret")
+    try:
+        assert server.get("/metrics")[0] == 200
+    finally:
+        assert server.stop() == 0
+    with open(server.log_path, encoding="utf-8") as f:
+        assert "WARNING" in f.read()
+
+
+def test_the_bearer_scheme_is_case_insensitive(tmp_path):
+    token_file = tmp_path / "token"
+    token_file.write_text("s3cret\n")
+    token_file.chmod(0o600)
+    server = Server.start(tmp_path / "data", "--auth-token-file", str(token_file))
+    try:
+        for header, expected in (("bearer s3cret", 200), ("BEARER s3cret", 200), ("Bearer  s3cret", 200),
+                                 ("Basic s3cret", 401), ("bearer s3cre", 401), ("s3cret", 401)):
+            assert request(server.base + "/metrics", headers={"Authorization": header})[0] == expected, header
+    finally:
+        assert server.stop() == 0

@@ -26,6 +26,7 @@ def test_health_metrics_and_graceful_stop(tmp_path):
 def test_auth_token_guards_everything_but_health(tmp_path):
     token_file = tmp_path / "token"
     token_file.write_text("s3cret\n")
+    token_file.chmod(0o600)  # readable by others: refused (--allow-readable-token)
     server = Server.start(tmp_path / "data", "--auth-token-file", str(token_file))
     try:
         assert server.get("/health")[0] == 200
@@ -50,6 +51,7 @@ def test_a_token_that_is_not_utf8_is_401(tmp_path):
     import socket
     token_file = tmp_path / "token"
     token_file.write_text("s3cret\n")
+    token_file.chmod(0o600)  # readable by others: refused (--allow-readable-token)
     server = Server.start(tmp_path / "data", "--auth-token-file", str(token_file))
     try:
         host, port = server.base.removeprefix("http://").split(":")
