@@ -111,11 +111,16 @@ def test_invalid_utf8_and_bad_json_are_400_and_store_nothing(api, topic):
     status, body = request(base + "sendMsg", data=b"topic=" + topic.encode() + b"&msgId=u&msg=%ff%fe", headers=form)
     assert status == 200 and json.loads(body)["code"] == 400 and json.loads(body)["msg"].startswith("msg")
     assert api.message(topic, "u") == 404
-    for raw in (b"[1,2", b"[" * 50000, b'{"topic": "\xff", "msg": "x"}'):
+    for raw in (b"[1,2", b"[" * 500, b'{"topic": "\xff", "msg": "x"}'):
         for endpoint in ("sendMsg", "sendMsgBatch"):
             status, body = request(base + endpoint, data=raw, headers={"Content-Type": "application/json"})
             answer = json.loads(body)
             assert status == 200 and answer["code"] == 400 and answer["msg"].startswith("body"), (raw[:10], endpoint)
+    deep = b"[" * 50000  # more JSON marks than any body but a batch's may hold: HTTP 413, undecoded (broker.bodies)
+    status, body = request(base + "sendMsg", data=deep, headers={"Content-Type": "application/json"})
+    assert status == 413 and "JSON marks" in json.loads(body)["msg"]
+    status, body = request(base + "sendMsgBatch", data=deep, headers={"Content-Type": "application/json"})
+    assert status == 200 and json.loads(body)["code"] == 400 and json.loads(body)["msg"].startswith("body")
     assert api.is_empty(topic)
 
 
