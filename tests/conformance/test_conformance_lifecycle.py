@@ -146,9 +146,9 @@ def test_ttl_after_a_delivery_ends_as_6(api, topic):
 
 
 def test_a_consuming_message_past_its_ttl_ends_at_its_ack_timeout(api, topic):
-    api.send(topic, msgId="c", ttlMillis=100, maxRetry=5)
-    assert ids(api.pull_until(topic, 1, ackTimeoutMillis=600)) == ["c"]
-    time.sleep(0.2)  # past expireTime, still within the ack timeout: left to its consumer
+    api.send(topic, msgId="c", ttlMillis=500, maxRetry=5)  # pulled within 500 ms, however loaded the machine
+    assert ids(api.pull_until(topic, 1, ackTimeoutMillis=2000)) == ["c"]
+    time.sleep(0.6)  # past expireTime, still within the ack timeout: left to its consumer
     assert api.message(topic, "c")["status"] == 3
     assert api.wait_status(topic, "c", {5, 6})["status"] == 6
 
