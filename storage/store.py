@@ -7,6 +7,7 @@ Layout of a data directory:
     delay/<hour>.log      bodies of messages triggering in that UTC hour
     delay/<hour>.idx      their index entries (storage.delay_index)
     delay/<hour>.sec      the hour's second table (storage.second_table)
+    ids/secret            the id index's hash key (storage.id_index)
     ids/<shard>.hix       (topic, msgId) -> location (storage.id_index)
 
 How a change flows:
@@ -57,7 +58,7 @@ from .fileutil import fsync_dir, sync_filesystem
 from .framing import FRAME_HEADER_BYTES
 from .hour import Hour
 from .hour_files import HourFiles, hour_paths, parse_hour_name
-from .id_index import IdIndex, key_hash
+from .id_index import IdIndex
 
 MAX_PRIORITY = 2**15 - 1
 MIN_PRIORITY = -(2**15)
@@ -194,16 +195,58 @@ class Store:
             self._add_hour(Hour(h.hour, h.entries, h.log_bytes, h.ended, h.last_end_ms, h.topics))
         self._topic_names = dict(ck.topic_names)
         self._drop_unknown_hour_files()
-        self.ids = IdIndex.open(os.path.join(self.directory, "ids"),
-                                self.config.id_shard_initial_slots, self._hours.__contains__)
+        ids_dir = os.path.join(self.directory, "ids")
+        if IdIndex.is_current(ids_dir):
+            self.ids = IdIndex.open(ids_dir, self.config.id_shard_initial_slots, self._hours.__contains__,
+                                    self._released)
+        else:
+            self.ids = self._rebuild_id_index(ids_dir)
         for offset, body in self.log.read_from(ck.commit_offset):
-            kind, now_ms, items = records.decode(body)
+            kind, now_ms, items = self._decode(body)
             try:
                 self._apply(kind, now_ms, items, None)
             except LookupError as e:
                 raise CorruptionError(self.log.directory, offset, f"commit-log record at offset {offset}: {e}") from e
         self._flush_staged(everything=True)
         self._trim_hour_files()
+
+    def _rebuild_id_index(self, directory: str) -> IdIndex:
+        """A new id index (new secret) holding every unreleased message of
+        the checkpointed hours; replaying the log adds the rest. Used when
+        the index is missing or from before the keyed hash: read every
+        entry and the front of every body, once."""
+        ids = IdIndex.build(directory, self.config.id_shard_initial_slots, self._hours.__contains__, self._released)
+        try:
+            for hour in self._hour_order:
+                h = self._hours[hour]
+                files = self._files(h)
+                for gi in range(h.entries):
+                    _, offset8, size, flags = files.read_entry(gi)
+                    if not flags & FLAG_RELEASED:
+                        topic, msg_id = delay_log.id_fields(files.read_body(offset8, size))
+                        ids.put(ids.key_of_bytes(topic, msg_id), hour, gi)
+            ids.publish()
+        except BaseException:
+            ids.close()
+            raise
+        return ids
+
+    def _released(self, hour: int, global_index: int) -> bool:
+        """True if the applied state of the message says it was deleted for
+        good (the id index reuses its slot for the next one under its id)."""
+        h = self._hours.get(hour)
+        if h is None or global_index >= h.applied:
+            return False
+        return bool(self._readable(h).read_entry(global_index)[3] & FLAG_RELEASED)
+
+    def _decode(self, body: bytes) -> tuple[records.Kind, int, list]:
+        """A record from the log or from a leader, its sends keyed with this
+        store's id-index secret (the writer's key may come from another)."""
+        kind, now_ms, items = records.decode(body)
+        if kind is records.Kind.SEND:
+            key = self.ids.key_of_bytes
+            items = [item._replace(key=key(*delay_log.id_fields(item.body))) for item in items]
+        return kind, now_ms, items
 
     def _drop_unknown_hour_files(self) -> None:
         """Files of hours the checkpoint does not list were created after it
@@ -333,7 +376,7 @@ class Store:
         h = None
         for m in batch:
             topic, msg_id = m.topic, m.msg_id
-            key = key_hash(topic, msg_id)
+            key = self.ids.key(topic, msg_id)
             existing = self._find(key, topic, msg_id)
             if existing is not None:
                 results.append(SendResult(SendOutcome.DUPLICATE, existing))
@@ -408,7 +451,7 @@ class Store:
         self._check_open()
         if offset != self.log.end_offset:
             raise ValueError(f"record at offset {offset} does not continue this log (it ends at {self.log.end_offset})")
-        kind, now_ms, items = records.decode(body)
+        kind, now_ms, items = self._decode(body)
         self.log.append(body)
         self._pending.append((kind, now_ms, items))
 
@@ -524,7 +567,7 @@ class Store:
         """The message stored under (topic, msgId), or None (never stored,
         released, or its hour retired)."""
         self._check_open()
-        return self._find(key_hash(topic, msg_id), topic, msg_id)
+        return self._find(self.ids.key(topic, msg_id), topic, msg_id)
 
     def _find(self, key: int, topic: str, msg_id: str) -> Message | None:
         for message in self._pending_ids.get(key, ()):
