@@ -295,6 +295,18 @@ class CommitLog:
             self.sync()
         return offset
 
+    def allocation_for(self, body_bytes: int) -> int:
+        """At most how many disk bytes appending a record of `body_bytes`
+        would newly reserve (0 when its blocks are reserved already)."""
+        seg = self._segments[-1]
+        end = seg.write_pos + FRAME_HEADER_BYTES + body_bytes
+        if end > seg.capacity:  # a new segment
+            return HEADER_BYTES + ALLOCATE_STEP_BYTES + FRAME_HEADER_BYTES + body_bytes
+        if end <= seg.allocated:
+            return 0
+        start = max(seg.allocated, seg.write_pos - seg.write_pos % PAGE_BYTES)
+        return min(seg.capacity, max(end, start + ALLOCATE_STEP_BYTES)) - start
+
     def sync(self) -> None:
         """Make every appended record durable (no-op under NEVER)."""
         if self.fsync is FsyncPolicy.NEVER:
@@ -351,7 +363,12 @@ class CommitLog:
         seg = self._segments[-1]
         if seg.write_pos - seg.header_bytes < min_bytes:
             return False
-        self._roll(0)
+        try:
+            self._roll(0)
+        except OSError as e:
+            if e.errno != errno.ENOSPC:
+                raise
+            return False  # a full disk: sealed at a later checkpoint, appends go on here
         return True
 
     def delete_before(self, offset: int) -> int:

@@ -78,6 +78,12 @@ class MappedFile:
             self._grow(end)
         self.mm[offset:end] = data
 
+    def reserve(self, size_bytes: int) -> None:
+        """Grow now so that writes up to `size_bytes` need no new disk blocks
+        (OSError ENOSPC here, instead of in the write)."""
+        if size_bytes > len(self.mm):
+            self._grow(size_bytes)
+
     def _grow(self, needed_bytes: int) -> None:
         capacity = len(self.mm)
         while capacity < needed_bytes:

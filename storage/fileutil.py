@@ -32,6 +32,12 @@ def allocate(fd: int, offset: int, length: int) -> None:
             raise
 
 
+def free_bytes(path: str) -> int:
+    """Bytes an unprivileged writer may still take on the file system of `path`."""
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
+
+
 def fsync_dir(path: str) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:

@@ -38,6 +38,7 @@ in a worker thread while that thread keeps appending.
 from __future__ import annotations
 
 import enum
+import errno
 import os
 import resource
 import zlib
@@ -54,7 +55,7 @@ from .config import StoreConfig
 from .delay_index import FLAG_RELEASED
 from .entry import MS_PER_HOUR, MS_PER_SECOND, SECONDS_PER_HOUR, IndexEntry, Location, Message, Status
 from .errors import CorruptionError, InvalidRequest, StoreClosedError
-from .fileutil import fsync_dir, sync_filesystem
+from .fileutil import PAGE_BYTES, free_bytes, fsync_dir, sync_filesystem
 from .framing import FRAME_HEADER_BYTES
 from .hour import Hour
 from .hour_files import HourFiles, hour_paths, parse_hour_name
@@ -72,6 +73,9 @@ SEAL_AT_CHECKPOINT_BYTES = 4 * 1024 * 1024
 MAX_RECORD_CHARS = 32 * 1024 * 1024
 # Staged bytes of far hours kept before they are written (see storage.hour).
 STAGE_LIMIT_BYTES = 8 * 1024 * 1024
+# Disk room a send leaves free beyond what the writes it commits the store to
+# will take: for the checkpoint file, a shard doubling, block rounding.
+DISK_HEADROOM_BYTES = 1024 * 1024
 
 
 class NewMessage(NamedTuple):
@@ -165,6 +169,8 @@ class Store:
         # this store was opened: O(messages in flight).
         self._deadlines: dict[Location, int] = {}
         self._dirty: set[Hour] = set()  # hours with staged bytes (see storage.hour)
+        self._staged_bytes = 0  # their total, as of the last apply (an upper bound)
+        self._pending_far_bytes = 0  # far-hour bytes of sends appended, not applied yet
         self._closed = False
         self._far_limit = _far_hours_limit(config.open_far_hours)
         self.log: CommitLog
@@ -331,9 +337,11 @@ class Store:
         A message whose (topic, msgId) exists (stored, or earlier in this
         batch) is not stored again: its result is DUPLICATE with the stored
         message. Durable, and visible to readers, after `commit()`.
-        Raises InvalidRequest (nothing appended) for out-of-range fields;
-        if the append itself fails (a full disk), every counter and overlay
-        it touched is put back, so the next send numbers on without a gap."""
+        Raises InvalidRequest (nothing appended) for out-of-range fields,
+        and OSError(ENOSPC) (nothing appended) if the disk lacks room for
+        what the batch will write (see `_make_room`); if the append itself
+        fails, every counter and overlay it touched is put back, so the
+        next send numbers on without a gap."""
         self._check_open()
         for i, m in enumerate(batch):
             _validate(m, i)
@@ -350,12 +358,20 @@ class Store:
         try:
             self._send_items(batch, now_ms, results, items, hashes, undo_hours, undo_slots, undo_ids)
             if items:
-                self._append(records.Kind.SEND, now_ms, items)
+                body = records.encode(records.Kind.SEND, now_ms, items)
+                far_bytes = self._make_room(items, undo_hours, len(body))
+                self.log.append(body)
+                self._pending.append((records.Kind.SEND, now_ms, items))
+                self._pending_far_bytes += far_bytes
         except BaseException:
             for hour, (entries, log_bytes, created) in undo_hours.items():
                 if created:
-                    del self._hours[hour]
+                    h = self._hours.pop(hour)
                     self._hour_order.remove(hour)
+                    if h.files is not None:  # made by _make_room, empty
+                        h.files.close(0, 0)
+                        for path in hour_paths(self._delay_dir, hour):
+                            os.unlink(path)
                 else:
                     self._hours[hour].entries, self._hours[hour].log_bytes = entries, log_bytes
             for slot, before in undo_slots.items():
@@ -438,6 +454,29 @@ class Store:
             self._append(records.Kind.STATE, now_ms, items)
         self._pending_state.update(staged)  # only once the record is in the log
 
+    def _make_room(self, items: list[records.SendItem], hours: Iterable[int], record_bytes: int) -> int:
+        """Make sure the writes a send commits the store to will find disk
+        room, or refuse it (OSError ENOSPC) before anything is appended: the
+        mapped files of near hours are grown now to hold the batch (a write
+        through a mapping cannot fail cleanly: it would be SIGBUS), and the
+        file system must have room for everything else still to be written
+        -- far hours' staged bytes, sends appended but not applied, this
+        batch's far-hour bytes, the commit log's next reservation -- plus
+        DISK_HEADROOM_BYTES. Returns this batch's far-hour bytes."""
+        near = self._near
+        for hour in hours:
+            if hour in near:
+                h = self._hours[hour]
+                self._files(h).reserve(h.entries, h.log_bytes)
+        far_bytes = sum(item.frame_size + delay_index.ENTRY_BYTES + 16 for item in items if item.hour not in near)
+        need = (self._staged_bytes + self._pending_far_bytes + far_bytes + self.log.allocation_for(record_bytes)
+                + 3 * PAGE_BYTES * (len(self._dirty) + 1) + DISK_HEADROOM_BYTES)
+        free = free_bytes(self.directory)
+        if free < need:
+            raise OSError(errno.ENOSPC, f"the disk holding {self.directory} has {free} bytes free; "
+                                        f"this batch needs {need} (writes it commits to, and headroom)")
+        return far_bytes
+
     def _append(self, kind: records.Kind, now_ms: int, items: list) -> None:
         self.log.append(records.encode(kind, now_ms, items))
         self._pending.append((kind, now_ms, items))
@@ -488,6 +527,7 @@ class Store:
             self._apply(kind, now_ms, items, new_entries)
         self._flush_staged(everything=False)
         if not self._pending:
+            self._pending_far_bytes = 0
             self._pending_slots.clear()
             self._pending_ids.clear()
             self._pending_state.clear()
@@ -545,13 +585,17 @@ class Store:
         """Write staged bytes: always for near hours (the dispatcher reads
         them soon), for far hours only past STAGE_LIMIT_BYTES or when asked."""
         if not self._dirty:
+            self._staged_bytes = 0
             return
+        staged = 0
         if not everything:
-            everything = sum(h.staged_bytes for h in self._dirty) > STAGE_LIMIT_BYTES
+            staged = sum(h.staged_bytes for h in self._dirty)
+            everything = staged > STAGE_LIMIT_BYTES
         for h in list(self._dirty):
             if everything or h.hour in self._near:
                 h.flush(self._files(h))
                 self._dirty.discard(h)
+        self._staged_bytes = 0 if everything else staged
 
     def _readable(self, h: Hour) -> HourFiles:
         """h's files with everything staged for h written."""
