@@ -53,10 +53,13 @@ keys). Slots are never emptied; dead ones are dropped when the shard
 doubles.
 
 Bounded probing: an insert that has read MAX_PROBE_SLOTS slots without
-finding a free one doubles its shard and tries again, whatever the load.
-Only equal keys can defeat that (a doubling cannot part them); a shard less
+reaching an empty one doubles its shard (dropping dead slots) and tries
+again, whatever the load. Only equal keys can defeat that (a doubling
+cannot part them; without the secret nobody can make them); a shard less
 than a quarter full therefore probes on instead of doubling: its long run
-is of one key, whose messages are all candidates of a lookup anyway.
+is of one key, whose messages are all candidates of a lookup anyway. On a
+full disk a doubling is skipped (the shard keeps working, at most 70% full)
+and tried again by the next insert.
 
 A key is a hash, so several slots may share one; the store confirms a
 candidate against the message body it points to. The index is derived
