@@ -551,12 +551,12 @@ class Store:
             for item in items:
                 if h is None or h.hour != item.hour:
                     h = self._hour(item.hour)
-                    dirty.add(h)
                 if h.stage_send(item):
                     h.count(item.topic_hash, WAITING, 1)
                     if item.topic_hash not in self._topic_names:
                         self._topic_names[item.topic_hash] = delay_log.unpack_body(item.body).topic
                 put(item.key, item.hour, item.global_index)
+                dirty.add(h)  # after put: its look at a released message may have flushed h
                 if new_entries is not None:
                     new_entries.append(IndexEntry(
                         item.hour, item.second, item.local_index, item.global_index, item.pre_global_index,
