@@ -208,10 +208,10 @@ class Store:
         else:
             self.ids = self._rebuild_id_index(ids_dir)
         for offset, body in self.log.read_from(ck.commit_offset):
-            kind, now_ms, items = self._decode(body)
             try:
+                kind, now_ms, items = self._decode(body)
                 self._apply(kind, now_ms, items, None)
-            except LookupError as e:
+            except (LookupError, ValueError) as e:  # a body its checksum passed but no record: refuse
                 raise CorruptionError(self.log.directory, offset, f"commit-log record at offset {offset}: {e}") from e
         self._flush_staged(everything=True)
         self._trim_hour_files()
