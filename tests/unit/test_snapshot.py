@@ -98,7 +98,7 @@ def test_a_swap_cut_short_at_any_rename_is_finished_at_start(tmp_path, monkeypat
         snapshot.unpack(tar_of(source, tmp_path / "s.tar"), str(node))
         done = 0
 
-        def crashing(a, b):
+        def crashing(a, b, crash_at=crash_at):
             nonlocal done
             if done == crash_at:
                 raise Crash(f"power lost before rename {crash_at}")
