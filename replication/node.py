@@ -82,6 +82,7 @@ class ClusterNode:
         self.clock = SystemClock()
         self.data_dir = config.data_path
         os.makedirs(self.data_dir, exist_ok=True)
+        snapshot.recover(self.data_dir)  # a snapshot install a crash cut short
         started = time.perf_counter()
         self.store = Store.open(self.data_dir, config.store, now_ms=self.clock.now_ms())
         self.opened_s = time.perf_counter() - started
@@ -264,12 +265,21 @@ class ClusterNode:
             with open(part, "wb") as f:
                 async for chunk in r.content.iter_chunked(1024 * 1024):
                     f.write(chunk)
+        await asyncio.to_thread(snapshot.unpack, part, self.data_dir)  # beside the live store, which stays
         async with self.checkpoint_lock, self.apply_lock:
             self.store.close()
-            await asyncio.to_thread(snapshot.install, part, self.data_dir)
+            # On this thread, without a pause: no promise can be made between
+            # reading `promised` and the swap that writes it with the store.
+            epochs = Epochs(self.epochs.promised, ()).follow(history)
+            try:
+                snapshot.swap_in(self.data_dir, {os.path.basename(Epochs.path(self.data_dir)): epochs.encode()})
+            except BaseException as e:  # a rename failed: the next start finishes the swap
+                self.fail(e, "installing a snapshot")
+                raise
+            self.epochs = epochs
             self.store = await asyncio.to_thread(Store.open, self.data_dir, self.config.store, self.clock.now_ms())
-            self.set_epochs(Epochs(self.epochs.promised, ()).follow(history))
         log.info("installed a snapshot from %s in %.2f s: %s", source, time.perf_counter() - started, self.store)
+        await asyncio.to_thread(snapshot.remove_replaced, self.data_dir)
 
     async def checkpoint(self) -> None:
         async with self.checkpoint_lock:

@@ -16,6 +16,16 @@ records after O: the receiver opens the store like after a crash, which
 replays O..E over them and so reaches exactly the sender's state at E. It
 then fetches from E as any follower. Records appended after E are not in
 the snapshot and arrive by fetch.
+
+Installing is atomic across a crash. `unpack` extracts the tar into
+`snapshot.new/` beside the live store (which stays open meanwhile), makes
+every store entry the sender had none of (an empty one, so nothing of the
+old store survives), and fsyncs it all. `swap_in` (the store closed) adds
+the files that must change with the store (the epochs file), renames the
+directory to `snapshot.swap/`, then moves each live entry into
+`snapshot.old/` and the new one into its place. `recover`, run before the
+store opens, deletes a `snapshot.new/` (never complete) and finishes a
+`snapshot.swap/` (always complete); `remove_replaced` deletes the old files.
 """
 
 from __future__ import annotations
@@ -25,7 +35,13 @@ import os
 import shutil
 import tarfile
 
+from storage.checkpoint import Checkpoint
+from storage.fileutil import fsync_dir, fsync_tree
+
 STORE_ENTRIES = ("checkpoint", "delay", "ids", "commitlog")
+UNPACKED = "snapshot.new"  # being extracted: deleted if found at start
+SWAPPING = "snapshot.swap"  # complete and durable: its entries are being moved in
+REPLACED = "snapshot.old"  # the files it replaced: deleted once it is in
 
 
 def capture(data_dir: str, segment_ends: dict[str, int]) -> list[tuple[str, int | None]]:
@@ -61,19 +77,98 @@ def write_tar(data_dir: str, files: list[tuple[str, int | None]], out: str) -> i
     return os.path.getsize(out)
 
 
-def install(tar_path: str, data_dir: str) -> None:
-    """Replace the store files of `data_dir` with the snapshot's (the store
-    must be closed). Entries outside the store's files are refused."""
-    for name in STORE_ENTRIES:
-        path = os.path.join(data_dir, name)
-        if os.path.isdir(path):
-            shutil.rmtree(path)
-        elif os.path.exists(path):
-            os.unlink(path)
-    with tarfile.open(tar_path, "r") as tar:
-        for member in tar.getmembers():
-            top = member.name.split("/", 1)[0]
-            if top not in STORE_ENTRIES or ".." in member.name.split("/") or not member.isfile():
-                raise ValueError(f"snapshot entry {member.name!r} is not a store file")
-        tar.extractall(data_dir, filter="data")
+def unpack(tar_path: str, data_dir: str) -> str:
+    """Extract the snapshot at `tar_path` into `data_dir`/snapshot.new,
+    complete and fsync'ed, and delete the tar; the live store is not
+    touched. Entries outside the store's files are refused. Returns the
+    directory, for `swap_in`."""
+    staged = os.path.join(data_dir, UNPACKED)
+    if os.path.exists(staged):
+        shutil.rmtree(staged)
+    os.mkdir(staged)
+    try:
+        with tarfile.open(tar_path, "r") as tar:
+            for member in tar.getmembers():
+                top = member.name.split("/", 1)[0]
+                if top not in STORE_ENTRIES or ".." in member.name.split("/") or not member.isfile():
+                    raise ValueError(f"snapshot entry {member.name!r} is not a store file")
+            tar.extractall(staged, filter="data")
+        for name in STORE_ENTRIES:
+            path = os.path.join(staged, name)
+            if os.path.exists(path):
+                continue
+            if name == "checkpoint":
+                with open(path, "wb") as f:
+                    f.write(Checkpoint().encode())  # what no checkpoint means: replay from offset 0
+            else:
+                os.mkdir(path)
+        fsync_tree(staged)
+        fsync_dir(data_dir)
+    except BaseException:
+        shutil.rmtree(staged, ignore_errors=True)
+        raise
     os.unlink(tar_path)
+    return staged
+
+
+def swap_in(data_dir: str, also: dict[str, bytes]) -> None:
+    """Replace the store files of `data_dir` (the store must be closed) with
+    those `unpack` made, together with the files in `also` (name -> bytes,
+    e.g. the epochs file): after a crash at any point, `recover` leaves all
+    of them old or all new. Quick (renames and a few fsyncs); the replaced
+    files stay in snapshot.old until `remove_replaced`."""
+    staged = os.path.join(data_dir, UNPACKED)
+    for name, data in also.items():
+        with open(os.path.join(staged, name), "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+    fsync_dir(staged)
+    os.rename(staged, os.path.join(data_dir, SWAPPING))
+    fsync_dir(data_dir)
+    _finish_swap(data_dir)
+
+
+def recover(data_dir: str) -> None:
+    """Before the store opens: drop a snapshot that was still unpacking,
+    finish a swap that a crash interrupted, delete replaced files."""
+    staged = os.path.join(data_dir, UNPACKED)
+    if os.path.isdir(staged):
+        shutil.rmtree(staged)
+    _finish_swap(data_dir)
+    remove_replaced(data_dir)
+
+
+def remove_replaced(data_dir: str) -> None:
+    old = os.path.join(data_dir, REPLACED)
+    if os.path.isdir(old):
+        shutil.rmtree(old)
+
+
+def _finish_swap(data_dir: str) -> None:
+    """Move every entry left in snapshot.swap into place (the live one it
+    replaces into snapshot.old). Each step is a rename, and an entry still
+    in snapshot.swap has not been moved yet, so this can be run again after
+    a crash at any point."""
+    swapping = os.path.join(data_dir, SWAPPING)
+    if not os.path.isdir(swapping):
+        return
+    old = os.path.join(data_dir, REPLACED)
+    os.makedirs(old, exist_ok=True)
+    for name in sorted(os.listdir(swapping)):
+        live, moved = os.path.join(data_dir, name), os.path.join(old, name)
+        if os.path.lexists(live):
+            if os.path.lexists(moved):  # left by an earlier swap whose clean-up was cut short
+                _remove(moved)
+            os.rename(live, moved)
+        os.rename(os.path.join(swapping, name), live)
+    fsync_dir(data_dir)
+    os.rmdir(swapping)
+    fsync_dir(data_dir)
+
+
+def _remove(path: str) -> None:
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path)
+    else:
+        os.unlink(path)

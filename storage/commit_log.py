@@ -6,20 +6,30 @@ are derived from it and rebuilt from it after a crash.
 
 A segment file `commitlog/<base_offset:020d>.log` is sized up front (its
 disk blocks reserved a few MiB ahead of the writes), written
-through mmap, and laid out as:
+through mmap, and laid out as (version 2):
 
     offset  size  field
     0       4     magic       b"HGCL"
-    4       2     version     u16 = 1
+    4       2     version     u16 = 2
     6       2     reserved    0
     8       8     base_offset u64: logical offset of the first record
-    16      ...   frames (see storage.framing): u32 length | u32 crc32 | body
+    16      4     salt        u32: random, chosen when the segment is made
+    20      4     crc32       u32 of bytes 0..19
+    24      ...   frames (see storage.framing): u32 length | u32 crc32 | body,
+                  the crc32 seeded with frame_seed(salt, record offset), so
+                  it covers the record's position, not only its bytes
     ...           zero bytes up to the preallocated size
 
-A record's *offset* is logical: base_offset + (position in file - 16). The
+A record's *offset* is logical: base_offset + (position in file - 24). The
 next segment's base_offset is exactly where the previous one ended, so
 offsets are continuous across segments and a follower can ask for "every
 record from offset X".
+
+Version 1 segments (written before version 2 existed) are read as they
+are: a 16-byte header (bytes 0..15 above, no salt, no header crc) and
+frames whose crc32 covers the body alone. Opening a log whose newest
+segment is version 1 starts a version 2 one, so every record appended from
+then on covers its position; the old segments go as checkpoints pass them.
 
 Opening scans the last segment from a known-good offset (the checkpoint's)
 to find the end. A bad frame there is a torn tail, truncated (zeroed) and
@@ -38,59 +48,79 @@ import errno
 import mmap
 import os
 import struct
+import zlib
 from collections.abc import Iterator
 
 from .config import FsyncPolicy
 from .errors import CorruptionError
-from .fileutil import PAGE_BYTES, allocate, check_header, fsync_dir, preallocate
-from .framing import FRAME_HEADER_BYTES, FrameProblem, decode_frame, encode_frame, find_valid_frame
+from .fileutil import PAGE_BYTES, allocate, fsync_dir, preallocate
+from .framing import FRAME_HEADER_BYTES, FrameProblem, decode_frame, encode_frame, find_valid_frame, frame_seed
 
-SEGMENT_HEADER = struct.Struct("<4sHHQ")
+SEGMENT_HEADER = struct.Struct("<4sHHQII")
 SEGMENT_MAGIC = b"HGCL"
-SEGMENT_VERSION = 1
+SEGMENT_VERSION = 2
 HEADER_BYTES = SEGMENT_HEADER.size
+V1_HEADER = struct.Struct("<4sHHQ")
+V1_HEADER_BYTES = V1_HEADER.size
 ALLOCATE_STEP_BYTES = 4 * 1024 * 1024
 
 
 class Segment:
     """One preallocated, memory-mapped segment file."""
 
-    def __init__(self, path: str, base_offset: int, fd: int, mm: mmap.mmap) -> None:
+    def __init__(self, path: str, base_offset: int, fd: int, mm: mmap.mmap, version: int = SEGMENT_VERSION,
+                 salt: int = 0) -> None:
         self.path = path
         self.base_offset = base_offset
         self._fd = fd
         self.mm = mm
-        self.write_pos = HEADER_BYTES  # file position where the next frame goes
-        self.synced_pos = HEADER_BYTES
+        self.version = version
+        self.salt = salt
+        self.header_bytes = HEADER_BYTES if version == SEGMENT_VERSION else V1_HEADER_BYTES
+        self.write_pos = self.header_bytes  # file position where the next frame goes
+        self.synced_pos = self.header_bytes
         # Disk blocks are reserved ALLOCATE_STEP_BYTES ahead of the writes
         # (so a write through the mapping never meets a full disk as
         # SIGBUS), not for the whole segment at once.
         self.allocated = 0
 
     @classmethod
-    def create(cls, path: str, base_offset: int, size_bytes: int) -> Segment:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
-        os.ftruncate(fd, size_bytes)
-        allocate(fd, 0, min(size_bytes, ALLOCATE_STEP_BYTES))
-        mm = mmap.mmap(fd, size_bytes)
-        mm[:HEADER_BYTES] = SEGMENT_HEADER.pack(SEGMENT_MAGIC, SEGMENT_VERSION, 0, base_offset)
+    def create(cls, path: str, base_offset: int, size_bytes: int, replace: bool = False) -> Segment:
+        """A new, empty segment at `path`; with `replace`, built aside and
+        renamed over the (empty) segment of the same name. A failure (a full
+        disk) leaves no file behind, so the next roll can try again."""
+        made = path + ".new" if replace else path
+        if replace and os.path.exists(made):
+            os.unlink(made)
+        fd = os.open(made, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            os.ftruncate(fd, size_bytes)
+            allocate(fd, 0, min(size_bytes, ALLOCATE_STEP_BYTES))
+            mm = mmap.mmap(fd, size_bytes)
+        except BaseException:
+            os.close(fd)
+            os.unlink(made)
+            raise
+        salt = int.from_bytes(os.urandom(4), "little")
+        head = SEGMENT_HEADER.pack(SEGMENT_MAGIC, SEGMENT_VERSION, 0, base_offset, salt, 0)[:20]
+        mm[:HEADER_BYTES] = head + struct.pack("<I", zlib.crc32(head))
         mm.flush(0, PAGE_BYTES)
+        if replace:
+            os.replace(made, path)
         fsync_dir(os.path.dirname(path))
-        return cls(path, base_offset, fd, mm)
+        return cls(path, base_offset, fd, mm, SEGMENT_VERSION, salt)
 
     @classmethod
     def open(cls, path: str, expected_base: int) -> Segment:
         fd = os.open(path, os.O_RDWR)
         try:
             size = os.fstat(fd).st_size
-            if size < HEADER_BYTES:
-                raise CorruptionError(path, 0, f"segment is {size} bytes, shorter than its header")
             with open(path, "rb") as f:
                 head = f.read(HEADER_BYTES)
-            _, _, _, base = check_header(path, head, SEGMENT_HEADER, SEGMENT_MAGIC, SEGMENT_VERSION)
+            version, base, salt = _check_header(path, head, size)
             if base != expected_base:
                 raise CorruptionError(path, 8, f"base offset {base} does not match the file name ({expected_base})")
-            return cls(path, base, fd, mmap.mmap(fd, size))
+            return cls(path, base, fd, mmap.mmap(fd, size), version, salt)
         except BaseException:
             os.close(fd)
             raise
@@ -101,13 +131,22 @@ class Segment:
 
     @property
     def end_offset(self) -> int:
-        return self.base_offset + self.write_pos - HEADER_BYTES
+        return self.base_offset + self.write_pos - self.header_bytes
+
+    def seed(self, offset: int) -> int:
+        """The frame checksum seed of the record at `offset` (storage.framing)."""
+        return frame_seed(self.salt, offset) if self.version >= 2 else 0
+
+    def seed_at(self, position: int) -> int:
+        """As `seed`, for the frame at file position `position`."""
+        return self.seed(self.base_offset + position - self.header_bytes)
 
     def grow(self, size_bytes: int) -> None:
         """Enlarge a segment that holds no record yet, so that a record larger
-        than it fits (a crash meanwhile leaves a longer all-zero tail)."""
-        self.mm.close()
+        than it fits (a crash meanwhile leaves a longer all-zero tail). On a
+        full disk it raises and the segment stays as it was."""
         preallocate(self._fd, size_bytes)
+        self.mm.close()
         self.allocated = size_bytes
         self.mm = mmap.mmap(self._fd, size_bytes)
 
@@ -120,7 +159,7 @@ class Segment:
         self.allocated = stop
 
     def position(self, offset: int) -> int:
-        return offset - self.base_offset + HEADER_BYTES
+        return offset - self.base_offset + self.header_bytes
 
     def sync(self) -> None:
         start = self.synced_pos - self.synced_pos % PAGE_BYTES
@@ -188,6 +227,8 @@ class CommitLog:
                                           f"next segment starts at offset {nxt.base_offset}, past this one's end")
             if log._segments:
                 log._recover_tail(scan_from)
+                if log._segments[-1].version < SEGMENT_VERSION:
+                    log._roll(0)  # append only frames that cover their position
             else:
                 log._roll(0)
         except BaseException:
@@ -200,22 +241,22 @@ class CommitLog:
         seg = self._segments[-1]
         pos = seg.position(max(scan_from, seg.base_offset))
         if pos > seg.capacity:
-            pos = HEADER_BYTES
+            pos = seg.header_bytes
         # Past the last data region (holes, blocks reserved but never
         # written) every byte reads as zero: no need to fault it in.
         end = _data_end(seg._fd, pos, seg.capacity)
-        mm = seg.mm
+        mm, seed_at = seg.mm, seg.seed_at
         while True:
-            frame = decode_frame(mm, pos, end)
+            frame = decode_frame(mm, pos, end, seed_at(pos))
             if frame.problem is FrameProblem.OK:
                 pos = frame.next_offset
                 continue
             if frame.problem is FrameProblem.END or frame.problem is FrameProblem.SHORT_HEADER:
                 # A zero length could still hide garbage after it.
-                if find_valid_frame(mm, pos, end) is not None:
+                if find_valid_frame(mm, pos, end, seed_at) is not None:
                     raise CorruptionError(seg.path, pos, "zero length frame followed by valid records")
                 break
-            follower = find_valid_frame(mm, pos + 1, end)
+            follower = find_valid_frame(mm, pos + 1, end, seed_at)
             if follower is not None:
                 raise CorruptionError(seg.path, pos, f"{frame.problem.value}, and a valid record follows at {follower}")
             break
@@ -239,11 +280,12 @@ class CommitLog:
     def append(self, body: bytes) -> int:
         """Append one record; returns its offset. Durable after `sync()`
         (at once under FsyncPolicy.ALWAYS)."""
-        frame = encode_frame(body)
+        frame_bytes = FRAME_HEADER_BYTES + len(body)
         seg = self._segments[-1]
-        if seg.write_pos + len(frame) > seg.capacity:
-            seg = self._roll(len(frame))
+        if seg.write_pos + frame_bytes > seg.capacity:
+            seg = self._roll(frame_bytes)
         offset = seg.end_offset
+        frame = encode_frame(body, seg.seed(offset))
         pos = seg.write_pos
         if pos + len(frame) > seg.allocated:
             seg.reserve(pos + len(frame))
@@ -252,6 +294,18 @@ class CommitLog:
         if self.fsync is FsyncPolicy.ALWAYS:
             self.sync()
         return offset
+
+    def allocation_for(self, body_bytes: int) -> int:
+        """At most how many disk bytes appending a record of `body_bytes`
+        would newly reserve (0 when its blocks are reserved already)."""
+        seg = self._segments[-1]
+        end = seg.write_pos + FRAME_HEADER_BYTES + body_bytes
+        if end > seg.capacity:  # a new segment
+            return HEADER_BYTES + ALLOCATE_STEP_BYTES + FRAME_HEADER_BYTES + body_bytes
+        if end <= seg.allocated:
+            return 0
+        start = max(seg.allocated, seg.write_pos - seg.write_pos % PAGE_BYTES)
+        return min(seg.capacity, max(end, start + ALLOCATE_STEP_BYTES)) - start
 
     def sync(self) -> None:
         """Make every appended record durable (no-op under NEVER)."""
@@ -264,10 +318,16 @@ class CommitLog:
 
     def _roll(self, min_frame_bytes: int) -> Segment:
         size = max(self.segment_bytes, HEADER_BYTES + min_frame_bytes)
-        if self._segments and self._segments[-1].write_pos == HEADER_BYTES:
+        last = self._segments[-1] if self._segments else None
+        if last is not None and last.write_pos == last.header_bytes:
             # An empty segment cannot roll (the next would take its name).
-            self._segments[-1].grow(size)
-            return self._segments[-1]
+            if last.version == SEGMENT_VERSION:
+                last.grow(size)
+                return last
+            fresh = Segment.create(last.path, last.base_offset, max(size, last.capacity), replace=True)
+            last.close()
+            self._segments[-1] = fresh
+            return fresh
         base = self._segments[-1].end_offset if self._segments else 0
         if self._segments:
             self._segments[-1].sync()
@@ -289,10 +349,10 @@ class CommitLog:
             seg = self._segments[i]
             pos = seg.position(offset)
             while pos < seg.write_pos:
-                frame = decode_frame(seg.mm, pos, seg.write_pos)
+                frame = decode_frame(seg.mm, pos, seg.write_pos, seg.seed_at(pos))
                 if frame.problem is not FrameProblem.OK:
                     raise CorruptionError(seg.path, pos, frame.problem.value)
-                yield seg.base_offset + pos - HEADER_BYTES, bytes(frame.body)
+                yield seg.base_offset + pos - seg.header_bytes, bytes(frame.body)
                 pos = frame.next_offset
             i += 1
             offset = seg.end_offset
@@ -301,9 +361,14 @@ class CommitLog:
         """Start a new segment if the active one holds at least `min_bytes`,
         so a checkpoint can delete the old one whole."""
         seg = self._segments[-1]
-        if seg.write_pos - HEADER_BYTES < min_bytes:
+        if seg.write_pos - seg.header_bytes < min_bytes:
             return False
-        self._roll(0)
+        try:
+            self._roll(0)
+        except OSError as e:
+            if e.errno != errno.ENOSPC:
+                raise
+            return False  # a full disk: sealed at a later checkpoint, appends go on here
         return True
 
     def delete_before(self, offset: int) -> int:
@@ -346,6 +411,32 @@ class CommitLog:
     def __repr__(self) -> str:
         return (f"CommitLog({self.directory!r}, segments={len(self._segments)}, "
                 f"offsets=[{self.start_offset}, {self.end_offset}), fsync={self.fsync.value})")
+
+
+def _check_header(path: str, head: bytes, size: int) -> tuple[int, int, int]:
+    """(version, base offset, salt) of a segment header; refuses a bad one."""
+    if size < V1_HEADER_BYTES or len(head) < V1_HEADER_BYTES:
+        raise CorruptionError(path, 0, f"segment is {size} bytes, shorter than its header")
+    magic, version, _, base = V1_HEADER.unpack_from(head)
+    if magic != SEGMENT_MAGIC:
+        raise CorruptionError(path, 0, f"bad magic {magic!r}, expected {SEGMENT_MAGIC!r}")
+    if version == 1:
+        # A version 2 header whose version field was damaged into a 1 would
+        # be read with the wrong frame checksums, i.e. as all torn tail.
+        if len(head) == HEADER_BYTES and _header_crc_matches(head[:4] + b"\2\0" + head[6:]):
+            raise CorruptionError(path, 4, "version 1 in a header that checks as version 2")
+        return 1, base, 0
+    if version != SEGMENT_VERSION:
+        raise CorruptionError(path, 4, f"unsupported version {version}, expected 1 or {SEGMENT_VERSION}")
+    if size < HEADER_BYTES or len(head) < HEADER_BYTES:
+        raise CorruptionError(path, 0, f"segment is {size} bytes, shorter than its header")
+    if not _header_crc_matches(head):
+        raise CorruptionError(path, 20, "segment header checksum mismatch")
+    return version, base, SEGMENT_HEADER.unpack_from(head)[4]
+
+
+def _header_crc_matches(head: bytes) -> bool:
+    return zlib.crc32(head[:20]) == struct.unpack_from("<I", head, 20)[0]
 
 
 def _never_written(path: str) -> bool:

@@ -52,6 +52,35 @@ def unpack_body(body) -> Body:
     return Body(*msgpack.unpackb(body))
 
 
+def id_fields(body) -> tuple[bytes, bytes]:
+    """The UTF-8 bytes of a body's topic and msgId, read from the front of
+    the msgpack array without decoding the message (the id index hashes
+    them when it applies a record or is rebuilt)."""
+    if body[0] != 0x97:  # a fixarray of 7
+        raise ValueError(f"delay-log body starts with {body[0]:#x}, not a 7-item array")
+    topic, at = _str_at(body, 1)
+    msg_id, _ = _str_at(body, at)
+    return topic, msg_id
+
+
+def _str_at(body, at: int) -> tuple[bytes, int]:
+    """The msgpack str at `at`: (its bytes, where the next item starts)."""
+    tag = body[at]
+    if 0xA0 <= tag <= 0xBF:
+        length, start = tag & 0x1F, at + 1
+    elif tag == 0xD9:
+        length, start = body[at + 1], at + 2
+    elif tag == 0xDA:
+        length, start = int.from_bytes(body[at + 1:at + 3], "big"), at + 3
+    elif tag == 0xDB:
+        length, start = int.from_bytes(body[at + 1:at + 5], "big"), at + 5
+    else:
+        raise ValueError(f"delay-log body holds {tag:#x} at {at}, not a string")
+    if start + length > len(body):
+        raise ValueError(f"delay-log body string at {at} runs past its end")
+    return bytes(body[start:start + length]), start + length
+
+
 def header_bytes(hour: int) -> bytes:
     return HEADER.pack(MAGIC, VERSION, 0, hour)
 

@@ -50,18 +50,24 @@ class PlainFile:
 
 class MappedFile:
     """A file mapped whole, grown by doubling (preallocated, so a write into
-    the mapping never meets a full disk as SIGBUS)."""
+    the mapping never meets a full disk as SIGBUS: a full disk is an
+    OSError(ENOSPC) from the write that needed more room, and the file stays
+    as it was)."""
 
     mapped = True
 
     def __init__(self, path: str, create: bool = False, min_bytes: int = 64 * 1024) -> None:
         self.path = path
         self.fd = os.open(path, os.O_RDWR | (os.O_CREAT if create else 0), 0o644)
-        size = os.fstat(self.fd).st_size
-        capacity = max(min_bytes, _round_up(size, PAGE_BYTES))
-        if capacity > size:
-            preallocate(self.fd, capacity)
-        self.mm = mmap.mmap(self.fd, capacity)
+        try:
+            size = os.fstat(self.fd).st_size
+            capacity = max(min_bytes, _round_up(size, PAGE_BYTES))
+            if capacity > size:
+                preallocate(self.fd, capacity)
+            self.mm = mmap.mmap(self.fd, capacity)
+        except BaseException:
+            os.close(self.fd)
+            raise
 
     def read(self, offset: int, length: int) -> bytes:
         return self.mm[offset:offset + length]
@@ -72,12 +78,18 @@ class MappedFile:
             self._grow(end)
         self.mm[offset:end] = data
 
+    def reserve(self, size_bytes: int) -> None:
+        """Grow now so that writes up to `size_bytes` need no new disk blocks
+        (OSError ENOSPC here, instead of in the write)."""
+        if size_bytes > len(self.mm):
+            self._grow(size_bytes)
+
     def _grow(self, needed_bytes: int) -> None:
         capacity = len(self.mm)
         while capacity < needed_bytes:
             capacity *= 2
+        preallocate(self.fd, capacity)  # first: on a full disk the old mapping stays usable
         self.mm.close()
-        preallocate(self.fd, capacity)
         self.mm = mmap.mmap(self.fd, capacity)
 
     def file_bytes(self) -> int:

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import ctypes
-import errno
 import ctypes.util
+import errno
 import os
 import struct
 
@@ -14,11 +14,11 @@ PAGE_BYTES = 4096
 
 
 def preallocate(fd: int, size_bytes: int) -> None:
-    """Reserve disk blocks so writes through mmap never hit ENOSPC (SIGBUS)."""
-    try:
-        os.posix_fallocate(fd, 0, size_bytes)
-    except OSError:
-        os.ftruncate(fd, size_bytes)
+    """Size a file to `size_bytes` with its disk blocks reserved, so a write
+    through a mapping of it never meets a full disk (that would be SIGBUS,
+    the process's death). A full disk raises OSError(ENOSPC) here instead;
+    never falls back to a sparse file."""
+    os.posix_fallocate(fd, 0, size_bytes)
 
 
 def allocate(fd: int, offset: int, length: int) -> None:
@@ -30,6 +30,12 @@ def allocate(fd: int, offset: int, length: int) -> None:
     except OSError as e:
         if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
             raise
+
+
+def free_bytes(path: str) -> int:
+    """Bytes an unprivileged writer may still take on the file system of `path`."""
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
 
 
 def fsync_dir(path: str) -> None:
@@ -56,19 +62,50 @@ _libc = None
 
 
 def sync_filesystem(path: str) -> None:
-    """Flush every dirty page of the file system holding `path` (syncfs(2)).
+    """Make every file under the directory `path` durable: one syncfs(2) of
+    its file system.
 
     A checkpoint may have touched hundreds of hour files; one syncfs is far
-    cheaper than an fsync each. Falls back to sync(2)."""
+    cheaper than an fsync each. syncfs reports a write-back error (EIO) of
+    any file of the file system since the last call: that is raised, and the
+    checkpoint fails, because what it would record as durable may not be.
+    Only where the kernel has no syncfs (ENOSYS) does it fall back to an
+    fsync of every file and directory under `path`."""
+    error = _syncfs(path)
+    if error == errno.ENOSYS:
+        fsync_tree(path)
+    elif error:
+        raise OSError(error, f"syncfs of {path}: {os.strerror(error)}", path)
+
+
+def _syncfs(path: str) -> int:
+    """syncfs(2) of the file system holding `path`: 0 or the errno."""
     global _libc
     if _libc is None:
         _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    syncfs = getattr(_libc, "syncfs", None)
+    if syncfs is None:
+        return errno.ENOSYS
     fd = os.open(path, os.O_RDONLY)
     try:
-        if _libc.syncfs(fd) != 0:
-            os.sync()
+        return 0 if syncfs(fd) == 0 else ctypes.get_errno()
     finally:
         os.close(fd)
+
+
+def fsync_tree(path: str) -> None:
+    """fsync every file and directory under `path` (errors raise)."""
+    for root, _, names in os.walk(path):
+        for name in names:
+            try:
+                fd = os.open(os.path.join(root, name), os.O_RDONLY)
+            except FileNotFoundError:  # deleted meanwhile: nothing to make durable
+                continue
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        fsync_dir(root)
 
 
 def check_header(path: str, buf, header: struct.Struct, magic: bytes, version: int) -> tuple:

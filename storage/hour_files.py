@@ -52,7 +52,15 @@ class HourFiles:
                 if size < least:
                     raise CorruptionError(path, size, f"file is {size} bytes, shorter than {least}")
         kind = MappedFile if mapped else PlainFile
-        self.log, self.idx, self.sec = (kind(p) for p in paths)
+        opened = []
+        try:
+            for path in paths:
+                opened.append(kind(path))
+        except BaseException:  # a full disk while mapping one: close the others
+            for f in opened:
+                f.close()
+            raise
+        self.log, self.idx, self.sec = opened
         if not fresh:
             try:
                 self._check_headers()
@@ -116,6 +124,16 @@ class HourFiles:
         return second_table.counts(self.sec.read(0, second_table.FILE_BYTES))
 
     # -- lifetime ---------------------------------------------------------------
+
+    def reserve(self, entries: int, log_bytes: int) -> None:
+        """Mapped files: grow them now to hold `entries` entries and
+        `log_bytes` of delay log, so applying them needs no disk room (a
+        full disk raises OSError here). Plain files need nothing: a pwrite
+        on a full disk fails cleanly."""
+        if self.mapped:
+            log_size, idx_size = self.exact_sizes(entries, log_bytes)
+            self.log.reserve(log_size)
+            self.idx.reserve(idx_size)
 
     def exact_sizes(self, entries: int, log_bytes: int) -> tuple[int, int]:
         return delay_log.HEADER_BYTES + log_bytes, delay_index.entry_offset(entries)

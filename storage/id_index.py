@@ -2,35 +2,83 @@
 
 Dedup and lookup by id must not keep every id in RAM (10 million ids in a
 dict is over a gigabyte), so the index is a set of memory-mapped open-
-addressing tables on disk, 64 shards chosen by the key's low bits, each
-doubling on its own when 70% full (one shard's rebuild is a short pause,
-not the whole table's).
+addressing tables on disk, 64 shards, each doubling on its own when 70%
+full (one shard's rebuild is a short pause, not the whole table's).
 
-File `ids/<shard:02x>.hix`:
+Clients choose the ids, so the hash is keyed: an id's 64-bit key is
+BLAKE2b(topic, msgId) under a random secret made with the index and kept in
+its directory. Without the secret nobody can choose ids that share a shard
+or a probe sequence, so nobody can make inserts cost more than their share.
+(BLAKE2b is a keyed PRF, about 0.7 us an id here; seeded XXH3 is ten times
+faster but its seed does not hide collisions: fixed input pairs are known
+that collide for about one seed in 1,400, xxHash issue 1127.)
+
+Directory `ids/`:
+
+    secret            the hash key; written last, so its presence means
+                      every shard is there
+    <shard:02x>.hix   shard n holds the keys whose top 6 bits are n
+
+File `ids/secret`, written once, atomically (write, fsync, rename):
+
+    offset  size  field
+    0       4     magic     b"HGIS"
+    4       2     version   u16 = 1
+    6       2     reserved  0
+    8       32    secret    random bytes, the BLAKE2b key
+    40      4     crc32     of bytes 0..39
+
+File `ids/<shard:02x>.hix` (version 2):
 
     offset  size  field
     0       4     magic       b"HGID"
-    4       2     version     u16 = 1
+    4       2     version     u16 = 2
     6       2     reserved    0
-    8       4     slot_count  u32, a power of two
-    12      4     crc32       of bytes 0..11
-    16 + 16*i     slot i:
-                    0  8  key   u64  storage.id_index.key_hash of (topic, msgId); 0 = empty
+    8       4     slot_count  u32, a power of two >= 16
+    12      4     secret_tag  u32, crc32 of the secret: a shard of another
+                              index (another secret) is refused
+    16      44    zero
+    60      4     crc32       of bytes 0..59
+    64 + 16*i     slot i:
+                    0  8  key   u64  IdIndex.key(topic, msgId); 0 = empty
                     8  8  loc   u64  hour << 40 | globalIndex << 8 | check
                   check = crc32(key, hour, globalIndex) & 0xFF
 
-Linear probing from key & (slot_count - 1). Slots are never emptied: a slot
-whose hour has been retired is dead and is reused by the next insert that
-passes it (and dropped when the shard doubles). A key is a hash, so several
-slots may share one; the store confirms a candidate against the message
-body it points to. The index is derived data: after a crash the commit log
-replays its inserts, which are idempotent.
+Probing: slots come in groups of 4 (64 bytes, one cache line). A key's
+probe sequence visits group `key & mask`, then steps by an odd stride taken
+from the key's bits 32 and up (double hashing: two keys that start in the
+same group part ways after it), reading each group's 4 slots in order. A
+lookup stops at the first empty slot. An insert takes the first slot of its
+sequence that is empty or dead: of a retired hour, or of a released message
+under the same key (an id deleted and sent again reuses its slot, so
+sending and deleting one id over and over does not grow a run of equal
+keys). Slots are never emptied; dead ones are dropped when the shard
+doubles.
+
+Bounded probing: an insert that has read MAX_PROBE_SLOTS slots without
+reaching an empty one doubles its shard (dropping dead slots) and tries
+again, whatever the load. Only equal keys can defeat that (a doubling
+cannot part them; without the secret nobody can make them); a shard less
+than a quarter full therefore probes on instead of doubling: its long run
+is of one key, whose messages are all candidates of a lookup anyway. On a
+full disk a doubling is skipped (the shard keeps working, at most 70% full)
+and tried again by the next insert.
+
+A key is a hash, so several slots may share one; the store confirms a
+candidate against the message body it points to. The index is derived
+data: after a crash the commit log replays its inserts, which are
+idempotent. An index that is missing or older than the keyed hash (version
+1 shards, no `secret`: CRC32 keys, linear probing) is rebuilt by the store
+from its delay logs: made in `ids.new/`, its secret written last, then
+swapped in by rename (`IdIndex.build`, `publish`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import mmap
 import os
+import shutil
 import struct
 import zlib
 from array import array
@@ -38,26 +86,32 @@ from collections.abc import Callable
 
 from .entry import Location
 from .errors import CorruptionError
-from .fileutil import check_header, fsync_dir, preallocate
+from .fileutil import atomic_write, check_header, fsync_dir, preallocate
 
-HEADER = struct.Struct("<4sHHII")
+HEADER = struct.Struct("<4sHHII44xI")
 MAGIC = b"HGID"
-VERSION = 1
+VERSION = 2
 HEADER_BYTES = HEADER.size
 SLOT = struct.Struct("<QQ")
 SLOT_BYTES = SLOT.size
+GROUP_SLOTS = 4
+GROUP = struct.Struct("<8Q")
+GROUP_BYTES = GROUP.size
 SHARDS = 64
+SHARD_SHIFT = 58  # 64 - log2(SHARDS)
 MAX_LOAD = 0.7
+MAX_PROBE_SLOTS = 64
+MIN_LOAD_TO_GROW = 0.25  # below it, a run too long is of equal keys: probing on beats doubling
 _CHECK = struct.Struct("<QII")
+_TOPIC_LENGTH = struct.Struct("<I")
 
+SECRET = struct.Struct("<4sHH32sI")
+SECRET_MAGIC = b"HGIS"
+SECRET_VERSION = 1
+SECRET_BYTES = 32
+SECRET_FILE = "secret"
 
-def key_hash(topic: str, msg_id: str) -> int:
-    """64-bit key of an id: crc32 in the low half (it picks the slot and
-    the shard, and spreads well), adler32 in the high half (so two ids
-    rarely share all 64 bits). Not cryptographic: candidates are always
-    confirmed against the stored message."""
-    data = f"{topic}\0{msg_id}".encode()
-    return (zlib.adler32(data) << 32 | zlib.crc32(data)) or 1
+assert HEADER_BYTES == 64 and GROUP_BYTES == GROUP_SLOTS * SLOT_BYTES
 
 
 def pack_loc(key: int, hour: int, global_index: int) -> int:
@@ -72,34 +126,83 @@ def unpack_loc(path: str, offset: int, key: int, loc: int) -> Location:
     return Location(hour, global_index)
 
 
+def probe_start(key: int, group_mask: int) -> tuple[int, int]:
+    """(first group, stride) of `key`'s probe sequence in a shard of
+    group_mask + 1 groups. The stride is odd, so the sequence visits every
+    group (the group count is a power of two). Tests replace this to force
+    keys into one group."""
+    return key & group_mask, ((key >> 32) & group_mask) | 1
+
+
+# -- the secret -------------------------------------------------------------------
+
+
+def encode_secret(secret: bytes) -> bytes:
+    head = SECRET.pack(SECRET_MAGIC, SECRET_VERSION, 0, secret, 0)[:-4]
+    return head + struct.pack("<I", zlib.crc32(head))
+
+
+def read_secret(path: str) -> bytes:
+    """The secret stored at `path`; refuses a damaged file."""
+    with open(path, "rb") as f:
+        data = f.read()
+    if len(data) != SECRET.size:
+        raise CorruptionError(path, 0, f"file is {len(data)} bytes, expected {SECRET.size}")
+    _, _, _, secret, crc = check_header(path, data, SECRET, SECRET_MAGIC, SECRET_VERSION)
+    if zlib.crc32(data[:-4]) != crc:
+        raise CorruptionError(path, SECRET.size - 4, "secret checksum mismatch")
+    return secret
+
+
+def _secret_is_whole(path: str) -> bool:
+    try:
+        read_secret(path)
+    except (OSError, CorruptionError):
+        return False
+    return True
+
+
+# -- one shard ----------------------------------------------------------------------
+
+
 class Shard:
     def __init__(self, path: str, fd: int, mm: mmap.mmap, slot_count: int) -> None:
         self.path = path
         self._fd = fd
         self.mm = mm
         self.slot_count = slot_count
+        self.group_mask = slot_count // GROUP_SLOTS - 1
         self.used = 0
 
     @classmethod
-    def create(cls, path: str, slot_count: int) -> Shard:
+    def create(cls, path: str, slot_count: int, secret_tag: int) -> Shard:
+        """A new, empty shard at `path`.new (see `publish`). A full disk
+        raises OSError and leaves no file."""
         tmp = path + ".new"
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
         size = HEADER_BYTES + slot_count * SLOT_BYTES
-        preallocate(fd, size)
-        mm = mmap.mmap(fd, size)
-        head = struct.pack("<4sHHI", MAGIC, VERSION, 0, slot_count)
+        try:
+            preallocate(fd, size)
+            mm = mmap.mmap(fd, size)
+        except BaseException:
+            os.close(fd)
+            os.unlink(tmp)
+            raise
+        head = HEADER.pack(MAGIC, VERSION, 0, slot_count, secret_tag, 0)[:-4]
         mm[:HEADER_BYTES] = head + struct.pack("<I", zlib.crc32(head))
         return cls(tmp, fd, mm, slot_count)
 
     @classmethod
-    def open(cls, path: str) -> Shard:
+    def open(cls, path: str, secret_tag: int) -> Shard:
         with open(path, "rb") as f:
             head = f.read(HEADER_BYTES)
             size = os.fstat(f.fileno()).st_size
-        _, _, _, slot_count, crc = check_header(path, head, HEADER, MAGIC, VERSION)
-        if zlib.crc32(head[:12]) != crc:
-            raise CorruptionError(path, 12, "id-index header checksum mismatch")
-        if slot_count & (slot_count - 1) or size != HEADER_BYTES + slot_count * SLOT_BYTES:
+        _, _, _, slot_count, tag, crc = check_header(path, head, HEADER, MAGIC, VERSION)
+        if zlib.crc32(head[:-4]) != crc:
+            raise CorruptionError(path, HEADER_BYTES - 4, "id-index header checksum mismatch")
+        if tag != secret_tag:
+            raise CorruptionError(path, 12, "shard was made under another secret")
+        if slot_count < 16 or slot_count & (slot_count - 1) or size != HEADER_BYTES + slot_count * SLOT_BYTES:
             raise CorruptionError(path, 8, f"{slot_count} slots do not fit a file of {size} bytes")
         fd = os.open(path, os.O_RDWR)
         shard = cls(path, fd, mmap.mmap(fd, size), slot_count)
@@ -107,12 +210,15 @@ class Shard:
         shard.used = slot_count - keys.count(0)
         return shard
 
-    def publish(self, final_path: str) -> None:
-        """Make a freshly built shard the live one, atomically."""
-        self.mm.flush()
-        os.fsync(self._fd)
+    def publish(self, final_path: str, durable: bool = True) -> None:
+        """Make a freshly built shard the live one, atomically (`durable`:
+        fsync'ed first, and its directory after)."""
+        if durable:
+            self.mm.flush()
+            os.fsync(self._fd)
         os.replace(self.path, final_path)
-        fsync_dir(os.path.dirname(final_path))
+        if durable:
+            fsync_dir(os.path.dirname(final_path))
         self.path = final_path
 
     def close(self) -> None:
@@ -120,114 +226,243 @@ class Shard:
         os.close(self._fd)
 
 
+# -- the index -----------------------------------------------------------------------
+
+
 class IdIndex:
     """Maps a 64-bit id key to the locations of messages that may hold it.
 
-    Worked example: put(k, 490000, 7) writes slot k & mask (or the next free
-    one); candidates(k) then yields Location(490000, 7) and any other
-    location stored under k (another message whose id hashes alike, or an
-    older, released message with the same id). `is_live(hour)` tells which
-    hours still exist; slots of other hours are dead.
+    Worked example: put(k, 490000, 7) writes the first free slot of k's
+    probe sequence; candidates(k) then yields Location(490000, 7) and any
+    other location stored under k (another message whose id hashes alike, or
+    an older, released message with the same id whose slot was not reused
+    yet). `is_live(hour)` tells which hours still exist; slots of other hours
+    are dead. `is_released(hour, global_index)` tells whether a message was
+    deleted for good (read only for slots of the key being inserted).
 
-    Cost: O(1) expected per call; memory is the mapped pages touched, which
-    `shed()` returns to the page cache after each checkpoint.
+    Cost: O(1) expected per call, at most MAX_PROBE_SLOTS slots read per
+    insert before the shard grows; `probes` counts every slot read. Memory
+    is the mapped pages touched, which `shed()` returns to the page cache
+    after each checkpoint.
     """
 
-    def __init__(self, directory: str, initial_slots: int, is_live: Callable[[int], bool]) -> None:
+    def __init__(self, directory: str, initial_slots: int, is_live: Callable[[int], bool], secret: bytes,
+                 is_released: Callable[[int, int], bool] | None = None) -> None:
         self.directory = directory
         self.initial_slots = initial_slots
         self.is_live = is_live
+        self.is_released = is_released or (lambda hour, global_index: False)
         self.shards: list[Shard] = []
+        self.probes = 0  # slots read by put and candidates, for tests and metrics
+        self._secret = secret
+        self._secret_tag = zlib.crc32(secret)
+        self._hasher = hashlib.blake2b(key=secret, digest_size=8)
+
+    # -- keys ---------------------------------------------------------------------
+
+    def key(self, topic: str, msg_id: str) -> int:
+        """The 64-bit key of (topic, msgId) under this index's secret (never 0)."""
+        return self.key_of_bytes(topic.encode(), msg_id.encode())
+
+    def key_of_bytes(self, topic: bytes, msg_id: bytes) -> int:
+        """As `key`, from the UTF-8 bytes (the topic's length is hashed too,
+        so ("ab", "c") and ("a", "bc") differ)."""
+        h = self._hasher.copy()
+        h.update(_TOPIC_LENGTH.pack(len(topic)) + topic + msg_id)
+        return int.from_bytes(h.digest(), "little") or 1
+
+    # -- opening, building, publishing ------------------------------------------------
+
+    @staticmethod
+    def is_current(directory: str) -> bool:
+        """True if `directory` holds a complete index of this version (after
+        finishing a swap a crash interrupted); False if it is missing or
+        older (the store then rebuilds it, see `build`)."""
+        _finish_publish(directory)
+        return os.path.exists(os.path.join(directory, SECRET_FILE))
 
     @classmethod
-    def open(cls, directory: str, initial_slots: int, is_live: Callable[[int], bool]) -> IdIndex:
-        os.makedirs(directory, exist_ok=True)
-        index = cls(directory, initial_slots, is_live)
-        existing = [os.path.exists(index._path(n)) for n in range(SHARDS)]
-        if any(existing) and not all(existing):
-            missing = index._path(existing.index(False))
-            raise CorruptionError(missing, 0, "id-index shard is missing while others exist")
+    def open(cls, directory: str, initial_slots: int, is_live: Callable[[int], bool],
+             is_released: Callable[[int, int], bool] | None = None) -> IdIndex:
+        """Open the index in `directory`, creating an empty one if there is
+        none. Refuses an index older than the keyed hash (rebuild it with
+        `build` from the messages it should hold)."""
+        if not cls.is_current(directory):
+            if os.path.isdir(directory) and any(n.endswith(".hix") for n in os.listdir(directory)):
+                raise CorruptionError(directory, 0, "id index from before the keyed hash (no secret): rebuild it")
+            index = cls.build(directory, initial_slots, is_live, is_released)
+            index.publish()
+            return index
+        secret = read_secret(os.path.join(directory, SECRET_FILE))
+        index = cls(directory, initial_slots, is_live, secret, is_released)
         try:
             for n in range(SHARDS):
                 path = index._path(n)
-                if os.path.exists(path):
-                    shard = Shard.open(path)
-                else:
-                    shard = Shard.create(path, initial_slots)
-                    shard.publish(path)
+                if not os.path.exists(path):
+                    raise CorruptionError(path, 0, "id-index shard is missing")
+                index.shards.append(Shard.open(path, index._secret_tag))
+        except BaseException:
+            index.close()
+            raise
+        return index
+
+    @classmethod
+    def build(cls, directory: str, initial_slots: int, is_live: Callable[[int], bool],
+              is_released: Callable[[int, int], bool] | None = None) -> IdIndex:
+        """A new, empty index with a new secret, made in `directory`.new:
+        fill it with `put`, then `publish()` it in place of `directory`."""
+        building = directory + ".new"
+        if os.path.exists(building):
+            shutil.rmtree(building)
+        os.makedirs(building)
+        index = cls(building, initial_slots, is_live, os.urandom(SECRET_BYTES), is_released)
+        try:
+            for n in range(SHARDS):
+                shard = Shard.create(index._path(n), initial_slots, index._secret_tag)
+                shard.publish(index._path(n), durable=False)  # made durable by `publish`
                 index.shards.append(shard)
         except BaseException:
             index.close()
             raise
         return index
 
+    def publish(self) -> None:
+        """Make a built index durable and the live one: fsync every shard,
+        write the secret last (its presence means complete), then swap the
+        directory in by rename; a crash at any point leaves the old index or
+        the new one (`is_current` finishes an interrupted swap)."""
+        if not self.directory.endswith(".new"):
+            raise ValueError(f"{self.directory} is not an index being built")
+        final = self.directory[:-len(".new")]
+        for shard in self.shards:
+            shard.mm.flush()
+            os.fsync(shard._fd)
+        fsync_dir(self.directory)
+        atomic_write(os.path.join(self.directory, SECRET_FILE), encode_secret(self._secret))
+        _finish_publish(final)
+        self.directory = final
+        for n, shard in enumerate(self.shards):
+            shard.path = self._path(n)
+
     def _path(self, n: int) -> str:
         return os.path.join(self.directory, f"{n:02x}.hix")
 
     def _shard(self, key: int) -> Shard:
-        # Bits 26..31: the probe start uses the low bits of a shard of at
-        # most 2**26 slots, so the two choices stay independent.
-        return self.shards[(key >> 26) & (SHARDS - 1)]
+        return self.shards[key >> SHARD_SHIFT]
+
+    # -- lookups and inserts ------------------------------------------------------------
 
     def candidates(self, key: int) -> list[Location]:
         shard = self._shard(key)
         found = []
-        mm, mask, unpack = shard.mm, shard.slot_count - 1, SLOT.unpack_from
-        i = key & mask
+        mm, unpack, is_live = shard.mm, GROUP.unpack_from, self.is_live
+        group, stride = probe_start(key, shard.group_mask)
+        probes = 0
         while True:
-            offset = HEADER_BYTES + i * SLOT_BYTES
-            k, loc = unpack(mm, offset)
-            if k == 0:
-                return found
-            if k == key:
-                where = unpack_loc(shard.path, offset, k, loc)
-                if self.is_live(where.hour):
-                    found.append(where)
-            i = (i + 1) & mask
+            base = HEADER_BYTES + group * GROUP_BYTES
+            slots = unpack(mm, base)
+            for i in range(0, 8, 2):
+                probes += 1
+                k = slots[i]
+                if k == 0:
+                    self.probes += probes
+                    return found
+                if k == key:
+                    where = unpack_loc(shard.path, base + i * 8, k, slots[i + 1])
+                    if is_live(where.hour):
+                        found.append(where)
+            group = (group + stride) & shard.group_mask
 
     def put(self, key: int, hour: int, global_index: int) -> None:
         """Add (hour, global_index) under `key`; a no-op if that pair is
         already there (replaying the commit log calls this again)."""
-        shard = self._shard(key)
         loc = pack_loc(key, hour, global_index)
-        mm, mask, unpack = shard.mm, shard.slot_count - 1, SLOT.unpack_from
-        reuse = None
-        i = key & mask
+        bounded = True
         while True:
-            offset = HEADER_BYTES + i * SLOT_BYTES
-            k, slot_loc = unpack(mm, offset)
-            if k == 0:
-                break
-            if k == key and slot_loc == loc:
+            shard = self._shard(key)
+            offset = self._free_slot(shard, key, loc, bounded)
+            if offset is None:
                 return
-            if reuse is None and not self.is_live(slot_loc >> 40):
-                reuse = offset
-            i = (i + 1) & mask
-        if reuse is None:
-            reuse = offset
+            if offset >= 0:
+                break
+            # The run was too long: a bigger shard parts it (on a full disk,
+            # probe on: correct, only slower).
+            bounded = self._double(shard)
+        if SLOT.unpack_from(shard.mm, offset)[0] == 0:
             shard.used += 1
-        SLOT.pack_into(mm, reuse, key, loc)
+        SLOT.pack_into(shard.mm, offset, key, loc)
         if shard.used > shard.slot_count * MAX_LOAD:
             self._double(shard)
 
-    def _double(self, old: Shard) -> None:
+    def _free_slot(self, shard: Shard, key: int, loc: int, bounded: bool) -> int | None:
+        """Where (key, loc) goes: the offset of the first empty or dead slot
+        of key's sequence; None if the pair is there already; -1 if
+        `bounded` and no empty slot came within MAX_PROBE_SLOTS: the shard
+        should grow. (The shard always has an empty slot, see `_double`.)"""
+        mm, unpack, is_live = shard.mm, GROUP.unpack_from, self.is_live
+        group, stride = probe_start(key, shard.group_mask)
+        may_grow = bounded and shard.used >= shard.slot_count * MIN_LOAD_TO_GROW
+        reuse = None
+        probes = 0
+        while True:
+            base = HEADER_BYTES + group * GROUP_BYTES
+            slots = unpack(mm, base)
+            for i in range(0, 8, 2):
+                probes += 1
+                k, slot_loc = slots[i], slots[i + 1]
+                if k == 0:
+                    self.probes += probes
+                    return base + i * 8 if reuse is None else reuse
+                if k == key:
+                    if slot_loc == loc:
+                        self.probes += probes
+                        return None
+                    if reuse is None and self._same_key_dead(shard, base + i * 8, k, slot_loc):
+                        reuse = base + i * 8
+                elif reuse is None and not is_live(slot_loc >> 40):
+                    reuse = base + i * 8
+            if probes >= MAX_PROBE_SLOTS and may_grow:  # (the pair may lie further on: no early reuse)
+                self.probes += probes
+                return -1
+            group = (group + stride) & shard.group_mask
+
+    def _same_key_dead(self, shard: Shard, offset: int, key: int, loc: int) -> bool:
+        where = unpack_loc(shard.path, offset, key, loc)
+        return not self.is_live(where.hour) or self.is_released(where.hour, where.global_index)
+
+    def _double(self, old: Shard) -> bool:
+        """Replace `old` by a shard twice its size holding its live slots.
+        On a full disk the old shard stays while it has two empty slots or
+        more (False; the next insert tries again), so every probe sequence
+        still ends at an empty slot; with fewer, the OSError is raised."""
         n = self.shards.index(old)
-        new = Shard.create(self._path(n), old.slot_count * 2)
-        mask = new.slot_count - 1
-        mm = new.mm
+        try:
+            new = Shard.create(self._path(n), old.slot_count * 2, self._secret_tag)
+        except OSError:
+            if old.used < old.slot_count - 1:
+                return False
+            raise
+        mm, group_mask, unpack = new.mm, new.group_mask, SLOT.unpack_from
         pairs = memoryview(old.mm)[HEADER_BYTES:].cast("Q").tolist()
         for i in range(0, len(pairs), 2):
             key, loc = pairs[i], pairs[i + 1]
             if key == 0 or not self.is_live(loc >> 40):
                 continue
-            j = key & mask
-            while SLOT.unpack_from(mm, HEADER_BYTES + j * SLOT_BYTES)[0]:
-                j = (j + 1) & mask
-            SLOT.pack_into(mm, HEADER_BYTES + j * SLOT_BYTES, key, loc)
+            group, stride = probe_start(key, group_mask)
+            offset = HEADER_BYTES + group * GROUP_BYTES
+            while unpack(mm, offset)[0]:
+                offset += SLOT_BYTES
+                if (offset - HEADER_BYTES) % GROUP_BYTES == 0:
+                    group = (group + stride) & group_mask
+                    offset = HEADER_BYTES + group * GROUP_BYTES
+            SLOT.pack_into(mm, offset, key, loc)
             new.used += 1
         new.publish(self._path(n))
         old.close()
         self.shards[n] = new
+        return True
+
+    # -- lifetime ----------------------------------------------------------------------
 
     def flush(self) -> None:
         for shard in self.shards:
@@ -250,3 +485,22 @@ class IdIndex:
         used = sum(s.used for s in self.shards)
         slots = sum(s.slot_count for s in self.shards)
         return f"IdIndex({self.directory!r}, used={used}, slots={slots})"
+
+
+def _finish_publish(directory: str) -> None:
+    """Complete or undo a swap of `directory`.new in for `directory`: a
+    complete new index (its secret written) replaces the old one; an
+    incomplete one is deleted."""
+    building, old = directory + ".new", directory + ".old"
+    if os.path.isdir(building):
+        if _secret_is_whole(os.path.join(building, SECRET_FILE)):
+            if os.path.exists(directory):
+                if os.path.exists(old):
+                    shutil.rmtree(old)
+                os.rename(directory, old)
+            os.rename(building, directory)
+            fsync_dir(os.path.dirname(os.path.abspath(directory)))
+        else:
+            shutil.rmtree(building)
+    if os.path.isdir(old):
+        shutil.rmtree(old)

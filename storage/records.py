@@ -5,7 +5,11 @@ Every body is a msgpack array `[kind, now_ms, items]`:
     SEND   items: [hour, global_index, pre_global_index, local_index, second,
                    log_offset8, frame_size, trigger_ms, priority, topic_hash,
                    tag_hash, key, body]
-           (body is the delay-log body, see storage.delay_log)
+           (body is the delay-log body, see storage.delay_log; key is the
+           writer's id-index key, kept for the record's layout only: the id
+           index is keyed by each store's own secret, so a store applying a
+           record read back from a log or sent by a leader hashes the body's
+           topic and msgId again, see Store._decode)
     STATE  items: [hour, global_index, status, retry, flags, prev_status,
                    topic_hash, deadline_ms]
            (prev_status and topic_hash keep the per-topic status counts

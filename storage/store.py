@@ -7,6 +7,7 @@ Layout of a data directory:
     delay/<hour>.log      bodies of messages triggering in that UTC hour
     delay/<hour>.idx      their index entries (storage.delay_index)
     delay/<hour>.sec      the hour's second table (storage.second_table)
+    ids/secret            the id index's hash key (storage.id_index)
     ids/<shard>.hix       (topic, msgId) -> location (storage.id_index)
 
 How a change flows:
@@ -37,6 +38,7 @@ in a worker thread while that thread keeps appending.
 from __future__ import annotations
 
 import enum
+import errno
 import os
 import resource
 import zlib
@@ -53,11 +55,11 @@ from .config import StoreConfig
 from .delay_index import FLAG_RELEASED
 from .entry import MS_PER_HOUR, MS_PER_SECOND, SECONDS_PER_HOUR, IndexEntry, Location, Message, Status
 from .errors import CorruptionError, InvalidRequest, StoreClosedError
-from .fileutil import fsync_dir, sync_filesystem
+from .fileutil import PAGE_BYTES, free_bytes, fsync_dir, sync_filesystem
 from .framing import FRAME_HEADER_BYTES
 from .hour import Hour
 from .hour_files import HourFiles, hour_paths, parse_hour_name
-from .id_index import IdIndex, key_hash
+from .id_index import IdIndex
 
 MAX_PRIORITY = 2**15 - 1
 MIN_PRIORITY = -(2**15)
@@ -71,6 +73,9 @@ SEAL_AT_CHECKPOINT_BYTES = 4 * 1024 * 1024
 MAX_RECORD_CHARS = 32 * 1024 * 1024
 # Staged bytes of far hours kept before they are written (see storage.hour).
 STAGE_LIMIT_BYTES = 8 * 1024 * 1024
+# Disk room a send leaves free beyond what the writes it commits the store to
+# will take: for the checkpoint file, a shard doubling, block rounding.
+DISK_HEADROOM_BYTES = 1024 * 1024
 
 
 class NewMessage(NamedTuple):
@@ -164,6 +169,8 @@ class Store:
         # this store was opened: O(messages in flight).
         self._deadlines: dict[Location, int] = {}
         self._dirty: set[Hour] = set()  # hours with staged bytes (see storage.hour)
+        self._staged_bytes = 0  # their total, as of the last apply (an upper bound)
+        self._pending_far_bytes = 0  # far-hour bytes of sends appended, not applied yet
         self._closed = False
         self._far_limit = _far_hours_limit(config.open_far_hours)
         self.log: CommitLog
@@ -194,16 +201,58 @@ class Store:
             self._add_hour(Hour(h.hour, h.entries, h.log_bytes, h.ended, h.last_end_ms, h.topics))
         self._topic_names = dict(ck.topic_names)
         self._drop_unknown_hour_files()
-        self.ids = IdIndex.open(os.path.join(self.directory, "ids"),
-                                self.config.id_shard_initial_slots, self._hours.__contains__)
+        ids_dir = os.path.join(self.directory, "ids")
+        if IdIndex.is_current(ids_dir):
+            self.ids = IdIndex.open(ids_dir, self.config.id_shard_initial_slots, self._hours.__contains__,
+                                    self._released)
+        else:
+            self.ids = self._rebuild_id_index(ids_dir)
         for offset, body in self.log.read_from(ck.commit_offset):
-            kind, now_ms, items = records.decode(body)
             try:
+                kind, now_ms, items = self._decode(body)
                 self._apply(kind, now_ms, items, None)
-            except LookupError as e:
+            except (LookupError, ValueError) as e:  # a body its checksum passed but no record: refuse
                 raise CorruptionError(self.log.directory, offset, f"commit-log record at offset {offset}: {e}") from e
         self._flush_staged(everything=True)
         self._trim_hour_files()
+
+    def _rebuild_id_index(self, directory: str) -> IdIndex:
+        """A new id index (new secret) holding every unreleased message of
+        the checkpointed hours; replaying the log adds the rest. Used when
+        the index is missing or from before the keyed hash: read every
+        entry and the front of every body, once."""
+        ids = IdIndex.build(directory, self.config.id_shard_initial_slots, self._hours.__contains__, self._released)
+        try:
+            for hour in self._hour_order:
+                h = self._hours[hour]
+                files = self._files(h)
+                for gi in range(h.entries):
+                    _, offset8, size, flags = files.read_entry(gi)
+                    if not flags & FLAG_RELEASED:
+                        topic, msg_id = delay_log.id_fields(files.read_body(offset8, size))
+                        ids.put(ids.key_of_bytes(topic, msg_id), hour, gi)
+            ids.publish()
+        except BaseException:
+            ids.close()
+            raise
+        return ids
+
+    def _released(self, hour: int, global_index: int) -> bool:
+        """True if the applied state of the message says it was deleted for
+        good (the id index reuses its slot for the next one under its id)."""
+        h = self._hours.get(hour)
+        if h is None or global_index >= h.applied:
+            return False
+        return bool(self._readable(h).read_entry(global_index)[3] & FLAG_RELEASED)
+
+    def _decode(self, body: bytes) -> tuple[records.Kind, int, list]:
+        """A record from the log or from a leader, its sends keyed with this
+        store's id-index secret (the writer's key may come from another)."""
+        kind, now_ms, items = records.decode(body)
+        if kind is records.Kind.SEND:
+            key = self.ids.key_of_bytes
+            items = [item._replace(key=key(*delay_log.id_fields(item.body))) for item in items]
+        return kind, now_ms, items
 
     def _drop_unknown_hour_files(self) -> None:
         """Files of hours the checkpoint does not list were created after it
@@ -288,9 +337,11 @@ class Store:
         A message whose (topic, msgId) exists (stored, or earlier in this
         batch) is not stored again: its result is DUPLICATE with the stored
         message. Durable, and visible to readers, after `commit()`.
-        Raises InvalidRequest (nothing appended) for out-of-range fields;
-        if the append itself fails (a full disk), every counter and overlay
-        it touched is put back, so the next send numbers on without a gap."""
+        Raises InvalidRequest (nothing appended) for out-of-range fields,
+        and OSError(ENOSPC) (nothing appended) if the disk lacks room for
+        what the batch will write (see `_make_room`); if the append itself
+        fails, every counter and overlay it touched is put back, so the
+        next send numbers on without a gap."""
         self._check_open()
         for i, m in enumerate(batch):
             _validate(m, i)
@@ -307,12 +358,20 @@ class Store:
         try:
             self._send_items(batch, now_ms, results, items, hashes, undo_hours, undo_slots, undo_ids)
             if items:
-                self._append(records.Kind.SEND, now_ms, items)
+                body = records.encode(records.Kind.SEND, now_ms, items)
+                far_bytes = self._make_room(items, undo_hours, len(body))
+                self.log.append(body)
+                self._pending.append((records.Kind.SEND, now_ms, items))
+                self._pending_far_bytes += far_bytes
         except BaseException:
             for hour, (entries, log_bytes, created) in undo_hours.items():
                 if created:
-                    del self._hours[hour]
+                    h = self._hours.pop(hour)
                     self._hour_order.remove(hour)
+                    if h.files is not None:  # made by _make_room, empty
+                        h.files.close(0, 0)
+                        for path in hour_paths(self._delay_dir, hour):
+                            os.unlink(path)
                 else:
                     self._hours[hour].entries, self._hours[hour].log_bytes = entries, log_bytes
             for slot, before in undo_slots.items():
@@ -333,7 +392,7 @@ class Store:
         h = None
         for m in batch:
             topic, msg_id = m.topic, m.msg_id
-            key = key_hash(topic, msg_id)
+            key = self.ids.key(topic, msg_id)
             existing = self._find(key, topic, msg_id)
             if existing is not None:
                 results.append(SendResult(SendOutcome.DUPLICATE, existing))
@@ -395,6 +454,29 @@ class Store:
             self._append(records.Kind.STATE, now_ms, items)
         self._pending_state.update(staged)  # only once the record is in the log
 
+    def _make_room(self, items: list[records.SendItem], hours: Iterable[int], record_bytes: int) -> int:
+        """Make sure the writes a send commits the store to will find disk
+        room, or refuse it (OSError ENOSPC) before anything is appended: the
+        mapped files of near hours are grown now to hold the batch (a write
+        through a mapping cannot fail cleanly: it would be SIGBUS), and the
+        file system must have room for everything else still to be written
+        -- far hours' staged bytes, sends appended but not applied, this
+        batch's far-hour bytes, the commit log's next reservation -- plus
+        DISK_HEADROOM_BYTES. Returns this batch's far-hour bytes."""
+        near = self._near
+        for hour in hours:
+            if hour in near:
+                h = self._hours[hour]
+                self._files(h).reserve(h.entries, h.log_bytes)
+        far_bytes = sum(item.frame_size + delay_index.ENTRY_BYTES + 16 for item in items if item.hour not in near)
+        need = (self._staged_bytes + self._pending_far_bytes + far_bytes + self.log.allocation_for(record_bytes)
+                + 3 * PAGE_BYTES * (len(self._dirty) + 1) + DISK_HEADROOM_BYTES)
+        free = free_bytes(self.directory)
+        if free < need:
+            raise OSError(errno.ENOSPC, f"the disk holding {self.directory} has {free} bytes free; "
+                                        f"this batch needs {need} (writes it commits to, and headroom)")
+        return far_bytes
+
     def _append(self, kind: records.Kind, now_ms: int, items: list) -> None:
         self.log.append(records.encode(kind, now_ms, items))
         self._pending.append((kind, now_ms, items))
@@ -408,7 +490,7 @@ class Store:
         self._check_open()
         if offset != self.log.end_offset:
             raise ValueError(f"record at offset {offset} does not continue this log (it ends at {self.log.end_offset})")
-        kind, now_ms, items = records.decode(body)
+        kind, now_ms, items = self._decode(body)
         self.log.append(body)
         self._pending.append((kind, now_ms, items))
 
@@ -445,6 +527,7 @@ class Store:
             self._apply(kind, now_ms, items, new_entries)
         self._flush_staged(everything=False)
         if not self._pending:
+            self._pending_far_bytes = 0
             self._pending_slots.clear()
             self._pending_ids.clear()
             self._pending_state.clear()
@@ -468,12 +551,12 @@ class Store:
             for item in items:
                 if h is None or h.hour != item.hour:
                     h = self._hour(item.hour)
-                    dirty.add(h)
                 if h.stage_send(item):
                     h.count(item.topic_hash, WAITING, 1)
                     if item.topic_hash not in self._topic_names:
                         self._topic_names[item.topic_hash] = delay_log.unpack_body(item.body).topic
                 put(item.key, item.hour, item.global_index)
+                dirty.add(h)  # after put: its look at a released message may have flushed h
                 if new_entries is not None:
                     new_entries.append(IndexEntry(
                         item.hour, item.second, item.local_index, item.global_index, item.pre_global_index,
@@ -502,13 +585,17 @@ class Store:
         """Write staged bytes: always for near hours (the dispatcher reads
         them soon), for far hours only past STAGE_LIMIT_BYTES or when asked."""
         if not self._dirty:
+            self._staged_bytes = 0
             return
+        staged = 0
         if not everything:
-            everything = sum(h.staged_bytes for h in self._dirty) > STAGE_LIMIT_BYTES
+            staged = sum(h.staged_bytes for h in self._dirty)
+            everything = staged > STAGE_LIMIT_BYTES
         for h in list(self._dirty):
             if everything or h.hour in self._near:
                 h.flush(self._files(h))
                 self._dirty.discard(h)
+        self._staged_bytes = 0 if everything else staged
 
     def _readable(self, h: Hour) -> HourFiles:
         """h's files with everything staged for h written."""
@@ -524,7 +611,7 @@ class Store:
         """The message stored under (topic, msgId), or None (never stored,
         released, or its hour retired)."""
         self._check_open()
-        return self._find(key_hash(topic, msg_id), topic, msg_id)
+        return self._find(self.ids.key(topic, msg_id), topic, msg_id)
 
     def _find(self, key: int, topic: str, msg_id: str) -> Message | None:
         for message in self._pending_ids.get(key, ()):

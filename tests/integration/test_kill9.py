@@ -21,6 +21,9 @@ from kill9_child import CONFIG, TOPIC, body_for
 from storage.store import Store
 
 CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kill9_child.py")
+# The child imports the code of the tree this test is in, like the parent
+# (run as a script, it would otherwise find whatever hourglass is installed).
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 START_MS = 490_000 * 3_600_000
 RUNS = 3
 RUN_SECONDS = 1.2
@@ -32,6 +35,7 @@ def _run_and_kill(directory: str, run: int) -> list[str]:
     child = subprocess.Popen(
         [sys.executable, CHILD, directory, f"r{run}", str(START_MS + run * 10**8)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))},
     )
     lines: list[str] = []
     first = threading.Event()

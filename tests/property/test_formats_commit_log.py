@@ -228,11 +228,12 @@ def test_corrupt_segment_header_is_refused(records, data):
         write_log(directory, records)
         names = sorted(os.listdir(directory))
         path = os.path.join(directory, data.draw(st.sampled_from(names), label="segment"))
-        # Bytes 6-7 are reserved and carry nothing, so they are not checked.
-        position = data.draw(st.sampled_from([0, 1, 2, 3, 4, 5] + list(range(8, HEADER_BYTES))), label="byte")
+        # Every header byte is checked: magic, version, then the header crc
+        # (reserved bytes, base offset, salt and the crc itself).
+        position = data.draw(st.integers(0, HEADER_BYTES - 1), label="byte")
         xor_byte(path, position, data.draw(st.integers(1, 255), label="mask"))
 
         with pytest.raises(CorruptionError) as caught:
             reopen_and_read(directory)
         assert caught.value.path == path
-        assert caught.value.offset == (0 if position < 4 else 4 if position < 8 else 8)
+        assert caught.value.offset == (0 if position < 4 else 4 if position < 6 else 20)

@@ -1,7 +1,12 @@
-"""Property tests of the id-index shard format (storage.id_index).
+"""Property tests of the id index (storage.id_index): its shard format, and
+the index against a dict.
 
-Each example fills an index that starts with 16-slot shards (so shards
-double), closes it, damages one shard file and reopens the same directory.
+Each format example fills an index that starts with 16-slot shards (so
+shards double), closes it, damages one shard file and reopens the same
+directory. The state machines drive the index with keyed ids, releases,
+retired hours and reopens, and check it against a dict of what was put;
+one of them forces every key into one shard and its probe into the same
+group (the test hook `probe_start`), the worst an id can do.
 """
 
 from __future__ import annotations
@@ -11,9 +16,12 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import shutil
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from storage import id_index
 from storage.entry import Location
@@ -29,6 +37,7 @@ HOURS = [490_000, 490_001, 490_002, 2**24 - 1]  # the loc keeps 24 bits of hour
 
 # Keys 1..8 share a shard and a probe run; random keys spread over shards.
 keys = st.one_of(st.integers(1, 8), st.integers(1, 2**64 - 1))
+NO_RELEASE = None
 global_indexes = st.integers(0, 2**32 - 1)
 puts = st.lists(st.tuples(keys, st.sampled_from(HOURS), global_indexes), max_size=120)
 
@@ -40,7 +49,7 @@ def index_dir() -> Iterator[str]:
 
 
 def fill(directory: str, pairs: list[tuple[int, int, int]], dead: frozenset[int] = frozenset()) -> None:
-    index = IdIndex.open(directory, INITIAL_SLOTS, lambda hour: hour not in dead)
+    index = IdIndex.open(directory, INITIAL_SLOTS, lambda hour: hour not in dead, NO_RELEASE)
     try:
         for key, hour, gi in pairs:
             index.put(key, hour, gi)
@@ -60,13 +69,17 @@ def expected(pairs: list[tuple[int, int, int]], dead: frozenset[int]) -> dict[in
 def find_slot(directory: str, key: int, loc: int) -> tuple[str, int]:
     """(shard path, position) of the slot holding exactly (key, loc)."""
     needle = SLOT.pack(key, loc)
-    for name in sorted(os.listdir(directory)):
+    for name in sorted(n for n in os.listdir(directory) if n.endswith(".hix")):
         with open(os.path.join(directory, name), "rb") as f:
             data = f.read()
         for position in range(HEADER_BYTES, len(data), SLOT_BYTES):
             if data[position:position + SLOT_BYTES] == needle:
                 return os.path.join(directory, name), position
     raise AssertionError(f"no slot holds key {key}")
+
+
+def shard_names(directory: str) -> list[str]:
+    return sorted(n for n in os.listdir(directory) if n.endswith(".hix"))
 
 
 # -- round trip -------------------------------------------------------------
@@ -113,7 +126,7 @@ def test_loc_codec_round_trip(key, hour, gi):
 def test_shard_of_the_wrong_length_is_refused(pairs, data):
     with index_dir() as directory:
         fill(directory, pairs)
-        path = os.path.join(directory, data.draw(st.sampled_from(sorted(os.listdir(directory))), label="shard"))
+        path = os.path.join(directory, data.draw(st.sampled_from(shard_names(directory)), label="shard"))
         size = os.path.getsize(path)
         if data.draw(st.booleans(), label="grow"):
             with open(path, "ab") as f:
@@ -133,7 +146,7 @@ def test_shard_of_the_wrong_length_is_refused(pairs, data):
 def test_corrupt_shard_header_is_refused(pairs, data):
     with index_dir() as directory:
         fill(directory, pairs)
-        path = os.path.join(directory, data.draw(st.sampled_from(sorted(os.listdir(directory))), label="shard"))
+        path = os.path.join(directory, data.draw(st.sampled_from(shard_names(directory)), label="shard"))
         position = data.draw(st.integers(0, HEADER_BYTES - 1), label="byte")
         xor_byte(path, position, data.draw(st.integers(1, 255), label="mask"))
         with pytest.raises(CorruptionError) as caught:
@@ -177,3 +190,102 @@ def test_slot_byte_flips_are_refused_but_for_the_8_bit_check(key, hour, gi):
             assert position != 8, "a flipped check byte was accepted"
             accepted += 1
     assert accepted <= 0.02 * 15 * 255
+
+
+# -- the index against a dict ---------------------------------------------------
+
+ID_TOPICS = st.sampled_from(["orders", "ü", "a"])
+ID_MSG_IDS = st.one_of(st.sampled_from(["a", "b", "bc", "c"]), st.text(min_size=1, max_size=8))
+
+
+class IdIndexMachine(RuleBasedStateMachine):
+    """The model: a dict (topic, msgId) -> {location: released?}, the set of
+    retired hours. Every unreleased location of a live hour put under an id
+    must be a candidate of its key; every candidate must be a live location
+    put under that id (a released one may linger until its slot is reused);
+    no candidate twice."""
+
+    forced = False
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.root = tempfile.mkdtemp(dir=SCRATCH)
+        self.directory = os.path.join(self.root, "ids")
+        self.model: dict[tuple[str, str], dict[Location, bool]] = {}
+        self.released: set[Location] = set()
+        self.dead: set[int] = set()
+        self.next_gi = 0
+        self.real_probe_start = id_index.probe_start
+        if self.forced:
+            real = self.real_probe_start
+            id_index.probe_start = lambda key, mask: (0, real(key, mask)[1])
+        self.index = self._open()
+        self.keys: dict[tuple[str, str], int] = {}
+
+    def _open(self) -> IdIndex:
+        index = IdIndex.open(self.directory, INITIAL_SLOTS, lambda hour: hour not in self.dead,
+                             lambda hour, gi: Location(hour, gi) in self.released)
+        if self.forced:  # and every key into one shard, which then doubles often
+            index._shard = lambda key: index.shards[0]
+        return index
+
+    def key(self, topic: str, msg_id: str) -> int:
+        return self.index.key(topic, msg_id)
+
+    @rule(topic=ID_TOPICS, msg_id=ID_MSG_IDS, hour=st.sampled_from(HOURS))
+    def put(self, topic, msg_id, hour):
+        where = Location(hour, self.next_gi)
+        self.next_gi += 1
+        self.index.put(self.key(topic, msg_id), *where)
+        self.model.setdefault((topic, msg_id), {})[where] = False
+
+    @precondition(lambda self: self.model)
+    @rule(data=st.data())
+    def replay_a_put(self, data):
+        topic, msg_id = data.draw(st.sampled_from(sorted(self.model)), label="id")
+        where = data.draw(st.sampled_from(sorted(self.model[(topic, msg_id)])), label="location")
+        self.index.put(self.key(topic, msg_id), *where)
+
+    @precondition(lambda self: self.model)
+    @rule(data=st.data())
+    def release(self, data):
+        id_ = data.draw(st.sampled_from(sorted(self.model)), label="id")
+        where = data.draw(st.sampled_from(sorted(self.model[id_])), label="location")
+        self.model[id_][where] = True
+        self.released.add(where)
+
+    @rule(hour=st.sampled_from(HOURS))
+    def retire(self, hour):
+        self.dead.add(hour)
+
+    @rule()
+    def reopen(self):
+        keys = {id_: self.key(*id_) for id_ in self.model}
+        self.index.close()
+        self.index = self._open()
+        assert {id_: self.key(*id_) for id_ in self.model} == keys  # the secret survives
+
+    @invariant()
+    def agrees_with_the_model(self):
+        for id_, locations in self.model.items():
+            found = self.index.candidates(self.key(*id_))
+            assert len(found) == len(set(found))
+            must = {w for w, released in locations.items() if not released and w.hour not in self.dead}
+            may = {w for w in locations if w.hour not in self.dead}
+            assert must <= set(found) <= may, (id_, must, found)
+
+    def teardown(self):
+        id_index.probe_start = self.real_probe_start
+        self.index.close()
+        shutil.rmtree(self.root)
+
+
+class ForcedIdIndexMachine(IdIndexMachine):
+    forced = True
+
+
+MACHINE_SETTINGS = settings(max_examples=40, stateful_step_count=60, deadline=None)
+TestIdIndexAgainstADict = IdIndexMachine.TestCase
+TestIdIndexAgainstADict.settings = MACHINE_SETTINGS
+TestForcedIdIndexAgainstADict = ForcedIdIndexMachine.TestCase
+TestForcedIdIndexAgainstADict.settings = MACHINE_SETTINGS

@@ -12,6 +12,7 @@ from storage.commit_log import HEADER_BYTES, CommitLog, Segment
 from storage.config import FsyncPolicy
 from storage.errors import CorruptionError, InvalidRequest
 from storage.framing import FRAME_HEADER_BYTES
+from corruption import commit_log_frame
 
 SEGMENT_BYTES = 4096
 
@@ -353,7 +354,142 @@ def test_a_record_far_past_a_hole_is_still_found(tmp_path):
         f.seek(HEADER_BYTES + FRAME_HEADER_BYTES + 100)
         f.write(b"\xff" * 4)  # a torn frame after the good record
         f.seek(40 * 1024 * 1024)
-        f.write(framing.encode_frame(b"later record"))
+        f.write(commit_log_frame(str(path), 40 * 1024 * 1024, b"later record"))
     with pytest.raises(CorruptionError) as caught:
         CommitLog.open(str(tmp_path), FsyncPolicy.BATCH, segment)
     assert "valid record follows" in str(caught.value)
+
+
+# -- record checksums cover the record's position ------------------------------------
+
+
+def v1_segment(path, base: int, bodies: list[bytes]) -> list[int]:
+    """Write a version 1 segment (16-byte header, checksums of the body
+    alone), as the engine wrote before version 2; returns the offsets."""
+    from storage.commit_log import V1_HEADER
+
+    data = bytearray(V1_HEADER.pack(b"HGCL", 1, 0, base))
+    offsets = []
+    for body in bodies:
+        offsets.append(base + len(data) - V1_HEADER.size)
+        data += framing.encode_frame(body)
+    path.write_bytes(bytes(data) + bytes(SEGMENT_BYTES - len(data)))
+    return offsets
+
+
+def torn_record_embedding_a_frame(make_inner) -> tuple[bytes, int]:
+    """A record body holding a complete frame (built by `make_inner(position
+    in body)`), and where in the body that frame ends."""
+    prefix = b"msg:" + bytes(range(1, 40))
+    inner = make_inner(len(prefix))
+    return prefix + inner + b"tail" * 50, len(prefix) + len(inner)
+
+
+def tear_after(path, position: int, frame_end: int) -> None:
+    """Zero [position, frame_end): a record whose last bytes never reached the disk."""
+    with open(path, "r+b") as f:
+        f.seek(position)
+        f.write(bytes(frame_end - position))
+
+
+def test_a_frame_inside_a_torn_record_does_not_pass_for_a_record(tmp_path):
+    # A client's message may hold bytes laid out as a frame. With checksums of
+    # the body alone, that copy looked like a valid record after a torn tail,
+    # so the tail read as corruption in the middle and the log refused to open.
+    log = open_log(tmp_path)
+    try:
+        first = log.append(b"a" * 100)
+        second = log.end_offset
+        start = second + FRAME_HEADER_BYTES  # the body's offset
+        # As the sender would craft it: a plain frame, and one seeded with the
+        # offset it lands at (the sender may guess that, not the salt).
+        for make in (lambda at: framing.encode_frame(b"forged"),
+                     lambda at: framing.encode_frame(b"forged", framing.frame_seed(0, start + at))):
+            body, inner_end = torn_record_embedding_a_frame(make)
+            assert log.append(body) == second
+            log.close()
+            path = tmp_path / f"{0:020d}.log"
+            position = HEADER_BYTES + second
+            tear_after(path, position + FRAME_HEADER_BYTES + inner_end, position + FRAME_HEADER_BYTES + len(body))
+            log = open_log(tmp_path)
+            assert log.end_offset == second  # the torn record is dropped, the log opens
+            assert list(log.read_from(0)) == [(first, b"a" * 100)]
+    finally:
+        log.close()
+
+
+def test_in_a_version_1_segment_the_same_torn_record_was_refused(tmp_path):
+    body, inner_end = torn_record_embedding_a_frame(lambda at: framing.encode_frame(b"forged"))
+    path = tmp_path / f"{0:020d}.log"
+    _, second = v1_segment(path, 0, [b"a" * 100, body])
+    position = 16 + second
+    tear_after(path, position + FRAME_HEADER_BYTES + inner_end, position + FRAME_HEADER_BYTES + len(body))
+    with pytest.raises(CorruptionError, match="valid record follows"):
+        open_log(tmp_path)
+
+
+def test_version_1_segments_are_read_and_appends_go_to_a_version_2_segment(tmp_path):
+    bodies = [b"one" * 30, b"two" * 30, b"three" * 30]
+    offsets = v1_segment(tmp_path / f"{0:020d}.log", 0, bodies)
+    end = offsets[-1] + FRAME_HEADER_BYTES + len(bodies[-1])
+    log = open_log(tmp_path, scan_from=offsets[1])
+    try:
+        assert log.end_offset == end
+        assert log.append(b"four") == end
+    finally:
+        log.close()
+    assert segment_names(tmp_path) == [f"{0:020d}.log", f"{end:020d}.log"]
+    with open(tmp_path / f"{end:020d}.log", "rb") as f:
+        assert f.read(6) == b"HGCL\x02\x00"
+    assert records(tmp_path) == list(zip(offsets + [end], bodies + [b"four"]))
+
+
+def test_an_empty_version_1_segment_is_replaced_by_a_version_2_one(tmp_path):
+    v1_segment(tmp_path / f"{5000:020d}.log", 5000, [])
+    log = open_log(tmp_path)
+    try:
+        assert (log.start_offset, log.end_offset) == (5000, 5000)
+        assert log.append(b"x") == 5000
+    finally:
+        log.close()
+    assert segment_names(tmp_path) == [f"{5000:020d}.log"]
+    assert records(tmp_path) == [(5000, b"x")]
+
+
+def test_a_version_2_header_damaged_into_version_1_is_refused(tmp_path):
+    log = open_log(tmp_path)
+    try:
+        log.append(b"a" * 100)
+    finally:
+        log.close()
+    path = tmp_path / f"{0:020d}.log"
+    with open(path, "r+b") as f:
+        f.seek(4)
+        f.write(b"\x01")
+    with pytest.raises(CorruptionError) as caught:
+        open_log(tmp_path)
+    assert (caught.value.path, caught.value.offset) == (str(path), 4)
+
+
+def test_a_full_disk_while_rolling_leaves_no_segment_behind(tmp_path, monkeypatch):
+    import errno
+
+    from storage import commit_log
+
+    log = open_log(tmp_path)
+    try:
+        log.append(b"a" * 4000)
+        real = commit_log.allocate
+
+        def full(fd, offset, length):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        monkeypatch.setattr(commit_log, "allocate", full)
+        with pytest.raises(OSError):
+            log.append(b"b" * 1000)  # needs a new segment
+        assert segment_names(tmp_path) == [f"{0:020d}.log"]
+        monkeypatch.setattr(commit_log, "allocate", real)
+        assert log.append(b"b" * 1000) == 4008  # the disk has room again
+    finally:
+        log.close()
+    assert records(tmp_path) == [(0, b"a" * 4000), (4008, b"b" * 1000)]

@@ -1,41 +1,129 @@
-"""Edge cases of storage.id_index."""
+"""Edge cases of storage.id_index: the directory and its secret, reuse of
+dead slots, interrupted doublings and swaps, and what inserts cost when ids
+are chosen to collide."""
 
 from __future__ import annotations
 
 import os
+import random
+import shutil
+import zlib
 
 import pytest
 
+from storage import id_index
 from storage.entry import Location
 from storage.errors import CorruptionError
-from storage.id_index import HEADER_BYTES, SHARDS, SLOT_BYTES, IdIndex
+from storage.id_index import HEADER_BYTES, MAX_PROBE_SLOTS, SHARDS, SLOT_BYTES, IdIndex
 
 LIVE = 490_000
 DEAD = 480_000
 
 
-def open_index(directory, is_live=lambda hour: hour != DEAD) -> IdIndex:
-    return IdIndex.open(str(directory), 16, is_live)
+def open_index(directory, is_live=lambda hour: hour != DEAD, is_released=None) -> IdIndex:
+    return IdIndex.open(str(directory), 16, is_live, is_released)
 
 
 def open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
-def test_a_new_index_is_64_empty_shards(tmp_path):
-    index = open_index(tmp_path)
+# -- the directory -------------------------------------------------------------------
+
+
+def test_a_new_index_is_a_secret_and_64_empty_shards(tmp_path):
+    path = tmp_path / "ids"
+    index = open_index(path)
     try:
         assert len(index.shards) == SHARDS
         assert index.candidates(12345) == []
-        assert repr(index) == f"IdIndex({str(tmp_path)!r}, used=0, slots={16 * SHARDS})"
+        assert repr(index) == f"IdIndex({str(path)!r}, used=0, slots={16 * SHARDS})"
     finally:
         index.close()
-    assert sorted(os.listdir(tmp_path)) == [f"{n:02x}.hix" for n in range(SHARDS)]
-    assert {os.path.getsize(tmp_path / name) for name in os.listdir(tmp_path)} == {HEADER_BYTES + 16 * SLOT_BYTES}
+    assert sorted(os.listdir(path)) == [f"{n:02x}.hix" for n in range(SHARDS)] + ["secret"]
+    assert {os.path.getsize(path / f"{n:02x}.hix") for n in range(SHARDS)} == {HEADER_BYTES + 16 * SLOT_BYTES}
+    assert os.listdir(tmp_path) == ["ids"]  # nothing left of the build
+
+
+def test_keys_depend_on_the_secret_and_survive_reopening(tmp_path):
+    a, b = open_index(tmp_path / "a"), open_index(tmp_path / "b")
+    try:
+        assert a.key("t", "id-1") != b.key("t", "id-1")
+        assert a.key("ab", "c") != a.key("a", "bc")  # the topic's length is hashed
+        assert a.key("t", "é") == a.key_of_bytes(b"t", "é".encode())
+        key = a.key("t", "id-1")
+    finally:
+        a.close()
+        b.close()
+    a = open_index(tmp_path / "a")
+    try:
+        assert a.key("t", "id-1") == key
+    finally:
+        a.close()
+
+
+def test_a_shard_of_another_index_is_refused(tmp_path):
+    open_index(tmp_path / "a").close()
+    open_index(tmp_path / "b").close()
+    shutil.copy(tmp_path / "b" / "05.hix", tmp_path / "a" / "05.hix")
+    with pytest.raises(CorruptionError) as caught:
+        open_index(tmp_path / "a")
+    assert (caught.value.path, caught.value.offset) == (str(tmp_path / "a" / "05.hix"), 12)
+
+
+def test_an_index_from_before_the_keyed_hash_is_refused(tmp_path):
+    path = tmp_path / "ids"
+    path.mkdir()
+    (path / "00.hix").write_bytes(b"HGID\x01\x00" + bytes(10))  # version 1, no secret
+    with pytest.raises(CorruptionError, match="keyed hash"):
+        open_index(path)
+
+
+def test_an_interrupted_build_is_discarded(tmp_path):
+    path = tmp_path / "ids"
+    index = open_index(path)
+    key = index.key("t", "a")
+    index.put(key, LIVE, 0)
+    index.close()
+    building = IdIndex.build(str(path), 16, lambda hour: True)
+    building.put(building.key("t", "b"), LIVE, 1)
+    building.close()  # never published: no secret in ids.new
+    index = open_index(path)
+    try:
+        assert index.candidates(key) == [Location(LIVE, 0)]
+        assert not os.path.exists(str(path) + ".new")
+    finally:
+        index.close()
+
+
+@pytest.mark.parametrize("moved_aside", [False, True])
+def test_a_swap_interrupted_after_the_secret_was_written_is_finished(tmp_path, moved_aside):
+    path = tmp_path / "ids"
+    open_index(path).close()
+    building = IdIndex.build(str(path), 16, lambda hour: True)
+    key = building.key("t", "b")
+    building.put(key, LIVE, 1)
+    # What publish does up to the swap: shards durable, the secret written.
+    for shard in building.shards:
+        shard.mm.flush()
+    id_index.atomic_write(os.path.join(building.directory, id_index.SECRET_FILE),
+                          id_index.encode_secret(building._secret))
+    building.close()
+    if moved_aside:  # the crash came between the two renames
+        os.rename(path, str(path) + ".old")
+    index = open_index(path)
+    try:
+        assert index.candidates(key) == [Location(LIVE, 1)]
+        assert sorted(os.listdir(tmp_path)) == ["ids"]
+    finally:
+        index.close()
+
+
+# -- inserts ------------------------------------------------------------------------
 
 
 def test_put_is_idempotent_and_dead_hours_are_not_candidates(tmp_path):
-    index = open_index(tmp_path)
+    index = open_index(tmp_path / "ids")
     try:
         index.put(7, LIVE, 1)
         index.put(7, LIVE, 1)
@@ -48,49 +136,178 @@ def test_put_is_idempotent_and_dead_hours_are_not_candidates(tmp_path):
 
 
 def test_a_dead_slot_is_reused_and_dropped_when_the_shard_doubles(tmp_path):
-    index = open_index(tmp_path)
+    path = tmp_path / "ids"
+    index = open_index(path)
     try:
         index.put(1, DEAD, 0)
         index.put(1, LIVE, 0)  # takes the dead slot
-        shard = index._shard(1)
-        assert shard.used == 1
-        for gi in range(1, 12):  # 12 > 70% of 16: the shard doubles
+        assert index._shard(1).used == 1
+        index.put(2, DEAD, 0)
+        for gi in range(1, 12):  # 12 live + 1 dead > 70% of 16: the shard doubles
             index.put(1, LIVE, gi)
         shard = index._shard(1)
         assert (shard.slot_count, shard.used) == (32, 12)
         assert sorted(index.candidates(1)) == [Location(LIVE, gi) for gi in range(12)]
     finally:
         index.close()
-    assert not [name for name in os.listdir(tmp_path) if name.endswith(".new")]
-    index = open_index(tmp_path)
+    assert not [name for name in os.listdir(path) if name.endswith(".new")]
+    index = open_index(path)
     try:
         assert len(index.candidates(1)) == 12
     finally:
         index.close()
 
 
+def test_an_id_sent_and_released_over_and_over_keeps_one_slot(tmp_path):
+    released: set[Location] = set()
+    index = open_index(tmp_path / "ids", is_released=lambda hour, gi: Location(hour, gi) in released)
+    try:
+        key = index.key("t", "again")
+        for gi in range(1000):
+            index.put(key, LIVE, gi)
+            released.add(Location(LIVE, gi))
+        assert index.candidates(key) == [Location(LIVE, 999)]
+        assert index._shard(key).used == 1
+    finally:
+        index.close()
+
+
 def test_a_doubling_interrupted_before_publishing_leaves_the_old_shard(tmp_path):
-    index = open_index(tmp_path)
+    path = tmp_path / "ids"
+    index = open_index(path)
     try:
         index.put(1, LIVE, 0)
     finally:
         index.close()
-    (tmp_path / "00.hix.new").write_bytes(b"half-built")
-    index = open_index(tmp_path)
+    (path / "00.hix.new").write_bytes(b"half-built")
+    index = open_index(path)
     try:
         assert index.candidates(1) == [Location(LIVE, 0)]
     finally:
         index.close()
 
 
-@pytest.mark.parametrize("bad", ["00.hix", "05.hix", "3f.hix"])
+def test_a_full_disk_while_doubling_keeps_the_shard_and_tries_again(tmp_path, monkeypatch):
+    index = open_index(tmp_path / "ids")
+    try:
+        real = id_index.preallocate
+
+        def full(fd, size_bytes):
+            raise OSError(28, "No space left on device")
+
+        monkeypatch.setattr(id_index, "preallocate", full)
+        for gi in range(13):  # past 70% of 16 slots
+            index.put(gi + 1, LIVE, gi)
+        assert index.shards[0].slot_count == 16
+        assert not [n for n in os.listdir(tmp_path / "ids") if n.endswith(".new")]
+        monkeypatch.setattr(id_index, "preallocate", real)
+        index.put(100, LIVE, 100)
+        assert index.shards[0].slot_count == 32
+        assert all(index.candidates(gi + 1) == [Location(LIVE, gi)] for gi in range(13))
+    finally:
+        index.close()
+
+
+@pytest.mark.parametrize("bad", ["00.hix", "05.hix", "3f.hix", "secret"])
 def test_a_refused_open_leaks_no_file_descriptor(tmp_path, bad):
-    open_index(tmp_path).close()
-    with open(tmp_path / bad, "r+b") as f:
+    path = tmp_path / "ids"
+    open_index(path).close()
+    with open(path / bad, "r+b") as f:
         f.write(b"XXXX")
     before = open_fds()
     for _ in range(3):
         with pytest.raises(CorruptionError) as caught:
-            open_index(tmp_path)
-        assert caught.value.path == str(tmp_path / bad)
+            open_index(path)
+        assert caught.value.path == str(path / bad)
     assert open_fds() == before
+
+
+# -- what colliding ids cost ---------------------------------------------------------
+# Costs are counted in slots read (IdIndex.probes), not time.
+
+COUNT = 3000
+
+
+def crc32_colliding_ids(topic: str, count: int) -> list[str]:
+    """`count` distinct msgIds whose f"{topic}\\0{msgId}" all share one CRC32,
+    the key the index used before it was keyed. CRC32 is affine over GF(2)
+    for inputs of one length, so flipping 'a' <-> 'b' at a set of positions
+    whose CRC deltas XOR to zero keeps the CRC: such sets are the kernel of
+    a 32 x 48 bit matrix, found by elimination."""
+    base = "a" * 48
+    crc = zlib.crc32(f"{topic}\0{base}".encode())
+    deltas = [zlib.crc32(f"{topic}\0{base[:i]}b{base[i + 1:]}".encode()) ^ crc for i in range(48)]
+    pivots: dict[int, tuple[int, int]] = {}  # top bit -> (vector, positions it combines)
+    kernel = []
+    for i, delta in enumerate(deltas):
+        vector, positions = delta, 1 << i
+        while vector:
+            top = vector.bit_length() - 1
+            if top not in pivots:
+                pivots[top] = (vector, positions)
+                break
+            vector, positions = vector ^ pivots[top][0], positions ^ pivots[top][1]
+        if not vector:
+            kernel.append(positions)
+    assert len(kernel) >= 16
+    ids = []
+    for n in range(1, count + 1):
+        flips = 0
+        for j, positions in enumerate(kernel):
+            if n >> j & 1:
+                flips ^= positions
+        ids.append("".join("b" if flips >> i & 1 else "a" for i in range(48)))
+    return ids
+
+
+def probes_per_insert(index: IdIndex, keys: list[int]) -> float:
+    before = index.probes
+    for gi, key in enumerate(keys):
+        index.put(key, LIVE, gi)
+    return (index.probes - before) / len(keys)
+
+
+def test_ids_crafted_to_share_a_crc32_cost_what_random_ones_cost(tmp_path):
+    colliding = crc32_colliding_ids("t", COUNT)
+    assert len(set(colliding)) == COUNT
+    assert len({zlib.crc32(f"t\0{i}".encode()) for i in colliding}) == 1  # one slot, one shard before
+    index = open_index(tmp_path / "a")
+    try:
+        crafted = probes_per_insert(index, [index.key("t", i) for i in colliding])
+        assert len({index.key("t", i) >> id_index.SHARD_SHIFT for i in colliding}) == SHARDS  # spread out
+    finally:
+        index.close()
+    index = open_index(tmp_path / "b")
+    try:
+        rng = random.Random(1)
+        plain = probes_per_insert(index, [index.key("t", f"{rng.getrandbits(64):x}") for _ in range(COUNT)])
+    finally:
+        index.close()
+    assert crafted <= 5 * plain, (crafted, plain)
+
+
+def test_keys_forced_into_one_group_cost_at_most_5x_random(tmp_path, monkeypatch):
+    """The worst a key can do without knowing the secret, and more: every
+    key starts its probe in the same group of the same shard (a test hook
+    replaces `probe_start`). The stride, from other bits, still parts them."""
+    rng = random.Random(2)
+    keys = [rng.getrandbits(58) | 1 for _ in range(COUNT)]  # top bits 0: all in shard 0
+    index = open_index(tmp_path / "random")
+    try:
+        plain = probes_per_insert(index, keys)
+    finally:
+        index.close()
+    real = id_index.probe_start
+    monkeypatch.setattr(id_index, "probe_start", lambda key, mask: (0, real(key, mask)[1]))
+    index = open_index(tmp_path / "forced")
+    try:
+        forced = probes_per_insert(index, keys)
+        for gi, key in enumerate(keys):
+            assert index.candidates(key) == [Location(LIVE, gi)]
+        lookups = index.probes
+        index.candidates(rng.getrandbits(58) | 1)
+        assert index.probes - lookups <= MAX_PROBE_SLOTS
+    finally:
+        index.close()
+    assert forced <= 5 * plain, (forced, plain)
+

@@ -1,11 +1,14 @@
 """A commit-log append that fails (a full disk) leaves the store as if the
 call had not been made: the next send numbers on without a gap, and the
-directory opens again."""
+directory opens again. A send the disk has no room for is refused before
+anything is appended."""
 
 import errno
+import os
 
 import pytest
 
+from storage import store as store_module
 from storage.entry import MS_PER_HOUR, Status
 from storage.store import NewMessage, StateChange, Store
 
@@ -53,3 +56,44 @@ def test_a_failed_update_changes_nothing(tmp_path, monkeypatch):
         store.update([StateChange(where, Status.ACKED, 0)], NOW)
     assert store.get("t", "a").status is Status.WAITING
     store.close()
+
+
+def delay_files(path) -> list[str]:
+    return sorted(os.listdir(path / "delay"))
+
+
+@pytest.mark.parametrize("short_of", ["mapped room", "free space"])
+def test_a_send_the_disk_has_no_room_for_is_refused_before_it_is_appended(tmp_path, monkeypatch, short_of):
+    store = Store.open(str(tmp_path), now_ms=NOW)
+    try:
+        store.send([message("a", 1_000)], NOW)
+        store.commit()
+        end, files = store.log.end_offset, delay_files(tmp_path)
+        if short_of == "mapped room":  # the near hour's mapped files cannot grow
+            monkeypatch.setattr(os, "posix_fallocate", full_disk)
+        else:  # the file system is short of what the batch commits the store to write
+            monkeypatch.setattr(store_module, "free_bytes", lambda path: store_module.DISK_HEADROOM_BYTES)
+        big = "x" * 100_000
+        batch = ([message(f"n{i}", 2_000)._replace(msg=big) for i in range(3)]
+                 + [message("far", 3 * MS_PER_HOUR), message("next", MS_PER_HOUR)])  # a new far and near hour
+        with pytest.raises(OSError) as caught:
+            store.send(batch, NOW)
+        assert caught.value.errno == errno.ENOSPC
+        assert store.log.end_offset == end and store.pending_records == 0  # nothing appended
+        assert all(store.get("t", m.msg_id) is None for m in batch)
+        assert delay_files(tmp_path) == files  # no hour made for it is left behind
+        monkeypatch.undo()
+        store.send(batch, NOW)
+        store.commit()
+        assert [store.get("t", m.msg_id).location.global_index for m in batch] == [1, 2, 3, 0, 0]
+    finally:
+        store.close()
+    store = Store.open(str(tmp_path), now_ms=NOW)
+    try:
+        assert store.get("t", "n2").msg == "x" * 100_000
+    finally:
+        store.close()
+
+
+def full_disk(fd, offset, length):
+    raise OSError(errno.ENOSPC, "No space left on device")

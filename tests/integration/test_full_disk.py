@@ -1,0 +1,95 @@
+"""A real server whose data directory fills up: a tmpfs of a few MiB.
+
+Sends answer 200 until the disk is full, then an error (never a crash: no
+SIGBUS from a mapped file grown sparse, no half-stored batch); the node
+either keeps answering or exits by itself with a message. Then the
+directory is copied to a bigger disk and served again: every message that
+was answered 200 is there.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import subprocess
+import uuid
+
+import pytest
+
+from serving import Server
+
+pytestmark = pytest.mark.slow
+
+TMPFS_BYTES = 12 * 1024 * 1024
+BODY = "x" * 3000
+BATCH = 40
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    mount_point = tmp_path / "small"
+    mount_point.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={TMPFS_BYTES}", "tmpfs", str(mount_point)],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", "-l", str(mount_point)], check=False)
+
+
+def test_a_full_disk_gives_clean_answers_and_loses_nothing_answered_200(small_disk, tmp_path):
+    data = small_disk / "data"
+    server = Server.start(data, log_path=tmp_path / "full.log")
+    topic = "t-" + uuid.uuid4().hex[:8]
+    rng = random.Random(7)
+    stored: list[str] = []
+    refusals = 0
+    try:
+        for n in range(10_000):
+            msgs = [{"msg": BODY, "msgId": f"{n}-{i}",
+                     # near, within the day, and days out: mapped and plain hour files
+                     "delayMillis": rng.choice([1000, 3_600_000 * rng.randint(1, 30), 86_400_000 * 3])}
+                    for i in range(BATCH)]
+            try:
+                status, body = server.post_json("sendMsgBatch", {"topic": topic, "msgs": msgs})
+            except OSError:  # the node exited by itself: checked below
+                break
+            if status == 200:
+                assert [m["msgId"] for m in body["delayMsgList"]] == [m["msgId"] for m in msgs]
+                stored.extend(m["msgId"] for m in msgs)
+                continue
+            assert status in (503, 507), (status, body)
+            assert isinstance(body, dict) and body.get("msg"), body  # an answer, not a dropped connection
+            refusals += 1
+            if refusals >= 20 or server.proc.poll() is not None:
+                break
+        assert stored, "nothing was stored before the disk filled up"
+        assert refusals or server.proc.poll() is not None, "the disk never filled up"
+        if server.proc.poll() is None:  # still up: it answers, and stops when asked
+            assert server.get("/health")[0] == 200
+            code = server.stop()
+        else:
+            code = server.proc.wait()
+    finally:
+        server.kill()
+    with open(tmp_path / "full.log", encoding="utf-8", errors="replace") as f:
+        log = f.read()
+    assert code in (0, 1), f"exit code {code} (a negative one is a signal, e.g. SIGBUS)\n{log[-3000:]}"
+
+    bigger = tmp_path / "bigger"
+    shutil.copytree(data, bigger)
+    server = Server.start(bigger, log_path=tmp_path / "bigger.log")
+    try:
+        for msg_id in stored:
+            status, body = server.post("getMsg", topic=topic, msgId=msg_id)
+            assert status == 200, (msg_id, status, body)
+            assert body["delayMsg"]["msg"] == BODY
+        status, _ = server.post_json("sendMsgBatch", {"topic": topic, "msgs": [{"msg": "after", "msgId": "after"}]})
+        assert status == 200
+    finally:
+        assert server.stop() == 0
