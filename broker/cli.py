@@ -39,6 +39,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--cluster", default=None,
                        help="id=host:http_port:replication_port,... (every node, this one included); the node "
                             "listens on its own entry's host and ports, --host/--port are then ignored")
+    serve.add_argument("--cluster-secret-file", default=None,
+                       help="cluster only: a file holding the secret peers prove to each other (Raft port and "
+                            "/_cluster/*); at least 16 characters, mode 600. Required unless --insecure-cluster")
+    serve.add_argument("--insecure-cluster", action="store_true",
+                       help="cluster only: run without a cluster secret (anyone who reaches the Raft port or "
+                            "/_cluster/* is a peer: for a throwaway cluster on one machine only)")
     serve.add_argument("--acks", default="quorum",
                        help="cluster only: quorum (default: a write is answered once a majority has it on disk) "
                             "or leader (once the leader has; weaker, see README)")
@@ -91,7 +97,11 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
             acks = Acks(args.acks)
         except ValueError:
             raise ValueError(f"--acks must be quorum or leader, got {args.acks!r}") from None
-        cluster = ClusterConfig(args.node_id, parse_cluster(args.cluster), acks=acks,
+        secret = None
+        if args.cluster_secret_file:
+            secret = read_token_file(args.cluster_secret_file, args.allow_readable_token, "--cluster-secret-file")
+        cluster = ClusterConfig(args.node_id, parse_cluster(args.cluster), acks=acks, secret=secret,
+                                insecure=args.insecure_cluster,
                                 retain_log_bytes=args.retain_log_bytes)
         args.host, args.port = cluster.me.host, cluster.me.http_port
     elif args.acks != "quorum":
@@ -111,18 +121,21 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
                        cluster=cluster)
 
 
-def read_token_file(path: str, allow_readable: bool) -> str:
-    """The token in `path`, surrounding whitespace dropped. A file group or
-    others may read or change is refused: whoever reads it is any client.
-    `allow_readable` (--allow-readable-token) takes it with a warning."""
+def read_token_file(path: str, allow_readable: bool, flag: str = "--auth-token-file") -> str:
+    """The token (or cluster secret) in `path`, surrounding whitespace
+    dropped. A file group or others may read or change is refused: whoever
+    reads it is any client (or any peer). `allow_readable`
+    (--allow-readable-token) takes it with a warning."""
     with open(path, encoding="utf-8") as f:
         mode = stat.S_IMODE(os.fstat(f.fileno()).st_mode)
         token = f.read().strip()
     if mode & 0o077:
-        what = f"{path} has mode {mode:04o}: group or others may read or change the token"
+        what = f"{path} has mode {mode:04o}: group or others may read or change it"
         if not allow_readable:
-            raise ValueError(f"--auth-token-file {what}; chmod 600 {path}, or pass --allow-readable-token")
-        log.warning("--auth-token-file %s (--allow-readable-token)", what)
+            raise ValueError(f"{flag} {what}; chmod 600 {path}, or pass --allow-readable-token")
+        log.warning("%s %s (--allow-readable-token)", flag, what)
+    if not token:
+        raise ValueError(f"{flag} {path} is empty")
     return token
 
 

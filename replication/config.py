@@ -65,6 +65,13 @@ class ClusterConfig:
     # offset, but never more than this many bytes behind its end; a follower
     # further behind gets a snapshot.
     retain_log_bytes: int = 256 * 1024 * 1024
+    # The cluster secret (--cluster-secret-file): peers prove it to each
+    # other on the Raft port (pysyncobj's authenticated encryption) and on
+    # /_cluster/* (see replication.peer_auth). None only with --insecure-cluster.
+    secret: str | None = None
+    # --insecure-cluster: run without a secret (anyone who reaches the Raft
+    # port or /_cluster/* is then a peer).
+    insecure: bool = False
 
     def __post_init__(self) -> None:
         if self.node_id not in self.peers:
@@ -84,6 +91,13 @@ class ClusterConfig:
                     [(p.host, p.raft_port) for p in self.peers.values()]
         if len(set(addresses)) != len(addresses):
             raise ValueError("--cluster: two entries share an address (each node needs its own two ports)")
+        if self.secret is None and not self.insecure:
+            raise ValueError("a cluster needs --cluster-secret-file: without a secret, anyone who reaches a node's "
+                             "Raft port can run code on it (pysyncobj unpickles what it receives) and anyone who "
+                             "reaches /_cluster/* can read every message or stop elections for good; "
+                             "--insecure-cluster runs without one anyway")
+        if self.secret is not None and len(self.secret) < 16:
+            raise ValueError("the cluster secret must be at least 16 characters")
 
     @property
     def me(self) -> Peer:

@@ -73,6 +73,11 @@ class Election:
             fullDumpFile=os.path.join(raft_dir, "dump"),
             dynamicMembershipChange=False,
             commandsWaitLeader=False,
+            # Only this node's own host and port (pysyncobj would bind every
+            # interface), and every message authenticated with the cluster
+            # secret before pysyncobj unpickles it (Fernet: AES + HMAC).
+            bindAddress=config.me.raft_address,
+            password=config.secret,
         )
         self._raft = _RaftFacts(config.me.raft_address, [p.raft_address for p in config.others], conf)
         self._ids = {p.raft_address: p.node_id for p in config.peers.values()}

@@ -59,7 +59,7 @@ from broker.service import Broker
 from storage.store import Store, text_hash
 from wheel.tick_state import TickStateFile
 
-from . import protocol, snapshot
+from . import peer_auth, protocol, snapshot
 from .config import ClusterConfig
 from .election import Election
 from .epochs import Epochs
@@ -71,6 +71,11 @@ POSITION_TIMEOUT_S = 0.5
 HANDOVER_TIMEOUT_S = 3.0
 # Headers a forwarded request keeps.
 FORWARDED_HEADERS = ("Content-Type", "Authorization", "Accept")
+CLUSTER_PREFIX = "/_cluster/"
+# A promise (epoch) this far beyond this node's Raft term is refused: Raft
+# terms grow by one an election, and a huge one persisted would stop every
+# later election.
+MAX_EPOCH_AHEAD = 1000
 
 
 class ClusterNode:
@@ -112,7 +117,7 @@ class ClusterNode:
 
     async def post(self, node_id: str, call: str, message: dict, timeout_s: float = 5.0) -> dict:
         peer = self.cluster.peers[node_id]
-        headers = {"Content-Type": protocol.CONTENT_TYPE}
+        headers = {"Content-Type": protocol.CONTENT_TYPE, **peer_auth.headers(self.cluster.secret)}
         if self.config.auth_token is not None:
             headers["Authorization"] = f"Bearer {self.config.auth_token}"
         async with self.session.post(f"{peer.http_url}/_cluster/{call}", data=protocol.pack(message),
@@ -148,7 +153,18 @@ class ClusterNode:
 
         async def route(request: Request) -> Response | StreamResponse:
             return await self._route(request, router.dispatch)
-        return bearer_auth(self.config.auth_token, route)
+        api = bearer_auth(self.config.auth_token, route)
+        secret = self.cluster.secret
+
+        async def peers_or_api(request: Request) -> Response | StreamResponse:
+            """/_cluster/* needs the cluster secret's proof (the client
+            token is not enough); everything else is the API's."""
+            if request.path.startswith(CLUSTER_PREFIX):
+                if not peer_auth.is_peer(secret, request.headers.get(peer_auth.HEADER.lower())):
+                    return answer(403, "cluster calls need the cluster secret")
+                return await router.dispatch(request)
+            return await api(request)
+        return peers_or_api
 
     async def _route(self, request: Request, handler):
         """API calls: served here while this node leads, else forwarded."""
@@ -197,8 +213,19 @@ class ClusterNode:
             node.append(("hourglass_quorum_offset", "gauge", self.leader_log.quorum_offset()))
         return Response(200, self.metrics.render(gauges, node).encode(), "text/plain; charset=utf-8")
 
+    def _not_a_member(self, message: dict) -> Response | None:
+        """Acknowledgements, positions and promises count only from members."""
+        node = message.get("node")
+        if node not in self.cluster.peers or node == self.cluster.node_id:
+            log.warning("refused a cluster call from %r: not a member of --cluster", node)
+            return answer(403, f"{node!r} is not a member of this cluster")
+        return None
+
     async def on_fetch(self, request: Request) -> Response:
         message = protocol.unpack(request.body)
+        refused = self._not_a_member(message)
+        if refused is not None:
+            return refused
         if message.get("catchup"):
             result = serve_catchup(self.store, self.epochs, message)
         elif self.leader_log is not None and self.role == "leader":
@@ -209,11 +236,18 @@ class ClusterNode:
 
     async def on_position(self, request: Request) -> Response:
         message = protocol.unpack(request.body)
+        refused = self._not_a_member(message)
+        if refused is not None:
+            return refused
         epoch = int(message["epoch"])
         end = self.store.log.end_offset
+        ceiling = max(self.election.term, self.epochs.promised) + MAX_EPOCH_AHEAD
         result = {"promised": self.epochs.promised, "end_offset": end, "last_epoch": self.epochs.last_epoch(end),
                   "history": self.epochs.history}
-        if epoch < self.epochs.promised or (self.role == "leader" and epoch <= self.leading_term):
+        if epoch > ceiling:
+            log.warning("refused a promise of epoch %d from %s: beyond %d", epoch, message.get("node"), ceiling)
+            result["status"] = "refused"
+        elif epoch < self.epochs.promised or (self.role == "leader" and epoch <= self.leading_term):
             result["status"] = "refused"
         else:
             self.set_epochs(self.epochs.promise(epoch))
@@ -253,7 +287,7 @@ class ClusterNode:
         """Replace this node's store with `source`'s snapshot."""
         peer = self.cluster.peers[source]
         part = os.path.join(self.data_dir, "snapshot.tar.part")
-        headers = {}
+        headers = peer_auth.headers(self.cluster.secret)
         if self.config.auth_token is not None:
             headers["Authorization"] = f"Bearer {self.config.auth_token}"
         started = time.perf_counter()

@@ -28,6 +28,9 @@ from dataclasses import asdict, dataclass, field
 from serving import ROOT, Server, free_port, request
 
 NODE_IDS = ("n1", "n2", "n3")
+# The cluster secret every test cluster shares (tests/integration/test_cluster_auth.py
+# proves what a caller without it cannot do).
+SECRET = "test-cluster-secret-0123456789"
 
 
 @dataclass
@@ -44,6 +47,11 @@ class Cluster:
         os.makedirs(root, exist_ok=True)
         ports = {n: free_port() for n in NODE_IDS}
         spec = ",".join(f"{n}=127.0.0.1:{ports[n]}:{free_port()}" for n in NODE_IDS)
+        if "--insecure-cluster" not in flags and "--cluster-secret-file" not in flags:
+            secret_file = os.path.join(root, "cluster-secret")
+            with open(os.open(secret_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
+                f.write(SECRET)
+            flags = ("--cluster-secret-file", secret_file, *flags)
         cluster = cls(root, spec, ports, flags)
         for n in NODE_IDS:
             cluster.restart(n, wait=False)

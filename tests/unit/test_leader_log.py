@@ -23,7 +23,7 @@ TICK = TickState(490_000, 12, 3)
 
 
 def config(**changes) -> ClusterConfig:
-    return ClusterConfig("n1", PEERS, write_timeout_ms=changes.pop("write_timeout_ms", 2000), **changes)
+    return ClusterConfig("n1", PEERS, insecure=True, write_timeout_ms=changes.pop("write_timeout_ms", 2000), **changes)
 
 
 def send(store: Store, count: int, start: int = 0) -> int:
