@@ -106,6 +106,8 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
         args.host, args.port = cluster.me.host, cluster.me.http_port
     elif args.acks != "quorum":
         raise ValueError("--acks applies to a cluster (--cluster/--node-id)")
+    elif args.cluster_secret_file or args.insecure_cluster:
+        raise ValueError("--cluster-secret-file and --insecure-cluster apply to a cluster (--cluster/--node-id)")
     token = None
     if args.auth_token_file:
         token = read_token_file(args.auth_token_file, args.allow_readable_token)

@@ -96,6 +96,8 @@ class ClusterConfig:
                              "Raft port can run code on it (pysyncobj unpickles what it receives) and anyone who "
                              "reaches /_cluster/* can read every message or stop elections for good; "
                              "--insecure-cluster runs without one anyway")
+        if self.secret is not None and self.insecure:
+            raise ValueError("--insecure-cluster and --cluster-secret-file exclude each other")
         if self.secret is not None and len(self.secret) < 16:
             raise ValueError("the cluster secret must be at least 16 characters")
 

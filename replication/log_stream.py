@@ -131,6 +131,9 @@ class LeaderLog:
 
     async def fetch(self, request: dict) -> dict:
         node, offset = request["node"], int(request["offset"])
+        if node not in self.config.peers or node == self.config.node_id:
+            # only a member's fetch acknowledges: a quorum is of members
+            return {"status": "not_a_member", "epoch": self.epoch}
         if int(request["epoch"]) > self.epoch:
             self.deposed.set()
             return {"status": "stale", "epoch": self.epoch}

@@ -112,14 +112,16 @@ class ClusterNode:
         self.failed: BaseException | None = None
         log.info("node %s opened %s in %.3f s: %s, %s", cluster.node_id, self.data_dir, self.opened_s,
                  self.store, self.epochs)
+        if cluster.secret is None:
+            log.warning("--insecure-cluster: no cluster secret, so anyone who reaches the Raft port %s can run code "
+                        "on this node and anyone who reaches /_cluster/* is taken for a peer", cluster.me.raft_address)
 
     # == peers ====================================================================
 
     async def post(self, node_id: str, call: str, message: dict, timeout_s: float = 5.0) -> dict:
         peer = self.cluster.peers[node_id]
-        headers = {"Content-Type": protocol.CONTENT_TYPE, **peer_auth.headers(self.cluster.secret)}
-        if self.config.auth_token is not None:
-            headers["Authorization"] = f"Bearer {self.config.auth_token}"
+        headers = {"Content-Type": protocol.CONTENT_TYPE,
+                   **peer_auth.headers(self.cluster.secret, self.config.auth_token)}
         async with self.session.post(f"{peer.http_url}/_cluster/{call}", data=protocol.pack(message),
                                      headers=headers, timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
             body = await r.read()
@@ -158,8 +160,9 @@ class ClusterNode:
 
         async def peers_or_api(request: Request) -> Response | StreamResponse:
             """/_cluster/* needs the cluster secret's proof (the client
-            token is not enough); everything else is the API's."""
-            if request.path.startswith(CLUSTER_PREFIX):
+            token is not enough); everything else, and /_cluster/* of an
+            --insecure-cluster, is the API's."""
+            if secret is not None and request.path.startswith(CLUSTER_PREFIX):
                 if not peer_auth.is_peer(secret, request.headers.get(peer_auth.HEADER.lower())):
                     return answer(403, "cluster calls need the cluster secret")
                 return await router.dispatch(request)
@@ -287,9 +290,7 @@ class ClusterNode:
         """Replace this node's store with `source`'s snapshot."""
         peer = self.cluster.peers[source]
         part = os.path.join(self.data_dir, "snapshot.tar.part")
-        headers = peer_auth.headers(self.cluster.secret)
-        if self.config.auth_token is not None:
-            headers["Authorization"] = f"Bearer {self.config.auth_token}"
+        headers = peer_auth.headers(self.cluster.secret, self.config.auth_token)
         started = time.perf_counter()
         async with self.session.get(peer.http_url + protocol.SNAPSHOT_PATH, headers=headers,
                                     timeout=aiohttp.ClientTimeout(total=600, sock_connect=2)) as r:

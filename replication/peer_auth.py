@@ -5,8 +5,9 @@ proof is HMAC-SHA256(secret, "hourglass cluster peer") in hex: a node
 that knows the secret computes it, a client (which holds at most the
 API token) cannot, and the secret itself never crosses the wire (it is
 also the Raft port's encryption password, see replication.election).
-Compared in constant time. With --insecure-cluster (no secret) every
-call passes.
+Compared in constant time. With --insecure-cluster (no secret) there is
+no proof: /_cluster/* then takes what the API takes (the client token
+with --auth-token-file, else anyone).
 
 The proof is the same on every call, like a bearer token: anyone who can
 read the traffic between nodes can replay it. Run a cluster across
@@ -25,13 +26,14 @@ def proof(secret: str) -> str:
     return hmac.new(secret.encode(), b"hourglass cluster peer", hashlib.sha256).hexdigest()
 
 
-def headers(secret: str | None) -> dict[str, str]:
-    """What a peer call sends."""
-    return {} if secret is None else {HEADER: proof(secret)}
+def headers(secret: str | None, token: str | None = None) -> dict[str, str]:
+    """What a peer call sends: the proof; without a secret, the client
+    token if there is one (the API's check then guards /_cluster/*)."""
+    if secret is not None:
+        return {HEADER: proof(secret)}
+    return {} if token is None else {"Authorization": f"Bearer {token}"}
 
 
-def is_peer(secret: str | None, given: str | None) -> bool:
+def is_peer(secret: str, given: str | None) -> bool:
     """Whether a call with header value `given` comes from a peer."""
-    if secret is None:
-        return True
     return given is not None and hmac.compare_digest(given.encode("latin-1", "replace"), proof(secret).encode())

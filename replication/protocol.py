@@ -1,7 +1,9 @@
 """The replication protocol: three calls between nodes, on the HTTP port.
 
-Bodies are msgpack maps (Content-Type application/x-msgpack); a node with
-`--auth-token-file` requires the same bearer token from its peers.
+Bodies are msgpack maps (Content-Type application/x-msgpack). Every call
+carries the proof of the cluster secret (replication.peer_auth; the client
+token is not enough: 403), and `node` must be a member of --cluster other
+than the callee (else 403): only members are counted or believed.
 
 POST /_cluster/fetch — a follower pulls the leader's commit log (Kafka's
 replica fetch). The offset it asks from is everything it has on disk, so
@@ -20,7 +22,8 @@ as replicated when a quorum has fetched past it.
       status      "ok"; "diverged" (the follower's tail is not in this
                   log: it must take a snapshot); "snapshot" (the offset
                   is before this log's start); "not_leader"; "stale" (the
-                  follower knows a higher epoch: this node is deposed)
+                  follower knows a higher epoch: this node is deposed);
+                  "not_a_member" (never counted)
       records     [[offset, body], ...] from `offset`, ~1 MiB at most
       end_offset  this node's durable log end
       tick        [hour_tick, second_tick, local_index] or None: the
@@ -33,7 +36,9 @@ its log position before it leads.
     request  {node, epoch}
     answer   {status, promised, end_offset, last_epoch, history}
       status  "ok": the peer promises to take no record of an epoch below
-              `epoch` from now on; "refused": it has promised a higher one
+              `epoch` from now on; "refused": it has promised a higher
+              one, or `epoch` is more than MAX_EPOCH_AHEAD beyond its own
+              Raft term and promise (replication.node): not persisted
 
 GET /_cluster/snapshot — the whole data directory as a tar stream (see
 replication.snapshot), for a follower too far behind, or diverged.

@@ -15,10 +15,12 @@ import zlib
 
 import pytest
 from cluster import NODE_IDS, SECRET, Cluster
+from pysyncobj.encryptor import getEncryptor
 from serving import ROOT, free_port, request
 
 from replication import peer_auth, protocol
 from replication.config import parse_cluster
+from replication.epochs import Epochs
 
 pytestmark = pytest.mark.slow
 
@@ -48,21 +50,36 @@ def _post(cluster: Cluster, node: str, path: str, message: dict, headers: dict) 
                    headers={"Content-Type": protocol.CONTENT_TYPE, **headers})
 
 
+def _raft_probe(cluster: Cluster, node: str, frame: bytes) -> None:
+    """Send one pysyncobj frame (native-endian i32 length, then the bytes)
+    as the first message of a connection to `node`'s Raft port."""
+    peer = parse_cluster(cluster.spec)[node]
+    with socket.create_connection((peer.host, peer.raft_port), timeout=2) as s:
+        s.sendall(struct.pack("i", len(frame)) + frame)
+        s.settimeout(2)
+        try:
+            s.recv(1024)  # a node that refuses the frame closes the connection
+        except (TimeoutError, ConnectionError):
+            pass
+
+
+def _plant_frames(path) -> list[bytes]:
+    """The code-execution probe as pysyncobj would frame it: zlib'd pickle,
+    plain (as without a password) and encrypted under a wrong password."""
+    payload = zlib.compress(pickle.dumps(_Plant(str(path))))
+    wrong = getEncryptor("not-the-cluster-secret-0123456789")
+    return [payload, wrong.encrypt_at_time(payload, int(time.monotonic()))]
+
+
 def test_a_crafted_pickle_on_the_raft_port_runs_nothing(cluster, tmp_path):
     planted = tmp_path / "planted"
-    payload = zlib.compress(pickle.dumps(_Plant(str(planted))))
-    peers = parse_cluster(cluster.spec)
     for node in NODE_IDS:
-        with socket.create_connection((peers[node].host, peers[node].raft_port), timeout=2) as s:
-            s.sendall(struct.pack("i", len(payload)) + payload)  # pysyncobj's framing, unencrypted
-            s.settimeout(2)
-            try:
-                s.recv(1024)
-            except (TimeoutError, ConnectionError):
-                pass
+        for frame in _plant_frames(planted):
+            _raft_probe(cluster, node, frame)
     time.sleep(0.5)
     assert not planted.exists()
     assert all(cluster.health(n) for n in NODE_IDS)  # nobody died of it
+    assert cluster.wait_leader(wait_s=10) in NODE_IDS
 
 
 def test_the_raft_port_binds_the_nodes_own_host_only(cluster):
@@ -91,44 +108,81 @@ def test_cluster_calls_without_the_secret_are_refused_even_with_the_client_token
 def test_a_non_members_fetch_and_a_poisoned_promise_are_refused_and_elections_go_on(cluster):
     peer = peer_auth.headers(SECRET)
     leader = cluster.wait_leader()
-    follower = next(n for n in NODE_IDS if n != leader)
-    status, _ = _post(cluster, leader, protocol.FETCH_PATH, {"node": "x", "epoch": 0, "offset": 0}, peer)
+    status, _ = _post(cluster, leader, protocol.FETCH_PATH,
+                      {"node": "x", "epoch": 0, "offset": 0, "last_epoch": 0, "wait_ms": 0}, peer)
     assert status == 403  # not in --cluster: its acknowledgement would count towards a quorum
-    status, _ = _post(cluster, follower, protocol.POSITION_PATH, {"node": "x", "epoch": 2**63}, peer)
-    assert status == 403
-    status, body = _post(cluster, follower, protocol.POSITION_PATH, {"node": leader, "epoch": 2**63}, peer)
-    assert status == 200 and protocol.unpack(body)["status"] == "refused"  # far beyond the Raft term
-    # The promise was not persisted: a new leader is still elected after the leader dies.
+    status, _ = _post(cluster, leader, protocol.FETCH_PATH,
+                      {"node": leader, "epoch": 0, "offset": 0, "last_epoch": 0, "wait_ms": 0}, peer)
+    assert status == 403  # nor is the node itself: it would count twice
+    for node in NODE_IDS:
+        status, _ = _post(cluster, node, protocol.POSITION_PATH, {"node": "x", "epoch": 2**63 - 1}, peer)
+        assert status == 403
+        member = next(n for n in NODE_IDS if n != node)
+        status, body = _post(cluster, node, protocol.POSITION_PATH, {"node": member, "epoch": 2**63 - 1}, peer)
+        assert status == 200 and protocol.unpack(body)["status"] == "refused"  # far beyond the Raft term
+        assert Epochs.load(Epochs.path(os.path.join(cluster.root, node))).promised < 2**32  # not persisted
+    # The promise was not kept: a new leader is still elected after the leader dies.
     term = cluster.health(leader)["term"]
-    cluster.kill(leader)
+    cluster.kill(leader)  # SIGKILL
     started = time.monotonic()
-    new = cluster.wait_leader(leader, term)
+    new = cluster.wait_leader(leader, term, wait_s=10)
     assert new != leader and time.monotonic() - started < 10
     cluster.restart(leader)
 
 
-def test_a_cluster_without_a_secret_refuses_to_start_unless_insecure(tmp_path):
+def _serve(tmp_path, *flags: str) -> subprocess.CompletedProcess:
+    """Run `hourglass serve` as one node of a one-node cluster, expecting it
+    to refuse to start (60 s bound)."""
     spec = f"n1=127.0.0.1:{free_port()}:{free_port()}"
+    args = [sys.executable, "-m", "broker.cli", "serve", "--data-dir", str(tmp_path / "d"), "--node-id", "n1",
+            "--cluster", spec, *flags]
+    return subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=60, check=False)
 
-    def serve(*flags: str, wait: bool = False):
-        args = [sys.executable, "-m", "broker.cli", "serve", "--data-dir", str(tmp_path / "d"), "--node-id", "n1",
-                "--cluster", spec, *flags]
-        return subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=60)
 
-    r = serve()
+def test_a_cluster_without_a_secret_refuses_to_start(tmp_path):
+    r = _serve(tmp_path)
     assert r.returncode == 2 and "--cluster-secret-file" in r.stderr and "--insecure-cluster" in r.stderr
+    assert "run code" in r.stderr and "elections" in r.stderr  # the sentence says why
     short = tmp_path / "short"
     short.write_text("tiny")
     os.chmod(short, 0o600)
-    r = serve("--cluster-secret-file", str(short))
+    r = _serve(tmp_path, "--cluster-secret-file", str(short))
     assert r.returncode == 2 and "16 characters" in r.stderr
     readable = tmp_path / "readable"
     readable.write_text("x" * 32)
     os.chmod(readable, 0o644)
-    r = serve("--cluster-secret-file", str(readable))
-    assert r.returncode == 2 and "chmod 600" in r.stderr
-    c = Cluster.start(tmp_path / "insecure", "--insecure-cluster")  # it starts, with a warning in the README
+    r = _serve(tmp_path, "--cluster-secret-file", str(readable))
+    assert r.returncode == 2 and "chmod 600" in r.stderr and "--allow-readable-token" in r.stderr
+    good = tmp_path / "good"
+    good.write_text("x" * 32)
+    os.chmod(good, 0o600)
+    r = _serve(tmp_path, "--cluster-secret-file", str(good), "--insecure-cluster")
+    assert r.returncode == 2 and "exclude each other" in r.stderr
+    r = subprocess.run([sys.executable, "-m", "broker.cli", "serve", "--data-dir", str(tmp_path / "s"),
+                        "--port", str(free_port()), "--cluster-secret-file", str(good)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=60, check=False)
+    assert r.returncode == 2 and "apply to a cluster" in r.stderr
+
+
+def test_an_insecure_cluster_starts_and_is_as_open_as_it_says(tmp_path):
+    token_file = tmp_path / "token"
+    token_file.write_text("client-token")
+    os.chmod(token_file, 0o600)
+    c = Cluster.start(tmp_path / "insecure", "--insecure-cluster", "--auth-token-file", str(token_file))
     try:
-        assert c.wait_leader() in NODE_IDS
+        leader = c.wait_leader()
+        # /_cluster/* falls back to the client token
+        status, _ = request(c.url(leader) + protocol.SNAPSHOT_PATH)
+        assert status == 401
+        status, _ = request(c.url(leader) + protocol.SNAPSHOT_PATH, headers={"Authorization": "Bearer client-token"})
+        assert status == 200
+        # the probe above is real: without a secret, the Raft port unpickles it
+        planted = tmp_path / "planted"
+        follower = next(n for n in NODE_IDS if n != leader)
+        _raft_probe(c, follower, _plant_frames(planted)[0])
+        deadline = time.monotonic() + 5
+        while not planted.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert planted.exists()
     finally:
         c.stop()

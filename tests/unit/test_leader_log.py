@@ -60,6 +60,21 @@ def test_a_write_waits_for_a_quorum_of_fetches(tmp_path):
     asyncio.run(main())
 
 
+def test_only_members_fetches_acknowledge(tmp_path):
+    store = Store.open(str(tmp_path), now_ms=NOW)
+
+    async def main():
+        log = leader_log(store, write_timeout_ms=200)
+        end = send(store, 2)
+        for stranger in ("x", "n1"):  # not in --cluster; the leader itself
+            answer = await log.fetch(fetch(end, stranger))
+            assert answer["status"] == "not_a_member" and "records" not in answer
+        assert log.followers == {} and log.quorum_offset() == 0
+        with pytest.raises(Unavailable, match="no quorum"):
+            await log.replicated(end)
+    asyncio.run(main())
+
+
 def test_a_write_without_quorum_is_unavailable_and_close_fails_waiters(tmp_path):
     store = Store.open(str(tmp_path), now_ms=NOW)
 
