@@ -11,6 +11,7 @@ names and answers, over `broker.service.Broker`.
     GET  /camellia/delayQueue/getMonitorData   -> data
     GET  /camellia/delayQueue/getTopicInfo     -> data
     GET  /camellia/delayQueue/getTopicInfoList -> data
+    GET  /camellia/delayQueue/getMonitorString -> text: JSON (broker.camellia_metrics)
 
 Parameters: a form body (application/x-www-form-urlencoded) or a JSON
 object body for POST, the query string for GET; validated by
@@ -38,8 +39,9 @@ import orjson
 from storage.entry import Message
 from storage.errors import InvalidRequest
 
-from . import params
+from . import camellia_metrics, params
 from .bodies import JSON_MARKS_PER_BODY, BodyLimits, BodyTooLarge, check_json_marks
+from .health import HEALTH_PREFIX, ServingStatus
 from .httpd import Request, Response, StreamResponse
 from .service import Broker, NotFound, Unavailable, new_msg_id
 
@@ -93,15 +95,16 @@ def delay_msg(m: Message) -> dict:
 
 
 def bearer_auth(token: str | None, handler: Handler) -> Handler:
-    """Every path but /health needs `Authorization: Bearer <token>`, the
-    scheme in any case (RFC 7235), the token compared in constant time as
-    the bytes sent; no token configured: open."""
+    """Every path but /health and camellia's /camellia/health/* (for load
+    balancers, as camellia's need none) needs `Authorization: Bearer
+    <token>`, the scheme in any case (RFC 7235), the token compared in
+    constant time as the bytes sent; no token configured: open."""
     if token is None:
         return handler
     expected = token.encode()
 
     async def auth(request: Request) -> Response | StreamResponse:
-        if request.path != "/health":
+        if request.path != "/health" and not request.path.startswith(HEALTH_PREFIX):
             scheme, _, given = request.headers.get("authorization", "").partition(" ")
             # httpd decodes header bytes as latin-1: encoding back gives the bytes sent
             if not (hmac.compare_digest(given.strip().encode("latin-1", "replace"), expected) and scheme.lower() == "bearer"):
@@ -111,8 +114,10 @@ def bearer_auth(token: str | None, handler: Handler) -> Handler:
 
 
 class Api:
-    def __init__(self, broker: Broker, max_msg_bytes: int, bodies: BodyLimits | None = None) -> None:
+    def __init__(self, broker: Broker, max_msg_bytes: int, bodies: BodyLimits | None = None,
+                 serving: ServingStatus | None = None) -> None:
         self.broker = broker
+        self.serving = serving  # going offline ends the long polls held (broker.health)
         self.max_msg_bytes = max_msg_bytes
         self.bodies = bodies or BodyLimits()  # what decoding a body may cost (broker.bodies)
         self.single_cap = BodyLimits.body_bytes(max_msg_bytes)
@@ -122,7 +127,7 @@ class Api:
         post = {"sendMsg": self.send, "sendMsgBatch": self.send_batch, "deleteMsg": self.delete,
                 "pullMsg": self.pull, "longPollingMsg": self.long_poll, "ackMsg": self.ack, "getMsg": self.get}
         get = {"getMonitorData": self.monitor_data, "getTopicInfo": self.topic_info,
-               "getTopicInfoList": self.topic_info_list}
+               "getTopicInfoList": self.topic_info_list, "getMonitorString": self.monitor_string}
         for name, h in post.items():
             router.add("POST", PREFIX + name, self._handler(h))
         for name, h in get.items():
@@ -201,8 +206,11 @@ class Api:
 
     async def long_poll(self, request: Request) -> Response:
         poll = params.parse_long_poll(await self._params(request), self.broker.defaults)
-        return answer(200, "success",
-                      delayMsgList=[delay_msg(m) for m in await self.broker.long_poll(poll, request.gone)])
+        gone = request.gone
+        if self.serving is not None:  # going offline answers it now, as if the client had gone
+            ended = self.serving.ends_long_poll()
+            gone = lambda: request.gone() or ended()  # noqa: E731
+        return answer(200, "success", delayMsgList=[delay_msg(m) for m in await self.broker.long_poll(poll, gone)])
 
     async def ack(self, request: Request) -> Response:
         await self.broker.ack(params.parse_ack(await self._params(request)))
@@ -220,7 +228,14 @@ class Api:
         return answer(200, "success", data=await self.broker.topic_info(topic))
 
     async def topic_info_list(self, request: Request) -> Response:
-        return answer(200, "success", data=[await self.broker.topic_info(t) for t in self.broker.topic_list()])
+        return answer(200, "success", data=await self.topic_infos())
+
+    async def monitor_string(self, request: Request) -> Response:
+        text = camellia_metrics.monitor_string(self.broker.metrics.monitor_data(), await self.topic_infos())
+        return Response(200, text, "text/plain; charset=utf-8")
+
+    async def topic_infos(self) -> list[dict]:
+        return [await self.broker.topic_info(t) for t in self.broker.topic_list()]
 
 
 def parse_form(raw: bytes) -> dict[str, str]:

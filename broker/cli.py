@@ -84,6 +84,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-ttl-ms", type=int, default=defaults.max_ttl_ms,
                        help=f"largest ttlMillis a message gets; larger ones are clamped to it (default "
                             f"{defaults.max_ttl_ms}, 30 days)")
+    serve.add_argument("--monitor-interval-s", type=int, default=60,
+                       help="seconds of each getMonitorData interval: its counts, and camellia's request and "
+                            "time-gap metrics, are of the last one (default 60, as camellia)")
+    serve.add_argument("--offline-idle-s", type=float, default=20.0,
+                       help="after /camellia/health/offline the node answers 200 (drained) once no API call has "
+                            "run for this many seconds (default 20, as camellia)")
     serve.add_argument("--log-level", default="INFO", help="DEBUG, INFO (default), WARNING, ERROR")
     return parser
 
@@ -120,6 +126,7 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
                                    body_budget_bytes=args.body_budget_bytes),
                        bodies=BodyLimits(max_form_pairs=args.max_form_pairs, max_batch_msgs=args.max_batch_msgs),
                        defaults=Defaults(max_ack_timeout_ms=args.max_ack_timeout_ms, max_ttl_ms=args.max_ttl_ms),
+                       monitor_interval_s=args.monitor_interval_s, offline_idle_s=args.offline_idle_s,
                        cluster=cluster)
 
 

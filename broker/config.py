@@ -29,6 +29,12 @@ class ServeConfig:
     auth_token: str | None = None
     # How often derived files are made durable and the commit log trimmed.
     checkpoint_interval_ms: int = 1000
+    # getMonitorData's interval: its counts are of the last one (camellia's
+    # monitorIntervalSeconds, 60 s).
+    monitor_interval_s: int = 60
+    # After /camellia/health/offline, the node counts as drained (offline
+    # answers 200) once no API call has run for this long (camellia: 20 s).
+    offline_idle_s: float = 20.0
     store: StoreConfig = field(default_factory=StoreConfig)
     # What requests get for parameters they leave out (camellia's values).
     defaults: Defaults = field(default_factory=Defaults)
@@ -51,6 +57,10 @@ class ServeConfig:
             raise ValueError("the auth token file is empty")
         if self.cluster is not None and self.backend != "disk":
             raise ValueError("--cluster needs --backend disk (a Redis backend shares its state already)")
+        if self.monitor_interval_s < 1:
+            raise ValueError(f"--monitor-interval-s must be at least 1, got {self.monitor_interval_s}")
+        if self.offline_idle_s < 0:
+            raise ValueError(f"--offline-idle-s must be at least 0, got {self.offline_idle_s}")
         if self.checkpoint_interval_ms < 10:
             raise ValueError(f"checkpoint_interval_ms must be at least 10, got {self.checkpoint_interval_ms}")
 

@@ -5,8 +5,19 @@ Per topic (label `topic`): sends, duplicate sends, pulls, acks, nacks,
 retries (redeliveries after an ack timeout or nack), messages ended (5 or
 6), deletes, getMsg calls, messages made ready; gauges of waiting, ready
 and consuming messages. Per node: a histogram of dispatch lateness (ready
-time minus trigger time) and one of fsync latency. Counters count since
-the process started.
+time minus trigger time) and one of fsync latency. The `hourglass_*`
+counters count since the process started.
+
+getMonitorData (and camellia's `request`, `pull_msg_time_gap` and
+`ready_queue_time_gap` metrics, `broker.camellia_metrics`) counts per
+interval, as camellia's monitor does: `roll(now_ms)`, called every
+--monitor-interval-s, publishes what happened since the previous roll and
+starts a new interval. Between rolls getMonitorData answers the last
+published interval, unchanged (before the first roll: empty lists).
+
+    t=0 roll   send a, send b   t=60 roll   pull a   t=120 roll
+               (published at 60: sendMsg 2)  (published at 120: pullMsg 1,
+                                              sendMsg absent: no send then)
 """
 
 from __future__ import annotations
@@ -75,8 +86,17 @@ class TopicMetrics:
     deletes: int = 0
     gets: int = 0
     ready: int = 0
+    # Of the current monitor interval only (reset by Metrics.roll):
     pull_gap: GapStats = field(default_factory=GapStats)  # pull time - trigger time
     ready_gap: GapStats = field(default_factory=GapStats)  # ready time - trigger time
+
+    def request_counts(self) -> tuple[int, ...]:
+        """camellia's RequestStats counts, cumulative: sendMsg (answered
+        sends, duplicates included, as camellia's monitor counts them),
+        pullMsg, deleteMsg, ackMsg (acks and nacks: camellia counts ackMsg
+        calls), getMsg, triggerMsgReady, triggerMsgEndLife, triggerMsgTimeout."""
+        return (self.sends + self.duplicates, self.pulls, self.deletes, self.acks + self.nacks, self.gets,
+                self.ready, self.ended, self.retries)
 
 
 COUNTERS = (("sends", "messages stored by sendMsg/sendMsgBatch"),
@@ -89,11 +109,20 @@ COUNTERS = (("sends", "messages stored by sendMsg/sendMsgBatch"),
             ("ready", "messages made ready by the wheel"))
 
 
+REQUEST_STATS = ("sendMsg", "pullMsg", "deleteMsg", "ackMsg", "getMsg", "triggerMsgReady", "triggerMsgEndLife",
+                 "triggerMsgTimeout")
+
+
 class Metrics:
     def __init__(self) -> None:
         self.topics: dict[str, TopicMetrics] = {}
         self.lateness_seconds = Histogram(LATENESS_BUCKETS_S)
         self.fsync_seconds = Histogram(FSYNC_BUCKETS_S)
+        # the monitor interval (see the module docstring)
+        self._interval_start_ms: int | None = None
+        self._counts_at_start: dict[str, tuple[int, ...]] = {}
+        self._published: dict = {"requestStatsList": [], "pullMsgTimeGapStatsList": [],
+                                 "readyQueueTimeGapStatsList": []}
 
     def topic(self, name: str, exists: bool = True) -> TopicMetrics:
         """The counters of topic `name`. `exists=False` (a request naming a
@@ -127,17 +156,35 @@ class Metrics:
             lines += [f"# TYPE {name} {kind}", f"{name} {value:g}" if isinstance(value, float) else f"{name} {value}"]
         return "\n".join(lines) + "\n"
 
-    def monitor_data(self) -> dict:
-        """getMonitorData's `data`, in camellia's shape."""
+    def roll(self, now_ms: int) -> None:
+        """End the current monitor interval at `now_ms`: publish its counts
+        (the topics with any) and gap stats, and start the next. The first
+        call only starts an interval."""
         topics = sorted(self.topics.items())
-        return {
-            "requestStatsList": [{"topic": t, "sendMsg": m.sends, "pullMsg": m.pulls, "deleteMsg": m.deletes,
-                                  "ackMsg": m.acks, "getMsg": m.gets, "triggerMsgReady": m.ready,
-                                  "triggerMsgEndLife": m.ended, "triggerMsgTimeout": m.retries}
-                                 for t, m in topics],
-            "pullMsgTimeGapStatsList": [m.pull_gap.as_json(t) for t, m in topics if m.pull_gap.count],
-            "readyQueueTimeGapStatsList": [m.ready_gap.as_json(t) for t, m in topics if m.ready_gap.count],
-        }
+        counts = {t: m.request_counts() for t, m in topics}
+        if self._interval_start_ms is not None:
+            stats = []
+            for t, now in counts.items():
+                before = self._counts_at_start.get(t, (0,) * len(now))
+                delta = [a - b for a, b in zip(now, before)]
+                if any(delta):
+                    stats.append({"topic": t, **dict(zip(REQUEST_STATS, delta))})
+            self._published = {
+                "requestStatsList": stats,
+                "pullMsgTimeGapStatsList": [m.pull_gap.as_json(t) for t, m in topics if m.pull_gap.count],
+                "readyQueueTimeGapStatsList": [m.ready_gap.as_json(t) for t, m in topics if m.ready_gap.count],
+                # extensions: the interval these counts are of (ms epoch)
+                "intervalStartTime": self._interval_start_ms, "intervalEndTime": now_ms,
+            }
+        for _, m in topics:
+            m.pull_gap, m.ready_gap = GapStats(), GapStats()
+        self._counts_at_start = counts
+        self._interval_start_ms = now_ms
+
+    def monitor_data(self) -> dict:
+        """getMonitorData's `data`, in camellia's shape: the last interval
+        `roll` published."""
+        return self._published
 
 
 def _label(value: str) -> str:

@@ -21,10 +21,13 @@ import aiohttp
 
 from storage.store import Store, text_hash
 
-from .api import Api, Router, answer, bearer_auth
-from .httpd import HttpServer, Request, Response
+from . import camellia_metrics
+from .api import PREFIX, Api, Router, answer, bearer_auth
+from .camellia_metrics import ProcessStats
 from .clock import SystemClock
 from .config import ServeConfig
+from .health import ServingStatus
+from .httpd import HttpServer, Request, Response
 from .metrics import Metrics
 from .service import Broker
 
@@ -48,6 +51,43 @@ async def checkpoint_every(interval_ms: int, checkpoint: Callable[[], Awaitable[
             return
 
 
+async def monitor_every(interval_s: int, metrics: Metrics, process: ProcessStats, clock: SystemClock) -> None:
+    """camellia's monitor interval: every `interval_s`, publish the counts
+    of the interval that ended (getMonitorData) and its CPU use."""
+    loop = asyncio.get_running_loop()
+    metrics.roll(clock.now_ms())
+    process.roll()
+    next_s = loop.time()
+    while True:
+        next_s += interval_s
+        await asyncio.sleep(max(0.0, next_s - loop.time()))
+        metrics.roll(clock.now_ms())
+        process.roll()
+
+
+def start_monitor(node, config: ServeConfig) -> asyncio.Task:
+    return asyncio.create_task(monitor_every(config.monitor_interval_s, node.metrics, node.process, node.clock),
+                               name="monitor")
+
+
+def serving_status(config: ServeConfig, wake_long_polls) -> ServingStatus:
+    """camellia's online/offline switch (broker.health) over the API's calls."""
+    return ServingStatus(config.offline_idle_s, PREFIX, on_offline=wake_long_polls)
+
+
+def offline_health(role: str, **extra) -> Response:
+    """/health of a node taken offline (/camellia/health/offline): not
+    ready for a load balancer, though it still serves what reaches it."""
+    return answer(503, "offline (/camellia/health/online brings it back)", status="offline", role=role, **extra)
+
+
+async def camellia_metrics_text(node) -> str:
+    """camellia's /metrics families (broker.camellia_metrics) of `node`;
+    topic sizes only where a broker runs (not on a cluster's follower)."""
+    infos = await node.api.topic_infos() if node.api.broker is not None else []
+    return camellia_metrics.render(node.process, node.metrics.monitor_data(), infos)
+
+
 class Node:
     """A standalone node: store, broker, HTTP app, checkpoint loop."""
 
@@ -60,7 +100,9 @@ class Node:
         self.broker = Broker(self.store, self.clock, config.defaults, self.metrics,
                              tick_path=os.path.join(config.data_path, "tick"))
         self.opened_s = time.perf_counter() - started
-        self.api = Api(self.broker, config.max_msg_bytes, config.bodies)
+        self.process = ProcessStats()
+        self.serving = serving_status(config, self.broker.wake_all)
+        self.api = Api(self.broker, config.max_msg_bytes, config.bodies, self.serving)
         self.checkpoints = 0
         self.checkpoint_seconds = 0.0
         log.info("opened %s in %.3f s: %s", config.data_path, self.opened_s, self.store)
@@ -69,13 +111,16 @@ class Node:
         router = Router()
         router.add("GET", "/health", self.health)
         router.add("GET", "/metrics", self.metrics_text)
+        self.serving.add_routes(router)
         self.api.add_routes(router)
-        return bearer_auth(self.config.auth_token, router.dispatch)
+        return bearer_auth(self.config.auth_token, self.serving.track(router.dispatch))
 
     async def health(self, request: Request) -> Response:
         if self.broker.failed is not None:
             return answer(503, f"failed: {self.broker.failed!r}", status="failed", role="standalone",
                           leader=None, node=None)
+        if not self.serving.online:
+            return offline_health("standalone", leader=None, node=None)
         return answer(200, "success", status="ok", role="standalone", leader=None, node=None)
 
     async def metrics_text(self, request: Request) -> Response:
@@ -92,7 +137,8 @@ class Node:
                 ("hourglass_checkpoint_seconds_total", "counter", self.checkpoint_seconds),
                 ("hourglass_open_seconds", "gauge", self.opened_s),
                 ("hourglass_wheel_released_total", "counter", self.broker.scheduler.stats.released)]
-        return Response(200, self.metrics.render(gauges, node).encode(), "text/plain; charset=utf-8")
+        text = self.metrics.render(gauges, node) + await camellia_metrics_text(self)
+        return Response(200, text.encode(), "text/plain; charset=utf-8")
 
     async def checkpoint(self) -> None:
         """The checkpoint is prepared by the group commit at a quiet point
@@ -119,7 +165,9 @@ class RedisNode:
         self.clock = SystemClock()
         self.metrics = Metrics()
         self.broker = RedisBroker.from_url(config.backend, self.clock, config.defaults, self.metrics)
-        self.api = Api(self.broker, config.max_msg_bytes, config.bodies)
+        self.process = ProcessStats()
+        self.serving = serving_status(config, self.broker.wake_all)
+        self.api = Api(self.broker, config.max_msg_bytes, config.bodies, self.serving)
 
     handler = Node.handler
 
@@ -130,7 +178,8 @@ class RedisNode:
         return await Node.health(self, request)
 
     async def metrics_text(self, request: Request) -> Response:
-        return Response(200, self.metrics.render([], []).encode(), "text/plain; charset=utf-8")
+        text = self.metrics.render([], []) + await camellia_metrics_text(self)
+        return Response(200, text.encode(), "text/plain; charset=utf-8")
 
 
 async def listen(node, config: ServeConfig) -> HttpServer:
@@ -165,7 +214,9 @@ async def run_redis(config: ServeConfig) -> int:
         if node is not None:
             await node.broker.stop()
         return 1
+    monitor = start_monitor(node, config)
     await _serve_until_stopped(node, config, f"state in {node.broker.url}")
+    monitor.cancel()
     failed = node.broker.failed
     await node.broker.stop()
     log.info("stopped")
@@ -190,12 +241,14 @@ async def run_cluster(config: ServeConfig) -> int:
     roles = asyncio.create_task(node.run(), name="roles")
     checkpoints = asyncio.create_task(checkpoint_every(config.checkpoint_interval_ms, node.checkpoint, node.fail),
                                       name="checkpoints")
+    monitor = start_monitor(node, config)
     roles.add_done_callback(lambda t: t.cancelled() or t.exception() is None or node.fail(t.exception(), "roles"))
     await stop.wait()
     log.info("stopping: handing over")
     roles.cancel()
     checkpoints.cancel()
-    await asyncio.gather(roles, checkpoints, return_exceptions=True)
+    monitor.cancel()
+    await asyncio.gather(roles, checkpoints, monitor, return_exceptions=True)
     await node.handover()
     await server.close(SHUTDOWN_TIMEOUT_S)
     await node.close()
@@ -212,8 +265,10 @@ async def run(config: ServeConfig) -> int:
     node.broker.start()
     checkpoints = asyncio.create_task(checkpoint_every(config.checkpoint_interval_ms, node.checkpoint,
                                                        node.broker.fail))
+    monitor = start_monitor(node, config)
     await _serve_until_stopped(node, config, "standalone")
     checkpoints.cancel()
+    monitor.cancel()
     if node.broker.failed is not None:  # no last checkpoint over a state RAM and disk disagree on
         log.critical("exiting after a failure; the next start recovers from the commit log")
         return 1

@@ -54,7 +54,9 @@ from broker.api import PREFIX, Api, Router, answer, bearer_auth
 from broker.httpd import Request, Response, StreamResponse
 from broker.clock import SystemClock
 from broker.config import ServeConfig
+from broker.camellia_metrics import ProcessStats
 from broker.metrics import Metrics
+from broker.server import camellia_metrics_text, offline_health, serving_status
 from broker.service import Broker
 from storage.store import Store, text_hash
 from wheel.tick_state import TickStateFile
@@ -95,7 +97,10 @@ class ClusterNode:
         self.tick_path = os.path.join(self.data_dir, "tick")
         self.tick_file: TickStateFile | None = TickStateFile(self.tick_path, fsync=True)
         self.metrics = Metrics()
-        self.api = Api(None, config.max_msg_bytes, config.bodies)  # its broker is set while this node leads
+        self.process = ProcessStats()
+        self.serving = serving_status(config, lambda: self.broker is not None and self.broker.wake_all())
+        # its broker is set while this node leads
+        self.api = Api(None, config.max_msg_bytes, config.bodies, self.serving)
         self.apply_lock = asyncio.Lock()
         self.checkpoint_lock = asyncio.Lock()
         self.role = "follower"
@@ -151,11 +156,12 @@ class ClusterNode:
         router.add("POST", protocol.FETCH_PATH, self.on_fetch)
         router.add("POST", protocol.POSITION_PATH, self.on_position)
         router.add("GET", protocol.SNAPSHOT_PATH, self.on_snapshot)
+        self.serving.add_routes(router)
         self.api.add_routes(router)
 
         async def route(request: Request) -> Response | StreamResponse:
             return await self._route(request, router.dispatch)
-        api = bearer_auth(self.config.auth_token, route)
+        api = bearer_auth(self.config.auth_token, self.serving.track(route))
         secret = self.cluster.secret
 
         async def peers_or_api(request: Request) -> Response | StreamResponse:
@@ -200,6 +206,8 @@ class ClusterNode:
                  "log_end_offset": self.store.log.end_offset}
         if self.failed is not None:
             return answer(503, f"failed: {self.failed!r}", status="failed", **extra)
+        if not self.serving.online:
+            return offline_health(**extra)
         return answer(200, "success", status="ok", **extra)
 
     async def metrics_text(self, request: Request) -> Response:
@@ -214,7 +222,8 @@ class ClusterNode:
                 ("hourglass_replicated_records_total", "counter", self.follower.fetched_records)]
         if self.leader_log is not None:
             node.append(("hourglass_quorum_offset", "gauge", self.leader_log.quorum_offset()))
-        return Response(200, self.metrics.render(gauges, node).encode(), "text/plain; charset=utf-8")
+        text = self.metrics.render(gauges, node) + await camellia_metrics_text(self)
+        return Response(200, text.encode(), "text/plain; charset=utf-8")
 
     def _not_a_member(self, message: dict) -> Response | None:
         """Acknowledgements, positions and promises count only from members."""

@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -133,6 +134,84 @@ class Server:
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait()
+
+
+class MonitorWatch:
+    """Every interval getMonitorData publishes while the watch runs (a
+    thread polls it every 50 ms; run the server with a short
+    --monitor-interval-s). camellia's counts are per interval: what one
+    burst of calls did is the sum over the intervals it spanned.
+
+        with MonitorWatch(server) as watch:
+            ... calls on a fresh topic ...
+            totals = watch.totals(topic, {"sendMsg": 2})   # waits for them
+    """
+
+    def __init__(self, server: Server, poll_s: float = 0.05) -> None:
+        self.server = server
+        self.poll_s = poll_s
+        self.intervals: list[dict] = []  # getMonitorData's data, oldest first, each once
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+
+    def __enter__(self) -> MonitorWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _poll(self) -> None:
+        while not self._stop.wait(self.poll_s):
+            try:
+                status, body = request(self.server.base + PREFIX + "getMonitorData", headers=self.server._headers())
+            except OSError:
+                continue
+            data = _decode(body).get("data") if status == 200 else None
+            if data and "intervalEndTime" in data and (
+                    not self.intervals or data["intervalEndTime"] != self.intervals[-1]["intervalEndTime"]):
+                self.intervals.append(data)
+
+    def _check_contiguous(self) -> None:
+        for before, after in zip(self.intervals, self.intervals[1:]):
+            assert after["intervalStartTime"] == before["intervalEndTime"], (
+                f"an interval was missed between {before['intervalEndTime']} and {after['intervalStartTime']}: "
+                f"the watch polled too slowly")
+
+    def sums(self, topic: str, key: str = "requestStatsList") -> dict[str, float]:
+        """The topic's entries of `key`, summed over the intervals seen
+        (for time-gap lists: `count` summed, `max` the largest)."""
+        self._check_contiguous()
+        out: dict[str, float] = {}
+        for data in list(self.intervals):
+            for entry in data[key]:
+                if entry["topic"] == topic:
+                    for name, value in entry.items():
+                        if name != "topic":
+                            out[name] = max(out.get(name, 0), value) if name == "max" else out.get(name, 0) + value
+        return out
+
+    def totals(self, topic: str, expected: dict[str, int], timeout_s: float = 15) -> dict[str, float]:
+        """requestStatsList sums for `topic` once they reach `expected` (or
+        at the timeout), then one more interval, so a count beyond it shows."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            got = self.sums(topic)
+            if all(got.get(k, 0) >= v for k, v in expected.items()):
+                self.wait_intervals(1)
+                return self.sums(topic)
+            time.sleep(self.poll_s)
+        return self.sums(topic)
+
+    def wait_intervals(self, n: int, timeout_s: float = 15) -> list[dict]:
+        """The next `n` intervals published from now."""
+        seen = len(self.intervals)
+        deadline = time.monotonic() + timeout_s
+        while len(self.intervals) < seen + n:
+            assert time.monotonic() < deadline, "getMonitorData published no new interval"
+            time.sleep(self.poll_s)
+        return self.intervals[seen:seen + n]
 
 
 def _path(path: str) -> str:

@@ -40,7 +40,8 @@ def backend_flags(request) -> tuple[str, tuple[str, ...]]:
 @pytest.fixture(scope="session")
 def shared_server(backend_flags, tmp_path_factory):
     name, flags = backend_flags
-    server = Server.start(tmp_path_factory.mktemp(name) / "data", "--max-msg-bytes", str(MAX_MSG_BYTES), *flags)
+    server = Server.start(tmp_path_factory.mktemp(name) / "data", "--max-msg-bytes", str(MAX_MSG_BYTES),
+                          "--monitor-interval-s", "1", *flags)  # getMonitorData per 1 s interval
     yield server
     assert server.stop() == 0
 

@@ -4,7 +4,7 @@ import json
 import time
 
 import pytest
-from serving import request
+from serving import MonitorWatch, request
 
 pytestmark = pytest.mark.slow
 
@@ -205,21 +205,25 @@ def test_topic_info_counts_ready_and_consuming(api, topic):
 
 
 def test_monitor_data_counts_requests_and_transitions(api, topic):
-    api.send(topic, msgId="a")
-    api.send(topic, msgId="a")  # a duplicate is not a send
-    api.send(topic, msgId="b", maxRetry=0)
-    assert len(api.pull_until(topic, 2)) == 2
-    api.post("ackMsg", topic=topic, msgId="a")
-    api.post("ackMsg", topic=topic, msgId="b", ack="false")  # maxRetry=0: ended
-    api.message(topic, "a")
-    status, body = api.get("getMonitorData")
-    assert status == 200
-    stats = [s for s in body["data"]["requestStatsList"] if s["topic"] == topic]
-    assert stats == [{"topic": topic, "sendMsg": 2, "pullMsg": 2, "deleteMsg": 0, "ackMsg": 1, "getMsg": 1,
-                      "triggerMsgReady": 2, "triggerMsgEndLife": 1, "triggerMsgTimeout": 0}]
-    for name in ("pullMsgTimeGapStatsList", "readyQueueTimeGapStatsList"):
-        gaps = [g for g in body["data"][name] if g["topic"] == topic]
-        assert len(gaps) == 1 and set(gaps[0]) == {"topic", "count", "avg", "max"} and gaps[0]["count"] == 2
+    """Per interval, as camellia's monitor: the calls' counts are summed
+    over the intervals they spanned, and a later interval has none."""
+    with MonitorWatch(api.server) as watch:
+        api.send(topic, msgId="a")
+        api.send(topic, msgId="a")  # a duplicate: camellia counts every send answered 200
+        api.send(topic, msgId="b", maxRetry=0)
+        assert len(api.pull_until(topic, 2)) == 2
+        api.post("ackMsg", topic=topic, msgId="a")
+        api.post("ackMsg", topic=topic, msgId="b", ack="false")  # maxRetry=0: ended; a nack is an ackMsg call
+        api.message(topic, "a")
+        totals = watch.totals(topic, {"sendMsg": 3, "pullMsg": 2, "ackMsg": 2, "getMsg": 1, "triggerMsgReady": 2,
+                                      "triggerMsgEndLife": 1})
+        assert totals == {"sendMsg": 3, "pullMsg": 2, "deleteMsg": 0, "ackMsg": 2, "getMsg": 1,
+                          "triggerMsgReady": 2, "triggerMsgEndLife": 1, "triggerMsgTimeout": 0}
+        for name in ("pullMsgTimeGapStatsList", "readyQueueTimeGapStatsList"):
+            gaps = watch.sums(topic, name)
+            assert set(gaps) == {"count", "avg", "max"} and gaps["count"] == 2
+        later = watch.wait_intervals(1)[0]  # counts reset: nothing happened in it
+        assert topic not in {s["topic"] for s in later["requestStatsList"] + later["pullMsgTimeGapStatsList"]}
 
 
 def test_prometheus_counters(api, topic):

@@ -7,7 +7,7 @@ import urllib.parse
 import uuid
 
 import pytest
-from serving import Server, request
+from serving import MonitorWatch, Server, request
 
 pytestmark = pytest.mark.slow
 
@@ -16,7 +16,8 @@ MAX_MSG_BYTES = 1000
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    server = Server.start(tmp_path_factory.mktemp("api") / "data", "--max-msg-bytes", str(MAX_MSG_BYTES))
+    server = Server.start(tmp_path_factory.mktemp("api") / "data", "--max-msg-bytes", str(MAX_MSG_BYTES),
+                          "--monitor-interval-s", "1")
     yield server
     assert server.stop() == 0
 
@@ -287,17 +288,17 @@ def test_topic_info_buckets_and_list(server, topic):
 
 
 def test_monitor_data_shape(server, topic):
-    send(server, topic, msgId="a")
-    pull_until(server, topic, 1)
-    server.post("ackMsg", topic=topic, msgId="a")
-    status, body = server.get("getMonitorData")
-    assert status == 200
-    stats = [s for s in body["data"]["requestStatsList"] if s["topic"] == topic]
-    assert stats == [{"topic": topic, "sendMsg": 1, "pullMsg": 1, "deleteMsg": 0, "ackMsg": 1, "getMsg": 0,
-                      "triggerMsgReady": 1, "triggerMsgEndLife": 0, "triggerMsgTimeout": 0}]
-    gaps = [g for g in body["data"]["pullMsgTimeGapStatsList"] if g["topic"] == topic]
-    assert gaps and set(gaps[0]) == {"topic", "count", "avg", "max"}
-    assert "readyQueueTimeGapStatsList" in body["data"]
+    with MonitorWatch(server) as watch:
+        send(server, topic, msgId="a")
+        pull_until(server, topic, 1)
+        server.post("ackMsg", topic=topic, msgId="a")
+        totals = watch.totals(topic, {"sendMsg": 1, "pullMsg": 1, "ackMsg": 1, "triggerMsgReady": 1})
+    assert totals == {"sendMsg": 1, "pullMsg": 1, "deleteMsg": 0, "ackMsg": 1, "getMsg": 0,
+                      "triggerMsgReady": 1, "triggerMsgEndLife": 0, "triggerMsgTimeout": 0}
+    last = watch.intervals[-1]
+    assert set(last) == {"requestStatsList", "pullMsgTimeGapStatsList", "readyQueueTimeGapStatsList",
+                         "intervalStartTime", "intervalEndTime"}
+    assert set(watch.sums(topic, "pullMsgTimeGapStatsList")) == {"count", "avg", "max"}
 
 
 def test_prometheus_metrics(server, topic):
