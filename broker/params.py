@@ -33,11 +33,11 @@ Rules, in the order a client meets them:
   maxima, and its SDK re-polls at once after an error.
 - `delayMillis` not given is 0; <= 0 means due now (camellia's SDK sends
   negative delays for trigger times already past): the trigger time is
-  `now + delayMillis`, floored at 0. When the extension `triggerTime`
-  (absolute ms since the epoch) is given it wins and `delayMillis` is
-  ignored, though still validated. A trigger time in the past is due now;
-  beyond `MAX_TRIGGER_MS` (year 9999) is refused, naming whichever
-  parameter produced it.
+  `now`, as camellia's server sets it, so the ttl runs from now. When the
+  extension `triggerTime` (absolute ms since the epoch) is given it wins
+  and `delayMillis` is ignored, though still validated; a `triggerTime` in
+  the past is kept (floored at 0) and due now. Beyond `MAX_TRIGGER_MS`
+  (year 9999) is refused, naming whichever parameter produced it.
 - `msg` is required and not empty (camellia); more than `max_msg_bytes`
   UTF-8 bytes raises `MessageTooLarge`; exactly at the limit is accepted.
 - `strictIdempotence` (extension, a boolean on sendMsg, on sendMsgBatch's
@@ -281,7 +281,7 @@ def _message(params: Params, where: str, topic: str, now_ms: int, make_id: Calla
             raise InvalidRequest(where + "triggerTime", f"must be at most {MAX_TRIGGER_MS} (ms epoch), got {trigger_ms}")
         trigger_ms = max(0, trigger_ms)
     else:
-        trigger_ms = max(0, now_ms + (delay_ms or 0))
+        trigger_ms = now_ms + max(0, delay_ms or 0)  # <= 0: now, as camellia's server
         if trigger_ms > MAX_TRIGGER_MS:
             raise InvalidRequest(where + "delayMillis", f"puts the trigger time past {MAX_TRIGGER_MS} (year 9999)")
 

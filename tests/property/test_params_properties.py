@@ -81,7 +81,7 @@ def valid_send(draw: st.DrawFn) -> tuple[dict[str, object], NewMessage]:
     expected = NewMessage(
         topic=params["topic"], msg_id=fields["msgId"] or "made", msg=params["msg"], produce_ms=NOW,
         trigger_ms=max(0, fields["triggerTime"] if fields["triggerTime"] is not None
-                       else NOW + (fields["delayMillis"] or 0)),
+                       else NOW + max(0, fields["delayMillis"] or 0)),
         ttl_ms=min(ttl, D.max_ttl_ms) if ttl is not None and ttl > 0 else D.ttl_ms,
         max_retry=min(retry, MAX_RETRY_COUNT - 1) if retry is not None and retry >= 0 else D.max_retry,
         priority=fields["priority"] or 0, tag=fields["tag"] or "")  # type: ignore[arg-type]
