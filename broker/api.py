@@ -235,7 +235,8 @@ class Api:
         return Response(200, text, "text/plain; charset=utf-8")
 
     async def topic_infos(self) -> list[dict]:
-        return [await self.broker.topic_info(t) for t in self.broker.topic_list()]
+        """getTopicInfo of every topic."""
+        return await self.broker.topic_infos(self.broker.topic_list())
 
 
 def parse_form(raw: bytes) -> dict[str, str]:

@@ -920,6 +920,10 @@ class RedisBroker:
             "ackQueueSize": consuming,
         }
 
+    async def topic_infos(self, topics: Sequence[str]) -> list[dict]:
+        """`topic_info` of each of `topics` (a script each: Redis counts by score)."""
+        return [await self.topic_info(topic) for topic in topics]
+
     def topic_list(self) -> list[str]:
         """Topics known to this process (its sends, and the topic set as the
         mover last read it)."""

@@ -757,33 +757,46 @@ class Broker:
     async def topic_info(self, topic: str) -> dict:
         """camellia's TopicInfo: queue sizes and the waiting queue's delay
         buckets, once every change made so far is committed."""
+        return (await self.topic_infos([topic]))[0]
+
+    async def topic_infos(self, topics: Sequence[str]) -> list[dict]:
+        """`topic_info` of each of `topics`, in one pass: an hour that
+        straddles a bucket edge is read once for all of them (its entries,
+        a slice at a time between requests), not once per topic."""
         await self.commits.flush()
-        topic_hash = text_hash(topic)
-        hours = self.store.topic_hours(topic_hash) if self.store.topic_names().get(topic_hash) == topic else []
+        names = self.store.topic_names()
         now_ms = self.clock.now_ms()
-        buckets = [0] * len(WAITING_BUCKETS)
-        totals = total_counts(hours)
-        for hour, counts in hours:
-            if not counts[Status.WAITING]:
-                continue
-            first = _bucket(hour * MS_PER_HOUR - now_ms)
-            if first == _bucket((hour + 1) * MS_PER_HOUR - 1 - now_ms):
-                buckets[first] += counts[Status.WAITING]
-                continue
-            start = 0  # the hour straddles a bucket edge: classify its entries, a slice
-            while chunk := self.store.hour_entries(hour, start, SCAN_CHUNK):  # at a time between requests
+        infos, wanted, straddling = [], {}, set()
+        for topic in topics:
+            topic_hash = text_hash(topic)
+            hours = self.store.topic_hours(topic_hash) if names.get(topic_hash) == topic else []
+            buckets = [0] * len(WAITING_BUCKETS)
+            for hour, counts in hours:
+                if not counts[Status.WAITING]:
+                    continue
+                first = _bucket(hour * MS_PER_HOUR - now_ms)
+                if first == _bucket((hour + 1) * MS_PER_HOUR - 1 - now_ms):
+                    buckets[first] += counts[Status.WAITING]
+                else:
+                    straddling.add(hour)
+                    wanted[topic_hash] = buckets
+            infos.append((topic, total_counts(hours), buckets))
+        for hour in sorted(straddling):  # classify its waiting entries of the wanted topics
+            start = 0
+            while chunk := self.store.hour_entries(hour, start, SCAN_CHUNK):
                 for entry in chunk:
-                    if entry.topic_hash == topic_hash and entry.status is Status.WAITING:
+                    buckets = wanted.get(entry.topic_hash)
+                    if buckets is not None and entry.status is Status.WAITING:
                         buckets[_bucket(entry.trigger_ms - now_ms)] += 1
                 start += len(chunk)
                 await asyncio.sleep(0)
-        return {
+        return [{
             "topic": topic,
             "waitingQueueSize": totals[Status.WAITING],
             "waitingQueueInfo": {name: n for (name, _), n in zip(WAITING_BUCKETS, buckets)},
             "readyQueueSize": totals[Status.READY],
             "ackQueueSize": totals[Status.CONSUMING],
-        }
+        } for topic, totals, buckets in infos]
 
     def topic_list(self) -> list[str]:
         names = set(self.store.topic_names().values()) | set(self.topics)

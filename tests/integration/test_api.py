@@ -287,6 +287,24 @@ def test_topic_info_buckets_and_list(server, topic):
     assert info(server, "never-" + topic)["waitingQueueSize"] == 0  # camellia: zeros
 
 
+def test_topic_info_list_classifies_each_topic_apart(server, topic):
+    """getTopicInfoList reads an hour that straddles a bucket edge once for
+    every topic: each topic still gets only its own messages' buckets."""
+    minute = 60_000
+    others = [f"{topic}-{k}" for k in range(3)]
+    for k, other in enumerate(others):
+        for i, delay in enumerate([0.5 * minute, 5 * minute, 20 * minute, 45 * minute, 3 * 60 * minute][k:]):
+            send(server, other, msgId=f"m{i}", delayMillis=int(delay))
+    status, body = server.get("getTopicInfoList")
+    assert status == 200
+    listed = {d["topic"]: d for d in body["data"] if d["topic"] in others}
+    assert sorted(listed) == others
+    for other in others:
+        alone = info(server, other)
+        assert listed[other]["waitingQueueInfo"] == alone["waitingQueueInfo"]
+        assert sum(alone["waitingQueueInfo"].values()) == alone["waitingQueueSize"] == 5 - others.index(other)
+
+
 def test_monitor_data_shape(server, topic):
     with MonitorWatch(server) as watch:
         send(server, topic, msgId="a")
