@@ -12,7 +12,7 @@ import time
 import pytest
 
 from cluster import NODE_IDS, Cluster, drill
-from serving import ROOT, free_port
+from serving import ROOT, free_port, request
 
 pytestmark = pytest.mark.slow
 
@@ -164,5 +164,16 @@ def test_a_cluster_with_a_token_replicates_and_forwards_with_it(tmp_path):
         assert status == 200, body
         _wait(lambda: len(set(cluster.log_ends().values())) == 1 and cluster.log_ends()[follower] > 0,
               what="the send replicated")
+        # camellia's health switch needs no token, and is per node
+        node.token = None
+        assert request(node.base + "/camellia/health/offline")[0] in (200, 500)
+        assert request(node.base + "/camellia/health/status")[0] == 500
+        assert node.get("/health")[0] == 503
+        assert request(cluster.nodes[leader].base + "/camellia/health/status")[0] == 200
+        assert request(node.base + "/camellia/health/online")[0] == 200
+        assert node.get("/health")[0] == 200
+        cluster.nodes[leader].token = "s3cret"
+        status, text = cluster.nodes[leader].get("/metrics")
+        assert status == 200 and b'topic_info{topic="t",type="waitingQueueSize"} 1' in text
     finally:
         cluster.stop()
