@@ -97,6 +97,16 @@ class Cluster:
             time.sleep(0.01)
         raise AssertionError(f"no leader within {wait_s} s")
 
+    def wait_known(self, leader: str, wait_s: float = 30) -> None:
+        """Until every live node names `leader` in its /health (a follower
+        learns it from the leader's first message, shortly after the vote)."""
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            if all((self.health(n) or {}).get("leader") == leader for n in NODE_IDS if self.alive(n)):
+                return
+            time.sleep(0.01)
+        raise AssertionError(f"not every node knows {leader} leads within {wait_s} s")
+
     def alive(self, node: str) -> bool:
         return self.nodes[node].proc.poll() is None
 

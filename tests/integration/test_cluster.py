@@ -40,6 +40,7 @@ def _wait(predicate, wait_s: float = 15, what: str = "condition"):
 
 def test_one_leader_and_any_node_answers_any_call(cluster):
     leader = cluster.wait_leader()
+    cluster.wait_known(leader)
     roles = {n: cluster.health(n)["role"] for n in NODE_IDS}
     assert sorted(roles.values()) == ["follower", "follower", "leader"]
     assert {cluster.health(n)["leader"] for n in NODE_IDS} == {leader}
@@ -57,6 +58,7 @@ def test_one_leader_and_any_node_answers_any_call(cluster):
 
 def test_bad_input_through_a_follower_is_the_leaders_400_and_stores_nothing(cluster):
     leader = cluster.wait_leader()
+    cluster.wait_known(leader)
     follower = _others(leader)[0]
     status, body = cluster.nodes[follower].post("sendMsg", topic="t", msg="x", delayMillis="soon")
     assert status == 400 and "delayMillis" in body["msg"]
@@ -156,6 +158,7 @@ def test_a_cluster_with_a_token_replicates_and_forwards_with_it(tmp_path):
     cluster = Cluster.start(tmp_path / "cluster", "--auth-token-file", str(token_file))
     try:
         leader = cluster.wait_leader()
+        cluster.wait_known(leader)
         follower = _others(leader)[0]
         node = cluster.nodes[follower]
         assert node.post("sendMsg", topic="t", msg="x", msgId="a")[0] == 401
