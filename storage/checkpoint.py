@@ -17,6 +17,11 @@ File `checkpoint`, replaced atomically (write, fsync, rename):
                     topic_names    {topic_hash: topic} of every topic that
                                    has a message in a listed hour
                     written_ms     int: when it was taken
+                    consuming      [hour, globalIndex, ack deadline ms,
+                                    ...] flat: every CONSUMING message at
+                                   commit_offset (deadline 0: unknown).
+                                   Absent in files written before it was
+                                   kept: then unknown (see Store.consuming)
 
 Everything derived from records before `commit_offset` was fsync'ed before
 this file was written; recovery cuts every hour back to the sizes listed
@@ -56,6 +61,9 @@ class Checkpoint:
     hours: tuple[HourRecord, ...] = field(default_factory=tuple)
     written_ms: int = 0
     topic_names: dict[int, str] = field(default_factory=dict)
+    # (hour, global_index, deadline_ms) of every CONSUMING message; None: the
+    # file predates the key, so the set is unknown.
+    consuming: tuple[tuple[int, int, int], ...] | None = ()
 
     def encode(self) -> bytes:
         body = msgpack.packb({
@@ -63,6 +71,7 @@ class Checkpoint:
             "hours": [[h.hour, h.entries, h.log_bytes, h.ended, h.last_end_ms, h.topics] for h in self.hours],
             "written_ms": self.written_ms,
             "topic_names": self.topic_names,
+            "consuming": [v for c in (self.consuming or ()) for v in c],
         })
         return HEADER.pack(MAGIC, VERSION, 0, len(body), zlib.crc32(body)) + body
 
@@ -75,8 +84,10 @@ class Checkpoint:
         if zlib.crc32(body) != crc:
             raise CorruptionError(path, HEADER.size, "checkpoint checksum mismatch")
         fields = msgpack.unpackb(body, strict_map_key=False)
+        flat = fields.get("consuming")
+        consuming = None if flat is None else tuple(zip(flat[0::3], flat[1::3], flat[2::3]))
         return cls(fields["commit_offset"], tuple(HourRecord(*h) for h in fields["hours"]), fields["written_ms"],
-                   fields["topic_names"])
+                   fields["topic_names"], consuming)
 
     @classmethod
     def load(cls, path: str) -> Checkpoint | None:

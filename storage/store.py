@@ -71,6 +71,8 @@ SEAL_AT_CHECKPOINT_BYTES = 4 * 1024 * 1024
 # A batch's characters, bounded so its record (UTF-8, up to 4 bytes each,
 # plus framing) stays under storage.framing.MAX_BODY_BYTES.
 MAX_RECORD_CHARS = 32 * 1024 * 1024
+# Index entries read at once by a scan (scan_ready): 192 KiB.
+SCAN_SLICE = 4096
 # Staged bytes of far hours kept before they are written (see storage.hour).
 STAGE_LIMIT_BYTES = 8 * 1024 * 1024
 # Disk room a send leaves free beyond what the writes it commits the store to
@@ -120,6 +122,7 @@ class PreparedCheckpoint(NamedTuple):
     retired: tuple[int, ...]
     now_ms: int
     topic_names: dict[int, str]
+    consuming: tuple[tuple[int, int, int], ...]
 
 
 def total_counts(hours: Iterable[tuple[int, list[int]]]) -> list[int]:
@@ -165,9 +168,10 @@ class Store:
         self._pending_ids: dict[int, list[Message]] = {}
         self._pending_state: dict[Location, tuple[int, int, int, int]] = {}  # status, flags, retry, topic hash
         self._topic_names: dict[int, str] = {}
-        # Ack deadlines of CONSUMING messages, from the records applied since
-        # this store was opened: O(messages in flight).
-        self._deadlines: dict[Location, int] = {}
+        # Every CONSUMING message and its ack deadline (0: unknown), kept in
+        # the checkpoint and by every record applied: O(messages in flight),
+        # which the broker caps.
+        self._consuming: dict[Location, int] = {}
         self._dirty: set[Hour] = set()  # hours with staged bytes (see storage.hour)
         self._staged_bytes = 0  # their total, as of the last apply (an upper bound)
         self._pending_far_bytes = 0  # far-hour bytes of sends appended, not applied yet
@@ -200,6 +204,8 @@ class Store:
         for h in ck.hours:
             self._add_hour(Hour(h.hour, h.entries, h.log_bytes, h.ended, h.last_end_ms, h.topics))
         self._topic_names = dict(ck.topic_names)
+        if ck.consuming is not None:
+            self._consuming = {Location(hour, gi): deadline for hour, gi, deadline in ck.consuming}
         self._drop_unknown_hour_files()
         ids_dir = os.path.join(self.directory, "ids")
         if IdIndex.is_current(ids_dir):
@@ -215,6 +221,18 @@ class Store:
                 raise CorruptionError(self.log.directory, offset, f"commit-log record at offset {offset}: {e}") from e
         self._flush_staged(everything=True)
         self._trim_hour_files()
+        if ck.consuming is None:  # a checkpoint from before the set was kept: find them once
+            self._find_consuming()
+
+    def _find_consuming(self) -> None:
+        for hour in self._hour_order:
+            h = self._hours[hour]
+            if any(counts[Status.CONSUMING] for counts in h.topics.values()):
+                files = self._readable(h)
+                for gi in range(h.applied):
+                    entry = files.read_entry(gi)[0]
+                    if entry.status == Status.CONSUMING:
+                        self._consuming.setdefault(entry.location, 0)
 
     def _rebuild_id_index(self, directory: str) -> IdIndex:
         """A new id index (new secret) holding every unreleased message of
@@ -568,10 +586,10 @@ class Store:
                 raise LookupError(f"state change for unknown message {item.hour}/{item.global_index}")
             h.stage_state(item.global_index, item.status, item.flags, item.retry)
             self._dirty.add(h)
-            if item.status == Status.CONSUMING and item.deadline_ms:
-                self._deadlines[Location(item.hour, item.global_index)] = item.deadline_ms
-            elif self._deadlines:
-                self._deadlines.pop(Location(item.hour, item.global_index), None)
+            if item.status == Status.CONSUMING:
+                self._consuming[Location(item.hour, item.global_index)] = item.deadline_ms
+            elif item.prev_status == Status.CONSUMING:
+                self._consuming.pop(Location(item.hour, item.global_index), None)
             h.count(item.topic_hash, item.prev_status, -1)
             h.count(item.topic_hash, item.status, 1)
             was_final, is_final = item.prev_status >= Status.ACKED, item.status >= Status.ACKED
@@ -637,9 +655,66 @@ class Store:
         return entry
 
     def ack_deadline(self, where: Location) -> int | None:
-        """The ack deadline of a CONSUMING message, if a record applied since
-        this store was opened gave it (a follower has every one it applied)."""
-        return self._deadlines.get(where)
+        """The ack deadline of a CONSUMING message, if its pull's record gave
+        one (records since version 2 of the checkpoint all do)."""
+        return self._consuming.get(where) or None
+
+    def consuming(self) -> dict[Location, int]:
+        """Every CONSUMING message (as of the records applied) and its ack
+        deadline, 0 where unknown: found without a scan, from the checkpoint
+        and the records replayed after it (a checkpoint written before the
+        set was kept costs one scan of the hours holding any, at open)."""
+        return dict(self._consuming)
+
+    def scan_ready(self, topic_hash: int, start: Location, until_hour: int, max_scan: int,
+                   max_found: int) -> tuple[list[IndexEntry], Location | None]:
+        """READY entries of a topic (pending changes included), in filing
+        order -- hour ascending, then globalIndex -- from `start`, in hours up
+        to `until_hour`: at most `max_found` of them, reading at most about
+        `max_scan` entries. Returns them and where to go on (None: nothing
+        more up to `until_hour` now). Only hours whose counts hold live
+        messages of the topic are read, a slice of raw entries at a time."""
+        self._check_open()
+        found: list[IndexEntry] = []
+        scanned = 0
+        pending = self._pending_state
+        READY = Status.READY
+        i = self._hour_order.bisect_left(start.hour)
+        first = start.global_index
+        while i < len(self._hour_order):
+            hour = self._hour_order[i]
+            if hour > until_hour:
+                break
+            h = self._hours[hour]
+            counts = h.topics.get(topic_hash)
+            if counts is None or not (counts[Status.WAITING] or counts[READY] or counts[Status.CONSUMING]):
+                i, first = i + 1, 0
+                continue
+            files = self._readable(h)
+            while first < h.applied:
+                if scanned >= max_scan or len(found) >= max_found:
+                    return found, Location(hour, first)
+                n = min(SCAN_SLICE, h.applied - first)
+                raw = files.idx.read(delay_index.entry_offset(first), n * delay_index.ENTRY_BYTES)
+                gi = first
+                for fields in delay_index.ENTRY.iter_unpack(raw):
+                    if fields[6] == topic_hash:
+                        status = fields[11]
+                        if pending:
+                            p = pending.get((hour, gi))
+                            if p is not None:
+                                status = p[0]
+                        if status == READY and not fields[12] & FLAG_RELEASED:
+                            entry = files.read_entry(gi)[0]
+                            found.append(entry._replace(status=READY) if entry.status != READY else entry)
+                            if len(found) >= max_found:
+                                gi += 1
+                                break
+                    gi += 1
+                scanned += gi - first
+                first = gi
+            i, first = i + 1, 0
+        return found, None
 
     def read_message(self, where: Location, pending_message: Message | None = None) -> Message | None:
         """The whole message at `where`; None once it has been released."""
@@ -745,6 +820,16 @@ class Store:
                 out.append((hour, list(counts)))
         return out
 
+    def first_hours(self, status: Status) -> dict[int, int]:
+        """topic hash -> the first live hour holding a message of the topic
+        in `status` (committed changes): one pass over the hours' counts."""
+        first: dict[int, int] = {}
+        for hour in self._hour_order:
+            for topic_hash, counts in self._hours[hour].topics.items():
+                if counts[status] and topic_hash not in first:
+                    first[topic_hash] = hour
+        return first
+
     def topic_counts(self, topic_hash: int) -> list[int]:
         """The topic's messages per status over all live hours (index 0 unused)."""
         return total_counts(self.topic_hours(topic_hash))
@@ -798,7 +883,8 @@ class Store:
         live_topics = {th for h in kept for th, counts in h.topics.items() if any(counts)}
         self._topic_names = {th: name for th, name in self._topic_names.items() if th in live_topics}
         self.log.seal_active(SEAL_AT_CHECKPOINT_BYTES)
-        return PreparedCheckpoint(self.log.end_offset, kept, retired, now_ms, dict(self._topic_names))
+        consuming = tuple((hour, gi, deadline) for (hour, gi), deadline in self._consuming.items())
+        return PreparedCheckpoint(self.log.end_offset, kept, retired, now_ms, dict(self._topic_names), consuming)
 
     def sync_checkpoint(self) -> None:
         """Flush every dirty page of the data directory's file system (mapped
@@ -809,7 +895,7 @@ class Store:
         """`keep_log_from`: keep commit-log segments from this offset on even
         if the checkpoint no longer needs them (a follower still reads them)."""
         self._check_open()
-        Checkpoint(p.offset, p.kept, p.now_ms, p.topic_names).save(os.path.join(self.directory, "checkpoint"))
+        Checkpoint(p.offset, p.kept, p.now_ms, p.topic_names, p.consuming).save(os.path.join(self.directory, "checkpoint"))
         for hour in p.retired:
             for path in hour_paths(self._delay_dir, hour):
                 os.unlink(path)
