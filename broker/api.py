@@ -6,7 +6,7 @@ names and answers, over `broker.service.Broker`.
     POST /camellia/delayQueue/deleteMsg
     POST /camellia/delayQueue/pullMsg          -> delayMsgList
     POST /camellia/delayQueue/longPollingMsg   -> delayMsgList
-    POST /camellia/delayQueue/ackMsg           (ack=false: nack)
+    POST /camellia/delayQueue/ackMsg           (ack=false: nack; msgIds: many -> results)
     POST /camellia/delayQueue/getMsg           -> delayMsg
     GET  /camellia/delayQueue/getMonitorData   -> data
     GET  /camellia/delayQueue/getTopicInfo     -> data
@@ -213,7 +213,13 @@ class Api:
         return answer(200, "success", delayMsgList=[delay_msg(m) for m in await self.broker.long_poll(poll, gone)])
 
     async def ack(self, request: Request) -> Response:
-        await self.broker.ack(params.parse_ack(await self._params(request)))
+        ack = params.parse_ack(await self._params(request))
+        if isinstance(ack, params.AckManyRequest):
+            after = await self.broker.ack_many(ack.topic, ack.msg_ids, ack.ack)
+            return answer(200, "success", results=[
+                {"msgId": msg_id, "status": None if status is None else int(status)}
+                for msg_id, status in zip(ack.msg_ids, after)])
+        await self.broker.ack(ack)
         return answer(200, "success")
 
     async def get(self, request: Request) -> Response:

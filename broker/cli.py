@@ -15,6 +15,7 @@ from .bodies import BodyLimits
 from .config import ServeConfig, fsync_policy
 from .httpd import Limits
 from .params import Defaults
+from .ready import QueueLimits
 
 log = logging.getLogger("hourglass.cli")
 
@@ -84,6 +85,17 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-ttl-ms", type=int, default=defaults.max_ttl_ms,
                        help=f"largest ttlMillis a message gets; larger ones are clamped to it (default "
                             f"{defaults.max_ttl_ms}, 30 days)")
+    queues = QueueLimits()
+    serve.add_argument("--ready-window", type=int, default=queues.window,
+                       help=f"ready messages of one topic held in RAM for pulls; the rest wait on disk and are "
+                            f"read back as these are taken (default {queues.window})")
+    serve.add_argument("--ready-window-total", type=int, default=queues.window_total,
+                       help=f"ready messages held in RAM over all topics (default {queues.window_total})")
+    serve.add_argument("--max-inflight", type=int, default=queues.inflight,
+                       help=f"messages of one topic being consumed (pulled, not acked); a pull at the cap takes "
+                            f"fewer or none until acks make room (default {queues.inflight})")
+    serve.add_argument("--max-inflight-total", type=int, default=queues.inflight_total,
+                       help=f"messages being consumed over all topics (default {queues.inflight_total})")
     serve.add_argument("--monitor-interval-s", type=int, default=60,
                        help="seconds of each getMonitorData interval: its counts, and camellia's request and "
                             "time-gap metrics, are of the last one (default 60, as camellia)")
@@ -127,6 +139,8 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
                        bodies=BodyLimits(max_form_pairs=args.max_form_pairs, max_batch_msgs=args.max_batch_msgs),
                        defaults=Defaults(max_ack_timeout_ms=args.max_ack_timeout_ms, max_ttl_ms=args.max_ttl_ms),
                        monitor_interval_s=args.monitor_interval_s, offline_idle_s=args.offline_idle_s,
+                       queues=QueueLimits(window=args.ready_window, window_total=args.ready_window_total,
+                                          inflight=args.max_inflight, inflight_total=args.max_inflight_total),
                        cluster=cluster)
 
 

@@ -11,6 +11,7 @@ from storage.config import FsyncPolicy, StoreConfig
 from .bodies import BodyLimits
 from .httpd import Limits
 from .params import Defaults
+from .ready import QueueLimits
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,9 @@ class ServeConfig:
     http: Limits = field(default_factory=Limits)
     # What decoding a request body may cost: form pairs, batch size, JSON.
     bodies: BodyLimits = field(default_factory=BodyLimits)
+    # Ready messages held in RAM (the rest wait on disk) and messages in
+    # flight, per topic and in all: broker.ready.
+    queues: QueueLimits = field(default_factory=QueueLimits)
     # --node-id/--cluster: this node is one of a replicated cluster (None:
     # standalone). Its host and port then come from its --cluster entry.
     cluster: ClusterConfig | None = None

@@ -72,6 +72,8 @@ MAX_NAME_BYTES = 1024
 MAX_PULL_BATCH = 1000
 # Most messages in one sendMsgBatch.
 MAX_SEND_BATCH = 1000
+# ids in one ackMsg with msgIds.
+MAX_ACK_BATCH = 1000
 # Most tags in one pull filter.
 MAX_TAGS = 64
 # Longest server-side long poll; a client asking for more gets this (its
@@ -164,6 +166,12 @@ class AckRequest(NamedTuple):
     ack: bool  # False is a nack: deliverable again now
 
 
+class AckManyRequest(NamedTuple):
+    topic: str
+    msg_ids: tuple[str, ...]
+    ack: bool
+
+
 class GetRequest(NamedTuple):
     topic: str
     msg_id: str
@@ -246,8 +254,29 @@ def parse_long_poll(params: Params, defaults: Defaults) -> LongPollRequest:
     return LongPollRequest(*pull, timeout_ms)
 
 
-def parse_ack(params: Params) -> AckRequest:
-    return AckRequest(_required_name(params, "topic"), _required_name(params, "msgId"), _bool(params, "ack", default=True))
+def parse_ack(params: Params) -> AckRequest | AckManyRequest:
+    """ackMsg: `msgId`, or `msgIds` (ext) -- a comma list in a form, or a JSON
+    list in a JSON body (for ids holding a comma) -- of 1..MAX_ACK_BATCH."""
+    topic = _required_name(params, "topic")
+    ack = _bool(params, "ack", default=True)
+    many = params.get("msgIds")
+    if many is None or many == "":
+        return AckRequest(topic, _required_name(params, "msgId"), ack)
+    if params.get("msgId") not in (None, ""):
+        raise InvalidRequest("msgIds", "and msgId exclude each other")
+    if isinstance(many, str):
+        many = many.split(",")
+    if not isinstance(many, list):
+        raise InvalidRequest("msgIds", f"must be a comma list or a JSON list of ids, got {type(many).__name__}")
+    if not 1 <= len(many) <= MAX_ACK_BATCH:
+        raise InvalidRequest("msgIds", f"must hold 1..{MAX_ACK_BATCH} ids, got {len(many)}")
+    ids = []
+    for i, value in enumerate(many):
+        msg_id = _name(f"msgIds[{i}]", value, no_nul=True)
+        if msg_id is None:
+            raise InvalidRequest(f"msgIds[{i}]", "is empty")
+        ids.append(msg_id)
+    return AckManyRequest(topic, tuple(ids), ack)
 
 
 def parse_get(params: Params) -> GetRequest:

@@ -883,6 +883,17 @@ class RedisBroker:
         else:
             m.ended += 1
 
+    async def ack_many(self, topic: str, msg_ids: Sequence[str], ack: bool = True) -> list[Status | None]:
+        """`ack` of each id in turn (a script each, then a read of its
+        status); the status of each after it (None: no such message)."""
+        after: dict[str, Status | None] = {}
+        for msg_id in msg_ids:
+            if msg_id not in after:  # a repeated id: once
+                await self.ack(AckRequest(topic, msg_id, ack))
+                found = await self._script("get", topic, [msg_id])
+                after[msg_id] = _message(topic, msg_id, *found).status if found else None
+        return [after[msg_id] for msg_id in msg_ids]
+
     async def delete(self, request: DeleteRequest) -> None:
         """WAITING, READY or CONSUMING -> DELETED; `release` also frees the
         id. An ended or unknown message raises NotFound (camellia's 404);

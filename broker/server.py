@@ -98,7 +98,7 @@ class Node:
         self.store = Store.open(config.data_path, config.store, now_ms=self.clock.now_ms())
         self.metrics = Metrics()
         self.broker = Broker(self.store, self.clock, config.defaults, self.metrics,
-                             tick_path=os.path.join(config.data_path, "tick"))
+                             tick_path=os.path.join(config.data_path, "tick"), limits=config.queues)
         self.opened_s = time.perf_counter() - started
         self.process = ProcessStats()
         self.serving = serving_status(config, self.broker.wake_all)

@@ -4,9 +4,11 @@ Where each state lives:
 
     1 WAITING     on disk only; the timing wheel (wheel.Scheduler) reads it
                   back a few seconds before its trigger and releases it
-    2 READY       on disk, and in RAM in its topic's ready queue, ordered
-                  by (-priority, triggerTime), with an expiry timer
-    3 CONSUMING   on disk, and in RAM with an ack-deadline timer
+    2 READY       on disk; RAM holds a bounded window of them per topic
+                  (broker.ready), ordered by (-priority, triggerTime), each
+                  with an expiry timer; the rest are refilled from disk
+    3 CONSUMING   on disk, and in RAM with an ack-deadline timer, capped
+                  per topic (a pull at the cap takes fewer)
     4..7 final    on disk only, readable by getMsg until the hour retires
 
 Every transition is one status change appended to the commit log
@@ -14,10 +16,15 @@ Every transition is one status change appended to the commit log
 (`GroupCommit`). The one change made without a request -- WAITING -> READY
 when the wheel releases a message, and READY/CONSUMING -> retry or end when
 a timer fires -- is durable before the wheel's tick moves past it, so
-after a crash nothing released is lost: READY and CONSUMING messages are
-found again by scanning the hours whose counts say they hold some, and
-WAITING ones by the wheel from its tick. A message that was CONSUMING at a
-crash gets a fresh ack deadline of the server's default ack timeout.
+after a crash nothing released is lost. A restart reads no backlog:
+CONSUMING messages come from the store's in-flight set (kept in its
+checkpoint, bounded by the in-flight cap) with their own ack deadlines
+(capped at the default ack timeout from the restart); each topic with READY
+messages starts spilled from its first hour holding any, refilled as
+consumers take them; WAITING ones come back through the wheel from its tick.
+A pull is answered before its record is durable on a standalone node (a
+crash then redelivers it: at least once); every other change is answered
+after its fsync.
 
 Transitions (now = the clock; expire = triggerTime + ttlMillis):
 
@@ -29,7 +36,8 @@ Transitions (now = the clock; expire = triggerTime + ttlMillis):
     ack timeout  CONSUMING -> READY with retry+1, or ENDED (6) past maxRetry
                  or past expire
     expiry       READY -> EXPIRED (5) if never delivered (retry 0), else ENDED
-                 (6); a CONSUMING message is left to its ack or ack timeout
+                 (6); a CONSUMING message is left to its ack or ack timeout;
+                 a spilled READY one when the refill reaches it
     delete       WAITING, READY or CONSUMING -> DELETED; `release` also frees
                  the msgId (getMsg answers 404, the id may be sent again)
 
@@ -46,9 +54,6 @@ import time
 import uuid
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
-
-from sortedcontainers import SortedList
 
 from storage.entry import MS_PER_HOUR, MS_PER_SECOND, SECONDS_PER_HOUR, IndexEntry, Location, Message, Status
 from storage.errors import InvalidRequest
@@ -60,6 +65,7 @@ from wheel.tick_state import TickState, TickStateFile
 
 from .metrics import Metrics
 from .params import AckRequest, DeleteRequest, Defaults, LongPollRequest, NewSend, PullRequest, as_sends
+from .ready import Live, QueueLimits, TopicQueue
 
 log = logging.getLogger("hourglass.service")
 
@@ -78,6 +84,11 @@ WAITING_BUCKETS = (
 )
 
 
+# A refill reads at most about this many index entries (192 KiB) and takes
+# at most REFILL_FOUND messages before other work runs.
+REFILL_SCAN = 4096
+REFILL_FOUND = 512
+
 # Index entries classified per slice by getTopicInfo before it lets other
 # work run (a large hour would otherwise stall dispatch for its whole scan).
 SCAN_CHUNK = 4096
@@ -93,59 +104,6 @@ class Unavailable(Exception):
 
 def new_msg_id() -> str:
     return uuid.uuid4().hex
-
-
-@dataclass(slots=True)
-class Live:
-    """A READY or CONSUMING message, as held in RAM (no body)."""
-
-    location: Location
-    topic: str
-    tag: str
-    priority: int
-    trigger_ms: int
-    expire_ms: int
-    max_retry: int
-    retry: int
-    status: Status
-    deadline_ms: int = 0  # CONSUMING: when the ack times out
-
-    @property
-    def key(self) -> tuple[int, int, int, int]:
-        """Ready-queue order: higher priority, then earlier trigger."""
-        return (-self.priority, self.trigger_ms, self.location.hour, self.location.global_index)
-
-
-@dataclass
-class TopicQueue:
-    """One topic's ready messages (all, and by tag hash) and its long polls."""
-
-    name: str
-    ready: SortedList = field(default_factory=SortedList)
-    by_tag: dict[str, SortedList] = field(default_factory=lambda: defaultdict(SortedList))
-    consuming: int = 0
-
-    def add(self, live: Live) -> None:
-        key = live.key
-        self.ready.add(key)
-        self.by_tag[live.tag].add(key)
-
-    def remove(self, live: Live) -> None:
-        key = live.key
-        self.ready.remove(key)
-        tagged = self.by_tag[live.tag]
-        tagged.remove(key)
-        if not tagged:
-            del self.by_tag[live.tag]
-
-    def best(self, tags: frozenset[str] | None) -> Location | None:
-        """The first ready message (among those tags), without taking it."""
-        if tags is None:
-            key = self.ready[0] if self.ready else None
-        else:
-            heads = [self.by_tag[t][0] for t in tags if t in self.by_tag]
-            key = min(heads) if heads else None
-        return None if key is None else Location(key[2], key[3])
 
 
 Replicated = Callable[[int], Awaitable[None]]
@@ -176,6 +134,10 @@ class GroupCommit:
         self._quiet: list[tuple[Callable[[], object], asyncio.Future]] = []
         self._kick = asyncio.Event()
         self._failed: BaseException | None = None
+
+    def kick(self) -> None:
+        """Make what is appended durable soon, without waiting for it."""
+        self._kick.set()
 
     async def durable(self) -> None:
         if self._failed is not None:
@@ -275,13 +237,22 @@ class Broker:
 
     def __init__(self, store: Store, clock: Clock, defaults: Defaults, metrics: Metrics, *,
                  tick_path: str, scheduler_config: SchedulerConfig | None = None,
-                 replicated: Replicated | None = None, apply_lock: asyncio.Lock | None = None) -> None:
+                 replicated: Replicated | None = None, apply_lock: asyncio.Lock | None = None,
+                 limits: QueueLimits | None = None) -> None:
         self.store = store
         self.clock = clock
         self.defaults = defaults
         self.metrics = metrics
+        self.limits = limits or QueueLimits()
         self.topics: dict[str, TopicQueue] = {}
-        self.live: dict[Location, Live] = {}
+        self.live: dict[Location, Live] = {}  # every window and consuming message
+        self.window_total = 0  # READY messages held in windows
+        self.consuming_total = 0
+        # A pull waits for its record's fsync only in a cluster (there the
+        # answer also waits for followers, as every write's).
+        self._pull_waits = replicated is not None
+        self._to_refill: set[str] = set()  # spilled topics whose window has room
+        self._refill_wake = asyncio.Event()
         self._timers: list[tuple[int, int, Location, str]] = []  # (due_ms, seq, location, "ack" | "expire")
         self._timer_seq = itertools.count()
         self._timer_wake = asyncio.Event()
@@ -307,7 +278,8 @@ class Broker:
     def start(self) -> None:
         self._tasks = [asyncio.create_task(self.commits.run(), name="group-commit"),
                        asyncio.create_task(self.driver.run(), name="wheel"),
-                       asyncio.create_task(self._run_timers(), name="timers")]
+                       asyncio.create_task(self._run_timers(), name="timers"),
+                       asyncio.create_task(self._run_refills(), name="refills")]
         for task in self._tasks:
             task.add_done_callback(self._task_ended)
 
@@ -343,6 +315,7 @@ class Broker:
         self.begin_stop()
         self.driver.stop()
         self._timer_wake.set()
+        self._refill_wake.set()
         wheel, timers = self._tasks[1], self._tasks[2]
         await asyncio.wait([wheel, timers], timeout=10)
         await self.commits.flush()
@@ -374,28 +347,34 @@ class Broker:
     # == recovery ==================================================================
 
     def _recover(self, now_ms: int) -> None:
-        """Put READY and CONSUMING messages back in RAM: scan the hours whose
-        counts say they hold some (normally only the last few)."""
-        hours = set()
-        for topic_hash in self.store.topic_names():
-            for hour, counts in self.store.topic_hours(topic_hash):
-                if counts[Status.READY] or counts[Status.CONSUMING]:
-                    hours.add(hour)
-        found = 0
-        for hour in sorted(hours):
-            for entry in self.store.hour_entries(hour):
-                if entry.status in (Status.READY, Status.CONSUMING):
-                    message = self.store.read_message(entry.location)
-                    if message is not None:
-                        live = self._hold(message)
-                        if live.status is Status.CONSUMING:
-                            # its own deadline if the store knows it (a follower
-                            # applied its record), capped by the default timeout
-                            fresh_ms = now_ms + self.defaults.ack_timeout_ms
-                            self._consume(live, min(self.store.ack_deadline(live.location) or fresh_ms, fresh_ms))
-                        found += 1
-        if found:
-            log.info("recovered %d ready or consuming messages from %d hours", found, len(hours))
+        """Put CONSUMING messages back in RAM from the store's in-flight set
+        (no scan), and mark every topic with READY messages spilled from its
+        first hour holding any: its window refills as consumers pull."""
+        fresh_ms = now_ms + self.defaults.ack_timeout_ms
+        held = 0
+        for location, deadline_ms in self.store.consuming().items():
+            message = self.store.read_message(location)
+            if message is None or message.status is not Status.CONSUMING:
+                continue
+            live = _live(message)
+            self.live[location] = live
+            queue = self._queue(message.topic)
+            queue.consuming += 1
+            self.consuming_total += 1
+            # its own deadline if its pull's record gave one, capped by the default timeout
+            live.deadline_ms = min(deadline_ms or fresh_ms, fresh_ms)
+            self._timer(live.deadline_ms, location, "ack")
+            held += 1
+        names = self.store.topic_names()
+        spilled = 0
+        for topic_hash, hour in self.store.first_hours(Status.READY).items():
+            name = names.get(topic_hash)
+            if name is not None:
+                self._queue(name).spill_at(Location(hour, 0))
+                self._to_refill.add(name)
+                spilled += 1
+        if held or spilled:
+            log.info("recovered %d consuming messages; %d topics hold ready messages on disk", held, spilled)
 
     # == the wheel's side ======================================================
 
@@ -425,7 +404,7 @@ class Broker:
                 self.metrics.topic(message.topic).ended += 1
                 continue
             changes.append(StateChange(message.location, Status.READY, 0))
-            self._hold(message._replace(status=Status.READY))
+            self._admit(_live(message._replace(status=Status.READY)))
             m = self.metrics.topic(message.topic)
             m.ready += 1
             m.ready_gap.observe(now_ms - message.trigger_ms)
@@ -446,49 +425,133 @@ class Broker:
             tick = min(tick, held, key=lambda t: t.position)
         self._tick_file.write(tick)
 
-    # == RAM state of READY / CONSUMING messages =================================
-
-    def _hold(self, message: Message) -> Live:
-        live = Live(message.location, message.topic, message.tag, message.priority, message.trigger_ms,
-                    message.expire_ms, message.max_retry, message.retry, message.status)
-        self.live[live.location] = live
-        queue = self._queue(message.topic)
-        if live.status is Status.READY:
-            queue.add(live)
-            self._timer(live.expire_ms, live.location, "expire")
-        else:
-            queue.consuming += 1
-        return live
+    # == RAM state of READY / CONSUMING messages (broker.ready) =================
 
     def _queue(self, topic: str) -> TopicQueue:
         queue = self.topics.get(topic)
         if queue is None:
-            queue = self.topics[topic] = TopicQueue(topic)
+            queue = self.topics[topic] = TopicQueue(topic, text_hash(topic))
         return queue
+
+    def _admit(self, live: Live) -> None:
+        """A READY message: into its topic's window if there is room, or if it
+        outranks the window's last (which goes back to disk); else it stays
+        on disk only, for a refill to find."""
+        queue = self._queue(live.topic)
+        limits = self.limits
+        if len(queue.ready) < limits.window and self.window_total < limits.window_total:
+            self._window_add(queue, live)
+            return
+        last = queue.last()
+        if last is not None and live.key < self.live[last].key:
+            self._spill(queue, self.live[last])
+            self._window_add(queue, live)
+            return
+        self.live.pop(live.location, None)
+        queue.spill_at(live.location)
+
+    def _window_add(self, queue: TopicQueue, live: Live) -> None:
+        self.live[live.location] = live
+        queue.add(live)
+        self.window_total += 1
+        self._timer(live.expire_ms, live.location, "expire")
+
+    def _spill(self, queue: TopicQueue, live: Live) -> None:
+        """A message of the window goes back to disk only (it is READY there)."""
+        queue.remove(live)
+        self.window_total -= 1
+        del self.live[live.location]
+        queue.spill_at(live.location)
 
     def _consume(self, live: Live, deadline_ms: int) -> None:
         queue = self.topics[live.topic]
         if live.status is Status.READY:
             queue.remove(live)
+            self.window_total -= 1
             queue.consuming += 1
+            self.consuming_total += 1
         live.status, live.deadline_ms = Status.CONSUMING, deadline_ms
         self._timer(deadline_ms, live.location, "ack")
+
+    def _unconsume(self, queue: TopicQueue) -> None:
+        """One fewer consuming: a pull held back by a cap may go on."""
+        capped = queue.consuming >= self.limits.inflight
+        total_capped = self.consuming_total >= self.limits.inflight_total
+        queue.consuming -= 1
+        self.consuming_total -= 1
+        if total_capped:
+            self.wake_all()
+        elif capped:
+            self._wake(queue.name)
 
     def _requeue(self, live: Live, retry: int) -> None:
         """CONSUMING -> READY with `retry`."""
         queue = self.topics[live.topic]
-        queue.consuming -= 1
+        self._unconsume(queue)
         live.status, live.retry = Status.READY, retry
-        queue.add(live)
-        self._timer(live.expire_ms, live.location, "expire")
+        self._admit(live)
 
     def _forget(self, live: Live) -> None:
         queue = self.topics[live.topic]
         if live.status is Status.READY:
             queue.remove(live)
+            self.window_total -= 1
         else:
-            queue.consuming -= 1
+            self._unconsume(queue)
         del self.live[live.location]
+
+    # == refilling windows from disk ==============================================
+
+    def _refill(self, queue: TopicQueue, want: int, max_scan: int = REFILL_SCAN) -> int:
+        """Up to `want` spilled READY messages of the topic into its window,
+        in filing order (reading at most about `max_scan` index entries);
+        those past their ttl end instead. Returns how many were added."""
+        if not queue.spilled or want <= 0:
+            return 0
+        now_ms = self.clock.now_ms()
+        entries, queue.scan = self.store.scan_ready(queue.topic_hash, queue.scan or Location(0, 0),
+                                                    now_ms // MS_PER_HOUR + 1, max_scan, want)
+        queue.spilled = queue.scan is not None
+        added, ended = 0, []
+        for entry in entries:
+            if entry.location in self.live:
+                continue
+            message = self.store.read_message(entry.location)
+            if message is None or message.status is not Status.READY or message.topic != queue.name:
+                continue
+            if now_ms >= message.expire_ms:
+                ended.append(StateChange(entry.location, Status.EXPIRED if message.retry == 0 else Status.ENDED,
+                                         message.retry))
+                self.metrics.topic(queue.name).ended += 1
+                continue
+            self._window_add(queue, _live(message))
+            added += 1
+        if ended:
+            self._update(ended, now_ms)
+            self.commits.kick()
+        return added
+
+    def _schedule_refill(self, queue: TopicQueue) -> None:
+        if queue.spilled and len(queue.ready) <= self.limits.window // 2:
+            self._to_refill.add(queue.name)
+            self._refill_wake.set()
+
+    async def _run_refills(self) -> None:
+        """Refill spilled topics' windows in the background, a slice at a time."""
+        while not self._stopping:
+            await self._refill_wake.wait()
+            self._refill_wake.clear()
+            while self._to_refill and not self._stopping:
+                for name in list(self._to_refill):
+                    queue = self.topics.get(name)
+                    room = 0 if queue is None else min(self.limits.window - len(queue.ready),
+                                                       self.limits.window_total - self.window_total)
+                    if queue is None or not queue.spilled or room <= 0:
+                        self._to_refill.discard(name)
+                        continue
+                    if self._refill(queue, min(room, REFILL_FOUND)):
+                        self._wake(name)
+                    await asyncio.sleep(0)
 
     def _retry_or_end(self, live: Live, now_ms: int) -> StateChange:
         """A delivery was not acked: the message goes back to READY (its next
@@ -615,15 +678,25 @@ class Broker:
             raise Unavailable(f"the commit log refused the write: {e}") from e
 
     async def pull(self, request: PullRequest | LongPollRequest) -> list[Message]:
-        """Up to `batch` READY messages of the topic, now CONSUMING."""
+        """Up to `batch` READY messages of the topic, now CONSUMING: fewer at
+        the in-flight caps. Answered before the record is durable on a
+        standalone node (a pull lost in a crash is a redelivery)."""
         self._check_serving()
         queue = self.topics.get(request.topic)
-        if queue is None or not queue.ready:
+        if queue is None:
+            return []
+        limits = self.limits
+        room = min(request.batch, limits.inflight - queue.consuming, limits.inflight_total - self.consuming_total)
+        if room <= 0:
+            return []
+        if queue.spilled and len(queue.ready) < room:  # a pull may take the window over its cap by its batch
+            self._refill(queue, room - len(queue.ready))
+        if not queue.ready:
             return []
         tags = frozenset(request.tags) if request.tags else None
         now_ms = self.clock.now_ms()
         taken: list[Live] = []
-        while len(taken) < request.batch:
+        while len(taken) < room:
             location = queue.best(tags)
             if location is None:
                 break
@@ -631,6 +704,7 @@ class Broker:
             live.retry += 1  # retry counts deliveries: 1 on the first (camellia)
             self._consume(live, now_ms + request.ack_timeout_ms)
             taken.append(live)
+        self._schedule_refill(queue)
         if not taken:
             return []
         self._update([StateChange(live.location, Status.CONSUMING, live.retry, deadline_ms=live.deadline_ms)
@@ -640,7 +714,10 @@ class Broker:
         m.pulls += len(taken)
         for message in messages:
             m.pull_gap.observe(now_ms - message.trigger_ms)
-        await self.commits.durable()
+        if self._pull_waits:
+            await self.commits.durable()
+        else:
+            self.commits.kick()
         return messages
 
     async def long_poll(self, request: LongPollRequest, gone: Callable[[], bool] = lambda: False) -> list[Message]:
@@ -695,28 +772,51 @@ class Broker:
         nack: CONSUMING -> READY now, or ENDED after its last delivery.
         Anything else -- an unknown id, an ended message, a nack of a
         message not consuming -- changes nothing and is no error (camellia)."""
+        await self.ack_many(request.topic, [request.msg_id], request.ack)
+
+    async def ack_many(self, topic: str, msg_ids: Sequence[str], ack: bool = True) -> list[Status | None]:
+        """`ack` of each id in turn, one record and one fsync for all; the
+        status of each after it (None: no such message)."""
         self._check_serving()
-        message = self.store.get(request.topic, request.msg_id)
-        status = None if message is None else message.status
         now_ms = self.clock.now_ms()
-        m = self.metrics.topic(request.topic, exists=message is not None)
-        live = None if message is None else self.live.get(message.location)
-        if request.ack and status is Status.WAITING:
-            self.scheduler.cancel(message.location)
-            change = StateChange(message.location, Status.ACKED, message.retry)
-            m.acks += 1
-        elif request.ack and live is not None:
-            self._forget(live)
-            change = StateChange(live.location, Status.ACKED, live.retry)
-            m.acks += 1
-        elif not request.ack and live is not None and live.status is Status.CONSUMING:
-            change = self._retry_or_end(live, now_ms)
-            m.nacks += 1
+        changes: list[StateChange] = []
+        after: dict[str, Status | None] = {}
+        for msg_id in msg_ids:
+            if msg_id in after:  # a repeated id: once
+                continue
+            change = self._ack_one(topic, msg_id, ack, now_ms)
+            if change is None:
+                message = self.store.get(topic, msg_id)
+                after[msg_id] = None if message is None else message.status
+            else:
+                changes.append(change)
+                after[msg_id] = change.status
+        if changes:
+            self._update(changes, now_ms)
+            await self.commits.durable()
         else:
-            await self.commits.flush()  # an earlier change to it may still be in its commit
-            return
-        self._update([change], now_ms)
-        await self.commits.durable()
+            await self.commits.flush()  # an earlier change to them may still be in its commit
+        return [after[msg_id] for msg_id in msg_ids]
+
+    def _ack_one(self, topic: str, msg_id: str, ack: bool, now_ms: int) -> StateChange | None:
+        message = self.store.get(topic, msg_id)
+        m = self.metrics.topic(topic, exists=message is not None)
+        if message is None:
+            return None
+        status = message.status
+        live = self.live.get(message.location)
+        if ack and status is Status.WAITING:
+            self.scheduler.cancel(message.location)
+        elif ack and status in (Status.READY, Status.CONSUMING):
+            if live is not None:  # (a READY message beyond the window has none)
+                self._forget(live)
+        elif not ack and status is Status.CONSUMING and live is not None:
+            m.nacks += 1
+            return self._retry_or_end(live, now_ms)
+        else:
+            return None
+        m.acks += 1
+        return StateChange(message.location, Status.ACKED, message.retry)
 
     async def delete(self, request: DeleteRequest) -> None:
         """WAITING, READY or CONSUMING -> DELETED; `release` also frees the id.
@@ -804,6 +904,11 @@ class Broker:
 
     def has_topic(self, topic: str) -> bool:
         return topic in self.topics or self.store.has_topic(topic)
+
+
+def _live(message: Message) -> Live:
+    return Live(message.location, message.topic, message.tag, message.priority, message.trigger_ms,
+                message.expire_ms, message.max_retry, message.retry, message.status)
 
 
 def _bucket(until_trigger_ms: int) -> int:

@@ -461,7 +461,7 @@ class ClusterNode:
         self._deposed = asyncio.Event()
         leader_log = LeaderLog(self.store, self.cluster, term, self.epochs, lambda: broker.tick)
         broker = Broker(self.store, self.clock, self.config.defaults, self.metrics, tick_path=self.tick_path,
-                        replicated=leader_log.replicated, apply_lock=self.apply_lock)
+                        replicated=leader_log.replicated, apply_lock=self.apply_lock, limits=self.config.queues)
         broker.on_fatal = lambda error: None  # a failed broker makes this node stand down
         broker.start()
         self.leader_log, self.broker, self.api.broker = leader_log, broker, broker

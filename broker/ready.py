@@ -1,0 +1,122 @@
+"""What RAM holds of READY and CONSUMING messages: a bounded window per topic.
+
+A READY message is on disk (its index entry says 2) whether or not RAM
+holds it. RAM holds, per topic, a *window* of at most `QueueLimits.window`
+of them (and `window_total` over all topics), ordered for pulls by
+(-priority, triggerTime); the rest stay on disk only, *spilled*. A topic
+whose window is full keeps one number for everything beyond it: `scan`,
+the first (hour, globalIndex) at which a spilled message may lie. Refilling
+reads the index from there (`Store.scan_ready`), skipping what is held or
+no longer ready, so the backlog beyond the window costs no RAM at all.
+
+Worked example (window 2): A (priority 0), B (0), C (5) and D (0) become
+ready in that order. A and B fill the window; C outranks B, so B goes back
+to disk (scan = B's place) and C takes its slot; D is spilled (scan stays
+at B's, which is earlier). A pull takes C then A; refilling from the scan
+finds B, then D, in the order they were filed.
+
+Consuming messages are held in RAM (with their ack deadline), capped by
+`inflight` per topic and `inflight_total`: a pull at the cap takes fewer
+or none, so RAM never grows with the messages handed out.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from sortedcontainers import SortedList
+
+from storage.entry import Location, Status
+
+
+@dataclass(frozen=True)
+class QueueLimits:
+    # READY messages held in RAM per topic (--ready-window): beyond, on disk.
+    window: int = 4096
+    # ... and over all topics (--ready-window-total).
+    window_total: int = 65536
+    # CONSUMING messages per topic (--max-inflight): a pull at the cap takes
+    # fewer or none until acks, nacks or ack timeouts make room.
+    inflight: int = 10000
+    # ... and over all topics (--max-inflight-total).
+    inflight_total: int = 100000
+
+    def __post_init__(self) -> None:
+        for name, value, least in (("--ready-window", self.window, 1), ("--ready-window-total", self.window_total, 1),
+                                   ("--max-inflight", self.inflight, 1),
+                                   ("--max-inflight-total", self.inflight_total, 1)):
+            if value < least:
+                raise ValueError(f"{name} must be at least {least}, got {value}")
+
+
+@dataclass(slots=True)
+class Live:
+    """A READY (in a window) or CONSUMING message, as held in RAM (no body)."""
+
+    location: Location
+    topic: str
+    tag: str
+    priority: int
+    trigger_ms: int
+    expire_ms: int
+    max_retry: int
+    retry: int
+    status: Status
+    deadline_ms: int = 0  # CONSUMING: when the ack times out
+
+    @property
+    def key(self) -> tuple[int, int, int, int]:
+        """Ready-queue order: higher priority, then earlier trigger."""
+        return (-self.priority, self.trigger_ms, self.location.hour, self.location.global_index)
+
+
+@dataclass
+class TopicQueue:
+    """One topic's window of ready messages (all, and by tag), its count of
+    consuming ones, and where its spilled ones start."""
+
+    name: str
+    topic_hash: int
+    ready: SortedList = field(default_factory=SortedList)
+    by_tag: dict[str, SortedList] = field(default_factory=lambda: defaultdict(SortedList))
+    consuming: int = 0
+    # READY messages of this topic may lie on disk beyond the window, none
+    # before `scan` (hour, globalIndex).
+    spilled: bool = False
+    scan: Location | None = None
+
+    def add(self, live: Live) -> None:
+        key = live.key
+        self.ready.add(key)
+        self.by_tag[live.tag].add(key)
+
+    def remove(self, live: Live) -> None:
+        key = live.key
+        self.ready.remove(key)
+        tagged = self.by_tag[live.tag]
+        tagged.remove(key)
+        if not tagged:
+            del self.by_tag[live.tag]
+
+    def best(self, tags: frozenset[str] | None) -> Location | None:
+        """The first ready message (among those tags), without taking it."""
+        if tags is None:
+            key = self.ready[0] if self.ready else None
+        else:
+            heads = [self.by_tag[t][0] for t in tags if t in self.by_tag]
+            key = min(heads) if heads else None
+        return None if key is None else Location(key[2], key[3])
+
+    def last(self) -> Location | None:
+        """The window's last in pull order: the one a better arrival evicts."""
+        if not self.ready:
+            return None
+        key = self.ready[-1]
+        return Location(key[2], key[3])
+
+    def spill_at(self, location: Location) -> None:
+        """A READY message at `location` stays on disk only."""
+        self.spilled = True
+        if self.scan is None or location < self.scan:
+            self.scan = location
