@@ -27,7 +27,11 @@ from dataclasses import dataclass, field
 
 from sortedcontainers import SortedList
 
-from storage.entry import Location, Status
+from storage.entry import Location, Message, Status
+
+# A window message keeps its whole Message in RAM when its text is at most
+# this many characters (a pull then reads nothing from disk).
+CACHED_MSG_CHARS = 512
 
 
 @dataclass(frozen=True)
@@ -63,7 +67,12 @@ class Live:
     max_retry: int
     retry: int
     status: Status
+    msg_id: str
+    topic_hash: int
     deadline_ms: int = 0  # CONSUMING: when the ack times out
+    # READY in a window: the whole message when its text is short (a pull
+    # answers it without reading the disk); None otherwise and once pulled.
+    message: Message | None = None
 
     @property
     def key(self) -> tuple[int, int, int, int]:

@@ -65,7 +65,7 @@ from wheel.tick_state import TickState, TickStateFile
 
 from .metrics import Metrics
 from .params import AckRequest, DeleteRequest, Defaults, LongPollRequest, NewSend, PullRequest, as_sends
-from .ready import Live, QueueLimits, TopicQueue
+from .ready import CACHED_MSG_CHARS, Live, QueueLimits, TopicQueue
 
 log = logging.getLogger("hourglass.service")
 
@@ -246,6 +246,7 @@ class Broker:
         self.limits = limits or QueueLimits()
         self.topics: dict[str, TopicQueue] = {}
         self.live: dict[Location, Live] = {}  # every window and consuming message
+        self._inflight: dict[tuple[str, str], Live] = {}  # consuming ones by (topic, msgId)
         self.window_total = 0  # READY messages held in windows
         self.consuming_total = 0
         # A pull waits for its record's fsync only in a cluster (there the
@@ -356,8 +357,10 @@ class Broker:
             message = self.store.read_message(location)
             if message is None or message.status is not Status.CONSUMING:
                 continue
-            live = _live(message)
+            live = _live(message, text_hash(message.topic))
+            live.message = None
             self.live[location] = live
+            self._inflight[(live.topic, live.msg_id)] = live
             queue = self._queue(message.topic)
             queue.consuming += 1
             self.consuming_total += 1
@@ -403,8 +406,9 @@ class Broker:
                 changes.append(StateChange(message.location, Status.EXPIRED, 0))
                 self.metrics.topic(message.topic).ended += 1
                 continue
-            changes.append(StateChange(message.location, Status.READY, 0))
-            self._admit(_live(message._replace(status=Status.READY)))
+            changes.append(StateChange(message.location, Status.READY, 0, prev_status=Status.WAITING,
+                                       topic_hash=entry.topic_hash))
+            self._admit(_live(message._replace(status=Status.READY), entry.topic_hash))
             m = self.metrics.topic(message.topic)
             m.ready += 1
             m.ready_gap.observe(now_ms - message.trigger_ms)
@@ -470,11 +474,13 @@ class Broker:
             self.window_total -= 1
             queue.consuming += 1
             self.consuming_total += 1
+            self._inflight[(live.topic, live.msg_id)] = live
         live.status, live.deadline_ms = Status.CONSUMING, deadline_ms
         self._timer(deadline_ms, live.location, "ack")
 
-    def _unconsume(self, queue: TopicQueue) -> None:
+    def _unconsume(self, queue: TopicQueue, live: Live) -> None:
         """One fewer consuming: a pull held back by a cap may go on."""
+        del self._inflight[(live.topic, live.msg_id)]
         capped = queue.consuming >= self.limits.inflight
         total_capped = self.consuming_total >= self.limits.inflight_total
         queue.consuming -= 1
@@ -487,7 +493,7 @@ class Broker:
     def _requeue(self, live: Live, retry: int) -> None:
         """CONSUMING -> READY with `retry`."""
         queue = self.topics[live.topic]
-        self._unconsume(queue)
+        self._unconsume(queue, live)
         live.status, live.retry = Status.READY, retry
         self._admit(live)
 
@@ -497,7 +503,7 @@ class Broker:
             queue.remove(live)
             self.window_total -= 1
         else:
-            self._unconsume(queue)
+            self._unconsume(queue, live)
         del self.live[live.location]
 
     # == refilling windows from disk ==============================================
@@ -524,7 +530,7 @@ class Broker:
                                          message.retry))
                 self.metrics.topic(queue.name).ended += 1
                 continue
-            self._window_add(queue, _live(message))
+            self._window_add(queue, _live(message, queue.topic_hash))
             added += 1
         if ended:
             self._update(ended, now_ms)
@@ -561,11 +567,13 @@ class Broker:
         if live.retry > live.max_retry or now_ms >= live.expire_ms:
             self._forget(live)
             m.ended += 1
-            return StateChange(live.location, Status.ENDED, live.retry)
+            return StateChange(live.location, Status.ENDED, live.retry, prev_status=Status.CONSUMING,
+                               topic_hash=live.topic_hash)
         self._requeue(live, live.retry)
         m.retries += 1
         self._wake(live.topic)
-        return StateChange(live.location, Status.READY, live.retry)
+        return StateChange(live.location, Status.READY, live.retry, prev_status=Status.CONSUMING,
+                           topic_hash=live.topic_hash)
 
     # == timers: ack deadlines and expiries ======================================
 
@@ -607,7 +615,7 @@ class Broker:
                     self._forget(live)
                     self.metrics.topic(live.topic).ended += 1
                     changes.append(StateChange(location, Status.EXPIRED if live.retry == 0 else Status.ENDED,
-                                               live.retry))
+                                               live.retry, prev_status=Status.READY, topic_hash=live.topic_hash))
             if changes:
                 self._update(changes, now_ms)
                 await self.commits.durable()
@@ -707,9 +715,15 @@ class Broker:
         self._schedule_refill(queue)
         if not taken:
             return []
-        self._update([StateChange(live.location, Status.CONSUMING, live.retry, deadline_ms=live.deadline_ms)
-                      for live in taken], now_ms)
-        messages = [self.store.read_message(live.location) for live in taken]
+        self._update([StateChange(live.location, Status.CONSUMING, live.retry, deadline_ms=live.deadline_ms,
+                                  prev_status=Status.READY, topic_hash=live.topic_hash) for live in taken], now_ms)
+        messages = []
+        for live in taken:
+            if live.message is None:
+                messages.append(self.store.read_message(live.location))
+            else:
+                messages.append(live.message._replace(status=Status.CONSUMING, retry=live.retry))
+                live.message = None
         m = self.metrics.topic(request.topic)
         m.pulls += len(taken)
         for message in messages:
@@ -755,7 +769,8 @@ class Broker:
             live = self.live.get(message.location)
             if live is not None and live.status is Status.CONSUMING:
                 self._requeue(live, live.retry - 1)
-                changes.append(StateChange(live.location, Status.READY, live.retry))
+                changes.append(StateChange(live.location, Status.READY, live.retry, prev_status=Status.CONSUMING,
+                                           topic_hash=live.topic_hash))
                 self._wake(live.topic)
         if changes:
             self._update(changes, self.clock.now_ms())
@@ -799,6 +814,16 @@ class Broker:
         return [after[msg_id] for msg_id in msg_ids]
 
     def _ack_one(self, topic: str, msg_id: str, ack: bool, now_ms: int) -> StateChange | None:
+        live = self._inflight.get((topic, msg_id))
+        if live is not None:  # consuming: all RAM knows, no disk read
+            m = self.metrics.topic(topic)
+            if not ack:
+                m.nacks += 1
+                return self._retry_or_end(live, now_ms)
+            self._forget(live)
+            m.acks += 1
+            return StateChange(live.location, Status.ACKED, live.retry, prev_status=Status.CONSUMING,
+                               topic_hash=live.topic_hash)
         message = self.store.get(topic, msg_id)
         m = self.metrics.topic(topic, exists=message is not None)
         if message is None:
@@ -906,9 +931,10 @@ class Broker:
         return topic in self.topics or self.store.has_topic(topic)
 
 
-def _live(message: Message) -> Live:
+def _live(message: Message, topic_hash: int) -> Live:
     return Live(message.location, message.topic, message.tag, message.priority, message.trigger_ms,
-                message.expire_ms, message.max_retry, message.retry, message.status)
+                message.expire_ms, message.max_retry, message.retry, message.status, message.msg_id, topic_hash,
+                message=message if len(message.msg) <= CACHED_MSG_CHARS else None)
 
 
 def _bucket(until_trigger_ms: int) -> int:

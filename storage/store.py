@@ -108,6 +108,11 @@ class StateChange(NamedTuple):
     retry: int
     released: bool = False  # deleted for good: lookups by id no longer find it
     deadline_ms: int = 0  # to CONSUMING: the ack deadline (see Store.ack_deadline)
+    # The caller's knowledge of the message, to spare reading its entry: its
+    # status before the change (0: unknown, read it) and its topic's hash.
+    # Only for a message neither released nor changed earlier in the batch.
+    prev_status: int = 0
+    topic_hash: int = 0
 
 
 class CheckpointReport(NamedTuple):
@@ -459,7 +464,10 @@ class Store:
         staged: dict[Location, tuple[int, int, int, int]] = {}  # published only if every change is valid
         for change in changes:
             hour, gi = change.location
-            status, flags, retry, topic_hash = staged.get(change.location) or self._state(change.location)
+            known = staged.get(change.location)
+            if known is None and change.prev_status:
+                known = (change.prev_status, 0, change.retry, change.topic_hash)
+            status, flags, retry, topic_hash = known or self._state(change.location)
             if topic_hash < 0:
                 topic_hash = self._pending_topic_hash(change.location)
             if change.retry < 0 or change.retry > MAX_RETRY_COUNT:
@@ -680,7 +688,9 @@ class Store:
         pending = self._pending_state
         READY = Status.READY
         i = self._hour_order.bisect_left(start.hour)
-        first = start.global_index
+        # `start` may lie in an hour no longer held (retired since): then the
+        # next hour is read from its first entry
+        first = start.global_index if i < len(self._hour_order) and self._hour_order[i] == start.hour else 0
         while i < len(self._hour_order):
             hour = self._hour_order[i]
             if hour > until_hour:
@@ -718,13 +728,22 @@ class Store:
 
     def read_message(self, where: Location, pending_message: Message | None = None) -> Message | None:
         """The whole message at `where`; None once it has been released."""
-        status, flags, retry, _ = self._state(where)
+        h = self._hours.get(where.hour)
+        if pending_message is not None or h is None or not 0 <= where.global_index < h.applied:
+            status, flags, retry, _ = self._state(where)
+            if flags & FLAG_RELEASED:
+                return None
+            if pending_message is not None:
+                return pending_message._replace(status=Status(status), retry=retry)
+        files = self._readable(h)
+        entry, offset8, size, flags = files.read_entry(where.global_index)
+        pending = self._pending_state.get(where)
+        if pending is None:
+            status, retry = entry.status, entry.retry
+        else:
+            status, flags, retry = pending[0], pending[1], pending[2]
         if flags & FLAG_RELEASED:
             return None
-        if pending_message is not None:
-            return pending_message._replace(status=Status(status), retry=retry)
-        files = self._readable(self._hours[where.hour])
-        entry, offset8, size, _ = files.read_entry(where.global_index)
         body = delay_log.unpack_body(files.read_body(offset8, size))
         return Message(body.topic, body.msg_id, body.msg, body.produce_ms, entry.trigger_ms, body.ttl_ms,
                        body.max_retry, entry.priority, body.tag, Status(status), retry, where)
