@@ -84,6 +84,13 @@ WAITING_BUCKETS = (
 )
 
 
+# The group commit fsyncs on the event loop itself while fsyncs take less
+# than this on average (the loop waits that long; requests arriving
+# meanwhile form the next batch), and in a worker thread once they are
+# slower, so a slow disk never stalls the loop. (Measured on a 2-core VM: a
+# hand-off to a thread and back costs ~80 us of CPU, as much as the fsync.)
+INLINE_FSYNC_S = 0.001
+
 # A refill reads at most about this many index entries (192 KiB) and takes
 # at most REFILL_FOUND messages before other work runs.
 REFILL_SCAN = 4096
@@ -113,8 +120,9 @@ class GroupCommit:
     """Makes appended records durable together: many requests, one fsync.
 
     A request appends its record, then awaits `durable()`; the commit task
-    fsyncs (in a worker thread, so the loop keeps taking requests) every
-    record appended so far, applies them to the derived files, hands the new
+    fsyncs every record appended so far (on the loop while fsyncs are fast,
+    see INLINE_FSYNC_S; else in a worker thread, so the loop keeps taking
+    requests), applies them to the derived files, hands the new
     index entries to `on_entries`, and wakes those requests."""
 
     def __init__(self, store: Store, on_entries: Callable[[list[IndexEntry]], None], metrics: Metrics,
@@ -134,6 +142,7 @@ class GroupCommit:
         self._quiet: list[tuple[Callable[[], object], asyncio.Future]] = []
         self._kick = asyncio.Event()
         self._failed: BaseException | None = None
+        self._fsync_ewma_s = 0.0  # recent fsyncs' duration (see INLINE_FSYNC_S)
 
     def kick(self) -> None:
         """Make what is appended durable soon, without waiting for it."""
@@ -159,8 +168,13 @@ class GroupCommit:
                 try:
                     if count:
                         started = time.perf_counter()
-                        await asyncio.to_thread(store.sync_log)
-                        self._metrics.fsync_seconds.observe(time.perf_counter() - started)
+                        if self._fsync_ewma_s < INLINE_FSYNC_S:
+                            store.sync_log()
+                        else:
+                            await asyncio.to_thread(store.sync_log)
+                        took = time.perf_counter() - started
+                        self._fsync_ewma_s += (took - self._fsync_ewma_s) / 8
+                        self._metrics.fsync_seconds.observe(took)
                         self._on_entries(store.apply_pending(count))
                 except BaseException as e:  # a failed fsync: nothing more may be answered 200
                     self._failed = e
