@@ -70,6 +70,8 @@ MAX_REDIRECTS = 5
 # What the server waits in a long poll that names no timeout (camellia's 10 s);
 # the client's HTTP timeout must outlast it.
 SERVER_LONG_POLL_DEFAULT_MS = 10_000
+# ids in one ackMsg with msgIds (the server takes 1..1000).
+MAX_ACK_IDS = 1000
 # Failures that a retry may cure: the node is down, restarting or electing.
 TRANSIENT_ERRORS = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, asyncio.TimeoutError)
 
@@ -242,6 +244,12 @@ class DelayQueueClient:
         """ackMsg: the message is done and never delivered again."""
         await self._call("POST", "ackMsg", form={"topic": topic, "msgId": msg_id})
 
+    async def ack_many(self, topic: str, msg_ids: Sequence[str]) -> dict[str, int | None]:
+        """ackMsg with msgIds (1..1000, one request, one fsync on the
+        server): each id's status after it, None for an unknown one."""
+        answer = await self._call("POST", "ackMsg", body={"topic": topic, "msgIds": list(msg_ids)})
+        return {r["msgId"]: r["status"] for r in answer["results"]}
+
     async def nack(self, topic: str, msg_id: str) -> None:
         """ackMsg with ack=false: deliverable again now (its next delivery
         counts retry + 1). A nack of a message no longer consuming changes
@@ -354,7 +362,10 @@ def _json_object(code: int, text: str, endpoint: str) -> dict:
 class Consumer:
     """Long-polls a topic and runs `await handler(msg)` for each message,
     at most `concurrency` at once; acks when the handler returns, nacks (the
-    message comes back now, retry + 1) when it raises.
+    message comes back now, retry + 1) when it raises. Acks go in batches:
+    one ackMsg with msgIds at a time, carrying every id whose handler
+    returned meanwhile (up to 1000), so a busy consumer makes one request
+    and the server one fsync for many messages.
 
     It never holds more messages than it has free handler slots: each poll
     asks for min(`batch`, free slots), so a slow handler leaves the rest of
@@ -386,6 +397,9 @@ class Consumer:
         self._slots = asyncio.Semaphore(concurrency)
         self._running: set[asyncio.Task] = set()
         self._stopping = asyncio.Event()
+        self._to_ack: list[str] = []
+        self._ack_wake = asyncio.Event()
+        self._acks_done = False
 
     def __repr__(self) -> str:
         state = "stopping" if self._stopping.is_set() else "running"
@@ -397,6 +411,7 @@ class Consumer:
         self._stopping.set()
 
     async def run(self) -> None:
+        acker = asyncio.create_task(self._run_acks())
         try:
             while not self._stopping.is_set():
                 free = await self._take_slots()
@@ -411,9 +426,31 @@ class Consumer:
             for task in self._running:  # their messages come back after the ack timeout
                 task.cancel()
             raise
-        finally:  # stopped, failed or cancelled: no handler outlives run()
+        finally:  # stopped, failed or cancelled: no handler outlives run(); their acks are sent
             if self._running:
                 await asyncio.wait(set(self._running))
+            self._acks_done = True
+            self._ack_wake.set()
+            await acker  # sends what the handlers left
+
+    async def _run_acks(self) -> None:
+        while True:
+            await self._ack_wake.wait()
+            self._ack_wake.clear()
+            while self._to_ack:
+                await self._send_acks()
+            if self._acks_done:
+                return
+
+    async def _send_acks(self) -> None:
+        """One ackMsg with the ids waiting (up to MAX_ACK_IDS); a failure is
+        logged, not raised: those messages come back after their ack timeout."""
+        ids, self._to_ack = self._to_ack[:MAX_ACK_IDS], self._to_ack[MAX_ACK_IDS:]
+        try:
+            await self.client.ack_many(self.topic, ids)
+            self.acked += len(ids)
+        except (DelayQueueError, *TRANSIENT_ERRORS) as error:
+            log.warning("ack of %d messages of %s failed: %r", len(ids), self.topic, error)
 
     async def _take_slots(self) -> int:
         """Wait for one free handler slot, then take up to `batch` that are
@@ -462,8 +499,8 @@ class Consumer:
                 if await self._settle(self.client.nack, msg):
                     self.nacked += 1
             else:
-                if await self._settle(self.client.ack, msg):
-                    self.acked += 1
+                self._to_ack.append(msg.msg_id)
+                self._ack_wake.set()
         finally:
             self._slots.release()
 
