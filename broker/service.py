@@ -408,21 +408,27 @@ class Broker:
 
     def _release(self, entries: list[IndexEntry]) -> None:
         """Released by the wheel: due now. Becomes READY (or EXPIRED)."""
+        status = self.store.status
+        self._make_ready([(m, entry.topic_hash) for entry in entries
+                          if status(entry.location) is Status.WAITING  # (no body read for one released already)
+                          and (m := self.store.read_message(entry.location)) is not None
+                          and m.status is Status.WAITING])
+
+    def _make_ready(self, messages: list[tuple[Message, int]]) -> None:
+        """WAITING messages (with their topic hashes) due now: READY, or
+        EXPIRED past their ttl."""
         now_ms = self.clock.now_ms()
         changes = []
         woken = set()
-        for entry in entries:
-            message = self.store.read_message(entry.location)
-            if message is None or message.status is not Status.WAITING:
-                continue
+        for message, topic_hash in messages:
             self.metrics.lateness_seconds.observe(max(0, now_ms - message.trigger_ms) / 1000)
             if now_ms >= message.expire_ms:
                 changes.append(StateChange(message.location, Status.EXPIRED, 0))
                 self.metrics.topic(message.topic).ended += 1
                 continue
             changes.append(StateChange(message.location, Status.READY, 0, prev_status=Status.WAITING,
-                                       topic_hash=entry.topic_hash))
-            self._admit(_live(message._replace(status=Status.READY), entry.topic_hash))
+                                       topic_hash=topic_hash))
+            self._admit(_live(message._replace(status=Status.READY), topic_hash))
             m = self.metrics.topic(message.topic)
             m.ready += 1
             m.ready_gap.observe(now_ms - message.trigger_ms)
@@ -681,14 +687,18 @@ class Broker:
     def _release_due_now(self, results: list, now_ms: int) -> list[Message]:
         """Messages sent due already (delay <= 0, a past trigger time) are
         made READY here rather than at the wheel's next poll, so the answer
-        says 2 (as camellia's) and long polls wake at once. (The wheel skips
-        them when it reaches them: they are no longer WAITING.)"""
+        says 2 (as camellia's) and long polls wake at once. The wheel, which
+        holds them already, is told to forget them.)"""
         due = [r.message for r in results if r.outcome is SendOutcome.STORED and r.message.trigger_ms <= now_ms]
         if not due:
             return [r.message for r in results]
-        self._release([self.store.read_entry(m.location) for m in due])
-        states = {m.location: self.store.read_entry(m.location) for m in due}
-        return [r.message._replace(status=states[r.message.location].status) if r.message.location in states
+        status, cancel = self.store.status, self.scheduler.cancel
+        waiting = [m for m in due if status(m.location) is Status.WAITING]  # (the wheel may have been first)
+        for m in waiting:
+            cancel(m.location)
+        self._make_ready([(m, text_hash(m.topic)) for m in waiting])
+        states = {m.location: status(m.location) for m in due}
+        return [r.message._replace(status=states[r.message.location]) if r.message.location in states
                 else r.message for r in results]
 
     def _store_new(self, batch: list[NewMessage], now_ms: int) -> list:

@@ -662,6 +662,10 @@ class Store:
             entry = entry._replace(status=Status(pending[0]), retry=pending[2])
         return entry
 
+    def status(self, where: Location) -> Status:
+        """The status at `where`, pending changes included (no body read)."""
+        return Status(self._state(where)[0])
+
     def ack_deadline(self, where: Location) -> int | None:
         """The ack deadline of a CONSUMING message, if its pull's record gave
         one (records since version 2 of the checkpoint all do)."""
@@ -715,7 +719,9 @@ class Store:
                             if p is not None:
                                 status = p[0]
                         if status == READY and not fields[12] & FLAG_RELEASED:
-                            entry = files.read_entry(gi)[0]
+                            at = (gi - first) * delay_index.ENTRY_BYTES
+                            entry = delay_index.unpack_entry(files.idx.path, hour, gi,
+                                                             raw[at:at + delay_index.ENTRY_BYTES])[0]
                             found.append(entry._replace(status=READY) if entry.status != READY else entry)
                             if len(found) >= max_found:
                                 gi += 1
