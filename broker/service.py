@@ -773,13 +773,14 @@ class Broker:
             remaining = deadline - time.monotonic()
             if messages or remaining <= 0:
                 return messages
-            future = asyncio.get_running_loop().create_future()
+            loop = asyncio.get_running_loop()
+            future = loop.create_future()
             self._waiters[request.topic].append(future)
+            timeout = loop.call_later(remaining, _settle, future)
             try:
-                await asyncio.wait_for(future, remaining)
-            except TimeoutError:
-                pass
+                await future
             finally:
+                timeout.cancel()
                 waiters = self._waiters.get(request.topic)
                 if waiters and future in waiters:
                     waiters.remove(future)
@@ -953,6 +954,11 @@ class Broker:
 
     def has_topic(self, topic: str) -> bool:
         return topic in self.topics or self.store.has_topic(topic)
+
+
+def _settle(future: asyncio.Future) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 def _live(message: Message, topic_hash: int) -> Live:
