@@ -95,6 +95,7 @@ INLINE_FSYNC_S = 0.001
 # at most REFILL_FOUND messages before other work runs.
 REFILL_SCAN = 4096
 REFILL_FOUND = 512
+REFILL_ROUNDS = 4
 
 # Index entries classified per slice by getTopicInfo before it lets other
 # work run (a large hour would otherwise stall dispatch for its whole scan).
@@ -532,13 +533,25 @@ class Broker:
         """Up to `want` spilled READY messages of the topic into its window,
         in filing order (reading at most about `max_scan` index entries);
         those past their ttl end instead. Returns how many were added."""
-        if not queue.spilled or want <= 0:
-            return 0
         now_ms = self.clock.now_ms()
-        entries, queue.scan = self.store.scan_ready(queue.topic_hash, queue.scan or Location(0, 0),
-                                                    now_ms // MS_PER_HOUR + 1, max_scan, want)
-        queue.spilled = queue.scan is not None
         added, ended = 0, []
+        for _ in range(REFILL_ROUNDS):  # (entries held already count in a scan's finds: go on past them)
+            if not queue.spilled or added >= want:
+                break
+            entries, queue.scan = self.store.scan_ready(queue.topic_hash, queue.scan or Location(0, 0),
+                                                        now_ms // MS_PER_HOUR + 1, max_scan, want - added)
+            queue.spilled = queue.scan is not None
+            added += self._hold_found(queue, entries, now_ms, ended)
+            if not entries:
+                break
+        if ended:
+            self._update(ended, now_ms)
+            self.commits.kick()
+        return added
+
+    def _hold_found(self, queue: TopicQueue, entries: list[IndexEntry], now_ms: int,
+                    ended: list[StateChange]) -> int:
+        added = 0
         for entry in entries:
             if entry.location in self.live:
                 continue
@@ -552,9 +565,6 @@ class Broker:
                 continue
             self._window_add(queue, _live(message, queue.topic_hash))
             added += 1
-        if ended:
-            self._update(ended, now_ms)
-            self.commits.kick()
         return added
 
     def _schedule_refill(self, queue: TopicQueue) -> None:

@@ -71,7 +71,8 @@ class Checkpoint:
             "hours": [[h.hour, h.entries, h.log_bytes, h.ended, h.last_end_ms, h.topics] for h in self.hours],
             "written_ms": self.written_ms,
             "topic_names": self.topic_names,
-            "consuming": [v for c in (self.consuming or ()) for v in c],
+            # None (unknown, an old file's) stays unknown: the key is left out
+            **({} if self.consuming is None else {"consuming": [v for c in self.consuming for v in c]}),
         })
         return HEADER.pack(MAGIC, VERSION, 0, len(body), zlib.crc32(body)) + body
 
