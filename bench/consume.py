@@ -1,0 +1,211 @@
+"""Where a consumed message's CPU goes: the broker in-process, and one
+request over loopback, apart. Prints ONE JSON object.
+
+    .venv/bin/python bench/consume.py               # --msgs 50000 --requests 5000
+
+In-process (a real Store in a temporary directory, `Broker` driven on
+uvloop without HTTP; CPU is this process's user+system time, fsync's
+included):
+
+  ack_us_per_msg        --msgs due now pulled 100 at a time, then acked one
+                        by one by 4 concurrent tasks (as 4 consumers would)
+  drain_us_per_msg      --msgs due now with the window (4096) long spilled:
+  drain_msgs_per_s      pull 100, answer them as JSON, ack them in one
+                        ack_many, until none are left
+
+Over loopback (a `hourglass serve` child, one client connection sending one
+request at a time; CPU is the server's own, from /proc/<pid>/stat):
+
+  request_us_health     GET /health
+  request_us_empty_pull POST pullMsg of a topic with nothing ready
+  handler_us_health, handler_us_empty_pull   the same requests handed to
+                        the server's handler in-process, with no socket
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[0] = ROOT  # not bench/ (its http.py would shadow the standard library's)
+
+import orjson  # noqa: E402
+import uvloop  # noqa: E402
+
+from broker.api import delay_msg  # noqa: E402
+from broker.clock import SystemClock  # noqa: E402
+from broker.config import ServeConfig  # noqa: E402
+from broker.httpd import Request  # noqa: E402
+from broker.metrics import Metrics  # noqa: E402
+from broker.params import AckRequest, Defaults, NewSend, PullRequest  # noqa: E402
+from broker.server import Node  # noqa: E402
+from broker.service import Broker  # noqa: E402
+from storage.config import StoreConfig  # noqa: E402
+from storage.store import NewMessage, Store  # noqa: E402
+
+PAYLOAD = "x" * 100
+
+
+async def _broker(directory: str) -> tuple[Broker, Store]:
+    clock = SystemClock()
+    store = Store.open(directory, StoreConfig(), now_ms=clock.now_ms())
+    broker = Broker(store, clock, Defaults(), Metrics(), tick_path=os.path.join(directory, "tick"))
+    broker.start()
+    return broker, store
+
+
+async def _fill(broker: Broker, n: int) -> None:
+    now = broker.clock.now_ms()
+    for first in range(0, n, 1000):
+        await broker.send([NewSend(NewMessage("t", f"id{i}", PAYLOAD, now, now, 3_600_000, 10), False)
+                           for i in range(first, min(n, first + 1000))])
+    await asyncio.sleep(0.5)  # the wheel has seen them all
+
+
+async def ack_path(n: int) -> dict:
+    with tempfile.TemporaryDirectory() as directory:
+        broker, store = await _broker(directory)
+        await _fill(broker, n)
+        ids: list[str] = []
+        while len(ids) < n:
+            got = await broker.pull(PullRequest("t", 600_000, 100, ()))
+            ids += [m.msg_id for m in got]
+
+        async def acker(k: int) -> None:
+            for msg_id in ids[k::4]:
+                await broker.ack(AckRequest("t", msg_id, True))
+        cpu = time.process_time()
+        await asyncio.gather(*(acker(k) for k in range(4)))
+        cpu = time.process_time() - cpu
+        await broker.stop()
+        store.close()
+    return {"ack_us_per_msg": round(cpu / n * 1e6, 1)}
+
+
+async def drain(n: int) -> dict:
+    with tempfile.TemporaryDirectory() as directory:
+        broker, store = await _broker(directory)
+        await _fill(broker, n)
+        got = 0
+        cpu, wall = time.process_time(), time.perf_counter()
+        while got < n:
+            msgs = await broker.pull(PullRequest("t", 600_000, 100, ()))
+            if not msgs:
+                await asyncio.sleep(0.001)
+                continue
+            orjson.dumps({"code": 200, "msg": "success", "delayMsgList": [delay_msg(m) for m in msgs]})
+            await broker.ack_many("t", [m.msg_id for m in msgs])
+            got += len(msgs)
+        cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+        await broker.stop()
+        store.close()
+    return {"drain_us_per_msg": round(cpu / n * 1e6, 1), "drain_msgs_per_s": round(n / wall)}
+
+
+PULL_BODY = b"topic=nothing-here&batch=1"
+PULL_HEADERS = {"host": "x", "content-type": "application/x-www-form-urlencoded",
+                "content-length": str(len(PULL_BODY))}
+
+
+async def handler_costs(n: int) -> dict:
+    with tempfile.TemporaryDirectory() as directory:
+        node = Node(ServeConfig(data_dir=directory))
+        node.broker.start()
+        handle = node.handler()
+        out = {}
+        for name, make in (("health", lambda: Request("GET", "/health", b"", {"host": "x"}, b"", None)),
+                           ("empty_pull", lambda: Request("POST", "/camellia/delayQueue/pullMsg", b"",
+                                                          PULL_HEADERS, PULL_BODY, None))):
+            cpu = time.process_time()
+            for _ in range(n):
+                await handle(make())
+            out[f"handler_us_{name}"] = round((time.process_time() - cpu) / n * 1e6, 1)
+        await node.broker.stop()
+        node.store.close()
+    return out
+
+
+def _server_cpu_s(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def request_costs(n: int) -> dict:
+    port = _free_port()
+    with tempfile.TemporaryDirectory() as directory:
+        server = subprocess.Popen([sys.executable, "-m", "broker.cli", "serve", "--port", str(port),
+                                   "--data-dir", directory, "--log-level", "WARNING"], cwd=ROOT)
+        try:
+            deadline = time.monotonic() + 20
+            while True:
+                try:
+                    conn = socket.create_connection(("127.0.0.1", port))
+                    break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.05)
+            requests = {
+                "health": b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n",
+                "empty_pull": b"POST /camellia/delayQueue/pullMsg HTTP/1.1\r\nHost: x\r\n"
+                              b"Content-Type: application/x-www-form-urlencoded\r\nContent-Length: %d\r\n\r\n%s"
+                              % (len(PULL_BODY), PULL_BODY)}
+            out = {}
+            for name, raw in requests.items():
+                for _ in range(200):  # warm up
+                    _round_trip(conn, raw)
+                cpu = _server_cpu_s(server.pid)
+                for _ in range(n):
+                    _round_trip(conn, raw)
+                out[f"request_us_{name}"] = round((_server_cpu_s(server.pid) - cpu) / n * 1e6, 1)
+            conn.close()
+            return out
+        finally:
+            server.terminate()
+            server.wait(15)
+
+
+def _round_trip(conn: socket.socket, raw: bytes) -> None:
+    conn.sendall(raw)
+    buf = b""
+    while b"\r\n\r\n" not in buf:
+        buf += conn.recv(65536)
+    head, _, rest = buf.partition(b"\r\n\r\n")
+    length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                  if line.lower().startswith(b"content-length"))
+    while len(rest) < length:
+        rest += conn.recv(65536)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--msgs", type=int, default=50_000, help="messages of the in-process ack and drain runs")
+    parser.add_argument("--requests", type=int, default=5_000, help="requests of each loopback measurement")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.ERROR)
+    figures: dict = {}
+    figures.update(uvloop.run(ack_path(min(args.msgs, 9_000))))  # (under --max-inflight's 10,000)
+    figures.update(uvloop.run(drain(args.msgs)))
+    figures.update(uvloop.run(handler_costs(args.requests * 4)))
+    figures.update(request_costs(args.requests))
+    print(json.dumps({"figures": figures, "parameters": vars(args)}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
