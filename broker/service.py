@@ -96,6 +96,9 @@ INLINE_FSYNC_S = 0.001
 REFILL_SCAN = 4096
 REFILL_FOUND = 512
 REFILL_ROUNDS = 4
+# A pull that finds its topic's window nearly empty refills it whole, reading
+# at most about this many index entries a round.
+INLINE_REFILL_SCAN = 65536
 
 # Index entries classified per slice by getTopicInfo before it lets other
 # work run (a large hour would otherwise stall dispatch for its whole scan).
@@ -731,8 +734,12 @@ class Broker:
         room = min(request.batch, limits.inflight - queue.consuming, limits.inflight_total - self.consuming_total)
         if room <= 0:
             return []
-        if queue.spilled and len(queue.ready) < room:  # a pull may take the window over its cap by its batch
-            self._refill(queue, room - len(queue.ready))
+        if queue.spilled and len(queue.ready) < room:
+            # Fill the window whole first (it is nearly empty: after a restart,
+            # or consumers outran the background refill), so the pull picks by
+            # priority among as many as the window holds; a pull may take the
+            # window over its cap by its batch.
+            self._refill(queue, max(room, self.limits.window) - len(queue.ready), max_scan=INLINE_REFILL_SCAN)
         if not queue.ready:
             return []
         tags = frozenset(request.tags) if request.tags else None
