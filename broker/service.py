@@ -301,6 +301,8 @@ class Broker:
                        asyncio.create_task(self._run_refills(), name="refills")]
         for task in self._tasks:
             task.add_done_callback(self._task_ended)
+        if self._to_refill:  # topics a restart found with ready messages on disk
+            self._refill_wake.set()
 
     def _task_ended(self, task: asyncio.Task) -> None:
         if not task.cancelled() and task.exception() is not None:
@@ -734,12 +736,14 @@ class Broker:
         room = min(request.batch, limits.inflight - queue.consuming, limits.inflight_total - self.consuming_total)
         if room <= 0:
             return []
-        if queue.spilled and len(queue.ready) < room:
-            # Fill the window whole first (it is nearly empty: after a restart,
-            # or consumers outran the background refill), so the pull picks by
-            # priority among as many as the window holds; a pull may take the
-            # window over its cap by its batch.
-            self._refill(queue, max(room, self.limits.window) - len(queue.ready), max_scan=INLINE_REFILL_SCAN)
+        if queue.spilled and len(queue.ready) < limits.window:
+            # Top the window up first (after a restart it starts empty; a send
+            # may have put a message in it while older ones wait on disk), so
+            # the pull picks by priority among as many as the window holds. A
+            # pull may take the window over the total cap by its batch.
+            want = min(limits.window - len(queue.ready),
+                       max(room, limits.window_total - self.window_total))
+            self._refill(queue, want, max_scan=INLINE_REFILL_SCAN)
         if not queue.ready:
             return []
         tags = frozenset(request.tags) if request.tags else None

@@ -77,3 +77,28 @@ def test_a_backlog_beyond_the_window_comes_out_whole_and_once(tmp_path):
 
     got = asyncio.run(body())
     assert sorted(got) == [f"m{i:02d}" for i in range(20)] and len(set(got)) == 20
+
+
+def test_a_send_after_a_restart_does_not_jump_older_better_messages(tmp_path):
+    """After a restart, older ready messages wait on disk; a new due-now
+    message of lower priority goes straight into the window. A pull must
+    still take the older, better one first. (A CI run of the HTTP model
+    caught the new one served first.)"""
+    directory = str(tmp_path)
+    clock = FakeClock(START_MS)
+    limits = QueueLimits(window=8, window_total=8)
+
+    async def body() -> list[str]:
+        await fill(directory, clock, limits, [NewSend(NewMessage("t", "old", "x", START_MS, START_MS, 3_600_000, 3,
+                                                                 priority=7), False)])
+        store, broker = open_broker(directory, clock, limits)
+        broker.start()
+        await broker.send([NewSend(NewMessage("t", "new", "x", START_MS, START_MS, 3_600_000, 3, priority=0),
+                                   False)])
+        got = [m.msg_id for m in await broker.pull(PullRequest("t", 60_000, 1, ()))]
+        got += [m.msg_id for m in await broker.pull(PullRequest("t", 60_000, 1, ()))]
+        await broker.stop()
+        store.close()
+        return got
+
+    assert asyncio.run(body()) == ["old", "new"]
