@@ -62,6 +62,8 @@ from yarl import URL
 from storage.entry import Status
 from storage.errors import HourglassError
 
+from .params import MAX_ACK_BATCH
+
 log = logging.getLogger("hourglass.client")
 
 PREFIX = "/camellia/delayQueue/"
@@ -70,8 +72,6 @@ MAX_REDIRECTS = 5
 # What the server waits in a long poll that names no timeout (camellia's 10 s);
 # the client's HTTP timeout must outlast it.
 SERVER_LONG_POLL_DEFAULT_MS = 10_000
-# ids in one ackMsg with msgIds (the server takes 1..1000).
-MAX_ACK_IDS = 1000
 # Failures that a retry may cure: the node is down, restarting or electing.
 TRANSIENT_ERRORS = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, asyncio.TimeoutError)
 
@@ -443,9 +443,9 @@ class Consumer:
                 return
 
     async def _send_acks(self) -> None:
-        """One ackMsg with the ids waiting (up to MAX_ACK_IDS); a failure is
+        """One ackMsg with the ids waiting (up to MAX_ACK_BATCH); a failure is
         logged, not raised: those messages come back after their ack timeout."""
-        ids, self._to_ack = self._to_ack[:MAX_ACK_IDS], self._to_ack[MAX_ACK_IDS:]
+        ids, self._to_ack = self._to_ack[:MAX_ACK_BATCH], self._to_ack[MAX_ACK_BATCH:]
         try:
             await self.client.ack_many(self.topic, ids)
             self.acked += len(ids)

@@ -380,10 +380,7 @@ class Broker:
             live = _live(message, text_hash(message.topic))
             live.message = None
             self.live[location] = live
-            self._inflight[(live.topic, live.msg_id)] = live
-            queue = self._queue(message.topic)
-            queue.consuming += 1
-            self.consuming_total += 1
+            self._track_consuming(self._queue(message.topic), live)
             # its own deadline if its pull's record gave one, capped by the default timeout
             live.deadline_ms = min(deadline_ms or fresh_ms, fresh_ms)
             self._timer(live.deadline_ms, location, "ack")
@@ -417,8 +414,7 @@ class Broker:
         status = self.store.status
         self._make_ready([(m, entry.topic_hash) for entry in entries
                           if status(entry.location) is Status.WAITING  # (no body read for one released already)
-                          and (m := self.store.read_message(entry.location)) is not None
-                          and m.status is Status.WAITING])
+                          and (m := self.store.read_message(entry.location)) is not None])
 
     def _make_ready(self, messages: list[tuple[Message, int]]) -> None:
         """WAITING messages (with their topic hashes) due now: READY, or
@@ -486,23 +482,29 @@ class Broker:
         self.window_total += 1
         self._timer(live.expire_ms, live.location, "expire")
 
-    def _spill(self, queue: TopicQueue, live: Live) -> None:
-        """A message of the window goes back to disk only (it is READY there)."""
+    def _window_remove(self, queue: TopicQueue, live: Live) -> None:
         queue.remove(live)
         self.window_total -= 1
+
+    def _spill(self, queue: TopicQueue, live: Live) -> None:
+        """A message of the window goes back to disk only (it is READY there)."""
+        self._window_remove(queue, live)
         del self.live[live.location]
         queue.spill_at(live.location)
 
     def _consume(self, live: Live, deadline_ms: int) -> None:
         queue = self.topics[live.topic]
         if live.status is Status.READY:
-            queue.remove(live)
-            self.window_total -= 1
-            queue.consuming += 1
-            self.consuming_total += 1
-            self._inflight[(live.topic, live.msg_id)] = live
+            self._window_remove(queue, live)
+            self._track_consuming(queue, live)
         live.status, live.deadline_ms = Status.CONSUMING, deadline_ms
         self._timer(deadline_ms, live.location, "ack")
+
+    def _track_consuming(self, queue: TopicQueue, live: Live) -> None:
+        """Count a consuming message against the caps and find it by id."""
+        queue.consuming += 1
+        self.consuming_total += 1
+        self._inflight[(live.topic, live.msg_id)] = live
 
     def _unconsume(self, queue: TopicQueue, live: Live) -> None:
         """One fewer consuming: a pull held back by a cap may go on."""
@@ -526,8 +528,7 @@ class Broker:
     def _forget(self, live: Live) -> None:
         queue = self.topics[live.topic]
         if live.status is Status.READY:
-            queue.remove(live)
-            self.window_total -= 1
+            self._window_remove(queue, live)
         else:
             self._unconsume(queue, live)
         del self.live[live.location]
@@ -845,13 +846,9 @@ class Broker:
         for msg_id in msg_ids:
             if msg_id in after:  # a repeated id: once
                 continue
-            change = self._ack_one(topic, msg_id, ack, now_ms)
-            if change is None:
-                message = self.store.get(topic, msg_id)
-                after[msg_id] = None if message is None else message.status
-            else:
+            change, after[msg_id] = self._ack_one(topic, msg_id, ack, now_ms)
+            if change is not None:
                 changes.append(change)
-                after[msg_id] = change.status
         if changes:
             self._update(changes, now_ms)
             await self.commits.durable()
@@ -859,35 +856,32 @@ class Broker:
             await self.commits.flush()  # an earlier change to them may still be in its commit
         return [after[msg_id] for msg_id in msg_ids]
 
-    def _ack_one(self, topic: str, msg_id: str, ack: bool, now_ms: int) -> StateChange | None:
+    def _ack_one(self, topic: str, msg_id: str, ack: bool, now_ms: int) -> tuple[StateChange | None, Status | None]:
+        """The change an ack or nack of one id makes (None: none), and the
+        message's status after it (None: no such message)."""
         live = self._inflight.get((topic, msg_id))
-        if live is not None:  # consuming: all RAM knows, no disk read
+        if live is not None:  # consuming (every consuming message is held): no disk read
             m = self.metrics.topic(topic)
             if not ack:
                 m.nacks += 1
-                return self._retry_or_end(live, now_ms)
+                change = self._retry_or_end(live, now_ms)
+                return change, change.status
             self._forget(live)
             m.acks += 1
             return StateChange(live.location, Status.ACKED, live.retry, prev_status=Status.CONSUMING,
-                               topic_hash=live.topic_hash)
+                               topic_hash=live.topic_hash), Status.ACKED
         message = self.store.get(topic, msg_id)
         m = self.metrics.topic(topic, exists=message is not None)
         if message is None:
-            return None
-        status = message.status
-        live = self.live.get(message.location)
-        if ack and status is Status.WAITING:
+            return None, None
+        if not ack or message.status.is_final:  # (a nack of one not held consuming changes nothing)
+            return None, message.status
+        if message.status is Status.WAITING:
             self.scheduler.cancel(message.location)
-        elif ack and status in (Status.READY, Status.CONSUMING):
-            if live is not None:  # (a READY message beyond the window has none)
-                self._forget(live)
-        elif not ack and status is Status.CONSUMING and live is not None:
-            m.nacks += 1
-            return self._retry_or_end(live, now_ms)
-        else:
-            return None
+        elif (live := self.live.get(message.location)) is not None:  # READY in the window (beyond it: none)
+            self._forget(live)
         m.acks += 1
-        return StateChange(message.location, Status.ACKED, message.retry)
+        return StateChange(message.location, Status.ACKED, message.retry), Status.ACKED
 
     async def delete(self, request: DeleteRequest) -> None:
         """WAITING, READY or CONSUMING -> DELETED; `release` also frees the id.

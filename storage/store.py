@@ -233,9 +233,7 @@ class Store:
         for hour in self._hour_order:
             h = self._hours[hour]
             if any(counts[Status.CONSUMING] for counts in h.topics.values()):
-                files = self._readable(h)
-                for gi in range(h.applied):
-                    entry = files.read_entry(gi)[0]
+                for entry in self.hour_entries(hour):
                     if entry.status == Status.CONSUMING:
                         self._consuming.setdefault(entry.location, 0)
 
