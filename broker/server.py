@@ -144,7 +144,10 @@ class Node:
         """The checkpoint is prepared by the group commit at a quiet point
         (everything appended applied, and the wheel told of it), which a busy
         node reaches every commit; its syncfs runs in a worker thread while
-        requests go on."""
+        requests go on. Skipped when it would change nothing (an idle node
+        rewrites nothing)."""
+        if not self.store.checkpoint_due(self.clock.now_ms()):
+            return
         started = time.perf_counter()
         prepared = await self.broker.commits.at_quiet_point(
             lambda: self.store.prepare_checkpoint(self.clock.now_ms()))

@@ -57,6 +57,7 @@ from collections.abc import Awaitable, Callable, Sequence
 
 from storage.entry import MS_PER_HOUR, MS_PER_SECOND, SECONDS_PER_HOUR, IndexEntry, Location, Message, Status
 from storage.errors import InvalidRequest
+from storage.spans import is_span
 from storage.store import NewMessage, SendOutcome, StateChange, Store, text_hash, total_counts
 from wheel.clock import Clock
 from wheel.driver import WheelDriver
@@ -103,6 +104,8 @@ INLINE_REFILL_SCAN = 65536
 # Index entries classified per slice by getTopicInfo before it lets other
 # work run (a large hour would otherwise stall dispatch for its whole scan).
 SCAN_CHUNK = 4096
+# After a failed move of due spans' messages (storage.spans), wait this long.
+SPAN_RETRY_S = 5
 
 
 class NotFound(Exception):
@@ -272,6 +275,7 @@ class Broker:
         self._pull_waits = replicated is not None
         self._to_refill: set[str] = set()  # spilled topics whose window has room
         self._refill_wake = asyncio.Event()
+        self._span_wake = asyncio.Event()  # a send filed into a span (see _run_span_moves)
         self._timers: list[tuple[int, int, Location, str]] = []  # (due_ms, seq, location, "ack" | "expire")
         self._timer_seq = itertools.count()
         self._timer_wake = asyncio.Event()
@@ -298,7 +302,8 @@ class Broker:
         self._tasks = [asyncio.create_task(self.commits.run(), name="group-commit"),
                        asyncio.create_task(self.driver.run(), name="wheel"),
                        asyncio.create_task(self._run_timers(), name="timers"),
-                       asyncio.create_task(self._run_refills(), name="refills")]
+                       asyncio.create_task(self._run_refills(), name="refills"),
+                       asyncio.create_task(self._run_span_moves(), name="span-moves")]
         for task in self._tasks:
             task.add_done_callback(self._task_ended)
         if self._to_refill:  # topics a restart found with ready messages on disk
@@ -337,6 +342,7 @@ class Broker:
         self.driver.stop()
         self._timer_wake.set()
         self._refill_wake.set()
+        self._span_wake.set()
         wheel, timers = self._tasks[1], self._tasks[2]
         await asyncio.wait([wheel, timers], timeout=10)
         await self.commits.flush()
@@ -401,6 +407,8 @@ class Broker:
     def _on_committed(self, entries: list[IndexEntry]) -> None:
         on_new, unfiled = self.scheduler.on_new, self._unfiled
         for entry in entries:
+            if is_span(entry.hour):  # filed far out: refile() brings it to an hour in time
+                continue
             on_new(entry)
             second = entry.hour * SECONDS_PER_HOUR + entry.second
             left = unfiled[second] - 1
@@ -595,6 +603,38 @@ class Broker:
                         self._wake(name)
                     await asyncio.sleep(0)
 
+    async def _run_span_moves(self) -> None:
+        """Move the waiting messages of due spans to nearer files
+        (Store.refile, storage.spans), a record of REFILE_STEP at a time,
+        each made durable before the next; checked every SPAN_CHECK_S. A
+        span is due at least 32 hours before its first message, so this
+        runs long before the wheel needs them (after a long outage, overdue
+        ones are filed into the current second and released at once). A
+        full disk is logged and tried again; it refuses nothing. Sleeps
+        until the next span falls due, or a send files into a span."""
+        moved = 0
+        while not self._stopping:
+            self._span_wake.clear()
+            now_ms = self.clock.now_ms()
+            try:
+                n = self.store.refile(now_ms)
+            except OSError as e:
+                log.warning("moving messages of due spans failed (%s); trying again in %d s", e, SPAN_RETRY_S)
+                await self.clock.sleep_until(now_ms + SPAN_RETRY_S * 1000, asyncio.Event())
+                continue
+            if n:
+                moved += n
+                await self.commits.durable()
+                continue
+            if moved:
+                log.info("moved %d waiting messages from due spans to nearer files", moved)
+                moved = 0
+            due_ms = self.store.next_refile_ms()
+            if due_ms is not None and due_ms <= now_ms:  # due, its sends not applied yet
+                await self.commits.durable()
+                continue
+            await self.clock.sleep_until(due_ms, self._span_wake)
+
     def _retry_or_end(self, live: Live, now_ms: int) -> StateChange:
         """A delivery was not acked: the message goes back to READY (its next
         pull counts the next delivery), or ends (6) after max_retry + 1
@@ -694,7 +734,10 @@ class Broker:
             m = self.metrics.topic(r.message.topic)
             if r.outcome is SendOutcome.STORED:
                 m.sends += 1
-                self._unfiled[max(r.message.trigger_ms, now_ms) // MS_PER_SECOND] += 1
+                if not is_span(r.message.location.hour):
+                    self._unfiled[max(r.message.trigger_ms, now_ms) // MS_PER_SECOND] += 1
+                else:
+                    self._span_wake.set()
             else:
                 m.duplicates += 1
         await self.commits.durable()
@@ -939,8 +982,9 @@ class Broker:
             for hour, counts in hours:
                 if not counts[Status.WAITING]:
                     continue
-                first = _bucket(hour * MS_PER_HOUR - now_ms)
-                if first == _bucket((hour + 1) * MS_PER_HOUR - 1 - now_ms):
+                first_hour, last_hour = self.store.file_hours(hour)  # (a span covers many)
+                first = _bucket(first_hour * MS_PER_HOUR - now_ms)
+                if first == _bucket((last_hour + 1) * MS_PER_HOUR - 1 - now_ms):
                     buckets[first] += counts[Status.WAITING]
                 else:
                     straddling.add(hour)

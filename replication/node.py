@@ -328,6 +328,8 @@ class ClusterNode:
     async def checkpoint(self) -> None:
         async with self.checkpoint_lock:
             broker, now_ms = self.broker, self.clock.now_ms()
+            if not self.store.checkpoint_due(now_ms):  # an idle node rewrites nothing
+                return
             if broker is not None:
                 prepared = await broker.commits.at_quiet_point(lambda: self.store.prepare_checkpoint(now_ms))
             else:

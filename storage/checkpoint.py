@@ -22,6 +22,9 @@ File `checkpoint`, replaced atomically (write, fsync, rename):
                                    commit_offset (deadline 0: unknown).
                                    Absent in files written before it was
                                    kept: then unknown (see Store.consuming)
+                    layout         int: 2 when an hour number of 2**23 or
+                                   more names a span of hours
+                                   (storage.spans); 1, or absent, before
 
 Everything derived from records before `commit_offset` was fsync'ed before
 this file was written; recovery cuts every hour back to the sizes listed
@@ -64,6 +67,7 @@ class Checkpoint:
     # (hour, global_index, deadline_ms) of every CONSUMING message; None: the
     # file predates the key, so the set is unknown.
     consuming: tuple[tuple[int, int, int], ...] | None = ()
+    layout: int = 2  # see storage.spans.LAYOUT
 
     def encode(self) -> bytes:
         body = msgpack.packb({
@@ -71,6 +75,7 @@ class Checkpoint:
             "hours": [[h.hour, h.entries, h.log_bytes, h.ended, h.last_end_ms, h.topics] for h in self.hours],
             "written_ms": self.written_ms,
             "topic_names": self.topic_names,
+            "layout": self.layout,
             # None (unknown, an old file's) stays unknown: the key is left out
             **({} if self.consuming is None else {"consuming": [v for c in self.consuming for v in c]}),
         })
@@ -88,7 +93,7 @@ class Checkpoint:
         flat = fields.get("consuming")
         consuming = None if flat is None else tuple(zip(flat[0::3], flat[1::3], flat[2::3]))
         return cls(fields["commit_offset"], tuple(HourRecord(*h) for h in fields["hours"]), fields["written_ms"],
-                   fields["topic_names"], consuming)
+                   fields["topic_names"], consuming, fields.get("layout", 1))
 
     @classmethod
     def load(cls, path: str) -> Checkpoint | None:

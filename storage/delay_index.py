@@ -25,7 +25,9 @@ An entry (48 bytes, little-endian):
     38      2     second            u16  second of the hour it is filed under
     40      4     crc32             u32  of bytes 0..39 (they never change)
     44      1     status            u8   1..7 (SPEC.md); changed in place
-    45      1     flags             u8   bit 0: released (deleted for good)
+    45      1     flags             u8   bit 0: released (deleted for good),
+                                         bit 1: moved (filed again in a
+                                         smaller file, see storage.spans)
     46      2     retry             u16  changed in place
 
 The second is stored because a message sent after its trigger time is filed
@@ -52,6 +54,7 @@ ENTRY_BYTES = ENTRY.size
 MUTABLE_OFFSET = 44
 NO_ENTRY = 0xFFFFFFFF
 FLAG_RELEASED = 1
+FLAG_MOVED = 2
 
 assert ENTRY_BYTES == 48 and FIXED.size == 40
 

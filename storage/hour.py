@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import zlib
 
-from . import delay_index, delay_log
+from . import delay_index, delay_log, spans
 from .checkpoint import HourRecord
 from .framing import FRAME_HEADER
 from .hour_files import HourFiles
@@ -28,7 +28,7 @@ _PAD = b"\0" * delay_log.ALIGN_BYTES
 
 class Hour:
     __slots__ = ("hour", "entries", "written", "applied", "log_bytes", "written_log_bytes", "ended", "last_end_ms",
-                 "topics", "files", "_entries_buf", "_frames_buf", "_slots", "_states")
+                 "topics", "files", "start", "refiled", "_entries_buf", "_frames_buf", "_slots", "_states")
 
     def __init__(self, hour: int, entries: int = 0, log_bytes: int = 0, ended: int = 0, last_end_ms: int = 0,
                  topics: dict[int, list[int]] | None = None):
@@ -43,6 +43,10 @@ class Hour:
         # topic_hash -> [0, count of status 1, ..., count of status 7]
         self.topics: dict[int, list[int]] = {th: [0, *counts] for th, counts in (topics or {}).items()}
         self.files: HourFiles | None = None
+        # A span's first hour (storage.spans), known once an entry is read;
+        # and how far re-filing its messages has read (RAM only).
+        self.start: int | None = None if spans.is_span(hour) else hour
+        self.refiled = 0
         self._entries_buf = bytearray()  # entries [written, applied)
         self._frames_buf = bytearray()  # delay-log bytes [written_log_bytes, ...)
         self._slots: dict[int, tuple[int, int]] = {}  # second -> (last, count) not yet written
@@ -122,6 +126,14 @@ class Hour:
         return bool(self._entries_buf or self._slots or self._states)
 
     # -- reads that see the stage -------------------------------------------------
+
+    def staged_flags(self, global_index: int) -> int | None:
+        """The flags of an entry whose state is staged, else None (read the file)."""
+        if global_index >= self.written:
+            at = (global_index - self.written) * delay_index.ENTRY_BYTES + delay_index.MUTABLE_OFFSET + 1
+            return self._entries_buf[at] if at < len(self._entries_buf) else None
+        mutable = self._states.get(global_index)
+        return None if mutable is None else mutable[1]
 
     def slot(self, second: int) -> tuple[int, int] | None:
         """The staged (last, count) of `second`, or None to read the file."""

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from .config import StoreConfig
+from . import spans
 from .entry import MS_PER_HOUR, SECONDS_PER_HOUR, IndexEntry, Location, Message, Status, hour_and_second
 from .errors import InvalidRequest, StoreClosedError
 from .store import (MAX_RETRY_COUNT, CheckpointReport, NewMessage, SendOutcome, SendResult, StateChange, text_hash,
@@ -71,6 +72,7 @@ class _State:
                 results.append(SendResult(SendOutcome.DUPLICATE, existing))
                 continue
             hour, second = hour_and_second(max(m.trigger_ms, now_ms))
+            hour = spans.file_for(hour, now_ms // MS_PER_HOUR)  # an hour, or a span far out
             filed = self.hours.setdefault(hour, [])
             same_second = [f for f in filed if f.second == second]
             pre = same_second[-1].global_index if same_second else -1
@@ -94,8 +96,13 @@ class _State:
         return sum(f.status.is_final for f in self.hours.get(hour, []))
 
     def retire(self, now_ms: int, retention_ms: int) -> tuple[int, ...]:
+        def past(hour: int, filed: list[_Filed]) -> bool:  # nothing can be filed in it any more
+            if spans.is_span(hour):
+                return spans.is_due(hour, spans.start_hour(hour, filed[0].new.trigger_ms), now_ms // MS_PER_HOUR)
+            return (hour + 1) * MS_PER_HOUR <= now_ms
+
         retired = tuple(hour for hour, filed in sorted(self.hours.items())
-                        if self.ended(hour) == len(filed) and (hour + 1) * MS_PER_HOUR <= now_ms
+                        if self.ended(hour) == len(filed) and past(hour, filed)
                         and self.last_end_ms[hour] + retention_ms <= now_ms)
         for hour in retired:
             del self.hours[hour]
@@ -201,7 +208,7 @@ class InMemoryStore:
         return counts
 
     def next_hour(self, from_hour: int) -> int | None:
-        return min((hour for hour in self._live.hours if hour >= from_hour), default=None)
+        return min((hour for hour in self._live.hours if hour >= from_hour and not spans.is_span(hour)), default=None)
 
     def hours(self) -> list[tuple[int, int, int]]:
         """(hour, entries, ended): entries counts pending sends, ended only

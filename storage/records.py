@@ -34,6 +34,7 @@ import msgpack
 class Kind(enum.IntEnum):
     SEND = 1
     STATE = 2
+    MOVE = 3
 
 
 class SendItem(NamedTuple):
@@ -63,6 +64,13 @@ class StateItem(NamedTuple):
     deadline_ms: int = 0
 
 
+class MoveItem(NamedTuple):
+    from_hour: int
+    from_global_index: int
+    retry: int
+    to: SendItem
+
+
 def encode(kind: Kind, now_ms: int, items: list) -> bytes:
     return msgpack.packb((int(kind), now_ms, items))
 
@@ -70,5 +78,7 @@ def encode(kind: Kind, now_ms: int, items: list) -> bytes:
 def decode(body: bytes) -> tuple[Kind, int, list]:
     kind, now_ms, items = msgpack.unpackb(body)
     kind = Kind(kind)
+    if kind is Kind.MOVE:
+        return kind, now_ms, [MoveItem(f, g, r, SendItem(*to)) for f, g, r, to in items]
     make = SendItem if kind is Kind.SEND else StateItem
     return kind, now_ms, [make(*item) for item in items]

@@ -4,9 +4,10 @@ Layout of a data directory:
 
     checkpoint            commit offset + per-hour sizes (storage.checkpoint)
     commitlog/*.log       the commit log segments (storage.commit_log)
-    delay/<hour>.log      bodies of messages triggering in that UTC hour
-    delay/<hour>.idx      their index entries (storage.delay_index)
-    delay/<hour>.sec      the hour's second table (storage.second_table)
+    delay/<id>.log        bodies of messages triggering in that UTC hour,
+                          or in a span of hours (storage.spans)
+    delay/<id>.idx        their index entries (storage.delay_index)
+    delay/<id>.sec        the hour's second table (storage.second_table)
     ids/secret            the id index's hash key (storage.id_index)
     ids/<shard>.hix       (topic, msgId) -> location (storage.id_index)
 
@@ -30,6 +31,8 @@ back to its checkpointed size, replay the log from the checkpoint's offset.
 Time is a parameter (`now_ms`): the store never reads a clock. The hour of
 `now_ms` and the next one are the "near" hours, memory-mapped; all others
 are reached with pread/pwrite through a bounded cache of open files.
+Messages more than 32 hours ahead are filed in coarser spans of hours, and
+filed again (`refile()`) as their span comes near: storage.spans.
 
 Concurrency: one thread calls everything, except that `sync_log()` may run
 in a worker thread while that thread keeps appending.
@@ -48,11 +51,11 @@ from typing import NamedTuple
 
 from sortedcontainers import SortedList
 
-from . import delay_index, delay_log, records
+from . import delay_index, delay_log, records, spans
 from .checkpoint import Checkpoint, HourRecord
 from .commit_log import CommitLog
 from .config import StoreConfig
-from .delay_index import FLAG_RELEASED
+from .delay_index import FLAG_MOVED, FLAG_RELEASED
 from .entry import MS_PER_HOUR, MS_PER_SECOND, SECONDS_PER_HOUR, IndexEntry, Location, Message, Status
 from .errors import CorruptionError, InvalidRequest, StoreClosedError
 from .fileutil import PAGE_BYTES, free_bytes, fsync_dir, sync_filesystem
@@ -73,6 +76,8 @@ SEAL_AT_CHECKPOINT_BYTES = 4 * 1024 * 1024
 MAX_RECORD_CHARS = 32 * 1024 * 1024
 # Index entries read at once by a scan (scan_ready): 192 KiB.
 SCAN_SLICE = 4096
+# Waiting messages of due spans moved by one refile() record.
+REFILE_STEP = 1024
 # Staged bytes of far hours kept before they are written (see storage.hour).
 STAGE_LIMIT_BYTES = 8 * 1024 * 1024
 # Disk room a send leaves free beyond what the writes it commits the store to
@@ -182,6 +187,7 @@ class Store:
         self._pending_far_bytes = 0  # far-hour bytes of sends appended, not applied yet
         self._closed = False
         self._far_limit = _far_hours_limit(config.open_far_hours)
+        self._checkpoint_offset = -1  # commit offset of the last checkpoint read or written
         self.log: CommitLog
         self.ids: IdIndex
 
@@ -206,6 +212,14 @@ class Store:
             raise CorruptionError(checkpoint_path, 0,
                                   f"checkpoint offset {ck.commit_offset} is outside the commit log "
                                   f"[{self.log.start_offset}, {self.log.end_offset}]")
+        if ck.layout < spans.LAYOUT and any(spans.is_span(h.hour) for h in ck.hours):
+            hour = max(h.hour for h in ck.hours)
+            raise CorruptionError(checkpoint_path, 0,
+                                  f"this data directory was written before far hours were filed in spans, and "
+                                  f"holds hour {hour} (after the year 2926), whose number now names a span; "
+                                  f"to migrate, delete its messages due after 2926 with the release that wrote "
+                                  f"it, then open it here")
+        self._checkpoint_offset = ck.commit_offset
         for h in ck.hours:
             self._add_hour(Hour(h.hour, h.entries, h.log_bytes, h.ended, h.last_end_ms, h.topics))
         self._topic_names = dict(ck.topic_names)
@@ -264,15 +278,21 @@ class Store:
         h = self._hours.get(hour)
         if h is None or global_index >= h.applied:
             return False
-        return bool(self._readable(h).read_entry(global_index)[3] & FLAG_RELEASED)
+        flags = h.staged_flags(global_index)
+        if flags is None:
+            flags = self._readable(h).read_entry(global_index)[3]
+        return bool(flags & FLAG_RELEASED)
 
     def _decode(self, body: bytes) -> tuple[records.Kind, int, list]:
         """A record from the log or from a leader, its sends keyed with this
         store's id-index secret (the writer's key may come from another)."""
         kind, now_ms, items = records.decode(body)
+        key = self.ids.key_of_bytes
         if kind is records.Kind.SEND:
-            key = self.ids.key_of_bytes
             items = [item._replace(key=key(*delay_log.id_fields(item.body))) for item in items]
+        elif kind is records.Kind.MOVE:
+            items = [item._replace(to=item.to._replace(key=key(*delay_log.id_fields(item.to.body))))
+                     for item in items]
         return kind, now_ms, items
 
     def _drop_unknown_hour_files(self) -> None:
@@ -371,7 +391,6 @@ class Store:
         self.advance(now_ms)
         results: list[SendResult] = []
         items: list[records.SendItem] = []
-        pending_slots, pending_ids = self._pending_slots, self._pending_ids
         hashes: dict[str, int] = {}  # topic and tag hashes, once per batch
         undo_hours: dict[int, tuple[int, int, bool]] = {}  # hour -> (entries, log_bytes, created here)
         undo_slots: dict[tuple[int, int], tuple[int, int] | None] = {}
@@ -385,32 +404,36 @@ class Store:
                 self._pending.append((records.Kind.SEND, now_ms, items))
                 self._pending_far_bytes += far_bytes
         except BaseException:
-            for hour, (entries, log_bytes, created) in undo_hours.items():
-                if created:
-                    h = self._hours.pop(hour)
-                    self._hour_order.remove(hour)
-                    if h.files is not None:  # made by _make_room, empty
-                        h.files.close(0, 0)
-                        for path in hour_paths(self._delay_dir, hour):
-                            os.unlink(path)
-                else:
-                    self._hours[hour].entries, self._hours[hour].log_bytes = entries, log_bytes
-            for slot, before in undo_slots.items():
-                if before is None:
-                    del pending_slots[slot]
-                else:
-                    pending_slots[slot] = before
-            for key in reversed(undo_ids):
-                same_key = pending_ids[key]
-                same_key.pop()
-                if not same_key:
-                    del pending_ids[key]
+            self._undo_placements(undo_hours, undo_slots, undo_ids)
             raise
         return results
 
-    def _send_items(self, batch, now_ms, results, items, hashes, undo_hours, undo_slots, undo_ids) -> None:
+    def _undo_placements(self, undo_hours: dict, undo_slots: dict, undo_ids: list[int]) -> None:
+        """Put back every counter and overlay `_place` and `_pend_id` moved
+        for a record that was not appended."""
         pending_slots, pending_ids = self._pending_slots, self._pending_ids
-        h = None
+        for hour, (entries, log_bytes, created) in undo_hours.items():
+            if created:
+                h = self._hours.pop(hour)
+                self._hour_order.remove(hour)
+                if h.files is not None:  # made by _make_room, empty
+                    h.files.close(0, 0)
+                    for path in hour_paths(self._delay_dir, hour):
+                        os.unlink(path)
+            else:
+                self._hours[hour].entries, self._hours[hour].log_bytes = entries, log_bytes
+        for slot, before in undo_slots.items():
+            if before is None:
+                del pending_slots[slot]
+            else:
+                pending_slots[slot] = before
+        for key in reversed(undo_ids):
+            same_key = pending_ids[key]
+            same_key.pop()
+            if not same_key:
+                del pending_ids[key]
+
+    def _send_items(self, batch, now_ms, results, items, hashes, undo_hours, undo_slots, undo_ids) -> None:
         for m in batch:
             topic, msg_id = m.topic, m.msg_id
             key = self.ids.key(topic, msg_id)
@@ -418,41 +441,58 @@ class Store:
             if existing is not None:
                 results.append(SendResult(SendOutcome.DUPLICATE, existing))
                 continue
-            hour, rest_ms = divmod(max(m.trigger_ms, now_ms), MS_PER_HOUR)
-            second = rest_ms // MS_PER_SECOND
-            if h is None or h.hour != hour:
-                if hour not in undo_hours:
-                    known = self._hours.get(hour)
-                    undo_hours[hour] = ((known.entries, known.log_bytes, False) if known is not None
-                                        else (0, 0, True))
-                h = self._hour(hour)
-            gi = h.entries
-            h.entries = gi + 1
-            last, count = pending_slots.get((hour, second)) or self._slot(h, second)
             body = delay_log.pack_body(topic, msg_id, m.msg, m.produce_ms, m.ttl_ms, m.max_retry, m.tag)
-            frame_size = FRAME_HEADER_BYTES + len(body)
-            offset8 = h.log_bytes >> 3
-            h.log_bytes += (frame_size + 7) & ~7
             topic_hash = hashes.get(topic)
             if topic_hash is None:
                 topic_hash = hashes[topic] = text_hash(topic)
             tag_hash = hashes.get(m.tag) if m.tag else 0
             if tag_hash is None:
                 tag_hash = hashes[m.tag] = text_hash(m.tag)
-            items.append(records.SendItem(hour, gi, last, count, second, offset8, frame_size, m.trigger_ms,
-                                          m.priority, topic_hash, tag_hash, key, body))
-            if (hour, second) not in undo_slots:
-                undo_slots[(hour, second)] = pending_slots.get((hour, second))
-            pending_slots[(hour, second)] = (gi, count + 1)
+            item = self._place(max(m.trigger_ms, now_ms), m.trigger_ms, m.priority, topic_hash, tag_hash, key, body,
+                               undo_hours, undo_slots)
+            items.append(item)
             message = Message(topic, msg_id, m.msg, m.produce_ms, m.trigger_ms, m.ttl_ms, m.max_retry,
-                              m.priority, m.tag, Status.WAITING, 0, Location(hour, gi))
-            same_key = pending_ids.get(key)
-            if same_key is None:
-                pending_ids[key] = [message]
-            else:
-                same_key.append(message)
-            undo_ids.append(key)
+                              m.priority, m.tag, Status.WAITING, 0, Location(item.hour, item.global_index))
+            self._pend_id(key, message, undo_ids)
             results.append(SendResult(SendOutcome.STORED, message))
+
+    def _place(self, filing_ms: int, trigger_ms: int, priority: int, topic_hash: int, tag_hash: int, key: int,
+               body: bytes, undo_hours: dict, undo_slots: dict) -> records.SendItem:
+        """The coordinates of a new entry filed under the hour and second of
+        `filing_ms`, in the file storage.spans names for that hour now; the
+        file's counters and the pending second-table tail move on (their
+        previous values noted in `undo_hours` and `undo_slots`)."""
+        hour, rest_ms = divmod(filing_ms, MS_PER_HOUR)
+        second = rest_ms // MS_PER_SECOND
+        file_id = spans.file_for(hour, self._now_hour)
+        h = self._hours.get(file_id)
+        if file_id not in undo_hours:
+            undo_hours[file_id] = (h.entries, h.log_bytes, False) if h is not None else (0, 0, True)
+        if h is None:
+            h = self._hour(file_id)
+        gi = h.entries
+        h.entries = gi + 1
+        slot = (file_id, second)
+        pending_slots = self._pending_slots
+        before = pending_slots.get(slot)
+        last, count = before or self._slot(h, second)
+        frame_size = FRAME_HEADER_BYTES + len(body)
+        offset8 = h.log_bytes >> 3
+        h.log_bytes += (frame_size + 7) & ~7
+        if slot not in undo_slots:
+            undo_slots[slot] = before
+        pending_slots[slot] = (gi, count + 1)
+        return records.SendItem(file_id, gi, last, count, second, offset8, frame_size, trigger_ms, priority,
+                                topic_hash, tag_hash, key, body)
+
+    def _pend_id(self, key: int, message: Message, undo_ids: list[int]) -> None:
+        """Make a message appended but not applied findable by its id."""
+        same_key = self._pending_ids.get(key)
+        if same_key is None:
+            self._pending_ids[key] = [message]
+        else:
+            same_key.append(message)
+        undo_ids.append(key)
 
     def update(self, changes: Iterable[StateChange], now_ms: int) -> None:
         """Append status/retry changes as one record; in place after commit."""
@@ -477,6 +517,91 @@ class Store:
         if items:
             self._append(records.Kind.STATE, now_ms, items)
         self._pending_state.update(staged)  # only once the record is in the log
+
+    def refile(self, now_ms: int, max_moves: int = REFILE_STEP) -> int:
+        """Append one MOVE record filing up to `max_moves` waiting messages of
+        due spans again, by the rule of storage.spans at `now_ms` (smaller
+        spans, or their own hours; an overdue one into the second of
+        `now_ms`, as a late send). Returns how many it moved: 0 when no due
+        span holds a waiting message whose record is applied. The leader
+        calls it (a follower applies its records); like a send, the moves
+        are durable and visible after `commit()`, their new entries
+        returned by it for the wheel."""
+        self._check_open()
+        self.advance(now_ms)
+        moves: list[records.MoveItem] = []
+        undo_hours: dict = {}
+        undo_slots: dict = {}
+        undo_ids: list[int] = []
+        states: dict[Location, tuple[int, int, int, int]] = {}
+        cursors: dict[Hour, int] = {}
+        try:
+            for h in self._due_spans(now_ms):
+                files = self._readable(h)
+                gi = h.refiled
+                while gi < h.applied and len(moves) < max_moves:
+                    entry, offset8, size, flags = files.read_entry(gi)
+                    where = Location(h.hour, gi)
+                    status, flags, retry, _ = self._pending_state.get(where) or (entry.status, flags, entry.retry, 0)
+                    gi += 1
+                    if status != WAITING or flags & FLAG_RELEASED:
+                        continue
+                    raw = files.read_body(offset8, size)
+                    body = delay_log.unpack_body(raw)
+                    key = self.ids.key_of_bytes(body.topic.encode(), body.msg_id.encode())
+                    to = self._place(max(entry.trigger_ms, now_ms), entry.trigger_ms, entry.priority,
+                                     entry.topic_hash, entry.tag_hash, key, raw, undo_hours, undo_slots)
+                    moves.append(records.MoveItem(h.hour, where.global_index, retry, to))
+                    states[where] = (Status.DELETED, flags | FLAG_RELEASED | FLAG_MOVED, retry, entry.topic_hash)
+                    self._pend_id(key, Message(body.topic, body.msg_id, body.msg, body.produce_ms, entry.trigger_ms,
+                                               body.ttl_ms, body.max_retry, entry.priority, body.tag,
+                                               Status.WAITING, retry, Location(to.hour, to.global_index)),
+                                  undo_ids)
+                cursors[h] = gi
+                if len(moves) >= max_moves:
+                    break
+            if moves:
+                body = records.encode(records.Kind.MOVE, now_ms, moves)
+                self._pending_far_bytes += self._make_room([m.to for m in moves], undo_hours, len(body))
+                self.log.append(body)
+                self._pending.append((records.Kind.MOVE, now_ms, moves))
+        except BaseException:
+            self._undo_placements(undo_hours, undo_slots, undo_ids)
+            raise
+        self._pending_state.update(states)
+        for h, gi in cursors.items():
+            h.refiled = gi
+        return len(moves)
+
+    def next_refile_ms(self) -> int | None:
+        """When `refile()` next has work: the time the first span holding
+        waiting messages not yet moved falls due (None: no such span)."""
+        first = None
+        for h in self._spans_to_move():
+            start = self._span_start(h)
+            due_ms = 0 if start is None else (start - (1 << spans.span_shift(h.hour)) + 1) * MS_PER_HOUR
+            first = due_ms if first is None else min(first, due_ms)
+        return first
+
+    def _due_spans(self, now_ms: int) -> list[Hour]:
+        """Spans that are due and hold waiting messages not yet moved."""
+        now_hour = now_ms // MS_PER_HOUR
+        due = [h for h in self._spans_to_move()
+               if (start := self._span_start(h)) is not None and spans.is_due(h.hour, start, now_hour)]
+        due.sort(key=lambda h: h.start)
+        return due
+
+    def _spans_to_move(self) -> Iterable[Hour]:
+        for file_id in self._hour_order.irange(spans.SPAN_FLAG):
+            h = self._hours[file_id]
+            if h.refiled < h.entries and any(counts[WAITING] for counts in h.topics.values()):
+                yield h
+
+    def _span_start(self, h: Hour) -> int | None:
+        """A span's first hour, from its first applied entry (None: none yet)."""
+        if h.start is None and h.applied:
+            h.start = spans.start_hour(h.hour, self._readable(h).read_entry(0)[0].trigger_ms)
+        return h.start
 
     def _make_room(self, items: list[records.SendItem], hours: Iterable[int], record_bytes: int) -> int:
         """Make sure the writes a send commits the store to will find disk
@@ -586,6 +711,9 @@ class Store:
                         item.hour, item.second, item.local_index, item.global_index, item.pre_global_index,
                         item.trigger_ms, item.priority, item.topic_hash, item.tag_hash, WAITING, 0))
             return
+        if kind is records.Kind.MOVE:
+            self._apply_moves(now_ms, items, new_entries)
+            return
         for item in items:
             h = self._hours.get(item.hour)
             if h is None or item.global_index >= h.applied:
@@ -604,6 +732,32 @@ class Store:
                 h.last_end_ms = max(h.last_end_ms, now_ms)
             elif was_final and not is_final:
                 h.ended -= 1
+
+    def _apply_moves(self, now_ms: int, items: list, new_entries: list[IndexEntry] | None) -> None:
+        """The old entry ends (status 7, released, moved: it counts as ended
+        for its file, as a deleted message for no topic), then the message
+        is staged at its new place as a send is."""
+        for move in items:
+            old = self._hours.get(move.from_hour)
+            if old is None or move.from_global_index >= old.applied:
+                raise LookupError(f"move of unknown message {move.from_hour}/{move.from_global_index}")
+            to = move.to
+            old.stage_state(move.from_global_index, Status.DELETED, FLAG_RELEASED | FLAG_MOVED, move.retry)
+            self._dirty.add(old)
+            old.count(to.topic_hash, WAITING, -1)
+            old.ended += 1
+            old.last_end_ms = max(old.last_end_ms, now_ms)
+            h = self._hour(to.hour)
+            if h.stage_send(to):
+                h.count(to.topic_hash, WAITING, 1)
+                if move.retry:
+                    h.stage_state(to.global_index, WAITING, 0, move.retry)
+            self.ids.put(to.key, to.hour, to.global_index)  # after the old one's release: it reuses its slot
+            self._dirty.add(h)
+            if new_entries is not None:
+                new_entries.append(IndexEntry(
+                    to.hour, to.second, to.local_index, to.global_index, to.pre_global_index, to.trigger_ms,
+                    to.priority, to.topic_hash, to.tag_hash, WAITING, move.retry))
 
     def _flush_staged(self, everything: bool) -> None:
         """Write staged bytes: always for near hours (the dispatcher reads
@@ -815,9 +969,23 @@ class Store:
         return self._readable(h).counts()
 
     def next_hour(self, from_hour: int) -> int | None:
-        """The first hour >= `from_hour` that holds any entry."""
+        """The first hour >= `from_hour` that holds any entry (spans, which
+        sort after every hour, are not hours)."""
         i = self._hour_order.bisect_left(from_hour)
-        return self._hour_order[i] if i < len(self._hour_order) else None
+        if i < len(self._hour_order) and not spans.is_span(self._hour_order[i]):
+            return self._hour_order[i]
+        return None  # (spans are for refile(), never for the wheel)
+
+    def file_hours(self, file_id: int) -> tuple[int, int]:
+        """[first, last] hour a file covers: the hour itself, or a span's
+        hours (storage.spans)."""
+        h = self._hours.get(file_id)
+        if h is None or not spans.is_span(file_id):
+            return file_id, file_id
+        start = self._span_start(h)
+        if start is None:  # nothing applied yet: a span starts at least its size from now
+            start = self._now_hour or 0
+        return start, start + (1 << spans.span_shift(file_id)) - 1
 
     def hours(self) -> list[tuple[int, int, int]]:
         """(hour, entries, ended) of every live hour, ascending."""
@@ -919,6 +1087,7 @@ class Store:
         if the checkpoint no longer needs them (a follower still reads them)."""
         self._check_open()
         Checkpoint(p.offset, p.kept, p.now_ms, p.topic_names, p.consuming).save(os.path.join(self.directory, "checkpoint"))
+        self._checkpoint_offset = p.offset
         for hour in p.retired:
             for path in hour_paths(self._delay_dir, hour):
                 os.unlink(path)
@@ -932,9 +1101,23 @@ class Store:
                 h.files.shed()
         return CheckpointReport(p.offset, deleted, p.retired)
 
+    def checkpoint_due(self, now_ms: int) -> bool:
+        """Whether a checkpoint would change anything: a record appended since
+        the last one, or a file to retire. An idle node skips it, so it
+        rewrites nothing."""
+        self._check_open()
+        return (self.log.end_offset != self._checkpoint_offset or bool(self._pending)
+                or any(self._retirable(h, now_ms) for h in self._hours.values() if h.ended == h.entries))
+
     def _retirable(self, h: Hour, now_ms: int) -> bool:
-        return (h.entries > 0 and h.ended == h.entries and (h.hour + 1) * MS_PER_HOUR <= now_ms
-                and h.last_end_ms + self.config.retention_ms <= now_ms)
+        """Every message ended `retention_ms` ago, and nothing can be filed
+        in it any more: an hour that is past, a span that is due."""
+        if not (h.entries > 0 and h.ended == h.entries and h.last_end_ms + self.config.retention_ms <= now_ms):
+            return False
+        if spans.is_span(h.hour):
+            start = self._span_start(h)
+            return start is not None and spans.is_due(h.hour, start, now_ms // MS_PER_HOUR)
+        return (h.hour + 1) * MS_PER_HOUR <= now_ms
 
     def disk_bytes(self) -> int:
         total = 0

@@ -6,6 +6,7 @@ metric labels, the token."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import resource
 import socket
@@ -200,5 +201,45 @@ def test_the_bearer_scheme_is_case_insensitive(tmp_path):
         for header, expected in (("bearer s3cret", 200), ("BEARER s3cret", 200), ("Bearer  s3cret", 200),
                                  ("Basic s3cret", 401), ("bearer s3cre", 401), ("s3cret", 401)):
             assert request(server.base + "/metrics", headers={"Authorization": header})[0] == expected, header
+    finally:
+        assert server.stop() == 0
+
+
+def _files(directory) -> dict[str, tuple[int, int]]:
+    """path -> (mtime_ns, size) of every file under `directory`."""
+    out = {}
+    for root, _, names in os.walk(directory):
+        for name in names:
+            st = os.stat(os.path.join(root, name))
+            out[os.path.join(root, name)] = (st.st_mtime_ns, st.st_size)
+    return out
+
+
+def test_far_hours_make_bounded_files_and_an_idle_node_rewrites_nothing(tmp_path):
+    """One batch of 1,000 messages in 1,000 different hours, spread up to the
+    largest triggerTime, made 3,000 files (three per hour) and a checkpoint
+    rewritten every second; it now makes a few files per span size, and a
+    node left idle writes no file at all."""
+    data = tmp_path / "data"
+    server = Server.start(data)
+    try:
+        now_ms = int(time.time() * 1000)
+        hour_ms = 3_600_000
+        last = 253_402_300_799_999
+        step = (last - now_ms) // 1000
+        msgs = [{"msgId": f"far{i}", "msg": "x", "triggerTime": now_ms + i * step + 40 * hour_ms}
+                for i in range(1000)]
+        code, body = server.post_json("/camellia/delayQueue/sendMsgBatch", {"topic": "far", "msgs": msgs})
+        assert code == 200, body
+        code, body = server.post("/camellia/delayQueue/getMsg", topic="far", msgId="far999")
+        assert code == 200 and body["delayMsg"]["triggerTime"] == msgs[999]["triggerTime"], body
+        delay = os.listdir(data / "delay")
+        assert len(delay) <= 3 * 3 * 23 + 6, len(delay)  # at most three spans of each size (3 files each)
+        time.sleep(2.5)  # a checkpoint (every second) has written what the batch changed
+        before = _files(data)
+        time.sleep(3)
+        after = _files(data)
+        changed = sorted(p for p in set(before) | set(after) if before.get(p) != after.get(p))
+        assert changed == [], changed
     finally:
         assert server.stop() == 0
