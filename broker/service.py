@@ -606,8 +606,7 @@ class Broker:
     async def _run_span_moves(self) -> None:
         """Move the waiting messages of due spans to nearer files
         (Store.refile, storage.spans), a record of REFILE_STEP at a time,
-        each made durable before the next; checked every SPAN_CHECK_S. A
-        span is due at least 32 hours before its first message, so this
+        each made durable before the next. A span is due at least 32 hours before its first message, so this
         runs long before the wheel needs them (after a long outage, overdue
         ones are filed into the current second and released at once). A
         full disk is logged and tried again; it refuses nothing. Sleeps

@@ -20,6 +20,7 @@ import shutil
 import tempfile
 
 import hypothesis.strategies as st
+import pytest
 from hypothesis import HealthCheck, given, settings
 
 from storage import spans
@@ -163,3 +164,49 @@ def test_the_largest_trigger_time_is_stored(tmp_path):
     store = Store.open(str(tmp_path), now_ms=now)
     assert store.get("t", "last").trigger_ms == 253_402_300_799_999
     store.close()
+
+
+def test_a_follower_applies_the_moves_it_is_sent(tmp_path):
+    """MOVE records reach a follower as any record does (read_log,
+    append_replicated): it ends with the leader's files and finds every
+    message where the leader does."""
+    now = NOW_HOUR * MS_PER_HOUR
+    leader = Store.open(str(tmp_path / "leader"), now_ms=now)
+    follower = Store.open(str(tmp_path / "follower"), now_ms=now)
+    leader.send([NewMessage("t", f"m{h}", str(h), now, now + h * MS_PER_HOUR, 0, 0) for h in (50, 300, 9000)], now)
+    leader.commit()
+    later = now + 250 * MS_PER_HOUR
+    while leader.refile(later):
+        leader.commit()
+    for offset, body in leader.read_log(0, leader.log.end_offset, 1 << 20):
+        follower.append_replicated(offset, body)
+    follower.commit()
+    assert follower.hours() == leader.hours()
+    for h in (50, 300, 9000):
+        assert follower.get("t", f"m{h}") == leader.get("t", f"m{h}")
+    assert not spans.is_span(leader.get("t", "m50").location.hour)
+    leader.close()
+    follower.close()
+
+
+def test_an_old_directory_with_an_hour_that_now_names_a_span_is_refused(tmp_path):
+    """Before spans an hour of 2**23 or more (after the year 2926) was an
+    hour; opened now it would read as a span: the store refuses it and says
+    how to migrate."""
+    from unittest import mock
+
+    from storage.checkpoint import Checkpoint
+    from storage.errors import CorruptionError
+
+    now = NOW_HOUR * MS_PER_HOUR
+    far = (spans.SPAN_FLAG + 5) * MS_PER_HOUR
+    with mock.patch.object(spans, "file_for", lambda hour, now_hour: hour):  # the old rule: an hour each
+        store = Store.open(str(tmp_path), now_ms=now)
+        store.send([NewMessage("t", "far", "x", now, far, 0, 0)], now)
+        store.checkpoint(now)
+        store.close()
+    path = str(tmp_path / "checkpoint")
+    old = Checkpoint.load(path)
+    Checkpoint(old.commit_offset, old.hours, old.written_ms, old.topic_names, old.consuming, layout=1).save(path)
+    with pytest.raises(CorruptionError, match="to migrate"):
+        Store.open(str(tmp_path), now_ms=now)
