@@ -235,7 +235,7 @@ def test_checkpoint_round_trips_with_its_consuming_set(ck):
 def test_a_checkpoint_without_the_consuming_key_decodes_to_unknown(ck):
     decoded = Checkpoint.decode("ck", _legacy_bytes(ck))
     assert decoded.consuming is None
-    assert decoded == Checkpoint(ck.commit_offset, ck.hours, ck.written_ms, ck.topic_names, None)
+    assert decoded == Checkpoint(ck.commit_offset, ck.hours, ck.written_ms, ck.topic_names, None, layout=1)
 
 
 class ConsumingMachine(RuleBasedStateMachine):
