@@ -43,7 +43,7 @@ from . import camellia_metrics, params
 from .bodies import JSON_MARKS_PER_BODY, BodyLimits, BodyTooLarge, check_json_marks
 from .health import HEALTH_PREFIX, ServingStatus
 from .httpd import Request, Response, StreamResponse
-from .service import Broker, NotFound, Unavailable, new_msg_id
+from .service import Broker, Conflict, NotFound, Unavailable, new_msg_id
 
 log = logging.getLogger("hourglass.api")
 
@@ -52,7 +52,7 @@ PREFIX = "/camellia/delayQueue/"
 
 # Codes answered with HTTP 200, the code in the body, as camellia does: its
 # SDK takes any other HTTP status for a failed server (throws, tries another).
-IN_BODY_CODES = frozenset((200, 400, 404, 413))
+IN_BODY_CODES = frozenset((200, 400, 404, 409, 413))
 
 
 def answer(code: int, msg: str, **extra) -> Response:
@@ -125,9 +125,11 @@ class Api:
 
     def add_routes(self, router: Router) -> None:
         post = {"sendMsg": self.send, "sendMsgBatch": self.send_batch, "deleteMsg": self.delete,
-                "pullMsg": self.pull, "longPollingMsg": self.long_poll, "ackMsg": self.ack, "getMsg": self.get}
+                "pullMsg": self.pull, "longPollingMsg": self.long_poll, "ackMsg": self.ack, "getMsg": self.get,
+                "rescheduleMsg": self.reschedule, "redriveMsg": self.redrive}
         get = {"getMonitorData": self.monitor_data, "getTopicInfo": self.topic_info,
-               "getTopicInfoList": self.topic_info_list, "getMonitorString": self.monitor_string}
+               "getTopicInfoList": self.topic_info_list, "getMonitorString": self.monitor_string,
+               "listDeadMsg": self.list_dead}
         for name, h in post.items():
             router.add("POST", PREFIX + name, self._handler(h))
         for name, h in get.items():
@@ -149,6 +151,8 @@ class Api:
                 return Response(413, orjson.dumps({"code": 413, "msg": str(e)}))
             except NotFound as e:
                 return answer(404, str(e))
+            except Conflict as e:
+                return answer(409, str(e))
             except Unavailable as e:
                 return answer(503, str(e))
         return run
@@ -225,6 +229,23 @@ class Api:
     async def get(self, request: Request) -> Response:
         get = params.parse_get(await self._params(request))
         return answer(200, "success", delayMsg=delay_msg(await self.broker.get(get.topic, get.msg_id)))
+
+    async def reschedule(self, request: Request) -> Response:
+        r = params.parse_reschedule(await self._params(request), self.broker.clock.now_ms())
+        return answer(200, "success", delayMsg=delay_msg(await self.broker.reschedule(r.topic, r.msg_id,
+                                                                                      r.trigger_ms)))
+
+    async def list_dead(self, request: Request) -> Response:
+        r = params.parse_list_dead(await self._params(request))
+        messages, cursor = await self.broker.list_dead(r.topic, r.statuses, r.cursor, r.limit)
+        return answer(200, "success", delayMsgList=[delay_msg(m) for m in messages], cursor=cursor)
+
+    async def redrive(self, request: Request) -> Response:
+        r = params.parse_redrive(await self._params(request))
+        if r.msg_id is not None:
+            return answer(200, "success", delayMsg=delay_msg(await self.broker.redrive(r.topic, r.msg_id)))
+        count, more = await self.broker.redrive_all(r.topic, r.limit)
+        return answer(200, "success", redriven=count, more=more)
 
     async def monitor_data(self, request: Request) -> Response:
         return answer(200, "success", data=self.broker.metrics.monitor_data())

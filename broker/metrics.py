@@ -86,6 +86,8 @@ class TopicMetrics:
     deletes: int = 0
     gets: int = 0
     ready: int = 0
+    reschedules: int = 0
+    redrives: int = 0
     # Of the current monitor interval only (reset by Metrics.roll):
     pull_gap: GapStats = field(default_factory=GapStats)  # pull time - trigger time
     ready_gap: GapStats = field(default_factory=GapStats)  # ready time - trigger time
@@ -106,7 +108,9 @@ COUNTERS = (("sends", "messages stored by sendMsg/sendMsgBatch"),
             ("retries", "messages made deliverable again after an ack timeout or nack"),
             ("ended", "messages ended without ack (status 5 or 6)"),
             ("deletes", "messages deleted"), ("gets", "getMsg calls"),
-            ("ready", "messages made ready by the wheel"))
+            ("ready", "messages made ready by the wheel"),
+            ("reschedules", "messages given a new trigger time by rescheduleMsg"),
+            ("redrives", "dead letters (status 5 or 6) made ready again by redriveMsg"))
 
 
 REQUEST_STATS = ("sendMsg", "pullMsg", "deleteMsg", "ackMsg", "getMsg", "triggerMsgReady", "triggerMsgEndLife",

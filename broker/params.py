@@ -59,6 +59,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from storage.entry import Status
 from storage.errors import InvalidRequest
 from storage.store import MAX_PRIORITY, MAX_RETRY_COUNT, MIN_PRIORITY, NewMessage
 
@@ -76,6 +77,11 @@ MAX_SEND_BATCH = 1000
 MAX_ACK_BATCH = 1000
 # Most tags in one pull filter.
 MAX_TAGS = 64
+# listDeadMsg: messages a page holds at most.
+MAX_DEAD_PAGE = 1000
+# redriveMsg all=true: messages one call re-drives at most (it answers
+# whether more are left; call again).
+MAX_REDRIVE_ALL = 100_000
 # Longest server-side long poll; a client asking for more gets this (its
 # own HTTP timeout must exceed what it asked for, so it exceeds this too).
 MAX_LONG_POLLING_TIMEOUT_MS = 5 * 60 * 1000
@@ -175,6 +181,25 @@ class AckManyRequest(NamedTuple):
 class GetRequest(NamedTuple):
     topic: str
     msg_id: str
+
+
+class RescheduleRequest(NamedTuple):
+    topic: str
+    msg_id: str
+    trigger_ms: int  # absolute; <= now: due now
+
+
+class ListDeadRequest(NamedTuple):
+    topic: str
+    statuses: frozenset[Status]  # of EXPIRED and ENDED
+    cursor: str | None  # where the previous page stopped (opaque to clients)
+    limit: int
+
+
+class RedriveRequest(NamedTuple):
+    topic: str
+    msg_id: str | None  # one message, or None: all of the topic's (up to `limit`)
+    limit: int
 
 
 class TopicRequest(NamedTuple):
@@ -281,6 +306,52 @@ def parse_ack(params: Params) -> AckRequest | AckManyRequest:
 
 def parse_get(params: Params) -> GetRequest:
     return GetRequest(_required_name(params, "topic"), _required_name(params, "msgId"))
+
+
+def parse_reschedule(params: Params, now_ms: int) -> RescheduleRequest:
+    """rescheduleMsg: `triggerTime` (absolute, wins) or `delayMillis` from
+    now, one of them required; <= 0 / in the past: due now."""
+    topic, msg_id = _required_name(params, "topic"), _required_name(params, "msgId")
+    delay_ms = _int("delayMillis", params.get("delayMillis"))
+    trigger_ms = _int("triggerTime", params.get("triggerTime"))
+    if trigger_ms is None and delay_ms is None:
+        raise InvalidRequest("delayMillis", "or triggerTime is required")
+    if trigger_ms is None:
+        trigger_ms = now_ms + max(0, delay_ms)
+        if trigger_ms > MAX_TRIGGER_MS:
+            raise InvalidRequest("delayMillis", f"puts the trigger time past {MAX_TRIGGER_MS} (year 9999)")
+    elif trigger_ms > MAX_TRIGGER_MS:
+        raise InvalidRequest("triggerTime", f"must be at most {MAX_TRIGGER_MS} (ms epoch), got {trigger_ms}")
+    return RescheduleRequest(topic, msg_id, max(0, trigger_ms))
+
+
+def parse_list_dead(params: Params) -> ListDeadRequest:
+    """listDeadMsg: `status` 5, 6 or "5,6" (default both), `cursor` from the
+    previous page, `limit` 1..MAX_DEAD_PAGE (default 100)."""
+    topic = _required_name(params, "topic")
+    raw = params.get("status")
+    statuses = {Status.EXPIRED, Status.ENDED}
+    if raw not in (None, ""):
+        parts = raw.split(",") if isinstance(raw, str) else [raw]
+        statuses = set()
+        for part in parts:
+            value = _int("status", part)
+            if value not in (Status.EXPIRED, Status.ENDED):
+                raise InvalidRequest("status", f"must be 5, 6 or 5,6 (dead: expired, ended), got {raw!r}")
+            statuses.add(Status(value))
+    cursor = _text("cursor", params.get("cursor"), allow_empty=True) or None
+    return ListDeadRequest(topic, frozenset(statuses), cursor, _defaulted(params, "limit", 100, MAX_DEAD_PAGE))
+
+
+def parse_redrive(params: Params) -> RedriveRequest:
+    """redriveMsg: `msgId`, or `all=true` (up to `limit`, default and most
+    MAX_REDRIVE_ALL, per call)."""
+    topic = _required_name(params, "topic")
+    msg_id = _name("msgId", params.get("msgId"), no_nul=True)
+    every = _bool(params, "all", default=False)
+    if (msg_id is None) == (not every):
+        raise InvalidRequest("msgId", "or all=true is required, not both")
+    return RedriveRequest(topic, msg_id, _defaulted(params, "limit", MAX_REDRIVE_ALL, MAX_REDRIVE_ALL))
 
 
 def parse_topic(params: Params) -> TopicRequest:

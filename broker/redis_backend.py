@@ -74,11 +74,12 @@ from redis.exceptions import (AuthenticationError, ClusterError, RedisClusterExc
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from storage.entry import Location, Message, Status
+from storage.errors import InvalidRequest
 from storage.store import MAX_PRIORITY, NewMessage
 
 from .metrics import Metrics
 from .params import AckRequest, DeleteRequest, Defaults, LongPollRequest, NewSend, PullRequest, as_sends
-from .service import WAITING_BUCKETS, NotFound, Unavailable
+from .service import DEAD_SCAN, REDRIVE_STEP, WAITING_BUCKETS, Conflict, NotFound, Unavailable
 
 log = logging.getLogger("hourglass.redis")
 
@@ -467,9 +468,90 @@ out[#out + 1] = redis.call('ZCOUNT', WAITING, low, '+inf')
 return out
 """
 
+# rescheduleMsg: a WAITING or READY message gets a new trigger time (and
+# expire time, rk: the caller computes them from its ttl and priority, which
+# never change). ARGV: id trigger expire rk now -> 'NF' | 'S<status>' (not
+# allowed) | {meta, body} as changed
+_RESCHEDULE = _LUA_COMMON + """
+local id = ARGV[1]
+local m = load(id)
+if not m then return 'NF' end
+if m.status == '1' then redis.call('ZREM', WAITING, id)
+elseif m.status == '2' then ready_remove(id, m)
+else return 'S' .. m.status end
+m.trigger, m.expire, m.rk = ARGV[2], ARGV[3], ARGV[4]
+if tonumber(m.trigger) > tonumber(ARGV[5]) then
+  redis.call('ZADD', WAITING, m.trigger, id)
+  m.status = '1'
+else
+  ready_add(id, m)
+end
+return {save(id, m), redis.call('HGET', BODY, id)}
+"""
+
+# listDeadMsg: the topic's final messages in purge order (RETIRE: score =
+# when purged, i.e. when ended + retention; ties by id), those in the
+# wanted statuses. Starts after the cursor member (found by its rank while it
+# is there, else by its score), reads at most max_scan members.
+# ARGV: cursor_score cursor_id limit max_scan statuses (e.g. ',5,6,')
+# -> {next score or false, next id or false, id, meta, body, id, meta, ...}
+_DEAD = _LUA_COMMON + """
+local cscore, cid, limit, max_scan, wanted = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5]
+local members
+local rank = cid ~= '' and redis.call('ZRANK', RETIRE, cid)
+if rank and redis.call('ZSCORE', RETIRE, cid) ~= cscore then rank = false end
+if rank then
+  members = redis.call('ZRANGE', RETIRE, rank + 1, rank + max_scan, 'WITHSCORES')
+else
+  local low = cscore == '' and '-inf' or cscore
+  members = redis.call('ZRANGEBYSCORE', RETIRE, low, '+inf', 'WITHSCORES', 'LIMIT', 0, max_scan)
+end
+local out = {false, false}
+local found, last = 0, 0
+for i = 1, #members, 2 do
+  local id, score = members[i], members[i + 1]
+  if cid == '' or rank or score ~= cscore or less(cid, id) then
+    local m = load(id)
+    if m and string.find(wanted, ',' .. m.status .. ',', 1, true) then
+      out[#out + 1] = id
+      out[#out + 1] = redis.call('HGET', META, id)
+      out[#out + 1] = redis.call('HGET', BODY, id)
+      found = found + 1
+    end
+  end
+  last = i
+  if found >= limit then break end
+end
+if last > 0 and (found >= limit or #members >= 2 * max_scan) then
+  out[1], out[2] = members[last + 1], members[last]
+end
+return out
+"""
+
+# redriveMsg: dead letters (5, 6) READY again with retry 0 and a new expire
+# time. ARGV: now, then per message: id expire rk -> per message 'NF' |
+# 'S<status>' (not dead) | {meta, body} as changed
+_REDRIVE = _LUA_COMMON + """
+local out = {}
+for i = 2, #ARGV, 3 do
+  local id = ARGV[i]
+  local m = load(id)
+  if not m then out[#out + 1] = 'NF'
+  elseif m.status ~= '5' and m.status ~= '6' then out[#out + 1] = 'S' .. m.status
+  else
+    redis.call('ZREM', RETIRE, id)
+    m.trigger, m.expire, m.rk, m.retry = ARGV[1], ARGV[i + 1], ARGV[i + 2], '0'
+    ready_add(id, m)
+    out[#out + 1] = {save(id, m), redis.call('HGET', BODY, id)}
+  end
+end
+return out
+"""
+
 # Every script, by name: RedisBroker registers these (a test may wrap them).
 SCRIPTS = {"send": _SEND, "tick": _TICK, "pull": _PULL, "give_back": _GIVE_BACK, "ack": _ACK,
-           "delete": _DELETE, "get": _GET, "info": _INFO}
+           "delete": _DELETE, "get": _GET, "info": _INFO, "reschedule": _RESCHEDULE, "dead": _DEAD,
+           "redrive": _REDRIVE}
 
 
 def _message(topic: str, msg_id: str, meta: str, body: str) -> Message:
@@ -915,6 +997,88 @@ class RedisBroker:
         if not found:
             raise NotFound(f"no message {msg_id!r} in topic {topic!r}")
         return _message(topic, msg_id, *found)
+
+    # == reschedule and dead letters ================================================
+
+    async def reschedule(self, topic: str, msg_id: str, trigger_ms: int) -> Message:
+        """As the disk broker's: a WAITING or READY message gets a new
+        trigger time (<= now: READY at once); else Conflict."""
+        self._check_serving()
+        old = await self.get(topic, msg_id)
+        now_ms = self.clock.now_ms()
+        result = await self._script("reschedule", topic, [
+            msg_id, str(trigger_ms), str(trigger_ms + old.ttl_ms), ready_member(old.priority, trigger_ms, msg_id),
+            str(now_ms)])
+        message = self._changed(topic, msg_id, result, "rescheduled", "only a waiting or ready message")
+        self.metrics.topic(topic).reschedules += 1
+        if message.status is Status.READY:
+            self._made_ready(topic, [trigger_ms], now_ms)
+            await self._publish(topic)
+        elif trigger_ms < self._next_due_ms:
+            self._mover_wake.set()
+        return message
+
+    def _changed(self, topic: str, msg_id: str, result, verb: str, allowed: str) -> Message:
+        if result == "NF":
+            raise NotFound(f"no message {msg_id!r} in topic {topic!r}")
+        if isinstance(result, str) and result.startswith("S"):
+            status = Status(int(result[1:]))
+            hint = " (ack or nack it first)" if status is Status.CONSUMING else ""
+            raise Conflict(f"message {msg_id!r} is {status.name.lower()} (status {int(status)}): {allowed} "
+                           f"can be {verb}{hint}")
+        return _message(topic, msg_id, *result)
+
+    async def list_dead(self, topic: str, statuses: frozenset[Status], cursor: str | None,
+                        limit: int) -> tuple[list[Message], str | None]:
+        """A page of the topic's dead letters, in the order they are purged
+        (oldest ended first), reading at most DEAD_SCAN members; the cursor
+        ("<purge ms>:<msgId>") of the next page, or None."""
+        self._check_serving()
+        score, _, after_id = (cursor or "").partition(":")
+        if cursor and not (score.isascii() and score.isdigit() and after_id):
+            raise InvalidRequest("cursor", f"must be a cursor a listDeadMsg page answered, got {cursor[:40]!r}")
+        wanted = "," + ",".join(str(int(s)) for s in sorted(statuses)) + ","
+        next_score, next_id, *rows = await self._script("dead", topic, [score, after_id, str(limit),
+                                                                        str(DEAD_SCAN), wanted])
+        messages = [_message(topic, rows[i], rows[i + 1], rows[i + 2]) for i in range(0, len(rows), 3)]
+        return messages, None if not next_score else f"{int(float(next_score))}:{next_id}"
+
+    async def redrive(self, topic: str, msg_id: str) -> Message:
+        """A dead letter READY again now with retry 0 and its ttl from now."""
+        self._check_serving()
+        old = await self.get(topic, msg_id)
+        result, = await self._redrive(topic, [old])
+        message = self._changed(topic, msg_id, result, "re-driven", "only an expired (5) or ended (6) message")
+        return message
+
+    async def _redrive(self, topic: str, olds: list[Message]) -> list:
+        now_ms = self.clock.now_ms()
+        args = [str(now_ms)]
+        for m in olds:
+            args += [m.msg_id, str(now_ms + m.ttl_ms), ready_member(m.priority, now_ms, m.msg_id)]
+        results = await self._script("redrive", topic, args)
+        done = sum(1 for r in results if not isinstance(r, str))
+        if done:
+            self.metrics.topic(topic).redrives += done
+            self._made_ready(topic, [now_ms] * done, now_ms)
+            await self._publish(topic)
+        return results
+
+    async def redrive_all(self, topic: str, limit: int) -> tuple[int, bool]:
+        """The topic's dead letters, oldest first, at most `limit`, a page of
+        REDRIVE_STEP a script; how many, and whether more are left."""
+        self._check_serving()
+        done, cursor = 0, None
+        dead = frozenset((Status.EXPIRED, Status.ENDED))
+        while done < limit:
+            page, cursor = await self.list_dead(topic, dead, cursor, min(REDRIVE_STEP, limit - done))
+            if page:
+                results = await self._redrive(topic, page)
+                done += sum(1 for r in results if not isinstance(r, str))
+            if cursor is None:
+                return done, False
+        more, _ = await self.list_dead(topic, dead, cursor, 1)
+        return done, bool(more)
 
     # == topic information =======================================================
 

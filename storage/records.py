@@ -17,6 +17,14 @@ Every body is a msgpack array `[kind, now_ms, items]`:
            deadline_ms, for a change to CONSUMING, is its ack deadline, so
            a follower that takes over redelivers it on time; 0 otherwise,
            and absent from records written before it existed)
+    MOVE   items: [from_hour, from_global_index, prev_status, retry,
+                   [a SEND item]]
+           (a message filed again: a waiting one of a due span, see
+           storage.spans, or one given a new trigger time by a reschedule
+           or a re-drive: its new coordinates and whole body, so applying
+           it never reads the old file. The old entry becomes status 7,
+           released, flag MOVED, counted as ended for its file and for no
+           topic; the new one is WAITING with `retry`)
 
 A record carries every coordinate it was given at append time, so applying
 it is a set of writes at fixed positions: replaying a record twice, or
@@ -67,6 +75,7 @@ class StateItem(NamedTuple):
 class MoveItem(NamedTuple):
     from_hour: int
     from_global_index: int
+    prev_status: int
     retry: int
     to: SendItem
 
@@ -79,6 +88,6 @@ def decode(body: bytes) -> tuple[Kind, int, list]:
     kind, now_ms, items = msgpack.unpackb(body)
     kind = Kind(kind)
     if kind is Kind.MOVE:
-        return kind, now_ms, [MoveItem(f, g, r, SendItem(*to)) for f, g, r, to in items]
+        return kind, now_ms, [MoveItem(f, g, p, r, SendItem(*to)) for f, g, p, r, to in items]
     make = SendItem if kind is Kind.SEND else StateItem
     return kind, now_ms, [make(*item) for item in items]

@@ -47,6 +47,7 @@ import resource
 import zlib
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from sortedcontainers import SortedList
@@ -118,6 +119,16 @@ class StateChange(NamedTuple):
     # Only for a message neither released nor changed earlier in the batch.
     prev_status: int = 0
     topic_hash: int = 0
+
+
+@dataclass
+class _Moves:
+    """A MOVE record being built, and what to put back if it is not appended."""
+    moves: list[records.MoveItem] = field(default_factory=list)
+    states: dict[Location, tuple[int, int, int, int]] = field(default_factory=dict)  # old entries' new state
+    undo_hours: dict = field(default_factory=dict)
+    undo_slots: dict = field(default_factory=dict)
+    undo_ids: list[int] = field(default_factory=list)
 
 
 class CheckpointReport(NamedTuple):
@@ -529,49 +540,31 @@ class Store:
         returned by it for the wheel."""
         self._check_open()
         self.advance(now_ms)
-        moves: list[records.MoveItem] = []
-        undo_hours: dict = {}
-        undo_slots: dict = {}
-        undo_ids: list[int] = []
-        states: dict[Location, tuple[int, int, int, int]] = {}
+        batch = _Moves()
         cursors: dict[Hour, int] = {}
         try:
             for h in self._due_spans(now_ms):
                 files = self._readable(h)
                 gi = h.refiled
-                while gi < h.applied and len(moves) < max_moves:
+                while gi < h.applied and len(batch.moves) < max_moves:
                     entry, offset8, size, flags = files.read_entry(gi)
                     where = Location(h.hour, gi)
                     status, flags, retry, _ = self._pending_state.get(where) or (entry.status, flags, entry.retry, 0)
                     gi += 1
                     if status != WAITING or flags & FLAG_RELEASED:
                         continue
-                    raw = files.read_body(offset8, size)
-                    body = delay_log.unpack_body(raw)
-                    key = self.ids.key_of_bytes(body.topic.encode(), body.msg_id.encode())
-                    to = self._place(max(entry.trigger_ms, now_ms), entry.trigger_ms, entry.priority,
-                                     entry.topic_hash, entry.tag_hash, key, raw, undo_hours, undo_slots)
-                    moves.append(records.MoveItem(h.hour, where.global_index, retry, to))
-                    states[where] = (Status.DELETED, flags | FLAG_RELEASED | FLAG_MOVED, retry, entry.topic_hash)
-                    self._pend_id(key, Message(body.topic, body.msg_id, body.msg, body.produce_ms, entry.trigger_ms,
-                                               body.ttl_ms, body.max_retry, entry.priority, body.tag,
-                                               Status.WAITING, retry, Location(to.hour, to.global_index)),
-                                  undo_ids)
+                    self._move_one(batch, files, entry, offset8, size, flags, status, retry, entry.trigger_ms, now_ms)
                 cursors[h] = gi
-                if len(moves) >= max_moves:
+                if len(batch.moves) >= max_moves:
                     break
-            if moves:
-                body = records.encode(records.Kind.MOVE, now_ms, moves)
-                self._pending_far_bytes += self._make_room([m.to for m in moves], undo_hours, len(body))
-                self.log.append(body)
-                self._pending.append((records.Kind.MOVE, now_ms, moves))
+            self._append_moves(batch, now_ms)
         except BaseException:
-            self._undo_placements(undo_hours, undo_slots, undo_ids)
+            self._undo_placements(batch.undo_hours, batch.undo_slots, batch.undo_ids)
             raise
-        self._pending_state.update(states)
+        self._pending_state.update(batch.states)
         for h, gi in cursors.items():
             h.refiled = gi
-        return len(moves)
+        return len(batch.moves)
 
     def next_refile_ms(self) -> int | None:
         """When `refile()` next has work: the time the first span holding
@@ -582,6 +575,64 @@ class Store:
             due_ms = 0 if start is None else (start - (1 << spans.span_shift(h.hour)) + 1) * MS_PER_HOUR
             first = due_ms if first is None else min(first, due_ms)
         return first
+
+    def move(self, changes: Sequence[tuple[Location, int, int]], now_ms: int) -> list[Message]:
+        """File messages again with new trigger times, as one MOVE record: each
+        (location, trigger_ms, retry) keeps its id, body, priority and tag,
+        and becomes WAITING at the place a send at `now_ms` with that
+        trigger time would take, with `retry`; the old entry is released
+        (storage.records). For a reschedule or a re-drive: the caller
+        checks the status allows it, and makes a message due now READY.
+        Returns the messages at their new places (pending, as a send's).
+        Raises InvalidRequest, appending nothing, for a location that holds
+        no live message or one listed twice."""
+        self._check_open()
+        self.advance(now_ms)
+        batch = _Moves()
+        moved: list[Message] = []
+        try:
+            for i, (where, trigger_ms, retry) in enumerate(changes):
+                h = self._hours.get(where.hour)
+                if h is None or not 0 <= where.global_index < h.applied or where in batch.states:
+                    raise InvalidRequest(f"[{i}].location", f"no movable message at {where}")
+                if not 0 <= retry <= MAX_RETRY_COUNT:
+                    raise InvalidRequest(f"[{i}].retry", f"must be in 0..{MAX_RETRY_COUNT}, got {retry}")
+                files = self._readable(h)
+                entry, offset8, size, flags = files.read_entry(where.global_index)
+                status, flags, _, _ = self._pending_state.get(where) or (entry.status, flags, entry.retry, 0)
+                if flags & FLAG_RELEASED:
+                    raise InvalidRequest(f"[{i}].location", f"the message at {where} was released")
+                moved.append(self._move_one(batch, files, entry, offset8, size, flags, status, retry,
+                                            max(0, trigger_ms), now_ms))
+            self._append_moves(batch, now_ms)
+        except BaseException:
+            self._undo_placements(batch.undo_hours, batch.undo_slots, batch.undo_ids)
+            raise
+        self._pending_state.update(batch.states)
+        return moved
+
+    def _append_moves(self, batch: _Moves, now_ms: int) -> None:
+        if batch.moves:
+            body = records.encode(records.Kind.MOVE, now_ms, batch.moves)
+            self._pending_far_bytes += self._make_room([m.to for m in batch.moves], batch.undo_hours, len(body))
+            self.log.append(body)
+            self._pending.append((records.Kind.MOVE, now_ms, batch.moves))
+
+    def _move_one(self, batch: _Moves, files: HourFiles, entry: IndexEntry, offset8: int, size: int, flags: int,
+                  status: int, retry: int, trigger_ms: int, now_ms: int) -> Message:
+        """Place one message anew (see `move`), into `batch`."""
+        raw = files.read_body(offset8, size)
+        body = delay_log.unpack_body(raw)
+        key = self.ids.key_of_bytes(body.topic.encode(), body.msg_id.encode())
+        to = self._place(max(trigger_ms, now_ms), trigger_ms, entry.priority, entry.topic_hash, entry.tag_hash, key,
+                         raw, batch.undo_hours, batch.undo_slots)
+        where = entry.location
+        batch.moves.append(records.MoveItem(where.hour, where.global_index, status, retry, to))
+        batch.states[where] = (Status.DELETED, flags | FLAG_RELEASED | FLAG_MOVED, retry, entry.topic_hash)
+        message = Message(body.topic, body.msg_id, body.msg, body.produce_ms, trigger_ms, body.ttl_ms, body.max_retry,
+                          entry.priority, body.tag, Status.WAITING, retry, Location(to.hour, to.global_index))
+        self._pend_id(key, message, batch.undo_ids)
+        return message
 
     def _due_spans(self, now_ms: int) -> list[Hour]:
         """Spans that are due and hold waiting messages not yet moved."""
@@ -744,8 +795,11 @@ class Store:
             to = move.to
             old.stage_state(move.from_global_index, Status.DELETED, FLAG_RELEASED | FLAG_MOVED, move.retry)
             self._dirty.add(old)
-            old.count(to.topic_hash, WAITING, -1)
-            old.ended += 1
+            old.count(to.topic_hash, move.prev_status, -1)
+            if move.prev_status < Status.ACKED:  # (a re-driven one had ended there already)
+                old.ended += 1
+            if move.prev_status == Status.CONSUMING:
+                self._consuming.pop(Location(move.from_hour, move.from_global_index), None)
             old.last_end_ms = max(old.last_end_ms, now_ms)
             h = self._hour(to.hour)
             if h.stage_send(to):
@@ -838,11 +892,23 @@ class Store:
         `max_scan` entries. Returns them and where to go on (None: nothing
         more up to `until_hour` now). Only hours whose counts hold live
         messages of the topic are read, a slice of raw entries at a time."""
+        return self.scan_status(topic_hash, (Status.READY,), start, until_hour, max_scan, max_found,
+                                worth_reading=(Status.WAITING, Status.READY, Status.CONSUMING))
+
+    def scan_status(self, topic_hash: int, statuses: Sequence[Status], start: Location, until_hour: int,
+                    max_scan: int, max_found: int, worth_reading: Sequence[Status] = ()
+                    ) -> tuple[list[IndexEntry], Location | None]:
+        """As `scan_ready`, for entries in any of `statuses` (dead letters:
+        EXPIRED and ENDED), released ones left out. An hour is read only if
+        its committed counts hold the topic in one of `worth_reading`
+        (default: `statuses`; a change to them still pending is seen only
+        in hours read)."""
         self._check_open()
         found: list[IndexEntry] = []
         scanned = 0
         pending = self._pending_state
-        READY = Status.READY
+        wanted = frozenset(int(s) for s in statuses)
+        worth = tuple(worth_reading or statuses)
         i = self._hour_order.bisect_left(start.hour)
         # `start` may lie in an hour no longer held (retired since): then the
         # next hour is read from its first entry
@@ -853,7 +919,7 @@ class Store:
                 break
             h = self._hours[hour]
             counts = h.topics.get(topic_hash)
-            if counts is None or not (counts[Status.WAITING] or counts[READY] or counts[Status.CONSUMING]):
+            if counts is None or not any(counts[s] for s in worth):
                 i, first = i + 1, 0
                 continue
             files = self._readable(h)
@@ -870,11 +936,11 @@ class Store:
                             p = pending.get((hour, gi))
                             if p is not None:
                                 status = p[0]
-                        if status == READY and not fields[12] & FLAG_RELEASED:
+                        if status in wanted and not fields[12] & FLAG_RELEASED:
                             at = (gi - first) * delay_index.ENTRY_BYTES
                             entry = delay_index.unpack_entry(files.idx.path, hour, gi,
                                                              raw[at:at + delay_index.ENTRY_BYTES])[0]
-                            found.append(entry._replace(status=READY) if entry.status != READY else entry)
+                            found.append(entry._replace(status=Status(status)) if entry.status != status else entry)
                             if len(found) >= max_found:
                                 gi += 1
                                 break
