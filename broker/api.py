@@ -88,10 +88,10 @@ class Router:
 
 
 def delay_msg(m: Message) -> dict:
-    """camellia's DelayMsg, plus the extensions `priority` and `tag`."""
+    """camellia's DelayMsg, plus the extensions `priority`, `tag` and `key`."""
     return {"topic": m.topic, "msgId": m.msg_id, "msg": m.msg, "produceTime": m.produce_ms,
             "triggerTime": m.trigger_ms, "expireTime": m.expire_ms, "maxRetry": m.max_retry,
-            "retry": m.retry, "status": int(m.status), "priority": m.priority, "tag": m.tag}
+            "retry": m.retry, "status": int(m.status), "priority": m.priority, "tag": m.tag, "key": m.key}
 
 
 def bearer_auth(token: str | None, handler: Handler) -> Handler:

@@ -96,6 +96,10 @@ def build_parser() -> argparse.ArgumentParser:
                             f"fewer or none until acks make room (default {queues.inflight})")
     serve.add_argument("--max-inflight-total", type=int, default=queues.inflight_total,
                        help=f"messages being consumed over all topics (default {queues.inflight_total})")
+    serve.add_argument("--key-window", type=int, default=queues.key_window,
+                       help=f"ready messages of one serial key (sendMsg's key) held in a topic's window; the "
+                            f"key's others wait on disk, so one hot key never fills the window (default "
+                            f"{queues.key_window})")
     serve.add_argument("--monitor-interval-s", type=int, default=60,
                        help="seconds of each getMonitorData interval: its counts, and camellia's request and "
                             "time-gap metrics, are of the last one (default 60, as camellia)")
@@ -140,7 +144,8 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
                        defaults=Defaults(max_ack_timeout_ms=args.max_ack_timeout_ms, max_ttl_ms=args.max_ttl_ms),
                        monitor_interval_s=args.monitor_interval_s, offline_idle_s=args.offline_idle_s,
                        queues=QueueLimits(window=args.ready_window, window_total=args.ready_window_total,
-                                          inflight=args.max_inflight, inflight_total=args.max_inflight_total),
+                                          inflight=args.max_inflight, inflight_total=args.max_inflight_total,
+                                          key_window=args.key_window),
                        cluster=cluster)
 
 

@@ -396,7 +396,8 @@ def _message(params: Params, where: str, topic: str, now_ms: int, make_id: Calla
     elif not MIN_PRIORITY <= priority <= MAX_PRIORITY:
         raise InvalidRequest(where + "priority", f"must be in {MIN_PRIORITY}..{MAX_PRIORITY}, got {priority}")
     tag = _name(where + "tag", params.get("tag"), no_comma=True) or ""
-    return NewMessage(topic, msg_id, msg, now_ms, trigger_ms, ttl_ms, max_retry, priority, tag)
+    key = _name(where + "key", params.get("key"), no_nul=True) or ""
+    return NewMessage(topic, msg_id, msg, now_ms, trigger_ms, ttl_ms, max_retry, priority, tag, key)
 
 
 def _key(parameter: str) -> str:

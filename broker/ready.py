@@ -18,6 +18,18 @@ finds B, then D, in the order they were filed.
 Consuming messages are held in RAM (with their ack deadline), capped by
 `inflight` per topic and `inflight_total`: a pull at the cap takes fewer
 or none, so RAM never grows with the messages handed out.
+
+Serial keys (SPEC `key`): while a message of (topic, key) is consuming, the
+key is *busy*: its best other ready message is *parked* (held, out of the
+pull order and not taking a window slot: at most one per busy key, so
+parked messages are bounded by the in-flight caps), and the rest of its
+window messages go back to disk. When the key's message is acked, nacked
+or times out, the parked one returns to the pull order, and the key's
+messages on disk are read back. A free key holds at most `key_window`
+messages in the window; its further ready messages stay on disk, and
+`key_scan[key]` remembers the first place one may lie. So pulls pass over
+busy keys at no cost, and a hot key with a million ready messages takes
+`key_window` slots of the window, never the window.
 """
 
 from __future__ import annotations
@@ -45,11 +57,15 @@ class QueueLimits:
     inflight: int = 10000
     # ... and over all topics (--max-inflight-total).
     inflight_total: int = 100000
+    # Messages of one serial key the window holds at most (--key-window):
+    # the rest wait on disk, so one hot key never fills the window.
+    key_window: int = 8
 
     def __post_init__(self) -> None:
         for name, value, least in (("--ready-window", self.window, 1), ("--ready-window-total", self.window_total, 1),
                                    ("--max-inflight", self.inflight, 1),
-                                   ("--max-inflight-total", self.inflight_total, 1)):
+                                   ("--max-inflight-total", self.inflight_total, 1),
+                                   ("--key-window", self.key_window, 1)):
             if value < least:
                 raise ValueError(f"{name} must be at least {least}, got {value}")
 
@@ -73,6 +89,7 @@ class Live:
     # READY in a window: the whole message when its text is short (a pull
     # answers it without reading the disk); None otherwise and once pulled.
     message: Message | None = None
+    serial_key: str = ""  # SPEC `key`: "" none
 
     @property
     def key(self) -> tuple[int, int, int, int]:
@@ -94,19 +111,84 @@ class TopicQueue:
     # before `scan` (hour, globalIndex).
     spilled: bool = False
     scan: Location | None = None
+    # Serial keys: consuming messages per busy key; the window's messages of
+    # each key (a busy key's are parked: not in `ready`, `by_tag`); where a
+    # key's ready messages beyond its `key_window` may lie on disk.
+    busy: dict[str, int] = field(default_factory=dict)
+    by_key: dict[str, dict[Location, Live]] = field(default_factory=dict)
+    key_scan: dict[str, Location] = field(default_factory=dict)
+    parked: int = 0
 
     def add(self, live: Live) -> None:
+        if live.serial_key:
+            self.by_key.setdefault(live.serial_key, {})[live.location] = live
+            if live.serial_key in self.busy:
+                self.parked += 1
+                return
+        self._order(live)
+
+    def remove(self, live: Live) -> None:
+        if live.serial_key:
+            of_key = self.by_key[live.serial_key]
+            del of_key[live.location]
+            if not of_key:
+                del self.by_key[live.serial_key]
+            if live.serial_key in self.busy:
+                self.parked -= 1
+                return
+        self._unorder(live)
+
+    def _order(self, live: Live) -> None:
         key = live.key
         self.ready.add(key)
         self.by_tag[live.tag].add(key)
 
-    def remove(self, live: Live) -> None:
+    def _unorder(self, live: Live) -> None:
         key = live.key
         self.ready.remove(key)
         tagged = self.by_tag[live.tag]
         tagged.remove(key)
         if not tagged:
             del self.by_tag[live.tag]
+
+    def key_count(self, serial_key: str) -> int:
+        """The window's messages of `serial_key`."""
+        return len(self.by_key.get(serial_key, ()))
+
+    def hold_key(self, serial_key: str) -> list[Live]:
+        """A message of the key starts consuming: the window's others of
+        the key leave the pull order. Returns them, best first, when the key
+        was free (the caller keeps the first parked, spills the rest)."""
+        n = self.busy.get(serial_key, 0)
+        self.busy[serial_key] = n + 1
+        if n:
+            return []
+        others = sorted(self.by_key.get(serial_key, {}).values(), key=lambda live: live.key)
+        for live in others:
+            self._unorder(live)
+            self.parked += 1
+        return others
+
+    def release_key(self, serial_key: str) -> int | None:
+        """A message of the key stops consuming. None while the key is still
+        busy; else how many parked messages are back in the pull order."""
+        n = self.busy[serial_key] - 1
+        if n:
+            self.busy[serial_key] = n
+            return None
+        del self.busy[serial_key]
+        back = self.by_key.get(serial_key, {})
+        for live in back.values():
+            self._order(live)
+        self.parked -= len(back)
+        return len(back)
+
+    def key_spill_at(self, serial_key: str, location: Location) -> None:
+        """A READY message of the key at `location` stays on disk only (the
+        key has its `key_window` in the window)."""
+        at = self.key_scan.get(serial_key)
+        if at is None or location < at:
+            self.key_scan[serial_key] = location
 
     def best(self, tags: frozenset[str] | None) -> Location | None:
         """The first ready message (among those tags), without taking it."""

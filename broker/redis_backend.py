@@ -841,6 +841,10 @@ class RedisBroker:
             return []
         sends = as_sends(sends)
         batch = [s.message for s in sends]
+        if any(n.key for n in batch):
+            raise InvalidRequest("key", "serial keys are served by the disk backend; the Redis backend refuses "
+                                        "them rather than deliver a key's messages at once (for per-key serial "
+                                        "consumption on Redis, see broker.redis_rmq)")
         strict = {i for i, s in enumerate(sends) if s.strict}
         now_ms = self.clock.now_ms()
         new_topics = {n.topic for n in batch} - self._state.registered

@@ -100,6 +100,12 @@ REFILL_ROUNDS = 4
 # A pull that finds its topic's window nearly empty refills it whole, reading
 # at most about this many index entries a round.
 INLINE_REFILL_SCAN = 65536
+# Window messages of a busy serial key kept (parked, out of the pull order);
+# the rest go back to disk until the key is free (broker.ready).
+PARKED_PER_KEY = 1
+# Freed serial keys with messages on disk a pull reads back itself (the
+# rest: the background refill).
+INLINE_KEY_REFILLS = 4
 
 # Index entries classified per slice by getTopicInfo before it lets other
 # work run (a large hour would otherwise stall dispatch for its whole scan).
@@ -280,12 +286,14 @@ class Broker:
         self.topics: dict[str, TopicQueue] = {}
         self.live: dict[Location, Live] = {}  # every window and consuming message
         self._inflight: dict[tuple[str, str], Live] = {}  # consuming ones by (topic, msgId)
-        self.window_total = 0  # READY messages held in windows
+        self.window_total = 0  # READY messages held in windows (parked ones included)
+        self.parked_total = 0  # of which parked: held behind a busy serial key (broker.ready)
         self.consuming_total = 0
         # A pull waits for its record's fsync only in a cluster (there the
         # answer also waits for followers, as every write's).
         self._pull_waits = replicated is not None
         self._to_refill: set[str] = set()  # spilled topics whose window has room
+        self._key_refills: set[tuple[str, str]] = set()  # (topic, serial key) freed with messages on disk
         self._refill_wake = asyncio.Event()
         self._span_wake = asyncio.Event()  # a send filed into a span (see _run_span_moves)
         self._timers: list[tuple[int, int, Location, str]] = []  # (due_ms, seq, location, "ack" | "expire")
@@ -485,7 +493,11 @@ class Broker:
         on disk only, for a refill to find."""
         queue = self._queue(live.topic)
         limits = self.limits
-        if len(queue.ready) < limits.window and self.window_total < limits.window_total:
+        if live.serial_key and self._key_full(queue, live.serial_key):
+            self.live.pop(live.location, None)  # its key has its share of the window: it waits on disk
+            queue.key_spill_at(live.serial_key, live.location)
+            return
+        if len(queue.ready) < limits.window and self.window_total - self.parked_total < limits.window_total:
             self._window_add(queue, live)
             return
         last = queue.last()
@@ -496,13 +508,23 @@ class Broker:
         self.live.pop(live.location, None)
         queue.spill_at(live.location)
 
+    def _key_full(self, queue: TopicQueue, serial_key: str) -> bool:
+        """The key has its share of the window: key_window messages while
+        free, PARKED_PER_KEY while busy."""
+        share = PARKED_PER_KEY if serial_key in queue.busy else self.limits.key_window
+        return queue.key_count(serial_key) >= share
+
     def _window_add(self, queue: TopicQueue, live: Live) -> None:
         self.live[live.location] = live
         queue.add(live)
         self.window_total += 1
+        if live.serial_key in queue.busy:  # (parked)
+            self.parked_total += 1
         self._timer(live.expire_ms, live.location, "expire")
 
     def _window_remove(self, queue: TopicQueue, live: Live) -> None:
+        if live.serial_key in queue.busy:  # (parked)
+            self.parked_total -= 1
         queue.remove(live)
         self.window_total -= 1
 
@@ -525,6 +547,13 @@ class Broker:
         queue.consuming += 1
         self.consuming_total += 1
         self._inflight[(live.topic, live.msg_id)] = live
+        if live.serial_key:
+            others = queue.hold_key(live.serial_key)
+            self.parked_total += len(others)
+            for other in others[PARKED_PER_KEY:]:  # back to disk: parked ones take no window slot
+                self._window_remove(queue, other)
+                del self.live[other.location]
+                queue.key_spill_at(other.serial_key, other.location)
 
     def _unconsume(self, queue: TopicQueue, live: Live) -> None:
         """One fewer consuming: a pull held back by a cap may go on."""
@@ -533,6 +562,13 @@ class Broker:
         total_capped = self.consuming_total >= self.limits.inflight_total
         queue.consuming -= 1
         self.consuming_total -= 1
+        back = queue.release_key(live.serial_key) if live.serial_key else None
+        if back is not None:
+            self.parked_total -= back
+            capped = True  # the key is free: its parked message can go, wake the topic's long polls
+            if live.serial_key in queue.key_scan:
+                self._key_refills.add((queue.name, live.serial_key))
+                self._refill_wake.set()
         if total_capped:
             self.wake_all()
         elif capped:
@@ -589,9 +625,43 @@ class Broker:
                                          message.retry))
                 self.metrics.topic(queue.name).ended += 1
                 continue
+            if message.key and self._key_full(queue, message.key):
+                queue.key_spill_at(message.key, entry.location)  # (read again when the key has room)
+                continue
             self._window_add(queue, _live(message, queue.topic_hash))
             added += 1
         return added
+
+    def _refill_key(self, queue: TopicQueue, serial_key: str) -> None:
+        """Spilled READY messages of one serial key into the window, up to
+        its key_window, from its own disk position (ready.py), reading at
+        most about REFILL_SCAN index entries; the rest later."""
+        want = min(self.limits.key_window - queue.key_count(serial_key), self.limits.window - len(queue.ready))
+        start = queue.key_scan.get(serial_key)
+        if start is None or want <= 0:
+            return  # (no room: the next pull or refill of the topic tries again)
+        del queue.key_scan[serial_key]
+        now_ms = self.clock.now_ms()
+        entries, after = self.store.scan_ready(queue.topic_hash, start, now_ms // MS_PER_HOUR + 1, REFILL_SCAN,
+                                               REFILL_FOUND)
+        ended: list[StateChange] = []
+        mine = []
+        for entry in entries:
+            if entry.location in self.live:
+                continue
+            message = self.store.read_message(entry.location)
+            if message is not None and message.key == serial_key and message.status is Status.READY:
+                if len(mine) == want:  # the rest later, from here
+                    queue.key_spill_at(serial_key, entry.location)
+                    break
+                mine.append(entry)  # (another key's: its own position or the topic's covers it)
+        self._hold_found(queue, mine, now_ms, ended)
+        if after is not None and serial_key not in queue.key_scan:
+            queue.key_spill_at(serial_key, after)
+        if ended:
+            self._update(ended, now_ms)
+            self.commits.kick()
+        self._wake(queue.name)
 
     def _schedule_refill(self, queue: TopicQueue) -> None:
         if queue.spilled and len(queue.ready) <= self.limits.window // 2:
@@ -603,11 +673,18 @@ class Broker:
         while not self._stopping:
             await self._refill_wake.wait()
             self._refill_wake.clear()
+            while self._key_refills and not self._stopping:
+                name, serial_key = self._key_refills.pop()
+                queue = self.topics.get(name)
+                if queue is not None and serial_key not in queue.busy:
+                    self._refill_key(queue, serial_key)
+                await asyncio.sleep(0)
             while self._to_refill and not self._stopping:
                 for name in list(self._to_refill):
                     queue = self.topics.get(name)
                     room = 0 if queue is None else min(self.limits.window - len(queue.ready),
-                                                       self.limits.window_total - self.window_total)
+                                                       self.limits.window_total - self.window_total
+                                                       + self.parked_total)
                     if queue is None or not queue.spilled or room <= 0:
                         self._to_refill.discard(name)
                         continue
@@ -902,13 +979,16 @@ class Broker:
         room = min(request.batch, limits.inflight - queue.consuming, limits.inflight_total - self.consuming_total)
         if room <= 0:
             return []
+        if queue.key_scan and len(queue.ready) < limits.window:
+            for serial_key in [k for k in queue.key_scan if k not in queue.busy][:INLINE_KEY_REFILLS]:
+                self._refill_key(queue, serial_key)
         if queue.spilled and len(queue.ready) < limits.window:
             # Top the window up first (after a restart it starts empty; a send
             # may have put a message in it while older ones wait on disk), so
             # the pull picks by priority among as many as the window holds. A
             # pull may take the window over the total cap by its batch.
             want = min(limits.window - len(queue.ready),
-                       max(room, limits.window_total - self.window_total))
+                       max(room, limits.window_total - self.window_total + self.parked_total))
             self._refill(queue, want, max_scan=INLINE_REFILL_SCAN)
         if not queue.ready:
             return []
@@ -1160,7 +1240,7 @@ def _settle(future: asyncio.Future) -> None:
 def _live(message: Message, topic_hash: int) -> Live:
     return Live(message.location, message.topic, message.tag, message.priority, message.trigger_ms,
                 message.expire_ms, message.max_retry, message.retry, message.status, message.msg_id, topic_hash,
-                message=message if len(message.msg) <= CACHED_MSG_CHARS else None)
+                message=message if len(message.msg) <= CACHED_MSG_CHARS else None, serial_key=message.key)
 
 
 def _bucket(until_trigger_ms: int) -> int:

@@ -27,6 +27,7 @@ misspelt `delaymillis` would silently send messages due now):
     priority     tinyint..bigint              priority
     maxRetry     tinyint..bigint              maxRetry
     tag          string                       tag
+    key          string                       key        (serial key, SPEC `key`)
     topic        string                       the request's topic (null: the `topic` option)
 
 A null value means "not given": the broker's default applies (SPEC 3).
@@ -145,6 +146,7 @@ COLUMN_TYPES: dict[str, tuple[type, ...]] = {
     "priority": _INTEGERS,
     "maxRetry": _INTEGERS,
     "tag": _STRING,
+    "key": _STRING,
     "topic": _STRING,
 }
 _TYPE_WORDS = {_STRING: "string", _INTEGERS: "an integer (tinyint, smallint, int or bigint)",

@@ -10,7 +10,8 @@ File `delay/<hour:010d>.log`, appended in arrival order:
     16      ...   frames, each starting on a multiple of 8 bytes:
                     u32 body_length | u32 crc32(body) | body | zero padding
                   body = msgpack [topic, msgId, msg, produceTime, ttlMillis,
-                                  maxRetry, tag]
+                                  maxRetry, tag] or, for a message with a
+                         serial key, [..., tag, key] (8 items)
 
 An index entry points at a frame by `offset // 8` (u32, so an hour's log
 may reach 32 GiB) and the frame's length without padding.
@@ -42,9 +43,13 @@ class Body(NamedTuple):
     ttl_ms: int
     max_retry: int
     tag: str
+    key: str = ""  # the serial key (SPEC: `key`); "" none
 
 
-def pack_body(topic: str, msg_id: str, msg: str, produce_ms: int, ttl_ms: int, max_retry: int, tag: str) -> bytes:
+def pack_body(topic: str, msg_id: str, msg: str, produce_ms: int, ttl_ms: int, max_retry: int, tag: str,
+              key: str = "") -> bytes:
+    if key:
+        return msgpack.packb((topic, msg_id, msg, produce_ms, ttl_ms, max_retry, tag, key))
     return msgpack.packb((topic, msg_id, msg, produce_ms, ttl_ms, max_retry, tag))
 
 
@@ -56,8 +61,8 @@ def id_fields(body) -> tuple[bytes, bytes]:
     """The UTF-8 bytes of a body's topic and msgId, read from the front of
     the msgpack array without decoding the message (the id index hashes
     them when it applies a record or is rebuilt)."""
-    if body[0] != 0x97:  # a fixarray of 7
-        raise ValueError(f"delay-log body starts with {body[0]:#x}, not a 7-item array")
+    if body[0] not in (0x97, 0x98):  # a fixarray of 7 (or 8: with a key)
+        raise ValueError(f"delay-log body starts with {body[0]:#x}, not a 7- or 8-item array")
     topic, at = _str_at(body, 1)
     msg_id, _ = _str_at(body, at)
     return topic, msg_id

@@ -69,6 +69,7 @@ class Message(NamedTuple):
     status: Status
     retry: int
     location: Location
+    key: str = ""  # serial key: one of a (topic, key) is consumed at a time; "" none
 
     @property
     def expire_ms(self) -> int:

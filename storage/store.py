@@ -96,6 +96,7 @@ class NewMessage(NamedTuple):
     max_retry: int
     priority: int = 0
     tag: str = ""
+    key: str = ""  # serial key (SPEC `key`), in the body
 
 
 class SendOutcome(enum.Enum):
@@ -452,7 +453,7 @@ class Store:
             if existing is not None:
                 results.append(SendResult(SendOutcome.DUPLICATE, existing))
                 continue
-            body = delay_log.pack_body(topic, msg_id, m.msg, m.produce_ms, m.ttl_ms, m.max_retry, m.tag)
+            body = delay_log.pack_body(topic, msg_id, m.msg, m.produce_ms, m.ttl_ms, m.max_retry, m.tag, m.key)
             topic_hash = hashes.get(topic)
             if topic_hash is None:
                 topic_hash = hashes[topic] = text_hash(topic)
@@ -463,7 +464,7 @@ class Store:
                                undo_hours, undo_slots)
             items.append(item)
             message = Message(topic, msg_id, m.msg, m.produce_ms, m.trigger_ms, m.ttl_ms, m.max_retry,
-                              m.priority, m.tag, Status.WAITING, 0, Location(item.hour, item.global_index))
+                              m.priority, m.tag, Status.WAITING, 0, Location(item.hour, item.global_index), m.key)
             self._pend_id(key, message, undo_ids)
             results.append(SendResult(SendOutcome.STORED, message))
 
@@ -630,7 +631,8 @@ class Store:
         batch.moves.append(records.MoveItem(where.hour, where.global_index, status, retry, to))
         batch.states[where] = (Status.DELETED, flags | FLAG_RELEASED | FLAG_MOVED, retry, entry.topic_hash)
         message = Message(body.topic, body.msg_id, body.msg, body.produce_ms, trigger_ms, body.ttl_ms, body.max_retry,
-                          entry.priority, body.tag, Status.WAITING, retry, Location(to.hour, to.global_index))
+                          entry.priority, body.tag, Status.WAITING, retry, Location(to.hour, to.global_index),
+                          body.key)
         self._pend_id(key, message, batch.undo_ids)
         return message
 
@@ -970,7 +972,7 @@ class Store:
             return None
         body = delay_log.unpack_body(files.read_body(offset8, size))
         return Message(body.topic, body.msg_id, body.msg, body.produce_ms, entry.trigger_ms, body.ttl_ms,
-                       body.max_retry, entry.priority, body.tag, Status(status), retry, where)
+                       body.max_retry, entry.priority, body.tag, Status(status), retry, where, body.key)
 
     def _state(self, where: Location) -> tuple[int, int, int, int]:
         """(status, flags, retry, topic hash) at `where`, pending changes included."""

@@ -290,14 +290,15 @@ def test_batch_write_stores_every_row_with_its_fields(spark, broker):
         (F.col("id") % 5).cast("int").alias("priority"),
         F.lit(2 * HOUR_MS).alias("ttlMillis"),
         F.lit(3).cast("int").alias("maxRetry"),
-        F.when(F.col("id") % 2 == 0, F.lit("even")).alias("tag"))
+        F.when(F.col("id") % 2 == 0, F.lit("even")).alias("tag"),
+        F.concat(F.lit("k"), (F.col("id") % 100).cast("string")).alias("key"))
     write(df, broker, topic=topic, idprefix="b1", batchsize=250)
     assert stored(broker, topic) == rows
     # ids are {idprefix}-{partition}-{row in partition}; range splits 0..2999 in halves
     status, answer = broker.post("getMsg", topic=topic, msgId="b1-1-1499")
     assert status == 200
     m = answer["delayMsg"]
-    assert (m["msg"], m["priority"], m["maxRetry"], m["tag"]) == ("m-2999", 4, 3, "")
+    assert (m["msg"], m["priority"], m["maxRetry"], m["tag"], m["key"]) == ("m-2999", 4, 3, "", "k99")
     assert m["triggerTime"] - m["produceTime"] == HOUR_MS + 2999
     assert m["expireTime"] - m["triggerTime"] == 2 * HOUR_MS
     status, answer = broker.post("getMsg", topic=topic, msgId="b1-0-10")

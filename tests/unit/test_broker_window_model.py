@@ -26,32 +26,24 @@ checkpoint). After every step:
 
 from __future__ import annotations
 
-import asyncio
-import os
-import shutil
-import tempfile
 from dataclasses import dataclass
 
 import hypothesis.strategies as st
 from hypothesis import HealthCheck, event, settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from broker.metrics import Metrics
+from broker_harness import BrokerHarness
 from broker.params import AckRequest, Defaults, PullRequest
 from broker.ready import QueueLimits
 from broker.service import Broker
-from storage.config import StoreConfig
 from storage.entry import MS_PER_HOUR, Location, Status
 from storage.store import NewMessage, Store
-from wheel.clock import FakeClock
 
 LIMITS = QueueLimits(window=3, window_total=5, inflight=4, inflight_total=6)
 DEFAULTS = Defaults()
 TOPICS = ("a", "b")
 START_MS = 490_000 * MS_PER_HOUR - 20_000  # time passing crosses an hour: messages filed in two hours
 TTL_MS = 24 * MS_PER_HOUR  # nothing expires while a run lasts
-CONFIG = StoreConfig(segment_bytes=64 * 1024, id_shard_initial_slots=16)
-SCRATCH_DIR = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
 
 READY, CONSUMING, ACKED, ENDED = Status.READY, Status.CONSUMING, Status.ACKED, Status.ENDED
 
@@ -77,51 +69,38 @@ class Msg:
 class BrokerWindowMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
-        self.directory = tempfile.mkdtemp(prefix="hourglass-window-", dir=SCRATCH_DIR)
-        self.loop = asyncio.new_event_loop()
-        self.clock = FakeClock(START_MS)
+        self.h = BrokerHarness("hourglass-window-", START_MS, LIMITS, DEFAULTS)
+        self.clock = self.h.clock
         self.msgs: dict[str, Msg] = {}
         self.by_location: dict[Location, Msg] = {}
         self.sent = 0
         self.last_batch = 0
-        self.store: Store | None = None
-        self.broker: Broker | None = None
         self._open()
 
     # -- running the broker --------------------------------------------------------------
 
+    @property
+    def broker(self) -> Broker:
+        return self.h.broker
+
+    @property
+    def store(self) -> Store:
+        return self.h.store
+
     def _run(self, coro):
-        return self.loop.run_until_complete(coro)
+        return self.h.run(coro)
 
     def _open(self) -> None:
-        self.store = Store.open(self.directory, CONFIG, now_ms=self.clock.now_ms())
-        self.broker = Broker(self.store, self.clock, DEFAULTS, Metrics(),
-                             tick_path=os.path.join(self.directory, "tick"), limits=LIMITS)
-
-        async def start():
-            self.broker.start()
-            await self._quiesce()
-        self._run(start())
+        self.h.open_broker()
 
     async def _quiesce(self) -> None:
-        """Let the broker's tasks run (commits, timers, refills) until idle."""
-        for _ in range(3):
-            await self.clock.settle()
-            await self.broker.commits.flush()
-        await self.clock.settle()
+        await self.h.quiesce()
 
     def _close(self) -> None:
-        self._run(self.broker.stop())
-        self.store.close()
+        self.h.close_broker()
 
     def teardown(self) -> None:
-        try:
-            if self.broker is not None:
-                self._close()
-        finally:
-            self.loop.run_until_complete(self.loop.shutdown_default_executor())
-            self.loop.close()
-            shutil.rmtree(self.directory, ignore_errors=True)
+        self.h.teardown()
 
     # -- the model -------------------------------------------------------------------------
 

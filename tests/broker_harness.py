@@ -1,0 +1,67 @@
+"""A Broker on a real Store, a FakeClock and an event loop of its own, for
+the stateful model tests (tests/unit/test_broker_*_model.py): open,
+settle, restart and close it from synchronous hypothesis rules."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import tempfile
+
+from broker.metrics import Metrics
+from broker.params import Defaults
+from broker.ready import QueueLimits
+from broker.service import Broker
+from storage.config import StoreConfig
+from storage.store import Store
+from wheel.clock import FakeClock
+
+CONFIG = StoreConfig(segment_bytes=64 * 1024, id_shard_initial_slots=16)
+SCRATCH_DIR = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
+
+
+class BrokerHarness:
+    """Holds `store` and `broker` (opened by `open_broker`); `run` drives a
+    coroutine on the harness's loop; `quiesce` lets the broker's tasks
+    (commits, timers, refills) run until idle."""
+
+    def __init__(self, prefix: str, start_ms: int, limits: QueueLimits, defaults: Defaults) -> None:
+        self.directory = tempfile.mkdtemp(prefix=prefix, dir=SCRATCH_DIR)
+        self.loop = asyncio.new_event_loop()
+        self.clock = FakeClock(start_ms)
+        self.limits, self.defaults = limits, defaults
+        self.store: Store | None = None
+        self.broker: Broker | None = None
+
+    def run(self, coro):
+        return self.loop.run_until_complete(coro)
+
+    def open_broker(self) -> None:
+        self.store = Store.open(self.directory, CONFIG, now_ms=self.clock.now_ms())
+        self.broker = Broker(self.store, self.clock, self.defaults, Metrics(),
+                             tick_path=os.path.join(self.directory, "tick"), limits=self.limits)
+
+        async def start():
+            self.broker.start()
+            await self.quiesce()
+        self.run(start())
+
+    async def quiesce(self) -> None:
+        for _ in range(3):
+            await self.clock.settle()
+            await self.broker.commits.flush()
+        await self.clock.settle()
+
+    def close_broker(self) -> None:
+        self.run(self.broker.stop())
+        self.store.close()
+
+    def teardown(self) -> None:
+        try:
+            if self.broker is not None:
+                self.close_broker()
+        finally:
+            self.loop.run_until_complete(self.loop.shutdown_default_executor())
+            self.loop.close()
+            shutil.rmtree(self.directory, ignore_errors=True)
