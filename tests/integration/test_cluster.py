@@ -180,3 +180,41 @@ def test_a_cluster_with_a_token_replicates_and_forwards_with_it(tmp_path):
         assert status == 200 and b'topic_info{topic="t",type="waitingQueueSize"} 1' in text
     finally:
         cluster.stop()
+
+
+def test_keys_reschedules_and_far_messages_survive_a_leader_kill(cluster):
+    """What the leader decided lives in the replicated log: after SIGKILL of
+    the leader, the new one keeps a consuming key busy (its other message
+    is not handed out until the first is acked), delivers a rescheduled
+    message at its new time (not its old one), and still holds a message
+    filed in a span years ahead."""
+    leader = cluster.wait_leader()
+    cluster.wait_known(leader)
+    term = cluster.health(leader)["term"]
+    node = cluster.nodes[leader]
+    for msg_id in ("k1", "k2"):
+        assert node.post("sendMsg", topic="keys", msg="x", msgId=msg_id, key="K")[0] == 200
+    got = _wait(lambda: node.post("pullMsg", topic="keys", batch=5, ackTimeoutMillis=120_000)[1]["delayMsgList"],
+                what="a pull of the key")
+    assert len(got) == 1
+    first = got[0]["msgId"]
+    now = int(time.time() * 1000)
+    assert node.post("sendMsg", topic="later", msg="x", msgId="r", delayMillis=1_000)[0] == 200
+    code, body = node.post("rescheduleMsg", topic="later", msgId="r", triggerTime=now + 8_000)
+    assert code == 200, body
+    years = now + 3 * 365 * 24 * 3_600_000
+    assert node.post("sendMsg", topic="far", msg="x", msgId="f", triggerTime=years)[0] == 200
+    _wait(lambda: len(set(cluster.log_ends().values())) == 1, what="logs converging")
+    cluster.kill(leader)
+    new = cluster.wait_leader(exclude=leader, above_term=term)
+    cluster.wait_known(new)
+    n = cluster.nodes[new]
+    assert n.post("pullMsg", topic="keys", batch=5)[1]["delayMsgList"] == []  # the key is still busy
+    assert n.post("ackMsg", topic="keys", msgId=first)[0] == 200
+    other = _wait(lambda: n.post("pullMsg", topic="keys", batch=5)[1]["delayMsgList"], what="the key's next")
+    assert [m["msgId"] for m in other] == [x for x in ("k1", "k2") if x != first]
+    got = _wait(lambda: n.post("pullMsg", topic="later", batch=5)[1]["delayMsgList"], wait_s=20,
+                what="the rescheduled message")
+    assert [m["msgId"] for m in got] == ["r"] and int(time.time() * 1000) >= now + 8_000
+    code, body = n.post("getMsg", topic="far", msgId="f")
+    assert code == 200 and body["delayMsg"]["triggerTime"] == years and body["delayMsg"]["status"] == 1
