@@ -46,7 +46,10 @@ Cluster hash tag, so each script touches one slot):
     | P key      | hash | id -> key                                            |
     | P retry    | hash | id -> failed deliveries so far (absent: 0)           |
     | P prio     | hash | id -> priority (priority topics)                     |
+    | P lease    | str  | the id of the worker that owns the slot (RmqWorker), |
+    |            |      | expiring after the lease time unless renewed         |
     | <key_prefix>:rmq:{T'}:def | string | "<kind> <slots>", set by connect  |
+    | <key_prefix>:rmq:{T'}:workers | zset | worker id -> registration expiry ms |
 
 An id is "<slot>-<32 hex digits>" (the slot is where ack, nack and
 redrive find it) and is in exactly one of store, prepare and dead, with
@@ -59,11 +62,24 @@ Where this differs from RMQ: members are ids, not the bodies themselves,
 so a body may be large and a key explicit; the retry count is a hash field
 instead of RMQ's encoding in the StoreQueue score (remaining retries, which
 is why RMQ's priorities must be above 16): a retried message keeps its
-kind's order; there is no ZooKeeper — `pop` visits the slots round-robin
-(order is exact within a slot, as with RMQ's one worker per slot), and a
-consumer that needs per-key serial processing must arrange it itself;
-fixed times in the past are accepted (due at once); range and times are
-in ms, not seconds.
+kind's order; there is no ZooKeeper: `RmqTopic.pop` visits the slots
+round-robin (order is exact within a slot), and per-key serial
+consumption -- RMQ's one worker per slot, assigned through ZooKeeper -- is
+`RmqWorker`'s, with leases in Redis (below); fixed times in the past are
+accepted (due at once); range and times are in ms, not seconds.
+
+Workers (`topic.worker()`): each registers in the topic's `workers` zset
+(renewed every lease_ms / 3, dropped when it lapses) and owns slots by
+lease: the slot's `lease` key holds its id and expires after lease_ms
+unless renewed. Each heartbeat a worker renews its leases, gives up the
+slots beyond its fair share (ceil(slots / live workers)) whose delivery is
+finished, and takes free slots up to its share; so slots move to a worker
+that joins, and from one that dies (SIGKILL: its leases lapse within
+lease_ms). A worker pops only from slots it owns, one message at a time
+per slot, and only while nothing of the slot is in prepare: a new owner
+waits for the old owner's last delivery to be acked or to time out. So a
+key (all its messages meet in one slot) is consumed by one worker at a
+time, in order, even across a handover.
 
 Usage:
 
@@ -91,6 +107,7 @@ Usage:
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import uuid
 import zlib
@@ -188,8 +205,8 @@ class RmqSizes:
     dead: int
 
 
-# Every script: KEYS = store, prepare, dead, pending, body, key, retry, prio
-# of one slot; ARGV[1] = the topic's kind.
+# Every script: KEYS = store, prepare, dead, pending, body, key, retry, prio,
+# lease of one slot; ARGV[1] = the topic's kind.
 _RMQ_COMMON = """
 local kind = ARGV[1]
 local function forget(id)
@@ -206,6 +223,29 @@ local function restore(id, due_ms)
   redis.call('ZADD', KEYS[1], score, id)
   redis.call('HSET', KEYS[4], key, id)
   return 1
+end
+-- Store -> prepare: up to `count` deliverable ids, due by `now`.
+local function take(now, deadline, count)
+  local ids
+  if kind == 'priority' then
+    ids = redis.call('ZREVRANGE', KEYS[1], 0, count - 1)
+  else
+    ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, count)
+  end
+  local out = {}
+  for _, id in ipairs(ids) do
+    local key = redis.call('HGET', KEYS[6], id)
+    redis.call('ZREM', KEYS[1], id)
+    redis.call('HDEL', KEYS[4], key)
+    redis.call('ZADD', KEYS[2], deadline, id)
+    out[#out + 1] = id
+    out[#out + 1] = key
+    out[#out + 1] = redis.call('HGET', KEYS[5], id)
+    out[#out + 1] = redis.call('HGET', KEYS[7], id) or '0'
+  end
+  local head = false
+  if kind ~= 'priority' then head = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')[2] or false end
+  return {head, out}
 end
 -- A failed delivery of an id in prepare.
 local function fail(id, now, due_ms, max_retries)
@@ -240,26 +280,29 @@ return {1, id}
     # Store -> prepare. ARGV: kind now deadline count
     # -> {next due score | false, {id, key, body, retries, ...}}
     "pop": _RMQ_COMMON + """
-local ids
-if kind == 'priority' then
-  ids = redis.call('ZREVRANGE', KEYS[1], 0, tonumber(ARGV[4]) - 1)
-else
-  ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[2], 'LIMIT', 0, tonumber(ARGV[4]))
-end
-local out = {}
-for _, id in ipairs(ids) do
-  local key = redis.call('HGET', KEYS[6], id)
-  redis.call('ZREM', KEYS[1], id)
-  redis.call('HDEL', KEYS[4], key)
-  redis.call('ZADD', KEYS[2], ARGV[3], id)
-  out[#out + 1] = id
-  out[#out + 1] = key
-  out[#out + 1] = redis.call('HGET', KEYS[5], id)
-  out[#out + 1] = redis.call('HGET', KEYS[7], id) or '0'
-end
-local head = false
-if kind ~= 'priority' then head = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')[2] or false end
-return {head, out}
+return take(ARGV[2], ARGV[3], tonumber(ARGV[4]))
+""",
+    # A worker's pop (RmqWorker): one message, only while the worker holds
+    # the slot's lease and nothing of the slot is in prepare (one delivery
+    # at a time per slot: per key). ARGV: kind now deadline worker
+    # -> {next due score | false, {id, key, body, retries}} or {false, {}}
+    "pop_serial": _RMQ_COMMON + """
+if redis.call('GET', KEYS[9]) ~= ARGV[4] or redis.call('ZCARD', KEYS[2]) > 0 then return {false, {}} end
+return take(ARGV[2], ARGV[3], 1)
+""",
+    # Take or renew the slot's lease. ARGV: kind worker lease_ms -> 1 held | 0 another's
+    "lease": _RMQ_COMMON + """
+local holder = redis.call('GET', KEYS[9])
+if holder and holder ~= ARGV[2] then return 0 end
+redis.call('SET', KEYS[9], ARGV[2], 'PX', ARGV[3])
+return 1
+""",
+    # Give the slot up, if held and nothing of it is being consumed.
+    # ARGV: kind worker -> 1 released | 0 kept
+    "release": _RMQ_COMMON + """
+if redis.call('GET', KEYS[9]) ~= ARGV[2] or redis.call('ZCARD', KEYS[2]) > 0 then return 0 end
+redis.call('DEL', KEYS[9])
+return 1
 """,
     # ARGV: kind id -> 1 acked | 0 not in prepare
     "ack": _RMQ_COMMON + """
@@ -327,14 +370,16 @@ class _SlotKeys:
     key: str
     retry: str
     prio: str
+    lease: str
 
     @property
     def all(self) -> list[str]:
-        return [self.store, self.prepare, self.dead, self.pending, self.body, self.key, self.retry, self.prio]
+        return [self.store, self.prepare, self.dead, self.pending, self.body, self.key, self.retry, self.prio,
+                self.lease]
 
     @property
     def types(self) -> dict[str, str]:
-        return {k: "zset" if i < 3 else "hash" for i, k in enumerate(self.all)}
+        return {k: "zset" if i < 3 else "hash" if i < 8 else "string" for i, k in enumerate(self.all)}
 
 
 class RmqTopic(ShardedScripts[_SlotKeys]):
@@ -365,9 +410,10 @@ class RmqTopic(ShardedScripts[_SlotKeys]):
         for index in range(self.config.slots):
             p = slot_prefix(self.config.key_prefix, "rmq", topic, index)
             slots.append(_SlotKeys(*(p + name for name in ("store", "prepare", "dead", "pending", "body", "key",
-                                                           "retry", "prio"))))
+                                                           "retry", "prio", "lease"))))
         super().__init__(client, self.config, now_ms, SCRIPTS, slots)
         self._definition_key = f"{self.config.key_prefix}:rmq:{{{escape_topic(topic)}}}:def"
+        self.workers_key = f"{self.config.key_prefix}:rmq:{{{escape_topic(topic)}}}:workers"
 
     @classmethod
     async def connect(cls, url: str, topic: str, kind: Kind, config: RmqConfig | None = None,
@@ -509,7 +555,110 @@ class RmqTopic(ShardedScripts[_SlotKeys]):
         return sum(await self._on_shards("redrive", {slot: [self.kind.value, now, *group]
                                                      for slot, group in by_slot.items()}))
 
+    def worker(self, worker_id: str | None = None, lease_ms: int = 10_000) -> RmqWorker:
+        """A consumer owning slots of this topic by lease (see the module
+        docstring): per-key serial consumption across processes."""
+        return RmqWorker(self, worker_id, lease_ms)
+
     async def sizes(self) -> RmqSizes:
         counts = await self._read_every_shard(
             lambda pipe, keys: pipe.zcard(keys.store).zcard(keys.prepare).zcard(keys.dead))
         return RmqSizes(sum(counts[0::3]), sum(counts[1::3]), sum(counts[2::3]))
+
+
+class RmqWorker:
+    """One consumer of an RmqTopic that owns slots by lease, so that each key
+    is consumed by one worker at a time (RMQ's slot assignment, without
+    ZooKeeper; see the module docstring).
+
+        worker = topic.worker()
+        beats = asyncio.create_task(worker.run())    # heartbeats: keep and balance slots
+        sweeper = asyncio.create_task(topic.sweep_timeouts_forever())
+        for message in await worker.pop(wait_ms=1000):
+            ...                                      # handle it, then
+            await worker.ack(message.id)             # or nack
+        await worker.close()                         # leases given back
+
+    `run` must keep going (a worker whose heartbeats stop loses its slots
+    after lease_ms); an ack deadline (the topic's ack_timeout_ms) shorter
+    than lease_ms makes a paused worker's delivery time out before its
+    slot can move."""
+
+    def __init__(self, topic: RmqTopic, worker_id: str | None = None, lease_ms: int = 10_000) -> None:
+        check_int("lease_ms", lease_ms, 3, MAX_DELAY_MS)
+        self.topic = topic
+        self.id = worker_id or uuid.uuid4().hex
+        check_text("worker_id", self.id)
+        self.lease_ms = lease_ms
+        self.owned: set[int] = set()
+        self._first = zlib.crc32(self.id.encode()) % topic.config.slots  # where it starts looking for free slots
+
+    def __repr__(self) -> str:
+        return f"RmqWorker({self.id!r}, topic={self.topic.topic!r}, owned={sorted(self.owned)})"
+
+    async def heartbeat(self) -> None:
+        """Register, renew the leases held, give up slots beyond the fair
+        share (only those with no delivery in progress), take free ones up
+        to it."""
+        topic, now_ms = self.topic, self.topic.now_ms()
+        redis, types = topic.redis, {topic.workers_key: "zset"}
+        async with redis.pipeline(transaction=False) as pipe:
+            pipe.zadd(topic.workers_key, {self.id: now_ms + self.lease_ms})
+            pipe.zremrangebyscore(topic.workers_key, "-inf", now_ms)
+            pipe.zcard(topic.workers_key)
+            _, _, live = await call_redis(redis, pipe.execute(), types)
+        slots = topic.config.slots
+        share = -(-slots // max(1, live))
+        for slot in sorted(self.owned):
+            if not await topic._script("lease", slot, [topic.kind.value, self.id, str(self.lease_ms)]):
+                self.owned.discard(slot)  # lapsed and taken: another owns it now
+        for slot in sorted(self.owned)[share:]:
+            if await topic._script("release", slot, [topic.kind.value, self.id]):
+                self.owned.discard(slot)
+        for i in range(slots):
+            if len(self.owned) >= share:
+                break
+            slot = (self._first + i) % slots
+            if slot not in self.owned and await topic._script("lease", slot, [topic.kind.value, self.id,
+                                                                              str(self.lease_ms)]):
+                self.owned.add(slot)
+
+    async def run(self) -> None:
+        """Heartbeats every lease_ms / 3 until cancelled."""
+        while True:
+            await self.heartbeat()
+            await asyncio.sleep(self.lease_ms / 3000)
+
+    async def pop(self, count: int = 1, wait_ms: int = 0) -> list[RmqMessage]:
+        """Up to `count` messages, at most one per owned slot and only from
+        slots with no delivery in progress; waits up to `wait_ms` for one."""
+        topic = self.topic
+        deadline = topic.now_ms() + wait_ms
+        while True:
+            now_ms = topic.now_ms()
+            got: list[RmqMessage] = []
+            for slot in sorted(self.owned):
+                if len(got) >= count:
+                    break
+                _, flat = await topic._script("pop_serial", slot, [
+                    topic.kind.value, str(now_ms), str(now_ms + topic.config.ack_timeout_ms), self.id])
+                if flat:
+                    got.append(RmqMessage(flat[0], flat[1], flat[2], int(flat[3]), slot))
+            if got or now_ms >= deadline:
+                return got
+            await asyncio.sleep(min(topic.config.poll_ms, deadline - now_ms) / 1000)
+
+    async def ack(self, msg_id: str) -> bool:
+        return await self.topic.ack(msg_id)
+
+    async def nack(self, msg_id: str) -> Outcome:
+        return await self.topic.nack(msg_id)
+
+    async def close(self) -> None:
+        """Give back every slot with no delivery in progress and deregister
+        (the rest lapse after lease_ms)."""
+        topic = self.topic
+        for slot in sorted(self.owned):
+            if await topic._script("release", slot, [topic.kind.value, self.id]):
+                self.owned.discard(slot)
+        await call_redis(topic.redis, topic.redis.zrem(topic.workers_key, self.id), {topic.workers_key: "zset"})
