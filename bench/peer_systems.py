@@ -337,9 +337,10 @@ class HourglassSystem(System):
     name = "hourglass"
     durability = "fsync'ed before the answer (--fsync batch: group commit)"
 
-    def __init__(self, work_dir: str, extra_args: list[str]) -> None:
+    def __init__(self, work_dir: str, extra_args: list[str], keys: int = 0) -> None:
         super().__init__(work_dir)
         self.extra_args = extra_args
+        self.keys = keys  # > 0: messages carry serial keys k0..k{keys-1} (SPEC `key`)
 
     def _spawn(self) -> None:
         self.server = Process([sys.executable, "-m", "broker.cli", "serve", "--host", HOST, "--port", str(self.port),
@@ -398,7 +399,7 @@ class HourglassSystem(System):
                 "durability": self.durability}
 
     def client_config(self) -> dict:
-        return {"system": "hourglass", "port": self.port}
+        return {"system": "hourglass", "port": self.port, "keys": self.keys}
 
 
 class RedisSystem(System):
@@ -722,13 +723,16 @@ class HourglassClient(Client):
         A message already due goes with delayMillis=0, the others with
         their absolute triggerTime (SPEC's extension)."""
         items = self.payloads(msgs, now)
+        keys = self.config.get("keys") or 0
         if len(items) == 1:
             index, trigger, payload = items[0]
             when = b"delayMillis=0" if trigger <= now else b"triggerTime=%d" % trigger
-            return b"sendMsg", b"topic=%s&msgId=%d&msg=%s&%s" % (
-                self.topic_q, index, urllib.parse.quote_from_bytes(payload).encode(), when), FORM
+            key = b"&key=k%d" % (index % keys) if keys else b""
+            return b"sendMsg", b"topic=%s&msgId=%d&msg=%s&%s%s" % (
+                self.topic_q, index, urllib.parse.quote_from_bytes(payload).encode(), when, key), FORM
         return b"sendMsgBatch", json_dumps({"topic": TOPIC, "msgs": [
-            {"msgId": str(index), "msg": payload.decode(), "triggerTime": trigger} for index, trigger, payload in items]
+            {"msgId": str(index), "msg": payload.decode(), "triggerTime": trigger,
+             **({"key": f"k{index % keys}"} if keys else {})} for index, trigger, payload in items]
         }), JSON
 
     async def send(self, prepared) -> None:

@@ -530,7 +530,7 @@ class Bench:
         out: list[System] = []
         for name in a.systems:
             if name == "hourglass":
-                out.append(HourglassSystem(self.work_dir, a.hourglass_args))
+                out.append(HourglassSystem(self.work_dir, a.hourglass_args, a.keys))
             elif name == "redis":
                 sends = [("pipeline", "redis"), ("lua", "redis_lua")] if scenario == "ingest-batch" else [
                     (a.redis_send, "redis")]
@@ -896,6 +896,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dispatch-window-s", type=float, default=10.0)
     p.add_argument("--lead-s", type=float, default=3.0, help="from the start to the first trigger (sends go first)")
     p.add_argument("--pull-batch", type=int, default=10, help="messages per long poll (dispatch, burst)")
+    p.add_argument("--keys", type=int, default=0,
+                   help="hourglass only: give messages serial keys k0..k{N-1} (sendMsg's key: one of a key "
+                        "consumed at a time); 0: none")
     p.add_argument("--poll-timeout-ms", type=int, default=1000, help="long-poll timeout")
     p.add_argument("--max-unacked", type=int, default=100, help="per consumer, received and not yet acked")
     p.add_argument("--ack-connections", type=int, default=2, help="per consumer, beside the polling one")

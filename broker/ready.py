@@ -20,21 +20,22 @@ Consuming messages are held in RAM (with their ack deadline), capped by
 or none, so RAM never grows with the messages handed out.
 
 Serial keys (SPEC `key`): while a message of (topic, key) is consuming, the
-key is *busy*: its best other ready message is *parked* (held, out of the
-pull order and not taking a window slot: at most one per busy key, so
-parked messages are bounded by the in-flight caps), and the rest of its
-window messages go back to disk. When the key's message is acked, nacked
-or times out, the parked one returns to the pull order, and the key's
-messages on disk are read back. A free key holds at most `key_window`
-messages in the window; its further ready messages stay on disk, and
-`key_scan[key]` remembers the first place one may lie. So pulls pass over
-busy keys at no cost, and a hot key with a million ready messages takes
-`key_window` slots of the window, never the window.
+key is *busy*: its other window messages are *parked* -- held, out of the
+pull order, taking no window slot; a topic parks at most `window` of them
+(the rest go back to disk) -- so pulls pass over busy keys at no cost.
+When the key's message is acked, nacked or times out, its parked ones
+return to the pull order. One key holds at most `key_window` messages in
+RAM; its further ready messages stay on disk: the topic remembers where,
+for up to `window` of them (`key_spilled`, read back without a scan), and
+beyond that the first place one may lie (`key_scan[key]`, read back by a
+scan that reads bodies to find the key's): either when the key has room.
+So a hot key with a million ready messages takes `key_window` slots,
+never the window, and busy keys never crowd out free ones.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import defaultdict, deque
 from dataclasses import dataclass, field
 
 from sortedcontainers import SortedList
@@ -117,6 +118,8 @@ class TopicQueue:
     busy: dict[str, int] = field(default_factory=dict)
     by_key: dict[str, dict[Location, Live]] = field(default_factory=dict)
     key_scan: dict[str, Location] = field(default_factory=dict)
+    key_spilled: dict[str, deque] = field(default_factory=dict)  # key -> places of its messages on disk
+    key_spilled_count: int = 0
     parked: int = 0
 
     def add(self, live: Live) -> None:
@@ -183,12 +186,32 @@ class TopicQueue:
         self.parked -= len(back)
         return len(back)
 
-    def key_spill_at(self, serial_key: str, location: Location) -> None:
+    def key_spill_at(self, serial_key: str, location: Location, remember: int = 0) -> None:
         """A READY message of the key at `location` stays on disk only (the
-        key has its `key_window` in the window)."""
+        key has its `key_window` in the window): its place is remembered
+        while the topic remembers fewer than `remember`, else the key is
+        read back by a scan from there."""
+        if self.key_spilled_count < remember and serial_key not in self.key_scan:
+            self.key_spilled.setdefault(serial_key, deque()).append(location)
+            self.key_spilled_count += 1
+            return
         at = self.key_scan.get(serial_key)
         if at is None or location < at:
             self.key_scan[serial_key] = location
+
+    def has_spilled(self, serial_key: str) -> bool:
+        return serial_key in self.key_spilled or serial_key in self.key_scan
+
+    def take_spilled(self, serial_key: str, count: int) -> list[Location]:
+        """Up to `count` remembered places of the key's messages on disk."""
+        places = self.key_spilled.get(serial_key)
+        if not places:
+            return []
+        taken = [places.popleft() for _ in range(min(count, len(places)))]
+        self.key_spilled_count -= len(taken)
+        if not places:
+            del self.key_spilled[serial_key]
+        return taken
 
     def best(self, tags: frozenset[str] | None) -> Location | None:
         """The first ready message (among those tags), without taking it."""

@@ -100,9 +100,6 @@ REFILL_ROUNDS = 4
 # A pull that finds its topic's window nearly empty refills it whole, reading
 # at most about this many index entries a round.
 INLINE_REFILL_SCAN = 65536
-# Window messages of a busy serial key kept (parked, out of the pull order);
-# the rest go back to disk until the key is free (broker.ready).
-PARKED_PER_KEY = 1
 # Freed serial keys with messages on disk a pull reads back itself (the
 # rest: the background refill).
 INLINE_KEY_REFILLS = 4
@@ -495,7 +492,7 @@ class Broker:
         limits = self.limits
         if live.serial_key and self._key_full(queue, live.serial_key):
             self.live.pop(live.location, None)  # its key has its share of the window: it waits on disk
-            queue.key_spill_at(live.serial_key, live.location)
+            queue.key_spill_at(live.serial_key, live.location, self.limits.window)
             return
         if len(queue.ready) < limits.window and self.window_total - self.parked_total < limits.window_total:
             self._window_add(queue, live)
@@ -509,10 +506,10 @@ class Broker:
         queue.spill_at(live.location)
 
     def _key_full(self, queue: TopicQueue, serial_key: str) -> bool:
-        """The key has its share of the window: key_window messages while
-        free, PARKED_PER_KEY while busy."""
-        share = PARKED_PER_KEY if serial_key in queue.busy else self.limits.key_window
-        return queue.key_count(serial_key) >= share
+        """The key has its share of the window (key_window messages), or it
+        is busy and the topic holds `window` parked messages already."""
+        return (queue.key_count(serial_key) >= self.limits.key_window
+                or serial_key in queue.busy and queue.parked >= self.limits.window)
 
     def _window_add(self, queue: TopicQueue, live: Live) -> None:
         self.live[live.location] = live
@@ -550,10 +547,11 @@ class Broker:
         if live.serial_key:
             others = queue.hold_key(live.serial_key)
             self.parked_total += len(others)
-            for other in others[PARKED_PER_KEY:]:  # back to disk: parked ones take no window slot
+            room = self.limits.window - (queue.parked - len(others))
+            for other in others[max(0, room):]:  # parked beyond `window` in the topic: back to disk
                 self._window_remove(queue, other)
                 del self.live[other.location]
-                queue.key_spill_at(other.serial_key, other.location)
+                queue.key_spill_at(other.serial_key, other.location, self.limits.window)
 
     def _unconsume(self, queue: TopicQueue, live: Live) -> None:
         """One fewer consuming: a pull held back by a cap may go on."""
@@ -566,7 +564,7 @@ class Broker:
         if back is not None:
             self.parked_total -= back
             capped = True  # the key is free: its parked message can go, wake the topic's long polls
-            if live.serial_key in queue.key_scan:
+            if queue.has_spilled(live.serial_key):
                 self._key_refills.add((queue.name, live.serial_key))
                 self._refill_wake.set()
         if total_capped:
@@ -626,7 +624,7 @@ class Broker:
                 self.metrics.topic(queue.name).ended += 1
                 continue
             if message.key and self._key_full(queue, message.key):
-                queue.key_spill_at(message.key, entry.location)  # (read again when the key has room)
+                queue.key_spill_at(message.key, entry.location, self.limits.window)  # (read again when the key has room)
                 continue
             self._window_add(queue, _live(message, queue.topic_hash))
             added += 1
@@ -637,14 +635,21 @@ class Broker:
         its key_window, from its own disk position (ready.py), reading at
         most about REFILL_SCAN index entries; the rest later."""
         want = min(self.limits.key_window - queue.key_count(serial_key), self.limits.window - len(queue.ready))
+        if want <= 0:
+            return  # (no room: the next pull or refill of the topic tries again)
+        now_ms = self.clock.now_ms()
+        ended: list[StateChange] = []
+        remembered = [IndexEntry(where.hour, 0, 0, where.global_index, -1, 0, 0, 0, 0, Status.READY, 0)
+                      for where in queue.take_spilled(serial_key, want)]
+        want -= self._hold_found(queue, remembered, now_ms, ended)  # (_hold_found reads each, checks it is READY)
         start = queue.key_scan.get(serial_key)
         if start is None or want <= 0:
-            return  # (no room: the next pull or refill of the topic tries again)
+            self._ended(ended, now_ms)
+            self._wake(queue.name)
+            return
         del queue.key_scan[serial_key]
-        now_ms = self.clock.now_ms()
         entries, after = self.store.scan_ready(queue.topic_hash, start, now_ms // MS_PER_HOUR + 1, REFILL_SCAN,
                                                REFILL_FOUND)
-        ended: list[StateChange] = []
         mine = []
         for entry in entries:
             if entry.location in self.live:
@@ -658,10 +663,13 @@ class Broker:
         self._hold_found(queue, mine, now_ms, ended)
         if after is not None and serial_key not in queue.key_scan:
             queue.key_spill_at(serial_key, after)
+        self._ended(ended, now_ms)
+        self._wake(queue.name)
+
+    def _ended(self, ended: list[StateChange], now_ms: int) -> None:
         if ended:
             self._update(ended, now_ms)
             self.commits.kick()
-        self._wake(queue.name)
 
     def _schedule_refill(self, queue: TopicQueue) -> None:
         if queue.spilled and len(queue.ready) <= self.limits.window // 2:
@@ -979,8 +987,9 @@ class Broker:
         room = min(request.batch, limits.inflight - queue.consuming, limits.inflight_total - self.consuming_total)
         if room <= 0:
             return []
-        if queue.key_scan and len(queue.ready) < limits.window:
-            for serial_key in [k for k in queue.key_scan if k not in queue.busy][:INLINE_KEY_REFILLS]:
+        if (queue.key_scan or queue.key_spilled) and len(queue.ready) < limits.window:
+            free = [k for k in dict.fromkeys((*queue.key_spilled, *queue.key_scan)) if k not in queue.busy]
+            for serial_key in free[:INLINE_KEY_REFILLS]:
                 self._refill_key(queue, serial_key)
         if queue.spilled and len(queue.ready) < limits.window:
             # Top the window up first (after a restart it starts empty; a send

@@ -184,7 +184,8 @@ class KeyMachine(RuleBasedStateMachine):
             return
         assert len(queue.ready) <= LIMITS.window + LIMITS.inflight
         for key, held in queue.by_key.items():
-            assert len(held) <= (1 if key in queue.busy else LIMITS.key_window), key
+            assert len(held) <= LIMITS.key_window, key
+        assert queue.parked <= LIMITS.window
         assert queue.parked == self.broker.parked_total == sum(
             len(held) for key, held in queue.by_key.items() if key in queue.busy)
         busy = {live.serial_key for live in self.broker.live.values()
