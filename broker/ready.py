@@ -25,9 +25,9 @@ pull order, taking no window slot; a topic parks at most `window` of them
 (the rest go back to disk) -- so pulls pass over busy keys at no cost.
 When the key's message is acked, nacked or times out, its parked ones
 return to the pull order. One key holds at most `key_window` messages in
-RAM; its further ready messages stay on disk: the topic remembers where,
-for up to `window` of them (`key_spilled`, read back without a scan), and
-beyond that the first place one may lie (`key_scan[key]`, read back by a
+RAM; its further ready messages stay on disk: the topic remembers where
+(`key_spilled`, read back without a scan; `window_total` places over all
+topics), and beyond that the first place one may lie (`key_scan[key]`, read back by a
 scan that reads bodies to find the key's): either when the key has room.
 So a hot key with a million ready messages takes `key_window` slots,
 never the window, and busy keys never crowd out free ones.
@@ -186,18 +186,19 @@ class TopicQueue:
         self.parked -= len(back)
         return len(back)
 
-    def key_spill_at(self, serial_key: str, location: Location, remember: int = 0) -> None:
+    def key_spill_at(self, serial_key: str, location: Location, remember: bool = False) -> bool:
         """A READY message of the key at `location` stays on disk only (the
-        key has its `key_window` in the window): its place is remembered
-        while the topic remembers fewer than `remember`, else the key is
-        read back by a scan from there."""
-        if self.key_spilled_count < remember and serial_key not in self.key_scan:
+        key has its `key_window` in RAM): its place is remembered if
+        `remember` (True returned), else the key is read back by a scan
+        from there."""
+        if remember and serial_key not in self.key_scan:
             self.key_spilled.setdefault(serial_key, deque()).append(location)
             self.key_spilled_count += 1
-            return
+            return True
         at = self.key_scan.get(serial_key)
         if at is None or location < at:
             self.key_scan[serial_key] = location
+        return False
 
     def has_spilled(self, serial_key: str) -> bool:
         return serial_key in self.key_spilled or serial_key in self.key_scan

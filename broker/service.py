@@ -285,6 +285,7 @@ class Broker:
         self._inflight: dict[tuple[str, str], Live] = {}  # consuming ones by (topic, msgId)
         self.window_total = 0  # READY messages held in windows (parked ones included)
         self.parked_total = 0  # of which parked: held behind a busy serial key (broker.ready)
+        self.key_spilled_total = 0  # places of serial keys' messages on disk remembered (broker.ready)
         self.consuming_total = 0
         # A pull waits for its record's fsync only in a cluster (there the
         # answer also waits for followers, as every write's).
@@ -492,7 +493,7 @@ class Broker:
         limits = self.limits
         if live.serial_key and self._key_full(queue, live.serial_key):
             self.live.pop(live.location, None)  # its key has its share of the window: it waits on disk
-            queue.key_spill_at(live.serial_key, live.location, self.limits.window)
+            self._key_spill(queue, live.serial_key, live.location)
             return
         if len(queue.ready) < limits.window and self.window_total - self.parked_total < limits.window_total:
             self._window_add(queue, live)
@@ -504,6 +505,12 @@ class Broker:
             return
         self.live.pop(live.location, None)
         queue.spill_at(live.location)
+
+    def _key_spill(self, queue: TopicQueue, serial_key: str, location: Location) -> None:
+        """A READY message of a key with its share of RAM stays on disk; its
+        place is remembered while fewer than window_total are."""
+        if queue.key_spill_at(serial_key, location, self.key_spilled_total < self.limits.window_total):
+            self.key_spilled_total += 1
 
     def _key_full(self, queue: TopicQueue, serial_key: str) -> bool:
         """The key has its share of the window (key_window messages), or it
@@ -551,7 +558,7 @@ class Broker:
             for other in others[max(0, room):]:  # parked beyond `window` in the topic: back to disk
                 self._window_remove(queue, other)
                 del self.live[other.location]
-                queue.key_spill_at(other.serial_key, other.location, self.limits.window)
+                self._key_spill(queue, other.serial_key, other.location)
 
     def _unconsume(self, queue: TopicQueue, live: Live) -> None:
         """One fewer consuming: a pull held back by a cap may go on."""
@@ -624,7 +631,7 @@ class Broker:
                 self.metrics.topic(queue.name).ended += 1
                 continue
             if message.key and self._key_full(queue, message.key):
-                queue.key_spill_at(message.key, entry.location, self.limits.window)  # (read again when the key has room)
+                self._key_spill(queue, message.key, entry.location)  # (read again when the key has room)
                 continue
             self._window_add(queue, _live(message, queue.topic_hash))
             added += 1
@@ -639,8 +646,10 @@ class Broker:
             return  # (no room: the next pull or refill of the topic tries again)
         now_ms = self.clock.now_ms()
         ended: list[StateChange] = []
+        places = queue.take_spilled(serial_key, want)
+        self.key_spilled_total -= len(places)
         remembered = [IndexEntry(where.hour, 0, 0, where.global_index, -1, 0, 0, 0, 0, Status.READY, 0)
-                      for where in queue.take_spilled(serial_key, want)]
+                      for where in places]
         want -= self._hold_found(queue, remembered, now_ms, ended)  # (_hold_found reads each, checks it is READY)
         start = queue.key_scan.get(serial_key)
         if start is None or want <= 0:
