@@ -94,23 +94,54 @@ def delay_msg(m: Message) -> dict:
             "retry": m.retry, "status": int(m.status), "priority": m.priority, "tag": m.tag, "key": m.key}
 
 
+CONSOLE_COOKIE = "hg_console"
+
+
 def bearer_auth(token: str | None, handler: Handler) -> Handler:
     """Every path but /health and camellia's /camellia/health/* (for load
     balancers, as camellia's need none) needs `Authorization: Bearer
     <token>`, the scheme in any case (RFC 7235), the token compared in
-    constant time as the bytes sent; no token configured: open."""
+    constant time as the bytes sent; no token configured: open.
+
+    The console's paths (/console, /console/api/*) also take the token as
+    the cookie `hg_console`, which `GET /console?token=<token>` sets
+    (HttpOnly, SameSite=Strict): a browser gives the token once."""
     if token is None:
         return handler
     expected = token.encode()
 
+    def matches(given: str) -> bool:
+        # httpd decodes header bytes as latin-1: encoding back gives the bytes sent
+        return hmac.compare_digest(given.strip().encode("latin-1", "replace"), expected)
+
     async def auth(request: Request) -> Response | StreamResponse:
-        if request.path != "/health" and not request.path.startswith(HEALTH_PREFIX):
-            scheme, _, given = request.headers.get("authorization", "").partition(" ")
-            # httpd decodes header bytes as latin-1: encoding back gives the bytes sent
-            if not (hmac.compare_digest(given.strip().encode("latin-1", "replace"), expected) and scheme.lower() == "bearer"):
-                return answer(401, "missing or wrong bearer token")
-        return await handler(request)
+        path = request.path
+        if path == "/health" or path.startswith(HEALTH_PREFIX):
+            return await handler(request)
+        scheme, _, given = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() == "bearer" and matches(given):
+            return await handler(request)
+        if path == "/console" or path.startswith("/console/"):
+            cookie = _cookie(request.headers.get("cookie", ""), CONSOLE_COOKIE)
+            if cookie is not None and matches(cookie):
+                return await handler(request)
+            query = parse_form(request.query).get("token") if path == "/console" and request.query else None
+            if query is not None and matches(query):
+                response = await handler(request)
+                if isinstance(response, Response):
+                    response.headers = {**(response.headers or {}), "Set-Cookie": (
+                        f"{CONSOLE_COOKIE}={urllib.parse.quote(query)}; Path=/console; HttpOnly; SameSite=Strict")}
+                return response
+        return answer(401, "missing or wrong bearer token")
     return auth
+
+
+def _cookie(header: str, name: str) -> str | None:
+    for part in header.split(";"):
+        key, eq, value = part.strip().partition("=")
+        if eq and key == name:
+            return urllib.parse.unquote(value)
+    return None
 
 
 class Api:

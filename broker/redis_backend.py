@@ -879,7 +879,7 @@ class RedisBroker:
                 out.append(answered.get(n.msg_id) or _message(topic, n.msg_id, *stored))
                 continue
             m.sends += 1
-            out.append(Message(*n, status=Status(int(state)), retry=0, location=NO_LOCATION))
+            out.append(Message(*n[:9], status=Status(int(state)), retry=0, location=NO_LOCATION))
             answered[n.msg_id] = out[-1]
             if state == "2":
                 ready.append(n.trigger_ms)

@@ -23,6 +23,7 @@ from storage.store import Store, text_hash
 
 from . import camellia_metrics
 from .api import PREFIX, Api, Router, answer, bearer_auth
+from .console import Console, standalone_info
 from .camellia_metrics import ProcessStats
 from .clock import SystemClock
 from .config import ServeConfig
@@ -66,8 +67,13 @@ async def monitor_every(interval_s: int, metrics: Metrics, process: ProcessStats
 
 
 def start_monitor(node, config: ServeConfig) -> asyncio.Task:
-    return asyncio.create_task(monitor_every(config.monitor_interval_s, node.metrics, node.process, node.clock),
-                               name="monitor")
+    """camellia's monitor interval, and the console's throughput sampler."""
+    async def monitors() -> None:
+        samplers = [monitor_every(config.monitor_interval_s, node.metrics, node.process, node.clock)]
+        if getattr(node, "console", None) is not None:
+            samplers.append(node.console.run())
+        await asyncio.gather(*samplers)
+    return asyncio.create_task(monitors(), name="monitor")
 
 
 def serving_status(config: ServeConfig, wake_long_polls) -> ServingStatus:
@@ -105,6 +111,10 @@ class Node:
         self.api = Api(self.broker, config.max_msg_bytes, config.bodies, self.serving)
         self.checkpoints = 0
         self.checkpoint_seconds = 0.0
+        self.last_checkpoint_ms: int | None = None
+        self.console = Console(lambda: self.store, self.metrics, self.broker.topic_list,
+                               lambda: standalone_info(self.store, lambda: self.last_checkpoint_ms),
+                               self.clock.now_ms)
         log.info("opened %s in %.3f s: %s", config.data_path, self.opened_s, self.store)
 
     def handler(self):
@@ -113,6 +123,8 @@ class Node:
         router.add("GET", "/metrics", self.metrics_text)
         self.serving.add_routes(router)
         self.api.add_routes(router)
+        if self.console is not None:  # (the Redis backend has none: no second tables)
+            self.console.add_routes(router)
         return bearer_auth(self.config.auth_token, self.serving.track(router.dispatch))
 
     async def health(self, request: Request) -> Response:
@@ -155,6 +167,7 @@ class Node:
         self.store.finish_checkpoint(prepared)
         self.checkpoints += 1
         self.checkpoint_seconds += time.perf_counter() - started
+        self.last_checkpoint_ms = self.clock.now_ms()
 
 
 class RedisNode:
@@ -171,6 +184,7 @@ class RedisNode:
         self.process = ProcessStats()
         self.serving = serving_status(config, self.broker.wake_all)
         self.api = Api(self.broker, config.max_msg_bytes, config.bodies, self.serving)
+        self.console = None
 
     handler = Node.handler
 

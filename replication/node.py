@@ -51,6 +51,7 @@ import time
 import aiohttp
 
 from broker.api import PREFIX, Api, Router, answer, bearer_auth
+from broker.console import Console
 from broker.httpd import Request, Response, StreamResponse
 from broker.clock import SystemClock
 from broker.config import ServeConfig
@@ -98,6 +99,8 @@ class ClusterNode:
         self.tick_file: TickStateFile | None = TickStateFile(self.tick_path, fsync=True)
         self.metrics = Metrics()
         self.process = ProcessStats()
+        self.console = Console(lambda: self.store, self.metrics, self._topic_list, self._console_info,
+                               self.clock.now_ms)
         self.serving = serving_status(config, lambda: self.broker is not None and self.broker.wake_all())
         # its broker is set while this node leads
         self.api = Api(None, config.max_msg_bytes, config.bodies, self.serving)
@@ -158,6 +161,7 @@ class ClusterNode:
         router.add("GET", protocol.SNAPSHOT_PATH, self.on_snapshot)
         self.serving.add_routes(router)
         self.api.add_routes(router)
+        self.console.add_routes(router)
 
         async def route(request: Request) -> Response | StreamResponse:
             return await self._route(request, router.dispatch)
@@ -197,6 +201,26 @@ class ClusterNode:
                                 headers={"X-Hourglass-Leader": leader})
         except (aiohttp.ClientError, OSError) as e:
             return answer(503, f"the leader {leader} is unreachable ({e.__class__.__name__}); retry", leader=leader)
+
+    def _topic_list(self) -> list[str]:
+        if self.broker is not None:
+            return self.broker.topic_list()
+        return sorted(set(self.store.topic_names().values()))
+
+    def _console_info(self) -> dict:
+        """The console's node section: role, term, log end and, on the
+        leader, each follower's replicated offset and how far it lags."""
+        info = {"role": "leader" if self.role == "leader" else "follower", "node": self.cluster.node_id,
+                "leader": self.known_leader(),
+                "term": self.leading_term if self.role == "leader" else self.election.claimed[0],
+                "logEndOffset": self.store.log.end_offset}
+        if self.leader_log is not None:
+            now_s = time.monotonic()
+            info["followers"] = [{"node": name, "offset": p.offset,
+                                  "lagBytes": max(0, self.leader_log.durable_offset - p.offset),
+                                  "seenAgoMs": int((now_s - p.seen_s) * 1000)}
+                                 for name, p in sorted(self.leader_log.followers.items())]
+        return info
 
     async def health(self, request: Request) -> Response:
         # SPEC's roles are leader and follower: a candidate still follows

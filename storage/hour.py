@@ -28,7 +28,7 @@ _PAD = b"\0" * delay_log.ALIGN_BYTES
 
 class Hour:
     __slots__ = ("hour", "entries", "written", "applied", "log_bytes", "written_log_bytes", "ended", "last_end_ms",
-                 "topics", "files", "start", "refiled", "_entries_buf", "_frames_buf", "_slots", "_states")
+                 "topics", "totals", "files", "start", "refiled", "_entries_buf", "_frames_buf", "_slots", "_states")
 
     def __init__(self, hour: int, entries: int = 0, log_bytes: int = 0, ended: int = 0, last_end_ms: int = 0,
                  topics: dict[int, list[int]] | None = None):
@@ -42,6 +42,7 @@ class Hour:
         self.last_end_ms = last_end_ms
         # topic_hash -> [0, count of status 1, ..., count of status 7]
         self.topics: dict[int, list[int]] = {th: [0, *counts] for th, counts in (topics or {}).items()}
+        self.totals = [sum(column) for column in zip(*self.topics.values())] if self.topics else [0] * 8  # all topics
         self.files: HourFiles | None = None
         # A span's first hour (storage.spans), known once an entry is read;
         # and how far re-filing its messages has read (RAM only).
@@ -67,6 +68,7 @@ class Hour:
         if counts is None:
             counts = self.topics[topic_hash] = [0] * 8
         counts[status] += delta
+        self.totals[status] += delta
 
     # -- staging -----------------------------------------------------------------
 

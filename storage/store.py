@@ -1079,6 +1079,12 @@ class Store:
                 out.append((hour, list(counts)))
         return out
 
+    def file_counts(self) -> list[tuple[int, list[int]]]:
+        """(file id, messages per status over all topics) of every live
+        hour and span, ascending: O(files), from totals kept with the
+        per-topic counts."""
+        return [(hour, list(self._hours[hour].totals)) for hour in self._hour_order]
+
     def first_hours(self, status: Status) -> dict[int, int]:
         """topic hash -> the first live hour holding a message of the topic
         in `status` (committed changes): one pass over the hours' counts."""

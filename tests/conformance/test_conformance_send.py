@@ -9,7 +9,7 @@ from serving import MonitorWatch, request
 pytestmark = pytest.mark.slow
 
 DELAY_MSG_KEYS = {"topic", "msgId", "msg", "produceTime", "triggerTime", "expireTime", "maxRetry", "retry",
-                  "status", "priority", "tag"}
+                  "status", "priority", "tag", "key"}
 
 
 def test_send_answers_camellia_delay_msg(api, topic):

@@ -67,7 +67,7 @@ def test_send_answers_camellia_delay_msg(server, topic):
     before = int(time.time() * 1000)
     m = send(server, topic, "hello", msgId="a", delayMillis=5000, ttlMillis=7000, maxRetry=2)
     assert set(m) == {"topic", "msgId", "msg", "produceTime", "triggerTime", "expireTime", "maxRetry", "retry",
-                      "status", "priority", "tag"}
+                      "status", "priority", "tag", "key"}
     assert (m["topic"], m["msgId"], m["msg"], m["maxRetry"], m["retry"], m["status"]) == (topic, "a", "hello", 2, 0, 1)
     assert before <= m["produceTime"] <= int(time.time() * 1000)
     assert m["triggerTime"] == m["produceTime"] + 5000 and m["expireTime"] == m["triggerTime"] + 7000

@@ -1,0 +1,222 @@
+"""The built-in console: `GET /console`, and the JSON endpoints it draws from.
+
+The page (broker/console_page.py: plain HTML, JS and SVG, no external
+file, so it works offline) polls these, which scripts may use as well;
+every one is GET, answers `{"code": 200, "msg": "success", ...}`, and is
+behind the node's bearer token like the API:
+
+    /console/api/topics?offset=&limit=&prefix=
+        {"total", "offset", "topics": [{"topic", "waiting", "ready",
+        "consuming", "dead"}]}: topics by name, a page of at most 500
+        (counts: the per-hour, per-topic counts; dead = status 5 + 6 still
+        retained)
+    /console/api/forecast[?topic=]
+        {"nowMs", "secondStartMs", "perSecond": [3600 counts: messages
+        due in each second of the next hour], "minuteStartMs", "perMinute":
+        [1440 counts: in each minute of the next 24 h], "overdue": ready
+        messages (and, per topic, its waiting ones already due), "later":
+        due after 24 h}. Overall, from the hours' second tables (3600 ints
+        an hour, no message is read): entries filed in each second, so a
+        message deleted or rescheduled since still counts where it was.
+        With `topic`: from the per-hour counts of the topic's waiting
+        messages, so per hour (`perHour`: 24 counts, `hourStartMs`), not
+        per second
+    /console/api/stats
+        {"lateness": {"bounds": [s...], "counts": [...]} (the histogram
+        behind hourglass_dispatch_lateness_seconds), "throughput": [{"ms",
+        "sends", "pulls", "acks"} per 10 s for the last 15 min]}
+    /console/api/node
+        standalone: {"role": "standalone", "diskBytes", "logEndOffset",
+        "lastCheckpointMs", "hours"}; a cluster node: {"role", "node",
+        "term", "leader", "logEndOffset", "followers": [{"node", "offset",
+        "lagBytes", "seenAgoMs"}] (on the leader)}
+
+Dead letters, re-drive and message lookup use the API itself (listDeadMsg,
+redriveMsg, getMsg), so on a cluster they go to the leader as any call.
+
+The token: `/console?token=T` checks T like a bearer token, answers the
+page with a cookie (HttpOnly, SameSite=Strict) that authenticates the
+console's paths from then on, and the page keeps T (localStorage) for the
+API calls it makes; see bearer_auth in broker/api.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import os
+import time
+from collections.abc import Callable
+
+from storage.errors import InvalidRequest
+from storage.entry import MS_PER_HOUR, MS_PER_SECOND, SECONDS_PER_HOUR, Status
+from storage.spans import is_span
+from storage.store import Store, text_hash
+
+from .api import answer, parse_form
+from .console_page import PAGE
+from .httpd import Request, Response
+from .metrics import Metrics
+
+CONSOLE = "/console"
+API = CONSOLE + "/api/"
+MAX_PAGE = 500
+SAMPLE_S = 10
+SAMPLES = 90  # 15 minutes
+
+
+class Console:
+    """The console's routes over one node's store and metrics. `node_info`
+    gives the node section; `topics` lists the topic names (the broker's,
+    or the store's on a follower)."""
+
+    def __init__(self, store: Callable[[], Store], metrics: Metrics, topics: Callable[[], list[str]],
+                 node_info: Callable[[], dict], now_ms: Callable[[], int]) -> None:
+        self._store = store
+        self.metrics = metrics
+        self._topics = topics
+        self._node_info = node_info
+        self._now_ms = now_ms
+        self._samples: collections.deque = collections.deque(maxlen=SAMPLES + 1)
+
+    def add_routes(self, router) -> None:
+        router.add("GET", CONSOLE, self.page)
+        for name, handler in (("topics", self.topics), ("forecast", self.forecast), ("stats", self.stats),
+                              ("node", self.node)):
+            router.add("GET", API + name, _refusing_bad_input(handler))
+
+    async def run(self) -> None:
+        """Sample the send, pull and ack counters every SAMPLE_S (throughput)."""
+        while True:
+            self._sample()
+            await asyncio.sleep(SAMPLE_S)
+
+    def _sample(self) -> None:
+        totals = [0, 0, 0]
+        for m in self.metrics.topics.values():
+            totals[0] += m.sends
+            totals[1] += m.pulls
+            totals[2] += m.acks
+        self._samples.append((self._now_ms(), totals))
+
+    # -- endpoints -------------------------------------------------------------------
+
+    async def page(self, request: Request) -> Response:
+        return Response(200, PAGE.encode(), "text/html; charset=utf-8",
+                        headers={"Cache-Control": "no-store", "X-Frame-Options": "DENY",
+                                 "Content-Security-Policy": "default-src 'self'; script-src 'unsafe-inline'; "
+                                                            "style-src 'unsafe-inline'"})
+
+    async def topics(self, request: Request) -> Response:
+        q = parse_form(request.query)
+        offset, limit = _int(q, "offset", 0), min(_int(q, "limit", 100), MAX_PAGE)
+        prefix = q.get("prefix", "")
+        names = [t for t in self._topics() if t.startswith(prefix)]
+        store = self._store()
+        rows = []
+        for name in names[offset:offset + limit]:
+            counts = store.topic_counts(text_hash(name))
+            rows.append({"topic": name, "waiting": counts[Status.WAITING], "ready": counts[Status.READY],
+                         "consuming": counts[Status.CONSUMING],
+                         "dead": counts[Status.EXPIRED] + counts[Status.ENDED]})
+        return _json(total=len(names), offset=offset, topics=rows)
+
+    async def forecast(self, request: Request) -> Response:
+        q = parse_form(request.query)
+        store, now_ms = self._store(), self._now_ms()
+        topic = q.get("topic")
+        if topic:
+            return _json(**topic_forecast(store, topic, now_ms))
+        return _json(**forecast(store, now_ms))
+
+    async def stats(self, request: Request) -> Response:
+        if not self._samples or self._now_ms() - self._samples[-1][0] >= SAMPLE_S * 1000:
+            self._sample()
+        series = [{"ms": ms, "sends": b[0] - a[0], "pulls": b[1] - a[1], "acks": b[2] - a[2]}
+                  for (_, a), (ms, b) in zip(self._samples, list(self._samples)[1:])]
+        h = self.metrics.lateness_seconds
+        return _json(lateness={"bounds": list(h.bounds), "counts": list(h.counts), "count": h.count,
+                               "sumSeconds": h.total}, throughput=series)
+
+    async def node(self, request: Request) -> Response:
+        return _json(**self._node_info())
+
+
+def forecast(store: Store, now_ms: int) -> dict:
+    """Messages due per second for the next hour and per minute for the
+    next 24 h, from the second tables (see the module docstring)."""
+    first_s = now_ms // MS_PER_SECOND + 1  # the next whole second on
+    per_second = [0] * SECONDS_PER_HOUR
+    per_minute = [0] * 1440
+    minute0 = now_ms // 60_000 + 1
+    hour = first_s // SECONDS_PER_HOUR
+    last_hour = (now_ms + 24 * MS_PER_HOUR) // MS_PER_HOUR
+    counted_hours: dict[int, list[int]] = {}
+    h = store.next_hour(hour)
+    while h is not None and h <= last_hour:
+        counted_hours[h] = store.second_counts(h)
+        h = store.next_hour(h + 1)
+    for h, counts in counted_hours.items():
+        base_s = h * SECONDS_PER_HOUR
+        # seconds of the next hour held by this one: a slice
+        lo, hi = max(first_s, base_s), min(first_s + SECONDS_PER_HOUR, base_s + SECONDS_PER_HOUR)
+        if lo < hi:
+            per_second[lo - first_s:hi - first_s] = counts[lo - base_s:hi - base_s]
+        for m in range(60):  # an hour starts on a minute: sum its minutes
+            minute = base_s // 60 + m - minute0
+            if 0 <= minute < 1440:
+                per_minute[minute] += sum(counts[m * 60:(m + 1) * 60])
+    overdue = later = 0
+    for file_id, counts in store.file_counts():  # one pass over the hours' per-topic counts
+        overdue += counts[Status.READY]
+        if is_span(file_id) or file_id > last_hour:
+            later += counts[Status.WAITING]
+    return {"nowMs": now_ms, "secondStartMs": first_s * MS_PER_SECOND, "perSecond": per_second,
+            "minuteStartMs": minute0 * 60_000, "perMinute": per_minute, "overdue": overdue, "later": later}
+
+
+def topic_forecast(store: Store, topic: str, now_ms: int) -> dict:
+    """One topic's waiting messages per hour for the next 24 h (per-hour
+    counts: the second tables are shared by every topic)."""
+    now_hour = now_ms // MS_PER_HOUR
+    per_hour = [0] * 24
+    overdue = later = 0
+    counts_total = [0] * 8
+    for file_id, counts in store.topic_hours(text_hash(topic)):
+        counts_total = [a + b for a, b in zip(counts_total, counts)]
+        waiting = counts[Status.WAITING]
+        if not waiting:
+            continue
+        if is_span(file_id) or file_id >= now_hour + 24:
+            later += waiting
+        elif file_id < now_hour:
+            overdue += waiting
+        else:
+            per_hour[file_id - now_hour] += waiting
+    return {"nowMs": now_ms, "topic": topic, "hourStartMs": now_hour * MS_PER_HOUR, "perHour": per_hour,
+            "overdue": overdue + counts_total[Status.READY], "later": later}
+
+
+def standalone_info(store: Store, last_checkpoint_ms: Callable[[], int | None]) -> dict:
+    return {"role": "standalone", "diskBytes": store.disk_bytes(), "logEndOffset": store.log.end_offset,
+            "lastCheckpointMs": last_checkpoint_ms(), "hours": len(store.hours()), "pid": os.getpid(),
+            "timeMs": int(time.time() * 1000)}
+
+
+def _refusing_bad_input(handler):
+    async def run(request: Request) -> Response:
+        try:
+            return await handler(request)
+        except InvalidRequest as e:
+            return answer(400, str(e))
+    return run
+
+
+def _int(q: dict, name: str, default: int) -> int:
+    value = q.get(name, "")
+    return int(value) if value.isascii() and value.isdigit() and len(value) < 10 else default
+
+
+def _json(**payload) -> Response:
+    return answer(200, "success", **payload)
+

@@ -1,0 +1,143 @@
+"""The console's page (broker/console.py serves it): one HTML document with
+its script and styles inline and charts drawn as SVG, so the node serves
+it offline with nothing to build. It polls the console's JSON endpoints
+every 2 s and calls the API for dead letters, re-drive and lookups."""
+
+PAGE = r"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>hourglass console</title>
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<style>
+body{font:14px system-ui,sans-serif;margin:0;background:#f6f7f9;color:#1d2733}
+header{background:#1d2733;color:#fff;padding:10px 18px;display:flex;gap:18px;align-items:baseline}
+header h1{font-size:18px;margin:0}header span{opacity:.8}
+main{display:grid;grid-template-columns:minmax(380px,1fr) 2fr;gap:14px;padding:14px}
+section{background:#fff;border:1px solid #dde1e6;border-radius:6px;padding:10px 14px}
+h2{font-size:15px;margin:4px 0 8px}table{border-collapse:collapse;width:100%}
+td,th{padding:3px 6px;border-bottom:1px solid #eef0f3;text-align:right}td:first-child,th:first-child{text-align:left}
+tr.sel{background:#e8f0fe}tr[data-topic]{cursor:pointer}.wide{grid-column:1/3}
+svg{width:100%;height:160px;background:#fbfcfd}.bar{fill:#3b82f6}.over{fill:#ef4444}.now{stroke:#ef4444;stroke-width:2}
+.muted{color:#6b7785}input,button{font:inherit;padding:3px 6px}pre{white-space:pre-wrap;margin:4px 0}
+</style></head><body>
+<header><h1>hourglass</h1><span id="node">…</span><span id="clock"></span></header>
+<main>
+<section><h2>Topics <span class="muted" id="topicCount"></span></h2>
+<input id="prefix" placeholder="filter by prefix"> <button id="prev">‹</button><button id="next">›</button>
+<table id="topics"><thead><tr><th>topic</th><th>waiting</th><th>ready</th><th>consuming</th><th>dead</th></tr></thead><tbody></tbody></table></section>
+<section><h2>Forecast: due per second, next hour <span class="muted" id="fcTopic">(all topics)</span></h2>
+<svg id="perSecond" preserveAspectRatio="none"></svg>
+<h2>Due per minute, next 24 h <span class="muted" id="fcInfo"></span></h2>
+<svg id="perMinute" preserveAspectRatio="none"></svg></section>
+<section><h2>Dispatch lateness</h2><svg id="lateness" preserveAspectRatio="none"></svg><div class="muted" id="latInfo"></div></section>
+<section><h2>Throughput, last 15 min (per 10 s)</h2><svg id="throughput" preserveAspectRatio="none"></svg>
+<div class="muted">blue: sends · green: pulls · orange: acks</div></section>
+<section><h2>Dead letters <span class="muted" id="deadTopic"></span></h2>
+<button id="redriveAll">re-drive all</button> <button id="deadMore">next page</button>
+<table id="dead"><thead><tr><th>msgId</th><th>status</th><th>retry</th><th>ended by</th><th></th></tr></thead><tbody></tbody></table></section>
+<section><h2>Node</h2><table id="nodeTable"><tbody></tbody></table>
+<h2>Message lookup</h2><input id="lkTopic" placeholder="topic"> <input id="lkId" placeholder="msgId"> <button id="lookup">get</button>
+<pre id="lkOut" class="muted"></pre></section>
+</main>
+<script>
+"use strict";
+const params = new URLSearchParams(location.search);
+if (params.get("token")) { localStorage.setItem("hgToken", params.get("token")); history.replaceState(null, "", location.pathname); }
+const token = localStorage.getItem("hgToken");
+const auth = token ? {"Authorization": "Bearer " + token} : {};
+const API = "/camellia/delayQueue/";
+let offset = 0, selected = null, deadCursor = null;
+const $ = id => document.getElementById(id);
+const esc = s => String(s).replace(/[&<>"]/g, c => ({"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;"}[c]));
+async function get(path) { const r = await fetch(path, {headers: auth}); return r.json(); }
+async function post(path, form) {
+  const r = await fetch(API + path, {method: "POST", headers: {...auth, "Content-Type": "application/x-www-form-urlencoded"},
+                                     body: new URLSearchParams(form)});
+  return r.json();
+}
+function bars(svg, values, opts = {}) {
+  const w = 1000, h = 160, n = values.length, max = Math.max(1, ...values);
+  let out = `<svg viewBox="0 0 ${w} ${h}" preserveAspectRatio="none">`;
+  values.forEach((v, i) => { if (v > 0) { const bh = Math.max(1, v / max * (h - 14));
+    out += `<rect class="bar ${opts.cls ? opts.cls(i) : ""}" x="${i * w / n}" y="${h - bh}" width="${Math.max(w / n, 0.6)}" height="${bh}"><title>${opts.label ? esc(opts.label(i)) : i}: ${v}</title></rect>`; } });
+  if (opts.now !== undefined) out += `<line class="now" x1="${opts.now}" x2="${opts.now}" y1="0" y2="${h}"/>`;
+  out += `<text x="4" y="12" font-size="11" fill="#6b7785">max ${max}</text></svg>`;
+  svg.outerHTML = out.replace("<svg ", `<svg id="${svg.id}" `);
+}
+function lines(svg, series, keys, colors) {
+  const w = 1000, h = 160, n = Math.max(1, series.length - 1);
+  const max = Math.max(1, ...series.flatMap(p => keys.map(k => p[k])));
+  let out = `<svg id="${svg.id}" viewBox="0 0 ${w} ${h}" preserveAspectRatio="none">`;
+  keys.forEach((k, j) => { const pts = series.map((p, i) => `${i * w / n},${h - p[k] / max * (h - 14)}`).join(" ");
+    out += `<polyline fill="none" stroke="${colors[j]}" stroke-width="2" points="${pts}"/>`; });
+  svg.outerHTML = out + `<text x="4" y="12" font-size="11" fill="#6b7785">max ${max}</text></svg>`;
+}
+async function topics() {
+  const d = await get(`/console/api/topics?offset=${offset}&limit=50&prefix=${encodeURIComponent($("prefix").value)}`);
+  if (d.code !== 200) { $("topicCount").textContent = d.msg; return; }
+  $("topicCount").textContent = `${d.total} topics, from ${d.offset + 1}`;
+  $("topics").tBodies[0].innerHTML = d.topics.map(t => `<tr data-topic="${esc(t.topic)}" class="${t.topic === selected ? "sel" : ""}">` +
+    `<td>${esc(t.topic)}</td><td>${t.waiting}</td><td>${t.ready}</td><td>${t.consuming}</td><td>${t.dead}</td></tr>`).join("");
+}
+async function forecastAll() {
+  const d = await get("/console/api/forecast" + (selected ? "?topic=" + encodeURIComponent(selected) : ""));
+  if (d.code !== 200) return;
+  if (selected) {
+    $("fcTopic").textContent = `(${selected}: per hour, next 24 h)`;
+    bars($("perSecond"), d.perHour, {label: i => `+${i} h`, now: 0});
+    bars($("perMinute"), [d.overdue, ...d.perHour], {cls: i => i === 0 ? "over" : "", label: i => i ? `+${i - 1} h` : "overdue"});
+  } else {
+    $("fcTopic").textContent = "(all topics)";
+    bars($("perSecond"), d.perSecond, {label: i => new Date(d.secondStartMs + i * 1000).toLocaleTimeString(), now: 0});
+    bars($("perMinute"), [d.overdue, ...d.perMinute], {cls: i => i === 0 ? "over" : "",
+      label: i => i ? new Date(d.minuteStartMs + (i - 1) * 60000).toLocaleTimeString() : "overdue (ready now)"});
+  }
+  $("fcInfo").textContent = `overdue ${d.overdue} · later than 24 h ${d.later}`;
+}
+async function stats() {
+  const d = await get("/console/api/stats");
+  if (d.code !== 200) return;
+  const L = d.lateness;
+  bars($("lateness"), L.counts, {label: i => i < L.bounds.length ? `≤ ${L.bounds[i] * 1000} ms` : `> ${L.bounds[L.bounds.length - 1]} s`});
+  $("latInfo").textContent = `${L.count} released` + (L.count ? `, mean ${(L.sumSeconds / L.count * 1000).toFixed(1)} ms late` : "");
+  if (d.throughput.length) lines($("throughput"), d.throughput, ["sends", "pulls", "acks"], ["#3b82f6", "#16a34a", "#f59e0b"]);
+}
+async function node() {
+  const d = await get("/console/api/node");
+  if (d.code !== 200) { $("node").textContent = d.msg; return; }
+  $("node").textContent = d.role + (d.node ? " " + d.node : "") + (d.term !== undefined ? " · term " + d.term : "");
+  const rows = Object.entries(d).filter(([k]) => !["code", "msg", "followers"].includes(k));
+  let html = rows.map(([k, v]) => `<tr><td>${esc(k)}</td><td>${esc(k.endsWith("Ms") && v ? new Date(v).toLocaleString() : v)}</td></tr>`).join("");
+  for (const f of d.followers || []) html += `<tr><td>follower ${esc(f.node)}</td><td>lag ${f.lagBytes} B, seen ${f.seenAgoMs} ms ago</td></tr>`;
+  $("nodeTable").tBodies[0].innerHTML = html;
+}
+async function dead(reset) {
+  if (!selected) { $("deadTopic").textContent = "(pick a topic)"; return; }
+  if (reset) deadCursor = null;
+  const q = "topic=" + encodeURIComponent(selected) + "&limit=20" + (deadCursor ? "&cursor=" + encodeURIComponent(deadCursor) : "");
+  const d = await get(API + "listDeadMsg?" + q);
+  if (d.code !== 200) { $("deadTopic").textContent = d.msg; return; }
+  deadCursor = d.cursor; $("deadTopic").textContent = `(${selected})`;
+  $("dead").tBodies[0].innerHTML = d.delayMsgList.map(m => `<tr><td>${esc(m.msgId)}</td><td>${m.status}</td><td>${m.retry}</td>` +
+    `<td>${new Date(m.expireTime).toLocaleString()}</td><td><button data-redrive="${esc(m.msgId)}">re-drive</button></td></tr>`).join("");
+}
+document.addEventListener("click", async e => {
+  const row = e.target.closest("tr[data-topic]");
+  if (row) { selected = row.dataset.topic === selected ? null : row.dataset.topic; $("lkTopic").value = selected || "";
+             topics(); forecastAll(); dead(true); }
+  if (e.target.dataset.redrive) { await post("redriveMsg", {topic: selected, msgId: e.target.dataset.redrive}); dead(true); topics(); }
+});
+$("redriveAll").onclick = async () => { if (selected && confirm(`re-drive every dead letter of ${selected}?`)) {
+  const d = await post("redriveMsg", {topic: selected, all: "true"}); alert(`re-driven: ${d.redriven}` + (d.more ? " (more left)" : "")); dead(true); } };
+$("deadMore").onclick = () => dead(false);
+$("prev").onclick = () => { offset = Math.max(0, offset - 50); topics(); };
+$("next").onclick = () => { offset += 50; topics(); };
+$("prefix").oninput = () => { offset = 0; topics(); };
+$("lookup").onclick = async () => { const d = await post("getMsg", {topic: $("lkTopic").value, msgId: $("lkId").value});
+  $("lkOut").textContent = JSON.stringify(d.delayMsg || d, null, 1); };
+async function tick() {
+  $("clock").textContent = new Date().toLocaleTimeString();
+  await Promise.all([topics(), forecastAll(), stats(), node()]);
+  document.body.dataset.loaded = "1";
+}
+tick(); setInterval(tick, 2000);
+</script></body></html>
+"""
