@@ -209,7 +209,11 @@ class Store:
     def open(cls, directory: str, config: StoreConfig | None = None, now_ms: int | None = None) -> Store:
         """Open or create a store; repairs derived files from the commit log."""
         store = cls(directory, config or StoreConfig())
-        store._recover()
+        try:
+            store._recover()
+        except BaseException:  # a refused directory keeps no descriptor open
+            store._release_files()
+            raise
         if now_ms is not None:
             store.advance(now_ms)
         return store
@@ -1212,6 +1216,17 @@ class Store:
         self.ids.close()
         self.log.close()
         self._closed = True
+
+    def _release_files(self) -> None:
+        for h in self._hours.values():
+            if h.files is not None:  # closed as they are: a refused directory is not cut
+                for f in (h.files.log, h.files.idx, h.files.sec):
+                    f.close()
+                h.files = None
+        for part in ("ids", "log"):
+            opened = self.__dict__.get(part)
+            if opened is not None:
+                opened.close()
 
     def _check_open(self) -> None:
         if self._closed:
