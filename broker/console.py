@@ -44,8 +44,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import os
-import time
 from collections.abc import Callable
 
 from storage.errors import InvalidRequest
@@ -151,12 +149,9 @@ def forecast(store: Store, now_ms: int) -> dict:
     minute0 = now_ms // 60_000 + 1
     hour = first_s // SECONDS_PER_HOUR
     last_hour = (now_ms + 24 * MS_PER_HOUR) // MS_PER_HOUR
-    counted_hours: dict[int, list[int]] = {}
     h = store.next_hour(hour)
     while h is not None and h <= last_hour:
-        counted_hours[h] = store.second_counts(h)
-        h = store.next_hour(h + 1)
-    for h, counts in counted_hours.items():
+        counts = store.second_counts(h)
         base_s = h * SECONDS_PER_HOUR
         # seconds of the next hour held by this one: a slice
         lo, hi = max(first_s, base_s), min(first_s + SECONDS_PER_HOUR, base_s + SECONDS_PER_HOUR)
@@ -166,8 +161,9 @@ def forecast(store: Store, now_ms: int) -> dict:
             minute = base_s // 60 + m - minute0
             if 0 <= minute < 1440:
                 per_minute[minute] += sum(counts[m * 60:(m + 1) * 60])
+        h = store.next_hour(h + 1)
     overdue = later = 0
-    for file_id, counts in store.file_counts():  # one pass over the hours' per-topic counts
+    for file_id, counts in store.file_counts():  # the hours' all-topic totals
         overdue += counts[Status.READY]
         if is_span(file_id) or file_id > last_hour:
             later += counts[Status.WAITING]
@@ -181,9 +177,8 @@ def topic_forecast(store: Store, topic: str, now_ms: int) -> dict:
     now_hour = now_ms // MS_PER_HOUR
     per_hour = [0] * 24
     overdue = later = 0
-    counts_total = [0] * 8
     for file_id, counts in store.topic_hours(text_hash(topic)):
-        counts_total = [a + b for a, b in zip(counts_total, counts)]
+        overdue += counts[Status.READY]
         waiting = counts[Status.WAITING]
         if not waiting:
             continue
@@ -194,13 +189,12 @@ def topic_forecast(store: Store, topic: str, now_ms: int) -> dict:
         else:
             per_hour[file_id - now_hour] += waiting
     return {"nowMs": now_ms, "topic": topic, "hourStartMs": now_hour * MS_PER_HOUR, "perHour": per_hour,
-            "overdue": overdue + counts_total[Status.READY], "later": later}
+            "overdue": overdue, "later": later}
 
 
 def standalone_info(store: Store, last_checkpoint_ms: Callable[[], int | None]) -> dict:
     return {"role": "standalone", "diskBytes": store.disk_bytes(), "logEndOffset": store.log.end_offset,
-            "lastCheckpointMs": last_checkpoint_ms(), "hours": len(store.hours()), "pid": os.getpid(),
-            "timeMs": int(time.time() * 1000)}
+            "lastCheckpointMs": last_checkpoint_ms(), "hours": len(store.hours())}
 
 
 def _refusing_bad_input(handler):

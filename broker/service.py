@@ -53,7 +53,7 @@ import logging
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 
 from storage.entry import MS_PER_HOUR, MS_PER_SECOND, SECONDS_PER_HOUR, IndexEntry, Location, Message, Status
 from storage.errors import InvalidRequest
@@ -608,34 +608,37 @@ class Broker:
             entries, queue.scan = self.store.scan_ready(queue.topic_hash, queue.scan or Location(0, 0),
                                                         now_ms // MS_PER_HOUR + 1, max_scan, want - added)
             queue.spilled = queue.scan is not None
-            added += self._hold_found(queue, entries, now_ms, ended)
+            added += self._hold_found(queue, [e.location for e in entries], now_ms, ended)
             if not entries:
                 break
-        if ended:
-            self._update(ended, now_ms)
-            self.commits.kick()
+        self._ended(ended, now_ms)
         return added
 
-    def _hold_found(self, queue: TopicQueue, entries: list[IndexEntry], now_ms: int,
+    def _hold_found(self, queue: TopicQueue, locations: Iterable[Location], now_ms: int,
                     ended: list[StateChange]) -> int:
+        """Spilled messages found on disk into the window; how many."""
         added = 0
-        for entry in entries:
-            if entry.location in self.live:
-                continue
-            message = self.store.read_message(entry.location)
-            if message is None or message.status is not Status.READY or message.topic != queue.name:
-                continue
-            if now_ms >= message.expire_ms:
-                ended.append(StateChange(entry.location, Status.EXPIRED if message.retry == 0 else Status.ENDED,
-                                         message.retry))
-                self.metrics.topic(queue.name).ended += 1
-                continue
-            if message.key and self._key_full(queue, message.key):
-                self._key_spill(queue, message.key, entry.location)  # (read again when the key has room)
-                continue
-            self._window_add(queue, _live(message, queue.topic_hash))
-            added += 1
+        for location in locations:
+            if location not in self.live:
+                added += self._hold(queue, location, self.store.read_message(location), now_ms, ended)
         return added
+
+    def _hold(self, queue: TopicQueue, location: Location, message: Message | None, now_ms: int,
+              ended: list[StateChange]) -> bool:
+        """One message read from disk into the window, if it is still READY
+        and alive and its key has room (else it ends, or stays on disk)."""
+        if message is None or message.status is not Status.READY or message.topic != queue.name:
+            return False
+        if now_ms >= message.expire_ms:
+            ended.append(StateChange(location, Status.EXPIRED if message.retry == 0 else Status.ENDED,
+                                     message.retry))
+            self.metrics.topic(queue.name).ended += 1
+            return False
+        if message.key and self._key_full(queue, message.key):
+            self._key_spill(queue, message.key, location)  # (read again when the key has room)
+            return False
+        self._window_add(queue, _live(message, queue.topic_hash))
+        return True
 
     def _refill_key(self, queue: TopicQueue, serial_key: str) -> None:
         """Spilled READY messages of one serial key into the window, up to
@@ -648,9 +651,7 @@ class Broker:
         ended: list[StateChange] = []
         places = queue.take_spilled(serial_key, want)
         self.key_spilled_total -= len(places)
-        remembered = [IndexEntry(where.hour, 0, 0, where.global_index, -1, 0, 0, 0, 0, Status.READY, 0)
-                      for where in places]
-        want -= self._hold_found(queue, remembered, now_ms, ended)  # (_hold_found reads each, checks it is READY)
+        want -= self._hold_found(queue, places, now_ms, ended)
         start = queue.key_scan.get(serial_key)
         if start is None or want <= 0:
             self._ended(ended, now_ms)
@@ -659,17 +660,15 @@ class Broker:
         del queue.key_scan[serial_key]
         entries, after = self.store.scan_ready(queue.topic_hash, start, now_ms // MS_PER_HOUR + 1, REFILL_SCAN,
                                                REFILL_FOUND)
-        mine = []
         for entry in entries:
             if entry.location in self.live:
                 continue
             message = self.store.read_message(entry.location)
-            if message is not None and message.key == serial_key and message.status is Status.READY:
-                if len(mine) == want:  # the rest later, from here
+            if message is not None and message.key == serial_key:  # (another key's: its own position covers it)
+                if want <= 0:  # the rest later, from here
                     queue.key_spill_at(serial_key, entry.location)
                     break
-                mine.append(entry)  # (another key's: its own position or the topic's covers it)
-        self._hold_found(queue, mine, now_ms, ended)
+                want -= self._hold(queue, entry.location, message, now_ms, ended)
         if after is not None and serial_key not in queue.key_scan:
             queue.key_spill_at(serial_key, after)
         self._ended(ended, now_ms)

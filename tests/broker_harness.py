@@ -65,3 +65,31 @@ class BrokerHarness:
             self.loop.run_until_complete(self.loop.shutdown_default_executor())
             self.loop.close()
             shutil.rmtree(self.directory, ignore_errors=True)
+
+
+class HarnessMachine:
+    """A stateful test's view of its `BrokerHarness` (`self.h`): mix in
+    before RuleBasedStateMachine."""
+
+    h: BrokerHarness
+
+    @property
+    def clock(self) -> FakeClock:
+        return self.h.clock
+
+    @property
+    def broker(self) -> Broker:
+        return self.h.broker
+
+    @property
+    def store(self) -> Store:
+        return self.h.store
+
+    def _run(self, coro):
+        return self.h.run(coro)
+
+    async def _quiesce(self) -> None:
+        await self.h.quiesce()
+
+    def teardown(self) -> None:
+        self.h.teardown()

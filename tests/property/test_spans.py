@@ -113,6 +113,7 @@ def test_store_moves_far_messages_in_time_across_a_crash(seed, spread_hours, jum
             if i == len(jumps) // 2:  # a crash: moves appended and fsync'ed, not applied
                 store.refile(now, max_moves=5)
                 store.sync_log()
+                _crash(store)
                 store = Store.open(directory, now_ms=now)
             _all_moved(store, now)
             now_hour = now // MS_PER_HOUR

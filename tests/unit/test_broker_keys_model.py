@@ -22,7 +22,7 @@ import hypothesis.strategies as st
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from broker_harness import CONFIG, BrokerHarness
+from broker_harness import CONFIG, BrokerHarness, HarnessMachine
 from broker.metrics import Metrics
 from broker.params import AckRequest, Defaults, PullRequest
 from broker.ready import QueueLimits
@@ -45,11 +45,10 @@ def open_broker(directory: str, clock: FakeClock, limits: QueueLimits = LIMITS) 
                          limits=limits)
 
 
-class KeyMachine(RuleBasedStateMachine):
+class KeyMachine(HarnessMachine, RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.h = BrokerHarness("hourglass-keys-", START_MS, LIMITS, DEFAULTS)
-        self.clock = self.h.clock
         self.state: dict[str, Status] = {}
         self.key: dict[str, str] = {}
         self.deliveries: dict[str, int] = {}
@@ -57,19 +56,6 @@ class KeyMachine(RuleBasedStateMachine):
         self.deadline: dict[str, int] = {}
         self.sent = 0
         self.h.open_broker()
-
-    @property
-    def broker(self) -> Broker:
-        return self.h.broker
-
-    def _run(self, coro):
-        return self.h.run(coro)
-
-    async def _quiesce(self) -> None:
-        await self.h.quiesce()
-
-    def teardown(self) -> None:
-        self.h.teardown()
 
     def _busy(self) -> set[str]:
         return {self.key[i] for i, s in self.state.items() if s is CONSUMING and self.key[i]}

@@ -32,12 +32,11 @@ import hypothesis.strategies as st
 from hypothesis import HealthCheck, event, settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from broker_harness import BrokerHarness
+from broker_harness import BrokerHarness, HarnessMachine
 from broker.params import AckRequest, Defaults, PullRequest
 from broker.ready import QueueLimits
-from broker.service import Broker
 from storage.entry import MS_PER_HOUR, Location, Status
-from storage.store import NewMessage, Store
+from storage.store import NewMessage
 
 LIMITS = QueueLimits(window=3, window_total=5, inflight=4, inflight_total=6)
 DEFAULTS = Defaults()
@@ -66,11 +65,10 @@ class Msg:
         return (-self.priority, self.trigger_ms, self.location.hour, self.location.global_index)
 
 
-class BrokerWindowMachine(RuleBasedStateMachine):
+class BrokerWindowMachine(HarnessMachine, RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.h = BrokerHarness("hourglass-window-", START_MS, LIMITS, DEFAULTS)
-        self.clock = self.h.clock
         self.msgs: dict[str, Msg] = {}
         self.by_location: dict[Location, Msg] = {}
         self.sent = 0
@@ -79,28 +77,11 @@ class BrokerWindowMachine(RuleBasedStateMachine):
 
     # -- running the broker --------------------------------------------------------------
 
-    @property
-    def broker(self) -> Broker:
-        return self.h.broker
-
-    @property
-    def store(self) -> Store:
-        return self.h.store
-
-    def _run(self, coro):
-        return self.h.run(coro)
-
     def _open(self) -> None:
         self.h.open_broker()
 
-    async def _quiesce(self) -> None:
-        await self.h.quiesce()
-
     def _close(self) -> None:
         self.h.close_broker()
-
-    def teardown(self) -> None:
-        self.h.teardown()
 
     # -- the model -------------------------------------------------------------------------
 

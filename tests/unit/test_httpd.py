@@ -24,7 +24,7 @@ from broker.httpd import (
 def _nofile_limit(soft: int):
     """This process's RLIMIT_NOFILE soft limit lowered for a while."""
     old = resource.getrlimit(resource.RLIMIT_NOFILE)
-    soft = max(soft, len(os.listdir("/proc/self/fd")) + 64)  # (room for the loop whatever the suite left open)
+    soft = max(soft, len(os.listdir("/proc/self/fd")) + soft)  # (the same room whatever the suite holds open)
     resource.setrlimit(resource.RLIMIT_NOFILE, (soft, old[1]))
     try:
         yield
