@@ -323,6 +323,13 @@ def parse_form(raw: bytes) -> dict[str, str]:
 
 
 def parse_json(raw: bytes) -> dict[str, object]:
+    try:  # orjson: a fifth of json's time on a batch
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError:  # or what it refuses that json takes (ints past 64 bits, NaN, lone surrogates)
+        pass
+    else:
+        if isinstance(body, dict):
+            return body
     text = params.decode_utf8(raw, "body")
     try:
         body = json.loads(text)

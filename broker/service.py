@@ -51,7 +51,7 @@ import heapq
 import itertools
 import logging
 import time
-import uuid
+import os
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 
@@ -132,7 +132,8 @@ class Unavailable(Exception):
 
 
 def new_msg_id() -> str:
-    return uuid.uuid4().hex
+    """32 random hex digits, as uuid4().hex without its version bits (a fifth of its cost)."""
+    return os.urandom(16).hex()
 
 
 Replicated = Callable[[int], Awaitable[None]]
@@ -423,11 +424,10 @@ class Broker:
     # == the wheel's side ======================================================
 
     def _on_committed(self, entries: list[IndexEntry]) -> None:
-        on_new, unfiled = self.scheduler.on_new, self._unfiled
-        for entry in entries:
-            if is_span(entry.hour):  # filed far out: refile() brings it to an hour in time
-                continue
-            on_new(entry)
+        unfiled = self._unfiled
+        filed = [entry for entry in entries if not is_span(entry.hour)]  # a span's: refile() brings them in time
+        self.scheduler.on_new_many(filed)
+        for entry in filed:
             second = entry.hour * SECONDS_PER_HOUR + entry.second
             left = unfiled[second] - 1
             if left > 0:
@@ -834,17 +834,33 @@ class Broker:
                          now_ms)
             for i, result in zip(replace, self._store_new([batch[i] for i in replace], now_ms)):
                 results[i] = result
-        for r in results:
-            m = self.metrics.topic(r.message.topic)
-            if r.outcome is SendOutcome.STORED:
-                m.sends += 1
-                if not is_span(r.message.location.hour):
-                    self._unfiled[max(r.message.trigger_ms, now_ms) // MS_PER_SECOND] += 1
+        unfiled, stored, duplicates, due_now = self._unfiled, 0, 0, False
+        for outcome, message in results:
+            if outcome is SendOutcome.STORED:
+                stored += 1
+                trigger_ms = message.trigger_ms
+                if trigger_ms <= now_ms:
+                    due_now = True
+                    trigger_ms = now_ms
+                if not is_span(message.location.hour):
+                    unfiled[trigger_ms // MS_PER_SECOND] += 1
                 else:
                     self._span_wake.set()
             else:
-                m.duplicates += 1
+                duplicates += 1
+        topics = {message.topic for _, message in results}
+        for topic in topics:  # (a batch is one topic: sendMsgBatch)
+            m = self.metrics.topic(topic)
+            if len(topics) == 1:
+                m.sends += stored
+                m.duplicates += duplicates
+            else:
+                m.sends += sum(1 for r in results if r.outcome is SendOutcome.STORED and r.message.topic == topic)
+                m.duplicates += sum(1 for r in results if r.outcome is not SendOutcome.STORED
+                                    and r.message.topic == topic)
         await self.commits.durable()
+        if not due_now:
+            return [r.message for r in results]
         return self._release_due_now(results, now_ms)
 
     def _release_due_now(self, results: list, now_ms: int) -> list[Message]:

@@ -28,7 +28,8 @@ _PAD = b"\0" * delay_log.ALIGN_BYTES
 
 class Hour:
     __slots__ = ("hour", "entries", "written", "applied", "log_bytes", "written_log_bytes", "ended", "last_end_ms",
-                 "topics", "totals", "files", "start", "refiled", "_entries_buf", "_frames_buf", "_slots", "_states")
+                 "topics", "totals", "files", "start", "refiled", "_entries_buf", "_frames_buf", "_slots", "_states",
+                 "_known_slots")
 
     def __init__(self, hour: int, entries: int = 0, log_bytes: int = 0, ended: int = 0, last_end_ms: int = 0,
                  topics: dict[int, list[int]] | None = None):
@@ -51,6 +52,9 @@ class Hour:
         self._entries_buf = bytearray()  # entries [written, applied)
         self._frames_buf = bytearray()  # delay-log bytes [written_log_bytes, ...)
         self._slots: dict[int, tuple[int, int]] = {}  # second -> (last, count) not yet written
+        # second -> (last, count) as in the file, while its files are open:
+        # a send to a second already seen reads no slot (at most 3,600).
+        self._known_slots: dict[int, tuple[int, int]] = {}
         self._states: dict[int, bytes] = {}  # globalIndex < written -> mutable bytes not yet written
 
     # -- counters ----------------------------------------------------------------
@@ -118,6 +122,7 @@ class Hour:
             self._entries_buf = bytearray()
         for second, (last, count) in self._slots.items():
             files.write_slot(second, last, count)
+        self._known_slots.update(self._slots)
         self._slots.clear()
         for gi, mutable in self._states.items():
             files.write_state_bytes(gi, mutable)
@@ -138,8 +143,16 @@ class Hour:
         return None if mutable is None else mutable[1]
 
     def slot(self, second: int) -> tuple[int, int] | None:
-        """The staged (last, count) of `second`, or None to read the file."""
-        return self._slots.get(second)
+        """The staged or known (last, count) of `second`, or None to read the file."""
+        return self._slots.get(second) or self._known_slots.get(second)
+
+    def know_slot(self, second: int, slot: tuple[int, int]) -> None:
+        """`slot` was read from the file (see `slot`)."""
+        self._known_slots[second] = slot
+
+    def forget_slots(self) -> None:
+        """The files are closed: what they hold is read again when needed."""
+        self._known_slots.clear()
 
     def __repr__(self) -> str:
         return (f"Hour({self.hour}, entries={self.entries}, written={self.written}, "

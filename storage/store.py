@@ -370,6 +370,7 @@ class Store:
                 self._dirty.discard(h)
             h.files.close(h.entries, h.log_bytes)
             h.files = None
+            h.forget_slots()
             self._far_open.pop(h.hour, None)
 
     def advance(self, now_ms: int) -> None:
@@ -450,27 +451,68 @@ class Store:
                 del pending_ids[key]
 
     def _send_items(self, batch, now_ms, results, items, hashes, undo_hours, undo_slots, undo_ids) -> None:
+        """`_place` and `_pend_id` for each message of a batch, written out in
+        one loop (the send path's hottest: a batch pays for its calls once)."""
+        key_of, find, pack_body = self.ids.key_of_bytes, self._find, delay_log.pack_body
+        hours, pending_slots, pending_ids = self._hours, self._pending_slots, self._pending_ids
+        file_for, now_hour = spans.file_for, self._now_hour
+        append_result, append_item, append_undo_id = results.append, items.append, undo_ids.append
+        SendItem = records.SendItem
+        h = None
+        file_id = -1
         for m in batch:
             topic, msg_id = m.topic, m.msg_id
-            key = self.ids.key(topic, msg_id)
-            existing = self._find(key, topic, msg_id)
+            key = key_of(topic.encode(), msg_id.encode())
+            existing = find(key, topic, msg_id)
             if existing is not None:
-                results.append(SendResult(SendOutcome.DUPLICATE, existing))
+                append_result(SendResult(SendOutcome.DUPLICATE, existing))
                 continue
-            body = delay_log.pack_body(topic, msg_id, m.msg, m.produce_ms, m.ttl_ms, m.max_retry, m.tag, m.key)
+            body = pack_body(topic, msg_id, m.msg, m.produce_ms, m.ttl_ms, m.max_retry, m.tag, m.key)
             topic_hash = hashes.get(topic)
             if topic_hash is None:
                 topic_hash = hashes[topic] = text_hash(topic)
-            tag_hash = hashes.get(m.tag) if m.tag else 0
-            if tag_hash is None:
-                tag_hash = hashes[m.tag] = text_hash(m.tag)
-            item = self._place(max(m.trigger_ms, now_ms), m.trigger_ms, m.priority, topic_hash, tag_hash, key, body,
-                               undo_hours, undo_slots)
-            items.append(item)
-            message = Message(topic, msg_id, m.msg, m.produce_ms, m.trigger_ms, m.ttl_ms, m.max_retry,
-                              m.priority, m.tag, Status.WAITING, 0, Location(item.hour, item.global_index), m.key)
-            self._pend_id(key, message, undo_ids)
-            results.append(SendResult(SendOutcome.STORED, message))
+            tag = m.tag
+            if tag:
+                tag_hash = hashes.get(tag)
+                if tag_hash is None:
+                    tag_hash = hashes[tag] = text_hash(tag)
+            else:
+                tag_hash = 0
+            trigger_ms = m.trigger_ms
+            # _place: the coordinates of the new entry
+            hour, rest_ms = divmod(trigger_ms if trigger_ms > now_ms else now_ms, MS_PER_HOUR)
+            second = rest_ms // MS_PER_SECOND
+            fid = file_for(hour, now_hour)
+            if fid != file_id or h is None:
+                file_id = fid
+                h = hours.get(fid)
+                if fid not in undo_hours:
+                    undo_hours[fid] = (h.entries, h.log_bytes, False) if h is not None else (0, 0, True)
+                if h is None:
+                    h = self._hour(fid)
+            gi = h.entries
+            h.entries = gi + 1
+            slot = (fid, second)
+            before = pending_slots.get(slot)
+            last, count = before or self._slot(h, second)
+            frame_size = FRAME_HEADER_BYTES + len(body)
+            offset8 = h.log_bytes >> 3
+            h.log_bytes += (frame_size + 7) & ~7
+            if slot not in undo_slots:
+                undo_slots[slot] = before
+            pending_slots[slot] = (gi, count + 1)
+            append_item(SendItem(fid, gi, last, count, second, offset8, frame_size, trigger_ms, m.priority,
+                                 topic_hash, tag_hash, key, body))
+            message = Message(topic, msg_id, m.msg, m.produce_ms, trigger_ms, m.ttl_ms, m.max_retry,
+                              m.priority, tag, Status.WAITING, 0, Location(fid, gi), m.key)
+            # _pend_id
+            same_key = pending_ids.get(key)
+            if same_key is None:
+                pending_ids[key] = [message]
+            else:
+                same_key.append(message)
+            append_undo_id(key)
+            append_result(SendResult(SendOutcome.STORED, message))
 
     def _place(self, filing_ms: int, trigger_ms: int, priority: int, topic_hash: int, tag_hash: int, key: int,
                body: bytes, undo_hours: dict, undo_slots: dict) -> records.SendItem:
@@ -1007,7 +1049,9 @@ class Store:
             return staged
         if h.applied == 0:
             return -1, 0  # nothing of this hour is on disk yet
-        return self._files(h).read_slot(second)
+        slot = self._files(h).read_slot(second)
+        h.know_slot(second, slot)
+        return slot
 
     def read_second(self, hour: int, second: int) -> list[IndexEntry]:
         """Every applied entry filed under `second` of `hour`, localIndex

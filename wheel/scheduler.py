@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from storage.entry import MS_PER_SECOND, SECONDS_PER_HOUR, IndexEntry, Location
@@ -191,6 +191,27 @@ class Scheduler:
         else:
             due_ms = self._wheel.offer(abs_s).expiration_ms
         return due_ms is not None and self._announce(due_ms)
+
+    def on_new_many(self, entries: Iterable[IndexEntry]) -> bool:
+        """`on_new` for each entry, in order, announcing the earliest new
+        wake-up once (a committed batch's entries)."""
+        wheel, window = self._wheel, self._window
+        earliest = None
+        count = 0
+        for entry in entries:
+            count += 1
+            abs_s = entry.hour * SECONDS_PER_HOUR + entry.second
+            if abs_s < wheel.loaded_below_s:
+                window.open_second(abs_s, entry.local_index)
+                due_ms = window.add(entry)
+            elif entry.trigger_ms < abs_s * MS_PER_SECOND:
+                due_ms = window.add(entry)
+            else:
+                due_ms = wheel.offer(abs_s).expiration_ms
+            if due_ms is not None and (earliest is None or due_ms < earliest):
+                earliest = due_ms
+        self.stats.entries_offered += count
+        return earliest is not None and self._announce(earliest)
 
     def cancel(self, location: Location) -> bool:
         """The message at `location` left WAITING (deleted, acked): forget it

@@ -204,3 +204,44 @@ def test_arbitrary_values_of_real_keys_raise_only_invalid_request(params: dict[s
 @given(st.dictionaries(st.sampled_from(KEYS), json_values))
 def test_arbitrary_json_raises_only_invalid_request(params: dict[str, object]) -> None:
     every_parser(params)
+
+
+# -- the fast path -------------------------------------------------------------------------------------------------
+
+def _field_values():
+    ints = st.integers(min_value=-(2**63), max_value=2**63)
+    texts = st.text(max_size=8) | st.sampled_from(["", "0", "007", "-5", "+5", "1,2", "a\0b", "\ud800", "١"])
+    return st.none() | ints | texts | st.booleans() | st.floats(allow_nan=True) | ints.map(str) | st.just([1])
+
+
+@SETTINGS
+@given(st.dictionaries(st.sampled_from(["msg", "msgId", "delayMillis", "triggerTime", "ttlMillis", "maxRetry",
+                                        "priority", "tag", "key", "topic", "strictIdempotence"]),
+                       _field_values() | names | msgs, max_size=10))
+def test_fast_path_builds_what_the_full_rules_build(fields):
+    """Whatever the fast path takes, it turns into exactly the NewMessage the
+    full rules make of it (and it takes nothing they refuse)."""
+    from broker.params import _fast_message, _message
+    ids = iter(f"id{i}" for i in range(2))
+    fast = _fast_message(fields, "t", NOW, lambda: next(ids), D, MAX_MSG_BYTES)
+    if fast is None:
+        return
+    ids = iter(f"id{i}" for i in range(2))
+    assert fast == _message(fields, "", "t", NOW, lambda: next(ids), D, MAX_MSG_BYTES)
+
+
+@SETTINGS
+@given(st.lists(st.fixed_dictionaries({"msg": msgs}, optional={
+    "msgId": names, "delayMillis": st.integers(-10**6, 10**12), "priority": st.integers(-(2**15), 2**15 - 1),
+    "tag": names.filter(lambda t: "," not in t), "maxRetry": st.integers(-5, 10**6)}), min_size=1, max_size=20))
+def test_a_plain_batch_takes_the_fast_path_and_matches_item_by_item(items):
+    """A batch of plain items (all on the fast path) equals each item parsed
+    alone by the full rules."""
+    from broker.params import _fast_message, _message
+    made = iter(f"gen{i}" for i in range(100))
+    batch = parse_send_batch({"topic": "t", "msgs": items}, now_ms=NOW, make_id=lambda: next(made), defaults=D,
+                             max_msg_bytes=MAX_MSG_BYTES)
+    assert all(_fast_message(item, "t", NOW, lambda: "x", D, MAX_MSG_BYTES) is not None for item in items)
+    made = iter(f"gen{i}" for i in range(100))
+    assert [s.message for s in batch] == [_message(item, "", "t", NOW, lambda: next(made), D, MAX_MSG_BYTES)
+                                         for item in items]
