@@ -84,6 +84,12 @@ STAGE_LIMIT_BYTES = 8 * 1024 * 1024
 # Disk room a send leaves free beyond what the writes it commits the store to
 # will take: for the checkpoint file, a shard doubling, block rounding.
 DISK_HEADROOM_BYTES = 1024 * 1024
+# The free space a send checks is read (statvfs) again after this many sends,
+# or sooner when what they may have written since comes within
+# DISK_RECHECK_MARGIN_BYTES of what was free: a send pays for a statvfs only
+# near a full disk (where it checks every time) or once per so many sends.
+DISK_RECHECK_SENDS = 64
+DISK_RECHECK_MARGIN_BYTES = 256 * 1024 * 1024
 
 
 class NewMessage(NamedTuple):
@@ -197,6 +203,8 @@ class Store:
         self._dirty: set[Hour] = set()  # hours with staged bytes (see storage.hour)
         self._staged_bytes = 0  # their total, as of the last apply (an upper bound)
         self._pending_far_bytes = 0  # far-hour bytes of sends appended, not applied yet
+        # (free bytes at the last statvfs, bytes sent since, sends since): see DISK_RECHECK_SENDS
+        self._disk_seen = (0, 0, DISK_RECHECK_SENDS)
         self._closed = False
         self._far_limit = _far_hours_limit(config.open_far_hours)
         self._checkpoint_offset = -1  # commit offset of the last checkpoint read or written
@@ -719,7 +727,13 @@ class Store:
         far_bytes = sum(item.frame_size + delay_index.ENTRY_BYTES + 16 for item in items if item.hour not in near)
         need = (self._staged_bytes + self._pending_far_bytes + far_bytes + self.log.allocation_for(record_bytes)
                 + 3 * PAGE_BYTES * (len(self._dirty) + 1) + DISK_HEADROOM_BYTES)
+        seen_free, spent, sends = self._disk_seen
+        spent += record_bytes + far_bytes
+        if sends < DISK_RECHECK_SENDS and need + spent + DISK_RECHECK_MARGIN_BYTES <= seen_free:
+            self._disk_seen = (seen_free, spent, sends + 1)  # room enough, seen a moment ago: no statvfs
+            return far_bytes
         free = free_bytes(self.directory)
+        self._disk_seen = (free, 0, 0)
         if free < need:
             raise OSError(errno.ENOSPC, f"the disk holding {self.directory} has {free} bytes free; "
                                         f"this batch needs {need} (writes it commits to, and headroom)")
@@ -793,22 +807,26 @@ class Store:
 
     def _apply(self, kind: records.Kind, now_ms: int, items: list, new_entries: list[IndexEntry] | None) -> None:
         if kind is records.Kind.SEND:
-            put = self.ids.put
-            dirty = self._dirty
+            put, dirty, topic_names = self.ids.put, self._dirty, self._topic_names
+            add_entry = None if new_entries is None else new_entries.append
+            staged: dict[tuple[Hour, int], int] = {}  # (hour, topic hash) -> entries staged: counted once
             h = None
             for item in items:
                 if h is None or h.hour != item.hour:
                     h = self._hour(item.hour)
                 if h.stage_send(item):
-                    h.count(item.topic_hash, WAITING, 1)
-                    if item.topic_hash not in self._topic_names:
-                        self._topic_names[item.topic_hash] = delay_log.unpack_body(item.body).topic
+                    counted = (h, item.topic_hash)
+                    staged[counted] = staged.get(counted, 0) + 1
+                    if item.topic_hash not in topic_names:
+                        topic_names[item.topic_hash] = delay_log.unpack_body(item.body).topic
                 put(item.key, item.hour, item.global_index)
                 dirty.add(h)  # after put: its look at a released message may have flushed h
-                if new_entries is not None:
-                    new_entries.append(IndexEntry(
+                if add_entry is not None:
+                    add_entry(IndexEntry(
                         item.hour, item.second, item.local_index, item.global_index, item.pre_global_index,
                         item.trigger_ms, item.priority, item.topic_hash, item.tag_hash, WAITING, 0))
+            for (h, topic_hash), count in staged.items():
+                h.count(topic_hash, WAITING, count)
             return
         if kind is records.Kind.MOVE:
             self._apply_moves(now_ms, items, new_entries)

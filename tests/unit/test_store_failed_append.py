@@ -73,6 +73,7 @@ def test_a_send_the_disk_has_no_room_for_is_refused_before_it_is_appended(tmp_pa
             monkeypatch.setattr(os, "posix_fallocate", full_disk)
         else:  # the file system is short of what the batch commits the store to write
             monkeypatch.setattr(store_module, "free_bytes", lambda path: store_module.DISK_HEADROOM_BYTES)
+            monkeypatch.setattr(store_module, "DISK_RECHECK_SENDS", 0)  # read at this send, not a cached figure
         big = "x" * 100_000
         batch = ([message(f"n{i}", 2_000)._replace(msg=big) for i in range(3)]
                  + [message("far", 3 * MS_PER_HOUR), message("next", MS_PER_HOUR)])  # a new far and near hour
@@ -97,3 +98,27 @@ def test_a_send_the_disk_has_no_room_for_is_refused_before_it_is_appended(tmp_pa
 
 def full_disk(fd, offset, length):
     raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def test_a_disk_that_fills_after_a_check_is_seen_within_disk_recheck_sends(tmp_path, monkeypatch):
+    """The free space read by one send is trusted by at most
+    DISK_RECHECK_SENDS later ones: a disk filled by someone else is refused
+    (ENOSPC, nothing appended) by then."""
+    store = Store.open(str(tmp_path), now_ms=NOW)
+    try:
+        store.send([message("a", 1_000)], NOW)
+        store.commit()
+        monkeypatch.setattr(store_module, "free_bytes", lambda path: store_module.DISK_HEADROOM_BYTES)
+        for i in range(store_module.DISK_RECHECK_SENDS + 1):
+            end = store.log.end_offset
+            try:
+                store.send([message(f"m{i}", 1_000)], NOW)
+            except OSError as e:
+                assert e.errno == errno.ENOSPC and store.log.end_offset == end
+                break
+            store.commit()
+        else:
+            pytest.fail(f"{store_module.DISK_RECHECK_SENDS + 1} sends after the disk filled were all taken")
+        assert 1 <= i <= store_module.DISK_RECHECK_SENDS
+    finally:
+        store.close()
