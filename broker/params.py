@@ -260,7 +260,7 @@ def parse_send_batch(body: Params, *, now_ms: int, make_id: Callable[[], str], d
             if own is None or own == "" or own == topic:
                 message = fast(item, topic, now_ms, make_id, defaults, max_msg_bytes)
                 if message is not None:
-                    out.append(NewSend(message, strict))
+                    out.append(tuple.__new__(NewSend, (message, strict)))
                     continue
         where = f"msgs[{i}]."
         if not isinstance(item, Mapping):
@@ -503,8 +503,8 @@ def _fast_message(params: Mapping, topic: str, now_ms: int, make_id: Callable[[]
         key = ""
     elif type(key) is not str or not _plain_name(key):
         return None
-    return NewMessage(topic, make_id() if msg_id is None else msg_id, msg, now_ms, trigger_ms, ttl_ms, max_retry,
-                      priority, tag, key)
+    return tuple.__new__(NewMessage, (topic, make_id() if msg_id is None else msg_id, msg, now_ms, trigger_ms, ttl_ms,
+                                      max_retry, priority, tag, key))  # (NewMessage's own __new__ is Python code)
 
 
 def _key(parameter: str) -> str:

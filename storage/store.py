@@ -115,6 +115,9 @@ class SendResult(NamedTuple):
     message: Message
 
 
+STORED, DUPLICATE = SendOutcome.STORED, SendOutcome.DUPLICATE
+
+
 class StateChange(NamedTuple):
     location: Location
     status: Status
@@ -465,7 +468,7 @@ class Store:
         hours, pending_slots, pending_ids = self._hours, self._pending_slots, self._pending_ids
         file_for, now_hour = spans.file_for, self._now_hour
         append_result, append_item, append_undo_id = results.append, items.append, undo_ids.append
-        SendItem = records.SendItem
+        SendItem, new = records.SendItem, tuple.__new__  # NamedTuples built without their Python-level __new__
         h = None
         file_id = -1
         for m in batch:
@@ -473,7 +476,7 @@ class Store:
             key = key_of(topic.encode(), msg_id.encode())
             existing = find(key, topic, msg_id)
             if existing is not None:
-                append_result(SendResult(SendOutcome.DUPLICATE, existing))
+                append_result(new(SendResult, (DUPLICATE, existing)))
                 continue
             body = pack_body(topic, msg_id, m.msg, m.produce_ms, m.ttl_ms, m.max_retry, m.tag, m.key)
             topic_hash = hashes.get(topic)
@@ -509,10 +512,10 @@ class Store:
             if slot not in undo_slots:
                 undo_slots[slot] = before
             pending_slots[slot] = (gi, count + 1)
-            append_item(SendItem(fid, gi, last, count, second, offset8, frame_size, trigger_ms, m.priority,
-                                 topic_hash, tag_hash, key, body))
-            message = Message(topic, msg_id, m.msg, m.produce_ms, trigger_ms, m.ttl_ms, m.max_retry,
-                              m.priority, tag, Status.WAITING, 0, Location(fid, gi), m.key)
+            append_item(new(SendItem, (fid, gi, last, count, second, offset8, frame_size, trigger_ms, m.priority,
+                                       topic_hash, tag_hash, key, body)))
+            message = new(Message, (topic, msg_id, m.msg, m.produce_ms, trigger_ms, m.ttl_ms, m.max_retry,
+                                    m.priority, tag, WAITING, 0, new(Location, (fid, gi)), m.key))
             # _pend_id
             same_key = pending_ids.get(key)
             if same_key is None:
@@ -520,7 +523,7 @@ class Store:
             else:
                 same_key.append(message)
             append_undo_id(key)
-            append_result(SendResult(SendOutcome.STORED, message))
+            append_result(new(SendResult, (STORED, message)))
 
     def _place(self, filing_ms: int, trigger_ms: int, priority: int, topic_hash: int, tag_hash: int, key: int,
                body: bytes, undo_hours: dict, undo_slots: dict) -> records.SendItem:
@@ -822,9 +825,9 @@ class Store:
                 put(item.key, item.hour, item.global_index)
                 dirty.add(h)  # after put: its look at a released message may have flushed h
                 if add_entry is not None:
-                    add_entry(IndexEntry(
+                    add_entry(tuple.__new__(IndexEntry, (
                         item.hour, item.second, item.local_index, item.global_index, item.pre_global_index,
-                        item.trigger_ms, item.priority, item.topic_hash, item.tag_hash, WAITING, 0))
+                        item.trigger_ms, item.priority, item.topic_hash, item.tag_hash, WAITING, 0)))
             for (h, topic_hash), count in staged.items():
                 h.count(topic_hash, WAITING, count)
             return

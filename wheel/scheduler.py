@@ -207,7 +207,7 @@ class Scheduler:
             elif entry.trigger_ms < abs_s * MS_PER_SECOND:
                 due_ms = window.add(entry)
             else:
-                due_ms = wheel.offer(abs_s).expiration_ms
+                due_ms = wheel.offer_expiration(abs_s)
             if due_ms is not None and (earliest is None or due_ms < earliest):
                 earliest = due_ms
         self.stats.entries_offered += count
