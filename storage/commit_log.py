@@ -187,9 +187,9 @@ class CommitLog:
     segment named by the current end offset is created and the frame goes
     there. `read_from(100008)` yields every record from the second on.
 
-    Cost: append is a memcpy into the mmap; `sync()` is one msync of the
-    bytes written since the last sync (group commit: callers append many
-    records, then sync once).
+    Cost: append is a memcpy into the mmap; `sync()` is one fdatasync of
+    the active segment when anything was written since the last sync
+    (group commit: callers append many records, then sync once).
     """
 
     def __init__(self, directory: str, fsync: FsyncPolicy, segment_bytes: int) -> None:
