@@ -31,6 +31,7 @@ from __future__ import annotations
 import hmac
 import json
 import logging
+import re
 import urllib.parse
 from collections.abc import Awaitable, Callable
 
@@ -322,14 +323,23 @@ def parse_form(raw: bytes) -> dict[str, str]:
     return out
 
 
+# 19 digits in a row: a number orjson may read as a float where json keeps the int.
+_LONG_DIGITS = re.compile(rb"[0-9]{19}")
+
+
 def parse_json(raw: bytes) -> dict[str, object]:
-    try:  # orjson: a fifth of json's time on a batch
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError:  # or what it refuses that json takes (ints past 64 bits, NaN, lone surrogates)
-        pass
-    else:
-        if isinstance(body, dict):
-            return body
+    """orjson (a fifth of json's time on a batch) where it reads the body as
+    json would; json for the rest: what orjson refuses (NaN, lone
+    surrogates) and bodies with integers of 19 digits or more (orjson makes
+    floats of those past 64 bits, json keeps them exact)."""
+    if _LONG_DIGITS.search(raw) is None:
+        try:
+            body = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            pass
+        else:
+            if isinstance(body, dict):
+                return body
     text = params.decode_utf8(raw, "body")
     try:
         body = json.loads(text)

@@ -485,7 +485,7 @@ def _fast_message(params: Mapping, topic: str, now_ms: int, make_id: Callable[[]
     max_retry = _plain_int(get("maxRetry"))
     if max_retry is None:
         return None
-    max_retry = defaults.max_retry if max_retry is _MISSING or max_retry < 0 else min(max_retry, MAX_RETRY_COUNT - 1)
+    max_retry = min(defaults.max_retry if max_retry is _MISSING or max_retry < 0 else max_retry, MAX_RETRY_COUNT - 1)
     priority = _plain_int(get("priority"))
     if priority is None:
         return None

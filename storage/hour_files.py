@@ -135,6 +135,10 @@ class HourFiles:
             self.log.reserve(log_size)
             self.idx.reserve(idx_size)
 
+    def mapped_bytes(self) -> int:
+        """Bytes the mapped log and index files hold (grown by `reserve`); 0 when not mapped."""
+        return self.log.file_bytes() + self.idx.file_bytes() if self.mapped else 0
+
     def exact_sizes(self, entries: int, log_bytes: int) -> tuple[int, int]:
         return delay_log.HEADER_BYTES + log_bytes, delay_index.entry_offset(entries)
 

@@ -723,15 +723,19 @@ class Store:
         batch's far-hour bytes, the commit log's next reservation -- plus
         DISK_HEADROOM_BYTES. Returns this batch's far-hour bytes."""
         near = self._near
+        grown = 0  # bytes the near hours' files took now (a growth doubles a file)
         for hour in hours:
             if hour in near:
                 h = self._hours[hour]
-                self._files(h).reserve(h.entries, h.log_bytes)
+                files = self._files(h)
+                before = files.mapped_bytes()
+                files.reserve(h.entries, h.log_bytes)
+                grown += files.mapped_bytes() - before
         far_bytes = sum(item.frame_size + delay_index.ENTRY_BYTES + 16 for item in items if item.hour not in near)
         need = (self._staged_bytes + self._pending_far_bytes + far_bytes + self.log.allocation_for(record_bytes)
                 + 3 * PAGE_BYTES * (len(self._dirty) + 1) + DISK_HEADROOM_BYTES)
         seen_free, spent, sends = self._disk_seen
-        spent += record_bytes + far_bytes
+        spent += record_bytes + far_bytes + grown
         if sends < DISK_RECHECK_SENDS and need + spent + DISK_RECHECK_MARGIN_BYTES <= seen_free:
             self._disk_seen = (seen_free, spent, sends + 1)  # room enough, seen a moment ago: no statvfs
             return far_bytes

@@ -245,3 +245,17 @@ def test_a_plain_batch_takes_the_fast_path_and_matches_item_by_item(items):
     made = iter(f"gen{i}" for i in range(100))
     assert [s.message for s in batch] == [_message(item, "", "t", NOW, lambda: next(made), D, MAX_MSG_BYTES)
                                          for item in items]
+
+
+@SETTINGS
+@given(st.integers(0, MAX_RETRY_COUNT), st.sampled_from([None, "", -1, "3", 5, 10**9]))
+def test_fast_path_caps_max_retry_as_the_full_rules_do(default_retry, given_retry):
+    """A server default of maxRetry above what a message can count is capped
+    the same way on both paths (retry counts deliveries: up to max_retry + 1)."""
+    from dataclasses import replace
+
+    from broker.params import _fast_message, _message
+    defaults = replace(D, max_retry=default_retry)
+    fields = {"msg": "m", "msgId": "i", "maxRetry": given_retry}
+    fast = _fast_message(fields, "t", NOW, lambda: "x", defaults, MAX_MSG_BYTES)
+    assert fast is not None and fast == _message(fields, "", "t", NOW, lambda: "x", defaults, MAX_MSG_BYTES)

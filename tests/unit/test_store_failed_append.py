@@ -122,3 +122,30 @@ def test_a_disk_that_fills_after_a_check_is_seen_within_disk_recheck_sends(tmp_p
         assert 1 <= i <= store_module.DISK_RECHECK_SENDS
     finally:
         store.close()
+
+
+def test_growing_a_near_hour_counts_against_the_free_space_seen(tmp_path, monkeypatch):
+    """A send that grows a near hour's mapped files (they double) spends
+    that disk: the next send reads the free space again rather than trust
+    the figure seen before the growth."""
+    from storage.hour_files import HourFiles
+    reads = []
+    monkeypatch.setattr(store_module, "free_bytes", lambda path: reads.append(path) or 600 * 1024 * 1024)
+    store = Store.open(str(tmp_path), now_ms=NOW)
+    try:
+        store.send([message("a", 1_000)], NOW)
+        store.commit()
+        assert len(reads) == 1
+        store.send([message("b", 1_000)], NOW)  # room enough: the figure seen is trusted
+        store.commit()
+        assert len(reads) == 1
+        sizes = iter([0, 500 * 1024 * 1024])  # before and after reserve: a growth of 500 MiB
+        monkeypatch.setattr(HourFiles, "mapped_bytes", lambda self: next(sizes))
+        store.send([message("c", 1_000)], NOW)
+        store.commit()
+        monkeypatch.undo()
+        monkeypatch.setattr(store_module, "free_bytes", lambda path: reads.append(path) or 600 * 1024 * 1024)
+        store.send([message("d", 1_000)], NOW)  # 500 MiB spent of 600: read again
+        assert len(reads) == 2
+    finally:
+        store.close()
