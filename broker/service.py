@@ -849,15 +849,17 @@ class Broker:
             else:
                 duplicates += 1
         topics = {message.topic for _, message in results}
-        for topic in topics:  # (a batch is one topic: sendMsgBatch)
-            m = self.metrics.topic(topic)
-            if len(topics) == 1:
-                m.sends += stored
-                m.duplicates += duplicates
-            else:
-                m.sends += sum(1 for r in results if r.outcome is SendOutcome.STORED and r.message.topic == topic)
-                m.duplicates += sum(1 for r in results if r.outcome is not SendOutcome.STORED
-                                    and r.message.topic == topic)
+        if len(topics) == 1:  # sendMsgBatch: one topic, counted once
+            m = self.metrics.topic(topics.pop())
+            m.sends += stored
+            m.duplicates += duplicates
+        else:
+            for outcome, message in results:
+                m = self.metrics.topic(message.topic)
+                if outcome is SendOutcome.STORED:
+                    m.sends += 1
+                else:
+                    m.duplicates += 1
         await self.commits.durable()
         if not due_now:
             return [r.message for r in results]

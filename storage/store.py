@@ -462,15 +462,10 @@ class Store:
                 del pending_ids[key]
 
     def _send_items(self, batch, now_ms, results, items, hashes, undo_hours, undo_slots, undo_ids) -> None:
-        """`_place` and `_pend_id` for each message of a batch, written out in
-        one loop (the send path's hottest: a batch pays for its calls once)."""
         key_of, find, pack_body = self.ids.key_of_bytes, self._find, delay_log.pack_body
-        hours, pending_slots, pending_ids = self._hours, self._pending_slots, self._pending_ids
-        file_for, now_hour = spans.file_for, self._now_hour
-        append_result, append_item, append_undo_id = results.append, items.append, undo_ids.append
-        SendItem, new = records.SendItem, tuple.__new__  # NamedTuples built without their Python-level __new__
-        h = None
-        file_id = -1
+        place, pend_id = self._place, self._pend_id
+        append_result, append_item = results.append, items.append
+        new = tuple.__new__  # NamedTuples built without their Python-level __new__ (the send path's hottest loop)
         for m in batch:
             topic, msg_id = m.topic, m.msg_id
             key = key_of(topic.encode(), msg_id.encode())
@@ -490,39 +485,12 @@ class Store:
             else:
                 tag_hash = 0
             trigger_ms = m.trigger_ms
-            # _place: the coordinates of the new entry
-            hour, rest_ms = divmod(trigger_ms if trigger_ms > now_ms else now_ms, MS_PER_HOUR)
-            second = rest_ms // MS_PER_SECOND
-            fid = file_for(hour, now_hour)
-            if fid != file_id or h is None:
-                file_id = fid
-                h = hours.get(fid)
-                if fid not in undo_hours:
-                    undo_hours[fid] = (h.entries, h.log_bytes, False) if h is not None else (0, 0, True)
-                if h is None:
-                    h = self._hour(fid)
-            gi = h.entries
-            h.entries = gi + 1
-            slot = (fid, second)
-            before = pending_slots.get(slot)
-            last, count = before or self._slot(h, second)
-            frame_size = FRAME_HEADER_BYTES + len(body)
-            offset8 = h.log_bytes >> 3
-            h.log_bytes += (frame_size + 7) & ~7
-            if slot not in undo_slots:
-                undo_slots[slot] = before
-            pending_slots[slot] = (gi, count + 1)
-            append_item(new(SendItem, (fid, gi, last, count, second, offset8, frame_size, trigger_ms, m.priority,
-                                       topic_hash, tag_hash, key, body)))
+            item = place(trigger_ms if trigger_ms > now_ms else now_ms, trigger_ms, m.priority, topic_hash, tag_hash,
+                         key, body, undo_hours, undo_slots)
+            append_item(item)
             message = new(Message, (topic, msg_id, m.msg, m.produce_ms, trigger_ms, m.ttl_ms, m.max_retry,
-                                    m.priority, tag, WAITING, 0, new(Location, (fid, gi)), m.key))
-            # _pend_id
-            same_key = pending_ids.get(key)
-            if same_key is None:
-                pending_ids[key] = [message]
-            else:
-                same_key.append(message)
-            append_undo_id(key)
+                                    m.priority, tag, WAITING, 0, new(Location, (item.hour, item.global_index)), m.key))
+            pend_id(key, message, undo_ids)
             append_result(new(SendResult, (STORED, message)))
 
     def _place(self, filing_ms: int, trigger_ms: int, priority: int, topic_hash: int, tag_hash: int, key: int,
@@ -551,8 +519,8 @@ class Store:
         if slot not in undo_slots:
             undo_slots[slot] = before
         pending_slots[slot] = (gi, count + 1)
-        return records.SendItem(file_id, gi, last, count, second, offset8, frame_size, trigger_ms, priority,
-                                topic_hash, tag_hash, key, body)
+        return tuple.__new__(records.SendItem, (file_id, gi, last, count, second, offset8, frame_size, trigger_ms,
+                                                priority, topic_hash, tag_hash, key, body))
 
     def _pend_id(self, key: int, message: Message, undo_ids: list[int]) -> None:
         """Make a message appended but not applied findable by its id."""

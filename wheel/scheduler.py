@@ -176,38 +176,29 @@ class Scheduler:
         """Storage committed `entry`. Returns True (and tells the wake
         listeners) when it makes the next wake-up earlier. Entries of one
         second must be reported in local_index order."""
-        self.stats.entries_offered += 1
-        abs_s = abs_second(entry)
-        if abs_s < self._wheel.loaded_below_s:
-            # A loaded second. If the window no longer tracks it (released
-            # whole, or before the tick we started from), every earlier
-            # local index of it is done: on_new comes in local order.
-            self._window.open_second(abs_s, entry.local_index)
-            due_ms = self._window.add(entry)
-        elif entry.trigger_ms < abs_s * MS_PER_SECOND:
-            # Filed after its trigger, so due already: into RAM though its
-            # second is still on disk (the read of that second skips it).
-            due_ms = self._window.add(entry)
-        else:
-            due_ms = self._wheel.offer(abs_s).expiration_ms
-        return due_ms is not None and self._announce(due_ms)
+        return self.on_new_many((entry,))
 
     def on_new_many(self, entries: Iterable[IndexEntry]) -> bool:
-        """`on_new` for each entry, in order, announcing the earliest new
-        wake-up once (a committed batch's entries)."""
+        """`on_new` for each of a commit's entries, in order, announcing the
+        earliest new wake-up once."""
         wheel, window = self._wheel, self._window
         earliest = None
         count = 0
         for entry in entries:
             count += 1
-            abs_s = entry.hour * SECONDS_PER_HOUR + entry.second
+            abs_s = abs_second(entry)
             if abs_s < wheel.loaded_below_s:
+                # A loaded second. If the window no longer tracks it (released
+                # whole, or before the tick we started from), every earlier
+                # local index of it is done: on_new comes in local order.
                 window.open_second(abs_s, entry.local_index)
                 due_ms = window.add(entry)
             elif entry.trigger_ms < abs_s * MS_PER_SECOND:
+                # Filed after its trigger, so due already: into RAM though its
+                # second is still on disk (the read of that second skips it).
                 due_ms = window.add(entry)
             else:
-                due_ms = wheel.offer_expiration(abs_s)
+                due_ms = wheel.offer(abs_s).expiration_ms
             if due_ms is not None and (earliest is None or due_ms < earliest):
                 earliest = due_ms
         self.stats.entries_offered += count

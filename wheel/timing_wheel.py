@@ -137,21 +137,13 @@ class TimingWheel:
 
     def offer(self, abs_s: int) -> Offer:
         """A new entry was stored in second `abs_s`: make sure a slot covers it."""
+        new = tuple.__new__  # (Offer's own __new__ is Python code: offered once per stored message)
         if abs_s < self._loaded_below_s:
-            return Offer(Level.MEMORY, None)
+            return new(Offer, (Level.MEMORY, None))
         hour = abs_s // SECONDS_PER_HOUR
         if hour <= self._loaded_below_s // SECONDS_PER_HOUR:
-            return Offer(Level.SECONDS, self._add_second(abs_s))
-        return Offer(Level.HOURS, self.add_hour(hour))
-
-    def offer_expiration(self, abs_s: int) -> int | None:
-        """`offer(abs_s).expiration_ms`, without building the Offer (a batch's entries)."""
-        if abs_s < self._loaded_below_s:
-            return None
-        hour = abs_s // SECONDS_PER_HOUR
-        if hour <= self._loaded_below_s // SECONDS_PER_HOUR:
-            return self._add_second(abs_s)
-        return None if hour in self._hours else self.add_hour(hour)
+            return new(Offer, (Level.SECONDS, self._add_second(abs_s)))
+        return new(Offer, (Level.HOURS, self.add_hour(hour)))
 
     def add_hour(self, hour: int) -> int | None:
         """Put a non-empty hour on the hours wheel; its expiration if new."""

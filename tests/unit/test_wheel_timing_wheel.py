@@ -1,8 +1,6 @@
 """wheel.timing_wheel: where a second goes, when slots expire, how L moves."""
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from storage.entry import MS_PER_HOUR, SECONDS_PER_HOUR
 from wheel.timing_wheel import Level, Slot, TimingWheel, format_second
@@ -124,16 +122,3 @@ def test_repr_and_format():
     assert repr(wheel) == ("TimingWheel(loaded_below=472000:0011, second_slots=1, "
                            "hour_slots=[472002], head=Slot(second 472000:0300))")
     assert repr(Slot(Level.HOURS, H_S)) == "Slot(hour 472000)"
-
-
-@settings(max_examples=100, deadline=None)
-@given(st.lists(st.integers(-2 * 3600, 30 * 3600), max_size=40))
-def test_offer_expiration_is_offer_without_the_offer(offsets):
-    """The batch path's offer_expiration answers what offer does and leaves
-    the wheel as offer leaves it."""
-    one, other = TimingWheel(H_S + 100, LEAD), TimingWheel(H_S + 100, LEAD)
-    for offset in offsets:
-        abs_s = H_S + 100 + offset
-        assert other.offer_expiration(abs_s) == one.offer(abs_s).expiration_ms
-    assert [one.pop_expired(10**15) for _ in range(len(offsets) + 1)] == \
-           [other.pop_expired(10**15) for _ in range(len(offsets) + 1)]
