@@ -1,11 +1,16 @@
-"""The one real clock of hourglass (everything below broker/ takes time as
-a parameter or through this object; see wheel.clock.Clock)."""
+"""The one real clock of hourglass: built once at start-up and handed
+down; everything below broker/ takes time as a parameter or through this
+object (see wheel.clock.Clock, the protocol, and FakeClock, its test twin)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import time
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 class SystemClock:
@@ -26,6 +31,18 @@ class SystemClock:
             return
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(wake.wait(), delay_s)
+
+    def monotonic_s(self) -> float:
+        return time.monotonic()
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(max(0.0, seconds))
+
+    async def wait_for(self, awaitable: Awaitable[T], timeout_s: float) -> T:
+        return await asyncio.wait_for(awaitable, timeout_s)
+
+    def call_later(self, delay_s: float, callback: Callable[[], object]) -> asyncio.TimerHandle:
+        return asyncio.get_running_loop().call_later(delay_s, callback)
 
     def __repr__(self) -> str:
         return f"SystemClock(now_ms={self.now_ms()})"

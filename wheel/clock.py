@@ -1,6 +1,8 @@
-"""The clock the wheel is handed: wall time for triggers, and a way to wait.
+"""The clock everything above storage/ is handed: wall time for triggers,
+monotonic time for timeouts, and ways to wait.
 
-Nothing in wheel/ reads the system clock. The real clock (in broker/) reads
+Nothing in wheel/ or replication/ reads the system clock, and broker/ reads
+it only through the one object it builds at start-up and passes down. The real clock (in broker/) reads
 the wall clock for `now_ms` and waits on the monotonic clock, so a wall
 clock that steps back or jumps makes a wait neither endless nor early:
 the driver re-polls with the wall time it then reads, and the scheduler
@@ -10,7 +12,12 @@ releases nothing whose trigger is after it. `FakeClock` is for tests.
 from __future__ import annotations
 
 import asyncio
-from typing import Protocol
+import itertools
+import math
+from collections.abc import Awaitable, Callable
+from typing import Protocol, TypeVar
+
+T = TypeVar("T")
 
 
 class Clock(Protocol):
@@ -26,6 +33,41 @@ class Clock(Protocol):
         callers re-check."""
         ...
 
+    def monotonic_s(self) -> float:
+        """Seconds on a clock that never steps back: for timeouts, leases
+        and durations, never for trigger times."""
+        ...
+
+    async def sleep(self, seconds: float) -> None:
+        """Wait `seconds` of monotonic time (0 or less: yield once)."""
+        ...
+
+    async def wait_for(self, awaitable: Awaitable[T], timeout_s: float) -> T:
+        """Await `awaitable`, or raise TimeoutError (cancelling it) once
+        `timeout_s` of monotonic time has passed."""
+        ...
+
+    def call_later(self, delay_s: float, callback: Callable[[], object]) -> Timer:
+        """Run `callback` once `delay_s` of monotonic time has passed,
+        unless the returned timer is cancelled first."""
+        ...
+
+
+class Timer(Protocol):
+    def cancel(self) -> None: ...
+
+
+class _FakeTimer:
+    __slots__ = ("due_ms", "callback", "cancelled")
+
+    def __init__(self, due_ms: float, callback: Callable[[], object]) -> None:
+        self.due_ms = due_ms
+        self.callback = callback
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
 
 class FakeClock:
     """A clock that moves only when told to, in either direction.
@@ -39,11 +81,16 @@ class FakeClock:
     `sleeps` counts sleep_until calls. Deadlines are checked when the time
     is set; `run_until` is the way to let hours pass in a test without
     running through them millisecond by millisecond.
+
+    Its monotonic time is its wall time in seconds: a test that sets the
+    time back steps both (a real monotonic clock never does, so tests of
+    timeouts only move forward).
     """
 
     def __init__(self, now_ms: int = 0) -> None:
         self._now_ms = now_ms
         self._sleepers: list[tuple[int | None, asyncio.Future[None]]] = []
+        self._timers: list[_FakeTimer] = []
         self.sleeps = 0
 
     def now_ms(self) -> int:
@@ -55,13 +102,23 @@ class FakeClock:
         for wall_ms, future in self._sleepers:
             if wall_ms is not None and wall_ms <= now_ms and not future.done():
                 future.set_result(None)
+        due = [timer for timer in self._timers if timer.due_ms <= now_ms]
+        if due:
+            self._timers = [timer for timer in self._timers if timer.due_ms > now_ms]
+            for timer in sorted(due, key=lambda timer: timer.due_ms):
+                if not timer.cancelled:
+                    timer.callback()
 
     def advance(self, delta_ms: int) -> None:
         self.set(self._now_ms + delta_ms)
 
     def next_deadline_ms(self) -> int | None:
-        """The earliest time a current sleeper waits for (None: none does)."""
-        return min((wall_ms for wall_ms, _ in self._sleepers if wall_ms is not None), default=None)
+        """The earliest time a current sleeper or timer waits for (None:
+        none does)."""
+        self._timers = [timer for timer in self._timers if not timer.cancelled]
+        sleepers = (wall_ms for wall_ms, _ in self._sleepers if wall_ms is not None)
+        timers = (math.ceil(timer.due_ms) for timer in self._timers)
+        return min(itertools.chain(sleepers, timers), default=None)
 
     async def sleep_until(self, wall_ms: int | None, wake: asyncio.Event) -> None:
         self.sleeps += 1
@@ -78,6 +135,29 @@ class FakeClock:
             self._sleepers.remove(sleeper)
             waiter.cancel()
             future.cancel()
+
+    def monotonic_s(self) -> float:
+        return self._now_ms / 1000
+
+    async def sleep(self, seconds: float) -> None:
+        await self.sleep_until(self._now_ms + math.ceil(seconds * 1000), asyncio.Event())
+
+    async def wait_for(self, awaitable: Awaitable[T], timeout_s: float) -> T:
+        task = asyncio.ensure_future(awaitable)
+        deadline = asyncio.ensure_future(self.sleep(timeout_s))
+        try:
+            await asyncio.wait((task, deadline), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            deadline.cancel()
+        if not task.done():
+            task.cancel()
+            raise TimeoutError
+        return task.result()
+
+    def call_later(self, delay_s: float, callback: Callable[[], object]) -> Timer:
+        timer = _FakeTimer(self._now_ms + delay_s * 1000, callback)
+        self._timers.append(timer)
+        return timer
 
     async def settle(self, max_rounds: int = 100_000) -> None:
         """Let ready tasks run until no task has called sleep_until for a few

@@ -88,3 +88,55 @@ def test_run_until_jumps_from_deadline_to_deadline():
         assert clock.now_ms() == 10_000_000
 
     asyncio.run(main())
+
+
+def test_monotonic_waits_timers_and_timeouts_follow_the_fake_time():
+    async def main():
+        clock = FakeClock(1_000)
+        fired = []
+        clock.call_later(0.5, lambda: fired.append(clock.now_ms()))
+        cancelled = clock.call_later(0.2, lambda: fired.append("cancelled"))
+        cancelled.cancel()
+        slept = asyncio.create_task(clock.sleep(2))
+        never = asyncio.get_running_loop().create_future()
+        timed_out = asyncio.create_task(clock.wait_for(never, 1))
+        quick = asyncio.get_running_loop().create_future()
+        answered = asyncio.create_task(clock.wait_for(quick, 1))
+        await clock.settle()
+        assert clock.monotonic_s() == 1.0 and clock.next_deadline_ms() == 1_500
+        quick.set_result("yes")
+        assert await answered == "yes"
+        await clock.run_until(1_999)
+        assert fired == [1_500] and not timed_out.done()
+        await clock.run_until(2_000)
+        assert timed_out.done() and not slept.done()
+        try:
+            await timed_out
+            raise AssertionError("wait_for did not time out")
+        except TimeoutError:
+            pass
+        assert never.cancelled()
+        await clock.run_until(3_000)
+        assert slept.done() and clock.monotonic_s() == 3.0
+
+    asyncio.run(main())
+
+
+def test_the_system_clock_keeps_the_protocol():
+    from broker.clock import SystemClock
+
+    async def main():
+        clock: Clock = SystemClock()
+        fired = asyncio.Event()
+        clock.call_later(0, fired.set)
+        await clock.wait_for(fired.wait(), 5)
+        before = clock.monotonic_s()
+        await clock.sleep(0.01)
+        assert clock.monotonic_s() > before
+        try:
+            await clock.wait_for(asyncio.Event().wait(), 0.01)
+            raise AssertionError("wait_for did not time out")
+        except TimeoutError:
+            pass
+
+    asyncio.run(main())
