@@ -38,13 +38,13 @@ from collections.abc import Awaitable, Callable
 import orjson
 
 from storage.entry import Message
-from storage.errors import InvalidRequest
+from storage.errors import BodyTooLarge, Conflict, InvalidRequest, NotFound, Unavailable
 
 from . import camellia_metrics, params
-from .bodies import JSON_MARKS_PER_BODY, BodyLimits, BodyTooLarge, check_json_marks
+from .bodies import JSON_MARKS_PER_BODY, BodyLimits, check_json_marks
 from .health import HEALTH_PREFIX, ServingStatus
 from .httpd import Request, Response, StreamResponse
-from .service import Broker, Conflict, NotFound, Unavailable, new_msg_id
+from .service import Broker, new_msg_id
 
 log = logging.getLogger("hourglass.api")
 

@@ -28,6 +28,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from storage.errors import BodyTooLarge
+
 from .params import MAX_SEND_BATCH
 
 # Slack for the rest of a body (keys, topic, ids, numbers) beside `msg`.
@@ -43,10 +45,6 @@ JSON_MARKS_PER_ITEM = 64
 # which opens a string that never ends: the text is not JSON.
 _JSON_SCAN = re.compile(rb'"(?:[^"\\]++|\\.)*+"|([{\[,:])|"', re.DOTALL)
 _JSON_SCAN_TEXT = re.compile(_JSON_SCAN.pattern.decode(), re.DOTALL)
-
-
-class BodyTooLarge(Exception):
-    """A body over its byte cap, its form pairs or its JSON marks (413)."""
 
 
 @dataclass(frozen=True)

@@ -74,12 +74,12 @@ from redis.exceptions import (AuthenticationError, ClusterError, RedisClusterExc
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from storage.entry import Location, Message, Status
-from storage.errors import InvalidRequest
+from storage.errors import Conflict, InvalidRequest, NotFound, Unavailable
 from storage.store import MAX_PRIORITY, NewMessage
 
 from .metrics import Metrics
 from .params import AckRequest, DeleteRequest, Defaults, LongPollRequest, NewSend, PullRequest, as_sends
-from .service import DEAD_SCAN, REDRIVE_STEP, WAITING_BUCKETS, Conflict, NotFound, Unavailable
+from .service import DEAD_SCAN, REDRIVE_STEP, WAITING_BUCKETS
 
 log = logging.getLogger("hourglass.redis")
 

@@ -56,7 +56,7 @@ from collections import defaultdict
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 
 from storage.entry import MS_PER_HOUR, MS_PER_SECOND, SECONDS_PER_HOUR, IndexEntry, Location, Message, Status
-from storage.errors import InvalidRequest
+from storage.errors import Conflict, InvalidRequest, NotFound, Unavailable
 from storage.spans import is_span
 from storage.store import NewMessage, SendOutcome, StateChange, Store, text_hash, total_counts
 from wheel.clock import Clock
@@ -116,19 +116,6 @@ REDRIVE_STEP = 1000
 MAX_FILE_ID = 1 << 24
 # After a failed move of due spans' messages (storage.spans), wait this long.
 SPAN_RETRY_S = 5
-
-
-class NotFound(Exception):
-    """No such message or topic: HTTP 404."""
-
-
-class Conflict(Exception):
-    """The message's status does not allow the change (a reschedule of a
-    consuming message, a re-drive of a live one): code 409."""
-
-
-class Unavailable(Exception):
-    """The node cannot serve now (starting, stopping): HTTP 503."""
 
 
 def new_msg_id() -> str:

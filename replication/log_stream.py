@@ -29,7 +29,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from broker.service import Unavailable
+from storage.errors import Unavailable
 from storage.store import Store
 from wheel.tick_state import TickState
 

@@ -35,3 +35,23 @@ class InvalidRequest(HourglassError, ValueError):
 
 class StoreClosedError(HourglassError):
     """An operation was attempted on a closed store."""
+
+
+class NotFound(HourglassError):
+    """Raised by the broker's calls when no such message or topic exists
+    (a status, reschedule or re-drive of an unknown id): HTTP 404."""
+
+
+class Conflict(HourglassError):
+    """Raised when the message's status does not allow the change (a
+    reschedule of a consuming message, a re-drive of a live one): code 409."""
+
+
+class Unavailable(HourglassError):
+    """Raised when the node cannot serve now (starting, stopping, a follower
+    without a leader, a leader that lost its quorum): HTTP 503."""
+
+
+class BodyTooLarge(HourglassError):
+    """Raised while reading a request when its body passes its byte cap, its
+    form pairs or its JSON marks: HTTP 413."""

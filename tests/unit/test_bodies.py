@@ -15,10 +15,10 @@ from broker.bodies import (
     JSON_MARKS_PER_BODY,
     JSON_MARKS_PER_ITEM,
     BodyLimits,
-    BodyTooLarge,
     check_json_marks,
 )
 from broker.params import MAX_SEND_BATCH
+from storage.errors import BodyTooLarge
 
 
 def exact_marks(text: str) -> int:

@@ -9,7 +9,8 @@ import asyncio
 import pytest
 
 from broker.metrics import Metrics
-from broker.service import GroupCommit, Unavailable
+from broker.service import GroupCommit
+from storage.errors import Unavailable
 from replication.config import Acks, ClusterConfig, Peer
 from replication.epochs import Epochs
 from replication.log_stream import LeaderLog, serve_catchup
