@@ -67,9 +67,8 @@ import time  # noqa: E402
 from collections.abc import Iterator  # noqa: E402
 
 import redis  # noqa: E402
-from serving import Server, free_port  # noqa: E402
-
 from bench_http import Bench, DiskBackend, disk_bytes, log, memory_mb  # noqa: E402
+from serving import Server, free_port  # noqa: E402
 
 MB = 1024 * 1024
 

@@ -49,7 +49,6 @@ sys.path[:] = [ROOT, os.path.join(ROOT, "tests")] + [p for p in sys.path if os.p
     os.path.abspath(__file__))]
 
 import aiohttp  # noqa: E402
-
 from cluster import Cluster, drill  # noqa: E402
 
 

@@ -333,7 +333,7 @@ def run_producers(server: Server, path: str, content_type: str, producers: list[
                         results.append(results_queue.get(timeout=1))
                     except queue.Empty:
                         if any(c.exitcode not in (None, 0) for c in children):
-                            raise RuntimeError(f"a producer process died: {[c.exitcode for c in children]}")
+                            raise RuntimeError(f"a producer process died: {[c.exitcode for c in children]}") from None
             server_cpu = meter.used()
         finally:
             for child in children:
@@ -713,7 +713,7 @@ class Dispatch:
         try:
             await asyncio.wait_for(self.all_received.wait(),
                                    timeout=max(0.0, (last_trigger_ms / 1000 + a.grace_s) - time.time()))
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass
         self.stop.set()
         await asyncio.gather(*consumers)

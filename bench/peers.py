@@ -116,8 +116,16 @@ from array import array  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
 
 from bench_http import CpuMeter, calibration_ms, log, machine_info, own_cpu_s, percentile, source_state  # noqa: E402
-from peer_systems import (CLIENT_ERRORS, BeanstalkdSystem, HourglassSystem, RedisSystem, System,  # noqa: E402
-                          decode_payload, make_client, now_ms)
+from peer_systems import (  # noqa: E402
+    CLIENT_ERRORS,
+    BeanstalkdSystem,
+    HourglassSystem,
+    RedisSystem,
+    System,
+    decode_payload,
+    make_client,
+    now_ms,
+)
 
 SCENARIOS = ("ingest-batch", "ingest-single", "dispatch", "burst", "lag", "roundtrip")
 SYSTEMS = ("hourglass", "redis", "beanstalkd")

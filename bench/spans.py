@@ -25,8 +25,8 @@ import json
 import os
 import random
 import shutil
-import tempfile
 import sys
+import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))

@@ -46,8 +46,8 @@ import asyncio
 import collections
 from collections.abc import Callable
 
-from storage.errors import InvalidRequest
 from storage.entry import MS_PER_HOUR, MS_PER_SECOND, SECONDS_PER_HOUR, Status
+from storage.errors import InvalidRequest
 from storage.spans import is_span
 from storage.store import Store, text_hash
 

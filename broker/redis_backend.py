@@ -69,16 +69,16 @@ import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff
-from redis.exceptions import (AuthenticationError, ClusterError, RedisClusterException, RedisError, ResponseError,
-                              TimeoutError as RedisTimeoutError)
+from redis.exceptions import AuthenticationError, ClusterError, RedisClusterException, RedisError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from storage.entry import Location, Message, Status
 from storage.errors import Conflict, InvalidRequest, NotFound, Unavailable
 from storage.store import MAX_PRIORITY, NewMessage
 
 from .metrics import Metrics
-from .params import AckRequest, DeleteRequest, Defaults, LongPollRequest, NewSend, PullRequest, as_sends
+from .params import AckRequest, Defaults, DeleteRequest, LongPollRequest, NewSend, PullRequest, as_sends
 from .service import DEAD_SCAN, REDRIVE_STEP, WAITING_BUCKETS
 
 log = logging.getLogger("hourglass.redis")

@@ -23,10 +23,10 @@ from storage.store import Store, text_hash
 
 from . import camellia_metrics
 from .api import PREFIX, Api, Router, answer, bearer_auth
-from .console import Console, standalone_info
 from .camellia_metrics import ProcessStats
 from .clock import SystemClock
 from .config import ServeConfig
+from .console import Console, standalone_info
 from .health import ServingStatus
 from .httpd import HttpServer, Request, Response
 from .metrics import Metrics

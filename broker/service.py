@@ -50,8 +50,8 @@ import asyncio
 import heapq
 import itertools
 import logging
-import time
 import os
+import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 
@@ -65,7 +65,7 @@ from wheel.scheduler import Scheduler, SchedulerConfig
 from wheel.tick_state import TickState, TickStateFile
 
 from .metrics import Metrics
-from .params import AckRequest, DeleteRequest, Defaults, LongPollRequest, NewSend, PullRequest, as_sends
+from .params import AckRequest, Defaults, DeleteRequest, LongPollRequest, NewSend, PullRequest, as_sends
 from .ready import CACHED_MSG_CHARS, Live, QueueLimits, TopicQueue
 
 log = logging.getLogger("hourglass.service")

@@ -36,7 +36,7 @@ import sys
 import time
 import urllib.parse
 import urllib.request
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 MINUTE_MS = 60_000
 # How long a customer has to pay, by payment method.
@@ -51,7 +51,7 @@ SCHEMA = ("order_id STRING, customer_id STRING, amount_cents BIGINT, payment_met
 def make_sample(path: str, count: int, *, now: datetime | None = None, seed: int = 42) -> None:
     """Write `count` orders created in the last two hours, a fifth of them
     already paid; CSV, or Parquet when `path` ends in .parquet."""
-    now = now or datetime.now(timezone.utc)
+    now = now or datetime.now(UTC)
     rnd = random.Random(seed)
     methods = list(PAYMENT_WINDOWS)
     rows = []

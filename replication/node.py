@@ -51,11 +51,11 @@ import time
 import aiohttp
 
 from broker.api import PREFIX, Api, Router, answer, bearer_auth
-from broker.console import Console
-from broker.httpd import Request, Response, StreamResponse
+from broker.camellia_metrics import ProcessStats
 from broker.clock import SystemClock
 from broker.config import ServeConfig
-from broker.camellia_metrics import ProcessStats
+from broker.console import Console
+from broker.httpd import Request, Response, StreamResponse
 from broker.metrics import Metrics
 from broker.server import camellia_metrics_text, offline_health, serving_status
 from broker.service import Broker

@@ -13,12 +13,20 @@ import copy
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from .config import StoreConfig
 from . import spans
+from .config import StoreConfig
 from .entry import MS_PER_HOUR, SECONDS_PER_HOUR, IndexEntry, Location, Message, Status, hour_and_second
 from .errors import InvalidRequest, StoreClosedError
-from .store import (MAX_RETRY_COUNT, CheckpointReport, NewMessage, SendOutcome, SendResult, StateChange, text_hash,
-                    total_counts)
+from .store import (
+    MAX_RETRY_COUNT,
+    CheckpointReport,
+    NewMessage,
+    SendOutcome,
+    SendResult,
+    StateChange,
+    text_hash,
+    total_counts,
+)
 
 
 @dataclass

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from redis_server import redis_server
 
 

@@ -41,7 +41,7 @@ async def stub(handler):
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", 0).start()
     try:
-        yield "http://127.0.0.1:%d" % runner.addresses[0][1]
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
     finally:
         await runner.cleanup()
 

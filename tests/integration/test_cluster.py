@@ -10,7 +10,6 @@ import sys
 import time
 
 import pytest
-
 from cluster import NODE_IDS, Cluster, drill
 from serving import ROOT, free_port, request
 

@@ -16,7 +16,6 @@ import subprocess
 import uuid
 
 import pytest
-
 from serving import Server
 
 pytestmark = pytest.mark.slow

@@ -25,8 +25,8 @@ from broker.clock import SystemClock  # noqa: E402
 from broker.metrics import Metrics  # noqa: E402
 from broker.params import AckRequest, Defaults, DeleteRequest, LongPollRequest, PullRequest  # noqa: E402
 from broker.redis_backend import RedisBroker, RedisConfig, TopicKeys, redact  # noqa: E402
-from storage.errors import NotFound  # noqa: E402
 from storage.entry import Status  # noqa: E402
+from storage.errors import NotFound  # noqa: E402
 from storage.store import NewMessage  # noqa: E402
 
 TOPIC = "orders"

@@ -24,8 +24,8 @@ from test_redis_dyno import (  # noqa: E402
 )
 
 import broker.redis_rmq as redis_rmq  # noqa: E402
-from broker.redis_shards import WrongTypeKey  # noqa: E402
 from broker.redis_rmq import Kind, Outcome, RmqConfig, RmqMessage, RmqSizes, RmqTopic, Sent, TopicMismatch  # noqa: E402
+from broker.redis_shards import WrongTypeKey  # noqa: E402
 from storage.errors import InvalidRequest  # noqa: E402
 
 TOPIC = "prices"

@@ -40,8 +40,9 @@ def test_a_killed_workers_slots_move_and_no_key_is_consumed_twice_at_once(redis_
             assert time.monotonic() < deadline and all(p.poll() is None for p in workers.values())
             time.sleep(0.05)
         time.sleep(LEASE_MS / 1000)  # heartbeats balance the slots: 3, 3, 2
-        from broker.redis_rmq import Kind, RmqConfig, RmqTopic  # sends from this process
         import asyncio
+
+        from broker.redis_rmq import Kind, RmqConfig, RmqTopic  # sends from this process
 
         async def send(round_: int) -> int:
             """One message per key, due now; how many were stored (a send

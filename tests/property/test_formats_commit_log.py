@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import pytest
+from corruption import xor_byte
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -23,7 +24,6 @@ from storage.commit_log import HEADER_BYTES, CommitLog
 from storage.config import FsyncPolicy
 from storage.errors import CorruptionError
 from storage.framing import FRAME_HEADER_BYTES, FrameProblem, decode_frame, encode_frame, find_valid_frame
-from corruption import xor_byte
 
 SEGMENT_BYTES = 4096
 SETTINGS = settings(max_examples=75, deadline=None)

@@ -19,6 +19,7 @@ from contextlib import contextmanager
 from typing import NamedTuple
 
 import pytest
+from corruption import xor_byte
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -27,7 +28,6 @@ from storage.entry import IndexEntry, Status
 from storage.errors import CorruptionError
 from storage.framing import encode_frame
 from storage.hour_files import HourFiles, hour_paths
-from corruption import xor_byte
 
 HOUR = 490_000
 SETTINGS = settings(max_examples=60, deadline=None)

@@ -12,13 +12,13 @@ group (the test hook `probe_start`), the worst an id can do.
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-import shutil
-
 import pytest
+from corruption import xor_byte
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
@@ -27,7 +27,6 @@ from storage import id_index
 from storage.entry import Location
 from storage.errors import CorruptionError
 from storage.id_index import HEADER_BYTES, SLOT, SLOT_BYTES, IdIndex, pack_loc, unpack_loc
-from corruption import xor_byte
 
 SETTINGS = settings(max_examples=50, deadline=None)
 # RAM-backed where there is one: these tests are about formats, not fsync.

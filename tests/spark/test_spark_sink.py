@@ -16,9 +16,8 @@ import json
 import os
 import sys
 import threading
-import time
 import uuid
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 
@@ -328,7 +327,7 @@ def test_topic_column_routes_rows(spark, broker):
 
 def test_trigger_time_as_millis_and_as_timestamp(spark, broker):
     topic = unique("trigger")
-    due = datetime(2031, 5, 6, 7, 8, 9, 123000, tzinfo=timezone.utc)
+    due = datetime(2031, 5, 6, 7, 8, 9, 123000, tzinfo=UTC)
     due_ms = int(due.timestamp() * 1000)
     millis = spark.createDataFrame([("ms", "t-ms", due_ms)], "msg string, msgId string, triggerTime bigint")
     stamps = spark.createDataFrame([("ts", "t-ts", due)], "msg string, msgId string, triggerTime timestamp")
@@ -504,7 +503,7 @@ def test_example_order_timeouts(spark, broker, tmp_path):
     spec.loader.exec_module(example)
     topic = unique("orders")
     for path in (str(tmp_path / "orders.csv"), str(tmp_path / "orders.parquet")):
-        example.make_sample(path, 200, now=datetime(2030, 1, 1, tzinfo=timezone.utc))
+        example.make_sample(path, 200, now=datetime(2030, 1, 1, tzinfo=UTC))
         scheduled = example.schedule_timeouts(spark, path, broker.base, topic)
         orders = example.read_orders(spark, path).collect()
         pending = [o for o in orders if o.status == "pending"]

@@ -19,10 +19,10 @@ import asyncio
 import os
 
 import hypothesis.strategies as st
+from broker_harness import CONFIG, BrokerHarness, HarnessMachine
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from broker_harness import CONFIG, BrokerHarness, HarnessMachine
 from broker.metrics import Metrics
 from broker.params import AckRequest, Defaults, PullRequest
 from broker.ready import QueueLimits

@@ -29,10 +29,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import hypothesis.strategies as st
+from broker_harness import BrokerHarness, HarnessMachine
 from hypothesis import HealthCheck, event, settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from broker_harness import BrokerHarness, HarnessMachine
 from broker.params import AckRequest, Defaults, PullRequest
 from broker.ready import QueueLimits
 from storage.entry import MS_PER_HOUR, Location, Status

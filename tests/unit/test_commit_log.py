@@ -6,13 +6,13 @@ from __future__ import annotations
 import os
 
 import pytest
+from corruption import commit_log_frame
 
 from storage import framing
 from storage.commit_log import HEADER_BYTES, CommitLog, Segment
 from storage.config import FsyncPolicy
 from storage.errors import CorruptionError, InvalidRequest
 from storage.framing import FRAME_HEADER_BYTES
-from corruption import commit_log_frame
 
 SEGMENT_BYTES = 4096
 

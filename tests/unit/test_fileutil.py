@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from storage import fileutil, files
+from storage import files, fileutil
 from storage.entry import MS_PER_HOUR
 from storage.files import MappedFile
 from storage.store import NewMessage, Store

@@ -10,11 +10,11 @@ import pytest
 
 from broker.metrics import Metrics
 from broker.service import GroupCommit
-from storage.errors import Unavailable
 from replication.config import Acks, ClusterConfig, Peer
 from replication.epochs import Epochs
 from replication.log_stream import LeaderLog, serve_catchup
 from storage.entry import MS_PER_HOUR
+from storage.errors import Unavailable
 from storage.store import NewMessage, Store
 from wheel.tick_state import TickState
 

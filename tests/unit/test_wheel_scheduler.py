@@ -139,8 +139,8 @@ def test_tick_counts_only_a_fully_released_run_of_local_indexes():
     src = InMemorySlotSource()
     base = T0 + 30_000
     a = src.add(base + 900, 0, T0)  # local 0, due last
-    b = src.add(base + 100, 0, T0)  # local 1
-    c = src.add(base + 200, 0, T0)  # local 2
+    src.add(base + 100, 0, T0)  # local 1
+    src.add(base + 200, 0, T0)  # local 2
     sched = Scheduler(src, None, T0, EXACT)
     drive(sched, T0, base + 500)
     assert sched.tick == TickState(H, 30, 0)  # b and c released, a not: local 0 holds it

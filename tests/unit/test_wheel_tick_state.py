@@ -7,7 +7,15 @@ import zlib
 import pytest
 
 from wheel.tick_state import (
-    FILE_SIZE, HEADER, MAGIC, SLOT, TickState, TickStateError, TickStateFile, parse, read_tick_state,
+    FILE_SIZE,
+    HEADER,
+    MAGIC,
+    SLOT,
+    TickState,
+    TickStateError,
+    TickStateFile,
+    parse,
+    read_tick_state,
 )
 
 
