@@ -11,7 +11,8 @@ with --auth-token-file, else anyone).
 
 The proof is the same on every call, like a bearer token: anyone who can
 read the traffic between nodes can replay it. Run a cluster across
-machines on a private network, or behind TLS (README, "Security").
+machines on a private network, or behind TLS (docs/security.md, "The
+cluster secret").
 """
 
 from __future__ import annotations
