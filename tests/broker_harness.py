@@ -1,6 +1,7 @@
 """A Broker on a real Store, a FakeClock and an event loop of its own, for
-the stateful model tests (tests/unit/test_broker_*_model.py): open,
-settle, restart and close it from synchronous hypothesis rules."""
+the stateful model tests (tests/unit/test_broker_*_model.py) and the
+lifecycle tests (tests/unit/test_broker_lifecycle.py): open, settle, let
+time pass, restart and close it from synchronous test code."""
 
 from __future__ import annotations
 
@@ -24,7 +25,10 @@ SCRATCH_DIR = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
 class BrokerHarness:
     """Holds `store` and `broker` (opened by `open_broker`); `run` drives a
     coroutine on the harness's loop; `quiesce` lets the broker's tasks
-    (commits, timers, refills) run until idle."""
+    (commits, timers, refills) run until idle; `advance_to` lets the fake
+    time pass (every wheel release and timer on the way fires at its
+    time); `restart` stops the broker, closes the store and opens both
+    again on the same directory (recovery)."""
 
     def __init__(self, prefix: str, start_ms: int, limits: QueueLimits, defaults: Defaults) -> None:
         self.directory = tempfile.mkdtemp(prefix=prefix, dir=SCRATCH_DIR)
@@ -56,6 +60,16 @@ class BrokerHarness:
     def close_broker(self) -> None:
         self.run(self.broker.stop())
         self.store.close()
+
+    def restart(self) -> None:
+        self.close_broker()
+        self.open_broker()
+
+    def advance_to(self, target_ms: int) -> None:
+        async def advance():
+            await self.clock.run_until(target_ms)
+            await self.quiesce()
+        self.run(advance())
 
     def teardown(self) -> None:
         try:
