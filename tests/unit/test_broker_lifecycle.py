@@ -144,6 +144,7 @@ def test_a_long_delay_is_delivered_at_its_trigger_time_hours_later(node):
 def test_a_delay_of_zero_or_less_is_due_now_and_the_answer_says_ready(node, delay_ms):
     sent = node.send("d", delay_ms=delay_ms)
     assert sent.status is READY and sent.trigger_ms == START_MS + delay_ms
+    assert node.state("d") == (READY, 0) and node.info() == (0, 1, 0)  # ready before any pull
     assert node.pulled_ids() == ["d"]
 
 
