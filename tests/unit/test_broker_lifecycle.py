@@ -302,6 +302,14 @@ def test_a_message_already_expired_when_due_ends_as_5(node):
     assert node.pull() == []
 
 
+def test_a_waiting_message_whose_ttl_passed_in_a_forward_jump_of_the_clock_ends_as_5(node):
+    sent = node.send("w", delay_ms=1_000, ttl_ms=100)
+    node.h.clock.set(sent.expire_ms + 500)  # the wall clock jumps over its trigger and expire times
+    node.advance(0)
+    assert node.state("w") == (EXPIRED, 0)
+    assert node.pull() == [] and node.info() == (0, 0, 0)
+
+
 def test_a_waiting_message_whose_ttl_passed_while_the_node_was_down_ends_as_5(node):
     sent = node.send("w", delay_ms=1_000, ttl_ms=1_000)
     node.h.close_broker()
