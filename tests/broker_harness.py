@@ -27,8 +27,9 @@ class BrokerHarness:
     coroutine on the harness's loop; `quiesce` lets the broker's tasks
     (commits, timers, refills) run until idle; `advance_to` lets the fake
     time pass (every wheel release and timer on the way fires at its
-    time); `restart` stops the broker, closes the store and opens both
-    again on the same directory (recovery)."""
+    time); `restart` stops the broker, closes the store (after a
+    checkpoint, or not: recovery then replays the commit log) and opens
+    both again on the same directory."""
 
     def __init__(self, prefix: str, start_ms: int, limits: QueueLimits, defaults: Defaults) -> None:
         self.directory = tempfile.mkdtemp(prefix=prefix, dir=SCRATCH_DIR)
@@ -57,12 +58,16 @@ class BrokerHarness:
             await self.broker.commits.flush()
         await self.clock.settle()
 
-    def close_broker(self) -> None:
+    def close_broker(self, checkpoint: bool = False) -> None:
+        """Stop the broker and close the store; `checkpoint` first takes the
+        last checkpoint a graceful stop of the server takes."""
         self.run(self.broker.stop())
+        if checkpoint:
+            self.store.checkpoint(self.clock.now_ms())
         self.store.close()
 
-    def restart(self) -> None:
-        self.close_broker()
+    def restart(self, checkpoint: bool = False) -> None:
+        self.close_broker(checkpoint)
         self.open_broker()
 
     def advance_to(self, target_ms: int) -> None:

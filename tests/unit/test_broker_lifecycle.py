@@ -99,8 +99,8 @@ class Node:
     def advance(self, delta_ms: int) -> None:
         self.h.advance_to(self.now + delta_ms)
 
-    def restart(self) -> None:
-        self.h.restart()
+    def restart(self, checkpoint: bool = False) -> None:
+        self.h.restart(checkpoint)
 
 
 @pytest.fixture
@@ -491,7 +491,8 @@ def test_a_resend_of_an_ended_id_stores_the_new_message_unless_strict(node):
 # -- restart ------------------------------------------------------------------------------------
 
 
-def test_a_restart_keeps_waiting_ready_and_consuming_messages_with_their_times(node):
+@pytest.mark.parametrize("checkpoint", [False, True], ids=["from-the-log", "after-a-checkpoint"])
+def test_a_restart_keeps_waiting_ready_and_consuming_messages_with_their_times(node, checkpoint):
     waiting = node.send("waiting", "w", delay_ms=600_000)
     soon = node.send("soon", "s", delay_ms=1_500)
     node.send("consuming", "c", max_retry=3)
@@ -505,7 +506,7 @@ def test_a_restart_keeps_waiting_ready_and_consuming_messages_with_their_times(n
     before = {msg_id: node.get(msg_id) for msg_id in ("waiting", "soon", "consuming", "acked", "ready")}
     assert [m.status for m in before.values()] == [WAITING, WAITING, CONSUMING, ACKED, READY]
 
-    node.restart()
+    node.restart(checkpoint)
     assert {msg_id: node.get(msg_id) for msg_id in before} == before
     with pytest.raises(NotFound):
         node.get("gone")
@@ -523,7 +524,7 @@ def test_a_restart_keeps_waiting_ready_and_consuming_messages_with_their_times(n
         node.ack(msg_id)
     node.advance_to(waiting.trigger_ms - 1)
     assert node.state("waiting") == (WAITING, 0)
-    node.restart()
+    node.restart(checkpoint)
     node.advance_to(waiting.trigger_ms)
     assert node.pulled_ids() == ["waiting"]
 
