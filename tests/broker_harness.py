@@ -1,6 +1,7 @@
 """A Broker on a real Store, a FakeClock and an event loop of its own, for
-the stateful model tests (tests/unit/test_broker_*_model.py): open,
-settle, restart and close it from synchronous hypothesis rules."""
+the stateful model tests (tests/unit/test_broker_*_model.py) and the
+lifecycle tests (tests/unit/test_broker_lifecycle.py): open, settle, let
+time pass, restart and close it from synchronous test code."""
 
 from __future__ import annotations
 
@@ -24,7 +25,11 @@ SCRATCH_DIR = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
 class BrokerHarness:
     """Holds `store` and `broker` (opened by `open_broker`); `run` drives a
     coroutine on the harness's loop; `quiesce` lets the broker's tasks
-    (commits, timers, refills) run until idle."""
+    (commits, timers, refills) run until idle; `advance_to` lets the fake
+    time pass (every wheel release and timer on the way fires at its
+    time); `restart` stops the broker, closes the store (after a
+    checkpoint, or not: recovery then replays the commit log) and opens
+    both again on the same directory."""
 
     def __init__(self, prefix: str, start_ms: int, limits: QueueLimits, defaults: Defaults) -> None:
         self.directory = tempfile.mkdtemp(prefix=prefix, dir=SCRATCH_DIR)
@@ -53,9 +58,23 @@ class BrokerHarness:
             await self.broker.commits.flush()
         await self.clock.settle()
 
-    def close_broker(self) -> None:
+    def close_broker(self, checkpoint: bool = False) -> None:
+        """Stop the broker and close the store; `checkpoint` first takes the
+        last checkpoint a graceful stop of the server takes."""
         self.run(self.broker.stop())
+        if checkpoint:
+            self.store.checkpoint(self.clock.now_ms())
         self.store.close()
+
+    def restart(self, checkpoint: bool = False) -> None:
+        self.close_broker(checkpoint)
+        self.open_broker()
+
+    def advance_to(self, target_ms: int) -> None:
+        async def advance():
+            await self.clock.run_until(target_ms)
+            await self.quiesce()
+        self.run(advance())
 
     def teardown(self) -> None:
         try:

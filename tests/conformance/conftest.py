@@ -7,7 +7,11 @@ session; fresh topic names keep tests apart) or `serve` (starts its own
 servers of that backend, for restarts and signals). Where the backends
 cannot agree, the test says so: `@pytest.mark.not_on("redis", reason=...)`
 skips it there with the reason, or it asks `api.backend` and states both
-expectations.
+expectations. A test that waits on real time for what the disk backend's
+fake-clock tests check at the millisecond names its twin in
+tests/unit/test_broker_lifecycle.py
+(`@pytest.mark.disk_on_fake_clock("test_...")`): it runs as a process on
+the other backends only.
 """
 
 from __future__ import annotations
@@ -16,16 +20,20 @@ import socket
 import time
 import urllib.parse
 import uuid
+from pathlib import Path
 
 import pytest
 from serving import Server
 
 BACKENDS = ("disk", "redis")
 MAX_MSG_BYTES = 1000
+FAKE_CLOCK_TWINS = "tests/unit/test_broker_lifecycle.py"
 
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "not_on(backend, reason): the backends disagree here; skip on that one")
+    config.addinivalue_line("markers", "disk_on_fake_clock(test): on the disk backend this is that test of "
+                                       f"{FAKE_CLOCK_TWINS} (in-process, a fake clock); skip the process run on disk")
 
 
 @pytest.fixture(scope="session", params=BACKENDS)
@@ -50,6 +58,11 @@ def _skip_if_marked(request, backend: str) -> None:
     for mark in request.node.iter_markers("not_on"):
         if mark.args[0] == backend:
             pytest.skip(f"not on {backend}: {mark.kwargs['reason']}")
+    if backend == "disk":
+        for mark in request.node.iter_markers("disk_on_fake_clock"):
+            twins = (Path(__file__).parents[1] / "unit" / "test_broker_lifecycle.py").read_text()
+            assert f"\ndef {mark.args[0]}(" in twins, f"{FAKE_CLOCK_TWINS} has no {mark.args[0]}"
+            pytest.skip(f"on disk, tested on a fake clock: {FAKE_CLOCK_TWINS}::{mark.args[0]}")
 
 
 @pytest.fixture

@@ -19,6 +19,7 @@ def reschedule(api, topic, msg_id, **params):
     return api.post("rescheduleMsg", topic=topic, msgId=msg_id, **params)
 
 
+@pytest.mark.disk_on_fake_clock("test_a_waiting_message_moved_later_is_not_delivered_at_the_old_time_nor_before_the_new")
 def test_a_waiting_message_moves_later_and_is_not_delivered_at_the_old_time(api, topic):
     api.send(topic, msgId="w", delayMillis=300)
     code, body = reschedule(api, topic, "w", delayMillis=1500)
@@ -42,6 +43,7 @@ def test_delay_zero_fires_a_far_message_now(api, topic):
     assert api.message(topic, "far")["status"] == 4
 
 
+@pytest.mark.disk_on_fake_clock("test_a_ready_message_moved_later_leaves_the_ready_queue")
 def test_a_ready_message_moved_later_leaves_the_ready_queue(api, topic):
     api.send(topic, msgId="r", delayMillis=0)
     assert api.wait_status(topic, "r", {2})["status"] == 2

@@ -1,5 +1,8 @@
-"""Every endpoint and state transition of SPEC 2-3, over HTTP, on one real
-`hourglass serve` process (fresh topic names per test)."""
+"""Every endpoint of SPEC 2-3, over HTTP, on one real `hourglass serve`
+process (fresh topic names per test). The transitions that wait on time
+(delays, ack timeouts, ttls, long polls) are tested on a fake clock in
+tests/unit/test_broker_lifecycle.py, and end to end on every backend in
+tests/conformance/test_conformance_lifecycle.py."""
 
 import json
 import time
@@ -119,92 +122,7 @@ def test_a_bad_batch_item_stores_nothing(server, topic):
     assert info(server, topic)["waitingQueueSize"] == 0
 
 
-# -- pull, ack, nack, retry, ttl --------------------------------------------------------
-
-
-def test_lifecycle_ready_consuming_acked(server, topic):
-    send(server, topic, msgId="a", delayMillis=300)
-    assert pull(server, topic) == []  # not due yet: never early
-    got = pull_until(server, topic, 1)
-    assert [m["msgId"] for m in got] == ["a"] and got[0]["status"] == 3
-    assert int(time.time() * 1000) >= got[0]["triggerTime"]
-    assert get(server, topic, "a")["status"] == 3
-    assert server.post("ackMsg", topic=topic, msgId="a")[0] == 200
-    assert get(server, topic, "a")["status"] == 4
-    assert server.post("ackMsg", topic=topic, msgId="a")[0] == 200  # acking twice is harmless
-
-
-def test_due_message_is_ready_before_pull(server, topic):
-    send(server, topic, msgId="r")
-    deadline = time.monotonic() + 5
-    while get(server, topic, "r")["status"] != 2 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert get(server, topic, "r")["status"] == 2
-    assert info(server, topic)["readyQueueSize"] == 1
-
-
-def test_priority_then_trigger_order(server, topic):
-    now = int(time.time() * 1000)
-    send(server, topic, msgId="late-low", triggerTime=now - 1000)
-    send(server, topic, msgId="high", triggerTime=now, priority=5)
-    send(server, topic, msgId="early-low", triggerTime=now - 2000)
-    time.sleep(0.3)
-    got = pull(server, topic, batch=3)
-    assert [m["msgId"] for m in got] == ["high", "early-low", "late-low"]
-
-
-def test_ack_timeout_redelivers_with_retry_then_ends(server, topic):
-    send(server, topic, msgId="t", maxRetry=1)
-    first = pull_until(server, topic, 1, ackTimeoutMillis=200)
-    assert first[0]["retry"] == 1  # retry counts pulls (camellia)
-    second = pull_until(server, topic, 1, ackTimeoutMillis=200)
-    assert second[0]["msgId"] == "t" and second[0]["retry"] == 2
-    deadline = time.monotonic() + 5
-    while get(server, topic, "t")["status"] == 3 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert get(server, topic, "t")["status"] == 6  # maxRetry=1: two deliveries, then ended
-    assert pull_until(server, topic, 1, timeout_s=0.6) == []
-
-
-def test_nack_makes_it_ready_now_with_retry(server, topic):
-    send(server, topic, msgId="n", maxRetry=0)
-    send(server, topic, msgId="n2", maxRetry=3)
-    got = pull_until(server, topic, 2, ackTimeoutMillis=600000)
-    assert {m["msgId"] for m in got} == {"n", "n2"}
-    assert server.post("ackMsg", topic=topic, msgId="n2", ack="false")[0] == 200
-    again = pull_until(server, topic, 1)
-    assert again[0]["msgId"] == "n2" and again[0]["retry"] == 2
-    assert server.post("ackMsg", topic=topic, msgId="n", ack="false")[0] == 200
-    assert get(server, topic, "n")["status"] == 6  # maxRetry=0: one delivery only
-
-
-def test_ttl_ends_never_delivered_message_as_expired(server, topic):
-    send(server, topic, msgId="e", ttlMillis=100)
-    deadline = time.monotonic() + 5
-    while get(server, topic, "e")["status"] in (1, 2) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert get(server, topic, "e")["status"] == 5
-    assert pull(server, topic) == []
-
-
-def test_ttl_after_a_delivery_ends_as_6(server, topic):
-    send(server, topic, msgId="e6", ttlMillis=400, maxRetry=5)
-    assert pull_until(server, topic, 1, ackTimeoutMillis=100)[0]["msgId"] == "e6"
-    deadline = time.monotonic() + 5
-    while get(server, topic, "e6")["status"] not in (5, 6) and time.monotonic() < deadline:
-        pull(server, topic, ackTimeoutMillis=100)
-        time.sleep(0.02)
-    assert get(server, topic, "e6")["status"] == 6
-
-
-def test_tags_filter_pulls(server, topic):
-    send(server, topic, msgId="a", tag="red")
-    send(server, topic, msgId="b", tag="blue")
-    send(server, topic, msgId="c")
-    time.sleep(0.2)
-    got = pull_until(server, topic, 1, tags="blue,green")
-    assert [m["msgId"] for m in got] == ["b"] and got[0]["tag"] == "blue"
-    assert {m["msgId"] for m in pull_until(server, topic, 2, timeout_s=1)} == {"a", "c"}
+# -- pull and ack (what waits on time, on a fake clock: tests/unit/test_broker_lifecycle.py) ----
 
 
 def test_ack_of_waiting_message_acks_it(server, topic):
@@ -214,43 +132,11 @@ def test_ack_of_waiting_message_acks_it(server, topic):
     assert get(server, topic, "w")["status"] == 4
 
 
-# -- long polling --------------------------------------------------------------------------
-
-
-def test_long_poll_is_woken_when_the_message_is_due(server, topic):
-    send(server, topic, msgId="lp", delayMillis=700)
-    started = time.monotonic()
-    status, body = server.post("longPollingMsg", topic=topic, longPollingTimeoutMillis=5000)
-    waited = time.monotonic() - started
-    assert status == 200 and [m["msgId"] for m in body["delayMsgList"]] == ["lp"]
-    assert 0.3 < waited < 4
-
-
-def test_long_poll_times_out_empty(server, topic):
-    started = time.monotonic()
-    status, body = server.post("longPollingMsg", topic=topic, longPollingTimeoutMillis=300)
-    assert status == 200 and body["delayMsgList"] == []
-    assert 0.25 <= time.monotonic() - started < 3
-
-
 def test_pull_of_unknown_topic_is_empty(server, topic):
     assert pull(server, topic) == []
 
 
 # -- delete, get ------------------------------------------------------------------------------
-
-
-def test_delete_waiting_ready_and_consuming(server, topic):
-    send(server, topic, msgId="w", delayMillis=600000)
-    send(server, topic, msgId="c")
-    assert pull_until(server, topic, 1)[0]["msgId"] == "c"
-    send(server, topic, msgId="r")
-    time.sleep(0.2)
-    for msg_id in ("w", "r", "c"):
-        assert server.post("deleteMsg", topic=topic, msgId=msg_id)[0] == 200
-        assert get(server, topic, msg_id)["status"] == 7
-    assert pull(server, topic, batch=5) == []
-    assert info(server, topic)["waitingQueueSize"] == 0
 
 
 def test_delete_with_release_forgets_the_id(server, topic):
@@ -400,24 +286,6 @@ def test_get_query_string_parameters(server, topic):
     query = urllib.parse.urlencode({"topic": topic})
     status, body = request(server.base + "/camellia/delayQueue/getTopicInfo?" + query)
     assert status == 200 and json.loads(body)["data"]["waitingQueueSize"] == 1
-
-
-def test_a_long_poll_whose_client_left_takes_nothing(server, topic):
-    import socket
-    host, port = server.base.removeprefix("http://").split(":")
-    body = urllib.parse.urlencode({"topic": topic, "longPollingTimeoutMillis": 20000,
-                                   "ackTimeoutMillis": 600000}).encode()
-    with socket.create_connection((host, int(port))) as s:
-        s.sendall(b"POST /camellia/delayQueue/longPollingMsg HTTP/1.1\r\nHost: x\r\n"
-                  b"Content-Type: application/x-www-form-urlencoded\r\n"
-                  + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
-        time.sleep(0.3)
-    time.sleep(0.2)  # the poll's client is gone
-    send(server, topic, msgId="g", maxRetry=0)
-    time.sleep(0.5)
-    m = get(server, topic, "g")
-    assert (m["status"], m["retry"]) == (2, 0)  # still ready, not handed to nobody
-    assert [x["msgId"] for x in pull_until(server, topic, 1)] == ["g"]
 
 
 def test_deeply_nested_json_is_refused_before_it_is_decoded(server, topic):
