@@ -5,7 +5,7 @@ Raft guarantees at most one leader per term, and a term's leader has been
 voted for by a majority. hourglass uses Raft only for that and for one
 small replicated fact, `claimed = (term, node_id)`: "the leader of `term`
 is `node_id`, and has caught up". A node that Raft makes leader in term T
-  1. gets a promise and the log position of a majority (replication.node),
+  1. gets a promise and the log position of a majority (broker.cluster),
   2. catches its commit log up to the most advanced of them,
   3. replicates `claim(T, me)` through Raft: committed means a majority
      has accepted term T, so no older leader can commit anything more,

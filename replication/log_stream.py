@@ -183,7 +183,7 @@ class Follower:
     the leader's. `run()` is the fetch loop; it returns when the node is to
     take a snapshot (`needs_snapshot` says from whom) or is stopped."""
 
-    def __init__(self, node) -> None:  # node: replication.node.ClusterNode
+    def __init__(self, node) -> None:  # node: broker.cluster.ClusterNode
         self.node = node
         self.config: ClusterConfig = node.cluster
         self.needs_snapshot: str | None = None

@@ -1,0 +1,80 @@
+"""The state every part of a cluster node reads and writes (see
+broker.cluster), declared once so each module of the node can be read
+alone, and the three small things every part calls. `ClusterNode.__init__`
+(node.py) sets every attribute declared here."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+import aiohttp
+
+from broker.api import Api
+from broker.camellia_metrics import ProcessStats
+from broker.clock import SystemClock
+from broker.config import ServeConfig
+from broker.console import Console
+from broker.health import ServingStatus
+from broker.metrics import Metrics
+from broker.service import Broker
+from replication.config import ClusterConfig
+from replication.election import Election
+from replication.epochs import Epochs
+from replication.log_stream import Follower, LeaderLog
+from storage.store import Store
+from wheel.tick_state import TickStateFile
+
+log = logging.getLogger("hourglass.cluster")
+
+
+class NodeParts:
+    config: ServeConfig
+    cluster: ClusterConfig
+    clock: SystemClock
+    data_dir: str
+    store: Store  # replaced when a snapshot is installed
+    opened_s: float
+    epochs: Epochs
+    tick_path: str
+    tick_file: TickStateFile | None  # open while following: the leader's streamed tick
+    metrics: Metrics
+    process: ProcessStats
+    console: Console
+    serving: ServingStatus
+    api: Api  # its broker is set while this node leads
+    apply_lock: asyncio.Lock  # held while records are applied to the store
+    checkpoint_lock: asyncio.Lock  # held while the store's files are checkpointed or copied
+    role: str
+    broker: Broker | None  # set while this node leads
+    leader_log: LeaderLog | None  # set while this node leads
+    leading_term: int
+    follower: Follower
+    election: Election
+    stopping: bool
+    session: aiohttp.ClientSession | None
+    on_fatal: Callable[[BaseException], object] | None
+    failed: BaseException | None
+    _deposed: asyncio.Event  # a newer candidate asked this leader for its promise
+
+    def known_leader(self) -> str | None:
+        """The node API calls are forwarded to (None: none is known yet)."""
+        if self.role == "leader":
+            return self.cluster.node_id
+        term, leader = self.election.claimed
+        if leader is None or leader == self.cluster.node_id or term < self.epochs.promised:
+            return None
+        return leader
+
+    def set_epochs(self, epochs: Epochs) -> None:
+        if epochs != self.epochs:
+            epochs.save(Epochs.path(self.data_dir))
+            self.epochs = epochs
+
+    def fail(self, error: BaseException, where: str) -> None:
+        if self.failed is None:
+            log.critical("%s failed: %r; the node stops", where, error)
+            self.failed = error
+            if self.on_fatal is not None:
+                self.on_fatal(error)
