@@ -225,7 +225,7 @@ async def run_redis(config: ServeConfig) -> int:
 async def run_cluster(config: ServeConfig) -> int:
     """A cluster node: serve HTTP (API, /_cluster/ log stream) at once, follow,
     lead when elected; SIGTERM hands the lead over before stopping."""
-    node = ClusterNode(config, config.cluster)
+    node = ClusterNode(config, config.cluster, SystemClock())
     node.session = aiohttp.ClientSession()
     server = await listen(node, config)
     log.info("serving on http://%s:%d (node %s of %s)", config.host, config.port, config.cluster.node_id,

@@ -11,10 +11,8 @@ checkpoint).
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
-import time
 
 from .parts import NodeParts
 
@@ -35,16 +33,16 @@ class Handover(NodeParts):
         if broker is not None and leader_log is not None:
             broker.begin_stop()
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(broker.stop(), HANDOVER_TIMEOUT_S)
-            deadline = time.monotonic() + HANDOVER_TIMEOUT_S
+                await self.clock.wait_for(broker.stop(), HANDOVER_TIMEOUT_S)
+            deadline_s = self.clock.monotonic_s() + HANDOVER_TIMEOUT_S
             end = self.store.log.end_offset
-            while time.monotonic() < deadline:
-                live = [p for p in leader_log.followers.values() if time.monotonic() - p.seen_s < 1.0]
+            while self.clock.monotonic_s() < deadline_s:
+                live = [p for p in leader_log.followers.values() if self.clock.monotonic_s() - p.seen_s < 1.0]
                 if live and all(p.offset >= end for p in live):
                     break
-                await asyncio.sleep(0.01)
+                await self.clock.sleep(0.01)
             # one more round, so each follower's last fetch answer carries the final tick
-            await asyncio.sleep(2 * self.cluster.tick_sync_ms / 1000)
+            await self.clock.sleep(2 * self.cluster.tick_sync_ms / 1000)
             leader_log.close("this node is stopping; retry")
             self._record_leadership(self.leading_term, "end")
             log.info("handed over at offset %d, tick %s", end, broker.tick)

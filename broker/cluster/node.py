@@ -12,21 +12,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import time
 
 from broker.api import Api
 from broker.camellia_metrics import ProcessStats
-from broker.clock import SystemClock
 from broker.config import ServeConfig
 from broker.console import Console
 from broker.metrics import Metrics
 from broker.serving import serving_status
 from replication import snapshot
 from replication.config import ClusterConfig
-from replication.election import Election
+from replication.election import RaftElection
 from replication.epochs import Epochs
 from replication.log_stream import Follower
 from storage.store import Store
+from wheel.clock import Clock
 from wheel.tick_state import TickStateFile
 
 from .handover import Handover
@@ -41,16 +40,16 @@ log = logging.getLogger("hourglass.cluster")
 class ClusterNode(Routes, PeerCalls, RoleLoop, Snapshots, Handover):
     """One node of a cluster: store, election, follower loop or broker."""
 
-    def __init__(self, config: ServeConfig, cluster: ClusterConfig) -> None:
+    def __init__(self, config: ServeConfig, cluster: ClusterConfig, clock: Clock) -> None:
         self.config = config
         self.cluster = cluster
-        self.clock = SystemClock()
+        self.clock = clock
         self.data_dir = config.data_path
         os.makedirs(self.data_dir, exist_ok=True)
         snapshot.recover(self.data_dir)  # a snapshot install a crash cut short
-        started = time.perf_counter()
+        started_s = clock.monotonic_s()
         self.store = Store.open(self.data_dir, config.store, now_ms=self.clock.now_ms())
-        self.opened_s = time.perf_counter() - started
+        self.opened_s = clock.monotonic_s() - started_s
         self.epochs = Epochs.load(Epochs.path(self.data_dir))
         self.tick_path = os.path.join(self.data_dir, "tick")
         self.tick_file = TickStateFile(self.tick_path, fsync=True)
@@ -66,8 +65,8 @@ class ClusterNode(Routes, PeerCalls, RoleLoop, Snapshots, Handover):
         self.broker = None
         self.leader_log = None
         self.leading_term = 0
-        self.follower = Follower(self)
-        self.election = Election(cluster, self.data_dir)
+        self.follower = Follower(self, cluster, clock)
+        self.election = RaftElection(cluster, self.data_dir, clock)
         self.stopping = False
         self.session = None
         self._follow_task: asyncio.Task | None = None

@@ -13,7 +13,6 @@ import aiohttp
 
 from broker.api import Api
 from broker.camellia_metrics import ProcessStats
-from broker.clock import SystemClock
 from broker.config import ServeConfig
 from broker.console import Console
 from broker.health import ServingStatus
@@ -24,7 +23,8 @@ from replication.election import Election
 from replication.epochs import Epochs
 from replication.log_stream import Follower, LeaderLog
 from storage.store import Store
-from wheel.tick_state import TickStateFile
+from wheel.clock import Clock
+from wheel.tick_state import TickState, TickStateFile
 
 log = logging.getLogger("hourglass.cluster")
 
@@ -32,7 +32,7 @@ log = logging.getLogger("hourglass.cluster")
 class NodeParts:
     config: ServeConfig
     cluster: ClusterConfig
-    clock: SystemClock
+    clock: Clock  # the one clock, built at start-up (broker.clock.SystemClock)
     data_dir: str
     store: Store  # replaced when a snapshot is installed
     opened_s: float
@@ -71,6 +71,13 @@ class NodeParts:
         if epochs != self.epochs:
             epochs.save(Epochs.path(self.data_dir))
             self.epochs = epochs
+
+    def write_tick(self, tick: TickState) -> None:
+        """Persist the leader's tick state (a follower's; a leader has no
+        tick file: its wheel writes its own)."""
+        if self.tick_file is None:
+            raise RuntimeError("a leader is sent no tick state")
+        self.tick_file.write(tick)
 
     def fail(self, error: BaseException, where: str) -> None:
         if self.failed is None:

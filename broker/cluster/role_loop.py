@@ -14,7 +14,6 @@ import asyncio
 import json
 import logging
 import os
-import time
 
 from broker.service import Broker
 from replication.epochs import Epochs
@@ -37,10 +36,10 @@ class RoleLoop(NodeParts):
         self._deposed = asyncio.Event()
         self._start_following()
         while not self.stopping:
-            await asyncio.sleep(0.02)
+            await self.clock.sleep(0.02)
             term = self.election.term
             if self.role == "follower":
-                if self.election.raft_leader and time.monotonic() >= self._next_try_s:
+                if self.election.is_leader and self.clock.monotonic_s() >= self._next_try_s:
                     await self._try_to_lead(term)
             elif (reason := self._stand_down_reason()) is not None:
                 await self._stand_down(reason)
@@ -65,13 +64,13 @@ class RoleLoop(NodeParts):
                     await self.take_snapshot(source)
                 except Exception as e:
                     log.warning("snapshot from %s failed: %r; retrying", source, e)
-                    await asyncio.sleep(0.5)
+                    await self.clock.sleep(0.5)
 
     def _stand_down_reason(self) -> str | None:
         """Why this leader must stand down now (None: it need not)."""
         election = self.election
-        if not election.raft_leader or election.term != self.leading_term:
-            return f"Raft moved on (term {election.term}, leader {election.raft_leader_id})"
+        if not election.is_leader or election.term != self.leading_term:
+            return f"Raft moved on (term {election.term}, leader {election.leader_id})"
         if self._deposed.is_set() or (self.leader_log is not None and self.leader_log.deposed.is_set()):
             return "a peer knows a newer epoch"
         if self.broker is not None and self.broker.failed is not None:
@@ -87,7 +86,7 @@ class RoleLoop(NodeParts):
             log.warning("term %d: could not take the lead: %r", term, e)
             led = False
         if not led:  # Raft may keep this node leader: try again shortly
-            self._next_try_s = time.monotonic() + 0.2
+            self._next_try_s = self.clock.monotonic_s() + 0.2
             self._start_following()
 
     async def _lead(self, term: int) -> bool:
@@ -111,12 +110,12 @@ class RoleLoop(NodeParts):
         best = max(positions, key=lambda n: positions[n][:2])
         if best != cluster.node_id and positions[best][:2] > positions[cluster.node_id][:2]:
             await self._catch_up(best, positions[best])
-        if not self.election.raft_leader or self.election.term != term:
+        if not self.election.is_leader or self.election.term != term:
             return False
         if not await self.election.claim(term):
             log.info("term %d: the claim was not committed", term)
             return False
-        if self.epochs.promised > term or not self.election.raft_leader:
+        if self.epochs.promised > term or not self.election.is_leader:
             log.info("term %d: a newer term appeared while claiming", term)
             return False
         self._start_leading(term)
@@ -145,7 +144,7 @@ class RoleLoop(NodeParts):
         self.tick_file.close()
         self.tick_file = None
         self._deposed = asyncio.Event()
-        leader_log = LeaderLog(self.store, self.cluster, term, self.epochs, lambda: broker.tick)
+        leader_log = LeaderLog(self.store, self.cluster, term, self.epochs, lambda: broker.tick, self.clock)
         broker = Broker(self.store, self.clock, self.config.defaults, self.metrics, tick_path=self.tick_path,
                         replicated=leader_log.replicated, apply_lock=self.apply_lock, limits=self.config.queues)
         broker.on_fatal = lambda error: None  # a failed broker makes this node stand down

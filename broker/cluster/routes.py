@@ -16,7 +16,6 @@ client retries.
 from __future__ import annotations
 
 import logging
-import time
 
 import aiohttp
 
@@ -99,7 +98,7 @@ class Routes(NodeParts):
                 "term": self.leading_term if self.role == "leader" else self.election.claimed[0],
                 "logEndOffset": self.store.log.end_offset}
         if self.leader_log is not None:
-            now_s = time.monotonic()
+            now_s = self.clock.monotonic_s()
             info["followers"] = [{"node": name, "offset": p.offset,
                                   "lagBytes": max(0, self.leader_log.durable_offset - p.offset),
                                   "seenAgoMs": int((now_s - p.seen_s) * 1000)}

@@ -21,7 +21,6 @@ import asyncio
 import json
 import logging
 import os
-import time
 
 import aiohttp
 
@@ -38,7 +37,7 @@ class Snapshots(NodeParts):
     async def make_snapshot(self) -> str:
         """Copy the store files into a tar (see replication.snapshot) while
         no record is applied; returns its path."""
-        path = os.path.join(self.data_dir, f"snapshot-{os.getpid()}-{time.monotonic_ns()}.tar")
+        path = os.path.join(self.data_dir, f"snapshot-{os.getpid()}-{int(self.clock.monotonic_s() * 1e9)}.tar")
         async with self.checkpoint_lock, self.apply_lock:
             end = self.store.log.end_offset
             files = snapshot.capture(self.data_dir, self.store.log.segment_ends())
@@ -51,7 +50,7 @@ class Snapshots(NodeParts):
         peer = self.cluster.peers[source]
         part = os.path.join(self.data_dir, "snapshot.tar.part")
         headers = peer_auth.headers(self.cluster.secret, self.config.auth_token)
-        started = time.perf_counter()
+        started_s = self.clock.monotonic_s()
         async with self.session.get(peer.http_url + protocol.SNAPSHOT_PATH, headers=headers,
                                     timeout=aiohttp.ClientTimeout(total=600, sock_connect=2)) as r:
             if r.status != 200:
@@ -73,7 +72,7 @@ class Snapshots(NodeParts):
                 raise
             self.epochs = epochs
             self.store = await asyncio.to_thread(Store.open, self.data_dir, self.config.store, self.clock.now_ms())
-        log.info("installed a snapshot from %s in %.2f s: %s", source, time.perf_counter() - started, self.store)
+        log.info("installed a snapshot from %s in %.2f s: %s", source, self.clock.monotonic_s() - started_s, self.store)
         await asyncio.to_thread(snapshot.remove_replaced, self.data_dir)
 
     async def checkpoint(self) -> None:
