@@ -7,7 +7,8 @@ Roles (GET /health says leader or follower; a candidate is shown as follower):
        └──────── no majority / claim fails ─────┘                           │
        └── Raft term moves on, a follower knows a higher epoch, SIGTERM ────┘
 
-Becoming leader of term T (role_loop `_lead`), in order:
+Becoming leader of term T, in order (decided by replication.roles.step,
+carried out by role_loop):
   1. promise T to itself, then ask every peer for its promise and log
      position (POST /_cluster/position); a majority must answer. A peer
      that promised T takes no record of an older epoch from then on, so
@@ -23,7 +24,7 @@ Becoming leader of term T (role_loop `_lead`), in order:
      its wheel starting from the tick state the old leader streamed
      (fast-forward if behind the clock, wait if ahead), and serve.
 
-A leader stands down (role_loop `_stand_down`) when Raft moves to another term or
+A leader stands down when Raft moves to another term or
 leader, when a follower's fetch shows a higher epoch, or when a write
 cannot reach its quorum: requests waiting for followers are answered 503
 (the client retries them, with the same msgId, on the next leader). Its
@@ -45,7 +46,8 @@ The node is one class put together from one module per concern:
     routes.py     the HTTP app: /health, /metrics, and API calls served
                   while leading or forwarded to the leader
     peers.py      the calls between nodes (/_cluster/*), both ways
-    role_loop.py  following, trying to lead, leading, standing down
+    role_loop.py  the driver of replication.roles: following, trying to
+                  lead, leading, standing down
     snapshots.py  making, fetching and installing snapshots; checkpoints
     handover.py   SIGTERM: hand the lead over, then close
 """

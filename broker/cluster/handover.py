@@ -1,12 +1,13 @@
 """Stopping a cluster node (SIGTERM).
 
-On the leader, a graceful handover: stop taking requests, stop the wheel
-(its tick persisted) and commit, wait up to HANDOVER_TIMEOUT_S until every
-live follower has fetched everything, give them one more fetch round for
-the final tick, then leave the Raft group. The next leader starts exactly
-where this one stopped, so nothing is delivered twice. `close` then
-releases the HTTP session, the tick file and the store (with a last
-checkpoint).
+On the leader, a graceful handover (`hand_over`, the HandOver action of
+replication.roles): stop taking requests, stop the wheel (its tick
+persisted) and commit, wait up to HANDOVER_TIMEOUT_S until every live
+follower has fetched everything, give them one more fetch round for the
+final tick; the role loop then records the end of the term and leaves the
+Raft group. The next leader starts exactly where this one stopped, so
+nothing is delivered twice. `close` then releases the HTTP session, the
+tick file and the store (with a last checkpoint).
 """
 
 from __future__ import annotations
@@ -22,13 +23,9 @@ HANDOVER_TIMEOUT_S = 3.0
 
 
 class Handover(NodeParts):
-    """(Calls _record_leadership and _stop_following, of
-    broker.cluster.role_loop.)"""
-
-    async def handover(self) -> None:
-        """SIGTERM: if leading, stop the wheel and commit, let every live
-        follower fetch all of it and the last tick, then leave."""
-        self.stopping = True
+    async def hand_over(self) -> None:
+        """Stop the wheel and commit, let every live follower fetch all of
+        it and the last tick, then fail what still waits."""
         broker, leader_log = self.broker, self.leader_log
         if broker is not None and leader_log is not None:
             broker.begin_stop()
@@ -44,10 +41,7 @@ class Handover(NodeParts):
             # one more round, so each follower's last fetch answer carries the final tick
             await self.clock.sleep(2 * self.cluster.tick_sync_ms / 1000)
             leader_log.close("this node is stopping; retry")
-            self._record_leadership(self.leading_term, "end")
             log.info("handed over at offset %d, tick %s", end, broker.tick)
-        self.election.close()
-        await self._stop_following()
 
     async def close(self) -> None:
         if self.session is not None:

@@ -24,6 +24,7 @@ from replication.config import ClusterConfig
 from replication.election import RaftElection
 from replication.epochs import Epochs
 from replication.log_stream import Follower
+from replication.roles import RoleState
 from storage.store import Store
 from wheel.clock import Clock
 from wheel.tick_state import TickStateFile
@@ -61,16 +62,13 @@ class ClusterNode(Routes, PeerCalls, RoleLoop, Snapshots, Handover):
         self.api = Api(None, config.max_msg_bytes, config.bodies, self.serving)
         self.apply_lock = asyncio.Lock()
         self.checkpoint_lock = asyncio.Lock()
-        self.role = "follower"
         self.broker = None
         self.leader_log = None
-        self.leading_term = 0
         self.follower = Follower(self, cluster, clock)
         self.election = RaftElection(cluster, self.data_dir, clock)
-        self.stopping = False
+        self.roles = RoleState(cluster.node_id, cluster.quorum, len(cluster.peers))
         self.session = None
-        self._follow_task: asyncio.Task | None = None
-        self._next_try_s = 0.0  # after a failed attempt to lead, wait before the next
+        self._follow_task = None
         self.on_fatal = None
         self.failed = None
         log.info("node %s opened %s in %.3f s: %s, %s", cluster.node_id, self.data_dir, self.opened_s,

@@ -22,6 +22,7 @@ from replication.config import ClusterConfig
 from replication.election import Election
 from replication.epochs import Epochs
 from replication.log_stream import Follower, LeaderLog
+from replication.roles import Role, RoleState
 from storage.store import Store
 from wheel.clock import Clock
 from wheel.tick_state import TickState, TickStateFile
@@ -46,21 +47,40 @@ class NodeParts:
     api: Api  # its broker is set while this node leads
     apply_lock: asyncio.Lock  # held while records are applied to the store
     checkpoint_lock: asyncio.Lock  # held while the store's files are checkpointed or copied
-    role: str
     broker: Broker | None  # set while this node leads
     leader_log: LeaderLog | None  # set while this node leads
-    leading_term: int
     follower: Follower
     election: Election
-    stopping: bool
+    roles: RoleState  # the role, the term tried or led, stopping (replication.roles)
+    _follow_task: asyncio.Task[None] | None  # the follower loop, while following
     session: aiohttp.ClientSession | None
     on_fatal: Callable[[BaseException], object] | None
     failed: BaseException | None
     _deposed: asyncio.Event  # a newer candidate asked this leader for its promise
 
+    @property
+    def leads(self) -> bool:
+        return self.roles.role is Role.LEADER
+
+    @property
+    def leading_term(self) -> int:
+        """The term this node leads (while it leads)."""
+        return self.roles.term
+
+    @property
+    def stopping(self) -> bool:
+        return self.roles.stopping
+
+    def shown_role(self) -> tuple[str, int]:
+        """The role and term /health, /metrics and the console show: SPEC's
+        roles are leader and follower, so a candidate is shown following."""
+        if self.leads:
+            return Role.LEADER.value, self.roles.term
+        return Role.FOLLOWER.value, self.election.claimed[0]
+
     def known_leader(self) -> str | None:
         """The node API calls are forwarded to (None: none is known yet)."""
-        if self.role == "leader":
+        if self.leads:
             return self.cluster.node_id
         term, leader = self.election.claimed
         if leader is None or leader == self.cluster.node_id or term < self.epochs.promised:

@@ -68,7 +68,7 @@ class PeerCalls(NodeParts):
             return refused
         if message.get("catchup"):
             result = serve_catchup(self.store, self.epochs, message)
-        elif self.leader_log is not None and self.role == "leader":
+        elif self.leader_log is not None and self.leads:
             result = await self.leader_log.fetch(message)
         else:
             result = {"status": "not_leader", "epoch": self.epochs.promised}
@@ -87,13 +87,13 @@ class PeerCalls(NodeParts):
         if epoch > ceiling:
             log.warning("refused a promise of epoch %d from %s: beyond %d", epoch, message.get("node"), ceiling)
             result["status"] = "refused"
-        elif epoch < self.epochs.promised or (self.role == "leader" and epoch <= self.leading_term):
+        elif epoch < self.epochs.promised or (self.leads and epoch <= self.leading_term):
             result["status"] = "refused"
         else:
             self.set_epochs(self.epochs.promise(epoch))
             result["status"] = "ok"
             result["promised"] = epoch
-            if self.role == "leader":  # a newer candidate: this node's term is over
+            if self.leads:  # a newer candidate: this node's term is over
                 asyncio.get_running_loop().call_soon(self._deposed.set)
         return Response(200, protocol.pack(result), protocol.CONTENT_TYPE)
 

@@ -1,11 +1,13 @@
-"""A cluster node's roles: follow, lead whenever Raft elects this node,
-stand down when its term is over.
+"""A cluster node's role loop: the driver of replication.roles.step.
 
-`run` polls every 20 ms. A follower that Raft calls leader becomes a
-candidate and tries to lead its term (`_lead`, the steps in
-broker.cluster's docstring); a failed attempt waits 0.2 s before the next.
-A leader stands down when Raft moves to another term or leader, when a
-peer knows a newer epoch, or when its broker failed.
+Every POLL_S it feeds what it sees (Raft's view, a deposing peer, a failed
+broker) to the step function as a `Polled` event, and carries out the
+actions that come back, in order. An action with a result (positions
+gathered, caught up, claim answered, leading) feeds it back as the next
+event; an action that raises is fed back as `ActionFailed`. The decisions
+(when to try, when to give up, when to stand down) are all in
+replication.roles; this module is only the I/O: the follower task, the
+peers' promises and positions, the catch-up, the claim, the broker.
 """
 
 from __future__ import annotations
@@ -18,35 +20,113 @@ import os
 from broker.service import Broker
 from replication.epochs import Epochs
 from replication.log_stream import LeaderLog
+from replication.roles import (
+    Action,
+    ActionFailed,
+    CatchUp,
+    CaughtUp,
+    Claim,
+    ClaimDone,
+    CloseElection,
+    Crash,
+    Event,
+    GatherPositions,
+    HandOver,
+    LeadershipEvent,
+    Leading,
+    Log,
+    Polled,
+    Position,
+    PositionsGathered,
+    RecordLeadership,
+    StandDown,
+    Started,
+    StartFollowing,
+    StartLeading,
+    Stop,
+    StopFollowing,
+    step,
+)
 from wheel.tick_state import TickStateFile
 
 from .parts import NodeParts
 
 log = logging.getLogger("hourglass.cluster")
 
+POLL_S = 0.02
 POSITION_TIMEOUT_S = 0.5
+# A follower whose snapshot failed waits this long before the next.
+SNAPSHOT_RETRY_S = 0.5
 
 
 class RoleLoop(NodeParts):
-    """(Calls post, of broker.cluster.peers, and take_snapshot, of
-    broker.cluster.snapshots.)"""
+    """(Calls post, of broker.cluster.peers, take_snapshot, of
+    broker.cluster.snapshots, and hand_over, of broker.cluster.handover.)"""
 
     async def run(self) -> None:
         """Follow, and lead whenever Raft elects this node; until stopped."""
         self._deposed = asyncio.Event()
-        self._start_following()
-        while not self.stopping:
-            await self.clock.sleep(0.02)
-            term = self.election.term
-            if self.role == "follower":
-                if self.election.is_leader and self.clock.monotonic_s() >= self._next_try_s:
-                    await self._try_to_lead(term)
-            elif (reason := self._stand_down_reason()) is not None:
-                await self._stand_down(reason)
+        await self._feed(Started())
+        while not self.roles.stopping:
+            await self.clock.sleep(POLL_S)
+            await self._feed(self._poll())
 
-    def _start_following(self) -> None:
-        self.role = "follower"
-        self._follow_task = asyncio.create_task(self._follow(), name="follower")
+    async def handover(self) -> None:
+        """SIGTERM: if leading, hand the lead over; then leave the group."""
+        await self._feed(Stop())
+
+    def _poll(self) -> Polled:
+        election, leader_log, broker = self.election, self.leader_log, self.broker
+        deposed = self._deposed.is_set() or (leader_log is not None and leader_log.deposed.is_set())
+        failure = None if broker is None or broker.failed is None else repr(broker.failed)
+        return Polled(election.is_leader, election.term, election.leader_id, deposed, failure)
+
+    def _now_ms(self) -> int:
+        return int(self.clock.monotonic_s() * 1000)
+
+    async def _feed(self, event: Event) -> None:
+        """One step, then its actions in order (each result fed back)."""
+        self.roles, actions = step(self.roles, event, self._now_ms())
+        for action in actions:
+            if isinstance(action, Crash):
+                raise action.error
+            try:
+                result = await self._do(action)
+            except Exception as e:
+                await self._feed(ActionFailed(action, e))
+                break  # what followed the failed action is void
+            if result is not None:
+                await self._feed(result)
+
+    async def _do(self, action: Action) -> Event | None:
+        if isinstance(action, StartFollowing):
+            self._follow_task = asyncio.create_task(self._follow(), name="follower")
+        elif isinstance(action, StopFollowing):
+            await self._stop_following()
+        elif isinstance(action, GatherPositions):
+            return await self._gather_positions(action.term)
+        elif isinstance(action, CatchUp):
+            await self._catch_up(action.source, action.position)
+            return CaughtUp(action.term, self.election.is_leader, self.election.term)
+        elif isinstance(action, Claim):
+            committed = await self.election.claim(action.term)
+            return ClaimDone(action.term, committed, self.epochs.promised, self.election.is_leader)
+        elif isinstance(action, StartLeading):
+            self._start_leading(action.term)
+            return Leading(action.term)
+        elif isinstance(action, RecordLeadership):
+            self._record_leadership(action.term, action.event)
+        elif isinstance(action, StandDown):
+            await self._stand_down(action.reason)
+        elif isinstance(action, HandOver):
+            await self.hand_over()
+        elif isinstance(action, CloseElection):
+            self.election.close()
+        elif isinstance(action, Log):
+            log.log(action.level, "%s", action.text)
+        return None
+
+    # == following ================================================================
 
     async def _stop_following(self) -> None:
         if self._follow_task is not None:
@@ -64,36 +144,18 @@ class RoleLoop(NodeParts):
                     await self.take_snapshot(source)
                 except Exception as e:
                     log.warning("snapshot from %s failed: %r; retrying", source, e)
-                    await self.clock.sleep(0.5)
+                    await self.clock.sleep(SNAPSHOT_RETRY_S)
 
-    def _stand_down_reason(self) -> str | None:
-        """Why this leader must stand down now (None: it need not)."""
-        election = self.election
-        if not election.is_leader or election.term != self.leading_term:
-            return f"Raft moved on (term {election.term}, leader {election.leader_id})"
-        if self._deposed.is_set() or (self.leader_log is not None and self.leader_log.deposed.is_set()):
-            return "a peer knows a newer epoch"
-        if self.broker is not None and self.broker.failed is not None:
-            return f"the broker failed: {self.broker.failed!r}"
-        return None
+    # == becoming leader ==========================================================
 
-    async def _try_to_lead(self, term: int) -> None:
-        await self._stop_following()
-        self.role = "candidate"
-        try:
-            led = await self._lead(term)
-        except Exception as e:
-            log.warning("term %d: could not take the lead: %r", term, e)
-            led = False
-        if not led:  # Raft may keep this node leader: try again shortly
-            self._next_try_s = self.clock.monotonic_s() + 0.2
-            self._start_following()
-
-    async def _lead(self, term: int) -> bool:
+    async def _gather_positions(self, term: int) -> PositionsGathered:
+        """Promise `term` here, then ask every peer for its promise and
+        position (those that do not answer in POSITION_TIMEOUT_S are left out)."""
         cluster = self.cluster
         self.set_epochs(self.epochs.promise(term))
         end = self.store.log.end_offset
-        positions = {cluster.node_id: (self.epochs.last_epoch(end), end, self.epochs.history)}
+        positions = [(cluster.node_id, Position(self.epochs.last_epoch(end), end, self.epochs.history))]
+        refusals = []
         answers = await asyncio.gather(*(self.post(p.node_id, "position", {"node": cluster.node_id, "epoch": term},
                                                    POSITION_TIMEOUT_S) for p in cluster.others),
                                        return_exceptions=True)
@@ -101,28 +163,14 @@ class RoleLoop(NodeParts):
             if isinstance(a, BaseException):
                 continue
             if a["status"] != "ok":
-                log.info("term %d: %s has promised term %d", term, peer.node_id, a["promised"])
-                return False
-            positions[peer.node_id] = (int(a["last_epoch"]), int(a["end_offset"]), tuple(map(tuple, a["history"])))
-        if len(positions) < cluster.quorum:
-            log.info("term %d: %d of %d nodes answered, a majority is needed", term, len(positions), len(cluster.peers))
-            return False
-        best = max(positions, key=lambda n: positions[n][:2])
-        if best != cluster.node_id and positions[best][:2] > positions[cluster.node_id][:2]:
-            await self._catch_up(best, positions[best])
-        if not self.election.is_leader or self.election.term != term:
-            return False
-        if not await self.election.claim(term):
-            log.info("term %d: the claim was not committed", term)
-            return False
-        if self.epochs.promised > term or not self.election.is_leader:
-            log.info("term %d: a newer term appeared while claiming", term)
-            return False
-        self._start_leading(term)
-        return True
+                refusals.append((peer.node_id, int(a["promised"])))
+                continue
+            history = tuple((int(epoch), int(offset)) for epoch, offset in a["history"])
+            positions.append((peer.node_id, Position(int(a["last_epoch"]), int(a["end_offset"]), history)))
+        return PositionsGathered(term, tuple(positions), tuple(refusals), self.election.is_leader, self.election.term)
 
-    async def _catch_up(self, source: str, position: tuple) -> None:
-        last_epoch, target, history = position
+    async def _catch_up(self, source: str, position: Position) -> None:
+        target, history = position.end_offset, position.history
         source_epochs = Epochs(0, history)
         end = self.store.log.end_offset
         if source_epochs.diverges(self.epochs.last_epoch(end), end, target):
@@ -150,26 +198,21 @@ class RoleLoop(NodeParts):
         broker.on_fatal = lambda error: None  # a failed broker makes this node stand down
         broker.start()
         self.leader_log, self.broker, self.api.broker = leader_log, broker, broker
-        self.leading_term = term
-        self.role = "leader"
-        self._record_leadership(term, "start")
         log.info("leading term %d from offset %d, tick %s", term, self.store.log.end_offset, broker.tick)
 
-    def _record_leadership(self, term: int, event: str) -> None:
+    def _record_leadership(self, term: int, event: LeadershipEvent) -> None:
         """leadership.log: one line per start and end of leading, so a drill
         can check that no two nodes ever led the same term."""
         with open(os.path.join(self.data_dir, "leadership.log"), "a") as f:
-            f.write(json.dumps({"term": term, "node": self.cluster.node_id, "event": event,
+            f.write(json.dumps({"term": term, "node": self.cluster.node_id, "event": event.value,
                                 "wall_ms": self.clock.now_ms()}) + "\n")
 
+    # == standing down ============================================================
+
     async def _stand_down(self, reason: str) -> None:
-        log.warning("term %d: standing down: %s", self.leading_term, reason)
-        self.role = "follower"
         broker, leader_log = self.broker, self.leader_log
         self.broker = self.api.broker = self.leader_log = None
         leader_log.close(f"this node no longer leads ({reason}); retry")
         await broker.abandon()
-        self._record_leadership(self.leading_term, "end")
         self.tick_file = TickStateFile(self.tick_path, fsync=True)
         self.follower.last_tick = None
-        self._start_following()

@@ -66,7 +66,7 @@ class Routes(NodeParts):
         """API calls: served here while this node leads, else forwarded."""
         if not request.path.startswith(PREFIX):
             return await handler(request)
-        if self.role == "leader" and self.broker is not None and not self.stopping:
+        if self.leads and self.broker is not None and not self.stopping:
             return await handler(request)
         leader = None if self.stopping else self.known_leader()
         if leader is None or leader == self.cluster.node_id:
@@ -93,9 +93,8 @@ class Routes(NodeParts):
     def _console_info(self) -> dict:
         """The console's node section: role, term, log end and, on the
         leader, each follower's replicated offset and how far it lags."""
-        info = {"role": "leader" if self.role == "leader" else "follower", "node": self.cluster.node_id,
-                "leader": self.known_leader(),
-                "term": self.leading_term if self.role == "leader" else self.election.claimed[0],
+        role, term = self.shown_role()
+        info = {"role": role, "node": self.cluster.node_id, "leader": self.known_leader(), "term": term,
                 "logEndOffset": self.store.log.end_offset}
         if self.leader_log is not None:
             now_s = self.clock.monotonic_s()
@@ -106,10 +105,8 @@ class Routes(NodeParts):
         return info
 
     async def health(self, request: Request) -> Response:
-        # SPEC's roles are leader and follower: a candidate still follows
-        extra = {"role": "leader" if self.role == "leader" else "follower", "leader": self.known_leader(),
-                 "node": self.cluster.node_id,
-                 "term": self.leading_term if self.role == "leader" else self.election.claimed[0],
+        role, term = self.shown_role()
+        extra = {"role": role, "leader": self.known_leader(), "node": self.cluster.node_id, "term": term,
                  "log_end_offset": self.store.log.end_offset}
         if self.failed is not None:
             return answer(503, f"failed: {self.failed!r}", status="failed", **extra)
@@ -124,8 +121,8 @@ class Routes(NodeParts):
                 counts = self.store.topic_counts(text_hash(topic))
                 gauges.append((topic, counts[1], counts[2], counts[3]))
         node = [("hourglass_commit_log_end_offset", "gauge", self.store.log.end_offset),
-                ("hourglass_is_leader", "gauge", int(self.role == "leader")),
-                ("hourglass_term", "gauge", self.leading_term if self.role == "leader" else self.election.claimed[0]),
+                ("hourglass_is_leader", "gauge", int(self.leads)),
+                ("hourglass_term", "gauge", self.shown_role()[1]),
                 ("hourglass_replicated_records_total", "counter", self.follower.fetched_records)]
         if self.leader_log is not None:
             node.append(("hourglass_quorum_offset", "gauge", self.leader_log.quorum_offset()))
