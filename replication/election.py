@@ -39,7 +39,8 @@ from .config import ClusterConfig
 log = logging.getLogger("hourglass.election")
 
 
-class _RaftFacts(SyncObj):
+# pysyncobj has no type hints: SyncObj and its decorator are Any to mypy.
+class _RaftFacts(SyncObj):  # type: ignore[misc]
     """The replicated state machine: who claimed the highest term."""
 
     def __init__(self, me: str, others: list[str], conf: SyncObjConf) -> None:
@@ -47,7 +48,7 @@ class _RaftFacts(SyncObj):
         self.claimed_term = 0
         self.claimed_by: str | None = None
 
-    @replicated
+    @replicated  # type: ignore[untyped-decorator]
     def claim(self, term: int, node_id: str) -> bool:
         if term <= self.claimed_term:
             return False
@@ -147,11 +148,14 @@ class RaftElection:
 
     async def claim(self, term: int) -> bool:
         loop = asyncio.get_running_loop()
-        done: asyncio.Future = loop.create_future()
+        done: asyncio.Future[bool] = loop.create_future()
 
-        def callback(result, error) -> None:
-            ok = error == FAIL_REASON.SUCCESS and bool(result)
-            loop.call_soon_threadsafe(lambda: done.done() or done.set_result(ok))
+        def settle(ok: bool) -> None:
+            if not done.done():
+                done.set_result(ok)
+
+        def callback(result: object, error: object) -> None:  # on pysyncobj's thread
+            loop.call_soon_threadsafe(settle, error == FAIL_REASON.SUCCESS and bool(result))
 
         self._raft.claim(term, self.config.node_id, callback=callback)
         try:

@@ -58,7 +58,8 @@ FETCH_MAX_BYTES = 1024 * 1024
 
 
 def pack(message: dict[str, Any]) -> bytes:
-    return msgpack.packb(message, use_bin_type=True)
+    packed: bytes = msgpack.packb(message, use_bin_type=True)
+    return packed
 
 
 def unpack(data: bytes) -> dict[str, Any]:
