@@ -21,16 +21,16 @@ import aiohttp
 
 from storage.store import Store, text_hash
 
-from . import camellia_metrics
-from .api import PREFIX, Api, Router, answer, bearer_auth
+from .api import Api, Router, answer, bearer_auth
 from .camellia_metrics import ProcessStats
 from .clock import SystemClock
+from .cluster import ClusterNode
 from .config import ServeConfig
 from .console import Console, standalone_info
-from .health import ServingStatus
 from .httpd import HttpServer, Request, Response
 from .metrics import Metrics
 from .service import Broker
+from .serving import camellia_metrics_text, offline_health, serving_status
 
 log = logging.getLogger("hourglass.server")
 
@@ -74,24 +74,6 @@ def start_monitor(node, config: ServeConfig) -> asyncio.Task:
             samplers.append(node.console.run())
         await asyncio.gather(*samplers)
     return asyncio.create_task(monitors(), name="monitor")
-
-
-def serving_status(config: ServeConfig, wake_long_polls) -> ServingStatus:
-    """camellia's online/offline switch (broker.health) over the API's calls."""
-    return ServingStatus(config.offline_idle_s, PREFIX, on_offline=wake_long_polls)
-
-
-def offline_health(role: str, **extra) -> Response:
-    """/health of a node taken offline (/camellia/health/offline): not
-    ready for a load balancer, though it still serves what reaches it."""
-    return answer(503, "offline (/camellia/health/online brings it back)", status="offline", role=role, **extra)
-
-
-async def camellia_metrics_text(node) -> str:
-    """camellia's /metrics families (broker.camellia_metrics) of `node`;
-    topic sizes only where a broker runs (not on a cluster's follower)."""
-    infos = await node.api.topic_infos() if node.api.broker is not None else []
-    return camellia_metrics.render(node.process, node.metrics.monitor_data(), infos)
 
 
 class Node:
@@ -243,9 +225,7 @@ async def run_redis(config: ServeConfig) -> int:
 async def run_cluster(config: ServeConfig) -> int:
     """A cluster node: serve HTTP (API, /_cluster/ log stream) at once, follow,
     lead when elected; SIGTERM hands the lead over before stopping."""
-    from replication.node import ClusterNode
-
-    node = ClusterNode(config, config.cluster)
+    node = ClusterNode(config, config.cluster, SystemClock())
     node.session = aiohttp.ClientSession()
     server = await listen(node, config)
     log.info("serving on http://%s:%d (node %s of %s)", config.host, config.port, config.cluster.node_id,

@@ -91,7 +91,7 @@ class Epochs:
 
     def follow(self, history: tuple[tuple[int, int], ...]) -> Epochs:
         """Take the leader's history (this log is a prefix of its log)."""
-        return Epochs(max(self.promised, history[-1][0] if history else 0), tuple(map(tuple, history)))
+        return Epochs(max(self.promised, history[-1][0] if history else 0), tuple((epoch, offset) for epoch, offset in history))
 
     # == the file ================================================================
 

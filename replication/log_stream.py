@@ -16,7 +16,8 @@ and persists the leader's tick state; so it is ready to lead at any time.
 A follower refuses records of an epoch below the one it has promised, and
 answers for a diverged or too-old log are handled by taking a snapshot.
 
-Both run on the event loop; fsyncs run in worker threads.
+Both run on the event loop; fsyncs run in worker threads. Every reading
+of time and every wait goes through the injected clock (wheel.clock).
 """
 
 from __future__ import annotations
@@ -25,15 +26,17 @@ import asyncio
 import heapq
 import itertools
 import logging
-import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 from storage.errors import Unavailable
 from storage.store import Store
+from wheel.clock import Clock
 from wheel.tick_state import TickState
 
 from .config import Acks, ClusterConfig
+from .election import Election
 from .epochs import Epochs
 from .protocol import FETCH_MAX_BYTES
 
@@ -54,15 +57,16 @@ class LeaderLog:
     """What the leader of `epoch` knows of its followers."""
 
     def __init__(self, store: Store, config: ClusterConfig, epoch: int, epochs: Epochs,
-                 tick: Callable[[], TickState | None]) -> None:
+                 tick: Callable[[], TickState | None], clock: Clock) -> None:
         self.store = store
+        self.clock = clock
         self.config = config
         self.epoch = epoch
         self.epochs = epochs
         self._tick = tick
         self.durable_offset = store.log.end_offset  # a new leader's whole log is on its disk
         self.followers: dict[str, Progress] = {}
-        self._waiters: list[tuple[int, int, asyncio.Future]] = []  # (offset, seq, future)
+        self._waiters: list[tuple[int, int, asyncio.Future[None]]] = []  # (offset, seq, future)
         self._seq = itertools.count()
         self._new_data = asyncio.Event()
         self.deposed = asyncio.Event()  # a follower knows a higher epoch
@@ -86,10 +90,10 @@ class LeaderLog:
             return
         if self.quorum_offset() >= end_offset:
             return
-        future = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         heapq.heappush(self._waiters, (end_offset, next(self._seq), future))
         try:
-            await asyncio.wait_for(asyncio.shield(future), self.config.write_timeout_ms / 1000)
+            await self.clock.wait_for(asyncio.shield(future), self.config.write_timeout_ms / 1000)
         except TimeoutError:
             raise Unavailable(f"no quorum acknowledged offset {end_offset} within "
                               f"{self.config.write_timeout_ms} ms; retry") from None
@@ -101,7 +105,7 @@ class LeaderLog:
 
     def has_lease(self, now_s: float | None = None) -> bool:
         """Has a majority (this node counted) fetched within lease_ms?"""
-        now_s = time.monotonic() if now_s is None else now_s
+        now_s = self.clock.monotonic_s() if now_s is None else now_s
         fresh = sum(1 for p in self.followers.values() if now_s - p.seen_s <= self.config.lease_ms / 1000)
         return 1 + fresh >= self.config.quorum
 
@@ -129,7 +133,7 @@ class LeaderLog:
 
     # == followers' fetches =====================================================
 
-    async def fetch(self, request: dict) -> dict:
+    async def fetch(self, request: dict[str, Any]) -> dict[str, Any]:
         node, offset = request["node"], int(request["offset"])
         if node not in self.config.peers or node == self.config.node_id:
             # only a member's fetch acknowledges: a quorum is of members
@@ -144,12 +148,12 @@ class LeaderLog:
             return {**answer, "status": "diverged"}
         if offset < self.store.log.start_offset:
             return {**answer, "status": "snapshot"}
-        self.followers[node] = Progress(offset, time.monotonic())
+        self.followers[node] = Progress(offset, self.clock.monotonic_s())
         self._release_waiters()
         if offset >= self.durable_offset and self._closed is None:
             new_data = self._new_data
             try:
-                await asyncio.wait_for(new_data.wait(), max(0, int(request.get("wait_ms", 0))) / 1000)
+                await self.clock.wait_for(new_data.wait(), max(0, int(request.get("wait_ms", 0))) / 1000)
             except TimeoutError:
                 pass
         records = []
@@ -160,7 +164,7 @@ class LeaderLog:
                 "tick": None if tick is None else list(tick)}
 
 
-def serve_catchup(store: Store, epochs: Epochs, request: dict) -> dict:
+def serve_catchup(store: Store, epochs: Epochs, request: dict[str, Any]) -> dict[str, Any]:
     """A node that is not the leader serves its log to a candidate catching
     up (no waiting, no acknowledgement counted)."""
     end = store.log.end_offset
@@ -175,7 +179,33 @@ def serve_catchup(store: Store, epochs: Epochs, request: dict) -> dict:
     return {**answer, "status": "ok", "records": records}
 
 
-Post = Callable[[str, str, dict], Awaitable[dict]]
+class Replica(Protocol):
+    """What a `Follower` needs of the node it keeps in step (the cluster
+    node, broker.cluster, is one)."""
+
+    @property
+    def election(self) -> Election: ...
+
+    @property
+    def store(self) -> Store: ...  # the node may replace it (a snapshot installed)
+
+    @property
+    def epochs(self) -> Epochs: ...
+
+    @property
+    def apply_lock(self) -> asyncio.Lock: ...  # held while records are applied
+
+    def set_epochs(self, epochs: Epochs) -> None:
+        """Persist and keep a new epoch history (or promise)."""
+        ...
+
+    def write_tick(self, tick: TickState) -> None:
+        """Persist the leader's tick state."""
+        ...
+
+    async def post(self, node_id: str, call: str, message: dict[str, Any], timeout_s: float = ...) -> dict[str, Any]:
+        """Make a /_cluster/ call to a peer; raise if it fails or refuses."""
+        ...
 
 
 class Follower:
@@ -183,9 +213,10 @@ class Follower:
     the leader's. `run()` is the fetch loop; it returns when the node is to
     take a snapshot (`needs_snapshot` says from whom) or is stopped."""
 
-    def __init__(self, node) -> None:  # node: replication.node.ClusterNode
+    def __init__(self, node: Replica, config: ClusterConfig, clock: Clock) -> None:
         self.node = node
-        self.config: ClusterConfig = node.cluster
+        self.config = config
+        self.clock = clock
         self.needs_snapshot: str | None = None
         self.fetched_records = 0
         self.last_tick: TickState | None = None
@@ -195,7 +226,7 @@ class Follower:
         while True:
             term, leader_id = node.election.claimed
             if leader_id is None or leader_id == config.node_id or term < node.epochs.promised:
-                await asyncio.sleep(config.tick_sync_ms / 1000)
+                await self.clock.sleep(config.tick_sync_ms / 1000)
                 continue
             store = node.store
             end = store.log.end_offset
@@ -205,7 +236,7 @@ class Follower:
                 answer = await node.post(leader_id, "fetch", request, FETCH_TIMEOUT_S)
             except Exception as e:  # leader down or restarting: the election will tell
                 log.debug("fetch from %s failed: %r", leader_id, e)
-                await asyncio.sleep(config.tick_sync_ms / 1000)
+                await self.clock.sleep(config.tick_sync_ms / 1000)
                 continue
             status = answer.get("status")
             if status in ("diverged", "snapshot"):
@@ -214,11 +245,11 @@ class Follower:
                 self.needs_snapshot = leader_id
                 return
             if status != "ok" or int(answer["epoch"]) < node.epochs.promised:
-                await asyncio.sleep(config.tick_sync_ms / 1000)
+                await self.clock.sleep(config.tick_sync_ms / 1000)
                 continue
             await self.apply(answer)
 
-    async def apply(self, answer: dict) -> int:
+    async def apply(self, answer: dict[str, Any]) -> int:
         """Append, fsync and apply the records of a fetch answer; persist the
         leader's history and tick. Returns how many records it took."""
         node = self.node
@@ -231,7 +262,7 @@ class Follower:
                 store = node.store
                 for offset, body in records:
                     store.append_replicated(offset, body)
-                store.advance(node.clock.now_ms())
+                store.advance(self.clock.now_ms())
                 await asyncio.to_thread(store.sync_log)
                 store.apply_pending()
             self.fetched_records += len(records)
@@ -241,6 +272,6 @@ class Follower:
         if tick is not None and node.store.log.end_offset >= int(answer["end_offset"]):
             tick = TickState(*tick)
             if tick != self.last_tick:
-                node.tick_file.write(tick)
+                node.write_tick(tick)
                 self.last_tick = tick
         return len(records)

@@ -38,7 +38,7 @@ its log position before it leads.
       status  "ok": the peer promises to take no record of an epoch below
               `epoch` from now on; "refused": it has promised a higher
               one, or `epoch` is more than MAX_EPOCH_AHEAD beyond its own
-              Raft term and promise (replication.node): not persisted
+              Raft term and promise (broker.cluster): not persisted
 
 GET /_cluster/snapshot — the whole data directory as a tar stream (see
 replication.snapshot), for a follower too far behind, or diverged.
@@ -58,7 +58,8 @@ FETCH_MAX_BYTES = 1024 * 1024
 
 
 def pack(message: dict[str, Any]) -> bytes:
-    return msgpack.packb(message, use_bin_type=True)
+    packed: bytes = msgpack.packb(message, use_bin_type=True)
+    return packed
 
 
 def unpack(data: bytes) -> dict[str, Any]:

@@ -8,6 +8,7 @@ import asyncio
 
 import pytest
 
+from broker.clock import SystemClock
 from broker.metrics import Metrics
 from broker.service import GroupCommit
 from replication.config import Acks, ClusterConfig, Peer
@@ -39,7 +40,7 @@ def fetch(offset: int, node: str = "n2", epoch: int = 5, last_epoch: int = 5, wa
 
 
 def leader_log(store: Store, **changes) -> LeaderLog:
-    return LeaderLog(store, config(**changes), 5, Epochs(5, ((5, 0),)), lambda: TICK)
+    return LeaderLog(store, config(**changes), 5, Epochs(5, ((5, 0),)), lambda: TICK, SystemClock())
 
 
 def test_a_write_waits_for_a_quorum_of_fetches(tmp_path):

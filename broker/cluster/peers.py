@@ -1,0 +1,111 @@
+"""The calls between the nodes of a cluster, on /_cluster/* of the HTTP
+port (bodies in replication.protocol, proof of the cluster secret in
+replication.peer_auth).
+
+    call        asked by                answered with
+    fetch       a follower (log stream) records after an offset, the tick
+                or a candidate (catch-up)
+    position    a candidate of term T   this node's promise and log
+                                        position; promising T fences older
+                                        leaders off this node
+    snapshot    a follower whose log    a tar of the store's files
+                diverged or fell behind
+
+`post` makes a call; the `on_*` methods answer one. Acknowledgements,
+positions and promises count only from members of --cluster.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+
+import aiohttp
+
+from broker.api import answer
+from broker.httpd import Request, Response, StreamResponse
+from replication import peer_auth, protocol
+from replication.log_stream import serve_catchup
+
+from .parts import NodeParts
+
+log = logging.getLogger("hourglass.cluster")
+
+# A promise (epoch) this far beyond this node's Raft term is refused: Raft
+# terms grow by one an election, and a huge one persisted would stop every
+# later election.
+MAX_EPOCH_AHEAD = 1000
+
+
+class PeerCalls(NodeParts):
+    """(on_snapshot calls make_snapshot, of broker.cluster.snapshots.)"""
+
+    async def post(self, node_id: str, call: str, message: dict, timeout_s: float = 5.0) -> dict:
+        peer = self.cluster.peers[node_id]
+        headers = {"Content-Type": protocol.CONTENT_TYPE,
+                   **peer_auth.headers(self.cluster.secret, self.config.auth_token)}
+        async with self.session.post(f"{peer.http_url}/_cluster/{call}", data=protocol.pack(message),
+                                     headers=headers, timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
+            body = await r.read()
+            if r.status != 200:
+                raise ConnectionError(f"{node_id} answered {r.status} to {call}: {body[:200]!r}")
+            return protocol.unpack(body)
+
+    def _not_a_member(self, message: dict) -> Response | None:
+        """Acknowledgements, positions and promises count only from members."""
+        node = message.get("node")
+        if node not in self.cluster.peers or node == self.cluster.node_id:
+            log.warning("refused a cluster call from %r: not a member of --cluster", node)
+            return answer(403, f"{node!r} is not a member of this cluster")
+        return None
+
+    async def on_fetch(self, request: Request) -> Response:
+        message = protocol.unpack(request.body)
+        refused = self._not_a_member(message)
+        if refused is not None:
+            return refused
+        if message.get("catchup"):
+            result = serve_catchup(self.store, self.epochs, message)
+        elif self.leader_log is not None and self.leads:
+            result = await self.leader_log.fetch(message)
+        else:
+            result = {"status": "not_leader", "epoch": self.epochs.promised}
+        return Response(200, protocol.pack(result), protocol.CONTENT_TYPE)
+
+    async def on_position(self, request: Request) -> Response:
+        message = protocol.unpack(request.body)
+        refused = self._not_a_member(message)
+        if refused is not None:
+            return refused
+        epoch = int(message["epoch"])
+        end = self.store.log.end_offset
+        ceiling = max(self.election.term, self.epochs.promised) + MAX_EPOCH_AHEAD
+        result = {"promised": self.epochs.promised, "end_offset": end, "last_epoch": self.epochs.last_epoch(end),
+                  "history": self.epochs.history}
+        if epoch > ceiling:
+            log.warning("refused a promise of epoch %d from %s: beyond %d", epoch, message.get("node"), ceiling)
+            result["status"] = "refused"
+        elif epoch < self.epochs.promised or (self.leads and epoch <= self.leading_term):
+            result["status"] = "refused"
+        else:
+            self.set_epochs(self.epochs.promise(epoch))
+            result["status"] = "ok"
+            result["promised"] = epoch
+            if self.leads:  # a newer candidate: this node's term is over
+                asyncio.get_running_loop().call_soon(self._deposed.set)
+        return Response(200, protocol.pack(result), protocol.CONTENT_TYPE)
+
+    async def on_snapshot(self, request: Request) -> StreamResponse:
+        path = await self.make_snapshot()
+
+        async def chunks():
+            try:
+                with open(path, "rb") as f:
+                    while chunk := f.read(1024 * 1024):
+                        yield chunk
+            finally:
+                os.unlink(path)
+        return StreamResponse(chunks(), content_type="application/x-tar",
+                              headers={"X-Hourglass-History": json.dumps(self.epochs.history)})

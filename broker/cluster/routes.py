@@ -1,0 +1,130 @@
+"""A cluster node's HTTP app: one port serves the API, /health, /metrics,
+the console and the peers' /_cluster/* calls (broker.cluster.peers).
+
+    request                       on the leader     on a follower
+    /camellia/delayQueue/...      served            forwarded to the leader
+                                                    (503 while none is known)
+    /health, /metrics, console    this node's own view
+    /_cluster/*                   needs the cluster secret's proof, not the
+                                  client token
+
+Forwarding keeps the method, body and the headers in FORWARDED_HEADERS, and
+names the leader in X-Hourglass-Leader; an unreachable leader is a 503 the
+client retries.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import aiohttp
+
+from broker.api import PREFIX, Router, answer, bearer_auth
+from broker.httpd import Request, Response, StreamResponse
+from broker.serving import camellia_metrics_text, offline_health
+from replication import peer_auth, protocol
+from storage.store import text_hash
+
+from .parts import NodeParts
+
+log = logging.getLogger("hourglass.cluster")
+
+# Headers a forwarded request keeps.
+FORWARDED_HEADERS = ("Content-Type", "Authorization", "Accept")
+CLUSTER_PREFIX = "/_cluster/"
+
+
+class Routes(NodeParts):
+    def handler(self):
+        router = Router()
+        router.add("GET", "/health", self.health)
+        router.add("GET", "/metrics", self.metrics_text)
+        router.add("POST", protocol.FETCH_PATH, self.on_fetch)
+        router.add("POST", protocol.POSITION_PATH, self.on_position)
+        router.add("GET", protocol.SNAPSHOT_PATH, self.on_snapshot)
+        self.serving.add_routes(router)
+        self.api.add_routes(router)
+        self.console.add_routes(router)
+
+        async def route(request: Request) -> Response | StreamResponse:
+            return await self._route(request, router.dispatch)
+        api = bearer_auth(self.config.auth_token, self.serving.track(route))
+        secret = self.cluster.secret
+
+        async def peers_or_api(request: Request) -> Response | StreamResponse:
+            """/_cluster/* needs the cluster secret's proof (the client
+            token is not enough); everything else, and /_cluster/* of an
+            --insecure-cluster, is the API's."""
+            if secret is not None and request.path.startswith(CLUSTER_PREFIX):
+                if not peer_auth.is_peer(secret, request.headers.get(peer_auth.HEADER.lower())):
+                    return answer(403, "cluster calls need the cluster secret")
+                return await router.dispatch(request)
+            return await api(request)
+        return peers_or_api
+
+    async def _route(self, request: Request, handler):
+        """API calls: served here while this node leads, else forwarded."""
+        if not request.path.startswith(PREFIX):
+            return await handler(request)
+        if self.leads and self.broker is not None and not self.stopping:
+            return await handler(request)
+        leader = None if self.stopping else self.known_leader()
+        if leader is None or leader == self.cluster.node_id:
+            return answer(503, "no leader is known yet; retry", leader=None)
+        return await self._forward(request, leader)
+
+    async def _forward(self, request: Request, leader: str) -> Response:
+        url = self.cluster.peers[leader].http_url + request.path_qs
+        headers = {k: request.headers[k.lower()] for k in FORWARDED_HEADERS if k.lower() in request.headers}
+        try:
+            async with self.session.request(request.method, url, data=request.body, headers=headers,
+                                            timeout=aiohttp.ClientTimeout(total=None, sock_connect=1.0)) as r:
+                data = await r.read()
+                return Response(r.status, data, r.headers.get("Content-Type", "application/json"),
+                                headers={"X-Hourglass-Leader": leader})
+        except (aiohttp.ClientError, OSError) as e:
+            return answer(503, f"the leader {leader} is unreachable ({e.__class__.__name__}); retry", leader=leader)
+
+    def _topic_list(self) -> list[str]:
+        if self.broker is not None:
+            return self.broker.topic_list()
+        return sorted(set(self.store.topic_names().values()))
+
+    def _console_info(self) -> dict:
+        """The console's node section: role, term, log end and, on the
+        leader, each follower's replicated offset and how far it lags."""
+        role, term = self.shown_role()
+        info = {"role": role, "node": self.cluster.node_id, "leader": self.known_leader(), "term": term,
+                "logEndOffset": self.store.log.end_offset}
+        if self.leader_log is not None:
+            now_s = self.clock.monotonic_s()
+            info["followers"] = [{"node": name, "offset": p.offset,
+                                  "lagBytes": max(0, self.leader_log.durable_offset - p.offset),
+                                  "seenAgoMs": int((now_s - p.seen_s) * 1000)}
+                                 for name, p in sorted(self.leader_log.followers.items())]
+        return info
+
+    async def health(self, request: Request) -> Response:
+        role, term = self.shown_role()
+        extra = {"role": role, "leader": self.known_leader(), "node": self.cluster.node_id, "term": term,
+                 "log_end_offset": self.store.log.end_offset}
+        if self.failed is not None:
+            return answer(503, f"failed: {self.failed!r}", status="failed", **extra)
+        if not self.serving.online:
+            return offline_health(**extra)
+        return answer(200, "success", status="ok", **extra)
+
+    async def metrics_text(self, request: Request) -> Response:
+        gauges = []
+        if self.broker is not None:
+            for topic in self.broker.topic_list():
+                counts = self.store.topic_counts(text_hash(topic))
+                gauges.append((topic, counts[1], counts[2], counts[3]))
+        node = [("hourglass_commit_log_end_offset", "gauge", self.store.log.end_offset),
+                ("hourglass_is_leader", "gauge", int(self.leads)),
+                ("hourglass_term", "gauge", self.shown_role()[1]),
+                ("hourglass_replicated_records_total", "counter", self.follower.fetched_records)]
+        if self.leader_log is not None:
+            node.append(("hourglass_quorum_offset", "gauge", self.leader_log.quorum_offset()))
+        text = self.metrics.render(gauges, node) + await camellia_metrics_text(self)
+        return Response(200, text.encode(), "text/plain; charset=utf-8")

@@ -1,0 +1,90 @@
+"""Snapshots and checkpoints of a cluster node's store.
+
+A follower whose log diverged from the leader's, or fell behind the log
+the leader keeps, replaces its store with a snapshot of a peer's:
+
+    peer                                  this node
+    make_snapshot: tar of the store's     take_snapshot: download it beside
+    files, taken while nothing is         the live store, unpack it, then
+    applied (replication.snapshot)        close the store, swap the files in
+                                          with the peer's epoch history, and
+                                          reopen (a crash mid-swap is finished
+                                          by the next start)
+
+`checkpoint` runs every checkpoint interval, as on a standalone node; a
+leader keeps the commit log its followers still need.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+
+import aiohttp
+
+from replication import peer_auth, protocol, snapshot
+from replication.epochs import Epochs
+from storage.store import Store
+
+from .parts import NodeParts
+
+log = logging.getLogger("hourglass.cluster")
+
+
+class Snapshots(NodeParts):
+    async def make_snapshot(self) -> str:
+        """Copy the store files into a tar (see replication.snapshot) while
+        no record is applied; returns its path."""
+        path = os.path.join(self.data_dir, f"snapshot-{os.getpid()}-{int(self.clock.monotonic_s() * 1e9)}.tar")
+        async with self.checkpoint_lock, self.apply_lock:
+            end = self.store.log.end_offset
+            files = snapshot.capture(self.data_dir, self.store.log.segment_ends())
+            size = await asyncio.to_thread(snapshot.write_tar, self.data_dir, files, path)
+        log.info("made a snapshot of %d files, %d bytes, up to offset %d", len(files), size, end)
+        return path
+
+    async def take_snapshot(self, source: str) -> None:
+        """Replace this node's store with `source`'s snapshot."""
+        peer = self.cluster.peers[source]
+        part = os.path.join(self.data_dir, "snapshot.tar.part")
+        headers = peer_auth.headers(self.cluster.secret, self.config.auth_token)
+        started_s = self.clock.monotonic_s()
+        async with self.session.get(peer.http_url + protocol.SNAPSHOT_PATH, headers=headers,
+                                    timeout=aiohttp.ClientTimeout(total=600, sock_connect=2)) as r:
+            if r.status != 200:
+                raise ConnectionError(f"{source} answered {r.status} to a snapshot request")
+            history = tuple(tuple(h) for h in json.loads(r.headers["X-Hourglass-History"]))
+            with open(part, "wb") as f:
+                async for chunk in r.content.iter_chunked(1024 * 1024):
+                    f.write(chunk)
+        await asyncio.to_thread(snapshot.unpack, part, self.data_dir)  # beside the live store, which stays
+        async with self.checkpoint_lock, self.apply_lock:
+            self.store.close()
+            # On this thread, without a pause: no promise can be made between
+            # reading `promised` and the swap that writes it with the store.
+            epochs = Epochs(self.epochs.promised, ()).follow(history)
+            try:
+                snapshot.swap_in(self.data_dir, {os.path.basename(Epochs.path(self.data_dir)): epochs.encode()})
+            except BaseException as e:  # a rename failed: the next start finishes the swap
+                self.fail(e, "installing a snapshot")
+                raise
+            self.epochs = epochs
+            self.store = await asyncio.to_thread(Store.open, self.data_dir, self.config.store, self.clock.now_ms())
+        log.info("installed a snapshot from %s in %.2f s: %s", source, self.clock.monotonic_s() - started_s, self.store)
+        await asyncio.to_thread(snapshot.remove_replaced, self.data_dir)
+
+    async def checkpoint(self) -> None:
+        async with self.checkpoint_lock:
+            broker, now_ms = self.broker, self.clock.now_ms()
+            if not self.store.checkpoint_due(now_ms):  # an idle node rewrites nothing
+                return
+            if broker is not None:
+                prepared = await broker.commits.at_quiet_point(lambda: self.store.prepare_checkpoint(now_ms))
+            else:
+                async with self.apply_lock:
+                    prepared = self.store.prepare_checkpoint(now_ms)
+            await asyncio.to_thread(self.store.sync_checkpoint)
+            keep = self.leader_log.keep_log_from() if self.leader_log is not None else None
+            self.store.finish_checkpoint(prepared, keep_log_from=keep)

@@ -1,0 +1,64 @@
+"""replication.election: RaftElection keeps the Election interface over
+pysyncobj's public API (a one-node group elects itself at once), and
+FakeElection behaves like it for the tests of the roles."""
+
+from __future__ import annotations
+
+import asyncio
+import pathlib
+import re
+import time
+
+from serving import free_port
+
+from broker.clock import SystemClock
+from replication.config import ClusterConfig, Peer
+from replication.election import Election, FakeElection, RaftElection
+
+ELECTION = pathlib.Path(__file__).resolve().parents[2] / "replication" / "election.py"
+
+
+def test_no_private_pysyncobj_name_is_used():
+    text = ELECTION.read_text()
+    assert re.findall(r"_raft\._\w+", text) == []
+    assert "_isLeader" not in text and "_getLeader" not in text
+
+
+def test_a_one_node_raft_group_elects_itself_and_commits_claims(tmp_path):
+    me = Peer("n1", "127.0.0.1", free_port(), free_port())
+    config = ClusterConfig("n1", {"n1": me}, insecure=True)
+
+    async def main():
+        election: Election = RaftElection(config, str(tmp_path), SystemClock())
+        try:
+            deadline = time.monotonic() + 10
+            while not election.is_leader and time.monotonic() < deadline:
+                await asyncio.sleep(0.02)
+            assert election.is_leader and election.leader_id == "n1" and election.term >= 1
+            assert election.claimed == (0, None)
+            term = election.term
+            assert await election.claim(term)
+            assert election.claimed == (term, "n1")
+            assert not await election.claim(term)  # a claim must be above the claimed term
+            assert "is_leader=True" in repr(election)
+        finally:
+            election.close()
+
+    asyncio.run(main())
+
+
+def test_the_fake_election_commits_claims_above_the_claimed_term():
+    async def main():
+        election: Election = FakeElection("n1", term=3, leader_id="n1")
+        assert isinstance(election, FakeElection) and election.is_leader
+        assert await election.claim(3) and election.claimed == (3, "n1")
+        assert not await election.claim(3)
+        election.claims_commit = False
+        assert not await election.claim(4) and election.claimed == (3, "n1")
+        assert election.claims == [3, 3, 4]
+        election.leader_id = "n2"
+        assert not election.is_leader
+        election.close()
+        assert election.closed
+
+    asyncio.run(main())
