@@ -1,0 +1,44 @@
+"""The layers import one way: storage <- wheel <- replication <- broker.
+
+Every import in every module, at the top or inside a function (where one
+would hide to dodge a cycle), is read from the source with `ast`. Relative
+imports stay inside their own package, so only absolute ones can cross.
+"""
+
+import ast
+import pathlib
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+LAYERS = ("storage", "wheel", "replication", "broker")  # each may import only those before it
+
+
+def imported_packages(source: str) -> set[tuple[str, int]]:
+    """(top-level package, line) of every absolute import in `source`."""
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found.update((alias.name.split(".")[0], node.lineno) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.add((node.module.split(".")[0], node.lineno))
+    return found
+
+
+def test_every_layer_imports_only_the_layers_beneath_it():
+    offenders = []
+    for rank, layer in enumerate(LAYERS):
+        above = set(LAYERS[rank + 1:])
+        modules = sorted((ROOT / layer).rglob("*.py"))
+        assert modules, layer
+        for path in modules:
+            for package, line in sorted(imported_packages(path.read_text())):
+                if package in above:
+                    offenders.append(f"{path.relative_to(ROOT)}:{line} imports {package}")
+    assert offenders == []
+
+
+def test_the_check_sees_imports_inside_functions_and_every_form():
+    source = ("import os, wheel.clock\n"
+              "def late():\n    from broker import api\n"
+              "class C:\n    import replication.config as c\n"
+              "from . import sibling\n")
+    assert imported_packages(source) == {("os", 1), ("wheel", 1), ("broker", 3), ("replication", 5)}
