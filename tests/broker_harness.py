@@ -35,6 +35,7 @@ class BrokerHarness:
         self.directory = tempfile.mkdtemp(prefix=prefix, dir=SCRATCH_DIR)
         self.loop = asyncio.new_event_loop()
         self.clock = FakeClock(start_ms)
+        self.clock.watch_threads(self.loop)  # settle waits for fsyncs run in threads
         self.limits, self.defaults = limits, defaults
         self.store: Store | None = None
         self.broker: Broker | None = None

@@ -15,9 +15,11 @@ import asyncio
 import itertools
 import math
 from collections.abc import Awaitable, Callable
-from typing import Protocol, TypeVar
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import ParamSpec, Protocol, TypeVar
 
 T = TypeVar("T")
+P = ParamSpec("P")
 
 
 class Clock(Protocol):
@@ -69,6 +71,56 @@ class _FakeTimer:
         self.cancelled = True
 
 
+class _CountingExecutor(ThreadPoolExecutor):
+    """The default executor `FakeClock.watch_threads` installs: tells the
+    clock, on the loop's thread, when a job starts and when it has ended.
+    The end is queued on the loop only after the job's future is resolved,
+    in the same worker thread, so it comes after the callback asyncio queues
+    to wake the awaiting task: by then that wake-up is already in the
+    loop's queue (two separate done callbacks would race, the worker
+    waiting for the GIL between them while settle() spins)."""
+
+    def __init__(self, clock: FakeClock, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(thread_name_prefix="fakeclock")
+        self._clock = clock
+        self._loop = loop
+
+    def submit(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> Future[T]:
+        outer: Future[T] = Future()
+
+        def job() -> None:
+            try:
+                if outer.set_running_or_notify_cancel():
+                    try:
+                        result = fn(*args, **kwargs)
+                    except BaseException as e:
+                        outer.set_exception(e)
+                    else:
+                        outer.set_result(result)
+            finally:
+                self._ended()
+
+        self._clock._thread_started()
+        try:
+            inner = super().submit(job)
+        except BaseException:
+            self._clock._thread_ended()
+            raise
+        inner.add_done_callback(lambda inner: self._dropped(inner, outer))
+        return outer
+
+    def _dropped(self, inner: Future[None], outer: Future[T]) -> None:
+        if inner.cancelled():  # shutdown(cancel_futures=True): job() never ran
+            outer.cancel()
+            self._ended()
+
+    def _ended(self) -> None:
+        try:
+            self._loop.call_soon_threadsafe(self._clock._thread_ended)
+        except RuntimeError:  # the loop is closed: nothing waits any more
+            pass
+
+
 class FakeClock:
     """A clock that moves only when told to, in either direction.
 
@@ -85,6 +137,14 @@ class FakeClock:
     Its monotonic time is its wall time in seconds: a test that sets the
     time back steps both (a real monotonic clock never does, so tests of
     timeouts only move forward).
+
+    Work in threads: a task awaiting a worker thread (asyncio.to_thread, as
+    the broker's group commit does when fsyncs are slow) calls no
+    sleep_until, so `settle` would take it for asleep and `run_until` would
+    jump the time past deadlines while that work, and every task waiting
+    for it, is still in flight. After `watch_threads()` the loop's default
+    executor counts its jobs and `settle` also waits (in real time) until
+    none is running.
     """
 
     def __init__(self, now_ms: int = 0) -> None:
@@ -92,6 +152,25 @@ class FakeClock:
         self._sleepers: list[tuple[int | None, asyncio.Future[None]]] = []
         self._timers: list[_FakeTimer] = []
         self.sleeps = 0
+        self._in_threads = 0  # jobs of the watched executor not yet ended
+        self._threads_idle = asyncio.Event()
+        self._threads_idle.set()
+
+    def watch_threads(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        """Make `loop` (default: the running one) run its default-executor
+        jobs on an executor that tells this clock when they start and end,
+        so `settle` waits for them. Call before the tasks under test start."""
+        loop = loop or asyncio.get_running_loop()
+        loop.set_default_executor(_CountingExecutor(self, loop))
+
+    def _thread_started(self) -> None:
+        self._in_threads += 1
+        self._threads_idle.clear()
+
+    def _thread_ended(self) -> None:
+        self._in_threads -= 1
+        if self._in_threads == 0:
+            self._threads_idle.set()
 
     def now_ms(self) -> int:
         return self._now_ms
@@ -161,14 +240,19 @@ class FakeClock:
 
     async def settle(self, max_rounds: int = 100_000) -> None:
         """Let ready tasks run until no task has called sleep_until for a few
-        rounds of the event loop (they are all asleep or blocked)."""
+        rounds of the event loop (they are all asleep or blocked) and no job
+        of a watched executor is running (see watch_threads): while one is,
+        wait for it to end, then settle again."""
         quiet = 0
         for _ in range(max_rounds):
             before = self.sleeps
             await asyncio.sleep(0)
             quiet = quiet + 1 if self.sleeps == before else 0
             if quiet >= 5:
-                return
+                if not self._in_threads:
+                    return
+                await self._threads_idle.wait()
+                quiet = 0
 
     async def run_until(self, target_ms: int) -> None:
         """Let time pass up to target_ms: settle, jump to the earliest

@@ -3,6 +3,7 @@
 import asyncio
 import pathlib
 import re
+import threading
 
 from wheel.clock import Clock, FakeClock
 
@@ -88,6 +89,40 @@ def test_run_until_jumps_from_deadline_to_deadline():
         assert clock.now_ms() == 10_000_000
 
     asyncio.run(main())
+
+
+def test_run_until_waits_for_work_in_threads_once_watched():
+    """A task awaiting a worker thread calls no sleep_until: settle() takes
+    it for asleep and run_until() jumps past its next deadline, unless the
+    clock watches the loop's threads (as a slow fsync in the broker's group
+    commit, run by asyncio.to_thread)."""
+    async def main(watch: bool) -> list[tuple[str, int]]:
+        clock = FakeClock(0)
+        if watch:
+            clock.watch_threads()
+        gate = threading.Event()  # the thread's work ends when it is set
+        seen = []
+
+        def sync() -> str:
+            gate.wait()
+            return "synced"
+
+        async def committer():
+            seen.append((await asyncio.to_thread(sync), clock.now_ms()))
+            await clock.sleep_until(1_000, asyncio.Event())
+            seen.append(("woke", clock.now_ms()))
+
+        task = asyncio.create_task(committer())
+        if watch:
+            threading.Timer(0.05, gate.set).start()
+        await clock.run_until(5_000)
+        gate.set()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        return seen
+
+    assert asyncio.run(main(watch=True)) == [("synced", 0), ("woke", 1_000)]
+    assert asyncio.run(main(watch=False)) == []  # run_until returned with the thread still running
 
 
 def test_monotonic_waits_timers_and_timeouts_follow_the_fake_time():
