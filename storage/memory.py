@@ -17,7 +17,7 @@ from . import spans
 from .config import StoreConfig
 from .entry import MS_PER_HOUR, SECONDS_PER_HOUR, IndexEntry, Location, Message, Status, hour_and_second
 from .errors import InvalidRequest, StoreClosedError
-from .store import (
+from .types import (
     MAX_RETRY_COUNT,
     CheckpointReport,
     NewMessage,
