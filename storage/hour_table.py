@@ -78,6 +78,27 @@ class HourTable:
         self.log: CommitLog
         self.ids: IdIndex
 
+    # -- the commit log's extent, for those outside storage/ ------------------
+
+    @property
+    def log_end_offset(self) -> int:
+        """The offset the next record appended to the commit log will get
+        (appended: durable only after `commit()`)."""
+        return self.log.end_offset
+
+    @property
+    def log_start_offset(self) -> int:
+        """The offset of the oldest record still in the commit log (older
+        segments were deleted by a checkpoint)."""
+        return self.log.start_offset
+
+    def log_segment_ends(self) -> dict[str, int]:
+        """Each commit-log segment's file name -> the file position where
+        its records end: how much of each a snapshot copies."""
+        return self.log.segment_ends()
+
+    # -- hours and their files --------------------------------------------------
+
     def _add_hour(self, h: Hour) -> None:
         self._hours[h.hour] = h
         self._hour_order.add(h.hour)

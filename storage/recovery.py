@@ -48,10 +48,10 @@ class Recovery(Reading):
         ck = Checkpoint.load(checkpoint_path) or Checkpoint()
         self.log = CommitLog.open(os.path.join(self.directory, "commitlog"), self.config.fsync,
                                   self.config.segment_bytes, scan_from=ck.commit_offset)
-        if self.log.start_offset > ck.commit_offset or self.log.end_offset < ck.commit_offset:
+        if self.log_start_offset > ck.commit_offset or self.log_end_offset < ck.commit_offset:
             raise CorruptionError(checkpoint_path, 0,
                                   f"checkpoint offset {ck.commit_offset} is outside the commit log "
-                                  f"[{self.log.start_offset}, {self.log.end_offset}]")
+                                  f"[{self.log_start_offset}, {self.log_end_offset}]")
         if ck.layout < spans.LAYOUT and any(spans.is_span(h.hour) for h in ck.hours):
             hour = max(h.hour for h in ck.hours)
             raise CorruptionError(checkpoint_path, 0,

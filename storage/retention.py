@@ -72,7 +72,7 @@ class Retention(Reading):
         self._topic_names = {th: name for th, name in self._topic_names.items() if th in live_topics}
         self.log.seal_active(SEAL_AT_CHECKPOINT_BYTES)
         consuming = tuple((hour, gi, deadline) for (hour, gi), deadline in self._consuming.items())
-        return PreparedCheckpoint(self.log.end_offset, kept, retired, now_ms, dict(self._topic_names), consuming)
+        return PreparedCheckpoint(self.log_end_offset, kept, retired, now_ms, dict(self._topic_names), consuming)
 
     def sync_checkpoint(self) -> None:
         """Flush every dirty page of the data directory's file system (mapped
@@ -103,7 +103,7 @@ class Retention(Reading):
         the last one, or a file to retire. An idle node skips it, so it
         rewrites nothing."""
         self._check_open()
-        return (self.log.end_offset != self._checkpoint_offset or bool(self._pending)
+        return (self.log_end_offset != self._checkpoint_offset or bool(self._pending)
                 or any(self._retirable(h, now_ms) for h in self._hours.values() if h.ended == h.entries))
 
     def _retirable(self, h: Hour, now_ms: int) -> bool:

@@ -114,8 +114,8 @@ class Store(Recovery, Retention, Refiling):
         byte, so both logs give it the same offset. Durable and applied by
         the next `commit()`, exactly as if this store had made it."""
         self._check_open()
-        if offset != self.log.end_offset:
-            raise ValueError(f"record at offset {offset} does not continue this log (it ends at {self.log.end_offset})")
+        if offset != self.log_end_offset:
+            raise ValueError(f"record at offset {offset} does not continue this log (it ends at {self.log_end_offset})")
         kind, now_ms, items = self._decode(body)
         self.log.append(body)
         self._pending.append((kind, now_ms, items))
@@ -152,5 +152,5 @@ class Store(Recovery, Retention, Refiling):
         self.close()
 
     def __repr__(self) -> str:
-        return (f"Store({self.directory!r}, hours={len(self._hours)}, log_end={self.log.end_offset}, "
+        return (f"Store({self.directory!r}, hours={len(self._hours)}, log_end={self.log_end_offset}, "
                 f"pending_records={len(self._pending)}, fsync={self.config.fsync.value})")
