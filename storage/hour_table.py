@@ -27,7 +27,6 @@ storage.recovery (open), storage.retention (checkpoints).
 from __future__ import annotations
 
 import os
-import resource
 from collections import OrderedDict
 
 from sortedcontainers import SortedList
@@ -38,6 +37,7 @@ from .config import StoreConfig
 from .disk_room import DiskRoom
 from .entry import MS_PER_HOUR, Location, Message
 from .errors import StoreClosedError
+from .files import far_hours_limit
 from .hour import Hour
 from .hour_files import HourFiles
 from .id_index import IdIndex
@@ -73,7 +73,7 @@ class HourTable:
         self._pending_far_bytes = 0  # far-hour bytes of sends appended, not applied yet
         self._disk_room = DiskRoom(directory)
         self._closed = False
-        self._far_limit = _far_hours_limit(config.open_far_hours)
+        self._far_limit = far_hours_limit(config.open_far_hours)
         self._checkpoint_offset = -1  # commit offset of the last checkpoint read or written
         self.log: CommitLog
         self.ids: IdIndex
@@ -193,18 +193,4 @@ class HourTable:
     def _check_open(self) -> None:
         if self._closed:
             raise StoreClosedError(f"store {self.directory!r} is closed")
-
-
-def _far_hours_limit(wanted: int) -> int:
-    """How many far hours may be open at once: each holds three file
-    descriptors, so raise the soft limit as far as allowed and stay below it."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard == resource.RLIM_INFINITY or hard > soft:
-        target = 65536 if hard == resource.RLIM_INFINITY else hard
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-            soft = target
-        except (ValueError, OSError):
-            pass
-    return max(4, min(wanted, (soft - 256) // 3))
 
