@@ -26,7 +26,7 @@ import msgpack
 
 from .errors import CorruptionError
 from .fileutil import check_header
-from .framing import FrameProblem, decode_frame
+from .framing import FrameProblem, decode_frame, encode_frame
 
 HEADER = struct.Struct("<4sHHQ")
 MAGIC = b"HGDL"
@@ -97,7 +97,16 @@ def check_file_header(path: str, buf: bytes, hour: int) -> None:
 
 
 def padded_bytes(frame_bytes: int) -> int:
+    """The bytes a frame of `frame_bytes` takes in the log: rounded up to a
+    multiple of ALIGN_BYTES (the next frame starts there)."""
     return -(-frame_bytes // ALIGN_BYTES) * ALIGN_BYTES
+
+
+def pack_frame(body: bytes) -> bytes:
+    """`body` framed (storage.framing, seed 0) and zero-padded to
+    `padded_bytes`: exactly the bytes it takes in the log."""
+    frame = encode_frame(body)
+    return frame + bytes(padded_bytes(len(frame)) - len(frame))
 
 
 def decode_body_frame(path: str, raw: bytes, offset: int) -> bytes:

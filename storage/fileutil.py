@@ -46,11 +46,13 @@ def fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def atomic_write(path: str, data: bytes) -> None:
+def atomic_write(path: str, data: bytes, mode: int = 0o666) -> None:
     """Replace `path` with `data` so that a crash leaves the old or the new
-    file, never a mix."""
+    file, never a mix: written whole to `path + ".tmp"` (created with
+    `mode`, less the umask), fsync'ed, renamed over `path`, and the
+    directory fsync'ed so the rename itself survives a crash."""
     tmp = path + ".tmp"
-    with open(tmp, "wb") as f:
+    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode), "wb") as f:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())

@@ -34,6 +34,7 @@ from collections.abc import Iterable, Sequence
 
 from . import delay_index, delay_log, records, spans
 from .delay_index import FLAG_RELEASED
+from .delay_log import padded_bytes
 from .entry import MS_PER_HOUR, MS_PER_SECOND, Location, Message, Status
 from .errors import InvalidRequest
 from .fileutil import PAGE_BYTES
@@ -173,7 +174,7 @@ class Placement(Reading):
         last, count = before or self._slot(h, second)
         frame_size = FRAME_HEADER_BYTES + len(body)
         offset8 = h.log_bytes >> 3
-        h.log_bytes += (frame_size + 7) & ~7
+        h.log_bytes += padded_bytes(frame_size)
         if slot not in undo_slots:
             undo_slots[slot] = before
         pending_slots[slot] = (gi, count + 1)
