@@ -52,7 +52,7 @@ import zlib
 from collections.abc import Iterator
 
 from .config import FsyncPolicy
-from .errors import CorruptionError
+from .errors import ContractError, CorruptionError
 from .fileutil import PAGE_BYTES, allocate, fsync_dir, preallocate
 from .framing import FRAME_HEADER_BYTES, FrameProblem, decode_frame, encode_frame, find_valid_frame, frame_seed
 
@@ -346,7 +346,7 @@ class CommitLog:
         """Yield (offset, body) of every record from `offset` (a record
         boundary) to the current end. Refuses a bad frame with CorruptionError."""
         if offset < self.start_offset or offset > self.end_offset:
-            raise ValueError(f"offset {offset} outside the log [{self.start_offset}, {self.end_offset}]")
+            raise ContractError(f"offset {offset} outside the log [{self.start_offset}, {self.end_offset}]")
         i = bisect.bisect_right(self._bases, offset) - 1
         while i < len(self._segments):
             seg = self._segments[i]

@@ -24,7 +24,7 @@ from typing import NamedTuple
 
 import msgpack
 
-from .errors import CorruptionError
+from .errors import ContractError, CorruptionError
 from .fileutil import check_header
 from .framing import FrameProblem, decode_frame, encode_frame
 
@@ -62,7 +62,7 @@ def id_fields(body) -> tuple[bytes, bytes]:
     the msgpack array without decoding the message (the id index hashes
     them when it applies a record or is rebuilt)."""
     if body[0] not in (0x97, 0x98):  # a fixarray of 7 (or 8: with a key)
-        raise ValueError(f"delay-log body starts with {body[0]:#x}, not a 7- or 8-item array")
+        raise ContractError(f"delay-log body starts with {body[0]:#x}, not a 7- or 8-item array")
     topic, at = _str_at(body, 1)
     msg_id, _ = _str_at(body, at)
     return topic, msg_id
@@ -80,9 +80,9 @@ def _str_at(body, at: int) -> tuple[bytes, int]:
     elif tag == 0xDB:
         length, start = int.from_bytes(body[at + 1:at + 5], "big"), at + 5
     else:
-        raise ValueError(f"delay-log body holds {tag:#x} at {at}, not a string")
+        raise ContractError(f"delay-log body holds {tag:#x} at {at}, not a string")
     if start + length > len(body):
-        raise ValueError(f"delay-log body string at {at} runs past its end")
+        raise ContractError(f"delay-log body string at {at} runs past its end")
     return bytes(body[start:start + length]), start + length
 
 

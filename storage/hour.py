@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from . import delay_index, delay_log, spans
 from .checkpoint import HourRecord
+from .errors import InvariantError
 from .hour_files import HourFiles
 from .records import SendItem
 
@@ -79,7 +80,7 @@ class Hour:
         if gi < self.applied:
             return False
         if gi != self.applied:
-            raise AssertionError(f"hour {self.hour}: entry {gi} staged after {self.applied}")
+            raise InvariantError(f"hour {self.hour}: entry {gi} staged after {self.applied}")
         self._entries_buf += delay_index.pack_entry(
             item.trigger_ms, item.log_offset8, item.frame_size, item.local_index, gi, item.pre_global_index,
             item.topic_hash, item.tag_hash, item.priority, item.second)

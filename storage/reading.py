@@ -25,7 +25,7 @@ from . import delay_index, delay_log, records, spans
 from .applying import Applying
 from .delay_index import FLAG_RELEASED
 from .entry import SECONDS_PER_HOUR, IndexEntry, Location, Message, Status
-from .errors import CorruptionError, InvalidRequest
+from .errors import CorruptionError, InvalidRequest, InvariantError
 from .hour import Hour
 from .types import text_hash, total_counts
 
@@ -188,7 +188,7 @@ class Reading(Applying):
                 for item in items:
                     if item.hour == where.hour and item.global_index == where.global_index:
                         return item.topic_hash
-        raise AssertionError(f"{where} is neither applied nor pending")
+        raise InvariantError(f"{where} is neither applied nor pending")
 
     def _slot(self, h: Hour, second: int) -> tuple[int, int]:
         """(last, count) of a second for the next send: staged or on disk

@@ -54,6 +54,7 @@ first:
 from __future__ import annotations
 
 from .config import StoreConfig
+from .errors import ContractError
 from .recovery import Recovery
 from .refile import Refiling
 from .retention import Retention
@@ -115,7 +116,7 @@ class Store(Recovery, Retention, Refiling):
         the next `commit()`, exactly as if this store had made it."""
         self._check_open()
         if offset != self.log_end_offset:
-            raise ValueError(f"record at offset {offset} does not continue this log (it ends at {self.log_end_offset})")
+            raise ContractError(f"record at offset {offset} does not continue this log (it ends at {self.log_end_offset})")
         kind, now_ms, items = self._decode(body)
         self.log.append(body)
         self._pending.append((kind, now_ms, items))

@@ -52,7 +52,7 @@ import zlib
 from typing import NamedTuple
 
 from storage.entry import SECONDS_PER_HOUR
-from storage.errors import CorruptionError
+from storage.errors import ContractError, CorruptionError
 from storage.fileutil import atomic_write
 
 MAGIC = b"HGTS"
@@ -199,9 +199,9 @@ class TickStateFile:
 
     def write(self, state: TickState) -> None:
         if self._fd < 0:
-            raise ValueError(f"{self.path}: tick-state file is closed")
+            raise ContractError(f"{self.path}: tick-state file is closed")
         if not 0 <= state.second_tick < SECONDS_PER_HOUR or state.local_index < 0:
-            raise ValueError(f"not a tick state: {state!r}")
+            raise ContractError(f"not a tick state: {state!r}")
         sequence = self._sequence + 1
         os.pwrite(self._fd, _pack_slot(sequence, state), _slot_offset(sequence % SLOT_COUNT))
         if self.fsync:
