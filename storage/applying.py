@@ -21,6 +21,9 @@ thread keeps appending, then `apply_pending(count)`.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import cast
+
 from . import delay_log, records
 from .delay_index import FLAG_MOVED, FLAG_RELEASED
 from .entry import IndexEntry, Location, Status
@@ -33,19 +36,20 @@ WAITING = Status.WAITING
 class Applying(HourTable):
     """Pending records, group commit and applying (see the module docstring)."""
 
-    def _decode(self, body: bytes) -> tuple[records.Kind, int, list]:
+    def _decode(self, body: bytes) -> tuple[records.Kind, int, Sequence[records.Item]]:
         """A record from the log or from a leader, its sends keyed with this
         store's id-index secret (the writer's key may come from another)."""
         kind, now_ms, items = records.decode(body)
         key = self.ids.key_of_bytes
         if kind is records.Kind.SEND:
-            items = [item._replace(key=key(*delay_log.id_fields(item.body))) for item in items]
+            items = [item._replace(key=key(*delay_log.id_fields(item.body)))
+                     for item in cast(Sequence[records.SendItem], items)]
         elif kind is records.Kind.MOVE:
             items = [item._replace(to=item.to._replace(key=key(*delay_log.id_fields(item.to.body))))
-                     for item in items]
+                     for item in cast(Sequence[records.MoveItem], items)]
         return kind, now_ms, items
 
-    def _append(self, kind: records.Kind, now_ms: int, items: list) -> None:
+    def _append(self, kind: records.Kind, now_ms: int, items: Sequence[records.Item]) -> None:
         self.log.append(records.encode(kind, now_ms, items))
         self._pending.append((kind, now_ms, items))
 
@@ -84,13 +88,15 @@ class Applying(HourTable):
         self.sync_log()
         return self.apply_pending(count)
 
-    def _apply(self, kind: records.Kind, now_ms: int, items: list, new_entries: list[IndexEntry] | None) -> None:
+    def _apply(self, kind: records.Kind, now_ms: int, items: Sequence[records.Item],
+               new_entries: list[IndexEntry] | None) -> None:
+        """Apply one durable record (its items are all of its kind's type)."""
         if kind is records.Kind.SEND:
             put, dirty, topic_names = self.ids.put, self._dirty, self._topic_names
             add_entry = None if new_entries is None else new_entries.append
             staged: dict[tuple[Hour, int], int] = {}  # (hour, topic hash) -> entries staged: counted once
-            h = None
-            for item in items:
+            h: Hour | None = None
+            for item in cast(Sequence[records.SendItem], items):
                 if h is None or h.hour != item.hour:
                     h = self._hour(item.hour)
                 if h.stage_send(item):
@@ -108,28 +114,28 @@ class Applying(HourTable):
                 h.count(topic_hash, WAITING, count)
             return
         if kind is records.Kind.MOVE:
-            self._apply_moves(now_ms, items, new_entries)
+            self._apply_moves(now_ms, cast(Sequence[records.MoveItem], items), new_entries)
             return
-        for item in items:
-            h = self._hours.get(item.hour)
-            if h is None or item.global_index >= h.applied:
-                raise LookupError(f"state change for unknown message {item.hour}/{item.global_index}")
-            h.stage_state(item.global_index, item.status, item.flags, item.retry)
+        for change in cast(Sequence[records.StateItem], items):
+            h = self._hours.get(change.hour)
+            if h is None or change.global_index >= h.applied:
+                raise LookupError(f"state change for unknown message {change.hour}/{change.global_index}")
+            h.stage_state(change.global_index, change.status, change.flags, change.retry)
             self._dirty.add(h)
-            if item.status == Status.CONSUMING:
-                self._consuming[Location(item.hour, item.global_index)] = item.deadline_ms
-            elif item.prev_status == Status.CONSUMING:
-                self._consuming.pop(Location(item.hour, item.global_index), None)
-            h.count(item.topic_hash, item.prev_status, -1)
-            h.count(item.topic_hash, item.status, 1)
-            was_final, is_final = item.prev_status >= Status.ACKED, item.status >= Status.ACKED
+            if change.status == Status.CONSUMING:
+                self._consuming[Location(change.hour, change.global_index)] = change.deadline_ms
+            elif change.prev_status == Status.CONSUMING:
+                self._consuming.pop(Location(change.hour, change.global_index), None)
+            h.count(change.topic_hash, change.prev_status, -1)
+            h.count(change.topic_hash, change.status, 1)
+            was_final, is_final = change.prev_status >= Status.ACKED, change.status >= Status.ACKED
             if is_final and not was_final:
                 h.ended += 1
                 h.last_end_ms = max(h.last_end_ms, now_ms)
             elif was_final and not is_final:
                 h.ended -= 1
 
-    def _apply_moves(self, now_ms: int, items: list, new_entries: list[IndexEntry] | None) -> None:
+    def _apply_moves(self, now_ms: int, items: Sequence[records.MoveItem], new_entries: list[IndexEntry] | None) -> None:
         """The old entry ends (status 7, released, moved: it counts as ended
         for its file, as a deleted message for no topic), then the message
         is staged at its new place as a send is."""

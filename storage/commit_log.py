@@ -439,7 +439,8 @@ def _check_header(path: str, head: bytes, size: int) -> tuple[int, int, int]:
 
 
 def _header_crc_matches(head: bytes) -> bool:
-    return zlib.crc32(head[:20]) == struct.unpack_from("<I", head, 20)[0]
+    crc: int = struct.unpack_from("<I", head, 20)[0]
+    return zlib.crc32(head[:20]) == crc
 
 
 def _never_written(path: str) -> bool:
@@ -473,7 +474,7 @@ def _data_end(fd: int, start: int, end: int) -> int:
     return last
 
 
-def _dirty_extent(mm, start: int, end: int) -> int:
+def _dirty_extent(mm: mmap.mmap, start: int, end: int) -> int:
     """End of the last non-zero byte in [start, end), or start if all zero."""
     chunk = 1 << 20
     stop = end

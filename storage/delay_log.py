@@ -26,7 +26,7 @@ import msgpack
 
 from .errors import ContractError, CorruptionError
 from .fileutil import check_header
-from .framing import FrameProblem, decode_frame, encode_frame
+from .framing import Buffer, FrameProblem, decode_frame, encode_frame
 
 HEADER = struct.Struct("<4sHHQ")
 MAGIC = b"HGDL"
@@ -48,16 +48,19 @@ class Body(NamedTuple):
 
 def pack_body(topic: str, msg_id: str, msg: str, produce_ms: int, ttl_ms: int, max_retry: int, tag: str,
               key: str = "") -> bytes:
+    packed: bytes
     if key:
-        return msgpack.packb((topic, msg_id, msg, produce_ms, ttl_ms, max_retry, tag, key))
-    return msgpack.packb((topic, msg_id, msg, produce_ms, ttl_ms, max_retry, tag))
+        packed = msgpack.packb((topic, msg_id, msg, produce_ms, ttl_ms, max_retry, tag, key))
+    else:
+        packed = msgpack.packb((topic, msg_id, msg, produce_ms, ttl_ms, max_retry, tag))
+    return packed
 
 
-def unpack_body(body) -> Body:
+def unpack_body(body: Buffer) -> Body:
     return Body(*msgpack.unpackb(body))
 
 
-def id_fields(body) -> tuple[bytes, bytes]:
+def id_fields(body: Buffer) -> tuple[bytes, bytes]:
     """The UTF-8 bytes of a body's topic and msgId, read from the front of
     the msgpack array without decoding the message (the id index hashes
     them when it applies a record or is rebuilt)."""
@@ -68,7 +71,7 @@ def id_fields(body) -> tuple[bytes, bytes]:
     return topic, msg_id
 
 
-def _str_at(body, at: int) -> tuple[bytes, int]:
+def _str_at(body: Buffer, at: int) -> tuple[bytes, int]:
     """The msgpack str at `at`: (its bytes, where the next item starts)."""
     tag = body[at]
     if 0xA0 <= tag <= 0xBF:
@@ -114,5 +117,5 @@ def decode_body_frame(path: str, raw: bytes, offset: int) -> bytes:
     frame = decode_frame(raw, 0, len(raw))
     if frame.problem is not FrameProblem.OK:
         raise CorruptionError(path, offset, f"delay log frame: {frame.problem.value}")
-    return frame.body
+    return bytes(frame.body)
 

@@ -32,7 +32,7 @@ class PlainFile:
     def read(self, offset: int, length: int) -> bytes:
         return os.pread(self.fd, length, offset)
 
-    def write(self, offset: int, data) -> None:
+    def write(self, offset: int, data: bytes | bytearray) -> None:
         os.pwrite(self.fd, data, offset)
 
     def file_bytes(self) -> int:
@@ -78,7 +78,7 @@ class MappedFile:
     def read(self, offset: int, length: int) -> bytes:
         return self.mm[offset:offset + length]
 
-    def write(self, offset: int, data) -> None:
+    def write(self, offset: int, data: bytes | bytearray) -> None:
         end = offset + len(data)
         if end > len(self.mm):
             self._grow(end)

@@ -5,8 +5,10 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import errno
+import mmap
 import os
 import struct
+from typing import Any
 
 from .errors import CorruptionError
 
@@ -110,7 +112,8 @@ def fsync_tree(path: str) -> None:
         fsync_dir(root)
 
 
-def check_header(path: str, buf, header: struct.Struct, magic: bytes, version: int) -> tuple:
+def check_header(path: str, buf: bytes | bytearray | memoryview | mmap.mmap, header: struct.Struct, magic: bytes,
+                 version: int) -> tuple[Any, ...]:
     """Unpack a file header and refuse a wrong magic number or version."""
     if len(buf) < header.size:
         raise CorruptionError(path, 0, f"file is {len(buf)} bytes, shorter than its {header.size}-byte header")

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import os
 from collections import OrderedDict
+from collections.abc import Sequence
 
 from sortedcontainers import SortedList
 
@@ -42,6 +43,8 @@ from .hour import Hour
 from .hour_files import HourFiles
 from .id_index import IdIndex
 
+# The hour the store is told before any advance(): none a clock can give.
+NO_HOUR = -(1 << 63)
 # Staged bytes of far hours kept before they are written (see storage.hour).
 STAGE_LIMIT_BYTES = 8 * 1024 * 1024
 
@@ -58,11 +61,12 @@ class HourTable:
         self._hour_order = SortedList()
         self._far_open: OrderedDict[int, Hour] = OrderedDict()
         self._near: tuple[int, ...] = ()
-        self._now_hour: int | None = None
-        self._pending: list[tuple[records.Kind, int, list]] = []
+        self._now_hour = NO_HOUR  # the hour of the last advance()
+        self._pending: list[tuple[records.Kind, int, Sequence[records.Item]]] = []
         self._pending_slots: dict[tuple[int, int], tuple[int, int]] = {}
         self._pending_ids: dict[int, list[Message]] = {}
-        self._pending_state: dict[Location, tuple[int, int, int, int]] = {}  # status, flags, retry, topic hash
+        # (hour, globalIndex) -> (status, flags, retry, topic hash)
+        self._pending_state: dict[tuple[int, int], tuple[int, int, int, int]] = {}
         self._topic_names: dict[int, str] = {}
         # Every CONSUMING message and its ack deadline (0: unknown), kept in
         # the checkpoint and by every record applied: O(messages in flight),

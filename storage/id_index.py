@@ -149,6 +149,7 @@ def read_secret(path: str) -> bytes:
         data = f.read()
     if len(data) != SECRET.size:
         raise CorruptionError(path, 0, f"file is {len(data)} bytes, expected {SECRET.size}")
+    secret: bytes
     _, _, _, secret, crc = check_header(path, data, SECRET, SECRET_MAGIC, SECRET_VERSION)
     if zlib.crc32(data[:-4]) != crc:
         raise CorruptionError(path, SECRET.size - 4, "secret checksum mismatch")
@@ -355,7 +356,7 @@ class IdIndex:
 
     def candidates(self, key: int) -> list[Location]:
         shard = self._shard(key)
-        found = []
+        found: list[Location] = []
         mm, unpack, is_live = shard.mm, GROUP.unpack_from, self.is_live
         group, stride = probe_start(key, shard.group_mask)
         probes = 0

@@ -54,6 +54,11 @@ from .types import (
 )
 
 WAITING = Status.WAITING
+# What a record's placements moved, to put back if it is not appended:
+# file id -> (entries, log_bytes, created by this record) before it ...
+UndoHours = dict[int, tuple[int, int, bool]]
+# ... and (file id, second) -> the pending (last, count) before it (None: none).
+UndoSlots = dict[tuple[int, int], tuple[int, int] | None]
 
 
 class Placement(Reading):
@@ -95,7 +100,7 @@ class Placement(Reading):
             raise
         return results
 
-    def _undo_placements(self, undo_hours: dict, undo_slots: dict, undo_ids: list[int]) -> None:
+    def _undo_placements(self, undo_hours: UndoHours, undo_slots: UndoSlots, undo_ids: list[int]) -> None:
         """Put back every counter and overlay `_place` and `_pend_id` moved
         for a record that was not appended."""
         pending_slots, pending_ids = self._pending_slots, self._pending_ids
@@ -120,7 +125,9 @@ class Placement(Reading):
             if not same_key:
                 del pending_ids[key]
 
-    def _send_items(self, batch, now_ms, results, items, hashes, undo_hours, undo_slots, undo_ids) -> None:
+    def _send_items(self, batch: Sequence[NewMessage], now_ms: int, results: list[SendResult],
+                    items: list[records.SendItem], hashes: dict[str, int], undo_hours: UndoHours,
+                    undo_slots: UndoSlots, undo_ids: list[int]) -> None:
         key_of, find, pack_body = self.ids.key_of_bytes, self._find, delay_log.pack_body
         place, pend_id = self._place, self._pend_id
         append_result, append_item = results.append, items.append
@@ -153,7 +160,7 @@ class Placement(Reading):
             append_result(new(SendResult, (STORED, message)))
 
     def _place(self, filing_ms: int, trigger_ms: int, priority: int, topic_hash: int, tag_hash: int, key: int,
-               body: bytes, undo_hours: dict, undo_slots: dict) -> records.SendItem:
+               body: bytes, undo_hours: UndoHours, undo_slots: UndoSlots) -> records.SendItem:
         """The coordinates of a new entry filed under the hour and second of
         `filing_ms`, in the file storage.spans names for that hour now; the
         file's counters and the pending second-table tail move on (their
@@ -195,7 +202,7 @@ class Placement(Reading):
         self._check_open()
         self.advance(now_ms)
         items = []
-        staged: dict[Location, tuple[int, int, int, int]] = {}  # published only if every change is valid
+        staged: dict[tuple[int, int], tuple[int, int, int, int]] = {}  # published only if every change is valid
         for change in changes:
             hour, gi = change.location
             known = staged.get(change.location)

@@ -20,6 +20,7 @@ staged for it (`_readable`).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import cast
 
 from . import delay_index, delay_log, records, spans
 from .applying import Applying
@@ -27,6 +28,7 @@ from .delay_index import FLAG_RELEASED
 from .entry import SECONDS_PER_HOUR, IndexEntry, Location, Message, Status
 from .errors import CorruptionError, InvalidRequest, InvariantError
 from .hour import Hour
+from .hour_table import NO_HOUR
 from .types import text_hash, total_counts
 
 # Index entries read at once by a scan (scan_ready): 192 KiB.
@@ -43,9 +45,9 @@ class Reading(Applying):
         return self._find(self.ids.key(topic, msg_id), topic, msg_id)
 
     def _find(self, key: int, topic: str, msg_id: str) -> Message | None:
-        for message in self._pending_ids.get(key, ()):
-            if message.topic == topic and message.msg_id == msg_id:
-                found = self.read_message(message.location, message)
+        for pending in self._pending_ids.get(key, ()):
+            if pending.topic == topic and pending.msg_id == msg_id:
+                found = self.read_message(pending.location, pending)
                 if found is not None:  # released in this batch: a later resend may follow
                     return found
         for where in self.ids.candidates(key):
@@ -156,6 +158,8 @@ class Reading(Applying):
                 return None
             if pending_message is not None:
                 return pending_message._replace(status=Status(status), retry=retry)
+        if h is None:
+            raise InvariantError(f"{where}: pending in an hour the store does not hold")
         files = self._readable(h)
         entry, offset8, size, flags = files.read_entry(where.global_index)
         pending = self._pending_state.get(where)
@@ -185,7 +189,7 @@ class Reading(Applying):
     def _pending_topic_hash(self, where: Location) -> int:
         for kind, _, items in self._pending:
             if kind is records.Kind.SEND:
-                for item in items:
+                for item in cast(Sequence[records.SendItem], items):
                     if item.hour == where.hour and item.global_index == where.global_index:
                         return item.topic_hash
         raise InvariantError(f"{where} is neither applied nor pending")
@@ -237,8 +241,10 @@ class Reading(Applying):
         """The first hour >= `from_hour` that holds any entry (spans, which
         sort after every hour, are not hours)."""
         i = self._hour_order.bisect_left(from_hour)
-        if i < len(self._hour_order) and not spans.is_span(self._hour_order[i]):
-            return self._hour_order[i]
+        if i < len(self._hour_order):
+            hour: int = self._hour_order[i]
+            if not spans.is_span(hour):
+                return hour
         return None  # (spans are for refile(), never for the wheel)
 
     def file_hours(self, file_id: int) -> tuple[int, int]:
@@ -249,7 +255,7 @@ class Reading(Applying):
             return file_id, file_id
         start = self._span_start(h)
         if start is None:  # nothing applied yet: a span starts at least its size from now
-            start = self._now_hour or 0
+            start = 0 if self._now_hour == NO_HOUR else self._now_hour
         return start, start + (1 << spans.span_shift(file_id)) - 1
 
     def hours(self) -> list[tuple[int, int, int]]:

@@ -30,7 +30,7 @@ from .entry import MS_PER_HOUR, IndexEntry, Location, Message, Status
 from .errors import InvalidRequest
 from .hour import Hour
 from .hour_files import HourFiles
-from .placement import Placement
+from .placement import Placement, UndoHours, UndoSlots
 from .types import MAX_RETRY_COUNT
 
 WAITING = Status.WAITING
@@ -42,9 +42,9 @@ REFILE_STEP = 1024
 class _Moves:
     """A MOVE record being built, and what to put back if it is not appended."""
     moves: list[records.MoveItem] = field(default_factory=list)
-    states: dict[Location, tuple[int, int, int, int]] = field(default_factory=dict)  # old entries' new state
-    undo_hours: dict = field(default_factory=dict)
-    undo_slots: dict = field(default_factory=dict)
+    states: dict[tuple[int, int], tuple[int, int, int, int]] = field(default_factory=dict)  # old entries' new state
+    undo_hours: UndoHours = field(default_factory=dict)
+    undo_slots: UndoSlots = field(default_factory=dict)
     undo_ids: list[int] = field(default_factory=list)
 
 
@@ -160,10 +160,10 @@ class Refiling(Placement):
     def _due_spans(self, now_ms: int) -> list[Hour]:
         """Spans that are due and hold waiting messages not yet moved."""
         now_hour = now_ms // MS_PER_HOUR
-        due = [h for h in self._spans_to_move()
+        due = [(start, h) for h in self._spans_to_move()
                if (start := self._span_start(h)) is not None and spans.is_due(h.hour, start, now_hour)]
-        due.sort(key=lambda h: h.start)
-        return due
+        due.sort(key=lambda start_and_span: start_and_span[0])
+        return [h for _, h in due]
 
     def _spans_to_move(self) -> Iterable[Hour]:
         for file_id in self._hour_order.irange(spans.SPAN_FLAG):
