@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable
 
 import aiohttp
 
+from storage.files import raise_descriptor_limit
 from storage.store import Store, text_hash
 
 from .api import Api, Router, answer, bearer_auth
@@ -277,6 +278,7 @@ async def run(config: ServeConfig) -> int:
 
 
 def serve(config: ServeConfig) -> int:
+    raise_descriptor_limit()  # before the store sizes its cache of open files by it
     try:
         import uvloop  # a faster event loop where it is installed (Linux, macOS)
     except ImportError:

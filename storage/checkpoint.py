@@ -70,7 +70,7 @@ class Checkpoint:
     layout: int = 2  # see storage.spans.LAYOUT
 
     def encode(self) -> bytes:
-        body = msgpack.packb({
+        body: bytes = msgpack.packb({
             "commit_offset": self.commit_offset,
             "hours": [[h.hour, h.entries, h.log_bytes, h.ended, h.last_end_ms, h.topics] for h in self.hours],
             "written_ms": self.written_ms,

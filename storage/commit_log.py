@@ -52,7 +52,7 @@ import zlib
 from collections.abc import Iterator
 
 from .config import FsyncPolicy
-from .errors import CorruptionError
+from .errors import ContractError, CorruptionError
 from .fileutil import PAGE_BYTES, allocate, fsync_dir, preallocate
 from .framing import FRAME_HEADER_BYTES, FrameProblem, decode_frame, encode_frame, find_valid_frame, frame_seed
 
@@ -346,7 +346,7 @@ class CommitLog:
         """Yield (offset, body) of every record from `offset` (a record
         boundary) to the current end. Refuses a bad frame with CorruptionError."""
         if offset < self.start_offset or offset > self.end_offset:
-            raise ValueError(f"offset {offset} outside the log [{self.start_offset}, {self.end_offset}]")
+            raise ContractError(f"offset {offset} outside the log [{self.start_offset}, {self.end_offset}]")
         i = bisect.bisect_right(self._bases, offset) - 1
         while i < len(self._segments):
             seg = self._segments[i]
@@ -439,7 +439,8 @@ def _check_header(path: str, head: bytes, size: int) -> tuple[int, int, int]:
 
 
 def _header_crc_matches(head: bytes) -> bool:
-    return zlib.crc32(head[:20]) == struct.unpack_from("<I", head, 20)[0]
+    crc: int = struct.unpack_from("<I", head, 20)[0]
+    return zlib.crc32(head[:20]) == crc
 
 
 def _never_written(path: str) -> bool:
@@ -473,7 +474,7 @@ def _data_end(fd: int, start: int, end: int) -> int:
     return last
 
 
-def _dirty_extent(mm, start: int, end: int) -> int:
+def _dirty_extent(mm: mmap.mmap, start: int, end: int) -> int:
     """End of the last non-zero byte in [start, end), or start if all zero."""
     chunk = 1 << 20
     stop = end

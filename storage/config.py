@@ -5,6 +5,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from .errors import ConfigError
+
 
 class FsyncPolicy(enum.Enum):
     """When appended records reach the disk.
@@ -42,13 +44,13 @@ class StoreConfig:
 
     def __post_init__(self) -> None:
         if not isinstance(self.fsync, FsyncPolicy):
-            raise ValueError(f"fsync must be a FsyncPolicy, got {self.fsync!r}")
+            raise ConfigError(f"fsync must be a FsyncPolicy, got {self.fsync!r}")
         if self.segment_bytes < 4096:
-            raise ValueError(f"segment_bytes must be at least 4096, got {self.segment_bytes}")
+            raise ConfigError(f"segment_bytes must be at least 4096, got {self.segment_bytes}")
         if self.retention_ms < 0:
-            raise ValueError(f"retention_ms must be >= 0, got {self.retention_ms}")
+            raise ConfigError(f"retention_ms must be >= 0, got {self.retention_ms}")
         slots = self.id_shard_initial_slots
         if slots < 16 or slots & (slots - 1):
-            raise ValueError(f"id_shard_initial_slots must be a power of two >= 16, got {slots}")
+            raise ConfigError(f"id_shard_initial_slots must be a power of two >= 16, got {slots}")
         if self.open_far_hours < 4:
-            raise ValueError(f"open_far_hours must be at least 4, got {self.open_far_hours}")
+            raise ConfigError(f"open_far_hours must be at least 4, got {self.open_far_hours}")

@@ -40,7 +40,7 @@ import struct
 import zlib
 
 from .entry import IndexEntry, Status
-from .errors import CorruptionError
+from .errors import CorruptionError, InvariantError
 
 HEADER = struct.Struct("<4sHHQ")
 MAGIC = b"HGIX"
@@ -56,7 +56,8 @@ NO_ENTRY = 0xFFFFFFFF
 FLAG_RELEASED = 1
 FLAG_MOVED = 2
 
-assert ENTRY_BYTES == 48 and FIXED.size == 40
+if not (ENTRY_BYTES == 48 and FIXED.size == 40):
+    raise InvariantError(f"index entry layout: {ENTRY_BYTES} bytes, fixed part {FIXED.size}")
 
 
 def entry_offset(global_index: int) -> int:

@@ -24,9 +24,9 @@ from typing import NamedTuple
 
 import msgpack
 
-from .errors import CorruptionError
+from .errors import ContractError, CorruptionError
 from .fileutil import check_header
-from .framing import FrameProblem, decode_frame
+from .framing import Buffer, FrameProblem, decode_frame, encode_frame
 
 HEADER = struct.Struct("<4sHHQ")
 MAGIC = b"HGDL"
@@ -48,27 +48,30 @@ class Body(NamedTuple):
 
 def pack_body(topic: str, msg_id: str, msg: str, produce_ms: int, ttl_ms: int, max_retry: int, tag: str,
               key: str = "") -> bytes:
+    packed: bytes
     if key:
-        return msgpack.packb((topic, msg_id, msg, produce_ms, ttl_ms, max_retry, tag, key))
-    return msgpack.packb((topic, msg_id, msg, produce_ms, ttl_ms, max_retry, tag))
+        packed = msgpack.packb((topic, msg_id, msg, produce_ms, ttl_ms, max_retry, tag, key))
+    else:
+        packed = msgpack.packb((topic, msg_id, msg, produce_ms, ttl_ms, max_retry, tag))
+    return packed
 
 
-def unpack_body(body) -> Body:
+def unpack_body(body: Buffer) -> Body:
     return Body(*msgpack.unpackb(body))
 
 
-def id_fields(body) -> tuple[bytes, bytes]:
+def id_fields(body: Buffer) -> tuple[bytes, bytes]:
     """The UTF-8 bytes of a body's topic and msgId, read from the front of
     the msgpack array without decoding the message (the id index hashes
     them when it applies a record or is rebuilt)."""
     if body[0] not in (0x97, 0x98):  # a fixarray of 7 (or 8: with a key)
-        raise ValueError(f"delay-log body starts with {body[0]:#x}, not a 7- or 8-item array")
+        raise ContractError(f"delay-log body starts with {body[0]:#x}, not a 7- or 8-item array")
     topic, at = _str_at(body, 1)
     msg_id, _ = _str_at(body, at)
     return topic, msg_id
 
 
-def _str_at(body, at: int) -> tuple[bytes, int]:
+def _str_at(body: Buffer, at: int) -> tuple[bytes, int]:
     """The msgpack str at `at`: (its bytes, where the next item starts)."""
     tag = body[at]
     if 0xA0 <= tag <= 0xBF:
@@ -80,9 +83,9 @@ def _str_at(body, at: int) -> tuple[bytes, int]:
     elif tag == 0xDB:
         length, start = int.from_bytes(body[at + 1:at + 5], "big"), at + 5
     else:
-        raise ValueError(f"delay-log body holds {tag:#x} at {at}, not a string")
+        raise ContractError(f"delay-log body holds {tag:#x} at {at}, not a string")
     if start + length > len(body):
-        raise ValueError(f"delay-log body string at {at} runs past its end")
+        raise ContractError(f"delay-log body string at {at} runs past its end")
     return bytes(body[start:start + length]), start + length
 
 
@@ -97,7 +100,16 @@ def check_file_header(path: str, buf: bytes, hour: int) -> None:
 
 
 def padded_bytes(frame_bytes: int) -> int:
+    """The bytes a frame of `frame_bytes` takes in the log: rounded up to a
+    multiple of ALIGN_BYTES (the next frame starts there)."""
     return -(-frame_bytes // ALIGN_BYTES) * ALIGN_BYTES
+
+
+def pack_frame(body: bytes) -> bytes:
+    """`body` framed (storage.framing, seed 0) and zero-padded to
+    `padded_bytes`: exactly the bytes it takes in the log."""
+    frame = encode_frame(body)
+    return frame + bytes(padded_bytes(len(frame)) - len(frame))
 
 
 def decode_body_frame(path: str, raw: bytes, offset: int) -> bytes:
@@ -105,5 +117,5 @@ def decode_body_frame(path: str, raw: bytes, offset: int) -> bytes:
     frame = decode_frame(raw, 0, len(raw))
     if frame.problem is not FrameProblem.OK:
         raise CorruptionError(path, offset, f"delay log frame: {frame.problem.value}")
-    return frame.body
+    return bytes(frame.body)
 

@@ -55,3 +55,26 @@ class Unavailable(HourglassError):
 class BodyTooLarge(HourglassError):
     """Raised while reading a request when its body passes its byte cap, its
     form pairs or its JSON marks: HTTP 413."""
+
+
+class InvariantError(HourglassError):
+    """The code's own state contradicts itself (an index entry staged out of
+    order, a change for a message that is neither applied nor pending, a
+    second added outside the hour the wheel holds, a format's struct of the
+    wrong size): a bug, never an expected outcome and never the caller's
+    input. Raised where the broken rule is found, naming it."""
+
+
+class ContractError(HourglassError, ValueError):
+    """A caller broke a method's contract (a replicated record that does not
+    continue the log, a read from outside the log, a tick state out of
+    range or written to a closed file, an hour cascaded before the wheel
+    reached it, bytes handed over as a delay-log body that are none): the
+    call does nothing. A ValueError too, as it was (recovery turns one met
+    while replaying the log into a CorruptionError naming the offset)."""
+
+
+class ConfigError(HourglassError, ValueError):
+    """A setting is out of range: raised when a config dataclass or a
+    component is built, naming the setting and the value. A ValueError too,
+    so the CLI reports it as it does any bad flag."""

@@ -5,12 +5,18 @@ memcpy's. Later hours are reached with pread/pwrite (`PlainFile`), so a
 backlog of thousands of hours costs file descriptors, not mappings or RSS.
 The on-disk formats (delay log, index, second table) only call `read`,
 `write` and `size_hint`, and do not care which one they got.
+
+Every far hour open costs three descriptors, so the store sizes its cache
+of open far hours from the process's descriptor limit (`far_hours_limit`).
+Raising that limit is the process's business, done once at start-up by
+the server (`raise_descriptor_limit`), not by opening a store.
 """
 
 from __future__ import annotations
 
 import mmap
 import os
+import resource
 
 from .fileutil import PAGE_BYTES, preallocate
 
@@ -26,7 +32,7 @@ class PlainFile:
     def read(self, offset: int, length: int) -> bytes:
         return os.pread(self.fd, length, offset)
 
-    def write(self, offset: int, data) -> None:
+    def write(self, offset: int, data: bytes | bytearray) -> None:
         os.pwrite(self.fd, data, offset)
 
     def file_bytes(self) -> int:
@@ -72,7 +78,7 @@ class MappedFile:
     def read(self, offset: int, length: int) -> bytes:
         return self.mm[offset:offset + length]
 
-    def write(self, offset: int, data) -> None:
+    def write(self, offset: int, data: bytes | bytearray) -> None:
         end = offset + len(data)
         if end > len(self.mm):
             self._grow(end)
@@ -114,3 +120,37 @@ class MappedFile:
 
 def _round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
+
+
+
+# Descriptors far hours never take: the commit log, the id index, near
+# hours, a checkpoint's temporary files, and the server's own.
+OTHER_DESCRIPTORS = 256
+# The soft limit asked for when the hard limit is unlimited.
+UNLIMITED_TARGET = 65536
+
+
+def raise_descriptor_limit() -> int:
+    """Raise this process's soft RLIMIT_NOFILE as far as the hard limit
+    allows (to UNLIMITED_TARGET when the hard one is unlimited) and return
+    the soft limit in force. A server calls it once at start-up, before it
+    opens its store; a refusal leaves the limit as it was."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or hard > soft:
+        target = UNLIMITED_TARGET if hard == resource.RLIM_INFINITY else hard
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):
+            pass
+    return soft
+
+
+def far_hours_limit(wanted: int) -> int:
+    """How many far hours may be open at once: `wanted`, lowered so their
+    three descriptors each fit under the soft limit beside
+    OTHER_DESCRIPTORS, and never below 4."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        soft = UNLIMITED_TARGET
+    return max(4, min(wanted, (soft - OTHER_DESCRIPTORS) // 3))

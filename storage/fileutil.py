@@ -5,8 +5,10 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import errno
+import mmap
 import os
 import struct
+from typing import Any
 
 from .errors import CorruptionError
 
@@ -46,11 +48,13 @@ def fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def atomic_write(path: str, data: bytes) -> None:
+def atomic_write(path: str, data: bytes, mode: int = 0o666) -> None:
     """Replace `path` with `data` so that a crash leaves the old or the new
-    file, never a mix."""
+    file, never a mix: written whole to `path + ".tmp"` (created with
+    `mode`, less the umask), fsync'ed, renamed over `path`, and the
+    directory fsync'ed so the rename itself survives a crash."""
     tmp = path + ".tmp"
-    with open(tmp, "wb") as f:
+    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode), "wb") as f:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
@@ -108,7 +112,8 @@ def fsync_tree(path: str) -> None:
         fsync_dir(root)
 
 
-def check_header(path: str, buf, header: struct.Struct, magic: bytes, version: int) -> tuple:
+def check_header(path: str, buf: bytes | bytearray | memoryview | mmap.mmap, header: struct.Struct, magic: bytes,
+                 version: int) -> tuple[Any, ...]:
     """Unpack a file header and refuse a wrong magic number or version."""
     if len(buf) < header.size:
         raise CorruptionError(path, 0, f"file is {len(buf)} bytes, shorter than its {header.size}-byte header")

@@ -25,6 +25,7 @@ not match, is *bad*; the caller decides whether a bad frame is a torn tail
 from __future__ import annotations
 
 import enum
+import mmap
 import struct
 import zlib
 from collections.abc import Callable
@@ -36,6 +37,8 @@ FRAME_HEADER = struct.Struct("<II")
 FRAME_HEADER_BYTES = FRAME_HEADER.size
 MAX_BODY_BYTES = 256 * 1024 * 1024
 SEED = struct.Struct("<QI")  # logical offset, salt
+# What frames are read from: a file's bytes, a bytearray, a mapping, a view.
+Buffer = bytes | bytearray | memoryview | mmap.mmap
 
 
 class FrameProblem(enum.Enum):
@@ -48,7 +51,7 @@ class FrameProblem(enum.Enum):
 
 class Frame(NamedTuple):
     problem: FrameProblem
-    body: bytes | memoryview
+    body: bytes | bytearray | memoryview
     next_offset: int
 
 
@@ -67,7 +70,7 @@ def encode_frame(body: bytes, seed: int = 0) -> bytes:
     return FRAME_HEADER.pack(len(body), zlib.crc32(body, seed)) + body
 
 
-def decode_frame(buf, offset: int, end: int, seed: int = 0) -> Frame:
+def decode_frame(buf: Buffer, offset: int, end: int, seed: int = 0) -> Frame:
     """Decode the frame at `offset` of `buf` (bytes, bytearray or mmap),
     reading no further than `end`; `seed` as it was encoded with."""
     if offset + FRAME_HEADER_BYTES > end:
@@ -85,7 +88,7 @@ def decode_frame(buf, offset: int, end: int, seed: int = 0) -> Frame:
     return Frame(FrameProblem.OK, body, body_end)
 
 
-def find_valid_frame(buf, start: int, end: int, seed_at: Callable[[int], int] | None = None) -> int | None:
+def find_valid_frame(buf: Buffer, start: int, end: int, seed_at: Callable[[int], int] | None = None) -> int | None:
     """The first offset in [start, end) where a well-formed frame begins, or
     None; `seed_at(position)` gives the seed a frame there was encoded with
     (default: 0). Used after a bad frame to tell a torn tail (nothing valid
@@ -111,7 +114,7 @@ def find_valid_frame(buf, start: int, end: int, seed_at: Callable[[int], int] | 
     return None
 
 
-def _valid_at(buf, pos: int, end: int, seed_at: Callable[[int], int] | None) -> bool:
+def _valid_at(buf: Buffer, pos: int, end: int, seed_at: Callable[[int], int] | None) -> bool:
     if seed_at is None:
         return decode_frame(buf, pos, end).problem is FrameProblem.OK
     if pos + FRAME_HEADER_BYTES > end:
@@ -122,7 +125,7 @@ def _valid_at(buf, pos: int, end: int, seed_at: Callable[[int], int] | None) -> 
     return decode_frame(buf, pos, end, seed_at(pos)).problem is FrameProblem.OK
 
 
-def _next_nonzero(buf, start: int, end: int) -> int | None:
+def _next_nonzero(buf: Buffer, start: int, end: int) -> int | None:
     chunk = 1 << 16
     pos = start
     while pos < end:

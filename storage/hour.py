@@ -15,15 +15,11 @@ crash may lose, and replaying the log from the checkpoint recreates them.
 
 from __future__ import annotations
 
-import zlib
-
 from . import delay_index, delay_log, spans
 from .checkpoint import HourRecord
-from .framing import FRAME_HEADER
+from .errors import InvariantError
 from .hour_files import HourFiles
 from .records import SendItem
-
-_PAD = b"\0" * delay_log.ALIGN_BYTES
 
 
 class Hour:
@@ -84,22 +80,16 @@ class Hour:
         if gi < self.applied:
             return False
         if gi != self.applied:
-            raise AssertionError(f"hour {self.hour}: entry {gi} staged after {self.applied}")
+            raise InvariantError(f"hour {self.hour}: entry {gi} staged after {self.applied}")
         self._entries_buf += delay_index.pack_entry(
             item.trigger_ms, item.log_offset8, item.frame_size, item.local_index, gi, item.pre_global_index,
             item.topic_hash, item.tag_hash, item.priority, item.second)
-        body = item.body
-        frames = self._frames_buf
-        frames += FRAME_HEADER.pack(len(body), zlib.crc32(body))
-        frames += body
-        pad = -item.frame_size & 7
-        if pad:
-            frames += _PAD[:pad]
+        self._frames_buf += delay_log.pack_frame(item.body)
         self._slots[item.second] = (gi, item.local_index + 1)
         self.applied = gi + 1
         if gi >= self.entries:  # replay: counters follow the records
             self.entries = gi + 1
-            self.log_bytes = (item.log_offset8 << 3) + item.frame_size + pad
+            self.log_bytes = (item.log_offset8 << 3) + delay_log.padded_bytes(item.frame_size)
         return True
 
     def stage_state(self, global_index: int, status: int, flags: int, retry: int) -> None:

@@ -8,6 +8,7 @@ commit log; the byte layouts are in `delay_log`, `delay_index` and
 from __future__ import annotations
 
 import os
+from array import array
 
 from . import delay_index, delay_log, second_table
 from .entry import IndexEntry
@@ -94,7 +95,7 @@ class HourFiles:
             raise CorruptionError(self.idx.path, delay_index.entry_offset(global_index), "index entry past end of file")
         return delay_index.unpack_entry(self.idx.path, self.hour, global_index, raw)
 
-    def write_entries(self, first_global_index: int, data: bytes) -> None:
+    def write_entries(self, first_global_index: int, data: bytes | bytearray) -> None:
         self.idx.write(delay_index.entry_offset(first_global_index), data)
 
     def write_state_bytes(self, global_index: int, mutable: bytes) -> None:
@@ -107,7 +108,7 @@ class HourFiles:
         offset = delay_log.HEADER_BYTES + log_offset8 * delay_log.ALIGN_BYTES
         return delay_log.decode_body_frame(self.log.path, self.log.read(offset, size), offset)
 
-    def write_frames(self, log_offset8: int, data: bytes) -> None:
+    def write_frames(self, log_offset8: int, data: bytes | bytearray) -> None:
         self.log.write(delay_log.HEADER_BYTES + log_offset8 * delay_log.ALIGN_BYTES, data)
 
     # -- second table ---------------------------------------------------------
@@ -120,7 +121,8 @@ class HourFiles:
         self.sec.write(second_table.slot_offset(second),
                        second_table.pack_slot(second, last_global_index, count))
 
-    def counts(self):
+    def counts(self) -> array[int]:
+        """Entries per second of the hour (3600 values, storage.second_table)."""
         return second_table.counts(self.sec.read(0, second_table.FILE_BYTES))
 
     # -- lifetime ---------------------------------------------------------------
@@ -130,7 +132,7 @@ class HourFiles:
         `log_bytes` of delay log, so applying them needs no disk room (a
         full disk raises OSError here). Plain files need nothing: a pwrite
         on a full disk fails cleanly."""
-        if self.mapped:
+        if isinstance(self.log, MappedFile) and isinstance(self.idx, MappedFile):  # (both, or neither)
             log_size, idx_size = self.exact_sizes(entries, log_bytes)
             self.log.reserve(log_size)
             self.idx.reserve(idx_size)

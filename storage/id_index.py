@@ -85,7 +85,7 @@ from array import array
 from collections.abc import Callable
 
 from .entry import Location
-from .errors import CorruptionError
+from .errors import ContractError, CorruptionError, InvariantError
 from .fileutil import atomic_write, check_header, fsync_dir, preallocate
 
 HEADER = struct.Struct("<4sHHII44xI")
@@ -111,7 +111,8 @@ SECRET_VERSION = 1
 SECRET_BYTES = 32
 SECRET_FILE = "secret"
 
-assert HEADER_BYTES == 64 and GROUP_BYTES == GROUP_SLOTS * SLOT_BYTES
+if not (HEADER_BYTES == 64 and GROUP_BYTES == GROUP_SLOTS * SLOT_BYTES):
+    raise InvariantError(f"id index layout: header {HEADER_BYTES} bytes, group {GROUP_BYTES}")
 
 
 def pack_loc(key: int, hour: int, global_index: int) -> int:
@@ -148,6 +149,7 @@ def read_secret(path: str) -> bytes:
         data = f.read()
     if len(data) != SECRET.size:
         raise CorruptionError(path, 0, f"file is {len(data)} bytes, expected {SECRET.size}")
+    secret: bytes
     _, _, _, secret, crc = check_header(path, data, SECRET, SECRET_MAGIC, SECRET_VERSION)
     if zlib.crc32(data[:-4]) != crc:
         raise CorruptionError(path, SECRET.size - 4, "secret checksum mismatch")
@@ -332,7 +334,7 @@ class IdIndex:
         directory in by rename; a crash at any point leaves the old index or
         the new one (`is_current` finishes an interrupted swap)."""
         if not self.directory.endswith(".new"):
-            raise ValueError(f"{self.directory} is not an index being built")
+            raise ContractError(f"{self.directory} is not an index being built")
         final = self.directory[:-len(".new")]
         for shard in self.shards:
             shard.mm.flush()
@@ -354,7 +356,7 @@ class IdIndex:
 
     def candidates(self, key: int) -> list[Location]:
         shard = self._shard(key)
-        found = []
+        found: list[Location] = []
         mm, unpack, is_live = shard.mm, GROUP.unpack_from, self.is_live
         group, stride = probe_start(key, shard.group_mask)
         probes = 0

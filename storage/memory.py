@@ -12,12 +12,13 @@ from __future__ import annotations
 import copy
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 from . import spans
 from .config import StoreConfig
 from .entry import MS_PER_HOUR, SECONDS_PER_HOUR, IndexEntry, Location, Message, Status, hour_and_second
 from .errors import InvalidRequest, StoreClosedError
-from .store import (
+from .types import (
     MAX_RETRY_COUNT,
     CheckpointReport,
     NewMessage,
@@ -134,7 +135,8 @@ class InMemoryStore:
         self.config = config or StoreConfig()
         self._durable = _State()
         self._live = _State()
-        self._pending: list[tuple[str, list, int]] = []  # ("send" | "update", items, now_ms): one log record each
+        # ("send", [NewMessage]) or ("update", [StateChange]), and now_ms: one log record each
+        self._pending: list[tuple[str, list[NewMessage] | list[StateChange], int]] = []
         self._committed_records = 0
         self._closed = False
 
@@ -166,11 +168,11 @@ class InMemoryStore:
         new_entries = []
         for kind, items, now_ms in self._pending[:count]:
             if kind == "send":
-                for result in self._durable.send(items, now_ms):
+                for result in self._durable.send(cast(list[NewMessage], items), now_ms):
                     if result.outcome is SendOutcome.STORED:
                         new_entries.append(self._durable.at(result.message.location).entry())
             else:
-                self._durable.update(items, now_ms)
+                self._durable.update(cast(list[StateChange], items), now_ms)
         self._committed_records += count
         self._pending = []
         return new_entries

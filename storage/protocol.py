@@ -11,7 +11,7 @@ from collections.abc import Iterable, Sequence
 from typing import Protocol
 
 from .entry import IndexEntry, Location, Message
-from .store import CheckpointReport, NewMessage, SendResult, StateChange
+from .types import CheckpointReport, NewMessage, SendResult, StateChange
 
 
 class DelayStore(Protocol):

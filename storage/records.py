@@ -34,6 +34,7 @@ over files that already hold part of it, gives the same bytes.
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import msgpack
@@ -80,11 +81,16 @@ class MoveItem(NamedTuple):
     to: SendItem
 
 
-def encode(kind: Kind, now_ms: int, items: list) -> bytes:
-    return msgpack.packb((int(kind), now_ms, items))
+# One item of a record; a record's items are all of its kind's type.
+Item = SendItem | StateItem | MoveItem
 
 
-def decode(body: bytes) -> tuple[Kind, int, list]:
+def encode(kind: Kind, now_ms: int, items: Sequence[Item]) -> bytes:
+    body: bytes = msgpack.packb((int(kind), now_ms, items))
+    return body
+
+
+def decode(body: bytes) -> tuple[Kind, int, Sequence[Item]]:
     kind, now_ms, items = msgpack.unpackb(body)
     kind = Kind(kind)
     if kind is Kind.MOVE:

@@ -61,7 +61,7 @@ def unpack_slot(path: str, second: int, raw: bytes) -> tuple[int, int]:
     return last, count
 
 
-def counts(table_bytes: bytes) -> array:
+def counts(table_bytes: bytes) -> array[int]:
     """Entries per second, 3600 values, straight from the table's bytes."""
     slots = array("I", table_bytes[HEADER_BYTES:FILE_BYTES])
     return slots[1::4]

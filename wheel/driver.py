@@ -8,6 +8,7 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from storage.entry import IndexEntry
+from storage.errors import ConfigError
 
 from .clock import Clock
 from .scheduler import Scheduler
@@ -56,7 +57,7 @@ class WheelDriver:
     def __init__(self, scheduler: Scheduler, clock: Clock, deliver: Deliver, *,
                  persist_tick: PersistTick | None = None, tick_interval_ms: int = 50) -> None:
         if tick_interval_ms <= 0:
-            raise ValueError(f"tick_interval_ms must be > 0, got {tick_interval_ms}")
+            raise ConfigError(f"tick_interval_ms must be > 0, got {tick_interval_ms}")
         self._scheduler = scheduler
         self._clock = clock
         self._deliver = deliver

@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from storage.entry import MS_PER_SECOND, SECONDS_PER_HOUR, IndexEntry, Location
+from storage.errors import ConfigError
 
 from .source import SlotSource
 from .tick_state import TickState
@@ -40,13 +41,13 @@ class SchedulerConfig:
 
     def __post_init__(self) -> None:
         if self.preload_ms < 0:
-            raise ValueError(f"preload_ms must be >= 0, got {self.preload_ms}")
+            raise ConfigError(f"preload_ms must be >= 0, got {self.preload_ms}")
         if self.max_release_per_poll < 1:
-            raise ValueError(f"max_release_per_poll must be >= 1, got {self.max_release_per_poll}")
+            raise ConfigError(f"max_release_per_poll must be >= 1, got {self.max_release_per_poll}")
         if self.late_ms < 0:
-            raise ValueError(f"late_ms must be >= 0, got {self.late_ms}")
+            raise ConfigError(f"late_ms must be >= 0, got {self.late_ms}")
         if self.commit_lag_ms < 0:
-            raise ValueError(f"commit_lag_ms must be >= 0, got {self.commit_lag_ms}")
+            raise ConfigError(f"commit_lag_ms must be >= 0, got {self.commit_lag_ms}")
 
 
 @dataclass

@@ -52,7 +52,8 @@ import zlib
 from typing import NamedTuple
 
 from storage.entry import SECONDS_PER_HOUR
-from storage.errors import CorruptionError
+from storage.errors import ContractError, CorruptionError
+from storage.fileutil import atomic_write
 
 MAGIC = b"HGTS"
 VERSION = 1
@@ -183,19 +184,9 @@ class TickStateFile:
         self.writes = 0
 
     def _create(self) -> None:
-        tmp = self.path + ".tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            os.write(fd, _header_bytes() + bytes(SLOT_COUNT * SLOT.size))
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, self.path)
-        dir_fd = os.open(os.path.dirname(os.path.abspath(self.path)), os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        """A file with its header and two empty slots, made atomically: a
+        crash leaves none (made again at the next open) or all of it."""
+        atomic_write(self.path, _header_bytes() + bytes(SLOT_COUNT * SLOT.size), mode=0o644)
 
     @property
     def state(self) -> TickState | None:
@@ -208,9 +199,9 @@ class TickStateFile:
 
     def write(self, state: TickState) -> None:
         if self._fd < 0:
-            raise ValueError(f"{self.path}: tick-state file is closed")
+            raise ContractError(f"{self.path}: tick-state file is closed")
         if not 0 <= state.second_tick < SECONDS_PER_HOUR or state.local_index < 0:
-            raise ValueError(f"not a tick state: {state!r}")
+            raise ContractError(f"not a tick state: {state!r}")
         sequence = self._sequence + 1
         os.pwrite(self._fd, _pack_slot(sequence, state), _slot_offset(sequence % SLOT_COUNT))
         if self.fsync:

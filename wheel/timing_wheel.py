@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from storage.entry import MS_PER_HOUR, MS_PER_SECOND, SECONDS_PER_HOUR
+from storage.errors import ConfigError, ContractError, InvariantError
 
 from .delay_queue import DelayQueue
 
@@ -111,7 +112,7 @@ class TimingWheel:
 
     def __init__(self, loaded_below_s: int, lead_ms: int) -> None:
         if lead_ms < 0:
-            raise ValueError(f"lead_ms must be >= 0, got {lead_ms}")
+            raise ConfigError(f"lead_ms must be >= 0, got {lead_ms}")
         self.lead_ms = lead_ms
         self._loaded_below_s = loaded_below_s
         self._seconds = bytearray(SECONDS_PER_HOUR)
@@ -158,11 +159,11 @@ class TimingWheel:
         """Move a popped hour's non-empty seconds (from L on) onto the seconds
         wheel; returns how many slots were added."""
         if len(counts) != SECONDS_PER_HOUR:
-            raise ValueError(f"second_counts({hour}) has {len(counts)} values, expected {SECONDS_PER_HOUR}")
+            raise ContractError(f"second_counts({hour}) has {len(counts)} values, expected {SECONDS_PER_HOUR}")
         base_s = hour * SECONDS_PER_HOUR
         if base_s > self._loaded_below_s:
-            raise ValueError(f"cascade of hour {hour} before the wheel reached it "
-                             f"(loaded below {format_second(self._loaded_below_s)})")
+            raise ContractError(f"cascade of hour {hour} before the wheel reached it "
+                                f"(loaded below {format_second(self._loaded_below_s)})")
         added = 0
         for second in range(max(0, self._loaded_below_s - base_s), SECONDS_PER_HOUR):
             if counts[second] and self._add_second(base_s + second) is not None:
@@ -170,7 +171,9 @@ class TimingWheel:
         return added
 
     def _add_second(self, abs_s: int) -> int | None:
-        assert self._loaded_below_s <= abs_s < self._loaded_below_s + SECONDS_PER_HOUR, abs_s
+        if not self._loaded_below_s <= abs_s < self._loaded_below_s + SECONDS_PER_HOUR:
+            raise InvariantError(f"second {format_second(abs_s)} is outside the hour the seconds wheel holds "
+                                 f"(from {format_second(self._loaded_below_s)})")
         index = abs_s % SECONDS_PER_HOUR
         if self._seconds[index]:
             return None

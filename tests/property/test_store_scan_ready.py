@@ -31,7 +31,7 @@ import msgpack
 from hypothesis import HealthCheck, given, settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from storage import store as store_module
+from storage import reading
 from storage.checkpoint import HEADER, MAGIC, VERSION, Checkpoint, HourRecord
 from storage.config import StoreConfig
 from storage.entry import MS_PER_HOUR, Location, Status
@@ -138,7 +138,7 @@ def _scan_all(store: Store, topic: str, start: Location, until_hour: int, max_sc
        slice_entries=st.sampled_from([1, 2, 3, 4096]), until=st.sampled_from([0, 1, 3, 4, 9]))
 def test_scans_from_the_start_find_every_ready_entry_once_in_filing_order(history, max_scan, max_found,
                                                                           slice_entries, until):
-    with built(history) as (store, model), mock.patch.object(store_module, "SCAN_SLICE", slice_entries):
+    with built(history) as (store, model), mock.patch.object(reading, "SCAN_SLICE", slice_entries):
         for topic in TOPICS:
             found = _scan_all(store, topic, Location(0, 0), H0 + until, max_scan, max_found)
             expected = sorted(w for w, (t, status) in model.items()
@@ -158,7 +158,7 @@ def test_a_scan_from_any_position_finds_the_ready_entries_after_it(history, star
     filed into, or retired since the position was taken): everything
     filed after it is found all the same, from the next hour's first entry."""
     start = Location(H0 + start_hour, start_index)
-    with built(history) as (store, model), mock.patch.object(store_module, "SCAN_SLICE", slice_entries):
+    with built(history) as (store, model), mock.patch.object(reading, "SCAN_SLICE", slice_entries):
         for topic in TOPICS:
             found = _scan_all(store, topic, start, H0 + 9, max_scan, max_found)
             expected = sorted(w for w, (t, status) in model.items()
