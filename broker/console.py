@@ -193,7 +193,7 @@ def topic_forecast(store: Store, topic: str, now_ms: int) -> dict:
 
 
 def standalone_info(store: Store, last_checkpoint_ms: Callable[[], int | None]) -> dict:
-    return {"role": "standalone", "diskBytes": store.disk_bytes(), "logEndOffset": store.log.end_offset,
+    return {"role": "standalone", "diskBytes": store.disk_bytes(), "logEndOffset": store.log_end_offset,
             "lastCheckpointMs": last_checkpoint_ms(), "hours": len(store.hours())}
 
 

@@ -127,7 +127,7 @@ class Node:
         node = [("hourglass_hours", "gauge", len(hours)),
                 ("hourglass_stored_messages", "gauge", sum(h[1] for h in hours)),
                 ("hourglass_ended_messages", "gauge", sum(h[2] for h in hours)),
-                ("hourglass_commit_log_end_offset", "gauge", self.store.log.end_offset),
+                ("hourglass_commit_log_end_offset", "gauge", self.store.log_end_offset),
                 ("hourglass_checkpoints_total", "counter", self.checkpoints),
                 ("hourglass_checkpoint_seconds_total", "counter", self.checkpoint_seconds),
                 ("hourglass_open_seconds", "gauge", self.opened_s),

@@ -174,7 +174,7 @@ class GroupCommit:
             waiting, self._waiting = self._waiting, []
             async with self._apply_lock:
                 count = store.pending_records
-                end_offset = store.log.end_offset
+                end_offset = store.log_end_offset
                 try:
                     if count:
                         started = time.perf_counter()

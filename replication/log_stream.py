@@ -64,7 +64,7 @@ class LeaderLog:
         self.epoch = epoch
         self.epochs = epochs
         self._tick = tick
-        self.durable_offset = store.log.end_offset  # a new leader's whole log is on its disk
+        self.durable_offset = store.log_end_offset  # a new leader's whole log is on its disk
         self.followers: dict[str, Progress] = {}
         self._waiters: list[tuple[int, int, asyncio.Future[None]]] = []  # (offset, seq, future)
         self._seq = itertools.count()
@@ -118,7 +118,7 @@ class LeaderLog:
 
     def keep_log_from(self) -> int:
         """Oldest offset a follower still needs, within the retention cap."""
-        end = self.store.log.end_offset
+        end = self.store.log_end_offset
         wanted = min((p.offset for p in self.followers.values()), default=end)
         return max(wanted, end - self.config.retain_log_bytes)
 
@@ -142,11 +142,11 @@ class LeaderLog:
             self.deposed.set()
             return {"status": "stale", "epoch": self.epoch}
         answer = {"epoch": self.epoch, "leader": self.config.node_id, "history": self.epochs.history,
-                  "end_offset": self.durable_offset, "log_start": self.store.log.start_offset}
+                  "end_offset": self.durable_offset, "log_start": self.store.log_start_offset}
         if self.epochs.diverges(int(request["last_epoch"]), offset, self.durable_offset) \
                 or offset > self.durable_offset:
             return {**answer, "status": "diverged"}
-        if offset < self.store.log.start_offset:
+        if offset < self.store.log_start_offset:
             return {**answer, "status": "snapshot"}
         self.followers[node] = Progress(offset, self.clock.monotonic_s())
         self._release_waiters()
@@ -167,13 +167,13 @@ class LeaderLog:
 def serve_catchup(store: Store, epochs: Epochs, request: dict[str, Any]) -> dict[str, Any]:
     """A node that is not the leader serves its log to a candidate catching
     up (no waiting, no acknowledgement counted)."""
-    end = store.log.end_offset
+    end = store.log_end_offset
     offset = int(request["offset"])
     answer = {"epoch": epochs.last_epoch(end), "leader": None, "history": epochs.history,
-              "end_offset": end, "log_start": store.log.start_offset, "tick": None}
+              "end_offset": end, "log_start": store.log_start_offset, "tick": None}
     if epochs.diverges(int(request["last_epoch"]), offset, end) or offset > end:
         return {**answer, "status": "diverged"}
-    if offset < store.log.start_offset:
+    if offset < store.log_start_offset:
         return {**answer, "status": "snapshot"}
     records = store.read_log(offset, end, FETCH_MAX_BYTES) if offset < end else []
     return {**answer, "status": "ok", "records": records}
@@ -229,7 +229,7 @@ class Follower:
                 await self.clock.sleep(config.tick_sync_ms / 1000)
                 continue
             store = node.store
-            end = store.log.end_offset
+            end = store.log_end_offset
             request = {"node": config.node_id, "epoch": term, "offset": end,
                        "last_epoch": node.epochs.last_epoch(end), "wait_ms": config.tick_sync_ms, "catchup": False}
             try:
@@ -269,7 +269,7 @@ class Follower:
         tick = answer.get("tick")
         # The tick may only cover releases this log holds: take it once
         # every record the leader had when it answered is here.
-        if tick is not None and node.store.log.end_offset >= int(answer["end_offset"]):
+        if tick is not None and node.store.log_end_offset >= int(answer["end_offset"]):
             tick = TickState(*tick)
             if tick != self.last_tick:
                 node.write_tick(tick)

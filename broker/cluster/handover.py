@@ -32,7 +32,7 @@ class Handover(NodeParts):
             with contextlib.suppress(Exception):
                 await self.clock.wait_for(broker.stop(), HANDOVER_TIMEOUT_S)
             deadline_s = self.clock.monotonic_s() + HANDOVER_TIMEOUT_S
-            end = self.store.log.end_offset
+            end = self.store.log_end_offset
             while self.clock.monotonic_s() < deadline_s:
                 live = [p for p in leader_log.followers.values() if self.clock.monotonic_s() - p.seen_s < 1.0]
                 if live and all(p.offset >= end for p in live):

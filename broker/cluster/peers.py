@@ -80,7 +80,7 @@ class PeerCalls(NodeParts):
         if refused is not None:
             return refused
         epoch = int(message["epoch"])
-        end = self.store.log.end_offset
+        end = self.store.log_end_offset
         ceiling = max(self.election.term, self.epochs.promised) + MAX_EPOCH_AHEAD
         result = {"promised": self.epochs.promised, "end_offset": end, "last_epoch": self.epochs.last_epoch(end),
                   "history": self.epochs.history}

@@ -153,7 +153,7 @@ class RoleLoop(NodeParts):
         position (those that do not answer in POSITION_TIMEOUT_S are left out)."""
         cluster = self.cluster
         self.set_epochs(self.epochs.promise(term))
-        end = self.store.log.end_offset
+        end = self.store.log_end_offset
         positions = [(cluster.node_id, Position(self.epochs.last_epoch(end), end, self.epochs.history))]
         refusals = []
         answers = await asyncio.gather(*(self.post(p.node_id, "position", {"node": cluster.node_id, "epoch": term},
@@ -172,14 +172,14 @@ class RoleLoop(NodeParts):
     async def _catch_up(self, source: str, position: Position) -> None:
         target, history = position.end_offset, position.history
         source_epochs = Epochs(0, history)
-        end = self.store.log.end_offset
+        end = self.store.log_end_offset
         if source_epochs.diverges(self.epochs.last_epoch(end), end, target):
             log.info("catching up from %s by snapshot (this log diverged at %d)", source, end)
             await self.take_snapshot(source)
             return
         log.info("catching up from %s: offsets %d..%d", source, end, target)
-        while self.store.log.end_offset < target:
-            end = self.store.log.end_offset
+        while self.store.log_end_offset < target:
+            end = self.store.log_end_offset
             result = await self.post(source, "fetch", {"node": self.cluster.node_id, "epoch": 0, "offset": end,
                                                        "last_epoch": self.epochs.last_epoch(end), "wait_ms": 0,
                                                        "catchup": True})
@@ -188,7 +188,7 @@ class RoleLoop(NodeParts):
             await self.follower.apply({**result, "tick": None, "history": history})
 
     def _start_leading(self, term: int) -> None:
-        self.set_epochs(self.epochs.begin(term, self.store.log.end_offset))
+        self.set_epochs(self.epochs.begin(term, self.store.log_end_offset))
         self.tick_file.close()
         self.tick_file = None
         self._deposed = asyncio.Event()
@@ -198,7 +198,7 @@ class RoleLoop(NodeParts):
         broker.on_fatal = lambda error: None  # a failed broker makes this node stand down
         broker.start()
         self.leader_log, self.broker, self.api.broker = leader_log, broker, broker
-        log.info("leading term %d from offset %d, tick %s", term, self.store.log.end_offset, broker.tick)
+        log.info("leading term %d from offset %d, tick %s", term, self.store.log_end_offset, broker.tick)
 
     def _record_leadership(self, term: int, event: LeadershipEvent) -> None:
         """leadership.log: one line per start and end of leading, so a drill

@@ -95,7 +95,7 @@ class Routes(NodeParts):
         leader, each follower's replicated offset and how far it lags."""
         role, term = self.shown_role()
         info = {"role": role, "node": self.cluster.node_id, "leader": self.known_leader(), "term": term,
-                "logEndOffset": self.store.log.end_offset}
+                "logEndOffset": self.store.log_end_offset}
         if self.leader_log is not None:
             now_s = self.clock.monotonic_s()
             info["followers"] = [{"node": name, "offset": p.offset,
@@ -107,7 +107,7 @@ class Routes(NodeParts):
     async def health(self, request: Request) -> Response:
         role, term = self.shown_role()
         extra = {"role": role, "leader": self.known_leader(), "node": self.cluster.node_id, "term": term,
-                 "log_end_offset": self.store.log.end_offset}
+                 "log_end_offset": self.store.log_end_offset}
         if self.failed is not None:
             return answer(503, f"failed: {self.failed!r}", status="failed", **extra)
         if not self.serving.online:
@@ -120,7 +120,7 @@ class Routes(NodeParts):
             for topic in self.broker.topic_list():
                 counts = self.store.topic_counts(text_hash(topic))
                 gauges.append((topic, counts[1], counts[2], counts[3]))
-        node = [("hourglass_commit_log_end_offset", "gauge", self.store.log.end_offset),
+        node = [("hourglass_commit_log_end_offset", "gauge", self.store.log_end_offset),
                 ("hourglass_is_leader", "gauge", int(self.leads)),
                 ("hourglass_term", "gauge", self.shown_role()[1]),
                 ("hourglass_replicated_records_total", "counter", self.follower.fetched_records)]

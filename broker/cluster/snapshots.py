@@ -39,8 +39,8 @@ class Snapshots(NodeParts):
         no record is applied; returns its path."""
         path = os.path.join(self.data_dir, f"snapshot-{os.getpid()}-{int(self.clock.monotonic_s() * 1e9)}.tar")
         async with self.checkpoint_lock, self.apply_lock:
-            end = self.store.log.end_offset
-            files = snapshot.capture(self.data_dir, self.store.log.segment_ends())
+            end = self.store.log_end_offset
+            files = snapshot.capture(self.data_dir, self.store.log_segment_ends())
             size = await asyncio.to_thread(snapshot.write_tar, self.data_dir, files, path)
         log.info("made a snapshot of %d files, %d bytes, up to offset %d", len(files), size, end)
         return path

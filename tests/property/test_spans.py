@@ -179,7 +179,7 @@ def test_a_follower_applies_the_moves_it_is_sent(tmp_path):
     later = now + 250 * MS_PER_HOUR
     while leader.refile(later):
         leader.commit()
-    for offset, body in leader.read_log(0, leader.log.end_offset, 1 << 20):
+    for offset, body in leader.read_log(0, leader.log_end_offset, 1 << 20):
         follower.append_replicated(offset, body)
     follower.commit()
     assert follower.hours() == leader.hours()

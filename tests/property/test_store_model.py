@@ -104,7 +104,7 @@ class StoreMachine(RuleBasedStateMachine):
         self.model = InMemoryStore(CONFIG)
         self.keys: set[tuple[str, str]] = set()  # every (topic, msgId) ever sent
         self.seconds: set[tuple[int, int]] = set()  # every (hour, second) ever filed into
-        self.committed_end = self.store.log.end_offset  # log offset as of the last commit
+        self.committed_end = self.store.log_end_offset  # log offset as of the last commit
         self.pending_ends: list[int] = []  # end offset of each record appended since
 
     def teardown(self) -> None:
@@ -115,18 +115,18 @@ class StoreMachine(RuleBasedStateMachine):
     # -- helpers -------------------------------------------------------------------
 
     def _appended(self, before: int) -> None:
-        if self.store.log.end_offset != before:
-            self.pending_ends.append(self.store.log.end_offset)
+        if self.store.log_end_offset != before:
+            self.pending_ends.append(self.store.log_end_offset)
         assert len(self.pending_ends) == self.model.pending_records
 
     def _both_update(self, changes: list[StateChange]) -> None:
-        before = self.store.log.end_offset
+        before = self.store.log_end_offset
         self.store.update(changes, self.now_ms)
         self.model.update(changes, self.now_ms)
         self._appended(before)
 
     def _committed(self) -> None:
-        self.committed_end = self.store.log.end_offset
+        self.committed_end = self.store.log_end_offset
         self.pending_ends = []
 
     def _reopen(self, with_now: bool) -> None:
@@ -144,7 +144,7 @@ class StoreMachine(RuleBasedStateMachine):
         batch = [NewMessage(topic, msg_id, body, self.now_ms, self.now_ms + delay_ms, ttl_ms, max_retry,
                             priority, tag)
                  for topic, msg_id, body, delay_ms, ttl_ms, max_retry, priority, tag in specs]
-        before = self.store.log.end_offset
+        before = self.store.log_end_offset
         got = self.store.send(batch, self.now_ms)
         expected = self.model.send(batch, self.now_ms)
         assert got == expected
@@ -205,7 +205,7 @@ class StoreMachine(RuleBasedStateMachine):
         bad = (StateChange(where, Status.READY, MAX_RETRY_COUNT + 1) if bad_retry
                else StateChange(Location(where.hour, 10**6), Status.ACKED, 0))
         changes = [StateChange(where, Status.ACKED, 0), bad]
-        before = self.store.log.end_offset
+        before = self.store.log_end_offset
         with pytest.raises(InvalidRequest):
             self.store.update(changes, self.now_ms)
         with pytest.raises(InvalidRequest):
@@ -234,7 +234,7 @@ class StoreMachine(RuleBasedStateMachine):
         assert got.hours_retired == expected.hours_retired
         if got.hours_retired:
             event("checkpoint retired hours")
-        assert got.commit_offset == self.store.log.end_offset
+        assert got.commit_offset == self.store.log_end_offset
         self._committed()
 
     # -- restarts ----------------------------------------------------------------------
@@ -354,10 +354,10 @@ def test_corrupt_committed_record_is_refused(victim, byte, mask):
     store = Store.open(directory, CONFIG, now_ms=START_MS)
     spans = []
     for i in range(4):
-        start = store.log.end_offset
+        start = store.log_end_offset
         store.send([NewMessage("t", f"id{i}", "body" * i, START_MS, START_MS + i * 1000, 0, 0)], START_MS)
         store.commit()
-        spans.append((start, store.log.end_offset))
+        spans.append((start, store.log_end_offset))
     segment = store.log._segments[-1]
     assert segment.base_offset <= spans[0][0]
     start, end = spans[victim]  # never the last record: valid records follow it

@@ -32,7 +32,7 @@ def send(store: Store, count: int, start: int = 0) -> int:
     for i in range(start, start + count):
         store.send([NewMessage("t", f"m{i}", "body", NOW, NOW + 60_000, 60_000, 1)], NOW)
     store.commit()
-    return store.log.end_offset
+    return store.log_end_offset
 
 
 def fetch(offset: int, node: str = "n2", epoch: int = 5, last_epoch: int = 5, wait_ms: int = 0) -> dict:
@@ -149,9 +149,9 @@ def test_a_follower_replaying_fetches_holds_the_same_log_and_messages(tmp_path):
     while offset < end:
         for at, body in leader.read_log(offset, end, 300):
             follower.append_replicated(at, body)
-            offset = follower.log.end_offset
+            offset = follower.log_end_offset
         follower.commit()
-    assert follower.log.end_offset == end
+    assert follower.log_end_offset == end
     assert [b for _, b in follower.read_log(0, end, 1 << 20)] == [b for _, b in leader.read_log(0, end, 1 << 20)]
     assert follower.get("t", "m49").msg == "body"
     with pytest.raises(ValueError, match="does not continue"):
@@ -177,7 +177,7 @@ def test_group_commit_answers_only_after_replication(tmp_path):
         store.send([NewMessage("t", "a", "x", NOW, NOW + 60_000, 60_000, 1)], NOW)
         answered = asyncio.create_task(commits.durable())
         await asyncio.sleep(0.05)
-        assert not answered.done() and seen == [store.log.end_offset]
+        assert not answered.done() and seen == [store.log_end_offset]
         gate.set()
         await asyncio.wait_for(answered, 1)
         runner.cancel()

@@ -31,7 +31,7 @@ def make_store(path, msg_ids: list[str], checkpoint: bool = True) -> None:
 def tar_of(path, out) -> str:
     store = Store.open(str(path), now_ms=NOW)
     try:
-        files = snapshot.capture(str(path), store.log.segment_ends())
+        files = snapshot.capture(str(path), store.log_segment_ends())
     finally:
         store.close()
     snapshot.write_tar(str(path), files, str(out))

@@ -68,7 +68,7 @@ def test_a_send_the_disk_has_no_room_for_is_refused_before_it_is_appended(tmp_pa
     try:
         store.send([message("a", 1_000)], NOW)
         store.commit()
-        end, files = store.log.end_offset, delay_files(tmp_path)
+        end, files = store.log_end_offset, delay_files(tmp_path)
         if short_of == "mapped room":  # the near hour's mapped files cannot grow
             monkeypatch.setattr(os, "posix_fallocate", full_disk)
         else:  # the file system is short of what the batch commits the store to write
@@ -80,7 +80,7 @@ def test_a_send_the_disk_has_no_room_for_is_refused_before_it_is_appended(tmp_pa
         with pytest.raises(OSError) as caught:
             store.send(batch, NOW)
         assert caught.value.errno == errno.ENOSPC
-        assert store.log.end_offset == end and store.pending_records == 0  # nothing appended
+        assert store.log_end_offset == end and store.pending_records == 0  # nothing appended
         assert all(store.get("t", m.msg_id) is None for m in batch)
         assert delay_files(tmp_path) == files  # no hour made for it is left behind
         monkeypatch.undo()
@@ -110,11 +110,11 @@ def test_a_disk_that_fills_after_a_check_is_seen_within_disk_recheck_sends(tmp_p
         store.commit()
         monkeypatch.setattr(disk_room, "free_bytes", lambda path: disk_room.DISK_HEADROOM_BYTES)
         for i in range(disk_room.DISK_RECHECK_SENDS + 1):
-            end = store.log.end_offset
+            end = store.log_end_offset
             try:
                 store.send([message(f"m{i}", 1_000)], NOW)
             except OSError as e:
-                assert e.errno == errno.ENOSPC and store.log.end_offset == end
+                assert e.errno == errno.ENOSPC and store.log_end_offset == end
                 break
             store.commit()
         else:

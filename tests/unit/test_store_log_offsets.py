@@ -16,13 +16,13 @@ def test_offsets_follow_appends_and_checkpoints(tmp_path):
     assert (store.log_start_offset, store.log_end_offset) == (0, 0)
     for i in range(40):
         store.send([NewMessage("t", f"m{i}", "x" * 200, NOW, NOW + 1000, 60_000, 3)], NOW)
-        assert store.log_end_offset == store.log.end_offset > 0  # appended, not yet committed
+        assert store.log_end_offset == store.log_end_offset > 0  # appended, not yet committed
     store.commit()
     ends = store.log_segment_ends()
-    assert len(ends) > 1 and ends == store.log.segment_ends()
+    assert len(ends) > 1 and ends == store.log_segment_ends()
     report = store.checkpoint(NOW)
     assert report.commit_offset == store.log_end_offset
-    assert store.log_start_offset == store.log.start_offset > 0  # segments before the checkpoint deleted
+    assert store.log_start_offset == store.log_start_offset > 0  # segments before the checkpoint deleted
     end = store.log_end_offset
     store.close()
     with Store.open(str(tmp_path), now_ms=NOW) as reopened:

@@ -32,7 +32,7 @@ def test_a_torn_send_whose_message_embeds_a_frame_is_dropped_not_refused(tmp_pat
     store = Store.open(str(tmp_path), now_ms=NOW)
     store.send([NewMessage("t", "kept", "body", NOW, NOW + 1000, 60_000, 3)], NOW)
     store.commit()
-    torn_at = store.log.end_offset
+    torn_at = store.log_end_offset
     inner = text_frame()
     store.send([NewMessage("t", "torn", "before " + inner + " after" * 40, NOW, NOW + 1000, 60_000, 3)], NOW)
     store.commit()
@@ -47,5 +47,5 @@ def test_a_torn_send_whose_message_embeds_a_frame_is_dropped_not_refused(tmp_pat
         f.seek(inner_end)
         f.write(bytes(record_end - inner_end))
     with Store.open(str(tmp_path), now_ms=NOW) as store:
-        assert store.log.end_offset == torn_at
+        assert store.log_end_offset == torn_at
         assert store.get("t", "kept") is not None and store.get("t", "torn") is None
