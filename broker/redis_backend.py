@@ -77,9 +77,9 @@ from storage.entry import Location, Message, Status
 from storage.errors import Conflict, InvalidRequest, NotFound, Unavailable
 from storage.store import MAX_PRIORITY, NewMessage
 
+from .backend import DEAD_SCAN, REDRIVE_STEP, WAITING_BUCKETS, topic_info_json
 from .metrics import Metrics
 from .params import AckRequest, Defaults, DeleteRequest, LongPollRequest, NewSend, PullRequest, as_sends
-from .service import DEAD_SCAN, REDRIVE_STEP, WAITING_BUCKETS
 
 log = logging.getLogger("hourglass.redis")
 
@@ -1091,13 +1091,7 @@ class RedisBroker:
         now_ms = self.clock.now_ms()
         bounds = [str(now_ms + upper) for _, upper in WAITING_BUCKETS if upper is not None]
         waiting, ready, consuming, *buckets = await self._script("info", topic, bounds)
-        return {
-            "topic": topic,
-            "waitingQueueSize": waiting,
-            "waitingQueueInfo": {name: n for (name, _), n in zip(WAITING_BUCKETS, buckets)},
-            "readyQueueSize": ready,
-            "ackQueueSize": consuming,
-        }
+        return topic_info_json(topic, waiting, buckets, ready, consuming)
 
     async def topic_infos(self, topics: Sequence[str]) -> list[dict]:
         """`topic_info` of each of `topics` (a script each: Redis counts by score)."""
