@@ -23,7 +23,7 @@ is one record).
 from __future__ import annotations
 
 import asyncio
-import time
+import functools
 from collections.abc import Callable, Sequence
 
 from storage.entry import MS_PER_HOUR, MS_PER_SECOND, Message, Status
@@ -43,17 +43,6 @@ SCAN_CHUNK = 4096
 
 class Operations:
     """The request methods of `broker.service.Broker` (its state: see there)."""
-
-    # == long polls ==============================================================
-
-    def _wake(self, topic: str) -> None:
-        for future in self._waiters.pop(topic, ()):
-            if not future.done():
-                future.set_result(None)
-
-    def wake_all(self) -> None:
-        for topic in list(self._waiters):
-            self._wake(topic)
 
     # == requests ================================================================
 
@@ -179,30 +168,8 @@ class Operations:
         """As pull, but waits up to the timeout for a message to be READY.
         `gone()` says the client hung up: then nothing is taken, and what
         was taken meanwhile goes back to READY with its retry unchanged."""
-        deadline = time.monotonic() + request.long_polling_timeout_ms / 1000
-        while True:
-            if self._stopping or gone():  # answered, possibly empty, as the node stops
-                return []
-            messages = await self.pull(request)
-            if messages and gone():
-                await self._give_back(messages)
-                return []
-            remaining = deadline - time.monotonic()
-            if messages or remaining <= 0:
-                return messages
-            loop = asyncio.get_running_loop()
-            future = loop.create_future()
-            self._waiters[request.topic].append(future)
-            timeout = loop.call_later(remaining, _settle, future)
-            try:
-                await future
-            finally:
-                timeout.cancel()
-                waiters = self._waiters.get(request.topic)
-                if waiters and future in waiters:
-                    waiters.remove(future)
-                    if not waiters:
-                        del self._waiters[request.topic]
+        return await self._wait_ready(request.topic, request.long_polling_timeout_ms,
+                                      functools.partial(self.pull, request), self._give_back, gone)
 
     async def _give_back(self, messages: list[Message]) -> None:
         """Pulled for a client that is gone: READY again, as if never pulled."""
@@ -360,8 +327,3 @@ class Operations:
 
     def has_topic(self, topic: str) -> bool:
         return topic in self.topics or self.store.has_topic(topic)
-
-
-def _settle(future: asyncio.Future) -> None:
-    if not future.done():
-        future.set_result(None)

@@ -59,7 +59,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import time
 import urllib.parse
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -78,6 +77,7 @@ from storage.errors import Conflict, InvalidRequest, NotFound, Unavailable
 from storage.store import MAX_PRIORITY, NewMessage
 
 from .backend import DEAD_SCAN, REDRIVE_STEP, WAITING_BUCKETS, topic_info_json
+from .lifecycle import Lifecycle
 from .metrics import Metrics
 from .params import AckRequest, Defaults, DeleteRequest, LongPollRequest, NewSend, PullRequest, as_sends
 
@@ -569,13 +569,12 @@ class _State:
     # Topics known to be in the topic set (forgotten when Redis was
     # unreachable: it may come back empty).
     registered: set[str] = field(default_factory=set)
-    waiters: dict[str, list[asyncio.Future]] = field(default_factory=lambda: defaultdict(list))
     # Last problem reported per place (mover, listener, a topic), so that a
     # lasting outage is logged once, and its end too.
     problems: dict[str, str] = field(default_factory=dict)
 
 
-class RedisBroker:
+class RedisBroker(Lifecycle):
     """The broker over one Redis database (or Redis Cluster); same request
     methods as `broker.service.Broker`. `await start()` checks the
     connection and launches the mover and the wake listener; `await stop()`
@@ -592,16 +591,14 @@ class RedisBroker:
 
     def __init__(self, client: aioredis.Redis | RedisCluster, clock, defaults: Defaults, metrics: Metrics,
                  config: RedisConfig | None = None, *, url: str = "redis") -> None:
+        super().__init__()  # (Lifecycle: stopping, failing, long-poll waiters)
         self.redis = client
         self.clock = clock
         self.defaults = defaults
         self.metrics = metrics
         self.config = config or RedisConfig()
         self.url = redact(url)
-        self.failed: BaseException | None = None
-        self.on_fatal: Callable[[BaseException], None] | None = None
         self._state = _State()
-        self._stopping = False
         self._mover_wake = asyncio.Event()
         self._next_due_ms = 0
         self._subscribed = asyncio.Event()
@@ -715,21 +712,10 @@ class RedisBroker:
             raise Unavailable(f"cannot subscribe to the wake channel on Redis at {self.url}: "
                               f"{self._state.problems.get('wake listener', 'no answer')}") from None
 
-    def _task_ended(self, task: asyncio.Task) -> None:
-        if not task.cancelled() and task.exception() is not None:
-            self.fail(task.exception(), f"task {task.get_name()}")
-
-    def fail(self, error: BaseException, where: str) -> None:
-        if self.failed is None:
-            log.critical("%s failed: %r; the node stops serving", where, error)
-            self.failed = error
-            self.begin_stop()
-            if self.on_fatal is not None:
-                self.on_fatal(error)
+    _failure_words = "the node stops serving"
 
     def begin_stop(self) -> None:
-        self._stopping = True
-        self.wake_all()
+        super().begin_stop()
         self._mover_wake.set()
 
     async def stop(self) -> None:
@@ -738,10 +724,6 @@ class RedisBroker:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.redis.aclose()
-
-    def _check_serving(self) -> None:
-        if self._stopping:
-            raise Unavailable("the node is stopping")
 
     # == background tasks ==========================================================
 
@@ -819,15 +801,6 @@ class RedisBroker:
             self._report("wake publisher", f"Redis at {self.url} is unreachable: {e}")
         else:
             self._report("wake publisher", None)
-
-    def _wake(self, topic: str) -> None:
-        for future in self._state.waiters.pop(topic, ()):
-            if not future.done():
-                future.set_result(None)
-
-    def wake_all(self) -> None:
-        for topic in list(self._state.waiters):
-            self._wake(topic)
 
     # == requests ================================================================
 
@@ -917,30 +890,19 @@ class RedisBroker:
         in case a wake was lost with a connection). `gone()` says the client hung up:
         then nothing is taken, and what was taken meanwhile goes back to
         READY with its retry unchanged (as the disk broker does)."""
-        deadline = time.monotonic() + request.long_polling_timeout_ms / 1000
-        while True:
-            if self._stopping or gone():
-                return []
-            future = asyncio.get_running_loop().create_future()
-            self._state.waiters[request.topic].append(future)  # before pulling: a wake in between counts
-            try:
-                messages, ack_deadline = await self._pull(request)
-                if messages and gone():
-                    await self._give_back(request.topic, messages, ack_deadline)
-                    return []
-                remaining = deadline - time.monotonic()
-                if messages or remaining <= 0:
-                    return messages
-                try:  # pull again at least every poll_ms: a wake lost with a connection costs no more
-                    await asyncio.wait_for(future, min(remaining, self.config.poll_ms / 1000))
-                except TimeoutError:
-                    pass
-            finally:
-                waiters = self._state.waiters.get(request.topic)
-                if waiters and future in waiters:
-                    waiters.remove(future)
-                    if not waiters:
-                        del self._state.waiters[request.topic]
+        ack_deadline = ""
+
+        async def pull() -> list[Message]:
+            nonlocal ack_deadline
+            messages, ack_deadline = await self._pull(request)
+            return messages
+
+        async def give_back(messages: list[Message]) -> None:
+            await self._give_back(request.topic, messages, ack_deadline)
+
+        # the waiter set before each pull: another process's wake meanwhile counts
+        return await self._wait_ready(request.topic, request.long_polling_timeout_ms, pull, give_back, gone,
+                                      wait_before_pull=True, repoll_s=self.config.poll_ms / 1000)
 
     async def _give_back(self, topic: str, messages: list[Message], ack_deadline: str) -> None:
         """Pulled for a client that is gone: READY again, as if never pulled."""

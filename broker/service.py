@@ -53,6 +53,7 @@ lifetime):
     broker.timers         ack deadlines and expiries
     broker.releases       WAITING -> READY; tick persistence; recovery
     broker.dead_letters   reschedule, listDeadMsg, redrive
+    broker.lifecycle      stopping, failing and long polls (shared with Redis)
 """
 
 from __future__ import annotations
@@ -60,9 +61,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import os
 from collections import defaultdict
-from collections.abc import Callable
 
 from storage.entry import Location
 from storage.errors import Unavailable
@@ -74,6 +73,7 @@ from wheel.tick_state import TickState, TickStateFile
 
 from .dead_letters import DeadLetters
 from .group_commit import GroupCommit, Replicated
+from .lifecycle import Lifecycle
 from .metrics import Metrics
 from .operations import Operations
 from .params import Defaults
@@ -82,18 +82,13 @@ from .releases import Releases
 from .timers import Timers
 from .windows import Windows
 
-__all__ = ["Broker", "GroupCommit", "new_msg_id"]
+__all__ = ["Broker", "GroupCommit"]
 
 log = logging.getLogger("hourglass.service")
 
 
-def new_msg_id() -> str:
-    """32 random hex digits, as uuid4().hex without its version bits (a fifth of its cost)."""
-    return os.urandom(16).hex()
 
-
-
-class Broker(Operations, Windows, Timers, Releases, DeadLetters):
+class Broker(Operations, Windows, Timers, Releases, DeadLetters, Lifecycle):
     """One standalone node's queues over a `Store`. All methods run on the
     event loop; `start()` launches the commit, wheel and timer tasks."""
 
@@ -101,6 +96,7 @@ class Broker(Operations, Windows, Timers, Releases, DeadLetters):
                  tick_path: str, scheduler_config: SchedulerConfig | None = None,
                  replicated: Replicated | None = None, apply_lock: asyncio.Lock | None = None,
                  limits: QueueLimits | None = None) -> None:
+        super().__init__()  # (Lifecycle: stopping, failing, long-poll waiters)
         self.store = store
         self.clock = clock
         self.defaults = defaults
@@ -123,15 +119,9 @@ class Broker(Operations, Windows, Timers, Releases, DeadLetters):
         self._timers: list[tuple[int, int, Location, str]] = []  # (due_ms, seq, location, "ack" | "expire")
         self._timer_seq = itertools.count()
         self._timer_wake = asyncio.Event()
-        self._waiters: dict[str, list[asyncio.Future]] = defaultdict(list)
-        self._stopping = False
         # Filing seconds of sends appended but not yet handed to the wheel:
         # the tick written to disk never passes them (see _persist_tick).
         self._unfiled: dict[int, int] = defaultdict(int)
-        # Called once if the node must stop (a failed append, fsync or task):
-        # RAM and disk may disagree, so only a restart (recovery) is safe.
-        self.on_fatal: Callable[[BaseException], None] | None = None
-        self.failed: BaseException | None = None
         self._tick_file = TickStateFile(tick_path, fsync=True)
         now_ms = clock.now_ms()
         self._recover(now_ms)
@@ -153,18 +143,6 @@ class Broker(Operations, Windows, Timers, Releases, DeadLetters):
         if self._to_refill:  # topics a restart found with ready messages on disk
             self._refill_wake.set()
 
-    def _task_ended(self, task: asyncio.Task) -> None:
-        if not task.cancelled() and task.exception() is not None:
-            self.fail(task.exception(), f"task {task.get_name()}")
-
-    def fail(self, error: BaseException, where: str) -> None:
-        if self.failed is None:
-            log.critical("%s failed: %r; the node stops serving and exits", where, error)
-            self.failed = error
-            self.begin_stop()
-            if self.on_fatal is not None:
-                self.on_fatal(error)
-
     def _update(self, changes: list[StateChange], now_ms: int) -> None:
         """Log status changes whose RAM side is already done; if the append
         fails, RAM is ahead of disk: stop the node (a restart recovers)."""
@@ -173,11 +151,6 @@ class Broker(Operations, Windows, Timers, Releases, DeadLetters):
         except BaseException as e:
             self.fail(e, "a commit-log append")
             raise Unavailable(f"the commit log failed: {e}") from e
-
-    def begin_stop(self) -> None:
-        """Refuse new work and answer every long poll now."""
-        self._stopping = True
-        self.wake_all()
 
     async def stop(self) -> None:
         """After the HTTP server has finished its requests: stop the wheel
@@ -210,7 +183,3 @@ class Broker(Operations, Windows, Timers, Releases, DeadLetters):
     def tick(self) -> TickState | None:
         """The tick last persisted: what a follower may take over from."""
         return self._tick_file.state
-
-    def _check_serving(self) -> None:
-        if self._stopping:
-            raise Unavailable("the node is stopping")
