@@ -22,7 +22,7 @@ class ServeConfig:
     # Where the commit log, delay logs and indexes live.
     data_dir: str = "./hourglass-data"
     # "disk", or redis://HOST:PORT/DB: the state lives in that Redis
-    # (broker.redis_backend), data_dir and store are then unused.
+    # (broker.redis.backend), data_dir and store are then unused.
     backend: str = "disk"
     # Largest `msg`, in UTF-8 bytes; a message exactly this large is accepted.
     max_msg_bytes: int = 1024 * 1024

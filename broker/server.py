@@ -175,7 +175,7 @@ class RedisNode:
     dir and no checkpoints; any number of such nodes may share the Redis."""
 
     def __init__(self, config: ServeConfig) -> None:
-        from .redis_backend import RedisBroker  # the redis extra is optional
+        from .redis.backend import RedisBroker  # the redis extra is optional
 
         self.config = config
         self.clock = SystemClock()

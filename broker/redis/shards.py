@@ -1,5 +1,5 @@
-"""Sharded queues over Redis, the ground both `broker.redis_dyno` (Netflix
-Dyno-queues) and `broker.redis_rmq` (RMQ's message kinds) stand on: the
+"""Sharded queues over Redis, the ground both `broker.redis.dyno` (Netflix
+Dyno-queues) and `broker.redis.rmq` (RMQ's message kinds) stand on: the
 errors they raise, the config fields they share, and `ShardedScripts`, which
 runs one Lua script on one shard (every key it touches passed in KEYS under
 the shard's `{hash tag}`), turns redis-py's errors into sentences, and polls
@@ -21,8 +21,8 @@ from redis.exceptions import AuthenticationError, ConnectionError, ResponseError
 
 from storage.errors import HourglassError, InvalidRequest
 
-from .clock import SystemClock
-from .redis_backend import escape_topic
+from ..clock import SystemClock
+from .backend import escape_topic
 
 T = TypeVar("T")
 S = TypeVar("S", bound="ShardedScripts")
