@@ -17,7 +17,8 @@ topic until a message becomes READY there (whoever makes one READY calls
                                         (30 s left)
 
 A client that hung up (`gone()`) takes nothing: what its last pull took
-goes back to READY (`give_back`). Waiting uses the loop's timers; one
+goes back to READY (`give_back`). Waiting uses the backend's injected
+clock (its monotonic time and timers: a FakeClock in tests); one
 waiter is a future in `_waiters[topic]`, set by `_wake` and removed when
 the poll returns, so an idle topic holds nothing.
 """
@@ -25,13 +26,14 @@ the poll returns, so an idle topic holds nothing.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
-import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable
 
 from storage.entry import Message
 from storage.errors import Unavailable
+from wheel.clock import Clock
 
 log = logging.getLogger("hourglass.service")
 
@@ -42,6 +44,7 @@ class Lifecycle:
 
     # What the log says a failure does (the disk node also exits).
     _failure_words = "the node stops serving and exits"
+    clock: Clock  # (set by the backend) long polls wait on its monotonic time
 
     def __init__(self) -> None:
         self._stopping = False
@@ -96,7 +99,8 @@ class Lifecycle:
         cost to a pull that finds messages). `repoll_s`: pull again at
         least this often even unwoken (Redis: a wake lost with a connection
         then costs no more)."""
-        deadline = time.monotonic() + timeout_ms / 1000
+        clock = self.clock
+        deadline = clock.monotonic_s() + timeout_ms / 1000
         while True:
             if self._stopping or gone():  # answered, possibly empty, as the node stops
                 return []
@@ -106,13 +110,13 @@ class Lifecycle:
                 if messages and gone():
                     await give_back(messages)
                     return []
-                remaining = deadline - time.monotonic()
+                remaining = deadline - clock.monotonic_s()
                 if messages or remaining <= 0:
                     return messages
                 if future is None:
                     future = self._enlist(topic)
-                timer = asyncio.get_running_loop().call_later(
-                    remaining if repoll_s is None else min(remaining, repoll_s), _settle, future)
+                timer = clock.call_later(remaining if repoll_s is None else min(remaining, repoll_s),
+                                         functools.partial(_settle, future))
                 try:
                     await future
                 finally:

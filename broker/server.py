@@ -55,13 +55,12 @@ async def checkpoint_every(interval_ms: int, checkpoint: Callable[[], Awaitable[
 async def monitor_every(interval_s: int, metrics: Metrics, process: ProcessStats, clock: SystemClock) -> None:
     """camellia's monitor interval: every `interval_s`, publish the counts
     of the interval that ended (getMonitorData) and its CPU use."""
-    loop = asyncio.get_running_loop()
     metrics.roll(clock.now_ms())
     process.roll()
-    next_s = loop.time()
+    next_s = clock.monotonic_s()
     while True:
         next_s += interval_s
-        await asyncio.sleep(max(0.0, next_s - loop.time()))
+        await clock.sleep(next_s - clock.monotonic_s())
         metrics.roll(clock.now_ms())
         process.roll()
 

@@ -75,6 +75,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from storage.entry import Location, Message, Status
 from storage.errors import Conflict, InvalidRequest, NotFound, Unavailable
 from storage.store import MAX_PRIORITY, NewMessage
+from wheel.clock import Clock
 
 from ..backend import DEAD_SCAN, REDRIVE_STEP, WAITING_BUCKETS, topic_info_json
 from ..lifecycle import Lifecycle
@@ -231,7 +232,7 @@ class RedisBroker(Lifecycle):
     O(log n) in Redis; the mover costs one TICK per topic per round.
     """
 
-    def __init__(self, client: aioredis.Redis | RedisCluster, clock, defaults: Defaults, metrics: Metrics,
+    def __init__(self, client: aioredis.Redis | RedisCluster, clock: Clock, defaults: Defaults, metrics: Metrics,
                  config: RedisConfig | None = None, *, url: str = "redis") -> None:
         super().__init__()  # (Lifecycle: stopping, failing, long-poll waiters)
         self.redis = client
@@ -250,7 +251,7 @@ class RedisBroker(Lifecycle):
         self._scripts = {name: client.register_script(source) for name, source in SCRIPTS.items()}
 
     @classmethod
-    def from_url(cls, url: str, clock, defaults: Defaults, metrics: Metrics,
+    def from_url(cls, url: str, clock: Clock, defaults: Defaults, metrics: Metrics,
                  config: RedisConfig | None = None) -> RedisBroker:
         """`url` as redis-py takes it (redis://[:password@]HOST:PORT/DB,
         rediss:// for TLS), plus `?cluster=1` for a Redis Cluster (any of its
@@ -349,7 +350,7 @@ class RedisBroker(Lifecycle):
             task.add_done_callback(self._task_ended)
         wait_s = 2 * (self.config.connect_timeout_ms + self.config.command_timeout_ms) / 1000
         try:
-            await asyncio.wait_for(self._subscribed.wait(), wait_s)
+            await self.clock.wait_for(self._subscribed.wait(), wait_s)
         except TimeoutError:
             raise Unavailable(f"cannot subscribe to the wake channel on Redis at {self.url}: "
                               f"{self._state.problems.get('wake listener', 'no answer')}") from None
@@ -388,7 +389,7 @@ class RedisBroker(Lifecycle):
             finally:
                 with contextlib.suppress(*REDIS_ERRORS, OSError):
                     await pubsub.aclose()
-            await asyncio.sleep(self.config.poll_ms / 1000)
+            await self.clock.sleep(self.config.poll_ms / 1000)
 
     async def _mover(self) -> None:
         while not self._stopping:
