@@ -45,10 +45,10 @@ from .backend import Backend, new_msg_id
 from .bodies import JSON_MARKS_PER_BODY, BodyLimits, check_json_marks
 from .health import HEALTH_PREFIX, ServingStatus
 from .httpd import Request, Response, StreamResponse
+from .paths import PREFIX
 
 log = logging.getLogger("hourglass.api")
 
-PREFIX = "/camellia/delayQueue/"
 
 
 # Codes answered with HTTP 200, the code in the body, as camellia does: its

@@ -63,10 +63,10 @@ from storage.entry import Status
 from storage.errors import HourglassError
 
 from .params import MAX_ACK_BATCH
+from .paths import PREFIX
 
 log = logging.getLogger("hourglass.client")
 
-PREFIX = "/camellia/delayQueue/"
 # A redirect chain longer than this is a misconfigured cluster, not a leader change.
 MAX_REDIRECTS = 5
 # What the server waits in a long poll that names no timeout (camellia's 10 s);

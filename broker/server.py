@@ -22,7 +22,7 @@ import aiohttp
 from storage.store import Store, text_hash
 
 from . import camellia_metrics
-from .api import PREFIX, Api, Router, answer, bearer_auth
+from .api import Api, Router, answer, bearer_auth
 from .camellia_metrics import ProcessStats
 from .clock import SystemClock
 from .config import ServeConfig
@@ -30,6 +30,7 @@ from .console import Console, standalone_info
 from .health import ServingStatus
 from .httpd import HttpServer, Request, Response
 from .metrics import Metrics
+from .paths import PREFIX
 from .service import Broker
 
 log = logging.getLogger("hourglass.server")
