@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from storage.entry import Message, Status
+from storage.errors import BrokenInvariant
 from storage.store import NewMessage
 from wheel.clock import Clock
 
@@ -143,7 +144,7 @@ def waiting_bucket(until_trigger_ms: int) -> int:
     for i, (_, upper) in enumerate(WAITING_BUCKETS):
         if upper is None or until_trigger_ms < upper:
             return i
-    raise AssertionError("the last bucket is unbounded")
+    raise BrokenInvariant("the last bucket is unbounded")
 
 
 def topic_info_json(topic: str, waiting: int, buckets: list[int], ready: int, consuming: int) -> dict[str, object]:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from replication.config import ClusterConfig
 from storage.config import FsyncPolicy, StoreConfig
+from storage.errors import InvalidConfig
 
 from .bodies import BodyLimits
 from .httpd import Limits
@@ -52,21 +53,21 @@ class ServeConfig:
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
-            raise ValueError(f"--port must be in 0..65535, got {self.port}")
+            raise InvalidConfig(f"--port must be in 0..65535, got {self.port}")
         if self.max_msg_bytes < 1:
-            raise ValueError(f"--max-msg-bytes must be at least 1, got {self.max_msg_bytes}")
+            raise InvalidConfig(f"--max-msg-bytes must be at least 1, got {self.max_msg_bytes}")
         if self.backend != "disk" and not self.backend.startswith(("redis://", "rediss://")):
-            raise ValueError(f"--backend must be disk or redis://HOST:PORT/DB, got {self.backend!r}")
+            raise InvalidConfig(f"--backend must be disk or redis://HOST:PORT/DB, got {self.backend!r}")
         if self.auth_token is not None and not self.auth_token:
-            raise ValueError("the auth token file is empty")
+            raise InvalidConfig("the auth token file is empty")
         if self.cluster is not None and self.backend != "disk":
-            raise ValueError("--cluster needs --backend disk (a Redis backend shares its state already)")
+            raise InvalidConfig("--cluster needs --backend disk (a Redis backend shares its state already)")
         if self.monitor_interval_s < 1:
-            raise ValueError(f"--monitor-interval-s must be at least 1, got {self.monitor_interval_s}")
+            raise InvalidConfig(f"--monitor-interval-s must be at least 1, got {self.monitor_interval_s}")
         if self.offline_idle_s < 0:
-            raise ValueError(f"--offline-idle-s must be at least 0, got {self.offline_idle_s}")
+            raise InvalidConfig(f"--offline-idle-s must be at least 0, got {self.offline_idle_s}")
         if self.checkpoint_interval_ms < 10:
-            raise ValueError(f"checkpoint_interval_ms must be at least 10, got {self.checkpoint_interval_ms}")
+            raise InvalidConfig(f"checkpoint_interval_ms must be at least 10, got {self.checkpoint_interval_ms}")
 
     @property
     def data_path(self) -> str:
@@ -77,4 +78,4 @@ def fsync_policy(text: str) -> FsyncPolicy:
     try:
         return FsyncPolicy(text)
     except ValueError:
-        raise ValueError(f"--fsync must be one of always, batch, never; got {text!r}") from None
+        raise InvalidConfig(f"--fsync must be one of always, batch, never; got {text!r}") from None

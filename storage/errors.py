@@ -55,3 +55,17 @@ class Unavailable(HourglassError):
 class BodyTooLarge(HourglassError):
     """Raised while reading a request when its body passes its byte cap, its
     form pairs or its JSON marks: HTTP 413."""
+
+
+class InvalidConfig(HourglassError, ValueError):
+    """Raised when a configuration is refused: a config dataclass's
+    `__post_init__` (or the constructor it stands for) found a setting out
+    of range or contradicting another; the message names the setting (as
+    its command-line flag where it has one) and what it must be. Nothing
+    was started. A ValueError too, as such refusals were before."""
+
+
+class BrokenInvariant(HourglassError, AssertionError):
+    """Raised when code reaches a state its own logic rules out: a bug in
+    hourglass, never a caller's mistake (HTTP 500, logged). An
+    AssertionError too, as such checks were before."""

@@ -73,7 +73,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from storage.entry import Location, Message, Status
-from storage.errors import Conflict, InvalidRequest, NotFound, Unavailable
+from storage.errors import Conflict, InvalidConfig, InvalidRequest, NotFound, Unavailable
 from storage.store import MAX_PRIORITY, NewMessage
 from wheel.clock import Clock
 
@@ -120,12 +120,12 @@ class RedisConfig:
 
     def __post_init__(self) -> None:
         if not self.key_prefix or any(c in self.key_prefix for c in "{}"):
-            raise ValueError(f"key_prefix must be non-empty without braces, got {self.key_prefix!r}")
+            raise InvalidConfig(f"key_prefix must be non-empty without braces, got {self.key_prefix!r}")
         for name in ("retention_ms", "poll_ms", "script_batch", "connect_timeout_ms", "command_timeout_ms"):
             if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+                raise InvalidConfig(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.retries < 0:
-            raise ValueError(f"retries must be at least 0, got {self.retries}")
+            raise InvalidConfig(f"retries must be at least 0, got {self.retries}")
 
 
 def escape_topic(topic: str) -> str:
@@ -170,11 +170,11 @@ def split_cluster_flag(url: str) -> tuple[str, bool]:
     query = urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
     flags = [v for k, v in query if k == "cluster"]
     if flags and flags[-1].lower() not in ("1", "true", "yes", "0", "false", "no"):
-        raise ValueError(f"--backend {redact(url)}: cluster must be 1 or 0, got {flags[-1]!r}")
+        raise InvalidConfig(f"--backend {redact(url)}: cluster must be 1 or 0, got {flags[-1]!r}")
     cluster = bool(flags) and flags[-1].lower() in ("1", "true", "yes")
     rest = urllib.parse.urlencode([(k, v) for k, v in query if k != "cluster"])
     if cluster and parts.path.strip("/") not in ("", "0"):
-        raise ValueError(f"--backend {redact(url)}: Redis Cluster has only database 0, got {parts.path!r}")
+        raise InvalidConfig(f"--backend {redact(url)}: Redis Cluster has only database 0, got {parts.path!r}")
     return urllib.parse.urlunsplit(parts._replace(query=rest)), cluster
 
 

@@ -98,6 +98,8 @@ from dataclasses import dataclass
 
 import redis.asyncio as aioredis
 
+from storage.errors import InvalidConfig
+
 from .scripts import load_scripts
 from .shards import (
     MAX_DELAY_MS,
@@ -133,7 +135,7 @@ class DynoConfig(RedisQueueConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         if not 1 <= self.shards <= 1024:
-            raise ValueError(f"shards must be from 1 to 1024, got {self.shards}")
+            raise InvalidConfig(f"shards must be from 1 to 1024, got {self.shards}")
         at_least(self, 1, "unack_timeout_ms", "unack_sweep_ms")
 
 

@@ -116,7 +116,7 @@ from dataclasses import dataclass
 
 import redis.asyncio as aioredis
 
-from storage.errors import InvalidRequest
+from storage.errors import InvalidConfig, InvalidRequest
 
 from .backend import escape_topic
 from .scripts import load_scripts
@@ -152,7 +152,7 @@ class Outcome(enum.Enum):
 
 
 class TopicMismatch(RedisAdapterError):
-    """The topic is already defined in Redis with another kind or slot count
+    """Raised when the topic is already defined in Redis with another kind or slot count
     (RMQ: a topic name has one topicType and slotAmount)."""
 
 
@@ -176,11 +176,11 @@ class RmqConfig(RedisQueueConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         if not 1 <= self.slots <= 16384 or self.slots & (self.slots - 1):
-            raise ValueError(f"slots must be a power of 2 from 1 to 16384, got {self.slots}")
+            raise InvalidConfig(f"slots must be a power of 2 from 1 to 16384, got {self.slots}")
         at_least(self, 0, "max_retries", "retry_delay_ms")
         at_least(self, 1, "ack_timeout_ms", "sweep_ms")
         if self.retry_delay_ms > MAX_DELAY_MS:
-            raise ValueError(f"retry_delay_ms must be at most {MAX_DELAY_MS}, got {self.retry_delay_ms}")
+            raise InvalidConfig(f"retry_delay_ms must be at most {MAX_DELAY_MS}, got {self.retry_delay_ms}")
 
 
 @dataclass(frozen=True)

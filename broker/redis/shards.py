@@ -19,7 +19,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import AuthenticationError, ConnectionError, ResponseError, TimeoutError
 
-from storage.errors import HourglassError, InvalidRequest
+from storage.errors import HourglassError, InvalidConfig, InvalidRequest
 
 from ..clock import SystemClock
 from .backend import escape_topic
@@ -35,7 +35,8 @@ MAX_DELAY_MS = 100 * 365 * 86_400_000
 # == errors =====================================================================
 
 class RedisAdapterError(HourglassError):
-    """Root of the errors the Dyno-queues and RMQ interfaces raise about Redis."""
+    """Raised, as one of its subclasses, by the Dyno-queues and RMQ interfaces
+    when Redis fails an operation; catch it to handle any of them."""
 
 
 class RedisUnavailable(RedisAdapterError):
@@ -104,7 +105,7 @@ def at_least(config: object, low: int, *fields: str) -> None:
     """For a config's __post_init__: each named field must be >= low."""
     for name in fields:
         if getattr(config, name) < low:
-            raise ValueError(f"{name} must be at least {low}, got {getattr(config, name)}")
+            raise InvalidConfig(f"{name} must be at least {low}, got {getattr(config, name)}")
 
 
 @dataclass(frozen=True)
@@ -133,7 +134,7 @@ class RedisQueueConfig:
 
     def __post_init__(self) -> None:
         if not self.key_prefix or any(c in self.key_prefix for c in "{}"):
-            raise ValueError(f"key_prefix must be non-empty without braces, got {self.key_prefix!r}")
+            raise InvalidConfig(f"key_prefix must be non-empty without braces, got {self.key_prefix!r}")
         at_least(self, 1, "connect_timeout_ms", "command_timeout_ms", "poll_ms", "script_batch")
         at_least(self, 0, "retries")
 
