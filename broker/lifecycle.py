@@ -35,14 +35,14 @@ from storage.entry import Message
 from storage.errors import Unavailable
 from wheel.clock import Clock
 
-log = logging.getLogger("hourglass.service")
-
 
 class Lifecycle:
     """The stop, fail and long-poll state every backend has; a base class.
     All of it runs on the event loop."""
 
-    # What the log says a failure does (the disk node also exits).
+    # Where a failure is logged, and what the log says it does (the disk
+    # node also exits).
+    _log = logging.getLogger("hourglass.service")
     _failure_words = "the node stops serving and exits"
     clock: Clock  # (set by the backend) long polls wait on its monotonic time
 
@@ -61,7 +61,7 @@ class Lifecycle:
 
     def fail(self, error: BaseException, where: str) -> None:
         if self.failed is None:
-            log.critical("%s failed: %r; %s", where, error, self._failure_words)
+            self._log.critical("%s failed: %r; %s", where, error, self._failure_words)
             self.failed = error
             self.begin_stop()
             if self.on_fatal is not None:

@@ -60,7 +60,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import logging
 from collections import defaultdict
 
 from storage.entry import Location
@@ -83,9 +82,6 @@ from .timers import Timers
 from .windows import Windows
 
 __all__ = ["Broker", "GroupCommit"]
-
-log = logging.getLogger("hourglass.service")
-
 
 
 class Broker(Operations, Windows, Timers, Releases, DeadLetters, Lifecycle):

@@ -355,6 +355,7 @@ class RedisBroker(Lifecycle):
             raise Unavailable(f"cannot subscribe to the wake channel on Redis at {self.url}: "
                               f"{self._state.problems.get('wake listener', 'no answer')}") from None
 
+    _log = log
     _failure_words = "the node stops serving"
 
     def begin_stop(self) -> None:
