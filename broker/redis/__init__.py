@@ -2,6 +2,7 @@
 
     backend.py  RedisBroker: SPEC.md section 3 in Redis, the HTTP API's
                 second backend (`hourglass serve --backend redis://...`)
+    keys.py     its configuration, key names and URL
     shards.py   sharded queues, the ground dyno.py and rmq.py stand on
     dyno.py     Netflix Dyno-queues' push/pop/ack/unack interface
     rmq.py      RMQ's three message kinds

@@ -1,42 +1,15 @@
 """SPEC.md section 3 with its state in Redis: `hourglass serve --backend redis://...`.
 
-`RedisBroker` answers the same request methods as `broker.service.Broker`
-(send, pull, long_poll, ack incl. nack, delete, get, topic_info, topic_list),
-so `broker.api.Api` serves it unchanged, with the same lifecycle (the disk
+`RedisBroker` is a `broker.backend.Backend`, as the disk
+`broker.service.Broker` is (send, pull, long_poll, ack incl. nack, delete,
+get, reschedule, dead letters, topic_info, topic_list), so `broker.api.Api`
+serves it unchanged, with the same lifecycle (the disk
 backend's docstring has the table). Several hourglass processes may share
 one Redis: every read and transition is ONE Lua script over one topic's
 keys, so Redis runs it atomically and no message is moved, pulled or
 retried twice.
 
-Keys of topic T (P = "<prefix>:{T'}:", T' = T with % { } : percent-escaped,
-so the braces hold a Redis Cluster hash tag: every key of a topic is in one
-slot, and escaping keeps a topic from forging another topic's keys):
-
-    P waiting  zset  msgId -> triggerTime ms                          status 1
-    P ready    zset  rk, all scores 0 (ordered by the member's bytes)      2
-    P tagged   zset  "<tag>,<rk>", scores 0: ready messages with a tag      2
-    P expire   zset  msgId -> expireTime ms, of READY messages             2
-    P ack      zset  msgId -> ack deadline ms                              3
-    P meta     hash  msgId -> JSON of strings: produce trigger ttl expire
-                     maxRetry priority tag rk status retry
-    P body     hash  msgId -> msg
-    P retire   zset  msgId -> when a final (4..7) message is purged
-    <prefix>:topics   set of topic names (not hash-tagged; never in a script)
-    <prefix>:wake:<T> pub/sub channel: "a message of T became READY"
-
-rk = "%05d%015d:msgId" % (32767 - priority, triggerTime): ready order is
-the bytes of rk, i.e. (-priority, trigger, msgId), exact with no float
-arithmetic. A pull filtered by tags reads the head of each tag's range of
-`tagged` (ZRANGEBYLEX "[tag," "(tag-": a tag holds no comma, and "-"
-follows ","), and takes the smallest rk, compared bytewise. Every script
-receives all eight keys in KEYS and builds no key name itself, as Redis
-Cluster requires (tests/integration/test_redis_cluster.py checks it by
-running the scripts with every undeclared key access made an error).
-
-Scripts never print a time (a Lua number printed by an old Redis loses
-digits past 14): the caller passes `now_ms`, deadlines and purge times as
-strings, the expire time is stored at send, and times are compared (exact
-below 2^53), not computed.
+Keys, their layout and the URL: broker.redis.keys.
 
 Tasks: `_mover` runs TICK on every topic (waiting -> ready or expired, ack
 timeouts, ready expiry, purge of retired messages), then sleeps until the
@@ -59,7 +32,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import urllib.parse
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -73,14 +45,15 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from storage.entry import Location, Message, Status
-from storage.errors import Conflict, InvalidConfig, InvalidRequest, NotFound, Unavailable
-from storage.store import MAX_PRIORITY, NewMessage
+from storage.errors import Conflict, InvalidRequest, NotFound, Unavailable
+from storage.store import NewMessage
 from wheel.clock import Clock
 
 from ..backend import DEAD_SCAN, REDRIVE_STEP, WAITING_BUCKETS, topic_info_json
 from ..lifecycle import Lifecycle
 from ..metrics import Metrics
 from ..params import AckRequest, Defaults, DeleteRequest, LongPollRequest, NewSend, PullRequest, as_sends
+from .keys import KEY_TYPES, RedisConfig, TopicKeys, ready_member, redact, split_cluster_flag
 from .scripts import load_scripts
 
 log = logging.getLogger("hourglass.redis")
@@ -94,100 +67,6 @@ REFUSALS = frozenset({"OOM", "READONLY", "LOADING", "MASTERDOWN", "BUSY", "NOREP
                       "TRYAGAIN"})
 # What redis-py raises when Redis fails (its cluster errors are not RedisErrors).
 REDIS_ERRORS = (RedisError, RedisClusterException)
-# The type each key of a topic must have, in the order scripts get them as KEYS.
-KEY_TYPES = {"waiting": "zset", "ready": "zset", "tagged": "zset", "expire": "zset", "ack": "zset",
-             "meta": "hash", "body": "hash", "retire": "zset"}
-
-
-@dataclass(frozen=True)
-class RedisConfig:
-    # First part of every key and channel name.
-    key_prefix: str = "hg"
-    # How long a final (4..7) message stays readable by getMsg.
-    retention_ms: int = 24 * 3_600_000
-    # Longest the mover sleeps with nothing due: it also rereads the topic set,
-    # so a topic only another process sends to is swept within this.
-    poll_ms: int = 1000
-    # Most messages one step of a TICK script handles (a script blocks Redis).
-    script_batch: int = 1000
-    # Longest wait for a connection, and for any answer, before the request
-    # fails with 503 (a stopped Redis must not hang requests).
-    connect_timeout_ms: int = 2000
-    command_timeout_ms: int = 5000
-    # Quick retries of a failed connection (backoff 50 ms doubling, at most
-    # 500 ms) before the request fails: they bridge a Redis restart.
-    retries: int = 3
-
-    def __post_init__(self) -> None:
-        if not self.key_prefix or any(c in self.key_prefix for c in "{}"):
-            raise InvalidConfig(f"key_prefix must be non-empty without braces, got {self.key_prefix!r}")
-        for name in ("retention_ms", "poll_ms", "script_batch", "connect_timeout_ms", "command_timeout_ms"):
-            if getattr(self, name) < 1:
-                raise InvalidConfig(f"{name} must be at least 1, got {getattr(self, name)}")
-        if self.retries < 0:
-            raise InvalidConfig(f"retries must be at least 0, got {self.retries}")
-
-
-def escape_topic(topic: str) -> str:
-    """Injective, and free of the characters that delimit keys and hash tags."""
-    return topic.replace("%", "%25").replace("{", "%7B").replace("}", "%7D").replace(":", "%3A")
-
-
-def ready_member(priority: int, trigger_ms: int, msg_id: str) -> str:
-    """rk: its bytes order ready messages by (-priority, trigger, msgId)."""
-    return f"{MAX_PRIORITY - priority:05d}{trigger_ms:015d}:{msg_id}"
-
-
-@dataclass(frozen=True)
-class TopicKeys:
-    """The keys of one topic, all in one Redis Cluster slot."""
-
-    waiting: str
-    ready: str
-    tagged: str
-    expire: str
-    ack: str
-    meta: str
-    body: str
-    retire: str
-
-    @classmethod
-    def of(cls, key_prefix: str, topic: str) -> TopicKeys:
-        p = f"{key_prefix}:{{{escape_topic(topic)}}}:"
-        return cls(*(p + name for name in KEY_TYPES))
-
-    @property
-    def all(self) -> list[str]:
-        """KEYS of every script, in KEY_TYPES order."""
-        return [getattr(self, name) for name in KEY_TYPES]
-
-
-def split_cluster_flag(url: str) -> tuple[str, bool]:
-    """(the URL for redis-py, whether it asks for Redis Cluster): the query
-    parameter `cluster=1` (or true, yes) selects RedisCluster, which knows
-    only database 0."""
-    parts = urllib.parse.urlsplit(url)
-    query = urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
-    flags = [v for k, v in query if k == "cluster"]
-    if flags and flags[-1].lower() not in ("1", "true", "yes", "0", "false", "no"):
-        raise InvalidConfig(f"--backend {redact(url)}: cluster must be 1 or 0, got {flags[-1]!r}")
-    cluster = bool(flags) and flags[-1].lower() in ("1", "true", "yes")
-    rest = urllib.parse.urlencode([(k, v) for k, v in query if k != "cluster"])
-    if cluster and parts.path.strip("/") not in ("", "0"):
-        raise InvalidConfig(f"--backend {redact(url)}: Redis Cluster has only database 0, got {parts.path!r}")
-    return urllib.parse.urlunsplit(parts._replace(query=rest)), cluster
-
-
-def redact(url: str) -> str:
-    """The URL with its password replaced by ***, for messages and logs."""
-    parts = urllib.parse.urlsplit(url)
-    if parts.password is None:
-        return url
-    user = parts.username or ""
-    host = parts.netloc.rpartition("@")[2]
-    return urllib.parse.urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
-
-
 # == Lua =======================================================================
 # Every script, by name (broker/redis/lua/backend/: common.lua, shared by
 # every script, reads a message with load() and writes it with save(); KEYS
@@ -218,8 +97,8 @@ class _State:
 
 
 class RedisBroker(Lifecycle):
-    """The broker over one Redis database (or Redis Cluster); same request
-    methods as `broker.service.Broker`. `await start()` checks the
+    """The broker over one Redis database (or Redis Cluster); a
+    `broker.backend.Backend`, as the disk broker is. `await start()` checks the
     connection and launches the mover and the wake listener; `await stop()`
     ends them and closes the client.
 

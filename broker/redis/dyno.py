@@ -10,7 +10,7 @@ Lua script on ONE shard, so two consumers never pop the same id and a
 crash never leaves a message half-moved.
 
 Keys of shard i of queue Q (P = "<key_prefix>:dyno:{Q':i}:", Q' = Q with
-% { } : percent-escaped by `broker.redis.backend.escape_topic`; the braces
+% { } : percent-escaped by `broker.redis.keys.escape_topic`; the braces
 are the Redis Cluster hash tag, so a shard's four keys share one slot, and
 the escaping keeps a name from forging another queue's or shard's keys):
 

@@ -33,7 +33,7 @@ store (retry or re-drive) while another with its key is pending merges into
 that newer one (it is dropped; the pending one carries the latest body).
 
 Keys of slot i of topic T (P = "<key_prefix>:rmq:{T':i}:", T' escaped as
-in `broker.redis.backend.escape_topic`; the braces are the slot's Redis
+in `broker.redis.keys.escape_topic`; the braces are the slot's Redis
 Cluster hash tag, so each script touches one slot):
 
     | key        | type | member -> value                                      |
@@ -118,7 +118,7 @@ import redis.asyncio as aioredis
 
 from storage.errors import InvalidConfig, InvalidRequest
 
-from .backend import escape_topic
+from .keys import escape_topic
 from .scripts import load_scripts
 from .shards import (
     MAX_DELAY_MS,

@@ -22,7 +22,7 @@ from redis.exceptions import AuthenticationError, ConnectionError, ResponseError
 from storage.errors import HourglassError, InvalidConfig, InvalidRequest
 
 from ..clock import SystemClock
-from .backend import escape_topic
+from .keys import escape_topic
 
 T = TypeVar("T")
 S = TypeVar("S", bound="ShardedScripts")
