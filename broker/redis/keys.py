@@ -68,13 +68,23 @@ class RedisConfig:
     retries: int = 3
 
     def __post_init__(self) -> None:
-        if not self.key_prefix or any(c in self.key_prefix for c in "{}"):
-            raise InvalidConfig(f"key_prefix must be non-empty without braces, got {self.key_prefix!r}")
-        for name in ("retention_ms", "poll_ms", "script_batch", "connect_timeout_ms", "command_timeout_ms"):
-            if getattr(self, name) < 1:
-                raise InvalidConfig(f"{name} must be at least 1, got {getattr(self, name)}")
-        if self.retries < 0:
-            raise InvalidConfig(f"retries must be at least 0, got {self.retries}")
+        check_key_prefix(self.key_prefix)
+        at_least(self, 1, "retention_ms", "poll_ms", "script_batch", "connect_timeout_ms", "command_timeout_ms")
+        at_least(self, 0, "retries")
+
+
+def check_key_prefix(key_prefix: str) -> None:
+    """For a config's __post_init__: braces in the prefix would move the
+    Redis Cluster hash tag."""
+    if not key_prefix or any(c in key_prefix for c in "{}"):
+        raise InvalidConfig(f"key_prefix must be non-empty without braces, got {key_prefix!r}")
+
+
+def at_least(config: object, low: int, *fields: str) -> None:
+    """For a config's __post_init__: each named field must be >= low."""
+    for name in fields:
+        if getattr(config, name) < low:
+            raise InvalidConfig(f"{name} must be at least {low}, got {getattr(config, name)}")
 
 
 def escape_topic(topic: str) -> str:

@@ -19,10 +19,10 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import AuthenticationError, ConnectionError, ResponseError, TimeoutError
 
-from storage.errors import HourglassError, InvalidConfig, InvalidRequest
+from storage.errors import HourglassError, InvalidRequest
 
 from ..clock import SystemClock
-from .keys import escape_topic
+from .keys import at_least, check_key_prefix, escape_topic
 
 T = TypeVar("T")
 S = TypeVar("S", bound="ShardedScripts")
@@ -101,13 +101,6 @@ async def _wrong_types(client: aioredis.Redis, key_types: Mapping[str, str]) -> 
 
 # == configuration and helpers ==================================================
 
-def at_least(config: object, low: int, *fields: str) -> None:
-    """For a config's __post_init__: each named field must be >= low."""
-    for name in fields:
-        if getattr(config, name) < low:
-            raise InvalidConfig(f"{name} must be at least {low}, got {getattr(config, name)}")
-
-
 @dataclass(frozen=True)
 class RedisQueueConfig:
     # First part of every key name. Without braces: they would move the
@@ -133,8 +126,7 @@ class RedisQueueConfig:
     script_batch: int = 1000
 
     def __post_init__(self) -> None:
-        if not self.key_prefix or any(c in self.key_prefix for c in "{}"):
-            raise InvalidConfig(f"key_prefix must be non-empty without braces, got {self.key_prefix!r}")
+        check_key_prefix(self.key_prefix)
         at_least(self, 1, "connect_timeout_ms", "command_timeout_ms", "poll_ms", "script_batch")
         at_least(self, 0, "retries")
 
