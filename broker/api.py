@@ -1,5 +1,5 @@
 """The HTTP API (SPEC.md section 2): camellia-delay-queue's paths, parameter
-names and answers, over `broker.service.Broker`.
+names and answers, over a `broker.backend.Backend` (the disk broker or Redis).
 
     POST /camellia/delayQueue/sendMsg          -> delayMsg
     POST /camellia/delayQueue/sendMsgBatch     -> delayMsgList (JSON body)
@@ -41,14 +41,14 @@ from storage.entry import Message
 from storage.errors import BodyTooLarge, Conflict, InvalidRequest, NotFound, Unavailable
 
 from . import camellia_metrics, params
+from .backend import Backend, new_msg_id
 from .bodies import JSON_MARKS_PER_BODY, BodyLimits, check_json_marks
 from .health import HEALTH_PREFIX, ServingStatus
 from .httpd import Request, Response, StreamResponse
-from .service import Broker, new_msg_id
+from .paths import PREFIX
 
 log = logging.getLogger("hourglass.api")
 
-PREFIX = "/camellia/delayQueue/"
 
 
 # Codes answered with HTTP 200, the code in the body, as camellia does: its
@@ -146,7 +146,11 @@ def _cookie(header: str, name: str) -> str | None:
 
 
 class Api:
-    def __init__(self, broker: Broker, max_msg_bytes: int, bodies: BodyLimits | None = None,
+    """camellia's endpoints over a backend. `broker` may be None (a cluster
+    node that does not lead yet, replication.node): requests are then
+    answered 503 by `backend`, though such a node forwards them instead."""
+
+    def __init__(self, broker: Backend | None, max_msg_bytes: int, bodies: BodyLimits | None = None,
                  serving: ServingStatus | None = None) -> None:
         self.broker = broker
         self.serving = serving  # going offline ends the long polls held (broker.health)
@@ -154,6 +158,13 @@ class Api:
         self.bodies = bodies or BodyLimits()  # what decoding a body may cost (broker.bodies)
         self.single_cap = BodyLimits.body_bytes(max_msg_bytes)
         self.batch_cap = self.bodies.batch_body_bytes(max_msg_bytes)
+
+    @property
+    def backend(self) -> Backend:
+        """The backend serving requests now; Unavailable (503) if none."""
+        if self.broker is None:
+            raise Unavailable("no broker runs on this node yet; retry")
+        return self.broker
 
     def add_routes(self, router: Router) -> None:
         post = {"sendMsg": self.send, "sendMsgBatch": self.send_batch, "deleteMsg": self.delete,
@@ -210,13 +221,15 @@ class Api:
     # -- endpoints --------------------------------------------------------------------
 
     async def send(self, request: Request) -> Response:
+        backend = self.backend
         p = await self._params(request)
-        send = params.parse_send(p, now_ms=self.broker.clock.now_ms(), make_id=new_msg_id,
-                                 defaults=self.broker.defaults, max_msg_bytes=self.max_msg_bytes)
-        stored, = await self.broker.send([send])
+        send = params.parse_send(p, now_ms=backend.clock.now_ms(), make_id=new_msg_id,
+                                 defaults=backend.defaults, max_msg_bytes=self.max_msg_bytes)
+        stored, = await backend.send([send])
         return answer(200, "success", delayMsg=delay_msg(stored))
 
     async def send_batch(self, request: Request) -> Response:
+        backend = self.backend
         raw = await self._body(request, self.batch_cap)
         if request.content_type == "application/json":
             check_json_marks(raw, self.bodies.batch_json_marks, "the body")
@@ -227,75 +240,80 @@ class Api:
         if isinstance(items, list) and len(items) > self.bodies.max_batch_msgs:  # 413: a client splits the batch
             raise BodyTooLarge(f"msgs holds {len(items)} messages, more than {self.bodies.max_batch_msgs} "
                                f"(--max-batch-msgs)")
-        batch = params.parse_send_batch(body, now_ms=self.broker.clock.now_ms(), make_id=new_msg_id,
-                                        defaults=self.broker.defaults, max_msg_bytes=self.max_msg_bytes)
-        stored = await self.broker.send(batch)
+        batch = params.parse_send_batch(body, now_ms=backend.clock.now_ms(), make_id=new_msg_id,
+                                        defaults=backend.defaults, max_msg_bytes=self.max_msg_bytes)
+        stored = await backend.send(batch)
         return answer(200, "success", delayMsgList=[delay_msg(m) for m in stored])
 
     async def delete(self, request: Request) -> Response:
-        await self.broker.delete(params.parse_delete(await self._params(request)))
+        await self.backend.delete(params.parse_delete(await self._params(request)))
         return answer(200, "success")
 
     async def pull(self, request: Request) -> Response:
-        pull = params.parse_pull(await self._params(request), self.broker.defaults)
-        return answer(200, "success", delayMsgList=[delay_msg(m) for m in await self.broker.pull(pull)])
+        backend = self.backend
+        pull = params.parse_pull(await self._params(request), backend.defaults)
+        return answer(200, "success", delayMsgList=[delay_msg(m) for m in await backend.pull(pull)])
 
     async def long_poll(self, request: Request) -> Response:
-        poll = params.parse_long_poll(await self._params(request), self.broker.defaults)
+        backend = self.backend
+        poll = params.parse_long_poll(await self._params(request), backend.defaults)
         gone = request.gone
         if self.serving is not None:  # going offline answers it now, as if the client had gone
             ended = self.serving.ends_long_poll()
             gone = lambda: request.gone() or ended()  # noqa: E731
-        return answer(200, "success", delayMsgList=[delay_msg(m) for m in await self.broker.long_poll(poll, gone)])
+        return answer(200, "success", delayMsgList=[delay_msg(m) for m in await backend.long_poll(poll, gone)])
 
     async def ack(self, request: Request) -> Response:
+        backend = self.backend
         ack = params.parse_ack(await self._params(request))
         if isinstance(ack, params.AckManyRequest):
-            after = await self.broker.ack_many(ack.topic, ack.msg_ids, ack.ack)
+            after = await backend.ack_many(ack.topic, ack.msg_ids, ack.ack)
             return answer(200, "success", results=[
                 {"msgId": msg_id, "status": None if status is None else int(status)}
                 for msg_id, status in zip(ack.msg_ids, after)])
-        await self.broker.ack(ack)
+        await backend.ack(ack)
         return answer(200, "success")
 
     async def get(self, request: Request) -> Response:
         get = params.parse_get(await self._params(request))
-        return answer(200, "success", delayMsg=delay_msg(await self.broker.get(get.topic, get.msg_id)))
+        return answer(200, "success", delayMsg=delay_msg(await self.backend.get(get.topic, get.msg_id)))
 
     async def reschedule(self, request: Request) -> Response:
-        r = params.parse_reschedule(await self._params(request), self.broker.clock.now_ms())
-        return answer(200, "success", delayMsg=delay_msg(await self.broker.reschedule(r.topic, r.msg_id,
-                                                                                      r.trigger_ms)))
+        backend = self.backend
+        r = params.parse_reschedule(await self._params(request), backend.clock.now_ms())
+        return answer(200, "success", delayMsg=delay_msg(await backend.reschedule(r.topic, r.msg_id, r.trigger_ms)))
 
     async def list_dead(self, request: Request) -> Response:
         r = params.parse_list_dead(await self._params(request))
-        messages, cursor = await self.broker.list_dead(r.topic, r.statuses, r.cursor, r.limit)
+        messages, cursor = await self.backend.list_dead(r.topic, r.statuses, r.cursor, r.limit)
         return answer(200, "success", delayMsgList=[delay_msg(m) for m in messages], cursor=cursor)
 
     async def redrive(self, request: Request) -> Response:
+        backend = self.backend
         r = params.parse_redrive(await self._params(request))
         if r.msg_id is not None:
-            return answer(200, "success", delayMsg=delay_msg(await self.broker.redrive(r.topic, r.msg_id)))
-        count, more = await self.broker.redrive_all(r.topic, r.limit)
+            return answer(200, "success", delayMsg=delay_msg(await backend.redrive(r.topic, r.msg_id)))
+        count, more = await backend.redrive_all(r.topic, r.limit)
         return answer(200, "success", redriven=count, more=more)
 
     async def monitor_data(self, request: Request) -> Response:
-        return answer(200, "success", data=self.broker.metrics.monitor_data())
+        return answer(200, "success", data=self.backend.metrics.monitor_data())
 
     async def topic_info(self, request: Request) -> Response:
         topic = params.parse_topic(await self._params(request)).topic
-        return answer(200, "success", data=await self.broker.topic_info(topic))
+        return answer(200, "success", data=await self.backend.topic_info(topic))
 
     async def topic_info_list(self, request: Request) -> Response:
         return answer(200, "success", data=await self.topic_infos())
 
     async def monitor_string(self, request: Request) -> Response:
-        text = camellia_metrics.monitor_string(self.broker.metrics.monitor_data(), await self.topic_infos())
+        text = camellia_metrics.monitor_string(self.backend.metrics.monitor_data(), await self.topic_infos())
         return Response(200, text, "text/plain; charset=utf-8")
 
     async def topic_infos(self) -> list[dict]:
         """getTopicInfo of every topic."""
-        return await self.broker.topic_infos(self.broker.topic_list())
+        backend = self.backend
+        return await backend.topic_infos(backend.topic_list())
 
 
 def parse_form(raw: bytes) -> dict[str, str]:

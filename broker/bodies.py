@@ -28,7 +28,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from storage.errors import BodyTooLarge
+from storage.errors import BodyTooLarge, ConfigError
 
 from .params import MAX_SEND_BATCH
 
@@ -58,9 +58,9 @@ class BodyLimits:
 
     def __post_init__(self) -> None:
         if self.max_form_pairs < 16:
-            raise ValueError(f"--max-form-pairs must be at least 16, got {self.max_form_pairs}")
+            raise ConfigError(f"--max-form-pairs must be at least 16, got {self.max_form_pairs}")
         if not 1 <= self.max_batch_msgs <= MAX_SEND_BATCH:
-            raise ValueError(f"--max-batch-msgs must be in 1..{MAX_SEND_BATCH}, got {self.max_batch_msgs}")
+            raise ConfigError(f"--max-batch-msgs must be in 1..{MAX_SEND_BATCH}, got {self.max_batch_msgs}")
 
     @staticmethod
     def body_bytes(max_msg_bytes: int) -> int:

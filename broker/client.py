@@ -60,13 +60,13 @@ import aiohttp
 from yarl import URL
 
 from storage.entry import Status
-from storage.errors import HourglassError
+from storage.errors import ConfigError, HourglassError
 
 from .params import MAX_ACK_BATCH
+from .paths import PREFIX
 
 log = logging.getLogger("hourglass.client")
 
-PREFIX = "/camellia/delayQueue/"
 # A redirect chain longer than this is a misconfigured cluster, not a leader change.
 MAX_REDIRECTS = 5
 # What the server waits in a long poll that names no timeout (camellia's 10 s);
@@ -77,7 +77,7 @@ TRANSIENT_ERRORS = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, a
 
 
 class DelayQueueError(HourglassError):
-    """The server answered a code other than 200 (after retries, for 503).
+    """Raised when the server answered a code other than 200 (after retries, for 503).
     `answer` is the whole JSON object, e.g. with `leader` on a 503."""
 
     def __init__(self, code: int, msg: str, endpoint: str, answer: Mapping[str, Any] | None = None) -> None:
@@ -163,15 +163,15 @@ class DelayQueueClient:
                  backoff_s: float = 0.1, max_backoff_s: float = 2.0,
                  session: aiohttp.ClientSession | None = None) -> None:
         if timeout_s <= 0:
-            raise ValueError(f"timeout_s must be positive, got {timeout_s}")
+            raise ConfigError(f"timeout_s must be positive, got {timeout_s}")
         if retries < 0:
-            raise ValueError(f"retries must be >= 0, got {retries}")
+            raise ConfigError(f"retries must be >= 0, got {retries}")
         if not 0 <= backoff_s <= max_backoff_s:
-            raise ValueError(f"need 0 <= backoff_s <= max_backoff_s, got {backoff_s} and {max_backoff_s}")
+            raise ConfigError(f"need 0 <= backoff_s <= max_backoff_s, got {backoff_s} and {max_backoff_s}")
         urls = base_url.split(",") if isinstance(base_url, str) else list(base_url)
         self.base_urls = [u.strip().rstrip("/") for u in urls if u.strip()]
         if not self.base_urls:
-            raise ValueError("base_url names no node")
+            raise ConfigError("base_url names no node")
         self._node = 0  # index in base_urls of the node in use
         self.timeout_s = timeout_s
         self.retries = retries
@@ -380,9 +380,9 @@ class Consumer:
                  concurrency: int = 4, batch: int | None = None, ack_timeout_ms: int | None = None,
                  long_poll_ms: int = 5_000, tags: Iterable[str] | None = None, idle_s: float = 1.0) -> None:
         if concurrency < 1:
-            raise ValueError(f"concurrency must be at least 1, got {concurrency}")
+            raise ConfigError(f"concurrency must be at least 1, got {concurrency}")
         if batch is not None and batch < 1:
-            raise ValueError(f"batch must be at least 1, got {batch}")
+            raise ConfigError(f"batch must be at least 1, got {batch}")
         self.client = client
         self.topic = topic
         self.handler = handler

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from replication.config import ClusterConfig
 from storage.config import FsyncPolicy, StoreConfig
+from storage.errors import ConfigError
 
 from .bodies import BodyLimits
 from .httpd import Limits
@@ -22,7 +23,7 @@ class ServeConfig:
     # Where the commit log, delay logs and indexes live.
     data_dir: str = "./hourglass-data"
     # "disk", or redis://HOST:PORT/DB: the state lives in that Redis
-    # (broker.redis_backend), data_dir and store are then unused.
+    # (broker.redis.backend), data_dir and store are then unused.
     backend: str = "disk"
     # Largest `msg`, in UTF-8 bytes; a message exactly this large is accepted.
     max_msg_bytes: int = 1024 * 1024
@@ -52,21 +53,21 @@ class ServeConfig:
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
-            raise ValueError(f"--port must be in 0..65535, got {self.port}")
+            raise ConfigError(f"--port must be in 0..65535, got {self.port}")
         if self.max_msg_bytes < 1:
-            raise ValueError(f"--max-msg-bytes must be at least 1, got {self.max_msg_bytes}")
+            raise ConfigError(f"--max-msg-bytes must be at least 1, got {self.max_msg_bytes}")
         if self.backend != "disk" and not self.backend.startswith(("redis://", "rediss://")):
-            raise ValueError(f"--backend must be disk or redis://HOST:PORT/DB, got {self.backend!r}")
+            raise ConfigError(f"--backend must be disk or redis://HOST:PORT/DB, got {self.backend!r}")
         if self.auth_token is not None and not self.auth_token:
-            raise ValueError("the auth token file is empty")
+            raise ConfigError("the auth token file is empty")
         if self.cluster is not None and self.backend != "disk":
-            raise ValueError("--cluster needs --backend disk (a Redis backend shares its state already)")
+            raise ConfigError("--cluster needs --backend disk (a Redis backend shares its state already)")
         if self.monitor_interval_s < 1:
-            raise ValueError(f"--monitor-interval-s must be at least 1, got {self.monitor_interval_s}")
+            raise ConfigError(f"--monitor-interval-s must be at least 1, got {self.monitor_interval_s}")
         if self.offline_idle_s < 0:
-            raise ValueError(f"--offline-idle-s must be at least 0, got {self.offline_idle_s}")
+            raise ConfigError(f"--offline-idle-s must be at least 0, got {self.offline_idle_s}")
         if self.checkpoint_interval_ms < 10:
-            raise ValueError(f"checkpoint_interval_ms must be at least 10, got {self.checkpoint_interval_ms}")
+            raise ConfigError(f"checkpoint_interval_ms must be at least 10, got {self.checkpoint_interval_ms}")
 
     @property
     def data_path(self) -> str:
@@ -77,4 +78,4 @@ def fsync_policy(text: str) -> FsyncPolicy:
     try:
         return FsyncPolicy(text)
     except ValueError:
-        raise ValueError(f"--fsync must be one of always, batch, never; got {text!r}") from None
+        raise ConfigError(f"--fsync must be one of always, batch, never; got {text!r}") from None

@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import os
 
+from storage.errors import ConfigError
+
 try:
     import resource
 except ImportError:  # pragma: no cover - not on Windows, which the node does not support
@@ -62,7 +64,7 @@ class DescriptorBudget:
 
     def __init__(self, reserved: int, limit: int | None = None) -> None:
         if reserved < 0:
-            raise ValueError(f"reserved descriptors must be >= 0, got {reserved}")
+            raise ConfigError(f"reserved descriptors must be >= 0, got {reserved}")
         self.reserved = reserved
         self.limit = soft_limit() if limit is None else limit
         self.others = 0

@@ -60,6 +60,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from http import HTTPStatus
 
+from storage.errors import ConfigError, InvariantError
+
 from .descriptors import DescriptorBudget
 
 log = logging.getLogger("hourglass.httpd")
@@ -95,12 +97,12 @@ class Limits:
     def __post_init__(self) -> None:
         for name in ("max_connections", "max_head_bytes", "body_budget_bytes"):
             if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1, not {getattr(self, name)}")
+                raise ConfigError(f"{name} must be at least 1, not {getattr(self, name)}")
         if self.reserved_fds < 0:
-            raise ValueError(f"reserved_fds must be at least 0, not {self.reserved_fds}")
+            raise ConfigError(f"reserved_fds must be at least 0, not {self.reserved_fds}")
         for name in ("head_timeout_s", "body_timeout_s", "idle_timeout_s"):
             if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be positive, not {getattr(self, name)}")
+                raise ConfigError(f"{name} must be positive, not {getattr(self, name)}")
 
 
 class Request:
@@ -354,7 +356,8 @@ class Connection(asyncio.Protocol):
                 shared.body_bytes += length
                 self.budgeted = length
             if headers.get("expect", "").lower() == "100-continue" and len(self.buffer) < length:
-                assert self.transport is not None
+                if self.transport is None:
+                    raise InvariantError("a request is read from a connection without a transport")
                 self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
             self.deadline = self.loop.time() + shared.limits.body_timeout_s
         self.pending = (method, target, headers, length, keep_alive)
@@ -527,7 +530,8 @@ class HttpServer:
         log.warning("out of file descriptors while accepting (%d answered 503); pausing accepts for %.1f s",
                     answered, EMFILE_PAUSE_S)
         loop = self.loop
-        assert loop is not None
+        if loop is None:
+            raise InvariantError("accepting on a server that was never started")
         loop.remove_reader(listener.fileno())
         loop.call_later(EMFILE_PAUSE_S, self._resume_accepting, listener)
 

@@ -60,7 +60,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from storage.entry import Status
-from storage.errors import InvalidRequest
+from storage.errors import ConfigError, InvalidRequest
 from storage.store import MAX_PRIORITY, MAX_RETRY_COUNT, MIN_PRIORITY, NewMessage
 
 Params = Mapping[str, object]
@@ -92,8 +92,8 @@ _INTEGER = re.compile(r"[+-]?[0-9]{1,19}")  # ASCII only: int() would take "١" 
 
 
 class MessageTooLarge(InvalidRequest):
-    """`msg` is longer than the server's --max-msg-bytes in UTF-8 bytes
-    (the HTTP layer answers 413, not 400)."""
+    """Raised while parsing a send when `msg` is longer than the server's
+    --max-msg-bytes in UTF-8 bytes (the HTTP layer answers 413, not 400)."""
 
 
 @dataclass(frozen=True)
@@ -127,21 +127,21 @@ class Defaults:
 
     def __post_init__(self) -> None:
         if not 1 <= self.ttl_ms <= MAX_DURATION_MS:
-            raise ValueError(f"default ttl_ms must be in 1..{MAX_DURATION_MS}, got {self.ttl_ms}")
+            raise ConfigError(f"default ttl_ms must be in 1..{MAX_DURATION_MS}, got {self.ttl_ms}")
         if not 0 <= self.max_retry <= MAX_RETRY_COUNT:
-            raise ValueError(f"default max_retry must be in 0..{MAX_RETRY_COUNT}, got {self.max_retry}")
+            raise ConfigError(f"default max_retry must be in 0..{MAX_RETRY_COUNT}, got {self.max_retry}")
         if not 1 <= self.ack_timeout_ms <= MAX_DURATION_MS:
-            raise ValueError(f"default ack_timeout_ms must be in 1..{MAX_DURATION_MS}, got {self.ack_timeout_ms}")
+            raise ConfigError(f"default ack_timeout_ms must be in 1..{MAX_DURATION_MS}, got {self.ack_timeout_ms}")
         if not 1 <= self.batch <= MAX_PULL_BATCH:
-            raise ValueError(f"default batch must be in 1..{MAX_PULL_BATCH}, got {self.batch}")
+            raise ConfigError(f"default batch must be in 1..{MAX_PULL_BATCH}, got {self.batch}")
         if not 1 <= self.long_polling_timeout_ms <= MAX_LONG_POLLING_TIMEOUT_MS:
-            raise ValueError(f"default long_polling_timeout_ms must be in 1..{MAX_LONG_POLLING_TIMEOUT_MS}, "
+            raise ConfigError(f"default long_polling_timeout_ms must be in 1..{MAX_LONG_POLLING_TIMEOUT_MS}, "
                              f"got {self.long_polling_timeout_ms}")
         if not self.ack_timeout_ms <= self.max_ack_timeout_ms <= MAX_DURATION_MS:
-            raise ValueError(f"--max-ack-timeout-ms must be in {self.ack_timeout_ms}..{MAX_DURATION_MS} "
+            raise ConfigError(f"--max-ack-timeout-ms must be in {self.ack_timeout_ms}..{MAX_DURATION_MS} "
                              f"(at least the default ack timeout), got {self.max_ack_timeout_ms}")
         if not self.ttl_ms <= self.max_ttl_ms <= MAX_DURATION_MS:
-            raise ValueError(f"--max-ttl-ms must be in {self.ttl_ms}..{MAX_DURATION_MS} (at least the default "
+            raise ConfigError(f"--max-ttl-ms must be in {self.ttl_ms}..{MAX_DURATION_MS} (at least the default "
                              f"ttl), got {self.max_ttl_ms}")
 
 

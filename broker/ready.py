@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from sortedcontainers import SortedList
 
 from storage.entry import Location, Message, Status
+from storage.errors import ConfigError
 
 # A window message keeps its whole Message in RAM when its text is at most
 # this many characters (a pull then reads nothing from disk).
@@ -68,7 +69,7 @@ class QueueLimits:
                                    ("--max-inflight-total", self.inflight_total, 1),
                                    ("--key-window", self.key_window, 1)):
             if value < least:
-                raise ValueError(f"{name} must be at least {least}, got {value}")
+                raise ConfigError(f"{name} must be at least {least}, got {value}")
 
 
 @dataclass(slots=True)

@@ -56,13 +56,12 @@ async def checkpoint_every(interval_ms: int, checkpoint: Callable[[], Awaitable[
 async def monitor_every(interval_s: int, metrics: Metrics, process: ProcessStats, clock: SystemClock) -> None:
     """camellia's monitor interval: every `interval_s`, publish the counts
     of the interval that ended (getMonitorData) and its CPU use."""
-    loop = asyncio.get_running_loop()
     metrics.roll(clock.now_ms())
     process.roll()
-    next_s = loop.time()
+    next_s = clock.monotonic_s()
     while True:
         next_s += interval_s
-        await asyncio.sleep(max(0.0, next_s - loop.time()))
+        await clock.sleep(next_s - clock.monotonic_s())
         metrics.roll(clock.now_ms())
         process.roll()
 
@@ -158,7 +157,7 @@ class RedisNode:
     dir and no checkpoints; any number of such nodes may share the Redis."""
 
     def __init__(self, config: ServeConfig) -> None:
-        from .redis_backend import RedisBroker  # the redis extra is optional
+        from .redis.backend import RedisBroker  # the redis extra is optional
 
         self.config = config
         self.clock = SystemClock()

@@ -120,9 +120,9 @@ except ImportError as e:  # pragma: no cover - depends on the environment
     raise ImportError(f"broker.spark needs pyspark>=4.1 and pyarrow: pip install 'hourglass[spark]' ({e})") from e
 
 from broker.params import MAX_SEND_BATCH
+from broker.paths import PREFIX
 from storage.errors import HourglassError
 
-PREFIX = "/camellia/delayQueue/"
 SEND_BATCH_PATH = PREFIX + "sendMsgBatch"
 # Statuses worth a retry: the node is stopping or has no leader (503), or a
 # proxy in front of it says so (429, 502, 504).

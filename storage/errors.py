@@ -57,12 +57,14 @@ class BodyTooLarge(HourglassError):
     form pairs or its JSON marks: HTTP 413."""
 
 
-class InvariantError(HourglassError):
+class InvariantError(HourglassError, AssertionError):
     """The code's own state contradicts itself (an index entry staged out of
     order, a change for a message that is neither applied nor pending, a
     second added outside the hour the wheel holds, a format's struct of the
-    wrong size): a bug, never an expected outcome and never the caller's
-    input. Raised where the broken rule is found, naming it."""
+    wrong size, a broker state its own logic rules out): a bug in hourglass,
+    never an expected outcome and never the caller's input (HTTP 500,
+    logged). Raised where the broken rule is found, naming it. An
+    AssertionError too, as such checks were before."""
 
 
 class ContractError(HourglassError, ValueError):
@@ -75,6 +77,9 @@ class ContractError(HourglassError, ValueError):
 
 
 class ConfigError(HourglassError, ValueError):
-    """A setting is out of range: raised when a config dataclass or a
-    component is built, naming the setting and the value. A ValueError too,
-    so the CLI reports it as it does any bad flag."""
+    """A configuration is refused: raised when a config dataclass or a
+    component is built (its `__post_init__` or constructor) and finds a
+    setting out of range or contradicting another; the message names the
+    setting (as its command-line flag where it has one) and what it must
+    be. Nothing was started. A ValueError too, so the CLI reports it as it
+    does any bad flag."""

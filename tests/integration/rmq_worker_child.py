@@ -13,7 +13,7 @@ import asyncio
 import sys
 import time
 
-from broker.redis_rmq import Kind, RmqConfig, RmqTopic
+from broker.redis.rmq import Kind, RmqConfig, RmqTopic
 
 
 async def main(url: str, topic_name: str, worker_id: str, lease_ms: int, work_ms: int) -> None:

@@ -1,4 +1,4 @@
-"""broker.redis_backend.RedisBroker against a real redis-server (one per
+"""broker.redis.backend.RedisBroker against a real redis-server (one per
 test session, on a free loopback port, no persistence; each test flushes
 it). Drives the broker directly, with the real clock and short delays; then
 Redis trouble met by real `hourglass serve` processes (each with a
@@ -24,7 +24,8 @@ pytest.importorskip("redis", reason="the redis extra is not installed (pip insta
 from broker.clock import SystemClock  # noqa: E402
 from broker.metrics import Metrics  # noqa: E402
 from broker.params import AckRequest, Defaults, DeleteRequest, LongPollRequest, PullRequest  # noqa: E402
-from broker.redis_backend import RedisBroker, RedisConfig, TopicKeys, redact  # noqa: E402
+from broker.redis.backend import RedisBroker  # noqa: E402
+from broker.redis.keys import RedisConfig, TopicKeys, redact  # noqa: E402
 from storage.entry import Status  # noqa: E402
 from storage.errors import NotFound  # noqa: E402
 from storage.store import NewMessage  # noqa: E402

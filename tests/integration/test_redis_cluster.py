@@ -24,11 +24,12 @@ pytest.importorskip("redis", reason="the redis extra is not installed (pip insta
 from redis.asyncio.cluster import RedisCluster  # noqa: E402
 from redis.exceptions import ResponseError  # noqa: E402
 
-from broker import redis_backend  # noqa: E402
 from broker.clock import SystemClock  # noqa: E402
 from broker.metrics import Metrics  # noqa: E402
 from broker.params import AckRequest, Defaults, DeleteRequest, LongPollRequest, PullRequest  # noqa: E402
-from broker.redis_backend import RedisBroker, RedisConfig, TopicKeys  # noqa: E402
+from broker.redis import backend as redis_backend  # noqa: E402
+from broker.redis.backend import RedisBroker  # noqa: E402
+from broker.redis.keys import RedisConfig, TopicKeys  # noqa: E402
 from storage.entry import Status  # noqa: E402
 from storage.errors import NotFound  # noqa: E402
 from storage.store import NewMessage  # noqa: E402

@@ -1,4 +1,4 @@
-"""broker.redis_dyno.DynoQueue against a real redis-server (the session's,
+"""broker.redis.dyno.DynoQueue against a real redis-server (the session's,
 flushed by each test; a password-protected one and a Redis Cluster node
 started by the tests that need them). Time is a FakeClock, except where a
 test exercises pop's wait or concurrent consumers.
@@ -24,9 +24,9 @@ from hypothesis import strategies as st  # noqa: E402
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test  # noqa: E402
 from redis_server import free_port, redis_server  # noqa: E402
 
-import broker.redis_dyno as redis_dyno  # noqa: E402
-from broker.redis_dyno import DynoConfig, DynoMessage, DynoQueue, ShardSize  # noqa: E402
-from broker.redis_shards import RedisAuthError, RedisUnavailable, WrongTypeKey  # noqa: E402
+import broker.redis.dyno as redis_dyno  # noqa: E402
+from broker.redis.dyno import DynoConfig, DynoMessage, DynoQueue, ShardSize  # noqa: E402
+from broker.redis.shards import RedisAuthError, RedisUnavailable, WrongTypeKey  # noqa: E402
 from storage.errors import InvalidRequest  # noqa: E402
 
 T0 = 1_000_000

@@ -1,4 +1,4 @@
-"""broker.redis_rmq.RmqTopic against a real redis-server (the session's,
+"""broker.redis.rmq.RmqTopic against a real redis-server (the session's,
 flushed by each test; a password-protected one and a Redis Cluster node
 started by the tests that need them), on a FakeClock. The helpers come
 from test_redis_dyno.py."""
@@ -23,9 +23,9 @@ from test_redis_dyno import (  # noqa: E402
     strict_scripts,
 )
 
-import broker.redis_rmq as redis_rmq  # noqa: E402
-from broker.redis_rmq import Kind, Outcome, RmqConfig, RmqMessage, RmqSizes, RmqTopic, Sent, TopicMismatch  # noqa: E402
-from broker.redis_shards import WrongTypeKey  # noqa: E402
+import broker.redis.rmq as redis_rmq  # noqa: E402
+from broker.redis.rmq import Kind, Outcome, RmqConfig, RmqMessage, RmqSizes, RmqTopic, Sent, TopicMismatch  # noqa: E402
+from broker.redis.shards import WrongTypeKey  # noqa: E402
 from storage.errors import InvalidRequest  # noqa: E402
 
 TOPIC = "prices"

@@ -42,7 +42,7 @@ def test_a_killed_workers_slots_move_and_no_key_is_consumed_twice_at_once(redis_
         time.sleep(LEASE_MS / 1000)  # heartbeats balance the slots: 3, 3, 2
         import asyncio
 
-        from broker.redis_rmq import Kind, RmqConfig, RmqTopic  # sends from this process
+        from broker.redis.rmq import Kind, RmqConfig, RmqTopic  # sends from this process
 
         async def send(round_: int) -> int:
             """One message per key, due now; how many were stored (a send
@@ -109,7 +109,7 @@ def test_a_killed_workers_slots_move_and_no_key_is_consumed_twice_at_once(redis_
 def test_slots_are_shared_out_as_workers_join_and_leave(redis_url):
     import asyncio
 
-    from broker.redis_rmq import Kind, RmqConfig, RmqTopic
+    from broker.redis.rmq import Kind, RmqConfig, RmqTopic
 
     async def scenario() -> list[tuple[int, ...]]:
         topic = await RmqTopic.connect(redis_url, "shares", Kind.PRIORITY, RmqConfig(slots=8))

@@ -3,8 +3,8 @@ pending, the wheel told of everything) reached even while appends never stop."""
 
 import asyncio
 
+from broker.group_commit import GroupCommit
 from broker.metrics import Metrics
-from broker.service import GroupCommit
 from storage.entry import MS_PER_HOUR
 from storage.store import NewMessage, Store
 

@@ -27,3 +27,6 @@ def test_pip_builds_a_wheel_of_hourglass(tmp_path):
     names = zipfile.ZipFile(tmp_path / built).namelist()
     for package in ("broker", "storage", "wheel", "replication"):
         assert f"{package}/__init__.py" in names
+    assert "broker/redis/__init__.py" in names
+    lua = {"backend", "dyno", "rmq"}
+    assert {name.split("/")[3] for name in names if name.startswith("broker/redis/lua/") and name.endswith("/common.lua")} == lua

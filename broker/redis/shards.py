@@ -1,5 +1,5 @@
-"""Sharded queues over Redis, the ground both `broker.redis_dyno` (Netflix
-Dyno-queues) and `broker.redis_rmq` (RMQ's message kinds) stand on: the
+"""Sharded queues over Redis, the ground both `broker.redis.dyno` (Netflix
+Dyno-queues) and `broker.redis.rmq` (RMQ's message kinds) stand on: the
 errors they raise, the config fields they share, and `ShardedScripts`, which
 runs one Lua script on one shard (every key it touches passed in KEYS under
 the shard's `{hash tag}`), turns redis-py's errors into sentences, and polls
@@ -21,8 +21,8 @@ from redis.exceptions import AuthenticationError, ConnectionError, ResponseError
 
 from storage.errors import HourglassError, InvalidRequest
 
-from .clock import SystemClock
-from .redis_backend import escape_topic
+from ..clock import SystemClock
+from .keys import at_least, check_key_prefix, escape_topic
 
 T = TypeVar("T")
 S = TypeVar("S", bound="ShardedScripts")
@@ -35,7 +35,8 @@ MAX_DELAY_MS = 100 * 365 * 86_400_000
 # == errors =====================================================================
 
 class RedisAdapterError(HourglassError):
-    """Root of the errors the Dyno-queues and RMQ interfaces raise about Redis."""
+    """Raised, as one of its subclasses, by the Dyno-queues and RMQ interfaces
+    when Redis fails an operation; catch it to handle any of them."""
 
 
 class RedisUnavailable(RedisAdapterError):
@@ -100,13 +101,6 @@ async def _wrong_types(client: aioredis.Redis, key_types: Mapping[str, str]) -> 
 
 # == configuration and helpers ==================================================
 
-def at_least(config: object, low: int, *fields: str) -> None:
-    """For a config's __post_init__: each named field must be >= low."""
-    for name in fields:
-        if getattr(config, name) < low:
-            raise ValueError(f"{name} must be at least {low}, got {getattr(config, name)}")
-
-
 @dataclass(frozen=True)
 class RedisQueueConfig:
     # First part of every key name. Without braces: they would move the
@@ -132,8 +126,7 @@ class RedisQueueConfig:
     script_batch: int = 1000
 
     def __post_init__(self) -> None:
-        if not self.key_prefix or any(c in self.key_prefix for c in "{}"):
-            raise ValueError(f"key_prefix must be non-empty without braces, got {self.key_prefix!r}")
+        check_key_prefix(self.key_prefix)
         at_least(self, 1, "connect_timeout_ms", "command_timeout_ms", "poll_ms", "script_batch")
         at_least(self, 0, "retries")
 

@@ -10,7 +10,7 @@ Lua script on ONE shard, so two consumers never pop the same id and a
 crash never leaves a message half-moved.
 
 Keys of shard i of queue Q (P = "<key_prefix>:dyno:{Q':i}:", Q' = Q with
-% { } : percent-escaped by `broker.redis_backend.escape_topic`; the braces
+% { } : percent-escaped by `broker.redis.keys.escape_topic`; the braces
 are the Redis Cluster hash tag, so a shard's four keys share one slot, and
 the escaping keeps a name from forging another queue's or shard's keys):
 
@@ -69,12 +69,12 @@ requeues at the old deadline score, losing the priority fraction);
 tests are exact; only pop's wait sleeps on the event loop.
 
 The error classes, `RedisQueueConfig` and the connection and pop-loop
-helpers below are shared with `broker.redis_rmq`.
+helpers below are shared with `broker.redis.rmq`.
 
 Usage:
 
     import asyncio
-    from broker.redis_dyno import DynoConfig, DynoQueue
+    from broker.redis.dyno import DynoConfig, DynoQueue
 
     async def main():
         q = await DynoQueue.connect("redis://127.0.0.1:6379/0", "emails",
@@ -98,7 +98,10 @@ from dataclasses import dataclass
 
 import redis.asyncio as aioredis
 
-from .redis_shards import (
+from storage.errors import ConfigError
+
+from .scripts import load_scripts
+from .shards import (
     MAX_DELAY_MS,
     RedisQueueConfig,
     ShardedScripts,
@@ -132,7 +135,7 @@ class DynoConfig(RedisQueueConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         if not 1 <= self.shards <= 1024:
-            raise ValueError(f"shards must be from 1 to 1024, got {self.shards}")
+            raise ConfigError(f"shards must be from 1 to 1024, got {self.shards}")
         at_least(self, 1, "unack_timeout_ms", "unack_sweep_ms")
 
 
@@ -150,81 +153,10 @@ class ShardSize:
     unacked: int  # popped, waiting for an ack or the unack sweep
 
 
-# Every script: KEYS = queue, unack, msg, prio of one shard.
-_DYNO_COMMON = """
-local function score(due, id)
-  return due .. '.' .. string.format('%02d', 99 - tonumber(redis.call('HGET', KEYS[4], id)))
-end
-"""
-
-SCRIPTS = {
-    # ARGV: id payload priority due_ms -> 1 replaced an existing id | 0 new
-    "push": _DYNO_COMMON + """
-local id = ARGV[1]
-local existed = redis.call('HSET', KEYS[3], id, ARGV[2]) == 0
-redis.call('HSET', KEYS[4], id, ARGV[3])
-redis.call('ZREM', KEYS[2], id)
-redis.call('ZADD', KEYS[1], score(ARGV[4], id), id)
-if existed then return 1 end
-return 0
-""",
-    # Due ids, best first, -> unack. ARGV: due bound "(now+1", deadline, count
-    # -> {head score of the queue | false, {id, payload, priority, ...}}
-    "pop": """
-local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[3]))
-local out = {}
-for _, id in ipairs(ids) do
-  redis.call('ZREM', KEYS[1], id)
-  redis.call('ZADD', KEYS[2], ARGV[2], id)
-  out[#out + 1] = id
-  out[#out + 1] = redis.call('HGET', KEYS[3], id)
-  out[#out + 1] = redis.call('HGET', KEYS[4], id)
-end
-return {redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')[2] or false, out}
-""",
-    # ARGV: id -> 1 acked | 0 not unacked in this shard
-    "ack": """
-if redis.call('ZREM', KEYS[2], ARGV[1]) == 0 then return 0 end
-redis.call('HDEL', KEYS[3], ARGV[1])
-redis.call('HDEL', KEYS[4], ARGV[1])
-return 1
-""",
-    # Unacked -> queue, due now. ARGV: id now_ms -> 1 | 0
-    "unack": _DYNO_COMMON + """
-if redis.call('ZREM', KEYS[2], ARGV[1]) == 0 then return 0 end
-redis.call('ZADD', KEYS[1], score(ARGV[2], ARGV[1]), ARGV[1])
-return 1
-""",
-    # ARGV: id deadline_ms -> 1 | 0 not unacked in this shard
-    "set_unack_timeout": """
-if not redis.call('ZSCORE', KEYS[2], ARGV[1]) then return 0 end
-redis.call('ZADD', KEYS[2], ARGV[2], ARGV[1])
-return 1
-""",
-    # Queued or unacked -> queue, due at due_ms. ARGV: id due_ms -> 1 | 0
-    "set_timeout": _DYNO_COMMON + """
-local id = ARGV[1]
-if not redis.call('ZSCORE', KEYS[1], id) and redis.call('ZREM', KEYS[2], id) == 0 then return 0 end
-redis.call('ZADD', KEYS[1], score(ARGV[2], id), id)
-return 1
-""",
-    # ARGV: id -> 1 removed | 0 not in this shard
-    "remove": """
-redis.call('ZREM', KEYS[1], ARGV[1])
-redis.call('ZREM', KEYS[2], ARGV[1])
-redis.call('HDEL', KEYS[4], ARGV[1])
-return redis.call('HDEL', KEYS[3], ARGV[1])
-""",
-    # Unack deadline <= now -> queue, due now. ARGV: now_ms limit -> how many
-    "process_unacks": _DYNO_COMMON + """
-local ids = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[2]))
-for _, id in ipairs(ids) do
-  redis.call('ZREM', KEYS[2], id)
-  redis.call('ZADD', KEYS[1], score(ARGV[1], id), id)
-end
-return #ids
-""",
-}
+# Every script (broker/redis/lua/dyno/): KEYS = queue, unack, msg, prio of
+# one shard.
+SCRIPTS = load_scripts("dyno", with_common=("push", "unack", "set_timeout", "process_unacks"),
+                       alone=("pop", "ack", "set_unack_timeout", "remove"))
 
 
 @dataclass(frozen=True)

@@ -1,42 +1,15 @@
 """SPEC.md section 3 with its state in Redis: `hourglass serve --backend redis://...`.
 
-`RedisBroker` answers the same request methods as `broker.service.Broker`
-(send, pull, long_poll, ack incl. nack, delete, get, topic_info, topic_list),
-so `broker.api.Api` serves it unchanged, with the same lifecycle (the disk
+`RedisBroker` is a `broker.backend.Backend`, as the disk
+`broker.service.Broker` is (send, pull, long_poll, ack incl. nack, delete,
+get, reschedule, dead letters, topic_info, topic_list), so `broker.api.Api`
+serves it unchanged, with the same lifecycle (the disk
 backend's docstring has the table). Several hourglass processes may share
 one Redis: every read and transition is ONE Lua script over one topic's
 keys, so Redis runs it atomically and no message is moved, pulled or
 retried twice.
 
-Keys of topic T (P = "<prefix>:{T'}:", T' = T with % { } : percent-escaped,
-so the braces hold a Redis Cluster hash tag: every key of a topic is in one
-slot, and escaping keeps a topic from forging another topic's keys):
-
-    P waiting  zset  msgId -> triggerTime ms                          status 1
-    P ready    zset  rk, all scores 0 (ordered by the member's bytes)      2
-    P tagged   zset  "<tag>,<rk>", scores 0: ready messages with a tag      2
-    P expire   zset  msgId -> expireTime ms, of READY messages             2
-    P ack      zset  msgId -> ack deadline ms                              3
-    P meta     hash  msgId -> JSON of strings: produce trigger ttl expire
-                     maxRetry priority tag rk status retry
-    P body     hash  msgId -> msg
-    P retire   zset  msgId -> when a final (4..7) message is purged
-    <prefix>:topics   set of topic names (not hash-tagged; never in a script)
-    <prefix>:wake:<T> pub/sub channel: "a message of T became READY"
-
-rk = "%05d%015d:msgId" % (32767 - priority, triggerTime): ready order is
-the bytes of rk, i.e. (-priority, trigger, msgId), exact with no float
-arithmetic. A pull filtered by tags reads the head of each tag's range of
-`tagged` (ZRANGEBYLEX "[tag," "(tag-": a tag holds no comma, and "-"
-follows ","), and takes the smallest rk, compared bytewise. Every script
-receives all eight keys in KEYS and builds no key name itself, as Redis
-Cluster requires (tests/integration/test_redis_cluster.py checks it by
-running the scripts with every undeclared key access made an error).
-
-Scripts never print a time (a Lua number printed by an old Redis loses
-digits past 14): the caller passes `now_ms`, deadlines and purge times as
-strings, the expire time is stored at send, and times are compared (exact
-below 2^53), not computed.
+Keys, their layout and the URL: broker.redis.keys.
 
 Tasks: `_mover` runs TICK on every topic (waiting -> ready or expired, ack
 timeouts, ready expiry, purge of retired messages), then sleeps until the
@@ -59,8 +32,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import time
-import urllib.parse
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -75,11 +46,15 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from storage.entry import Location, Message, Status
 from storage.errors import Conflict, InvalidRequest, NotFound, Unavailable
-from storage.store import MAX_PRIORITY, NewMessage
+from storage.store import NewMessage
+from wheel.clock import Clock
 
-from .metrics import Metrics
-from .params import AckRequest, Defaults, DeleteRequest, LongPollRequest, NewSend, PullRequest, as_sends
-from .service import DEAD_SCAN, REDRIVE_STEP, WAITING_BUCKETS
+from ..backend import DEAD_SCAN, REDRIVE_STEP, WAITING_BUCKETS, topic_info_json
+from ..lifecycle import Lifecycle
+from ..metrics import Metrics
+from ..params import AckRequest, Defaults, DeleteRequest, LongPollRequest, NewSend, PullRequest, as_sends
+from .keys import KEY_TYPES, RedisConfig, TopicKeys, ready_member, redact, split_cluster_flag
+from .scripts import load_scripts
 
 log = logging.getLogger("hourglass.redis")
 
@@ -92,466 +67,13 @@ REFUSALS = frozenset({"OOM", "READONLY", "LOADING", "MASTERDOWN", "BUSY", "NOREP
                       "TRYAGAIN"})
 # What redis-py raises when Redis fails (its cluster errors are not RedisErrors).
 REDIS_ERRORS = (RedisError, RedisClusterException)
-# The type each key of a topic must have, in the order scripts get them as KEYS.
-KEY_TYPES = {"waiting": "zset", "ready": "zset", "tagged": "zset", "expire": "zset", "ack": "zset",
-             "meta": "hash", "body": "hash", "retire": "zset"}
-
-
-@dataclass(frozen=True)
-class RedisConfig:
-    # First part of every key and channel name.
-    key_prefix: str = "hg"
-    # How long a final (4..7) message stays readable by getMsg.
-    retention_ms: int = 24 * 3_600_000
-    # Longest the mover sleeps with nothing due: it also rereads the topic set,
-    # so a topic only another process sends to is swept within this.
-    poll_ms: int = 1000
-    # Most messages one step of a TICK script handles (a script blocks Redis).
-    script_batch: int = 1000
-    # Longest wait for a connection, and for any answer, before the request
-    # fails with 503 (a stopped Redis must not hang requests).
-    connect_timeout_ms: int = 2000
-    command_timeout_ms: int = 5000
-    # Quick retries of a failed connection (backoff 50 ms doubling, at most
-    # 500 ms) before the request fails: they bridge a Redis restart.
-    retries: int = 3
-
-    def __post_init__(self) -> None:
-        if not self.key_prefix or any(c in self.key_prefix for c in "{}"):
-            raise ValueError(f"key_prefix must be non-empty without braces, got {self.key_prefix!r}")
-        for name in ("retention_ms", "poll_ms", "script_batch", "connect_timeout_ms", "command_timeout_ms"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
-        if self.retries < 0:
-            raise ValueError(f"retries must be at least 0, got {self.retries}")
-
-
-def escape_topic(topic: str) -> str:
-    """Injective, and free of the characters that delimit keys and hash tags."""
-    return topic.replace("%", "%25").replace("{", "%7B").replace("}", "%7D").replace(":", "%3A")
-
-
-def ready_member(priority: int, trigger_ms: int, msg_id: str) -> str:
-    """rk: its bytes order ready messages by (-priority, trigger, msgId)."""
-    return f"{MAX_PRIORITY - priority:05d}{trigger_ms:015d}:{msg_id}"
-
-
-@dataclass(frozen=True)
-class TopicKeys:
-    """The keys of one topic, all in one Redis Cluster slot."""
-
-    waiting: str
-    ready: str
-    tagged: str
-    expire: str
-    ack: str
-    meta: str
-    body: str
-    retire: str
-
-    @classmethod
-    def of(cls, key_prefix: str, topic: str) -> TopicKeys:
-        p = f"{key_prefix}:{{{escape_topic(topic)}}}:"
-        return cls(*(p + name for name in KEY_TYPES))
-
-    @property
-    def all(self) -> list[str]:
-        """KEYS of every script, in KEY_TYPES order."""
-        return [getattr(self, name) for name in KEY_TYPES]
-
-
-def split_cluster_flag(url: str) -> tuple[str, bool]:
-    """(the URL for redis-py, whether it asks for Redis Cluster): the query
-    parameter `cluster=1` (or true, yes) selects RedisCluster, which knows
-    only database 0."""
-    parts = urllib.parse.urlsplit(url)
-    query = urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
-    flags = [v for k, v in query if k == "cluster"]
-    if flags and flags[-1].lower() not in ("1", "true", "yes", "0", "false", "no"):
-        raise ValueError(f"--backend {redact(url)}: cluster must be 1 or 0, got {flags[-1]!r}")
-    cluster = bool(flags) and flags[-1].lower() in ("1", "true", "yes")
-    rest = urllib.parse.urlencode([(k, v) for k, v in query if k != "cluster"])
-    if cluster and parts.path.strip("/") not in ("", "0"):
-        raise ValueError(f"--backend {redact(url)}: Redis Cluster has only database 0, got {parts.path!r}")
-    return urllib.parse.urlunsplit(parts._replace(query=rest)), cluster
-
-
-def redact(url: str) -> str:
-    """The URL with its password replaced by ***, for messages and logs."""
-    parts = urllib.parse.urlsplit(url)
-    if parts.password is None:
-        return url
-    user = parts.username or ""
-    host = parts.netloc.rpartition("@")[2]
-    return urllib.parse.urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
-
-
 # == Lua =======================================================================
-# Shared by every script. KEYS are a topic's eight keys (TopicKeys.all); a
-# message is a table of strings, read with load() and written with save().
-
-_LUA_COMMON = """
-local WAITING, READY, TAGGED, EXPIRE, ACK, META, BODY, RETIRE =
-  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
-local function load(id)
-  local raw = redis.call('HGET', META, id)
-  if raw then return cjson.decode(raw) end
-  return nil
-end
-local function save(id, m)
-  local raw = cjson.encode(m)
-  redis.call('HSET', META, id, raw)
-  return raw
-end
--- Bytewise, as zset members are ordered (Lua's < follows Redis's locale).
-local function less(a, b)
-  for i = 1, math.min(#a, #b) do
-    local x, y = string.byte(a, i), string.byte(b, i)
-    if x ~= y then return x < y end
-  end
-  return #a < #b
-end
-local function ready_add(id, m)
-  redis.call('ZADD', READY, 0, m.rk)
-  if m.tag ~= '' then redis.call('ZADD', TAGGED, 0, m.tag .. ',' .. m.rk) end
-  redis.call('ZADD', EXPIRE, m.expire, id)
-  m.status = '2'
-end
-local function ready_remove(id, m)
-  redis.call('ZREM', READY, m.rk)
-  if m.tag ~= '' then redis.call('ZREM', TAGGED, m.tag .. ',' .. m.rk) end
-  redis.call('ZREM', EXPIRE, id)
-end
-local function finish(id, m, status, retire_at)
-  m.status = status
-  redis.call('ZADD', RETIRE, retire_at, id)
-end
--- A CONSUMING message (already out of ACK) is READY again, or ends (6)
--- after maxRetry + 1 deliveries (retry counts pulls) or past its expire
--- time. True if READY.
-local function retry_or_end(id, m, now, retire_at)
-  if tonumber(m.retry) > tonumber(m.maxRetry) or tonumber(now) >= tonumber(m.expire) then
-    finish(id, m, '6', retire_at)
-    return false
-  end
-  ready_add(id, m)
-  return true
-end
--- A message out of READY past its expire time: 5 if never delivered, else 6.
-local function end_expired(id, m, retire_at)
-  if m.retry == '0' then finish(id, m, '5', retire_at) else finish(id, m, '6', retire_at) end
-end
-local function head_score(key)
-  local h = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
-  return h[2] or false
-end
-"""
-
-# ARGV: now retire_at, then per message: id msg produce trigger ttl expire
-# maxRetry priority tag rk strict. -> per message {'1'|'2'|'5'} (stored:
-# waiting, ready, expired) or {'0', meta, body} (the id exists: the stored
-# message). An id whose message has ended (4-7) is stored anew unless
-# `strict` is '1' (camellia stores the new one).
-_SEND = _LUA_COMMON + """
-local now, retire_at = tonumber(ARGV[1]), ARGV[2]
-local out = {}
-for i = 3, #ARGV, 11 do
-  local id = ARGV[i]
-  local raw = redis.call('HGET', META, id)
-  if raw and ARGV[i + 10] ~= '1' and tonumber(cjson.decode(raw).status) >= 4 then
-    redis.call('ZREM', RETIRE, id)
-    raw = nil
-  end
-  if raw then
-    out[#out + 1] = {'0', raw, redis.call('HGET', BODY, id)}
-  else
-    local m = {produce = ARGV[i + 2], trigger = ARGV[i + 3], ttl = ARGV[i + 4], expire = ARGV[i + 5],
-               maxRetry = ARGV[i + 6], priority = ARGV[i + 7], tag = ARGV[i + 8], rk = ARGV[i + 9],
-               retry = '0', status = '1'}
-    if tonumber(m.trigger) > now then
-      redis.call('ZADD', WAITING, m.trigger, id)
-    elseif now >= tonumber(m.expire) then
-      finish(id, m, '5', retire_at)
-    else
-      ready_add(id, m)
-    end
-    save(id, m)
-    redis.call('HSET', BODY, id, ARGV[i + 1])
-    out[#out + 1] = {m.status}
-  end
-end
-return out
-"""
-
-# The mover's step: WAITING -> READY (or EXPIRED past its expire time), ack
-# timeouts (CONSUMING -> READY retry+1, or 6), READY expiry (5 if never
-# delivered, else 6), purge of retired final messages. ARGV: now limit
-# retire_at -> {trigger times made ready, retried, ended, 1 if a step was
-# cut at limit, next waiting, ack, expire and retire scores (or false)}
-_TICK = _LUA_COMMON + """
-local now, limit, retire_at = ARGV[1], tonumber(ARGV[2]), ARGV[3]
-local triggers, retried, ended = {}, 0, 0
--- Pops the members of `key` due by now; runs step(id, m) on those whose
--- message is still in `status`, and saves them. How many were popped.
-local function each_due(key, status, step)
-  local ids = redis.call('ZRANGEBYSCORE', key, '-inf', now, 'LIMIT', 0, limit)
-  for _, id in ipairs(ids) do
-    redis.call('ZREM', key, id)
-    local m = load(id)
-    if m and m.status == status then
-      step(id, m)
-      save(id, m)
-    end
-  end
-  return #ids
-end
-local due = each_due(WAITING, '1', function(id, m)
-  if tonumber(now) >= tonumber(m.expire) then
-    finish(id, m, '5', retire_at)
-    ended = ended + 1
-  else
-    ready_add(id, m)
-    triggers[#triggers + 1] = m.trigger
-  end
-end)
-local timed_out = each_due(ACK, '3', function(id, m)
-  if retry_or_end(id, m, now, retire_at) then retried = retried + 1 else ended = ended + 1 end
-end)
-local expired = each_due(EXPIRE, '2', function(id, m)
-  ready_remove(id, m)
-  end_expired(id, m, retire_at)
-  ended = ended + 1
-end)
-local retired = redis.call('ZRANGEBYSCORE', RETIRE, '-inf', now, 'LIMIT', 0, limit)
-for _, id in ipairs(retired) do
-  redis.call('ZREM', RETIRE, id)
-  redis.call('HDEL', META, id)
-  redis.call('HDEL', BODY, id)
-end
-local full = 0
-if due == limit or timed_out == limit or expired == limit or #retired == limit then full = 1 end
-return {triggers, retried, ended, full, head_score(WAITING), head_score(ACK), head_score(EXPIRE),
-        head_score(RETIRE)}
-"""
-
-# READY -> CONSUMING, best first (among the tags' ranges when tags are
-# given); an expired head is ended on the way, never delivered.
-# ARGV: now deadline batch retire_at tag... -> {ended, {id, meta, body}...}
-_PULL = _LUA_COMMON + """
-local now, deadline, batch, retire_at = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3]), ARGV[4]
-local function head()
-  if #ARGV == 4 then return redis.call('ZRANGE', READY, 0, 0)[1] end
-  local best
-  for i = 5, #ARGV do
-    local tag = ARGV[i]
-    local h = redis.call('ZRANGEBYLEX', TAGGED, '[' .. tag .. ',', '(' .. tag .. '-', 'LIMIT', 0, 1)[1]
-    if h then
-      local rk = string.sub(h, #tag + 2)
-      if best == nil or less(rk, best) then best = rk end
-    end
-  end
-  return best
-end
-local out, ended = {}, 0
-while #out < batch do
-  local rk = head()
-  if not rk then break end
-  local id = string.sub(rk, 22)
-  local m = load(id)
-  if not m then  -- a member without its message: drop it rather than loop on it
-    redis.call('ZREM', READY, rk)
-    for i = 5, #ARGV do redis.call('ZREM', TAGGED, ARGV[i] .. ',' .. rk) end
-  else
-    ready_remove(id, m)
-    if now >= tonumber(m.expire) then
-      end_expired(id, m, retire_at)
-      ended = ended + 1
-      save(id, m)
-    else
-      m.status = '3'
-      m.retry = tostring(tonumber(m.retry) + 1)  -- retry counts deliveries (camellia)
-      redis.call('ZADD', ACK, deadline, id)
-      out[#out + 1] = {id, save(id, m), redis.call('HGET', BODY, id)}
-    end
-  end
-end
-table.insert(out, 1, ended)
-return out
-"""
-
-# Pulled for a long poll whose client hung up: CONSUMING -> READY, as if
-# never pulled (its delivery uncounted), if still held by that pull.
-# ARGV: deadline id... -> how many went back
-_GIVE_BACK = _LUA_COMMON + """
-local given = 0
-for i = 2, #ARGV do
-  local id = ARGV[i]
-  local m = load(id)
-  local deadline = redis.call('ZSCORE', ACK, id)
-  if m and m.status == '3' and deadline and tonumber(deadline) == tonumber(ARGV[1]) then
-    redis.call('ZREM', ACK, id)
-    m.retry = tostring(tonumber(m.retry) - 1)
-    ready_add(id, m)
-    save(id, m)
-    given = given + 1
-  end
-end
-return given
-"""
-
-# ARGV: id ack(1|0) now retire_at
-# -> 'NF' | 'OK' | 'NOOP' | 'READY' (nack requeued) | 'ENDED' (nack ended it)
-# An ack of a WAITING, READY or CONSUMING message acks it; anything else
-# changes nothing (camellia answers success).
-_ACK = _LUA_COMMON + """
-local id = ARGV[1]
-local m = load(id)
-if not m then return 'NF' end
-local st = m.status
-if ARGV[2] == '1' then
-  if st == '1' then redis.call('ZREM', WAITING, id)
-  elseif st == '2' then ready_remove(id, m)
-  elseif st == '3' then redis.call('ZREM', ACK, id)
-  else return 'NOOP' end
-  finish(id, m, '4', ARGV[4])
-  save(id, m)
-  return 'OK'
-end
-if st ~= '3' then return 'NOOP' end
-redis.call('ZREM', ACK, id)
-local ready = retry_or_end(id, m, ARGV[3], ARGV[4])
-save(id, m)
-if ready then return 'READY' end
-return 'ENDED'
-"""
-
-# ARGV: id release(1|0) retire_at -> 'NF' | 'OK' | 'NOOP' (ended: nothing to
-# delete; released all the same when asked)
-_DELETE = _LUA_COMMON + """
-local id = ARGV[1]
-local m = load(id)
-if not m then return 'NF' end
-local st = m.status
-if st == '1' then redis.call('ZREM', WAITING, id)
-elseif st == '2' then ready_remove(id, m)
-elseif st == '3' then redis.call('ZREM', ACK, id) end
-if ARGV[2] == '1' then
-  redis.call('HDEL', META, id)
-  redis.call('HDEL', BODY, id)
-  redis.call('ZREM', RETIRE, id)
-  if st ~= '1' and st ~= '2' and st ~= '3' then return 'NOOP' end
-  return 'OK'
-end
-if st ~= '1' and st ~= '2' and st ~= '3' then return 'NOOP' end
-finish(id, m, '7', ARGV[3])
-save(id, m)
-return 'OK'
-"""
-
-# ARGV: id -> {meta, body} or nil
-_GET = _LUA_COMMON + """
-local raw = redis.call('HGET', META, ARGV[1])
-if not raw then return nil end
-return {raw, redis.call('HGET', BODY, ARGV[1])}
-"""
-
-# getTopicInfo. ARGV: the waiting buckets' upper bounds (trigger ms, exclusive)
-# -> {waiting, ready, consuming, count per bucket...}
-_INFO = _LUA_COMMON + """
-local out = {redis.call('ZCARD', WAITING), redis.call('ZCARD', READY), redis.call('ZCARD', ACK)}
-local low = '-inf'
-for i = 1, #ARGV do
-  out[#out + 1] = redis.call('ZCOUNT', WAITING, low, '(' .. ARGV[i])
-  low = ARGV[i]
-end
-out[#out + 1] = redis.call('ZCOUNT', WAITING, low, '+inf')
-return out
-"""
-
-# rescheduleMsg: a WAITING or READY message gets a new trigger time (and
-# expire time, rk: the caller computes them from its ttl and priority, which
-# never change). ARGV: id trigger expire rk now -> 'NF' | 'S<status>' (not
-# allowed) | {meta, body} as changed
-_RESCHEDULE = _LUA_COMMON + """
-local id = ARGV[1]
-local m = load(id)
-if not m then return 'NF' end
-if m.status == '1' then redis.call('ZREM', WAITING, id)
-elseif m.status == '2' then ready_remove(id, m)
-else return 'S' .. m.status end
-m.trigger, m.expire, m.rk = ARGV[2], ARGV[3], ARGV[4]
-if tonumber(m.trigger) > tonumber(ARGV[5]) then
-  redis.call('ZADD', WAITING, m.trigger, id)
-  m.status = '1'
-else
-  ready_add(id, m)
-end
-return {save(id, m), redis.call('HGET', BODY, id)}
-"""
-
-# listDeadMsg: the topic's final messages in purge order (RETIRE: score =
-# when purged, i.e. when ended + retention; ties by id), those in the
-# wanted statuses. Starts after the cursor member (found by its rank while it
-# is there, else by its score), reads at most max_scan members.
-# ARGV: cursor_score cursor_id limit max_scan statuses (e.g. ',5,6,')
-# -> {next score or false, next id or false, id, meta, body, id, meta, ...}
-_DEAD = _LUA_COMMON + """
-local cscore, cid, limit, max_scan, wanted = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5]
-local members
-local rank = cid ~= '' and redis.call('ZRANK', RETIRE, cid)
-if rank and redis.call('ZSCORE', RETIRE, cid) ~= cscore then rank = false end
-if rank then
-  members = redis.call('ZRANGE', RETIRE, rank + 1, rank + max_scan, 'WITHSCORES')
-else
-  local low = cscore == '' and '-inf' or cscore
-  members = redis.call('ZRANGEBYSCORE', RETIRE, low, '+inf', 'WITHSCORES', 'LIMIT', 0, max_scan)
-end
-local out = {false, false}
-local found, last = 0, 0
-for i = 1, #members, 2 do
-  local id, score = members[i], members[i + 1]
-  if cid == '' or rank or score ~= cscore or less(cid, id) then
-    local m = load(id)
-    if m and string.find(wanted, ',' .. m.status .. ',', 1, true) then
-      out[#out + 1] = id
-      out[#out + 1] = redis.call('HGET', META, id)
-      out[#out + 1] = redis.call('HGET', BODY, id)
-      found = found + 1
-    end
-  end
-  last = i
-  if found >= limit then break end
-end
-if last > 0 and (found >= limit or #members >= 2 * max_scan) then
-  out[1], out[2] = members[last + 1], members[last]
-end
-return out
-"""
-
-# redriveMsg: dead letters (5, 6) READY again with retry 0 and a new expire
-# time. ARGV: now, then per message: id expire rk -> per message 'NF' |
-# 'S<status>' (not dead) | {meta, body} as changed
-_REDRIVE = _LUA_COMMON + """
-local out = {}
-for i = 2, #ARGV, 3 do
-  local id = ARGV[i]
-  local m = load(id)
-  if not m then out[#out + 1] = 'NF'
-  elseif m.status ~= '5' and m.status ~= '6' then out[#out + 1] = 'S' .. m.status
-  else
-    redis.call('ZREM', RETIRE, id)
-    m.trigger, m.expire, m.rk, m.retry = ARGV[1], ARGV[i + 1], ARGV[i + 2], '0'
-    ready_add(id, m)
-    out[#out + 1] = {save(id, m), redis.call('HGET', BODY, id)}
-  end
-end
-return out
-"""
-
-# Every script, by name: RedisBroker registers these (a test may wrap them).
-SCRIPTS = {"send": _SEND, "tick": _TICK, "pull": _PULL, "give_back": _GIVE_BACK, "ack": _ACK,
-           "delete": _DELETE, "get": _GET, "info": _INFO, "reschedule": _RESCHEDULE, "dead": _DEAD,
-           "redrive": _REDRIVE}
+# Every script, by name (broker/redis/lua/backend/: common.lua, shared by
+# every script, reads a message with load() and writes it with save(); KEYS
+# are a topic's eight keys, TopicKeys.all). RedisBroker registers these (a
+# test may wrap them).
+SCRIPTS = load_scripts("backend", with_common=("send", "tick", "pull", "give_back", "ack", "delete", "get", "info",
+                                               "reschedule", "dead", "redrive"))
 
 
 def _message(topic: str, msg_id: str, meta: str, body: str) -> Message:
@@ -569,15 +91,14 @@ class _State:
     # Topics known to be in the topic set (forgotten when Redis was
     # unreachable: it may come back empty).
     registered: set[str] = field(default_factory=set)
-    waiters: dict[str, list[asyncio.Future]] = field(default_factory=lambda: defaultdict(list))
     # Last problem reported per place (mover, listener, a topic), so that a
     # lasting outage is logged once, and its end too.
     problems: dict[str, str] = field(default_factory=dict)
 
 
-class RedisBroker:
-    """The broker over one Redis database (or Redis Cluster); same request
-    methods as `broker.service.Broker`. `await start()` checks the
+class RedisBroker(Lifecycle):
+    """The broker over one Redis database (or Redis Cluster); a
+    `broker.backend.Backend`, as the disk broker is. `await start()` checks the
     connection and launches the mover and the wake listener; `await stop()`
     ends them and closes the client.
 
@@ -590,18 +111,16 @@ class RedisBroker:
     O(log n) in Redis; the mover costs one TICK per topic per round.
     """
 
-    def __init__(self, client: aioredis.Redis | RedisCluster, clock, defaults: Defaults, metrics: Metrics,
+    def __init__(self, client: aioredis.Redis | RedisCluster, clock: Clock, defaults: Defaults, metrics: Metrics,
                  config: RedisConfig | None = None, *, url: str = "redis") -> None:
+        super().__init__()  # (Lifecycle: stopping, failing, long-poll waiters)
         self.redis = client
         self.clock = clock
         self.defaults = defaults
         self.metrics = metrics
         self.config = config or RedisConfig()
         self.url = redact(url)
-        self.failed: BaseException | None = None
-        self.on_fatal: Callable[[BaseException], None] | None = None
         self._state = _State()
-        self._stopping = False
         self._mover_wake = asyncio.Event()
         self._next_due_ms = 0
         self._subscribed = asyncio.Event()
@@ -611,7 +130,7 @@ class RedisBroker:
         self._scripts = {name: client.register_script(source) for name, source in SCRIPTS.items()}
 
     @classmethod
-    def from_url(cls, url: str, clock, defaults: Defaults, metrics: Metrics,
+    def from_url(cls, url: str, clock: Clock, defaults: Defaults, metrics: Metrics,
                  config: RedisConfig | None = None) -> RedisBroker:
         """`url` as redis-py takes it (redis://[:password@]HOST:PORT/DB,
         rediss:// for TLS), plus `?cluster=1` for a Redis Cluster (any of its
@@ -710,26 +229,16 @@ class RedisBroker:
             task.add_done_callback(self._task_ended)
         wait_s = 2 * (self.config.connect_timeout_ms + self.config.command_timeout_ms) / 1000
         try:
-            await asyncio.wait_for(self._subscribed.wait(), wait_s)
+            await self.clock.wait_for(self._subscribed.wait(), wait_s)
         except TimeoutError:
             raise Unavailable(f"cannot subscribe to the wake channel on Redis at {self.url}: "
                               f"{self._state.problems.get('wake listener', 'no answer')}") from None
 
-    def _task_ended(self, task: asyncio.Task) -> None:
-        if not task.cancelled() and task.exception() is not None:
-            self.fail(task.exception(), f"task {task.get_name()}")
-
-    def fail(self, error: BaseException, where: str) -> None:
-        if self.failed is None:
-            log.critical("%s failed: %r; the node stops serving", where, error)
-            self.failed = error
-            self.begin_stop()
-            if self.on_fatal is not None:
-                self.on_fatal(error)
+    _log = log
+    _failure_words = "the node stops serving"
 
     def begin_stop(self) -> None:
-        self._stopping = True
-        self.wake_all()
+        super().begin_stop()
         self._mover_wake.set()
 
     async def stop(self) -> None:
@@ -738,10 +247,6 @@ class RedisBroker:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.redis.aclose()
-
-    def _check_serving(self) -> None:
-        if self._stopping:
-            raise Unavailable("the node is stopping")
 
     # == background tasks ==========================================================
 
@@ -764,7 +269,7 @@ class RedisBroker:
             finally:
                 with contextlib.suppress(*REDIS_ERRORS, OSError):
                     await pubsub.aclose()
-            await asyncio.sleep(self.config.poll_ms / 1000)
+            await self.clock.sleep(self.config.poll_ms / 1000)
 
     async def _mover(self) -> None:
         while not self._stopping:
@@ -820,15 +325,6 @@ class RedisBroker:
         else:
             self._report("wake publisher", None)
 
-    def _wake(self, topic: str) -> None:
-        for future in self._state.waiters.pop(topic, ()):
-            if not future.done():
-                future.set_result(None)
-
-    def wake_all(self) -> None:
-        for topic in list(self._state.waiters):
-            self._wake(topic)
-
     # == requests ================================================================
 
     async def send(self, sends: Sequence[NewSend | NewMessage]) -> list[Message]:
@@ -844,7 +340,7 @@ class RedisBroker:
         if any(n.key for n in batch):
             raise InvalidRequest("key", "serial keys are served by the disk backend; the Redis backend refuses "
                                         "them rather than deliver a key's messages at once (for per-key serial "
-                                        "consumption on Redis, see broker.redis_rmq)")
+                                        "consumption on Redis, see broker.redis.rmq)")
         strict = {i for i, s in enumerate(sends) if s.strict}
         now_ms = self.clock.now_ms()
         new_topics = {n.topic for n in batch} - self._state.registered
@@ -917,30 +413,19 @@ class RedisBroker:
         in case a wake was lost with a connection). `gone()` says the client hung up:
         then nothing is taken, and what was taken meanwhile goes back to
         READY with its retry unchanged (as the disk broker does)."""
-        deadline = time.monotonic() + request.long_polling_timeout_ms / 1000
-        while True:
-            if self._stopping or gone():
-                return []
-            future = asyncio.get_running_loop().create_future()
-            self._state.waiters[request.topic].append(future)  # before pulling: a wake in between counts
-            try:
-                messages, ack_deadline = await self._pull(request)
-                if messages and gone():
-                    await self._give_back(request.topic, messages, ack_deadline)
-                    return []
-                remaining = deadline - time.monotonic()
-                if messages or remaining <= 0:
-                    return messages
-                try:  # pull again at least every poll_ms: a wake lost with a connection costs no more
-                    await asyncio.wait_for(future, min(remaining, self.config.poll_ms / 1000))
-                except TimeoutError:
-                    pass
-            finally:
-                waiters = self._state.waiters.get(request.topic)
-                if waiters and future in waiters:
-                    waiters.remove(future)
-                    if not waiters:
-                        del self._state.waiters[request.topic]
+        ack_deadline = ""
+
+        async def pull() -> list[Message]:
+            nonlocal ack_deadline
+            messages, ack_deadline = await self._pull(request)
+            return messages
+
+        async def give_back(messages: list[Message]) -> None:
+            await self._give_back(request.topic, messages, ack_deadline)
+
+        # the waiter set before each pull: another process's wake meanwhile counts
+        return await self._wait_ready(request.topic, request.long_polling_timeout_ms, pull, give_back, gone,
+                                      wait_before_pull=True, repoll_s=self.config.poll_ms / 1000)
 
     async def _give_back(self, topic: str, messages: list[Message], ack_deadline: str) -> None:
         """Pulled for a client that is gone: READY again, as if never pulled."""
@@ -1091,13 +576,7 @@ class RedisBroker:
         now_ms = self.clock.now_ms()
         bounds = [str(now_ms + upper) for _, upper in WAITING_BUCKETS if upper is not None]
         waiting, ready, consuming, *buckets = await self._script("info", topic, bounds)
-        return {
-            "topic": topic,
-            "waitingQueueSize": waiting,
-            "waitingQueueInfo": {name: n for (name, _), n in zip(WAITING_BUCKETS, buckets)},
-            "readyQueueSize": ready,
-            "ackQueueSize": consuming,
-        }
+        return topic_info_json(topic, waiting, buckets, ready, consuming)
 
     async def topic_infos(self, topics: Sequence[str]) -> list[dict]:
         """`topic_info` of each of `topics` (a script each: Redis counts by score)."""

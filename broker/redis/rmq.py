@@ -33,7 +33,7 @@ store (retry or re-drive) while another with its key is pending merges into
 that newer one (it is dropped; the pending one carries the latest body).
 
 Keys of slot i of topic T (P = "<key_prefix>:rmq:{T':i}:", T' escaped as
-in `broker.redis_backend.escape_topic`; the braces are the slot's Redis
+in `broker.redis.keys.escape_topic`; the braces are the slot's Redis
 Cluster hash tag, so each script touches one slot):
 
     | key        | type | member -> value                                      |
@@ -84,7 +84,7 @@ time, in order, even across a handover.
 Usage:
 
     import asyncio
-    from broker.redis_rmq import Kind, RmqConfig, RmqTopic
+    from broker.redis.rmq import Kind, RmqConfig, RmqTopic
 
     async def main():
         prices = await RmqTopic.connect("redis://127.0.0.1:6379/0", "price-changed", Kind.RANGE_MERGE,
@@ -116,10 +116,11 @@ from dataclasses import dataclass
 
 import redis.asyncio as aioredis
 
-from storage.errors import InvalidRequest
+from storage.errors import ConfigError, InvalidRequest
 
-from .redis_backend import escape_topic
-from .redis_shards import (
+from .keys import escape_topic
+from .scripts import load_scripts
+from .shards import (
     MAX_DELAY_MS,
     RedisAdapterError,
     RedisQueueConfig,
@@ -151,7 +152,7 @@ class Outcome(enum.Enum):
 
 
 class TopicMismatch(RedisAdapterError):
-    """The topic is already defined in Redis with another kind or slot count
+    """Raised when the topic is already defined in Redis with another kind or slot count
     (RMQ: a topic name has one topicType and slotAmount)."""
 
 
@@ -175,11 +176,11 @@ class RmqConfig(RedisQueueConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         if not 1 <= self.slots <= 16384 or self.slots & (self.slots - 1):
-            raise ValueError(f"slots must be a power of 2 from 1 to 16384, got {self.slots}")
+            raise ConfigError(f"slots must be a power of 2 from 1 to 16384, got {self.slots}")
         at_least(self, 0, "max_retries", "retry_delay_ms")
         at_least(self, 1, "ack_timeout_ms", "sweep_ms")
         if self.retry_delay_ms > MAX_DELAY_MS:
-            raise ValueError(f"retry_delay_ms must be at most {MAX_DELAY_MS}, got {self.retry_delay_ms}")
+            raise ConfigError(f"retry_delay_ms must be at most {MAX_DELAY_MS}, got {self.retry_delay_ms}")
 
 
 @dataclass(frozen=True)
@@ -205,159 +206,10 @@ class RmqSizes:
     dead: int
 
 
-# Every script: KEYS = store, prepare, dead, pending, body, key, retry, prio,
-# lease of one slot; ARGV[1] = the topic's kind.
-_RMQ_COMMON = """
-local kind = ARGV[1]
-local function forget(id)
-  for i = 5, 8 do redis.call('HDEL', KEYS[i], id) end
-end
--- An id in no zset goes back to the store, due at due_ms (priority topics:
--- at its priority), unless a message with its key is pending: then it
--- merges into that newer one (is forgotten). 1 if stored.
-local function restore(id, due_ms)
-  local key = redis.call('HGET', KEYS[6], id)
-  if redis.call('HEXISTS', KEYS[4], key) == 1 then forget(id) return 0 end
-  local score = due_ms
-  if kind == 'priority' then score = redis.call('HGET', KEYS[8], id) end
-  redis.call('ZADD', KEYS[1], score, id)
-  redis.call('HSET', KEYS[4], key, id)
-  return 1
-end
--- Store -> prepare: up to `count` deliverable ids, due by `now`.
-local function take(now, deadline, count)
-  local ids
-  if kind == 'priority' then
-    ids = redis.call('ZREVRANGE', KEYS[1], 0, count - 1)
-  else
-    ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, count)
-  end
-  local out = {}
-  for _, id in ipairs(ids) do
-    local key = redis.call('HGET', KEYS[6], id)
-    redis.call('ZREM', KEYS[1], id)
-    redis.call('HDEL', KEYS[4], key)
-    redis.call('ZADD', KEYS[2], deadline, id)
-    out[#out + 1] = id
-    out[#out + 1] = key
-    out[#out + 1] = redis.call('HGET', KEYS[5], id)
-    out[#out + 1] = redis.call('HGET', KEYS[7], id) or '0'
-  end
-  local head = false
-  if kind ~= 'priority' then head = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')[2] or false end
-  return {head, out}
-end
--- A failed delivery of an id in prepare.
-local function fail(id, now, due_ms, max_retries)
-  redis.call('ZREM', KEYS[2], id)
-  if redis.call('HINCRBY', KEYS[7], id, 1) > max_retries then
-    redis.call('ZADD', KEYS[3], now, id)
-    return 'dead'
-  end
-  if restore(id, due_ms) == 1 then return 'retry' end
-  return 'merged'
-end
-"""
-
-SCRIPTS = {
-    # ARGV: kind id key body score -> {1 stored | 0 merged, id}
-    "send": _RMQ_COMMON + """
-local old = redis.call('HGET', KEYS[4], ARGV[3])
-if old then
-  if kind ~= 'range-merge' then redis.call('ZADD', KEYS[1], ARGV[5], old) end
-  if kind == 'priority' then redis.call('HSET', KEYS[8], old, ARGV[5]) end
-  redis.call('HSET', KEYS[5], old, ARGV[4])
-  return {0, old}
-end
-local id = ARGV[2]
-redis.call('ZADD', KEYS[1], ARGV[5], id)
-redis.call('HSET', KEYS[4], ARGV[3], id)
-redis.call('HSET', KEYS[5], id, ARGV[4])
-redis.call('HSET', KEYS[6], id, ARGV[3])
-if kind == 'priority' then redis.call('HSET', KEYS[8], id, ARGV[5]) end
-return {1, id}
-""",
-    # Store -> prepare. ARGV: kind now deadline count
-    # -> {next due score | false, {id, key, body, retries, ...}}
-    "pop": _RMQ_COMMON + """
-return take(ARGV[2], ARGV[3], tonumber(ARGV[4]))
-""",
-    # A worker's pop (RmqWorker): one message, only while the worker holds
-    # the slot's lease and nothing of the slot is in prepare (one delivery
-    # at a time per slot: per key). ARGV: kind now deadline worker
-    # -> {next due score | false, {id, key, body, retries}} or {false, {}}
-    "pop_serial": _RMQ_COMMON + """
-if redis.call('GET', KEYS[9]) ~= ARGV[4] or redis.call('ZCARD', KEYS[2]) > 0 then return {false, {}} end
-return take(ARGV[2], ARGV[3], 1)
-""",
-    # Take or renew the slot's lease. ARGV: kind worker lease_ms -> 1 held | 0 another's
-    "lease": _RMQ_COMMON + """
-local holder = redis.call('GET', KEYS[9])
-if holder and holder ~= ARGV[2] then return 0 end
-redis.call('SET', KEYS[9], ARGV[2], 'PX', ARGV[3])
-return 1
-""",
-    # Give the slot up, if held and nothing of it is being consumed.
-    # ARGV: kind worker -> 1 released | 0 kept
-    "release": _RMQ_COMMON + """
-if redis.call('GET', KEYS[9]) ~= ARGV[2] or redis.call('ZCARD', KEYS[2]) > 0 then return 0 end
-redis.call('DEL', KEYS[9])
-return 1
-""",
-    # ARGV: kind id -> 1 acked | 0 not in prepare
-    "ack": _RMQ_COMMON + """
-if redis.call('ZREM', KEYS[2], ARGV[2]) == 0 then return 0 end
-forget(ARGV[2])
-return 1
-""",
-    # ARGV: kind now due_ms max_retries id -> 'retry' | 'merged' | 'dead' | 'gone'
-    "nack": _RMQ_COMMON + """
-if not redis.call('ZSCORE', KEYS[2], ARGV[5]) then return 'gone' end
-return fail(ARGV[5], ARGV[2], ARGV[3], tonumber(ARGV[4]))
-""",
-    # Deadlines <= now: failed deliveries. ARGV: kind now due_ms max_retries limit -> how many
-    "timeouts": _RMQ_COMMON + """
-local ids = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', ARGV[2], 'LIMIT', 0, tonumber(ARGV[5]))
-for _, id in ipairs(ids) do fail(id, ARGV[2], ARGV[3], tonumber(ARGV[4])) end
-return #ids
-""",
-    # Dead -> store, failure count 0. ARGV: kind now id... -> how many left the dead queue
-    "redrive": _RMQ_COMMON + """
-local n = 0
-for i = 3, #ARGV do
-  if redis.call('ZREM', KEYS[3], ARGV[i]) == 1 then
-    redis.call('HDEL', KEYS[7], ARGV[i])
-    restore(ARGV[i], ARGV[2])
-    n = n + 1
-  end
-end
-return n
-""",
-    # As redrive, the oldest deaths first. ARGV: kind now limit -> how many
-    "redrive_oldest": _RMQ_COMMON + """
-local ids = redis.call('ZRANGE', KEYS[3], 0, tonumber(ARGV[3]) - 1)
-for _, id in ipairs(ids) do
-  redis.call('ZREM', KEYS[3], id)
-  redis.call('HDEL', KEYS[7], id)
-  restore(id, ARGV[2])
-end
-return #ids
-""",
-    # Read only. ARGV: kind limit -> {id, died_ms, key, body, retries, ...}, oldest first
-    "dead": _RMQ_COMMON + """
-local out = {}
-local dead = redis.call('ZRANGE', KEYS[3], 0, tonumber(ARGV[2]) - 1, 'WITHSCORES')
-for i = 1, #dead, 2 do
-  local id = dead[i]
-  out[#out + 1] = id
-  out[#out + 1] = dead[i + 1]
-  out[#out + 1] = redis.call('HGET', KEYS[6], id)
-  out[#out + 1] = redis.call('HGET', KEYS[5], id)
-  out[#out + 1] = redis.call('HGET', KEYS[7], id) or '0'
-end
-return out
-""",
-}
+# Every script (broker/redis/lua/rmq/): KEYS = store, prepare, dead, pending,
+# body, key, retry, prio, lease of one slot; ARGV[1] = the topic's kind.
+SCRIPTS = load_scripts("rmq", with_common=("send", "pop", "pop_serial", "lease", "release", "ack", "nack", "timeouts",
+                                           "redrive", "redrive_oldest", "dead"))
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,159 @@
+"""What the HTTP API (broker.api) needs of a backend, and what every
+backend shares.
+
+`Backend` is the protocol `broker.api.Api` types against. Two classes
+implement it: the disk `broker.service.Broker` (SPEC.md section 3 over the
+commit log and the timing wheel) and `broker.redis.backend.RedisBroker`
+(the same lifecycle in Redis, one Lua script per transition). Both answer
+the same calls with the same outcomes: a message, a list, or one of the
+errors of storage.errors (InvalidRequest 400, NotFound 404, Conflict 409,
+Unavailable 503). Starting differs (the disk broker's `start()` launches
+its tasks at once; Redis's is awaited, as it checks the connection), so
+the server starts each itself; stopping is `begin_stop()` then `stop()`
+(broker.lifecycle, shared).
+
+Also here, neutral ground both backends import (neither imports the
+other): camellia's names for the waiting queue's delay buckets, the shape
+of a TopicInfo, and the bounds of a dead-letter page.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+from storage.entry import Message, Status
+from storage.errors import InvariantError
+from storage.store import NewMessage
+from wheel.clock import Clock
+
+from .metrics import Metrics
+from .params import AckRequest, Defaults, DeleteRequest, LongPollRequest, NewSend, PullRequest
+
+
+def new_msg_id() -> str:
+    """32 random hex digits, as uuid4().hex without its version bits (a fifth of its cost)."""
+    return os.urandom(16).hex()
+
+
+class Backend(Protocol):
+    """The queues behind the HTTP API. Every method runs on the event loop;
+    each request method raises Unavailable once `begin_stop()` was called."""
+
+    clock: Clock
+    defaults: Defaults  # what a request leaves out
+    metrics: Metrics
+    failed: BaseException | None  # why the backend stopped itself (None: it did not)
+    on_fatal: Callable[[BaseException], None] | None  # called once when it does
+
+    async def send(self, sends: Sequence[NewSend | NewMessage]) -> list[Message]:
+        """Store new messages; a duplicate id answers the stored message."""
+        ...
+
+    async def pull(self, request: PullRequest | LongPollRequest) -> list[Message]:
+        """Up to `batch` READY messages of the topic, now CONSUMING."""
+        ...
+
+    async def long_poll(self, request: LongPollRequest, gone: Callable[[], bool] = ...) -> list[Message]:
+        """As pull, waiting up to the timeout for a READY message; `gone()`:
+        the client hung up (nothing is taken)."""
+        ...
+
+    async def ack(self, request: AckRequest) -> None:
+        """Ack (-> ACKED) or nack (-> READY, or ENDED) one message."""
+        ...
+
+    async def ack_many(self, topic: str, msg_ids: Sequence[str], ack: bool = True) -> list[Status | None]:
+        """`ack` of each id; each one's status after it (None: unknown)."""
+        ...
+
+    async def delete(self, request: DeleteRequest) -> None:
+        """A live message -> DELETED; NotFound for an unknown or ended one."""
+        ...
+
+    async def get(self, topic: str, msg_id: str) -> Message:
+        """The message as committed; NotFound if there is none."""
+        ...
+
+    async def reschedule(self, topic: str, msg_id: str, trigger_ms: int) -> Message:
+        """A WAITING or READY message gets a new trigger time; else Conflict."""
+        ...
+
+    async def list_dead(self, topic: str, statuses: frozenset[Status], cursor: str | None,
+                        limit: int) -> tuple[list[Message], str | None]:
+        """A page of dead letters (5, 6) and the next page's cursor."""
+        ...
+
+    async def redrive(self, topic: str, msg_id: str) -> Message:
+        """A dead letter READY again, retry 0; else Conflict."""
+        ...
+
+    async def redrive_all(self, topic: str, limit: int) -> tuple[int, bool]:
+        """Up to `limit` dead letters READY again; how many, and if more are left."""
+        ...
+
+    async def topic_info(self, topic: str) -> dict[str, object]:
+        """camellia's TopicInfo (`topic_info_json`)."""
+        ...
+
+    async def topic_infos(self, topics: Sequence[str]) -> list[dict[str, object]]:
+        """`topic_info` of each topic."""
+        ...
+
+    def topic_list(self) -> list[str]:
+        """The topics known, sorted."""
+        ...
+
+    def wake_all(self) -> None:
+        """Answer every long poll now (going offline, broker.health)."""
+        ...
+
+    def begin_stop(self) -> None:
+        """Refuse new work (503) and answer every long poll now."""
+        ...
+
+    async def stop(self) -> None:
+        """Finish: stop the background tasks (after the server's requests)."""
+        ...
+
+# getTopicInfo's waitingQueueInfo buckets, as camellia names them: upper
+# bounds of time-until-trigger, in ms.
+WAITING_BUCKETS = (
+    ("sizeOf0To1min", 60_000),
+    ("sizeOf1minTo10min", 600_000),
+    ("sizeOf10minTo30min", 1_800_000),
+    ("sizeOf30minTo1hour", 3_600_000),
+    ("sizeOf1hourTo6hour", 6 * 3_600_000),
+    ("sizeOf6hourTo1day", 24 * 3_600_000),
+    ("sizeOf1dayTo7day", 7 * 24 * 3_600_000),
+    ("sizeOf7dayTo30day", 30 * 24 * 3_600_000),
+    ("sizeOf30dayToInfinite", None),
+)
+
+
+# listDeadMsg and redriveMsg all=true read at most this many index entries
+# (Redis: members) per page or step; a re-drive moves at most REDRIVE_STEP
+# messages a record (Redis: a script).
+DEAD_SCAN = 65536
+REDRIVE_STEP = 1000
+
+
+def waiting_bucket(until_trigger_ms: int) -> int:
+    """The index in WAITING_BUCKETS of a message triggering in `until_trigger_ms`."""
+    for i, (_, upper) in enumerate(WAITING_BUCKETS):
+        if upper is None or until_trigger_ms < upper:
+            return i
+    raise InvariantError("the last bucket is unbounded")
+
+
+def topic_info_json(topic: str, waiting: int, buckets: list[int], ready: int, consuming: int) -> dict[str, object]:
+    """camellia's TopicInfo: queue sizes and the waiting queue by delay
+    bucket (`buckets` counts per WAITING_BUCKETS entry)."""
+    return {
+        "topic": topic,
+        "waitingQueueSize": waiting,
+        "waitingQueueInfo": {name: n for (name, _), n in zip(WAITING_BUCKETS, buckets)},
+        "readyQueueSize": ready,
+        "ackQueueSize": consuming,
+    }

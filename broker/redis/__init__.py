@@ -1,0 +1,14 @@
+"""Everything hourglass keeps in Redis, apart from the disk broker.
+
+    backend.py  RedisBroker: SPEC.md section 3 in Redis, the HTTP API's
+                second backend (`hourglass serve --backend redis://...`)
+    keys.py     its configuration, key names and URL
+    shards.py   sharded queues, the ground dyno.py and rmq.py stand on
+    dyno.py     Netflix Dyno-queues' push/pop/ack/unack interface
+    rmq.py      RMQ's three message kinds
+    scripts.py  loads the Lua scripts of lua/<family>/*.lua
+
+The package needs the `redis` extra; nothing outside it imports it except
+where `--backend redis://` is chosen (broker.server), so the disk broker
+runs without it.
+"""

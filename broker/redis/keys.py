@@ -1,0 +1,147 @@
+"""The Redis backend's configuration and key names.
+
+Keys of topic T (P = "<prefix>:{T'}:", T' = T with % { } : percent-escaped,
+so the braces hold a Redis Cluster hash tag: every key of a topic is in one
+slot, and escaping keeps a topic from forging another topic's keys):
+
+    P waiting  zset  msgId -> triggerTime ms                          status 1
+    P ready    zset  rk, all scores 0 (ordered by the member's bytes)      2
+    P tagged   zset  "<tag>,<rk>", scores 0: ready messages with a tag      2
+    P expire   zset  msgId -> expireTime ms, of READY messages             2
+    P ack      zset  msgId -> ack deadline ms                              3
+    P meta     hash  msgId -> JSON of strings: produce trigger ttl expire
+                     maxRetry priority tag rk status retry
+    P body     hash  msgId -> msg
+    P retire   zset  msgId -> when a final (4..7) message is purged
+    <prefix>:topics   set of topic names (not hash-tagged; never in a script)
+    <prefix>:wake:<T> pub/sub channel: "a message of T became READY"
+
+rk = "%05d%015d:msgId" % (32767 - priority, triggerTime): ready order is
+the bytes of rk, i.e. (-priority, trigger, msgId), exact with no float
+arithmetic. A pull filtered by tags reads the head of each tag's range of
+`tagged` (ZRANGEBYLEX "[tag," "(tag-": a tag holds no comma, and "-"
+follows ","), and takes the smallest rk, compared bytewise. Every script
+receives all eight keys in KEYS and builds no key name itself, as Redis
+Cluster requires (tests/integration/test_redis_cluster.py checks it by
+running the scripts with every undeclared key access made an error).
+
+Scripts never print a time (a Lua number printed by an old Redis loses
+digits past 14): the caller passes `now_ms`, deadlines and purge times as
+strings, the expire time is stored at send, and times are compared (exact
+below 2^53), not computed.
+
+The URL of `--backend redis://...` is checked here too (`split_cluster_flag`:
+`?cluster=1` selects Redis Cluster), and shown only with its password
+hidden (`redact`).
+"""
+
+from __future__ import annotations
+
+import urllib.parse
+from dataclasses import dataclass
+
+from storage.errors import ConfigError
+from storage.store import MAX_PRIORITY
+
+# The type each key of a topic must have, in the order scripts get them as KEYS.
+KEY_TYPES = {"waiting": "zset", "ready": "zset", "tagged": "zset", "expire": "zset", "ack": "zset",
+             "meta": "hash", "body": "hash", "retire": "zset"}
+
+
+@dataclass(frozen=True)
+class RedisConfig:
+    # First part of every key and channel name.
+    key_prefix: str = "hg"
+    # How long a final (4..7) message stays readable by getMsg.
+    retention_ms: int = 24 * 3_600_000
+    # Longest the mover sleeps with nothing due: it also rereads the topic set,
+    # so a topic only another process sends to is swept within this.
+    poll_ms: int = 1000
+    # Most messages one step of a TICK script handles (a script blocks Redis).
+    script_batch: int = 1000
+    # Longest wait for a connection, and for any answer, before the request
+    # fails with 503 (a stopped Redis must not hang requests).
+    connect_timeout_ms: int = 2000
+    command_timeout_ms: int = 5000
+    # Quick retries of a failed connection (backoff 50 ms doubling, at most
+    # 500 ms) before the request fails: they bridge a Redis restart.
+    retries: int = 3
+
+    def __post_init__(self) -> None:
+        check_key_prefix(self.key_prefix)
+        at_least(self, 1, "retention_ms", "poll_ms", "script_batch", "connect_timeout_ms", "command_timeout_ms")
+        at_least(self, 0, "retries")
+
+
+def check_key_prefix(key_prefix: str) -> None:
+    """For a config's __post_init__: braces in the prefix would move the
+    Redis Cluster hash tag."""
+    if not key_prefix or any(c in key_prefix for c in "{}"):
+        raise ConfigError(f"key_prefix must be non-empty without braces, got {key_prefix!r}")
+
+
+def at_least(config: object, low: int, *fields: str) -> None:
+    """For a config's __post_init__: each named field must be >= low."""
+    for name in fields:
+        if getattr(config, name) < low:
+            raise ConfigError(f"{name} must be at least {low}, got {getattr(config, name)}")
+
+
+def escape_topic(topic: str) -> str:
+    """Injective, and free of the characters that delimit keys and hash tags."""
+    return topic.replace("%", "%25").replace("{", "%7B").replace("}", "%7D").replace(":", "%3A")
+
+
+def ready_member(priority: int, trigger_ms: int, msg_id: str) -> str:
+    """rk: its bytes order ready messages by (-priority, trigger, msgId)."""
+    return f"{MAX_PRIORITY - priority:05d}{trigger_ms:015d}:{msg_id}"
+
+
+@dataclass(frozen=True)
+class TopicKeys:
+    """The keys of one topic, all in one Redis Cluster slot."""
+
+    waiting: str
+    ready: str
+    tagged: str
+    expire: str
+    ack: str
+    meta: str
+    body: str
+    retire: str
+
+    @classmethod
+    def of(cls, key_prefix: str, topic: str) -> TopicKeys:
+        p = f"{key_prefix}:{{{escape_topic(topic)}}}:"
+        return cls(*(p + name for name in KEY_TYPES))
+
+    @property
+    def all(self) -> list[str]:
+        """KEYS of every script, in KEY_TYPES order."""
+        return [getattr(self, name) for name in KEY_TYPES]
+
+
+def split_cluster_flag(url: str) -> tuple[str, bool]:
+    """(the URL for redis-py, whether it asks for Redis Cluster): the query
+    parameter `cluster=1` (or true, yes) selects RedisCluster, which knows
+    only database 0."""
+    parts = urllib.parse.urlsplit(url)
+    query = urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
+    flags = [v for k, v in query if k == "cluster"]
+    if flags and flags[-1].lower() not in ("1", "true", "yes", "0", "false", "no"):
+        raise ConfigError(f"--backend {redact(url)}: cluster must be 1 or 0, got {flags[-1]!r}")
+    cluster = bool(flags) and flags[-1].lower() in ("1", "true", "yes")
+    rest = urllib.parse.urlencode([(k, v) for k, v in query if k != "cluster"])
+    if cluster and parts.path.strip("/") not in ("", "0"):
+        raise ConfigError(f"--backend {redact(url)}: Redis Cluster has only database 0, got {parts.path!r}")
+    return urllib.parse.urlunsplit(parts._replace(query=rest)), cluster
+
+
+def redact(url: str) -> str:
+    """The URL with its password replaced by ***, for messages and logs."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.netloc.rpartition("@")[2]
+    return urllib.parse.urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))

@@ -1,0 +1,23 @@
+-- ARGV: id ack(1|0) now retire_at
+-- -> 'NF' | 'OK' | 'NOOP' | 'READY' (nack requeued) | 'ENDED' (nack ended it)
+-- An ack of a WAITING, READY or CONSUMING message acks it; anything else
+-- changes nothing (camellia answers success).
+local id = ARGV[1]
+local m = load(id)
+if not m then return 'NF' end
+local st = m.status
+if ARGV[2] == '1' then
+  if st == '1' then redis.call('ZREM', WAITING, id)
+  elseif st == '2' then ready_remove(id, m)
+  elseif st == '3' then redis.call('ZREM', ACK, id)
+  else return 'NOOP' end
+  finish(id, m, '4', ARGV[4])
+  save(id, m)
+  return 'OK'
+end
+if st ~= '3' then return 'NOOP' end
+redis.call('ZREM', ACK, id)
+local ready = retry_or_end(id, m, ARGV[3], ARGV[4])
+save(id, m)
+if ready then return 'READY' end
+return 'ENDED'

@@ -1,0 +1,56 @@
+-- Shared by every script. KEYS are a topic's eight keys (TopicKeys.all); a
+-- message is a table of strings, read with load() and written with save().
+local WAITING, READY, TAGGED, EXPIRE, ACK, META, BODY, RETIRE =
+  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
+local function load(id)
+  local raw = redis.call('HGET', META, id)
+  if raw then return cjson.decode(raw) end
+  return nil
+end
+local function save(id, m)
+  local raw = cjson.encode(m)
+  redis.call('HSET', META, id, raw)
+  return raw
+end
+-- Bytewise, as zset members are ordered (Lua's < follows Redis's locale).
+local function less(a, b)
+  for i = 1, math.min(#a, #b) do
+    local x, y = string.byte(a, i), string.byte(b, i)
+    if x ~= y then return x < y end
+  end
+  return #a < #b
+end
+local function ready_add(id, m)
+  redis.call('ZADD', READY, 0, m.rk)
+  if m.tag ~= '' then redis.call('ZADD', TAGGED, 0, m.tag .. ',' .. m.rk) end
+  redis.call('ZADD', EXPIRE, m.expire, id)
+  m.status = '2'
+end
+local function ready_remove(id, m)
+  redis.call('ZREM', READY, m.rk)
+  if m.tag ~= '' then redis.call('ZREM', TAGGED, m.tag .. ',' .. m.rk) end
+  redis.call('ZREM', EXPIRE, id)
+end
+local function finish(id, m, status, retire_at)
+  m.status = status
+  redis.call('ZADD', RETIRE, retire_at, id)
+end
+-- A CONSUMING message (already out of ACK) is READY again, or ends (6)
+-- after maxRetry + 1 deliveries (retry counts pulls) or past its expire
+-- time. True if READY.
+local function retry_or_end(id, m, now, retire_at)
+  if tonumber(m.retry) > tonumber(m.maxRetry) or tonumber(now) >= tonumber(m.expire) then
+    finish(id, m, '6', retire_at)
+    return false
+  end
+  ready_add(id, m)
+  return true
+end
+-- A message out of READY past its expire time: 5 if never delivered, else 6.
+local function end_expired(id, m, retire_at)
+  if m.retry == '0' then finish(id, m, '5', retire_at) else finish(id, m, '6', retire_at) end
+end
+local function head_score(key)
+  local h = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
+  return h[2] or false
+end

@@ -1,0 +1,20 @@
+-- ARGV: id release(1|0) retire_at -> 'NF' | 'OK' | 'NOOP' (ended: nothing to
+-- delete; released all the same when asked)
+local id = ARGV[1]
+local m = load(id)
+if not m then return 'NF' end
+local st = m.status
+if st == '1' then redis.call('ZREM', WAITING, id)
+elseif st == '2' then ready_remove(id, m)
+elseif st == '3' then redis.call('ZREM', ACK, id) end
+if ARGV[2] == '1' then
+  redis.call('HDEL', META, id)
+  redis.call('HDEL', BODY, id)
+  redis.call('ZREM', RETIRE, id)
+  if st ~= '1' and st ~= '2' and st ~= '3' then return 'NOOP' end
+  return 'OK'
+end
+if st ~= '1' and st ~= '2' and st ~= '3' then return 'NOOP' end
+finish(id, m, '7', ARGV[3])
+save(id, m)
+return 'OK'

@@ -1,0 +1,10 @@
+-- getTopicInfo. ARGV: the waiting buckets' upper bounds (trigger ms, exclusive)
+-- -> {waiting, ready, consuming, count per bucket...}
+local out = {redis.call('ZCARD', WAITING), redis.call('ZCARD', READY), redis.call('ZCARD', ACK)}
+local low = '-inf'
+for i = 1, #ARGV do
+  out[#out + 1] = redis.call('ZCOUNT', WAITING, low, '(' .. ARGV[i])
+  low = ARGV[i]
+end
+out[#out + 1] = redis.call('ZCOUNT', WAITING, low, '+inf')
+return out

@@ -1,0 +1,33 @@
+-- ARGV: now retire_at, then per message: id msg produce trigger ttl expire
+-- maxRetry priority tag rk strict. -> per message {'1'|'2'|'5'} (stored:
+-- waiting, ready, expired) or {'0', meta, body} (the id exists: the stored
+-- message). An id whose message has ended (4-7) is stored anew unless
+-- `strict` is '1' (camellia stores the new one).
+local now, retire_at = tonumber(ARGV[1]), ARGV[2]
+local out = {}
+for i = 3, #ARGV, 11 do
+  local id = ARGV[i]
+  local raw = redis.call('HGET', META, id)
+  if raw and ARGV[i + 10] ~= '1' and tonumber(cjson.decode(raw).status) >= 4 then
+    redis.call('ZREM', RETIRE, id)
+    raw = nil
+  end
+  if raw then
+    out[#out + 1] = {'0', raw, redis.call('HGET', BODY, id)}
+  else
+    local m = {produce = ARGV[i + 2], trigger = ARGV[i + 3], ttl = ARGV[i + 4], expire = ARGV[i + 5],
+               maxRetry = ARGV[i + 6], priority = ARGV[i + 7], tag = ARGV[i + 8], rk = ARGV[i + 9],
+               retry = '0', status = '1'}
+    if tonumber(m.trigger) > now then
+      redis.call('ZADD', WAITING, m.trigger, id)
+    elseif now >= tonumber(m.expire) then
+      finish(id, m, '5', retire_at)
+    else
+      ready_add(id, m)
+    end
+    save(id, m)
+    redis.call('HSET', BODY, id, ARGV[i + 1])
+    out[#out + 1] = {m.status}
+  end
+end
+return out

@@ -1,0 +1,48 @@
+-- The mover's step: WAITING -> READY (or EXPIRED past its expire time), ack
+-- timeouts (CONSUMING -> READY retry+1, or 6), READY expiry (5 if never
+-- delivered, else 6), purge of retired final messages. ARGV: now limit
+-- retire_at -> {trigger times made ready, retried, ended, 1 if a step was
+-- cut at limit, next waiting, ack, expire and retire scores (or false)}
+local now, limit, retire_at = ARGV[1], tonumber(ARGV[2]), ARGV[3]
+local triggers, retried, ended = {}, 0, 0
+-- Pops the members of `key` due by now; runs step(id, m) on those whose
+-- message is still in `status`, and saves them. How many were popped.
+local function each_due(key, status, step)
+  local ids = redis.call('ZRANGEBYSCORE', key, '-inf', now, 'LIMIT', 0, limit)
+  for _, id in ipairs(ids) do
+    redis.call('ZREM', key, id)
+    local m = load(id)
+    if m and m.status == status then
+      step(id, m)
+      save(id, m)
+    end
+  end
+  return #ids
+end
+local due = each_due(WAITING, '1', function(id, m)
+  if tonumber(now) >= tonumber(m.expire) then
+    finish(id, m, '5', retire_at)
+    ended = ended + 1
+  else
+    ready_add(id, m)
+    triggers[#triggers + 1] = m.trigger
+  end
+end)
+local timed_out = each_due(ACK, '3', function(id, m)
+  if retry_or_end(id, m, now, retire_at) then retried = retried + 1 else ended = ended + 1 end
+end)
+local expired = each_due(EXPIRE, '2', function(id, m)
+  ready_remove(id, m)
+  end_expired(id, m, retire_at)
+  ended = ended + 1
+end)
+local retired = redis.call('ZRANGEBYSCORE', RETIRE, '-inf', now, 'LIMIT', 0, limit)
+for _, id in ipairs(retired) do
+  redis.call('ZREM', RETIRE, id)
+  redis.call('HDEL', META, id)
+  redis.call('HDEL', BODY, id)
+end
+local full = 0
+if due == limit or timed_out == limit or expired == limit or #retired == limit then full = 1 end
+return {triggers, retried, ended, full, head_score(WAITING), head_score(ACK), head_score(EXPIRE),
+        head_score(RETIRE)}
