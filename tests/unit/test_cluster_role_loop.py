@@ -29,6 +29,7 @@ from broker.cluster import ClusterNode
 from broker.cluster.role_loop import POLL_S, POSITION_TIMEOUT_S
 from broker.config import ServeConfig
 from broker.httpd import Request
+from broker.service import Broker
 from replication import protocol
 from replication.config import ClusterConfig, Peer
 from replication.election import FakeElection
@@ -37,6 +38,7 @@ from replication.log_stream import LeaderLog, serve_catchup
 from replication.roles import RETRY_MS, Role
 from storage.config import StoreConfig
 from storage.entry import MS_PER_HOUR
+from storage.errors import Unavailable
 from storage.store import NewMessage, Store
 from wheel.clock import FakeClock
 
@@ -245,6 +247,22 @@ def broker_stopped(broker) -> bool:
     return all(task.done() for task in broker._tasks)
 
 
+async def leading(h: Harness, term: int) -> tuple[DrivenNode, Broker]:
+    """Start n1 and let Raft elect it in `term`: it leads; returns its broker."""
+    node = await h.start()
+    await h.elect(term)
+    assert node.leads and leadership(node) == [(term, "n1", "start")]
+    return node, node.broker
+
+
+def stood_down(node: ClusterNode, broker: Broker, term: int) -> bool:
+    """The leader of `term` stood down: following, its broker stopped and
+    gone, the end of its term in leadership.log."""
+    return (node.roles.role is Role.FOLLOWER and node.broker is None and node.api.broker is None
+            and node.leader_log is None and broker_stopped(broker)
+            and leadership(node) == [(term, "n1", "start"), (term, "n1", "end")])
+
+
 def send(store: Store, ids: range) -> int:
     for i in ids:
         store.send([NewMessage("t", f"m{i}", "body", START_MS, START_MS + 60_000, 60_000, 1)], START_MS)
@@ -378,4 +396,56 @@ def test_raft_moving_on_while_it_claims_leaves_it_a_follower(tmp_path):
         assert node.roles.role is Role.FOLLOWER and node.broker is None and leadership(node) == []
         await h.run_for(RETRY_MS + 2 * POLL_MS)  # Raft no longer calls it leader: no new attempt
         assert h.election.claims == [3] and len(posted(node, "position")) == 2
+    drive(tmp_path, scenario)
+
+
+# == a leader stands down ============================================================
+
+def test_the_raft_term_moving_on_makes_the_leader_stand_down_and_follow_the_new_one(tmp_path):
+    async def scenario(h: Harness):
+        node, broker = await leading(h, 3)
+        leader_log = node.leader_log
+
+        h.peers["n2"].lead(4)  # n2 is elected in term 4 and claims it
+        h.election.claimed = (4, "n2")
+        await h.elect(4, leader="n2")
+        assert stood_down(node, broker, 3)
+        with pytest.raises(Unavailable, match="no longer leads"):  # a write waiting for followers: 503
+            await leader_log.replicated(leader_log.durable_offset + 1)
+        assert node.tick_file is not None  # following again: the leader's streamed tick is kept here
+        assert await health(node) == ("follower", 4) and node.known_leader() == "n2"
+
+        await h.run_for(5 * POLL_MS)  # the follower loop fetches from the new leader
+        fetches = posted(node, "fetch")
+        assert fetches and all(to == "n2" and m["epoch"] == 4 and not m["catchup"] for to, m in fetches)
+        assert "n1" in h.peers["n2"].leader_log.followers
+        assert epochs_file(node) == node.epochs == Epochs(4, ((4, 0),))  # the new leader's history
+        assert node.broker is None and h.election.claims == [3]
+    drive(tmp_path, scenario)
+
+
+def test_a_newer_candidates_promise_makes_the_leader_stand_down(tmp_path):
+    async def scenario(h: Harness):
+        node, broker = await leading(h, 3)
+        request = Request("POST", "/_cluster/position", b"", {}, protocol.pack({"node": "n2", "epoch": 4}), None)
+        answer = protocol.unpack((await node.on_position(request)).body)
+        assert answer["status"] == "ok" and answer["promised"] == 4
+        assert epochs_file(node) == Epochs(4, ((3, 0),))
+        await h.run_for(POLL_MS)
+        assert stood_down(node, broker, 3)
+
+        # Raft has not told this node yet and still calls it leader of term 3,
+        # but it promised term 4: it does not lead term 3 again
+        await h.run_for(3 * RETRY_MS)
+        assert stood_down(node, broker, 3)
+    drive(tmp_path, scenario)
+
+
+def test_a_failed_broker_makes_the_leader_stand_down(tmp_path):
+    async def scenario(h: Harness):
+        node, broker = await leading(h, 3)
+        broker.failed = OSError("disk full")
+        await h.run_for(POLL_MS)
+        assert stood_down(node, broker, 3)
+        assert node.failed is None  # the node goes on, as a follower
     drive(tmp_path, scenario)
