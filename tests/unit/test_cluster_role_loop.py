@@ -171,6 +171,7 @@ class Harness:
     async def until(self, done, within_ms: int, step_ms: int = 10) -> int:
         """Let time pass in steps until done(); returns the time it took."""
         started = self.clock.now_ms()
+        await self.clock.settle()
         while not done():
             assert self.clock.now_ms() - started < within_ms, f"not done within {within_ms} ms"
             await self.run_for(step_ms)
@@ -449,3 +450,60 @@ def test_a_failed_broker_makes_the_leader_stand_down(tmp_path):
         assert stood_down(node, broker, 3)
         assert node.failed is None  # the node goes on, as a follower
     drive(tmp_path, scenario)
+
+
+# == catching up before leading =======================================================
+
+def longer_log_on_n2(h: Harness) -> tuple[int, int]:
+    """n2's log: records of epoch 1 (n1 has them too, as their follower),
+    then records of epoch 2 that only n2 has. Returns where each ends."""
+    n2 = h.peers["n2"]
+    shared = send(n2.store, range(0, 2))
+    longer = send(n2.store, range(2, 5))
+    n2.epochs = Epochs(2, ((1, 0), (2, shared)))
+    store = Store.open(h.data_dir, STORE, now_ms=START_MS)
+    for offset, body in n2.store.read_log(0, shared, 1 << 20):
+        store.append_replicated(offset, body)
+    store.advance(START_MS)
+    store.sync_log()
+    store.apply_pending()
+    store.close()
+    Epochs(1, ((1, 0),)).save(Epochs.path(h.data_dir))
+    return shared, longer
+
+
+def test_a_peer_with_a_longer_log_in_a_later_epoch_is_caught_up_from_before_leading(tmp_path):
+    async def scenario(h: Harness):
+        shared, longer = longer_log_on_n2(h)
+        node = await h.start()
+        assert node.store.log.end_offset == shared
+        await h.elect(3)
+        assert posted(node, "fetch") == [("n2", {"node": "n1", "epoch": 0, "offset": shared, "last_epoch": 1,
+                                                  "wait_ms": 0, "catchup": True})]
+        assert node.store.log.end_offset == longer
+        assert node.store.read_log(0, longer, 1 << 20) == h.peers["n2"].store.read_log(0, longer, 1 << 20)
+        assert node.leads and h.election.claims == [3] and leadership(node) == [(3, "n1", "start")]
+        assert epochs_file(node) == node.epochs == Epochs(3, ((1, 0), (2, shared), (3, longer)))
+        assert node.leader_log.durable_offset == longer
+        assert (await node.broker.get("t", "m4")).msg_id == "m4"  # a record only n2 had
+    drive(tmp_path, scenario)
+
+
+def test_a_catch_up_that_fails_leaves_it_a_follower_until_the_peer_answers(tmp_path):
+    async def scenario(h: Harness):
+        shared, longer = longer_log_on_n2(h)
+        h.peers["n2"].cut("fetch", how="down")
+        node = await h.start()
+        await h.elect(3)
+        asked_ms = node.posted[0].at_ms
+        assert [to for to, _ in posted(node, "fetch")] == ["n2"]
+        assert node.roles.role is Role.FOLLOWER and node.roles.next_try_ms == asked_ms + RETRY_MS
+        assert node.broker is None and h.election.claims == [] and leadership(node) == []
+        assert node.store.log.end_offset == shared and epochs_file(node) == Epochs(3, ((1, 0),))
+
+        h.peers["n2"].heal()
+        await h.run_for(RETRY_MS + POLL_MS)
+        assert node.leads and node.store.log.end_offset == longer and h.election.claims == [3]
+        assert epochs_file(node) == Epochs(3, ((1, 0), (2, shared), (3, longer)))
+    drive(tmp_path, scenario)
+
