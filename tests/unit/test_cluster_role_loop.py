@@ -26,6 +26,7 @@ import orjson
 import pytest
 
 from broker.cluster import ClusterNode
+from broker.cluster.handover import HANDOVER_TIMEOUT_S
 from broker.cluster.role_loop import POLL_S, POSITION_TIMEOUT_S
 from broker.config import ServeConfig
 from broker.httpd import Request
@@ -507,3 +508,48 @@ def test_a_catch_up_that_fails_leaves_it_a_follower_until_the_peer_answers(tmp_p
         assert epochs_file(node) == Epochs(3, ((1, 0), (2, shared), (3, longer)))
     drive(tmp_path, scenario)
 
+
+# == stopping (SIGTERM) =============================================================
+
+def test_stopping_the_leader_hands_over_to_a_caught_up_follower_then_leaves(tmp_path):
+    async def scenario(h: Harness):
+        node, broker = await leading(h, 3)
+        end = node.store.log.end_offset
+        fetch = {"node": "n2", "epoch": 3, "offset": end, "last_epoch": 3, "wait_ms": 0, "catchup": False}
+        answer = protocol.unpack((await node.on_fetch(Request("POST", "/_cluster/fetch", b"", {},
+                                                             protocol.pack(fetch), None))).body)
+        assert answer["status"] == "ok" and node.leader_log.followers["n2"].offset == end
+        leader_log = node.leader_log
+
+        took = await h.stop()
+        # n2 has everything: no waiting, only the last round that carries the final tick
+        assert took == 2 * node.cluster.tick_sync_ms
+        assert leadership(node) == [(3, "n1", "start"), (3, "n1", "end")]
+        assert broker_stopped(broker) and os.path.exists(node.tick_path)
+        with pytest.raises(Unavailable, match="stopping"):
+            await leader_log.replicated(end + 1)
+        assert h.election.closed and node.stopping and node._follow_task is None
+        assert posted(node, "position") == [("n2", {"node": "n1", "epoch": 3}), ("n3", {"node": "n1", "epoch": 3})]
+    drive(tmp_path, scenario)
+
+
+def test_stopping_the_leader_without_live_followers_waits_out_the_handover_timeout(tmp_path):
+    async def scenario(h: Harness):
+        node, broker = await leading(h, 3)
+        took = await h.stop()
+        assert HANDOVER_TIMEOUT_S * 1000 <= took <= HANDOVER_TIMEOUT_S * 1000 + 2 * node.cluster.tick_sync_ms
+        assert leadership(node) == [(3, "n1", "start"), (3, "n1", "end")]
+        assert broker_stopped(broker) and h.election.closed and node.stopping
+    drive(tmp_path, scenario)
+
+
+def test_stopping_a_follower_only_leaves_the_group(tmp_path):
+    async def scenario(h: Harness):
+        node = await h.start()
+        await h.run_for(5 * POLL_MS)
+        follow_task = node._follow_task
+        took = await h.stop()
+        assert took == 0 and h.election.closed and node.stopping
+        assert follow_task.done() and node._follow_task is None
+        assert node.broker is None and leadership(node) == [] and node.posted == []
+    drive(tmp_path, scenario)
