@@ -265,6 +265,16 @@ def stood_down(node: ClusterNode, broker: Broker, term: int) -> bool:
             and leadership(node) == [(term, "n1", "start"), (term, "n1", "end")])
 
 
+async def fetched_by(node: ClusterNode, peer: str, term: int) -> dict:
+    """`peer`, following `node`, fetches from its log end (so acknowledges
+    all of it), through the node's own /_cluster/fetch handler."""
+    end = node.store.log.end_offset
+    fetch = {"node": peer, "epoch": term, "offset": end, "last_epoch": node.epochs.last_epoch(end), "wait_ms": 0,
+             "catchup": False}
+    response = await node.on_fetch(Request("POST", "/_cluster/fetch", b"", {}, protocol.pack(fetch), None))
+    return protocol.unpack(response.body)
+
+
 def send(store: Store, ids: range) -> int:
     for i in ids:
         store.send([NewMessage("t", f"m{i}", "body", START_MS, START_MS + 60_000, 60_000, 1)], START_MS)
@@ -487,6 +497,9 @@ def test_a_peer_with_a_longer_log_in_a_later_epoch_is_caught_up_from_before_lead
         assert epochs_file(node) == node.epochs == Epochs(3, ((1, 0), (2, shared), (3, longer)))
         assert node.leader_log.durable_offset == longer
         assert (await node.broker.get("t", "m4")).msg_id == "m4"  # a record only n2 had
+        assert node.leader_log.quorum_offset() == 0  # n2 has all of it, but has not said so yet
+        assert (await fetched_by(node, "n2", 3))["status"] == "ok"
+        assert node.leader_log.quorum_offset() == longer
     drive(tmp_path, scenario)
 
 
@@ -506,6 +519,8 @@ def test_a_catch_up_that_fails_leaves_it_a_follower_until_the_peer_answers(tmp_p
         await h.run_for(RETRY_MS + POLL_MS)
         assert node.leads and node.store.log.end_offset == longer and h.election.claims == [3]
         assert epochs_file(node) == Epochs(3, ((1, 0), (2, shared), (3, longer)))
+        await fetched_by(node, "n2", 3)  # n2 follows: the new leader's log reaches a quorum
+        assert node.leader_log.quorum_offset() == longer
     drive(tmp_path, scenario)
 
 
@@ -515,10 +530,8 @@ def test_stopping_the_leader_hands_over_to_a_caught_up_follower_then_leaves(tmp_
     async def scenario(h: Harness):
         node, broker = await leading(h, 3)
         end = node.store.log.end_offset
-        fetch = {"node": "n2", "epoch": 3, "offset": end, "last_epoch": 3, "wait_ms": 0, "catchup": False}
-        answer = protocol.unpack((await node.on_fetch(Request("POST", "/_cluster/fetch", b"", {},
-                                                             protocol.pack(fetch), None))).body)
-        assert answer["status"] == "ok" and node.leader_log.followers["n2"].offset == end
+        assert (await fetched_by(node, "n2", 3))["status"] == "ok"
+        assert node.leader_log.followers["n2"].offset == end
         leader_log = node.leader_log
 
         took = await h.stop()
