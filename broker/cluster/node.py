@@ -21,7 +21,7 @@ from broker.metrics import Metrics
 from broker.serving import serving_status
 from replication import snapshot
 from replication.config import ClusterConfig
-from replication.election import RaftElection
+from replication.election import Election, RaftElection
 from replication.epochs import Epochs
 from replication.log_stream import Follower
 from replication.roles import RoleState
@@ -41,7 +41,10 @@ log = logging.getLogger("hourglass.cluster")
 class ClusterNode(Routes, PeerCalls, RoleLoop, Snapshots, Handover):
     """One node of a cluster: store, election, follower loop or broker."""
 
-    def __init__(self, config: ServeConfig, cluster: ClusterConfig, clock: Clock) -> None:
+    def __init__(self, config: ServeConfig, cluster: ClusterConfig, clock: Clock,
+                 election: Election | None = None) -> None:
+        """`election` is Raft's (RaftElection, joined here) unless one is
+        given: tests pass a replication.election.FakeElection."""
         self.config = config
         self.cluster = cluster
         self.clock = clock
@@ -65,7 +68,7 @@ class ClusterNode(Routes, PeerCalls, RoleLoop, Snapshots, Handover):
         self.broker = None
         self.leader_log = None
         self.follower = Follower(self, cluster, clock)
-        self.election = RaftElection(cluster, self.data_dir, clock)
+        self.election = RaftElection(cluster, self.data_dir, clock) if election is None else election
         self.roles = RoleState(cluster.node_id, cluster.quorum, len(cluster.peers))
         self.session = None
         self._follow_task = None

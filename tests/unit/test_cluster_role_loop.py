@@ -1,0 +1,568 @@
+"""broker.cluster.role_loop, the driver of replication.roles.step: a real
+`ClusterNode` over a real Store, with a FakeElection for Raft, a FakeClock
+for every wait, and the other two nodes of the cluster as in-process fakes
+answering at the node's own peer-call seam (`post`). No sockets, no real
+sleeps: time passes only when the test lets it.
+
+Each move is checked by what the node shows: its role (and /health), its
+broker (running or stopped), its epochs file, its leadership.log, and what
+it posted to which peer. Covered: an elected follower gathering positions,
+claiming and leading; no majority, a refusal, a claim not committed, Raft
+moving on mid-claim -> following again, retrying RETRY_MS later; the Raft
+term moving on, or a newer candidate's promise, making the leader stand
+down and follow the new one; catching up from a peer with a longer log in
+a later epoch before leading; stopping (SIGTERM) a leader (a handover) and
+a follower.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from typing import NamedTuple
+
+import orjson
+import pytest
+
+from broker.cluster import ClusterNode
+from broker.cluster.handover import HANDOVER_TIMEOUT_S
+from broker.cluster.role_loop import POLL_S, POSITION_TIMEOUT_S
+from broker.config import ServeConfig
+from broker.httpd import Request
+from broker.service import Broker
+from replication import protocol
+from replication.config import ClusterConfig, Peer
+from replication.election import FakeElection
+from replication.epochs import Epochs
+from replication.log_stream import LeaderLog, serve_catchup
+from replication.roles import RETRY_MS, Role
+from storage.config import StoreConfig
+from storage.entry import MS_PER_HOUR
+from storage.errors import Unavailable
+from storage.store import NewMessage, Store
+from wheel.clock import FakeClock
+
+START_MS = 490_000 * MS_PER_HOUR
+POLL_MS = int(POLL_S * 1000)
+STORE = StoreConfig(segment_bytes=64 * 1024, id_shard_initial_slots=16)
+PEERS = {n: Peer(n, "127.0.0.1", 9000 + i, 9100 + i) for i, n in enumerate(("n1", "n2", "n3"))}
+
+
+def cluster(node_id: str) -> ClusterConfig:
+    return ClusterConfig(node_id, PEERS, insecure=True)
+
+
+@pytest.fixture(autouse=True)
+def threads_inline(monkeypatch):
+    """fsyncs run in worker threads (asyncio.to_thread); run them inline, so
+    that when FakeClock.settle finds every task asleep, none is still
+    waiting for a thread while the fake time jumps."""
+    async def inline(func, /, *args, **kwargs):
+        return func(*args, **kwargs)
+    monkeypatch.setattr(asyncio, "to_thread", inline)
+
+
+class Posted(NamedTuple):
+    at_ms: int
+    to: str
+    call: str
+    message: dict
+
+
+class FakePeer:
+    """Another node of the cluster, as its /_cluster/ calls answer: a real
+    store of its own, its epochs, and a LeaderLog while it leads.
+
+    `position` answers as PeerCalls.on_position does (promising the epoch
+    unless it promised a later one or leads it), a candidate's catch-up
+    fetch as replication.log_stream.serve_catchup, a follower's fetch from
+    its LeaderLog (or "not_leader"). `cut(call, how)` makes a call fail:
+    "down" (refused at once) or "silent" (no answer until the caller's
+    timeout, on the fake clock)."""
+
+    def __init__(self, node_id: str, directory: str, clock: FakeClock) -> None:
+        self.node_id = node_id
+        self.clock = clock
+        self.store = Store.open(directory, STORE, now_ms=clock.now_ms())
+        self.epochs = Epochs()
+        self.leader_log: LeaderLog | None = None
+        self.cuts: dict[str, str] = {}
+
+    def cut(self, *calls: str, how: str = "down") -> None:
+        for call in calls or ("position", "fetch"):
+            self.cuts[call] = how
+
+    def heal(self) -> None:
+        self.cuts.clear()
+
+    def lead(self, term: int) -> None:
+        self.epochs = self.epochs.begin(term, self.store.log.end_offset)
+        self.leader_log = LeaderLog(self.store, cluster(self.node_id), term, self.epochs, lambda: None, self.clock)
+
+    async def answer(self, call: str, message: dict, timeout_s: float) -> dict:
+        how = self.cuts.get(call)
+        if how == "down":
+            raise ConnectionError(f"{self.node_id} refused the connection")
+        if how == "silent":
+            await self.clock.sleep(timeout_s)
+            raise TimeoutError(f"{self.node_id} did not answer {call}")
+        if call == "position":
+            return self._position(int(message["epoch"]))
+        if message.get("catchup"):
+            return serve_catchup(self.store, self.epochs, message)
+        if self.leader_log is not None:
+            return await self.leader_log.fetch(message)
+        return {"status": "not_leader", "epoch": self.epochs.promised}
+
+    def _position(self, epoch: int) -> dict:
+        end = self.store.log.end_offset
+        answer = {"promised": self.epochs.promised, "end_offset": end, "last_epoch": self.epochs.last_epoch(end),
+                  "history": self.epochs.history}
+        if epoch < self.epochs.promised or (self.leader_log is not None and epoch <= self.leader_log.epoch):
+            return {**answer, "status": "refused"}
+        self.epochs = self.epochs.promise(epoch)
+        return {**answer, "status": "ok", "promised": epoch}
+
+
+class DrivenNode(ClusterNode):
+    """A ClusterNode whose peer calls go to FakePeers, through the same
+    msgpack encoding as the wire, and are recorded in `posted`."""
+
+    def __init__(self, config: ServeConfig, clock: FakeClock, election: FakeElection,
+                 peers: dict[str, FakePeer]) -> None:
+        super().__init__(config, config.cluster, clock, election)
+        self.peers = peers
+        self.posted: list[Posted] = []
+
+    async def post(self, node_id: str, call: str, message: dict, timeout_s: float = 5.0) -> dict:
+        message = protocol.unpack(protocol.pack(message))
+        self.posted.append(Posted(self.clock.now_ms(), node_id, call, message))
+        await asyncio.sleep(0)  # a call always lets other tasks run, as a socket's does
+        answer = await self.peers[node_id].answer(call, message, timeout_s)
+        return protocol.unpack(protocol.pack(answer))
+
+
+class Harness:
+    """Node n1 of a 3-node cluster (n2 and n3 are FakePeers), started as
+    `run_cluster` starts it; `stop` stops it as SIGTERM does."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+        self.clock = FakeClock(START_MS)
+        self.election = FakeElection("n1")
+        self.peers = {n: FakePeer(n, os.path.join(directory, n), self.clock) for n in ("n2", "n3")}
+        self.node: DrivenNode | None = None
+        self.task: asyncio.Task[None] | None = None
+
+    @property
+    def data_dir(self) -> str:
+        return os.path.join(self.directory, "n1")
+
+    async def start(self) -> DrivenNode:
+        config = ServeConfig(data_dir=self.data_dir, store=STORE, cluster=cluster("n1"))
+        self.node = DrivenNode(config, self.clock, self.election, self.peers)
+        self.task = asyncio.create_task(self.node.run(), name="roles")
+        await self.clock.settle()
+        return self.node
+
+    async def run_for(self, ms: int) -> None:
+        await self.clock.run_until(self.clock.now_ms() + ms)
+
+    async def until(self, done, within_ms: int, step_ms: int = 10) -> int:
+        """Let time pass in steps until done(); returns the time it took."""
+        started = self.clock.now_ms()
+        await self.clock.settle()
+        while not done():
+            assert self.clock.now_ms() - started < within_ms, f"not done within {within_ms} ms"
+            await self.run_for(step_ms)
+        return self.clock.now_ms() - started
+
+    async def elect(self, term: int, leader: str = "n1") -> None:
+        """Raft elects `leader` in `term`; the role loop sees it on its next poll."""
+        self.election.term, self.election.leader_id = term, leader
+        await self.run_for(POLL_MS)
+
+    async def complete(self, coro, within_ms: int) -> int:
+        """Run `coro` to its end, letting time pass; returns the time it took."""
+        task = asyncio.create_task(coro)
+        took = await self.until(task.done, within_ms)
+        await task
+        return took
+
+    async def stop(self) -> int:
+        """SIGTERM, as broker.server.run_cluster handles it: the role loop
+        cancelled, the lead handed over, the node closed. Returns how long
+        the handover took."""
+        self.task.cancel()
+        await asyncio.gather(self.task, return_exceptions=True)
+        took = await self.complete(self.node.handover(), within_ms=10_000)
+        await self.node.close()
+        return took
+
+    def close_peers(self) -> None:
+        for peer in self.peers.values():
+            peer.store.close()
+
+
+def drive(tmp_path, scenario) -> None:
+    """Run `scenario(harness)` on an event loop of its own; stop the node
+    (if the scenario left it running) and close the peers."""
+    h = Harness(str(tmp_path))
+
+    async def main():
+        try:
+            await scenario(h)
+        finally:
+            if h.task is not None and not h.node.stopping:
+                await h.stop()
+            h.close_peers()
+    asyncio.run(main())
+
+
+# == what the node shows ===========================================================
+
+def leadership(node: ClusterNode) -> list[tuple[int, str, str]]:
+    """leadership.log as (term, node, event) lines."""
+    path = os.path.join(node.data_dir, "leadership.log")
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [(line["term"], line["node"], line["event"]) for line in map(json.loads, f)]
+
+
+def epochs_file(node: ClusterNode) -> Epochs:
+    return Epochs.load(Epochs.path(node.data_dir))
+
+
+async def health(node: ClusterNode) -> tuple[str, int]:
+    """(role, term) as GET /health answers them."""
+    body = orjson.loads((await node.health(Request("GET", "/health", b"", {}, b"", None))).body)
+    return body["role"], body["term"]
+
+
+def posted(node: DrivenNode, call: str) -> list[tuple[str, dict]]:
+    return [(p.to, p.message) for p in node.posted if p.call == call]
+
+
+def broker_stopped(broker) -> bool:
+    return all(task.done() for task in broker._tasks)
+
+
+async def leading(h: Harness, term: int) -> tuple[DrivenNode, Broker]:
+    """Start n1 and let Raft elect it in `term`: it leads; returns its broker."""
+    node = await h.start()
+    await h.elect(term)
+    assert node.leads and leadership(node) == [(term, "n1", "start")]
+    return node, node.broker
+
+
+def stood_down(node: ClusterNode, broker: Broker, term: int) -> bool:
+    """The leader of `term` stood down: following, its broker stopped and
+    gone, the end of its term in leadership.log."""
+    return (node.roles.role is Role.FOLLOWER and node.broker is None and node.api.broker is None
+            and node.leader_log is None and broker_stopped(broker)
+            and leadership(node) == [(term, "n1", "start"), (term, "n1", "end")])
+
+
+async def fetched_by(node: ClusterNode, peer: str, term: int) -> dict:
+    """`peer`, following `node`, fetches from its log end (so acknowledges
+    all of it), through the node's own /_cluster/fetch handler."""
+    end = node.store.log.end_offset
+    fetch = {"node": peer, "epoch": term, "offset": end, "last_epoch": node.epochs.last_epoch(end), "wait_ms": 0,
+             "catchup": False}
+    response = await node.on_fetch(Request("POST", "/_cluster/fetch", b"", {}, protocol.pack(fetch), None))
+    return protocol.unpack(response.body)
+
+
+def send(store: Store, ids: range) -> int:
+    for i in ids:
+        store.send([NewMessage("t", f"m{i}", "body", START_MS, START_MS + 60_000, 60_000, 1)], START_MS)
+    store.commit()
+    return store.log.end_offset
+
+
+# == a follower becomes leader ======================================================
+
+def test_a_follower_elected_by_raft_gathers_positions_claims_and_leads(tmp_path):
+    async def scenario(h: Harness):
+        node = await h.start()
+        await h.run_for(5 * POLL_MS)  # Raft names no leader: nothing is tried
+        assert node.roles.role is Role.FOLLOWER and node.broker is None and node.posted == []
+        assert await health(node) == ("follower", 0)
+        assert node._follow_task is not None and not node._follow_task.done()
+
+        await h.elect(3)
+        assert posted(node, "position") == [("n2", {"node": "n1", "epoch": 3}), ("n3", {"node": "n1", "epoch": 3})]
+        assert h.peers["n2"].epochs.promised == h.peers["n3"].epochs.promised == 3
+        assert h.election.claims == [3] and h.election.claimed == (3, "n1")
+        assert node.roles.role is Role.LEADER and node.leads and node.leading_term == 3
+        assert node.broker is not None and node.api.broker is node.broker and not broker_stopped(node.broker)
+        assert node.leader_log is not None and node.leader_log.epoch == 3
+        assert node._follow_task is None  # a leader fetches from no one
+        assert node.tick_file is None  # the broker's wheel writes the tick now
+        assert epochs_file(node) == node.epochs == Epochs(3, ((3, 0),))
+        assert leadership(node) == [(3, "n1", "start")]
+        assert await health(node) == ("leader", 3)
+        assert node.known_leader() == "n1"
+        assert posted(node, "fetch") == []  # nothing to catch up: every log is empty
+
+        await h.run_for(20 * POLL_MS)  # Raft keeps it leader: it goes on leading
+        assert node.leads and leadership(node) == [(3, "n1", "start")] and h.election.claims == [3]
+    drive(tmp_path, scenario)
+
+
+def test_one_peer_answering_is_a_majority_of_three(tmp_path):
+    async def scenario(h: Harness):
+        h.peers["n3"].cut(how="down")
+        node = await h.start()
+        await h.elect(5)
+        assert [to for to, _ in posted(node, "position")] == ["n2", "n3"]
+        assert node.leads and node.leading_term == 5 and node.broker is not None
+        assert h.peers["n3"].epochs.promised == 0  # never reached
+        assert leadership(node) == [(5, "n1", "start")]
+    drive(tmp_path, scenario)
+
+
+# == an attempt given up: following again, retrying RETRY_MS later ===================
+
+def test_without_a_majority_it_stays_a_follower_and_tries_again_after_the_retry(tmp_path):
+    async def scenario(h: Harness):
+        for peer in h.peers.values():
+            peer.cut("position", how="silent")
+        node = await h.start()
+        await h.elect(3)
+        first = node.posted[0].at_ms
+        assert [to for to, _ in posted(node, "position")] == ["n2", "n3"]
+        assert node.roles.role is Role.CANDIDATE and await health(node) == ("follower", 0)
+
+        # the peers' answers are awaited POSITION_TIMEOUT_S, then the attempt is given up
+        gave_up_ms = first + int(POSITION_TIMEOUT_S * 1000)
+        await h.clock.run_until(gave_up_ms - 1)
+        assert node.roles.role is Role.CANDIDATE
+        await h.clock.run_until(gave_up_ms)
+        assert node.roles.role is Role.FOLLOWER and node.roles.next_try_ms == gave_up_ms + RETRY_MS
+        assert node._follow_task is not None and not node._follow_task.done()
+        assert node.broker is None and h.election.claims == [] and leadership(node) == []
+        assert epochs_file(node) == Epochs(3, ())  # it promised itself term 3, and leads nothing
+
+        # Raft still calls it leader: no new attempt before RETRY_MS, one at the first poll after
+        await h.clock.run_until(gave_up_ms + RETRY_MS - 1)
+        assert len(posted(node, "position")) == 2
+        for peer in h.peers.values():
+            peer.heal()
+        await h.clock.run_until(gave_up_ms + RETRY_MS + POLL_MS)
+        second = [p.at_ms for p in node.posted if p.call == "position"][2:]
+        assert len(second) == 2 and gave_up_ms + RETRY_MS <= second[0] < gave_up_ms + RETRY_MS + POLL_MS
+        assert node.leads and node.leading_term == 3 and h.election.claims == [3]
+        assert leadership(node) == [(3, "n1", "start")]
+    drive(tmp_path, scenario)
+
+
+def test_a_peer_that_promised_a_later_term_makes_it_give_up_at_once(tmp_path):
+    async def scenario(h: Harness):
+        h.peers["n2"].epochs = Epochs(4, ())  # another candidate got its promise of term 4
+        node = await h.start()
+        await h.elect(3)
+        asked_ms = node.posted[0].at_ms
+        assert node.roles.role is Role.FOLLOWER and node.roles.next_try_ms == asked_ms + RETRY_MS
+        assert node.broker is None and h.election.claims == [] and leadership(node) == []
+        assert h.peers["n3"].epochs.promised == 3  # n3 promised; one refusal is enough to give up
+    drive(tmp_path, scenario)
+
+
+def test_a_claim_that_is_not_committed_leaves_it_a_follower(tmp_path):
+    async def scenario(h: Harness):
+        h.election.claims_commit = False
+        node = await h.start()
+        await h.elect(3)
+        assert h.election.claims == [3] and h.election.claimed == (0, None)
+        assert node.roles.role is Role.FOLLOWER and node.broker is None and node.leader_log is None
+        assert leadership(node) == [] and await health(node) == ("follower", 0)
+        assert node._follow_task is not None and not node._follow_task.done()
+        assert epochs_file(node) == Epochs(3, ())  # promised, never begun
+
+        await h.run_for(RETRY_MS + POLL_MS)  # Raft still calls it leader: it tries again
+        assert h.election.claims == [3, 3] and node.broker is None
+        h.election.claims_commit = True
+        await h.run_for(RETRY_MS + POLL_MS)
+        assert h.election.claims == [3, 3, 3] and node.leads and leadership(node) == [(3, "n1", "start")]
+    drive(tmp_path, scenario)
+
+
+class DeposedWhileClaiming(FakeElection):
+    """Raft elects another node while this one's claim is in flight."""
+
+    async def claim(self, term: int) -> bool:
+        committed = await super().claim(term)
+        self.term, self.leader_id = term + 1, "n2"
+        return committed
+
+
+def test_raft_moving_on_while_it_claims_leaves_it_a_follower(tmp_path):
+    async def scenario(h: Harness):
+        h.election = DeposedWhileClaiming("n1")
+        node = await h.start()
+        await h.elect(3)
+        assert h.election.claims == [3]
+        assert node.roles.role is Role.FOLLOWER and node.broker is None and leadership(node) == []
+        await h.run_for(RETRY_MS + 2 * POLL_MS)  # Raft no longer calls it leader: no new attempt
+        assert h.election.claims == [3] and len(posted(node, "position")) == 2
+    drive(tmp_path, scenario)
+
+
+# == a leader stands down ============================================================
+
+def test_the_raft_term_moving_on_makes_the_leader_stand_down_and_follow_the_new_one(tmp_path):
+    async def scenario(h: Harness):
+        node, broker = await leading(h, 3)
+        leader_log = node.leader_log
+
+        h.peers["n2"].lead(4)  # n2 is elected in term 4 and claims it
+        h.election.claimed = (4, "n2")
+        await h.elect(4, leader="n2")
+        assert stood_down(node, broker, 3)
+        with pytest.raises(Unavailable, match="no longer leads"):  # a write waiting for followers: 503
+            await leader_log.replicated(leader_log.durable_offset + 1)
+        assert node.tick_file is not None  # following again: the leader's streamed tick is kept here
+        assert await health(node) == ("follower", 4) and node.known_leader() == "n2"
+
+        await h.run_for(5 * POLL_MS)  # the follower loop fetches from the new leader
+        fetches = posted(node, "fetch")
+        assert fetches and all(to == "n2" and m["epoch"] == 4 and not m["catchup"] for to, m in fetches)
+        assert "n1" in h.peers["n2"].leader_log.followers
+        assert epochs_file(node) == node.epochs == Epochs(4, ((4, 0),))  # the new leader's history
+        assert node.broker is None and h.election.claims == [3]
+    drive(tmp_path, scenario)
+
+
+def test_a_newer_candidates_promise_makes_the_leader_stand_down(tmp_path):
+    async def scenario(h: Harness):
+        node, broker = await leading(h, 3)
+        request = Request("POST", "/_cluster/position", b"", {}, protocol.pack({"node": "n2", "epoch": 4}), None)
+        answer = protocol.unpack((await node.on_position(request)).body)
+        assert answer["status"] == "ok" and answer["promised"] == 4
+        assert epochs_file(node) == Epochs(4, ((3, 0),))
+        await h.run_for(POLL_MS)
+        assert stood_down(node, broker, 3)
+
+        # Raft has not told this node yet and still calls it leader of term 3,
+        # but it promised term 4: it does not lead term 3 again
+        await h.run_for(3 * RETRY_MS)
+        assert stood_down(node, broker, 3)
+    drive(tmp_path, scenario)
+
+
+def test_a_failed_broker_makes_the_leader_stand_down(tmp_path):
+    async def scenario(h: Harness):
+        node, broker = await leading(h, 3)
+        broker.failed = OSError("disk full")
+        await h.run_for(POLL_MS)
+        assert stood_down(node, broker, 3)
+        assert node.failed is None  # the node goes on, as a follower
+    drive(tmp_path, scenario)
+
+
+# == catching up before leading =======================================================
+
+def longer_log_on_n2(h: Harness) -> tuple[int, int]:
+    """n2's log: records of epoch 1 (n1 has them too, as their follower),
+    then records of epoch 2 that only n2 has. Returns where each ends."""
+    n2 = h.peers["n2"]
+    shared = send(n2.store, range(0, 2))
+    longer = send(n2.store, range(2, 5))
+    n2.epochs = Epochs(2, ((1, 0), (2, shared)))
+    store = Store.open(h.data_dir, STORE, now_ms=START_MS)
+    for offset, body in n2.store.read_log(0, shared, 1 << 20):
+        store.append_replicated(offset, body)
+    store.advance(START_MS)
+    store.sync_log()
+    store.apply_pending()
+    store.close()
+    Epochs(1, ((1, 0),)).save(Epochs.path(h.data_dir))
+    return shared, longer
+
+
+def test_a_peer_with_a_longer_log_in_a_later_epoch_is_caught_up_from_before_leading(tmp_path):
+    async def scenario(h: Harness):
+        shared, longer = longer_log_on_n2(h)
+        node = await h.start()
+        assert node.store.log.end_offset == shared
+        await h.elect(3)
+        assert posted(node, "fetch") == [("n2", {"node": "n1", "epoch": 0, "offset": shared, "last_epoch": 1,
+                                                  "wait_ms": 0, "catchup": True})]
+        assert node.store.log.end_offset == longer
+        assert node.store.read_log(0, longer, 1 << 20) == h.peers["n2"].store.read_log(0, longer, 1 << 20)
+        assert node.leads and h.election.claims == [3] and leadership(node) == [(3, "n1", "start")]
+        assert epochs_file(node) == node.epochs == Epochs(3, ((1, 0), (2, shared), (3, longer)))
+        assert node.leader_log.durable_offset == longer
+        assert (await node.broker.get("t", "m4")).msg_id == "m4"  # a record only n2 had
+        assert node.leader_log.quorum_offset() == 0  # n2 has all of it, but has not said so yet
+        assert (await fetched_by(node, "n2", 3))["status"] == "ok"
+        assert node.leader_log.quorum_offset() == longer
+    drive(tmp_path, scenario)
+
+
+def test_a_catch_up_that_fails_leaves_it_a_follower_until_the_peer_answers(tmp_path):
+    async def scenario(h: Harness):
+        shared, longer = longer_log_on_n2(h)
+        h.peers["n2"].cut("fetch", how="down")
+        node = await h.start()
+        await h.elect(3)
+        asked_ms = node.posted[0].at_ms
+        assert [to for to, _ in posted(node, "fetch")] == ["n2"]
+        assert node.roles.role is Role.FOLLOWER and node.roles.next_try_ms == asked_ms + RETRY_MS
+        assert node.broker is None and h.election.claims == [] and leadership(node) == []
+        assert node.store.log.end_offset == shared and epochs_file(node) == Epochs(3, ((1, 0),))
+
+        h.peers["n2"].heal()
+        await h.run_for(RETRY_MS + POLL_MS)
+        assert node.leads and node.store.log.end_offset == longer and h.election.claims == [3]
+        assert epochs_file(node) == Epochs(3, ((1, 0), (2, shared), (3, longer)))
+        await fetched_by(node, "n2", 3)  # n2 follows: the new leader's log reaches a quorum
+        assert node.leader_log.quorum_offset() == longer
+    drive(tmp_path, scenario)
+
+
+# == stopping (SIGTERM) =============================================================
+
+def test_stopping_the_leader_hands_over_to_a_caught_up_follower_then_leaves(tmp_path):
+    async def scenario(h: Harness):
+        node, broker = await leading(h, 3)
+        end = node.store.log.end_offset
+        assert (await fetched_by(node, "n2", 3))["status"] == "ok"
+        assert node.leader_log.followers["n2"].offset == end
+        leader_log = node.leader_log
+
+        took = await h.stop()
+        # n2 has everything: no waiting, only the last round that carries the final tick
+        assert took == 2 * node.cluster.tick_sync_ms
+        assert leadership(node) == [(3, "n1", "start"), (3, "n1", "end")]
+        assert broker_stopped(broker) and os.path.exists(node.tick_path)
+        with pytest.raises(Unavailable, match="stopping"):
+            await leader_log.replicated(end + 1)
+        assert h.election.closed and node.stopping and node._follow_task is None
+        assert posted(node, "position") == [("n2", {"node": "n1", "epoch": 3}), ("n3", {"node": "n1", "epoch": 3})]
+    drive(tmp_path, scenario)
+
+
+def test_stopping_the_leader_without_live_followers_waits_out_the_handover_timeout(tmp_path):
+    async def scenario(h: Harness):
+        node, broker = await leading(h, 3)
+        took = await h.stop()
+        assert HANDOVER_TIMEOUT_S * 1000 <= took <= HANDOVER_TIMEOUT_S * 1000 + 2 * node.cluster.tick_sync_ms
+        assert leadership(node) == [(3, "n1", "start"), (3, "n1", "end")]
+        assert broker_stopped(broker) and h.election.closed and node.stopping
+    drive(tmp_path, scenario)
+
+
+def test_stopping_a_follower_only_leaves_the_group(tmp_path):
+    async def scenario(h: Harness):
+        node = await h.start()
+        await h.run_for(5 * POLL_MS)
+        follow_task = node._follow_task
+        took = await h.stop()
+        assert took == 0 and h.election.closed and node.stopping
+        assert follow_task.done() and node._follow_task is None
+        assert node.broker is None and leadership(node) == [] and node.posted == []
+    drive(tmp_path, scenario)
