@@ -64,4 +64,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    from storage.files import raise_descriptor_limit
+
+    raise_descriptor_limit()  # as `hourglass serve` does, before any store opens
     main()

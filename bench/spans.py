@@ -99,4 +99,7 @@ def run(directory: str, messages: int, years: float, step_hours: int, send_only:
 
 
 if __name__ == "__main__":
+    from storage.files import raise_descriptor_limit
+
+    raise_descriptor_limit()  # as `hourglass serve` does, before any store opens
     main()

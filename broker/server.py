@@ -277,7 +277,8 @@ async def run(config: ServeConfig) -> int:
 
 
 def serve(config: ServeConfig) -> int:
-    raise_descriptor_limit()  # before the store sizes its cache of open files by it
+    if config.backend == "disk":  # a standalone or cluster node: before its store sizes its cache of open files by it
+        raise_descriptor_limit()
     try:
         import uvloop  # a faster event loop where it is installed (Linux, macOS)
     except ImportError:

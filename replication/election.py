@@ -28,13 +28,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from typing import Protocol
+from typing import Any, Protocol
 
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
 
 from wheel.clock import Clock
 
 from .config import ClusterConfig
+
+# Reads of pysyncobj's status before a change its thread makes meanwhile
+# is let through (a read takes microseconds; a change is a peer joining).
+STATUS_READS = 5
 
 log = logging.getLogger("hourglass.election")
 
@@ -125,11 +129,24 @@ class RaftElection:
         self._raft = _RaftFacts(config.me.raft_address, [p.raft_address for p in config.others], conf)
         self._ids = {p.raft_address: p.node_id for p in config.peers.values()}
 
+    def _status(self) -> dict[str, Any]:
+        """pysyncobj's getStatus(), read from the event loop while its own
+        thread may add or drop a peer's entry: a read that meets such a
+        change ("dictionary changed size during iteration") is read again."""
+        for _ in range(STATUS_READS - 1):
+            try:
+                status: dict[str, Any] = self._raft.getStatus()
+                return status
+            except RuntimeError:
+                continue
+        status = self._raft.getStatus()
+        return status
+
     @property
     def is_leader(self) -> bool:
         # getStatus()'s "leader" is pysyncobj's own node from the moment it
         # becomes leader until it is follower or candidate again.
-        status = self._raft.getStatus()
+        status = self._status()
         return status["leader"] is not None and status["leader"] == status["self"]
 
     @property
@@ -139,7 +156,7 @@ class RaftElection:
 
     @property
     def leader_id(self) -> str | None:
-        leader = self._raft.getStatus()["leader"]
+        leader = self._status()["leader"]
         return None if leader is None else self._ids.get(leader.address)
 
     @property

@@ -20,19 +20,21 @@ may reach 32 GiB) and the frame's length without padding.
 from __future__ import annotations
 
 import struct
+import zlib
 from typing import NamedTuple
 
 import msgpack
 
 from .errors import ContractError, CorruptionError
 from .fileutil import check_header
-from .framing import Buffer, FrameProblem, decode_frame, encode_frame
+from .framing import FRAME_HEADER, FRAME_HEADER_BYTES, Buffer, FrameProblem, decode_frame, encode_frame
 
 HEADER = struct.Struct("<4sHHQ")
 MAGIC = b"HGDL"
 VERSION = 1
 HEADER_BYTES = HEADER.size
 ALIGN_BYTES = 8
+_PAD = bytes(ALIGN_BYTES)
 
 
 class Body(NamedTuple):
@@ -105,11 +107,24 @@ def padded_bytes(frame_bytes: int) -> int:
     return -(-frame_bytes // ALIGN_BYTES) * ALIGN_BYTES
 
 
+def append_frame(buf: bytearray, body: bytes) -> int:
+    """Append `body` framed (storage.framing, seed 0) and zero-padded to
+    `padded_bytes` to `buf`, in place (the apply path's one write per
+    message); returns the bytes it takes in the log."""
+    buf += FRAME_HEADER.pack(len(body), zlib.crc32(body))
+    buf += body
+    size = FRAME_HEADER_BYTES + len(body)
+    pad = -size & (ALIGN_BYTES - 1)
+    if pad:
+        buf += _PAD[:pad]
+    return size + pad
+
+
 def pack_frame(body: bytes) -> bytes:
     """`body` framed (storage.framing, seed 0) and zero-padded to
     `padded_bytes`: exactly the bytes it takes in the log."""
     frame = encode_frame(body)
-    return frame + bytes(padded_bytes(len(frame)) - len(frame))
+    return frame + _PAD[:padded_bytes(len(frame)) - len(frame)]
 
 
 def decode_body_frame(path: str, raw: bytes, offset: int) -> bytes:

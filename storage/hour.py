@@ -84,12 +84,12 @@ class Hour:
         self._entries_buf += delay_index.pack_entry(
             item.trigger_ms, item.log_offset8, item.frame_size, item.local_index, gi, item.pre_global_index,
             item.topic_hash, item.tag_hash, item.priority, item.second)
-        self._frames_buf += delay_log.pack_frame(item.body)
+        taken = delay_log.append_frame(self._frames_buf, item.body)
         self._slots[item.second] = (gi, item.local_index + 1)
         self.applied = gi + 1
         if gi >= self.entries:  # replay: counters follow the records
             self.entries = gi + 1
-            self.log_bytes = (item.log_offset8 << 3) + delay_log.padded_bytes(item.frame_size)
+            self.log_bytes = (item.log_offset8 << 3) + taken
         return True
 
     def stage_state(self, global_index: int, status: int, flags: int, retry: int) -> None:

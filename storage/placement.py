@@ -34,9 +34,9 @@ from collections.abc import Iterable, Sequence
 
 from . import delay_index, delay_log, records, spans
 from .delay_index import FLAG_RELEASED
-from .delay_log import padded_bytes
+from .delay_log import ALIGN_BYTES
 from .entry import MS_PER_HOUR, MS_PER_SECOND, Location, Message, Status
-from .errors import InvalidRequest
+from .errors import InvalidRequest, InvariantError
 from .fileutil import PAGE_BYTES
 from .framing import FRAME_HEADER_BYTES
 from .hour_files import hour_paths
@@ -54,6 +54,10 @@ from .types import (
 )
 
 WAITING = Status.WAITING
+# _place pads a frame with `(size + 7) & ~7` written out: the send loop
+# calls nothing it can do without.
+if ALIGN_BYTES != 8:
+    raise InvariantError(f"_place pads frames to 8 bytes, the delay log to {ALIGN_BYTES}")
 # What a record's placements moved, to put back if it is not appended:
 # file id -> (entries, log_bytes, created by this record) before it ...
 UndoHours = dict[int, tuple[int, int, bool]]
@@ -181,7 +185,7 @@ class Placement(Reading):
         last, count = before or self._slot(h, second)
         frame_size = FRAME_HEADER_BYTES + len(body)
         offset8 = h.log_bytes >> 3
-        h.log_bytes += padded_bytes(frame_size)
+        h.log_bytes += (frame_size + 7) & ~7  # delay_log.padded_bytes, written out (checked below)
         if slot not in undo_slots:
             undo_slots[slot] = before
         pending_slots[slot] = (gi, count + 1)

@@ -9,11 +9,12 @@ import pathlib
 import re
 import time
 
+import pytest
 from serving import free_port
 
 from broker.clock import SystemClock
 from replication.config import ClusterConfig, Peer
-from replication.election import Election, FakeElection, RaftElection
+from replication.election import STATUS_READS, Election, FakeElection, RaftElection
 
 ELECTION = pathlib.Path(__file__).resolve().parents[2] / "replication" / "election.py"
 
@@ -62,3 +63,26 @@ def test_the_fake_election_commits_claims_above_the_claimed_term():
         assert election.closed
 
     asyncio.run(main())
+
+
+def test_a_status_read_that_meets_a_change_by_pysyncobjs_thread_is_read_again():
+    """getStatus() iterates pysyncobj's peer dicts while its thread may
+    change them: the election reads again instead of failing the role loop."""
+
+    class Racing:
+        def __init__(self, failures: int) -> None:
+            self.failures = failures
+            self.reads = 0
+
+        def getStatus(self) -> dict:
+            self.reads += 1
+            if self.reads <= self.failures:
+                raise RuntimeError("dictionary changed size during iteration")
+            return {"self": "me", "leader": "me"}
+
+    election = RaftElection.__new__(RaftElection)
+    election._raft = Racing(failures=STATUS_READS - 1)
+    assert election.is_leader and election._raft.reads == STATUS_READS
+    election._raft = Racing(failures=STATUS_READS)
+    with pytest.raises(RuntimeError, match="changed size"):
+        _ = election.is_leader
