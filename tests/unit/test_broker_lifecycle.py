@@ -9,10 +9,10 @@ counting; maxRetry exhausted (6) and the dead-letter list; ttl expiry
 while waiting, ready or consuming; reschedule; delete; priority and tag
 order; duplicate ids (strictIdempotence); a restart keeping waiting, ready
 and consuming messages with their times; long polls woken by a release or
-a send, and one whose client left. The same paths with the real clock, in
-real processes, stay in tests/conformance (one each: a delayed send, an
-ack-timeout retry, a ttl expiry, and every long-poll timeout, since the
-long poll's own timeout reads time.monotonic and loop.call_later).
+a send, and one whose client left; a long poll's timeout (it waits on the
+broker's clock too). The same paths with the real clock, in real
+processes, stay in tests/conformance (one each: a delayed send, an
+ack-timeout retry, a ttl expiry).
 """
 
 from __future__ import annotations
@@ -542,7 +542,7 @@ def test_what_fell_due_while_the_node_was_down_is_delivered_at_once(node):
     assert sorted(node.pulled_ids()) == ["c", "due"]
 
 
-# -- long polls woken (their timeouts read the real clock: see the module docstring) --------
+# -- long polls: woken, or answered empty at their timeout (on the fake clock) ---------------
 
 
 def long_poll(node: Node, timeout_ms: int = 60_000, gone=lambda: False) -> asyncio.Task:
@@ -577,3 +577,30 @@ def test_a_long_poll_whose_client_left_takes_nothing(node):
     assert task.done() and task.result() == []
     assert node.state("g") == (READY, 0)  # still ready, not handed to nobody
     assert node.pulled_ids() == ["g"]
+
+
+def test_a_long_poll_answers_empty_at_its_timeout_and_not_before(node):
+    started = node.now
+    task = long_poll(node, timeout_ms=2_500)
+    node.advance_to(started + 2_499)
+    assert not task.done()
+    node.advance_to(started + 2_500)
+    assert task.done() and task.result() == []
+
+
+def test_a_long_poll_is_answered_at_once_by_a_release_before_its_timeout(node):
+    sent = node.send("soon", delay_ms=700)
+    task = long_poll(node, timeout_ms=2_500)
+    node.advance_to(sent.trigger_ms - 1)
+    assert not task.done()
+    node.advance_to(sent.trigger_ms)
+    assert task.done() and [m.msg_id for m in task.result()] == ["soon"]
+    assert node.state("soon") == (CONSUMING, 1)
+
+
+def test_a_long_poll_is_answered_at_once_by_a_send_before_its_timeout(node):
+    task = long_poll(node, timeout_ms=2_500)
+    node.advance(1_000)
+    assert not task.done()
+    node.send("now")
+    assert task.done() and [m.msg_id for m in task.result()] == ["now"]
