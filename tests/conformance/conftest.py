@@ -7,11 +7,12 @@ session; fresh topic names keep tests apart) or `serve` (starts its own
 servers of that backend, for restarts and signals). Where the backends
 cannot agree, the test says so: `@pytest.mark.not_on("redis", reason=...)`
 skips it there with the reason, or it asks `api.backend` and states both
-expectations. A test that waits on real time for what the disk backend's
-fake-clock tests check at the millisecond names its twin in
-tests/unit/test_broker_lifecycle.py
-(`@pytest.mark.disk_on_fake_clock("test_...")`): it runs as a process on
-the other backends only.
+expectations. A test that waits on real time for what a backend's
+fake-clock tests check at the millisecond names its twin there:
+`@pytest.mark.disk_on_fake_clock("test_...")` in
+tests/unit/test_broker_lifecycle.py, `@pytest.mark.redis_on_fake_clock(
+"test_...")` in tests/integration/test_redis_lifecycle.py; it runs as a
+process on the other backends only.
 """
 
 from __future__ import annotations
@@ -27,13 +28,16 @@ from serving import Server
 
 BACKENDS = ("disk", "redis")
 MAX_MSG_BYTES = 1000
-FAKE_CLOCK_TWINS = "tests/unit/test_broker_lifecycle.py"
+# backend -> (its marker, where its fake-clock twins are, under tests/)
+FAKE_CLOCK_TWINS = {"disk": ("disk_on_fake_clock", "unit/test_broker_lifecycle.py"),
+                    "redis": ("redis_on_fake_clock", "integration/test_redis_lifecycle.py")}
 
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "not_on(backend, reason): the backends disagree here; skip on that one")
-    config.addinivalue_line("markers", "disk_on_fake_clock(test): on the disk backend this is that test of "
-                                       f"{FAKE_CLOCK_TWINS} (in-process, a fake clock); skip the process run on disk")
+    for backend, (marker, twins) in FAKE_CLOCK_TWINS.items():
+        config.addinivalue_line("markers", f"{marker}(test): on the {backend} backend this is that test of "
+                                           f"tests/{twins} (in-process, a fake clock); skip the process run there")
 
 
 @pytest.fixture(scope="session", params=BACKENDS)
@@ -58,11 +62,11 @@ def _skip_if_marked(request, backend: str) -> None:
     for mark in request.node.iter_markers("not_on"):
         if mark.args[0] == backend:
             pytest.skip(f"not on {backend}: {mark.kwargs['reason']}")
-    if backend == "disk":
-        for mark in request.node.iter_markers("disk_on_fake_clock"):
-            twins = (Path(__file__).parents[1] / "unit" / "test_broker_lifecycle.py").read_text()
-            assert f"\ndef {mark.args[0]}(" in twins, f"{FAKE_CLOCK_TWINS} has no {mark.args[0]}"
-            pytest.skip(f"on disk, tested on a fake clock: {FAKE_CLOCK_TWINS}::{mark.args[0]}")
+    marker, twins = FAKE_CLOCK_TWINS[backend]
+    for mark in request.node.iter_markers(marker):
+        source = (Path(__file__).parents[1] / twins).read_text()
+        assert f"\ndef {mark.args[0]}(" in source, f"tests/{twins} has no {mark.args[0]}"
+        pytest.skip(f"on {backend}, tested on a fake clock: tests/{twins}::{mark.args[0]}")
 
 
 @pytest.fixture

@@ -120,6 +120,7 @@ def test_ack_timeout_redelivers_with_retry_then_ends(api, topic):
 
 
 @pytest.mark.disk_on_fake_clock("test_an_ack_after_the_timeout_redelivery_still_acks")
+@pytest.mark.redis_on_fake_clock("test_an_ack_after_the_timeout_redelivery_still_acks")
 def test_an_ack_after_the_timeout_redelivery_still_acks(api, topic):
     api.send(topic, msgId="late", maxRetry=3)
     api.pull_until(topic, 1, ackTimeoutMillis=100)
@@ -139,6 +140,7 @@ def test_ttl_ends_a_never_delivered_message_as_5(api, topic):
 
 
 @pytest.mark.disk_on_fake_clock("test_ttl_after_a_delivery_ends_as_6")
+@pytest.mark.redis_on_fake_clock("test_ttl_after_a_delivery_ends_as_6")
 def test_ttl_after_a_delivery_ends_as_6(api, topic):
     api.send(topic, msgId="e6", ttlMillis=300, maxRetry=5)
     assert ids(api.pull_until(topic, 1, ackTimeoutMillis=60000)) == ["e6"]
@@ -148,6 +150,7 @@ def test_ttl_after_a_delivery_ends_as_6(api, topic):
 
 
 @pytest.mark.disk_on_fake_clock("test_a_consuming_message_past_its_ttl_ends_at_its_ack_timeout")
+@pytest.mark.redis_on_fake_clock("test_a_consuming_message_past_its_ttl_ends_at_its_ack_timeout")
 def test_a_consuming_message_past_its_ttl_ends_at_its_ack_timeout(api, topic):
     api.send(topic, msgId="c", ttlMillis=500, maxRetry=5)  # pulled within 500 ms, however loaded the machine
     assert ids(api.pull_until(topic, 1, ackTimeoutMillis=2000)) == ["c"]

@@ -53,6 +53,7 @@ def test_everything_answered_200_survives_kill_9_of_the_server(serve, topic):
 
 
 @pytest.mark.disk_on_fake_clock("test_a_restart_keeps_waiting_ready_and_consuming_messages_with_their_times")
+@pytest.mark.redis_on_fake_clock("test_a_message_consuming_across_a_restart_is_ready_again_at_its_ack_deadline")
 def test_a_message_consuming_across_a_restart(serve, topic):
     """Both backends keep the ack deadline a pull set across a restart (the
     disk backend in its checkpoint's in-flight set and the commit log): past

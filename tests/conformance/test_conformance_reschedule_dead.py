@@ -20,6 +20,7 @@ def reschedule(api, topic, msg_id, **params):
 
 
 @pytest.mark.disk_on_fake_clock("test_a_waiting_message_moved_later_is_not_delivered_at_the_old_time_nor_before_the_new")
+@pytest.mark.redis_on_fake_clock("test_a_waiting_message_moved_later_is_not_delivered_at_the_old_time_nor_before_the_new")
 def test_a_waiting_message_moves_later_and_is_not_delivered_at_the_old_time(api, topic):
     api.send(topic, msgId="w", delayMillis=300)
     code, body = reschedule(api, topic, "w", delayMillis=1500)
@@ -44,6 +45,7 @@ def test_delay_zero_fires_a_far_message_now(api, topic):
 
 
 @pytest.mark.disk_on_fake_clock("test_a_ready_message_moved_later_leaves_the_ready_queue")
+@pytest.mark.redis_on_fake_clock("test_a_ready_message_moved_later_leaves_the_ready_queue")
 def test_a_ready_message_moved_later_leaves_the_ready_queue(api, topic):
     api.send(topic, msgId="r", delayMillis=0)
     assert api.wait_status(topic, "r", {2})["status"] == 2
