@@ -7,12 +7,11 @@ session; fresh topic names keep tests apart) or `serve` (starts its own
 servers of that backend, for restarts and signals). Where the backends
 cannot agree, the test says so: `@pytest.mark.not_on("redis", reason=...)`
 skips it there with the reason, or it asks `api.backend` and states both
-expectations. A test that waits on real time for what a backend's
-fake-clock tests check at the millisecond names its twin there:
-`@pytest.mark.disk_on_fake_clock("test_...")` in
-tests/unit/test_broker_lifecycle.py, `@pytest.mark.redis_on_fake_clock(
-"test_...")` in tests/integration/test_redis_lifecycle.py; it runs as a
-process on the other backends only.
+expectations. What the lifecycle does at the millisecond (ack timeouts,
+ttl, reschedules, restarts) is tested in process on a fake clock, for
+each backend (tests/unit/test_broker_lifecycle.py, tests/integration/
+test_redis_lifecycle.py); here a delayed send, an ack-timeout retry, a
+ttl expiry and the long polls still run end to end in real time.
 """
 
 from __future__ import annotations
@@ -21,23 +20,16 @@ import socket
 import time
 import urllib.parse
 import uuid
-from pathlib import Path
 
 import pytest
 from serving import Server
 
 BACKENDS = ("disk", "redis")
 MAX_MSG_BYTES = 1000
-# backend -> (its marker, where its fake-clock twins are, under tests/)
-FAKE_CLOCK_TWINS = {"disk": ("disk_on_fake_clock", "unit/test_broker_lifecycle.py"),
-                    "redis": ("redis_on_fake_clock", "integration/test_redis_lifecycle.py")}
 
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "not_on(backend, reason): the backends disagree here; skip on that one")
-    for backend, (marker, twins) in FAKE_CLOCK_TWINS.items():
-        config.addinivalue_line("markers", f"{marker}(test): on the {backend} backend this is that test of "
-                                           f"tests/{twins} (in-process, a fake clock); skip the process run there")
 
 
 @pytest.fixture(scope="session", params=BACKENDS)
@@ -62,11 +54,6 @@ def _skip_if_marked(request, backend: str) -> None:
     for mark in request.node.iter_markers("not_on"):
         if mark.args[0] == backend:
             pytest.skip(f"not on {backend}: {mark.kwargs['reason']}")
-    marker, twins = FAKE_CLOCK_TWINS[backend]
-    for mark in request.node.iter_markers(marker):
-        source = (Path(__file__).parents[1] / twins).read_text()
-        assert f"\ndef {mark.args[0]}(" in source, f"tests/{twins} has no {mark.args[0]}"
-        pytest.skip(f"on {backend}, tested on a fake clock: tests/{twins}::{mark.args[0]}")
 
 
 @pytest.fixture

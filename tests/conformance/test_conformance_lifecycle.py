@@ -118,18 +118,6 @@ def test_ack_timeout_redelivers_with_retry_then_ends(api, topic):
     assert api.pull_until(topic, 1, timeout_s=0.4) == []
     assert (api.info(topic)["readyQueueSize"], api.info(topic)["ackQueueSize"]) == (0, 0)
 
-
-@pytest.mark.disk_on_fake_clock("test_an_ack_after_the_timeout_redelivery_still_acks")
-@pytest.mark.redis_on_fake_clock("test_an_ack_after_the_timeout_redelivery_still_acks")
-def test_an_ack_after_the_timeout_redelivery_still_acks(api, topic):
-    api.send(topic, msgId="late", maxRetry=3)
-    api.pull_until(topic, 1, ackTimeoutMillis=100)
-    m = api.wait_status(topic, "late", {2})
-    assert (m["status"], m["retry"]) == (2, 1)
-    assert api.post("ackMsg", topic=topic, msgId="late")[0] == 200  # acking a ready message acks it
-    assert api.message(topic, "late")["status"] == 4
-
-
 # -- ttl ---------------------------------------------------------------------------------
 
 
@@ -137,27 +125,6 @@ def test_ttl_ends_a_never_delivered_message_as_5(api, topic):
     api.send(topic, msgId="e", ttlMillis=100)
     assert api.wait_status(topic, "e", {5, 6})["status"] == 5
     assert api.pull(topic) == []
-
-
-@pytest.mark.disk_on_fake_clock("test_ttl_after_a_delivery_ends_as_6")
-@pytest.mark.redis_on_fake_clock("test_ttl_after_a_delivery_ends_as_6")
-def test_ttl_after_a_delivery_ends_as_6(api, topic):
-    api.send(topic, msgId="e6", ttlMillis=300, maxRetry=5)
-    assert ids(api.pull_until(topic, 1, ackTimeoutMillis=60000)) == ["e6"]
-    assert api.post("ackMsg", topic=topic, msgId="e6", ack="false")[0] == 200  # ready again, delivered once
-    m = api.wait_status(topic, "e6", {5, 6})
-    assert (m["status"], m["retry"]) == (6, 1)
-
-
-@pytest.mark.disk_on_fake_clock("test_a_consuming_message_past_its_ttl_ends_at_its_ack_timeout")
-@pytest.mark.redis_on_fake_clock("test_a_consuming_message_past_its_ttl_ends_at_its_ack_timeout")
-def test_a_consuming_message_past_its_ttl_ends_at_its_ack_timeout(api, topic):
-    api.send(topic, msgId="c", ttlMillis=500, maxRetry=5)  # pulled within 500 ms, however loaded the machine
-    assert ids(api.pull_until(topic, 1, ackTimeoutMillis=2000)) == ["c"]
-    time.sleep(0.6)  # past expireTime, still within the ack timeout: left to its consumer
-    assert api.message(topic, "c")["status"] == 3
-    assert api.wait_status(topic, "c", {5, 6})["status"] == 6
-
 
 def test_a_message_already_expired_when_due_ends_as_5(api, topic):
     now = int(time.time() * 1000)

@@ -50,20 +50,3 @@ def test_everything_answered_200_survives_kill_9_of_the_server(serve, topic):
     got = api.pull_until(topic, 2)  # the ready one now, the other when due: acked is not delivered again
     assert [m["msgId"] for m in got] == ["ready", "soon"]
     assert api.info(topic)["waitingQueueSize"] == 1
-
-
-@pytest.mark.disk_on_fake_clock("test_a_restart_keeps_waiting_ready_and_consuming_messages_with_their_times")
-@pytest.mark.redis_on_fake_clock("test_a_message_consuming_across_a_restart_is_ready_again_at_its_ack_deadline")
-def test_a_message_consuming_across_a_restart(serve, topic):
-    """Both backends keep the ack deadline a pull set across a restart (the
-    disk backend in its checkpoint's in-flight set and the commit log): past
-    it, the message is ready again, delivered once so far."""
-    api = serve()
-    api.send(topic, msgId="c", maxRetry=3)
-    assert [m["msgId"] for m in api.pull_until(topic, 1, ackTimeoutMillis=500)] == ["c"]
-    assert api.server.stop() == 0
-    api = serve()
-    time.sleep(1.0)  # past the pull's ack deadline
-    m = api.message(topic, "c")
-    assert (m["status"], m["retry"]) == (2, 1)  # timed out as set: ready again (delivered once)
-    assert [m["msgId"] for m in api.pull_until(topic, 1, ackTimeoutMillis=500)] == ["c"]
