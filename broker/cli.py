@@ -10,6 +10,7 @@ import sys
 
 from replication.config import Acks, ClusterConfig, parse_cluster
 from storage.config import StoreConfig
+from storage.errors import ConfigError
 
 from .bodies import BodyLimits
 from .config import ServeConfig, fsync_policy
@@ -114,11 +115,11 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
     cluster = None
     if args.cluster or args.node_id:
         if not (args.cluster and args.node_id):
-            raise ValueError("--cluster and --node-id go together")
+            raise ConfigError("--cluster and --node-id go together")
         try:
             acks = Acks(args.acks)
         except ValueError:
-            raise ValueError(f"--acks must be quorum or leader, got {args.acks!r}") from None
+            raise ConfigError(f"--acks must be quorum or leader, got {args.acks!r}") from None
         secret = None
         if args.cluster_secret_file:
             secret = read_token_file(args.cluster_secret_file, args.allow_readable_token, "--cluster-secret-file")
@@ -127,9 +128,9 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
                                 retain_log_bytes=args.retain_log_bytes)
         args.host, args.port = cluster.me.host, cluster.me.http_port
     elif args.acks != "quorum":
-        raise ValueError("--acks applies to a cluster (--cluster/--node-id)")
+        raise ConfigError("--acks applies to a cluster (--cluster/--node-id)")
     elif args.cluster_secret_file or args.insecure_cluster:
-        raise ValueError("--cluster-secret-file and --insecure-cluster apply to a cluster (--cluster/--node-id)")
+        raise ConfigError("--cluster-secret-file and --insecure-cluster apply to a cluster (--cluster/--node-id)")
     token = None
     if args.auth_token_file:
         token = read_token_file(args.auth_token_file, args.allow_readable_token)
@@ -160,10 +161,10 @@ def read_token_file(path: str, allow_readable: bool, flag: str = "--auth-token-f
     if mode & 0o077:
         what = f"{path} has mode {mode:04o}: group or others may read or change it"
         if not allow_readable:
-            raise ValueError(f"{flag} {what}; chmod 600 {path}, or pass --allow-readable-token")
+            raise ConfigError(f"{flag} {what}; chmod 600 {path}, or pass --allow-readable-token")
         log.warning("%s %s (--allow-readable-token)", flag, what)
     if not token:
-        raise ValueError(f"{flag} {path} is empty")
+        raise ConfigError(f"{flag} {path} is empty")
     return token
 
 

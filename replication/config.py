@@ -6,6 +6,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from storage.errors import ConfigError
+
 
 class Acks(enum.Enum):
     """When a write is answered 200.
@@ -75,31 +77,31 @@ class ClusterConfig:
 
     def __post_init__(self) -> None:
         if self.node_id not in self.peers:
-            raise ValueError(f"--node-id {self.node_id!r} is not in --cluster ({', '.join(self.peers)})")
+            raise ConfigError(f"--node-id {self.node_id!r} is not in --cluster ({', '.join(self.peers)})")
         if len(self.peers) < 1:
-            raise ValueError("--cluster names no node")
+            raise ConfigError("--cluster names no node")
         if not 0 < self.tick_sync_ms <= 1000:
-            raise ValueError(f"tick_sync_ms must be in 1..1000, got {self.tick_sync_ms}")
+            raise ConfigError(f"tick_sync_ms must be in 1..1000, got {self.tick_sync_ms}")
         if not 0 < self.election_min_ms < self.election_max_ms:
-            raise ValueError("election_min_ms must be positive and below election_max_ms")
+            raise ConfigError("election_min_ms must be positive and below election_max_ms")
         if not self.tick_sync_ms < self.lease_ms < self.election_min_ms:
-            raise ValueError("lease_ms must lie between tick_sync_ms and election_min_ms: a deposed leader "
+            raise ConfigError("lease_ms must lie between tick_sync_ms and election_min_ms: a deposed leader "
                              "must have stopped before another can be elected")
         if self.retain_log_bytes < 0:
-            raise ValueError(f"--retain-log-bytes must be >= 0, got {self.retain_log_bytes}")
+            raise ConfigError(f"--retain-log-bytes must be >= 0, got {self.retain_log_bytes}")
         addresses = [(p.host, p.http_port) for p in self.peers.values()] + \
                     [(p.host, p.raft_port) for p in self.peers.values()]
         if len(set(addresses)) != len(addresses):
-            raise ValueError("--cluster: two entries share an address (each node needs its own two ports)")
+            raise ConfigError("--cluster: two entries share an address (each node needs its own two ports)")
         if self.secret is None and not self.insecure:
-            raise ValueError("a cluster needs --cluster-secret-file: without a secret, anyone who reaches a node's "
+            raise ConfigError("a cluster needs --cluster-secret-file: without a secret, anyone who reaches a node's "
                              "Raft port can run code on it (pysyncobj unpickles what it receives) and anyone who "
                              "reaches /_cluster/* can read every message or stop elections for good; "
                              "--insecure-cluster runs without one anyway")
         if self.secret is not None and self.insecure:
-            raise ValueError("--insecure-cluster and --cluster-secret-file exclude each other")
+            raise ConfigError("--insecure-cluster and --cluster-secret-file exclude each other")
         if self.secret is not None and len(self.secret) < 16:
-            raise ValueError("the cluster secret must be at least 16 characters")
+            raise ConfigError("the cluster secret must be at least 16 characters")
 
     @property
     def me(self) -> Peer:
@@ -125,17 +127,17 @@ def parse_cluster(text: str) -> dict[str, Peer]:
         node_id, eq, address = entry.partition("=")
         parts = address.rsplit(":", 2)
         if not eq or not node_id or len(parts) != 3:
-            raise ValueError(f"--cluster entry {entry!r} is not id=host:http_port:replication_port")
+            raise ConfigError(f"--cluster entry {entry!r} is not id=host:http_port:replication_port")
         host, http_port, raft_port = parts
         try:
             ports = int(http_port), int(raft_port)
         except ValueError:
-            raise ValueError(f"--cluster entry {entry!r}: ports must be integers") from None
+            raise ConfigError(f"--cluster entry {entry!r}: ports must be integers") from None
         if not all(0 < p <= 65535 for p in ports):
-            raise ValueError(f"--cluster entry {entry!r}: ports must be in 1..65535")
+            raise ConfigError(f"--cluster entry {entry!r}: ports must be in 1..65535")
         if node_id in peers:
-            raise ValueError(f"--cluster names node {node_id!r} twice")
+            raise ConfigError(f"--cluster names node {node_id!r} twice")
         peers[node_id] = Peer(node_id, host, *ports)
     if not peers:
-        raise ValueError("--cluster names no node")
+        raise ConfigError("--cluster names no node")
     return peers

@@ -37,7 +37,7 @@ import struct
 import zlib
 from dataclasses import dataclass, field
 
-from storage.errors import CorruptionError
+from storage.errors import ContractError, CorruptionError
 from storage.fileutil import atomic_write
 
 MAGIC = b"HGEP"
@@ -59,7 +59,7 @@ class Epochs:
     def __post_init__(self) -> None:
         for (e1, o1), (e2, o2) in zip(self.history, self.history[1:]):
             if not (e1 < e2 and o1 <= o2):
-                raise ValueError(f"epoch history must rise: ({e1}, {o1}) then ({e2}, {o2})")
+                raise ContractError(f"epoch history must rise: ({e1}, {o1}) then ({e2}, {o2})")
 
     def last_epoch(self, end_offset: int) -> int:
         """Epoch of the last record before `end_offset` (0: none)."""

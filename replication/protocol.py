@@ -50,6 +50,8 @@ from typing import Any
 
 import msgpack
 
+from storage.errors import ContractError
+
 FETCH_PATH = "/_cluster/fetch"
 POSITION_PATH = "/_cluster/position"
 SNAPSHOT_PATH = "/_cluster/snapshot"
@@ -65,5 +67,5 @@ def pack(message: dict[str, Any]) -> bytes:
 def unpack(data: bytes) -> dict[str, Any]:
     message = msgpack.unpackb(data, raw=False, strict_map_key=False)
     if not isinstance(message, dict):
-        raise ValueError("a replication message must be a map")
+        raise ContractError("a replication message must be a map")
     return message

@@ -36,6 +36,7 @@ import shutil
 import tarfile
 
 from storage.checkpoint import Checkpoint
+from storage.errors import ContractError
 from storage.fileutil import fsync_dir, fsync_tree
 
 STORE_ENTRIES = ("checkpoint", "delay", "ids", "commitlog")
@@ -91,7 +92,7 @@ def unpack(tar_path: str, data_dir: str) -> str:
             for member in tar.getmembers():
                 top = member.name.split("/", 1)[0]
                 if top not in STORE_ENTRIES or ".." in member.name.split("/") or not member.isfile():
-                    raise ValueError(f"snapshot entry {member.name!r} is not a store file")
+                    raise ContractError(f"snapshot entry {member.name!r} is not a store file")
             tar.extractall(staged, filter="data")
         for name in STORE_ENTRIES:
             path = os.path.join(staged, name)

@@ -27,6 +27,7 @@ from typing import cast
 from . import delay_log, records
 from .delay_index import FLAG_MOVED, FLAG_RELEASED
 from .entry import IndexEntry, Location, Status
+from .errors import ContractError
 from .hour import Hour
 from .hour_table import HourTable
 
@@ -119,7 +120,7 @@ class Applying(HourTable):
         for change in cast(Sequence[records.StateItem], items):
             h = self._hours.get(change.hour)
             if h is None or change.global_index >= h.applied:
-                raise LookupError(f"state change for unknown message {change.hour}/{change.global_index}")
+                raise ContractError(f"state change for unknown message {change.hour}/{change.global_index}")
             h.stage_state(change.global_index, change.status, change.flags, change.retry)
             self._dirty.add(h)
             if change.status == Status.CONSUMING:
@@ -142,7 +143,7 @@ class Applying(HourTable):
         for move in items:
             old = self._hours.get(move.from_hour)
             if old is None or move.from_global_index >= old.applied:
-                raise LookupError(f"move of unknown message {move.from_hour}/{move.from_global_index}")
+                raise ContractError(f"move of unknown message {move.from_hour}/{move.from_global_index}")
             to = move.to
             old.stage_state(move.from_global_index, Status.DELETED, FLAG_RELEASED | FLAG_MOVED, move.retry)
             self._dirty.add(old)

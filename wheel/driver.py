@@ -8,7 +8,7 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from storage.entry import IndexEntry
-from storage.errors import ConfigError
+from storage.errors import ConfigError, ContractError
 
 from .clock import Clock
 from .scheduler import Scheduler
@@ -86,7 +86,7 @@ class WheelDriver:
 
     async def run(self) -> None:
         if self._running:
-            raise RuntimeError("WheelDriver.run() is already running")
+            raise ContractError("WheelDriver.run() is already running")
         self._running = True
         scheduler, clock = self._scheduler, self._clock
         scheduler.add_wake_listener(self._on_earlier)

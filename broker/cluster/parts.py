@@ -23,6 +23,7 @@ from replication.election import Election
 from replication.epochs import Epochs
 from replication.log_stream import Follower, LeaderLog
 from replication.roles import Role, RoleState
+from storage.errors import InvariantError
 from storage.store import Store
 from wheel.clock import Clock
 from wheel.tick_state import TickState, TickStateFile
@@ -96,7 +97,7 @@ class NodeParts:
         """Persist the leader's tick state (a follower's; a leader has no
         tick file: its wheel writes its own)."""
         if self.tick_file is None:
-            raise RuntimeError("a leader is sent no tick state")
+            raise InvariantError("a leader is sent no tick state")
         self.tick_file.write(tick)
 
     def fail(self, error: BaseException, where: str) -> None:

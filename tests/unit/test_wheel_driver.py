@@ -6,6 +6,7 @@ import logging
 import pytest
 
 from storage.entry import MS_PER_HOUR, IndexEntry
+from storage.errors import ContractError
 from wheel.clock import FakeClock
 from wheel.driver import WheelDriver
 from wheel.scheduler import Scheduler, SchedulerConfig
@@ -177,7 +178,7 @@ def test_run_twice_and_bad_interval_are_refused():
         rig = Rig()
         task = rig.start()
         await rig.clock.settle()
-        with pytest.raises(RuntimeError, match="already running"):
+        with pytest.raises(ContractError, match="already running"):
             await rig.driver.run()
         await rig.stop(task)
         assert "stopping=True" in repr(rig.driver)
