@@ -95,6 +95,7 @@ class LeaderLog:
         try:
             await self.clock.wait_for(asyncio.shield(future), self.config.write_timeout_ms / 1000)
         except TimeoutError:
+            future.cancel()  # nobody waits for it now: close() must not fail it unseen
             raise Unavailable(f"no quorum acknowledged offset {end_offset} within "
                               f"{self.config.write_timeout_ms} ms; retry") from None
 

@@ -85,6 +85,8 @@ def test_a_write_without_quorum_is_unavailable_and_close_fails_waiters(tmp_path)
         end = send(store, 1)
         with pytest.raises(Unavailable, match="no quorum"):
             await log.replicated(end)
+        timed_out = [future for _, _, future in log._waiters]
+        assert len(timed_out) == 1 and timed_out[0].cancelled()  # close() fails no future nobody awaits
         end = send(store, 1, start=1)
         waiting = asyncio.create_task(log.replicated(end))
         await asyncio.sleep(0.01)
