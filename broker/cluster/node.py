@@ -21,7 +21,7 @@ from broker.metrics import Metrics
 from broker.serving import serving_status
 from replication import snapshot
 from replication.config import ClusterConfig
-from replication.election import Election, RaftElection
+from replication.election import Election
 from replication.epochs import Epochs
 from replication.log_stream import Follower
 from replication.roles import RoleState
@@ -68,7 +68,12 @@ class ClusterNode(Routes, PeerCalls, RoleLoop, Snapshots, Handover):
         self.broker = None
         self.leader_log = None
         self.follower = Follower(self, cluster, clock)
-        self.election = RaftElection(cluster, self.data_dir, clock) if election is None else election
+        if election is None:
+            # pysyncobj and cryptography (about 6 MB) load here, on a cluster
+            # node only, not wherever broker.server is imported.
+            from replication.raft import RaftElection
+            election = RaftElection(cluster, self.data_dir, clock)
+        self.election = election
         self.roles = RoleState(cluster.node_id, cluster.quorum, len(cluster.peers))
         self.session = None
         self._follow_task = None

@@ -14,9 +14,10 @@ from serving import free_port
 
 from broker.clock import SystemClock
 from replication.config import ClusterConfig, Peer
-from replication.election import STATUS_READS, Election, FakeElection, RaftElection
+from replication.election import Election, FakeElection
+from replication.raft import STATUS_READS, RaftElection
 
-ELECTION = pathlib.Path(__file__).resolve().parents[2] / "replication" / "election.py"
+ELECTION = pathlib.Path(__file__).resolve().parents[2] / "replication" / "raft.py"
 
 
 def test_no_private_pysyncobj_name_is_used():
@@ -86,3 +87,15 @@ def test_a_status_read_that_meets_a_change_by_pysyncobjs_thread_is_read_again():
     election._raft = Racing(failures=STATUS_READS)
     with pytest.raises(RuntimeError, match="changed size"):
         _ = election.is_leader
+
+
+def test_pysyncobj_loads_only_when_a_cluster_node_builds_its_election():
+    """A standalone or Redis node never imports pysyncobj and cryptography
+    (about 6 MB of RSS): importing the server does not load them."""
+    import subprocess
+    import sys
+
+    code = "import sys, broker.server; print(sorted(m for m in ('pysyncobj', 'cryptography') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=pathlib.Path(__file__).resolve().parents[2])
+    assert out.stdout.strip() == "[]"

@@ -1,0 +1,141 @@
+"""`RaftElection`: the `Election` (replication.election) over pysyncobj's
+Raft, through its public API only, and the one fact it replicates.
+
+pysyncobj runs Raft in a thread of its own on the node's replication port
+(every message authenticated with the cluster secret before it unpickles
+it). Threads: pysyncobj calls back in its own thread; `RaftElection` hands
+results to the event loop (call_soon_threadsafe) and otherwise only reads
+its status (`_status`: read again when its thread changed it meanwhile).
+
+Its own module so that pysyncobj and cryptography (about 6 MB of RSS) load
+only on a cluster node, when its election is built.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from typing import Any
+
+from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
+
+from wheel.clock import Clock
+
+from .config import ClusterConfig
+
+# Reads of pysyncobj's status before a change its thread makes meanwhile
+# is let through (a read takes microseconds; a change is a peer joining).
+STATUS_READS = 5
+
+log = logging.getLogger("hourglass.election")
+
+
+# pysyncobj has no type hints: SyncObj and its decorator are Any to mypy.
+class _RaftFacts(SyncObj):  # type: ignore[misc]
+    """The replicated state machine: who claimed the highest term."""
+
+    def __init__(self, me: str, others: list[str], conf: SyncObjConf) -> None:
+        super().__init__(me, others, conf)
+        self.claimed_term = 0
+        self.claimed_by: str | None = None
+
+    @replicated  # type: ignore[untyped-decorator]
+    def claim(self, term: int, node_id: str) -> bool:
+        if term <= self.claimed_term:
+            return False
+        self.claimed_term, self.claimed_by = term, node_id
+        return True
+
+
+class RaftElection:
+    """`Election` over pysyncobj, through its public API only."""
+
+    def __init__(self, config: ClusterConfig, data_dir: str, clock: Clock) -> None:
+        self.config = config
+        self.clock = clock
+        raft_dir = os.path.join(data_dir, "raft")
+        os.makedirs(raft_dir, exist_ok=True)
+        conf = SyncObjConf(
+            autoTick=True,
+            # Measured: batching append-entries delays elections and failover.
+            appendEntriesUseBatch=False,
+            appendEntriesPeriod=config.tick_sync_ms / 1000,
+            raftMinTimeout=config.election_min_ms / 1000,
+            raftMaxTimeout=config.election_max_ms / 1000,
+            # A leader without a majority steps down before anyone else can
+            # be elected (see ClusterConfig.lease_ms).
+            leaderFallbackTimeout=config.lease_ms / 1000,
+            connectionRetryTime=0.2,
+            connectionTimeout=1.0,
+            journalFile=os.path.join(raft_dir, "journal"),
+            fullDumpFile=os.path.join(raft_dir, "dump"),
+            dynamicMembershipChange=False,
+            commandsWaitLeader=False,
+            # Only this node's own host and port (pysyncobj would bind every
+            # interface), and every message authenticated with the cluster
+            # secret before pysyncobj unpickles it (Fernet: AES + HMAC).
+            bindAddress=config.me.raft_address,
+            password=config.secret,
+        )
+        self._raft = _RaftFacts(config.me.raft_address, [p.raft_address for p in config.others], conf)
+        self._ids = {p.raft_address: p.node_id for p in config.peers.values()}
+
+    def _status(self) -> dict[str, Any]:
+        """pysyncobj's getStatus(), read from the event loop while its own
+        thread may add or drop a peer's entry: a read that meets such a
+        change ("dictionary changed size during iteration") is read again."""
+        for _ in range(STATUS_READS - 1):
+            try:
+                status: dict[str, Any] = self._raft.getStatus()
+                return status
+            except RuntimeError:
+                continue
+        status = self._raft.getStatus()
+        return status
+
+    @property
+    def is_leader(self) -> bool:
+        # getStatus()'s "leader" is pysyncobj's own node from the moment it
+        # becomes leader until it is follower or candidate again.
+        status = self._status()
+        return status["leader"] is not None and status["leader"] == status["self"]
+
+    @property
+    def term(self) -> int:
+        term: int = self._raft.raftCurrentTerm
+        return term
+
+    @property
+    def leader_id(self) -> str | None:
+        leader = self._status()["leader"]
+        return None if leader is None else self._ids.get(leader.address)
+
+    @property
+    def claimed(self) -> tuple[int, str | None]:
+        return self._raft.claimed_term, self._raft.claimed_by
+
+    async def claim(self, term: int) -> bool:
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[bool] = loop.create_future()
+
+        def settle(ok: bool) -> None:
+            if not done.done():
+                done.set_result(ok)
+
+        def callback(result: object, error: object) -> None:  # on pysyncobj's thread
+            loop.call_soon_threadsafe(settle, error == FAIL_REASON.SUCCESS and bool(result))
+
+        self._raft.claim(term, self.config.node_id, callback=callback)
+        try:
+            return await self.clock.wait_for(done, self.config.write_timeout_ms / 1000)
+        except TimeoutError:
+            return False
+
+    def close(self) -> None:
+        self._raft.destroy()
+
+    def __repr__(self) -> str:
+        term, by = self.claimed
+        return f"RaftElection(node={self.config.node_id}, term={self.term}, is_leader={self.is_leader}, " \
+               f"claimed=({term}, {by}))"
