@@ -1,0 +1,303 @@
+"""The Redis backend's requests: send, pull and long poll, ack and nack,
+delete, get, reschedule, dead letters and topic info, each ONE Lua script
+over one topic's keys (broker/redis/lua/backend/), so Redis runs it
+atomically and several hourglass processes may share one Redis.
+
+`RedisRequests` is a part of `broker.redis.backend.RedisBroker`, which
+holds the connection, the scripts and the tasks (the mover and the wake
+listener); what a request needs of it is declared below.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+
+from storage.entry import Location, Message, Status
+from storage.errors import Conflict, InvalidRequest, NotFound
+from storage.store import NewMessage
+
+from ..backend import DEAD_SCAN, REDRIVE_STEP, WAITING_BUCKETS, topic_info_json
+from ..params import AckRequest, DeleteRequest, LongPollRequest, NewSend, PullRequest, as_sends
+from .keys import ready_member
+
+# Every message read from Redis gets this Location: there is no disk entry.
+NO_LOCATION = Location(0, 0)
+
+
+def _message(topic: str, msg_id: str, meta: str, body: str) -> Message:
+    f = json.loads(meta)
+    return Message(topic=topic, msg_id=msg_id, msg=body, produce_ms=int(f["produce"]),
+                   trigger_ms=int(f["trigger"]), ttl_ms=int(f["ttl"]), max_retry=int(f["maxRetry"]),
+                   priority=int(f["priority"]), tag=f["tag"], status=Status(int(f["status"])),
+                   retry=int(f["retry"]), location=NO_LOCATION)
+
+
+class RedisRequests:
+    """The request methods of RedisBroker. What they use of it: `clock`,
+    `config`, `metrics` and `_state` (its topics and problems); `_script`
+    and `_command` (a call to Redis, its trouble answered as Unavailable);
+    `_check_serving`, `_wait_ready` (broker.lifecycle); `_made_ready`,
+    `_publish`, `_mover_wake` and `_next_due_ms` (waking the mover and the
+    long polls of every process)."""
+
+    async def send(self, sends: Sequence[NewSend | NewMessage]) -> list[Message]:
+        """Store new messages (a duplicate id of a live message, also earlier
+        in the batch, answers the stored message, unchanged; an ended one is
+        replaced unless the send is strict). One atomic script per topic. A
+        message due already is answered READY (or EXPIRED), as it is stored."""
+        self._check_serving()
+        if not sends:
+            return []
+        sends = as_sends(sends)
+        batch = [s.message for s in sends]
+        if any(n.key for n in batch):
+            raise InvalidRequest("key", "serial keys are served by the disk backend; the Redis backend refuses "
+                                        "them rather than deliver a key's messages at once (for per-key serial "
+                                        "consumption on Redis, see broker.redis.rmq)")
+        strict = {i for i, s in enumerate(sends) if s.strict}
+        now_ms = self.clock.now_ms()
+        new_topics = {n.topic for n in batch} - self._state.registered
+        if new_topics:
+            await self._command("sadd", *new_topics)
+            self._state.registered |= new_topics
+            self._state.topics |= new_topics
+        by_topic: dict[str, list[int]] = defaultdict(list)
+        for i, n in enumerate(batch):
+            by_topic[n.topic].append(i)
+        out: list[Message | None] = [None] * len(batch)
+        for topic, positions in by_topic.items():
+            for i, message in zip(positions, await self._send_topic(
+                    topic, [batch[i] for i in positions], [i in strict for i in positions], now_ms)):
+                out[i] = message
+        return out
+
+    async def _send_topic(self, topic: str, batch: list[NewMessage], strict: list[bool],
+                          now_ms: int) -> list[Message]:
+        args = [str(now_ms), str(now_ms + self.config.retention_ms)]
+        for n, is_strict in zip(batch, strict):
+            args += [n.msg_id, n.msg, str(n.produce_ms), str(n.trigger_ms), str(n.ttl_ms),
+                     str(n.trigger_ms + n.ttl_ms), str(n.max_retry), str(n.priority), n.tag,
+                     ready_member(n.priority, n.trigger_ms, n.msg_id), "1" if is_strict else "0"]
+        results = await self._script("send", topic, args)
+        m = self.metrics.topic(topic)
+        out, ready = [], []
+        answered: dict[str, Message] = {}  # a duplicate of an earlier item gets that item's answer
+        for n, (state, *stored) in zip(batch, results):
+            if state == "0":
+                m.duplicates += 1
+                out.append(answered.get(n.msg_id) or _message(topic, n.msg_id, *stored))
+                continue
+            m.sends += 1
+            out.append(Message(*n[:9], status=Status(int(state)), retry=0, location=NO_LOCATION))
+            answered[n.msg_id] = out[-1]
+            if state == "2":
+                ready.append(n.trigger_ms)
+            elif state == "5":
+                m.ended += 1
+            elif n.trigger_ms < self._next_due_ms:
+                self._mover_wake.set()
+        self._made_ready(topic, ready, now_ms)
+        if ready:
+            await self._publish(topic)
+        return out
+
+    async def pull(self, request: PullRequest | LongPollRequest) -> list[Message]:
+        """Up to `batch` READY messages of the topic, now CONSUMING."""
+        return (await self._pull(request))[0]
+
+    async def _pull(self, request: PullRequest | LongPollRequest) -> tuple[list[Message], str]:
+        """The pulled messages and their ack deadline."""
+        self._check_serving()
+        now_ms = self.clock.now_ms()
+        deadline = str(now_ms + request.ack_timeout_ms)
+        ended, *rows = await self._script("pull", request.topic, [
+            str(now_ms), deadline, str(request.batch), str(now_ms + self.config.retention_ms), *request.tags])
+        messages = [_message(request.topic, *row) for row in rows]
+        m = self.metrics.topic(request.topic, exists=bool(messages) or request.topic in self._state.topics)
+        m.ended += ended
+        m.pulls += len(messages)
+        for message in messages:
+            m.pull_gap.observe(now_ms - message.trigger_ms)
+        return messages, deadline
+
+    async def long_poll(self, request: LongPollRequest, gone: Callable[[], bool] = lambda: False) -> list[Message]:
+        """As pull, but waits up to the timeout for a message to be READY,
+        woken by the topic's wake channel (and pulling again every poll_ms
+        in case a wake was lost with a connection). `gone()` says the client hung up:
+        then nothing is taken, and what was taken meanwhile goes back to
+        READY with its retry unchanged (as the disk broker does)."""
+        ack_deadline = ""
+
+        async def pull() -> list[Message]:
+            nonlocal ack_deadline
+            messages, ack_deadline = await self._pull(request)
+            return messages
+
+        async def give_back(messages: list[Message]) -> None:
+            await self._give_back(request.topic, messages, ack_deadline)
+
+        # the waiter set before each pull: another process's wake meanwhile counts
+        return await self._wait_ready(request.topic, request.long_polling_timeout_ms, pull, give_back, gone,
+                                      wait_before_pull=True, repoll_s=self.config.poll_ms / 1000)
+
+    async def _give_back(self, topic: str, messages: list[Message], ack_deadline: str) -> None:
+        """Pulled for a client that is gone: READY again, as if never pulled."""
+        if await self._script("give_back", topic, [ack_deadline, *(m.msg_id for m in messages)]):
+            await self._publish(topic)
+
+    async def ack(self, request: AckRequest) -> None:
+        """ack: WAITING, READY or CONSUMING -> ACKED. nack: CONSUMING ->
+        READY, or ENDED after its last delivery. Anything else (an unknown
+        id, an ended message, a nack of one not consuming) changes nothing
+        and is no error, as camellia."""
+        self._check_serving()
+        now_ms = self.clock.now_ms()
+        result = await self._script("ack", request.topic, [
+            request.msg_id, "1" if request.ack else "0", str(now_ms), str(now_ms + self.config.retention_ms)])
+        if result in ("NF", "NOOP"):
+            return
+        m = self.metrics.topic(request.topic)
+        if request.ack:
+            m.acks += 1
+            return
+        m.nacks += 1
+        if result == "READY":
+            m.retries += 1
+            await self._publish(request.topic)
+        else:
+            m.ended += 1
+
+    async def ack_many(self, topic: str, msg_ids: Sequence[str], ack: bool = True) -> list[Status | None]:
+        """`ack` of each id in turn (a script each, then a read of its
+        status); the status of each after it (None: no such message)."""
+        after: dict[str, Status | None] = {}
+        for msg_id in msg_ids:
+            if msg_id not in after:  # a repeated id: once
+                await self.ack(AckRequest(topic, msg_id, ack))
+                found = await self._script("get", topic, [msg_id])
+                after[msg_id] = _message(topic, msg_id, *found).status if found else None
+        return [after[msg_id] for msg_id in msg_ids]
+
+    async def delete(self, request: DeleteRequest) -> None:
+        """WAITING, READY or CONSUMING -> DELETED; `release` also frees the
+        id. An ended or unknown message raises NotFound (camellia's 404);
+        with `release` an ended one is released all the same."""
+        self._check_serving()
+        result = await self._script("delete", request.topic, [
+            request.msg_id, "1" if request.release else "0", str(self.clock.now_ms() + self.config.retention_ms)])
+        if result == "NF":
+            raise NotFound(f"no message {request.msg_id!r} in topic {request.topic!r}")
+        if result == "NOOP":
+            raise NotFound(f"message {request.msg_id!r} has ended")
+        if result == "OK":
+            self.metrics.topic(request.topic).deletes += 1
+
+    async def get(self, topic: str, msg_id: str) -> Message:
+        self._check_serving()
+        found = await self._script("get", topic, [msg_id])
+        self.metrics.topic(topic, exists=bool(found) or topic in self._state.topics).gets += 1
+        if not found:
+            raise NotFound(f"no message {msg_id!r} in topic {topic!r}")
+        return _message(topic, msg_id, *found)
+
+    # == reschedule and dead letters ================================================
+
+    async def reschedule(self, topic: str, msg_id: str, trigger_ms: int) -> Message:
+        """As the disk broker's: a WAITING or READY message gets a new
+        trigger time (<= now: READY at once); else Conflict."""
+        self._check_serving()
+        old = await self.get(topic, msg_id)
+        now_ms = self.clock.now_ms()
+        result = await self._script("reschedule", topic, [
+            msg_id, str(trigger_ms), str(trigger_ms + old.ttl_ms), ready_member(old.priority, trigger_ms, msg_id),
+            str(now_ms)])
+        message = self._changed(topic, msg_id, result, "rescheduled", "only a waiting or ready message")
+        self.metrics.topic(topic).reschedules += 1
+        if message.status is Status.READY:
+            self._made_ready(topic, [trigger_ms], now_ms)
+            await self._publish(topic)
+        elif trigger_ms < self._next_due_ms:
+            self._mover_wake.set()
+        return message
+
+    def _changed(self, topic: str, msg_id: str, result, verb: str, allowed: str) -> Message:
+        if result == "NF":
+            raise NotFound(f"no message {msg_id!r} in topic {topic!r}")
+        if isinstance(result, str) and result.startswith("S"):
+            status = Status(int(result[1:]))
+            hint = " (ack or nack it first)" if status is Status.CONSUMING else ""
+            raise Conflict(f"message {msg_id!r} is {status.name.lower()} (status {int(status)}): {allowed} "
+                           f"can be {verb}{hint}")
+        return _message(topic, msg_id, *result)
+
+    async def list_dead(self, topic: str, statuses: frozenset[Status], cursor: str | None,
+                        limit: int) -> tuple[list[Message], str | None]:
+        """A page of the topic's dead letters, in the order they are purged
+        (oldest ended first), reading at most DEAD_SCAN members; the cursor
+        ("<purge ms>:<msgId>") of the next page, or None."""
+        self._check_serving()
+        score, _, after_id = (cursor or "").partition(":")
+        if cursor and not (score.isascii() and score.isdigit() and after_id):
+            raise InvalidRequest("cursor", f"must be a cursor a listDeadMsg page answered, got {cursor[:40]!r}")
+        wanted = "," + ",".join(str(int(s)) for s in sorted(statuses)) + ","
+        next_score, next_id, *rows = await self._script("dead", topic, [score, after_id, str(limit),
+                                                                        str(DEAD_SCAN), wanted])
+        messages = [_message(topic, rows[i], rows[i + 1], rows[i + 2]) for i in range(0, len(rows), 3)]
+        return messages, None if not next_score else f"{int(float(next_score))}:{next_id}"
+
+    async def redrive(self, topic: str, msg_id: str) -> Message:
+        """A dead letter READY again now with retry 0 and its ttl from now."""
+        self._check_serving()
+        old = await self.get(topic, msg_id)
+        result, = await self._redrive(topic, [old])
+        message = self._changed(topic, msg_id, result, "re-driven", "only an expired (5) or ended (6) message")
+        return message
+
+    async def _redrive(self, topic: str, olds: list[Message]) -> list:
+        now_ms = self.clock.now_ms()
+        args = [str(now_ms)]
+        for m in olds:
+            args += [m.msg_id, str(now_ms + m.ttl_ms), ready_member(m.priority, now_ms, m.msg_id)]
+        results = await self._script("redrive", topic, args)
+        done = sum(1 for r in results if not isinstance(r, str))
+        if done:
+            self.metrics.topic(topic).redrives += done
+            self._made_ready(topic, [now_ms] * done, now_ms)
+            await self._publish(topic)
+        return results
+
+    async def redrive_all(self, topic: str, limit: int) -> tuple[int, bool]:
+        """The topic's dead letters, oldest first, at most `limit`, a page of
+        REDRIVE_STEP a script; how many, and whether more are left."""
+        self._check_serving()
+        done, cursor = 0, None
+        dead = frozenset((Status.EXPIRED, Status.ENDED))
+        while done < limit:
+            page, cursor = await self.list_dead(topic, dead, cursor, min(REDRIVE_STEP, limit - done))
+            if page:
+                results = await self._redrive(topic, page)
+                done += sum(1 for r in results if not isinstance(r, str))
+            if cursor is None:
+                return done, False
+        more, _ = await self.list_dead(topic, dead, cursor, 1)
+        return done, bool(more)
+
+    # == topic information =======================================================
+
+    async def topic_info(self, topic: str) -> dict:
+        """camellia's TopicInfo: zset sizes, waiting split into delay buckets."""
+        now_ms = self.clock.now_ms()
+        bounds = [str(now_ms + upper) for _, upper in WAITING_BUCKETS if upper is not None]
+        waiting, ready, consuming, *buckets = await self._script("info", topic, bounds)
+        return topic_info_json(topic, waiting, buckets, ready, consuming)
+
+    async def topic_infos(self, topics: Sequence[str]) -> list[dict]:
+        """`topic_info` of each of `topics` (a script each: Redis counts by score)."""
+        return [await self.topic_info(topic) for topic in topics]
+
+    def topic_list(self) -> list[str]:
+        """Topics known to this process (its sends, and the topic set as the
+        mover last read it)."""
+        return sorted(self._state.topics)
