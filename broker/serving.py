@@ -6,10 +6,11 @@ camellia's /metrics families."""
 from __future__ import annotations
 
 from . import camellia_metrics
-from .api import PREFIX, answer
+from .api import answer
 from .config import ServeConfig
 from .health import ServingStatus
 from .httpd import Response
+from .paths import PREFIX
 
 
 def serving_status(config: ServeConfig, wake_long_polls) -> ServingStatus:

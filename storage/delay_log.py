@@ -27,7 +27,7 @@ import msgpack
 
 from .errors import ContractError, CorruptionError
 from .fileutil import check_header
-from .framing import FRAME_HEADER, FRAME_HEADER_BYTES, Buffer, FrameProblem, decode_frame, encode_frame
+from .framing import FRAME_HEADER, FRAME_HEADER_BYTES, Buffer, FrameProblem, decode_frame
 
 HEADER = struct.Struct("<4sHHQ")
 MAGIC = b"HGDL"
@@ -118,13 +118,6 @@ def append_frame(buf: bytearray, body: bytes) -> int:
     if pad:
         buf += _PAD[:pad]
     return size + pad
-
-
-def pack_frame(body: bytes) -> bytes:
-    """`body` framed (storage.framing, seed 0) and zero-padded to
-    `padded_bytes`: exactly the bytes it takes in the log."""
-    frame = encode_frame(body)
-    return frame + _PAD[:padded_bytes(len(frame)) - len(frame)]
 
 
 def decode_body_frame(path: str, raw: bytes, offset: int) -> bytes:

@@ -19,8 +19,9 @@ import logging
 
 import aiohttp
 
-from broker.api import PREFIX, Router, answer, bearer_auth
+from broker.api import Router, answer, bearer_auth
 from broker.httpd import Request, Response, StreamResponse
+from broker.paths import PREFIX
 from broker.serving import camellia_metrics_text, offline_health
 from replication import peer_auth, protocol
 from storage.store import text_hash

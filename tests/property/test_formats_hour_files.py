@@ -380,12 +380,13 @@ def test_corrupt_header_is_refused_on_open(msgs, which, read_mapped, create, dat
 
 @given(st.binary(min_size=0, max_size=64), st.binary(min_size=1, max_size=300))
 def test_append_frame_writes_the_padded_frame_in_place(before, body):
-    """The apply path's in-place writer and pack_frame give the same bytes,
-    and the size _place reserves for the frame with (size + 7) & ~7."""
+    """The apply path's in-place writer gives the frame storage.framing
+    encodes, zero-padded to padded_bytes, and the size _place reserves for
+    it with (size + 7) & ~7."""
     buf = bytearray(before)
     taken = delay_log.append_frame(buf, body)
     frame = encode_frame(body)
-    assert bytes(buf) == before + delay_log.pack_frame(body)
+    assert bytes(buf) == before + frame + bytes(delay_log.padded_bytes(len(frame)) - len(frame))
     assert bytes(buf[len(before):len(before) + len(frame)]) == frame
     assert taken == len(buf) - len(before) == delay_log.padded_bytes(len(frame)) == (len(frame) + 7) & ~7
     assert taken % delay_log.ALIGN_BYTES == 0 and not any(buf[len(before) + len(frame):])
