@@ -120,7 +120,7 @@ async def handler_costs(n: int) -> dict:
     with tempfile.TemporaryDirectory() as directory:
         node = Node(ServeConfig(data_dir=directory))
         node.broker.start()
-        handle = node.handler()
+        handle, _ = node.app()
         out = {}
         for name, make in (("health", lambda: Request("GET", "/health", b"", {"host": "x"}, b"", None)),
                            ("empty_pull", lambda: Request("POST", "/camellia/delayQueue/pullMsg", b"",

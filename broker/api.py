@@ -43,8 +43,8 @@ from storage.errors import BodyTooLarge, Conflict, InvalidRequest, NotFound, Una
 from . import camellia_metrics, params
 from .backend import Backend, new_msg_id
 from .bodies import JSON_MARKS_PER_BODY, BodyLimits, check_json_marks
-from .health import HEALTH_PREFIX, ServingStatus
-from .httpd import Request, Response, StreamResponse
+from .health import ServingStatus
+from .httpd import Request, Response, StreamResponse, plain_answer
 from .paths import PREFIX
 
 log = logging.getLogger("hourglass.api")
@@ -69,23 +69,31 @@ Handler = Callable[[Request], Awaitable["Response | StreamResponse"]]
 
 class Router:
     """(method, path) -> handler; an unknown path answers 404, a known path
-    with another method 405 (as JSON answers)."""
+    with another method 405 with Allow (as JSON answers). The gate
+    (broker.gate) asks `refusal` on the head, before the body is read."""
 
     def __init__(self) -> None:
         self.routes: dict[tuple[str, str], Handler] = {}
-        self.paths: set[str] = set()
+        self.methods: dict[str, set[str]] = {}
 
     def add(self, method: str, path: str, handler: Handler) -> None:
         self.routes[(method, path)] = handler
-        self.paths.add(path)
+        self.methods.setdefault(path, set()).add(method)
+
+    def refusal(self, method: str, path: str) -> Response | None:
+        """None if (method, path) is served; else its 404 or 405."""
+        methods = self.methods.get(path)
+        if methods is None:
+            return plain_answer(404, "Not Found")
+        if method not in methods:
+            return plain_answer(405, "Method Not Allowed", {"Allow": ", ".join(sorted(methods))})
+        return None
 
     async def dispatch(self, request: Request) -> Response | StreamResponse:
         handler = self.routes.get((request.method, request.path))
         if handler is not None:
             return await handler(request)
-        if request.path in self.paths:
-            return answer(405, "Method Not Allowed")
-        return answer(404, "Not Found")
+        return self.refusal(request.method, request.path) or plain_answer(404, "Not Found")
 
 
 def delay_msg(m: Message) -> dict:
@@ -98,43 +106,40 @@ def delay_msg(m: Message) -> dict:
 CONSOLE_COOKIE = "hg_console"
 
 
-def bearer_auth(token: str | None, handler: Handler) -> Handler:
-    """Every path but /health and camellia's /camellia/health/* (for load
-    balancers, as camellia's need none) needs `Authorization: Bearer
-    <token>`, the scheme in any case (RFC 7235), the token compared in
-    constant time as the bytes sent; no token configured: open.
-
-    The console's paths (/console, /console/api/*) also take the token as
-    the cookie `hg_console`, which `GET /console?token=<token>` sets
-    (HttpOnly, SameSite=Strict): a browser gives the token once."""
-    if token is None:
-        return handler
+def console_auth(token: str) -> Callable[[Request], bool]:
+    """The console's paths (/console, /console/api/*) take the token as the
+    cookie `hg_console` too, which `GET /console?token=<token>` sets
+    (console_login): a browser gives the token once. Checked on the head
+    (broker.gate), in constant time."""
     expected = token.encode()
 
     def matches(given: str) -> bool:
-        # httpd decodes header bytes as latin-1: encoding back gives the bytes sent
         return hmac.compare_digest(given.strip().encode("latin-1", "replace"), expected)
 
-    async def auth(request: Request) -> Response | StreamResponse:
-        path = request.path
-        if path == "/health" or path.startswith(HEALTH_PREFIX):
-            return await handler(request)
-        scheme, _, given = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() == "bearer" and matches(given):
-            return await handler(request)
-        if path == "/console" or path.startswith("/console/"):
-            cookie = _cookie(request.headers.get("cookie", ""), CONSOLE_COOKIE)
-            if cookie is not None and matches(cookie):
-                return await handler(request)
-            query = parse_form(request.query).get("token") if path == "/console" and request.query else None
-            if query is not None and matches(query):
-                response = await handler(request)
-                if isinstance(response, Response):
-                    response.headers = {**(response.headers or {}), "Set-Cookie": (
-                        f"{CONSOLE_COOKIE}={urllib.parse.quote(query)}; Path=/console; HttpOnly; SameSite=Strict")}
-                return response
-        return answer(401, "missing or wrong bearer token")
-    return auth
+    def valid(request: Request) -> bool:
+        cookie = _cookie(request.headers.get("cookie", ""), CONSOLE_COOKIE)
+        if cookie is not None and matches(cookie):
+            return True
+        query = parse_form(request.query).get("token") if request.path == "/console" and request.query else None
+        return query is not None and matches(query)
+    return valid
+
+
+def console_login(token: str | None, handler: Handler) -> Handler:
+    """`GET /console?token=<token>` (admitted by the gate) answers with the
+    console cookie set (HttpOnly, SameSite=Strict)."""
+    if token is None:
+        return handler
+
+    async def login(request: Request) -> Response | StreamResponse:
+        response = await handler(request)
+        if request.path == "/console" and request.query and isinstance(response, Response):
+            query = parse_form(request.query).get("token")
+            if isinstance(query, str):
+                response.headers = {**(response.headers or {}), "Set-Cookie": (
+                    f"{CONSOLE_COOKIE}={urllib.parse.quote(query)}; Path=/console; HttpOnly; SameSite=Strict")}
+        return response
+    return login
 
 
 def _cookie(header: str, name: str) -> str | None:

@@ -35,6 +35,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--auth-token-file", default=None,
                        help="file holding a bearer token required by every endpoint but /health; refused if "
                             "group or others may read it (chmod 600)")
+    serve.add_argument("--allowed-hosts", default="",
+                       help="comma list of Host names served without a token besides loopback names and --host "
+                            "(e.g. the name a reverse proxy forwards); with a token every Host is served")
     serve.add_argument("--allow-readable-token", action="store_true",
                        help="accept an --auth-token-file that group or others may read, with a warning")
     serve.add_argument("--node-id", default=None, help="this node's id in --cluster")
@@ -67,6 +70,13 @@ def build_parser() -> argparse.ArgumentParser:
                        help=f"seconds a client has to send a request's headers (default {limits.head_timeout_s:g})")
     serve.add_argument("--body-timeout", type=float, default=limits.body_timeout_s,
                        help=f"seconds a client has to send a request's body (default {limits.body_timeout_s:g})")
+    serve.add_argument("--min-body-rate", type=int, default=limits.min_body_rate_bps,
+                       help=f"bytes a second a request body must average (after 2 s); a slower one is closed, and "
+                            f"at the connection cap is the first to make room; 0: no minimum (default "
+                            f"{limits.min_body_rate_bps})")
+    serve.add_argument("--write-buffer-bytes", type=int, default=limits.write_buffer_bytes,
+                       help=f"answers queued on one connection that its client has not read; above it the "
+                            f"connection is not read until the client reads (default {limits.write_buffer_bytes})")
     serve.add_argument("--idle-timeout", type=float, default=limits.idle_timeout_s,
                        help=f"seconds an idle keep-alive connection is kept (default {limits.idle_timeout_s:g})")
     serve.add_argument("--body-budget-bytes", type=int, default=limits.body_budget_bytes,
@@ -140,7 +150,9 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
                        http=Limits(max_connections=args.max_connections, reserved_fds=args.reserved_fds,
                                    head_timeout_s=args.head_timeout,
                                    body_timeout_s=args.body_timeout, idle_timeout_s=args.idle_timeout,
-                                   body_budget_bytes=args.body_budget_bytes),
+                                   body_budget_bytes=args.body_budget_bytes, min_body_rate_bps=args.min_body_rate,
+                                   write_buffer_bytes=args.write_buffer_bytes),
+                       allowed_hosts=tuple(h.strip() for h in args.allowed_hosts.split(",") if h.strip()),
                        bodies=BodyLimits(max_form_pairs=args.max_form_pairs, max_batch_msgs=args.max_batch_msgs),
                        defaults=Defaults(max_ack_timeout_ms=args.max_ack_timeout_ms, max_ttl_ms=args.max_ttl_ms),
                        monitor_interval_s=args.monitor_interval_s, offline_idle_s=args.offline_idle_s,

@@ -14,6 +14,9 @@ from .httpd import Limits
 from .params import Defaults
 from .ready import QueueLimits
 
+# The shortest client token accepted: a short one is guessed.
+MIN_TOKEN_CHARS = 16
+
 
 @dataclass(frozen=True)
 class ServeConfig:
@@ -27,8 +30,13 @@ class ServeConfig:
     backend: str = "disk"
     # Largest `msg`, in UTF-8 bytes; a message exactly this large is accepted.
     max_msg_bytes: int = 1024 * 1024
-    # Bearer token required by every endpoint but /health (None: no auth).
+    # Bearer token required by every endpoint but /health (None: no auth,
+    # and then only loopback Host names, `host` and `allowed_hosts` are
+    # served, and cross-site state-changing requests refused: broker.gate).
     auth_token: str | None = None
+    # Host names served without a token besides loopback and `host`
+    # (--allowed-hosts), e.g. the name a reverse proxy forwards.
+    allowed_hosts: tuple[str, ...] = ()
     # How often derived files are made durable and the commit log trimmed.
     checkpoint_interval_ms: int = 1000
     # getMonitorData's interval: its counts are of the last one (camellia's
@@ -58,8 +66,9 @@ class ServeConfig:
             raise ConfigError(f"--max-msg-bytes must be at least 1, got {self.max_msg_bytes}")
         if self.backend != "disk" and not self.backend.startswith(("redis://", "rediss://")):
             raise ConfigError(f"--backend must be disk or redis://HOST:PORT/DB, got {self.backend!r}")
-        if self.auth_token is not None and not self.auth_token:
-            raise ConfigError("the auth token file is empty")
+        if self.auth_token is not None and len(self.auth_token) < MIN_TOKEN_CHARS:
+            raise ConfigError(f"the auth token is {len(self.auth_token)} characters; at least {MIN_TOKEN_CHARS} "
+                              f"are needed (e.g. `python3 -c 'import secrets; print(secrets.token_urlsafe(32))'`)")
         if self.cluster is not None and self.backend != "disk":
             raise ConfigError("--cluster needs --backend disk (a Redis backend shares its state already)")
         if self.monitor_interval_s < 1:

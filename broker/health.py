@@ -1,6 +1,6 @@
 """camellia's health switch for load balancers and deploy scripts:
-/camellia/health/status, /check, /online and /offline (any of GET or
-POST, no token, as /health).
+/camellia/health/status and /check (GET or POST), /online and /offline
+(POST only: they change state), no token, as /health.
 
     path      answer
     status    online: HTTP 200 {"code":200}; offline: HTTP 500 {"code":500}
@@ -90,10 +90,13 @@ class ServingStatus:
         return tracked
 
     def add_routes(self, router) -> None:
-        for name, handle in (("status", self.status), ("check", self.check), ("online", self.set_online),
-                             ("offline", self.set_offline)):
+        for name, handle in (("status", self.status), ("check", self.check)):
             for method in ("GET", "POST"):
                 router.add(method, HEALTH_PREFIX + name, handle)
+        # the switch changes state: POST only, so an <img> or a link on a web
+        # page cannot take the node out of its load balancer
+        router.add("POST", HEALTH_PREFIX + "online", self.set_online)
+        router.add("POST", HEALTH_PREFIX + "offline", self.set_offline)
 
     async def status(self, request: Request) -> Response:
         return _ok() if self.online else _not_ok("offline")

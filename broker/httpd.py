@@ -3,9 +3,18 @@
 Why not aiohttp's server: measured on this project's 2-core machine with
 uvloop, aiohttp spends 85-95 µs of server CPU on a request whose handler
 does nothing (routing, middleware, a Task, StreamReader, multidicts);
-this protocol spends about 40 µs on the same request, which is what lets
+this protocol spends about 20 µs on the same request, which is what lets
 a pull or an ack cost less than 100 µs in all. aiohttp stays the client
 (`broker.client`, the cluster's peer calls).
+
+Heads are parsed by llhttp (through `httptools`, as uvicorn does) in its
+strict mode: two Content-Lengths, a length that is not plain digits,
+whitespace before a colon, a folded line, a bare CR or LF, NUL or another
+control byte in a head: 400, and the connection is closed. The server
+decides on the head (`Admit`, broker.gate): token, route, method and the
+route's body cap are checked when the head is complete, before `100
+Continue`, before any body budget is reserved and before a byte of body is
+read; a refused request with a body is answered and its connection closed.
 
 What it speaks: HTTP/1.1 and 1.0, keep-alive, pipelined requests (answered
 in order, one at a time per connection), bodies with `Content-Length`
@@ -25,26 +34,32 @@ What a stranger can make it spend, each bounded by `Limits`:
 | head size                  | `max_head_bytes`                       | 431, closed               |
 | time to send a head        | `head_timeout_s` (from its first byte) | closed                    |
 | time to send a body        | `body_timeout_s`                       | closed                    |
+| pace of a body             | `min_body_rate_bps` (after 2 s)        | closed; evictable as a    |
+|                            |                                        | stalled connection        |
 | idle keep-alive            | `idle_timeout_s`                       | closed                    |
-| a body                     | the route's cap (`body_cap`)           | 413 before it is read     |
+| a body                     | the route's cap (`Admit`)              | 413 before it is read     |
 | bodies read or handled     | `body_budget_bytes` (bodies > 64 KiB), | 429 before it is read     |
 |   at once                  | held until the answer is written       |                           |
-| pipelined bytes buffered   | one request ahead, reading paused      | (back-pressure)           |
+| answers the client does    | `write_buffer_bytes`                   | reading and parsing stop  |
+|   not read                 |                                        | until it reads            |
+| pipelined requests parsed  | those in one 4 KiB slice, while one    | reading stops             |
+|   ahead                    | runs                                   |                           |
 
 Deadlines are plain numbers checked by one sweep a second, so a request
-costs no timer. Handlers are `async def handler(request) -> Response`;
-`dispatch` is called with every complete request and routes it.
+costs no timer.
 
 Accepting is the server's own (not `loop.create_server`): a connection
-over the cap is answered 503 and closed on its plain socket at once, so
-refusing a flood holds one descriptor at a time; and EMFILE on accept is
-answered through a spare descriptor kept for that, where asyncio's
-server would log and pause and uvloop's would drop the backlog unanswered.
-A stalled connection is one with no request in progress: idle between
-requests, silent since it connected, or part way through a head. When
-the cap is reached the one nearest its deadline is closed for the newcomer
-(a slow-loris client loses its sockets to real ones); connections running a
-request, or sending a body, are never taken.
+over the cap is answered 503 on its plain socket, which is then shut for
+writing and drained for a moment so the client reads the 503 rather than a
+reset (at most LINGERING_MAX at once; beyond, closed at once); and EMFILE
+on accept is answered through a spare descriptor kept for that, where
+asyncio's server would log and pause and uvloop's would drop the backlog
+unanswered. A stalled connection is one with no request in progress: idle
+between requests, silent since it connected, part way through a head, or
+sending a body slower than `min_body_rate_bps`. When the cap is reached
+the one nearest its deadline is closed for the newcomer (a slow-loris
+client loses its sockets to real ones); connections running a request
+are never taken.
 """
 
 from __future__ import annotations
@@ -56,11 +71,14 @@ import json
 import logging
 import os
 import socket
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from http import HTTPStatus
 
-from storage.errors import ConfigError, InvariantError
+import httptools
+
+from storage.errors import ConfigError, HourglassError, InvariantError
 
 from .descriptors import DescriptorBudget
 
@@ -88,26 +106,44 @@ class Limits:
     head_timeout_s: float = 10.0
     # From a head until its body is complete.
     body_timeout_s: float = 30.0
+    # A body arriving slower than this (bytes a second, averaged from its
+    # head on, after BODY_RATE_GRACE_S) is closed; 0: no minimum.
+    min_body_rate_bps: int = 4096
     # A keep-alive connection with no request in progress.
     idle_timeout_s: float = 120.0
     # Bytes of large bodies (> 64 KiB) being received at once, all
     # connections together.
     body_budget_bytes: int = 256 * 1024 * 1024
+    # Answers queued on one connection and not yet taken by the client:
+    # above it the connection is neither read nor parsed until the client
+    # reads (one answer may be larger; the next waits).
+    write_buffer_bytes: int = 256 * 1024
 
     def __post_init__(self) -> None:
-        for name in ("max_connections", "max_head_bytes", "body_budget_bytes"):
+        for name in ("max_connections", "max_head_bytes", "body_budget_bytes", "write_buffer_bytes"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be at least 1, not {getattr(self, name)}")
-        if self.reserved_fds < 0:
-            raise ConfigError(f"reserved_fds must be at least 0, not {self.reserved_fds}")
+        for name in ("reserved_fds", "min_body_rate_bps"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must be at least 0, not {getattr(self, name)}")
         for name in ("head_timeout_s", "body_timeout_s", "idle_timeout_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, not {getattr(self, name)}")
 
 
+# A body is measured against `min_body_rate_bps` only after this long.
+BODY_RATE_GRACE_S = 2.0
+# Bytes handed to the parser at once outside a body: a client pipelining
+# tiny requests gets at most one slice of them parsed ahead of the one
+# running.
+HEAD_SLICE_BYTES = 4096
+
+
 class Request:
-    """One request, read whole. `headers` keys are lower case; `query` is
-    the raw query string (bytes, still %-encoded)."""
+    """One request. `headers` keys are lower case; `query` is the raw query
+    string (bytes, still %-encoded). Built when its head is complete (the
+    admission looks at it then, its body still empty); `body` is set once
+    the body has arrived."""
 
     __slots__ = ("body", "headers", "method", "path", "query", "transport")
 
@@ -161,12 +197,15 @@ class StreamResponse:
 
 
 Dispatch = Callable[[Request], Awaitable["Response | StreamResponse"]]
-BodyCap = Callable[[str, str], int]
+# Called with a request whose head is complete (body still empty): a
+# refusal to answer at once, without reading the body, or the largest body
+# the request may carry (broker.gate).
+Admit = Callable[[Request], "Response | int"]
 
 
-def plain_answer(status: int, text: str) -> Response:
+def plain_answer(status: int, text: str, headers: dict[str, str] | None = None) -> Response:
     """An answer made by the protocol itself (before any handler)."""
-    return Response(status, json.dumps({"code": status, "msg": text}).encode())
+    return Response(status, json.dumps({"code": status, "msg": text}).encode(), headers=headers)
 
 
 def _head(status: int, content_type: str, length: int | None, headers: dict[str, str] | None,
@@ -186,9 +225,9 @@ def _head(status: int, content_type: str, length: int | None, headers: dict[str,
 class _Shared:
     """State every connection of one server shares."""
 
-    def __init__(self, dispatch: Dispatch, body_cap: BodyCap, limits: Limits) -> None:
+    def __init__(self, dispatch: Dispatch, admit: Admit, limits: Limits) -> None:
         self.dispatch = dispatch
-        self.body_cap = body_cap
+        self.admit = admit
         self.limits = limits
         self.connections: set[Connection] = set()
         self.adopting = 0  # accepted, not yet made a Connection
@@ -196,6 +235,7 @@ class _Shared:
         self.body_bytes = 0
         self.refused = 0  # connections answered 503 at the cap (or at EMFILE)
         self.evicted = 0  # stalled connections closed to make room for a new one
+        self.slow_bodies = 0  # connections closed for sending a body below min_body_rate_bps
         self.running = 0  # handlers running
         self.stopping = False
         self.idle = asyncio.Event()  # set when no handler is running
@@ -206,36 +246,66 @@ class _Shared:
         ceiling = self.descriptors.ceiling()
         return self.limits.max_connections if ceiling is None else min(self.limits.max_connections, ceiling)
 
-    def make_room(self) -> bool:
+    def make_room(self, now: float) -> bool:
         """True if one more connection may be taken: under the cap, or a
         stalled connection (the one nearest its deadline) was closed for it."""
         if len(self.connections) + self.adopting < self.cap():
             return True
-        return self.shed(1) == 1
+        return self.shed(1, now) == 1
 
-    def shed(self, count: int) -> int:
+    def shed(self, count: int, now: float) -> int:
         """Close up to `count` stalled connections, those nearest their
         deadline first; returns how many."""
-        stalled = heapq.nsmallest(count, (c for c in self.connections if c.stalled()), key=lambda c: c.deadline)
+        stalled = heapq.nsmallest(count, (c for c in self.connections if c.stalled(now)), key=lambda c: c.deadline)
         for victim in stalled:
             victim.evict()
         self.evicted += len(stalled)
         return len(stalled)
 
 
+class _Refused(HourglassError):
+    """Raised inside a parser callback to stop parsing: the request was
+    refused on its head, or the head grew past its bound."""
+
+
+# A queued entry: a request to dispatch, or an answer decided on the head.
+_Queued = tuple[Request | None, Response | None, bool, int]  # request, answer, keep-alive, budgeted bytes
+
+
 class Connection(asyncio.Protocol):
-    """One client connection: parse, call the dispatcher, write, repeat."""
+    """One client connection: llhttp (httptools) parses, `admit` decides on
+    each head, the dispatcher answers, in order, one request at a time.
+
+    Reading stops (and parsing with it) while a request waits behind the
+    one running, and while the transport holds more than
+    `write_buffer_bytes` of answers the client has not read
+    (`pause_writing`); both resume as soon as the cause is gone, with no
+    polling."""
 
     def __init__(self, shared: _Shared) -> None:
         self.shared = shared
         self.loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
-        self.buffer = bytearray()
+        self.parser = httptools.HttpRequestParser(self)
+        self.unparsed = bytearray()   # received, not yet given to the parser
         self.deadline = 0.0
-        self.busy = False          # a handler is running
-        self.paused = False
-        self.budgeted = 0          # bytes of the body budget this connection holds
-        self.pending: tuple | None = None  # a parsed head waiting for its body
+        self.busy = False             # a handler runs, or an answer is being written
+        self.reading = True
+        self.writing_paused = False
+        self.drained: asyncio.Future[None] | None = None  # a stream waiting for resume_writing
+        self.queue: deque[_Queued] = deque()
+        self.done = False             # refused or closing: nothing more is parsed
+        # the message being parsed
+        self.in_head = False
+        self.head_bytes = 0
+        self.url = bytearray()
+        self.headers: dict[str, str] = {}
+        self.request: Request | None = None
+        self.keep_alive = True
+        self.budget = 0
+        self.body = bytearray()
+        self.body_expected = 0        # Content-Length of the body being received (0: none)
+        self.body_started = 0.0
 
     # -- asyncio.Protocol --------------------------------------------------------
 
@@ -244,16 +314,26 @@ class Connection(asyncio.Protocol):
         shared = self.shared
         if shared.stopping:  # accepted as the server began to stop
             shared.refused += 1
-            self.transport.write(self._encode(plain_answer(503, "stopping, retry on another node"), True))
+            self.transport.write(_encode(plain_answer(503, "stopping, retry on another node"), True))
             self.transport.close()
             self.transport = None
             return
+        self.transport.set_write_buffer_limits(high=shared.limits.write_buffer_bytes)
         shared.connections.add(self)
         self.deadline = self.loop.time() + shared.limits.idle_timeout_s
 
-    def stalled(self) -> bool:
-        """No request in progress: idle, silent, or part way through a head."""
-        return not self.busy and self.pending is None and self.transport is not None
+    def stalled(self, now: float) -> bool:
+        """No request in progress (idle, silent, or part way through a
+        head), or a body arriving below the minimum rate."""
+        if self.busy or self.queue or self.transport is None:
+            return False
+        return not self.body_expected or self.slow_body(now)
+
+    def slow_body(self, now: float) -> bool:
+        rate = self.shared.limits.min_body_rate_bps
+        elapsed = now - self.body_started
+        return (bool(self.body_expected) and rate > 0 and elapsed > BODY_RATE_GRACE_S
+                and len(self.body) < rate * (elapsed - BODY_RATE_GRACE_S))
 
     def evict(self) -> None:
         self.shared.connections.discard(self)  # its slot is free now; its descriptor once closed
@@ -262,126 +342,207 @@ class Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.shared.connections.discard(self)
-        self._release_budget()
-        self.pending = None
-        self.buffer.clear()
+        self.done = True
+        self._release(self.budget)
+        self.budget = 0
+        for _, _, _, budgeted in self.queue:
+            self._release(budgeted)
+        self.queue.clear()
+        self.unparsed.clear()
+        self.body.clear()
+        self._wake_writer()
+
+    def pause_writing(self) -> None:
+        self.writing_paused = True
+
+    def resume_writing(self) -> None:
+        self.writing_paused = False
+        self._wake_writer()
+        self._next()
+        self._feed()
 
     def data_received(self, data: bytes) -> None:
-        if self.transport is None:
+        if self.transport is None or self.done:
             return
-        if not self.buffer and self.pending is None and not self.busy:
+        if not self.in_head and not self.body_expected and not self.busy and not self.queue and not self.unparsed:
             self.deadline = self.loop.time() + self.shared.limits.head_timeout_s
-        self.buffer += data
-        if not self.busy:
-            self._process()
-        elif len(self.buffer) > self.shared.limits.max_head_bytes and not self.paused:
-            self.paused = True  # the next pipelined request waits for this one
-            self.transport.pause_reading()
+        self.unparsed += data
+        self._feed()
 
     # -- parsing ---------------------------------------------------------------------
 
-    def _process(self) -> None:
-        """Parse as much of the buffer as forms one request and start it."""
+    def _blocked(self) -> bool:
+        """Parsing waits: a request is queued behind the one running, or the
+        client is not reading its answers."""
+        return self.writing_paused or bool(self.queue)
+
+    def _feed(self) -> None:
+        """Give the parser what was received, a slice at a time, until it
+        is all parsed or parsing must wait; reading follows."""
+        while self.unparsed and not self.done and not self._blocked():
+            size = max(self.body_expected - len(self.body), HEAD_SLICE_BYTES) if self.body_expected \
+                else HEAD_SLICE_BYTES
+            piece = bytes(self.unparsed[:size])
+            del self.unparsed[:size]
+            if not self.body_expected:
+                self.head_bytes += len(piece)
+            try:
+                self.parser.feed_data(piece)
+            except httptools.HttpParserCallbackError as e:
+                if not isinstance(e.__context__, _Refused):
+                    log.error("bug while parsing a request", exc_info=e.__context__)
+                    self._refusal(500, "internal error (logged)")
+                return
+            except httptools.HttpParserUpgrade as e:  # an Upgrade header: ignored, parsing goes on
+                self.parser = httptools.HttpRequestParser(self)
+                self.unparsed[:0] = piece[e.args[0]:]
+            except httptools.HttpParserError as e:
+                text = str(e) or "malformed request"
+                self._refusal(505 if "version" in text.lower() else 400, f"malformed request: {text}")
+                return
+            if self.in_head and self.head_bytes > self.shared.limits.max_head_bytes:
+                self._refusal(431, "request head too large")
+                return
+        self._next()
+        self._read(not self.done and not self._blocked())
+
+    def _read(self, want: bool) -> None:
         transport = self.transport
-        if transport is None or transport.is_closing():
+        if want == self.reading or transport is None or transport.is_closing():
             return
-        limits = self.shared.limits
-        if self.pending is None:
-            end = self.buffer.find(b"\r\n\r\n")
-            if end < 0:
-                if len(self.buffer) > limits.max_head_bytes:
-                    self._refuse(431, "request head too large")
-                return
-            if end > limits.max_head_bytes:
-                self._refuse(431, "request head too large")
-                return
-            head = bytes(self.buffer[:end])
-            del self.buffer[:end + 4]
-            if not self._parse_head(head):
-                return
-        method, target, headers, length, keep_alive = self.pending  # type: ignore[misc]
-        if len(self.buffer) < length:
-            return
-        body = bytes(self.buffer[:length])
-        del self.buffer[:length]
-        self.pending = None
-        path, _, query = target.partition("?")
-        request = Request(method, path, query.encode("latin-1"), headers, body, transport)
-        self.busy = True
-        self.shared.running += 1
-        self.shared.idle.clear()
-        self.loop.create_task(self._run(request, keep_alive))
+        self.reading = want
+        if want:
+            transport.resume_reading()
+        else:
+            transport.pause_reading()
 
-    def _parse_head(self, head: bytes) -> bool:
-        lines = head.split(b"\r\n")
-        try:
-            method_b, target_b, version = lines[0].split(b" ")
-            method, target = method_b.decode("ascii"), target_b.decode("latin-1")
-        except (ValueError, UnicodeDecodeError):
-            self._refuse(400, "malformed request line")
-            return False
-        if version not in (b"HTTP/1.1", b"HTTP/1.0"):
-            self._refuse(505, "HTTP/1.1 only")
-            return False
-        headers: dict[str, str] = {}
-        for line in lines[1:]:
-            name, sep, value = line.partition(b":")
-            if not sep:
-                self._refuse(400, "malformed header line")
-                return False
-            key = name.strip().lower().decode("latin-1")
-            headers.setdefault(key, value.strip().decode("latin-1"))
+    # httptools callbacks (on the loop, inside feed_data)
+
+    def on_message_begin(self) -> None:
+        self.in_head = True
+        self.url.clear()
+        self.headers = {}
+        if not self.busy and not self.queue:
+            self.deadline = self.loop.time() + self.shared.limits.head_timeout_s
+
+    def on_url(self, url: bytes) -> None:
+        self.url += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        key = name.decode("latin-1").lower()
+        text = value.decode("latin-1")
+        seen = self.headers.get(key)
+        if seen is None:
+            self.headers[key] = text
+        elif key in _SINGLE:
+            raise self._refusal(400, f"two {key} headers")
+        else:
+            self.headers[key] = seen + ("; " if key == "cookie" else ", ") + text
+
+    def on_headers_complete(self) -> None:
+        self.in_head = False
+        self.head_bytes = 0
+        if self.parser.get_http_version() not in ("1.1", "1.0"):
+            raise self._refusal(505, "HTTP/1.1 only")
+        headers = self.headers
         if "transfer-encoding" in headers:
-            self._refuse(411, "send the body with a Content-Length")
-            return False
-        try:
-            length = int(headers.get("content-length", "0"))
-            if length < 0:
-                raise ValueError
-        except ValueError:
-            self._refuse(400, "bad Content-Length")
-            return False
-        connection = headers.get("connection", "").lower()
-        keep_alive = "close" not in connection and (version == b"HTTP/1.1" or "keep-alive" in connection)
+            raise self._refusal(411, "send the body with a Content-Length")
+        target = bytes(self.url)
+        path_b, _, query = target.partition(b"?")
+        path = path_b.decode("latin-1")
+        if not path.startswith("/"):
+            raise self._refusal(400, "the request target must be a path")
+        length = int(headers.get("content-length", "0"))
+        request = Request(self.parser.get_method().decode("ascii"), path, query.partition(b"#")[0], headers, b"",
+                          self.transport)
+        keep_alive = self.parser.should_keep_alive()
         shared = self.shared
+        verdict = shared.admit(request)
+        if isinstance(verdict, Response):
+            # decided on the head: its body is never read, so a request with one ends the connection
+            self._queue_answer(verdict, keep_alive and not length)
+            if length or not keep_alive:
+                raise _Refused
+            return
+        if length > verdict:
+            raise self._refusal(413, f"request body is {length} bytes, more than {verdict}")
+        if length > LARGE_BODY_BYTES:
+            if shared.body_bytes + length > shared.limits.body_budget_bytes:
+                raise self._refusal(429, "too many large bodies at once, retry later")
+            shared.body_bytes += length
+            self.budget = length
+        self.request, self.keep_alive = request, keep_alive
         if length:
-            cap = shared.body_cap(method, target.partition("?")[0])
-            if length > cap:
-                self._refuse(413, f"request body is {length} bytes, more than {cap}")
-                return False
-            if length > LARGE_BODY_BYTES:
-                if shared.body_bytes + length > shared.limits.body_budget_bytes:
-                    self._refuse(429, "too many large bodies at once, retry later")
-                    return False
-                shared.body_bytes += length
-                self.budgeted = length
-            if headers.get("expect", "").lower() == "100-continue" and len(self.buffer) < length:
-                if self.transport is None:
-                    raise InvariantError("a request is read from a connection without a transport")
+            self.body_expected = length
+            self.body_started = self.loop.time()
+            self.deadline = self.body_started + shared.limits.body_timeout_s
+            if (headers.get("expect", "").lower() == "100-continue" and not self.busy and not self.queue
+                    and len(self.unparsed) < length and self.transport is not None):
                 self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-            self.deadline = self.loop.time() + shared.limits.body_timeout_s
-        self.pending = (method, target, headers, length, keep_alive)
-        return True
 
-    def _release_budget(self) -> None:
-        if self.budgeted:
-            self.shared.body_bytes -= self.budgeted
-            self.budgeted = 0
+    def on_body(self, body: bytes) -> None:
+        self.body += body
 
-    def _refuse(self, status: int, text: str) -> None:
-        """An answer that ends the connection: what follows is not read."""
-        if self.transport is not None and not self.transport.is_closing():
-            self.transport.write(self._encode(plain_answer(status, text), True))
-            self.transport.close()
+    def on_message_complete(self) -> None:
+        request = self.request
+        if request is None:  # refused on its head (an answer without a body stays queued)
+            return
+        request.body = bytes(self.body)
+        self.body.clear()
+        self.body_expected = 0
+        self.queue.append((request, None, self.keep_alive, self.budget))
+        self.request, self.budget = None, 0
+
+    def _queue_answer(self, response: Response, keep_alive: bool) -> None:
+        """Answer a request on its head, after those ahead of it. Without
+        keep-alive nothing after it is parsed."""
+        self.queue.append((None, response, keep_alive, 0))
+        self.request = None
+        if not keep_alive:
+            self.done = True
+            self._read(False)
+            self._next()
+
+    def _refusal(self, status: int, text: str) -> _Refused:
+        """Queue an answer that ends the connection (what follows is not
+        read); a parser callback raises what it returns, to stop parsing."""
+        self._release(self.budget)
+        self.budget = 0
+        self.body_expected = 0
+        self._queue_answer(plain_answer(status, text), False)
+        return _Refused(status)
+
+    def _release(self, budgeted: int) -> None:
+        if budgeted:
+            self.shared.body_bytes -= budgeted
 
     # -- answering ---------------------------------------------------------------------
 
-    @staticmethod
-    def _encode(response: Response, close: bool) -> bytes:
-        return _head(response.status, response.content_type, len(response.body), response.headers,
-                     close) + response.body
+    def _next(self) -> None:
+        """Start the first queued request, or write the first queued answer,
+        when none is running and the client reads its answers."""
+        shared = self.shared
+        while self.queue and not self.busy and not self.writing_paused:
+            transport = self.transport
+            if transport is None or transport.is_closing():
+                return
+            request, response, keep_alive, budgeted = self.queue.popleft()
+            if response is not None:
+                transport.write(_encode(response, not keep_alive or shared.stopping))
+                if not keep_alive or shared.stopping:
+                    self.done = True
+                    transport.close()
+                    return
+                self.deadline = self.loop.time() + shared.limits.idle_timeout_s
+                continue
+            if request is None:
+                raise InvariantError("a queued entry holds neither a request nor an answer")
+            self.busy = True
+            shared.running += 1
+            shared.idle.clear()
+            self.loop.create_task(self._run(request, keep_alive, budgeted))
 
-    async def _run(self, request: Request, keep_alive: bool) -> None:
+    async def _run(self, request: Request, keep_alive: bool, budgeted: int) -> None:
         shared = self.shared
         try:
             try:
@@ -398,23 +559,21 @@ class Connection(asyncio.Protocol):
             if isinstance(response, StreamResponse):
                 await self._stream(transport, response, close)
             else:
-                transport.write(self._encode(response, close))
+                transport.write(_encode(response, close))
             if close:
+                self.done = True
                 transport.close()
                 return
         finally:
-            self._release_budget()  # held while the handler parses and holds the body
+            self._release(budgeted)  # held while the handler parses and holds the body
             self.busy = False
             shared.running -= 1
             if not shared.running:
                 shared.idle.set()
-        self.deadline = self.loop.time() + shared.limits.idle_timeout_s
-        if self.paused:
-            self.paused = False
-            self.transport.resume_reading()  # type: ignore[union-attr]
-        if self.buffer:
-            self.deadline = self.loop.time() + shared.limits.head_timeout_s
-            self._process()
+        if not self.body_expected and not self.in_head:
+            self.deadline = self.loop.time() + shared.limits.idle_timeout_s
+        self._next()
+        self._feed()
 
     async def _stream(self, transport: asyncio.Transport, response: StreamResponse, close: bool) -> None:
         transport.write(_head(response.status, response.content_type, None, response.headers, close))
@@ -424,23 +583,41 @@ class Connection(asyncio.Protocol):
                     return
                 if chunk:
                     transport.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
-                while transport.get_write_buffer_size() > 4 * 1024 * 1024 and not transport.is_closing():
-                    await asyncio.sleep(0.01)  # let the socket drain: bounded RAM per stream
+                if self.writing_paused:  # let the socket drain: bounded RAM per stream
+                    self.drained = self.loop.create_future()
+                    await self.drained
         finally:
             await response.chunks.aclose()  # type: ignore[attr-defined]
         transport.write(b"0\r\n\r\n")
+
+    def _wake_writer(self) -> None:
+        if self.drained is not None and not self.drained.done():
+            self.drained.set_result(None)
+        self.drained = None
+
+
+# Headers a request may carry once: a second copy is ambiguous (which one
+# would a proxy in front have read?), answered 400. Others are joined.
+_SINGLE = frozenset(("host", "authorization", "content-type", "content-length", "transfer-encoding", "expect",
+                     "origin", "sec-fetch-site", "connection"))
+
+
+def _encode(response: Response, close: bool) -> bytes:
+    return _head(response.status, response.content_type, len(response.body), response.headers,
+                 close) + response.body
 
 
 class HttpServer:
     """Listens on host:port, serves `dispatch`; `close()` stops gracefully."""
 
-    def __init__(self, dispatch: Dispatch, body_cap: BodyCap, limits: Limits | None = None) -> None:
-        self.shared = _Shared(dispatch, body_cap, limits or Limits())
+    def __init__(self, dispatch: Dispatch, admit: Admit, limits: Limits | None = None) -> None:
+        self.shared = _Shared(dispatch, admit, limits or Limits())
         self.listeners: list[socket.socket] = []
         self.spare: int | None = None  # a descriptor held to answer 503 at EMFILE
         self.adoptions: set[asyncio.Task] = set()
         self.sweeper: asyncio.Task | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
+        self.lingering: set[socket.socket] = set()  # refused sockets drained before their close
 
     def __repr__(self) -> str:
         shared = self.shared
@@ -489,10 +666,10 @@ class HttpServer:
                 else:
                     log.warning("accepting a connection: %s", e)
                 return
-            if shared.stopping or not shared.make_room():
+            if shared.stopping or not shared.make_room(self.loop.time()):  # type: ignore[union-attr]
                 shared.refused += 1
-                _refuse_socket(sock, "stopping, retry on another node" if shared.stopping
-                               else "too many connections, retry later")
+                self._refuse_socket(sock, "stopping, retry on another node" if shared.stopping
+                                    else "too many connections, retry later")
                 continue
             shared.adopting += 1
             task = self.loop.create_task(self._adopt(sock))  # type: ignore[union-attr]
@@ -523,7 +700,8 @@ class HttpServer:
             if sock is not None:
                 answered += 1
                 self.shared.refused += 1
-                _refuse_socket(sock, "out of file descriptors, retry later")
+                _send_refusal(sock, "out of file descriptors, retry later")
+                sock.close()
             self.spare = _open_spare()
             if sock is None:
                 break
@@ -542,6 +720,45 @@ class HttpServer:
             self.spare = _open_spare()
         self.loop.add_reader(listener.fileno(), self._accept, listener)  # type: ignore[union-attr]
 
+    def _refuse_socket(self, sock: socket.socket, text: str) -> None:
+        """503 on a plain, just accepted socket, without a transport. Closed
+        at once, a socket whose request is still unread would send a reset,
+        which can destroy the 503 before the client reads it: so it is shut
+        for writing and drained until the client closes, for at most
+        LINGER_S (at most LINGERING_MAX such sockets; beyond, closed at
+        once)."""
+        _send_refusal(sock, text)
+        loop = self.loop
+        if loop is None or len(self.lingering) >= LINGERING_MAX:
+            sock.close()
+            return
+        try:
+            sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            sock.close()
+            return
+        self.lingering.add(sock)
+        loop.add_reader(sock.fileno(), self._drain_lingering, sock)
+        loop.call_later(LINGER_S, self._end_lingering, sock)
+
+    def _drain_lingering(self, sock: socket.socket) -> None:
+        try:
+            data = sock.recv(65536)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._end_lingering(sock)
+
+    def _end_lingering(self, sock: socket.socket) -> None:
+        if sock not in self.lingering:
+            return
+        self.lingering.discard(sock)
+        if self.loop is not None and sock.fileno() >= 0:
+            self.loop.remove_reader(sock.fileno())
+        sock.close()
+
     # -- deadlines and stopping --------------------------------------------------------
 
     async def _sweep(self) -> None:
@@ -552,13 +769,18 @@ class HttpServer:
         while True:
             await asyncio.sleep(1.0)
             now = loop.time()
-            for conn in [c for c in shared.connections if not c.busy and c.deadline < now]:
-                if conn.transport is not None:
+            for conn in list(shared.connections):
+                if conn.busy or conn.transport is None:
+                    continue
+                if conn.slow_body(now):
+                    shared.slow_bodies += 1
                     conn.transport.close()
-            shared.descriptors.measure(len(shared.connections) + shared.adopting)
+                elif conn.deadline < now:
+                    conn.transport.close()
+            shared.descriptors.measure(len(shared.connections) + shared.adopting + len(self.lingering))
             excess = len(shared.connections) - shared.cap()
             if excess > 0:  # storage opened files since these came: its reserve first
-                shared.shed(excess)
+                shared.shed(excess, now)
             if self.spare is None:
                 self.spare = _open_spare()
 
@@ -574,6 +796,8 @@ class HttpServer:
         if self.spare is not None:
             os.close(self.spare)
             self.spare = None
+        for sock in list(self.lingering):
+            self._end_lingering(sock)
         if self.sweeper is not None:
             self.sweeper.cancel()
         if self.adoptions:
@@ -592,6 +816,10 @@ class HttpServer:
 
 # After EMFILE at accept, how long the listening sockets rest.
 EMFILE_PAUSE_S = 0.1
+# A socket refused at the cap is drained (so its 503 is read, not reset)
+# for at most this long; at most this many at once.
+LINGER_S = 1.0
+LINGERING_MAX = 64
 
 
 async def _listen(loop: asyncio.AbstractEventLoop, host: str, port: int, backlog: int) -> list[socket.socket]:
@@ -630,13 +858,10 @@ def _open_spare() -> int | None:
         return None
 
 
-def _refuse_socket(sock: socket.socket, text: str) -> None:
-    """503 on a plain, just accepted socket, then close it at once: no
-    transport, so a refused connection holds its descriptor for no time."""
+def _send_refusal(sock: socket.socket, text: str) -> None:
+    """503 on a plain, just accepted socket."""
     try:
         sock.setblocking(False)
-        sock.send(Connection._encode(plain_answer(503, text), True))
+        sock.send(_encode(plain_answer(503, text), True))
     except OSError:
         pass
-    finally:
-        sock.close()

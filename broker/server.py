@@ -20,12 +20,13 @@ from collections.abc import Awaitable, Callable
 from storage.files import raise_descriptor_limit
 from storage.store import Store, text_hash
 
-from .api import Api, Router, answer, bearer_auth
+from .api import Api, Router, answer, console_auth, console_login
 from .camellia_metrics import ProcessStats
 from .clock import SystemClock
 from .config import ServeConfig
 from .console import Console, standalone_info
-from .httpd import HttpServer, Request, Response
+from .gate import Gate
+from .httpd import Admit, Dispatch, HttpServer, Request, Response
 from .metrics import Metrics
 from .service import Broker
 from .serving import camellia_metrics_text, offline_health, serving_status
@@ -96,7 +97,9 @@ class Node:
                                self.clock.now_ms)
         log.info("opened %s in %.3f s: %s", config.data_path, self.opened_s, self.store)
 
-    def handler(self):
+    def app(self) -> tuple[Dispatch, Admit]:
+        """The node's HTTP app: what answers a request, and what decides on
+        its head (broker.gate)."""
         router = Router()
         router.add("GET", "/health", self.health)
         router.add("GET", "/metrics", self.metrics_text)
@@ -104,7 +107,10 @@ class Node:
         self.api.add_routes(router)
         if self.console is not None:  # (the Redis backend has none: no second tables)
             self.console.add_routes(router)
-        return bearer_auth(self.config.auth_token, self.serving.track(router.dispatch))
+        token = self.config.auth_token
+        gate = Gate(router, self.api.body_cap, token, self.config.host, self.config.allowed_hosts,
+                    console_auth=None if token is None else console_auth(token))
+        return console_login(token, self.serving.track(router.dispatch)), gate.admit
 
     async def health(self, request: Request) -> Response:
         if self.broker.failed is not None:
@@ -165,7 +171,7 @@ class RedisNode:
         self.api = Api(self.broker, config.max_msg_bytes, config.bodies, self.serving)
         self.console = None
 
-    handler = Node.handler
+    app = Node.app
 
     async def health(self, request: Request) -> Response:
         problem = self.broker.problem
@@ -179,7 +185,8 @@ class RedisNode:
 
 
 async def listen(node, config: ServeConfig) -> HttpServer:
-    server = HttpServer(node.handler(), node.api.body_cap, config.http)
+    dispatch, admit = node.app()
+    server = HttpServer(dispatch, admit, config.http)
     await server.start(config.host, config.port)
     return server
 

@@ -19,8 +19,9 @@ import logging
 
 import aiohttp
 
-from broker.api import Router, answer, bearer_auth
-from broker.httpd import Request, Response, StreamResponse
+from broker.api import Router, answer, console_auth, console_login
+from broker.gate import Gate
+from broker.httpd import Admit, Dispatch, Request, Response, StreamResponse
 from broker.paths import PREFIX
 from broker.serving import camellia_metrics_text, offline_health
 from replication import peer_auth, protocol
@@ -36,7 +37,11 @@ CLUSTER_PREFIX = "/_cluster/"
 
 
 class Routes(NodeParts):
-    def handler(self):
+    def app(self) -> tuple[Dispatch, Admit]:
+        """What answers a request, and what decides on its head
+        (broker.gate): /_cluster/* needs the cluster secret's proof (the
+        client token is not enough); everything else, and /_cluster/* of an
+        --insecure-cluster, is the API's, behind the token."""
         router = Router()
         router.add("GET", "/health", self.health)
         router.add("GET", "/metrics", self.metrics_text)
@@ -49,19 +54,21 @@ class Routes(NodeParts):
 
         async def route(request: Request) -> Response | StreamResponse:
             return await self._route(request, router.dispatch)
-        api = bearer_auth(self.config.auth_token, self.serving.track(route))
         secret = self.cluster.secret
 
+        def is_peer(request: Request) -> bool:
+            return peer_auth.is_peer(secret, request.headers.get(peer_auth.HEADER.lower()))
+        token = self.config.auth_token
+        gate = Gate(router, self.api.body_cap, token, self.config.host, self.config.allowed_hosts,
+                    is_peer=None if secret is None else is_peer,
+                    console_auth=None if token is None else console_auth(token))
+        api = console_login(token, self.serving.track(route))
+
         async def peers_or_api(request: Request) -> Response | StreamResponse:
-            """/_cluster/* needs the cluster secret's proof (the client
-            token is not enough); everything else, and /_cluster/* of an
-            --insecure-cluster, is the API's."""
             if secret is not None and request.path.startswith(CLUSTER_PREFIX):
-                if not peer_auth.is_peer(secret, request.headers.get(peer_auth.HEADER.lower())):
-                    return answer(403, "cluster calls need the cluster secret")
-                return await router.dispatch(request)
+                return await router.dispatch(request)  # the gate checked the peer's proof
             return await api(request)
-        return peers_or_api
+        return peers_or_api, gate.admit
 
     async def _route(self, request: Request, handler):
         """API calls: served here while this node leads, else forwarded."""

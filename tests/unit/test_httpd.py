@@ -49,7 +49,7 @@ async def _serve(limits: Limits | None = None, cap: int = 1024, slow: asyncio.Ev
         return Response(200, json.dumps({"path": request.path, "query": request.query.decode(),
                                          "body": request.body.decode()}).encode())
 
-    server = HttpServer(dispatch, lambda method, path: cap, limits or Limits())
+    server = HttpServer(dispatch, lambda request: cap, limits or Limits())
     await server.start("127.0.0.1", 0)
     return server, seen
 
