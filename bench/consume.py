@@ -112,7 +112,7 @@ async def drain(n: int) -> dict:
 
 
 PULL_BODY = b"topic=nothing-here&batch=1"
-PULL_HEADERS = {"host": "x", "content-type": "application/x-www-form-urlencoded",
+PULL_HEADERS = {"host": "127.0.0.1", "content-type": "application/x-www-form-urlencoded",
                 "content-length": str(len(PULL_BODY))}
 
 
@@ -122,7 +122,7 @@ async def handler_costs(n: int) -> dict:
         node.broker.start()
         handle, _ = node.app()
         out = {}
-        for name, make in (("health", lambda: Request("GET", "/health", b"", {"host": "x"}, b"", None)),
+        for name, make in (("health", lambda: Request("GET", "/health", b"", {"host": "127.0.0.1"}, b"", None)),
                            ("empty_pull", lambda: Request("POST", "/camellia/delayQueue/pullMsg", b"",
                                                           PULL_HEADERS, PULL_BODY, None))):
             cpu = time.process_time()
@@ -162,8 +162,8 @@ def request_costs(n: int) -> dict:
                         raise
                     time.sleep(0.05)
             requests = {
-                "health": b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n",
-                "empty_pull": b"POST /camellia/delayQueue/pullMsg HTTP/1.1\r\nHost: x\r\n"
+                "health": b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
+                "empty_pull": b"POST /camellia/delayQueue/pullMsg HTTP/1.1\r\nHost: 127.0.0.1\r\n"
                               b"Content-Type: application/x-www-form-urlencoded\r\nContent-Length: %d\r\n\r\n%s"
                               % (len(PULL_BODY), PULL_BODY)}
             out = {}

@@ -148,7 +148,7 @@ class Api:
         host, port = self.server.base.removeprefix("http://").split(":")
         body = urllib.parse.urlencode({"topic": topic, **params}).encode()
         with socket.create_connection((host, int(port))) as s:
-            s.sendall(b"POST /camellia/delayQueue/longPollingMsg HTTP/1.1\r\nHost: x\r\n"
+            s.sendall(b"POST /camellia/delayQueue/longPollingMsg HTTP/1.1\r\nHost: 127.0.0.1\r\n"
                       b"Content-Type: application/x-www-form-urlencoded\r\n"
                       + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
             time.sleep(0.3)

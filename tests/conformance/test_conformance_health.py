@@ -60,7 +60,7 @@ def health(server, name: str, method: str = "GET") -> tuple[int, dict]:
 
 def test_health_endpoints_need_no_token_and_answer_as_camellias(serve, tmp_path):
     token_file = tmp_path / "token"
-    token_file.write_text("s3cret\n")
+    token_file.write_text("s3cret-token-0123456789\n")
     token_file.chmod(0o600)
     api = serve("--auth-token-file", str(token_file), "--offline-idle-s", "0")
     server = api.server
@@ -68,7 +68,9 @@ def test_health_endpoints_need_no_token_and_answer_as_camellias(serve, tmp_path)
         assert health(server, "check", method) == (200, {"code": 200, "msg": "success"})
         assert health(server, "status", method) == (200, {"code": 200, "msg": "success"})
     assert server.get("getTopicInfoList")[0] == 401  # the API still needs the token
-    assert health(server, "offline")[0] == 200  # idle (no API call ran): drained at once
+    assert health(server, "offline")[0] == 405  # the switch changes state: POST only
+    assert server.get("/health")[0] == 200
+    assert health(server, "offline", "POST")[0] == 200  # idle (no API call ran): drained at once
     status, body = health(server, "status")
     assert status == 500 and body["code"] == 500
     assert health(server, "check")[0] == 200
@@ -91,7 +93,7 @@ def test_offline_answers_held_long_polls_and_drains(serve, topic):
     poller = threading.Thread(target=long_poll)
     poller.start()
     time.sleep(0.5)  # the poll is held by now
-    status, body = health(server, "offline")
+    status, body = health(server, "offline", "POST")
     assert status == 500 and body["code"] == 500, body  # a call in flight: not drained yet
     poller.join(30)
     assert not poller.is_alive()
@@ -107,11 +109,11 @@ def test_offline_answers_held_long_polls_and_drains(serve, topic):
     assert health(server, "status")[0] == 500
 
     deadline = time.monotonic() + 20  # idle once no API call ran for 1 s
-    while (answer := health(server, "offline"))[0] != 200:
+    while (answer := health(server, "offline", "POST"))[0] != 200:
         assert time.monotonic() < deadline, answer
         time.sleep(0.2)
     assert answer[1]["code"] == 200
-    assert health(server, "online")[0] == 200
+    assert health(server, "online", "POST")[0] == 200
     assert server.get("/health")[0] == 200
 
 

@@ -322,7 +322,7 @@ def test_503_is_retried_with_the_same_id_and_other_errors_are_not():
 
 def test_a_redirect_is_followed_with_method_body_and_token(tmp_path):
     token_file = tmp_path / "token"
-    token_file.write_text("s3cret\n")
+    token_file.write_text("s3cret-token-0123456789\n")
     token_file.chmod(0o600)  # readable by others: refused (--allow-readable-token)
     leader = Server.start(tmp_path / "data", "--auth-token-file", str(token_file))
     redirects = []
@@ -332,11 +332,11 @@ def test_a_redirect_is_followed_with_method_body_and_token(tmp_path):
         raise web.HTTPTemporaryRedirect(leader.base + request.path_qs)
 
     async def body():
-        async with stub(follower) as base, DelayQueueClient(base, token="s3cret") as client:
+        async with stub(follower) as base, DelayQueueClient(base, token="s3cret-token-0123456789") as client:
             sent = await client.send("t", "via a follower", msg_id="r-1")
             assert sent.msg == "via a follower"
             assert (await client.topic_info("t"))["topic"] == "t"  # a GET with a query
-            assert redirects == ["Bearer s3cret"] * 2
+            assert redirects == ["Bearer s3cret-token-0123456789"] * 2
         async with DelayQueueClient(leader.base, token="wrong", retries=0) as client:
             with pytest.raises(DelayQueueError) as caught:
                 await client.get("t", "r-1")

@@ -152,7 +152,7 @@ def test_a_follower_behind_the_retained_log_catches_up_by_snapshot(tmp_path):
 
 def test_a_cluster_with_a_token_replicates_and_forwards_with_it(tmp_path):
     token_file = tmp_path / "token"
-    token_file.write_text("s3cret\n")
+    token_file.write_text("s3cret-token-0123456789\n")
     token_file.chmod(0o600)  # readable by others: refused (--allow-readable-token)
     cluster = Cluster.start(tmp_path / "cluster", "--auth-token-file", str(token_file))
     try:
@@ -161,20 +161,20 @@ def test_a_cluster_with_a_token_replicates_and_forwards_with_it(tmp_path):
         follower = _others(leader)[0]
         node = cluster.nodes[follower]
         assert node.post("sendMsg", topic="t", msg="x", msgId="a")[0] == 401
-        node.token = "s3cret"
+        node.token = "s3cret-token-0123456789"
         status, body = node.post("sendMsg", topic="t", msg="x", msgId="a", delayMillis=60_000)
         assert status == 200, body
         _wait(lambda: len(set(cluster.log_ends().values())) == 1 and cluster.log_ends()[follower] > 0,
               what="the send replicated")
         # camellia's health switch needs no token, and is per node
         node.token = None
-        assert request(node.base + "/camellia/health/offline")[0] in (200, 500)
+        assert request(node.base + "/camellia/health/offline", data=b"")[0] in (200, 500)
         assert request(node.base + "/camellia/health/status")[0] == 500
         assert node.get("/health")[0] == 503
         assert request(cluster.nodes[leader].base + "/camellia/health/status")[0] == 200
-        assert request(node.base + "/camellia/health/online")[0] == 200
+        assert request(node.base + "/camellia/health/online", data=b"")[0] == 200
         assert node.get("/health")[0] == 200
-        cluster.nodes[leader].token = "s3cret"
+        cluster.nodes[leader].token = "s3cret-token-0123456789"
         status, text = cluster.nodes[leader].get("/metrics")
         assert status == 200 and b'topic_info{topic="t",type="waitingQueueSize"} 1' in text
     finally:

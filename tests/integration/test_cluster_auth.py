@@ -38,7 +38,7 @@ class _Plant:
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     token_file = tmp_path_factory.mktemp("token") / "token"
-    token_file.write_text("client-token")
+    token_file.write_text("client-token-0123456789")
     os.chmod(token_file, 0o600)
     c = Cluster.start(tmp_path_factory.mktemp("auth") / "cluster", "--auth-token-file", str(token_file))
     yield c
@@ -95,7 +95,7 @@ def test_the_raft_port_binds_the_nodes_own_host_only(cluster):
 
 def test_cluster_calls_without_the_secret_are_refused_even_with_the_client_token(cluster):
     leader = cluster.wait_leader()
-    token = {"Authorization": "Bearer client-token"}
+    token = {"Authorization": "Bearer client-token-0123456789"}
     for headers in ({}, token):
         status, _ = request(cluster.url(leader) + protocol.SNAPSHOT_PATH, headers=headers)
         assert status == 403
@@ -166,7 +166,7 @@ def test_a_cluster_without_a_secret_refuses_to_start(tmp_path):
 
 def test_an_insecure_cluster_starts_and_is_as_open_as_it_says(tmp_path):
     token_file = tmp_path / "token"
-    token_file.write_text("client-token")
+    token_file.write_text("client-token-0123456789")
     os.chmod(token_file, 0o600)
     c = Cluster.start(tmp_path / "insecure", "--insecure-cluster", "--auth-token-file", str(token_file))
     try:
@@ -174,7 +174,7 @@ def test_an_insecure_cluster_starts_and_is_as_open_as_it_says(tmp_path):
         # /_cluster/* falls back to the client token
         status, _ = request(c.url(leader) + protocol.SNAPSHOT_PATH)
         assert status == 401
-        status, _ = request(c.url(leader) + protocol.SNAPSHOT_PATH, headers={"Authorization": "Bearer client-token"})
+        status, _ = request(c.url(leader) + protocol.SNAPSHOT_PATH, headers={"Authorization": "Bearer client-token-0123456789"})
         assert status == 200
         # the probe above is real: without a secret, the Raft port unpickles it
         planted = tmp_path / "planted"

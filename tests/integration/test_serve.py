@@ -25,7 +25,7 @@ def test_health_metrics_and_graceful_stop(tmp_path):
 
 def test_auth_token_guards_everything_but_health(tmp_path):
     token_file = tmp_path / "token"
-    token_file.write_text("s3cret\n")
+    token_file.write_text("s3cret-token-0123456789\n")
     token_file.chmod(0o600)  # readable by others: refused (--allow-readable-token)
     server = Server.start(tmp_path / "data", "--auth-token-file", str(token_file))
     try:
@@ -34,7 +34,7 @@ def test_auth_token_guards_everything_but_health(tmp_path):
         assert status == 401 and body["code"] == 401
         server.token = "wrong"
         assert server.get("/metrics")[0] == 401
-        server.token = "s3cret"
+        server.token = "s3cret-token-0123456789"
         assert server.get("/metrics")[0] == 200
     finally:
         assert server.stop() == 0
@@ -50,13 +50,13 @@ def test_unknown_backend_is_refused_with_a_sentence(tmp_path):
 def test_a_token_that_is_not_utf8_is_401(tmp_path):
     import socket
     token_file = tmp_path / "token"
-    token_file.write_text("s3cret\n")
+    token_file.write_text("s3cret-token-0123456789\n")
     token_file.chmod(0o600)  # readable by others: refused (--allow-readable-token)
     server = Server.start(tmp_path / "data", "--auth-token-file", str(token_file))
     try:
         host, port = server.base.removeprefix("http://").split(":")
         with socket.create_connection((host, int(port))) as s:
-            s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer \xff\xfe\r\nConnection: close\r\n\r\n")
+            s.sendall(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer \xff\xfe\r\nConnection: close\r\n\r\n")
             answer = s.recv(4096)
         assert answer.startswith(b"HTTP/1.1 401"), answer[:80]
     finally:
