@@ -43,6 +43,7 @@ from storage.errors import BodyTooLarge, Conflict, InvalidRequest, NotFound, Una
 from . import camellia_metrics, params
 from .backend import Backend, new_msg_id
 from .bodies import JSON_MARKS_PER_BODY, BodyLimits, check_json_marks
+from .console_sessions import CONSOLE, LOGIN_PATH, LOGIN_PATHS, ConsoleSessions, session_cookie
 from .health import HEALTH_PREFIX, ServingStatus
 from .httpd import Request, Response, StreamResponse
 from .paths import PREFIX
@@ -95,18 +96,19 @@ def delay_msg(m: Message) -> dict:
             "retry": m.retry, "status": int(m.status), "priority": m.priority, "tag": m.tag, "key": m.key}
 
 
-CONSOLE_COOKIE = "hg_console"
-
-
-def bearer_auth(token: str | None, handler: Handler) -> Handler:
+def bearer_auth(token: str | None, handler: Handler, sessions: ConsoleSessions | None = None) -> Handler:
     """Every path but /health and camellia's /camellia/health/* (for load
     balancers, as camellia's need none) needs `Authorization: Bearer
     <token>`, the scheme in any case (RFC 7235), the token compared in
     constant time as the bytes sent; no token configured: open.
 
-    The console's paths (/console, /console/api/*) also take the token as
-    the cookie `hg_console`, which `GET /console?token=<token>` sets
-    (HttpOnly, SameSite=Strict): a browser gives the token once."""
+    The console's paths (/console, /console/api/*) also take a live
+    console session in the cookie `hg_console` (broker.console_sessions;
+    never the token itself). The login form and logout
+    (broker.console_login) check for themselves. `GET /console?token=<token>`
+    trades the token for a new session once: the answer sets the cookie
+    and sends the browser to /console, the token gone from its address; a
+    browser without a session asking for /console is sent to the form."""
     if token is None:
         return handler
     expected = token.encode()
@@ -122,27 +124,17 @@ def bearer_auth(token: str | None, handler: Handler) -> Handler:
         scheme, _, given = request.headers.get("authorization", "").partition(" ")
         if scheme.lower() == "bearer" and matches(given):
             return await handler(request)
-        if path == "/console" or path.startswith("/console/"):
-            cookie = _cookie(request.headers.get("cookie", ""), CONSOLE_COOKIE)
-            if cookie is not None and matches(cookie):
+        if sessions is not None and (path == CONSOLE or path.startswith(CONSOLE + "/")):
+            if path in LOGIN_PATHS or sessions.valid(session_cookie(request.headers.get("cookie", ""))):
                 return await handler(request)
-            query = parse_form(request.query).get("token") if path == "/console" and request.query else None
+            query = parse_form(request.query).get("token") if path == CONSOLE and request.query else None
             if query is not None and matches(query):
-                response = await handler(request)
-                if isinstance(response, Response):
-                    response.headers = {**(response.headers or {}), "Set-Cookie": (
-                        f"{CONSOLE_COOKIE}={urllib.parse.quote(query)}; Path=/console; HttpOnly; SameSite=Strict")}
-                return response
+                return Response(303, b"", headers={"Location": CONSOLE, "Cache-Control": "no-store",
+                                                   "Set-Cookie": sessions.set_cookie(sessions.create())})
+            if path == CONSOLE and request.method == "GET" and query is None:
+                return Response(303, b"", headers={"Location": LOGIN_PATH, "Cache-Control": "no-store"})
         return answer(401, "missing or wrong bearer token")
     return auth
-
-
-def _cookie(header: str, name: str) -> str | None:
-    for part in header.split(";"):
-        key, eq, value = part.strip().partition("=")
-        if eq and key == name:
-            return urllib.parse.unquote(value)
-    return None
 
 
 class Api:

@@ -25,6 +25,8 @@ from .camellia_metrics import ProcessStats
 from .clock import SystemClock
 from .config import ServeConfig
 from .console import Console, standalone_info
+from .console_login import ConsoleLogin
+from .console_sessions import ConsoleSessions
 from .httpd import HttpServer, Request, Response
 from .metrics import Metrics
 from .service import Broker
@@ -102,9 +104,12 @@ class Node:
         router.add("GET", "/metrics", self.metrics_text)
         self.serving.add_routes(router)
         self.api.add_routes(router)
+        sessions = None
         if self.console is not None:  # (the Redis backend has none: no second tables)
             self.console.add_routes(router)
-        return bearer_auth(self.config.auth_token, self.serving.track(router.dispatch))
+            sessions = ConsoleSessions(self.config.console, self.clock)
+            ConsoleLogin(self.config.auth_token, sessions, self.serving.track(router.dispatch)).add_routes(router)
+        return bearer_auth(self.config.auth_token, self.serving.track(router.dispatch), sessions)
 
     async def health(self, request: Request) -> Response:
         if self.broker.failed is not None:

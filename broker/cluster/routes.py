@@ -20,6 +20,8 @@ import logging
 import aiohttp
 
 from broker.api import Router, answer, bearer_auth
+from broker.console_login import ConsoleLogin
+from broker.console_sessions import ConsoleSessions
 from broker.httpd import Request, Response, StreamResponse
 from broker.paths import PREFIX
 from broker.serving import camellia_metrics_text, offline_health
@@ -49,7 +51,9 @@ class Routes(NodeParts):
 
         async def route(request: Request) -> Response | StreamResponse:
             return await self._route(request, router.dispatch)
-        api = bearer_auth(self.config.auth_token, self.serving.track(route))
+        sessions = ConsoleSessions(self.config.console, self.clock)
+        ConsoleLogin(self.config.auth_token, sessions, self.serving.track(route)).add_routes(router)
+        api = bearer_auth(self.config.auth_token, self.serving.track(route), sessions)
         secret = self.cluster.secret
 
         async def peers_or_api(request: Request) -> Response | StreamResponse:
