@@ -43,6 +43,7 @@ from storage.errors import BodyTooLarge, Conflict, InvalidRequest, NotFound, Una
 from . import camellia_metrics, params
 from .backend import Backend, new_msg_id
 from .bodies import JSON_MARKS_PER_BODY, BodyLimits, check_json_marks
+from .console_sessions import CONSOLE, LOGIN_PATH, LOGIN_PATHS, ConsoleSessions, session_cookie
 from .health import ServingStatus
 from .httpd import Request, Response, StreamResponse, plain_answer
 from .paths import PREFIX
@@ -103,51 +104,46 @@ def delay_msg(m: Message) -> dict:
             "retry": m.retry, "status": int(m.status), "priority": m.priority, "tag": m.tag, "key": m.key}
 
 
-CONSOLE_COOKIE = "hg_console"
+def console_auth(sessions: ConsoleSessions) -> Callable[[Request], bool]:
+    """Whether a console path (/console, /console/*) without the bearer
+    token is let in, decided on the head (broker.gate): with a live console
+    session in the cookie `hg_console` (broker.console_sessions; never the
+    token itself). The login and logout (broker.console_login) check for
+    themselves, and `GET /console` is console_entry's to answer."""
+    def valid(request: Request) -> bool:
+        path = request.path
+        if path in LOGIN_PATHS or (path == CONSOLE and request.method == "GET"):
+            return True
+        return sessions.valid(session_cookie(request.headers.get("cookie", "")))
+    return valid
 
 
-def console_auth(token: str) -> Callable[[Request], bool]:
-    """The console's paths (/console, /console/api/*) take the token as the
-    cookie `hg_console` too, which `GET /console?token=<token>` sets
-    (console_login): a browser gives the token once. Checked on the head
-    (broker.gate), in constant time."""
+def console_entry(token: str | None, sessions: ConsoleSessions | None, handler: Handler) -> Handler:
+    """`GET /console` without a session (or the bearer token):
+    `?token=<token>` trades the token for a new session once (303 to
+    /console with the cookie set, the token gone from the address), a
+    wrong one is 401, and none sends the browser to the login form."""
+    if token is None or sessions is None:
+        return handler
     expected = token.encode()
 
     def matches(given: str) -> bool:
         return hmac.compare_digest(given.strip().encode("latin-1", "replace"), expected)
 
-    def valid(request: Request) -> bool:
-        cookie = _cookie(request.headers.get("cookie", ""), CONSOLE_COOKIE)
-        if cookie is not None and matches(cookie):
-            return True
-        query = parse_form(request.query).get("token") if request.path == "/console" and request.query else None
-        return query is not None and matches(query)
-    return valid
-
-
-def console_login(token: str | None, handler: Handler) -> Handler:
-    """`GET /console?token=<token>` (admitted by the gate) answers with the
-    console cookie set (HttpOnly, SameSite=Strict)."""
-    if token is None:
-        return handler
-
-    async def login(request: Request) -> Response | StreamResponse:
-        response = await handler(request)
-        if request.path == "/console" and request.query and isinstance(response, Response):
-            query = parse_form(request.query).get("token")
-            if isinstance(query, str):
-                response.headers = {**(response.headers or {}), "Set-Cookie": (
-                    f"{CONSOLE_COOKIE}={urllib.parse.quote(query)}; Path=/console; HttpOnly; SameSite=Strict")}
-        return response
-    return login
-
-
-def _cookie(header: str, name: str) -> str | None:
-    for part in header.split(";"):
-        key, eq, value = part.strip().partition("=")
-        if eq and key == name:
-            return urllib.parse.unquote(value)
-    return None
+    async def entry(request: Request) -> Response | StreamResponse:
+        if request.path != CONSOLE or sessions.valid(session_cookie(request.headers.get("cookie", ""))):
+            return await handler(request)
+        scheme, _, given = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() == "bearer" and matches(given):
+            return await handler(request)
+        query = parse_form(request.query).get("token") if request.query else None
+        if query is None:
+            return Response(303, b"", headers={"Location": LOGIN_PATH, "Cache-Control": "no-store"})
+        if isinstance(query, str) and matches(query):
+            return Response(303, b"", headers={"Location": CONSOLE, "Cache-Control": "no-store",
+                                               "Set-Cookie": sessions.set_cookie(sessions.create())})
+        return answer(401, "missing or wrong bearer token")
+    return entry
 
 
 class Api:

@@ -14,6 +14,7 @@ from storage.errors import ConfigError
 
 from .bodies import BodyLimits
 from .config import ServeConfig, fsync_policy
+from .console_sessions import ConsoleConfig
 from .httpd import Limits
 from .params import Defaults
 from .ready import QueueLimits
@@ -117,6 +118,16 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--offline-idle-s", type=float, default=20.0,
                        help="after /camellia/health/offline the node answers 200 (drained) once no API call has "
                             "run for this many seconds (default 20, as camellia)")
+    console = ConsoleConfig()
+    serve.add_argument("--console-session-ttl-s", type=float, default=console.session_ttl_s,
+                       help=f"seconds a console login lasts (default {console.session_ttl_s:g}, 12 h); then the "
+                            f"console asks for the token again")
+    serve.add_argument("--max-console-sessions", type=int, default=console.max_sessions,
+                       help=f"console sessions alive at once; a login at the cap ends the oldest (default "
+                            f"{console.max_sessions})")
+    serve.add_argument("--console-cookie-secure", action="store_true",
+                       help="mark the console's session cookie Secure (sent over HTTPS only): for a console "
+                            "reached through a TLS-terminating proxy")
     serve.add_argument("--log-level", default="INFO", help="DEBUG, INFO (default), WARNING, ERROR")
     return parser
 
@@ -159,6 +170,9 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
                        queues=QueueLimits(window=args.ready_window, window_total=args.ready_window_total,
                                           inflight=args.max_inflight, inflight_total=args.max_inflight_total,
                                           key_window=args.key_window),
+                       console=ConsoleConfig(session_ttl_s=args.console_session_ttl_s,
+                                             max_sessions=args.max_console_sessions,
+                                             cookie_secure=args.console_cookie_secure),
                        cluster=cluster)
 
 

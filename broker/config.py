@@ -10,6 +10,7 @@ from storage.config import FsyncPolicy, StoreConfig
 from storage.errors import ConfigError
 
 from .bodies import BodyLimits
+from .console_sessions import ConsoleConfig
 from .httpd import Limits
 from .params import Defaults
 from .ready import QueueLimits
@@ -55,6 +56,9 @@ class ServeConfig:
     # Ready messages held in RAM (the rest wait on disk) and messages in
     # flight, per topic and in all: broker.ready.
     queues: QueueLimits = field(default_factory=QueueLimits)
+    # The console's sessions: their lifetime and number, the cookie's
+    # Secure flag (broker.console_sessions).
+    console: ConsoleConfig = field(default_factory=ConsoleConfig)
     # --node-id/--cluster: this node is one of a replicated cluster (None:
     # standalone). Its host and port then come from its --cluster entry.
     cluster: ClusterConfig | None = None

@@ -32,12 +32,15 @@ behind the node's bearer token like the API:
         "lagBytes", "seenAgoMs"}] (on the leader)}
 
 Dead letters, re-drive and message lookup use the API itself (listDeadMsg,
-redriveMsg, getMsg), so on a cluster they go to the leader as any call.
+redriveMsg, getMsg, at /console/api/<name> for the page: broker.console_login),
+so on a cluster they go to the leader as any call.
 
-The token: `/console?token=T` checks T like a bearer token, answers the
-page with a cookie (HttpOnly, SameSite=Strict) that authenticates the
-console's paths from then on, and the page keeps T (localStorage) for the
-API calls it makes; see bearer_auth in broker/api.py.
+The token: the operator gives it once, to the login form
+(`POST /console/login`) or as `/console?token=T`, and gets a console
+session in an HttpOnly, SameSite=Strict cookie that opens the console's
+paths, never the API; the page keeps nothing in the browser's storage and
+makes its API calls through /console/api/ (broker/console_login.py,
+broker/console_sessions.py, console_auth and console_entry in broker/api.py, and broker/gate.py).
 """
 
 from __future__ import annotations
@@ -53,10 +56,10 @@ from storage.store import Store, text_hash
 
 from .api import answer, parse_form
 from .console_page import PAGE
+from .console_sessions import CONSOLE
 from .httpd import Request, Response
 from .metrics import Metrics
 
-CONSOLE = "/console"
 API = CONSOLE + "/api/"
 MAX_PAGE = 500
 SAMPLE_S = 10
@@ -101,9 +104,9 @@ class Console:
 
     async def page(self, request: Request) -> Response:
         return Response(200, PAGE.encode(), "text/html; charset=utf-8",
-                        headers={"Cache-Control": "no-store", "X-Frame-Options": "DENY",
+                        headers={"Cache-Control": "no-store", "X-Frame-Options": "DENY", "Referrer-Policy": "no-referrer",
                                  "Content-Security-Policy": "default-src 'self'; script-src 'unsafe-inline'; "
-                                                            "style-src 'unsafe-inline'"})
+                                                            "style-src 'unsafe-inline'; form-action 'self'"})
 
     async def topics(self, request: Request) -> Response:
         q = parse_form(request.query)

@@ -1,7 +1,30 @@
-"""The console's page (broker/console.py serves it): one HTML document with
-its script and styles inline and charts drawn as SVG, so the node serves
-it offline with nothing to build. It polls the console's JSON endpoints
-every 2 s and calls the API for dead letters, re-drive and lookups."""
+"""The console's pages: PAGE (broker/console.py serves it), one HTML
+document with its script and styles inline and charts drawn as SVG, so the
+node serves it offline with nothing to build; and LOGIN_PAGE, the form
+that trades the token for a session (broker/console_login.py).
+
+PAGE polls the console's JSON endpoints every 2 s and makes its API calls
+(dead letters, re-drive, lookups) through the console's paths: the
+session cookie authenticates every one; the page keeps nothing in the
+browser's storage. Any answer 401 (the session expired or was ended)
+sends the browser to the login form."""
+
+LOGIN_PAGE = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>hourglass console: log in</title>
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<style>
+body{font:14px system-ui,sans-serif;margin:0;background:#f6f7f9;color:#1d2733}
+form{max-width:360px;margin:80px auto;background:#fff;border:1px solid #dde1e6;border-radius:6px;padding:18px}
+h1{font-size:18px;margin:0 0 12px}input,button{font:inherit;padding:4px 8px}input{width:100%;box-sizing:border-box;margin:6px 0 10px}
+.error{color:#b91c1c}
+</style></head><body>
+<form method="post" action="/console/login"><h1>hourglass console</h1>
+<!--message-->
+<label for="token">API token (the node's --auth-token-file)</label>
+<input id="token" name="token" type="password" autocomplete="off" autofocus required>
+<button type="submit">log in</button></form>
+</body></html>
+"""
 
 PAGE = r"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>hourglass console</title>
@@ -18,7 +41,8 @@ tr.sel{background:#e8f0fe}tr[data-topic]{cursor:pointer}.wide{grid-column:1/3}
 svg{width:100%;height:160px;background:#fbfcfd}.bar{fill:#3b82f6}.over{fill:#ef4444}.now{stroke:#ef4444;stroke-width:2}
 .muted{color:#6b7785}input,button{font:inherit;padding:3px 6px}pre{white-space:pre-wrap;margin:4px 0}
 </style></head><body>
-<header><h1>hourglass</h1><span id="node">…</span><span id="clock"></span></header>
+<header><h1>hourglass</h1><span id="node">…</span><span id="clock"></span>
+<form method="post" action="/console/logout" style="margin-left:auto"><button id="logout">log out</button></form></header>
 <main>
 <section><h2>Topics <span class="muted" id="topicCount"></span></h2>
 <input id="prefix" placeholder="filter by prefix"> <button id="prev">‹</button><button id="next">›</button>
@@ -39,19 +63,16 @@ svg{width:100%;height:160px;background:#fbfcfd}.bar{fill:#3b82f6}.over{fill:#ef4
 </main>
 <script>
 "use strict";
-const params = new URLSearchParams(location.search);
-if (params.get("token")) { localStorage.setItem("hgToken", params.get("token")); history.replaceState(null, "", location.pathname); }
-const token = localStorage.getItem("hgToken");
-const auth = token ? {"Authorization": "Bearer " + token} : {};
-const API = "/camellia/delayQueue/";
+const API = "/console/api/";  // the API calls too: the session cookie is sent to /console paths only
 let offset = 0, selected = null, deadCursor = null;
 const $ = id => document.getElementById(id);
 const esc = s => String(s).replace(/[&<>"]/g, c => ({"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;"}[c]));
-async function get(path) { const r = await fetch(path, {headers: auth}); return r.json(); }
+function answered(r) { if (r.status === 401) location.assign("/console/login"); return r.json(); }
+async function get(path) { return answered(await fetch(path, {credentials: "same-origin"})); }
 async function post(path, form) {
-  const r = await fetch(API + path, {method: "POST", headers: {...auth, "Content-Type": "application/x-www-form-urlencoded"},
-                                     body: new URLSearchParams(form)});
-  return r.json();
+  // X-Hourglass-Console: a page of another origin cannot send it without the node's consent (CORS)
+  return answered(await fetch(API + path, {method: "POST", credentials: "same-origin", body: new URLSearchParams(form),
+    headers: {"Content-Type": "application/x-www-form-urlencoded", "X-Hourglass-Console": "1"}}));
 }
 function bars(svg, values, opts = {}) {
   const w = 1000, h = 160, n = values.length, max = Math.max(1, ...values);
@@ -71,14 +92,14 @@ function lines(svg, series, keys, colors) {
   svg.outerHTML = out + `<text x="4" y="12" font-size="11" fill="#6b7785">max ${max}</text></svg>`;
 }
 async function topics() {
-  const d = await get(`/console/api/topics?offset=${offset}&limit=50&prefix=${encodeURIComponent($("prefix").value)}`);
+  const d = await get(`${API}topics?offset=${offset}&limit=50&prefix=${encodeURIComponent($("prefix").value)}`);
   if (d.code !== 200) { $("topicCount").textContent = d.msg; return; }
   $("topicCount").textContent = `${d.total} topics, from ${d.offset + 1}`;
   $("topics").tBodies[0].innerHTML = d.topics.map(t => `<tr data-topic="${esc(t.topic)}" class="${t.topic === selected ? "sel" : ""}">` +
     `<td>${esc(t.topic)}</td><td>${t.waiting}</td><td>${t.ready}</td><td>${t.consuming}</td><td>${t.dead}</td></tr>`).join("");
 }
 async function forecastAll() {
-  const d = await get("/console/api/forecast" + (selected ? "?topic=" + encodeURIComponent(selected) : ""));
+  const d = await get(API + "forecast" + (selected ? "?topic=" + encodeURIComponent(selected) : ""));
   if (d.code !== 200) return;
   if (selected) {
     $("fcTopic").textContent = `(${selected}: per hour, next 24 h)`;
@@ -93,7 +114,7 @@ async function forecastAll() {
   $("fcInfo").textContent = `overdue ${d.overdue} · later than 24 h ${d.later}`;
 }
 async function stats() {
-  const d = await get("/console/api/stats");
+  const d = await get(API + "stats");
   if (d.code !== 200) return;
   const L = d.lateness;
   bars($("lateness"), L.counts, {label: i => i < L.bounds.length ? `≤ ${L.bounds[i] * 1000} ms` : `> ${L.bounds[L.bounds.length - 1]} s`});
@@ -101,7 +122,7 @@ async function stats() {
   if (d.throughput.length) lines($("throughput"), d.throughput, ["sends", "pulls", "acks"], ["#3b82f6", "#16a34a", "#f59e0b"]);
 }
 async function node() {
-  const d = await get("/console/api/node");
+  const d = await get(API + "node");
   if (d.code !== 200) { $("node").textContent = d.msg; return; }
   $("node").textContent = d.role + (d.node ? " " + d.node : "") + (d.term !== undefined ? " · term " + d.term : "");
   const rows = Object.entries(d).filter(([k]) => !["code", "msg", "followers"].includes(k));

@@ -20,11 +20,13 @@ from collections.abc import Awaitable, Callable
 from storage.files import raise_descriptor_limit
 from storage.store import Store, text_hash
 
-from .api import Api, Router, answer, console_auth, console_login
+from .api import Api, Router, answer, console_auth, console_entry
 from .camellia_metrics import ProcessStats
 from .clock import SystemClock
 from .config import ServeConfig
 from .console import Console, standalone_info
+from .console_login import ConsoleLogin
+from .console_sessions import ConsoleSessions
 from .gate import Gate
 from .httpd import Admit, Dispatch, HttpServer, Request, Response
 from .metrics import Metrics
@@ -105,12 +107,15 @@ class Node:
         router.add("GET", "/metrics", self.metrics_text)
         self.serving.add_routes(router)
         self.api.add_routes(router)
+        sessions = None
         if self.console is not None:  # (the Redis backend has none: no second tables)
             self.console.add_routes(router)
+            sessions = ConsoleSessions(self.config.console, self.clock)
+            ConsoleLogin(self.config.auth_token, sessions, self.serving.track(router.dispatch)).add_routes(router)
         token = self.config.auth_token
         gate = Gate(router, self.api.body_cap, token, self.config.host, self.config.allowed_hosts,
-                    console_auth=None if token is None else console_auth(token))
-        return console_login(token, self.serving.track(router.dispatch)), gate.admit
+                    console_auth=None if sessions is None else console_auth(sessions))
+        return console_entry(token, sessions, self.serving.track(router.dispatch)), gate.admit
 
     async def health(self, request: Request) -> Response:
         if self.broker.failed is not None:

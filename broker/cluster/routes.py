@@ -19,7 +19,9 @@ import logging
 
 import aiohttp
 
-from broker.api import Router, answer, console_auth, console_login
+from broker.api import Router, answer, console_auth, console_entry
+from broker.console_login import ConsoleLogin
+from broker.console_sessions import ConsoleSessions
 from broker.gate import Gate
 from broker.httpd import Admit, Dispatch, Request, Response, StreamResponse
 from broker.paths import PREFIX
@@ -54,6 +56,8 @@ class Routes(NodeParts):
 
         async def route(request: Request) -> Response | StreamResponse:
             return await self._route(request, router.dispatch)
+        sessions = ConsoleSessions(self.config.console, self.clock)
+        ConsoleLogin(self.config.auth_token, sessions, self.serving.track(route)).add_routes(router)
         secret = self.cluster.secret
 
         def is_peer(request: Request) -> bool:
@@ -61,8 +65,8 @@ class Routes(NodeParts):
         token = self.config.auth_token
         gate = Gate(router, self.api.body_cap, token, self.config.host, self.config.allowed_hosts,
                     is_peer=None if secret is None else is_peer,
-                    console_auth=None if token is None else console_auth(token))
-        api = console_login(token, self.serving.track(route))
+                    console_auth=console_auth(sessions))
+        api = console_entry(token, sessions, self.serving.track(route))
 
         async def peers_or_api(request: Request) -> Response | StreamResponse:
             if secret is not None and request.path.startswith(CLUSTER_PREFIX):

@@ -1,55 +1,109 @@
 """The console on a real `hourglass serve` with a token, in a real headless
-Chromium (Debian's `chromium`): the page shows the node's topics and a
-non-empty forecast chart (a screenshot is saved in the test's tmp dir);
-without the token the page and its data are refused, a cookie given by
-`/console?token=` opens the console's paths only, never the API."""
+Chromium (Debian's `chromium`, driven over the DevTools protocol by
+tests/browser.py): the page shows the node's topics and a non-empty
+forecast chart (a screenshot is saved in the test's tmp dir); the token is
+given once, to the login form or as `/console?token=`, and traded for a
+session: the browser's cookie is a random session id, never the token,
+its storage holds nothing, the page's own calls carry no token; a session
+ends at its lifetime, at logout and at the cap of sessions; the cookie is
+Secure when asked; it opens the console's paths only, never the API. On a
+cluster, a follower's console calls the API through the leader."""
 
 from __future__ import annotations
 
+import asyncio
+import http.client
 import json
-import shutil
 import subprocess
 import time
-import urllib.request
+import urllib.parse
 
 import pytest
+from browser import Browser, chromium
+from cluster import Cluster
 from serving import Server, request
 
 pytestmark = pytest.mark.slow
 
 TOKEN = "console-test-token"
 TOPICS = ("orders", "reminders", "payments")
+COOKIE = "hg_console"
 
 
-def chromium() -> str:
-    for name in ("chromium", "chromium-browser", "google-chrome"):
-        path = shutil.which(name)
-        if path:
-            return path
-    pytest.skip("no chromium on this machine (.ci/run installs Debian's chromium)")
+def token_file(tmp_path) -> str:
+    path = tmp_path / "token"
+    path.write_text(TOKEN)
+    path.chmod(0o600)
+    return str(path)
 
 
-@pytest.fixture
-def node(tmp_path):
-    token_file = tmp_path / "token"
-    token_file.write_text(TOKEN)
-    token_file.chmod(0o600)
-    server = Server.start(tmp_path / "data", "--auth-token-file", str(token_file), token=TOKEN)
+def start(tmp_path, *flags: str) -> Server:
+    server = Server.start(tmp_path / "data", "--auth-token-file", token_file(tmp_path), *flags, token=TOKEN)
     now = int(time.time() * 1000)
     for n, topic in enumerate(TOPICS):
         msgs = [{"msgId": f"{topic}{i}", "msg": "x", "triggerTime": now + 5_000 + (i * 7_919 + n) % 3_000_000}
                 for i in range(200)]
         code, body = server.post_json("sendMsgBatch", {"topic": topic, "msgs": msgs})
         assert code == 200, body
+    return server
+
+
+@pytest.fixture
+def node(tmp_path):
+    server = start(tmp_path)
     yield server
     server.stop()
+
+
+def call(base: str, method: str, path: str, body: bytes | None = None,
+         headers: dict | None = None) -> tuple[int, dict[str, str], bytes]:
+    """(status, headers, body) of one request, redirects not followed."""
+    url = urllib.parse.urlsplit(base)
+    connection = http.client.HTTPConnection(url.hostname, url.port, timeout=30)
+    try:
+        connection.request(method, path, body=body, headers=headers or {})
+        answer = connection.getresponse()
+        return answer.status, dict(answer.getheaders()), answer.read()
+    finally:
+        connection.close()
+
+
+def login(base: str, token: str = TOKEN) -> tuple[int, dict[str, str]]:
+    status, headers, _ = call(base, "POST", "/console/login", urllib.parse.urlencode({"token": token}).encode(),
+                              {"Content-Type": "application/x-www-form-urlencoded"})
+    return status, headers
+
+
+def session_of(headers: dict[str, str]) -> str:
+    name, _, value = headers["Set-Cookie"].split(";")[0].partition("=")
+    assert name == COOKIE
+    return value
+
+
+def console_status(base: str, session: str, path: str = "/console/api/topics") -> int:
+    return call(base, "GET", path, headers={"Cookie": f"{COOKIE}={session}"})[0]
+
+
+async def log_in_with_the_form(browser: Browser, base: str):
+    page = await browser.new_page()
+    await page.navigate(base + "/console")
+    await page.wait_for("location.pathname === '/console/login' && document.querySelector('input[name=token]')")
+    await page.evaluate(f"document.querySelector('input[name=token]').value = {json.dumps(TOKEN)};"
+                        f"document.forms[0].submit()")
+    await page.wait_for("location.pathname === '/console' && document.body.dataset.loaded === '1'")
+    return page
+
+
+def the_cookie(cookies: list[dict]) -> dict:
+    (cookie,) = [c for c in cookies if c["name"] == COOKIE]
+    return cookie
 
 
 def test_the_console_shows_topics_and_the_forecast(node, tmp_path):
     browser = chromium()
     url = f"{node.base}/console?token={TOKEN}"
     flags = ["--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--window-size=1400,1000",
-             "--virtual-time-budget=8000"]
+             "--virtual-time-budget=8000", f"--user-data-dir={tmp_path / 'profile'}"]
     dom = subprocess.run([browser, *flags, "--dump-dom", url], capture_output=True, text=True, timeout=120).stdout
     for topic in TOPICS:
         assert f'data-topic="{topic}"' in dom, dom[:2000]
@@ -62,19 +116,172 @@ def test_the_console_shows_topics_and_the_forecast(node, tmp_path):
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 10_000
 
 
+def test_the_token_in_the_address_becomes_a_session_and_leaves_no_trace(node, tmp_path):
+    """`/console?token=` once: the browser ends up at /console without the
+    token in its address, holding a session cookie that is not the token,
+    nothing in localStorage or sessionStorage, and the page's requests carry
+    no Authorization header."""
+    async def run():
+        async with Browser.start(tmp_path) as browser:
+            page = await browser.new_page()
+            await page.navigate(f"{node.base}/console?token={TOKEN}")
+            await page.wait_for("document.body && document.body.dataset.loaded === '1'")
+            assert await page.evaluate("location.href") == node.base + "/console"
+            assert await page.evaluate("document.querySelectorAll('tr[data-topic]').length") == len(TOPICS)
+            cookie = the_cookie(await browser.cookies())
+            assert TOKEN not in cookie["value"] and len(cookie["value"]) >= 22  # >= 128 random bits
+            assert (cookie["httpOnly"], cookie["sameSite"], cookie["path"], cookie["secure"]) == (
+                True, "Strict", "/console", False)
+            assert await page.evaluate("JSON.stringify(localStorage)") == "{}"
+            assert await page.evaluate("JSON.stringify(sessionStorage)") == "{}"
+            assert COOKIE not in await page.evaluate("document.cookie")  # HttpOnly: no script reads it
+            sent = [r for r in page.requests() if "/console/api/" in r["url"]]
+            assert sent and not [r for r in sent if "authorization" in {k.lower() for k in r["headers"]}]
+            return cookie["value"]
+    session = asyncio.run(run())
+    assert console_status(node.base, session) == 200
+    # the session opens the console, not the API
+    status, _ = request(node.base + "/camellia/delayQueue/getTopicInfoList", headers={"Cookie": f"{COOKIE}={session}"})
+    assert status == 401
+
+
+def test_the_login_form_opens_the_console_and_logout_ends_the_session(node, tmp_path):
+    """The form posts the token once; the page loads its data, looks up a
+    message and lists dead letters through the console's paths on the
+    cookie alone; logging out ends the session on the node."""
+    async def run():
+        async with Browser.start(tmp_path) as browser:
+            page = await log_in_with_the_form(browser, node.base)
+            cookie = the_cookie(await browser.cookies())
+            assert TOKEN not in cookie["value"] and cookie["httpOnly"] and cookie["sameSite"] == "Strict"
+            assert await page.evaluate("JSON.stringify(localStorage) + JSON.stringify(sessionStorage)") == "{}{}"
+            assert await page.evaluate("document.querySelectorAll('tr[data-topic]').length") == len(TOPICS)
+            await page.evaluate("document.querySelector('tr[data-topic=orders]').click()")  # its dead letters
+            await page.wait_for("document.getElementById('deadTopic').textContent === '(orders)'")
+            await page.evaluate("document.getElementById('lkTopic').value = 'orders';"
+                                "document.getElementById('lkId').value = 'orders7';"
+                                "document.getElementById('lookup').click()")
+            await page.wait_for("document.getElementById('lkOut').textContent.includes('\"msgId\": \"orders7\"')")
+            sent = [r for r in page.requests() if "/console/" in r["url"]]
+            assert not [r for r in sent if "authorization" in {k.lower() for k in r["headers"]}]
+            assert console_status(node.base, cookie["value"]) == 200
+            await page.evaluate("document.getElementById('logout').click()")
+            await page.wait_for("location.pathname === '/console/login'")
+            assert not [c for c in await browser.cookies() if c["name"] == COOKIE]
+            return cookie["value"]
+    session = asyncio.run(run())
+    assert console_status(node.base, session) == 401  # ended on the node, not only in the browser
+
+
+def test_a_session_past_its_lifetime_is_refused(tmp_path):
+    server = start(tmp_path, "--console-session-ttl-s", "4")
+    try:
+        async def run():
+            async with Browser.start(tmp_path) as browser:
+                page = await browser.new_page()
+                await page.navigate(server.base + "/console/login")
+                await page.wait_for("document.querySelector('input[name=token]')")
+                await page.evaluate(f"document.querySelector('input[name=token]').value = {json.dumps(TOKEN)};"
+                                    f"document.forms[0].submit()")
+                await page.wait_for("location.pathname === '/console'")
+                session = the_cookie(await browser.cookies())["value"]
+                assert console_status(server.base, session) == 200
+                # the page's next poll after 4 s is refused, and sends the browser to the form
+                await page.wait_for("location.pathname === '/console/login'")
+                return session
+        # The browser drops the cookie 4 s after it got it (Max-Age), so the
+        # session, made before, is 4 s old by now on the node too.
+        session = asyncio.run(run())
+        assert console_status(server.base, session) == 401
+        status, headers, _ = call(server.base, "GET", "/console", headers={"Cookie": f"{COOKIE}={session}"})
+        assert (status, headers["Location"]) == (303, "/console/login")
+    finally:
+        server.stop()
+
+
+def test_the_cookie_is_secure_with_the_flag(tmp_path):
+    server = start(tmp_path, "--console-cookie-secure")
+    try:
+        async def run():
+            async with Browser.start(tmp_path) as browser:
+                await log_in_with_the_form(browser, server.base)  # 127.0.0.1 counts as a secure origin
+                cookie = the_cookie(await browser.cookies())
+                assert cookie["secure"] and cookie["httpOnly"] and TOKEN not in cookie["value"]
+        asyncio.run(run())
+        status, headers = login(server.base)
+        assert status == 303 and "; Secure" in headers["Set-Cookie"]
+    finally:
+        server.stop()
+
+
 def test_the_console_needs_the_token(node):
-    for path in ("/console", "/console/api/topics", "/console/api/forecast", "/console/api/node"):
+    for path in ("/console/api/topics", "/console/api/forecast", "/console/api/node", "/console/api/listDeadMsg"):
         status, _ = request(node.base + path)
         assert status == 401, path
-    status, _ = request(node.base + "/console?token=wrong")
-    assert status == 401
-    opened = urllib.request.urlopen(f"{node.base}/console?token={TOKEN}")
-    cookie = opened.headers["Set-Cookie"].split(";")[0]
-    assert "HttpOnly" in opened.headers["Set-Cookie"] and "SameSite=Strict" in opened.headers["Set-Cookie"]
-    status, body = request(node.base + "/console/api/topics", headers={"Cookie": cookie})
+    status, headers, _ = call(node.base, "GET", "/console")
+    assert (status, headers["Location"]) == (303, "/console/login")  # a browser is sent to the form
+    assert call(node.base, "GET", "/console?token=wrong")[0] == 401
+    status, headers = login(node.base, "wrong")
+    assert status == 401 and "Set-Cookie" not in headers
+    assert console_status(node.base, TOKEN) == 401  # the token is no session
+    status, headers, _ = call(node.base, "GET", f"/console?token={TOKEN}")
+    assert (status, headers["Location"]) == (303, "/console")  # the token dropped from the address
+    set_cookie = headers["Set-Cookie"]
+    for attribute in ("HttpOnly", "SameSite=Strict", "Path=/console", "Max-Age=43200"):
+        assert attribute in set_cookie.split("; "), set_cookie
+    assert "Secure" not in set_cookie and TOKEN not in set_cookie
+    session = session_of(headers)
+    status, _, body = call(node.base, "GET", "/console/api/topics", headers={"Cookie": f"{COOKIE}={session}"})
     assert status == 200 and [t["topic"] for t in json.loads(body)["topics"]] == sorted(TOPICS)
-    status, _ = request(node.base + "/camellia/delayQueue/getTopicInfoList", headers={"Cookie": cookie})
+    status, _ = request(node.base + "/camellia/delayQueue/getTopicInfoList", headers={"Cookie": f"{COOKIE}={session}"})
     assert status == 401  # the cookie opens the console, not the API
     status, body = request(node.base + "/console/api/topics?limit=2&offset=1",
                            headers={"Authorization": f"Bearer {TOKEN}"})
     assert status == 200 and json.loads(body)["total"] == 3 and len(json.loads(body)["topics"]) == 2
+
+
+def test_a_console_post_needs_the_console_header(node):
+    """A page of another origin on the same host (SameSite does not tell
+    ports apart) could post a form with the cookie; it cannot add a header."""
+    _, headers = login(node.base)
+    cookie = {"Cookie": f"{COOKIE}={session_of(headers)}", "Content-Type": "application/x-www-form-urlencoded"}
+    form = urllib.parse.urlencode({"topic": "orders", "msgId": "orders3"}).encode()
+    status, _, body = call(node.base, "POST", "/console/api/getMsg", form, cookie)
+    assert status == 403, body
+    status, _, body = call(node.base, "POST", "/console/api/getMsg", form, {**cookie, "X-Hourglass-Console": "1"})
+    assert status == 200 and json.loads(body)["delayMsg"]["msgId"] == "orders3"
+
+
+def test_a_login_at_the_cap_ends_the_oldest_session(tmp_path):
+    server = start(tmp_path, "--max-console-sessions", "2")
+    try:
+        sessions = [session_of(login(server.base)[1]) for _ in range(3)]
+        assert len(set(sessions)) == 3
+        assert [console_status(server.base, s) for s in sessions] == [401, 200, 200]
+    finally:
+        server.stop()
+
+
+def test_a_follower_console_logs_in_and_calls_the_api_through_the_leader(tmp_path):
+    cluster = Cluster.start(tmp_path / "cluster", "--auth-token-file", token_file(tmp_path))
+    try:
+        leader = cluster.wait_leader()
+        cluster.wait_known(leader)
+        cluster.nodes[leader].token = TOKEN
+        assert cluster.nodes[leader].post("sendMsg", topic="t", msg="x", msgId="m1", delayMillis=600_000)[0] == 200
+        follower = next(n for n in cluster.nodes if n != leader)
+        base = cluster.url(follower)
+        status, headers = login(base)
+        assert status == 303
+        session = session_of(headers)
+        status, _, body = call(base, "GET", "/console/api/node", headers={"Cookie": f"{COOKIE}={session}"})
+        assert status == 200 and json.loads(body)["node"] == follower
+        form = urllib.parse.urlencode({"topic": "t", "msgId": "m1"}).encode()
+        status, answer, body = call(base, "POST", "/console/api/getMsg", form, {
+            "Cookie": f"{COOKIE}={session}", "X-Hourglass-Console": "1",
+            "Content-Type": "application/x-www-form-urlencoded"})
+        assert status == 200 and json.loads(body)["delayMsg"]["msgId"] == "m1", body
+        assert answer["X-Hourglass-Leader"] == leader  # forwarded with the node's token
+        assert console_status(cluster.url(leader), session) == 401  # a session is one node's
+    finally:
+        cluster.stop()
