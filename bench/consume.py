@@ -2,6 +2,7 @@
 request over loopback, apart. Prints ONE JSON object.
 
     .venv/bin/python bench/consume.py               # --msgs 50000 --requests 5000
+    .venv/bin/python bench/consume.py --requests-only --requests 20000
 
 In-process (a real Store in a temporary directory, `Broker` driven on
 uvloop without HTTP; CPU is this process's user+system time, fsync's
@@ -18,6 +19,7 @@ request at a time; CPU is the server's own, from /proc/<pid>/stat):
 
   request_us_health     GET /health
   request_us_empty_pull POST pullMsg of a topic with nothing ready
+  request_us_get_unknown POST getMsg of an id that is not there
   handler_us_health, handler_us_empty_pull   the same requests handed to
                         the server's handler in-process, with no socket
 """
@@ -112,6 +114,7 @@ async def drain(n: int) -> dict:
 
 
 PULL_BODY = b"topic=nothing-here&batch=1"
+GET_BODY = b"topic=nothing-here&msgId=no-such-id"
 PULL_HEADERS = {"host": "127.0.0.1", "content-type": "application/x-www-form-urlencoded",
                 "content-length": str(len(PULL_BODY))}
 
@@ -165,7 +168,10 @@ def request_costs(n: int) -> dict:
                 "health": b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
                 "empty_pull": b"POST /camellia/delayQueue/pullMsg HTTP/1.1\r\nHost: 127.0.0.1\r\n"
                               b"Content-Type: application/x-www-form-urlencoded\r\nContent-Length: %d\r\n\r\n%s"
-                              % (len(PULL_BODY), PULL_BODY)}
+                              % (len(PULL_BODY), PULL_BODY),
+                "get_unknown": b"POST /camellia/delayQueue/getMsg HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                               b"Content-Type: application/x-www-form-urlencoded\r\nContent-Length: %d\r\n\r\n%s"
+                               % (len(GET_BODY), GET_BODY)}
             out = {}
             for name, raw in requests.items():
                 for _ in range(200):  # warm up
@@ -197,9 +203,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--msgs", type=int, default=50_000, help="messages of the in-process ack and drain runs")
     parser.add_argument("--requests", type=int, default=5_000, help="requests of each loopback measurement")
+    parser.add_argument("--requests-only", action="store_true",
+                        help="only the loopback measurement: one raw keep-alive client, one request at a time")
     args = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)
     figures: dict = {}
+    if args.requests_only:
+        print(json.dumps({"figures": request_costs(args.requests), "parameters": vars(args)}, indent=1))
+        return
     figures.update(uvloop.run(ack_path(min(args.msgs, 9_000))))  # (under --max-inflight's 10,000)
     figures.update(uvloop.run(drain(args.msgs)))
     figures.update(uvloop.run(handler_costs(args.requests * 4)))
