@@ -72,14 +72,15 @@ def sync_filesystem(path: str) -> None:
     A checkpoint may have touched hundreds of hour files; one syncfs is far
     cheaper than an fsync each. syncfs reports a write-back error (EIO) of
     any file of the file system since the last call: that is raised, and the
-    checkpoint fails, because what it would record as durable may not be.
-    Only where the kernel has no syncfs (ENOSYS) does it fall back to an
-    fsync of every file and directory under `path`."""
+    checkpoint fails, because what it would record as durable may not be
+    (the error's text names no path, as a caller may show it to clients;
+    its filename is `path`). Only where the kernel has no syncfs (ENOSYS)
+    does it fall back to an fsync of every file and directory under `path`."""
     error = _syncfs(path)
     if error == errno.ENOSYS:
         fsync_tree(path)
     elif error:
-        raise OSError(error, f"syncfs of {path}: {os.strerror(error)}", path)
+        raise OSError(error, f"syncfs of the data directory's file system: {os.strerror(error)}", path)
 
 
 def _syncfs(path: str) -> int:
