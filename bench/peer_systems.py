@@ -238,7 +238,7 @@ class System:
 
     def start(self, data_dir: str, limit_s: float = 60) -> None:
         self.data_dir = data_dir
-        os.makedirs(data_dir, exist_ok=True)
+        os.makedirs(data_dir, 0o700, exist_ok=True)  # hourglass refuses one group or others may reach
         self.port = free_port()
         self._spawn()
         wait_until(self.serves_pulls, limit_s, f"{self.name} start", self.server)

@@ -29,6 +29,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     serve.add_argument("--port", type=int, default=8080, help="HTTP port (default 8080)")
     serve.add_argument("--data-dir", default="./hourglass-data", help="data directory (default ./hourglass-data)")
+    serve.add_argument("--allow-shared-data-dir", action="store_true",
+                       help="start, with a warning, on a --data-dir that group or others have any permission on "
+                            "(refused otherwise: chmod -R go-rwx it)")
     serve.add_argument("--backend", default="disk", help="disk (default) or redis://HOST:PORT/DB")
     serve.add_argument("--fsync", default="batch", help="always | batch (default: group commit) | never")
     serve.add_argument("--max-msg-bytes", type=int, default=1024 * 1024,
@@ -155,7 +158,8 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
     token = None
     if args.auth_token_file:
         token = read_token_file(args.auth_token_file, args.allow_readable_token)
-    return ServeConfig(host=args.host, port=args.port, data_dir=args.data_dir, backend=args.backend,
+    return ServeConfig(host=args.host, port=args.port, data_dir=args.data_dir,
+                       allow_shared_data_dir=args.allow_shared_data_dir, backend=args.backend,
                        max_msg_bytes=args.max_msg_bytes, auth_token=token,
                        store=StoreConfig(fsync=fsync_policy(args.fsync), segment_bytes=args.segment_bytes),
                        http=Limits(max_connections=args.max_connections, reserved_fds=args.reserved_fds,

@@ -26,6 +26,10 @@ class ServeConfig:
     port: int = 8080
     # Where the commit log, delay logs and indexes live.
     data_dir: str = "./hourglass-data"
+    # Start on a data directory group or others have any permission on, with
+    # a warning, instead of refusing it (storage.data_dir): for a directory
+    # shared on purpose, e.g. with a backup user's group.
+    allow_shared_data_dir: bool = False
     # "disk", or redis://HOST:PORT/DB: the state lives in that Redis
     # (broker.redis.backend), data_dir and store are then unused.
     backend: str = "disk"

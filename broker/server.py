@@ -1,8 +1,11 @@
 """`hourglass serve`: the process around the broker.
 
-Start: open (and recover) the data directory, rebuild the ready and
-consuming queues, start the group-commit, wheel and timer tasks, then
-listen. Every `checkpoint_interval_ms` the store is checkpointed.
+Start: set the umask to 077; make the data directory ready (made private
+if missing; refused if read-only, or open to group or others without
+--allow-shared-data-dir: storage.data_dir), open (and recover) it;
+rebuild the ready and consuming queues, start the group-commit, wheel
+and timer tasks, then listen. Every `checkpoint_interval_ms` the store
+is checkpointed.
 SIGTERM or SIGINT: stop accepting connections, answer long polls in
 flight, finish the requests in flight, stop the wheel (its tick persisted),
 commit, take a last checkpoint, exit 0.
@@ -17,6 +20,8 @@ import signal
 import time
 from collections.abc import Awaitable, Callable
 
+from storage import data_dir
+from storage.errors import DataDirError
 from storage.files import raise_descriptor_limit
 from storage.store import Store, text_hash
 
@@ -37,6 +42,10 @@ log = logging.getLogger("hourglass.server")
 
 # How long a stop waits for requests in flight (long polls are answered at once).
 SHUTDOWN_TIMEOUT_S = 10
+# The serving process's umask: besides the store's own files (made 0600,
+# storage.fileutil), what libraries make in the data directory (pysyncobj's
+# Raft journal, a snapshot's tar, the leadership log) is its owner's alone.
+PRIVATE_UMASK = 0o077
 
 
 async def checkpoint_every(interval_ms: int, checkpoint: Callable[[], Awaitable[None]],
@@ -240,7 +249,11 @@ async def run_cluster(config: ServeConfig) -> int:
 
     from .cluster import ClusterNode
 
-    node = ClusterNode(config, config.cluster, SystemClock())
+    try:
+        node = ClusterNode(config, config.cluster, SystemClock())
+    except OSError as e:  # as a standalone node's (run)
+        log.critical("cannot open the data directory %s: %s", config.data_path, e)
+        return 1
     node.session = aiohttp.ClientSession()
     server = await listen(node, config)
     log.info("serving on http://%s:%d (node %s of %s)", config.host, config.port, config.cluster.node_id,
@@ -273,7 +286,11 @@ async def run(config: ServeConfig) -> int:
         return await run_redis(config)
     if config.cluster is not None:
         return await run_cluster(config)
-    node = Node(config)
+    try:
+        node = Node(config)
+    except OSError as e:  # one a check before could not foresee (a file in it this user may not write)
+        log.critical("cannot open the data directory %s: %s", config.data_path, e)
+        return 1
     node.broker.start()
     checkpoints = asyncio.create_task(checkpoint_every(config.checkpoint_interval_ms, node.checkpoint,
                                                        node.broker.fail))
@@ -291,9 +308,33 @@ async def run(config: ServeConfig) -> int:
     return 0
 
 
+def check_data_dir(config: ServeConfig) -> None:
+    """Make the data directory ready before anything opens it
+    (storage.data_dir.prepare), and refuse one group or others have any
+    permission on, naming the command that makes it private; with
+    --allow-shared-data-dir, warn instead. Raises DataDirError."""
+    path = config.data_path
+    data_dir.prepare(path)
+    shared = data_dir.shared_entries(path)
+    if not shared:
+        return
+    first, mode = shared[0]
+    more = f", and {len(shared) - 1} more in it" if len(shared) > 1 else ""
+    what = f"the data directory {path} is open to group or others ({first} has mode {mode:04o}{more})"
+    if not config.allow_shared_data_dir:
+        raise DataDirError(f"{what}: run `{data_dir.private_command(path)}`, or pass --allow-shared-data-dir")
+    log.warning("%s; starting all the same (--allow-shared-data-dir)", what)
+
+
 def serve(config: ServeConfig) -> int:
-    if config.backend == "disk":  # a standalone or cluster node: before its store sizes its cache of open files by it
-        raise_descriptor_limit()
+    os.umask(PRIVATE_UMASK)
+    if config.backend == "disk":  # a standalone or cluster node
+        try:
+            check_data_dir(config)
+        except DataDirError as e:
+            log.critical("%s", e)
+            return 1
+        raise_descriptor_limit()  # before its store sizes its cache of open files by it
     try:
         import uvloop  # a faster event loop where it is installed (Linux, macOS)
     except ImportError:

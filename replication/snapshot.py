@@ -37,7 +37,7 @@ import tarfile
 
 from storage.checkpoint import Checkpoint
 from storage.errors import ContractError
-from storage.fileutil import fsync_dir, fsync_tree
+from storage.fileutil import FILE_MODE, create_file, fsync_dir, fsync_tree, make_dir
 
 STORE_ENTRIES = ("checkpoint", "delay", "ids", "commitlog")
 UNPACKED = "snapshot.new"  # being extracted: deleted if found at start
@@ -74,6 +74,7 @@ def write_tar(data_dir: str, files: list[tuple[str, int | None]], out: str) -> i
                 data = f.read() if size is None else f.read(size)
             info = tarfile.TarInfo(relative)
             info.size = len(data)
+            info.mode = FILE_MODE
             tar.addfile(info, io.BytesIO(data))
     return os.path.getsize(out)
 
@@ -86,23 +87,21 @@ def unpack(tar_path: str, data_dir: str) -> str:
     staged = os.path.join(data_dir, UNPACKED)
     if os.path.exists(staged):
         shutil.rmtree(staged)
-    os.mkdir(staged)
+    make_dir(staged)
     try:
+        for name in STORE_ENTRIES:
+            if name != "checkpoint":  # made here, not by tarfile: DIR_MODE whatever the umask
+                make_dir(os.path.join(staged, name))
         with tarfile.open(tar_path, "r") as tar:
             for member in tar.getmembers():
                 top = member.name.split("/", 1)[0]
                 if top not in STORE_ENTRIES or ".." in member.name.split("/") or not member.isfile():
                     raise ContractError(f"snapshot entry {member.name!r} is not a store file")
-            tar.extractall(staged, filter="data")
-        for name in STORE_ENTRIES:
-            path = os.path.join(staged, name)
-            if os.path.exists(path):
-                continue
-            if name == "checkpoint":
-                with open(path, "wb") as f:
-                    f.write(Checkpoint().encode())  # what no checkpoint means: replay from offset 0
-            else:
-                os.mkdir(path)
+            tar.extractall(staged, filter=_private_data)
+        checkpoint = os.path.join(staged, "checkpoint")
+        if not os.path.exists(checkpoint):
+            with open(create_file(checkpoint, os.O_WRONLY | os.O_TRUNC), "wb") as f:
+                f.write(Checkpoint().encode())  # what no checkpoint means: replay from offset 0
         fsync_tree(staged)
         fsync_dir(data_dir)
     except BaseException:
@@ -110,6 +109,12 @@ def unpack(tar_path: str, data_dir: str) -> str:
         raise
     os.unlink(tar_path)
     return staged
+
+
+def _private_data(member: tarfile.TarInfo, destination: str) -> tarfile.TarInfo:
+    """tarfile's "data" filter, and every file FILE_MODE whatever mode the
+    sender's tar gives it (tarfile sets it after the umask)."""
+    return tarfile.data_filter(member, destination).replace(mode=FILE_MODE, deep=False)
 
 
 def swap_in(data_dir: str, also: dict[str, bytes]) -> None:
@@ -120,7 +125,7 @@ def swap_in(data_dir: str, also: dict[str, bytes]) -> None:
     files stay in snapshot.old until `remove_replaced`."""
     staged = os.path.join(data_dir, UNPACKED)
     for name, data in also.items():
-        with open(os.path.join(staged, name), "wb") as f:
+        with open(create_file(os.path.join(staged, name), os.O_WRONLY | os.O_TRUNC), "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
@@ -155,7 +160,7 @@ def _finish_swap(data_dir: str) -> None:
     if not os.path.isdir(swapping):
         return
     old = os.path.join(data_dir, REPLACED)
-    os.makedirs(old, exist_ok=True)
+    make_dir(old)
     for name in sorted(os.listdir(swapping)):
         live, moved = os.path.join(data_dir, name), os.path.join(old, name)
         if os.path.lexists(live):

@@ -53,7 +53,7 @@ from collections.abc import Iterator
 
 from .config import FsyncPolicy
 from .errors import ContractError, CorruptionError
-from .fileutil import PAGE_BYTES, allocate, fsync_dir, preallocate
+from .fileutil import PAGE_BYTES, allocate, create_file, fsync_dir, make_dir, preallocate
 from .framing import FRAME_HEADER_BYTES, FrameProblem, decode_frame, encode_frame, find_valid_frame, frame_seed
 
 SEGMENT_HEADER = struct.Struct("<4sHHQII")
@@ -92,7 +92,7 @@ class Segment:
         made = path + ".new" if replace else path
         if replace and os.path.exists(made):
             os.unlink(made)
-        fd = os.open(made, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        fd = create_file(made, os.O_RDWR | os.O_EXCL)
         try:
             os.ftruncate(fd, size_bytes)
             allocate(fd, 0, min(size_bytes, ALLOCATE_STEP_BYTES))
@@ -207,7 +207,7 @@ class CommitLog:
         """Open (or create) the log in `directory`. `scan_from` is an offset
         known to be a record boundary (the checkpoint's); the tail scan of
         the last segment starts there instead of at its beginning."""
-        os.makedirs(directory, exist_ok=True)
+        make_dir(directory)
         log = cls(directory, fsync, segment_bytes)
         names = sorted(n for n in os.listdir(directory) if n.endswith(".log"))
         for name in names:

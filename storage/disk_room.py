@@ -44,7 +44,9 @@ class DiskRoom:
     def check(self, need_bytes: int, written_bytes: int) -> None:
         """Raise OSError(ENOSPC) unless `need_bytes` plus DISK_HEADROOM_BYTES
         fit on the disk; `written_bytes` is what this send writes now (its
-        record, far-hour bytes, and what near hours' files grew by)."""
+        record, far-hour bytes, and what near hours' files grew by). The
+        error's text reaches clients (a 503), so it does not name the
+        directory's path."""
         need = need_bytes + DISK_HEADROOM_BYTES
         seen_free, spent, sends = self._seen
         spent += written_bytes
@@ -54,7 +56,7 @@ class DiskRoom:
         free = free_bytes(self.directory)
         self._seen = (free, 0, 0)
         if free < need:
-            raise OSError(errno.ENOSPC, f"the disk holding {self.directory} has {free} bytes free; "
+            raise OSError(errno.ENOSPC, f"the disk holding the data directory has {free} bytes free; "
                                         f"this batch needs {need} (writes it commits to, and headroom)")
 
     def __repr__(self) -> str:

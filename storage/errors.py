@@ -76,6 +76,14 @@ class ContractError(HourglassError, ValueError):
     while replaying the log into a CorruptionError naming the offset)."""
 
 
+class DataDirError(HourglassError):
+    """A data directory a node must not start on: raised at start-up,
+    before the store opens it, when it cannot be created, is not a
+    directory, is on a read-only file system or not writable by this user,
+    or when group or others may reach it (storage.data_dir). The message is
+    one sentence naming the path and what to do about it."""
+
+
 class ConfigError(HourglassError, ValueError):
     """A configuration is refused: raised when a config dataclass or a
     component is built (its `__post_init__` or constructor) and finds a

@@ -18,14 +18,14 @@ import mmap
 import os
 import resource
 
-from .fileutil import PAGE_BYTES, preallocate
+from .fileutil import FILE_MODE, PAGE_BYTES, preallocate
 
 
 class PlainFile:
     def __init__(self, path: str, create: bool = False) -> None:
         flags = os.O_RDWR | (os.O_CREAT if create else 0)
         self.path = path
-        self.fd = os.open(path, flags, 0o644)
+        self.fd = os.open(path, flags, FILE_MODE)
 
     mapped = False
 
@@ -64,7 +64,7 @@ class MappedFile:
 
     def __init__(self, path: str, create: bool = False, min_bytes: int = 64 * 1024) -> None:
         self.path = path
-        self.fd = os.open(path, os.O_RDWR | (os.O_CREAT if create else 0), 0o644)
+        self.fd = os.open(path, os.O_RDWR | (os.O_CREAT if create else 0), FILE_MODE)
         try:
             size = os.fstat(self.fd).st_size
             capacity = max(min_bytes, _round_up(size, PAGE_BYTES))

@@ -13,6 +13,12 @@ from typing import Any
 from .errors import CorruptionError
 
 PAGE_BYTES = 4096
+# Modes of every file and directory a store makes: its owner's alone. A data
+# directory holds message bodies and the id index's hash key (see
+# storage.data_dir); a umask only ever takes bits away, so whatever it is,
+# group and others get none.
+FILE_MODE = 0o600
+DIR_MODE = 0o700
 
 
 def preallocate(fd: int, size_bytes: int) -> None:
@@ -48,13 +54,27 @@ def fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def atomic_write(path: str, data: bytes, mode: int = 0o666) -> None:
+def make_dir(path: str) -> None:
+    """Create the directory `path` (DIR_MODE) unless it exists; one that
+    exists is left as it is. Missing parents are made as `mkdir -p` makes
+    them: they are not the store's."""
+    os.makedirs(path, DIR_MODE, exist_ok=True)
+
+
+def create_file(path: str, flags: int = os.O_RDWR) -> int:
+    """Open `path` with `flags`, creating it (FILE_MODE) if it is missing;
+    returns the descriptor."""
+    return os.open(path, flags | os.O_CREAT, FILE_MODE)
+
+
+def atomic_write(path: str, data: bytes) -> None:
     """Replace `path` with `data` so that a crash leaves the old or the new
-    file, never a mix: written whole to `path + ".tmp"` (created with
-    `mode`, less the umask), fsync'ed, renamed over `path`, and the
-    directory fsync'ed so the rename itself survives a crash."""
+    file, never a mix: written whole to `path + ".tmp"` (FILE_MODE),
+    fsync'ed, renamed over `path`, and the directory fsync'ed so the rename
+    itself survives a crash."""
     tmp = path + ".tmp"
-    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode), "wb") as f:
+    with open(create_file(tmp, os.O_WRONLY | os.O_TRUNC), "wb") as f:
+        os.fchmod(f.fileno(), FILE_MODE)  # a .tmp a crash left behind keeps its own mode through O_TRUNC
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
@@ -72,14 +92,15 @@ def sync_filesystem(path: str) -> None:
     A checkpoint may have touched hundreds of hour files; one syncfs is far
     cheaper than an fsync each. syncfs reports a write-back error (EIO) of
     any file of the file system since the last call: that is raised, and the
-    checkpoint fails, because what it would record as durable may not be.
-    Only where the kernel has no syncfs (ENOSYS) does it fall back to an
-    fsync of every file and directory under `path`."""
+    checkpoint fails, because what it would record as durable may not be
+    (the error's text names no path, as a caller may show it to clients;
+    its filename is `path`). Only where the kernel has no syncfs (ENOSYS)
+    does it fall back to an fsync of every file and directory under `path`."""
     error = _syncfs(path)
     if error == errno.ENOSYS:
         fsync_tree(path)
     elif error:
-        raise OSError(error, f"syncfs of {path}: {os.strerror(error)}", path)
+        raise OSError(error, f"syncfs of the data directory's file system: {os.strerror(error)}", path)
 
 
 def _syncfs(path: str) -> int:

@@ -14,6 +14,7 @@ from . import delay_index, delay_log, second_table
 from .entry import IndexEntry
 from .errors import CorruptionError
 from .files import MappedFile, PlainFile
+from .fileutil import create_file
 
 
 def hour_paths(directory: str, hour: int) -> tuple[str, str, str]:
@@ -75,7 +76,7 @@ class HourFiles:
         for path, head, size in ((log_path, delay_log.header_bytes(self.hour), delay_log.HEADER_BYTES),
                                  (idx_path, delay_index.header_bytes(self.hour), delay_index.HEADER_BYTES),
                                  (sec_path, second_table.header_bytes(self.hour), second_table.FILE_BYTES)):
-            with open(path, "wb") as f:
+            with open(create_file(path, os.O_WRONLY | os.O_TRUNC), "wb") as f:
                 f.write(head)
                 f.truncate(size)
 

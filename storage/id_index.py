@@ -86,7 +86,7 @@ from collections.abc import Callable
 
 from .entry import Location
 from .errors import ContractError, CorruptionError, InvariantError
-from .fileutil import atomic_write, check_header, fsync_dir, preallocate
+from .fileutil import atomic_write, check_header, create_file, fsync_dir, make_dir, preallocate
 
 HEADER = struct.Struct("<4sHHII44xI")
 MAGIC = b"HGID"
@@ -181,7 +181,7 @@ class Shard:
         """A new, empty shard at `path`.new (see `publish`). A full disk
         raises OSError and leaves no file."""
         tmp = path + ".new"
-        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        fd = create_file(tmp, os.O_RDWR | os.O_TRUNC)
         size = HEADER_BYTES + slot_count * SLOT_BYTES
         try:
             preallocate(fd, size)
@@ -316,7 +316,7 @@ class IdIndex:
         building = directory + ".new"
         if os.path.exists(building):
             shutil.rmtree(building)
-        os.makedirs(building)
+        make_dir(building)
         index = cls(building, initial_slots, is_live, os.urandom(SECRET_BYTES), is_released)
         try:
             for n in range(SHARDS):

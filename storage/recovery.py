@@ -33,6 +33,7 @@ from .commit_log import CommitLog
 from .delay_index import FLAG_RELEASED
 from .entry import Location, Status
 from .errors import CorruptionError
+from .fileutil import make_dir
 from .hour import Hour
 from .hour_files import hour_paths, parse_hour_name
 from .id_index import IdIndex
@@ -43,7 +44,8 @@ class Recovery(Reading):
     """Open-time repair (see the module docstring)."""
 
     def _recover(self) -> None:
-        os.makedirs(self._delay_dir, exist_ok=True)
+        make_dir(self.directory)  # not made with delay/ below: a parent gets no DIR_MODE
+        make_dir(self._delay_dir)
         checkpoint_path = os.path.join(self.directory, "checkpoint")
         ck = Checkpoint.load(checkpoint_path) or Checkpoint()
         self.log = CommitLog.open(os.path.join(self.directory, "commitlog"), self.config.fsync,

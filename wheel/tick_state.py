@@ -186,7 +186,7 @@ class TickStateFile:
     def _create(self) -> None:
         """A file with its header and two empty slots, made atomically: a
         crash leaves none (made again at the next open) or all of it."""
-        atomic_write(self.path, _header_bytes() + bytes(SLOT_COUNT * SLOT.size), mode=0o644)
+        atomic_write(self.path, _header_bytes() + bytes(SLOT_COUNT * SLOT.size))
 
     @property
     def state(self) -> TickState | None:

@@ -52,6 +52,8 @@ def test_an_eio_from_syncfs_fails_the_checkpoint(tmp_path, monkeypatch):
         with pytest.raises(OSError) as caught:
             store.checkpoint(NOW)
         assert caught.value.errno == errno.EIO
+        assert caught.value.filename == str(tmp_path)  # for the log; a failed node's /health shows the repr:
+        assert str(tmp_path) not in repr(caught.value)
         assert libc.calls == 1 and synced == []  # no fallback hides it
         assert (tmp_path / "checkpoint").read_bytes() == checkpoint_before  # nothing recorded as durable
     finally:

@@ -11,6 +11,7 @@ import shutil
 import tarfile
 
 import pytest
+from modes import open_to_others
 
 from replication import snapshot
 from storage.entry import MS_PER_HOUR
@@ -146,3 +147,30 @@ def test_a_bad_or_unreadable_snapshot_leaves_the_live_store_as_it_was(dirs, tmp_
         snapshot.unpack(str(tmp_path / "torn.tar"), str(node))
     assert not os.path.exists(node / snapshot.UNPACKED)
     assert ids_in(node) == {"old-1", "old-2"}
+
+
+def test_an_installed_snapshot_is_private_whatever_modes_its_tar_gives(tmp_path):
+    """A snapshot's files are 0600 in its tar; one from a leader of an
+    older release gives 0644, which tarfile would set after the umask: a
+    follower that installed it would then be refused at its next start."""
+    node, source = tmp_path / "node", tmp_path / "source"
+    make_store(node, ["old-1", "old-2"])
+    make_store(source, ["new-1", "new-2"])
+    tar = tar_of(source, tmp_path / "s.tar")
+    with tarfile.open(tar) as t:
+        assert {m.mode for m in t.getmembers()} == {0o600}
+    older = tmp_path / "older.tar"
+    with tarfile.open(tar) as t, tarfile.open(older, "w") as out:
+        for member in t.getmembers():
+            data = t.extractfile(member).read()
+            member.mode = 0o644
+            out.addfile(member, io.BytesIO(data))
+    before = os.umask(0o022)
+    try:
+        snapshot.unpack(str(older), str(node))
+        snapshot.swap_in(str(node), {"epochs": b"new epochs"})
+        snapshot.remove_replaced(str(node))
+    finally:
+        os.umask(before)
+    assert ids_in(node) == {"new-1", "new-2"}
+    assert open_to_others(node) == []

@@ -80,6 +80,7 @@ def test_a_send_the_disk_has_no_room_for_is_refused_before_it_is_appended(tmp_pa
         with pytest.raises(OSError) as caught:
             store.send(batch, NOW)
         assert caught.value.errno == errno.ENOSPC
+        assert str(tmp_path) not in str(caught.value)  # its text reaches clients (a 503): the path is the log's
         assert store.log_end_offset == end and store.pending_records == 0  # nothing appended
         assert all(store.get("t", m.msg_id) is None for m in batch)
         assert delay_files(tmp_path) == files  # no hour made for it is left behind
