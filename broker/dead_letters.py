@@ -28,6 +28,7 @@ from storage.spans import is_span
 from storage.store import text_hash
 
 from .backend import DEAD_SCAN, REDRIVE_STEP
+from .redact import client_text
 
 # Past every hour and span id (storage.spans): "scan to the end".
 MAX_FILE_ID = 1 << 24
@@ -65,7 +66,7 @@ class DeadLetters:
         except InvalidRequest:
             raise
         except OSError as e:
-            raise Unavailable(f"the commit log refused the write: {e}") from e
+            raise Unavailable(f"the commit log refused the write: {client_text(e)}") from e
         for old, _, _ in changes:
             if old.status is Status.WAITING:
                 self.scheduler.cancel(old.location)

@@ -25,6 +25,7 @@ from storage.errors import Unavailable
 from storage.store import Store
 
 from .metrics import Metrics
+from .redact import client_text
 
 # The group commit fsyncs on the event loop itself while fsyncs take less
 # than this on average (the loop waits that long; requests arriving
@@ -70,7 +71,7 @@ class GroupCommit:
 
     async def durable(self) -> None:
         if self._failed is not None:
-            raise Unavailable(f"the commit log failed: {self._failed}")
+            raise Unavailable(f"the commit log failed: {client_text(self._failed)}")
         future = asyncio.get_running_loop().create_future()
         self._waiting.append(future)
         self._kick.set()
@@ -100,7 +101,7 @@ class GroupCommit:
                     self._failed = e
                     for future in waiting + self._waiting:
                         if not future.done():
-                            future.set_exception(Unavailable(f"the commit log failed: {e}"))
+                            future.set_exception(Unavailable(f"the commit log failed: {client_text(e)}"))
                     raise
                 if self._replicated is None:
                     _answer(waiting, None)

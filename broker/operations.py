@@ -34,6 +34,7 @@ from storage.store import NewMessage, SendOutcome, StateChange, text_hash, total
 from .backend import WAITING_BUCKETS, topic_info_json, waiting_bucket
 from .params import AckRequest, DeleteRequest, LongPollRequest, NewSend, PullRequest, as_sends
 from .ready import Live
+from .redact import client_text
 from .windows import INLINE_KEY_REFILLS, INLINE_REFILL_SCAN
 
 # Index entries classified per slice by getTopicInfo before it lets other
@@ -103,7 +104,7 @@ class Operations:
         except InvalidRequest:
             raise
         except OSError as e:  # nothing was kept (the store undoes a failed append)
-            raise Unavailable(f"the commit log refused the write: {e}") from e
+            raise Unavailable(f"the commit log refused the write: {client_text(e)}") from e
 
     async def pull(self, request: PullRequest | LongPollRequest) -> list[Message]:
         """Up to `batch` READY messages of the topic, now CONSUMING: fewer at

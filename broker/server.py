@@ -35,6 +35,7 @@ from .console_sessions import ConsoleSessions
 from .gate import Gate
 from .httpd import Admit, Dispatch, HttpServer, Request, Response
 from .metrics import Metrics
+from .redact import client_text
 from .service import Broker
 from .serving import camellia_metrics_text, offline_health, serving_status
 
@@ -128,7 +129,7 @@ class Node:
 
     async def health(self, request: Request) -> Response:
         if self.broker.failed is not None:
-            return answer(503, f"failed: {self.broker.failed!r}", status="failed", role="standalone",
+            return answer(503, f"failed: {client_text(self.broker.failed)}", status="failed", role="standalone",
                           leader=None, node=None)
         if not self.serving.online:
             return offline_health("standalone", leader=None, node=None)

@@ -77,6 +77,7 @@ from .metrics import Metrics
 from .operations import Operations
 from .params import Defaults
 from .ready import Live, QueueLimits, TopicQueue
+from .redact import client_text
 from .releases import Releases
 from .timers import Timers
 from .windows import Windows
@@ -146,7 +147,7 @@ class Broker(Operations, Windows, Timers, Releases, DeadLetters, Lifecycle):
             self.store.update(changes, now_ms)
         except BaseException as e:
             self.fail(e, "a commit-log append")
-            raise Unavailable(f"the commit log failed: {e}") from e
+            raise Unavailable(f"the commit log failed: {client_text(e)}") from e
 
     async def stop(self) -> None:
         """After the HTTP server has finished its requests: stop the wheel

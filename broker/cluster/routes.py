@@ -25,6 +25,7 @@ from broker.console_sessions import ConsoleSessions
 from broker.gate import Gate
 from broker.httpd import Admit, Dispatch, Request, Response, StreamResponse
 from broker.paths import PREFIX
+from broker.redact import client_text
 from broker.serving import camellia_metrics_text, offline_health
 from replication import peer_auth, protocol
 from storage.store import text_hash
@@ -121,7 +122,7 @@ class Routes(NodeParts):
         extra = {"role": role, "leader": self.known_leader(), "node": self.cluster.node_id, "term": term,
                  "log_end_offset": self.store.log_end_offset}
         if self.failed is not None:
-            return answer(503, f"failed: {self.failed!r}", status="failed", **extra)
+            return answer(503, f"failed: {client_text(self.failed)}", status="failed", **extra)
         if not self.serving.online:
             return offline_health(**extra)
         return answer(200, "success", status="ok", **extra)
