@@ -39,6 +39,8 @@ CLUSTER_PREFIX = "/_cluster/"
 # can send them cross-site, but cannot read the answer without CORS, which
 # this server never grants).
 SAFE_METHODS = frozenset(("GET", "HEAD", "OPTIONS"))
+# Host headers whose verdict is remembered (cleared when full).
+HOST_CACHE_ENTRIES = 256
 
 
 def host_name(host: str) -> str:
@@ -83,6 +85,7 @@ class Gate:
         if served not in ("", "0.0.0.0", "::"):
             names.add(served)
         self.hosts = frozenset(names)
+        self._host_ok: dict[str, bool] = {}  # Host header -> served; a few entries in practice
 
     def __repr__(self) -> str:
         return (f"Gate(token={'set' if self.token else 'none'}, hosts={sorted(self.hosts)}, "
@@ -111,8 +114,14 @@ class Gate:
         headers = request.headers
         host = headers.get("host")
         if host is not None:
-            name = host_name(host)
-            if not is_loopback(name) and name not in self.hosts:
+            ok = self._host_ok.get(host)
+            if ok is None:
+                name = host_name(host)
+                ok = is_loopback(name) or name in self.hosts
+                if len(self._host_ok) >= HOST_CACHE_ENTRIES:  # a stranger's made-up names: bounded
+                    self._host_ok.clear()
+                self._host_ok[host] = ok
+            if not ok:
                 return plain_answer(403, "this Host is not served without a token (--allowed-hosts)")
         if request.method in SAFE_METHODS:
             return None

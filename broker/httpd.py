@@ -287,7 +287,7 @@ class Connection(asyncio.Protocol):
         self.loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpRequestParser(self)
-        self.unparsed = bytearray()   # received, not yet given to the parser
+        self.unparsed = b""           # received, not yet given to the parser
         self.deadline = 0.0
         self.busy = False             # a handler runs, or an answer is being written
         self.reading = True
@@ -298,7 +298,7 @@ class Connection(asyncio.Protocol):
         # the message being parsed
         self.in_head = False
         self.head_bytes = 0
-        self.url = bytearray()
+        self.url = b""
         self.headers: dict[str, str] = {}
         self.request: Request | None = None
         self.keep_alive = True
@@ -348,7 +348,7 @@ class Connection(asyncio.Protocol):
         for _, _, _, budgeted in self.queue:
             self._release(budgeted)
         self.queue.clear()
-        self.unparsed.clear()
+        self.unparsed = b""
         self.body.clear()
         self._wake_writer()
 
@@ -364,9 +364,10 @@ class Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.transport is None or self.done:
             return
-        if not self.in_head and not self.body_expected and not self.busy and not self.queue and not self.unparsed:
-            self.deadline = self.loop.time() + self.shared.limits.head_timeout_s
-        self.unparsed += data
+        if self.unparsed:  # parsing waits (reading is paused): at most one read's worth more
+            self.unparsed += data
+        else:  # (a new head's deadline is set when its first byte is parsed: on_message_begin)
+            self.unparsed = data
         self._feed()
 
     # -- parsing ---------------------------------------------------------------------
@@ -379,11 +380,14 @@ class Connection(asyncio.Protocol):
     def _feed(self) -> None:
         """Give the parser what was received, a slice at a time, until it
         is all parsed or parsing must wait; reading follows."""
-        while self.unparsed and not self.done and not self._blocked():
+        data = self.unparsed
+        end = len(data)
+        pos = 0
+        while pos < end and not self.done and not self._blocked():
             size = max(self.body_expected - len(self.body), HEAD_SLICE_BYTES) if self.body_expected \
                 else HEAD_SLICE_BYTES
-            piece = bytes(self.unparsed[:size])
-            del self.unparsed[:size]
+            piece = data if pos == 0 and end <= size else data[pos:pos + size]
+            pos += len(piece)
             if not self.body_expected:
                 self.head_bytes += len(piece)
             try:
@@ -392,17 +396,18 @@ class Connection(asyncio.Protocol):
                 if not isinstance(e.__context__, _Refused):
                     log.error("bug while parsing a request", exc_info=e.__context__)
                     self._refusal(500, "internal error (logged)")
-                return
+                break
             except httptools.HttpParserUpgrade as e:  # an Upgrade header: ignored, parsing goes on
                 self.parser = httptools.HttpRequestParser(self)
-                self.unparsed[:0] = piece[e.args[0]:]
+                pos -= len(piece) - e.args[0]
             except httptools.HttpParserError as e:
                 text = str(e) or "malformed request"
                 self._refusal(505 if "version" in text.lower() else 400, f"malformed request: {text}")
-                return
+                break
             if self.in_head and self.head_bytes > self.shared.limits.max_head_bytes:
                 self._refusal(431, "request head too large")
-                return
+                break
+        self.unparsed = data[pos:] if pos < end and not self.done else b""
         self._next()
         self._read(not self.done and not self._blocked())
 
@@ -420,13 +425,13 @@ class Connection(asyncio.Protocol):
 
     def on_message_begin(self) -> None:
         self.in_head = True
-        self.url.clear()
+        self.url = b""
         self.headers = {}
         if not self.busy and not self.queue:
             self.deadline = self.loop.time() + self.shared.limits.head_timeout_s
 
     def on_url(self, url: bytes) -> None:
-        self.url += url
+        self.url = self.url + url if self.url else url
 
     def on_header(self, name: bytes, value: bytes) -> None:
         key = name.decode("latin-1").lower()
@@ -447,13 +452,12 @@ class Connection(asyncio.Protocol):
         headers = self.headers
         if "transfer-encoding" in headers:
             raise self._refusal(411, "send the body with a Content-Length")
-        target = bytes(self.url)
-        path_b, _, query = target.partition(b"?")
+        path_b, _, query = self.url.partition(b"?")
         path = path_b.decode("latin-1")
         if not path.startswith("/"):
             raise self._refusal(400, "the request target must be a path")
         length = int(headers.get("content-length", "0"))
-        request = Request(self.parser.get_method().decode("ascii"), path, query.partition(b"#")[0], headers, b"",
+        request = Request(self.parser.get_method().decode("ascii"), path, query, headers, b"",
                           self.transport)
         keep_alive = self.parser.should_keep_alive()
         shared = self.shared
@@ -477,7 +481,7 @@ class Connection(asyncio.Protocol):
             self.body_started = self.loop.time()
             self.deadline = self.body_started + shared.limits.body_timeout_s
             if (headers.get("expect", "").lower() == "100-continue" and not self.busy and not self.queue
-                    and len(self.unparsed) < length and self.transport is not None):
+                    and self.transport is not None):
                 self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
 
     def on_body(self, body: bytes) -> None:
