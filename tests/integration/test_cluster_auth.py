@@ -82,6 +82,67 @@ def test_a_crafted_pickle_on_the_raft_port_runs_nothing(cluster, tmp_path):
     assert cluster.wait_leader(wait_s=10) in NODE_IDS
 
 
+def _raft_refusals(cluster: Cluster, node: str, source: str) -> list[str]:
+    """The lines of `node`'s log refusing something `source` sent to its Raft port."""
+    with open(cluster.nodes[node].log_path, encoding="utf-8", errors="replace") as f:
+        return [line for line in f if "Raft port" in line and f"from {source}" in line]
+
+
+def _closed_promptly(s: socket.socket, wait_s: float = 5) -> bool:
+    """Whether the node closed `s`: reading meets its end (or a reset)
+    within `wait_s`, not a node still waiting for more."""
+    s.settimeout(wait_s)
+    try:
+        while s.recv(65536):
+            pass
+        return True
+    except ConnectionError:
+        return True
+    except TimeoutError:
+        return False
+
+
+def _send_oversized_frame(address: tuple[str, int], source: str) -> bool:
+    """A frame whose length says 2 GiB, then 32 MiB of it; whether the node
+    closed the connection (before all was sent, or after)."""
+    with socket.create_connection(address, timeout=5, source_address=(source, 0)) as s:
+        try:
+            s.sendall(struct.pack("i", 0x7FFFFFFF))
+            for _ in range(512):
+                s.sendall(bytes(64 * 1024))
+        except ConnectionError:
+            return True
+        return _closed_promptly(s)
+
+
+def test_an_oversized_frame_or_an_http_request_on_the_leaders_raft_port_is_refused_and_moves_nothing(cluster):
+    """pysyncobj alone buffered such a frame (quadratically, 100% CPU for
+    seconds) and checked it only once whole: the leader missed its
+    heartbeats and another was elected. The node refuses the length before
+    it buffers anything, closes the connection and logs the address once a
+    minute. Each probe comes from its own loopback address (127.0.0.x), so
+    each address's log line is its own."""
+    leader = cluster.wait_leader()
+    cluster.wait_known(leader)
+    term = cluster.health(leader)["term"]
+    peer = parse_cluster(cluster.spec)[leader]
+    address = (peer.host, peer.raft_port)
+    assert _send_oversized_frame(address, "127.0.0.2")
+    assert _send_oversized_frame(address, "127.0.0.2")  # the same address again: no second log line
+    with socket.create_connection(address, timeout=5, source_address=("127.0.0.3", 0)) as s:
+        s.sendall(b"GET / HTTP/1.1\r\nHost: raft\r\n\r\n")  # its first 4 bytes say 542 MB
+        assert _closed_promptly(s)
+    # Longer than the election timeout (at most 1 s): nobody stood for election.
+    watch_until = time.monotonic() + 4
+    while time.monotonic() < watch_until:
+        for n in NODE_IDS:
+            h = cluster.health(n)
+            assert h is not None and (h["leader"], h["term"]) == (leader, term), (n, h)
+        time.sleep(0.1)
+    assert len(_raft_refusals(cluster, leader, "127.0.0.2")) == 1
+    assert len(_raft_refusals(cluster, leader, "127.0.0.3")) == 1
+
+
 def test_the_raft_port_binds_the_nodes_own_host_only(cluster):
     peers = parse_cluster(cluster.spec)
     out = subprocess.run(["ss", "-ltnH"], capture_output=True, text=True).stdout if os.path.exists("/usr/bin/ss") \
