@@ -92,11 +92,12 @@ class Routes(NodeParts):
         return sorted(set(self.store.topic_names().values()))
 
     def _console_info(self) -> dict:
-        """The console's node section: role, term, log end and, on the
+        """The console's node section: role, term, log end, whether the
+        cluster runs without a secret (--insecure-cluster) and, on the
         leader, each follower's replicated offset and how far it lags."""
         role, term = self.shown_role()
         info = {"role": role, "node": self.cluster.node_id, "leader": self.known_leader(), "term": term,
-                "logEndOffset": self.store.log_end_offset}
+                "logEndOffset": self.store.log_end_offset, "insecure": self.cluster.insecure}
         if self.leader_log is not None:
             now_s = self.clock.monotonic_s()
             info["followers"] = [{"node": name, "offset": p.offset,
@@ -108,7 +109,7 @@ class Routes(NodeParts):
     async def health(self, request: Request) -> Response:
         role, term = self.shown_role()
         extra = {"role": role, "leader": self.known_leader(), "node": self.cluster.node_id, "term": term,
-                 "log_end_offset": self.store.log_end_offset}
+                 "log_end_offset": self.store.log_end_offset, "insecure": self.cluster.insecure}
         if self.failed is not None:
             return answer(503, f"failed: {self.failed!r}", status="failed", **extra)
         if not self.serving.online:
@@ -124,7 +125,9 @@ class Routes(NodeParts):
         node = [("hourglass_commit_log_end_offset", "gauge", self.store.log_end_offset),
                 ("hourglass_is_leader", "gauge", int(self.leads)),
                 ("hourglass_term", "gauge", self.shown_role()[1]),
-                ("hourglass_replicated_records_total", "counter", self.follower.fetched_records)]
+                ("hourglass_replicated_records_total", "counter", self.follower.fetched_records),
+                # 1: --insecure-cluster, no cluster secret (docs/security.md)
+                ("hourglass_cluster_insecure", "gauge", int(self.cluster.insecure))]
         if self.leader_log is not None:
             node.append(("hourglass_quorum_offset", "gauge", self.leader_log.quorum_offset()))
         text = self.metrics.render(gauges, node) + await camellia_metrics_text(self)

@@ -4,8 +4,10 @@ only a holder of the cluster secret is a peer). Real 3-node clusters on
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
+import shutil
 import socket
 import struct
 import subprocess
@@ -16,7 +18,7 @@ import zlib
 import pytest
 from cluster import NODE_IDS, SECRET, Cluster
 from pysyncobj.encryptor import getEncryptor
-from serving import ROOT, free_port, request
+from serving import ROOT, Server, free_port, request
 
 from replication import peer_auth, protocol
 from replication.config import parse_cluster
@@ -154,6 +156,27 @@ def test_the_raft_port_binds_the_nodes_own_host_only(cluster):
         assert listening and all(line.split()[3] == f"127.0.0.1:{p.raft_port}" for line in listening), listening
 
 
+def _console_header(base: str, token: str) -> str:
+    """The text of the console page's header as a headless Chromium shows it."""
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    if browser is None:
+        pytest.skip("no chromium on this machine (.ci/run installs Debian's chromium)")
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=5000", "--dump-dom"]
+    dom = subprocess.run([browser, *flags, f"{base}/console?token={token}"], capture_output=True, text=True,
+                         timeout=120).stdout
+    return dom[dom.index('<span id="node">'):dom.index("</header>")]
+
+
+def test_a_cluster_with_its_secret_says_it_is_not_insecure(cluster):
+    token = {"Authorization": "Bearer client-token"}
+    for node in NODE_IDS:
+        assert cluster.health(node)["insecure"] is False
+        assert "hourglass_cluster_insecure 0\n" in request(cluster.url(node) + "/metrics", headers=token)[1].decode()
+        assert json.loads(request(cluster.url(node) + "/console/api/node", headers=token)[1])["insecure"] is False
+    header = _console_header(cluster.url(cluster.wait_leader()), "client-token")
+    assert "term" in header and "insecure" not in header
+
+
 def test_cluster_calls_without_the_secret_are_refused_even_with_the_client_token(cluster):
     leader = cluster.wait_leader()
     token = {"Authorization": "Bearer client-token"}
@@ -225,6 +248,33 @@ def test_a_cluster_without_a_secret_refuses_to_start(tmp_path):
     assert r.returncode == 2 and "apply to a cluster" in r.stderr
 
 
+def test_an_insecure_cluster_on_a_network_address_needs_a_second_flag(tmp_path):
+    """Without a secret, whoever reaches a node's Raft port runs code on it:
+    --insecure-cluster with a --cluster host that is not loopback is
+    refused at start, in one line naming the flag that confirms it."""
+    spec = f"n1=127.0.0.1:{free_port()}:{free_port()},n2=192.0.2.2:8002:9002,n3=192.0.2.3:8003:9003"
+    args = [sys.executable, "-m", "broker.cli", "serve", "--data-dir", str(tmp_path / "d"), "--node-id", "n1",
+            "--cluster", spec, "--insecure-cluster"]
+    r = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=60, check=False)
+    errors = [line for line in r.stderr.splitlines() if "error:" in line]
+    assert r.returncode == 2 and len(errors) == 1, r.stderr
+    assert "--insecure-cluster-on-network" in errors[0] and "n2=192.0.2.2, n3=192.0.2.3" in errors[0]
+    log_path = tmp_path / "d.log"
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen([*args, "--insecure-cluster-on-network"], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    confirmed = Server(proc, f"http://127.0.0.1:{parse_cluster(spec)['n1'].http_port}", str(tmp_path / "d"), str(log_path))
+    try:
+        confirmed.wait_healthy(30)
+        status, body = request(confirmed.base + "/health")
+        assert status == 200 and json.loads(body)["insecure"] is True
+    finally:
+        confirmed.stop()
+    r = subprocess.run([sys.executable, "-m", "broker.cli", "serve", "--data-dir", str(tmp_path / "s"),
+                        "--port", str(free_port()), "--insecure-cluster-on-network"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=60, check=False)
+    assert r.returncode == 2 and "apply to a cluster" in r.stderr
+
+
 def test_an_insecure_cluster_starts_and_is_as_open_as_it_says(tmp_path):
     token_file = tmp_path / "token"
     token_file.write_text("client-token")
@@ -232,6 +282,13 @@ def test_an_insecure_cluster_starts_and_is_as_open_as_it_says(tmp_path):
     c = Cluster.start(tmp_path / "insecure", "--insecure-cluster", "--auth-token-file", str(token_file))
     try:
         leader = c.wait_leader()
+        # it says so: /health, /metrics and the console's node section
+        token = {"Authorization": "Bearer client-token"}
+        for node in NODE_IDS:
+            assert c.health(node)["insecure"] is True
+            assert "hourglass_cluster_insecure 1\n" in request(c.url(node) + "/metrics", headers=token)[1].decode()
+            assert json.loads(request(c.url(node) + "/console/api/node", headers=token)[1])["insecure"] is True
+        assert "insecure cluster" in _console_header(c.url(leader), "client-token")
         # /_cluster/* falls back to the client token
         status, _ = request(c.url(leader) + protocol.SNAPSHOT_PATH)
         assert status == 401
