@@ -18,12 +18,14 @@ from __future__ import annotations
 import logging
 
 import aiohttp
+import orjson
 
-from broker.api import Router, answer, bearer_auth
+from broker.api import Handler, Router, answer, bearer_auth
 from broker.httpd import Request, Response, StreamResponse
 from broker.paths import PREFIX
 from broker.serving import camellia_metrics_text, offline_health
 from replication import peer_auth, protocol
+from storage.errors import InvalidRequest
 from storage.store import text_hash
 
 from .parts import NodeParts
@@ -35,13 +37,26 @@ FORWARDED_HEADERS = ("Content-Type", "Authorization", "Accept")
 CLUSTER_PREFIX = "/_cluster/"
 
 
+def _malformed_is_400(handler: Handler) -> Handler:
+    """A /_cluster/* body that is not its call's message (empty, not
+    msgpack, a field missing or of the wrong type: replication.protocol's
+    InvalidRequest) is the caller's error, answered HTTP 400, not a bug's
+    500 with a traceback."""
+    async def run(request: Request) -> Response | StreamResponse:
+        try:
+            return await handler(request)
+        except InvalidRequest as e:
+            return Response(400, orjson.dumps({"code": 400, "msg": str(e)}))
+    return run
+
+
 class Routes(NodeParts):
     def handler(self):
         router = Router()
         router.add("GET", "/health", self.health)
         router.add("GET", "/metrics", self.metrics_text)
-        router.add("POST", protocol.FETCH_PATH, self.on_fetch)
-        router.add("POST", protocol.POSITION_PATH, self.on_position)
+        router.add("POST", protocol.FETCH_PATH, _malformed_is_400(self.on_fetch))
+        router.add("POST", protocol.POSITION_PATH, _malformed_is_400(self.on_position))
         router.add("GET", protocol.SNAPSHOT_PATH, self.on_snapshot)
         self.serving.add_routes(router)
         self.api.add_routes(router)

@@ -15,6 +15,7 @@ import sys
 import time
 import zlib
 
+import msgpack
 import pytest
 from cluster import NODE_IDS, SECRET, Cluster
 from pysyncobj.encryptor import getEncryptor
@@ -275,32 +276,81 @@ def test_an_insecure_cluster_on_a_network_address_needs_a_second_flag(tmp_path):
     assert r.returncode == 2 and "apply to a cluster" in r.stderr
 
 
-def test_an_insecure_cluster_starts_and_is_as_open_as_it_says(tmp_path):
-    token_file = tmp_path / "token"
+@pytest.fixture(scope="module")
+def insecure(tmp_path_factory):
+    """A cluster with --insecure-cluster (no secret) and a client token."""
+    token_file = tmp_path_factory.mktemp("insecure-token") / "token"
     token_file.write_text("client-token")
     os.chmod(token_file, 0o600)
-    c = Cluster.start(tmp_path / "insecure", "--insecure-cluster", "--auth-token-file", str(token_file))
-    try:
-        leader = c.wait_leader()
-        # it says so: /health, /metrics and the console's node section
-        token = {"Authorization": "Bearer client-token"}
-        for node in NODE_IDS:
-            assert c.health(node)["insecure"] is True
-            assert "hourglass_cluster_insecure 1\n" in request(c.url(node) + "/metrics", headers=token)[1].decode()
-            assert json.loads(request(c.url(node) + "/console/api/node", headers=token)[1])["insecure"] is True
-        assert "insecure cluster" in _console_header(c.url(leader), "client-token")
-        # /_cluster/* falls back to the client token
-        status, _ = request(c.url(leader) + protocol.SNAPSHOT_PATH)
-        assert status == 401
-        status, _ = request(c.url(leader) + protocol.SNAPSHOT_PATH, headers={"Authorization": "Bearer client-token"})
-        assert status == 200
-        # the probe above is real: without a secret, the Raft port unpickles it
-        planted = tmp_path / "planted"
-        follower = next(n for n in NODE_IDS if n != leader)
-        _raft_probe(c, follower, _plant_frames(planted)[0])
-        deadline = time.monotonic() + 5
-        while not planted.exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert planted.exists()
-    finally:
-        c.stop()
+    c = Cluster.start(tmp_path_factory.mktemp("insecure") / "cluster", "--insecure-cluster",
+                      "--auth-token-file", str(token_file))
+    yield c
+    c.stop()
+
+
+def test_an_insecure_cluster_starts_and_is_as_open_as_it_says(insecure, tmp_path):
+    c = insecure
+    leader = c.wait_leader()
+    # it says so: /health, /metrics and the console's node section
+    token = {"Authorization": "Bearer client-token"}
+    for node in NODE_IDS:
+        assert c.health(node)["insecure"] is True
+        assert "hourglass_cluster_insecure 1\n" in request(c.url(node) + "/metrics", headers=token)[1].decode()
+        assert json.loads(request(c.url(node) + "/console/api/node", headers=token)[1])["insecure"] is True
+    assert "insecure cluster" in _console_header(c.url(leader), "client-token")
+    # /_cluster/* falls back to the client token
+    status, _ = request(c.url(leader) + protocol.SNAPSHOT_PATH)
+    assert status == 401
+    status, _ = request(c.url(leader) + protocol.SNAPSHOT_PATH, headers=token)
+    assert status == 200
+    # the probe above is real: without a secret, the Raft port unpickles it
+    planted = tmp_path / "planted"
+    follower = next(n for n in NODE_IDS if n != leader)
+    _raft_probe(c, follower, _plant_frames(planted)[0])
+    deadline = time.monotonic() + 5
+    while not planted.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert planted.exists()
+
+
+# Bodies that are not a fetch's or a position's message: (body, what the 400 names).
+MALFORMED = [
+    (b"", "body"),
+    (b"\xc1", "body"),  # a byte msgpack never uses
+    (b"{not msgpack", "body"),
+    (protocol.pack({"node": "n2"}) + b"\x00", "body"),  # a map, then more
+    (msgpack.packb([1, 2]), "body"),
+    (protocol.pack({}), "node"),
+    (protocol.pack({"node": 7, "epoch": 1}), "node"),
+    (protocol.pack({"node": "n2", "epoch": "1"}), "epoch"),
+    (protocol.pack({"node": "n2", "epoch": True}), "epoch"),
+    (protocol.pack({"node": "n2", "epoch": -1}), "epoch"),
+]
+FETCH_MALFORMED = [
+    (protocol.pack({"node": "n2", "epoch": 1, "offset": -5, "last_epoch": 0}), "offset"),
+    (protocol.pack({"node": "n2", "epoch": 1, "offset": 0}), "last_epoch"),
+    (protocol.pack({"node": "n2", "epoch": 1, "offset": 0, "last_epoch": 0, "wait_ms": [1]}), "wait_ms"),
+]
+
+
+def _malformed_bodies_are_400(c: Cluster, headers: dict) -> None:
+    for node in NODE_IDS:
+        for path, cases in ((protocol.POSITION_PATH, MALFORMED), (protocol.FETCH_PATH, MALFORMED + FETCH_MALFORMED)):
+            for body, field in cases:
+                status, answer = request(c.url(node) + path, data=body,
+                                         headers={"Content-Type": protocol.CONTENT_TYPE, **headers})
+                assert status == 400, (node, path, body, status, answer)
+                assert json.loads(answer)["msg"].startswith(f"{field}: "), (path, body, answer)
+        with open(c.nodes[node].log_path, encoding="utf-8", errors="replace") as f:
+            log = f.read()
+        assert "bug while serving" not in log and "Traceback" not in log
+
+
+def test_malformed_cluster_calls_are_400_not_a_bug_on_an_insecure_cluster(insecure):
+    """An empty /_cluster/position answered 500 and logged a traceback as a
+    bug; every body that is not the call's message is the caller's 400."""
+    _malformed_bodies_are_400(insecure, {"Authorization": "Bearer client-token"})
+
+
+def test_malformed_cluster_calls_are_400_from_a_peer_too(cluster):
+    _malformed_bodies_are_400(cluster, peer_auth.headers(SECRET))
