@@ -10,7 +10,9 @@ the console and the peers' /_cluster/* calls (broker.cluster.peers).
 
 Forwarding keeps the method, body and the headers in FORWARDED_HEADERS, and
 names the leader in X-Hourglass-Leader; an unreachable leader is a 503 the
-client retries.
+client retries. A path with a `.` or `..` segment (`%2e` too) is never
+forwarded: HTTP 404 on every node (the URL library would have sent
+`/camellia/delayQueue/../../_cluster/snapshot` as `/_cluster/snapshot`).
 """
 
 from __future__ import annotations
@@ -35,6 +37,13 @@ log = logging.getLogger("hourglass.cluster")
 # Headers a forwarded request keeps.
 FORWARDED_HEADERS = ("Content-Type", "Authorization", "Accept")
 CLUSTER_PREFIX = "/_cluster/"
+
+
+def has_dot_segment(path: str) -> bool:
+    """Whether `path` has a `.` or `..` segment, its dots also spelled
+    `%2e` (RFC 3986 5.2.4 removes such segments, and the URL library reads
+    `%2e` as a dot)."""
+    return any(segment.lower().replace("%2e", ".") in (".", "..") for segment in path.split("/"))
 
 
 def _malformed_is_400(handler: Handler) -> Handler:
@@ -82,6 +91,11 @@ class Routes(NodeParts):
         """API calls: served here while this node leads, else forwarded."""
         if not request.path.startswith(PREFIX):
             return await handler(request)
+        if has_dot_segment(request.path):
+            # The URL library that forwards would remove the dot segments
+            # (/camellia/delayQueue/../../_cluster/snapshot is sent as
+            # /_cluster/snapshot): no such path is forwarded, or served.
+            return Response(404, orjson.dumps({"code": 404, "msg": "Not Found: a path with a . or .. segment"}))
         if self.leads and self.broker is not None and not self.stopping:
             return await handler(request)
         leader = None if self.stopping else self.known_leader()

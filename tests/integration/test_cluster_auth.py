@@ -4,6 +4,7 @@ only a holder of the cluster secret is a peer). Real 3-node clusters on
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import pickle
@@ -354,3 +355,43 @@ def test_malformed_cluster_calls_are_400_not_a_bug_on_an_insecure_cluster(insecu
 
 def test_malformed_cluster_calls_are_400_from_a_peer_too(cluster):
     _malformed_bodies_are_400(cluster, peer_auth.headers(SECRET))
+
+
+TRAVERSALS = ["/camellia/delayQueue/../../_cluster/snapshot", "/camellia/delayQueue/%2e%2e/%2E%2E/_cluster/snapshot",
+              "/camellia/delayQueue/.%2e/.%2E/_cluster/snapshot?x=1", "/camellia/delayQueue/./getTopicInfoList",
+              "/camellia/delayQueue/x/../../../health"]
+
+
+def _raw_get(base: str, path: str, headers: dict) -> tuple[int, dict, bytes]:
+    """GET `path` as written, no client library normalising it on the way."""
+    host, port = base.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=10)
+    try:
+        conn.request("GET", path, headers=headers)
+        r = conn.getresponse()
+        return r.status, dict(r.getheaders()), r.read()
+    finally:
+        conn.close()
+
+
+def _no_dot_segment_is_forwarded(c: Cluster, headers: dict) -> None:
+    leader = c.wait_leader()
+    c.wait_known(leader)
+    for node in NODE_IDS:
+        for path in TRAVERSALS:
+            status, answer_headers, body = _raw_get(c.url(node), path, headers)
+            assert status == 404 and json.loads(body)["code"] == 404, (node, path, status, body[:200])
+            assert "X-Hourglass-Leader" not in answer_headers, (node, path)  # not forwarded
+        status, answer_headers, _ = _raw_get(c.url(node), "/camellia/delayQueue/getTopicInfoList", headers)
+        assert status == 200 and (node == leader or answer_headers["X-Hourglass-Leader"] == leader)
+
+
+def test_a_follower_forwards_no_path_with_dot_segments_on_an_insecure_cluster(insecure):
+    """/camellia/delayQueue/../../_cluster/snapshot was forwarded to the
+    leader as /_cluster/snapshot (the URL library removes dot segments), so
+    the client's token fetched every stored message through a follower."""
+    _no_dot_segment_is_forwarded(insecure, {"Authorization": "Bearer client-token"})
+
+
+def test_a_follower_forwards_no_path_with_dot_segments(cluster):
+    _no_dot_segment_is_forwarded(cluster, {"Authorization": "Bearer client-token"})
