@@ -76,8 +76,8 @@ from storage.errors import InvalidRequest
 log = logging.getLogger("hourglass.raft")
 
 # The largest Raft frame a node reads (the length field's value, in bytes);
-# a larger one closes the connection. Legitimate frames stay under twice
-# BATCH_BYTES (see the module docstring).
+# a larger one closes the connection. Legitimate frames stay under half of
+# it (see the module docstring).
 MAX_FRAME_BYTES = 64 * 1024
 # pysyncobj's appendEntriesBatchSizeBytes and logCompactionBatchSize (its
 # default for both is 64 KiB): what one append-entries frame carries.
@@ -119,7 +119,10 @@ class FrameReader:
         reader.feed(HEADER.pack(2) + b"hi" + HEADER.pack(5))
         reader.next_frame()   # b"hi"
         reader.next_frame()   # None: 5 bytes announced, none arrived yet
-        reader.feed(HEADER.pack(2**31 - 1))  # (on a new reader) next_frame() raises InvalidRequest
+
+        reader = FrameReader(65536)
+        reader.feed(b"GET ")  # 542,393,671 as a length
+        reader.next_frame()   # InvalidRequest, before any of it is read
 
     A bytearray, so a read appends in place; taking a frame off its front
     moves the bytes behind it: at most one frame and one read (pysyncobj's
@@ -272,6 +275,7 @@ class FramedConnection:
         sock.setblocking(False)
         self._reader = FrameReader(self.max_frame_bytes)
         self._write = bytearray()
+        self.frames_received = 0
         self.opened_s = self._last_read_s = self._monotonic_s()
         self.peer = host
         error = sock.connect_ex((host, port))
@@ -549,7 +553,11 @@ class RaftTransport(TCPTransport):  # type: ignore[misc]
         self._server = _Listener(self._syncObj._poller, host, int(port), self._accept)
 
     def _accept(self, sock: socket.socket) -> None:
-        conn = self._connection(sock)
+        try:
+            conn = self._connection(sock)
+        except OSError:  # reset before it could be set up
+            sock.close()
+            return
         self._incoming.add(conn)
         self._onNewIncomingConnection(conn)  # pysyncobj's handshake takes it from here
 
