@@ -53,7 +53,11 @@ def build_parser() -> argparse.ArgumentParser:
                             "/_cluster/*); at least 16 characters, mode 600. Required unless --insecure-cluster")
     serve.add_argument("--insecure-cluster", action="store_true",
                        help="cluster only: run without a cluster secret (anyone who reaches the Raft port or "
-                            "/_cluster/* is a peer: for a throwaway cluster on one machine only)")
+                            "/_cluster/* is a peer: for a throwaway cluster on one machine only); refused if a "
+                            "--cluster host is not loopback, unless --insecure-cluster-on-network")
+    serve.add_argument("--insecure-cluster-on-network", action="store_true",
+                       help="with --insecure-cluster: accept --cluster hosts that are not loopback (anyone who "
+                            "reaches their Raft port can run code on the node)")
     serve.add_argument("--acks", default="quorum",
                        help="cluster only: quorum (default: a write is answered once a majority has it on disk) "
                             "or leader (once the leader has; weaker, see README)")
@@ -148,13 +152,14 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
         if args.cluster_secret_file:
             secret = read_token_file(args.cluster_secret_file, args.allow_readable_token, "--cluster-secret-file")
         cluster = ClusterConfig(args.node_id, parse_cluster(args.cluster), acks=acks, secret=secret,
-                                insecure=args.insecure_cluster,
+                                insecure=args.insecure_cluster, insecure_on_network=args.insecure_cluster_on_network,
                                 retain_log_bytes=args.retain_log_bytes)
         args.host, args.port = cluster.me.host, cluster.me.http_port
     elif args.acks != "quorum":
         raise ConfigError("--acks applies to a cluster (--cluster/--node-id)")
-    elif args.cluster_secret_file or args.insecure_cluster:
-        raise ConfigError("--cluster-secret-file and --insecure-cluster apply to a cluster (--cluster/--node-id)")
+    elif args.cluster_secret_file or args.insecure_cluster or args.insecure_cluster_on_network:
+        raise ConfigError("--cluster-secret-file, --insecure-cluster and --insecure-cluster-on-network apply to a "
+                          "cluster (--cluster/--node-id)")
     token = None
     if args.auth_token_file:
         token = read_token_file(args.auth_token_file, args.allow_readable_token)

@@ -28,8 +28,9 @@ behind the node's bearer token like the API:
     /console/api/node
         standalone: {"role": "standalone", "diskBytes", "logEndOffset",
         "lastCheckpointMs", "hours"}; a cluster node: {"role", "node",
-        "term", "leader", "logEndOffset", "followers": [{"node", "offset",
-        "lagBytes", "seenAgoMs"}] (on the leader)}
+        "term", "leader", "logEndOffset", "insecure" (--insecure-cluster),
+        "followers": [{"node", "offset", "lagBytes", "seenAgoMs"}] (on the
+        leader)}
 
 Dead letters, re-drive and message lookup use the API itself (listDeadMsg,
 redriveMsg, getMsg, at /console/api/<name> for the page: broker.console_login),

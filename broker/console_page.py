@@ -125,6 +125,7 @@ async function node() {
   const d = await get(API + "node");
   if (d.code !== 200) { $("node").textContent = d.msg; return; }
   $("node").textContent = d.role + (d.node ? " " + d.node : "") + (d.term !== undefined ? " · term " + d.term : "");
+  if (d.insecure) $("node").textContent += " · ⚠ insecure cluster: no cluster secret";
   const rows = Object.entries(d).filter(([k]) => !["code", "msg", "followers"].includes(k));
   let html = rows.map(([k, v]) => `<tr><td>${esc(k)}</td><td>${esc(k.endsWith("Ms") && v ? new Date(v).toLocaleString() : v)}</td></tr>`).join("");
   for (const f of d.followers || []) html += `<tr><td>follower ${esc(f.node)}</td><td>lag ${f.lagBytes} B, seen ${f.seenAgoMs} ms ago</td></tr>`;

@@ -4,6 +4,7 @@ the timings of election, lease and tick-state sync."""
 from __future__ import annotations
 
 import enum
+import ipaddress
 from dataclasses import dataclass, field
 
 from storage.errors import ConfigError
@@ -74,6 +75,10 @@ class ClusterConfig:
     # --insecure-cluster: run without a secret (anyone who reaches the Raft
     # port or /_cluster/* is then a peer).
     insecure: bool = False
+    # --insecure-cluster-on-network: let --insecure-cluster list a host that
+    # is not loopback (refused without it: whoever reaches that host's Raft
+    # port could run code on the node).
+    insecure_on_network: bool = False
 
     def __post_init__(self) -> None:
         if self.node_id not in self.peers:
@@ -100,6 +105,13 @@ class ClusterConfig:
                              "--insecure-cluster runs without one anyway")
         if self.secret is not None and self.insecure:
             raise ConfigError("--insecure-cluster and --cluster-secret-file exclude each other")
+        if self.insecure_on_network and not self.insecure:
+            raise ConfigError("--insecure-cluster-on-network goes with --insecure-cluster")
+        exposed = [f"{p.node_id}={p.host}" for p in self.peers.values() if not is_loopback(p.host)]
+        if self.insecure and exposed and not self.insecure_on_network:
+            raise ConfigError(f"--insecure-cluster on a host that is not loopback ({', '.join(exposed)}): anyone who "
+                              f"reaches its Raft port could run code on the node; pass --insecure-cluster-on-network "
+                              f"to run it anyway")
         if self.secret is not None and len(self.secret) < 16:
             raise ConfigError("the cluster secret must be at least 16 characters")
 
@@ -115,6 +127,18 @@ class ClusterConfig:
     def quorum(self) -> int:
         """Nodes that must hold a record (the leader counted) for acks=quorum."""
         return len(self.peers) // 2 + 1
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` is a loopback address (127.0.0.0/8, ::1) or
+    "localhost"; any other name counts as on a network (it is not resolved
+    here)."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 def parse_cluster(text: str) -> dict[str, Peer]:

@@ -42,6 +42,11 @@ its log position before it leads.
 
 GET /_cluster/snapshot — the whole data directory as a tar stream (see
 replication.snapshot), for a follower too far behind, or diverged.
+
+A request body that is not its call's message (empty, not msgpack, not a
+map, a field missing or of the wrong type) is the caller's error:
+`parse_fetch` and `parse_position` raise InvalidRequest naming the field,
+and the node answers HTTP 400 (broker.cluster.routes).
 """
 
 from __future__ import annotations
@@ -50,7 +55,7 @@ from typing import Any
 
 import msgpack
 
-from storage.errors import ContractError
+from storage.errors import ContractError, InvalidRequest
 
 FETCH_PATH = "/_cluster/fetch"
 POSITION_PATH = "/_cluster/position"
@@ -65,7 +70,45 @@ def pack(message: dict[str, Any]) -> bytes:
 
 
 def unpack(data: bytes) -> dict[str, Any]:
-    message = msgpack.unpackb(data, raw=False, strict_map_key=False)
+    """The map in `data`; ContractError if `data` is not one msgpack map."""
+    try:
+        message = msgpack.unpackb(data, raw=False, strict_map_key=False)
+    except (ValueError, TypeError) as e:  # msgpack's errors: no data, extra data, bad format or UTF-8, a list as a key
+        raise ContractError(f"a replication message must be msgpack ({type(e).__name__}: {e})") from None
     if not isinstance(message, dict):
         raise ContractError("a replication message must be a map")
+    return message
+
+
+# (field, type, default): a default of None means the field is required.
+FETCH_FIELDS: tuple[tuple[str, type, object], ...] = (
+    ("node", str, None), ("epoch", int, None), ("offset", int, None), ("last_epoch", int, None),
+    ("wait_ms", int, 0), ("catchup", bool, False))
+POSITION_FIELDS: tuple[tuple[str, type, object], ...] = (("node", str, None), ("epoch", int, None))
+
+
+def parse_fetch(body: bytes) -> dict[str, Any]:
+    """A fetch request, its fields checked (see the table above)."""
+    return _parse(body, FETCH_FIELDS)
+
+
+def parse_position(body: bytes) -> dict[str, Any]:
+    """A position request, its fields checked."""
+    return _parse(body, POSITION_FIELDS)
+
+
+def _parse(body: bytes, fields: tuple[tuple[str, type, object], ...]) -> dict[str, Any]:
+    try:
+        message = unpack(body)
+    except ContractError as e:
+        raise InvalidRequest("body", str(e)) from None
+    for name, kind, default in fields:
+        if name not in message and default is not None:
+            message[name] = default
+        value = message.get(name)
+        # bool is an int to Python: neither stands for the other here
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            raise InvalidRequest(name, f"must be {kind.__name__}, got {type(value).__name__}")
+        if isinstance(value, int) and value < 0:  # offsets, epochs and waits
+            raise InvalidRequest(name, f"must be >= 0, got {value}")
     return message

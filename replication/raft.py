@@ -3,9 +3,11 @@ Raft, through its public API only, and the one fact it replicates.
 
 pysyncobj runs Raft in a thread of its own on the node's replication port
 (every message authenticated with the cluster secret before it unpickles
-it). Threads: pysyncobj calls back in its own thread; `RaftElection` hands
-results to the event loop (call_soon_threadsafe) and otherwise only reads
-its status (`_status`: read again when its thread changed it meanwhile).
+it), over `replication.raft_transport.RaftTransport` (a frame above
+MAX_FRAME_BYTES is refused before it is buffered). Threads: pysyncobj calls
+back in its own thread; `RaftElection` hands results to the event loop
+(call_soon_threadsafe) and otherwise only reads its status (`_status`: read
+again when its thread changed it meanwhile).
 
 Its own module so that pysyncobj and cryptography (about 6 MB of RSS) load
 only on a cluster node, when its election is built.
@@ -16,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from collections.abc import Callable
 from typing import Any
 
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
@@ -23,6 +26,7 @@ from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
 from wheel.clock import Clock
 
 from .config import ClusterConfig
+from .raft_transport import BATCH_BYTES, RaftTransport
 
 # Reads of pysyncobj's status before a change its thread makes meanwhile
 # is let through (a read takes microseconds; a change is a peer joining).
@@ -35,8 +39,8 @@ log = logging.getLogger("hourglass.election")
 class _RaftFacts(SyncObj):  # type: ignore[misc]
     """The replicated state machine: who claimed the highest term."""
 
-    def __init__(self, me: str, others: list[str], conf: SyncObjConf) -> None:
-        super().__init__(me, others, conf)
+    def __init__(self, me: str, others: list[str], conf: SyncObjConf, transport: Callable[..., RaftTransport]) -> None:
+        super().__init__(me, others, conf, transportClass=transport)
         self.claimed_term = 0
         self.claimed_by: str | None = None
 
@@ -67,6 +71,10 @@ class RaftElection:
             # be elected (see ClusterConfig.lease_ms).
             leaderFallbackTimeout=config.lease_ms / 1000,
             connectionRetryTime=0.2,
+            # What one append-entries frame carries: small, so every frame
+            # stays far below the bound the transport reads (MAX_FRAME_BYTES).
+            appendEntriesBatchSizeBytes=BATCH_BYTES,
+            logCompactionBatchSize=BATCH_BYTES,
             connectionTimeout=1.0,
             journalFile=os.path.join(raft_dir, "journal"),
             fullDumpFile=os.path.join(raft_dir, "dump"),
@@ -78,7 +86,12 @@ class RaftElection:
             bindAddress=config.me.raft_address,
             password=config.secret,
         )
-        self._raft = _RaftFacts(config.me.raft_address, [p.raft_address for p in config.others], conf)
+        self.transport: RaftTransport | None = None  # built by pysyncobj, in _RaftFacts's constructor
+
+        def transport(sync_obj: Any, self_node: Any, other_nodes: Any) -> RaftTransport:
+            self.transport = RaftTransport(sync_obj, self_node, other_nodes, clock.monotonic_s)
+            return self.transport
+        self._raft = _RaftFacts(config.me.raft_address, [p.raft_address for p in config.others], conf, transport)
         self._ids = {p.raft_address: p.node_id for p in config.peers.values()}
 
     def _status(self) -> dict[str, Any]:

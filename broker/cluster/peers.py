@@ -62,7 +62,7 @@ class PeerCalls(NodeParts):
         return None
 
     async def on_fetch(self, request: Request) -> Response:
-        message = protocol.unpack(request.body)
+        message = protocol.parse_fetch(request.body)  # InvalidRequest: 400 (Routes)
         refused = self._not_a_member(message)
         if refused is not None:
             return refused
@@ -75,11 +75,11 @@ class PeerCalls(NodeParts):
         return Response(200, protocol.pack(result), protocol.CONTENT_TYPE)
 
     async def on_position(self, request: Request) -> Response:
-        message = protocol.unpack(request.body)
+        message = protocol.parse_position(request.body)  # InvalidRequest: 400 (Routes)
         refused = self._not_a_member(message)
         if refused is not None:
             return refused
-        epoch = int(message["epoch"])
+        epoch: int = message["epoch"]
         end = self.store.log_end_offset
         ceiling = max(self.election.term, self.epochs.promised) + MAX_EPOCH_AHEAD
         result = {"promised": self.epochs.promised, "end_offset": end, "last_epoch": self.epochs.last_epoch(end),

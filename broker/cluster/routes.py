@@ -10,7 +10,9 @@ the console and the peers' /_cluster/* calls (broker.cluster.peers).
 
 Forwarding keeps the method, body and the headers in FORWARDED_HEADERS, and
 names the leader in X-Hourglass-Leader; an unreachable leader is a 503 the
-client retries.
+client retries. A path with a `.` or `..` segment (`%2e` too) is never
+forwarded: HTTP 404 on every node (the URL library would have sent
+`/camellia/delayQueue/../../_cluster/snapshot` as `/_cluster/snapshot`).
 """
 
 from __future__ import annotations
@@ -18,8 +20,9 @@ from __future__ import annotations
 import logging
 
 import aiohttp
+import orjson
 
-from broker.api import Router, answer, console_auth, console_entry
+from broker.api import Handler, Router, answer, console_auth, console_entry
 from broker.console_login import ConsoleLogin
 from broker.console_sessions import ConsoleSessions
 from broker.gate import Gate
@@ -28,6 +31,7 @@ from broker.paths import PREFIX
 from broker.redact import client_text
 from broker.serving import camellia_metrics_text, offline_health
 from replication import peer_auth, protocol
+from storage.errors import InvalidRequest
 from storage.store import text_hash
 
 from .parts import NodeParts
@@ -39,6 +43,26 @@ FORWARDED_HEADERS = ("Content-Type", "Authorization", "Accept")
 CLUSTER_PREFIX = "/_cluster/"
 
 
+def has_dot_segment(path: str) -> bool:
+    """Whether `path` has a `.` or `..` segment, its dots also spelled
+    `%2e` (RFC 3986 5.2.4 removes such segments, and the URL library reads
+    `%2e` as a dot)."""
+    return any(segment.lower().replace("%2e", ".") in (".", "..") for segment in path.split("/"))
+
+
+def _malformed_is_400(handler: Handler) -> Handler:
+    """A /_cluster/* body that is not its call's message (empty, not
+    msgpack, a field missing or of the wrong type: replication.protocol's
+    InvalidRequest) is the caller's error, answered HTTP 400, not a bug's
+    500 with a traceback."""
+    async def run(request: Request) -> Response | StreamResponse:
+        try:
+            return await handler(request)
+        except InvalidRequest as e:
+            return Response(400, orjson.dumps({"code": 400, "msg": str(e)}))
+    return run
+
+
 class Routes(NodeParts):
     def app(self) -> tuple[Dispatch, Admit]:
         """What answers a request, and what decides on its head
@@ -48,8 +72,8 @@ class Routes(NodeParts):
         router = Router()
         router.add("GET", "/health", self.health)
         router.add("GET", "/metrics", self.metrics_text)
-        router.add("POST", protocol.FETCH_PATH, self.on_fetch)
-        router.add("POST", protocol.POSITION_PATH, self.on_position)
+        router.add("POST", protocol.FETCH_PATH, _malformed_is_400(self.on_fetch))
+        router.add("POST", protocol.POSITION_PATH, _malformed_is_400(self.on_position))
         router.add("GET", protocol.SNAPSHOT_PATH, self.on_snapshot)
         self.serving.add_routes(router)
         self.api.add_routes(router)
@@ -79,6 +103,11 @@ class Routes(NodeParts):
         """API calls: served here while this node leads, else forwarded."""
         if not request.path.startswith(PREFIX):
             return await handler(request)
+        if has_dot_segment(request.path):
+            # The URL library that forwards would remove the dot segments
+            # (/camellia/delayQueue/../../_cluster/snapshot is sent as
+            # /_cluster/snapshot): no such path is forwarded, or served.
+            return Response(404, orjson.dumps({"code": 404, "msg": "Not Found: a path with a . or .. segment"}))
         if self.leads and self.broker is not None and not self.stopping:
             return await handler(request)
         leader = None if self.stopping else self.known_leader()
@@ -104,11 +133,12 @@ class Routes(NodeParts):
         return sorted(set(self.store.topic_names().values()))
 
     def _console_info(self) -> dict:
-        """The console's node section: role, term, log end and, on the
+        """The console's node section: role, term, log end, whether the
+        cluster runs without a secret (--insecure-cluster) and, on the
         leader, each follower's replicated offset and how far it lags."""
         role, term = self.shown_role()
         info = {"role": role, "node": self.cluster.node_id, "leader": self.known_leader(), "term": term,
-                "logEndOffset": self.store.log_end_offset}
+                "logEndOffset": self.store.log_end_offset, "insecure": self.cluster.insecure}
         if self.leader_log is not None:
             now_s = self.clock.monotonic_s()
             info["followers"] = [{"node": name, "offset": p.offset,
@@ -120,7 +150,7 @@ class Routes(NodeParts):
     async def health(self, request: Request) -> Response:
         role, term = self.shown_role()
         extra = {"role": role, "leader": self.known_leader(), "node": self.cluster.node_id, "term": term,
-                 "log_end_offset": self.store.log_end_offset}
+                 "log_end_offset": self.store.log_end_offset, "insecure": self.cluster.insecure}
         if self.failed is not None:
             return answer(503, f"failed: {client_text(self.failed)}", status="failed", **extra)
         if not self.serving.online:
@@ -136,7 +166,9 @@ class Routes(NodeParts):
         node = [("hourglass_commit_log_end_offset", "gauge", self.store.log_end_offset),
                 ("hourglass_is_leader", "gauge", int(self.leads)),
                 ("hourglass_term", "gauge", self.shown_role()[1]),
-                ("hourglass_replicated_records_total", "counter", self.follower.fetched_records)]
+                ("hourglass_replicated_records_total", "counter", self.follower.fetched_records),
+                # 1: --insecure-cluster, no cluster secret (docs/security.md)
+                ("hourglass_cluster_insecure", "gauge", int(self.cluster.insecure))]
         if self.leader_log is not None:
             node.append(("hourglass_quorum_offset", "gauge", self.leader_log.quorum_offset()))
         text = self.metrics.render(gauges, node) + await camellia_metrics_text(self)
