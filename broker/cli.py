@@ -101,6 +101,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help=f"ready messages of one serial key (sendMsg's key) held in a topic's window; the "
                             f"key's others wait on disk, so one hot key never fills the window (default "
                             f"{queues.key_window})")
+    serve.add_argument("--max-topics", type=int, default=queues.topics,
+                       help=f"topics the node keeps; a send to a new topic beyond them is answered 429 and stores "
+                            f"nothing, until topics retire (default {queues.topics})")
     serve.add_argument("--monitor-interval-s", type=int, default=60,
                        help="seconds of each getMonitorData interval: its counts, and camellia's request and "
                             "time-gap metrics, are of the last one (default 60, as camellia)")
@@ -146,7 +149,7 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
                        monitor_interval_s=args.monitor_interval_s, offline_idle_s=args.offline_idle_s,
                        queues=QueueLimits(window=args.ready_window, window_total=args.ready_window_total,
                                           inflight=args.max_inflight, inflight_total=args.max_inflight_total,
-                                          key_window=args.key_window),
+                                          key_window=args.key_window, topics=args.max_topics),
                        cluster=cluster)
 
 

@@ -31,7 +31,7 @@ from storage.errors import InvalidRequest, NotFound, Unavailable
 from storage.spans import is_span
 from storage.store import NewMessage, SendOutcome, StateChange, text_hash, total_counts
 
-from .backend import WAITING_BUCKETS, topic_info_json, waiting_bucket
+from .backend import WAITING_BUCKETS, topic_cap_error, topic_info_json, waiting_bucket
 from .params import AckRequest, DeleteRequest, LongPollRequest, NewSend, PullRequest, as_sends
 from .ready import Live
 from .windows import INLINE_KEY_REFILLS, INLINE_REFILL_SCAN
@@ -55,8 +55,10 @@ class Operations:
         self._check_serving()
         sends = as_sends(sends)
         batch = [s.message for s in sends]
+        new_topics = self._new_topics(batch)
         now_ms = batch[0].produce_ms if batch else self.clock.now_ms()
         results = self._store_new(batch, now_ms)
+        self._topics_filing |= new_topics
         replace = [i for i, r in enumerate(results)
                    if r.outcome is SendOutcome.DUPLICATE and r.message.status.is_final and not sends[i].strict]
         if replace:  # rare: release the ended ones, then store those sends again
@@ -96,6 +98,20 @@ class Operations:
             return [r.message for r in results]
         return self._release_due_now(results, now_ms)
 
+
+    def _new_topics(self, batch: list[NewMessage]) -> set[str]:
+        """The topics of `batch` the node does not have yet; LimitReached
+        (429, nothing stored) if they would make more than --max-topics.
+        Topics are counted as the store names them (a message in a live
+        hour) plus those of sends appended and not yet applied."""
+        has_topic = self.store.has_topic
+        new = {topic for topic in {m.topic for m in batch} if not has_topic(topic)}
+        if new:
+            self._topics_filing = {topic for topic in self._topics_filing if not has_topic(topic)}
+            topics = self.store.topic_count() + len(self._topics_filing)
+            if topics + len(new - self._topics_filing) > self.limits.topics:
+                raise topic_cap_error(topics, self.limits.topics)
+        return new
 
     def _store_new(self, batch: list[NewMessage], now_ms: int) -> list:
         try:

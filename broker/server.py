@@ -159,7 +159,8 @@ class RedisNode:
         self.config = config
         self.clock = SystemClock()
         self.metrics = Metrics()
-        self.broker = RedisBroker.from_url(config.backend, self.clock, config.defaults, self.metrics)
+        self.broker = RedisBroker.from_url(config.backend, self.clock, config.defaults, self.metrics,
+                                           max_topics=config.queues.topics)
         self.process = ProcessStats()
         self.serving = serving_status(config, self.broker.wake_all)
         self.api = Api(self.broker, config.max_msg_bytes, config.bodies, self.serving)

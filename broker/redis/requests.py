@@ -36,8 +36,9 @@ def _message(topic: str, msg_id: str, meta: str, body: str) -> Message:
 
 class RedisRequests:
     """The request methods of RedisBroker. What they use of it: `clock`,
-    `config`, `metrics` and `_state` (its topics and problems); `_script`
-    and `_command` (a call to Redis, its trouble answered as Unavailable);
+    `config`, `metrics` and `_state` (its topics and problems); `_script`,
+    `_command` and `_register` (a call to Redis, its trouble answered as
+    Unavailable);
     `_check_serving`, `_wait_ready` (broker.lifecycle); `_made_ready`,
     `_publish`, `_mover_wake` and `_next_due_ms` (waking the mover and the
     long polls of every process)."""
@@ -60,7 +61,7 @@ class RedisRequests:
         now_ms = self.clock.now_ms()
         new_topics = {n.topic for n in batch} - self._state.registered
         if new_topics:
-            await self._command("sadd", *new_topics)
+            await self._register(new_topics)  # LimitReached past --max-topics: nothing stored
             self._state.registered |= new_topics
             self._state.topics |= new_topics
         by_topic: dict[str, list[int]] = defaultdict(list)

@@ -1,6 +1,6 @@
 """Limits of what a request may make the node keep or decode, the same on
-every backend (see conftest): metric labels, ttl maxima, form pairs,
-batch size and JSON structure."""
+every backend (see conftest): metric labels, the topic cap, ttl maxima,
+form pairs, batch size and JSON structure."""
 
 from __future__ import annotations
 
@@ -39,6 +39,23 @@ def test_calls_on_unknown_topics_add_no_metric_labels(api, topic):
     assert {s["topic"] for s in body["data"]["requestStatsList"]}.isdisjoint(unknown)
     _, text = api.get("/metrics")
     assert re.search(rf'hourglass_gets_total{{topic="{topic}"}} 1\b', text.decode())  # real topics still count
+
+
+def test_a_send_to_a_new_topic_past_max_topics_is_429_and_stores_nothing(serve, topic):
+    api = serve("--max-topics", "2", own_state=True)
+    one, two, three = (f"{topic}-{i}" for i in range(3))
+    api.send(one, msgId="a")
+    api.send(two, msgId="b", delayMillis=600_000)
+    status, body = api.post("sendMsg", topic=three, msgId="c", msg="m")
+    assert (status, api.server.http_status) == (429, 429) and body["code"] == 429, body
+    assert "--max-topics is 2" in body["msg"]
+    status, body = api.post_json("sendMsgBatch", {"topic": three, "msgs": [{"msg": "m", "msgId": "d"}]})
+    assert status == 429 and body["code"] == 429 and "--max-topics" in body["msg"], body
+    assert api.message(three, "c") == 404 and api.message(three, "d") == 404
+    assert api.is_empty(three)
+    _, body = api.get("getTopicInfoList")
+    assert sorted(info["topic"] for info in body["data"]) == [one, two]
+    api.send(one, msgId="again")  # the topics it has still take sends
 
 
 def test_ttl_above_the_maximum_is_clamped_not_refused(api, topic):

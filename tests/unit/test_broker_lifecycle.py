@@ -25,7 +25,7 @@ from broker_harness import BrokerHarness
 from broker.params import AckRequest, Defaults, DeleteRequest, LongPollRequest, NewSend, PullRequest
 from broker.ready import QueueLimits
 from storage.entry import MS_PER_HOUR, Status
-from storage.errors import Conflict, NotFound
+from storage.errors import Conflict, LimitReached, NotFound
 from storage.store import NewMessage
 
 START_MS = 490_000 * MS_PER_HOUR + 1_000
@@ -604,3 +604,42 @@ def test_a_long_poll_is_answered_at_once_by_a_send_before_its_timeout(node):
     assert not task.done()
     node.send("now")
     assert task.done() and [m.msg_id for m in task.result()] == ["now"]
+
+
+# -- the topic cap (--max-topics) -----------------------------------------------------------------
+
+
+@pytest.fixture
+def capped():
+    h = BrokerHarness("hourglass-topics-", START_MS, QueueLimits(topics=2), Defaults())
+    h.open_broker()
+    try:
+        yield Node(h)
+    finally:
+        h.teardown()
+
+
+def test_a_send_to_a_new_topic_past_the_cap_is_refused_and_stores_nothing(capped):
+    """The cap counts the topics of sends still in their group commit too:
+    two sends to two new topics in one commit, with room for one, store
+    one. The count is the store's, so a restart keeps it."""
+    capped.send("a", topic="one")
+    broker = capped.h.broker
+
+    async def together():
+        sends = [broker.send([NewSend(NewMessage(topic, "m", "x", capped.now, capped.now + 60_000, MS_PER_HOUR, 3, 0,
+                                                 ""), False)]) for topic in ("two", "three")]
+        return await asyncio.gather(*sends, return_exceptions=True)
+    results = capped.h.run(together())
+    refused = [r for r in results if isinstance(r, LimitReached)]
+    assert len(refused) == 1 and "--max-topics is 2" in str(refused[0]), results
+    stored = [topic for topic, r in zip(("two", "three"), results) if not isinstance(r, BaseException)]
+    capped.h.run(capped.h.quiesce())
+    assert broker.topic_list() == sorted(["one", *stored])
+    capped.send("b", topic="one")  # a topic the node has still takes sends
+    capped.restart()
+    with pytest.raises(LimitReached):
+        capped.send("c", topic="four")
+    with pytest.raises(NotFound):
+        capped.h.run(capped.h.broker.get("four", "c"))
+    assert capped.h.broker.topic_list() == sorted(["one", *stored])
