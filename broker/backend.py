@@ -107,6 +107,11 @@ class Backend(Protocol):
         """The topics known, sorted."""
         ...
 
+    async def topic_backlogs(self) -> dict[str, tuple[int, int, int]]:
+        """(waiting, ready, consuming) of every topic known, for /metrics:
+        one pass over all topics, yielding to the event loop between slices."""
+        ...
+
     def wake_all(self) -> None:
         """Answer every long poll now (going offline, broker.health)."""
         ...

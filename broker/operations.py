@@ -341,5 +341,23 @@ class Operations:
         names = set(self.store.topic_names().values()) | set(self.topics)
         return sorted(names)
 
+    async def topic_backlogs(self) -> dict[str, tuple[int, int, int]]:
+        """(waiting, ready, consuming) of every topic the store names
+        (committed changes), summed over the hours' per-topic counts in one
+        pass, SCAN_CHUNK (hour, topic) pairs between yields to the loop."""
+        names = self.store.topic_names()
+        totals = dict.fromkeys(names, (0, 0, 0))
+        pairs = 0
+        for counts_of_hour in self.store.hour_topic_counts():
+            for topic_hash, counts in counts_of_hour:
+                waiting, ready, consuming = totals.get(topic_hash, (0, 0, 0))
+                totals[topic_hash] = (waiting + counts[Status.WAITING], ready + counts[Status.READY],
+                                      consuming + counts[Status.CONSUMING])
+            pairs += len(counts_of_hour)
+            if pairs >= SCAN_CHUNK:
+                pairs = 0
+                await asyncio.sleep(0)
+        return {names[topic_hash]: counts for topic_hash, counts in totals.items() if topic_hash in names}
+
     def has_topic(self, topic: str) -> bool:
         return topic in self.topics or self.store.has_topic(topic)

@@ -18,7 +18,7 @@ import time
 from collections.abc import Awaitable, Callable
 
 from storage.files import raise_descriptor_limit
-from storage.store import Store, text_hash
+from storage.store import Store
 
 from .api import Api, Router, answer, bearer_auth
 from .camellia_metrics import ProcessStats
@@ -27,8 +27,9 @@ from .config import ServeConfig
 from .console import Console, standalone_info
 from .httpd import HttpServer, Request, Response
 from .metrics import Metrics
+from .scrape import metrics_response
 from .service import Broker
-from .serving import camellia_metrics_text, offline_health, serving_status
+from .serving import offline_health, serving_status
 
 log = logging.getLogger("hourglass.server")
 
@@ -115,10 +116,6 @@ class Node:
         return answer(200, "success", status="ok", role="standalone", leader=None, node=None)
 
     async def metrics_text(self, request: Request) -> Response:
-        gauges = []
-        for topic in self.broker.topic_list():
-            counts = self.store.topic_counts(text_hash(topic))
-            gauges.append((topic, counts[1], counts[2], counts[3]))
         hours = self.store.hours()
         node = [("hourglass_hours", "gauge", len(hours)),
                 ("hourglass_stored_messages", "gauge", sum(h[1] for h in hours)),
@@ -128,8 +125,7 @@ class Node:
                 ("hourglass_checkpoint_seconds_total", "counter", self.checkpoint_seconds),
                 ("hourglass_open_seconds", "gauge", self.opened_s),
                 ("hourglass_wheel_released_total", "counter", self.broker.scheduler.stats.released)]
-        text = self.metrics.render(gauges, node) + await camellia_metrics_text(self)
-        return Response(200, text.encode(), "text/plain; charset=utf-8")
+        return await metrics_response(self, node)
 
     async def checkpoint(self) -> None:
         """The checkpoint is prepared by the group commit at a quiet point
@@ -175,8 +171,7 @@ class RedisNode:
         return await Node.health(self, request)
 
     async def metrics_text(self, request: Request) -> Response:
-        text = self.metrics.render([], []) + await camellia_metrics_text(self)
-        return Response(200, text.encode(), "text/plain; charset=utf-8")
+        return await metrics_response(self, [])
 
 
 async def listen(node, config: ServeConfig) -> HttpServer:

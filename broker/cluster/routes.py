@@ -22,9 +22,9 @@ import aiohttp
 from broker.api import Router, answer, bearer_auth
 from broker.httpd import Request, Response, StreamResponse
 from broker.paths import PREFIX
-from broker.serving import camellia_metrics_text, offline_health
+from broker.scrape import metrics_response
+from broker.serving import offline_health
 from replication import peer_auth, protocol
-from storage.store import text_hash
 
 from .parts import NodeParts
 
@@ -116,16 +116,10 @@ class Routes(NodeParts):
         return answer(200, "success", status="ok", **extra)
 
     async def metrics_text(self, request: Request) -> Response:
-        gauges = []
-        if self.broker is not None:
-            for topic in self.broker.topic_list():
-                counts = self.store.topic_counts(text_hash(topic))
-                gauges.append((topic, counts[1], counts[2], counts[3]))
         node = [("hourglass_commit_log_end_offset", "gauge", self.store.log_end_offset),
                 ("hourglass_is_leader", "gauge", int(self.leads)),
                 ("hourglass_term", "gauge", self.shown_role()[1]),
                 ("hourglass_replicated_records_total", "counter", self.follower.fetched_records)]
         if self.leader_log is not None:
             node.append(("hourglass_quorum_offset", "gauge", self.leader_log.quorum_offset()))
-        text = self.metrics.render(gauges, node) + await camellia_metrics_text(self)
-        return Response(200, text.encode(), "text/plain; charset=utf-8")
+        return await metrics_response(self, node)

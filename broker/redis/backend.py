@@ -169,6 +169,16 @@ class RedisBroker(RedisRequests, Lifecycle):
         except REDIS_ERRORS as e:
             raise Unavailable(await self._problem(e, [])) from e
 
+    async def _zcards(self, keys: list[str]) -> list[int]:
+        """ZCARD of each key, in one pipelined round trip."""
+        try:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for key in keys:
+                    pipe.zcard(key)
+                return await pipe.execute()
+        except REDIS_ERRORS as e:
+            raise Unavailable(await self._problem(e, [])) from e
+
     async def _register(self, topics: set[str]) -> None:
         """Add `topics` to the topic set, or raise LimitReached (429) if
         that would pass --max-topics: one script, so processes sharing the

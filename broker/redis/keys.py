@@ -121,6 +121,11 @@ class TopicKeys:
         """KEYS of every script, in KEY_TYPES order."""
         return [getattr(self, name) for name in KEY_TYPES]
 
+    @property
+    def sizes(self) -> tuple[str, str, str]:
+        """The zsets whose sizes are the topic's waiting, ready and consuming counts."""
+        return self.waiting, self.ready, self.ack
+
 
 def split_cluster_flag(url: str) -> tuple[str, bool]:
     """(the URL for redis-py, whether it asks for Redis Cluster): the query

@@ -24,6 +24,8 @@ from .keys import ready_member
 
 # Every message read from Redis gets this Location: there is no disk entry.
 NO_LOCATION = Location(0, 0)
+# Topics whose queue sizes one pipelined round trip reads (topic_backlogs).
+BACKLOG_SLICE = 500
 
 
 def _message(topic: str, msg_id: str, meta: str, body: str) -> Message:
@@ -37,8 +39,8 @@ def _message(topic: str, msg_id: str, meta: str, body: str) -> Message:
 class RedisRequests:
     """The request methods of RedisBroker. What they use of it: `clock`,
     `config`, `metrics` and `_state` (its topics and problems); `_script`,
-    `_command` and `_register` (a call to Redis, its trouble answered as
-    Unavailable);
+    `_command`, `_register` and `_zcards` (a call to Redis, its trouble
+    answered as Unavailable);
     `_check_serving`, `_wait_ready` (broker.lifecycle); `_made_ready`,
     `_publish`, `_mover_wake` and `_next_due_ms` (waking the mover and the
     long polls of every process)."""
@@ -302,3 +304,16 @@ class RedisRequests:
         """Topics known to this process (its sends, and the topic set as the
         mover last read it)."""
         return sorted(self._state.topics)
+
+    async def topic_backlogs(self) -> dict[str, tuple[int, int, int]]:
+        """(waiting, ready, consuming) of every topic `topic_list` knows:
+        three ZCARDs a topic, BACKLOG_SLICE topics a pipelined round trip
+        (the loop serves other requests while it is away)."""
+        topics = list(self._state.topics)
+        out: dict[str, tuple[int, int, int]] = {}
+        for start in range(0, len(topics), BACKLOG_SLICE):
+            chunk = topics[start:start + BACKLOG_SLICE]
+            sizes = await self._zcards([key for topic in chunk for key in self.keys(topic).sizes])
+            for i, topic in enumerate(chunk):
+                out[topic] = (sizes[3 * i], sizes[3 * i + 1], sizes[3 * i + 2])
+        return out
