@@ -7,7 +7,7 @@ retries (redeliveries after an ack timeout or nack), messages ended (5 or
 and consuming messages. Per node: the same counters and gauges summed over
 every topic (`hourglass_node_*`), how many topics there are and how many
 have series of their own, a histogram of dispatch lateness (ready time
-minus trigger time) and one of fsync latency. The `hourglass_*`
+minus due time, `due_ms`) and one of fsync latency. The `hourglass_*`
 counters count since the process started.
 
 /metrics stays bounded however many topics there are: per-topic series
@@ -42,6 +42,15 @@ FSYNC_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5, 1.0)
 # two names with one hash, and the same label at every scrape and restart.
 MAX_LABEL_CHARS = 128
 LABEL_DIGEST_BYTES = 16
+
+
+def due_ms(trigger_ms: int, arrived_ms: int) -> int:
+    """When a message was due: its trigger time, or when it arrived if that
+    is later (`arrived_ms`: its send's produce time, or the rescheduleMsg
+    that gave it a past trigger time). A message sent with a trigger time
+    already past is due at its arrival, not when that time was: dispatch
+    lateness and camellia's time gaps count from here (docs/operations.md)."""
+    return max(trigger_ms, arrived_ms)
 
 
 def topic_label(topic: str) -> str:

@@ -32,6 +32,7 @@ from storage.spans import is_span
 from storage.store import NewMessage, SendOutcome, StateChange, text_hash, total_counts
 
 from .backend import WAITING_BUCKETS, topic_cap_error, topic_info_json, waiting_bucket
+from .metrics import due_ms
 from .params import AckRequest, DeleteRequest, LongPollRequest, NewSend, PullRequest, as_sends
 from .ready import Live
 from .windows import INLINE_KEY_REFILLS, INLINE_REFILL_SCAN
@@ -173,7 +174,7 @@ class Operations:
         m = self.metrics.topic(request.topic)
         m.pulls += len(taken)
         for message in messages:
-            m.pull_gap.observe(now_ms - message.trigger_ms)
+            m.pull_gap.observe(now_ms - due_ms(message.trigger_ms, message.produce_ms))
         if self._pull_waits:
             await self.commits.durable()
         else:

@@ -328,12 +328,15 @@ class RedisBroker(RedisRequests, Lifecycle):
             return now_ms
         return min([int(float(h)) for h in heads if h] or [now_ms + self.config.poll_ms])
 
-    def _made_ready(self, topic: str, trigger_times: list[int], now_ms: int) -> None:
+    def _made_ready(self, topic: str, due_times: list[int], now_ms: int) -> None:
+        """Count messages made READY at `now_ms`, each due at its time in
+        `due_times` (broker.metrics.due_ms: its trigger time, or when it
+        arrived if that was later)."""
         m = self.metrics.topic(topic)
-        m.ready += len(trigger_times)
-        for trigger_ms in trigger_times:
-            m.ready_gap.observe(now_ms - trigger_ms)
-            self.metrics.lateness_seconds.observe(max(0, now_ms - trigger_ms) / 1000)
+        m.ready += len(due_times)
+        for due in due_times:
+            m.ready_gap.observe(now_ms - due)
+            self.metrics.lateness_seconds.observe(max(0, now_ms - due) / 1000)
 
     async def _publish(self, topic: str) -> None:
         self._wake(topic)  # this process at once; others through Redis

@@ -19,6 +19,7 @@ from storage.errors import Conflict, InvalidRequest, NotFound
 from storage.store import NewMessage
 
 from ..backend import DEAD_SCAN, REDRIVE_STEP, WAITING_BUCKETS, topic_info_json
+from ..metrics import due_ms
 from ..params import AckRequest, DeleteRequest, LongPollRequest, NewSend, PullRequest, as_sends
 from .keys import ready_member
 
@@ -96,7 +97,7 @@ class RedisRequests:
             out.append(Message(*n[:9], status=Status(int(state)), retry=0, location=NO_LOCATION))
             answered[n.msg_id] = out[-1]
             if state == "2":
-                ready.append(n.trigger_ms)
+                ready.append(due_ms(n.trigger_ms, n.produce_ms))
             elif state == "5":
                 m.ended += 1
             elif n.trigger_ms < self._next_due_ms:
@@ -122,7 +123,7 @@ class RedisRequests:
         m.ended += ended
         m.pulls += len(messages)
         for message in messages:
-            m.pull_gap.observe(now_ms - message.trigger_ms)
+            m.pull_gap.observe(now_ms - due_ms(message.trigger_ms, message.produce_ms))
         return messages, deadline
 
     async def long_poll(self, request: LongPollRequest, gone: Callable[[], bool] = lambda: False) -> list[Message]:
@@ -219,7 +220,7 @@ class RedisRequests:
         message = self._changed(topic, msg_id, result, "rescheduled", "only a waiting or ready message")
         self.metrics.topic(topic).reschedules += 1
         if message.status is Status.READY:
-            self._made_ready(topic, [trigger_ms], now_ms)
+            self._made_ready(topic, [due_ms(trigger_ms, now_ms)], now_ms)
             await self._publish(topic)
         elif trigger_ms < self._next_due_ms:
             self._mover_wake.set()

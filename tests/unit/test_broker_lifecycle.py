@@ -154,6 +154,29 @@ def test_a_trigger_time_in_the_past_is_due_now(node):
     assert node.pulled_ids() == ["p"]
 
 
+def test_a_trigger_time_long_past_counts_late_from_its_arrival_not_from_1970(node):
+    """triggerTime=1000 (or 0) is due when it arrives, so the lateness
+    histogram (and the console's mean of it, sum / count), camellia's
+    ready and pull gaps and the wheel's catch-up report count from then:
+    one such send read 1.79e9 s of lateness, a mean of 2.7e10 ms."""
+    node.send("w", delay_ms=600_000, ttl_ms=node.now + MS_PER_HOUR)  # rescheduled into the past below
+    for msg_id, trigger_ms in (("t1000", 1_000), ("t0", 0)):
+        sent = node.send(msg_id, trigger_ms=trigger_ms, ttl_ms=node.now + MS_PER_HOUR)  # not expired: READY
+        assert (sent.status, sent.trigger_ms) == (READY, trigger_ms)
+    node.advance(1_000)
+    assert node.reschedule("w", 1_000).status is READY  # due at the reschedule
+    broker = node.h.broker
+    lateness = broker.metrics.lateness_seconds
+    assert lateness.count == 3 and lateness.total < 1, (lateness.count, lateness.total)
+    assert lateness.counts[-1] == 0  # none past the last bucket (60 s)
+    m = broker.metrics.topic(TOPIC)
+    assert m.ready_gap.count == 3 and m.ready_gap.max < 1_000
+    assert sorted(node.pulled_ids()) == ["t0", "t1000", "w"]
+    assert m.pull_gap.max <= 1_000  # pulled 1 s after they were sent
+    report = broker.scheduler.catch_up
+    assert report is None or report.max_lateness_ms < 1_000
+
+
 # -- ack and nack -----------------------------------------------------------------------
 
 
@@ -540,6 +563,7 @@ def test_what_fell_due_while_the_node_was_down_is_delivered_at_once(node):
     assert node.state("due") == (READY, 0)
     assert node.state("c") == (READY, 1)
     assert sorted(node.pulled_ids()) == ["c", "due"]
+    assert node.h.broker.metrics.lateness_seconds.total == 5.0  # sent in time: late from its trigger
 
 
 # -- long polls: woken, or answered empty at their timeout (on the fake clock) ---------------
