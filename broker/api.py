@@ -22,7 +22,8 @@ message); 413 (`msg` above --max-msg-bytes). Other HTTP statuses are for
 what a client should take as the node's problem: 401 (token), 404 (no
 such path), 405, 413 (a body above its cap, refused before it is read, or
 above its form pairs, JSON structure or --max-batch-msgs, refused before
-it is decoded: `broker.bodies`), 429 (a limit), 503 (stopping, no leader),
+it is decoded: `broker.bodies`), 429 (a limit: the body budget, a new
+topic past --max-topics), 503 (stopping, no leader),
 500 (a bug, logged). An answer other than code 200 stores nothing.
 """
 
@@ -38,7 +39,7 @@ from collections.abc import Awaitable, Callable
 import orjson
 
 from storage.entry import Message
-from storage.errors import BodyTooLarge, Conflict, InvalidRequest, NotFound, Unavailable
+from storage.errors import BodyTooLarge, Conflict, InvalidRequest, LimitReached, NotFound, Unavailable
 
 from . import camellia_metrics, params
 from .backend import Backend, new_msg_id
@@ -199,6 +200,8 @@ class Api:
                 return answer(409, str(e))
             except Unavailable as e:
                 return answer(503, str(e))
+            except LimitReached as e:
+                return answer(429, str(e))
         return run
 
     # -- reading parameters ---------------------------------------------------------

@@ -14,7 +14,9 @@ the server starts each itself; stopping is `begin_stop()` then `stop()`
 
 Also here, neutral ground both backends import (neither imports the
 other): camellia's names for the waiting queue's delay buckets, the shape
-of a TopicInfo, and the bounds of a dead-letter page.
+of a TopicInfo, the bounds of a dead-letter page, and the refusal of a
+new topic past --max-topics (each backend counts its topics its own way:
+the disk broker those with a message in a live hour, Redis its topic set).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from storage.entry import Message, Status
-from storage.errors import InvariantError
+from storage.errors import InvariantError, LimitReached
 from storage.store import NewMessage
 from wheel.clock import Clock
 
@@ -105,6 +107,11 @@ class Backend(Protocol):
         """The topics known, sorted."""
         ...
 
+    async def topic_backlogs(self) -> dict[str, tuple[int, int, int]]:
+        """(waiting, ready, consuming) of every topic known, for /metrics:
+        one pass over all topics, yielding to the event loop between slices."""
+        ...
+
     def wake_all(self) -> None:
         """Answer every long poll now (going offline, broker.health)."""
         ...
@@ -137,6 +144,14 @@ WAITING_BUCKETS = (
 # messages a record (Redis: a script).
 DEAD_SCAN = 65536
 REDRIVE_STEP = 1000
+
+
+def topic_cap_error(topics: int, max_topics: int) -> LimitReached:
+    """The refusal of a send to a new topic when `topics` exist and one
+    more would pass `max_topics` (--max-topics): code 429, nothing stored."""
+    return LimitReached(f"the node has {topics} topics and --max-topics is {max_topics}: a send to a new topic is "
+                        f"refused until topics retire (their messages ended and past retention), or raise "
+                        f"--max-topics")
 
 
 def waiting_bucket(until_trigger_ms: int) -> int:

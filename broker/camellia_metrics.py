@@ -18,7 +18,10 @@ works unchanged) and the JSON of GET getMonitorString.
 
 `request` and the two gaps are of the last monitor interval
 (`broker.metrics.Metrics.roll`), gauges as camellia's are. The hourglass_*
-families of `Metrics.render` are unchanged beside them.
+families of `Metrics.render` are unchanged beside them. The families with
+a `topic` label show the topics /metrics shows (broker.scrape: at most
+--metrics-topics), their labels cut as `broker.metrics.topic_label` cuts
+them; getMonitorString (an API call, not a scrape) lists every topic.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ import time
 
 import orjson
 
-from .metrics import REQUEST_STATS, _label
+from .metrics import REQUEST_STATS, escape_label, topic_label
 
 # getTopicInfo's waitingQueueInfo keys -> camellia's topic_info type labels.
 WAITING_TYPES = {
@@ -109,7 +112,7 @@ class ProcessStats:
                 "vm_vendor": platform.python_implementation(), "vm_name": sys.implementation.name,
                 "vm_version": platform.python_version(), "jvm_info": "", "java_version": ""}
         lines = _family("info", "Delay Queue Info")
-        lines.append("info{" + ",".join(f'{k}="{_label(v)}"' for k, v in info.items()) + "} 1")
+        lines.append("info{" + ",".join(f'{k}="{escape_label(v)}"' for k, v in info.items()) + "} 1")
         lines += _family("uptime", "Delay Queue Uptime")
         lines.append(f"uptime {int((time.monotonic() - self._start_mono) * 1000)}")
         lines += _family("start_time", "Delay Queue StartTime")
@@ -128,26 +131,26 @@ class ProcessStats:
         return lines
 
 
-def render(process: ProcessStats, monitor: dict, topic_infos: list[dict]) -> str:
+def render(process: ProcessStats, monitor: dict, topic_infos: list[dict], shown: frozenset[str]) -> str:
     """camellia's /metrics text: the process families, then `monitor`
-    (getMonitorData's data) and `topic_infos` (getTopicInfo's data of
-    every topic)."""
+    (getMonitorData's data) of the topics in `shown`, and `topic_infos`
+    (getTopicInfo's data of those of them the node has)."""
     lines = process.render()
     lines += _family("request", "Delay Queue Request")
-    for stats in monitor["requestStatsList"]:
-        topic = _label(stats["topic"])
+    for stats in _shown(monitor["requestStatsList"], shown):
+        topic = topic_label(stats["topic"])
         lines += [f'request{{topic="{topic}",type="{kind}"}} {stats[kind]}' for kind in REQUEST_STATS]
     for name, key, help_text in (("pull_msg_time_gap", "pullMsgTimeGapStatsList", "Pull Msg Time Gap"),
                                  ("ready_queue_time_gap", "readyQueueTimeGapStatsList", "Ready Queue Time Gap")):
         lines += _family(name, f"Delay Queue {help_text}")
-        for gap in monitor[key]:
-            topic = _label(gap["topic"])
+        for gap in _shown(monitor[key], shown):
+            topic = topic_label(gap["topic"])
             lines += [f'{name}{{topic="{topic}",type="count"}} {gap["count"]}',
                       f'{name}{{topic="{topic}",type="avg"}} {float(gap["avg"]):f}',
                       f'{name}{{topic="{topic}",type="max"}} {gap["max"]}']
     lines += _family("topic_info", "Delay Queue Topic Info")
     for info in topic_infos:
-        topic = _label(info["topic"])
+        topic = topic_label(info["topic"])
         sizes = [(kind, info[kind]) for kind in ("readyQueueSize", "ackQueueSize", "waitingQueueSize")]
         sizes += [(WAITING_TYPES[key], n) for key, n in info["waitingQueueInfo"].items()]
         lines += [f'topic_info{{topic="{topic}",type="{kind}"}} {n}' for kind, n in sizes]
@@ -166,6 +169,12 @@ def monitor_string(monitor: dict, topic_infos: list[dict]) -> bytes:
                            for i in topic_infos],
         "waitingQueueStats": [{**i["waitingQueueInfo"], "topic": i["topic"]} for i in topic_infos],
     })
+
+
+def _shown(entries: list[dict], shown: frozenset[str]) -> list[dict]:
+    """The entries of a getMonitorData list whose topic is shown: one
+    set lookup each, which is all an unshown topic costs."""
+    return [entry for entry in entries if entry["topic"] in shown]
 
 
 def _family(name: str, help_text: str) -> list[str]:

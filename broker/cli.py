@@ -119,6 +119,12 @@ def build_parser() -> argparse.ArgumentParser:
                        help=f"ready messages of one serial key (sendMsg's key) held in a topic's window; the "
                             f"key's others wait on disk, so one hot key never fills the window (default "
                             f"{queues.key_window})")
+    serve.add_argument("--max-topics", type=int, default=queues.topics,
+                       help=f"topics the node keeps; a send to a new topic beyond them is answered 429 and stores "
+                            f"nothing, until topics retire (default {queues.topics})")
+    serve.add_argument("--metrics-topics", type=int, default=ServeConfig.metrics_topics,
+                       help=f"topics with series of their own in /metrics: those with the largest backlogs; every "
+                            f"topic counts in the node-level sums (default {ServeConfig.metrics_topics}; 0: none)")
     serve.add_argument("--monitor-interval-s", type=int, default=60,
                        help="seconds of each getMonitorData interval: its counts, and camellia's request and "
                             "time-gap metrics, are of the last one (default 60, as camellia)")
@@ -178,11 +184,11 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
                        monitor_interval_s=args.monitor_interval_s, offline_idle_s=args.offline_idle_s,
                        queues=QueueLimits(window=args.ready_window, window_total=args.ready_window_total,
                                           inflight=args.max_inflight, inflight_total=args.max_inflight_total,
-                                          key_window=args.key_window),
+                                          key_window=args.key_window, topics=args.max_topics),
                        console=ConsoleConfig(session_ttl_s=args.console_session_ttl_s,
                                              max_sessions=args.max_console_sessions,
                                              cookie_secure=args.console_cookie_secure),
-                       cluster=cluster)
+                       metrics_topics=args.metrics_topics, cluster=cluster)
 
 
 def read_token_file(path: str, allow_readable: bool, flag: str = "--auth-token-file") -> str:

@@ -58,11 +58,15 @@ class ServeConfig:
     # What decoding a request body may cost: form pairs, batch size, JSON.
     bodies: BodyLimits = field(default_factory=BodyLimits)
     # Ready messages held in RAM (the rest wait on disk) and messages in
-    # flight, per topic and in all: broker.ready.
+    # flight, per topic and in all, and how many topics: broker.ready.
     queues: QueueLimits = field(default_factory=QueueLimits)
     # The console's sessions: their lifetime and number, the cookie's
     # Secure flag (broker.console_sessions).
     console: ConsoleConfig = field(default_factory=ConsoleConfig)
+    # Topics with series of their own in /metrics (--metrics-topics): those
+    # with the largest backlogs; every topic counts in the node-level sums
+    # (broker.scrape). 0: none.
+    metrics_topics: int = 100
     # --node-id/--cluster: this node is one of a replicated cluster (None:
     # standalone). Its host and port then come from its --cluster entry.
     cluster: ClusterConfig | None = None
@@ -81,6 +85,8 @@ class ServeConfig:
             raise ConfigError("--cluster needs --backend disk (a Redis backend shares its state already)")
         if self.monitor_interval_s < 1:
             raise ConfigError(f"--monitor-interval-s must be at least 1, got {self.monitor_interval_s}")
+        if self.metrics_topics < 0:
+            raise ConfigError(f"--metrics-topics must be at least 0, got {self.metrics_topics}")
         if self.offline_idle_s < 0:
             raise ConfigError(f"--offline-idle-s must be at least 0, got {self.offline_idle_s}")
         if self.checkpoint_interval_ms < 10:

@@ -4,9 +4,16 @@
 Per topic (label `topic`): sends, duplicate sends, pulls, acks, nacks,
 retries (redeliveries after an ack timeout or nack), messages ended (5 or
 6), deletes, getMsg calls, messages made ready; gauges of waiting, ready
-and consuming messages. Per node: a histogram of dispatch lateness (ready
-time minus trigger time) and one of fsync latency. The `hourglass_*`
+and consuming messages. Per node: the same counters and gauges summed over
+every topic (`hourglass_node_*`), how many topics there are and how many
+have series of their own, a histogram of dispatch lateness (ready time
+minus due time, `due_ms`) and one of fsync latency. The `hourglass_*`
 counters count since the process started.
+
+/metrics stays bounded however many topics there are: per-topic series
+only for the topics a `TopicSelection` names (broker.scrape picks at most
+--metrics-topics, the largest backlogs first), and each topic label at
+most MAX_LABEL_CHARS characters (`topic_label`).
 
 getMonitorData (and camellia's `request`, `pull_msg_time_gap` and
 `ready_queue_time_gap` metrics, `broker.camellia_metrics`) counts per
@@ -23,11 +30,41 @@ published interval, unchanged (before the first roll: empty lists).
 from __future__ import annotations
 
 import bisect
+import hashlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 LATENESS_BUCKETS_S = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5, 1.0, 5.0, 60.0)
 FSYNC_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5, 1.0)
+# Longest topic label value, in characters (before escaping). A longer
+# topic shows as its first characters, "~" and the 32 hex digits of a
+# 128-bit BLAKE2b hash of the whole name: distinct, since no one can make
+# two names with one hash, and the same label at every scrape and restart.
+MAX_LABEL_CHARS = 128
+LABEL_DIGEST_BYTES = 16
+
+
+def due_ms(trigger_ms: int, arrived_ms: int) -> int:
+    """When a message was due: its trigger time, or when it arrived if that
+    is later (`arrived_ms`: its send's produce time, or the rescheduleMsg
+    that gave it a past trigger time). A message sent with a trigger time
+    already past is due at its arrival, not when that time was: dispatch
+    lateness and camellia's time gaps count from here (docs/operations.md)."""
+    return max(trigger_ms, arrived_ms)
+
+
+def topic_label(topic: str) -> str:
+    """`topic` as a label value: escaped, and at most MAX_LABEL_CHARS
+    characters before escaping (a longer one is cut, with a hash of it)."""
+    if len(topic) > MAX_LABEL_CHARS:
+        digest = hashlib.blake2b(topic.encode("utf-8", "surrogatepass"), digest_size=LABEL_DIGEST_BYTES).hexdigest()
+        topic = f"{topic[:MAX_LABEL_CHARS - 1 - len(digest)]}~{digest}"
+    return escape_label(topic)
+
+
+def escape_label(value: str) -> str:
+    """A Prometheus label value: backslash, newline and quote escaped."""
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
 class Histogram:
@@ -115,6 +152,20 @@ COUNTERS = (("sends", "messages stored by sendMsg/sendMsgBatch"),
 
 REQUEST_STATS = ("sendMsg", "pullMsg", "deleteMsg", "ackMsg", "getMsg", "triggerMsgReady", "triggerMsgEndLife",
                  "triggerMsgTimeout")
+# The per-topic gauges, in the order of a backlog (waiting, ready, consuming).
+STATES = ("waiting", "ready", "consuming")
+
+
+@dataclass(frozen=True)
+class TopicSelection:
+    """What one /metrics answer shows of the topics (broker.scrape builds
+    it): series of their own for `shown` only, and sums over all."""
+
+    shown: list[str]  # the topics with series of their own, by name
+    backlogs: dict[str, tuple[int, int, int]]  # (waiting, ready, consuming) of the shown topics the node has
+    topics: int  # topics the node has
+    counter_totals: tuple[int, ...]  # each of COUNTERS summed over every topic's counters
+    backlog_totals: tuple[int, int, int]  # (waiting, ready, consuming) summed over every topic
 
 
 class Metrics:
@@ -140,20 +191,30 @@ class Metrics:
                 self.topics[name] = m
         return m
 
-    def render(self, gauges: Iterable[tuple[str, int, int, int]], node: Iterable[tuple[str, str, float]]) -> str:
-        """Prometheus text: per-topic counters, `gauges` (topic, waiting,
-        ready, consuming), the histograms, and `node` (name, type, value)."""
+    def render(self, selection: TopicSelection, node: Iterable[tuple[str, str, float]]) -> str:
+        """Prometheus text: the counters and gauges of the topics
+        `selection` shows, the same summed over every topic, the
+        histograms, and `node` (name, type, value). O(shown topics)."""
         lines = []
-        topics = sorted(self.topics.items())
+        shown = [(topic_label(t), t, self.topics.get(t)) for t in selection.shown]
         for attr, help_text in COUNTERS:
             name = f"hourglass_{attr}_total"
             lines += [f"# HELP {name} {help_text}", f"# TYPE {name} counter"]
-            lines += [f'{name}{{topic="{_label(t)}"}} {getattr(m, attr)}' for t, m in topics]
-        gauges = list(gauges)
-        for i, state in enumerate(("waiting", "ready", "consuming"), start=1):
+            lines += [f'{name}{{topic="{label}"}} {getattr(m, attr)}' for label, _, m in shown if m is not None]
+        for i, state in enumerate(STATES):
             name = f"hourglass_{state}_messages"
             lines.append(f"# TYPE {name} gauge")
-            lines += [f'{name}{{topic="{_label(g[0])}"}} {g[i]}' for g in gauges]
+            lines += [f'{name}{{topic="{label}"}} {selection.backlogs[t][i]}' for label, t, _ in shown
+                      if t in selection.backlogs]
+        for (attr, help_text), total in zip(COUNTERS, selection.counter_totals):
+            name = f"hourglass_node_{attr}_total"
+            lines += [f"# HELP {name} {help_text}, every topic's", f"# TYPE {name} counter", f"{name} {total}"]
+        for state, total in zip(STATES, selection.backlog_totals):
+            lines += [f"# TYPE hourglass_node_{state}_messages gauge", f"hourglass_node_{state}_messages {total}"]
+        lines += ["# HELP hourglass_topics topics the node has (--max-topics bounds them)",
+                  "# TYPE hourglass_topics gauge", f"hourglass_topics {selection.topics}",
+                  "# HELP hourglass_topics_shown topics with series of their own (--metrics-topics bounds them)",
+                  "# TYPE hourglass_topics_shown gauge", f"hourglass_topics_shown {len(shown)}"]
         lines += self.lateness_seconds.render("hourglass_dispatch_lateness_seconds")
         lines += self.fsync_seconds.render("hourglass_fsync_seconds")
         for name, kind, value in node:
@@ -190,6 +251,3 @@ class Metrics:
         `roll` published."""
         return self._published
 
-
-def _label(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')

@@ -31,7 +31,8 @@ from storage.errors import InvalidRequest, NotFound, Unavailable
 from storage.spans import is_span
 from storage.store import NewMessage, SendOutcome, StateChange, text_hash, total_counts
 
-from .backend import WAITING_BUCKETS, topic_info_json, waiting_bucket
+from .backend import WAITING_BUCKETS, topic_cap_error, topic_info_json, waiting_bucket
+from .metrics import due_ms
 from .params import AckRequest, DeleteRequest, LongPollRequest, NewSend, PullRequest, as_sends
 from .ready import Live
 from .redact import client_text
@@ -56,8 +57,10 @@ class Operations:
         self._check_serving()
         sends = as_sends(sends)
         batch = [s.message for s in sends]
+        new_topics = self._new_topics(batch)
         now_ms = batch[0].produce_ms if batch else self.clock.now_ms()
         results = self._store_new(batch, now_ms)
+        self._topics_filing |= new_topics
         replace = [i for i, r in enumerate(results)
                    if r.outcome is SendOutcome.DUPLICATE and r.message.status.is_final and not sends[i].strict]
         if replace:  # rare: release the ended ones, then store those sends again
@@ -97,6 +100,20 @@ class Operations:
             return [r.message for r in results]
         return self._release_due_now(results, now_ms)
 
+
+    def _new_topics(self, batch: list[NewMessage]) -> set[str]:
+        """The topics of `batch` the node does not have yet; LimitReached
+        (429, nothing stored) if they would make more than --max-topics.
+        Topics are counted as the store names them (a message in a live
+        hour) plus those of sends appended and not yet applied."""
+        has_topic = self.store.has_topic
+        new = {topic for topic in {m.topic for m in batch} if not has_topic(topic)}
+        if new:
+            self._topics_filing = {topic for topic in self._topics_filing if not has_topic(topic)}
+            topics = self.store.topic_count() + len(self._topics_filing)
+            if topics + len(new - self._topics_filing) > self.limits.topics:
+                raise topic_cap_error(topics, self.limits.topics)
+        return new
 
     def _store_new(self, batch: list[NewMessage], now_ms: int) -> list:
         try:
@@ -158,7 +175,7 @@ class Operations:
         m = self.metrics.topic(request.topic)
         m.pulls += len(taken)
         for message in messages:
-            m.pull_gap.observe(now_ms - message.trigger_ms)
+            m.pull_gap.observe(now_ms - due_ms(message.trigger_ms, message.produce_ms))
         if self._pull_waits:
             await self.commits.durable()
         else:
@@ -325,6 +342,24 @@ class Operations:
     def topic_list(self) -> list[str]:
         names = set(self.store.topic_names().values()) | set(self.topics)
         return sorted(names)
+
+    async def topic_backlogs(self) -> dict[str, tuple[int, int, int]]:
+        """(waiting, ready, consuming) of every topic the store names
+        (committed changes), summed over the hours' per-topic counts in one
+        pass, SCAN_CHUNK (hour, topic) pairs between yields to the loop."""
+        names = self.store.topic_names()
+        totals = dict.fromkeys(names, (0, 0, 0))
+        pairs = 0
+        for counts_of_hour in self.store.hour_topic_counts():
+            for topic_hash, counts in counts_of_hour:
+                waiting, ready, consuming = totals.get(topic_hash, (0, 0, 0))
+                totals[topic_hash] = (waiting + counts[Status.WAITING], ready + counts[Status.READY],
+                                      consuming + counts[Status.CONSUMING])
+            pairs += len(counts_of_hour)
+            if pairs >= SCAN_CHUNK:
+                pairs = 0
+                await asyncio.sleep(0)
+        return {names[topic_hash]: counts for topic_hash, counts in totals.items() if topic_hash in names}
 
     def has_topic(self, topic: str) -> bool:
         return topic in self.topics or self.store.has_topic(topic)

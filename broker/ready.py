@@ -62,12 +62,16 @@ class QueueLimits:
     # Messages of one serial key the window holds at most (--key-window):
     # the rest wait on disk, so one hot key never fills the window.
     key_window: int = 8
+    # Topics the node keeps (--max-topics): a send that would make one more
+    # is refused (LimitReached, 429) until topics retire. What each topic
+    # costs in RAM (its counts, counters, label values) is bounded with it.
+    topics: int = 10_000
 
     def __post_init__(self) -> None:
         for name, value, least in (("--ready-window", self.window, 1), ("--ready-window-total", self.window_total, 1),
                                    ("--max-inflight", self.inflight, 1),
                                    ("--max-inflight-total", self.inflight_total, 1),
-                                   ("--key-window", self.key_window, 1)):
+                                   ("--key-window", self.key_window, 1), ("--max-topics", self.topics, 1)):
             if value < least:
                 raise ConfigError(f"{name} must be at least {least}, got {value}")
 

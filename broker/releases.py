@@ -33,6 +33,7 @@ from storage.spans import is_span
 from storage.store import SendOutcome, StateChange, text_hash
 from wheel.tick_state import TickState
 
+from .metrics import due_ms
 from .windows import live_of
 
 # After a failed move of due spans' messages (storage.spans), wait this long.
@@ -96,14 +97,18 @@ class Releases:
                           if status(entry.location) is Status.WAITING  # (no body read for one released already)
                           and (m := self.store.read_message(entry.location)) is not None])
 
-    def _make_ready(self, messages: list[tuple[Message, int]]) -> None:
+    def _make_ready(self, messages: list[tuple[Message, int]], arrived_ms: int | None = None) -> None:
         """WAITING messages (with their topic hashes) due now: READY, or
-        EXPIRED past their ttl."""
+        EXPIRED past their ttl. Their lateness counts from their due time
+        (broker.metrics.due_ms): the trigger time, or the arrival if later
+        -- each one's produce time, or `arrived_ms` (the request that made
+        them due: a send, a rescheduleMsg, a re-drive)."""
         now_ms = self.clock.now_ms()
         changes = []
         woken = set()
         for message, topic_hash in messages:
-            self.metrics.lateness_seconds.observe(max(0, now_ms - message.trigger_ms) / 1000)
+            due = due_ms(message.trigger_ms, message.produce_ms if arrived_ms is None else arrived_ms)
+            self.metrics.lateness_seconds.observe(max(0, now_ms - due) / 1000)
             if now_ms >= message.expire_ms:
                 changes.append(StateChange(message.location, Status.EXPIRED, 0))
                 self.metrics.topic(message.topic).ended += 1
@@ -113,7 +118,7 @@ class Releases:
             self._admit(live_of(message._replace(status=Status.READY), topic_hash))
             m = self.metrics.topic(message.topic)
             m.ready += 1
-            m.ready_gap.observe(now_ms - message.trigger_ms)
+            m.ready_gap.observe(now_ms - due)
             woken.add(message.topic)
         if changes:
             self._update(changes, now_ms)
@@ -184,5 +189,5 @@ class Releases:
         waiting = [m for m in due if status(m.location) is Status.WAITING]  # (the wheel may have been first)
         for m in waiting:
             cancel(m.location)
-        self._make_ready([(m, text_hash(m.topic)) for m in waiting])
+        self._make_ready([(m, text_hash(m.topic)) for m in waiting], arrived_ms=now_ms)
         return [m._replace(status=status(m.location)) if m.trigger_ms <= now_ms else m for m in messages]

@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable
 from storage import data_dir
 from storage.errors import DataDirError
 from storage.files import raise_descriptor_limit
-from storage.store import Store, text_hash
+from storage.store import Store
 
 from .api import Api, Router, answer, console_auth, console_entry
 from .camellia_metrics import ProcessStats
@@ -36,8 +36,9 @@ from .gate import Gate
 from .httpd import Admit, Dispatch, HttpServer, Request, Response
 from .metrics import Metrics
 from .redact import client_text
+from .scrape import metrics_response
 from .service import Broker
-from .serving import camellia_metrics_text, offline_health, serving_status
+from .serving import offline_health, serving_status
 
 log = logging.getLogger("hourglass.server")
 
@@ -136,10 +137,6 @@ class Node:
         return answer(200, "success", status="ok", role="standalone", leader=None, node=None)
 
     async def metrics_text(self, request: Request) -> Response:
-        gauges = []
-        for topic in self.broker.topic_list():
-            counts = self.store.topic_counts(text_hash(topic))
-            gauges.append((topic, counts[1], counts[2], counts[3]))
         hours = self.store.hours()
         node = [("hourglass_hours", "gauge", len(hours)),
                 ("hourglass_stored_messages", "gauge", sum(h[1] for h in hours)),
@@ -149,8 +146,7 @@ class Node:
                 ("hourglass_checkpoint_seconds_total", "counter", self.checkpoint_seconds),
                 ("hourglass_open_seconds", "gauge", self.opened_s),
                 ("hourglass_wheel_released_total", "counter", self.broker.scheduler.stats.released)]
-        text = self.metrics.render(gauges, node) + await camellia_metrics_text(self)
-        return Response(200, text.encode(), "text/plain; charset=utf-8")
+        return await metrics_response(self, node)
 
     async def checkpoint(self) -> None:
         """The checkpoint is prepared by the group commit at a quiet point
@@ -180,7 +176,8 @@ class RedisNode:
         self.config = config
         self.clock = SystemClock()
         self.metrics = Metrics()
-        self.broker = RedisBroker.from_url(config.backend, self.clock, config.defaults, self.metrics)
+        self.broker = RedisBroker.from_url(config.backend, self.clock, config.defaults, self.metrics,
+                                           max_topics=config.queues.topics)
         self.process = ProcessStats()
         self.serving = serving_status(config, self.broker.wake_all)
         self.api = Api(self.broker, config.max_msg_bytes, config.bodies, self.serving)
@@ -195,8 +192,7 @@ class RedisNode:
         return await Node.health(self, request)
 
     async def metrics_text(self, request: Request) -> Response:
-        text = self.metrics.render([], []) + await camellia_metrics_text(self)
-        return Response(200, text.encode(), "text/plain; charset=utf-8")
+        return await metrics_response(self, [])
 
 
 async def listen(node, config: ServeConfig) -> HttpServer:

@@ -109,6 +109,9 @@ class Broker(Operations, Windows, Timers, Releases, DeadLetters, Lifecycle):
         # A pull waits for its record's fsync only in a cluster (there the
         # answer also waits for followers, as every write's).
         self._pull_waits = replicated is not None
+        # Topics of sends appended but maybe not applied yet, which the store
+        # does not name yet: counted against --max-topics (broker.operations).
+        self._topics_filing: set[str] = set()
         self._to_refill: set[str] = set()  # spilled topics whose window has room
         self._key_refills: set[tuple[str, str]] = set()  # (topic, serial key) freed with messages on disk
         self._refill_wake = asyncio.Event()

@@ -1,11 +1,10 @@
 """What every kind of node serves the same way, whether it runs alone
 (broker.server) or in a cluster (broker.cluster): camellia's online switch
-over the API's calls, the /health answer of a node taken offline, and
-camellia's /metrics families."""
+over the API's calls and the /health answer of a node taken offline
+(/metrics: broker.scrape)."""
 
 from __future__ import annotations
 
-from . import camellia_metrics
 from .api import answer
 from .config import ServeConfig
 from .health import ServingStatus
@@ -23,9 +22,3 @@ def offline_health(role: str, **extra) -> Response:
     ready for a load balancer, though it still serves what reaches it."""
     return answer(503, "offline (/camellia/health/online brings it back)", status="offline", role=role, **extra)
 
-
-async def camellia_metrics_text(node) -> str:
-    """camellia's /metrics families (broker.camellia_metrics) of `node`;
-    topic sizes only where a broker runs (not on a cluster's follower)."""
-    infos = await node.api.topic_infos() if node.api.broker is not None else []
-    return camellia_metrics.render(node.process, node.metrics.monitor_data(), infos)

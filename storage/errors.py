@@ -52,6 +52,13 @@ class Unavailable(HourglassError):
     without a leader, a leader that lost its quorum): HTTP 503."""
 
 
+class LimitReached(HourglassError):
+    """Raised by a request that would take the node past a limit it keeps
+    for all clients together (a send to a new topic once --max-topics
+    topics exist): HTTP 429, the message naming the flag; nothing was
+    stored."""
+
+
 class BodyTooLarge(HourglassError):
     """Raised while reading a request when its body passes its byte cap, its
     form pairs or its JSON marks: HTTP 413."""

@@ -10,7 +10,7 @@ at this location" is the disk engine's business and is not modelled.
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import cast
 
@@ -243,6 +243,16 @@ class InMemoryStore:
 
     def topic_counts(self, topic_hash: int) -> list[int]:
         return total_counts(self.topic_hours(topic_hash))
+
+    def topic_count(self) -> int:
+        return len(self.topic_names())
+
+    def hour_topic_counts(self) -> Iterator[list[tuple[int, list[int]]]]:
+        for _, filed in sorted(self._durable.hours.items()):
+            counts: dict[int, list[int]] = {}
+            for f in filed:
+                counts.setdefault(text_hash(f.new.topic), [0] * 8)[f.status] += 1
+            yield list(counts.items())
 
     def hour_entries(self, hour: int, first: int = 0, count: int | None = None) -> list[IndexEntry]:
         self._check_open()

@@ -7,7 +7,7 @@ test can drive both implementations with the same calls and compare.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Protocol
 
 from .entry import IndexEntry, Location, Message
@@ -43,6 +43,10 @@ class DelayStore(Protocol):
     def topic_hours(self, topic_hash: int) -> list[tuple[int, list[int]]]: ...
 
     def topic_counts(self, topic_hash: int) -> list[int]: ...
+
+    def topic_count(self) -> int: ...
+
+    def hour_topic_counts(self) -> Iterator[list[tuple[int, list[int]]]]: ...
 
     def hour_entries(self, hour: int, first: int = 0, count: int | None = None) -> list[IndexEntry]: ...
 

@@ -12,6 +12,8 @@ only (the per-topic counts).
                              hour, skipping hours whose counts hold none,
                              SCAN_SLICE raw entries per read
     topic_hours, file_counts per-hour counts kept in RAM: O(hours)
+    hour_topic_counts        the same counts of every topic, an hour at a
+                             time: O((hour, topic) pairs) for all topics
 
 Nothing here writes, except that reading an hour first writes what is
 staged for it (`_readable`).
@@ -19,7 +21,7 @@ staged for it (`_readable`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import cast
 
 from . import delay_index, delay_log, records, spans
@@ -271,6 +273,22 @@ class Reading(Applying):
     def has_topic(self, topic: str) -> bool:
         """`topic` has a message in a live hour (as `topic_names`, O(1))."""
         return self._topic_names.get(text_hash(topic)) == topic
+
+    def topic_count(self) -> int:
+        """How many topics `topic_names` holds, O(1)."""
+        return len(self._topic_names)
+
+    def hour_topic_counts(self) -> Iterator[list[tuple[int, list[int]]]]:
+        """For each live hour, ascending: (topic hash, messages per status)
+        of every topic with messages in it (committed changes). Summed, they
+        are each topic's `topic_counts`, for every topic in one pass instead
+        of a pass over the hours per topic. Each hour's list is a copy, so
+        the caller may pause between hours while the store changes (an hour
+        retired meanwhile is skipped)."""
+        for hour in list(self._hour_order):
+            h = self._hours.get(hour)
+            if h is not None:
+                yield [(topic_hash, list(counts)) for topic_hash, counts in h.topics.items() if any(counts)]
 
     def topic_hours(self, topic_hash: int) -> list[tuple[int, list[int]]]:
         """(hour, counts) of every live hour holding messages of the topic,

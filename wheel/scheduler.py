@@ -29,8 +29,8 @@ class SchedulerConfig:
     # are read from disk only while fewer than this many entries are held,
     # so memory stays flat however far behind the tick is.
     max_release_per_poll: int = 10_000
-    # A release later than this after its trigger counts as overdue and
-    # opens (or extends) a catch-up report.
+    # A release later than this after it was due (`due_ms`) counts as
+    # overdue and opens (or extends) a catch-up report.
     late_ms: int = 1_000
     # The longest time storage may take between choosing a message's second
     # (max(trigger, now)) and calling on_new for it (its group commit). The
@@ -50,17 +50,26 @@ class SchedulerConfig:
             raise ConfigError(f"commit_lag_ms must be >= 0, got {self.commit_lag_ms}")
 
 
+def due_ms(entry: IndexEntry) -> int:
+    """When the wheel had `entry` due: its trigger time, or the start of the
+    second it was filed in if that is later. Storage files a message under
+    max(trigger, arrival), so one sent with a trigger time already past
+    (triggerTime=1000) is due from its arrival's second, not from 1970: the
+    wheel's lateness is its own delay, never the sender's choice."""
+    return max(entry.trigger_ms, abs_second(entry) * MS_PER_SECOND)
+
+
 @dataclass
 class CatchUpReport:
     """One catch-up: from the first poll that released something more than
-    late_ms after its trigger (or had to hold back overdue seconds) to the
-    first poll after which nothing due was left."""
+    late_ms after it was due (`due_ms`; or had to hold back overdue
+    seconds) to the first poll after which nothing due was left."""
 
     started_at_ms: int
     finished_at_ms: int | None = None  # None while catching up
     released: int = 0  # entries released during the catch-up
-    overdue: int = 0  # of those, released more than late_ms after their trigger
-    max_lateness_ms: int = 0  # the latest release, ms after its trigger
+    overdue: int = 0  # of those, released more than late_ms after they were due
+    max_lateness_ms: int = 0  # the latest release, ms after it was due
 
     @property
     def active(self) -> bool:
@@ -316,7 +325,7 @@ class Scheduler:
 
     def _report(self, now_ms: int, released: list[IndexEntry]) -> None:
         late_ms = self.config.late_ms
-        lateness = [now_ms - e.trigger_ms for e in released]
+        lateness = [now_ms - due_ms(e) for e in released]
         overdue = sum(1 for ms in lateness if ms > late_ms)
         report = self._catch_up
         if (report is None or not report.active) and (overdue or self._blocked):

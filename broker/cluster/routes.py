@@ -29,10 +29,10 @@ from broker.gate import Gate
 from broker.httpd import Admit, Dispatch, Request, Response, StreamResponse
 from broker.paths import PREFIX
 from broker.redact import client_text
-from broker.serving import camellia_metrics_text, offline_health
+from broker.scrape import metrics_response
+from broker.serving import offline_health
 from replication import peer_auth, protocol
 from storage.errors import InvalidRequest
-from storage.store import text_hash
 
 from .parts import NodeParts
 
@@ -158,11 +158,6 @@ class Routes(NodeParts):
         return answer(200, "success", status="ok", **extra)
 
     async def metrics_text(self, request: Request) -> Response:
-        gauges = []
-        if self.broker is not None:
-            for topic in self.broker.topic_list():
-                counts = self.store.topic_counts(text_hash(topic))
-                gauges.append((topic, counts[1], counts[2], counts[3]))
         node = [("hourglass_commit_log_end_offset", "gauge", self.store.log_end_offset),
                 ("hourglass_is_leader", "gauge", int(self.leads)),
                 ("hourglass_term", "gauge", self.shown_role()[1]),
@@ -171,5 +166,4 @@ class Routes(NodeParts):
                 ("hourglass_cluster_insecure", "gauge", int(self.cluster.insecure))]
         if self.leader_log is not None:
             node.append(("hourglass_quorum_offset", "gauge", self.leader_log.quorum_offset()))
-        text = self.metrics.render(gauges, node) + await camellia_metrics_text(self)
-        return Response(200, text.encode(), "text/plain; charset=utf-8")
+        return await metrics_response(self, node)

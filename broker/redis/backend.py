@@ -11,6 +11,13 @@ retried twice.
 
 Keys, their layout and the URL: broker.redis.keys.
 
+Topics: a send to a topic not in the topic set registers it first (one
+script over the set alone), refused with 429 if the set would pass
+--max-topics. The set is never pruned (a topic's keys and the set are in
+different Cluster slots, so no script can check a topic empty and remove
+it atomically): on Redis, a topic counts against the cap from its first
+send until it is removed from `<prefix>:topics` by hand.
+
 Tasks: `_mover` runs TICK on every topic (waiting -> ready or expired, ack
 timeouts, ready expiry, purge of retired messages), then sleeps until the
 earliest score it saw (at most `poll_ms`, to notice other processes'
@@ -45,9 +52,11 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from storage.errors import Unavailable
 from wheel.clock import Clock
 
+from ..backend import topic_cap_error
 from ..lifecycle import Lifecycle
 from ..metrics import Metrics
 from ..params import Defaults
+from ..ready import QueueLimits
 from .keys import KEY_TYPES, RedisConfig, TopicKeys, redact, split_cluster_flag
 from .requests import RedisRequests
 from .scripts import load_scripts
@@ -66,7 +75,8 @@ REDIS_ERRORS = (RedisError, RedisClusterException)
 # are a topic's eight keys, TopicKeys.all). RedisBroker registers these (a
 # test may wrap them).
 SCRIPTS = load_scripts("backend", with_common=("send", "tick", "pull", "give_back", "ack", "delete", "get", "info",
-                                               "reschedule", "dead", "redrive"))
+                                               "reschedule", "dead", "redrive"),
+                       alone=("register",))  # (register: KEYS is the topic set, not a topic's keys)
 
 
 @dataclass
@@ -97,13 +107,15 @@ class RedisBroker(RedisRequests, Lifecycle):
     """
 
     def __init__(self, client: aioredis.Redis | RedisCluster, clock: Clock, defaults: Defaults, metrics: Metrics,
-                 config: RedisConfig | None = None, *, url: str = "redis") -> None:
+                 config: RedisConfig | None = None, *, url: str = "redis",
+                 max_topics: int = QueueLimits().topics) -> None:
         super().__init__()  # (Lifecycle: stopping, failing, long-poll waiters)
         self.redis = client
         self.clock = clock
         self.defaults = defaults
         self.metrics = metrics
         self.config = config or RedisConfig()
+        self.max_topics = max_topics  # --max-topics: the topic set's size a new topic may not pass
         self.url = redact(url)
         self._state = _State()
         self._mover_wake = asyncio.Event()
@@ -116,7 +128,7 @@ class RedisBroker(RedisRequests, Lifecycle):
 
     @classmethod
     def from_url(cls, url: str, clock: Clock, defaults: Defaults, metrics: Metrics,
-                 config: RedisConfig | None = None) -> RedisBroker:
+                 config: RedisConfig | None = None, *, max_topics: int = QueueLimits().topics) -> RedisBroker:
         """`url` as redis-py takes it (redis://[:password@]HOST:PORT/DB,
         rediss:// for TLS), plus `?cluster=1` for a Redis Cluster (any of its
         nodes; database 0). Connects lazily: `start()` says if it cannot."""
@@ -126,7 +138,7 @@ class RedisBroker(RedisRequests, Lifecycle):
                        socket_timeout=config.command_timeout_ms / 1000,
                        retry=Retry(ExponentialWithJitterBackoff(base=0.05, cap=0.5), config.retries))
         client = RedisCluster.from_url(target, **options) if cluster else aioredis.Redis.from_url(target, **options)
-        return cls(client, clock, defaults, metrics, config, url=url)
+        return cls(client, clock, defaults, metrics, config, url=url, max_topics=max_topics)
 
     def __repr__(self) -> str:
         return (f"RedisBroker(url={self.url!r}, prefix={self.config.key_prefix!r}, "
@@ -156,6 +168,28 @@ class RedisBroker(RedisRequests, Lifecycle):
             return await getattr(self.redis, name)(self._topics_key, *args)
         except REDIS_ERRORS as e:
             raise Unavailable(await self._problem(e, [])) from e
+
+    async def _zcards(self, keys: list[str]) -> list[int]:
+        """ZCARD of each key, in one pipelined round trip."""
+        try:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for key in keys:
+                    pipe.zcard(key)
+                return await pipe.execute()
+        except REDIS_ERRORS as e:
+            raise Unavailable(await self._problem(e, [])) from e
+
+    async def _register(self, topics: set[str]) -> None:
+        """Add `topics` to the topic set, or raise LimitReached (429) if
+        that would pass --max-topics: one script, so processes sharing the
+        Redis cannot pass the cap together."""
+        try:
+            added, size = await self._scripts["register"](keys=[self._topics_key],
+                                                          args=[str(self.max_topics), *topics])
+        except REDIS_ERRORS as e:
+            raise Unavailable(await self._problem(e, [])) from e
+        if not added:
+            raise topic_cap_error(size, self.max_topics)
 
     async def _problem(self, error: Exception, keys: list[str]) -> str:
         """What a failed command says to the client (a 503), or re-raise
@@ -294,12 +328,15 @@ class RedisBroker(RedisRequests, Lifecycle):
             return now_ms
         return min([int(float(h)) for h in heads if h] or [now_ms + self.config.poll_ms])
 
-    def _made_ready(self, topic: str, trigger_times: list[int], now_ms: int) -> None:
+    def _made_ready(self, topic: str, due_times: list[int], now_ms: int) -> None:
+        """Count messages made READY at `now_ms`, each due at its time in
+        `due_times` (broker.metrics.due_ms: its trigger time, or when it
+        arrived if that was later)."""
         m = self.metrics.topic(topic)
-        m.ready += len(trigger_times)
-        for trigger_ms in trigger_times:
-            m.ready_gap.observe(now_ms - trigger_ms)
-            self.metrics.lateness_seconds.observe(max(0, now_ms - trigger_ms) / 1000)
+        m.ready += len(due_times)
+        for due in due_times:
+            m.ready_gap.observe(now_ms - due)
+            self.metrics.lateness_seconds.observe(max(0, now_ms - due) / 1000)
 
     async def _publish(self, topic: str) -> None:
         self._wake(topic)  # this process at once; others through Redis

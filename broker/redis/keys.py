@@ -13,7 +13,8 @@ slot, and escaping keeps a topic from forging another topic's keys):
                      maxRetry priority tag rk status retry
     P body     hash  msgId -> msg
     P retire   zset  msgId -> when a final (4..7) message is purged
-    <prefix>:topics   set of topic names (not hash-tagged; never in a script)
+    <prefix>:topics   set of topic names (not hash-tagged; in no script of
+                      a topic's, only in register.lua, alone)
     <prefix>:wake:<T> pub/sub channel: "a message of T became READY"
 
 rk = "%05d%015d:msgId" % (32767 - priority, triggerTime): ready order is
@@ -119,6 +120,11 @@ class TopicKeys:
     def all(self) -> list[str]:
         """KEYS of every script, in KEY_TYPES order."""
         return [getattr(self, name) for name in KEY_TYPES]
+
+    @property
+    def sizes(self) -> tuple[str, str, str]:
+        """The zsets whose sizes are the topic's waiting, ready and consuming counts."""
+        return self.waiting, self.ready, self.ack
 
 
 def split_cluster_flag(url: str) -> tuple[str, bool]:

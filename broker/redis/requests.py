@@ -19,11 +19,14 @@ from storage.errors import Conflict, InvalidRequest, NotFound
 from storage.store import NewMessage
 
 from ..backend import DEAD_SCAN, REDRIVE_STEP, WAITING_BUCKETS, topic_info_json
+from ..metrics import due_ms
 from ..params import AckRequest, DeleteRequest, LongPollRequest, NewSend, PullRequest, as_sends
 from .keys import ready_member
 
 # Every message read from Redis gets this Location: there is no disk entry.
 NO_LOCATION = Location(0, 0)
+# Topics whose queue sizes one pipelined round trip reads (topic_backlogs).
+BACKLOG_SLICE = 500
 
 
 def _message(topic: str, msg_id: str, meta: str, body: str) -> Message:
@@ -36,8 +39,9 @@ def _message(topic: str, msg_id: str, meta: str, body: str) -> Message:
 
 class RedisRequests:
     """The request methods of RedisBroker. What they use of it: `clock`,
-    `config`, `metrics` and `_state` (its topics and problems); `_script`
-    and `_command` (a call to Redis, its trouble answered as Unavailable);
+    `config`, `metrics` and `_state` (its topics and problems); `_script`,
+    `_command`, `_register` and `_zcards` (a call to Redis, its trouble
+    answered as Unavailable);
     `_check_serving`, `_wait_ready` (broker.lifecycle); `_made_ready`,
     `_publish`, `_mover_wake` and `_next_due_ms` (waking the mover and the
     long polls of every process)."""
@@ -60,7 +64,7 @@ class RedisRequests:
         now_ms = self.clock.now_ms()
         new_topics = {n.topic for n in batch} - self._state.registered
         if new_topics:
-            await self._command("sadd", *new_topics)
+            await self._register(new_topics)  # LimitReached past --max-topics: nothing stored
             self._state.registered |= new_topics
             self._state.topics |= new_topics
         by_topic: dict[str, list[int]] = defaultdict(list)
@@ -93,7 +97,7 @@ class RedisRequests:
             out.append(Message(*n[:9], status=Status(int(state)), retry=0, location=NO_LOCATION))
             answered[n.msg_id] = out[-1]
             if state == "2":
-                ready.append(n.trigger_ms)
+                ready.append(due_ms(n.trigger_ms, n.produce_ms))
             elif state == "5":
                 m.ended += 1
             elif n.trigger_ms < self._next_due_ms:
@@ -119,7 +123,7 @@ class RedisRequests:
         m.ended += ended
         m.pulls += len(messages)
         for message in messages:
-            m.pull_gap.observe(now_ms - message.trigger_ms)
+            m.pull_gap.observe(now_ms - due_ms(message.trigger_ms, message.produce_ms))
         return messages, deadline
 
     async def long_poll(self, request: LongPollRequest, gone: Callable[[], bool] = lambda: False) -> list[Message]:
@@ -216,7 +220,7 @@ class RedisRequests:
         message = self._changed(topic, msg_id, result, "rescheduled", "only a waiting or ready message")
         self.metrics.topic(topic).reschedules += 1
         if message.status is Status.READY:
-            self._made_ready(topic, [trigger_ms], now_ms)
+            self._made_ready(topic, [due_ms(trigger_ms, now_ms)], now_ms)
             await self._publish(topic)
         elif trigger_ms < self._next_due_ms:
             self._mover_wake.set()
@@ -301,3 +305,16 @@ class RedisRequests:
         """Topics known to this process (its sends, and the topic set as the
         mover last read it)."""
         return sorted(self._state.topics)
+
+    async def topic_backlogs(self) -> dict[str, tuple[int, int, int]]:
+        """(waiting, ready, consuming) of every topic `topic_list` knows:
+        three ZCARDs a topic, BACKLOG_SLICE topics a pipelined round trip
+        (the loop serves other requests while it is away)."""
+        topics = list(self._state.topics)
+        out: dict[str, tuple[int, int, int]] = {}
+        for start in range(0, len(topics), BACKLOG_SLICE):
+            chunk = topics[start:start + BACKLOG_SLICE]
+            sizes = await self._zcards([key for topic in chunk for key in self.keys(topic).sizes])
+            for i, topic in enumerate(chunk):
+                out[topic] = (sizes[3 * i], sizes[3 * i + 1], sizes[3 * i + 2])
+        return out

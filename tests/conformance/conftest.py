@@ -62,16 +62,31 @@ def api(request, backend_flags, shared_server) -> Api:
     return Api(shared_server, backend_flags[0])
 
 
+# The Redis database a server started with own_state=True uses (flushed
+# first); the shared server and the others use database 0.
+OWN_REDIS_DB = 15
+
+
 @pytest.fixture
 def serve(request, backend_flags, tmp_path):
     """serve(*flags) starts a server of this backend (data in tmp_path), as
-    an `Api`; every one started is killed at the end of the test."""
+    an `Api`; every one started is killed at the end of the test.
+    `own_state=True`: one whose state starts empty on Redis too (its own
+    database, flushed), for tests that count every topic."""
     name, backend = backend_flags
     _skip_if_marked(request, name)
     started: list[Server] = []
 
-    def start(*flags: str) -> Api:
-        started.append(Server.start(tmp_path / "data", *backend, *flags, log_path=tmp_path / "serve.log"))
+    def start(*flags: str, own_state: bool = False) -> Api:
+        selected = backend
+        if own_state and name == "redis":
+            import redis
+
+            url = backend[1].rpartition("/")[0] + f"/{OWN_REDIS_DB}"
+            with redis.Redis.from_url(url) as client:
+                client.flushdb()
+            selected = ("--backend", url)
+        started.append(Server.start(tmp_path / "data", *selected, *flags, log_path=tmp_path / "serve.log"))
         return Api(started[-1], name)
     yield start
     for server in started:

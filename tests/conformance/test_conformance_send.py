@@ -233,8 +233,6 @@ def test_prometheus_counters(api, topic):
     assert f'hourglass_sends_total{{topic="{topic}"}} 1' in text.decode()
 
 
-@pytest.mark.not_on("redis", reason="the Redis node's /metrics renders no gauges (broker/server.py "
-                                    "RedisNode.metrics_text passes none) and has no disk or fsync figures")
 def test_prometheus_gauges(api, topic):
     api.send(topic, msgId="a", delayMillis=600000)
     text = api.get("/metrics")[1].decode()

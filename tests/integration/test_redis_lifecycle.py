@@ -176,6 +176,28 @@ def test_a_consuming_message_past_its_ttl_ends_at_its_ack_timeout(redis_url):
     run(redis_url, scenario)
 
 
+# -- lateness -------------------------------------------------------------------------------
+
+
+def test_a_trigger_time_long_past_counts_late_from_its_arrival_not_from_1970(redis_url):
+    """As the disk broker's (tests/unit/test_broker_lifecycle.py): a send
+    with triggerTime=1000, and a reschedule to it, are due when they arrive."""
+    async def scenario(node: Node):
+        await node.send("w", delay_ms=600_000, ttl_ms=START_MS + MS_PER_HOUR)
+        sent, = await node.broker.send([NewSend(NewMessage(TOPIC, "t1000", "m", node.now, 1_000,
+                                                           START_MS + MS_PER_HOUR, 3, 0, ""), False)])
+        assert sent.status is READY
+        await node.advance_to(START_MS + 1_000)
+        assert (await node.broker.reschedule(TOPIC, "w", 1_000)).status is READY
+        lateness = node.broker.metrics.lateness_seconds
+        assert lateness.count == 2 and lateness.total < 1, (lateness.count, lateness.total)
+        m = node.broker.metrics.topic(TOPIC)
+        assert m.ready_gap.count == 2 and m.ready_gap.max < 1_000
+        assert sorted(await node.pulled_ids()) == ["t1000", "w"]
+        assert m.pull_gap.max <= 1_000
+    run(redis_url, scenario)
+
+
 # -- reschedule ----------------------------------------------------------------------------
 
 

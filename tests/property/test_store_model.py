@@ -328,11 +328,24 @@ class StoreMachine(RuleBasedStateMachine):
         for topic_hash in sorted(names):
             assert self.store.topic_hours(topic_hash) == self.model.topic_hours(topic_hash)
             assert self.store.topic_counts(topic_hash) == self.model.topic_counts(topic_hash)
+        assert self.store.topic_count() == self.model.topic_count() == len(names)
+        every_topic = {topic_hash: self.store.topic_counts(topic_hash) for topic_hash in names}
+        assert summed(self.store.hour_topic_counts()) == summed(self.model.hour_topic_counts()) == every_topic
         for hour, _, _ in self.model.hours():
             assert self.store.hour_entries(hour) == self.model.hour_entries(hour), hour
 
     def __repr__(self) -> str:
         return f"StoreMachine(now_ms={self.now_ms}, {self.store!r}, {self.model!r})"
+
+
+def summed(hour_topic_counts) -> dict[int, list[int]]:
+    """hour_topic_counts summed per topic: each topic's topic_counts."""
+    totals: dict[int, list[int]] = {}
+    for pairs in hour_topic_counts:
+        for topic_hash, counts in pairs:
+            before = totals.get(topic_hash, [0] * len(counts))
+            totals[topic_hash] = [a + b for a, b in zip(before, counts)]
+    return totals
 
 
 StoreMachine.TestCase.settings = settings(

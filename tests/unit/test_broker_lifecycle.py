@@ -25,7 +25,7 @@ from broker_harness import BrokerHarness
 from broker.params import AckRequest, Defaults, DeleteRequest, LongPollRequest, NewSend, PullRequest
 from broker.ready import QueueLimits
 from storage.entry import MS_PER_HOUR, Status
-from storage.errors import Conflict, NotFound
+from storage.errors import Conflict, LimitReached, NotFound
 from storage.store import NewMessage
 
 START_MS = 490_000 * MS_PER_HOUR + 1_000
@@ -152,6 +152,29 @@ def test_a_trigger_time_in_the_past_is_due_now(node):
     sent = node.send("p", trigger_ms=START_MS - 60_000)
     assert sent.status is READY
     assert node.pulled_ids() == ["p"]
+
+
+def test_a_trigger_time_long_past_counts_late_from_its_arrival_not_from_1970(node):
+    """triggerTime=1000 (or 0) is due when it arrives, so the lateness
+    histogram (and the console's mean of it, sum / count), camellia's
+    ready and pull gaps and the wheel's catch-up report count from then:
+    one such send read 1.79e9 s of lateness, a mean of 2.7e10 ms."""
+    node.send("w", delay_ms=600_000, ttl_ms=node.now + MS_PER_HOUR)  # rescheduled into the past below
+    for msg_id, trigger_ms in (("t1000", 1_000), ("t0", 0)):
+        sent = node.send(msg_id, trigger_ms=trigger_ms, ttl_ms=node.now + MS_PER_HOUR)  # not expired: READY
+        assert (sent.status, sent.trigger_ms) == (READY, trigger_ms)
+    node.advance(1_000)
+    assert node.reschedule("w", 1_000).status is READY  # due at the reschedule
+    broker = node.h.broker
+    lateness = broker.metrics.lateness_seconds
+    assert lateness.count == 3 and lateness.total < 1, (lateness.count, lateness.total)
+    assert lateness.counts[-1] == 0  # none past the last bucket (60 s)
+    m = broker.metrics.topic(TOPIC)
+    assert m.ready_gap.count == 3 and m.ready_gap.max < 1_000
+    assert sorted(node.pulled_ids()) == ["t0", "t1000", "w"]
+    assert m.pull_gap.max <= 1_000  # pulled 1 s after they were sent
+    report = broker.scheduler.catch_up
+    assert report is None or report.max_lateness_ms < 1_000
 
 
 # -- ack and nack -----------------------------------------------------------------------
@@ -540,6 +563,7 @@ def test_what_fell_due_while_the_node_was_down_is_delivered_at_once(node):
     assert node.state("due") == (READY, 0)
     assert node.state("c") == (READY, 1)
     assert sorted(node.pulled_ids()) == ["c", "due"]
+    assert node.h.broker.metrics.lateness_seconds.total == 5.0  # sent in time: late from its trigger
 
 
 # -- long polls: woken, or answered empty at their timeout (on the fake clock) ---------------
@@ -604,3 +628,42 @@ def test_a_long_poll_is_answered_at_once_by_a_send_before_its_timeout(node):
     assert not task.done()
     node.send("now")
     assert task.done() and [m.msg_id for m in task.result()] == ["now"]
+
+
+# -- the topic cap (--max-topics) -----------------------------------------------------------------
+
+
+@pytest.fixture
+def capped():
+    h = BrokerHarness("hourglass-topics-", START_MS, QueueLimits(topics=2), Defaults())
+    h.open_broker()
+    try:
+        yield Node(h)
+    finally:
+        h.teardown()
+
+
+def test_a_send_to_a_new_topic_past_the_cap_is_refused_and_stores_nothing(capped):
+    """The cap counts the topics of sends still in their group commit too:
+    two sends to two new topics in one commit, with room for one, store
+    one. The count is the store's, so a restart keeps it."""
+    capped.send("a", topic="one")
+    broker = capped.h.broker
+
+    async def together():
+        sends = [broker.send([NewSend(NewMessage(topic, "m", "x", capped.now, capped.now + 60_000, MS_PER_HOUR, 3, 0,
+                                                 ""), False)]) for topic in ("two", "three")]
+        return await asyncio.gather(*sends, return_exceptions=True)
+    results = capped.h.run(together())
+    refused = [r for r in results if isinstance(r, LimitReached)]
+    assert len(refused) == 1 and "--max-topics is 2" in str(refused[0]), results
+    stored = [topic for topic, r in zip(("two", "three"), results) if not isinstance(r, BaseException)]
+    capped.h.run(capped.h.quiesce())
+    assert broker.topic_list() == sorted(["one", *stored])
+    capped.send("b", topic="one")  # a topic the node has still takes sends
+    capped.restart()
+    with pytest.raises(LimitReached):
+        capped.send("c", topic="four")
+    with pytest.raises(NotFound):
+        capped.h.run(capped.h.broker.get("four", "c"))
+    assert capped.h.broker.topic_list() == sorted(["one", *stored])

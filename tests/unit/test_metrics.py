@@ -1,6 +1,11 @@
-"""broker.metrics: getMonitorData's per-interval counts (camellia's monitor)."""
+"""broker.metrics: getMonitorData's per-interval counts (camellia's monitor);
+the bounds of /metrics: topic labels and the topics shown (broker.scrape)."""
 
-from broker.metrics import Metrics
+import asyncio
+import re
+
+from broker.metrics import MAX_LABEL_CHARS, Metrics, topic_label
+from broker.scrape import select_topics
 
 
 def stats(metrics: Metrics, topic: str) -> dict | None:
@@ -47,3 +52,44 @@ def test_counters_of_topics_the_node_does_not_have_are_not_published():
     m.topic("nowhere", exists=False).gets += 1
     m.roll(1)
     assert m.monitor_data()["requestStatsList"] == []
+
+
+# -- /metrics bounded: labels and the topics shown (broker.scrape) ---------------------
+
+
+def test_a_long_topic_label_is_cut_to_128_characters_with_a_hash_of_the_whole_name():
+    assert topic_label("t") == "t" and topic_label("x" * MAX_LABEL_CHARS) == "x" * MAX_LABEL_CHARS
+    a, b = "x" * 1000 + "a", "x" * 1000 + "b"  # the same first 1000 characters
+    label_a, label_b = topic_label(a), topic_label(b)
+    assert len(label_a) == len(label_b) == MAX_LABEL_CHARS
+    assert label_a != label_b and label_a.startswith("x" * 90)
+    assert topic_label(a) == label_a  # the same at every scrape
+    quoted = topic_label('"' * 200)  # cut first, then escaped: 95 quotes, "~", 32 hex digits
+    assert quoted.startswith('\\"' * 95 + "~") and len(quoted) == 2 * 95 + 1 + 32
+
+
+def test_the_topics_shown_are_the_largest_backlogs_and_every_topic_counts_in_the_sums():
+    m = Metrics()
+    backlogs = {f"t{i}": (i, 0, 0) for i in range(500)}  # t499 has the largest backlog
+    for i in range(500):
+        m.topic(f"t{i}").sends += 1
+    m.topic("gone").sends += 7  # counters of a topic without messages any more
+    m.roll(0)
+    m.topic("busy").sends += 3  # no backlog, but requests in the last interval
+    m.roll(1_000)
+    selection = asyncio.run(select_topics(m, backlogs | {"busy": (0, 0, 0)}, 10))
+    assert selection.shown == sorted(f"t{i}" for i in range(490, 500))
+    assert selection.topics == 501
+    assert selection.counter_totals[0] == 500 + 7 + 3  # sends, every topic's
+    assert selection.backlog_totals == (sum(range(500)), 0, 0)
+    text = m.render(selection, [])
+    assert len(re.findall(r'^hourglass_sends_total\{', text, re.MULTILINE)) == 10
+    assert "hourglass_node_sends_total 510\n" in text and "hourglass_topics 501\n" in text
+    assert "hourglass_topics_shown 10\n" in text
+
+    few = {"a": (1, 0, 0), "b": (1, 0, 0)}
+    selection = asyncio.run(select_topics(m, few | {"busy": (0, 0, 0)}, 2))
+    assert selection.shown == ["a", "b"]  # larger backlogs first
+    selection = asyncio.run(select_topics(m, {"a": (0, 0, 0), "busy": (0, 0, 0)}, 1))
+    assert selection.shown == ["busy"]  # among equal backlogs, the most requests in the last interval
+    assert asyncio.run(select_topics(m, few, 0)).shown == []

@@ -335,3 +335,19 @@ def test_held_entries_not_due_do_not_block_the_catch_up():
     assert sched.poll(T0 + 10_000) == [overdue]
     polls = drive(sched, T0 + 10_000, T0 + 60_000)  # second 40's read at 30 s finds `late` known
     assert [(now, batch) for now, batch in polls if batch] == [(T0 + 39_000, [late])]
+
+
+def test_a_message_filed_after_its_trigger_is_late_from_its_filing_second_not_from_its_trigger():
+    """triggerTime=1000 sent at T0 + 500 is filed under T0's second: the
+    catch-up report counts its lateness from there (it read 1970's)."""
+    src = InMemorySlotSource()
+    sched = Scheduler(src, None, T0, EXACT)
+    prompt = src.add(1_000, 0, T0 + 500)
+    sched.on_new(prompt)
+    assert sched.poll(T0 + 700) == [prompt]
+    assert sched.catch_up is None  # 700 ms after its second began: not overdue (late_ms 1000)
+    slow = src.add(0, 0, T0 + 800)
+    sched.on_new(slow)
+    assert sched.poll(T0 + 3_000) == [slow]
+    report = sched.catch_up
+    assert report is not None and report.overdue == 1 and report.max_lateness_ms == 3_000

@@ -1,0 +1,102 @@
+"""One GET /metrics answer of any node (standalone, cluster or Redis),
+bounded whatever the topics.
+
+    backlogs    (waiting, ready, consuming) of every topic: the backend's
+                `topic_backlogs`, one pass yielding between slices
+    selection   the --metrics-topics topics with the largest backlogs
+                (ties: the most requests in the last monitor interval,
+                then the name), found with a heap of that size; and every
+                topic's counters and backlog summed
+    render      hourglass's families (broker.metrics) and camellia's
+                (broker.camellia_metrics) of the selected topics only, and
+                the sums; each topic label at most MAX_LABEL_CHARS long
+
+Every step over all topics runs SLICE topics between yields to the event
+loop, so a scrape of 10,000 topics never holds up requests for its whole
+length; what is rendered is O(--metrics-topics). With the defaults (100
+topics shown, labels of at most 128 characters) an answer is under about
+1 MB, where it was 86 MB for 3,000 topics of 1 KiB names, and took the loop
+for 0.7 s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+from collections.abc import Iterable
+from operator import attrgetter
+
+from storage.errors import Unavailable
+
+from . import camellia_metrics
+from .httpd import Response
+from .metrics import COUNTERS, REQUEST_STATS, Metrics, TopicSelection
+
+# Topics handled between two yields to the event loop.
+SLICE = 2048
+
+_counter_values = attrgetter(*(attr for attr, _ in COUNTERS))
+
+
+async def metrics_response(node, series: Iterable[tuple[str, str, float]]) -> Response:
+    """/metrics of `node` (its `metrics`, `process`, `config` and `api`,
+    whose broker may be None: a cluster follower), with the node-level
+    `series` (name, type, value). A backend that cannot be reached (Redis
+    down) leaves out the topics' sizes, not the answer."""
+    backend = node.api.broker
+    backlogs: dict[str, tuple[int, int, int]] = {}
+    if backend is not None:
+        try:
+            backlogs = await backend.topic_backlogs()
+        except Unavailable:
+            backend = None
+    selection = await select_topics(node.metrics, backlogs, node.config.metrics_topics)
+    infos = []
+    if backend is not None:
+        try:
+            infos = await backend.topic_infos([t for t in selection.shown if t in backlogs])
+        except Unavailable:
+            pass
+    text = node.metrics.render(selection, series) + camellia_metrics.render(
+        node.process, node.metrics.monitor_data(), infos, frozenset(selection.shown))
+    return Response(200, text.encode(), "text/plain; charset=utf-8")
+
+
+async def select_topics(metrics: Metrics, backlogs: dict[str, tuple[int, int, int]], most: int) -> TopicSelection:
+    """The topics (those with a backlog or counters) whose series /metrics
+    shows: at most `most`, the largest backlogs (waiting + ready +
+    consuming) first, then those with the most requests in the last monitor
+    interval, then by name. Also every topic's counters and backlog summed."""
+    stats = metrics.monitor_data()["requestStatsList"]
+    requests: dict[str, int] = {}
+    for start in range(0, len(stats), SLICE):
+        requests.update((s["topic"], sum(s[kind] for kind in REQUEST_STATS)) for s in stats[start:start + SLICE])
+        await asyncio.sleep(0)
+    counters = list(metrics.topics.values())
+    topics = list(backlogs.keys() | metrics.topics.keys())
+    heap: list[tuple[int, int, str]] = []  # the `most` largest so far; heap[0] the smallest of them
+    backlog_totals = [0, 0, 0]
+    for start in range(0, len(topics), SLICE):
+        for topic in topics[start:start + SLICE]:
+            backlog = backlogs.get(topic)
+            if backlog is not None:
+                backlog_totals[0] += backlog[0]
+                backlog_totals[1] += backlog[1]
+                backlog_totals[2] += backlog[2]
+            if most:
+                rank = (sum(backlog) if backlog else 0, requests.get(topic, 0), topic)
+                if len(heap) < most:
+                    heapq.heappush(heap, rank)
+                elif rank > heap[0]:
+                    heapq.heapreplace(heap, rank)
+        await asyncio.sleep(0)
+    counter_totals = [0] * len(COUNTERS)
+    for start in range(0, len(counters), SLICE):
+        for m in counters[start:start + SLICE]:
+            for i, value in enumerate(_counter_values(m)):
+                counter_totals[i] += value
+        await asyncio.sleep(0)
+    shown = sorted(topic for _, _, topic in heap)
+    return TopicSelection(shown=shown, backlogs={t: backlogs[t] for t in shown if t in backlogs},
+                          topics=len(backlogs), counter_totals=tuple(counter_totals),
+                          backlog_totals=(backlog_totals[0], backlog_totals[1], backlog_totals[2]))
