@@ -1,12 +1,12 @@
 """Applying durable records to the derived files, and group commit.
 
 A record appended to the commit log (a send, state changes, moves) is
-*pending* until `commit()`: one fsync for every record appended since the
-last commit, then each record applied in order:
+pending (storage.pending) until `commit()`: one fsync for every record
+appended since the last commit, then each record applied in order:
 
     SEND   each item's index entry, delay-log frame and second-table slot
            staged in its hour (storage.hour), its id put in the id index,
-           its topic counted WAITING
+           its topic counted WAITING and named
     STATE  the entry's status, flags and retry staged; counts, ended
            messages and the in-flight set follow
     MOVE   the old entry ends (released, moved), the message is staged at
@@ -17,31 +17,56 @@ twice (recovery replays from the checkpoint's offset) changes nothing.
 `commit()` returns the index entries of the messages it stored, for the
 wheel. A server may split it: `sync_log()` in a worker thread while this
 thread keeps appending, then `apply_pending(count)`.
+
+`Applier` is the one writer of applied state. Beside the hours (which it
+stages into, through the `HourTable` it is given) and the id index, it
+owns the two things applying keeps that are no hour's: the name of every
+topic with a message in a live hour, and the in-flight set (every
+CONSUMING message and its ack deadline, 0 if unknown). Both are seeded
+from the checkpoint and written back into the next one (storage.retention).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Sequence, Set
 from typing import cast
 
 from . import delay_log, records
+from .commit_log import CommitLog
 from .delay_index import FLAG_MOVED, FLAG_RELEASED
 from .entry import IndexEntry, Location, Status
 from .errors import ContractError
 from .hour import Hour
 from .hour_table import HourTable
+from .id_index import IdIndex
+from .pending import Pending
+from .types import text_hash
 
 WAITING = Status.WAITING
 
 
-class Applying(HourTable):
-    """Pending records, group commit and applying (see the module docstring)."""
+class Applier:
+    """Group commit and applying, and what applying derives beyond the
+    hours (see the module docstring). One thread calls it, except
+    `sync_log`."""
 
-    def _decode(self, body: bytes) -> tuple[records.Kind, int, Sequence[records.Item]]:
+    def __init__(self, hours: HourTable, ids: IdIndex, log: CommitLog, pending: Pending,
+                 topic_names: dict[int, str], consuming: dict[Location, int]) -> None:
+        self._hours = hours
+        self._ids = ids
+        self._log = log
+        self._pending = pending
+        self._topic_names = topic_names  # topic hash -> topic, for topics in live hours
+        # Every CONSUMING message and its ack deadline (0: unknown), kept in
+        # the checkpoint and by every record applied: O(messages in flight),
+        # which the broker caps.
+        self._consuming = consuming
+
+    def decode(self, body: bytes) -> tuple[records.Kind, int, Sequence[records.Item]]:
         """A record from the log or from a leader, its sends keyed with this
         store's id-index secret (the writer's key may come from another)."""
         kind, now_ms, items = records.decode(body)
-        key = self.ids.key_of_bytes
+        key = self._ids.key_of_bytes
         if kind is records.Kind.SEND:
             items = [item._replace(key=key(*delay_log.id_fields(item.body)))
                      for item in cast(Sequence[records.SendItem], items)]
@@ -50,79 +75,68 @@ class Applying(HourTable):
                      for item in cast(Sequence[records.MoveItem], items)]
         return kind, now_ms, items
 
-    def _append(self, kind: records.Kind, now_ms: int, items: Sequence[records.Item]) -> None:
-        self.log.append(records.encode(kind, now_ms, items))
-        self._pending.append((kind, now_ms, items))
-
-    @property
-    def pending_records(self) -> int:
-        """Records appended and not yet applied (see `sync_log`)."""
-        return len(self._pending)
+    # -- group commit ----------------------------------------------------------------
 
     def sync_log(self) -> None:
-        """fsync everything appended so far. Safe to run in a worker thread
-        while this one keeps appending: read `pending_records` before it, and
-        apply that many afterwards (`apply_pending`)."""
-        self.log.sync()
+        self._log.sync()
 
     def apply_pending(self, count: int | None = None) -> list[IndexEntry]:
-        """Apply the first `count` (default: all) pending records, which must
-        be durable, to the derived files. Returns the new index entries."""
         n = len(self._pending) if count is None else count
-        batch, self._pending = self._pending[:n], self._pending[n:]
         new_entries: list[IndexEntry] = []
-        for kind, now_ms, items in batch:
-            self._apply(kind, now_ms, items, new_entries)
-        self._flush_staged(everything=False)
-        if not self._pending:
-            self._pending_far_bytes = 0
-            self._pending_slots.clear()
-            self._pending_ids.clear()
-            self._pending_state.clear()
+        for kind, now_ms, items in self._pending.take(n):
+            self.apply(kind, now_ms, items, new_entries)
+        self._hours.flush_staged(everything=False)
+        self._pending.applied()
         return new_entries
 
     def commit(self) -> list[IndexEntry]:
-        """Group commit: one fsync for every change since the last commit,
-        then apply them. Returns the index entries of newly stored messages."""
-        self._check_open()
-        count = self.pending_records
+        count = len(self._pending)
         self.sync_log()
         return self.apply_pending(count)
 
-    def _apply(self, kind: records.Kind, now_ms: int, items: Sequence[records.Item],
-               new_entries: list[IndexEntry] | None) -> None:
-        """Apply one durable record (its items are all of its kind's type)."""
+    # -- applying --------------------------------------------------------------------
+
+    def apply(self, kind: records.Kind, now_ms: int, items: Sequence[records.Item],
+              new_entries: list[IndexEntry] | None) -> None:
+        """Apply one durable record (its items are all of its kind's type);
+        its new entries go to `new_entries` (None: recovery, nobody wants them)."""
         if kind is records.Kind.SEND:
-            put, dirty, topic_names = self.ids.put, self._dirty, self._topic_names
-            add_entry = None if new_entries is None else new_entries.append
-            staged: dict[tuple[Hour, int], int] = {}  # (hour, topic hash) -> entries staged: counted once
-            h: Hour | None = None
-            for item in cast(Sequence[records.SendItem], items):
-                if h is None or h.hour != item.hour:
-                    h = self._hour(item.hour)
-                if h.stage_send(item):
-                    counted = (h, item.topic_hash)
-                    staged[counted] = staged.get(counted, 0) + 1
-                    if item.topic_hash not in topic_names:
-                        topic_names[item.topic_hash] = delay_log.unpack_body(item.body).topic
-                put(item.key, item.hour, item.global_index)
-                dirty.add(h)  # after put: its look at a released message may have flushed h
-                if add_entry is not None:
-                    add_entry(tuple.__new__(IndexEntry, (
-                        item.hour, item.second, item.local_index, item.global_index, item.pre_global_index,
-                        item.trigger_ms, item.priority, item.topic_hash, item.tag_hash, WAITING, 0)))
-            for (h, topic_hash), count in staged.items():
-                h.count(topic_hash, WAITING, count)
-            return
-        if kind is records.Kind.MOVE:
+            self._apply_sends(cast(Sequence[records.SendItem], items), new_entries)
+        elif kind is records.Kind.MOVE:
             self._apply_moves(now_ms, cast(Sequence[records.MoveItem], items), new_entries)
-            return
-        for change in cast(Sequence[records.StateItem], items):
+        else:
+            self._apply_states(now_ms, cast(Sequence[records.StateItem], items))
+
+    def _apply_sends(self, items: Sequence[records.SendItem], new_entries: list[IndexEntry] | None) -> None:
+        hours = self._hours
+        put, mark_dirty, topic_names = self._ids.put, hours.mark_dirty, self._topic_names
+        add_entry = None if new_entries is None else new_entries.append
+        staged: dict[tuple[Hour, int], int] = {}  # (hour, topic hash) -> entries staged: counted once
+        h: Hour | None = None
+        for item in items:
+            if h is None or h.hour != item.hour:
+                h = hours.get_or_add(item.hour)
+            if h.stage_send(item):
+                counted = (h, item.topic_hash)
+                staged[counted] = staged.get(counted, 0) + 1
+                if item.topic_hash not in topic_names:
+                    topic_names[item.topic_hash] = delay_log.unpack_body(item.body).topic
+            put(item.key, item.hour, item.global_index)
+            mark_dirty(h)  # after put: its look at a released message may have flushed h
+            if add_entry is not None:
+                add_entry(tuple.__new__(IndexEntry, (
+                    item.hour, item.second, item.local_index, item.global_index, item.pre_global_index,
+                    item.trigger_ms, item.priority, item.topic_hash, item.tag_hash, WAITING, 0)))
+        for (h, topic_hash), count in staged.items():
+            h.count(topic_hash, WAITING, count)
+
+    def _apply_states(self, now_ms: int, items: Sequence[records.StateItem]) -> None:
+        for change in items:
             h = self._hours.get(change.hour)
             if h is None or change.global_index >= h.applied:
                 raise ContractError(f"state change for unknown message {change.hour}/{change.global_index}")
             h.stage_state(change.global_index, change.status, change.flags, change.retry)
-            self._dirty.add(h)
+            self._hours.mark_dirty(h)
             if change.status == Status.CONSUMING:
                 self._consuming[Location(change.hour, change.global_index)] = change.deadline_ms
             elif change.prev_status == Status.CONSUMING:
@@ -146,21 +160,56 @@ class Applying(HourTable):
                 raise ContractError(f"move of unknown message {move.from_hour}/{move.from_global_index}")
             to = move.to
             old.stage_state(move.from_global_index, Status.DELETED, FLAG_RELEASED | FLAG_MOVED, move.retry)
-            self._dirty.add(old)
+            self._hours.mark_dirty(old)
             old.count(to.topic_hash, move.prev_status, -1)
             if move.prev_status < Status.ACKED:  # (a re-driven one had ended there already)
                 old.ended += 1
             if move.prev_status == Status.CONSUMING:
                 self._consuming.pop(Location(move.from_hour, move.from_global_index), None)
             old.last_end_ms = max(old.last_end_ms, now_ms)
-            h = self._hour(to.hour)
+            h = self._hours.get_or_add(to.hour)
             if h.stage_send(to):
                 h.count(to.topic_hash, WAITING, 1)
                 if move.retry:
                     h.stage_state(to.global_index, WAITING, 0, move.retry)
-            self.ids.put(to.key, to.hour, to.global_index)  # after the old one's release: it reuses its slot
-            self._dirty.add(h)
+            self._ids.put(to.key, to.hour, to.global_index)  # after the old one's release: it reuses its slot
+            self._hours.mark_dirty(h)
             if new_entries is not None:
                 new_entries.append(IndexEntry(
                     to.hour, to.second, to.local_index, to.global_index, to.pre_global_index, to.trigger_ms,
                     to.priority, to.topic_hash, to.tag_hash, WAITING, move.retry))
+
+    # -- what applying keeps beside the hours ------------------------------------------
+
+    def topic_names(self) -> dict[int, str]:
+        return dict(self._topic_names)
+
+    def topic_count(self) -> int:
+        """How many topics `topic_names` holds, O(1)."""
+        return len(self._topic_names)
+
+    def has_topic(self, topic: str) -> bool:
+        return self._topic_names.get(text_hash(topic)) == topic
+
+    def keep_topics(self, live: Set[int]) -> None:
+        """Forget the names of topics not in `live` (their hours retired)."""
+        self._topic_names = {th: name for th, name in self._topic_names.items() if th in live}
+
+    def ack_deadline(self, where: Location) -> int | None:
+        """The ack deadline of a CONSUMING message (None: not in flight, or unknown)."""
+        return self._consuming.get(where) or None
+
+    def consuming(self) -> dict[Location, int]:
+        return dict(self._consuming)
+
+    def consuming_rows(self) -> tuple[tuple[int, int, int], ...]:
+        """The in-flight set as the checkpoint keeps it: (hour, globalIndex, deadline)."""
+        return tuple((hour, gi, deadline) for (hour, gi), deadline in self._consuming.items())
+
+    def found_consuming(self, where: Location) -> None:
+        """A CONSUMING message found by a scan (a checkpoint from before the
+        in-flight set was kept): in flight, its deadline unknown."""
+        self._consuming.setdefault(where, 0)
+
+    def __repr__(self) -> str:
+        return f"Applier(topics={len(self._topic_names)}, consuming={len(self._consuming)}, pending={len(self._pending)})"

@@ -1,146 +1,137 @@
-"""The store's state, and the hours it holds with their open files.
+"""The hours (and spans) a store holds, and the cache of their open files.
 
-`HourTable` is the base of `storage.store.Store`: it owns every field the
-store's parts share (the hours, the pending overlays of records appended
-but not applied, the in-flight set, the commit log and the id index) and
-the one part everything else leans on, the file cache:
+`HourTable` is the store's one record of which hours exist: each `Hour`
+(storage.hour) with its counters, its write stage and, while open, its
+files. Every other part of the store (storage.store) receives it and asks
+it for hours; none keeps hours of its own.
 
     near hours   the hour of `now_ms` and the next one: memory-mapped,
                  opened on first use, reopened plainly when `advance()`
                  moves past them
     far hours    every other hour or span: pread/pwrite through at most
-                 `_far_limit` open hours (three descriptors each), least
+                 `far_limit` open hours (three descriptors each), least
                  recently used closed first
 
-An `Hour` (storage.hour) stages the bytes applied records give it;
-`_flush_staged` writes near hours' stages after every apply (the wheel
-reads them soon) and far hours' only past STAGE_LIMIT_BYTES in all, and
-`_readable(h)` writes h's stage before anything reads h's files, so the
-stage is never visible.
+Worked example (far_limit 2): files(a), files(b), files(c) for three far
+hours opens a, then b, then closes a to open c; files(b) again moves b to
+the back of the line, so the next far hour opened closes c.
 
-The parts built on it, each in its own module: storage.applying (records
-into derived files), storage.reading (lookups and scans),
-storage.placement (sends and status changes), storage.refile (moves),
-storage.recovery (open), storage.retention (checkpoints).
+Staging: applying a record stages bytes in an `Hour` and marks it dirty
+here (`mark_dirty`). `flush_staged` writes near hours' stages after every
+apply (the wheel reads them soon) and far hours' only past
+STAGE_LIMIT_BYTES in all; `readable(h)` writes h's stage before anything
+reads h's files, so the stage is never visible. Invariant: an hour with
+staged bytes is in the dirty set, and its files are open or it is flushed
+when they are closed.
+
+Cost: O(1) per lookup; memory O(hours), the open files bounded. One
+thread calls it.
 """
 
 from __future__ import annotations
 
 import os
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterator
 
 from sortedcontainers import SortedList
 
-from . import records, spans
-from .commit_log import CommitLog
-from .config import StoreConfig
-from .disk_room import DiskRoom
-from .entry import MS_PER_HOUR, Location, Message
-from .errors import StoreClosedError
-from .files import far_hours_limit
+from . import spans
+from .delay_index import FLAG_RELEASED
+from .entry import MS_PER_HOUR
+from .fileutil import fsync_dir
 from .hour import Hour
-from .hour_files import HourFiles
-from .id_index import IdIndex
+from .hour_files import HourFiles, hour_paths
 
-# The hour the store is told before any advance(): none a clock can give.
+# The hour the table is told before any advance(): none a clock can give.
 NO_HOUR = -(1 << 63)
 # Staged bytes of far hours kept before they are written (see storage.hour).
 STAGE_LIMIT_BYTES = 8 * 1024 * 1024
 
 
 class HourTable:
-    """The state every part of the store shares, and the file cache (see
-    the module docstring). One thread calls it."""
+    """The live hours, their files and their stages (see the module docstring)."""
 
-    def __init__(self, directory: str, config: StoreConfig) -> None:
-        self.directory = directory
-        self.config = config
-        self._delay_dir = os.path.join(directory, "delay")
+    def __init__(self, delay_dir: str, far_limit: int) -> None:
+        self.delay_dir = delay_dir  # where the hours' files are (storage.hour_files)
         self._hours: dict[int, Hour] = {}
-        self._hour_order = SortedList()
-        self._far_open: OrderedDict[int, Hour] = OrderedDict()
+        self._order = SortedList()  # the keys of _hours, ascending (spans after every hour)
+        self._far_open: OrderedDict[int, Hour] = OrderedDict()  # far hours with open files, least recent first
+        self._far_limit = far_limit
         self._near: tuple[int, ...] = ()
         self._now_hour = NO_HOUR  # the hour of the last advance()
-        self._pending: list[tuple[records.Kind, int, Sequence[records.Item]]] = []
-        self._pending_slots: dict[tuple[int, int], tuple[int, int]] = {}
-        self._pending_ids: dict[int, list[Message]] = {}
-        # (hour, globalIndex) -> (status, flags, retry, topic hash)
-        self._pending_state: dict[tuple[int, int], tuple[int, int, int, int]] = {}
-        self._topic_names: dict[int, str] = {}
-        # Every CONSUMING message and its ack deadline (0: unknown), kept in
-        # the checkpoint and by every record applied: O(messages in flight),
-        # which the broker caps.
-        self._consuming: dict[Location, int] = {}
         self._dirty: set[Hour] = set()  # hours with staged bytes (see storage.hour)
-        self._staged_bytes = 0  # their total, as of the last apply (an upper bound)
-        self._pending_far_bytes = 0  # far-hour bytes of sends appended, not applied yet
-        self._disk_room = DiskRoom(directory)
-        self._closed = False
-        self._far_limit = far_hours_limit(config.open_far_hours)
-        self._checkpoint_offset = -1  # commit offset of the last checkpoint read or written
-        self.log: CommitLog
-        self.ids: IdIndex
+        self._staged_bytes = 0  # their total, as of the last flush_staged (an upper bound)
 
-    # -- the commit log's extent, for those outside storage/ ------------------
+    # -- which hours there are ---------------------------------------------------
 
-    @property
-    def log_end_offset(self) -> int:
-        """The offset the next record appended to the commit log will get
-        (appended: durable only after `commit()`)."""
-        return self.log.end_offset
+    def get(self, hour: int) -> Hour | None:
+        return self._hours.get(hour)
 
-    @property
-    def log_start_offset(self) -> int:
-        """The offset of the oldest record still in the commit log (older
-        segments were deleted by a checkpoint)."""
-        return self.log.start_offset
+    def __getitem__(self, hour: int) -> Hour:
+        return self._hours[hour]
 
-    def log_segment_ends(self) -> dict[str, int]:
-        """Each commit-log segment's file name -> the file position where
-        its records end: how much of each a snapshot copies."""
-        return self.log.segment_ends()
+    def __contains__(self, hour: object) -> bool:
+        return hour in self._hours
 
-    # -- hours and their files --------------------------------------------------
+    def __len__(self) -> int:
+        return len(self._hours)
 
-    def _add_hour(self, h: Hour) -> None:
+    def add(self, h: Hour) -> None:
         self._hours[h.hour] = h
-        self._hour_order.add(h.hour)
+        self._order.add(h.hour)
 
-    def _hour(self, hour: int) -> Hour:
+    def get_or_add(self, hour: int) -> Hour:
         h = self._hours.get(hour)
         if h is None:
             h = Hour(hour)
-            self._add_hour(h)
+            self.add(h)
         return h
 
-    def _files(self, h: Hour) -> HourFiles:
-        """Open files of hour `h` (creating them on its first write)."""
-        if h.files is not None:
-            if not h.files.mapped:
-                self._far_open.move_to_end(h.hour)
-            return h.files
-        mapped = h.hour in self._near
-        h.files = HourFiles(self._delay_dir, h.hour, mapped, create=True)
-        if not mapped:
-            self._far_open[h.hour] = h
-            if len(self._far_open) > self._far_limit:
-                _, old = self._far_open.popitem(last=False)
-                self._close_files(old)
-        return h.files
+    def ascending(self, first: int | None = None, last: int | None = None) -> Iterator[Hour]:
+        """The hours from `first` to `last` (both included; None: no bound),
+        ascending. Spans sort after every hour (storage.spans)."""
+        for hour in self._order.irange(first, last):
+            yield self._hours[hour]
 
-    def _close_files(self, h: Hour) -> None:
+    def retire(self, hour: int) -> Hour:
+        """Forget `hour` (its files closed, not deleted: see `delete_files`)."""
+        h = self._hours.pop(hour)
+        self._order.remove(hour)
+        self._close_files(h)
+        return h
+
+    def discard_unapplied(self, hour: int) -> None:
+        """Forget an hour that only placements of a record never appended
+        made, deleting the empty files a send may have created for it."""
+        h = self._hours.pop(hour)
+        self._order.remove(hour)
         if h.files is not None:
-            if h in self._dirty:
-                h.flush(h.files)
-                self._dirty.discard(h)
-            h.files.close(h.entries, h.log_bytes)
-            h.files = None
-            h.forget_slots()
-            self._far_open.pop(h.hour, None)
+            h.files.close(0, 0)
+            self._far_open.pop(hour, None)
+            for path in hour_paths(self.delay_dir, hour):
+                os.unlink(path)
+
+    def delete_files(self, hours: tuple[int, ...]) -> None:
+        """Delete the files of retired hours, durably."""
+        for hour in hours:
+            for path in hour_paths(self.delay_dir, hour):
+                os.unlink(path)
+        if hours:
+            fsync_dir(self.delay_dir)
+
+    # -- time --------------------------------------------------------------------
+
+    @property
+    def now_hour(self) -> int:
+        """The hour of the last `advance()` (NO_HOUR before the first)."""
+        return self._now_hour
+
+    def is_near(self, hour: int) -> bool:
+        return hour in self._near
 
     def advance(self, now_ms: int) -> None:
-        """Tell the store the time; when the hour changes, the mapped pair of
+        """Tell the table the time; when the hour changes, the mapped pair of
         near hours moves with it."""
         now_hour = now_ms // MS_PER_HOUR
         if now_hour == self._now_hour:
@@ -153,7 +144,78 @@ class HourTable:
                 self._close_files(h)  # reopened in the right mode on next use
         self._near = near
 
-    def _flush_staged(self, everything: bool) -> None:
+    # -- files -------------------------------------------------------------------
+
+    def files(self, h: Hour) -> HourFiles:
+        """Open files of hour `h` (creating them on its first write)."""
+        if h.files is not None:
+            if not h.files.mapped:
+                self._far_open.move_to_end(h.hour)
+            return h.files
+        mapped = h.hour in self._near
+        h.files = HourFiles(self.delay_dir, h.hour, mapped, create=True)
+        if not mapped:
+            self._far_open[h.hour] = h
+            if len(self._far_open) > self._far_limit:
+                _, old = self._far_open.popitem(last=False)
+                self._close_files(old)
+        return h.files
+
+    def readable(self, h: Hour) -> HourFiles:
+        """h's files with everything staged for h written."""
+        files = self.files(h)
+        if h in self._dirty:
+            h.flush(files)
+            self._dirty.discard(h)
+        return files
+
+    def _close_files(self, h: Hour) -> None:
+        if h.files is not None:
+            if h in self._dirty:
+                h.flush(h.files)
+                self._dirty.discard(h)
+            h.files.close(h.entries, h.log_bytes)
+            h.files = None
+            h.forget_slots()
+            self._far_open.pop(h.hour, None)
+
+    def shed(self) -> None:
+        """Return the open files' cached pages (after a checkpoint)."""
+        for h in self._hours.values():
+            if h.files is not None:
+                h.files.shed()
+
+    def close(self) -> None:
+        """Write everything staged and close every file, each cut to its data."""
+        self.flush_staged(everything=True)
+        for h in list(self._hours.values()):
+            self._close_files(h)
+
+    def release(self) -> None:
+        """Close every file as it is, nothing written or cut: for a directory
+        the store refused to open."""
+        for h in self._hours.values():
+            if h.files is not None:
+                for f in (h.files.log, h.files.idx, h.files.sec):
+                    f.close()
+                h.files = None
+
+    # -- staging -----------------------------------------------------------------
+
+    def mark_dirty(self, h: Hour) -> None:
+        """Bytes were staged in `h` (storage.hour)."""
+        self._dirty.add(h)
+
+    @property
+    def dirty_count(self) -> int:
+        return len(self._dirty)
+
+    @property
+    def staged_bytes(self) -> int:
+        """Bytes staged in far hours, as of the last `flush_staged` (an upper bound)."""
+        return self._staged_bytes
+
+    def flush_staged(self, everything: bool) -> None:
         """Write staged bytes: always for near hours (the dispatcher reads
         them soon), for far hours only past STAGE_LIMIT_BYTES or when asked."""
         if not self._dirty:
@@ -165,36 +227,29 @@ class HourTable:
             everything = staged > STAGE_LIMIT_BYTES
         for h in list(self._dirty):
             if everything or h.hour in self._near:
-                h.flush(self._files(h))
+                h.flush(self.files(h))
                 self._dirty.discard(h)
         self._staged_bytes = 0 if everything else staged
 
-    def _readable(self, h: Hour) -> HourFiles:
-        """h's files with everything staged for h written."""
-        files = self._files(h)
-        if h in self._dirty:
-            h.flush(files)
-            self._dirty.discard(h)
-        return files
+    # -- reads every part needs ----------------------------------------------------
 
-    def _span_start(self, h: Hour) -> int | None:
+    def span_start(self, h: Hour) -> int | None:
         """A span's first hour, from its first applied entry (None: none yet)."""
         if h.start is None and h.applied:
-            h.start = spans.start_hour(h.hour, self._readable(h).read_entry(0)[0].trigger_ms)
+            h.start = spans.start_hour(h.hour, self.readable(h).read_entry(0)[0].trigger_ms)
         return h.start
 
-    def _release_files(self) -> None:
-        for h in self._hours.values():
-            if h.files is not None:  # closed as they are: a refused directory is not cut
-                for f in (h.files.log, h.files.idx, h.files.sec):
-                    f.close()
-                h.files = None
-        for part in ("ids", "log"):
-            opened = self.__dict__.get(part)
-            if opened is not None:
-                opened.close()
+    def released(self, hour: int, global_index: int) -> bool:
+        """True if the applied state of the message says it was deleted for
+        good (the id index reuses its slot for the next one under its id)."""
+        h = self._hours.get(hour)
+        if h is None or global_index >= h.applied:
+            return False
+        flags = h.staged_flags(global_index)
+        if flags is None:
+            flags = self.readable(h).read_entry(global_index)[3]
+        return bool(flags & FLAG_RELEASED)
 
-    def _check_open(self) -> None:
-        if self._closed:
-            raise StoreClosedError(f"store {self.directory!r} is closed")
-
+    def __repr__(self) -> str:
+        return (f"HourTable({self.delay_dir!r}, hours={len(self._hours)}, near={self._near}, "
+                f"far_open={len(self._far_open)}/{self._far_limit}, dirty={len(self._dirty)})")

@@ -17,30 +17,38 @@ Worked example: two sends for second 5 of hour h, nothing there yet:
 the first gets globalIndex 0, localIndex 0, preGlobalIndex -1; the second
 globalIndex 1, localIndex 1, preGlobalIndex 0; the overlay holds (1, 2).
 
-If the append fails (a full disk, a record too large), `_undo_placements`
-puts every counter and overlay back from what `_place` and `_pend_id`
-noted, so the next send numbers on without a gap. `update` appends status
-changes the same way, through the `_pending_state` overlay.
+If the append fails (a full disk, a record too large), `undo` puts every
+counter and overlay back from what `place` and `pend_id` noted, so the
+next send numbers on without a gap. `update` appends status changes the
+same way, through the pending states (storage.pending).
 
-The loop of `_send_items` and `_place` is the ingest path's hottest code:
+`Placement` owns only the disk-room check (storage.disk_room); the
+counters it moves are the hours' (storage.hour_table), the overlays are
+`Pending`'s, and what a send must not duplicate it asks the `Reader`.
+storage.refile places moved messages through it too.
+
+The loop of `_send_items` and `place` is the ingest path's hottest code:
 it binds what it calls to locals and builds its NamedTuples with
 `tuple.__new__`; keep it that way.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable, Sequence
 
 from . import delay_index, delay_log, records, spans
+from .commit_log import CommitLog
 from .delay_index import FLAG_RELEASED
 from .delay_log import ALIGN_BYTES
+from .disk_room import DiskRoom
 from .entry import MS_PER_HOUR, MS_PER_SECOND, Location, Message, Status
 from .errors import InvalidRequest, InvariantError
 from .fileutil import PAGE_BYTES
 from .framing import FRAME_HEADER_BYTES
-from .hour_files import hour_paths
-from .reading import Reading
+from .hour_table import HourTable
+from .id_index import IdIndex
+from .pending import Pending, State
+from .reading import Reader
 from .types import (
     DUPLICATE,
     MAX_RECORD_CHARS,
@@ -54,10 +62,10 @@ from .types import (
 )
 
 WAITING = Status.WAITING
-# _place pads a frame with `(size + 7) & ~7` written out: the send loop
+# place pads a frame with `(size + 7) & ~7` written out: the send loop
 # calls nothing it can do without.
 if ALIGN_BYTES != 8:
-    raise InvariantError(f"_place pads frames to 8 bytes, the delay log to {ALIGN_BYTES}")
+    raise InvariantError(f"place pads frames to 8 bytes, the delay log to {ALIGN_BYTES}")
 # What a record's placements moved, to put back if it is not appended:
 # file id -> (entries, log_bytes, created by this record) before it ...
 UndoHours = dict[int, tuple[int, int, bool]]
@@ -65,75 +73,61 @@ UndoHours = dict[int, tuple[int, int, bool]]
 UndoSlots = dict[tuple[int, int], tuple[int, int] | None]
 
 
-class Placement(Reading):
-    """Sends and status changes (see the module docstring)."""
+class Placement:
+    """Sends and status changes (see the module docstring; each call's
+    contract is on `storage.store.Store`). One thread calls it."""
+
+    def __init__(self, directory: str, hours: HourTable, pending: Pending, ids: IdIndex, log: CommitLog,
+                 reader: Reader) -> None:
+        self._hours = hours
+        self._pending = pending
+        self._ids = ids
+        self._log = log
+        self._reader = reader
+        self._disk_room = DiskRoom(directory)
 
     def send(self, batch: Sequence[NewMessage], now_ms: int) -> list[SendResult]:
-        """Append a batch of new messages as one commit-log record.
-
-        A message whose (topic, msgId) exists (stored, or earlier in this
-        batch) is not stored again: its result is DUPLICATE with the stored
-        message. Durable, and visible to readers, after `commit()`.
-        Raises InvalidRequest (nothing appended) for out-of-range fields,
-        and OSError(ENOSPC) (nothing appended) if the disk lacks room for
-        what the batch will write (see `_make_room`); if the append itself
-        fails, every counter and overlay it touched is put back, so the
-        next send numbers on without a gap."""
-        self._check_open()
         for i, m in enumerate(batch):
             validate_message(m, i)
         if sum(len(m.msg) for m in batch) > MAX_RECORD_CHARS:
             raise InvalidRequest("batch", f"messages total more than {MAX_RECORD_CHARS} characters; split it")
-        self.advance(now_ms)
+        self._hours.advance(now_ms)
         results: list[SendResult] = []
         items: list[records.SendItem] = []
         hashes: dict[str, int] = {}  # topic and tag hashes, once per batch
-        undo_hours: dict[int, tuple[int, int, bool]] = {}  # hour -> (entries, log_bytes, created here)
-        undo_slots: dict[tuple[int, int], tuple[int, int] | None] = {}
+        undo_hours: UndoHours = {}
+        undo_slots: UndoSlots = {}
         undo_ids: list[int] = []
         try:
             self._send_items(batch, now_ms, results, items, hashes, undo_hours, undo_slots, undo_ids)
             if items:
                 body = records.encode(records.Kind.SEND, now_ms, items)
-                far_bytes = self._make_room(items, undo_hours, len(body))
-                self.log.append(body)
-                self._pending.append((records.Kind.SEND, now_ms, items))
-                self._pending_far_bytes += far_bytes
+                far_bytes = self.make_room(items, undo_hours, len(body))
+                self._pending.append(body, records.Kind.SEND, now_ms, items, far_bytes)
         except BaseException:
-            self._undo_placements(undo_hours, undo_slots, undo_ids)
+            self.undo(undo_hours, undo_slots, undo_ids)
             raise
         return results
 
-    def _undo_placements(self, undo_hours: UndoHours, undo_slots: UndoSlots, undo_ids: list[int]) -> None:
-        """Put back every counter and overlay `_place` and `_pend_id` moved
+    def undo(self, undo_hours: UndoHours, undo_slots: UndoSlots, undo_ids: list[int]) -> None:
+        """Put back every counter and overlay `place` and `pend_id` moved
         for a record that was not appended."""
-        pending_slots, pending_ids = self._pending_slots, self._pending_ids
         for hour, (entries, log_bytes, created) in undo_hours.items():
             if created:
-                h = self._hours.pop(hour)
-                self._hour_order.remove(hour)
-                if h.files is not None:  # made by _make_room, empty
-                    h.files.close(0, 0)
-                    for path in hour_paths(self._delay_dir, hour):
-                        os.unlink(path)
+                self._hours.discard_unapplied(hour)
             else:
-                self._hours[hour].entries, self._hours[hour].log_bytes = entries, log_bytes
+                h = self._hours[hour]
+                h.entries, h.log_bytes = entries, log_bytes
         for slot, before in undo_slots.items():
-            if before is None:
-                del pending_slots[slot]
-            else:
-                pending_slots[slot] = before
+            self._pending.set_slot(slot, before)
         for key in reversed(undo_ids):
-            same_key = pending_ids[key]
-            same_key.pop()
-            if not same_key:
-                del pending_ids[key]
+            self._pending.drop_last_message(key)
 
     def _send_items(self, batch: Sequence[NewMessage], now_ms: int, results: list[SendResult],
                     items: list[records.SendItem], hashes: dict[str, int], undo_hours: UndoHours,
                     undo_slots: UndoSlots, undo_ids: list[int]) -> None:
-        key_of, find, pack_body = self.ids.key_of_bytes, self._find, delay_log.pack_body
-        place, pend_id = self._place, self._pend_id
+        key_of, find, pack_body = self._ids.key_of_bytes, self._reader.find, delay_log.pack_body
+        place, pend_id = self.place, self.pend_id
         append_result, append_item = results.append, items.append
         new = tuple.__new__  # NamedTuples built without their Python-level __new__ (the send path's hottest loop)
         for m in batch:
@@ -163,7 +157,7 @@ class Placement(Reading):
             pend_id(key, message, undo_ids)
             append_result(new(SendResult, (STORED, message)))
 
-    def _place(self, filing_ms: int, trigger_ms: int, priority: int, topic_hash: int, tag_hash: int, key: int,
+    def place(self, filing_ms: int, trigger_ms: int, priority: int, topic_hash: int, tag_hash: int, key: int,
                body: bytes, undo_hours: UndoHours, undo_slots: UndoSlots) -> records.SendItem:
         """The coordinates of a new entry filed under the hour and second of
         `filing_ms`, in the file storage.spans names for that hour now; the
@@ -171,50 +165,44 @@ class Placement(Reading):
         previous values noted in `undo_hours` and `undo_slots`)."""
         hour, rest_ms = divmod(filing_ms, MS_PER_HOUR)
         second = rest_ms // MS_PER_SECOND
-        file_id = spans.file_for(hour, self._now_hour)
-        h = self._hours.get(file_id)
+        hours, pending = self._hours, self._pending
+        file_id = spans.file_for(hour, hours.now_hour)
+        h = hours.get(file_id)
         if file_id not in undo_hours:
             undo_hours[file_id] = (h.entries, h.log_bytes, False) if h is not None else (0, 0, True)
         if h is None:
-            h = self._hour(file_id)
+            h = hours.get_or_add(file_id)
         gi = h.entries
         h.entries = gi + 1
         slot = (file_id, second)
-        pending_slots = self._pending_slots
-        before = pending_slots.get(slot)
-        last, count = before or self._slot(h, second)
+        before = pending.slot(slot)
+        last, count = before or self._reader.slot(h, second)
         frame_size = FRAME_HEADER_BYTES + len(body)
         offset8 = h.log_bytes >> 3
         h.log_bytes += (frame_size + 7) & ~7  # delay_log.padded_bytes, written out (checked below)
         if slot not in undo_slots:
             undo_slots[slot] = before
-        pending_slots[slot] = (gi, count + 1)
+        pending.set_slot(slot, (gi, count + 1))
         return tuple.__new__(records.SendItem, (file_id, gi, last, count, second, offset8, frame_size, trigger_ms,
                                                 priority, topic_hash, tag_hash, key, body))
 
-    def _pend_id(self, key: int, message: Message, undo_ids: list[int]) -> None:
+    def pend_id(self, key: int, message: Message, undo_ids: list[int]) -> None:
         """Make a message appended but not applied findable by its id."""
-        same_key = self._pending_ids.get(key)
-        if same_key is None:
-            self._pending_ids[key] = [message]
-        else:
-            same_key.append(message)
+        self._pending.add_message(key, message)
         undo_ids.append(key)
 
     def update(self, changes: Iterable[StateChange], now_ms: int) -> None:
-        """Append status/retry changes as one record; in place after commit."""
-        self._check_open()
-        self.advance(now_ms)
+        self._hours.advance(now_ms)
         items = []
-        staged: dict[tuple[int, int], tuple[int, int, int, int]] = {}  # published only if every change is valid
+        staged: dict[tuple[int, int], State] = {}  # published only if every change is valid
         for change in changes:
             hour, gi = change.location
             known = staged.get(change.location)
             if known is None and change.prev_status:
                 known = (change.prev_status, 0, change.retry, change.topic_hash)
-            status, flags, retry, topic_hash = known or self._state(change.location)
+            status, flags, retry, topic_hash = known or self._reader.state(change.location)
             if topic_hash < 0:
-                topic_hash = self._pending_topic_hash(change.location)
+                topic_hash = self._pending.topic_hash_of(change.location)
             if change.retry < 0 or change.retry > MAX_RETRY_COUNT:
                 raise InvalidRequest("retry", f"must be in 0..{MAX_RETRY_COUNT}, got {change.retry}")
             new_flags = flags | (FLAG_RELEASED if change.released else 0)
@@ -222,10 +210,10 @@ class Placement(Reading):
                                            change.deadline_ms))
             staged[change.location] = (int(change.status), new_flags, change.retry, topic_hash)
         if items:
-            self._append(records.Kind.STATE, now_ms, items)
-        self._pending_state.update(staged)  # only once the record is in the log
+            self._pending.append(records.encode(records.Kind.STATE, now_ms, items), records.Kind.STATE, now_ms, items)
+        self._pending.set_states(staged)  # only once the record is in the log
 
-    def _make_room(self, items: list[records.SendItem], hours: Iterable[int], record_bytes: int) -> int:
+    def make_room(self, items: list[records.SendItem], hours: Iterable[int], record_bytes: int) -> int:
         """Make sure the writes a send commits the store to will find disk
         room, or refuse it (OSError ENOSPC) before anything is appended: the
         mapped files of near hours are grown now to hold the batch (a write
@@ -234,17 +222,20 @@ class Placement(Reading):
         -- far hours' staged bytes, sends appended but not applied, this
         batch's far-hour bytes, the commit log's next reservation -- plus
         DISK_HEADROOM_BYTES (storage.disk_room). Returns this batch's far-hour bytes."""
-        near = self._near
+        table = self._hours
         grown = 0  # bytes the near hours' files took now (a growth doubles a file)
         for hour in hours:
-            if hour in near:
-                h = self._hours[hour]
-                files = self._files(h)
+            if table.is_near(hour):
+                h = table[hour]
+                files = table.files(h)
                 before = files.mapped_bytes()
                 files.reserve(h.entries, h.log_bytes)
                 grown += files.mapped_bytes() - before
-        far_bytes = sum(item.frame_size + delay_index.ENTRY_BYTES + 16 for item in items if item.hour not in near)
-        need = (self._staged_bytes + self._pending_far_bytes + far_bytes + self.log.allocation_for(record_bytes)
-                + 3 * PAGE_BYTES * (len(self._dirty) + 1))
+        far_bytes = sum(item.frame_size + delay_index.ENTRY_BYTES + 16 for item in items if not table.is_near(item.hour))
+        need = (table.staged_bytes + self._pending.far_bytes + far_bytes + self._log.allocation_for(record_bytes)
+                + 3 * PAGE_BYTES * (table.dirty_count + 1))
         self._disk_room.check(need, record_bytes + far_bytes + grown)
         return far_bytes
+
+    def __repr__(self) -> str:
+        return f"Placement({self._disk_room!r})"

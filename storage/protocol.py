@@ -1,5 +1,6 @@
 """The public protocol of a delay-message store, shared by the disk engine
-(`storage.store.Store`) and its reference model (`storage.memory.InMemoryStore`).
+(`storage.store.Store`) and its reference model (`InMemoryStore`, which
+lives with the tests that drive both: tests/memory_store.py).
 
 Callers (the broker, the timing wheel, the tests) type against this, so a
 test can drive both implementations with the same calls and compare.

@@ -8,15 +8,19 @@ the second of `now_ms` as a late send. `move()` does the same for chosen
 messages with new trigger times (a reschedule, a re-drive).
 
 Either way one MOVE record is appended: for each message, where it was
-and its new coordinates (assigned by `_place`, as a send's). Applied
-(storage.applying), the old entry ends -- released, flagged moved -- and
-the message is staged at its new place under the same id, body,
-priority and tag. A `_Moves` collects the record and what to undo if
-the append fails.
+and its new coordinates (assigned by `Placement.place`, as a send's).
+Applied (storage.applying), the old entry ends -- released, flagged
+moved -- and the message is staged at its new place under the same id,
+body, priority and tag. A `_Moves` collects the record and what to undo
+if the append fails (`Placement.undo`).
 
 `refile` reads each due span from where it stopped last (`Hour.refiled`),
 so repeated calls cost O(messages moved), not O(span); at most
 REFILE_STEP moves per record.
+
+`Refiler` owns nothing but that rule: the cursors are the spans' own
+(storage.hour), and it places, undoes and makes room through the
+`Placement` it is given, as a send does.
 """
 
 from __future__ import annotations
@@ -30,6 +34,9 @@ from .entry import MS_PER_HOUR, IndexEntry, Location, Message, Status
 from .errors import InvalidRequest
 from .hour import Hour
 from .hour_files import HourFiles
+from .hour_table import HourTable
+from .id_index import IdIndex
+from .pending import Pending, State
 from .placement import Placement, UndoHours, UndoSlots
 from .types import MAX_RETRY_COUNT
 
@@ -42,36 +49,34 @@ REFILE_STEP = 1024
 class _Moves:
     """A MOVE record being built, and what to put back if it is not appended."""
     moves: list[records.MoveItem] = field(default_factory=list)
-    states: dict[tuple[int, int], tuple[int, int, int, int]] = field(default_factory=dict)  # old entries' new state
+    states: dict[tuple[int, int], State] = field(default_factory=dict)  # old entries' new state
     undo_hours: UndoHours = field(default_factory=dict)
     undo_slots: UndoSlots = field(default_factory=dict)
     undo_ids: list[int] = field(default_factory=list)
 
 
-class Refiling(Placement):
-    """Moves and span refiling (see the module docstring)."""
+class Refiler:
+    """Moves and span refiling (see the module docstring; each call's
+    contract is on `storage.store.Store`). One thread calls it."""
+
+    def __init__(self, hours: HourTable, pending: Pending, ids: IdIndex, placement: Placement) -> None:
+        self._hours = hours
+        self._pending = pending
+        self._ids = ids
+        self._placement = placement
 
     def refile(self, now_ms: int, max_moves: int = REFILE_STEP) -> int:
-        """Append one MOVE record filing up to `max_moves` waiting messages of
-        due spans again, by the rule of storage.spans at `now_ms` (smaller
-        spans, or their own hours; an overdue one into the second of
-        `now_ms`, as a late send). Returns how many it moved: 0 when no due
-        span holds a waiting message whose record is applied. The leader
-        calls it (a follower applies its records); like a send, the moves
-        are durable and visible after `commit()`, their new entries
-        returned by it for the wheel."""
-        self._check_open()
-        self.advance(now_ms)
+        self._hours.advance(now_ms)
         batch = _Moves()
         cursors: dict[Hour, int] = {}
         try:
             for h in self._due_spans(now_ms):
-                files = self._readable(h)
+                files = self._hours.readable(h)
                 gi = h.refiled
                 while gi < h.applied and len(batch.moves) < max_moves:
                     entry, offset8, size, flags = files.read_entry(gi)
                     where = Location(h.hour, gi)
-                    status, flags, retry, _ = self._pending_state.get(where) or (entry.status, flags, entry.retry, 0)
+                    status, flags, retry, _ = self._pending.states.get(where) or (entry.status, flags, entry.retry, 0)
                     gi += 1
                     if status != WAITING or flags & FLAG_RELEASED:
                         continue
@@ -81,35 +86,23 @@ class Refiling(Placement):
                     break
             self._append_moves(batch, now_ms)
         except BaseException:
-            self._undo_placements(batch.undo_hours, batch.undo_slots, batch.undo_ids)
+            self._placement.undo(batch.undo_hours, batch.undo_slots, batch.undo_ids)
             raise
-        self._pending_state.update(batch.states)
+        self._pending.set_states(batch.states)
         for h, gi in cursors.items():
             h.refiled = gi
         return len(batch.moves)
 
     def next_refile_ms(self) -> int | None:
-        """When `refile()` next has work: the time the first span holding
-        waiting messages not yet moved falls due (None: no such span)."""
         first = None
         for h in self._spans_to_move():
-            start = self._span_start(h)
+            start = self._hours.span_start(h)
             due_ms = 0 if start is None else (start - (1 << spans.span_shift(h.hour)) + 1) * MS_PER_HOUR
             first = due_ms if first is None else min(first, due_ms)
         return first
 
     def move(self, changes: Sequence[tuple[Location, int, int]], now_ms: int) -> list[Message]:
-        """File messages again with new trigger times, as one MOVE record: each
-        (location, trigger_ms, retry) keeps its id, body, priority and tag,
-        and becomes WAITING at the place a send at `now_ms` with that
-        trigger time would take, with `retry`; the old entry is released
-        (storage.records). For a reschedule or a re-drive: the caller
-        checks the status allows it, and makes a message due now READY.
-        Returns the messages at their new places (pending, as a send's).
-        Raises InvalidRequest, appending nothing, for a location that holds
-        no live message or one listed twice."""
-        self._check_open()
-        self.advance(now_ms)
+        self._hours.advance(now_ms)
         batch = _Moves()
         moved: list[Message] = []
         try:
@@ -119,34 +112,33 @@ class Refiling(Placement):
                     raise InvalidRequest(f"[{i}].location", f"no movable message at {where}")
                 if not 0 <= retry <= MAX_RETRY_COUNT:
                     raise InvalidRequest(f"[{i}].retry", f"must be in 0..{MAX_RETRY_COUNT}, got {retry}")
-                files = self._readable(h)
+                files = self._hours.readable(h)
                 entry, offset8, size, flags = files.read_entry(where.global_index)
-                status, flags, _, _ = self._pending_state.get(where) or (entry.status, flags, entry.retry, 0)
+                status, flags, _, _ = self._pending.states.get(where) or (entry.status, flags, entry.retry, 0)
                 if flags & FLAG_RELEASED:
                     raise InvalidRequest(f"[{i}].location", f"the message at {where} was released")
                 moved.append(self._move_one(batch, files, entry, offset8, size, flags, status, retry,
                                             max(0, trigger_ms), now_ms))
             self._append_moves(batch, now_ms)
         except BaseException:
-            self._undo_placements(batch.undo_hours, batch.undo_slots, batch.undo_ids)
+            self._placement.undo(batch.undo_hours, batch.undo_slots, batch.undo_ids)
             raise
-        self._pending_state.update(batch.states)
+        self._pending.set_states(batch.states)
         return moved
 
     def _append_moves(self, batch: _Moves, now_ms: int) -> None:
         if batch.moves:
             body = records.encode(records.Kind.MOVE, now_ms, batch.moves)
-            self._pending_far_bytes += self._make_room([m.to for m in batch.moves], batch.undo_hours, len(body))
-            self.log.append(body)
-            self._pending.append((records.Kind.MOVE, now_ms, batch.moves))
+            far_bytes = self._placement.make_room([m.to for m in batch.moves], batch.undo_hours, len(body))
+            self._pending.append(body, records.Kind.MOVE, now_ms, batch.moves, far_bytes)
 
     def _move_one(self, batch: _Moves, files: HourFiles, entry: IndexEntry, offset8: int, size: int, flags: int,
                   status: int, retry: int, trigger_ms: int, now_ms: int) -> Message:
         """Place one message anew (see `move`), into `batch`."""
         raw = files.read_body(offset8, size)
         body = delay_log.unpack_body(raw)
-        key = self.ids.key_of_bytes(body.topic.encode(), body.msg_id.encode())
-        to = self._place(max(trigger_ms, now_ms), trigger_ms, entry.priority, entry.topic_hash, entry.tag_hash, key,
+        key = self._ids.key_of_bytes(body.topic.encode(), body.msg_id.encode())
+        to = self._placement.place(max(trigger_ms, now_ms), trigger_ms, entry.priority, entry.topic_hash, entry.tag_hash, key,
                          raw, batch.undo_hours, batch.undo_slots)
         where = entry.location
         batch.moves.append(records.MoveItem(where.hour, where.global_index, status, retry, to))
@@ -154,19 +146,18 @@ class Refiling(Placement):
         message = Message(body.topic, body.msg_id, body.msg, body.produce_ms, trigger_ms, body.ttl_ms, body.max_retry,
                           entry.priority, body.tag, Status.WAITING, retry, Location(to.hour, to.global_index),
                           body.key)
-        self._pend_id(key, message, batch.undo_ids)
+        self._placement.pend_id(key, message, batch.undo_ids)
         return message
 
     def _due_spans(self, now_ms: int) -> list[Hour]:
         """Spans that are due and hold waiting messages not yet moved."""
         now_hour = now_ms // MS_PER_HOUR
         due = [(start, h) for h in self._spans_to_move()
-               if (start := self._span_start(h)) is not None and spans.is_due(h.hour, start, now_hour)]
+               if (start := self._hours.span_start(h)) is not None and spans.is_due(h.hour, start, now_hour)]
         due.sort(key=lambda start_and_span: start_and_span[0])
         return [h for _, h in due]
 
     def _spans_to_move(self) -> Iterable[Hour]:
-        for file_id in self._hour_order.irange(spans.SPAN_FLAG):
-            h = self._hours[file_id]
+        for h in self._hours.ascending(spans.SPAN_FLAG):
             if h.refiled < h.entries and any(counts[WAITING] for counts in h.topics.values()):
                 yield h

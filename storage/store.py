@@ -34,29 +34,73 @@ are reached with pread/pwrite through a bounded cache of open files.
 Messages more than 32 hours ahead are filed in coarser spans of hours, and
 filed again (`refile()`) as their span comes near: storage.spans.
 
-Concurrency: one thread calls everything, except that `sync_log()` may run
-in a worker thread while that thread keeps appending.
+Concurrency: one thread calls everything, except that `sync_log()` and
+`sync_checkpoint()` may run in a worker thread while that thread keeps
+appending.
 
-`Store` is the one front door; its parts live in a module each, one
-concern per module, stacked as base classes that share the state of the
-first:
+`Store` is the one front door: it checks that it is open and hands each
+call to the part that does it. The parts are plain classes, built by
+`Store.open` and kept as private fields; each owns its state, and reaches
+another part only through the methods of one it was handed when built:
 
-    storage.hour_table  the shared state, the hours and their file cache
-    storage.applying    records into derived files; commit
-    storage.reading     lookups, scans, per-topic counts
-    storage.placement   send, update: coordinates assigned, and undone
-    storage.refile      move, refile: filing messages again
-    storage.recovery    open: repair from the commit log
-    storage.retention   checkpoints, retiring hours and segments
-    storage.types       the values callers pass and get back
+    _hours      HourTable (storage.hour_table)
+                owns every hour's counters and write stage, the cache of
+                open files and the near pair; handed nothing
+    _pending    Pending (storage.pending)
+                owns the records appended and not applied, and the
+                overlays later calls see them through; handed the log
+    _applier    Applier (storage.applying)
+                group commit and applying; owns the topic names and the
+                in-flight set; handed the hours, id index, log, pending
+    _reader     Reader (storage.reading)
+                lookups and scans, owns nothing; handed the hours,
+                pending, id index
+    _placement  Placement (storage.placement)
+                sends and status changes; owns the disk-room check;
+                handed the hours, pending, id index, log, reader
+    _refiler    Refiler (storage.refile)
+                moves and span refiling, owns nothing; handed the hours,
+                pending, id index, placement
+    _retention  Retention (storage.retention)
+                checkpoints and retirement; owns the last checkpoint's
+                offset; handed the hours, pending, applier, log, id index
+    log, ids    the commit log (storage.commit_log) and the id index
+                (storage.id_index), public fields; the id index is handed
+                the hour table's `__contains__` and `released`
+
+Who calls whom: `Store` calls every part; Placement asks the Reader (is
+this id stored? what is that message's state? a second's tail) and moves
+the hours' counters and Pending's overlays; Refiler places, undoes and
+makes room through Placement; Retention commits through the Applier and
+saves what it keeps; the Applier takes Pending's records and stages them
+into the hours. Nothing calls back up, and no part holds another's state.
+
+Opening is a step over the parts, not a part (storage.recovery): the
+checkpoint and log are opened, the hour table and id index built from
+them, the other parts built, and the log replayed through the Applier
+that serves every later commit. Values callers pass and get back are in
+storage.types.
 """
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterable, Iterator, Sequence
+
+from . import recovery
+from .applying import Applier
+from .checkpoint import Checkpoint
+from .commit_log import CommitLog
 from .config import StoreConfig
-from .errors import ContractError
-from .recovery import Recovery
-from .refile import Refiling
+from .entry import IndexEntry, Location, Message, Status
+from .errors import ContractError, StoreClosedError
+from .files import far_hours_limit
+from .hour_table import HourTable
+from .id_index import IdIndex
+from .pending import Pending
+from .placement import Placement
+from .reading import Reader
+from .refile import REFILE_STEP, Refiler
 from .retention import Retention
 from .types import (
     MAX_PRIORITY,
@@ -79,8 +123,9 @@ __all__ = [
 ]
 
 
-class Store(Recovery, Retention, Refiling):
-    """The disk engine. See the module docstring for the flow of a change.
+class Store:
+    """The disk engine. See the module docstring for the flow of a change
+    and the parts that carry it.
 
     Worked example (now = 10:00:00.000 UTC, hour h):
         send([m1 due 10:00:05.250, m2 due 12:30:00.000], now)
@@ -95,31 +140,332 @@ class Store(Recovery, Retention, Refiling):
     second's messages); memory is O(hours + pending batch), never O(backlog).
     """
 
+    def __init__(self, directory: str, config: StoreConfig, log: CommitLog, hours: HourTable, ids: IdIndex,
+                 checkpoint: Checkpoint) -> None:
+        """Build the parts over what `open` opened: the log, the hour table
+        the checkpoint filled, and the id index over it. Use `open`."""
+        self.directory = directory
+        self.config = config
+        self.log = log
+        self.ids = ids
+        self._closed = False
+        self._hours = hours
+        self._pending = Pending(log)
+        consuming = {Location(hour, gi): deadline for hour, gi, deadline in checkpoint.consuming or ()}
+        self._applier = Applier(hours, ids, log, self._pending, dict(checkpoint.topic_names), consuming)
+        self._reader = Reader(hours, self._pending, ids)
+        self._placement = Placement(directory, hours, self._pending, ids, log, self._reader)
+        self._refiler = Refiler(hours, self._pending, ids, self._placement)
+        self._retention = Retention(directory, config, hours, self._pending, self._applier, log, ids,
+                                    checkpoint.commit_offset)
+
     @classmethod
     def open(cls, directory: str, config: StoreConfig | None = None, now_ms: int | None = None) -> Store:
-        """Open or create a store; repairs derived files from the commit log."""
-        store = cls(directory, config or StoreConfig())
+        """Open or create a store; repairs derived files from the commit log
+        (storage.recovery)."""
+        config = config or StoreConfig()
+        checkpoint, log = recovery.open_log(directory, config)
+        hours = HourTable(os.path.join(directory, "delay"), far_hours_limit(config.open_far_hours))
+        ids: IdIndex | None = None
         try:
-            store._recover()
-        except BaseException:  # a refused directory keeps no descriptor open
-            store._release_files()
+            recovery.load_hours(hours, checkpoint)
+            ids = recovery.open_id_index(os.path.join(directory, "ids"), config, hours)
+            store = cls(directory, config, log, hours, ids, checkpoint)
+            recovery.replay(checkpoint, log, hours, store._applier, store._reader)
+        except BaseException:  # a refused directory keeps no descriptor open, and is not cut
+            hours.release()
+            if ids is not None:
+                ids.close()
+            log.close()
             raise
         if now_ms is not None:
             store.advance(now_ms)
         return store
 
-    # == replication ============================================================
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreClosedError(f"store {self.directory!r} is closed")
+
+    # == time =================================================================
+
+    def advance(self, now_ms: int) -> None:
+        """Tell the store the time; when the hour changes, the mapped pair of
+        near hours moves with it."""
+        self._hours.advance(now_ms)
+
+    # == changes: storage.placement, storage.refile ===========================
+
+    def send(self, batch: Sequence[NewMessage], now_ms: int) -> list[SendResult]:
+        """Append a batch of new messages as one commit-log record.
+
+        A message whose (topic, msgId) exists (stored, or earlier in this
+        batch) is not stored again: its result is DUPLICATE with the stored
+        message. Durable, and visible to readers, after `commit()`.
+        Raises InvalidRequest (nothing appended) for out-of-range fields,
+        and OSError(ENOSPC) (nothing appended) if the disk lacks room for
+        what the batch will write (see `Placement.make_room`); if the
+        append itself fails, every counter and overlay it touched is put
+        back, so the next send numbers on without a gap."""
+        self._check_open()
+        return self._placement.send(batch, now_ms)
+
+    def update(self, changes: Iterable[StateChange], now_ms: int) -> None:
+        """Append status/retry changes as one record; in place after commit."""
+        self._check_open()
+        self._placement.update(changes, now_ms)
+
+    def move(self, changes: Sequence[tuple[Location, int, int]], now_ms: int) -> list[Message]:
+        """File messages again with new trigger times, as one MOVE record: each
+        (location, trigger_ms, retry) keeps its id, body, priority and tag,
+        and becomes WAITING at the place a send at `now_ms` with that
+        trigger time would take, with `retry`; the old entry is released
+        (storage.records). For a reschedule or a re-drive: the caller
+        checks the status allows it, and makes a message due now READY.
+        Returns the messages at their new places (pending, as a send's).
+        Raises InvalidRequest, appending nothing, for a location that holds
+        no live message or one listed twice."""
+        self._check_open()
+        return self._refiler.move(changes, now_ms)
+
+    def refile(self, now_ms: int, max_moves: int = REFILE_STEP) -> int:
+        """Append one MOVE record filing up to `max_moves` waiting messages of
+        due spans again, by the rule of storage.spans at `now_ms` (smaller
+        spans, or their own hours; an overdue one into the second of
+        `now_ms`, as a late send). Returns how many it moved: 0 when no due
+        span holds a waiting message whose record is applied. The leader
+        calls it (a follower applies its records); like a send, the moves
+        are durable and visible after `commit()`, their new entries
+        returned by it for the wheel."""
+        self._check_open()
+        return self._refiler.refile(now_ms, max_moves)
+
+    def next_refile_ms(self) -> int | None:
+        """When `refile()` next has work: the time the first span holding
+        waiting messages not yet moved falls due (None: no such span)."""
+        return self._refiler.next_refile_ms()
+
+    # == group commit: storage.applying =======================================
+
+    @property
+    def pending_records(self) -> int:
+        """Records appended and not yet applied (see `sync_log`)."""
+        return len(self._pending)
+
+    def sync_log(self) -> None:
+        """fsync everything appended so far. Safe to run in a worker thread
+        while this one keeps appending: read `pending_records` before it, and
+        apply that many afterwards (`apply_pending`)."""
+        self._applier.sync_log()
+
+    def apply_pending(self, count: int | None = None) -> list[IndexEntry]:
+        """Apply the first `count` (default: all) pending records, which must
+        be durable, to the derived files. Returns the new index entries."""
+        return self._applier.apply_pending(count)
+
+    def commit(self) -> list[IndexEntry]:
+        """Group commit: one fsync for every change since the last commit,
+        then apply them. Returns the index entries of newly stored messages."""
+        self._check_open()
+        return self._applier.commit()
+
+    # == reads: storage.reading ===============================================
+
+    def get(self, topic: str, msg_id: str) -> Message | None:
+        """The message stored under (topic, msgId), or None (never stored,
+        released, or its hour retired)."""
+        self._check_open()
+        return self._reader.get(topic, msg_id)
+
+    def read_entry(self, where: Location) -> IndexEntry:
+        """The index entry at `where`, with any pending status change."""
+        return self._reader.read_entry(where)
+
+    def status(self, where: Location) -> Status:
+        """The status at `where`, pending changes included (no body read)."""
+        return self._reader.status(where)
+
+    def read_message(self, where: Location) -> Message | None:
+        """The whole message at `where`; None once it has been released."""
+        return self._reader.read_message(where)
+
+    def read_second(self, hour: int, second: int) -> list[IndexEntry]:
+        """Every applied entry filed under `second` of `hour`, localIndex
+        ascending, found by walking preGlobalIndex back from the second
+        table: cost proportional to that second's entries."""
+        self._check_open()
+        return self._reader.read_second(hour, second)
+
+    def second_counts(self, hour: int) -> Sequence[int]:
+        """Entries per second of `hour` (3600 values)."""
+        return self._reader.second_counts(hour)
+
+    def scan_ready(self, topic_hash: int, start: Location, until_hour: int, max_scan: int,
+                   max_found: int) -> tuple[list[IndexEntry], Location | None]:
+        """READY entries of a topic (pending changes included), in filing
+        order -- hour ascending, then globalIndex -- from `start`, in hours up
+        to `until_hour`: at most `max_found` of them, reading at most about
+        `max_scan` entries. Returns them and where to go on (None: nothing
+        more up to `until_hour` now). Only hours whose counts hold live
+        messages of the topic are read, a slice of raw entries at a time."""
+        self._check_open()
+        return self._reader.scan_ready(topic_hash, start, until_hour, max_scan, max_found)
+
+    def scan_status(self, topic_hash: int, statuses: Sequence[Status], start: Location, until_hour: int,
+                    max_scan: int, max_found: int, worth_reading: Sequence[Status] = ()
+                    ) -> tuple[list[IndexEntry], Location | None]:
+        """As `scan_ready`, for entries in any of `statuses` (dead letters:
+        EXPIRED and ENDED), released ones left out. An hour is read only if
+        its committed counts hold the topic in one of `worth_reading`
+        (default: `statuses`; a change to them still pending is seen only
+        in hours read)."""
+        self._check_open()
+        return self._reader.scan_status(topic_hash, statuses, start, until_hour, max_scan, max_found, worth_reading)
+
+    def hour_entries(self, hour: int, first: int = 0, count: int | None = None) -> list[IndexEntry]:
+        """Applied entries of `hour` from globalIndex `first` (`count` of them,
+        default all), ascending: a sequential read of the hour's index, for
+        scans (recovery of ready and consuming messages, delay histograms);
+        O(the entries read). [] once past the end or for an unknown hour."""
+        self._check_open()
+        return self._reader.hour_entries(hour, first, count)
+
+    def next_hour(self, from_hour: int) -> int | None:
+        """The first hour >= `from_hour` that holds any entry (spans, which
+        sort after every hour, are not hours)."""
+        return self._reader.next_hour(from_hour)
+
+    def file_hours(self, file_id: int) -> tuple[int, int]:
+        """[first, last] hour a file covers: the hour itself, or a span's
+        hours (storage.spans)."""
+        return self._reader.file_hours(file_id)
+
+    def hours(self) -> list[tuple[int, int, int]]:
+        """(hour, entries, ended) of every live hour, ascending."""
+        return self._reader.hours()
+
+    # -- per-topic counts (committed changes only) ------------------------------
+
+    def topic_hours(self, topic_hash: int) -> list[tuple[int, list[int]]]:
+        """(hour, counts) of every live hour holding messages of the topic,
+        ascending; counts[s] is how many are in status s (index 0 unused)."""
+        return self._reader.topic_hours(topic_hash)
+
+    def topic_counts(self, topic_hash: int) -> list[int]:
+        """The topic's messages per status over all live hours (index 0 unused)."""
+        return self._reader.topic_counts(topic_hash)
+
+    def file_counts(self) -> list[tuple[int, list[int]]]:
+        """(file id, messages per status over all topics) of every live
+        hour and span, ascending: O(files), from totals kept with the
+        per-topic counts."""
+        return self._reader.file_counts()
+
+    def first_hours(self, status: Status) -> dict[int, int]:
+        """topic hash -> the first live hour holding a message of the topic
+        in `status` (committed changes): one pass over the hours' counts."""
+        return self._reader.first_hours(status)
+
+    def topic_names(self) -> dict[int, str]:
+        """topic hash -> topic, for every topic with a message in a live hour."""
+        return self._applier.topic_names()
+
+    def topic_count(self) -> int:
+        """How many topics `topic_names` holds, O(1)."""
+        return self._applier.topic_count()
+
+    def hour_topic_counts(self) -> Iterator[list[tuple[int, list[int]]]]:
+        """Every topic's counts (messages per status) an hour at a time,
+        ascending; summed, each topic's `topic_counts` (storage.reading)."""
+        return self._reader.hour_topic_counts()
+
+    def has_topic(self, topic: str) -> bool:
+        """`topic` has a message in a live hour (as `topic_names`, O(1))."""
+        return self._applier.has_topic(topic)
+
+    # -- in flight -----------------------------------------------------------------
+
+    def ack_deadline(self, where: Location) -> int | None:
+        """The ack deadline of a CONSUMING message, if its pull's record gave
+        one (records since version 2 of the checkpoint all do)."""
+        return self._applier.ack_deadline(where)
+
+    def consuming(self) -> dict[Location, int]:
+        """Every CONSUMING message (as of the records applied) and its ack
+        deadline, 0 where unknown: found without a scan, from the checkpoint
+        and the records replayed after it (a checkpoint written before the
+        set was kept costs one scan of the hours holding any, at open)."""
+        return self._applier.consuming()
+
+    # == checkpoints: storage.retention =========================================
+
+    def checkpoint(self, now_ms: int) -> CheckpointReport:
+        """Make every derived file durable, record the commit offset, then
+        delete what is no longer needed: commit-log segments before it, and
+        hours whose messages have all ended at least `retention_ms` ago.
+
+        In three steps, so a server can run the slow middle one in a worker
+        thread while it keeps serving: `prepare_checkpoint` (commit, write
+        everything staged, choose the offset and the hours to retire),
+        `sync_checkpoint` (one syncfs; thread-safe), `finish_checkpoint`
+        (write the checkpoint file, delete what it no longer needs). Changes
+        made between prepare and finish are after the offset: replayed."""
+        self._check_open()
+        return self._retention.checkpoint(now_ms)
+
+    def prepare_checkpoint(self, now_ms: int) -> PreparedCheckpoint:
+        self._check_open()
+        return self._retention.prepare_checkpoint(now_ms)
+
+    def sync_checkpoint(self) -> None:
+        """Flush every dirty page of the data directory's file system (mapped
+        pages included): safe to run in a worker thread."""
+        self._retention.sync_checkpoint()
+
+    def finish_checkpoint(self, p: PreparedCheckpoint, keep_log_from: int | None = None) -> CheckpointReport:
+        """`keep_log_from`: keep commit-log segments from this offset on even
+        if the checkpoint no longer needs them (a follower still reads them)."""
+        self._check_open()
+        return self._retention.finish_checkpoint(p, keep_log_from)
+
+    def checkpoint_due(self, now_ms: int) -> bool:
+        """Whether a checkpoint would change anything: a record appended since
+        the last one, or a file to retire. An idle node skips it, so it
+        rewrites nothing."""
+        self._check_open()
+        return self._retention.checkpoint_due(now_ms)
+
+    def disk_bytes(self) -> int:
+        """Bytes the data directory takes on disk (blocks allocated)."""
+        return self._retention.disk_bytes()
+
+    # == the commit log, for replication =======================================
+
+    @property
+    def log_end_offset(self) -> int:
+        """The offset the next record appended to the commit log will get
+        (appended: durable only after `commit()`)."""
+        return self.log.end_offset
+
+    @property
+    def log_start_offset(self) -> int:
+        """The offset of the oldest record still in the commit log (older
+        segments were deleted by a checkpoint)."""
+        return self.log.start_offset
+
+    def log_segment_ends(self) -> dict[str, int]:
+        """Each commit-log segment's file name -> the file position where
+        its records end: how much of each a snapshot copies."""
+        return self.log.segment_ends()
 
     def append_replicated(self, offset: int, body: bytes) -> None:
         """A follower appends the leader's record found at `offset`, byte for
         byte, so both logs give it the same offset. Durable and applied by
         the next `commit()`, exactly as if this store had made it."""
         self._check_open()
-        if offset != self.log_end_offset:
-            raise ContractError(f"record at offset {offset} does not continue this log (it ends at {self.log_end_offset})")
-        kind, now_ms, items = self._decode(body)
-        self.log.append(body)
-        self._pending.append((kind, now_ms, items))
+        if offset != self.log.end_offset:
+            raise ContractError(f"record at offset {offset} does not continue this log (it ends at {self.log.end_offset})")
+        kind, now_ms, items = self._applier.decode(body)
+        self._pending.append(body, kind, now_ms, items)
 
     def read_log(self, offset: int, end_offset: int, max_bytes: int) -> list[tuple[int, bytes]]:
         """Records from `offset` (a record boundary) before `end_offset`, at
@@ -133,15 +479,15 @@ class Store(Recovery, Retention, Refiling):
             size += len(body)
         return found
 
+    # == closing ===============================================================
+
     def close(self) -> None:
         """Commit what is pending and close every file (no checkpoint: the
         next open replays from the last one)."""
         if self._closed:
             return
         self.commit()
-        self._flush_staged(everything=True)
-        for h in list(self._hours.values()):
-            self._close_files(h)
+        self._hours.close()
         self.ids.close()
         self.log.close()
         self._closed = True

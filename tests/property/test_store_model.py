@@ -22,12 +22,12 @@ import hypothesis.strategies as st
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from memory_store import InMemoryStore
 
 from storage import spans
 from storage.config import StoreConfig
 from storage.entry import MS_PER_HOUR, Location, Status
 from storage.errors import CorruptionError, InvalidRequest
-from storage.memory import InMemoryStore
 from storage.store import MAX_PRIORITY, MAX_RETRY_COUNT, MIN_PRIORITY, NewMessage, StateChange, Store
 
 MS_PER_DAY = 24 * MS_PER_HOUR

@@ -36,6 +36,17 @@ def test_every_layer_imports_only_the_layers_beneath_it():
     assert offenders == []
 
 
+def test_no_layer_imports_the_tests_helpers():
+    """What tests/ holds beside the suites (the reference `InMemoryStore`,
+    harnesses) is on pytest's path only: the product never leans on it."""
+    helpers = {path.stem for path in (ROOT / "tests").glob("*.py")} | {"tests"}
+    offenders = [f"{path.relative_to(ROOT)}:{line} imports {package}"
+                 for layer in LAYERS for path in sorted((ROOT / layer).rglob("*.py"))
+                 for package, line in sorted(imported_packages(path.read_text())) if package in helpers]
+    assert "memory_store" in helpers
+    assert offenders == []
+
+
 def test_the_check_sees_imports_inside_functions_and_every_form():
     source = ("import os, wheel.clock\n"
               "def late():\n    from broker import api\n"

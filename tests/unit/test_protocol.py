@@ -3,8 +3,8 @@
 import inspect
 
 import pytest
+from memory_store import InMemoryStore
 
-from storage.memory import InMemoryStore
 from storage.protocol import DelayStore
 from storage.store import Store
 

@@ -14,11 +14,11 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import cast
 
-from . import spans
-from .config import StoreConfig
-from .entry import MS_PER_HOUR, SECONDS_PER_HOUR, IndexEntry, Location, Message, Status, hour_and_second
-from .errors import InvalidRequest, StoreClosedError
-from .types import (
+from storage import spans
+from storage.config import StoreConfig
+from storage.entry import MS_PER_HOUR, SECONDS_PER_HOUR, IndexEntry, Location, Message, Status, hour_and_second
+from storage.errors import InvalidRequest, StoreClosedError
+from storage.types import (
     MAX_RETRY_COUNT,
     CheckpointReport,
     NewMessage,

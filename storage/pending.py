@@ -1,0 +1,149 @@
+"""Records appended to the commit log and not applied yet, and what later
+calls of the same batch must see of them.
+
+A send, an update or a move appends one record and returns; the derived
+files change only when `commit()` applies it (storage.applying). Until
+then `Pending` is the one place that knows about the record:
+
+    records   (kind, now_ms, items) of every record appended, in log order
+    ids       id key -> messages sent in them: a duplicate is found, and a
+              get answers, before the send is applied
+    slots     (file, second) -> (last globalIndex, count) after them: the
+              next send to that second chains onto the last one
+    states    (hour, globalIndex) -> (status, flags, retry, topic hash)
+              after them: a read, and the next change, see the new status
+    far_bytes bytes they will write to far hours (storage.placement counts
+              them against the disk's room)
+
+Worked example: send(m1) appends a SEND record; `ids` now holds m1 and
+`slots` the tail of its second, so get(m1) finds it and the next send to
+that second chains onto it. update(m1 -> READY) appends a STATE record,
+and `states` holds READY for m1, so status(m1) says READY. commit()
+applies both records, and with none left `applied()` empties every
+overlay.
+
+Invariant: the overlays describe exactly the records held, so they are
+emptied only when no record is. One thread calls it; `CommitLog.sync` may
+run in a worker thread meanwhile (storage.applying).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import cast
+
+from . import records
+from .commit_log import CommitLog
+from .entry import Location, Message
+from .errors import InvariantError
+
+Record = tuple[records.Kind, int, Sequence[records.Item]]
+# (status, flags, retry, topic hash) of an entry changed by a pending record.
+State = tuple[int, int, int, int]
+
+
+class Pending:
+    """Records appended and not applied, and their overlays (see the module docstring)."""
+
+    def __init__(self, log: CommitLog) -> None:
+        self._log = log
+        self._records: list[Record] = []
+        self._ids: dict[int, list[Message]] = {}
+        self._slots: dict[tuple[int, int], tuple[int, int]] = {}
+        self._states: dict[tuple[int, int], State] = {}
+        self._far_bytes = 0
+
+    # -- records -------------------------------------------------------------------
+
+    def append(self, body: bytes, kind: records.Kind, now_ms: int, items: Sequence[records.Item],
+               far_bytes: int = 0) -> None:
+        """Append `body` (the record `kind, now_ms, items` encoded) to the
+        commit log, and hold the record until it is applied."""
+        self._log.append(body)
+        self._records.append((kind, now_ms, items))
+        self._far_bytes += far_bytes
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def take(self, count: int) -> list[Record]:
+        """The first `count` records, no longer held: the caller applies them,
+        then calls `applied()`."""
+        batch, self._records = self._records[:count], self._records[count:]
+        return batch
+
+    def applied(self) -> None:
+        """The records taken were applied: with none left, nothing pends."""
+        if not self._records:
+            self._far_bytes = 0
+            self._slots.clear()
+            self._ids.clear()
+            self._states.clear()
+
+    def clear(self) -> None:
+        """Forget every record appended and not applied, as a process killed
+        after the fsync would: its records are in the log, replayed by the
+        next open (for tests that stop a store that way)."""
+        self._records.clear()
+
+    @property
+    def far_bytes(self) -> int:
+        return self._far_bytes
+
+    def topic_hash_of(self, where: Location) -> int:
+        """The topic hash of a message sent by a pending record."""
+        for kind, _, items in self._records:
+            if kind is records.Kind.SEND:
+                for item in cast(Sequence[records.SendItem], items):
+                    if item.hour == where.hour and item.global_index == where.global_index:
+                        return item.topic_hash
+        raise InvariantError(f"{where} is neither applied nor pending")
+
+    # -- ids -----------------------------------------------------------------------
+
+    def messages(self, key: int) -> Sequence[Message]:
+        """Messages sent under id key `key` by pending records, oldest first."""
+        return self._ids.get(key, ())
+
+    def add_message(self, key: int, message: Message) -> None:
+        same_key = self._ids.get(key)
+        if same_key is None:
+            self._ids[key] = [message]
+        else:
+            same_key.append(message)
+
+    def drop_last_message(self, key: int) -> None:
+        """Undo the last `add_message(key, ...)`."""
+        same_key = self._ids[key]
+        same_key.pop()
+        if not same_key:
+            del self._ids[key]
+
+    # -- second-table tails -----------------------------------------------------------
+
+    def slot(self, slot: tuple[int, int]) -> tuple[int, int] | None:
+        """(last, count) of (file, second) after the pending records, or
+        None if none of them sent to it."""
+        return self._slots.get(slot)
+
+    def set_slot(self, slot: tuple[int, int], last_and_count: tuple[int, int] | None) -> None:
+        """Set (or with None, forget: an undo) the tail of (file, second)."""
+        if last_and_count is None:
+            del self._slots[slot]
+        else:
+            self._slots[slot] = last_and_count
+
+    # -- states --------------------------------------------------------------------
+
+    @property
+    def states(self) -> Mapping[tuple[int, int], State]:
+        """(hour, globalIndex) -> the state pending records gave it."""
+        return self._states
+
+    def set_states(self, states: Mapping[tuple[int, int], State]) -> None:
+        """Their record is in the log: the changes show from now on."""
+        self._states.update(states)
+
+    def __repr__(self) -> str:
+        return (f"Pending(records={len(self._records)}, ids={len(self._ids)}, slots={len(self._slots)}, "
+                f"states={len(self._states)}, far_bytes={self._far_bytes})")
