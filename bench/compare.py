@@ -1,4 +1,4 @@
-"""Disk backend against Redis backend: bench/http.py's scenarios run on
+"""Disk backend against Redis backend: bench/http_load.py's scenarios run on
 `hourglass serve --backend disk` and on `hourglass serve --backend
 redis://127.0.0.1:PORT/0` in one run, each scenario on disk and then at once
 on Redis, so that the shared machine's drift touches both alike.
@@ -8,7 +8,7 @@ on Redis, so that the shared machine's drift touches both alike.
     .venv/bin/python bench/compare.py --redis-appendonly everysec    # Redis with AOF, fsync every second
     .venv/bin/python bench/compare.py --only backlog --keep
 
-Scenarios, counts and knobs are bench/http.py's (its --help says what each
+Scenarios, counts and knobs are bench/http_load.py's (its --help says what each
 figure is): ingest-batch, ingest-single, dispatch (lateness p50/p99/max,
 early, lost, duplicates), roundtrip, backlog (--backlog-msgs, default
 1,000,000, pending over 30 days: memory, then restart).
@@ -44,31 +44,18 @@ or a problem (an early, lost or duplicate message, an error answer) was seen.
 
 from __future__ import annotations
 
-import importlib.util
+import contextlib
+import json
 import os
+import shutil
 import sys
+import time
+from collections.abc import Iterator
 
-# bench/http.py would shadow the standard library's `http` for anything
-# imported with this folder on sys.path, so the folder goes (as there), and
-# bench/http.py is loaded under another name.
-HERE = os.path.dirname(os.path.realpath(__file__))
-sys.path[:] = [p for p in sys.path if os.path.realpath(p or os.curdir) != HERE]
-_spec = importlib.util.spec_from_file_location("bench_http", os.path.join(HERE, "http.py"))
-bench_http = importlib.util.module_from_spec(_spec)
-sys.modules["bench_http"] = bench_http
-_spec.loader.exec_module(bench_http)  # also puts the project root and tests/ on sys.path
-
-import contextlib  # noqa: E402
-import json  # noqa: E402
-import shutil  # noqa: E402
-import signal  # noqa: E402
-import subprocess  # noqa: E402
-import time  # noqa: E402
-from collections.abc import Iterator  # noqa: E402
-
-import redis  # noqa: E402
-from bench_http import Bench, DiskBackend, disk_bytes, log, memory_mb  # noqa: E402
-from serving import Server, free_port  # noqa: E402
+import http_load
+import redis
+from harness import Process, Server, disk_bytes, free_port, memory_mb, unwind_on_signals, wait_until
+from http_load import Bench, DiskBackend, log
 
 MB = 1024 * 1024
 
@@ -81,7 +68,7 @@ class RedisBackend(DiskBackend):
 
     def __init__(self, work_dir: str, binary: str, appendonly: str) -> None:
         self.work_dir, self.binary, self.appendonly = work_dir, binary, appendonly
-        self.proc: subprocess.Popen | None = None
+        self.proc: Process | None = None
         self.port = 0
         self.dir = ""
         self.restart_scope = ("hourglass serve only, killed (SIGKILL) and started again on the same Redis: the "
@@ -111,34 +98,18 @@ class RedisBackend(DiskBackend):
         return ["--backend", f"redis://127.0.0.1:{self.port}/0"]
 
     def _spawn(self, wait_s: float) -> None:
-        """Start redis-server on self.port and self.dir; return once it
-        answers PING (while it loads its AOF it answers LOADING)."""
-        self.proc = subprocess.Popen([self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-                                      *self.persistence(), "--dir", self.dir, "--logfile", self.dir + ".log"],
-                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + wait_s
+        """Start redis-server on self.port and self.dir (its log beside
+        the dir); return once it answers PING (while it loads its AOF it
+        answers LOADING)."""
+        self.proc = Process([self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+                             *self.persistence(), "--dir", self.dir], self.dir + ".log")
         with contextlib.closing(self.client()) as client:
-            while True:
-                try:
-                    client.ping()
-                    return
-                except redis.RedisError:
-                    if self.proc.poll() is not None or time.monotonic() > deadline:
-                        raise RuntimeError(f"redis-server did not come up on port {self.port} within {wait_s} s "
-                                           f"(exit {self.proc.poll()}); see {self.dir}.log") from None
-                    time.sleep(0.02)
+            wait_until(client.ping, wait_s, f"redis-server on port {self.port}", self.proc, every_s=0.02)
 
     def _stop(self) -> None:
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            self.proc.terminate()
-        try:
-            self.proc.wait(15)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self.proc = None
+        if self.proc is not None:
+            self.proc.stop()
+            self.proc = None
 
     @contextlib.contextmanager
     def state(self, scenario: str) -> Iterator[None]:
@@ -170,7 +141,6 @@ class RedisBackend(DiskBackend):
         log(f"{scenario}: SIGKILL hourglass serve and redis-server, restart both")
         server.kill()
         self.proc.kill()
-        self.proc.wait()
         spawned = time.monotonic()
         self._spawn(wait_s=bench.args.restart_timeout_s)
         redis_load_s = round(time.monotonic() - spawned, 3)
@@ -249,28 +219,17 @@ def table(by_backend: dict[str, dict], ratios: dict[str, float | None]) -> str:
     return "\n".join(lines)
 
 
-def terminate(signum, frame) -> None:
-    """SIGINT or SIGTERM: unwind through every `finally`, which stops the
-    servers by PID and removes the work dir; a second signal (Ctrl-C sends
-    one to the whole process group, `timeout` one more) would cut that
-    short, so from now on they are ignored."""
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, signal.SIG_IGN)
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser = bench_http.build_parser(__doc__)
+    parser = http_load.build_parser(__doc__)
     parser.add_argument("--redis-appendonly", choices=("no", "everysec", "always"), default="no",
                         help="redis-server's AOF: no (default: no persistence at all), or its appendfsync policy")
     parser.add_argument("--redis-server", default=shutil.which("redis-server"),
                         help="the redis-server program (default: the one on PATH)")
-    args = bench_http.parse_args(argv, parser)
+    args = http_load.parse_args(argv, parser)
     if not args.redis_server:
         parser.error("no redis-server on PATH (apt-get install -y redis-server) and no --redis-server given")
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, terminate)
-    work_dir = bench_http.make_work_dir(args)
+    unwind_on_signals()
+    work_dir = http_load.make_work_dir(args)
     backends = {"disk": DiskBackend(), "redis": RedisBackend(os.path.join(work_dir, "redis"), args.redis_server,
                                                              args.redis_appendonly)}
     benches: dict[str, Bench] = {}
@@ -283,19 +242,19 @@ def main(argv: list[str] | None = None) -> int:
     try:
         redis_used = backends["redis"].describe()
         log(f"redis-server {redis_used['version']}, persistence: {redis_used['persistence']}")
-        machine = bench_http.machine_info()
-        runs = {name: bench_http.scenario_runs(bench) for name, bench in benches.items()}
+        machine = http_load.machine_info()
+        runs = {name: http_load.scenario_runs(bench) for name, bench in benches.items()}
         for i, (scenario, _) in enumerate(runs["disk"]):
             for name in benches:
                 log(f"=== {scenario} on {name}")
-                headline, details[name][scenario], ok = bench_http.run_scenario(f"{name} {scenario}", runs[name][i][1])
+                headline, details[name][scenario], ok = http_load.run_scenario(f"{name} {scenario}", runs[name][i][1])
                 headlines[name].update(headline)
                 failed = failed or not ok
     finally:
         if not args.keep:
             shutil.rmtree(work_dir, ignore_errors=True)
-    machine["calibration_ms_after"] = bench_http.calibration_ms()
-    backlog_scenario = f"backlog-{bench_http.count_label(args.backlog_msgs)}"
+    machine["calibration_ms_after"] = http_load.calibration_ms()
+    backlog_scenario = f"backlog-{http_load.count_label(args.backlog_msgs)}"
     by_backend = {name: figures(headlines[name], details[name], backlog_scenario) for name in benches}
     ratios = {figure: ratio(by_backend["disk"].get(figure), by_backend["redis"].get(figure)) for figure, _ in ROWS
               if figure in by_backend["disk"] or figure in by_backend["redis"]}
@@ -312,11 +271,11 @@ def main(argv: list[str] | None = None) -> int:
         "figures": by_backend,
         "ratios_disk_over_redis": ratios,
         "machine": machine,
-        "source": bench_http.source_state(),
+        "source": http_load.source_state(),
         "parameters": vars(args),
         "scenarios": details,
         "problems": problems,
-        "total_wall_s": round(time.monotonic() - bench_http._started, 2),
+        "total_wall_s": round(time.monotonic() - http_load._started, 2),
     })
     print(table(by_backend, ratios))
     print(json.dumps(out, indent=1), flush=True)

@@ -12,19 +12,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import shutil
-import sys
 import tempfile
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[0:1] = [os.path.dirname(HERE)]  # the project, not bench/storage.py, is `storage`
-
-from broker.console import forecast, topic_forecast  # noqa: E402
-from storage.entry import MS_PER_HOUR  # noqa: E402
-from storage.store import NewMessage, Store, text_hash  # noqa: E402
+from broker.console import forecast, topic_forecast
+from storage.entry import MS_PER_HOUR
+from storage.store import NewMessage, Store, text_hash
 
 NOW_MS = 500_000 * MS_PER_HOUR
 

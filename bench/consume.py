@@ -32,27 +32,23 @@ import json
 import logging
 import os
 import socket
-import subprocess
-import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path[0] = ROOT  # not bench/ (its http.py would shadow the standard library's)
+import orjson
+import uvloop
+from harness import Server, cpu_s, free_port
 
-import orjson  # noqa: E402
-import uvloop  # noqa: E402
-
-from broker.api import delay_msg  # noqa: E402
-from broker.clock import SystemClock  # noqa: E402
-from broker.config import ServeConfig  # noqa: E402
-from broker.httpd import Request  # noqa: E402
-from broker.metrics import Metrics  # noqa: E402
-from broker.params import AckRequest, Defaults, NewSend, PullRequest  # noqa: E402
-from broker.server import Node  # noqa: E402
-from broker.service import Broker  # noqa: E402
-from storage.config import StoreConfig  # noqa: E402
-from storage.store import NewMessage, Store  # noqa: E402
+from broker.api import delay_msg
+from broker.clock import SystemClock
+from broker.config import ServeConfig
+from broker.httpd import Request
+from broker.metrics import Metrics
+from broker.params import AckRequest, Defaults, NewSend, PullRequest
+from broker.server import Node
+from broker.service import Broker
+from storage.config import StoreConfig
+from storage.store import NewMessage, Store
 
 PAYLOAD = "x" * 100
 
@@ -137,33 +133,13 @@ async def handler_costs(n: int) -> dict:
     return out
 
 
-def _server_cpu_s(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def request_costs(n: int) -> dict:
-    port = _free_port()
+    port = free_port()
     with tempfile.TemporaryDirectory() as directory:
-        server = subprocess.Popen([sys.executable, "-m", "broker.cli", "serve", "--port", str(port),
-                                   "--data-dir", directory, "--log-level", "WARNING"], cwd=ROOT)
+        server = Server.start(os.path.join(directory, "data"), "--log-level", "WARNING", port=port,
+                              log_path=os.path.join(directory, "serve.log"))
         try:
-            deadline = time.monotonic() + 20
-            while True:
-                try:
-                    conn = socket.create_connection(("127.0.0.1", port))
-                    break
-                except OSError:
-                    if time.monotonic() > deadline:
-                        raise
-                    time.sleep(0.05)
+            conn = socket.create_connection(("127.0.0.1", port))
             requests = {
                 "health": b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
                 "empty_pull": b"POST /camellia/delayQueue/pullMsg HTTP/1.1\r\nHost: 127.0.0.1\r\n"
@@ -176,15 +152,14 @@ def request_costs(n: int) -> dict:
             for name, raw in requests.items():
                 for _ in range(200):  # warm up
                     _round_trip(conn, raw)
-                cpu = _server_cpu_s(server.pid)
+                cpu = cpu_s(server.proc.pid)
                 for _ in range(n):
                     _round_trip(conn, raw)
-                out[f"request_us_{name}"] = round((_server_cpu_s(server.pid) - cpu) / n * 1e6, 1)
+                out[f"request_us_{name}"] = round((cpu_s(server.proc.pid) - cpu) / n * 1e6, 1)
             conn.close()
             return out
         finally:
-            server.terminate()
-            server.wait(15)
+            server.stop()
 
 
 def _round_trip(conn: socket.socket, raw: bytes) -> None:

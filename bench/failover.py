@@ -5,10 +5,10 @@
     .venv/bin/python bench/failover.py --only ingest --acks leader
 
 Starts `hourglass serve --node-id nX --cluster ...` three times on free
-loopback ports (tests/cluster.py), fresh data directories under a temp dir,
+loopback ports (bench/cluster.py), fresh data directories under a temp dir,
 and stops every process by PID at the end.
 
-Drills (tests/cluster.py `drill`): a producer sends --rate messages/s for
+Drills (bench/cluster.py `drill`): a producer sends --rate messages/s for
 --run-s seconds through the Python client given all three addresses,
 each due --delay-ms after sending; two consumers long-poll and ack. At
 --fault-at-s the leader gets the fault:
@@ -43,20 +43,9 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# bench/http.py would shadow the standard library's http package
-sys.path[:] = [ROOT, os.path.join(ROOT, "tests")] + [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(
-    os.path.abspath(__file__))]
-
-import aiohttp  # noqa: E402
-from cluster import Cluster, drill  # noqa: E402
-
-
-def cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a process so far."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+import aiohttp
+from cluster import Cluster, drill
+from harness import cpu_s
 
 
 def log(text: str) -> None:

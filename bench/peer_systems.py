@@ -42,27 +42,21 @@ pipeline or script call; a beanstalkd command or pipelined run of commands.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import json
+import math
 import os
+import signal
+import socket
 import sys
+import time
+import urllib.parse
+from dataclasses import dataclass
 
-# Run as a script (the mover), this folder would be first on sys.path and
-# bench/http.py would shadow the standard library's `http`.
-HERE = os.path.dirname(os.path.realpath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path[:] = [p for p in sys.path if os.path.realpath(p or os.curdir) != HERE]
+from harness import HOST, ROOT, Process, disk_bytes, free_port, memory_mb, request, serve_command, wait_until
 
-import asyncio  # noqa: E402
-import contextlib  # noqa: E402
-import json  # noqa: E402
-import math  # noqa: E402
-import signal  # noqa: E402
-import socket  # noqa: E402
-import subprocess  # noqa: E402
-import time  # noqa: E402
-import urllib.error  # noqa: E402
-import urllib.parse  # noqa: E402
-import urllib.request  # noqa: E402
-from dataclasses import dataclass  # noqa: E402
+from broker.paths import PREFIX
 
 try:
     import orjson
@@ -74,11 +68,9 @@ except ImportError:  # the standard library does the same, slower
     def json_dumps(obj) -> bytes:
         return json.dumps(obj, separators=(",", ":")).encode()
 
-HOST = "127.0.0.1"
 TOPIC = "bench"
 # A topic never sent to: a pull on it is how a restart is seen to serve pulls.
 PROBE_TOPIC = "probe"
-PREFIX = "/camellia/delayQueue/"
 FORM = b"application/x-www-form-urlencoded"
 JSON = b"application/json"
 
@@ -121,12 +113,6 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
-
-
 # --- payloads -------------------------------------------------------------------
 
 
@@ -143,72 +129,7 @@ def decode_payload(payload: bytes | str) -> tuple[int, int, int]:
     return int(index), int(trigger), int(effective)
 
 
-def proc_stat(pid: int) -> tuple[float, int]:
-    """(utime + stime in seconds, VmRSS bytes) of a process from /proc."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    cpu_s = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return cpu_s, int(fields[21]) * os.sysconf("SC_PAGE_SIZE")
-
-
 # --- processes this benchmark starts ----------------------------------------------
-
-
-class Process:
-    """One server process, started here and stopped by its PID: SIGTERM,
-    then SIGKILL after `timeout_s`."""
-
-    def __init__(self, argv: list[str], log_path: str, cwd: str | None = None) -> None:
-        self.argv, self.log_path = argv, log_path
-        with open(log_path, "ab") as log:
-            self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                         cwd=cwd, start_new_session=True)
-        self.pid = self.proc.pid
-
-    def __repr__(self) -> str:
-        return f"Process(pid={self.pid}, {os.path.basename(self.argv[0])}, exit={self.proc.poll()})"
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def stop(self, timeout_s: float = 15) -> int | None:
-        """SIGTERM and wait; SIGKILL if it outlives `timeout_s`. The exit code."""
-        if self.alive():
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            return None
-
-    def kill(self) -> None:
-        if self.alive():
-            self.proc.kill()
-        self.proc.wait()
-
-    def log_tail(self, chars: int = 2000) -> str:
-        with contextlib.suppress(OSError), open(self.log_path, encoding="utf-8", errors="replace") as f:
-            return f.read()[-chars:]
-        return ""
-
-
-def wait_until(check, limit_s: float, what: str, process: Process | None = None, every_s: float = 0.005):
-    """Call `check` until it returns something true (exceptions count as
-    false); that value. RuntimeError after `limit_s` or if `process` died."""
-    deadline = time.monotonic() + limit_s
-    last_error = None
-    while True:
-        try:
-            value = check()
-            if value:
-                return value
-        except Exception as e:  # noqa: BLE001 - not up yet, in whatever way
-            last_error = e
-        if process is not None and not process.alive():
-            raise RuntimeError(f"{what}: the process exited ({process}); log: {process.log_tail()}")
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{what}: not within {limit_s} s (last error: {last_error!r})")
-        time.sleep(every_s)
 
 
 # --- the systems, as the parent sees them ------------------------------------------
@@ -291,15 +212,10 @@ class System:
 
     def memory(self) -> dict:
         """VmRSS (MB) of each process of pids(), as `<role>_rss_mb`."""
-        return {f"{role}_rss_mb": round(proc_stat(pid)[1] / 2**20, 1) for role, pid in self.pids().items()}
+        return {f"{role}_rss_mb": memory_mb(pid)["rss_mb"] for role, pid in self.pids().items()}
 
     def disk_bytes(self) -> int:
-        total = 0
-        for path, _, files in os.walk(self.data_dir):
-            for name in files:
-                with contextlib.suppress(OSError):
-                    total += os.stat(os.path.join(path, name)).st_blocks * 512
-        return total
+        return disk_bytes(self.data_dir)
 
     def settle(self) -> None:
         """Wait until what was answered is as durable as this system makes
@@ -343,23 +259,19 @@ class HourglassSystem(System):
         self.keys = keys  # > 0: messages carry serial keys k0..k{keys-1} (SPEC `key`)
 
     def _spawn(self) -> None:
-        self.server = Process([sys.executable, "-m", "broker.cli", "serve", "--host", HOST, "--port", str(self.port),
-                               "--data-dir", self.data_dir, "--fsync", "batch", *self.extra_args],
-                              self.data_dir + ".log", cwd=ROOT)
+        self.server = Process(serve_command(self.data_dir, "--host", HOST, "--port", str(self.port), "--fsync", "batch",
+                                            *self.extra_args), self.data_dir + ".log", cwd=ROOT)
 
     def _call(self, method: str, path: str, params: dict) -> tuple[int, dict]:
         """(code, answer) of one request. The code is the JSON body's
         `code`, whatever the HTTP status (camellia answers HTTP 200 with
         the outcome in the body; older hourglass used status = code)."""
-        query = urllib.parse.urlencode(params).encode()
+        query = urllib.parse.urlencode(params)
         url = f"http://{HOST}:{self.port}{PREFIX}{path}"
-        request = (urllib.request.Request(url + "?" + query.decode()) if method == "GET"
-                   else urllib.request.Request(url, data=query, headers={"Content-Type": FORM.decode()}))
-        try:
-            with urllib.request.urlopen(request, timeout=10) as answer:
-                status, body = answer.status, answer.read()
-        except urllib.error.HTTPError as e:
-            status, body = e.code, e.read()
+        if method == "GET":
+            status, body = request(url + "?" + query, timeout=10)
+        else:
+            status, body = request(url, data=query.encode(), headers={"Content-Type": FORM.decode()}, timeout=10)
         try:
             decoded = json_loads(body)
         except ValueError:
@@ -433,7 +345,7 @@ class RedisSystem(System):
 
     def _started(self) -> None:
         self.mover_stats_path = f"{self.data_dir}.mover-{len(self.mover_stats)}.json"
-        self.mover = Process([sys.executable, os.path.join(HERE, "peer_systems.py"), "mover", str(self.port), TOPIC,
+        self.mover = Process([sys.executable, os.path.abspath(__file__), "mover", str(self.port), TOPIC,
                               str(self.tick_ms), str(self.move_limit), self.mover_stats_path],
                              self.data_dir + ".mover.log")
 

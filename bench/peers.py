@@ -76,47 +76,28 @@ beanstalkd keep every message in RAM; the Redis "system" has no HTTP layer.
 
 from __future__ import annotations
 
-import importlib.util
+import argparse
+import asyncio
+import contextlib
+import json
+import multiprocessing
 import os
+import queue
+import random
+import shlex
+import shutil
 import sys
+import tempfile
+import threading
+import time
+import traceback
+from array import array
+from dataclasses import dataclass
 
-# bench/http.py would shadow the standard library's `http`: this folder goes
-# off sys.path, and bench/http.py (its percentiles, machine info and CPU
-# meter) and bench/peer_systems.py load under names of their own.
-HERE = os.path.dirname(os.path.realpath(__file__))
-sys.path[:] = [p for p in sys.path if os.path.realpath(p or os.curdir) != HERE]
-
-
-def _load(name: str, filename: str):
-    spec = importlib.util.spec_from_file_location(name, os.path.join(HERE, filename))
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-bench_http = _load("bench_http", "http.py")
-peer_systems = _load("peer_systems", "peer_systems.py")
-
-import argparse  # noqa: E402
-import asyncio  # noqa: E402
-import contextlib  # noqa: E402
-import json  # noqa: E402
-import multiprocessing  # noqa: E402
-import queue  # noqa: E402
-import random  # noqa: E402
-import shlex  # noqa: E402
-import shutil  # noqa: E402
-import signal  # noqa: E402
-import tempfile  # noqa: E402
-import threading  # noqa: E402
-import time  # noqa: E402
-import traceback  # noqa: E402
-from array import array  # noqa: E402
-from dataclasses import dataclass  # noqa: E402
-
-from bench_http import CpuMeter, calibration_ms, log, machine_info, own_cpu_s, percentile, source_state  # noqa: E402
-from peer_systems import (  # noqa: E402
+import http_load
+from harness import CpuMeter, own_cpu_s, percentile, unwind_on_signals, wait_until
+from http_load import calibration_ms, log, machine_info, source_state
+from peer_systems import (
     CLIENT_ERRORS,
     BeanstalkdSystem,
     HourglassSystem,
@@ -731,7 +712,7 @@ class Bench:
             return counts.ready == sent and counts.total == sent
 
         try:
-            peer_systems.wait_until(all_ready, a.phase_limit_s, f"{system.name}: all {sent:,} ready", every_s=0.2)
+            wait_until(all_ready, a.phase_limit_s, f"{system.name}: all {sent:,} ready", every_s=0.2)
         except RuntimeError as e:
             self.problem(system.name, "lag", str(e), counts=system.counts().__dict__)
         counts = system.counts()
@@ -959,18 +940,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def terminate(signum, frame) -> None:
-    """SIGINT/SIGTERM: unwind through every `finally` (servers stopped by
-    PID); further signals are ignored so that the unwinding finishes."""
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, signal.SIG_IGN)
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, terminate)
+    unwind_on_signals()
     work_dir = tempfile.mkdtemp(prefix="hourglass-peers-", dir=args.work_dir)
     log(f"data and server logs in {work_dir}")
     machine = machine_info()
@@ -995,7 +967,7 @@ def main(argv: list[str] | None = None) -> int:
         "machine": machine,
         "source": source_state(),
         "parameters": {k: v for k, v in vars(args).items()},
-        "total_wall_s": round(time.monotonic() - bench_http._started, 2),
+        "total_wall_s": round(time.monotonic() - http_load._started, 2),
     }
     print(json.dumps(out, indent=1, default=jsonable), flush=True)
     return 1 if bench.failed or bench.problems else 0

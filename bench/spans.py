@@ -25,15 +25,11 @@ import json
 import os
 import random
 import shutil
-import sys
 import tempfile
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[0:1] = [os.path.dirname(HERE)]  # the project, not bench/storage.py, is `storage`
-
-from storage.entry import MS_PER_HOUR, Status  # noqa: E402
-from storage.store import NewMessage, StateChange, Store  # noqa: E402
+from storage.entry import MS_PER_HOUR, Status
+from storage.store import NewMessage, StateChange, Store
 
 NOW_MS = 500_000 * MS_PER_HOUR
 

@@ -36,31 +36,20 @@ differs from rows is listed under "problems" and the exit status is 1.
 
 from __future__ import annotations
 
+import argparse
+import http.server
+import json
+import multiprocessing
 import os
+import platform
+import shutil
 import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
 
-# bench/ holds http.py, which would shadow the standard library's `http`
-# (http.client, used by the sink) for anything run with this folder on
-# sys.path: it is taken off first, the project root and tests/ (for the
-# serve helper) go first. Spark's Python workers start in the working
-# directory, so main() moves to the work dir before starting Spark.
-HERE = os.path.dirname(os.path.realpath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path[:] = [p for p in sys.path if os.path.realpath(p or os.curdir) != HERE]
-sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]
-
-import argparse  # noqa: E402
-import http.server  # noqa: E402
-import json  # noqa: E402
-import multiprocessing  # noqa: E402
-import platform  # noqa: E402
-import shutil  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
-import urllib.error  # noqa: E402
-import urllib.request  # noqa: E402
-
-from serving import Server, free_port  # noqa: E402
+from harness import ROOT, Server, free_port, machine_busy_cpu_s, request, tree_cpu_s, wait_until
 
 MINUTE_MS = 60_000
 DAY_MS = 24 * 60 * MINUTE_MS
@@ -126,42 +115,6 @@ def run_null_receiver(port: int) -> None:
     NullReceiver(port).serve_forever()
 
 
-# == CPU accounting ==================================================================
-
-
-def _stat(pid: int) -> list[str] | None:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-
-
-def tree_cpu_s(root: int, exclude: set[int]) -> float:
-    """CPU seconds of `root` and its descendants, less the `exclude`d
-    subtrees: utime + stime of the live ones, plus cutime + cstime, the
-    children they have reaped (Spark's exited Python workers)."""
-    parents, stats = {}, {}
-    for name in os.listdir("/proc"):
-        if name.isdigit() and (fields := _stat(int(name))) is not None:
-            parents[int(name)], stats[int(name)] = int(fields[1]), fields
-    ticks, frontier = 0, [root]
-    while frontier:
-        pid = frontier.pop()
-        if pid in exclude or pid not in stats:
-            continue
-        ticks += sum(int(x) for x in stats[pid][11:15])
-        frontier += [child for child, parent in parents.items() if parent == pid]
-    return ticks / os.sysconf("SC_CLK_TCK")
-
-
-def machine_cpu_s() -> float:
-    """Busy CPU seconds of the whole machine since boot (/proc/stat)."""
-    with open("/proc/stat") as f:
-        user, nice, system, _idle, _iowait, irq, softirq, steal = map(int, f.readline().split()[1:9])
-    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
-
-
 # == the run ===================================================================
 
 
@@ -196,6 +149,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     work_dir = tempfile.mkdtemp(prefix="hourglass-spark-bench-", dir=args.work_dir)
+    # Spark's Python workers start in the working directory (first on their
+    # sys.path): the work dir holds nothing they could import by mistake.
     os.chdir(work_dir)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ["PYSPARK_PYTHON"] = sys.executable
@@ -208,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
                                                                    daemon=True)
             receiver.start()
             url, receiver_pid = f"http://127.0.0.1:{port}", receiver.pid
-            wait_listening(url)
+            wait_until(lambda: request(url + "/count", timeout=2)[0] == 200, 10, "the null receiver", every_s=0.02)
         else:
             data_dir = os.path.join(work_dir, "data")
             server = Server.start(data_dir, "--fsync", "batch", log_path=data_dir + ".log", wait_s=60)
@@ -279,19 +234,7 @@ def cpu_split(receiver_pid: int) -> tuple[float, float, float]:
     JVM and its Python workers), and of everything else on the machine."""
     receiver = tree_cpu_s(receiver_pid, set())
     spark = tree_cpu_s(os.getpid(), {receiver_pid})
-    return receiver, spark, machine_cpu_s() - receiver - spark
-
-
-def wait_listening(url: str, wait_s: float = 10) -> None:
-    deadline = time.monotonic() + wait_s
-    while True:
-        try:
-            urllib.request.urlopen(url + "/count", timeout=2).read()
-            return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.02)
+    return receiver, spark, machine_busy_cpu_s() - receiver - spark
 
 
 def count(url: str, topic: str, null_receiver: bool) -> int:

@@ -13,12 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from harness import free_port
 
 
 def wait_for_pong(port: int, proc: subprocess.Popen, timeout_s: float = 10) -> None:

@@ -6,7 +6,6 @@ right."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -14,18 +13,12 @@ import subprocess
 import sys
 from array import array
 
+import peer_systems
+import peers
 import pytest
+from harness import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PEERS = os.path.join(ROOT, "bench", "peers.py")
-
-
-def load_peers():
-    if "bench_peers" not in sys.modules:  # a dataclass needs its module registered while it is made
-        spec = importlib.util.spec_from_file_location("bench_peers", PEERS)
-        sys.modules["bench_peers"] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(sys.modules["bench_peers"])
-    return sys.modules["bench_peers"]
 
 
 def consumer_result(indices: list[int], lateness_ms: list[float]) -> dict:
@@ -36,7 +29,6 @@ def consumer_result(indices: list[int], lateness_ms: list[float]) -> dict:
 
 
 def test_receipts_count_lost_duplicate_unknown_and_early_messages():
-    peers = load_peers()
     got = peers.receipts([consumer_result([0, 1, 1], [5.0, 1.0, 2.0]), consumer_result([3, 9], [-1.0, 4.0])], n=5)
     assert (got["received"], got["distinct"], got["lost"], got["duplicates"], got["unknown"], got["early"]) == (
         5, 3, 2, 1, 1, 1)
@@ -45,12 +37,11 @@ def test_receipts_count_lost_duplicate_unknown_and_early_messages():
 
 
 def test_payload_names_the_message_and_its_trigger_at_any_size():
-    peers = load_peers()
     for size in (40, 100, 1000):
-        payload = peers.peer_systems.encode_payload(123456, 1_790_000_000_123, 1_790_000_001_000, size)
+        payload = peer_systems.encode_payload(123456, 1_790_000_000_123, 1_790_000_001_000, size)
         assert len(payload) == size
-        assert peers.peer_systems.decode_payload(payload) == (123456, 1_790_000_000_123, 1_790_000_001_000)
-        assert peers.peer_systems.decode_payload(payload.decode()) == (123456, 1_790_000_000_123, 1_790_000_001_000)
+        assert peer_systems.decode_payload(payload) == (123456, 1_790_000_000_123, 1_790_000_001_000)
+        assert peer_systems.decode_payload(payload.decode()) == (123456, 1_790_000_000_123, 1_790_000_001_000)
 
 
 FIGURES = {

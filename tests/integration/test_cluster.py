@@ -1,4 +1,4 @@
-"""A real 3-node cluster on loopback (tests/cluster.py): election, any node
+"""A real 3-node cluster on loopback (bench/cluster.py): election, any node
 answering, quorum writes, failover drills (SIGKILL, SIGSTOP, SIGTERM of the
 leader), and a deposed leader whose unreplicated tail is replaced by a
 snapshot. Every process is stopped by PID; each test is bounded in time."""

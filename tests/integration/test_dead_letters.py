@@ -6,20 +6,15 @@ restart, and is delivered once, never early, never at its old time."""
 
 from __future__ import annotations
 
-import re
 import time
 
 import pytest
+from harness import memory_mb
 from serving import Server
 
 pytestmark = pytest.mark.slow
 
 DEAD = 100_000
-
-
-def rss_mb(server: Server, field: str = "VmRSS") -> float:
-    with open(f"/proc/{server.proc.pid}/status") as f:
-        return int(re.search(rf"^{field}:\s+(\d+) kB", f.read(), re.MULTILINE).group(1)) / 1024
 
 
 def test_redrive_of_100k_dead_messages_without_a_ram_spike(tmp_path):
@@ -33,8 +28,8 @@ def test_redrive_of_100k_dead_messages_without_a_ram_spike(tmp_path):
             assert status == 200, body
         status, body = server.get("listDeadMsg", topic="d", limit=1000)
         assert status == 200 and len(body["delayMsgList"]) == 1000 and body["cursor"], body
-        before = rss_mb(server)
-        peak_before = rss_mb(server, "VmHWM")
+        memory = memory_mb(server.proc.pid)
+        before, peak_before = memory["rss_mb"], memory["rss_peak_mb"]
         done, calls = 0, 0
         while True:
             status, body = server.post("redriveMsg", topic="d", all="true", limit=50_000)
@@ -43,7 +38,7 @@ def test_redrive_of_100k_dead_messages_without_a_ram_spike(tmp_path):
             if not body["more"]:
                 break
         assert (done, calls) == (DEAD, 2)
-        grown = rss_mb(server, "VmHWM") - max(before, peak_before)
+        grown = memory_mb(server.proc.pid)["rss_peak_mb"] - max(before, peak_before)
         assert grown < 60, f"peak RSS grew {grown:.1f} MB re-driving {DEAD} messages"
         status, body = server.get("listDeadMsg", topic="d")
         assert body["delayMsgList"] == [] and body["cursor"] is None

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import socket
 import time
 
 import pytest
+from harness import memory_mb
 from serving import Server, request
 
 pytestmark = pytest.mark.slow
@@ -79,11 +79,6 @@ def closed_after(s: socket.socket, wait_s: float = 5) -> bool:
     return True
 
 
-def rss_mb(server: Server) -> float:
-    with open(f"/proc/{server.proc.pid}/status") as f:
-        return int(re.search(r"^VmRSS:\s+(\d+) kB", f.read(), re.MULTILINE).group(1)) / 1024
-
-
 def head(method: str, path: str, *lines: str, length: int | None = None) -> bytes:
     extra = "".join(line + "\r\n" for line in lines)
     if length is not None:
@@ -128,7 +123,7 @@ def test_pipelined_requests_whose_answers_are_never_read_hold_bounded_memory(ope
     """Before: 15.5 MB of pipelined `GET /x` with the answers never read
     took the node's RSS from 46 to 611 MiB. Here each request (44 bytes)
     asks for the console's page (about 10 KB)."""
-    before = rss_mb(open_node)
+    before = memory_mb(open_node.proc.pid)["rss_mb"]
     with connect(open_node) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         s.setblocking(False)
@@ -140,7 +135,7 @@ def test_pipelined_requests_whose_answers_are_never_read_hold_bounded_memory(ope
             except BlockingIOError:  # the node stopped reading: it holds no more
                 time.sleep(0.05)
         time.sleep(1.0)
-        grown = rss_mb(open_node) - before
+        grown = memory_mb(open_node.proc.pid)["rss_mb"] - before
         assert open_node.get("/health")[0] == 200  # and it serves others meanwhile
     assert grown < 40, f"RSS grew {grown:.0f} MiB"
 
@@ -151,7 +146,7 @@ def test_pipelined_reads_of_a_large_message_wait_for_the_client(token_node):
     status, body = token_node.post("sendMsg", topic="big", msgId="m", msg="x" * (1024 * 1024 - 100),
                                    delayMillis=3_600_000)
     assert status == 200, body
-    before = rss_mb(token_node)
+    before = memory_mb(token_node.proc.pid)["rss_mb"]
     form = b"topic=big&msgId=m"
     one = head("POST", "/camellia/delayQueue/getMsg", f"Authorization: Bearer {TOKEN}",
                "Content-Type: application/x-www-form-urlencoded", length=len(form)) + form
@@ -159,7 +154,7 @@ def test_pipelined_reads_of_a_large_message_wait_for_the_client(token_node):
         s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         s.sendall(one * 300)
         time.sleep(1.0)
-        grown = rss_mb(token_node) - before
+        grown = memory_mb(token_node.proc.pid)["rss_mb"] - before
         s.settimeout(10)
         status, _, answer = read_answer(s)  # the answers are all there for a client that reads
         assert status == 200 and json.loads(answer)["delayMsg"]["msgId"] == "m"

@@ -15,6 +15,7 @@ import sys
 import time
 
 import pytest
+from harness import memory_mb
 from serving import Server, request
 
 pytestmark = pytest.mark.slow
@@ -100,11 +101,6 @@ def test_a_low_descriptor_limit_costs_connections_never_a_checkpoint(tmp_path):
     assert "Too many open files" not in log and "Traceback" not in log
 
 
-def peak_rss_mb(server: Server) -> float:
-    with open(f"/proc/{server.proc.pid}/status") as f:
-        return int(re.search(r"^VmHWM:\s+(\d+) kB", f.read(), re.MULTILINE).group(1)) / 1024
-
-
 def post_raw(server: Server, call: str, body: bytes, content_type: str) -> tuple[int, dict]:
     """POST `body`, reading the answer even when the server answers before
     taking the whole body (a cap) and closes."""
@@ -132,7 +128,7 @@ def test_bodies_that_decode_to_many_objects_are_refused_before_decoding(tmp_path
     server = Server.start(tmp_path / "data")  # --max-msg-bytes 1 MiB: bodies up to 6 MiB + 64 KiB
     try:
         answered_within(server, 2.0)
-        before = peak_rss_mb(server)
+        before = memory_mb(server.proc.pid)["rss_peak_mb"]
         status, answer = post_raw(server, "sendMsg", b"&" * (6 * 1024 * 1024), "application/x-www-form-urlencoded")
         assert status == 413 and "--max-form-pairs" in answer["msg"]
         status, answer = post_raw(server, "sendMsgBatch", b'{"topic":"t","msgs":[' + b"{}," * 3_000_000 + b"{}]}",
@@ -144,7 +140,7 @@ def test_bodies_that_decode_to_many_objects_are_refused_before_decoding(tmp_path
         status, answer = post_raw(server, "sendMsg", b'{"topic":"t","msg":"m","x":[' + b"[]," * 2_000_000 + b"[]]}",
                                   "application/json")
         assert status == 413 and "JSON marks" in answer["msg"]  # any call's JSON, not only a batch's
-        assert peak_rss_mb(server) - before < 100
+        assert memory_mb(server.proc.pid)["rss_peak_mb"] - before < 100
         assert answered_within(server, 2.0) == (200, 200)
     finally:
         assert server.stop() == 0

@@ -1,11 +1,11 @@
 """HTTP benchmark: real `hourglass serve` processes driven over the camellia
 API on loopback. Prints one JSON object on stdout, progress on stderr.
 
-    .venv/bin/python bench/http.py                        # every scenario but the 10M backlog
-    .venv/bin/python bench/http.py --scale 0.05           # every count x0.05: a quick check
-    .venv/bin/python bench/http.py --only dispatch,roundtrip
-    .venv/bin/python bench/http.py --skip backlog --producer-procs
-    .venv/bin/python bench/http.py --only backlog --ten-million   # adds 10,000,000 pending (long)
+    .venv/bin/python bench/http_load.py                   # every scenario but the 10M backlog
+    .venv/bin/python bench/http_load.py --scale 0.05      # every count x0.05: a quick check
+    .venv/bin/python bench/http_load.py --only dispatch,roundtrip
+    .venv/bin/python bench/http_load.py --skip backlog --producer-procs
+    .venv/bin/python bench/http_load.py --only backlog --ten-million   # adds 10,000,000 pending (long)
 
 Each scenario starts its own server (`python -m broker.cli serve --fsync
 batch --backend disk`, free port, fresh data directory under --work-dir,
@@ -62,38 +62,28 @@ and the answer; the exit status is then 1.
 
 from __future__ import annotations
 
+import argparse
+import asyncio
+import contextlib
+import json
+import multiprocessing
 import os
+import platform
+import queue
+import random
+import shutil
+import subprocess
 import sys
+import tempfile
+import threading
+import time
+import urllib.parse
+from collections.abc import Callable, Iterable, Iterator
 
-# This file is named http.py: with its own folder on sys.path it would
-# shadow the standard library's `http` (which aiohttp and urllib import), so
-# that folder is taken off before anything else is imported. The project
-# root goes first, as in bench/storage.py, and tests/ for its serve helper.
-HERE = os.path.dirname(os.path.realpath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path[:] = [p for p in sys.path if os.path.realpath(p or os.curdir) != HERE]
-sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]
+import aiohttp
+from harness import ROOT, CpuMeter, Server, disk_bytes, memory_mb, own_cpu_s, percentile
 
-import argparse  # noqa: E402
-import asyncio  # noqa: E402
-import contextlib  # noqa: E402
-import json  # noqa: E402
-import math  # noqa: E402
-import multiprocessing  # noqa: E402
-import platform  # noqa: E402
-import queue  # noqa: E402
-import random  # noqa: E402
-import resource  # noqa: E402
-import shutil  # noqa: E402
-import subprocess  # noqa: E402
-import tempfile  # noqa: E402
-import threading  # noqa: E402
-import time  # noqa: E402
-import urllib.parse  # noqa: E402
-from collections.abc import Callable, Iterable, Iterator  # noqa: E402
-
-import aiohttp  # noqa: E402
-from serving import PREFIX, Server  # noqa: E402
+from broker.paths import PREFIX
 
 SECOND_MS = 1000
 HOUR_MS = 3600 * SECOND_MS
@@ -113,41 +103,12 @@ def log(text: str) -> None:
     print(f"[{time.monotonic() - _started:8.1f} s] {text}", file=sys.stderr, flush=True)
 
 
-def percentile(sorted_values: list[float], fraction: float) -> float | None:
-    """Nearest-rank percentile of an ascending list (None when empty)."""
-    if not sorted_values:
-        return None
-    rank = max(1, min(len(sorted_values), math.ceil(fraction * len(sorted_values))))
-    return round(sorted_values[rank - 1], 3)
-
-
 def count_label(count: int) -> str:
     """1_000_000 -> "1m", 50_000 -> "50k": the suffix of backlog figures."""
     for unit, suffix in ((1_000_000, "m"), (1_000, "k")):
         if count >= unit and count % unit == 0:
             return f"{count // unit}{suffix}"
     return str(count)
-
-
-def memory_mb(pid: int) -> dict[str, float]:
-    """VmRSS and its parts from /proc/<pid>/status. RssFile counts the
-    mapped pages of data files (mmap'ed log segments and hours) that happen
-    to be resident, so it moves with the moment; RssAnon is the heap."""
-    wanted = {"VmRSS:": "rss_mb", "RssAnon:": "rss_anon_mb", "RssFile:": "rss_file_mb"}
-    out = {}
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            key, *rest = line.split()
-            if key in wanted:
-                out[wanted[key]] = round(int(rest[0]) / 1024, 1)
-    return out
-
-
-def cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a process, from /proc/<pid>/stat."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def calibration_ms() -> float:
@@ -170,32 +131,6 @@ def source_state() -> dict:
             return ""
     return {"commit": git("rev-parse", "--short", "HEAD").strip() or None,
             "changed": [line[3:] for line in git("status", "--porcelain").splitlines()]}
-
-
-def own_cpu_s() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
-
-
-class CpuMeter:
-    """CPU seconds the serving processes used since it was made, each as
-    `<name>_cpu_s`: `server` (hourglass serve) and a backend's own processes
-    (`redis` for bench/compare.py's redis-server)."""
-
-    def __init__(self, pids: dict[str, int]) -> None:
-        self.pids = pids
-        self.before = {name: cpu_s(pid) for name, pid in pids.items()}
-
-    def used(self) -> dict[str, float]:
-        return {f"{name}_cpu_s": round(cpu_s(pid) - self.before[name], 2) for name, pid in self.pids.items()}
-
-
-def disk_bytes(directory: str) -> int:
-    total = 0
-    for path, _, files in os.walk(directory):
-        for name in files:
-            total += os.stat(os.path.join(path, name)).st_blocks * 512
-    return total
 
 
 # --- request bodies ---------------------------------------------------------
@@ -431,12 +366,10 @@ class Bench:
         return {"server": server.proc.pid, **self.backend.pids()}
 
     def stop_server(self, scenario: str, server: Server) -> None:
-        try:
-            code = server.stop(timeout=15)
-        except subprocess.TimeoutExpired:
+        code = server.stop()
+        if code is None:
             self.problem(scenario, "serve did not exit within 15 s of SIGTERM (killed)", log=server.log_path)
-            return
-        if code != 0 and code != -9:  # -9: this bench killed it
+        elif code != 0 and code != -9:  # -9: this bench killed it
             self.problem(scenario, f"serve exited {code} after SIGTERM", log=server.log_path)
 
     @contextlib.contextmanager

@@ -1,7 +1,7 @@
 """Timing-wheel benchmark (real clock, one process, the storage engine
 underneath): prints one JSON object.
 
-    .venv/bin/python bench/wheel.py
+    .venv/bin/python bench/wheel_timing.py
 
 Scenarios, each on a fresh data directory:
   window   20,000 messages due across a 10 s window starting a few seconds
@@ -21,18 +21,17 @@ import asyncio
 import json
 import os
 import shutil
-import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from harness import percentile
 
-from broker.clock import SystemClock  # noqa: E402
-from storage.config import StoreConfig  # noqa: E402
-from storage.store import NewMessage, Store  # noqa: E402
-from wheel.driver import WheelDriver  # noqa: E402
-from wheel.scheduler import Scheduler  # noqa: E402
-from wheel.tick_state import TickStateFile  # noqa: E402
+from broker.clock import SystemClock
+from storage.config import StoreConfig
+from storage.store import NewMessage, Store
+from wheel.driver import WheelDriver
+from wheel.scheduler import Scheduler
+from wheel.tick_state import TickStateFile
 
 PAYLOAD = "x" * 100
 
@@ -79,11 +78,6 @@ class Run:
         self.store.close()
 
 
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
 async def scenario_window(directory: str, count: int, window_ms: int, lead_ms: int) -> dict:
     run = Run(directory)
     task = asyncio.create_task(run.driver.run())
@@ -94,9 +88,9 @@ async def scenario_window(directory: str, count: int, window_ms: int, lead_ms: i
     run.driver.stop()
     await task
     run.close()
-    late = run.lateness_ms
-    return {"lateness_ms_p50": round(percentile(late, 0.50), 3), "lateness_ms_p99": round(percentile(late, 0.99), 3),
-            "lateness_ms_max": round(max(late), 3), "early": sum(1 for x in late if x < 0), "released": len(late)}
+    late = sorted(run.lateness_ms)
+    return {"lateness_ms_p50": percentile(late, 0.50), "lateness_ms_p99": percentile(late, 0.99),
+            "lateness_ms_max": percentile(late, 1.0), "early": sum(1 for x in late if x < 0), "released": len(late)}
 
 
 async def scenario_burst(directory: str, count: int, lead_ms: int) -> dict:

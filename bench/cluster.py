@@ -19,13 +19,11 @@ import json
 import os
 import random
 import signal
-import subprocess
-import sys
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
 
-from serving import ROOT, Server, free_port, request
+from harness import Server, free_port, percentile, request
 
 NODE_IDS = ("n1", "n2", "n3")
 # The cluster secret every test cluster shares (tests/integration/test_cluster_auth.py
@@ -144,11 +142,7 @@ class Cluster:
 
 def _spawn(data: str, node: str, cluster: Cluster) -> Server:
     """Start a node without waiting for it (the others may not be up yet)."""
-    with open(data + ".log", "ab") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "broker.cli", "serve", "--data-dir", data,
-                                 "--node-id", node, "--cluster", cluster.spec, *cluster.flags],
-                                stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
-    return Server(proc, cluster.url(node), data, data + ".log")
+    return Server.spawn(data, "--node-id", node, "--cluster", cluster.spec, *cluster.flags, base=cluster.url(node))
 
 
 @dataclass
@@ -289,10 +283,9 @@ async def _drive(cluster: Cluster, fault: str, *, rate: int, run_s: float, fault
 
 
 def _percentiles(values: list[int]) -> dict:
-    if not values:
-        return {"p50": None, "p99": None, "max": None, "count": 0}
-    pick = lambda q: values[min(len(values) - 1, int(q * len(values)))]  # noqa: E731
-    return {"p50": pick(0.5), "p99": pick(0.99), "max": values[-1], "count": len(values)}
+    """p50, p99 and max of an ascending list (harness.percentile: nearest rank)."""
+    return {"p50": percentile(values, 0.5), "p99": percentile(values, 0.99), "max": percentile(values, 1.0),
+            "count": len(values)}
 
 
 def drill(cluster: Cluster, fault: str, *, rate: int = 100, run_s: float = 4.0, fault_at_s: float = 1.5,

@@ -1,6 +1,6 @@
 """Storage-engine benchmark: prints one JSON object.
 
-    .venv/bin/python bench/storage.py [--messages 1000000] [--batch 1000]
+    .venv/bin/python bench/engine.py [--messages 1000000] [--batch 1000]
 
 Figures (each phase runs in a fresh child process so RSS is its own):
   append_msgs_per_s        batched sends (100-byte payloads, fsync=batch,
@@ -29,23 +29,14 @@ import sys
 import tempfile
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
+from harness import memory_mb
 
-from storage.config import FsyncPolicy, StoreConfig  # noqa: E402
-from storage.entry import hour_and_second  # noqa: E402
-from storage.store import NewMessage, Store  # noqa: E402
+from storage.config import FsyncPolicy, StoreConfig
+from storage.entry import hour_and_second
+from storage.store import NewMessage, Store
 
 DAY_MS = 24 * 3600 * 1000
 PAYLOAD = "x" * 100
-
-
-def rss_mb() -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    raise RuntimeError("no VmRSS")
 
 
 def disk_parts(directory: str) -> dict[str, int]:
@@ -70,7 +61,7 @@ def child_fill(directory: str, count: int, batch: int, spread_ms: int, checkpoin
     `kill_wait`, then print READY and sleep until killed."""
     now_ms = int(time.time() * 1000)
     store = Store.open(directory, StoreConfig(fsync=FsyncPolicy.BATCH), now_ms=now_ms)
-    rss_before = rss_mb()
+    rss_before = memory_mb(os.getpid())["rss_mb"]
     elapsed = 0.0
     last_checkpoint = time.perf_counter()
     for msgs in batches(count, batch, now_ms, spread_ms, seed=1):
@@ -83,7 +74,7 @@ def child_fill(directory: str, count: int, batch: int, spread_ms: int, checkpoin
         elapsed += time.perf_counter() - t0
     store.checkpoint(now_ms)
     del msgs
-    out = {"msgs_per_s": count / elapsed, "rss_growth_mb": rss_mb() - rss_before,
+    out = {"msgs_per_s": count / elapsed, "rss_growth_mb": memory_mb(os.getpid())["rss_mb"] - rss_before,
            "disk_bytes": store.disk_bytes(), "disk_parts": disk_parts(directory), "now_ms": now_ms}
     print(json.dumps(out), flush=True)
     if kill_wait:
