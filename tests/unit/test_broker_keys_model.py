@@ -20,6 +20,7 @@ import os
 
 import hypothesis.strategies as st
 from broker_harness import CONFIG, BrokerHarness, HarnessMachine
+from fakes import FakeClock
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
@@ -29,7 +30,6 @@ from broker.ready import QueueLimits
 from broker.service import Broker
 from storage.entry import MS_PER_HOUR, Status
 from storage.store import NewMessage, Store
-from wheel.clock import FakeClock
 
 LIMITS = QueueLimits(window=4, window_total=4, inflight=5, inflight_total=5, key_window=2)
 DEFAULTS = Defaults()

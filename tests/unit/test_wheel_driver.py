@@ -4,13 +4,12 @@ import asyncio
 import logging
 
 import pytest
+from fakes import FakeClock, InMemorySlotSource
 
 from storage.entry import MS_PER_HOUR, IndexEntry
 from storage.errors import ContractError
-from wheel.clock import FakeClock
 from wheel.driver import WheelDriver
 from wheel.scheduler import Scheduler, SchedulerConfig
-from wheel.source import InMemorySlotSource
 from wheel.tick_state import TickState, TickStateFile, read_tick_state
 from wheel.window import release_key
 
