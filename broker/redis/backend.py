@@ -1,4 +1,4 @@
-"""SPEC.md section 3 with its state in Redis: `hourglass serve --backend redis://...`.
+"""The lifecycle of docs/api.md (Semantics) with its state in Redis: `hourglass serve --backend redis://...`.
 
 `RedisBroker` is a `broker.backend.Backend`, as the disk
 `broker.service.Broker` is (send, pull, long_poll, ack incl. nack, delete,

@@ -1,5 +1,5 @@
-"""What a stranger who reaches a cluster node's ports cannot do (SPEC 1, 3:
-only a holder of the cluster secret is a peer). Real 3-node clusters on
+"""What a stranger who reaches a cluster node's ports cannot do (docs/security.md,
+The cluster secret: only a holder of it is a peer). Real 3-node clusters on
 127.0.0.1, stopped by PID."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """What a stranger can do to a real `hourglass serve` through its HTTP
-front, over raw sockets (SPEC 3, "The HTTP front decides on the head";
-docs/security.md): ambiguous heads, answers nobody reads, bodies refused
+front, over raw sockets (docs/security.md, Limits and "Decided on the
+head"): ambiguous heads, answers nobody reads, bodies refused
 on their head, slow bodies, the 503 at the connection cap, and browsers
 (Host, Origin, Sec-Fetch-Site) on a node without a token."""
 

@@ -1,6 +1,6 @@
 """What an outsider can make a real `hourglass serve` spend over HTTP is
-bounded, and a limit hit is an answer, never a crash (SPEC 3 "Bounded
-resources"): connections and descriptors, request parsing, durations,
+bounded, and a limit hit is an answer, never a crash (docs/security.md,
+Limits): connections and descriptors, request parsing, durations,
 metric labels, the token."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""Serial keys (SPEC `key`) in broker.service.Broker, against a model, on a
-real Store and a FakeClock: messages of three keys (and none) come due in
+"""Serial keys (docs/api.md, Tags and serial keys) in broker.service.Broker,
+against a model, on a real Store and a FakeClock: messages of three keys (and none) come due in
 a small window (4, at most 2 of one key), consumers pull, ack, nack, let
 ack deadlines pass, and the broker restarts. After every step:
 
