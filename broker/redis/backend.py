@@ -200,7 +200,7 @@ class RedisBroker(RedisRequests, Lifecycle):
             self._state.registered.clear()
             return f"Redis at {self.url} is unreachable: {error}"
         if isinstance(error, ResponseError) and str(error).startswith("WRONGTYPE"):
-            wrong = await self._wrong_types(keys + [self._topics_key])
+            wrong = await self._wrong_types([*keys, self._topics_key])
             if wrong:
                 return (f"{'; '.join(wrong)}; every key under {self.config.key_prefix + ':'!r} is hourglass's: "
                         f"remove or rename it")
