@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import contextlib
 import itertools
 import math
 from collections.abc import Awaitable, Callable, Iterator, Sequence
@@ -26,7 +27,7 @@ P = ParamSpec("P")
 
 
 class _FakeTimer:
-    __slots__ = ("due_ms", "callback", "cancelled")
+    __slots__ = ("callback", "cancelled", "due_ms")
 
     def __init__(self, due_ms: float, callback: Callable[[], object]) -> None:
         self.due_ms = due_ms
@@ -81,10 +82,8 @@ class _CountingExecutor(ThreadPoolExecutor):
             self._ended()
 
     def _ended(self) -> None:
-        try:
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nothing waits any more
             self._loop.call_soon_threadsafe(self._clock._thread_ended)
-        except RuntimeError:  # the loop is closed: nothing waits any more
-            pass
 
 
 class FakeClock:
@@ -241,7 +240,7 @@ class _Hour:
     """One hour as storage files it: entries by globalIndex, and the second
     table (count and last globalIndex of every second)."""
 
-    __slots__ = ("entries", "counts", "last_global")
+    __slots__ = ("counts", "entries", "last_global")
 
     def __init__(self) -> None:
         self.entries: list[IndexEntry] = []

@@ -63,7 +63,7 @@ class Server:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "broker.cli", "serve", "--port", str(port), "--data-dir", str(data_dir),
                  *flags], stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
-                preexec_fn=preexec_fn)  # noqa: PLW1509
+                preexec_fn=preexec_fn)
         server = cls(proc, f"http://127.0.0.1:{port}", str(data_dir), log_path, token)
         server.wait_healthy(wait_s)
         return server

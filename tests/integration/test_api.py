@@ -218,7 +218,7 @@ def test_prometheus_metrics(server, topic):
 # -- bad input ----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("params, named", [
+@pytest.mark.parametrize(("params", "named"), [
     ({"msg": "x"}, "topic"),
     ({"topic": "T"}, "msg"),
     ({"topic": "T", "msg": ""}, "msg"),

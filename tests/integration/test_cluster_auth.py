@@ -4,6 +4,7 @@ The cluster secret: only a holder of it is a peer). Real 3-node clusters on
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
@@ -61,10 +62,8 @@ def _raft_probe(cluster: Cluster, node: str, frame: bytes) -> None:
     with socket.create_connection((peer.host, peer.raft_port), timeout=2) as s:
         s.sendall(struct.pack("i", len(frame)) + frame)
         s.settimeout(2)
-        try:
+        with contextlib.suppress(TimeoutError, ConnectionError):
             s.recv(1024)  # a node that refuses the frame closes the connection
-        except (TimeoutError, ConnectionError):
-            pass
 
 
 def _plant_frames(path) -> list[bytes]:

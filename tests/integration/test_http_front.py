@@ -192,7 +192,7 @@ def test_the_token_is_checked_before_100_continue_and_the_body_budget(token_node
     budget, so an authenticated 100 KB send got 429."""
     with connect(token_node) as s:
         s.sendall(head("POST", SEND, "Expect: 100-continue", length=100_000))
-        status, headers, _ = read_answer(s)
+        status, _, _ = read_answer(s)
         assert status == 401 and closed_after(s)
     held = []
     try:

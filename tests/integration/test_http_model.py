@@ -247,10 +247,8 @@ class HttpModel(RuleBasedStateMachine):
         items = []
         for kind, priority, max_retry, tag in kinds:
             earlier = set(self.messages) | {i["msgId"] for i in items}
-            if earlier and data.draw(st.booleans(), label="repeat an id"):
-                msg_id = self.pick(data, earlier)
-            else:
-                msg_id = self.fresh_id()
+            repeat = bool(earlier) and data.draw(st.booleans(), label="repeat an id")
+            msg_id = self.pick(data, earlier) if repeat else self.fresh_id()
             items.append(self.item(msg_id, kind, priority, max_retry, tag))
         if bad is not None:
             index = data.draw(st.integers(0, len(items)), label="bad index")
