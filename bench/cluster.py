@@ -15,6 +15,7 @@ leader mid-run, and returns what happened (see `DrillResult`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -205,10 +206,8 @@ async def _drive(cluster: Cluster, fault: str, *, rate: int, run_s: float, fault
             for m in msgs:
                 deliveries.append((m.msg_id, now, m.trigger_time, m.retry))
             for m in msgs:
-                try:
+                with contextlib.suppress(Exception):
                     await client.ack(topic, m.msg_id)
-                except Exception:
-                    pass
 
     async def strike():
         nonlocal fault_ms, failover_s

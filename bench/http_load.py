@@ -47,7 +47,7 @@ alive across its requests. The machine has 2 cores, so the client competes
 with the server for CPU; to keep that cost out of the ingest figures the
 request bodies of ingest-batch and ingest-single are encoded before the
 clock starts, and ingest answers are checked by HTTP status only (status
-equals `code`, SPEC 2) and by getTopicInfo's count afterwards. By default
+equals `code`, docs/api.md) and by getTopicInfo's count afterwards. By default
 the producers are coroutines of this process (one extra busy process);
 with --producer-procs each producer is a forked process of its own (more
 client parallelism, more contention). Every scenario reports the client's

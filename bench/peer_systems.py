@@ -633,7 +633,7 @@ class HourglassClient(Client):
     def prepare(self, msgs: list[tuple[int, int]], now: int) -> tuple[bytes, bytes, bytes]:
         """sendMsg (a form) for one message, sendMsgBatch (JSON) for more.
         A message already due goes with delayMillis=0, the others with
-        their absolute triggerTime (SPEC's extension)."""
+        their absolute triggerTime (an extension, docs/api.md)."""
         items = self.payloads(msgs, now)
         keys = self.config.get("keys") or 0
         if len(items) == 1:
@@ -667,7 +667,7 @@ class HourglassClient(Client):
         await self._call(b"ackMsg", b"topic=%s&msgId=%s" % (self.topic_q, urllib.parse.quote(handle).encode()))
 
     async def ack_many(self, handles: list) -> None:
-        """ackMsg with msgIds (SPEC's extension): one request for many.
+        """ackMsg with msgIds (an extension, docs/api.md): one request for many.
         A server without it answers an error (no msgId): PeerError."""
         answer = await self._call(b"ackMsg", b"topic=%s&msgIds=%s" % (
             self.topic_q, urllib.parse.quote(",".join(handles)).encode()))

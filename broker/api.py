@@ -1,4 +1,4 @@
-"""The HTTP API (SPEC.md section 2): camellia-delay-queue's paths, parameter
+"""The HTTP API (docs/api.md): camellia-delay-queue's paths, parameter
 names and answers, over a `broker.backend.Backend` (the disk broker or Redis).
 
     POST /camellia/delayQueue/sendMsg          -> delayMsg

@@ -2,7 +2,7 @@
 backend shares.
 
 `Backend` is the protocol `broker.api.Api` types against. Two classes
-implement it: the disk `broker.service.Broker` (SPEC.md section 3 over the
+implement it: the disk `broker.service.Broker` (docs/api.md, Semantics, over the
 commit log and the timing wheel) and `broker.redis.backend.RedisBroker`
 (the same lifecycle in Redis, one Lua script per transition). Both answer
 the same calls with the same outcomes: a message, a list, or one of the

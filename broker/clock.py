@@ -1,6 +1,6 @@
 """The one real clock of hourglass: built once at start-up and handed
 down; everything below broker/ takes time as a parameter or through this
-object (see wheel.clock.Clock, the protocol, and FakeClock, its test twin)."""
+object (see wheel.clock.Clock, the protocol, and tests/fakes.py's FakeClock)."""
 
 from __future__ import annotations
 

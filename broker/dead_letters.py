@@ -1,4 +1,4 @@
-"""Rescheduling and dead letters (SPEC.md: rescheduleMsg, listDeadMsg,
+"""Rescheduling and dead letters (docs/api.md, the section of that name: rescheduleMsg, listDeadMsg,
 redriveMsg).
 
 A reschedule or re-drive files the message anew (a MOVE record,

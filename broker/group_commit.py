@@ -9,7 +9,7 @@
 A request is answered only after its record is durable (in a cluster:
 also on a quorum of followers, `Replicated`). One fsync per batch of
 concurrent requests gives the same durability as one per request at a
-hundred times the rate (DESIGN.md, "Group commit is the throughput").
+hundred times the rate (docs/internals.md, "How a node works").
 The commit task is the only one that fsyncs or applies; everything runs on
 the event loop, the fsync itself in a worker thread once fsyncs are slow.
 """

@@ -1,5 +1,5 @@
 """The disk broker's request methods: send, pull, long poll, ack and nack,
-delete, get, and the topic information reads (SPEC.md section 3).
+delete, get, and the topic information reads (docs/api.md, Semantics).
 
 Each checks the node is serving, changes RAM (broker.windows), appends its
 status changes as one record (`_update`), and awaits the group commit

@@ -19,7 +19,7 @@ Consuming messages are held in RAM (with their ack deadline), capped by
 `inflight` per topic and `inflight_total`: a pull at the cap takes fewer
 or none, so RAM never grows with the messages handed out.
 
-Serial keys (SPEC `key`): while a message of (topic, key) is consuming, the
+Serial keys (docs/api.md, Tags and serial keys): while a message of (topic, key) is consuming, the
 key is *busy*: its other window messages are *parked* -- held, out of the
 pull order, taking no window slot; a topic parks at most `window` of them
 (the rest go back to disk) -- so pulls pass over busy keys at no cost.
@@ -95,7 +95,7 @@ class Live:
     # READY in a window: the whole message when its text is short (a pull
     # answers it without reading the disk); None otherwise and once pulled.
     message: Message | None = None
-    serial_key: str = ""  # SPEC `key`: "" none
+    serial_key: str = ""  # the serial key (docs/api.md): "" none
 
     @property
     def key(self) -> tuple[int, int, int, int]:

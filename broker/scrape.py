@@ -22,6 +22,7 @@ for 0.7 s.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import heapq
 from collections.abc import Iterable
 from operator import attrgetter
@@ -53,10 +54,8 @@ async def metrics_response(node, series: Iterable[tuple[str, str, float]]) -> Re
     selection = await select_topics(node.metrics, backlogs, node.config.metrics_topics)
     infos = []
     if backend is not None:
-        try:
+        with contextlib.suppress(Unavailable):
             infos = await backend.topic_infos([t for t in selection.shown if t in backlogs])
-        except Unavailable:
-            pass
     text = node.metrics.render(selection, series) + camellia_metrics.render(
         node.process, node.metrics.monitor_data(), infos, frozenset(selection.shown))
     return Response(200, text.encode(), "text/plain; charset=utf-8")

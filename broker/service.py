@@ -1,4 +1,4 @@
-"""The message lifecycle of one node: SPEC.md section 3 over the disk store.
+"""The message lifecycle of one node: docs/api.md's Semantics over the disk store.
 
 Where each state lives:
 

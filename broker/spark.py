@@ -27,10 +27,10 @@ misspelt `delaymillis` would silently send messages due now):
     priority     tinyint..bigint              priority
     maxRetry     tinyint..bigint              maxRetry
     tag          string                       tag
-    key          string                       key        (serial key, SPEC `key`)
+    key          string                       key        (serial key, docs/api.md)
     topic        string                       the request's topic (null: the `topic` option)
 
-A null value means "not given": the broker's default applies (SPEC 3).
+A null value means "not given": the broker's default applies (docs/api.md, Sending).
 Types are checked when Spark plans the write, on the driver, so a wrong
 type fails `save()`/`start()` naming the column before any row is sent;
 values are checked by the broker, and a refused batch fails the task.
@@ -49,7 +49,7 @@ Options (Spark lower-cases their names; unknown ones are refused):
     idprefix        the prefix of generated ids (see below)
 
 Exactly once in effect. The broker keeps one message per (topic, msgId) and
-answers a repeated id with the stored message, unchanged (SPEC 3), so a
+answers a repeated id with the stored message, unchanged (docs/api.md, Sending), so a
 sink whose every row has an id that is the same each time the row is sent
 again may send as often as it likes. A row without a msgId gets
 

@@ -14,7 +14,7 @@ Example (window 2): READY a(p0) b(p0) c(p5): a, b fill the window; c
 outranks b, so b is spilled (on disk only) and c held; a pull takes c,
 then a; the refill reads b back.
 
-Serial keys (SPEC `key`): a key's messages hold at most `key_window`
+Serial keys (docs/api.md, Tags and serial keys): a key's messages hold at most `key_window`
 places; while one of them is CONSUMING the others are parked (held, not
 pulled); beyond that they wait on disk, their places remembered per key.
 

@@ -42,7 +42,7 @@ MINUTE_MS = 60_000
 # How long a customer has to pay, by payment method.
 PAYMENT_WINDOWS = {"card": 30 * MINUTE_MS, "bank_transfer": 3 * 24 * 60 * MINUTE_MS,
                    "invoice": 30 * 24 * 60 * MINUTE_MS}
-# A due message waits this long for a consumer before it expires (SPEC 3: ttlMillis).
+# A due message waits this long for a consumer before it expires (docs/api.md, Pulling: ttlMillis).
 TTL_MS = 7 * 24 * 60 * MINUTE_MS
 SCHEMA = ("order_id STRING, customer_id STRING, amount_cents BIGINT, payment_method STRING, "
           "status STRING, created_at TIMESTAMP")

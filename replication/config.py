@@ -30,7 +30,7 @@ class Peer:
     node_id: str
     host: str
     http_port: int  # the API, and the log stream at /_cluster/ (see replication.protocol)
-    raft_port: int  # the election (pysyncobj's Raft); SPEC's "replication_port"
+    raft_port: int  # the election (pysyncobj's Raft): the replication port of docs/cluster.md
 
     @property
     def http_url(self) -> str:

@@ -16,7 +16,8 @@ The term is the *epoch* of every record the leader appends (see
 replication.epochs).
 
 `Election` is the interface the node uses; `replication.raft.RaftElection`
-implements it with pysyncobj (public API only), `FakeElection` for tests.
+implements it with pysyncobj (public API only); tests use `FakeElection`
+(tests/fakes.py).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ class Election(Protocol):
 
     Raft may call a node leader before it has caught up; only a committed
     `claim(T)` makes it the leader of T. `RaftElection` is the real one,
-    `FakeElection` a hand-set one for tests."""
+    `FakeElection` (tests/fakes.py) a hand-set one for tests."""
 
     @property
     def term(self) -> int:
@@ -58,40 +59,3 @@ class Election(Protocol):
     def close(self) -> None:
         """Leave the group (on stopping)."""
         ...
-
-
-class FakeElection:
-    """An `Election` a test sets by hand: the term, whom Raft calls leader,
-    and whether claims commit. A claim commits (when `claims_commit`) only
-    above the highest claimed term, as the Raft one does.
-
-        election = FakeElection("n1", term=3, leader_id="n1")
-        await election.claim(3)       # True: claimed == (3, "n1")
-        await election.claim(3)       # False: not above the claimed term
-    """
-
-    def __init__(self, node_id: str, term: int = 0, leader_id: str | None = None) -> None:
-        self.node_id = node_id
-        self.term = term
-        self.leader_id = leader_id
-        self.claimed: tuple[int, str | None] = (0, None)
-        self.claims_commit = True
-        self.claims: list[int] = []  # every term claimed, committed or not
-        self.closed = False
-
-    @property
-    def is_leader(self) -> bool:
-        return self.leader_id == self.node_id
-
-    async def claim(self, term: int) -> bool:
-        self.claims.append(term)
-        if not self.claims_commit or term <= self.claimed[0]:
-            return False
-        self.claimed = (term, self.node_id)
-        return True
-
-    def close(self) -> None:
-        self.closed = True
-
-    def __repr__(self) -> str:
-        return f"FakeElection(node={self.node_id}, term={self.term}, leader={self.leader_id}, claimed={self.claimed})"

@@ -84,7 +84,7 @@ class Epochs:
     def begin(self, epoch: int, start_offset: int) -> Epochs:
         """This node leads `epoch` from `start_offset` on."""
         history = tuple((e, o) for e, o in self.history if e < epoch and o <= start_offset)
-        return Epochs(max(self.promised, epoch), history + ((epoch, start_offset),))
+        return Epochs(max(self.promised, epoch), (*history, (epoch, start_offset)))
 
     def promise(self, epoch: int) -> Epochs:
         return Epochs(max(self.promised, epoch), self.history)

@@ -23,6 +23,7 @@ of time and every wait goes through the injected clock (wheel.clock).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import heapq
 import itertools
 import logging
@@ -153,10 +154,8 @@ class LeaderLog:
         self._release_waiters()
         if offset >= self.durable_offset and self._closed is None:
             new_data = self._new_data
-            try:
+            with contextlib.suppress(TimeoutError):
                 await self.clock.wait_for(new_data.wait(), max(0, int(request.get("wait_ms", 0))) / 1000)
-            except TimeoutError:
-                pass
         records = []
         if offset < self.durable_offset:
             records = self.store.read_log(offset, self.durable_offset, FETCH_MAX_BYTES)

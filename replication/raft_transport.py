@@ -249,19 +249,19 @@ class FramedConnection:
     def state(self) -> int:
         return self._state
 
-    def setOnMessageReceivedCallback(self, callback: Callable[[Any], object] | None) -> None:  # noqa: N802
+    def setOnMessageReceivedCallback(self, callback: Callable[[Any], object] | None) -> None:  # pysyncobj's name
         self._on_message = callback
 
-    def setOnConnectedCallback(self, callback: Callable[[], object] | None) -> None:  # noqa: N802
+    def setOnConnectedCallback(self, callback: Callable[[], object] | None) -> None:  # pysyncobj's name
         self._on_connected = callback
 
-    def setOnDisconnectedCallback(self, callback: Callable[[], object] | None) -> None:  # noqa: N802
+    def setOnDisconnectedCallback(self, callback: Callable[[], object] | None) -> None:  # pysyncobj's name
         self._on_disconnected = callback
 
     def fileno(self) -> int | None:
         return self._fileno
 
-    def getSendBufferSize(self) -> int:  # noqa: N802
+    def getSendBufferSize(self) -> int:  # pysyncobj's name
         return len(self._write)
 
     def connect(self, host: str, port: int) -> bool:
@@ -528,7 +528,7 @@ class RaftTransport(TCPTransport):  # type: ignore[misc]
     (see the module docstring), built by SyncObj (its `transportClass`;
     `conf.bindAddress` must be set: the port listens there only)."""
 
-    def __init__(self, syncObj: Any, selfNode: Any, otherNodes: Any,  # noqa: N803  (pysyncobj's names)
+    def __init__(self, syncObj: Any, selfNode: Any, otherNodes: Any,  # pysyncobj's names
                  monotonic_s: Callable[[], float], max_frame_bytes: int = MAX_FRAME_BYTES) -> None:
         # Read by _createServer and addNode, which TCPTransport.__init__ calls.
         self.monotonic_s = monotonic_s
@@ -548,7 +548,7 @@ class RaftTransport(TCPTransport):  # type: ignore[misc]
         conn.encryptor = self._syncObj.encryptor
         return conn
 
-    def _createServer(self) -> None:  # noqa: N802  (pysyncobj's name)
+    def _createServer(self) -> None:  # pysyncobj's name
         host, port = self._syncObj.conf.bindAddress.rsplit(":", 1)
         self._server = _Listener(self._syncObj._poller, host, int(port), self._accept)
 
@@ -561,7 +561,7 @@ class RaftTransport(TCPTransport):  # type: ignore[misc]
         self._incoming.add(conn)
         self._onNewIncomingConnection(conn)  # pysyncobj's handshake takes it from here
 
-    def addNode(self, node: Any) -> None:  # noqa: N802  (pysyncobj's name)
+    def addNode(self, node: Any) -> None:  # pysyncobj's name
         super().addNode(node)
         # TCPTransport has just built a connection (not connected yet) if
         # this node is the one that dials `node`: a FramedConnection with

@@ -67,11 +67,10 @@ def write_tar(data_dir: str, files: list[tuple[str, int | None]], out: str) -> i
         for relative, size in files:
             path = os.path.join(data_dir, relative)
             try:
-                f = open(path, "rb")
+                with open(path, "rb") as f:
+                    data = f.read() if size is None else f.read(size)
             except FileNotFoundError:
                 continue
-            with f:
-                data = f.read() if size is None else f.read(size)
             info = tarfile.TarInfo(relative)
             info.size = len(data)
             info.mode = FILE_MODE

@@ -24,7 +24,7 @@ An entry (48 bytes, little-endian):
     36      2     priority          i16
     38      2     second            u16  second of the hour it is filed under
     40      4     crc32             u32  of bytes 0..39 (they never change)
-    44      1     status            u8   1..7 (SPEC.md); changed in place
+    44      1     status            u8   1..7 (docs/api.md); changed in place
     45      1     flags             u8   bit 0: released (deleted for good),
                                          bit 1: moved (filed again in a
                                          smaller file, see storage.spans)

@@ -16,7 +16,7 @@ MS_PER_HOUR = MS_PER_SECOND * SECONDS_PER_HOUR
 
 
 class Status(enum.IntEnum):
-    """A message's state, numbered as in SPEC.md section 2."""
+    """A message's state, numbered as in docs/api.md (the message's statuses)."""
 
     WAITING = 1  # stored, trigger time not reached
     READY = 2  # due, deliverable

@@ -10,13 +10,14 @@ import os
 import shutil
 import tempfile
 
+from fakes import FakeClock
+
 from broker.metrics import Metrics
 from broker.params import Defaults
 from broker.ready import QueueLimits
 from broker.service import Broker
 from storage.config import StoreConfig
 from storage.store import Store
-from wheel.clock import FakeClock
 
 CONFIG = StoreConfig(segment_bytes=64 * 1024, id_shard_initial_slots=16)
 SCRATCH_DIR = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None

@@ -151,7 +151,7 @@ def parse(data: bytes, path: str = "<bytes>") -> tuple[int, TickState | None]:
         if sequence > best[0]:
             best = (sequence, TickState(hour_tick, second_tick, local_index))
     if best[1] is None and problems:
-        offset, reason = problems[0]
+        offset = problems[0][0]
         raise TickStateError(path, offset, f"no valid slot: {'; '.join(r for _, r in problems)}")
     return best
 

@@ -27,7 +27,7 @@ class _Second:
     """One second held in the window: its entries not yet activated, and how
     far its release has come in local_index terms (for the tick)."""
 
-    __slots__ = ("abs_s", "prefix", "seen", "done_ahead", "known_end", "pending", "pending_min_ms")
+    __slots__ = ("abs_s", "done_ahead", "known_end", "pending", "pending_min_ms", "prefix", "seen")
 
     def __init__(self, abs_s: int, prefix: int) -> None:
         self.abs_s = abs_s

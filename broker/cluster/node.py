@@ -44,7 +44,7 @@ class ClusterNode(Routes, PeerCalls, RoleLoop, Snapshots, Handover):
     def __init__(self, config: ServeConfig, cluster: ClusterConfig, clock: Clock,
                  election: Election | None = None) -> None:
         """`election` is Raft's (RaftElection, joined here) unless one is
-        given: tests pass a replication.election.FakeElection."""
+        given: tests pass a FakeElection (tests/fakes.py)."""
         self.config = config
         self.cluster = cluster
         self.clock = clock

@@ -73,7 +73,7 @@ class NodeParts:
         return self.roles.stopping
 
     def shown_role(self) -> tuple[str, int]:
-        """The role and term /health, /metrics and the console show: SPEC's
+        """The role and term /health, /metrics and the console show: their
         roles are leader and follower, so a candidate is shown following."""
         if self.leads:
             return Role.LEADER.value, self.roles.term

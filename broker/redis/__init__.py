@@ -1,6 +1,6 @@
 """Everything hourglass keeps in Redis, apart from the disk broker.
 
-    backend.py  RedisBroker: SPEC.md section 3 in Redis, the HTTP API's
+    backend.py  RedisBroker: docs/api.md's Semantics in Redis, the HTTP API's
                 second backend (`hourglass serve --backend redis://...`)
     keys.py     its configuration, key names and URL
     shards.py   sharded queues, the ground dyno.py and rmq.py stand on

@@ -1,4 +1,4 @@
-"""SPEC.md section 3 with its state in Redis: `hourglass serve --backend redis://...`.
+"""The lifecycle of docs/api.md (Semantics) with its state in Redis: `hourglass serve --backend redis://...`.
 
 `RedisBroker` is a `broker.backend.Backend`, as the disk
 `broker.service.Broker` is (send, pull, long_poll, ack incl. nack, delete,
@@ -200,7 +200,7 @@ class RedisBroker(RedisRequests, Lifecycle):
             self._state.registered.clear()
             return f"Redis at {self.url} is unreachable: {error}"
         if isinstance(error, ResponseError) and str(error).startswith("WRONGTYPE"):
-            wrong = await self._wrong_types(keys + [self._topics_key])
+            wrong = await self._wrong_types([*keys, self._topics_key])
             if wrong:
                 return (f"{'; '.join(wrong)}; every key under {self.config.key_prefix + ':'!r} is hourglass's: "
                         f"remove or rename it")

@@ -10,6 +10,7 @@ listener); what a request needs of it is declared below.
 
 from __future__ import annotations
 
+import enum
 import json
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -27,6 +28,25 @@ from .keys import ready_member
 NO_LOCATION = Location(0, 0)
 # Topics whose queue sizes one pipelined round trip reads (topic_backlogs).
 BACKLOG_SLICE = 500
+
+
+class SendOutcome(enum.StrEnum):
+    """The send script's answer for one message (lua/backend/send.lua), as
+    the string Redis returns; the values are the script's, kept on the wire:
+
+        DUPLICATE  "0"  the id holds a message (a live one, or an ended one
+                        and the send is strict): the stored message follows,
+                        unchanged
+        WAITING    "1"  stored; its trigger time is not reached
+        READY      "2"  stored already due: in the ready queue at once
+        EXPIRED    "5"  stored already past its ttl: ended, never delivered
+
+    The last three are the new message's `Status`."""
+
+    DUPLICATE = "0"
+    WAITING = "1"
+    READY = "2"
+    EXPIRED = "5"
 
 
 def _message(topic: str, msg_id: str, meta: str, body: str) -> Message:
@@ -89,16 +109,16 @@ class RedisRequests:
         out, ready = [], []
         answered: dict[str, Message] = {}  # a duplicate of an earlier item gets that item's answer
         for n, (state, *stored) in zip(batch, results):
-            if state == "0":
+            if state == SendOutcome.DUPLICATE:
                 m.duplicates += 1
                 out.append(answered.get(n.msg_id) or _message(topic, n.msg_id, *stored))
                 continue
             m.sends += 1
             out.append(Message(*n[:9], status=Status(int(state)), retry=0, location=NO_LOCATION))
             answered[n.msg_id] = out[-1]
-            if state == "2":
+            if state == SendOutcome.READY:
                 ready.append(due_ms(n.trigger_ms, n.produce_ms))
-            elif state == "5":
+            elif state == SendOutcome.EXPIRED:
                 m.ended += 1
             elif n.trigger_ms < self._next_due_ms:
                 self._mover_wake.set()

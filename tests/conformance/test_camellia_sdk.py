@@ -1,8 +1,8 @@
 """camellia-delay-queue's own Java SDK against a real `hourglass serve`, on
 both backends: tests/java/SdkDriver.java calls every SDK method and runs
 the long-polling listener, printing what each returned; the assertions
-are what camellia's server would make the SDK return (SPEC 2-3), except
-SPEC's one deliberate difference (never early).
+are what camellia's server would make the SDK return (docs/api.md), except
+where hourglass differs on purpose (never early: docs/api.md).
 
 Needs `java`/`javac` (Java 17: default-jdk-headless) and OkHttp, okio and
 slf4j from Debian (libokhttp-java, libokio-java, libslf4j-java, in

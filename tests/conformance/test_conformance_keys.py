@@ -1,4 +1,4 @@
-"""Serial keys (SPEC `key`) over HTTP: messages of one (topic, key) are
+"""Serial keys (docs/api.md, Tags and serial keys) over HTTP: messages of one (topic, key) are
 consumed one at a time, across pulls; other keys and unkeyed messages are
 not held back. The Redis backend refuses `key` (code 400) rather than
 ignore it."""

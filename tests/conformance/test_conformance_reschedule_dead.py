@@ -1,4 +1,4 @@
-"""rescheduleMsg, listDeadMsg and redriveMsg (SPEC 2, extensions), the same
+"""rescheduleMsg, listDeadMsg and redriveMsg (extensions: docs/api.md, Rescheduling and dead letters), the same
 on every backend (see conftest): a waiting or ready message gets a new
 trigger time and is never delivered at the old one nor early at the new;
 dead letters (5 and 6) are listed oldest first a page at a time and made

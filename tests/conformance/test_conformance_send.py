@@ -74,7 +74,7 @@ def test_a_bad_batch_item_stores_nothing(api, topic):
     assert api.is_empty(topic)
 
 
-@pytest.mark.parametrize("params, named", [
+@pytest.mark.parametrize(("params", "named"), [
     ({"msg": "x"}, "topic"),
     ({"topic": "T"}, "msg"),
     ({"topic": "T", "msg": ""}, "msg"),

@@ -1,4 +1,4 @@
-"""Every endpoint of SPEC 2-3, over HTTP, on one real `hourglass serve`
+"""Every endpoint of docs/api.md, over HTTP, on one real `hourglass serve`
 process (fresh topic names per test). The transitions that wait on time
 (delays, ack timeouts, ttls, long polls) are tested on a fake clock in
 tests/unit/test_broker_lifecycle.py, and end to end on every backend in
@@ -218,7 +218,7 @@ def test_prometheus_metrics(server, topic):
 # -- bad input ----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("params, named", [
+@pytest.mark.parametrize(("params", "named"), [
     ({"msg": "x"}, "topic"),
     ({"topic": "T"}, "msg"),
     ({"topic": "T", "msg": ""}, "msg"),

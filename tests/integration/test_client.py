@@ -272,10 +272,10 @@ def test_a_send_whose_answer_was_lost_is_retried_and_stored_once(server):
     forwarded = []
 
     async def lose_first_answer(request: web.Request) -> web.StreamResponse:
-        async with aiohttp.ClientSession() as session:
-            async with session.post(server.base + request.path, data=await request.read(),
-                                    headers={"Content-Type": request.headers["Content-Type"]}) as answer:
-                status, text = answer.status, await answer.text()
+        async with (aiohttp.ClientSession() as session,
+                    session.post(server.base + request.path, data=await request.read(),
+                                 headers={"Content-Type": request.headers["Content-Type"]}) as answer):
+            status, text = answer.status, await answer.text()
         forwarded.append(status)
         if len(forwarded) == 1:
             request.transport.close()  # applied by the server, but the client never hears it

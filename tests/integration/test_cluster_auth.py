@@ -1,9 +1,10 @@
-"""What a stranger who reaches a cluster node's ports cannot do (SPEC 1, 3:
-only a holder of the cluster secret is a peer). Real 3-node clusters on
+"""What a stranger who reaches a cluster node's ports cannot do (docs/security.md,
+The cluster secret: only a holder of it is a peer). Real 3-node clusters on
 127.0.0.1, stopped by PID."""
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
@@ -61,10 +62,8 @@ def _raft_probe(cluster: Cluster, node: str, frame: bytes) -> None:
     with socket.create_connection((peer.host, peer.raft_port), timeout=2) as s:
         s.sendall(struct.pack("i", len(frame)) + frame)
         s.settimeout(2)
-        try:
+        with contextlib.suppress(TimeoutError, ConnectionError):
             s.recv(1024)  # a node that refuses the frame closes the connection
-        except (TimeoutError, ConnectionError):
-            pass
 
 
 def _plant_frames(path) -> list[bytes]:

@@ -1,5 +1,5 @@
 """A real `hourglass serve --fsync batch` killed under load, and stopped
-with SIGTERM while a long poll waits (SPEC.md sections 1 and 3).
+with SIGTERM while a long poll waits (docs/api.md, Durability and restart).
 
 The kill test runs producers (sendMsg and sendMsgBatch, with known ids:
 due at once, due within a second or two, or an hour away) and consumers

@@ -35,7 +35,7 @@ def serve_once(data_dir, *flags: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "broker.cli", "serve", "--port", str(free_port()),
                            "--data-dir", str(data_dir), *flags],
                           capture_output=True, text=True, timeout=60, cwd=ROOT,
-                          preexec_fn=umask_022)  # noqa: PLW1509 (os.umask takes no lock)
+                          preexec_fn=umask_022)  # preexec_fn: os.umask takes no lock
 
 
 def one_line(done: subprocess.CompletedProcess) -> str:

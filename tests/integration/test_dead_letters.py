@@ -68,14 +68,14 @@ def test_a_rescheduled_message_keeps_its_new_time_across_a_kill(tmp_path):
         server = Server.start(tmp_path / "data")
         got = {}
         while len(got) < 2 and time.time() * 1000 < now + 15_000:
-            status, body = server.post("longPollingMsg", topic="r", batch=2, longPollingTimeoutMillis=500,
-                                       ackTimeoutMillis=600_000)
+            _, body = server.post("longPollingMsg", topic="r", batch=2, longPollingTimeoutMillis=500,
+                                  ackTimeoutMillis=600_000)
             for m in body["delayMsgList"]:
                 assert m["msgId"] not in got
                 got[m["msgId"]] = int(time.time() * 1000)
         assert set(got) == {"a", "b"}
         assert got["a"] >= now + 4_000 and got["b"] >= now + 3_000  # never early: not at a's old 1.5 s
-        status, body = server.post("pullMsg", topic="r", batch=10)
+        _, body = server.post("pullMsg", topic="r", batch=10)
         assert body["delayMsgList"] == []
     finally:
         server.stop()

@@ -1,6 +1,6 @@
 """What a stranger can do to a real `hourglass serve` through its HTTP
-front, over raw sockets (SPEC 3, "The HTTP front decides on the head";
-docs/security.md): ambiguous heads, answers nobody reads, bodies refused
+front, over raw sockets (docs/security.md, Limits and "Decided on the
+head"): ambiguous heads, answers nobody reads, bodies refused
 on their head, slow bodies, the 503 at the connection cap, and browsers
 (Host, Origin, Sec-Fetch-Site) on a node without a token."""
 
@@ -187,7 +187,7 @@ def test_the_token_is_checked_before_100_continue_and_the_body_budget(token_node
     budget, so an authenticated 100 KB send got 429."""
     with connect(token_node) as s:
         s.sendall(head("POST", SEND, "Expect: 100-continue", length=100_000))
-        status, headers, _ = read_answer(s)
+        status, _, _ = read_answer(s)
         assert status == 401 and closed_after(s)
     held = []
     try:

@@ -1,5 +1,5 @@
 """One real `hourglass serve` process, driven over HTTP by a hypothesis
-state machine against an in-memory model of SPEC.md section 3.
+state machine against an in-memory model of docs/api.md's Semantics.
 
 The model of one topic is `{msgId: delayMsg}` (what getMsg must answer)
 plus the ids that must answer 404. Every example gets a fresh topic on the
@@ -87,7 +87,7 @@ def running(tmp_path_factory):
 
 
 def order_key(m: dict) -> tuple[int, int]:
-    """SPEC 3: higher priority first, then earlier triggerTime."""
+    """docs/api.md, Pulling: higher priority first, then earlier triggerTime."""
     return (-m["priority"], m["triggerTime"])
 
 
@@ -139,7 +139,7 @@ class HttpModel(RuleBasedStateMachine):
         return params
 
     def check_new(self, params: dict, answered: dict) -> None:
-        """The answer to sending a new message, as SPEC 2/3 describe it."""
+        """The answer to sending a new message, as docs/api.md describes it."""
         assert answered["topic"] == self.topic and answered["msgId"] == params["msgId"]
         assert answered["msg"] == params["msg"]
         due = answered["triggerTime"] <= answered["produceTime"]
@@ -247,10 +247,8 @@ class HttpModel(RuleBasedStateMachine):
         items = []
         for kind, priority, max_retry, tag in kinds:
             earlier = set(self.messages) | {i["msgId"] for i in items}
-            if earlier and data.draw(st.booleans(), label="repeat an id"):
-                msg_id = self.pick(data, earlier)
-            else:
-                msg_id = self.fresh_id()
+            repeat = bool(earlier) and data.draw(st.booleans(), label="repeat an id")
+            msg_id = self.pick(data, earlier) if repeat else self.fresh_id()
             items.append(self.item(msg_id, kind, priority, max_retry, tag))
         if bad is not None:
             index = data.draw(st.integers(0, len(items)), label="bad index")

@@ -1,10 +1,11 @@
 """What an outsider can make a real `hourglass serve` spend over HTTP is
-bounded, and a limit hit is an answer, never a crash (SPEC 3 "Bounded
-resources"): connections and descriptors, request parsing, durations,
+bounded, and a limit hit is an answer, never a crash (docs/security.md,
+Limits): connections and descriptors, request parsing, durations,
 metric labels, the token."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -108,10 +109,8 @@ def post_raw(server: Server, call: str, body: bytes, content_type: str) -> tuple
     with socket.create_connection((host, int(port)), timeout=60) as s:
         s.sendall(f"POST /camellia/delayQueue/{call} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: {content_type}\r\n"
                   f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode())
-        try:
+        with contextlib.suppress(OSError):  # refused unread: the answer is waiting
             s.sendall(body)
-        except OSError:  # refused unread: the answer is waiting
-            pass
         answer = b""
         try:
             while chunk := s.recv(65536):

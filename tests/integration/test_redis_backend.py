@@ -21,14 +21,14 @@ from serving import ROOT, Server
 
 pytest.importorskip("redis", reason="the redis extra is not installed (pip install 'hourglass[redis]')")
 
-from broker.clock import SystemClock  # noqa: E402
-from broker.metrics import Metrics  # noqa: E402
-from broker.params import AckRequest, Defaults, DeleteRequest, LongPollRequest, PullRequest  # noqa: E402
-from broker.redis.backend import RedisBroker  # noqa: E402
-from broker.redis.keys import RedisConfig, TopicKeys, redact  # noqa: E402
-from storage.entry import Status  # noqa: E402
-from storage.errors import NotFound  # noqa: E402
-from storage.store import NewMessage  # noqa: E402
+from broker.clock import SystemClock
+from broker.metrics import Metrics
+from broker.params import AckRequest, Defaults, DeleteRequest, LongPollRequest, PullRequest
+from broker.redis.backend import RedisBroker
+from broker.redis.keys import RedisConfig, TopicKeys, redact
+from storage.entry import Status
+from storage.errors import NotFound
+from storage.store import NewMessage
 
 TOPIC = "orders"
 
@@ -371,7 +371,7 @@ def test_a_key_of_the_wrong_type_answers_503_naming_it(own_redis):
     assert server.stop() == 0
 
 
-@pytest.mark.parametrize("persistence, kept", [
+@pytest.mark.parametrize(("persistence", "kept"), [
     ((), False),
     (("--appendonly", "yes", "--appendfsync", "always"), True),
 ], ids=["no-persistence", "aof-always"])

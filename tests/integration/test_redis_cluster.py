@@ -21,18 +21,18 @@ from serving import Server
 
 pytest.importorskip("redis", reason="the redis extra is not installed (pip install 'hourglass[redis]')")
 
-from redis.asyncio.cluster import RedisCluster  # noqa: E402
-from redis.exceptions import ResponseError  # noqa: E402
+from redis.asyncio.cluster import RedisCluster
+from redis.exceptions import ResponseError
 
-from broker.clock import SystemClock  # noqa: E402
-from broker.metrics import Metrics  # noqa: E402
-from broker.params import AckRequest, Defaults, DeleteRequest, LongPollRequest, PullRequest  # noqa: E402
-from broker.redis import backend as redis_backend  # noqa: E402
-from broker.redis.backend import RedisBroker  # noqa: E402
-from broker.redis.keys import RedisConfig, TopicKeys  # noqa: E402
-from storage.entry import Status  # noqa: E402
-from storage.errors import NotFound  # noqa: E402
-from storage.store import NewMessage  # noqa: E402
+from broker.clock import SystemClock
+from broker.metrics import Metrics
+from broker.params import AckRequest, Defaults, DeleteRequest, LongPollRequest, PullRequest
+from broker.redis import backend as redis_backend
+from broker.redis.backend import RedisBroker
+from broker.redis.keys import RedisConfig, TopicKeys
+from storage.entry import Status
+from storage.errors import NotFound
+from storage.store import NewMessage
 
 pytestmark = pytest.mark.slow
 

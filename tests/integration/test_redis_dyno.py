@@ -18,16 +18,16 @@ import pytest
 
 pytest.importorskip("redis", reason="the redis extra is not installed (pip install 'hourglass[redis]')")
 
-import redis.asyncio as aioredis  # noqa: E402
-from hypothesis import HealthCheck, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test  # noqa: E402
-from redis_server import free_port, redis_server  # noqa: E402
+import redis.asyncio as aioredis
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
+from redis_server import free_port, redis_server
 
-import broker.redis.dyno as redis_dyno  # noqa: E402
-from broker.redis.dyno import DynoConfig, DynoMessage, DynoQueue, ShardSize  # noqa: E402
-from broker.redis.shards import RedisAuthError, RedisUnavailable, WrongTypeKey  # noqa: E402
-from storage.errors import InvalidRequest  # noqa: E402
+import broker.redis.dyno as redis_dyno
+from broker.redis.dyno import DynoConfig, DynoMessage, DynoQueue, ShardSize
+from broker.redis.shards import RedisAuthError, RedisUnavailable, WrongTypeKey
+from storage.errors import InvalidRequest
 
 T0 = 1_000_000
 
@@ -109,7 +109,7 @@ def check_unreachable_fails_fast(connect) -> None:
     listening, then on one that never answers: RedisUnavailable with a
     sentence, well within a bounded time."""
     started = time.monotonic()
-    with pytest.raises(RedisUnavailable, match="cannot reach Redis at 127.0.0.1:.*is it running"):
+    with pytest.raises(RedisUnavailable, match=r"cannot reach Redis at 127.0.0.1:.*is it running"):
         asyncio.run(connect(f"redis://127.0.0.1:{free_port()}/0", 200, 1))
     with silent_port() as port, pytest.raises(RedisUnavailable, match="cannot reach Redis"):
         asyncio.run(connect(f"redis://127.0.0.1:{port}/0", 200, 1))
@@ -121,7 +121,7 @@ def check_password(tmp_path, connect) -> None:
     password -> RedisAuthError; the right one works."""
     with redis_server(tmp_path, "--requirepass", "pw") as port:
         for url in (f"redis://:wrong@127.0.0.1:{port}/0", f"redis://127.0.0.1:{port}/0"):
-            with pytest.raises(RedisAuthError, match="refused the credentials.*check the password"):
+            with pytest.raises(RedisAuthError, match=r"refused the credentials.*check the password"):
                 asyncio.run(connect(url))
         asyncio.run(connect(f"redis://:pw@127.0.0.1:{port}/0"))
 

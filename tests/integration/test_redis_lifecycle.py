@@ -28,13 +28,14 @@ import pytest
 
 pytest.importorskip("redis", reason="the redis extra is not installed (pip install 'hourglass[redis]')")
 
-from broker.metrics import Metrics  # noqa: E402
-from broker.params import AckRequest, Defaults, LongPollRequest, NewSend, PullRequest  # noqa: E402
-from broker.redis.backend import RedisBroker  # noqa: E402
-from broker.redis.keys import RedisConfig  # noqa: E402
-from storage.entry import MS_PER_HOUR, Message, Status  # noqa: E402
-from storage.store import NewMessage  # noqa: E402
-from wheel.clock import FakeClock  # noqa: E402
+from fakes import FakeClock
+
+from broker.metrics import Metrics
+from broker.params import AckRequest, Defaults, LongPollRequest, NewSend, PullRequest
+from broker.redis.backend import RedisBroker
+from broker.redis.keys import RedisConfig
+from storage.entry import MS_PER_HOUR, Message, Status
+from storage.store import NewMessage
 
 START_MS = 490_000 * MS_PER_HOUR + 1_000
 TOPIC = "t"

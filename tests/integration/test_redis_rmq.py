@@ -11,9 +11,9 @@ import pytest
 
 pytest.importorskip("redis", reason="the redis extra is not installed (pip install 'hourglass[redis]')")
 
-from hypothesis import given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-from test_redis_dyno import (  # noqa: E402
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_redis_dyno import (
     T0,
     FakeClock,
     check_password,
@@ -23,10 +23,10 @@ from test_redis_dyno import (  # noqa: E402
     strict_scripts,
 )
 
-import broker.redis.rmq as redis_rmq  # noqa: E402
-from broker.redis.rmq import Kind, Outcome, RmqConfig, RmqMessage, RmqSizes, RmqTopic, Sent, TopicMismatch  # noqa: E402
-from broker.redis.shards import WrongTypeKey  # noqa: E402
-from storage.errors import InvalidRequest  # noqa: E402
+import broker.redis.rmq as redis_rmq
+from broker.redis.rmq import Kind, Outcome, RmqConfig, RmqMessage, RmqSizes, RmqTopic, Sent, TopicMismatch
+from broker.redis.shards import WrongTypeKey
+from storage.errors import InvalidRequest
 
 TOPIC = "prices"
 
@@ -65,7 +65,7 @@ def test_a_topic_keeps_its_kind_and_slot_count(redis_url):
     async def scenario(t: RmqTopic):
         assert repr(t) == "RmqTopic(topic='prices', kind=PRIORITY, slots=1, next_pop_slot=0)"
         for kind, config in ((Kind.RANGE_MERGE, RmqConfig(slots=1)), (Kind.PRIORITY, RmqConfig(slots=2))):
-            with pytest.raises(TopicMismatch, match="is defined as 'priority 1' .*, not '"):
+            with pytest.raises(TopicMismatch, match=r"is defined as 'priority 1' .*, not '"):
                 await RmqTopic.connect(redis_url, TOPIC, kind, config)
         async with await RmqTopic.connect(redis_url, TOPIC, Kind.PRIORITY, RmqConfig(slots=1)) as same:
             assert await same.sizes() == RmqSizes(0, 0, 0)

@@ -7,6 +7,7 @@ until the kill; its message is delivered again only after that)."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import subprocess
@@ -99,7 +100,7 @@ def test_a_killed_workers_slots_move_and_no_key_is_consumed_twice_at_once(redis_
         runs.setdefault(key, []).append((start, killed_ms, worker))
     for key, spans in runs.items():
         spans.sort()
-        for (s1, e1, w1), (s2, e2, w2) in zip(spans, spans[1:]):
+        for (s1, e1, w1), (s2, e2, w2) in itertools.pairwise(spans):
             assert s2 >= e1, f"key {key} consumed by {w1} [{s1}, {e1}] and {w2} [{s2}, {e2}] at once"
     # each stored message was consumed (the killed one twice), but for one the
     # killed delivery's retry may have merged into (RMQ: a newer pending one of its key)

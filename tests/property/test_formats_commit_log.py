@@ -140,7 +140,7 @@ def test_round_trip_across_segment_rolls(records, fsync):
         assert offsets == expected_offsets(records)
         got, end = reopen_and_read(directory)
         assert got == list(zip(offsets, records))
-        assert end == expected_offsets(records + [b""])[-1]
+        assert end == expected_offsets([*records, b""])[-1]
         for name in os.listdir(directory):
             with open(os.path.join(directory, name), "rb") as f:
                 header = f.read(HEADER_BYTES)
@@ -153,7 +153,7 @@ def test_round_trip_across_segment_rolls(records, fsync):
 def test_read_from_any_record_boundary(records, data):
     with log_dir() as directory:
         offsets = write_log(directory, records)
-        boundaries = offsets + [expected_offsets(records + [b""])[-1]]
+        boundaries = [*offsets, expected_offsets([*records, b""])[-1]]
         k = data.draw(st.integers(0, len(records)), label="first record read")
         # The boundary doubles as the checkpoint's offset the tail scan starts at.
         log = CommitLog.open(directory, FsyncPolicy.BATCH, SEGMENT_BYTES, scan_from=boundaries[k])
@@ -196,7 +196,7 @@ def test_torn_last_record_is_dropped_and_appending_continues(records, how, new_b
         finally:
             log.close()
         got, _ = reopen_and_read(directory)
-        assert got == list(zip(offsets, records[:-1] + [new_body]))
+        assert got == list(zip(offsets, [*records[:-1], new_body]))
 
 
 # -- segments: corruption ---------------------------------------------------

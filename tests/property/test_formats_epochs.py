@@ -68,7 +68,7 @@ def test_a_follower_diverges_exactly_when_it_holds_records_the_leader_replaced(l
     `tail_epoch` that a later leader did not keep: the leader's record at
     that offset (or its own start) is of a later epoch."""
     current = (leader_records[-1] if leader_records else 0) + data.draw(st.integers(1, 3))
-    history = _history(leader_records) + ((current, len(leader_records)),)
+    history = (*_history(leader_records), (current, len(leader_records)))
     keep = data.draw(st.integers(0, len(leader_records)))
     low = leader_records[keep - 1] if keep else 1
     high = leader_records[keep] if keep < len(leader_records) else current

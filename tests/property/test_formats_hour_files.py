@@ -263,9 +263,8 @@ def test_truncated_file_is_refused_on_open(msgs, which, read_mapped, create, dat
         path = dict(zip(["log", "idx", "sec"], hour_paths(directory, HOUR)))[which]
         longest = second_table.FILE_BYTES - 1 if which == "sec" else delay_log.HEADER_BYTES - 1
         os.truncate(path, data.draw(st.integers(0, longest), label="cut"))
-        with pytest.raises(CorruptionError) as caught:
-            with opened(directory, read_mapped, create=create):
-                pass
+        with pytest.raises(CorruptionError) as caught, opened(directory, read_mapped, create=create):
+            pass
         assert caught.value.path == path
 
 
@@ -317,9 +316,8 @@ def test_status_out_of_range_is_refused(msgs, read_mapped, data):
         with open(idx_path, "r+b") as f:
             f.seek(delay_index.entry_offset(victim) + delay_index.MUTABLE_OFFSET)
             f.write(bytes([status]))
-        with opened(directory, read_mapped) as files:
-            with pytest.raises(CorruptionError):
-                files.read_entry(victim)
+        with opened(directory, read_mapped) as files, pytest.raises(CorruptionError):
+            files.read_entry(victim)
 
 
 @SETTINGS
@@ -370,11 +368,10 @@ def test_corrupt_header_is_refused_on_open(msgs, which, read_mapped, create, dat
         write_hour(directory, lay_out(msgs), mapped=False)
         path = dict(zip(["log", "idx", "sec"], hour_paths(directory, HOUR)))[which]
         # magic, version, hour; bytes 6-7 are reserved and carry nothing.
-        position = data.draw(st.sampled_from([0, 1, 2, 3, 4, 5] + list(range(8, 16))), label="byte")
+        position = data.draw(st.sampled_from([0, 1, 2, 3, 4, 5, *range(8, 16)]), label="byte")
         xor_byte(path, position, data.draw(masks, label="mask"))
-        with pytest.raises(CorruptionError) as caught:
-            with opened(directory, read_mapped, create=create):
-                pass
+        with pytest.raises(CorruptionError) as caught, opened(directory, read_mapped, create=create):
+            pass
         assert caught.value.path == path
 
 

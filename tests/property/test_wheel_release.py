@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from collections import Counter, deque
 
+from fakes import InMemorySlotSource
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from storage.entry import MS_PER_HOUR, MS_PER_SECOND, SECONDS_PER_HOUR, IndexEntry, Status
 from wheel.scheduler import Scheduler, SchedulerConfig
-from wheel.source import InMemorySlotSource
 from wheel.tick_state import TickState
 from wheel.window import release_key
 

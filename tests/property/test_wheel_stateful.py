@@ -17,6 +17,7 @@ import os
 import shutil
 import tempfile
 
+from fakes import InMemorySlotSource
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
@@ -24,7 +25,6 @@ from sortedcontainers import SortedList
 
 from storage.entry import MS_PER_HOUR, MS_PER_SECOND, SECONDS_PER_HOUR, IndexEntry, Location, Status
 from wheel.scheduler import Scheduler, SchedulerConfig
-from wheel.source import InMemorySlotSource
 from wheel.tick_state import TickStateFile
 from wheel.window import release_key
 

@@ -24,13 +24,13 @@ import pytest
 pytest.importorskip("pyspark", reason="pyspark is not installed: pip install -e '.[spark]' (CI installs it)")
 pytest.importorskip("pyarrow", reason="pyarrow is not installed: pip install -e '.[spark]' (CI installs it)")
 
-import pyarrow as pa  # noqa: E402
-from pyspark import TaskContext, cloudpickle  # noqa: E402
-from pyspark.sql import functions as F  # noqa: E402
-from pyspark.sql import types as T  # noqa: E402
-from serving import free_port  # noqa: E402
+import pyarrow as pa
+from pyspark import TaskContext, cloudpickle
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+from serving import free_port
 
-from broker.spark import (  # noqa: E402
+from broker.spark import (
     HourglassDataSource,
     HourglassStreamWriter,
     HourglassWriter,

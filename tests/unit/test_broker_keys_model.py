@@ -1,5 +1,5 @@
-"""Serial keys (SPEC `key`) in broker.service.Broker, against a model, on a
-real Store and a FakeClock: messages of three keys (and none) come due in
+"""Serial keys (docs/api.md, Tags and serial keys) in broker.service.Broker,
+against a model, on a real Store and a FakeClock: messages of three keys (and none) come due in
 a small window (4, at most 2 of one key), consumers pull, ack, nack, let
 ack deadlines pass, and the broker restarts. After every step:
 
@@ -20,6 +20,7 @@ import os
 
 import hypothesis.strategies as st
 from broker_harness import CONFIG, BrokerHarness, HarnessMachine
+from fakes import FakeClock
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
@@ -29,7 +30,6 @@ from broker.ready import QueueLimits
 from broker.service import Broker
 from storage.entry import MS_PER_HOUR, Status
 from storage.store import NewMessage, Store
-from wheel.clock import FakeClock
 
 LIMITS = QueueLimits(window=4, window_total=4, inflight=5, inflight_total=5, key_window=2)
 DEFAULTS = Defaults()

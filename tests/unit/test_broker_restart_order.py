@@ -9,13 +9,14 @@ from __future__ import annotations
 import asyncio
 import os
 
+from fakes import FakeClock
+
 from broker.metrics import Metrics
 from broker.params import Defaults, NewSend, PullRequest
 from broker.ready import QueueLimits
 from broker.service import Broker
 from storage.config import StoreConfig
 from storage.store import NewMessage, Store
-from wheel.clock import FakeClock
 
 START_MS = 490_000 * 3_600_000 + 1_000
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import os
 
+from fakes import FakeClock
+
 from broker.metrics import Metrics
 from broker.params import Defaults, NewSend, PullRequest
 from broker.service import Broker
@@ -18,7 +20,6 @@ from storage import spans
 from storage.config import StoreConfig
 from storage.entry import MS_PER_HOUR
 from storage.store import NewMessage, Store
-from wheel.clock import FakeClock
 
 START_MS = 500_000 * MS_PER_HOUR + 123_456
 HOURS = (1, 40, 100, 777, 5_000, 24 * 365 * 3)

@@ -1,5 +1,5 @@
 """broker.service.Broker with small ready windows and in-flight caps,
-against a model of SPEC 3's lifecycle, on a real Store and a FakeClock.
+against a model of docs/api.md's lifecycle, on a real Store and a FakeClock.
 
 Consumers stay away while many messages of two topics come due (far more
 than a window of 3, 5 over both topics), then pull, ack, nack and batch-ack

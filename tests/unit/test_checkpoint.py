@@ -23,7 +23,7 @@ def test_the_default_checkpoint_round_trips():
     assert Checkpoint.decode("ck", Checkpoint().encode()) == Checkpoint()
 
 
-@pytest.mark.parametrize("data, offset", [(b"", 0), (b"HGCK\x02\x00", 0), (b"HGCX" + bytes(12), 0),
+@pytest.mark.parametrize(("data", "offset"), [(b"", 0), (b"HGCK\x02\x00", 0), (b"HGCX" + bytes(12), 0),
                                           (b"HGCK\x09\x00" + bytes(10), 4)])
 def test_a_bad_header_is_refused_with_its_offset(data, offset):
     with pytest.raises(CorruptionError) as caught:

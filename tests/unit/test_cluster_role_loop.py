@@ -24,6 +24,7 @@ from typing import NamedTuple
 
 import orjson
 import pytest
+from fakes import FakeClock, FakeElection
 
 from broker.cluster import ClusterNode
 from broker.cluster.handover import HANDOVER_TIMEOUT_S
@@ -33,7 +34,6 @@ from broker.httpd import Request
 from broker.service import Broker
 from replication import protocol
 from replication.config import ClusterConfig, Peer
-from replication.election import FakeElection
 from replication.epochs import Epochs
 from replication.log_stream import LeaderLog, serve_catchup
 from replication.roles import RETRY_MS, Role
@@ -41,7 +41,6 @@ from storage.config import StoreConfig
 from storage.entry import MS_PER_HOUR
 from storage.errors import Unavailable
 from storage.store import NewMessage, Store
-from wheel.clock import FakeClock
 
 START_MS = 490_000 * MS_PER_HOUR
 POLL_MS = int(POLL_S * 1000)

@@ -11,7 +11,7 @@ from corruption import commit_log_frame
 from storage import framing
 from storage.commit_log import HEADER_BYTES, CommitLog, Segment
 from storage.config import FsyncPolicy
-from storage.errors import CorruptionError, InvalidRequest
+from storage.errors import ContractError, CorruptionError, InvalidRequest
 from storage.framing import FRAME_HEADER_BYTES
 
 SEGMENT_BYTES = 4096
@@ -45,7 +45,7 @@ def test_a_new_log_is_one_empty_segment_at_offset_zero(tmp_path):
     try:
         assert (log.start_offset, log.end_offset) == (0, 0)
         assert list(log.read_from(0)) == []
-        with pytest.raises(ValueError):
+        with pytest.raises(ContractError, match="outside the log"):
             list(log.read_from(1))
         assert repr(log) == f"CommitLog({str(tmp_path)!r}, segments=1, offsets=[0, 0), fsync=batch)"
     finally:
@@ -186,7 +186,7 @@ def test_delete_before_removes_whole_segments_only(tmp_path):
         assert log.delete_before(offsets[3]) == 1
         assert log.start_offset == offsets[2]
         assert [o for o, _ in log.read_from(log.start_offset)] == offsets[2:]
-        with pytest.raises(ValueError):
+        with pytest.raises(ContractError, match="outside the log"):
             list(log.read_from(0))
         assert log.delete_before(log.end_offset + 1000) == 2  # never the active one
         assert log.start_offset == offsets[6]
@@ -441,7 +441,7 @@ def test_version_1_segments_are_read_and_appends_go_to_a_version_2_segment(tmp_p
     assert segment_names(tmp_path) == [f"{0:020d}.log", f"{end:020d}.log"]
     with open(tmp_path / f"{end:020d}.log", "rb") as f:
         assert f.read(6) == b"HGCL\x02\x00"
-    assert records(tmp_path) == list(zip(offsets + [end], bodies + [b"four"]))
+    assert records(tmp_path) == list(zip([*offsets, end], [*bodies, b"four"]))
 
 
 def test_an_empty_version_1_segment_is_replaced_by_a_version_2_one(tmp_path):
@@ -485,7 +485,7 @@ def test_a_full_disk_while_rolling_leaves_no_segment_behind(tmp_path, monkeypatc
             raise OSError(errno.ENOSPC, "No space left on device")
 
         monkeypatch.setattr(commit_log, "allocate", full)
-        with pytest.raises(OSError):
+        with pytest.raises(OSError, match="No space left on device"):
             log.append(b"b" * 1000)  # needs a new segment
         assert segment_names(tmp_path) == [f"{0:020d}.log"]
         monkeypatch.setattr(commit_log, "allocate", real)

@@ -8,13 +8,13 @@ import asyncio
 import urllib.parse
 
 import orjson
+from fakes import FakeClock
 
 from broker.api import Router, answer, console_auth, console_entry
 from broker.console_login import ConsoleLogin
 from broker.console_sessions import ConsoleConfig, ConsoleSessions
 from broker.gate import Gate
 from broker.httpd import Request, Response
-from wheel.clock import FakeClock
 
 TOKEN = "t0ken"
 FORM = {"content-type": "application/x-www-form-urlencoded"}

@@ -1,10 +1,10 @@
 """broker.console_sessions: the console's session table on a fake clock."""
 
 import pytest
+from fakes import FakeClock
 
 from broker.console_sessions import ConsoleConfig, ConsoleSessions, session_cookie
 from storage.errors import ConfigError
-from wheel.clock import FakeClock
 
 TTL_S = 60
 

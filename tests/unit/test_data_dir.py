@@ -76,7 +76,7 @@ def test_prepare_refuses_a_read_only_file_system(tmp_path):
     with read_only_tmpfs(tmp_path / "ro", lambda root: os.mkdir(os.path.join(root, "data"), 0o700)) as root:
         with pytest.raises(DataDirError, match="read-only file system"):
             data_dir.prepare(os.path.join(root, "data"))
-        with pytest.raises(DataDirError, match="cannot create the data directory .*: Read-only file system"):
+        with pytest.raises(DataDirError, match=r"cannot create the data directory .*: Read-only file system"):
             data_dir.prepare(os.path.join(root, "missing"))
 
 

@@ -14,11 +14,12 @@ import re
 import time
 
 import pytest
+from fakes import FakeElection
 from serving import free_port
 
 from broker.clock import SystemClock
 from replication.config import ClusterConfig, Peer
-from replication.election import Election, FakeElection
+from replication.election import Election
 from replication.raft import STATUS_READS, RaftElection
 from replication.raft_transport import PYSYNCOBJ_HOOKS
 

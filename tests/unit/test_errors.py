@@ -60,7 +60,7 @@ def test_no_bare_builtin_exception_is_raised_for_hourglass_own_rules():
     offenders = []
     for path, tree in modules():
         for node in ast.walk(tree):
-            if isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call) and isinstance(node.exc.func, ast.Name):
-                if node.exc.func.id in BARE:
-                    offenders.append(f"{path.relative_to(ROOT)}:{node.lineno} raises {node.exc.func.id}")
+            if (isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call) and isinstance(node.exc.func, ast.Name)
+                    and node.exc.func.id in BARE):
+                offenders.append(f"{path.relative_to(ROOT)}:{node.lineno} raises {node.exc.func.id}")
     assert offenders == []

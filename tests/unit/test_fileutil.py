@@ -49,7 +49,7 @@ def test_an_eio_from_syncfs_fails_the_checkpoint(tmp_path, monkeypatch):
     synced = []
     monkeypatch.setattr(fileutil, "fsync_tree", synced.append)
     try:
-        with pytest.raises(OSError) as caught:
+        with pytest.raises(OSError, match="syncfs of the data directory") as caught:
             store.checkpoint(NOW)
         assert caught.value.errno == errno.EIO
         assert caught.value.filename == str(tmp_path)  # for the log; a failed node's /health shows the repr:
@@ -87,7 +87,7 @@ def test_a_full_disk_while_growing_a_mapped_file_raises_and_the_file_stays_usabl
     try:
         f.write(0, b"kept")
         monkeypatch.setattr(os, "posix_fallocate", full_disk)
-        with pytest.raises(OSError) as caught:
+        with pytest.raises(OSError, match="No space left on device") as caught:
             f.write(4000, b"x" * 200)  # needs 8 KiB
         assert caught.value.errno == errno.ENOSPC
         assert os.path.getsize(path) == 4096  # not grown sparse
@@ -103,6 +103,6 @@ def test_a_full_disk_while_growing_a_mapped_file_raises_and_the_file_stays_usabl
 def test_a_full_disk_while_creating_a_mapped_file_raises_and_leaks_no_descriptor(tmp_path, monkeypatch):
     before = len(os.listdir("/proc/self/fd"))
     monkeypatch.setattr(os, "posix_fallocate", full_disk)
-    with pytest.raises(OSError):
+    with pytest.raises(OSError, match="No space left on device"):
         files.MappedFile(str(tmp_path / "new"), create=True)
     assert len(os.listdir("/proc/self/fd")) == before

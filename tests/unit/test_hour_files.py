@@ -105,7 +105,7 @@ def test_an_all_zero_slot_is_an_empty_second():
     assert second_table.unpack_slot("sec", 17, bytes(second_table.SLOT_BYTES)) == (-1, 0)
 
 
-@pytest.mark.parametrize("last, count", [(0, 0), (1, 3)])
+@pytest.mark.parametrize(("last", "count"), [(0, 0), (1, 3)])
 def test_a_slot_with_a_good_checksum_but_impossible_counts_is_refused(last, count):
     # count 0 is written as an all-zero slot; a second cannot hold more
     # entries than the hour has up to its last one.

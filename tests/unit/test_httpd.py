@@ -68,10 +68,8 @@ async def _stop(server: HttpServer) -> None:
     while _writers:
         writer = _writers.pop()
         writer.close()
-        try:
+        with contextlib.suppress(OSError):
             await writer.wait_closed()
-        except OSError:
-            pass
     await server.close(1)
 
 
@@ -204,10 +202,8 @@ def test_emfile_at_accept_is_answered_503_through_the_spare_descriptor():
         except OSError:
             pass
         try:
-            try:
+            with contextlib.suppress(BlockingIOError):
                 client.connect(("127.0.0.1", server.port))
-            except BlockingIOError:
-                pass
             answer = b""
             for _ in range(200):
                 await asyncio.sleep(0.01)

@@ -28,7 +28,7 @@ from broker.params import (
     parse_send_batch,
     parse_topic,
 )
-from storage.errors import InvalidRequest
+from storage.errors import ConfigError, InvalidRequest
 from storage.store import MAX_PRIORITY, MAX_RETRY_COUNT, MIN_PRIORITY, NewMessage
 
 NOW = 1_658_492_212_132
@@ -346,7 +346,7 @@ def test_decode_utf8() -> None:
 def test_defaults_reject_nonsense() -> None:
     for bad in ({"ttl_ms": 0}, {"max_retry": -1}, {"ack_timeout_ms": 0}, {"batch": MAX_PULL_BATCH + 1},
                 {"long_polling_timeout_ms": 0}, {"max_ack_timeout_ms": 1}, {"max_ttl_ms": 1}):
-        with pytest.raises(ValueError):
+        with pytest.raises(ConfigError, match="must be in"):
             Defaults(**bad)  # type: ignore[arg-type]
     custom = Defaults(ttl_ms=5, max_retry=0)
     m = parse_send({"topic": "t", "msg": "m"}, now_ms=0, make_id=lambda: "i", defaults=custom, max_msg_bytes=1).message

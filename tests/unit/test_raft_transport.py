@@ -69,7 +69,7 @@ def test_a_length_above_the_bound_is_refused_from_its_four_bytes_alone():
             reader.next_frame()
     http = FrameReader(MAX_FRAME_BYTES)
     http.feed(b"GET / HTTP/1.1\r\n")  # "GET " read as a length: 542 MB
-    with pytest.raises(InvalidRequest, match="outside 0..65536"):
+    with pytest.raises(InvalidRequest, match=r"outside 0\.\.65536"):
         http.next_frame()
 
 

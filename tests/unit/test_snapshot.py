@@ -15,6 +15,7 @@ from modes import open_to_others
 
 from replication import snapshot
 from storage.entry import MS_PER_HOUR
+from storage.errors import ContractError
 from storage.store import NewMessage, Store
 
 NOW = 490_000 * MS_PER_HOUR + 5_000
@@ -140,7 +141,7 @@ def test_a_bad_or_unreadable_snapshot_leaves_the_live_store_as_it_was(dirs, tmp_
         info = tarfile.TarInfo("../outside")
         info.size = 1
         t.addfile(info, io.BytesIO(b"x"))
-    with pytest.raises(ValueError):
+    with pytest.raises(ContractError, match="is not a store file"):
         snapshot.unpack(str(bad), str(node))
     (tmp_path / "torn.tar").write_bytes(b"not a tar at all")
     with pytest.raises(tarfile.TarError):

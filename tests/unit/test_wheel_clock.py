@@ -1,11 +1,13 @@
-"""wheel.clock: FakeClock, and the rule that nothing in wheel/ reads a clock."""
+"""FakeClock (tests/fakes.py), and the rule that nothing in wheel/ reads a clock."""
 
 import asyncio
 import pathlib
 import re
 import threading
 
-from wheel.clock import Clock, FakeClock
+from fakes import FakeClock
+
+from wheel.clock import Clock
 
 WHEEL = pathlib.Path(__file__).resolve().parents[2] / "wheel"
 CLOCK_READS = re.compile(r"\btime\.(time|monotonic|perf_counter|process_time|clock_gettime)\w*\b"

@@ -1,16 +1,16 @@
 """wheel.driver.WheelDriver on a FakeClock: wake-ups, early wake, ticks, stop."""
 
 import asyncio
+import itertools
 import logging
 
 import pytest
+from fakes import FakeClock, InMemorySlotSource
 
 from storage.entry import MS_PER_HOUR, IndexEntry
 from storage.errors import ContractError
-from wheel.clock import FakeClock
 from wheel.driver import WheelDriver
 from wheel.scheduler import Scheduler, SchedulerConfig
-from wheel.source import InMemorySlotSource
 from wheel.tick_state import TickState, TickStateFile, read_tick_state
 from wheel.window import release_key
 
@@ -109,7 +109,7 @@ def test_the_tick_is_persisted_within_the_interval_and_not_more_often():
         task = rig.start()
         await rig.clock.run_until(T0 + 2_500)
         times = [t for t, _ in rig.persisted]
-        assert all(b - a >= 50 for a, b in zip(times, times[1:]))
+        assert all(b - a >= 50 for a, b in itertools.pairwise(times))
         assert rig.persisted[-1][1] == rig.sched.tick  # nothing changed since: all written
         last_release = rig.delivered[-1][0]
         assert any(last_release <= t <= last_release + 50 for t in times)

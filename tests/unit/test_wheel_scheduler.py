@@ -3,10 +3,10 @@
 from collections import Counter
 
 import pytest
+from fakes import InMemorySlotSource
 
 from storage.entry import MS_PER_HOUR, SECONDS_PER_HOUR, IndexEntry, Status
 from wheel.scheduler import Scheduler, SchedulerConfig
-from wheel.source import InMemorySlotSource
 from wheel.tick_state import TickState
 from wheel.window import release_key
 

@@ -1,7 +1,9 @@
-"""wheel.source.InMemorySlotSource: storage's filing rule and second chains."""
+"""InMemorySlotSource (tests/fakes.py): storage's filing rule and second chains."""
+
+from fakes import InMemorySlotSource
 
 from storage.entry import MS_PER_HOUR, SECONDS_PER_HOUR, Location, Status
-from wheel.source import InMemorySlotSource, SlotSource
+from wheel.source import SlotSource
 
 H = 472_000
 T0 = H * MS_PER_HOUR

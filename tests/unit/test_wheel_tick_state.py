@@ -95,7 +95,7 @@ def test_one_torn_slot_and_one_never_written_is_an_error(tmp_path):
         parse(bytes(data), "p")
 
 
-@pytest.mark.parametrize("mutate, offset, reason", [
+@pytest.mark.parametrize(("mutate", "offset", "reason"), [
     (lambda d: d[:79], 79, "file is 79 bytes, expected 80"),
     (lambda d: d + b"\0", 80, "file is 81 bytes, expected 80"),
     (lambda d: b"", 0, "file is 0 bytes"),
