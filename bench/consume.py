@@ -48,8 +48,8 @@ from broker.clock import SystemClock  # noqa: E402
 from broker.config import ServeConfig  # noqa: E402
 from broker.httpd import Request  # noqa: E402
 from broker.metrics import Metrics  # noqa: E402
+from broker.nodes import DiskNode  # noqa: E402
 from broker.params import AckRequest, Defaults, NewSend, PullRequest  # noqa: E402
-from broker.server import Node  # noqa: E402
 from broker.service import Broker  # noqa: E402
 from storage.config import StoreConfig  # noqa: E402
 from storage.store import NewMessage, Store  # noqa: E402
@@ -121,7 +121,7 @@ PULL_HEADERS = {"host": "127.0.0.1", "content-type": "application/x-www-form-url
 
 async def handler_costs(n: int) -> dict:
     with tempfile.TemporaryDirectory() as directory:
-        node = Node(ServeConfig(data_dir=directory))
+        node = DiskNode(ServeConfig(data_dir=directory))
         node.broker.start()
         handle, _ = node.app()
         out = {}
