@@ -40,7 +40,7 @@ import asyncio
 import logging
 import signal
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any
 
 from wheel.clock import Clock
@@ -111,7 +111,7 @@ class NodeBase(ABC):
         return None
 
     @abstractmethod
-    def health_fields(self) -> dict[str, object]:
+    def health_fields(self) -> Mapping[str, object]:
         """/health's fields after `status`: the role, the leader and the
         node, and whatever else this kind of node shows."""
 

@@ -10,7 +10,8 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from storage.errors import InvariantError
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("hourglass.server")
 
 # /health's role fields of a node that runs alone
-STANDALONE: dict[str, object] = {"role": "standalone", "leader": None, "node": None}
+STANDALONE: Mapping[str, object] = MappingProxyType({"role": "standalone", "leader": None, "node": None})
 
 
 async def at_quiet_point(broker: Broker, prepare: Callable[[], PreparedCheckpoint]) -> PreparedCheckpoint:
@@ -68,7 +69,7 @@ class DiskNode(NodeBase):
     def failure(self) -> BaseException | None:
         return self.broker.failed
 
-    def health_fields(self) -> dict[str, object]:
+    def health_fields(self) -> Mapping[str, object]:
         return STANDALONE
 
     def node_series(self) -> Sequence[Series]:
@@ -122,7 +123,7 @@ class RedisNode(NodeBase):
     def degraded(self) -> str | None:
         return self.broker.problem  # Redis unreachable or refusing: requests answer 503 meanwhile
 
-    def health_fields(self) -> dict[str, object]:
+    def health_fields(self) -> Mapping[str, object]:
         return STANDALONE
 
     def node_series(self) -> Sequence[Series]:

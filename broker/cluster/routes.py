@@ -19,7 +19,7 @@ forwarded: HTTP 404 on every node (the URL library would have sent
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import aiohttp
 import orjson
@@ -119,7 +119,7 @@ class Routes(NodeParts):
     def failure(self) -> BaseException | None:
         return self.failed
 
-    def health_fields(self) -> dict[str, object]:
+    def health_fields(self) -> Mapping[str, object]:
         role, term = self.shown_role()
         return {"role": role, "leader": self.known_leader(), "node": self.cluster.node_id, "term": term,
                 "log_end_offset": self.store.log_end_offset, "insecure": self.cluster.insecure}
