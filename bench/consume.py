@@ -44,8 +44,8 @@ from broker.clock import SystemClock
 from broker.config import ServeConfig
 from broker.httpd import Request
 from broker.metrics import Metrics
+from broker.nodes import DiskNode
 from broker.params import AckRequest, Defaults, NewSend, PullRequest
-from broker.server import Node
 from broker.service import Broker
 from storage.config import StoreConfig
 from storage.store import NewMessage, Store
@@ -117,7 +117,7 @@ PULL_HEADERS = {"host": "127.0.0.1", "content-type": "application/x-www-form-url
 
 async def handler_costs(n: int) -> dict:
     with tempfile.TemporaryDirectory() as directory:
-        node = Node(ServeConfig(data_dir=directory))
+        node = DiskNode(ServeConfig(data_dir=directory))
         node.broker.start()
         handle, _ = node.app()
         out = {}

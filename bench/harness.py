@@ -115,7 +115,7 @@ def wait_until(check, limit_s: float, what: str, process: Process | None = None,
             value = check()
             if value:
                 return value
-        except Exception as e:  # noqa: BLE001 - not up yet, in whatever way
+        except Exception as e:
             last_error = e
         if process is not None and not process.alive():
             raise RuntimeError(f"{what}: the process exited ({process}); log: {process.log_tail()}")

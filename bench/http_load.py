@@ -643,11 +643,9 @@ class Dispatch:
                 self.bench.problem("dispatch", "error answer to sendMsgBatch", **error)
         log(f"dispatch: sent in {send_s:.2f} s ({sent_after_trigger} answered after their trigger time)")
         last_trigger_ms = max(self.trigger_ms.values())
-        try:
+        with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.all_received.wait(),
                                    timeout=max(0.0, (last_trigger_ms / 1000 + a.grace_s) - time.time()))
-        except TimeoutError:
-            pass
         self.stop.set()
         await asyncio.gather(*consumers)
         server_cpu, client_cpu = meter.used(), own_cpu_s() - cpu_before

@@ -172,7 +172,7 @@ def _child(job, kwargs: dict, shared: Shared, results, slot: int) -> None:
     cpu_before = own_cpu_s()
     try:
         result = run_coroutine(job(shared, **kwargs))
-    except BaseException:  # noqa: BLE001 - reported to the parent, which decides
+    except BaseException:
         shared.gate.barrier.abort()
         result = {"fatal": traceback.format_exc()[-3000:]}
     result["client_cpu_s"] = round(own_cpu_s() - cpu_before, 2)
@@ -564,7 +564,7 @@ class Bench:
                     figures = getattr(self, part.replace("-", "_"))(system, detail)
                 self.figures.setdefault(system.name, {}).update(figures)
                 log(f"{part} {system.name}: {json.dumps(figures)}")
-            except Exception as e:  # noqa: BLE001 - one broken run must not hide the others' figures
+            except Exception as e:
                 self.failed = True
                 detail["error"] = repr(e)
                 log(f"{part} on {system.name} failed: {e!r}")

@@ -58,7 +58,7 @@ log = logging.getLogger("hourglass.api")
 IN_BODY_CODES = frozenset((200, 400, 404, 409, 413))
 
 
-def answer(code: int, msg: str, **extra) -> Response:
+def answer(code: int, msg: str, **extra: object) -> Response:
     """Every answer is a JSON object with `code` and `msg`. HTTP status 200
     for the API's outcomes (IN_BODY_CODES); the code itself for what the
     client should treat as the node's problem (401, 404 no such path, 405,
@@ -98,7 +98,7 @@ class Router:
         return self.refusal(request.method, request.path) or plain_answer(404, "Not Found")
 
 
-def delay_msg(m: Message) -> dict:
+def delay_msg(m: Message) -> dict[str, object]:
     """camellia's DelayMsg, plus the extensions `priority`, `tag` and `key`."""
     return {"topic": m.topic, "msgId": m.msg_id, "msg": m.msg, "produceTime": m.produce_ms,
             "triggerTime": m.trigger_ms, "expireTime": m.expire_ms, "maxRetry": m.max_retry,
@@ -149,24 +149,47 @@ def console_entry(token: str | None, sessions: ConsoleSessions | None, handler: 
 
 class Api:
     """camellia's endpoints over a backend. `broker` may be None (a cluster
-    node that does not lead yet, replication.node): requests are then
-    answered 503 by `backend`, though such a node forwards them instead."""
+    node that does not lead yet, broker.cluster): requests are then
+    answered 503 by `backend`, though such a node forwards them instead.
+    A cluster node hands it the broker it runs while it leads
+    (`serve_with`) and takes it back when it stands down (`stop_serving`)."""
 
     def __init__(self, broker: Backend | None, max_msg_bytes: int, bodies: BodyLimits | None = None,
                  serving: ServingStatus | None = None) -> None:
-        self.broker = broker
+        self._broker = broker
         self.serving = serving  # going offline ends the long polls held (broker.health)
         self.max_msg_bytes = max_msg_bytes
         self.bodies = bodies or BodyLimits()  # what decoding a body may cost (broker.bodies)
         self.single_cap = BodyLimits.body_bytes(max_msg_bytes)
         self.batch_cap = self.bodies.batch_body_bytes(max_msg_bytes)
 
+    def __repr__(self) -> str:
+        return f"Api({self._broker!r}, max_msg_bytes={self.max_msg_bytes})"
+
+    @property
+    def broker(self) -> Backend | None:
+        """The backend requests go to (None: none runs on this node now)."""
+        return self._broker
+
+    def serve_with(self, broker: Backend) -> None:
+        """Send requests to `broker` from now on."""
+        self._broker = broker
+
+    def stop_serving(self) -> None:
+        """Answer requests 503 from now on: no backend runs on this node."""
+        self._broker = None
+
+    def wake_long_polls(self) -> None:
+        """Answer every long poll held now (going offline, broker.health)."""
+        if self._broker is not None:
+            self._broker.wake_all()
+
     @property
     def backend(self) -> Backend:
         """The backend serving requests now; Unavailable (503) if none."""
-        if self.broker is None:
+        if self._broker is None:
             raise Unavailable("no broker runs on this node yet; retry")
-        return self.broker
+        return self._broker
 
     def add_routes(self, router: Router) -> None:
         post = {"sendMsg": self.send, "sendMsgBatch": self.send_batch, "deleteMsg": self.delete,
@@ -211,7 +234,7 @@ class Api:
             raise BodyTooLarge(f"request body is {len(request.body)} bytes, more than {cap}")
         return request.body
 
-    async def _params(self, request: Request, cap: int | None = None) -> dict[str, object]:
+    async def _params(self, request: Request, cap: int | None = None) -> params.Params:
         if request.method == "GET":
             self.bodies.check_form(request.query, "the query string")
             return parse_form(request.query)
@@ -235,6 +258,7 @@ class Api:
     async def send_batch(self, request: Request) -> Response:
         backend = self.backend
         raw = await self._body(request, self.batch_cap)
+        body: params.Params
         if request.content_type == "application/json":
             check_json_marks(raw, self.bodies.batch_json_marks, "the body")
             body = parse_json(raw)
@@ -314,7 +338,7 @@ class Api:
         text = camellia_metrics.monitor_string(self.backend.metrics.monitor_data(), await self.topic_infos())
         return Response(200, text, "text/plain; charset=utf-8")
 
-    async def topic_infos(self) -> list[dict]:
+    async def topic_infos(self) -> list[dict[str, object]]:
         """getTopicInfo of every topic."""
         backend = self.backend
         return await backend.topic_infos(backend.topic_list())
@@ -335,10 +359,10 @@ def parse_form(raw: bytes) -> dict[str, str]:
                     key, _, value = pair.partition("=")
                     out.setdefault(key, value)
             return out
-    for pair in raw.split(b"&"):
-        if not pair:
+    for raw_pair in raw.split(b"&"):
+        if not raw_pair:
             continue
-        key_raw, _, value_raw = pair.partition(b"=")
+        key_raw, _, value_raw = raw_pair.partition(b"=")
         key = params.decode_utf8(urllib.parse.unquote_to_bytes(key_raw.replace(b"+", b" ")), "parameter name")
         value = params.decode_utf8(urllib.parse.unquote_to_bytes(value_raw.replace(b"+", b" ")), key)
         out.setdefault(key, value)
@@ -372,7 +396,7 @@ def parse_json(raw: bytes) -> dict[str, object]:
     return body
 
 
-def _batch_from_form(raw: bytes, bodies: BodyLimits) -> dict[str, object]:
+def _batch_from_form(raw: bytes, bodies: BodyLimits) -> params.Params:
     """sendMsgBatch as a form: `topic` and `msgs` holding the JSON list."""
     bodies.check_form(raw, "the form body")
     form = parse_form(raw)

@@ -33,10 +33,12 @@ import platform
 import resource
 import sys
 import time
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import orjson
 
-from .metrics import REQUEST_STATS, escape_label, topic_label
+from .metrics import REQUEST_STATS, MonitorData, escape_label, topic_label
 
 # getTopicInfo's waitingQueueInfo keys -> camellia's topic_info type labels.
 WAITING_TYPES = {
@@ -74,7 +76,7 @@ class GcTimer:
             cls._instance = cls()
         return cls._instance
 
-    def _on_gc(self, phase: str, info: dict) -> None:
+    def _on_gc(self, phase: str, info: dict[str, int]) -> None:
         if phase == "start":
             self._started = time.perf_counter()
         elif 0 <= info.get("generation", -1) < len(self.ms):
@@ -131,7 +133,8 @@ class ProcessStats:
         return lines
 
 
-def render(process: ProcessStats, monitor: dict, topic_infos: list[dict], shown: frozenset[str]) -> str:
+def render(process: ProcessStats, monitor: MonitorData, topic_infos: Sequence[Mapping[str, Any]],
+           shown: frozenset[str]) -> str:
     """camellia's /metrics text: the process families, then `monitor`
     (getMonitorData's data) of the topics in `shown`, and `topic_infos`
     (getTopicInfo's data of those of them the node has)."""
@@ -157,7 +160,7 @@ def render(process: ProcessStats, monitor: dict, topic_infos: list[dict], shown:
     return "\n".join(lines) + "\n"
 
 
-def monitor_string(monitor: dict, topic_infos: list[dict]) -> bytes:
+def monitor_string(monitor: MonitorData, topic_infos: Sequence[Mapping[str, Any]]) -> bytes:
     """getMonitorString's text (JSON, for camellia's sentinel system): the
     last interval's stats and every topic's sizes and waiting buckets."""
     return orjson.dumps({
@@ -171,7 +174,7 @@ def monitor_string(monitor: dict, topic_infos: list[dict]) -> bytes:
     })
 
 
-def _shown(entries: list[dict], shown: frozenset[str]) -> list[dict]:
+def _shown(entries: list[dict[str, Any]], shown: frozenset[str]) -> list[dict[str, Any]]:
     """The entries of a getMonitorData list whose topic is shown: one
     set lookup each, which is all an unshown topic costs."""
     return [entry for entry in entries if entry["topic"] in shown]

@@ -48,14 +48,14 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from storage.entry import MS_PER_HOUR, MS_PER_SECOND, SECONDS_PER_HOUR, Status
 from storage.errors import InvalidRequest
 from storage.spans import is_span
 from storage.store import Store, text_hash
 
-from .api import answer, parse_form
+from .api import Router, answer, parse_form
 from .console_page import PAGE
 from .console_sessions import CONSOLE
 from .httpd import Request, Response
@@ -73,15 +73,16 @@ class Console:
     or the store's on a follower)."""
 
     def __init__(self, store: Callable[[], Store], metrics: Metrics, topics: Callable[[], list[str]],
-                 node_info: Callable[[], dict], now_ms: Callable[[], int]) -> None:
+                 node_info: Callable[[], dict[str, object]], now_ms: Callable[[], int]) -> None:
         self._store = store
         self.metrics = metrics
         self._topics = topics
         self._node_info = node_info
         self._now_ms = now_ms
-        self._samples: collections.deque = collections.deque(maxlen=SAMPLES + 1)
+        # (ms, [sends, pulls, acks] so far) every SAMPLE_S
+        self._samples: collections.deque[tuple[int, list[int]]] = collections.deque(maxlen=SAMPLES + 1)
 
-    def add_routes(self, router) -> None:
+    def add_routes(self, router: Router) -> None:
         router.add("GET", CONSOLE, self.page)
         for name, handler in (("topics", self.topics), ("forecast", self.forecast), ("stats", self.stats),
                               ("node", self.node)):
@@ -144,7 +145,7 @@ class Console:
         return _json(**self._node_info())
 
 
-def forecast(store: Store, now_ms: int) -> dict:
+def forecast(store: Store, now_ms: int) -> dict[str, object]:
     """Messages due per second for the next hour and per minute for the
     next 24 h, from the second tables (see the module docstring)."""
     first_s = now_ms // MS_PER_SECOND + 1  # the next whole second on
@@ -175,7 +176,7 @@ def forecast(store: Store, now_ms: int) -> dict:
             "minuteStartMs": minute0 * 60_000, "perMinute": per_minute, "overdue": overdue, "later": later}
 
 
-def topic_forecast(store: Store, topic: str, now_ms: int) -> dict:
+def topic_forecast(store: Store, topic: str, now_ms: int) -> dict[str, object]:
     """One topic's waiting messages per hour for the next 24 h (per-hour
     counts: the second tables are shared by every topic)."""
     now_hour = now_ms // MS_PER_HOUR
@@ -196,12 +197,12 @@ def topic_forecast(store: Store, topic: str, now_ms: int) -> dict:
             "overdue": overdue, "later": later}
 
 
-def standalone_info(store: Store, last_checkpoint_ms: Callable[[], int | None]) -> dict:
+def standalone_info(store: Store, last_checkpoint_ms: Callable[[], int | None]) -> dict[str, object]:
     return {"role": "standalone", "diskBytes": store.disk_bytes(), "logEndOffset": store.log_end_offset,
             "lastCheckpointMs": last_checkpoint_ms(), "hours": len(store.hours())}
 
 
-def _refusing_bad_input(handler):
+def _refusing_bad_input(handler: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
     async def run(request: Request) -> Response:
         try:
             return await handler(request)
@@ -210,11 +211,11 @@ def _refusing_bad_input(handler):
     return run
 
 
-def _int(q: dict, name: str, default: int) -> int:
+def _int(q: dict[str, str], name: str, default: int) -> int:
     value = q.get(name, "")
     return int(value) if value.isascii() and value.isdigit() and len(value) < 10 else default
 
 
-def _json(**payload) -> Response:
+def _json(**payload: object) -> Response:
     return answer(200, "success", **payload)
 

@@ -31,10 +31,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import orjson
 
-from .httpd import Request, Response, StreamResponse
+from .httpd import Dispatch, Request, Response, StreamResponse
+
+if TYPE_CHECKING:
+    from .api import Router  # (which imports this module)
 
 HEALTH_PREFIX = "/camellia/health/"
 OK_BODY = orjson.dumps({"code": 200, "msg": "success"})
@@ -74,7 +78,7 @@ class ServingStatus:
         offlines = self._offlines
         return lambda: self._offlines != offlines
 
-    def track(self, handler):
+    def track(self, handler: Dispatch) -> Dispatch:
         """`handler`, counting the API calls in flight and when the last ended."""
         prefix = self.api_prefix
 
@@ -89,7 +93,7 @@ class ServingStatus:
                 self.last_used_s = self.now_s()
         return tracked
 
-    def add_routes(self, router) -> None:
+    def add_routes(self, router: Router) -> None:
         for name, handle in (("status", self.status), ("check", self.check)):
             for method in ("GET", "POST"):
                 router.add(method, HEALTH_PREFIX + name, handle)

@@ -72,7 +72,7 @@ import logging
 import os
 import socket
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass
 from http import HTTPStatus
 
@@ -188,7 +188,7 @@ class StreamResponse:
 
     __slots__ = ("chunks", "content_type", "headers", "status")
 
-    def __init__(self, chunks: AsyncIterator[bytes], status: int = 200,
+    def __init__(self, chunks: AsyncGenerator[bytes, None], status: int = 200,
                  content_type: str = "application/octet-stream", headers: dict[str, str] | None = None) -> None:
         self.status = status
         self.chunks = chunks
@@ -310,15 +310,15 @@ class Connection(asyncio.Protocol):
     # -- asyncio.Protocol --------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]  # uvloop's is no asyncio.Transport
+        stream: asyncio.Transport = transport  # type: ignore[assignment]  # uvloop's is no asyncio.Transport
         shared = self.shared
         if shared.stopping:  # accepted as the server began to stop
             shared.refused += 1
-            self.transport.write(_encode(plain_answer(503, "stopping, retry on another node"), True))
-            self.transport.close()
-            self.transport = None
+            stream.write(_encode(plain_answer(503, "stopping, retry on another node"), True))
+            stream.close()
             return
-        self.transport.set_write_buffer_limits(high=shared.limits.write_buffer_bytes)
+        self.transport = stream
+        stream.set_write_buffer_limits(high=shared.limits.write_buffer_bytes)
         shared.connections.add(self)
         self.deadline = self.loop.time() + shared.limits.idle_timeout_s
 
@@ -557,7 +557,7 @@ class Connection(asyncio.Protocol):
             transport = self.transport
             if transport is None or transport.is_closing():
                 if isinstance(response, StreamResponse):
-                    await response.chunks.aclose()  # type: ignore[attr-defined]  # its finally blocks run
+                    await response.chunks.aclose()  # its finally blocks run
                 return
             close = not keep_alive or shared.stopping
             if isinstance(response, StreamResponse):
@@ -591,7 +591,7 @@ class Connection(asyncio.Protocol):
                     self.drained = self.loop.create_future()
                     await self.drained
         finally:
-            await response.chunks.aclose()  # type: ignore[attr-defined]
+            await response.chunks.aclose()
         transport.write(b"0\r\n\r\n")
 
     def _wake_writer(self) -> None:
@@ -618,8 +618,8 @@ class HttpServer:
         self.shared = _Shared(dispatch, admit, limits or Limits())
         self.listeners: list[socket.socket] = []
         self.spare: int | None = None  # a descriptor held to answer 503 at EMFILE
-        self.adoptions: set[asyncio.Task] = set()
-        self.sweeper: asyncio.Task | None = None
+        self.adoptions: set[asyncio.Task[None]] = set()
+        self.sweeper: asyncio.Task[None] | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self.lingering: set[socket.socket] = set()  # refused sockets drained before their close
 
@@ -643,7 +643,8 @@ class HttpServer:
         self.sweeper = asyncio.create_task(self._sweep(), name="http-deadlines")
         shared = self.shared
         budget = shared.descriptors
-        if budget.ceiling() is not None and budget.ceiling() < shared.limits.max_connections:
+        ceiling = budget.ceiling()
+        if ceiling is not None and ceiling < shared.limits.max_connections:
             level = logging.WARNING if shared.cap() < 16 else logging.INFO
             log.log(level, "at most %d connections: the descriptor limit is %d, %d are reserved for storage and "
                     "%d are open (raise `ulimit -n` for more)", shared.cap(), budget.limit, budget.reserved,
@@ -651,12 +652,19 @@ class HttpServer:
 
     @property
     def port(self) -> int:
-        return self.listeners[0].getsockname()[1]
+        port: int = self.listeners[0].getsockname()[1]
+        return port
 
     # -- accepting ---------------------------------------------------------------------
 
+    def _loop(self) -> asyncio.AbstractEventLoop:
+        """The loop `start` ran on (listeners exist only after it)."""
+        if self.loop is None:
+            raise InvariantError("accepting on a server that was never started")
+        return self.loop
+
     def _accept(self, listener: socket.socket) -> None:
-        shared = self.shared
+        shared, loop = self.shared, self._loop()
         for _ in range(ACCEPTS_PER_WAKE):
             try:
                 sock, _ = listener.accept()
@@ -670,19 +678,19 @@ class HttpServer:
                 else:
                     log.warning("accepting a connection: %s", e)
                 return
-            if shared.stopping or not shared.make_room(self.loop.time()):  # type: ignore[union-attr]
+            if shared.stopping or not shared.make_room(loop.time()):
                 shared.refused += 1
                 self._refuse_socket(sock, "stopping, retry on another node" if shared.stopping
                                     else "too many connections, retry later")
                 continue
             shared.adopting += 1
-            task = self.loop.create_task(self._adopt(sock))  # type: ignore[union-attr]
+            task = loop.create_task(self._adopt(sock))
             self.adoptions.add(task)
             task.add_done_callback(self.adoptions.discard)
 
     async def _adopt(self, sock: socket.socket) -> None:
         try:  # the loop makes the socket non-blocking
-            await self.loop.connect_accepted_socket(lambda: Connection(self.shared), sock)  # type: ignore[union-attr]
+            await self._loop().connect_accepted_socket(lambda: Connection(self.shared), sock)
         except OSError:  # reset before it could be served
             sock.close()
         finally:
@@ -711,9 +719,7 @@ class HttpServer:
                 break
         log.warning("out of file descriptors while accepting (%d answered 503); pausing accepts for %.1f s",
                     answered, EMFILE_PAUSE_S)
-        loop = self.loop
-        if loop is None:
-            raise InvariantError("accepting on a server that was never started")
+        loop = self._loop()
         loop.remove_reader(listener.fileno())
         loop.call_later(EMFILE_PAUSE_S, self._resume_accepting, listener)
 
@@ -722,7 +728,7 @@ class HttpServer:
             return
         if self.spare is None:
             self.spare = _open_spare()
-        self.loop.add_reader(listener.fileno(), self._accept, listener)  # type: ignore[union-attr]
+        self._loop().add_reader(listener.fileno(), self._accept, listener)
 
     def _refuse_socket(self, sock: socket.socket, text: str) -> None:
         """503 on a plain, just accepted socket, without a transport. Closed
@@ -795,7 +801,7 @@ class HttpServer:
         shared.stopping = True
         for listener in self.listeners:
             if listener.fileno() >= 0:
-                self.loop.remove_reader(listener.fileno())  # type: ignore[union-attr]
+                self._loop().remove_reader(listener.fileno())
                 listener.close()
         if self.spare is not None:
             os.close(self.spare)
@@ -845,7 +851,8 @@ async def _listen(loop: asyncio.AbstractEventLoop, host: str, port: int, backlog
             try:
                 sock.bind(address)
             except OSError as e:
-                raise OSError(e.errno, f"cannot listen on {address[0]} port {address[1]}: {e.strerror}") from None
+                ip, ip_port = str(address[0]), str(address[1])  # (typed as maybe bytes, never for an IP family)
+                raise OSError(e.errno, f"cannot listen on {ip} port {ip_port}: {e.strerror}") from None
             sock.listen(backlog)
             sock.setblocking(False)
     except BaseException:

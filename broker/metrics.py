@@ -33,6 +33,11 @@ import bisect
 import hashlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
+
+# getMonitorData's `data`, in camellia's JSON shape: lists of per-topic
+# stats (requestStatsList, pullMsgTimeGapStatsList, ...) and the interval.
+MonitorData = dict[str, Any]
 
 LATENESS_BUCKETS_S = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5, 1.0, 5.0, 60.0)
 FSYNC_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5, 1.0)
@@ -106,7 +111,7 @@ class GapStats:
         self.total += gap_ms
         self.max = max(self.max, gap_ms)
 
-    def as_json(self, topic: str) -> dict:
+    def as_json(self, topic: str) -> dict[str, object]:
         return {"topic": topic, "count": self.count,
                 "avg": round(self.total / self.count, 2) if self.count else 0.0, "max": self.max}
 
@@ -176,7 +181,7 @@ class Metrics:
         # the monitor interval (see the module docstring)
         self._interval_start_ms: int | None = None
         self._counts_at_start: dict[str, tuple[int, ...]] = {}
-        self._published: dict = {"requestStatsList": [], "pullMsgTimeGapStatsList": [],
+        self._published: MonitorData = {"requestStatsList": [], "pullMsgTimeGapStatsList": [],
                                  "readyQueueTimeGapStatsList": []}
 
     def topic(self, name: str, exists: bool = True) -> TopicMetrics:
@@ -228,7 +233,7 @@ class Metrics:
         topics = sorted(self.topics.items())
         counts = {t: m.request_counts() for t, m in topics}
         if self._interval_start_ms is not None:
-            stats = []
+            stats: list[dict[str, object]] = []
             for t, now in counts.items():
                 before = self._counts_at_start.get(t, (0,) * len(now))
                 delta = [a - b for a, b in zip(now, before)]
@@ -246,7 +251,7 @@ class Metrics:
         self._counts_at_start = counts
         self._interval_start_ms = now_ms
 
-    def monitor_data(self) -> dict:
+    def monitor_data(self) -> MonitorData:
         """getMonitorData's `data`, in camellia's shape: the last interval
         `roll` published."""
         return self._published

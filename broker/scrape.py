@@ -30,34 +30,39 @@ from operator import attrgetter
 from storage.errors import Unavailable
 
 from . import camellia_metrics
+from .backend import Backend
 from .httpd import Response
 from .metrics import COUNTERS, REQUEST_STATS, Metrics, TopicSelection
 
 # Topics handled between two yields to the event loop.
 SLICE = 2048
 
+# A node-level series of /metrics: (name, type, value).
+Series = tuple[str, str, float]
+
 _counter_values = attrgetter(*(attr for attr, _ in COUNTERS))
 
 
-async def metrics_response(node, series: Iterable[tuple[str, str, float]]) -> Response:
-    """/metrics of `node` (its `metrics`, `process`, `config` and `api`,
-    whose broker may be None: a cluster follower), with the node-level
-    `series` (name, type, value). A backend that cannot be reached (Redis
-    down) leaves out the topics' sizes, not the answer."""
-    backend = node.api.broker
+async def metrics_response(backend: Backend | None, metrics: Metrics, process: camellia_metrics.ProcessStats,
+                           most_topics: int, series: Iterable[Series]) -> Response:
+    """/metrics of a node: its `metrics` and `process` families, the topics
+    of `backend` (None: a cluster follower, which runs none), at most
+    `most_topics` of them shown (--metrics-topics), and the node-level
+    `series`. A backend that cannot be reached (Redis down) leaves out the
+    topics' sizes, not the answer."""
     backlogs: dict[str, tuple[int, int, int]] = {}
     if backend is not None:
         try:
             backlogs = await backend.topic_backlogs()
         except Unavailable:
             backend = None
-    selection = await select_topics(node.metrics, backlogs, node.config.metrics_topics)
-    infos = []
+    selection = await select_topics(metrics, backlogs, most_topics)
+    infos: list[dict[str, object]] = []
     if backend is not None:
         with contextlib.suppress(Unavailable):
             infos = await backend.topic_infos([t for t in selection.shown if t in backlogs])
-    text = node.metrics.render(selection, series) + camellia_metrics.render(
-        node.process, node.metrics.monitor_data(), infos, frozenset(selection.shown))
+    text = metrics.render(selection, series) + camellia_metrics.render(
+        process, metrics.monitor_data(), infos, frozenset(selection.shown))
     return Response(200, text.encode(), "text/plain; charset=utf-8")
 
 

@@ -1,4 +1,5 @@
-"""`hourglass serve`: the process around the broker.
+"""`hourglass serve`: the process around a node (a DiskNode or RedisNode
+of broker.nodes, or a ClusterNode of broker.cluster).
 
 Start: set the umask to 077; make the data directory ready (made private
 if missing; refused if read-only, or open to group or others without
@@ -16,29 +17,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import signal
-import time
 from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
 from storage import data_dir
 from storage.errors import DataDirError
 from storage.files import raise_descriptor_limit
-from storage.store import Store
 
-from .api import Api, Router, answer, console_auth, console_entry
-from .camellia_metrics import ProcessStats
 from .clock import SystemClock
 from .config import ServeConfig
-from .console import Console, standalone_info
-from .console_login import ConsoleLogin
-from .console_sessions import ConsoleSessions
-from .gate import Gate
-from .httpd import Admit, Dispatch, HttpServer, Request, Response
-from .metrics import Metrics
-from .redact import client_text
-from .scrape import metrics_response
-from .service import Broker
-from .serving import offline_health, serving_status
+from .nodes import DiskNode, RedisNode
+
+if TYPE_CHECKING:
+    from replication.config import ClusterConfig
+
+    from .cluster import ClusterNode
 
 log = logging.getLogger("hourglass.server")
 
@@ -64,155 +57,11 @@ async def checkpoint_every(interval_ms: int, checkpoint: Callable[[], Awaitable[
             return
 
 
-async def monitor_every(interval_s: int, metrics: Metrics, process: ProcessStats, clock: SystemClock) -> None:
-    """camellia's monitor interval: every `interval_s`, publish the counts
-    of the interval that ended (getMonitorData) and its CPU use."""
-    metrics.roll(clock.now_ms())
-    process.roll()
-    next_s = clock.monotonic_s()
-    while True:
-        next_s += interval_s
-        await clock.sleep(next_s - clock.monotonic_s())
-        metrics.roll(clock.now_ms())
-        process.roll()
-
-
-def start_monitor(node, config: ServeConfig) -> asyncio.Task:
-    """camellia's monitor interval, and the console's throughput sampler."""
-    async def monitors() -> None:
-        samplers = [monitor_every(config.monitor_interval_s, node.metrics, node.process, node.clock)]
-        if getattr(node, "console", None) is not None:
-            samplers.append(node.console.run())
-        await asyncio.gather(*samplers)
-    return asyncio.create_task(monitors(), name="monitor")
-
-
-class Node:
-    """A standalone node: store, broker, HTTP app, checkpoint loop."""
-
-    def __init__(self, config: ServeConfig) -> None:
-        self.config = config
-        self.clock = SystemClock()
-        started = time.perf_counter()
-        self.store = Store.open(config.data_path, config.store, now_ms=self.clock.now_ms())
-        self.metrics = Metrics()
-        self.broker = Broker(self.store, self.clock, config.defaults, self.metrics,
-                             tick_path=os.path.join(config.data_path, "tick"), limits=config.queues)
-        self.opened_s = time.perf_counter() - started
-        self.process = ProcessStats()
-        self.serving = serving_status(config, self.broker.wake_all)
-        self.api = Api(self.broker, config.max_msg_bytes, config.bodies, self.serving)
-        self.checkpoints = 0
-        self.checkpoint_seconds = 0.0
-        self.last_checkpoint_ms: int | None = None
-        self.console = Console(lambda: self.store, self.metrics, self.broker.topic_list,
-                               lambda: standalone_info(self.store, lambda: self.last_checkpoint_ms),
-                               self.clock.now_ms)
-        log.info("opened %s in %.3f s: %s", config.data_path, self.opened_s, self.store)
-
-    def app(self) -> tuple[Dispatch, Admit]:
-        """The node's HTTP app: what answers a request, and what decides on
-        its head (broker.gate)."""
-        router = Router()
-        router.add("GET", "/health", self.health)
-        router.add("GET", "/metrics", self.metrics_text)
-        self.serving.add_routes(router)
-        self.api.add_routes(router)
-        sessions = None
-        if self.console is not None:  # (the Redis backend has none: no second tables)
-            self.console.add_routes(router)
-            sessions = ConsoleSessions(self.config.console, self.clock)
-            ConsoleLogin(self.config.auth_token, sessions, self.serving.track(router.dispatch)).add_routes(router)
-        token = self.config.auth_token
-        gate = Gate(router, self.api.body_cap, token, self.config.host, self.config.allowed_hosts,
-                    console_auth=None if sessions is None else console_auth(sessions))
-        return console_entry(token, sessions, self.serving.track(router.dispatch)), gate.admit
-
-    async def health(self, request: Request) -> Response:
-        if self.broker.failed is not None:
-            return answer(503, f"failed: {client_text(self.broker.failed)}", status="failed", role="standalone",
-                          leader=None, node=None)
-        if not self.serving.online:
-            return offline_health("standalone", leader=None, node=None)
-        return answer(200, "success", status="ok", role="standalone", leader=None, node=None)
-
-    async def metrics_text(self, request: Request) -> Response:
-        hours = self.store.hours()
-        node = [("hourglass_hours", "gauge", len(hours)),
-                ("hourglass_stored_messages", "gauge", sum(h[1] for h in hours)),
-                ("hourglass_ended_messages", "gauge", sum(h[2] for h in hours)),
-                ("hourglass_commit_log_end_offset", "gauge", self.store.log_end_offset),
-                ("hourglass_checkpoints_total", "counter", self.checkpoints),
-                ("hourglass_checkpoint_seconds_total", "counter", self.checkpoint_seconds),
-                ("hourglass_open_seconds", "gauge", self.opened_s),
-                ("hourglass_wheel_released_total", "counter", self.broker.scheduler.stats.released)]
-        return await metrics_response(self, node)
-
-    async def checkpoint(self) -> None:
-        """The checkpoint is prepared by the group commit at a quiet point
-        (everything appended applied, and the wheel told of it), which a busy
-        node reaches every commit; its syncfs runs in a worker thread while
-        requests go on. Skipped when it would change nothing (an idle node
-        rewrites nothing)."""
-        if not self.store.checkpoint_due(self.clock.now_ms()):
-            return
-        started = time.perf_counter()
-        prepared = await self.broker.commits.at_quiet_point(
-            lambda: self.store.prepare_checkpoint(self.clock.now_ms()))
-        await asyncio.to_thread(self.store.sync_checkpoint)  # the slow part, off the event loop
-        self.store.finish_checkpoint(prepared)
-        self.checkpoints += 1
-        self.checkpoint_seconds += time.perf_counter() - started
-        self.last_checkpoint_ms = self.clock.now_ms()
-
-
-class RedisNode:
-    """A node whose state lives in Redis (`--backend redis://...`): no data
-    dir and no checkpoints; any number of such nodes may share the Redis."""
-
-    def __init__(self, config: ServeConfig) -> None:
-        from .redis.backend import RedisBroker  # the redis extra is optional
-
-        self.config = config
-        self.clock = SystemClock()
-        self.metrics = Metrics()
-        self.broker = RedisBroker.from_url(config.backend, self.clock, config.defaults, self.metrics,
-                                           max_topics=config.queues.topics)
-        self.process = ProcessStats()
-        self.serving = serving_status(config, self.broker.wake_all)
-        self.api = Api(self.broker, config.max_msg_bytes, config.bodies, self.serving)
-        self.console = None
-
-    app = Node.app
-
-    async def health(self, request: Request) -> Response:
-        problem = self.broker.problem
-        if problem is not None:  # Redis unreachable or refusing: requests answer 503 meanwhile
-            return answer(503, problem, status="degraded", role="standalone", leader=None, node=None)
-        return await Node.health(self, request)
-
-    async def metrics_text(self, request: Request) -> Response:
-        return await metrics_response(self, [])
-
-
-async def listen(node, config: ServeConfig) -> HttpServer:
-    dispatch, admit = node.app()
-    server = HttpServer(dispatch, admit, config.http)
-    await server.start(config.host, config.port)
-    return server
-
-
-async def _serve_until_stopped(node, config: ServeConfig, describe: str) -> None:
+async def _serve_until_stopped(node: DiskNode | RedisNode, describe: str) -> None:
     """Listen, run until SIGTERM/SIGINT or a fatal error, then stop taking
     work: answer long polls and finish the requests in flight."""
-    server = await listen(node, config)
-    log.info("serving on http://%s:%d (%s)", config.host, config.port, describe)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    node.broker.on_fatal = lambda error: stop.set()
-    await stop.wait()
+    server = await node.serve(describe)
+    await node.stop_asked.wait()
     log.info("stopping: answering long polls, finishing requests")
     node.broker.begin_stop()
     await server.close(SHUTDOWN_TIMEOUT_S)
@@ -228,44 +77,34 @@ async def run_redis(config: ServeConfig) -> int:
         if node is not None:
             await node.broker.stop()
         return 1
-    monitor = start_monitor(node, config)
-    await _serve_until_stopped(node, config, f"state in {node.broker.url}")
+    monitor = node.start_monitor()
+    await _serve_until_stopped(node, f"state in {node.broker.url}")
     monitor.cancel()
-    failed = node.broker.failed
+    failed = node.failure()
     await node.broker.stop()
     log.info("stopped")
     return 1 if failed is not None else 0
 
 
-async def run_cluster(config: ServeConfig) -> int:
+async def run_cluster(config: ServeConfig, cluster: ClusterConfig) -> int:
     """A cluster node: serve HTTP (API, /_cluster/ log stream) at once, follow,
     lead when elected; SIGTERM hands the lead over before stopping."""
     # The cluster's modules, aiohttp's client among them (about 0.3 s of
     # start-up), load on a cluster node only, not on every standalone one.
-    import aiohttp
-
     from .cluster import ClusterNode
 
     try:
-        node = ClusterNode(config, config.cluster, SystemClock())
+        node = ClusterNode(config, cluster, SystemClock())
     except OSError as e:  # as a standalone node's (run)
         log.critical("cannot open the data directory %s: %s", config.data_path, e)
         return 1
-    node.session = aiohttp.ClientSession()
-    server = await listen(node, config)
-    log.info("serving on http://%s:%d (node %s of %s)", config.host, config.port, config.cluster.node_id,
-             ",".join(config.cluster.peers))
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    node.on_fatal = lambda error: stop.set()
+    server = await node.serve(f"node {cluster.node_id} of {','.join(cluster.peers)}")
     roles = asyncio.create_task(node.run(), name="roles")
     checkpoints = asyncio.create_task(checkpoint_every(config.checkpoint_interval_ms, node.checkpoint, node.fail),
                                       name="checkpoints")
-    monitor = start_monitor(node, config)
-    roles.add_done_callback(lambda t: t.cancelled() or t.exception() is None or node.fail(t.exception(), "roles"))
-    await stop.wait()
+    monitor = node.start_monitor()
+    roles.add_done_callback(lambda task: _roles_ended(node, task))
+    await node.stop_asked.wait()
     log.info("stopping: handing over")
     roles.cancel()
     checkpoints.cancel()
@@ -275,27 +114,31 @@ async def run_cluster(config: ServeConfig) -> int:
     await server.close(SHUTDOWN_TIMEOUT_S)
     await node.close()
     log.info("stopped")
-    return 1 if node.failed is not None else 0
+    return 1 if node.failure() is not None else 0
 
 
-async def run(config: ServeConfig) -> int:
-    if config.backend != "disk":
-        return await run_redis(config)
-    if config.cluster is not None:
-        return await run_cluster(config)
+def _roles_ended(node: ClusterNode, roles: asyncio.Task[None]) -> None:
+    """The role loop ends only when cancelled: an error in it is fatal."""
+    if not roles.cancelled():
+        error = roles.exception()
+        if error is not None:
+            node.fail(error, "roles")
+
+
+async def run_disk(config: ServeConfig) -> int:
     try:
-        node = Node(config)
+        node = DiskNode(config)
     except OSError as e:  # one a check before could not foresee (a file in it this user may not write)
         log.critical("cannot open the data directory %s: %s", config.data_path, e)
         return 1
     node.broker.start()
     checkpoints = asyncio.create_task(checkpoint_every(config.checkpoint_interval_ms, node.checkpoint,
                                                        node.broker.fail))
-    monitor = start_monitor(node, config)
-    await _serve_until_stopped(node, config, "standalone")
+    monitor = node.start_monitor()
+    await _serve_until_stopped(node, "standalone")
     checkpoints.cancel()
     monitor.cancel()
-    if node.broker.failed is not None:  # no last checkpoint over a state RAM and disk disagree on
+    if node.failure() is not None:  # no last checkpoint over a state RAM and disk disagree on
         log.critical("exiting after a failure; the next start recovers from the commit log")
         return 1
     await node.broker.stop()
@@ -303,6 +146,14 @@ async def run(config: ServeConfig) -> int:
     node.store.close()
     log.info("stopped")
     return 0
+
+
+async def run(config: ServeConfig) -> int:
+    if config.backend != "disk":
+        return await run_redis(config)
+    if config.cluster is not None:
+        return await run_cluster(config, config.cluster)
+    return await run_disk(config)
 
 
 def check_data_dir(config: ServeConfig) -> None:

@@ -39,12 +39,16 @@ starts exactly where this one stopped, so nothing is delivered twice.
 Any node answers any call: a follower forwards API requests to the leader
 (503 naming no leader while none is known).
 
-The node is one class put together from one module per concern:
+The node is one class put together from one module per concern, on the
+base every node shares (broker.node_base: clock, metrics, health switch,
+API, console, the HTTP app, /health and /metrics):
 
     node.py       building it: store, epochs, tick file, election
-    parts.py      the state every part shares; the known leader; failure
-    routes.py     the HTTP app: /health, /metrics, and API calls served
-                  while leading or forwarded to the leader
+    parts.py      the state every part shares, the calls one part makes
+                  of another; the known leader; failure
+    routes.py     what its HTTP app holds of its own: API calls served
+                  while leading or forwarded to the leader, the peer
+                  proof, its role in /health, /metrics and the console
     peers.py      the calls between nodes (/_cluster/*), both ways
     role_loop.py  the driver of replication.roles: following, trying to
                   lead, leading, standing down

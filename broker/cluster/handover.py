@@ -44,8 +44,8 @@ class Handover(NodeParts):
             log.info("handed over at offset %d, tick %s", end, broker.tick)
 
     async def close(self) -> None:
-        if self.session is not None:
-            await self.session.close()
+        if self._session is not None:
+            await self._session.close()
         if self.tick_file is not None:
             self.tick_file.close()
         self.store.checkpoint(self.clock.now_ms())

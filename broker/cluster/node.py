@@ -13,12 +13,9 @@ import asyncio
 import logging
 import os
 
-from broker.api import Api
-from broker.camellia_metrics import ProcessStats
 from broker.config import ServeConfig
 from broker.console import Console
 from broker.metrics import Metrics
-from broker.serving import serving_status
 from replication import snapshot
 from replication.config import ClusterConfig
 from replication.election import Election
@@ -45,24 +42,19 @@ class ClusterNode(Routes, PeerCalls, RoleLoop, Snapshots, Handover):
                  election: Election | None = None) -> None:
         """`election` is Raft's (RaftElection, joined here) unless one is
         given: tests pass a FakeElection (tests/fakes.py)."""
-        self.config = config
         self.cluster = cluster
-        self.clock = clock
         self.data_dir = config.data_path
         os.makedirs(self.data_dir, exist_ok=True)
         snapshot.recover(self.data_dir)  # a snapshot install a crash cut short
         started_s = clock.monotonic_s()
-        self.store = Store.open(self.data_dir, config.store, now_ms=self.clock.now_ms())
+        self.store = Store.open(self.data_dir, config.store, now_ms=clock.now_ms())
         self.opened_s = clock.monotonic_s() - started_s
         self.epochs = Epochs.load(Epochs.path(self.data_dir))
         self.tick_path = os.path.join(self.data_dir, "tick")
         self.tick_file = TickStateFile(self.tick_path, fsync=True)
-        self.metrics = Metrics()
-        self.process = ProcessStats()
-        self.console = Console(lambda: self.store, self.metrics, self._topic_list, self._console_info,
-                               self.clock.now_ms)
-        self.serving = serving_status(config, lambda: self.broker is not None and self.broker.wake_all())
-        self.api = Api(None, config.max_msg_bytes, config.bodies, self.serving)
+        metrics = Metrics()
+        console = Console(lambda: self.store, metrics, self._topic_list, self._console_info, clock.now_ms)
+        super().__init__(config, clock, metrics, None, console)  # no broker until this node leads
         self.apply_lock = asyncio.Lock()
         self.checkpoint_lock = asyncio.Lock()
         self.broker = None
@@ -75,9 +67,8 @@ class ClusterNode(Routes, PeerCalls, RoleLoop, Snapshots, Handover):
             election = RaftElection(cluster, self.data_dir, clock)
         self.election = election
         self.roles = RoleState(cluster.node_id, cluster.quorum, len(cluster.peers))
-        self.session = None
+        self._session = None
         self._follow_task = None
-        self.on_fatal = None
         self.failed = None
         log.info("node %s opened %s in %.3f s: %s, %s", cluster.node_id, self.data_dir, self.opened_s,
                  self.store, self.epochs)

@@ -1,22 +1,21 @@
 """The state every part of a cluster node reads and writes (see
 broker.cluster), declared once so each module of the node can be read
-alone, and the three small things every part calls. `ClusterNode.__init__`
-(node.py) sets every attribute declared here."""
+alone; the calls one part makes of another, each defined in the module
+named; and the small things every part calls. What every kind of node
+has (clock, metrics, serving switch, Api, console, the HTTP app) is
+broker.node_base's. `ClusterNode.__init__` (node.py) sets every attribute
+declared here."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from abc import abstractmethod
+from typing import Any
 
 import aiohttp
 
-from broker.api import Api
-from broker.camellia_metrics import ProcessStats
-from broker.config import ServeConfig
-from broker.console import Console
-from broker.health import ServingStatus
-from broker.metrics import Metrics
+from broker.node_base import NodeBase
 from broker.service import Broker
 from replication.config import ClusterConfig
 from replication.election import Election
@@ -25,39 +24,51 @@ from replication.log_stream import Follower, LeaderLog
 from replication.roles import Role, RoleState
 from storage.errors import InvariantError
 from storage.store import Store
-from wheel.clock import Clock
 from wheel.tick_state import TickState, TickStateFile
 
 log = logging.getLogger("hourglass.cluster")
 
 
-class NodeParts:
-    config: ServeConfig
+class NodeParts(NodeBase):
     cluster: ClusterConfig
-    clock: Clock  # the one clock, built at start-up (broker.clock.SystemClock)
     data_dir: str
     store: Store  # replaced when a snapshot is installed
     opened_s: float
     epochs: Epochs
     tick_path: str
     tick_file: TickStateFile | None  # open while following: the leader's streamed tick
-    metrics: Metrics
-    process: ProcessStats
-    console: Console
-    serving: ServingStatus
-    api: Api  # its broker is set while this node leads
     apply_lock: asyncio.Lock  # held while records are applied to the store
     checkpoint_lock: asyncio.Lock  # held while the store's files are checkpointed or copied
-    broker: Broker | None  # set while this node leads
+    broker: Broker | None  # set while this node leads, and served by the api
     leader_log: LeaderLog | None  # set while this node leads
     follower: Follower
     election: Election
     roles: RoleState  # the role, the term tried or led, stopping (replication.roles)
     _follow_task: asyncio.Task[None] | None  # the follower loop, while following
-    session: aiohttp.ClientSession | None
-    on_fatal: Callable[[BaseException], object] | None
+    _session: aiohttp.ClientSession | None  # made at the first call to a peer (peer_session)
     failed: BaseException | None
     _deposed: asyncio.Event  # a newer candidate asked this leader for its promise
+
+    # == what one part calls of another =========================================
+
+    @abstractmethod
+    async def post(self, node_id: str, call: str, message: dict[str, Any],
+                   timeout_s: float = 5.0) -> dict[str, Any]:
+        """Make a /_cluster/ call to a peer (peers.py)."""
+
+    @abstractmethod
+    async def make_snapshot(self) -> str:
+        """A tar of the store's files; its path (snapshots.py)."""
+
+    @abstractmethod
+    async def take_snapshot(self, source: str) -> None:
+        """Replace this node's store with `source`'s snapshot (snapshots.py)."""
+
+    @abstractmethod
+    async def hand_over(self) -> None:
+        """SIGTERM on the leader: let the followers fetch it all (handover.py)."""
+
+    # == shared by every part ===================================================
 
     @property
     def leads(self) -> bool:
@@ -100,9 +111,16 @@ class NodeParts:
             raise InvariantError("a leader is sent no tick state")
         self.tick_file.write(tick)
 
+    def peer_session(self) -> aiohttp.ClientSession:
+        """The HTTP client of the calls to peers, made at the first (on the
+        event loop, as aiohttp wants); `close` (handover.py) closes it."""
+        if self._session is None:
+            self._session = aiohttp.ClientSession()
+        return self._session
+
     def fail(self, error: BaseException, where: str) -> None:
+        """A fatal error: the node stops (stop_asked), and the process exits 1."""
         if self.failed is None:
             log.critical("%s failed: %r; the node stops", where, error)
             self.failed = error
-            if self.on_fatal is not None:
-                self.on_fatal(error)
+            self.stop_asked.set()

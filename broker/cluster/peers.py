@@ -11,8 +11,9 @@ replication.peer_auth).
     snapshot    a follower whose log    a tar of the store's files
                 diverged or fell behind
 
-`post` makes a call; the `on_*` methods answer one. Acknowledgements,
-positions and promises count only from members of --cluster.
+`post` makes a call; the `on_*` methods, routed by `own_routes`, answer
+one. Acknowledgements, positions and promises count only from members of
+--cluster.
 """
 
 from __future__ import annotations
@@ -21,13 +22,17 @@ import asyncio
 import json
 import logging
 import os
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
+from typing import Any
 
 import aiohttp
+import orjson
 
 from broker.api import answer
-from broker.httpd import Request, Response, StreamResponse
+from broker.httpd import Dispatch, Request, Response, StreamResponse
 from replication import peer_auth, protocol
 from replication.log_stream import serve_catchup
+from storage.errors import InvalidRequest
 
 from .parts import NodeParts
 
@@ -39,21 +44,41 @@ log = logging.getLogger("hourglass.cluster")
 MAX_EPOCH_AHEAD = 1000
 
 
+def _malformed_is_400(handler: Callable[[Request], Awaitable[Response]]) -> Dispatch:
+    """A /_cluster/* body that is not its call's message (empty, not
+    msgpack, a field missing or of the wrong type: replication.protocol's
+    InvalidRequest) is the caller's error, answered HTTP 400, not a bug's
+    500 with a traceback."""
+    async def run(request: Request) -> Response:
+        try:
+            return await handler(request)
+        except InvalidRequest as e:
+            return Response(400, orjson.dumps({"code": 400, "msg": str(e)}))
+    return run
+
+
 class PeerCalls(NodeParts):
     """(on_snapshot calls make_snapshot, of broker.cluster.snapshots.)"""
 
-    async def post(self, node_id: str, call: str, message: dict, timeout_s: float = 5.0) -> dict:
+    def own_routes(self) -> Sequence[tuple[str, str, Dispatch]]:
+        """The calls peers make (the gate checks their proof: routes.py)."""
+        return [("POST", protocol.FETCH_PATH, _malformed_is_400(self.on_fetch)),
+                ("POST", protocol.POSITION_PATH, _malformed_is_400(self.on_position)),
+                ("GET", protocol.SNAPSHOT_PATH, self.on_snapshot)]
+
+    async def post(self, node_id: str, call: str, message: dict[str, Any],
+                   timeout_s: float = 5.0) -> dict[str, Any]:
         peer = self.cluster.peers[node_id]
         headers = {"Content-Type": protocol.CONTENT_TYPE,
                    **peer_auth.headers(self.cluster.secret, self.config.auth_token)}
-        async with self.session.post(f"{peer.http_url}/_cluster/{call}", data=protocol.pack(message),
+        async with self.peer_session().post(f"{peer.http_url}/_cluster/{call}", data=protocol.pack(message),
                                      headers=headers, timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
             body = await r.read()
             if r.status != 200:
                 raise ConnectionError(f"{node_id} answered {r.status} to {call}: {body[:200]!r}")
             return protocol.unpack(body)
 
-    def _not_a_member(self, message: dict) -> Response | None:
+    def _not_a_member(self, message: dict[str, Any]) -> Response | None:
         """Acknowledgements, positions and promises count only from members."""
         node = message.get("node")
         if node not in self.cluster.peers or node == self.cluster.node_id:
@@ -62,7 +87,7 @@ class PeerCalls(NodeParts):
         return None
 
     async def on_fetch(self, request: Request) -> Response:
-        message = protocol.parse_fetch(request.body)  # InvalidRequest: 400 (Routes)
+        message = protocol.parse_fetch(request.body)  # InvalidRequest: 400 (_malformed_is_400)
         refused = self._not_a_member(message)
         if refused is not None:
             return refused
@@ -75,7 +100,7 @@ class PeerCalls(NodeParts):
         return Response(200, protocol.pack(result), protocol.CONTENT_TYPE)
 
     async def on_position(self, request: Request) -> Response:
-        message = protocol.parse_position(request.body)  # InvalidRequest: 400 (Routes)
+        message = protocol.parse_position(request.body)  # InvalidRequest: 400 (_malformed_is_400)
         refused = self._not_a_member(message)
         if refused is not None:
             return refused
@@ -100,7 +125,7 @@ class PeerCalls(NodeParts):
     async def on_snapshot(self, request: Request) -> StreamResponse:
         path = await self.make_snapshot()
 
-        async def chunks():
+        async def chunks() -> AsyncGenerator[bytes, None]:
             try:
                 with open(path, "rb") as f:
                     while chunk := f.read(1024 * 1024):

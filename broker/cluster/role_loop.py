@@ -47,6 +47,7 @@ from replication.roles import (
     StopFollowing,
     step,
 )
+from storage.errors import InvariantError
 from wheel.tick_state import TickStateFile
 
 from .parts import NodeParts
@@ -188,6 +189,8 @@ class RoleLoop(NodeParts):
             await self.follower.apply({**result, "tick": None, "history": history})
 
     def _start_leading(self, term: int) -> None:
+        if self.tick_file is None:
+            raise InvariantError("only a follower starts leading")
         self.set_epochs(self.epochs.begin(term, self.store.log_end_offset))
         self.tick_file.close()
         self.tick_file = None
@@ -197,7 +200,8 @@ class RoleLoop(NodeParts):
                         replicated=leader_log.replicated, apply_lock=self.apply_lock, limits=self.config.queues)
         broker.on_fatal = lambda error: None  # a failed broker makes this node stand down
         broker.start()
-        self.leader_log, self.broker, self.api.broker = leader_log, broker, broker
+        self.leader_log, self.broker = leader_log, broker
+        self.api.serve_with(broker)
         log.info("leading term %d from offset %d, tick %s", term, self.store.log_end_offset, broker.tick)
 
     def _record_leadership(self, term: int, event: LeadershipEvent) -> None:
@@ -211,7 +215,10 @@ class RoleLoop(NodeParts):
 
     async def _stand_down(self, reason: str) -> None:
         broker, leader_log = self.broker, self.leader_log
-        self.broker = self.api.broker = self.leader_log = None
+        if broker is None or leader_log is None:
+            raise InvariantError("only a leader stands down")
+        self.broker = self.leader_log = None
+        self.api.stop_serving()
         leader_log.close(f"this node no longer leads ({reason}); retry")
         await broker.abandon()
         self.tick_file = TickStateFile(self.tick_path, fsync=True)

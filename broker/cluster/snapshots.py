@@ -24,6 +24,7 @@ import os
 
 import aiohttp
 
+from broker.nodes import at_quiet_point
 from replication import peer_auth, protocol, snapshot
 from replication.epochs import Epochs
 from storage.store import Store
@@ -51,7 +52,7 @@ class Snapshots(NodeParts):
         part = os.path.join(self.data_dir, "snapshot.tar.part")
         headers = peer_auth.headers(self.cluster.secret, self.config.auth_token)
         started_s = self.clock.monotonic_s()
-        async with self.session.get(peer.http_url + protocol.SNAPSHOT_PATH, headers=headers,
+        async with self.peer_session().get(peer.http_url + protocol.SNAPSHOT_PATH, headers=headers,
                                     timeout=aiohttp.ClientTimeout(total=600, sock_connect=2)) as r:
             if r.status != 200:
                 raise ConnectionError(f"{source} answered {r.status} to a snapshot request")
@@ -81,7 +82,7 @@ class Snapshots(NodeParts):
             if not self.store.checkpoint_due(now_ms):  # an idle node rewrites nothing
                 return
             if broker is not None:
-                prepared = await broker.commits.at_quiet_point(lambda: self.store.prepare_checkpoint(now_ms))
+                prepared = await at_quiet_point(broker, lambda: self.store.prepare_checkpoint(now_ms))
             else:
                 async with self.apply_lock:
                     prepared = self.store.prepare_checkpoint(now_ms)

@@ -1,0 +1,130 @@
+"""The nodes that run alone: `DiskNode` (a data directory) and `RedisNode`
+(`--backend redis://...`). Both serve through broker.node_base; the
+process around them is broker.server, and a node of a cluster is
+broker.cluster's `ClusterNode`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from types import MappingProxyType
+from typing import TYPE_CHECKING
+
+from storage.errors import InvariantError
+from storage.store import PreparedCheckpoint, Store
+
+from .clock import SystemClock
+from .config import ServeConfig
+from .console import Console, standalone_info
+from .metrics import Metrics
+from .node_base import NodeBase
+from .scrape import Series
+from .service import Broker
+
+if TYPE_CHECKING:
+    from .redis.backend import RedisBroker
+
+log = logging.getLogger("hourglass.server")
+
+# /health's role fields of a node that runs alone
+STANDALONE: Mapping[str, object] = MappingProxyType({"role": "standalone", "leader": None, "node": None})
+
+
+async def at_quiet_point(broker: Broker, prepare: Callable[[], PreparedCheckpoint]) -> PreparedCheckpoint:
+    """`prepare` (a checkpoint's first step) run by the group commit at a
+    quiet point: everything appended applied, and the wheel told of it."""
+    prepared = await broker.commits.at_quiet_point(prepare)
+    if not isinstance(prepared, PreparedCheckpoint):
+        raise InvariantError(f"a quiet point answered {prepared!r}, not the checkpoint prepared")
+    return prepared
+
+
+class DiskNode(NodeBase):
+    """A standalone node: store, broker, HTTP app, checkpoints."""
+
+    def __init__(self, config: ServeConfig) -> None:
+        clock = SystemClock()
+        started = time.perf_counter()
+        self.store = Store.open(config.data_path, config.store, now_ms=clock.now_ms())
+        metrics = Metrics()
+        self.broker = Broker(self.store, clock, config.defaults, metrics,
+                             tick_path=os.path.join(config.data_path, "tick"), limits=config.queues)
+        self.broker.on_fatal = lambda error: self.stop_asked.set()
+        self.opened_s = time.perf_counter() - started
+        self.checkpoints = 0
+        self.checkpoint_seconds = 0.0
+        self.last_checkpoint_ms: int | None = None
+        console = Console(lambda: self.store, metrics, self.broker.topic_list,
+                          lambda: standalone_info(self.store, lambda: self.last_checkpoint_ms), clock.now_ms)
+        super().__init__(config, clock, metrics, self.broker, console)
+        log.info("opened %s in %.3f s: %s", config.data_path, self.opened_s, self.store)
+
+    def __repr__(self) -> str:
+        return f"DiskNode({self.config.data_path!r}, checkpoints={self.checkpoints}, {self.store!r})"
+
+    def failure(self) -> BaseException | None:
+        return self.broker.failed
+
+    def health_fields(self) -> Mapping[str, object]:
+        return STANDALONE
+
+    def node_series(self) -> Sequence[Series]:
+        hours = self.store.hours()
+        return [("hourglass_hours", "gauge", len(hours)),
+                ("hourglass_stored_messages", "gauge", sum(h[1] for h in hours)),
+                ("hourglass_ended_messages", "gauge", sum(h[2] for h in hours)),
+                ("hourglass_commit_log_end_offset", "gauge", self.store.log_end_offset),
+                ("hourglass_checkpoints_total", "counter", self.checkpoints),
+                ("hourglass_checkpoint_seconds_total", "counter", self.checkpoint_seconds),
+                ("hourglass_open_seconds", "gauge", self.opened_s),
+                ("hourglass_wheel_released_total", "counter", self.broker.scheduler.stats.released)]
+
+    async def checkpoint(self) -> None:
+        """The checkpoint is prepared by the group commit at a quiet point
+        (everything appended applied, and the wheel told of it), which a busy
+        node reaches every commit; its syncfs runs in a worker thread while
+        requests go on. Skipped when it would change nothing (an idle node
+        rewrites nothing)."""
+        if not self.store.checkpoint_due(self.clock.now_ms()):
+            return
+        started = time.perf_counter()
+        prepared = await at_quiet_point(self.broker, lambda: self.store.prepare_checkpoint(self.clock.now_ms()))
+        await asyncio.to_thread(self.store.sync_checkpoint)  # the slow part, off the event loop
+        self.store.finish_checkpoint(prepared)
+        self.checkpoints += 1
+        self.checkpoint_seconds += time.perf_counter() - started
+        self.last_checkpoint_ms = self.clock.now_ms()
+
+
+class RedisNode(NodeBase):
+    """A node whose state lives in Redis (`--backend redis://...`): no data
+    dir and no checkpoints; any number of such nodes may share the Redis."""
+
+    def __init__(self, config: ServeConfig) -> None:
+        from .redis.backend import RedisBroker  # the redis extra is optional
+
+        clock = SystemClock()
+        metrics = Metrics()
+        self.broker: RedisBroker = RedisBroker.from_url(config.backend, clock, config.defaults, metrics,
+                                                        max_topics=config.queues.topics)
+        self.broker.on_fatal = lambda error: self.stop_asked.set()
+        super().__init__(config, clock, metrics, self.broker, None)
+
+    def __repr__(self) -> str:
+        return f"RedisNode({self.broker!r})"
+
+    def failure(self) -> BaseException | None:
+        return self.broker.failed
+
+    def degraded(self) -> str | None:
+        return self.broker.problem  # Redis unreachable or refusing: requests answer 503 meanwhile
+
+    def health_fields(self) -> Mapping[str, object]:
+        return STANDALONE
+
+    def node_series(self) -> Sequence[Series]:
+        return []

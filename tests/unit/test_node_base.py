@@ -1,0 +1,133 @@
+"""broker.node_base.NodeBase, in process on a fake clock: /health's
+states in their order, the app a node's own routes, `routed` and peer
+proof make, and the API's backend swapped by the node (serve_with,
+stop_serving) with going offline waking whichever one serves."""
+
+import asyncio
+
+import orjson
+
+from broker.config import ServeConfig
+from broker.httpd import Request, Response
+from broker.metrics import Metrics
+from broker.node_base import NodeBase
+from wheel.clock import FakeClock
+
+PEER_HEADER = "x-test-peer"
+
+
+class Backend:
+    """What the API and the health switch ask of a backend here."""
+
+    def __init__(self) -> None:
+        self.woken = 0
+
+    def wake_all(self) -> None:
+        self.woken += 1
+
+
+class Node(NodeBase):
+    """A node whose failure, degradation and peers a test sets."""
+
+    def __init__(self, peers: bool = False) -> None:
+        super().__init__(ServeConfig(), FakeClock(now_ms=5_000), Metrics(), None, None)
+        self.failed: BaseException | None = None
+        self.problem: str | None = None
+        self.peers = peers
+        self.routed_paths: list[str] = []
+
+    def failure(self) -> BaseException | None:
+        return self.failed
+
+    def degraded(self) -> str | None:
+        return self.problem
+
+    def health_fields(self) -> dict[str, object]:
+        return {"role": "test", "leader": None, "node": "n0"}
+
+    def node_series(self) -> list[tuple[str, str, float]]:
+        return [("test_gauge", "gauge", 1)]
+
+    def own_routes(self):
+        async def call(request: Request) -> Response:
+            return Response(200, b"peer call")
+        return [("POST", "/_cluster/call", call)]
+
+    def routed(self, dispatch):
+        async def route(request: Request):
+            self.routed_paths.append(request.path)
+            return await dispatch(request)
+        return route
+
+    def peer_proof(self):
+        if not self.peers:
+            return None
+        return lambda request: request.headers.get(PEER_HEADER) == "yes"
+
+
+def health(node: Node) -> tuple[int, dict]:
+    response = asyncio.run(node.health(Request("GET", "/health", b"", {}, b"", None)))
+    return response.status, orjson.loads(response.body)
+
+
+def call(node: Node, method: str, path: str, headers: dict | None = None) -> Response:
+    request = Request(method, path, b"", {"host": "127.0.0.1", **(headers or {})}, b"", None)
+    dispatch, admit = node.app()
+    verdict = admit(request)
+    if isinstance(verdict, Response):
+        return verdict
+    return asyncio.run(dispatch(request))
+
+
+def test_health_is_degraded_then_failed_then_offline_then_ok():
+    node = Node()
+    assert health(node) == (200, {"code": 200, "msg": "success", "status": "ok", "role": "test", "leader": None,
+                                  "node": "n0"})
+    node.serving.go_offline()
+    status, body = health(node)
+    assert (status, body["status"], body["role"]) == (503, "offline", "test")
+    node.failed = OSError("disk full")
+    status, body = health(node)
+    assert (status, body["status"], body["msg"]) == (503, "failed", "failed: disk full")
+    node.problem = "Redis is unreachable"
+    status, body = health(node)
+    assert (status, body["status"], body["msg"], body["node"]) == (503, "degraded", "Redis is unreachable", "n0")
+
+
+def test_metrics_show_the_nodes_own_series():
+    node = Node()
+    response = asyncio.run(node.metrics_text(Request("GET", "/metrics", b"", {}, b"", None)))
+    assert response.status == 200 and b"test_gauge 1\n" in response.body
+
+
+def test_without_a_peer_proof_a_nodes_own_routes_go_through_routed():
+    node = Node()
+    response = call(node, "POST", "/_cluster/call")
+    assert (response.status, response.body) == (200, b"peer call")
+    assert node.routed_paths == ["/_cluster/call"]
+    assert call(node, "GET", "/health").status == 200 and node.routed_paths == ["/_cluster/call", "/health"]
+
+
+def test_with_a_peer_proof_cluster_calls_need_it_and_skip_routed():
+    node = Node(peers=True)
+    assert call(node, "POST", "/_cluster/call").status == 403
+    response = call(node, "POST", "/_cluster/call", {PEER_HEADER: "yes"})
+    assert (response.status, response.body) == (200, b"peer call")
+    assert node.routed_paths == []
+    assert call(node, "GET", "/health").status == 200 and node.routed_paths == ["/health"]
+
+
+def test_the_api_serves_the_backend_the_node_hands_it_and_going_offline_wakes_that_one():
+    node = Node()
+    assert node.api.broker is None
+    assert orjson.loads(call(node, "POST", "/camellia/delayQueue/pullMsg").body)["code"] == 503
+    node.serving.go_offline()  # no backend: nothing to wake
+    first, second = Backend(), Backend()
+    node.api.serve_with(first)
+    node.serving.go_offline()
+    node.api.serve_with(second)
+    node.serving.go_offline()
+    assert node.api.broker is second and (first.woken, second.woken) == (1, 1)
+    node.api.stop_serving()
+    node.serving.go_offline()
+    assert node.api.broker is None and (first.woken, second.woken) == (1, 1)
