@@ -6,12 +6,12 @@ stop_serving) with going offline waking whichever one serves."""
 import asyncio
 
 import orjson
+from fakes import FakeClock
 
 from broker.config import ServeConfig
 from broker.httpd import Request, Response
 from broker.metrics import Metrics
 from broker.node_base import NodeBase
-from wheel.clock import FakeClock
 
 PEER_HEADER = "x-test-peer"
 
