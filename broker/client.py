@@ -280,15 +280,18 @@ class DelayQueueClient:
         return None if answer is None else answer["data"]
 
     async def topic_info_list(self) -> list[dict[str, Any]]:
-        return (await self._call("GET", "getTopicInfoList"))["data"]
+        data: list[dict[str, Any]] = (await self._call("GET", "getTopicInfoList"))["data"]
+        return data
 
     async def monitor_data(self) -> dict[str, Any]:
-        return (await self._call("GET", "getMonitorData"))["data"]
+        data: dict[str, Any] = (await self._call("GET", "getMonitorData"))["data"]
+        return data
 
     async def health(self) -> dict[str, Any]:
         """GET /health: the whole answer, e.g. `{"status": "ok", "role":
         "leader", "leader": "n1", ...}`."""
-        return await self._call("GET", "/health")
+        answer: dict[str, Any] = await self._call("GET", "/health")
+        return answer
 
     # ------------------------------------------------------------ transport
 
@@ -316,7 +319,7 @@ class DelayQueueClient:
                 await asyncio.sleep(pause_s)
 
     async def _request(self, method: str, url: URL, form: Mapping[str, str] | None, body: Any,
-                       timeout: aiohttp.ClientTimeout, endpoint: str) -> tuple[int, dict]:
+                       timeout: aiohttp.ClientTimeout, endpoint: str) -> tuple[int, dict[str, Any]]:
         """One attempt, following 307/308 with method, body and token kept."""
         if self._session is None:
             self._session = aiohttp.ClientSession()
@@ -347,7 +350,7 @@ def _pull_form(topic: str, batch: int | None, ack_timeout_ms: int | None,
     return form
 
 
-def _json_object(code: int, text: str, endpoint: str) -> dict:
+def _json_object(code: int, text: str, endpoint: str) -> dict[str, Any]:
     """The answer's JSON object; a body that is not one (a proxy's error
     page, say) becomes a DelayQueueError with the answer's status."""
     try:
@@ -395,7 +398,7 @@ class Consumer:
         self.acked = 0
         self.nacked = 0
         self._slots = asyncio.Semaphore(concurrency)
-        self._running: set[asyncio.Task] = set()
+        self._running: set[asyncio.Task[None]] = set()
         self._stopping = asyncio.Event()
         self._to_ack: list[str] = []
         self._ack_wake = asyncio.Event()

@@ -102,13 +102,15 @@ import struct
 import time
 import urllib.parse
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 try:
     import pyarrow as pa
     import pyarrow.compute as pc
     from pyspark import TaskContext
+    from pyspark.sql import SparkSession
     from pyspark.sql import types as T
     from pyspark.sql.datasource import (
         DataSource,
@@ -119,9 +121,9 @@ try:
 except ImportError as e:  # pragma: no cover - depends on the environment
     raise ImportError(f"broker.spark needs pyspark>=4.1 and pyarrow: pip install 'hourglass[spark]' ({e})") from e
 
-from broker.params import MAX_SEND_BATCH
+from broker.bodies import MAX_SEND_BATCH
 from broker.paths import PREFIX
-from storage.errors import HourglassError
+from storage.errors import HourglassError, InvariantError
 
 SEND_BATCH_PATH = PREFIX + "sendMsgBatch"
 # Statuses worth a retry: the node is stopping or has no leader (503), or a
@@ -134,10 +136,11 @@ SPARK_OPTIONS = frozenset({"path", "checkpointlocation"})
 QUERY_ID_PROPERTY = "sql.streaming.queryId"
 BATCH_ID_PROPERTY = "streaming.sql.batchId"
 
-_INTEGERS = (T.ByteType, T.ShortType, T.IntegerType, T.LongType)
-_STRING = (T.StringType,)
+_SparkTypes = tuple[type[T.DataType], ...]
+_INTEGERS: _SparkTypes = (T.ByteType, T.ShortType, T.IntegerType, T.LongType)
+_STRING: _SparkTypes = (T.StringType,)
 # column -> accepted Spark types; the wire key is the column's name.
-COLUMN_TYPES: dict[str, tuple[type, ...]] = {
+COLUMN_TYPES: dict[str, _SparkTypes] = {
     "msg": _STRING,
     "msgId": _STRING,
     "delayMillis": _INTEGERS,
@@ -149,7 +152,7 @@ COLUMN_TYPES: dict[str, tuple[type, ...]] = {
     "key": _STRING,
     "topic": _STRING,
 }
-_TYPE_WORDS = {_STRING: "string", _INTEGERS: "an integer (tinyint, smallint, int or bigint)",
+_TYPE_WORDS: dict[_SparkTypes, str] = {_STRING: "string", _INTEGERS: "an integer (tinyint, smallint, int or bigint)",
                _INTEGERS + (T.TimestampType,): "an integer (ms since the epoch) or a timestamp"}
 
 
@@ -222,7 +225,10 @@ class SinkOptions:
                    id_prefix=opts.get("idprefix"))
 
 
-def _number(opts: Mapping[str, str], name: str, kind: type, default):
+_Number = TypeVar("_Number", int, float)
+
+
+def _number(opts: Mapping[str, str], name: str, kind: Callable[[str], _Number], default: _Number) -> _Number:
     text = opts.get(name)
     if text is None:
         return default
@@ -279,7 +285,7 @@ class HourglassDataSource(DataSource):
         return HourglassStreamWriter(options, check_columns(schema, options))
 
 
-def register(spark) -> None:
+def register(spark: SparkSession) -> None:
     """Make `format("hourglass")` known to this SparkSession (idempotent)."""
     spark.dataSource.register(HourglassDataSource)
 
@@ -307,7 +313,7 @@ class HourglassWriter(DataSourceArrowWriter):
         return f"HourglassWriter(url={self.options.url!r}, columns={self.columns}, id_prefix={self.id_prefix!r})"
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> SinkCommit:
-        partition = TaskContext.get().partitionId()
+        partition = _task_context().partitionId()
         where = f"partition {partition}"
         return send_partition(iterator, self.options, self.columns, f"{self.id_prefix}-{partition}", partition, where)
 
@@ -324,7 +330,7 @@ class HourglassStreamWriter(DataSourceStreamArrowWriter):
         return f"HourglassStreamWriter(url={self.options.url!r}, columns={self.columns})"
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> SinkCommit:
-        context = TaskContext.get()
+        context = _task_context()
         partition = context.partitionId()
         batch_id = context.getLocalProperty(BATCH_ID_PROPERTY)
         query_id = self.options.id_prefix or context.getLocalProperty(QUERY_ID_PROPERTY)
@@ -340,6 +346,14 @@ class HourglassStreamWriter(DataSourceStreamArrowWriter):
 
     def abort(self, messages: Sequence[WriterCommitMessage | None], batchId: int) -> None:
         pass  # nothing to undo: the re-run batch re-sends the same ids
+
+
+def _task_context() -> TaskContext:
+    """The context of the Spark task running a writer's write()."""
+    context = TaskContext.get()
+    if context is None:
+        raise SinkError("hourglass sink: write() runs only inside a Spark task (no TaskContext)")
+    return context
 
 
 # == rows to requests ==========================================================
@@ -417,7 +431,7 @@ def item_texts(batch: pa.RecordBatch, columns: tuple[str, ...], id_prefix: str, 
         ids = pc.if_else(has_id, _json_strings(given), generated)
     else:
         ids = generated
-    parts: list = ['{"msgId":', ids]
+    parts: list[str | pa.Array] = ['{"msgId":', ids]
     for name in columns:
         if name not in ("msgId", "topic"):
             parts += [f',"{name}":', _json_values(batch.column(name))]
@@ -461,6 +475,8 @@ def _topics(batch: pa.RecordBatch, columns: tuple[str, ...], default: str | None
             where: str) -> list[tuple[str, pa.Array | None]]:
     """(topic, mask of its rows, or None for all rows) for each topic of the batch."""
     if "topic" not in columns:
+        if default is None:
+            raise InvariantError("check_columns lets no write without a topic column or option through")
         return [(default, None)]
     topics = batch.column("topic")
     missing = pc.fill_null(pc.equal(topics, ""), True)
@@ -496,7 +512,7 @@ class _Sender:
         self.endpoint = parts.path.rstrip("/") + SEND_BATCH_PATH
         self.url = f"{parts.scheme}://{parts.netloc}{self.endpoint}"
         kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
-        self.connection = kind(parts.hostname, parts.port, timeout=options.timeout_s)
+        self.connection = kind(parts.hostname or "", parts.port, timeout=options.timeout_s)  # SinkOptions: a host
         self.headers = {"Content-Type": "application/json"}
         if options.token:
             self.headers["Authorization"] = f"Bearer {options.token}"
@@ -509,7 +525,7 @@ class _Sender:
     def __enter__(self) -> _Sender:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.connection.close()
 
     def send(self, topic: str, items: pa.Array, rows: pa.Array) -> None:
@@ -532,7 +548,8 @@ class _Sender:
         what = (f"hourglass sink, {self.where}: sendMsgBatch of {len(items)} rows (from row {rows[0].as_py()}) to "
                 f"topic {topic!r} at {self.url}")
         if status is None:
-            raise SinkError(f"{what}: broker unreachable after {attempts} attempts: {answer}")
+            error = answer if isinstance(answer, str) else answer.decode("utf-8", "replace")
+            raise SinkError(f"{what}: broker unreachable after {attempts} attempts: {error}")
         msg = _broker_msg(answer)
         tries = f" after {attempts} attempts" if attempts > 1 else ""
         raise SinkError(f"{what}: {kind} {status}{tries}: {msg}{_failing_row(msg, rows)}")
