@@ -43,9 +43,10 @@ Options (Spark lower-cases their names; unknown ones are refused):
     batchsize       messages per sendMsgBatch request, 1..1000 (500)
     token           bearer token (`--auth-token-file` on the server)
     timeoutseconds  socket timeout of one request (30)
-    retries         retries of a request after a 503/429/502/504, a refused
+    retries         retries of a request after a 429/502/503/504, a refused
                     or reset connection or a timeout (5)
-    backoffmillis   first retry's pause; it doubles each retry, up to 10 s (200)
+    backoffmillis   the longest pause before the first retry; it doubles
+                    each retry, up to 10 s (200)
     idprefix        the prefix of generated ids (see below)
 
 Exactly once in effect. The broker keeps one message per (topic, msgId) and
@@ -76,12 +77,14 @@ There, give each row its own `msgId` (an order id, a hash of the row).
 
 Sending. Each task opens one kept-alive HTTP connection and sends its rows,
 grouped by topic, in sendMsgBatch requests of `batchsize` messages. A
-request answered 503, 429, 502 or 504, or failing with a refused or reset
-connection or a timeout, is retried `retries` times with exponential backoff
-(a failover's few seconds are covered); a 413 splits the batch in halves;
-any other error fails the task at once with a `SinkError` naming the
-partition (and stream batch), the topic, the first row, the URL, the HTTP
-status and the broker's `msg`. Spark retries a failed task
+request answered 429, 502, 503 or 504, or failing with a refused or reset
+connection or a timeout, is retried `retries` times by the clients' one
+policy (`broker.retry`: exponential backoff with full jitter, honouring
+Retry-After; every request of the sink may be repeated, as every row has
+its id), so a failover's few seconds are covered; a 413 splits the batch
+in halves; any other error fails the task at once with a `SinkError`
+naming the partition (and stream batch), the topic, the first row, the
+URL, the HTTP status and the broker's `msg`. Spark retries a failed task
 (`spark.task.maxFailures`) and the ids make that harmless. A failed job
 leaves what it sent in the broker: there is no rollback.
 
@@ -97,7 +100,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import random
 import struct
 import time
 import urllib.parse
@@ -123,12 +125,11 @@ except ImportError as e:  # pragma: no cover - depends on the environment
 
 from broker.bodies import MAX_SEND_BATCH
 from broker.paths import PREFIX
+from broker.retry import Failure, RetryPolicy, retry_after_s, status_failure
 from storage.errors import HourglassError, InvariantError
 
 SEND_BATCH_PATH = PREFIX + "sendMsgBatch"
-# Statuses worth a retry: the node is stopping or has no leader (503), or a
-# proxy in front of it says so (429, 502, 504).
-RETRY_STATUSES = frozenset({429, 502, 503, 504})
+# The cap of the backoff between retries.
 MAX_BACKOFF_MS = 10_000
 # Options Spark itself may pass along with ours.
 SPARK_OPTIONS = frozenset({"path", "checkpointlocation"})
@@ -184,7 +185,7 @@ class SinkOptions:
     timeout_s: float = 30.0
     # Retries of one request after a retryable failure (0: none).
     retries: int = 5
-    # Pause before the first retry; doubled each retry up to MAX_BACKOFF_MS.
+    # Longest pause before the first retry; doubled each retry up to MAX_BACKOFF_MS.
     backoff_ms: int = 200
     # Prefix of generated msgIds; None: per write (batch) or the query id (stream).
     id_prefix: str | None = None
@@ -205,6 +206,13 @@ class SinkOptions:
             raise SinkConfigError(f"option backoffmillis must be >= 0, got {self.backoff_ms}")
         if self.topic == "" or self.id_prefix == "" or self.token == "":
             raise SinkConfigError("options topic, idprefix and token may not be empty")
+
+    @property
+    def retry(self) -> RetryPolicy:
+        """The clients' retry policy (`broker.retry`) with this sink's
+        retries and backoff; a backoff above the cap starts at the cap."""
+        return RetryPolicy(retries=self.retries, backoff_s=min(self.backoff_ms, MAX_BACKOFF_MS) / 1000,
+                           max_backoff_s=MAX_BACKOFF_MS / 1000)
 
     @classmethod
     def from_options(cls, options: Mapping[str, str]) -> SinkOptions:
@@ -498,11 +506,12 @@ def _topics(batch: pa.RecordBatch, columns: tuple[str, ...], default: str | None
 class _Sender:
     """sendMsgBatch requests over one kept-alive connection, with retries.
 
-    A request is retried after a RETRY_STATUSES answer or an OSError or
-    HTTPException (refused, reset, timed out), pausing backoff_ms, then
-    twice that, ... up to MAX_BACKOFF_MS, `retries` times. A 413 for more
-    than one message splits the request in halves. Anything else raises
-    SinkError. A retry re-sends the same ids, so it cannot duplicate.
+    A request is retried as `broker.retry` says after a 429, 502, 503 or
+    504 answer or an OSError or HTTPException (refused, reset, timed out),
+    `retries` times, pausing up to backoff_ms, then up to twice that, ...
+    up to MAX_BACKOFF_MS. Every request is idempotent: a retry re-sends the
+    same ids, so it cannot duplicate. A 413 for more than one message
+    splits the request in halves. Anything else raises SinkError.
     """
 
     def __init__(self, options: SinkOptions, where: str) -> None:
@@ -512,6 +521,7 @@ class _Sender:
         self.endpoint = parts.path.rstrip("/") + SEND_BATCH_PATH
         self.url = f"{parts.scheme}://{parts.netloc}{self.endpoint}"
         kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+        self.retry = options.retry
         self.connection = kind(parts.hostname or "", parts.port, timeout=options.timeout_s)  # SinkOptions: a host
         self.headers = {"Content-Type": "application/json"}
         if options.token:
@@ -559,24 +569,27 @@ class _Sender:
         attempts made)."""
         attempt = 0
         while True:
-            attempt += 1
             self.requests += 1
+            status: int | None
+            result: bytes | str
+            retry_after: float | None = None
             try:
                 self.connection.request("POST", self.endpoint, body, self.headers)
                 response = self.connection.getresponse()
-                answer = response.read()
-                status: int | None = response.status
-                if status not in RETRY_STATUSES:
-                    return status, answer, attempt
-                result: bytes | str = answer
+                status, result = response.status, response.read()
+                failure = status_failure(status)
+                if failure is Failure.FINAL:
+                    return status, result, attempt + 1
+                retry_after = retry_after_s(response.getheader("Retry-After"), time.time())
             except (OSError, http.client.HTTPException) as e:
                 self.connection.close()  # a half-read answer leaves it unusable
                 status, result = None, f"{type(e).__name__}: {e}"
-            if attempt > self.options.retries:
-                return status, result, attempt
+                failure = Failure.MAYBE_APPLIED  # at worst; the sink's requests may all be repeated
+            if not self.retry.may_retry(attempt, failure, idempotent=True):
+                return status, result, attempt + 1
             self.retried += 1
-            pause_ms = min(self.options.backoff_ms * 2 ** (attempt - 1), MAX_BACKOFF_MS)
-            time.sleep(pause_ms * random.uniform(0.5, 1.0) / 1000)
+            time.sleep(self.retry.pause_s(attempt, retry_after))
+            attempt += 1
 
 
 def _code(answer: bytes | str) -> int:
