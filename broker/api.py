@@ -30,10 +30,7 @@ topic past --max-topics), 503 (stopping, no leader),
 from __future__ import annotations
 
 import hmac
-import json
 import logging
-import re
-import urllib.parse
 from collections.abc import Awaitable, Callable
 
 import orjson
@@ -43,7 +40,7 @@ from storage.errors import BodyTooLarge, Conflict, InvalidRequest, LimitReached,
 
 from . import camellia_metrics, params
 from .backend import Backend, new_msg_id
-from .bodies import JSON_MARKS_PER_BODY, BodyLimits, check_json_marks
+from .bodies import BodyLimits
 from .console_sessions import CONSOLE, LOGIN_PATH, LOGIN_PATHS, ConsoleSessions, session_cookie
 from .health import ServingStatus
 from .httpd import Request, Response, StreamResponse, plain_answer
@@ -137,7 +134,7 @@ def console_entry(token: str | None, sessions: ConsoleSessions | None, handler: 
         scheme, _, given = request.headers.get("authorization", "").partition(" ")
         if scheme.lower() == "bearer" and matches(given):
             return await handler(request)
-        query = parse_form(request.query).get("token") if request.query else None
+        query = params.parse_form(request.query).get("token") if request.query else None
         if query is None:
             return Response(303, b"", headers={"Location": LOGIN_PATH, "Cache-Control": "no-store"})
         if isinstance(query, str) and matches(query):
@@ -227,64 +224,42 @@ class Api:
                 return answer(429, str(e))
         return run
 
-    # -- reading parameters ---------------------------------------------------------
+    # -- reading parameters: broker.params turns a request's bytes into them -----------
 
-    async def _body(self, request: Request, cap: int) -> bytes:
-        if len(request.body) > cap:  # the server refuses it before reading: a second line of defence
-            raise BodyTooLarge(f"request body is {len(request.body)} bytes, more than {cap}")
-        return request.body
-
-    async def _params(self, request: Request, cap: int | None = None) -> params.Params:
+    def _params(self, request: Request) -> params.Params:
         if request.method == "GET":
-            self.bodies.check_form(request.query, "the query string")
-            return parse_form(request.query)
-        raw = await self._body(request, cap or self.single_cap)
-        if request.content_type == "application/json":
-            check_json_marks(raw, JSON_MARKS_PER_BODY, "the body")
-            return parse_json(raw)
-        self.bodies.check_form(raw, "the form body")
-        return parse_form(raw)
+            return params.query_params(request.query, self.bodies)
+        return params.body_params(request.body, request.content_type, self.bodies, self.max_msg_bytes)
 
     # -- endpoints --------------------------------------------------------------------
 
     async def send(self, request: Request) -> Response:
         backend = self.backend
-        p = await self._params(request)
-        send = params.parse_send(p, now_ms=backend.clock.now_ms(), make_id=new_msg_id,
+        send = params.parse_send(self._params(request), now_ms=backend.clock.now_ms(), make_id=new_msg_id,
                                  defaults=backend.defaults, max_msg_bytes=self.max_msg_bytes)
         stored, = await backend.send([send])
         return answer(200, "success", delayMsg=delay_msg(stored))
 
     async def send_batch(self, request: Request) -> Response:
         backend = self.backend
-        raw = await self._body(request, self.batch_cap)
-        body: params.Params
-        if request.content_type == "application/json":
-            check_json_marks(raw, self.bodies.batch_json_marks, "the body")
-            body = parse_json(raw)
-        else:
-            body = _batch_from_form(raw, self.bodies)
-        items = body.get("msgs")
-        if isinstance(items, list) and len(items) > self.bodies.max_batch_msgs:  # 413: a client splits the batch
-            raise BodyTooLarge(f"msgs holds {len(items)} messages, more than {self.bodies.max_batch_msgs} "
-                               f"(--max-batch-msgs)")
-        batch = params.parse_send_batch(body, now_ms=backend.clock.now_ms(), make_id=new_msg_id,
-                                        defaults=backend.defaults, max_msg_bytes=self.max_msg_bytes)
+        batch = params.parse_send_batch_body(request.body, request.content_type, limits=self.bodies,
+                                             now_ms=backend.clock.now_ms(), make_id=new_msg_id,
+                                             defaults=backend.defaults, max_msg_bytes=self.max_msg_bytes)
         stored = await backend.send(batch)
         return answer(200, "success", delayMsgList=[delay_msg(m) for m in stored])
 
     async def delete(self, request: Request) -> Response:
-        await self.backend.delete(params.parse_delete(await self._params(request)))
+        await self.backend.delete(params.parse_delete(self._params(request)))
         return answer(200, "success")
 
     async def pull(self, request: Request) -> Response:
         backend = self.backend
-        pull = params.parse_pull(await self._params(request), backend.defaults)
+        pull = params.parse_pull(self._params(request), backend.defaults)
         return answer(200, "success", delayMsgList=[delay_msg(m) for m in await backend.pull(pull)])
 
     async def long_poll(self, request: Request) -> Response:
         backend = self.backend
-        poll = params.parse_long_poll(await self._params(request), backend.defaults)
+        poll = params.parse_long_poll(self._params(request), backend.defaults)
         gone = request.gone
         if self.serving is not None:  # going offline answers it now, as if the client had gone
             ended = self.serving.ends_long_poll()
@@ -293,7 +268,7 @@ class Api:
 
     async def ack(self, request: Request) -> Response:
         backend = self.backend
-        ack = params.parse_ack(await self._params(request))
+        ack = params.parse_ack(self._params(request))
         if isinstance(ack, params.AckManyRequest):
             after = await backend.ack_many(ack.topic, ack.msg_ids, ack.ack)
             return answer(200, "success", results=[
@@ -303,22 +278,22 @@ class Api:
         return answer(200, "success")
 
     async def get(self, request: Request) -> Response:
-        get = params.parse_get(await self._params(request))
+        get = params.parse_get(self._params(request))
         return answer(200, "success", delayMsg=delay_msg(await self.backend.get(get.topic, get.msg_id)))
 
     async def reschedule(self, request: Request) -> Response:
         backend = self.backend
-        r = params.parse_reschedule(await self._params(request), backend.clock.now_ms())
+        r = params.parse_reschedule(self._params(request), backend.clock.now_ms())
         return answer(200, "success", delayMsg=delay_msg(await backend.reschedule(r.topic, r.msg_id, r.trigger_ms)))
 
     async def list_dead(self, request: Request) -> Response:
-        r = params.parse_list_dead(await self._params(request))
+        r = params.parse_list_dead(self._params(request))
         messages, cursor = await self.backend.list_dead(r.topic, r.statuses, r.cursor, r.limit)
         return answer(200, "success", delayMsgList=[delay_msg(m) for m in messages], cursor=cursor)
 
     async def redrive(self, request: Request) -> Response:
         backend = self.backend
-        r = params.parse_redrive(await self._params(request))
+        r = params.parse_redrive(self._params(request))
         if r.msg_id is not None:
             return answer(200, "success", delayMsg=delay_msg(await backend.redrive(r.topic, r.msg_id)))
         count, more = await backend.redrive_all(r.topic, r.limit)
@@ -328,7 +303,7 @@ class Api:
         return answer(200, "success", data=self.backend.metrics.monitor_data())
 
     async def topic_info(self, request: Request) -> Response:
-        topic = params.parse_topic(await self._params(request)).topic
+        topic = params.parse_topic(self._params(request)).topic
         return answer(200, "success", data=await self.backend.topic_info(topic))
 
     async def topic_info_list(self, request: Request) -> Response:
@@ -342,69 +317,3 @@ class Api:
         """getTopicInfo of every topic."""
         backend = self.backend
         return await backend.topic_infos(backend.topic_list())
-
-
-def parse_form(raw: bytes) -> dict[str, str]:
-    """application/x-www-form-urlencoded, strictly UTF-8: a bad byte is a
-    400 naming the parameter it is in. The first of a repeated key wins."""
-    out: dict[str, str] = {}
-    if b"%" not in raw and b"+" not in raw:  # nothing escaped (most clients): no unquoting
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError:
-            pass  # the slow path names the parameter
-        else:
-            for pair in text.split("&"):
-                if pair:
-                    key, _, value = pair.partition("=")
-                    out.setdefault(key, value)
-            return out
-    for raw_pair in raw.split(b"&"):
-        if not raw_pair:
-            continue
-        key_raw, _, value_raw = raw_pair.partition(b"=")
-        key = params.decode_utf8(urllib.parse.unquote_to_bytes(key_raw.replace(b"+", b" ")), "parameter name")
-        value = params.decode_utf8(urllib.parse.unquote_to_bytes(value_raw.replace(b"+", b" ")), key)
-        out.setdefault(key, value)
-    return out
-
-
-# 19 digits in a row: a number orjson may read as a float where json keeps the int.
-_LONG_DIGITS = re.compile(rb"[0-9]{19}")
-
-
-def parse_json(raw: bytes) -> dict[str, object]:
-    """orjson (a fifth of json's time on a batch) where it reads the body as
-    json would; json for the rest: what orjson refuses (NaN, lone
-    surrogates) and bodies with integers of 19 digits or more (orjson makes
-    floats of those past 64 bits, json keeps them exact)."""
-    if _LONG_DIGITS.search(raw) is None:
-        try:
-            body = orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            pass
-        else:
-            if isinstance(body, dict):
-                return body
-    text = params.decode_utf8(raw, "body")
-    try:
-        body = json.loads(text)
-    except (ValueError, RecursionError) as e:
-        raise InvalidRequest("body", f"is not valid JSON ({type(e).__name__}: {e})") from None
-    if not isinstance(body, dict):
-        raise InvalidRequest("body", "must be a JSON object")
-    return body
-
-
-def _batch_from_form(raw: bytes, bodies: BodyLimits) -> params.Params:
-    """sendMsgBatch as a form: `topic` and `msgs` holding the JSON list."""
-    bodies.check_form(raw, "the form body")
-    form = parse_form(raw)
-    msgs = form.get("msgs")
-    if isinstance(msgs, str) and msgs:
-        check_json_marks(msgs, bodies.batch_json_marks, "msgs")
-        try:
-            return {"topic": form.get("topic"), "msgs": json.loads(msgs)}
-        except (ValueError, RecursionError) as e:
-            raise InvalidRequest("msgs", f"is not valid JSON ({e})") from None
-    return form

@@ -26,12 +26,14 @@ Over a bound the answer is code 413, before anything is decoded.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from storage.errors import BodyTooLarge, ConfigError
 
-from .params import MAX_SEND_BATCH
-
+# Most messages in one sendMsgBatch: the API's bound, and the most
+# --max-batch-msgs may allow.
+MAX_SEND_BATCH = 1000
 # Slack for the rest of a body (keys, topic, ids, numbers) beside `msg`.
 BODY_SLACK_BYTES = 64 * 1024
 # Slack per sendMsgBatch item for its keys, id, tag and numbers.
@@ -75,9 +77,25 @@ class BodyLimits:
         return JSON_MARKS_PER_BODY + JSON_MARKS_PER_ITEM * self.max_batch_msgs
 
     def check_form(self, raw: bytes | str, what: str) -> None:
-        pairs = raw.count(b"&" if isinstance(raw, bytes) else "&") + 1
+        """BodyTooLarge when a form body or query string has more than
+        --max-form-pairs `&`-separated pairs."""
+        pairs = (raw.count(b"&") if isinstance(raw, bytes) else raw.count("&")) + 1
         if pairs > self.max_form_pairs:
             raise BodyTooLarge(f"{what} has {pairs} parameters, more than {self.max_form_pairs} (--max-form-pairs)")
+
+    def check_batch_msgs(self, count: int) -> None:
+        """BodyTooLarge (413: a client splits the batch) when a decoded
+        sendMsgBatch holds more than --max-batch-msgs messages."""
+        if count > self.max_batch_msgs:
+            raise BodyTooLarge(f"msgs holds {count} messages, more than {self.max_batch_msgs} (--max-batch-msgs)")
+
+
+def check_size(raw: bytes, cap: int) -> None:
+    """BodyTooLarge when `raw` is longer than `cap`: the server refuses such
+    a body by its Content-Length before reading it, so this is a second
+    line of defence."""
+    if len(raw) > cap:
+        raise BodyTooLarge(f"request body is {len(raw)} bytes, more than {cap}")
 
 
 def check_json_marks(raw: bytes | str, limit: int, what: str) -> None:
@@ -86,16 +104,22 @@ def check_json_marks(raw: bytes | str, limit: int, what: str) -> None:
     (marks inside strings count there too) one scan that stops at limit + 1."""
     if len(raw) <= limit:
         return
-    binary = isinstance(raw, bytes)
+    matches: Iterator[re.Match[bytes]] | Iterator[re.Match[str]]
+    if isinstance(raw, bytes):
+        counts = (raw.count(mark) for mark in (b",", b":", b"{", b"["))
+        matches = _JSON_SCAN.finditer(raw)
+    else:
+        counts = (raw.count(mark) for mark in (",", ":", "{", "["))
+        matches = _JSON_SCAN_TEXT.finditer(raw)
     upper = 0
-    for mark in (b",", b":", b"{", b"[") if binary else (",", ":", "{", "["):
-        upper += raw.count(mark)  # type: ignore[arg-type]
+    for count in counts:
+        upper += count
         if upper > limit:
             break
     else:
         return
     marks = 0
-    for m in (_JSON_SCAN if binary else _JSON_SCAN_TEXT).finditer(raw):  # type: ignore[arg-type]
+    for m in matches:
         if m.lastindex:
             marks += 1
             if marks > limit:

@@ -22,14 +22,17 @@ Five minutes with it:
 
     asyncio.run(main())
 
-Retries. Every call is retried, with exponential backoff and jitter, on 503
-(no leader / not ready), on a refused or broken connection and on a
-timeout; any other answer but 200 raises `DelayQueueError` at once. A retry
-may repeat a call the server already applied, so `send` and `send_batch`
-give every message without a `msg_id` a uuid4 id before the first attempt:
-the server stores an id once, and a repeat answers the stored message.
-Delivery is at least once anyway; a pull repeated this way hands out
-messages that come back after their ack timeout.
+Retries follow `broker.retry.RetryPolicy` (docs/api.md, "Clients:
+retries"): a call the node refused (429, 503) or never received (no
+connection) is sent again, with exponential backoff and full jitter,
+honouring Retry-After; one it may have applied (502, 504, a timeout, a
+connection lost mid-call) is sent again only when repeating it changes
+nothing: a read, an ack, nack or delete, or a send. `send` and
+`send_batch` give every message without a `msg_id` a uuid4 id before the
+first attempt, so a repeated send answers the stored message rather than
+storing it twice. A pull is not repeated after such a failure: a pull the
+node applied handed out messages, and a second one would hand out more.
+Any other answer but 200 raises `DelayQueueError` at once.
 
 Clusters. Give every node's address (a list, or one string with commas):
 any node answers any call (a follower forwards it to the leader), and when
@@ -47,10 +50,9 @@ token: it is the cluster's token, and it goes wherever a node redirects.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import json
 import logging
-import random
+import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -64,6 +66,7 @@ from storage.errors import ConfigError, HourglassError
 
 from .params import MAX_ACK_BATCH
 from .paths import PREFIX
+from .retry import Failure, RetryPolicy, retry_after_s, status_failure
 
 log = logging.getLogger("hourglass.client")
 
@@ -77,27 +80,40 @@ TRANSIENT_ERRORS = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, a
 
 
 class DelayQueueError(HourglassError):
-    """Raised when the server answered a code other than 200 (after retries, for 503).
-    `answer` is the whole JSON object, e.g. with `leader` on a 503."""
+    """Raised when the server answered a code other than 200 (after retries,
+    for those `broker.retry` retries). `answer` is the whole JSON object,
+    e.g. with `leader` on a 503; `retry_after_s` the pause its Retry-After
+    header asked for, if any."""
 
-    def __init__(self, code: int, msg: str, endpoint: str, answer: Mapping[str, Any] | None = None) -> None:
+    def __init__(self, code: int, msg: str, endpoint: str, answer: Mapping[str, Any] | None = None,
+                 retry_after_s: float | None = None) -> None:
         super().__init__(f"{endpoint}: {code} {msg}")
         self.code = code
         self.msg = msg
         self.endpoint = endpoint
         self.answer = dict(answer or {})
+        self.retry_after_s = retry_after_s
 
     @property
     def transient(self) -> bool:
-        """503: no leader known or node not ready; worth retrying."""
-        return self.code == 503
+        """429, 502, 503, 504: a limit, or no node to answer now; worth retrying."""
+        return status_failure(self.code) is not Failure.FINAL
+
+
+def failure_of(error: BaseException) -> Failure:
+    """What a failed call tells about its request (`broker.retry`)."""
+    if isinstance(error, DelayQueueError):
+        return status_failure(error.code)
+    if isinstance(error, aiohttp.ClientConnectorError):  # no connection made: nothing was sent
+        return Failure.NOT_APPLIED
+    if isinstance(error, TRANSIENT_ERRORS):
+        return Failure.MAYBE_APPLIED
+    return Failure.FINAL
 
 
 def is_transient(error: BaseException) -> bool:
     """Whether a failed call may succeed if repeated unchanged."""
-    if isinstance(error, DelayQueueError):
-        return error.transient
-    return isinstance(error, TRANSIENT_ERRORS)
+    return failure_of(error) is not Failure.FINAL
 
 
 @dataclass(frozen=True)
@@ -154,8 +170,8 @@ class DelayQueueClient:
     Use it as an async context manager, or call `close()`; a `session` passed
     in is the caller's and is not closed. `timeout_s` bounds each attempt of
     a call (a long poll gets its own wait on top); a call makes at most
-    `retries` + 1 attempts, sleeping `backoff_s` doubled each time up to
-    `max_backoff_s`, with jitter, between them.
+    `retries` + 1 attempts, pausing between them up to `backoff_s` doubled
+    each time, capped at `max_backoff_s` (`broker.retry.RetryPolicy`).
     """
 
     def __init__(self, base_url: str | Sequence[str], *, token: str | None = None, timeout_s: float = 10.0,
@@ -164,25 +180,19 @@ class DelayQueueClient:
                  session: aiohttp.ClientSession | None = None) -> None:
         if timeout_s <= 0:
             raise ConfigError(f"timeout_s must be positive, got {timeout_s}")
-        if retries < 0:
-            raise ConfigError(f"retries must be >= 0, got {retries}")
-        if not 0 <= backoff_s <= max_backoff_s:
-            raise ConfigError(f"need 0 <= backoff_s <= max_backoff_s, got {backoff_s} and {max_backoff_s}")
+        self.retry = RetryPolicy(retries=retries, backoff_s=backoff_s, max_backoff_s=max_backoff_s)
         urls = base_url.split(",") if isinstance(base_url, str) else list(base_url)
         self.base_urls = [u.strip().rstrip("/") for u in urls if u.strip()]
         if not self.base_urls:
             raise ConfigError("base_url names no node")
         self._node = 0  # index in base_urls of the node in use
         self.timeout_s = timeout_s
-        self.retries = retries
-        self.backoff_s = backoff_s
-        self.max_backoff_s = max_backoff_s
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._session = session
         self._owns_session = session is None
 
     def __repr__(self) -> str:
-        return f"DelayQueueClient({self.base_url!r}, timeout_s={self.timeout_s}, retries={self.retries})"
+        return f"DelayQueueClient({self.base_url!r}, timeout_s={self.timeout_s}, retries={self.retry.retries})"
 
     @property
     def base_url(self) -> str:
@@ -208,7 +218,7 @@ class DelayQueueClient:
         """sendMsg. Sending an id that exists answers the stored message,
         unchanged. `trigger_time_ms` (absolute) wins over `delay_ms`."""
         new = NewMsg(msg, msg_id or uuid.uuid4().hex, delay_ms, ttl_ms, max_retry, priority, trigger_time_ms, tag)
-        answer = await self._call("POST", "sendMsg", form={"topic": topic, **new.params()})
+        answer = await self._call("POST", "sendMsg", idempotent=True, form={"topic": topic, **new.params()})
         return DelayMsg.from_json(answer["delayMsg"])
 
     async def send_batch(self, topic: str, msgs: Iterable[NewMsg | Mapping[str, Any]]) -> list[DelayMsg]:
@@ -216,7 +226,7 @@ class DelayQueueClient:
         or dicts of its fields, e.g. `{"msg": "hi", "delay_ms": 500}`."""
         items = [m if isinstance(m, NewMsg) else NewMsg(**m) for m in msgs]
         wire = [{**m.params(), "msgId": m.msg_id or uuid.uuid4().hex} for m in items]
-        answer = await self._call("POST", "sendMsgBatch", body={"topic": topic, "msgs": wire})
+        answer = await self._call("POST", "sendMsgBatch", idempotent=True, body={"topic": topic, "msgs": wire})
         return [DelayMsg.from_json(m) for m in answer["delayMsgList"]]
 
     # ------------------------------------------------------------ consume
@@ -226,7 +236,7 @@ class DelayQueueClient:
         """pullMsg: up to `batch` deliverable messages, now (maybe none).
         Each must be acked within `ack_timeout_ms` or it comes back."""
         form = _pull_form(topic, batch, ack_timeout_ms, tags)
-        answer = await self._call("POST", "pullMsg", form=form)
+        answer = await self._call("POST", "pullMsg", idempotent=False, form=form)
         return [DelayMsg.from_json(m) for m in answer["delayMsgList"]]
 
     async def long_poll(self, topic: str, *, timeout_ms: int | None = None, batch: int | None = None,
@@ -237,17 +247,17 @@ class DelayQueueClient:
         if timeout_ms is not None:
             form["longPollingTimeoutMillis"] = str(timeout_ms)
         wait_s = (timeout_ms if timeout_ms and timeout_ms > 0 else SERVER_LONG_POLL_DEFAULT_MS) / 1000
-        answer = await self._call("POST", "longPollingMsg", form=form, wait_s=wait_s)
+        answer = await self._call("POST", "longPollingMsg", idempotent=False, form=form, wait_s=wait_s)
         return [DelayMsg.from_json(m) for m in answer["delayMsgList"]]
 
     async def ack(self, topic: str, msg_id: str) -> None:
         """ackMsg: the message is done and never delivered again."""
-        await self._call("POST", "ackMsg", form={"topic": topic, "msgId": msg_id})
+        await self._call("POST", "ackMsg", idempotent=True, form={"topic": topic, "msgId": msg_id})
 
     async def ack_many(self, topic: str, msg_ids: Sequence[str]) -> dict[str, int | None]:
         """ackMsg with msgIds (1..1000, one request, one fsync on the
         server): each id's status after it, None for an unknown one."""
-        answer = await self._call("POST", "ackMsg", body={"topic": topic, "msgIds": list(msg_ids)})
+        answer = await self._call("POST", "ackMsg", idempotent=True, body={"topic": topic, "msgIds": list(msg_ids)})
         return {r["msgId"]: r["status"] for r in answer["results"]}
 
     async def nack(self, topic: str, msg_id: str) -> None:
@@ -255,20 +265,20 @@ class DelayQueueClient:
         counts retry + 1). A nack of a message no longer consuming changes
         nothing, which is also what a retry meets whose first attempt was
         applied."""
-        await self._call("POST", "ackMsg", form={"topic": topic, "msgId": msg_id, "ack": "false"})
+        await self._call("POST", "ackMsg", idempotent=True, form={"topic": topic, "msgId": msg_id, "ack": "false"})
 
     # ------------------------------------------------------------ inspect
 
     async def get(self, topic: str, msg_id: str) -> DelayMsg | None:
         """getMsg; None when the server has no such message (404)."""
-        answer = await self._call("POST", "getMsg", form={"topic": topic, "msgId": msg_id}, missing_ok=True)
+        answer = await self._call("POST", "getMsg", idempotent=True, form={"topic": topic, "msgId": msg_id}, missing_ok=True)
         return None if answer is None else DelayMsg.from_json(answer["delayMsg"])
 
     async def delete(self, topic: str, msg_id: str, release: bool = False) -> bool:
         """deleteMsg: never delivered again; with `release`, forgotten too
         (`get` answers None). False when there was no live message to
         delete (unknown or already ended: code 404, as camellia's SDK)."""
-        answer = await self._call("POST", "deleteMsg", form={"topic": topic, "msgId": msg_id,
+        answer = await self._call("POST", "deleteMsg", idempotent=True, form={"topic": topic, "msgId": msg_id,
                                                              "release": "true" if release else "false"},
                                   missing_ok=True)
         return answer is not None
@@ -276,48 +286,56 @@ class DelayQueueClient:
     async def topic_info(self, topic: str) -> dict[str, Any] | None:
         """getTopicInfo's `data` (camellia's shape; zeros for an unknown
         topic). None only from a server that answers 404 for one."""
-        answer = await self._call("GET", "getTopicInfo", query={"topic": topic}, missing_ok=True)
+        answer = await self._call("GET", "getTopicInfo", idempotent=True, query={"topic": topic}, missing_ok=True)
         return None if answer is None else answer["data"]
 
     async def topic_info_list(self) -> list[dict[str, Any]]:
-        return (await self._call("GET", "getTopicInfoList"))["data"]
+        data: list[dict[str, Any]] = (await self._call("GET", "getTopicInfoList", idempotent=True))["data"]
+        return data
 
     async def monitor_data(self) -> dict[str, Any]:
-        return (await self._call("GET", "getMonitorData"))["data"]
+        data: dict[str, Any] = (await self._call("GET", "getMonitorData", idempotent=True))["data"]
+        return data
 
     async def health(self) -> dict[str, Any]:
         """GET /health: the whole answer, e.g. `{"status": "ok", "role":
         "leader", "leader": "n1", ...}`."""
-        return await self._call("GET", "/health")
+        answer: dict[str, Any] = await self._call("GET", "/health", idempotent=True)
+        return answer
 
     # ------------------------------------------------------------ transport
 
-    async def _call(self, method: str, endpoint: str, *, form: Mapping[str, str] | None = None,
+    async def _call(self, method: str, endpoint: str, *, idempotent: bool, form: Mapping[str, str] | None = None,
                     body: Any = None, query: Mapping[str, str] | None = None, wait_s: float = 0.0,
                     missing_ok: bool = False) -> Any:
         """The answer's JSON object after retries; None for a 404 when
-        `missing_ok`; raises DelayQueueError for any other non-200."""
+        `missing_ok`; raises DelayQueueError for any other non-200.
+        `idempotent`: repeating the call after the node applied it changes
+        nothing, so it may be repeated when that is unknown (broker.retry)."""
         path = endpoint if endpoint.startswith("/") else PREFIX + endpoint
         timeout = aiohttp.ClientTimeout(total=self.timeout_s + wait_s)
-        for attempt in itertools.count():
+        attempt = 0
+        while True:
             url = URL(self.base_url + path).update_query(query)
             try:
-                code, answer = await self._request(method, url, form, body, timeout, endpoint)
+                code, answer, retry_after = await self._request(method, url, form, body, timeout, endpoint)
                 if code == 200 or (code == 404 and missing_ok):
                     return answer if code == 200 else None
-                raise DelayQueueError(code, str(answer.get("msg", "")), endpoint, answer)
+                raise DelayQueueError(code, str(answer.get("msg", "")), endpoint, answer, retry_after)
             except Exception as error:
-                if attempt == self.retries or not is_transient(error):
+                if not self.retry.may_retry(attempt, failure_of(error), idempotent):
                     raise
                 self._node = (self._node + 1) % len(self.base_urls)  # the next node, if there are several
-                pause_s = min(self.max_backoff_s, self.backoff_s * 2 ** attempt) * random.uniform(0.5, 1.0)
+                pause_s = self.retry.pause_s(attempt, error.retry_after_s if isinstance(error, DelayQueueError) else None)
                 log.debug("%s %s failed (%r), attempt %d; again in %.2f s", method, endpoint, error, attempt + 1,
                           pause_s)
                 await asyncio.sleep(pause_s)
+                attempt += 1
 
     async def _request(self, method: str, url: URL, form: Mapping[str, str] | None, body: Any,
-                       timeout: aiohttp.ClientTimeout, endpoint: str) -> tuple[int, dict]:
-        """One attempt, following 307/308 with method, body and token kept."""
+                       timeout: aiohttp.ClientTimeout, endpoint: str) -> tuple[int, dict[str, Any], float | None]:
+        """One attempt, following 307/308 with method, body and token kept:
+        (the code, the answer, the pause its Retry-After header asks)."""
         if self._session is None:
             self._session = aiohttp.ClientSession()
         for _ in range(MAX_REDIRECTS + 1):
@@ -327,11 +345,12 @@ class DelayQueueClient:
                 if resp.status in (307, 308) and location:
                     url = url.join(URL(location))
                     continue
-                answer = _json_object(resp.status, await resp.text(), endpoint)
+                retry_after = retry_after_s(resp.headers.get("Retry-After"), time.time())
+                answer = _json_object(resp.status, await resp.text(), endpoint, retry_after)
                 if resp.status == 200:  # the API's outcome is the code in the body (camellia)
                     code = answer.get("code", 200)
-                    return (code if isinstance(code, int) else 200), answer
-                return resp.status, answer
+                    return (code if isinstance(code, int) else 200), answer, retry_after
+                return resp.status, answer, retry_after
         raise DelayQueueError(resp.status, f"more than {MAX_REDIRECTS} redirects, the last to {url}", endpoint)
 
 
@@ -347,7 +366,7 @@ def _pull_form(topic: str, batch: int | None, ack_timeout_ms: int | None,
     return form
 
 
-def _json_object(code: int, text: str, endpoint: str) -> dict:
+def _json_object(code: int, text: str, endpoint: str, retry_after: float | None) -> dict[str, Any]:
     """The answer's JSON object; a body that is not one (a proxy's error
     page, say) becomes a DelayQueueError with the answer's status."""
     try:
@@ -355,7 +374,7 @@ def _json_object(code: int, text: str, endpoint: str) -> dict:
     except ValueError:
         answer = None
     if not isinstance(answer, dict):
-        raise DelayQueueError(code, f"answer is not a JSON object: {text[:200]!r}", endpoint)
+        raise DelayQueueError(code, f"answer is not a JSON object: {text[:200]!r}", endpoint, None, retry_after)
     return answer
 
 
@@ -395,7 +414,7 @@ class Consumer:
         self.acked = 0
         self.nacked = 0
         self._slots = asyncio.Semaphore(concurrency)
-        self._running: set[asyncio.Task] = set()
+        self._running: set[asyncio.Task[None]] = set()
         self._stopping = asyncio.Event()
         self._to_ack: list[str] = []
         self._ack_wake = asyncio.Event()

@@ -55,11 +55,12 @@ from storage.errors import InvalidRequest
 from storage.spans import is_span
 from storage.store import Store, text_hash
 
-from .api import Router, answer, parse_form
+from .api import Router, answer
 from .console_page import PAGE
 from .console_sessions import CONSOLE
 from .httpd import Request, Response
 from .metrics import Metrics
+from .params import parse_form
 
 API = CONSOLE + "/api/"
 MAX_PAGE = 500

@@ -31,10 +31,11 @@ import hmac
 
 from storage.errors import InvalidRequest
 
-from .api import Handler, Router, answer, parse_form
+from .api import Handler, Router, answer
 from .console_page import LOGIN_PAGE
 from .console_sessions import CONSOLE, LOGIN_PATH, LOGOUT_PATH, ConsoleSessions, session_cookie
 from .httpd import Request, Response, StreamResponse, plain_answer
+from .params import parse_form
 from .paths import PREFIX
 
 # A login body larger than this is refused before it is parsed: the form is

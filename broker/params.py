@@ -1,21 +1,31 @@
-"""Request parameters of the HTTP API: raw mapping in, typed request out.
+"""Request parameters of the HTTP API: a request's bytes in, a typed
+request out.
 
-Each `parse_*` function takes one request's parameters -- a `Mapping[str,
-str]` from a form body or query string, or a `Mapping[str, object]` decoded
-from a JSON body -- and returns a validated, typed request, or raises
-`InvalidRequest(parameter, reason)` naming the first bad parameter. They are
-pure: no aiohttp, no I/O, no clock (`now_ms` and `make_id` are arguments), so
-the HTTP layer only maps `InvalidRequest` to 400 and `MessageTooLarge` to 413.
+A request's bytes become its parameters here (`query_params` for a GET,
+`body_params` for a POST's form or JSON body), within what `broker.bodies`
+lets a body cost (over a bound: BodyTooLarge, 413, before decoding).
+Each `parse_*` function then takes one request's parameters -- a
+`Mapping[str, str]` from a form body or query string, or a `Mapping[str,
+object]` decoded from a JSON body -- and returns a validated, typed
+request, or raises `InvalidRequest(parameter, reason)` naming the first bad
+parameter. sendMsgBatch goes from bytes to sends in one call,
+`parse_send_batch_body`. All of it is pure: no aiohttp, no I/O, no clock
+(`now_ms` and `make_id` are arguments), so the HTTP layer only maps
+`InvalidRequest` to 400 and `MessageTooLarge` to 413.
 
-    endpoint        function          returns
-    sendMsg         parse_send        storage.store.NewMessage
-    sendMsgBatch    parse_send_batch  tuple[NewMessage, ...]
-    deleteMsg       parse_delete      DeleteRequest
-    pullMsg         parse_pull        PullRequest
-    longPollingMsg  parse_long_poll   LongPollRequest
-    ackMsg          parse_ack         AckRequest
-    getMsg          parse_get         GetRequest
-    getTopicInfo    parse_topic       TopicRequest
+    endpoint        function               returns
+    sendMsg         parse_send             NewSend
+    sendMsgBatch    parse_send_batch_body  tuple[NewSend, ...]
+                    (parse_send_batch      the same, from a decoded body)
+    deleteMsg       parse_delete           DeleteRequest
+    pullMsg         parse_pull             PullRequest
+    longPollingMsg  parse_long_poll        LongPollRequest
+    ackMsg          parse_ack              AckRequest | AckManyRequest
+    getMsg          parse_get              GetRequest
+    rescheduleMsg   parse_reschedule       RescheduleRequest
+    listDeadMsg     parse_list_dead        ListDeadRequest
+    redriveMsg      parse_redrive          RedriveRequest
+    getTopicInfo    parse_topic            TopicRequest
 
 Rules, in the order a client meets them:
 
@@ -44,24 +54,35 @@ Rules, in the order a client meets them:
   body or on an item): a resend of an id whose message has ended answers
   the stored message instead of storing the new one (see
   `NewSend.strict`).
-- `topic`, `msgId` and `tag` are 1..1024 UTF-8 bytes; `topic` and `msgId`
-  may not hold NUL (storage joins them with it), `tag` may not hold a comma
-  (`tags` filters are comma lists). A missing `msgId` on sendMsg is made by
-  `make_id()`.
+- `topic`, `msgId`, `key` and `tag` are 1..1024 UTF-8 bytes; `topic`,
+  `msgId` and `key` may not hold NUL (storage joins them with it), `tag`
+  may not hold a comma (`tags` filters are comma lists). A missing `msgId`
+  on sendMsg is made by `make_id()`.
 - Booleans are true/false/1/0, any case (JSON true/false/0/1 as well).
+
+A message's rules are written once, in `_message` and the helpers it
+calls: sendMsg and every sendMsgBatch item go through them, and they take
+the common case (a JSON int, decimal digits, ASCII text) first rather than
+beside them in a second, faster copy.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import re
+import urllib.parse
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
+import orjson
+
 from storage.entry import Status
 from storage.errors import ConfigError, InvalidRequest
 from storage.store import MAX_PRIORITY, MAX_RETRY_COUNT, MIN_PRIORITY, NewMessage
+
+from .bodies import JSON_MARKS_PER_BODY, MAX_SEND_BATCH, BodyLimits, check_json_marks, check_size
 
 Params = Mapping[str, object]
 
@@ -71,8 +92,6 @@ MAX_TRIGGER_MS = 253_402_300_799_999
 MAX_NAME_BYTES = 1024
 # Most messages one pullMsg / longPollingMsg may ask for.
 MAX_PULL_BATCH = 1000
-# Most messages in one sendMsgBatch.
-MAX_SEND_BATCH = 1000
 # ids in one ackMsg with msgIds.
 MAX_ACK_BATCH = 1000
 # Most tags in one pull filter.
@@ -231,20 +250,18 @@ def as_sends(items: Sequence[NewSend | NewMessage]) -> list[NewSend]:
 def parse_send(params: Params, *, now_ms: int, make_id: Callable[[], str], defaults: Defaults,
                max_msg_bytes: int) -> NewSend:
     """sendMsg: produce time is `now_ms`; see the module docstring for the rules."""
-    topic = params.get("topic")
-    if type(topic) is str and _plain_name(topic) and params.get("strictIdempotence") in (None, ""):
-        message = _fast_message(params, topic, now_ms, make_id, defaults, max_msg_bytes)
-        if message is not None:
-            return NewSend(message, False)
-    return NewSend(_message(params, "", _required_name(params, "topic"), now_ms, make_id, defaults, max_msg_bytes),
-                   _bool(params, "strictIdempotence", default=False))
+    message = _message(params, "", _required_name(params, "topic"), now_ms, make_id, defaults, max_msg_bytes)
+    if params.get("strictIdempotence") is None:
+        return tuple.__new__(NewSend, (message, False))
+    return NewSend(message, _bool(params, "strictIdempotence", default=False))
 
 
 def parse_send_batch(body: Params, *, now_ms: int, make_id: Callable[[], str], defaults: Defaults,
                      max_msg_bytes: int) -> tuple[NewSend, ...]:
     """sendMsgBatch, a JSON `{"topic": .., "msgs": [{sendMsg keys}, ..]}`,
     validated whole: the first bad item raises naming its index, e.g.
-    `msgs[3].delayMillis`. An item may repeat `topic` only with the same value."""
+    `msgs[3].delayMillis`. An item may repeat `topic` only with the same
+    value, and its `strictIdempotence` overrides the body's."""
     topic = _required_name(body, "topic")
     strict = _bool(body, "strictIdempotence", default=False)
     items = body.get("msgs")
@@ -253,23 +270,20 @@ def parse_send_batch(body: Params, *, now_ms: int, make_id: Callable[[], str], d
     if not 1 <= len(items) <= MAX_SEND_BATCH:
         raise InvalidRequest("msgs", f"must hold 1..{MAX_SEND_BATCH} messages, got {len(items)}")
     out = []
-    fast = _fast_message
+    new = tuple.__new__
     for i, item in enumerate(items):
-        if type(item) is dict and item.get("strictIdempotence") is None:
-            own = item.get("topic")
-            if own is None or own == "" or own == topic:
-                message = fast(item, topic, now_ms, make_id, defaults, max_msg_bytes)
-                if message is not None:
-                    out.append(tuple.__new__(NewSend, (message, strict)))
-                    continue
-        where = f"msgs[{i}]."
-        if not isinstance(item, Mapping):
+        if type(item) is not dict and not isinstance(item, Mapping):
             raise InvalidRequest(f"msgs[{i}]", "must be a JSON object")
-        own = _text(where + "topic", item.get("topic"))
-        if own and own != topic:
-            raise InvalidRequest(where + "topic", "differs from the batch's topic")
-        message = _message(item, where, topic, now_ms, make_id, defaults, max_msg_bytes)
-        out.append(NewSend(message, _bool(item, "strictIdempotence", default=strict, where=where)))
+        try:
+            own = item.get("topic")
+            if own is not None and own != topic and _text("topic", own) is not None:
+                raise InvalidRequest("topic", "differs from the batch's topic")
+            message = _message(item, "", topic, now_ms, make_id, defaults, max_msg_bytes)
+            own_strict = item.get("strictIdempotence")
+            out.append(new(NewSend, (message, strict if own_strict is None
+                                     else _bool(item, "strictIdempotence", default=strict))))
+        except InvalidRequest as e:
+            raise _within(e, f"msgs[{i}].") from None
     return tuple(out)
 
 
@@ -329,13 +343,7 @@ def parse_reschedule(params: Params, now_ms: int) -> RescheduleRequest:
     trigger_ms = _int("triggerTime", params.get("triggerTime"))
     if trigger_ms is None and delay_ms is None:
         raise InvalidRequest("delayMillis", "or triggerTime is required")
-    if trigger_ms is None:
-        trigger_ms = now_ms + max(0, delay_ms)
-        if trigger_ms > MAX_TRIGGER_MS:
-            raise InvalidRequest("delayMillis", f"puts the trigger time past {MAX_TRIGGER_MS} (year 9999)")
-    elif trigger_ms > MAX_TRIGGER_MS:
-        raise InvalidRequest("triggerTime", f"must be at most {MAX_TRIGGER_MS} (ms epoch), got {trigger_ms}")
-    return RescheduleRequest(topic, msg_id, max(0, trigger_ms))
+    return RescheduleRequest(topic, msg_id, _trigger_ms(now_ms, delay_ms, trigger_ms))
 
 
 def parse_list_dead(params: Params) -> ListDeadRequest:
@@ -372,148 +380,204 @@ def parse_topic(params: Params) -> TopicRequest:
     return TopicRequest(_required_name(params, "topic"))
 
 
+# ---------------------------------------------------------------- bodies
+# A request's bytes become its parameters here, within what broker.bodies
+# lets them cost, before any `parse_*` above reads them.
+
+def query_params(query: bytes, limits: BodyLimits) -> dict[str, str]:
+    """A GET's parameters: its query string (still %-encoded)."""
+    limits.check_form(query, "the query string")
+    return parse_form(query)
+
+
+def body_params(body: bytes, content_type: str, limits: BodyLimits, max_msg_bytes: int) -> Params:
+    """A POST's parameters, any call's but sendMsgBatch's: a JSON object
+    when `content_type` is application/json, else a form."""
+    check_size(body, limits.body_bytes(max_msg_bytes))
+    if content_type == "application/json":
+        check_json_marks(body, JSON_MARKS_PER_BODY, "the body")
+        return parse_json(body)
+    limits.check_form(body, "the form body")
+    return parse_form(body)
+
+
+def parse_send_batch_body(body: bytes, content_type: str, *, limits: BodyLimits, now_ms: int,
+                          make_id: Callable[[], str], defaults: Defaults, max_msg_bytes: int) -> tuple[NewSend, ...]:
+    """sendMsgBatch from its body: a JSON object, or a form whose `msgs`
+    holds the JSON list (`topic` beside it); then `parse_send_batch`. More
+    messages than --max-batch-msgs raise BodyTooLarge (413), not
+    InvalidRequest: the client splits the batch."""
+    check_size(body, limits.batch_body_bytes(max_msg_bytes))
+    decoded: Params
+    if content_type == "application/json":
+        check_json_marks(body, limits.batch_json_marks, "the body")
+        decoded = parse_json(body)
+    else:
+        decoded = _batch_form(body, limits)
+    items = decoded.get("msgs")
+    if isinstance(items, list):
+        limits.check_batch_msgs(len(items))
+    return parse_send_batch(decoded, now_ms=now_ms, make_id=make_id, defaults=defaults, max_msg_bytes=max_msg_bytes)
+
+
+def parse_form(raw: bytes) -> dict[str, str]:
+    """application/x-www-form-urlencoded, strictly UTF-8: a bad byte is a
+    400 naming the parameter it is in. The first of a repeated key wins."""
+    out: dict[str, str] = {}
+    if b"%" not in raw and b"+" not in raw:  # nothing escaped (most clients): no unquoting
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            pass  # the slow path names the parameter
+        else:
+            for pair in text.split("&"):
+                if pair:
+                    key, _, value = pair.partition("=")
+                    out.setdefault(key, value)
+            return out
+    for escaped in raw.split(b"&"):
+        if not escaped:
+            continue
+        key_raw, _, value_raw = escaped.partition(b"=")
+        key = decode_utf8(urllib.parse.unquote_to_bytes(key_raw.replace(b"+", b" ")), "parameter name")
+        value = decode_utf8(urllib.parse.unquote_to_bytes(value_raw.replace(b"+", b" ")), key)
+        out.setdefault(key, value)
+    return out
+
+
+# 19 digits in a row: a number orjson may read as a float where json keeps the int.
+_LONG_DIGITS = re.compile(rb"[0-9]{19}")
+
+
+def parse_json(raw: bytes) -> dict[str, object]:
+    """A JSON object body. orjson (a fifth of json's time on a batch) where
+    it reads the body as json would; json for the rest: what orjson refuses
+    (NaN, lone surrogates) and bodies with integers of 19 digits or more
+    (orjson makes floats of those past 64 bits, json keeps them exact)."""
+    body: object
+    if _LONG_DIGITS.search(raw) is None:
+        try:
+            body = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            pass
+        else:
+            if isinstance(body, dict):
+                return body
+    text = decode_utf8(raw, "body")
+    try:
+        body = json.loads(text)
+    except (ValueError, RecursionError) as e:
+        raise InvalidRequest("body", f"is not valid JSON ({type(e).__name__}: {e})") from None
+    if not isinstance(body, dict):
+        raise InvalidRequest("body", "must be a JSON object")
+    return body
+
+
+def _batch_form(raw: bytes, limits: BodyLimits) -> Params:
+    """sendMsgBatch as a form: `topic` and `msgs` holding the JSON list."""
+    limits.check_form(raw, "the form body")
+    form = parse_form(raw)
+    msgs = form.get("msgs")
+    if msgs:
+        check_json_marks(msgs, limits.batch_json_marks, "msgs")
+        try:
+            return {"topic": form.get("topic"), "msgs": json.loads(msgs)}
+        except (ValueError, RecursionError) as e:
+            raise InvalidRequest("msgs", f"is not valid JSON ({e})") from None
+    return form
+
+
 # ---------------------------------------------------------------- internals
-# Each helper takes the full parameter name it reports (`msgs[3].ttlMillis`)
-# separately from the key it reads (`ttlMillis`).
+# A helper reports the bare key (`ttlMillis`); a caller parsing an item of a
+# batch prefixes it (`msgs[3].ttlMillis`, `_within`) only when one is
+# raised, so a valid item builds no parameter names.
 
 def _message(params: Params, where: str, topic: str, now_ms: int, make_id: Callable[[], str],
              defaults: Defaults, max_msg_bytes: int) -> NewMessage:
-    msg = _text(where + "msg", params.get("msg"))
-    if msg is None:
-        raise InvalidRequest(where + "msg", "is required and may not be empty")
-    size = _utf8_len(msg, where + "msg")
-    if size > max_msg_bytes:
-        raise MessageTooLarge(where + "msg", f"is {size} UTF-8 bytes, more than the limit of {max_msg_bytes}")
-    given_id = _name(where + "msgId", params.get("msgId"), no_nul=True)
-    msg_id = given_id if given_id is not None else make_id()
+    """The message of sendMsg or of a sendMsgBatch item: every rule of a
+    message's fields is here or in the helpers it calls, once. `where`
+    (`msgs[3].`, or "") prefixes the parameter a refusal names.
 
-    delay_ms = _int(where + "delayMillis", params.get("delayMillis"))
-    trigger_ms = _int(where + "triggerTime", params.get("triggerTime"))
-    if trigger_ms is not None:
-        if trigger_ms > MAX_TRIGGER_MS:
-            raise InvalidRequest(where + "triggerTime", f"must be at most {MAX_TRIGGER_MS} (ms epoch), got {trigger_ms}")
-        trigger_ms = max(0, trigger_ms)
-    else:
-        trigger_ms = now_ms + max(0, delay_ms or 0)  # <= 0: now, as camellia's server
-        if trigger_ms > MAX_TRIGGER_MS:
-            raise InvalidRequest(where + "delayMillis", f"puts the trigger time past {MAX_TRIGGER_MS} (year 9999)")
-
-    ttl_ms = _defaulted(params, where + "ttlMillis", defaults.ttl_ms, defaults.max_ttl_ms)
-    max_retry = _int(where + "maxRetry", params.get("maxRetry"))
-    if max_retry is None or max_retry < 0:
-        max_retry = defaults.max_retry
-    max_retry = min(max_retry, MAX_RETRY_COUNT - 1)  # retry counts deliveries: up to max_retry + 1
-    priority = _int(where + "priority", params.get("priority"))
-    if priority is None:
-        priority = 0
-    elif not MIN_PRIORITY <= priority <= MAX_PRIORITY:
-        raise InvalidRequest(where + "priority", f"must be in {MIN_PRIORITY}..{MAX_PRIORITY}, got {priority}")
-    tag = _name(where + "tag", params.get("tag"), no_comma=True) or ""
-    key = _name(where + "key", params.get("key"), no_nul=True) or ""
-    return NewMessage(topic, msg_id, msg, now_ms, trigger_ms, ttl_ms, max_retry, priority, tag, key)
-
-
-# The fast path: a message whose every parameter is of the plain kind most
-# clients send (a non-empty ASCII-checkable string, a JSON int or decimal
-# digits, nothing out of range) is built here with no per-parameter helper
-# calls; anything else returns None and takes `_message`, which accepts it or
-# names what is wrong. Both give the same NewMessage for what the fast path
-# takes (tests/property/test_params_properties.py).
-
-_MISSING = object()
-
-
-def _plain_int(value: object) -> object:
-    """An int, _MISSING (not given), or None (not plain: the full rules decide)."""
-    kind = type(value)
-    if kind is int:
-        return value
-    if value is None or value == "":
-        return _MISSING
-    if kind is str and len(value) <= 18 and value.isascii() and value.isdigit():
-        return int(value)
-    return None
-
-
-def _plain_name(text: str) -> bool:
-    """A topic, msgId or key of 1..MAX_NAME_BYTES UTF-8 bytes without NUL."""
-    if text.isascii():
-        return 0 < len(text) <= MAX_NAME_BYTES and "\0" not in text
-    try:
-        size = len(text.encode("utf-8"))
-    except UnicodeEncodeError:  # a lone surrogate
-        return False
-    return size <= MAX_NAME_BYTES and "\0" not in text
-
-
-def _fast_message(params: Mapping, topic: str, now_ms: int, make_id: Callable[[], str], defaults: Defaults,
-                  max_msg_bytes: int) -> NewMessage | None:
+    A plain message costs no regex, no encoding and no name building: each
+    helper takes a JSON int, decimal digits and ASCII text first (ASCII
+    text is as many bytes as characters), and a refusal's name is built
+    only once one is raised."""
     get = params.get
-    msg = get("msg")
-    if type(msg) is not str or not msg:
+    try:
+        msg = _msg(get("msg"), max_msg_bytes)
+        msg_id = _name("msgId", get("msgId"), True, False)
+        delay_ms = _int("delayMillis", get("delayMillis"))  # validated even when triggerTime wins
+        trigger_ms = _trigger_ms(now_ms, delay_ms, _int("triggerTime", get("triggerTime")))
+        ttl_ms = _defaulted(params, "ttlMillis", defaults.ttl_ms, defaults.max_ttl_ms)
+        max_retry = _int("maxRetry", get("maxRetry"))
+        if max_retry is None or max_retry < 0:
+            max_retry = defaults.max_retry
+        if max_retry >= MAX_RETRY_COUNT:  # retry counts deliveries: up to max_retry + 1
+            max_retry = MAX_RETRY_COUNT - 1
+        priority = _int("priority", get("priority"))
+        if priority is None:
+            priority = 0
+        elif not MIN_PRIORITY <= priority <= MAX_PRIORITY:
+            raise InvalidRequest("priority", f"must be in {MIN_PRIORITY}..{MAX_PRIORITY}, got {priority}")
+        tag = _name("tag", get("tag"), False, True) or ""
+        key = _name("key", get("key"), True, False) or ""
+    except InvalidRequest as e:
+        if where:
+            raise _within(e, where) from None
+        raise
+    # tuple.__new__: NewMessage's own __new__ is Python code, a third of the cost here
+    return tuple.__new__(NewMessage, (topic, make_id() if msg_id is None else msg_id, msg, now_ms, trigger_ms,
+                                      ttl_ms, max_retry, priority, tag, key))
+
+
+def _fast_message(params: Params, topic: str, now_ms: int, make_id: Callable[[], str], defaults: Defaults,
+                  max_msg_bytes: int) -> NewMessage | None:
+    """Whether `params` make a message, and which: `_message`'s rules,
+    None where they refuse it."""
+    try:
+        return _message(params, "", topic, now_ms, make_id, defaults, max_msg_bytes)
+    except InvalidRequest:
         return None
-    if len(msg) * 4 > max_msg_bytes:  # may be too large: count its bytes
-        try:
-            if len(msg.encode("utf-8")) > max_msg_bytes:
-                return None
-        except UnicodeEncodeError:
-            return None
-    elif not msg.isascii():
-        try:
-            msg.encode("utf-8")
-        except UnicodeEncodeError:  # a lone surrogate
-            return None
-    msg_id = get("msgId")
-    if msg_id == "":
-        msg_id = None
-    elif msg_id is not None and (type(msg_id) is not str or not _plain_name(msg_id)):
-        return None
-    trigger_ms = _plain_int(get("triggerTime"))
-    delay_ms = _plain_int(get("delayMillis"))
-    if trigger_ms is None or delay_ms is None:
-        return None
-    if trigger_ms is _MISSING:
-        trigger_ms = now_ms + (delay_ms if delay_ms is not _MISSING and delay_ms > 0 else 0)
+
+
+def _trigger_ms(now_ms: int, delay_ms: int | None, trigger_ms: int | None) -> int:
+    """The trigger time: `triggerTime` when given (absolute; in the past:
+    floored at 0, due now), else `delayMillis` from now (<= 0 or not given:
+    now, as camellia's server sets it). Past MAX_TRIGGER_MS is refused,
+    naming whichever parameter produced it."""
+    if trigger_ms is None:
+        trigger_ms = now_ms + delay_ms if delay_ms is not None and delay_ms > 0 else now_ms
         if trigger_ms > MAX_TRIGGER_MS:
-            return None
-    elif not 0 <= trigger_ms <= MAX_TRIGGER_MS:
-        return None
-    ttl_ms = _plain_int(get("ttlMillis"))
-    if ttl_ms is None:
-        return None
-    ttl_ms = defaults.ttl_ms if ttl_ms is _MISSING or ttl_ms <= 0 else min(ttl_ms, defaults.max_ttl_ms)
-    max_retry = _plain_int(get("maxRetry"))
-    if max_retry is None:
-        return None
-    max_retry = min(defaults.max_retry if max_retry is _MISSING or max_retry < 0 else max_retry, MAX_RETRY_COUNT - 1)
-    priority = _plain_int(get("priority"))
-    if priority is None:
-        return None
-    if priority is _MISSING:
-        priority = 0
-    elif not MIN_PRIORITY <= priority <= MAX_PRIORITY:
-        return None
-    tag = get("tag")
-    if tag is None or tag == "":
-        tag = ""
-    elif type(tag) is not str or "," in tag or not _plain_name(tag):
-        return None
-    key = get("key")
-    if key is None or key == "":
-        key = ""
-    elif type(key) is not str or not _plain_name(key):
-        return None
-    return tuple.__new__(NewMessage, (topic, make_id() if msg_id is None else msg_id, msg, now_ms, trigger_ms, ttl_ms,
-                                      max_retry, priority, tag, key))  # (NewMessage's own __new__ is Python code)
+            raise InvalidRequest("delayMillis", f"puts the trigger time past {MAX_TRIGGER_MS} (year 9999)")
+        return trigger_ms
+    if trigger_ms > MAX_TRIGGER_MS:
+        raise InvalidRequest("triggerTime", f"must be at most {MAX_TRIGGER_MS} (ms epoch), got {trigger_ms}")
+    return trigger_ms if trigger_ms > 0 else 0
 
 
-def _key(parameter: str) -> str:
-    return parameter.rsplit(".", 1)[-1]
+def _within(error: InvalidRequest, where: str) -> InvalidRequest:
+    """The same refusal (InvalidRequest or MessageTooLarge), its parameter
+    named inside `where` (`msgs[3].`)."""
+    return type(error)(where + error.parameter, error.reason)
+
+
+def _msg(value: object, max_msg_bytes: int) -> str:
+    """`msg`: required, not empty, at most `max_msg_bytes` UTF-8 bytes."""
+    if not isinstance(value, str):
+        if value is None:
+            raise InvalidRequest("msg", "is required and may not be empty")
+        raise InvalidRequest("msg", f"must be a string, got {type(value).__name__}")
+    if not value:
+        raise InvalidRequest("msg", "is required and may not be empty")
+    size = len(value) if value.isascii() else _utf8_len(value, "msg")
+    if size > max_msg_bytes:
+        raise MessageTooLarge("msg", f"is {size} UTF-8 bytes, more than the limit of {max_msg_bytes}")
+    return value
 
 
 def _required_name(params: Params, parameter: str) -> str:
     """A top-level topic or msgId."""
-    value = _name(parameter, params.get(parameter), no_nul=True)
+    value = _name(parameter, params.get(parameter), True, False)
     if value is None:
         raise InvalidRequest(parameter, "is required")
     return value
@@ -532,17 +596,22 @@ def _text(parameter: str, value: object, allow_empty: bool = False) -> str | Non
 
 
 def _name(parameter: str, value: object, no_nul: bool = False, no_comma: bool = False) -> str | None:
-    text = _text(parameter, value)
-    if text is None:
+    """A topic, msgId, key or tag: 1..MAX_NAME_BYTES UTF-8 bytes, or None
+    when not given; a topic, msgId or key holds no NUL, a tag no comma."""
+    if not isinstance(value, str):
+        if value is None:
+            return None
+        raise InvalidRequest(parameter, f"must be a string, got {type(value).__name__}")
+    if not value:
         return None
-    size = _utf8_len(text, parameter)
+    size = len(value) if value.isascii() else _utf8_len(value, parameter)
     if size > MAX_NAME_BYTES:
         raise InvalidRequest(parameter, f"must be at most {MAX_NAME_BYTES} UTF-8 bytes, got {size}")
-    if no_nul and "\0" in text:
+    if no_nul and "\0" in value:
         raise InvalidRequest(parameter, "must not contain a NUL character")
-    if no_comma and "," in text:
+    if no_comma and "," in value:
         raise InvalidRequest(parameter, "must not contain a comma (tag filters are comma lists)")
-    return text
+    return value
 
 
 def _utf8_len(text: str, parameter: str) -> int:
@@ -554,8 +623,16 @@ def _utf8_len(text: str, parameter: str) -> int:
 
 def _int(parameter: str, value: object) -> int | None:
     """A whole number, or None when not given."""
+    if type(value) is int:  # JSON's, the common case first
+        return value
     if value is None or value == "":
         return None
+    if isinstance(value, str):
+        if len(value) < 19 and value.isdigit() and value.isascii():  # form digits: no regex needed
+            return int(value)
+        if _INTEGER.fullmatch(value):
+            return int(value)
+        raise InvalidRequest(parameter, f"must be a whole number, got {value[:40]!r}")
     if isinstance(value, bool):
         raise InvalidRequest(parameter, "must be a whole number, got a boolean")
     if isinstance(value, int):
@@ -564,25 +641,20 @@ def _int(parameter: str, value: object) -> int | None:
         if math.isfinite(value) and value.is_integer():
             return int(value)
         raise InvalidRequest(parameter, f"must be a whole number, got {value!r}")
-    if isinstance(value, str):
-        if _INTEGER.fullmatch(value):
-            return int(value)
-        raise InvalidRequest(parameter, f"must be a whole number, got {value[:40]!r}")
     raise InvalidRequest(parameter, f"must be a whole number, got {type(value).__name__}")
 
 
 def _defaulted(params: Params, parameter: str, default: int, maximum: int) -> int:
     """A positive duration or count: <= 0 or not given means `default`,
     above `maximum` means `maximum`."""
-    value = _int(parameter, params.get(_key(parameter)))
-    if value is None or value <= 0:
+    number = _int(parameter, params.get(parameter))
+    if number is None or number <= 0:
         return default
-    return min(value, maximum)
+    return number if number < maximum else maximum
 
 
-def _bool(params: Params, parameter: str, default: bool, where: str = "") -> bool:
+def _bool(params: Params, parameter: str, default: bool) -> bool:
     value = params.get(parameter)
-    parameter = where + parameter
     if value is None or value == "":
         return default
     if isinstance(value, bool):

@@ -43,9 +43,10 @@ Options (Spark lower-cases their names; unknown ones are refused):
     batchsize       messages per sendMsgBatch request, 1..1000 (500)
     token           bearer token (`--auth-token-file` on the server)
     timeoutseconds  socket timeout of one request (30)
-    retries         retries of a request after a 503/429/502/504, a refused
+    retries         retries of a request after a 429/502/503/504, a refused
                     or reset connection or a timeout (5)
-    backoffmillis   first retry's pause; it doubles each retry, up to 10 s (200)
+    backoffmillis   the longest pause before the first retry; it doubles
+                    each retry, up to 10 s (200)
     idprefix        the prefix of generated ids (see below)
 
 Exactly once in effect. The broker keeps one message per (topic, msgId) and
@@ -76,12 +77,14 @@ There, give each row its own `msgId` (an order id, a hash of the row).
 
 Sending. Each task opens one kept-alive HTTP connection and sends its rows,
 grouped by topic, in sendMsgBatch requests of `batchsize` messages. A
-request answered 503, 429, 502 or 504, or failing with a refused or reset
-connection or a timeout, is retried `retries` times with exponential backoff
-(a failover's few seconds are covered); a 413 splits the batch in halves;
-any other error fails the task at once with a `SinkError` naming the
-partition (and stream batch), the topic, the first row, the URL, the HTTP
-status and the broker's `msg`. Spark retries a failed task
+request answered 429, 502, 503 or 504, or failing with a refused or reset
+connection or a timeout, is retried `retries` times by the clients' one
+policy (`broker.retry`: exponential backoff with full jitter, honouring
+Retry-After; every request of the sink may be repeated, as every row has
+its id), so a failover's few seconds are covered; a 413 splits the batch
+in halves; any other error fails the task at once with a `SinkError`
+naming the partition (and stream batch), the topic, the first row, the
+URL, the HTTP status and the broker's `msg`. Spark retries a failed task
 (`spark.task.maxFailures`) and the ids make that harmless. A failed job
 leaves what it sent in the broker: there is no rollback.
 
@@ -97,18 +100,19 @@ from __future__ import annotations
 
 import http.client
 import json
-import random
 import struct
 import time
 import urllib.parse
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 try:
     import pyarrow as pa
     import pyarrow.compute as pc
     from pyspark import TaskContext
+    from pyspark.sql import SparkSession
     from pyspark.sql import types as T
     from pyspark.sql.datasource import (
         DataSource,
@@ -119,14 +123,13 @@ try:
 except ImportError as e:  # pragma: no cover - depends on the environment
     raise ImportError(f"broker.spark needs pyspark>=4.1 and pyarrow: pip install 'hourglass[spark]' ({e})") from e
 
-from broker.params import MAX_SEND_BATCH
+from broker.bodies import MAX_SEND_BATCH
 from broker.paths import PREFIX
-from storage.errors import HourglassError
+from broker.retry import Failure, RetryPolicy, retry_after_s, status_failure
+from storage.errors import HourglassError, InvariantError
 
 SEND_BATCH_PATH = PREFIX + "sendMsgBatch"
-# Statuses worth a retry: the node is stopping or has no leader (503), or a
-# proxy in front of it says so (429, 502, 504).
-RETRY_STATUSES = frozenset({429, 502, 503, 504})
+# The cap of the backoff between retries.
 MAX_BACKOFF_MS = 10_000
 # Options Spark itself may pass along with ours.
 SPARK_OPTIONS = frozenset({"path", "checkpointlocation"})
@@ -134,10 +137,11 @@ SPARK_OPTIONS = frozenset({"path", "checkpointlocation"})
 QUERY_ID_PROPERTY = "sql.streaming.queryId"
 BATCH_ID_PROPERTY = "streaming.sql.batchId"
 
-_INTEGERS = (T.ByteType, T.ShortType, T.IntegerType, T.LongType)
-_STRING = (T.StringType,)
+_SparkTypes = tuple[type[T.DataType], ...]
+_INTEGERS: _SparkTypes = (T.ByteType, T.ShortType, T.IntegerType, T.LongType)
+_STRING: _SparkTypes = (T.StringType,)
 # column -> accepted Spark types; the wire key is the column's name.
-COLUMN_TYPES: dict[str, tuple[type, ...]] = {
+COLUMN_TYPES: dict[str, _SparkTypes] = {
     "msg": _STRING,
     "msgId": _STRING,
     "delayMillis": _INTEGERS,
@@ -149,7 +153,7 @@ COLUMN_TYPES: dict[str, tuple[type, ...]] = {
     "key": _STRING,
     "topic": _STRING,
 }
-_TYPE_WORDS = {_STRING: "string", _INTEGERS: "an integer (tinyint, smallint, int or bigint)",
+_TYPE_WORDS: dict[_SparkTypes, str] = {_STRING: "string", _INTEGERS: "an integer (tinyint, smallint, int or bigint)",
                _INTEGERS + (T.TimestampType,): "an integer (ms since the epoch) or a timestamp"}
 
 
@@ -181,7 +185,7 @@ class SinkOptions:
     timeout_s: float = 30.0
     # Retries of one request after a retryable failure (0: none).
     retries: int = 5
-    # Pause before the first retry; doubled each retry up to MAX_BACKOFF_MS.
+    # Longest pause before the first retry; doubled each retry up to MAX_BACKOFF_MS.
     backoff_ms: int = 200
     # Prefix of generated msgIds; None: per write (batch) or the query id (stream).
     id_prefix: str | None = None
@@ -203,6 +207,13 @@ class SinkOptions:
         if self.topic == "" or self.id_prefix == "" or self.token == "":
             raise SinkConfigError("options topic, idprefix and token may not be empty")
 
+    @property
+    def retry(self) -> RetryPolicy:
+        """The clients' retry policy (`broker.retry`) with this sink's
+        retries and backoff; a backoff above the cap starts at the cap."""
+        return RetryPolicy(retries=self.retries, backoff_s=min(self.backoff_ms, MAX_BACKOFF_MS) / 1000,
+                           max_backoff_s=MAX_BACKOFF_MS / 1000)
+
     @classmethod
     def from_options(cls, options: Mapping[str, str]) -> SinkOptions:
         """From Spark's (lower-cased, string) options."""
@@ -222,7 +233,10 @@ class SinkOptions:
                    id_prefix=opts.get("idprefix"))
 
 
-def _number(opts: Mapping[str, str], name: str, kind: type, default):
+_Number = TypeVar("_Number", int, float)
+
+
+def _number(opts: Mapping[str, str], name: str, kind: Callable[[str], _Number], default: _Number) -> _Number:
     text = opts.get(name)
     if text is None:
         return default
@@ -279,7 +293,7 @@ class HourglassDataSource(DataSource):
         return HourglassStreamWriter(options, check_columns(schema, options))
 
 
-def register(spark) -> None:
+def register(spark: SparkSession) -> None:
     """Make `format("hourglass")` known to this SparkSession (idempotent)."""
     spark.dataSource.register(HourglassDataSource)
 
@@ -307,7 +321,7 @@ class HourglassWriter(DataSourceArrowWriter):
         return f"HourglassWriter(url={self.options.url!r}, columns={self.columns}, id_prefix={self.id_prefix!r})"
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> SinkCommit:
-        partition = TaskContext.get().partitionId()
+        partition = _task_context().partitionId()
         where = f"partition {partition}"
         return send_partition(iterator, self.options, self.columns, f"{self.id_prefix}-{partition}", partition, where)
 
@@ -324,7 +338,7 @@ class HourglassStreamWriter(DataSourceStreamArrowWriter):
         return f"HourglassStreamWriter(url={self.options.url!r}, columns={self.columns})"
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> SinkCommit:
-        context = TaskContext.get()
+        context = _task_context()
         partition = context.partitionId()
         batch_id = context.getLocalProperty(BATCH_ID_PROPERTY)
         query_id = self.options.id_prefix or context.getLocalProperty(QUERY_ID_PROPERTY)
@@ -340,6 +354,14 @@ class HourglassStreamWriter(DataSourceStreamArrowWriter):
 
     def abort(self, messages: Sequence[WriterCommitMessage | None], batchId: int) -> None:
         pass  # nothing to undo: the re-run batch re-sends the same ids
+
+
+def _task_context() -> TaskContext:
+    """The context of the Spark task running a writer's write()."""
+    context = TaskContext.get()
+    if context is None:
+        raise SinkError("hourglass sink: write() runs only inside a Spark task (no TaskContext)")
+    return context
 
 
 # == rows to requests ==========================================================
@@ -417,7 +439,7 @@ def item_texts(batch: pa.RecordBatch, columns: tuple[str, ...], id_prefix: str, 
         ids = pc.if_else(has_id, _json_strings(given), generated)
     else:
         ids = generated
-    parts: list = ['{"msgId":', ids]
+    parts: list[str | pa.Array] = ['{"msgId":', ids]
     for name in columns:
         if name not in ("msgId", "topic"):
             parts += [f',"{name}":', _json_values(batch.column(name))]
@@ -461,6 +483,8 @@ def _topics(batch: pa.RecordBatch, columns: tuple[str, ...], default: str | None
             where: str) -> list[tuple[str, pa.Array | None]]:
     """(topic, mask of its rows, or None for all rows) for each topic of the batch."""
     if "topic" not in columns:
+        if default is None:
+            raise InvariantError("check_columns lets no write without a topic column or option through")
         return [(default, None)]
     topics = batch.column("topic")
     missing = pc.fill_null(pc.equal(topics, ""), True)
@@ -482,11 +506,12 @@ def _topics(batch: pa.RecordBatch, columns: tuple[str, ...], default: str | None
 class _Sender:
     """sendMsgBatch requests over one kept-alive connection, with retries.
 
-    A request is retried after a RETRY_STATUSES answer or an OSError or
-    HTTPException (refused, reset, timed out), pausing backoff_ms, then
-    twice that, ... up to MAX_BACKOFF_MS, `retries` times. A 413 for more
-    than one message splits the request in halves. Anything else raises
-    SinkError. A retry re-sends the same ids, so it cannot duplicate.
+    A request is retried as `broker.retry` says after a 429, 502, 503 or
+    504 answer or an OSError or HTTPException (refused, reset, timed out),
+    `retries` times, pausing up to backoff_ms, then up to twice that, ...
+    up to MAX_BACKOFF_MS. Every request is idempotent: a retry re-sends the
+    same ids, so it cannot duplicate. A 413 for more than one message
+    splits the request in halves. Anything else raises SinkError.
     """
 
     def __init__(self, options: SinkOptions, where: str) -> None:
@@ -496,7 +521,8 @@ class _Sender:
         self.endpoint = parts.path.rstrip("/") + SEND_BATCH_PATH
         self.url = f"{parts.scheme}://{parts.netloc}{self.endpoint}"
         kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
-        self.connection = kind(parts.hostname, parts.port, timeout=options.timeout_s)
+        self.retry = options.retry
+        self.connection = kind(parts.hostname or "", parts.port, timeout=options.timeout_s)  # SinkOptions: a host
         self.headers = {"Content-Type": "application/json"}
         if options.token:
             self.headers["Authorization"] = f"Bearer {options.token}"
@@ -509,7 +535,7 @@ class _Sender:
     def __enter__(self) -> _Sender:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.connection.close()
 
     def send(self, topic: str, items: pa.Array, rows: pa.Array) -> None:
@@ -532,7 +558,8 @@ class _Sender:
         what = (f"hourglass sink, {self.where}: sendMsgBatch of {len(items)} rows (from row {rows[0].as_py()}) to "
                 f"topic {topic!r} at {self.url}")
         if status is None:
-            raise SinkError(f"{what}: broker unreachable after {attempts} attempts: {answer}")
+            error = answer if isinstance(answer, str) else answer.decode("utf-8", "replace")
+            raise SinkError(f"{what}: broker unreachable after {attempts} attempts: {error}")
         msg = _broker_msg(answer)
         tries = f" after {attempts} attempts" if attempts > 1 else ""
         raise SinkError(f"{what}: {kind} {status}{tries}: {msg}{_failing_row(msg, rows)}")
@@ -542,24 +569,27 @@ class _Sender:
         attempts made)."""
         attempt = 0
         while True:
-            attempt += 1
             self.requests += 1
+            status: int | None
+            result: bytes | str
+            retry_after: float | None = None
             try:
                 self.connection.request("POST", self.endpoint, body, self.headers)
                 response = self.connection.getresponse()
-                answer = response.read()
-                status: int | None = response.status
-                if status not in RETRY_STATUSES:
-                    return status, answer, attempt
-                result: bytes | str = answer
+                status, result = response.status, response.read()
+                failure = status_failure(status)
+                if failure is Failure.FINAL:
+                    return status, result, attempt + 1
+                retry_after = retry_after_s(response.getheader("Retry-After"), time.time())
             except (OSError, http.client.HTTPException) as e:
                 self.connection.close()  # a half-read answer leaves it unusable
                 status, result = None, f"{type(e).__name__}: {e}"
-            if attempt > self.options.retries:
-                return status, result, attempt
+                failure = Failure.MAYBE_APPLIED  # at worst; the sink's requests may all be repeated
+            if not self.retry.may_retry(attempt, failure, idempotent=True):
+                return status, result, attempt + 1
             self.retried += 1
-            pause_ms = min(self.options.backoff_ms * 2 ** (attempt - 1), MAX_BACKOFF_MS)
-            time.sleep(pause_ms * random.uniform(0.5, 1.0) / 1000)
+            time.sleep(self.retry.pause_s(attempt, retry_after))
+            attempt += 1
 
 
 def _code(answer: bytes | str) -> int:

@@ -320,6 +320,37 @@ def test_503_is_retried_with_the_same_id_and_other_errors_are_not():
     run(body())
 
 
+def test_a_pull_is_repeated_only_when_the_node_surely_did_not_apply_it():
+    """broker.retry: a 503 (refused: nothing applied) is retried for any
+    call, after the pause its Retry-After asks; a 504 (a proxy lost the
+    node, perhaps after it applied the call) only for an idempotent one."""
+    calls: list[tuple[str, str]] = []
+
+    async def flaky(request: web.Request) -> web.Response:
+        form = await request.post()
+        endpoint, topic = request.path.rsplit("/", 1)[-1], str(form["topic"])
+        calls.append((endpoint, topic))
+        if calls.count((endpoint, topic)) == 1:
+            if topic == "refused":
+                return web.json_response({"code": 503, "msg": "no leader"}, status=503, headers={"Retry-After": "1"})
+            return web.json_response({"code": 504, "msg": "gateway timeout"}, status=504)
+        if endpoint == "getMsg":
+            return web.json_response({"code": 200, "msg": "success", "delayMsg": wire_msg(topic, "m")})
+        return web.json_response({"code": 200, "msg": "success", "delayMsgList": []})
+
+    async def body():
+        async with stub(flaky) as base, DelayQueueClient(base, retries=3, backoff_s=0.01) as client:
+            started = asyncio.get_running_loop().time()
+            assert await client.pull("refused") == []
+            assert asyncio.get_running_loop().time() - started >= 0.9  # Retry-After: 1 (less the clock's grain)
+            with pytest.raises(DelayQueueError) as caught:
+                await client.pull("lost")
+            assert caught.value.code == 504
+            assert (await client.get("lost", "m")).msg_id == "m"
+        assert calls == [("pullMsg", "refused")] * 2 + [("pullMsg", "lost")] + [("getMsg", "lost")] * 2
+    run(body())
+
+
 def test_a_redirect_is_followed_with_method_body_and_token(tmp_path):
     token_file = tmp_path / "token"
     token_file.write_text("s3cret-token-0123456789\n")
