@@ -34,6 +34,10 @@ import hashlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from storage.entry import Message
+
+from .transitions import Effect
+
 LATENESS_BUCKETS_S = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5, 1.0, 5.0, 60.0)
 FSYNC_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5, 1.0)
 # Longest topic label value, in characters (before escaping). A longer
@@ -106,7 +110,7 @@ class GapStats:
         self.total += gap_ms
         self.max = max(self.max, gap_ms)
 
-    def as_json(self, topic: str) -> dict:
+    def as_json(self, topic: str) -> dict[str, object]:
         return {"topic": topic, "count": self.count,
                 "avg": round(self.total / self.count, 2) if self.count else 0.0, "max": self.max}
 
@@ -136,6 +140,29 @@ class TopicMetrics:
         calls), getMsg, triggerMsgReady, triggerMsgEndLife, triggerMsgTimeout."""
         return (self.sends + self.duplicates, self.pulls, self.deletes, self.acks + self.nacks, self.gets,
                 self.ready, self.ended, self.retries)
+
+    def pulled(self, messages: Sequence[Message], now_ms: int) -> None:
+        """Messages a pull at `now_ms` handed out (either backend): counted,
+        and camellia's pull gap of each, from its due time."""
+        self.pulls += len(messages)
+        for message in messages:
+            self.pull_gap.observe(now_ms - due_ms(message.trigger_ms, message.produce_ms))
+
+    def count(self, effects: Iterable[Effect]) -> None:
+        """What a transition's effects count (broker.transitions: COUNT_*)."""
+        for effect in effects:
+            if effect is Effect.COUNT_ENDED:
+                self.ended += 1
+            elif effect is Effect.COUNT_RETRY:
+                self.retries += 1
+            elif effect is Effect.COUNT_ACK:
+                self.acks += 1
+            elif effect is Effect.COUNT_NACK:
+                self.nacks += 1
+            elif effect is Effect.COUNT_READY:
+                self.ready += 1
+            elif effect is Effect.COUNT_DELETE:
+                self.deletes += 1
 
 
 COUNTERS = (("sends", "messages stored by sendMsg/sendMsgBatch"),
@@ -176,7 +203,7 @@ class Metrics:
         # the monitor interval (see the module docstring)
         self._interval_start_ms: int | None = None
         self._counts_at_start: dict[str, tuple[int, ...]] = {}
-        self._published: dict = {"requestStatsList": [], "pullMsgTimeGapStatsList": [],
+        self._published: dict[str, object] = {"requestStatsList": [], "pullMsgTimeGapStatsList": [],
                                  "readyQueueTimeGapStatsList": []}
 
     def topic(self, name: str, exists: bool = True) -> TopicMetrics:
@@ -246,7 +273,7 @@ class Metrics:
         self._counts_at_start = counts
         self._interval_start_ms = now_ms
 
-    def monitor_data(self) -> dict:
+    def monitor_data(self) -> dict[str, object]:
         """getMonitorData's `data`, in camellia's shape: the last interval
         `roll` published."""
         return self._published

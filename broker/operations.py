@@ -32,7 +32,6 @@ from storage.spans import is_span
 from storage.store import NewMessage, SendOutcome, StateChange, text_hash, total_counts
 
 from .backend import WAITING_BUCKETS, topic_cap_error, topic_info_json, waiting_bucket
-from .metrics import due_ms
 from .params import AckRequest, DeleteRequest, LongPollRequest, NewSend, PullRequest, as_sends
 from .ready import Live
 from .redact import client_text
@@ -172,10 +171,7 @@ class Operations:
             else:
                 messages.append(live.message._replace(status=Status.CONSUMING, retry=live.retry))
                 live.message = None
-        m = self.metrics.topic(request.topic)
-        m.pulls += len(taken)
-        for message in messages:
-            m.pull_gap.observe(now_ms - due_ms(message.trigger_ms, message.produce_ms))
+        self.metrics.topic(request.topic).pulled(messages, now_ms)
         if self._pull_waits:
             await self.commits.durable()
         else:

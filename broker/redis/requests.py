@@ -121,9 +121,7 @@ class RedisRequests:
         messages = [_message(request.topic, *row) for row in rows]
         m = self.metrics.topic(request.topic, exists=bool(messages) or request.topic in self._state.topics)
         m.ended += ended
-        m.pulls += len(messages)
-        for message in messages:
-            m.pull_gap.observe(now_ms - due_ms(message.trigger_ms, message.produce_ms))
+        m.pulled(messages, now_ms)
         return messages, deadline
 
     async def long_poll(self, request: LongPollRequest, gone: Callable[[], bool] = lambda: False) -> list[Message]:
