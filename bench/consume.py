@@ -46,11 +46,11 @@ import uvloop  # noqa: E402
 from broker.api import delay_msg  # noqa: E402
 from broker.clock import SystemClock  # noqa: E402
 from broker.config import ServeConfig  # noqa: E402
+from broker.disk_broker import Broker  # noqa: E402
 from broker.httpd import Request  # noqa: E402
 from broker.metrics import Metrics  # noqa: E402
 from broker.params import AckRequest, Defaults, NewSend, PullRequest  # noqa: E402
 from broker.server import Node  # noqa: E402
-from broker.service import Broker  # noqa: E402
 from storage.config import StoreConfig  # noqa: E402
 from storage.store import NewMessage, Store  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""The HTTP API (SPEC.md section 2): camellia-delay-queue's paths, parameter
+"""The HTTP API (docs/api.md): camellia-delay-queue's paths, parameter
 names and answers, over a `broker.backend.Backend` (the disk broker or Redis).
 
     POST /camellia/delayQueue/sendMsg          -> delayMsg
@@ -149,7 +149,7 @@ def console_entry(token: str | None, sessions: ConsoleSessions | None, handler: 
 
 class Api:
     """camellia's endpoints over a backend. `broker` may be None (a cluster
-    node that does not lead yet, replication.node): requests are then
+    node that does not lead yet, broker.cluster.node): requests are then
     answered 503 by `backend`, though such a node forwards them instead."""
 
     def __init__(self, broker: Backend | None, max_msg_bytes: int, bodies: BodyLimits | None = None,

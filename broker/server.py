@@ -32,12 +32,12 @@ from .config import ServeConfig
 from .console import Console, standalone_info
 from .console_login import ConsoleLogin
 from .console_sessions import ConsoleSessions
+from .disk_broker import Broker
 from .gate import Gate
 from .httpd import Admit, Dispatch, HttpServer, Request, Response
 from .metrics import Metrics
 from .redact import client_text
 from .scrape import metrics_response
-from .service import Broker
 from .serving import offline_health, serving_status
 
 log = logging.getLogger("hourglass.server")

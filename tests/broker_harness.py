@@ -10,10 +10,10 @@ import os
 import shutil
 import tempfile
 
+from broker.disk_broker import Broker
 from broker.metrics import Metrics
 from broker.params import Defaults
 from broker.ready import QueueLimits
-from broker.service import Broker
 from storage.config import StoreConfig
 from storage.store import Store
 from wheel.clock import FakeClock

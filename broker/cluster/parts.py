@@ -15,9 +15,9 @@ from broker.api import Api
 from broker.camellia_metrics import ProcessStats
 from broker.config import ServeConfig
 from broker.console import Console
+from broker.disk_broker import Broker
 from broker.health import ServingStatus
 from broker.metrics import Metrics
-from broker.service import Broker
 from replication.config import ClusterConfig
 from replication.election import Election
 from replication.epochs import Epochs

@@ -1,4 +1,4 @@
-"""Serial keys (SPEC `key`) in broker.service.Broker, against a model, on a
+"""Serial keys (SPEC `key`) in broker.disk_broker.Broker, against a model, on a
 real Store and a FakeClock: messages of three keys (and none) come due in
 a small window (4, at most 2 of one key), consumers pull, ack, nack, let
 ack deadlines pass, and the broker restarts. After every step:
@@ -23,10 +23,10 @@ from broker_harness import CONFIG, BrokerHarness, HarnessMachine
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from broker.disk_broker import Broker
 from broker.metrics import Metrics
 from broker.params import AckRequest, Defaults, PullRequest
 from broker.ready import QueueLimits
-from broker.service import Broker
 from storage.entry import MS_PER_HOUR, Status
 from storage.store import NewMessage, Store
 from wheel.clock import FakeClock

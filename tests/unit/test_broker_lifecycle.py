@@ -1,4 +1,4 @@
-"""A message's lifecycle (SPEC 3) on broker.service.Broker over a real Store
+"""A message's lifecycle (SPEC 3) on broker.disk_broker.Broker over a real Store
 and a FakeClock (tests/broker_harness.py): every wait is the fake time set
 forward, so each test checks the moment just before a change and the
 moment of it, and runs in milliseconds.

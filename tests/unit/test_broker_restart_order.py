@@ -9,10 +9,10 @@ from __future__ import annotations
 import asyncio
 import os
 
+from broker.disk_broker import Broker
 from broker.metrics import Metrics
 from broker.params import Defaults, NewSend, PullRequest
 from broker.ready import QueueLimits
-from broker.service import Broker
 from storage.config import StoreConfig
 from storage.store import NewMessage, Store
 from wheel.clock import FakeClock

@@ -11,9 +11,9 @@ from __future__ import annotations
 import asyncio
 import os
 
+from broker.disk_broker import Broker
 from broker.metrics import Metrics
 from broker.params import Defaults, NewSend, PullRequest
-from broker.service import Broker
 from storage import spans
 from storage.config import StoreConfig
 from storage.entry import MS_PER_HOUR
