@@ -46,8 +46,12 @@ class Backend(Protocol):
     clock: Clock
     defaults: Defaults  # what a request leaves out
     metrics: Metrics
-    failed: BaseException | None  # why the backend stopped itself (None: it did not)
-    on_fatal: Callable[[BaseException], None] | None  # called once when it does
+    on_fatal: Callable[[BaseException], None] | None  # called once when it stops itself
+
+    @property
+    def failed(self) -> BaseException | None:
+        """Why the backend stopped itself (None: it did not)."""
+        ...
 
     async def send(self, sends: Sequence[NewSend | NewMessage]) -> list[Message]:
         """Store new messages; a duplicate id answers the stored message."""

@@ -19,16 +19,17 @@ Consuming messages are held in RAM (with their ack deadline), capped by
 `inflight` per topic and `inflight_total`: a pull at the cap takes fewer
 or none, so RAM never grows with the messages handed out.
 
-Serial keys (docs/api.md, "Tags and serial keys"): while a message of (topic, key) is consuming, the
-key is *busy*: its other window messages are *parked* -- held, out of the
-pull order, taking no window slot; a topic parks at most `window` of them
-(the rest go back to disk) -- so pulls pass over busy keys at no cost.
-When the key's message is acked, nacked or times out, its parked ones
-return to the pull order. One key holds at most `key_window` messages in
-RAM; its further ready messages stay on disk: the topic remembers where
-(`key_spilled`, read back without a scan; `window_total` places over all
-topics), and beyond that the first place one may lie (`key_scan[key]`, read back by a
-scan that reads bodies to find the key's): either when the key has room.
+Serial keys (docs/api.md, "Tags and serial keys"): while a message of
+(topic, key) is consuming, the key is *busy*: its other window messages
+are *parked* -- held, out of the pull order, taking no window slot; a
+topic parks at most `window` of them (the rest go back to disk) -- so
+pulls pass over busy keys at no cost. When the key's message is acked,
+nacked or times out, its parked ones return to the pull order. One key
+holds at most `key_window` messages in RAM; its further ready messages
+stay on disk: the topic remembers where (`key_spilled`, read back without
+a scan; `window_total` places over all topics), and beyond that the first
+place one may lie (`key_scan[key]`, read back by a scan that reads bodies
+to find the key's): either when the key has room.
 So a hot key with a million ready messages takes `key_window` slots,
 never the window, and busy keys never crowd out free ones.
 """

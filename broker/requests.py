@@ -156,7 +156,7 @@ class Requests:
         now_ms = self._clock.now_ms()
         changes = []
         for message in messages:
-            held = self._windows.held.get(message.location)
+            held = self._windows.held_at(message.location)
             if held is None:
                 continue
             before = held.status

@@ -58,8 +58,8 @@ INLINE_KEY_REFILLS = 4
 
 class ReadyWindows:
     """Each topic's window of READY messages, the CONSUMING ones, and the
-    refills. `topics`, `held` and the totals are read by tests and the
-    broker's repr; everything else goes through the methods."""
+    refills. `topics` (the names: broker.topics), `held` and the totals
+    may be read; they change only through the methods."""
 
     def __init__(self, store: Store, clock: Clock, limits: QueueLimits, metrics: Metrics, timers: Timers,
                  long_polls: LongPolls, journal: Journal, commits: GroupCommit, lifecycle: Lifecycle) -> None:
@@ -94,6 +94,9 @@ class ReadyWindows:
         if queue is None:
             queue = self.topics[topic] = TopicQueue(topic, text_hash(topic))
         return queue
+
+    def held_at(self, location: Location) -> HeldMessage | None:
+        return self.held.get(location)
 
     def in_flight(self, topic: str, msg_id: str) -> HeldMessage | None:
         """The CONSUMING message of that id (every one is held), or None."""
