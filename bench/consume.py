@@ -42,11 +42,11 @@ from harness import Server, cpu_s, free_port
 from broker.api import delay_msg
 from broker.clock import SystemClock
 from broker.config import ServeConfig
+from broker.disk_broker import Broker
 from broker.httpd import Request
 from broker.metrics import Metrics
 from broker.nodes import DiskNode
 from broker.params import AckRequest, Defaults, NewSend, PullRequest
-from broker.service import Broker
 from storage.config import StoreConfig
 from storage.store import NewMessage, Store
 

@@ -146,7 +146,7 @@ def console_entry(token: str | None, sessions: ConsoleSessions | None, handler: 
 
 class Api:
     """camellia's endpoints over a backend. `broker` may be None (a cluster
-    node that does not lead yet, broker.cluster): requests are then
+    node that does not lead yet, broker.cluster.node): requests are then
     answered 503 by `backend`, though such a node forwards them instead.
     A cluster node hands it the broker it runs while it leads
     (`serve_with`) and takes it back when it stands down (`stop_serving`)."""

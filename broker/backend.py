@@ -2,15 +2,15 @@
 backend shares.
 
 `Backend` is the protocol `broker.api.Api` types against. Two classes
-implement it: the disk `broker.service.Broker` (docs/api.md, Semantics, over the
-commit log and the timing wheel) and `broker.redis.backend.RedisBroker`
+implement it: the disk `broker.disk_broker.Broker` (the lifecycle of
+docs/api.md over the commit log and the timing wheel) and `broker.redis.backend.RedisBroker`
 (the same lifecycle in Redis, one Lua script per transition). Both answer
 the same calls with the same outcomes: a message, a list, or one of the
 errors of storage.errors (InvalidRequest 400, NotFound 404, Conflict 409,
 Unavailable 503). Starting differs (the disk broker's `start()` launches
 its tasks at once; Redis's is awaited, as it checks the connection), so
 the server starts each itself; stopping is `begin_stop()` then `stop()`
-(broker.lifecycle, shared).
+(each builds a broker.lifecycle.Lifecycle and broker.long_polls.LongPolls).
 
 Also here, neutral ground both backends import (neither imports the
 other): camellia's names for the waiting queue's delay buckets, the shape
@@ -46,8 +46,12 @@ class Backend(Protocol):
     clock: Clock
     defaults: Defaults  # what a request leaves out
     metrics: Metrics
-    failed: BaseException | None  # why the backend stopped itself (None: it did not)
-    on_fatal: Callable[[BaseException], None] | None  # called once when it does
+    on_fatal: Callable[[BaseException], None] | None  # called once when it stops itself
+
+    @property
+    def failed(self) -> BaseException | None:
+        """Why the backend stopped itself (None: it did not)."""
+        ...
 
     async def send(self, sends: Sequence[NewSend | NewMessage]) -> list[Message]:
         """Store new messages; a duplicate id answers the stored message."""

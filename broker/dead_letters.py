@@ -1,5 +1,5 @@
-"""Rescheduling and dead letters (docs/api.md, the section of that name: rescheduleMsg, listDeadMsg,
-redriveMsg).
+"""Rescheduling and dead letters (docs/api.md, "Rescheduling and dead
+letters"): rescheduleMsg, listDeadMsg, redriveMsg.
 
 A reschedule or re-drive files the message anew (a MOVE record,
 storage.records): its old place never delivers it, so the change survives
@@ -15,29 +15,54 @@ may be short and carry a cursor ("<file id>-<globalIndex>") to go on.
     redrive_all  REDRIVE_STEP messages a record, each durable before the
                  next, other requests running between
 
-`DeadLetters` is a part of `broker.service.Broker` (a mixin).
+Which message may move, and to what, is broker.transitions' `Reschedule`
+and `Redrive`.
 """
 
 from __future__ import annotations
 
 import asyncio
 
-from storage.entry import MS_PER_SECOND, Location, Message, Status
-from storage.errors import Conflict, InvalidRequest, Unavailable
-from storage.spans import is_span
-from storage.store import text_hash
+from storage.entry import Location, Message, Status
+from storage.errors import Conflict, InvalidRequest
+from storage.store import Store, text_hash
+from wheel.clock import Clock
 
 from .backend import DEAD_SCAN, REDRIVE_STEP
-from .redact import client_text
+from .filing import Filing
+from .group_commit import GroupCommit
+from .journal import Journal
+from .lifecycle import Lifecycle
+from .metrics import Metrics
+from .releaser import Releaser
+from .requests import not_found
+from .topics import Topics
+from .transitions import REDRIVE, Effect, MessageState, Refusal, Reschedule, Step, step
+from .windows import ReadyWindows
 
 # Past every hour and span id (storage.spans): "scan to the end".
 MAX_FILE_ID = 1 << 24
 
 
 class DeadLetters:
-    """Reschedule and dead letters of `broker.service.Broker`."""
+    """Reschedule and dead letters of the disk broker. Runs on the event loop."""
 
-    # == reschedule and dead letters ==============================================
+    def __init__(self, store: Store, clock: Clock, metrics: Metrics, lifecycle: Lifecycle, journal: Journal,
+                 commits: GroupCommit, filing: Filing, windows: ReadyWindows, releaser: Releaser,
+                 topics: Topics) -> None:
+        self._store = store
+        self._clock = clock
+        self._metrics = metrics
+        self._lifecycle = lifecycle
+        self._journal = journal
+        self._commits = commits
+        self._filing = filing
+        self._windows = windows
+        self._releaser = releaser
+        self._topics = topics
+
+    def __repr__(self) -> str:
+        return "DeadLetters()"
 
     async def reschedule(self, topic: str, msg_id: str, trigger_ms: int) -> Message:
         """A WAITING or READY message gets a new trigger time (<= now: due
@@ -45,38 +70,35 @@ class DeadLetters:
         count. Its old place never delivers it: it is filed anew (a MOVE
         record, storage.records), so the change survives a restart and a
         failover. A consuming or ended message: Conflict, nothing changed."""
-        self._check_serving()
-        await self.commits.flush()  # (a change to it still in its commit is applied first)
-        message = self._message(topic, msg_id)
-        if message.status not in (Status.WAITING, Status.READY):
+        self._lifecycle.check_serving()
+        await self._commits.flush()  # (a change to it still in its commit is applied first)
+        message = self._store.get(topic, msg_id)
+        now_ms = self._clock.now_ms()
+        if message is None:
+            raise not_found(topic, msg_id)
+        done = step(MessageState.of(message), Reschedule(trigger_ms), now_ms)
+        if done.refusal is Refusal.NOT_MOVABLE:
             raise Conflict(f"message {msg_id!r} is {_status_words(message.status)}: only a waiting or ready "
                            f"message can be rescheduled" + (" (ack or nack it first)"
                                                             if message.status is Status.CONSUMING else ""))
-        now_ms = self.clock.now_ms()
-        moved, = self._move([(message, trigger_ms, message.retry)], now_ms)
-        self.metrics.topic(topic).reschedules += 1
-        await self.commits.durable()
-        return self._ready_if_due([moved], now_ms)[0]
+        moved, = self._move([(message, done)], now_ms)
+        self._metrics.topic(topic).reschedules += 1
+        await self._commits.durable()
+        return self._releaser.ready_if_due([moved], now_ms)[0]
 
-    def _move(self, changes: list[tuple[Message, int, int]], now_ms: int) -> list[Message]:
-        """Store.move, then the RAM side: the old places leave the wheel or
-        the ready window (after the append: a refused one changes nothing)."""
-        try:
-            moved = self.store.move([(m.location, trigger_ms, retry) for m, trigger_ms, retry in changes], now_ms)
-        except InvalidRequest:
-            raise
-        except OSError as e:
-            raise Unavailable(f"the commit log refused the write: {client_text(e)}") from e
-        for old, _, _ in changes:
-            if old.status is Status.WAITING:
-                self.scheduler.cancel(old.location)
-            elif (live := self.live.get(old.location)) is not None:  # READY in the window
-                self._forget(live)
+    def _move(self, moves: list[tuple[Message, Step]], now_ms: int) -> list[Message]:
+        """Journal.move to each step's new state, then the RAM side: the old
+        places leave the wheel or the ready window (after the append: a
+        refused one changes nothing), the new ones go to the wheel."""
+        moved = self._journal.move([(m.location, done.state.trigger_ms, done.state.retry)
+                                    for m, done in moves if done.state is not None], now_ms)
+        for old, done in moves:
+            if Effect.CANCEL in done.effects:
+                self._filing.cancel(old.location)
+            elif Effect.FORGET in done.effects:
+                self._windows.forget_at(old.location)
         for m in moved:
-            if is_span(m.location.hour):
-                self._span_wake.set()
-            else:
-                self._unfiled[max(m.trigger_ms, now_ms) // MS_PER_SECOND] += 1
+            self._filing.add(m.location, m.trigger_ms, now_ms)  # (FILE)
         return moved
 
     async def list_dead(self, topic: str, statuses: frozenset[Status], cursor: str | None,
@@ -85,52 +107,57 @@ class DeadLetters:
         retained), oldest filed first, and the cursor of the next page (None:
         no more). Bounded work: reads at most DEAD_SCAN index entries, so a
         page may hold fewer than `limit` with a cursor to go on."""
-        self._check_serving()
-        await self.commits.flush()
+        self._lifecycle.check_serving()
+        await self._commits.flush()
         start = _parse_cursor(cursor)
         topic_hash = text_hash(topic)
-        if not self.has_topic(topic):
+        if not self._topics.has_topic(topic):
             return [], None
-        entries, after = self.store.scan_status(topic_hash, sorted(statuses), start, MAX_FILE_ID, DEAD_SCAN, limit)
-        messages = [m for e in entries if (m := self.store.read_message(e.location)) is not None]
+        entries, after = self._store.scan_status(topic_hash, sorted(statuses), start, MAX_FILE_ID, DEAD_SCAN, limit)
+        messages = [m for e in entries if (m := self._store.read_message(e.location)) is not None]
         return messages, None if after is None else f"{after.hour}-{after.global_index}"
 
     async def redrive(self, topic: str, msg_id: str) -> Message:
         """A dead letter (5 or 6) READY again now, with a fresh retry budget
         (retry 0) and ttl (counted from now); anything else: Conflict."""
-        self._check_serving()
-        await self.commits.flush()
-        message = self._message(topic, msg_id)
-        if message.status not in (Status.EXPIRED, Status.ENDED):
+        self._lifecycle.check_serving()
+        await self._commits.flush()
+        message = self._store.get(topic, msg_id)
+        if message is None:
+            raise not_found(topic, msg_id)
+        now_ms = self._clock.now_ms()
+        done = step(MessageState.of(message), REDRIVE, now_ms)
+        if done.refusal is Refusal.NOT_DEAD:
             raise Conflict(f"message {msg_id!r} is {_status_words(message.status)}: only an expired (5) or "
                            f"ended (6) message can be re-driven")
-        now_ms = self.clock.now_ms()
-        moved = self._move([(message, now_ms, 0)], now_ms)
-        self.metrics.topic(topic).redrives += 1
-        await self.commits.durable()
-        return self._ready_if_due(moved, now_ms)[0]
+        moved = self._move([(message, done)], now_ms)
+        self._metrics.topic(topic).redrives += 1
+        await self._commits.durable()
+        return self._releaser.ready_if_due(moved, now_ms)[0]
 
     async def redrive_all(self, topic: str, limit: int) -> tuple[int, bool]:
         """Re-drive the topic's dead letters, oldest first, at most `limit`,
         REDRIVE_STEP a record (each durable before the next; other requests
         run between). Returns how many, and whether more are left."""
-        self._check_serving()
-        await self.commits.flush()
-        if not self.has_topic(topic):
+        self._lifecycle.check_serving()
+        await self._commits.flush()
+        if not self._topics.has_topic(topic):
             return 0, False
         topic_hash, done, cursor = text_hash(topic), 0, Location(0, 0)
         dead = (Status.EXPIRED, Status.ENDED)
-        while done < limit and not self._stopping:
-            entries, after = self.store.scan_status(topic_hash, dead, cursor, MAX_FILE_ID, DEAD_SCAN,
-                                                    min(REDRIVE_STEP, limit - done))
+        while done < limit and not self._lifecycle.stopping:
+            entries, after = self._store.scan_status(topic_hash, dead, cursor, MAX_FILE_ID, DEAD_SCAN,
+                                                     min(REDRIVE_STEP, limit - done))
             if entries:
-                now_ms = self.clock.now_ms()
-                olds = [m for e in entries if (m := self.store.read_message(e.location)) is not None]
-                moved = self._move([(m, now_ms, 0) for m in olds], now_ms)
+                now_ms = self._clock.now_ms()
+                olds = [m for e in entries if (m := self._store.read_message(e.location)) is not None]
+                moves = [(m, redriven) for m in olds
+                         if (redriven := step(MessageState.of(m), REDRIVE, now_ms)).refusal is None]
+                moved = self._move(moves, now_ms)
                 done += len(moved)
-                self.metrics.topic(topic).redrives += len(moved)
-                await self.commits.durable()
-                self._ready_if_due(moved, now_ms)
+                self._metrics.topic(topic).redrives += len(moved)
+                await self._commits.durable()
+                self._releaser.ready_if_due(moved, now_ms)
             if after is None:
                 return done, False
             cursor = after
@@ -138,8 +165,8 @@ class DeadLetters:
         return done, done >= limit and self._has_dead(topic_hash, cursor)
 
     def _has_dead(self, topic_hash: int, cursor: Location) -> bool:
-        entries, after = self.store.scan_status(topic_hash, (Status.EXPIRED, Status.ENDED), cursor, MAX_FILE_ID,
-                                                DEAD_SCAN, 1)
+        entries, after = self._store.scan_status(topic_hash, (Status.EXPIRED, Status.ENDED), cursor, MAX_FILE_ID,
+                                                 DEAD_SCAN, 1)
         return bool(entries) or after is not None
 
 

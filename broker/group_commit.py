@@ -58,12 +58,16 @@ class GroupCommit:
         # disk, and awaited until enough followers have it too (see
         # replication.log_stream.LeaderLog); requests are answered then.
         self._replicated = replicated
-        self._answering: set[asyncio.Task] = set()
-        self._waiting: list[asyncio.Future] = []
-        self._quiet: list[tuple[Callable[[], object], asyncio.Future]] = []
+        self._answering: set[asyncio.Task[None]] = set()
+        self._waiting: list[asyncio.Future[None]] = []
+        self._quiet: list[tuple[Callable[[], object], asyncio.Future[object]]] = []
         self._kick = asyncio.Event()
         self._failed: BaseException | None = None
         self._fsync_ewma_s = 0.0  # recent fsyncs' duration (see INLINE_FSYNC_S)
+
+    def __repr__(self) -> str:
+        return (f"GroupCommit(pending_records={self._store.pending_records}, waiting={len(self._waiting)}, "
+                f"fsync_ewma_ms={self._fsync_ewma_s * 1000:.3f}, failed={self._failed!r})")
 
     def kick(self) -> None:
         """Make what is appended durable soon, without waiting for it."""
@@ -72,7 +76,7 @@ class GroupCommit:
     async def durable(self) -> None:
         if self._failed is not None:
             raise Unavailable(f"the commit log failed: {client_text(self._failed)}")
-        future = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiting.append(future)
         self._kick.set()
         await future
@@ -106,19 +110,11 @@ class GroupCommit:
                 if self._replicated is None:
                     _answer(waiting, None)
                 else:  # answered when a quorum has it, while the next batch is fsync'ed
-                    task = asyncio.create_task(self._answer_when_replicated(end_offset, waiting))
+                    task = asyncio.create_task(_answer_when_replicated(self._replicated, end_offset, waiting))
                     self._answering.add(task)
                     task.add_done_callback(self._answering.discard)
                 if self._quiet:
                     self._run_quiet()
-
-    async def _answer_when_replicated(self, end_offset: int, waiting: list[asyncio.Future]) -> None:
-        try:
-            await self._replicated(end_offset)
-        except Unavailable as e:
-            _answer(waiting, e)
-        else:
-            _answer(waiting, None)
 
     def _run_quiet(self) -> None:
         """Apply everything appended, fsync'ing inline, and run the waiting
@@ -139,7 +135,7 @@ class GroupCommit:
     async def at_quiet_point(self, fn: Callable[[], object]) -> object:
         """Run `fn` at a moment when every appended record is durable and
         applied (a checkpoint's first step); returns what it returns."""
-        future = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[object] = asyncio.get_running_loop().create_future()
         self._quiet.append((fn, future))
         self._kick.set()
         return await future
@@ -157,7 +153,17 @@ class GroupCommit:
             await self.durable()
 
 
-def _answer(waiting: list[asyncio.Future], error: BaseException | None) -> None:
+async def _answer_when_replicated(replicated: Replicated, end_offset: int,
+                                  waiting: list[asyncio.Future[None]]) -> None:
+    try:
+        await replicated(end_offset)
+    except Unavailable as e:
+        _answer(waiting, e)
+    else:
+        _answer(waiting, None)
+
+
+def _answer(waiting: list[asyncio.Future[None]], error: BaseException | None) -> None:
     for future in waiting:
         if not future.done():
             if error is None:

@@ -35,6 +35,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from storage.entry import Message
+
+from .transitions import Effect
+
 # getMonitorData's `data`, in camellia's JSON shape: lists of per-topic
 # stats (requestStatsList, pullMsgTimeGapStatsList, ...) and the interval.
 MonitorData = dict[str, Any]
@@ -141,6 +145,29 @@ class TopicMetrics:
         calls), getMsg, triggerMsgReady, triggerMsgEndLife, triggerMsgTimeout."""
         return (self.sends + self.duplicates, self.pulls, self.deletes, self.acks + self.nacks, self.gets,
                 self.ready, self.ended, self.retries)
+
+    def pulled(self, messages: Sequence[Message], now_ms: int) -> None:
+        """Messages a pull at `now_ms` handed out (either backend): counted,
+        and camellia's pull gap of each, from its due time."""
+        self.pulls += len(messages)
+        for message in messages:
+            self.pull_gap.observe(now_ms - due_ms(message.trigger_ms, message.produce_ms))
+
+    def count(self, effects: Iterable[Effect]) -> None:
+        """What a transition's effects count (broker.transitions: COUNT_*)."""
+        for effect in effects:
+            if effect is Effect.COUNT_ENDED:
+                self.ended += 1
+            elif effect is Effect.COUNT_RETRY:
+                self.retries += 1
+            elif effect is Effect.COUNT_ACK:
+                self.acks += 1
+            elif effect is Effect.COUNT_NACK:
+                self.nacks += 1
+            elif effect is Effect.COUNT_READY:
+                self.ready += 1
+            elif effect is Effect.COUNT_DELETE:
+                self.deletes += 1
 
 
 COUNTERS = (("sends", "messages stored by sendMsg/sendMsgBatch"),

@@ -20,10 +20,10 @@ from storage.store import PreparedCheckpoint, Store
 from .clock import SystemClock
 from .config import ServeConfig
 from .console import Console, standalone_info
+from .disk_broker import Broker
 from .metrics import Metrics
 from .node_base import NodeBase
 from .scrape import Series
-from .service import Broker
 
 if TYPE_CHECKING:
     from .redis.backend import RedisBroker

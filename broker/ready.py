@@ -19,16 +19,17 @@ Consuming messages are held in RAM (with their ack deadline), capped by
 `inflight` per topic and `inflight_total`: a pull at the cap takes fewer
 or none, so RAM never grows with the messages handed out.
 
-Serial keys (docs/api.md, Tags and serial keys): while a message of (topic, key) is consuming, the
-key is *busy*: its other window messages are *parked* -- held, out of the
-pull order, taking no window slot; a topic parks at most `window` of them
-(the rest go back to disk) -- so pulls pass over busy keys at no cost.
-When the key's message is acked, nacked or times out, its parked ones
-return to the pull order. One key holds at most `key_window` messages in
-RAM; its further ready messages stay on disk: the topic remembers where
-(`key_spilled`, read back without a scan; `window_total` places over all
-topics), and beyond that the first place one may lie (`key_scan[key]`, read back by a
-scan that reads bodies to find the key's): either when the key has room.
+Serial keys (docs/api.md, "Tags and serial keys"): while a message of
+(topic, key) is consuming, the key is *busy*: its other window messages
+are *parked* -- held, out of the pull order, taking no window slot; a
+topic parks at most `window` of them (the rest go back to disk) -- so
+pulls pass over busy keys at no cost. When the key's message is acked,
+nacked or times out, its parked ones return to the pull order. One key
+holds at most `key_window` messages in RAM; its further ready messages
+stay on disk: the topic remembers where (`key_spilled`, read back without
+a scan; `window_total` places over all topics), and beyond that the first
+place one may lie (`key_scan[key]`, read back by a scan that reads bodies
+to find the key's): either when the key has room.
 So a hot key with a million ready messages takes `key_window` slots,
 never the window, and busy keys never crowd out free ones.
 """
@@ -42,6 +43,8 @@ from sortedcontainers import SortedList
 
 from storage.entry import Location, Message, Status
 from storage.errors import ConfigError
+
+from .transitions import MessageState
 
 # A window message keeps its whole Message in RAM when its text is at most
 # this many characters (a pull then reads nothing from disk).
@@ -77,15 +80,17 @@ class QueueLimits:
 
 
 @dataclass(slots=True)
-class Live:
-    """A READY (in a window) or CONSUMING message, as held in RAM (no body)."""
+class HeldMessage:
+    """A READY message in a window, or a CONSUMING one, as RAM holds it
+    (no body unless short). Its status, retry and deadline change only by
+    `become`, with a state broker.transitions.step gave."""
 
     location: Location
     topic: str
     tag: str
     priority: int
     trigger_ms: int
-    expire_ms: int
+    ttl_ms: int
     max_retry: int
     retry: int
     status: Status
@@ -95,12 +100,30 @@ class Live:
     # READY in a window: the whole message when its text is short (a pull
     # answers it without reading the disk); None otherwise and once pulled.
     message: Message | None = None
-    serial_key: str = ""  # the serial key (docs/api.md): "" none
+    serial_key: str = ""  # the message's serial key (docs/api.md, "Tags and serial keys"): "" none
+
+    @classmethod
+    def of(cls, message: Message, topic_hash: int) -> HeldMessage:
+        """`message` (READY or CONSUMING) as RAM holds it."""
+        return cls(message.location, message.topic, message.tag, message.priority, message.trigger_ms,
+                   message.ttl_ms, message.max_retry, message.retry, message.status, message.msg_id, topic_hash,
+                   message=message if len(message.msg) <= CACHED_MSG_CHARS else None, serial_key=message.key)
 
     @property
     def key(self) -> tuple[int, int, int, int]:
         """Ready-queue order: higher priority, then earlier trigger."""
         return (-self.priority, self.trigger_ms, self.location.hour, self.location.global_index)
+
+    @property
+    def expire_ms(self) -> int:
+        return self.trigger_ms + self.ttl_ms
+
+    @property
+    def state(self) -> MessageState:
+        return MessageState(self.status, self.retry, self.max_retry, self.trigger_ms, self.ttl_ms, self.deadline_ms)
+
+    def become(self, state: MessageState) -> None:
+        self.status, self.retry, self.deadline_ms = state.status, state.retry, state.deadline_ms
 
 
 @dataclass
@@ -121,49 +144,49 @@ class TopicQueue:
     # each key (a busy key's are parked: not in `ready`, `by_tag`); where a
     # key's ready messages beyond its `key_window` may lie on disk.
     busy: dict[str, int] = field(default_factory=dict)
-    by_key: dict[str, dict[Location, Live]] = field(default_factory=dict)
+    by_key: dict[str, dict[Location, HeldMessage]] = field(default_factory=dict)
     key_scan: dict[str, Location] = field(default_factory=dict)
-    key_spilled: dict[str, deque] = field(default_factory=dict)  # key -> places of its messages on disk
+    key_spilled: dict[str, deque[Location]] = field(default_factory=dict)  # key -> places of its messages on disk
     key_spilled_count: int = 0
     parked: int = 0
 
-    def add(self, live: Live) -> None:
-        if live.serial_key:
-            self.by_key.setdefault(live.serial_key, {})[live.location] = live
-            if live.serial_key in self.busy:
+    def add(self, held: HeldMessage) -> None:
+        if held.serial_key:
+            self.by_key.setdefault(held.serial_key, {})[held.location] = held
+            if held.serial_key in self.busy:
                 self.parked += 1
                 return
-        self._order(live)
+        self._order(held)
 
-    def remove(self, live: Live) -> None:
-        if live.serial_key:
-            of_key = self.by_key[live.serial_key]
-            del of_key[live.location]
+    def remove(self, held: HeldMessage) -> None:
+        if held.serial_key:
+            of_key = self.by_key[held.serial_key]
+            del of_key[held.location]
             if not of_key:
-                del self.by_key[live.serial_key]
-            if live.serial_key in self.busy:
+                del self.by_key[held.serial_key]
+            if held.serial_key in self.busy:
                 self.parked -= 1
                 return
-        self._unorder(live)
+        self._unorder(held)
 
-    def _order(self, live: Live) -> None:
-        key = live.key
+    def _order(self, held: HeldMessage) -> None:
+        key = held.key
         self.ready.add(key)
-        self.by_tag[live.tag].add(key)
+        self.by_tag[held.tag].add(key)
 
-    def _unorder(self, live: Live) -> None:
-        key = live.key
+    def _unorder(self, held: HeldMessage) -> None:
+        key = held.key
         self.ready.remove(key)
-        tagged = self.by_tag[live.tag]
+        tagged = self.by_tag[held.tag]
         tagged.remove(key)
         if not tagged:
-            del self.by_tag[live.tag]
+            del self.by_tag[held.tag]
 
     def key_count(self, serial_key: str) -> int:
         """The window's messages of `serial_key`."""
         return len(self.by_key.get(serial_key, ()))
 
-    def hold_key(self, serial_key: str) -> list[Live]:
+    def hold_key(self, serial_key: str) -> list[HeldMessage]:
         """A message of the key starts consuming: the window's others of
         the key leave the pull order. Returns them, best first, when the key
         was free (the caller keeps the first parked, spills the rest)."""
@@ -171,9 +194,9 @@ class TopicQueue:
         self.busy[serial_key] = n + 1
         if n:
             return []
-        others = sorted(self.by_key.get(serial_key, {}).values(), key=lambda live: live.key)
-        for live in others:
-            self._unorder(live)
+        others = sorted(self.by_key.get(serial_key, {}).values(), key=lambda held: held.key)
+        for held in others:
+            self._unorder(held)
             self.parked += 1
         return others
 
@@ -186,8 +209,8 @@ class TopicQueue:
             return None
         del self.busy[serial_key]
         back = self.by_key.get(serial_key, {})
-        for live in back.values():
-            self._order(live)
+        for held in back.values():
+            self._order(held)
         self.parked -= len(back)
         return len(back)
 

@@ -1,95 +1,109 @@
-"""Ack deadlines and expiries: one heap of timers for every held message.
+"""Ack deadlines and expiries of the messages RAM holds, on one DelayQueue.
 
-    (due_ms, seq, location, "ack")     a CONSUMING message's ack deadline
-    (due_ms, seq, location, "expire")  a READY window message's expire time
+    Timer(location, ACK, due_ms)     a CONSUMING message's ack deadline
+    Timer(location, EXPIRY, due_ms)  a READY window message's expire time
 
-The timer task sleeps on the injected clock until the earliest timer (woken
-early when an earlier one is pushed), then turns every due timer into a
-status change, all in one record made durable before it sleeps again:
-an ack timeout is CONSUMING -> READY (retry + 1) or ENDED past maxRetry or
-its ttl; an expiry is READY -> EXPIRED (never delivered) or ENDED.
+The ready windows (broker.windows) set a timer when they take a message in
+(EXPIRY) or hand it out (ACK). The timer task sleeps on the injected clock
+until the earliest (woken early when an earlier one is set), hands every
+due timer to the windows, which turn those still current into status
+changes (broker.transitions: `AckTimeout`, `Ttl`), and makes the changes
+durable as one record before it sleeps again.
 
 A timer is never removed when its message moves on (an ack, a new
-deadline): it is checked against the message when it fires, and the heap is
-compacted when stale timers outnumber the held messages, so it stays
-O(live). A spilled READY message has no timer: the refill that reads it
+deadline): it is checked against the message when it fires, and the queue
+is compacted when stale timers outnumber the held messages, so it stays
+O(held). A spilled READY message has no timer: the refill that reads it
 back ends it if it has expired.
-
-`Timers` is a part of `broker.service.Broker` (a mixin).
 """
 
 from __future__ import annotations
 
-import heapq
+import asyncio
+import enum
+from collections.abc import Callable
+from typing import NamedTuple
 
-from storage.entry import Location, Status
+from storage.entry import Location
 from storage.store import StateChange
+from wheel.clock import Clock
+from wheel.delay_queue import DelayQueue
 
-from .ready import Live
+from .group_commit import GroupCommit
+from .journal import Journal
+from .lifecycle import Lifecycle
+from .transitions import TTL, AckTimeout, Event
+
+# Compact once timers exceed twice the held messages by this many.
+COMPACT_SLACK = 1024
+
+
+class TimerKind(enum.Enum):
+    ACK = "ack"  # a CONSUMING message's ack deadline
+    EXPIRY = "expiry"  # a READY window message's expire time
+
+
+class Timer(NamedTuple):
+    location: Location
+    kind: TimerKind
+    due_ms: int
+
+    @property
+    def event(self) -> Event:
+        """What the timer firing is to its message (broker.transitions)."""
+        return AckTimeout(self.due_ms) if self.kind is TimerKind.ACK else TTL
+
+
+# The windows' answer to fired timers: the status changes they made.
+Fire = Callable[[list[Timer], int], list[StateChange]]
 
 
 class Timers:
-    """The ack-deadline and expiry timers of `broker.service.Broker`."""
+    """The timer queue and its task. Runs on the event loop."""
 
-    def _retry_or_end(self, live: Live, now_ms: int) -> StateChange:
-        """A delivery was not acked: the message goes back to READY (its next
-        pull counts the next delivery), or ends (6) after max_retry + 1
-        deliveries or past its ttl."""
-        m = self.metrics.topic(live.topic)
-        if live.retry > live.max_retry or now_ms >= live.expire_ms:
-            self._forget(live)
-            m.ended += 1
-            return StateChange(live.location, Status.ENDED, live.retry, prev_status=Status.CONSUMING,
-                               topic_hash=live.topic_hash)
-        self._requeue(live, live.retry)
-        m.retries += 1
-        self._wake(live.topic)
-        return StateChange(live.location, Status.READY, live.retry, prev_status=Status.CONSUMING,
-                           topic_hash=live.topic_hash)
+    def __init__(self, clock: Clock, lifecycle: Lifecycle, journal: Journal, commits: GroupCommit) -> None:
+        self._clock = clock
+        self._lifecycle = lifecycle
+        self._journal = journal
+        self._commits = commits
+        self._queue: DelayQueue[Timer] = DelayQueue()
+        self._wake = asyncio.Event()  # an earlier timer was set, or the node stops
 
-    # == timers: ack deadlines and expiries ======================================
+    def __repr__(self) -> str:
+        return f"Timers({self._queue!r})"
 
-    def _timer(self, due_ms: int, location: Location, kind: str) -> None:
-        if len(self._timers) > 2 * len(self.live) + 1024:
-            self._compact_timers()
-        first = self._timers[0][0] if self._timers else None
-        heapq.heappush(self._timers, (due_ms, next(self._timer_seq), location, kind))
-        if first is None or due_ms < first:
-            self._timer_wake.set()
+    def __len__(self) -> int:
+        return len(self._queue)
 
-    def _compact_timers(self) -> None:
-        """Drop timers of messages no longer held (acked, deleted, ended) or
-        no longer in the timer's state, so the heap stays O(live)."""
-        def current(timer) -> bool:
-            due_ms, _, location, kind = timer
-            live = self.live.get(location)
-            if live is None:
-                return False
-            if kind == "ack":
-                return live.status is Status.CONSUMING and live.deadline_ms == due_ms
-            return live.status is Status.READY and live.expire_ms == due_ms
-        self._timers = [t for t in self._timers if current(t)]
-        heapq.heapify(self._timers)
+    def set(self, location: Location, kind: TimerKind, due_ms: int) -> None:
+        if self._queue.offer(Timer(location, kind, due_ms), due_ms):
+            self._wake.set()
 
-    async def _run_timers(self) -> None:
-        while not self._stopping:
-            self._timer_wake.clear()
-            now_ms = self.clock.now_ms()
-            changes = []
-            while self._timers and self._timers[0][0] <= now_ms:
-                due_ms, _, location, kind = heapq.heappop(self._timers)
-                live = self.live.get(location)
-                if live is None:
-                    continue
-                if kind == "ack" and live.status is Status.CONSUMING and live.deadline_ms == due_ms:
-                    changes.append(self._retry_or_end(live, now_ms))
-                elif kind == "expire" and live.status is Status.READY and now_ms >= live.expire_ms:
-                    self._forget(live)
-                    self.metrics.topic(live.topic).ended += 1
-                    changes.append(StateChange(location, Status.EXPIRED if live.retry == 0 else Status.ENDED,
-                                               live.retry, prev_status=Status.READY, topic_hash=live.topic_hash))
+    def compact(self, held: int, current: Callable[[Timer], bool]) -> None:
+        """Drop the timers not `current` (their message acked, deleted, ended,
+        or moved on) once they may outnumber the `held` messages."""
+        if len(self._queue) > 2 * held + COMPACT_SLACK:
+            self._queue.retain(lambda timer, _: current(timer))
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def _due(self, now_ms: int) -> list[Timer]:
+        due = []
+        while (timer := self._queue.poll_expired(now_ms)) is not None:
+            due.append(timer)
+        return due
+
+    async def run(self, fire: Fire) -> None:
+        """Hand due timers to `fire` and make its changes durable, until the node stops."""
+        clock = self._clock
+        while not self._lifecycle.stopping:
+            self._wake.clear()
+            now_ms = clock.now_ms()
+            changes: list[StateChange] = []
+            while due := self._due(now_ms):  # (firing may set timers due already)
+                changes += fire(due, now_ms)
             if changes:
-                self._update(changes, now_ms)
-                await self.commits.durable()
-            due = self._timers[0][0] if self._timers else None
-            await self.clock.sleep_until(due, self._timer_wake)
+                self._journal.append(changes, now_ms)
+                await self._commits.durable()
+            await clock.sleep_until(self._queue.peek_expiration_ms(), self._wake)

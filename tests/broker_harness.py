@@ -12,10 +12,10 @@ import tempfile
 
 from fakes import FakeClock
 
+from broker.disk_broker import Broker
 from broker.metrics import Metrics
 from broker.params import Defaults
 from broker.ready import QueueLimits
-from broker.service import Broker
 from storage.config import StoreConfig
 from storage.store import Store
 

@@ -1,14 +1,17 @@
-"""DelayQueue: the timing wheel's non-empty slots, earliest expiration first.
+"""DelayQueue: items that fall due at a time, earliest expiration first.
 
 Kafka's SystemTimer keeps its wheel's buckets in a java.util.concurrent
 DelayQueue; this is the same queue without the blocking: nothing here
 sleeps or reads a clock. The caller asks when the head expires, sleeps
-that long itself (the driver, on its injected clock), and polls.
+that long itself (on its injected clock), and polls. Two callers: the
+timing wheel's non-empty slots (wheel.timing_wheel), and the broker's ack
+deadlines and expiries of held messages (whose stale items `retain` drops).
 """
 
 from __future__ import annotations
 
 import heapq
+from collections.abc import Callable
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
@@ -59,6 +62,19 @@ class DelayQueue(Generic[T]):
         if self._heap and self._heap[0][0] <= now_ms:
             return heapq.heappop(self._heap)[2]
         return None
+
+    def retain(self, keep: Callable[[T, int], bool]) -> int:
+        """Keep only the items for which `keep(item, expiration_ms)` is true;
+        how many were dropped. O(n): for a caller that lets stale items
+        pile up rather than find each one (the queue has no remove), and
+        compacts once they outnumber the live ones. Offer order among
+        equal expirations is kept."""
+        kept = [entry for entry in self._heap if keep(entry[2], entry[0])]
+        dropped = len(self._heap) - len(kept)
+        if dropped:
+            heapq.heapify(kept)
+            self._heap = kept
+        return dropped
 
     def __len__(self) -> int:
         return len(self._heap)

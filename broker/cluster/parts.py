@@ -15,8 +15,8 @@ from typing import Any
 
 import aiohttp
 
+from broker.disk_broker import Broker
 from broker.node_base import NodeBase
-from broker.service import Broker
 from replication.config import ClusterConfig
 from replication.election import Election
 from replication.epochs import Epochs

@@ -17,7 +17,7 @@ import json
 import logging
 import os
 
-from broker.service import Broker
+from broker.disk_broker import Broker
 from replication.epochs import Epochs
 from replication.log_stream import LeaderLog
 from replication.roles import (

@@ -1,10 +1,11 @@
-"""The lifecycle of docs/api.md (Semantics) with its state in Redis: `hourglass serve --backend redis://...`.
+"""The message lifecycle (docs/api.md) with its state in Redis: `hourglass
+serve --backend redis://...`.
 
 `RedisBroker` is a `broker.backend.Backend`, as the disk
-`broker.service.Broker` is (send, pull, long_poll, ack incl. nack, delete,
+`broker.disk_broker.Broker` is (send, pull, long_poll, ack incl. nack, delete,
 get, reschedule, dead letters, topic_info, topic_list), so `broker.api.Api`
-serves it unchanged, with the same lifecycle (the disk
-backend's docstring has the table). Several hourglass processes may share
+serves it unchanged, with the same lifecycle (broker.transitions
+has the table). Several hourglass processes may share
 one Redis: every read and transition is ONE Lua script over one topic's
 keys, so Redis runs it atomically and no message is moved, pulled or
 retried twice.
@@ -38,7 +39,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import redis.asyncio as aioredis
@@ -54,6 +55,7 @@ from wheel.clock import Clock
 
 from ..backend import topic_cap_error
 from ..lifecycle import Lifecycle
+from ..long_polls import LongPolls
 from ..metrics import Metrics
 from ..params import Defaults
 from ..ready import QueueLimits
@@ -91,7 +93,7 @@ class _State:
     problems: dict[str, str] = field(default_factory=dict)
 
 
-class RedisBroker(RedisRequests, Lifecycle):
+class RedisBroker(RedisRequests):
     """The broker over one Redis database (or Redis Cluster); a
     `broker.backend.Backend`, as the disk broker is. `await start()` checks the
     connection and launches the mover and the wake listener; `await stop()`
@@ -109,7 +111,6 @@ class RedisBroker(RedisRequests, Lifecycle):
     def __init__(self, client: aioredis.Redis | RedisCluster, clock: Clock, defaults: Defaults, metrics: Metrics,
                  config: RedisConfig | None = None, *, url: str = "redis",
                  max_topics: int = QueueLimits().topics) -> None:
-        super().__init__()  # (Lifecycle: stopping, failing, long-poll waiters)
         self.redis = client
         self.clock = clock
         self.defaults = defaults
@@ -119,6 +120,8 @@ class RedisBroker(RedisRequests, Lifecycle):
         self.url = redact(url)
         self._state = _State()
         self._mover_wake = asyncio.Event()
+        self.long_polls = LongPolls(clock)
+        self.lifecycle = Lifecycle(self.long_polls, log, "the node stops serving", on_stop=self._mover_wake.set)
         self._next_due_ms = 0
         self._subscribed = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
@@ -142,7 +145,7 @@ class RedisBroker(RedisRequests, Lifecycle):
 
     def __repr__(self) -> str:
         return (f"RedisBroker(url={self.url!r}, prefix={self.config.key_prefix!r}, "
-                f"topics={len(self._state.topics)}, next_due_ms={self._next_due_ms}, stopping={self._stopping})")
+                f"topics={len(self._state.topics)}, next_due_ms={self._next_due_ms}, stopping={self.lifecycle.stopping})")
 
     @property
     def problem(self) -> str | None:
@@ -245,7 +248,7 @@ class RedisBroker(RedisRequests, Lifecycle):
         self._tasks = [asyncio.create_task(self._listener(), name="redis-wake-listener"),
                        asyncio.create_task(self._mover(), name="redis-mover")]
         for task in self._tasks:
-            task.add_done_callback(self._task_ended)
+            task.add_done_callback(self.lifecycle.task_ended)
         wait_s = 2 * (self.config.connect_timeout_ms + self.config.command_timeout_ms) / 1000
         try:
             await self.clock.wait_for(self._subscribed.wait(), wait_s)
@@ -253,12 +256,29 @@ class RedisBroker(RedisRequests, Lifecycle):
             raise Unavailable(f"cannot subscribe to the wake channel on Redis at {self.url}: "
                               f"{self._state.problems.get('wake listener', 'no answer')}") from None
 
-    _log = log
-    _failure_words = "the node stops serving"
-
     def begin_stop(self) -> None:
-        super().begin_stop()
-        self._mover_wake.set()
+        """Refuse new work (503), answer every long poll now, wake the mover to end."""
+        self.lifecycle.begin_stop()
+
+    def fail(self, error: BaseException, where: str) -> None:
+        self.lifecycle.fail(error, where)
+
+    def wake_all(self) -> None:
+        """Answer every long poll now (going offline, broker.health)."""
+        self.long_polls.wake_all()
+
+    @property
+    def failed(self) -> BaseException | None:
+        """Why the backend stopped itself (None: it did not)."""
+        return self.lifecycle.failed
+
+    @property
+    def on_fatal(self) -> Callable[[BaseException], None] | None:
+        return self.lifecycle.on_fatal
+
+    @on_fatal.setter
+    def on_fatal(self, callback: Callable[[BaseException], None] | None) -> None:
+        self.lifecycle.on_fatal = callback
 
     async def stop(self) -> None:
         self.begin_stop()
@@ -272,17 +292,17 @@ class RedisBroker(RedisRequests, Lifecycle):
     async def _listener(self) -> None:
         """Wake local long polls on other processes' wakes; resubscribe after
         a lost connection (and wake every poll then: a wake may be lost)."""
-        while not self._stopping:
+        while not self.lifecycle.stopping:
             pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
             try:
                 await pubsub.psubscribe(self._channel_prefix + "*")
                 self._subscribed.set()
                 self._report("wake listener", None)
-                self.wake_all()
+                self.long_polls.wake_all()
                 while True:
                     message = await pubsub.get_message(timeout=None)
                     if message is not None and message["type"] == "pmessage":
-                        self._wake(message["channel"][len(self._channel_prefix):])
+                        self.long_polls.wake(message["channel"][len(self._channel_prefix):])
             except (*REDIS_ERRORS, OSError) as e:
                 self._report("wake listener", f"Redis at {self.url} is unreachable: {e}")
             finally:
@@ -291,7 +311,7 @@ class RedisBroker(RedisRequests, Lifecycle):
             await self.clock.sleep(self.config.poll_ms / 1000)
 
     async def _mover(self) -> None:
-        while not self._stopping:
+        while not self.lifecycle.stopping:
             self._mover_wake.clear()
             self._next_due_ms = 0  # a send during this round wakes the next one
             now_ms = self.clock.now_ms()
@@ -339,7 +359,7 @@ class RedisBroker(RedisRequests, Lifecycle):
             self.metrics.lateness_seconds.observe(max(0, now_ms - due) / 1000)
 
     async def _publish(self, topic: str) -> None:
-        self._wake(topic)  # this process at once; others through Redis
+        self.long_polls.wake(topic)  # this process at once; others through Redis
         try:
             await self.redis.publish(self._channel_prefix + topic, "1")
         except REDIS_ERRORS as e:  # the change is made: others see it at their next pull or poll_ms

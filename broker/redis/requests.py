@@ -62,7 +62,7 @@ class RedisRequests:
     `config`, `metrics` and `_state` (its topics and problems); `_script`,
     `_command`, `_register` and `_zcards` (a call to Redis, its trouble
     answered as Unavailable);
-    `_check_serving`, `_wait_ready` (broker.lifecycle); `_made_ready`,
+    `lifecycle` and `long_polls` (broker.lifecycle, broker.long_polls); `_made_ready`,
     `_publish`, `_mover_wake` and `_next_due_ms` (waking the mover and the
     long polls of every process)."""
 
@@ -71,7 +71,7 @@ class RedisRequests:
         in the batch, answers the stored message, unchanged; an ended one is
         replaced unless the send is strict). One atomic script per topic. A
         message due already is answered READY (or EXPIRED), as it is stored."""
-        self._check_serving()
+        self.lifecycle.check_serving()
         if not sends:
             return []
         sends = as_sends(sends)
@@ -133,7 +133,7 @@ class RedisRequests:
 
     async def _pull(self, request: PullRequest | LongPollRequest) -> tuple[list[Message], str]:
         """The pulled messages and their ack deadline."""
-        self._check_serving()
+        self.lifecycle.check_serving()
         now_ms = self.clock.now_ms()
         deadline = str(now_ms + request.ack_timeout_ms)
         ended, *rows = await self._script("pull", request.topic, [
@@ -141,9 +141,7 @@ class RedisRequests:
         messages = [_message(request.topic, *row) for row in rows]
         m = self.metrics.topic(request.topic, exists=bool(messages) or request.topic in self._state.topics)
         m.ended += ended
-        m.pulls += len(messages)
-        for message in messages:
-            m.pull_gap.observe(now_ms - due_ms(message.trigger_ms, message.produce_ms))
+        m.pulled(messages, now_ms)
         return messages, deadline
 
     async def long_poll(self, request: LongPollRequest, gone: Callable[[], bool] = lambda: False) -> list[Message]:
@@ -163,8 +161,8 @@ class RedisRequests:
             await self._give_back(request.topic, messages, ack_deadline)
 
         # the waiter set before each pull: another process's wake meanwhile counts
-        return await self._wait_ready(request.topic, request.long_polling_timeout_ms, pull, give_back, gone,
-                                      wait_before_pull=True, repoll_s=self.config.poll_ms / 1000)
+        return await self.long_polls.wait_ready(request.topic, request.long_polling_timeout_ms, pull, give_back,
+                                                gone, wait_before_pull=True, repoll_s=self.config.poll_ms / 1000)
 
     async def _give_back(self, topic: str, messages: list[Message], ack_deadline: str) -> None:
         """Pulled for a client that is gone: READY again, as if never pulled."""
@@ -176,7 +174,7 @@ class RedisRequests:
         READY, or ENDED after its last delivery. Anything else (an unknown
         id, an ended message, a nack of one not consuming) changes nothing
         and is no error, as camellia."""
-        self._check_serving()
+        self.lifecycle.check_serving()
         now_ms = self.clock.now_ms()
         result = await self._script("ack", request.topic, [
             request.msg_id, "1" if request.ack else "0", str(now_ms), str(now_ms + self.config.retention_ms)])
@@ -208,7 +206,7 @@ class RedisRequests:
         """WAITING, READY or CONSUMING -> DELETED; `release` also frees the
         id. An ended or unknown message raises NotFound (camellia's 404);
         with `release` an ended one is released all the same."""
-        self._check_serving()
+        self.lifecycle.check_serving()
         result = await self._script("delete", request.topic, [
             request.msg_id, "1" if request.release else "0", str(self.clock.now_ms() + self.config.retention_ms)])
         if result == "NF":
@@ -219,7 +217,7 @@ class RedisRequests:
             self.metrics.topic(request.topic).deletes += 1
 
     async def get(self, topic: str, msg_id: str) -> Message:
-        self._check_serving()
+        self.lifecycle.check_serving()
         found = await self._script("get", topic, [msg_id])
         self.metrics.topic(topic, exists=bool(found) or topic in self._state.topics).gets += 1
         if not found:
@@ -231,7 +229,7 @@ class RedisRequests:
     async def reschedule(self, topic: str, msg_id: str, trigger_ms: int) -> Message:
         """As the disk broker's: a WAITING or READY message gets a new
         trigger time (<= now: READY at once); else Conflict."""
-        self._check_serving()
+        self.lifecycle.check_serving()
         old = await self.get(topic, msg_id)
         now_ms = self.clock.now_ms()
         result = await self._script("reschedule", topic, [
@@ -261,7 +259,7 @@ class RedisRequests:
         """A page of the topic's dead letters, in the order they are purged
         (oldest ended first), reading at most DEAD_SCAN members; the cursor
         ("<purge ms>:<msgId>") of the next page, or None."""
-        self._check_serving()
+        self.lifecycle.check_serving()
         score, _, after_id = (cursor or "").partition(":")
         if cursor and not (score.isascii() and score.isdigit() and after_id):
             raise InvalidRequest("cursor", f"must be a cursor a listDeadMsg page answered, got {cursor[:40]!r}")
@@ -273,7 +271,7 @@ class RedisRequests:
 
     async def redrive(self, topic: str, msg_id: str) -> Message:
         """A dead letter READY again now with retry 0 and its ttl from now."""
-        self._check_serving()
+        self.lifecycle.check_serving()
         old = await self.get(topic, msg_id)
         result, = await self._redrive(topic, [old])
         message = self._changed(topic, msg_id, result, "re-driven", "only an expired (5) or ended (6) message")
@@ -295,7 +293,7 @@ class RedisRequests:
     async def redrive_all(self, topic: str, limit: int) -> tuple[int, bool]:
         """The topic's dead letters, oldest first, at most `limit`, a page of
         REDRIVE_STEP a script; how many, and whether more are left."""
-        self._check_serving()
+        self.lifecycle.check_serving()
         done, cursor = 0, None
         dead = frozenset((Status.EXPIRED, Status.ENDED))
         while done < limit:

@@ -1,4 +1,4 @@
-"""A message's lifecycle (docs/api.md, Semantics) on broker.service.Broker
+"""A message's lifecycle (docs/api.md, Semantics) on broker.disk_broker.Broker
 over a real Store and a FakeClock (tests/broker_harness.py): every wait is the fake time set
 forward, so each test checks the moment just before a change and the
 moment of it, and runs in milliseconds.

@@ -1,4 +1,4 @@
-"""broker.service.Broker with small ready windows and in-flight caps,
+"""broker.disk_broker.Broker with small ready windows and in-flight caps,
 against a model of docs/api.md's lifecycle, on a real Store and a FakeClock.
 
 Consumers stay away while many messages of two topics come due (far more

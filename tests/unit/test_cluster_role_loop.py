@@ -30,8 +30,8 @@ from broker.cluster import ClusterNode
 from broker.cluster.handover import HANDOVER_TIMEOUT_S
 from broker.cluster.role_loop import POLL_S, POSITION_TIMEOUT_S
 from broker.config import ServeConfig
+from broker.disk_broker import Broker
 from broker.httpd import Request
-from broker.service import Broker
 from replication import protocol
 from replication.config import ClusterConfig, Peer
 from replication.epochs import Epochs

@@ -48,3 +48,21 @@ def test_repr_names_length_and_head():
     assert repr(q) == "DelayQueue(len=0)"
     q.offer("x", 42)
     assert repr(q) == "DelayQueue(len=1, head='x' at 42)"
+
+
+def test_retain_drops_what_keep_refuses_and_keeps_the_order():
+    q: DelayQueue[str] = DelayQueue()
+    for item, expiration_ms in (("a", 5), ("stale", 1), ("b", 5), ("c", 3), ("old", 9)):
+        q.offer(item, expiration_ms)
+    assert q.retain(lambda item, expiration_ms: item not in ("stale", "old")) == 2
+    assert len(q) == 3 and q.peek_expiration_ms() == 3
+    assert [q.poll_expired(10) for _ in range(4)] == ["c", "a", "b", None]
+
+
+def test_retain_sees_each_items_expiration_and_may_keep_everything():
+    q: DelayQueue[str] = DelayQueue()
+    q.offer("x", 7)
+    q.offer("y", 8)
+    seen: list[tuple[str, int]] = []
+    assert q.retain(lambda item, expiration_ms: seen.append((item, expiration_ms)) is None) == 0
+    assert sorted(seen) == [("x", 7), ("y", 8)] and q.peek() == "x"

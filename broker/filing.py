@@ -1,0 +1,74 @@
+"""Stored WAITING messages on their way to the timing wheel, and what keeps
+the wheel's persisted tick behind them.
+
+A send (or a reschedule, a re-drive) is appended to the commit log now;
+the group commit applies it and hands its index entry to the wheel
+(`on_committed`) a moment later. In between, the wheel does not know it:
+`unfiled` counts such messages per filing second (the later of the trigger
+time and the send's time, as the store files it), and `cap` keeps the tick
+written to disk from passing the first of those seconds, since a restart
+starts the wheel from the tick and must find the message:
+
+    send m (trigger 12:00:05)   -> add: unfiled {12:00:05: 1}
+    wheel released up to 12:00:07 -> cap(tick 12:00:07) = 12:00:05
+    group commit applies m      -> on_committed: unfiled {}, wheel holds m
+
+A message filed in a far-future span (storage.spans) does not go to the
+wheel: the span mover (broker.span_moves) brings it nearer when its span
+falls due, and is woken by `span_filed` to replan.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import defaultdict
+from collections.abc import Iterable
+
+from storage.entry import MS_PER_SECOND, SECONDS_PER_HOUR, IndexEntry, Location
+from storage.spans import is_span
+from wheel.scheduler import Scheduler
+from wheel.tick_state import TickState
+
+
+class Filing:
+    """The wheel's door for new, moved and cancelled WAITING messages. Runs
+    on the event loop."""
+
+    def __init__(self, scheduler: Scheduler) -> None:
+        self._scheduler = scheduler
+        self._unfiled: dict[int, int] = defaultdict(int)  # filing second -> messages appended, not handed over
+        self.span_filed = asyncio.Event()  # a message was filed in a span
+
+    def __repr__(self) -> str:
+        return f"Filing(unfiled={sum(self._unfiled.values())}, first={min(self._unfiled, default=None)})"
+
+    def add(self, location: Location, trigger_ms: int, now_ms: int) -> None:
+        """A WAITING message appended at `now_ms` (not yet durable)."""
+        if is_span(location.hour):
+            self.span_filed.set()
+        else:
+            self._unfiled[max(trigger_ms, now_ms) // MS_PER_SECOND] += 1
+
+    def on_committed(self, entries: Iterable[IndexEntry]) -> None:
+        """The group commit applied these entries: the wheel holds them now."""
+        unfiled = self._unfiled
+        filed = [entry for entry in entries if not is_span(entry.hour)]  # a span's: refile() brings them in time
+        self._scheduler.on_new_many(filed)
+        for entry in filed:
+            second = entry.hour * SECONDS_PER_HOUR + entry.second
+            left = unfiled[second] - 1
+            if left > 0:
+                unfiled[second] = left
+            else:
+                del unfiled[second]
+
+    def cancel(self, location: Location) -> None:
+        """The WAITING message at `location` left WAITING other than by its
+        release (acked, deleted, moved, made READY by its request)."""
+        self._scheduler.cancel(location)
+
+    def cap(self, tick: TickState) -> TickState:
+        """`tick`, or the first second holding a message not handed over yet if earlier."""
+        if not self._unfiled:
+            return tick
+        return min(tick, TickState.at(min(self._unfiled), 0), key=lambda t: t.position)

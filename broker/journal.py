@@ -1,0 +1,64 @@
+"""The disk broker's writes to the commit log, and what a failed one means.
+
+Every change to a message is one record appended to the commit log
+(`Store.send`, `Store.move`, `Store.update`) and made durable by the group
+commit (broker.group_commit) before the request that made it is answered.
+Two kinds of failure differ:
+
+    send, move   the store undoes a failed append: nothing was kept, the
+                 request is answered 503 (Unavailable) and may be retried
+    status change RAM was changed first (the window, the in-flight set):
+                 RAM is now ahead of disk, so the node fails (broker
+                 .lifecycle) and a restart recovers from the commit log
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from storage.entry import Location, Message
+from storage.errors import InvalidRequest, Unavailable
+from storage.store import NewMessage, SendResult, StateChange, Store
+
+from .lifecycle import Lifecycle
+from .redact import client_text
+
+
+class Journal:
+    """Appends records for the broker's parts (answered once durable: the
+    caller awaits the group commit). Runs on the event loop."""
+
+    def __init__(self, store: Store, lifecycle: Lifecycle) -> None:
+        self._store = store
+        self._lifecycle = lifecycle
+
+    def __repr__(self) -> str:
+        return f"Journal(pending_records={self._store.pending_records})"
+
+    def send(self, batch: Sequence[NewMessage], now_ms: int) -> list[SendResult]:
+        """Store new messages (WAITING): one record."""
+        try:
+            return self._store.send(batch, now_ms)
+        except InvalidRequest:
+            raise
+        except OSError as e:  # nothing was kept (the store undoes a failed append)
+            raise Unavailable(f"the commit log refused the write: {client_text(e)}") from e
+
+    def move(self, moves: Sequence[tuple[Location, int, int]], now_ms: int) -> list[Message]:
+        """File messages anew at (trigger time, retry): one MOVE record; the
+        moved messages, WAITING at their new places."""
+        try:
+            return self._store.move(moves, now_ms)
+        except InvalidRequest:
+            raise
+        except OSError as e:
+            raise Unavailable(f"the commit log refused the write: {client_text(e)}") from e
+
+    def append(self, changes: list[StateChange], now_ms: int) -> None:
+        """Status changes whose RAM side is done already: one record. If the
+        append fails, RAM is ahead of disk: the node fails (a restart recovers)."""
+        try:
+            self._store.update(changes, now_ms)
+        except BaseException as e:
+            self._lifecycle.fail(e, "a commit-log append")
+            raise Unavailable(f"the commit log failed: {client_text(e)}") from e

@@ -1,0 +1,264 @@
+"""The disk broker's message requests: send, pull, long poll, ack and nack,
+delete, get (docs/api.md, "Semantics").
+
+Each checks the node is serving (broker.lifecycle), asks broker.transitions
+what the message becomes, has the parts carry it out in RAM (the ready
+windows, the wheel's filing), appends its changes as one record (broker
+.journal), and awaits the group commit (broker.group_commit) before
+answering -- except a pull on a standalone node, answered before its record
+is durable (losing it is a redelivery). These are the hot paths: a batch of
+sends is one append and one fsync; an ackMsg of many ids is one record.
+
+    send       new messages WAITING (READY at once if due); a duplicate id
+               answers the stored message
+    pull       READY -> CONSUMING, up to the batch and the in-flight caps
+    long_poll  pull, or wait (broker.long_polls) until the topic has READY
+               messages or the timeout passes
+    ack        CONSUMING/READY/WAITING -> ACKED; nack: CONSUMING -> READY
+    delete     live -> DELETED; `release` frees the msgId
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+
+from storage.entry import Message, Status
+from storage.errors import NotFound
+from storage.store import SendOutcome, SendResult, StateChange, Store
+from wheel.clock import Clock
+
+from .filing import Filing
+from .group_commit import GroupCommit
+from .journal import Journal
+from .lifecycle import Lifecycle
+from .long_polls import LongPolls
+from .metrics import Metrics
+from .params import AckRequest, DeleteRequest, LongPollRequest, NewSend, PullRequest
+from .releaser import Releaser
+from .topics import Topics
+from .transitions import ACK, GIVE_BACK, NACK, Delete, Effect, MessageState, Refusal, Send, step
+from .windows import ReadyWindows
+
+
+class Requests:
+    """The message requests of the disk broker. Runs on the event loop."""
+
+    def __init__(self, store: Store, clock: Clock, metrics: Metrics, lifecycle: Lifecycle, long_polls: LongPolls,
+                 journal: Journal, commits: GroupCommit, filing: Filing, windows: ReadyWindows,
+                 releaser: Releaser, topics: Topics, *, pull_waits: bool) -> None:
+        self._store = store
+        self._clock = clock
+        self._metrics = metrics
+        self._lifecycle = lifecycle
+        self._long_polls = long_polls
+        self._journal = journal
+        self._commits = commits
+        self._filing = filing
+        self._windows = windows
+        self._releaser = releaser
+        self._topics = topics
+        # A pull waits for its record's fsync only in a cluster (there the
+        # answer also waits for followers, as every write's).
+        self._pull_waits = pull_waits
+
+    def __repr__(self) -> str:
+        return f"Requests(pull_waits={self._pull_waits})"
+
+    async def send(self, sends: Sequence[NewSend], now_ms: int) -> list[Message]:
+        """Store new messages at `now_ms`; answered once durable. An id whose
+        message is alive (1-3) answers the stored message, unchanged. An id
+        whose message has ended (4-7) is stored anew, the ended one released
+        (as camellia does), unless the send asks for strict idempotence:
+        then the stored message is answered unchanged while it is retained."""
+        self._lifecycle.check_serving()
+        batch = [s.message for s in sends]
+        new_topics = self._topics.new_topics(batch)
+        results = self._journal.send(batch, now_ms)
+        self._topics.filing(new_topics)
+        replace = [i for i, (outcome, stored) in enumerate(results) if outcome is SendOutcome.DUPLICATE
+                   and Effect.REPLACE in step(MessageState.of(stored), Send(MessageState.sent(batch[i]),
+                                                                           sends[i].strict), now_ms).effects]
+        if replace:  # rare: release the ended ones, then store those sends again
+            ended = {results[i].message.location: results[i].message for i in replace}
+            self._journal.append([StateChange(m.location, m.status, m.retry, released=True) for m in ended.values()],
+                                 now_ms)
+            for i, result in zip(replace, self._journal.send([batch[i] for i in replace], now_ms)):
+                results[i] = result
+        filing, stored, duplicates, due_now = self._filing, 0, 0, False
+        for outcome, message in results:
+            if outcome is SendOutcome.STORED:
+                stored += 1
+                sent = step(None, Send(MessageState.of(message)), now_ms)
+                if Effect.DUE_NOW in sent.effects:
+                    due_now = True
+                filing.add(message.location, message.trigger_ms, now_ms)  # (FILE)
+            else:
+                duplicates += 1
+        self._count_sends(results, stored, duplicates)
+        await self._commits.durable()
+        if not due_now:
+            return [r.message for r in results]
+        return self._releaser.release_due_now(results, now_ms)
+
+    def _count_sends(self, results: list[SendResult], stored: int, duplicates: int) -> None:
+        topics = {message.topic for _, message in results}
+        if len(topics) == 1:  # sendMsgBatch: one topic, counted once
+            m = self._metrics.topic(topics.pop())
+            m.sends += stored
+            m.duplicates += duplicates
+            return
+        for outcome, message in results:
+            m = self._metrics.topic(message.topic)
+            if outcome is SendOutcome.STORED:
+                m.sends += 1
+            else:
+                m.duplicates += 1
+
+    async def pull(self, request: PullRequest | LongPollRequest) -> list[Message]:
+        """Up to `batch` READY messages of the topic, now CONSUMING: fewer at
+        the in-flight caps. Answered before the record is durable on a
+        standalone node (a pull lost in a crash is a redelivery)."""
+        self._lifecycle.check_serving()
+        now_ms = self._clock.now_ms()
+        tags = frozenset(request.tags) if request.tags else None
+        taken = self._windows.take(request.topic, request.batch, tags, now_ms + request.ack_timeout_ms, now_ms)
+        if not taken:
+            return []
+        self._journal.append([StateChange(held.location, Status.CONSUMING, held.retry, deadline_ms=held.deadline_ms,
+                                          prev_status=Status.READY, topic_hash=held.topic_hash) for held in taken],
+                             now_ms)
+        messages = []
+        for held in taken:
+            if held.message is None:
+                message = self._store.read_message(held.location)
+                if message is not None:
+                    messages.append(message)
+            else:
+                messages.append(held.message._replace(status=Status.CONSUMING, retry=held.retry))
+                held.message = None
+        self._metrics.topic(request.topic).pulled(messages, now_ms)
+        if self._pull_waits:
+            await self._commits.durable()
+        else:
+            self._commits.kick()
+        return messages
+
+    async def long_poll(self, request: LongPollRequest, gone: Callable[[], bool]) -> list[Message]:
+        """As pull, but waits up to the timeout for a message to be READY.
+        `gone()` says the client hung up: then nothing is taken, and what
+        was taken meanwhile goes back to READY with its retry unchanged."""
+        return await self._long_polls.wait_ready(request.topic, request.long_polling_timeout_ms,
+                                                 functools.partial(self.pull, request), self._give_back, gone)
+
+    async def _give_back(self, messages: list[Message]) -> None:
+        """Pulled for a client that is gone: READY again, as if never pulled."""
+        now_ms = self._clock.now_ms()
+        changes = []
+        for message in messages:
+            held = self._windows.held_at(message.location)
+            if held is None:
+                continue
+            before = held.status
+            done = step(held.state, GIVE_BACK, now_ms)
+            if done.state is not None and done.effects:
+                self._windows.carry_out(held, done)
+                changes.append(StateChange(held.location, done.state.status, done.state.retry, prev_status=before,
+                                           topic_hash=held.topic_hash))
+        if changes:
+            self._journal.append(changes, now_ms)
+            await self._commits.durable()
+
+    async def ack(self, request: AckRequest) -> None:
+        """ack: WAITING, READY or CONSUMING -> ACKED (never delivered after).
+        nack: CONSUMING -> READY now, or ENDED after its last delivery.
+        Anything else -- an unknown id, an ended message, a nack of a
+        message not consuming -- changes nothing and is no error (camellia)."""
+        await self.ack_many(request.topic, [request.msg_id], request.ack)
+
+    async def ack_many(self, topic: str, msg_ids: Sequence[str], ack: bool = True) -> list[Status | None]:
+        """`ack` of each id in turn, one record and one fsync for all; the
+        status of each after it (None: no such message)."""
+        self._lifecycle.check_serving()
+        now_ms = self._clock.now_ms()
+        changes: list[StateChange] = []
+        after: dict[str, Status | None] = {}
+        for msg_id in msg_ids:
+            if msg_id in after:  # a repeated id: once
+                continue
+            change, after[msg_id] = self._ack_one(topic, msg_id, ack, now_ms)
+            if change is not None:
+                changes.append(change)
+        if changes:
+            self._journal.append(changes, now_ms)
+            await self._commits.durable()
+        else:
+            await self._commits.flush()  # an earlier change to them may still be in its commit
+        return [after[msg_id] for msg_id in msg_ids]
+
+    def _ack_one(self, topic: str, msg_id: str, ack: bool, now_ms: int) -> tuple[StateChange | None, Status | None]:
+        """The change an ack or nack of one id makes (None: none), and the
+        message's status after it (None: no such message)."""
+        held = self._windows.in_flight(topic, msg_id)
+        if held is not None:  # consuming (every consuming message is held): no disk read
+            done = step(held.state, ACK if ack else NACK, now_ms)
+            if done.state is None:
+                return None, held.status
+            self._windows.carry_out(held, done)
+            return StateChange(held.location, done.state.status, done.state.retry, prev_status=Status.CONSUMING,
+                               topic_hash=held.topic_hash), done.state.status
+        message = self._store.get(topic, msg_id)
+        m = self._metrics.topic(topic, exists=message is not None)
+        if message is None:
+            return None, None
+        if not ack:  # a nack of a message not held consuming changes nothing
+            return None, message.status
+        done = step(MessageState.of(message), ACK, now_ms)
+        if done.state is None or not done.effects:
+            return None, message.status
+        self._leave(message, done.effects)
+        m.count(done.effects)
+        return StateChange(message.location, done.state.status, done.state.retry), done.state.status
+
+    def _leave(self, message: Message, effects: tuple[Effect, ...]) -> None:
+        """A message changed by id leaves the wheel (CANCEL) or its ready window (FORGET)."""
+        if Effect.CANCEL in effects:
+            self._filing.cancel(message.location)
+        elif Effect.FORGET in effects:
+            self._windows.forget_at(message.location)
+
+    async def delete(self, request: DeleteRequest) -> None:
+        """WAITING, READY or CONSUMING -> DELETED; `release` also frees the id.
+        An ended or unknown message raises NotFound (camellia's 404); with
+        `release` an ended one is released all the same."""
+        self._lifecycle.check_serving()
+        message = self._store.get(request.topic, request.msg_id)
+        now_ms = self._clock.now_ms()
+        done = step(None if message is None else MessageState.of(message), Delete(request.release), now_ms)
+        if message is None or done.state is None:
+            raise not_found(request.topic, request.msg_id)
+        if not done.effects:
+            await self._commits.flush()
+            raise NotFound(f"message {request.msg_id!r} has ended (status {int(message.status)})")
+        self._leave(message, done.effects)
+        self._journal.append([StateChange(message.location, done.state.status, message.retry,
+                                          released=Effect.RELEASE_ID in done.effects)], now_ms)
+        self._metrics.topic(request.topic).count(done.effects)
+        await self._commits.durable()
+        if done.refusal is Refusal.ENDED:
+            raise NotFound(f"message {request.msg_id!r} had ended (status {int(message.status)}); released")
+
+    async def get(self, topic: str, msg_id: str) -> Message:
+        """The message as committed: a change still in its group commit is
+        waited for, never shown before it is durable."""
+        self._lifecycle.check_serving()
+        await self._commits.flush()
+        self._metrics.topic(topic, exists=self._topics.has_topic(topic)).gets += 1
+        message = self._store.get(topic, msg_id)
+        if message is None:
+            raise not_found(topic, msg_id)
+        return message
+
+
+def not_found(topic: str, msg_id: str) -> NotFound:
+    return NotFound(f"no message {msg_id!r} in topic {topic!r}")

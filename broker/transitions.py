@@ -1,0 +1,293 @@
+"""A message's lifecycle as a pure step function: the one table of what
+each request and each timer does to a message in each status.
+
+    step(state, event, now_ms) -> Step(state, effects, refusal)
+
+No I/O, no clock, no RAM structure: `state` is what a transition depends on
+(status, retry, maxRetry, trigger time and ttl, ack deadline; None when no
+message has the id), `event` what happened, `now_ms` the caller's time. The
+disk broker's parts (broker.disk_broker) ask `step` what a message becomes
+and carry out the effects on what each owns: the ready windows (HOLD, TAKE,
+REQUEUE, FORGET: broker.windows), the wheel (FILE, CANCEL: broker.filing),
+the commit log (MOVE, RELEASE_ID, REPLACE: broker.journal), long polls
+(WAKE), counters (COUNT_*: broker.metrics). A refusal is an answer, not a
+change: the part raises it as the error the API answers (NotFound 404,
+Conflict 409). The rules as a client sees them are in docs/api.md.
+
+The table ("-": nothing changes, no error; retry counts deliveries;
+expire = triggerTime + ttlMillis; final = ACKED, EXPIRED, ENDED, DELETED):
+
+    event        no such id    WAITING         READY            CONSUMING          final
+    send         WAITING [1]   - (duplicate)   - (duplicate)    - (duplicate)      WAITING anew [2]
+    release      -             READY [HOLD],   -                -                  -
+                               EXPIRED >= exp
+    pull         -             -               CONSUMING,       -                  -
+                                               retry+1 [TAKE]
+    ack          -             ACKED [CANCEL]  ACKED [FORGET]   ACKED [FORGET]     -
+    nack         -             -               -                READY [REQUEUE],   -
+                                                                ENDED [3]
+    ack timeout  -             -               -                as nack [4]        -
+    ttl          -             -               EXPIRED or       - (its ack or      -
+                                               ENDED [5]        timeout decides)
+    delete       NotFound      DELETED         DELETED          DELETED            NotFound [6]
+                               [CANCEL]        [FORGET]         [FORGET]
+    reschedule   NotFound      WAITING at the new time [7]      Conflict           Conflict
+    redrive      NotFound      Conflict        Conflict         Conflict           5, 6: WAITING now,
+                                                                                   retry 0 [8]; 4, 7: Conflict
+    give back    -             -               -                READY, retry-1     -
+
+    [1] FILE: into the wheel; DUE_NOW too if its trigger time has come (it
+        is made READY, or EXPIRED, once its record is durable).
+    [2] unless the send is strict: then answered unchanged. Else the ended
+        message's id is released and the send stored again (REPLACE).
+    [3] ENDED after maxRetry + 1 deliveries (retry > maxRetry) or once now
+        >= expire; else READY with its retry, its next pull the next delivery.
+    [4] only if the timer is its current deadline's (a message pulled again
+        has a new one); a stale timer changes nothing.
+    [5] once now >= expire: EXPIRED (5) if never delivered (retry 0), else
+        ENDED (6). A message on disk only is ended so when a refill reads it.
+    [6] with `release`, the ended message's id is released all the same,
+        and the answer is still NotFound ("had ended; released").
+    [7] from WAITING (CANCEL) or READY (FORGET): filed anew (MOVE, FILE)
+        with its retry; READY at once (DUE_NOW) if the new time has come.
+    [8] filed anew at now (MOVE, FILE, DUE_NOW) with a fresh retry budget
+        and ttl, so READY at once.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from storage.entry import Message, Status
+from storage.types import NewMessage
+
+WAITING, READY, CONSUMING = Status.WAITING, Status.READY, Status.CONSUMING
+ACKED, EXPIRED, ENDED, DELETED = Status.ACKED, Status.EXPIRED, Status.ENDED, Status.DELETED
+
+
+class MessageState(NamedTuple):
+    """What a transition depends on, of one message."""
+
+    status: Status
+    retry: int  # deliveries so far: 1 on the first pull (camellia)
+    max_retry: int
+    trigger_ms: int
+    ttl_ms: int
+    deadline_ms: int = 0  # CONSUMING: when the ack times out
+
+    @property
+    def expire_ms(self) -> int:
+        return self.trigger_ms + self.ttl_ms
+
+    @classmethod
+    def of(cls, message: Message) -> MessageState:
+        return cls(message.status, message.retry, message.max_retry, message.trigger_ms, message.ttl_ms)
+
+    @classmethod
+    def sent(cls, message: NewMessage) -> MessageState:
+        """What a send stores: WAITING, never delivered."""
+        return cls(WAITING, 0, message.max_retry, message.trigger_ms, message.ttl_ms)
+
+
+class Effect(enum.Enum):
+    """What the parts do to carry a step out (in no particular order)."""
+
+    FILE = "file"  # a new or moved WAITING message goes to the wheel (or its span's mover)
+    DUE_NOW = "due now"  # ... and is due already: release it once its record is durable
+    CANCEL = "cancel"  # the wheel forgets the WAITING message's place
+    HOLD = "hold"  # into its topic's ready window (or on disk only, if it does not rank)
+    TAKE = "take"  # out of the window, in flight, with an ack timer at its deadline
+    REQUEUE = "requeue"  # from in flight back to the ready window
+    FORGET = "forget"  # RAM lets it go (window or in flight), if it holds it
+    WAKE = "wake"  # its topic's long polls pull again
+    MOVE = "move"  # filed anew (a MOVE record): its old place never delivers it
+    RELEASE_ID = "release id"  # the msgId is free: getMsg answers 404, a send stores it anew
+    REPLACE = "replace"  # the send is stored again, in the released message's stead
+    COUNT_READY = "count ready"
+    COUNT_ACK = "count ack"
+    COUNT_NACK = "count nack"
+    COUNT_RETRY = "count retry"
+    COUNT_ENDED = "count ended"  # EXPIRED or ENDED
+    COUNT_DELETE = "count delete"
+
+
+class Refusal(enum.Enum):
+    """Why an event may not change the message (nothing changed)."""
+
+    NOT_FOUND = "not found"  # no message has the id (404)
+    ENDED = "ended"  # a delete of a final message (404)
+    NOT_MOVABLE = "not movable"  # a reschedule of a consuming or final message (409)
+    NOT_DEAD = "not dead"  # a redrive of a message neither EXPIRED nor ENDED (409)
+
+
+class Step(NamedTuple):
+    state: MessageState | None
+    effects: tuple[Effect, ...] = ()
+    refusal: Refusal | None = None
+
+
+# == events ======================================================================
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    """A send of the message `sent` (WAITING, retry 0) under an id that may
+    be taken. `strict`: strictIdempotence (an ended message is answered,
+    not replaced)."""
+
+    sent: MessageState
+    strict: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Release:
+    """Its trigger time came: the wheel released it, or a request made it
+    due at once."""
+
+
+@dataclass(frozen=True, slots=True)
+class Pull:
+    deadline_ms: int  # when this delivery's ack times out
+
+
+@dataclass(frozen=True, slots=True)
+class Ack:
+    """ackMsg with ack=true."""
+
+
+@dataclass(frozen=True, slots=True)
+class Nack:
+    """ackMsg with ack=false."""
+
+
+@dataclass(frozen=True, slots=True)
+class AckTimeout:
+    deadline_ms: int  # the deadline the timer was set for
+
+
+@dataclass(frozen=True, slots=True)
+class Ttl:
+    """An expiry timer fired, or a refill read the message back from disk."""
+
+
+@dataclass(frozen=True, slots=True)
+class Delete:
+    release: bool = False  # also free the msgId
+
+
+@dataclass(frozen=True, slots=True)
+class Reschedule:
+    trigger_ms: int  # the new trigger time
+
+
+@dataclass(frozen=True, slots=True)
+class Redrive:
+    """redriveMsg."""
+
+
+@dataclass(frozen=True, slots=True)
+class GiveBack:
+    """Pulled for a long poll whose client hung up: READY as if never pulled."""
+
+
+Event = Send | Release | Pull | Ack | Nack | AckTimeout | Ttl | Delete | Reschedule | Redrive | GiveBack
+
+RELEASE, ACK, NACK, TTL, REDRIVE, GIVE_BACK = Release(), Ack(), Nack(), Ttl(), Redrive(), GiveBack()
+
+E = Effect
+_FILED = (E.FILE,)
+_FILED_DUE = (E.FILE, E.DUE_NOW)
+_HELD = (E.HOLD, E.WAKE, E.COUNT_READY)
+_TAKEN = (E.TAKE,)
+_ENDED_AT_RELEASE = (E.COUNT_ENDED,)
+_ENDED = (E.FORGET, E.COUNT_ENDED)
+_ACKED_WAITING = (E.CANCEL, E.COUNT_ACK)
+_ACKED_HELD = (E.FORGET, E.COUNT_ACK)
+_REQUEUED = (E.REQUEUE, E.WAKE, E.COUNT_RETRY)
+_NACK_REQUEUED = (E.REQUEUE, E.WAKE, E.COUNT_NACK, E.COUNT_RETRY)
+_NACK_ENDED = (E.FORGET, E.COUNT_NACK, E.COUNT_ENDED)
+_GIVEN_BACK = (E.REQUEUE, E.WAKE)
+_REPLACED = (E.RELEASE_ID, E.REPLACE)
+_RELEASED_ENDED = (E.RELEASE_ID, E.COUNT_DELETE)
+
+
+def step(state: MessageState | None, event: Event, now_ms: int) -> Step:
+    """What `event` at `now_ms` does to a message in `state` (None: no
+    message has the id): its new state, the effects to carry out, or a
+    refusal. See the module docstring's table."""
+    if state is None:
+        if isinstance(event, Send):
+            return Step(event.sent, _FILED_DUE if event.sent.trigger_ms <= now_ms else _FILED)
+        if isinstance(event, (Delete, Reschedule, Redrive)):
+            return Step(None, (), Refusal.NOT_FOUND)
+        return Step(None)
+    status = state.status
+    if isinstance(event, Pull):
+        if status is not READY:
+            return Step(state)
+        return Step(MessageState(CONSUMING, state.retry + 1, state.max_retry, state.trigger_ms, state.ttl_ms,
+                                 event.deadline_ms), _TAKEN)
+    if isinstance(event, Ack):
+        if status is WAITING:
+            return Step(_to(state, ACKED), _ACKED_WAITING)
+        if status is READY or status is CONSUMING:
+            return Step(_to(state, ACKED), _ACKED_HELD)
+        return Step(state)
+    if isinstance(event, Nack):
+        if status is not CONSUMING:
+            return Step(state)  # (a repeated nack, or of a message never pulled)
+        return _retry_or_end(state, now_ms, _NACK_REQUEUED, _NACK_ENDED)
+    if isinstance(event, AckTimeout):
+        if status is not CONSUMING or state.deadline_ms != event.deadline_ms:
+            return Step(state)  # acked, or pulled again since: a stale timer
+        return _retry_or_end(state, now_ms, _REQUEUED, _ENDED)
+    if isinstance(event, Release):
+        if status is not WAITING:
+            return Step(state)  # released already (by the wheel or its request), or ended
+        if now_ms >= state.expire_ms:
+            return Step(_to(state, EXPIRED), _ENDED_AT_RELEASE)
+        return Step(_to(state, READY), _HELD)
+    if isinstance(event, Ttl):
+        if status is not READY or now_ms < state.expire_ms:
+            return Step(state)
+        return Step(_to(state, EXPIRED if state.retry == 0 else ENDED), _ENDED)
+    if isinstance(event, Send):
+        if status.is_final and not event.strict:
+            return Step(state, _REPLACED)
+        return Step(state)  # a duplicate: the stored message is the answer
+    if isinstance(event, Delete):
+        if not status.is_final:
+            leave = E.CANCEL if status is WAITING else E.FORGET
+            effects = (leave, E.COUNT_DELETE, E.RELEASE_ID) if event.release else (leave, E.COUNT_DELETE)
+            return Step(_to(state, DELETED), effects)
+        return Step(state, _RELEASED_ENDED if event.release else (), Refusal.ENDED)
+    if isinstance(event, Reschedule):
+        if status is not WAITING and status is not READY:
+            return Step(state, (), Refusal.NOT_MOVABLE)
+        moved = MessageState(WAITING, state.retry, state.max_retry, event.trigger_ms, state.ttl_ms)
+        return Step(moved, (E.CANCEL if status is WAITING else E.FORGET, E.MOVE,
+                            *(_FILED_DUE if event.trigger_ms <= now_ms else _FILED)))
+    if isinstance(event, Redrive):
+        if status is not EXPIRED and status is not ENDED:
+            return Step(state, (), Refusal.NOT_DEAD)
+        return Step(MessageState(WAITING, 0, state.max_retry, now_ms, state.ttl_ms), (E.MOVE, *_FILED_DUE))
+    # GiveBack
+    if status is not CONSUMING:
+        return Step(state)
+    return Step(_to(state, READY, state.retry - 1), _GIVEN_BACK)
+
+
+def _retry_or_end(state: MessageState, now_ms: int, requeued: tuple[Effect, ...],
+                  ended: tuple[Effect, ...]) -> Step:
+    """A delivery was not acked: READY again, or ENDED after maxRetry + 1
+    deliveries or past its ttl."""
+    if state.retry > state.max_retry or now_ms >= state.expire_ms:
+        return Step(_to(state, ENDED), ended)
+    return Step(_to(state, READY), requeued)
+
+
+def _to(state: MessageState, status: Status, retry: int | None = None) -> MessageState:
+    """`state` in `status` (and with `retry`), no ack deadline (not consuming)."""
+    return MessageState(status, state.retry if retry is None else retry, state.max_retry, state.trigger_ms,
+                        state.ttl_ms)
