@@ -41,6 +41,7 @@ import contextlib
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any, cast
 
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
@@ -61,7 +62,7 @@ from ..params import Defaults
 from ..ready import QueueLimits
 from .keys import KEY_TYPES, RedisConfig, TopicKeys, redact, split_cluster_flag
 from .requests import RedisRequests
-from .scripts import load_scripts
+from .scripts import Reply, load_scripts
 
 log = logging.getLogger("hourglass.redis")
 
@@ -124,7 +125,7 @@ class RedisBroker(RedisRequests):
         self.lifecycle = Lifecycle(self.long_polls, log, "the node stops serving", on_stop=self._mover_wake.set)
         self._next_due_ms = 0
         self._subscribed = asyncio.Event()
-        self._tasks: list[asyncio.Task] = []
+        self._tasks: list[asyncio.Task[None]] = []
         self._topics_key = f"{self.config.key_prefix}:topics"
         self._channel_prefix = f"{self.config.key_prefix}:wake:"
         self._scripts = {name: client.register_script(source) for name, source in SCRIPTS.items()}
@@ -137,7 +138,7 @@ class RedisBroker(RedisRequests):
         nodes; database 0). Connects lazily: `start()` says if it cannot."""
         config = config or RedisConfig()
         target, cluster = split_cluster_flag(url)
-        options = dict(decode_responses=True, socket_connect_timeout=config.connect_timeout_ms / 1000,
+        options: dict[str, Any] = dict(decode_responses=True, socket_connect_timeout=config.connect_timeout_ms / 1000,
                        socket_timeout=config.command_timeout_ms / 1000,
                        retry=Retry(ExponentialWithJitterBackoff(base=0.05, cap=0.5), config.retries))
         client = RedisCluster.from_url(target, **options) if cluster else aioredis.Redis.from_url(target, **options)
@@ -158,14 +159,14 @@ class RedisBroker(RedisRequests):
 
     # == talking to Redis ==========================================================
 
-    async def _script(self, name: str, topic: str, args: Sequence[str]):
+    async def _script(self, name: str, topic: str, args: Sequence[str]) -> Reply:
         keys = self.keys(topic)
         try:
             return await self._scripts[name](keys=keys.all, args=args)
         except REDIS_ERRORS as e:
             raise Unavailable(await self._problem(e, keys.all)) from e
 
-    async def _command(self, name: str, *args: str):
+    async def _command(self, name: str, *args: str) -> Reply:
         """A plain command on the topic set."""
         try:
             return await getattr(self.redis, name)(self._topics_key, *args)
@@ -217,7 +218,7 @@ class RedisBroker(RedisRequests):
         wrong = []
         for key, kind in wanted.items():
             try:
-                found = await self.redis.type(key)
+                found = cast(str, await self.redis.type(key))  # (a str: from_url's client decodes replies)
             except REDIS_ERRORS:
                 continue
             if found not in ("none", kind):
@@ -307,7 +308,7 @@ class RedisBroker(RedisRequests):
                 self._report("wake listener", f"Redis at {self.url} is unreachable: {e}")
             finally:
                 with contextlib.suppress(*REDIS_ERRORS, OSError):
-                    await pubsub.aclose()
+                    await pubsub.aclose()  # type: ignore[no-untyped-call]  # (redis-py leaves PubSub.aclose unannotated)
             await self.clock.sleep(self.config.poll_ms / 1000)
 
     async def _mover(self) -> None:

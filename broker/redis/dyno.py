@@ -100,12 +100,12 @@ import redis.asyncio as aioredis
 
 from storage.errors import ConfigError
 
+from .keys import at_least
 from .scripts import load_scripts
 from .shards import (
     MAX_DELAY_MS,
     RedisQueueConfig,
     ShardedScripts,
-    at_least,
     check_int,
     check_text,
     repeat,
@@ -276,7 +276,11 @@ class DynoQueue(ShardedScripts[_ShardKeys]):
 
     async def get(self, msg_id: str) -> DynoMessage | None:
         """The stored message (queued or popped), or None."""
-        found = await self._read_every_shard(lambda pipe, keys: pipe.hget(keys.msg, msg_id).hget(keys.prio, msg_id))
+        def read(pipe: aioredis.client.Pipeline, keys: _ShardKeys) -> None:
+            pipe.hget(keys.msg, msg_id)
+            pipe.hget(keys.prio, msg_id)
+
+        found = await self._read_every_shard(read)
         for shard in range(self.config.shards):
             payload, priority = found[2 * shard], found[2 * shard + 1]
             if payload is not None:
@@ -288,7 +292,11 @@ class DynoQueue(ShardedScripts[_ShardKeys]):
         return sum(s.queued for s in await self.shard_sizes())
 
     async def shard_sizes(self) -> list[ShardSize]:
-        counts = await self._read_every_shard(lambda pipe, keys: pipe.zcard(keys.queue).zcard(keys.unack))
+        def read(pipe: aioredis.client.Pipeline, keys: _ShardKeys) -> None:
+            pipe.zcard(keys.queue)
+            pipe.zcard(keys.unack)
+
+        counts = await self._read_every_shard(read)
         return [ShardSize(counts[i], counts[i + 1]) for i in range(0, len(counts), 2)]
 
     async def peek(self, count: int = 1) -> list[str]:

@@ -10,19 +10,28 @@ listener); what a request needs of it is declared below.
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import json
 from collections import defaultdict
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from storage.entry import Location, Message, Status
 from storage.errors import Conflict, InvalidRequest, NotFound
 from storage.store import NewMessage
+from wheel.clock import Clock
 
 from ..backend import DEAD_SCAN, REDRIVE_STEP, WAITING_BUCKETS, topic_info_json
-from ..metrics import due_ms
+from ..lifecycle import Lifecycle
+from ..long_polls import LongPolls
+from ..metrics import Metrics, due_ms
 from ..params import AckRequest, DeleteRequest, LongPollRequest, NewSend, PullRequest, as_sends
-from .keys import ready_member
+from .keys import RedisConfig, TopicKeys, ready_member
+from .scripts import Reply
+
+if TYPE_CHECKING:  # (backend.py imports this module)
+    from .backend import _State
 
 # Every message read from Redis gets this Location: there is no disk entry.
 NO_LOCATION = Location(0, 0)
@@ -59,12 +68,36 @@ def _message(topic: str, msg_id: str, meta: str, body: str) -> Message:
 
 class RedisRequests:
     """The request methods of RedisBroker. What they use of it: `clock`,
-    `config`, `metrics` and `_state` (its topics and problems); `_script`,
-    `_command`, `_register` and `_zcards` (a call to Redis, its trouble
+    `config`, `metrics` and `_state` (its topics and problems); `keys`;
+    `_script`, `_register` and `_zcards` (a call to Redis, its trouble
     answered as Unavailable);
     `lifecycle` and `long_polls` (broker.lifecycle, broker.long_polls); `_made_ready`,
     `_publish`, `_mover_wake` and `_next_due_ms` (waking the mover and the
     long polls of every process)."""
+
+    # Their types, for the type checker alone: RedisBroker sets and defines
+    # them, and nothing of them is here at run time.
+    if TYPE_CHECKING:
+        clock: Clock
+        config: RedisConfig
+        metrics: Metrics
+        lifecycle: Lifecycle
+        long_polls: LongPolls
+        _state: _State
+        _mover_wake: asyncio.Event
+        _next_due_ms: int
+
+        def keys(self, topic: str) -> TopicKeys: ...
+
+        async def _script(self, name: str, topic: str, args: Sequence[str]) -> Reply: ...
+
+        async def _register(self, topics: set[str]) -> None: ...
+
+        async def _zcards(self, keys: list[str]) -> list[int]: ...
+
+        def _made_ready(self, topic: str, due_times: list[int], now_ms: int) -> None: ...
+
+        async def _publish(self, topic: str) -> None: ...
 
     async def send(self, sends: Sequence[NewSend | NewMessage]) -> list[Message]:
         """Store new messages (a duplicate id of a live message, also earlier
@@ -90,12 +123,12 @@ class RedisRequests:
         by_topic: dict[str, list[int]] = defaultdict(list)
         for i, n in enumerate(batch):
             by_topic[n.topic].append(i)
-        out: list[Message | None] = [None] * len(batch)
+        out: dict[int, Message] = {}  # by position in the batch
         for topic, positions in by_topic.items():
             for i, message in zip(positions, await self._send_topic(
                     topic, [batch[i] for i in positions], [i in strict for i in positions], now_ms)):
                 out[i] = message
-        return out
+        return [out[i] for i in range(len(batch))]
 
     async def _send_topic(self, topic: str, batch: list[NewMessage], strict: list[bool],
                           now_ms: int) -> list[Message]:
@@ -244,7 +277,7 @@ class RedisRequests:
             self._mover_wake.set()
         return message
 
-    def _changed(self, topic: str, msg_id: str, result, verb: str, allowed: str) -> Message:
+    def _changed(self, topic: str, msg_id: str, result: Reply, verb: str, allowed: str) -> Message:
         if result == "NF":
             raise NotFound(f"no message {msg_id!r} in topic {topic!r}")
         if isinstance(result, str) and result.startswith("S"):
@@ -277,12 +310,12 @@ class RedisRequests:
         message = self._changed(topic, msg_id, result, "re-driven", "only an expired (5) or ended (6) message")
         return message
 
-    async def _redrive(self, topic: str, olds: list[Message]) -> list:
+    async def _redrive(self, topic: str, olds: list[Message]) -> list[Reply]:
         now_ms = self.clock.now_ms()
         args = [str(now_ms)]
         for m in olds:
             args += [m.msg_id, str(now_ms + m.ttl_ms), ready_member(m.priority, now_ms, m.msg_id)]
-        results = await self._script("redrive", topic, args)
+        results: list[Reply] = await self._script("redrive", topic, args)
         done = sum(1 for r in results if not isinstance(r, str))
         if done:
             self.metrics.topic(topic).redrives += done
@@ -308,14 +341,14 @@ class RedisRequests:
 
     # == topic information =======================================================
 
-    async def topic_info(self, topic: str) -> dict:
+    async def topic_info(self, topic: str) -> dict[str, object]:
         """camellia's TopicInfo: zset sizes, waiting split into delay buckets."""
         now_ms = self.clock.now_ms()
         bounds = [str(now_ms + upper) for _, upper in WAITING_BUCKETS if upper is not None]
         waiting, ready, consuming, *buckets = await self._script("info", topic, bounds)
         return topic_info_json(topic, waiting, buckets, ready, consuming)
 
-    async def topic_infos(self, topics: Sequence[str]) -> list[dict]:
+    async def topic_infos(self, topics: Sequence[str]) -> list[dict[str, object]]:
         """`topic_info` of each of `topics` (a script each: Redis counts by score)."""
         return [await self.topic_info(topic) for topic in topics]
 

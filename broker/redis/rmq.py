@@ -118,14 +118,13 @@ import redis.asyncio as aioredis
 
 from storage.errors import ConfigError, InvalidRequest
 
-from .keys import escape_topic
+from .keys import at_least, escape_topic
 from .scripts import load_scripts
 from .shards import (
     MAX_DELAY_MS,
     RedisAdapterError,
     RedisQueueConfig,
     ShardedScripts,
-    at_least,
     call_redis,
     check_int,
     check_text,
@@ -413,8 +412,12 @@ class RmqTopic(ShardedScripts[_SlotKeys]):
         return RmqWorker(self, worker_id, lease_ms)
 
     async def sizes(self) -> RmqSizes:
-        counts = await self._read_every_shard(
-            lambda pipe, keys: pipe.zcard(keys.store).zcard(keys.prepare).zcard(keys.dead))
+        def read(pipe: aioredis.client.Pipeline, keys: _SlotKeys) -> None:
+            pipe.zcard(keys.store)
+            pipe.zcard(keys.prepare)
+            pipe.zcard(keys.dead)
+
+        counts = await self._read_every_shard(read)
         return RmqSizes(sum(counts[0::3]), sum(counts[1::3]), sum(counts[2::3]))
 
 

@@ -14,8 +14,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from importlib import resources
+from typing import Any
 
 LUA = resources.files(__package__) / "lua"
+
+# What a script answers, as redis-py decodes it: a string, an integer, None
+# or a list of them (nested), in the shape its file's first comment gives.
+# Any: each caller unpacks the shape of its own script.
+Reply = Any
 
 
 def read(family: str, name: str) -> str:

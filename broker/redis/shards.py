@@ -12,7 +12,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Generic, Protocol, TypeVar
+from typing import Generic, Protocol, Self, TypeVar
 
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
@@ -23,9 +23,9 @@ from storage.errors import HourglassError, InvalidRequest
 
 from ..clock import SystemClock
 from .keys import at_least, check_key_prefix, escape_topic
+from .scripts import Reply
 
 T = TypeVar("T")
-S = TypeVar("S", bound="ShardedScripts")
 
 # The longest delay push accepts: due times stay below 2^43 ms, where the
 # priority fraction is exact enough (see the module docstring).
@@ -224,7 +224,7 @@ class ShardedScripts(Generic[K]):
         self._owns_client = False
         self._next_pop = 0
 
-    async def _opened(self: S) -> S:
+    async def _opened(self) -> Self:
         """Take ownership of the client and PING: a Redis that is down, or a
         wrong password, fails here with a sentence."""
         self._owns_client = True
@@ -240,17 +240,17 @@ class ShardedScripts(Generic[K]):
         if self._owns_client:
             await self.redis.aclose()
 
-    async def __aenter__(self: S) -> S:
+    async def __aenter__(self) -> Self:
         return self
 
-    async def __aexit__(self, *exc) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
-    async def _script(self, op: str, shard: int, args: Sequence[str]):
+    async def _script(self, op: str, shard: int, args: Sequence[str]) -> Reply:
         keys = self._shards[shard]
         return await call_redis(self.redis, self._scripts[op](keys=keys.all, args=list(args)), keys.types)
 
-    async def _on_shards(self, op: str, args_of: Mapping[int, Sequence[str]]) -> list:
+    async def _on_shards(self, op: str, args_of: Mapping[int, Sequence[str]]) -> list[Reply]:
         """Run script `op` on the shards `args_of` names, each with its args,
         in one pipelined round trip; the results in that order."""
         async with self.redis.pipeline(transaction=False) as pipe:
@@ -258,11 +258,11 @@ class ShardedScripts(Generic[K]):
                 await self._scripts[op](keys=self._shards[shard].all, args=list(args), client=pipe)
             return await call_redis(self.redis, pipe.execute(), self._types)
 
-    async def _on_every_shard(self, op: str, args: Sequence[str]) -> list:
+    async def _on_every_shard(self, op: str, args: Sequence[str]) -> list[Reply]:
         """For the by-id calls, whose id lives in a shard we do not know."""
         return await self._on_shards(op, {shard: args for shard in range(len(self._shards))})
 
-    async def _read_every_shard(self, command: Callable[[aioredis.client.Pipeline, K], object]) -> list:
+    async def _read_every_shard(self, command: Callable[[aioredis.client.Pipeline, K], object]) -> list[Reply]:
         """`command(pipe, keys)` queues reads for one shard; the replies of all."""
         async with self.redis.pipeline(transaction=False) as pipe:
             for keys in self._shards:
