@@ -23,9 +23,9 @@ from .records import SendItem
 
 
 class Hour:
-    __slots__ = ("hour", "entries", "written", "applied", "log_bytes", "written_log_bytes", "ended", "last_end_ms",
-                 "topics", "totals", "files", "start", "refiled", "_entries_buf", "_frames_buf", "_slots", "_states",
-                 "_known_slots")
+    __slots__ = ("_entries_buf", "_frames_buf", "_known_slots", "_slots", "_states", "applied", "ended", "entries",
+                 "files", "hour", "last_end_ms", "log_bytes", "refiled", "start", "topics", "totals", "written",
+                 "written_log_bytes")
 
     def __init__(self, hour: int, entries: int = 0, log_bytes: int = 0, ended: int = 0, last_end_ms: int = 0,
                  topics: dict[int, list[int]] | None = None):

@@ -200,7 +200,7 @@ class Placement:
             known = staged.get(change.location)
             if known is None and change.prev_status:
                 known = (change.prev_status, 0, change.retry, change.topic_hash)
-            status, flags, retry, topic_hash = known or self._reader.state(change.location)
+            status, flags, _retry, topic_hash = known or self._reader.state(change.location)
             if topic_hash < 0:
                 topic_hash = self._pending.topic_hash_of(change.location)
             if change.retry < 0 or change.retry > MAX_RETRY_COUNT:

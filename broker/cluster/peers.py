@@ -126,9 +126,9 @@ class PeerCalls(NodeParts):
         path = await self.make_snapshot()
 
         async def chunks() -> AsyncGenerator[bytes, None]:
-            try:
-                with open(path, "rb") as f:
-                    while chunk := f.read(1024 * 1024):
+            try:  # the file's I/O off the event loop: a snapshot is the whole store
+                with await asyncio.to_thread(open, path, "rb") as f:
+                    while chunk := await asyncio.to_thread(f.read, 1024 * 1024):
                         yield chunk
             finally:
                 os.unlink(path)

@@ -57,9 +57,9 @@ class Snapshots(NodeParts):
             if r.status != 200:
                 raise ConnectionError(f"{source} answered {r.status} to a snapshot request")
             history = tuple(tuple(h) for h in json.loads(r.headers["X-Hourglass-History"]))
-            with open(part, "wb") as f:
+            with await asyncio.to_thread(open, part, "wb") as f:  # the file's I/O off the event loop
                 async for chunk in r.content.iter_chunked(1024 * 1024):
-                    f.write(chunk)
+                    await asyncio.to_thread(f.write, chunk)
         await asyncio.to_thread(snapshot.unpack, part, self.data_dir)  # beside the live store, which stays
         async with self.checkpoint_lock, self.apply_lock:
             self.store.close()
