@@ -260,10 +260,9 @@ def test_an_insecure_cluster_on_a_network_address_needs_a_second_flag(tmp_path):
     errors = [line for line in r.stderr.splitlines() if "error:" in line]
     assert r.returncode == 2 and len(errors) == 1, r.stderr
     assert "--insecure-cluster-on-network" in errors[0] and "n2=192.0.2.2, n3=192.0.2.3" in errors[0]
-    log_path = tmp_path / "d.log"
-    with open(log_path, "ab") as log:
-        proc = subprocess.Popen([*args, "--insecure-cluster-on-network"], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-    confirmed = Server(proc, f"http://127.0.0.1:{parse_cluster(spec)['n1'].http_port}", str(tmp_path / "d"), str(log_path))
+    confirmed = Server.spawn(tmp_path / "d", "--node-id", "n1", "--cluster", spec, "--insecure-cluster",
+                             "--insecure-cluster-on-network",
+                             base=f"http://127.0.0.1:{parse_cluster(spec)['n1'].http_port}")
     try:
         confirmed.wait_healthy(30)
         status, body = request(confirmed.base + "/health")
