@@ -41,9 +41,16 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from types import FrameType
+from typing import Any, TypeVar
 
 from broker.paths import PREFIX
+
+T = TypeVar("T")
+# A file or directory as the callers name it: a str, or a pathlib.Path.
+PathLike = str | os.PathLike[str]
 
 HOST = "127.0.0.1"
 # The project: `python -m broker.cli` runs from here.
@@ -59,7 +66,8 @@ def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on at the moment."""
     with socket.socket() as s:
         s.bind((HOST, 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]
+        return port
 
 
 class Process:
@@ -67,7 +75,8 @@ class Process:
     meant for the benchmark does not reach it: the benchmark stops it) with
     stdout and stderr appended to `log_path`, and stopped by its PID."""
 
-    def __init__(self, argv: list[str], log_path: str, cwd: str | None = None, preexec_fn=None) -> None:
+    def __init__(self, argv: list[str], log_path: PathLike, cwd: str | None = None,
+                 preexec_fn: Callable[[], object] | None = None) -> None:
         self.argv, self.log_path = argv, str(log_path)
         with open(self.log_path, "ab") as log:
             # preexec_fn: the callers' own are a setrlimit, which takes no lock
@@ -104,12 +113,13 @@ class Process:
         return ""
 
 
-def wait_until(check, limit_s: float, what: str, process: Process | None = None, every_s: float = 0.005):
+def wait_until(check: Callable[[], T], limit_s: float, what: str, process: Process | None = None,
+               every_s: float = 0.005) -> T:
     """Call `check` until it returns something true (exceptions count as
     false); that value. RuntimeError after `limit_s`, or at once if
     `process` exited (with its log's tail)."""
     deadline = time.monotonic() + limit_s
-    last_error = None
+    last_error: Exception | None = None
     while True:
         try:
             value = check()
@@ -124,12 +134,12 @@ def wait_until(check, limit_s: float, what: str, process: Process | None = None,
         time.sleep(every_s)
 
 
-def serve_command(data_dir, *flags: str) -> list[str]:
+def serve_command(data_dir: PathLike, *flags: str) -> list[str]:
     """The command line of `hourglass serve` on `data_dir` (run it with cwd ROOT)."""
     return [sys.executable, "-m", "broker.cli", "serve", "--data-dir", str(data_dir), *flags]
 
 
-def request(url: str, *, data: bytes | None = None, headers: dict | None = None,
+def request(url: str, *, data: bytes | None = None, headers: dict[str, str] | None = None,
             timeout: float = 30) -> tuple[int, bytes]:
     """(status, body) of one HTTP request; HTTP errors are answers too."""
     req = urllib.request.Request(url, data=data, headers=headers or {})
@@ -161,8 +171,8 @@ class Server:
     http_status: int = 0
 
     @classmethod
-    def spawn(cls, data_dir, *flags: str, base: str, log_path=None, token: str | None = None,
-              preexec_fn=None) -> Server:
+    def spawn(cls, data_dir: PathLike, *flags: str, base: str, log_path: PathLike | None = None,
+              token: str | None = None, preexec_fn: Callable[[], object] | None = None) -> Server:
         """Start it without waiting (`flags` say where it listens: `base`);
         `preexec_fn` runs in the child first (e.g. to lower a resource limit)."""
         process = Process(serve_command(data_dir, *flags), str(log_path or f"{data_dir}.log"), cwd=ROOT,
@@ -170,8 +180,8 @@ class Server:
         return cls(process, base, str(data_dir), token)
 
     @classmethod
-    def start(cls, data_dir, *flags: str, log_path=None, port: int | None = None, token: str | None = None,
-              wait_s: float = 30, preexec_fn=None) -> Server:
+    def start(cls, data_dir: PathLike, *flags: str, log_path: PathLike | None = None, port: int | None = None,
+              token: str | None = None, wait_s: float = 30, preexec_fn: Callable[[], object] | None = None) -> Server:
         """Start it on `port` (default a free one) of 127.0.0.1 and wait
         until /health answers 200."""
         port = port or free_port()
@@ -181,7 +191,7 @@ class Server:
         return server
 
     @property
-    def proc(self) -> subprocess.Popen:
+    def proc(self) -> subprocess.Popen[bytes]:
         return self.process.proc
 
     @property
@@ -206,32 +216,32 @@ class Server:
     def kill(self) -> None:
         self.process.kill()
 
-    def get(self, path: str, **params) -> tuple[int, dict | bytes]:
+    def get(self, path: str, **params: object) -> tuple[int, dict[str, Any] | bytes]:
         query = ("?" + urllib.parse.urlencode(params)) if params else ""
         status, body = request(self.base + _path(path) + query, headers=self.headers())
         return self._code(status, body)
 
-    def post(self, path: str, **params) -> tuple[int, dict | bytes]:
+    def post(self, path: str, **params: object) -> tuple[int, dict[str, Any] | bytes]:
         """POST form-encoded parameters (values str()'d)."""
         data = urllib.parse.urlencode({k: str(v) for k, v in params.items()}).encode()
         status, body = request(self.base + _path(path), data=data, headers=self.headers(
             {"Content-Type": "application/x-www-form-urlencoded"}))
         return self._code(status, body)
 
-    def post_json(self, path: str, obj) -> tuple[int, dict | bytes]:
+    def post_json(self, path: str, obj: object) -> tuple[int, dict[str, Any] | bytes]:
         data = json.dumps(obj).encode()
         status, body = request(self.base + _path(path), data=data,
                                headers=self.headers({"Content-Type": "application/json"}))
         return self._code(status, body)
 
-    def headers(self, extra: dict | None = None) -> dict:
+    def headers(self, extra: dict[str, str] | None = None) -> dict[str, str]:
         """`extra`, with the bearer token when the server has one."""
         headers = dict(extra or {})
         if self.token:
             headers["Authorization"] = f"Bearer {self.token}"
         return headers
 
-    def _code(self, status: int, raw: bytes) -> tuple[int, dict | bytes]:
+    def _code(self, status: int, raw: bytes) -> tuple[int, dict[str, Any] | bytes]:
         self.http_status = status
         body = decode(raw)
         if status == 200 and isinstance(body, dict) and isinstance(body.get("code"), int):
@@ -244,8 +254,9 @@ def _path(path: str) -> str:
     return path if path.startswith("/") else PREFIX + path
 
 
-def decode(body: bytes):
-    """The JSON of an answer's body, or the body itself when it is not JSON."""
+def decode(body: bytes) -> Any:
+    """The JSON of an answer's body, or the body itself when it is not JSON
+    (Any: what a test reads of it is the API's to say)."""
     try:
         return json.loads(body)
     except ValueError:
@@ -257,7 +268,7 @@ def unwind_on_signals() -> None:
     `finally` runs (servers stopped by PID, work dirs removed). A second
     signal (Ctrl-C sends one to the whole process group, `timeout` one
     more) would cut that short, so later ones are ignored."""
-    def unwind(signum, frame) -> None:
+    def unwind(signum: int, frame: FrameType | None) -> None:
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, signal.SIG_IGN)
         raise KeyboardInterrupt(f"signal {signum}")
@@ -269,7 +280,7 @@ def unwind_on_signals() -> None:
 # --- figures -----------------------------------------------------------------------
 
 
-def percentile(sorted_values, fraction: float) -> float | None:
+def percentile(sorted_values: Sequence[float], fraction: float) -> float | None:
     """Nearest rank: the value at rank ceil(fraction * n) (1-based, at
     least 1) of an ascending sequence, rounded to 3 decimals; None when it
     is empty. It is always one of the values: p50 of [1, 2, 3, 4] is 2,
@@ -297,7 +308,8 @@ def tree_cpu_s(root: int, exclude: set[int]) -> float:
     """CPU seconds of `root` and its descendants, less the `exclude`d
     subtrees: utime + stime of the live ones, plus cutime + cstime, the
     children they have reaped (Spark's exited Python workers)."""
-    parents, stats = {}, {}
+    parents: dict[int, int] = {}
+    stats: dict[int, list[str]] = {}
     for name in os.listdir("/proc"):
         if name.isdigit():
             with contextlib.suppress(OSError):  # it exited meanwhile
@@ -348,7 +360,7 @@ def memory_mb(pid: int) -> dict[str, float]:
     (VmRSS), rss_peak_mb (VmHWM, the most it has held), and rss_anon_mb
     (the heap) and rss_file_mb, the mapped pages of files (log segments,
     hour files) that happen to be resident, so it moves with the moment."""
-    found = {}
+    found: dict[str, float] = {}
     with open(f"/proc/{pid}/status") as f:
         for line in f:
             key, *rest = line.split()

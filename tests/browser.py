@@ -23,6 +23,7 @@ import os
 import shutil
 import subprocess
 import time
+from typing import Any
 
 import aiohttp
 import pytest
@@ -51,8 +52,8 @@ class _Connection:
     def __init__(self, ws: aiohttp.ClientWebSocketResponse) -> None:
         self.ws = ws
         self.ids = itertools.count(1)
-        self.waiting: dict[int, asyncio.Future] = {}
-        self.events: list[dict] = []
+        self.waiting: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self.events: list[dict[str, Any]] = []
         self.reader = asyncio.create_task(self._read())
 
     async def _read(self) -> None:
@@ -64,18 +65,19 @@ class _Connection:
             elif "method" in data:
                 self.events.append(data)
 
-    async def call(self, method: str, session: str | None = None, **params) -> dict:
+    async def call(self, method: str, session: str | None = None, **params: object) -> dict[str, Any]:
         call_id = next(self.ids)
-        future = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self.waiting[call_id] = future
-        message = {"id": call_id, "method": method, "params": params}
+        message: dict[str, object] = {"id": call_id, "method": method, "params": params}
         if session is not None:
             message["sessionId"] = session
         await self.ws.send_str(json.dumps(message))
         answer = await asyncio.wait_for(future, 60)
         if "error" in answer:
             raise CdpError(f"{method}: {answer['error']}")
-        return answer["result"]
+        result: dict[str, Any] = answer["result"]
+        return result
 
 
 class Page:
@@ -85,13 +87,13 @@ class Page:
         self._connection = connection
         self.session = session
 
-    async def call(self, method: str, **params) -> dict:
+    async def call(self, method: str, **params: object) -> dict[str, Any]:
         return await self._connection.call(method, self.session, **params)
 
     async def navigate(self, url: str) -> None:
         await self.call("Page.navigate", url=url)
 
-    async def evaluate(self, expression: str):
+    async def evaluate(self, expression: str) -> Any:
         """The value of a JavaScript expression (awaited if a promise)."""
         result = await self.call("Runtime.evaluate", expression=expression, returnByValue=True, awaitPromise=True)
         if "exceptionDetails" in result:
@@ -111,7 +113,7 @@ class Page:
             await asyncio.sleep(0.05)
         raise AssertionError(f"{condition!r} did not become true; the page is {await self.evaluate('location.href')}")
 
-    def requests(self) -> list[dict]:
+    def requests(self) -> list[dict[str, Any]]:
         """Every request this page sent since Network.enable, as Chromium's
         requestWillBeSent reported it ({"url", "method", "headers", ...})."""
         return [e["params"]["request"] for e in self._connection.events
@@ -119,14 +121,14 @@ class Page:
 
 
 class Browser:
-    def __init__(self, proc: subprocess.Popen, profile: str) -> None:
+    def __init__(self, proc: subprocess.Popen[bytes], profile: str) -> None:
         self.proc = proc
         self.profile = profile
         self._http: aiohttp.ClientSession | None = None
         self._connection: _Connection | None = None
 
     @classmethod
-    def start(cls, tmp_path) -> Browser:
+    def start(cls, tmp_path: str | os.PathLike[str]) -> Browser:
         profile = os.path.join(str(tmp_path), "chromium-profile")
         os.makedirs(profile, exist_ok=True)
         proc = subprocess.Popen([chromium(), *QUIET_FLAGS, "--remote-debugging-port=0",
@@ -148,7 +150,7 @@ class Browser:
         self._connection = _Connection(ws)
         return self
 
-    async def __aexit__(self, *exc) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         if self._connection is not None:
             await self._connection.ws.close()
             self._connection.reader.cancel()
@@ -180,8 +182,9 @@ class Browser:
             await page.call(f"{domain}.enable")
         return page
 
-    async def cookies(self) -> list[dict]:
+    async def cookies(self) -> list[dict[str, Any]]:
         """Every cookie the browser holds ({"name", "value", "path",
         "httpOnly", "secure", "sameSite", "expires", ...})."""
         assert self._connection is not None
-        return (await self._connection.call("Storage.getCookies"))["cookies"]
+        cookies: list[dict[str, Any]] = (await self._connection.call("Storage.getCookies"))["cookies"]
+        return cookies

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 
-def open_to_others(root) -> list[str]:
+def open_to_others(root: str | os.PathLike[str]) -> list[str]:
     """"MODE path" of `root` and of every file and directory under it that
     group or others have any permission on (paths relative to `root`)."""
     found = []
@@ -25,16 +25,16 @@ def open_to_others(root) -> list[str]:
     return found
 
 
-def everything_under(root) -> set[str]:
+def everything_under(root: str | os.PathLike[str]) -> set[str]:
     """Every file and directory under `root`, relative to it."""
-    found = set()
+    found: set[str] = set()
     for directory, dirs, names in os.walk(root):
         found.update(os.path.relpath(os.path.join(directory, n), root) for n in (*dirs, *names))
     return found
 
 
 @contextlib.contextmanager
-def read_only_tmpfs(mount_point, fill: Callable[[str], None]) -> Iterator[str]:
+def read_only_tmpfs(mount_point: str | os.PathLike[str], fill: Callable[[str], None]) -> Iterator[str]:
     """A 16 MiB tmpfs at `mount_point`, `fill(mount_point)` run while it is
     writable, then remounted read-only; unmounted afterwards. Skips the
     test unless this process may mount one (root)."""

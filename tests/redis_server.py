@@ -5,6 +5,7 @@ several and joins them into a Redis Cluster of masters only."""
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import socket
 import subprocess
@@ -16,7 +17,7 @@ import pytest
 from harness import free_port
 
 
-def wait_for_pong(port: int, proc: subprocess.Popen, timeout_s: float = 10) -> None:
+def wait_for_pong(port: int, proc: subprocess.Popen[bytes], timeout_s: float = 10) -> None:
     deadline = time.monotonic() + timeout_s
     while True:
         with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.2) as s:
@@ -37,7 +38,7 @@ def redis_binary() -> str:
 
 
 @contextlib.contextmanager
-def redis_server(workdir, *args: str, port: int | None = None) -> Iterator[int]:
+def redis_server(workdir: str | os.PathLike[str], *args: str, port: int | None = None) -> Iterator[int]:
     """Run one redis-server in `workdir`; yields its port. Extra `args` are
     passed on (e.g. "--requirepass", "secret" or "--cluster-enabled", "yes")."""
     port = port or free_port()
@@ -70,7 +71,7 @@ def redis_cli(port: int, *args: str) -> str:
 
 
 @contextlib.contextmanager
-def redis_cluster(workdir, masters: int = 3, timeout_s: float = 8) -> Iterator[list[int]]:
+def redis_cluster(workdir: str | os.PathLike[str], masters: int = 3, timeout_s: float = 8) -> Iterator[list[int]]:
     """A Redis Cluster of `masters` redis-servers on loopback, the slots
     split evenly among them (CLUSTER ADDSLOTSRANGE, then MEET); yields their
     ports once every node says cluster_state:ok and knows every other."""

@@ -15,8 +15,11 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Any
 
-from harness import PREFIX, ROOT, Server, decode, free_port, request
+from harness import ROOT, Server, decode, free_port, request
+
+from broker.paths import PREFIX
 
 __all__ = ["PREFIX", "ROOT", "MonitorWatch", "Server", "free_port", "request"]
 
@@ -35,7 +38,7 @@ class MonitorWatch:
     def __init__(self, server: Server, poll_s: float = 0.05) -> None:
         self.server = server
         self.poll_s = poll_s
-        self.intervals: list[dict] = []  # getMonitorData's data, oldest first, each once
+        self.intervals: list[dict[str, Any]] = []  # getMonitorData's data, oldest first, each once
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._poll, daemon=True)
 
@@ -43,7 +46,7 @@ class MonitorWatch:
         self._thread.start()
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
 
@@ -89,7 +92,7 @@ class MonitorWatch:
             time.sleep(self.poll_s)
         return self.sums(topic)
 
-    def wait_intervals(self, n: int, timeout_s: float = 15) -> list[dict]:
+    def wait_intervals(self, n: int, timeout_s: float = 15) -> list[dict[str, Any]]:
         """The next `n` intervals published from now."""
         seen = len(self.intervals)
         deadline = time.monotonic() + timeout_s
