@@ -31,7 +31,7 @@ from storage.errors import ConfigError
 try:
     import resource
 except ImportError:  # pragma: no cover - not on Windows, which the node does not support
-    resource = None  # type: ignore[assignment]
+    resource = None  # type: ignore[assignment]  # (the module, or None where there is none)
 
 _FD_DIRS = ("/proc/self/fd", "/dev/fd")
 
