@@ -333,7 +333,8 @@ class DelayQueueClient:
                 attempt += 1
 
     async def _request(self, method: str, url: URL, form: Mapping[str, str] | None, body: Any,
-                       timeout: aiohttp.ClientTimeout, endpoint: str) -> tuple[int, dict[str, Any], float | None]:
+                       timeout: aiohttp.ClientTimeout,  # noqa: ASYNC109 (aiohttp's own, per request)
+                       endpoint: str) -> tuple[int, dict[str, Any], float | None]:
         """One attempt, following 307/308 with method, body and token kept:
         (the code, the answer, the pause its Retry-After header asks)."""
         if self._session is None:

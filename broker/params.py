@@ -107,7 +107,7 @@ MAX_LONG_POLLING_TIMEOUT_MS = 5 * 60 * 1000
 # Longest ttl a server may be configured to allow: up to the last trigger time.
 MAX_DURATION_MS = MAX_TRIGGER_MS
 
-_INTEGER = re.compile(r"[+-]?[0-9]{1,19}")  # ASCII only: int() would take "١" and "1_0"
+_INTEGER = re.compile(r"[+-]?[0-9]{1,19}")  # ASCII only: int() would take "1_0" and other scripts' digits
 
 
 class MessageTooLarge(InvalidRequest):

@@ -145,7 +145,7 @@ COLUMN_TYPES: dict[str, _SparkTypes] = {
     "msg": _STRING,
     "msgId": _STRING,
     "delayMillis": _INTEGERS,
-    "triggerTime": _INTEGERS + (T.TimestampType,),
+    "triggerTime": (*_INTEGERS, T.TimestampType),
     "ttlMillis": _INTEGERS,
     "priority": _INTEGERS,
     "maxRetry": _INTEGERS,
@@ -154,7 +154,7 @@ COLUMN_TYPES: dict[str, _SparkTypes] = {
     "topic": _STRING,
 }
 _TYPE_WORDS: dict[_SparkTypes, str] = {_STRING: "string", _INTEGERS: "an integer (tinyint, smallint, int or bigint)",
-               _INTEGERS + (T.TimestampType,): "an integer (ms since the epoch) or a timestamp"}
+               (*_INTEGERS, T.TimestampType): "an integer (ms since the epoch) or a timestamp"}
 
 
 class SinkConfigError(HourglassError, ValueError):

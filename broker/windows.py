@@ -241,7 +241,7 @@ class ReadyWindows:
         """The key has its share of the window (key_window messages), or it
         is busy and the topic holds `window` parked messages already."""
         return (queue.key_count(serial_key) >= self._limits.key_window
-                or serial_key in queue.busy and queue.parked >= self._limits.window)
+                or (serial_key in queue.busy and queue.parked >= self._limits.window))
 
     def _window_add(self, queue: TopicQueue, held: HeldMessage) -> None:
         self.held[held.location] = held

@@ -36,7 +36,7 @@ log = logging.getLogger("hourglass.election")
 
 
 # pysyncobj has no type hints: SyncObj and its decorator are Any to mypy.
-class _RaftFacts(SyncObj):  # type: ignore[misc]
+class _RaftFacts(SyncObj):  # type: ignore[misc]  # pysyncobj is untyped: its base is Any
     """The replicated state machine: who claimed the highest term."""
 
     def __init__(self, me: str, others: list[str], conf: SyncObjConf, transport: Callable[..., RaftTransport]) -> None:
@@ -44,7 +44,7 @@ class _RaftFacts(SyncObj):  # type: ignore[misc]
         self.claimed_term = 0
         self.claimed_by: str | None = None
 
-    @replicated  # type: ignore[untyped-decorator]
+    @replicated  # type: ignore[untyped-decorator]  # pysyncobj is untyped
     def claim(self, term: int, node_id: str) -> bool:
         if term <= self.claimed_term:
             return False

@@ -523,7 +523,7 @@ class _Listener:
 
 
 # pysyncobj has no type hints: TCPTransport is Any to mypy.
-class RaftTransport(TCPTransport):  # type: ignore[misc]
+class RaftTransport(TCPTransport):  # type: ignore[misc]  # pysyncobj is untyped: its base is Any
     """pysyncobj's TCP transport whose connections are `FramedConnection`s
     (see the module docstring), built by SyncObj (its `transportClass`;
     `conf.bindAddress` must be set: the port listens there only)."""
