@@ -93,8 +93,9 @@ class Gate:
 
     def admit(self, request: Request) -> Response | int:
         path = request.path
-        if self.token is None:
-            refusal = self._browser_refusal(request)
+        if self.token is None and (request.method not in SAFE_METHODS
+                                   or not self._host_ok.get(request.headers.get("host", ""), False)):
+            refusal = self._browser_refusal(request)  # (a known local Host's GET needs no more)
             if refusal is not None:
                 return refusal
         if self.is_peer is not None and path.startswith(CLUSTER_PREFIX):

@@ -210,9 +210,15 @@ def plain_answer(status: int, text: str, headers: dict[str, str] | None = None) 
 
 def _head(status: int, content_type: str, length: int | None, headers: dict[str, str] | None,
           close: bool) -> bytes:
-    lines = [b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\n" % (status, _REASONS.get(status, b"Unknown"),
-                                                            content_type.encode())]
-    lines.append(b"Transfer-Encoding: chunked\r\n" if length is None else b"Content-Length: %d\r\n" % length)
+    start = _STARTS.get((status, content_type))
+    if start is None:
+        start = b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\n" % (status, _REASONS.get(status, b"Unknown"),
+                                                              content_type.encode())
+        if len(_STARTS) < 256:  # (the node answers a handful of kinds)
+            _STARTS[(status, content_type)] = start
+    if length is not None and not close and not headers:  # most answers
+        return b"%sContent-Length: %d\r\n\r\n" % (start, length)
+    lines = [start, b"Transfer-Encoding: chunked\r\n" if length is None else b"Content-Length: %d\r\n" % length]
     if close:
         lines.append(b"Connection: close\r\n")
     if headers:
@@ -220,6 +226,10 @@ def _head(status: int, content_type: str, length: int | None, headers: dict[str,
             lines.append(f"{k}: {v}\r\n".encode("latin-1"))
     lines.append(b"\r\n")
     return b"".join(lines)
+
+
+# (status, content type) -> the answer's first two lines, made once
+_STARTS: dict[tuple[int, str], bytes] = {}
 
 
 class _Shared:
@@ -303,7 +313,8 @@ class Connection(asyncio.Protocol):
         self.request: Request | None = None
         self.keep_alive = True
         self.budget = 0
-        self.body = bytearray()
+        self.body: list[bytes] = []   # the body's parts as they came
+        self.body_received = 0
         self.body_expected = 0        # Content-Length of the body being received (0: none)
         self.body_started = 0.0
 
@@ -333,7 +344,7 @@ class Connection(asyncio.Protocol):
         rate = self.shared.limits.min_body_rate_bps
         elapsed = now - self.body_started
         return (bool(self.body_expected) and rate > 0 and elapsed > BODY_RATE_GRACE_S
-                and len(self.body) < rate * (elapsed - BODY_RATE_GRACE_S))
+                and self.body_received < rate * (elapsed - BODY_RATE_GRACE_S))
 
     def evict(self) -> None:
         self.shared.connections.discard(self)  # its slot is free now; its descriptor once closed
@@ -349,7 +360,7 @@ class Connection(asyncio.Protocol):
             self._release(budgeted)
         self.queue.clear()
         self.unparsed = b""
-        self.body.clear()
+        self.body = []
         self._wake_writer()
 
     def pause_writing(self) -> None:
@@ -383,8 +394,8 @@ class Connection(asyncio.Protocol):
         data = self.unparsed
         end = len(data)
         pos = 0
-        while pos < end and not self.done and not self._blocked():
-            size = max(self.body_expected - len(self.body), HEAD_SLICE_BYTES) if self.body_expected \
+        while pos < end and not self.done and not self.writing_paused and not self.queue:
+            size = max(self.body_expected - self.body_received, HEAD_SLICE_BYTES) if self.body_expected \
                 else HEAD_SLICE_BYTES
             piece = data if pos == 0 and end <= size else data[pos:pos + size]
             pos += len(piece)
@@ -408,8 +419,11 @@ class Connection(asyncio.Protocol):
                 self._refusal(431, "request head too large")
                 break
         self.unparsed = data[pos:] if pos < end and not self.done else b""
-        self._next()
-        self._read(not self.done and not self._blocked())
+        if self.queue:
+            self._next()
+        want = not self.done and not self._blocked()
+        if want != self.reading:
+            self._read(want)
 
     def _read(self, want: bool) -> None:
         transport = self.transport
@@ -423,18 +437,22 @@ class Connection(asyncio.Protocol):
 
     # httptools callbacks (on the loop, inside feed_data)
 
-    def on_message_begin(self) -> None:
+    def on_url(self, url: bytes) -> None:
+        """The first callback of a message (the request target, maybe in
+        parts): a head begins (no on_message_begin: one call less a request)."""
+        if self.in_head:
+            self.url += url
+            return
         self.in_head = True
-        self.url = b""
+        self.url = url
         self.headers = {}
         if not self.busy and not self.queue:
             self.deadline = self.loop.time() + self.shared.limits.head_timeout_s
 
-    def on_url(self, url: bytes) -> None:
-        self.url = self.url + url if self.url else url
-
     def on_header(self, name: bytes, value: bytes) -> None:
-        key = name.decode("latin-1").lower()
+        key = _HEADER_NAMES.get(name)
+        if key is None:
+            key = name.decode("latin-1").lower()
         text = value.decode("latin-1")
         seen = self.headers.get(key)
         if seen is None:
@@ -457,7 +475,8 @@ class Connection(asyncio.Protocol):
         if not path.startswith("/"):
             raise self._refusal(400, "the request target must be a path")
         length = int(headers.get("content-length", "0"))
-        request = Request(self.parser.get_method().decode("ascii"), path, query, headers, b"",
+        method = self.parser.get_method()
+        request = Request(_METHODS.get(method) or method.decode("ascii"), path, query, headers, b"",
                           self.transport)
         keep_alive = self.parser.should_keep_alive()
         shared = self.shared
@@ -485,14 +504,16 @@ class Connection(asyncio.Protocol):
                 self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
 
     def on_body(self, body: bytes) -> None:
-        self.body += body
+        self.body.append(body)
+        self.body_received += len(body)
 
     def on_message_complete(self) -> None:
         request = self.request
         if request is None:  # refused on its head (an answer without a body stays queued)
             return
-        request.body = bytes(self.body)
-        self.body.clear()
+        request.body = b"".join(self.body)  # (one part, the usual case: that part itself)
+        self.body = []
+        self.body_received = 0
         self.body_expected = 0
         self.queue.append((request, None, self.keep_alive, self.budget))
         self.request, self.budget = None, 0
@@ -576,8 +597,12 @@ class Connection(asyncio.Protocol):
                 shared.idle.set()
         if not self.body_expected and not self.in_head:
             self.deadline = self.loop.time() + shared.limits.idle_timeout_s
-        self._next()
-        self._feed()
+        if self.queue:
+            self._next()
+        if self.unparsed:
+            self._feed()
+        elif not self.reading:
+            self._read(not self.done and not self._blocked())
 
     async def _stream(self, transport: asyncio.Transport, response: StreamResponse, close: bool) -> None:
         transport.write(_head(response.status, response.content_type, None, response.headers, close))
@@ -600,6 +625,13 @@ class Connection(asyncio.Protocol):
         self.drained = None
 
 
+# The spellings clients send of common header names, and of methods,
+# decoded once.
+_HEADER_NAMES = {spelling.encode(): spelling.lower() for name in (
+    "Host", "Content-Type", "Content-Length", "Connection", "Accept", "Accept-Encoding", "User-Agent",
+    "Authorization", "Expect", "Cookie", "Origin", "Sec-Fetch-Site", "Transfer-Encoding")
+    for spelling in (name, name.lower())}
+_METHODS = {m.encode(): m for m in ("GET", "POST", "HEAD", "PUT", "DELETE", "OPTIONS", "PATCH")}
 # Headers a request may carry once: a second copy is ambiguous (which one
 # would a proxy in front have read?), answered 400. Others are joined.
 _SINGLE = frozenset(("host", "authorization", "content-type", "content-length", "transfer-encoding", "expect",
