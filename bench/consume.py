@@ -20,6 +20,10 @@ request at a time; CPU is the server's own, from /proc/<pid>/stat):
   request_us_health     GET /health
   request_us_empty_pull POST pullMsg of a topic with nothing ready
   request_us_get_unknown POST getMsg of an id that is not there
+  front_us_<request>    the same requests' bytes fed to one kept-alive
+                        Connection in process (parser, head decisions,
+                        router, API, broker; no socket, so none of the
+                        system calls and wake-ups that vary with the load)
   handler_us_health, handler_us_empty_pull   the same requests handed to
                         the server's handler in-process, with no socket
 """
@@ -133,6 +137,78 @@ async def handler_costs(n: int) -> dict:
     return out
 
 
+class _Transport:
+    """What a Connection writes to, in process: each answer completes a
+    future (the last byte of every answer here is the JSON's `}`)."""
+
+    def __init__(self) -> None:
+        self.answered: asyncio.Future[None] | None = None
+
+    def write(self, data: bytes) -> None:
+        if self.answered is not None and not self.answered.done() and data.endswith(b"}"):
+            self.answered.set_result(None)
+
+    def is_closing(self) -> bool:
+        return False
+
+    def set_write_buffer_limits(self, high: int | None = None) -> None:
+        pass
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+async def front_costs(n: int) -> dict:
+    """The server's own CPU of a request from its bytes to its answer's
+    bytes (parser, head decisions, router, API, broker), in process on one
+    kept-alive Connection: no socket, so no system calls and no wake-ups,
+    which on this machine's VM cost more than the request itself and vary
+    with the load. A node whose app is `handler()`/`api.body_cap` (before
+    the head decisions) is measured the same way."""
+    import broker.httpd as httpd
+
+    with tempfile.TemporaryDirectory() as directory:
+        node = DiskNode(ServeConfig(data_dir=directory))
+        node.broker.start()
+        if hasattr(node, "app"):
+            dispatch, admit = node.app()
+            shared = httpd._Shared(dispatch, admit, httpd.Limits())
+        else:
+            shared = httpd._Shared(node.handler(), node.api.body_cap, httpd.Limits())
+        connection = httpd.Connection(shared)
+        transport = _Transport()
+        connection.connection_made(transport)  # (a stand-in for the socket transport)
+        loop = asyncio.get_running_loop()
+        out = {}
+        for name, raw in REQUESTS.items():
+            for i in range(n + 2000):  # 2,000 to warm up
+                if i == 2000:
+                    cpu = time.process_time()
+                transport.answered = loop.create_future()
+                connection.data_received(raw)
+                await transport.answered
+            out[f"front_us_{name}"] = round((time.process_time() - cpu) / n * 1e6, 2)
+        await node.broker.stop()
+        node.store.close()
+    return out
+
+
+REQUESTS = {
+    "health": b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
+    "empty_pull": b"POST /camellia/delayQueue/pullMsg HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                  b"Content-Type: application/x-www-form-urlencoded\r\nContent-Length: %d\r\n\r\n%s"
+                  % (len(PULL_BODY), PULL_BODY),
+    "get_unknown": b"POST /camellia/delayQueue/getMsg HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                   b"Content-Type: application/x-www-form-urlencoded\r\nContent-Length: %d\r\n\r\n%s"
+                   % (len(GET_BODY), GET_BODY)}
+
+
 def request_costs(n: int) -> dict:
     port = free_port()
     with tempfile.TemporaryDirectory() as directory:
@@ -140,16 +216,8 @@ def request_costs(n: int) -> dict:
                               log_path=os.path.join(directory, "serve.log"))
         try:
             conn = socket.create_connection(("127.0.0.1", port))
-            requests = {
-                "health": b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
-                "empty_pull": b"POST /camellia/delayQueue/pullMsg HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-                              b"Content-Type: application/x-www-form-urlencoded\r\nContent-Length: %d\r\n\r\n%s"
-                              % (len(PULL_BODY), PULL_BODY),
-                "get_unknown": b"POST /camellia/delayQueue/getMsg HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-                               b"Content-Type: application/x-www-form-urlencoded\r\nContent-Length: %d\r\n\r\n%s"
-                               % (len(GET_BODY), GET_BODY)}
             out = {}
-            for name, raw in requests.items():
+            for name, raw in REQUESTS.items():
                 for _ in range(200):  # warm up
                     _round_trip(conn, raw)
                 cpu = cpu_s(server.proc.pid)
@@ -184,11 +252,14 @@ def main() -> None:
     logging.basicConfig(level=logging.ERROR)
     figures: dict = {}
     if args.requests_only:
-        print(json.dumps({"figures": request_costs(args.requests), "parameters": vars(args)}, indent=1))
+        figures.update(uvloop.run(front_costs(args.requests)))
+        figures.update(request_costs(args.requests))
+        print(json.dumps({"figures": figures, "parameters": vars(args)}, indent=1))
         return
     figures.update(uvloop.run(ack_path(min(args.msgs, 9_000))))  # (under --max-inflight's 10,000)
     figures.update(uvloop.run(drain(args.msgs)))
     figures.update(uvloop.run(handler_costs(args.requests * 4)))
+    figures.update(uvloop.run(front_costs(args.requests)))
     figures.update(request_costs(args.requests))
     print(json.dumps({"figures": figures, "parameters": vars(args)}, indent=1))
 
