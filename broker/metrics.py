@@ -153,21 +153,20 @@ class TopicMetrics:
         for message in messages:
             self.pull_gap.observe(now_ms - due_ms(message.trigger_ms, message.produce_ms))
 
-    def count(self, effects: Iterable[Effect]) -> None:
+    def count(self, effects: tuple[Effect, ...]) -> None:
         """What a transition's effects count (broker.transitions: COUNT_*)."""
-        for effect in effects:
-            if effect is Effect.COUNT_ENDED:
-                self.ended += 1
-            elif effect is Effect.COUNT_RETRY:
-                self.retries += 1
-            elif effect is Effect.COUNT_ACK:
-                self.acks += 1
-            elif effect is Effect.COUNT_NACK:
-                self.nacks += 1
-            elif effect is Effect.COUNT_READY:
-                self.ready += 1
-            elif effect is Effect.COUNT_DELETE:
-                self.deletes += 1
+        counters = _COUNTED.get(effects)
+        if counters is None:  # (a handful of distinct effect tuples: each looked at once)
+            counters = _COUNTED[effects] = tuple(_COUNTERS[e] for e in effects if e in _COUNTERS)
+        for name in counters:
+            setattr(self, name, getattr(self, name) + 1)
+
+
+# The counter each COUNT_* effect adds one to, and, per tuple of effects a
+# step gave, the counters it adds to.
+_COUNTERS = {Effect.COUNT_ENDED: "ended", Effect.COUNT_RETRY: "retries", Effect.COUNT_ACK: "acks",
+             Effect.COUNT_NACK: "nacks", Effect.COUNT_READY: "ready", Effect.COUNT_DELETE: "deletes"}
+_COUNTED: dict[tuple[Effect, ...], tuple[str, ...]] = {}
 
 
 COUNTERS = (("sends", "messages stored by sendMsg/sendMsgBatch"),

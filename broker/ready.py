@@ -46,6 +46,8 @@ from storage.errors import ConfigError
 
 from .transitions import MessageState
 
+_new_state = tuple.__new__  # (a MessageState without its Python-level __new__)
+
 # A window message keeps its whole Message in RAM when its text is at most
 # this many characters (a pull then reads nothing from disk).
 CACHED_MSG_CHARS = 512
@@ -120,7 +122,8 @@ class HeldMessage:
 
     @property
     def state(self) -> MessageState:
-        return MessageState(self.status, self.retry, self.max_retry, self.trigger_ms, self.ttl_ms, self.deadline_ms)
+        return _new_state(MessageState, (self.status, self.retry, self.max_retry, self.trigger_ms, self.ttl_ms,
+                                         self.deadline_ms))
 
     def become(self, state: MessageState) -> None:
         self.status, self.retry, self.deadline_ms = state.status, state.retry, state.deadline_ms

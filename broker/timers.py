@@ -76,14 +76,14 @@ class Timers:
         return len(self._queue)
 
     def set(self, location: Location, kind: TimerKind, due_ms: int) -> None:
-        if self._queue.offer(Timer(location, kind, due_ms), due_ms):
+        if self._queue.offer(tuple.__new__(Timer, (location, kind, due_ms)), due_ms):  # (no Python __new__)
             self._wake.set()
 
-    def compact(self, held: int, current: Callable[[Timer], bool]) -> None:
+    def compact(self, current: Callable[[Timer], bool]) -> None:
         """Drop the timers not `current` (their message acked, deleted, ended,
-        or moved on) once they may outnumber the `held` messages."""
-        if len(self._queue) > 2 * held + COMPACT_SLACK:
-            self._queue.retain(lambda timer, _: current(timer))
+        or moved on): the windows call it once the timers may outnumber the
+        messages they hold by COMPACT_SLACK."""
+        self._queue.retain(lambda timer, _: current(timer))
 
     def wake(self) -> None:
         self._wake.set()

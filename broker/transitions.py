@@ -83,12 +83,22 @@ class MessageState(NamedTuple):
 
     @classmethod
     def of(cls, message: Message) -> MessageState:
-        return cls(message.status, message.retry, message.max_retry, message.trigger_ms, message.ttl_ms)
+        return _new(cls, (message.status, message.retry, message.max_retry, message.trigger_ms, message.ttl_ms, 0))
 
     @classmethod
     def sent(cls, message: NewMessage) -> MessageState:
         """What a send stores: WAITING, never delivered."""
         return cls(WAITING, 0, message.max_retry, message.trigger_ms, message.ttl_ms)
+
+
+# NamedTuples made without their generated (Python-level) __new__: the
+# lifecycle makes several per message, and this is a third of the cost.
+_new = tuple.__new__
+
+
+def expired(trigger_ms: int, ttl_ms: int, now_ms: int) -> bool:
+    """The ttl rule: a message's life ends at triggerTime + ttlMillis."""
+    return now_ms >= trigger_ms + ttl_ms
 
 
 class Effect(enum.Enum):
@@ -216,6 +226,24 @@ def step(state: MessageState | None, event: Event, now_ms: int) -> Step:
     """What `event` at `now_ms` does to a message in `state` (None: no
     message has the id): its new state, the effects to carry out, or a
     refusal. See the module docstring's table."""
+    if state is not None:  # the events of a pull, a release, an ack first: the common ones
+        if isinstance(event, Pull):
+            if state.status is not READY:
+                return _new(Step, (state, (), None))
+            return _new(Step, (_new(MessageState, (CONSUMING, state.retry + 1, state.max_retry, state.trigger_ms,
+                                                    state.ttl_ms, event.deadline_ms)),
+                               _TAKEN, None))
+        if isinstance(event, Release) and state.status is WAITING and not expired(state.trigger_ms, state.ttl_ms, now_ms):
+            return _new(Step, (_to(state, READY), _HELD, None))
+        if isinstance(event, AckTimeout) and (state.status is not CONSUMING
+                                              or state.deadline_ms != event.deadline_ms):
+            return _new(Step, (state, (), None))  # acked, or pulled again since: a stale timer
+        if isinstance(event, Ack) and (state.status is READY or state.status is CONSUMING):
+            return _new(Step, (_to(state, ACKED), _ACKED_HELD, None))
+    return _step(state, event, now_ms)
+
+
+def _step(state: MessageState | None, event: Event, now_ms: int) -> Step:
     if state is None:
         if isinstance(event, Send):
             return Step(event.sent, _FILED_DUE if event.sent.trigger_ms <= now_ms else _FILED)
@@ -245,11 +273,11 @@ def step(state: MessageState | None, event: Event, now_ms: int) -> Step:
     if isinstance(event, Release):
         if status is not WAITING:
             return Step(state)  # released already (by the wheel or its request), or ended
-        if now_ms >= state.expire_ms:
+        if expired(state.trigger_ms, state.ttl_ms, now_ms):
             return Step(_to(state, EXPIRED), _ENDED_AT_RELEASE)
         return Step(_to(state, READY), _HELD)
     if isinstance(event, Ttl):
-        if status is not READY or now_ms < state.expire_ms:
+        if status is not READY or not expired(state.trigger_ms, state.ttl_ms, now_ms):
             return Step(state)
         return Step(_to(state, EXPIRED if state.retry == 0 else ENDED), _ENDED)
     if isinstance(event, Send):
@@ -282,12 +310,12 @@ def _retry_or_end(state: MessageState, now_ms: int, requeued: tuple[Effect, ...]
                   ended: tuple[Effect, ...]) -> Step:
     """A delivery was not acked: READY again, or ENDED after maxRetry + 1
     deliveries or past its ttl."""
-    if state.retry > state.max_retry or now_ms >= state.expire_ms:
+    if state.retry > state.max_retry or expired(state.trigger_ms, state.ttl_ms, now_ms):
         return Step(_to(state, ENDED), ended)
     return Step(_to(state, READY), requeued)
 
 
 def _to(state: MessageState, status: Status, retry: int | None = None) -> MessageState:
     """`state` in `status` (and with `retry`), no ack deadline (not consuming)."""
-    return MessageState(status, state.retry if retry is None else retry, state.max_retry, state.trigger_ms,
-                        state.ttl_ms)
+    return _new(MessageState, (status, state.retry if retry is None else retry, state.max_retry, state.trigger_ms,
+                               state.ttl_ms, 0))

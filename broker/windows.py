@@ -40,8 +40,8 @@ from .lifecycle import Lifecycle
 from .long_polls import LongPolls
 from .metrics import Metrics
 from .ready import HeldMessage, QueueLimits, TopicQueue
-from .timers import Timer, TimerKind, Timers
-from .transitions import TTL, Effect, MessageState, Pull, Step, step
+from .timers import COMPACT_SLACK, Timer, TimerKind, Timers
+from .transitions import TTL, Effect, MessageState, Pull, Step, expired, step
 
 # A refill reads at most about this many index entries (192 KiB) and takes
 # at most REFILL_FOUND messages before other work runs.
@@ -222,8 +222,10 @@ class ReadyWindows:
     # == RAM state of READY / CONSUMING messages (broker.ready) =================
 
     def _set_timer(self, location: Location, kind: TimerKind, due_ms: int) -> None:
-        self._timers.compact(len(self.held), self._timer_current)
-        self._timers.set(location, kind, due_ms)
+        timers = self._timers
+        if len(timers) > 2 * len(self.held) + COMPACT_SLACK:
+            timers.compact(self._timer_current)
+        timers.set(location, kind, due_ms)
 
     def _timer_current(self, timer: Timer) -> bool:
         """Would the timer, firing at its time, change its message? (If not,
@@ -355,11 +357,12 @@ class ReadyWindows:
         and alive and its key has room (else it ends, or stays on disk)."""
         if message is None or message.status is not Status.READY or message.topic != queue.name:
             return False
-        expired = step(MessageState.of(message), TTL, now_ms)
-        if expired.state is not None and expired.effects:
-            ended.append(StateChange(location, expired.state.status, expired.state.retry))
-            self._metrics.topic(queue.name).count(expired.effects)
-            return False
+        if expired(message.trigger_ms, message.ttl_ms, now_ms):  # (step says what its end is)
+            ending = step(MessageState.of(message), TTL, now_ms)
+            if ending.state is not None and ending.effects:
+                ended.append(StateChange(location, ending.state.status, ending.state.retry))
+                self._metrics.topic(queue.name).count(ending.effects)
+                return False
         if message.key and self._key_full(queue, message.key):
             self._key_spill(queue, message.key, location)  # (read again when the key has room)
             return False
