@@ -101,6 +101,18 @@ def expired(trigger_ms: int, ttl_ms: int, now_ms: int) -> bool:
     return now_ms >= trigger_ms + ttl_ms
 
 
+def ack_timeout_applies(status: Status, deadline_ms: int, timer_deadline_ms: int) -> bool:
+    """An ack timer changes its message only while that message is in the
+    delivery the timer was set for (not acked, not pulled again since)."""
+    return status is CONSUMING and deadline_ms == timer_deadline_ms
+
+
+def ttl_applies(status: Status, trigger_ms: int, ttl_ms: int, now_ms: int) -> bool:
+    """A ttl ends a message that waits READY (one in flight ends at its ack
+    timeout, one WAITING at its release)."""
+    return status is READY and expired(trigger_ms, ttl_ms, now_ms)
+
+
 class Effect(enum.Enum):
     """What the parts do to carry a step out (in no particular order)."""
 
@@ -156,7 +168,7 @@ class Release:
     due at once."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # (not frozen: one is made for every pull, and a frozen one costs twice; never changed)
 class Pull:
     deadline_ms: int  # when this delivery's ack times out
 
@@ -171,7 +183,7 @@ class Nack:
     """ackMsg with ack=false."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # (not frozen, as Pull: one for every ack timer that fires)
 class AckTimeout:
     deadline_ms: int  # the deadline the timer was set for
 
@@ -235,8 +247,8 @@ def step(state: MessageState | None, event: Event, now_ms: int) -> Step:
                                _TAKEN, None))
         if isinstance(event, Release) and state.status is WAITING and not expired(state.trigger_ms, state.ttl_ms, now_ms):
             return _new(Step, (_to(state, READY), _HELD, None))
-        if isinstance(event, AckTimeout) and (state.status is not CONSUMING
-                                              or state.deadline_ms != event.deadline_ms):
+        if isinstance(event, AckTimeout) and not ack_timeout_applies(state.status, state.deadline_ms,
+                                                                     event.deadline_ms):
             return _new(Step, (state, (), None))  # acked, or pulled again since: a stale timer
         if isinstance(event, Ack) and (state.status is READY or state.status is CONSUMING):
             return _new(Step, (_to(state, ACKED), _ACKED_HELD, None))
@@ -267,7 +279,7 @@ def _step(state: MessageState | None, event: Event, now_ms: int) -> Step:
             return Step(state)  # (a repeated nack, or of a message never pulled)
         return _retry_or_end(state, now_ms, _NACK_REQUEUED, _NACK_ENDED)
     if isinstance(event, AckTimeout):
-        if status is not CONSUMING or state.deadline_ms != event.deadline_ms:
+        if not ack_timeout_applies(status, state.deadline_ms, event.deadline_ms):
             return Step(state)  # acked, or pulled again since: a stale timer
         return _retry_or_end(state, now_ms, _REQUEUED, _ENDED)
     if isinstance(event, Release):
@@ -277,7 +289,7 @@ def _step(state: MessageState | None, event: Event, now_ms: int) -> Step:
             return Step(_to(state, EXPIRED), _ENDED_AT_RELEASE)
         return Step(_to(state, READY), _HELD)
     if isinstance(event, Ttl):
-        if status is not READY or not expired(state.trigger_ms, state.ttl_ms, now_ms):
+        if not ttl_applies(status, state.trigger_ms, state.ttl_ms, now_ms):
             return Step(state)
         return Step(_to(state, EXPIRED if state.retry == 0 else ENDED), _ENDED)
     if isinstance(event, Send):
