@@ -111,7 +111,6 @@ async def drain(n: int) -> dict:
 
 
 PULL_BODY = b"topic=nothing-here&batch=1"
-GET_BODY = b"topic=nothing-here&msgId=no-such-id"
 PULL_HEADERS = {"host": "127.0.0.1", "content-type": "application/x-www-form-urlencoded",
                 "content-length": str(len(PULL_BODY))}
 

@@ -156,15 +156,9 @@ class Requests:
         now_ms = self._clock.now_ms()
         changes = []
         for message in messages:
-            held = self._windows.held_at(message.location)
-            if held is None:
-                continue
-            before = held.status
-            done = step(held.state, GIVE_BACK, now_ms)
-            if done.state is not None and done.effects:
-                self._windows.carry_out(held, done)
-                changes.append(StateChange(held.location, done.state.status, done.state.retry, prev_status=before,
-                                           topic_hash=held.topic_hash))
+            change = self._windows.step_held(message.location, GIVE_BACK, now_ms)
+            if change is not None:
+                changes.append(change)
         if changes:
             self._journal.append(changes, now_ms)
             await self._commits.durable()

@@ -41,7 +41,7 @@ from .long_polls import LongPolls
 from .metrics import Metrics
 from .ready import HeldMessage, QueueLimits, TopicQueue
 from .timers import COMPACT_SLACK, Timer, TimerKind, Timers
-from .transitions import TTL, Effect, MessageState, Pull, Step, ack_timeout_applies, expired, step, ttl_applies
+from .transitions import TTL, Effect, Event, MessageState, Pull, Step, ack_timeout_applies, expired, step, ttl_applies
 
 # A refill reads at most about this many index entries (192 KiB) and takes
 # at most REFILL_FOUND messages before other work runs.
@@ -94,9 +94,6 @@ class ReadyWindows:
         if queue is None:
             queue = self.topics[topic] = TopicQueue(topic, text_hash(topic))
         return queue
-
-    def held_at(self, location: Location) -> HeldMessage | None:
-        return self.held.get(location)
 
     def in_flight(self, topic: str, msg_id: str) -> HeldMessage | None:
         """The CONSUMING message of that id (every one is held), or None."""
@@ -192,16 +189,24 @@ class ReadyWindows:
         current (an ack timeout, an expiry), done in RAM."""
         changes = []
         for timer in timers:
-            held = self.held.get(timer.location)
-            if held is None:
-                continue
-            before = held.status
-            done = step(held.state, timer.event, now_ms)
-            if done.state is not None and done.effects:
-                self.carry_out(held, done)
-                changes.append(StateChange(held.location, done.state.status, done.state.retry, prev_status=before,
-                                           topic_hash=held.topic_hash))
+            change = self.step_held(timer.location, timer.event, now_ms)
+            if change is not None:
+                changes.append(change)
         return changes
+
+    def step_held(self, location: Location, event: Event, now_ms: int) -> StateChange | None:
+        """`event` to the message held at `location`, carried out in RAM: the
+        status change to log, or None (not held, or the event changes nothing)."""
+        held = self.held.get(location)
+        if held is None:
+            return None
+        before = held.status
+        done = step(held.state, event, now_ms)
+        if done.state is None or not done.effects:
+            return None
+        self.carry_out(held, done)
+        return StateChange(location, done.state.status, done.state.retry, prev_status=before,
+                           topic_hash=held.topic_hash)
 
     # == recovery (broker.recovery) ================================================
 
