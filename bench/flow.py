@@ -1,0 +1,268 @@
+"""The flow path's server CPU, in process: a request's bytes fed to kept-alive
+`Connection`s of a real node (a store in a temporary directory, `--fsync
+batch`: every send and ack answered after its fsync) over stand-in
+transports, several clients at once, each sending its next request when its
+answer is written. CPU is this process's user+system time: the parser, the
+head decisions, the API, the broker, the group commit and the fsyncs
+themselves (no socket, no wake-up: bench/peers.py measures those over
+loopback). Prints ONE JSON object.
+
+    .venv/bin/python bench/flow.py                       # every scenario
+    .venv/bin/python bench/flow.py --scenarios send --clients 1,4
+    .venv/bin/python bench/flow.py --profile send        # cProfile of one scenario, to stderr
+
+  send_us_per_request      sendMsg of one message (delay 1 min..1 h)
+  batch_us_per_msg         sendMsgBatch of --batch (100) messages, per message
+  pull_ack_us_per_request  pullMsg of one due message, then ackMsg of it:
+                           the mean of the two requests
+  drain_us_per_msg         pullMsg of 100 due messages, then one ackMsg
+                           per message (as bench/peers.py's drain), per message
+  drain_batch_us_per_msg   the same with one ackMsg of the 100 ids
+
+Each figure is measured for each --clients count (clients at once; `_c4`
+in the key for 4), with the number of fsyncs per request it took beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import json
+import logging
+import os
+import pstats
+import random
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+
+import uvloop
+
+import broker.httpd as httpd
+from broker.config import ServeConfig
+from broker.nodes import DiskNode
+from storage.config import FsyncPolicy, StoreConfig
+
+API = b"/camellia/delayQueue/"
+PAYLOAD = b"x" * 100
+
+
+class _Transport:
+    """What a Connection writes to, in process: each whole answer (every
+    answer here ends with its JSON's `}`) completes the waiting future."""
+
+    def __init__(self) -> None:
+        self.answered: asyncio.Future[bytes] | None = None
+        self.buffer = b""
+
+    def write(self, data: bytes) -> None:
+        self.buffer += data
+        if self.answered is not None and not self.answered.done() and data.endswith(b"}"):
+            self.answered.set_result(self.buffer)
+            self.buffer = b""
+
+    def is_closing(self) -> bool:
+        return False
+
+    def set_write_buffer_limits(self, high: int | None = None) -> None:
+        pass
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _post(route: bytes, body: bytes, content_type: bytes = b"application/x-www-form-urlencoded") -> bytes:
+    return (b"POST %s%s HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: %s\r\nContent-Length: %d\r\n\r\n%s"
+            % (API, route, content_type, len(body), body))
+
+
+def _send(msg_id: str, delay_ms: int) -> bytes:
+    return _post(b"sendMsg", b"topic=t&msg=%s&msgId=%s&delayMillis=%d" % (PAYLOAD, msg_id.encode(), delay_ms))
+
+
+def _batch(first: int, count: int, delay_ms: Callable[[], int]) -> bytes:
+    msgs = b",".join(b'{"msg":"%s","msgId":"b%d","delayMillis":%d}' % (PAYLOAD, first + i, delay_ms())
+                     for i in range(count))
+    return _post(b"sendMsgBatch", b'{"topic":"t","msgs":[%s]}' % msgs, b"application/json")
+
+
+class Node:
+    """A real disk node in a temporary directory, reached through
+    in-process connections."""
+
+    def __init__(self, directory: str, fsync: str) -> None:
+        self.node = DiskNode(ServeConfig(data_dir=directory, store=StoreConfig(fsync=FsyncPolicy(fsync))))
+        self.node.broker.start()
+        dispatch, admit = self.node.app()
+        self.shared = httpd._Shared(dispatch, admit, httpd.Limits())
+        self.loop = asyncio.get_running_loop()
+
+    def client(self) -> Client:
+        return Client(self)
+
+    def fsyncs(self) -> int:
+        return int(self.node.metrics.fsync_seconds.count)
+
+    async def close(self) -> None:
+        await self.node.broker.stop()
+        self.node.store.close()
+
+
+class Client:
+    def __init__(self, node: Node) -> None:
+        self.loop = node.loop
+        self.connection = httpd.Connection(node.shared)
+        self.transport = _Transport()
+        self.connection.connection_made(self.transport)  # type: ignore[arg-type]
+
+    async def request(self, raw: bytes) -> bytes:
+        self.transport.answered = self.loop.create_future()
+        self.connection.data_received(raw)
+        answer = await self.transport.answered
+        if b'"code":200' not in answer:
+            raise RuntimeError(f"not answered 200: {answer[:300]!r}")
+        return answer
+
+
+def _ids(answer: bytes) -> list[bytes]:
+    out, pos = [], 0
+    while (pos := answer.find(b'"msgId":"', pos)) >= 0:
+        end = answer.index(b'"', pos + 9)
+        out.append(answer[pos + 9:end])
+        pos = end
+    return out
+
+
+async def _measure(node: Node, clients: int, work: Callable[[Client, int], Iterator[bytes]],
+                   units_per_client: int) -> tuple[float, int]:
+    """Run `work` on `clients` clients at once; CPU seconds and fsyncs."""
+    conns = [node.client() for _ in range(clients)]
+
+    async def run(k: int) -> None:
+        gen = work(conns[k], k)
+        answer = None
+        while True:
+            try:
+                raw = gen.send(answer) if answer is not None else next(gen)
+            except StopIteration:
+                return
+            answer = await conns[k].request(raw)
+    fsyncs, cpu = node.fsyncs(), time.process_time()
+    await asyncio.gather(*(run(k) for k in range(clients)))
+    return time.process_time() - cpu, node.fsyncs() - fsyncs
+
+
+async def _fill_due(node: Node, n: int) -> None:
+    client = node.client()
+    for first in range(0, n, 500):
+        await client.request(_batch(10_000_000 + first, min(500, n - first), lambda: 0))
+    await asyncio.sleep(0.3)
+
+
+async def scenario(name: str, clients: int, n: int, batch: int, fsync: str) -> dict[str, float]:
+    rng = random.Random(7)
+    with tempfile.TemporaryDirectory() as directory:
+        node = Node(directory, fsync)
+        try:
+            out: dict[str, float] = {}
+            per = max(1, n // clients)
+            if name == "send":
+                def work(_c: Client, k: int) -> Iterator[bytes]:
+                    for i in range(per):
+                        yield _send(f"s{k}-{i}", rng.randrange(60_000, 3_600_000))
+                cpu, fsyncs = await _measure(node, clients, work, per)
+                requests = per * clients
+                out[f"send_us_per_request_c{clients}"] = cpu / requests * 1e6
+            elif name == "batch":
+                def work(_c: Client, k: int) -> Iterator[bytes]:
+                    for i in range(max(1, per // batch)):
+                        yield _batch((k * per + i * batch), batch, lambda: rng.randrange(60_000, 3_600_000))
+                cpu, fsyncs = await _measure(node, clients, work, per)
+                requests = max(1, per // batch) * clients
+                out[f"batch_us_per_msg_c{clients}"] = cpu / (requests * batch) * 1e6
+            elif name == "pull_ack":
+                await _fill_due(node, per * clients)
+
+                def work(_c: Client, k: int) -> Iterator[bytes]:
+                    for _ in range(per):
+                        answer = yield _post(b"pullMsg", b"topic=t&batch=1&ackTimeoutMillis=600000")
+                        for msg_id in _ids(answer):
+                            yield _post(b"ackMsg", b"topic=t&msgId=" + msg_id)
+                cpu, fsyncs = await _measure(node, clients, work, per)
+                requests = per * clients * 2
+                out[f"pull_ack_us_per_request_c{clients}"] = cpu / requests * 1e6
+            elif name in ("drain", "drain_batch"):
+                await _fill_due(node, per * clients)
+                requests_made = [0]
+
+                def work(_c: Client, k: int) -> Iterator[bytes]:
+                    taken = 0
+                    while taken < per:
+                        answer = yield _post(b"pullMsg", b"topic=t&batch=100&ackTimeoutMillis=600000")
+                        requests_made[0] += 1
+                        ids = _ids(answer)
+                        if not ids:
+                            return
+                        taken += len(ids)
+                        if name == "drain":
+                            for msg_id in ids:
+                                requests_made[0] += 1
+                                yield _post(b"ackMsg", b"topic=t&msgId=" + msg_id)
+                        else:
+                            requests_made[0] += 1
+                            yield _post(b"ackMsg", b"topic=t&msgIds=" + b",".join(ids))
+                cpu, fsyncs = await _measure(node, clients, work, per)
+                requests = requests_made[0]
+                out[f"{name}_us_per_msg_c{clients}"] = cpu / (per * clients) * 1e6
+            else:
+                raise SystemExit(f"unknown scenario {name}")
+            out[f"{name}_fsyncs_per_request_c{clients}"] = fsyncs / requests
+            return {k: round(v, 3 if "fsyncs" in k else 1) for k, v in out.items()}
+        finally:
+            await node.close()
+
+
+SCENARIOS = ("send", "batch", "pull_ack", "drain", "drain_batch")
+SIZES = {"send": 20_000, "batch": 200_000, "pull_ack": 10_000, "drain": 50_000, "drain_batch": 100_000}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--scenarios", default=",".join(SCENARIOS), help="comma list of " + ", ".join(SCENARIOS))
+    parser.add_argument("--clients", default="1,4", help="comma list of client counts")
+    parser.add_argument("--scale", type=float, default=1.0, help="multiply each scenario's size")
+    parser.add_argument("--batch", type=int, default=100, help="messages a sendMsgBatch")
+    parser.add_argument("--fsync", default="batch", choices=("batch", "never"), help="the node's --fsync")
+    parser.add_argument("--profile", metavar="SCENARIO", help="cProfile this scenario (the last --clients count) to stderr")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.ERROR)
+    if args.profile:
+        profiler = cProfile.Profile()
+        profiler.enable()
+        clients = int(args.clients.split(",")[-1])
+        uvloop.run(scenario(args.profile, clients, int(SIZES[args.profile] * args.scale), args.batch, args.fsync))
+        profiler.disable()
+        pstats.Stats(profiler, stream=sys.stderr).sort_stats("tottime").print_stats(40)
+        return
+    figures: dict[str, float] = {}
+    for name in args.scenarios.split(","):
+        for clients in (int(c) for c in args.clients.split(",")):
+            figures.update(uvloop.run(scenario(name, clients, int(SIZES[name] * args.scale), args.batch, args.fsync)))
+            print(json.dumps(figures), file=sys.stderr)
+    print(json.dumps({"benchmark": "bench/flow.py", "figures": figures, "parameters": vars(args)}, indent=1))
+
+
+if __name__ == "__main__":
+    from storage.files import raise_descriptor_limit
+
+    raise_descriptor_limit()
+    os.environ.setdefault("PYTHONHASHSEED", "0")
+    main()
