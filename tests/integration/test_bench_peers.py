@@ -88,6 +88,19 @@ def test_one_run_covers_every_system_and_ten_million_adds_its_lag():
     assert [s.name for s in bench.systems("lag-10m")] == ["hourglass"]
 
 
+def test_report_prints_the_table_of_a_saved_run(tmp_path, capsys):
+    figures = {"hourglass": {"roundtrip_ms_p50": 1.0, "lag_rss_mb": 90.0},
+               "redis_always": {"roundtrip_ms_p50": 2.0, "lag_rss_mb": 200.0}}
+    saved = tmp_path / "peers.json"
+    saved.write_text(json.dumps({"figures": figures, "better": peers.better(figures),
+                                 "targets": peers.targets(figures, peers.parse_args(["--quick"]))}))
+    assert peers.main(["--report", str(saved)]) == 0
+    table = capsys.readouterr().out
+    roundtrip = next(line for line in table.splitlines() if line.startswith("roundtrip_ms_p50"))
+    assert roundtrip.split()[1:] == ["1.000", "2.000", "0.5", "+"]
+    assert "met      round trip p50 <= Redis always's: 1.000 <= 2.000 (redis_always)" in table
+
+
 FIGURES = {
     "ingest-batch": ["ingest_batch_msgs_per_s", "ingest_batch_server_cpu_us_per_msg",
                      "ingest_batch_server_cpu_us_per_request"],
