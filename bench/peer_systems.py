@@ -1,4 +1,4 @@
-"""The three systems bench/peers.py runs side by side. Each is a server this
+"""The systems bench/peers.py runs side by side. Each is a server this
 benchmark starts on 127.0.0.1 (a free port, a fresh data directory) and
 stops by PID, plus the asyncio client its producer and consumer processes
 use:
@@ -6,8 +6,8 @@ use:
   hourglass   `python -m broker.cli serve --fsync batch` (answers 200 only
               once the write is fsync'ed); camellia's HTTP API over raw
               HTTP/1.1 keep-alive connections (no HTTP library in the way)
-  redis       redis-server (AOF with appendfsync everysec, no RDB) holding a
-              Dyno-queues / camellia-delay-queue layout per topic T:
+  redis       redis-server (AOF, no RDB) holding a Dyno-queues /
+              camellia-delay-queue layout per topic T:
                 dq:{T}:msgs     hash  id -> payload
                 dq:{T}:waiting  zset  id scored by trigger ms
                 dq:{T}:ready    list  ids due, popped from the left
@@ -22,13 +22,18 @@ use:
               ZADDs them to unack and HGETs their payloads; an empty pull
               waits for the wake-up (camellia's long poll). Ack: ZREM unack
               + HDEL msgs in one round trip. Clients are redis-py's asyncio
-              client (with hiredis when installed).
-  beanstalkd  `beanstalkd -b DIR -f 1000` (binlog, fsync at most every
-              second); its text protocol written and parsed here over an
-              asyncio socket: `put` (the delay in whole seconds, rounded up
-              so that nothing is early), `reserve-with-timeout` (one job
-              per reserve, so a pull of n sends one blocking reserve and
-              then n-1 `reserve-with-timeout 0` pipelined), `delete`.
+              client (with hiredis when installed). The AOF's fsync policy
+              is the system's: `appendfsync always` (the answer comes after
+              the fsync) or `everysec` (at most a second of answered writes
+              lost to a crash of the machine).
+  beanstalkd  `beanstalkd -b DIR [-f MS]` (a binlog); `-f 0` fsyncs every
+              write before the answer, no -f is beanstalkd's own default
+              (fsync at most every 50 ms, as `beanstalkd -h` of 1.12 says);
+              its text protocol written and parsed here over an asyncio
+              socket: `put` (the delay in whole seconds, rounded up so that
+              nothing is early), `reserve-with-timeout` (one job per
+              reserve, so a pull of n sends one blocking reserve and then
+              n-1 `reserve-with-timeout 0` pipelined), `delete`.
 
 Every message carries a payload of --payload-bytes that starts with
 "<index>|<trigger_ms>|<effective_ms>|": the consumer learns from it which
@@ -401,14 +406,16 @@ class RedisSystem(System):
         return out
 
     def settle(self) -> None:
-        """No AOF rewrite running, then one appendfsync period."""
+        """No AOF rewrite running, then one appendfsync period (none with
+        `always`: every answered write is on disk already)."""
         if self.appendfsync == "off":
             return
         with contextlib.closing(self._client()) as r:
             wait_until(lambda: not (r.info("persistence")["aof_rewrite_in_progress"]
                                     or r.info("persistence")["aof_rewrite_scheduled"]), 300, "AOF rewrite",
                        every_s=0.1)
-        time.sleep(1.2)
+        if self.appendfsync == "everysec":
+            time.sleep(1.2)
 
     def describe(self) -> dict:
         with contextlib.closing(self._client()) as r:
@@ -426,19 +433,32 @@ class RedisSystem(System):
         return {"system": "redis", "port": self.port, "send": self.send}
 
 
+# beanstalkd's fsync period when no -f is given (`beanstalkd -h` of 1.12).
+BEANSTALKD_DEFAULT_FSYNC_MS = 50
+
+
 class BeanstalkdSystem(System):
-    name = "beanstalkd"
+    """beanstalkd with its binlog in the data dir. `fsync_ms`: its -f (0:
+    fsync every write before the answer); None gives no -f, beanstalkd's
+    own default."""
+
     clean_exits = (0, -signal.SIGTERM)
 
-    def __init__(self, work_dir: str, binary: str, fsync_ms: int) -> None:
+    def __init__(self, work_dir: str, binary: str, fsync_ms: int | None, name: str = "beanstalkd") -> None:
         super().__init__(work_dir)
-        self.binary, self.fsync_ms = binary, fsync_ms
-        self.durability = ("binlog written before the answer, fsync'ed every write" if fsync_ms == 0 else
-                           f"binlog written before the answer, fsync'ed at most every {fsync_ms} ms")
+        self.binary, self.fsync_ms, self.name = binary, fsync_ms, name
+        self.fsync_args = [] if fsync_ms is None else ["-f", str(fsync_ms)]
+        if fsync_ms == 0:
+            self.durability = "binlog fsync'ed before the answer (-f 0)"
+        elif fsync_ms is None:
+            self.durability = (f"binlog written before the answer, fsync'ed at most every "
+                               f"{BEANSTALKD_DEFAULT_FSYNC_MS} ms (beanstalkd's default, no -f)")
+        else:
+            self.durability = f"binlog written before the answer, fsync'ed at most every {fsync_ms} ms"
 
     def _spawn(self) -> None:
         self.server = Process([self.binary, "-l", HOST, "-p", str(self.port), "-b", self.data_dir,
-                               "-f", str(self.fsync_ms)], self.data_dir + ".log")
+                               *self.fsync_args], self.data_dir + ".log")
 
     def _command(self, line: bytes) -> tuple[bytes, bytes]:
         """One command on a fresh connection: (reply line, body if any)."""
@@ -471,11 +491,12 @@ class BeanstalkdSystem(System):
                       int(stats.get("current-jobs-reserved", 0)))
 
     def settle(self) -> None:
-        time.sleep(self.fsync_ms / 1000 + 0.2)
+        fsync_ms = BEANSTALKD_DEFAULT_FSYNC_MS if self.fsync_ms is None else self.fsync_ms
+        time.sleep(fsync_ms / 1000 + 0.2)
 
     def describe(self) -> dict:
         return {"version": self._stats(b"stats").get("version", "").strip('"'), "binary": self.binary,
-                "args": ["-b", "DIR", "-f", str(self.fsync_ms)], "durability": self.durability,
+                "args": ["-b", "DIR", *self.fsync_args], "durability": self.durability,
                 "client": "the text protocol over an asyncio socket (this file)"}
 
     def client_config(self) -> dict:
