@@ -20,7 +20,8 @@ loopback). Prints ONE JSON object.
   drain_batch_us_per_msg   the same with one ackMsg of the 100 ids
 
 Each figure is measured for each --clients count (clients at once; `_c4`
-in the key for 4), with the number of fsyncs per request it took beside it.
+in the key for 4), with the number of fsyncs per request it took and the
+requests answered a second (wall clock, clients included) beside it.
 """
 
 from __future__ import annotations
@@ -104,6 +105,7 @@ class Node:
         dispatch, admit = self.node.app()
         self.shared = httpd._Shared(dispatch, admit, httpd.Limits())
         self.loop = asyncio.get_running_loop()
+        self.wall_s = 0.0
 
     def client(self) -> Client:
         return Client(self)
@@ -155,8 +157,9 @@ async def _measure(node: Node, clients: int, work: Callable[[Client, int], Itera
             except StopIteration:
                 return
             answer = await conns[k].request(raw)
-    fsyncs, cpu = node.fsyncs(), time.process_time()
+    fsyncs, cpu, wall = node.fsyncs(), time.process_time(), time.perf_counter()
     await asyncio.gather(*(run(k) for k in range(clients)))
+    node.wall_s = time.perf_counter() - wall
     return time.process_time() - cpu, node.fsyncs() - fsyncs
 
 
@@ -225,6 +228,7 @@ async def scenario(name: str, clients: int, n: int, batch: int, fsync: str) -> d
             else:
                 raise SystemExit(f"unknown scenario {name}")
             out[f"{name}_fsyncs_per_request_c{clients}"] = fsyncs / requests
+            out[f"{name}_requests_per_s_c{clients}"] = requests / node.wall_s
             return {k: round(v, 3 if "fsyncs" in k else 1) for k, v in out.items()}
         finally:
             await node.close()
@@ -240,6 +244,7 @@ def main() -> None:
     parser.add_argument("--clients", default="1,4", help="comma list of client counts")
     parser.add_argument("--scale", type=float, default=1.0, help="multiply each scenario's size")
     parser.add_argument("--batch", type=int, default=100, help="messages a sendMsgBatch")
+    parser.add_argument("--sort", default="tottime", help="the cProfile order: tottime, cumulative")
     parser.add_argument("--fsync", default="batch", choices=("batch", "never"), help="the node's --fsync")
     parser.add_argument("--profile", metavar="SCENARIO", help="cProfile this scenario (the last --clients count) to stderr")
     args = parser.parse_args()
@@ -250,7 +255,7 @@ def main() -> None:
         clients = int(args.clients.split(",")[-1])
         uvloop.run(scenario(args.profile, clients, int(SIZES[args.profile] * args.scale), args.batch, args.fsync))
         profiler.disable()
-        pstats.Stats(profiler, stream=sys.stderr).sort_stats("tottime").print_stats(40)
+        pstats.Stats(profiler, stream=sys.stderr).sort_stats(args.sort).print_stats(60)
         return
     figures: dict[str, float] = {}
     for name in args.scenarios.split(","):
