@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 
+from storage.config import FsyncPolicy
 from storage.entry import IndexEntry
 from storage.errors import Unavailable
 from storage.store import Store
@@ -33,6 +34,12 @@ from .redact import client_text
 from .syncer import Syncer
 
 Replicated = Callable[[int], Awaitable[None]]
+
+# How long a record nobody waits for (a pull's, on a standalone node) may
+# stay appended and not yet synced: a request that waits for the group
+# commit within that time takes it along in its fsync (a pull and the ack
+# that follows it: one fsync, not two).
+UNWAITED_COMMIT_DELAY_S = 0.005
 
 
 class GroupCommit:
@@ -65,6 +72,7 @@ class GroupCommit:
         self._kick = asyncio.Event()
         self._failed: BaseException | None = None
         self._syncer: Syncer | None = None  # made by run(), on its loop
+        self._kick_timer: asyncio.TimerHandle | None = None  # a kick_soon() pending
         self.rounds = 0  # commits made (syncs and applies), for the metrics and the tests
 
     def __repr__(self) -> str:
@@ -72,7 +80,17 @@ class GroupCommit:
                 f"waiting={self._filling is not None}, failed={self._failed!r})")
 
     def kick(self) -> None:
-        """Make what is appended durable soon, without waiting for it."""
+        """Make what is appended durable now, without waiting for it."""
+        self._kick.set()
+
+    def kick_soon(self) -> None:
+        """Make what is appended durable within UNWAITED_COMMIT_DELAY_S, or
+        with the next commit a request waits for, whichever comes first."""
+        if self._kick_timer is None:
+            self._kick_timer = asyncio.get_running_loop().call_later(UNWAITED_COMMIT_DELAY_S, self._kick_later)
+
+    def _kick_later(self) -> None:
+        self._kick_timer = None
         self._kick.set()
 
     def durable(self) -> asyncio.Future[None]:
@@ -89,6 +107,7 @@ class GroupCommit:
     async def run(self) -> None:
         store = self._store
         self._syncer = syncer = Syncer(store.sync_log)
+        never = store.config.fsync is FsyncPolicy.NEVER
         try:
             while True:
                 await self._kick.wait()
@@ -99,7 +118,8 @@ class GroupCommit:
                     end_offset = store.log_end_offset
                     try:
                         if count:
-                            took = await syncer.sync()  # the loop goes on meanwhile
+                            # (--fsync never: nothing to wait for, no thread to wake)
+                            took = 0.0 if never else await syncer.sync()  # the loop goes on meanwhile
                             self._metrics.fsync_seconds.observe(took)
                             self._on_entries(store.apply_pending(count))
                             self.rounds += 1

@@ -120,3 +120,33 @@ def test_a_failed_fsync_answers_every_waiting_request_503_and_nothing_after(tmp_
 
     asyncio.run(main())
     store.close()
+
+
+def test_a_record_nobody_waits_for_rides_with_the_next_commit_or_goes_alone_soon(tmp_path):
+    """A pull's record (kick_soon): synced with the next request's commit if
+    one comes, else alone within UNWAITED_COMMIT_DELAY_S."""
+    store = Store.open(str(tmp_path), now_ms=NOW)
+    commits = GroupCommit(store, lambda entries: None, Metrics())
+
+    def append(msg_id):
+        store.send([NewMessage("t", msg_id, "x", NOW, NOW + 60_000, 60_000, 1)], NOW)
+
+    async def main():
+        runner = asyncio.create_task(commits.run())
+        append("pulled")
+        commits.kick_soon()
+        append("acked")
+        await commits.durable()
+        assert commits.rounds == 1 and store.pending_records == 0  # one commit for both
+        append("alone")
+        commits.kick_soon()
+        for _ in range(1000):  # (real time: the delay is a real timer)
+            if store.pending_records == 0:
+                break
+            await asyncio.sleep(0.001)
+        assert commits.rounds == 2 and store.pending_records == 0
+        runner.cancel()
+        await asyncio.gather(runner, return_exceptions=True)
+
+    asyncio.run(main())
+    store.close()
