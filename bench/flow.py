@@ -18,9 +18,17 @@ loopback). Prints ONE JSON object.
   drain_us_per_msg         pullMsg of 100 due messages, then one ackMsg
                            per message (as bench/peers.py's drain), per message
   drain_batch_us_per_msg   the same with one ackMsg of the 100 ids
+  handoff_us_per_round     the CPU a commit round spends handing its fsync
+                           to the syncer thread and back (broker.syncer):
+                           one task sending one message and awaiting the
+                           group commit, less the same rounds made inline
+                           (send, fsync, apply, on the loop); beside it
+                           fsync_us_per_round, the fsync's own CPU (the
+                           inline rounds less the same without the fsync)
 
 Each figure is measured for each --clients count (clients at once; `_c4`
-in the key for 4), with the number of fsyncs per request it took beside it.
+in the key for 4), with the number of fsyncs per request it took and the
+requests answered a second (wall clock, clients included) beside it.
 """
 
 from __future__ import annotations
@@ -104,6 +112,7 @@ class Node:
         dispatch, admit = self.node.app()
         self.shared = httpd._Shared(dispatch, admit, httpd.Limits())
         self.loop = asyncio.get_running_loop()
+        self.wall_s = 0.0
 
     def client(self) -> Client:
         return Client(self)
@@ -155,8 +164,9 @@ async def _measure(node: Node, clients: int, work: Callable[[Client, int], Itera
             except StopIteration:
                 return
             answer = await conns[k].request(raw)
-    fsyncs, cpu = node.fsyncs(), time.process_time()
+    fsyncs, cpu, wall = node.fsyncs(), time.process_time(), time.perf_counter()
     await asyncio.gather(*(run(k) for k in range(clients)))
+    node.wall_s = time.perf_counter() - wall
     return time.process_time() - cpu, node.fsyncs() - fsyncs
 
 
@@ -165,6 +175,39 @@ async def _fill_due(node: Node, n: int) -> None:
     for first in range(0, n, 500):
         await client.request(_batch(10_000_000 + first, min(500, n - first), lambda: 0))
     await asyncio.sleep(0.3)
+
+
+async def handoff(rounds: int) -> dict[str, float]:
+    """CPU per commit round: through the syncer thread, inline, and inline
+    without the fsync (see the module docstring)."""
+    from broker.group_commit import GroupCommit
+    from broker.metrics import Metrics
+    from storage.store import NewMessage, Store
+    now_ms = int(time.time() * 1000)
+    cpu: dict[str, float] = {}
+    for mode in ("inline", "syncer", "inline", "no_fsync", "syncer", "no_fsync"):
+        with tempfile.TemporaryDirectory() as directory:
+            store = Store.open(directory, StoreConfig(), now_ms=now_ms)
+            commits = GroupCommit(store, lambda entries: None, Metrics())
+            runner = asyncio.create_task(commits.run())
+            started = time.process_time()
+            for i in range(rounds):
+                store.send([NewMessage("t", f"m{i}", "x" * 100, now_ms, now_ms + 600_000, 60_000, 1)], now_ms)
+                if mode == "syncer":
+                    await commits.durable()
+                else:
+                    if mode == "inline":
+                        store.sync_log()
+                    store.apply_pending()
+                    await asyncio.sleep(0)  # (a turn of the loop, as the answer's)
+            cpu[mode] = cpu.get(mode, 0.0) + (time.process_time() - started) / 2
+            runner.cancel()
+            await asyncio.gather(runner, return_exceptions=True)
+            store.close()
+    return {"handoff_us_per_round": round((cpu["syncer"] - cpu["inline"]) / rounds * 1e6, 1),
+            "fsync_us_per_round": round((cpu["inline"] - cpu["no_fsync"]) / rounds * 1e6, 1),
+            "syncer_round_us": round(cpu["syncer"] / rounds * 1e6, 1),
+            "inline_round_us": round(cpu["inline"] / rounds * 1e6, 1)}
 
 
 async def scenario(name: str, clients: int, n: int, batch: int, fsync: str) -> dict[str, float]:
@@ -225,13 +268,15 @@ async def scenario(name: str, clients: int, n: int, batch: int, fsync: str) -> d
             else:
                 raise SystemExit(f"unknown scenario {name}")
             out[f"{name}_fsyncs_per_request_c{clients}"] = fsyncs / requests
+            out[f"{name}_requests_per_s_c{clients}"] = requests / node.wall_s
             return {k: round(v, 3 if "fsyncs" in k else 1) for k, v in out.items()}
         finally:
             await node.close()
 
 
-SCENARIOS = ("send", "batch", "pull_ack", "drain", "drain_batch")
-SIZES = {"send": 20_000, "batch": 200_000, "pull_ack": 10_000, "drain": 50_000, "drain_batch": 100_000}
+SCENARIOS = ("send", "batch", "pull_ack", "drain", "drain_batch", "handoff")
+SIZES = {"send": 20_000, "batch": 200_000, "pull_ack": 10_000, "drain": 50_000, "drain_batch": 100_000,
+         "handoff": 5_000}
 
 
 def main() -> None:
@@ -240,6 +285,7 @@ def main() -> None:
     parser.add_argument("--clients", default="1,4", help="comma list of client counts")
     parser.add_argument("--scale", type=float, default=1.0, help="multiply each scenario's size")
     parser.add_argument("--batch", type=int, default=100, help="messages a sendMsgBatch")
+    parser.add_argument("--sort", default="tottime", help="the cProfile order: tottime, cumulative")
     parser.add_argument("--fsync", default="batch", choices=("batch", "never"), help="the node's --fsync")
     parser.add_argument("--profile", metavar="SCENARIO", help="cProfile this scenario (the last --clients count) to stderr")
     args = parser.parse_args()
@@ -250,10 +296,13 @@ def main() -> None:
         clients = int(args.clients.split(",")[-1])
         uvloop.run(scenario(args.profile, clients, int(SIZES[args.profile] * args.scale), args.batch, args.fsync))
         profiler.disable()
-        pstats.Stats(profiler, stream=sys.stderr).sort_stats("tottime").print_stats(40)
+        pstats.Stats(profiler, stream=sys.stderr).sort_stats(args.sort).print_stats(60)
         return
     figures: dict[str, float] = {}
     for name in args.scenarios.split(","):
+        if name == "handoff":  # one task: a client count means nothing here
+            figures.update(uvloop.run(handoff(int(SIZES[name] * args.scale))))
+            continue
         for clients in (int(c) for c in args.clients.split(",")):
             figures.update(uvloop.run(scenario(name, clients, int(SIZES[name] * args.scale), args.batch, args.fsync)))
             print(json.dumps(figures), file=sys.stderr)

@@ -15,14 +15,15 @@ starts the wheel from the tick and must find the message:
 
 A message filed in a far-future span (storage.spans) does not go to the
 wheel: the span mover (broker.span_moves) brings it nearer when its span
-falls due, and is woken by `span_filed` to replan.
+falls due, and is woken by `span_filed` to replan once such a message is
+applied.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Sequence
 
 from storage.entry import MS_PER_SECOND, SECONDS_PER_HOUR, IndexEntry, Location
 from storage.spans import is_span
@@ -44,15 +45,17 @@ class Filing:
 
     def add(self, location: Location, trigger_ms: int, now_ms: int) -> None:
         """A WAITING message appended at `now_ms` (not yet durable)."""
-        if is_span(location.hour):
-            self.span_filed.set()
-        else:
+        if not is_span(location.hour):  # (a span's wakes the span mover once applied: on_committed)
             self._unfiled[max(trigger_ms, now_ms) // MS_PER_SECOND] += 1
 
-    def on_committed(self, entries: Iterable[IndexEntry]) -> None:
-        """The group commit applied these entries: the wheel holds them now."""
+    def on_committed(self, entries: Sequence[IndexEntry]) -> None:
+        """The group commit applied these entries: the wheel holds them now,
+        and the span mover replans if one went to a span (woken only now: a
+        store that has not applied a send does not know its span yet)."""
         unfiled = self._unfiled
         filed = [entry for entry in entries if not is_span(entry.hour)]  # a span's: refile() brings them in time
+        if len(filed) < len(entries):
+            self.span_filed.set()
         self._scheduler.on_new_many(filed)
         for entry in filed:
             second = entry.hour * SECONDS_PER_HOUR + entry.second

@@ -1,50 +1,56 @@
-"""Group commit: many requests' records made durable by one fsync.
+"""Group commit: many requests' records made durable by one fsync, the
+fsync off the event loop, the next commit filling while one syncs.
 
-    request A: append record, await durable() ─┐
-    request B: append record, await durable() ─┼─► commit task: fsync once,
-    request C: append record, await durable() ─┘   apply to the derived files,
-                                                   hand the new index entries
-                                                   on, wake A, B and C
+    request A: append record, await durable() ─┐ commit N: the syncer thread
+    request B: append record, await durable() ─┘ fsyncs (broker.syncer)
+    request C: append record, await durable() ─┐   ... meanwhile C and D
+    request D: append record, await durable() ─┘   append: commit N+1 fills
+                                                 N synced: apply N's records
+                                                 to the derived files, hand
+                                                 the new index entries on,
+                                                 answer A and B; sync N+1
 
 A request is answered only after its record is durable (in a cluster:
 also on a quorum of followers, `Replicated`). One fsync per batch of
 concurrent requests gives the same durability as one per request at a
-hundred times the rate (docs/internals.md, "How a node works").
-The commit task is the only one that fsyncs or applies; everything runs on
-the event loop, the fsync itself in a worker thread once fsyncs are slow.
+hundred times the rate, and running it in a thread lets the loop parse,
+validate and append the next batch meanwhile (docs/internals.md, "How a
+node works"). The requests of one commit share one future. The commit task
+is the only one that syncs or applies; applying runs on the event loop.
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Awaitable, Callable
 
+from storage.config import FsyncPolicy
 from storage.entry import IndexEntry
 from storage.errors import Unavailable
 from storage.store import Store
 
 from .metrics import Metrics
 from .redact import client_text
-
-# The group commit fsyncs on the event loop itself while fsyncs take less
-# than this on average (the loop waits that long; requests arriving
-# meanwhile form the next batch), and in a worker thread once they are
-# slower, so a slow disk never stalls the loop. (Measured on a 2-core VM: a
-# hand-off to a thread and back costs ~80 us of CPU, as much as the fsync.)
-INLINE_FSYNC_S = 0.001
+from .syncer import Syncer
 
 Replicated = Callable[[int], Awaitable[None]]
+
+# How long a record nobody waits for (a pull's, on a standalone node) may
+# stay appended and not yet synced: a request that waits for the group
+# commit within that time takes it along in its fsync (a pull and the ack
+# that follows it: one fsync, not two).
+UNWAITED_COMMIT_DELAY_S = 0.005
 
 
 class GroupCommit:
     """Makes appended records durable together: many requests, one fsync.
 
     A request appends its record, then awaits `durable()`; the commit task
-    fsyncs every record appended so far (on the loop while fsyncs are fast,
-    see INLINE_FSYNC_S; else in a worker thread, so the loop keeps taking
-    requests), applies them to the derived files, hands the new
-    index entries to `on_entries`, and wakes those requests."""
+    has the syncer thread fsync every record appended so far while the loop
+    goes on, then applies them to the derived files, hands the new index
+    entries to `on_entries`, and wakes those requests (one future for all
+    of them). Records appended during a sync wait for the next one, which
+    starts as soon as this one is applied."""
 
     def __init__(self, store: Store, on_entries: Callable[[list[IndexEntry]], None], metrics: Metrics,
                  replicated: Replicated | None = None, apply_lock: asyncio.Lock | None = None) -> None:
@@ -59,62 +65,85 @@ class GroupCommit:
         # replication.log_stream.LeaderLog); requests are answered then.
         self._replicated = replicated
         self._answering: set[asyncio.Task[None]] = set()
-        self._waiting: list[asyncio.Future[None]] = []
+        # What the requests appended since the last sync began wait on (None:
+        # none waits yet); resolved when their records are durable.
+        self._filling: asyncio.Future[None] | None = None
         self._quiet: list[tuple[Callable[[], object], asyncio.Future[object]]] = []
         self._kick = asyncio.Event()
         self._failed: BaseException | None = None
-        self._fsync_ewma_s = 0.0  # recent fsyncs' duration (see INLINE_FSYNC_S)
+        self._syncer: Syncer | None = None  # made by run(), on its loop
+        self._kick_timer: asyncio.TimerHandle | None = None  # a kick_soon() pending
+        self.rounds = 0  # commits made (syncs and applies), for the metrics and the tests
 
     def __repr__(self) -> str:
-        return (f"GroupCommit(pending_records={self._store.pending_records}, waiting={len(self._waiting)}, "
-                f"fsync_ewma_ms={self._fsync_ewma_s * 1000:.3f}, failed={self._failed!r})")
+        return (f"GroupCommit(pending_records={self._store.pending_records}, rounds={self.rounds}, "
+                f"waiting={self._filling is not None}, failed={self._failed!r})")
 
     def kick(self) -> None:
-        """Make what is appended durable soon, without waiting for it."""
+        """Make what is appended durable now, without waiting for it."""
         self._kick.set()
 
-    async def durable(self) -> None:
+    def kick_soon(self) -> None:
+        """Make what is appended durable within UNWAITED_COMMIT_DELAY_S, or
+        with the next commit a request waits for, whichever comes first."""
+        if self._kick_timer is None:
+            self._kick_timer = asyncio.get_running_loop().call_later(UNWAITED_COMMIT_DELAY_S, self._kick_later)
+
+    def _kick_later(self) -> None:
+        self._kick_timer = None
+        self._kick.set()
+
+    def durable(self) -> asyncio.Future[None]:
+        """Await it after appending: done once what was appended is durable
+        (the same future for every request of a commit)."""
         if self._failed is not None:
             raise Unavailable(f"the commit log failed: {client_text(self._failed)}")
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiting.append(future)
-        self._kick.set()
-        await future
+        future = self._filling
+        if future is None:
+            future = self._filling = asyncio.get_running_loop().create_future()
+            self._kick.set()
+        return future
 
     async def run(self) -> None:
         store = self._store
-        while True:
-            await self._kick.wait()
-            self._kick.clear()
-            waiting, self._waiting = self._waiting, []
-            async with self._apply_lock:
-                count = store.pending_records
-                end_offset = store.log_end_offset
-                try:
-                    if count:
-                        started = time.perf_counter()
-                        if self._fsync_ewma_s < INLINE_FSYNC_S:
-                            store.sync_log()
-                        else:
-                            await asyncio.to_thread(store.sync_log)
-                        took = time.perf_counter() - started
-                        self._fsync_ewma_s += (took - self._fsync_ewma_s) / 8
-                        self._metrics.fsync_seconds.observe(took)
-                        self._on_entries(store.apply_pending(count))
-                except BaseException as e:  # a failed fsync: nothing more may be answered 200
-                    self._failed = e
-                    for future in waiting + self._waiting:
-                        if not future.done():
-                            future.set_exception(Unavailable(f"the commit log failed: {client_text(e)}"))
-                    raise
-                if self._replicated is None:
-                    _answer(waiting, None)
-                else:  # answered when a quorum has it, while the next batch is fsync'ed
-                    task = asyncio.create_task(_answer_when_replicated(self._replicated, end_offset, waiting))
-                    self._answering.add(task)
-                    task.add_done_callback(self._answering.discard)
-                if self._quiet:
-                    self._run_quiet()
+        self._syncer = syncer = Syncer(store.sync_log)
+        never = store.config.fsync is FsyncPolicy.NEVER
+        try:
+            while True:
+                await self._kick.wait()
+                self._kick.clear()
+                waiting, self._filling = self._filling, None
+                async with self._apply_lock:
+                    count = store.pending_records
+                    end_offset = store.log_end_offset
+                    try:
+                        if count:
+                            # (--fsync never: nothing to wait for, no thread to wake)
+                            took = 0.0 if never else await syncer.sync()  # the loop goes on meanwhile
+                            self._metrics.fsync_seconds.observe(took)
+                            self._on_entries(store.apply_pending(count))
+                            self.rounds += 1
+                    except asyncio.CancelledError:  # stopping: the records may still be made durable
+                        _answer(waiting, Unavailable("this node stops; retry (the client does, with the same msgId)"))
+                        raise
+                    except BaseException as e:  # a failed fsync: nothing more may be answered 200
+                        self._failed = e
+                        error = Unavailable(f"the commit log failed: {client_text(e)}")
+                        _answer(waiting, error)
+                        _answer(self._filling, error)
+                        raise
+                    if waiting is None:
+                        pass
+                    elif self._replicated is None:
+                        _answer(waiting, None)
+                    else:  # answered when a quorum has it, while the next batch is fsync'ed
+                        task = asyncio.create_task(_answer_when_replicated(self._replicated, end_offset, waiting))
+                        self._answering.add(task)
+                        task.add_done_callback(self._answering.discard)
+                    if self._quiet:
+                        self._run_quiet()
+        finally:
+            syncer.close()
 
     def _run_quiet(self) -> None:
         """Apply everything appended, fsync'ing inline, and run the waiting
@@ -144,8 +173,8 @@ class GroupCommit:
         """Answer every waiting request 503 (the node stopped leading)."""
         error = Unavailable("this node stopped leading; retry (the client does, with the same msgId)")
         self._failed = self._failed or error  # (requests waiting for followers are failed by the leader log)
-        _answer(self._waiting, error)
-        self._waiting = []
+        _answer(self._filling, error)
+        self._filling = None
 
     async def flush(self) -> None:
         """Commit whatever is pending (used at stop)."""
@@ -153,8 +182,7 @@ class GroupCommit:
             await self.durable()
 
 
-async def _answer_when_replicated(replicated: Replicated, end_offset: int,
-                                  waiting: list[asyncio.Future[None]]) -> None:
+async def _answer_when_replicated(replicated: Replicated, end_offset: int, waiting: asyncio.Future[None]) -> None:
     try:
         await replicated(end_offset)
     except Unavailable as e:
@@ -163,10 +191,10 @@ async def _answer_when_replicated(replicated: Replicated, end_offset: int,
         _answer(waiting, None)
 
 
-def _answer(waiting: list[asyncio.Future[None]], error: BaseException | None) -> None:
-    for future in waiting:
-        if not future.done():
-            if error is None:
-                future.set_result(None)
-            else:
-                future.set_exception(error)
+def _answer(waiting: asyncio.Future[None] | None, error: BaseException | None) -> None:
+    if waiting is None or waiting.done():
+        return
+    if error is None:
+        waiting.set_result(None)
+    else:
+        waiting.set_exception(error)

@@ -140,8 +140,8 @@ class Requests:
         self._metrics.topic(request.topic).pulled(messages, now_ms)
         if self._pull_waits:
             await self._commits.durable()
-        else:
-            self._commits.kick()
+        else:  # synced with the next ack's commit, if one comes soon
+            self._commits.kick_soon()
         return messages
 
     async def long_poll(self, request: LongPollRequest, gone: Callable[[], bool]) -> list[Message]:

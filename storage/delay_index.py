@@ -39,7 +39,7 @@ from __future__ import annotations
 import struct
 import zlib
 
-from .entry import IndexEntry, Status
+from .entry import STATUS_BY_VALUE, IndexEntry, Status
 from .errors import CorruptionError, InvariantError
 
 HEADER = struct.Struct("<4sHHQ")
@@ -90,6 +90,6 @@ def unpack_entry(path: str, hour: int, global_index: int, raw: bytes) -> tuple[I
     if gi != global_index or not 1 <= status <= 7 or second >= 3600:
         raise CorruptionError(path, entry_offset(global_index),
                               f"index entry {global_index} holds globalIndex {gi}, status {status}, second {second}")
-    entry = IndexEntry(hour, second, local_index, gi, -1 if pre == NO_ENTRY else pre,
-                       trigger_ms, priority, topic_hash, tag_hash, Status(status), retry)
+    entry = tuple.__new__(IndexEntry, (hour, second, local_index, gi, -1 if pre == NO_ENTRY else pre, trigger_ms,
+                                       priority, topic_hash, tag_hash, STATUS_BY_VALUE[status], retry))
     return entry, log_offset8, size, flags

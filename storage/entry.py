@@ -31,6 +31,13 @@ class Status(enum.IntEnum):
         return self >= Status.ACKED
 
 
+# Status by its number: what decoding does for every entry and state it
+# reads (a dict lookup; `Status(n)` runs the enum machinery, ~20 times as
+# long). A number that is no status is a KeyError: decoders check the
+# range first (storage.delay_index).
+STATUS_BY_VALUE: dict[int, Status] = {int(s): s for s in Status}
+
+
 class Location(NamedTuple):
     """Where a message's index entry lives: hour number and globalIndex."""
 

@@ -27,7 +27,7 @@ from collections.abc import Iterator, Sequence
 
 from . import delay_index, delay_log, spans
 from .delay_index import FLAG_RELEASED
-from .entry import SECONDS_PER_HOUR, IndexEntry, Location, Message, Status
+from .entry import SECONDS_PER_HOUR, STATUS_BY_VALUE, IndexEntry, Location, Message, Status
 from .errors import CorruptionError, InvalidRequest, InvariantError
 from .hour import Hour
 from .hour_table import NO_HOUR, HourTable
@@ -75,11 +75,11 @@ class Reader:
         entry, _, _, _ = self._hours.readable(self._hours[where.hour]).read_entry(where.global_index)
         pending = self._pending.states.get(where)
         if pending is not None:
-            entry = entry._replace(status=Status(pending[0]), retry=pending[2])
+            entry = tuple.__new__(IndexEntry, (*entry[:9], STATUS_BY_VALUE[pending[0]], pending[2]))
         return entry
 
     def status(self, where: Location) -> Status:
-        return Status(self.state(where)[0])
+        return STATUS_BY_VALUE[self.state(where)[0]]
 
     def read_message(self, where: Location, pending_message: Message | None = None) -> Message | None:
         """The whole message at `where`, None once released; `pending_message`:
@@ -90,7 +90,7 @@ class Reader:
             if flags & FLAG_RELEASED:
                 return None
             if pending_message is not None:
-                return pending_message._replace(status=Status(status), retry=retry)
+                return pending_message._replace(status=STATUS_BY_VALUE[status], retry=retry)
         if h is None:
             raise InvariantError(f"{where}: pending in an hour the store does not hold")
         files = self._hours.readable(h)
@@ -103,8 +103,9 @@ class Reader:
         if flags & FLAG_RELEASED:
             return None
         body = delay_log.unpack_body(files.read_body(offset8, size))
-        return Message(body.topic, body.msg_id, body.msg, body.produce_ms, entry.trigger_ms, body.ttl_ms,
-                       body.max_retry, entry.priority, body.tag, Status(status), retry, where, body.key)
+        return tuple.__new__(Message, (body.topic, body.msg_id, body.msg, body.produce_ms, entry.trigger_ms, body.ttl_ms,
+                                       body.max_retry, entry.priority, body.tag, STATUS_BY_VALUE[status], retry, where,
+                                       body.key))
 
     def state(self, where: Location) -> State:
         """(status, flags, retry, topic hash) at `where`, pending changes
@@ -174,7 +175,7 @@ class Reader:
                             at = (gi - first) * delay_index.ENTRY_BYTES
                             entry = delay_index.unpack_entry(files.idx.path, hour, gi,
                                                              raw[at:at + delay_index.ENTRY_BYTES])[0]
-                            found.append(entry._replace(status=Status(status)) if entry.status != status else entry)
+                            found.append(entry._replace(status=STATUS_BY_VALUE[status]) if entry.status != status else entry)
                             if len(found) >= max_found:
                                 gi += 1
                                 break
@@ -192,7 +193,7 @@ class Reader:
         out = [files.read_entry(gi)[0] for gi in range(first, stop)]
         pending = self._pending.states
         if pending:
-            out = [e if (s := pending.get(e.location)) is None else e._replace(status=Status(s[0]), retry=s[2])
+            out = [e if (s := pending.get(e.location)) is None else e._replace(status=STATUS_BY_VALUE[s[0]], retry=s[2])
                    for e in out]
         return out
 

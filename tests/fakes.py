@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import ParamSpec, TypeVar
 
+from broker import syncer
 from storage.entry import SECONDS_PER_HOUR, IndexEntry, Location, Status, hour_and_second
 from wheel.clock import Timer
 
@@ -103,13 +104,13 @@ class FakeClock:
     time back steps both (a real monotonic clock never does, so tests of
     timeouts only move forward).
 
-    Work in threads: a task awaiting a worker thread (asyncio.to_thread, as
-    the broker's group commit does when fsyncs are slow) calls no
+    Work in threads: a task awaiting a worker thread (asyncio.to_thread, or
+    the group commit's fsync in broker.syncer's thread) calls no
     sleep_until, so `settle` would take it for asleep and `run_until` would
     jump the time past deadlines while that work, and every task waiting
     for it, is still in flight. After `watch_threads()` the loop's default
-    executor counts its jobs and `settle` also waits (in real time) until
-    none is running.
+    executor and the loop's syncer count their jobs, and `settle` also
+    waits (in real time) until none is running.
     """
 
     def __init__(self, now_ms: int = 0) -> None:
@@ -127,6 +128,7 @@ class FakeClock:
         so `settle` waits for them. Call before the tasks under test start."""
         loop = loop or asyncio.get_running_loop()
         loop.set_default_executor(_CountingExecutor(self, loop))
+        syncer.watch(loop, self._thread_started, self._thread_ended)  # the group commit's fsyncs
 
     def _thread_started(self) -> None:
         self._in_threads += 1

@@ -1,11 +1,17 @@
-"""GroupCommit: many requests, one fsync; and a quiet point (nothing
-pending, the wheel told of everything) reached even while appends never stop."""
+"""GroupCommit: many requests, one fsync, run off the event loop (broker
+.syncer) while the next commit fills; a failed fsync; and a quiet point
+(nothing pending, the wheel told of everything) reached even while appends
+never stop."""
 
 import asyncio
+import threading
+
+import pytest
 
 from broker.group_commit import GroupCommit
 from broker.metrics import Metrics
 from storage.entry import MS_PER_HOUR
+from storage.errors import Unavailable
 from storage.store import NewMessage, Store
 
 NOW = 490_000 * MS_PER_HOUR
@@ -25,7 +31,7 @@ def test_a_quiet_point_is_reached_under_continuous_appends(tmp_path):
             i = 0
             while not stop:
                 store.send([NewMessage("t", f"m{i}", "x", NOW, NOW + 60_000, 60_000, 1)], NOW)
-                waits.append(asyncio.create_task(commits.durable()))
+                waits.append(commits.durable())
                 i += 1
                 await asyncio.sleep(0)
 
@@ -42,4 +48,105 @@ def test_a_quiet_point_is_reached_under_continuous_appends(tmp_path):
     seen = asyncio.run(main())
     assert all(pending == 0 for pending, _ in seen)  # nothing appended was left unapplied
     assert seen[0][1] > 0 and seen[-1][1] > seen[0][1]  # and the appends went on in between
+    store.close()
+
+
+def test_a_slow_fsync_does_not_stall_the_loop_and_the_next_commit_fills_meanwhile(tmp_path):
+    """An fsync held for as long as the test likes (a disk whose fsyncs take
+    50 ms or more): while it runs, the loop reads, appends and answers what
+    needs no fsync; what is appended meanwhile is made durable by the next
+    fsync, one for all of it; nobody is answered before their fsync ends."""
+    store = Store.open(str(tmp_path), now_ms=NOW)
+    release = threading.Event()
+    in_sync = threading.Event()
+    syncs = []
+    real_sync = store.sync_log
+
+    def slow_sync():
+        syncs.append(store.pending_records)
+        in_sync.set()
+        release.wait(10)
+        real_sync()
+
+    store.sync_log = slow_sync
+    commits = GroupCommit(store, lambda entries: None, Metrics())
+
+    def send(msg_id):
+        store.send([NewMessage("t", msg_id, "x", NOW, NOW + 60_000, 60_000, 1)], NOW)
+        return commits.durable()
+
+    async def main():
+        runner = asyncio.create_task(commits.run())
+        first = send("a")
+        while not in_sync.is_set():  # the first fsync has started, in its thread
+            await asyncio.sleep(0.001)
+        later = [send(f"b{i}") for i in range(5)]  # appended while it runs
+        ticks = 0
+        for _ in range(50):  # the loop keeps turning: 50 ms of sleeps, each a turn of the loop
+            await asyncio.sleep(0.001)
+            ticks += 1
+        assert ticks == 50 and not first.done() and not any(f.done() for f in later)
+        assert store.pending_records == 6  # none applied before its fsync ends
+        release.set()
+        await asyncio.wait_for(first, 5)
+        await asyncio.wait_for(asyncio.gather(*later), 5)
+        runner.cancel()
+        await asyncio.gather(runner, return_exceptions=True)
+
+    asyncio.run(main())
+    assert syncs == [1, 5]  # the five appended during the first fsync took one more
+    assert store.get("t", "b4") is not None
+    store.close()
+
+
+def test_a_failed_fsync_answers_every_waiting_request_503_and_nothing_after(tmp_path):
+    store = Store.open(str(tmp_path), now_ms=NOW)
+
+    def broken_sync():
+        raise OSError(5, "Input/output error")
+
+    store.sync_log = broken_sync
+    commits = GroupCommit(store, lambda entries: None, Metrics())
+
+    async def main():
+        runner = asyncio.create_task(commits.run())
+        store.send([NewMessage("t", "a", "x", NOW, NOW + 60_000, 60_000, 1)], NOW)
+        with pytest.raises(Unavailable):
+            await asyncio.wait_for(commits.durable(), 5)
+        with pytest.raises(OSError, match="Input/output error"):
+            await runner
+        with pytest.raises(Unavailable):  # and nothing appended later can be answered either
+            commits.durable()
+
+    asyncio.run(main())
+    store.close()
+
+
+def test_a_record_nobody_waits_for_rides_with_the_next_commit_or_goes_alone_soon(tmp_path):
+    """A pull's record (kick_soon): synced with the next request's commit if
+    one comes, else alone within UNWAITED_COMMIT_DELAY_S."""
+    store = Store.open(str(tmp_path), now_ms=NOW)
+    commits = GroupCommit(store, lambda entries: None, Metrics())
+
+    def append(msg_id):
+        store.send([NewMessage("t", msg_id, "x", NOW, NOW + 60_000, 60_000, 1)], NOW)
+
+    async def main():
+        runner = asyncio.create_task(commits.run())
+        append("pulled")
+        commits.kick_soon()
+        append("acked")
+        await commits.durable()
+        assert commits.rounds == 1 and store.pending_records == 0  # one commit for both
+        append("alone")
+        commits.kick_soon()
+        for _ in range(1000):  # (real time: the delay is a real timer)
+            if store.pending_records == 0:
+                break
+            await asyncio.sleep(0.001)
+        assert commits.rounds == 2 and store.pending_records == 0
+        runner.cancel()
+        await asyncio.gather(runner, return_exceptions=True)
+
+    asyncio.run(main())
     store.close()

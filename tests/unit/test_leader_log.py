@@ -177,7 +177,7 @@ def test_group_commit_answers_only_after_replication(tmp_path):
         commits = GroupCommit(store, lambda entries: None, Metrics(), replicated)
         runner = asyncio.create_task(commits.run())
         store.send([NewMessage("t", "a", "x", NOW, NOW + 60_000, 60_000, 1)], NOW)
-        answered = asyncio.create_task(commits.durable())
+        answered = commits.durable()
         await asyncio.sleep(0.05)
         assert not answered.done() and seen == [store.log_end_offset]
         gate.set()
