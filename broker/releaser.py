@@ -37,7 +37,7 @@ from .journal import Journal
 from .long_polls import LongPolls
 from .metrics import Metrics, due_ms
 from .ready import HeldMessage
-from .transitions import RELEASE, Effect, MessageState, step
+from .transitions import RELEASE, Effect, MessageState, due, step
 from .windows import ReadyWindows
 
 
@@ -88,15 +88,15 @@ class Releaser:
         """New WAITING messages (sent, rescheduled, re-driven), durable: those
         due by `now_ms` READY now (the wheel forgets them); all with their
         status."""
-        due = [m for m in messages if m.trigger_ms <= now_ms]
-        if not due:
+        due_now = [m for m in messages if due(m.trigger_ms, now_ms)]
+        if not due_now:
             return messages
         status = self._store.status
-        waiting = [m for m in due if status(m.location) is Status.WAITING]  # (the wheel may have been first)
+        waiting = [m for m in due_now if status(m.location) is Status.WAITING]  # (the wheel may have been first)
         for m in waiting:
             self._filing.cancel(m.location)
         self._make_ready([(m, text_hash(m.topic)) for m in waiting], arrived_ms=now_ms)
-        return [m._replace(status=status(m.location)) if m.trigger_ms <= now_ms else m for m in messages]
+        return [m._replace(status=status(m.location)) if due(m.trigger_ms, now_ms) else m for m in messages]
 
     def _make_ready(self, messages: list[tuple[Message, int]], arrived_ms: int | None = None) -> None:
         """WAITING messages (with their topic hashes) due now: READY, or

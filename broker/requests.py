@@ -37,7 +37,7 @@ from .metrics import Metrics
 from .params import AckRequest, DeleteRequest, LongPollRequest, NewSend, PullRequest
 from .releaser import Releaser
 from .topics import Topics
-from .transitions import ACK, GIVE_BACK, NACK, Delete, Effect, MessageState, Refusal, Send, step
+from .transitions import ACK, GIVE_BACK, NACK, Delete, Effect, MessageState, Refusal, Send, due, step
 from .windows import ReadyWindows
 
 
@@ -86,13 +86,12 @@ class Requests:
             for i, result in zip(replace, self._journal.send([batch[i] for i in replace], now_ms)):
                 results[i] = result
         filing, stored, duplicates, due_now = self._filing, 0, 0, False
-        for outcome, message in results:
+        for outcome, message in results:  # a new message: FILE, and DUE_NOW if due (transitions.step's Send)
             if outcome is SendOutcome.STORED:
                 stored += 1
-                sent = step(None, Send(MessageState.of(message)), now_ms)
-                if Effect.DUE_NOW in sent.effects:
+                if due(message.trigger_ms, now_ms):
                     due_now = True
-                filing.add(message.location, message.trigger_ms, now_ms)  # (FILE)
+                filing.add(message.location, message.trigger_ms, now_ms)
             else:
                 duplicates += 1
         self._count_sends(results, stored, duplicates)

@@ -96,6 +96,12 @@ class MessageState(NamedTuple):
 _new = tuple.__new__
 
 
+def due(trigger_ms: int, now_ms: int) -> bool:
+    """The release rule: a message is due once its trigger time has come
+    (never before: it is READY at its trigger millisecond, not earlier)."""
+    return trigger_ms <= now_ms
+
+
 def expired(trigger_ms: int, ttl_ms: int, now_ms: int) -> bool:
     """The ttl rule: a message's life ends at triggerTime + ttlMillis."""
     return now_ms >= trigger_ms + ttl_ms
@@ -258,7 +264,7 @@ def step(state: MessageState | None, event: Event, now_ms: int) -> Step:
 def _step(state: MessageState | None, event: Event, now_ms: int) -> Step:
     if state is None:
         if isinstance(event, Send):
-            return Step(event.sent, _FILED_DUE if event.sent.trigger_ms <= now_ms else _FILED)
+            return Step(event.sent, _FILED_DUE if due(event.sent.trigger_ms, now_ms) else _FILED)
         if isinstance(event, (Delete, Reschedule, Redrive)):
             return Step(None, (), Refusal.NOT_FOUND)
         return Step(None)
@@ -307,7 +313,7 @@ def _step(state: MessageState | None, event: Event, now_ms: int) -> Step:
             return Step(state, (), Refusal.NOT_MOVABLE)
         moved = MessageState(WAITING, state.retry, state.max_retry, event.trigger_ms, state.ttl_ms)
         return Step(moved, (E.CANCEL if status is WAITING else E.FORGET, E.MOVE,
-                            *(_FILED_DUE if event.trigger_ms <= now_ms else _FILED)))
+                            *(_FILED_DUE if due(event.trigger_ms, now_ms) else _FILED)))
     if isinstance(event, Redrive):
         if status is not EXPIRED and status is not ENDED:
             return Step(state, (), Refusal.NOT_DEAD)

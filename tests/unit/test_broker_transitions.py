@@ -24,6 +24,7 @@ from broker.transitions import (
     Reschedule,
     Send,
     Step,
+    due,
     step,
 )
 from storage.entry import Location, Message, Status
@@ -295,3 +296,10 @@ def test_the_state_of_a_stored_message():
     message = Message("t", "id", "body", NOW - 9, TRIGGER, TTL_MS, 2, 0, "", READY, 1, Location(5, 0))
     assert MessageState.of(message) == state(READY, retry=1)
     assert MessageState.of(message).expire_ms == TRIGGER + TTL_MS
+
+
+def test_a_send_is_due_at_its_trigger_millisecond_and_not_before():
+    """`due`, the rule Requests.send and the releaser ask, is the one step() applies to a send."""
+    for trigger in (NOW - 1, NOW, NOW + 1):
+        sent = step(None, Send(MessageState.sent(NewMessage("t", "m", "x", NOW, trigger, TTL_MS, 3))), NOW)
+        assert (E.DUE_NOW in sent.effects) is due(trigger, NOW) is (trigger <= NOW)
