@@ -120,7 +120,7 @@ class Releaser:
             m = metrics.topic(message.topic)
             m.count(effects)
             if Effect.HOLD in effects:
-                self._windows.admit(HeldMessage.of(message._replace(status=state.status, retry=state.retry),
+                self._windows.admit(HeldMessage.of(message.with_state(state.status, state.retry),
                                                    topic_hash))
                 m.ready_gap.observe(now_ms - due)
             if Effect.WAKE in effects:

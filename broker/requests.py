@@ -134,7 +134,7 @@ class Requests:
                 if message is not None:
                     messages.append(message)
             else:
-                messages.append(held.message._replace(status=Status.CONSUMING, retry=held.retry))
+                messages.append(held.message.with_state(Status.CONSUMING, held.retry))
                 held.message = None
         self._metrics.topic(request.topic).pulled(messages, now_ms)
         if self._pull_waits:

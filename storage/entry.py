@@ -82,6 +82,12 @@ class Message(NamedTuple):
     def expire_ms(self) -> int:
         return self.trigger_ms + self.ttl_ms
 
+    def with_state(self, status: Status, retry: int) -> Message:
+        """The same message with another status and retry: `_replace`'s
+        result, built without its Python-level keyword handling (the
+        release and pull paths make one per message)."""
+        return tuple.__new__(Message, (*self[:9], status, retry, *self[11:]))
+
 
 def hour_and_second(ms: int) -> tuple[int, int]:
     """The UTC hour number and the second within it of an epoch millisecond."""

@@ -90,7 +90,7 @@ class Reader:
             if flags & FLAG_RELEASED:
                 return None
             if pending_message is not None:
-                return pending_message._replace(status=STATUS_BY_VALUE[status], retry=retry)
+                return pending_message.with_state(STATUS_BY_VALUE[status], retry)
         if h is None:
             raise InvariantError(f"{where}: pending in an hour the store does not hold")
         files = self._hours.readable(h)
