@@ -92,7 +92,8 @@ from .applying import Applier
 from .checkpoint import Checkpoint
 from .commit_log import CommitLog
 from .config import StoreConfig
-from .entry import IndexEntry, Location, Message, Status
+from .delay_index import FLAG_RELEASED
+from .entry import STATUS_BY_VALUE, IndexEntry, Location, Message, Status
 from .errors import ContractError, StoreClosedError
 from .files import far_hours_limit
 from .hour_table import HourTable
@@ -283,6 +284,12 @@ class Store:
     def status(self, where: Location) -> Status:
         """The status at `where`, pending changes included (no body read)."""
         return self._reader.status(where)
+
+    def live_state(self, where: Location) -> tuple[Status, int] | None:
+        """(status, retry) at `where`, pending changes included; None once
+        the entry is released (moved, or its id freed): no body read."""
+        status, flags, retry, _ = self._reader.state(where)
+        return None if flags & FLAG_RELEASED else (STATUS_BY_VALUE[status], retry)
 
     def read_message(self, where: Location) -> Message | None:
         """The whole message at `where`; None once it has been released."""
