@@ -83,6 +83,7 @@ def test_a_deleted_consuming_message_is_never_delivered_and_its_ack_is_harmless(
     api.send(topic, msgId="c", tag="z")
     assert ids(api.pull_until(topic, 1, ackTimeoutMillis=300)) == ["c"]
     code, body = api.post("deleteMsgs", topic=topic, tag="z")
+    assert code == 200, body
     assert body["deleted"] == 1, body
     assert api.post("ackMsg", topic=topic, msgId="c")[1]["code"] == 200
     assert api.post("ackMsg", topic=topic, msgId="c", ack="false")[1]["code"] == 200
@@ -132,6 +133,7 @@ def test_bad_input_is_400_naming_the_parameter_and_changes_nothing(api, topic, c
 def test_topic_is_required(api):
     for call in ("listMsg", "deleteMsgs", "rescheduleMsgs"):
         code, body = api.post(call, all="true", shiftMillis=1)
+        assert code == 400, body
         assert body["code"] == 400 and "topic" in body["msg"], body
 
 
@@ -142,5 +144,6 @@ def test_key_filter(api, topic):
     assert ids(every_page(api, topic, key="order-42")) == ["k1", "k3"]
     assert listing(api, topic, key="order-7", countOnly="true")["count"] == 2
     code, body = api.post("deleteMsgs", topic=topic, key="order-42")
+    assert code == 200, body
     assert body["deleted"] == 2, body
     assert [api.message(topic, f"k{i}")["status"] for i in range(4)] == [1, 7, 1, 7]
