@@ -2,7 +2,11 @@
 deleteMsgs, rescheduleMsgs -- messages of a topic found by key, tag, msgId
 prefix, status and trigger time range rather than one id at a time.
 
-Finding: the topic's index entries in the statuses asked for are scanned
+Finding by key: the key index (storage.key_index) gives the key's own
+messages, each read and tested against the rest of the filter; the
+topic's other messages are never read.
+
+Finding otherwise: the topic's index entries in the statuses asked for are scanned
 (storage's `scan_status`, hours holding none of them skipped by their
 counts), BULK_SCAN entries a slice with the event loop free between
 slices, so a send waits at most one slice. An entry's trigger time and
@@ -77,12 +81,13 @@ class Bulk:
     def __repr__(self) -> str:
         return "Bulk()"
 
-    async def _slices(self, topic: str, flt: BulkFilter) -> AsyncIterator[list[IndexEntry]]:
+    async def _slices(self, topic: str, flt: BulkFilter, skip: bool = False) -> AsyncIterator[list[IndexEntry]]:
         """The topic's entries passing the entry-level tests (status, trigger
-        range, tag hash), a slice at a time, the loop free between."""
+        range, tag hash), a slice at a time, the loop free between (none
+        if `skip`: the key index found them)."""
         self._lifecycle.check_serving()
         await self._commits.flush()  # a change still in its commit is seen
-        if not flt.statuses or not self._topics.has_topic(topic):
+        if skip or not flt.statuses or not self._topics.has_topic(topic):
             return
         topic_hash, statuses = text_hash(topic), sorted(flt.statuses)
         tag_hash = None if flt.tag is None else text_hash(flt.tag)
@@ -96,6 +101,20 @@ class Bulk:
             await asyncio.sleep(0)
             self._lifecycle.check_serving()
 
+    async def _keyed(self, topic: str, flt: BulkFilter) -> list[Message] | None:
+        """With a key filter: the matches, found through the key index
+        (storage.key_index) -- the key's own messages read, not the
+        topic's; None without a key filter (or no key index): scan."""
+        if flt.key is None:
+            return None
+        self._lifecycle.check_serving()
+        await self._commits.flush()  # the index holds applied records only
+        self._lifecycle.check_serving()
+        if not self._topics.has_topic(topic):
+            return []
+        keyed = self._store.keyed(topic, flt.key)
+        return None if keyed is None else [m for m in keyed if flt.matches(m)]
+
     def _full_match(self, flt: BulkFilter, entry: IndexEntry) -> Message | None:
         """The message at `entry` if it matches the filter's body-level tests."""
         m = self._store.read_message(entry.location)
@@ -104,7 +123,10 @@ class Bulk:
     async def page(self, request: ListMsgRequest) -> tuple[list[Message], str | None]:
         """A page of matches in (trigger time, msgId) order, after the cursor."""
         keeper = PageKeeper(request.cursor, request.limit)
-        async for entries in self._slices(request.topic, request.filter):
+        keyed = await self._keyed(request.topic, request.filter)
+        for found in keyed or ():
+            keeper.offer(found)
+        async for entries in self._slices(request.topic, request.filter, keyed is not None):
             for e in entries:
                 if keeper.worth(e.trigger_ms) and (m := self._full_match(request.filter, e)) is not None:
                     keeper.offer(m)
@@ -113,6 +135,9 @@ class Bulk:
 
     async def count(self, topic: str, flt: BulkFilter) -> int:
         """How many messages match, exactly."""
+        keyed = await self._keyed(topic, flt)
+        if keyed is not None:
+            return len(keyed)
         n = 0
         body = flt.needs_body()
         async for entries in self._slices(topic, flt):
@@ -126,6 +151,9 @@ class Bulk:
 
     async def _gather(self, topic: str, flt: BulkFilter, limit: int) -> tuple[list[Location], bool]:
         """Up to `limit` matches' locations, and whether there are more."""
+        keyed = await self._keyed(topic, flt)
+        if keyed is not None:
+            return [m.location for m in keyed[:limit]], len(keyed) > limit
         found: list[Location] = []
         body = flt.needs_body()
         async for entries in self._slices(topic, flt):

@@ -53,7 +53,8 @@ class Msg:
     tag: str
     trigger_ms: int
     state: Status = WAITING  # WAITING stands for "waiting or ready": the time decides
-    deadline_ms: int = 0
+    deadline_ms: int = 0  # CONSUMING: when the broker times the delivery out
+    pulled_deadline_ms: int = 0  # ... as the pull asked (kept on disk)
 
     def status(self, now_ms: int) -> Status:
         if self.state is WAITING:
@@ -130,6 +131,7 @@ class BulkMachine(HarnessMachine, RuleBasedStateMachine):
             m = self.msgs[message.msg_id]
             assert m.status(now) is READY, f"{m.msg_id} delivered while {m.status(now).name}"
             m.state, m.deadline_ms = CONSUMING, now + ack_timeout_ms
+            m.pulled_deadline_ms = m.deadline_ms
 
     @precondition(lambda self: self.msgs)
     @rule(data=st.data())
@@ -218,7 +220,7 @@ class BulkMachine(HarnessMachine, RuleBasedStateMachine):
         fresh = self._now() + DEFAULTS.ack_timeout_ms
         for m in self.msgs.values():
             if m.state is CONSUMING:
-                m.deadline_ms = min(m.deadline_ms, fresh)
+                m.deadline_ms = min(m.pulled_deadline_ms, fresh)  # the pull's, capped from this restart
 
     @invariant()
     def store_agrees_with_the_model(self):
