@@ -17,7 +17,8 @@ still enter it: broker.bulk_params.PageKeeper).
 
 Changing, all or nothing per call: the matches are gathered first (their
 locations, at most `limit`), then, with no await between, each is read
-again and stepped through broker.transitions (a message acked or pulled
+again -- unless no record was appended to the commit log since the
+matches were read, so each is still as read -- and stepped through broker.transitions (a message acked or pulled
 meanwhile steps as it now is: Delete of a final one and Reschedule of a
 consuming one change nothing), and every change is appended as ONE
 record -- a status record for a delete, a MOVE record for a reschedule
@@ -38,7 +39,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
-from storage.entry import IndexEntry, Location, Message
+from storage.entry import IndexEntry, Location, Message, Status
 from storage.store import StateChange, Store, text_hash
 from wheel.clock import Clock
 
@@ -58,6 +59,8 @@ from .windows import ReadyWindows
 BULK_SCAN = 4096
 
 _DELETE = Delete()
+# A match as a scan or the key index read it: where, its status, its retry.
+_Found = tuple[Location, Status, int]
 
 
 class Bulk:
@@ -149,35 +152,43 @@ class Bulk:
                     n += 1
         return n
 
-    async def _gather(self, topic: str, flt: BulkFilter, limit: int) -> tuple[list[Location], bool]:
-        """Up to `limit` matches' locations, and whether there are more."""
+    async def _gather(self, topic: str, flt: BulkFilter, limit: int) -> tuple[list[_Found], bool, int]:
+        """Up to `limit` matches (location, status, retry as read), whether
+        there are more, and the log's end when they were first read: no
+        record appended since means each is still as read."""
         keyed = await self._keyed(topic, flt)
         if keyed is not None:
-            return [m.location for m in keyed[:limit]], len(keyed) > limit
-        found: list[Location] = []
+            return ([(m.location, m.status, m.retry) for m in keyed[:limit]], len(keyed) > limit,
+                    self._store.log_end_offset)
+        found: list[_Found] = []
+        seen = -1
         body = flt.needs_body()
         async for entries in self._slices(topic, flt):
+            if seen < 0:
+                seen = self._store.log_end_offset
             for e in entries:
                 if body and self._full_match(flt, e) is None:
                     continue
                 if len(found) == limit:
-                    return found, True
-                found.append(e.location)
-        return found, False
+                    return found, True, seen
+                found.append((e.location, e.status, e.retry))
+        return found, False, seen
 
     async def delete(self, request: DeleteMsgsRequest) -> tuple[int, bool]:
         """The live matches (at most `limit`) DELETED, as one record; how
         many, and whether matches remain."""
-        found, more = await self._gather(request.topic, request.filter, request.limit)
+        found, more, seen = await self._gather(request.topic, request.filter, request.limit)
         self._lifecycle.check_serving()
         now_ms = self._clock.now_ms()
         changes = []
         store = self._store
-        for where in found:  # no await from here to the append: all or nothing
-            now = store.live_state(where)
-            if now is None:
-                continue  # moved meanwhile (its new place was not among the matches)
-            status, retry = now
+        quiet = seen == store.log_end_offset  # nothing appended since they were read: each is as read
+        for where, status, retry in found:  # no await from here to the append: all or nothing
+            if not quiet:
+                now = store.live_state(where)
+                if now is None:
+                    continue  # moved meanwhile (its new place was not among the matches)
+                status, retry = now
             done = step(MessageState(status, retry, 0, 0, 0), _DELETE, now_ms)
             if done.state is None or not done.effects:
                 continue  # ended meanwhile
@@ -196,11 +207,11 @@ class Bulk:
         """The waiting and ready matches (at most `limit`) filed anew at their
         new trigger times, as one MOVE record; how many, and whether
         matches remain."""
-        found, more = await self._gather(request.topic, request.filter, request.limit)
+        found, more, _ = await self._gather(request.topic, request.filter, request.limit)
         self._lifecycle.check_serving()
         now_ms = self._clock.now_ms()
         moves = []
-        for where in found:  # no await from here to the append: all or nothing
+        for where, _, _ in found:  # no await from here to the append: all or nothing
             m = self._store.read_message(where)
             if m is None:
                 continue
