@@ -12,6 +12,9 @@ names and answers, over a `broker.backend.Backend` (the disk broker or Redis).
     GET  /camellia/delayQueue/getTopicInfo     -> data
     GET  /camellia/delayQueue/getTopicInfoList -> data
     GET  /camellia/delayQueue/getMonitorString -> text: JSON (broker.camellia_metrics)
+    GET|POST /camellia/delayQueue/listMsg      -> delayMsgList, cursor; or count (broker.bulk_params)
+    POST /camellia/delayQueue/deleteMsgs       -> deleted, more
+    POST /camellia/delayQueue/rescheduleMsgs   -> rescheduled, more
 
 Parameters: a form body (application/x-www-form-urlencoded) or a JSON
 object body for POST, the query string for GET; validated by
@@ -38,7 +41,7 @@ import orjson
 from storage.entry import Message
 from storage.errors import BodyTooLarge, Conflict, InvalidRequest, LimitReached, NotFound, Unavailable
 
-from . import camellia_metrics, params
+from . import bulk_params, camellia_metrics, params
 from .backend import Backend, new_msg_id
 from .bodies import BodyLimits
 from .console_sessions import CONSOLE, LOGIN_PATH, LOGIN_PATHS, ConsoleSessions, session_cookie
@@ -191,10 +194,11 @@ class Api:
     def add_routes(self, router: Router) -> None:
         post = {"sendMsg": self.send, "sendMsgBatch": self.send_batch, "deleteMsg": self.delete,
                 "pullMsg": self.pull, "longPollingMsg": self.long_poll, "ackMsg": self.ack, "getMsg": self.get,
-                "rescheduleMsg": self.reschedule, "redriveMsg": self.redrive}
+                "rescheduleMsg": self.reschedule, "redriveMsg": self.redrive, "listMsg": self.list_msgs,
+                "deleteMsgs": self.delete_msgs, "rescheduleMsgs": self.reschedule_msgs}
         get = {"getMonitorData": self.monitor_data, "getTopicInfo": self.topic_info,
                "getTopicInfoList": self.topic_info_list, "getMonitorString": self.monitor_string,
-               "listDeadMsg": self.list_dead}
+               "listDeadMsg": self.list_dead, "listMsg": self.list_msgs}
         for name, h in post.items():
             router.add("POST", PREFIX + name, self._handler(h))
         for name, h in get.items():
@@ -298,6 +302,23 @@ class Api:
             return answer(200, "success", delayMsg=delay_msg(await backend.redrive(r.topic, r.msg_id)))
         count, more = await backend.redrive_all(r.topic, r.limit)
         return answer(200, "success", redriven=count, more=more)
+
+    async def list_msgs(self, request: Request) -> Response:
+        r = bulk_params.parse_list_msg(self._params(request))
+        if r.count_only:
+            return answer(200, "success", count=await self.backend.count_msgs(r.topic, r.filter))
+        messages, cursor = await self.backend.list_msgs(r)
+        return answer(200, "success", delayMsgList=[delay_msg(m) for m in messages], cursor=cursor)
+
+    async def delete_msgs(self, request: Request) -> Response:
+        deleted, more = await self.backend.delete_msgs(bulk_params.parse_delete_msgs(self._params(request)))
+        return answer(200, "success", deleted=deleted, more=more)
+
+    async def reschedule_msgs(self, request: Request) -> Response:
+        backend = self.backend
+        r = bulk_params.parse_reschedule_msgs(self._params(request), backend.clock.now_ms())
+        rescheduled, more = await backend.reschedule_msgs(r)
+        return answer(200, "success", rescheduled=rescheduled, more=more)
 
     async def monitor_data(self, request: Request) -> Response:
         return answer(200, "success", data=self.backend.metrics.monitor_data())

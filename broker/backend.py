@@ -30,6 +30,7 @@ from storage.errors import InvariantError, LimitReached
 from storage.store import NewMessage
 from wheel.clock import Clock
 
+from .bulk_params import BulkFilter, DeleteMsgsRequest, ListMsgRequest, RescheduleMsgsRequest
 from .metrics import Metrics
 from .params import AckRequest, Defaults, DeleteRequest, LongPollRequest, NewSend, PullRequest
 
@@ -97,6 +98,22 @@ class Backend(Protocol):
 
     async def redrive_all(self, topic: str, limit: int) -> tuple[int, bool]:
         """Up to `limit` dead letters READY again; how many, and if more are left."""
+        ...
+
+    async def list_msgs(self, request: ListMsgRequest) -> tuple[list[Message], str | None]:
+        """listMsg: a page of matches in (trigger time, msgId) order, and the next cursor."""
+        ...
+
+    async def count_msgs(self, topic: str, flt: BulkFilter) -> int:
+        """listMsg countOnly=true: the exact number of matches."""
+        ...
+
+    async def delete_msgs(self, request: DeleteMsgsRequest) -> tuple[int, bool]:
+        """deleteMsgs: live matches DELETED, all or nothing; how many, and if more remain."""
+        ...
+
+    async def reschedule_msgs(self, request: RescheduleMsgsRequest) -> tuple[int, bool]:
+        """rescheduleMsgs: waiting and ready matches moved; how many, and if more remain."""
         ...
 
     async def topic_info(self, topic: str) -> dict[str, object]:

@@ -54,7 +54,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -283,6 +283,55 @@ class DelayQueueClient:
                                   missing_ok=True)
         return answer is not None
 
+    # ------------------------------------------------------------ bulk (docs/api.md, "Bulk calls")
+
+    async def list_msgs(self, topic: str, *, limit: int | None = None, **filters: Any) -> AsyncIterator[list[DelayMsg]]:
+        """listMsg, page after page (an async iterator of lists), in
+        (trigger time, msgId) order, `limit` a page. Filters, combined with
+        AND: key, tag, msg_id_prefix, statuses (e.g. [1, 2]; default 1,2,3),
+        trigger_from_ms (inclusive), trigger_to_ms (exclusive).
+
+            async for page in client.list_msgs("orders", key="order-42"):
+                ..."""
+        query = _bulk_form(topic, filters)
+        if limit is not None:
+            query["limit"] = str(limit)
+        while True:
+            answer = await self._call("GET", "listMsg", idempotent=True, query=query)
+            yield [DelayMsg.from_json(m) for m in answer["delayMsgList"]]
+            if answer["cursor"] is None:
+                return
+            query["cursor"] = answer["cursor"]
+
+    async def count_msgs(self, topic: str, **filters: Any) -> int:
+        """listMsg countOnly=true: how many messages match (filters as `list_msgs`)."""
+        answer = await self._call("GET", "listMsg", idempotent=True, query={**_bulk_form(topic, filters),
+                                                                            "countOnly": "true"})
+        return int(answer["count"])
+
+    async def delete_msgs(self, topic: str, *, all: bool = False, limit: int | None = None,
+                          **filters: Any) -> tuple[int, bool]:
+        """deleteMsgs: the live matches (at most `limit`, default 100,000)
+        never delivered; at least one filter (as `list_msgs`) or
+        `all=True`. Returns (deleted, more): `more` -- call again."""
+        form = _bulk_form(topic, filters, all, limit)
+        answer = await self._call("POST", "deleteMsgs", idempotent=True, form=form)
+        return int(answer["deleted"]), bool(answer["more"])
+
+    async def reschedule_msgs(self, topic: str, *, shift_ms: int | None = None, trigger_time_ms: int | None = None,
+                              delay_ms: int | None = None, all: bool = False, limit: int | None = None,
+                              **filters: Any) -> tuple[int, bool]:
+        """rescheduleMsgs: the waiting and ready matches moved by `shift_ms`,
+        to `trigger_time_ms`, or to `delay_ms` from now (exactly one).
+        Returns (rescheduled, more). A shift is not repeated after a
+        failure that may have applied it (it would shift twice)."""
+        form = _bulk_form(topic, filters, all, limit)
+        for name, value in (("shiftMillis", shift_ms), ("triggerTime", trigger_time_ms), ("delayMillis", delay_ms)):
+            if value is not None:
+                form[name] = str(value)
+        answer = await self._call("POST", "rescheduleMsgs", idempotent=trigger_time_ms is not None, form=form)
+        return int(answer["rescheduled"]), bool(answer["more"])
+
     async def topic_info(self, topic: str) -> dict[str, Any] | None:
         """getTopicInfo's `data` (camellia's shape; zeros for an unknown
         topic). None only from a server that answers 404 for one."""
@@ -353,6 +402,26 @@ class DelayQueueClient:
                     return (code if isinstance(code, int) else 200), answer, retry_after
                 return resp.status, answer, retry_after
         raise DelayQueueError(resp.status, f"more than {MAX_REDIRECTS} redirects, the last to {url}", endpoint)
+
+
+# The bulk calls' filters: keyword -> wire name.
+BULK_FILTERS = {"key": "key", "tag": "tag", "msg_id_prefix": "msgIdPrefix", "statuses": "status",
+                "trigger_from_ms": "triggerFrom", "trigger_to_ms": "triggerTo"}
+
+
+def _bulk_form(topic: str, filters: Mapping[str, Any], every: bool = False, limit: int | None = None) -> dict[str, str]:
+    form = {"topic": topic}
+    for name, value in filters.items():
+        wire = BULK_FILTERS.get(name)
+        if wire is None:
+            raise ConfigError(f"unknown filter {name!r}: one of {', '.join(BULK_FILTERS)}")
+        if value is not None:
+            form[wire] = ",".join(str(int(s)) for s in value) if name == "statuses" else str(value)
+    if every:
+        form["all"] = "true"
+    if limit is not None:
+        form["limit"] = str(limit)
+    return form
 
 
 def _pull_form(topic: str, batch: int | None, ack_timeout_ms: int | None,

@@ -8,7 +8,8 @@
     POST /console/logout     ends the cookie's session on the node, drops
                              the cookie, 303 to the form
     GET  /console/api/listDeadMsg, POST /console/api/redriveMsg,
-    POST /console/api/getMsg
+    POST /console/api/getMsg, GET /console/api/listMsg,
+    POST /console/api/deleteMsgs, POST /console/api/rescheduleMsgs
                              the API call of the same name, made by the
                              node with its own token
 
@@ -42,7 +43,8 @@ from .paths import PREFIX
 # open to anyone, and a token is far shorter.
 MAX_LOGIN_BODY_BYTES = 16 * 1024
 # The API calls the page makes: (method, name).
-API_CALLS = (("GET", "listDeadMsg"), ("POST", "redriveMsg"), ("POST", "getMsg"))
+API_CALLS = (("GET", "listDeadMsg"), ("POST", "redriveMsg"), ("POST", "getMsg"), ("GET", "listMsg"),
+             ("POST", "deleteMsgs"), ("POST", "rescheduleMsgs"))
 CONSOLE_HEADER = "x-hourglass-console"
 LOGIN_HEADERS = {"Cache-Control": "no-store", "X-Frame-Options": "DENY", "Referrer-Policy": "no-referrer",
             "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'; "

@@ -4,7 +4,9 @@ node serves it offline with nothing to build; and LOGIN_PAGE, the form
 that trades the token for a session (broker/console_login.py).
 
 PAGE polls the console's JSON endpoints every 2 s and makes its API calls
-(dead letters, re-drive, lookups) through the console's paths: the
+(dead letters, re-drive, lookups, the search by key, tag, msgId prefix,
+status or time range with its count, and bulk cancel and shift of the
+matches, each behind a confirmation) through the console's paths: the
 session cookie authenticates every one; the page keeps nothing in the
 browser's storage. Any answer 401 (the session expired or was ended)
 sends the browser to the login form."""
@@ -57,6 +59,14 @@ svg{width:100%;height:160px;background:#fbfcfd}.bar{fill:#3b82f6}.over{fill:#ef4
 <section><h2>Dead letters <span class="muted" id="deadTopic"></span></h2>
 <button id="redriveAll">re-drive all</button> <button id="deadMore">next page</button>
 <table id="dead"><thead><tr><th>msgId</th><th>status</th><th>retry</th><th>ended by</th><th></th></tr></thead><tbody></tbody></table></section>
+<section class="wide"><h2>Search <span class="muted" id="srTopic">(pick a topic)</span></h2>
+<input id="srKey" placeholder="key"> <input id="srTag" placeholder="tag"> <input id="srPrefix" placeholder="msgId prefix">
+<input id="srStatus" placeholder="status (1,2,3)" size="10"> from <input id="srFrom" type="datetime-local"> to <input id="srTo" type="datetime-local">
+<button id="search">search</button> <button id="srMore">next page</button>
+<span id="srCount" class="muted"></span><br>
+<button id="bulkCancel">cancel all matches</button> shift by <input id="srShift" type="number" value="60" size="6"> min
+<button id="bulkShift">shift all matches</button> <span id="srDone" class="muted"></span>
+<table id="srTable"><thead><tr><th>msgId</th><th>status</th><th>triggers</th><th>key</th><th>tag</th></tr></thead><tbody></tbody></table></section>
 <section><h2>Node</h2><table id="nodeTable"><tbody></tbody></table>
 <h2>Message lookup</h2><input id="lkTopic" placeholder="topic"> <input id="lkId" placeholder="msgId"> <button id="lookup">get</button>
 <pre id="lkOut" class="muted"></pre></section>
@@ -141,10 +151,47 @@ async function dead(reset) {
   $("dead").tBodies[0].innerHTML = d.delayMsgList.map(m => `<tr><td>${esc(m.msgId)}</td><td>${m.status}</td><td>${m.retry}</td>` +
     `<td>${new Date(m.expireTime).toLocaleString()}</td><td><button data-redrive="${esc(m.msgId)}">re-drive</button></td></tr>`).join("");
 }
+let srCursor = null;
+function filters() {  // the search's filters, as listMsg, deleteMsgs and rescheduleMsgs take them
+  const f = {topic: selected || ""};
+  for (const [id, name] of [["srKey", "key"], ["srTag", "tag"], ["srPrefix", "msgIdPrefix"], ["srStatus", "status"]])
+    if ($(id).value) f[name] = $(id).value;
+  if ($("srFrom").value) f.triggerFrom = String(new Date($("srFrom").value).getTime());
+  if ($("srTo").value) f.triggerTo = String(new Date($("srTo").value).getTime());
+  return f;
+}
+async function search(reset) {
+  if (!selected) { $("srTopic").textContent = "(pick a topic)"; return; }
+  if (reset) srCursor = null;
+  const f = filters(), q = new URLSearchParams({...f, limit: "20", ...(srCursor ? {cursor: srCursor} : {})});
+  const [page, count] = await Promise.all([get(API + "listMsg?" + q), reset ? get(API + "listMsg?" + new URLSearchParams({...f, countOnly: "true"})) : null]);
+  if (page.code !== 200) { $("srCount").textContent = page.msg; return; }
+  if (count) $("srCount").textContent = `${count.count} match`;
+  srCursor = page.cursor; $("srTopic").textContent = `(${selected})`;
+  $("srTable").tBodies[0].innerHTML = page.delayMsgList.map(m => `<tr><td>${esc(m.msgId)}</td><td>${m.status}</td>` +
+    `<td>${new Date(m.triggerTime).toLocaleString()}</td><td>${esc(m.key)}</td><td>${esc(m.tag)}</td></tr>`).join("");
+}
+async function bulk(call, extra, verb, field) {  // every match, in calls of the default limit, once confirmed
+  const f = filters();
+  if (!selected || !confirm(`${verb} every match in ${selected}?` + (Object.keys(f).length > 1 ? "" : " (no filter: all of it)"))) return;
+  let done = 0, d = {more: true};
+  while (d.more) {
+    d = await post(call, {...f, ...extra, ...(Object.keys(f).length > 1 ? {} : {all: "true"})});
+    if (d.code !== 200) { $("srDone").textContent = d.msg; return; }
+    done += d[field];
+    if (call === "rescheduleMsgs") break;  // a shift is made once: the moved may match again
+  }
+  $("srDone").textContent = `${verb}: ${done}` + (d.more ? " (more left)" : "");
+  search(true); topics();
+}
+$("search").onclick = () => search(true);
+$("srMore").onclick = () => search(false);
+$("bulkCancel").onclick = () => bulk("deleteMsgs", {}, "cancelled", "deleted");
+$("bulkShift").onclick = () => bulk("rescheduleMsgs", {shiftMillis: String(Number($("srShift").value) * 60000)}, "shifted", "rescheduled");
 document.addEventListener("click", async e => {
   const row = e.target.closest("tr[data-topic]");
   if (row) { selected = row.dataset.topic === selected ? null : row.dataset.topic; $("lkTopic").value = selected || "";
-             topics(); forecastAll(); dead(true); }
+             topics(); forecastAll(); dead(true); search(true); }
   if (e.target.dataset.redrive) { await post("redriveMsg", {topic: selected, msgId: e.target.dataset.redrive}); dead(true); topics(); }
 });
 $("redriveAll").onclick = async () => { if (selected && confirm(`re-drive every dead letter of ${selected}?`)) {

@@ -81,12 +81,12 @@ class DeadLetters:
             raise Conflict(f"message {msg_id!r} is {_status_words(message.status)}: only a waiting or ready "
                            f"message can be rescheduled" + (" (ack or nack it first)"
                                                             if message.status is Status.CONSUMING else ""))
-        moved, = self._move([(message, done)], now_ms)
+        moved, = self.move([(message, done)], now_ms)
         self._metrics.topic(topic).reschedules += 1
         await self._commits.durable()
         return self._releaser.ready_if_due([moved], now_ms)[0]
 
-    def _move(self, moves: list[tuple[Message, Step]], now_ms: int) -> list[Message]:
+    def move(self, moves: list[tuple[Message, Step]], now_ms: int) -> list[Message]:
         """Journal.move to each step's new state, then the RAM side: the old
         places leave the wheel or the ready window (after the append: a
         refused one changes nothing), the new ones go to the wheel."""
@@ -130,7 +130,7 @@ class DeadLetters:
         if done.refusal is Refusal.NOT_DEAD:
             raise Conflict(f"message {msg_id!r} is {_status_words(message.status)}: only an expired (5) or "
                            f"ended (6) message can be re-driven")
-        moved = self._move([(message, done)], now_ms)
+        moved = self.move([(message, done)], now_ms)
         self._metrics.topic(topic).redrives += 1
         await self._commits.durable()
         return self._releaser.ready_if_due(moved, now_ms)[0]
@@ -153,7 +153,7 @@ class DeadLetters:
                 olds = [m for e in entries if (m := self._store.read_message(e.location)) is not None]
                 moves = [(m, redriven) for m in olds
                          if (redriven := step(MessageState.of(m), REDRIVE, now_ms)).refusal is None]
-                moved = self._move(moves, now_ms)
+                moved = self.move(moves, now_ms)
                 done += len(moved)
                 self._metrics.topic(topic).redrives += len(moved)
                 await self._commits.durable()

@@ -37,6 +37,7 @@ order they depend on one another (each takes only parts built before it):
     topics        Topics: topic names, the --max-topics cap, TopicInfo
     requests      Requests: send, pull, long poll, ack, delete, get
     dead_letters  DeadLetters: reschedule, listDeadMsg, redrive
+    bulk          Bulk: listMsg, deleteMsgs, rescheduleMsgs (broker.bulk)
 
 then recovery (broker.recovery) puts what a restart finds back in the
 built windows, and `start()` launches the tasks: the group commit, the
@@ -56,6 +57,8 @@ from wheel.driver import WheelDriver
 from wheel.scheduler import Scheduler, SchedulerConfig
 from wheel.tick_state import TickState, TickStateFile
 
+from .bulk import Bulk
+from .bulk_params import BulkFilter, DeleteMsgsRequest, ListMsgRequest, RescheduleMsgsRequest
 from .dead_letters import DeadLetters
 from .filing import Filing
 from .group_commit import GroupCommit, Replicated
@@ -124,6 +127,8 @@ class Broker:
                                   pull_waits=replicated is not None)
         self._dead_letters = DeadLetters(store, clock, metrics, self._lifecycle, self._journal, self.commits,
                                          self._filing, self._windows, self._releaser, self._topics)
+        self._bulk = Bulk(store, clock, metrics, self._lifecycle, self._journal, self.commits, self._filing,
+                          self._windows, self._releaser, self._topics, self._dead_letters)
         recover(store, self._windows, defaults.ack_timeout_ms, now_ms)
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -250,6 +255,22 @@ class Broker:
     async def redrive_all(self, topic: str, limit: int) -> tuple[int, bool]:
         """Up to `limit` dead letters READY again; how many, and if more are left."""
         return await self._dead_letters.redrive_all(topic, limit)
+
+    async def list_msgs(self, request: ListMsgRequest) -> tuple[list[Message], str | None]:
+        """A page of the topic's messages matching a filter, and the next page's cursor."""
+        return await self._bulk.page(request)
+
+    async def count_msgs(self, topic: str, flt: BulkFilter) -> int:
+        """How many of the topic's messages match a filter."""
+        return await self._bulk.count(topic, flt)
+
+    async def delete_msgs(self, request: DeleteMsgsRequest) -> tuple[int, bool]:
+        """Up to `limit` live matches DELETED, all or nothing; how many, and if more remain."""
+        return await self._bulk.delete(request)
+
+    async def reschedule_msgs(self, request: RescheduleMsgsRequest) -> tuple[int, bool]:
+        """Up to `limit` waiting or ready matches moved, all or nothing; how many, and if more remain."""
+        return await self._bulk.reschedule(request)
 
     async def topic_info(self, topic: str) -> dict[str, object]:
         """camellia's TopicInfo, once every change made so far is committed."""

@@ -39,6 +39,7 @@ from .errors import ContractError
 from .hour import Hour
 from .hour_table import HourTable
 from .id_index import IdIndex
+from .key_index import KEYED_BODY, key_of_body
 from .pending import Pending
 from .types import text_hash
 
@@ -51,9 +52,10 @@ class Applier:
     `sync_log`."""
 
     def __init__(self, hours: HourTable, ids: IdIndex, log: CommitLog, pending: Pending,
-                 topic_names: dict[int, str], consuming: dict[Location, int]) -> None:
+                 topic_names: dict[int, str], consuming: dict[Location, int], keys: IdIndex | None = None) -> None:
         self._hours = hours
         self._ids = ids
+        self._keys = keys  # (topic, serial key) -> locations (storage.key_index); None: not kept
         self._log = log
         self._pending = pending
         self._topic_names = topic_names  # topic hash -> topic, for topics in live hours
@@ -109,7 +111,7 @@ class Applier:
 
     def _apply_sends(self, items: Sequence[records.SendItem], new_entries: list[IndexEntry] | None) -> None:
         hours = self._hours
-        put, mark_dirty, topic_names = self._ids.put, hours.mark_dirty, self._topic_names
+        put, mark_dirty, topic_names, keys = self._ids.put, hours.mark_dirty, self._topic_names, self._keys
         add_entry = None if new_entries is None else new_entries.append
         staged: dict[tuple[Hour, int], int] = {}  # (hour, topic hash) -> entries staged: counted once
         h: Hour | None = None
@@ -122,6 +124,8 @@ class Applier:
                 if item.topic_hash not in topic_names:
                     topic_names[item.topic_hash] = delay_log.unpack_body(item.body).topic
             put(item.key, item.hour, item.global_index)
+            if keys is not None and item.body[0] == KEYED_BODY:
+                self._put_key(item.body, item.hour, item.global_index)
             mark_dirty(h)  # after put: its look at a released message may have flushed h
             if add_entry is not None:
                 add_entry(tuple.__new__(IndexEntry, (
@@ -173,11 +177,20 @@ class Applier:
                 if move.retry:
                     h.stage_state(to.global_index, WAITING, 0, move.retry)
             self._ids.put(to.key, to.hour, to.global_index)  # after the old one's release: it reuses its slot
+            if self._keys is not None and to.body[0] == KEYED_BODY:
+                self._put_key(to.body, to.hour, to.global_index)
             self._hours.mark_dirty(h)
             if new_entries is not None:
                 new_entries.append(IndexEntry(
                     to.hour, to.second, to.local_index, to.global_index, to.pre_global_index, to.trigger_ms,
                     to.priority, to.topic_hash, to.tag_hash, WAITING, move.retry))
+
+    def _put_key(self, body: bytes, hour: int, global_index: int) -> None:
+        """A keyed message's place into the key index (storage.key_index)."""
+        assert self._keys is not None
+        key = key_of_body(self._keys, body)
+        if key is not None:
+            self._keys.put(key, hour, global_index)
 
     # -- what applying keeps beside the hours ------------------------------------------
 

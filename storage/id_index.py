@@ -168,9 +168,13 @@ def _secret_is_whole(path: str) -> bool:
 
 
 class Shard:
-    def __init__(self, path: str, fd: int, mm: mmap.mmap, slot_count: int) -> None:
+    """One shard file, mapped. It keeps no descriptor open (a mapping
+    outlives the descriptor it was made from): a data directory's indexes
+    cost no descriptors the node could give connections; `fsync` opens
+    one for the moment it takes."""
+
+    def __init__(self, path: str, mm: mmap.mmap, slot_count: int) -> None:
         self.path = path
-        self._fd = fd
         self.mm = mm
         self.slot_count = slot_count
         self.group_mask = slot_count // GROUP_SLOTS - 1
@@ -190,9 +194,10 @@ class Shard:
             os.close(fd)
             os.unlink(tmp)
             raise
+        os.close(fd)
         head = HEADER.pack(MAGIC, VERSION, 0, slot_count, secret_tag, 0)[:-4]
         mm[:HEADER_BYTES] = head + struct.pack("<I", zlib.crc32(head))
-        return cls(tmp, fd, mm, slot_count)
+        return cls(tmp, mm, slot_count)
 
     @classmethod
     def open(cls, path: str, secret_tag: int) -> Shard:
@@ -207,7 +212,11 @@ class Shard:
         if slot_count < 16 or slot_count & (slot_count - 1) or size != HEADER_BYTES + slot_count * SLOT_BYTES:
             raise CorruptionError(path, 8, f"{slot_count} slots do not fit a file of {size} bytes")
         fd = os.open(path, os.O_RDWR)
-        shard = cls(path, fd, mmap.mmap(fd, size), slot_count)
+        try:
+            mm = mmap.mmap(fd, size)
+        finally:
+            os.close(fd)
+        shard = cls(path, mm, slot_count)
         keys = array("Q", shard.mm[HEADER_BYTES:])[::2]
         shard.used = slot_count - keys.count(0)
         return shard
@@ -216,16 +225,23 @@ class Shard:
         """Make a freshly built shard the live one, atomically (`durable`:
         fsync'ed first, and its directory after)."""
         if durable:
-            self.mm.flush()
-            os.fsync(self._fd)
+            self.fsync()
         os.replace(self.path, final_path)
         if durable:
             fsync_dir(os.path.dirname(final_path))
         self.path = final_path
 
+    def fsync(self) -> None:
+        """Its mapped pages written, and the file made durable."""
+        self.mm.flush()
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
     def close(self) -> None:
         self.mm.close()
-        os.close(self._fd)
 
 
 # -- the index -----------------------------------------------------------------------
@@ -337,8 +353,7 @@ class IdIndex:
             raise ContractError(f"{self.directory} is not an index being built")
         final = self.directory[:-len(".new")]
         for shard in self.shards:
-            shard.mm.flush()
-            os.fsync(shard._fd)
+            shard.fsync()
         fsync_dir(self.directory)
         atomic_write(os.path.join(self.directory, SECRET_FILE), encode_secret(self._secret))
         _finish_publish(final)

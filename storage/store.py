@@ -92,11 +92,13 @@ from .applying import Applier
 from .checkpoint import Checkpoint
 from .commit_log import CommitLog
 from .config import StoreConfig
-from .entry import IndexEntry, Location, Message, Status
-from .errors import ContractError, StoreClosedError
+from .delay_index import FLAG_RELEASED
+from .entry import STATUS_BY_VALUE, IndexEntry, Location, Message, Status
+from .errors import ContractError, CorruptionError, StoreClosedError
 from .files import far_hours_limit
 from .hour_table import HourTable
 from .id_index import IdIndex
+from .key_index import key_dir, open_key_index
 from .pending import Pending
 from .placement import Placement
 from .reading import Reader
@@ -141,18 +143,20 @@ class Store:
     """
 
     def __init__(self, directory: str, config: StoreConfig, log: CommitLog, hours: HourTable, ids: IdIndex,
-                 checkpoint: Checkpoint) -> None:
+                 checkpoint: Checkpoint, keys: IdIndex | None = None) -> None:
         """Build the parts over what `open` opened: the log, the hour table
         the checkpoint filled, and the id index over it. Use `open`."""
         self.directory = directory
         self.config = config
         self.log = log
         self.ids = ids
+        self.keys = keys  # the key index (storage.key_index); None: lookups by key scan
         self._closed = False
         self._hours = hours
         self._pending = Pending(log)
         consuming = {Location(hour, gi): deadline for hour, gi, deadline in checkpoint.consuming or ()}
-        self._applier = Applier(hours, ids, log, self._pending, dict(checkpoint.topic_names), consuming)
+        self._applier = Applier(hours, ids, log, self._pending, dict(checkpoint.topic_names), consuming,
+                                keys)
         self._reader = Reader(hours, self._pending, ids)
         self._placement = Placement(directory, hours, self._pending, ids, log, self._reader)
         self._refiler = Refiler(hours, self._pending, ids, self._placement)
@@ -167,15 +171,19 @@ class Store:
         checkpoint, log = recovery.open_log(directory, config)
         hours = HourTable(os.path.join(directory, "delay"), far_hours_limit(config.open_far_hours))
         ids: IdIndex | None = None
+        keys: IdIndex | None = None
         try:
             recovery.load_hours(hours, checkpoint)
             ids = recovery.open_id_index(os.path.join(directory, "ids"), config, hours)
-            store = cls(directory, config, log, hours, ids, checkpoint)
+            keys = open_key_index(key_dir(directory), config, hours)
+            store = cls(directory, config, log, hours, ids, checkpoint, keys)
             recovery.replay(checkpoint, log, hours, store._applier, store._reader)
         except BaseException:  # a refused directory keeps no descriptor open, and is not cut
             hours.release()
             if ids is not None:
                 ids.close()
+            if keys is not None:
+                keys.close()
             log.close()
             raise
         if now_ms is not None:
@@ -283,6 +291,30 @@ class Store:
     def status(self, where: Location) -> Status:
         """The status at `where`, pending changes included (no body read)."""
         return self._reader.status(where)
+
+    def live_state(self, where: Location) -> tuple[Status, int] | None:
+        """(status, retry) at `where`, pending changes included; None once
+        the entry is released (moved, or its id freed): no body read."""
+        status, flags, retry, _ = self._reader.state(where)
+        return None if flags & FLAG_RELEASED else (STATUS_BY_VALUE[status], retry)
+
+    def keyed(self, topic: str, key: str) -> list[Message] | None:
+        """Every unreleased message of `topic` sent with serial key `key`, in
+        live hours, any status, found through the key index (none kept:
+        None, scan instead). Pending records are not in it: commit first."""
+        self._check_open()
+        if self.keys is None:
+            return None
+        try:
+            candidates = self.keys.candidates(self.keys.key(topic, key))
+        except CorruptionError:  # a damaged slot: the caller scans (the index is rebuilt at the next open)
+            return None
+        found = []
+        for where in dict.fromkeys(candidates):
+            m = self._reader.read_message(where)
+            if m is not None and m.key == key and m.topic == topic:
+                found.append(m)
+        return found
 
     def read_message(self, where: Location) -> Message | None:
         """The whole message at `where`; None once it has been released."""
@@ -425,7 +457,10 @@ class Store:
         """`keep_log_from`: keep commit-log segments from this offset on even
         if the checkpoint no longer needs them (a follower still reads them)."""
         self._check_open()
-        return self._retention.finish_checkpoint(p, keep_log_from)
+        report = self._retention.finish_checkpoint(p, keep_log_from)
+        if self.keys is not None:
+            self.keys.shed()  # its pages back to the page cache, as the id index's
+        return report
 
     def checkpoint_due(self, now_ms: int) -> bool:
         """Whether a checkpoint would change anything: a record appended since
@@ -489,6 +524,8 @@ class Store:
         self.commit()
         self._hours.close()
         self.ids.close()
+        if self.keys is not None:
+            self.keys.close()
         self.log.close()
         self._closed = True
 

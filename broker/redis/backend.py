@@ -51,15 +51,18 @@ from redis.exceptions import AuthenticationError, ClusterError, RedisClusterExce
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from storage.entry import Message
 from storage.errors import Unavailable
 from wheel.clock import Clock
 
 from ..backend import topic_cap_error
+from ..bulk_params import BulkFilter, DeleteMsgsRequest, ListMsgRequest, RescheduleMsgsRequest
 from ..lifecycle import Lifecycle
 from ..long_polls import LongPolls
-from ..metrics import Metrics
+from ..metrics import Metrics, due_ms
 from ..params import Defaults
 from ..ready import QueueLimits
+from .bulk import RedisBulk
 from .keys import KEY_TYPES, RedisConfig, TopicKeys, redact, split_cluster_flag
 from .requests import RedisRequests
 from .scripts import Reply, load_scripts
@@ -78,7 +81,7 @@ REDIS_ERRORS = (RedisError, RedisClusterException)
 # are a topic's eight keys, TopicKeys.all). RedisBroker registers these (a
 # test may wrap them).
 SCRIPTS = load_scripts("backend", with_common=("send", "tick", "pull", "give_back", "ack", "delete", "get", "info",
-                                               "reschedule", "dead", "redrive"),
+                                               "reschedule", "dead", "redrive", "bulk_delete", "bulk_reschedule"),
                        alone=("register",))  # (register: KEYS is the topic set, not a topic's keys)
 
 
@@ -129,6 +132,8 @@ class RedisBroker(RedisRequests):
         self._topics_key = f"{self.config.key_prefix}:topics"
         self._channel_prefix = f"{self.config.key_prefix}:wake:"
         self._scripts = {name: client.register_script(source) for name, source in SCRIPTS.items()}
+        self._bulk = RedisBulk(client, self.config, metrics, self.lifecycle, self.keys, self._script, self._problem,
+                               REDIS_ERRORS, clock.now_ms, self._bulk_moved)
 
     @classmethod
     def from_url(cls, url: str, clock: Clock, defaults: Defaults, metrics: Metrics,
@@ -156,6 +161,34 @@ class RedisBroker(RedisRequests):
 
     def keys(self, topic: str) -> TopicKeys:
         return TopicKeys.of(self.config.key_prefix, topic)
+
+    # == bulk calls (broker.redis.bulk) ==============================================
+
+    async def list_msgs(self, request: ListMsgRequest) -> tuple[list[Message], str | None]:
+        """listMsg: a page of matches in (trigger time, msgId) order, and the next cursor."""
+        return await self._bulk.page(request)
+
+    async def count_msgs(self, topic: str, flt: BulkFilter) -> int:
+        """listMsg countOnly=true: the exact number of matches."""
+        return await self._bulk.count(topic, flt)
+
+    async def delete_msgs(self, request: DeleteMsgsRequest) -> tuple[int, bool]:
+        """deleteMsgs: live matches DELETED in one script; how many, and if more remain."""
+        return await self._bulk.delete(request)
+
+    async def reschedule_msgs(self, request: RescheduleMsgsRequest) -> tuple[int, bool]:
+        """rescheduleMsgs: waiting and ready matches moved in one script."""
+        return await self._bulk.reschedule(request)
+
+    async def _bulk_moved(self, topic: str, triggers: list[int], ready: int) -> None:
+        """After a bulk move: long polls learn of those made READY, the mover
+        of one due before it meant to wake."""
+        now_ms = self.clock.now_ms()
+        if ready:
+            self._made_ready(topic, [due_ms(t, now_ms) for t in triggers if t <= now_ms][:ready], now_ms)
+            await self._publish(topic)
+        if triggers and min(triggers) < self._next_due_ms:
+            self._mover_wake.set()
 
     # == talking to Redis ==========================================================
 

@@ -15,6 +15,7 @@ from serving import Server, free_port
 
 from broker.client import Consumer, DelayMsg, DelayQueueClient, DelayQueueError, NewMsg
 from storage.entry import Status
+from storage.errors import ConfigError
 
 pytestmark = pytest.mark.slow
 
@@ -401,3 +402,25 @@ def test_a_caller_session_is_used_and_left_open():
             assert not session.closed
     run(body())
 
+
+
+def test_bulk_calls_list_pages_count_delete_and_reschedule(server):
+    async def body():
+        async with DelayQueueClient(server.base) as client:
+            for i in range(5):
+                await client.send("bulk", f"m{i}", msg_id=f"b{i}", tag="x" if i < 3 else "y", delay_ms=60_000 + i)
+            pages = [[m.msg_id for m in page] async for page in client.list_msgs("bulk", tag="x", limit=2)]
+            assert pages == [["b0", "b1"], ["b2"]]
+            assert await client.count_msgs("bulk", msg_id_prefix="b", statuses=[1]) == 5
+            assert await client.reschedule_msgs("bulk", tag="y", shift_ms=1000) == (2, False)
+            assert (await client.get("bulk", "b4")).trigger_time == (await client.get("bulk", "b4")).produce_time \
+                + 61_004
+            assert await client.delete_msgs("bulk", tag="x", limit=2) == (2, True)
+            assert await client.delete_msgs("bulk", all=True) == (3, False)
+            assert await client.count_msgs("bulk") == 0
+            with pytest.raises(DelayQueueError) as refused:
+                await client.delete_msgs("bulk")
+            assert refused.value.code == 400 and "all" in str(refused.value)
+            with pytest.raises(ConfigError):
+                await client.count_msgs("bulk", colour="red")
+    run(body())

@@ -285,3 +285,32 @@ def test_a_follower_console_logs_in_and_calls_the_api_through_the_leader(tmp_pat
         assert console_status(cluster.url(leader), session) == 401  # a session is one node's
     finally:
         cluster.stop()
+
+
+def test_the_search_counts_and_lists_matches_and_cancels_them_once_confirmed(node, tmp_path):
+    """A search by tag shows the count and a page; bulk cancel asks first
+    (declined: nothing changes), and once confirmed deletes every match."""
+    for i in range(3):
+        status, body = node.post("sendMsg", topic="bulkui", msg="m", msgId=f"b{i}", tag="gone", delayMillis=60_000)
+        assert status == 200, body
+    status, body = node.post("sendMsg", topic="bulkui", msg="m", msgId="keep", tag="kept", delayMillis=60_000)
+    assert status == 200, body
+
+    async def run():
+        async with Browser.start(tmp_path) as browser:
+            page = await log_in_with_the_form(browser, node.base)
+            await page.wait_for("document.querySelector('tr[data-topic=bulkui]') !== null")
+            await page.evaluate("document.querySelector('tr[data-topic=bulkui]').click()")
+            await page.evaluate("document.getElementById('srTag').value = 'gone';"
+                                "document.getElementById('search').click()")
+            await page.wait_for("document.getElementById('srCount').textContent === '3 match'")
+            assert await page.evaluate("document.querySelectorAll('#srTable tbody tr').length") == 3
+            await page.evaluate("window.confirm = () => false; document.getElementById('bulkCancel').click()")
+            await asyncio.sleep(0.3)
+            assert node.get("listMsg", topic="bulkui", tag="gone", countOnly="true")[1]["count"] == 3
+            await page.evaluate("window.confirm = () => true; document.getElementById('bulkCancel').click()")
+            await page.wait_for("document.getElementById('srDone').textContent === 'cancelled: 3'")
+            await page.wait_for("document.getElementById('srCount').textContent === '0 match'")
+    asyncio.run(run())
+    assert node.post("getMsg", topic="bulkui", msgId="b0")[1]["delayMsg"]["status"] == 7
+    assert node.post("getMsg", topic="bulkui", msgId="keep")[1]["delayMsg"]["status"] == 1

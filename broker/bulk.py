@@ -1,0 +1,227 @@
+"""The disk broker's bulk calls (docs/api.md, "Bulk calls"): listMsg,
+deleteMsgs, rescheduleMsgs -- messages of a topic found by key, tag, msgId
+prefix, status and trigger time range rather than one id at a time.
+
+Finding by key: the key index (storage.key_index) gives the key's own
+messages, each read and tested against the rest of the filter; the
+topic's other messages are never read.
+
+Finding otherwise: the topic's index entries in the statuses asked for are scanned
+(storage's `scan_status`, hours holding none of them skipped by their
+counts), BULK_SCAN entries a slice with the event loop free between
+slices, so a send waits at most one slice. An entry's trigger time and
+tag hash are in the entry; a key, a msgId prefix or the tag's own text
+need the message read from its delay log, done only for entries the
+entry-level tests let through (and, for a page, only for those that could
+still enter it: broker.bulk_params.PageKeeper).
+
+Changing, all or nothing per call: the matches are gathered first (their
+locations, at most `limit`), then, with no await between, each is read
+again -- unless no record was appended to the commit log since the
+matches were read, so each is still as read -- and stepped through broker.transitions (a message acked or pulled
+meanwhile steps as it now is: Delete of a final one and Reschedule of a
+consuming one change nothing), and every change is appended as ONE
+record -- a status record for a delete, a MOVE record for a reschedule
+(storage.records) -- answered once durable (fsync'ed; on a cluster,
+replicated). A crash before the record is durable loses the whole call,
+after it keeps the whole call, and a moved message's old place never
+delivers it.
+
+    list        a page in (trigger time, msgId) order, or the count
+    delete      live (1, 2, 3) -> DELETED; in RAM out of the wheel (CANCEL)
+                or its window / in flight (FORGET), as deleteMsg does
+    reschedule  WAITING, READY -> WAITING at the new time (READY if due),
+                as rescheduleMsg does, through DeadLetters' move
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+from storage.entry import IndexEntry, Location, Message, Status
+from storage.store import StateChange, Store, text_hash
+from wheel.clock import Clock
+
+from .bulk_params import BulkFilter, DeleteMsgsRequest, ListMsgRequest, PageKeeper, RescheduleMsgsRequest
+from .dead_letters import MAX_FILE_ID, DeadLetters
+from .filing import Filing
+from .group_commit import GroupCommit
+from .journal import Journal
+from .lifecycle import Lifecycle
+from .metrics import Metrics
+from .releaser import Releaser
+from .topics import Topics
+from .transitions import Delete, Effect, MessageState, Reschedule, step
+from .windows import ReadyWindows
+
+# Index entries read per slice of a scan, between which the loop runs.
+BULK_SCAN = 4096
+
+_DELETE = Delete()
+# A match as a scan or the key index read it: where, its status, its retry.
+_Found = tuple[Location, Status, int]
+
+
+class Bulk:
+    """listMsg, deleteMsgs, rescheduleMsgs of the disk broker. Runs on the event loop."""
+
+    def __init__(self, store: Store, clock: Clock, metrics: Metrics, lifecycle: Lifecycle, journal: Journal,
+                 commits: GroupCommit, filing: Filing, windows: ReadyWindows, releaser: Releaser,
+                 topics: Topics, dead_letters: DeadLetters) -> None:
+        self._store = store
+        self._clock = clock
+        self._metrics = metrics
+        self._lifecycle = lifecycle
+        self._journal = journal
+        self._commits = commits
+        self._filing = filing
+        self._windows = windows
+        self._releaser = releaser
+        self._topics = topics
+        self._dead_letters = dead_letters
+
+    def __repr__(self) -> str:
+        return "Bulk()"
+
+    async def _slices(self, topic: str, flt: BulkFilter, skip: bool = False) -> AsyncIterator[list[IndexEntry]]:
+        """The topic's entries passing the entry-level tests (status, trigger
+        range, tag hash), a slice at a time, the loop free between (none
+        if `skip`: the key index found them)."""
+        self._lifecycle.check_serving()
+        await self._commits.flush()  # a change still in its commit is seen
+        if skip or not flt.statuses or not self._topics.has_topic(topic):
+            return
+        topic_hash, statuses = text_hash(topic), sorted(flt.statuses)
+        tag_hash = None if flt.tag is None else text_hash(flt.tag)
+        cursor = Location(0, 0)
+        while True:
+            entries, after = self._store.scan_status(topic_hash, statuses, cursor, MAX_FILE_ID, BULK_SCAN, BULK_SCAN)
+            yield [e for e in entries if flt.in_range(e.trigger_ms) and (tag_hash is None or e.tag_hash == tag_hash)]
+            if after is None:
+                return
+            cursor = after
+            await asyncio.sleep(0)
+            self._lifecycle.check_serving()
+
+    async def _keyed(self, topic: str, flt: BulkFilter) -> list[Message] | None:
+        """With a key filter: the matches, found through the key index
+        (storage.key_index) -- the key's own messages read, not the
+        topic's; None without a key filter (or no key index): scan."""
+        if flt.key is None:
+            return None
+        self._lifecycle.check_serving()
+        await self._commits.flush()  # the index holds applied records only
+        self._lifecycle.check_serving()
+        if not self._topics.has_topic(topic):
+            return []
+        keyed = self._store.keyed(topic, flt.key)
+        return None if keyed is None else [m for m in keyed if flt.matches(m)]
+
+    def _full_match(self, flt: BulkFilter, entry: IndexEntry) -> Message | None:
+        """The message at `entry` if it matches the filter's body-level tests."""
+        m = self._store.read_message(entry.location)
+        return m if m is not None and flt.matches(m) else None
+
+    async def page(self, request: ListMsgRequest) -> tuple[list[Message], str | None]:
+        """A page of matches in (trigger time, msgId) order, after the cursor."""
+        keeper = PageKeeper(request.cursor, request.limit)
+        keyed = await self._keyed(request.topic, request.filter)
+        for found in keyed or ():
+            keeper.offer(found)
+        async for entries in self._slices(request.topic, request.filter, keyed is not None):
+            for e in entries:
+                if keeper.worth(e.trigger_ms) and (m := self._full_match(request.filter, e)) is not None:
+                    keeper.offer(m)
+        page, cursor = keeper.page()
+        return page, None if cursor is None else cursor.text()
+
+    async def count(self, topic: str, flt: BulkFilter) -> int:
+        """How many messages match, exactly."""
+        keyed = await self._keyed(topic, flt)
+        if keyed is not None:
+            return len(keyed)
+        n = 0
+        body = flt.needs_body()
+        async for entries in self._slices(topic, flt):
+            if not body:
+                n += len(entries)
+                continue
+            for e in entries:
+                if self._full_match(flt, e) is not None:
+                    n += 1
+        return n
+
+    async def _gather(self, topic: str, flt: BulkFilter, limit: int) -> tuple[list[_Found], bool, int]:
+        """Up to `limit` matches (location, status, retry as read), whether
+        there are more, and the log's end when they were first read: no
+        record appended since means each is still as read."""
+        keyed = await self._keyed(topic, flt)
+        if keyed is not None:
+            return ([(m.location, m.status, m.retry) for m in keyed[:limit]], len(keyed) > limit,
+                    self._store.log_end_offset)
+        found: list[_Found] = []
+        seen = -1
+        body = flt.needs_body()
+        async for entries in self._slices(topic, flt):
+            if seen < 0:
+                seen = self._store.log_end_offset
+            for e in entries:
+                if body and self._full_match(flt, e) is None:
+                    continue
+                if len(found) == limit:
+                    return found, True, seen
+                found.append((e.location, e.status, e.retry))
+        return found, False, seen
+
+    async def delete(self, request: DeleteMsgsRequest) -> tuple[int, bool]:
+        """The live matches (at most `limit`) DELETED, as one record; how
+        many, and whether matches remain."""
+        found, more, seen = await self._gather(request.topic, request.filter, request.limit)
+        self._lifecycle.check_serving()
+        now_ms = self._clock.now_ms()
+        changes = []
+        store = self._store
+        quiet = seen == store.log_end_offset  # nothing appended since they were read: each is as read
+        for where, status, retry in found:  # no await from here to the append: all or nothing
+            if not quiet:
+                now = store.live_state(where)
+                if now is None:
+                    continue  # moved meanwhile (its new place was not among the matches)
+                status, retry = now
+            done = step(MessageState(status, retry, 0, 0, 0), _DELETE, now_ms)
+            if done.state is None or not done.effects:
+                continue  # ended meanwhile
+            if Effect.CANCEL in done.effects:
+                self._filing.cancel(where)
+            elif Effect.FORGET in done.effects:
+                self._windows.forget_at(where)
+            changes.append(StateChange(where, done.state.status, retry))
+        if changes:
+            self._journal.append(changes, now_ms)
+            self._metrics.topic(request.topic).deletes += len(changes)
+            await self._commits.durable()
+        return len(changes), more
+
+    async def reschedule(self, request: RescheduleMsgsRequest) -> tuple[int, bool]:
+        """The waiting and ready matches (at most `limit`) filed anew at their
+        new trigger times, as one MOVE record; how many, and whether
+        matches remain."""
+        found, more, _ = await self._gather(request.topic, request.filter, request.limit)
+        self._lifecycle.check_serving()
+        now_ms = self._clock.now_ms()
+        moves = []
+        for where, _, _ in found:  # no await from here to the append: all or nothing
+            m = self._store.read_message(where)
+            if m is None:
+                continue
+            done = step(MessageState.of(m), Reschedule(request.new_trigger_ms(m.trigger_ms)), now_ms)
+            if done.refusal is None and done.state is not None:
+                moves.append((m, done))
+        if not moves:
+            return 0, more
+        moved = self._dead_letters.move(moves, now_ms)
+        self._metrics.topic(request.topic).reschedules += len(moved)
+        await self._commits.durable()
+        self._releaser.ready_if_due(moved, now_ms)
+        return len(moved), more

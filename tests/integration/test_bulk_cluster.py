@@ -1,0 +1,80 @@
+"""Bulk calls on a real 3-node cluster (bench/cluster.py): a bulk
+reschedule and a bulk delete made on the leader live in the replicated
+log, so after SIGKILL of the leader the new one delivers the moved
+messages at their new time only (never at the old one), never delivers
+the deleted ones, and finds messages by key through its own key index."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from cluster import Cluster
+
+pytestmark = pytest.mark.slow
+
+MOVED, DROPPED = 20, 10
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    c = Cluster.start(tmp_path / "cluster")
+    yield c
+    c.stop()
+
+
+def _wait(predicate, wait_s: float = 15, what: str = "condition"):
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"{what} not reached within {wait_s} s")
+
+
+def test_a_bulk_reschedule_and_delete_survive_a_leader_kill(cluster):
+    leader = cluster.wait_leader()
+    cluster.wait_known(leader)
+    term = cluster.health(leader)["term"]
+    node = cluster.nodes[leader]
+    msgs = [{"msgId": f"mv{i}", "msg": "x", "tag": "move", "delayMillis": 1_500, "key": f"K{i % 2}"}
+            for i in range(MOVED)]
+    msgs += [{"msgId": f"dr{i}", "msg": "x", "tag": "drop", "delayMillis": 1_500} for i in range(DROPPED)]
+    status, body = node.post_json("sendMsgBatch", {"topic": "bulk", "msgs": msgs})
+    assert status == 200, body
+    now = int(time.time() * 1000)
+    code, body = node.post("rescheduleMsgs", topic="bulk", tag="move", triggerTime=now + 9_000)
+    assert code == 200 and body["rescheduled"] == MOVED, body
+    code, body = node.post("deleteMsgs", topic="bulk", tag="drop")
+    assert code == 200 and body["deleted"] == DROPPED, body
+    _wait(lambda: len(set(cluster.log_ends().values())) == 1, what="logs converging")
+    cluster.kill(leader)
+    new = cluster.wait_leader(exclude=leader, above_term=term)
+    cluster.wait_known(new)
+    n = cluster.nodes[new]
+
+    code, body = n.get("listMsg", topic="bulk", key="K1", limit=100)
+    assert code == 200 and sorted(m["msgId"] for m in body["delayMsgList"]) == sorted(
+        f"mv{i}" for i in range(1, MOVED, 2)), body
+    assert all(m["triggerTime"] == now + 9_000 for m in body["delayMsgList"])
+    code, body = n.get("listMsg", topic="bulk", tag="drop", status="7", countOnly="true")
+    assert code == 200 and body["count"] == DROPPED, body
+
+    delivered: list[str] = []
+    while int(time.time() * 1000) < now + 8_500:  # past the old time, before the new one: nothing
+        code, body = n.post("pullMsg", topic="bulk", batch=100)
+        assert code == 200, body
+        delivered += [m["msgId"] for m in body["delayMsgList"]]
+        time.sleep(0.1)
+    assert delivered == []
+
+    def pull_and_ack() -> bool:  # (a key's messages come one at a time: each acked before the next)
+        got = [m["msgId"] for m in n.post("pullMsg", topic="bulk", batch=100)[1]["delayMsgList"]]
+        delivered.extend(got)
+        for msg_id in got:
+            assert n.post("ackMsg", topic="bulk", msgId=msg_id)[0] == 200
+        return len(delivered) >= MOVED
+    _wait(pull_and_ack, wait_s=30, what="the moved messages")
+    assert int(time.time() * 1000) >= now + 9_000
+    assert sorted(delivered) == sorted(f"mv{i}" for i in range(MOVED))
