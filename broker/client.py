@@ -132,14 +132,15 @@ class DelayMsg:
     status: Status
     priority: int = 0
     tag: str = ""
+    key: str = ""  # the serial key (docs/api.md, "Tags and serial keys"); "" for none
 
     @classmethod
     def from_json(cls, obj: Mapping[str, Any]) -> DelayMsg:
-        """From the camelCase JSON object; `priority` and `tag` (hourglass
-        extensions) may be absent, as from a camellia server."""
+        """From the camelCase JSON object; `priority`, `tag` and `key`
+        (hourglass extensions) may be absent, as from a camellia server."""
         return cls(obj["topic"], obj["msgId"], obj["msg"], int(obj["produceTime"]), int(obj["triggerTime"]),
                    int(obj["expireTime"]), int(obj["maxRetry"]), int(obj["retry"]), Status(obj["status"]),
-                   int(obj.get("priority") or 0), obj.get("tag") or "")
+                   int(obj.get("priority") or 0), obj.get("tag") or "", obj.get("key") or "")
 
 
 @dataclass(frozen=True)
@@ -155,12 +156,13 @@ class NewMsg:
     priority: int | None = None
     trigger_time_ms: int | None = None
     tag: str | None = None
+    key: str | None = None
 
     def params(self) -> dict[str, Any]:
         """The wire keys, without the fields left to the server."""
         wire = {"msg": self.msg, "msgId": self.msg_id, "delayMillis": self.delay_ms, "ttlMillis": self.ttl_ms,
                 "maxRetry": self.max_retry, "priority": self.priority, "triggerTime": self.trigger_time_ms,
-                "tag": self.tag}
+                "tag": self.tag, "key": self.key}
         return {key: value for key, value in wire.items() if value is not None}
 
 
@@ -214,10 +216,12 @@ class DelayQueueClient:
 
     async def send(self, topic: str, msg: str, *, msg_id: str | None = None, delay_ms: int | None = None,
                    ttl_ms: int | None = None, max_retry: int | None = None, priority: int | None = None,
-                   trigger_time_ms: int | None = None, tag: str | None = None) -> DelayMsg:
+                   trigger_time_ms: int | None = None, tag: str | None = None, key: str | None = None) -> DelayMsg:
         """sendMsg. Sending an id that exists answers the stored message,
-        unchanged. `trigger_time_ms` (absolute) wins over `delay_ms`."""
-        new = NewMsg(msg, msg_id or uuid.uuid4().hex, delay_ms, ttl_ms, max_retry, priority, trigger_time_ms, tag)
+        unchanged. `trigger_time_ms` (absolute) wins over `delay_ms`; `key`
+        makes the message's consumption serial with its key's others."""
+        new = NewMsg(msg, msg_id or uuid.uuid4().hex, delay_ms, ttl_ms, max_retry, priority, trigger_time_ms, tag,
+                     key)
         answer = await self._call("POST", "sendMsg", idempotent=True, form={"topic": topic, **new.params()})
         return DelayMsg.from_json(answer["delayMsg"])
 
@@ -282,6 +286,15 @@ class DelayQueueClient:
                                                              "release": "true" if release else "false"},
                                   missing_ok=True)
         return answer is not None
+
+    async def reschedule(self, topic: str, msg_id: str, trigger_time_ms: int) -> DelayMsg | None:
+        """rescheduleMsg to an absolute trigger time (so a repeated attempt
+        asks for the same change): the message as moved, None if there is
+        no such message (404); DelayQueueError 409 for one consuming or
+        ended."""
+        answer = await self._call("POST", "rescheduleMsg", idempotent=True, missing_ok=True,
+                                  form={"topic": topic, "msgId": msg_id, "triggerTime": str(trigger_time_ms)})
+        return None if answer is None else DelayMsg.from_json(answer["delayMsg"])
 
     async def topic_info(self, topic: str) -> dict[str, Any] | None:
         """getTopicInfo's `data` (camellia's shape; zeros for an unknown
