@@ -30,7 +30,12 @@ connection lost mid-call) is sent again only when repeating it changes
 nothing: a read, an ack, nack or delete, or a send. `send` and
 `send_batch` give every message without a `msg_id` a uuid4 id before the
 first attempt, so a repeated send answers the stored message rather than
-storing it twice. A pull is not repeated after such a failure: a pull the
+storing it twice; and they send `strictIdempotence=true` (docs/api.md,
+"Sending"), so an attempt held up in the network that reaches the node
+after its message was acked answers the acked message instead of storing
+it again (a fault drill found that: bench/drills.py).
+`strict_idempotence=False` gives camellia's rule back, for callers that
+re-send an ended message's id to schedule it anew. A pull is not repeated after such a failure: a pull the
 node applied handed out messages, and a second one would hand out more.
 Any other answer but 200 raises `DelayQueueError` at once.
 
@@ -216,21 +221,28 @@ class DelayQueueClient:
 
     async def send(self, topic: str, msg: str, *, msg_id: str | None = None, delay_ms: int | None = None,
                    ttl_ms: int | None = None, max_retry: int | None = None, priority: int | None = None,
-                   trigger_time_ms: int | None = None, tag: str | None = None, key: str | None = None) -> DelayMsg:
+                   trigger_time_ms: int | None = None, tag: str | None = None, key: str | None = None,
+                   strict_idempotence: bool = True) -> DelayMsg:
         """sendMsg. Sending an id that exists answers the stored message,
-        unchanged. `trigger_time_ms` (absolute) wins over `delay_ms`; `key`
-        makes the message's consumption serial with its key's others."""
+        unchanged (one that has ended too, unless `strict_idempotence` is
+        False: see the module docstring). `trigger_time_ms` (absolute) wins
+        over `delay_ms`; `key` makes the message's consumption serial with
+        its key's others."""
         new = NewMsg(msg, msg_id or uuid.uuid4().hex, delay_ms, ttl_ms, max_retry, priority, trigger_time_ms, tag,
                      key)
-        answer = await self._call("POST", "sendMsg", idempotent=True, form={"topic": topic, **new.params()})
+        form = {"topic": topic, **new.params(), "strictIdempotence": "true" if strict_idempotence else "false"}
+        answer = await self._call("POST", "sendMsg", idempotent=True, form=form)
         return DelayMsg.from_json(answer["delayMsg"])
 
-    async def send_batch(self, topic: str, msgs: Iterable[NewMsg | Mapping[str, Any]]) -> list[DelayMsg]:
+    async def send_batch(self, topic: str, msgs: Iterable[NewMsg | Mapping[str, Any]], *,
+                         strict_idempotence: bool = True) -> list[DelayMsg]:
         """sendMsgBatch: all or nothing, answered in order. Items are `NewMsg`
-        or dicts of its fields, e.g. `{"msg": "hi", "delay_ms": 500}`."""
+        or dicts of its fields, e.g. `{"msg": "hi", "delay_ms": 500}`;
+        `strict_idempotence` as for `send`."""
         items = [m if isinstance(m, NewMsg) else NewMsg(**m) for m in msgs]
         wire = [{**m.params(), "msgId": m.msg_id or uuid.uuid4().hex} for m in items]
-        answer = await self._call("POST", "sendMsgBatch", idempotent=True, body={"topic": topic, "msgs": wire})
+        body = {"topic": topic, "strictIdempotence": strict_idempotence, "msgs": wire}
+        answer = await self._call("POST", "sendMsgBatch", idempotent=True, body=body)
         return [DelayMsg.from_json(m) for m in answer["delayMsgList"]]
 
     # ------------------------------------------------------------ consume
