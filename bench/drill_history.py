@@ -26,6 +26,8 @@ what no order of those unknowns could explain:
                                                                message of it was received, and answered
                                                                before that one's ack or nack started and
                                                                before its ack timeout could have passed
+                                                               (on a standalone node, and no kill between:
+                                                               a pull is answered before its fsync there)
 
 The trigger "in force" for a delivery is the send's, or a reschedule's
 answered 200 before the pull started (a reschedule whose answer came
@@ -110,6 +112,10 @@ class History:
     deliveries: list[Delivery] = field(default_factory=list)
     faults: list[Fault] = field(default_factory=list)
     send_attempts: int = 0  # every send tried (answered or not)
+    # A cluster answers a pull once a quorum has it; a standalone node
+    # before its fsync (docs/api.md, "Pulling"), so a kill -9 may undo a
+    # pull: the message is ready again and its key free.
+    pulls_durable: bool = True
     end_ms: int = 0  # when the history was closed (after the drain)
 
     def __repr__(self) -> str:
@@ -165,7 +171,8 @@ def check(history: History) -> Findings:
     _check_lost(history, sent, by_msg, ops, found)
     _check_early(sent, by_msg, ops, found)
     _check_after(by_msg, ops, found)
-    _check_keys(by_msg, ops, found)
+    undone = [] if history.pulls_durable else sorted(f.start_ms for f in history.faults if f.kind == "kill")
+    _check_keys(by_msg, ops, undone, found)
     _count_duplicates(history.faults, by_msg, ops, found)
     return found
 
@@ -229,7 +236,9 @@ def _check_after(by_msg: dict[MsgKey, list[Delivery]], ops: dict[MsgKey, list[Op
                     break
 
 
-def _check_keys(by_msg: dict[MsgKey, list[Delivery]], ops: dict[MsgKey, list[Op]], found: Findings) -> None:
+def _check_keys(by_msg: dict[MsgKey, list[Delivery]], ops: dict[MsgKey, list[Op]], undone: list[int],
+                found: Findings) -> None:
+    """`undone`: times of kills that may have undone a pull (not durable)."""
     by_key: dict[tuple[str, str], list[tuple[Delivery, int]]] = defaultdict(list)
     for key, deliveries in by_msg.items():
         settles = sorted(op.start_ms for op in ops.get(key, ()) if op.kind in ("ack", "nack", "delete"))
@@ -250,6 +259,9 @@ def _check_keys(by_msg: dict[MsgKey, list[Delivery]], ops: dict[MsgKey, list[Op]
             for other, _ in held[i + 1:]:
                 if other.received_ms > busy_until:
                     break  # the rest were received later still
+                i = bisect.bisect_left(undone, d.poll_start_ms)
+                if i < len(undone) and undone[i] <= other.received_ms:
+                    continue  # a kill between them may have undone d's pull
                 if other.msg_id != d.msg_id and other.poll_start_ms >= d.received_ms:
                     found.note("key_violations", f"{topic} key {k}: {other.msg_id} pulled "
                                                  f"{other.poll_start_ms}..{other.received_ms} while {d.msg_id} "

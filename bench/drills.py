@@ -454,6 +454,7 @@ async def _lost_statuses(workload: Workload, examples: list[str]) -> dict[str, i
 async def drive(nodes: Nodes, settings: Settings) -> dict[str, Any]:
     rng = random.Random(settings.seed)
     workload = Workload(nodes, settings, random.Random(rng.random()))
+    workload.history.pulls_durable = nodes.cluster
     nemesis = Nemesis(nodes, settings, random.Random(rng.random()), workload.history)
     started = time.monotonic()
     consumers = [asyncio.create_task(workload.consume(i)) for i in range(settings.consumers)]

@@ -131,3 +131,14 @@ def test_duplicates_are_counted_with_the_nearest_fault_and_nacks_excuse_them():
     found = check(h)
     assert found.failed == []
     assert (found.duplicates, found.duplicates_by_fault) == (1, {"kill-leader": 1})
+
+
+def test_on_a_standalone_node_a_kill_may_undo_a_pull_and_free_its_key():
+    def keyed(durable: bool) -> History:
+        h = history(sent=[sent("a", 100, key="k"), sent("b", 100, key="k")],
+                    deliveries=[got("a", 90, 101, 100, key="k"), got("b", 120, 130, 100, key="k")],
+                    faults=[Fault("kill", "s1", True, 105, 110)])
+        h.pulls_durable = durable
+        return h
+    assert check(keyed(durable=False)).key_violations == 0
+    assert check(keyed(durable=True)).key_violations == 1  # a cluster's pull survives a kill
