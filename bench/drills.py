@@ -290,6 +290,7 @@ class Nemesis:
         self.nodes, self.settings, self.rng, self.history = nodes, settings, rng, history
         self.records: list[FaultRecord] = []
         self.skipped: dict[str, str] = {}
+        self.exited: dict[str, int] = {}  # node -> times it exited by itself between faults
 
     def plan(self) -> list[str]:
         s = self.settings
@@ -325,8 +326,15 @@ class Nemesis:
     # -- each fault (run in a thread: they wait on the nodes) ----------------------------
 
     def _settled(self, wait_s: float) -> None:
+        """Until one leader leads the rest; a node that exited by itself (as
+        a leader whose broker failed does) is restarted, and counted."""
         deadline = time.monotonic() + wait_s
         while not self.nodes.converged(at_least=0):
+            for node in self.nodes.ids:
+                if not self.nodes.alive(node) and node not in self.nodes.paused:
+                    log(f"{node} had exited by itself ({self.nodes.servers[node].proc.returncode}): restarted")
+                    self.exited[node] = self.exited.get(node, 0) + 1
+                    self.nodes.restart(node)
             if time.monotonic() > deadline:
                 raise TimeoutError(f"the nodes did not settle within {wait_s} s: {self.nodes}")
             time.sleep(0.05)
@@ -497,6 +505,7 @@ async def drive(nodes: Nodes, settings: Settings) -> dict[str, Any]:
         "faults": dict(Counter(r.fault.kind for r in records)),
         "faults_on_leader": sum(1 for r in records if r.fault.was_leader),
         "faults_skipped": nemesis.skipped,
+        "nodes_exited": nemesis.exited,
         "failover_s": _spread([r.failover_s for r in records if r.failover_s is not None]),
         "recover_s": _spread([r.recover_s for r in records if r.recover_s is not None]),
         "operations": ops_under_load,

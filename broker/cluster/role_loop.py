@@ -223,3 +223,10 @@ class RoleLoop(NodeParts):
         await broker.abandon()
         self.tick_file = TickStateFile(self.tick_path, fsync=True)
         self.follower.last_tick = None
+        if broker.failed is not None:
+            # Its RAM and disk may disagree, and Raft keeps this node its
+            # leader while it lives: it could not claim its own term again,
+            # and no other node would be elected (a fault drill saw a
+            # cluster without a working leader for minutes). It leaves; the
+            # others elect, and it rejoins from its disk when restarted.
+            self.fail(broker.failed, f"the broker of term {self.roles.term}")

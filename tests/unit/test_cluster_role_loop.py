@@ -452,13 +452,15 @@ def test_a_newer_candidates_promise_makes_the_leader_stand_down(tmp_path):
     drive(tmp_path, scenario)
 
 
-def test_a_failed_broker_makes_the_leader_stand_down(tmp_path):
+def test_a_failed_broker_makes_the_leader_stand_down_and_leave(tmp_path):
+    """Raft would keep the node its leader, unable to claim its own term
+    again: it stands down and stops, so that another node is elected."""
     async def scenario(h: Harness):
         node, broker = await leading(h, 3)
         broker.failed = OSError("disk full")
         await h.run_for(POLL_MS)
         assert stood_down(node, broker, 3)
-        assert node.failed is None  # the node goes on, as a follower
+        assert isinstance(node.failed, OSError) and node.stop_asked.is_set()
     drive(tmp_path, scenario)
 
 
