@@ -348,10 +348,10 @@ class Nemesis:
         self.nodes.wait_leader(exclude=old, above_term=term, wait_s=30)
         return round(time.monotonic() - started, 3)
 
-    def _recover(self) -> float:
-        """Seconds from now (the heal) until every node names one leader and
-        holds the log the leader had now."""
-        started = time.monotonic()
+    def _recover(self, started: float) -> float:
+        """Seconds from `started` (the heal: a restart begun, SIGCONT, the
+        links back) until every node names one leader and holds the log
+        the leader had once it was found."""
         leader, _ = self.nodes.wait_leader(wait_s=60)
         end = self.nodes.log_ends().get(leader) or 0
         while not self.nodes.converged(at_least=end):
@@ -367,11 +367,9 @@ class Nemesis:
         self.nodes.kill(node)
         failover = self._failover(node, term) if node == leader and self.nodes.cluster else None
         time.sleep(self.rng.uniform(0, 2) if self.nodes.cluster else 0)
-        healed = now_ms()
-        started = time.monotonic()
+        healed, started = now_ms(), time.monotonic()
         self.nodes.restart(node)
-        recover = self._recover() + (time.monotonic() - started if not self.nodes.cluster else 0)
-        return FaultRecord(Fault("kill", node, node == leader, start, healed), failover, round(recover, 3))
+        return FaultRecord(Fault("kill", node, node == leader, start, healed), failover, self._recover(started))
 
     def _pause(self) -> FaultRecord:
         leader, term = self._leader()
@@ -381,9 +379,9 @@ class Nemesis:
             failover = self._failover(leader, term)
             time.sleep(max(0.0, self.rng.uniform(*self.settings.pause_s) - failover))
         finally:
-            healed = now_ms()
+            healed, started = now_ms(), time.monotonic()
             self.nodes.resume(leader)
-        return FaultRecord(Fault("pause", leader, True, start, healed), failover, self._recover())
+        return FaultRecord(Fault("pause", leader, True, start, healed), failover, self._recover(started))
 
     def _partition(self) -> FaultRecord:
         assert self.nodes.mesh is not None
@@ -399,11 +397,11 @@ class Nemesis:
                 failover = self._failover(leader, term)
             time.sleep(max(0.0, self.rng.uniform(*self.settings.partition_s) - (failover or 0)))
         finally:
-            healed = now_ms()
+            healed, started = now_ms(), time.monotonic()
             self.nodes.mesh.heal()
         note = f"{mode.value}{f' {delay_ms} ms' if delay_ms else ''}"
         return FaultRecord(Fault(f"partition_{mode.value}", node, node == leader, start, healed), failover,
-                           self._recover(), note)
+                           self._recover(started), note)
 
     def _full_disk(self) -> FaultRecord:
         node = self.nodes.small_disk
@@ -415,12 +413,13 @@ class Nemesis:
             time.sleep(self.settings.full_disk_s)
         finally:
             self.nodes.free_disk(node)
-        healed = now_ms()
+        healed, started = now_ms(), time.monotonic()
         note = f"{filled >> 20} MiB of ballast"
         if not self.nodes.alive(node):
             note += "; the node had exited by itself and was restarted"
             self.nodes.restart(node)
-        return FaultRecord(Fault("full_disk", node, node == leader, start, healed), None, self._recover(), note)
+        return FaultRecord(Fault("full_disk", node, node == leader, start, healed), None, self._recover(started),
+                           note)
 
 
 def _spread(values: list[float]) -> dict[str, Any]:
