@@ -38,9 +38,10 @@ from replication.epochs import Epochs
 from replication.log_stream import LeaderLog, serve_catchup
 from replication.roles import RETRY_MS, Role
 from storage.config import StoreConfig
-from storage.entry import MS_PER_HOUR
+from storage.entry import MS_PER_HOUR, Status
 from storage.errors import Unavailable
 from storage.store import NewMessage, Store
+from storage.types import StateChange
 
 START_MS = 490_000 * MS_PER_HOUR
 POLL_MS = int(POLL_S * 1000)
@@ -566,4 +567,56 @@ def test_stopping_a_follower_only_leaves_the_group(tmp_path):
         assert took == 0 and h.election.closed and node.stopping
         assert follow_task.done() and node._follow_task is None
         assert node.broker is None and leadership(node) == [] and node.posted == []
+    drive(tmp_path, scenario)
+
+
+def test_records_a_cancelled_fetch_left_appended_are_applied_before_it_leads(tmp_path, monkeypatch):
+    """A follower's fetch appends the leader's records, fsyncs them (in a
+    worker thread: a point where its task may be cancelled), then applies
+    them. Elected while that fsync ran, the node cancelled the fetch and
+    built its broker on records appended and not applied: an ack among
+    them was unknown to it, so it held the acked message as consuming and
+    handed it out again at its ack timeout (a fault drill saw acks
+    answered 200 come back after a failover). They are applied first."""
+    hold, held, release = [False], asyncio.Event(), asyncio.Event()
+
+    async def to_thread(func, /, *args, **kwargs):
+        if hold[0] and getattr(func, "__name__", "") == "sync_log":
+            held.set()
+            await release.wait()  # the fsync of a fetch's records, still running
+        return func(*args, **kwargs)
+    monkeypatch.setattr(asyncio, "to_thread", to_thread)
+
+    async def scenario(h: Harness):
+        leader = h.peers["n2"]
+        leader.lead(2)
+        store = leader.store
+        [sent] = store.send([NewMessage("t", "m0", "body", START_MS, START_MS, 3_600_000, 5)], START_MS)
+        store.commit()
+        where = sent.message.location
+        store.update([StateChange(where, Status.READY, 0)], START_MS)
+        store.update([StateChange(where, Status.CONSUMING, 1, deadline_ms=START_MS + 5_000)], START_MS)
+        store.commit()
+        leader.leader_log.durable_offset = store.log.end_offset
+        h.election.claimed = (2, "n2")
+        h.election.term, h.election.leader_id = 2, "n2"
+        node = await h.start()
+        await h.until(lambda: node.store.log.end_offset == store.log.end_offset, within_ms=5_000)
+        await h.run_for(POLL_MS)
+        assert node.store.status(where) is Status.CONSUMING
+
+        hold[0] = True  # the next fetch's fsync is still running when n1 is elected
+        store.update([StateChange(where, Status.ACKED, 1)], START_MS + 100)
+        store.commit()
+        leader.leader_log.durable_offset = store.log.end_offset
+        await h.until(held.is_set, within_ms=5_000)
+        await h.elect(3)
+        hold[0] = False
+        release.set()
+        assert node.leads and node.leading_term == 3
+        assert node.broker.consuming_total == 0  # the ack is known: nothing is held for it
+        for _ in range(10):  # past the pull's ack deadline, n2 following
+            await h.run_for(1_000)
+            await fetched_by(node, "n2", 3)
+        assert node.store.status(where) is Status.ACKED and node.leads
     drive(tmp_path, scenario)
