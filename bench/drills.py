@@ -233,8 +233,9 @@ class Workload:
         self.history.ops.append(Op("reschedule", PLAIN, msg_id, start, now_ms(), ok, applied, trigger))
 
     async def consume(self, i: int) -> None:
-        """Consumer `i`: long polls; acks each message (even i), or the
-        batch at once (odd i); nacks one in twenty."""
+        """Consumer `i`: long polls the plain topic (even i) or the keyed
+        one (odd i); acks each message (i % 4 < 2), or a poll's messages in
+        one batch ack; nacks one in twenty."""
         client = self.client(i + 1)
         topic = KEYED if i % 2 else PLAIN
         per_message = i % 4 < 2
