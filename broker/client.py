@@ -35,8 +35,9 @@ storing it twice; and they send `strictIdempotence=true` (docs/api.md,
 after its message was acked answers the acked message instead of storing
 it again (a fault drill found that: bench/drills.py).
 `strict_idempotence=False` gives camellia's rule back, for callers that
-re-send an ended message's id to schedule it anew. A pull is not repeated after such a failure: a pull the
-node applied handed out messages, and a second one would hand out more.
+re-send an ended message's id to schedule it anew. A pull is not
+repeated after such a failure: a pull the node applied handed out
+messages, and a second one would hand out more.
 Any other answer but 200 raises `DelayQueueError` at once.
 
 Clusters. Give every node's address (a list, or one string with commas):
