@@ -191,6 +191,13 @@ class RoleLoop(NodeParts):
             result = await self.post(source, "fetch", {"node": self.cluster.node_id, "epoch": 0, "offset": end,
                                                        "last_epoch": self.epochs.last_epoch(end), "wait_ms": 0,
                                                        "catchup": True})
+            if result["status"] == "snapshot":
+                # the source no longer keeps the log from here (its retention):
+                # its snapshot, as a follower that far behind gets (a fault
+                # drill saw a candidate retry this catch-up for minutes)
+                log.info("catching up from %s by snapshot (its log starts after %d)", source, end)
+                await self.take_snapshot(source)
+                return
             if result["status"] != "ok" or not result.get("records"):
                 raise ConnectionError(f"catch-up from {source} stopped at {end}: {result['status']}")
             await self.follower.apply({**result, "tick": None, "history": history})

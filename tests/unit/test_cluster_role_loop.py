@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 from typing import NamedTuple
 
 import orjson
@@ -502,6 +503,39 @@ def test_a_peer_with_a_longer_log_in_a_later_epoch_is_caught_up_from_before_lead
         assert node.leader_log.quorum_offset() == 0  # n2 has all of it, but has not said so yet
         assert (await fetched_by(node, "n2", 3))["status"] == "ok"
         assert node.leader_log.quorum_offset() == longer
+    drive(tmp_path, scenario)
+
+
+def test_a_peer_whose_log_starts_after_this_ones_end_is_caught_up_from_by_snapshot(tmp_path, monkeypatch):
+    """The most advanced peer no longer keeps the log from where this
+    node's ends (it deleted it after a checkpoint): the catch-up takes its
+    snapshot, as a follower that far behind does, instead of failing and
+    retrying (a fault drill saw a candidate do that for minutes)."""
+    async def scenario(h: Harness):
+        n2 = h.peers["n2"]
+        n2.epochs = Epochs(2, ((2, 0),))
+        for i in range(200):  # about 200 KB: several 64 KiB segments
+            n2.store.send([NewMessage("t", f"m{i}", "x" * 1000, START_MS, START_MS + 60_000, 60_000, 1)], START_MS)
+        n2.store.commit()
+        end = n2.store.log.end_offset
+        n2.store.finish_checkpoint(n2.store.prepare_checkpoint(START_MS))
+        assert n2.store.log_start_offset > 0  # what n1 would fetch from 0 is gone
+        taken: list[str] = []
+
+        async def take_snapshot(source: str) -> None:  # as snapshots.py does, by a copy instead of HTTP
+            taken.append(source)
+            copy = os.path.join(h.directory, "n2-snapshot")
+            shutil.copytree(os.path.join(h.directory, source), copy)
+            node.store.close()
+            node.store = Store.open(copy, STORE, now_ms=START_MS)
+            node.set_epochs(Epochs(node.epochs.promised, ()).follow(n2.epochs.history))
+
+        node = await h.start()
+        monkeypatch.setattr(node, "take_snapshot", take_snapshot)
+        await h.elect(3)
+        assert taken == ["n2"]
+        assert [m["offset"] for _, m in posted(node, "fetch")] == [0]  # one try, answered "snapshot"
+        assert node.leads and node.store.log.end_offset == end
     drive(tmp_path, scenario)
 
 
