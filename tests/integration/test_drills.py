@@ -33,13 +33,16 @@ def drill(*flags: str) -> dict:
 
 def check_zeros(report: dict) -> None:
     figures = {name: report[name] for name in ZEROS}
-    assert figures == dict.fromkeys(ZEROS, 0), (figures, report["examples"], report.get("lost_status"))
+    # on a failure, the whole history is in the test's tmp_path (history.json)
+    assert figures == dict.fromkeys(ZEROS, 0), (figures, report["examples"], report.get("lost_status"),
+                                                report["stderr"])
     assert report["failed"] == [], report
     assert report["sends_ok"] > 500 and report["deliveries"] >= report["sends_ok"] * 0.9
 
 
-def test_a_short_seeded_drill_on_a_cluster_loses_nothing():
-    report = drill("--seed", "29", "--kills", "3", "--pauses", "2", "--partitions", "3", "--full-disks", "1",
+def test_a_short_seeded_drill_on_a_cluster_loses_nothing(tmp_path):
+    report = drill("--history", str(tmp_path / "history.json"), "--seed", "29", "--kills", "3", "--pauses", "2",
+                   "--partitions", "3", "--full-disks", "1",
                    "--small-disk-mb", "128", "--rate", "150", "--max-delay-s", "8", "--budget-s", "120")
     check_zeros(report)
     faults = report["faults"]
@@ -54,8 +57,9 @@ def test_a_short_seeded_drill_on_a_cluster_loses_nothing():
     assert "--seed 29" in report["replay"]
 
 
-def test_a_short_seeded_drill_on_a_standalone_node_loses_nothing():
-    report = drill("--standalone", "--seed", "29", "--kills", "4", "--rate", "150", "--max-delay-s", "8",
+def test_a_short_seeded_drill_on_a_standalone_node_loses_nothing(tmp_path):
+    report = drill("--history", str(tmp_path / "history.json"), "--standalone", "--seed", "29", "--kills", "4",
+                   "--rate", "150", "--max-delay-s", "8",
                    "--budget-s", "60")
     check_zeros(report)
     assert report["faults"] == {"kill": 4} and report["mode"] == "standalone"
