@@ -11,8 +11,10 @@ claiming and leading; no majority, a refusal, a claim not committed, Raft
 moving on mid-claim -> following again, retrying RETRY_MS later; the Raft
 term moving on, or a newer candidate's promise, making the leader stand
 down and follow the new one; catching up from a peer with a longer log in
-a later epoch before leading; stopping (SIGTERM) a leader (a handover) and
-a follower.
+a later epoch before leading, or by snapshot from one whose log starts
+after this node's end; a fetch cancelled in its fsync by an election,
+its records applied before the broker starts; a failed broker making the
+leader leave; stopping (SIGTERM) a leader (a handover) and a follower.
 """
 
 from __future__ import annotations
