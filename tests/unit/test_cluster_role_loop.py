@@ -656,3 +656,31 @@ def test_records_a_cancelled_fetch_left_appended_are_applied_before_it_leads(tmp
             await fetched_by(node, "n2", 3)
         assert node.store.status(where) is Status.ACKED and node.leads
     drive(tmp_path, scenario)
+
+
+def test_an_ack_that_changes_nothing_waits_for_the_quorum_of_what_it_reports(tmp_path):
+    """A new leader holds, at the end of its log, a record of the last term
+    no follower has yet: the ack of m0. The client, whose first attempt
+    went to the old term, repeats the ack; the message is acked already,
+    so the ack changes nothing, and it was answered at once. Had this node
+    then been cut off, the next leader would not have had the ack (a fault
+    drill saw it hand such a message out again). The answer now waits
+    until a quorum has the log it reports on."""
+    async def scenario(h: Harness):
+        store = Store.open(h.data_dir, STORE, now_ms=START_MS)
+        [sent] = store.send([NewMessage("t", "m0", "body", START_MS, START_MS, 3_600_000, 5)], START_MS)
+        store.commit()
+        store.update([StateChange(sent.message.location, Status.ACKED, 0)], START_MS)
+        store.commit()
+        store.close()
+        Epochs(2, ((2, 0),)).save(Epochs.path(h.data_dir))
+        node = await h.start()
+        await h.elect(3)
+        assert node.leads and node.leader_log.quorum_offset() < node.store.log.end_offset
+        acking = asyncio.create_task(node.broker.ack_many("t", ["m0"]))
+        await h.run_for(100)
+        assert not acking.done()  # what it would report is on this node only
+        assert (await fetched_by(node, "n2", 3))["status"] == "ok"
+        await h.run_for(10)
+        assert acking.done() and acking.result() == [Status.ACKED]
+    drive(tmp_path, scenario)
