@@ -8,7 +8,7 @@ import os
 import stat
 import sys
 
-from replication.config import Acks, ClusterConfig, parse_cluster
+from replication.config import Acks, ClusterConfig, parse_cluster, reach_peers
 from storage.config import StoreConfig
 from storage.errors import ConfigError
 
@@ -48,6 +48,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--cluster", default=None,
                        help="id=host:http_port:replication_port,... (every node, this one included); the node "
                             "listens on its own entry's host and ports, --host/--port are then ignored")
+    serve.add_argument("--reach-peers", default="",
+                       help="cluster only: id=host:http_port:replication_port,... where this node dials those "
+                            "peers instead of their --cluster addresses (a proxy in between, as bench/drills.py's "
+                            "partitions); default none: every peer at its own address")
     serve.add_argument("--cluster-secret-file", default=None,
                        help="cluster only: a file holding the secret peers prove to each other (Raft port and "
                             "/_cluster/*); at least 16 characters, mode 600. Required unless --insecure-cluster")
@@ -157,15 +161,16 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
         secret = None
         if args.cluster_secret_file:
             secret = read_token_file(args.cluster_secret_file, args.allow_readable_token, "--cluster-secret-file")
-        cluster = ClusterConfig(args.node_id, parse_cluster(args.cluster), acks=acks, secret=secret,
+        peers = reach_peers(parse_cluster(args.cluster), args.reach_peers)
+        cluster = ClusterConfig(args.node_id, peers, acks=acks, secret=secret,
                                 insecure=args.insecure_cluster, insecure_on_network=args.insecure_cluster_on_network,
                                 retain_log_bytes=args.retain_log_bytes)
         args.host, args.port = cluster.me.host, cluster.me.http_port
     elif args.acks != "quorum":
         raise ConfigError("--acks applies to a cluster (--cluster/--node-id)")
-    elif args.cluster_secret_file or args.insecure_cluster or args.insecure_cluster_on_network:
-        raise ConfigError("--cluster-secret-file, --insecure-cluster and --insecure-cluster-on-network apply to a "
-                          "cluster (--cluster/--node-id)")
+    elif args.cluster_secret_file or args.insecure_cluster or args.insecure_cluster_on_network or args.reach_peers:
+        raise ConfigError("--cluster-secret-file, --insecure-cluster, --insecure-cluster-on-network and "
+                          "--reach-peers apply to a cluster (--cluster/--node-id)")
     token = None
     if args.auth_token_file:
         token = read_token_file(args.auth_token_file, args.allow_readable_token)

@@ -30,8 +30,14 @@ connection lost mid-call) is sent again only when repeating it changes
 nothing: a read, an ack, nack or delete, or a send. `send` and
 `send_batch` give every message without a `msg_id` a uuid4 id before the
 first attempt, so a repeated send answers the stored message rather than
-storing it twice. A pull is not repeated after such a failure: a pull the
-node applied handed out messages, and a second one would hand out more.
+storing it twice; and they send `strictIdempotence=true` (docs/api.md,
+"Sending"), so an attempt held up in the network that reaches the node
+after its message was acked answers the acked message instead of storing
+it again (a fault drill found that: bench/drills.py).
+`strict_idempotence=False` gives camellia's rule back, for callers that
+re-send an ended message's id to schedule it anew. A pull is not
+repeated after such a failure: a pull the node applied handed out
+messages, and a second one would hand out more.
 Any other answer but 200 raises `DelayQueueError` at once.
 
 Clusters. Give every node's address (a list, or one string with commas):
@@ -132,14 +138,15 @@ class DelayMsg:
     status: Status
     priority: int = 0
     tag: str = ""
+    key: str = ""  # the serial key (docs/api.md, "Tags and serial keys"); "" for none
 
     @classmethod
     def from_json(cls, obj: Mapping[str, Any]) -> DelayMsg:
-        """From the camelCase JSON object; `priority` and `tag` (hourglass
-        extensions) may be absent, as from a camellia server."""
+        """From the camelCase JSON object; `priority`, `tag` and `key`
+        (hourglass extensions) may be absent, as from a camellia server."""
         return cls(obj["topic"], obj["msgId"], obj["msg"], int(obj["produceTime"]), int(obj["triggerTime"]),
                    int(obj["expireTime"]), int(obj["maxRetry"]), int(obj["retry"]), Status(obj["status"]),
-                   int(obj.get("priority") or 0), obj.get("tag") or "")
+                   int(obj.get("priority") or 0), obj.get("tag") or "", obj.get("key") or "")
 
 
 @dataclass(frozen=True)
@@ -155,12 +162,13 @@ class NewMsg:
     priority: int | None = None
     trigger_time_ms: int | None = None
     tag: str | None = None
+    key: str | None = None
 
     def params(self) -> dict[str, Any]:
         """The wire keys, without the fields left to the server."""
         wire = {"msg": self.msg, "msgId": self.msg_id, "delayMillis": self.delay_ms, "ttlMillis": self.ttl_ms,
                 "maxRetry": self.max_retry, "priority": self.priority, "triggerTime": self.trigger_time_ms,
-                "tag": self.tag}
+                "tag": self.tag, "key": self.key}
         return {key: value for key, value in wire.items() if value is not None}
 
 
@@ -214,19 +222,28 @@ class DelayQueueClient:
 
     async def send(self, topic: str, msg: str, *, msg_id: str | None = None, delay_ms: int | None = None,
                    ttl_ms: int | None = None, max_retry: int | None = None, priority: int | None = None,
-                   trigger_time_ms: int | None = None, tag: str | None = None) -> DelayMsg:
+                   trigger_time_ms: int | None = None, tag: str | None = None, key: str | None = None,
+                   strict_idempotence: bool = True) -> DelayMsg:
         """sendMsg. Sending an id that exists answers the stored message,
-        unchanged. `trigger_time_ms` (absolute) wins over `delay_ms`."""
-        new = NewMsg(msg, msg_id or uuid.uuid4().hex, delay_ms, ttl_ms, max_retry, priority, trigger_time_ms, tag)
-        answer = await self._call("POST", "sendMsg", idempotent=True, form={"topic": topic, **new.params()})
+        unchanged (one that has ended too, unless `strict_idempotence` is
+        False: see the module docstring). `trigger_time_ms` (absolute) wins
+        over `delay_ms`; `key` makes the message's consumption serial with
+        its key's others."""
+        new = NewMsg(msg, msg_id or uuid.uuid4().hex, delay_ms, ttl_ms, max_retry, priority, trigger_time_ms, tag,
+                     key)
+        form = {"topic": topic, **new.params(), "strictIdempotence": "true" if strict_idempotence else "false"}
+        answer = await self._call("POST", "sendMsg", idempotent=True, form=form)
         return DelayMsg.from_json(answer["delayMsg"])
 
-    async def send_batch(self, topic: str, msgs: Iterable[NewMsg | Mapping[str, Any]]) -> list[DelayMsg]:
+    async def send_batch(self, topic: str, msgs: Iterable[NewMsg | Mapping[str, Any]], *,
+                         strict_idempotence: bool = True) -> list[DelayMsg]:
         """sendMsgBatch: all or nothing, answered in order. Items are `NewMsg`
-        or dicts of its fields, e.g. `{"msg": "hi", "delay_ms": 500}`."""
+        or dicts of its fields, e.g. `{"msg": "hi", "delay_ms": 500}`;
+        `strict_idempotence` as for `send`."""
         items = [m if isinstance(m, NewMsg) else NewMsg(**m) for m in msgs]
         wire = [{**m.params(), "msgId": m.msg_id or uuid.uuid4().hex} for m in items]
-        answer = await self._call("POST", "sendMsgBatch", idempotent=True, body={"topic": topic, "msgs": wire})
+        body = {"topic": topic, "strictIdempotence": strict_idempotence, "msgs": wire}
+        answer = await self._call("POST", "sendMsgBatch", idempotent=True, body=body)
         return [DelayMsg.from_json(m) for m in answer["delayMsgList"]]
 
     # ------------------------------------------------------------ consume
@@ -331,6 +348,15 @@ class DelayQueueClient:
                 form[name] = str(value)
         answer = await self._call("POST", "rescheduleMsgs", idempotent=trigger_time_ms is not None, form=form)
         return int(answer["rescheduled"]), bool(answer["more"])
+
+    async def reschedule(self, topic: str, msg_id: str, trigger_time_ms: int) -> DelayMsg | None:
+        """rescheduleMsg to an absolute trigger time (so a repeated attempt
+        asks for the same change): the message as moved, None if there is
+        no such message (404); DelayQueueError 409 for one consuming or
+        ended."""
+        answer = await self._call("POST", "rescheduleMsg", idempotent=True, missing_ok=True,
+                                  form={"topic": topic, "msgId": msg_id, "triggerTime": str(trigger_time_ms)})
+        return None if answer is None else DelayMsg.from_json(answer["delayMsg"])
 
     async def topic_info(self, topic: str) -> dict[str, Any] | None:
         """getTopicInfo's `data` (camellia's shape; zeros for an unknown

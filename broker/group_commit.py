@@ -181,6 +181,17 @@ class GroupCommit:
         if self._store.pending_records:
             await self.durable()
 
+    async def settled(self) -> None:
+        """Return once every record appended so far is durable: committed
+        here and, in a cluster, on a quorum. A write that changes nothing
+        answers with what earlier records made (an ack repeated to a new
+        leader finds the message acked by a record of the last term that
+        only this node may hold yet): it waits for them too, or its 200
+        could be lost with this node (a fault drill saw such an ack)."""
+        await self.flush()
+        if self._replicated is not None:
+            await self._replicated(self._store.log_end_offset)
+
 
 async def _answer_when_replicated(replicated: Replicated, end_offset: int, waiting: asyncio.Future[None]) -> None:
     try:

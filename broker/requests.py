@@ -186,7 +186,7 @@ class Requests:
             self._journal.append(changes, now_ms)
             await self._commits.durable()
         else:
-            await self._commits.flush()  # an earlier change to them may still be in its commit
+            await self._commits.settled()  # an earlier change to them may still be in its commit, or unreplicated
         return [after[msg_id] for msg_id in msg_ids]
 
     def _ack_one(self, topic: str, msg_id: str, ack: bool, now_ms: int) -> tuple[StateChange | None, Status | None]:
@@ -231,7 +231,7 @@ class Requests:
         if message is None or done.state is None:
             raise not_found(request.topic, request.msg_id)
         if not done.effects:
-            await self._commits.flush()
+            await self._commits.settled()
             raise NotFound(f"message {request.msg_id!r} has ended (status {int(message.status)})")
         self._leave(message, done.effects)
         self._journal.append([StateChange(message.location, done.state.status, message.retry,

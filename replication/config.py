@@ -3,6 +3,7 @@ the timings of election, lease and tick-state sync."""
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import ipaddress
 from dataclasses import dataclass, field
@@ -31,14 +32,27 @@ class Peer:
     host: str
     http_port: int  # the API, and the log stream at /_cluster/ (see replication.protocol)
     raft_port: int  # the election (pysyncobj's Raft): the replication port of docs/cluster.md
+    # --reach-peers: (host, http_port, raft_port) where this node dials the
+    # peer when that is not its own address (a proxy or tunnel in between);
+    # None: at host, http_port and raft_port. The peer is still known by
+    # its own address (Raft names nodes by it), only the dialling changes.
+    via: tuple[str, int, int] | None = None
 
     @property
     def http_url(self) -> str:
-        return f"http://{self.host}:{self.http_port}"
+        """Where this node calls the peer's HTTP port (via it if set)."""
+        host, port = (self.via[0], self.via[1]) if self.via else (self.host, self.http_port)
+        return f"http://{host}:{port}"
 
     @property
     def raft_address(self) -> str:
+        """The peer's name in the Raft group: its own host and Raft port."""
         return f"{self.host}:{self.raft_port}"
+
+    @property
+    def raft_dial(self) -> tuple[str, int]:
+        """Where this node connects to the peer's Raft port (via it if set)."""
+        return (self.via[0], self.via[2]) if self.via else (self.host, self.raft_port)
 
 
 @dataclass(frozen=True)
@@ -107,7 +121,10 @@ class ClusterConfig:
             raise ConfigError("--insecure-cluster and --cluster-secret-file exclude each other")
         if self.insecure_on_network and not self.insecure:
             raise ConfigError("--insecure-cluster-on-network goes with --insecure-cluster")
-        exposed = [f"{p.node_id}={p.host}" for p in self.peers.values() if not is_loopback(p.host)]
+        if self.me.via is not None:
+            raise ConfigError(f"--reach-peers names this node ({self.node_id}): a node does not dial itself")
+        exposed = [f"{p.node_id}={host}" for p in self.peers.values()
+                   for host in [p.host] + ([p.via[0]] if p.via else []) if not is_loopback(host)]
         if self.insecure and exposed and not self.insecure_on_network:
             raise ConfigError(f"--insecure-cluster on a host that is not loopback ({', '.join(exposed)}): anyone who "
                               f"reaches its Raft port could run code on the node; pass --insecure-cluster-on-network "
@@ -165,3 +182,17 @@ def parse_cluster(text: str) -> dict[str, Peer]:
     if not peers:
         raise ConfigError("--cluster names no node")
     return peers
+
+
+def reach_peers(peers: dict[str, Peer], text: str) -> dict[str, Peer]:
+    """`peers` with the addresses of --reach-peers (`n2=127.0.0.1:18002:19002,...`,
+    the format of --cluster) as where each named peer is dialled; ConfigError
+    naming an entry whose id is not in --cluster."""
+    if not text.strip():
+        return peers
+    found = dict(peers)
+    for node_id, at in parse_cluster(text).items():
+        if node_id not in peers:
+            raise ConfigError(f"--reach-peers names {node_id!r}, which is not in --cluster ({', '.join(peers)})")
+        found[node_id] = dataclasses.replace(peers[node_id], via=(at.host, at.http_port, at.raft_port))
+    return found

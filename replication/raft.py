@@ -87,9 +87,10 @@ class RaftElection:
             password=config.secret,
         )
         self.transport: RaftTransport | None = None  # built by pysyncobj, in _RaftFacts's constructor
+        dial = {p.raft_address: p.raft_dial for p in config.others if p.raft_dial != (p.host, p.raft_port)}
 
         def transport(sync_obj: Any, self_node: Any, other_nodes: Any) -> RaftTransport:
-            self.transport = RaftTransport(sync_obj, self_node, other_nodes, clock.monotonic_s)
+            self.transport = RaftTransport(sync_obj, self_node, other_nodes, clock.monotonic_s, dial=dial)
             return self.transport
         self._raft = _RaftFacts(config.me.raft_address, [p.raft_address for p in config.others], conf, transport)
         self._ids = {p.raft_address: p.node_id for p in config.peers.values()}

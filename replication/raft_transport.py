@@ -208,7 +208,7 @@ class FramedConnection:
     def __init__(self, poller: Any, refusals: RefusalLog, stats: FrameStats, monotonic_s: Callable[[], float], *,
                  sock: socket.socket | None = None, timeout_s: float = 1.0, send_buffer_bytes: int = 2**16,
                  recv_buffer_bytes: int = 2**16, keepalive: tuple[int, int, int] | None = None,
-                 max_frame_bytes: int = MAX_FRAME_BYTES) -> None:
+                 max_frame_bytes: int = MAX_FRAME_BYTES, dial: tuple[str, int] | None = None) -> None:
         # pysyncobj's TCPTransport sets and reads these three by name.
         self.encryptor: Any = None
         self.sendRandKey: bytes | None = None
@@ -223,6 +223,8 @@ class FramedConnection:
         self._recv_buffer_bytes = recv_buffer_bytes
         self._keepalive = keepalive
         self.max_frame_bytes = max_frame_bytes
+        # (host, port) that connect() dials instead of the peer's own (--reach-peers)
+        self.dial = dial
         self._reader = FrameReader(max_frame_bytes)
         self._write = bytearray()
         self._on_message: Callable[[Any], object] | None = None
@@ -265,9 +267,12 @@ class FramedConnection:
         return len(self._write)
 
     def connect(self, host: str, port: int) -> bool:
-        """Start connecting to a peer (non-blocking); False if that failed at once."""
+        """Start connecting to a peer (non-blocking), at `dial` if set;
+        False if that failed at once."""
         if host is None:
             return False
+        if self.dial is not None:
+            host, port = self.dial
         self._close_socket()  # (closed already: TCPTransport reconnects a disconnected connection only)
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
@@ -529,9 +534,12 @@ class RaftTransport(TCPTransport):  # type: ignore[misc]  # pysyncobj is untyped
     `conf.bindAddress` must be set: the port listens there only)."""
 
     def __init__(self, syncObj: Any, selfNode: Any, otherNodes: Any,  # pysyncobj's names
-                 monotonic_s: Callable[[], float], max_frame_bytes: int = MAX_FRAME_BYTES) -> None:
+                 monotonic_s: Callable[[], float], max_frame_bytes: int = MAX_FRAME_BYTES,
+                 dial: dict[str, tuple[str, int]] | None = None) -> None:
         # Read by _createServer and addNode, which TCPTransport.__init__ calls.
         self.monotonic_s = monotonic_s
+        # a peer's Raft address -> where to connect to it instead (--reach-peers)
+        self.dial = dict(dial or {})
         self.max_frame_bytes = max_frame_bytes
         self.refusals = RefusalLog()
         self.stats = FrameStats()
@@ -539,12 +547,12 @@ class RaftTransport(TCPTransport):  # type: ignore[misc]  # pysyncobj is untyped
         super().__init__(syncObj, selfNode, otherNodes)
         syncObj.addOnTickCallback(self._close_silent)
 
-    def _connection(self, sock: socket.socket | None = None) -> FramedConnection:
+    def _connection(self, sock: socket.socket | None = None, dial: tuple[str, int] | None = None) -> FramedConnection:
         conf = self._syncObj.conf
         conn = FramedConnection(self._syncObj._poller, self.refusals, self.stats, self.monotonic_s, sock=sock,
                                 timeout_s=conf.connectionTimeout, send_buffer_bytes=conf.sendBufferSize,
                                 recv_buffer_bytes=conf.recvBufferSize, keepalive=conf.tcp_keepalive,
-                                max_frame_bytes=self.max_frame_bytes)
+                                max_frame_bytes=self.max_frame_bytes, dial=dial)
         conn.encryptor = self._syncObj.encryptor
         return conn
 
@@ -567,7 +575,7 @@ class RaftTransport(TCPTransport):  # type: ignore[misc]  # pysyncobj is untyped
         # this node is the one that dials `node`: a FramedConnection with
         # the same callbacks replaces it.
         if node in self._connections:
-            conn = self._connection()
+            conn = self._connection(dial=self.dial.get(node.address))
             conn.setOnConnectedCallback(functools.partial(self._onOutgoingConnected, conn))
             conn.setOnMessageReceivedCallback(functools.partial(self._onMessageReceived, node))
             conn.setOnDisconnectedCallback(functools.partial(self._onDisconnected, conn))

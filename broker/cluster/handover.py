@@ -44,8 +44,9 @@ class Handover(NodeParts):
             log.info("handed over at offset %d, tick %s", end, broker.tick)
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
+        for session in (self._session, self._forward_session):
+            if session is not None:
+                await session.close()
         if self.tick_file is not None:
             self.tick_file.close()
         self.store.checkpoint(self.clock.now_ms())

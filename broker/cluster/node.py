@@ -68,6 +68,7 @@ class ClusterNode(Routes, PeerCalls, RoleLoop, Snapshots, Handover):
         self.election = election
         self.roles = RoleState(cluster.node_id, cluster.quorum, len(cluster.peers))
         self._session = None
+        self._forward_session = None
         self._follow_task = None
         self.failed = None
         log.info("node %s opened %s in %.3f s: %s, %s", cluster.node_id, self.data_dir, self.opened_s,

@@ -46,6 +46,7 @@ class NodeParts(NodeBase):
     roles: RoleState  # the role, the term tried or led, stopping (replication.roles)
     _follow_task: asyncio.Task[None] | None  # the follower loop, while following
     _session: aiohttp.ClientSession | None  # made at the first call to a peer (peer_session)
+    _forward_session: aiohttp.ClientSession | None  # made at the first forwarded request (forward_session)
     failed: BaseException | None
     _deposed: asyncio.Event  # a newer candidate asked this leader for its promise
 
@@ -117,6 +118,17 @@ class NodeParts(NodeBase):
         if self._session is None:
             self._session = aiohttp.ClientSession()
         return self._session
+
+    def forward_session(self) -> aiohttp.ClientSession:
+        """The HTTP client of the API requests a follower forwards to the
+        leader: a pool of its own, so requests hung on a leader cut off
+        (a long poll waits minutes, and a black-holed connection for ever)
+        never hold the connections the peer calls need to elect and fetch.
+        No cap of its own: each forward holds one client connection, which
+        --max-connections caps."""
+        if self._forward_session is None:
+            self._forward_session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+        return self._forward_session
 
     def fail(self, error: BaseException, where: str) -> None:
         """A fatal error: the node stops (stop_asked), and the process exits 1."""

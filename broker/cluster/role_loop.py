@@ -134,6 +134,13 @@ class RoleLoop(NodeParts):
             self._follow_task.cancel()
             await asyncio.gather(self._follow_task, return_exceptions=True)
             self._follow_task = None
+        # A fetch cancelled during its fsync (a worker thread) left its records
+        # appended and not applied: a broker built on this store would not
+        # know them (an ack among them: the message held as consuming and
+        # handed out again at its ack timeout, seen by a fault drill).
+        async with self.apply_lock:
+            if self.store.pending_records:
+                self.store.commit()
 
     async def _follow(self) -> None:
         while True:
@@ -184,6 +191,13 @@ class RoleLoop(NodeParts):
             result = await self.post(source, "fetch", {"node": self.cluster.node_id, "epoch": 0, "offset": end,
                                                        "last_epoch": self.epochs.last_epoch(end), "wait_ms": 0,
                                                        "catchup": True})
+            if result["status"] == "snapshot":
+                # the source no longer keeps the log from here (its retention):
+                # its snapshot, as a follower that far behind gets (a fault
+                # drill saw a candidate retry this catch-up for minutes)
+                log.info("catching up from %s by snapshot (its log starts after %d)", source, end)
+                await self.take_snapshot(source)
+                return
             if result["status"] != "ok" or not result.get("records"):
                 raise ConnectionError(f"catch-up from {source} stopped at {end}: {result['status']}")
             await self.follower.apply({**result, "tick": None, "history": history})
@@ -217,9 +231,17 @@ class RoleLoop(NodeParts):
         broker, leader_log = self.broker, self.leader_log
         if broker is None or leader_log is None:
             raise InvariantError("only a leader stands down")
+        failed = broker.failed  # why it stands down, if its broker failed (not what abandoning it fails)
         self.broker = self.leader_log = None
         self.api.stop_serving()
         leader_log.close(f"this node no longer leads ({reason}); retry")
         await broker.abandon()
         self.tick_file = TickStateFile(self.tick_path, fsync=True)
         self.follower.last_tick = None
+        if failed is not None:
+            # Its RAM and disk may disagree, and Raft keeps this node its
+            # leader while it lives: it could not claim its own term again,
+            # and no other node would be elected (a fault drill saw a
+            # cluster without a working leader for minutes). It leaves; the
+            # others elect, and it rejoins from its disk when restarted.
+            self.fail(failed, f"the broker of term {self.roles.term}")

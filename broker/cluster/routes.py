@@ -87,7 +87,7 @@ class Routes(NodeParts):
         url = self.cluster.peers[leader].http_url + request.path_qs
         headers = {k: request.headers[k.lower()] for k in FORWARDED_HEADERS if k.lower() in request.headers}
         try:
-            async with self.peer_session().request(request.method, url, data=request.body, headers=headers,
+            async with self.forward_session().request(request.method, url, data=request.body, headers=headers,
                                                    timeout=aiohttp.ClientTimeout(total=None, sock_connect=1.0)) as r:
                 data = await r.read()
                 return Response(r.status, data, r.headers.get("Content-Type", "application/json"),

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import json
 
 import aiohttp
 import pytest
@@ -288,6 +289,50 @@ def test_a_send_whose_answer_was_lost_is_retried_and_stored_once(server):
             assert forwarded == [200, 200]
             async with DelayQueueClient(server.base) as direct:
                 assert [m.msg_id for m in await direct.pull("t", batch=10)] == [sent.msg_id]
+    run(body())
+
+
+def test_a_send_held_up_in_the_network_past_its_ack_is_not_stored_again(server):
+    """The first attempt of a send is held (a partitioned link), the client
+    times out and retries; the retry is stored, pulled and acked; then the
+    held attempt reaches the node. It must answer the acked message, not
+    store it again (camellia's rule for an ended id): a fault drill saw
+    such late attempts deliver messages after their ack."""
+    async def body():
+        release = asyncio.Event()
+        held: asyncio.Future[dict] = asyncio.get_running_loop().create_future()
+        attempts = []
+
+        async def hold_first(request: web.Request) -> web.StreamResponse:
+            attempts.append(request.path)
+            data = await request.read()
+            first = len(attempts) == 1
+            if first:
+                await release.wait()
+            async with (aiohttp.ClientSession() as session,
+                        session.post(server.base + request.path, data=data,
+                                     headers={"Content-Type": request.headers["Content-Type"]}) as answer):
+                status, text = answer.status, await answer.text()
+            if first:
+                held.set_result(json.loads(text))
+            return web.Response(status=status, text=text, content_type="application/json")
+
+        async with stub(hold_first) as proxy, DelayQueueClient(proxy, timeout_s=0.5, backoff_s=0.01) as client, \
+                DelayQueueClient(server.base) as direct:
+            for send in (lambda: client.send("t", "once", msg_id="a1"),
+                         lambda: client.send_batch("t", [NewMsg("once", "b1")])):
+                attempts.clear()
+                release.clear()
+                held = asyncio.get_running_loop().create_future()
+                await send()  # the first attempt timed out: this is the retry's answer
+                [pulled] = await direct.pull("t", batch=10)
+                await direct.ack("t", pulled.msg_id)
+                release.set()
+                answer = await asyncio.wait_for(held, 10)
+                stored = answer.get("delayMsg") or answer["delayMsgList"][0]
+                assert stored["status"] == Status.ACKED
+                assert await direct.pull("t", batch=10) == []
+                assert (await direct.get("t", pulled.msg_id)).status is Status.ACKED
     run(body())
 
 

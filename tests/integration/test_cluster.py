@@ -5,8 +5,10 @@ snapshot. Every process is stopped by PID; each test is bounded in time."""
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -147,6 +149,46 @@ def test_a_follower_behind_the_retained_log_catches_up_by_snapshot(tmp_path):
         status, body = cluster.nodes[behind].post("getMsg", topic="t", msgId="b11-199")
         assert status == 200 and body["delayMsg"]["msg"] == "x" * 500
     finally:
+        cluster.stop()
+
+
+def test_a_node_installing_a_snapshot_never_answers_from_the_closed_store(tmp_path):
+    """While a follower swapped its store for a snapshot, the old one was
+    closed and the new one opening in a thread: /health (and the peers'
+    calls) read the closed store's log end and answered 500. Its /health
+    is polled through the install: always an answer, never a 500."""
+    cluster = Cluster.start(tmp_path / "cluster", "--segment-bytes", "65536", "--retain-log-bytes", "65536")
+    answers: list[int] = []
+    stop = threading.Event()
+
+    def poll(url: str) -> None:
+        while not stop.is_set():
+            with contextlib.suppress(OSError):
+                answers.append(request(url + "/health", timeout=2)[0])
+
+    try:
+        leader = cluster.wait_leader()
+        behind = _others(leader)[0]
+        cluster.kill(behind)
+        node = cluster.nodes[leader]
+        for i in range(40):  # ~40 x 100 KB of records: a store that takes a while to open
+            msgs = [{"msgId": f"b{i}-{j}", "msg": "x" * 500, "delayMillis": 3_600_000} for j in range(200)]
+            assert node.post_json("sendMsgBatch", {"topic": "t", "msgs": msgs})[0] == 200
+        time.sleep(2.5)  # a checkpoint or two: old segments deleted
+        cluster.restart(behind)
+        pollers = [threading.Thread(target=poll, args=(cluster.url(behind),)) for _ in range(3)]
+        for t in pollers:
+            t.start()
+        _wait(lambda: len(set(cluster.log_ends().values())) == 1, wait_s=30, what="logs converging")
+        stop.set()
+        for t in pollers:
+            t.join()
+        with open(cluster.nodes[behind].log_path) as f:
+            text = f.read()
+        assert "installed a snapshot" in text and "bug while serving" not in text
+        assert answers and 500 not in answers
+    finally:
+        stop.set()
         cluster.stop()
 
 

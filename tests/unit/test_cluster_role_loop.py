@@ -11,8 +11,10 @@ claiming and leading; no majority, a refusal, a claim not committed, Raft
 moving on mid-claim -> following again, retrying RETRY_MS later; the Raft
 term moving on, or a newer candidate's promise, making the leader stand
 down and follow the new one; catching up from a peer with a longer log in
-a later epoch before leading; stopping (SIGTERM) a leader (a handover) and
-a follower.
+a later epoch before leading, or by snapshot from one whose log starts
+after this node's end; a fetch cancelled in its fsync by an election,
+its records applied before the broker starts; a failed broker making the
+leader leave; stopping (SIGTERM) a leader (a handover) and a follower.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 from typing import NamedTuple
 
 import orjson
@@ -38,9 +41,10 @@ from replication.epochs import Epochs
 from replication.log_stream import LeaderLog, serve_catchup
 from replication.roles import RETRY_MS, Role
 from storage.config import StoreConfig
-from storage.entry import MS_PER_HOUR
+from storage.entry import MS_PER_HOUR, Status
 from storage.errors import Unavailable
 from storage.store import NewMessage, Store
+from storage.types import StateChange
 
 START_MS = 490_000 * MS_PER_HOUR
 POLL_MS = int(POLL_S * 1000)
@@ -452,13 +456,15 @@ def test_a_newer_candidates_promise_makes_the_leader_stand_down(tmp_path):
     drive(tmp_path, scenario)
 
 
-def test_a_failed_broker_makes_the_leader_stand_down(tmp_path):
+def test_a_failed_broker_makes_the_leader_stand_down_and_leave(tmp_path):
+    """Raft would keep the node its leader, unable to claim its own term
+    again: it stands down and stops, so that another node is elected."""
     async def scenario(h: Harness):
         node, broker = await leading(h, 3)
         broker.failed = OSError("disk full")
         await h.run_for(POLL_MS)
         assert stood_down(node, broker, 3)
-        assert node.failed is None  # the node goes on, as a follower
+        assert isinstance(node.failed, OSError) and node.stop_asked.is_set()
     drive(tmp_path, scenario)
 
 
@@ -499,6 +505,39 @@ def test_a_peer_with_a_longer_log_in_a_later_epoch_is_caught_up_from_before_lead
         assert node.leader_log.quorum_offset() == 0  # n2 has all of it, but has not said so yet
         assert (await fetched_by(node, "n2", 3))["status"] == "ok"
         assert node.leader_log.quorum_offset() == longer
+    drive(tmp_path, scenario)
+
+
+def test_a_peer_whose_log_starts_after_this_ones_end_is_caught_up_from_by_snapshot(tmp_path, monkeypatch):
+    """The most advanced peer no longer keeps the log from where this
+    node's ends (it deleted it after a checkpoint): the catch-up takes its
+    snapshot, as a follower that far behind does, instead of failing and
+    retrying (a fault drill saw a candidate do that for minutes)."""
+    async def scenario(h: Harness):
+        n2 = h.peers["n2"]
+        n2.epochs = Epochs(2, ((2, 0),))
+        for i in range(200):  # about 200 KB: several 64 KiB segments
+            n2.store.send([NewMessage("t", f"m{i}", "x" * 1000, START_MS, START_MS + 60_000, 60_000, 1)], START_MS)
+        n2.store.commit()
+        end = n2.store.log.end_offset
+        n2.store.finish_checkpoint(n2.store.prepare_checkpoint(START_MS))
+        assert n2.store.log_start_offset > 0  # what n1 would fetch from 0 is gone
+        taken: list[str] = []
+
+        async def take_snapshot(source: str) -> None:  # as snapshots.py does, by a copy instead of HTTP
+            taken.append(source)
+            copy = os.path.join(h.directory, "n2-snapshot")
+            shutil.copytree(os.path.join(h.directory, source), copy)
+            node.store.close()
+            node.store = Store.open(copy, STORE, now_ms=START_MS)
+            node.set_epochs(Epochs(node.epochs.promised, ()).follow(n2.epochs.history))
+
+        node = await h.start()
+        monkeypatch.setattr(node, "take_snapshot", take_snapshot)
+        await h.elect(3)
+        assert taken == ["n2"]
+        assert [m["offset"] for _, m in posted(node, "fetch")] == [0]  # one try, answered "snapshot"
+        assert node.leads and node.store.log.end_offset == end
     drive(tmp_path, scenario)
 
 
@@ -564,4 +603,84 @@ def test_stopping_a_follower_only_leaves_the_group(tmp_path):
         assert took == 0 and h.election.closed and node.stopping
         assert follow_task.done() and node._follow_task is None
         assert node.broker is None and leadership(node) == [] and node.posted == []
+    drive(tmp_path, scenario)
+
+
+def test_records_a_cancelled_fetch_left_appended_are_applied_before_it_leads(tmp_path, monkeypatch):
+    """A follower's fetch appends the leader's records, fsyncs them (in a
+    worker thread: a point where its task may be cancelled), then applies
+    them. Elected while that fsync ran, the node cancelled the fetch and
+    built its broker on records appended and not applied: an ack among
+    them was unknown to it, so it held the acked message as consuming and
+    handed it out again at its ack timeout (a fault drill saw acks
+    answered 200 come back after a failover). They are applied first."""
+    hold, held, release = [False], asyncio.Event(), asyncio.Event()
+
+    async def to_thread(func, /, *args, **kwargs):
+        if hold[0] and getattr(func, "__name__", "") == "sync_log":
+            held.set()
+            await release.wait()  # the fsync of a fetch's records, still running
+        return func(*args, **kwargs)
+    monkeypatch.setattr(asyncio, "to_thread", to_thread)
+
+    async def scenario(h: Harness):
+        leader = h.peers["n2"]
+        leader.lead(2)
+        store = leader.store
+        [sent] = store.send([NewMessage("t", "m0", "body", START_MS, START_MS, 3_600_000, 5)], START_MS)
+        store.commit()
+        where = sent.message.location
+        store.update([StateChange(where, Status.READY, 0)], START_MS)
+        store.update([StateChange(where, Status.CONSUMING, 1, deadline_ms=START_MS + 5_000)], START_MS)
+        store.commit()
+        leader.leader_log.durable_offset = store.log.end_offset
+        h.election.claimed = (2, "n2")
+        h.election.term, h.election.leader_id = 2, "n2"
+        node = await h.start()
+        await h.until(lambda: node.store.log.end_offset == store.log.end_offset, within_ms=5_000)
+        await h.run_for(POLL_MS)
+        assert node.store.status(where) is Status.CONSUMING
+
+        hold[0] = True  # the next fetch's fsync is still running when n1 is elected
+        store.update([StateChange(where, Status.ACKED, 1)], START_MS + 100)
+        store.commit()
+        leader.leader_log.durable_offset = store.log.end_offset
+        await h.until(held.is_set, within_ms=5_000)
+        await h.elect(3)
+        hold[0] = False
+        release.set()
+        assert node.leads and node.leading_term == 3
+        assert node.broker.consuming_total == 0  # the ack is known: nothing is held for it
+        for _ in range(10):  # past the pull's ack deadline, n2 following
+            await h.run_for(1_000)
+            await fetched_by(node, "n2", 3)
+        assert node.store.status(where) is Status.ACKED and node.leads
+    drive(tmp_path, scenario)
+
+
+def test_an_ack_that_changes_nothing_waits_for_the_quorum_of_what_it_reports(tmp_path):
+    """A new leader holds, at the end of its log, a record of the last term
+    no follower has yet: the ack of m0. The client, whose first attempt
+    went to the old term, repeats the ack; the message is acked already,
+    so the ack changes nothing, and it was answered at once. Had this node
+    then been cut off, the next leader would not have had the ack (a fault
+    drill saw it hand such a message out again). The answer now waits
+    until a quorum has the log it reports on."""
+    async def scenario(h: Harness):
+        store = Store.open(h.data_dir, STORE, now_ms=START_MS)
+        [sent] = store.send([NewMessage("t", "m0", "body", START_MS, START_MS, 3_600_000, 5)], START_MS)
+        store.commit()
+        store.update([StateChange(sent.message.location, Status.ACKED, 0)], START_MS)
+        store.commit()
+        store.close()
+        Epochs(2, ((2, 0),)).save(Epochs.path(h.data_dir))
+        node = await h.start()
+        await h.elect(3)
+        assert node.leads and node.leader_log.quorum_offset() < node.store.log.end_offset
+        acking = asyncio.create_task(node.broker.ack_many("t", ["m0"]))
+        await h.run_for(100)
+        assert not acking.done()  # what it would report is on this node only
+        assert (await fetched_by(node, "n2", 3))["status"] == "ok"
+        await h.run_for(10)
+        assert acking.done() and acking.result() == [Status.ACKED]
     drive(tmp_path, scenario)

@@ -1,0 +1,143 @@
+"""A standing backlog on one node: waiting, then the same number ready with
+no consumer. RSS, disk bytes per message, and the restart after SIGKILL.
+
+    .venv/bin/python bench/backlog.py --msgs 10000000        # the README's "flat RAM" claim at 10 M
+    .venv/bin/python bench/backlog.py --msgs 100000 --states ready
+
+For each state, a fresh `hourglass serve --fsync batch` on a fresh data
+directory is sent --msgs messages by sendMsgBatch (--batch each,
+--producers at once, --payload-bytes each):
+  waiting   trigger times uniform over 1 h .. --days days ahead
+  ready     due at once (delayMillis 0), and nobody pulls: all of them
+            stay ready; RAM holds only the ready window (docs/api.md)
+then, after --settle-s: the node's memory (bench/harness.py memory_mb),
+bytes on disk per message, a SIGKILL, and a start on the same directory:
+seconds until /health answers and until getTopicInfo counts every
+message (waitingQueueSize or readyQueueSize), and the memory then.
+One JSON object on stdout; every process stopped by PID.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import shutil
+import sys
+import tempfile
+import time
+from typing import Any
+
+import aiohttp
+from harness import Server, disk_bytes, memory_mb, unwind_on_signals
+
+from broker.paths import PREFIX
+
+HOUR_MS = 3_600_000
+DAY_MS = 24 * HOUR_MS
+
+
+def log(text: str) -> None:
+    print(f"{time.strftime('%H:%M:%S')} {text}", file=sys.stderr, flush=True)
+
+
+async def fill(base: str, topic: str, args: argparse.Namespace, state: str) -> float:
+    """Send args.msgs messages; messages a second."""
+    body = "x" * args.payload_bytes
+    rng = random.Random(1)
+    next_index = 0
+    started = time.monotonic()
+
+    def batch() -> list[dict[str, Any]] | None:
+        nonlocal next_index
+        if next_index >= args.msgs:
+            return None
+        count = min(args.batch, args.msgs - next_index)
+        now = int(time.time() * 1000)
+        msgs = [{"msgId": f"m{next_index + i}", "msg": body,
+                 **({"delayMillis": 0} if state == "ready"
+                    else {"triggerTime": now + rng.randint(HOUR_MS, args.days * DAY_MS)})}
+                for i in range(count)]
+        next_index += count
+        if next_index % (args.batch * 1000) == 0:
+            log(f"{topic}: {next_index:,} sent ({next_index / (time.monotonic() - started):,.0f}/s)")
+        return msgs
+
+    async def producer(session: aiohttp.ClientSession) -> None:
+        while (msgs := batch()) is not None:
+            for _ in range(20):
+                async with session.post(base + PREFIX + "sendMsgBatch", json={"topic": topic, "msgs": msgs}) as r:
+                    answer = await r.json(content_type=None)
+                    if r.status == 200 and answer.get("code") == 200:
+                        break
+                    await asyncio.sleep(0.5)  # 429/503: a limit; the same batch again (same ids)
+            else:
+                raise RuntimeError(f"sendMsgBatch kept failing: {r.status} {answer}")
+
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
+        await asyncio.gather(*(producer(session) for _ in range(args.producers)))
+    sent: int = args.msgs
+    return sent / (time.monotonic() - started)
+
+
+def counted(server: Server, topic: str, state: str) -> int | None:
+    status, answer = server.get("getTopicInfo", topic=topic)
+    if status != 200 or not isinstance(answer, dict):
+        return None
+    count: int = answer["data"]["waitingQueueSize" if state == "waiting" else "readyQueueSize"]
+    return count
+
+
+def measure(state: str, args: argparse.Namespace, root: str) -> dict[str, Any]:
+    data = f"{root}/{state}"
+    topic = f"backlog-{state}"
+    server = Server.start(data, "--fsync", "batch", log_path=f"{root}/{state}.log")
+    try:
+        log(f"{state}: sending {args.msgs:,}")
+        rate = asyncio.run(fill(server.base, topic, args, state))
+        time.sleep(args.settle_s)
+        result: dict[str, Any] = {"msgs": args.msgs, "send_msgs_per_s": round(rate), "counted": counted(server, topic, state),
+                                  "memory": memory_mb(server.proc.pid),
+                                  "disk_bytes_per_msg": round(disk_bytes(data) / args.msgs, 1)}
+        log(f"{state}: {result}; SIGKILL and restart")
+        server.kill()
+        spawned = time.monotonic()
+        server = Server.start(data, "--fsync", "batch", log_path=f"{root}/{state}.log", wait_s=args.restart_timeout_s)
+        health_s = time.monotonic() - spawned
+        while counted(server, topic, state) != args.msgs and time.monotonic() - spawned < args.restart_timeout_s:
+            time.sleep(0.02)
+        whole = counted(server, topic, state) == args.msgs
+        result.update({"restart_health_s": round(health_s, 3),
+                       "restart_s": round(time.monotonic() - spawned, 3) if whole else None,
+                       "memory_after_restart": memory_mb(server.proc.pid)})
+        return result
+    finally:
+        server.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--msgs", type=int, default=1_000_000, help="messages in each backlog (default 1,000,000)")
+    p.add_argument("--states", default="waiting,ready", help="comma list: waiting, ready (default both)")
+    p.add_argument("--days", type=int, default=30, help="waiting: trigger times up to this many days ahead (30)")
+    p.add_argument("--batch", type=int, default=1000, help="messages a sendMsgBatch (1000)")
+    p.add_argument("--producers", type=int, default=4, help="concurrent senders (4)")
+    p.add_argument("--payload-bytes", type=int, default=100, help="each message's body (100)")
+    p.add_argument("--settle-s", type=float, default=5.0, help="pause before measuring (5)")
+    p.add_argument("--restart-timeout-s", type=float, default=600.0, help="bound on the restart (600)")
+    args = p.parse_args(argv)
+    unwind_on_signals()
+    root = tempfile.mkdtemp(prefix="hourglass-backlog-")
+    out: dict[str, Any] = {"parameters": vars(args)}
+    try:
+        for state in args.states.split(","):
+            out[state] = measure(state.strip(), args, root)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    print(json.dumps(out, indent=1))
+    return 0 if all(out[s.strip()]["restart_s"] is not None for s in args.states.split(",")) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,294 @@
+"""What a fault drill records (its *history*) and the checker that judges it.
+
+bench/drills.py records every operation its clients make, with the time it
+started and the time its answer came (ms since the epoch, the drill's
+clock: every node runs on the same machine, so the same clock), every
+message a pull handed out, and every fault it injected. When the faults
+stop and the cluster settles, `check(history)` reads the whole history and
+counts what docs/api.md forbids. It is pure (no clock, no I/O), so it is
+tested on hand-made histories (tests/unit/test_drill_history.py), those
+that must pass and those that must fail.
+
+What it can know. A client sees an operation between its start and its
+end; the node applied it somewhere in between, or never (a timeout, a
+refused connection: `ok` False, outcome unknown). The checker counts only
+what no order of those unknowns could explain:
+
+    rule (docs/api.md)                       counted as        when
+    a send answered 200 is delivered         lost              never delivered, not deleted (any attempt),
+                                                               not past its expiry, not out of retries
+    never delivered before its trigger       early             delivery received < trigger time in force
+    an acked message is never delivered      after_ack         a pull started after an ack answered 200
+    a deleted one neither                    after_delete      a pull started after a delete answered 200
+    rescheduled: never at its old time       early             a pull started after the reschedule's answer,
+                                                               received before the new trigger
+    one consuming message per (topic, key)   key_violations    a pull of the key started after another
+                                                               message of it was received, and answered
+                                                               before that one's ack or nack started and
+                                                               before its ack timeout could have passed
+                                                               (on a standalone node, and no kill between:
+                                                               a pull is answered before its fsync there)
+
+The trigger "in force" for a delivery is the send's, or a reschedule's
+answered 200 before the pull started (a reschedule whose answer came
+while the pull ran may or may not have applied: the earlier of the two).
+
+Duplicates are not errors (delivery is at least once), but each is
+counted with the fault nearest to it in time: a delivery of a message
+after its first that no nack asked for (the drill nacks some on purpose).
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+# A delivery counts as the same as another within this many ms of its fault.
+NEAR_FAULT_MS = 10_000
+
+
+@dataclass(frozen=True)
+class Sent:
+    """A message a send (or a batch send) was answered 200 for."""
+
+    topic: str
+    msg_id: str
+    trigger_ms: int  # the answer's triggerTime
+    expire_ms: int  # the answer's expireTime
+    max_retry: int
+    key: str | None
+    answered_ms: int  # the send's end
+
+
+@dataclass(frozen=True)
+class Op:
+    """One client call (not a send or a pull): delete, reschedule, ack,
+    nack. `ok`: answered code 200 (False: refused, or outcome unknown);
+    `applied`: what the answer says changed (a delete that answered 404,
+    an ack_many result whose status is not 4, a reschedule answered 409:
+    False)."""
+
+    kind: str  # "delete" | "reschedule" | "ack" | "nack"
+    topic: str
+    msg_id: str
+    start_ms: int
+    end_ms: int
+    ok: bool
+    applied: bool
+    # a reschedule's triggerTime: the answer's, or (outcome unknown) the one asked for
+    new_trigger_ms: int | None = None
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """One message a pull (or long poll) answered with."""
+
+    topic: str
+    msg_id: str
+    poll_start_ms: int
+    received_ms: int
+    retry: int
+    trigger_ms: int  # as the delivered message says
+    key: str | None
+    ack_timeout_ms: int
+
+
+@dataclass(frozen=True)
+class Fault:
+    kind: str  # "kill" | "pause" | "partition" | "full_disk" | ...
+    node: str
+    was_leader: bool
+    start_ms: int
+    end_ms: int  # healed (restarted, resumed, reconnected)
+
+
+@dataclass
+class History:
+    sent: list[Sent] = field(default_factory=list)
+    ops: list[Op] = field(default_factory=list)
+    deliveries: list[Delivery] = field(default_factory=list)
+    faults: list[Fault] = field(default_factory=list)
+    send_attempts: int = 0  # every send tried (answered or not)
+    # A cluster answers a pull once a quorum has it; a standalone node
+    # before its fsync (docs/api.md, "Pulling"), so a kill -9 may undo a
+    # pull: the message is ready again and its key free.
+    pulls_durable: bool = True
+    end_ms: int = 0  # when the history was closed (after the drain)
+
+    def __repr__(self) -> str:
+        return (f"History(sent={len(self.sent)}, ops={len(self.ops)}, deliveries={len(self.deliveries)}, "
+                f"faults={len(self.faults)})")
+
+
+@dataclass
+class Findings:
+    """What `check` counted; `examples` holds a few of each nonzero count."""
+
+    lost: int = 0
+    early: int = 0
+    after_ack: int = 0
+    after_delete: int = 0
+    key_violations: int = 0
+    duplicates: int = 0
+    duplicates_by_fault: dict[str, int] = field(default_factory=dict)
+    examples: dict[str, list[str]] = field(default_factory=dict)
+
+    def note(self, what: str, example: str) -> None:
+        setattr(self, what, getattr(self, what) + 1)
+        shown = self.examples.setdefault(what, [])
+        if len(shown) < 5:
+            shown.append(example)
+
+    @property
+    def failed(self) -> list[str]:
+        """The counts that must be zero and are not."""
+        return [name for name in ("lost", "early", "after_ack", "after_delete", "key_violations")
+                if getattr(self, name)]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"lost": self.lost, "early": self.early, "after_ack": self.after_ack,
+                "after_delete": self.after_delete, "key_violations": self.key_violations,
+                "duplicates": self.duplicates, "duplicates_by_fault": self.duplicates_by_fault,
+                "examples": self.examples}
+
+
+MsgKey = tuple[str, str]  # (topic, msgId)
+
+
+def check(history: History) -> Findings:
+    """Every count of the module docstring's table, over the whole history."""
+    found = Findings()
+    by_msg: dict[MsgKey, list[Delivery]] = defaultdict(list)
+    for d in sorted(history.deliveries, key=lambda d: d.received_ms):
+        by_msg[(d.topic, d.msg_id)].append(d)
+    ops: dict[MsgKey, list[Op]] = defaultdict(list)
+    for op in history.ops:
+        ops[(op.topic, op.msg_id)].append(op)
+    sent = {(s.topic, s.msg_id): s for s in history.sent}
+    _check_lost(history, sent, by_msg, ops, found)
+    _check_early(sent, by_msg, ops, found)
+    _check_after(by_msg, ops, found)
+    undone = [] if history.pulls_durable else sorted(f.start_ms for f in history.faults if f.kind == "kill")
+    _check_keys(by_msg, ops, undone, found)
+    _count_duplicates(history.faults, by_msg, ops, found)
+    return found
+
+
+def _check_lost(history: History, sent: dict[MsgKey, Sent], by_msg: dict[MsgKey, list[Delivery]],
+                ops: dict[MsgKey, list[Op]], found: Findings) -> None:
+    for key, s in sent.items():
+        if by_msg.get(key):
+            continue
+        if any(op.kind == "delete" for op in ops.get(key, ())):
+            continue  # any delete attempt may have applied
+        if s.expire_ms <= history.end_ms:
+            continue  # may have ended by its ttl (status 5)
+        moved = [op.new_trigger_ms for op in ops.get(key, ()) if op.kind == "reschedule"]
+        if any(t is None or t > history.end_ms for t in moved):
+            continue  # rescheduled to a time the history did not reach (or an unknown one)
+        found.note("lost", f"{s.topic}/{s.msg_id} (trigger {s.trigger_ms})")
+
+
+def _trigger_in_force(s: Sent | None, d: Delivery, ops: list[Op]) -> int | None:
+    """The earliest trigger time the message may have had when `d`'s pull
+    ran: the send's, or that of the last reschedule answered before the
+    pull started; a reschedule not yet answered then (or of unknown
+    outcome) may or may not have applied, so the earlier of the two."""
+    trigger = s.trigger_ms if s is not None else None
+    for op in sorted((o for o in ops if o.kind == "reschedule"), key=lambda o: o.end_ms):
+        if op.start_ms > d.received_ms:
+            break  # after the delivery: no bearing
+        if op.ok and op.applied and op.new_trigger_ms is not None and op.end_ms < d.poll_start_ms:
+            trigger = op.new_trigger_ms
+        elif op.ok and not op.applied:
+            continue  # refused (409, 404): no change
+        elif op.new_trigger_ms is not None and trigger is not None:
+            trigger = min(trigger, op.new_trigger_ms)  # may or may not have applied before the pull
+        else:
+            trigger = None  # cannot judge this delivery
+    return trigger
+
+
+def _check_early(sent: dict[MsgKey, Sent], by_msg: dict[MsgKey, list[Delivery]], ops: dict[MsgKey, list[Op]],
+                 found: Findings) -> None:
+    for key, deliveries in by_msg.items():
+        for d in deliveries:
+            in_force = _trigger_in_force(sent.get(key), d, ops.get(key, []))
+            # delivered before the trigger time it says it has is early too
+            trigger = d.trigger_ms if in_force is None else max(in_force, d.trigger_ms)
+            if d.received_ms < trigger:
+                found.note("early", f"{d.topic}/{d.msg_id} received {d.received_ms} < trigger {trigger}")
+
+
+def _check_after(by_msg: dict[MsgKey, list[Delivery]], ops: dict[MsgKey, list[Op]], found: Findings) -> None:
+    for key, msg_ops in ops.items():
+        for op in msg_ops:
+            if not (op.ok and op.applied) or op.kind not in ("ack", "delete"):
+                continue
+            for d in by_msg.get(key, ()):
+                if d.poll_start_ms > op.end_ms:
+                    what = "after_ack" if op.kind == "ack" else "after_delete"
+                    found.note(what, f"{d.topic}/{d.msg_id}: {op.kind} answered {op.end_ms}, "
+                                     f"pulled {d.poll_start_ms}..{d.received_ms}")
+                    break
+
+
+def _check_keys(by_msg: dict[MsgKey, list[Delivery]], ops: dict[MsgKey, list[Op]], undone: list[int],
+                found: Findings) -> None:
+    """`undone`: times of kills that may have undone a pull (not durable)."""
+    by_key: dict[tuple[str, str], list[tuple[Delivery, int]]] = defaultdict(list)
+    for key, deliveries in by_msg.items():
+        settles = sorted(op.start_ms for op in ops.get(key, ()) if op.kind in ("ack", "nack", "delete"))
+        for d in deliveries:
+            if d.key is None:
+                continue
+            # certainly consuming from its receipt until its ack or nack was
+            # sent, and at most until its ack timeout (from the pull's start)
+            i = bisect.bisect_left(settles, d.received_ms)
+            settled = settles[i] if i < len(settles) else None
+            busy_until = d.poll_start_ms + d.ack_timeout_ms
+            if settled is not None:
+                busy_until = min(busy_until, settled)
+            by_key[(d.topic, d.key)].append((d, busy_until))
+    for (topic, k), held in by_key.items():
+        held.sort(key=lambda pair: pair[0].received_ms)
+        for i, (d, busy_until) in enumerate(held):
+            for other, _ in held[i + 1:]:
+                if other.received_ms > busy_until:
+                    break  # the rest were received later still
+                i = bisect.bisect_left(undone, d.poll_start_ms)
+                if i < len(undone) and undone[i] <= other.received_ms:
+                    continue  # a kill between them may have undone d's pull
+                if other.msg_id != d.msg_id and other.poll_start_ms >= d.received_ms:
+                    found.note("key_violations", f"{topic} key {k}: {other.msg_id} pulled "
+                                                 f"{other.poll_start_ms}..{other.received_ms} while {d.msg_id} "
+                                                 f"consumed {d.received_ms}..{busy_until}")
+
+
+def _count_duplicates(faults: list[Fault], by_msg: dict[MsgKey, list[Delivery]], ops: dict[MsgKey, list[Op]],
+                      found: Findings) -> None:
+    """A delivery after the first is expected after a nack (answered or
+    not) sent between the two; any other is a duplicate, counted with the
+    fault whose start is nearest (within NEAR_FAULT_MS; "none" else)."""
+    starts = sorted((f.start_ms, f"{f.kind}{'-leader' if f.was_leader else ''}") for f in faults)
+    counts: Counter[str] = Counter()
+    for key, deliveries in by_msg.items():
+        nacks = [op.start_ms for op in ops.get(key, ()) if op.kind == "nack"]
+        for before, d in itertools.pairwise(deliveries):
+            if any(before.received_ms <= t <= d.received_ms for t in nacks):
+                continue
+            found.duplicates += 1
+            counts[_nearest(starts, d.received_ms)] += 1
+    found.duplicates_by_fault = dict(counts)
+
+
+def _nearest(starts: list[tuple[int, str]], at_ms: int) -> str:
+    best: tuple[int, str] | None = None
+    for start, name in starts:
+        gap = abs(at_ms - start)
+        if gap <= NEAR_FAULT_MS and (best is None or gap < best[0]):
+            best = (gap, name)
+    return best[1] if best else "none"

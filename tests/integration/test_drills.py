@@ -1,0 +1,65 @@
+"""The fault drills (bench/drills.py) as CI runs them: short and seeded, a
+few faults of each kind under load, on a 3-node cluster and on a
+standalone node; any lost, early, after-ack, after-delete or serial-key
+count fails, as does a term led by two nodes or a cluster that does not
+converge. Real processes, stopped by PID; the full disk only as root (it
+mounts a tmpfs), reported as skipped otherwise."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from harness import ROOT
+
+pytestmark = pytest.mark.slow
+
+ZEROS = ("lost", "early", "after_ack", "after_delete", "key_violations")
+
+
+def drill(*flags: str) -> dict:
+    env = {**os.environ, "PYTHONPATH": ROOT}  # this checkout's client, as its servers run
+    done = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "drills.py"), *flags], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=240)
+    assert done.stdout.strip(), done.stderr[-4000:]
+    report: dict = json.loads(done.stdout)
+    assert done.returncode == (1 if report["failed"] else 0)
+    report["stderr"] = done.stderr[-3000:]  # the faults as they came, for a failure's message
+    return report
+
+
+def check_zeros(report: dict) -> None:
+    figures = {name: report[name] for name in ZEROS}
+    # on a failure, the whole history is in the test's tmp_path (history.json)
+    assert figures == dict.fromkeys(ZEROS, 0), (figures, report["examples"], report.get("lost_status"),
+                                                report["stderr"])
+    assert report["failed"] == [], report
+    assert report["sends_ok"] > 500 and report["deliveries"] >= report["sends_ok"] * 0.9
+
+
+def test_a_short_seeded_drill_on_a_cluster_loses_nothing(tmp_path):
+    report = drill("--history", str(tmp_path / "history.json"), "--seed", "29", "--kills", "3", "--pauses", "2",
+                   "--partitions", "3", "--full-disks", "1",
+                   "--small-disk-mb", "128", "--rate", "150", "--max-delay-s", "8", "--budget-s", "120")
+    check_zeros(report)
+    faults = report["faults"]
+    assert faults.get("kill") == 3 and faults.get("pause") == 2
+    assert sum(n for kind, n in faults.items() if kind.startswith("partition_")) == 3
+    if os.geteuid() == 0:
+        assert faults.get("full_disk") == 1
+    else:
+        assert "full_disk" in report["faults_skipped"]
+    assert report["faults_on_leader"] >= 2  # the pauses hit the leader
+    assert report["double_leader_terms"] == [] and report["converged"]
+    assert "--seed 29" in report["replay"]
+
+
+def test_a_short_seeded_drill_on_a_standalone_node_loses_nothing(tmp_path):
+    report = drill("--history", str(tmp_path / "history.json"), "--standalone", "--seed", "29", "--kills", "4",
+                   "--rate", "150", "--max-delay-s", "8",
+                   "--budget-s", "60")
+    check_zeros(report)
+    assert report["faults"] == {"kill": 4} and report["mode"] == "standalone"

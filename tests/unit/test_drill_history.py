@@ -1,0 +1,144 @@
+"""bench/drill_history.py: the fault drills' checker on hand-made
+histories, those that must pass (what a correct broker may do under
+faults: deliver again after a nack or an ack timeout, apply a call whose
+answer was lost) and those that must fail, one rule at a time."""
+
+from __future__ import annotations
+
+from drill_history import Delivery, Fault, History, Op, Sent, check
+
+T = "t"
+
+
+def sent(msg_id: str, trigger: int, key: str | None = None, expire: int = 10**9) -> Sent:
+    return Sent(T, msg_id, trigger, expire, 10, key, trigger - 5)
+
+
+def got(msg_id: str, start: int, received: int, trigger: int, key: str | None = None, retry: int = 1,
+        ack_timeout: int = 5000) -> Delivery:
+    return Delivery(T, msg_id, start, received, retry, trigger, key, ack_timeout)
+
+
+def op(kind: str, msg_id: str, start: int, end: int, ok: bool = True, applied: bool = True,
+       new_trigger: int | None = None) -> Op:
+    return Op(kind, T, msg_id, start, end, ok, applied, new_trigger)
+
+
+def history(**parts) -> History:
+    h = History(**parts)
+    h.end_ms = 1_000_000
+    return h
+
+
+def test_a_clean_history_passes():
+    h = history(sent=[sent("a", 100), sent("b", 200, key="k"), sent("c", 200, key="k")],
+                deliveries=[got("a", 90, 101, 100), got("b", 150, 201, 200, key="k"),
+                            got("c", 210, 260, 200, key="k")],
+                ops=[op("ack", "a", 102, 110), op("ack", "b", 205, 209), op("ack", "c", 261, 270)])
+    found = check(h)
+    assert found.failed == [] and found.duplicates == 0
+
+
+def test_a_send_answered_200_and_never_delivered_is_lost():
+    found = check(history(sent=[sent("a", 100), sent("b", 100)], deliveries=[got("b", 90, 101, 100)]))
+    assert (found.lost, found.failed) == (1, ["lost"])
+    assert found.examples["lost"][0].startswith("t/a")
+
+
+def test_deleted_expired_and_moved_past_the_end_are_not_lost():
+    h = history(sent=[sent("d", 100), sent("e", 100, expire=500), sent("m", 100)],
+                ops=[op("delete", "d", 50, 60, ok=False, applied=False),  # outcome unknown: may have applied
+                     op("reschedule", "m", 50, 60, new_trigger=2_000_000)])
+    h.end_ms = 1000
+    assert check(h).lost == 0
+
+
+def test_delivered_before_its_trigger_is_early():
+    found = check(history(sent=[sent("a", 100)], deliveries=[got("a", 90, 99, 100)]))
+    assert (found.early, found.failed) == (1, ["early"])
+
+
+def test_a_rescheduled_message_is_early_at_its_old_time_once_the_move_was_answered():
+    moved = op("reschedule", "a", 50, 60, new_trigger=500)
+    assert check(history(sent=[sent("a", 100)], ops=[moved], deliveries=[got("a", 70, 101, 100)])).early == 1
+    assert check(history(sent=[sent("a", 100)], ops=[moved], deliveries=[got("a", 70, 501, 500)])).early == 0
+    # a pull that started before the move's answer may have met either time
+    racing = op("reschedule", "a", 50, 95, new_trigger=500)
+    assert check(history(sent=[sent("a", 100)], ops=[racing], deliveries=[got("a", 90, 101, 100)])).early == 0
+    # a move refused (409: it was consuming) changes nothing
+    refused = op("reschedule", "a", 50, 60, applied=False)
+    assert check(history(sent=[sent("a", 100)], ops=[refused], deliveries=[got("a", 70, 101, 100)])).early == 0
+
+
+def test_a_pull_after_an_answered_ack_must_not_hand_it_out():
+    h = history(sent=[sent("a", 100)], deliveries=[got("a", 90, 101, 100), got("a", 120, 130, 100, retry=2)],
+                ops=[op("ack", "a", 105, 110)])
+    found = check(h)
+    assert (found.after_ack, found.failed) == (1, ["after_ack"])
+
+
+def test_an_ack_not_answered_or_not_applied_allows_a_redelivery():
+    for ack in (op("ack", "a", 105, 110, ok=False, applied=False), op("ack", "a", 105, 110, applied=False)):
+        h = history(sent=[sent("a", 100)], deliveries=[got("a", 90, 101, 100), got("a", 120, 130, 100, retry=2)],
+                    ops=[ack])
+        found = check(h)
+        assert found.failed == [] and found.duplicates == 1  # not asked for: counted, not failed
+
+
+def test_a_pull_racing_the_ack_is_not_after_it():
+    h = history(sent=[sent("a", 100)], deliveries=[got("a", 90, 101, 100), got("a", 108, 130, 100, retry=2)],
+                ops=[op("ack", "a", 105, 110)])
+    assert check(h).after_ack == 0
+
+
+def test_a_pull_after_an_answered_delete_must_not_hand_it_out():
+    h = history(sent=[sent("a", 100)], deliveries=[got("a", 120, 130, 100)], ops=[op("delete", "a", 50, 60)])
+    found = check(h)
+    assert (found.after_delete, found.failed) == (1, ["after_delete"])
+    h = history(sent=[sent("a", 100)], deliveries=[got("a", 120, 130, 100)],
+                ops=[op("delete", "a", 50, 60, applied=False)])  # 404: nothing was deleted
+    assert check(h).after_delete == 0
+
+
+def test_two_messages_of_a_key_consumed_at_once_is_a_violation():
+    h = history(sent=[sent("a", 100, key="k"), sent("b", 100, key="k")],
+                deliveries=[got("a", 90, 101, 100, key="k"), got("b", 120, 130, 100, key="k")],
+                ops=[op("ack", "a", 200, 210), op("ack", "b", 220, 230)])
+    found = check(h)
+    assert (found.key_violations, found.failed) == (1, ["key_violations"])
+
+
+def test_a_key_is_free_after_the_ack_started_or_the_ack_timeout():
+    acked = history(sent=[sent("a", 100, key="k"), sent("b", 100, key="k")],
+                    deliveries=[got("a", 90, 101, 100, key="k"), got("b", 120, 130, 100, key="k")],
+                    ops=[op("ack", "a", 115, 140)])  # the ack may have applied before b's pull was answered
+    assert check(acked).key_violations == 0
+    timed_out = history(sent=[sent("a", 100, key="k"), sent("b", 100, key="k")],
+                        deliveries=[got("a", 90, 101, 100, key="k", ack_timeout=20),
+                                    got("b", 120, 130, 100, key="k")])
+    assert check(timed_out).key_violations == 0
+    other_key = history(sent=[sent("a", 100, key="k"), sent("b", 100, key="j")],
+                        deliveries=[got("a", 90, 101, 100, key="k"), got("b", 120, 130, 100, key="j")])
+    assert check(other_key).key_violations == 0
+
+
+def test_duplicates_are_counted_with_the_nearest_fault_and_nacks_excuse_them():
+    faults = [Fault("kill", "n1", True, 1000, 1500), Fault("pause", "n2", True, 50_000, 52_000)]
+    h = history(sent=[sent("a", 100), sent("b", 100)], faults=faults,
+                deliveries=[got("a", 90, 101, 100), got("a", 1200, 1300, 100, retry=2),
+                            got("b", 90, 101, 100), got("b", 300, 310, 100, retry=2)],
+                ops=[op("nack", "b", 150, 160)])
+    found = check(h)
+    assert found.failed == []
+    assert (found.duplicates, found.duplicates_by_fault) == (1, {"kill-leader": 1})
+
+
+def test_on_a_standalone_node_a_kill_may_undo_a_pull_and_free_its_key():
+    def keyed(durable: bool) -> History:
+        h = history(sent=[sent("a", 100, key="k"), sent("b", 100, key="k")],
+                    deliveries=[got("a", 90, 101, 100, key="k"), got("b", 120, 130, 100, key="k")],
+                    faults=[Fault("kill", "s1", True, 105, 110)])
+        h.pulls_durable = durable
+        return h
+    assert check(keyed(durable=False)).key_violations == 0
+    assert check(keyed(durable=True)).key_violations == 1  # a cluster's pull survives a kill
