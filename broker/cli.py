@@ -139,9 +139,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-topics", type=int, default=queues.topics,
                        help=f"topics the node keeps; a send to a new topic beyond them is answered 429 and stores "
                             f"nothing, until topics retire (default {queues.topics})")
-    serve.add_argument("--metrics-topics", type=int, default=ServeConfig.metrics_topics,
+    # a default read from an instance, as the others are: compiled by mypyc,
+    # the class attribute is the field's descriptor, not its default
+    metrics_topics = ServeConfig().metrics_topics
+    serve.add_argument("--metrics-topics", type=int, default=metrics_topics,
                        help=f"topics with series of their own in /metrics: those with the largest backlogs; every "
-                            f"topic counts in the node-level sums (default {ServeConfig.metrics_topics}; 0: none)")
+                            f"topic counts in the node-level sums (default {metrics_topics}; 0: none)")
     serve.add_argument("--monitor-interval-s", type=int, default=60,
                        help="seconds of each getMonitorData interval: its counts, and camellia's request and "
                             "time-gap metrics, are of the last one (default 60, as camellia)")
