@@ -25,11 +25,15 @@ from setuptools import Extension, setup
 # "Compiled with mypyc", has bench/flow.py's figures). Every other module
 # stays interpreted in the compiled wheel too, and these on purpose:
 #   storage/errors.py       exceptions that subclass built-ins (ValueError...)
-#   storage/store.py,       tests replace their functions and methods
-#   commit_log.py,          (monkeypatch) to make a disk full or count
-#   id_index.py,            fsyncs, or force collisions; a compiled call
-#   fileutil.py,            would not see the replacement
-#   disk_room.py, hour_files.py
+#   storage/store.py        tests read its parts with vars() and keep weak
+#                           references to it: a compiled class has neither
+#   storage/commit_log.py,  tests replace a method (Segment.sync, a log's
+#   hour_files.py,          append, HourFiles.mapped_bytes) or a function to
+#   fileutil.py,            count fsyncs or make a disk full: a compiled
+#   disk_room.py            class or caller would not see the replacement (a
+#                           function imported from an interpreted module is
+#                           looked up at each call: id_index's preallocate
+#                           can still be replaced)
 #   broker/node_base.py     the cluster's node subclasses it, and an
 #                           interpreted class cannot subclass a compiled one
 #   broker/nodes.py, console*.py, cli.py, server.py, client.py, spark.py:
@@ -45,6 +49,7 @@ COMPILED = [
     "storage/framing.py",
     "storage/hour.py",
     "storage/hour_table.py",
+    "storage/id_index.py",
     "storage/pending.py",
     "storage/placement.py",
     "storage/protocol.py",
