@@ -2,8 +2,9 @@
 
 Without `HOURGLASS_MYPYC=1` every hook is setuptools.build_meta's, and the
 package is pure Python (no C compiler needed: the README's set-up command).
-With it, building a wheel asks for mypy (which brings mypyc) in the build
-environment and setup.py compiles the modules it lists; building for an
+With it, building a wheel asks for mypy (which brings mypyc) and the
+runtime dependencies (for their types) in the build environment, and
+setup.py compiles the modules it lists; building for an
 editable install is refused, since compiled modules are a snapshot of the
 sources and an editable install must always run the sources as they are.
 """
@@ -11,6 +12,7 @@ sources and an editable install must always run the sources as they are.
 from __future__ import annotations
 
 import os
+import tomllib
 
 from setuptools import build_meta as _setuptools
 from setuptools.build_meta import (  # noqa: F401  (the hooks kept as they are)
@@ -46,9 +48,20 @@ def _refuse_compiled_editable() -> None:
             "HOURGLASS_MYPYC for the pure-Python editable install.")
 
 
+def _runtime_dependencies() -> list[str]:
+    """pyproject.toml's [project] dependencies: mypyc type-checks the
+    modules it compiles as `mypy` does, so the packages they import must be
+    in the build environment too (orjson's and httptools' types, ...)."""
+    with open("pyproject.toml", "rb") as f:
+        dependencies: list[str] = tomllib.load(f)["project"]["dependencies"]
+    return dependencies
+
+
 def get_requires_for_build_wheel(config_settings: dict[str, str | list[str]] | None = None) -> list[str]:
     requires: list[str] = _setuptools.get_requires_for_build_wheel(config_settings)
-    return [*requires, MYPYC_REQUIREMENT] if _mypyc_requested() else requires
+    if not _mypyc_requested():
+        return requires
+    return [*requires, MYPYC_REQUIREMENT, *_runtime_dependencies()]
 
 
 def build_wheel(wheel_directory: str, config_settings: dict[str, str | list[str]] | None = None,
