@@ -209,23 +209,25 @@ class Api:
         return self.batch_cap if path == PREFIX + "sendMsgBatch" else self.single_cap
 
     def _handler(self, handle: Callable[[Request], Awaitable[Response]]) -> Handler:
+        # One name per except clause: compiled by mypyc, a name bound by two
+        # clauses keeps the first clause's class and refuses the second's.
         async def run(request: Request) -> Response:
             try:
                 return await handle(request)
-            except params.MessageTooLarge as e:
-                return answer(413, str(e))
-            except InvalidRequest as e:
-                return answer(400, str(e))
-            except BodyTooLarge as e:  # HTTP 413 as for a body over its byte cap: too large for this node
-                return Response(413, orjson.dumps({"code": 413, "msg": str(e)}))
-            except NotFound as e:
-                return answer(404, str(e))
-            except Conflict as e:
-                return answer(409, str(e))
-            except Unavailable as e:
-                return answer(503, str(e))
-            except LimitReached as e:
-                return answer(429, str(e))
+            except params.MessageTooLarge as too_large:
+                return answer(413, str(too_large))
+            except InvalidRequest as invalid:
+                return answer(400, str(invalid))
+            except BodyTooLarge as over_cap:  # HTTP 413 as for a body over its byte cap: too large for this node
+                return Response(413, orjson.dumps({"code": 413, "msg": str(over_cap)}))
+            except NotFound as not_found:
+                return answer(404, str(not_found))
+            except Conflict as conflict:
+                return answer(409, str(conflict))
+            except Unavailable as unavailable:
+                return answer(503, str(unavailable))
+            except LimitReached as limit:
+                return answer(429, str(limit))
         return run
 
     # -- reading parameters: broker.params turns a request's bytes into them -----------

@@ -22,8 +22,25 @@ from .ready import QueueLimits
 log = logging.getLogger("hourglass.cli")
 
 
+class _PrintVersion(argparse.Action):
+    """`--version`: the version and whether mypyc-compiled modules run
+    (broker.build_info), looked up only when asked for."""
+
+    def __init__(self, option_strings: list[str], dest: str, help: str | None = None) -> None:
+        super().__init__(option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, nargs=0, help=help)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object,
+                 option_string: str | None = None) -> None:
+        from .build_info import describe
+
+        print(describe())
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hourglass", description="A disk-backed delay-message broker.")
+    parser.add_argument("--version", action=_PrintVersion,
+                        help="print the version and whether it runs pure Python or mypyc-compiled modules, then exit")
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="run a broker node")
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
@@ -126,9 +143,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-topics", type=int, default=queues.topics,
                        help=f"topics the node keeps; a send to a new topic beyond them is answered 429 and stores "
                             f"nothing, until topics retire (default {queues.topics})")
-    serve.add_argument("--metrics-topics", type=int, default=ServeConfig.metrics_topics,
+    # a default read from an instance, as the others are: compiled by mypyc,
+    # the class attribute is the field's descriptor, not its default
+    metrics_topics = ServeConfig().metrics_topics
+    serve.add_argument("--metrics-topics", type=int, default=metrics_topics,
                        help=f"topics with series of their own in /metrics: those with the largest backlogs; every "
-                            f"topic counts in the node-level sums (default {ServeConfig.metrics_topics}; 0: none)")
+                            f"topic counts in the node-level sums (default {metrics_topics}; 0: none)")
     serve.add_argument("--monitor-interval-s", type=int, default=60,
                        help="seconds of each getMonitorData interval: its counts, and camellia's request and "
                             "time-gap metrics, are of the last one (default 60, as camellia)")

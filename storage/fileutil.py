@@ -82,7 +82,7 @@ def atomic_write(path: str, data: bytes) -> None:
     fsync_dir(os.path.dirname(path) or ".")
 
 
-_libc = None
+_libc: ctypes.CDLL | None = None
 
 
 def sync_filesystem(path: str) -> None:

@@ -130,8 +130,8 @@ def unpack_loc(path: str, offset: int, key: int, loc: int) -> Location:
 def probe_start(key: int, group_mask: int) -> tuple[int, int]:
     """(first group, stride) of `key`'s probe sequence in a shard of
     group_mask + 1 groups. The stride is odd, so the sequence visits every
-    group (the group count is a power of two). Tests replace this to force
-    keys into one group."""
+    group (the group count is a power of two). Keys whose low bits are 0
+    all start in group 0: the tests' worst keys."""
     return key & group_mask, ((key >> 32) & group_mask) | 1
 
 

@@ -1,0 +1,134 @@
+"""The optional mypyc build: the pure-Python package everywhere, and with
+`HOURGLASS_MYPYC=1` a wheel whose hot modules are also compiled by mypyc
+(docs/dependencies.md, "mypyc"). Everything else about the package is in
+pyproject.toml.
+
+    pip install .                           # pure Python (no C compiler needed)
+    HOURGLASS_MYPYC=1 pip install .         # + the modules below compiled
+
+The compiled modules are C extensions built into the wheel, never next to
+the sources: an editable install is always pure Python (the build backend,
+build_backend/hourglass_build.py, refuses `HOURGLASS_MYPYC=1` with `-e`), so
+it can never run a compiled module older than its source.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import tempfile
+
+from setuptools import Extension, setup
+
+# The modules mypyc compiles: those a request goes through (docs/benchmarks.md,
+# "Compiled with mypyc", has bench/flow.py's figures). Every other module
+# stays interpreted in the compiled wheel too, and these on purpose:
+#   storage/errors.py       exceptions that subclass built-ins (ValueError...)
+#   storage/store.py        tests read its parts with vars() and keep weak
+#                           references to it: a compiled class has neither
+#   storage/commit_log.py,  tests replace a method (Segment.sync, a log's
+#   hour_files.py,          append, HourFiles.mapped_bytes) or a function to
+#   fileutil.py,            count fsyncs or make a disk full: a compiled
+#   disk_room.py            class or caller would not see the replacement (a
+#                           function imported from an interpreted module is
+#                           looked up at each call: id_index's preallocate
+#                           can still be replaced)
+#   broker/node_base.py     the cluster's node subclasses it, and an
+#                           interpreted class cannot subclass a compiled one
+#   broker/nodes.py, console*.py, cli.py, server.py, client.py, spark.py:
+#                           start-up, the console, clients: not per request
+COMPILED = [
+    "storage/applying.py",
+    "storage/checkpoint.py",
+    "storage/config.py",
+    "storage/delay_index.py",
+    "storage/delay_log.py",
+    "storage/entry.py",
+    "storage/files.py",
+    "storage/framing.py",
+    "storage/hour.py",
+    "storage/hour_table.py",
+    "storage/id_index.py",
+    "storage/pending.py",
+    "storage/placement.py",
+    "storage/protocol.py",
+    "storage/reading.py",
+    "storage/records.py",
+    "storage/recovery.py",
+    "storage/refile.py",
+    "storage/retention.py",
+    "storage/second_table.py",
+    "storage/spans.py",
+    "storage/types.py",
+    "wheel/clock.py",
+    "wheel/delay_queue.py",
+    "wheel/driver.py",
+    "wheel/scheduler.py",
+    "wheel/source.py",
+    "wheel/tick_state.py",
+    "wheel/timing_wheel.py",
+    "wheel/window.py",
+    "broker/api.py",
+    "broker/backend.py",
+    "broker/bodies.py",
+    "broker/clock.py",
+    "broker/config.py",
+    "broker/dead_letters.py",
+    "broker/disk_broker.py",
+    "broker/filing.py",
+    "broker/gate.py",
+    "broker/group_commit.py",
+    "broker/httpd.py",
+    "broker/journal.py",
+    "broker/lifecycle.py",
+    "broker/long_polls.py",
+    "broker/metrics.py",
+    "broker/params.py",
+    "broker/ready.py",
+    "broker/releaser.py",
+    "broker/requests.py",
+    "broker/retry.py",
+    "broker/span_moves.py",
+    "broker/timers.py",
+    "broker/topics.py",
+    "broker/transitions.py",
+    "broker/windows.py",
+]
+
+
+def mypyc_requested() -> bool:
+    return os.environ.get("HOURGLASS_MYPYC", "") == "1"
+
+
+def mypyc_extensions() -> list[Extension]:
+    """The compiled modules' extensions, or none: not asked for, or mypyc not
+    yet installed (setuptools runs this file once to learn the build
+    requirements, to which the backend then adds mypy; its build_wheel
+    refuses to go on without mypyc)."""
+    if not mypyc_requested():
+        return []
+    try:
+        from mypyc.build import mypycify
+    except ImportError:
+        return []
+    # mypyc's C in a fresh folder each build (relative: setuptools refuses
+    # absolute source paths), so that no module compiled by an earlier
+    # build, from an older list or source, can be picked up
+    os.makedirs("build", exist_ok=True)
+    scratch = os.path.relpath(tempfile.mkdtemp(prefix="mypyc-", dir="build"))
+    atexit.register(shutil.rmtree, scratch, True)
+    return list(mypycify(COMPILED, opt_level="3", group_name="hourglass", target_dir=scratch))
+
+
+def build_options() -> dict[str, dict[str, str]]:
+    """setuptools' build folders: under a fresh temporary folder when
+    compiling (see mypyc_extensions), the default `build/` otherwise."""
+    if not mypyc_requested():
+        return {}
+    scratch = tempfile.mkdtemp(prefix="hourglass-build-")
+    atexit.register(shutil.rmtree, scratch, True)
+    return {"build": {"build_base": scratch}}
+
+
+setup(ext_modules=mypyc_extensions(), options=build_options())
