@@ -41,7 +41,7 @@ import logging
 import signal
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Coroutine, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from wheel.clock import Clock
 
@@ -57,8 +57,13 @@ from .health import ServingStatus
 from .httpd import Admit, Dispatch, HttpServer, Request, Response, StreamResponse
 from .metrics import Metrics
 from .paths import PREFIX
+from .push_api import PushApi
+from .push_rules import PushAllow
 from .redact import client_text
 from .scrape import Series, metrics_response
+
+if TYPE_CHECKING:
+    from .pusher import Pushers
 
 log = logging.getLogger("hourglass.server")
 
@@ -94,6 +99,8 @@ class NodeBase(ABC):
         self.serving = ServingStatus(config.offline_idle_s, PREFIX, on_offline=lambda: self.api.wake_long_polls())
         self.api = Api(backend, config.max_msg_bytes, config.bodies, self.serving)
         self.console = console
+        # Push subscriptions (broker.pusher): None while no backend serves here.
+        self.pushers: Pushers | None = None
         # Set by SIGTERM or SIGINT (once serving) or by a fatal error: the
         # process (broker.server) then stops the node.
         self.stop_asked = asyncio.Event()
@@ -148,6 +155,8 @@ class NodeBase(ABC):
             router.add(method, path, handler)
         self.serving.add_routes(router)
         self.api.add_routes(router)
+        PushApi(lambda: self.pushers, PushAllow.parse(self.config.push_allow), self.config.bodies,
+                 self.config.max_msg_bytes).add_routes(router)
         api_calls = self.serving.track(self.routed(router.dispatch))
         sessions = None
         if self.console is not None:

@@ -78,8 +78,12 @@ async def run_redis(config: ServeConfig) -> int:
             await node.broker.stop()
         return 1
     monitor = node.start_monitor()
+    if node.pushers is not None:
+        node.pushers.start(node.broker)
     await _serve_until_stopped(node, f"state in {node.broker.url}")
     monitor.cancel()
+    if node.pushers is not None:
+        await node.pushers.stop()
     failed = node.failure()
     await node.broker.stop()
     log.info("stopped")
@@ -135,7 +139,11 @@ async def run_disk(config: ServeConfig) -> int:
     checkpoints = asyncio.create_task(checkpoint_every(config.checkpoint_interval_ms, node.checkpoint,
                                                        node.broker.fail))
     monitor = node.start_monitor()
+    if node.pushers is not None:
+        node.pushers.start(node.broker)
     await _serve_until_stopped(node, "standalone")
+    if node.pushers is not None:
+        await node.pushers.stop()
     checkpoints.cancel()
     monitor.cancel()
     if node.failure() is not None:  # no last checkpoint over a state RAM and disk disagree on
