@@ -126,6 +126,10 @@ class NodeBase(ABC):
     def node_series(self) -> Sequence[Series]:
         """This node's own /metrics series (name, type, value)."""
 
+    # Why this kind of node takes no push subscription (subscribe answers
+    # 403 with it); None: it takes them (broker.pusher).
+    push_refusal: str | None = None
+
     def own_routes(self) -> Sequence[tuple[str, str, Dispatch]]:
         """(method, path, handler) of what only this kind of node serves:
         nothing here (a cluster node's: the peers' /_cluster/* calls)."""
@@ -156,7 +160,7 @@ class NodeBase(ABC):
         self.serving.add_routes(router)
         self.api.add_routes(router)
         PushApi(lambda: self.pushers, PushAllow.parse(self.config.push_allow), self.config.bodies,
-                 self.config.max_msg_bytes).add_routes(router)
+                self.config.max_msg_bytes, self.push_refusal).add_routes(router)
         api_calls = self.serving.track(self.routed(router.dispatch))
         sessions = None
         if self.console is not None:
@@ -193,8 +197,12 @@ class NodeBase(ABC):
         return answer(200, "success", status="ok", **fields)
 
     async def metrics_text(self, request: Request) -> Response:
-        return await metrics_response(self.api.broker, self.metrics, self.process, self.config.metrics_topics,
-                                      self.node_series())
+        response = await metrics_response(self.api.broker, self.metrics, self.process, self.config.metrics_topics,
+                                          self.node_series())
+        if self.pushers is not None:  # broker.pusher's series, one label set per subscription
+            from .pusher import render_metrics
+            response.body += render_metrics(self.pushers.stats).encode()
+        return response
 
     def start_monitor(self) -> asyncio.Task[None]:
         """camellia's monitor interval, and the console's throughput sampler."""

@@ -49,6 +49,7 @@ from storage.fileutil import atomic_write
 from wheel.clock import Clock, Timer
 
 from .backend import Backend
+from .metrics import escape_label, topic_label
 from .params import AckRequest, LongPollRequest
 from .push_rules import BACKOFF_CAP_MS, PushAllow, Subscription, backoff_ms, is_address, retry_after_ms, signature
 
@@ -391,6 +392,37 @@ class Pushers:
         if self._store is not None:
             await asyncio.to_thread(self._store.save, subscriptions)
         self.subscriptions = subscriptions
+
+
+def render_metrics(stats: dict[str, PushStats]) -> str:
+    """/metrics' push series, one label set per subscribed topic: deliveries,
+    failures by reason, in-flight and backing-off counts, and the latency
+    from trigger time to the 2xx as a histogram. No URL or secret."""
+    if not stats:
+        return ""
+    lines = ["# HELP hourglass_push_deliveries_total messages POSTed and answered 2xx",
+             "# TYPE hourglass_push_deliveries_total counter"]
+    shown = sorted(stats.items())
+    lines += [f'hourglass_push_deliveries_total{{topic="{topic_label(t)}"}} {s.deliveries}' for t, s in shown]
+    lines += ["# HELP hourglass_push_failures_total failed deliveries by reason",
+              "# TYPE hourglass_push_failures_total counter"]
+    lines += [f'hourglass_push_failures_total{{topic="{topic_label(t)}",reason="{escape_label(r)}"}} {n}'
+              for t, s in shown for r, n in sorted(s.failures.items())]
+    for name, attr in (("in_flight", "in_flight"), ("backing_off", "backing_off")):
+        lines.append(f"# TYPE hourglass_push_{name} gauge")
+        lines += [f'hourglass_push_{name}{{topic="{topic_label(t)}"}} {getattr(s, attr)}' for t, s in shown]
+    name = "hourglass_push_latency_seconds"
+    lines += [f"# HELP {name} trigger time to the subscriber's 2xx", f"# TYPE {name} histogram"]
+    for t, s in shown:
+        label = topic_label(t)
+        total = 0
+        for upper, count in zip((*LATENCY_BUCKETS_MS, None), s.latency_ms):
+            total += count
+            le = "+Inf" if upper is None else f"{upper / 1000:g}"
+            lines.append(f'{name}_bucket{{topic="{label}",le="{le}"}} {total}')
+        lines += [f'{name}_sum{{topic="{label}"}} {s.latency_sum_ms / 1000:g}',
+                  f'{name}_count{{topic="{label}"}} {s.deliveries}']
+    return "\n".join(lines) + "\n"
 
 
 def subscription_path(data_path: str) -> str:

@@ -119,6 +119,10 @@ def test_a_due_message_is_posted_signed_and_acked(serve, subscriber, topic):
     body = json.loads(got["body"])
     assert body["msgId"] == sent["msgId"] and body["msg"] == "hello"
     assert api.wait_status(topic, sent["msgId"], {ACKED})["status"] == ACKED
+    _, metrics = api.get("/metrics")
+    text = metrics.decode()
+    assert f'hourglass_push_deliveries_total{{topic="{topic}"}} 1' in text
+    assert f'hourglass_push_latency_seconds_count{{topic="{topic}"}} 1' in text
 
 
 def test_failed_deliveries_are_retried_until_dead(serve, subscriber, topic):
