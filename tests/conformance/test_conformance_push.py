@@ -1,6 +1,6 @@
 """Push delivery on both backends (docs/api.md, "Push delivery"):
 subscribe / unsubscribe / getSubscription, a due message POSTed to a real
-subscriber process (tests/push_subscriber.py) and signed, a 2xx acking
+subscriber process (bench/push_subscriber.py) and signed, a 2xx acking
 it, failures retried until the message is dead, and the refusals that keep
 outbound requests to what --push-allow names."""
 
@@ -22,14 +22,14 @@ ACKED, ENDED = 4, 6
 
 
 class Subscriber:
-    """tests/push_subscriber.py in its own process, and what it received."""
+    """bench/push_subscriber.py in its own process, and what it received."""
 
     def __init__(self, tmp_path: Path, mode: str = "ok") -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/hook"
         self.record = tmp_path / f"received-{self.port}.jsonl"
         self.record.touch()
-        self.proc = subprocess.Popen([sys.executable, str(Path(ROOT) / "tests" / "push_subscriber.py"), str(self.port),
+        self.proc = subprocess.Popen([sys.executable, str(Path(ROOT) / "bench" / "push_subscriber.py"), str(self.port),
                                       str(self.record), mode])
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:

@@ -1,9 +1,9 @@
-"""A real push subscriber for the tests and bench/push.py: an aiohttp
+"""A real push subscriber for bench/push.py and the tests: an aiohttp
 server in its own process that writes one JSON line per request it gets
 (receive time in ms, path, headers, body) to a file, and answers as its
 mode says; POST /_mode {"mode": ...} changes the mode while it runs.
 
-    python tests/push_subscriber.py PORT RECORD_PATH [MODE]
+    python bench/push_subscriber.py PORT RECORD_PATH [MODE]
 
 Modes: ok (200), fail (500), redirect (302 to /elsewhere), hang (never
 answers), stream (200 and a body that never ends), retry-after (503 with
