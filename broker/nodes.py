@@ -60,7 +60,8 @@ class DiskNode(NodeBase):
         self.checkpoint_seconds = 0.0
         self.last_checkpoint_ms: int | None = None
         console = Console(lambda: self.store, metrics, self.broker.topic_list,
-                          lambda: standalone_info(self.store, lambda: self.last_checkpoint_ms), clock.now_ms)
+                          lambda: standalone_info(self.store, lambda: self.last_checkpoint_ms), clock.now_ms,
+                          lambda: [] if self.pushers is None else self.pushers.public())
         super().__init__(config, clock, metrics, self.broker, console)
         if config.push_allow:  # pushers load aiohttp's client: only on a node that pushes
             from .pusher import Pushers, SubscriptionFile, subscription_path

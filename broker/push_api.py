@@ -89,9 +89,7 @@ class PushApi:
     async def get_subscription(self, request: Request) -> Response:
         topic = params.parse_topic(self._params(request)).topic
         pushers = self.pushers(topic)
-        subscription = pushers.subscriptions.get(topic)
-        if subscription is None:
+        described = pushers.describe(topic)
+        if described is None:
             raise NotFound(f"topic {topic!r} has no push subscription")
-        stats = pushers.stats.get(topic)
-        health = stats.public() if stats is not None else None
-        return answer(200, "success", data={**subscription.public(), "health": health})
+        return answer(200, "success", data=described)

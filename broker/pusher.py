@@ -351,6 +351,18 @@ class Pushers:
     def __repr__(self) -> str:
         return f"Pushers(subscriptions={len(self.subscriptions)}, running={len(self._running)})"
 
+    def describe(self, topic: str) -> dict[str, object] | None:
+        """The subscription as getSubscription answers it (no secret), with its health; None: none."""
+        subscription = self.subscriptions.get(topic)
+        if subscription is None:
+            return None
+        stats = self.stats.get(topic)
+        return {**subscription.public(), "health": None if stats is None else stats.public()}
+
+    def public(self) -> list[dict[str, object]]:
+        """`describe` of every subscription, by topic."""
+        return [d for d in map(self.describe, sorted(self.subscriptions)) if d is not None]
+
     def start(self, backend: Backend) -> None:
         self._backend = backend
         for subscription in self.subscriptions.values():

@@ -36,6 +36,8 @@ def test_a_key_waits_for_its_previous_delivery_outcome(tmp_path):
     sub = Subscriber(str(tmp_path), "fail")
     try:
         assert server.post("subscribe", topic="k", url=sub.url, concurrency=8)[0] == 200
+        assert server.post("subscribe", topic="other", url=sub.url, secret="hidden-secret")[0] == 200
+        assert server.post("unsubscribe", topic="other")[0] == 200
         first = server.post("sendMsg", topic="k", msg="1", key="order-1", msgId="a")[1]["delayMsg"]
         server.post("sendMsg", topic="k", msg="2", key="order-1", msgId="b", triggerTime=first["triggerTime"] + 1)
         wait_for(lambda: len(sub.received()) >= 2, 20, "retry of the first")  # a fails, backs off, fails again
@@ -45,6 +47,10 @@ def test_a_key_waits_for_its_previous_delivery_outcome(tmp_path):
         ids = [r["headers"]["Hourglass-Msg-Id"] for r in sub.received()]
         assert ids[-1] == "b" and ids.count("b") == 1 and "b" not in ids[:-1]
         assert status(server, "k", "a") == ACKED
+        _, console = server.get("/console/api/subscriptions")
+        shown, = console["subscriptions"]
+        assert (shown["topic"], shown["url"], shown["signed"]) == ("k", sub.url, False)
+        assert shown["health"]["deliveries"] == 2 and shown["health"]["failures"]["status"] >= 2
     finally:
         sub.stop()
         server.kill()
