@@ -170,7 +170,7 @@ class TopicPusher:
         self._slot_free = asyncio.Event()
         self._slot_free.set()
         self._deliveries: set[asyncio.Task[None]] = set()
-        self._backoffs: dict[str, Timer] = {}
+        self._backoffs: dict[str, tuple[Message, Timer]] = {}
         self._stopped = False
         # The pull's ack timeout: the POST and the longest backoff after it,
         # within the node's --max-ack-timeout-ms (the backoff shrinks to fit).
@@ -191,13 +191,19 @@ class TopicPusher:
             auto_decompress=False)
         self._task = asyncio.create_task(self._run(), name=f"push {self.subscription.topic}")
 
-    async def stop(self) -> None:
-        """Stop taking and delivering: a delivery in flight or backing off
-        stays CONSUMING and is delivered again at its ack deadline."""
+    async def stop(self, nack_backoffs: bool = False) -> None:
+        """Stop taking and delivering: a delivery in flight stays CONSUMING
+        and is delivered again at its ack deadline; so is one backing off,
+        unless `nack_backoffs` (the subscription changes, the node goes
+        on): then it is nacked now."""
         self._stopped = True
-        for timer in self._backoffs.values():
+        backing_off = [message for message, _ in self._backoffs.values()]
+        for _, timer in self._backoffs.values():
             timer.cancel()
         self._backoffs.clear()
+        self.stats.backing_off = 0
+        if nack_backoffs:
+            await asyncio.gather(*(self._settle(message, False) for message in backing_off))
         tasks = [t for t in (self._task, *self._deliveries) if t is not None]
         for task in tasks:
             task.cancel()
@@ -215,13 +221,15 @@ class TopicPusher:
                 continue
             if self._bucket is not None:
                 free = await self._bucket.take(free)
+            polled_s = self._clock.monotonic_s()
             try:
                 messages = await self._backend.long_poll(LongPollRequest(s.topic, self.ack_timeout_ms, free, (),
                                                                          POLL_MS))
             except (Unavailable, HourglassError) as e:  # stopping, or not serving now
                 log.debug("push %s: %s", s.topic, e)
-                await self._clock.sleep(POLL_MS / 1000)
                 messages = []
+            if not messages and self._clock.monotonic_s() - polled_s < POLL_MS / 2000:
+                await self._clock.sleep(POLL_MS / 1000)  # answered at once, empty: the node stops, or fails
             if self._bucket is not None:
                 self._bucket.give_back(free - len(messages))
             for message in messages:
@@ -245,8 +253,8 @@ class TopicPusher:
             log.info("push %s: delivery of %s failed (%s)", message.topic, message.msg_id, detail)
             wait_ms = min(backoff_ms(message.retry, after_ms, self._jitter()), self._max_backoff_ms)
             self.stats.backing_off += 1
-            self._backoffs[message.msg_id] = self._clock.call_later(
-                wait_ms / 1000, functools.partial(self._backoff_over, message))
+            self._backoffs[message.msg_id] = (message, self._clock.call_later(
+                wait_ms / 1000, functools.partial(self._backoff_over, message)))
         finally:
             self.stats.in_flight -= 1
             self._slot_free.set()
@@ -387,7 +395,7 @@ class Pushers:
         await self._save(subscriptions)
         old = self._running.pop(subscription.topic, None)
         if old is not None:
-            await old.stop()
+            await old.stop(nack_backoffs=True)
         self._launch(subscription)
 
     async def unsubscribe(self, topic: str) -> bool:
@@ -397,7 +405,8 @@ class Pushers:
         await self._save({t: s for t, s in self.subscriptions.items() if t != topic})
         old = self._running.pop(topic, None)
         if old is not None:
-            await old.stop()
+            await old.stop(nack_backoffs=True)
+        self.stats.pop(topic, None)
         return True
 
     async def _save(self, subscriptions: dict[str, Subscription]) -> None:

@@ -62,6 +62,8 @@ async def _serve_until_stopped(node: DiskNode | RedisNode, describe: str) -> Non
     work: answer long polls and finish the requests in flight."""
     server = await node.serve(describe)
     await node.stop_asked.wait()
+    if node.pushers is not None:  # first: what they have in flight is delivered again after the restart
+        await node.pushers.stop()
     log.info("stopping: answering long polls, finishing requests")
     node.broker.begin_stop()
     await server.close(SHUTDOWN_TIMEOUT_S)
@@ -82,8 +84,6 @@ async def run_redis(config: ServeConfig) -> int:
         node.pushers.start(node.broker)
     await _serve_until_stopped(node, f"state in {node.broker.url}")
     monitor.cancel()
-    if node.pushers is not None:
-        await node.pushers.stop()
     failed = node.failure()
     await node.broker.stop()
     log.info("stopped")
@@ -142,8 +142,6 @@ async def run_disk(config: ServeConfig) -> int:
     if node.pushers is not None:
         node.pushers.start(node.broker)
     await _serve_until_stopped(node, "standalone")
-    if node.pushers is not None:
-        await node.pushers.stop()
     checkpoints.cancel()
     monitor.cancel()
     if node.failure() is not None:  # no last checkpoint over a state RAM and disk disagree on

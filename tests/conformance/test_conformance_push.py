@@ -123,6 +123,7 @@ def test_a_due_message_is_posted_signed_and_acked(serve, subscriber, topic):
     text = metrics.decode()
     assert f'hourglass_push_deliveries_total{{topic="{topic}"}} 1' in text
     assert f'hourglass_push_latency_seconds_count{{topic="{topic}"}} 1' in text
+    assert api.server.stop() == 0  # SIGTERM with a pusher running: a clean stop
 
 
 def test_failed_deliveries_are_retried_until_dead(serve, subscriber, topic):

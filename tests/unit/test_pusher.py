@@ -206,3 +206,19 @@ def test_rate_limit_bounds_deliveries_per_second():
         for i in range(len(pusher.posts) - 21):  # no second holds more than rate + burst
             assert pusher.posts[i + 21][1] - pusher.posts[i][1] >= 1000
     run(test)
+
+
+def test_a_changed_subscription_nacks_what_backs_off_and_a_stopping_node_does_not():
+    async def test() -> None:
+        for nack_backoffs, expected in ((True, [("a", False, 100)]), (False, [])):
+            clock = FakeClock(0)
+            backend = FakeBackend(clock)
+            pusher = Scripted(backend, Subscription("t", "http://h/x"), outcomes=[7000])
+            backend.add("a")
+            pusher.start()
+            await clock.run_until(100)
+            assert pusher.stats.backing_off == 1
+            await pusher.stop(nack_backoffs=nack_backoffs)
+            await clock.run_until(20_000)
+            assert backend.acks == expected  # else CONSUMING until its ack deadline: delivered again then
+    run(test)
