@@ -63,6 +63,8 @@ class PushApi:
     def pushers(self, topic: str) -> Pushers:
         pushers = self._pushers()
         if pushers is None:
+            if self._refusal is not None:
+                raise NotFound(f"topic {topic!r} has no push subscription ({self._refusal})")
             if not self._allow:
                 raise NotFound(f"topic {topic!r} has no push subscription (push is off: no --push-allow)")
             raise Unavailable("no broker runs on this node yet; retry")
