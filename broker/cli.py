@@ -59,6 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--allowed-hosts", default="",
                        help="comma list of Host names served without a token besides loopback names and --host "
                             "(e.g. the name a reverse proxy forwards); with a token every Host is served")
+    serve.add_argument("--push-allow", default="",
+                       help="comma list of host names, host:port, addresses and CIDRs push subscriptions may POST "
+                            "to, checked against the resolved address at connect time (default: none, push off)")
     serve.add_argument("--allow-readable-token", action="store_true",
                        help="accept an --auth-token-file that group or others may read, with a warning")
     serve.add_argument("--node-id", default=None, help="this node's id in --cluster")
@@ -213,7 +216,8 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
                        console=ConsoleConfig(session_ttl_s=args.console_session_ttl_s,
                                              max_sessions=args.max_console_sessions,
                                              cookie_secure=args.console_cookie_secure),
-                       metrics_topics=args.metrics_topics, cluster=cluster)
+                       metrics_topics=args.metrics_topics, cluster=cluster,
+                       push_allow=tuple(h.strip() for h in args.push_allow.split(",") if h.strip()))
 
 
 def read_token_file(path: str, allow_readable: bool, flag: str = "--auth-token-file") -> str:

@@ -284,6 +284,33 @@ class DelayQueueClient:
         applied."""
         await self._call("POST", "ackMsg", idempotent=True, form={"topic": topic, "msgId": msg_id, "ack": "false"})
 
+    # ------------------------------------------------------------ push
+
+    async def subscribe(self, topic: str, url: str, *, secret: str | None = None, concurrency: int | None = None,
+                        rate_limit: int | None = None, timeout_ms: int | None = None,
+                        max_body_bytes: int | None = None) -> dict[str, Any]:
+        """subscribe: the topic's due messages are POSTed to `url` from now
+        on (docs/api.md, "Push delivery"); replaces its subscription if it
+        had one. The answer's `data` (never the secret)."""
+        form = {"topic": topic, "url": url}
+        for name, value in (("secret", secret), ("concurrency", concurrency), ("rateLimit", rate_limit),
+                            ("timeoutMillis", timeout_ms), ("maxBodyBytes", max_body_bytes)):
+            if value is not None:
+                form[name] = str(value)
+        data: dict[str, Any] = (await self._call("POST", "subscribe", idempotent=True, form=form))["data"]
+        return data
+
+    async def unsubscribe(self, topic: str) -> bool:
+        """unsubscribe; False when the topic had no subscription."""
+        answer = await self._call("POST", "unsubscribe", idempotent=True, form={"topic": topic}, missing_ok=True)
+        return answer is not None
+
+    async def get_subscription(self, topic: str) -> dict[str, Any] | None:
+        """getSubscription's `data` (the subscription and its health); None when there is none."""
+        answer = await self._call("GET", "getSubscription", idempotent=True, query={"topic": topic},
+                                  missing_ok=True)
+        return None if answer is None else answer["data"]
+
     # ------------------------------------------------------------ inspect
 
     async def get(self, topic: str, msg_id: str) -> DelayMsg | None:

@@ -13,6 +13,7 @@ from .bodies import BodyLimits
 from .console_sessions import ConsoleConfig
 from .httpd import Limits
 from .params import Defaults
+from .push_rules import PushAllow
 from .ready import QueueLimits
 
 # The shortest client token accepted: a short one is guessed.
@@ -70,6 +71,10 @@ class ServeConfig:
     # --node-id/--cluster: this node is one of a replicated cluster (None:
     # standalone). Its host and port then come from its --cluster entry.
     cluster: ClusterConfig | None = None
+    # Where push subscriptions may POST (--push-allow): host names, host:port,
+    # addresses and CIDRs (broker.push_rules.PushAllow). Empty: push is off,
+    # subscribe answers 403.
+    push_allow: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -89,6 +94,7 @@ class ServeConfig:
             raise ConfigError(f"--metrics-topics must be at least 0, got {self.metrics_topics}")
         if self.offline_idle_s < 0:
             raise ConfigError(f"--offline-idle-s must be at least 0, got {self.offline_idle_s}")
+        PushAllow.parse(self.push_allow)  # a bad entry is a ConfigError now, not at the first subscribe
         if self.checkpoint_interval_ms < 10:
             raise ConfigError(f"checkpoint_interval_ms must be at least 10, got {self.checkpoint_interval_ms}")
 

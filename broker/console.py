@@ -25,6 +25,10 @@ behind the node's bearer token like the API:
         {"lateness": {"bounds": [s...], "counts": [...]} (the histogram
         behind hourglass_dispatch_lateness_seconds), "throughput": [{"ms",
         "sends", "pulls", "acks"} per 10 s for the last 15 min]}
+    /console/api/subscriptions
+        {"subscriptions": [getSubscription's data of each, with its
+        health: deliveries, failures by reason, in flight, backing off,
+        the last error]} (never a secret)
     /console/api/node
         standalone: {"role": "standalone", "diskBytes", "logEndOffset",
         "lastCheckpointMs", "hours"}; a cluster node: {"role", "node",
@@ -74,8 +78,10 @@ class Console:
     or the store's on a follower)."""
 
     def __init__(self, store: Callable[[], Store], metrics: Metrics, topics: Callable[[], list[str]],
-                 node_info: Callable[[], dict[str, object]], now_ms: Callable[[], int]) -> None:
+                 node_info: Callable[[], dict[str, object]], now_ms: Callable[[], int],
+                 subscriptions: Callable[[], list[dict[str, object]]] = list) -> None:
         self._store = store
+        self._subscriptions = subscriptions  # the push subscriptions and their health (broker.pusher)
         self.metrics = metrics
         self._topics = topics
         self._node_info = node_info
@@ -86,7 +92,7 @@ class Console:
     def add_routes(self, router: Router) -> None:
         router.add("GET", CONSOLE, self.page)
         for name, handler in (("topics", self.topics), ("forecast", self.forecast), ("stats", self.stats),
-                              ("node", self.node)):
+                              ("node", self.node), ("subscriptions", self.subscriptions)):
             router.add("GET", API + name, _refusing_bad_input(handler))
 
     async def run(self) -> None:
@@ -144,6 +150,9 @@ class Console:
 
     async def node(self, request: Request) -> Response:
         return _json(**self._node_info())
+
+    async def subscriptions(self, request: Request) -> Response:
+        return _json(subscriptions=self._subscriptions())
 
 
 def forecast(store: Store, now_ms: int) -> dict[str, object]:

@@ -67,6 +67,8 @@ svg{width:100%;height:160px;background:#fbfcfd}.bar{fill:#3b82f6}.over{fill:#ef4
 <button id="bulkCancel">cancel all matches</button> shift by <input id="srShift" type="number" value="60" size="6"> min
 <button id="bulkShift">shift all matches</button> <span id="srDone" class="muted"></span>
 <table id="srTable"><thead><tr><th>msgId</th><th>status</th><th>triggers</th><th>key</th><th>tag</th></tr></thead><tbody></tbody></table></section>
+<section><h2>Push subscriptions</h2>
+<table id="subs"><thead><tr><th>topic</th><th>url</th><th>signed</th><th>concurrency</th><th>rate/s</th><th>delivered</th><th>failed</th><th>in flight</th><th>backing off</th><th>last error</th></tr></thead><tbody></tbody></table></section>
 <section><h2>Node</h2><table id="nodeTable"><tbody></tbody></table>
 <h2>Message lookup</h2><input id="lkTopic" placeholder="topic"> <input id="lkId" placeholder="msgId"> <button id="lookup">get</button>
 <pre id="lkOut" class="muted"></pre></section>
@@ -141,6 +143,15 @@ async function node() {
   for (const f of d.followers || []) html += `<tr><td>follower ${esc(f.node)}</td><td>lag ${f.lagBytes} B, seen ${f.seenAgoMs} ms ago</td></tr>`;
   $("nodeTable").tBodies[0].innerHTML = html;
 }
+async function subscriptions() {
+  const d = await get(API + "subscriptions");
+  if (d.code !== 200) return;
+  $("subs").tBodies[0].innerHTML = d.subscriptions.map(s => { const h = s.health || {}; const failed = Object.entries(h.failures || {});
+    return `<tr><td>${esc(s.topic)}</td><td>${esc(s.url)}</td><td>${s.signed ? "yes" : "no"}</td><td>${s.concurrency}</td>` +
+      `<td>${s.rateLimit || "—"}</td><td>${h.deliveries || 0}</td><td>${esc(failed.map(([r, n]) => r + ": " + n).join(", ") || "0")}</td>` +
+      `<td>${h.inFlight || 0}</td><td>${h.backingOff || 0}</td>` +
+      `<td>${esc(h.lastError ? h.lastError + " (" + new Date(h.lastErrorTime).toLocaleTimeString() + ")" : "")}</td></tr>`; }).join("");
+}
 async function dead(reset) {
   if (!selected) { $("deadTopic").textContent = "(pick a topic)"; return; }
   if (reset) deadCursor = null;
@@ -204,7 +215,7 @@ $("lookup").onclick = async () => { const d = await post("getMsg", {topic: $("lk
   $("lkOut").textContent = JSON.stringify(d.delayMsg || d, null, 1); };
 async function tick() {
   $("clock").textContent = new Date().toLocaleTimeString();
-  await Promise.all([topics(), forecastAll(), stats(), node()]);
+  await Promise.all([topics(), forecastAll(), stats(), node(), subscriptions()]);
   document.body.dataset.loaded = "1";
 }
 tick(); setInterval(tick, 2000);

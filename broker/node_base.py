@@ -41,7 +41,7 @@ import logging
 import signal
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Coroutine, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from wheel.clock import Clock
 
@@ -57,8 +57,13 @@ from .health import ServingStatus
 from .httpd import Admit, Dispatch, HttpServer, Request, Response, StreamResponse
 from .metrics import Metrics
 from .paths import PREFIX
+from .push_api import PushApi
+from .push_rules import PushAllow
 from .redact import client_text
 from .scrape import Series, metrics_response
+
+if TYPE_CHECKING:
+    from .pusher import Pushers
 
 log = logging.getLogger("hourglass.server")
 
@@ -94,6 +99,8 @@ class NodeBase(ABC):
         self.serving = ServingStatus(config.offline_idle_s, PREFIX, on_offline=lambda: self.api.wake_long_polls())
         self.api = Api(backend, config.max_msg_bytes, config.bodies, self.serving)
         self.console = console
+        # Push subscriptions (broker.pusher): None while no backend serves here.
+        self.pushers: Pushers | None = None
         # Set by SIGTERM or SIGINT (once serving) or by a fatal error: the
         # process (broker.server) then stops the node.
         self.stop_asked = asyncio.Event()
@@ -118,6 +125,10 @@ class NodeBase(ABC):
     @abstractmethod
     def node_series(self) -> Sequence[Series]:
         """This node's own /metrics series (name, type, value)."""
+
+    # Why this kind of node takes no push subscription (subscribe answers
+    # 403 with it); None: it takes them (broker.pusher).
+    push_refusal: str | None = None
 
     def own_routes(self) -> Sequence[tuple[str, str, Dispatch]]:
         """(method, path, handler) of what only this kind of node serves:
@@ -148,6 +159,8 @@ class NodeBase(ABC):
             router.add(method, path, handler)
         self.serving.add_routes(router)
         self.api.add_routes(router)
+        PushApi(lambda: self.pushers, PushAllow.parse(self.config.push_allow), self.config.bodies,
+                self.config.max_msg_bytes, self.push_refusal).add_routes(router)
         api_calls = self.serving.track(self.routed(router.dispatch))
         sessions = None
         if self.console is not None:
@@ -184,8 +197,12 @@ class NodeBase(ABC):
         return answer(200, "success", status="ok", **fields)
 
     async def metrics_text(self, request: Request) -> Response:
-        return await metrics_response(self.api.broker, self.metrics, self.process, self.config.metrics_topics,
-                                      self.node_series())
+        response = await metrics_response(self.api.broker, self.metrics, self.process, self.config.metrics_topics,
+                                          self.node_series())
+        if self.pushers is not None:  # broker.pusher's series, one label set per subscription
+            from .pusher import render_metrics
+            response.body += render_metrics(self.pushers.stats).encode()
+        return response
 
     def start_monitor(self) -> asyncio.Task[None]:
         """camellia's monitor interval, and the console's throughput sampler."""

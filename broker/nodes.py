@@ -23,6 +23,7 @@ from .console import Console, standalone_info
 from .disk_broker import Broker
 from .metrics import Metrics
 from .node_base import NodeBase
+from .push_rules import PushAllow
 from .scrape import Series
 
 if TYPE_CHECKING:
@@ -59,8 +60,13 @@ class DiskNode(NodeBase):
         self.checkpoint_seconds = 0.0
         self.last_checkpoint_ms: int | None = None
         console = Console(lambda: self.store, metrics, self.broker.topic_list,
-                          lambda: standalone_info(self.store, lambda: self.last_checkpoint_ms), clock.now_ms)
+                          lambda: standalone_info(self.store, lambda: self.last_checkpoint_ms), clock.now_ms,
+                          lambda: [] if self.pushers is None else self.pushers.public())
         super().__init__(config, clock, metrics, self.broker, console)
+        if config.push_allow:  # pushers load aiohttp's client: only on a node that pushes
+            from .pusher import Pushers, SubscriptionFile, subscription_path
+            self.pushers = Pushers(clock, PushAllow.parse(config.push_allow),
+                                   SubscriptionFile(subscription_path(config.data_path)))
         log.info("opened %s in %.3f s: %s", config.data_path, self.opened_s, self.store)
 
     def __repr__(self) -> str:
@@ -113,6 +119,11 @@ class RedisNode(NodeBase):
                                                         max_topics=config.queues.topics)
         self.broker.on_fatal = lambda error: self.stop_asked.set()
         super().__init__(config, clock, metrics, self.broker, None)
+        if config.push_allow:  # subscriptions in this node's --data-dir (docs/api.md, "Push delivery")
+            from .pusher import Pushers, SubscriptionFile, subscription_path
+            os.makedirs(config.data_path, mode=0o700, exist_ok=True)
+            self.pushers = Pushers(clock, PushAllow.parse(config.push_allow),
+                                   SubscriptionFile(subscription_path(config.data_path)))
 
     def __repr__(self) -> str:
         return f"RedisNode({self.broker!r})"

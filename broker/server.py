@@ -62,6 +62,8 @@ async def _serve_until_stopped(node: DiskNode | RedisNode, describe: str) -> Non
     work: answer long polls and finish the requests in flight."""
     server = await node.serve(describe)
     await node.stop_asked.wait()
+    if node.pushers is not None:  # first: what they have in flight is delivered again after the restart
+        await node.pushers.stop()
     log.info("stopping: answering long polls, finishing requests")
     node.broker.begin_stop()
     await server.close(SHUTDOWN_TIMEOUT_S)
@@ -78,6 +80,8 @@ async def run_redis(config: ServeConfig) -> int:
             await node.broker.stop()
         return 1
     monitor = node.start_monitor()
+    if node.pushers is not None:
+        node.pushers.start(node.broker)
     await _serve_until_stopped(node, f"state in {node.broker.url}")
     monitor.cancel()
     failed = node.failure()
@@ -135,6 +139,8 @@ async def run_disk(config: ServeConfig) -> int:
     checkpoints = asyncio.create_task(checkpoint_every(config.checkpoint_interval_ms, node.checkpoint,
                                                        node.broker.fail))
     monitor = node.start_monitor()
+    if node.pushers is not None:
+        node.pushers.start(node.broker)
     await _serve_until_stopped(node, "standalone")
     checkpoints.cancel()
     monitor.cancel()

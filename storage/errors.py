@@ -59,6 +59,12 @@ class LimitReached(HourglassError):
     stored."""
 
 
+class Forbidden(HourglassError):
+    """Raised when the node's configuration does not allow what a request
+    asks for (a push subscription to a URL --push-allow does not name):
+    code 403, the message naming the flag; nothing was stored."""
+
+
 class BodyTooLarge(HourglassError):
     """Raised while reading a request when its body passes its byte cap, its
     form pairs or its JSON marks: HTTP 413."""

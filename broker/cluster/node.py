@@ -38,6 +38,8 @@ log = logging.getLogger("hourglass.cluster")
 class ClusterNode(Routes, PeerCalls, RoleLoop, Snapshots, Handover):
     """One node of a cluster: store, election, follower loop or broker."""
 
+    push_refusal = "push subscriptions are not taken by a cluster node yet; use a standalone or Redis-backed node"
+
     def __init__(self, config: ServeConfig, cluster: ClusterConfig, clock: Clock,
                  election: Election | None = None) -> None:
         """`election` is Raft's (RaftElection, joined here) unless one is

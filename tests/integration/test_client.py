@@ -469,3 +469,32 @@ def test_bulk_calls_list_pages_count_delete_and_reschedule(server):
             with pytest.raises(ConfigError):
                 await client.count_msgs("bulk", colour="red")
     run(body())
+
+
+def test_subscribe_get_subscription_unsubscribe(tmp_path):
+    """The push calls, against a node with --push-allow and an in-process subscriber."""
+    server = Server.start(tmp_path / "data", "--push-allow", "127.0.0.1")
+    got: list[bytes] = []
+
+    async def hook(request: web.Request) -> web.Response:
+        got.append(await request.read())
+        return web.Response(text="ok")
+
+    async def body():
+        async with stub(hook) as url, DelayQueueClient(server.base) as client:
+            data = await client.subscribe("pushed", url + "/hook", secret="k", concurrency=2)
+            assert data["signed"] is True and data["concurrency"] == 2 and "secret" not in data
+            sent = await client.send("pushed", "hi")
+            for _ in range(500):
+                if got:
+                    break
+                await asyncio.sleep(0.01)
+            assert sent.msg_id.encode() in got[0]
+            assert (await client.get_subscription("pushed"))["url"] == url + "/hook"
+            assert await client.unsubscribe("pushed") is True
+            assert await client.unsubscribe("pushed") is False
+            assert await client.get_subscription("pushed") is None
+    try:
+        run(body())
+    finally:
+        server.stop()

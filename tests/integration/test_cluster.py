@@ -259,3 +259,17 @@ def test_keys_reschedules_and_far_messages_survive_a_leader_kill(cluster):
     assert [m["msgId"] for m in got] == ["r"] and int(time.time() * 1000) >= now + 8_000
     code, body = n.post("getMsg", topic="far", msgId="f")
     assert code == 200 and body["delayMsg"]["triggerTime"] == years and body["delayMsg"]["status"] == 1
+
+
+def test_a_cluster_node_refuses_push_subscriptions_it_could_not_replicate(tmp_path):
+    c = Cluster.start(tmp_path / "cluster", "--push-allow", "127.0.0.1")
+    try:
+        leader = c.wait_leader()
+        c.wait_known(leader)
+        for node in NODE_IDS:  # the leader, and the followers forwarding to it
+            code, body = c.nodes[node].post("subscribe", topic="t", url="http://127.0.0.1:9/hook")
+            assert code == 403 and "cluster" in body["msg"], body
+            code, body = c.nodes[node].get("getSubscription", topic="t")
+            assert code == 404, body
+    finally:
+        c.stop()

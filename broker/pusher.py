@@ -1,0 +1,450 @@
+"""Push delivery: each push subscription's due messages POSTed to its URL
+(docs/api.md, "Push delivery"), over any `broker.backend.Backend`.
+
+A subscription's `TopicPusher` takes READY messages exactly as a pull
+does -- the same windows, the same CONSUMING record, the same per-key
+serial order, the same in-flight caps -- through the backend's long poll,
+so a READY arrival wakes it as it wakes a consumer's long poll. Each
+message is POSTed (signed with the subscription's secret); a 2xx acks it
+as ackMsg does; anything else is a failed delivery: the message stays
+CONSUMING (its key blocked, as a consumer that has not answered yet) for
+the backoff (broker.push_rules.backoff_ms), then is nacked, which makes it
+READY again (retry counted) or ENDED (status 6) after maxRetry or its ttl.
+The pull's ack timeout covers the delivery and the longest backoff, so a
+node killed mid-delivery or mid-backoff redelivers it at the deadline: at
+least once, never lost.
+
+    Pushers        the node's subscriptions (kept in `SubscriptionFile`),
+                   one TopicPusher each while the node serves
+    TopicPusher    concurrency (in-flight POSTs) and rateLimit (a token
+                   bucket) per subscription; its own HTTP client, whose
+                   connections a slow subscriber holds without touching
+                   another topic's
+    AllowResolver  checks every address a URL's name resolves to against
+                   --push-allow at connect time (no DNS rebinding around it)
+
+Redirects are not followed; a response body is read up to maxBodyBytes
+and the connection dropped if there is more.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import os
+import random
+import socket
+import urllib.parse
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import aiohttp
+import orjson
+from aiohttp.abc import AbstractResolver, ResolveResult
+
+from storage.entry import Message
+from storage.errors import Forbidden, HourglassError, Unavailable
+from storage.fileutil import atomic_write
+from wheel.clock import Clock, Timer
+
+from .backend import Backend
+from .metrics import escape_label, topic_label
+from .params import AckRequest, LongPollRequest
+from .push_rules import BACKOFF_CAP_MS, PushAllow, Subscription, backoff_ms, is_address, retry_after_ms, signature
+
+log = logging.getLogger("hourglass.push")
+
+# How long one long poll of a pusher waits before polling again (a
+# pusher's stop or a change of its subscription answers it sooner).
+POLL_MS = 1000
+# Upper bounds of the trigger -> 2xx latency histogram, in ms.
+LATENCY_BUCKETS_MS = (5, 10, 25, 50, 100, 250, 500, 1000, 5000, 30_000, 300_000)
+
+
+def delay_msg(m: Message) -> dict[str, object]:
+    """The body POSTed: camellia's DelayMsg as getMsg answers it (broker.api.delay_msg)."""
+    return {"topic": m.topic, "msgId": m.msg_id, "msg": m.msg, "produceTime": m.produce_ms,
+            "triggerTime": m.trigger_ms, "expireTime": m.expire_ms, "maxRetry": m.max_retry,
+            "retry": m.retry, "status": int(m.status), "priority": m.priority, "tag": m.tag, "key": m.key}
+
+
+class NotAllowed(Forbidden, OSError):
+    """A push URL's name resolved to an address --push-allow does not name
+    (an OSError, as aiohttp expects of a resolver: the delivery fails)."""
+
+
+class AllowResolver(AbstractResolver):
+    """A resolver that answers only addresses --push-allow names: a listed
+    host name passes as resolved; else every address must be allowed."""
+
+    def __init__(self, allow: PushAllow) -> None:
+        self._allow = allow
+        self._inner = aiohttp.ThreadedResolver()
+
+    async def resolve(self, host: str, port: int = 0,
+                      family: socket.AddressFamily = socket.AF_INET) -> list[ResolveResult]:
+        found = await self._inner.resolve(host, port, family)
+        if self._allow.allows_name(host, port):
+            return found
+        if not found or not all(self._allow.allows_address(r["host"], port) for r in found):
+            raise NotAllowed(f"{host} resolves to an address --push-allow does not name")
+        return found
+
+    async def close(self) -> None:
+        await self._inner.close()
+
+
+@dataclass
+class PushStats:
+    """One subscription's counts, for /metrics, the console and getSubscription."""
+
+    deliveries: int = 0
+    failures: dict[str, int] = field(default_factory=dict)  # by reason
+    latency_ms: list[int] = field(default_factory=lambda: [0] * (len(LATENCY_BUCKETS_MS) + 1))
+    latency_sum_ms: int = 0
+    in_flight: int = 0
+    backing_off: int = 0
+    last_error: str | None = None
+    last_error_ms: int | None = None
+
+    def delivered(self, latency_ms: int) -> None:
+        self.deliveries += 1
+        self.latency_sum_ms += latency_ms
+        for i, upper in enumerate(LATENCY_BUCKETS_MS):
+            if latency_ms <= upper:
+                self.latency_ms[i] += 1
+                return
+        self.latency_ms[-1] += 1
+
+    def failed(self, reason: str, detail: str, now_ms: int) -> None:
+        self.failures[reason] = self.failures.get(reason, 0) + 1
+        self.last_error, self.last_error_ms = detail, now_ms
+
+    def public(self) -> dict[str, object]:
+        return {"deliveries": self.deliveries, "failures": dict(self.failures), "inFlight": self.in_flight,
+                "backingOff": self.backing_off, "lastError": self.last_error, "lastErrorTime": self.last_error_ms}
+
+
+class TokenBucket:
+    """rateLimit: at most `rate` takes a second, bursts of a twentieth of it."""
+
+    def __init__(self, clock: Clock, rate: int) -> None:
+        self._clock = clock
+        self._rate = rate
+        self._capacity = max(1.0, rate / 20)
+        self._tokens = self._capacity
+        self._at = clock.monotonic_s()
+
+    def _refill(self) -> None:
+        now = self._clock.monotonic_s()
+        self._tokens = min(self._capacity, self._tokens + (now - self._at) * self._rate)
+        self._at = now
+
+    async def take(self, most: int) -> int:
+        """1..most tokens, waiting for the first."""
+        self._refill()
+        while self._tokens < 1:
+            await self._clock.sleep((1 - self._tokens) / self._rate)
+            self._refill()
+        taken = min(most, int(self._tokens))
+        self._tokens -= taken
+        return taken
+
+    def give_back(self, unused: int) -> None:
+        self._tokens = min(self._capacity, self._tokens + unused)
+
+
+class TopicPusher:
+    """One subscription's delivery loop (see the module docstring)."""
+
+    def __init__(self, subscription: Subscription, backend: Backend, clock: Clock, allow: PushAllow,
+                 stats: PushStats, jitter: Callable[[], float] = lambda: random.uniform(0.5, 1.0)) -> None:
+        self.subscription = s = subscription
+        self._backend = backend
+        self._clock = clock
+        self._allow = allow
+        self.stats = stats
+        self._jitter = jitter
+        self._bucket = TokenBucket(clock, s.rate_limit) if s.rate_limit else None
+        self._slot_free = asyncio.Event()
+        self._slot_free.set()
+        self._deliveries: set[asyncio.Task[None]] = set()
+        self._backoffs: dict[str, tuple[Message, Timer]] = {}
+        self._stopped = False
+        # The pull's ack timeout: the POST and the longest backoff after it,
+        # within the node's --max-ack-timeout-ms (the backoff shrinks to fit).
+        self.ack_timeout_ms = min(s.timeout_ms + BACKOFF_CAP_MS + 30_000, backend.defaults.max_ack_timeout_ms)
+        self._max_backoff_ms = max(0, self.ack_timeout_ms - s.timeout_ms - 5_000)
+        host = urllib.parse.urlsplit(s.url).hostname or ""
+        self._literal_host = host if is_address(host) else None
+        self._session: aiohttp.ClientSession | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    def __repr__(self) -> str:
+        return f"TopicPusher({self.subscription!r}, in_flight={self.stats.in_flight})"
+
+    def start(self) -> None:
+        connector = aiohttp.TCPConnector(limit=self.subscription.concurrency, resolver=AllowResolver(self._allow))
+        self._session = aiohttp.ClientSession(
+            connector=connector, timeout=aiohttp.ClientTimeout(total=self.subscription.timeout_ms / 1000),
+            auto_decompress=False)
+        self._task = asyncio.create_task(self._run(), name=f"push {self.subscription.topic}")
+
+    async def stop(self, nack_backoffs: bool = False) -> None:
+        """Stop taking and delivering: a delivery in flight stays CONSUMING
+        and is delivered again at its ack deadline; so is one backing off,
+        unless `nack_backoffs` (the subscription changes, the node goes
+        on): then it is nacked now."""
+        self._stopped = True
+        backing_off = [message for message, _ in self._backoffs.values()]
+        for _, timer in self._backoffs.values():
+            timer.cancel()
+        self._backoffs.clear()
+        self.stats.backing_off = 0
+        if nack_backoffs:
+            await asyncio.gather(*(self._settle(message, False) for message in backing_off))
+        tasks = [t for t in (self._task, *self._deliveries) if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if self._session is not None:
+            await self._session.close()
+
+    async def _run(self) -> None:
+        s = self.subscription
+        while not self._stopped:
+            await self._slot_free.wait()
+            free = s.concurrency - self.stats.in_flight
+            if free <= 0:
+                self._slot_free.clear()
+                continue
+            if self._bucket is not None:
+                free = await self._bucket.take(free)
+            polled_s = self._clock.monotonic_s()
+            try:
+                messages = await self._backend.long_poll(LongPollRequest(s.topic, self.ack_timeout_ms, free, (),
+                                                                         POLL_MS))
+            except (Unavailable, HourglassError) as e:  # stopping, or not serving now
+                log.debug("push %s: %s", s.topic, e)
+                messages = []
+            if not messages and self._clock.monotonic_s() - polled_s < POLL_MS / 2000:
+                await self._clock.sleep(POLL_MS / 1000)  # answered at once, empty: the node stops, or fails
+            if self._bucket is not None:
+                self._bucket.give_back(free - len(messages))
+            for message in messages:
+                self.stats.in_flight += 1
+                task = asyncio.create_task(self._deliver(message))
+                self._deliveries.add(task)
+                task.add_done_callback(self._deliveries.discard)
+            if self.stats.in_flight >= s.concurrency:
+                self._slot_free.clear()
+
+    async def _deliver(self, message: Message) -> None:
+        try:
+            failure, after_ms = await self._post(message)
+            now_ms = self._clock.now_ms()
+            if failure is None:
+                await self._settle(message, True)
+                self.stats.delivered(max(0, now_ms - message.trigger_ms))
+                return
+            reason, detail = failure
+            self.stats.failed(reason, detail, now_ms)
+            log.info("push %s: delivery of %s failed (%s)", message.topic, message.msg_id, detail)
+            wait_ms = min(backoff_ms(message.retry, after_ms, self._jitter()), self._max_backoff_ms)
+            self.stats.backing_off += 1
+            self._backoffs[message.msg_id] = (message, self._clock.call_later(
+                wait_ms / 1000, functools.partial(self._backoff_over, message)))
+        finally:
+            self.stats.in_flight -= 1
+            self._slot_free.set()
+
+    def _backoff_over(self, message: Message) -> None:
+        self._backoffs.pop(message.msg_id, None)
+        self.stats.backing_off -= 1
+        if not self._stopped:
+            task = asyncio.create_task(self._settle(message, False))
+            self._deliveries.add(task)
+            task.add_done_callback(self._deliveries.discard)
+
+    async def _settle(self, message: Message, ack: bool) -> None:
+        """Ack (a 2xx) or nack (the backoff is over) as ackMsg does."""
+        try:
+            await self._backend.ack(AckRequest(message.topic, message.msg_id, ack))
+        except HourglassError as e:  # stopping: redelivered at its ack deadline
+            log.info("push %s: could not %s %s: %s", message.topic, "ack" if ack else "nack", message.msg_id, e)
+
+    async def _post(self, message: Message) -> tuple[tuple[str, str] | None, int | None]:
+        """POST one message: None (a 2xx), or (reason, detail) of the failure,
+        and the subscriber's Retry-After in ms if it gave one."""
+        s = self.subscription
+        if self._session is None:
+            return ("stopped", "the pusher is not running"), None
+        url = urllib.parse.urlsplit(s.url)
+        if self._literal_host is not None and not self._allow.allows_address(
+                self._literal_host, url.port or (443 if url.scheme == "https" else 80)):
+            return ("not allowed", f"{self._literal_host} is not in --push-allow"), None
+        body = orjson.dumps(delay_msg(message))
+        timestamp_ms = self._clock.now_ms()
+        headers = {"Content-Type": "application/json", "Hourglass-Topic": message.topic,
+                   "Hourglass-Msg-Id": message.msg_id, "Hourglass-Retry": str(message.retry),
+                   "Hourglass-Timestamp": str(timestamp_ms)}
+        if s.secret is not None:
+            headers["Hourglass-Signature"] = signature(s.secret, timestamp_ms, body)
+        try:
+            async with self._session.post(s.url, data=body, headers=headers, allow_redirects=False) as response:
+                await _read_capped(response, s.max_body_bytes)
+                if 200 <= response.status < 300:
+                    return None, None
+                reason = "redirect" if 300 <= response.status < 400 else "status"
+                return (reason, f"HTTP {response.status}"), retry_after_ms(response.headers.get("Retry-After"))
+        except TimeoutError:
+            return ("timeout", f"no answer within {s.timeout_ms} ms"), None
+        except aiohttp.ClientConnectorDNSError as e:
+            if isinstance(e.os_error, NotAllowed):
+                return ("not allowed", str(e.os_error)), None
+            return ("connect", f"cannot resolve: {e.os_error}"), None
+        except (aiohttp.ClientSSLError, aiohttp.ServerFingerprintMismatch) as e:
+            return ("tls", f"TLS: {e}"), None
+        except (aiohttp.ClientError, OSError) as e:
+            return ("connect", f"{type(e).__name__}: {e}"), None
+
+
+async def _read_capped(response: aiohttp.ClientResponse, max_bytes: int) -> None:
+    """Read at most `max_bytes` of the body; drop the connection if more comes."""
+    left = max_bytes
+    while left > 0 and not response.content.at_eof():
+        chunk = await response.content.read(left)
+        if not chunk:
+            return
+        left -= len(chunk)
+    if not response.content.at_eof():
+        response.close()
+
+
+class SubscriptionFile:
+    """The node's push subscriptions, one JSON file replaced whole
+    (written, fsync'ed, renamed: storage.fileutil.atomic_write), so a
+    subscribe answered survives kill -9. The secret is in it: the data
+    directory is the node's alone."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def load(self) -> dict[str, Subscription]:
+        try:
+            with open(self.path, "rb") as f:
+                rows = orjson.loads(f.read())
+        except FileNotFoundError:
+            return {}
+        return {row["topic"]: Subscription.from_stored(row) for row in rows}
+
+    def save(self, subscriptions: dict[str, Subscription]) -> None:
+        atomic_write(self.path, orjson.dumps([s.stored() for s in subscriptions.values()]))
+
+
+class Pushers:
+    """The node's push subscriptions, and a TopicPusher for each while a
+    backend serves here (`start`; `stop` when it no longer does)."""
+
+    def __init__(self, clock: Clock, allow: PushAllow, store: SubscriptionFile | None) -> None:
+        self.clock = clock
+        self.allow = allow
+        self._store = store
+        self.subscriptions: dict[str, Subscription] = store.load() if store is not None else {}
+        self.stats: dict[str, PushStats] = {}
+        self._running: dict[str, TopicPusher] = {}
+        self._backend: Backend | None = None
+
+    def __repr__(self) -> str:
+        return f"Pushers(subscriptions={len(self.subscriptions)}, running={len(self._running)})"
+
+    def describe(self, topic: str) -> dict[str, object] | None:
+        """The subscription as getSubscription answers it (no secret), with its health; None: none."""
+        subscription = self.subscriptions.get(topic)
+        if subscription is None:
+            return None
+        stats = self.stats.get(topic)
+        return {**subscription.public(), "health": None if stats is None else stats.public()}
+
+    def public(self) -> list[dict[str, object]]:
+        """`describe` of every subscription, by topic."""
+        return [d for d in map(self.describe, sorted(self.subscriptions)) if d is not None]
+
+    def start(self, backend: Backend) -> None:
+        self._backend = backend
+        for subscription in self.subscriptions.values():
+            self._launch(subscription)
+
+    async def stop(self) -> None:
+        self._backend = None
+        running, self._running = self._running, {}
+        await asyncio.gather(*(p.stop() for p in running.values()))
+
+    def _launch(self, subscription: Subscription) -> None:
+        if self._backend is None:
+            return
+        stats = self.stats.setdefault(subscription.topic, PushStats())
+        pusher = TopicPusher(subscription, self._backend, self.clock, self.allow, stats)
+        self._running[subscription.topic] = pusher
+        pusher.start()
+
+    async def subscribe(self, subscription: Subscription) -> None:
+        """Create or replace the topic's subscription; durable once it returns."""
+        subscriptions = {**self.subscriptions, subscription.topic: subscription}
+        await self._save(subscriptions)
+        old = self._running.pop(subscription.topic, None)
+        if old is not None:
+            await old.stop(nack_backoffs=True)
+        self._launch(subscription)
+
+    async def unsubscribe(self, topic: str) -> bool:
+        """False: the topic had no subscription."""
+        if topic not in self.subscriptions:
+            return False
+        await self._save({t: s for t, s in self.subscriptions.items() if t != topic})
+        old = self._running.pop(topic, None)
+        if old is not None:
+            await old.stop(nack_backoffs=True)
+        self.stats.pop(topic, None)
+        return True
+
+    async def _save(self, subscriptions: dict[str, Subscription]) -> None:
+        if self._store is not None:
+            await asyncio.to_thread(self._store.save, subscriptions)
+        self.subscriptions = subscriptions
+
+
+def render_metrics(stats: dict[str, PushStats]) -> str:
+    """/metrics' push series, one label set per subscribed topic: deliveries,
+    failures by reason, in-flight and backing-off counts, and the latency
+    from trigger time to the 2xx as a histogram. No URL or secret."""
+    if not stats:
+        return ""
+    lines = ["# HELP hourglass_push_deliveries_total messages POSTed and answered 2xx",
+             "# TYPE hourglass_push_deliveries_total counter"]
+    shown = sorted(stats.items())
+    lines += [f'hourglass_push_deliveries_total{{topic="{topic_label(t)}"}} {s.deliveries}' for t, s in shown]
+    lines += ["# HELP hourglass_push_failures_total failed deliveries by reason",
+              "# TYPE hourglass_push_failures_total counter"]
+    lines += [f'hourglass_push_failures_total{{topic="{topic_label(t)}",reason="{escape_label(r)}"}} {n}'
+              for t, s in shown for r, n in sorted(s.failures.items())]
+    for name, attr in (("in_flight", "in_flight"), ("backing_off", "backing_off")):
+        lines.append(f"# TYPE hourglass_push_{name} gauge")
+        lines += [f'hourglass_push_{name}{{topic="{topic_label(t)}"}} {getattr(s, attr)}' for t, s in shown]
+    name = "hourglass_push_latency_seconds"
+    lines += [f"# HELP {name} trigger time to the subscriber's 2xx", f"# TYPE {name} histogram"]
+    for t, s in shown:
+        label = topic_label(t)
+        total = 0
+        for upper, count in zip((*LATENCY_BUCKETS_MS, None), s.latency_ms):
+            total += count
+            le = "+Inf" if upper is None else f"{upper / 1000:g}"
+            lines.append(f'{name}_bucket{{topic="{label}",le="{le}"}} {total}')
+        lines += [f'{name}_sum{{topic="{label}"}} {s.latency_sum_ms / 1000:g}',
+                  f'{name}_count{{topic="{label}"}} {s.deliveries}']
+    return "\n".join(lines) + "\n"
+
+
+def subscription_path(data_path: str) -> str:
+    return os.path.join(data_path, "push-subscriptions.json")
