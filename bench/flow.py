@@ -47,6 +47,7 @@ import time
 from collections.abc import Callable, Iterator
 
 import uvloop
+from front_cpu import _Transport as _FrontTransport
 
 import broker.httpd as httpd
 from broker.config import ServeConfig
@@ -57,12 +58,13 @@ API = b"/camellia/delayQueue/"
 PAYLOAD = b"x" * 100
 
 
-class _Transport:
-    """What a Connection writes to, in process: each whole answer (every
-    answer here ends with its JSON's `}`) completes the waiting future."""
+class _Transport(_FrontTransport):
+    """front_cpu's stand-in transport, keeping each whole answer (every
+    answer here ends with its JSON's `}`) as the waiting future's result."""
 
     def __init__(self) -> None:
-        self.answered: asyncio.Future[bytes] | None = None
+        super().__init__()
+        self.answered: asyncio.Future[bytes] | None = None  # type: ignore[assignment]
         self.buffer = b""
 
     def write(self, data: bytes) -> None:
@@ -70,21 +72,6 @@ class _Transport:
         if self.answered is not None and not self.answered.done() and data.endswith(b"}"):
             self.answered.set_result(self.buffer)
             self.buffer = b""
-
-    def is_closing(self) -> bool:
-        return False
-
-    def set_write_buffer_limits(self, high: int | None = None) -> None:
-        pass
-
-    def pause_reading(self) -> None:
-        pass
-
-    def resume_reading(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
 
 
 def _post(route: bytes, body: bytes, content_type: bytes = b"application/x-www-form-urlencoded") -> bytes:

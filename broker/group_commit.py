@@ -132,14 +132,14 @@ class GroupCommit:
                         _answer(waiting, error)
                         _answer(self._filling, error)
                         raise
-                    if waiting is None:
-                        pass
-                    elif self._replicated is None:
-                        _answer(waiting, None)
-                    else:  # answered when a quorum has it, while the next batch is fsync'ed
-                        task = asyncio.create_task(_answer_when_replicated(self._replicated, end_offset, waiting))
-                        self._answering.add(task)
-                        task.add_done_callback(self._answering.discard)
+                    if waiting is not None:  # (None: nobody waited; a pull's record, a quiet point)
+                        if self._replicated is None:
+                            _answer(waiting, None)
+                        else:  # answered when a quorum has it, while the next batch is fsync'ed
+                            task = asyncio.create_task(_answer_when_replicated(self._replicated, end_offset,
+                                                                               waiting))
+                            self._answering.add(task)
+                            task.add_done_callback(self._answering.discard)
                     if self._quiet:
                         self._run_quiet()
         finally:
