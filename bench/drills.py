@@ -331,14 +331,19 @@ class Nemesis:
         a leader whose broker failed does) is restarted, and counted."""
         deadline = time.monotonic() + wait_s
         while not self.nodes.converged(at_least=0):
-            for node in self.nodes.ids:
-                if not self.nodes.alive(node) and node not in self.nodes.paused:
-                    log(f"{node} had exited by itself ({self.nodes.servers[node].proc.returncode}): restarted")
-                    self.exited[node] = self.exited.get(node, 0) + 1
-                    self.nodes.restart(node)
+            self._restart_exited()
             if time.monotonic() > deadline:
                 raise TimeoutError(f"the nodes did not settle within {wait_s} s: {self.nodes}")
             time.sleep(0.05)
+
+    def _restart_exited(self) -> None:
+        """Restart, and count, every node that exited by itself (not paused,
+        not killed by the nemesis), as a supervisor would."""
+        for node in self.nodes.ids:
+            if not self.nodes.alive(node) and node not in self.nodes.paused:
+                log(f"{node} had exited by itself ({self.nodes.servers[node].proc.returncode}): restarted")
+                self.exited[node] = self.exited.get(node, 0) + 1
+                self.nodes.restart(node)
 
     def _leader(self) -> tuple[str, int]:
         return self.nodes.wait_leader()
@@ -356,6 +361,7 @@ class Nemesis:
         leader, _ = self.nodes.wait_leader(wait_s=60)
         end = self.nodes.log_ends().get(leader) or 0
         while not self.nodes.converged(at_least=end):
+            self._restart_exited()
             if time.monotonic() - started > 120:
                 raise TimeoutError(f"not converged 120 s after a heal: {self.nodes} {self.nodes.log_ends()}")
             time.sleep(0.02)

@@ -90,14 +90,29 @@ class Pending:
     def far_bytes(self) -> int:
         return self._far_bytes
 
-    def topic_hash_of(self, where: Location) -> int:
-        """The topic hash of a message sent by a pending record."""
-        for kind, _, items in self._records:
+    def item_at(self, where: Location) -> tuple[records.SendItem, int] | None:
+        """The entry a pending record places at `where` -- a send's, or a
+        move's new place -- and the retry it gets there; None if no pending
+        record places one there."""
+        hour, gi = where
+        for kind, _, items in reversed(self._records):
             if kind is records.Kind.SEND:
                 for item in cast(Sequence[records.SendItem], items):
-                    if item.hour == where.hour and item.global_index == where.global_index:
-                        return item.topic_hash
-        raise InvariantError(f"{where} is neither applied nor pending")
+                    if item.global_index == gi and item.hour == hour:
+                        return item, 0
+            elif kind is records.Kind.MOVE:
+                for move in cast(Sequence[records.MoveItem], items):
+                    if move.to.global_index == gi and move.to.hour == hour:
+                        return move.to, move.retry
+        return None
+
+    def topic_hash_of(self, where: Location) -> int:
+        """The topic hash of a message placed by a pending record (sent, or
+        moved there: a reschedule changed it before its commit)."""
+        found = self.item_at(where)
+        if found is None:
+            raise InvariantError(f"{where} is neither applied nor pending")
+        return found[0].topic_hash
 
     # -- ids -----------------------------------------------------------------------
 

@@ -33,7 +33,6 @@ from .delay_index import FLAG_MOVED, FLAG_RELEASED
 from .entry import MS_PER_HOUR, IndexEntry, Location, Message, Status
 from .errors import InvalidRequest
 from .hour import Hour
-from .hour_files import HourFiles
 from .hour_table import HourTable
 from .id_index import IdIndex
 from .pending import Pending, State
@@ -80,7 +79,8 @@ class Refiler:
                     gi += 1
                     if status != WAITING or flags & FLAG_RELEASED:
                         continue
-                    self._move_one(batch, files, entry, offset8, size, flags, status, retry, entry.trigger_ms, now_ms)
+                    self._move_one(batch, entry, files.read_body(offset8, size), flags, status, retry,
+                                   entry.trigger_ms, now_ms)
                 cursors[h] = gi
                 if len(batch.moves) >= max_moves:
                     break
@@ -108,17 +108,18 @@ class Refiler:
         try:
             for i, (where, trigger_ms, retry) in enumerate(changes):
                 h = self._hours.get(where.hour)
-                if h is None or not 0 <= where.global_index < h.applied or where in batch.states:
+                if h is None or not 0 <= where.global_index < h.entries or where in batch.states:
                     raise InvalidRequest(f"[{i}].location", f"no movable message at {where}")
                 if not 0 <= retry <= MAX_RETRY_COUNT:
                     raise InvalidRequest(f"[{i}].retry", f"must be in 0..{MAX_RETRY_COUNT}, got {retry}")
-                files = self._hours.readable(h)
-                entry, offset8, size, flags = files.read_entry(where.global_index)
+                placed = self._placed(h, where)
+                if placed is None:
+                    raise InvalidRequest(f"[{i}].location", f"no movable message at {where}")
+                entry, raw, flags = placed
                 status, flags, _, _ = self._pending.states.get(where) or (entry.status, flags, entry.retry, 0)
                 if flags & FLAG_RELEASED:
                     raise InvalidRequest(f"[{i}].location", f"the message at {where} was released")
-                moved.append(self._move_one(batch, files, entry, offset8, size, flags, status, retry,
-                                            max(0, trigger_ms), now_ms))
+                moved.append(self._move_one(batch, entry, raw, flags, status, retry, max(0, trigger_ms), now_ms))
             self._append_moves(batch, now_ms)
         except BaseException:
             self._placement.undo(batch.undo_hours, batch.undo_slots, batch.undo_ids)
@@ -132,10 +133,26 @@ class Refiler:
             far_bytes = self._placement.make_room([m.to for m in batch.moves], batch.undo_hours, len(body))
             self._pending.append(body, records.Kind.MOVE, now_ms, batch.moves, far_bytes)
 
-    def _move_one(self, batch: _Moves, files: HourFiles, entry: IndexEntry, offset8: int, size: int, flags: int,
-                  status: int, retry: int, trigger_ms: int, now_ms: int) -> Message:
+    def _placed(self, h: Hour, where: Location) -> tuple[IndexEntry, bytes, int] | None:
+        """The entry at `where`, its raw body and its flags: from the hour's
+        files once applied, else from the pending record that placed it (a
+        message sent or moved moments ago, its record not yet committed:
+        a second reschedule of it moves it again). None: nothing there."""
+        if where.global_index < h.applied:
+            files = self._hours.readable(h)
+            entry, offset8, size, flags = files.read_entry(where.global_index)
+            return entry, files.read_body(offset8, size), flags
+        found = self._pending.item_at(where)
+        if found is None:
+            return None
+        item, retry = found
+        entry = IndexEntry(item.hour, item.second, item.local_index, item.global_index, item.pre_global_index,
+                           item.trigger_ms, item.priority, item.topic_hash, item.tag_hash, WAITING, retry)
+        return entry, item.body, 0
+
+    def _move_one(self, batch: _Moves, entry: IndexEntry, raw: bytes, flags: int, status: int, retry: int,
+                  trigger_ms: int, now_ms: int) -> Message:
         """Place one message anew (see `move`), into `batch`."""
-        raw = files.read_body(offset8, size)
         body = delay_log.unpack_body(raw)
         key = self._ids.key_of_bytes(body.topic.encode(), body.msg_id.encode())
         to = self._placement.place(max(trigger_ms, now_ms), trigger_ms, entry.priority, entry.topic_hash, entry.tag_hash, key,

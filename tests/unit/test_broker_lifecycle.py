@@ -405,6 +405,35 @@ def test_reschedule_refuses_a_consuming_or_ended_message(node):
         node.reschedule("nope", node.now)
 
 
+def test_a_message_changed_again_while_its_reschedule_commits(node):
+    """A delete and a second reschedule reach the message while the first
+    reschedule's record is still in its commit (clients retrying after a
+    failover send such pairs): the delete ends it, the second reschedule
+    moves it again; the broker goes on serving (docs/drills.md)."""
+    node.send("d", delay_ms=600_000)
+    node.send("r", delay_ms=600_000)
+
+    broker = node.h.broker
+
+    async def delete_while_moving():  # the delete runs while the reschedule's commit is in flight
+        return await asyncio.gather(broker.reschedule(TOPIC, "d", node.now + 5_000),
+                                    broker.delete(DeleteRequest(TOPIC, "d", False)))
+
+    async def reschedule_twice():  # both wait for the send's commit, then run in turn, the second on a pending move
+        other = NewSend(NewMessage(TOPIC, "o", "m", node.now, node.now + 600_000, MS_PER_HOUR, 3), False)
+        return await asyncio.gather(broker.send([other]), broker.reschedule(TOPIC, "r", node.now + 5_000),
+                                    broker.reschedule(TOPIC, "r", node.now + 9_000))
+
+    node._call(delete_while_moving())
+    assert node.state("d") == (DELETED, 0)
+    _, _, again = node._call(reschedule_twice())
+    assert again.trigger_ms == START_MS + 9_000 and node.get("r").trigger_ms == START_MS + 9_000
+    node.advance(5_000)
+    assert node.pull() == []  # neither the deleted one nor the one moved on
+    node.advance(4_000)
+    assert node.pulled_ids() == ["r"]
+
+
 # -- delete ----------------------------------------------------------------------------------
 
 
