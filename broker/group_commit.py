@@ -163,7 +163,11 @@ class GroupCommit:
 
     async def at_quiet_point(self, fn: Callable[[], object]) -> object:
         """Run `fn` at a moment when every appended record is durable and
-        applied (a checkpoint's first step); returns what it returns."""
+        applied (a checkpoint's first step); returns what it returns.
+        Raises Unavailable once the commits stopped (a failed fsync, or this
+        node stopped leading): no round will come to run it."""
+        if self._failed is not None:
+            raise Unavailable(f"no more commits: {client_text(self._failed)}")
         future: asyncio.Future[object] = asyncio.get_running_loop().create_future()
         self._quiet.append((fn, future))
         self._kick.set()
@@ -175,6 +179,13 @@ class GroupCommit:
         self._failed = self._failed or error  # (requests waiting for followers are failed by the leader log)
         _answer(self._filling, error)
         self._filling = None
+        # A quiet point waited for (a checkpoint begun while leading) would
+        # wait for ever, holding the checkpoint lock that a snapshot install
+        # takes: a fault drill saw a follower stuck so for minutes.
+        quiet, self._quiet = self._quiet, []
+        for _, future in quiet:
+            if not future.done():
+                future.set_exception(error)
 
     async def flush(self) -> None:
         """Commit whatever is pending (used at stop)."""

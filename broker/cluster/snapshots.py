@@ -27,6 +27,7 @@ import aiohttp
 from broker.nodes import at_quiet_point
 from replication import peer_auth, protocol, snapshot
 from replication.epochs import Epochs
+from storage.errors import Unavailable
 from storage.store import Store
 
 from .parts import NodeParts
@@ -86,7 +87,12 @@ class Snapshots(NodeParts):
             if not self.store.checkpoint_due(now_ms):  # an idle node rewrites nothing
                 return
             if broker is not None:
-                prepared = await at_quiet_point(broker, lambda: self.store.prepare_checkpoint(now_ms))
+                try:
+                    prepared = await at_quiet_point(broker, lambda: self.store.prepare_checkpoint(now_ms))
+                except Unavailable:
+                    if self.broker is broker:
+                        raise
+                    return  # this node stopped leading meanwhile: the next interval checkpoints as a follower
             else:
                 async with self.apply_lock:
                     prepared = self.store.prepare_checkpoint(now_ms)

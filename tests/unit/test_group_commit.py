@@ -150,3 +150,30 @@ def test_a_record_nobody_waits_for_rides_with_the_next_commit_or_goes_alone_soon
 
     asyncio.run(main())
     store.close()
+
+
+def test_a_quiet_point_waited_for_when_the_node_stops_leading_is_answered(tmp_path):
+    """A checkpoint begun while leading waits for a quiet point; the node
+    stands down and its commits are abandoned (their task cancelled): the
+    wait ends with Unavailable instead of lasting for ever (it held the
+    checkpoint lock a snapshot install needs: docs/drills.md), and a quiet
+    point asked for afterwards is refused at once."""
+    store = Store.open(str(tmp_path), now_ms=NOW)
+    commits = GroupCommit(store, lambda entries: None, Metrics())
+
+    async def main():
+        runner = asyncio.create_task(commits.run())
+        store.send([NewMessage("t", "a", "x", NOW, NOW + 60_000, 60_000, 1)], NOW)
+        waiting = asyncio.create_task(commits.at_quiet_point(lambda: "prepared"))
+        runner.cancel()  # the broker abandoned: no round comes
+        await asyncio.gather(runner, return_exceptions=True)
+        await asyncio.sleep(0)
+        assert not waiting.done()
+        commits.abandon()
+        with pytest.raises(Unavailable, match="stopped leading"):
+            await asyncio.wait_for(waiting, 5)
+        with pytest.raises(Unavailable, match="no more commits"):
+            await commits.at_quiet_point(lambda: "prepared")
+
+    asyncio.run(main())
+    store.close()
