@@ -158,16 +158,29 @@ class Findings:
 MsgKey = tuple[str, str]  # (topic, msgId)
 
 
-def check(history: History) -> Findings:
-    """Every count of the module docstring's table, over the whole history."""
-    found = Findings()
+def _index(history: History) -> tuple[dict[MsgKey, list[Delivery]], dict[MsgKey, list[Op]], dict[MsgKey, Sent]]:
+    """Deliveries (in order received), operations and sends by message."""
     by_msg: dict[MsgKey, list[Delivery]] = defaultdict(list)
     for d in sorted(history.deliveries, key=lambda d: d.received_ms):
         by_msg[(d.topic, d.msg_id)].append(d)
     ops: dict[MsgKey, list[Op]] = defaultdict(list)
     for op in history.ops:
         ops[(op.topic, op.msg_id)].append(op)
-    sent = {(s.topic, s.msg_id): s for s in history.sent}
+    return by_msg, ops, {(s.topic, s.msg_id): s for s in history.sent}
+
+
+def count_lost(history: History) -> int:
+    """`check(history).lost` alone: what a drain polls every second."""
+    found = Findings()
+    by_msg, ops, sent = _index(history)
+    _check_lost(history, sent, by_msg, ops, found)
+    return found.lost
+
+
+def check(history: History) -> Findings:
+    """Every count of the module docstring's table, over the whole history."""
+    found = Findings()
+    by_msg, ops, sent = _index(history)
     _check_lost(history, sent, by_msg, ops, found)
     _check_early(sent, by_msg, ops, found)
     _check_after(by_msg, ops, found)
@@ -256,11 +269,12 @@ def _check_keys(by_msg: dict[MsgKey, list[Delivery]], ops: dict[MsgKey, list[Op]
     for (topic, k), held in by_key.items():
         held.sort(key=lambda pair: pair[0].received_ms)
         for i, (d, busy_until) in enumerate(held):
-            for other, _ in held[i + 1:]:
+            for j in range(i + 1, len(held)):  # (indices: a slice a delivery would copy the rest, O(n^2))
+                other = held[j][0]
                 if other.received_ms > busy_until:
                     break  # the rest were received later still
-                i = bisect.bisect_left(undone, d.poll_start_ms)
-                if i < len(undone) and undone[i] <= other.received_ms:
+                u = bisect.bisect_left(undone, d.poll_start_ms)
+                if u < len(undone) and undone[u] <= other.received_ms:
                     continue  # a kill between them may have undone d's pull
                 if other.msg_id != d.msg_id and other.poll_start_ms >= d.received_ms:
                     found.note("key_violations", f"{topic} key {k}: {other.msg_id} pulled "

@@ -56,7 +56,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from drill_history import Delivery, Fault, History, Op, Sent, check
+from drill_history import Delivery, Fault, History, Op, Sent, check, count_lost
 from drill_nodes import Nodes
 from drill_proxies import Mode
 from harness import percentile, unwind_on_signals
@@ -446,7 +446,7 @@ async def _drain(workload: Workload, wait_s: float) -> None:
     while time.monotonic() < max(last_due_s, progress_s) + wait_s:
         await asyncio.sleep(1.0)
         history.end_ms = now_ms()
-        if not await asyncio.to_thread(lambda: check(history).lost):
+        if not await asyncio.to_thread(count_lost, history):
             return
         if len(history.deliveries) > delivered:
             delivered, progress_s = len(history.deliveries), time.monotonic()
