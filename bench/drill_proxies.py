@@ -29,8 +29,9 @@ Nothing is ever discarded from the middle of a stream: TCP delivers all
 or closes, and a proxy that dropped bytes would corrupt frames no real
 network can corrupt.
 
-Threads: the proxies run on an event loop in a thread of their own, so a
-busy workload on the drill's own loop does not slow the cluster's
+Processes: the proxies run on an event loop in a process of their own
+(`ProxyMesh`; `LocalMesh` is the same in a thread of the caller's), so
+neither the drill's workload nor its checker holds up the cluster's
 heartbeats; `isolate`, `heal` and `stop` may be called from any thread.
 """
 
@@ -39,6 +40,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import json
+import os
+import subprocess
+import sys
 import threading
 from collections.abc import Coroutine
 from typing import Any
@@ -134,19 +139,27 @@ class Proxy:
         sink.transport.abort()  # one side closed or failed: so does the other
 
 
-class ProxyMesh:
+def _unless_cancelled(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    if not isinstance(context.get("exception"), asyncio.CancelledError):
+        loop.default_exception_handler(context)
+
+
+class LocalMesh:
     """A proxy for each ordered pair of nodes and each of their two peer
-    ports. `ports`: node id -> (http_port, raft_port), the real ones."""
+    ports, on an event loop in a thread of this process. `ports`: node id
+    -> (http_port, raft_port), the real ones. `ProxyMesh` runs one in a
+    process of its own."""
 
     def __init__(self, ports: dict[str, tuple[int, int]]) -> None:
         self.ports = ports
         self.proxies: dict[tuple[str, str], tuple[Proxy, Proxy]] = {}  # (from, to) -> (http, raft)
         self._loop = asyncio.new_event_loop()
+        self._loop.set_exception_handler(_unless_cancelled)  # (stop cancels the connections' tasks)
         self._thread = threading.Thread(target=self._loop.run_forever, name="drill-proxies", daemon=True)
         self.isolated: dict[str, Mode] = {}
 
     def __repr__(self) -> str:
-        return f"ProxyMesh({len(self.proxies)} pairs, isolated={ {n: m.value for n, m in self.isolated.items()} })"
+        return f"LocalMesh({len(self.proxies)} pairs, isolated={ {n: m.value for n, m in self.isolated.items()} })"
 
     def _run(self, work: Coroutine[Any, Any, Any]) -> Any:
         return asyncio.run_coroutine_threadsafe(work, self._loop).result(30)
@@ -200,3 +213,93 @@ class ProxyMesh:
         self._thread.join(10)
         if not self._thread.is_alive():
             self._loop.close()
+
+
+class ProxyMesh:
+    """`LocalMesh` in a process of its own (this module run as a script),
+    driven over its stdin and stdout: a line of JSON a command, "ok" its
+    answer. In the drill's own process the proxies' thread shared the GIL
+    with the workload and the checker; a checker pass over a long history
+    held it for long enough that the Raft heartbeats the proxies carry
+    came later than the leader's lease, and leaders stood down every few
+    seconds with no fault at all (docs/drills.md)."""
+
+    def __init__(self, ports: dict[str, tuple[int, int]]) -> None:
+        self.ports = ports
+        self.isolated: dict[str, Mode] = {}
+        self._proc: subprocess.Popen[str] | None = None
+        self._reach: dict[str, str] = {}
+        self._lock = threading.Lock()  # commands come from the nemesis's threads
+
+    def __repr__(self) -> str:
+        pid = None if self._proc is None else self._proc.pid
+        return f"ProxyMesh(pid={pid}, isolated={ {n: m.value for n, m in self.isolated.items()} })"
+
+    def start(self) -> None:
+        self._proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), json.dumps(self.ports)],
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert self._proc.stdout is not None
+        line = self._proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the proxy process exited ({self._proc.wait()}) before it listened")
+        self._reach = json.loads(line)
+
+    def reach_flag(self, node: str) -> str:
+        """The value of `node`'s --reach-peers: every peer at its proxy."""
+        return self._reach[node]
+
+    def isolate(self, node: str, mode: Mode, delay_ms: int = 0) -> None:
+        """Every link to and from `node` in `mode` (the others as they were)."""
+        self.isolated[node] = mode
+        self._ask(["isolate", node, mode.value, delay_ms])
+
+    def heal(self) -> None:
+        self.isolated.clear()
+        self._ask(["heal"])
+
+    def _ask(self, command: list[Any]) -> None:
+        proc = self._proc
+        assert proc is not None and proc.stdin is not None and proc.stdout is not None
+        with self._lock:
+            proc.stdin.write(json.dumps(command) + "\n")
+            proc.stdin.flush()
+            answer = proc.stdout.readline().strip()
+        if answer != "ok":
+            raise RuntimeError(f"the proxy process answered {answer!r} to {command}")
+
+    def stop(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        with contextlib.suppress(OSError):
+            assert proc.stdin is not None
+            proc.stdin.close()  # end of commands: it closes its proxies and exits
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _serve_commands(ports: dict[str, tuple[int, int]]) -> None:
+    """The proxy process: listen, say where, carry out commands until stdin ends."""
+    mesh = LocalMesh(ports)
+    mesh.start()
+    try:
+        print(json.dumps({node: mesh.reach_flag(node) for node in ports}), flush=True)
+        for line in sys.stdin:
+            command = json.loads(line)
+            if command[0] == "isolate":
+                mesh.isolate(command[1], Mode(command[2]), int(command[3]))
+            elif command[0] == "heal":
+                mesh.heal()
+            else:
+                print(f"unknown command {command[0]!r}", flush=True)
+                continue
+            print("ok", flush=True)
+    finally:
+        mesh.stop()
+
+
+if __name__ == "__main__":
+    _serve_commands({node: (int(http), int(raft)) for node, (http, raft) in json.loads(sys.argv[1]).items()})
