@@ -271,7 +271,7 @@ def _check_keys(by_msg: dict[MsgKey, list[Delivery]], ops: dict[MsgKey, list[Op]
         for i, (d, busy_until) in enumerate(held):
             for j in range(i + 1, len(held)):  # (indices: a slice a delivery would copy the rest, O(n^2))
                 other = held[j][0]
-                if other.received_ms > busy_until:
+                if other.received_ms >= busy_until:
                     break  # the rest were received later still
                 u = bisect.bisect_left(undone, d.poll_start_ms)
                 if u < len(undone) and undone[u] <= other.received_ms:

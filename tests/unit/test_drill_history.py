@@ -122,6 +122,19 @@ def test_a_key_is_free_after_the_ack_started_or_the_ack_timeout():
     assert check(other_key).key_violations == 0
 
 
+def test_a_pull_answered_in_the_millisecond_the_ack_began_is_no_violation():
+    """Times are whole milliseconds: an ack begun in the millisecond a long
+    poll was answered may have reached the node first and woken it (47 such
+    pairs in a 100-kill standalone drill, none a real violation); one
+    millisecond earlier is a violation."""
+    def pair(b_received):
+        return history(sent=[sent("a", 100, key="k"), sent("b", 100, key="k")],
+                       deliveries=[got("a", 90, 101, 100, key="k"), got("b", 101, b_received, 100, key="k")],
+                       ops=[op("ack", "a", 130, 140)])
+    assert check(pair(130)).key_violations == 0
+    assert check(pair(129)).key_violations == 1
+
+
 def test_duplicates_are_counted_with_the_nearest_fault_and_nacks_excuse_them():
     faults = [Fault("kill", "n1", True, 1000, 1500), Fault("pause", "n2", True, 50_000, 52_000)]
     h = history(sent=[sent("a", 100), sent("b", 100)], faults=faults,
