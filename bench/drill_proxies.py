@@ -279,6 +279,8 @@ class ProxyMesh:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
 
 
 def _serve_commands(ports: dict[str, tuple[int, int]]) -> None:
