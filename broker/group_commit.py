@@ -22,6 +22,7 @@ is the only one that syncs or applies; applying runs on the event loop.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable
 
 from storage.config import FsyncPolicy
@@ -40,6 +41,8 @@ Replicated = Callable[[int], Awaitable[None]]
 # commit within that time takes it along in its fsync (a pull and the ack
 # that follows it: one fsync, not two).
 UNWAITED_COMMIT_DELAY_S = 0.005
+
+log = logging.getLogger("hourglass.commit")
 
 
 class GroupCommit:
@@ -103,6 +106,25 @@ class GroupCommit:
             future = self._filling = asyncio.get_running_loop().create_future()
             self._kick.set()
         return future
+
+    async def background_durable(self, what: str) -> bool:
+        """`durable()` for a background task's records (timers, releases,
+        span moves, the tick): True once durable; False if they are on this
+        node's disk but a quorum did not acknowledge them in time (a
+        leader whose followers are restarting or installing a snapshot).
+        That is no failure of the task: the records stay in this node's
+        log, which followers fetch when they can (or, if this node is
+        deposed meanwhile, they are lost with its tail, as in a crash
+        before they replicated); the task goes on. Raises Unavailable when
+        the commits stopped (a failed fsync, this node stopped leading)."""
+        try:
+            await self.durable()
+        except Unavailable as e:
+            if self._failed is not None or self._replicated is None:
+                raise
+            log.warning("%s: %s; kept on this node, it goes on", what, client_text(e))
+            return False
+        return True
 
     async def run(self) -> None:
         store = self._store

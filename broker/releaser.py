@@ -133,8 +133,11 @@ class Releaser:
     async def persist_tick(self, tick: TickState) -> None:
         """The tick moves only past releases that are durable, and never past
         a message still in its group commit (a slow fsync can outlast the
-        scheduler's commit lag): a restart must read that message's second."""
-        await self._commits.durable()
+        scheduler's commit lag): a restart must read that message's second.
+        Releases a quorum did not acknowledge in time leave the file as it
+        was (a restart re-reads their seconds: at least once)."""
+        if not await self._commits.background_durable("released messages"):
+            return
         self._tick_file.write(self._filing.cap(min(tick, self._scheduler.tick, key=lambda t: t.position)))
 
     def close(self) -> None:

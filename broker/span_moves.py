@@ -60,13 +60,13 @@ class SpanMover:
                 continue
             if n:
                 moved += n
-                await self._commits.durable()
+                await self._commits.background_durable("messages moved from due spans")
                 continue
             if moved:
                 log.info("moved %d waiting messages from due spans to nearer files", moved)
                 moved = 0
             due_ms = store.next_refile_ms()
             if due_ms is not None and due_ms <= now_ms:  # due, its sends not applied yet
-                await self._commits.durable()
+                await self._commits.background_durable("messages moved from due spans")
                 continue
             await clock.sleep_until(due_ms, self._wake)

@@ -105,5 +105,5 @@ class Timers:
                 changes += fire(due, now_ms)
             if changes:
                 self._journal.append(changes, now_ms)
-                await self._commits.durable()
+                await self._commits.background_durable("ack deadlines and expiries")
             await clock.sleep_until(self._queue.peek_expiration_ms(), self._wake)

@@ -18,15 +18,18 @@ ack-timeout retry, a ttl expiry).
 from __future__ import annotations
 
 import asyncio
+import os
 
 import pytest
-from broker_harness import BrokerHarness
+from broker_harness import CONFIG, BrokerHarness
 
+from broker.disk_broker import Broker
+from broker.metrics import Metrics
 from broker.params import AckRequest, Defaults, DeleteRequest, LongPollRequest, NewSend, PullRequest
 from broker.ready import QueueLimits
 from storage.entry import MS_PER_HOUR, Status
-from storage.errors import Conflict, LimitReached, NotFound
-from storage.store import NewMessage
+from storage.errors import Conflict, LimitReached, NotFound, Unavailable
+from storage.store import NewMessage, Store
 
 START_MS = 490_000 * MS_PER_HOUR + 1_000
 TOPIC = "t"
@@ -696,3 +699,51 @@ def test_a_send_to_a_new_topic_past_the_cap_is_refused_and_stores_nothing(capped
     with pytest.raises(NotFound):
         capped.h.run(capped.h.broker.get("four", "c"))
     assert capped.h.broker.topic_list() == sorted(["one", *stored])
+
+
+# -- a leader whose quorum is slow -----------------------------------------------------------
+
+
+class _SlowQuorumHarness(BrokerHarness):
+    """The broker as a cluster's leader builds it, with a `replicated` that
+    answers as a leader log does when no quorum acknowledges in time while
+    `refusing` is set."""
+
+    refusing = False
+
+    def open_broker(self) -> None:
+        async def replicated(end_offset: int) -> None:
+            if self.refusing:
+                raise Unavailable(f"no quorum acknowledged offset {end_offset} within 3000 ms; retry")
+
+        self.store = Store.open(self.directory, CONFIG, now_ms=self.clock.now_ms())
+        self.broker = Broker(self.store, self.clock, self.defaults, Metrics(), replicated=replicated,
+                             tick_path=os.path.join(self.directory, "tick"), limits=self.limits)
+
+        async def start():
+            self.broker.start()
+            await self.quiesce()
+        self.run(start())
+
+
+def test_background_records_no_quorum_acknowledged_in_time_fail_nothing():
+    """A release, an ack timeout and the tick persisted while no quorum
+    answers (followers restarting or installing a snapshot): the wheel and
+    the timers go on, the broker does not fail (a fault drill saw leaders
+    exit so), and once the quorum is back the messages are delivered."""
+    h = _SlowQuorumHarness("hourglass-quorum-", START_MS, QueueLimits(), Defaults())
+    h.open_broker()
+    node = Node(h)
+    try:
+        node.send("w", delay_ms=5_000)
+        node.send("c")
+        assert node.pulled_ids(ack_timeout_ms=2_000) == ["c"]
+        h.refusing = True
+        node.advance(6_000)  # "w" released, "c"'s ack deadline passed, ticks persisted: none quorum-acknowledged
+        assert h.broker.failed is None
+        assert node.state("w") == (READY, 0) and node.state("c") == (READY, 1)
+        h.refusing = False
+        assert sorted(node.pulled_ids()) == ["c", "w"]
+        assert node.state("c") == (CONSUMING, 2) and node.state("w") == (CONSUMING, 1)
+    finally:
+        h.teardown()
