@@ -97,6 +97,7 @@ class Settings:
     small_disk_mb: int = 256
     budget_s: float = 170.0  # the faults stop by then (the drain and checks come on top)
     settle_s: float = 30.0  # bound on the final convergence
+    drain_max_s: float = 600.0  # bound on the drain after the faults, however the consumers progress
     root: str | None = None
     keep: bool = False
     history_path: str | None = None  # --history: the whole history as JSON, for a closer look
@@ -434,22 +435,27 @@ def _spread(values: list[float]) -> dict[str, Any]:
     return {"count": len(ordered), "p50": percentile(ordered, 0.5), "max": percentile(ordered, 1.0)}
 
 
-async def _drain(workload: Workload, wait_s: float) -> None:
+async def _drain(workload: Workload, wait_s: float, max_s: float) -> bool:
     """Until every message sent is delivered (or deleted, or rescheduled past
     the bound): at most `wait_s` after the last is due, or after the
     consumers last took a message, whichever is later (a backlog the
-    consumers are still working through is not lost)."""
+    consumers are still working through is not lost), and `max_s` in all.
+    False if it stopped at `max_s` (what is missing then counts as lost)."""
     history = workload.history
-    last_due_s = time.monotonic() + max(0.0, (max((s.trigger_ms for s in history.sent), default=0)
-                                              - now_ms()) / 1000)
-    delivered, progress_s = len(history.deliveries), time.monotonic()
+    started = time.monotonic()
+    last_due_s = started + max(0.0, (max((s.trigger_ms for s in history.sent), default=0) - now_ms()) / 1000)
+    delivered, progress_s = len(history.deliveries), started
     while time.monotonic() < max(last_due_s, progress_s) + wait_s:
+        if time.monotonic() - started > max_s:
+            log(f"drain stopped after {max_s:.0f} s with messages still missing")
+            return False
         await asyncio.sleep(1.0)
         history.end_ms = now_ms()
         if not await asyncio.to_thread(count_lost, history):
-            return
+            return True
         if len(history.deliveries) > delivered:
             delivered, progress_s = len(history.deliveries), time.monotonic()
+    return True
 
 
 async def _lost_statuses(workload: Workload, examples: list[str]) -> dict[str, int]:
@@ -493,7 +499,9 @@ async def drive(nodes: Nodes, settings: Settings) -> dict[str, Any]:
     load_s = time.monotonic() - started
     ops_under_load = sum(workload.operations.values())
     log(f"faults done in {faults_s:.0f} s; draining")
-    await _drain(workload, 30.0)
+    drain_started = time.monotonic()
+    drained = await _drain(workload, 30.0, settings.drain_max_s)
+    drain_s = round(time.monotonic() - drain_started, 1)
     workload.consuming = False
     await asyncio.gather(*consumers)
     converge_started = time.monotonic()
@@ -528,6 +536,8 @@ async def drive(nodes: Nodes, settings: Settings) -> dict[str, Any]:
         "double_leader_terms": double,
         "converged": converged,
         "converge_s": converge_s,
+        "drain_s": drain_s,
+        "drain_bounded": not drained,
         "nemesis_error": nemesis_error,
         "wall_s": round(time.monotonic() - started, 1),
     }
@@ -575,6 +585,8 @@ def parse_args(argv: list[str]) -> tuple[Settings, argparse.Namespace]:
                    help=f"with --full-disks: the tmpfs of one node's data directory (default {d.small_disk_mb})")
     p.add_argument("--budget-s", type=float, default=d.budget_s,
                    help=f"no fault starts after this many seconds (default {d.budget_s:g})")
+    p.add_argument("--drain-max-s", type=float, default=d.drain_max_s,
+                   help=f"stop waiting for the last deliveries after this many seconds (default {d.drain_max_s:g})")
     p.add_argument("--root", default=None, help="work directory (default: a fresh temp dir, removed after)")
     p.add_argument("--keep", action="store_true", help="keep the work directory (node logs, data)")
     p.add_argument("--history", default=None, help="write the whole history to this file (JSON)")
@@ -584,7 +596,8 @@ def parse_args(argv: list[str]) -> tuple[Settings, argparse.Namespace]:
                         max_delay_s=args.max_delay_s, kills=args.kills, pauses=args.pauses,
                         partitions=args.partitions, full_disks=args.full_disks, slow_disks=args.slow_disks,
                         gap_s=tuple(args.gap_s), small_disk_mb=args.small_disk_mb, budget_s=args.budget_s,
-                        root=args.root, keep=args.keep, history_path=args.history)
+                        drain_max_s=args.drain_max_s, root=args.root, keep=args.keep,
+                        history_path=args.history)
     return settings, args
 
 
