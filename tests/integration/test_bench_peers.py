@@ -22,6 +22,13 @@ import pytest
 from harness import ROOT
 
 PEERS = os.path.join(ROOT, "bench", "peers.py")
+# The peers' programs, for the tests of the arguments and the arithmetic
+# only (nothing is started): they need not be installed.
+PROGRAMS = ["--redis-server", "redis-server", "--beanstalkd", "beanstalkd"]
+
+
+def parse_args(argv: list[str]):
+    return peers.parse_args([*argv, *PROGRAMS])
 
 
 def consumer_result(indices: list[int], lateness_ms: list[float]) -> dict:
@@ -57,7 +64,7 @@ def test_better_says_whose_figure_is_better_by_its_kind():
 
 
 def test_targets_hold_hourglass_to_the_durable_peers_in_the_same_run():
-    args = peers.parse_args(["--quick"])
+    args = parse_args(["--quick"])
     figures = {"hourglass": {"ingest_single_msgs_per_s": 3000.0, "dispatch_keyed_lateness_ms_p99": 9.0,
                              "lag_drain_msgs_per_s": 100.0},
                "redis_always": {"ingest_single_msgs_per_s": 2500.0, "dispatch_lateness_ms_p99": 8.0},
@@ -74,13 +81,13 @@ def test_targets_hold_hourglass_to_the_durable_peers_in_the_same_run():
 
 
 def test_one_run_covers_every_system_and_ten_million_adds_its_lag():
-    args = peers.parse_args([])
+    args = parse_args([])
     assert args.systems == ["hourglass", "redis_always", "beanstalkd_f0", "redis", "beanstalkd"]
     assert "lag-10m" not in args.scenarios and {"dispatch-keyed", "engine", "spark"} <= set(args.scenarios)
-    args = peers.parse_args(["--scenarios", "lag", "--ten-million"])
+    args = parse_args(["--scenarios", "lag", "--ten-million"])
     assert (args.scenarios, args.ten_million_msgs, args.ten_million_systems) == (["lag", "lag-10m"], 10_000_000,
                                                                                  ["hourglass"])
-    bench = peers.Bench(peers.parse_args(["--systems", "hourglass,redis_always,beanstalkd"]), "/nonexistent")
+    bench = peers.Bench(parse_args(["--systems", "hourglass,redis_always,beanstalkd"]), "/nonexistent")
     assert [s.name for s in bench.systems("ingest-batch")] == ["hourglass", "redis_always", "redis_always_lua",
                                                                 "beanstalkd"]
     assert [s.name for s in bench.systems("dispatch-keyed")] == ["hourglass"]
@@ -93,7 +100,7 @@ def test_report_prints_the_table_of_a_saved_run(tmp_path, capsys):
                "redis_always": {"roundtrip_ms_p50": 2.0, "lag_rss_mb": 200.0}}
     saved = tmp_path / "peers.json"
     saved.write_text(json.dumps({"figures": figures, "better": peers.better(figures),
-                                 "targets": peers.targets(figures, peers.parse_args(["--quick"]))}))
+                                 "targets": peers.targets(figures, parse_args(["--quick"]))}))
     assert peers.main(["--report", str(saved)]) == 0
     table = capsys.readouterr().out
     roundtrip = next(line for line in table.splitlines() if line.startswith("roundtrip_ms_p50"))
