@@ -7,25 +7,28 @@ messages, each read and tested against the rest of the filter; the
 topic's other messages are never read.
 
 Finding otherwise: the topic's index entries in the statuses asked for are scanned
-(storage's `scan_status`, hours holding none of them skipped by their
-counts), BULK_SCAN entries a slice with the event loop free between
-slices, so a send waits at most one slice. An entry's trigger time and
-tag hash are in the entry; a key, a msgId prefix or the tag's own text
-need the message read from its delay log, done only for entries the
-entry-level tests let through (and, for a page, only for those that could
-still enter it: broker.bulk_params.PageKeeper).
+(storage's `scan_matches`: hours holding none of them skipped by their
+counts, files whose trigger times lie outside the range asked for not
+read, a tag found by a byte search of the raw entries), BULK_SCAN entries
+a slice with the event loop free between slices, so a send waits at most
+one slice. An entry's trigger time and tag hash are in the entry; a key,
+a msgId prefix or the tag's own text need the message read from its
+delay log, done only for entries the entry-level tests let through (and,
+for a page, only for those that could still enter it:
+broker.bulk_params.PageKeeper).
 
 Changing, all or nothing per call: the matches are gathered first (their
-locations, at most `limit`), then, with no await between, each is read
-again -- unless no record was appended to the commit log since the
-matches were read, so each is still as read -- and stepped through broker.transitions (a message acked or pulled
-meanwhile steps as it now is: Delete of a final one and Reschedule of a
-consuming one change nothing), and every change is appended as ONE
-record -- a status record for a delete, a MOVE record for a reschedule
-(storage.records) -- answered once durable (fsync'ed; on a cluster,
-replicated). A crash before the record is durable loses the whole call,
-after it keeps the whole call, and a moved message's old place never
-delivers it.
+places, status, retry and trigger time, at most `limit`), then, with no
+await between, each is taken as read -- or read again if a status change
+or a move appended since the gather began touched its file
+(`Store.changed_since`) -- and stepped through broker.transitions (a
+message acked or pulled meanwhile steps as it now is: Delete of a final
+one and Reschedule of a consuming one change nothing), and every change is
+appended as ONE record -- a status record for a delete, a MOVE record for
+a reschedule (storage.records) -- answered once durable (fsync'ed; on a
+cluster, replicated). A crash before the record is durable loses the
+whole call, after it keeps the whole call, and a moved message's old
+place never delivers it.
 
     list        a page in (trigger time, msgId) order, or the count
     delete      live (1, 2, 3) -> DELETED; in RAM out of the wheel (CANCEL)
@@ -37,14 +40,15 @@ delivers it.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
-from storage.entry import IndexEntry, Location, Message, Status
+from storage.entry import STATUS_BY_VALUE, Location, Message
+from storage.reading import Match
 from storage.store import StateChange, Store, text_hash
 from wheel.clock import Clock
 
 from .bulk_params import BulkFilter, DeleteMsgsRequest, ListMsgRequest, PageKeeper, RescheduleMsgsRequest
-from .dead_letters import MAX_FILE_ID, DeadLetters
+from .dead_letters import DeadLetters
 from .filing import Filing
 from .group_commit import GroupCommit
 from .journal import Journal
@@ -52,15 +56,14 @@ from .lifecycle import Lifecycle
 from .metrics import Metrics
 from .releaser import Releaser
 from .topics import Topics
-from .transitions import Delete, Effect, MessageState, Reschedule, step
+from .transitions import Delete, Effect, MessageState, Reschedule, Step, step
 from .windows import ReadyWindows
 
 # Index entries read per slice of a scan, between which the loop runs.
 BULK_SCAN = 4096
 
 _DELETE = Delete()
-# A match as a scan or the key index read it: where, its status, its retry.
-_Found = tuple[Location, Status, int]
+_new_change = tuple.__new__  # a StateChange made without its generated (Python-level) __new__
 
 
 class Bulk:
@@ -84,10 +87,10 @@ class Bulk:
     def __repr__(self) -> str:
         return "Bulk()"
 
-    async def _slices(self, topic: str, flt: BulkFilter, skip: bool = False) -> AsyncIterator[list[IndexEntry]]:
+    async def _slices(self, topic: str, flt: BulkFilter, skip: bool = False) -> AsyncIterator[list[Match]]:
         """The topic's entries passing the entry-level tests (status, trigger
-        range, tag hash), a slice at a time, the loop free between (none
-        if `skip`: the key index found them)."""
+        range, tag hash: storage's `scan_matches`), a slice at a time, the
+        loop free between (none if `skip`: the key index found them)."""
         self._lifecycle.check_serving()
         await self._commits.flush()  # a change still in its commit is seen
         if skip or not flt.statuses or not self._topics.has_topic(topic):
@@ -96,8 +99,9 @@ class Bulk:
         tag_hash = None if flt.tag is None else text_hash(flt.tag)
         cursor = Location(0, 0)
         while True:
-            entries, after = self._store.scan_status(topic_hash, statuses, cursor, MAX_FILE_ID, BULK_SCAN, BULK_SCAN)
-            yield [e for e in entries if flt.in_range(e.trigger_ms) and (tag_hash is None or e.tag_hash == tag_hash)]
+            matches, after = self._store.scan_matches(topic_hash, statuses, cursor, BULK_SCAN, BULK_SCAN, tag_hash,
+                                                      flt.trigger_from_ms, flt.trigger_to_ms, self._clock.now_ms())
+            yield matches
             if after is None:
                 return
             cursor = after
@@ -118,9 +122,9 @@ class Bulk:
         keyed = self._store.keyed(topic, flt.key)
         return None if keyed is None else [m for m in keyed if flt.matches(m)]
 
-    def _full_match(self, flt: BulkFilter, entry: IndexEntry) -> Message | None:
-        """The message at `entry` if it matches the filter's body-level tests."""
-        m = self._store.read_message(entry.location)
+    def _full_match(self, flt: BulkFilter, where: Location) -> Message | None:
+        """The message at `where` if it matches the filter's body-level tests."""
+        m = self._store.read_message(where)
         return m if m is not None and flt.matches(m) else None
 
     async def page(self, request: ListMsgRequest) -> tuple[list[Message], str | None]:
@@ -129,9 +133,9 @@ class Bulk:
         keyed = await self._keyed(request.topic, request.filter)
         for found in keyed or ():
             keeper.offer(found)
-        async for entries in self._slices(request.topic, request.filter, keyed is not None):
-            for e in entries:
-                if keeper.worth(e.trigger_ms) and (m := self._full_match(request.filter, e)) is not None:
+        async for matches in self._slices(request.topic, request.filter, keyed is not None):
+            for where, _, _, trigger_ms in matches:
+                if keeper.worth(trigger_ms) and (m := self._full_match(request.filter, where)) is not None:
                     keeper.offer(m)
         page, cursor = keeper.page()
         return page, None if cursor is None else cursor.text()
@@ -143,60 +147,71 @@ class Bulk:
             return len(keyed)
         n = 0
         body = flt.needs_body()
-        async for entries in self._slices(topic, flt):
+        async for matches in self._slices(topic, flt):
             if not body:
-                n += len(entries)
+                n += len(matches)
                 continue
-            for e in entries:
-                if self._full_match(flt, e) is not None:
+            for match in matches:
+                if self._full_match(flt, match[0]) is not None:
                     n += 1
         return n
 
-    async def _gather(self, topic: str, flt: BulkFilter, limit: int) -> tuple[list[_Found], bool, int]:
-        """Up to `limit` matches (location, status, retry as read), whether
-        there are more, and the log's end when they were first read: no
-        record appended since means each is still as read."""
+    async def _gather(self, topic: str, flt: BulkFilter, limit: int) -> tuple[list[Match], bool, int]:
+        """Up to `limit` matches (place, status, retry, trigger time as
+        read), whether there are more, and the store's change mark from
+        before they were read: a file no change touched since holds them
+        as read (`Store.changed_since`)."""
+        mark = self._store.change_mark()
         keyed = await self._keyed(topic, flt)
         if keyed is not None:
-            return ([(m.location, m.status, m.retry) for m in keyed[:limit]], len(keyed) > limit,
-                    self._store.log_end_offset)
-        found: list[_Found] = []
-        seen = -1
+            return ([(m.location, int(m.status), m.retry, m.trigger_ms) for m in keyed[:limit]], len(keyed) > limit,
+                    mark)
+        found: list[Match] = []
         body = flt.needs_body()
-        async for entries in self._slices(topic, flt):
-            if seen < 0:
-                seen = self._store.log_end_offset
-            for e in entries:
-                if body and self._full_match(flt, e) is None:
-                    continue
-                if len(found) == limit:
-                    return found, True, seen
-                found.append((e.location, e.status, e.retry))
-        return found, False, seen
+        async for matches in self._slices(topic, flt):
+            if body:
+                matches = [match for match in matches if self._full_match(flt, match[0]) is not None]
+            if len(found) + len(matches) > limit:
+                found += matches[:limit - len(found)]
+                return found, True, mark
+            found += matches
+        return found, False, mark
+
+    def _current(self, found: list[Match], mark: int) -> Iterator[Match]:
+        """The matches as they are now: read again where a change since
+        `mark` touched their file; left out if released (moved) meanwhile."""
+        store = self._store
+        for match in found:
+            where = match[0]
+            if not store.changed_since(where.hour, mark):
+                yield match
+                continue
+            now = store.live_state(where)
+            if now is not None:
+                yield where, int(now[0]), now[1], match[3]
 
     async def delete(self, request: DeleteMsgsRequest) -> tuple[int, bool]:
         """The live matches (at most `limit`) DELETED, as one record; how
         many, and whether matches remain."""
-        found, more, seen = await self._gather(request.topic, request.filter, request.limit)
+        found, more, mark = await self._gather(request.topic, request.filter, request.limit)
         self._lifecycle.check_serving()
         now_ms = self._clock.now_ms()
+        topic_hash = text_hash(request.topic)
         changes = []
-        store = self._store
-        quiet = seen == store.log_end_offset  # nothing appended since they were read: each is as read
-        for where, status, retry in found:  # no await from here to the append: all or nothing
-            if not quiet:
-                now = store.live_state(where)
-                if now is None:
-                    continue  # moved meanwhile (its new place was not among the matches)
-                status, retry = now
-            done = step(MessageState(status, retry, 0, 0, 0), _DELETE, now_ms)
+        steps: dict[tuple[int, int], Step] = {}  # a delete's step depends on the status and retry only
+        cancel, forget = self._filing.cancel, self._windows.forget_at
+        for where, status, retry, _ in self._current(found, mark):  # no await from here to the append
+            done = steps.get((status, retry))
+            if done is None:
+                done = steps[status, retry] = step(MessageState(STATUS_BY_VALUE[status], retry, 0, 0, 0), _DELETE,
+                                                   now_ms)
             if done.state is None or not done.effects:
                 continue  # ended meanwhile
             if Effect.CANCEL in done.effects:
-                self._filing.cancel(where)
+                cancel(where)
             elif Effect.FORGET in done.effects:
-                self._windows.forget_at(where)
-            changes.append(StateChange(where, done.state.status, retry))
+                forget(where)
+            changes.append(_new_change(StateChange, (where, done.state.status, retry, False, 0, status, topic_hash)))
         if changes:
             self._journal.append(changes, now_ms)
             self._metrics.topic(request.topic).deletes += len(changes)
@@ -207,17 +222,16 @@ class Bulk:
         """The waiting and ready matches (at most `limit`) filed anew at their
         new trigger times, as one MOVE record; how many, and whether
         matches remain."""
-        found, more, _ = await self._gather(request.topic, request.filter, request.limit)
+        found, more, mark = await self._gather(request.topic, request.filter, request.limit)
         self._lifecycle.check_serving()
         now_ms = self._clock.now_ms()
         moves = []
-        for where, _, _ in found:  # no await from here to the append: all or nothing
-            m = self._store.read_message(where)
-            if m is None:
-                continue
-            done = step(MessageState.of(m), Reschedule(request.new_trigger_ms(m.trigger_ms)), now_ms)
+        for where, status, retry, trigger_ms in self._current(found, mark):  # no await from here to the append
+            # (a reschedule's step needs the status, retry and trigger time only)
+            state = MessageState(STATUS_BY_VALUE[status], retry, 0, trigger_ms, 0)
+            done = step(state, Reschedule(request.new_trigger_ms(trigger_ms)), now_ms)
             if done.refusal is None and done.state is not None:
-                moves.append((m, done))
+                moves.append((where, done))
         if not moves:
             return 0, more
         moved = self._dead_letters.move(moves, now_ms)

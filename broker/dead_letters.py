@@ -81,22 +81,23 @@ class DeadLetters:
             raise Conflict(f"message {msg_id!r} is {_status_words(message.status)}: only a waiting or ready "
                            f"message can be rescheduled" + (" (ack or nack it first)"
                                                             if message.status is Status.CONSUMING else ""))
-        moved, = self.move([(message, done)], now_ms)
+        moved, = self.move([(message.location, done)], now_ms)
         self._metrics.topic(topic).reschedules += 1
         await self._commits.durable()
         return self._releaser.ready_if_due([moved], now_ms)[0]
 
-    def move(self, moves: list[tuple[Message, Step]], now_ms: int) -> list[Message]:
-        """Journal.move to each step's new state, then the RAM side: the old
-        places leave the wheel or the ready window (after the append: a
-        refused one changes nothing), the new ones go to the wheel."""
-        moved = self._journal.move([(m.location, done.state.trigger_ms, done.state.retry)
-                                    for m, done in moves if done.state is not None], now_ms)
-        for old, done in moves:
+    def move(self, moves: list[tuple[Location, Step]], now_ms: int) -> list[Message]:
+        """Journal.move of the message at each place to its step's new
+        state, then the RAM side: the old places leave the wheel or the
+        ready window (after the append: a refused one changes nothing), the
+        new ones go to the wheel."""
+        moved = self._journal.move([(where, done.state.trigger_ms, done.state.retry)
+                                    for where, done in moves if done.state is not None], now_ms)
+        for where, done in moves:
             if Effect.CANCEL in done.effects:
-                self._filing.cancel(old.location)
+                self._filing.cancel(where)
             elif Effect.FORGET in done.effects:
-                self._windows.forget_at(old.location)
+                self._windows.forget_at(where)
         for m in moved:
             self._filing.add(m.location, m.trigger_ms, now_ms)  # (FILE)
         return moved
@@ -130,7 +131,7 @@ class DeadLetters:
         if done.refusal is Refusal.NOT_DEAD:
             raise Conflict(f"message {msg_id!r} is {_status_words(message.status)}: only an expired (5) or "
                            f"ended (6) message can be re-driven")
-        moved = self.move([(message, done)], now_ms)
+        moved = self.move([(message.location, done)], now_ms)
         self._metrics.topic(topic).redrives += 1
         await self._commits.durable()
         return self._releaser.ready_if_due(moved, now_ms)[0]
@@ -151,7 +152,7 @@ class DeadLetters:
             if entries:
                 now_ms = self._clock.now_ms()
                 olds = [m for e in entries if (m := self._store.read_message(e.location)) is not None]
-                moves = [(m, redriven) for m in olds
+                moves = [(m.location, redriven) for m in olds
                          if (redriven := step(MessageState.of(m), REDRIVE, now_ms)).refusal is None]
                 moved = self.move(moves, now_ms)
                 done += len(moved)

@@ -15,6 +15,11 @@ then `Pending` is the one place that knows about the record:
     far_bytes bytes they will write to far hours (storage.placement counts
               them against the disk's room)
 
+Apart from the overlays, `change_mark()` and `changed_since()` say whether a
+record appended since a mark changed an existing entry of a file (a STATE
+record, or a MOVE's old place): a bulk call that read many entries over
+several turns of the event loop reads again only those of such files.
+
 Worked example: send(m1) appends a SEND record; `ids` now holds m1 and
 `slots` the tail of its second, so get(m1) finds it and the next send to
 that second chains onto it. update(m1 -> READY) appends a STATE record,
@@ -52,6 +57,8 @@ class Pending:
         self._slots: dict[tuple[int, int], tuple[int, int]] = {}
         self._states: dict[tuple[int, int], State] = {}
         self._far_bytes = 0
+        self._marks = 0  # records appended that changed existing entries
+        self._changed: dict[int, int] = {}  # file id -> _marks after the last such record touching it
 
     # -- records -------------------------------------------------------------------
 
@@ -62,6 +69,23 @@ class Pending:
         self._log.append(body)
         self._records.append((kind, now_ms, items))
         self._far_bytes += far_bytes
+        if kind is records.Kind.STATE:
+            self._mark({item.hour for item in cast(Sequence[records.StateItem], items)})
+        elif kind is records.Kind.MOVE:
+            self._mark({item.from_hour for item in cast(Sequence[records.MoveItem], items)})
+
+    def _mark(self, files: set[int]) -> None:
+        self._marks += 1
+        for file_id in files:
+            self._changed[file_id] = self._marks
+
+    def change_mark(self) -> int:
+        """A mark to ask `changed_since` about later."""
+        return self._marks
+
+    def changed_since(self, file_id: int, mark: int) -> bool:
+        """Has a record appended since `mark` changed an entry of this file?"""
+        return self._changed.get(file_id, 0) > mark
 
     def __len__(self) -> int:
         return len(self._records)

@@ -11,6 +11,11 @@ state only (the per-topic counts).
     scan_status / scan_ready a topic's entries in given statuses, hour by
                              hour, skipping hours whose counts hold none,
                              SCAN_SLICE raw entries per read
+    scan_matches             the same for the bulk calls, with a tag and a
+                             trigger time range tested on the raw entries
+                             (files whose times lie outside the range not
+                             read) and only (place, status, retry, trigger)
+                             made of each match
     topic_hours, file_counts per-hour counts kept in RAM: O(hours)
     hour_topic_counts        the same counts of every topic, an hour at a
                              time: O((hour, topic) pairs) for all topics
@@ -23,11 +28,13 @@ and a second-table slot read for a send is remembered (`slot`).
 
 from __future__ import annotations
 
+import struct
+import zlib
 from collections.abc import Iterator, Sequence
 
 from . import delay_index, delay_log, spans
 from .delay_index import FLAG_RELEASED
-from .entry import SECONDS_PER_HOUR, STATUS_BY_VALUE, IndexEntry, Location, Message, Status
+from .entry import MS_PER_HOUR, SECONDS_PER_HOUR, STATUS_BY_VALUE, IndexEntry, Location, Message, Status
 from .errors import CorruptionError, InvalidRequest, InvariantError
 from .hour import Hour
 from .hour_table import NO_HOUR, HourTable
@@ -37,6 +44,14 @@ from .types import total_counts
 
 # Index entries read at once by a scan (scan_ready): 192 KiB.
 SCAN_SLICE = 4096
+
+# A bulk scan's match: where, its status and retry (pending changes
+# included), and its trigger time.
+Match = tuple[Location, int, int, int]
+# An entry's topic hash and tag hash, adjacent (storage.delay_index): a scan
+# for a tag looks for both at once in the raw bytes.
+_TOPIC_TAG = struct.Struct("<II")
+_TOPIC_TAG_OFFSET = 28
 
 
 class Reader:
@@ -184,6 +199,98 @@ class Reader:
                 first = gi
         return found, None
 
+    def scan_matches(self, topic_hash: int, statuses: Sequence[Status], start: Location, max_scan: int,
+                     max_found: int, tag_hash: int | None, trigger_from: int | None, trigger_to: int | None,
+                     now_ms: int) -> tuple[list[Match], Location | None]:
+        """The topic's unreleased entries in `statuses` with tag hash
+        `tag_hash` (None: any) and trigger time in [trigger_from,
+        trigger_to) (None: unbounded), pending changes included, from
+        `start` in file order: up to
+        `max_found`, reading at most about `max_scan` entries; the place to
+        go on from, None at the end. An entry is checked (its checksum, its
+        globalIndex) only when it matches: a damaged one raises
+        CorruptionError.
+
+        Files outside the time range are not read. Every message of an
+        hour's file triggers before the hour ends (it is filed at the later
+        of its trigger time and its send's time); only while the hour has
+        not begun has none been filed late (its trigger before the hour), so
+        an hour is left out below `trigger_from` always and at or above
+        `trigger_to` only when it begins more than an hour from `now_ms`. A
+        span's messages all trigger within the span (it is used only for
+        trigger times far ahead)."""
+        found: list[Match] = []
+        scanned = 0
+        pending = self._pending.states
+        wanted = frozenset(int(s) for s in statuses)
+        entry_bytes = delay_index.ENTRY_BYTES
+        fixed_bytes = delay_index.FIXED.size
+        unpack = delay_index.ENTRY.unpack_from
+        crc32 = zlib.crc32
+        pattern = None if tag_hash is None else _TOPIC_TAG.pack(topic_hash, tag_hash)
+        changing = {hour for hour, _ in pending}  # files whose counts a pending change may leave behind
+        for h in self._hours.ascending(start.hour, None):
+            hour = h.hour
+            if self._outside(h, trigger_from, trigger_to, now_ms):
+                continue
+            counts = h.topics.get(topic_hash)
+            if counts is None or not (any(counts[s] for s in wanted) or hour in changing):
+                continue
+            first = start.global_index if hour == start.hour else 0
+            files = self._hours.readable(h)
+            path = files.idx.path
+            while first < h.applied:
+                if scanned >= max_scan or len(found) >= max_found:
+                    return found, Location(hour, first)
+                n = min(SCAN_SLICE, h.applied - first)
+                raw = files.idx.read(delay_index.entry_offset(first), n * entry_bytes)
+                if pattern is None:
+                    ats: Iterator[int] = iter(range(0, n * entry_bytes, entry_bytes))
+                else:
+                    ats = _aligned(raw, pattern, _TOPIC_TAG_OFFSET, entry_bytes)
+                stop = n
+                for at in ats:
+                    (trigger_ms, _, _, _, gi, _, topic, tag, _, second, crc, status, flags,
+                     retry) = unpack(raw, at)
+                    if topic != topic_hash or (tag_hash is not None and tag != tag_hash):
+                        continue
+                    if (trigger_from is not None and trigger_ms < trigger_from) or \
+                            (trigger_to is not None and trigger_ms >= trigger_to):
+                        continue
+                    if pending:
+                        p = pending.get((hour, gi))
+                        if p is not None:
+                            status, flags, retry = p[0], p[1], p[2]
+                    if status not in wanted or flags & FLAG_RELEASED:
+                        continue
+                    if crc32(raw[at:at + fixed_bytes]) != crc or gi != first + at // entry_bytes or second >= 3600:
+                        raise CorruptionError(path, delay_index.entry_offset(first + at // entry_bytes),
+                                              "index entry checksum mismatch, or not where it says it is")
+                    found.append((tuple.__new__(Location, (hour, gi)), status, retry, trigger_ms))
+                    if len(found) >= max_found:
+                        stop = at // entry_bytes + 1
+                        break
+                scanned += stop
+                first += stop
+        return found, None
+
+    @staticmethod
+    def _outside(h: Hour, trigger_from: int | None, trigger_to: int | None, now_ms: int) -> bool:
+        """Does no message of this file trigger in [trigger_from, trigger_to)? (scan_matches)"""
+        if trigger_from is None and trigger_to is None:
+            return False
+        if spans.is_span(h.hour):
+            if h.start is None:
+                return False
+            first_ms = h.start * MS_PER_HOUR
+            end_ms = first_ms + (MS_PER_HOUR << spans.span_shift(h.hour))
+            return (trigger_from is not None and end_ms <= trigger_from) or \
+                (trigger_to is not None and first_ms >= trigger_to)
+        first_ms = h.hour * MS_PER_HOUR
+        if trigger_from is not None and first_ms + MS_PER_HOUR <= trigger_from:
+            return True
+        return trigger_to is not None and first_ms >= trigger_to and first_ms > now_ms + MS_PER_HOUR
+
     def hour_entries(self, hour: int, first: int = 0, count: int | None = None) -> list[IndexEntry]:
         h = self._hours.get(hour)
         if h is None:
@@ -282,3 +389,16 @@ class Reader:
 
     def __repr__(self) -> str:
         return f"Reader(hours={len(self._hours)}, pending={len(self._pending)})"
+
+
+def _aligned(raw: bytes, pattern: bytes, offset: int, size: int) -> Iterator[int]:
+    """The starts of the `size`-byte entries of `raw` holding `pattern` at
+    `offset` within them, found by the byte search (C), not entry by entry."""
+    pos = raw.find(pattern, offset)
+    while pos >= 0:
+        at = pos - offset
+        if at % size == 0:
+            yield at
+            pos = raw.find(pattern, at + size + offset)
+        else:
+            pos = raw.find(pattern, pos + 1)

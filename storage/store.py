@@ -101,7 +101,7 @@ from .id_index import IdIndex
 from .key_index import key_dir, open_key_index
 from .pending import Pending
 from .placement import Placement
-from .reading import Reader
+from .reading import Match, Reader
 from .refile import REFILE_STEP, Refiler
 from .retention import Retention
 from .types import (
@@ -352,6 +352,27 @@ class Store:
         in hours read)."""
         self._check_open()
         return self._reader.scan_status(topic_hash, statuses, start, until_hour, max_scan, max_found, worth_reading)
+
+    def change_mark(self) -> int:
+        """A mark for `changed_since` (storage.pending)."""
+        return self._pending.change_mark()
+
+    def changed_since(self, file_id: int, mark: int) -> bool:
+        """Has a status change or a move appended since `mark` touched an
+        entry of this file (hour or span)? If not, what was read of its
+        entries then is as it is now."""
+        return self._pending.changed_since(file_id, mark)
+
+    def scan_matches(self, topic_hash: int, statuses: Sequence[Status], start: Location, max_scan: int,
+                     max_found: int, tag_hash: int | None = None, trigger_from: int | None = None,
+                     trigger_to: int | None = None, now_ms: int = 0) -> tuple[list[Match], Location | None]:
+        """The bulk calls' scan (storage.reading.Reader.scan_matches): the
+        topic's unreleased entries in `statuses`, of tag hash `tag_hash` and
+        trigger time in [trigger_from, trigger_to), as (place, status,
+        retry, trigger_ms), from `start` in file order."""
+        self._check_open()
+        return self._reader.scan_matches(topic_hash, statuses, start, max_scan, max_found, tag_hash, trigger_from,
+                                         trigger_to, now_ms)
 
     def hour_entries(self, hour: int, first: int = 0, count: int | None = None) -> list[IndexEntry]:
         """Applied entries of `hour` from globalIndex `first` (`count` of them,

@@ -19,10 +19,12 @@ from __future__ import annotations
 
 import asyncio
 import os
+from types import SimpleNamespace
 
 import pytest
 from broker_harness import CONFIG, BrokerHarness
 
+from broker.bulk_params import BulkFilter, DeleteMsgsRequest
 from broker.disk_broker import Broker
 from broker.metrics import Metrics
 from broker.params import AckRequest, Defaults, DeleteRequest, LongPollRequest, NewSend, PullRequest
@@ -747,3 +749,54 @@ def test_background_records_no_quorum_acknowledged_in_time_fail_nothing():
         assert node.state("c") == (CONSUMING, 2) and node.state("w") == (CONSUMING, 1)
     finally:
         h.teardown()
+
+
+# -- a bulk call and the requests that run while it reads ------------------------------------
+
+
+def test_a_bulk_delete_takes_the_messages_changed_while_it_read_as_they_now_are(node, monkeypatch):
+    """A deleteMsgs reads its matches a slice at a time, the loop free
+    between: an ack, a reschedule, a deleteMsg and a pull land meanwhile on
+    messages it has read. Its record takes each as it is at the end -- the
+    acked one stays acked, the moved one is deleted at its new place (or
+    left there if read before it moved), nothing is changed twice -- and
+    the broker goes on serving."""
+    import broker.bulk
+    monkeypatch.setattr(broker.bulk, "BULK_SCAN", 2)
+    for i in range(6):
+        node.send(f"r{i}")
+    for i in range(6):
+        node.send(f"w{i}", delay_ms=600_000)
+    consuming = node.pulled_ids(batch=2)
+    b = node.h.broker
+    between = asyncio.Event()  # the bulk call has read its first slice and yields
+    go_on = asyncio.Event()
+
+    async def first_yield_waits(_: float) -> None:
+        if not between.is_set():
+            between.set()
+            await go_on.wait()
+    monkeypatch.setattr(broker.bulk, "asyncio", SimpleNamespace(sleep=first_yield_waits))
+
+    async def meanwhile():
+        await between.wait()
+        await b.ack(AckRequest(TOPIC, consuming[0], True))
+        await b.reschedule(TOPIC, "w5", node.now + 1_200_000)
+        await b.delete(DeleteRequest(TOPIC, "w4", False))
+        pulled = [m.msg_id for m in await b.pull(PullRequest(TOPIC, 30_000, 1, ()))]
+        go_on.set()
+        return pulled
+
+    async def both():
+        return await asyncio.gather(b.delete_msgs(DeleteMsgsRequest(TOPIC, BulkFilter(), 1000)), meanwhile())
+
+    (deleted, more), pulled = node._call(both())
+    assert not more and node.h.broker.failed is None
+    states = {f"{p}{i}": node.state(f"{p}{i}")[0] for p in "rw" for i in range(6)}
+    assert states[consuming[0]] is ACKED
+    assert all(s is DELETED for msg_id, s in states.items() if msg_id not in (consuming[0], "w5"))
+    assert states["w5"] in (DELETED, WAITING)  # at its new place: read by the bulk call after it moved, or not
+    assert deleted == sum(1 for msg_id, s in states.items() if s is DELETED and msg_id != "w4")
+    assert len(pulled) <= 1
+    node.advance(1_300_000)
+    assert node.pulled_ids() == ([] if states["w5"] is DELETED else ["w5"])
