@@ -44,6 +44,7 @@ from .pending import Pending
 from .types import text_hash
 
 WAITING = Status.WAITING
+CONSUMING, ACKED = int(Status.CONSUMING), int(Status.ACKED)
 
 
 class Applier:
@@ -135,24 +136,38 @@ class Applier:
             h.count(topic_hash, WAITING, count)
 
     def _apply_states(self, now_ms: int, items: Sequence[records.StateItem]) -> None:
-        for change in items:
-            h = self._hours.get(change.hour)
-            if h is None or change.global_index >= h.applied:
-                raise ContractError(f"state change for unknown message {change.hour}/{change.global_index}")
-            h.stage_state(change.global_index, change.status, change.flags, change.retry)
-            self._hours.mark_dirty(h)
-            if change.status == Status.CONSUMING:
-                self._consuming[Location(change.hour, change.global_index)] = change.deadline_ms
-            elif change.prev_status == Status.CONSUMING:
-                self._consuming.pop(Location(change.hour, change.global_index), None)
-            h.count(change.topic_hash, change.prev_status, -1)
-            h.count(change.topic_hash, change.status, 1)
-            was_final, is_final = change.prev_status >= Status.ACKED, change.status >= Status.ACKED
-            if is_final and not was_final:
-                h.ended += 1
-                h.last_end_ms = max(h.last_end_ms, now_ms)
-            elif was_final and not is_final:
+        """Each entry's status, flags and retry staged in place, the per-topic
+        counts moved (summed per file, topic and status first: a bulk
+        call's record holds many changes of few files)."""
+        consuming, get = self._consuming, self._hours.get
+        deltas: dict[tuple[Hour, int, int], int] = {}
+        h: Hour | None = None
+        for hour, gi, status, retry, flags, prev_status, topic_hash, deadline_ms in items:
+            if h is None or h.hour != hour:
+                h = get(hour)
+                if h is None:
+                    raise ContractError(f"state change for unknown message {hour}/{gi}")
+                self._hours.mark_dirty(h)
+            if gi >= h.applied:
+                raise ContractError(f"state change for unknown message {hour}/{gi}")
+            h.stage_state(gi, status, flags, retry)
+            if status == CONSUMING:
+                consuming[tuple.__new__(Location, (hour, gi))] = deadline_ms
+            elif prev_status == CONSUMING:
+                consuming.pop(tuple.__new__(Location, (hour, gi)), None)
+            key = (h, topic_hash, prev_status)
+            deltas[key] = deltas.get(key, 0) - 1
+            key = (h, topic_hash, status)
+            deltas[key] = deltas.get(key, 0) + 1
+            if status >= ACKED:
+                if prev_status < ACKED:
+                    h.ended += 1
+                    h.last_end_ms = max(h.last_end_ms, now_ms)
+            elif prev_status >= ACKED:
                 h.ended -= 1
+        for (h, topic_hash, status), delta in deltas.items():
+            if delta:
+                h.count(topic_hash, status, delta)
 
     def _apply_moves(self, now_ms: int, items: Sequence[records.MoveItem], new_entries: list[IndexEntry] | None) -> None:
         """The old entry ends (status 7, released, moved: it counts as ended

@@ -195,20 +195,21 @@ class Placement:
         self._hours.advance(now_ms)
         items = []
         staged: dict[tuple[int, int], State] = {}  # published only if every change is valid
-        for change in changes:
-            hour, gi = change.location
-            known = staged.get(change.location)
-            if known is None and change.prev_status:
-                known = (change.prev_status, 0, change.retry, change.topic_hash)
-            status, flags, _retry, topic_hash = known or self._reader.state(change.location)
+        new_item = tuple.__new__  # a StateItem made without its generated (Python-level) __new__
+        item_type = records.StateItem
+        for where, new_status, retry, released, deadline_ms, prev_status, known_topic in changes:
+            known = staged.get(where)
+            if known is None and prev_status:
+                known = (prev_status, 0, retry, known_topic)
+            status, flags, _retry, topic_hash = known or self._reader.state(where)
             if topic_hash < 0:
-                topic_hash = self._pending.topic_hash_of(change.location)
-            if change.retry < 0 or change.retry > MAX_RETRY_COUNT:
-                raise InvalidRequest("retry", f"must be in 0..{MAX_RETRY_COUNT}, got {change.retry}")
-            new_flags = flags | (FLAG_RELEASED if change.released else 0)
-            items.append(records.StateItem(hour, gi, int(change.status), change.retry, new_flags, status, topic_hash,
-                                           change.deadline_ms))
-            staged[change.location] = (int(change.status), new_flags, change.retry, topic_hash)
+                topic_hash = self._pending.topic_hash_of(where)
+            if retry < 0 or retry > MAX_RETRY_COUNT:
+                raise InvalidRequest("retry", f"must be in 0..{MAX_RETRY_COUNT}, got {retry}")
+            new_flags = flags | FLAG_RELEASED if released else flags
+            to = int(new_status)
+            items.append(new_item(item_type, (where[0], where[1], to, retry, new_flags, status, topic_hash, deadline_ms)))
+            staged[where] = (to, new_flags, retry, topic_hash)
         if items:
             self._pending.append(records.encode(records.Kind.STATE, now_ms, items), records.Kind.STATE, now_ms, items)
         self._pending.set_states(staged)  # only once the record is in the log
