@@ -4,7 +4,10 @@ listMsg, deleteMsgs, rescheduleMsgs, with the disk broker's outcomes.
 Finding: the topic's `meta` hash is read with HSCAN, SCAN_COUNT fields a
 round trip (the event loop and Redis both free between them); a msgId
 prefix is HSCAN's MATCH pattern (glob characters escaped), so Redis skips
-the rest itself. Each meta's status, trigger time and tag decide the match;
+the rest itself. With a tag, only that tag's messages are read: their ids
+from the tag's range of the `tags` zset (broker.redis.keys), SCAN_COUNT a
+round trip, then their metas (HMGET). Each meta's status, trigger time and
+tag decide the match;
 a page's bodies are read once its members are known (HMGET). A key filter
 matches nothing here: this backend refuses keyed sends.
 
@@ -69,26 +72,61 @@ class RedisBulk:
         self._lifecycle.check_serving()
         if not flt.statuses or flt.key is not None:
             return
+        wanted = {str(int(s)) for s in flt.statuses}
+
+        def matches(msg_id: str, meta: dict[str, str]) -> bool:
+            return (meta["status"] in wanted and flt.in_range(int(meta["trigger"]))
+                    and (flt.tag is None or meta["tag"] == flt.tag)
+                    and (flt.msg_id_prefix is None or msg_id.startswith(flt.msg_id_prefix)))
+
+        tagged = flt.tag is not None and await self._tags_complete(topic)
+        async for fields in (self._tagged(topic, flt.tag) if tagged and flt.tag is not None
+                             else self._scanned(topic, flt)):
+            yield [(msg_id, meta) for msg_id, raw in fields if raw is not None
+                   and matches(msg_id, meta := json.loads(raw))]
+            self._lifecycle.check_serving()
+
+    async def _scanned(self, topic: str, flt: BulkFilter) -> AsyncIterator[list[tuple[str, str | None]]]:
+        """(msgId, raw meta) of every message of the topic (with a msgId
+        prefix, of those having it), by HSCAN."""
         key = self._keys(topic).meta
         match = None if flt.msg_id_prefix is None else _glob_escaped(flt.msg_id_prefix) + "*"
-        wanted = {str(int(s)) for s in flt.statuses}
         cursor: int = 0
         while True:
             try:
                 cursor, fields = await self._redis.hscan(key, cursor, match=match, count=SCAN_COUNT)
             except self._errors as e:
                 raise Unavailable(await self._problem(e, [key])) from e
-            out = []
-            for msg_id, raw in cast(dict[str, str], fields).items():  # (decode_responses: text)
-                meta = json.loads(raw)
-                if (meta["status"] in wanted and flt.in_range(int(meta["trigger"]))
-                        and (flt.tag is None or meta["tag"] == flt.tag)
-                        and (flt.msg_id_prefix is None or msg_id.startswith(flt.msg_id_prefix))):
-                    out.append((msg_id, meta))
-            yield out
+            yield list(cast(dict[str, str], fields).items())  # (decode_responses: text)
             if not cursor:
                 return
-            self._lifecycle.check_serving()
+
+    async def _tags_complete(self, topic: str) -> bool:
+        """Does the topic's `tags` hold every tagged message? (Not for a
+        topic that held messages before `tags` existed, until it is empty.)"""
+        key = self._keys(topic).tags
+        try:
+            return await self._redis.zscore(key, "") is not None
+        except self._errors as e:
+            raise Unavailable(await self._problem(e, [key])) from e
+
+    async def _tagged(self, topic: str, tag: str) -> AsyncIterator[list[tuple[str, str | None]]]:
+        """(msgId, raw meta or None if purged meanwhile) of the messages
+        stored with `tag`, by the tag's range of `tags`: "<tag>,<msgId>"
+        members (a tag holds no comma; "-" follows ",")."""
+        keys = self._keys(topic)
+        low, high, after = f"[{tag},", f"({tag}-", ""
+        while True:
+            try:
+                members = cast(list[str], await self._redis.zrangebylex(keys.tags, after or low, high, 0, SCAN_COUNT))
+                ids = [m[len(tag) + 1:] for m in members]
+                raws = cast(list[str | None], await self._redis.hmget(keys.meta, ids)) if ids else []
+            except self._errors as e:
+                raise Unavailable(await self._problem(e, [keys.tags, keys.meta])) from e
+            yield list(zip(ids, raws))
+            if len(members) < SCAN_COUNT:
+                return
+            after = "(" + members[-1]
 
     async def page(self, request: ListMsgRequest) -> tuple[list[Message], str | None]:
         keeper = PageKeeper(request.cursor, request.limit)

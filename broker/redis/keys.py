@@ -13,6 +13,10 @@ slot, and escaping keeps a topic from forging another topic's keys):
                      maxRetry priority tag rk status retry
     P body     hash  msgId -> msg
     P retire   zset  msgId -> when a final (4..7) message is purged
+    P tags     zset  "<tag>,<msgId>", scores 0: every stored message with a
+                     tag, until it is purged (the bulk calls' tag filter);
+                     and "" once a send found the topic empty: from then
+                     on every tagged message of it is here
     <prefix>:topics   set of topic names (not hash-tagged; in no script of
                       a topic's, only in register.lua, alone)
     <prefix>:wake:<T> pub/sub channel: "a message of T became READY"
@@ -21,8 +25,9 @@ rk = "%05d%015d:msgId" % (32767 - priority, triggerTime): ready order is
 the bytes of rk, i.e. (-priority, trigger, msgId), exact with no float
 arithmetic. A pull filtered by tags reads the head of each tag's range of
 `tagged` (ZRANGEBYLEX "[tag," "(tag-": a tag holds no comma, and "-"
-follows ","), and takes the smallest rk, compared bytewise. Every script
-receives all eight keys in KEYS and builds no key name itself, as Redis
+follows ","), and takes the smallest rk, compared bytewise; a bulk call
+filtered by a tag reads that tag's range of `tags` the same way. Every
+script receives all nine keys in KEYS and builds no key name itself, as Redis
 Cluster requires (tests/integration/test_redis_cluster.py checks it by
 running the scripts with every undeclared key access made an error).
 
@@ -46,7 +51,7 @@ from storage.store import MAX_PRIORITY
 
 # The type each key of a topic must have, in the order scripts get them as KEYS.
 KEY_TYPES = {"waiting": "zset", "ready": "zset", "tagged": "zset", "expire": "zset", "ack": "zset",
-             "meta": "hash", "body": "hash", "retire": "zset"}
+             "meta": "hash", "body": "hash", "retire": "zset", "tags": "zset"}
 
 
 @dataclass(frozen=True)
@@ -110,6 +115,7 @@ class TopicKeys:
     meta: str
     body: str
     retire: str
+    tags: str
 
     @classmethod
     def of(cls, key_prefix: str, topic: str) -> TopicKeys:

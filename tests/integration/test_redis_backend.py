@@ -21,6 +21,7 @@ from serving import ROOT, Server
 
 pytest.importorskip("redis", reason="the redis extra is not installed (pip install 'hourglass[redis]')")
 
+from broker.bulk_params import BulkFilter, DeleteMsgsRequest
 from broker.clock import SystemClock
 from broker.metrics import Metrics
 from broker.params import AckRequest, Defaults, DeleteRequest, LongPollRequest, PullRequest
@@ -402,3 +403,26 @@ async def still_there(url: str) -> bool:
         return False
     finally:
         await b.redis.aclose()
+
+
+def test_a_bulk_call_by_tag_reads_the_tag_index_and_a_purge_empties_it(redis_url):
+    """Each tagged message is in the topic's `tags` zset from its send until
+    it is purged; a topic from before `tags` (no "" member: its messages may
+    be missing there) is scanned instead, and is indexed again once empty."""
+    async def scenario(b: RedisBroker):
+        keys = TopicKeys.of(b.config.key_prefix, TOPIC)
+        await b.send([new(f"r{i}", tag="red", delay_ms=60_000) for i in range(5)] +
+                     [new(f"b{i}", tag="blue", delay_ms=60_000) for i in range(3)] + [new("n", delay_ms=60_000)])
+        assert sorted(await b.redis.zrange(keys.tags, 0, -1)) == sorted(
+            ["", *(f"red,r{i}" for i in range(5)), *(f"blue,b{i}" for i in range(3))])
+        assert (await b.delete_msgs(DeleteMsgsRequest(TOPIC, BulkFilter(tag="red"), 2))) == (2, True)
+        await b.redis.zrem(keys.tags, "", "red,r4")  # a topic from before the index, missing one
+        assert await b.count_msgs(TOPIC, BulkFilter(tag="red")) == 3  # scanned: r4 found all the same
+        await b.redis.zadd(keys.tags, {"": 0})
+        assert await b.count_msgs(TOPIC, BulkFilter(tag="red")) == 2  # the index as it stands
+        assert (await b.delete_msgs(DeleteMsgsRequest(TOPIC, BulkFilter(), 100))) == (7, False)
+        for msg_id in [f"r{i}" for i in range(5)] + [f"b{i}" for i in range(3)] + ["n"]:
+            with pytest.raises(NotFound):  # ended: 404, released all the same
+                await b.delete(DeleteRequest(TOPIC, msg_id, True))
+        assert await b.redis.zrange(keys.tags, 0, -1) == [""]
+    run(redis_url, scenario)

@@ -1,7 +1,7 @@
--- Shared by every script. KEYS are a topic's eight keys (TopicKeys.all); a
+-- Shared by every script. KEYS are a topic's nine keys (TopicKeys.all); a
 -- message is a table of strings, read with load() and written with save().
-local WAITING, READY, TAGGED, EXPIRE, ACK, META, BODY, RETIRE =
-  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
+local WAITING, READY, TAGGED, EXPIRE, ACK, META, BODY, RETIRE, TAGS =
+  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9]
 local function load(id)
   local raw = redis.call('HGET', META, id)
   if raw then return cjson.decode(raw) end
@@ -30,6 +30,18 @@ local function ready_remove(id, m)
   redis.call('ZREM', READY, m.rk)
   if m.tag ~= '' then redis.call('ZREM', TAGGED, m.tag .. ',' .. m.rk) end
   redis.call('ZREM', EXPIRE, id)
+end
+-- The message's entry in TAGS (the bulk calls' tag filter), made at its
+-- send and dropped when it is purged.
+local function tag_add(id, m)
+  if m.tag ~= '' then redis.call('ZADD', TAGS, 0, m.tag .. ',' .. id) end
+end
+local function purge(id)
+  local m = load(id)
+  if m and m.tag ~= '' then redis.call('ZREM', TAGS, m.tag .. ',' .. id) end
+  redis.call('HDEL', META, id)
+  redis.call('HDEL', BODY, id)
+  redis.call('ZREM', RETIRE, id)
 end
 local function finish(id, m, status, retire_at)
   m.status = status

@@ -8,9 +8,7 @@ if st == '1' then redis.call('ZREM', WAITING, id)
 elseif st == '2' then ready_remove(id, m)
 elseif st == '3' then redis.call('ZREM', ACK, id) end
 if ARGV[2] == '1' then
-  redis.call('HDEL', META, id)
-  redis.call('HDEL', BODY, id)
-  redis.call('ZREM', RETIRE, id)
+  purge(id)
   if st ~= '1' and st ~= '2' and st ~= '3' then return 'NOOP' end
   return 'OK'
 end

@@ -5,11 +5,14 @@
 -- `strict` is '1' (camellia stores the new one).
 local now, retire_at = tonumber(ARGV[1]), ARGV[2]
 local out = {}
+-- A topic holding no message from here on has every tagged message in TAGS:
+-- the member '' says so (topics from before TAGS are scanned until then).
+if redis.call('HLEN', META) == 0 then redis.call('ZADD', TAGS, 0, '') end
 for i = 3, #ARGV, 11 do
   local id = ARGV[i]
   local raw = redis.call('HGET', META, id)
   if raw and ARGV[i + 10] ~= '1' and tonumber(cjson.decode(raw).status) >= 4 then
-    redis.call('ZREM', RETIRE, id)
+    purge(id)
     raw = nil
   end
   if raw then
@@ -26,6 +29,7 @@ for i = 3, #ARGV, 11 do
       ready_add(id, m)
     end
     save(id, m)
+    tag_add(id, m)
     redis.call('HSET', BODY, id, ARGV[i + 1])
     out[#out + 1] = {m.status}
   end

@@ -38,9 +38,7 @@ local expired = each_due(EXPIRE, '2', function(id, m)
 end)
 local retired = redis.call('ZRANGEBYSCORE', RETIRE, '-inf', now, 'LIMIT', 0, limit)
 for _, id in ipairs(retired) do
-  redis.call('ZREM', RETIRE, id)
-  redis.call('HDEL', META, id)
-  redis.call('HDEL', BODY, id)
+  purge(id)
 end
 local full = 0
 if due == limit or timed_out == limit or expired == limit or #retired == limit then full = 1 end
