@@ -6,7 +6,8 @@ does -- the same windows, the same CONSUMING record, the same per-key
 serial order, the same in-flight caps -- through the backend's long poll,
 so a READY arrival wakes it as it wakes a consumer's long poll. Each
 message is POSTed (signed with the subscription's secret); a 2xx acks it
-as ackMsg does; anything else is a failed delivery: the message stays
+as ackMsg does (the 2xx answers of a moment acked together, as one
+batch ack: `ack_many`); anything else is a failed delivery: the message stays
 CONSUMING (its key blocked, as a consumer that has not answered yet) for
 the backoff (broker.push_rules.backoff_ms), then is nacked, which makes it
 READY again (retry counted) or ENDED (status 6) after maxRetry or its ttl.
@@ -58,6 +59,8 @@ log = logging.getLogger("hourglass.push")
 # How long one long poll of a pusher waits before polling again (a
 # pusher's stop or a change of its subscription answers it sooner).
 POLL_MS = 1000
+# Most messages one batch ack of the delivered ones names.
+ACK_BATCH = 1000
 # Upper bounds of the trigger -> 2xx latency histogram, in ms.
 LATENCY_BUCKETS_MS = (5, 10, 25, 50, 100, 250, 500, 1000, 5000, 30_000, 300_000)
 
@@ -171,6 +174,8 @@ class TopicPusher:
         self._slot_free.set()
         self._deliveries: set[asyncio.Task[None]] = set()
         self._backoffs: dict[str, tuple[Message, Timer]] = {}
+        self._delivered: list[str] = []  # answered 2xx, not acked yet (the acker's)
+        self._to_ack = asyncio.Event()
         self._stopped = False
         # The pull's ack timeout: the POST and the longest backoff after it,
         # within the node's --max-ack-timeout-ms (the backoff shrinks to fit).
@@ -180,6 +185,7 @@ class TopicPusher:
         self._literal_host = host if is_address(host) else None
         self._session: aiohttp.ClientSession | None = None
         self._task: asyncio.Task[None] | None = None
+        self._acker: asyncio.Task[None] | None = None
 
     def __repr__(self) -> str:
         return f"TopicPusher({self.subscription!r}, in_flight={self.stats.in_flight})"
@@ -189,7 +195,12 @@ class TopicPusher:
         self._session = aiohttp.ClientSession(
             connector=connector, timeout=aiohttp.ClientTimeout(total=self.subscription.timeout_ms / 1000),
             auto_decompress=False)
+        self._start_tasks()
+
+    def _start_tasks(self) -> None:
+        """The delivery loop, and the acker of what was delivered."""
         self._task = asyncio.create_task(self._run(), name=f"push {self.subscription.topic}")
+        self._acker = asyncio.create_task(self._ack_delivered(), name=f"push acks {self.subscription.topic}")
 
     async def stop(self, nack_backoffs: bool = False) -> None:
         """Stop taking and delivering: a delivery in flight stays CONSUMING
@@ -208,6 +219,9 @@ class TopicPusher:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        if self._acker is not None:  # the deliveries answered 2xx are acked before it stops
+            self._to_ack.set()
+            await asyncio.gather(self._acker, return_exceptions=True)
         if self._session is not None:
             await self._session.close()
 
@@ -245,7 +259,8 @@ class TopicPusher:
             failure, after_ms = await self._post(message)
             now_ms = self._clock.now_ms()
             if failure is None:
-                await self._settle(message, True)
+                self._delivered.append(message.msg_id)
+                self._to_ack.set()
                 self.stats.delivered(max(0, now_ms - message.trigger_ms))
                 return
             reason, detail = failure
@@ -267,8 +282,24 @@ class TopicPusher:
             self._deliveries.add(task)
             task.add_done_callback(self._deliveries.discard)
 
+    async def _ack_delivered(self) -> None:
+        """Ack the messages answered 2xx, those of a moment in one batch ack
+        (ACK_BATCH at most), until the pusher stops and none is left."""
+        topic = self.subscription.topic
+        while True:
+            await self._to_ack.wait()
+            self._to_ack.clear()
+            while self._delivered:
+                ids, self._delivered = self._delivered[:ACK_BATCH], self._delivered[ACK_BATCH:]
+                try:
+                    await self._backend.ack_many(topic, ids, True)
+                except HourglassError as e:  # stopping: redelivered at their ack deadline
+                    log.info("push %s: could not ack %d delivered messages: %s", topic, len(ids), e)
+            if self._stopped:
+                return
+
     async def _settle(self, message: Message, ack: bool) -> None:
-        """Ack (a 2xx) or nack (the backoff is over) as ackMsg does."""
+        """Nack (the backoff is over) or ack as ackMsg does."""
         try:
             await self._backend.ack(AckRequest(message.topic, message.msg_id, ack))
         except HourglassError as e:  # stopping: redelivered at its ack deadline

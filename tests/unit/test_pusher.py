@@ -74,6 +74,7 @@ class FakeBackend:
         self.defaults = Defaults()
         self.ready: list[Message] = []
         self.acks: list[tuple[str, bool, int]] = []
+        self.batch_acks: list[int] = []  # the size of each ack_many
         self.ended: list[str] = []
         self.requeue = False  # a nack puts the message back READY
         self._taken: dict[str, Message] = {}
@@ -103,6 +104,12 @@ class FakeBackend:
             self.ready.append(m._replace(retry=m.retry + 1))
             self._arrived.set()
 
+    async def ack_many(self, topic: str, msg_ids: list[str], ack: bool = True) -> list[Status | None]:
+        self.batch_acks.append(len(msg_ids))
+        for msg_id in msg_ids:
+            await self.ack(AckRequest(topic, msg_id, ack))
+        return [Status.ACKED if ack else None for _ in msg_ids]
+
 
 class Scripted(TopicPusher):
     """A TopicPusher whose POSTs answer from `outcomes` (None: 2xx), each
@@ -118,7 +125,7 @@ class Scripted(TopicPusher):
         self.release: asyncio.Event | None = None
 
     def start(self) -> None:  # no HTTP client: _post is scripted
-        self._task = asyncio.create_task(self._run())
+        self._start_tasks()
 
     async def _post(self, message: Message) -> tuple[tuple[str, str] | None, int | None]:
         self.posts.append((message.msg_id, self._clock.now_ms(), message.retry))
@@ -221,4 +228,24 @@ def test_a_changed_subscription_nacks_what_backs_off_and_a_stopping_node_does_no
             await pusher.stop(nack_backoffs=nack_backoffs)
             await clock.run_until(20_000)
             assert backend.acks == expected  # else CONSUMING until its ack deadline: delivered again then
+    run(test)
+
+
+def test_deliveries_answered_together_are_acked_in_one_batch_and_each_once():
+    async def test() -> None:
+        clock = FakeClock(0)
+        backend = FakeBackend(clock)
+        pusher = Scripted(backend, Subscription("t", "http://h/x", concurrency=50))
+        pusher.release = asyncio.Event()
+        for i in range(50):
+            backend.add(str(i))
+        pusher.start()
+        await clock.run_until(100)
+        assert pusher.concurrent == 50 and backend.acks == []
+        pusher.release.set()  # every POST answers 2xx in the same moment
+        await clock.run_until(200)
+        await pusher.stop()
+        assert sorted(a[0] for a in backend.acks) == sorted(str(i) for i in range(50))
+        assert all(a[1] for a in backend.acks) and len(backend.batch_acks) < 5
+        assert pusher.stats.deliveries == 50
     run(test)
