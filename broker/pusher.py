@@ -39,6 +39,7 @@ import socket
 import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import aiohttp
 import orjson
@@ -353,6 +354,19 @@ async def _read_capped(response: aiohttp.ClientResponse, max_bytes: int) -> None
         response.close()
 
 
+class SubscriptionStore(Protocol):
+    """Where a node keeps its push subscriptions: `SubscriptionFile` on a
+    standalone or Redis-backed node, the Raft group's replicated state on a
+    cluster node (broker.cluster.push)."""
+
+    def load(self) -> dict[str, Subscription]:
+        ...
+
+    async def save(self, subscriptions: dict[str, Subscription]) -> None:
+        """Durable (and replicated) once it returns; raises Unavailable if not."""
+        ...
+
+
 class SubscriptionFile:
     """The node's push subscriptions, one JSON file replaced whole
     (written, fsync'ed, renamed: storage.fileutil.atomic_write), so a
@@ -370,15 +384,16 @@ class SubscriptionFile:
             return {}
         return {row["topic"]: Subscription.from_stored(row) for row in rows}
 
-    def save(self, subscriptions: dict[str, Subscription]) -> None:
-        atomic_write(self.path, orjson.dumps([s.stored() for s in subscriptions.values()]))
+    async def save(self, subscriptions: dict[str, Subscription]) -> None:
+        data = orjson.dumps([s.stored() for s in subscriptions.values()])
+        await asyncio.to_thread(atomic_write, self.path, data)
 
 
 class Pushers:
     """The node's push subscriptions, and a TopicPusher for each while a
     backend serves here (`start`; `stop` when it no longer does)."""
 
-    def __init__(self, clock: Clock, allow: PushAllow, store: SubscriptionFile | None) -> None:
+    def __init__(self, clock: Clock, allow: PushAllow, store: SubscriptionStore | None) -> None:
         self.clock = clock
         self.allow = allow
         self._store = store
@@ -403,7 +418,11 @@ class Pushers:
         return [d for d in map(self.describe, sorted(self.subscriptions)) if d is not None]
 
     def start(self, backend: Backend) -> None:
+        """Push every subscription through `backend`, as kept now (a cluster
+        node that starts leading reads those the last leader replicated)."""
         self._backend = backend
+        if self._store is not None:
+            self.subscriptions = self._store.load()
         for subscription in self.subscriptions.values():
             self._launch(subscription)
 
@@ -442,7 +461,7 @@ class Pushers:
 
     async def _save(self, subscriptions: dict[str, Subscription]) -> None:
         if self._store is not None:
-            await asyncio.to_thread(self._store.save, subscriptions)
+            await self._store.save(subscriptions)
         self.subscriptions = subscriptions
 
 

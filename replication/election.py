@@ -2,9 +2,10 @@
 
 pysyncobj runs Raft in a thread of its own on the node's replication port.
 Raft guarantees at most one leader per term, and a term's leader has been
-voted for by a majority. hourglass uses Raft only for that and for one
-small replicated fact, `claimed = (term, node_id)`: "the leader of `term`
-is `node_id`, and has caught up". A node that Raft makes leader in term T
+voted for by a majority. hourglass uses Raft only for that and for two
+small replicated facts: `claimed = (term, node_id)`, "the leader of `term`
+is `node_id`, and has caught up"; and the push subscriptions (a few per
+topic at most, broker.pusher), which the leader pushes. A node that Raft makes leader in term T
   1. gets a promise and the log position of a majority (broker.cluster),
   2. catches its commit log up to the most advanced of them,
   3. replicates `claim(T, me)` through Raft: committed means a majority
@@ -54,6 +55,16 @@ class Election(Protocol):
 
     async def claim(self, term: int) -> bool:
         """Replicate "I lead `term`"; True once a majority has committed it."""
+        ...
+
+    def subscriptions(self) -> dict[str, bytes]:
+        """The push subscriptions this node has applied: topic -> the
+        subscription as stored (broker.push_rules.Subscription.stored, JSON)."""
+        ...
+
+    async def set_subscription(self, topic: str, stored: bytes | None) -> bool:
+        """Replicate the topic's subscription (None: none); True once a
+        majority has committed it."""
         ...
 
     def close(self) -> None:

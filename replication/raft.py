@@ -37,18 +37,30 @@ log = logging.getLogger("hourglass.election")
 
 # pysyncobj has no type hints: SyncObj and its decorator are Any to mypy.
 class _RaftFacts(SyncObj):  # type: ignore[misc]  # pysyncobj is untyped: its base is Any
-    """The replicated state machine: who claimed the highest term."""
+    """The replicated state machine: who claimed the highest term, and the
+    push subscriptions."""
 
     def __init__(self, me: str, others: list[str], conf: SyncObjConf, transport: Callable[..., RaftTransport]) -> None:
         super().__init__(me, others, conf, transportClass=transport)
         self.claimed_term = 0
         self.claimed_by: str | None = None
+        self.subscriptions: dict[str, bytes] = {}
 
     @replicated  # type: ignore[untyped-decorator]  # pysyncobj is untyped
     def claim(self, term: int, node_id: str) -> bool:
         if term <= self.claimed_term:
             return False
         self.claimed_term, self.claimed_by = term, node_id
+        return True
+
+    @replicated  # type: ignore[untyped-decorator]  # pysyncobj is untyped
+    def subscribe(self, topic: str, stored: bytes | None) -> bool:
+        subscriptions = dict(self.subscriptions)  # replaced whole: the event loop reads it from another thread
+        if stored is None:
+            subscriptions.pop(topic, None)
+        else:
+            subscriptions[topic] = stored
+        self.subscriptions = subscriptions
         return True
 
 
@@ -130,6 +142,18 @@ class RaftElection:
         return self._raft.claimed_term, self._raft.claimed_by
 
     async def claim(self, term: int) -> bool:
+        return await self._committed(self._raft.claim, term, self.config.node_id)
+
+    def subscriptions(self) -> dict[str, bytes]:
+        subscriptions: dict[str, bytes] = self._raft.subscriptions
+        return subscriptions
+
+    async def set_subscription(self, topic: str, stored: bytes | None) -> bool:
+        return await self._committed(self._raft.subscribe, topic, stored)
+
+    async def _committed(self, command: Callable[..., object], *args: object) -> bool:
+        """Run a replicated command; True once committed (and true), False
+        if refused or not committed within write_timeout_ms."""
         loop = asyncio.get_running_loop()
         done: asyncio.Future[bool] = loop.create_future()
 
@@ -140,7 +164,7 @@ class RaftElection:
         def callback(result: object, error: object) -> None:  # on pysyncobj's thread
             loop.call_soon_threadsafe(settle, error == FAIL_REASON.SUCCESS and bool(result))
 
-        self._raft.claim(term, self.config.node_id, callback=callback)
+        command(*args, callback=callback)
         try:
             return await self.clock.wait_for(done, self.config.write_timeout_ms / 1000)
         except TimeoutError:

@@ -353,6 +353,7 @@ class FakeElection:
         self.claims_commit = True
         self.claims: list[int] = []  # every term claimed, committed or not
         self.closed = False
+        self.pushes: dict[str, bytes] = {}  # the subscriptions replicated
 
     @property
     def is_leader(self) -> bool:
@@ -363,6 +364,18 @@ class FakeElection:
         if not self.claims_commit or term <= self.claimed[0]:
             return False
         self.claimed = (term, self.node_id)
+        return True
+
+    def subscriptions(self) -> dict[str, bytes]:
+        return dict(self.pushes)
+
+    async def set_subscription(self, topic: str, stored: bytes | None) -> bool:
+        if not self.claims_commit:
+            return False
+        if stored is None:
+            self.pushes.pop(topic, None)
+        else:
+            self.pushes[topic] = stored
         return True
 
     def close(self) -> None:

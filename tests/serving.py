@@ -8,20 +8,26 @@ as the tests always have:
     server.stop()            # SIGTERM; returns the exit code
     server.kill()            # SIGKILL
 
-`MonitorWatch` is the tests' own: getMonitorData's intervals while a test runs.
+`MonitorWatch` is the tests' own: getMonitorData's intervals while a test
+runs; so is `PushSubscriber`, bench/push_subscriber.py in its own process.
 """
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import threading
 import time
+import urllib.request
+from pathlib import Path
 from typing import Any
 
 from harness import ROOT, Server, decode, free_port, request
 
 from broker.paths import PREFIX
 
-__all__ = ["PREFIX", "ROOT", "MonitorWatch", "Server", "free_port", "request"]
+__all__ = ["PREFIX", "ROOT", "MonitorWatch", "PushSubscriber", "Server", "free_port", "request"]
 
 
 class MonitorWatch:
@@ -100,3 +106,44 @@ class MonitorWatch:
             assert time.monotonic() < deadline, "getMonitorData published no new interval"
             time.sleep(self.poll_s)
         return self.intervals[seen:seen + n]
+
+
+class PushSubscriber:
+    """bench/push_subscriber.py in its own process, and what it received."""
+
+    def __init__(self, tmp_path: Path, mode: str = "ok") -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}/hook"
+        self.record = tmp_path / f"received-{self.port}.jsonl"
+        self.record.touch()
+        self.proc = subprocess.Popen([sys.executable, str(Path(ROOT) / "bench" / "push_subscriber.py"), str(self.port),
+                                      str(self.record), mode])
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:
+                self.mode(mode)
+                return
+            except OSError:
+                time.sleep(0.05)
+        raise TimeoutError("the subscriber did not start")
+
+    def mode(self, mode: str) -> None:
+        request = urllib.request.Request(f"http://127.0.0.1:{self.port}/_mode", json.dumps({"mode": mode}).encode(),
+                                         {"Content-Type": "application/json"})
+        urllib.request.urlopen(request, timeout=5).read()
+
+    def received(self) -> list[dict]:
+        return [json.loads(line) for line in self.record.read_text().splitlines() if line]
+
+    def wait_received(self, count: int, timeout_s: float = 10) -> list[dict]:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            got = self.received()
+            if len(got) >= count:
+                return got
+            time.sleep(0.02)
+        raise AssertionError(f"{len(self.received())} requests received, {count} expected")
+
+    def stop(self) -> None:
+        self.proc.kill()
+        self.proc.wait()

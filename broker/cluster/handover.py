@@ -28,6 +28,8 @@ class Handover(NodeParts):
         it and the last tick, then fail what still waits."""
         broker, leader_log = self.broker, self.leader_log
         if broker is not None and leader_log is not None:
+            if self.pushers is not None:  # first: what they have in flight the next leader delivers again
+                await self.pushers.stop()
             broker.begin_stop()
             with contextlib.suppress(Exception):
                 await self.clock.wait_for(broker.stop(), HANDOVER_TIMEOUT_S)

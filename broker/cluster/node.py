@@ -16,6 +16,7 @@ import os
 from broker.config import ServeConfig
 from broker.console import Console
 from broker.metrics import Metrics
+from broker.push_rules import PushAllow
 from replication import snapshot
 from replication.config import ClusterConfig
 from replication.election import Election
@@ -37,8 +38,6 @@ log = logging.getLogger("hourglass.cluster")
 
 class ClusterNode(Routes, PeerCalls, RoleLoop, Snapshots, Handover):
     """One node of a cluster: store, election, follower loop or broker."""
-
-    push_refusal = "push subscriptions are not taken by a cluster node yet; use a standalone or Redis-backed node"
 
     def __init__(self, config: ServeConfig, cluster: ClusterConfig, clock: Clock,
                  election: Election | None = None) -> None:
@@ -68,6 +67,11 @@ class ClusterNode(Routes, PeerCalls, RoleLoop, Snapshots, Handover):
             from replication.raft import RaftElection
             election = RaftElection(cluster, self.data_dir, clock)
         self.election = election
+        if config.push_allow:  # pushers load aiohttp's client: only on a node that pushes
+            from broker.pusher import Pushers
+
+            from .push import RaftSubscriptions
+            self.pushers = Pushers(clock, PushAllow.parse(config.push_allow), RaftSubscriptions(election))
         self.roles = RoleState(cluster.node_id, cluster.quorum, len(cluster.peers))
         self._session = None
         self._forward_session = None

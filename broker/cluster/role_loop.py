@@ -216,6 +216,8 @@ class RoleLoop(NodeParts):
         broker.start()
         self.leader_log, self.broker = leader_log, broker
         self.api.serve_with(broker)
+        if self.pushers is not None:  # only the leader pushes (broker.cluster.push)
+            self.pushers.start(broker)
         log.info("leading term %d from offset %d, tick %s", term, self.store.log_end_offset, broker.tick)
 
     def _record_leadership(self, term: int, event: LeadershipEvent) -> None:
@@ -234,6 +236,8 @@ class RoleLoop(NodeParts):
         failed = broker.failed  # why it stands down, if its broker failed (not what abandoning it fails)
         self.broker = self.leader_log = None
         self.api.stop_serving()
+        if self.pushers is not None:  # what they have in flight the next leader delivers again
+            await self.pushers.stop()
         leader_log.close(f"this node no longer leads ({reason}); retry")
         await broker.abandon()
         self.tick_file = TickStateFile(self.tick_path, fsync=True)

@@ -9,57 +9,12 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-import subprocess
-import sys
 import time
-import urllib.request
-from pathlib import Path
 
 import pytest
-from serving import ROOT, free_port
+from serving import PushSubscriber as Subscriber
 
 ACKED, ENDED = 4, 6
-
-
-class Subscriber:
-    """bench/push_subscriber.py in its own process, and what it received."""
-
-    def __init__(self, tmp_path: Path, mode: str = "ok") -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}/hook"
-        self.record = tmp_path / f"received-{self.port}.jsonl"
-        self.record.touch()
-        self.proc = subprocess.Popen([sys.executable, str(Path(ROOT) / "bench" / "push_subscriber.py"), str(self.port),
-                                      str(self.record), mode])
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            try:
-                self.mode(mode)
-                return
-            except OSError:
-                time.sleep(0.05)
-        raise TimeoutError("the subscriber did not start")
-
-    def mode(self, mode: str) -> None:
-        request = urllib.request.Request(f"http://127.0.0.1:{self.port}/_mode", json.dumps({"mode": mode}).encode(),
-                                         {"Content-Type": "application/json"})
-        urllib.request.urlopen(request, timeout=5).read()
-
-    def received(self) -> list[dict]:
-        return [json.loads(line) for line in self.record.read_text().splitlines() if line]
-
-    def wait_received(self, count: int, timeout_s: float = 10) -> list[dict]:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            got = self.received()
-            if len(got) >= count:
-                return got
-            time.sleep(0.02)
-        raise AssertionError(f"{len(self.received())} requests received, {count} expected")
-
-    def stop(self) -> None:
-        self.proc.kill()
-        self.proc.wait()
 
 
 @pytest.fixture

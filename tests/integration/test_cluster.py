@@ -6,6 +6,7 @@ snapshot. Every process is stopped by PID; each test is bounded in time."""
 from __future__ import annotations
 
 import contextlib
+import json
 import subprocess
 import sys
 import threading
@@ -13,7 +14,7 @@ import time
 
 import pytest
 from cluster import NODE_IDS, Cluster, drill
-from serving import ROOT, free_port, request
+from serving import ROOT, PushSubscriber, free_port, request
 
 pytestmark = pytest.mark.slow
 
@@ -261,15 +262,43 @@ def test_keys_reschedules_and_far_messages_survive_a_leader_kill(cluster):
     assert code == 200 and body["delayMsg"]["triggerTime"] == years and body["delayMsg"]["status"] == 1
 
 
-def test_a_cluster_node_refuses_push_subscriptions_it_could_not_replicate(tmp_path):
+def test_only_the_leader_pushes_and_the_next_one_resumes_after_a_kill(tmp_path):
+    """A subscription made through a follower is replicated (Raft): after
+    SIGKILL of the leader the new one pushes the rest, every message is
+    delivered (a delivery in flight may come twice), none early, and the
+    subscription is there on every node, its secret nowhere."""
+    subscriber = PushSubscriber(tmp_path)
     c = Cluster.start(tmp_path / "cluster", "--push-allow", "127.0.0.1")
     try:
         leader = c.wait_leader()
         c.wait_known(leader)
-        for node in NODE_IDS:  # the leader, and the followers forwarding to it
-            code, body = c.nodes[node].post("subscribe", topic="t", url="http://127.0.0.1:9/hook")
-            assert code == 403 and "cluster" in body["msg"], body
-            code, body = c.nodes[node].get("getSubscription", topic="t")
-            assert code == 404, body
+        term = c.health(leader)["term"]
+        follower = c.nodes[_others(leader)[0]]
+        code, body = follower.post("subscribe", topic="p", url=subscriber.url, secret="s3cret", concurrency=4)
+        assert code == 200 and body["code"] == 200, body
+        now = int(time.time() * 1000)
+        triggers = {f"m{i}": now + 500 + 100 * i for i in range(40)}  # due over 4.5 s
+        for msg_id, trigger in triggers.items():
+            assert follower.post("sendMsg", topic="p", msg="x", msgId=msg_id, triggerTime=trigger)[0] == 200
+        subscriber.wait_received(5, timeout_s=15)
+        c.kill(leader)
+        new = c.wait_leader(exclude=leader, above_term=term)
+        c.wait_known(new)
+        got = subscriber.wait_received(40, timeout_s=60)
+        _wait(lambda: len({r["headers"]["Hourglass-Msg-Id"] for r in subscriber.received()}) == 40, wait_s=60,
+              what="every message pushed")
+        received = subscriber.received()
+        assert {r["headers"]["Hourglass-Msg-Id"] for r in received} == set(triggers)
+        assert all(r["receivedMs"] >= triggers[r["headers"]["Hourglass-Msg-Id"]] for r in received)  # never early
+        assert len(got) >= 40
+        for node in c.nodes.values():
+            if node is c.nodes[leader]:
+                continue
+            code, body = node.get("getSubscription", topic="p")
+            assert code == 200 and body["data"]["url"] == subscriber.url, body
+            assert "s3cret" not in json.dumps(body)
+        _wait(lambda: all(c.nodes[new].post("getMsg", topic="p", msgId=m)[1]["delayMsg"]["status"] == 4
+                          for m in triggers), wait_s=30, what="every message acked")
     finally:
         c.stop()
+        subscriber.stop()
