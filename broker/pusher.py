@@ -18,14 +18,13 @@ least once, never lost.
     Pushers        the node's subscriptions (kept in `SubscriptionFile`),
                    one TopicPusher each while the node serves
     TopicPusher    concurrency (in-flight POSTs) and rateLimit (a token
-                   bucket) per subscription; its own HTTP client, whose
-                   connections a slow subscriber holds without touching
-                   another topic's
-    AllowResolver  checks every address a URL's name resolves to against
-                   --push-allow at connect time (no DNS rebinding around it)
-
-Redirects are not followed; a response body is read up to maxBodyBytes
-and the connection dropped if there is more.
+                   bucket) per subscription; its own HTTP client
+                   (broker.push_client), whose connections a slow
+                   subscriber holds without touching another topic's: it
+                   checks every address a URL's name resolves to against
+                   --push-allow at connect time (no DNS rebinding around
+                   it), follows no redirect, and reads a response body up
+                   to maxBodyBytes
 """
 
 from __future__ import annotations
@@ -35,25 +34,22 @@ import functools
 import logging
 import os
 import random
-import socket
-import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-import aiohttp
 import orjson
-from aiohttp.abc import AbstractResolver, ResolveResult
 
 from storage.entry import Message
-from storage.errors import Forbidden, HourglassError, Unavailable
+from storage.errors import HourglassError, Unavailable
 from storage.fileutil import atomic_write
 from wheel.clock import Clock, Timer
 
 from .backend import Backend
 from .metrics import escape_label, topic_label
 from .params import AckRequest, LongPollRequest
-from .push_rules import BACKOFF_CAP_MS, PushAllow, Subscription, backoff_ms, is_address, retry_after_ms, signature
+from .push_client import PostFailed, PushClient
+from .push_rules import BACKOFF_CAP_MS, PushAllow, Subscription, backoff_ms, retry_after_ms, signature
 
 log = logging.getLogger("hourglass.push")
 
@@ -71,32 +67,6 @@ def delay_msg(m: Message) -> dict[str, object]:
     return {"topic": m.topic, "msgId": m.msg_id, "msg": m.msg, "produceTime": m.produce_ms,
             "triggerTime": m.trigger_ms, "expireTime": m.expire_ms, "maxRetry": m.max_retry,
             "retry": m.retry, "status": int(m.status), "priority": m.priority, "tag": m.tag, "key": m.key}
-
-
-class NotAllowed(Forbidden, OSError):
-    """A push URL's name resolved to an address --push-allow does not name
-    (an OSError, as aiohttp expects of a resolver: the delivery fails)."""
-
-
-class AllowResolver(AbstractResolver):
-    """A resolver that answers only addresses --push-allow names: a listed
-    host name passes as resolved; else every address must be allowed."""
-
-    def __init__(self, allow: PushAllow) -> None:
-        self._allow = allow
-        self._inner = aiohttp.ThreadedResolver()
-
-    async def resolve(self, host: str, port: int = 0,
-                      family: socket.AddressFamily = socket.AF_INET) -> list[ResolveResult]:
-        found = await self._inner.resolve(host, port, family)
-        if self._allow.allows_name(host, port):
-            return found
-        if not found or not all(self._allow.allows_address(r["host"], port) for r in found):
-            raise NotAllowed(f"{host} resolves to an address --push-allow does not name")
-        return found
-
-    async def close(self) -> None:
-        await self._inner.close()
 
 
 @dataclass
@@ -182,9 +152,7 @@ class TopicPusher:
         # within the node's --max-ack-timeout-ms (the backoff shrinks to fit).
         self.ack_timeout_ms = min(s.timeout_ms + BACKOFF_CAP_MS + 30_000, backend.defaults.max_ack_timeout_ms)
         self._max_backoff_ms = max(0, self.ack_timeout_ms - s.timeout_ms - 5_000)
-        host = urllib.parse.urlsplit(s.url).hostname or ""
-        self._literal_host = host if is_address(host) else None
-        self._session: aiohttp.ClientSession | None = None
+        self._client: PushClient | None = None
         self._task: asyncio.Task[None] | None = None
         self._acker: asyncio.Task[None] | None = None
 
@@ -192,10 +160,8 @@ class TopicPusher:
         return f"TopicPusher({self.subscription!r}, in_flight={self.stats.in_flight})"
 
     def start(self) -> None:
-        connector = aiohttp.TCPConnector(limit=self.subscription.concurrency, resolver=AllowResolver(self._allow))
-        self._session = aiohttp.ClientSession(
-            connector=connector, timeout=aiohttp.ClientTimeout(total=self.subscription.timeout_ms / 1000),
-            auto_decompress=False)
+        s = self.subscription
+        self._client = PushClient(s.url, self._allow, s.timeout_ms / 1000, s.max_body_bytes)
         self._start_tasks()
 
     def _start_tasks(self) -> None:
@@ -223,8 +189,8 @@ class TopicPusher:
         if self._acker is not None:  # the deliveries answered 2xx are acked before it stops
             self._to_ack.set()
             await asyncio.gather(self._acker, return_exceptions=True)
-        if self._session is not None:
-            await self._session.close()
+        if self._client is not None:
+            await self._client.close()
 
     async def _run(self) -> None:
         s = self.subscription
@@ -310,48 +276,23 @@ class TopicPusher:
         """POST one message: None (a 2xx), or (reason, detail) of the failure,
         and the subscriber's Retry-After in ms if it gave one."""
         s = self.subscription
-        if self._session is None:
+        if self._client is None:
             return ("stopped", "the pusher is not running"), None
-        url = urllib.parse.urlsplit(s.url)
-        if self._literal_host is not None and not self._allow.allows_address(
-                self._literal_host, url.port or (443 if url.scheme == "https" else 80)):
-            return ("not allowed", f"{self._literal_host} is not in --push-allow"), None
         body = orjson.dumps(delay_msg(message))
         timestamp_ms = self._clock.now_ms()
-        headers = {"Content-Type": "application/json", "Hourglass-Topic": message.topic,
-                   "Hourglass-Msg-Id": message.msg_id, "Hourglass-Retry": str(message.retry),
-                   "Hourglass-Timestamp": str(timestamp_ms)}
+        headers = [("Content-Type", "application/json"), ("Hourglass-Topic", message.topic),
+                   ("Hourglass-Msg-Id", message.msg_id), ("Hourglass-Retry", str(message.retry)),
+                   ("Hourglass-Timestamp", str(timestamp_ms))]
         if s.secret is not None:
-            headers["Hourglass-Signature"] = signature(s.secret, timestamp_ms, body)
+            headers.append(("Hourglass-Signature", signature(s.secret, timestamp_ms, body)))
         try:
-            async with self._session.post(s.url, data=body, headers=headers, allow_redirects=False) as response:
-                await _read_capped(response, s.max_body_bytes)
-                if 200 <= response.status < 300:
-                    return None, None
-                reason = "redirect" if 300 <= response.status < 400 else "status"
-                return (reason, f"HTTP {response.status}"), retry_after_ms(response.headers.get("Retry-After"))
-        except TimeoutError:
-            return ("timeout", f"no answer within {s.timeout_ms} ms"), None
-        except aiohttp.ClientConnectorDNSError as e:
-            if isinstance(e.os_error, NotAllowed):
-                return ("not allowed", str(e.os_error)), None
-            return ("connect", f"cannot resolve: {e.os_error}"), None
-        except (aiohttp.ClientSSLError, aiohttp.ServerFingerprintMismatch) as e:
-            return ("tls", f"TLS: {e}"), None
-        except (aiohttp.ClientError, OSError) as e:
-            return ("connect", f"{type(e).__name__}: {e}"), None
-
-
-async def _read_capped(response: aiohttp.ClientResponse, max_bytes: int) -> None:
-    """Read at most `max_bytes` of the body; drop the connection if more comes."""
-    left = max_bytes
-    while left > 0 and not response.content.at_eof():
-        chunk = await response.content.read(left)
-        if not chunk:
-            return
-        left -= len(chunk)
-    if not response.content.at_eof():
-        response.close()
+            status, retry_after = await self._client.post(body, headers)
+        except PostFailed as e:
+            return (e.reason, e.detail), None
+        if 200 <= status < 300:
+            return None, None
+        reason = "redirect" if 300 <= status < 400 else "status"
+        return (reason, f"HTTP {status}"), retry_after_ms(retry_after)
 
 
 class SubscriptionStore(Protocol):

@@ -132,10 +132,10 @@ class PushSubscriber:
                                          {"Content-Type": "application/json"})
         urllib.request.urlopen(request, timeout=5).read()
 
-    def received(self) -> list[dict]:
+    def received(self) -> list[dict[str, Any]]:
         return [json.loads(line) for line in self.record.read_text().splitlines() if line]
 
-    def wait_received(self, count: int, timeout_s: float = 10) -> list[dict]:
+    def wait_received(self, count: int, timeout_s: float = 10) -> list[dict[str, Any]]:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             got = self.received()
