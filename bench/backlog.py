@@ -3,6 +3,7 @@ no consumer. RSS, disk bytes per message, and the restart after SIGKILL.
 
     .venv/bin/python bench/backlog.py --msgs 10000000        # the README's "flat RAM" claim at 10 M
     .venv/bin/python bench/backlog.py --msgs 100000 --states ready
+    .venv/bin/python bench/backlog.py --msgs 10000000 --keys 1000000 --states waiting   # keyed (the key index)
 
 For each state, a fresh `hourglass serve --fsync batch` on a fresh data
 directory is sent --msgs messages by sendMsgBatch (--batch each,
@@ -10,6 +11,9 @@ directory is sent --msgs messages by sendMsgBatch (--batch each,
   waiting   trigger times uniform over 1 h .. --days days ahead
   ready     due at once (delayMillis 0), and nobody pulls: all of them
             stay ready; RAM holds only the ready window (docs/api.md)
+with --keys K, message i has the serial key "k<i % K>" (the key index,
+storage/key_index.py, holds them on disk), and a listMsg by one key is
+timed after the restart (`list_by_key_ms`);
 then, after --settle-s: the node's memory (bench/harness.py memory_mb),
 bytes on disk per message, a SIGKILL, and a start on the same directory:
 seconds until /health answers and until getTopicInfo counts every
@@ -57,7 +61,8 @@ async def fill(base: str, topic: str, args: argparse.Namespace, state: str) -> f
         now = int(time.time() * 1000)
         msgs = [{"msgId": f"m{next_index + i}", "msg": body,
                  **({"delayMillis": 0} if state == "ready"
-                    else {"triggerTime": now + rng.randint(HOUR_MS, args.days * DAY_MS)})}
+                    else {"triggerTime": now + rng.randint(HOUR_MS, args.days * DAY_MS)}),
+                 **({"key": f"k{(next_index + i) % args.keys}"} if args.keys else {})}
                 for i in range(count)]
         next_index += count
         if next_index % (args.batch * 1000) == 0:
@@ -111,6 +116,13 @@ def measure(state: str, args: argparse.Namespace, root: str) -> dict[str, Any]:
         result.update({"restart_health_s": round(health_s, 3),
                        "restart_s": round(time.monotonic() - spawned, 3) if whole else None,
                        "memory_after_restart": memory_mb(server.proc.pid)})
+        if args.keys:
+            started = time.perf_counter()
+            status, answer = server.get("listMsg", topic=topic, key="k7")
+            took_ms = (time.perf_counter() - started) * 1000
+            found = len(answer["delayMsgList"]) if status == 200 and isinstance(answer, dict) else None
+            result.update({"keys": args.keys, "list_by_key_ms": round(took_ms, 2), "list_by_key_found": found,
+                           "memory_after_list": memory_mb(server.proc.pid)})
         return result
     finally:
         server.stop()
@@ -124,6 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch", type=int, default=1000, help="messages a sendMsgBatch (1000)")
     p.add_argument("--producers", type=int, default=4, help="concurrent senders (4)")
     p.add_argument("--payload-bytes", type=int, default=100, help="each message's body (100)")
+    p.add_argument("--keys", type=int, default=0, help="spread the messages over this many serial keys (0: none)")
     p.add_argument("--settle-s", type=float, default=5.0, help="pause before measuring (5)")
     p.add_argument("--restart-timeout-s", type=float, default=600.0, help="bound on the restart (600)")
     args = p.parse_args(argv)
