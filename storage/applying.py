@@ -191,7 +191,7 @@ class Applier:
                 h.count(to.topic_hash, WAITING, 1)
                 if move.retry:
                     h.stage_state(to.global_index, WAITING, 0, move.retry)
-            self._ids.put(to.key, to.hour, to.global_index)  # after the old one's release: it reuses its slot
+            self._ids.move(to.key, (move.from_hour, move.from_global_index), to.hour, to.global_index)
             if self._keys is not None and to.body[0] == KEYED_BODY:
                 self._put_key(to.body, to.hour, to.global_index)
             self._hours.mark_dirty(h)

@@ -390,6 +390,32 @@ class IdIndex:
                         found.append(where)
             group = (group + stride) & shard.group_mask
 
+    def move(self, key: int, old: tuple[int, int], hour: int, global_index: int) -> None:
+        """`key`'s slot pointing at `old` points at (hour, global_index) now
+        (a message filed anew: its old place released, storage.refile);
+        `put` when no slot points at `old` (a replay that finds the index
+        moved already, or a slot dropped when its shard doubled)."""
+        shard = self._shard(key)
+        mm, unpack = shard.mm, GROUP.unpack_from
+        old_loc = pack_loc(key, old[0], old[1])
+        group, stride = probe_start(key, shard.group_mask)
+        probes = 0
+        while True:
+            base = HEADER_BYTES + group * GROUP_BYTES
+            slots = unpack(mm, base)
+            for i in range(0, 8, 2):
+                probes += 1
+                k = slots[i]
+                if k == 0:
+                    self.probes += probes
+                    self.put(key, hour, global_index)
+                    return
+                if k == key and slots[i + 1] == old_loc:
+                    self.probes += probes
+                    SLOT.pack_into(mm, base + i * 8, key, pack_loc(key, hour, global_index))
+                    return
+            group = (group + stride) & shard.group_mask
+
     def put(self, key: int, hour: int, global_index: int) -> None:
         """Add (hour, global_index) under `key`; a no-op if that pair is
         already there (replaying the commit log calls this again)."""

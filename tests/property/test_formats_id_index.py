@@ -256,6 +256,22 @@ class IdIndexMachine(RuleBasedStateMachine):
         self.model[id_][where] = True
         self.released.add(where)
 
+    @precondition(lambda self: any(not r for locations in self.model.values() for r in locations.values()))
+    @rule(data=st.data(), hour=st.sampled_from(HOURS), replayed=st.booleans())
+    def move(self, data, hour, replayed):
+        """A message filed anew (storage.refile): its old place released,
+        its slot pointing at the new one (a replay moves it again)."""
+        id_ = data.draw(st.sampled_from(sorted(i for i, locations in self.model.items()
+                                               if not all(locations.values()))), label="id")
+        old = data.draw(st.sampled_from(sorted(w for w, r in self.model[id_].items() if not r)), label="from")
+        new = Location(hour, self.next_gi)
+        self.next_gi += 1
+        self.model[id_][old] = True
+        self.released.add(old)
+        self.model[id_][new] = False
+        for _ in range(2 if replayed else 1):
+            self.index.move(self.key(*id_), old, *new)
+
     @rule(hour=st.sampled_from(HOURS))
     def retire(self, hour):
         self.dead.add(hour)
