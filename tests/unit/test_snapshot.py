@@ -175,3 +175,23 @@ def test_an_installed_snapshot_is_private_whatever_modes_its_tar_gives(tmp_path)
         os.umask(before)
     assert ids_in(node) == {"new-1", "new-2"}
     assert open_to_others(node) == []
+
+
+def test_the_tar_holds_each_file_cut_at_its_size_and_leaves_out_one_deleted(tmp_path):
+    """write_tar copies in the kernel: the archive is still a tar any reader
+    takes, each member the file's first `size` bytes (all without one), and
+    a file retired since the capture is left out."""
+    data = tmp_path / "data"
+    (data / "delay").mkdir(parents=True)
+    (data / "commitlog").mkdir()
+    contents = {"checkpoint": b"c" * 1000, "delay/a.idx": os.urandom(70_000), "commitlog/0.log": b"L" * 9000}
+    for name, body in contents.items():
+        (data / name).write_bytes(body)
+    out = tmp_path / "out.tar"
+    size = snapshot.write_tar(str(data), [("checkpoint", None), ("delay/a.idx", None), ("delay/gone.idx", None),
+                                          ("commitlog/0.log", 4096)], str(out))
+    assert size == out.stat().st_size and size % tarfile.RECORDSIZE == 0
+    with tarfile.open(out) as tar:
+        got = {m.name: tar.extractfile(m).read() for m in tar.getmembers()}
+    assert got == {"checkpoint": contents["checkpoint"], "delay/a.idx": contents["delay/a.idx"],
+                   "commitlog/0.log": contents["commitlog/0.log"][:4096]}
