@@ -26,7 +26,9 @@ class WheelDriver:
 
     Loop: { poll(clock.now_ms()); await deliver(released); persist the tick
     if it changed (at most once per tick_interval_ms, and no later than
-    tick_interval_ms after it changed); sleep until min(next_wakeup_ms,
+    tick_interval_ms after it changed; an awaitable persist runs beside
+    the loop, one at a time, so a slow one -- a cluster's waits for a
+    quorum -- delays no release); sleep until min(next_wakeup_ms,
     pending persist, release + commit_lag_ms) or until the scheduler
     announces an earlier wake-up }.
 
@@ -69,6 +71,7 @@ class WheelDriver:
         self._persisted: TickState | None = None
         self._last_persist_ms: int | None = None
         self._persist_due_ms: int | None = None  # a changed tick waits for the interval
+        self._writing: asyncio.Future[None] | None = None  # a persist under way beside the loop
         self._settle_ms: int | None = None  # when the tick will cover the last release
         self._started_logged = 0  # catch-up episodes whose start / end was logged
         self._finished_logged = 0
@@ -115,12 +118,26 @@ class WheelDriver:
                 await clock.sleep_until(min(wakeups) if wakeups else None, self._wake)
             await self._persist(clock.now_ms(), force=True)
         finally:
+            if self._writing is not None and not self._writing.done():  # cancelled: the write with it
+                self._writing.cancel()
+            self._writing = None
             scheduler.remove_wake_listener(self._on_earlier)
             self._running = False
 
     async def _persist(self, now_ms: int, *, force: bool) -> None:
+        """Persist the tick if it changed and the interval allows. An
+        awaitable persist (it waits for the releases to be durable: on a
+        cluster, for a quorum) runs beside the loop, one at a time, so the
+        releases go on meanwhile; `force` (the last one) waits for it."""
         if self._persist_tick is None:
             return
+        writing = self._writing
+        if writing is not None:
+            if not writing.done() and not force:
+                self._persist_due_ms = now_ms + self.tick_interval_ms  # one write at a time: look again then
+                return
+            self._writing = None
+            await writing  # (done, or the last one: its error, if any, ends the loop)
         tick = self._scheduler.tick
         if tick == self._persisted:
             self._persist_due_ms = None
@@ -131,7 +148,10 @@ class WheelDriver:
             return
         result = self._persist_tick(tick)
         if inspect.isawaitable(result):
-            await result
+            if force:
+                await result
+            else:
+                self._writing = asyncio.ensure_future(result)
         self._persisted, self._last_persist_ms, self._persist_due_ms = tick, now_ms, None
         self.persists += 1
 

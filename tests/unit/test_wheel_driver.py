@@ -201,3 +201,37 @@ def test_with_a_commit_lag_the_tick_covering_a_release_is_written_soon_after():
         await rig.stop(task)
 
     asyncio.run(main())
+
+
+def test_a_slow_tick_persist_delays_no_release():
+    """A persist that waits (a cluster's, for a quorum's acknowledgement)
+    runs beside the loop: messages due meanwhile are released at their
+    times, one write is under way at a time, and the last tick is written
+    when the driver stops."""
+    async def main():
+        rig = Rig()
+        unblock = asyncio.Event()
+        writes: list[tuple[int, TickState]] = []
+        under_way = 0
+        most = 0
+
+        async def slow_persist(tick: TickState) -> None:
+            nonlocal under_way, most
+            under_way += 1
+            most = max(most, under_way)
+            await unblock.wait()
+            writes.append((rig.clock.now_ms(), tick))
+            under_way -= 1
+
+        rig.driver = WheelDriver(rig.sched, rig.clock, rig.deliver, persist_tick=slow_persist)
+        entries = [rig.send(T0 + 1_000 * i) for i in range(1, 6)]
+        task = rig.start()
+        await rig.clock.run_until(T0 + 6_000)
+        assert [(at, e) for at, e in rig.delivered] == [(e.trigger_ms, e) for e in entries]  # none late
+        assert writes == [] and most == 1
+        unblock.set()
+        await rig.clock.run_until(T0 + 7_000)
+        await rig.stop(task)
+        assert most == 1 and writes and writes[-1][1] == rig.sched.tick
+
+    asyncio.run(main())
