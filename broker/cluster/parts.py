@@ -49,6 +49,7 @@ class NodeParts(NodeBase):
     _forward_session: aiohttp.ClientSession | None  # made at the first forwarded request (forward_session)
     failed: BaseException | None
     _deposed: asyncio.Event  # a newer candidate asked this leader for its promise
+    _elected_s: float  # when Raft last made this node a candidate (monotonic), for the log
 
     # == what one part calls of another =========================================
 

@@ -159,6 +159,7 @@ class RoleLoop(NodeParts):
     async def _gather_positions(self, term: int) -> PositionsGathered:
         """Promise `term` here, then ask every peer for its promise and
         position (those that do not answer in POSITION_TIMEOUT_S are left out)."""
+        self._elected_s = self.clock.monotonic_s()  # Raft elected this node: the attempt to lead begins
         cluster = self.cluster
         self.set_epochs(self.epochs.promise(term))
         end = self.store.log_end_offset
@@ -218,7 +219,8 @@ class RoleLoop(NodeParts):
         self.api.serve_with(broker)
         if self.pushers is not None:  # only the leader pushes (broker.cluster.push)
             self.pushers.start(broker)
-        log.info("leading term %d from offset %d, tick %s", term, self.store.log_end_offset, broker.tick)
+        log.info("leading term %d from offset %d, tick %s, %.3f s after Raft elected it", term,
+                 self.store.log_end_offset, broker.tick, self.clock.monotonic_s() - self._elected_s)
 
     def _record_leadership(self, term: int, event: LeadershipEvent) -> None:
         """leadership.log: one line per start and end of leading, so a drill
