@@ -192,8 +192,10 @@ class Applier:
                 if move.retry:
                     h.stage_state(to.global_index, WAITING, 0, move.retry)
             self._ids.move(to.key, (move.from_hour, move.from_global_index), to.hour, to.global_index)
-            if self._keys is not None and to.body[0] == KEYED_BODY:
-                self._put_key(to.body, to.hour, to.global_index)
+            if self._keys is not None and to.body[0] == KEYED_BODY:  # its key's slot of the old place, moved
+                key = key_of_body(self._keys, to.body)
+                if key is not None:
+                    self._keys.move(key, (move.from_hour, move.from_global_index), to.hour, to.global_index)
             self._hours.mark_dirty(h)
             if new_entries is not None:
                 new_entries.append(IndexEntry(

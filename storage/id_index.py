@@ -270,6 +270,7 @@ class IdIndex:
         self.initial_slots = initial_slots
         self.is_live = is_live
         self.is_released = is_released or (lambda hour, global_index: False)
+        self._checks_released = is_released is not None  # (the key index does not: storage.key_index)
         self.shards: list[Shard] = []
         self.probes = 0  # slots read by put and candidates, for tests and metrics
         self._secret = secret
@@ -470,8 +471,15 @@ class IdIndex:
             group = (group + stride) & shard.group_mask
 
     def _same_key_dead(self, shard: Shard, offset: int, key: int, loc: int) -> bool:
+        """Is this slot of `key` free to reuse: its hour retired, or (an index
+        that checks) its message released? Without that check, a long run of
+        one key's slots (the key index) costs no decoding."""
+        if not self.is_live(loc >> 40):
+            return True
+        if not self._checks_released:
+            return False
         where = unpack_loc(shard.path, offset, key, loc)
-        return not self.is_live(where.hour) or self.is_released(where.hour, where.global_index)
+        return self.is_released(where.hour, where.global_index)
 
     def _double(self, old: Shard) -> bool:
         """Replace `old` by a shard twice its size holding its live slots.

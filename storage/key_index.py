@@ -14,10 +14,11 @@ full), never split.
 
 What is put, and when (storage.applying): every message whose body has a
 serial key (an 8-item delay-log body, storage.delay_log) when its SEND is
-applied, and at its new place when a MOVE is applied. Nothing is removed:
-a slot of a retired hour is dead and reused or dropped when its shard
-doubles; a slot of a moved or released message stays until its hour
-retires (the reader skips it: `read_message` answers None for it). Unlike
+applied; when a MOVE is applied, the slot of its old place is pointed at
+its new one (`IdIndex.move`). Nothing is removed: a slot of a retired hour
+is dead and reused or dropped when its shard doubles; a slot of a
+released message stays until its hour retires (the reader skips it:
+`read_message` answers None for it). Unlike
 the id index, a put does not look whether an equal key's slot points at
 a released message (that would read an entry per message of the key on
 every keyed send), so a key's run is its messages in live hours.
