@@ -209,8 +209,13 @@ def _trigger_in_force(s: Sent | None, d: Delivery, ops: list[Op]) -> int | None:
     """The earliest trigger time the message may have had when `d`'s pull
     ran: the send's, or that of the last reschedule answered before the
     pull started; a reschedule not yet answered then (or of unknown
-    outcome) may or may not have applied, so the earlier of the two."""
-    trigger = s.trigger_ms if s is not None else None
+    outcome) may or may not have applied, so the earlier of the two. A
+    delivery received before the send's answer is judged by the trigger
+    it names only: the client's retry of a send whose first attempt was
+    stored, delivered and acked meanwhile stores the id anew (camellia's
+    rule for an ended id), and the answer names the new one's trigger
+    (the long cluster run counted such a delivery early)."""
+    trigger = s.trigger_ms if s is not None and s.answered_ms <= d.received_ms else None
     for op in sorted((o for o in ops if o.kind == "reschedule"), key=lambda o: o.end_ms):
         if op.start_ms > d.received_ms:
             break  # after the delivery: no bearing

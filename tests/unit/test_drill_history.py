@@ -155,3 +155,16 @@ def test_on_a_standalone_node_a_kill_may_undo_a_pull_and_free_its_key():
         return h
     assert check(keyed(durable=False)).key_violations == 0
     assert check(keyed(durable=True)).key_violations == 1  # a cluster's pull survives a kill
+
+
+def test_a_delivery_before_the_send_was_answered_is_judged_by_the_trigger_it_names():
+    """A send whose answer was lost, retried by the client after the first
+    attempt's message was delivered and acked: the retry stores the id
+    anew and is answered with the new trigger. The first delivery is not
+    early by the new trigger; one before the trigger it names still is."""
+    retried = Sent(T, "a", 2_000, 10**9, 10, None, 1_500)  # answered at 1,500 with the new message's trigger
+    first = got("a", 90, 120, 100)  # the first attempt's message, at its own trigger 100
+    assert check(history(sent=[retried], deliveries=[first, got("a", 1_990, 2_001, 2_000)],
+                         ops=[op("ack", "a", 125, 130)])).early == 0
+    assert check(history(sent=[retried], deliveries=[got("a", 90, 99, 100)])).early == 1
+    assert check(history(sent=[retried], deliveries=[got("a", 1_600, 1_700, 2_000)])).early == 1
