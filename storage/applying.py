@@ -44,7 +44,7 @@ from .pending import Pending
 from .types import text_hash
 
 WAITING = Status.WAITING
-CONSUMING, ACKED = int(Status.CONSUMING), int(Status.ACKED)
+CONSUMING, ACKED, DELETED = int(Status.CONSUMING), int(Status.ACKED), int(Status.DELETED)
 
 
 class Applier:
@@ -172,35 +172,42 @@ class Applier:
     def _apply_moves(self, now_ms: int, items: Sequence[records.MoveItem], new_entries: list[IndexEntry] | None) -> None:
         """The old entry ends (status 7, released, moved: it counts as ended
         for its file, as a deleted message for no topic), then the message
-        is staged at its new place as a send is."""
-        for move in items:
-            old = self._hours.get(move.from_hour)
-            if old is None or move.from_global_index >= old.applied:
-                raise ContractError(f"move of unknown message {move.from_hour}/{move.from_global_index}")
-            to = move.to
-            old.stage_state(move.from_global_index, Status.DELETED, FLAG_RELEASED | FLAG_MOVED, move.retry)
-            self._hours.mark_dirty(old)
-            old.count(to.topic_hash, move.prev_status, -1)
-            if move.prev_status < Status.ACKED:  # (a re-driven one had ended there already)
+        is staged at its new place as a send is. (Per-topic counts summed
+        per file, topic and status first, as _apply_states does.)"""
+        hours, keys, ids, consuming = self._hours, self._keys, self._ids, self._consuming
+        deltas: dict[tuple[Hour, int, int], int] = {}
+        for from_hour, from_gi, prev_status, retry, to in items:
+            old = hours.get(from_hour)
+            if old is None or from_gi >= old.applied:
+                raise ContractError(f"move of unknown message {from_hour}/{from_gi}")
+            old.stage_state(from_gi, DELETED, FLAG_RELEASED | FLAG_MOVED, retry)
+            hours.mark_dirty(old)
+            key = (old, to.topic_hash, prev_status)
+            deltas[key] = deltas.get(key, 0) - 1
+            if prev_status < ACKED:  # (a re-driven one had ended there already)
                 old.ended += 1
-            if move.prev_status == Status.CONSUMING:
-                self._consuming.pop(Location(move.from_hour, move.from_global_index), None)
+            if prev_status == CONSUMING:
+                consuming.pop(tuple.__new__(Location, (from_hour, from_gi)), None)
             old.last_end_ms = max(old.last_end_ms, now_ms)
-            h = self._hours.get_or_add(to.hour)
+            h = hours.get_or_add(to.hour)
             if h.stage_send(to):
-                h.count(to.topic_hash, WAITING, 1)
-                if move.retry:
-                    h.stage_state(to.global_index, WAITING, 0, move.retry)
-            self._ids.move(to.key, (move.from_hour, move.from_global_index), to.hour, to.global_index)
-            if self._keys is not None and to.body[0] == KEYED_BODY:  # its key's slot of the old place, moved
-                key = key_of_body(self._keys, to.body)
-                if key is not None:
-                    self._keys.move(key, (move.from_hour, move.from_global_index), to.hour, to.global_index)
-            self._hours.mark_dirty(h)
+                key = (h, to.topic_hash, WAITING)
+                deltas[key] = deltas.get(key, 0) + 1
+                if retry:
+                    h.stage_state(to.global_index, WAITING, 0, retry)
+            ids.move(to.key, (from_hour, from_gi), to.hour, to.global_index)
+            if keys is not None and to.body[0] == KEYED_BODY:  # its key's slot of the old place, moved
+                serial = key_of_body(keys, to.body)
+                if serial is not None:
+                    keys.move(serial, (from_hour, from_gi), to.hour, to.global_index)
+            hours.mark_dirty(h)
             if new_entries is not None:
-                new_entries.append(IndexEntry(
+                new_entries.append(tuple.__new__(IndexEntry, (
                     to.hour, to.second, to.local_index, to.global_index, to.pre_global_index, to.trigger_ms,
-                    to.priority, to.topic_hash, to.tag_hash, WAITING, move.retry))
+                    to.priority, to.topic_hash, to.tag_hash, WAITING, retry)))
+        for (h, topic_hash, status), delta in deltas.items():
+            if delta:
+                h.count(topic_hash, status, delta)
 
     def _put_key(self, body: bytes, hour: int, global_index: int) -> None:
         """A keyed message's place into the key index (storage.key_index)."""

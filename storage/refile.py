@@ -39,6 +39,8 @@ from .pending import Pending, State
 from .placement import Placement, UndoHours, UndoSlots
 from .types import MAX_RETRY_COUNT
 
+_new = tuple.__new__  # NamedTuples made without their Python-level __new__ (a move of many messages)
+
 WAITING = Status.WAITING
 # Waiting messages of due spans moved by one refile() record.
 REFILE_STEP = 1024
@@ -157,12 +159,12 @@ class Refiler:
         key = self._ids.key_of_bytes(body.topic.encode(), body.msg_id.encode())
         to = self._placement.place(max(trigger_ms, now_ms), trigger_ms, entry.priority, entry.topic_hash, entry.tag_hash, key,
                          raw, batch.undo_hours, batch.undo_slots)
-        where = entry.location
-        batch.moves.append(records.MoveItem(where.hour, where.global_index, status, retry, to))
+        where = _new(Location, (entry.hour, entry.global_index))
+        batch.moves.append(_new(records.MoveItem, (entry.hour, entry.global_index, status, retry, to)))
         batch.states[where] = (Status.DELETED, flags | FLAG_RELEASED | FLAG_MOVED, retry, entry.topic_hash)
-        message = Message(body.topic, body.msg_id, body.msg, body.produce_ms, trigger_ms, body.ttl_ms, body.max_retry,
-                          entry.priority, body.tag, Status.WAITING, retry, Location(to.hour, to.global_index),
-                          body.key)
+        message = _new(Message, (body.topic, body.msg_id, body.msg, body.produce_ms, trigger_ms, body.ttl_ms,
+                                 body.max_retry, entry.priority, body.tag, Status.WAITING, retry,
+                                 _new(Location, (to.hour, to.global_index)), body.key))
         self._placement.pend_id(key, message, batch.undo_ids)
         return message
 
