@@ -29,8 +29,11 @@ class SystemClock:
         if delay_s <= 0:
             await asyncio.sleep(0)
             return
+        # asyncio.timeout, not wait_for: on Python 3.11 a wait_for whose wait
+        # ends (wake set) as the task is cancelled swallows the cancellation
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(wake.wait(), delay_s)
+            async with asyncio.timeout(delay_s):
+                await wake.wait()
 
     def monotonic_s(self) -> float:
         return time.monotonic()
@@ -39,7 +42,8 @@ class SystemClock:
         await asyncio.sleep(max(0.0, seconds))
 
     async def wait_for(self, awaitable: Awaitable[T], timeout_s: float) -> T:
-        return await asyncio.wait_for(awaitable, timeout_s)
+        async with asyncio.timeout(timeout_s):  # (not asyncio.wait_for: see sleep_until)
+            return await awaitable
 
     def call_later(self, delay_s: float, callback: Callable[[], object]) -> asyncio.TimerHandle:
         return asyncio.get_running_loop().call_later(delay_s, callback)

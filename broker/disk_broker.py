@@ -169,8 +169,8 @@ class Broker:
         self.driver.stop()
         for task in self._tasks:
             task.cancel()
+        self.commits.abandon()  # before waiting: a task that waits for a commit is answered now
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        self.commits.abandon()
         self._releaser.close()
 
     def begin_stop(self) -> None:

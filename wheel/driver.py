@@ -116,7 +116,9 @@ class WheelDriver:
                 wakeups = [ms for ms in (scheduler.next_wakeup_ms(), self._persist_due_ms, self._settle_ms)
                            if ms is not None]
                 await clock.sleep_until(min(wakeups) if wakeups else None, self._wake)
-            await self._persist(clock.now_ms(), force=True)
+            task = asyncio.current_task()
+            if task is None or not task.cancelling():  # (cancelled: the commits it would wait for are gone)
+                await self._persist(clock.now_ms(), force=True)
         finally:
             if self._writing is not None and not self._writing.done():  # cancelled: the write with it
                 self._writing.cancel()

@@ -90,7 +90,7 @@ def test_a_kept_connection_the_server_closed_is_replaced_without_a_failure():
     run(test)
 
 
-@pytest.mark.parametrize("answer, expected", [
+@pytest.mark.parametrize(("answer", "expected"), [
     (b"HTTP/1.1 503 Busy\r\nRetry-After: 7\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n", (503, "7")),
     (b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\nuntil the end", (200, None)),
     (b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 204 No Content\r\n\r\n", (204, None)),
@@ -166,7 +166,7 @@ def test_a_certificate_the_system_does_not_trust_is_a_tls_failure(tmp_path):
 
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
             .serial_number(1).not_valid_before(now).not_valid_after(now + datetime.timedelta(days=1))
             .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost")]), critical=False)

@@ -177,3 +177,21 @@ def test_the_system_clock_keeps_the_protocol():
             pass
 
     asyncio.run(main())
+
+
+def test_the_system_clock_s_sleep_keeps_a_cancel_that_comes_with_its_wake():
+    """A task woken and cancelled in the same turn of the loop is cancelled
+    (asyncio.wait_for on Python 3.11 returned normally instead, and a wheel
+    driver so woken and cancelled went on to wait for ever)."""
+    from broker.clock import SystemClock
+
+    async def main():
+        clock, wake = SystemClock(), asyncio.Event()
+        task = asyncio.create_task(clock.sleep_until(clock.now_ms() + 10_000, wake))
+        await asyncio.sleep(0.01)
+        wake.set()
+        task.cancel()
+        done, _ = await asyncio.wait([task], timeout=2)
+        assert task in done and task.cancelled()
+
+    asyncio.run(main())

@@ -235,3 +235,36 @@ def test_a_slow_tick_persist_delays_no_release():
         assert most == 1 and writes and writes[-1][1] == rig.sched.tick
 
     asyncio.run(main())
+
+
+def test_a_driver_stopped_and_cancelled_at_once_ends_even_if_its_sleep_swallowed_the_cancel():
+    """Broker.abandon stops the driver and cancels its task together. If the
+    sleep it was in ends normally anyway (on Python 3.11, asyncio.wait_for
+    whose wait ended as the cancel came in did so), the loop sees it must
+    stop; the last tick persist, which would wait for commits that will
+    never come, is skipped: the task ends (a fault drill saw a node stuck
+    for good in such a wait, never following again)."""
+    class Swallowing(FakeClock):
+        async def sleep_until(self, wall_ms, wake):
+            try:
+                await wake.wait()
+            except asyncio.CancelledError:
+                return  # the cancel swallowed
+
+    async def main():
+        clock = Swallowing(T0)
+        sched = Scheduler(InMemorySlotSource(), None, T0, EXACT)
+        never = asyncio.get_running_loop().create_future()
+
+        async def persist(tick: TickState) -> None:
+            await never  # the commits it waits for are gone
+
+        driver = WheelDriver(sched, clock, lambda batch: None, persist_tick=persist)
+        task = asyncio.create_task(driver.run())
+        await asyncio.sleep(0.01)
+        driver.stop()
+        task.cancel()
+        await asyncio.wait([task], timeout=2)
+        assert task.done()
+
+    asyncio.run(main())
