@@ -158,24 +158,37 @@ class RoleLoop(NodeParts):
 
     async def _gather_positions(self, term: int) -> PositionsGathered:
         """Promise `term` here, then ask every peer for its promise and
-        position (those that do not answer in POSITION_TIMEOUT_S are left out)."""
+        position, until a majority (this node counted) has promised, a peer
+        refuses, or POSITION_TIMEOUT_S has passed; those that have not
+        answered by then are left out. Any majority will do: every record a
+        quorum acknowledged is on at least one of its nodes, and waiting for
+        a peer cut off (a partition) would only delay the failover."""
         self._elected_s = self.clock.monotonic_s()  # Raft elected this node: the attempt to lead begins
         cluster = self.cluster
         self.set_epochs(self.epochs.promise(term))
         end = self.store.log_end_offset
         positions = [(cluster.node_id, Position(self.epochs.last_epoch(end), end, self.epochs.history))]
-        refusals = []
-        answers = await asyncio.gather(*(self.post(p.node_id, "position", {"node": cluster.node_id, "epoch": term},
-                                                   POSITION_TIMEOUT_S) for p in cluster.others),
-                                       return_exceptions=True)
-        for peer, a in zip(cluster.others, answers):
-            if isinstance(a, BaseException):
-                continue
-            if a["status"] != "ok":
-                refusals.append((peer.node_id, int(a["promised"])))
-                continue
-            history = tuple((int(epoch), int(offset)) for epoch, offset in a["history"])
-            positions.append((peer.node_id, Position(int(a["last_epoch"]), int(a["end_offset"]), history)))
+        refusals: list[tuple[str, int]] = []
+        asking = {asyncio.ensure_future(self.post(p.node_id, "position", {"node": cluster.node_id, "epoch": term},
+                                                  POSITION_TIMEOUT_S)): p.node_id for p in cluster.others}
+        pending = set(asking)  # (each call times out by itself, after POSITION_TIMEOUT_S)
+        try:
+            while pending and len(positions) < cluster.quorum and not refusals:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for answered in done:
+                    if answered.exception() is not None:
+                        continue
+                    a = answered.result()
+                    if a["status"] != "ok":
+                        refusals.append((asking[answered], int(a["promised"])))
+                        continue
+                    history = tuple((int(epoch), int(offset)) for epoch, offset in a["history"])
+                    positions.append((asking[answered],
+                                      Position(int(a["last_epoch"]), int(a["end_offset"]), history)))
+        finally:
+            for unanswered in pending:
+                unanswered.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
         return PositionsGathered(term, tuple(positions), tuple(refusals), self.election.is_leader, self.election.term)
 
     async def _catch_up(self, source: str, position: Position) -> None:

@@ -315,6 +315,20 @@ def test_a_follower_elected_by_raft_gathers_positions_claims_and_leads(tmp_path)
     drive(tmp_path, scenario)
 
 
+def test_a_majority_answering_is_enough_a_silent_peer_is_not_waited_for(tmp_path):
+    """A peer cut off without a word (a black-holed link) would answer only
+    at POSITION_TIMEOUT_S: with the other peer's promise the node has its
+    majority and leads at once (a fault drill's failover took 3.2 s so)."""
+    async def scenario(h: Harness):
+        h.peers["n3"].cut("position", how="silent")
+        node = await h.start()
+        await h.elect(5)
+        assert [to for to, _ in posted(node, "position")] == ["n2", "n3"]
+        assert node.leads and node.leading_term == 5  # within the election's poll, not POSITION_TIMEOUT_S later
+        assert h.peers["n3"].epochs.promised == 0
+    drive(tmp_path, scenario)
+
+
 def test_one_peer_answering_is_a_majority_of_three(tmp_path):
     async def scenario(h: Harness):
         h.peers["n3"].cut(how="down")
