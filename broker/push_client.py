@@ -39,11 +39,15 @@ from collections.abc import Sequence
 
 import httptools
 
+from storage.errors import HourglassError
+
 from .push_rules import PushAllow, is_address
 
 
-class PostFailed(Exception):
-    """A POST that got no answer: `reason` for the metrics, `detail` for the log."""
+class PostFailed(HourglassError):
+    """Raised by `PushClient.post` when a POST got no answer (no connection,
+    no answer in time, TLS, --push-allow, a malformed answer): `reason` for
+    the metrics, `detail` for the log."""
 
     def __init__(self, reason: str, detail: str) -> None:
         super().__init__(detail)
