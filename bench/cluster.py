@@ -24,7 +24,7 @@ import time
 import uuid
 from dataclasses import asdict, dataclass, field
 
-from harness import Server, free_port, percentile, request
+from harness import Server, free_ports, percentile, request
 
 NODE_IDS = ("n1", "n2", "n3")
 # The cluster secret every test cluster shares (tests/integration/test_cluster_auth.py
@@ -44,8 +44,10 @@ class Cluster:
     def start(cls, root, *flags: str, wait_s: float = 30) -> Cluster:
         root = str(root)
         os.makedirs(root, exist_ok=True)
-        ports = {n: free_port() for n in NODE_IDS}
-        spec = ",".join(f"{n}=127.0.0.1:{ports[n]}:{free_port()}" for n in NODE_IDS)
+        picked = free_ports(2 * len(NODE_IDS))  # distinct: two nodes on one port would not start
+        ports = dict(zip(NODE_IDS, picked[:len(NODE_IDS)]))
+        raft = dict(zip(NODE_IDS, picked[len(NODE_IDS):]))
+        spec = ",".join(f"{n}=127.0.0.1:{ports[n]}:{raft[n]}" for n in NODE_IDS)
         if "--insecure-cluster" not in flags and "--cluster-secret-file" not in flags:
             secret_file = os.path.join(root, "cluster-secret")
             with open(os.open(secret_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from drill_proxies import ProxyMesh
-from harness import HOST, Server, free_port, request
+from harness import HOST, Server, free_port, free_ports, request
 
 CLUSTER_IDS = ("n1", "n2", "n3")
 STANDALONE_ID = "s1"
@@ -63,8 +63,9 @@ class Nodes:
             port = free_port()
             nodes = cls(root, (STANDALONE_ID,), {STANDALONE_ID: port}, {STANDALONE_ID: ("--port", str(port), *extra)})
         else:
-            http = {n: free_port() for n in CLUSTER_IDS}
-            raft = {n: free_port() for n in CLUSTER_IDS}
+            ports = free_ports(2 * len(CLUSTER_IDS))  # distinct: two nodes on one port would not start
+            http = dict(zip(CLUSTER_IDS, ports[:len(CLUSTER_IDS)]))
+            raft = dict(zip(CLUSTER_IDS, ports[len(CLUSTER_IDS):]))
             spec = ",".join(f"{n}={HOST}:{http[n]}:{raft[n]}" for n in CLUSTER_IDS)
             secret = os.path.join(root, "cluster-secret")
             with open(os.open(secret, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:

@@ -70,6 +70,21 @@ def free_port() -> int:
         return port
 
 
+def free_ports(count: int) -> list[int]:
+    """`count` distinct free ports: each socket is held until all are
+    picked (one at a time, the system may hand the same port out twice)."""
+    sockets = []
+    try:
+        for _ in range(count):
+            s = socket.socket()
+            sockets.append(s)
+            s.bind((HOST, 0))
+        return [int(s.getsockname()[1]) for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
 class Process:
     """One child process, started here in a session of its own (a Ctrl-C
     meant for the benchmark does not reach it: the benchmark stops it) with
