@@ -22,6 +22,8 @@ what no order of those unknowns could explain:
     a deleted one neither                    after_delete      a pull started after a delete answered 200
     rescheduled: never at its old time       early             a pull started after the reschedule's answer,
                                                                received before the new trigger
+    a send's answer names what is stored     answer_mismatch   a delivery received before the send's answer
+                                                               with another trigger than the answer names
     one consuming message per (topic, key)   key_violations    a pull of the key started after another
                                                                message of it was received, and answered
                                                                before that one's ack or nack started and
@@ -32,6 +34,13 @@ what no order of those unknowns could explain:
 The trigger "in force" for a delivery is the send's, or a reschedule's
 answered 200 before the pull started (a reschedule whose answer came
 while the pull ran may or may not have applied: the earlier of the two).
+A delivery received before its send was answered (the answer of an
+attempt, or of a retry, was lost or slow) is judged by the trigger it
+names; and since the drill's sends are strictly idempotent
+(strictIdempotence=true: an id's every answer is the one message stored
+under it, ended or not), that trigger must be the one the answer names
+(`answer_mismatch`): another means a node answered 200 for a message
+that is not the one it stored and delivered.
 
 Duplicates are not errors (delivery is at least once), but each is
 counted with the fault nearest to it in time: a delivery of a message
@@ -48,6 +57,8 @@ from typing import Any
 
 # A delivery counts as the same as another within this many ms of its fault.
 NEAR_FAULT_MS = 10_000
+# The counts a correct run has at 0.
+MUST_BE_ZERO = ("lost", "early", "after_ack", "after_delete", "key_violations", "answer_mismatch")
 
 
 @dataclass(frozen=True)
@@ -122,6 +133,13 @@ class History:
         return (f"History(sent={len(self.sent)}, ops={len(self.ops)}, deliveries={len(self.deliveries)}, "
                 f"faults={len(self.faults)})")
 
+    @classmethod
+    def from_dict(cls, saved: dict[str, Any]) -> History:
+        """A history as `dataclasses.asdict` wrote it (bench/drills.py --history)."""
+        return cls([Sent(**s) for s in saved["sent"]], [Op(**o) for o in saved["ops"]],
+                   [Delivery(**d) for d in saved["deliveries"]], [Fault(**f) for f in saved["faults"]],
+                   saved["send_attempts"], saved["pulls_durable"], saved["end_ms"])
+
 
 @dataclass
 class Findings:
@@ -132,6 +150,7 @@ class Findings:
     after_ack: int = 0
     after_delete: int = 0
     key_violations: int = 0
+    answer_mismatch: int = 0
     duplicates: int = 0
     duplicates_by_fault: dict[str, int] = field(default_factory=dict)
     examples: dict[str, list[str]] = field(default_factory=dict)
@@ -145,12 +164,12 @@ class Findings:
     @property
     def failed(self) -> list[str]:
         """The counts that must be zero and are not."""
-        return [name for name in ("lost", "early", "after_ack", "after_delete", "key_violations")
-                if getattr(self, name)]
+        return [name for name in MUST_BE_ZERO if getattr(self, name)]
 
     def as_dict(self) -> dict[str, Any]:
         return {"lost": self.lost, "early": self.early, "after_ack": self.after_ack,
                 "after_delete": self.after_delete, "key_violations": self.key_violations,
+                "answer_mismatch": self.answer_mismatch,
                 "duplicates": self.duplicates, "duplicates_by_fault": self.duplicates_by_fault,
                 "examples": self.examples}
 
@@ -183,6 +202,7 @@ def check(history: History) -> Findings:
     by_msg, ops, sent = _index(history)
     _check_lost(history, sent, by_msg, ops, found)
     _check_early(sent, by_msg, ops, found)
+    _check_answers(sent, by_msg, found)
     _check_after(by_msg, ops, found)
     undone = [] if history.pulls_durable else sorted(f.start_ms for f in history.faults if f.kind == "kill")
     _check_keys(by_msg, ops, undone, found)
@@ -211,10 +231,7 @@ def _trigger_in_force(s: Sent | None, d: Delivery, ops: list[Op]) -> int | None:
     pull started; a reschedule not yet answered then (or of unknown
     outcome) may or may not have applied, so the earlier of the two. A
     delivery received before the send's answer is judged by the trigger
-    it names only: the client's retry of a send whose first attempt was
-    stored, delivered and acked meanwhile stores the id anew (camellia's
-    rule for an ended id), and the answer names the new one's trigger
-    (the long cluster run counted such a delivery early)."""
+    it names (and `_check_answers` holds that trigger to the answer's)."""
     trigger = s.trigger_ms if s is not None and s.answered_ms <= d.received_ms else None
     for op in sorted((o for o in ops if o.kind == "reschedule"), key=lambda o: o.end_ms):
         if op.start_ms > d.received_ms:
@@ -239,6 +256,20 @@ def _check_early(sent: dict[MsgKey, Sent], by_msg: dict[MsgKey, list[Delivery]],
             trigger = d.trigger_ms if in_force is None else max(in_force, d.trigger_ms)
             if d.received_ms < trigger:
                 found.note("early", f"{d.topic}/{d.msg_id} received {d.received_ms} < trigger {trigger}")
+
+
+def _check_answers(sent: dict[MsgKey, Sent], by_msg: dict[MsgKey, list[Delivery]], found: Findings) -> None:
+    """A delivery before its send's answer bears the answer's trigger: the
+    drill's sends are strictly idempotent, and no reschedule of a message
+    starts before its send is answered (the workload picks answered ones)."""
+    for key, s in sent.items():
+        for d in by_msg.get(key, ()):
+            if d.received_ms >= s.answered_ms:
+                break  # in order received: the rest came after the answer
+            if d.trigger_ms != s.trigger_ms:
+                found.note("answer_mismatch", f"{d.topic}/{d.msg_id} received {d.received_ms} with trigger "
+                                              f"{d.trigger_ms}; its send answered {s.answered_ms} with trigger "
+                                              f"{s.trigger_ms}")
 
 
 def _check_after(by_msg: dict[MsgKey, list[Delivery]], ops: dict[MsgKey, list[Op]], found: Findings) -> None:

@@ -7,6 +7,7 @@ cluster whose peer traffic goes through the drill's proxies.
     nodes.pause("n1"); nodes.resume("n1")          # SIGSTOP / SIGCONT
     nodes.mesh.isolate("n3", Mode.DROP); nodes.mesh.heal()
     nodes.fill_disk("n3"); nodes.free_disk("n3")   # root only: a tmpfs data dir
+    nodes.slow_disk("n1", 300); nodes.slow_disk("n1", 0)  # with slow_disks: fsync delayed 300 ms, then not
     nodes.stop()                                   # every process by PID, the tmpfs unmounted
 
 Every node is a real `hourglass serve` (bench/harness.py `Server`),
@@ -18,6 +19,11 @@ node's data directory is a tmpfs of that size; `fill_disk` writes a
 ballast file until the tmpfs is full, `free_disk` removes it. Without
 root there is no full-disk fault (`disk_note` says why): filling a real
 disk would hurt the machine.
+
+A slow disk: built with `slow_disks`, every node runs under
+bench/drill_slow_disk.py, which delays each fsync and fdatasync of the
+node by what `<root>/<node>.fsync-delay-ms` says; `slow_disk` sets it.
+No root needed.
 """
 
 from __future__ import annotations
@@ -32,11 +38,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from drill_proxies import ProxyMesh
+from drill_slow_disk import set_delay
 from harness import HOST, Server, free_port, free_ports, request
 
 CLUSTER_IDS = ("n1", "n2", "n3")
 STANDALONE_ID = "s1"
 BALLAST = "drill-ballast"
+SLOW_DISK_LAUNCHER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "drill_slow_disk.py")
 
 
 @dataclass
@@ -48,6 +56,7 @@ class Nodes:
     mesh: ProxyMesh | None = None
     small_disk: str | None = None  # the node whose data dir is a tmpfs
     disk_note: str = ""
+    slow_disks: bool = False  # every node under drill_slow_disk.py
     servers: dict[str, Server] = field(default_factory=dict)
     paused: set[str] = field(default_factory=set)
 
@@ -56,8 +65,8 @@ class Nodes:
         return f"Nodes({self.root}, alive={alive}, paused={sorted(self.paused)}, small_disk={self.small_disk})"
 
     @classmethod
-    def start(cls, root: str, *, cluster: bool, small_disk_mb: int = 0, extra: tuple[str, ...] = (),
-              wait_s: float = 60) -> Nodes:
+    def start(cls, root: str, *, cluster: bool, small_disk_mb: int = 0, slow_disks: bool = False,
+              extra: tuple[str, ...] = (), wait_s: float = 60) -> Nodes:
         os.makedirs(root, exist_ok=True)
         if not cluster:
             port = free_port()
@@ -77,6 +86,7 @@ class Nodes:
             nodes = cls(root, CLUSTER_IDS, http, flags, mesh)
         if small_disk_mb:
             nodes._mount_small_disk(nodes.ids[-1], small_disk_mb)
+        nodes.slow_disks = slow_disks
         try:
             for n in nodes.ids:
                 nodes.restart(n, wait=False)
@@ -119,8 +129,9 @@ class Nodes:
     def restart(self, node: str, wait: bool = True, wait_s: float = 60) -> None:
         """Start `node` again on its data directory (after a kill, or the first time)."""
         self.paused.discard(node)
+        launcher = (SLOW_DISK_LAUNCHER, self._fsync_control(node)) if self.slow_disks else ()
         self.servers[node] = Server.spawn(self.data_dir(node), *self.flags[node], base=self.url(node),
-                                          log_path=os.path.join(self.root, f"{node}.log"))
+                                          log_path=os.path.join(self.root, f"{node}.log"), launcher=launcher)
         if wait:
             self.servers[node].wait_healthy(wait_s)
 
@@ -169,6 +180,16 @@ class Nodes:
     def free_disk(self, node: str) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.remove(os.path.join(self.data_dir(node), BALLAST))
+
+    def _fsync_control(self, node: str) -> str:
+        return os.path.join(self.root, f"{node}.fsync-delay-ms")
+
+    def slow_disk(self, node: str, delay_ms: int) -> None:
+        """From now on every fsync and fdatasync of `node` waits `delay_ms`
+        first (0: the disk as it is); the delay outlives a restart."""
+        if not self.slow_disks:
+            raise RuntimeError("the nodes were started without slow_disks")
+        set_delay(self._fsync_control(node), delay_ms)
 
     # -- what the nodes say ------------------------------------------------------------
 

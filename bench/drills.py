@@ -13,7 +13,7 @@ after another at random (seeded) while the workload runs, then stops the
 faults, lets every message due come in, and checks the history
 (bench/drill_history.py). It prints one JSON object and exits 1 when a
 count that must be zero is not (lost, early, after_ack, after_delete,
-key_violations, double-leader terms) or the nodes did not converge.
+key_violations, answer_mismatch, double-leader terms) or the nodes did not converge.
 
 The workload (`Workload`): producers at --rate operations a second in
 all, a mix of sends (due now, in seconds, or in minutes up to
@@ -32,8 +32,9 @@ The nemesis (`Nemesis`), each fault in turn after a random pause:
               or slowed through the proxies, then healed
   full_disk   the node on a small tmpfs (root only) filled to the last byte,
               then freed (and restarted if it left)
-  slow_disk   not simulated: no way to delay fsync without a device mapper
-              or FUSE; reported as skipped
+  slow_disk   every fsync and fdatasync of the leader or a follower (the
+              node, standalone) delayed 50-800 ms for 3-6 s
+              (bench/drill_slow_disk.py), then not
 For each: `failover_s` (a fault that hit the leader: until a node of a
 higher term leads) and `recover_s` (from the heal until every node names
 one leader and holds the log the leader had at the heal).
@@ -97,6 +98,8 @@ class Settings:
     pause_s: tuple[float, float] = (1.5, 3.0)  # SIGSTOP held (past the 1 s election timeout)
     partition_s: tuple[float, float] = (2.0, 4.0)
     full_disk_s: float = 3.0
+    slow_disk_s: tuple[float, float] = (3.0, 6.0)
+    slow_disk_ms: tuple[int, int] = (50, 800)  # the delay of each fsync while the disk is slow
     small_disk_mb: int = 256
     budget_s: float = 170.0  # the faults stop by then (the drain and checks come on top)
     settle_s: float = 30.0  # bound on the final convergence
@@ -309,9 +312,7 @@ class Nemesis:
                 self.skipped["full_disk"] = self.nodes.disk_note or "no node on a small disk"
             else:
                 kinds += ["full_disk"] * s.full_disks
-        if s.slow_disks:
-            self.skipped["slow_disk"] = ("not simulated: delaying fsync needs a device mapper (dm-delay) or a FUSE "
-                                         "file system, neither available to the drill")
+        kinds += ["slow_disk"] * s.slow_disks
         self.rng.shuffle(kinds)
         return kinds
 
@@ -430,6 +431,25 @@ class Nemesis:
             note += "; the node had exited by itself and was restarted"
             self.nodes.restart(node)
         return FaultRecord(Fault("full_disk", node, node == leader, start, healed), None, self._recover(started),
+                           note)
+
+    def _slow_disk(self) -> FaultRecord:
+        leader, _ = self._leader()
+        followers = [n for n in self.nodes.ids if n != leader]
+        node = leader if not followers or self.rng.random() < 0.5 else self.rng.choice(followers)
+        delay_ms = self.rng.randint(*self.settings.slow_disk_ms)
+        start = now_ms()
+        self.nodes.slow_disk(node, delay_ms)
+        try:
+            time.sleep(self.rng.uniform(*self.settings.slow_disk_s))
+        finally:
+            healed, started = now_ms(), time.monotonic()
+            self.nodes.slow_disk(node, 0)
+        note = f"{delay_ms} ms a fsync"
+        now = self.nodes.leader()
+        if self.nodes.cluster and now is not None and now[0] != leader:
+            note += f"; {now[0]} leads now (term {now[1]})"
+        return FaultRecord(Fault("slow_disk", node, node == leader, start, healed), None, self._recover(started),
                            note)
 
 
@@ -593,6 +613,8 @@ def parse_args(argv: list[str]) -> tuple[Settings, argparse.Namespace]:
     p.add_argument("--root", default=None, help="work directory (default: a fresh temp dir, removed after)")
     p.add_argument("--keep", action="store_true", help="keep the work directory (node logs, data)")
     p.add_argument("--history", default=None, help="write the whole history to this file (JSON)")
+    p.add_argument("--recheck", default=None, metavar="HISTORY",
+                   help="run nothing: check a history --history wrote, and print the checker's counts")
     args = p.parse_args(argv)
     seed = args.seed if args.seed is not None else random.randrange(1 << 31)
     settings = Settings(cluster=not args.standalone, seed=seed, rate=args.rate, consumers=args.consumers,
@@ -608,7 +630,8 @@ def run(settings: Settings) -> dict[str, Any]:
     """One drill: start the nodes, drive, check, stop every process."""
     root = settings.root or tempfile.mkdtemp(prefix="hourglass-drill-")
     nodes = Nodes.start(root, cluster=settings.cluster,
-                        small_disk_mb=settings.small_disk_mb if settings.full_disks else 0)
+                        small_disk_mb=settings.small_disk_mb if settings.full_disks else 0,
+                        slow_disks=settings.slow_disks > 0)
     try:
         report = asyncio.run(drive(nodes, settings))
     finally:
@@ -619,9 +642,20 @@ def run(settings: Settings) -> dict[str, Any]:
     return report
 
 
+def recheck(path: str) -> int:
+    """The checker's counts over a saved history (the checker as it is now,
+    the history as the run recorded it); 1 if one that must be 0 is not."""
+    with open(path) as f:
+        findings = check(History.from_dict(json.load(f)))
+    print(json.dumps({"history": path, **findings.as_dict(), "failed": findings.failed}, indent=1))
+    return 1 if findings.failed else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    settings, _ = parse_args(argv)
+    settings, args = parse_args(argv)
+    if args.recheck:
+        return recheck(args.recheck)
     unwind_on_signals()
     log(f"seed {settings.seed}")
     report = run(settings)

@@ -149,9 +149,12 @@ def wait_until(check: Callable[[], T], limit_s: float, what: str, process: Proce
         time.sleep(every_s)
 
 
-def serve_command(data_dir: PathLike, *flags: str) -> list[str]:
-    """The command line of `hourglass serve` on `data_dir` (run it with cwd ROOT)."""
-    return [sys.executable, "-m", "broker.cli", "serve", "--data-dir", str(data_dir), *flags]
+def serve_command(data_dir: PathLike, *flags: str, launcher: Sequence[str] = ()) -> list[str]:
+    """The command line of `hourglass serve` on `data_dir` (run it with cwd
+    ROOT); `launcher`, a script and its arguments that run the CLI in place
+    of `-m broker.cli` (bench/drill_slow_disk.py)."""
+    head = [sys.executable, *launcher] if launcher else [sys.executable, "-m", "broker.cli"]
+    return [*head, "serve", "--data-dir", str(data_dir), *flags]
 
 
 def request(url: str, *, data: bytes | None = None, headers: dict[str, str] | None = None,
@@ -187,21 +190,24 @@ class Server:
 
     @classmethod
     def spawn(cls, data_dir: PathLike, *flags: str, base: str, log_path: PathLike | None = None,
-              token: str | None = None, preexec_fn: Callable[[], object] | None = None) -> Server:
+              token: str | None = None, preexec_fn: Callable[[], object] | None = None,
+              launcher: Sequence[str] = ()) -> Server:
         """Start it without waiting (`flags` say where it listens: `base`);
-        `preexec_fn` runs in the child first (e.g. to lower a resource limit)."""
-        process = Process(serve_command(data_dir, *flags), str(log_path or f"{data_dir}.log"), cwd=ROOT,
-                          preexec_fn=preexec_fn)
+        `preexec_fn` runs in the child first (e.g. to lower a resource limit);
+        `launcher` as for `serve_command`."""
+        process = Process(serve_command(data_dir, *flags, launcher=launcher), str(log_path or f"{data_dir}.log"),
+                          cwd=ROOT, preexec_fn=preexec_fn)
         return cls(process, base, str(data_dir), token)
 
     @classmethod
     def start(cls, data_dir: PathLike, *flags: str, log_path: PathLike | None = None, port: int | None = None,
-              token: str | None = None, wait_s: float = 30, preexec_fn: Callable[[], object] | None = None) -> Server:
+              token: str | None = None, wait_s: float = 30, preexec_fn: Callable[[], object] | None = None,
+              launcher: Sequence[str] = ()) -> Server:
         """Start it on `port` (default a free one) of 127.0.0.1 and wait
         until /health answers 200."""
         port = port or free_port()
         server = cls.spawn(data_dir, "--port", str(port), *flags, base=f"http://{HOST}:{port}", log_path=log_path,
-                           token=token, preexec_fn=preexec_fn)
+                           token=token, preexec_fn=preexec_fn, launcher=launcher)
         server.wait_healthy(wait_s)
         return server
 
