@@ -120,9 +120,16 @@ class WheelDriver:
             if task is None or not task.cancelling():  # (cancelled: the commits it would wait for are gone)
                 await self._persist(clock.now_ms(), force=True)
         finally:
-            if self._writing is not None and not self._writing.done():  # cancelled: the write with it
-                self._writing.cancel()
-            self._writing = None
+            writing, self._writing = self._writing, None
+            if writing is not None:
+                if not writing.done():  # cancelled: the write with it
+                    writing.cancel()
+                elif not writing.cancelled():
+                    # It ended as the loop did (a node standing down fails its
+                    # commits and cancels the driver together): its error, if
+                    # any, goes with the driver, not to asyncio's "never
+                    # retrieved" report.
+                    writing.exception()
             scheduler.remove_wake_listener(self._on_earlier)
             self._running = False
 

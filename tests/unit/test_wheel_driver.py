@@ -268,3 +268,39 @@ def test_a_driver_stopped_and_cancelled_at_once_ends_even_if_its_sleep_swallowed
         assert task.done()
 
     asyncio.run(main())
+
+
+def test_a_tick_persist_that_failed_as_the_driver_was_cancelled_is_no_unretrieved_error():
+    """A node standing down fails its commits and cancels the driver: a
+    persist under way beside the loop ends with Unavailable, and the loop
+    is cancelled before it looks. That error goes with the driver; it is
+    not left for asyncio to report as "Task exception was never retrieved"
+    (a fault drill's leaders logged one at every stand-down)."""
+    import gc
+
+    reported: list[dict] = []
+
+    async def main():
+        asyncio.get_running_loop().set_exception_handler(lambda loop, context: reported.append(context))
+        rig = Rig()
+        fail = asyncio.Event()
+
+        async def failing_persist(tick: TickState) -> None:
+            await fail.wait()
+            raise RuntimeError("the commit log failed: this node stopped leading")
+
+        rig.driver = WheelDriver(rig.sched, rig.clock, rig.deliver, persist_tick=failing_persist)
+        rig.send(T0 + 1_000)
+        task = rig.start()
+        await rig.clock.run_until(T0 + 1_500)  # released: a persist under way
+        fail.set()
+        await asyncio.sleep(0)  # the persist fails; the loop has not looked yet
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        del task
+        gc.collect()
+
+    asyncio.run(main())
+    gc.collect()
+    assert [c for c in reported if "exception" in c] == []
