@@ -22,8 +22,8 @@ what no order of those unknowns could explain:
     a deleted one neither                    after_delete      a pull started after a delete answered 200
     rescheduled: never at its old time       early             a pull started after the reschedule's answer,
                                                                received before the new trigger
-    a send's answer names what is stored     answer_mismatch   a delivery received before the send's answer
-                                                               with another trigger than the answer names
+    a send's answer names what is stored     answer_mismatch   a delivery with another trigger than its send's
+                                                               answer names, before any reschedule of it began
     one consuming message per (topic, key)   key_violations    a pull of the key started after another
                                                                message of it was received, and answered
                                                                before that one's ack or nack started and
@@ -36,9 +36,10 @@ answered 200 before the pull started (a reschedule whose answer came
 while the pull ran may or may not have applied: the earlier of the two).
 A delivery received before its send was answered (the answer of an
 attempt, or of a retry, was lost or slow) is judged by the trigger it
-names; and since the drill's sends are strictly idempotent
+names. And since the drill's sends are strictly idempotent
 (strictIdempotence=true: an id's every answer is the one message stored
-under it, ended or not), that trigger must be the one the answer names
+under it, ended or not), every delivery until a reschedule of the
+message began must name the trigger the send's answer names
 (`answer_mismatch`): another means a node answered 200 for a message
 that is not the one it stored and delivered.
 
@@ -202,7 +203,7 @@ def check(history: History) -> Findings:
     by_msg, ops, sent = _index(history)
     _check_lost(history, sent, by_msg, ops, found)
     _check_early(sent, by_msg, ops, found)
-    _check_answers(sent, by_msg, found)
+    _check_answers(sent, by_msg, ops, found)
     _check_after(by_msg, ops, found)
     undone = [] if history.pulls_durable else sorted(f.start_ms for f in history.faults if f.kind == "kill")
     _check_keys(by_msg, ops, undone, found)
@@ -258,14 +259,17 @@ def _check_early(sent: dict[MsgKey, Sent], by_msg: dict[MsgKey, list[Delivery]],
                 found.note("early", f"{d.topic}/{d.msg_id} received {d.received_ms} < trigger {trigger}")
 
 
-def _check_answers(sent: dict[MsgKey, Sent], by_msg: dict[MsgKey, list[Delivery]], found: Findings) -> None:
-    """A delivery before its send's answer bears the answer's trigger: the
-    drill's sends are strictly idempotent, and no reschedule of a message
-    starts before its send is answered (the workload picks answered ones)."""
+def _check_answers(sent: dict[MsgKey, Sent], by_msg: dict[MsgKey, list[Delivery]], ops: dict[MsgKey, list[Op]],
+                   found: Findings) -> None:
+    """Every delivery received before a reschedule of the message began
+    bears the trigger its send's answer names: the drill's sends are
+    strictly idempotent, it redrives nothing, and nothing else changes a
+    stored message's trigger (a nack, an ack timeout, a kill keep it)."""
     for key, s in sent.items():
+        moved_ms = min((op.start_ms for op in ops.get(key, ()) if op.kind == "reschedule"), default=None)
         for d in by_msg.get(key, ()):
-            if d.received_ms >= s.answered_ms:
-                break  # in order received: the rest came after the answer
+            if moved_ms is not None and d.received_ms >= moved_ms:
+                break  # in order received: the rest may bear a reschedule's trigger
             if d.trigger_ms != s.trigger_ms:
                 found.note("answer_mismatch", f"{d.topic}/{d.msg_id} received {d.received_ms} with trigger "
                                               f"{d.trigger_ms}; its send answered {s.answered_ms} with trigger "

@@ -87,6 +87,8 @@ class Nodes:
         if small_disk_mb:
             nodes._mount_small_disk(nodes.ids[-1], small_disk_mb)
         nodes.slow_disks = slow_disks
+        for n in nodes.ids if slow_disks else ():
+            nodes.slow_disk(n, 0)  # (a --root reused from a drill stopped mid-fault)
         try:
             for n in nodes.ids:
                 nodes.restart(n, wait=False)

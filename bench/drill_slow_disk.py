@@ -92,7 +92,7 @@ def main(argv: list[str]) -> int:
     delay = Delay(argv[0])
     for name in ("fsync", "fdatasync"):
         setattr(os, name, delayed(getattr(os, name), delay))
-    sys.path.insert(0, ROOT)  # this checkout's broker, as `python -m broker.cli` run from ROOT imports
+    sys.path[0] = ROOT  # this checkout's broker (not bench/), as `python -m broker.cli` run from ROOT has
     from broker.cli import main as hourglass
 
     return hourglass(argv[1:])

@@ -3,6 +3,7 @@ checker of the whole history (docs/drills.md).
 
     .venv/bin/python bench/drills.py --seed 7                       # a 3-node cluster, a short drill
     .venv/bin/python bench/drills.py --standalone --kills 10
+    .venv/bin/python bench/drills.py --recheck history.json      # the checker over a --history file
     .venv/bin/python bench/drills.py --kills 100 --pauses 10 --partitions 5 --full-disks 1 \\
         --rate 500 --budget-s 1800 --seed 1                          # the long run (docs/drills.md)
 

@@ -8,7 +8,7 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from storage.entry import IndexEntry
-from storage.errors import ConfigError, ContractError
+from storage.errors import ConfigError, ContractError, Unavailable
 
 from .clock import Clock
 from .scheduler import Scheduler
@@ -124,12 +124,13 @@ class WheelDriver:
             if writing is not None:
                 if not writing.done():  # cancelled: the write with it
                     writing.cancel()
-                elif not writing.cancelled():
+                elif (not writing.cancelled() and (error := writing.exception()) is not None
+                      and not isinstance(error, Unavailable)):
                     # It ended as the loop did (a node standing down fails its
-                    # commits and cancels the driver together): its error, if
-                    # any, goes with the driver, not to asyncio's "never
-                    # retrieved" report.
-                    writing.exception()
+                    # commits and cancels the driver together). Its error is
+                    # retrieved here, not left to asyncio's "never retrieved"
+                    # report; the stand-down's Unavailable says nothing new.
+                    log.warning("the last tick persist failed as the wheel stopped: %r", error)
             scheduler.remove_wake_listener(self._on_earlier)
             self._running = False
 

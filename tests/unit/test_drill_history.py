@@ -175,7 +175,10 @@ def test_a_delivery_that_bears_another_trigger_than_its_sends_answer_is_a_mismat
     retried = Sent(T, "a", 2_000, 10**9, 10, None, 1_500)  # the answer names trigger 2,000
     found = check(history(sent=[retried], deliveries=[got("a", 90, 120, 100)], ops=[op("ack", "a", 125, 130)]))
     assert found.answer_mismatch == 1 and found.early == 0 and found.failed == ["answer_mismatch"]
-    # after the answer, a delivery's trigger is the reschedules' business, not this rule's
+    # so is one after the answer, with no reschedule of the message
+    assert check(history(sent=[Sent(T, "c", 100, 10**9, 10, None, 95)], deliveries=[got("c", 400, 401, 400)],
+                         )).answer_mismatch == 1
+    # once a reschedule began, a delivery's trigger is the reschedules' business, not this rule's
     moved = check(history(sent=[Sent(T, "b", 100, 10**9, 10, None, 95)], deliveries=[got("b", 3_000, 3_001, 3_000)],
                           ops=[op("reschedule", "b", 200, 210, new_trigger=3_000)]))
     assert moved.answer_mismatch == 0 and moved.failed == []
