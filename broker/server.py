@@ -148,8 +148,13 @@ async def run_disk(config: ServeConfig) -> int:
         log.critical("exiting after a failure; the next start recovers from the commit log")
         return 1
     await node.broker.stop()
-    node.store.checkpoint(node.clock.now_ms())  # the tasks are stopped: nothing can append now
-    node.store.close()
+    try:
+        node.store.checkpoint(node.clock.now_ms())  # the tasks are stopped: nothing can append now
+    except OSError as e:  # a full disk: the next start replays the commit log instead
+        log.critical("the last checkpoint failed: %r; the next start recovers from the commit log", e)
+        return 1
+    finally:
+        node.store.close()
     log.info("stopped")
     return 0
 

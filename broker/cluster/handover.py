@@ -7,7 +7,10 @@ follower has fetched everything, give them one more fetch round for the
 final tick; the role loop then records the end of the term and leaves the
 Raft group. The next leader starts exactly where this one stopped, so
 nothing is delivered twice. `close` then releases the HTTP session, the
-tick file and the store (with a last checkpoint).
+tick file and the store, with a last checkpoint unless the node failed
+(the next start replays the commit log from the one before); a last
+checkpoint the disk refuses is such a failure (exit 1, logged, no
+traceback).
 """
 
 from __future__ import annotations
@@ -51,5 +54,10 @@ class Handover(NodeParts):
                 await session.close()
         if self.tick_file is not None:
             self.tick_file.close()
-        self.store.checkpoint(self.clock.now_ms())
-        self.store.close()
+        try:
+            if self.failed is None:  # as a standalone node: no last checkpoint after a failure
+                self.store.checkpoint(self.clock.now_ms())
+        except OSError as e:  # a full disk: the next start replays the commit log instead
+            self.fail(e, "the last checkpoint")
+        finally:
+            self.store.close()
