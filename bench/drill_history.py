@@ -168,11 +168,8 @@ class Findings:
         return [name for name in MUST_BE_ZERO if getattr(self, name)]
 
     def as_dict(self) -> dict[str, Any]:
-        return {"lost": self.lost, "early": self.early, "after_ack": self.after_ack,
-                "after_delete": self.after_delete, "key_violations": self.key_violations,
-                "answer_mismatch": self.answer_mismatch,
-                "duplicates": self.duplicates, "duplicates_by_fault": self.duplicates_by_fault,
-                "examples": self.examples}
+        return {**{name: getattr(self, name) for name in MUST_BE_ZERO}, "duplicates": self.duplicates,
+                "duplicates_by_fault": self.duplicates_by_fault, "examples": self.examples}
 
 
 MsgKey = tuple[str, str]  # (topic, msgId)

@@ -3,8 +3,8 @@ few faults of each kind under load (the slow disk: bench/drill_slow_disk.py,
 also tested here on a node of its own), on a 3-node cluster and on a
 standalone node; any lost, early, after-ack, after-delete, serial-key or
 answer-mismatch count fails, as does a term led by two nodes or a cluster
-that does not converge. Real processes, stopped by PID; the full disk only as root (it
-mounts a tmpfs), reported as skipped otherwise."""
+that does not converge. Real processes, stopped by PID; the full disk only
+as root (it mounts a tmpfs), reported as skipped otherwise."""
 
 from __future__ import annotations
 

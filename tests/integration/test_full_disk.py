@@ -14,10 +14,10 @@ import os
 import random
 import shutil
 import subprocess
-import time
 import uuid
 
 import pytest
+from harness import wait_until
 from serving import Server
 
 pytestmark = pytest.mark.slow
@@ -120,11 +120,9 @@ def test_a_cluster_node_stopped_on_a_full_disk_says_so_and_loses_nothing(tmp_pat
             if status == 200:
                 sent.append(f"m{n}")
         assert len(sent) == 200
-        end = nodes.log_ends()[leader]
-        for _ in range(200):  # until the node on the small disk has them all
-            if (nodes.log_ends().get(full) or 0) >= end:
-                break
-            time.sleep(0.05)
+        end = nodes.log_ends()[leader] or 0
+        wait_until(lambda: (nodes.log_ends().get(full) or 0) >= end, 10, f"{full} holding the log to {end}",
+                   every_s=0.05)
         nodes.fill_disk(full)
         code = nodes.servers[full].stop()
         with open(nodes.servers[full].log_path, encoding="utf-8", errors="replace") as f:
@@ -135,10 +133,7 @@ def test_a_cluster_node_stopped_on_a_full_disk_says_so_and_loses_nothing(tmp_pat
             assert "the last checkpoint failed" in log, log[-3000:]
         nodes.free_disk(full)
         nodes.restart(full)
-        for _ in range(600):  # until it follows a leader again
-            if nodes.converged(at_least=0):
-                break
-            time.sleep(0.05)
+        wait_until(lambda: nodes.converged(at_least=0), 30, f"{full} following a leader again", every_s=0.05)
         for msg_id in sent:
             status, body = nodes.servers[full].post("getMsg", topic="t", msgId=msg_id)
             assert status == 200 and body["delayMsg"]["msg"] == BODY, (msg_id, status, body)
