@@ -17,6 +17,7 @@ from .config import ServeConfig, fsync_policy
 from .console_sessions import ConsoleConfig
 from .httpd import Limits
 from .params import Defaults
+from .push_rules import DEFAULT_MAX_SUBSCRIPTIONS
 from .ready import QueueLimits
 
 log = logging.getLogger("hourglass.cli")
@@ -62,6 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--push-allow", default="",
                        help="comma list of host names, host:port, addresses and CIDRs push subscriptions may POST "
                             "to, checked against the resolved address at connect time (default: none, push off)")
+    serve.add_argument("--max-subscriptions", type=int, default=DEFAULT_MAX_SUBSCRIPTIONS,
+                       help=f"push subscriptions the node keeps; a subscribe for one more topic is answered 429 "
+                            f"(default {DEFAULT_MAX_SUBSCRIPTIONS})")
     serve.add_argument("--allow-readable-token", action="store_true",
                        help="accept an --auth-token-file that group or others may read, with a warning")
     serve.add_argument("--node-id", default=None, help="this node's id in --cluster")
@@ -217,7 +221,8 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
                                              max_sessions=args.max_console_sessions,
                                              cookie_secure=args.console_cookie_secure),
                        metrics_topics=args.metrics_topics, cluster=cluster,
-                       push_allow=tuple(h.strip() for h in args.push_allow.split(",") if h.strip()))
+                       push_allow=tuple(h.strip() for h in args.push_allow.split(",") if h.strip()),
+                       max_subscriptions=args.max_subscriptions)
 
 
 def read_token_file(path: str, allow_readable: bool, flag: str = "--auth-token-file") -> str:

@@ -13,7 +13,7 @@ from .bodies import BodyLimits
 from .console_sessions import ConsoleConfig
 from .httpd import Limits
 from .params import Defaults
-from .push_rules import PushAllow
+from .push_rules import DEFAULT_MAX_SUBSCRIPTIONS, PushAllow
 from .ready import QueueLimits
 
 # The shortest client token accepted: a short one is guessed.
@@ -75,6 +75,9 @@ class ServeConfig:
     # addresses and CIDRs (broker.push_rules.PushAllow). Empty: push is off,
     # subscribe answers 403.
     push_allow: tuple[str, ...] = ()
+    # Push subscriptions the node keeps (--max-subscriptions); a subscribe
+    # for one more topic answers 429 naming the flag (docs/api.md).
+    max_subscriptions: int = DEFAULT_MAX_SUBSCRIPTIONS
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -94,6 +97,8 @@ class ServeConfig:
             raise ConfigError(f"--metrics-topics must be at least 0, got {self.metrics_topics}")
         if self.offline_idle_s < 0:
             raise ConfigError(f"--offline-idle-s must be at least 0, got {self.offline_idle_s}")
+        if self.max_subscriptions < 0:
+            raise ConfigError(f"--max-subscriptions must be at least 0, got {self.max_subscriptions}")
         PushAllow.parse(self.push_allow)  # a bad entry is a ConfigError now, not at the first subscribe
         if self.checkpoint_interval_ms < 10:
             raise ConfigError(f"checkpoint_interval_ms must be at least 10, got {self.checkpoint_interval_ms}")

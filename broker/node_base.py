@@ -199,9 +199,9 @@ class NodeBase(ABC):
     async def metrics_text(self, request: Request) -> Response:
         response = await metrics_response(self.api.broker, self.metrics, self.process, self.config.metrics_topics,
                                           self.node_series())
-        if self.pushers is not None:  # broker.pusher's series, one label set per subscription
+        if self.pushers is not None:  # broker.pusher's series, at most --metrics-topics topics of them
             from .pusher import render_metrics
-            response.body += render_metrics(self.pushers.stats).encode()
+            response.body += render_metrics(self.pushers.stats, self.config.metrics_topics).encode()
         return response
 
     def start_monitor(self) -> asyncio.Task[None]:

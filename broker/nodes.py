@@ -66,7 +66,8 @@ class DiskNode(NodeBase):
         if config.push_allow:  # pushers load aiohttp's client: only on a node that pushes
             from .pusher import Pushers, SubscriptionFile, subscription_path
             self.pushers = Pushers(clock, PushAllow.parse(config.push_allow),
-                                   SubscriptionFile(subscription_path(config.data_path)))
+                                   SubscriptionFile(subscription_path(config.data_path)),
+                                   config.max_subscriptions)
         log.info("opened %s in %.3f s: %s", config.data_path, self.opened_s, self.store)
 
     def __repr__(self) -> str:
@@ -123,7 +124,8 @@ class RedisNode(NodeBase):
             from .pusher import Pushers, SubscriptionFile, subscription_path
             os.makedirs(config.data_path, mode=0o700, exist_ok=True)
             self.pushers = Pushers(clock, PushAllow.parse(config.push_allow),
-                                   SubscriptionFile(subscription_path(config.data_path)))
+                                   SubscriptionFile(subscription_path(config.data_path)),
+                                   config.max_subscriptions)
 
     def __repr__(self) -> str:
         return f"RedisNode({self.broker!r})"

@@ -6,7 +6,10 @@ camellia's under the same prefix and answered the same way (broker.api):
     GET  /camellia/delayQueue/getSubscription  -> data: the subscription and its health
 
 A subscription's secret is never in an answer: `signed` says whether it
-has one. With --push-allow empty, subscribe answers code 403 naming it.
+has one. With --push-allow empty, or a URL it does not allow, subscribe
+answers code 403 naming it, in an HTTP 200 as every API outcome (docs/api.md,
+"Requests and answers"); past --max-subscriptions, code 429 (HTTP 429, a
+limit, as --max-topics).
 """
 
 from __future__ import annotations
@@ -14,7 +17,9 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
-from storage.errors import Forbidden, InvalidRequest, NotFound, Unavailable
+import orjson
+
+from storage.errors import Forbidden, InvalidRequest, LimitReached, NotFound, Unavailable
 
 from . import params
 from .api import Router, answer
@@ -54,8 +59,10 @@ class PushApi:
                 return answer(400, str(e))
             except NotFound as e:
                 return answer(404, str(e))
-            except Forbidden as e:
-                return answer(403, str(e))
+            except Forbidden as e:  # the API's outcome: code 403 in an HTTP 200
+                return Response(200, orjson.dumps({"code": 403, "msg": str(e)}))
+            except LimitReached as e:
+                return answer(429, str(e))
             except Unavailable as e:
                 return answer(503, str(e))
         return run

@@ -5,8 +5,10 @@ long a failed one waits before the next (docs/api.md, "Push delivery").
     parse_subscribe(params, allow)  -> Subscription   (subscribe's parameters)
     PushAllow.parse(entries)        the --push-allow list
     PushAllow.allows(host, port)    a URL's host (name or address) and port
+    PushLimits                      what a subscriber's answers may cost (--push-* flags)
     signature(secret, ts_ms, body)  "sha256=<hex HMAC-SHA256 of '<ts>.<body>'>"
     backoff_ms(retry, after_ms, r)  the wait before delivery number retry+1
+    LogGate(every_ms)               one log line a minute about a failing subscription
 
 No I/O and no clock: the pusher (broker.pusher) does the requests.
 """
@@ -32,11 +34,19 @@ DEFAULT_MAX_BODY_BYTES = 64 * 1024
 MAX_MAX_BODY_BYTES = 16 * 1024 * 1024
 MAX_RATE_LIMIT = 1_000_000
 MAX_URL_BYTES = 2048
+# --max-subscriptions' default: push subscriptions a node keeps (each has
+# its own delivery loop, HTTP client and connections); one more is code 429.
+DEFAULT_MAX_SUBSCRIPTIONS = 100
 MAX_SECRET_BYTES = 1024
 # Backoff after a failed delivery: base * 2^(failures-1), jittered down to
-# half, never above the cap; a subscriber's Retry-After is taken up to the cap.
+# half, never above the cap; a subscriber's Retry-After is taken within
+# [that backoff's floor (half of it), the cap]: it lengthens a wait, never
+# shortens it below what the backoff would have allowed.
 BACKOFF_BASE_MS = 1000
 BACKOFF_CAP_MS = 5 * 60 * 1000
+# Log lines about one failing subscription: at most one in this long, with
+# a count of the failures not logged since the last one.
+FAILURE_LOG_EVERY_MS = 60_000
 
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -78,6 +88,37 @@ def _stored_int(row: dict[str, object], key: str) -> int:
     if not isinstance(value, int):
         raise ConfigError(f"the subscriptions file's {key} is not a whole number: {value!r}")
     return value
+
+
+@dataclass(frozen=True)
+class PushLimits:
+    """What a subscriber's answers may cost the node, whatever the
+    subscription asks (flags of `hourglass serve`, docs/security.md): a
+    limit hit is a failed delivery, its reason in /metrics, and the
+    connection closed."""
+
+    # An answer's status line and headers, in bytes (--push-max-head-bytes).
+    max_head_bytes: int = 16 * 1024
+    # Header lines in one answer head (--push-max-headers).
+    max_headers: int = 100
+    # From an answer's first byte until its head is complete (--push-head-timeout-ms).
+    head_timeout_ms: int = 10_000
+    # From an answer's head until its body is complete (--push-body-timeout-ms).
+    body_timeout_ms: int = 30_000
+    # A kept-alive push connection with no POST on it is closed after this
+    # long (--push-idle-timeout-ms); a byte the subscriber sends on it
+    # meanwhile closes it at once.
+    idle_timeout_ms: int = 30_000
+    # Descriptors all push connections hold at once (--push-max-fds), at
+    # most half of what RLIMIT_NOFILE leaves after --reserved-fds; each
+    # subscription gets an equal share (broker.descriptors).
+    max_fds: int = 256
+
+    def __post_init__(self) -> None:
+        for name in ("max_head_bytes", "max_headers", "head_timeout_ms", "body_timeout_ms", "idle_timeout_ms",
+                     "max_fds"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"--push-{name.replace('_', '-')} must be at least 1, not {getattr(self, name)}")
 
 
 @dataclass(frozen=True)
@@ -214,12 +255,15 @@ def signature(secret: str, timestamp_ms: int, body: bytes) -> str:
 
 def backoff_ms(failures: int, retry_after_ms: int | None, jitter: float) -> int:
     """How long the `failures`-th failed delivery in a row waits before the
-    next: a subscriber's Retry-After (up to the cap) if it gave one, else
-    BACKOFF_BASE_MS * 2^(failures-1) capped, scaled by `jitter` in [0.5, 1]."""
-    if retry_after_ms is not None:
-        return max(0, min(retry_after_ms, BACKOFF_CAP_MS))
+    next: BACKOFF_BASE_MS * 2^(failures-1) capped, scaled by `jitter` in
+    [0.5, 1]; or the subscriber's Retry-After if it gave one, taken within
+    [half that backoff (its floor), the cap] -- a `Retry-After: 0` cannot
+    turn the backoff off."""
     exponent = min(max(failures, 1) - 1, 30)
-    return int(min(BACKOFF_BASE_MS * (1 << exponent), BACKOFF_CAP_MS) * min(max(jitter, 0.5), 1.0))
+    full = min(BACKOFF_BASE_MS * (1 << exponent), BACKOFF_CAP_MS)
+    if retry_after_ms is not None:
+        return max(full // 2, min(retry_after_ms, BACKOFF_CAP_MS))
+    return int(full * min(max(jitter, 0.5), 1.0))
 
 
 def retry_after_ms(header: str | None) -> int | None:
@@ -227,3 +271,26 @@ def retry_after_ms(header: str | None) -> int | None:
     if header is None or not header.strip().isdigit():
         return None
     return min(int(header.strip()), BACKOFF_CAP_MS // 1000 + 1) * 1000
+
+
+class LogGate:
+    """Rate-limits the log lines about one failing subscription: `admit(now_ms)`
+    is None while a line was written less than `every_ms` ago (the line is
+    counted as suppressed), else the number suppressed since that line (the
+    caller writes one, saying so)."""
+
+    def __init__(self, every_ms: int = FAILURE_LOG_EVERY_MS) -> None:
+        self.every_ms = every_ms
+        self.suppressed = 0
+        self._last_ms: int | None = None
+
+    def __repr__(self) -> str:
+        return f"LogGate(every_ms={self.every_ms}, suppressed={self.suppressed})"
+
+    def admit(self, now_ms: int) -> int | None:
+        if self._last_ms is not None and now_ms - self._last_ms < self.every_ms:
+            self.suppressed += 1
+            return None
+        self._last_ms = now_ms
+        suppressed, self.suppressed = self.suppressed, 0
+        return suppressed

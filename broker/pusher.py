@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import heapq
 import logging
 import os
 import random
@@ -41,7 +42,7 @@ from typing import Protocol
 import orjson
 
 from storage.entry import Message
-from storage.errors import HourglassError, Unavailable
+from storage.errors import HourglassError, LimitReached, Unavailable
 from storage.fileutil import atomic_write
 from wheel.clock import Clock, Timer
 
@@ -49,7 +50,15 @@ from .backend import Backend
 from .metrics import escape_label, topic_label
 from .params import AckRequest, LongPollRequest
 from .push_client import PostFailed, PushClient
-from .push_rules import BACKOFF_CAP_MS, PushAllow, Subscription, backoff_ms, retry_after_ms, signature
+from .push_rules import (
+    BACKOFF_CAP_MS,
+    DEFAULT_MAX_SUBSCRIPTIONS,
+    PushAllow,
+    Subscription,
+    backoff_ms,
+    retry_after_ms,
+    signature,
+)
 
 log = logging.getLogger("hourglass.push")
 
@@ -334,10 +343,12 @@ class Pushers:
     """The node's push subscriptions, and a TopicPusher for each while a
     backend serves here (`start`; `stop` when it no longer does)."""
 
-    def __init__(self, clock: Clock, allow: PushAllow, store: SubscriptionStore | None) -> None:
+    def __init__(self, clock: Clock, allow: PushAllow, store: SubscriptionStore | None,
+                 max_subscriptions: int = DEFAULT_MAX_SUBSCRIPTIONS) -> None:
         self.clock = clock
         self.allow = allow
         self._store = store
+        self.max_subscriptions = max_subscriptions  # --max-subscriptions
         self.subscriptions: dict[str, Subscription] = store.load() if store is not None else {}
         self.stats: dict[str, PushStats] = {}
         self._running: dict[str, TopicPusher] = {}
@@ -381,7 +392,12 @@ class Pushers:
         pusher.start()
 
     async def subscribe(self, subscription: Subscription) -> None:
-        """Create or replace the topic's subscription; durable once it returns."""
+        """Create or replace the topic's subscription; durable once it
+        returns. LimitReached (429) if it would be one more than
+        --max-subscriptions (a replacement is not one more)."""
+        if subscription.topic not in self.subscriptions and len(self.subscriptions) >= self.max_subscriptions:
+            raise LimitReached(f"the node has {len(self.subscriptions)} push subscriptions and --max-subscriptions "
+                               f"is {self.max_subscriptions}: unsubscribe a topic first, or raise --max-subscriptions")
         subscriptions = {**self.subscriptions, subscription.topic: subscription}
         await self._save(subscriptions)
         old = self._running.pop(subscription.topic, None)
@@ -406,15 +422,28 @@ class Pushers:
         self.subscriptions = subscriptions
 
 
-def render_metrics(stats: dict[str, PushStats]) -> str:
-    """/metrics' push series, one label set per subscribed topic: deliveries,
-    failures by reason, in-flight and backing-off counts, and the latency
-    from trigger time to the 2xx as a histogram. No URL or secret."""
+def render_metrics(stats: dict[str, PushStats], most_topics: int) -> str:
+    """/metrics' push series: node-level sums over every subscription, and
+    one label set each for at most `most_topics` subscribed topics
+    (--metrics-topics; those with the most in flight and backing off, then
+    the most failures, then deliveries, then by name): deliveries, failures
+    by reason, in-flight and backing-off counts, and the latency from
+    trigger time to the 2xx as a histogram. No URL or secret."""
     if not stats:
         return ""
-    lines = ["# HELP hourglass_push_deliveries_total messages POSTed and answered 2xx",
-             "# TYPE hourglass_push_deliveries_total counter"]
-    shown = sorted(stats.items())
+    shown = sorted(heapq.nsmallest(max(0, most_topics), stats.items(), key=_busiest_first))
+    lines = ["# HELP hourglass_push_subscriptions subscribed topics the node counts deliveries of (--max-subscriptions)",
+             "# TYPE hourglass_push_subscriptions gauge", f"hourglass_push_subscriptions {len(stats)}",
+             "# HELP hourglass_push_topics_shown subscribed topics with push series of their own (--metrics-topics)",
+             "# TYPE hourglass_push_topics_shown gauge", f"hourglass_push_topics_shown {len(shown)}",
+             "# TYPE hourglass_node_push_deliveries_total counter",
+             f"hourglass_node_push_deliveries_total {sum(s.deliveries for s in stats.values())}",
+             "# TYPE hourglass_node_push_failures_total counter",
+             f"hourglass_node_push_failures_total {sum(sum(s.failures.values()) for s in stats.values())}"]
+    if not shown:
+        return "\n".join(lines) + "\n"
+    lines += ["# HELP hourglass_push_deliveries_total messages POSTed and answered 2xx",
+              "# TYPE hourglass_push_deliveries_total counter"]
     lines += [f'hourglass_push_deliveries_total{{topic="{topic_label(t)}"}} {s.deliveries}' for t, s in shown]
     lines += ["# HELP hourglass_push_failures_total failed deliveries by reason",
               "# TYPE hourglass_push_failures_total counter"]
@@ -435,6 +464,11 @@ def render_metrics(stats: dict[str, PushStats]) -> str:
         lines += [f'{name}_sum{{topic="{label}"}} {s.latency_sum_ms / 1000:g}',
                   f'{name}_count{{topic="{label}"}} {s.deliveries}']
     return "\n".join(lines) + "\n"
+
+
+def _busiest_first(item: tuple[str, PushStats]) -> tuple[int, int, int, str]:
+    topic, s = item
+    return -(s.in_flight + s.backing_off), -sum(s.failures.values()), -s.deliveries, topic
 
 
 def subscription_path(data_path: str) -> str:

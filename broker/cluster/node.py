@@ -71,7 +71,8 @@ class ClusterNode(Routes, PeerCalls, RoleLoop, Snapshots, Handover):
             from broker.pusher import Pushers
 
             from .push import RaftSubscriptions
-            self.pushers = Pushers(clock, PushAllow.parse(config.push_allow), RaftSubscriptions(election))
+            self.pushers = Pushers(clock, PushAllow.parse(config.push_allow), RaftSubscriptions(election),
+                                   config.max_subscriptions)
         self.roles = RoleState(cluster.node_id, cluster.quorum, len(cluster.peers))
         self._session = None
         self._forward_session = None

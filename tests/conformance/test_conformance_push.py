@@ -10,8 +10,10 @@ import hashlib
 import hmac
 import json
 import time
+import urllib.parse
 
 import pytest
+from serving import PREFIX, request
 from serving import PushSubscriber as Subscriber
 
 ACKED, ENDED = 4, 6
@@ -29,9 +31,16 @@ def subscriber(tmp_path):
         s.stop()
 
 
+def http_status(api, endpoint: str, **params: object) -> int:
+    """The HTTP status of a POST (api.post answers the code in the body)."""
+    data = urllib.parse.urlencode({k: str(v) for k, v in params.items()}).encode()
+    return request(api.server.base + PREFIX + endpoint, data=data, headers=api.server.headers())[0]
+
+
 def test_push_is_off_without_push_allow(api, topic):
     code, body = api.post("subscribe", topic=topic, url="http://127.0.0.1:9/hook")
     assert code == 403 and "--push-allow" in body["msg"]
+    assert http_status(api, "subscribe", topic=topic, url="http://127.0.0.1:9/hook") == 200  # as every API outcome
     code, body = api.get("getSubscription", topic=topic)
     assert code == 404
     code, body = api.post("unsubscribe", topic=topic)
@@ -119,6 +128,7 @@ def test_a_host_not_allowed_is_refused(serve, subscriber, topic):
     api = serve("--push-allow", "10.0.0.0/8")
     code, body = api.post("subscribe", topic=topic, url="http://127.0.0.1:9/hook")
     assert code == 403 and "--push-allow" in body["msg"]
+    assert http_status(api, "subscribe", topic=topic, url="http://127.0.0.1:9/hook") == 200
 
 
 def test_a_name_resolving_to_an_address_not_allowed_is_refused_at_connect_time(serve, subscriber, topic):
