@@ -41,8 +41,10 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Iterator
+from time import perf_counter
 
 from storage.entry import STATUS_BY_VALUE, Location, Message
+from storage.key_index import KeyPart
 from storage.reading import Match
 from storage.store import StateChange, Store, text_hash
 from wheel.clock import Clock
@@ -61,9 +63,15 @@ from .windows import ReadyWindows
 
 # Index entries read per slice of a scan, between which the loop runs.
 BULK_SCAN = 4096
+# Work on a key's messages between two turns of the loop (a part at least).
+KEY_SLICE_S = 0.005
 
 _DELETE = Delete()
 _new_change = tuple.__new__  # a StateChange made without its generated (Python-level) __new__
+
+
+class _Damaged(Exception):
+    """A damaged slot of the key index met mid-lookup: scan instead."""
 
 
 class Bulk:
@@ -108,10 +116,10 @@ class Bulk:
             await asyncio.sleep(0)
             self._lifecycle.check_serving()
 
-    async def _keyed(self, topic: str, flt: BulkFilter) -> list[Message] | None:
-        """With a key filter: the matches, found through the key index
-        (storage.key_index) -- the key's own messages read, not the
-        topic's; None without a key filter (or no key index): scan."""
+    async def _key_parts(self, topic: str, flt: BulkFilter) -> list[KeyPart] | None:
+        """With a key filter: the parts of the key index holding the key's
+        messages (storage.key_index), in the order a page reads them; None
+        without a key filter (or no key index): scan."""
         if flt.key is None:
             return None
         self._lifecycle.check_serving()
@@ -119,8 +127,48 @@ class Bulk:
         self._lifecycle.check_serving()
         if not self._topics.has_topic(topic):
             return []
-        keyed = self._store.keyed(topic, flt.key)
-        return None if keyed is None else [m for m in keyed if flt.matches(m)]
+        return self._store.key_parts(topic, flt.key)
+
+    async def _keyed(self, topic: str, flt: BulkFilter, parts: list[KeyPart]) -> AsyncIterator[list[Message]]:
+        """The key's messages that match the filter, a part at a time -- the
+        key's own messages read, not the topic's -- the loop let through
+        every KEY_SLICE_S of work. Raises _Damaged on a damaged slot."""
+        assert flt.key is not None
+        store, key = self._store, flt.key
+        began = perf_counter()
+        for part in parts:
+            found = store.keyed_in(topic, key, part)
+            if found is None:
+                raise _Damaged
+            yield [m for m in found if flt.matches(m)]
+            if perf_counter() - began > KEY_SLICE_S:
+                await asyncio.sleep(0)
+                self._lifecycle.check_serving()
+                began = perf_counter()
+
+    async def _keyed_page(self, topic: str, flt: BulkFilter, parts: list[KeyPart], keeper: PageKeeper) -> bool:
+        """Offer the key's matches to `keeper`, reading parts in order of
+        their time ranges and only as far as the page can still change;
+        False on a damaged slot (the caller scans)."""
+        assert flt.key is not None
+        store, key = self._store, flt.key
+        began = perf_counter()
+        for part in parts:
+            if keeper.closed_before(part.low_ms):
+                break
+            if keeper.before_cursor(part.high_ms):
+                continue
+            entries = store.keyed_entries(topic, key, part)
+            if entries is None:
+                return False
+            for where, trigger_ms in entries:
+                if keeper.worth(trigger_ms) and (m := self._full_match(flt, where)) is not None and m.topic == topic:
+                    keeper.offer(m)
+            if perf_counter() - began > KEY_SLICE_S:
+                await asyncio.sleep(0)
+                self._lifecycle.check_serving()
+                began = perf_counter()
+        return True
 
     def _full_match(self, flt: BulkFilter, where: Location) -> Message | None:
         """The message at `where` if it matches the filter's body-level tests."""
@@ -130,10 +178,10 @@ class Bulk:
     async def page(self, request: ListMsgRequest) -> tuple[list[Message], str | None]:
         """A page of matches in (trigger time, msgId) order, after the cursor."""
         keeper = PageKeeper(request.cursor, request.limit)
-        keyed = await self._keyed(request.topic, request.filter)
-        for found in keyed or ():
-            keeper.offer(found)
-        async for matches in self._slices(request.topic, request.filter, keyed is not None):
+        parts = await self._key_parts(request.topic, request.filter)
+        if parts is not None and not await self._keyed_page(request.topic, request.filter, parts, keeper):
+            parts, keeper = None, PageKeeper(request.cursor, request.limit)  # a damaged slot: scan
+        async for matches in self._slices(request.topic, request.filter, parts is not None):
             for where, _, _, trigger_ms in matches:
                 if keeper.worth(trigger_ms) and (m := self._full_match(request.filter, where)) is not None:
                     keeper.offer(m)
@@ -142,10 +190,15 @@ class Bulk:
 
     async def count(self, topic: str, flt: BulkFilter) -> int:
         """How many messages match, exactly."""
-        keyed = await self._keyed(topic, flt)
-        if keyed is not None:
-            return len(keyed)
+        parts = await self._key_parts(topic, flt)
         n = 0
+        if parts is not None:
+            try:
+                async for messages in self._keyed(topic, flt, parts):
+                    n += len(messages)
+                return n
+            except _Damaged:
+                n = 0
         body = flt.needs_body()
         async for matches in self._slices(topic, flt):
             if not body:
@@ -162,11 +215,17 @@ class Bulk:
         before they were read: a file no change touched since holds them
         as read (`Store.changed_since`)."""
         mark = self._store.change_mark()
-        keyed = await self._keyed(topic, flt)
-        if keyed is not None:
-            return ([(m.location, int(m.status), m.retry, m.trigger_ms) for m in keyed[:limit]], len(keyed) > limit,
-                    mark)
+        parts = await self._key_parts(topic, flt)
         found: list[Match] = []
+        if parts is not None:
+            try:
+                async for messages in self._keyed(topic, flt, parts):
+                    found += [(m.location, int(m.status), m.retry, m.trigger_ms) for m in messages]
+                    if len(found) > limit:
+                        return found[:limit], True, mark
+                return found, False, mark
+            except _Damaged:
+                found = []
         body = flt.needs_body()
         async for matches in self._slices(topic, flt):
             if body:

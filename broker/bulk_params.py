@@ -36,6 +36,8 @@ from __future__ import annotations
 import heapq
 from typing import NamedTuple
 
+import orjson
+
 from storage.entry import Message, Status
 from storage.errors import InvalidRequest
 
@@ -44,6 +46,11 @@ from .params import MAX_TRIGGER_MS, Params, _bool, _int, _name, _required_name
 # listMsg: messages a page holds at most.
 MAX_LIST_PAGE = 1000
 DEFAULT_LIST_PAGE = 100
+# listMsg, listDeadMsg: bytes of messages a page holds at most by default
+# (--max-page-bytes), as `answer_bytes` counts them; a page holds at least one.
+DEFAULT_PAGE_BYTES = 4 * 1024 * 1024
+# What a message's answer holds beside its texts: field names, numbers, quotes.
+ANSWER_FIELDS_BYTES = 256
 # deleteMsgs, rescheduleMsgs: messages one call changes by default and at most.
 DEFAULT_BULK = 100_000
 MAX_BULK = 1_000_000
@@ -99,6 +106,7 @@ class ListMsgRequest(NamedTuple):
     cursor: Cursor | None
     limit: int
     count_only: bool
+    max_bytes: int | None = None  # the page's byte budget (`answer_bytes`); None: none
 
 
 class DeleteMsgsRequest(NamedTuple):
@@ -126,15 +134,34 @@ def order_key(m: Message) -> tuple[int, str]:
     return m.trigger_ms, m.msg_id
 
 
-class PageKeeper:
-    """The first `limit` candidates past `after` in page order, from
-    candidates offered in any order; memory O(limit). `more` says a
-    match beyond the page was offered, so the page gets a cursor."""
+def answer_bytes(m: Message) -> int:
+    """The bytes `m` takes in a page's JSON answer, about: its texts as
+    JSON writes them (escapes included), and ANSWER_FIELDS_BYTES for the rest."""
+    dumps = orjson.dumps
+    return (len(dumps(m.msg)) + len(dumps(m.msg_id)) + len(dumps(m.topic)) + len(dumps(m.tag)) + len(dumps(m.key))
+            + ANSWER_FIELDS_BYTES)
 
-    def __init__(self, after: Cursor | None, limit: int) -> None:
+
+class PageKeeper:
+    """The first candidates past `after` in page order, as many as fit in
+    `limit` messages and `max_bytes` bytes of answer (`answer_bytes`; at
+    least one message), from candidates offered in any order; memory
+    O(limit) messages and O(max_bytes). `more` says a match beyond the page
+    was offered, so the page gets a cursor.
+
+    Why the page stays right: the kept set is always the longest prefix, in
+    page order, of the candidates offered that fits both bounds. A new
+    candidate is pushed and the last ones popped until it fits again; once
+    one was popped (`more`), no candidate ordered after the kept ones can
+    enter, as it would not fit behind them either."""
+
+    def __init__(self, after: Cursor | None, limit: int, max_bytes: int | None = None) -> None:
         self._after = None if after is None else (after.trigger_ms, after.msg_id)
         self._limit = limit
-        self._heap: list[tuple[int, _Desc, Message]] = []  # negated keys: a max-heap of the page
+        self._max_bytes = max_bytes
+        self._bytes = 0  # answer bytes of the kept messages (counted only with max_bytes)
+        # negated keys: a max-heap of the page; each with its answer bytes
+        self._heap: list[tuple[int, _Desc, Message, int]] = []
         self.more = False
 
     def __repr__(self) -> str:
@@ -145,23 +172,38 @@ class PageKeeper:
         page (asked before its body is read)."""
         if self._after is not None and trigger_ms < self._after[0]:
             return False
-        return len(self._heap) < self._limit or trigger_ms <= -self._heap[0][0] or not self.more
+        return not self.more or trigger_ms <= -self._heap[0][0]
+
+    def closed_before(self, low_ms: int) -> bool:
+        """Whether nothing triggering at `low_ms` or later can change the
+        page any more: it is full, a match beyond it was seen, and its last
+        triggers before `low_ms` (asked before reading candidates whose
+        trigger times are known to start there)."""
+        return self.more and len(self._heap) >= self._limit and low_ms > -self._heap[0][0]
+
+    def before_cursor(self, high_ms: int) -> bool:
+        """Whether every candidate triggering before `high_ms` lies before
+        the cursor (so need not be read)."""
+        return self._after is not None and high_ms <= self._after[0]
 
     def offer(self, m: Message) -> None:
         key = order_key(m)
         if self._after is not None and key <= self._after:
             return
-        if len(self._heap) < self._limit:
-            heapq.heappush(self._heap, (-m.trigger_ms, _Desc(m.msg_id), m))
-            return
-        self.more = True
-        top = self._heap[0]
-        if key < (-top[0], top[1].text):
-            heapq.heapreplace(self._heap, (-m.trigger_ms, _Desc(m.msg_id), m))
+        heap = self._heap
+        if self.more and key > (-heap[0][0], heap[0][1].text):
+            return  # after a page already cut
+        max_bytes = self._max_bytes
+        size = 0 if max_bytes is None else answer_bytes(m)
+        heapq.heappush(heap, (-m.trigger_ms, _Desc(m.msg_id), m, size))
+        self._bytes += size
+        while len(heap) > self._limit or (max_bytes is not None and self._bytes > max_bytes and len(heap) > 1):
+            self._bytes -= heapq.heappop(heap)[3]
+            self.more = True
 
     def page(self) -> tuple[list[Message], Cursor | None]:
         """The page, in order, and the cursor after it (None: the last page)."""
-        page = sorted((m for _, _, m in self._heap), key=order_key)
+        page = sorted((m for _, _, m, _ in self._heap), key=order_key)
         if not self.more or not page:
             return page, None
         return page, Cursor(page[-1].trigger_ms, page[-1].msg_id)
@@ -204,11 +246,25 @@ def parse_filter(params: Params) -> tuple[BulkFilter, bool]:
     return BulkFilter(key, tag, prefix, LIVE if statuses is None else statuses, lo, hi), given
 
 
-def parse_list_msg(params: Params) -> ListMsgRequest:
+def parse_list_msg(params: Params, max_bytes: int | None = None) -> ListMsgRequest:
+    """`max_bytes`: the page's byte budget (--max-page-bytes)."""
     topic = _required_name(params, "topic")
     flt, _ = parse_filter(params)
     return ListMsgRequest(topic, flt, parse_cursor(params.get("cursor")),
-                          _limit(params, DEFAULT_LIST_PAGE, MAX_LIST_PAGE), _bool(params, "countOnly", default=False))
+                          _limit(params, DEFAULT_LIST_PAGE, MAX_LIST_PAGE), _bool(params, "countOnly", default=False),
+                          max_bytes)
+
+
+def cut_page(page: list[Message], cursor: str | None, max_bytes: int) -> tuple[list[Message], str | None]:
+    """A page (in page order) and its cursor, cut to the messages that fit
+    in `max_bytes` (`answer_bytes`; at least one): what any backend's page
+    is answered as."""
+    size = 0
+    for i, m in enumerate(page):
+        size += answer_bytes(m)
+        if size > max_bytes and i:
+            return page[:i], Cursor(page[i - 1].trigger_ms, page[i - 1].msg_id).text()
+    return page, cursor
 
 
 def parse_delete_msgs(params: Params) -> DeleteMsgsRequest:

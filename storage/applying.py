@@ -39,7 +39,7 @@ from .errors import ContractError
 from .hour import Hour
 from .hour_table import HourTable
 from .id_index import IdIndex
-from .key_index import KEYED_BODY, key_of_body
+from .key_index import KEYED_BODY, KeyIndex, key_of_body
 from .pending import Pending
 from .types import text_hash
 
@@ -53,7 +53,7 @@ class Applier:
     `sync_log`."""
 
     def __init__(self, hours: HourTable, ids: IdIndex, log: CommitLog, pending: Pending,
-                 topic_names: dict[int, str], consuming: dict[Location, int], keys: IdIndex | None = None) -> None:
+                 topic_names: dict[int, str], consuming: dict[Location, int], keys: KeyIndex | None = None) -> None:
         self._hours = hours
         self._ids = ids
         self._keys = keys  # (topic, serial key) -> locations (storage.key_index); None: not kept
@@ -126,7 +126,7 @@ class Applier:
                     topic_names[item.topic_hash] = delay_log.unpack_body(item.body).topic
             put(item.key, item.hour, item.global_index)
             if keys is not None and item.body[0] == KEYED_BODY:
-                self._put_key(item.body, item.hour, item.global_index)
+                self._put_key(item.body, item.hour, item.trigger_ms, item.global_index)
             mark_dirty(h)  # after put: its look at a released message may have flushed h
             if add_entry is not None:
                 add_entry(tuple.__new__(IndexEntry, (
@@ -196,10 +196,8 @@ class Applier:
                 if retry:
                     h.stage_state(to.global_index, WAITING, 0, retry)
             ids.move(to.key, (from_hour, from_gi), to.hour, to.global_index)
-            if keys is not None and to.body[0] == KEYED_BODY:  # its key's slot of the old place, moved
-                serial = key_of_body(keys, to.body)
-                if serial is not None:
-                    keys.move(serial, (from_hour, from_gi), to.hour, to.global_index)
+            if keys is not None and to.body[0] == KEYED_BODY:  # its new place (the old one is released)
+                self._put_key(to.body, to.hour, to.trigger_ms, to.global_index)
             hours.mark_dirty(h)
             if new_entries is not None:
                 new_entries.append(tuple.__new__(IndexEntry, (
@@ -209,12 +207,12 @@ class Applier:
             if delta:
                 h.count(topic_hash, status, delta)
 
-    def _put_key(self, body: bytes, hour: int, global_index: int) -> None:
+    def _put_key(self, body: bytes, hour: int, trigger_ms: int, global_index: int) -> None:
         """A keyed message's place into the key index (storage.key_index)."""
         assert self._keys is not None
         key = key_of_body(self._keys, body)
         if key is not None:
-            self._keys.put(key, hour, global_index)
+            self._keys.put(key, hour, trigger_ms, global_index)
 
     # -- what applying keeps beside the hours ------------------------------------------
 

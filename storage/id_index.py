@@ -391,6 +391,48 @@ class IdIndex:
                         found.append(where)
             group = (group + stride) & shard.group_mask
 
+    # -- counters (the key index's buckets: storage.key_index) --------------------------
+
+    def count(self, key: int, hour: int) -> int:
+        """The counter stored under `key` for the live file `hour` (0: none).
+        A counter is a slot whose location's globalIndex field holds the
+        count: it dies with its file as the slots it counts do."""
+        found = self._counter(key, hour)
+        return 0 if found is None else found[1]
+
+    def add_one(self, key: int, hour: int) -> int:
+        """The counter under (`key`, `hour`) plus one, stored; the count
+        before (0 for a new counter, whose slot is then inserted). O(1)
+        expected: one probe sequence."""
+        found = self._counter(key, hour)
+        if found is None:
+            self.put(key, hour, 1)
+            return 0
+        offset, n = found
+        SLOT.pack_into(self._shard(key).mm, offset, key, pack_loc(key, hour, n + 1))
+        return n
+
+    def _counter(self, key: int, hour: int) -> tuple[int, int] | None:
+        """(offset, count) of the first slot of `key` whose file is `hour`."""
+        shard = self._shard(key)
+        mm, unpack = shard.mm, GROUP.unpack_from
+        group, stride = probe_start(key, shard.group_mask)
+        probes = 0
+        while True:
+            base = HEADER_BYTES + group * GROUP_BYTES
+            slots = unpack(mm, base)
+            for i in range(0, 8, 2):
+                probes += 1
+                k = slots[i]
+                if k == 0:
+                    self.probes += probes
+                    return None
+                if k == key and slots[i + 1] >> 40 == hour:
+                    self.probes += probes
+                    where = unpack_loc(shard.path, base + i * 8, k, slots[i + 1])
+                    return base + i * 8, where.global_index
+            group = (group + stride) & shard.group_mask
+
     def move(self, key: int, old: tuple[int, int], hour: int, global_index: int) -> None:
         """`key`'s slot pointing at `old` points at (hour, global_index) now
         (a message filed anew: its old place released, storage.refile);

@@ -1,83 +1,232 @@
 """On-disk index from (topic, key) to the locations of the messages sent
 with that serial key, so a lookup by key (listMsg, deleteMsgs and
 rescheduleMsgs with `key`: docs/api.md, Bulk calls) reads its own
-messages, not the topic's, and RAM does not grow with messages or keys.
+messages, not the topic's, a put costs the same for a key with one
+message as for a key with a million, and RAM does not grow with messages
+or keys.
 
 Directory `keys/`, in the id index's format (storage.id_index: the same
 `secret` file and `<shard:02x>.hix` shards, byte for byte, 64 shards of
-open-addressing slots, each doubling on its own), with its own secret:
-a slot's 64-bit key is BLAKE2b(topic, key) where the id index hashes
-(topic, msgId). A key shared by many messages is a run of equal slot keys
-that a lookup reads whole; a bigger shard cannot part it, so a run longer
-than the id index's probe bound is probed on (once the shard is a quarter
-full), never split.
+open-addressing slots, each doubling on its own), with its own secret,
+plus an empty file `parts` that marks this layout of the slots (an
+index without it is rebuilt). A key's messages are counted in buckets:
+
+    H        = BLAKE2b(topic, key) under the secret        (IdIndex.key)
+    file     = the delay file the message is in (its Location's hour)
+    part     = which of PARTS equal slices of the file's time range its
+               trigger time falls in; LATE if it triggers before the
+               file begins (sent due: filed at the hour it was sent in)
+
+    slot key                     slot holds (file = the slot's hour)
+    derive(H, file<<8 | 0xFF)    counter: the key's messages in the file
+    derive(H, file<<8 | part)    counter: the key's messages in the part
+    derive(partkey, n)           the n-th message put in the part (its
+                                 globalIndex), n = 0, 1, ...
+
+`derive(k, x)` is a 64-bit mix (splitmix64's finaliser) of k and x: it
+costs no hashing of text, and without the secret nobody can choose keys
+whose slots collide. A counter is a slot whose globalIndex field holds
+the count (IdIndex.add_one). Every slot of a file dies with the file (a
+retired file's slots are dead, reused or dropped when a shard doubles),
+so the index holds live files only.
+
+Worked example: key "order-42" sent three times into hour 490,000 at
+minutes 5, 5 and 50 puts counters file=3, part 5 = 2, part 55 = 1 and
+three message slots; a page of listMsg by that key probes the file
+counter of each live file (1 probe a file), then the part counters of
+the files that hold the key, and reads the parts in order of their time
+ranges, stopping once the page is full and the next part starts after
+its last message (LATE parts first: their trigger times are unbounded
+below).
+
+Cost: a put is one BLAKE2b and three probe sequences, O(1) whatever the
+key's count; a lookup is O(live files) probes plus the messages of the
+parts it reads.
 
 What is put, and when (storage.applying): every message whose body has a
 serial key (an 8-item delay-log body, storage.delay_log) when its SEND is
-applied; when a MOVE is applied, the slot of its old place is pointed at
-its new one (`IdIndex.move`). Nothing is removed: a slot of a retired hour
-is dead and reused or dropped when its shard doubles; a slot of a
-released message stays until its hour retires (the reader skips it:
-`read_message` answers None for it). Unlike
-the id index, a put does not look whether an equal key's slot points at
-a released message (that would read an entry per message of the key on
-every keyed send), so a key's run is its messages in live hours.
+applied, and the new place of a moved one when its MOVE is applied (the
+old place is released: the reader skips it). Nothing is removed: a
+released message's slot stays until its file retires.
 
-Derived data, as the id index: a crash replays the commit log's puts
-(idempotent); an index that is missing -- deleted, or a data directory
-from before it -- is rebuilt from the delay logs of the checkpointed hours
-(`open_key_index`) in `keys.new/` and swapped in, then the log replays the
-rest; so is one whose shard is torn or damaged (its header refused on
-opening), and a slot whose check byte fails at a lookup makes that lookup
-fall back to a scan (`Store.keyed` answers None). A lookup's candidates are confirmed against the message bodies they
-point at, so a hash collision costs a read, never a wrong answer.
+Derived data, as the id index: a crash replays the commit log's puts (a
+replayed put counts the message again under a new n: a lookup drops the
+duplicate location); an index that is missing -- deleted, or a data
+directory from before it -- is rebuilt from the delay logs of the
+checkpointed files (`open_key_index`) in `keys.new/` and swapped in, then
+the log replays the rest; so is one whose shard is torn or damaged (its
+header refused on opening), and a slot whose check byte fails at a lookup
+makes that lookup fall back to a scan (`Store.keyed` answers None). A
+lookup's candidates are confirmed against the message bodies they point
+at, so a hash collision costs a read, never a wrong answer.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Iterable
+from typing import NamedTuple
 
-from . import delay_log
+from . import delay_log, spans
 from .config import StoreConfig
 from .delay_index import FLAG_RELEASED
+from .entry import MS_PER_HOUR, Location
 from .errors import CorruptionError
+from .fileutil import atomic_write
 from .hour_table import HourTable
 from .id_index import IdIndex
 
 # The first byte of a delay-log body with a serial key: a msgpack fixarray of 8.
 KEYED_BODY = 0x98
+PARTS = 64  # slices of a file's time range
+LATE = PARTS  # the part of messages that trigger before their file begins
+FILE_COUNTER = 0xFF
+LAYOUT_FILE = "parts"  # its presence: this layout of the slots (absent: rebuild)
+_M64 = (1 << 64) - 1
 
 
-def key_of_body(index: IdIndex, body: bytes | memoryview) -> int | None:
-    """The slot key of a delay-log body's (topic, serial key); None when it has no key."""
+def _mix(x: int) -> int:
+    """splitmix64's finaliser: a bijection of 64-bit words."""
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
+    return x ^ (x >> 31)
+
+
+def derive(key: int, x: int) -> int:
+    """The slot key derived from `key` and `x` (never 0, the empty slot)."""
+    return _mix(key ^ _mix(x)) or 1
+
+
+def part_of(file_id: int, trigger_ms: int) -> int:
+    """Which part of its file a message triggering at `trigger_ms` is counted in."""
+    shift = spans.span_shift(file_id)
+    start_ms = (file_id if shift == 0 else spans.start_hour(file_id, trigger_ms)) * MS_PER_HOUR
+    if trigger_ms < start_ms:
+        return LATE
+    return min((trigger_ms - start_ms) * PARTS // (MS_PER_HOUR << shift), PARTS - 1)
+
+
+class KeyPart(NamedTuple):
+    """One non-empty part of a key's messages: trigger times in
+    [low_ms, high_ms) (LATE: low_ms 0), `entries` messages put (released
+    ones and replayed duplicates included)."""
+    low_ms: int
+    high_ms: int
+    file_id: int
+    part: int
+    entries: int
+
+
+class KeyIndex:
+    """(topic, key) -> its messages' locations, bucketed by file and part
+    (see the module docstring for the layout, cost and a worked example).
+    One thread calls it: the store's."""
+
+    def __init__(self, slots: IdIndex) -> None:
+        self.slots = slots  # the shards, in the id index's format
+
+    def key(self, topic: str, key: str) -> int:
+        return self.slots.key(topic, key)
+
+    def put(self, key: int, file_id: int, trigger_ms: int, global_index: int) -> None:
+        """Add the message at (file_id, global_index) under `key`: O(1)."""
+        slots = self.slots
+        slots.add_one(derive(key, file_id << 8 | FILE_COUNTER), file_id)
+        part_key = derive(key, file_id << 8 | part_of(file_id, trigger_ms))
+        slots.put(derive(part_key, slots.add_one(part_key, file_id)), file_id, global_index)
+
+    def parts(self, key: int, files: Iterable[tuple[int, int]]) -> list[KeyPart]:
+        """The non-empty parts of `key` in `files` ((file id, first hour)
+        pairs), LATE ones first, then by the start of their time range."""
+        slots = self.slots
+        found: list[KeyPart] = []
+        for file_id, start_hour in files:
+            in_file = slots.count(derive(key, file_id << 8 | FILE_COUNTER), file_id)
+            if not in_file:
+                continue
+            start_ms = start_hour * MS_PER_HOUR
+            slice_ms = (MS_PER_HOUR << spans.span_shift(file_id)) // PARTS
+            for part in (LATE, *range(PARTS)):
+                n = slots.count(derive(key, file_id << 8 | part), file_id)
+                if n:
+                    if part == LATE:
+                        found.append(KeyPart(0, start_ms, file_id, part, n))
+                    else:
+                        low = start_ms + part * slice_ms
+                        found.append(KeyPart(low, low + slice_ms, file_id, part, n))
+                    in_file -= n
+                    if in_file <= 0:
+                        break
+        found.sort()
+        return found
+
+    def locations(self, key: int, part: KeyPart) -> list[Location]:
+        """The places put under `key` in `part`, each once (none released
+        left out: the reader skips those). Raises CorruptionError for a
+        slot whose check byte fails."""
+        slots, file_id = self.slots, part.file_id
+        part_key = derive(key, file_id << 8 | part.part)
+        found: dict[Location, None] = {}
+        for n in range(part.entries):
+            for where in slots.candidates(derive(part_key, n)):
+                if where.hour == file_id:
+                    found[where] = None
+        return list(found)
+
+    @property
+    def probes(self) -> int:
+        return self.slots.probes
+
+    def flush(self) -> None:
+        self.slots.flush()
+
+    def shed(self) -> None:
+        self.slots.shed()
+
+    def disk_bytes(self) -> int:
+        return self.slots.disk_bytes()
+
+    def close(self) -> None:
+        self.slots.close()
+
+    def __repr__(self) -> str:
+        return f"KeyIndex({self.slots!r})"
+
+
+def key_of_body(index: KeyIndex, body: bytes | memoryview) -> int | None:
+    """The key H of a delay-log body's (topic, serial key); None when it has no key."""
     if body[0] != KEYED_BODY:
         return None
     b = delay_log.unpack_body(bytes(body))
     return index.key(b.topic, b.key) if b.key else None
 
 
-def open_key_index(directory: str, config: StoreConfig, hours: HourTable) -> IdIndex:
+def open_key_index(directory: str, config: StoreConfig, hours: HourTable) -> KeyIndex:
     """The key index in `directory`, or a new one (new secret) holding every
-    keyed, unreleased message of the checkpointed hours when it is
-    missing: every entry and every keyed body read once; replaying the
-    log adds the rest."""
+    keyed, unreleased message of the checkpointed files when it is
+    missing, damaged or of an older layout: every entry and every keyed
+    body read once; replaying the log adds the rest."""
     if IdIndex.is_current(directory):
-        try:
-            return IdIndex.open(directory, config.id_shard_initial_slots, hours.__contains__)
-        except CorruptionError:  # a torn or damaged shard: derived data, made again
-            shutil.rmtree(directory)
-    keys = IdIndex.build(directory, config.id_shard_initial_slots, hours.__contains__)
+        if os.path.exists(os.path.join(directory, LAYOUT_FILE)):
+            try:
+                return KeyIndex(IdIndex.open(directory, config.id_shard_initial_slots, hours.__contains__))
+            except CorruptionError:  # a torn or damaged shard: derived data, made again
+                pass
+        shutil.rmtree(directory)
+    slots = IdIndex.build(directory, config.id_shard_initial_slots, hours.__contains__)
+    keys = KeyIndex(slots)
     try:
+        atomic_write(os.path.join(slots.directory, LAYOUT_FILE), b"")
         for h in hours.ascending():
             files = hours.files(h)
             for gi in range(h.entries):
-                _, offset8, size, flags = files.read_entry(gi)
+                entry, offset8, size, flags = files.read_entry(gi)
                 if not flags & FLAG_RELEASED:
                     key = key_of_body(keys, files.read_body(offset8, size))
                     if key is not None:
-                        keys.put(key, h.hour, gi)
-        keys.publish()
+                        keys.put(key, h.hour, entry.trigger_ms, gi)
+        slots.publish()
     except BaseException:
         keys.close()
         raise

@@ -93,6 +93,16 @@ class Reader:
             entry = tuple.__new__(IndexEntry, (*entry[:9], STATUS_BY_VALUE[pending[0]], pending[2]))
         return entry
 
+    def live_entry(self, where: Location) -> IndexEntry | None:
+        """The applied entry at `where` with any pending status change; None
+        once it is released (moved, or its id freed)."""
+        entry, _, _, flags = self._hours.readable(self._hours[where.hour]).read_entry(where.global_index)
+        pending = self._pending.states.get(where)
+        if pending is not None:
+            flags = pending[1]
+            entry = tuple.__new__(IndexEntry, (*entry[:9], STATUS_BY_VALUE[pending[0]], pending[2]))
+        return None if flags & FLAG_RELEASED else entry
+
     def status(self, where: Location) -> Status:
         return STATUS_BY_VALUE[self.state(where)[0]]
 

@@ -98,7 +98,7 @@ from .errors import ContractError, CorruptionError, StoreClosedError
 from .files import far_hours_limit
 from .hour_table import HourTable
 from .id_index import IdIndex
-from .key_index import key_dir, open_key_index
+from .key_index import KeyIndex, KeyPart, key_dir, open_key_index
 from .pending import Pending
 from .placement import Placement
 from .reading import Match, Reader
@@ -143,7 +143,7 @@ class Store:
     """
 
     def __init__(self, directory: str, config: StoreConfig, log: CommitLog, hours: HourTable, ids: IdIndex,
-                 checkpoint: Checkpoint, keys: IdIndex | None = None) -> None:
+                 checkpoint: Checkpoint, keys: KeyIndex | None = None) -> None:
         """Build the parts over what `open` opened: the log, the hour table
         the checkpoint filled, and the id index over it. Use `open`."""
         self.directory = directory
@@ -171,7 +171,7 @@ class Store:
         checkpoint, log = recovery.open_log(directory, config)
         hours = HourTable(os.path.join(directory, "delay"), far_hours_limit(config.open_far_hours))
         ids: IdIndex | None = None
-        keys: IdIndex | None = None
+        keys: KeyIndex | None = None
         try:
             recovery.load_hours(hours, checkpoint)
             ids = recovery.open_id_index(os.path.join(directory, "ids"), config, hours)
@@ -300,20 +300,72 @@ class Store:
 
     def keyed(self, topic: str, key: str) -> list[Message] | None:
         """Every unreleased message of `topic` sent with serial key `key`, in
-        live hours, any status, found through the key index (none kept:
+        live files, any status, found through the key index (none kept:
         None, scan instead). Pending records are not in it: commit first."""
+        parts = self.key_parts(topic, key)
+        if parts is None:
+            return None
+        found: list[Message] = []
+        for part in parts:
+            messages = self.keyed_in(topic, key, part)
+            if messages is None:
+                return None
+            found += messages
+        return found
+
+    def key_parts(self, topic: str, key: str) -> list[KeyPart] | None:
+        """The parts of the key index holding `key`'s messages in `topic`
+        (storage.key_index): LATE ones first, then by the start of their
+        time range, so a page in trigger order can stop early. None: no
+        key index (scan instead) or a damaged slot."""
+        self._check_open()
+        if self.keys is None:
+            return None
+        hours = self._hours
+        files = ((h.hour, start) for h in hours.ascending() if (start := hours.span_start(h)) is not None)
+        try:
+            return self.keys.parts(self.keys.key(topic, key), files)
+        except CorruptionError:  # a damaged slot: the caller scans (the index is rebuilt at the next open)
+            return None
+
+    def keyed_in(self, topic: str, key: str, part: KeyPart) -> list[Message] | None:
+        """The unreleased messages of `topic` with serial key `key` in one
+        part (see `key_parts`); None on a damaged slot."""
         self._check_open()
         if self.keys is None:
             return None
         try:
-            candidates = self.keys.candidates(self.keys.key(topic, key))
-        except CorruptionError:  # a damaged slot: the caller scans (the index is rebuilt at the next open)
+            places = self.keys.locations(self.keys.key(topic, key), part)
+        except CorruptionError:
             return None
-        found = []
-        for where in dict.fromkeys(candidates):
-            m = self._reader.read_message(where)
+        read, hours, found = self._reader.read_message, self._hours, []
+        for where in places:
+            if where.hour not in hours:  # retired since the parts were listed
+                continue
+            m = read(where)
             if m is not None and m.key == key and m.topic == topic:
                 found.append(m)
+        return found
+
+    def keyed_entries(self, topic: str, key: str, part: KeyPart) -> list[tuple[Location, int]] | None:
+        """(place, trigger time) of the unreleased entries of `topic` in one
+        part of `key` -- their bodies not read, so a message of another key
+        whose slot collides may be among them: confirm by reading it. None
+        on a damaged slot."""
+        self._check_open()
+        if self.keys is None:
+            return None
+        try:
+            places = self.keys.locations(self.keys.key(topic, key), part)
+        except CorruptionError:
+            return None
+        topic_hash, live_entry, hours, found = text_hash(topic), self._reader.live_entry, self._hours, []
+        for where in places:
+            if where.hour not in hours:  # retired since the parts were listed
+                continue
+            entry = live_entry(where)
+            if entry is not None and entry.topic_hash == topic_hash:
+                found.append((where, entry.trigger_ms))
         return found
 
     def read_message(self, where: Location) -> Message | None:

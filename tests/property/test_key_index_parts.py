@@ -1,0 +1,116 @@
+"""The key index's buckets (storage.key_index) against a model: after any
+sequence of puts (keys, files -- hours and spans --, trigger times, LATE
+ones among them) and file retirements, `parts` lists exactly the non-empty
+parts of live files, LATE ones first and the rest by the start of their
+time range, every location put under a key comes back from its part, each
+once, and its trigger time lies within the part's range. A put's probes
+do not grow with its key's count.
+"""
+
+from __future__ import annotations
+
+import hypothesis.strategies as st
+from hypothesis import HealthCheck, given, settings
+
+from storage import spans
+from storage.entry import MS_PER_HOUR
+from storage.id_index import IdIndex
+from storage.key_index import LATE, KeyIndex, part_of
+
+NOW_HOUR = 490_000
+HOURS = [NOW_HOUR + i for i in range(4)]
+SPAN = spans.file_for(NOW_HOUR + 5_000, NOW_HOUR)  # a span far ahead
+SPAN_START = spans.start_hour(SPAN, (NOW_HOUR + 5_000) * MS_PER_HOUR)
+
+
+def _trigger(file_id: int, offset: int, late: bool) -> int:
+    if file_id == SPAN:
+        return SPAN_START * MS_PER_HOUR + offset * (MS_PER_HOUR << spans.span_shift(SPAN)) // 10_000
+    start = file_id * MS_PER_HOUR
+    return start - 1 - offset if late else start + offset * MS_PER_HOUR // 10_000
+
+
+puts = st.lists(st.one_of(
+    st.tuples(st.just("put"), st.sampled_from(("a", "b", "c")), st.sampled_from([*HOURS, SPAN]),
+              st.integers(0, 9_999), st.booleans()),
+    st.tuples(st.just("retire"), st.sampled_from(HOURS)),
+), min_size=1, max_size=60)
+
+
+def _open(tmp_path_factory, live: set[int]) -> KeyIndex:
+    directory = str(tmp_path_factory.mktemp("keys") / "keys")
+    slots = IdIndex.build(directory, 16, live.__contains__)
+    slots.publish()
+    return KeyIndex(slots)
+
+
+def _starts(live: set[int]) -> list[tuple[int, int]]:
+    return [(f, SPAN_START if f == SPAN else f) for f in sorted(live)]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(steps=puts)
+def test_parts_and_locations_match_a_model(tmp_path_factory, steps):
+    live = {*HOURS, SPAN}
+    index = _open(tmp_path_factory, live)
+    model: dict[str, dict[tuple[int, int], int]] = {}  # key -> (file, gi) -> trigger
+    next_gi = dict.fromkeys(live, 0)
+    try:
+        for step in steps:
+            if step[0] == "put":
+                _, name, file_id, offset, late = step
+                if file_id not in live:
+                    continue
+                trigger = _trigger(file_id, offset, late and file_id != SPAN)
+                gi = next_gi[file_id]
+                next_gi[file_id] += 1
+                index.put(index.key("t", name), file_id, trigger, gi)
+                model.setdefault(name, {})[(file_id, gi)] = trigger
+            else:
+                live.discard(step[1])
+                for places in model.values():
+                    for where in [w for w in places if w[0] == step[1]]:
+                        del places[where]
+        for name in ("a", "b", "c"):
+            key = index.key("t", name)
+            parts = index.parts(key, _starts(live))
+            lates = [p for p in parts if p.part == LATE]
+            assert parts[:len(lates)] == lates
+            rest = parts[len(lates):]
+            assert [p.low_ms for p in rest] == sorted(p.low_ms for p in rest)
+            found: dict[tuple[int, int], int] = {}
+            for part in parts:
+                places = index.locations(key, part)
+                assert len(places) == len(set(places))
+                for where in places:
+                    trigger = model[name][(where.hour, where.global_index)]
+                    assert part_of(where.hour, trigger) == part.part
+                    assert part.low_ms <= trigger < part.high_ms
+                    found[(where.hour, where.global_index)] = trigger
+            assert found == model.get(name, {})
+    finally:
+        index.close()
+
+
+def test_a_put_costs_the_same_for_a_key_of_one_or_of_many(tmp_path_factory):
+    """Probes (slots read) of a put under a key that holds 20,000 messages
+    in one part, against a put under a new key: the same order."""
+    live = {NOW_HOUR}
+    index = _open(tmp_path_factory, live)
+    try:
+        hot = index.key("t", "hot")
+        trigger = NOW_HOUR * MS_PER_HOUR + 1_000
+        for gi in range(20_000):
+            index.put(hot, NOW_HOUR, trigger, gi)
+        before = index.probes
+        index.put(hot, NOW_HOUR, trigger, 20_000)
+        hot_probes = index.probes - before
+        before = index.probes
+        index.put(index.key("t", "cold"), NOW_HOUR, trigger, 20_001)
+        cold_probes = index.probes - before
+        assert hot_probes <= 3 * cold_probes + 12, (hot_probes, cold_probes)
+        (part,) = index.parts(hot, [(NOW_HOUR, NOW_HOUR)])
+        assert part.entries == 20_001
+        assert len(index.locations(hot, part)) == 20_001
+    finally:
+        index.close()
