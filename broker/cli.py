@@ -17,7 +17,7 @@ from .config import ServeConfig, fsync_policy
 from .console_sessions import ConsoleConfig
 from .httpd import Limits
 from .params import Defaults
-from .push_rules import DEFAULT_MAX_SUBSCRIPTIONS
+from .push_rules import DEFAULT_MAX_SUBSCRIPTIONS, PushLimits
 from .ready import QueueLimits
 
 log = logging.getLogger("hourglass.cli")
@@ -66,6 +66,26 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-subscriptions", type=int, default=DEFAULT_MAX_SUBSCRIPTIONS,
                        help=f"push subscriptions the node keeps; a subscribe for one more topic is answered 429 "
                             f"(default {DEFAULT_MAX_SUBSCRIPTIONS})")
+    push = PushLimits()
+    serve.add_argument("--push-max-head-bytes", type=int, default=push.max_head_bytes,
+                       help=f"bytes of a subscriber's answer head (status line and headers); more: a failed "
+                            f"delivery, the connection closed (default {push.max_head_bytes})")
+    serve.add_argument("--push-max-headers", type=int, default=push.max_headers,
+                       help=f"header lines in a subscriber's answer head; more: a failed delivery (default "
+                            f"{push.max_headers})")
+    serve.add_argument("--push-head-timeout-ms", type=int, default=push.head_timeout_ms,
+                       help=f"ms from a subscriber's first answer byte to its whole head; later: a failed delivery "
+                            f"(default {push.head_timeout_ms})")
+    serve.add_argument("--push-body-timeout-ms", type=int, default=push.body_timeout_ms,
+                       help=f"ms from a subscriber's answer head to its whole body; later: a failed delivery "
+                            f"(default {push.body_timeout_ms})")
+    serve.add_argument("--push-idle-timeout-ms", type=int, default=push.idle_timeout_ms,
+                       help=f"ms a kept-alive push connection with no POST on it is kept (default "
+                            f"{push.idle_timeout_ms})")
+    serve.add_argument("--push-max-fds", type=int, default=push.max_fds,
+                       help=f"file descriptors all push connections hold at once, at most half of what "
+                            f"RLIMIT_NOFILE leaves after --reserved-fds, shared equally by the subscriptions; "
+                            f"client connections never take them (default {push.max_fds})")
     serve.add_argument("--allow-readable-token", action="store_true",
                        help="accept an --auth-token-file that group or others may read, with a warning")
     serve.add_argument("--node-id", default=None, help="this node's id in --cluster")
@@ -222,7 +242,11 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
                                              cookie_secure=args.console_cookie_secure),
                        metrics_topics=args.metrics_topics, cluster=cluster,
                        push_allow=tuple(h.strip() for h in args.push_allow.split(",") if h.strip()),
-                       max_subscriptions=args.max_subscriptions)
+                       max_subscriptions=args.max_subscriptions,
+                       push=PushLimits(max_head_bytes=args.push_max_head_bytes, max_headers=args.push_max_headers,
+                                       head_timeout_ms=args.push_head_timeout_ms,
+                                       body_timeout_ms=args.push_body_timeout_ms,
+                                       idle_timeout_ms=args.push_idle_timeout_ms, max_fds=args.push_max_fds))
 
 
 def read_token_file(path: str, allow_readable: bool, flag: str = "--auth-token-file") -> str:

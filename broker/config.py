@@ -13,7 +13,7 @@ from .bodies import BodyLimits
 from .console_sessions import ConsoleConfig
 from .httpd import Limits
 from .params import Defaults
-from .push_rules import DEFAULT_MAX_SUBSCRIPTIONS, PushAllow
+from .push_rules import DEFAULT_MAX_SUBSCRIPTIONS, PushAllow, PushLimits
 from .ready import QueueLimits
 
 # The shortest client token accepted: a short one is guessed.
@@ -78,6 +78,10 @@ class ServeConfig:
     # Push subscriptions the node keeps (--max-subscriptions); a subscribe
     # for one more topic answers 429 naming the flag (docs/api.md).
     max_subscriptions: int = DEFAULT_MAX_SUBSCRIPTIONS
+    # What a subscriber's answers may cost (--push-max-head-bytes and the
+    # other --push-* limits), and the descriptors push connections may hold
+    # (--push-max-fds): broker.push_rules.PushLimits.
+    push: PushLimits = field(default_factory=PushLimits)
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:

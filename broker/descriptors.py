@@ -14,6 +14,21 @@ a limit of 400, 128 reserved, 40 others open: at most 232 connections; the
 `broker.httpd`). Storage may then open 128 more files before it can meet
 EMFILE, whatever clients do.
 
+Push connections (broker.pusher's, to subscribers) are in the same
+budget: while the node has push subscriptions, a pool of
+
+    push pool = min(--push-max-fds, (RLIMIT_NOFILE - reserved) // 2)
+
+descriptors is set aside for them, and the client ceiling above is lowered
+by it (their own descriptors are not counted among `others`). Push
+connections never hold more than the pool, each subscription no more than
+its share (the pool over the subscriptions running, at least one); a
+delivery that finds none free waits (`broker.push_client.PushDescriptors`),
+never a client or storage. Worked example: a limit of 400, 128 reserved,
+30 others: the pool is 136, three subscriptions get 45 each, and clients
+keep 400 - 128 - 30 - 136 = 106 connections however the subscribers
+behave.
+
 Counting open descriptors lists /proc/self/fd (Linux) or /dev/fd (macOS,
 BSD), about a microsecond a descriptor, so the server recounts once a
 second (its deadline sweep), not per connection: `reserved` is also what
@@ -69,18 +84,30 @@ class DescriptorBudget:
         self.limit = soft_limit() if limit is None else limit
         self.others = 0
         self.measured = False
+        # Push connections (see the module docstring): the most the pool may
+        # be (0 while the node has no push subscription), and those open.
+        self.push_max = 0
+        self.push_open = 0
 
     def measure(self, connections: int) -> None:
         count = open_count()
         if count is not None:
-            self.others = max(0, count - connections)
+            self.others = max(0, count - connections - self.push_open)
             self.measured = True
+
+    def push_pool(self) -> int:
+        """Descriptors push connections may hold together now."""
+        if self.push_max <= 0:
+            return 0
+        if self.limit is None:
+            return self.push_max
+        return max(1, min(self.push_max, (self.limit - self.reserved) // 2))
 
     def ceiling(self) -> int | None:
         if self.limit is None or not self.measured:
             return None
-        return max(0, self.limit - self.reserved - self.others)
+        return max(0, self.limit - self.reserved - self.others - max(self.push_pool(), self.push_open))
 
     def __repr__(self) -> str:
         return (f"DescriptorBudget(limit={self.limit}, reserved={self.reserved}, others={self.others}, "
-                f"ceiling={self.ceiling()})")
+                f"push={self.push_open}/{self.push_pool()}, ceiling={self.ceiling()})")

@@ -235,13 +235,15 @@ _STARTS: dict[tuple[int, str], bytes] = {}
 class _Shared:
     """State every connection of one server shares."""
 
-    def __init__(self, dispatch: Dispatch, admit: Admit, limits: Limits) -> None:
+    def __init__(self, dispatch: Dispatch, admit: Admit, limits: Limits,
+                 descriptors: DescriptorBudget | None = None) -> None:
         self.dispatch = dispatch
         self.admit = admit
         self.limits = limits
         self.connections: set[Connection] = set()
         self.adopting = 0  # accepted, not yet made a Connection
-        self.descriptors = DescriptorBudget(limits.reserved_fds)
+        # The node's (its push connections are in it too: broker.descriptors)
+        self.descriptors = descriptors or DescriptorBudget(limits.reserved_fds)
         self.body_bytes = 0
         self.refused = 0  # connections answered 503 at the cap (or at EMFILE)
         self.evicted = 0  # stalled connections closed to make room for a new one
@@ -646,8 +648,9 @@ def _encode(response: Response, close: bool) -> bytes:
 class HttpServer:
     """Listens on host:port, serves `dispatch`; `close()` stops gracefully."""
 
-    def __init__(self, dispatch: Dispatch, admit: Admit, limits: Limits | None = None) -> None:
-        self.shared = _Shared(dispatch, admit, limits or Limits())
+    def __init__(self, dispatch: Dispatch, admit: Admit, limits: Limits | None = None,
+                 descriptors: DescriptorBudget | None = None) -> None:
+        self.shared = _Shared(dispatch, admit, limits or Limits(), descriptors)
         self.listeners: list[socket.socket] = []
         self.spare: int | None = None  # a descriptor held to answer 503 at EMFILE
         self.adoptions: set[asyncio.Task[None]] = set()

@@ -52,6 +52,7 @@ from .config import ServeConfig
 from .console import Console
 from .console_login import ConsoleLogin
 from .console_sessions import ConsoleSessions
+from .descriptors import DescriptorBudget
 from .gate import CLUSTER_PREFIX, Gate
 from .health import ServingStatus
 from .httpd import Admit, Dispatch, HttpServer, Request, Response, StreamResponse
@@ -101,6 +102,10 @@ class NodeBase(ABC):
         self.console = console
         # Push subscriptions (broker.pusher): None while no backend serves here.
         self.pushers: Pushers | None = None
+        # The process's file descriptors: client connections (broker.httpd),
+        # push connections (broker.push_client) and storage share them
+        # (broker.descriptors).
+        self.descriptors = DescriptorBudget(config.http.reserved_fds)
         # Set by SIGTERM or SIGINT (once serving) or by a fatal error: the
         # process (broker.server) then stops the node.
         self.stop_asked = asyncio.Event()
@@ -219,7 +224,7 @@ class NodeBase(ABC):
         `stop_asked`. `describe` names the node in the log line."""
         config = self.config
         dispatch, admit = self.app()
-        server = HttpServer(dispatch, admit, config.http)
+        server = HttpServer(dispatch, admit, config.http, self.descriptors)
         await server.start(config.host, config.port)
         log.info("serving on http://%s:%d (%s)", config.host, config.port, describe)
         loop = asyncio.get_running_loop()

@@ -47,13 +47,16 @@ from storage.fileutil import atomic_write
 from wheel.clock import Clock, Timer
 
 from .backend import Backend
+from .descriptors import DescriptorBudget
 from .metrics import escape_label, topic_label
 from .params import AckRequest, LongPollRequest
-from .push_client import PostFailed, PushClient
+from .push_client import PostFailed, PushClient, PushDescriptors
 from .push_rules import (
     BACKOFF_CAP_MS,
     DEFAULT_MAX_SUBSCRIPTIONS,
+    LogGate,
     PushAllow,
+    PushLimits,
     Subscription,
     backoff_ms,
     retry_after_ms,
@@ -142,12 +145,16 @@ class TopicPusher:
     """One subscription's delivery loop (see the module docstring)."""
 
     def __init__(self, subscription: Subscription, backend: Backend, clock: Clock, allow: PushAllow,
-                 stats: PushStats, jitter: Callable[[], float] = lambda: random.uniform(0.5, 1.0)) -> None:
+                 stats: PushStats, jitter: Callable[[], float] = lambda: random.uniform(0.5, 1.0),
+                 limits: PushLimits | None = None, descriptors: PushDescriptors | None = None) -> None:
         self.subscription = s = subscription
         self._backend = backend
         self._clock = clock
         self._allow = allow
         self.stats = stats
+        self._limits = limits  # what an answer may cost, and the connections' descriptors (broker.push_client)
+        self._descriptors = descriptors
+        self._log_gate = LogGate()  # one line a minute about this subscription's failures
         self._jitter = jitter
         self._bucket = TokenBucket(clock, s.rate_limit) if s.rate_limit else None
         self._slot_free = asyncio.Event()
@@ -170,7 +177,8 @@ class TopicPusher:
 
     def start(self) -> None:
         s = self.subscription
-        self._client = PushClient(s.url, self._allow, s.timeout_ms / 1000, s.max_body_bytes)
+        self._client = PushClient(s.url, self._allow, s.timeout_ms / 1000, s.max_body_bytes, self._limits,
+                                  self._descriptors)
         self._start_tasks()
 
     def _start_tasks(self) -> None:
@@ -241,7 +249,7 @@ class TopicPusher:
                 return
             reason, detail = failure
             self.stats.failed(reason, detail, now_ms)
-            log.info("push %s: delivery of %s failed (%s)", message.topic, message.msg_id, detail)
+            self._log_failure(message, detail, now_ms)
             wait_ms = min(backoff_ms(message.retry, after_ms, self._jitter()), self._max_backoff_ms)
             self.stats.backing_off += 1
             self._backoffs[message.msg_id] = (message, self._clock.call_later(
@@ -249,6 +257,13 @@ class TopicPusher:
         finally:
             self.stats.in_flight -= 1
             self._slot_free.set()
+
+    def _log_failure(self, message: Message, detail: str, now_ms: int) -> None:
+        """One line a minute at most (LogGate), with how many failed meanwhile unlogged."""
+        suppressed = self._log_gate.admit(now_ms)
+        if suppressed is not None:
+            log.info("push %s: delivery of %s failed (%s)%s", message.topic, message.msg_id, detail,
+                     f"; {suppressed} more failed deliveries since the last line" if suppressed else "")
 
     def _backoff_over(self, message: Message) -> None:
         self._backoffs.pop(message.msg_id, None)
@@ -344,9 +359,14 @@ class Pushers:
     backend serves here (`start`; `stop` when it no longer does)."""
 
     def __init__(self, clock: Clock, allow: PushAllow, store: SubscriptionStore | None,
-                 max_subscriptions: int = DEFAULT_MAX_SUBSCRIPTIONS) -> None:
+                 max_subscriptions: int = DEFAULT_MAX_SUBSCRIPTIONS, *, limits: PushLimits | None = None,
+                 descriptors: DescriptorBudget | None = None) -> None:
         self.clock = clock
         self.allow = allow
+        # What a subscriber's answer may cost (--push-*), and the push
+        # connections' part of the node's descriptor budget (broker.descriptors).
+        self.limits = limits or PushLimits()
+        self.descriptors = PushDescriptors(descriptors or DescriptorBudget(0), self.limits.max_fds)
         self._store = store
         self.max_subscriptions = max_subscriptions  # --max-subscriptions
         self.subscriptions: dict[str, Subscription] = store.load() if store is not None else {}
@@ -387,7 +407,8 @@ class Pushers:
         if self._backend is None:
             return
         stats = self.stats.setdefault(subscription.topic, PushStats())
-        pusher = TopicPusher(subscription, self._backend, self.clock, self.allow, stats)
+        pusher = TopicPusher(subscription, self._backend, self.clock, self.allow, stats, limits=self.limits,
+                             descriptors=self.descriptors)
         self._running[subscription.topic] = pusher
         pusher.start()
 

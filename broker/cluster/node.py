@@ -72,7 +72,7 @@ class ClusterNode(Routes, PeerCalls, RoleLoop, Snapshots, Handover):
 
             from .push import RaftSubscriptions
             self.pushers = Pushers(clock, PushAllow.parse(config.push_allow), RaftSubscriptions(election),
-                                   config.max_subscriptions)
+                                   config.max_subscriptions, limits=config.push, descriptors=self.descriptors)
         self.roles = RoleState(cluster.node_id, cluster.quorum, len(cluster.peers))
         self._session = None
         self._forward_session = None
