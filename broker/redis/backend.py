@@ -8,7 +8,9 @@ serves it unchanged, with the same lifecycle (broker.transitions
 has the table). Several hourglass processes may share
 one Redis: every read and transition is ONE Lua script over one topic's
 keys, so Redis runs it atomically and no message is moved, pulled or
-retried twice.
+retried twice. A bulk call is the exception: its changes are applied in
+scripts of bounded size, fenced so that no client sees it half made
+(broker.redis.bulk).
 
 Keys, their layout and the URL: broker.redis.keys.
 
@@ -78,11 +80,20 @@ REDIS_ERRORS = (RedisError, RedisClusterException)
 # == Lua =======================================================================
 # Every script, by name (broker/redis/lua/backend/: common.lua, shared by
 # every script, reads a message with load() and writes it with save(); KEYS
-# are a topic's eight keys, TopicKeys.all). RedisBroker registers these (a
+# are a topic's eleven keys, TopicKeys.all). RedisBroker registers these (a
 # test may wrap them).
 SCRIPTS = load_scripts("backend", with_common=("send", "tick", "pull", "give_back", "ack", "delete", "get", "info",
-                                               "reschedule", "dead", "redrive", "bulk_delete", "bulk_reschedule"),
+                                               "reschedule", "dead", "redrive", "scan", "bulk_commit", "bulk_apply",
+                                               "retry_at"),
                        alone=("register",))  # (register: KEYS is the topic set, not a topic's keys)
+# The error a script of a topic answers while a bulk call is applied to it
+# (common.lua's fence; broker.redis.bulk).
+FENCE = "HGBULK"
+
+
+class Fenced(Exception):
+    """A script met the fence of a bulk call being applied (one step of it
+    was applied meanwhile); raised only where the caller asked not to wait."""
 
 
 @dataclass
@@ -173,31 +184,43 @@ class RedisBroker(RedisRequests):
         return await self._bulk.count(topic, flt)
 
     async def delete_msgs(self, request: DeleteMsgsRequest) -> tuple[int, bool]:
-        """deleteMsgs: live matches DELETED in one script; how many, and if more remain."""
+        """deleteMsgs: live matches DELETED, whole, in bounded steps; how many, and if more remain."""
         return await self._bulk.delete(request)
 
     async def reschedule_msgs(self, request: RescheduleMsgsRequest) -> tuple[int, bool]:
-        """rescheduleMsgs: waiting and ready matches moved in one script."""
+        """rescheduleMsgs: waiting and ready matches moved, whole, in bounded steps."""
         return await self._bulk.reschedule(request)
 
-    async def _bulk_moved(self, topic: str, triggers: list[int], ready: int) -> None:
-        """After a bulk move: long polls learn of those made READY, the mover
-        of one due before it meant to wake."""
+    async def _bulk_moved(self, topic: str, made_ready: list[int], next_waiting: int | None) -> None:
+        """After a step of a bulk move: long polls learn of those made READY
+        (their trigger times), the mover of one waiting due before it meant
+        to wake."""
         now_ms = self.clock.now_ms()
-        if ready:
-            self._made_ready(topic, [due_ms(t, now_ms) for t in triggers if t <= now_ms][:ready], now_ms)
+        if made_ready:
+            self._made_ready(topic, [due_ms(t, now_ms) for t in made_ready], now_ms)
             await self._publish(topic)
-        if triggers and min(triggers) < self._next_due_ms:
+        if next_waiting is not None and next_waiting < self._next_due_ms:
             self._mover_wake.set()
 
     # == talking to Redis ==========================================================
 
-    async def _script(self, name: str, topic: str, args: Sequence[str]) -> Reply:
-        keys = self.keys(topic)
-        try:
-            return await self._scripts[name](keys=keys.all, args=args)
-        except REDIS_ERRORS as e:
-            raise Unavailable(await self._problem(e, keys.all)) from e
+    async def _script(self, name: str, topic: str, args: Sequence[str], extra_keys: Sequence[str] = (),
+                      wait: bool = True) -> Reply:
+        """Run script `name` on the topic's keys (and `extra_keys`). If a
+        bulk call is being applied to the topic (the fence), apply the rest
+        of it first and run the script then; with `wait` False, apply one
+        step of it and raise Fenced instead."""
+        keys = [*self.keys(topic).all, *extra_keys]
+        while True:
+            try:
+                return await self._scripts[name](keys=keys, args=args)
+            except REDIS_ERRORS as e:
+                if not (isinstance(e, ResponseError) and str(e).startswith(FENCE)):
+                    raise Unavailable(await self._problem(e, keys)) from e
+            if not wait:
+                await self._bulk.step(topic)
+                raise Fenced(topic)
+            await self._bulk.finish(topic)
 
     async def _command(self, name: str, *args: str) -> Reply:
         """A plain command on the topic set."""
@@ -367,7 +390,9 @@ class RedisBroker(RedisRequests):
         where = f"topic {topic!r}"
         try:
             triggers, retried, ended, full, *heads = await self._script("tick", topic, [
-                str(now_ms), str(limit), str(now_ms + self.config.retention_ms)])
+                str(now_ms), str(limit), str(now_ms + self.config.retention_ms)], wait=False)
+        except Fenced:  # a step of the topic's bulk call was applied; the next round ticks it (or applies more)
+            return now_ms
         except (Unavailable, *REDIS_ERRORS) as e:  # this topic's trouble must not stop the others
             self._report(where, str(e))
             return now_ms + self.config.poll_ms

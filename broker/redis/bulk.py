@@ -6,21 +6,41 @@ round trip (the event loop and Redis both free between them); a msgId
 prefix is HSCAN's MATCH pattern (glob characters escaped), so Redis skips
 the rest itself. With a tag, only that tag's messages are read: their ids
 from the tag's range of the `tags` zset (broker.redis.keys), SCAN_COUNT a
-round trip, then their metas (HMGET). Each meta's status, trigger time and
-tag decide the match;
-a page's bodies are read once its members are known (HMGET). A key filter
-matches nothing here: this backend refuses keyed sends.
+round trip, with their metas. Each read is a script (lua/backend/scan.lua)
+that never reads a call half applied (the fence, below). Each meta's
+status, trigger time and tag decide the match; a page's bodies are read
+once its members are known (HMGET). A key filter matches nothing here:
+this backend refuses keyed sends.
 
-Changing, all or nothing per call: the matches' ids are gathered, then ONE
-script (lua/backend/bulk_delete.lua, bulk_reschedule.lua) steps each as
-deleteMsg and rescheduleMsg do -- a message acked, pulled or gone since it
-was read is left as it is -- so Redis applies the call whole or not at all,
-and it is as durable as Redis' own persistence makes it.
+Changing, all or nothing per call, in steps of bounded length (Redis
+answers nobody while a script runs; docs/redis.md, "Bulk calls in bounded
+steps"):
+
+1. gather: the matches' changes are pushed onto a staging list of the
+   call's own (`<P>staging:<call>`, STAGE_CHUNK a round trip; it expires
+   STAGING_TTL_MS after the last push, so a node that dies here leaves
+   nothing behind);
+2. commit: ONE script (lua/backend/bulk_commit.lua) renames it to the
+   topic's `bulk` list; from then on the call takes effect whole;
+3. apply: scripts of at most RedisConfig.bulk_batch changes each
+   (lua/backend/bulk_apply.lua) make them, as deleteMsg and rescheduleMsg
+   do -- a message acked, pulled or gone since it was read is left as it
+   is. While `bulk` holds changes every other script of the topic answers
+   HGBULK instead of running (the fence in common.lua): whoever meets it
+   applies the rest first (`finish`), then runs its script again. So no
+   client of any process sees the call half made, and a call whose node
+   died after the commit is finished by the next request on the topic, or
+   the next round of any node's mover. Other topics are served between
+   the steps.
+
+The caller's answer is the count the steps recorded for its call in the
+topic's `bulkinfo` hash, whoever applied them.
 """
 
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import cast
 
@@ -39,6 +59,12 @@ from .scripts import Reply
 
 # meta fields HSCAN returns per round trip (a hint to Redis).
 SCAN_COUNT = 2000
+# Changes pushed onto a call's staging list per round trip (one RPUSH:
+# well under a millisecond of Redis).
+STAGE_CHUNK = 5000
+# How long a staging list outlives its last push unless committed.
+STAGING_TTL_MS = 600_000
+
 
 def _glob_escaped(text: str) -> str:
     return "".join("\\" + c if c in "*?[]\\" else c for c in text)
@@ -46,13 +72,15 @@ def _glob_escaped(text: str) -> str:
 
 class RedisBulk:
     """listMsg, deleteMsgs, rescheduleMsgs over one Redis; a part of
-    RedisBroker, handed its client, scripts' caller and error mapping."""
+    RedisBroker, handed its client, scripts' caller (`script(name, topic,
+    args, extra_keys=())`, which meets the fence by calling `finish`) and
+    error mapping."""
 
     def __init__(self, redis: aioredis.Redis | RedisCluster, config: RedisConfig, metrics: Metrics,
                  lifecycle: Lifecycle, keys: Callable[[str], TopicKeys],
-                 script: Callable[[str, str, Sequence[str]], Awaitable[Reply]],
+                 script: Callable[..., Awaitable[Reply]],
                  problem: Callable[[Exception, list[str]], Awaitable[str]], errors: tuple[type[Exception], ...],
-                 now_ms: Callable[[], int], on_moved: Callable[[str, list[int], int], Awaitable[None]]) -> None:
+                 now_ms: Callable[[], int], on_moved: Callable[[str, list[int], int | None], Awaitable[None]]) -> None:
         self._redis = redis
         self._config = config
         self._metrics = metrics
@@ -89,16 +117,13 @@ class RedisBulk:
     async def _scanned(self, topic: str, flt: BulkFilter) -> AsyncIterator[list[tuple[str, str | None]]]:
         """(msgId, raw meta) of every message of the topic (with a msgId
         prefix, of those having it), by HSCAN."""
-        key = self._keys(topic).meta
-        match = None if flt.msg_id_prefix is None else _glob_escaped(flt.msg_id_prefix) + "*"
-        cursor: int = 0
+        match = "" if flt.msg_id_prefix is None else _glob_escaped(flt.msg_id_prefix) + "*"
+        cursor = "0"
         while True:
-            try:
-                cursor, fields = await self._redis.hscan(key, cursor, match=match, count=SCAN_COUNT)
-            except self._errors as e:
-                raise Unavailable(await self._problem(e, [key])) from e
-            yield list(cast(dict[str, str], fields).items())  # (decode_responses: text)
-            if not cursor:
+            cursor, flat = await self._script("scan", topic, ["meta", cursor, match, str(SCAN_COUNT)])
+            flat = cast(list[str], flat)  # (decode_responses: text)
+            yield list(zip(flat[::2], flat[1::2]))
+            if cursor == "0":
                 return
 
     async def _tags_complete(self, topic: str) -> bool:
@@ -114,19 +139,15 @@ class RedisBulk:
         """(msgId, raw meta or None if purged meanwhile) of the messages
         stored with `tag`, by the tag's range of `tags`: "<tag>,<msgId>"
         members (a tag holds no comma; "-" follows ",")."""
-        keys = self._keys(topic)
         low, high, after = f"[{tag},", f"({tag}-", ""
         while True:
-            try:
-                members = cast(list[str], await self._redis.zrangebylex(keys.tags, after or low, high, 0, SCAN_COUNT))
-                ids = [m[len(tag) + 1:] for m in members]
-                raws = cast(list[str | None], await self._redis.hmget(keys.meta, ids)) if ids else []
-            except self._errors as e:
-                raise Unavailable(await self._problem(e, [keys.tags, keys.meta])) from e
-            yield list(zip(ids, raws))
-            if len(members) < SCAN_COUNT:
+            flat = cast(list[str | None], await self._script("scan", topic, [
+                "tag", after or low, high, str(SCAN_COUNT), tag]))
+            ids = cast(list[str], flat[::2])
+            yield list(zip(ids, flat[1::2]))
+            if len(ids) < SCAN_COUNT:
                 return
-            after = "(" + members[-1]
+            after = f"({tag},{ids[-1]}"
 
     async def page(self, request: ListMsgRequest) -> tuple[list[Message], str | None]:
         keeper = PageKeeper(request.cursor, request.limit)
@@ -162,27 +183,69 @@ class RedisBulk:
         found, more = await self._gather(request.topic, request.filter, request.limit)
         if not found:
             return 0, more
-        retire_at = str(self._now_ms() + self._config.retention_ms)
-        deleted = int(await self._script("bulk_delete", request.topic, [retire_at, *(i for i, _ in found)]))
-        self._metrics.topic(request.topic).deletes += deleted
-        return deleted, more
+        retire_at = self._now_ms() + self._config.retention_ms
+        return await self._run(request.topic, [f"D{retire_at} {msg_id}" for msg_id, _ in found]), more
 
     async def reschedule(self, request: RescheduleMsgsRequest) -> tuple[int, bool]:
         found, more = await self._gather(request.topic, request.filter, request.limit)
         if not found:
             return 0, more
         now_ms = self._now_ms()
-        args = [str(now_ms)]
-        triggers = []
+        changes = []
         for msg_id, meta in found:
             trigger_ms = request.new_trigger_ms(int(meta["trigger"]))
-            triggers.append(trigger_ms)
-            args += [msg_id, str(trigger_ms), str(trigger_ms + int(meta["ttl"])),
-                     ready_member(int(meta["priority"]), trigger_ms, msg_id)]
-        moved, ready = await self._script("bulk_reschedule", request.topic, args)
-        self._metrics.topic(request.topic).reschedules += int(moved)
-        await self._on_moved(request.topic, triggers, int(ready))
-        return int(moved), more
+            changes.append(f"R{now_ms} {trigger_ms} {trigger_ms + int(meta['ttl'])} "
+                           f"{ready_member(int(meta['priority']), trigger_ms, msg_id)}")
+        return await self._run(request.topic, changes), more
+
+    async def _run(self, topic: str, changes: Sequence[str]) -> int:
+        """Gather `changes` on a staging list, commit them in one script,
+        apply them in bounded steps; how many messages they changed."""
+        call = uuid.uuid4().hex
+        keys = self._keys(topic)
+        staging = keys.staging(call)
+        try:
+            for start in range(0, len(changes), STAGE_CHUNK):
+                async with self._redis.pipeline(transaction=False) as pipe:
+                    pipe.rpush(staging, *changes[start:start + STAGE_CHUNK])
+                    pipe.pexpire(staging, STAGING_TTL_MS)
+                    await pipe.execute()
+        except self._errors as e:
+            raise Unavailable(await self._problem(e, [staging])) from e
+        self._lifecycle.check_serving()
+        if await self._script("bulk_commit", topic, [call], extra_keys=[staging]) != "OK":
+            raise Unavailable(f"the bulk call's {len(changes)} changes expired in Redis before they were "
+                              f"committed (over {STAGING_TTL_MS // 1000} s between two pushes): nothing changed")
+        while not await self.step(topic, call):
+            pass
+        try:
+            async with self._redis.pipeline(transaction=False) as pipe:
+                pipe.hget(keys.bulkinfo, "n:" + call)
+                pipe.hdel(keys.bulkinfo, "n:" + call)
+                changed, _ = await pipe.execute()
+        except self._errors as e:
+            raise Unavailable(await self._problem(e, [keys.bulkinfo])) from e
+        return int(changed or 0)
+
+    async def step(self, topic: str, call: str = "") -> bool:
+        """Apply one bounded step of the topic's committed bulk call (`call`,
+        or whichever is being applied); True once it is applied whole (or
+        none is being applied). Whoever applies a step counts it in this
+        process's metrics, and wakes long polls and the mover for it."""
+        deleted, moved, done, next_waiting, *made_ready = await self._script(
+            "bulk_apply", topic, [str(self._config.bulk_batch), call])
+        m = self._metrics.topic(topic)
+        m.deletes += int(deleted)
+        m.reschedules += int(moved)
+        if made_ready or next_waiting:
+            await self._on_moved(topic, [int(t) for t in made_ready], int(next_waiting) if next_waiting else None)
+        return bool(done)
+
+    async def finish(self, topic: str) -> None:
+        """Apply the rest of the topic's committed bulk call (the fence is
+        up: a script answered HGBULK)."""
+        while not await self.step(topic):
+            pass
 
 
 def _message(topic: str, msg_id: str, f: dict[str, str], body: str) -> Message:

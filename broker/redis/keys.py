@@ -17,6 +17,16 @@ slot, and escaping keeps a topic from forging another topic's keys):
                      tag, until it is purged (the bulk calls' tag filter);
                      and "" once a send found the topic empty: from then
                      on every tagged message of it is here
+    P bulk     list  the changes of the bulk call being applied, not yet
+                     made ("D<retire_at> <msgId>", "R<now> <trigger>
+                     <expire> <rk>"); while it exists every other script of
+                     the topic refuses to run (HGBULK): broker.redis.bulk
+    P bulkinfo hash  "call": the id of the call being applied; "n:<call>":
+                     how many messages each call changed (expires an hour
+                     after the topic's last bulk step)
+    P staging:<call>  list  a call's changes while they are gathered
+                     (expire STAGING_TTL_MS after the last push unless
+                     committed: renamed to `bulk`)
     <prefix>:topics   set of topic names (not hash-tagged; in no script of
                       a topic's, only in register.lua, alone)
     <prefix>:wake:<T> pub/sub channel: "a message of T became READY"
@@ -27,7 +37,7 @@ arithmetic. A pull filtered by tags reads the head of each tag's range of
 `tagged` (ZRANGEBYLEX "[tag," "(tag-": a tag holds no comma, and "-"
 follows ","), and takes the smallest rk, compared bytewise; a bulk call
 filtered by a tag reads that tag's range of `tags` the same way. Every
-script receives all nine keys in KEYS and builds no key name itself, as Redis
+script receives all eleven keys in KEYS and builds no key name itself, as Redis
 Cluster requires (tests/integration/test_redis_cluster.py checks it by
 running the scripts with every undeclared key access made an error).
 
@@ -51,7 +61,7 @@ from storage.store import MAX_PRIORITY
 
 # The type each key of a topic must have, in the order scripts get them as KEYS.
 KEY_TYPES = {"waiting": "zset", "ready": "zset", "tagged": "zset", "expire": "zset", "ack": "zset",
-             "meta": "hash", "body": "hash", "retire": "zset", "tags": "zset"}
+             "meta": "hash", "body": "hash", "retire": "zset", "tags": "zset", "bulk": "list", "bulkinfo": "hash"}
 
 
 @dataclass(frozen=True)
@@ -65,6 +75,10 @@ class RedisConfig:
     poll_ms: int = 1000
     # Most messages one step of a TICK script handles (a script blocks Redis).
     script_batch: int = 1000
+    # Most messages one step of a bulk call changes (lua/backend/bulk_apply.lua):
+    # Redis answers nobody while a script runs, so each step is kept well
+    # under 10 ms (docs/redis.md, "Bulk calls in bounded steps").
+    bulk_batch: int = 100
     # Longest wait for a connection, and for any answer, before the request
     # fails with 503 (a stopped Redis must not hang requests).
     connect_timeout_ms: int = 2000
@@ -75,7 +89,8 @@ class RedisConfig:
 
     def __post_init__(self) -> None:
         check_key_prefix(self.key_prefix)
-        at_least(self, 1, "retention_ms", "poll_ms", "script_batch", "connect_timeout_ms", "command_timeout_ms")
+        at_least(self, 1, "retention_ms", "poll_ms", "script_batch", "bulk_batch",
+                 "connect_timeout_ms", "command_timeout_ms")
         at_least(self, 0, "retries")
 
 
@@ -116,6 +131,8 @@ class TopicKeys:
     body: str
     retire: str
     tags: str
+    bulk: str
+    bulkinfo: str
 
     @classmethod
     def of(cls, key_prefix: str, topic: str) -> TopicKeys:
@@ -126,6 +143,10 @@ class TopicKeys:
     def all(self) -> list[str]:
         """KEYS of every script, in KEY_TYPES order."""
         return [getattr(self, name) for name in KEY_TYPES]
+
+    def staging(self, call: str) -> str:
+        """The list bulk call `call` gathers its changes in (the topic's slot)."""
+        return self.bulk.removesuffix("bulk") + "staging:" + call
 
     @property
     def sizes(self) -> tuple[str, str, str]:

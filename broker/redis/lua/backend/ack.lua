@@ -2,6 +2,7 @@
 -- -> 'NF' | 'OK' | 'NOOP' | 'READY' (nack requeued) | 'ENDED' (nack ended it)
 -- An ack of a WAITING, READY or CONSUMING message acks it; anything else
 -- changes nothing (camellia answers success).
+if fenced() then return redis.error_reply(FENCE) end
 local id = ARGV[1]
 local m = load(id)
 if not m then return 'NF' end

@@ -1,7 +1,15 @@
--- Shared by every script. KEYS are a topic's nine keys (TopicKeys.all); a
+-- Shared by every script. KEYS are a topic's eleven keys (TopicKeys.all); a
 -- message is a table of strings, read with load() and written with save().
-local WAITING, READY, TAGGED, EXPIRE, ACK, META, BODY, RETIRE, TAGS =
-  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9]
+local WAITING, READY, TAGGED, EXPIRE, ACK, META, BODY, RETIRE, TAGS, BULK, BULKINFO =
+  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10], KEYS[11]
+-- While a bulk call is applied (BULK holds its changes not yet made) every
+-- other script of the topic answers this error instead of running, so no
+-- client sees a call half made; the caller applies the rest
+-- (bulk_apply.lua) and runs its script again (broker.redis.bulk).
+local FENCE = 'HGBULK a bulk call is being applied to this topic'
+local function fenced()
+  return redis.call('EXISTS', BULK) == 1
+end
 local function load(id)
   local raw = redis.call('HGET', META, id)
   if raw then return cjson.decode(raw) end

@@ -4,6 +4,7 @@
 -- is there, else by its score), reads at most max_scan members.
 -- ARGV: cursor_score cursor_id limit max_scan statuses (e.g. ',5,6,')
 -- -> {next score or false, next id or false, id, meta, body, id, meta, ...}
+if fenced() then return redis.error_reply(FENCE) end
 local cscore, cid, limit, max_scan, wanted = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5]
 local members
 local rank = cid ~= '' and redis.call('ZRANK', RETIRE, cid)

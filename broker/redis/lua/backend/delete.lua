@@ -1,5 +1,6 @@
 -- ARGV: id release(1|0) retire_at -> 'NF' | 'OK' | 'NOOP' (ended: nothing to
 -- delete; released all the same when asked)
+if fenced() then return redis.error_reply(FENCE) end
 local id = ARGV[1]
 local m = load(id)
 if not m then return 'NF' end

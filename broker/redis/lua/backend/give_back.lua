@@ -1,6 +1,7 @@
 -- Pulled for a long poll whose client hung up: CONSUMING -> READY, as if
 -- never pulled (its delivery uncounted), if still held by that pull.
 -- ARGV: deadline id... -> how many went back
+if fenced() then return redis.error_reply(FENCE) end
 local given = 0
 for i = 2, #ARGV do
   local id = ARGV[i]

@@ -1,5 +1,6 @@
 -- getTopicInfo. ARGV: the waiting buckets' upper bounds (trigger ms, exclusive)
 -- -> {waiting, ready, consuming, count per bucket...}
+if fenced() then return redis.error_reply(FENCE) end
 local out = {redis.call('ZCARD', WAITING), redis.call('ZCARD', READY), redis.call('ZCARD', ACK)}
 local low = '-inf'
 for i = 1, #ARGV do

@@ -1,6 +1,7 @@
 -- READY -> CONSUMING, best first (among the tags' ranges when tags are
 -- given); an expired head is ended on the way, never delivered.
 -- ARGV: now deadline batch retire_at tag... -> {ended, {id, meta, body}...}
+if fenced() then return redis.error_reply(FENCE) end
 local now, deadline, batch, retire_at = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3]), ARGV[4]
 local function head()
   if #ARGV == 4 then return redis.call('ZRANGE', READY, 0, 0)[1] end

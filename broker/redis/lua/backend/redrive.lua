@@ -1,6 +1,7 @@
 -- redriveMsg: dead letters (5, 6) READY again with retry 0 and a new expire
 -- time. ARGV: now, then per message: id expire rk -> per message 'NF' |
 -- 'S<status>' (not dead) | {meta, body} as changed
+if fenced() then return redis.error_reply(FENCE) end
 local out = {}
 for i = 2, #ARGV, 3 do
   local id = ARGV[i]

@@ -2,6 +2,7 @@
 -- expire time, rk: the caller computes them from its ttl and priority, which
 -- never change). ARGV: id trigger expire rk now -> 'NF' | 'S<status>' (not
 -- allowed) | {meta, body} as changed
+if fenced() then return redis.error_reply(FENCE) end
 local id = ARGV[1]
 local m = load(id)
 if not m then return 'NF' end

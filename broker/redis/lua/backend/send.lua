@@ -3,6 +3,7 @@
 -- waiting, ready, expired) or {'0', meta, body} (the id exists: the stored
 -- message). An id whose message has ended (4-7) is stored anew unless
 -- `strict` is '1' (camellia stores the new one).
+if fenced() then return redis.error_reply(FENCE) end
 local now, retire_at = tonumber(ARGV[1]), ARGV[2]
 local out = {}
 -- A topic holding no message from here on has every tagged message in TAGS:

@@ -3,6 +3,7 @@
 -- delivered, else 6), purge of retired final messages. ARGV: now limit
 -- retire_at -> {trigger times made ready, retried, ended, 1 if a step was
 -- cut at limit, next waiting, ack, expire and retire scores (or false)}
+if fenced() then return redis.error_reply(FENCE) end
 local now, limit, retire_at = ARGV[1], tonumber(ARGV[2]), ARGV[3]
 local triggers, retried, ended = {}, 0, 0
 -- Pops the members of `key` due by now; runs step(id, m) on those whose
