@@ -115,6 +115,8 @@ class Applier:
         put, mark_dirty, topic_names, keys = self._ids.put, hours.mark_dirty, self._topic_names, self._keys
         add_entry = None if new_entries is None else new_entries.append
         staged: dict[tuple[Hour, int], int] = {}  # (hour, topic hash) -> entries staged: counted once
+        keyed: list[tuple[int, int, int, int]] = []  # (serial key, file, trigger, gi): the key index's puts
+        serials: dict[tuple[str, str], int] = {}  # (topic, serial key) -> its hash, once a record
         h: Hour | None = None
         for item in items:
             if h is None or h.hour != item.hour:
@@ -126,7 +128,9 @@ class Applier:
                     topic_names[item.topic_hash] = delay_log.unpack_body(item.body).topic
             put(item.key, item.hour, item.global_index)
             if keys is not None and item.body[0] == KEYED_BODY:
-                self._put_key(item.body, item.hour, item.trigger_ms, item.global_index)
+                serial = key_of_body(keys, item.body, serials)
+                if serial is not None:
+                    keyed.append((serial, item.hour, item.trigger_ms, item.global_index))
             mark_dirty(h)  # after put: its look at a released message may have flushed h
             if add_entry is not None:
                 add_entry(tuple.__new__(IndexEntry, (
@@ -134,6 +138,9 @@ class Applier:
                     item.trigger_ms, item.priority, item.topic_hash, item.tag_hash, WAITING, 0)))
         for (h, topic_hash), count in staged.items():
             h.count(topic_hash, WAITING, count)
+        if keyed:
+            assert keys is not None
+            keys.put_many(keyed)
 
     def _apply_states(self, now_ms: int, items: Sequence[records.StateItem]) -> None:
         """Each entry's status, flags and retry staged in place, the per-topic

@@ -400,17 +400,17 @@ class IdIndex:
         found = self._counter(key, hour)
         return 0 if found is None else found[1]
 
-    def add_one(self, key: int, hour: int) -> int:
-        """The counter under (`key`, `hour`) plus one, stored; the count
+    def add(self, key: int, hour: int, n: int = 1) -> int:
+        """The counter under (`key`, `hour`) plus `n`, stored; the count
         before (0 for a new counter, whose slot is then inserted). O(1)
         expected: one probe sequence."""
         found = self._counter(key, hour)
         if found is None:
-            self.put(key, hour, 1)
+            self.put(key, hour, n)
             return 0
-        offset, n = found
-        SLOT.pack_into(self._shard(key).mm, offset, key, pack_loc(key, hour, n + 1))
-        return n
+        offset, before = found
+        SLOT.pack_into(self._shard(key).mm, offset, key, pack_loc(key, hour, before + n))
+        return before
 
     def _counter(self, key: int, hour: int) -> tuple[int, int] | None:
         """(offset, count) of the first slot of `key` whose file is `hour`."""

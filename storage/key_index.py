@@ -20,10 +20,10 @@ index without it is rebuilt). A key's messages are counted in buckets:
     slot key                     slot holds (file = the slot's hour)
     derive(H, file<<8 | 0xFF)    counter: the key's messages in the file
     derive(H, file<<8 | part)    counter: the key's messages in the part
-    derive(partkey, n)           the n-th message put in the part (its
+    slot_key(partkey, n)         the n-th message put in the part (its
                                  globalIndex), n = 0, 1, ...
 
-`derive(k, x)` is a 64-bit mix (splitmix64's finaliser) of k and x: it
+`derive(k, x)` and `slot_key` are 64-bit mixes (splitmix64's finaliser) of k and x: they
 costs no hashing of text, and without the secret nobody can choose keys
 whose slots collide. A counter is a slot whose globalIndex field holds
 the count (IdIndex.add_one). Every slot of a file dies with the file (a
@@ -40,7 +40,8 @@ its last message (LATE parts first: their trigger times are unbounded
 below).
 
 Cost: a put is one BLAKE2b and three probe sequences, O(1) whatever the
-key's count; a lookup is O(live files) probes plus the messages of the
+key's count (a run of one key's sends into one part, as a batch of them
+makes, moves the two counters once: one probe sequence a message); a lookup is O(live files) probes plus the messages of the
 parts it reads.
 
 What is put, and when (storage.applying): every message whose body has a
@@ -65,7 +66,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
 from . import delay_log, spans
@@ -96,6 +97,11 @@ def _mix(x: int) -> int:
 def derive(key: int, x: int) -> int:
     """The slot key derived from `key` and `x` (never 0, the empty slot)."""
     return _mix(key ^ _mix(x)) or 1
+
+
+def slot_key(part_key: int, n: int) -> int:
+    """The key of the slot of the n-th message put in a part."""
+    return _mix(part_key + n * 0x9E3779B97F4A7C15 & _M64) or 1
 
 
 def part_of(file_id: int, trigger_ms: int) -> int:
@@ -131,10 +137,27 @@ class KeyIndex:
 
     def put(self, key: int, file_id: int, trigger_ms: int, global_index: int) -> None:
         """Add the message at (file_id, global_index) under `key`: O(1)."""
-        slots = self.slots
-        slots.add_one(derive(key, file_id << 8 | FILE_COUNTER), file_id)
-        part_key = derive(key, file_id << 8 | part_of(file_id, trigger_ms))
-        slots.put(derive(part_key, slots.add_one(part_key, file_id)), file_id, global_index)
+        self.put_many([(key, file_id, trigger_ms, global_index)])
+
+    def put_many(self, items: Sequence[tuple[int, int, int, int]]) -> None:
+        """`put` each (key, file id, trigger time, globalIndex); a run of
+        items of one key and part (a batch of one key's sends) moves the
+        two counters once."""
+        slots, i, end = self.slots, 0, len(items)
+        while i < end:
+            key, file_id, trigger_ms, _ = items[i]
+            part = part_of(file_id, trigger_ms)
+            j = i + 1
+            while j < end and items[j][0] == key and items[j][1] == file_id and part_of(file_id, items[j][2]) == part:
+                j += 1
+            slots.add(derive(key, file_id << 8 | FILE_COUNTER), file_id, j - i)
+            part_key = derive(key, file_id << 8 | part)
+            n = slots.add(part_key, file_id, j - i)
+            put = slots.put
+            for _, _, _, global_index in items[i:j]:
+                put(slot_key(part_key, n), file_id, global_index)
+                n += 1
+            i = j
 
     def parts(self, key: int, files: Iterable[tuple[int, int]]) -> list[KeyPart]:
         """The non-empty parts of `key` in `files` ((file id, first hour)
@@ -169,7 +192,7 @@ class KeyIndex:
         part_key = derive(key, file_id << 8 | part.part)
         found: dict[Location, None] = {}
         for n in range(part.entries):
-            for where in slots.candidates(derive(part_key, n)):
+            for where in slots.candidates(slot_key(part_key, n)):
                 if where.hour == file_id:
                     found[where] = None
         return list(found)
@@ -194,12 +217,22 @@ class KeyIndex:
         return f"KeyIndex({self.slots!r})"
 
 
-def key_of_body(index: KeyIndex, body: bytes | memoryview) -> int | None:
-    """The key H of a delay-log body's (topic, serial key); None when it has no key."""
+def key_of_body(index: KeyIndex, body: bytes | memoryview, known: dict[tuple[str, str], int] | None = None) -> int | None:
+    """The key H of a delay-log body's (topic, serial key); None when it
+    has no key. `known`: the H of pairs met before (a batch of one key's
+    sends hashes it once)."""
     if body[0] != KEYED_BODY:
         return None
-    b = delay_log.unpack_body(bytes(body))
-    return index.key(b.topic, b.key) if b.key else None
+    b = delay_log.unpack_body(body if isinstance(body, bytes) else bytes(body))
+    if not b.key:
+        return None
+    if known is None:
+        return index.key(b.topic, b.key)
+    pair = (b.topic, b.key)
+    key = known.get(pair)
+    if key is None:
+        key = known[pair] = index.key(b.topic, b.key)
+    return key
 
 
 def open_key_index(directory: str, config: StoreConfig, hours: HourTable) -> KeyIndex:

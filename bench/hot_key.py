@@ -1,0 +1,189 @@
+"""One busy serial key (docs/api.md, "Tags and serial keys"; the key index,
+storage/key_index.py): --messages sends in sendMsgBatch calls of 1,000,
+first with no key on one fresh node, then all under ONE key on another,
+the same triggers (spread over 24 h from an hour ahead), while a prober
+asks /health every 20 ms. Then, on the keyed node: listMsg by that key
+(first page of 100), its count, and deleteMsgs by that key of the first
+100,000, each with /health probed beside it. Prints ONE JSON object.
+
+    .venv/bin/python bench/hot_key.py                       # 1,000,000 messages
+    .venv/bin/python bench/hot_key.py --messages 200000
+
+Each node runs with --fsync batch (every answer on disk). Rates are sends
+answered per second of wall time; cpu_us_per_msg is the serving process's
+own CPU (utime + stime, /proc) over the load divided by the messages.
+health_max_ms is the slowest /health answer over the phase.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from typing import Any
+
+import aiohttp
+from harness import Server, cpu_s, memory_mb, unwind_on_signals
+
+from broker.paths import PREFIX
+
+HOUR_MS = 3_600_000
+TOPIC = "hot"
+KEY = "account-42"
+BATCH = 1000
+
+
+def log(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+class Prober:
+    """/health asked every `every_s` on its own connection; the slowest answer."""
+
+    def __init__(self, base: str, every_s: float = 0.02) -> None:
+        self.base, self.every_s = base, every_s
+        self.times_ms: list[float] = []
+        self._task: asyncio.Task[None] | None = None
+
+    async def _run(self) -> None:
+        async with aiohttp.ClientSession() as session:
+            while True:
+                start = time.perf_counter()
+                async with session.get(self.base + "/health") as response:
+                    await response.read()
+                self.times_ms.append((time.perf_counter() - start) * 1000)
+                await asyncio.sleep(self.every_s)
+
+    def __enter__(self) -> Prober:
+        self.times_ms = []
+        self._task = asyncio.get_running_loop().create_task(self._run())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        assert self._task is not None
+        self._task.cancel()
+
+    def summary(self) -> dict[str, Any]:
+        ordered = sorted(self.times_ms)
+        return {"health_max_ms": round(ordered[-1], 1) if ordered else None,
+                "health_p99_ms": round(ordered[int(len(ordered) * 0.99)], 1) if ordered else None,
+                "health_probes": len(ordered)}
+
+
+async def call(session: aiohttp.ClientSession, base: str, name: str, method: str = "POST",
+               **params: Any) -> dict[str, Any]:
+    if name == "sendMsgBatch":
+        request = session.post(base + PREFIX + name, json=params)
+    elif method == "GET":
+        request = session.get(base + PREFIX + name, params={k: str(v) for k, v in params.items()})
+    else:
+        request = session.post(base + PREFIX + name, data={k: str(v) for k, v in params.items()})
+    async with request as response:
+        answer: dict[str, Any] = await response.json(content_type=None)
+    if answer.get("code") != 200:
+        raise RuntimeError(f"{name}: {str(answer)[:300]}")
+    return answer
+
+
+async def load(server: Server, messages: int, start_ms: int, keyed: bool) -> dict[str, Any]:
+    step_ms = 24 * HOUR_MS / messages
+    pid = server.proc.pid
+    cpu0, wall0 = cpu_s(pid), time.perf_counter()
+    batch_ms: list[float] = []
+    async with aiohttp.ClientSession() as session:
+        with Prober(server.base) as prober:
+            for first in range(0, messages, BATCH):
+                msgs = []
+                for i in range(first, min(first + BATCH, messages)):
+                    m: dict[str, Any] = {"msgId": f"m{i:08d}", "msg": "x" * 40,
+                                         "triggerTime": start_ms + HOUR_MS + int(i * step_ms),
+                                         "ttlMillis": 48 * HOUR_MS}
+                    if keyed:
+                        m["key"] = KEY
+                    msgs.append(m)
+                t = time.perf_counter()
+                await call(session, server.base, "sendMsgBatch", topic=TOPIC, msgs=msgs)
+                batch_ms.append((time.perf_counter() - t) * 1000)
+                if first % 100_000 == 0:
+                    log(f"  {'keyed' if keyed else 'plain'}: {first + len(msgs)} sent")
+    wall, cpu = time.perf_counter() - wall0, cpu_s(pid) - cpu0
+    tenth = max(1, len(batch_ms) // 10)
+    return {"msgs_per_s": round(messages / wall), "cpu_us_per_msg": round(cpu / messages * 1e6, 1),
+            "batch_ms_first_tenth_median": round(statistics.median(batch_ms[:tenth]), 1),
+            "batch_ms_last_tenth_median": round(statistics.median(batch_ms[-tenth:]), 1),
+            "batch_ms_max": round(max(batch_ms), 1), **prober.summary()}
+
+
+async def by_key(server: Server, messages: int, repeat: int) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    async with aiohttp.ClientSession() as session:
+        base = server.base
+        times = []
+        with Prober(base) as prober:
+            for _ in range(repeat):
+                t = time.perf_counter()
+                answer = await call(session, base, "listMsg", "GET", topic=TOPIC, key=KEY, limit=100)
+                times.append((time.perf_counter() - t) * 1000)
+                assert len(answer["delayMsgList"]) == 100, answer.keys()
+            t = time.perf_counter()
+            answer = await call(session, base, "listMsg", "GET", topic=TOPIC, key=KEY, limit=100,
+                                cursor=answer["cursor"])
+            out["list_second_page_ms"] = round((time.perf_counter() - t) * 1000, 1)
+        out["list_first_page_ms_median"] = round(statistics.median(times), 1)
+        out["list_first_page_ms_max"] = round(max(times), 1)
+        out["list_health"] = prober.summary()
+        with Prober(base) as prober:
+            t = time.perf_counter()
+            answer = await call(session, base, "listMsg", "GET", topic=TOPIC, key=KEY, countOnly="true")
+            out["count_ms"] = round((time.perf_counter() - t) * 1000, 1)
+            out["count"] = answer["count"]
+        out["count_health"] = prober.summary()
+        with Prober(base) as prober:
+            t = time.perf_counter()
+            answer = await call(session, base, "deleteMsgs", topic=TOPIC, key=KEY, limit=min(100_000, messages))
+            out["delete_first_100k_ms"] = round((time.perf_counter() - t) * 1000, 1)
+            out["deleted"], out["more"] = answer["deleted"], answer["more"]
+        out["delete_health"] = prober.summary()
+    return out
+
+
+async def main_async(args: argparse.Namespace) -> dict[str, Any]:
+    work = tempfile.mkdtemp(prefix="hot-key-")
+    out: dict[str, Any] = {"messages": args.messages, "batch": BATCH}
+    start_ms = int(time.time() * 1000)
+    try:
+        for keyed in (False, True):
+            name = "keyed" if keyed else "plain"
+            server = Server.start(os.path.join(work, name), "--fsync", "batch",
+                                  log_path=os.path.join(work, f"{name}.log"))
+            try:
+                log(f"{name}: loading {args.messages}")
+                out[name] = await load(server, args.messages, start_ms, keyed)
+                out[name]["rss_mb"] = memory_mb(server.proc.pid)["rss_mb"]
+                if keyed:
+                    out["by_key"] = await by_key(server, args.messages, args.repeat)
+            finally:
+                server.stop()
+        out["keyed_over_plain_rate"] = round(out["keyed"]["msgs_per_s"] / out["plain"]["msgs_per_s"], 3)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--messages", type=int, default=1_000_000)
+    parser.add_argument("--repeat", type=int, default=5, help="listMsg first pages timed")
+    args = parser.parse_args()
+    unwind_on_signals()
+    print(json.dumps(asyncio.run(main_async(args)), indent=2))
+
+
+if __name__ == "__main__":
+    main()
