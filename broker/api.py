@@ -155,10 +155,11 @@ class Api:
     (`serve_with`) and takes it back when it stands down (`stop_serving`)."""
 
     def __init__(self, broker: Backend | None, max_msg_bytes: int, bodies: BodyLimits | None = None,
-                 serving: ServingStatus | None = None) -> None:
+                 serving: ServingStatus | None = None, page_bytes: int = bulk_params.DEFAULT_PAGE_BYTES) -> None:
         self._broker = broker
         self.serving = serving  # going offline ends the long polls held (broker.health)
         self.max_msg_bytes = max_msg_bytes
+        self.page_bytes = page_bytes  # a listMsg page's answer at most (--max-page-bytes)
         self.bodies = bodies or BodyLimits()  # what decoding a body may cost (broker.bodies)
         self.single_cap = BodyLimits.body_bytes(max_msg_bytes)
         self.batch_cap = self.bodies.batch_body_bytes(max_msg_bytes)
@@ -306,10 +307,10 @@ class Api:
         return answer(200, "success", redriven=count, more=more)
 
     async def list_msgs(self, request: Request) -> Response:
-        r = bulk_params.parse_list_msg(self._params(request))
+        r = bulk_params.parse_list_msg(self._params(request), self.page_bytes)
         if r.count_only:
             return answer(200, "success", count=await self.backend.count_msgs(r.topic, r.filter))
-        messages, cursor = await self.backend.list_msgs(r)
+        messages, cursor = bulk_params.cut_page(*await self.backend.list_msgs(r), self.page_bytes)
         return answer(200, "success", delayMsgList=[delay_msg(m) for m in messages], cursor=cursor)
 
     async def delete_msgs(self, request: Request) -> Response:

@@ -177,10 +177,10 @@ class Bulk:
 
     async def page(self, request: ListMsgRequest) -> tuple[list[Message], str | None]:
         """A page of matches in (trigger time, msgId) order, after the cursor."""
-        keeper = PageKeeper(request.cursor, request.limit)
+        keeper = PageKeeper(request.cursor, request.limit, request.max_bytes)
         parts = await self._key_parts(request.topic, request.filter)
         if parts is not None and not await self._keyed_page(request.topic, request.filter, parts, keeper):
-            parts, keeper = None, PageKeeper(request.cursor, request.limit)  # a damaged slot: scan
+            parts, keeper = None, PageKeeper(request.cursor, request.limit, request.max_bytes)  # a damaged slot: scan
         async for matches in self._slices(request.topic, request.filter, parts is not None):
             for where, _, _, trigger_ms in matches:
                 if keeper.worth(trigger_ms) and (m := self._full_match(request.filter, where)) is not None:

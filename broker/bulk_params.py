@@ -28,7 +28,10 @@ Pages are ordered by (trigger time, msgId), compared as (int, str); the
 cursor is "<trigger ms>:<msgId>" of a page's last message, the next page
 starting after it. `PageKeeper` keeps the first `limit` matches past a
 cursor out of any order of candidates, in O(limit) memory, so a backend
-may scan in its own storage order.
+may scan in its own storage order. A page also ends at a byte budget
+(--max-page-bytes, `answer_bytes` of its messages; at least one message),
+with a cursor to go on: a client that asks for pages and does not read
+them holds the node's memory to that much a page (docs/security.md).
 """
 
 from __future__ import annotations
@@ -151,9 +154,11 @@ class PageKeeper:
 
     Why the page stays right: the kept set is always the longest prefix, in
     page order, of the candidates offered that fits both bounds. A new
-    candidate is pushed and the last ones popped until it fits again; once
-    one was popped (`more`), no candidate ordered after the kept ones can
-    enter, as it would not fit behind them either."""
+    candidate is pushed and the last ones popped until it fits again. The
+    first candidate ever popped in page order (`_cut`) did not fit behind
+    the kept ones, and they only grow in front of it: no candidate ordered
+    after it can enter any more, while one before it may (a small one can
+    fit where a large one did not)."""
 
     def __init__(self, after: Cursor | None, limit: int, max_bytes: int | None = None) -> None:
         self._after = None if after is None else (after.trigger_ms, after.msg_id)
@@ -162,6 +167,7 @@ class PageKeeper:
         self._bytes = 0  # answer bytes of the kept messages (counted only with max_bytes)
         # negated keys: a max-heap of the page; each with its answer bytes
         self._heap: list[tuple[int, _Desc, Message, int]] = []
+        self._cut: tuple[int, str] | None = None  # the first candidate popped, in page order
         self.more = False
 
     def __repr__(self) -> str:
@@ -172,7 +178,7 @@ class PageKeeper:
         page (asked before its body is read)."""
         if self._after is not None and trigger_ms < self._after[0]:
             return False
-        return not self.more or trigger_ms <= -self._heap[0][0]
+        return self._cut is None or trigger_ms <= self._cut[0]
 
     def closed_before(self, low_ms: int) -> bool:
         """Whether nothing triggering at `low_ms` or later can change the
@@ -190,15 +196,19 @@ class PageKeeper:
         key = order_key(m)
         if self._after is not None and key <= self._after:
             return
-        heap = self._heap
-        if self.more and key > (-heap[0][0], heap[0][1].text):
-            return  # after a page already cut
-        max_bytes = self._max_bytes
+        cut = self._cut
+        if cut is not None and key > cut:
+            return  # behind a candidate that did not fit
+        heap, max_bytes = self._heap, self._max_bytes
         size = 0 if max_bytes is None else answer_bytes(m)
         heapq.heappush(heap, (-m.trigger_ms, _Desc(m.msg_id), m, size))
         self._bytes += size
         while len(heap) > self._limit or (max_bytes is not None and self._bytes > max_bytes and len(heap) > 1):
-            self._bytes -= heapq.heappop(heap)[3]
+            negated, desc, _, popped_size = heapq.heappop(heap)
+            self._bytes -= popped_size
+            popped = (-negated, desc.text)
+            if cut is None or popped < cut:
+                cut = self._cut = popped
             self.more = True
 
     def page(self) -> tuple[list[Message], Cursor | None]:

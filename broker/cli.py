@@ -170,6 +170,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-topics", type=int, default=queues.topics,
                        help=f"topics the node keeps; a send to a new topic beyond them is answered 429 and stores "
                             f"nothing, until topics retire (default {queues.topics})")
+    serve.add_argument("--max-page-bytes", type=int, default=queues.page_bytes,
+                       help=f"bytes of messages one listMsg or listDeadMsg page answers at most (at least one "
+                            f"message; the cursor goes on) (default {queues.page_bytes}, 4 MiB)")
     # a default read from an instance, as the others are: compiled by mypyc,
     # the class attribute is the field's descriptor, not its default
     metrics_topics = ServeConfig().metrics_topics
@@ -236,7 +239,8 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
                        monitor_interval_s=args.monitor_interval_s, offline_idle_s=args.offline_idle_s,
                        queues=QueueLimits(window=args.ready_window, window_total=args.ready_window_total,
                                           inflight=args.max_inflight, inflight_total=args.max_inflight_total,
-                                          key_window=args.key_window, topics=args.max_topics),
+                                          key_window=args.key_window, topics=args.max_topics,
+                                          page_bytes=args.max_page_bytes),
                        console=ConsoleConfig(session_ttl_s=args.console_session_ttl_s,
                                              max_sessions=args.max_console_sessions,
                                              cookie_secure=args.console_cookie_secure),

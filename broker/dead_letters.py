@@ -29,6 +29,7 @@ from storage.store import Store, text_hash
 from wheel.clock import Clock
 
 from .backend import DEAD_SCAN, REDRIVE_STEP
+from .bulk_params import answer_bytes
 from .filing import Filing
 from .group_commit import GroupCommit
 from .journal import Journal
@@ -103,11 +104,13 @@ class DeadLetters:
         return moved
 
     async def list_dead(self, topic: str, statuses: frozenset[Status], cursor: str | None,
-                        limit: int) -> tuple[list[Message], str | None]:
+                        limit: int, max_bytes: int | None = None) -> tuple[list[Message], str | None]:
         """A page of the topic's dead letters (EXPIRED 5 and/or ENDED 6, still
         retained), oldest filed first, and the cursor of the next page (None:
         no more). Bounded work: reads at most DEAD_SCAN index entries, so a
-        page may hold fewer than `limit` with a cursor to go on."""
+        page may hold fewer than `limit` with a cursor to go on; and at most
+        `max_bytes` of answer (`answer_bytes`, at least one message): the
+        cursor then names the first entry not read."""
         self._lifecycle.check_serving()
         await self._commits.flush()
         start = _parse_cursor(cursor)
@@ -115,7 +118,17 @@ class DeadLetters:
         if not self._topics.has_topic(topic):
             return [], None
         entries, after = self._store.scan_status(topic_hash, sorted(statuses), start, MAX_FILE_ID, DEAD_SCAN, limit)
-        messages = [m for e in entries if (m := self._store.read_message(e.location)) is not None]
+        messages: list[Message] = []
+        size = 0
+        for e in entries:
+            m = self._store.read_message(e.location)
+            if m is None:
+                continue
+            size += answer_bytes(m)
+            if max_bytes is not None and size > max_bytes and messages:
+                after = e.location
+                break
+            messages.append(m)
         return messages, None if after is None else f"{after.hour}-{after.global_index}"
 
     async def redrive(self, topic: str, msg_id: str) -> Message:

@@ -245,8 +245,9 @@ class Broker:
 
     async def list_dead(self, topic: str, statuses: frozenset[Status], cursor: str | None,
                         limit: int) -> tuple[list[Message], str | None]:
-        """A page of dead letters (5, 6) and the next page's cursor."""
-        return await self._dead_letters.list_dead(topic, statuses, cursor, limit)
+        """A page of dead letters (5, 6) and the next page's cursor; at
+        most --max-page-bytes of answer."""
+        return await self._dead_letters.list_dead(topic, statuses, cursor, limit, self.limits.page_bytes)
 
     async def redrive(self, topic: str, msg_id: str) -> Message:
         """A dead letter READY again, retry 0; else Conflict."""

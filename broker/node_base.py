@@ -98,7 +98,7 @@ class NodeBase(ABC):
         self.process = ProcessStats()
         # going offline answers the long polls held, on whichever backend serves then
         self.serving = ServingStatus(config.offline_idle_s, PREFIX, on_offline=lambda: self.api.wake_long_polls())
-        self.api = Api(backend, config.max_msg_bytes, config.bodies, self.serving)
+        self.api = Api(backend, config.max_msg_bytes, config.bodies, self.serving, config.queues.page_bytes)
         self.console = console
         # Push subscriptions (broker.pusher): None while no backend serves here.
         self.pushers: Pushers | None = None

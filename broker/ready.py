@@ -44,6 +44,7 @@ from sortedcontainers import SortedList
 from storage.entry import Location, Message, Status
 from storage.errors import ConfigError
 
+from .bulk_params import DEFAULT_PAGE_BYTES
 from .transitions import MessageState
 
 _new_state = tuple.__new__  # (a MessageState without its Python-level __new__)
@@ -71,12 +72,18 @@ class QueueLimits:
     # is refused (LimitReached, 429) until topics retire. What each topic
     # costs in RAM (its counts, counters, label values) is bounded with it.
     topics: int = 10_000
+    # Bytes of messages one listMsg or listDeadMsg page answers at most
+    # (--max-page-bytes; at least one message a page, the cursor goes on):
+    # a client that asks for pages and does not read them holds this much
+    # of the node's memory a page, not `limit` x --max-msg-bytes.
+    page_bytes: int = DEFAULT_PAGE_BYTES
 
     def __post_init__(self) -> None:
         for name, value, least in (("--ready-window", self.window, 1), ("--ready-window-total", self.window_total, 1),
                                    ("--max-inflight", self.inflight, 1),
                                    ("--max-inflight-total", self.inflight_total, 1),
-                                   ("--key-window", self.key_window, 1), ("--max-topics", self.topics, 1)):
+                                   ("--key-window", self.key_window, 1), ("--max-topics", self.topics, 1),
+                                   ("--max-page-bytes", self.page_bytes, 1)):
             if value < least:
                 raise ConfigError(f"{name} must be at least {least}, got {value}")
 
