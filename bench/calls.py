@@ -1,0 +1,239 @@
+"""Python-level calls a request makes in a running node: the real server
+object (a standalone DiskNode, `hourglass serve`'s own parts) in this
+process, the real wire bytes over one keep-alive loopback socket, one
+request at a time. Prints ONE JSON object.
+
+    .venv/bin/python bench/calls.py
+    .venv/bin/python bench/calls.py --repeat 30 --batch 100
+
+A profile hook (sys.setprofile) counts its `call` events -- every Python
+function entered and every coroutine or generator resumed -- and its
+`c_call` events, from the moment the request's bytes are handed over
+until its answer's last byte is written (the loop's own scheduling in
+between included). The syncer thread (its fsync) is
+not counted: the hook is this thread's. Background work of the loop (the
+wheel's ticks, timers) may fall inside a request's window; each figure is
+therefore the least over --repeat requests, which is deterministic on any
+machine: the path of a request does not change between repeats.
+
+    send            sendMsg, a new id, 60 s ahead
+    send_batch      sendMsgBatch of --batch new ids, 60 s ahead
+    pull_ack        pullMsg of one ready message, then its ackMsg
+    pull_ack_batch  pullMsg of --batch ready messages, then one ackMsg each
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import sys
+import tempfile
+import urllib.parse
+from collections.abc import Callable
+from types import FrameType
+from typing import Any
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from broker.cli import build_parser, config_from_args  # noqa: E402
+from broker.httpd import Connection  # noqa: E402
+from broker.nodes import DiskNode  # noqa: E402
+from broker.paths import PREFIX  # noqa: E402
+
+HOST = "127.0.0.1"
+
+
+class Counter:
+    """Counts profile events of this thread while `on`."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.c_calls = 0
+
+    def hook(self, frame: FrameType, event: str, arg: object) -> None:
+        if event == "call":
+            self.calls += 1
+        elif event == "c_call":
+            self.c_calls += 1
+
+
+class Wire(asyncio.Transport):
+    """The connection's transport: what the server writes is kept; a
+    future is set once a whole answer (head and Content-Length body) is in."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.out = bytearray()
+        self.answered: asyncio.Future[bytes] | None = None
+        self.closed = False
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        self.out += data
+        end = self.out.find(b"\r\n\r\n")
+        if end < 0 or self.answered is None or self.answered.done():
+            return
+        length = 0
+        for line in bytes(self.out[:end]).split(b"\r\n"):
+            if line.lower().startswith(b"content-length:"):
+                length = int(line.split(b":", 1)[1])
+        if len(self.out) >= end + 4 + length:
+            body = bytes(self.out[end + 4:end + 4 + length])
+            del self.out[:end + 4 + length]
+            self.answered.set_result(body)
+
+    def writelines(self, data: Any) -> None:
+        for piece in data:
+            self.write(piece)
+
+    def close(self) -> None:
+        self.closed = True
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        pass
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return ("127.0.0.1", 40000) if name == "peername" else default
+
+
+class Client:
+    """One keep-alive connection of the real server, fed the request's bytes
+    as the socket would deliver them (`data_received`)."""
+
+    def __init__(self, connection: Connection) -> None:
+        self.connection = connection
+        self.wire = Wire()
+        connection.connection_made(self.wire)
+
+    @staticmethod
+    def form(path: str, **params: object) -> bytes:
+        body = urllib.parse.urlencode({k: str(v) for k, v in params.items()}).encode()
+        return (f"POST {PREFIX}{path} HTTP/1.1\r\nHost: {HOST}\r\nContent-Type: application/x-www-form-urlencoded"
+                f"\r\nContent-Length: {len(body)}\r\n\r\n").encode() + body
+
+    @staticmethod
+    def json_body(path: str, obj: object) -> bytes:
+        body = json.dumps(obj).encode()
+        return (f"POST {PREFIX}{path} HTTP/1.1\r\nHost: {HOST}\r\nContent-Type: application/json"
+                f"\r\nContent-Length: {len(body)}\r\n\r\n").encode() + body
+
+    async def call(self, raw: bytes, counter: Counter | None = None) -> dict[str, Any]:
+        answered = self.wire.answered = asyncio.get_running_loop().create_future()
+        if counter is not None:
+            sys.setprofile(counter.hook)
+        try:
+            self.connection.data_received(raw)
+            body = await answered
+        finally:
+            if counter is not None:
+                sys.setprofile(None)
+        answer: dict[str, Any] = json.loads(body)
+        if answer.get("code") != 200:
+            raise RuntimeError(f"{raw[:60]!r}: {answer}")
+        return answer
+
+
+async def least(repeat: int, one: Callable[[Counter], Any]) -> dict[str, int]:
+    best: tuple[int, int] | None = None
+    for _ in range(repeat):
+        counter = Counter()
+        await one(counter)
+        pair = (counter.calls, counter.c_calls)
+        best = pair if best is None or pair < best else best
+    assert best is not None
+    return {"python_calls": best[0], "c_calls": best[1]}
+
+
+async def measure(repeat: int, batch: int) -> dict[str, Any]:
+    work = tempfile.mkdtemp(prefix="hourglass-calls-")
+    args = build_parser().parse_args(["serve", "--data-dir", os.path.join(work, "data"), "--port", "0",
+                                      "--fsync", "batch"])
+    config = config_from_args(args)
+    node = DiskNode(config)
+    node.broker.start()
+    server = await node.serve("calls")
+    client = Client(Connection(server.shared))
+    out: dict[str, Any] = {"repeat": repeat, "batch": batch}
+    n = 0
+    try:
+        def next_id() -> str:
+            nonlocal n
+            n += 1
+            return f"m{n}"
+
+        await client.call(Client.form("sendMsg", topic="t", msg="warm", msgId=next_id(), delayMillis=60_000))
+
+        async def send(counter: Counter) -> None:
+            await client.call(Client.form("sendMsg", topic="t", msg="hello", msgId=next_id(), delayMillis=60_000),
+                              counter)
+        out["send"] = await least(repeat, send)
+
+        async def send_batch(counter: Counter) -> None:
+            msgs = [{"msgId": next_id(), "msg": "hello", "delayMillis": 60_000} for _ in range(batch)]
+            await client.call(Client.json_body("sendMsgBatch", {"topic": "t", "msgs": msgs}), counter)
+        out["send_batch"] = await least(repeat, send_batch)
+        out["send_batch"]["python_calls_per_msg"] = round(out["send_batch"]["python_calls"] / batch, 1)
+
+        async def ready(count: int) -> None:
+            msgs = [{"msgId": next_id(), "msg": "hello", "delayMillis": 0} for _ in range(count)]
+            await client.call(Client.json_body("sendMsgBatch", {"topic": "r", "msgs": msgs}))
+
+        async def pull_ack(counter: Counter) -> None:
+            await ready(1)
+            pulled = await client.call(Client.form("pullMsg", topic="r", batch=1, ackTimeoutMillis=30_000), counter)
+            (m,) = pulled["delayMsgList"]
+            await client.call(Client.form("ackMsg", topic="r", msgId=m["msgId"], ack="true"), counter)
+        out["pull_ack"] = await least(repeat, pull_ack)
+
+        async def pull_ack_batch(counter: Counter) -> None:
+            await ready(batch)
+            pulled = await client.call(Client.form("pullMsg", topic="r", batch=batch, ackTimeoutMillis=30_000),
+                                       counter)
+            assert len(pulled["delayMsgList"]) == batch, len(pulled["delayMsgList"])
+            for m in pulled["delayMsgList"]:
+                await client.call(Client.form("ackMsg", topic="r", msgId=m["msgId"], ack="true"), counter)
+        out["pull_ack_batch"] = await least(max(3, repeat // 5), pull_ack_batch)
+        out["pull_ack_batch"]["python_calls_per_msg"] = round(out["pull_ack_batch"]["python_calls"] / batch, 1)
+    finally:
+        client.connection.connection_lost(None)
+        node.broker.begin_stop()
+        await server.close(5)
+        await node.broker.stop()
+        node.store.close()
+        shutil.rmtree(work, ignore_errors=True)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeat", type=int, default=20)
+    parser.add_argument("--batch", type=int, default=100)
+    args = parser.parse_args()
+    try:  # the loop `hourglass serve` runs on (broker.server)
+        import uvloop
+    except ImportError:
+        result = asyncio.run(measure(args.repeat, args.batch))
+        result["loop"] = "asyncio"
+    else:
+        result = uvloop.run(measure(args.repeat, args.batch))
+        result["loop"] = "uvloop"
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
