@@ -503,24 +503,65 @@ def _message(params: Params, where: str, topic: str, now_ms: int, make_id: Calla
     text is as many bytes as characters), and a refusal's name is built
     only once one is raised."""
     get = params.get
+    msg, msg_id, delay, trigger, ttl = get("msg"), get("msgId"), get("delayMillis"), get("triggerTime"), get("ttlMillis")
+    retry, priority, tag, key = get("maxRetry"), get("priority"), get("tag"), get("key")
+    # The plain message -- ASCII text within its limits, JSON numbers or
+    # short decimal digits, no triggerTime -- in one frame: the same rules
+    # as the checks below, which take every other message (and name what
+    # is wrong).
+    if (trigger is None and type(msg) is str and msg.isascii() and 0 < len(msg) <= max_msg_bytes
+            and (msg_id is None or (type(msg_id) is str and msg_id.isascii() and 0 < len(msg_id) <= MAX_NAME_BYTES
+                 and "\0" not in msg_id))
+            and (tag is None or (type(tag) is str and tag.isascii() and 0 < len(tag) <= MAX_NAME_BYTES
+                 and "," not in tag))
+            and (key is None or (type(key) is str and key.isascii() and 0 < len(key) <= MAX_NAME_BYTES
+                 and "\0" not in key))
+            and priority is None):
+        if type(delay) is not int:
+            delay = (None if delay is None else int(delay) if type(delay) is str and 0 < len(delay) < 19
+                     and delay.isdigit() and delay.isascii() else False)
+        if type(ttl) is not int:
+            ttl = (None if ttl is None else int(ttl) if type(ttl) is str and 0 < len(ttl) < 19
+                   and ttl.isdigit() and ttl.isascii() else False)
+        if type(retry) is not int:
+            retry = (None if retry is None else int(retry) if type(retry) is str and 0 < len(retry) < 19
+                     and retry.isdigit() and retry.isascii() else False)
+        if delay is not False and ttl is not False and retry is not False:
+            due_ms = now_ms + delay if delay is not None and delay > 0 else now_ms
+            if due_ms <= MAX_TRIGGER_MS:
+                keep_ms = defaults.ttl_ms if ttl is None or ttl <= 0 else ttl if ttl < defaults.max_ttl_ms \
+                    else defaults.max_ttl_ms
+                retries = defaults.max_retry if retry is None or retry < 0 else retry
+                if retries >= MAX_RETRY_COUNT:
+                    retries = MAX_RETRY_COUNT - 1
+                return tuple.__new__(NewMessage, (topic, make_id() if msg_id is None else msg_id, msg, now_ms,
+                                                  due_ms, keep_ms, retries, 0, tag or "", key or ""))
+    return _checked_message(params, where, topic, now_ms, make_id, defaults, max_msg_bytes)
+
+
+def _checked_message(params: Params, where: str, topic: str, now_ms: int, make_id: Callable[[], str],
+                     defaults: Defaults, max_msg_bytes: int) -> NewMessage:
+    """`_message`, every field through its helper: the statement of the rules."""
+    get = params.get
+    msg_id, trigger, priority, tag, key = get("msgId"), get("triggerTime"), get("priority"), get("tag"), get("key")
     try:
         msg = _msg(get("msg"), max_msg_bytes)
-        msg_id = _name("msgId", get("msgId"), True, False)
+        msg_id = _name("msgId", msg_id, True, False)
         delay_ms = _int("delayMillis", get("delayMillis"))  # validated even when triggerTime wins
-        trigger_ms = _trigger_ms(now_ms, delay_ms, _int("triggerTime", get("triggerTime")))
+        trigger_ms = _trigger_ms(now_ms, delay_ms, _int("triggerTime", trigger))
         ttl_ms = _defaulted(params, "ttlMillis", defaults.ttl_ms, defaults.max_ttl_ms)
         max_retry = _int("maxRetry", get("maxRetry"))
         if max_retry is None or max_retry < 0:
             max_retry = defaults.max_retry
         if max_retry >= MAX_RETRY_COUNT:  # retry counts deliveries: up to max_retry + 1
             max_retry = MAX_RETRY_COUNT - 1
-        priority = _int("priority", get("priority"))
+        priority = _int("priority", priority)
         if priority is None:
             priority = 0
         elif not MIN_PRIORITY <= priority <= MAX_PRIORITY:
             raise InvalidRequest("priority", f"must be in {MIN_PRIORITY}..{MAX_PRIORITY}, got {priority}")
-        tag = _name("tag", get("tag"), False, True) or ""
-        key = _name("key", get("key"), True, False) or ""
+        tag = _name("tag", tag, False, True) or ""
+        key = _name("key", key, True, False) or ""
     except InvalidRequest as e:
         if where:
             raise _within(e, where) from None
