@@ -87,6 +87,15 @@ class Backend(Protocol):
         """A WAITING or READY message gets a new trigger time; else Conflict."""
         ...
 
+    async def retry_at(self, topic: str, msg_id: str, at_ms: int) -> Status | None:
+        """A failed push delivery (broker.pusher): the CONSUMING message
+        leaves flight and waits again until `at_ms`, its trigger time then
+        (a nack with a delay: no in-flight cap is spent on the wait), or is
+        ENDED as a nack would end it (after maxRetry + 1 deliveries, or if
+        `at_ms` is past its expiry). Any other message is left as it is.
+        Its status after it (None: none was in flight)."""
+        ...
+
     async def list_dead(self, topic: str, statuses: frozenset[Status], cursor: str | None,
                         limit: int) -> tuple[list[Message], str | None]:
         """A page of dead letters (5, 6) and the next page's cursor."""

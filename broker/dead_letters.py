@@ -25,7 +25,7 @@ import asyncio
 
 from storage.entry import Location, Message, Status
 from storage.errors import Conflict, InvalidRequest
-from storage.store import Store, text_hash
+from storage.store import StateChange, Store, text_hash
 from wheel.clock import Clock
 
 from .backend import DEAD_SCAN, REDRIVE_STEP
@@ -38,7 +38,7 @@ from .metrics import Metrics
 from .releaser import Releaser
 from .requests import not_found
 from .topics import Topics
-from .transitions import REDRIVE, Effect, MessageState, Refusal, Reschedule, Step, step
+from .transitions import REDRIVE, Effect, MessageState, Refusal, Reschedule, RetryAt, Step, step
 from .windows import ReadyWindows
 
 # Past every hour and span id (storage.spans): "scan to the end".
@@ -86,6 +86,34 @@ class DeadLetters:
         self._metrics.topic(topic).reschedules += 1
         await self._commits.durable()
         return self._releaser.ready_if_due([moved], now_ms)[0]
+
+    async def retry_at(self, topic: str, msg_id: str, at_ms: int) -> Status | None:
+        """A failed push delivery (broker.pusher): the CONSUMING message
+        leaves flight (its in-flight caps and key freed) and waits again,
+        filed anew (a MOVE record, one fsync) at `at_ms`, its trigger time
+        then, as a nack with a delay; ENDED instead, as a nack, after its
+        last delivery or if `at_ms` is past its expiry. A message not
+        consuming (acked, nacked, timed out since) is left as it is. Its
+        status after it (None: no such message in flight)."""
+        self._lifecycle.check_serving()
+        held = self._windows.in_flight(topic, msg_id)
+        if held is None:
+            await self._commits.settled()
+            return None
+        now_ms = self._clock.now_ms()
+        done = step(held.state, RetryAt(max(at_ms, now_ms)), now_ms)
+        if done.state is None or not done.effects:
+            return held.status
+        if done.state.status is Status.ENDED:
+            self._windows.carry_out(held, done)
+            self._journal.append([StateChange(held.location, Status.ENDED, done.state.retry,
+                                              prev_status=Status.CONSUMING, topic_hash=held.topic_hash)], now_ms)
+            await self._commits.durable()
+            return Status.ENDED
+        moved = self.move([(held.location, done)], now_ms)
+        self._metrics.topic(topic).count(done.effects)
+        await self._commits.durable()
+        return self._releaser.ready_if_due(moved, now_ms)[0].status
 
     def move(self, moves: list[tuple[Location, Step]], now_ms: int) -> list[Message]:
         """Journal.move of the message at each place to its step's new

@@ -243,6 +243,11 @@ class Broker:
         """A WAITING or READY message gets a new trigger time; else Conflict."""
         return await self._dead_letters.reschedule(topic, msg_id, trigger_ms)
 
+    async def retry_at(self, topic: str, msg_id: str, at_ms: int) -> Status | None:
+        """A failed push delivery: the CONSUMING message WAITING again until
+        `at_ms` (a nack with a delay), or ENDED as a nack would end it."""
+        return await self._dead_letters.retry_at(topic, msg_id, at_ms)
+
     async def list_dead(self, topic: str, statuses: frozenset[Status], cursor: str | None,
                         limit: int) -> tuple[list[Message], str | None]:
         """A page of dead letters (5, 6) and the next page's cursor; at

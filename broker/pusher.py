@@ -7,13 +7,16 @@ serial order, the same in-flight caps -- through the backend's long poll,
 so a READY arrival wakes it as it wakes a consumer's long poll. Each
 message is POSTed (signed with the subscription's secret); a 2xx acks it
 as ackMsg does (the 2xx answers of a moment acked together, as one
-batch ack: `ack_many`); anything else is a failed delivery: the message stays
-CONSUMING (its key blocked, as a consumer that has not answered yet) for
-the backoff (broker.push_rules.backoff_ms), then is nacked, which makes it
-READY again (retry counted) or ENDED (status 6) after maxRetry or its ttl.
-The pull's ack timeout covers the delivery and the longest backoff, so a
-node killed mid-delivery or mid-backoff redelivers it at the deadline: at
-least once, never lost.
+batch ack: `ack_many`); anything else is a failed delivery: the message
+goes back to waiting for its retry time, the backoff (broker.push_rules
+.backoff_ms) from now, as a nack with a delay would (`Backend.retry_at`:
+WAITING, filed at that time with its retry, one durable record; or ENDED,
+status 6, after maxRetry + 1 deliveries or past its ttl). So a backoff
+holds no in-flight capacity (--max-inflight, --max-inflight-total) and no
+key: only the POSTs in flight are CONSUMING, at most `concurrency`. The
+pull's ack timeout covers the POST, so a node killed mid-delivery
+redelivers it at the deadline, and one killed mid-backoff at its retry
+time: at least once, never lost, never before its trigger time.
 
     Pushers        the node's subscriptions (kept in `SubscriptionFile`),
                    one TopicPusher each while the node serves
@@ -41,7 +44,7 @@ from typing import Protocol
 
 import orjson
 
-from storage.entry import Message
+from storage.entry import Message, Status
 from storage.errors import HourglassError, LimitReached, Unavailable
 from storage.fileutil import atomic_write
 from wheel.clock import Clock, Timer
@@ -49,10 +52,9 @@ from wheel.clock import Clock, Timer
 from .backend import Backend
 from .descriptors import DescriptorBudget
 from .metrics import escape_label, topic_label
-from .params import AckRequest, LongPollRequest
+from .params import LongPollRequest
 from .push_client import PostFailed, PushClient, PushDescriptors
 from .push_rules import (
-    BACKOFF_CAP_MS,
     DEFAULT_MAX_SUBSCRIPTIONS,
     LogGate,
     PushAllow,
@@ -70,6 +72,9 @@ log = logging.getLogger("hourglass.push")
 POLL_MS = 1000
 # Most messages one batch ack of the delivered ones names.
 ACK_BATCH = 1000
+# A pull's ack timeout past the POST's timeoutMillis: time for the outcome's
+# record (an ack, or the retry time) before the message is redelivered.
+ACK_MARGIN_MS = 60_000
 # Upper bounds of the trigger -> 2xx latency histogram, in ms.
 LATENCY_BUCKETS_MS = (5, 10, 25, 50, 100, 250, 500, 1000, 5000, 30_000, 300_000)
 
@@ -160,14 +165,14 @@ class TopicPusher:
         self._slot_free = asyncio.Event()
         self._slot_free.set()
         self._deliveries: set[asyncio.Task[None]] = set()
-        self._backoffs: dict[str, tuple[Message, Timer]] = {}
+        self._backoffs: dict[str, Timer] = {}  # msgId -> its retry time (WAITING in the backend meanwhile)
         self._delivered: list[str] = []  # answered 2xx, not acked yet (the acker's)
         self._to_ack = asyncio.Event()
         self._stopped = False
-        # The pull's ack timeout: the POST and the longest backoff after it,
-        # within the node's --max-ack-timeout-ms (the backoff shrinks to fit).
-        self.ack_timeout_ms = min(s.timeout_ms + BACKOFF_CAP_MS + 30_000, backend.defaults.max_ack_timeout_ms)
-        self._max_backoff_ms = max(0, self.ack_timeout_ms - s.timeout_ms - 5_000)
+        # The pull's ack timeout: the POST, and a margin for its outcome's
+        # record, within the node's --max-ack-timeout-ms (a backoff waits
+        # out of flight: `_retry_later`).
+        self.ack_timeout_ms = min(s.timeout_ms + ACK_MARGIN_MS, backend.defaults.max_ack_timeout_ms)
         self._client: PushClient | None = None
         self._task: asyncio.Task[None] | None = None
         self._acker: asyncio.Task[None] | None = None
@@ -188,17 +193,17 @@ class TopicPusher:
 
     async def stop(self, nack_backoffs: bool = False) -> None:
         """Stop taking and delivering: a delivery in flight stays CONSUMING
-        and is delivered again at its ack deadline; so is one backing off,
-        unless `nack_backoffs` (the subscription changes, the node goes
-        on): then it is nacked now."""
+        and is delivered again at its ack deadline; one backing off waits
+        in the backend for its retry time, unless `nack_backoffs` (the
+        subscription changes, the node goes on): then it is due now."""
         self._stopped = True
-        backing_off = [message for message, _ in self._backoffs.values()]
-        for _, timer in self._backoffs.values():
+        backing_off = list(self._backoffs)
+        for timer in self._backoffs.values():
             timer.cancel()
         self._backoffs.clear()
         self.stats.backing_off = 0
         if nack_backoffs:
-            await asyncio.gather(*(self._settle(message, False) for message in backing_off))
+            await asyncio.gather(*(self._due_now(msg_id) for msg_id in backing_off))
         tasks = [t for t in (self._task, *self._deliveries) if t is not None]
         for task in tasks:
             task.cancel()
@@ -250,10 +255,7 @@ class TopicPusher:
             reason, detail = failure
             self.stats.failed(reason, detail, now_ms)
             self._log_failure(message, detail, now_ms)
-            wait_ms = min(backoff_ms(message.retry, after_ms, self._jitter()), self._max_backoff_ms)
-            self.stats.backing_off += 1
-            self._backoffs[message.msg_id] = (message, self._clock.call_later(
-                wait_ms / 1000, functools.partial(self._backoff_over, message)))
+            await self._retry_later(message, backoff_ms(message.retry, after_ms, self._jitter()))
         finally:
             self.stats.in_flight -= 1
             self._slot_free.set()
@@ -265,13 +267,36 @@ class TopicPusher:
             log.info("push %s: delivery of %s failed (%s)%s", message.topic, message.msg_id, detail,
                      f"; {suppressed} more failed deliveries since the last line" if suppressed else "")
 
-    def _backoff_over(self, message: Message) -> None:
-        self._backoffs.pop(message.msg_id, None)
-        self.stats.backing_off -= 1
-        if not self._stopped:
-            task = asyncio.create_task(self._settle(message, False))
-            self._deliveries.add(task)
-            task.add_done_callback(self._deliveries.discard)
+    async def _retry_later(self, message: Message, wait_ms: int) -> None:
+        """A failed delivery: the message waits in the backend until its
+        retry time (`Backend.retry_at`, durable once it returns), out of
+        flight; or ends there, as a nack would, after its last delivery."""
+        try:
+            status = await self._backend.retry_at(message.topic, message.msg_id, self._clock.now_ms() + wait_ms)
+        except HourglassError as e:  # stopping: redelivered at its ack deadline
+            log.info("push %s: could not file %s for its retry: %s", message.topic, message.msg_id, e)
+            return
+        if status is Status.WAITING:  # counted as backing off until its retry time
+            old = self._backoffs.pop(message.msg_id, None)
+            if old is not None:
+                old.cancel()
+                self.stats.backing_off -= 1
+            self.stats.backing_off += 1
+            self._backoffs[message.msg_id] = self._clock.call_later(
+                wait_ms / 1000, functools.partial(self._backoff_over, message.msg_id))
+
+    def _backoff_over(self, msg_id: str) -> None:
+        if self._backoffs.pop(msg_id, None) is not None:
+            self.stats.backing_off -= 1
+
+    async def _due_now(self, msg_id: str) -> None:
+        """A message backing off, due now (rescheduleMsg to now), as it was
+        nacked before: a changed or removed subscription leaves none waiting."""
+        topic = self.subscription.topic
+        try:
+            await self._backend.reschedule(topic, msg_id, self._clock.now_ms())
+        except HourglassError as e:  # pulled, acked or deleted since; or stopping (due at its retry time)
+            log.debug("push %s: %s not made due now: %s", topic, msg_id, e)
 
     async def _ack_delivered(self) -> None:
         """Ack the messages answered 2xx, those of a moment in one batch ack
@@ -288,13 +313,6 @@ class TopicPusher:
                     log.info("push %s: could not ack %d delivered messages: %s", topic, len(ids), e)
             if self._stopped:
                 return
-
-    async def _settle(self, message: Message, ack: bool) -> None:
-        """Nack (the backoff is over) or ack as ackMsg does."""
-        try:
-            await self._backend.ack(AckRequest(message.topic, message.msg_id, ack))
-        except HourglassError as e:  # stopping: redelivered at its ack deadline
-            log.info("push %s: could not %s %s: %s", message.topic, "ack" if ack else "nack", message.msg_id, e)
 
     async def _post(self, message: Message) -> tuple[tuple[str, str] | None, int | None]:
         """POST one message: None (a 2xx), or (reason, detail) of the failure,

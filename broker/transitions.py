@@ -35,6 +35,8 @@ expire = triggerTime + ttlMillis; final = ACKED, EXPIRED, ENDED, DELETED):
     redrive      NotFound      Conflict        Conflict         Conflict           5, 6: WAITING now,
                                                                                    retry 0 [8]; 4, 7: Conflict
     give back    -             -               -                READY, retry-1     -
+    retry at     -             -               -                WAITING at that    -
+                                                                time [9], ENDED [3]
 
     [1] FILE: into the wheel; DUE_NOW too if its trigger time has come (it
         is made READY, or EXPIRED, once its record is durable).
@@ -52,6 +54,11 @@ expire = triggerTime + ttlMillis; final = ACKED, EXPIRED, ENDED, DELETED):
         with its retry; READY at once (DUE_NOW) if the new time has come.
     [8] filed anew at now (MOVE, FILE, DUE_NOW) with a fresh retry budget
         and ttl, so READY at once.
+    [9] a failed push delivery (broker.pusher): a nack with a delay. Out
+        of flight (its key freed), filed anew (MOVE, FILE) at the retry
+        time, its trigger time then (its ttl counting from it, as a
+        reschedule's), with its retry; ENDED instead, as a nack, after
+        maxRetry + 1 deliveries or if the retry time is past its expiry.
 """
 
 from __future__ import annotations
@@ -215,11 +222,18 @@ class Redrive:
 
 
 @dataclass(frozen=True, slots=True)
+class RetryAt:
+    """A failed push delivery: WAITING again until `at_ms` (a nack with a delay)."""
+
+    at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
 class GiveBack:
     """Pulled for a long poll whose client hung up: READY as if never pulled."""
 
 
-Event = Send | Release | Pull | Ack | Nack | AckTimeout | Ttl | Delete | Reschedule | Redrive | GiveBack
+Event = Send | Release | Pull | Ack | Nack | AckTimeout | Ttl | Delete | Reschedule | Redrive | GiveBack | RetryAt
 
 RELEASE, ACK, NACK, TTL, REDRIVE, GIVE_BACK = Release(), Ack(), Nack(), Ttl(), Redrive(), GiveBack()
 
@@ -318,6 +332,14 @@ def _step(state: MessageState | None, event: Event, now_ms: int) -> Step:
         if status is not EXPIRED and status is not ENDED:
             return Step(state, (), Refusal.NOT_DEAD)
         return Step(MessageState(WAITING, 0, state.max_retry, now_ms, state.ttl_ms), (E.MOVE, *_FILED_DUE))
+    if isinstance(event, RetryAt):
+        if status is not CONSUMING:
+            return Step(state)  # (acked, timed out or nacked since)
+        if state.retry > state.max_retry or expired(state.trigger_ms, state.ttl_ms, max(now_ms, event.at_ms)):
+            return Step(_to(state, ENDED), _NACK_ENDED)
+        later = MessageState(WAITING, state.retry, state.max_retry, event.at_ms, state.ttl_ms)
+        return Step(later, (E.FORGET, E.MOVE, *(_FILED_DUE if due(event.at_ms, now_ms) else _FILED),
+                            E.COUNT_NACK, E.COUNT_RETRY))
     # GiveBack
     if status is not CONSUMING:
         return Step(state)

@@ -224,6 +224,33 @@ class RedisRequests:
         else:
             m.ended += 1
 
+    async def retry_at(self, topic: str, msg_id: str, at_ms: int) -> Status | None:
+        """As the disk broker's: a failed push delivery's CONSUMING message
+        leaves flight and waits (WAITING) until `at_ms`, its trigger time
+        then (expire and rank as rescheduleMsg computes them), or ENDED as a
+        nack would end it; anything else changes nothing. One script."""
+        self.lifecycle.check_serving()
+        found = await self._script("get", topic, [msg_id])
+        if not found:
+            return None
+        old = _message(topic, msg_id, *found)
+        now_ms = self.clock.now_ms()
+        at_ms = max(at_ms, now_ms)
+        result = await self._script("retry_at", topic, [
+            msg_id, str(at_ms), str(at_ms + old.ttl_ms), ready_member(old.priority, at_ms, msg_id),
+            str(now_ms + self.config.retention_ms)])
+        if result in ("NF", "NOOP"):
+            return None
+        m = self.metrics.topic(topic)
+        m.nacks += 1
+        if result == "ENDED":
+            m.ended += 1
+            return Status.ENDED
+        m.retries += 1
+        if at_ms < self._next_due_ms:
+            self._mover_wake.set()
+        return Status.WAITING
+
     async def ack_many(self, topic: str, msg_ids: Sequence[str], ack: bool = True) -> list[Status | None]:
         """`ack` of each id in turn (a script each, then a read of its
         status); the status of each after it (None: no such message)."""

@@ -163,3 +163,21 @@ def test_a_redirect_is_not_followed(serve, subscriber, topic):
     else:
         raise AssertionError("no redirect failure recorded")
     assert all(g["path"] == "/hook" for g in sub.received())
+
+
+def test_a_failed_delivery_waits_for_its_retry_out_of_flight(serve, subscriber, topic):
+    """A failed delivery goes back to waiting (status 1) for its retry time,
+    as a nack with a delay: nothing of it in flight meanwhile; delivered
+    again, and acked, once the subscriber answers 2xx."""
+    api = serve("--push-allow", "127.0.0.1")
+    sub = subscriber("fail")
+    assert api.post("subscribe", topic=topic, url=sub.url)[0] == 200
+    sent = api.send(topic, msg="x", maxRetry=10)
+    sub.wait_received(1)
+    waiting = api.wait_status(topic, sent["msgId"], {1}, timeout_s=10)
+    assert waiting["status"] == 1 and waiting["retry"] >= 1 and waiting["triggerTime"] > sent["triggerTime"]
+    health = api.get("getSubscription", topic=topic)[1]["data"]["health"]
+    assert health["inFlight"] == 0 and health["failures"]["status"] >= 1
+    sub.mode("ok")
+    assert api.wait_status(topic, sent["msgId"], {ACKED}, timeout_s=15)["status"] == ACKED
+    assert len(sub.received()) >= 2

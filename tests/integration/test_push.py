@@ -1,6 +1,6 @@
 """Push delivery end to end on the disk backend, with a real subscriber
-process (bench/push_subscriber.py): per-key serial order across a failed
-delivery, and a node killed with SIGKILL while a delivery is in flight
+process (bench/push_subscriber.py): a failed delivery of a keyed message
+waiting for its retry time out of flight, and a node killed with SIGKILL while a delivery is in flight
 (delivered again after the restart: at least once, never lost)."""
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def status(server: Server, topic: str, msg_id: str) -> int:
     return server.post("getMsg", topic=topic, msgId=msg_id)[1]["delayMsg"]["status"]
 
 
-def test_a_key_waits_for_its_previous_delivery_outcome(tmp_path):
+def test_a_failed_delivery_of_a_key_waits_out_of_flight_and_frees_the_key(tmp_path):
     server = Server.start(tmp_path / "data", "--push-allow", "127.0.0.1", log_path=tmp_path / "serve.log")
     sub = Subscriber(str(tmp_path), "fail")
     try:
@@ -40,13 +40,13 @@ def test_a_key_waits_for_its_previous_delivery_outcome(tmp_path):
         assert server.post("unsubscribe", topic="other")[0] == 200
         first = server.post("sendMsg", topic="k", msg="1", key="order-1", msgId="a")[1]["delayMsg"]
         server.post("sendMsg", topic="k", msg="2", key="order-1", msgId="b", triggerTime=first["triggerTime"] + 1)
-        wait_for(lambda: len(sub.received()) >= 2, 20, "retry of the first")  # a fails, backs off, fails again
-        assert {r["headers"]["Hourglass-Msg-Id"] for r in sub.received()} == {"a"}  # b waits behind it
+        wait_for(lambda: len(sub.received()) >= 2, 20, "two deliveries")
+        ids = [r["headers"]["Hourglass-Msg-Id"] for r in sub.received()]
+        assert ids[:2] == ["a", "b"]  # a failed: it waits for its retry time as a nack with a delay, the key free
+        wait_for(lambda: status(server, "k", "a") == 1, 10, "a waiting")  # not CONSUMING: no in-flight capacity held
         sub.mode("ok")
         wait_for(lambda: status(server, "k", "b") == ACKED, 30, "ack of b")
-        ids = [r["headers"]["Hourglass-Msg-Id"] for r in sub.received()]
-        assert ids[-1] == "b" and ids.count("b") == 1 and "b" not in ids[:-1]
-        assert status(server, "k", "a") == ACKED
+        wait_for(lambda: status(server, "k", "a") == ACKED, 30, "ack of a")
         _, console = server.get("/console/api/subscriptions")
         shown, = console["subscriptions"]
         assert (shown["topic"], shown["url"], shown["signed"]) == ("k", sub.url, False)

@@ -8,14 +8,18 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import time
 import urllib.parse
 
 import pytest
+from push import Subscriber
 from serving import PREFIX, Server, request
 
 from broker.client import DelayQueueClient, DelayQueueError
 
 pytestmark = pytest.mark.slow
+
+ACKED = 4
 
 
 def raw_post(server: Server, endpoint: str, **params: object) -> tuple[int, dict]:
@@ -98,3 +102,59 @@ def test_push_series_obey_metrics_topics(tmp_path):
         assert "hourglass_node_push_deliveries_total 0" in text
     finally:
         server.kill()
+
+
+def wait_for(check, limit_s: float, what: str):
+    deadline = time.monotonic() + limit_s
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no {what} within {limit_s} s")
+        time.sleep(0.05)
+
+
+def test_failing_subscribers_hold_no_inflight_capacity(tmp_path):
+    """Two topics' subscribers answer errors; a consumer of a third topic
+    still gets its messages under --max-inflight-total (today's finding: the
+    backoffs stayed CONSUMING, filled the cap, and the third got nothing)."""
+    server = Server.start(tmp_path / "data", "--push-allow", "127.0.0.1", "--max-inflight", "4",
+                          "--max-inflight-total", "8", log_path=tmp_path / "serve.log")
+    subs = [Subscriber(str(tmp_path), "fail") for _ in range(2)]
+    try:
+        sent: dict[str, list[str]] = {}
+        for topic, sub in zip(("a", "b"), subs):
+            assert server.post("subscribe", topic=topic, url=sub.url)[0] == 200
+            sent[topic] = [server.post("sendMsg", topic=topic, msg=str(i), maxRetry=30)[1]["delayMsg"]["msgId"]
+                           for i in range(10)]
+        for sub in subs:  # --max-inflight's worth failed at least once: the backoffs have begun
+            wait_for(lambda sub=sub: len({r["headers"]["Hourglass-Msg-Id"] for r in sub.received()}) >= 4, 20,
+                     "a first delivery of four messages")
+        ids = {server.post("sendMsg", topic="c", msg=str(i))[1]["delayMsg"]["msgId"] for i in range(6)}
+        got: set[str] = set()
+
+        def pulled() -> bool:
+            _, answer = server.post("pullMsg", topic="c", batch=6)
+            for m in answer.get("delayMsgList") or []:
+                got.add(m["msgId"])
+                assert server.post("ackMsg", topic="c", msgId=m["msgId"])[0] == 200
+            return got == ids
+        wait_for(pulled, 5, "pull of the third topic's messages")
+        health = server.get("getSubscription", topic="a")[1]["data"]["health"]
+        assert health["failures"]["status"] >= 10 and health["inFlight"] <= 4
+        statuses = {status(server, "a", msg_id) for msg_id in sent["a"]}
+        assert statuses <= {1, 2, 3} and 1 in statuses  # waiting for their retry time, not consuming
+        for sub in subs:
+            sub.mode("ok")
+        for topic, msg_ids in sent.items():  # at least once: each is delivered once the subscriber answers
+            for msg_id in msg_ids:
+                wait_for(lambda t=topic, m=msg_id: status(server, t, m) == ACKED, 60, f"ack of {msg_id}")
+    finally:
+        for sub in subs:
+            sub.stop()
+        server.kill()
+
+
+def status(server: Server, topic: str, msg_id: str) -> int:
+    return server.post("getMsg", topic=topic, msgId=msg_id)[1]["delayMsg"]["status"]

@@ -17,7 +17,7 @@ from broker.params import AckRequest, Defaults, LongPollRequest
 from broker.push_rules import PushAllow, Subscription, backoff_ms, parse_subscribe, retry_after_ms, signature
 from broker.pusher import PushStats, TopicPusher
 from storage.entry import Location, Message, Status
-from storage.errors import ConfigError, Forbidden, InvalidRequest
+from storage.errors import ConfigError, Forbidden, InvalidRequest, NotFound
 
 
 def test_push_allow_entries():
@@ -67,7 +67,8 @@ def test_backoff_doubles_from_one_second_up_to_the_cap_jittered_down_to_half():
 
 class FakeBackend:
     """Just what a TopicPusher calls: long_poll takes READY messages (retry+1,
-    as a pull does), ack removes, nack puts back (or ends after maxRetry)."""
+    as a pull does), ack removes, retry_at puts back at the retry time (or
+    ends after maxRetry), reschedule is recorded."""
 
     def __init__(self, clock: FakeClock) -> None:
         self.clock = clock
@@ -76,6 +77,8 @@ class FakeBackend:
         self.acks: list[tuple[str, bool, int]] = []
         self.batch_acks: list[int] = []  # the size of each ack_many
         self.ended: list[str] = []
+        self.retried: list[tuple[str, int, int]] = []  # (msgId, retry time, when asked)
+        self.rescheduled: list[tuple[str, int]] = []  # (msgId, trigger time)
         self.requeue = False  # a nack puts the message back READY
         self._taken: dict[str, Message] = {}
         self._arrived = asyncio.Event()
@@ -103,6 +106,26 @@ class FakeBackend:
         if not request.ack and self.requeue:
             self.ready.append(m._replace(retry=m.retry + 1))
             self._arrived.set()
+
+    async def retry_at(self, topic: str, msg_id: str, at_ms: int) -> Status | None:
+        m = self._taken.pop(msg_id, None)
+        if m is None:
+            return None
+        self.retried.append((msg_id, at_ms, self.clock.now_ms()))
+        if m.retry + 1 > m.max_retry:
+            self.ended.append(msg_id)
+            return Status.ENDED
+
+        def due() -> None:
+            if self.requeue:
+                self.ready.append(m._replace(retry=m.retry + 1))
+                self._arrived.set()
+        self.clock.call_later((at_ms - self.clock.now_ms()) / 1000, due)
+        return Status.WAITING
+
+    async def reschedule(self, topic: str, msg_id: str, trigger_ms: int) -> Message:
+        self.rescheduled.append((msg_id, trigger_ms))
+        raise NotFound("not kept by this fake")
 
     async def ack_many(self, topic: str, msg_ids: list[str], ack: bool = True) -> list[Status | None]:
         self.batch_acks.append(len(msg_ids))
@@ -146,7 +169,7 @@ def run(test):
     asyncio.run(test())
 
 
-def test_failed_deliveries_wait_the_backoff_then_are_nacked():
+def test_failed_deliveries_wait_their_retry_time_out_of_flight():
     async def test() -> None:
         clock = FakeClock(1_000_000)
         backend = FakeBackend(clock)
@@ -154,13 +177,17 @@ def test_failed_deliveries_wait_the_backoff_then_are_nacked():
         backend.add("a")
         backend.requeue = True
         pusher.start()
+        await clock.run_until(1_000_500)
+        # a failed delivery is filed for its retry at once (a nack with a delay): nothing in flight meanwhile
+        assert backend.retried == [("a", 1_001_000, 1_000_000)]
+        assert (pusher.stats.in_flight, pusher.stats.backing_off) == (0, 1)
         await clock.run_until(1_010_000)
         await pusher.stop()
-        # delivery 1 at once, fails: nacked 1 s later; delivery 2 fails: 2 s later; delivery 3 acked
-        assert backend.acks[0] == ("a", False, 1_001_000)
-        assert backend.acks[1][1] is False and backend.acks[1][2] - backend.acks[0][2] == 2000
-        assert backend.acks[2][:2] == ("a", True)
+        # delivery 1 at once, fails: due again 1 s later; delivery 2 fails: 2 s later; delivery 3 acked
+        assert backend.retried == [("a", 1_001_000, 1_000_000), ("a", 1_003_000, 1_001_000)]
+        assert backend.acks == [("a", True, 1_003_000)]
         assert pusher.posts == [("a", 1_000_000, 1), ("a", 1_001_000, 2), ("a", 1_003_000, 3)]
+        assert pusher.stats.backing_off == 0
         assert pusher.stats.failures == {"status": 2} and pusher.stats.deliveries == 1
     run(test)
 
@@ -174,7 +201,7 @@ def test_retry_after_sets_the_wait():
         pusher.start()
         await clock.run_until(20_000)
         await pusher.stop()
-        assert backend.acks[0] == ("a", False, 7000)
+        assert backend.retried[0] == ("a", 7000, 0)
     run(test)
 
 
@@ -215,9 +242,9 @@ def test_rate_limit_bounds_deliveries_per_second():
     run(test)
 
 
-def test_a_changed_subscription_nacks_what_backs_off_and_a_stopping_node_does_not():
+def test_a_changed_subscription_makes_what_backs_off_due_now_and_a_stopping_node_does_not():
     async def test() -> None:
-        for nack_backoffs, expected in ((True, [("a", False, 100)]), (False, [])):
+        for nack_backoffs, expected in ((True, [("a", 100)]), (False, [])):
             clock = FakeClock(0)
             backend = FakeBackend(clock)
             pusher = Scripted(backend, Subscription("t", "http://h/x"), outcomes=[7000])
@@ -227,7 +254,7 @@ def test_a_changed_subscription_nacks_what_backs_off_and_a_stopping_node_does_no
             assert pusher.stats.backing_off == 1
             await pusher.stop(nack_backoffs=nack_backoffs)
             await clock.run_until(20_000)
-            assert backend.acks == expected  # else CONSUMING until its ack deadline: delivered again then
+            assert backend.rescheduled == expected  # else WAITING until its retry time: delivered again then
     run(test)
 
 
