@@ -84,7 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
                             f"{push.idle_timeout_ms})")
     serve.add_argument("--push-max-fds", type=int, default=push.max_fds,
                        help=f"file descriptors all push connections hold at once, at most half of what "
-                            f"RLIMIT_NOFILE leaves after --reserved-fds, shared equally by the subscriptions; "
+                            f"RLIMIT_NOFILE leaves after --reserved-fds and storage's files, shared equally by the "
+                            f"subscriptions; "
                             f"client connections never take them (default {push.max_fds})")
     serve.add_argument("--allow-readable-token", action="store_true",
                        help="accept an --auth-token-file that group or others may read, with a warning")

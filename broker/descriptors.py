@@ -17,17 +17,18 @@ EMFILE, whatever clients do.
 Push connections (broker.pusher's, to subscribers) are in the same
 budget: while the node has push subscriptions, a pool of
 
-    push pool = min(--push-max-fds, (RLIMIT_NOFILE - reserved) // 2)
+    push pool = min(--push-max-fds, (RLIMIT_NOFILE - reserved - others) // 2)
 
-descriptors is set aside for them, and the client ceiling above is lowered
-by it (their own descriptors are not counted among `others`). Push
-connections never hold more than the pool, each subscription no more than
-its share (the pool over the subscriptions running, at least one); a
+descriptors (at least one) is set aside for them, and the client ceiling
+above is lowered by it (their own descriptors are not counted among
+`others`): what storage leaves is halved between clients and pushes.
+Push connections never hold more than the pool, each subscription no more
+than its share (the pool over the subscriptions running, at least one); a
 delivery that finds none free waits (`broker.push_client.PushDescriptors`),
 never a client or storage. Worked example: a limit of 400, 128 reserved,
-30 others: the pool is 136, three subscriptions get 45 each, and clients
-keep 400 - 128 - 30 - 136 = 106 connections however the subscribers
-behave.
+145 others (a store's index files): the pool is 63, three subscriptions
+get 21 each, and clients keep 400 - 128 - 145 - 63 = 64 connections
+however the subscribers behave.
 
 Counting open descriptors lists /proc/self/fd (Linux) or /dev/fd (macOS,
 BSD), about a microsecond a descriptor, so the server recounts once a
@@ -101,7 +102,7 @@ class DescriptorBudget:
             return 0
         if self.limit is None:
             return self.push_max
-        return max(1, min(self.push_max, (self.limit - self.reserved) // 2))
+        return max(1, min(self.push_max, (self.limit - self.reserved - self.others) // 2))
 
     def ceiling(self) -> int | None:
         if self.limit is None or not self.measured:

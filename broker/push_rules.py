@@ -110,8 +110,9 @@ class PushLimits:
     # meanwhile closes it at once.
     idle_timeout_ms: int = 30_000
     # Descriptors all push connections hold at once (--push-max-fds), at
-    # most half of what RLIMIT_NOFILE leaves after --reserved-fds; each
-    # subscription gets an equal share (broker.descriptors).
+    # most half of what RLIMIT_NOFILE leaves after --reserved-fds and the
+    # descriptors storage holds; each subscription gets an equal share
+    # (broker.descriptors).
     max_fds: int = 256
 
     def __post_init__(self) -> None:
