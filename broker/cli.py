@@ -51,6 +51,11 @@ def build_parser() -> argparse.ArgumentParser:
                        help="start, with a warning, on a --data-dir that group or others have any permission on "
                             "(refused otherwise: chmod -R go-rwx it)")
     serve.add_argument("--backend", default="disk", help="disk (default) or redis://HOST:PORT/DB")
+    redis_bulk_batch = ServeConfig().redis_bulk_batch
+    serve.add_argument("--redis-bulk-batch", type=int, default=redis_bulk_batch,
+                       help=f"on --backend redis://: most messages one Redis script of a deleteMsgs or "
+                            f"rescheduleMsgs changes; a call runs as several, whole all the same (default "
+                            f"{redis_bulk_batch}: a few ms of Redis each)")
     serve.add_argument("--fsync", default="batch", help="always | batch (default: group commit) | never")
     serve.add_argument("--max-msg-bytes", type=int, default=1024 * 1024,
                        help="largest msg in UTF-8 bytes (default 1 MiB)")
@@ -246,6 +251,7 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
                                              max_sessions=args.max_console_sessions,
                                              cookie_secure=args.console_cookie_secure),
                        metrics_topics=args.metrics_topics, cluster=cluster,
+                       redis_bulk_batch=args.redis_bulk_batch,
                        push_allow=tuple(h.strip() for h in args.push_allow.split(",") if h.strip()),
                        max_subscriptions=args.max_subscriptions,
                        push=PushLimits(max_head_bytes=args.push_max_head_bytes, max_headers=args.push_max_headers,

@@ -15,6 +15,7 @@ from .httpd import Limits
 from .params import Defaults
 from .push_rules import DEFAULT_MAX_SUBSCRIPTIONS, PushAllow, PushLimits
 from .ready import QueueLimits
+from .redis.keys import RedisConfig
 
 # The shortest client token accepted: a short one is guessed.
 MIN_TOKEN_CHARS = 16
@@ -34,6 +35,10 @@ class ServeConfig:
     # "disk", or redis://HOST:PORT/DB: the state lives in that Redis
     # (broker.redis.backend), data_dir and store are then unused.
     backend: str = "disk"
+    # On the Redis backend: most messages one script of a bulk call changes
+    # (Redis answers nobody while a script runs; docs/redis.md, "Bulk calls
+    # in bounded steps").
+    redis_bulk_batch: int = RedisConfig().bulk_batch
     # Largest `msg`, in UTF-8 bytes; a message exactly this large is accepted.
     max_msg_bytes: int = 1024 * 1024
     # Bearer token required by every endpoint but /health (None: no auth,
@@ -86,6 +91,8 @@ class ServeConfig:
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"--port must be in 0..65535, got {self.port}")
+        if self.redis_bulk_batch < 1:
+            raise ConfigError(f"--redis-bulk-batch must be at least 1, got {self.redis_bulk_batch}")
         if self.max_msg_bytes < 1:
             raise ConfigError(f"--max-msg-bytes must be at least 1, got {self.max_msg_bytes}")
         if self.backend != "disk" and not self.backend.startswith(("redis://", "rediss://")):

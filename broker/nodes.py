@@ -113,10 +113,12 @@ class RedisNode(NodeBase):
 
     def __init__(self, config: ServeConfig) -> None:
         from .redis.backend import RedisBroker  # the redis extra is optional
+        from .redis.keys import RedisConfig
 
         clock = SystemClock()
         metrics = Metrics()
         self.broker: RedisBroker = RedisBroker.from_url(config.backend, clock, config.defaults, metrics,
+                                                        RedisConfig(bulk_batch=config.redis_bulk_batch),
                                                         max_topics=config.queues.topics)
         self.broker.on_fatal = lambda error: self.stop_asked.set()
         super().__init__(config, clock, metrics, self.broker, None)
