@@ -24,6 +24,7 @@ pytest.importorskip("redis", reason="the redis extra is not installed (pip insta
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import ResponseError
 
+from broker.bulk_params import BulkFilter, DeleteMsgsRequest, RescheduleMsgsRequest
 from broker.clock import SystemClock
 from broker.metrics import Metrics
 from broker.params import AckRequest, Defaults, DeleteRequest, LongPollRequest, PullRequest
@@ -197,3 +198,31 @@ def test_serve_over_the_cluster(cluster_url, cluster_ports, tmp_path):
             assert server.get("getTopicInfo", topic=topic)[1]["data"]["ackQueueSize"] == 0
     finally:
         assert server.stop() == 0
+
+
+def test_bulk_calls_in_steps_across_masters_touch_only_declared_keys(cluster_url, cluster_ports, monkeypatch):
+    """deleteMsgs and rescheduleMsgs staged, committed and applied in steps
+    (broker.redis.bulk) on topics of every master, every script checked for
+    undeclared keys (the staging list is the commit's KEYS[12]), the
+    reads (scan.lua) by tag and by HSCAN too."""
+    monkeypatch.setattr(redis_backend, "SCRIPTS", {n: declared_only(s) for n, s in redis_backend.SCRIPTS.items()})
+    topics = topics_on_every_master(cluster_url, len(cluster_ports), per_master=1)
+
+    async def bulk(b: RedisBroker, topic: str) -> None:
+        await b.send([new(topic, f"m{i:02d}", delay_ms=60_000 + i, tag="red" if i % 2 else "") for i in range(20)])
+        moved, more = await b.reschedule_msgs(RescheduleMsgsRequest(topic, BulkFilter(tag="red"), 100, -120_000, None))
+        assert (moved, more) == (10, False)
+        assert (await b.get(topic, "m01")).status is Status.READY
+        assert (await b.delete_msgs(DeleteMsgsRequest(topic, BulkFilter(msg_id_prefix="m0"), 100))) == (10, False)
+        assert (await b.delete_msgs(DeleteMsgsRequest(topic, BulkFilter(), 100))) == (10, False)
+        assert await b.count_msgs(topic, BulkFilter(statuses=frozenset({Status.DELETED}))) == 20
+
+    async def main():
+        b = RedisBroker.from_url(cluster_url, SystemClock(), Defaults(), Metrics(),
+                                 RedisConfig(key_prefix="bulk", bulk_batch=3))
+        await b.start()
+        try:
+            await asyncio.gather(*(bulk(b, topic) for topic in topics))
+        finally:
+            await b.stop()
+    asyncio.run(main())
