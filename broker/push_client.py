@@ -34,12 +34,13 @@ client did for the pushers, at a fraction of the CPU (docs/dependencies.md,
   answer to no request);
 - a failure is `PostFailed(reason, detail)`, reason one of "connect",
   "timeout", "tls", "not allowed", "protocol", "head too large",
-  "too many headers", "head timeout", "body timeout".
+  "too many headers", "head timeout", "body timeout", "no connection".
 
 Each connection holds a descriptor of the node's budget
 (`PushDescriptors`, broker.descriptors): a POST that finds no descriptor
-free for its subscription waits for one before its `timeout_s` starts; the
-API's clients and storage keep theirs.
+free for its subscription waits for one, within its `timeout_s` (then a
+failure, reason "no connection"); the API's clients and storage keep
+theirs.
 
 Header values are sent as UTF-8 with control characters (a msgId may hold
 a line feed) percent-encoded, so no value can end the head early.
@@ -362,10 +363,14 @@ class PushClient:
         request = b"".join((self._head, b"Content-Length: ", str(len(body)).encode(), b"\r\n",
                             *(b"%s: %s\r\n" % (name.encode(), header_value(value)) for name, value in headers),
                             b"\r\n", body))
-        got: _Connection | _Hold | None = await self._acquire()  # a wait for a descriptor is not the POST's time
+        got: _Connection | _Hold | None = None
+        waited = False  # the timeout came while waiting for a connection
         try:
             async with asyncio.timeout(self._timeout_s):
                 while True:
+                    waited = True
+                    got = await self._acquire()
+                    waited = False
                     if isinstance(got, _Connection):  # a kept one the subscriber closed meanwhile fails before any answer
                         connection, got = got, None
                         try:
@@ -373,12 +378,13 @@ class PushClient:
                         except ConnectionError:
                             if connection.received:
                                 raise
-                        got = await self._acquire()
                         continue
-                    assert got is not None
                     hold, got = got, None
                     return await self._exchange(await self._connect(hold), request)
         except TimeoutError:
+            if waited:
+                raise PostFailed("no connection", f"no connection free within {round(self._timeout_s * 1000)} ms "
+                                                  f"(this subscription's share of --push-max-fds is in use)") from None
             raise PostFailed("timeout", f"no answer within {round(self._timeout_s * 1000)} ms") from None
         except ssl.SSLError as e:
             raise PostFailed("tls", f"TLS: {e}") from None

@@ -26,8 +26,10 @@ time: at least once, never lost, never before its trigger time.
                    subscriber holds without touching another topic's: it
                    checks every address a URL's name resolves to against
                    --push-allow at connect time (no DNS rebinding around
-                   it), follows no redirect, and reads a response body up
-                   to maxBodyBytes
+                   it), follows no redirect, reads a response body up
+                   to maxBodyBytes and an answer within --push-* limits
+                   (PushLimits), and holds at most the subscription's
+                   share of the node's push descriptors (--push-max-fds)
 """
 
 from __future__ import annotations

@@ -249,3 +249,22 @@ def test_a_full_pool_closes_another_subscriptions_idle_connection_for_a_new_one(
         sub.close()
     sub = Subscriber(handler)
     run(test)
+
+
+def test_a_post_that_gets_no_connection_within_its_timeout_fails_as_no_connection():
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        await asyncio.sleep(3600)  # a tarpit: never answers
+
+    async def test() -> None:
+        port = await sub.start()
+        shared = PushDescriptors(DescriptorBudget(0, limit=10_000), max_fds=1)
+        client = PushClient(f"http://127.0.0.1:{port}/", LOCAL, 0.5, 1000, descriptors=shared)
+        first, second = await asyncio.gather(client.post(b"1", []), client.post(b"2", []), return_exceptions=True)
+        assert isinstance(first, PostFailed) and isinstance(second, PostFailed)
+        assert sorted([first.reason, second.reason]) == ["no connection", "timeout"]
+        assert sub.connections == 1  # the second never opened one of its own
+        await client.close()
+        sub.close()
+    sub = Subscriber(handler)
+    run(test)
