@@ -29,7 +29,8 @@ What a stranger can make it spend, each bounded by `Limits`:
 |----------------------------|----------------------------------------|---------------------------|
 | connections                | `max_connections`, and the descriptors | the stalled connection    |
 |                            | left after `reserved_fds` for storage  | nearest its deadline is   |
-|                            | (`broker.descriptors`)                 | closed for it; none: 503  |
+|                            | and the push connections' pool         | closed for it; none: 503  |
+|                            | (`broker.descriptors`)                 |                           |
 | descriptors at accept      | EMFILE                                 | 503 through a spare one   |
 | head size                  | `max_head_bytes`                       | 431, closed               |
 | time to send a head        | `head_timeout_s` (from its first byte) | closed                    |
