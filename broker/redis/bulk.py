@@ -17,7 +17,8 @@ answers nobody while a script runs; docs/redis.md, "Bulk calls in bounded
 steps"):
 
 1. gather: the matches' changes are pushed onto a staging list of the
-   call's own (`<P>staging:<call>`, STAGE_CHUNK a round trip; it expires
+   call's own (`<P>staging:<call>`) as they are read, a round trip's
+   worth at a time (at most SCAN_COUNT, one RPUSH); it expires
    STAGING_TTL_MS after the last push, so a node that dies here leaves
    nothing behind);
 2. commit: ONE script (lua/backend/bulk_commit.lua) renames it to the
@@ -41,7 +42,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import cast
 
 from redis import asyncio as aioredis
@@ -59,9 +60,6 @@ from .scripts import Reply
 
 # meta fields HSCAN returns per round trip (a hint to Redis).
 SCAN_COUNT = 2000
-# Changes pushed onto a call's staging list per round trip (one RPUSH:
-# well under a millisecond of Redis).
-STAGE_CHUNK = 5000
 # How long a staging list outlives its last push unless committed.
 STAGING_TTL_MS = 600_000
 
@@ -170,51 +168,43 @@ class RedisBulk:
             n += len(found)
         return n
 
-    async def _gather(self, topic: str, flt: BulkFilter, limit: int) -> tuple[list[tuple[str, dict[str, str]]], bool]:
-        out: list[tuple[str, dict[str, str]]] = []
-        async for found in self._metas(topic, flt):
-            for item in found:
-                if len(out) == limit:
-                    return out, True
-                out.append(item)
-        return out, False
-
     async def delete(self, request: DeleteMsgsRequest) -> tuple[int, bool]:
-        found, more = await self._gather(request.topic, request.filter, request.limit)
-        if not found:
-            return 0, more
         retire_at = self._now_ms() + self._config.retention_ms
-        return await self._run(request.topic, [f"D{retire_at} {msg_id}" for msg_id, _ in found]), more
+        return await self._run(request.topic, request.filter, request.limit,
+                               lambda msg_id, meta: f"D{retire_at} {msg_id}")
 
     async def reschedule(self, request: RescheduleMsgsRequest) -> tuple[int, bool]:
-        found, more = await self._gather(request.topic, request.filter, request.limit)
-        if not found:
-            return 0, more
         now_ms = self._now_ms()
-        changes = []
-        for msg_id, meta in found:
-            trigger_ms = request.new_trigger_ms(int(meta["trigger"]))
-            changes.append(f"R{now_ms} {trigger_ms} {trigger_ms + int(meta['ttl'])} "
-                           f"{ready_member(int(meta['priority']), trigger_ms, msg_id)}")
-        return await self._run(request.topic, changes), more
 
-    async def _run(self, topic: str, changes: Sequence[str]) -> int:
-        """Gather `changes` on a staging list, commit them in one script,
-        apply them in bounded steps; how many messages they changed."""
+        def change(msg_id: str, meta: dict[str, str]) -> str:
+            trigger_ms = request.new_trigger_ms(int(meta["trigger"]))
+            return (f"R{now_ms} {trigger_ms} {trigger_ms + int(meta['ttl'])} "
+                    f"{ready_member(int(meta['priority']), trigger_ms, msg_id)}")
+        return await self._run(request.topic, request.filter, request.limit, change)
+
+    async def _run(self, topic: str, flt: BulkFilter, limit: int,
+                   change: Callable[[str, dict[str, str]], str]) -> tuple[int, bool]:
+        """Push the change of each of the first `limit` matches onto a
+        staging list as they are read, commit them in one script, apply
+        them in bounded steps; how many messages they changed, and whether
+        more matches remain."""
         call = uuid.uuid4().hex
         keys = self._keys(topic)
         staging = keys.staging(call)
-        try:
-            for start in range(0, len(changes), STAGE_CHUNK):
-                async with self._redis.pipeline(transaction=False) as pipe:
-                    pipe.rpush(staging, *changes[start:start + STAGE_CHUNK])
-                    pipe.pexpire(staging, STAGING_TTL_MS)
-                    await pipe.execute()
-        except self._errors as e:
-            raise Unavailable(await self._problem(e, [staging])) from e
+        staged, more = 0, False
+        async for found in self._metas(topic, flt):
+            if staged + len(found) > limit:
+                found, more = found[:limit - staged], True
+            if found:
+                await self._stage(staging, [change(msg_id, meta) for msg_id, meta in found])
+                staged += len(found)
+            if more:
+                break
+        if not staged:
+            return 0, more
         self._lifecycle.check_serving()
         if await self._script("bulk_commit", topic, [call], extra_keys=[staging]) != "OK":
-            raise Unavailable(f"the bulk call's {len(changes)} changes expired in Redis before they were "
+            raise Unavailable(f"the bulk call's {staged} changes expired in Redis before they were "
                               f"committed (over {STAGING_TTL_MS // 1000} s between two pushes): nothing changed")
         while not await self.step(topic, call):
             pass
@@ -225,7 +215,16 @@ class RedisBulk:
                 changed, _ = await pipe.execute()
         except self._errors as e:
             raise Unavailable(await self._problem(e, [keys.bulkinfo])) from e
-        return int(changed or 0)
+        return int(changed or 0), more
+
+    async def _stage(self, staging: str, changes: list[str]) -> None:
+        try:
+            async with self._redis.pipeline(transaction=False) as pipe:
+                pipe.rpush(staging, *changes)
+                pipe.pexpire(staging, STAGING_TTL_MS)
+                await pipe.execute()
+        except self._errors as e:
+            raise Unavailable(await self._problem(e, [staging])) from e
 
     async def step(self, topic: str, call: str = "") -> bool:
         """Apply one bounded step of the topic's committed bulk call (`call`,
