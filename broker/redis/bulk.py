@@ -58,8 +58,11 @@ from .keys import RedisConfig, TopicKeys, ready_member
 from .requests import NO_LOCATION
 from .scripts import Reply
 
-# meta fields HSCAN returns per round trip (a hint to Redis).
-SCAN_COUNT = 2000
+# meta fields HSCAN returns per round trip (a hint to Redis), and tagged
+# ids a round trip: the node decodes and matches a round trip's worth in
+# one turn of its event loop (about 20 µs a message in pure Python, so
+# 500 hold it some 10 ms; 2,000 held it 40 ms: docs/redis.md).
+SCAN_COUNT = 500
 # How long a staging list outlives its last push unless committed.
 STAGING_TTL_MS = 600_000
 

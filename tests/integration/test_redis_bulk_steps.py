@@ -24,6 +24,7 @@ from broker.clock import SystemClock
 from broker.metrics import Metrics
 from broker.params import Defaults, PullRequest
 from broker.redis.backend import RedisBroker
+from broker.redis.bulk import SCAN_COUNT
 from broker.redis.keys import RedisConfig, TopicKeys
 from storage.entry import Status
 from storage.store import NewMessage
@@ -100,25 +101,27 @@ def test_a_big_call_runs_as_bounded_scripts_and_changes_every_match(redis_url):
 
 
 def test_no_client_of_another_process_sees_a_call_half_made(redis_url):
-    """While one broker deletes 1,500 messages 5 a script (300 steps), a
+    """While one broker deletes 400 messages 2 a script (200 steps), a
     second one on the same Redis reads the topic over and over: its counts,
     a message, a listMsg count (by tag: one read of the tag index, as a
-    count of up to 2,000 is), are each of before the call or of after it,
+    count of up to SCAN_COUNT, 500, is), are each of before the call or of after it,
     never between; then nothing is left to pull, and a send lands."""
+    assert SCAN_COUNT > 400
+
     async def scenario(a: RedisBroker, b: RedisBroker):
         now_ms = SystemClock().now_ms()
-        await a.send([new(f"m{i:06d}", now_ms, -i, "x") for i in range(1500)])  # READY: a pull would take them
+        await a.send([new(f"m{i:06d}", now_ms, -i, "x") for i in range(400)])  # READY: a pull would take them
         seen: list[bool] = []  # each read in turn: of after the call?
 
         async def watch(done: asyncio.Event) -> None:
             while not done.is_set():
                 ready = (await b.topic_info(TOPIC))["readyQueueSize"]
-                assert ready in (1500, 0), ready
+                assert ready in (400, 0), ready
                 seen.append(ready == 0)
                 listed = await b.count_msgs(TOPIC, BulkFilter(tag="x", statuses=frozenset({Status.DELETED})))
-                assert listed in (0, 1500), listed
-                seen.append(listed == 1500)
-                status = (await b.get(TOPIC, "m001200")).status
+                assert listed in (0, 400), listed
+                seen.append(listed == 400)
+                status = (await b.get(TOPIC, "m000300")).status
                 assert status in (Status.READY, Status.DELETED), status
                 seen.append(status is Status.DELETED)
 
@@ -128,12 +131,12 @@ def test_no_client_of_another_process_sees_a_call_half_made(redis_url):
         deleted, _ = await a.delete_msgs(DeleteMsgsRequest(TOPIC, BulkFilter(), 1_000_000))
         done.set()
         await watcher
-        assert deleted == 1500
+        assert deleted == 400
         assert seen == sorted(seen), seen  # once after, never before again
         assert await b.pull(PullRequest(TOPIC, 30_000, 100, ())) == []
         sent, = await b.send([new("after", SystemClock().now_ms(), 0)])
         assert sent.status is Status.READY
-    run(redis_url, scenario, brokers=2, config=RedisConfig(bulk_batch=5))
+    run(redis_url, scenario, brokers=2, config=RedisConfig(bulk_batch=2))
 
 
 def test_a_call_committed_by_a_killed_node_is_finished_whole(tmp_path):
