@@ -40,6 +40,7 @@ place never delivers it.
 from __future__ import annotations
 
 import asyncio
+import secrets
 from collections.abc import AsyncIterator, Iterator
 from time import perf_counter
 
@@ -63,6 +64,9 @@ from .windows import ReadyWindows
 
 # Index entries read per slice of a scan, between which the loop runs.
 BULK_SCAN = 4096
+# Messages a deleteMsgs changes between two turns of the loop (~5 ms): a
+# call of more appends a PART record a slice and a COMMIT last.
+DELETE_SLICE = 1024
 # Work on a key's messages between two turns of the loop (a part at least).
 KEY_SLICE_S = 0.005
 
@@ -91,6 +95,7 @@ class Bulk:
         self._releaser = releaser
         self._topics = topics
         self._dead_letters = dead_letters
+        self.slices = 0  # PART records of sliced deletes appended, for the tests
 
     def __repr__(self) -> str:
         return "Bulk()"
@@ -250,12 +255,39 @@ class Bulk:
                 yield where, int(now[0]), now[1], match[3]
 
     async def delete(self, request: DeleteMsgsRequest) -> tuple[int, bool]:
-        """The live matches (at most `limit`) DELETED, as one record; how
-        many, and whether matches remain."""
+        """The live matches (at most `limit`) DELETED, as one record -- or,
+        past DELETE_SLICE of them, as one PART record a slice (the loop free
+        between) and the COMMIT record last (storage.records): whole across
+        a crash either way. How many, and whether matches remain."""
         found, more, mark = await self._gather(request.topic, request.filter, request.limit)
         self._lifecycle.check_serving()
-        now_ms = self._clock.now_ms()
         topic_hash = text_hash(request.topic)
+        if len(found) <= DELETE_SLICE:
+            deleted = self._delete_slice(found, mark, topic_hash, 0)
+        else:
+            call_id = secrets.randbits(62) + 1
+            deleted = 0
+            try:
+                for first in range(0, len(found), DELETE_SLICE):
+                    if first:
+                        await asyncio.sleep(0)
+                        self._lifecycle.check_serving()
+                    deleted += self._delete_slice(found[first:first + DELETE_SLICE], mark, topic_hash, call_id)
+                    self.slices += 1
+                self._journal.commit_parts(call_id, self._clock.now_ms())
+            except BaseException as e:
+                if deleted:  # parts taken out of RAM, never committed: a restart puts them back
+                    self._lifecycle.fail(e, "a bulk delete cut short")
+                raise
+        if deleted:
+            self._metrics.topic(request.topic).deletes += deleted
+            await self._commits.durable()
+        return deleted, more
+
+    def _delete_slice(self, found: list[Match], mark: int, topic_hash: int, call_id: int) -> int:
+        """Matches DELETED, out of the wheel and the windows first, as one
+        record (a PART of `call_id` unless 0); how many."""
+        now_ms = self._clock.now_ms()
         changes = []
         steps: dict[tuple[int, int], Step] = {}  # a delete's step depends on the status and retry only
         cancel, forget = self._filing.cancel, self._windows.forget_at
@@ -272,10 +304,8 @@ class Bulk:
                 forget(where)
             changes.append(_new_change(StateChange, (where, done.state.status, retry, False, 0, status, topic_hash)))
         if changes:
-            self._journal.append(changes, now_ms)
-            self._metrics.topic(request.topic).deletes += len(changes)
-            await self._commits.durable()
-        return len(changes), more
+            self._journal.append(changes, now_ms, call_id)
+        return len(changes)
 
     async def reschedule(self, request: RescheduleMsgsRequest) -> tuple[int, bool]:
         """The waiting and ready matches (at most `limit`) filed anew at their

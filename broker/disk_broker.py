@@ -138,6 +138,9 @@ class Broker:
     # == lifetime ================================================================
 
     def start(self) -> None:
+        if self.store.parts_held():  # a bulk call's parts whose COMMIT never came: abandoned whole
+            self._journal.commit_parts(0, self.clock.now_ms())
+            self.commits.kick()
         self._tasks = [asyncio.create_task(self.commits.run(), name="group-commit"),
                        asyncio.create_task(self.driver.run(), name="wheel"),
                        asyncio.create_task(self._timers.run(self._windows.fire), name="timers"),

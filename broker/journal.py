@@ -54,11 +54,22 @@ class Journal:
         except OSError as e:
             raise Unavailable(f"the commit log refused the write: {client_text(e)}") from e
 
-    def append(self, changes: list[StateChange], now_ms: int) -> None:
-        """Status changes whose RAM side is done already: one record. If the
+    def append(self, changes: list[StateChange], now_ms: int, part_of: int = 0) -> None:
+        """Status changes whose RAM side is done already: one record (with
+        `part_of`, a PART of that bulk call: storage.records). If the
         append fails, RAM is ahead of disk: the node fails (a restart recovers)."""
         try:
-            self._store.update(changes, now_ms)
+            self._store.update(changes, now_ms, part_of)
+        except BaseException as e:
+            self._lifecycle.fail(e, "a commit-log append")
+            raise Unavailable(f"the commit log failed: {client_text(e)}") from e
+
+    def commit_parts(self, call_id: int, now_ms: int) -> None:
+        """The COMMIT record of a bulk call's PARTs (call id 0: drop the
+        parts held of a call that never committed). A failure fails the
+        node, as `append`'s does: the call's RAM side is done."""
+        try:
+            self._store.commit_parts(call_id, now_ms)
         except BaseException as e:
             self._lifecycle.fail(e, "a commit-log append")
             raise Unavailable(f"the commit log failed: {client_text(e)}") from e

@@ -64,6 +64,12 @@ class Applier:
         # the checkpoint and by every record applied: O(messages in flight),
         # which the broker caps.
         self._consuming = consuming
+        # PART records (storage.records) held until their call's COMMIT:
+        # call id -> (now_ms, items) of each, in log order.
+        self._held: dict[int, list[tuple[int, list[records.StateItem]]]] = {}
+        # Committed PARTs not applied yet (`apply_pending(defer=True)`):
+        # applied a slice at a time by `apply_deferred`.
+        self._deferred: list[tuple[int, list[records.StateItem]]] = []
 
     def decode(self, body: bytes) -> tuple[records.Kind, int, Sequence[records.Item]]:
         """A record from the log or from a leader, its sends keyed with this
@@ -83,14 +89,43 @@ class Applier:
     def sync_log(self) -> None:
         self._log.sync()
 
-    def apply_pending(self, count: int | None = None) -> list[IndexEntry]:
+    def apply_pending(self, count: int | None = None, defer: bool = False) -> list[IndexEntry]:
+        """`defer`: the PARTs a COMMIT applies are left to `apply_deferred`
+        (the event loop applies them a slice at a time); else applied now."""
         n = len(self._pending) if count is None else count
         new_entries: list[IndexEntry] = []
         for kind, now_ms, items in self._pending.take(n):
             self.apply(kind, now_ms, items, new_entries)
+        if not defer:
+            self.apply_deferred(None)
         self._hours.flush_staged(everything=False)
-        self._pending.applied()
+        self._pending.applied(keep_states=self.parts_pending())
         return new_entries
+
+    def parts_pending(self) -> bool:
+        """Whether PARTs are held (their COMMIT not applied) or committed and not applied yet."""
+        return bool(self._held or self._deferred)
+
+    def apply_deferred(self, max_items: int | None) -> bool:
+        """Apply committed PARTs, about `max_items` status changes (None:
+        all); True while some are left. Their entries change in no other
+        record meanwhile (a bulk call's, which took them out of the
+        wheel, the windows and the in-flight set first; every reader sees
+        their new status through the pending states), so applying them
+        after records appended later gives the same state."""
+        done = 0
+        while self._deferred and (max_items is None or done < max_items):
+            now_ms, items = self._deferred[0]
+            take = len(items) if max_items is None else min(len(items), max_items - done)
+            self._apply_states(now_ms, items[:take])
+            done += take
+            if take == len(items):
+                self._deferred.pop(0)
+            else:
+                self._deferred[0] = (now_ms, items[take:])
+        if not self._deferred and not self._held and not len(self._pending):
+            self._pending.applied()  # the states the parts kept can go
+        return bool(self._deferred)
 
     def commit(self) -> list[IndexEntry]:
         count = len(self._pending)
@@ -107,6 +142,13 @@ class Applier:
             self._apply_sends(cast(Sequence[records.SendItem], items), new_entries)
         elif kind is records.Kind.MOVE:
             self._apply_moves(now_ms, cast(Sequence[records.MoveItem], items), new_entries)
+        elif kind is records.Kind.PART:
+            for part in cast(Sequence[records.PartItem], items):
+                self._held.setdefault(part.call_id, []).append((now_ms, part.items))
+        elif kind is records.Kind.COMMIT:
+            for commit in cast(Sequence[records.CommitItem], items):
+                self._deferred += self._held.pop(commit.call_id, [])
+            self._held.clear()  # a PART of another call: its call was abandoned
         else:
             self._apply_states(now_ms, cast(Sequence[records.StateItem], items))
 

@@ -73,6 +73,8 @@ class Pending:
             self._mark({item.hour for item in cast(Sequence[records.StateItem], items)})
         elif kind is records.Kind.MOVE:
             self._mark({item.from_hour for item in cast(Sequence[records.MoveItem], items)})
+        elif kind is records.Kind.PART:
+            self._mark({item.hour for part in cast(Sequence[records.PartItem], items) for item in part.items})
 
     def _mark(self, files: set[int]) -> None:
         self._marks += 1
@@ -96,13 +98,17 @@ class Pending:
         batch, self._records = self._records[:count], self._records[count:]
         return batch
 
-    def applied(self) -> None:
-        """The records taken were applied: with none left, nothing pends."""
+    def applied(self, keep_states: bool = False) -> None:
+        """The records taken were applied: with none left, nothing pends.
+        `keep_states`: status changes of PART records are held, or applied
+        later, still (storage.applying): the states stay, as the files do
+        not hold them yet."""
         if not self._records:
             self._far_bytes = 0
             self._slots.clear()
             self._ids.clear()
-            self._states.clear()
+            if not keep_states:
+                self._states.clear()
 
     def clear(self) -> None:
         """Forget every record appended and not applied, as a process killed

@@ -191,7 +191,7 @@ class Placement:
         self._pending.add_message(key, message)
         undo_ids.append(key)
 
-    def update(self, changes: Iterable[StateChange], now_ms: int) -> None:
+    def update(self, changes: Iterable[StateChange], now_ms: int, part_of: int = 0) -> None:
         self._hours.advance(now_ms)
         items = []
         staged: dict[tuple[int, int], State] = {}  # published only if every change is valid
@@ -210,7 +210,10 @@ class Placement:
             to = int(new_status)
             items.append(new_item(item_type, (where[0], where[1], to, retry, new_flags, status, topic_hash, deadline_ms)))
             staged[where] = (to, new_flags, retry, topic_hash)
-        if items:
+        if items and part_of:
+            part = [records.PartItem(part_of, items)]
+            self._pending.append(records.encode(records.Kind.PART, now_ms, part), records.Kind.PART, now_ms, part)
+        elif items:
             self._pending.append(records.encode(records.Kind.STATE, now_ms, items), records.Kind.STATE, now_ms, items)
         self._pending.set_states(staged)  # only once the record is in the log
 

@@ -25,6 +25,16 @@ Every body is a msgpack array `[kind, now_ms, items]`:
            it never reads the old file. The old entry becomes status 7,
            released, flag MOVED, counted as ended for its file and for no
            topic; the new one is WAITING with `retry`)
+    PART   items: [[call id, [a STATE item, ...]]]
+           (a slice of one large bulk call's status changes, held -- not
+           applied -- until the COMMIT record of its call id: a call too
+           large for one turn of the event loop appends a PART a slice,
+           other requests served between, and stays whole all the same)
+    COMMIT items: [call id]
+           (applies the held PARTs of that call id, in log order, and drops
+           every other PART held: a call whose COMMIT never came -- its
+           node was killed or deposed -- is abandoned whole; a node that
+           starts to serve appends COMMIT 0 to drop what it holds of one)
 
 A record carries every coordinate it was given at append time, so applying
 it is a set of writes at fixed positions: replaying a record twice, or
@@ -44,6 +54,8 @@ class Kind(enum.IntEnum):
     SEND = 1
     STATE = 2
     MOVE = 3
+    PART = 4
+    COMMIT = 5
 
 
 class SendItem(NamedTuple):
@@ -81,8 +93,17 @@ class MoveItem(NamedTuple):
     to: SendItem
 
 
+class PartItem(NamedTuple):
+    call_id: int
+    items: list[StateItem]
+
+
+class CommitItem(NamedTuple):
+    call_id: int  # 0: no call; every PART held is dropped
+
+
 # One item of a record; a record's items are all of its kind's type.
-Item = SendItem | StateItem | MoveItem
+Item = SendItem | StateItem | MoveItem | PartItem | CommitItem
 
 
 def encode(kind: Kind, now_ms: int, items: Sequence[Item]) -> bytes:
@@ -95,5 +116,9 @@ def decode(body: bytes) -> tuple[Kind, int, Sequence[Item]]:
     kind = Kind(kind)
     if kind is Kind.MOVE:
         return kind, now_ms, [MoveItem(f, g, p, r, SendItem(*to)) for f, g, p, r, to in items]
+    if kind is Kind.PART:
+        return kind, now_ms, [PartItem(call_id, [StateItem(*item) for item in part]) for call_id, part in items]
+    if kind is Kind.COMMIT:
+        return kind, now_ms, [CommitItem(*item) for item in items]
     make = SendItem if kind is Kind.SEND else StateItem
     return kind, now_ms, [make(*item) for item in items]

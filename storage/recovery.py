@@ -122,6 +122,7 @@ def replay(ck: Checkpoint, log: CommitLog, hours: HourTable, applier: Applier, r
         try:
             kind, now_ms, items = applier.decode(body)
             applier.apply(kind, now_ms, items, None)
+            applier.apply_deferred(None)  # a COMMIT's parts, at once
         except (LookupError, ValueError) as e:  # a body its checksum passed but no record: refuse
             raise CorruptionError(log.directory, offset, f"commit-log record at offset {offset}: {e}") from e
     hours.flush_staged(everything=True)

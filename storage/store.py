@@ -87,7 +87,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Iterator, Sequence
 
-from . import recovery
+from . import records, recovery
 from .applying import Applier
 from .checkpoint import Checkpoint
 from .commit_log import CommitLog
@@ -217,10 +217,35 @@ class Store:
         self._check_open()
         return self._placement.send(batch, now_ms)
 
-    def update(self, changes: Iterable[StateChange], now_ms: int) -> None:
-        """Append status/retry changes as one record; in place after commit."""
+    def update(self, changes: Iterable[StateChange], now_ms: int, part_of: int = 0) -> None:
+        """Append status/retry changes as one record; in place after commit.
+        `part_of` (a call id, not 0): as a PART of that call (storage.records),
+        held until `commit_parts(part_of)` is applied; readers see the
+        changes at once, as any record's."""
         self._check_open()
-        self._placement.update(changes, now_ms)
+        self._placement.update(changes, now_ms, part_of)
+
+    def commit_parts(self, call_id: int, now_ms: int) -> None:
+        """Append the COMMIT record of a call's PARTs: applied, it applies
+        them and drops any other PART held. Call id 0 only drops them
+        (a node that starts to serve abandons a call it holds parts of)."""
+        self._check_open()
+        items = [records.CommitItem(call_id)]
+        self._pending.append(records.encode(records.Kind.COMMIT, now_ms, items), records.Kind.COMMIT, now_ms, items)
+
+    def parts_held(self) -> bool:
+        """Whether PART records wait for their COMMIT (or committed ones
+        for `apply_deferred`): no checkpoint is taken meanwhile."""
+        return self._applier.parts_pending()
+
+    def apply_deferred(self, max_items: int | None) -> bool:
+        """Apply committed PARTs left by `apply_pending(defer=True)`, about
+        `max_items` status changes; True while some are left."""
+        if not self._applier.parts_pending():
+            return False
+        more = self._applier.apply_deferred(max_items)
+        self._hours.flush_staged(everything=False)
+        return more
 
     def move(self, changes: Sequence[tuple[Location, int, int]], now_ms: int) -> list[Message]:
         """File messages again with new trigger times, as one MOVE record: each
@@ -265,10 +290,11 @@ class Store:
         apply that many afterwards (`apply_pending`)."""
         self._applier.sync_log()
 
-    def apply_pending(self, count: int | None = None) -> list[IndexEntry]:
+    def apply_pending(self, count: int | None = None, defer: bool = False) -> list[IndexEntry]:
         """Apply the first `count` (default: all) pending records, which must
-        be durable, to the derived files. Returns the new index entries."""
-        return self._applier.apply_pending(count)
+        be durable, to the derived files. Returns the new index entries.
+        `defer`: the PARTs a COMMIT applies are left to `apply_deferred`."""
+        return self._applier.apply_pending(count, defer)
 
     def commit(self) -> list[IndexEntry]:
         """Group commit: one fsync for every change since the last commit,
@@ -519,6 +545,7 @@ class Store:
 
     def prepare_checkpoint(self, now_ms: int) -> PreparedCheckpoint:
         self._check_open()
+        self._applier.apply_deferred(None)  # (a quiet point waits for held parts' COMMIT: broker.group_commit)
         return self._retention.prepare_checkpoint(now_ms)
 
     def sync_checkpoint(self) -> None:
@@ -540,7 +567,7 @@ class Store:
         the last one, or a file to retire. An idle node skips it, so it
         rewrites nothing."""
         self._check_open()
-        return self._retention.checkpoint_due(now_ms)
+        return not self.parts_held() and self._retention.checkpoint_due(now_ms)
 
     def disk_bytes(self) -> int:
         """Bytes the data directory takes on disk (blocks allocated)."""
