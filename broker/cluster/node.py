@@ -77,6 +77,7 @@ class ClusterNode(Routes, PeerCalls, RoleLoop, Snapshots, Handover):
         self._session = None
         self._forward_session = None
         self._follow_task = None
+        self._install_task = None
         self._elected_s = 0.0
         self.failed = None
         log.info("node %s opened %s in %.3f s: %s, %s", cluster.node_id, self.data_dir, self.opened_s,

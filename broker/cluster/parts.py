@@ -45,6 +45,7 @@ class NodeParts(NodeBase):
     election: Election
     roles: RoleState  # the role, the term tried or led, stopping (replication.roles)
     _follow_task: asyncio.Task[None] | None  # the follower loop, while following
+    _install_task: asyncio.Task[None] | None  # a snapshot install under way (snapshots.py)
     _session: aiohttp.ClientSession | None  # made at the first call to a peer (peer_session)
     _forward_session: aiohttp.ClientSession | None  # made at the first forwarded request (forward_session)
     failed: BaseException | None
@@ -65,6 +66,10 @@ class NodeParts(NodeBase):
     @abstractmethod
     async def take_snapshot(self, source: str) -> None:
         """Replace this node's store with `source`'s snapshot (snapshots.py)."""
+
+    @abstractmethod
+    async def finish_install(self) -> None:
+        """Wait until no snapshot install runs (snapshots.py)."""
 
     @abstractmethod
     async def hand_over(self) -> None:

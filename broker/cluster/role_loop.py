@@ -134,6 +134,10 @@ class RoleLoop(NodeParts):
             self._follow_task.cancel()
             await asyncio.gather(self._follow_task, return_exceptions=True)
             self._follow_task = None
+        # A snapshot install the cancel found under way goes on in a task of
+        # its own: it ends before this node builds on its store (or takes
+        # another snapshot, over the files its threads still write).
+        await self.finish_install()
         # A fetch cancelled during its fsync (a worker thread) left its records
         # appended and not applied: a broker built on this store would not
         # know them (an ack among them: the message held as consuming and

@@ -48,19 +48,55 @@ class Snapshots(NodeParts):
         return path
 
     async def take_snapshot(self, source: str) -> None:
-        """Replace this node's store with `source`'s snapshot."""
+        """Replace this node's store with `source`'s snapshot.
+
+        The download may be cancelled (the follower stops: an election,
+        SIGTERM). The install after it is not: it runs to its end in a task
+        of its own (`finish_install` waits for it), so no worker thread of
+        an abandoned install goes on unpacking into snapshot.new, or
+        deleting snapshot.old, while this node takes another snapshot or
+        leads (an election during an install cancelled it there, and the
+        candidate's own catch-up by snapshot met its thread)."""
+        await self.finish_install()  # one install at a time
+        started_s = self.clock.monotonic_s()
+        part, history = await self.download_snapshot(source)
+        install = asyncio.create_task(self._install(source, part, history, started_s), name="snapshot-install")
+        self._install_task = install
+        try:
+            await asyncio.shield(install)
+        finally:
+            if install.done():  # (cancelled before: finish_install waits for it, and says how it ended)
+                self._install_task = None
+
+    async def download_snapshot(self, source: str) -> tuple[str, tuple[tuple[int, int], ...]]:
+        """`source`'s snapshot, as a tar beside the store; its path and the
+        epoch history that goes with it."""
         peer = self.cluster.peers[source]
         part = os.path.join(self.data_dir, "snapshot.tar.part")
         headers = peer_auth.headers(self.cluster.secret, self.config.auth_token)
-        started_s = self.clock.monotonic_s()
         async with self.peer_session().get(peer.http_url + protocol.SNAPSHOT_PATH, headers=headers,
                                     timeout=aiohttp.ClientTimeout(total=600, sock_connect=2)) as r:
             if r.status != 200:
                 raise ConnectionError(f"{source} answered {r.status} to a snapshot request")
-            history = tuple(tuple(h) for h in json.loads(r.headers["X-Hourglass-History"]))
+            history = tuple((int(epoch), int(offset)) for epoch, offset in json.loads(r.headers["X-Hourglass-History"]))
             with await asyncio.to_thread(open, part, "wb") as f:  # the file's I/O off the event loop
                 async for chunk in r.content.iter_chunked(1024 * 1024):
                     await asyncio.to_thread(f.write, chunk)
+        return part, history
+
+    async def finish_install(self) -> None:
+        """Return once no snapshot install runs: one that a cancelled
+        follower left running ends first (a failure logged, and one that
+        left no store to serve from has failed the node)."""
+        install = self._install_task
+        if install is None:
+            return
+        await asyncio.wait([install])  # (a cancel of this wait leaves the install running)
+        self._install_task = None
+        if not install.cancelled() and install.exception() is not None:
+            log.warning("snapshot install failed: %r", install.exception())
+
+    async def _install(self, source: str, part: str, history: tuple[tuple[int, int], ...], started_s: float) -> None:
         await asyncio.to_thread(snapshot.unpack, part, self.data_dir)  # beside the live store, which stays
         async with self.checkpoint_lock, self.apply_lock:
             self.store.close()
@@ -69,15 +105,18 @@ class Snapshots(NodeParts):
             epochs = Epochs(self.epochs.promised, ()).follow(history)
             try:
                 snapshot.swap_in(self.data_dir, {os.path.basename(Epochs.path(self.data_dir)): epochs.encode()})
-            except BaseException as e:  # a rename failed: the next start finishes the swap
+                self.epochs = epochs
+                # On the event loop too, blocking it for the open (the restart
+                # time: about 1 s at 10 M messages): with a pause here, /health,
+                # /_cluster/position and /fetch ran on the closed store (a 500,
+                # seen by a fault drill) or answered its old end with the new epochs.
+                self.store = Store.open(self.data_dir, self.config.store, self.clock.now_ms())
+            except BaseException as e:
+                # The old store is closed: a rename that failed (the next
+                # start finishes the swap) or a new store that does not open
+                # leaves nothing to serve or follow from.
                 self.fail(e, "installing a snapshot")
                 raise
-            self.epochs = epochs
-            # On the event loop too, blocking it for the open (the restart
-            # time: about 1 s at 10 M messages): with a pause here, /health,
-            # /_cluster/position and /fetch ran on the closed store (a 500,
-            # seen by a fault drill) or answered its old end with the new epochs.
-            self.store = Store.open(self.data_dir, self.config.store, self.clock.now_ms())
         log.info("installed a snapshot from %s in %.2f s: %s", source, self.clock.monotonic_s() - started_s, self.store)
         await asyncio.to_thread(snapshot.remove_replaced, self.data_dir)
 

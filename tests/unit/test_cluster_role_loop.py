@@ -35,14 +35,14 @@ from broker.cluster.role_loop import POLL_S, POSITION_TIMEOUT_S
 from broker.config import ServeConfig
 from broker.disk_broker import Broker
 from broker.httpd import Request
-from replication import protocol
+from replication import protocol, snapshot
 from replication.config import ClusterConfig, Peer
 from replication.epochs import Epochs
 from replication.log_stream import LeaderLog, serve_catchup
 from replication.roles import RETRY_MS, Role
 from storage.config import StoreConfig
 from storage.entry import MS_PER_HOUR, Status
-from storage.errors import Unavailable
+from storage.errors import CorruptionError, Unavailable
 from storage.store import NewMessage, Store
 from storage.types import StateChange
 
@@ -697,4 +697,110 @@ def test_an_ack_that_changes_nothing_waits_for_the_quorum_of_what_it_reports(tmp
         assert (await fetched_by(node, "n2", 3))["status"] == "ok"
         await h.run_for(10)
         assert acking.done() and acking.result() == [Status.ACKED]
+    drive(tmp_path, scenario)
+
+
+# == a snapshot install, then the lead ===============================================
+
+UNPACK_MS = 500  # how long the unpack's worker thread takes, in fake time
+
+
+def compacted_leader_n2(h: Harness) -> int:
+    """n2 leads term 2 and no longer keeps its log from offset 0 (a
+    checkpoint deleted it): a follower starting from 0 needs its snapshot.
+    Raft names n2 leader of term 2. Returns n2's log end."""
+    n2 = h.peers["n2"]
+    n2.lead(2)
+    for i in range(200):  # about 200 KB: several 64 KiB segments
+        n2.store.send([NewMessage("t", f"m{i}", "x" * 1000, START_MS, START_MS + 60_000, 60_000, 1)], START_MS)
+    n2.store.commit()
+    n2.store.finish_checkpoint(n2.store.prepare_checkpoint(START_MS))
+    assert n2.store.log_start_offset > 0
+    n2.leader_log.durable_offset = n2.store.log.end_offset
+    h.election.claimed = (2, "n2")
+    h.election.term, h.election.leader_id = 2, "n2"
+    return n2.store.log.end_offset
+
+
+def snapshots_by_copy(h: Harness, monkeypatch) -> list[str]:
+    """Snapshots come from the peers' stores through replication.snapshot
+    (capture, write_tar), without HTTP: the rest of take_snapshot (unpack,
+    swap, open) is the node's own. Returns the list of sources taken from."""
+    taken: list[str] = []
+
+    async def download_snapshot(node: ClusterNode, source: str) -> tuple[str, tuple[tuple[int, int], ...]]:
+        taken.append(source)
+        peer, peer_dir = h.peers[source], os.path.join(h.directory, source)
+        part = os.path.join(node.data_dir, "snapshot.tar.part")
+        snapshot.write_tar(peer_dir, snapshot.capture(peer_dir, peer.store.log_segment_ends()), part)
+        return part, peer.epochs.history
+    monkeypatch.setattr(DrivenNode, "download_snapshot", download_snapshot)
+    return taken
+
+
+def test_an_election_during_a_snapshot_install_leads_from_the_installed_store(tmp_path, monkeypatch):
+    """A follower behind the leader's retained log takes its snapshot; Raft
+    elects it while the unpack's worker thread runs. Cancelling the install
+    there left that thread unpacking (asyncio.to_thread's thread goes on),
+    while the candidate, still on its old store, took another snapshot into
+    the same files: the two installs' threads met in snapshot.new and the
+    tar (the attempt to lead failed, and a mix of two snapshots could be
+    swapped in). The install now ends first, and the node leads from it."""
+    unpacks: list[asyncio.Task[None]] = []
+
+    async def to_thread(func, /, *args, **kwargs):
+        if func is not snapshot.unpack:
+            return func(*args, **kwargs)
+        done: asyncio.Future = asyncio.get_running_loop().create_future()
+
+        async def worker() -> None:  # a thread: cancelling the caller does not stop it
+            await clock[0].sleep(UNPACK_MS / 1000)
+            try:
+                result = func(*args, **kwargs)
+            except Exception as e:
+                if not done.done():
+                    done.set_exception(e)
+                return
+            if not done.done():
+                done.set_result(result)
+        unpacks.append(asyncio.create_task(worker()))
+        return await done
+    monkeypatch.setattr(asyncio, "to_thread", to_thread)
+    clock: list[FakeClock] = []
+
+    async def scenario(h: Harness):
+        clock.append(h.clock)
+        end = compacted_leader_n2(h)
+        taken = snapshots_by_copy(h, monkeypatch)
+        node = await h.start()
+        await h.until(lambda: unpacks, within_ms=5_000)  # the follower's install is unpacking
+        await h.elect(3)
+        await h.until(lambda: node.leads, within_ms=5_000)
+        assert node.failed is None and h.election.claims == [3]
+        assert taken == ["n2"]  # one snapshot, installed; no second one over its files
+        assert all(t.done() for t in unpacks) and len(unpacks) == 1
+        assert [m["catchup"] for _, m in posted(node, "fetch")] == [False]  # nothing left to catch up
+        assert node.store.log.end_offset == end and node.leader_log.durable_offset == end
+        assert (await node.broker.get("t", "m199")).msg == "x" * 1000
+        assert not os.path.exists(os.path.join(node.data_dir, snapshot.UNPACKED))
+        assert not os.path.exists(os.path.join(node.data_dir, snapshot.REPLACED))
+    drive(tmp_path, scenario)
+
+
+def test_a_snapshot_that_does_not_open_stops_the_node(tmp_path, monkeypatch):
+    """Once swapped in, a snapshot's store that does not open leaves the
+    node no store (the old one is closed): it stops (exit 1), as a failed
+    swap does, rather than following on the closed store."""
+    async def scenario(h: Harness):
+        compacted_leader_n2(h)
+        snapshots_by_copy(h, monkeypatch)
+
+        class Refused:  # the Store that broker.cluster.snapshots opens an installed snapshot with
+            @staticmethod
+            def open(directory, config=None, now_ms=None):
+                raise CorruptionError(directory, 0, "a store that does not open")
+        monkeypatch.setattr("broker.cluster.snapshots.Store", Refused)
+        node = await h.start()
+        await h.until(lambda: node.failed is not None, within_ms=5_000)
+        assert isinstance(node.failed, CorruptionError) and node.stop_asked.is_set()
     drive(tmp_path, scenario)
