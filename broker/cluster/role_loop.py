@@ -39,6 +39,7 @@ from replication.roles import (
     Position,
     PositionsGathered,
     RecordLeadership,
+    Role,
     StandDown,
     Started,
     StartFollowing,
@@ -103,6 +104,8 @@ class RoleLoop(NodeParts):
         if isinstance(action, StartFollowing):
             self._follow_task = asyncio.create_task(self._follow(), name="follower")
         elif isinstance(action, StopFollowing):
+            if self.roles.role is Role.CANDIDATE:  # Raft elected this node: the attempt to lead begins
+                self._elected_s = self.clock.monotonic_s()
             await self._stop_following()
         elif isinstance(action, GatherPositions):
             return await self._gather_positions(action.term)
@@ -167,7 +170,6 @@ class RoleLoop(NodeParts):
         answered by then are left out. Any majority will do: every record a
         quorum acknowledged is on at least one of its nodes, and waiting for
         a peer cut off (a partition) would only delay the failover."""
-        self._elected_s = self.clock.monotonic_s()  # Raft elected this node: the attempt to lead begins
         cluster = self.cluster
         self.set_epochs(self.epochs.promise(term))
         end = self.store.log_end_offset

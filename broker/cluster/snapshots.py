@@ -9,7 +9,9 @@ the leader keeps, replaces its store with a snapshot of a peer's:
     applied (replication.snapshot)        close the store, swap the files in
                                           with the peer's epoch history, and
                                           reopen (a crash mid-swap is finished
-                                          by the next start)
+                                          by the next start); once downloaded,
+                                          an install runs to its end even if
+                                          the node is elected meanwhile
 
 `checkpoint` runs every checkpoint interval, as on a standalone node; a
 leader keeps the commit log its followers still need.
