@@ -15,6 +15,7 @@ commit, take a last checkpoint, exit 0.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 from collections.abc import Awaitable, Callable
@@ -61,6 +62,7 @@ async def _serve_until_stopped(node: DiskNode | RedisNode, describe: str) -> Non
     """Listen, run until SIGTERM/SIGINT or a fatal error, then stop taking
     work: answer long polls and finish the requests in flight."""
     server = await node.serve(describe)
+    gc.freeze()  # what opening made lives as long as the node: no collection walks it again
     await node.stop_asked.wait()
     if node.pushers is not None:  # first: what they have in flight is delivered again after the restart
         await node.pushers.stop()
@@ -103,6 +105,7 @@ async def run_cluster(config: ServeConfig, cluster: ClusterConfig) -> int:
         log.critical("cannot open the data directory %s: %s", config.data_path, e)
         return 1
     server = await node.serve(f"node {cluster.node_id} of {','.join(cluster.peers)}")
+    gc.freeze()  # as _serve_until_stopped
     roles = asyncio.create_task(node.run(), name="roles")
     checkpoints = asyncio.create_task(checkpoint_every(config.checkpoint_interval_ms, node.checkpoint, node.fail),
                                       name="checkpoints")

@@ -136,6 +136,8 @@ class Snapshots(NodeParts):
                     return  # this node stopped leading meanwhile: the next interval checkpoints as a follower
             else:
                 async with self.apply_lock:
+                    if self.store.parts_held():  # a bulk call's PART came while the lock was awaited
+                        return
                     prepared = self.store.prepare_checkpoint(now_ms)
             await asyncio.to_thread(self.store.sync_checkpoint)
             keep = self.leader_log.keep_log_from() if self.leader_log is not None else None
