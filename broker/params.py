@@ -506,10 +506,11 @@ def _message(params: Params, where: str, topic: str, now_ms: int, make_id: Calla
     msg, msg_id, delay, trigger, ttl = get("msg"), get("msgId"), get("delayMillis"), get("triggerTime"), get("ttlMillis")
     retry, priority, tag, key = get("maxRetry"), get("priority"), get("tag"), get("key")
     # The plain message -- ASCII text within its limits, JSON numbers or
-    # short decimal digits, no triggerTime -- in one frame: the same rules
+    # short decimal digits, a triggerTime only as a JSON number -- in one frame: the same rules
     # as the checks below, which take every other message (and name what
     # is wrong).
-    if (trigger is None and type(msg) is str and msg.isascii() and 0 < len(msg) <= max_msg_bytes
+    if ((trigger is None or (type(trigger) is int and trigger <= MAX_TRIGGER_MS))
+            and type(msg) is str and msg.isascii() and 0 < len(msg) <= max_msg_bytes
             and (msg_id is None or (type(msg_id) is str and msg_id.isascii() and 0 < len(msg_id) <= MAX_NAME_BYTES
                  and "\0" not in msg_id))
             and (tag is None or (type(tag) is str and tag.isascii() and 0 < len(tag) <= MAX_NAME_BYTES
@@ -527,7 +528,10 @@ def _message(params: Params, where: str, topic: str, now_ms: int, make_id: Calla
             retry = (None if retry is None else int(retry) if type(retry) is str and 0 < len(retry) < 19
                      and retry.isdigit() and retry.isascii() else False)
         if delay is not False and ttl is not False and retry is not False:
-            due_ms = now_ms + delay if delay is not None and delay > 0 else now_ms
+            if trigger is not None:  # absolute, wins over delayMillis; in the past: due now
+                due_ms = trigger if trigger > 0 else 0
+            else:
+                due_ms = now_ms + delay if delay is not None and delay > 0 else now_ms
             if due_ms <= MAX_TRIGGER_MS:
                 keep_ms = defaults.ttl_ms if ttl is None or ttl <= 0 else ttl if ttl < defaults.max_ttl_ms \
                     else defaults.max_ttl_ms
