@@ -113,6 +113,17 @@ def part_of(file_id: int, trigger_ms: int) -> int:
     return min((trigger_ms - start_ms) * PARTS // (MS_PER_HOUR << shift), PARTS - 1)
 
 
+def part_range(file_id: int, trigger_ms: int, part: int) -> tuple[int, int]:
+    """[low, high) of the trigger times counted in `part` of the file a
+    message triggering at `trigger_ms` is in (LATE: [0, the file's start))."""
+    shift = spans.span_shift(file_id)
+    start_ms = (file_id if shift == 0 else spans.start_hour(file_id, trigger_ms)) * MS_PER_HOUR
+    if part == LATE:
+        return 0, start_ms
+    slice_ms = (MS_PER_HOUR << shift) // PARTS
+    return start_ms + part * slice_ms, start_ms + (part + 1) * slice_ms
+
+
 class KeyPart(NamedTuple):
     """One non-empty part of a key's messages: trigger times in
     [low_ms, high_ms) (LATE: low_ms 0), `entries` messages put (released
@@ -143,17 +154,17 @@ class KeyIndex:
         """`put` each (key, file id, trigger time, globalIndex); a run of
         items of one key and part (a batch of one key's sends) moves the
         two counters once."""
-        slots, i, end = self.slots, 0, len(items)
+        slots, put, i, end = self.slots, self.slots.put, 0, len(items)
         while i < end:
             key, file_id, trigger_ms, _ = items[i]
             part = part_of(file_id, trigger_ms)
+            low_ms, high_ms = part_range(file_id, trigger_ms, part)
             j = i + 1
-            while j < end and items[j][0] == key and items[j][1] == file_id and part_of(file_id, items[j][2]) == part:
+            while j < end and items[j][0] == key and items[j][1] == file_id and low_ms <= items[j][2] < high_ms:
                 j += 1
             slots.add(derive(key, file_id << 8 | FILE_COUNTER), file_id, j - i)
             part_key = derive(key, file_id << 8 | part)
             n = slots.add(part_key, file_id, j - i)
-            put = slots.put
             for _, _, _, global_index in items[i:j]:
                 put(slot_key(part_key, n), file_id, global_index)
                 n += 1
