@@ -45,6 +45,7 @@ from collections.abc import AsyncIterator, Iterator
 from time import perf_counter
 
 from storage.entry import STATUS_BY_VALUE, Location, Message
+from storage.errors import HourglassError
 from storage.key_index import KeyPart
 from storage.reading import Match
 from storage.store import StateChange, Store, text_hash
@@ -74,8 +75,9 @@ _DELETE = Delete()
 _new_change = tuple.__new__  # a StateChange made without its generated (Python-level) __new__
 
 
-class _Damaged(Exception):
-    """A damaged slot of the key index met mid-lookup: scan instead."""
+class _Damaged(HourglassError):
+    """Raised when a damaged slot of the key index is met mid-lookup: the
+    caller scans instead."""
 
 
 class Bulk:

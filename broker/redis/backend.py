@@ -54,7 +54,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from storage.entry import Message
-from storage.errors import Unavailable
+from storage.errors import HourglassError, Unavailable
 from wheel.clock import Clock
 
 from ..backend import topic_cap_error
@@ -91,7 +91,7 @@ SCRIPTS = load_scripts("backend", with_common=("send", "tick", "pull", "give_bac
 FENCE = "HGBULK"
 
 
-class Fenced(Exception):
+class Fenced(HourglassError):
     """A script met the fence of a bulk call being applied (one step of it
     was applied meanwhile); raised only where the caller asked not to wait."""
 
