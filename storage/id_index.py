@@ -535,21 +535,44 @@ class IdIndex:
             if old.used < old.slot_count - 1:
                 return False
             raise
-        mm, group_mask, unpack = new.mm, new.group_mask, SLOT.unpack_from
+        # Filled in RAM (an array of the new slots' words), written once:
+        # a shard's doubling is one short pause, not a probe of the map a slot.
+        group_mask, is_live = new.group_mask, self.is_live
+        live: dict[int, bool] = {}  # file -> is_live, asked once a file
+        words = array("Q", bytes(new.slot_count * SLOT_BYTES))
         pairs = memoryview(old.mm)[HEADER_BYTES:].cast("Q").tolist()
+        used = 0
         for i in range(0, len(pairs), 2):
-            key, loc = pairs[i], pairs[i + 1]
-            if key == 0 or not self.is_live(loc >> 40):
+            key = pairs[i]
+            if key == 0:
                 continue
-            group, stride = probe_start(key, group_mask)
-            offset = HEADER_BYTES + group * GROUP_BYTES
-            while unpack(mm, offset)[0]:
-                offset += SLOT_BYTES
-                if (offset - HEADER_BYTES) % GROUP_BYTES == 0:
-                    group = (group + stride) & group_mask
-                    offset = HEADER_BYTES + group * GROUP_BYTES
-            SLOT.pack_into(mm, offset, key, loc)
-            new.used += 1
+            loc = pairs[i + 1]
+            hour = loc >> 40
+            alive = live.get(hour)
+            if alive is None:
+                alive = live[hour] = is_live(hour)
+            if not alive:
+                continue
+            group, stride = key & group_mask, ((key >> 32) & group_mask) | 1
+            while True:
+                at = group << 3  # 4 slots of 2 words a group
+                if words[at] == 0:
+                    break
+                if words[at + 2] == 0:
+                    at += 2
+                    break
+                if words[at + 4] == 0:
+                    at += 4
+                    break
+                if words[at + 6] == 0:
+                    at += 6
+                    break
+                group = (group + stride) & group_mask
+            words[at] = key
+            words[at + 1] = loc
+            used += 1
+        new.mm[HEADER_BYTES:] = words.tobytes()
+        new.used = used
         new.publish(self._path(n))
         old.close()
         self.shards[n] = new
