@@ -1,0 +1,35 @@
+"""Python-level calls a request makes in a running node (bench/calls.py:
+the real server object, the request's real bytes, a profile hook counting
+`call` events, the least of several repeats). Counts, not times: the
+same on any machine. The ceilings are today's path (docs/benchmarks.md,
+"Python calls a request makes"); a change that adds calls to a hot path
+fails here and must say why or lower them."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "bench"))
+
+CEILINGS = {
+    "send": 215,             # sendMsg
+    "send_batch": 4_100,     # sendMsgBatch of 100
+    "pull_ack": 285,         # pullMsg of one, then its ackMsg
+}
+
+
+def test_requests_stay_within_their_call_ceilings():
+    import calls  # bench/calls.py
+
+    try:
+        import uvloop
+    except ImportError:
+        pytest.skip("uvloop: the loop `hourglass serve` runs on, whose scheduling the counts include")
+    result = uvloop.run(calls.measure(5, 100))
+    counted = {name: result[name]["python_calls"] for name in CEILINGS}
+    over = {name: (counted[name], ceiling) for name, ceiling in CEILINGS.items() if counted[name] > ceiling}
+    assert not over, f"over the ceiling (counted, ceiling): {over}"
+    assert result["send_batch"]["python_calls"] < 100 * result["send"]["python_calls"] / 4  # batching pays
