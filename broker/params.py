@@ -518,24 +518,28 @@ def _message(params: Params, where: str, topic: str, now_ms: int, make_id: Calla
             and (key is None or (type(key) is str and key.isascii() and 0 < len(key) <= MAX_NAME_BYTES
                  and "\0" not in key))
             and priority is None):
-        if type(delay) is not int:
-            delay = (None if delay is None else int(delay) if type(delay) is str and 0 < len(delay) < 19
-                     and delay.isdigit() and delay.isascii() else False)
-        if type(ttl) is not int:
-            ttl = (None if ttl is None else int(ttl) if type(ttl) is str and 0 < len(ttl) < 19
-                   and ttl.isdigit() and ttl.isascii() else False)
-        if type(retry) is not int:
-            retry = (None if retry is None else int(retry) if type(retry) is str and 0 < len(retry) < 19
-                     and retry.isdigit() and retry.isascii() else False)
-        if delay is not False and ttl is not False and retry is not False:
-            if trigger is not None:  # absolute, wins over delayMillis; in the past: due now
+        plain = True  # every number a JSON int or short decimal digits (a flag: mypyc takes False for 0)
+        numbers: list[int | None] = []
+        for value in (delay, ttl, retry):
+            if value is None:
+                numbers.append(None)
+            elif type(value) is int:
+                numbers.append(value)
+            elif type(value) is str and 0 < len(value) < 19 and value.isdigit() and value.isascii():
+                numbers.append(int(value))
+            else:
+                plain = False
+                break
+        if plain:
+            delay_ms, ttl_ms, max_retry = numbers
+            if type(trigger) is int:  # absolute, wins over delayMillis; in the past: due now
                 due_ms = trigger if trigger > 0 else 0
             else:
-                due_ms = now_ms + delay if delay is not None and delay > 0 else now_ms
+                due_ms = now_ms + delay_ms if delay_ms is not None and delay_ms > 0 else now_ms
             if due_ms <= MAX_TRIGGER_MS:
-                keep_ms = defaults.ttl_ms if ttl is None or ttl <= 0 else ttl if ttl < defaults.max_ttl_ms \
-                    else defaults.max_ttl_ms
-                retries = defaults.max_retry if retry is None or retry < 0 else retry
+                keep_ms = defaults.ttl_ms if ttl_ms is None or ttl_ms <= 0 else ttl_ms \
+                    if ttl_ms < defaults.max_ttl_ms else defaults.max_ttl_ms
+                retries = defaults.max_retry if max_retry is None or max_retry < 0 else max_retry
                 if retries >= MAX_RETRY_COUNT:
                     retries = MAX_RETRY_COUNT - 1
                 return tuple.__new__(NewMessage, (topic, make_id() if msg_id is None else msg_id, msg, now_ms,
