@@ -34,7 +34,7 @@ run in a worker thread meanwhile (storage.applying).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, Sequence, Set
 from typing import cast
 
 from . import records
@@ -56,6 +56,7 @@ class Pending:
         self._ids: dict[int, list[Message]] = {}
         self._slots: dict[tuple[int, int], tuple[int, int]] = {}
         self._states: dict[tuple[int, int], State] = {}
+        self._state_hours: set[int] = set()  # the files `_states` names, kept as it grows and clears
         self._far_bytes = 0
         self._marks = 0  # records appended that changed existing entries
         self._changed: dict[int, int] = {}  # file id -> _marks after the last such record touching it
@@ -109,6 +110,7 @@ class Pending:
             self._ids.clear()
             if not keep_states:
                 self._states.clear()
+                self._state_hours.clear()
 
     def clear(self) -> None:
         """Forget every record appended and not applied, as a process killed
@@ -185,9 +187,15 @@ class Pending:
         """(hour, globalIndex) -> the state pending records gave it."""
         return self._states
 
+    @property
+    def state_hours(self) -> Set[int]:
+        """The files a pending state change is in (O(1), however many changes)."""
+        return self._state_hours
+
     def set_states(self, states: Mapping[tuple[int, int], State]) -> None:
         """Their record is in the log: the changes show from now on."""
         self._states.update(states)
+        self._state_hours.update(hour for hour, _ in states)
 
     def __repr__(self) -> str:
         return (f"Pending(records={len(self._records)}, ids={len(self._ids)}, slots={len(self._slots)}, "

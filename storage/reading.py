@@ -238,7 +238,7 @@ class Reader:
         unpack = delay_index.ENTRY.unpack_from
         crc32 = zlib.crc32
         pattern = None if tag_hash is None else _TOPIC_TAG.pack(topic_hash, tag_hash)
-        changing = {hour for hour, _ in pending}  # files whose counts a pending change may leave behind
+        changing = self._pending.state_hours  # files whose counts a pending change may leave behind
         for h in self._hours.ascending(start.hour, None):
             hour = h.hour
             if self._outside(h, trigger_from, trigger_to, now_ms):
