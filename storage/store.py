@@ -357,17 +357,11 @@ class Store:
     def keyed_in(self, topic: str, key: str, part: KeyPart) -> list[Message] | None:
         """The unreleased messages of `topic` with serial key `key` in one
         part (see `key_parts`); None on a damaged slot."""
-        self._check_open()
-        if self.keys is None:
+        places = self._key_places(topic, key, part)
+        if places is None:
             return None
-        try:
-            places = self.keys.locations(self.keys.key(topic, key), part)
-        except CorruptionError:
-            return None
-        read, hours, found = self._reader.read_message, self._hours, []
+        read, found = self._reader.read_message, []
         for where in places:
-            if where.hour not in hours:  # retired since the parts were listed
-                continue
             m = read(where)
             if m is not None and m.key == key and m.topic == topic:
                 found.append(m)
@@ -378,6 +372,20 @@ class Store:
         part of `key` -- their bodies not read, so a message of another key
         whose slot collides may be among them: confirm by reading it. None
         on a damaged slot."""
+        places = self._key_places(topic, key, part)
+        if places is None:
+            return None
+        topic_hash, live_entry, found = text_hash(topic), self._reader.live_entry, []
+        for where in places:
+            entry = live_entry(where)
+            if entry is not None and entry.topic_hash == topic_hash:
+                found.append((where, entry.trigger_ms))
+        return found
+
+    def _key_places(self, topic: str, key: str, part: KeyPart) -> list[Location] | None:
+        """The places the key index holds for `key` in `part`, in files still
+        live (one may have retired since the parts were listed); None: no
+        key index, or a damaged slot."""
         self._check_open()
         if self.keys is None:
             return None
@@ -385,14 +393,8 @@ class Store:
             places = self.keys.locations(self.keys.key(topic, key), part)
         except CorruptionError:
             return None
-        topic_hash, live_entry, hours, found = text_hash(topic), self._reader.live_entry, self._hours, []
-        for where in places:
-            if where.hour not in hours:  # retired since the parts were listed
-                continue
-            entry = live_entry(where)
-            if entry is not None and entry.topic_hash == topic_hash:
-                found.append((where, entry.trigger_ms))
-        return found
+        hours = self._hours
+        return [where for where in places if where.hour in hours]
 
     def read_message(self, where: Location) -> Message | None:
         """The whole message at `where`; None once it has been released."""
