@@ -36,9 +36,10 @@ class Journal:
         return f"Journal(pending_records={self._store.pending_records})"
 
     def send(self, batch: Sequence[NewMessage], now_ms: int) -> list[SendResult]:
-        """Store new messages (WAITING): one record."""
+        """Store new messages (WAITING): one record. Their fields are
+        checked already (broker.params)."""
         try:
-            return self._store.send(batch, now_ms)
+            return self._store.send(batch, now_ms, checked=True)
         except InvalidRequest:
             raise
         except OSError as e:  # nothing was kept (the store undoes a failed append)

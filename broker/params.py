@@ -81,6 +81,7 @@ import orjson
 from storage.entry import Status
 from storage.errors import ConfigError, InvalidRequest
 from storage.store import MAX_PRIORITY, MAX_RETRY_COUNT, MIN_PRIORITY, NewMessage
+from storage.types import validate_message
 
 from .bodies import JSON_MARKS_PER_BODY, MAX_SEND_BATCH, BodyLimits, check_json_marks, check_size
 
@@ -243,8 +244,16 @@ class NewSend(NamedTuple):
 
 
 def as_sends(items: Sequence[NewSend | NewMessage]) -> list[NewSend]:
-    """A bare NewMessage (from Python callers) is a non-strict send."""
-    return [item if isinstance(item, NewSend) else NewSend(item, False) for item in items]
+    """A bare NewMessage (from Python callers) is a non-strict send, its
+    fields checked here (storage.types.validate_message) as parsing checks
+    a request's: the store is told every send it gets is checked."""
+    sends = []
+    for i, item in enumerate(items):
+        if not isinstance(item, NewSend):
+            validate_message(item, i)
+            item = NewSend(item, False)
+        sends.append(item)
+    return sends
 
 
 def parse_send(params: Params, *, now_ms: int, make_id: Callable[[], str], defaults: Defaults,

@@ -82,7 +82,7 @@ import shutil
 import struct
 import zlib
 from array import array
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from .entry import Location
 from .errors import ContractError, CorruptionError, InvariantError
@@ -283,6 +283,20 @@ class IdIndex:
         """The 64-bit key of (topic, msgId) under this index's secret (never 0)."""
         return self.key_of_bytes(topic.encode(), msg_id.encode())
 
+    def keys_of(self, ids: Sequence[tuple[str, str]]) -> list[int]:
+        """`key(topic, msg_id)` of each (topic, msg_id): a batch's, in one call."""
+        copy = self._hasher.copy
+        keys = []
+        topic, prefix = None, b""
+        for t, msg_id in ids:
+            if t != topic:
+                topic, topic_b = t, t.encode()
+                prefix = _TOPIC_LENGTH.pack(len(topic_b)) + topic_b
+            h = copy()
+            h.update(prefix + msg_id.encode())
+            keys.append(int.from_bytes(h.digest(), "little") or 1)
+        return keys
+
     def key_of_bytes(self, topic: bytes, msg_id: bytes) -> int:
         """As `key`, from the UTF-8 bytes (the topic's length is hashed too,
         so ("ab", "c") and ("a", "bc") differ)."""
@@ -371,10 +385,12 @@ class IdIndex:
     # -- lookups and inserts ------------------------------------------------------------
 
     def candidates(self, key: int) -> list[Location]:
-        shard = self._shard(key)
+        """The live locations stored under `key` (another message's whose id
+        hashes alike among them: the caller compares the ids)."""
+        shard = self.shards[key >> SHARD_SHIFT]
         found: list[Location] = []
-        mm, unpack, is_live = shard.mm, GROUP.unpack_from, self.is_live
-        group, stride = probe_start(key, shard.group_mask)
+        mm, unpack, is_live, mask = shard.mm, GROUP.unpack_from, self.is_live, shard.group_mask
+        group, stride = key & mask, ((key >> 32) & mask) | 1  # probe_start, written out
         probes = 0
         while True:
             base = HEADER_BYTES + group * GROUP_BYTES
@@ -390,6 +406,33 @@ class IdIndex:
                     if is_live(where.hour):
                         found.append(where)
             group = (group + stride) & shard.group_mask
+
+    def present(self, keys: Sequence[int]) -> set[int]:
+        """Those of `keys` stored at least once (live or not): a send looks up
+        `candidates` only for these (a new id's probe, in one call a batch)."""
+        found: set[int] = set()
+        unpack, shards = GROUP.unpack_from, self.shards
+        probes = 0
+        for key in keys:
+            shard = shards[key >> SHARD_SHIFT]
+            mm, mask = shard.mm, shard.group_mask
+            group, stride = key & mask, ((key >> 32) & mask) | 1  # probe_start, written out
+            searching = True
+            while searching:
+                slots = unpack(mm, HEADER_BYTES + group * GROUP_BYTES)
+                for i in range(0, 8, 2):
+                    probes += 1
+                    k = slots[i]
+                    if k == 0:
+                        searching = False
+                        break
+                    if k == key:
+                        found.add(key)
+                        searching = False
+                        break
+                group = (group + stride) & mask
+        self.probes += probes
+        return found
 
     # -- counters (the key index's buckets: storage.key_index) --------------------------
 

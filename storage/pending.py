@@ -148,6 +148,12 @@ class Pending:
 
     # -- ids -----------------------------------------------------------------------
 
+    def send_overlays(self) -> tuple[dict[int, list[Message]], dict[tuple[int, int], tuple[int, int]]]:
+        """The `ids` and `slots` overlays themselves, for the send loop of
+        storage.placement, which reads and extends them a message at a
+        time (their undo: `drop_last_message`, `set_slot`)."""
+        return self._ids, self._slots
+
     def messages(self, key: int) -> Sequence[Message]:
         """Messages sent under id key `key` by pending records, oldest first."""
         return self._ids.get(key, ())

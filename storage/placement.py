@@ -45,6 +45,7 @@ from .entry import MS_PER_HOUR, MS_PER_SECOND, Location, Message, Status
 from .errors import InvalidRequest, InvariantError
 from .fileutil import PAGE_BYTES
 from .framing import FRAME_HEADER_BYTES
+from .hour import Hour
 from .hour_table import HourTable
 from .id_index import IdIndex
 from .pending import Pending, State
@@ -86,23 +87,23 @@ class Placement:
         self._reader = reader
         self._disk_room = DiskRoom(directory)
 
-    def send(self, batch: Sequence[NewMessage], now_ms: int) -> list[SendResult]:
-        for i, m in enumerate(batch):
-            validate_message(m, i)
-        if sum(len(m.msg) for m in batch) > MAX_RECORD_CHARS:
-            raise InvalidRequest("batch", f"messages total more than {MAX_RECORD_CHARS} characters; split it")
+    def send(self, batch: Sequence[NewMessage], now_ms: int, checked: bool = False) -> list[SendResult]:
+        """`checked`: the caller validated every message already (the API
+        does, broker.params), so `validate_message` is not run again."""
+        if not checked:
+            for i, m in enumerate(batch):
+                validate_message(m, i)
         self._hours.advance(now_ms)
         results: list[SendResult] = []
         items: list[records.SendItem] = []
-        hashes: dict[str, int] = {}  # topic and tag hashes, once per batch
         undo_hours: UndoHours = {}
         undo_slots: UndoSlots = {}
         undo_ids: list[int] = []
         try:
-            self._send_items(batch, now_ms, results, items, hashes, undo_hours, undo_slots, undo_ids)
+            far_bytes = self._send_items(batch, now_ms, results, items, undo_hours, undo_slots, undo_ids)
             if items:
                 body = records.encode(records.Kind.SEND, now_ms, items)
-                far_bytes = self.make_room(items, undo_hours, len(body))
+                self.reserve_room(undo_hours, far_bytes, len(body))
                 self._pending.append(body, records.Kind.SEND, now_ms, items, far_bytes)
         except BaseException:
             self.undo(undo_hours, undo_slots, undo_ids)
@@ -124,24 +125,34 @@ class Placement:
             self._pending.drop_last_message(key)
 
     def _send_items(self, batch: Sequence[NewMessage], now_ms: int, results: list[SendResult],
-                    items: list[records.SendItem], hashes: dict[str, int], undo_hours: UndoHours,
-                    undo_slots: UndoSlots, undo_ids: list[int]) -> None:
-        key_of, find, pack_body = self._ids.key_of_bytes, self._reader.find, delay_log.pack_body
-        place, pend_id = self.place, self.pend_id
+                    items: list[records.SendItem], undo_hours: UndoHours, undo_slots: UndoSlots,
+                    undo_ids: list[int]) -> int:
+        """Place each message of `batch` not stored already (`place` and
+        `pend_id` written out: the ingest path's one loop, a Python call
+        a message); returns the bytes the batch will write to far hours."""
+        reader = self._reader
+        pending_ids, slots = self._pending.send_overlays()
+        keys = self._ids.keys_of([(m.topic, m.msg_id) for m in batch])
+        known = self._ids.present(keys)  # keys with a slot in the id index: maybe stored
+        find, pack_body, file_of, slot_of = reader.find, delay_log.pack_body, self._file_of, reader.slot
         append_result, append_item = results.append, items.append
-        new = tuple.__new__  # NamedTuples built without their Python-level __new__ (the send path's hottest loop)
-        for m in batch:
+        new = tuple.__new__  # NamedTuples built without their Python-level __new__
+        hashes: dict[str, int] = {}  # topic and tag hashes, once per batch
+        files: dict[int, tuple[Hour, bool]] = {}  # filing hour -> (its file's Hour, near), once per batch
+        far_bytes = chars = 0
+        for m, key in zip(batch, keys):
             topic, msg_id = m.topic, m.msg_id
-            key = key_of(topic.encode(), msg_id.encode())
-            existing = find(key, topic, msg_id)
-            if existing is not None:
-                append_result(new(SendResult, (DUPLICATE, existing)))
-                continue
-            body = pack_body(topic, msg_id, m.msg, m.produce_ms, m.ttl_ms, m.max_retry, m.tag, m.key)
+            if key in known or key in pending_ids:
+                existing = find(key, topic, msg_id)
+                if existing is not None:
+                    append_result(new(SendResult, (DUPLICATE, existing)))
+                    continue
+            msg, tag = m.msg, m.tag
+            chars += len(msg)
+            body = pack_body(topic, msg_id, msg, m.produce_ms, m.ttl_ms, m.max_retry, tag, m.key)
             topic_hash = hashes.get(topic)
             if topic_hash is None:
                 topic_hash = hashes[topic] = text_hash(topic)
-            tag = m.tag
             if tag:
                 tag_hash = hashes.get(tag)
                 if tag_hash is None:
@@ -149,13 +160,53 @@ class Placement:
             else:
                 tag_hash = 0
             trigger_ms = m.trigger_ms
-            item = place(trigger_ms if trigger_ms > now_ms else now_ms, trigger_ms, m.priority, topic_hash, tag_hash,
-                         key, body, undo_hours, undo_slots)
-            append_item(item)
-            message = new(Message, (topic, msg_id, m.msg, m.produce_ms, trigger_ms, m.ttl_ms, m.max_retry,
-                                    m.priority, tag, WAITING, 0, new(Location, (item.hour, item.global_index)), m.key))
-            pend_id(key, message, undo_ids)
+            hour, rest_ms = divmod(trigger_ms if trigger_ms > now_ms else now_ms, MS_PER_HOUR)
+            second = rest_ms // MS_PER_SECOND
+            filed = files.get(hour)
+            if filed is None:
+                filed = files[hour] = file_of(hour, undo_hours)
+            h, near = filed
+            file_id = h.hour
+            gi = h.entries
+            h.entries = gi + 1
+            slot = (file_id, second)
+            before = slots.get(slot)
+            last, count = before or slot_of(h, second)
+            if slot not in undo_slots:
+                undo_slots[slot] = before
+            slots[slot] = (gi, count + 1)
+            frame_size = FRAME_HEADER_BYTES + len(body)
+            offset8 = h.log_bytes >> 3
+            h.log_bytes += (frame_size + 7) & ~7  # delay_log.padded_bytes, written out (checked above)
+            if not near:
+                far_bytes += frame_size + delay_index.ENTRY_BYTES + 16
+            append_item(new(records.SendItem, (file_id, gi, last, count, second, offset8, frame_size, trigger_ms,
+                                               m.priority, topic_hash, tag_hash, key, body)))
+            message = new(Message, (topic, msg_id, msg, m.produce_ms, trigger_ms, m.ttl_ms, m.max_retry,
+                                    m.priority, tag, WAITING, 0, new(Location, (file_id, gi)), m.key))
+            same_key = pending_ids.get(key)  # pend_id, written out
+            if same_key is None:
+                pending_ids[key] = [message]
+            else:
+                same_key.append(message)
+            undo_ids.append(key)
             append_result(new(SendResult, (STORED, message)))
+        if chars > MAX_RECORD_CHARS:
+            raise InvalidRequest("batch", f"messages total more than {MAX_RECORD_CHARS} characters; split it")
+        return far_bytes
+
+    def _file_of(self, hour: int, undo_hours: UndoHours) -> tuple[Hour, bool]:
+        """The Hour of the file storage.spans names for filing hour `hour`
+        now (made if new, its counters noted in `undo_hours`), and whether
+        it is a near hour's (mapped)."""
+        hours = self._hours
+        file_id = spans.file_for(hour, hours.now_hour)
+        h = hours.get(file_id)
+        if file_id not in undo_hours:
+            undo_hours[file_id] = (h.entries, h.log_bytes, False) if h is not None else (0, 0, True)
+        if h is None:
+            h = hours.get_or_add(file_id)
+        return h, hours.is_near(file_id)
 
     def place(self, filing_ms: int, trigger_ms: int, priority: int, topic_hash: int, tag_hash: int, key: int,
                body: bytes, undo_hours: UndoHours, undo_slots: UndoSlots) -> records.SendItem:
@@ -165,13 +216,9 @@ class Placement:
         previous values noted in `undo_hours` and `undo_slots`)."""
         hour, rest_ms = divmod(filing_ms, MS_PER_HOUR)
         second = rest_ms // MS_PER_SECOND
-        hours, pending = self._hours, self._pending
-        file_id = spans.file_for(hour, hours.now_hour)
-        h = hours.get(file_id)
-        if file_id not in undo_hours:
-            undo_hours[file_id] = (h.entries, h.log_bytes, False) if h is not None else (0, 0, True)
-        if h is None:
-            h = hours.get_or_add(file_id)
+        pending = self._pending
+        h, _ = self._file_of(hour, undo_hours)
+        file_id = h.hour
         gi = h.entries
         h.entries = gi + 1
         slot = (file_id, second)
@@ -218,14 +265,22 @@ class Placement:
         self._pending.set_states(staged)  # only once the record is in the log
 
     def make_room(self, items: list[records.SendItem], hours: Iterable[int], record_bytes: int) -> int:
-        """Make sure the writes a send commits the store to will find disk
+        """`reserve_room` for a record of `items` (a move's new places);
+        returns their far-hour bytes."""
+        table = self._hours
+        far_bytes = sum(item.frame_size + delay_index.ENTRY_BYTES + 16 for item in items if not table.is_near(item.hour))
+        self.reserve_room(hours, far_bytes, record_bytes)
+        return far_bytes
+
+    def reserve_room(self, hours: Iterable[int], far_bytes: int, record_bytes: int) -> None:
+        """Make sure the writes a record commits the store to will find disk
         room, or refuse it (OSError ENOSPC) before anything is appended: the
         mapped files of near hours are grown now to hold the batch (a write
         through a mapping cannot fail cleanly: it would be SIGBUS), and the
         file system must have room for everything else still to be written
         -- far hours' staged bytes, sends appended but not applied, this
-        batch's far-hour bytes, the commit log's next reservation -- plus
-        DISK_HEADROOM_BYTES (storage.disk_room). Returns this batch's far-hour bytes."""
+        record's `far_bytes` (bytes it writes to far hours), the commit
+        log's next reservation -- plus DISK_HEADROOM_BYTES (storage.disk_room)."""
         table = self._hours
         grown = 0  # bytes the near hours' files took now (a growth doubles a file)
         for hour in hours:
@@ -235,11 +290,9 @@ class Placement:
                 before = files.mapped_bytes()
                 files.reserve(h.entries, h.log_bytes)
                 grown += files.mapped_bytes() - before
-        far_bytes = sum(item.frame_size + delay_index.ENTRY_BYTES + 16 for item in items if not table.is_near(item.hour))
         need = (table.staged_bytes + self._pending.far_bytes + far_bytes + self._log.allocation_for(record_bytes)
                 + 3 * PAGE_BYTES * (table.dirty_count + 1))
         self._disk_room.check(need, record_bytes + far_bytes + grown)
-        return far_bytes
 
     def __repr__(self) -> str:
         return f"Placement({self._disk_room!r})"

@@ -203,7 +203,7 @@ class Store:
 
     # == changes: storage.placement, storage.refile ===========================
 
-    def send(self, batch: Sequence[NewMessage], now_ms: int) -> list[SendResult]:
+    def send(self, batch: Sequence[NewMessage], now_ms: int, checked: bool = False) -> list[SendResult]:
         """Append a batch of new messages as one commit-log record.
 
         A message whose (topic, msgId) exists (stored, or earlier in this
@@ -213,9 +213,11 @@ class Store:
         and OSError(ENOSPC) (nothing appended) if the disk lacks room for
         what the batch will write (see `Placement.make_room`); if the
         append itself fails, every counter and overlay it touched is put
-        back, so the next send numbers on without a gap."""
+        back, so the next send numbers on without a gap. `checked`: the
+        caller has checked every message's fields already (the broker's
+        parsing does; storage.types.validate_message's rules)."""
         self._check_open()
-        return self._placement.send(batch, now_ms)
+        return self._placement.send(batch, now_ms, checked)
 
     def update(self, changes: Iterable[StateChange], now_ms: int, part_of: int = 0) -> None:
         """Append status/retry changes as one record; in place after commit.
