@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import errno
 
-from .fileutil import free_bytes
+from .disk import Disk
 
 # Disk room a send leaves free beyond what the writes it commits the store to
 # will take: for the checkpoint file, a shard doubling, block rounding.
@@ -33,11 +33,12 @@ DISK_RECHECK_MARGIN_BYTES = 256 * 1024 * 1024
 
 
 class DiskRoom:
-    """The free space of the file system holding `directory`, as last read,
-    and what the sends since may have taken of it."""
+    """The free space of the file system holding `directory`, as last read
+    from `disk`, and what the sends since may have taken of it."""
 
-    def __init__(self, directory: str) -> None:
+    def __init__(self, directory: str, disk: Disk) -> None:
         self.directory = directory
+        self._disk = disk
         # (free bytes at the last statvfs, bytes sent since, sends since)
         self._seen = (0, 0, DISK_RECHECK_SENDS)
 
@@ -53,7 +54,7 @@ class DiskRoom:
         if sends < DISK_RECHECK_SENDS and need + spent + DISK_RECHECK_MARGIN_BYTES <= seen_free:
             self._seen = (seen_free, spent, sends + 1)  # room enough, seen a moment ago: no statvfs
             return
-        free = free_bytes(self.directory)
+        free = self._disk.free_bytes(self.directory)
         self._seen = (free, 0, 0)
         if free < need:
             raise OSError(errno.ENOSPC, f"the disk holding the data directory has {free} bytes free; "

@@ -40,6 +40,7 @@ from . import delay_index, delay_log, records, spans
 from .commit_log import CommitLog
 from .delay_index import FLAG_RELEASED
 from .delay_log import ALIGN_BYTES
+from .disk import DISK, Disk
 from .disk_room import DiskRoom
 from .entry import MS_PER_HOUR, MS_PER_SECOND, Location, Message, Status
 from .errors import InvalidRequest, InvariantError
@@ -79,13 +80,13 @@ class Placement:
     contract is on `storage.store.Store`). One thread calls it."""
 
     def __init__(self, directory: str, hours: HourTable, pending: Pending, ids: IdIndex, log: CommitLog,
-                 reader: Reader) -> None:
+                 reader: Reader, disk: Disk = DISK) -> None:
         self._hours = hours
         self._pending = pending
         self._ids = ids
         self._log = log
         self._reader = reader
-        self._disk_room = DiskRoom(directory)
+        self._disk_room = DiskRoom(directory, disk)
 
     def send(self, batch: Sequence[NewMessage], now_ms: int, checked: bool = False) -> list[SendResult]:
         """`checked`: the caller validated every message already (the API

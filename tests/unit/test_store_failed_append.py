@@ -10,6 +10,7 @@ import re
 import pytest
 
 from storage import disk_room
+from storage.disk import DISK
 from storage.entry import MS_PER_HOUR, Status
 from storage.store import NewMessage, StateChange, Store
 
@@ -73,7 +74,7 @@ def test_a_send_the_disk_has_no_room_for_is_refused_before_it_is_appended(tmp_pa
         if short_of == "mapped room":  # the near hour's mapped files cannot grow
             monkeypatch.setattr(os, "posix_fallocate", full_disk)
         else:  # the file system is short of what the batch commits the store to write
-            monkeypatch.setattr(disk_room, "free_bytes", lambda path: disk_room.DISK_HEADROOM_BYTES)
+            monkeypatch.setattr(DISK, "free_bytes", lambda path: disk_room.DISK_HEADROOM_BYTES)
             monkeypatch.setattr(disk_room, "DISK_RECHECK_SENDS", 0)  # read at this send, not a cached figure
         big = "x" * 100_000
         batch = ([message(f"n{i}", 2_000)._replace(msg=big) for i in range(3)]
@@ -110,7 +111,7 @@ def test_a_disk_that_fills_after_a_check_is_seen_within_disk_recheck_sends(tmp_p
     try:
         store.send([message("a", 1_000)], NOW)
         store.commit()
-        monkeypatch.setattr(disk_room, "free_bytes", lambda path: disk_room.DISK_HEADROOM_BYTES)
+        monkeypatch.setattr(DISK, "free_bytes", lambda path: disk_room.DISK_HEADROOM_BYTES)
         for i in range(disk_room.DISK_RECHECK_SENDS + 1):
             end = store.log_end_offset
             try:
@@ -132,7 +133,7 @@ def test_growing_a_near_hour_counts_against_the_free_space_seen(tmp_path, monkey
     the figure seen before the growth."""
     from storage.hour_files import HourFiles
     reads = []
-    monkeypatch.setattr(disk_room, "free_bytes", lambda path: reads.append(path) or 600 * 1024 * 1024)
+    monkeypatch.setattr(DISK, "free_bytes", lambda path: reads.append(path) or 600 * 1024 * 1024)
     store = Store.open(str(tmp_path), now_ms=NOW)
     try:
         store.send([message("a", 1_000)], NOW)
@@ -146,7 +147,7 @@ def test_growing_a_near_hour_counts_against_the_free_space_seen(tmp_path, monkey
         store.send([message("c", 1_000)], NOW)
         store.commit()
         monkeypatch.undo()
-        monkeypatch.setattr(disk_room, "free_bytes", lambda path: reads.append(path) or 600 * 1024 * 1024)
+        monkeypatch.setattr(DISK, "free_bytes", lambda path: reads.append(path) or 600 * 1024 * 1024)
         store.send([message("d", 1_000)], NOW)  # 500 MiB spent of 600: read again
         assert len(reads) == 2
     finally:
