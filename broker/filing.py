@@ -23,12 +23,15 @@ from __future__ import annotations
 
 import asyncio
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
-from storage.entry import MS_PER_SECOND, SECONDS_PER_HOUR, IndexEntry, Location
+from storage.entry import MS_PER_SECOND, SECONDS_PER_HOUR, IndexEntry, Location, Message
 from storage.spans import is_span
 from wheel.scheduler import Scheduler
 from wheel.tick_state import TickState
+
+# Files whose is_span verdict is remembered (cleared when more: a send's few)
+SPAN_CACHE_FILES = 1024
 
 
 class Filing:
@@ -39,6 +42,7 @@ class Filing:
         self._scheduler = scheduler
         self._unfiled: dict[int, int] = defaultdict(int)  # filing second -> messages appended, not handed over
         self.span_filed = asyncio.Event()  # a message was filed in a span
+        self._spans: dict[int, bool] = {}  # file id -> is_span(it), for the files of recent sends
 
     def __repr__(self) -> str:
         return f"Filing(unfiled={sum(self._unfiled.values())}, first={min(self._unfiled, default=None)})"
@@ -48,12 +52,35 @@ class Filing:
         if not is_span(location.hour):  # (a span's wakes the span mover once applied: on_committed)
             self._unfiled[max(trigger_ms, now_ms) // MS_PER_SECOND] += 1
 
+    def add_many(self, messages: Iterable[Message], now_ms: int) -> None:
+        """`add` of each new WAITING message appended at `now_ms` (a send's)."""
+        unfiled, spans = self._unfiled, self._spans
+        for m in messages:
+            hour = m.location.hour
+            span = spans.get(hour)
+            if span is None:
+                span = spans[hour] = is_span(hour)
+            if not span:
+                trigger_ms = m.trigger_ms
+                unfiled[(trigger_ms if trigger_ms > now_ms else now_ms) // MS_PER_SECOND] += 1
+        if len(spans) > SPAN_CACHE_FILES:
+            spans.clear()
+
     def on_committed(self, entries: Sequence[IndexEntry]) -> None:
         """The group commit applied these entries: the wheel holds them now,
         and the span mover replans if one went to a span (woken only now: a
         store that has not applied a send does not know its span yet)."""
-        unfiled = self._unfiled
-        filed = [entry for entry in entries if not is_span(entry.hour)]  # a span's: refile() brings them in time
+        unfiled, spans = self._unfiled, self._spans
+        filed = []  # a span's: refile() brings them in time
+        for entry in entries:
+            hour = entry.hour
+            span = spans.get(hour)
+            if span is None:
+                span = spans[hour] = is_span(hour)
+            if not span:
+                filed.append(entry)
+        if len(spans) > SPAN_CACHE_FILES:
+            spans.clear()
         if len(filed) < len(entries):
             self.span_filed.set()
         self._scheduler.on_new_many(filed)

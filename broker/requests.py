@@ -21,6 +21,7 @@ sends is one append and one fsync; an ackMsg of many ids is one record.
 from __future__ import annotations
 
 import functools
+import operator
 from collections.abc import Callable, Sequence
 
 from storage.entry import Message, Status
@@ -39,6 +40,9 @@ from .releaser import Releaser
 from .topics import Topics
 from .transitions import ACK, GIVE_BACK, NACK, Delete, Effect, MessageState, Refusal, Send, due, step
 from .windows import ReadyWindows
+
+STORED = SendOutcome.STORED
+_TRIGGER_MS = operator.attrgetter("trigger_ms")
 
 
 class Requests:
@@ -85,16 +89,12 @@ class Requests:
                                  now_ms)
             for i, result in zip(replace, self._journal.send([batch[i] for i in replace], now_ms)):
                 results[i] = result
-        filing, stored, duplicates, due_now = self._filing, 0, 0, False
-        for outcome, message in results:  # a new message: FILE, and DUE_NOW if due (transitions.step's Send)
-            if outcome is SendOutcome.STORED:
-                stored += 1
-                if due(message.trigger_ms, now_ms):
-                    due_now = True
-                filing.add(message.location, message.trigger_ms, now_ms)
-            else:
-                duplicates += 1
-        self._count_sends(results, stored, duplicates)
+        # a new message: FILE, and DUE_NOW if due (transitions.step's Send;
+        # the earliest is due if any is)
+        fresh = [message for outcome, message in results if outcome is STORED]
+        self._filing.add_many(fresh, now_ms)
+        due_now = bool(fresh) and due(min(map(_TRIGGER_MS, fresh)), now_ms)
+        self._count_sends(results, len(fresh), len(results) - len(fresh))
         await self._commits.durable()
         if not due_now:
             return [r.message for r in results]

@@ -153,31 +153,44 @@ class Applier:
             self._apply_states(now_ms, cast(Sequence[records.StateItem], items))
 
     def _apply_sends(self, items: Sequence[records.SendItem], new_entries: list[IndexEntry] | None) -> None:
-        hours = self._hours
-        put, mark_dirty, topic_names, keys = self._ids.put, hours.mark_dirty, self._topic_names, self._keys
+        """Stage each run of one file's items (Hour.stage_sends), put their
+        ids, then their serial keys, each in one call; count them per file
+        and topic once."""
+        hours, topic_names, keys = self._hours, self._topic_names, self._keys
         add_entry = None if new_entries is None else new_entries.append
+        new = tuple.__new__
         staged: dict[tuple[Hour, int], int] = {}  # (hour, topic hash) -> entries staged: counted once
+        ids: list[tuple[int, int, int]] = []  # (id key, file, gi): the id index's puts
         keyed: list[tuple[int, int, int, int]] = []  # (serial key, file, trigger, gi): the key index's puts
         serials: dict[tuple[str, str], int] = {}  # (topic, serial key) -> its hash, once a record
-        h: Hour | None = None
-        for item in items:
-            if h is None or h.hour != item.hour:
-                h = hours.get_or_add(item.hour)
-            if h.stage_send(item):
+        touched: list[Hour] = []
+        i, end = 0, len(items)
+        while i < end:
+            hour = items[i].hour
+            j = i + 1
+            while j < end and items[j].hour == hour:
+                j += 1
+            h = hours.get_or_add(hour)
+            touched.append(h)
+            for item in h.stage_sends(items[i:j] if i or j < end else items):
                 counted = (h, item.topic_hash)
                 staged[counted] = staged.get(counted, 0) + 1
                 if item.topic_hash not in topic_names:
                     topic_names[item.topic_hash] = delay_log.unpack_body(item.body).topic
-            put(item.key, item.hour, item.global_index)
-            if keys is not None and item.body[0] == KEYED_BODY:
-                serial = key_of_body(keys, item.body, serials)
-                if serial is not None:
-                    keyed.append((serial, item.hour, item.trigger_ms, item.global_index))
-            mark_dirty(h)  # after put: its look at a released message may have flushed h
-            if add_entry is not None:
-                add_entry(tuple.__new__(IndexEntry, (
-                    item.hour, item.second, item.local_index, item.global_index, item.pre_global_index,
-                    item.trigger_ms, item.priority, item.topic_hash, item.tag_hash, WAITING, 0)))
+                if keys is not None and item.body[0] == KEYED_BODY:
+                    serial = key_of_body(keys, item.body, serials)
+                    if serial is not None:
+                        keyed.append((serial, hour, item.trigger_ms, item.global_index))
+            for item in items[i:j] if i or j < end else items:  # (a replayed one again too: put is idempotent)
+                ids.append((item.key, hour, item.global_index))
+                if add_entry is not None:
+                    add_entry(new(IndexEntry, (
+                        hour, item.second, item.local_index, item.global_index, item.pre_global_index,
+                        item.trigger_ms, item.priority, item.topic_hash, item.tag_hash, WAITING, 0)))
+            i = j
+        self._ids.put_many(ids)
+        for h in touched:
+            hours.mark_dirty(h)  # after the puts: their look at a released message may have flushed h
         for (h, topic_hash), count in staged.items():
             h.count(topic_hash, WAITING, count)
         if keyed:

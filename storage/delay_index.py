@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import struct
 import zlib
+from collections.abc import Iterable
 
 from .entry import STATUS_BY_VALUE, IndexEntry, Status
 from .errors import CorruptionError, InvariantError
@@ -75,6 +76,22 @@ def pack_entry(trigger_ms: int, log_offset8: int, size: int, local_index: int, g
                        NO_ENTRY if pre_global_index < 0 else pre_global_index,
                        topic_hash, tag_hash, priority, second)
     return fixed + struct.pack("<IBBH", zlib.crc32(fixed), status, flags, retry)
+
+
+def pack_waiting_entries(rows: Iterable[tuple[int, int, int, int, int, int, int, int, int, int]]) -> bytes:
+    """`pack_entry` of each row (its first ten arguments, in order), WAITING,
+    no flags, retry 0: a commit's new entries, joined, in one call."""
+    out = bytearray()
+    fixed_pack, tail_pack, crc, waiting = FIXED.pack, _TAIL.pack, zlib.crc32, int(Status.WAITING)
+    for trigger_ms, log_offset8, size, local_index, global_index, pre, topic_hash, tag_hash, priority, second in rows:
+        fixed = fixed_pack(trigger_ms, log_offset8, size, local_index, global_index, NO_ENTRY if pre < 0 else pre,
+                           topic_hash, tag_hash, priority, second)
+        out += fixed
+        out += tail_pack(crc(fixed), waiting, 0, 0)
+    return bytes(out)
+
+
+_TAIL = struct.Struct("<IBBH")  # crc, status, flags, retry
 
 
 def unpack_entry(path: str, hour: int, global_index: int, raw: bytes) -> tuple[IndexEntry, int, int, int]:

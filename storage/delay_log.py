@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import struct
 import zlib
+from collections.abc import Iterable
 from typing import NamedTuple
 
 import msgpack
@@ -122,6 +123,22 @@ def append_frame(buf: bytearray, body: bytes) -> int:
     if pad:
         buf += _PAD[:pad]
     return size + pad
+
+
+def append_frames(buf: bytearray, bodies: Iterable[bytes]) -> int:
+    """`append_frame` of each body, in order; returns the last one's bytes in
+    the log (0 if none)."""
+    header, crc, pad_bytes = FRAME_HEADER.pack, zlib.crc32, _PAD
+    taken = 0
+    for body in bodies:
+        buf += header(len(body), crc(body))
+        buf += body
+        size = FRAME_HEADER_BYTES + len(body)
+        pad = -size & (ALIGN_BYTES - 1)
+        if pad:
+            buf += pad_bytes[:pad]
+        taken = size + pad
+    return taken
 
 
 def decode_body_frame(path: str, raw: bytes, offset: int) -> bytes:

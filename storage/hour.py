@@ -15,11 +15,18 @@ crash may lose, and replaying the log from the checkpoint recreates them.
 
 from __future__ import annotations
 
+import operator
+from collections.abc import Sequence
+
 from . import delay_index, delay_log, spans
 from .checkpoint import HourRecord
 from .errors import InvariantError
 from .hour_files import HourFiles
 from .records import SendItem
+
+# A SendItem's fields in delay_index.pack_entry's order, and its body
+_ENTRY_FIELDS = operator.itemgetter(7, 5, 6, 3, 1, 2, 9, 10, 8, 4)
+_BODY = operator.attrgetter("body")
 
 
 class Hour:
@@ -76,21 +83,35 @@ class Hour:
         """Stage one durable send. Items of an hour arrive in globalIndex
         order; one already staged (a record replayed twice) is skipped
         (returns False)."""
-        gi = item.global_index
-        if gi < self.applied:
-            return False
-        if gi != self.applied:
-            raise InvariantError(f"hour {self.hour}: entry {gi} staged after {self.applied}")
-        self._entries_buf += delay_index.pack_entry(
-            item.trigger_ms, item.log_offset8, item.frame_size, item.local_index, gi, item.pre_global_index,
-            item.topic_hash, item.tag_hash, item.priority, item.second)
-        taken = delay_log.append_frame(self._frames_buf, item.body)
-        self._slots[item.second] = (gi, item.local_index + 1)
-        self.applied = gi + 1
-        if gi >= self.entries:  # replay: counters follow the records
-            self.entries = gi + 1
-            self.log_bytes = (item.log_offset8 << 3) + taken
-        return True
+        return bool(self.stage_sends((item,)))
+
+    def stage_sends(self, items: Sequence[SendItem]) -> Sequence[SendItem]:
+        """`stage_send` of a run of this hour's items, in globalIndex order,
+        in three calls whatever its length; returns those staged (without
+        the ones staged already: a record replayed twice)."""
+        applied = self.applied
+        skip = 0
+        for item in items:
+            if item.global_index >= applied:
+                break
+            skip += 1
+        run = items[skip:] if skip else items
+        if not run:
+            return run
+        slots = self._slots
+        for item in run:
+            if item.global_index != applied:
+                raise InvariantError(f"hour {self.hour}: entry {item.global_index} staged after {applied}")
+            slots[item.second] = (applied, item.local_index + 1)
+            applied += 1
+        self._entries_buf += delay_index.pack_waiting_entries(map(_ENTRY_FIELDS, run))
+        taken = delay_log.append_frames(self._frames_buf, map(_BODY, run))
+        self.applied = applied
+        last = run[-1]
+        if last.global_index >= self.entries:  # replay: counters follow the records
+            self.entries = last.global_index + 1
+            self.log_bytes = (last.log_offset8 << 3) + taken
+        return run
 
     def stage_state(self, global_index: int, status: int, flags: int, retry: int) -> None:
         mutable = delay_index.MUTABLE.pack(status, flags, retry)

@@ -82,7 +82,7 @@ import shutil
 import struct
 import zlib
 from array import array
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from .entry import Location
 from .errors import ContractError, CorruptionError, InvariantError
@@ -505,31 +505,38 @@ class IdIndex:
     def put(self, key: int, hour: int, global_index: int) -> None:
         """Add (hour, global_index) under `key`; a no-op if that pair is
         already there (replaying the commit log calls this again)."""
-        loc = pack_loc(key, hour, global_index)
-        bounded = True
-        while True:
-            shard = self._shard(key)
-            offset = self._free_slot(shard, key, loc, bounded)
-            if offset is None:
-                return
-            if offset >= 0:
-                break
-            # The run was too long: a bigger shard parts it (on a full disk,
-            # probe on: correct, only slower).
-            bounded = self._double(shard)
-        if SLOT.unpack_from(shard.mm, offset)[0] == 0:
-            shard.used += 1
-        SLOT.pack_into(shard.mm, offset, key, loc)
-        if shard.used > shard.slot_count * MAX_LOAD:
-            self._double(shard)
+        self.put_many(((key, hour, global_index),))
+
+    def put_many(self, entries: Iterable[tuple[int, int, int]]) -> None:
+        """`put` each (key, hour, global_index), in order (a commit's sends:
+        a Python call each, the probe's)."""
+        shards, crc, check, free_slot = self.shards, zlib.crc32, _CHECK.pack, self._free_slot
+        for key, hour, global_index in entries:
+            loc = hour << 40 | global_index << 8 | crc(check(key, hour, global_index)) & 0xFF  # pack_loc
+            bounded = True
+            while True:
+                shard = shards[key >> SHARD_SHIFT]
+                offset = free_slot(shard, key, loc, bounded)
+                if offset is None:  # there already
+                    break
+                if offset >= 0:
+                    if SLOT.unpack_from(shard.mm, offset)[0] == 0:
+                        shard.used += 1
+                    SLOT.pack_into(shard.mm, offset, key, loc)
+                    if shard.used > shard.slot_count * MAX_LOAD:
+                        self._double(shard)
+                    break
+                # The run was too long: a bigger shard parts it (on a full
+                # disk, probe on: correct, only slower).
+                bounded = self._double(shard)
 
     def _free_slot(self, shard: Shard, key: int, loc: int, bounded: bool) -> int | None:
         """Where (key, loc) goes: the offset of the first empty or dead slot
         of key's sequence; None if the pair is there already; -1 if
         `bounded` and no empty slot came within MAX_PROBE_SLOTS: the shard
         should grow. (The shard always has an empty slot, see `_double`.)"""
-        mm, unpack, is_live = shard.mm, GROUP.unpack_from, self.is_live
-        group, stride = probe_start(key, shard.group_mask)
+        mm, unpack, is_live, mask = shard.mm, GROUP.unpack_from, self.is_live, shard.group_mask
+        group, stride = key & mask, ((key >> 32) & mask) | 1  # probe_start, written out
         may_grow = bounded and shard.used >= shard.slot_count * MIN_LOAD_TO_GROW
         reuse = None
         probes = 0

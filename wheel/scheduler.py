@@ -192,12 +192,14 @@ class Scheduler:
         """`on_new` for each of a commit's entries, in order, announcing the
         earliest new wake-up once."""
         wheel, window = self._wheel, self._window
+        loaded_below_s = wheel.loaded_below_s  # (offers and the window do not move it)
+        offered: set[int] = set()  # seconds offered by this call: a second offer adds no slot
         earliest = None
         count = 0
         for entry in entries:
             count += 1
-            abs_s = abs_second(entry)
-            if abs_s < wheel.loaded_below_s:
+            abs_s = entry.hour * SECONDS_PER_HOUR + entry.second  # abs_second, written out
+            if abs_s < loaded_below_s:
                 # A loaded second. If the window no longer tracks it (released
                 # whole, or before the tick we started from), every earlier
                 # local index of it is done: on_new comes in local order.
@@ -207,7 +209,10 @@ class Scheduler:
                 # Filed after its trigger, so due already: into RAM though its
                 # second is still on disk (the read of that second skips it).
                 due_ms = window.add(entry)
+            elif abs_s in offered:
+                continue
             else:
+                offered.add(abs_s)
                 due_ms = wheel.offer(abs_s).expiration_ms
             if due_ms is not None and (earliest is None or due_ms < earliest):
                 earliest = due_ms
