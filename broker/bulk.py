@@ -21,7 +21,9 @@ Changing, all or nothing per call: the matches are gathered first (their
 places, status, retry and trigger time, at most `limit`), then, with no
 await between, each is taken as read -- or read again if a status change
 or a move appended since the gather began touched its file
-(`Store.changed_since`) -- and stepped through broker.transitions (a
+(`Store.changed_since`; the call's own PART records excepted: they change
+other matches than the slices still to come, so a sliced call reads each
+state once) -- and stepped through broker.transitions (a
 message acked or pulled meanwhile steps as it now is: Delete of a final
 one and Reschedule of a consuming one change nothing), and every change is
 appended as ONE record -- a status record for a delete, a MOVE record for
@@ -43,6 +45,7 @@ import asyncio
 import secrets
 from collections.abc import AsyncIterator, Iterator
 from time import perf_counter
+from typing import NamedTuple
 
 from storage.entry import STATUS_BY_VALUE, Location, Message
 from storage.errors import HourglassError
@@ -78,6 +81,49 @@ _new_change = tuple.__new__  # a StateChange made without its generated (Python-
 class _Damaged(HourglassError):
     """Raised when a damaged slot of the key index is met mid-lookup: the
     caller scans instead."""
+
+
+class _Stale:
+    """Which files of a call's matches a change may have touched since the
+    gather read them (their entries are read again before they are
+    changed): those a record appended since the gather began touched,
+    except the call's own records -- each slice changes matches no other
+    slice holds, so its PART record makes no later slice's matches stale.
+
+    Worked example: matches in files 10 and 11; an ack in file 11 during
+    the gather; slice 1 (file 10 and 11) appends its PART: `files()`
+    before slice 1 is {11}; an ack in file 10 between the slices, and
+    `files()` before slice 2 is {10, 11} -- slice 1's PART, which touched
+    both, adds nothing. Cost: O(files of the matches) a slice."""
+
+    __slots__ = ("_files", "_since", "_stale", "_store")
+
+    def __init__(self, store: Store, files: set[int], mark: int) -> None:
+        self._store = store
+        self._files = files  # the files the matches are in
+        self._since = mark  # records appended after this mark are not the call's own
+        self._stale: set[int] = set()
+
+    def files(self) -> set[int]:
+        """The stale files now. Call with no await between it and the
+        slice's append, then `appended()` at once."""
+        changed, since = self._store.changed_since, self._since
+        self._stale.update(f for f in self._files if f not in self._stale and changed(f, since))
+        return self._stale
+
+    def appended(self) -> None:
+        """The call appended a slice's record: what was appended before it
+        has been looked at by `files()`, and it is the call's own."""
+        self._since = self._store.change_mark()
+
+    def __repr__(self) -> str:
+        return f"_Stale(files={len(self._files)}, stale={sorted(self._stale)}, since={self._since})"
+
+
+class _Gathered(NamedTuple):
+    found: list[Match]
+    more: bool  # matches past `limit` remain
+    stale: _Stale
 
 
 class Bulk:
@@ -216,40 +262,44 @@ class Bulk:
                     n += 1
         return n
 
-    async def _gather(self, topic: str, flt: BulkFilter, limit: int) -> tuple[list[Match], bool, int]:
+    async def _gather(self, topic: str, flt: BulkFilter, limit: int) -> _Gathered:
         """Up to `limit` matches (place, status, retry, trigger time as
-        read), whether there are more, and the store's change mark from
-        before they were read: a file no change touched since holds them
-        as read (`Store.changed_since`)."""
+        read), whether there are more, and what `_Stale` needs to tell
+        which of them may have changed since."""
         mark = self._store.change_mark()
         parts = await self._key_parts(topic, flt)
         found: list[Match] = []
+        files: set[int] = set()
         if parts is not None:
             try:
                 async for messages in self._keyed(topic, flt, parts):
                     found += [(m.location, int(m.status), m.retry, m.trigger_ms) for m in messages]
+                    files.update(m.location.hour for m in messages)
                     if len(found) > limit:
-                        return found[:limit], True, mark
-                return found, False, mark
+                        return _Gathered(found[:limit], True, _Stale(self._store, files, mark))
+                return _Gathered(found, False, _Stale(self._store, files, mark))
             except _Damaged:
-                found = []
+                found, files = [], set()
         body = flt.needs_body()
         async for matches in self._slices(topic, flt):
             if body:
                 matches = [match for match in matches if self._full_match(flt, match[0]) is not None]
             if len(found) + len(matches) > limit:
-                found += matches[:limit - len(found)]
-                return found, True, mark
+                matches = matches[:limit - len(found)]
+                found += matches
+                files.update(match[0].hour for match in matches)
+                return _Gathered(found, True, _Stale(self._store, files, mark))
             found += matches
-        return found, False, mark
+            files.update(match[0].hour for match in matches)
+        return _Gathered(found, False, _Stale(self._store, files, mark))
 
-    def _current(self, found: list[Match], mark: int) -> Iterator[Match]:
-        """The matches as they are now: read again where a change since
-        `mark` touched their file; left out if released (moved) meanwhile."""
+    def _current(self, found: list[Match], stale: set[int]) -> Iterator[Match]:
+        """The matches as they are now: read again in the `stale` files
+        (`_Stale.files`); left out if released (moved) meanwhile."""
         store = self._store
         for match in found:
             where = match[0]
-            if not store.changed_since(where.hour, mark):
+            if where.hour not in stale:
                 yield match
                 continue
             now = store.live_state(where)
@@ -261,11 +311,11 @@ class Bulk:
         past DELETE_SLICE of them, as one PART record a slice (the loop free
         between) and the COMMIT record last (storage.records): whole across
         a crash either way. How many, and whether matches remain."""
-        found, more, mark = await self._gather(request.topic, request.filter, request.limit)
+        found, more, stale = await self._gather(request.topic, request.filter, request.limit)
         self._lifecycle.check_serving()
         topic_hash = text_hash(request.topic)
         if len(found) <= DELETE_SLICE:
-            deleted = self._delete_slice(found, mark, topic_hash, 0)
+            deleted = self._delete_slice(found, stale.files(), topic_hash, 0)
         else:
             call_id = secrets.randbits(62) + 1
             deleted = 0
@@ -274,7 +324,9 @@ class Bulk:
                     if first:
                         await asyncio.sleep(0)
                         self._lifecycle.check_serving()
-                    deleted += self._delete_slice(found[first:first + DELETE_SLICE], mark, topic_hash, call_id)
+                    deleted += self._delete_slice(found[first:first + DELETE_SLICE], stale.files(), topic_hash,
+                                                  call_id)
+                    stale.appended()
                     self.slices += 1
                 self._journal.commit_parts(call_id, self._clock.now_ms())
             except BaseException as e:
@@ -286,14 +338,15 @@ class Bulk:
             await self._commits.durable()
         return deleted, more
 
-    def _delete_slice(self, found: list[Match], mark: int, topic_hash: int, call_id: int) -> int:
+    def _delete_slice(self, found: list[Match], stale: set[int], topic_hash: int, call_id: int) -> int:
         """Matches DELETED, out of the wheel and the windows first, as one
-        record (a PART of `call_id` unless 0); how many."""
+        record (a PART of `call_id` unless 0); how many. Those in `stale`
+        files are read again first."""
         now_ms = self._clock.now_ms()
         changes = []
         steps: dict[tuple[int, int], Step] = {}  # a delete's step depends on the status and retry only
         cancel, forget = self._filing.cancel, self._windows.forget_at
-        for where, status, retry, _ in self._current(found, mark):  # no await from here to the append
+        for where, status, retry, _ in self._current(found, stale):  # no await from here to the append
             done = steps.get((status, retry))
             if done is None:
                 done = steps[status, retry] = step(MessageState(STATUS_BY_VALUE[status], retry, 0, 0, 0), _DELETE,
@@ -313,11 +366,11 @@ class Bulk:
         """The waiting and ready matches (at most `limit`) filed anew at their
         new trigger times, as one MOVE record; how many, and whether
         matches remain."""
-        found, more, mark = await self._gather(request.topic, request.filter, request.limit)
+        found, more, stale = await self._gather(request.topic, request.filter, request.limit)
         self._lifecycle.check_serving()
         now_ms = self._clock.now_ms()
         moves = []
-        for where, status, retry, trigger_ms in self._current(found, mark):  # no await from here to the append
+        for where, status, retry, trigger_ms in self._current(found, stale.files()):  # no await up to the append
             # (a reschedule's step needs the status, retry and trigger time only)
             state = MessageState(STATUS_BY_VALUE[status], retry, 0, trigger_ms, 0)
             done = step(state, Reschedule(request.new_trigger_ms(trigger_ms)), now_ms)
