@@ -37,8 +37,9 @@ import shutil
 import tarfile
 
 from storage.checkpoint import Checkpoint
+from storage.disk import DISK
 from storage.errors import ContractError
-from storage.fileutil import FILE_MODE, create_file, fsync_dir, fsync_tree, make_dir
+from storage.fileutil import FILE_MODE, create_file, fsync_dir, make_dir
 
 STORE_ENTRIES = ("checkpoint", "delay", "ids", "keys", "commitlog")
 UNPACKED = "snapshot.new"  # being extracted: deleted if found at start
@@ -135,7 +136,7 @@ def unpack(tar_path: str, data_dir: str) -> str:
         if not os.path.exists(checkpoint):
             with open(create_file(checkpoint, os.O_WRONLY | os.O_TRUNC), "wb") as f:
                 f.write(Checkpoint().encode())  # what no checkpoint means: replay from offset 0
-        fsync_tree(staged)
+        DISK.fsync_tree(staged)
         fsync_dir(data_dir)
     except BaseException:
         shutil.rmtree(staged, ignore_errors=True)

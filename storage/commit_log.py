@@ -52,8 +52,9 @@ import zlib
 from collections.abc import Iterator
 
 from .config import FsyncPolicy
+from .disk import DISK, Disk
 from .errors import ContractError, CorruptionError
-from .fileutil import PAGE_BYTES, allocate, create_file, fsync_dir, make_dir, preallocate
+from .fileutil import PAGE_BYTES, create_file, fsync_dir, make_dir
 from .framing import FRAME_HEADER_BYTES, FrameProblem, decode_frame, encode_frame, find_valid_frame, frame_seed
 
 SEGMENT_HEADER = struct.Struct("<4sHHQII")
@@ -68,12 +69,13 @@ ALLOCATE_STEP_BYTES = 4 * 1024 * 1024
 class Segment:
     """One preallocated, memory-mapped segment file."""
 
-    def __init__(self, path: str, base_offset: int, fd: int, mm: mmap.mmap, version: int = SEGMENT_VERSION,
-                 salt: int = 0) -> None:
+    def __init__(self, path: str, base_offset: int, fd: int, mm: mmap.mmap, disk: Disk,
+                 version: int = SEGMENT_VERSION, salt: int = 0) -> None:
         self.path = path
         self.base_offset = base_offset
         self._fd = fd
         self.mm = mm
+        self._disk = disk  # its block reservations and fdatasyncs (storage.disk)
         self.version = version
         self.salt = salt
         self.header_bytes = HEADER_BYTES if version == SEGMENT_VERSION else V1_HEADER_BYTES
@@ -85,7 +87,7 @@ class Segment:
         self.allocated = 0
 
     @classmethod
-    def create(cls, path: str, base_offset: int, size_bytes: int, replace: bool = False) -> Segment:
+    def create(cls, path: str, base_offset: int, size_bytes: int, disk: Disk, replace: bool = False) -> Segment:
         """A new, empty segment at `path`; with `replace`, built aside and
         renamed over the (empty) segment of the same name. A failure (a full
         disk) leaves no file behind, so the next roll can try again."""
@@ -95,7 +97,7 @@ class Segment:
         fd = create_file(made, os.O_RDWR | os.O_EXCL)
         try:
             os.ftruncate(fd, size_bytes)
-            allocate(fd, 0, min(size_bytes, ALLOCATE_STEP_BYTES))
+            disk.allocate(fd, 0, min(size_bytes, ALLOCATE_STEP_BYTES))
             mm = mmap.mmap(fd, size_bytes)
         except BaseException:
             os.close(fd)
@@ -108,10 +110,10 @@ class Segment:
         if replace:
             os.replace(made, path)
         fsync_dir(os.path.dirname(path))
-        return cls(path, base_offset, fd, mm, SEGMENT_VERSION, salt)
+        return cls(path, base_offset, fd, mm, disk, SEGMENT_VERSION, salt)
 
     @classmethod
-    def open(cls, path: str, expected_base: int) -> Segment:
+    def open(cls, path: str, expected_base: int, disk: Disk) -> Segment:
         fd = os.open(path, os.O_RDWR)
         try:
             size = os.fstat(fd).st_size
@@ -120,7 +122,7 @@ class Segment:
             version, base, salt = _check_header(path, head, size)
             if base != expected_base:
                 raise CorruptionError(path, 8, f"base offset {base} does not match the file name ({expected_base})")
-            return cls(path, base, fd, mmap.mmap(fd, size), version, salt)
+            return cls(path, base, fd, mmap.mmap(fd, size), disk, version, salt)
         except BaseException:
             os.close(fd)
             raise
@@ -145,7 +147,7 @@ class Segment:
         """Enlarge a segment that holds no record yet, so that a record larger
         than it fits (a crash meanwhile leaves a longer all-zero tail). On a
         full disk it raises and the segment stays as it was."""
-        preallocate(self._fd, size_bytes)
+        self._disk.preallocate(self._fd, size_bytes)
         self.mm.close()
         self.allocated = size_bytes
         self.mm = mmap.mmap(self._fd, size_bytes)
@@ -155,7 +157,7 @@ class Segment:
         blocks reserved before, e.g. by an earlier process)."""
         start = max(self.allocated, self.write_pos - self.write_pos % PAGE_BYTES)
         stop = min(self.capacity, max(end_pos, start + ALLOCATE_STEP_BYTES))
-        allocate(self._fd, start, stop - start)
+        self._disk.allocate(self._fd, start, stop - start)
         self.allocated = stop
 
     def position(self, offset: int) -> int:
@@ -168,7 +170,7 @@ class Segment:
         sync in a worker thread lets the event loop run meanwhile."""
         end = self.write_pos
         if end > self.synced_pos:
-            os.fdatasync(self._fd)
+            self._disk.fdatasync(self._fd)
         self.synced_pos = end
 
     def close(self) -> None:
@@ -192,10 +194,11 @@ class CommitLog:
     (group commit: callers append many records, then sync once).
     """
 
-    def __init__(self, directory: str, fsync: FsyncPolicy, segment_bytes: int) -> None:
+    def __init__(self, directory: str, fsync: FsyncPolicy, segment_bytes: int, disk: Disk) -> None:
         self.directory = directory
         self.fsync = fsync
         self.segment_bytes = segment_bytes
+        self.disk = disk  # the one its segments reserve blocks and fdatasync through (storage.disk)
         self._segments: list[Segment] = []
         self._bases: list[int] = []
 
@@ -203,12 +206,13 @@ class CommitLog:
 
     @classmethod
     def open(cls, directory: str, fsync: FsyncPolicy = FsyncPolicy.BATCH,
-             segment_bytes: int = 64 * 1024 * 1024, scan_from: int = 0) -> CommitLog:
+             segment_bytes: int = 64 * 1024 * 1024, scan_from: int = 0, disk: Disk = DISK) -> CommitLog:
         """Open (or create) the log in `directory`. `scan_from` is an offset
         known to be a record boundary (the checkpoint's); the tail scan of
-        the last segment starts there instead of at its beginning."""
+        the last segment starts there instead of at its beginning. `disk`:
+        what its segments reserve blocks and fdatasync through."""
         make_dir(directory)
-        log = cls(directory, fsync, segment_bytes)
+        log = cls(directory, fsync, segment_bytes, disk)
         names = sorted(n for n in os.listdir(directory) if n.endswith(".log"))
         for name in names:
             if not name[:-4].isdigit():
@@ -221,7 +225,7 @@ class CommitLog:
         try:
             for name in names:
                 base = int(name[:-4])
-                log._segments.append(Segment.open(os.path.join(directory, name), base))
+                log._segments.append(Segment.open(os.path.join(directory, name), base, disk))
                 log._bases.append(base)
             for seg, nxt in zip(log._segments, log._segments[1:]):
                 seg.write_pos = seg.synced_pos = seg.position(nxt.base_offset)
@@ -327,7 +331,7 @@ class CommitLog:
             if last.version == SEGMENT_VERSION:
                 last.grow(size)
                 return last
-            fresh = Segment.create(last.path, last.base_offset, max(size, last.capacity), replace=True)
+            fresh = Segment.create(last.path, last.base_offset, max(size, last.capacity), self.disk, replace=True)
             last.close()
             self._segments[-1] = fresh
             return fresh
@@ -335,7 +339,7 @@ class CommitLog:
         if self._segments:
             self._segments[-1].sync()
         path = os.path.join(self.directory, f"{base:020d}.log")
-        seg = Segment.create(path, base, size)
+        seg = Segment.create(path, base, size, self.disk)
         self._segments.append(seg)
         self._bases.append(base)
         return seg

@@ -18,7 +18,8 @@ import mmap
 import os
 import resource
 
-from .fileutil import FILE_MODE, PAGE_BYTES, preallocate
+from .disk import DISK, Disk
+from .fileutil import FILE_MODE, PAGE_BYTES
 
 
 class PlainFile:
@@ -58,18 +59,19 @@ class MappedFile:
     """A file mapped whole, grown by doubling (preallocated, so a write into
     the mapping never meets a full disk as SIGBUS: a full disk is an
     OSError(ENOSPC) from the write that needed more room, and the file stays
-    as it was)."""
+    as it was). Its blocks are reserved through `disk` (storage.disk)."""
 
     mapped = True
 
-    def __init__(self, path: str, create: bool = False, min_bytes: int = 64 * 1024) -> None:
+    def __init__(self, path: str, create: bool = False, min_bytes: int = 64 * 1024, disk: Disk = DISK) -> None:
         self.path = path
+        self._disk = disk
         self.fd = os.open(path, os.O_RDWR | (os.O_CREAT if create else 0), FILE_MODE)
         try:
             size = os.fstat(self.fd).st_size
             capacity = max(min_bytes, _round_up(size, PAGE_BYTES))
             if capacity > size:
-                preallocate(self.fd, capacity)
+                disk.preallocate(self.fd, capacity)
             self.mm = mmap.mmap(self.fd, capacity)
         except BaseException:
             os.close(self.fd)
@@ -94,7 +96,7 @@ class MappedFile:
         capacity = len(self.mm)
         while capacity < needed_bytes:
             capacity *= 2
-        preallocate(self.fd, capacity)  # first: on a full disk the old mapping stays usable
+        self._disk.preallocate(self.fd, capacity)  # first: on a full disk the old mapping stays usable
         self.mm.close()
         self.mm = mmap.mmap(self.fd, capacity)
 

@@ -1,10 +1,9 @@
-"""Small file-system helpers shared by the on-disk formats."""
+"""Small file-system helpers shared by the on-disk formats (the calls
+where the disk can fail for want of room or by a write-back error are
+storage.disk's)."""
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
-import errno
 import mmap
 import os
 import struct
@@ -19,31 +18,6 @@ PAGE_BYTES = 4096
 # group and others get none.
 FILE_MODE = 0o600
 DIR_MODE = 0o700
-
-
-def preallocate(fd: int, size_bytes: int) -> None:
-    """Size a file to `size_bytes` with its disk blocks reserved, so a write
-    through a mapping of it never meets a full disk (that would be SIGBUS,
-    the process's death). A full disk raises OSError(ENOSPC) here instead;
-    never falls back to a sparse file."""
-    os.posix_fallocate(fd, 0, size_bytes)
-
-
-def allocate(fd: int, offset: int, length: int) -> None:
-    """Reserve disk blocks for [offset, offset + length) of a sized file."""
-    if length <= 0:
-        return
-    try:
-        os.posix_fallocate(fd, offset, length)
-    except OSError as e:
-        if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
-            raise
-
-
-def free_bytes(path: str) -> int:
-    """Bytes an unprivileged writer may still take on the file system of `path`."""
-    st = os.statvfs(path)
-    return st.f_bavail * st.f_frsize
 
 
 def fsync_dir(path: str) -> None:
@@ -80,57 +54,6 @@ def atomic_write(path: str, data: bytes) -> None:
         os.fsync(f.fileno())
     os.replace(tmp, path)
     fsync_dir(os.path.dirname(path) or ".")
-
-
-_libc: ctypes.CDLL | None = None
-
-
-def sync_filesystem(path: str) -> None:
-    """Make every file under the directory `path` durable: one syncfs(2) of
-    its file system.
-
-    A checkpoint may have touched hundreds of hour files; one syncfs is far
-    cheaper than an fsync each. syncfs reports a write-back error (EIO) of
-    any file of the file system since the last call: that is raised, and the
-    checkpoint fails, because what it would record as durable may not be
-    (the error's text names no path, as a caller may show it to clients;
-    its filename is `path`). Only where the kernel has no syncfs (ENOSYS)
-    does it fall back to an fsync of every file and directory under `path`."""
-    error = _syncfs(path)
-    if error == errno.ENOSYS:
-        fsync_tree(path)
-    elif error:
-        raise OSError(error, f"syncfs of the data directory's file system: {os.strerror(error)}", path)
-
-
-def _syncfs(path: str) -> int:
-    """syncfs(2) of the file system holding `path`: 0 or the errno."""
-    global _libc
-    if _libc is None:
-        _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-    syncfs = getattr(_libc, "syncfs", None)
-    if syncfs is None:
-        return errno.ENOSYS
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        return 0 if syncfs(fd) == 0 else ctypes.get_errno()
-    finally:
-        os.close(fd)
-
-
-def fsync_tree(path: str) -> None:
-    """fsync every file and directory under `path` (errors raise)."""
-    for root, _, names in os.walk(path):
-        for name in names:
-            try:
-                fd = os.open(os.path.join(root, name), os.O_RDONLY)
-            except FileNotFoundError:  # deleted meanwhile: nothing to make durable
-                continue
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        fsync_dir(root)
 
 
 def check_header(path: str, buf: bytes | bytearray | memoryview | mmap.mmap, header: struct.Struct, magic: bytes,

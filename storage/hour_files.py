@@ -11,6 +11,7 @@ import os
 from array import array
 
 from . import delay_index, delay_log, second_table
+from .disk import DISK, Disk
 from .entry import IndexEntry
 from .errors import CorruptionError
 from .files import MappedFile, PlainFile
@@ -38,7 +39,9 @@ class HourFiles:
     second 17 costs three entry reads, whatever else the hour holds.
     """
 
-    def __init__(self, directory: str, hour: int, mapped: bool, create: bool) -> None:
+    def __init__(self, directory: str, hour: int, mapped: bool, create: bool, disk: Disk = DISK) -> None:
+        """Open (`create`: or make) the hour's files; mapped ones reserve
+        their blocks through `disk` (storage.disk)."""
         self.hour = hour
         self.mapped = mapped
         paths = hour_paths(directory, hour)
@@ -53,11 +56,10 @@ class HourFiles:
                 size = os.path.getsize(path)
                 if size < least:
                     raise CorruptionError(path, size, f"file is {size} bytes, shorter than {least}")
-        kind = MappedFile if mapped else PlainFile
-        opened = []
+        opened: list[MappedFile | PlainFile] = []
         try:
             for path in paths:
-                opened.append(kind(path))
+                opened.append(MappedFile(path, disk=disk) if mapped else PlainFile(path))
         except BaseException:  # a full disk while mapping one: close the others
             for f in opened:
                 f.close()

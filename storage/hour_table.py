@@ -38,6 +38,7 @@ from sortedcontainers import SortedList
 
 from . import spans
 from .delay_index import FLAG_RELEASED
+from .disk import Disk
 from .entry import MS_PER_HOUR
 from .fileutil import fsync_dir
 from .hour import Hour
@@ -52,8 +53,9 @@ STAGE_LIMIT_BYTES = 8 * 1024 * 1024
 class HourTable:
     """The live hours, their files and their stages (see the module docstring)."""
 
-    def __init__(self, delay_dir: str, far_limit: int) -> None:
+    def __init__(self, delay_dir: str, far_limit: int, disk: Disk) -> None:
         self.delay_dir = delay_dir  # where the hours' files are (storage.hour_files)
+        self._disk = disk  # what their mapped files reserve blocks through (storage.disk)
         self._hours: dict[int, Hour] = {}
         self._order = SortedList()  # the keys of _hours, ascending (spans after every hour)
         self._far_open: OrderedDict[int, Hour] = OrderedDict()  # far hours with open files, least recent first
@@ -153,7 +155,7 @@ class HourTable:
                 self._far_open.move_to_end(h.hour)
             return h.files
         mapped = h.hour in self._near
-        h.files = HourFiles(self.delay_dir, h.hour, mapped, create=True)
+        h.files = HourFiles(self.delay_dir, h.hour, mapped, create=True, disk=self._disk)
         if not mapped:
             self._far_open[h.hour] = h
             if len(self._far_open) > self._far_limit:

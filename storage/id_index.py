@@ -84,9 +84,10 @@ import zlib
 from array import array
 from collections.abc import Callable, Iterable, Sequence
 
+from .disk import DISK, Disk
 from .entry import Location
 from .errors import ContractError, CorruptionError, InvariantError
-from .fileutil import atomic_write, check_header, create_file, fsync_dir, make_dir, preallocate
+from .fileutil import atomic_write, check_header, create_file, fsync_dir, make_dir
 
 HEADER = struct.Struct("<4sHHII44xI")
 MAGIC = b"HGID"
@@ -181,14 +182,15 @@ class Shard:
         self.used = 0
 
     @classmethod
-    def create(cls, path: str, slot_count: int, secret_tag: int) -> Shard:
-        """A new, empty shard at `path`.new (see `publish`). A full disk
-        raises OSError and leaves no file."""
+    def create(cls, path: str, slot_count: int, secret_tag: int, disk: Disk) -> Shard:
+        """A new, empty shard at `path`.new (see `publish`), its blocks
+        reserved through `disk`. A full disk raises OSError and leaves no
+        file."""
         tmp = path + ".new"
         fd = create_file(tmp, os.O_RDWR | os.O_TRUNC)
         size = HEADER_BYTES + slot_count * SLOT_BYTES
         try:
-            preallocate(fd, size)
+            disk.preallocate(fd, size)
             mm = mmap.mmap(fd, size)
         except BaseException:
             os.close(fd)
@@ -265,8 +267,9 @@ class IdIndex:
     """
 
     def __init__(self, directory: str, initial_slots: int, is_live: Callable[[int], bool], secret: bytes,
-                 is_released: Callable[[int, int], bool] | None = None) -> None:
+                 is_released: Callable[[int, int], bool] | None = None, disk: Disk = DISK) -> None:
         self.directory = directory
+        self.disk = disk  # what a new shard reserves its blocks through (storage.disk)
         self.initial_slots = initial_slots
         self.is_live = is_live
         self.is_released = is_released or (lambda hour, global_index: False)
@@ -316,18 +319,18 @@ class IdIndex:
 
     @classmethod
     def open(cls, directory: str, initial_slots: int, is_live: Callable[[int], bool],
-             is_released: Callable[[int, int], bool] | None = None) -> IdIndex:
+             is_released: Callable[[int, int], bool] | None = None, disk: Disk = DISK) -> IdIndex:
         """Open the index in `directory`, creating an empty one if there is
         none. Refuses an index older than the keyed hash (rebuild it with
         `build` from the messages it should hold)."""
         if not cls.is_current(directory):
             if os.path.isdir(directory) and any(n.endswith(".hix") for n in os.listdir(directory)):
                 raise CorruptionError(directory, 0, "id index from before the keyed hash (no secret): rebuild it")
-            index = cls.build(directory, initial_slots, is_live, is_released)
+            index = cls.build(directory, initial_slots, is_live, is_released, disk)
             index.publish()
             return index
         secret = read_secret(os.path.join(directory, SECRET_FILE))
-        index = cls(directory, initial_slots, is_live, secret, is_released)
+        index = cls(directory, initial_slots, is_live, secret, is_released, disk)
         try:
             for n in range(SHARDS):
                 path = index._path(n)
@@ -341,17 +344,17 @@ class IdIndex:
 
     @classmethod
     def build(cls, directory: str, initial_slots: int, is_live: Callable[[int], bool],
-              is_released: Callable[[int, int], bool] | None = None) -> IdIndex:
+              is_released: Callable[[int, int], bool] | None = None, disk: Disk = DISK) -> IdIndex:
         """A new, empty index with a new secret, made in `directory`.new:
         fill it with `put`, then `publish()` it in place of `directory`."""
         building = directory + ".new"
         if os.path.exists(building):
             shutil.rmtree(building)
         make_dir(building)
-        index = cls(building, initial_slots, is_live, os.urandom(SECRET_BYTES), is_released)
+        index = cls(building, initial_slots, is_live, os.urandom(SECRET_BYTES), is_released, disk)
         try:
             for n in range(SHARDS):
-                shard = Shard.create(index._path(n), initial_slots, index._secret_tag)
+                shard = Shard.create(index._path(n), initial_slots, index._secret_tag, disk)
                 shard.publish(index._path(n), durable=False)  # made durable by `publish`
                 index.shards.append(shard)
         except BaseException:
@@ -580,7 +583,7 @@ class IdIndex:
         still ends at an empty slot; with fewer, the OSError is raised."""
         n = self.shards.index(old)
         try:
-            new = Shard.create(self._path(n), old.slot_count * 2, self._secret_tag)
+            new = Shard.create(self._path(n), old.slot_count * 2, self._secret_tag, self.disk)
         except OSError:
             if old.used < old.slot_count - 1:
                 return False

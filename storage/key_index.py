@@ -72,6 +72,7 @@ from typing import NamedTuple
 from . import delay_log, spans
 from .config import StoreConfig
 from .delay_index import FLAG_RELEASED
+from .disk import Disk
 from .entry import MS_PER_HOUR, Location
 from .errors import CorruptionError
 from .fileutil import atomic_write
@@ -246,19 +247,19 @@ def key_of_body(index: KeyIndex, body: bytes | memoryview, known: dict[tuple[str
     return key
 
 
-def open_key_index(directory: str, config: StoreConfig, hours: HourTable) -> KeyIndex:
-    """The key index in `directory`, or a new one (new secret) holding every
+def open_key_index(directory: str, config: StoreConfig, hours: HourTable, disk: Disk) -> KeyIndex:
+    """The key index in `directory` (on `disk`), or a new one (new secret) holding every
     keyed, unreleased message of the checkpointed files when it is
     missing, damaged or of an older layout: every entry and every keyed
     body read once; replaying the log adds the rest."""
     if IdIndex.is_current(directory):
         if os.path.exists(os.path.join(directory, LAYOUT_FILE)):
             try:
-                return KeyIndex(IdIndex.open(directory, config.id_shard_initial_slots, hours.__contains__))
+                return KeyIndex(IdIndex.open(directory, config.id_shard_initial_slots, hours.__contains__, disk=disk))
             except CorruptionError:  # a torn or damaged shard: derived data, made again
                 pass
         shutil.rmtree(directory)
-    slots = IdIndex.build(directory, config.id_shard_initial_slots, hours.__contains__)
+    slots = IdIndex.build(directory, config.id_shard_initial_slots, hours.__contains__, disk=disk)
     keys = KeyIndex(slots)
     try:
         atomic_write(os.path.join(slots.directory, LAYOUT_FILE), b"")

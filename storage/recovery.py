@@ -40,6 +40,7 @@ from .checkpoint import Checkpoint
 from .commit_log import CommitLog
 from .config import StoreConfig
 from .delay_index import FLAG_RELEASED
+from .disk import Disk
 from .entry import Status
 from .errors import CorruptionError
 from .fileutil import make_dir
@@ -50,16 +51,16 @@ from .id_index import IdIndex
 from .reading import Reader
 
 
-def open_log(directory: str, config: StoreConfig) -> tuple[Checkpoint, CommitLog]:
-    """Step 1: the checkpoint (none: an empty store's) and the commit log,
-    its torn tail cut; refuses a checkpoint the log or this layout cannot
-    follow (and then closes the log)."""
+def open_log(directory: str, config: StoreConfig, disk: Disk) -> tuple[Checkpoint, CommitLog]:
+    """Step 1: the checkpoint (none: an empty store's) and the commit log
+    (on `disk`), its torn tail cut; refuses a checkpoint the log or this
+    layout cannot follow (and then closes the log)."""
     make_dir(directory)  # not made with delay/ below: a parent gets no DIR_MODE
     make_dir(os.path.join(directory, "delay"))
     checkpoint_path = os.path.join(directory, "checkpoint")
     ck = Checkpoint.load(checkpoint_path) or Checkpoint()
     log = CommitLog.open(os.path.join(directory, "commitlog"), config.fsync, config.segment_bytes,
-                         scan_from=ck.commit_offset)
+                         scan_from=ck.commit_offset, disk=disk)
     try:
         if log.start_offset > ck.commit_offset or log.end_offset < ck.commit_offset:
             raise CorruptionError(checkpoint_path, 0,
@@ -90,14 +91,14 @@ def load_hours(hours: HourTable, ck: Checkpoint) -> None:
             os.unlink(os.path.join(hours.delay_dir, name))
 
 
-def open_id_index(directory: str, config: StoreConfig, hours: HourTable) -> IdIndex:
-    """Step 3: the id index in `directory`, or a new one (new secret) holding
+def open_id_index(directory: str, config: StoreConfig, hours: HourTable, disk: Disk) -> IdIndex:
+    """Step 3: the id index in `directory` (on `disk`), or a new one (new secret) holding
     every unreleased message of the checkpointed hours when it is missing
     or from before the keyed hash: every entry and the front of every body
     read once; replaying the log adds the rest."""
     if IdIndex.is_current(directory):
-        return IdIndex.open(directory, config.id_shard_initial_slots, hours.__contains__, hours.released)
-    ids = IdIndex.build(directory, config.id_shard_initial_slots, hours.__contains__, hours.released)
+        return IdIndex.open(directory, config.id_shard_initial_slots, hours.__contains__, hours.released, disk)
+    ids = IdIndex.build(directory, config.id_shard_initial_slots, hours.__contains__, hours.released, disk)
     try:
         for h in hours.ascending():
             files = hours.files(h)

@@ -35,8 +35,8 @@ from .applying import Applier
 from .checkpoint import Checkpoint
 from .commit_log import CommitLog
 from .config import StoreConfig
+from .disk import Disk
 from .entry import MS_PER_HOUR
-from .fileutil import sync_filesystem
 from .hour import Hour
 from .hour_table import HourTable
 from .id_index import IdIndex
@@ -54,8 +54,9 @@ class Retention:
     `sync_checkpoint`."""
 
     def __init__(self, directory: str, config: StoreConfig, hours: HourTable, pending: Pending, applier: Applier,
-                 log: CommitLog, ids: IdIndex, checkpoint_offset: int) -> None:
+                 log: CommitLog, ids: IdIndex, checkpoint_offset: int, disk: Disk) -> None:
         self._directory = directory
+        self._disk = disk  # what a checkpoint makes the data directory durable through (storage.disk)
         self._retention_ms = config.retention_ms
         self._hours = hours
         self._pending = pending
@@ -83,7 +84,7 @@ class Retention:
                                   self._applier.consuming_rows())
 
     def sync_checkpoint(self) -> None:
-        sync_filesystem(self._directory)
+        self._disk.sync_filesystem(self._directory)
 
     def finish_checkpoint(self, p: PreparedCheckpoint, keep_log_from: int | None = None) -> CheckpointReport:
         Checkpoint(p.offset, p.kept, p.now_ms, p.topic_names, p.consuming).save(os.path.join(self._directory, "checkpoint"))

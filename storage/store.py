@@ -67,6 +67,9 @@ another part only through the methods of one it was handed when built:
     log, ids    the commit log (storage.commit_log) and the id index
                 (storage.id_index), public fields; the id index is handed
                 the hour table's `__contains__` and `released`
+    disk        the Disk (storage.disk) every call where the disk can fail
+                goes through, a public field: handed to the log, the hour
+                table, the indexes, Placement and Retention
 
 Who calls whom: `Store` calls every part; Placement asks the Reader (is
 this id stored? what is that message's state? a second's tail) and moves
@@ -93,6 +96,7 @@ from .checkpoint import Checkpoint
 from .commit_log import CommitLog
 from .config import StoreConfig
 from .delay_index import FLAG_RELEASED
+from .disk import DISK, Disk
 from .entry import STATUS_BY_VALUE, IndexEntry, Location, Message, Status
 from .errors import ContractError, CorruptionError, StoreClosedError
 from .files import far_hours_limit
@@ -143,13 +147,15 @@ class Store:
     """
 
     def __init__(self, directory: str, config: StoreConfig, log: CommitLog, hours: HourTable, ids: IdIndex,
-                 checkpoint: Checkpoint, keys: KeyIndex | None = None) -> None:
-        """Build the parts over what `open` opened: the log, the hour table
-        the checkpoint filled, and the id index over it. Use `open`."""
+                 checkpoint: Checkpoint, keys: KeyIndex | None, disk: Disk) -> None:
+        """Build the parts over what `open` opened on `disk`: the log, the
+        hour table the checkpoint filled, and the id index over it. Use
+        `open`."""
         self.directory = directory
         self.config = config
         self.log = log
         self.ids = ids
+        self.disk = disk
         self.keys = keys  # the key index (storage.key_index); None: lookups by key scan
         self._closed = False
         self._hours = hours
@@ -158,25 +164,28 @@ class Store:
         self._applier = Applier(hours, ids, log, self._pending, dict(checkpoint.topic_names), consuming,
                                 keys)
         self._reader = Reader(hours, self._pending, ids)
-        self._placement = Placement(directory, hours, self._pending, ids, log, self._reader)
+        self._placement = Placement(directory, hours, self._pending, ids, log, self._reader, disk)
         self._refiler = Refiler(hours, self._pending, ids, self._placement)
         self._retention = Retention(directory, config, hours, self._pending, self._applier, log, ids,
-                                    checkpoint.commit_offset)
+                                    checkpoint.commit_offset, disk)
 
     @classmethod
-    def open(cls, directory: str, config: StoreConfig | None = None, now_ms: int | None = None) -> Store:
+    def open(cls, directory: str, config: StoreConfig | None = None, now_ms: int | None = None,
+             disk: Disk = DISK) -> Store:
         """Open or create a store; repairs derived files from the commit log
-        (storage.recovery)."""
+        (storage.recovery). `disk`: what it reserves blocks, reads the free
+        space and makes data durable through (storage.disk; a test hands it
+        one that fails)."""
         config = config or StoreConfig()
-        checkpoint, log = recovery.open_log(directory, config)
-        hours = HourTable(os.path.join(directory, "delay"), far_hours_limit(config.open_far_hours))
+        checkpoint, log = recovery.open_log(directory, config, disk)
+        hours = HourTable(os.path.join(directory, "delay"), far_hours_limit(config.open_far_hours), disk)
         ids: IdIndex | None = None
         keys: KeyIndex | None = None
         try:
             recovery.load_hours(hours, checkpoint)
-            ids = recovery.open_id_index(os.path.join(directory, "ids"), config, hours)
-            keys = open_key_index(key_dir(directory), config, hours)
-            store = cls(directory, config, log, hours, ids, checkpoint, keys)
+            ids = recovery.open_id_index(os.path.join(directory, "ids"), config, hours, disk)
+            keys = open_key_index(key_dir(directory), config, hours, disk)
+            store = cls(directory, config, log, hours, ids, checkpoint, keys, disk)
             recovery.replay(checkpoint, log, hours, store._applier, store._reader)
         except BaseException:  # a refused directory keeps no descriptor open, and is not cut
             hours.release()

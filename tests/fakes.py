@@ -6,6 +6,8 @@ pytest's pythonpath) and mypy checks this module as strictly as the layers.
     InMemorySlotSource  the reference `wheel.source.SlotSource`: storage's
                         layout held in dicts
     FakeElection        a `replication.election.Election` set by hand
+    FaultyDisk          a `storage.disk.Disk` that is full, short of free
+                        space or failing its syncs when a test says so
 """
 
 from __future__ import annotations
@@ -13,13 +15,16 @@ from __future__ import annotations
 import asyncio
 import bisect
 import contextlib
+import errno
 import itertools
 import math
+import os
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import ParamSpec, TypeVar
 
 from broker import syncer
+from storage.disk import Disk
 from storage.entry import SECONDS_PER_HOUR, IndexEntry, Location, Status, hour_and_second
 from wheel.clock import Timer
 
@@ -383,3 +388,73 @@ class FakeElection:
 
     def __repr__(self) -> str:
         return f"FakeElection(node={self.node_id}, term={self.term}, leader={self.leader_id}, claimed={self.claimed})"
+
+
+class FaultyDisk(Disk):
+    """The real disk (storage.disk), with the faults a test turns on while
+    a store, log or file it was handed runs, and counts of what was asked:
+
+        full            every block reservation (allocate, preallocate)
+                        fails with ENOSPC, counted in `refused`
+        free            what `free_bytes` reports (None: the real figure);
+                        each read's path is kept in `free_reads`
+        syncfs_error    what `syncfs` reports, without syncing (None: the
+                        real syncfs); its calls counted in `syncfs_calls`
+        fdatasync_error raised by `fdatasync` (None: the real one); every
+                        call counted in `fdatasyncs`
+
+    `preallocated` holds the size of every file `preallocate` reserved, and
+    `fsynced` the path of every file and directory `fsync` made durable.
+
+        disk = FaultyDisk()
+        store = Store.open(path, disk=disk)
+        disk.full = True              # the next segment or file growth: ENOSPC
+    """
+
+    def __init__(self) -> None:
+        self.full = False
+        self.refused = 0
+        self.free: int | None = None
+        self.free_reads: list[str] = []
+        self.syncfs_error: int | None = None
+        self.syncfs_calls = 0
+        self.fdatasync_error: OSError | None = None
+        self.fdatasyncs = 0
+        self.preallocated: list[int] = []
+        self.fsynced: list[str] = []
+
+    def _reserve(self) -> None:
+        if self.full:
+            self.refused += 1
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    def allocate(self, fd: int, offset: int, length: int) -> None:
+        self._reserve()
+        super().allocate(fd, offset, length)
+
+    def preallocate(self, fd: int, size_bytes: int) -> None:
+        self._reserve()
+        super().preallocate(fd, size_bytes)
+        self.preallocated.append(size_bytes)
+
+    def free_bytes(self, path: str) -> int:
+        self.free_reads.append(path)
+        return super().free_bytes(path) if self.free is None else self.free
+
+    def fdatasync(self, fd: int) -> None:
+        self.fdatasyncs += 1
+        if self.fdatasync_error is not None:
+            raise self.fdatasync_error
+        super().fdatasync(fd)
+
+    def fsync(self, fd: int) -> None:
+        super().fsync(fd)
+        self.fsynced.append(os.readlink(f"/proc/self/fd/{fd}"))
+
+    def syncfs(self, path: str) -> int:
+        self.syncfs_calls += 1
+        return super().syncfs(path) if self.syncfs_error is None else self.syncfs_error
+
+    def __repr__(self) -> str:
+        return (f"FaultyDisk(full={self.full}, refused={self.refused}, free={self.free}, "
+                f"syncfs_error={self.syncfs_error}, fdatasyncs={self.fdatasyncs})")

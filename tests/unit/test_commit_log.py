@@ -7,9 +7,10 @@ import os
 
 import pytest
 from corruption import commit_log_frame
+from fakes import FaultyDisk
 
 from storage import framing
-from storage.commit_log import HEADER_BYTES, CommitLog, Segment
+from storage.commit_log import HEADER_BYTES, CommitLog
 from storage.config import FsyncPolicy
 from storage.errors import ContractError, CorruptionError, InvalidRequest
 from storage.framing import FRAME_HEADER_BYTES
@@ -204,54 +205,47 @@ def test_delete_before_removes_whole_segments_only(tmp_path):
 # -- fsync policies --------------------------------------------------------------
 
 
-@pytest.fixture
-def segment_syncs(monkeypatch):
-    calls = []
-    real = Segment.sync
-
-    def spy(self):
-        calls.append(os.path.basename(self.path))
-        real(self)
-
-    monkeypatch.setattr(Segment, "sync", spy)
-    return calls
+# The fdatasyncs are counted by the disk the log is opened with.
 
 
-def test_fsync_always_syncs_every_append(tmp_path, segment_syncs):
-    log = open_log(tmp_path, FsyncPolicy.ALWAYS)
+def test_fsync_always_syncs_every_append(tmp_path):
+    disk = FaultyDisk()
+    log = open_log(tmp_path, FsyncPolicy.ALWAYS, disk=disk)
     try:
         log.append(b"a")
         log.append(b"b")
-        assert len(segment_syncs) == 2
+        assert disk.fdatasyncs == 2
         log.sync()  # nothing new
-        assert len(segment_syncs) == 2
+        assert disk.fdatasyncs == 2
     finally:
         log.close()
 
 
-def test_fsync_batch_syncs_on_sync_only(tmp_path, segment_syncs):
-    log = open_log(tmp_path, FsyncPolicy.BATCH)
+def test_fsync_batch_syncs_on_sync_only(tmp_path):
+    disk = FaultyDisk()
+    log = open_log(tmp_path, FsyncPolicy.BATCH, disk=disk)
     try:
         log.append(b"a")
         log.append(b"b")
-        assert segment_syncs == []
+        assert disk.fdatasyncs == 0
         log.sync()
-        assert len(segment_syncs) == 1
+        assert disk.fdatasyncs == 1
         log.append(b"c" * 3000)
         log.append(b"d" * 3000)  # rolls: the sealed segment is synced first
-        assert len(segment_syncs) == 2
+        assert disk.fdatasyncs == 2
         log.sync()
-        assert len(segment_syncs) == 3
+        assert disk.fdatasyncs == 3
     finally:
         log.close()
 
 
-def test_fsync_never_leaves_syncing_to_the_system(tmp_path, segment_syncs):
-    log = open_log(tmp_path, FsyncPolicy.NEVER)
+def test_fsync_never_leaves_syncing_to_the_system(tmp_path):
+    disk = FaultyDisk()
+    log = open_log(tmp_path, FsyncPolicy.NEVER, disk=disk)
     try:
         log.append(b"a")
         log.sync()
-        assert segment_syncs == []
+        assert disk.fdatasyncs == 0
     finally:
         log.close()
     assert records(tmp_path) == [(0, b"a")]  # a killed process loses nothing
@@ -471,24 +465,17 @@ def test_a_version_2_header_damaged_into_version_1_is_refused(tmp_path):
     assert (caught.value.path, caught.value.offset) == (str(path), 4)
 
 
-def test_a_full_disk_while_rolling_leaves_no_segment_behind(tmp_path, monkeypatch):
-    import errno
-
-    from storage import commit_log
-
-    log = open_log(tmp_path)
+def test_a_full_disk_while_rolling_leaves_no_segment_behind(tmp_path):
+    disk = FaultyDisk()
+    log = open_log(tmp_path, disk=disk)
     try:
         log.append(b"a" * 4000)
-        real = commit_log.allocate
-
-        def full(fd, offset, length):
-            raise OSError(errno.ENOSPC, "No space left on device")
-
-        monkeypatch.setattr(commit_log, "allocate", full)
+        disk.full = True
         with pytest.raises(OSError, match="No space left on device"):
             log.append(b"b" * 1000)  # needs a new segment
+        assert disk.refused == 1
         assert segment_names(tmp_path) == [f"{0:020d}.log"]
-        monkeypatch.setattr(commit_log, "allocate", real)
+        disk.full = False
         assert log.append(b"b" * 1000) == 4008  # the disk has room again
     finally:
         log.close()

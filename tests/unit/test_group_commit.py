@@ -7,9 +7,11 @@ import asyncio
 import threading
 
 import pytest
+from fakes import FaultyDisk
 
 from broker.group_commit import GroupCommit
 from broker.metrics import Metrics
+from storage.disk import Disk
 from storage.entry import MS_PER_HOUR
 from storage.errors import Unavailable
 from storage.store import NewMessage, Store
@@ -51,24 +53,31 @@ def test_a_quiet_point_is_reached_under_continuous_appends(tmp_path):
     store.close()
 
 
+class HeldDisk(Disk):
+    """A disk whose every fdatasync waits until `release` is set (one that
+    takes 50 ms or more), noting the store's pending records as it starts."""
+
+    def __init__(self) -> None:
+        self.store: Store | None = None
+        self.release = threading.Event()
+        self.in_sync = threading.Event()
+        self.syncs: list[int] = []
+
+    def fdatasync(self, fd: int) -> None:
+        self.syncs.append(self.store.pending_records)
+        self.in_sync.set()
+        self.release.wait(10)
+        super().fdatasync(fd)
+
+
 def test_a_slow_fsync_does_not_stall_the_loop_and_the_next_commit_fills_meanwhile(tmp_path):
-    """An fsync held for as long as the test likes (a disk whose fsyncs take
-    50 ms or more): while it runs, the loop reads, appends and answers what
-    needs no fsync; what is appended meanwhile is made durable by the next
-    fsync, one for all of it; nobody is answered before their fsync ends."""
-    store = Store.open(str(tmp_path), now_ms=NOW)
-    release = threading.Event()
-    in_sync = threading.Event()
-    syncs = []
-    real_sync = store.sync_log
-
-    def slow_sync():
-        syncs.append(store.pending_records)
-        in_sync.set()
-        release.wait(10)
-        real_sync()
-
-    store.sync_log = slow_sync
+    """An fsync held for as long as the test likes: while it runs, the loop
+    reads, appends and answers what needs no fsync; what is appended
+    meanwhile is made durable by the next fsync, one for all of it; nobody
+    is answered before their fsync ends."""
+    disk = HeldDisk()
+    store = disk.store = Store.open(str(tmp_path), now_ms=NOW, disk=disk)
+    release, in_sync, syncs = disk.release, disk.in_sync, disk.syncs
     commits = GroupCommit(store, lambda entries: None, Metrics())
 
     def send(msg_id):
@@ -100,12 +109,9 @@ def test_a_slow_fsync_does_not_stall_the_loop_and_the_next_commit_fills_meanwhil
 
 
 def test_a_failed_fsync_answers_every_waiting_request_503_and_nothing_after(tmp_path):
-    store = Store.open(str(tmp_path), now_ms=NOW)
-
-    def broken_sync():
-        raise OSError(5, "Input/output error")
-
-    store.sync_log = broken_sync
+    disk = FaultyDisk()
+    disk.fdatasync_error = OSError(5, "Input/output error")
+    store = Store.open(str(tmp_path), now_ms=NOW, disk=disk)
     commits = GroupCommit(store, lambda entries: None, Metrics())
 
     async def main():
@@ -119,6 +125,8 @@ def test_a_failed_fsync_answers_every_waiting_request_503_and_nothing_after(tmp_
             commits.durable()
 
     asyncio.run(main())
+    assert disk.fdatasyncs == 1
+    disk.fdatasync_error = None  # closing commits what is pending
     store.close()
 
 

@@ -2,6 +2,7 @@
 
 import os
 
+from storage.disk import DISK
 from storage.entry import MS_PER_HOUR
 from storage.hour_files import hour_paths
 from storage.hour_table import NO_HOUR, HourTable
@@ -10,7 +11,7 @@ NOW_HOUR = 490_000
 
 
 def table(tmp_path, far_limit=2):
-    t = HourTable(str(tmp_path), far_limit)
+    t = HourTable(str(tmp_path), far_limit, DISK)
     t.advance(NOW_HOUR * MS_PER_HOUR)
     return t
 
@@ -51,4 +52,4 @@ def test_an_hour_only_an_unappended_record_made_goes_with_its_files(tmp_path):
 
 
 def test_before_any_advance_there_is_no_hour(tmp_path):
-    assert HourTable(str(tmp_path), 4).now_hour == NO_HOUR
+    assert HourTable(str(tmp_path), 4, DISK).now_hour == NO_HOUR

@@ -10,8 +10,10 @@ import shutil
 import zlib
 
 import pytest
+from fakes import FaultyDisk
 
 from storage import id_index
+from storage.disk import DISK
 from storage.entry import Location
 from storage.errors import CorruptionError
 from storage.id_index import HEADER_BYTES, MAX_PROBE_SLOTS, SHARDS, SLOT_BYTES, IdIndex
@@ -20,8 +22,8 @@ LIVE = 490_000
 DEAD = 480_000
 
 
-def open_index(directory, is_live=lambda hour: hour != DEAD, is_released=None) -> IdIndex:
-    return IdIndex.open(str(directory), 16, is_live, is_released)
+def open_index(directory, is_live=lambda hour: hour != DEAD, is_released=None, disk=DISK) -> IdIndex:
+    return IdIndex.open(str(directory), 16, is_live, is_released, disk)
 
 
 def open_fds() -> int:
@@ -187,20 +189,16 @@ def test_a_doubling_interrupted_before_publishing_leaves_the_old_shard(tmp_path)
         index.close()
 
 
-def test_a_full_disk_while_doubling_keeps_the_shard_and_tries_again(tmp_path, monkeypatch):
-    index = open_index(tmp_path / "ids")
+def test_a_full_disk_while_doubling_keeps_the_shard_and_tries_again(tmp_path):
+    disk = FaultyDisk()
+    index = open_index(tmp_path / "ids", disk=disk)
     try:
-        real = id_index.preallocate
-
-        def full(fd, size_bytes):
-            raise OSError(28, "No space left on device")
-
-        monkeypatch.setattr(id_index, "preallocate", full)
+        disk.full = True
         for gi in range(13):  # past 70% of 16 slots
             index.put(gi + 1, LIVE, gi)
-        assert index.shards[0].slot_count == 16
+        assert index.shards[0].slot_count == 16 and disk.refused > 0
         assert not [n for n in os.listdir(tmp_path / "ids") if n.endswith(".new")]
-        monkeypatch.setattr(id_index, "preallocate", real)
+        disk.full = False
         index.put(100, LIVE, 100)
         assert index.shards[0].slot_count == 32
         assert all(index.candidates(gi + 1) == [Location(LIVE, gi)] for gi in range(13))

@@ -1,62 +1,69 @@
 """A commit-log append that fails (a full disk) leaves the store as if the
 call had not been made: the next send numbers on without a gap, and the
 directory opens again. A send the disk has no room for is refused before
-anything is appended."""
+anything is appended. The disk is a FaultyDisk the store is opened with
+(storage.disk): full, or short of free space, when the test says so."""
 
 import errno
 import os
 import re
 
 import pytest
+from fakes import FaultyDisk
 
-from storage import disk_room
-from storage.disk import DISK
+from storage.config import StoreConfig
+from storage.disk_room import DISK_HEADROOM_BYTES, DISK_RECHECK_MARGIN_BYTES, DISK_RECHECK_SENDS
 from storage.entry import MS_PER_HOUR, Status
 from storage.store import NewMessage, StateChange, Store
 
 NOW = 490_000 * MS_PER_HOUR + 5_000
+# Commit-log segments smaller than a first record of FIRST_BODY: it grows
+# the empty first segment to its own size, so the next append starts a new
+# segment -- and asks the disk for its blocks.
+SMALL_SEGMENTS = StoreConfig(segment_bytes=4096)
+FIRST_BODY = "a" * 10_000
+MIB = 1024 * 1024
 
 
 def message(msg_id: str, delay_ms: int) -> NewMessage:
     return NewMessage("t", msg_id, "body", NOW, NOW + delay_ms, 60_000, 3)
 
 
-def fail_next_append(store, monkeypatch):
-    real = store.log.append
-
-    def append(body):
-        monkeypatch.setattr(store.log, "append", real)
-        raise OSError(errno.ENOSPC, "No space left on device")
-
-    monkeypatch.setattr(store.log, "append", append)
-
-
-def test_a_failed_send_leaves_no_gap_and_the_directory_reopens(tmp_path, monkeypatch):
-    store = Store.open(str(tmp_path), now_ms=NOW)
-    store.send([message("a", 1_000)], NOW)
+def a_store_whose_next_append_starts_a_segment(path, disk: FaultyDisk) -> Store:
+    store = Store.open(str(path), SMALL_SEGMENTS, now_ms=NOW, disk=disk)
+    store.send([message("a", 1_000)._replace(msg=FIRST_BODY)], NOW)
     store.commit()
-    fail_next_append(store, monkeypatch)
+    return store
+
+
+def test_a_failed_send_leaves_no_gap_and_the_directory_reopens(tmp_path):
+    disk = FaultyDisk()
+    store = a_store_whose_next_append_starts_a_segment(tmp_path, disk)
+    disk.full = True
     with pytest.raises(OSError, match="No space left on device"):
         store.send([message("b", 2_000), message("c", 3 * MS_PER_HOUR)], NOW)  # a new far hour too
+    assert disk.refused == 1  # the append's: its new segment's blocks
     assert store.get("t", "b") is None and store.get("t", "c") is None
+    disk.full = False
     store.send([message("b", 2_000), message("c", 3 * MS_PER_HOUR)], NOW)
     store.commit()
     store.checkpoint(NOW)
     store.close()
-    store = Store.open(str(tmp_path), now_ms=NOW)
+    store = Store.open(str(tmp_path), SMALL_SEGMENTS, now_ms=NOW)
     assert [store.get("t", i).location.global_index for i in "abc"] == [0, 1, 0]
     store.close()
 
 
-def test_a_failed_update_changes_nothing(tmp_path, monkeypatch):
-    store = Store.open(str(tmp_path), now_ms=NOW)
-    store.send([message("a", 0)], NOW)
-    store.commit()
+def test_a_failed_update_changes_nothing(tmp_path):
+    disk = FaultyDisk()
+    store = a_store_whose_next_append_starts_a_segment(tmp_path, disk)
     where = store.get("t", "a").location
-    fail_next_append(store, monkeypatch)
+    disk.full = True
     with pytest.raises(OSError, match="No space left on device"):
         store.update([StateChange(where, Status.ACKED, 0)], NOW)
+    assert disk.refused == 1
     assert store.get("t", "a").status is Status.WAITING
+    disk.full = False
     store.close()
 
 
@@ -65,17 +72,19 @@ def delay_files(path) -> list[str]:
 
 
 @pytest.mark.parametrize("short_of", ["mapped room", "free space"])
-def test_a_send_the_disk_has_no_room_for_is_refused_before_it_is_appended(tmp_path, monkeypatch, short_of):
-    store = Store.open(str(tmp_path), now_ms=NOW)
+def test_a_send_the_disk_has_no_room_for_is_refused_before_it_is_appended(tmp_path, short_of):
+    disk = FaultyDisk()
+    # Free space within DISK_RECHECK_MARGIN_BYTES: every send reads it (storage.disk_room).
+    disk.free = DISK_RECHECK_MARGIN_BYTES // 2 if short_of == "free space" else None
+    store = Store.open(str(tmp_path), now_ms=NOW, disk=disk)
     try:
         store.send([message("a", 1_000)], NOW)
         store.commit()
         end, files = store.log_end_offset, delay_files(tmp_path)
         if short_of == "mapped room":  # the near hour's mapped files cannot grow
-            monkeypatch.setattr(os, "posix_fallocate", full_disk)
+            disk.full = True
         else:  # the file system is short of what the batch commits the store to write
-            monkeypatch.setattr(DISK, "free_bytes", lambda path: disk_room.DISK_HEADROOM_BYTES)
-            monkeypatch.setattr(disk_room, "DISK_RECHECK_SENDS", 0)  # read at this send, not a cached figure
+            disk.free = DISK_HEADROOM_BYTES
         big = "x" * 100_000
         batch = ([message(f"n{i}", 2_000)._replace(msg=big) for i in range(3)]
                  + [message("far", 3 * MS_PER_HOUR), message("next", MS_PER_HOUR)])  # a new far and near hour
@@ -86,7 +95,8 @@ def test_a_send_the_disk_has_no_room_for_is_refused_before_it_is_appended(tmp_pa
         assert store.log_end_offset == end and store.pending_records == 0  # nothing appended
         assert all(store.get("t", m.msg_id) is None for m in batch)
         assert delay_files(tmp_path) == files  # no hour made for it is left behind
-        monkeypatch.undo()
+        assert disk.refused == (1 if short_of == "mapped room" else 0)
+        disk.full, disk.free = False, None
         store.send(batch, NOW)
         store.commit()
         assert [store.get("t", m.msg_id).location.global_index for m in batch] == [1, 2, 3, 0, 0]
@@ -99,20 +109,17 @@ def test_a_send_the_disk_has_no_room_for_is_refused_before_it_is_appended(tmp_pa
         store.close()
 
 
-def full_disk(fd, offset, length):
-    raise OSError(errno.ENOSPC, "No space left on device")
-
-
-def test_a_disk_that_fills_after_a_check_is_seen_within_disk_recheck_sends(tmp_path, monkeypatch):
+def test_a_disk_that_fills_after_a_check_is_seen_within_disk_recheck_sends(tmp_path):
     """The free space read by one send is trusted by at most
     DISK_RECHECK_SENDS later ones: a disk filled by someone else is refused
     (ENOSPC, nothing appended) by then."""
-    store = Store.open(str(tmp_path), now_ms=NOW)
+    disk = FaultyDisk()
+    store = Store.open(str(tmp_path), now_ms=NOW, disk=disk)
     try:
         store.send([message("a", 1_000)], NOW)
         store.commit()
-        monkeypatch.setattr(DISK, "free_bytes", lambda path: disk_room.DISK_HEADROOM_BYTES)
-        for i in range(disk_room.DISK_RECHECK_SENDS + 1):
+        disk.free = DISK_HEADROOM_BYTES
+        for i in range(DISK_RECHECK_SENDS + 1):
             end = store.log_end_offset
             try:
                 store.send([message(f"m{i}", 1_000)], NOW)
@@ -121,34 +128,36 @@ def test_a_disk_that_fills_after_a_check_is_seen_within_disk_recheck_sends(tmp_p
                 break
             store.commit()
         else:
-            pytest.fail(f"{disk_room.DISK_RECHECK_SENDS + 1} sends after the disk filled were all taken")
-        assert 1 <= i <= disk_room.DISK_RECHECK_SENDS
+            pytest.fail(f"{DISK_RECHECK_SENDS + 1} sends after the disk filled were all taken")
+        assert 1 <= i <= DISK_RECHECK_SENDS
+        assert len(disk.free_reads) == 2  # the first send's, and the one that failed
     finally:
         store.close()
 
 
-def test_growing_a_near_hour_counts_against_the_free_space_seen(tmp_path, monkeypatch):
+def test_growing_a_near_hour_counts_against_the_free_space_seen(tmp_path):
     """A send that grows a near hour's mapped files (they double) spends
-    that disk: the next send reads the free space again rather than trust
-    the figure seen before the growth."""
-    from storage.hour_files import HourFiles
-    reads = []
-    monkeypatch.setattr(DISK, "free_bytes", lambda path: reads.append(path) or 600 * 1024 * 1024)
-    store = Store.open(str(tmp_path), now_ms=NOW)
+    that disk: the free space is read again rather than trusted as seen
+    before the growth. The disk reports 1 MiB more than small sends leave
+    unread; a send of 600 KB grows the hour's delay log from 64 KiB to
+    1 MiB: its record alone would stay within that, with the growth it
+    does not."""
+    disk = FaultyDisk()
+    disk.free = DISK_RECHECK_MARGIN_BYTES + DISK_HEADROOM_BYTES + MIB
+    store = Store.open(str(tmp_path), now_ms=NOW, disk=disk)
     try:
         store.send([message("a", 1_000)], NOW)
         store.commit()
-        assert len(reads) == 1
+        assert len(disk.free_reads) == 1
         store.send([message("b", 1_000)], NOW)  # room enough: the figure seen is trusted
         store.commit()
-        assert len(reads) == 1
-        sizes = iter([0, 500 * 1024 * 1024])  # before and after reserve: a growth of 500 MiB
-        monkeypatch.setattr(HourFiles, "mapped_bytes", lambda self: next(sizes))
-        store.send([message("c", 1_000)], NOW)
+        assert len(disk.free_reads) == 1
+        grown = len(disk.preallocated)
+        store.send([message("c", 1_000)._replace(msg="c" * 600_000)], NOW)
+        assert disk.preallocated[grown:] == [1 * MIB]  # the delay log, doubled up to 1 MiB at once
+        assert len(disk.free_reads) == 2  # 600 KB written and 960 KiB grown of 1 MiB: read again
         store.commit()
-        monkeypatch.undo()
-        monkeypatch.setattr(DISK, "free_bytes", lambda path: reads.append(path) or 600 * 1024 * 1024)
-        store.send([message("d", 1_000)], NOW)  # 500 MiB spent of 600: read again
-        assert len(reads) == 2
+        store.send([message("d", 1_000)], NOW)  # trusted again
+        assert len(disk.free_reads) == 2
     finally:
         store.close()
