@@ -26,6 +26,7 @@ from memory_store import InMemoryStore
 
 from storage import spans
 from storage.config import StoreConfig
+from storage.disk import Disk
 from storage.entry import MS_PER_HOUR, Location, Status
 from storage.errors import CorruptionError, InvalidRequest
 from storage.store import MAX_PRIORITY, MAX_RETRY_COUNT, MIN_PRIORITY, NewMessage, StateChange, Store
@@ -73,15 +74,18 @@ def _change(kind: str, where: Location, retry: int) -> StateChange:
     return StateChange(where, Status.CONSUMING, retry)
 
 
-def _release_fds(directory: str, store_ref: weakref.ref) -> None:
+def _release_fds(directory: str, disk_ref: weakref.ref) -> None:
     """Close the file descriptors an abandoned store leaked (os.open fds have
-    no finaliser), once it is gone and nothing can close them behind our back."""
+    no finaliser), once it is gone and nothing can close them behind our back.
+    `disk_ref`: the Disk made for that store alone (a compiled Store takes
+    no weak reference; the Disk, interpreted, does): the store and each
+    part holding its descriptors keep it, so once it is gone, so are they."""
     if not os.path.isdir("/proc/self/fd"):
         return
     directory = os.path.realpath(directory)
-    if store_ref() is not None:
+    if disk_ref() is not None:
         gc.collect()  # only needed if the store sits in a reference cycle
-    if store_ref() is not None:
+    if disk_ref() is not None:
         return  # still referenced somewhere: leak rather than risk closing a reused fd
     for name in os.listdir("/proc/self/fd"):
         try:
@@ -100,7 +104,7 @@ class StoreMachine(RuleBasedStateMachine):
         super().__init__()
         self.directory = tempfile.mkdtemp(prefix="hourglass-model-", dir=SCRATCH_DIR)
         self.now_ms = START_MS
-        self.store = Store.open(self.directory, CONFIG, now_ms=self.now_ms)
+        self.store = Store.open(self.directory, CONFIG, now_ms=self.now_ms, disk=Disk())
         self.model = InMemoryStore(CONFIG)
         self.keys: set[tuple[str, str]] = set()  # every (topic, msgId) ever sent
         self.seconds: set[tuple[int, int]] = set()  # every (hour, second) ever filed into
@@ -130,7 +134,7 @@ class StoreMachine(RuleBasedStateMachine):
         self.pending_ends = []
 
     def _reopen(self, with_now: bool) -> None:
-        self.store = Store.open(self.directory, CONFIG, now_ms=self.now_ms if with_now else None)
+        self.store = Store.open(self.directory, CONFIG, now_ms=self.now_ms if with_now else None, disk=Disk())
         self.model.reopen()
         self._committed()
 
@@ -267,8 +271,8 @@ class StoreMachine(RuleBasedStateMachine):
                 cut = record_end
         del log, segment
         # kill -9: drop the store without closing it; nothing is flushed or committed
-        store_ref, self.store = weakref.ref(self.store), None
-        _release_fds(self.directory, store_ref)
+        disk_ref, self.store = weakref.ref(self.store.disk), None
+        _release_fds(self.directory, disk_ref)
         if mode == "truncate":
             os.truncate(path, cut_pos)
         elif mode in ("zero", "garble"):

@@ -22,9 +22,9 @@ PARTS = {"_hours": HourTable, "_pending": Pending, "_applier": Applier, "_reader
 
 
 def fields(part):
-    """A part's fields by name: its __dict__, or, where mypyc compiled its
-    class (the compiled run of `bash .ci/run`), the attributes the class
-    declares, which it keeps in slots of its own."""
+    """An object's fields by name: its __dict__, or, where mypyc compiled
+    its class (the compiled run of `bash .ci/run`), the attributes the
+    class declares, which it keeps in slots of its own."""
     declared = getattr(type(part), "__mypyc_attrs__", None)
     if declared is None:
         return vars(part)
@@ -48,13 +48,13 @@ def test_every_part_is_a_plain_class(part):
 
 
 def test_open_builds_every_part_as_a_field(store):
-    assert {name: type(vars(store).get(name)) for name in PARTS} == PARTS
+    assert {name: type(fields(store).get(name)) for name in PARTS} == PARTS
 
 
 def test_the_shared_state_is_one_object_every_part_is_handed(store):
     shared = {HourTable: store._hours, Pending: store._pending, IdIndex: store.ids}
     for name in PARTS:
-        for field, value in fields(vars(store)[name]).items():
+        for field, value in fields(fields(store)[name]).items():
             for kind, the_one in shared.items():
                 if isinstance(value, kind):
                     if value is store.keys:  # the key index: an IdIndex too, the store's one (storage.key_index)
