@@ -20,6 +20,8 @@ machine: the path of a request does not change between repeats.
     send_batch      sendMsgBatch of --batch new ids, 60 s ahead
     pull_ack        pullMsg of one ready message, then its ackMsg
     pull_ack_batch  pullMsg of --batch ready messages, then one ackMsg each
+    pull_ack_many   pullMsg of --batch ready messages, then one ackMsg of
+                    them all (msgIds)
 """
 
 from __future__ import annotations
@@ -209,6 +211,17 @@ async def measure(repeat: int, batch: int) -> dict[str, Any]:
                 await client.call(Client.form("ackMsg", topic="r", msgId=m["msgId"], ack="true"), counter)
         out["pull_ack_batch"] = await least(max(3, repeat // 5), pull_ack_batch)
         out["pull_ack_batch"]["python_calls_per_msg"] = round(out["pull_ack_batch"]["python_calls"] / batch, 1)
+
+        async def pull_ack_many(counter: Counter) -> None:
+            await ready(batch)
+            pulled = await client.call(Client.form("pullMsg", topic="r", batch=batch, ackTimeoutMillis=30_000),
+                                       counter)
+            assert len(pulled["delayMsgList"]) == batch, len(pulled["delayMsgList"])
+            await client.call(Client.json_body("ackMsg", {"topic": "r", "ack": True,
+                                                          "msgIds": [m["msgId"] for m in pulled["delayMsgList"]]}),
+                              counter)
+        out["pull_ack_many"] = await least(max(3, repeat // 5), pull_ack_many)
+        out["pull_ack_many"]["python_calls_per_msg"] = round(out["pull_ack_many"]["python_calls"] / batch, 1)
     finally:
         client.connection.connection_lost(None)
         node.broker.begin_stop()

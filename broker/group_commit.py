@@ -63,8 +63,9 @@ class GroupCommit:
                  replicated: Replicated | None = None, apply_lock: asyncio.Lock | None = None) -> None:
         self._store = store
         # Held while records are fsync'ed and applied: a snapshot holds it to
-        # copy derived files that do not change under it.
-        self._apply_lock = apply_lock or asyncio.Lock()
+        # copy derived files that do not change under it (a cluster's; None:
+        # nothing else reads the store's files, nothing to hold).
+        self._apply_lock = apply_lock
         self._on_entries = on_entries
         self._metrics = metrics
         # In a cluster: called with each offset once it is on this node's
@@ -76,7 +77,10 @@ class GroupCommit:
         # none waits yet); resolved when their records are durable.
         self._filling: asyncio.Future[None] | None = None
         self._quiet: list[tuple[Callable[[], object], asyncio.Future[object]]] = []
-        self._kick = asyncio.Event()
+        # A round is asked for (`kick`); `_wake` is what the idle commit
+        # task awaits (an Event's wait and clear are Python calls a round)
+        self._kicked = False
+        self._wake: asyncio.Future[None] | None = None
         self._failed: BaseException | None = None
         self._syncer: Syncer | None = None  # made by run(), on its loop
         self._kick_timer: asyncio.TimerHandle | None = None  # a kick_soon() pending
@@ -88,7 +92,12 @@ class GroupCommit:
 
     def kick(self) -> None:
         """Make what is appended durable now, without waiting for it."""
-        self._kick.set()
+        self._kicked = True
+        wake = self._wake
+        if wake is not None:
+            self._wake = None
+            if not wake.done():
+                wake.set_result(None)
 
     def kick_soon(self) -> None:
         """Make what is appended durable within UNWAITED_COMMIT_DELAY_S, or
@@ -98,7 +107,7 @@ class GroupCommit:
 
     def _kick_later(self) -> None:
         self._kick_timer = None
-        self._kick.set()
+        self.kick()
 
     def durable(self) -> asyncio.Future[None]:
         """Await it after appending: done once what was appended is durable
@@ -108,7 +117,7 @@ class GroupCommit:
         future = self._filling
         if future is None:
             future = self._filling = asyncio.get_running_loop().create_future()
-            self._kick.set()
+            self.kick()
         return future
 
     async def background_durable(self, what: str) -> bool:
@@ -134,14 +143,19 @@ class GroupCommit:
         store = self._store
         self._syncer = syncer = Syncer(store.sync_log)
         never = store.config.fsync is FsyncPolicy.NEVER
+        lock = self._apply_lock
+        loop = asyncio.get_running_loop()
         try:
             while True:
-                await self._kick.wait()
-                self._kick.clear()
+                if not self._kicked:
+                    wake = self._wake = loop.create_future()
+                    await wake
+                self._kicked = False
                 waiting, self._filling = self._filling, None
-                async with self._apply_lock:
-                    count = store.pending_records
-                    end_offset = store.log_end_offset
+                if lock is not None:
+                    await lock.acquire()
+                try:
+                    count, end_offset = store.commit_point()
                     try:
                         if count:
                             # (--fsync never: nothing to wait for, no thread to wake)
@@ -169,8 +183,11 @@ class GroupCommit:
                     if self._quiet and not store.parts_held():  # (a checkpoint waits for a call's COMMIT)
                         self._run_quiet()
                     more = store.apply_deferred(DEFERRED_SLICE)  # a committed bulk call's parts, a slice a turn
+                finally:
+                    if lock is not None:
+                        lock.release()
                 if more:
-                    self._kick.set()
+                    self.kick()
                     await asyncio.sleep(0)
         finally:
             syncer.close()
@@ -180,7 +197,7 @@ class GroupCommit:
         functions, all without yielding: no request can append in between,
         so they see a store with nothing pending (however busy the node)."""
         store = self._store
-        count = store.pending_records
+        count, _ = store.commit_point()
         if count:
             store.sync_log()
             self._on_entries(store.apply_pending(count))
@@ -200,7 +217,7 @@ class GroupCommit:
             raise Unavailable(f"no more commits: {client_text(self._failed)}")
         future: asyncio.Future[object] = asyncio.get_running_loop().create_future()
         self._quiet.append((fn, future))
-        self._kick.set()
+        self.kick()
         return await future
 
     def abandon(self) -> None:

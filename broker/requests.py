@@ -43,6 +43,8 @@ from .windows import ReadyWindows
 
 STORED = SendOutcome.STORED
 _TRIGGER_MS = operator.attrgetter("trigger_ms")
+_MESSAGE = operator.itemgetter(0)  # a NewSend's message
+_RESULT_MESSAGE = operator.itemgetter(1)  # a SendResult's message
 
 
 class Requests:
@@ -76,34 +78,45 @@ class Requests:
         (as camellia does), unless the send asks for strict idempotence:
         then the stored message is answered unchanged while it is retained."""
         self._lifecycle.check_serving()
-        batch = [s.message for s in sends]
+        batch = list(map(_MESSAGE, sends))
         new_topics = self._topics.new_topics(batch)
         results = self._journal.send(batch, now_ms)
-        self._topics.filing(new_topics)
-        replace = [i for i, (outcome, stored) in enumerate(results) if outcome is SendOutcome.DUPLICATE
-                   and Effect.REPLACE in step(MessageState.of(stored), Send(MessageState.sent(batch[i]),
-                                                                           sends[i].strict), now_ms).effects]
+        if new_topics:
+            self._topics.filing(new_topics)
+        fresh: list[Message] = []  # the messages stored
+        replace: list[int] = []  # the duplicates of ended messages to store anew
+        for i, (outcome, stored) in enumerate(results):
+            if outcome is STORED:
+                fresh.append(stored)
+            elif Effect.REPLACE in step(MessageState.of(stored), Send(MessageState.sent(batch[i]), sends[i].strict),
+                                        now_ms).effects:
+                replace.append(i)
         if replace:  # rare: release the ended ones, then store those sends again
             ended = {results[i].message.location: results[i].message for i in replace}
             self._journal.append([StateChange(m.location, m.status, m.retry, released=True) for m in ended.values()],
                                  now_ms)
             for i, result in zip(replace, self._journal.send([batch[i] for i in replace], now_ms)):
                 results[i] = result
+                if result.outcome is STORED:
+                    fresh.append(result.message)
         # a new message: FILE, and DUE_NOW if due (transitions.step's Send;
         # the earliest is due if any is)
-        fresh = [message for outcome, message in results if outcome is STORED]
         self._filing.add_many(fresh, now_ms)
         due_now = bool(fresh) and due(min(map(_TRIGGER_MS, fresh)), now_ms)
         self._count_sends(results, len(fresh), len(results) - len(fresh))
         await self._commits.durable()
         if not due_now:
-            return [r.message for r in results]
+            return list(map(_RESULT_MESSAGE, results))
         return self._releaser.release_due_now(results, now_ms)
 
     def _count_sends(self, results: list[SendResult], stored: int, duplicates: int) -> None:
-        topics = {message.topic for _, message in results}
-        if len(topics) == 1:  # sendMsgBatch: one topic, counted once
-            m = self._metrics.topic(topics.pop())
+        topic = results[0].message.topic if results else ""
+        for _, message in results:
+            if message.topic != topic:
+                topic = ""
+                break
+        if topic:  # sendMsgBatch: one topic, counted once
+            m = self._metrics.topic(topic)
             m.sends += stored
             m.duplicates += duplicates
             return

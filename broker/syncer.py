@@ -46,11 +46,14 @@ SWITCH_INTERVAL_S = 0.0001
 # must not jump past deadlines while a commit is still in flight.
 Watch = tuple[Callable[[], None], Callable[[], None]]
 _watches: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Watch] = weakref.WeakKeyDictionary()
+_watched = False  # a watch was ever set (else a sync looks none up: a weak dictionary's get is Python)
 
 
 def watch(loop: asyncio.AbstractEventLoop, started: Callable[[], None], ended: Callable[[], None]) -> None:
     """Call `started()` on the loop when a syncer of `loop` starts a sync,
     and `ended()` on the loop after the future it returned is resolved."""
+    global _watched
+    _watched = True
     _watches[loop] = (started, ended)
 
 
@@ -66,6 +69,7 @@ class Syncer:
         self._calls: queue.SimpleQueue[asyncio.Future[float] | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self.rounds = 0  # syncs run, for the repr and the tests
+        self._closed = False  # close() was called
 
     def __repr__(self) -> str:
         alive = self._thread is not None and self._thread.is_alive()
@@ -79,10 +83,10 @@ class Syncer:
                 sys.setswitchinterval(SWITCH_INTERVAL_S)
             self._thread = threading.Thread(target=self._run, name="hourglass-syncer", daemon=True)
             self._thread.start()
-        elif not self._thread.is_alive():
+        elif self._closed:
             raise ContractError("the syncer is closed")
         future: asyncio.Future[float] = self._loop.create_future()
-        watching = _watches.get(self._loop)
+        watching = _watches.get(self._loop) if _watched else None
         if watching is not None:
             watching[0]()
             future.add_done_callback(lambda _: self._loop.call_soon(watching[1]))
@@ -92,6 +96,7 @@ class Syncer:
     def close(self) -> None:
         """End the thread once the syncs asked for have run (their answers
         are dropped if the loop is closed by then)."""
+        self._closed = True
         if self._thread is not None and self._thread.is_alive():
             self._calls.put(None)
             self._thread.join()

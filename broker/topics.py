@@ -55,7 +55,14 @@ class Topics:
         """The topics of `batch` the node does not have yet; LimitReached
         (429, nothing stored) if they would make more than --max-topics."""
         has_topic = self._store.has_topic
-        new = {topic for topic in {m.topic for m in batch} if not has_topic(topic)}
+        new: set[str] = set()
+        last = None
+        for m in batch:  # (a batch's messages share their topic, as a rule)
+            topic = m.topic
+            if topic != last:
+                last = topic
+                if topic not in new and not has_topic(topic):
+                    new.add(topic)
         if new:
             self._filing = {topic for topic in self._filing if not has_topic(topic)}
             topics = self._store.topic_count() + len(self._filing)

@@ -29,7 +29,7 @@ from the checkpoint and written back into the next one (storage.retention).
 from __future__ import annotations
 
 from collections.abc import Sequence, Set
-from typing import cast
+from typing import Any, cast
 
 from . import delay_log, records
 from .commit_log import CommitLog
@@ -138,10 +138,11 @@ class Applier:
               new_entries: list[IndexEntry] | None) -> None:
         """Apply one durable record (its items are all of its kind's type);
         its new entries go to `new_entries` (None: recovery, nobody wants them)."""
+        of_kind: Any = items  # (typed by `kind`: no cast, which is a call)
         if kind is records.Kind.SEND:
-            self._apply_sends(cast(Sequence[records.SendItem], items), new_entries)
+            self._apply_sends(of_kind, new_entries)
         elif kind is records.Kind.MOVE:
-            self._apply_moves(now_ms, cast(Sequence[records.MoveItem], items), new_entries)
+            self._apply_moves(now_ms, of_kind, new_entries)
         elif kind is records.Kind.PART:
             for part in cast(Sequence[records.PartItem], items):
                 self._held.setdefault(part.call_id, []).append((now_ms, part.items))
@@ -150,7 +151,7 @@ class Applier:
                 self._deferred += self._held.pop(commit.call_id, [])
             self._held.clear()  # a PART of another call: its call was abandoned
         else:
-            self._apply_states(now_ms, cast(Sequence[records.StateItem], items))
+            self._apply_states(now_ms, of_kind)
 
     def _apply_sends(self, items: Sequence[records.SendItem], new_entries: list[IndexEntry] | None) -> None:
         """Stage each run of one file's items (Hour.stage_sends), put their

@@ -34,6 +34,7 @@ run in a worker thread meanwhile (storage.applying).
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Mapping, Sequence, Set
 from typing import cast
 
@@ -42,6 +43,9 @@ from .commit_log import CommitLog
 from .entry import Location, Message
 from .errors import InvariantError
 
+# A record item's first field (a StateItem's hour, a MoveItem's from_hour),
+# a state's key's (its hour)
+_FIRST = operator.itemgetter(0)
 Record = tuple[records.Kind, int, Sequence[records.Item]]
 # (status, flags, retry, topic hash) of an entry changed by a pending record.
 State = tuple[int, int, int, int]
@@ -70,10 +74,8 @@ class Pending:
         self._log.append(body)
         self._records.append((kind, now_ms, items))
         self._far_bytes += far_bytes
-        if kind is records.Kind.STATE:
-            self._mark({item.hour for item in cast(Sequence[records.StateItem], items)})
-        elif kind is records.Kind.MOVE:
-            self._mark({item.from_hour for item in cast(Sequence[records.MoveItem], items)})
+        if kind is records.Kind.STATE or kind is records.Kind.MOVE:  # (the changed entry's file: item[0])
+            self._mark(set(map(_FIRST, items)))
         elif kind is records.Kind.PART:
             self._mark({item.hour for part in cast(Sequence[records.PartItem], items) for item in part.items})
 
@@ -201,7 +203,7 @@ class Pending:
     def set_states(self, states: Mapping[tuple[int, int], State]) -> None:
         """Their record is in the log: the changes show from now on."""
         self._states.update(states)
-        self._state_hours.update(hour for hour, _ in states)
+        self._state_hours.update(map(_FIRST, states))
 
     def __repr__(self) -> str:
         return (f"Pending(records={len(self._records)}, ids={len(self._ids)}, slots={len(self._slots)}, "

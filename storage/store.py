@@ -295,6 +295,11 @@ class Store:
         """Records appended and not yet applied (see `sync_log`)."""
         return len(self._pending)
 
+    def commit_point(self) -> tuple[int, int]:
+        """(`pending_records`, `log_end_offset`): what a commit round now
+        would make durable, read together."""
+        return len(self._pending), self.log.end_offset
+
     def sync_log(self) -> None:
         """fsync everything appended so far. Safe to run in a worker thread
         while this one keeps appending: read `pending_records` before it, and

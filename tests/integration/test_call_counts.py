@@ -15,9 +15,10 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "bench"))
 
 CEILINGS = {
-    "send": 215,             # sendMsg
-    "send_batch": 4_100,     # sendMsgBatch of 100
-    "pull_ack": 285,         # pullMsg of one, then its ackMsg
+    "send": 172,             # sendMsg
+    "send_batch": 700,       # sendMsgBatch of 100
+    "pull_ack": 260,         # pullMsg of one, then its ackMsg
+    "pull_ack_many": 5_050,  # pullMsg of 100, then one ackMsg of them (msgIds)
 }
 
 
