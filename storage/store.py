@@ -225,7 +225,8 @@ class Store:
         back, so the next send numbers on without a gap. `checked`: the
         caller has checked every message's fields already (the broker's
         parsing does; storage.types.validate_message's rules)."""
-        self._check_open()
+        if self._closed:  # (_check_open, written out: the send path)
+            raise StoreClosedError(f"store {self.directory!r} is closed")
         return self._placement.send(batch, now_ms, checked)
 
     def update(self, changes: Iterable[StateChange], now_ms: int, part_of: int = 0) -> None:
