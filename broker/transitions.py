@@ -14,7 +14,12 @@ the commit log (MOVE, RELEASE_ID, REPLACE: broker.journal), long polls
 change: the part raises it as the error the API answers (NotFound 404,
 Conflict 409). The rules as a client sees them are in docs/api.md.
 
-The table ("-": nothing changes, no error; retry counts deliveries;
+The table is the code: `TABLE[type(event)][status]` is the cell (a small
+function of the state, the event and now_ms) that says what the event does
+in that column, and `step` is one look-up and one call of it -- no other
+statement of these rules exists. A part that applies one event to a batch
+(a pull of N, an ackMsg of N ids) looks the event's row up once and calls
+the cells. Drawn ("-": nothing changes, no error; retry counts deliveries;
 expire = triggerTime + ttlMillis; final = ACKED, EXPIRED, ENDED, DELETED):
 
     event        no such id    WAITING         READY            CONSUMING          final
@@ -64,8 +69,9 @@ expire = triggerTime + ttlMillis; final = ACKED, EXPIRED, ENDED, DELETED):
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from storage.entry import Message, Status
 from storage.types import NewMessage
@@ -112,18 +118,6 @@ def due(trigger_ms: int, now_ms: int) -> bool:
 def expired(trigger_ms: int, ttl_ms: int, now_ms: int) -> bool:
     """The ttl rule: a message's life ends at triggerTime + ttlMillis."""
     return now_ms >= trigger_ms + ttl_ms
-
-
-def ack_timeout_applies(status: Status, deadline_ms: int, timer_deadline_ms: int) -> bool:
-    """An ack timer changes its message only while that message is in the
-    delivery the timer was set for (not acked, not pulled again since)."""
-    return status is CONSUMING and deadline_ms == timer_deadline_ms
-
-
-def ttl_applies(status: Status, trigger_ms: int, ttl_ms: int, now_ms: int) -> bool:
-    """A ttl ends a message that waits READY (one in flight ends at its ack
-    timeout, one WAITING at its release)."""
-    return status is READY and expired(trigger_ms, ttl_ms, now_ms)
 
 
 class Effect(enum.Enum):
@@ -252,110 +246,161 @@ _NACK_ENDED = (E.FORGET, E.COUNT_NACK, E.COUNT_ENDED)
 _GIVEN_BACK = (E.REQUEUE, E.WAKE)
 _REPLACED = (E.RELEASE_ID, E.REPLACE)
 _RELEASED_ENDED = (E.RELEASE_ID, E.COUNT_DELETE)
+_NOTHING: tuple[Effect, ...] = ()
+
+# A cell of the table: (state, event, now_ms) -> Step. A cell is only ever
+# called with the state of its column (None in the "no such id" one) and an
+# event of its row, so each types its arguments as the table files it.
+Rule = Callable[[Any, Any, int], Step]
 
 
 def step(state: MessageState | None, event: Event, now_ms: int) -> Step:
     """What `event` at `now_ms` does to a message in `state` (None: no
     message has the id): its new state, the effects to carry out, or a
-    refusal. See the module docstring's table."""
-    if state is not None:  # the events of a pull, a release, an ack first: the common ones
-        if isinstance(event, Pull):
-            if state.status is not READY:
-                return _new(Step, (state, (), None))
-            return _new(Step, (_new(MessageState, (CONSUMING, state.retry + 1, state.max_retry, state.trigger_ms,
-                                                    state.ttl_ms, event.deadline_ms)),
-                               _TAKEN, None))
-        if isinstance(event, Release) and state.status is WAITING and not expired(state.trigger_ms, state.ttl_ms, now_ms):
-            return _new(Step, (_to(state, READY), _HELD, None))
-        if isinstance(event, AckTimeout) and not ack_timeout_applies(state.status, state.deadline_ms,
-                                                                     event.deadline_ms):
-            return _new(Step, (state, (), None))  # acked, or pulled again since: a stale timer
-        if isinstance(event, Ack) and (state.status is READY or state.status is CONSUMING):
-            return _new(Step, (_to(state, ACKED), _ACKED_HELD, None))
-    return _step(state, event, now_ms)
+    refusal. One look-up in TABLE (the module docstring's table), one call
+    of its cell."""
+    return TABLE[type(event)][None if state is None else state.status](state, event, now_ms)
 
 
-def _step(state: MessageState | None, event: Event, now_ms: int) -> Step:
-    if state is None:
-        if isinstance(event, Send):
-            return Step(event.sent, _FILED_DUE if due(event.sent.trigger_ms, now_ms) else _FILED)
-        if isinstance(event, (Delete, Reschedule, Redrive)):
-            return Step(None, (), Refusal.NOT_FOUND)
-        return Step(None)
-    status = state.status
-    if isinstance(event, Pull):
-        if status is not READY:
-            return Step(state)
-        return Step(MessageState(CONSUMING, state.retry + 1, state.max_retry, state.trigger_ms, state.ttl_ms,
-                                 event.deadline_ms), _TAKEN)
-    if isinstance(event, Ack):
-        if status is WAITING:
-            return Step(_to(state, ACKED), _ACKED_WAITING)
-        if status is READY or status is CONSUMING:
-            return Step(_to(state, ACKED), _ACKED_HELD)
-        return Step(state)
-    if isinstance(event, Nack):
-        if status is not CONSUMING:
-            return Step(state)  # (a repeated nack, or of a message never pulled)
-        return _retry_or_end(state, now_ms, _NACK_REQUEUED, _NACK_ENDED)
-    if isinstance(event, AckTimeout):
-        if not ack_timeout_applies(status, state.deadline_ms, event.deadline_ms):
-            return Step(state)  # acked, or pulled again since: a stale timer
-        return _retry_or_end(state, now_ms, _REQUEUED, _ENDED)
-    if isinstance(event, Release):
-        if status is not WAITING:
-            return Step(state)  # released already (by the wheel or its request), or ended
-        if expired(state.trigger_ms, state.ttl_ms, now_ms):
-            return Step(_to(state, EXPIRED), _ENDED_AT_RELEASE)
-        return Step(_to(state, READY), _HELD)
-    if isinstance(event, Ttl):
-        if not ttl_applies(status, state.trigger_ms, state.ttl_ms, now_ms):
-            return Step(state)
-        return Step(_to(state, EXPIRED if state.retry == 0 else ENDED), _ENDED)
-    if isinstance(event, Send):
-        if status.is_final and not event.strict:
-            return Step(state, _REPLACED)
-        return Step(state)  # a duplicate: the stored message is the answer
-    if isinstance(event, Delete):
-        if not status.is_final:
-            leave = E.CANCEL if status is WAITING else E.FORGET
-            effects = (leave, E.COUNT_DELETE, E.RELEASE_ID) if event.release else (leave, E.COUNT_DELETE)
-            return Step(_to(state, DELETED), effects)
-        return Step(state, _RELEASED_ENDED if event.release else (), Refusal.ENDED)
-    if isinstance(event, Reschedule):
-        if status is not WAITING and status is not READY:
-            return Step(state, (), Refusal.NOT_MOVABLE)
-        moved = MessageState(WAITING, state.retry, state.max_retry, event.trigger_ms, state.ttl_ms)
-        return Step(moved, (E.CANCEL if status is WAITING else E.FORGET, E.MOVE,
-                            *(_FILED_DUE if due(event.trigger_ms, now_ms) else _FILED)))
-    if isinstance(event, Redrive):
-        if status is not EXPIRED and status is not ENDED:
-            return Step(state, (), Refusal.NOT_DEAD)
-        return Step(MessageState(WAITING, 0, state.max_retry, now_ms, state.ttl_ms), (E.MOVE, *_FILED_DUE))
-    if isinstance(event, RetryAt):
-        if status is not CONSUMING:
-            return Step(state)  # (acked, timed out or nacked since)
-        if state.retry > state.max_retry or expired(state.trigger_ms, state.ttl_ms, max(now_ms, event.at_ms)):
-            return Step(_to(state, ENDED), _NACK_ENDED)
-        later = MessageState(WAITING, state.retry, state.max_retry, event.at_ms, state.ttl_ms)
-        return Step(later, (E.FORGET, E.MOVE, *(_FILED_DUE if due(event.at_ms, now_ms) else _FILED),
-                            E.COUNT_NACK, E.COUNT_RETRY))
-    # GiveBack
-    if status is not CONSUMING:
-        return Step(state)
-    return Step(_to(state, READY, state.retry - 1), _GIVEN_BACK)
+# == the cells, row by row (each states one rule, once) =========================
+
+def _unchanged(state: MessageState | None, event: Event, now_ms: int) -> Step:
+    """"-": nothing changes, no error."""
+    return _new(Step, (state, _NOTHING, None))
+
+
+def _not_found(state: None, event: Event, now_ms: int) -> Step:
+    return _new(Step, (None, _NOTHING, Refusal.NOT_FOUND))
+
+
+def _not_movable(state: MessageState, event: Reschedule, now_ms: int) -> Step:
+    return _new(Step, (state, _NOTHING, Refusal.NOT_MOVABLE))
+
+
+def _not_dead(state: MessageState, event: Redrive, now_ms: int) -> Step:
+    return _new(Step, (state, _NOTHING, Refusal.NOT_DEAD))
+
+
+def _send_new(state: None, event: Send, now_ms: int) -> Step:
+    return _new(Step, (event.sent, _FILED_DUE if due(event.sent.trigger_ms, now_ms) else _FILED, None))
+
+
+def _send_ended(state: MessageState, event: Send, now_ms: int) -> Step:
+    return _new(Step, (state, _NOTHING if event.strict else _REPLACED, None))
+
+
+def _release(state: MessageState, event: Release, now_ms: int) -> Step:
+    if expired(state.trigger_ms, state.ttl_ms, now_ms):
+        return _new(Step, (_to(state, EXPIRED, state.retry), _ENDED_AT_RELEASE, None))
+    return _new(Step, (_to(state, READY, state.retry), _HELD, None))
+
+
+def _pull(state: MessageState, event: Pull, now_ms: int) -> Step:
+    return _new(Step, (_new(MessageState, (CONSUMING, state.retry + 1, state.max_retry, state.trigger_ms,
+                                           state.ttl_ms, event.deadline_ms)), _TAKEN, None))
+
+
+def _ack_waiting(state: MessageState, event: Ack, now_ms: int) -> Step:
+    return _new(Step, (_to(state, ACKED, state.retry), _ACKED_WAITING, None))
+
+
+def _ack_held(state: MessageState, event: Ack, now_ms: int) -> Step:
+    return _new(Step, (_to(state, ACKED, state.retry), _ACKED_HELD, None))
+
+
+def _nack(state: MessageState, event: Nack, now_ms: int) -> Step:
+    return _retry_or_end(state, now_ms, _NACK_REQUEUED, _NACK_ENDED)
+
+
+def _ack_timeout(state: MessageState, event: AckTimeout, now_ms: int) -> Step:
+    if state.deadline_ms != event.deadline_ms:
+        return _new(Step, (state, _NOTHING, None))  # pulled again since: a stale timer [4]
+    return _retry_or_end(state, now_ms, _REQUEUED, _ENDED)
+
+
+def _ttl(state: MessageState, event: Ttl, now_ms: int) -> Step:
+    if not expired(state.trigger_ms, state.ttl_ms, now_ms):
+        return _new(Step, (state, _NOTHING, None))
+    return _new(Step, (_to(state, EXPIRED if state.retry == 0 else ENDED, state.retry), _ENDED, None))
+
+
+def _delete_waiting(state: MessageState, event: Delete, now_ms: int) -> Step:
+    effects = (E.CANCEL, E.COUNT_DELETE, E.RELEASE_ID) if event.release else (E.CANCEL, E.COUNT_DELETE)
+    return _new(Step, (_to(state, DELETED, state.retry), effects, None))
+
+
+def _delete_held(state: MessageState, event: Delete, now_ms: int) -> Step:
+    effects = (E.FORGET, E.COUNT_DELETE, E.RELEASE_ID) if event.release else (E.FORGET, E.COUNT_DELETE)
+    return _new(Step, (_to(state, DELETED, state.retry), effects, None))
+
+
+def _delete_ended(state: MessageState, event: Delete, now_ms: int) -> Step:
+    return _new(Step, (state, _RELEASED_ENDED if event.release else _NOTHING, Refusal.ENDED))
+
+
+def _reschedule(state: MessageState, event: Reschedule, now_ms: int) -> Step:
+    moved = _new(MessageState, (WAITING, state.retry, state.max_retry, event.trigger_ms, state.ttl_ms, 0))
+    return _new(Step, (moved, (E.CANCEL if state.status is WAITING else E.FORGET, E.MOVE,
+                               *(_FILED_DUE if due(event.trigger_ms, now_ms) else _FILED)), None))
+
+
+def _redrive(state: MessageState, event: Redrive, now_ms: int) -> Step:
+    return _new(Step, (_new(MessageState, (WAITING, 0, state.max_retry, now_ms, state.ttl_ms, 0)),
+                       (E.MOVE, *_FILED_DUE), None))
+
+
+def _retry_at(state: MessageState, event: RetryAt, now_ms: int) -> Step:
+    if state.retry > state.max_retry or expired(state.trigger_ms, state.ttl_ms, max(now_ms, event.at_ms)):
+        return _new(Step, (_to(state, ENDED, state.retry), _NACK_ENDED, None))
+    later = _new(MessageState, (WAITING, state.retry, state.max_retry, event.at_ms, state.ttl_ms, 0))
+    return _new(Step, (later, (E.FORGET, E.MOVE, *(_FILED_DUE if due(event.at_ms, now_ms) else _FILED),
+                               E.COUNT_NACK, E.COUNT_RETRY), None))
+
+
+def _give_back(state: MessageState, event: GiveBack, now_ms: int) -> Step:
+    return _new(Step, (_to(state, READY, state.retry - 1), _GIVEN_BACK, None))
 
 
 def _retry_or_end(state: MessageState, now_ms: int, requeued: tuple[Effect, ...],
                   ended: tuple[Effect, ...]) -> Step:
     """A delivery was not acked: READY again, or ENDED after maxRetry + 1
-    deliveries or past its ttl."""
+    deliveries or past its ttl [3]."""
     if state.retry > state.max_retry or expired(state.trigger_ms, state.ttl_ms, now_ms):
-        return Step(_to(state, ENDED), ended)
-    return Step(_to(state, READY), requeued)
+        return _new(Step, (_to(state, ENDED, state.retry), ended, None))
+    return _new(Step, (_to(state, READY, state.retry), requeued, None))
 
 
-def _to(state: MessageState, status: Status, retry: int | None = None) -> MessageState:
-    """`state` in `status` (and with `retry`), no ack deadline (not consuming)."""
-    return _new(MessageState, (status, state.retry if retry is None else retry, state.max_retry, state.trigger_ms,
-                               state.ttl_ms, 0))
+def _to(state: MessageState, status: Status, retry: int) -> MessageState:
+    """`state` in `status` with `retry`, no ack deadline (not consuming)."""
+    return _new(MessageState, (status, retry, state.max_retry, state.trigger_ms, state.ttl_ms, 0))
+
+
+# == the table ===================================================================
+
+_COLUMNS: tuple[Status | None, ...] = (None, *Status)
+
+
+def _row(cells: dict[Status | None, Rule], otherwise: Rule = _unchanged) -> dict[Status | None, Rule]:
+    """A row of the table: its cells, every other column `otherwise`."""
+    return {column: cells.get(column, otherwise) for column in _COLUMNS}
+
+
+# TABLE[type(event)][status, or None for no such id]: the cell that says what
+# the event does. The module docstring draws it; a batch of one event may
+# look its row up once and call the cells.
+TABLE: dict[type[Event], dict[Status | None, Rule]] = {
+    Send: _row({None: _send_new, ACKED: _send_ended, EXPIRED: _send_ended, ENDED: _send_ended,
+                DELETED: _send_ended}),
+    Release: _row({WAITING: _release}),
+    Pull: _row({READY: _pull}),
+    Ack: _row({WAITING: _ack_waiting, READY: _ack_held, CONSUMING: _ack_held}),
+    Nack: _row({CONSUMING: _nack}),
+    AckTimeout: _row({CONSUMING: _ack_timeout}),
+    Ttl: _row({READY: _ttl}),
+    Delete: _row({None: _not_found, WAITING: _delete_waiting, READY: _delete_held, CONSUMING: _delete_held},
+                 _delete_ended),
+    Reschedule: _row({None: _not_found, WAITING: _reschedule, READY: _reschedule}, _not_movable),
+    Redrive: _row({None: _not_found, EXPIRED: _redrive, ENDED: _redrive}, _not_dead),
+    RetryAt: _row({CONSUMING: _retry_at}),
+    GiveBack: _row({CONSUMING: _give_back}),
+}

@@ -41,7 +41,7 @@ from .long_polls import LongPolls
 from .metrics import Metrics
 from .ready import HeldMessage, QueueLimits, TopicQueue
 from .timers import COMPACT_SLACK, Timer, TimerKind, Timers
-from .transitions import TTL, Effect, Event, MessageState, Pull, Step, ack_timeout_applies, expired, step, ttl_applies
+from .transitions import TTL, Effect, Event, MessageState, Pull, Step, expired, step
 
 # A refill reads at most about this many index entries (192 KiB) and takes
 # at most REFILL_FOUND messages before other work runs.
@@ -237,11 +237,7 @@ class ReadyWindows:
         it never will: the message moved on.) The rules step() applies to a
         timer, asked without a step: compaction asks it of every timer."""
         held = self.held.get(timer.location)
-        if held is None:
-            return False
-        if timer.kind is TimerKind.ACK:
-            return ack_timeout_applies(held.status, held.deadline_ms, timer.due_ms)
-        return ttl_applies(held.status, held.trigger_ms, held.ttl_ms, timer.due_ms)
+        return held is not None and bool(step(held.state, timer.event, timer.due_ms).effects)
 
     def _key_spill(self, queue: TopicQueue, serial_key: str, location: Location) -> None:
         """A READY message of a key with its share of RAM stays on disk; its

@@ -4,6 +4,8 @@ no disk, no socket."""
 
 from __future__ import annotations
 
+import typing
+
 import pytest
 
 from broker.transitions import (
@@ -12,6 +14,7 @@ from broker.transitions import (
     NACK,
     REDRIVE,
     RELEASE,
+    TABLE,
     TTL,
     AckTimeout,
     Delete,
@@ -290,6 +293,14 @@ def test_every_event_in_every_status_is_answered_and_changes_what_it_says(status
                 (status, event)
         if done.state is not None and done.state.status is not CONSUMING:
             assert done.state.deadline_ms in (0, NOW), (status, event)
+
+
+def test_the_table_has_a_cell_for_every_event_in_every_column():
+    """step is one look-up: an event type or a status the table lacks would
+    be a KeyError, not a rule."""
+    assert set(TABLE) == set(typing.get_args(Event))
+    for row in TABLE.values():
+        assert set(row) == {None, *Status}
 
 
 def test_the_state_of_a_stored_message():
