@@ -49,14 +49,25 @@ def _status(h: BrokerHarness, msg_id: str) -> Status:
     return h.run(h.broker.get(TOPIC, msg_id)).status
 
 
+class _CountingStore:
+    """The broker's store as the bulk calls reach it, their `live_state`
+    reads counted (a compiled Store's methods cannot be replaced)."""
+
+    def __init__(self, store, reads: list[int]) -> None:
+        self._store = store
+        self._reads = reads
+
+    def live_state(self, where):
+        self._reads[0] += 1
+        return self._store.live_state(where)
+
+    def __getattr__(self, name: str):
+        return getattr(self._store, name)
+
+
 def _count_state_reads(h: BrokerHarness, monkeypatch) -> list[int]:
     reads = [0]
-    read = h.store.live_state
-
-    def counted(where):
-        reads[0] += 1
-        return read(where)
-    monkeypatch.setattr(h.store, "live_state", counted)
+    monkeypatch.setattr(h.broker._bulk, "_store", _CountingStore(h.store, reads))
     return reads
 
 
