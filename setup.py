@@ -25,15 +25,10 @@ from setuptools import Extension, setup
 # "Compiled with mypyc", has bench/flow.py's figures). Every other module
 # stays interpreted in the compiled wheel too, and these on purpose:
 #   storage/errors.py       exceptions that subclass built-ins (ValueError...)
-#   storage/store.py        tests read its parts with vars() and keep weak
-#                           references to it: a compiled class has neither
-#   storage/commit_log.py,  tests replace a method (Segment.sync, a log's
-#   hour_files.py,          append, HourFiles.mapped_bytes) or a function to
-#   fileutil.py,            count fsyncs or make a disk full: a compiled
-#   disk_room.py            class or caller would not see the replacement (a
-#                           function imported from an interpreted module is
-#                           looked up at each call: id_index's preallocate
-#                           can still be replaced)
+#   storage/disk.py         the calls where the disk can fail: tests hand the
+#                           store a subclass of its Disk that is full, fails
+#                           its syncs or counts them (tests/fakes.py), and an
+#                           interpreted class cannot subclass a compiled one
 #   broker/node_base.py     the cluster's node subclasses it, and an
 #                           interpreted class cannot subclass a compiled one
 #   broker/nodes.py, console*.py, cli.py, server.py, client.py, spark.py:
@@ -41,13 +36,17 @@ from setuptools import Extension, setup
 COMPILED = [
     "storage/applying.py",
     "storage/checkpoint.py",
+    "storage/commit_log.py",
     "storage/config.py",
     "storage/delay_index.py",
     "storage/delay_log.py",
+    "storage/disk_room.py",
     "storage/entry.py",
     "storage/files.py",
+    "storage/fileutil.py",
     "storage/framing.py",
     "storage/hour.py",
+    "storage/hour_files.py",
     "storage/hour_table.py",
     "storage/id_index.py",
     "storage/pending.py",
@@ -60,6 +59,7 @@ COMPILED = [
     "storage/retention.py",
     "storage/second_table.py",
     "storage/spans.py",
+    "storage/store.py",
     "storage/types.py",
     "wheel/clock.py",
     "wheel/delay_queue.py",
