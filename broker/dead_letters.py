@@ -25,7 +25,7 @@ import asyncio
 
 from storage.entry import Location, Message, Status
 from storage.errors import Conflict, InvalidRequest
-from storage.store import StateChange, Store, text_hash
+from storage.store import Store, text_hash
 from wheel.clock import Clock
 
 from .backend import DEAD_SCAN, REDRIVE_STEP
@@ -104,10 +104,8 @@ class DeadLetters:
         done = step(held.state, RetryAt(max(at_ms, now_ms)), now_ms)
         if done.state is None or not done.effects:
             return held.status
-        if done.state.status is Status.ENDED:
-            self._windows.carry_out(held, done)
-            self._journal.append([StateChange(held.location, Status.ENDED, done.state.retry,
-                                              prev_status=Status.CONSUMING, topic_hash=held.topic_hash)], now_ms)
+        if done.state.status is Status.ENDED:  # (no move: the windows carry the step out, as a nack's)
+            self._journal.append(self._windows.apply(RetryAt(max(at_ms, now_ms)), [held], now_ms), now_ms)
             await self._commits.durable()
             return Status.ENDED
         moved = self.move([(held.location, done)], now_ms)

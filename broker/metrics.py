@@ -153,22 +153,23 @@ class TopicMetrics:
         for message in messages:
             self.pull_gap.observe(now_ms - due_ms(message.trigger_ms, message.produce_ms))
 
-    def count(self, effects: tuple[Effect, ...]) -> None:
+    def count(self, effects: tuple[Effect, ...], times: int = 1) -> None:
         """What a transition's effects count (broker.transitions: COUNT_*),
-        compared by identity (an Enum's hash is a call into Python)."""
+        `times` transitions of those effects; compared by identity (an
+        Enum's hash is a call into Python)."""
         for effect in effects:
             if effect is _READY:
-                self.ready += 1
+                self.ready += times
             elif effect is _ACK:
-                self.acks += 1
+                self.acks += times
             elif effect is _ENDED:
-                self.ended += 1
+                self.ended += times
             elif effect is _RETRY:
-                self.retries += 1
+                self.retries += times
             elif effect is _NACK:
-                self.nacks += 1
+                self.nacks += times
             elif effect is _DELETE:
-                self.deletes += 1
+                self.deletes += times
 
 
 _READY, _ACK, _ENDED = Effect.COUNT_READY, Effect.COUNT_ACK, Effect.COUNT_ENDED

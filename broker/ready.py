@@ -36,7 +36,9 @@ never the window, and busy keys never crowd out free ones.
 
 from __future__ import annotations
 
+import heapq
 from collections import defaultdict, deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from sortedcontainers import SortedList
@@ -90,60 +92,61 @@ class QueueLimits:
 
 @dataclass(slots=True)
 class HeldMessage:
-    """A READY message in a window, or a CONSUMING one, as RAM holds it
-    (no body unless short). Its status, retry and deadline change only by
-    `become`, with a state broker.transitions.step gave."""
+    """A READY message in a window, or a CONSUMING one, as RAM holds it (no
+    body unless short). `state` is what broker.transitions steps; it changes
+    only by broker.windows' `apply`, to the state a step gave."""
 
     location: Location
     topic: str
     tag: str
-    priority: int
-    trigger_ms: int
-    ttl_ms: int
-    max_retry: int
-    retry: int
-    status: Status
     msg_id: str
     topic_hash: int
-    deadline_ms: int = 0  # CONSUMING: when the ack times out
+    serial_key: str  # the message's serial key (docs/api.md, "Tags and serial keys"): "" none
+    key: tuple[int, int, int, int]  # ready-queue order: higher priority, then earlier trigger, then filing
+    state: MessageState
     # READY in a window: the whole message when its text is short (a pull
     # answers it without reading the disk); None otherwise and once pulled.
     message: Message | None = None
-    serial_key: str = ""  # the message's serial key (docs/api.md, "Tags and serial keys"): "" none
 
     @classmethod
     def of(cls, message: Message, topic_hash: int) -> HeldMessage:
-        """`message` (READY or CONSUMING) as RAM holds it."""
-        return cls(message.location, message.topic, message.tag, message.priority, message.trigger_ms,
-                   message.ttl_ms, message.max_retry, message.retry, message.status, message.msg_id, topic_hash,
-                   message=message if len(message.msg) <= CACHED_MSG_CHARS else None, serial_key=message.key)
+        """`message` (READY or CONSUMING, or WAITING on its way to READY) as
+        RAM holds it."""
+        location = message.location
+        return cls(location, message.topic, message.tag, message.msg_id, topic_hash, message.key,
+                   (-message.priority, message.trigger_ms, location.hour, location.global_index),
+                   _new_state(MessageState, (message.status, message.retry, message.max_retry, message.trigger_ms,
+                                             message.ttl_ms, 0)),
+                   message if len(message.msg) <= CACHED_MSG_CHARS else None)
+
+    # (for readers: the part itself reads `state`'s fields)
+    @property
+    def status(self) -> Status:
+        return self.state.status
 
     @property
-    def key(self) -> tuple[int, int, int, int]:
-        """Ready-queue order: higher priority, then earlier trigger."""
-        return (-self.priority, self.trigger_ms, self.location.hour, self.location.global_index)
+    def retry(self) -> int:
+        return self.state.retry
+
+    @property
+    def deadline_ms(self) -> int:
+        return self.state.deadline_ms
 
     @property
     def expire_ms(self) -> int:
-        return self.trigger_ms + self.ttl_ms
-
-    @property
-    def state(self) -> MessageState:
-        return _new_state(MessageState, (self.status, self.retry, self.max_retry, self.trigger_ms, self.ttl_ms,
-                                         self.deadline_ms))
-
-    def become(self, state: MessageState) -> None:
-        self.status, self.retry, self.deadline_ms = state.status, state.retry, state.deadline_ms
+        return self.state.trigger_ms + self.state.ttl_ms
 
 
 @dataclass
 class TopicQueue:
-    """One topic's window of ready messages (all, and by tag), its count of
-    consuming ones, and where its spilled ones start."""
+    """One topic's window of ready messages, its count of consuming ones,
+    where its spilled ones start, and its serial keys' state. Data that
+    broker.windows' ReadyWindows keeps (and alone changes): the methods here
+    are the order's and the places' bookkeeping, no counts of the part's."""
 
     name: str
     topic_hash: int
-    ready: SortedList = field(default_factory=SortedList)
+    ready: SortedList = field(default_factory=SortedList)  # the pull order: keys of unparked window messages
     by_tag: dict[str, SortedList] = field(default_factory=lambda: defaultdict(SortedList))
     consuming: int = 0
     # READY messages of this topic may lie on disk beyond the window, none
@@ -158,33 +161,16 @@ class TopicQueue:
     key_scan: dict[str, Location] = field(default_factory=dict)
     key_spilled: dict[str, deque[Location]] = field(default_factory=dict)  # key -> places of its messages on disk
     key_spilled_count: int = 0
-    parked: int = 0
+    parked: int = 0  # window messages parked (their key busy)
 
-    def add(self, held: HeldMessage) -> None:
-        if held.serial_key:
-            self.by_key.setdefault(held.serial_key, {})[held.location] = held
-            if held.serial_key in self.busy:
-                self.parked += 1
-                return
-        self._order(held)
-
-    def remove(self, held: HeldMessage) -> None:
-        if held.serial_key:
-            of_key = self.by_key[held.serial_key]
-            del of_key[held.location]
-            if not of_key:
-                del self.by_key[held.serial_key]
-            if held.serial_key in self.busy:
-                self.parked -= 1
-                return
-        self._unorder(held)
-
-    def _order(self, held: HeldMessage) -> None:
+    def order(self, held: HeldMessage) -> None:
+        """Into the pull order."""
         key = held.key
         self.ready.add(key)
         self.by_tag[held.tag].add(key)
 
-    def _unorder(self, held: HeldMessage) -> None:
+    def unorder(self, held: HeldMessage) -> None:
+        """Out of the pull order."""
         key = held.key
         self.ready.remove(key)
         tagged = self.by_tag[held.tag]
@@ -192,37 +178,23 @@ class TopicQueue:
         if not tagged:
             del self.by_tag[held.tag]
 
+    def best(self, tags: frozenset[str] | None) -> Iterator[tuple[int, int, int, int]]:
+        """The pull order's keys (among those tags), best first; the order
+        must not change while it is read."""
+        if tags is None:
+            return iter(self.ready)
+        return heapq.merge(*(self.by_tag[t] for t in tags if t in self.by_tag))
+
+    def last(self) -> Location | None:
+        """The window's last in pull order: the one a better arrival evicts."""
+        if not self.ready:
+            return None
+        key = self.ready[-1]
+        return Location(key[2], key[3])
+
     def key_count(self, serial_key: str) -> int:
         """The window's messages of `serial_key`."""
         return len(self.by_key.get(serial_key, ()))
-
-    def hold_key(self, serial_key: str) -> list[HeldMessage]:
-        """A message of the key starts consuming: the window's others of
-        the key leave the pull order. Returns them, best first, when the key
-        was free (the caller keeps the first parked, spills the rest)."""
-        n = self.busy.get(serial_key, 0)
-        self.busy[serial_key] = n + 1
-        if n:
-            return []
-        others = sorted(self.by_key.get(serial_key, {}).values(), key=lambda held: held.key)
-        for held in others:
-            self._unorder(held)
-            self.parked += 1
-        return others
-
-    def release_key(self, serial_key: str) -> int | None:
-        """A message of the key stops consuming. None while the key is still
-        busy; else how many parked messages are back in the pull order."""
-        n = self.busy[serial_key] - 1
-        if n:
-            self.busy[serial_key] = n
-            return None
-        del self.busy[serial_key]
-        back = self.by_key.get(serial_key, {})
-        for held in back.values():
-            self._order(held)
-        self.parked -= len(back)
-        return len(back)
 
     def key_spill_at(self, serial_key: str, location: Location, remember: bool = False) -> bool:
         """A READY message of the key at `location` stays on disk only (the
@@ -251,22 +223,6 @@ class TopicQueue:
         if not places:
             del self.key_spilled[serial_key]
         return taken
-
-    def best(self, tags: frozenset[str] | None) -> Location | None:
-        """The first ready message (among those tags), without taking it."""
-        if tags is None:
-            key = self.ready[0] if self.ready else None
-        else:
-            heads = [self.by_tag[t][0] for t in tags if t in self.by_tag]
-            key = min(heads) if heads else None
-        return None if key is None else Location(key[2], key[3])
-
-    def last(self) -> Location | None:
-        """The window's last in pull order: the one a better arrival evicts."""
-        if not self.ready:
-            return None
-        key = self.ready[-1]
-        return Location(key[2], key[3])
 
     def spill_at(self, location: Location) -> None:
         """A READY message at `location` stays on disk only."""

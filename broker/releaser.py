@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from storage.entry import IndexEntry, Message, Status
-from storage.store import SendOutcome, SendResult, StateChange, Store, text_hash
+from storage.store import SendOutcome, SendResult, Store, text_hash
 from wheel.clock import Clock
 from wheel.scheduler import Scheduler
 from wheel.tick_state import TickState, TickStateFile
@@ -37,7 +37,7 @@ from .journal import Journal
 from .long_polls import LongPolls
 from .metrics import Metrics, due_ms
 from .ready import HeldMessage
-from .transitions import RELEASE, Effect, MessageState, due, step
+from .transitions import RELEASE, due
 from .windows import ReadyWindows
 
 
@@ -99,36 +99,29 @@ class Releaser:
         return [m._replace(status=status(m.location)) if due(m.trigger_ms, now_ms) else m for m in messages]
 
     def _make_ready(self, messages: list[tuple[Message, int]], arrived_ms: int | None = None) -> None:
-        """WAITING messages (with their topic hashes) due now: READY, or
-        EXPIRED past their ttl. Their lateness counts from their due time:
-        the trigger time, or the arrival if later -- each one's produce
-        time, or `arrived_ms` (the request that made them due: a send, a
+        """WAITING messages (with their topic hashes) due now: READY into
+        their topics' windows (which wake the long polls), or EXPIRED past
+        their ttl (broker.transitions' `Release`, carried out by the
+        windows). Their lateness counts from their due time: the trigger
+        time, or the arrival if later -- each one's produce time, or
+        `arrived_ms` (the request that made them due: a send, a
         rescheduleMsg, a re-drive)."""
+        if not messages:
+            return
         now_ms = self._clock.now_ms()
-        metrics = self._metrics
-        changes = []
-        woken = set()
-        for message, topic_hash in messages:
+        lateness = self._metrics.lateness_seconds
+        dues = []
+        for message, _ in messages:
             due = due_ms(message.trigger_ms, message.produce_ms if arrived_ms is None else arrived_ms)
-            metrics.lateness_seconds.observe(max(0, now_ms - due) / 1000)
-            released = step(MessageState.of(message), RELEASE, now_ms)
-            state, effects = released.state, released.effects
-            if state is None or not effects:
-                continue
-            changes.append(StateChange(message.location, state.status, state.retry, prev_status=Status.WAITING,
-                                       topic_hash=topic_hash))
-            m = metrics.topic(message.topic)
-            m.count(effects)
-            if Effect.HOLD in effects:
-                self._windows.admit(HeldMessage.of(message.with_state(state.status, state.retry),
-                                                   topic_hash))
-                m.ready_gap.observe(now_ms - due)
-            if Effect.WAKE in effects:
-                woken.add(message.topic)
+            lateness.observe(max(0, now_ms - due) / 1000)
+            dues.append(due)
+        batch = [HeldMessage.of(message, topic_hash) for message, topic_hash in messages]
+        changes = self._windows.apply(RELEASE, batch, now_ms)
+        for held, due in zip(batch, dues):
+            if held.state.status is Status.READY:
+                self._metrics.topic(held.topic).ready_gap.observe(now_ms - due)
         if changes:
             self._journal.append(changes, now_ms)
-        for topic in woken:
-            self._long_polls.wake(topic)
 
     async def persist_tick(self, tick: TickState) -> None:
         """The tick moves only past releases that are durable, and never past

@@ -42,6 +42,7 @@ from .transitions import ACK, GIVE_BACK, NACK, Delete, Effect, MessageState, Ref
 from .windows import ReadyWindows
 
 STORED = SendOutcome.STORED
+CONSUMING = Status.CONSUMING
 _TRIGGER_MS = operator.attrgetter("trigger_ms")
 _MESSAGE = operator.itemgetter(0)  # a NewSend's message
 _RESULT_MESSAGE = operator.itemgetter(1)  # a SendResult's message
@@ -134,20 +135,20 @@ class Requests:
         self._lifecycle.check_serving()
         now_ms = self._clock.now_ms()
         tags = frozenset(request.tags) if request.tags else None
-        taken = self._windows.take(request.topic, request.batch, tags, now_ms + request.ack_timeout_ms, now_ms)
+        taken, changes = self._windows.take(request.topic, request.batch, tags, now_ms + request.ack_timeout_ms,
+                                            now_ms)
         if not taken:
             return []
-        self._journal.append([StateChange(held.location, Status.CONSUMING, held.retry, deadline_ms=held.deadline_ms,
-                                          prev_status=Status.READY, topic_hash=held.topic_hash) for held in taken],
-                             now_ms)
+        self._journal.append(changes, now_ms)
         messages = []
         for held in taken:
-            if held.message is None:
+            cached = held.message
+            if cached is None:
                 message = self._store.read_message(held.location)
                 if message is not None:
                     messages.append(message)
             else:
-                messages.append(held.message.with_state(Status.CONSUMING, held.retry))
+                messages.append(cached.with_state(CONSUMING, held.state.retry))
                 held.message = None
         self._metrics.topic(request.topic).pulled(messages, now_ms)
         if self._pull_waits:
@@ -166,11 +167,9 @@ class Requests:
     async def _give_back(self, messages: list[Message]) -> None:
         """Pulled for a client that is gone: READY again, as if never pulled."""
         now_ms = self._clock.now_ms()
-        changes = []
-        for message in messages:
-            change = self._windows.step_held(message.location, GIVE_BACK, now_ms)
-            if change is not None:
-                changes.append(change)
+        held_at = self._windows.held
+        taken = [held for m in messages if (held := held_at.get(m.location)) is not None]
+        changes = self._windows.apply(GIVE_BACK, taken, now_ms)
         if changes:
             self._journal.append(changes, now_ms)
             await self._commits.durable()
@@ -183,18 +182,21 @@ class Requests:
         await self.ack_many(request.topic, [request.msg_id], request.ack)
 
     async def ack_many(self, topic: str, msg_ids: Sequence[str], ack: bool = True) -> list[Status | None]:
-        """`ack` of each id in turn, one record and one fsync for all; the
-        status of each after it (None: no such message)."""
+        """`ack` of each id (a repeated one once), one record and one fsync
+        for all; the status of each after it (None: no such message). The
+        consuming ones in one pass (broker.windows' `apply`), no disk read;
+        the others by their stored copies."""
         self._lifecycle.check_serving()
         now_ms = self._clock.now_ms()
-        changes: list[StateChange] = []
-        after: dict[str, Status | None] = {}
-        for msg_id in msg_ids:
-            if msg_id in after:  # a repeated id: once
-                continue
-            change, after[msg_id] = self._ack_one(topic, msg_id, ack, now_ms)
-            if change is not None:
-                changes.append(change)
+        flying = self._windows.in_flight_of(topic, msg_ids)
+        changes = self._windows.apply(ACK if ack else NACK, list(flying.values()), now_ms) if flying else []
+        after: dict[str, Status | None] = {msg_id: held.state.status for msg_id, held in flying.items()}
+        if len(after) < len(msg_ids):
+            for msg_id in msg_ids:
+                if msg_id not in after:
+                    change, after[msg_id] = self._ack_stored(topic, msg_id, ack, now_ms)
+                    if change is not None:
+                        changes.append(change)
         if changes:
             self._journal.append(changes, now_ms)
             await self._commits.durable()
@@ -202,17 +204,11 @@ class Requests:
             await self._commits.settled()  # an earlier change to them may still be in its commit, or unreplicated
         return [after[msg_id] for msg_id in msg_ids]
 
-    def _ack_one(self, topic: str, msg_id: str, ack: bool, now_ms: int) -> tuple[StateChange | None, Status | None]:
-        """The change an ack or nack of one id makes (None: none), and the
-        message's status after it (None: no such message)."""
-        held = self._windows.in_flight(topic, msg_id)
-        if held is not None:  # consuming (every consuming message is held): no disk read
-            done = step(held.state, ACK if ack else NACK, now_ms)
-            if done.state is None:
-                return None, held.status
-            self._windows.carry_out(held, done)
-            return StateChange(held.location, done.state.status, done.state.retry, prev_status=Status.CONSUMING,
-                               topic_hash=held.topic_hash), done.state.status
+    def _ack_stored(self, topic: str, msg_id: str, ack: bool,
+                    now_ms: int) -> tuple[StateChange | None, Status | None]:
+        """The change an ack or nack of an id not in flight makes (None:
+        none), by its stored copy, and the message's status after it (None:
+        no such message)."""
         message = self._store.get(topic, msg_id)
         m = self._metrics.topic(topic, exists=message is not None)
         if message is None:

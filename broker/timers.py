@@ -1,20 +1,22 @@
 """Ack deadlines and expiries of the messages RAM holds, on one DelayQueue.
 
-    Timer(location, ACK, due_ms)     a CONSUMING message's ack deadline
-    Timer(location, EXPIRY, due_ms)  a READY window message's expire time
+    Timer(ACK, due_ms, [location, ...])     CONSUMING messages' ack deadline
+    Timer(EXPIRY, due_ms, [location, ...])  READY window messages' expire time
 
 The ready windows (broker.windows) set a timer when they take a message in
-(EXPIRY) or hand it out (ACK). The timer task sleeps on the injected clock
+(EXPIRY) or hand messages out (ACK: one timer for a pull's whole batch,
+which shares its deadline). The timer task sleeps on the injected clock
 until the earliest (woken early when an earlier one is set), hands every
-due timer to the windows, which turn those still current into status
-changes (broker.transitions: `AckTimeout`, `Ttl`), and makes the changes
+due timer to the windows, which apply its event (broker.transitions:
+`AckTimeout`, `Ttl`) to its messages still held, and makes the changes
 durable as one record before it sleeps again.
 
-A timer is never removed when its message moves on (an ack, a new
-deadline): it is checked against the message when it fires, and the queue
-is compacted when stale timers outnumber the held messages, so it stays
-O(held). A spilled READY message has no timer: the refill that reads it
-back ends it if it has expired.
+A timer is never removed when its messages move on (an ack, a new
+deadline): the step says a stale timer changes nothing when it fires, and
+the windows compact the queue (dropping the places a timer would no longer
+change) once its places outnumber the held messages, so it stays O(held).
+A spilled READY message has no timer: the refill that reads it back ends
+it if it has expired.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from .journal import Journal
 from .lifecycle import Lifecycle
 from .transitions import TTL, AckTimeout, Event
 
-# Compact once timers exceed twice the held messages by this many.
+# Compact once the timers' places exceed twice the held messages by this many.
 COMPACT_SLACK = 1024
 
 
@@ -44,13 +46,13 @@ class TimerKind(enum.Enum):
 
 
 class Timer(NamedTuple):
-    location: Location
     kind: TimerKind
     due_ms: int
+    locations: list[Location]  # its messages' places (a compaction drops the stale ones)
 
     @property
     def event(self) -> Event:
-        """What the timer firing is to its message (broker.transitions)."""
+        """What the timer firing is to its messages (broker.transitions)."""
         return AckTimeout(self.due_ms) if self.kind is TimerKind.ACK else TTL
 
 
@@ -68,22 +70,36 @@ class Timers:
         self._commits = commits
         self._queue: DelayQueue[Timer] = DelayQueue()
         self._wake = asyncio.Event()  # an earlier timer was set, or the node stops
+        self.locations = 0  # places in the queued timers: what a compaction weighs
 
     def __repr__(self) -> str:
-        return f"Timers({self._queue!r})"
+        return f"Timers({self._queue!r}, locations={self.locations})"
 
     def __len__(self) -> int:
         return len(self._queue)
 
-    def set(self, location: Location, kind: TimerKind, due_ms: int) -> None:
-        if self._queue.offer(tuple.__new__(Timer, (location, kind, due_ms)), due_ms):  # (no Python __new__)
+    def set(self, kind: TimerKind, due_ms: int, locations: list[Location]) -> None:
+        """A timer of `kind` due at `due_ms` for the messages at `locations`
+        (the list is the timer's from now on)."""
+        self.locations += len(locations)
+        if self._queue.offer(tuple.__new__(Timer, (kind, due_ms, locations)), due_ms):  # (no Python __new__)
             self._wake.set()
 
-    def compact(self, current: Callable[[Timer], bool]) -> None:
-        """Drop the timers not `current` (their message acked, deleted, ended,
-        or moved on): the windows call it once the timers may outnumber the
-        messages they hold by COMPACT_SLACK."""
-        self._queue.retain(lambda timer, _: current(timer))
+    def compact(self, trim: Callable[[Timer], bool]) -> None:
+        """`trim` drops each timer's stale places (their messages acked,
+        deleted, ended or moved on) and says whether any is left; the
+        timers left with none go: the windows call it once the places may
+        outnumber the messages they hold by COMPACT_SLACK."""
+        left = 0
+
+        def keep(timer: Timer, due_ms: int) -> bool:
+            nonlocal left
+            if not trim(timer):
+                return False
+            left += len(timer.locations)
+            return True
+        self._queue.retain(keep)
+        self.locations = left
 
     def wake(self) -> None:
         self._wake.set()
@@ -92,6 +108,7 @@ class Timers:
         due = []
         while (timer := self._queue.poll_expired(now_ms)) is not None:
             due.append(timer)
+            self.locations -= len(timer.locations)
         return due
 
     async def run(self, fire: Fire) -> None:

@@ -1,5 +1,6 @@
-"""The ready windows: what RAM holds of READY and CONSUMING messages, and
-refilling windows from disk.
+"""The ready windows: the one part that owns what RAM holds of READY and
+CONSUMING messages -- each topic's window, the messages in flight, their
+timers -- and refills windows from disk.
 
 A READY message is on disk always; RAM holds at most `window` of them per
 topic (and `window_total` in all), the best by (-priority, triggerTime)
@@ -20,15 +21,21 @@ serial keys"): a key's messages hold at most `key_window` places; while one
 of them is CONSUMING the others are parked (held, not pulled); beyond that
 they wait on disk, their places remembered per key.
 
-What a held message becomes is broker.transitions' `step`; `carry_out`
-does it here (HOLD, TAKE, REQUEUE, FORGET, WAKE), and sets the message's
-timers (broker.timers). Everything runs on the event loop.
+What a message becomes is broker.transitions' table; `apply` is the one
+place it is carried out on RAM: it steps each held message of a batch with
+the event's row of the table and moves it from where its old status kept
+it (its window, or flight) to where its new one does (TAKE: flight, with an
+ack timer; REQUEUE, HOLD: a window, with an expiry timer, or disk only;
+FORGET: nowhere), wakes long polls (WAKE) and counts (COUNT_*), in one pass
+over the batch: a pull of N and an ackMsg of N ids are one call each. It
+returns the status changes for the caller to log. Everything runs on the
+event loop.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from storage.entry import MS_PER_HOUR, Location, Message, Status
 from storage.store import StateChange, Store, text_hash
@@ -41,7 +48,7 @@ from .long_polls import LongPolls
 from .metrics import Metrics
 from .ready import HeldMessage, QueueLimits, TopicQueue
 from .timers import COMPACT_SLACK, Timer, TimerKind, Timers
-from .transitions import TTL, Effect, Event, MessageState, Pull, Step, expired, step
+from .transitions import TABLE, TTL, Effect, Event, MessageState, Pull, step
 
 # A refill reads at most about this many index entries (192 KiB) and takes
 # at most REFILL_FOUND messages before other work runs.
@@ -55,11 +62,15 @@ INLINE_REFILL_SCAN = 65536
 # rest: the background refill).
 INLINE_KEY_REFILLS = 4
 
+_new = tuple.__new__  # (a NamedTuple without its Python-level __new__)
+READY, CONSUMING = Status.READY, Status.CONSUMING
+TAKE, REQUEUE, FORGET, HOLD, WAKE = Effect.TAKE, Effect.REQUEUE, Effect.FORGET, Effect.HOLD, Effect.WAKE
+
 
 class ReadyWindows:
-    """Each topic's window of READY messages, the CONSUMING ones, and the
-    refills. `topics` (the names: broker.topics), `held` and the totals
-    may be read; they change only through the methods."""
+    """Each topic's window of READY messages, the CONSUMING ones, their
+    timers, and the refills. `topics` (the names: broker.topics), `held`
+    and the totals may be read; they change only through the methods."""
 
     def __init__(self, store: Store, clock: Clock, limits: QueueLimits, metrics: Metrics, timers: Timers,
                  long_polls: LongPolls, journal: Journal, commits: GroupCommit, lifecycle: Lifecycle) -> None:
@@ -75,10 +86,11 @@ class ReadyWindows:
         self.topics: dict[str, TopicQueue] = {}
         self.held: dict[Location, HeldMessage] = {}  # every window and consuming message
         self._in_flight: dict[tuple[str, str], HeldMessage] = {}  # the consuming ones by (topic, msgId)
+        # The totals over all topics (each topic's own: its TopicQueue), kept
+        # where the counts change, in this part alone:
         self.window_total = 0  # READY messages held in windows (parked ones included)
-        self.parked_total = 0  # of which parked: held behind a busy serial key (broker.ready)
-        self.key_spilled_total = 0  # places of serial keys' messages on disk remembered (broker.ready)
-        self.consuming_total = 0
+        self.parked_total = 0  # of which parked: held behind a busy serial key
+        self.key_spilled_total = 0  # places of serial keys' messages on disk remembered
         self._to_refill: set[str] = set()  # spilled topics whose window has room
         self._key_refills: set[tuple[str, str]] = set()  # (topic, serial key) freed with messages on disk
         self._refill_wake = asyncio.Event()
@@ -86,6 +98,11 @@ class ReadyWindows:
     def __repr__(self) -> str:
         return (f"ReadyWindows(topics={len(self.topics)}, window={self.window_total}, parked={self.parked_total}, "
                 f"consuming={self.consuming_total}, to_refill={len(self._to_refill)})")
+
+    @property
+    def consuming_total(self) -> int:
+        """CONSUMING messages, over all topics (every one is held)."""
+        return len(self._in_flight)
 
     # == what other parts ask =====================================================
 
@@ -99,18 +116,24 @@ class ReadyWindows:
         """The CONSUMING message of that id (every one is held), or None."""
         return self._in_flight.get((topic, msg_id))
 
+    def in_flight_of(self, topic: str, msg_ids: Iterable[str]) -> dict[str, HeldMessage]:
+        """Those of the ids whose message is CONSUMING, each's held message."""
+        flying = self._in_flight
+        return {msg_id: held for msg_id in msg_ids if (held := flying.get((topic, msg_id))) is not None}
+
     def take(self, topic: str, batch: int, tags: frozenset[str] | None, deadline_ms: int,
-             now_ms: int) -> list[HeldMessage]:
-        """A pull's READY -> CONSUMING in RAM: up to `batch` of the topic's
-        best (among `tags`), fewer at the in-flight caps, the window topped
-        up from disk first. Their ack is due at `deadline_ms`."""
+             now_ms: int) -> tuple[list[HeldMessage], list[StateChange]]:
+        """A pull: up to `batch` of the topic's best READY messages (among
+        `tags`), fewer at the in-flight caps, the window topped up from disk
+        first, made CONSUMING with their ack due at `deadline_ms`. The
+        messages, and their status changes to log."""
         queue = self.topics.get(topic)
         if queue is None:
-            return []
+            return [], []
         limits = self._limits
-        room = min(batch, limits.inflight - queue.consuming, limits.inflight_total - self.consuming_total)
+        room = min(batch, limits.inflight - queue.consuming, limits.inflight_total - len(self._in_flight))
         if room <= 0:
-            return []
+            return [], []
         if (queue.key_scan or queue.key_spilled) and len(queue.ready) < limits.window:
             free = [k for k in dict.fromkeys((*queue.key_spilled, *queue.key_scan)) if k not in queue.busy]
             for serial_key in free[:INLINE_KEY_REFILLS]:
@@ -124,89 +147,95 @@ class ReadyWindows:
                        max(room, limits.window_total - self.window_total + self.parked_total))
             self._refill(queue, want, max_scan=INLINE_REFILL_SCAN)
         if not queue.ready:
-            return []
-        pull = Pull(deadline_ms)
-        taken: list[HeldMessage] = []
-        while len(taken) < room:
-            location = queue.best(tags)
-            if location is None:
-                break
-            held = self.held[location]
-            pulled = step(held.state, pull, now_ms)
-            if Effect.TAKE not in pulled.effects or pulled.state is None:
-                break  # (the window holds READY messages only: never)
-            self._consume(held, pulled.state)
-            taken.append(held)
+            return [], []
+        chosen = self._choose(queue, room, tags)
+        changes = self.apply(Pull(deadline_ms), chosen, now_ms)
         self._schedule_refill(queue)
-        return taken
+        return chosen, changes
 
-    def carry_out(self, held: HeldMessage, done: Step) -> None:
-        """Carry out on a held message what a step made of it."""
-        effects, state = done.effects, done.state
-        if state is None or not effects:
-            return
-        if Effect.TAKE in effects:
-            self._consume(held, state)
-        elif Effect.REQUEUE in effects:
-            self._requeue(held, state)
-        elif Effect.FORGET in effects:
-            self._forget(held)
-            held.become(state)
-        if Effect.WAKE in effects:
-            self._long_polls.wake(held.topic)
-        self._metrics.topic(held.topic).count(effects)
-
-    def forget_at(self, location: Location) -> None:
-        """A READY message left READY without a step on its held copy (acked
-        or moved by id): out of its window, if there."""
-        held = self.held.get(location)
-        if held is not None:
-            self._forget(held)
-
-    def admit(self, held: HeldMessage) -> None:
-        """A READY message: into its topic's window if there is room, or if it
-        outranks the window's last (which goes back to disk); else it stays
-        on disk only, for a refill to find."""
-        queue = self.queue(held.topic)
-        limits = self._limits
-        if held.serial_key and self._key_full(queue, held.serial_key):
-            self.held.pop(held.location, None)  # its key has its share of the window: it waits on disk
-            self._key_spill(queue, held.serial_key, held.location)
-            return
-        if len(queue.ready) < limits.window and self.window_total - self.parked_total < limits.window_total:
-            self._window_add(queue, held)
-            return
-        last = queue.last()
-        if last is not None and held.key < self.held[last].key:
-            self._spill(queue, self.held[last])
-            self._window_add(queue, held)
-            return
-        self.held.pop(held.location, None)
-        queue.spill_at(held.location)
-
-    def fire(self, timers: list[Timer], now_ms: int) -> list[StateChange]:
-        """Due timers (broker.timers): the status changes of those still
-        current (an ack timeout, an expiry), done in RAM."""
-        changes = []
-        for timer in timers:
-            change = self.step_held(timer.location, timer.event, now_ms)
-            if change is not None:
-                changes.append(change)
+    def apply(self, event: Event, batch: Sequence[HeldMessage], now_ms: int) -> list[StateChange]:
+        """`event` to each message of `batch` (held, or WAITING on its way in:
+        a release), carried out on RAM in one pass: its step (its status's
+        cell of the event's row of the table), then out of where its old
+        status kept it (a window: READY; flight: CONSUMING) and into where
+        its new one does (TAKE: flight and an ack timer; REQUEUE, HOLD: a
+        window or disk only; FORGET: nowhere), long polls woken (WAKE) and
+        counts kept (COUNT_*). The status changes, for the caller to log."""
+        cells = TABLE[type(event)]
+        topics, held_at = self.topics, self.held
+        changes: list[StateChange] = []
+        acks: dict[int, list[Location]] = {}  # new ack timers by deadline
+        woken: set[str] = set()
+        wake_all = False
+        counted_topic, times = "", 0  # a run of one topic's same effects: counted once
+        counted: tuple[Effect, ...] = ()
+        for held in batch:
+            before = held.state
+            status = before.status
+            state, effects, _ = cells[status](before, event, now_ms)
+            if state is None or not effects:
+                continue
+            held.state = state
+            location = held.location
+            queue = topics.get(held.topic) or self.queue(held.topic)
+            if status is READY:  # out of where it was held (a WAITING one was not)
+                self._leave_window(queue, held)
+            elif status is CONSUMING and self._leave_flight(queue, held, woken):
+                wake_all = True
+            if TAKE in effects:
+                self._enter_flight(queue, held)
+                acks.setdefault(state.deadline_ms, []).append(location)
+            elif REQUEUE in effects or HOLD in effects:
+                self._admit(queue, held)
+            elif FORGET in effects:
+                del held_at[location]
+            if WAKE in effects:
+                woken.add(queue.name)
+            changes.append(_new(StateChange, (location, state.status, state.retry, False, state.deadline_ms, status,
+                                              held.topic_hash)))
+            if effects is not counted or held.topic != counted_topic:
+                if times:
+                    self._metrics.topic(counted_topic).count(counted, times)
+                counted_topic, counted, times = held.topic, effects, 0
+            times += 1
+        if times:
+            self._metrics.topic(counted_topic).count(counted, times)
+        for deadline_ms, locations in acks.items():
+            self._set_timer(TimerKind.ACK, deadline_ms, locations)
+        if wake_all:
+            self._long_polls.wake_all()
+        else:
+            for name in woken:
+                self._long_polls.wake(name)
         return changes
 
-    def step_held(self, location: Location, event: Event, now_ms: int) -> StateChange | None:
-        """`event` to the message held at `location`, carried out in RAM: the
-        status change to log, or None (not held, or the event changes nothing)."""
+    def forget_at(self, location: Location) -> None:
+        """FORGET for a message changed by its stored copy's step (acked,
+        deleted or moved by id): RAM lets it go, if it holds it."""
         held = self.held.get(location)
         if held is None:
-            return None
-        before = held.status
-        done = step(held.state, event, now_ms)
-        if done.state is None or not done.effects:
-            return None
-        self.carry_out(held, done)
-        return StateChange(location, done.state.status, done.state.retry, prev_status=before,
-                           topic_hash=held.topic_hash)
+            return
+        queue = self.topics[held.topic]
+        if held.state.status is READY:
+            self._leave_window(queue, held)
+        else:
+            woken: set[str] = set()
+            if self._leave_flight(queue, held, woken):
+                self._long_polls.wake_all()
+            elif woken:
+                self._long_polls.wake(queue.name)
+        del self.held[location]
+
+    def fire(self, timers: list[Timer], now_ms: int) -> list[StateChange]:
+        """Due timers (broker.timers): each one's event to its messages still
+        held (an ack timeout, an expiry); the status changes."""
+        changes: list[StateChange] = []
+        held_at = self.held
+        for timer in timers:
+            batch = [held for location in timer.locations if (held := held_at.get(location)) is not None]
+            if batch:
+                changes += self.apply(timer.event, batch, now_ms)
+        return changes
 
     # == recovery (broker.recovery) ================================================
 
@@ -214,30 +243,127 @@ class ReadyWindows:
         """A CONSUMING message found at a restart, its ack due at `deadline_ms`."""
         held = HeldMessage.of(message, text_hash(message.topic))
         held.message = None
+        held.state = held.state._replace(deadline_ms=deadline_ms)
         self.held[held.location] = held
-        self._track_consuming(self.queue(message.topic), held)
-        held.deadline_ms = deadline_ms
-        self._set_timer(held.location, TimerKind.ACK, deadline_ms)
+        self._enter_flight(self.queue(message.topic), held)
+        self._set_timer(TimerKind.ACK, deadline_ms, [held.location])
 
     def spilled_from(self, topic: str, location: Location) -> None:
         """The topic's READY messages lie on disk, none before `location`."""
         self.queue(topic).spill_at(location)
         self._to_refill.add(topic)
 
-    # == RAM state of READY / CONSUMING messages (broker.ready) =================
+    # == where a held message is: a window, flight ================================
 
-    def _set_timer(self, location: Location, kind: TimerKind, due_ms: int) -> None:
-        timers = self._timers
-        if len(timers) > 2 * len(self.held) + COMPACT_SLACK:
-            timers.compact(self._timer_current)
-        timers.set(location, kind, due_ms)
+    def _admit(self, queue: TopicQueue, held: HeldMessage) -> None:
+        """A READY message into its topic's window if there is room, or if
+        it outranks the window's last (which goes back to disk); else it
+        stays on disk only, for a refill to find."""
+        limits = self._limits
+        if held.serial_key and self._key_full(queue, held.serial_key):
+            self.held.pop(held.location, None)  # its key has its share of the window: it waits on disk
+            self._key_spill(queue, held.serial_key, held.location)
+            return
+        if len(queue.ready) < limits.window and self.window_total - self.parked_total < limits.window_total:
+            self._enter_window(queue, held)
+            return
+        last = queue.last()
+        if last is not None and held.key < self.held[last].key:
+            self._spill(queue, self.held[last])
+            self._enter_window(queue, held)
+            return
+        self.held.pop(held.location, None)
+        queue.spill_at(held.location)
 
-    def _timer_current(self, timer: Timer) -> bool:
-        """Would the timer, firing at its time, change its message? (If not,
-        it never will: the message moved on.) The rules step() applies to a
-        timer, asked without a step: compaction asks it of every timer."""
-        held = self.held.get(timer.location)
-        return held is not None and bool(step(held.state, timer.event, timer.due_ms).effects)
+    def _enter_window(self, queue: TopicQueue, held: HeldMessage) -> None:
+        self.held[held.location] = held
+        self.window_total += 1
+        serial_key = held.serial_key
+        if serial_key:
+            queue.by_key.setdefault(serial_key, {})[held.location] = held
+            if serial_key in queue.busy:  # parked
+                queue.parked += 1
+                self.parked_total += 1
+                self._set_timer(TimerKind.EXPIRY, held.expire_ms, [held.location])
+                return
+        queue.order(held)
+        self._set_timer(TimerKind.EXPIRY, held.expire_ms, [held.location])
+
+    def _leave_window(self, queue: TopicQueue, held: HeldMessage) -> None:
+        """Out of the window (still in `held`: the caller says where it goes)."""
+        self.window_total -= 1
+        serial_key = held.serial_key
+        if serial_key:
+            of_key = queue.by_key[serial_key]
+            del of_key[held.location]
+            if not of_key:
+                del queue.by_key[serial_key]
+            if serial_key in queue.busy:  # parked
+                queue.parked -= 1
+                self.parked_total -= 1
+                return
+        queue.unorder(held)
+
+    def _spill(self, queue: TopicQueue, held: HeldMessage) -> None:
+        """A message of the window goes back to disk only (it is READY there)."""
+        self._leave_window(queue, held)
+        del self.held[held.location]
+        queue.spill_at(held.location)
+
+    def _enter_flight(self, queue: TopicQueue, held: HeldMessage) -> None:
+        """Count a consuming message against the caps and find it by id; its
+        key's other window messages are parked."""
+        queue.consuming += 1
+        self._in_flight[held.topic, held.msg_id] = held
+        serial_key = held.serial_key
+        if not serial_key:
+            return
+        n = queue.busy.get(serial_key, 0)
+        queue.busy[serial_key] = n + 1
+        if n:
+            return
+        others = sorted(queue.by_key.get(serial_key, {}).values(), key=_order_key)
+        for other in others:
+            queue.unorder(other)
+        queue.parked += len(others)
+        self.parked_total += len(others)
+        room = self._limits.window - (queue.parked - len(others))
+        for other in others[max(0, room):]:  # parked beyond `window` in the topic: back to disk
+            self._leave_window(queue, other)
+            del self.held[other.location]
+            self._key_spill(queue, serial_key, other.location)
+
+    def _leave_flight(self, queue: TopicQueue, held: HeldMessage, woken: set[str]) -> bool:
+        """One fewer consuming (still in `held`: the caller says where it
+        goes). A pull held back by a cap may go on, and so may one of a
+        serial key now free: the topic is added to `woken`; True when every
+        topic's long polls are to be woken (the total cap)."""
+        flying = self._in_flight
+        del flying[held.topic, held.msg_id]
+        if queue.consuming >= self._limits.inflight:
+            woken.add(queue.name)
+        queue.consuming -= 1
+        if held.serial_key and self._key_freed(queue, held.serial_key):
+            woken.add(queue.name)
+        return len(flying) + 1 >= self._limits.inflight_total
+
+    def _key_freed(self, queue: TopicQueue, serial_key: str) -> bool:
+        """A message of the key stops consuming: True when the key is free
+        (its parked messages are back in the pull order)."""
+        n = queue.busy[serial_key] - 1
+        if n:
+            queue.busy[serial_key] = n
+            return False
+        del queue.busy[serial_key]
+        back = queue.by_key.get(serial_key, {})
+        for held in back.values():
+            queue.order(held)
+        queue.parked -= len(back)
+        self.parked_total -= len(back)
+        if queue.has_spilled(serial_key):
+            self._key_refills.add((queue.name, serial_key))
+            self._refill_wake.set()
+        return True
 
     def _key_spill(self, queue: TopicQueue, serial_key: str, location: Location) -> None:
         """A READY message of a key with its share of RAM stays on disk; its
@@ -251,81 +377,39 @@ class ReadyWindows:
         return (queue.key_count(serial_key) >= self._limits.key_window
                 or (serial_key in queue.busy and queue.parked >= self._limits.window))
 
-    def _window_add(self, queue: TopicQueue, held: HeldMessage) -> None:
-        self.held[held.location] = held
-        queue.add(held)
-        self.window_total += 1
-        if held.serial_key in queue.busy:  # (parked)
-            self.parked_total += 1
-        self._set_timer(held.location, TimerKind.EXPIRY, held.expire_ms)
+    def _choose(self, queue: TopicQueue, room: int, tags: frozenset[str] | None) -> list[HeldMessage]:
+        """Up to `room` of the pull order's best (among `tags`), one of a
+        serial key at most (taking it parks the key's others)."""
+        chosen: list[HeldMessage] = []
+        keys_chosen: set[str] = set()
+        held_at = self.held
+        for key in queue.best(tags):
+            held = held_at[_new(Location, (key[2], key[3]))]
+            if held.serial_key:
+                if held.serial_key in keys_chosen:
+                    continue
+                keys_chosen.add(held.serial_key)
+            chosen.append(held)
+            if len(chosen) >= room:
+                break
+        return chosen
 
-    def _window_remove(self, queue: TopicQueue, held: HeldMessage) -> None:
-        if held.serial_key in queue.busy:  # (parked)
-            self.parked_total -= 1
-        queue.remove(held)
-        self.window_total -= 1
+    # == timers =====================================================================
 
-    def _spill(self, queue: TopicQueue, held: HeldMessage) -> None:
-        """A message of the window goes back to disk only (it is READY there)."""
-        self._window_remove(queue, held)
-        del self.held[held.location]
-        queue.spill_at(held.location)
+    def _set_timer(self, kind: TimerKind, due_ms: int, locations: list[Location]) -> None:
+        timers = self._timers
+        if timers.locations > 2 * len(self.held) + COMPACT_SLACK:
+            timers.compact(self._trim)
+        timers.set(kind, due_ms, locations)
 
-    def _consume(self, held: HeldMessage, state: MessageState) -> None:
-        queue = self.topics[held.topic]
-        if held.status is Status.READY:
-            self._window_remove(queue, held)
-            self._track_consuming(queue, held)
-        held.become(state)
-        self._set_timer(held.location, TimerKind.ACK, state.deadline_ms)
-
-    def _track_consuming(self, queue: TopicQueue, held: HeldMessage) -> None:
-        """Count a consuming message against the caps and find it by id."""
-        queue.consuming += 1
-        self.consuming_total += 1
-        self._in_flight[(held.topic, held.msg_id)] = held
-        if held.serial_key:
-            others = queue.hold_key(held.serial_key)
-            self.parked_total += len(others)
-            room = self._limits.window - (queue.parked - len(others))
-            for other in others[max(0, room):]:  # parked beyond `window` in the topic: back to disk
-                self._window_remove(queue, other)
-                del self.held[other.location]
-                self._key_spill(queue, other.serial_key, other.location)
-
-    def _unconsume(self, queue: TopicQueue, held: HeldMessage) -> None:
-        """One fewer consuming: a pull held back by a cap may go on."""
-        del self._in_flight[(held.topic, held.msg_id)]
-        capped = queue.consuming >= self._limits.inflight
-        total_capped = self.consuming_total >= self._limits.inflight_total
-        queue.consuming -= 1
-        self.consuming_total -= 1
-        back = queue.release_key(held.serial_key) if held.serial_key else None
-        if back is not None:
-            self.parked_total -= back
-            capped = True  # the key is free: its parked message can go, wake the topic's long polls
-            if queue.has_spilled(held.serial_key):
-                self._key_refills.add((queue.name, held.serial_key))
-                self._refill_wake.set()
-        if total_capped:
-            self._long_polls.wake_all()
-        elif capped:
-            self._long_polls.wake(queue.name)
-
-    def _requeue(self, held: HeldMessage, state: MessageState) -> None:
-        """CONSUMING -> READY (`state`)."""
-        queue = self.topics[held.topic]
-        self._unconsume(queue, held)
-        held.become(state)
-        self.admit(held)
-
-    def _forget(self, held: HeldMessage) -> None:
-        queue = self.topics[held.topic]
-        if held.status is Status.READY:
-            self._window_remove(queue, held)
-        else:
-            self._unconsume(queue, held)
-        del self.held[held.location]
+    def _trim(self, timer: Timer) -> bool:
+        """Drop the timer's messages it would no longer change when it fires
+        (then it never will: they moved on); whether any is left. Asked of
+        every timer by a compaction: what step() says of the timer's event."""
+        held_at, event = self.held, timer.event
+        timer.locations[:] = [location for location in timer.locations if (held := held_at.get(location)) is not None
+                              and step(held.state, event, timer.due_ms).effects]
+        return bool(timer.locations)
 
     # == refilling windows from disk ==============================================
 
@@ -361,18 +445,17 @@ class ReadyWindows:
               ended: list[StateChange]) -> bool:
         """One message read from disk into the window, if it is still READY
         and alive and its key has room (else it ends, or stays on disk)."""
-        if message is None or message.status is not Status.READY or message.topic != queue.name:
+        if message is None or message.status is not READY or message.topic != queue.name:
             return False
-        if expired(message.trigger_ms, message.ttl_ms, now_ms):  # (step says what its end is)
-            ending = step(MessageState.of(message), TTL, now_ms)
-            if ending.state is not None and ending.effects:
-                ended.append(StateChange(location, ending.state.status, ending.state.retry))
-                self._metrics.topic(queue.name).count(ending.effects)
-                return False
+        ending = step(MessageState.of(message), TTL, now_ms)
+        if ending.effects and ending.state is not None:  # past its ttl: it ends (step says how), never held
+            ended.append(StateChange(location, ending.state.status, ending.state.retry))
+            self._metrics.topic(queue.name).count(ending.effects)
+            return False
         if message.key and self._key_full(queue, message.key):
             self._key_spill(queue, message.key, location)  # (read again when the key has room)
             return False
-        self._window_add(queue, HeldMessage.of(message, queue.topic_hash))
+        self._enter_window(queue, HeldMessage.of(message, queue.topic_hash))
         return True
 
     def _refill_key(self, queue: TopicQueue, serial_key: str) -> None:
@@ -449,3 +532,7 @@ class ReadyWindows:
                     if self._refill(queue, min(room, REFILL_FOUND)):
                         self._long_polls.wake(name)
                     await asyncio.sleep(0)
+
+
+def _order_key(held: HeldMessage) -> tuple[int, int, int, int]:
+    return held.key
