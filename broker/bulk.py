@@ -11,7 +11,10 @@ Finding otherwise: the topic's index entries in the statuses asked for are scann
 counts, files whose trigger times lie outside the range asked for not
 read, a tag found by a byte search of the raw entries), BULK_SCAN entries
 a slice with the event loop free between slices, so a send waits at most
-one slice. An entry's trigger time and tag hash are in the entry; a key,
+one slice; each file from its floor (storage.reading.ScanFloors): where
+the last call of the same filter that changed every match it took left
+off -- so calls of a delete-all do not each pass the messages the calls
+before them ended. An entry's trigger time and tag hash are in the entry; a key,
 a msgId prefix or the tag's own text need the message read from its
 delay log, done only for entries the entry-level tests let through (and,
 for a page, only for those that could still enter it:
@@ -47,10 +50,10 @@ from collections.abc import AsyncIterator, Iterator
 from time import perf_counter
 from typing import NamedTuple
 
-from storage.entry import STATUS_BY_VALUE, Location, Message
+from storage.entry import STATUS_BY_VALUE, Location, Message, Status
 from storage.errors import HourglassError
 from storage.key_index import KeyPart
-from storage.reading import Match
+from storage.reading import Match, ScanFloors
 from storage.store import StateChange, Store, text_hash
 from wheel.clock import Clock
 
@@ -74,8 +77,35 @@ DELETE_SLICE = 1024
 # Work on a key's messages between two turns of the loop (a part at least).
 KEY_SLICE_S = 0.005
 
+# Scan floors kept, one a filter (the last asked for kept).
+MAX_FLOORS = 16
+
 _DELETE = Delete()
-_new_change = tuple.__new__  # a StateChange made without its generated (Python-level) __new__
+_new = tuple.__new__
+# A gathered match as plain ints: (file, globalIndex, status, retry, trigger
+# time). The garbage collector stops tracking a tuple of ints; a Match, which
+# holds a Location (a NamedTuple), it tracks: a call's 100,000 of those were
+# walked by every full collection while the call ran (2 s of 9 in all).
+_Found = tuple[int, int, int, int, int]
+W, R, C = Status.WAITING, Status.READY, Status.CONSUMING
+# The status changes made at a message's entry (broker.transitions' table;
+# a reschedule, a re-drive, a retry at a later time and a send over an
+# ended id file it anew, as a new entry): (from, to).
+IN_PLACE = frozenset({
+    (W, R), (W, Status.EXPIRED), (W, Status.ACKED), (W, Status.DELETED),
+    (R, C), (R, Status.EXPIRED), (R, Status.ENDED), (R, Status.ACKED), (R, Status.DELETED),
+    (C, R), (C, Status.ENDED), (C, Status.ACKED), (C, Status.DELETED),
+})
+
+
+def resumable(statuses: frozenset[Status]) -> bool:
+    """Does no message enter `statuses` at its entry from outside them? Then
+    an entry a scan passed that was not in them, or that a call took out
+    of them, never matches again: the scan floors of a filter of these
+    statuses hold after a call that changed every match it took
+    (LIVE and WAITING alone are such: a final message stays final, and
+    WAITING is only entered by a new entry)."""
+    return not any(was not in statuses and now in statuses for was, now in IN_PLACE)
 
 
 class _Damaged(HourglassError):
@@ -121,9 +151,10 @@ class _Stale:
 
 
 class _Gathered(NamedTuple):
-    found: list[Match]
+    found: list[_Found]
     more: bool  # matches past `limit` remain
     stale: _Stale
+    floors: ScanFloors | None  # where the scan read to (None: not scanned, or not kept for this filter)
 
 
 class Bulk:
@@ -144,14 +175,44 @@ class Bulk:
         self._topics = topics
         self._dead_letters = dead_letters
         self.slices = 0  # PART records of sliced deletes appended, for the tests
+        # (topic, filter) -> the scan floors the last call of the filter that
+        # changed every match it took left (a delete, or a move of WAITING
+        # ones); only for filters whose statuses are `resumable`
+        self._floors: dict[tuple[str, BulkFilter], ScanFloors] = {}
 
     def __repr__(self) -> str:
         return "Bulk()"
 
-    async def _slices(self, topic: str, flt: BulkFilter, skip: bool = False) -> AsyncIterator[list[Match]]:
+    def _floors_of(self, topic: str, flt: BulkFilter) -> ScanFloors | None:
+        """A copy of the scan floors kept for the filter, for a scan to read
+        from and raise (empty if none kept); None for a filter whose
+        floors are never kept."""
+        if not resumable(flt.statuses):
+            return None
+        kept = self._floors.get((topic, flt))
+        return ScanFloors() if kept is None else kept.copy()
+
+    def _keep_floors(self, topic: str, flt: BulkFilter, gathered: _Gathered) -> None:
+        """Keep where the call's scan read to, once the call changed every
+        match it took out of the filter's statuses: cut after the last one
+        it took if more remain (the scan may have read past it)."""
+        floors = gathered.floors
+        if floors is None:
+            return
+        if gathered.more:
+            last = gathered.found[-1]
+            floors.cut(Location(last[0], last[1] + 1))
+        self._floors.pop((topic, flt), None)
+        self._floors[topic, flt] = floors
+        while len(self._floors) > MAX_FLOORS:
+            del self._floors[next(iter(self._floors))]
+
+    async def _slices(self, topic: str, flt: BulkFilter, skip: bool = False,
+                      floors: ScanFloors | None = None) -> AsyncIterator[list[Match]]:
         """The topic's entries passing the entry-level tests (status, trigger
         range, tag hash: storage's `scan_matches`), a slice at a time, the
-        loop free between (none if `skip`: the key index found them)."""
+        loop free between (none if `skip`: the key index found them); each
+        file from its floor in `floors`, which the scan raises."""
         self._lifecycle.check_serving()
         await self._commits.flush()  # a change still in its commit is seen
         if skip or not flt.statuses or not self._topics.has_topic(topic):
@@ -161,7 +222,8 @@ class Bulk:
         cursor = Location(0, 0)
         while True:
             matches, after = self._store.scan_matches(topic_hash, statuses, cursor, BULK_SCAN, BULK_SCAN, tag_hash,
-                                                      flt.trigger_from_ms, flt.trigger_to_ms, self._clock.now_ms())
+                                                      flt.trigger_from_ms, flt.trigger_to_ms, self._clock.now_ms(),
+                                                      floors)
             yield matches
             if after is None:
                 return
@@ -234,7 +296,8 @@ class Bulk:
         parts = await self._key_parts(request.topic, request.filter)
         if parts is not None and not await self._keyed_page(request.topic, request.filter, parts, keeper):
             parts, keeper = None, PageKeeper(request.cursor, request.limit, request.max_bytes)  # a damaged slot: scan
-        async for matches in self._slices(request.topic, request.filter, parts is not None):
+        async for matches in self._slices(request.topic, request.filter, parts is not None,
+                                          self._floors_of(request.topic, request.filter)):
             for where, _, _, trigger_ms in matches:
                 if keeper.worth(trigger_ms) and (m := self._full_match(request.filter, where)) is not None:
                     keeper.offer(m)
@@ -253,7 +316,7 @@ class Bulk:
             except _Damaged:
                 n = 0
         body = flt.needs_body()
-        async for matches in self._slices(topic, flt):
+        async for matches in self._slices(topic, flt, floors=self._floors_of(topic, flt)):
             if not body:
                 n += len(matches)
                 continue
@@ -268,50 +331,52 @@ class Bulk:
         which of them may have changed since."""
         mark = self._store.change_mark()
         parts = await self._key_parts(topic, flt)
-        found: list[Match] = []
+        found: list[_Found] = []
         files: set[int] = set()
         if parts is not None:
             try:
                 async for messages in self._keyed(topic, flt, parts):
-                    found += [(m.location, int(m.status), m.retry, m.trigger_ms) for m in messages]
+                    found += [(*m.location, int(m.status), m.retry, m.trigger_ms) for m in messages]
                     files.update(m.location.hour for m in messages)
                     if len(found) > limit:
-                        return _Gathered(found[:limit], True, _Stale(self._store, files, mark))
-                return _Gathered(found, False, _Stale(self._store, files, mark))
+                        return _Gathered(found[:limit], True, _Stale(self._store, files, mark), None)
+                return _Gathered(found, False, _Stale(self._store, files, mark), None)
             except _Damaged:
                 found, files = [], set()
         body = flt.needs_body()
-        async for matches in self._slices(topic, flt):
+        floors = self._floors_of(topic, flt)
+        async for matches in self._slices(topic, flt, floors=floors):
             if body:
                 matches = [match for match in matches if self._full_match(flt, match[0]) is not None]
             if len(found) + len(matches) > limit:
                 matches = matches[:limit - len(found)]
-                found += matches
+                found += [(*where, status, retry, trigger_ms) for where, status, retry, trigger_ms in matches]
                 files.update(match[0].hour for match in matches)
-                return _Gathered(found, True, _Stale(self._store, files, mark))
-            found += matches
+                return _Gathered(found, True, _Stale(self._store, files, mark), floors)
+            found += [(*where, status, retry, trigger_ms) for where, status, retry, trigger_ms in matches]
             files.update(match[0].hour for match in matches)
-        return _Gathered(found, False, _Stale(self._store, files, mark))
+        return _Gathered(found, False, _Stale(self._store, files, mark), floors)
 
-    def _current(self, found: list[Match], stale: set[int]) -> Iterator[Match]:
+    def _current(self, found: list[_Found], stale: set[int]) -> Iterator[Match]:
         """The matches as they are now: read again in the `stale` files
         (`_Stale.files`); left out if released (moved) meanwhile."""
         store = self._store
-        for match in found:
-            where = match[0]
-            if where.hour not in stale:
-                yield match
+        for hour, gi, status, retry, trigger_ms in found:
+            where = _new(Location, (hour, gi))
+            if hour not in stale:
+                yield where, status, retry, trigger_ms
                 continue
             now = store.live_state(where)
             if now is not None:
-                yield where, int(now[0]), now[1], match[3]
+                yield where, int(now[0]), now[1], trigger_ms
 
     async def delete(self, request: DeleteMsgsRequest) -> tuple[int, bool]:
         """The live matches (at most `limit`) DELETED, as one record -- or,
         past DELETE_SLICE of them, as one PART record a slice (the loop free
         between) and the COMMIT record last (storage.records): whole across
         a crash either way. How many, and whether matches remain."""
-        found, more, stale = await self._gather(request.topic, request.filter, request.limit)
+        gathered = await self._gather(request.topic, request.filter, request.limit)
+        found, more, stale, _ = gathered
         self._lifecycle.check_serving()
         topic_hash = text_hash(request.topic)
         if len(found) <= DELETE_SLICE:
@@ -336,9 +401,10 @@ class Bulk:
         if deleted:
             self._metrics.topic(request.topic).deletes += deleted
             await self._commits.durable()
+        self._keep_floors(request.topic, request.filter, gathered)  # (every match taken is now DELETED, or ended)
         return deleted, more
 
-    def _delete_slice(self, found: list[Match], stale: set[int], topic_hash: int, call_id: int) -> int:
+    def _delete_slice(self, found: list[_Found], stale: set[int], topic_hash: int, call_id: int) -> int:
         """Matches DELETED, out of the wheel and the windows first, as one
         record (a PART of `call_id` unless 0); how many. Those in `stale`
         files are read again first."""
@@ -357,7 +423,7 @@ class Bulk:
                 cancel(where)
             elif Effect.FORGET in done.effects:
                 forget(where)
-            changes.append(_new_change(StateChange, (where, done.state.status, retry, False, 0, status, topic_hash)))
+            changes.append(_new(StateChange, (where, done.state.status, retry, False, 0, status, topic_hash)))
         if changes:
             self._journal.append(changes, now_ms, call_id)
         return len(changes)
@@ -366,7 +432,8 @@ class Bulk:
         """The waiting and ready matches (at most `limit`) filed anew at their
         new trigger times, as one MOVE record; how many, and whether
         matches remain."""
-        found, more, stale = await self._gather(request.topic, request.filter, request.limit)
+        gathered = await self._gather(request.topic, request.filter, request.limit)
+        found, more, stale, _ = gathered
         self._lifecycle.check_serving()
         now_ms = self._clock.now_ms()
         moves = []
@@ -377,9 +444,13 @@ class Bulk:
             if done.refusal is None and done.state is not None:
                 moves.append((where, done))
         if not moves:
+            self._keep_floors(request.topic, request.filter, gathered)
             return 0, more
         moved = self._dead_letters.move(moves, now_ms)
         self._metrics.topic(request.topic).reschedules += len(moved)
         await self._commits.durable()
         self._releaser.ready_if_due(moved, now_ms)
+        # (every match taken is released at its old place, or was no longer
+        # WAITING: kept only for a filter of WAITING alone, `resumable`)
+        self._keep_floors(request.topic, request.filter, gathered)
         return len(moved), more

@@ -201,8 +201,13 @@ class Pending:
         return self._state_hours
 
     def set_states(self, states: Mapping[tuple[int, int], State]) -> None:
-        """Their record is in the log: the changes show from now on."""
-        self._states.update(states)
+        """Their record is in the log: the changes show from now on. Held
+        under plain (hour, globalIndex) tuples whatever the keys given: the
+        garbage collector stops tracking a tuple of ints, not a Location (a
+        NamedTuple), and a sliced bulk call's states are held until its
+        parts are applied -- up to a million, which every full collection
+        walked, the event loop held meanwhile."""
+        self._states.update(((hour, gi), state) for (hour, gi), state in states.items())
         self._state_hours.update(map(_FIRST, states))
 
     def __repr__(self) -> str:

@@ -105,7 +105,7 @@ from .id_index import IdIndex
 from .key_index import KeyIndex, KeyPart, key_dir, open_key_index
 from .pending import Pending
 from .placement import Placement
-from .reading import Match, Reader
+from .reading import Match, Reader, ScanFloors
 from .refile import REFILE_STEP, Refiler
 from .retention import Retention
 from .types import (
@@ -462,14 +462,17 @@ class Store:
 
     def scan_matches(self, topic_hash: int, statuses: Sequence[Status], start: Location, max_scan: int,
                      max_found: int, tag_hash: int | None = None, trigger_from: int | None = None,
-                     trigger_to: int | None = None, now_ms: int = 0) -> tuple[list[Match], Location | None]:
+                     trigger_to: int | None = None, now_ms: int = 0, floors: ScanFloors | None = None
+                     ) -> tuple[list[Match], Location | None]:
         """The bulk calls' scan (storage.reading.Reader.scan_matches): the
         topic's unreleased entries in `statuses`, of tag hash `tag_hash` and
         trigger time in [trigger_from, trigger_to), as (place, status,
-        retry, trigger_ms), from `start` in file order."""
+        retry, trigger_ms), from `start` in file order; each file from its
+        floor in `floors`, which the scan raises as it goes (ScanFloors:
+        below a floor, nothing matches)."""
         self._check_open()
         return self._reader.scan_matches(topic_hash, statuses, start, max_scan, max_found, tag_hash, trigger_from,
-                                         trigger_to, now_ms)
+                                         trigger_to, now_ms, floors)
 
     def hour_entries(self, hour: int, first: int = 0, count: int | None = None) -> list[IndexEntry]:
         """Applied entries of `hour` from globalIndex `first` (`count` of them,

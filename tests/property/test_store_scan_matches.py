@@ -1,5 +1,6 @@
 """Store.scan_matches (the bulk calls' scan) against a brute-force model,
-and the change marks (Store.change_mark / changed_since).
+its scan floors (storage.reading.ScanFloors), and the change marks
+(Store.change_mark / changed_since).
 
 Messages of two topics and three tags (none among them) are sent at two
 moments two hours apart, with trigger times from hours before the send
@@ -11,6 +12,13 @@ trigger time range. What the calls return together must be exactly the
 model's matches after the start in file order, each with its status,
 retry and trigger time: the files the scan leaves out by the time range
 hold none of them.
+
+Scan floors: a scan takes up to a limit of matches, as a bulk call does,
+and every match it took is DELETED; then messages are sent, and live
+ones change in place as the lifecycle changes them (never back to live
+from a final status, never into WAITING). A scan from the floors the
+first left, cut after its last match taken, finds exactly what a scan
+from the start finds.
 """
 
 from __future__ import annotations
@@ -24,6 +32,8 @@ from hypothesis import HealthCheck, given, settings
 
 from storage.config import StoreConfig
 from storage.entry import MS_PER_HOUR, Location, Status
+from storage.hour import Hour
+from storage.reading import ScanFloors
 from storage.store import NewMessage, StateChange, Store, text_hash
 
 H0 = 490_000
@@ -143,3 +153,86 @@ def test_a_message_filed_late_is_found_by_a_range_ending_before_its_file_begins(
     finally:
         store.close()
         shutil.rmtree(directory, ignore_errors=True)
+
+
+def _scan(store: Store, topic: str, statuses, tag, lo, hi, now, max_scan, max_found, floors, limit=None):
+    """Matches from the start, up to `limit` (None: all) taken, as broker.bulk gathers them; whether more."""
+    got, cursor = [], Location(0, 0)
+    while cursor is not None:
+        found, cursor = store.scan_matches(text_hash(topic), sorted(statuses), cursor, max_scan, max_found,
+                                           None if tag is None else text_hash(tag), lo, hi, now, floors)
+        got += found
+        if limit is not None and len(got) > limit:
+            return got[:limit], True
+    return got, False
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(sends, changes, sends, changes, st.sampled_from([(Status.WAITING, Status.READY, Status.CONSUMING),
+                                                        (Status.WAITING,)]),
+       st.sampled_from((None, *TAGS)), bounds, bounds, st.integers(1, 5), st.integers(1, 5), st.integers(1, 12))
+def test_a_scan_from_the_floors_a_call_left_finds_what_a_scan_from_the_start_finds(
+        sent, changed, sent_after, changed_after, statuses, tag, lo, hi, max_scan, max_found, limit):
+    directory = tempfile.mkdtemp(prefix="hourglass-scan-floors-", dir=SCRATCH_DIR)
+    store = Store.open(directory, CONFIG, now_ms=NOW)
+    try:
+        status_of: dict[Location, int] = {}
+        places: list[Location] = []
+
+        def send(batch, name: str, now: int) -> None:
+            for i, (topic, msg_tag, offset, commit) in enumerate(batch):
+                result, = store.send([NewMessage(topic, f"{name}{i}", "x", now, max(0, now + offset),
+                                                 48 * MS_PER_HOUR, 3, 0, msg_tag)], now)
+                status_of[result.message.location] = int(Status.WAITING)
+                places.append(result.message.location)
+                if commit:
+                    store.commit()
+
+        def change(batch, now: int) -> None:  # in place, as the lifecycle does: never into WAITING, never out of a final
+            for pick, status, retry, commit in batch:
+                where = places[pick % len(places)]
+                if status_of[where] >= Status.ACKED:
+                    continue
+                store.update([StateChange(where, status, retry)], now)
+                status_of[where] = int(status)
+                if commit:
+                    store.commit()
+
+        send(sent, "m", NOW)
+        change(changed, NOW)
+        floors = ScanFloors()
+        taken, more = _scan(store, "orders", statuses, tag, lo, hi, NOW, max_scan, max_found, floors, limit)
+        store.update([StateChange(where, Status.DELETED, retry) for where, _, retry, _ in taken], NOW)
+        for where, _, _, _ in taken:
+            status_of[where] = int(Status.DELETED)
+        if more:
+            last = taken[-1][0]
+            floors.cut(Location(last.hour, last.global_index + 1))
+        now = NOW + LATER
+        send(sent_after, "n", now)
+        change(changed_after, now)
+        for _ in ("pending", "committed"):
+            expected, _ = _scan(store, "orders", statuses, tag, lo, hi, now, max_scan, max_found, None)
+            got, _ = _scan(store, "orders", statuses, tag, lo, hi, now, max_scan, max_found, floors.copy())
+            assert got == expected
+            store.commit()
+    finally:
+        store.close()
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def test_a_floor_is_of_the_file_it_was_raised_on_not_of_one_made_again_under_its_id():
+    """A span's id comes back after 2**16 spans of its size: the file made
+    under it then is a new Hour, read from its first entry."""
+    first = Hour(H0)
+    first.applied = 10
+    floors = ScanFloors()
+    floors.raise_to(first, 7)
+    again = Hour(H0)
+    again.applied = 10
+    assert floors.floor(first) == 7
+    assert floors.floor(again) == 0
+    floors.cut(Location(H0, 4))
+    assert floors.floor(first) == 4
+    floors.cut(Location(H0 - 1, 0))
+    assert floors.floor(first) == 0

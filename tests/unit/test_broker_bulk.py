@@ -1,9 +1,18 @@
 """broker.bulk on a real Store and a FakeClock (tests/broker_harness.py):
-what a sliced bulk call reads again, counted. A slice re-reads the state
-of its matches only in files another request changed since the gather
-read them -- never because of the call's own PART records -- and takes
-each as it now is (the model test, test_broker_bulk_model.py, checks the
-outcomes of random calls; this one the reads and one race at a time)."""
+what a bulk call reads, counted (the model test, test_broker_bulk_model.py,
+checks the outcomes of random calls; this one the reads and one race at a
+time).
+
+- A slice re-reads the state of its matches only in files another
+  request changed since the gather read them -- never because of the
+  call's own PART records -- and takes each as it now is.
+- The calls of a delete-all each scan from where the last stopped (the
+  scan floors), so none passes what the calls before it deleted; a
+  message sent below a floor meanwhile is found all the same.
+- Floors are kept only for statuses no message enters in place
+  (`IN_PLACE`, checked here against the lifecycle's table): a READY
+  delete's next call finds a message released below where it stopped.
+"""
 
 from __future__ import annotations
 
@@ -14,7 +23,10 @@ import pytest
 from broker_harness import BrokerHarness
 
 import broker.bulk
-from broker.bulk_params import BulkFilter, DeleteMsgsRequest
+import storage.reading
+from broker import transitions
+from broker.bulk import IN_PLACE, resumable
+from broker.bulk_params import LIVE, BulkFilter, DeleteMsgsRequest
 from broker.params import Defaults, DeleteRequest, NewSend
 from broker.ready import QueueLimits
 from storage.entry import MS_PER_HOUR, Status
@@ -119,3 +131,99 @@ def test_a_change_between_the_slices_has_its_file_read_again_and_the_delete_take
     assert all(_status(h, msg_id) is DELETED for msg_id in [f"r{i}" for i in range(7)] + [f"w{i}" for i in range(8)])
     moved = h.run(b.get(TOPIC, "r7"))
     assert (moved.status, moved.trigger_ms) == (WAITING, START_MS + 3 * MS_PER_HOUR)
+
+
+def _count_scans(h: BrokerHarness, monkeypatch) -> list[int]:
+    scans = [0]
+    scan = h.store.scan_matches
+
+    def counted(*args):
+        scans[0] += 1
+        return scan(*args)
+    monkeypatch.setattr(h.store, "scan_matches", counted)
+    return scans
+
+
+def test_the_calls_of_a_delete_all_each_scan_on_from_where_the_last_stopped(h, monkeypatch):
+    """Calls of 16 over 80 messages in two files, scanned 8 entries a
+    slice: every call reads three slices (16 matches and the one that
+    says more remain), however many the calls before it deleted. A
+    message sent between two calls to the first file, below where they
+    stopped, is deleted by a later call."""
+    monkeypatch.setattr(broker.bulk, "BULK_SCAN", 8)
+    monkeypatch.setattr(storage.reading, "SCAN_SLICE", 8)  # (entries read at once: a slice stops at 8 read)
+    monkeypatch.setattr(broker.bulk, "DELETE_SLICE", 4)
+    _send(h, "r", 40, 0)
+    _send(h, "w", 40, 2 * MS_PER_HOUR)
+    scans = _count_scans(h, monkeypatch)
+    calls = []
+    more = True
+    while more:
+        scans[0] = 0
+        deleted, more = h.run(h.broker.delete_msgs(DeleteMsgsRequest(TOPIC, BulkFilter(), 16)))
+        calls.append((deleted, scans[0]))
+        if len(calls) == 2:
+            _send(h, "late", 1, 0)  # the first file, whose first 32 entries the calls have deleted
+    assert calls == [(16, 3)] * 5 + [(1, 1)]
+    assert all(_status(h, msg_id) is DELETED for msg_id in
+               [f"r{i}" for i in range(40)] + [f"w{i}" for i in range(40)] + ["late0"])
+    scans[0] = 0
+    assert h.run(h.broker.delete_msgs(DeleteMsgsRequest(TOPIC, BulkFilter(), 16))) == (0, False)
+    assert scans[0] == 1  # every file read past its end: one slice, of nothing
+
+
+def test_a_ready_delete_finds_next_call_a_message_released_below_where_it_stopped(h, monkeypatch):
+    """A message enters READY in place (released): a delete of READY ones
+    keeps no floors, and its next call finds the one released meanwhile
+    at an entry before its last match."""
+    monkeypatch.setattr(broker.bulk, "BULK_SCAN", 4)
+    _send(h, "w", 1, 1_000)  # entry 0 of the hour: due in a second
+    _send(h, "r", 10, 0)  # entries 1..10, READY
+    ready = BulkFilter(statuses=frozenset({READY}))
+    assert h.run(h.broker.delete_msgs(DeleteMsgsRequest(TOPIC, ready, 5))) == (5, True)
+    h.advance_to(START_MS + 1_000)
+    assert _status(h, "w0") is READY
+    assert h.run(h.broker.delete_msgs(DeleteMsgsRequest(TOPIC, ready, 100))) == (6, False)
+    assert _status(h, "w0") is DELETED
+
+
+def _events(now: int) -> dict[type, list]:
+    """Events of every kind the lifecycle's table has, some of each way they may fall."""
+    sent = transitions.MessageState(WAITING, 0, 3, now, MS_PER_HOUR)
+    return {
+        transitions.Send: [transitions.Send(sent), transitions.Send(sent, strict=True)],
+        transitions.Release: [transitions.RELEASE],
+        transitions.Pull: [transitions.Pull(now + 30_000)],
+        transitions.Ack: [transitions.ACK],
+        transitions.Nack: [transitions.NACK],
+        transitions.AckTimeout: [transitions.AckTimeout(0), transitions.AckTimeout(now)],
+        transitions.Ttl: [transitions.TTL],
+        transitions.Delete: [transitions.Delete(), transitions.Delete(release=True)],
+        transitions.Reschedule: [transitions.Reschedule(now - 1), transitions.Reschedule(now + MS_PER_HOUR)],
+        transitions.Redrive: [transitions.REDRIVE],
+        transitions.RetryAt: [transitions.RetryAt(now - 1), transitions.RetryAt(now + MS_PER_HOUR)],
+        transitions.GiveBack: [transitions.GIVE_BACK],
+    }
+
+
+def test_every_status_change_the_lifecycle_makes_at_a_messages_entry_is_in_in_place():
+    """IN_PLACE is what `resumable` trusts: every step that changes a
+    message's status without filing it anew (MOVE, or a send's REPLACE:
+    a new entry) is listed in it."""
+    now = START_MS
+    events = _events(now)
+    assert set(events) == set(transitions.TABLE)
+    made = set()
+    for status in Status:
+        for retry in (0, 1, 4):
+            for trigger_ms, ttl_ms in ((now - 10, 5), (now - 10, MS_PER_HOUR), (now + 10, MS_PER_HOUR)):
+                for deadline_ms in (0, now):
+                    state = transitions.MessageState(status, retry, 3, trigger_ms, ttl_ms, deadline_ms)
+                    for event in (e for es in events.values() for e in es):
+                        done = transitions.step(state, event, now)
+                        moved = transitions.Effect.MOVE in done.effects or transitions.Effect.REPLACE in done.effects
+                        if done.state is not None and not moved and done.state.status is not status:
+                            made.add((status, done.state.status))
+    assert made == IN_PLACE
+    assert resumable(LIVE) and resumable(frozenset({WAITING}))
+    assert not resumable(frozenset({READY})) and not resumable(frozenset({WAITING, READY}))
