@@ -252,11 +252,15 @@ class Store:
 
     def apply_deferred(self, max_items: int | None) -> bool:
         """Apply committed PARTs left by `apply_pending(defer=True)`, about
-        `max_items` status changes; True while some are left."""
+        `max_items` status changes; True while some are left. What they
+        staged is written at once, in far hours too: left staged, a
+        delete-all's states piled up until the stage limit and were then
+        written in one go (half a million writes, 0.8 s, the event loop
+        held)."""
         if not self._applier.parts_pending():
             return False
         more = self._applier.apply_deferred(max_items)
-        self._hours.flush_staged(everything=False)
+        self._hours.flush_staged(everything=True)
         return more
 
     def move(self, changes: Sequence[tuple[Location, int, int]], now_ms: int) -> list[Message]:
