@@ -138,8 +138,8 @@ class Client:
         answered = self.wire.answered = asyncio.get_running_loop().create_future()
         if counter is not None:
             sys.setprofile(counter.hook)
-        try:
-            self.connection.data_received(raw)
+        try:  # from the loop, as a socket's bytes are: in no Task's step
+            asyncio.get_running_loop().call_soon(self.connection.data_received, raw)
             body = await answered
         finally:
             if counter is not None:

@@ -44,7 +44,7 @@ from broker.api import delay_msg
 from broker.clock import SystemClock
 from broker.config import ServeConfig
 from broker.disk_broker import Broker
-from broker.httpd import Request
+from broker.http_types import Request, Response
 from broker.metrics import Metrics
 from broker.nodes import DiskNode
 from broker.params import AckRequest, Defaults, NewSend, PullRequest
@@ -119,7 +119,13 @@ async def handler_costs(n: int) -> dict:
     with tempfile.TemporaryDirectory() as directory:
         node = DiskNode(ServeConfig(data_dir=directory))
         node.broker.start()
-        handle, _ = node.app()
+        gate = node.app()
+
+        async def handle(request: Request) -> object:  # the command the gate finds on the head, called
+            command = gate.admit(request)
+            if isinstance(command, Response):
+                raise RuntimeError(f"refused: {command.body!r}")
+            return await command.handler(request)
         out = {}
         for name, make in (("health", lambda: Request("GET", "/health", b"", {"host": "127.0.0.1"}, b"", None)),
                            ("empty_pull", lambda: Request("POST", "/camellia/delayQueue/pullMsg", b"",

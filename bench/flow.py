@@ -96,8 +96,7 @@ class Node:
     def __init__(self, directory: str, fsync: str) -> None:
         self.node = DiskNode(ServeConfig(data_dir=directory, store=StoreConfig(fsync=FsyncPolicy(fsync))))
         self.node.broker.start()
-        dispatch, admit = self.node.app()
-        self.shared = httpd._Shared(dispatch, admit, httpd.Limits())
+        self.shared = httpd._Shared(self.node.app().admit, httpd.Limits())
         self.loop = asyncio.get_running_loop()
         self.wall_s = 0.0
 
@@ -121,7 +120,7 @@ class Client:
 
     async def request(self, raw: bytes) -> bytes:
         self.transport.answered = self.loop.create_future()
-        self.connection.data_received(raw)
+        self.loop.call_soon(self.connection.data_received, raw)  # from the loop, as a socket's bytes are
         answer = await self.transport.answered
         if b'"code":200' not in answer:
             raise RuntimeError(f"not answered 200: {answer[:300]!r}")

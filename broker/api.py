@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import hmac
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 
 import orjson
 
@@ -44,13 +44,13 @@ from storage.errors import BodyTooLarge, Conflict, InvalidRequest, LimitReached,
 from . import bulk_params, camellia_metrics, params
 from .backend import Backend, new_msg_id
 from .bodies import BodyLimits
+from .commands import CommandTable, ErrorTable
 from .console_sessions import CONSOLE, LOGIN_PATH, LOGIN_PATHS, ConsoleSessions, session_cookie
 from .health import ServingStatus
-from .httpd import Request, Response, StreamResponse, plain_answer
+from .http_types import Handler, Request, Response, StreamResponse
 from .paths import PREFIX
 
 log = logging.getLogger("hourglass.api")
-
 
 
 # Codes answered with HTTP 200, the code in the body, as camellia does: its
@@ -66,36 +66,18 @@ def answer(code: int, msg: str, **extra: object) -> Response:
     return Response(200 if code in IN_BODY_CODES else code, orjson.dumps({"code": code, "msg": msg, **extra}))
 
 
-Handler = Callable[[Request], Awaitable["Response | StreamResponse"]]
-
-
-class Router:
-    """(method, path) -> handler; an unknown path answers 404, a known path
-    with another method 405 with Allow (as JSON answers). The gate
-    (broker.gate) asks `refusal` on the head, before the body is read."""
-
-    def __init__(self) -> None:
-        self.routes: dict[tuple[str, str], Handler] = {}
-        self.methods: dict[str, set[str]] = {}
-
-    def add(self, method: str, path: str, handler: Handler) -> None:
-        self.routes[(method, path)] = handler
-        self.methods.setdefault(path, set()).add(method)
-
-    def refusal(self, method: str, path: str) -> Response | None:
-        """None if (method, path) is served; else its 404 or 405."""
-        methods = self.methods.get(path)
-        if methods is None:
-            return plain_answer(404, "Not Found")
-        if method not in methods:
-            return plain_answer(405, "Method Not Allowed", {"Allow": ", ".join(sorted(methods))})
-        return None
-
-    async def dispatch(self, request: Request) -> Response | StreamResponse:
-        handler = self.routes.get((request.method, request.path))
-        if handler is not None:
-            return await handler(request)
-        return self.refusal(request.method, request.path) or plain_answer(404, "Not Found")
+# What the API's handlers raise, answered as `answer` would (the code in the
+# body, HTTP 200 for IN_BODY_CODES), by the frame that runs them
+# (broker.httpd). The first row an error is an instance of answers it.
+API_ERRORS: ErrorTable = (
+    (params.MessageTooLarge, 413, 200),  # (an InvalidRequest: before it)
+    (InvalidRequest, 400, 200),
+    (BodyTooLarge, 413, 413),  # HTTP 413 as for a body over its byte cap: too large for this node
+    (NotFound, 404, 200),
+    (Conflict, 409, 200),
+    (Unavailable, 503, 503),
+    (LimitReached, 429, 429),
+)
 
 
 def delay_msg(m: Message) -> dict[str, object]:
@@ -132,7 +114,7 @@ def console_entry(token: str | None, sessions: ConsoleSessions | None, handler: 
         return hmac.compare_digest(given.strip().encode("latin-1", "replace"), expected)
 
     async def entry(request: Request) -> Response | StreamResponse:
-        if request.path != CONSOLE or sessions.valid(session_cookie(request.headers.get("cookie", ""))):
+        if sessions.valid(session_cookie(request.headers.get("cookie", ""))):
             return await handler(request)
         scheme, _, given = request.headers.get("authorization", "").partition(" ")
         if scheme.lower() == "bearer" and matches(given):
@@ -192,7 +174,11 @@ class Api:
             raise Unavailable("no broker runs on this node yet; retry")
         return self._broker
 
-    def add_routes(self, router: Router) -> None:
+    def add_routes(self, table: CommandTable, inline: bool) -> None:
+        """camellia's paths, answered with API_ERRORS. `inline`: the
+        backend's calls ask for no current Task before they first wait (the
+        disk broker's; not redis-py's), so a request may start in the
+        connection's frame (broker.commands.Command)."""
         post = {"sendMsg": self.send, "sendMsgBatch": self.send_batch, "deleteMsg": self.delete,
                 "pullMsg": self.pull, "longPollingMsg": self.long_poll, "ackMsg": self.ack, "getMsg": self.get,
                 "rescheduleMsg": self.reschedule, "redriveMsg": self.redrive, "listMsg": self.list_msgs,
@@ -200,36 +186,10 @@ class Api:
         get = {"getMonitorData": self.monitor_data, "getTopicInfo": self.topic_info,
                "getTopicInfoList": self.topic_info_list, "getMonitorString": self.monitor_string,
                "listDeadMsg": self.list_dead, "listMsg": self.list_msgs}
-        for name, h in post.items():
-            router.add("POST", PREFIX + name, self._handler(h))
-        for name, h in get.items():
-            router.add("GET", PREFIX + name, self._handler(h))
-
-    def body_cap(self, method: str, path: str) -> int:
-        """The largest body a path takes, refused (413) before it is read."""
-        return self.batch_cap if path == PREFIX + "sendMsgBatch" else self.single_cap
-
-    def _handler(self, handle: Callable[[Request], Awaitable[Response]]) -> Handler:
-        # One name per except clause: compiled by mypyc, a name bound by two
-        # clauses keeps the first clause's class and refuses the second's.
-        async def run(request: Request) -> Response:
-            try:
-                return await handle(request)
-            except params.MessageTooLarge as too_large:
-                return answer(413, str(too_large))
-            except InvalidRequest as invalid:
-                return answer(400, str(invalid))
-            except BodyTooLarge as over_cap:  # HTTP 413 as for a body over its byte cap: too large for this node
-                return Response(413, orjson.dumps({"code": 413, "msg": str(over_cap)}))
-            except NotFound as not_found:
-                return answer(404, str(not_found))
-            except Conflict as conflict:
-                return answer(409, str(conflict))
-            except Unavailable as unavailable:
-                return answer(503, str(unavailable))
-            except LimitReached as limit:
-                return answer(429, str(limit))
-        return run
+        for method, handlers in (("POST", post), ("GET", get)):
+            for name, handle in handlers.items():
+                table.add(method, PREFIX + name, handle, errors=API_ERRORS, inline=inline,
+                          body_cap=self.batch_cap if name == "sendMsgBatch" else self.single_cap)
 
     # -- reading parameters: broker.params turns a request's bytes into them -----------
 

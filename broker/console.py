@@ -52,21 +52,24 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 
 from storage.entry import MS_PER_HOUR, MS_PER_SECOND, SECONDS_PER_HOUR, Status
 from storage.errors import InvalidRequest
 from storage.spans import is_span
 from storage.store import Store, text_hash
 
-from .api import Router, answer
+from .api import answer
+from .commands import CommandTable, ErrorTable
 from .console_page import PAGE
 from .console_sessions import CONSOLE
-from .httpd import Request, Response
+from .http_types import Request, Response
 from .metrics import Metrics
 from .params import parse_form
 
 API = CONSOLE + "/api/"
+# A bad parameter is the caller's: code 400 in an HTTP 200, as the API's.
+CONSOLE_ERRORS: ErrorTable = ((InvalidRequest, 400, 200),)
 MAX_PAGE = 500
 SAMPLE_S = 10
 SAMPLES = 90  # 15 minutes
@@ -89,11 +92,12 @@ class Console:
         # (ms, [sends, pulls, acks] so far) every SAMPLE_S
         self._samples: collections.deque[tuple[int, list[int]]] = collections.deque(maxlen=SAMPLES + 1)
 
-    def add_routes(self, router: Router) -> None:
-        router.add("GET", CONSOLE, self.page)
+    def add_routes(self, table: CommandTable) -> None:
+        """Its API (/console/api/*); the page itself, GET /console, the node
+        adds behind the console's entry (broker.api.console_entry)."""
         for name, handler in (("topics", self.topics), ("forecast", self.forecast), ("stats", self.stats),
                               ("node", self.node), ("subscriptions", self.subscriptions)):
-            router.add("GET", API + name, _refusing_bad_input(handler))
+            table.add("GET", API + name, handler, errors=CONSOLE_ERRORS)
 
     async def run(self) -> None:
         """Sample the send, pull and ack counters every SAMPLE_S (throughput)."""
@@ -210,15 +214,6 @@ def topic_forecast(store: Store, topic: str, now_ms: int) -> dict[str, object]:
 def standalone_info(store: Store, last_checkpoint_ms: Callable[[], int | None]) -> dict[str, object]:
     return {"role": "standalone", "diskBytes": store.disk_bytes(), "logEndOffset": store.log_end_offset,
             "lastCheckpointMs": last_checkpoint_ms(), "hours": len(store.hours())}
-
-
-def _refusing_bad_input(handler: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
-    async def run(request: Request) -> Response:
-        try:
-            return await handler(request)
-        except InvalidRequest as e:
-            return answer(400, str(e))
-    return run
 
 
 def _int(q: dict[str, str], name: str, default: int) -> int:

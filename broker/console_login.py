@@ -32,10 +32,11 @@ import hmac
 
 from storage.errors import InvalidRequest
 
-from .api import Handler, Router, answer
+from .api import API_ERRORS, answer
+from .commands import CommandTable
 from .console_page import LOGIN_PAGE
 from .console_sessions import CONSOLE, LOGIN_PATH, LOGOUT_PATH, ConsoleSessions, session_cookie
-from .httpd import Request, Response, StreamResponse, plain_answer
+from .http_types import Handler, Request, Response, StreamResponse, plain_answer
 from .params import parse_form
 from .paths import PREFIX
 
@@ -54,20 +55,22 @@ LOGIN_HEADERS = {"Cache-Control": "no-store", "X-Frame-Options": "DENY", "Referr
 class ConsoleLogin:
     """The login, logout and API-call routes over one node's sessions.
     `token` is the node's --auth-token-file token (None: an open node);
-    `api` runs an API request as the node's router would (a cluster node's
-    forwards it to the leader when it does not lead)."""
+    `api` runs an API request's command as the node serves it (a cluster
+    node's forwards it to the leader when it does not lead): its errors
+    are answered here as the API's (API_ERRORS), and a POST is counted as
+    an API call (broker.health)."""
 
     def __init__(self, token: str | None, sessions: ConsoleSessions, api: Handler) -> None:
         self._token = token
         self.sessions = sessions
         self._api = api
 
-    def add_routes(self, router: Router) -> None:
-        router.add("GET", LOGIN_PATH, self.form)
-        router.add("POST", LOGIN_PATH, self.login)
-        router.add("POST", LOGOUT_PATH, self.logout)
+    def add_routes(self, table: CommandTable) -> None:
+        table.add("GET", LOGIN_PATH, self.form)
+        table.add("POST", LOGIN_PATH, self.login)
+        table.add("POST", LOGOUT_PATH, self.logout)
         for method, name in API_CALLS:
-            router.add(method, f"{CONSOLE}/api/{name}", self.api_call)
+            table.add(method, f"{CONSOLE}/api/{name}", self.api_call, errors=API_ERRORS, api_call=method == "POST")
 
     async def form(self, request: Request) -> Response:
         if self._token is None:

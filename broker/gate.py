@@ -2,8 +2,9 @@
 
 `Gate.admit` runs when a request's head is complete, before `100
 Continue`, before any body budget is reserved and before a byte of its
-body is read (broker.httpd): it answers a refusal, or the largest body the
-request may carry. In order:
+body is read (broker.httpd): it answers a refusal, or the request's
+command (broker.commands: its handler, body cap and auth rule), looked up
+once, here. In order:
 
     check                      refused with   applies
     Host name                  403            no token configured: loopback names,
@@ -12,11 +13,13 @@ request may carry. In order:
     Origin / Sec-Fetch-Site    403            no token configured, state-changing
                                               methods: cross-site or same-site
                                               requests (CSRF from a web page)
-    peer proof                 403            /_cluster/* of a cluster with a secret
+    peer proof                 403            Auth.PEER (/_cluster/*) of a cluster
+                                              with a secret
     token                      401            a token configured: every path but
-                                              /health and /camellia/health/*
+                                              Auth.OPEN's (/health, /camellia/health/*);
+                                              Auth.CONSOLE's also take a console session
     route, method              404, 405       (405 names the methods in Allow)
-    body cap                   413 (httpd)    the route's cap
+    body cap                   413 (httpd)    the command's cap
 
 With a token configured an API client is checked by its token only, as
 before: a browser cannot send the bearer header cross-site, and the
@@ -30,11 +33,9 @@ import ipaddress
 import urllib.parse
 from collections.abc import Callable, Iterable
 
-from .api import Router
-from .health import HEALTH_PREFIX
-from .httpd import Request, Response, plain_answer
+from .commands import Auth, Command, CommandTable, auth_of
+from .http_types import Request, Response, plain_answer
 
-CLUSTER_PREFIX = "/_cluster/"
 # Methods that change nothing: the browser checks do not stop them (a page
 # can send them cross-site, but cannot read the answer without CORS, which
 # this server never grants).
@@ -62,21 +63,20 @@ def is_loopback(name: str) -> bool:
 
 
 class Gate:
-    """A node's decisions on request heads. `routes` names what is served;
-    `body_cap(method, path)` the largest body of each; `token` the clients'
-    bearer token (None: open, and the browser checks apply); `served_host`
-    the --host listened on and `allowed_hosts` the --allowed-hosts;
-    `is_peer(request)` the cluster secret's proof for /_cluster/* (None: a
-    standalone node, or an --insecure-cluster whose /_cluster/* is the
-    API's); `console_auth(request)` whether a console request carries a
-    valid console session (broker.console)."""
+    """A node's decisions on request heads. `table` is what is served;
+    `token` the clients' bearer token (None: open, and the browser checks
+    apply); `served_host` the --host listened on and `allowed_hosts` the
+    --allowed-hosts; `is_peer(request)` the cluster secret's proof for
+    Auth.PEER's paths (None: a standalone node, or an --insecure-cluster
+    whose /_cluster/* is the API's, behind the token);
+    `console_auth(request)` whether a console request carries a valid
+    console session (broker.console)."""
 
-    def __init__(self, routes: Router, body_cap: Callable[[str, str], int], token: str | None,
-                 served_host: str = "127.0.0.1", allowed_hosts: Iterable[str] = (),
-                 is_peer: Callable[[Request], bool] | None = None,
+    def __init__(self, table: CommandTable, token: str | None, served_host: str = "127.0.0.1",
+                 allowed_hosts: Iterable[str] = (), is_peer: Callable[[Request], bool] | None = None,
                  console_auth: Callable[[Request], bool] | None = None) -> None:
-        self.routes = routes
-        self.body_cap = body_cap
+        self.table = table
+        self.commands = table.commands
         self.token = None if token is None else token.encode()
         self.is_peer = is_peer
         self.console_auth = console_auth
@@ -88,25 +88,24 @@ class Gate:
         self._host_ok: dict[str, bool] = {}  # Host header -> served; a few entries in practice
 
     def __repr__(self) -> str:
-        return (f"Gate(token={'set' if self.token else 'none'}, hosts={sorted(self.hosts)}, "
+        return (f"Gate({self.table!r}, token={'set' if self.token else 'none'}, hosts={sorted(self.hosts)}, "
                 f"peers={'secret' if self.is_peer else 'none'})")
 
-    def admit(self, request: Request) -> Response | int:
-        path = request.path
-        if self.token is None and (request.method not in SAFE_METHODS
+    def admit(self, request: Request) -> Response | Command:
+        method, path = request.method, request.path
+        command = self.commands.get((method, path))
+        if self.token is None and (method not in SAFE_METHODS
                                    or not self._host_ok.get(request.headers.get("host", ""), False)):
             refusal = self._browser_refusal(request)  # (a known local Host's GET needs no more)
             if refusal is not None:
                 return refusal
-        if self.is_peer is not None and path.startswith(CLUSTER_PREFIX):
+        auth = auth_of(path) if command is None else command.auth
+        if auth is Auth.PEER and self.is_peer is not None:
             if not self.is_peer(request):
                 return plain_answer(403, "cluster calls need the cluster secret")
-        elif self.token is not None and not self._authorized(request):
+        elif self.token is not None and auth is not Auth.OPEN and not self._authorized(request, auth):
             return plain_answer(401, "missing or wrong bearer token")
-        refusal = self.routes.refusal(request.method, path)
-        if refusal is not None:
-            return refusal
-        return self.body_cap(request.method, path)
+        return self.table.refusal(method, path) if command is None else command
 
     def _browser_refusal(self, request: Request) -> Response | None:
         """Without a token a browser is the threat: a page the operator
@@ -136,14 +135,11 @@ class Gate:
                 return plain_answer(403, "cross-origin requests may not change state")
         return None
 
-    def _authorized(self, request: Request) -> bool:
-        path = request.path
-        if path == "/health" or path.startswith(HEALTH_PREFIX):
-            return True
+    def _authorized(self, request: Request, auth: Auth) -> bool:
         scheme, _, given = request.headers.get("authorization", "").partition(" ")
         if scheme.lower() == "bearer" and self.matches(given):
             return True
-        if self.console_auth is not None and (path == "/console" or path.startswith("/console/")):
+        if auth is Auth.CONSOLE and self.console_auth is not None:
             return self.console_auth(request)
         return False
 

@@ -31,23 +31,25 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import orjson
 
-from .httpd import Dispatch, Request, Response, StreamResponse
+from .commands import CommandTable
+from .http_types import Request, Response
+from .paths import HEALTH_PREFIX
 
-if TYPE_CHECKING:
-    from .api import Router  # (which imports this module)
-
-HEALTH_PREFIX = "/camellia/health/"
 OK_BODY = orjson.dumps({"code": 200, "msg": "success"})
 
 
 class ServingStatus:
     """Online or offline, and how busy the node is. `on_offline` is called
     when the node goes offline, to wake the long polls it holds (they then
-    see `ends_long_poll()` true). `now_s` is a monotonic clock."""
+    see `ends_long_poll()` true). `now_s` is a monotonic clock.
+
+    How busy: the command table (broker.commands) marks the API calls
+    (`tracks`), and the connection's frame that runs one (broker.httpd)
+    counts it in `in_flight` while it runs and sets `last_used_s` when it
+    ends."""
 
     def __init__(self, idle_s: float, api_prefix: str, on_offline: Callable[[], None] = lambda: None,
                  now_s: Callable[[], float] = time.monotonic) -> None:
@@ -78,29 +80,18 @@ class ServingStatus:
         offlines = self._offlines
         return lambda: self._offlines != offlines
 
-    def track(self, handler: Dispatch) -> Dispatch:
-        """`handler`, counting the API calls in flight and when the last ended."""
-        prefix = self.api_prefix
+    def tracks(self, method: str, path: str) -> bool:
+        """Whether a request is an API call: a POST under the API's prefix."""
+        return method == "POST" and path.startswith(self.api_prefix)
 
-        async def tracked(request: Request) -> Response | StreamResponse:
-            if request.method != "POST" or not request.path.startswith(prefix):
-                return await handler(request)
-            self.in_flight += 1
-            try:
-                return await handler(request)
-            finally:
-                self.in_flight -= 1
-                self.last_used_s = self.now_s()
-        return tracked
-
-    def add_routes(self, router: Router) -> None:
+    def add_routes(self, table: CommandTable) -> None:
         for name, handle in (("status", self.status), ("check", self.check)):
             for method in ("GET", "POST"):
-                router.add(method, HEALTH_PREFIX + name, handle)
+                table.add(method, HEALTH_PREFIX + name, handle, inline=True)
         # the switch changes state: POST only, so an <img> or a link on a web
         # page cannot take the node out of its load balancer
-        router.add("POST", HEALTH_PREFIX + "online", self.set_online)
-        router.add("POST", HEALTH_PREFIX + "offline", self.set_offline)
+        table.add("POST", HEALTH_PREFIX + "online", self.set_online, inline=True)
+        table.add("POST", HEALTH_PREFIX + "offline", self.set_offline, inline=True)
 
     async def status(self, request: Request) -> Response:
         return _ok() if self.online else _not_ok("offline")

@@ -11,10 +11,18 @@ Heads are parsed by llhttp (through `httptools`, as uvicorn does) in its
 strict mode: two Content-Lengths, a length that is not plain digits,
 whitespace before a colon, a folded line, a bare CR or LF, NUL or another
 control byte in a head: 400, and the connection is closed. The server
-decides on the head (`Admit`, broker.gate): token, route, method and the
-route's body cap are checked when the head is complete, before `100
-Continue`, before any body budget is reserved and before a byte of body is
-read; a refused request with a body is answered and its connection closed.
+decides on the head (`Admit`, broker.gate): token, route and method are
+checked and the request's command looked up (broker.commands) when the
+head is complete, and its body cap applied, before `100 Continue`, before
+any body budget is reserved and before a byte of body is read; a refused
+request with a body is answered and its connection closed.
+
+A request then runs in one frame, `Connection._run`: the API's tracking
+around the command's handler, its error table on what the handler raises,
+the answer written. A command marked `inline` starts in the callback that
+completed its body (`_start`): a handler that does not wait answers there,
+without a Task; one that waits on a future is continued by a Task once the
+future is done, from where it stopped (no wrapper frame in between).
 
 What it speaks: HTTP/1.1 and 1.0, keep-alive, pipelined requests (answered
 in order, one at a time per connection), bodies with `Content-Length`
@@ -68,20 +76,22 @@ from __future__ import annotations
 import asyncio
 import errno
 import heapq
-import json
 import logging
 import os
 import socket
 from collections import deque
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from http import HTTPStatus
+from typing import Any
 
 import httptools
 
 from storage.errors import ConfigError, HourglassError, InvariantError
 
+from .commands import Command
 from .descriptors import DescriptorBudget
+from .http_types import Request, Response, StreamResponse, plain_answer
 
 log = logging.getLogger("hourglass.httpd")
 
@@ -140,73 +150,10 @@ BODY_RATE_GRACE_S = 2.0
 HEAD_SLICE_BYTES = 4096
 
 
-class Request:
-    """One request. `headers` keys are lower case; `query` is the raw query
-    string (bytes, still %-encoded). Built when its head is complete (the
-    admission looks at it then, its body still empty); `body` is set once
-    the body has arrived."""
-
-    __slots__ = ("body", "headers", "method", "path", "query", "transport")
-
-    def __init__(self, method: str, path: str, query: bytes, headers: dict[str, str], body: bytes,
-                 transport: asyncio.Transport | None) -> None:
-        self.method = method
-        self.path = path
-        self.query = query
-        self.headers = headers
-        self.body = body
-        self.transport = transport
-
-    @property
-    def content_type(self) -> str:
-        return self.headers.get("content-type", "").partition(";")[0].strip().lower()
-
-    @property
-    def path_qs(self) -> str:
-        return self.path + ("?" + self.query.decode("latin-1") if self.query else "")
-
-    def gone(self) -> bool:
-        """The client closed its connection (a long poll stops waiting)."""
-        return self.transport is None or self.transport.is_closing()
-
-    def __repr__(self) -> str:
-        return f"<Request {self.method} {self.path} body={len(self.body)}B>"
-
-
-class Response:
-    __slots__ = ("body", "content_type", "headers", "status")
-
-    def __init__(self, status: int = 200, body: bytes = b"", content_type: str = "application/json",
-                 headers: dict[str, str] | None = None) -> None:
-        self.status = status
-        self.body = body
-        self.content_type = content_type
-        self.headers = headers
-
-
-class StreamResponse:
-    """A response whose body is produced as it is sent (chunked)."""
-
-    __slots__ = ("chunks", "content_type", "headers", "status")
-
-    def __init__(self, chunks: AsyncGenerator[bytes, None], status: int = 200,
-                 content_type: str = "application/octet-stream", headers: dict[str, str] | None = None) -> None:
-        self.status = status
-        self.chunks = chunks
-        self.content_type = content_type
-        self.headers = headers
-
-
-Dispatch = Callable[[Request], Awaitable["Response | StreamResponse"]]
 # Called with a request whose head is complete (body still empty): a
-# refusal to answer at once, without reading the body, or the largest body
-# the request may carry (broker.gate).
-Admit = Callable[[Request], "Response | int"]
-
-
-def plain_answer(status: int, text: str, headers: dict[str, str] | None = None) -> Response:
-    """An answer made by the protocol itself (before any handler)."""
-    return Response(status, json.dumps({"code": status, "msg": text}).encode(), headers=headers)
+# refusal to answer at once, without reading the body, or the command that
+# serves it (broker.gate; the command's body cap is checked here).
+Admit = Callable[[Request], "Response | Command"]
 
 
 def _head(status: int, content_type: str, length: int | None, headers: dict[str, str] | None,
@@ -236,9 +183,7 @@ _STARTS: dict[tuple[int, str], bytes] = {}
 class _Shared:
     """State every connection of one server shares."""
 
-    def __init__(self, dispatch: Dispatch, admit: Admit, limits: Limits,
-                 descriptors: DescriptorBudget | None = None) -> None:
-        self.dispatch = dispatch
+    def __init__(self, admit: Admit, limits: Limits, descriptors: DescriptorBudget | None = None) -> None:
         self.admit = admit
         self.limits = limits
         self.connections: set[Connection] = set()
@@ -249,9 +194,9 @@ class _Shared:
         self.refused = 0  # connections answered 503 at the cap (or at EMFILE)
         self.evicted = 0  # stalled connections closed to make room for a new one
         self.slow_bodies = 0  # connections closed for sending a body below min_body_rate_bps
-        self.running = 0  # handlers running
+        self.running = 0  # requests running (their handler, or writing their answer)
         self.stopping = False
-        self.idle = asyncio.Event()  # set when no handler is running
+        self.idle: asyncio.Future[None] | None = None  # made by close() to wait until none runs
 
     def cap(self) -> int:
         """Connections allowed now: `max_connections`, lowered to keep the
@@ -281,13 +226,15 @@ class _Refused(HourglassError):
     refused on its head, or the head grew past its bound."""
 
 
-# A queued entry: a request to dispatch, or an answer decided on the head.
-_Queued = tuple[Request | None, Response | None, bool, int]  # request, answer, keep-alive, budgeted bytes
+# A queued entry: a request and its command, or an answer decided on the
+# head (request and command None); keep-alive; bytes of body budget held.
+_Queued = tuple[Command | None, Request | None, Response | None, bool, int]
 
 
 class Connection(asyncio.Protocol):
     """One client connection: llhttp (httptools) parses, `admit` decides on
-    each head, the dispatcher answers, in order, one request at a time.
+    each head and gives the request's command, which answers it (`_run`),
+    in order, one request at a time.
 
     Reading stops (and parsing with it) while a request waits behind the
     one running, and while the transport holds more than
@@ -303,6 +250,9 @@ class Connection(asyncio.Protocol):
         self.unparsed = b""           # received, not yet given to the parser
         self.deadline = 0.0
         self.busy = False             # a handler runs, or an answer is being written
+        self.inline = False           # `_start` runs a request's frame: `_next` goes on after it
+        self.going_on = False         # `_go_on` is to run at the loop's next turn
+        self.waiting: Coroutine[Any, Any, None] | None = None  # a started frame until its Task continues it
         self.reading = True
         self.writing_paused = False
         self.drained: asyncio.Future[None] | None = None  # a stream waiting for resume_writing
@@ -314,6 +264,7 @@ class Connection(asyncio.Protocol):
         self.url = b""
         self.headers: dict[str, str] = {}
         self.request: Request | None = None
+        self.command: Command | None = None
         self.keep_alive = True
         self.budget = 0
         self.body: list[bytes] = []   # the body's parts as they came
@@ -359,7 +310,7 @@ class Connection(asyncio.Protocol):
         self.done = True
         self._release(self.budget)
         self.budget = 0
-        for _, _, _, budgeted in self.queue:
+        for _, _, _, _, budgeted in self.queue:
             self._release(budgeted)
         self.queue.clear()
         self.unparsed = b""
@@ -490,14 +441,14 @@ class Connection(asyncio.Protocol):
             if length or not keep_alive:
                 raise _Refused
             return
-        if length > verdict:
-            raise self._refusal(413, f"request body is {length} bytes, more than {verdict}")
+        if length > verdict.body_cap:
+            raise self._refusal(413, f"request body is {length} bytes, more than {verdict.body_cap}")
         if length > LARGE_BODY_BYTES:
             if shared.body_bytes + length > shared.limits.body_budget_bytes:
                 raise self._refusal(429, "too many large bodies at once, retry later")
             shared.body_bytes += length
             self.budget = length
-        self.request, self.keep_alive = request, keep_alive
+        self.request, self.command, self.keep_alive = request, verdict, keep_alive
         if length:
             self.body_expected = length
             self.body_started = self.loop.time()
@@ -518,18 +469,18 @@ class Connection(asyncio.Protocol):
         self.body = []
         self.body_received = 0
         self.body_expected = 0
-        self.queue.append((request, None, self.keep_alive, self.budget))
-        self.request, self.budget = None, 0
+        self.queue.append((self.command, request, None, self.keep_alive, self.budget))
+        self.request, self.command, self.budget = None, None, 0
 
     def _queue_answer(self, response: Response, keep_alive: bool) -> None:
-        """Answer a request on its head, after those ahead of it. Without
-        keep-alive nothing after it is parsed."""
-        self.queue.append((None, response, keep_alive, 0))
-        self.request = None
+        """Answer a request on its head, after those ahead of it (`_feed`
+        starts the queue once the parser returns). Without keep-alive
+        nothing after it is parsed."""
+        self.queue.append((None, None, response, keep_alive, 0))
+        self.request = self.command = None
         if not keep_alive:
             self.done = True
             self._read(False)
-            self._next()
 
     def _refusal(self, status: int, text: str) -> _Refused:
         """Queue an answer that ends the connection (what follows is not
@@ -547,15 +498,24 @@ class Connection(asyncio.Protocol):
     # -- answering ---------------------------------------------------------------------
 
     def _next(self) -> None:
-        """Start the first queued request, or write the first queued answer,
-        when none is running and the client reads its answers."""
+        """Write the queued answers and start the first queued request, when
+        none is running, none is about to (`going_on`) and the client reads
+        its answers. A request that answers without waiting (`_start`) has
+        the next one start at the loop's next turn, as a Task's would: one
+        client's pipelined requests do not hold the loop between them.
+
+        Called from the loop's callbacks only (the protocol's, `_go_on`),
+        never inside a Task's step, where an inline handler would take
+        that Task for its own (`asyncio.timeout` would bind to it)."""
         shared = self.shared
-        while self.queue and not self.busy and not self.writing_paused:
+        while self.queue and not self.busy and not self.writing_paused and not self.going_on:
             transport = self.transport
             if transport is None or transport.is_closing():
                 return
-            request, response, keep_alive, budgeted = self.queue.popleft()
-            if response is not None:
+            command, request, response, keep_alive, budgeted = self.queue.popleft()
+            if command is None or request is None:
+                if response is None:
+                    raise InvariantError("a queued entry holds neither a request nor an answer")
                 transport.write(_encode(response, not keep_alive or shared.stopping))
                 if not keep_alive or shared.stopping:
                     self.done = True
@@ -563,21 +523,67 @@ class Connection(asyncio.Protocol):
                     return
                 self.deadline = self.loop.time() + shared.limits.idle_timeout_s
                 continue
-            if request is None:
-                raise InvariantError("a queued entry holds neither a request nor an answer")
             self.busy = True
             shared.running += 1
-            shared.idle.clear()
-            self.loop.create_task(self._run(request, keep_alive, budgeted))
+            frame = self._run(command, request, keep_alive, budgeted)
+            if not command.inline:
+                self.loop.create_task(frame)
+            elif self._start(frame) and (self.queue or self.unparsed):
+                self._go_on_soon()
+            return
 
-    async def _run(self, request: Request, keep_alive: bool, budgeted: int) -> None:
-        shared = self.shared
+    def _start(self, frame: Coroutine[Any, Any, None]) -> bool:
+        """Run a request's frame here, until it first waits. True: it
+        answered without waiting, and no Task was made. Else a Task goes on
+        with the frame itself, from where it stopped, once what it waits on
+        is done: as if it had been the Task's from the start."""
+        self.inline = True
         try:
+            waiting = frame.send(None)
+            while waiting is not None and not getattr(waiting, "_asyncio_future_blocking", False):
+                # what a Task answers to a yield that is neither a future nor a bare yield
+                waiting = frame.throw(RuntimeError(f"a handler yielded {waiting!r}, not a future"))
+        except StopIteration:
+            return True
+        finally:
+            self.inline = False
+        if waiting is None:  # a bare yield (asyncio.sleep(0)): go on at the loop's next turn
+            self.loop.create_task(frame)
+        else:  # `await future`: the Task's first step takes its result
+            waiting._asyncio_future_blocking = False  # (the handshake a Task makes with `Future.__await__`)
+            self.waiting = frame
+            waiting.add_done_callback(self._continue)
+        return False
+
+    def _continue(self, _: asyncio.Future[Any]) -> None:
+        """What the waiting frame waited on is done: a Task goes on with it."""
+        frame, self.waiting = self.waiting, None
+        if frame is not None:
+            self.loop.create_task(frame)
+
+    async def _run(self, command: Command, request: Request, keep_alive: bool, budgeted: int) -> None:
+        """The one frame a request runs in: its command's handler, counted
+        as an API call while it runs (`command.tracker`), what it raises
+        answered by the command's error table (anything else is a bug: 500,
+        logged), then the answer written. Started by `_start` (an inline
+        command) or as a Task."""
+        shared = self.shared
+        tracker = command.tracker
+        try:
+            if tracker is not None:
+                tracker.in_flight += 1
             try:
-                response = await shared.dispatch(request)
-            except Exception:
-                log.exception("bug while serving %s %s", request.method, request.path)
-                response = plain_answer(500, "internal error (logged)")
+                response = await command.handler(request)
+            except Exception as error:
+                answer = command.error_answer(error)
+                if answer is None:
+                    log.exception("bug while serving %s %s", request.method, request.path)
+                    answer = plain_answer(500, "internal error (logged)")
+                response = answer
+            finally:
+                if tracker is not None:
+                    tracker.in_flight -= 1
+                    tracker.last_used_s = tracker.now_s()
             transport = self.transport
             if transport is None or transport.is_closing():
                 if isinstance(response, StreamResponse):
@@ -593,13 +599,25 @@ class Connection(asyncio.Protocol):
                 transport.close()
                 return
         finally:
-            self._release(budgeted)  # held while the handler parses and holds the body
+            if budgeted:  # held while the handler parses and holds the body
+                shared.body_bytes -= budgeted
             self.busy = False
             shared.running -= 1
-            if not shared.running:
-                shared.idle.set()
+            if not shared.running and shared.idle is not None and not shared.idle.done():
+                shared.idle.set_result(None)
         if not self.body_expected and not self.in_head:
             self.deadline = self.loop.time() + shared.limits.idle_timeout_s
+        if not self.inline and (self.queue or self.unparsed or not self.reading):  # (inline, `_next` goes on)
+            self._go_on_soon()  # not in this Task's step: the next request may start inline
+
+    def _go_on_soon(self) -> None:
+        self.going_on = True
+        self.loop.call_soon(self._go_on)
+
+    def _go_on(self) -> None:
+        """After an answer: the next queued request, then what is still
+        unparsed; reading resumes once nothing waits."""
+        self.going_on = False
         if self.queue:
             self._next()
         if self.unparsed:
@@ -647,11 +665,12 @@ def _encode(response: Response, close: bool) -> bytes:
 
 
 class HttpServer:
-    """Listens on host:port, serves `dispatch`; `close()` stops gracefully."""
+    """Listens on host:port, serves the commands `admit` gives each request
+    (broker.gate); `close()` stops gracefully."""
 
-    def __init__(self, dispatch: Dispatch, admit: Admit, limits: Limits | None = None,
+    def __init__(self, admit: Admit, limits: Limits | None = None,
                  descriptors: DescriptorBudget | None = None) -> None:
-        self.shared = _Shared(dispatch, admit, limits or Limits(), descriptors)
+        self.shared = _Shared(admit, limits or Limits(), descriptors)
         self.listeners: list[socket.socket] = []
         self.spare: int | None = None  # a descriptor held to answer 503 at EMFILE
         self.adoptions: set[asyncio.Task[None]] = set()
@@ -670,7 +689,6 @@ class HttpServer:
 
     async def start(self, host: str, port: int) -> None:
         self.loop = loop = asyncio.get_running_loop()
-        self.shared.idle.set()
         self.listeners = await _listen(loop, host, port, backlog=1024)
         self.spare = _open_spare()
         self.shared.descriptors.measure(0)
@@ -851,10 +869,12 @@ class HttpServer:
         for conn in list(shared.connections):
             if not conn.busy and conn.transport is not None:
                 conn.transport.close()
-        try:
-            await asyncio.wait_for(shared.idle.wait(), grace_s)
-        except TimeoutError:
-            log.warning("%d requests still running after %.0f s; closing", shared.running, grace_s)
+        if shared.running:
+            shared.idle = asyncio.get_running_loop().create_future()
+            try:
+                await asyncio.wait_for(shared.idle, grace_s)
+            except TimeoutError:
+                log.warning("%d requests still running after %.0f s; closing", shared.running, grace_s)
         for conn in list(shared.connections):
             if conn.transport is not None:
                 conn.transport.close()

@@ -18,9 +18,10 @@ it leads) and hands the base what every node has:
 
 and serves from them, the same way on every node:
 
-    app()            the HTTP app: /health, /metrics, the health switch, the
-                     API, the console with its sessions and login, behind
-                     the gate (broker.gate)
+    app()            the HTTP app: the command table (broker.commands) of
+                     /health, /metrics, the health switch, the API, the
+                     console with its sessions and login, behind the gate
+                     (broker.gate)
     health()         GET /health: degraded, failed, offline or ok, with the
                      node's role fields
     metrics_text()   GET /metrics (broker.scrape), with the node's own gauges
@@ -29,9 +30,11 @@ and serves from them, the same way on every node:
                      `stop_asked`, as a fatal error does
 
 A node supplies what differs: `failure()`, `health_fields()` and
-`node_series()`, and where it has them `degraded()` (Redis unreachable) and
-a cluster's `own_routes()` (its /_cluster/* calls), `routed()` (API calls
-forwarded to the leader) and `peer_proof()` (the cluster secret).
+`node_series()`, and where it has them `degraded()` (Redis unreachable),
+`backend_inline` (whether the API's calls may start without a Task of
+their own) and a cluster's `add_own_routes()` (its /_cluster/* calls),
+`routed()` (API calls forwarded to the leader) and `peer_proof()` (the
+cluster secret).
 """
 
 from __future__ import annotations
@@ -45,17 +48,19 @@ from typing import TYPE_CHECKING, Any
 
 from wheel.clock import Clock
 
-from .api import Api, Router, answer, console_auth, console_entry
+from .api import Api, answer, console_auth, console_entry
 from .backend import Backend
 from .camellia_metrics import ProcessStats
+from .commands import Auth, Command, CommandTable
 from .config import ServeConfig
 from .console import Console
 from .console_login import ConsoleLogin
-from .console_sessions import ConsoleSessions
+from .console_sessions import CONSOLE, ConsoleSessions
 from .descriptors import DescriptorBudget
-from .gate import CLUSTER_PREFIX, Gate
+from .gate import Gate
 from .health import ServingStatus
-from .httpd import Admit, Dispatch, HttpServer, Request, Response, StreamResponse
+from .http_types import Request, Response
+from .httpd import HttpServer
 from .metrics import Metrics
 from .paths import PREFIX
 from .push_api import PushApi
@@ -135,15 +140,22 @@ class NodeBase(ABC):
     # 403 with it); None: it takes them (broker.pusher).
     push_refusal: str | None = None
 
-    def own_routes(self) -> Sequence[tuple[str, str, Dispatch]]:
-        """(method, path, handler) of what only this kind of node serves:
-        nothing here (a cluster node's: the peers' /_cluster/* calls)."""
-        return ()
+    # Whether the backend's calls ask for no current Task before they first
+    # wait (the disk broker's), so that the API's requests may start in the
+    # connection's frame (broker.commands.Command.inline). redis-py's
+    # timeouts ask for it: a Redis node's requests each run in a Task.
+    backend_inline = True
 
-    def routed(self, dispatch: Dispatch) -> Dispatch:
-        """What runs a request the router serves (the API's, the console's):
-        the router itself here; a cluster follower forwards API calls."""
-        return dispatch
+    def add_own_routes(self, table: CommandTable) -> None:
+        """Add what only this kind of node serves: nothing here (a cluster
+        node's: the peers' /_cluster/* calls)."""
+        return
+
+    def routed(self, command: Command) -> Command:
+        """The command that serves a request of the table (all but the
+        peers' calls, when a peer proof guards them): the command itself
+        here; a cluster node forwards API calls while it does not lead."""
+        return command
 
     def peer_proof(self) -> Callable[[Request], bool] | None:
         """Whether a /_cluster/* request carries the cluster secret's proof
@@ -152,39 +164,31 @@ class NodeBase(ABC):
 
     # == what every node serves the same way =======================================
 
-    def app(self) -> tuple[Dispatch, Admit]:
-        """The node's HTTP app: what answers a request, and what decides on
-        its head (broker.gate). With a peer proof, /_cluster/* goes to the
-        router as it is (the gate checked the proof); everything else is
-        the API's, behind the token."""
-        router = Router()
-        router.add("GET", "/health", self.health)
-        router.add("GET", "/metrics", self.metrics_text)
-        for method, path, handler in self.own_routes():
-            router.add(method, path, handler)
-        self.serving.add_routes(router)
-        self.api.add_routes(router)
+    def app(self) -> Gate:
+        """The node's HTTP app: its command table, behind the gate that
+        looks a request's command up on its head (broker.gate). With a peer
+        proof, the peers' calls (Auth.PEER) are served as they are (the gate
+        checks the proof); every other command is as `routed` makes it."""
+        table = CommandTable(self.api.single_cap, self.serving)
+        table.add("GET", "/health", self.health, inline=True)
+        table.add("GET", "/metrics", self.metrics_text, inline=self.backend_inline)
+        self.add_own_routes(table)
+        self.serving.add_routes(table)
+        self.api.add_routes(table, inline=self.backend_inline)
         PushApi(lambda: self.pushers, PushAllow.parse(self.config.push_allow), self.config.bodies,
-                self.config.max_msg_bytes, self.push_refusal).add_routes(router)
-        api_calls = self.serving.track(self.routed(router.dispatch))
+                self.config.max_msg_bytes, self.push_refusal).add_routes(table)
+        token = self.config.auth_token
         sessions = None
         if self.console is not None:
-            self.console.add_routes(router)
             sessions = ConsoleSessions(self.config.console, self.clock)
-            ConsoleLogin(self.config.auth_token, sessions, api_calls).add_routes(router)
-        token = self.config.auth_token
+            table.add("GET", CONSOLE, console_entry(token, sessions, self.console.page))
+            self.console.add_routes(table)
+            ConsoleLogin(token, sessions, table.call).add_routes(table)
         is_peer = self.peer_proof()
-        gate = Gate(router, self.api.body_cap, token, self.config.host, self.config.allowed_hosts,
-                    is_peer=is_peer, console_auth=None if sessions is None else console_auth(sessions))
-        entry = console_entry(token, sessions, api_calls)
-        if is_peer is None:
-            return entry, gate.admit
-
-        async def peers_or_api(request: Request) -> Response | StreamResponse:
-            if request.path.startswith(CLUSTER_PREFIX):
-                return await router.dispatch(request)
-            return await entry(request)
-        return peers_or_api, gate.admit
+        table.alter(lambda command: command if command.auth is Auth.PEER and is_peer is not None
+                    else self.routed(command))
+        return Gate(table, token, self.config.host, self.config.allowed_hosts, is_peer=is_peer,
+                    console_auth=None if sessions is None else console_auth(sessions))
 
     async def health(self, request: Request) -> Response:
         """Not ready for a load balancer (503) while degraded, failed or
@@ -223,8 +227,7 @@ class NodeBase(ABC):
         """Listen on --host:--port; from now on SIGTERM and SIGINT set
         `stop_asked`. `describe` names the node in the log line."""
         config = self.config
-        dispatch, admit = self.app()
-        server = HttpServer(dispatch, admit, config.http, self.descriptors)
+        server = HttpServer(self.app().admit, config.http, self.descriptors)
         await server.start(config.host, config.port)
         log.info("serving on http://%s:%d (%s)", config.host, config.port, describe)
         loop = asyncio.get_running_loop()

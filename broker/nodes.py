@@ -111,6 +111,8 @@ class RedisNode(NodeBase):
     """A node whose state lives in Redis (`--backend redis://...`): no data
     dir and no checkpoints; any number of such nodes may share the Redis."""
 
+    backend_inline = False  # redis-py's timeouts ask for the current Task (broker.node_base)
+
     def __init__(self, config: ServeConfig) -> None:
         from .redis.backend import RedisBroker  # the redis extra is optional
         from .redis.keys import RedisConfig

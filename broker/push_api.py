@@ -14,22 +14,31 @@ limit, as --max-topics).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import TYPE_CHECKING
-
-import orjson
 
 from storage.errors import Forbidden, InvalidRequest, LimitReached, NotFound, Unavailable
 
 from . import params
-from .api import Router, answer
+from .api import answer
 from .bodies import BodyLimits
-from .httpd import Request, Response, StreamResponse
+from .commands import CommandTable, ErrorTable
+from .http_types import Request, Response
 from .paths import PREFIX
 from .push_rules import PushAllow, parse_subscribe
 
 if TYPE_CHECKING:  # aiohttp's client loads only on a node that pushes
     from .pusher import Pushers
+
+# What the push endpoints raise, answered as the API's (broker.api.API_ERRORS):
+# (exception, code, HTTP status).
+PUSH_ERRORS: ErrorTable = (
+    (InvalidRequest, 400, 200),
+    (NotFound, 404, 200),
+    (Forbidden, 403, 200),  # the API's outcome: code 403 in an HTTP 200
+    (LimitReached, 429, 429),
+    (Unavailable, 503, 503),
+)
 
 
 class PushApi:
@@ -45,27 +54,10 @@ class PushApi:
         self._bodies = bodies
         self._max_msg_bytes = max_msg_bytes
 
-    def add_routes(self, router: Router) -> None:
-        router.add("POST", PREFIX + "subscribe", self._handler(self.subscribe))
-        router.add("POST", PREFIX + "unsubscribe", self._handler(self.unsubscribe))
-        router.add("GET", PREFIX + "getSubscription", self._handler(self.get_subscription))
-
-    def _handler(self, handle: Callable[[Request], Awaitable[Response]]
-                 ) -> Callable[[Request], Awaitable[Response | StreamResponse]]:
-        async def run(request: Request) -> Response | StreamResponse:
-            try:
-                return await handle(request)
-            except InvalidRequest as e:
-                return answer(400, str(e))
-            except NotFound as e:
-                return answer(404, str(e))
-            except Forbidden as e:  # the API's outcome: code 403 in an HTTP 200
-                return Response(200, orjson.dumps({"code": 403, "msg": str(e)}))
-            except LimitReached as e:
-                return answer(429, str(e))
-            except Unavailable as e:
-                return answer(503, str(e))
-        return run
+    def add_routes(self, table: CommandTable) -> None:
+        table.add("POST", PREFIX + "subscribe", self.subscribe, errors=PUSH_ERRORS)
+        table.add("POST", PREFIX + "unsubscribe", self.unsubscribe, errors=PUSH_ERRORS)
+        table.add("GET", PREFIX + "getSubscription", self.get_subscription, errors=PUSH_ERRORS)
 
     def pushers(self, topic: str) -> Pushers:
         pushers = self._pushers()

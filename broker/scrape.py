@@ -31,7 +31,7 @@ from storage.errors import Unavailable
 
 from . import camellia_metrics
 from .backend import Backend
-from .httpd import Response
+from .http_types import Response
 from .metrics import COUNTERS, REQUEST_STATS, Metrics, TopicSelection
 
 # Topics handled between two yields to the event loop.

@@ -22,14 +22,14 @@ import asyncio
 import json
 import logging
 import os
-from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator
 from typing import Any
 
 import aiohttp
-import orjson
 
 from broker.api import answer
-from broker.httpd import Dispatch, Request, Response, StreamResponse
+from broker.commands import CommandTable, ErrorTable
+from broker.http_types import Request, Response, StreamResponse
 from replication import peer_auth, protocol
 from replication.log_stream import serve_catchup
 from storage.errors import InvalidRequest
@@ -44,27 +44,20 @@ log = logging.getLogger("hourglass.cluster")
 MAX_EPOCH_AHEAD = 1000
 
 
-def _malformed_is_400(handler: Callable[[Request], Awaitable[Response]]) -> Dispatch:
-    """A /_cluster/* body that is not its call's message (empty, not
-    msgpack, a field missing or of the wrong type: replication.protocol's
-    InvalidRequest) is the caller's error, answered HTTP 400, not a bug's
-    500 with a traceback."""
-    async def run(request: Request) -> Response:
-        try:
-            return await handler(request)
-        except InvalidRequest as e:
-            return Response(400, orjson.dumps({"code": 400, "msg": str(e)}))
-    return run
+# A /_cluster/* body that is not its call's message (empty, not msgpack, a
+# field missing or of the wrong type: replication.protocol's InvalidRequest)
+# is the caller's error, answered HTTP 400, not a bug's 500 with a traceback.
+PEER_ERRORS: ErrorTable = ((InvalidRequest, 400, 400),)
 
 
 class PeerCalls(NodeParts):
     """(on_snapshot calls make_snapshot, of broker.cluster.snapshots.)"""
 
-    def own_routes(self) -> Sequence[tuple[str, str, Dispatch]]:
+    def add_own_routes(self, table: CommandTable) -> None:
         """The calls peers make (the gate checks their proof: routes.py)."""
-        return [("POST", protocol.FETCH_PATH, _malformed_is_400(self.on_fetch)),
-                ("POST", protocol.POSITION_PATH, _malformed_is_400(self.on_position)),
-                ("GET", protocol.SNAPSHOT_PATH, self.on_snapshot)]
+        table.add("POST", protocol.FETCH_PATH, self.on_fetch, errors=PEER_ERRORS)
+        table.add("POST", protocol.POSITION_PATH, self.on_position, errors=PEER_ERRORS)
+        table.add("GET", protocol.SNAPSHOT_PATH, self.on_snapshot)
 
     async def post(self, node_id: str, call: str, message: dict[str, Any],
                    timeout_s: float = 5.0) -> dict[str, Any]:
@@ -87,7 +80,7 @@ class PeerCalls(NodeParts):
         return None
 
     async def on_fetch(self, request: Request) -> Response:
-        message = protocol.parse_fetch(request.body)  # InvalidRequest: 400 (_malformed_is_400)
+        message = protocol.parse_fetch(request.body)  # InvalidRequest: 400 (PEER_ERRORS)
         refused = self._not_a_member(message)
         if refused is not None:
             return refused
@@ -100,7 +93,7 @@ class PeerCalls(NodeParts):
         return Response(200, protocol.pack(result), protocol.CONTENT_TYPE)
 
     async def on_position(self, request: Request) -> Response:
-        message = protocol.parse_position(request.body)  # InvalidRequest: 400 (_malformed_is_400)
+        message = protocol.parse_position(request.body)  # InvalidRequest: 400 (PEER_ERRORS)
         refused = self._not_a_member(message)
         if refused is not None:
             return refused

@@ -18,17 +18,21 @@ forwarded: HTTP 404 on every node (the URL library would have sent
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
+import functools
 import logging
 from collections.abc import Callable, Mapping, Sequence
 
 import aiohttp
-import orjson
 
 from broker.api import answer
-from broker.httpd import Dispatch, Request, Response, StreamResponse
+from broker.commands import Command
+from broker.http_types import Handler, Request, Response, StreamResponse
 from broker.paths import PREFIX
 from broker.scrape import Series
 from replication import peer_auth
+from storage.errors import InvariantError
 
 from .parts import NodeParts
 
@@ -50,10 +54,19 @@ class Routes(NodeParts):
     of its own: API calls forwarded, the peer proof, and its view in
     /health, /metrics and the console."""
 
-    def routed(self, dispatch: Dispatch) -> Dispatch:
-        async def route(request: Request) -> Response | StreamResponse:
-            return await self._route(request, dispatch)
-        return route
+    def routed(self, command: Command) -> Command:
+        """An API command (under PREFIX) served here while this node leads,
+        else forwarded (`_route`); the others as they are."""
+        if not command.path.startswith(PREFIX):
+            return command
+        if has_dot_segment(command.path):
+            # The URL library that forwards would remove the dot segments
+            # (/camellia/delayQueue/../../_cluster/snapshot is sent as
+            # /_cluster/snapshot): no such path is forwarded. A request's
+            # path is its command's exactly, so checking the table's paths
+            # checks every request's (any other path is answered 404).
+            raise InvariantError(f"{command.path} has a dot segment: forwarding would change it")
+        return dataclasses.replace(command, handler=functools.partial(self._route, command.handler))
 
     def peer_proof(self) -> Callable[[Request], bool] | None:
         """/_cluster/* needs the cluster secret's proof (the client token is
@@ -67,21 +80,17 @@ class Routes(NodeParts):
             return peer_auth.is_peer(secret, request.headers.get(peer_auth.HEADER.lower()))
         return is_peer
 
-    async def _route(self, request: Request, dispatch: Dispatch) -> Response | StreamResponse:
-        """API calls: served here while this node leads, else forwarded."""
-        if not request.path.startswith(PREFIX):
-            return await dispatch(request)
-        if has_dot_segment(request.path):
-            # The URL library that forwards would remove the dot segments
-            # (/camellia/delayQueue/../../_cluster/snapshot is sent as
-            # /_cluster/snapshot): no such path is forwarded, or served.
-            return Response(404, orjson.dumps({"code": 404, "msg": "Not Found: a path with a . or .. segment"}))
+    async def _route(self, serve: Handler, request: Request) -> Response | StreamResponse:
+        """An API call: served here (`serve`) while this node leads, else
+        forwarded (its path is its command's: no dot segment, `routed`)."""
         if self.leads and self.broker is not None and not self.stopping:
-            return await dispatch(request)
+            return await serve(request)
         leader = None if self.stopping else self.known_leader()
         if leader is None or leader == self.cluster.node_id:
             return answer(503, "no leader is known yet; retry", leader=None)
-        return await self._forward(request, leader)
+        # in a Task of its own: aiohttp's client asks for the current Task,
+        # and this may run in the connection's frame (broker.httpd)
+        return await asyncio.ensure_future(self._forward(request, leader))
 
     async def _forward(self, request: Request, leader: str) -> Response:
         url = self.cluster.peers[leader].http_url + request.path_qs

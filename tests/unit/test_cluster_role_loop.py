@@ -34,7 +34,7 @@ from broker.cluster.handover import HANDOVER_TIMEOUT_S
 from broker.cluster.role_loop import POLL_S, POSITION_TIMEOUT_S
 from broker.config import ServeConfig
 from broker.disk_broker import Broker
-from broker.httpd import Request
+from broker.http_types import Request
 from replication import protocol, snapshot
 from replication.config import ClusterConfig, Peer
 from replication.epochs import Epochs

@@ -10,35 +10,35 @@ import urllib.parse
 import orjson
 from fakes import FakeClock
 
-from broker.api import Router, answer, console_auth, console_entry
+from broker.api import answer, console_auth, console_entry
+from broker.commands import CommandTable
 from broker.console_login import ConsoleLogin
 from broker.console_sessions import ConsoleConfig, ConsoleSessions
 from broker.gate import Gate
-from broker.httpd import Request, Response
+from broker.http_types import Request, Response
 
 TOKEN = "t0ken"
 FORM = {"content-type": "application/x-www-form-urlencoded"}
 
 
 class Node:
-    """A router with a console page, one API path and the login, behind
-    the gate and console_entry, as broker.server builds them; `api_seen` keeps what the API
-    path was called with."""
+    """A command table with a console page (behind console_entry), one API
+    path and the login, behind the gate, as broker.node_base builds them;
+    `api_seen` keeps what the API path was called with."""
 
     def __init__(self, token: str | None = TOKEN, ttl_s: float = 60) -> None:
         self.clock = FakeClock(now_ms=5_000)
         self.sessions = ConsoleSessions(ConsoleConfig(session_ttl_s=ttl_s), self.clock)
         self.api_seen: list[Request] = []
-        router = Router()
-        router.add("GET", "/console", self.page)
-        router.add("GET", "/console/api/topics", self.page)
-        router.add("POST", "/camellia/delayQueue/getMsg", self.api)
-        router.add("GET", "/camellia/delayQueue/listDeadMsg", self.api)
-        ConsoleLogin(token, self.sessions, router.dispatch).add_routes(router)
-        gate = Gate(router, lambda method, path: 1 << 20, token,
+        table = CommandTable(1 << 20)
+        table.add("GET", "/console", console_entry(token, self.sessions, self.page))
+        table.add("GET", "/console/api/topics", self.page)
+        table.add("POST", "/camellia/delayQueue/getMsg", self.api)
+        table.add("GET", "/camellia/delayQueue/listDeadMsg", self.api)
+        ConsoleLogin(token, self.sessions, table.call).add_routes(table)
+        gate = Gate(table, token,
                     console_auth=None if token is None else console_auth(self.sessions))
         self.admit = gate.admit
-        self.handler = console_entry(token, self.sessions, router.dispatch)
 
     async def page(self, request: Request) -> Response:
         return answer(200, "success", path=request.path)
@@ -53,7 +53,7 @@ class Node:
         verdict = self.admit(request)  # on the head, as broker.httpd asks
         if isinstance(verdict, Response):
             return verdict
-        return asyncio.run(self.handler(request))
+        return asyncio.run(verdict.handler(request))
 
     def login(self, token: str = TOKEN) -> Response:
         return self.call("POST", "/console/login", FORM, urllib.parse.urlencode({"token": token}).encode())

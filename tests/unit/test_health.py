@@ -1,11 +1,15 @@
-"""broker.health: camellia's online/offline switch, on a fake monotonic clock."""
+"""broker.health: camellia's online/offline switch, on a fake monotonic
+clock; its count of API calls kept by the frame that runs each request
+(broker.httpd, a real HttpServer over loopback)."""
 
 import asyncio
 
 import orjson
 
+from broker.commands import CommandTable
 from broker.health import ServingStatus
-from broker.httpd import Request, Response
+from broker.http_types import Request, Response
+from broker.httpd import HttpServer
 
 
 class FakeClock:
@@ -43,16 +47,32 @@ def test_only_api_posts_keep_the_node_busy():
     clock = FakeClock()
     s = ServingStatus(5, "/api/", now_s=clock)
     clock.s += 5
+    in_flight: list[int] = []  # what each handler saw
 
     async def handler(request):
-        assert s.in_flight == (1 if request.method == "POST" and request.path.startswith("/api/") else 0)
+        in_flight.append(s.in_flight)
         clock.s += 3
+        await asyncio.sleep(0)  # (waits: the count holds across a Task's resumption)
         return Response(200)
-    tracked = s.track(handler)
-    call(tracked, "GET", "/api/getMonitorData")
-    call(tracked, "POST", "/metrics")
-    assert s.is_idle()
-    call(tracked, "POST", "/api/sendMsg")
+    table = CommandTable(1024, s)
+    for method, path in (("GET", "/api/getMonitorData"), ("POST", "/metrics"), ("POST", "/api/sendMsg")):
+        table.add(method, path, handler, inline=True)
+
+    async def serve(*requests: tuple[str, str]) -> None:
+        server = HttpServer(lambda request: table.commands[(request.method, request.path)])
+        await server.start("127.0.0.1", 0)
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        for method, path in requests:
+            writer.write(f"{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n".encode())
+            head = await reader.readuntil(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 200 ")
+        writer.close()
+        await writer.wait_closed()
+        await server.close(1)
+    asyncio.run(serve(("GET", "/api/getMonitorData"), ("POST", "/metrics")))
+    assert in_flight == [0, 0] and s.is_idle()
+    asyncio.run(serve(("POST", "/api/sendMsg")))
+    assert in_flight == [0, 0, 1]
     assert s.in_flight == 0 and not s.is_idle()  # idle counts from the end of the last call
     clock.s += 5
     assert s.is_idle()

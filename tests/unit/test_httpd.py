@@ -10,14 +10,9 @@ import os
 import resource
 import socket
 
-from broker.httpd import (
-    EMFILE_PAUSE_S,
-    HttpServer,
-    Limits,
-    Request,
-    Response,
-    StreamResponse,
-)
+from broker.commands import Auth, Command
+from broker.http_types import Request, Response, StreamResponse
+from broker.httpd import EMFILE_PAUSE_S, HttpServer, Limits
 
 
 @contextlib.contextmanager
@@ -32,7 +27,10 @@ def _nofile_limit(soft: int):
         resource.setrlimit(resource.RLIMIT_NOFILE, old)
 
 
-async def _serve(limits: Limits | None = None, cap: int = 1024, slow: asyncio.Event | None = None):
+async def _serve(limits: Limits | None = None, cap: int = 1024, slow: asyncio.Event | None = None,
+                 inline: bool = True):
+    """A server whose one command (every path) answers with the request it
+    got; `inline`: the command starts in the connection's frame."""
     seen: list[Request] = []
 
     async def dispatch(request: Request):
@@ -49,7 +47,8 @@ async def _serve(limits: Limits | None = None, cap: int = 1024, slow: asyncio.Ev
         return Response(200, json.dumps({"path": request.path, "query": request.query.decode(),
                                          "body": request.body.decode()}).encode())
 
-    server = HttpServer(dispatch, lambda request: cap, limits or Limits())
+    command = Command("*", "*", dispatch, cap, Auth.OPEN, inline=inline)
+    server = HttpServer(lambda request: command, limits or Limits())
     await server.start("127.0.0.1", 0)
     return server, seen
 
@@ -329,3 +328,83 @@ def test_http_1_0_closes_after_the_answer():
         await _stop(server)
         return status, headers.get("connection"), rest
     assert asyncio.run(main()) == (200, "close", b"")
+
+
+def _tasks_seen() -> tuple[dict[str, list[object]], Command, Command]:
+    """An inline and a Task command, each noting the current Task of its
+    handler before and after its wait (`seen[path]`)."""
+    seen: dict[str, list[object]] = {}
+
+    async def handler(request: Request) -> Response:
+        noted = seen.setdefault(request.path, [])
+        noted.append(asyncio.current_task())
+        if request.path == "/future":  # waits on a future set at a later turn of the loop
+            future = asyncio.get_running_loop().create_future()
+            asyncio.get_running_loop().call_later(0.01, future.set_result, b"later")
+            body = await future
+        elif request.path == "/yield":  # a bare yield
+            await asyncio.sleep(0)
+            body = b"yielded"
+        elif request.path == "/fail-later":
+            await asyncio.sleep(0)
+            raise RuntimeError("a bug after a wait")
+        elif request.path == "/timeout":  # asks for the current Task before it waits
+            async with asyncio.timeout(5):
+                await asyncio.sleep(0)
+            body = b"in time"
+        else:
+            body = b"now"
+        noted.append(asyncio.current_task())
+        return Response(200, body)
+    return (seen, Command("*", "*", handler, 1024, Auth.OPEN, inline=True),
+            Command("*", "*", handler, 1024, Auth.OPEN, inline=False))
+
+
+def test_an_inline_command_answers_in_the_connections_frame_and_a_task_goes_on_once_it_waits():
+    async def main():
+        seen, inline, _ = _tasks_seen()
+        server = HttpServer(lambda request: inline)
+        await server.start("127.0.0.1", 0)
+        reader, writer = await _connect(server.port)
+        paths = ["/now", "/future", "/yield", "/fail-later", "/timeout", "/now"]
+        writer.write(b"".join(f"GET {path} HTTP/1.1\r\n\r\n".encode() for path in paths))  # pipelined
+        answers = [await _read_response(reader) for _ in paths]
+        await _stop(server)
+        return seen, answers
+    seen, answers = asyncio.run(main())
+    assert [(status, body) for status, _, body in answers[:3]] == [(200, b"now"), (200, b"later"), (200, b"yielded")]
+    assert [status for status, _, _ in answers[3:]] == [500, 500, 200]  # the timeout needs a Task from the start
+    assert seen["/now"] == [None, None, None, None]  # answered without a Task, twice
+    for path in ("/future", "/yield"):
+        before, after = seen[path]
+        assert before is None and isinstance(after, asyncio.Task)  # the frame itself, continued by a Task
+    assert seen["/timeout"] == [None]
+
+
+def test_a_command_not_inline_runs_in_a_task_from_the_start():
+    async def main():
+        seen, _, in_task = _tasks_seen()
+        server = HttpServer(lambda request: in_task)
+        await server.start("127.0.0.1", 0)
+        reader, writer = await _connect(server.port)
+        writer.write(b"GET /now HTTP/1.1\r\n\r\nGET /timeout HTTP/1.1\r\n\r\n")
+        answers = [await _read_response(reader) for _ in range(2)]
+        await _stop(server)
+        return seen, answers
+    seen, answers = asyncio.run(main())
+    assert [(status, body) for status, _, body in answers] == [(200, b"now"), (200, b"in time")]
+    assert all(isinstance(task, asyncio.Task) for path in ("/now", "/timeout") for task in seen[path])
+
+
+def test_pipelined_inline_requests_past_a_parsing_slice_are_all_answered_in_order():
+    async def main():
+        server, seen = await _serve()
+        reader, writer = await _connect(server.port)
+        count = 400  # about 10 KiB of heads: several of the parser's slices
+        writer.write(b"".join(b"GET /p%d HTTP/1.1\r\nHost: x\r\n\r\n" % i for i in range(count)))
+        answers = [await _read_response(reader) for _ in range(count)]
+        await _stop(server)
+        return answers, seen
+    answers, seen = asyncio.run(main())
+    assert [json.loads(body)["path"] for _, _, body in answers] == [f"/p{i}" for i in range(400)]
+    assert len(seen) == 400

@@ -1,15 +1,18 @@
 """broker.node_base.NodeBase, in process on a fake clock: /health's
 states in their order, the app a node's own routes, `routed` and peer
-proof make, and the API's backend swapped by the node (serve_with,
-stop_serving) with going offline waking whichever one serves."""
+proof make (served by a real HttpServer over loopback), and the API's
+backend swapped by the node (serve_with, stop_serving) with going offline
+waking whichever one serves."""
 
 import asyncio
+import dataclasses
 
 import orjson
 from fakes import FakeClock
 
 from broker.config import ServeConfig
-from broker.httpd import Request, Response
+from broker.http_types import Request, Response
+from broker.httpd import HttpServer
 from broker.metrics import Metrics
 from broker.node_base import NodeBase
 
@@ -48,16 +51,16 @@ class Node(NodeBase):
     def node_series(self) -> list[tuple[str, str, float]]:
         return [("test_gauge", "gauge", 1)]
 
-    def own_routes(self):
+    def add_own_routes(self, table):
         async def call(request: Request) -> Response:
             return Response(200, b"peer call")
-        return [("POST", "/_cluster/call", call)]
+        table.add("POST", "/_cluster/call", call)
 
-    def routed(self, dispatch):
+    def routed(self, command):
         async def route(request: Request):
             self.routed_paths.append(request.path)
-            return await dispatch(request)
-        return route
+            return await command.handler(request)
+        return dataclasses.replace(command, handler=route)
 
     def peer_proof(self):
         if not self.peers:
@@ -71,12 +74,24 @@ def health(node: Node) -> tuple[int, dict]:
 
 
 def call(node: Node, method: str, path: str, headers: dict | None = None) -> Response:
-    request = Request(method, path, b"", {"host": "127.0.0.1", **(headers or {})}, b"", None)
-    dispatch, admit = node.app()
-    verdict = admit(request)
-    if isinstance(verdict, Response):
-        return verdict
-    return asyncio.run(dispatch(request))
+    """One request to the node's app, served by an HttpServer on loopback."""
+    async def main() -> Response:
+        server = HttpServer(node.app().admit)
+        await server.start("127.0.0.1", 0)
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+            lines = [f"{method} {path} HTTP/1.1", "Host: 127.0.0.1", "Content-Length: 0",
+                     *(f"{k}: {v}" for k, v in (headers or {}).items())]
+            writer.write(("\r\n".join(lines) + "\r\n\r\n").encode())
+            head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
+            length = next(int(line.partition(":")[2]) for line in head if line.lower().startswith("content-length:"))
+            response = Response(int(head[0].split(" ")[1]), await reader.readexactly(length))
+            writer.close()
+            await writer.wait_closed()
+            return response
+        finally:
+            await server.close(1)
+    return asyncio.run(main())
 
 
 def test_health_is_degraded_then_failed_then_offline_then_ok():
