@@ -200,29 +200,34 @@ class Api:
 
     # -- endpoints --------------------------------------------------------------------
 
+    # The message requests (send ... get) call the backend's part that
+    # serves them (`requests`), not the backend's methods that forward to it.
+
     async def send(self, request: Request) -> Response:
         backend = self.backend
-        send = params.parse_send(self._params(request), now_ms=backend.clock.now_ms(), make_id=new_msg_id,
+        now_ms = backend.clock.now_ms()
+        send = params.parse_send(self._params(request), now_ms=now_ms, make_id=new_msg_id,
                                  defaults=backend.defaults, max_msg_bytes=self.max_msg_bytes)
-        stored, = await backend.send([send])
+        stored, = await backend.requests.send([send], now_ms)
         return answer(200, "success", delayMsg=delay_msg(stored))
 
     async def send_batch(self, request: Request) -> Response:
         backend = self.backend
+        now_ms = backend.clock.now_ms()
         batch = params.parse_send_batch_body(request.body, request.content_type, limits=self.bodies,
-                                             now_ms=backend.clock.now_ms(), make_id=new_msg_id,
+                                             now_ms=now_ms, make_id=new_msg_id,
                                              defaults=backend.defaults, max_msg_bytes=self.max_msg_bytes)
-        stored = await backend.send(batch)
+        stored = await backend.requests.send(batch, now_ms)
         return answer(200, "success", delayMsgList=[delay_msg(m) for m in stored])
 
     async def delete(self, request: Request) -> Response:
-        await self.backend.delete(params.parse_delete(self._params(request)))
+        await self.backend.requests.delete(params.parse_delete(self._params(request)))
         return answer(200, "success")
 
     async def pull(self, request: Request) -> Response:
         backend = self.backend
         pull = params.parse_pull(self._params(request), backend.defaults)
-        return answer(200, "success", delayMsgList=[delay_msg(m) for m in await backend.pull(pull)])
+        return answer(200, "success", delayMsgList=[delay_msg(m) for m in await backend.requests.pull(pull)])
 
     async def long_poll(self, request: Request) -> Response:
         backend = self.backend
@@ -231,22 +236,22 @@ class Api:
         if self.serving is not None:  # going offline answers it now, as if the client had gone
             ended = self.serving.ends_long_poll()
             gone = lambda: request.gone() or ended()  # noqa: E731
-        return answer(200, "success", delayMsgList=[delay_msg(m) for m in await backend.long_poll(poll, gone)])
+        return answer(200, "success", delayMsgList=[delay_msg(m) for m in await backend.requests.long_poll(poll, gone)])
 
     async def ack(self, request: Request) -> Response:
         backend = self.backend
         ack = params.parse_ack(self._params(request))
         if isinstance(ack, params.AckManyRequest):
-            after = await backend.ack_many(ack.topic, ack.msg_ids, ack.ack)
+            after = await backend.requests.ack_many(ack.topic, ack.msg_ids, ack.ack)
             return answer(200, "success", results=[
                 {"msgId": msg_id, "status": None if status is None else int(status)}
                 for msg_id, status in zip(ack.msg_ids, after)])
-        await backend.ack(ack)
+        await backend.requests.ack(ack)
         return answer(200, "success")
 
     async def get(self, request: Request) -> Response:
         get = params.parse_get(self._params(request))
-        return answer(200, "success", delayMsg=delay_msg(await self.backend.get(get.topic, get.msg_id)))
+        return answer(200, "success", delayMsg=delay_msg(await self.backend.requests.get(get.topic, get.msg_id)))
 
     async def reschedule(self, request: Request) -> Response:
         backend = self.backend

@@ -1,8 +1,10 @@
 """What the HTTP API (broker.api) needs of a backend, and what every
 backend shares.
 
-`Backend` is the protocol `broker.api.Api` types against. Two classes
-implement it: the disk `broker.disk_broker.Broker` (the lifecycle of
+`Backend` is the protocol `broker.api.Api` types against; its `requests`
+(`MessageRequests`) is the part the API's hot paths (send, pull, ack...)
+call directly, with no forwarding frame between. Two classes implement
+it: the disk `broker.disk_broker.Broker` (the lifecycle of
 docs/api.md over the commit log and the timing wheel) and `broker.redis.backend.RedisBroker`
 (the same lifecycle in Redis, one Lua script per transition). Both answer
 the same calls with the same outcomes: a message, a list, or one of the
@@ -40,6 +42,27 @@ def new_msg_id() -> str:
     return os.urandom(16).hex()
 
 
+class MessageRequests(Protocol):
+    """A backend's message requests, as the API calls them (the disk
+    broker's part broker.requests.Requests; the Redis broker answers them
+    itself). `now_ms` is the time a send is stored at: the one its
+    parameters were read at."""
+
+    async def send(self, sends: Sequence[NewSend], now_ms: int) -> list[Message]: ...
+
+    async def pull(self, request: PullRequest | LongPollRequest) -> list[Message]: ...
+
+    async def long_poll(self, request: LongPollRequest, gone: Callable[[], bool]) -> list[Message]: ...
+
+    async def ack(self, request: AckRequest) -> None: ...
+
+    async def ack_many(self, topic: str, msg_ids: Sequence[str], ack: bool = True) -> list[Status | None]: ...
+
+    async def delete(self, request: DeleteRequest) -> None: ...
+
+    async def get(self, topic: str, msg_id: str) -> Message: ...
+
+
 class Backend(Protocol):
     """The queues behind the HTTP API. Every method runs on the event loop;
     each request method raises Unavailable once `begin_stop()` was called."""
@@ -48,6 +71,12 @@ class Backend(Protocol):
     defaults: Defaults  # what a request leaves out
     metrics: Metrics
     on_fatal: Callable[[BaseException], None] | None  # called once when it stops itself
+
+    @property
+    def requests(self) -> MessageRequests:
+        """What answers send, pull, long poll, ack, delete and get (the
+        methods below of those names forward to it): the API calls it."""
+        ...
 
     @property
     def failed(self) -> BaseException | None:

@@ -35,7 +35,8 @@ order they depend on one another (each takes only parts built before it):
                   releases to `releaser`
     span_mover    SpanMover: files far-future spans' messages nearer
     topics        Topics: topic names, the --max-topics cap, TopicInfo
-    requests      Requests: send, pull, long poll, ack, delete, get
+    requests      Requests: send, pull, long poll, ack, delete, get (the
+                  API calls it directly: broker.backend.MessageRequests)
     dead_letters  DeadLetters: reschedule, listDeadMsg, redrive
     bulk          Bulk: listMsg, deleteMsgs, rescheduleMsgs (broker.bulk)
 
@@ -122,9 +123,9 @@ class Broker:
                                   persist_tick=self._releaser.persist_tick)
         self._span_mover = SpanMover(store, clock, self._lifecycle, self.commits, self._filing.span_filed)
         self._topics = Topics(store, clock, self.commits, self._windows, limits)
-        self._requests = Requests(store, clock, metrics, self._lifecycle, self._long_polls, self._journal,
-                                  self.commits, self._filing, self._windows, self._releaser, self._topics,
-                                  pull_waits=replicated is not None)
+        self.requests = Requests(store, clock, metrics, self._lifecycle, self._long_polls, self._journal,
+                                 self.commits, self._filing, self._windows, self._releaser, self._topics,
+                                 pull_waits=replicated is not None)
         self._dead_letters = DeadLetters(store, clock, metrics, self._lifecycle, self._journal, self.commits,
                                          self._filing, self._windows, self._releaser, self._topics)
         self._bulk = Bulk(store, clock, metrics, self._lifecycle, self._journal, self.commits, self._filing,
@@ -215,32 +216,32 @@ class Broker:
 
     async def send(self, sends: Sequence[NewSend | NewMessage]) -> list[Message]:
         """Store new messages; answered once durable (Requests.send)."""
-        return await self._requests.send(as_sends(sends), self.clock.now_ms())
+        return await self.requests.send(as_sends(sends), self.clock.now_ms())
 
     async def pull(self, request: PullRequest | LongPollRequest) -> list[Message]:
         """Up to `batch` READY messages of the topic, now CONSUMING."""
-        return await self._requests.pull(request)
+        return await self.requests.pull(request)
 
     async def long_poll(self, request: LongPollRequest, gone: Callable[[], bool] = lambda: False) -> list[Message]:
         """As pull, waiting up to the timeout for a READY message; `gone()`:
         the client hung up (nothing is taken)."""
-        return await self._requests.long_poll(request, gone)
+        return await self.requests.long_poll(request, gone)
 
     async def ack(self, request: AckRequest) -> None:
         """Ack (-> ACKED) or nack (-> READY, or ENDED) one message."""
-        await self._requests.ack(request)
+        await self.requests.ack(request)
 
     async def ack_many(self, topic: str, msg_ids: Sequence[str], ack: bool = True) -> list[Status | None]:
         """`ack` of each id, one record; each one's status after it (None: unknown)."""
-        return await self._requests.ack_many(topic, msg_ids, ack)
+        return await self.requests.ack_many(topic, msg_ids, ack)
 
     async def delete(self, request: DeleteRequest) -> None:
         """A live message -> DELETED; NotFound for an unknown or ended one."""
-        await self._requests.delete(request)
+        await self.requests.delete(request)
 
     async def get(self, topic: str, msg_id: str) -> Message:
         """The message as committed; NotFound if there is none."""
-        return await self._requests.get(topic, msg_id)
+        return await self.requests.get(topic, msg_id)
 
     async def reschedule(self, topic: str, msg_id: str, trigger_ms: int) -> Message:
         """A WAITING or READY message gets a new trigger time; else Conflict."""

@@ -145,6 +145,7 @@ class RedisBroker(RedisRequests):
         self._scripts = {name: client.register_script(source) for name, source in SCRIPTS.items()}
         self._bulk = RedisBulk(client, self.config, metrics, self.lifecycle, self.keys, self._script, self._problem,
                                REDIS_ERRORS, clock.now_ms, self._bulk_moved)
+        self.requests: RedisRequests = self  # it answers the message requests itself (broker.backend)
 
     @classmethod
     def from_url(cls, url: str, clock: Clock, defaults: Defaults, metrics: Metrics,

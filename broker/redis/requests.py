@@ -99,11 +99,12 @@ class RedisRequests:
 
         async def _publish(self, topic: str) -> None: ...
 
-    async def send(self, sends: Sequence[NewSend | NewMessage]) -> list[Message]:
+    async def send(self, sends: Sequence[NewSend | NewMessage], now_ms: int | None = None) -> list[Message]:
         """Store new messages (a duplicate id of a live message, also earlier
         in the batch, answers the stored message, unchanged; an ended one is
         replaced unless the send is strict). One atomic script per topic. A
-        message due already is answered READY (or EXPIRED), as it is stored."""
+        message due already is answered READY (or EXPIRED), as it is stored.
+        `now_ms`: the time they are stored at (None: the clock's now)."""
         self.lifecycle.check_serving()
         if not sends:
             return []
@@ -114,7 +115,8 @@ class RedisRequests:
                                         "them rather than deliver a key's messages at once (for per-key serial "
                                         "consumption on Redis, see broker.redis.rmq)")
         strict = {i for i, s in enumerate(sends) if s.strict}
-        now_ms = self.clock.now_ms()
+        if now_ms is None:
+            now_ms = self.clock.now_ms()
         new_topics = {n.topic for n in batch} - self._state.registered
         if new_topics:
             await self._register(new_topics)  # LimitReached past --max-topics: nothing stored
