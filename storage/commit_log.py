@@ -289,11 +289,11 @@ class CommitLog:
         (at once under FsyncPolicy.ALWAYS)."""
         frame_bytes = FRAME_HEADER_BYTES + len(body)
         seg = self._segments[-1]
-        if seg.write_pos + frame_bytes > seg.capacity:
+        if seg.write_pos + frame_bytes > len(seg.mm):  # (seg.capacity, written out: the send path)
             seg = self._roll(frame_bytes)
-        offset = seg.end_offset
-        frame = encode_frame(body, seg.seed(offset))
         pos = seg.write_pos
+        offset = seg.base_offset + pos - seg.header_bytes  # seg.end_offset
+        frame = encode_frame(body, frame_seed(seg.salt, offset) if seg.version >= 2 else 0)  # seg.seed(offset)
         if pos + len(frame) > seg.allocated:
             seg.reserve(pos + len(frame))
         seg.mm[pos:pos + len(frame)] = frame
@@ -306,13 +306,14 @@ class CommitLog:
         """At most how many disk bytes appending a record of `body_bytes`
         would newly reserve (0 when its blocks are reserved already)."""
         seg = self._segments[-1]
+        capacity = len(seg.mm)
         end = seg.write_pos + FRAME_HEADER_BYTES + body_bytes
-        if end > seg.capacity:  # a new segment
+        if end > capacity:  # a new segment
             return HEADER_BYTES + ALLOCATE_STEP_BYTES + FRAME_HEADER_BYTES + body_bytes
         if end <= seg.allocated:
             return 0
         start = max(seg.allocated, seg.write_pos - seg.write_pos % PAGE_BYTES)
-        return min(seg.capacity, max(end, start + ALLOCATE_STEP_BYTES)) - start
+        return min(capacity, max(end, start + ALLOCATE_STEP_BYTES)) - start
 
     def sync(self) -> None:
         """Make every appended record durable (no-op under NEVER)."""

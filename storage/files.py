@@ -17,6 +17,7 @@ from __future__ import annotations
 import mmap
 import os
 import resource
+from collections.abc import Iterable
 
 from .disk import DISK, Disk
 from .fileutil import FILE_MODE, PAGE_BYTES
@@ -35,6 +36,12 @@ class PlainFile:
 
     def write(self, offset: int, data: bytes | bytearray) -> None:
         os.pwrite(self.fd, data, offset)
+
+    def write_many(self, writes: Iterable[tuple[int, bytes]]) -> None:
+        """`write` of each (offset, data)."""
+        fd, pwrite = self.fd, os.pwrite
+        for offset, data in writes:
+            pwrite(fd, data, offset)
 
     def file_bytes(self) -> int:
         return os.fstat(self.fd).st_size
@@ -86,11 +93,23 @@ class MappedFile:
             self._grow(end)
         self.mm[offset:end] = data
 
-    def reserve(self, size_bytes: int) -> None:
+    def write_many(self, writes: Iterable[tuple[int, bytes]]) -> None:
+        """`write` of each (offset, data): small writes (slots, states) in one call."""
+        for offset, data in writes:
+            end = offset + len(data)
+            if end > len(self.mm):
+                self._grow(end)
+            self.mm[offset:end] = data
+
+    def reserve(self, size_bytes: int) -> int:
         """Grow now so that writes up to `size_bytes` need no new disk blocks
-        (OSError ENOSPC here, instead of in the write)."""
-        if size_bytes > len(self.mm):
-            self._grow(size_bytes)
+        (OSError ENOSPC here, instead of in the write); returns the bytes
+        the file grew by (0: it held them already)."""
+        before = len(self.mm)
+        if size_bytes <= before:
+            return 0
+        self._grow(size_bytes)
+        return len(self.mm) - before
 
     def _grow(self, needed_bytes: int) -> None:
         capacity = len(self.mm)

@@ -131,13 +131,13 @@ class Hour:
             files.write_entries(self.written, self._entries_buf)
             self.written = self.applied
             self._entries_buf = bytearray()
-        for second, (last, count) in self._slots.items():
-            files.write_slot(second, last, count)
-        self._known_slots.update(self._slots)
-        self._slots.clear()
-        for gi, mutable in self._states.items():
-            files.write_state_bytes(gi, mutable)
-        self._states.clear()
+        if self._slots:
+            files.write_slots(self._slots.items())
+            self._known_slots.update(self._slots)
+            self._slots.clear()
+        if self._states:
+            files.write_states(self._states.items())
+            self._states.clear()
 
     @property
     def dirty(self) -> bool:

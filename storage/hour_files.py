@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from array import array
+from collections.abc import Iterable
 
 from . import delay_index, delay_log, second_table
 from .disk import DISK, Disk
@@ -105,6 +106,11 @@ class HourFiles:
         """Overwrite an entry's status, flags and retry (delay_index.MUTABLE)."""
         self.idx.write(delay_index.entry_offset(global_index) + delay_index.MUTABLE_OFFSET, mutable)
 
+    def write_states(self, states: Iterable[tuple[int, bytes]]) -> None:
+        """`write_state_bytes` of each (globalIndex, mutable bytes), in one call."""
+        first, size = delay_index.entry_offset(0) + delay_index.MUTABLE_OFFSET, delay_index.ENTRY_BYTES
+        self.idx.write_many([(first + gi * size, mutable) for gi, mutable in states])
+
     # -- delay log ------------------------------------------------------------
 
     def read_body(self, log_offset8: int, size: int) -> bytes:
@@ -124,25 +130,25 @@ class HourFiles:
         self.sec.write(second_table.slot_offset(second),
                        second_table.pack_slot(second, last_global_index, count))
 
+    def write_slots(self, slots: Iterable[tuple[int, tuple[int, int]]]) -> None:
+        """`write_slot` of each (second, (last, count)), in one call."""
+        self.sec.write_many(second_table.packed_slots(slots))
+
     def counts(self) -> array[int]:
         """Entries per second of the hour (3600 values, storage.second_table)."""
         return second_table.counts(self.sec.read(0, second_table.FILE_BYTES))
 
     # -- lifetime ---------------------------------------------------------------
 
-    def reserve(self, entries: int, log_bytes: int) -> None:
+    def reserve(self, entries: int, log_bytes: int) -> int:
         """Mapped files: grow them now to hold `entries` entries and
         `log_bytes` of delay log, so applying them needs no disk room (a
-        full disk raises OSError here). Plain files need nothing: a pwrite
-        on a full disk fails cleanly."""
-        if isinstance(self.log, MappedFile) and isinstance(self.idx, MappedFile):  # (both, or neither)
-            log_size, idx_size = self.exact_sizes(entries, log_bytes)
-            self.log.reserve(log_size)
-            self.idx.reserve(idx_size)
-
-    def mapped_bytes(self) -> int:
-        """Bytes the mapped log and index files hold (grown by `reserve`); 0 when not mapped."""
-        return self.log.file_bytes() + self.idx.file_bytes() if self.mapped else 0
+        full disk raises OSError here); returns the bytes they grew by.
+        Plain files need nothing: a pwrite on a full disk fails cleanly."""
+        log, idx = self.log, self.idx
+        if isinstance(log, MappedFile) and isinstance(idx, MappedFile):  # (both, or neither)
+            return log.reserve(delay_log.HEADER_BYTES + log_bytes) + idx.reserve(delay_index.entry_offset(entries))
+        return 0
 
     def exact_sizes(self, entries: int, log_bytes: int) -> tuple[int, int]:
         return delay_log.HEADER_BYTES + log_bytes, delay_index.entry_offset(entries)

@@ -225,11 +225,13 @@ class HourTable:
             return
         staged = 0
         if not everything:
-            staged = sum(h.staged_bytes for h in self._dirty)
+            for h in self._dirty:
+                staged += h.staged_bytes
             everything = staged > STAGE_LIMIT_BYTES
+        near = self._near
         for h in list(self._dirty):
-            if everything or h.hour in self._near:
-                h.flush(self.files(h))
+            if everything or h.hour in near:
+                h.flush(h.files if h.files is not None and h.files.mapped else self.files(h))
                 self._dirty.discard(h)
         self._staged_bytes = 0 if everything else staged
 

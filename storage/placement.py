@@ -100,11 +100,12 @@ class Placement:
         undo_hours: UndoHours = {}
         undo_slots: UndoSlots = {}
         undo_ids: list[int] = []
+        near: list[Hour] = []  # the near hours' files it writes to
         try:
-            far_bytes = self._send_items(batch, now_ms, results, items, undo_hours, undo_slots, undo_ids)
+            far_bytes = self._send_items(batch, now_ms, results, items, undo_hours, undo_slots, undo_ids, near)
             if items:
                 body = records.encode(records.Kind.SEND, now_ms, items)
-                self.reserve_room(undo_hours, far_bytes, len(body))
+                self.reserve_room(near, far_bytes, len(body))
                 self._pending.append(body, records.Kind.SEND, now_ms, items, far_bytes)
         except BaseException:
             self.undo(undo_hours, undo_slots, undo_ids)
@@ -127,10 +128,11 @@ class Placement:
 
     def _send_items(self, batch: Sequence[NewMessage], now_ms: int, results: list[SendResult],
                     items: list[records.SendItem], undo_hours: UndoHours, undo_slots: UndoSlots,
-                    undo_ids: list[int]) -> int:
+                    undo_ids: list[int], near: list[Hour]) -> int:
         """Place each message of `batch` not stored already (`place` and
         `pend_id` written out: the ingest path's one loop, a Python call
-        a message); returns the bytes the batch will write to far hours."""
+        a message); returns the bytes the batch will write to far hours,
+        and adds the near hours' files it writes to to `near`."""
         reader = self._reader
         pending_ids, slots = self._pending.send_overlays()
         keys = self._ids.keys_of([(m.topic, m.msg_id) for m in batch])
@@ -166,7 +168,9 @@ class Placement:
             filed = files.get(hour)
             if filed is None:
                 filed = files[hour] = file_of(hour, undo_hours)
-            h, near = filed
+                if filed[1] and filed[0] not in near:
+                    near.append(filed[0])
+            h, is_near = filed
             file_id = h.hour
             gi = h.entries
             h.entries = gi + 1
@@ -179,7 +183,7 @@ class Placement:
             frame_size = FRAME_HEADER_BYTES + len(body)
             offset8 = h.log_bytes >> 3
             h.log_bytes += (frame_size + 7) & ~7  # delay_log.padded_bytes, written out (checked above)
-            if not near:
+            if not is_near:
                 far_bytes += frame_size + delay_index.ENTRY_BYTES + 16
             append_item(new(records.SendItem, (file_id, gi, last, count, second, offset8, frame_size, trigger_ms,
                                                m.priority, topic_hash, tag_hash, key, body)))
@@ -270,10 +274,10 @@ class Placement:
         returns their far-hour bytes."""
         table = self._hours
         far_bytes = sum(item.frame_size + delay_index.ENTRY_BYTES + 16 for item in items if not table.is_near(item.hour))
-        self.reserve_room(hours, far_bytes, record_bytes)
+        self.reserve_room([table[hour] for hour in hours if table.is_near(hour)], far_bytes, record_bytes)
         return far_bytes
 
-    def reserve_room(self, hours: Iterable[int], far_bytes: int, record_bytes: int) -> None:
+    def reserve_room(self, near: Iterable[Hour], far_bytes: int, record_bytes: int) -> None:
         """Make sure the writes a record commits the store to will find disk
         room, or refuse it (OSError ENOSPC) before anything is appended: the
         mapped files of near hours are grown now to hold the batch (a write
@@ -281,16 +285,13 @@ class Placement:
         file system must have room for everything else still to be written
         -- far hours' staged bytes, sends appended but not applied, this
         record's `far_bytes` (bytes it writes to far hours), the commit
-        log's next reservation -- plus DISK_HEADROOM_BYTES (storage.disk_room)."""
+        log's next reservation -- plus DISK_HEADROOM_BYTES (storage.disk_room).
+        `near`: the near hours' files the record writes to."""
         table = self._hours
         grown = 0  # bytes the near hours' files took now (a growth doubles a file)
-        for hour in hours:
-            if table.is_near(hour):
-                h = table[hour]
-                files = table.files(h)
-                before = files.mapped_bytes()
-                files.reserve(h.entries, h.log_bytes)
-                grown += files.mapped_bytes() - before
+        for h in near:
+            files = h.files if h.files is not None else table.files(h)
+            grown += files.reserve(h.entries, h.log_bytes)
         need = (table.staged_bytes + self._pending.far_bytes + far_bytes + self._log.allocation_for(record_bytes)
                 + 3 * PAGE_BYTES * (table.dirty_count + 1))
         self._disk_room.check(need, record_bytes + far_bytes + grown)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import struct
 import zlib
 from array import array
+from collections.abc import Iterable
 
 from .errors import CorruptionError
 
@@ -47,6 +48,14 @@ def slot_offset(second: int) -> int:
 
 def pack_slot(second: int, last_global_index: int, count: int) -> bytes:
     return SLOT.pack(last_global_index, count, zlib.crc32(_CRC_INPUT.pack(last_global_index, count, second)), 0)
+
+
+def packed_slots(slots: Iterable[tuple[int, tuple[int, int]]]) -> list[tuple[int, bytes]]:
+    """(slot_offset, pack_slot) of each (second, (last_global_index,
+    count)): a flush's writes, in one call."""
+    crc, crc_input, pack = zlib.crc32, _CRC_INPUT.pack, SLOT.pack
+    return [(HEADER_BYTES + second * SLOT_BYTES, pack(last, count, crc(crc_input(last, count, second)), 0))
+            for second, (last, count) in slots]
 
 
 def unpack_slot(path: str, second: int, raw: bytes) -> tuple[int, int]:
