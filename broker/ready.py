@@ -36,18 +36,17 @@ never the window, and busy keys never crowd out free ones.
 
 from __future__ import annotations
 
-import heapq
-from collections import defaultdict, deque
-from collections.abc import Iterator
+from collections import deque
 from dataclasses import dataclass, field
-
-from sortedcontainers import SortedList
+from heapq import heapify, heappop, heappush
 
 from storage.entry import Location, Message, Status
 from storage.errors import ConfigError
 
 from .bulk_params import DEFAULT_PAGE_BYTES
 from .transitions import MessageState
+
+OrderKey = tuple[int, int, Location]  # (-priority, triggerTime, place): less is pulled first
 
 _new_state = tuple.__new__  # (a MessageState without its Python-level __new__)
 
@@ -102,7 +101,7 @@ class HeldMessage:
     msg_id: str
     topic_hash: int
     serial_key: str  # the message's serial key (docs/api.md, "Tags and serial keys"): "" none
-    key: tuple[int, int, int, int]  # ready-queue order: higher priority, then earlier trigger, then filing
+    key: OrderKey  # pull order: higher priority, then earlier trigger, then filing
     state: MessageState
     # READY in a window: the whole message when its text is short (a pull
     # answers it without reading the disk); None otherwise and once pulled.
@@ -114,7 +113,7 @@ class HeldMessage:
         RAM holds it."""
         location = message.location
         return cls(location, message.topic, message.tag, message.msg_id, topic_hash, message.key,
-                   (-message.priority, message.trigger_ms, location.hour, location.global_index),
+                   (-message.priority, message.trigger_ms, location),
                    _new_state(MessageState, (message.status, message.retry, message.max_retry, message.trigger_ms,
                                              message.ttl_ms, 0)),
                    message if len(message.msg) <= CACHED_MSG_CHARS else None)
@@ -137,25 +136,50 @@ class HeldMessage:
         return self.state.trigger_ms + self.state.ttl_ms
 
 
+# A topic's order heaps are rebuilt from its window once they may hold this
+# many entries more than twice the window (stale ones: TopicQueue).
+ORDER_SLACK = 64
+
+
 @dataclass
 class TopicQueue:
     """One topic's window of ready messages, its count of consuming ones,
     where its spilled ones start, and its serial keys' state. Data that
     broker.windows' ReadyWindows keeps (and alone changes): the methods here
-    are the order's and the places' bookkeeping, no counts of the part's."""
+    are the order's and the places' bookkeeping, no counts of the part's.
+
+    The pull order is `ready` (the unparked window messages by place) and
+    three heaps of their keys, chosen for what a pull and an ack cost:
+    `heap` (the best first: a pull pops it, O(log n) in C), `by_tag` (the
+    same per tag, for a pull by tags) and `worst` (the keys negated: the
+    window's last, which a better arrival evicts when the window is full).
+    Leaving the order is `del ready[place]`, O(1): the heaps keep the
+    entry, stale, and whoever pops one whose place is not in `ready` skips
+    it (an entry twice, after a message left and came back, is the same
+    key: the second pops stale). `entries` bounds what each heap holds;
+    past twice the window and ORDER_SLACK, `rebuild` makes them again from
+    `ready`, O(window) once every window's worth of changes.
+
+    Worked example: a(p0) b(p0) c(p5) enter: heap pops c, a, b in that
+    order, worst pops b first. A pull takes c (popped); an ack by id of
+    b deletes ready[b]: its entries stay, stale; the next pull pops a,
+    then b's entry, not in ready: skipped."""
 
     name: str
     topic_hash: int
-    ready: SortedList = field(default_factory=SortedList)  # the pull order: keys of unparked window messages
-    by_tag: dict[str, SortedList] = field(default_factory=lambda: defaultdict(SortedList))
+    ready: dict[Location, HeldMessage] = field(default_factory=dict)  # the pull order's members
+    heap: list[OrderKey] = field(default_factory=list)
+    by_tag: dict[str, list[OrderKey]] = field(default_factory=dict)
+    worst: list[tuple[int, int, int, int, Location]] = field(default_factory=list)
+    entries: int = 0  # at least the length of each heap
     consuming: int = 0
     # READY messages of this topic may lie on disk beyond the window, none
     # before `scan` (hour, globalIndex).
     spilled: bool = False
     scan: Location | None = None
     # Serial keys: consuming messages per busy key; the window's messages of
-    # each key (a busy key's are parked: not in `ready`, `by_tag`); where a
-    # key's ready messages beyond its `key_window` may lie on disk.
+    # each key (a busy key's are parked: not in `ready`); where a key's
+    # ready messages beyond its `key_window` may lie on disk.
     busy: dict[str, int] = field(default_factory=dict)
     by_key: dict[str, dict[Location, HeldMessage]] = field(default_factory=dict)
     key_scan: dict[str, Location] = field(default_factory=dict)
@@ -166,31 +190,85 @@ class TopicQueue:
     def order(self, held: HeldMessage) -> None:
         """Into the pull order."""
         key = held.key
-        self.ready.add(key)
-        self.by_tag[held.tag].add(key)
+        location = key[2]
+        self.ready[location] = held
+        heappush(self.heap, key)
+        tagged = self.by_tag.get(held.tag)
+        if tagged is None:
+            tagged = self.by_tag[held.tag] = []
+        heappush(tagged, key)
+        heappush(self.worst, (-key[0], -key[1], -location.hour, -location.global_index, location))
+        self.entries += 1
+        if self.entries > 2 * len(self.ready) + ORDER_SLACK:
+            self.rebuild()
 
     def unorder(self, held: HeldMessage) -> None:
-        """Out of the pull order."""
-        key = held.key
-        self.ready.remove(key)
-        tagged = self.by_tag[held.tag]
-        tagged.remove(key)
-        if not tagged:
-            del self.by_tag[held.tag]
+        """Out of the pull order: its heap entries go stale."""
+        del self.ready[held.location]
+        self.tidy()
 
-    def best(self, tags: frozenset[str] | None) -> Iterator[tuple[int, int, int, int]]:
-        """The pull order's keys (among those tags), best first; the order
-        must not change while it is read."""
-        if tags is None:
-            return iter(self.ready)
-        return heapq.merge(*(self.by_tag[t] for t in tags if t in self.by_tag))
+    def tidy(self) -> None:
+        """After messages left `ready` (`del ready[place]`, as `unorder`
+        does): the heaps rebuilt if their stale entries may outnumber it."""
+        if self.entries > 2 * len(self.ready) + ORDER_SLACK:
+            self.rebuild()
 
-    def last(self) -> Location | None:
+    def rebuild(self) -> None:
+        """The heaps made again from `ready`: no stale entry left."""
+        keys = [held.key for held in self.ready.values()]
+        self.heap = keys[:]
+        heapify(self.heap)
+        self.by_tag = {}
+        for held in self.ready.values():
+            tagged = self.by_tag.get(held.tag)
+            if tagged is None:
+                tagged = self.by_tag[held.tag] = []
+            tagged.append(held.key)
+        for tagged in self.by_tag.values():
+            heapify(tagged)
+        self.worst = [(-p, -t, -at.hour, -at.global_index, at) for p, t, at in keys]
+        heapify(self.worst)
+        self.entries = len(keys)
+
+    def best(self, room: int, tags: frozenset[str] | None) -> list[HeldMessage]:
+        """Up to `room` of the order's best (among `tags`), best first, one
+        of a serial key at most (taking it parks the key's others): out of
+        the heaps, still in `ready` (the caller takes them out of it)."""
+        ready = self.ready
+        chosen: dict[Location, HeldMessage] = {}
+        serial_keys: set[str] = set()
+        heap: list[OrderKey] | None = self.heap
+        tagged = [] if tags is None else [self.by_tag[tag] for tag in tags if tag in self.by_tag]
+        while len(chosen) < room:
+            if tags is not None:  # the best of the tags' heads, their stale entries popped first
+                heap = None
+                for candidates in tagged:
+                    while candidates and (candidates[0][2] not in ready or candidates[0][2] in chosen):
+                        heappop(candidates)
+                    if candidates and (heap is None or candidates[0] < heap[0]):
+                        heap = candidates
+            if not heap:
+                break
+            location = heappop(heap)[2]
+            held = ready.get(location)
+            if held is None or location in chosen:
+                continue  # stale, or its second entry
+            if held.serial_key:
+                if held.serial_key in serial_keys:
+                    continue  # (parked once the key's first is taken)
+                serial_keys.add(held.serial_key)
+            chosen[location] = held
+        return list(chosen.values())
+
+    def last(self) -> HeldMessage | None:
         """The window's last in pull order: the one a better arrival evicts."""
-        if not self.ready:
-            return None
-        key = self.ready[-1]
-        return Location(key[2], key[3])
+        worst, ready = self.worst, self.ready
+        while worst:
+            held = ready.get(worst[0][4])
+            if held is not None:
+                return held
+            heappop(worst)
+        return None
 
     def key_count(self, serial_key: str) -> int:
         """The window's messages of `serial_key`."""

@@ -305,7 +305,7 @@ def _ack_waiting(state: MessageState, event: Ack, now_ms: int) -> Step:
 
 
 def _ack_held(state: MessageState, event: Ack, now_ms: int) -> Step:
-    return _new(Step, (_to(state, ACKED, state.retry), _ACKED_HELD, None))
+    return _new(Step, (_new(MessageState, (ACKED, *state[1:5], 0)), _ACKED_HELD, None))  # (_to, inline: hot)
 
 
 def _nack(state: MessageState, event: Nack, now_ms: int) -> Step:

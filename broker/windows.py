@@ -46,7 +46,7 @@ from .journal import Journal
 from .lifecycle import Lifecycle
 from .long_polls import LongPolls
 from .metrics import Metrics
-from .ready import HeldMessage, QueueLimits, TopicQueue
+from .ready import HeldMessage, OrderKey, QueueLimits, TopicQueue
 from .timers import COMPACT_SLACK, Timer, TimerKind, Timers
 from .transitions import TABLE, TTL, Effect, Event, MessageState, Pull, step
 
@@ -148,7 +148,7 @@ class ReadyWindows:
             self._refill(queue, want, max_scan=INLINE_REFILL_SCAN)
         if not queue.ready:
             return [], []
-        chosen = self._choose(queue, room, tags)
+        chosen = queue.best(room, tags)
         changes = self.apply(Pull(deadline_ms), chosen, now_ms)
         self._schedule_refill(queue)
         return chosen, changes
@@ -156,17 +156,20 @@ class ReadyWindows:
     def apply(self, event: Event, batch: Sequence[HeldMessage], now_ms: int) -> list[StateChange]:
         """`event` to each message of `batch` (held, or WAITING on its way in:
         a release), carried out on RAM in one pass: its step (its status's
-        cell of the event's row of the table), then out of where its old
-        status kept it (a window: READY; flight: CONSUMING) and into where
-        its new one does (TAKE: flight and an ack timer; REQUEUE, HOLD: a
-        window or disk only; FORGET: nowhere), long polls woken (WAKE) and
-        counts kept (COUNT_*). The status changes, for the caller to log."""
+        cell of the event's row of the table); then, the batch at once, out
+        of where its old status kept it (a window: READY; flight:
+        CONSUMING) and into where its new one does (TAKE: flight and an ack
+        timer; REQUEUE, HOLD: a window or disk only; FORGET: nowhere); long
+        polls woken (WAKE) and counts kept (COUNT_*). The status changes,
+        for the caller to log."""
         cells = TABLE[type(event)]
-        topics, held_at = self.topics, self.held
         changes: list[StateChange] = []
-        acks: dict[int, list[Location]] = {}  # new ack timers by deadline
+        out_of_window: list[HeldMessage] = []
+        out_of_flight: list[HeldMessage] = []
+        into_flight: list[HeldMessage] = []
+        into_window: list[HeldMessage] = []
+        forgotten: list[Location] = []
         woken: set[str] = set()
-        wake_all = False
         counted_topic, times = "", 0  # a run of one topic's same effects: counted once
         counted: tuple[Effect, ...] = ()
         for held in batch:
@@ -176,23 +179,20 @@ class ReadyWindows:
             if state is None or not effects:
                 continue
             held.state = state
-            location = held.location
-            queue = topics.get(held.topic) or self.queue(held.topic)
-            if status is READY:  # out of where it was held (a WAITING one was not)
-                self._leave_window(queue, held)
-            elif status is CONSUMING and self._leave_flight(queue, held, woken):
-                wake_all = True
+            if status is READY:
+                out_of_window.append(held)
+            elif status is CONSUMING:
+                out_of_flight.append(held)  # (a WAITING one, released, was not held)
             if TAKE in effects:
-                self._enter_flight(queue, held)
-                acks.setdefault(state.deadline_ms, []).append(location)
+                into_flight.append(held)
             elif REQUEUE in effects or HOLD in effects:
-                self._admit(queue, held)
+                into_window.append(held)
             elif FORGET in effects:
-                del held_at[location]
+                forgotten.append(held.location)
             if WAKE in effects:
-                woken.add(queue.name)
-            changes.append(_new(StateChange, (location, state.status, state.retry, False, state.deadline_ms, status,
-                                              held.topic_hash)))
+                woken.add(held.topic)
+            changes.append(_new(StateChange, (held.location, state.status, state.retry, False, state.deadline_ms,
+                                              status, held.topic_hash)))
             if effects is not counted or held.topic != counted_topic:
                 if times:
                     self._metrics.topic(counted_topic).count(counted, times)
@@ -200,8 +200,16 @@ class ReadyWindows:
             times += 1
         if times:
             self._metrics.topic(counted_topic).count(counted, times)
-        for deadline_ms, locations in acks.items():
-            self._set_timer(TimerKind.ACK, deadline_ms, locations)
+        if out_of_window:
+            self._leave_windows(out_of_window)
+        wake_all = bool(out_of_flight) and self._leave_flight(out_of_flight, woken)
+        if into_flight:
+            self._enter_flight(into_flight)
+        for held in into_window:
+            self._admit(held)
+        held_at = self.held
+        for location in forgotten:
+            del held_at[location]
         if wake_all:
             self._long_polls.wake_all()
         else:
@@ -215,15 +223,14 @@ class ReadyWindows:
         held = self.held.get(location)
         if held is None:
             return
-        queue = self.topics[held.topic]
         if held.state.status is READY:
-            self._leave_window(queue, held)
+            self._leave_windows([held])
         else:
             woken: set[str] = set()
-            if self._leave_flight(queue, held, woken):
+            if self._leave_flight([held], woken):
                 self._long_polls.wake_all()
             elif woken:
-                self._long_polls.wake(queue.name)
+                self._long_polls.wake(held.topic)
         del self.held[location]
 
     def fire(self, timers: list[Timer], now_ms: int) -> list[StateChange]:
@@ -244,9 +251,9 @@ class ReadyWindows:
         held = HeldMessage.of(message, text_hash(message.topic))
         held.message = None
         held.state = held.state._replace(deadline_ms=deadline_ms)
+        self.queue(message.topic)
         self.held[held.location] = held
-        self._enter_flight(self.queue(message.topic), held)
-        self._set_timer(TimerKind.ACK, deadline_ms, [held.location])
+        self._enter_flight([held])
 
     def spilled_from(self, topic: str, location: Location) -> None:
         """The topic's READY messages lie on disk, none before `location`."""
@@ -255,10 +262,11 @@ class ReadyWindows:
 
     # == where a held message is: a window, flight ================================
 
-    def _admit(self, queue: TopicQueue, held: HeldMessage) -> None:
+    def _admit(self, held: HeldMessage) -> None:
         """A READY message into its topic's window if there is room, or if
         it outranks the window's last (which goes back to disk); else it
         stays on disk only, for a refill to find."""
+        queue = self.queue(held.topic)
         limits = self._limits
         if held.serial_key and self._key_full(queue, held.serial_key):
             self.held.pop(held.location, None)  # its key has its share of the window: it waits on disk
@@ -268,8 +276,8 @@ class ReadyWindows:
             self._enter_window(queue, held)
             return
         last = queue.last()
-        if last is not None and held.key < self.held[last].key:
-            self._spill(queue, self.held[last])
+        if last is not None and held.key < last.key:
+            self._spill(queue, last)
             self._enter_window(queue, held)
             return
         self.held.pop(held.location, None)
@@ -289,35 +297,58 @@ class ReadyWindows:
         queue.order(held)
         self._set_timer(TimerKind.EXPIRY, held.expire_ms, [held.location])
 
-    def _leave_window(self, queue: TopicQueue, held: HeldMessage) -> None:
-        """Out of the window (still in `held`: the caller says where it goes)."""
-        self.window_total -= 1
-        serial_key = held.serial_key
-        if serial_key:
-            of_key = queue.by_key[serial_key]
-            del of_key[held.location]
-            if not of_key:
-                del queue.by_key[serial_key]
-            if serial_key in queue.busy:  # parked
-                queue.parked -= 1
-                self.parked_total -= 1
-                return
-        queue.unorder(held)
+    def _leave_windows(self, batch: list[HeldMessage]) -> None:
+        """Out of their windows (still in `held`: the caller says where
+        they go)."""
+        topics = self.topics
+        for held in batch:
+            queue = topics[held.topic]
+            serial_key = held.serial_key
+            if serial_key:
+                of_key = queue.by_key[serial_key]
+                del of_key[held.location]
+                if not of_key:
+                    del queue.by_key[serial_key]
+                if serial_key in queue.busy:  # parked: not in the order
+                    queue.parked -= 1
+                    self.parked_total -= 1
+                    continue
+            del queue.ready[held.location]  # (its heap entries go stale: TopicQueue)
+        self.window_total -= len(batch)
+        for name in {held.topic for held in batch}:
+            topics[name].tidy()
 
     def _spill(self, queue: TopicQueue, held: HeldMessage) -> None:
         """A message of the window goes back to disk only (it is READY there)."""
-        self._leave_window(queue, held)
+        self._leave_windows([held])
         del self.held[held.location]
         queue.spill_at(held.location)
 
-    def _enter_flight(self, queue: TopicQueue, held: HeldMessage) -> None:
-        """Count a consuming message against the caps and find it by id; its
-        key's other window messages are parked."""
-        queue.consuming += 1
-        self._in_flight[held.topic, held.msg_id] = held
-        serial_key = held.serial_key
-        if not serial_key:
-            return
+    def _enter_flight(self, batch: list[HeldMessage]) -> None:
+        """Consuming messages (each in `held`) counted against the caps,
+        found by id, given their ack timers (one a deadline); each one's
+        serial key busy, its other window messages parked."""
+        topics, flying = self.topics, self._in_flight
+        acks: dict[int, list[Location]] = {}
+        for held in batch:
+            queue = topics[held.topic]
+            queue.consuming += 1
+            flying[held.topic, held.msg_id] = held
+            deadline_ms = held.state.deadline_ms
+            at_deadline = acks.get(deadline_ms)
+            if at_deadline is None:
+                acks[deadline_ms] = [held.location]
+            else:
+                at_deadline.append(held.location)
+            if held.serial_key:
+                self._key_busy(queue, held.serial_key)
+        for deadline_ms, locations in acks.items():
+            self._set_timer(TimerKind.ACK, deadline_ms, locations)
+
+    def _key_busy(self, queue: TopicQueue, serial_key: str) -> None:
+        """A message of the key starts consuming: when the key was free, its
+        window messages leave the pull order, parked (at most `window` in
+        the topic: the rest go back to disk)."""
         n = queue.busy.get(serial_key, 0)
         queue.busy[serial_key] = n + 1
         if n:
@@ -329,23 +360,26 @@ class ReadyWindows:
         self.parked_total += len(others)
         room = self._limits.window - (queue.parked - len(others))
         for other in others[max(0, room):]:  # parked beyond `window` in the topic: back to disk
-            self._leave_window(queue, other)
+            self._leave_windows([other])
             del self.held[other.location]
             self._key_spill(queue, serial_key, other.location)
 
-    def _leave_flight(self, queue: TopicQueue, held: HeldMessage, woken: set[str]) -> bool:
-        """One fewer consuming (still in `held`: the caller says where it
-        goes). A pull held back by a cap may go on, and so may one of a
-        serial key now free: the topic is added to `woken`; True when every
-        topic's long polls are to be woken (the total cap)."""
-        flying = self._in_flight
-        del flying[held.topic, held.msg_id]
-        if queue.consuming >= self._limits.inflight:
-            woken.add(queue.name)
-        queue.consuming -= 1
-        if held.serial_key and self._key_freed(queue, held.serial_key):
-            woken.add(queue.name)
-        return len(flying) + 1 >= self._limits.inflight_total
+    def _leave_flight(self, batch: list[HeldMessage], woken: set[str]) -> bool:
+        """Fewer consuming (still in `held`: the caller says where they go).
+        A pull held back by a cap may go on, and so may one of a serial key
+        now free: the topic is added to `woken`; True when every topic's
+        long polls are to be woken (the total cap)."""
+        topics, flying, limits = self.topics, self._in_flight, self._limits
+        total_capped = len(flying) >= limits.inflight_total
+        for held in batch:
+            queue = topics[held.topic]
+            del flying[held.topic, held.msg_id]
+            if queue.consuming >= limits.inflight:
+                woken.add(queue.name)
+            queue.consuming -= 1
+            if held.serial_key and self._key_freed(queue, held.serial_key):
+                woken.add(queue.name)
+        return total_capped
 
     def _key_freed(self, queue: TopicQueue, serial_key: str) -> bool:
         """A message of the key stops consuming: True when the key is free
@@ -376,23 +410,6 @@ class ReadyWindows:
         is busy and the topic holds `window` parked messages already."""
         return (queue.key_count(serial_key) >= self._limits.key_window
                 or (serial_key in queue.busy and queue.parked >= self._limits.window))
-
-    def _choose(self, queue: TopicQueue, room: int, tags: frozenset[str] | None) -> list[HeldMessage]:
-        """Up to `room` of the pull order's best (among `tags`), one of a
-        serial key at most (taking it parks the key's others)."""
-        chosen: list[HeldMessage] = []
-        keys_chosen: set[str] = set()
-        held_at = self.held
-        for key in queue.best(tags):
-            held = held_at[_new(Location, (key[2], key[3]))]
-            if held.serial_key:
-                if held.serial_key in keys_chosen:
-                    continue
-                keys_chosen.add(held.serial_key)
-            chosen.append(held)
-            if len(chosen) >= room:
-                break
-        return chosen
 
     # == timers =====================================================================
 
@@ -534,5 +551,5 @@ class ReadyWindows:
                     await asyncio.sleep(0)
 
 
-def _order_key(held: HeldMessage) -> tuple[int, int, int, int]:
+def _order_key(held: HeldMessage) -> OrderKey:
     return held.key

@@ -61,8 +61,9 @@ class Msg:
     pulled_deadline_ms: int = 0  # ... as the pull asked (kept on disk)
 
     @property
-    def key(self) -> tuple[int, int, int, int]:
-        return (-self.priority, self.trigger_ms, self.location.hour, self.location.global_index)
+    def key(self) -> tuple[int, int, Location]:
+        """The pull order's key (broker.ready.HeldMessage.key)."""
+        return (-self.priority, self.trigger_ms, self.location)
 
 
 class BrokerWindowMachine(HarnessMachine, RuleBasedStateMachine):
@@ -119,7 +120,7 @@ class BrokerWindowMachine(HarnessMachine, RuleBasedStateMachine):
             await self._quiesce()
             return answered
         answered = self._run(send())
-        window = self.broker.topics[topic].ready
+        window = [held.key for held in self.broker.topics[topic].ready.values()]
         for new, message in zip(batch, answered):
             assert message.status is READY, message
             m = Msg(new.msg_id, topic, new.priority, new.trigger_ms, new.max_retry, message.location)
@@ -140,7 +141,7 @@ class BrokerWindowMachine(HarnessMachine, RuleBasedStateMachine):
         async def pull():
             got = await self.broker.pull(PullRequest(topic, ack_timeout_ms, batch, ()))
             queue = self.broker.topics.get(topic)
-            left = list(queue.ready) if queue is not None else []
+            left = [held.key for held in queue.ready.values()] if queue is not None else []
             await self._quiesce()
             return got, left
         got, left_in_window = self._run(pull())
