@@ -115,12 +115,6 @@ class GapStats:
         self.total += gap_ms
         self.max = max(self.max, gap_ms)
 
-    def observe_many(self, gaps_ms: list[int]) -> None:
-        """`observe` of each of `gaps_ms` (not empty)."""
-        self.count += len(gaps_ms)
-        self.total += sum(gaps_ms)
-        self.max = max(self.max, *gaps_ms)
-
     def as_json(self, topic: str) -> dict[str, object]:
         return {"topic": topic, "count": self.count,
                 "avg": round(self.total / self.count, 2) if self.count else 0.0, "max": self.max}
@@ -156,8 +150,13 @@ class TopicMetrics:
         """Messages a pull at `now_ms` handed out (either backend): counted,
         and camellia's pull gap of each, from its due time."""
         self.pulls += len(messages)
-        if messages:  # (due_ms of each, in one pass: no call a message)
-            self.pull_gap.observe_many([now_ms - max(m.trigger_ms, m.produce_ms) for m in messages])
+        gaps = self.pull_gap
+        for m in messages:  # (GapStats.observe of each gap from due_ms, written out: no call a message)
+            gap_ms = now_ms - max(m.trigger_ms, m.produce_ms)
+            gaps.count += 1
+            gaps.total += gap_ms
+            if gap_ms > gaps.max:
+                gaps.max = gap_ms
 
     def count(self, effects: tuple[Effect, ...], times: int = 1) -> None:
         """What a transition's effects count (broker.transitions: COUNT_*),

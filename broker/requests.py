@@ -190,7 +190,9 @@ class Requests:
         now_ms = self._clock.now_ms()
         flying = self._windows.in_flight_of(topic, msg_ids)
         changes = self._windows.apply(ACK if ack else NACK, list(flying.values()), now_ms) if flying else []
-        after: dict[str, Status | None] = {msg_id: held.state.status for msg_id, held in flying.items()}
+        after: dict[str, Status | None] = {}
+        for msg_id, held in flying.items():
+            after[msg_id] = held.state.status
         if len(after) < len(msg_ids):
             for msg_id in msg_ids:
                 if msg_id not in after:
@@ -202,7 +204,7 @@ class Requests:
             await self._commits.durable()
         else:
             await self._commits.settled()  # an earlier change to them may still be in its commit, or unreplicated
-        return [after[msg_id] for msg_id in msg_ids]
+        return list(map(after.__getitem__, msg_ids))
 
     def _ack_stored(self, topic: str, msg_id: str, ack: bool,
                     now_ms: int) -> tuple[StateChange | None, Status | None]:

@@ -175,8 +175,7 @@ class Release:
     due at once."""
 
 
-@dataclass(slots=True)  # (not frozen: one is made for every pull, and a frozen one costs twice; never changed)
-class Pull:
+class Pull(NamedTuple):  # (a tuple: one is made for every pull, by tuple.__new__ without a Python call)
     deadline_ms: int  # when this delivery's ack times out
 
 
@@ -190,8 +189,7 @@ class Nack:
     """ackMsg with ack=false."""
 
 
-@dataclass(slots=True)  # (not frozen, as Pull: one for every ack timer that fires)
-class AckTimeout:
+class AckTimeout(NamedTuple):  # (a tuple, as Pull: one for every ack timer that fires)
     deadline_ms: int  # the deadline the timer was set for
 
 

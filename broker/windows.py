@@ -119,7 +119,12 @@ class ReadyWindows:
     def in_flight_of(self, topic: str, msg_ids: Iterable[str]) -> dict[str, HeldMessage]:
         """Those of the ids whose message is CONSUMING, each's held message."""
         flying = self._in_flight
-        return {msg_id: held for msg_id in msg_ids if (held := flying.get((topic, msg_id))) is not None}
+        found = {}
+        for msg_id in msg_ids:
+            held = flying.get((topic, msg_id))
+            if held is not None:
+                found[msg_id] = held
+        return found
 
     def take(self, topic: str, batch: int, tags: frozenset[str] | None, deadline_ms: int,
              now_ms: int) -> tuple[list[HeldMessage], list[StateChange]]:
@@ -149,8 +154,9 @@ class ReadyWindows:
         if not queue.ready:
             return [], []
         chosen = queue.best(room, tags)
-        changes = self.apply(Pull(deadline_ms), chosen, now_ms)
-        self._schedule_refill(queue)
+        changes = self.apply(_new(Pull, (deadline_ms,)), chosen, now_ms)
+        if queue.spilled and len(queue.ready) <= limits.window // 2:
+            self._schedule_refill(queue.name)
         return chosen, changes
 
     def apply(self, event: Event, batch: Sequence[HeldMessage], now_ms: int) -> list[StateChange]:
@@ -301,6 +307,7 @@ class ReadyWindows:
         """Out of their windows (still in `held`: the caller says where
         they go)."""
         topics = self.topics
+        last: TopicQueue | None = None  # the topic whose order to tidy (once a run of one topic)
         for held in batch:
             queue = topics[held.topic]
             serial_key = held.serial_key
@@ -314,9 +321,13 @@ class ReadyWindows:
                     self.parked_total -= 1
                     continue
             del queue.ready[held.location]  # (its heap entries go stale: TopicQueue)
+            if queue is not last:
+                if last is not None:
+                    last.tidy()
+                last = queue
         self.window_total -= len(batch)
-        for name in {held.topic for held in batch}:
-            topics[name].tidy()
+        if last is not None:
+            last.tidy()
 
     def _spill(self, queue: TopicQueue, held: HeldMessage) -> None:
         """A message of the window goes back to disk only (it is READY there)."""
@@ -514,10 +525,11 @@ class ReadyWindows:
             self._journal.append(ended, now_ms)
             self._commits.kick()
 
-    def _schedule_refill(self, queue: TopicQueue) -> None:
-        if queue.spilled and len(queue.ready) <= self._limits.window // 2:
-            self._to_refill.add(queue.name)
-            self._refill_wake.set()
+    def _schedule_refill(self, name: str) -> None:
+        """The topic's window is half empty and messages wait on disk: the
+        refill task tops it up."""
+        self._to_refill.add(name)
+        self._refill_wake.set()
 
     def wake_refills(self) -> None:
         self._refill_wake.set()
