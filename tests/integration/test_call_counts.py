@@ -17,8 +17,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "bench"))
 CEILINGS = {
     "send": 139,             # sendMsg
     "send_batch": 645,       # sendMsgBatch of 100
-    "pull_ack": 223,         # pullMsg of one, then its ackMsg
-    "pull_ack_many": 2_550,  # pullMsg of 100, then one ackMsg of them (msgIds): the least of 3, within 20
+    "pull_ack": 210,         # pullMsg of one, then its ackMsg
+    "pull_ack_many": 1_320,  # pullMsg of 100, then one ackMsg of them (msgIds): the least of 3, within 20
 }
 
 
