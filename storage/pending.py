@@ -12,6 +12,8 @@ then `Pending` is the one place that knows about the record:
               next send to that second chains onto the last one
     states    (hour, globalIndex) -> (status, flags, retry, topic hash)
               after them: a read, and the next change, see the new status
+              (held as ints, `PendingStates`: a bulk call's million are
+              no work for the garbage collector)
     far_bytes bytes they will write to far hours (storage.placement counts
               them against the disk's room)
 
@@ -51,6 +53,55 @@ Record = tuple[records.Kind, int, Sequence[records.Item]]
 State = tuple[int, int, int, int]
 
 
+def state_key(hour: int, global_index: int) -> int:
+    """An entry's key in `PendingStates.packed` (a globalIndex is below 2**32)."""
+    return hour << 32 | global_index
+
+
+def pack_state(state: State) -> int:
+    """status, flags (a byte each), retry (below 2**16: MAX_RETRY_COUNT),
+    topic hash, as one int; `unpack_state` undoes it."""
+    status, flags, retry, topic_hash = state
+    return status | flags << 8 | retry << 16 | topic_hash << 32
+
+
+def unpack_state(packed: int) -> State:
+    return packed & 0xFF, packed >> 8 & 0xFF, packed >> 16 & 0xFFFF, packed >> 32
+
+
+class PendingStates:
+    """(hour, globalIndex) -> the State pending records gave the entry, read
+    as a mapping's `get`; held in `packed`, a dict of ints to ints
+    (`state_key` -> `pack_state`) that scans look up directly.
+
+    Why ints: a dict holding only ints is never tracked by the garbage
+    collector, while one taking fresh tuples is tracked again and walked
+    by every full collection -- a sliced bulk call holds a million states
+    until its parts are applied, and a full collection walking them held
+    the event loop 40-80 ms each time."""
+
+    __slots__ = ("packed",)
+
+    def __init__(self) -> None:
+        self.packed: dict[int, int] = {}
+
+    def get(self, where: tuple[int, int]) -> State | None:
+        packed = self.packed.get(where[0] << 32 | where[1])
+        return None if packed is None else unpack_state(packed)
+
+    def __contains__(self, where: tuple[int, int]) -> bool:
+        return (where[0] << 32 | where[1]) in self.packed
+
+    def __len__(self) -> int:
+        return len(self.packed)
+
+    def __bool__(self) -> bool:
+        return bool(self.packed)
+
+    def __repr__(self) -> str:
+        return f"PendingStates({len(self.packed)})"
+
+
 class Pending:
     """Records appended and not applied, and their overlays (see the module docstring)."""
 
@@ -59,7 +110,7 @@ class Pending:
         self._records: list[Record] = []
         self._ids: dict[int, list[Message]] = {}
         self._slots: dict[tuple[int, int], tuple[int, int]] = {}
-        self._states: dict[tuple[int, int], State] = {}
+        self._states = PendingStates()
         self._state_hours: set[int] = set()  # the files `_states` names, kept as it grows and clears
         self._far_bytes = 0
         self._marks = 0  # records appended that changed existing entries
@@ -111,7 +162,7 @@ class Pending:
             self._slots.clear()
             self._ids.clear()
             if not keep_states:
-                self._states.clear()
+                self._states.packed.clear()
                 self._state_hours.clear()
 
     def clear(self) -> None:
@@ -191,7 +242,7 @@ class Pending:
     # -- states --------------------------------------------------------------------
 
     @property
-    def states(self) -> Mapping[tuple[int, int], State]:
+    def states(self) -> PendingStates:
         """(hour, globalIndex) -> the state pending records gave it."""
         return self._states
 
@@ -201,13 +252,9 @@ class Pending:
         return self._state_hours
 
     def set_states(self, states: Mapping[tuple[int, int], State]) -> None:
-        """Their record is in the log: the changes show from now on. Held
-        under plain (hour, globalIndex) tuples whatever the keys given: the
-        garbage collector stops tracking a tuple of ints, not a Location (a
-        NamedTuple), and a sliced bulk call's states are held until its
-        parts are applied -- up to a million, which every full collection
-        walked, the event loop held meanwhile."""
-        self._states.update(((hour, gi), state) for (hour, gi), state in states.items())
+        """Their record is in the log: the changes show from now on."""
+        self._states.packed.update((hour << 32 | gi, s[0] | s[1] << 8 | s[2] << 16 | s[3] << 32)  # (pack_state)
+                                   for (hour, gi), s in states.items())
         self._state_hours.update(map(_FIRST, states))
 
     def __repr__(self) -> str:

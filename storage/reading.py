@@ -228,7 +228,7 @@ class Reader:
                     ) -> tuple[list[IndexEntry], Location | None]:
         found: list[IndexEntry] = []
         scanned = 0
-        pending = self._pending.states
+        pending = self._pending.states.packed  # (storage.pending.state_key -> pack_state)
         wanted = frozenset(int(s) for s in statuses)
         worth = tuple(worth_reading or statuses)
         # `start` may lie in an hour no longer held (retired since): then the
@@ -250,9 +250,9 @@ class Reader:
                     if fields[6] == topic_hash:
                         status = fields[11]
                         if pending:
-                            p = pending.get((hour, gi))
+                            p = pending.get(hour << 32 | gi)
                             if p is not None:
-                                status = p[0]
+                                status = p & 0xFF
                         if status in wanted and not fields[12] & FLAG_RELEASED:
                             at = (gi - first) * delay_index.ENTRY_BYTES
                             entry = delay_index.unpack_entry(files.idx.path, hour, gi,
@@ -289,7 +289,7 @@ class Reader:
         trigger times far ahead)."""
         found: list[Match] = []
         scanned = 0
-        pending = self._pending.states
+        pending = self._pending.states.packed  # (storage.pending.state_key -> pack_state)
         wanted = frozenset(int(s) for s in statuses)
         entry_bytes = delay_index.ENTRY_BYTES
         fixed_bytes = delay_index.FIXED.size
@@ -332,9 +332,9 @@ class Reader:
                             (trigger_to is not None and trigger_ms >= trigger_to):
                         continue
                     if pending:
-                        p = pending.get((hour, gi))
+                        p = pending.get(hour << 32 | gi)
                         if p is not None:
-                            status, flags, retry = p[0], p[1], p[2]
+                            status, flags, retry = p & 0xFF, p >> 8 & 0xFF, p >> 16 & 0xFFFF
                     if status not in wanted or flags & FLAG_RELEASED:
                         continue
                     if crc32(raw[at:at + fixed_bytes]) != crc or gi != first + at // entry_bytes or second >= 3600:

@@ -1,13 +1,16 @@
 """Pending: records appended and not applied, and the overlays that
 describe exactly them."""
 
+import gc
+
 import pytest
 
 from storage import records
 from storage.commit_log import CommitLog
 from storage.entry import Location, Message, Status
 from storage.errors import InvariantError
-from storage.pending import Pending
+from storage.pending import Pending, pack_state, unpack_state
+from storage.types import MAX_RETRY_COUNT
 
 WHERE = Location(490_000, 0)
 MESSAGE = Message("t", "a", "x", 0, 0, 0, 0, 0, "", Status.WAITING, 0, WHERE, "")
@@ -36,7 +39,7 @@ def test_the_overlays_last_while_any_record_is_held(pending):
     assert pending.messages(SEND.key) and pending.states and pending.far_bytes == 200
     assert [kind for kind, _, _ in pending.take(1)] == [records.Kind.SEND]
     pending.applied()
-    assert (pending.messages(SEND.key), dict(pending.states), pending.far_bytes) == ((), {}, 0)
+    assert (pending.messages(SEND.key), len(pending.states), pending.far_bytes) == ((), 0, 0)
     assert pending.slot((WHERE.hour, SEND.second)) is None
 
 
@@ -53,3 +56,22 @@ def test_undoing_puts_the_overlays_back(pending):
     pending.drop_last_message(SEND.key)
     pending.set_slot((WHERE.hour, 5), None)
     assert pending.messages(SEND.key) == () and pending.slot((WHERE.hour, 5)) is None
+
+
+@pytest.mark.parametrize("state", [(1, 0, 0, 0), (7, 3, MAX_RETRY_COUNT, 2**32 - 1), (2, 255, 5, -1)])
+def test_a_state_is_held_as_it_was_given(pending, state):
+    pending.set_states({WHERE: state, Location(2**23 + 5, 2**32 - 1): (3, 1, 2, 9)})
+    assert unpack_state(pack_state(state)) == state
+    assert pending.states.get(WHERE) == state and pending.states.get((WHERE.hour, WHERE.global_index)) == state
+    assert pending.states.get(Location(2**23 + 5, 2**32 - 1)) == (3, 1, 2, 9)
+    assert pending.states.get(Location(WHERE.hour, 1)) is None and Location(WHERE.hour, 1) not in pending.states
+    assert WHERE in pending.states and len(pending.states) == 2
+
+
+def test_the_states_are_nothing_the_garbage_collector_walks(pending):
+    """A sliced bulk call holds its states until its parts are applied: a
+    million of them, which a tracked dict made every full collection walk."""
+    pending.set_states({Location(WHERE.hour, gi): (7, 0, 0, 77) for gi in range(1000)})
+    gc.collect()
+    pending.set_states({Location(WHERE.hour, 1000): (7, 0, 0, 77)})
+    assert not gc.is_tracked(pending.states.packed)
