@@ -28,8 +28,9 @@ order they depend on one another (each takes only parts built before it):
     commits       GroupCommit: many records, one fsync; hands the applied
                   index entries to `filing`
     journal       Journal: appends records; a failed append fails the node
-    timers        Timers: ack deadlines and expiries (on wheel.DelayQueue)
-    windows       ReadyWindows: READY windows, CONSUMING messages, refills
+    windows       ReadyWindows: READY windows, CONSUMING messages, their
+                  timers (broker.timers), refills; carries every step out
+                  on them
     releaser      Releaser: WAITING -> READY; persists the tick
     driver        WheelDriver: sleeps until the wheel is due, hands its
                   releases to `releaser`
@@ -73,7 +74,6 @@ from .recovery import recover
 from .releaser import Releaser
 from .requests import Requests
 from .span_moves import SpanMover
-from .timers import Timers
 from .topics import Topics
 from .windows import ReadyWindows
 
@@ -93,9 +93,9 @@ class Broker:
     counts each until the group commit (`commits`) has made it durable and
     handed it to the wheel (`scheduler`); the answer waits for that fsync.
     When the trigger time comes, `driver` polls the wheel and hands the
-    entries to `releaser`, which makes each READY (one record), puts it in
-    its topic's window (`windows`, which sets its expiry timer in
-    `timers`) and wakes the topic's long polls (`long_polls`)."""
+    entries to `releaser`, which has `windows` make each READY (put in its
+    topic's window with its expiry timer, the topic's long polls woken)
+    and appends the changes as one record."""
 
     def __init__(self, store: Store, clock: Clock, defaults: Defaults, metrics: Metrics, *,
                  tick_path: str, scheduler_config: SchedulerConfig | None = None,
@@ -114,11 +114,10 @@ class Broker:
         self._filing = Filing(self.scheduler)
         self.commits = GroupCommit(store, self._filing.on_committed, metrics, replicated, apply_lock)
         self._journal = Journal(store, self._lifecycle)
-        self._timers = Timers(clock, self._lifecycle, self._journal, self.commits)
-        self._windows = ReadyWindows(store, clock, limits, metrics, self._timers, self._long_polls, self._journal,
+        self._windows = ReadyWindows(store, clock, limits, metrics, self._long_polls, self._journal,
                                      self.commits, self._lifecycle)
         self._releaser = Releaser(store, clock, metrics, self._windows, self._journal, self.commits, self._filing,
-                                  self._long_polls, self.scheduler, tick_file)
+                                  self.scheduler, tick_file)
         self.driver = WheelDriver(self.scheduler, clock, self._releaser.release,
                                   persist_tick=self._releaser.persist_tick)
         self._span_mover = SpanMover(store, clock, self._lifecycle, self.commits, self._filing.span_filed)
@@ -134,7 +133,7 @@ class Broker:
         self._tasks: list[asyncio.Task[None]] = []
 
     def __repr__(self) -> str:
-        return f"Broker({self._lifecycle!r}, {self._windows!r}, {self._timers!r}, {self._releaser!r})"
+        return f"Broker({self._lifecycle!r}, {self._windows!r}, {self._releaser!r})"
 
     # == lifetime ================================================================
 
@@ -144,7 +143,7 @@ class Broker:
             self.commits.kick()
         self._tasks = [asyncio.create_task(self.commits.run(), name="group-commit"),
                        asyncio.create_task(self.driver.run(), name="wheel"),
-                       asyncio.create_task(self._timers.run(self._windows.fire), name="timers"),
+                       asyncio.create_task(self._windows.run_timers(), name="timers"),
                        asyncio.create_task(self._windows.run_refills(), name="refills"),
                        asyncio.create_task(self._span_mover.run(), name="span-moves")]
         for task in self._tasks:
@@ -155,7 +154,7 @@ class Broker:
         (persisting its tick), commit, stop the tasks."""
         self.begin_stop()
         self.driver.stop()
-        self._timers.wake()
+        self._windows.wake_timers()
         self._windows.wake_refills()
         self._filing.span_filed.set()
         wheel, timers = self._tasks[1], self._tasks[2]

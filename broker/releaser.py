@@ -10,8 +10,8 @@ A message leaves WAITING for READY (or EXPIRED, past its ttl: broker
     says 2 and long polls wake now; the wheel, which holds it too by then,
     forgets it.
 
-Each READY one goes to its topic's ready window (broker.windows) and wakes
-the topic's long polls. Lateness (the dispatch lateness histogram,
+Each READY one goes to its topic's ready window and wakes the topic's long
+polls: the windows (broker.windows) carry the release out. Lateness (the dispatch lateness histogram,
 camellia's ready gap) counts from the due time (broker.metrics.due_ms).
 
 Tick persistence (`persist_tick`, the driver's): the wheel's position
@@ -34,7 +34,6 @@ from wheel.tick_state import TickState, TickStateFile
 from .filing import Filing
 from .group_commit import GroupCommit
 from .journal import Journal
-from .long_polls import LongPolls
 from .metrics import Metrics, due_ms
 from .ready import HeldMessage
 from .transitions import RELEASE, due
@@ -46,8 +45,7 @@ class Releaser:
     event loop; the tick file is this part's to write and close."""
 
     def __init__(self, store: Store, clock: Clock, metrics: Metrics, windows: ReadyWindows, journal: Journal,
-                 commits: GroupCommit, filing: Filing, long_polls: LongPolls, scheduler: Scheduler,
-                 tick_file: TickStateFile) -> None:
+                 commits: GroupCommit, filing: Filing, scheduler: Scheduler, tick_file: TickStateFile) -> None:
         self._store = store
         self._clock = clock
         self._metrics = metrics
@@ -55,7 +53,6 @@ class Releaser:
         self._journal = journal
         self._commits = commits
         self._filing = filing
-        self._long_polls = long_polls
         self._scheduler = scheduler
         self._tick_file = tick_file
 

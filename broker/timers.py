@@ -3,7 +3,8 @@
     Timer(ACK, due_ms, [location, ...])     CONSUMING messages' ack deadline
     Timer(EXPIRY, due_ms, [location, ...])  READY window messages' expire time
 
-The ready windows (broker.windows) set a timer when they take a message in
+The ready windows (broker.windows) build the queue and run its task, and
+set a timer when they take a message in
 (EXPIRY) or hand messages out (ACK: one timer for a pull's whole batch,
 which shares its deadline). The timer task sleeps on the injected clock
 until the earliest (woken early when an earlier one is set), hands every

@@ -72,13 +72,13 @@ class ReadyWindows:
     timers, and the refills. `topics` (the names: broker.topics), `held`
     and the totals may be read; they change only through the methods."""
 
-    def __init__(self, store: Store, clock: Clock, limits: QueueLimits, metrics: Metrics, timers: Timers,
-                 long_polls: LongPolls, journal: Journal, commits: GroupCommit, lifecycle: Lifecycle) -> None:
+    def __init__(self, store: Store, clock: Clock, limits: QueueLimits, metrics: Metrics, long_polls: LongPolls,
+                 journal: Journal, commits: GroupCommit, lifecycle: Lifecycle) -> None:
         self._store = store
         self._clock = clock
         self._limits = limits
         self._metrics = metrics
-        self._timers = timers
+        self._timers = Timers(clock, lifecycle, journal, commits)  # its messages' ack deadlines and expiries
         self._long_polls = long_polls
         self._journal = journal
         self._commits = commits
@@ -97,7 +97,7 @@ class ReadyWindows:
 
     def __repr__(self) -> str:
         return (f"ReadyWindows(topics={len(self.topics)}, window={self.window_total}, parked={self.parked_total}, "
-                f"consuming={self.consuming_total}, to_refill={len(self._to_refill)})")
+                f"consuming={self.consuming_total}, to_refill={len(self._to_refill)}, {self._timers!r})")
 
     @property
     def consuming_total(self) -> int:
@@ -239,9 +239,17 @@ class ReadyWindows:
                 self._long_polls.wake(held.topic)
         del self.held[location]
 
-    def fire(self, timers: list[Timer], now_ms: int) -> list[StateChange]:
-        """Due timers (broker.timers): each one's event to its messages still
-        held (an ack timeout, an expiry); the status changes."""
+    async def run_timers(self) -> None:
+        """The timer task (broker.timers), until the node stops: due timers
+        fired (`_fire`), their changes made durable."""
+        await self._timers.run(self._fire)
+
+    def wake_timers(self) -> None:
+        self._timers.wake()
+
+    def _fire(self, timers: list[Timer], now_ms: int) -> list[StateChange]:
+        """Due timers: each one's event to its messages still held (an ack
+        timeout, an expiry); the status changes."""
         changes: list[StateChange] = []
         held_at = self.held
         for timer in timers:
