@@ -28,8 +28,15 @@ it (its window, or flight) to where its new one does (TAKE: flight, with an
 ack timer; REQUEUE, HOLD: a window, with an expiry timer, or disk only;
 FORGET: nowhere), wakes long polls (WAKE) and counts (COUNT_*), in one pass
 over the batch: a pull of N and an ackMsg of N ids are one call each. It
-returns the status changes for the caller to log. Everything runs on the
-event loop.
+returns the status changes for the caller to log. A message changed by
+id from its stored copy (an ack of one not in flight, a delete, a move)
+was stepped by its request: `forget_at` is that step's FORGET here.
+
+Cost (a window of w messages): a pull of N takes N heap pops (O(log w)
+each, in C) and one cell call a message; an ack of N ids, N dict look-ups
+and one cell call each; every other Python call of either is once a
+batch. Everything runs on the event loop: who may call what is only
+"the loop's tasks, one at a time".
 """
 
 from __future__ import annotations
