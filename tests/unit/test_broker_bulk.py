@@ -61,37 +61,42 @@ def _status(h: BrokerHarness, msg_id: str) -> Status:
     return h.run(h.broker.get(TOPIC, msg_id)).status
 
 
-class _CountingStore:
-    """The broker's store as the bulk calls reach it, their `live_state`
-    reads counted (a compiled Store's methods cannot be replaced)."""
+class _Counted:
+    """The store as the bulk calls see it, counting their calls of `names`
+    (a wrapper Bulk is handed in the store's stead: the compiled Store's
+    methods cannot be replaced)."""
 
-    def __init__(self, store, reads: list[int]) -> None:
+    def __init__(self, store, names: tuple[str, ...]) -> None:
         self._store = store
-        self._reads = reads
-
-    def live_state(self, where):
-        self._reads[0] += 1
-        return self._store.live_state(where)
+        self._names = names
+        self.calls = {name: 0 for name in names}
 
     def __getattr__(self, name: str):
-        return getattr(self._store, name)
+        found = getattr(self._store, name)
+        if name not in self._names:
+            return found
+
+        def counted(*args):
+            self.calls[name] += 1
+            return found(*args)
+        return counted
 
 
-def _count_state_reads(h: BrokerHarness, monkeypatch) -> list[int]:
-    reads = [0]
-    monkeypatch.setattr(h.broker._bulk, "_store", _CountingStore(h.store, reads))
-    return reads
+def _count(h: BrokerHarness, monkeypatch, *names: str) -> _Counted:
+    counted = _Counted(h.store, names)
+    monkeypatch.setattr(h.broker._bulk, "_store", counted)
+    return counted
 
 
 def test_a_sliced_delete_reads_no_state_again_that_only_its_own_parts_changed(h, monkeypatch):
     monkeypatch.setattr(broker.bulk, "DELETE_SLICE", 4)
     _send(h, "r", 8, 0)  # READY, in the hour of now
     _send(h, "w", 8, 2 * MS_PER_HOUR)  # WAITING, two hours on
-    reads = _count_state_reads(h, monkeypatch)
+    counted = _count(h, monkeypatch, "live_state")
     deleted, more = h.run(h.broker.delete_msgs(DeleteMsgsRequest(TOPIC, BulkFilter(), 100)))
     assert (deleted, more) == (16, False)
     assert h.broker._bulk.slices == 4
-    assert reads[0] == 0
+    assert counted.calls["live_state"] == 0
     assert all(_status(h, f"{p}{i}") is DELETED for p in "rw" for i in range(8))
 
 
@@ -123,25 +128,14 @@ def test_a_change_between_the_slices_has_its_file_read_again_and_the_delete_take
     async def both():
         return await asyncio.gather(b.delete_msgs(DeleteMsgsRequest(TOPIC, BulkFilter(), 100)), meanwhile())
 
-    reads = _count_state_reads(h, monkeypatch)
+    counted = _count(h, monkeypatch, "live_state")
     (deleted, more), _ = h.run(both())
     h.run(h.quiesce())
     assert (deleted, more) == (14, False)
-    assert reads[0] == 4  # r4..r7, in the file the two requests changed; w0..w7 not
+    assert counted.calls["live_state"] == 4  # r4..r7, in the file the two requests changed; w0..w7 not
     assert all(_status(h, msg_id) is DELETED for msg_id in [f"r{i}" for i in range(7)] + [f"w{i}" for i in range(8)])
     moved = h.run(b.get(TOPIC, "r7"))
     assert (moved.status, moved.trigger_ms) == (WAITING, START_MS + 3 * MS_PER_HOUR)
-
-
-def _count_scans(h: BrokerHarness, monkeypatch) -> list[int]:
-    scans = [0]
-    scan = h.store.scan_matches
-
-    def counted(*args):
-        scans[0] += 1
-        return scan(*args)
-    monkeypatch.setattr(h.store, "scan_matches", counted)
-    return scans
 
 
 def test_the_calls_of_a_delete_all_each_scan_on_from_where_the_last_stopped(h, monkeypatch):
@@ -155,21 +149,21 @@ def test_the_calls_of_a_delete_all_each_scan_on_from_where_the_last_stopped(h, m
     monkeypatch.setattr(broker.bulk, "DELETE_SLICE", 4)
     _send(h, "r", 40, 0)
     _send(h, "w", 40, 2 * MS_PER_HOUR)
-    scans = _count_scans(h, monkeypatch)
+    counted = _count(h, monkeypatch, "scan_matches")
     calls = []
     more = True
     while more:
-        scans[0] = 0
+        counted.calls["scan_matches"] = 0
         deleted, more = h.run(h.broker.delete_msgs(DeleteMsgsRequest(TOPIC, BulkFilter(), 16)))
-        calls.append((deleted, scans[0]))
+        calls.append((deleted, counted.calls["scan_matches"]))
         if len(calls) == 2:
             _send(h, "late", 1, 0)  # the first file, whose first 32 entries the calls have deleted
     assert calls == [(16, 3)] * 5 + [(1, 1)]
     assert all(_status(h, msg_id) is DELETED for msg_id in
                [f"r{i}" for i in range(40)] + [f"w{i}" for i in range(40)] + ["late0"])
-    scans[0] = 0
+    counted.calls["scan_matches"] = 0
     assert h.run(h.broker.delete_msgs(DeleteMsgsRequest(TOPIC, BulkFilter(), 16))) == (0, False)
-    assert scans[0] == 1  # every file read past its end: one slice, of nothing
+    assert counted.calls["scan_matches"] == 1  # every file read past its end: one slice, of nothing
 
 
 def test_a_ready_delete_finds_next_call_a_message_released_below_where_it_stopped(h, monkeypatch):
