@@ -54,12 +54,13 @@ import math
 import os
 import signal
 import socket
+import subprocess
 import sys
 import time
 import urllib.parse
 from dataclasses import dataclass
 
-from harness import HOST, ROOT, Process, disk_bytes, free_port, memory_mb, request, serve_command, wait_until
+from harness import HOST, ROOT, Process, disk_bytes, free_port, memory_mb, request, wait_until
 
 from broker.paths import PREFIX
 
@@ -258,14 +259,25 @@ class HourglassSystem(System):
     name = "hourglass"
     durability = "fsync'ed before the answer (--fsync batch: group commit)"
 
-    def __init__(self, work_dir: str, extra_args: list[str], keys: int = 0) -> None:
+    def __init__(self, work_dir: str, extra_args: list[str], keys: int = 0, python: str | None = None) -> None:
         super().__init__(work_dir)
         self.extra_args = extra_args
         self.keys = keys  # > 0: messages carry serial keys k0..k{keys-1} (SPEC `key`)
+        # None: this source tree's broker, run by this interpreter; else an
+        # interpreter whose installed hourglass runs (from outside the tree:
+        # the build the README's set-up installs, compiled where it can be)
+        self.python = python
+
+    def _command(self, *args: str) -> tuple[list[str], str]:
+        """(command line, working directory) of `hourglass <args>`."""
+        if self.python is None:
+            return [sys.executable, "-m", "broker.cli", *args], ROOT
+        return [self.python, "-m", "broker.cli", *args], self.work_dir
 
     def _spawn(self) -> None:
-        self.server = Process(serve_command(self.data_dir, "--host", HOST, "--port", str(self.port), "--fsync", "batch",
-                                            *self.extra_args), self.data_dir + ".log", cwd=ROOT)
+        command, cwd = self._command("serve", "--data-dir", self.data_dir, "--host", HOST, "--port", str(self.port),
+                                     "--fsync", "batch", *self.extra_args)
+        self.server = Process(command, self.data_dir + ".log", cwd=cwd)
 
     def _call(self, method: str, path: str, params: dict) -> tuple[int, dict]:
         """(code, answer) of one request. The code is the JSON body's
@@ -312,8 +324,10 @@ class HourglassSystem(System):
         return code == 200 and info["data"]["ackQueueSize"] == 0 and info["data"]["readyQueueSize"] == 0
 
     def describe(self) -> dict:
+        command, cwd = self._command("--version")
+        version = subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=60).stdout.strip()
         return {"command": " ".join(["python -m broker.cli serve --fsync batch", *self.extra_args]),
-                "durability": self.durability}
+                "python": self.python or "source tree", "version": version, "durability": self.durability}
 
     def client_config(self) -> dict:
         return {"system": "hourglass", "port": self.port, "keys": self.keys}

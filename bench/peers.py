@@ -12,6 +12,7 @@ stderr too).
     .venv/bin/python bench/peers.py --quick                  # tiny sizes: a smoke test (about a minute)
     .venv/bin/python bench/peers.py --scenarios dispatch,burst --systems hourglass,redis_always
     .venv/bin/python bench/peers.py --hourglass-args="--some-flag 1"   # extra flags for hourglass serve
+    .venv/bin/python bench/peers.py --hourglass-python .venv/bin/python  # the installed build, not the tree
     .venv/bin/python bench/peers.py --report peers.json      # the table of an earlier run's JSON again
 
 Systems (--systems, all by default), durable peers first:
@@ -576,7 +577,7 @@ class Bench:
         for name in names:
             if name == "hourglass":
                 keys = a.dispatch_keys if scenario == "dispatch-keyed" else a.keys
-                out.append(HourglassSystem(self.work_dir, a.hourglass_args, keys))
+                out.append(HourglassSystem(self.work_dir, a.hourglass_args, keys, a.hourglass_python))
             elif name in ("redis", "redis_always"):
                 appendfsync = "always" if name == "redis_always" else "everysec"
                 sends = [("pipeline", name), ("lua", f"{name}_lua")] if scenario == "ingest-batch" else [
@@ -1112,6 +1113,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--work-dir", default=None, help="where data dirs go (a fresh temp dir inside it, default /tmp)")
     p.add_argument("--keep", action="store_true", help="keep data dirs and server logs")
     p.add_argument("--hourglass-args", default="", type=shlex.split, help="extra flags for hourglass serve")
+    p.add_argument("--hourglass-python", default=None,
+                   help="run the hourglass installed for this interpreter (e.g. .venv/bin/python after the README's "
+                        "set-up: the compiled build where it could be made), from outside the source tree; "
+                        "default: this source tree's broker, pure Python")
     p.add_argument("--redis-server", default=shutil.which("redis-server"), help="default: the one on PATH")
     p.add_argument("--redis-send", choices=("pipeline", "lua"), default="pipeline",
                    help="how Redis producers send outside ingest-batch (which runs both)")

@@ -71,3 +71,50 @@ def test_a_compiled_editable_install_is_refused(monkeypatch):
         hourglass_build.get_requires_for_build_editable()
     with pytest.raises(hourglass_build.CompiledEditableRefused):
         hourglass_build.build_editable("unused")
+
+
+def _backend(monkeypatch):
+    monkeypatch.syspath_prepend(os.path.join(ROOT, "build_backend"))
+    import hourglass_build
+    return hourglass_build
+
+
+def test_by_default_a_wheel_is_compiled_where_this_machine_can_compile(monkeypatch):
+    backend = _backend(monkeypatch)
+    monkeypatch.delenv("HOURGLASS_MYPYC", raising=False)
+    monkeypatch.setattr(backend, "can_compile", lambda: True)
+    assert backend._mypyc_requested()
+    assert os.environ["HOURGLASS_MYPYC"] == "1"  # what setup.py reads
+
+
+def test_by_default_a_wheel_is_pure_python_with_one_line_where_nothing_compiles(monkeypatch, capsys):
+    backend = _backend(monkeypatch)
+    monkeypatch.setenv("HOURGLASS_MYPYC", "auto")
+    monkeypatch.setattr(backend, "can_compile", lambda: False)
+    assert not backend._mypyc_requested()
+    assert os.environ["HOURGLASS_MYPYC"] == "0"
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "pure-Python build" in err and "build-essential python3-dev" in err
+
+
+def test_zero_asks_for_pure_python_and_an_editable_install_is_pure_python(monkeypatch):
+    backend = _backend(monkeypatch)
+    monkeypatch.setattr(backend, "can_compile", lambda: True)
+    monkeypatch.setenv("HOURGLASS_MYPYC", "0")
+    assert not backend._mypyc_requested()
+    monkeypatch.delenv("HOURGLASS_MYPYC")
+    backend._refuse_compiled_editable()  # auto: no refusal, and pure Python
+    assert os.environ["HOURGLASS_MYPYC"] == "0"
+
+
+def test_this_machine_can_compile_when_it_has_a_compiler_and_the_headers(monkeypatch, tmp_path):
+    backend = _backend(monkeypatch)
+    include = tmp_path / "include"
+    include.mkdir()
+    monkeypatch.setattr(backend.sysconfig, "get_paths", lambda: {"include": str(include)})
+    monkeypatch.setattr(backend.sysconfig, "get_config_var", lambda name: "no-such-compiler-here -pthread")
+    assert not backend.can_compile()
+    monkeypatch.setattr(backend.sysconfig, "get_config_var", lambda name: "sh")  # a program that exists
+    assert not backend.can_compile()  # no Python.h yet
+    (include / "Python.h").write_text("")
+    assert backend.can_compile()
