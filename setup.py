@@ -1,10 +1,11 @@
-"""The optional mypyc build: the pure-Python package everywhere, and with
-`HOURGLASS_MYPYC=1` a wheel whose hot modules are also compiled by mypyc
-(docs/dependencies.md, "mypyc"). Everything else about the package is in
-pyproject.toml.
+"""The mypyc build: the modules below compiled by mypyc into a wheel when
+the build backend says so (build_backend/hourglass_build.py: where the
+machine can compile, or as HOURGLASS_MYPYC asks; docs/dependencies.md,
+"mypyc"). Everything else about the package is in pyproject.toml.
 
-    pip install .                           # pure Python (no C compiler needed)
-    HOURGLASS_MYPYC=1 pip install .         # + the modules below compiled
+    pip install .                           # compiled where a C compiler and Python's headers are
+    HOURGLASS_MYPYC=0 pip install .         # pure Python
+    HOURGLASS_MYPYC=1 pip install .         # compiled, or the install fails
 
 The compiled modules are C extensions built into the wheel, never next to
 the sources: an editable install is always pure Python (the build backend,

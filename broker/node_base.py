@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING, Any
 
 from wheel.clock import Clock
 
+from . import build_info
 from .api import Api, answer, console_auth, console_entry
 from .backend import Backend
 from .camellia_metrics import ProcessStats
@@ -229,7 +230,7 @@ class NodeBase(ABC):
         config = self.config
         server = HttpServer(self.app().admit, config.http, self.descriptors)
         await server.start(config.host, config.port)
-        log.info("serving on http://%s:%d (%s)", config.host, config.port, describe)
+        log.info("serving on http://%s:%d (%s; %s)", config.host, config.port, describe, build_info.describe())
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stop_asked.set)

@@ -53,7 +53,7 @@ def _mode() -> str:
 
 def can_compile() -> bool:
     """A C compiler and Python's headers are here (what mypyc's extensions need)."""
-    compiler = (sysconfig.get_config_var("CC") or "cc").split()[0]
+    compiler = (os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc").split()[0]
     headers = os.path.join(sysconfig.get_paths()["include"], "Python.h")
     return shutil.which(compiler) is not None and os.path.exists(headers)
 
