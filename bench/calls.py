@@ -42,6 +42,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from broker.cli import build_parser, config_from_args  # noqa: E402
+from broker.group_commit import INLINE_SYNC_AFTER  # noqa: E402
 from broker.httpd import Connection  # noqa: E402
 from broker.nodes import DiskNode  # noqa: E402
 from broker.paths import PREFIX  # noqa: E402
@@ -178,7 +179,11 @@ async def measure(repeat: int, batch: int) -> dict[str, Any]:
             n += 1
             return f"m{n}"
 
-        await client.call(Client.form("sendMsg", topic="t", msg="warm", msgId=next_id(), delayMillis=60_000))
+        # warm: more commit rounds than the group commit counts before it
+        # fsyncs a small round on the loop (broker.group_commit,
+        # INLINE_SYNC_AFTER), so every round counted is one kind
+        for _ in range(INLINE_SYNC_AFTER + 4):
+            await client.call(Client.form("sendMsg", topic="t", msg="warm", msgId=next_id(), delayMillis=60_000))
 
         async def send(counter: Counter) -> None:
             await client.call(Client.form("sendMsg", topic="t", msg="hello", msgId=next_id(), delayMillis=60_000),

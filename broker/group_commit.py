@@ -1,5 +1,6 @@
 """Group commit: many requests' records made durable by one fsync, the
-fsync off the event loop, the next commit filling while one syncs.
+fsync off the event loop, the next commit filling while one syncs (a
+round of a few records on a fast disk: on the loop, INLINE_SYNC_RECORDS).
 
     request A: append record, await durable() ─┐ commit N: the syncer thread
     request B: append record, await durable() ─┘ fsyncs (broker.syncer)
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 
 from storage.config import FsyncPolicy
@@ -45,6 +47,20 @@ DEFERRED_SLICE = 1500
 # commit within that time takes it along in its fsync (a pull and the ack
 # that follows it: one fsync, not two).
 UNWAITED_COMMIT_DELAY_S = 0.005
+
+# A round of at most INLINE_SYNC_RECORDS records fsyncs on the event loop
+# itself, once the last INLINE_SYNC_AFTER fsyncs each took under
+# INLINE_SYNC_MAX_S: so few records are a few clients each waiting for its
+# answer, the loop has nothing to do meanwhile, and handing the fsync to
+# the syncer thread costs two thread wake-ups -- more CPU than the fsync
+# itself (a quarter of a single send's on this machine: docs/benchmarks.md,
+# "The syncer thread or the loop"). A larger round, or a disk whose fsyncs
+# are slow, syncs in the thread while the loop takes the next requests; a
+# fast disk turned slow holds the loop for one fsync at most, then the
+# thread takes over again.
+INLINE_SYNC_RECORDS = 8
+INLINE_SYNC_MAX_S = 0.001
+INLINE_SYNC_AFTER = 16
 
 log = logging.getLogger("hourglass.commit")
 
@@ -85,6 +101,8 @@ class GroupCommit:
         self._syncer: Syncer | None = None  # made by run(), on its loop
         self._kick_timer: asyncio.TimerHandle | None = None  # a kick_soon() pending
         self.rounds = 0  # commits made (syncs and applies), for the metrics and the tests
+        self.inline_syncs = 0  # of which fsync'ed on the loop (INLINE_SYNC_RECORDS)
+        self._fast_syncs = 0  # fsyncs in a row under INLINE_SYNC_MAX_S
 
     def __repr__(self) -> str:
         return (f"GroupCommit(pending_records={self._store.pending_records}, rounds={self.rounds}, "
@@ -158,8 +176,16 @@ class GroupCommit:
                     count, end_offset = store.commit_point()
                     try:
                         if count:
-                            # (--fsync never: nothing to wait for, no thread to wake)
-                            took = 0.0 if never else await syncer.sync()  # the loop goes on meanwhile
+                            if never:  # nothing to wait for, no thread to wake
+                                took = 0.0
+                            elif count <= INLINE_SYNC_RECORDS and self._fast_syncs >= INLINE_SYNC_AFTER:
+                                started = time.perf_counter()
+                                store.sync_log()
+                                took = time.perf_counter() - started
+                                self.inline_syncs += 1
+                            else:
+                                took = await syncer.sync()  # the loop goes on meanwhile
+                            self._fast_syncs = self._fast_syncs + 1 if took < INLINE_SYNC_MAX_S else 0
                             self._metrics.fsync_seconds.observe(took)
                             self._on_entries(store.apply_pending(count, defer=True))
                             self.rounds += 1

@@ -1,5 +1,7 @@
 """The syncer: one thread that runs the commit log's fsyncs, so the event
-loop never waits on the disk (docs/internals.md, "How a node works").
+loop does not wait on the disk (docs/internals.md, "How a node works";
+a round of a few records on a fast disk fsyncs on the loop itself:
+broker.group_commit's INLINE_SYNC_RECORDS).
 
     event loop                              syncer thread
     ----------                              -------------

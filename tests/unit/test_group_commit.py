@@ -5,10 +5,12 @@ never stop."""
 
 import asyncio
 import threading
+import time
 
 import pytest
 from fakes import FaultyDisk
 
+from broker import group_commit
 from broker.group_commit import GroupCommit
 from broker.metrics import Metrics
 from storage.disk import Disk
@@ -184,4 +186,60 @@ def test_a_quiet_point_waited_for_when_the_node_stops_leading_is_answered(tmp_pa
             await commits.at_quiet_point(lambda: "prepared")
 
     asyncio.run(main())
+    store.close()
+
+
+class ThreadedDisk(FaultyDisk):
+    """Notes which thread each fdatasync ran on; `slow_s` makes them slow."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.threads: list[str] = []
+        self.slow_s = 0.0
+
+    def fdatasync(self, fd: int) -> None:  # (no real fsync: the test is about where it runs, not the disk)
+        self.threads.append("loop" if threading.current_thread() is threading.main_thread() else "syncer")
+        if self.slow_s:
+            time.sleep(self.slow_s)
+
+
+def test_small_rounds_on_a_fast_disk_fsync_on_the_loop_and_a_slow_fsync_hands_them_back(tmp_path, monkeypatch):
+    """Rounds of one record: the first INLINE_SYNC_AFTER fsync in the
+    syncer thread, the next on the loop once they were all fast; one slow
+    fsync and the thread takes over again; a round of many records always
+    syncs in the thread."""
+    monkeypatch.setattr(group_commit, "INLINE_SYNC_MAX_S", 0.05)  # fast: whatever else the machine runs
+    disk = ThreadedDisk()
+    store = Store.open(str(tmp_path), now_ms=NOW, disk=disk)
+    commits = GroupCommit(store, lambda entries: None, Metrics())
+    n = 0
+
+    async def send(count=1):
+        nonlocal n
+        for _ in range(count):
+            n += 1
+            store.send([NewMessage("t", f"m{n}", "x", NOW, NOW + 60_000, 60_000, 1)], NOW)
+        await asyncio.wait_for(commits.durable(), 5)
+
+    async def main():
+        runner = asyncio.create_task(commits.run())
+        for _ in range(group_commit.INLINE_SYNC_AFTER + 3):
+            await send()
+        disk.slow_s = 0.1
+        await send()
+        disk.slow_s = 0.0
+        await send()
+        del disk.threads[:]
+        for _ in range(group_commit.INLINE_SYNC_AFTER - 1):
+            await send()
+        await send(group_commit.INLINE_SYNC_RECORDS + 1)
+        runner.cancel()
+        await asyncio.gather(runner, return_exceptions=True)
+        return commits.inline_syncs
+
+    disk.threads.clear()
+    synced = asyncio.run(main())
+    assert disk.threads[-1] == "syncer"  # a round of many records
+    assert disk.threads[:-1] == ["syncer"] * (group_commit.INLINE_SYNC_AFTER - 1)  # the count starts anew
+    assert synced == 4  # 3 after the first run of fast ones, and the slow one itself
     store.close()
