@@ -155,7 +155,8 @@ class KeyIndex:
         """`put` each (key, file id, trigger time, globalIndex); a run of
         items of one key and part (a batch of one key's sends) moves the
         two counters once."""
-        slots, put, i, end = self.slots, self.slots.put, 0, len(items)
+        slots, i, end = self.slots, 0, len(items)
+        puts: list[tuple[int, int, int]] = []  # (slot key, file, globalIndex): the id index's, in one call
         while i < end:
             key, file_id, trigger_ms, _ = items[i]
             part = part_of(file_id, trigger_ms)
@@ -167,9 +168,13 @@ class KeyIndex:
             part_key = derive(key, file_id << 8 | part)
             n = slots.add(part_key, file_id, j - i)
             for _, _, _, global_index in items[i:j]:
-                put(slot_key(part_key, n), file_id, global_index)
+                x = (part_key + n * 0x9E3779B97F4A7C15) & _M64  # slot_key(part_key, n), written out
+                x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+                x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
+                puts.append(((x ^ (x >> 31)) or 1, file_id, global_index))
                 n += 1
             i = j
+        slots.put_many(puts)
 
     def parts(self, key: int, files: Iterable[tuple[int, int]]) -> list[KeyPart]:
         """The non-empty parts of `key` in `files` ((file id, first hour)
