@@ -42,6 +42,12 @@ class SystemClock:
         await asyncio.sleep(max(0.0, seconds))
 
     async def wait_for(self, awaitable: Awaitable[T], timeout_s: float) -> T:
+        if asyncio.current_task() is None:
+            # A request's frame runs without a Task until it first waits
+            # (broker.httpd); asyncio.timeout needs one: a bare yield has
+            # the frame handed to its Task first (a leader's ack that
+            # changes nothing waits so for a quorum: GroupCommit.settled)
+            await asyncio.sleep(0)
         async with asyncio.timeout(timeout_s):  # (not asyncio.wait_for: see sleep_until)
             return await awaitable
 

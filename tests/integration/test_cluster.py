@@ -302,3 +302,19 @@ def test_only_the_leader_pushes_and_the_next_one_resumes_after_a_kill(tmp_path):
     finally:
         c.stop()
         subscriber.stop()
+
+
+def test_calls_that_change_nothing_wait_for_a_quorum_on_the_leader_and_answer(cluster):
+    """An ack of an acked message and a delete of a deleted one change
+    nothing: the leader answers once what earlier records made is on a
+    quorum (GroupCommit.settled, a timed wait), never a 500."""
+    leader = cluster.wait_leader()
+    cluster.wait_known(leader)
+    node = cluster.nodes[leader]
+    assert node.post("sendMsg", topic="s", msg="x", msgId="m1", delayMillis=0)[0] == 200
+    body = _wait(lambda: node.post("pullMsg", topic="s", batch=1)[1]["delayMsgList"], what="m1 ready")
+    assert [m["msgId"] for m in body] == ["m1"]
+    for call, params in (("ackMsg", {"ack": "true"}), ("deleteMsg", {})):
+        for _ in range(2):  # the second changes nothing
+            code, answer = node.post(call, topic="s", msgId="m1", **params)
+            assert code in (200, 404) and node.http_status == 200, (call, answer)  # never a 500

@@ -408,3 +408,26 @@ def test_pipelined_inline_requests_past_a_parsing_slice_are_all_answered_in_orde
     answers, seen = asyncio.run(main())
     assert [json.loads(body)["path"] for _, _, body in answers] == [f"/p{i}" for i in range(400)]
     assert len(seen) == 400
+
+
+def test_the_clocks_timed_wait_works_in_an_inline_commands_frame():
+    """SystemClock.wait_for (asyncio.timeout inside) reached before the
+    frame first waits: it yields first, so the frame is a Task's when the
+    timeout starts (a cluster leader's ack that changes nothing waits so)."""
+    from broker.clock import SystemClock
+
+    async def handler(request: Request) -> Response:
+        future = asyncio.get_running_loop().create_future()
+        asyncio.get_running_loop().call_later(0.01, future.set_result, b"quorum")
+        return Response(200, await SystemClock().wait_for(future, 5))
+
+    async def main():
+        server = HttpServer(lambda request: Command("*", "*", handler, 1024, Auth.OPEN, inline=True))
+        await server.start("127.0.0.1", 0)
+        reader, writer = await _connect(server.port)
+        writer.write(b"GET /ack HTTP/1.1\r\n\r\n")
+        answer = await _read_response(reader)
+        await _stop(server)
+        return answer
+    status, _, body = asyncio.run(main())
+    assert (status, body) == (200, b"quorum")
