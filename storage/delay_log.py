@@ -114,15 +114,9 @@ def padded_bytes(frame_bytes: int) -> int:
 
 def append_frame(buf: bytearray, body: bytes) -> int:
     """Append `body` framed (storage.framing, seed 0) and zero-padded to
-    `padded_bytes` to `buf`, in place (the apply path's one write per
-    message); returns the bytes it takes in the log."""
-    buf += FRAME_HEADER.pack(len(body), zlib.crc32(body))
-    buf += body
-    size = FRAME_HEADER_BYTES + len(body)
-    pad = -size & (ALIGN_BYTES - 1)
-    if pad:
-        buf += _PAD[:pad]
-    return size + pad
+    `padded_bytes` to `buf`, in place; returns the bytes it takes in the
+    log (`append_frames` of one body: the frame written in one place)."""
+    return append_frames(buf, (body,))
 
 
 def append_frames(buf: bytearray, bodies: Iterable[bytes]) -> int:

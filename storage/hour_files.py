@@ -104,7 +104,7 @@ class HourFiles:
 
     def write_state_bytes(self, global_index: int, mutable: bytes) -> None:
         """Overwrite an entry's status, flags and retry (delay_index.MUTABLE)."""
-        self.idx.write(delay_index.entry_offset(global_index) + delay_index.MUTABLE_OFFSET, mutable)
+        self.write_states(((global_index, mutable),))
 
     def write_states(self, states: Iterable[tuple[int, bytes]]) -> None:
         """`write_state_bytes` of each (globalIndex, mutable bytes), in one call."""
@@ -127,8 +127,7 @@ class HourFiles:
         return second_table.unpack_slot(self.sec.path, second, raw)
 
     def write_slot(self, second: int, last_global_index: int, count: int) -> None:
-        self.sec.write(second_table.slot_offset(second),
-                       second_table.pack_slot(second, last_global_index, count))
+        self.write_slots(((second, (last_global_index, count)),))
 
     def write_slots(self, slots: Iterable[tuple[int, tuple[int, int]]]) -> None:
         """`write_slot` of each (second, (last, count)), in one call."""

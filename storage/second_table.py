@@ -47,7 +47,7 @@ def slot_offset(second: int) -> int:
 
 
 def pack_slot(second: int, last_global_index: int, count: int) -> bytes:
-    return SLOT.pack(last_global_index, count, zlib.crc32(_CRC_INPUT.pack(last_global_index, count, second)), 0)
+    return packed_slots(((second, (last_global_index, count)),))[0][1]
 
 
 def packed_slots(slots: Iterable[tuple[int, tuple[int, int]]]) -> list[tuple[int, bytes]]:

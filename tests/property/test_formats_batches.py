@@ -11,7 +11,7 @@ import tempfile
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from storage import delay_index, delay_log
+from storage import delay_index, delay_log, framing
 from storage.id_index import IdIndex
 
 SETTINGS = settings(max_examples=60, deadline=None)
@@ -36,12 +36,17 @@ def test_waiting_entries_packed_together_are_the_entries_packed_one_by_one(batch
 
 @SETTINGS
 @given(st.lists(st.binary(max_size=40), max_size=20), st.binary(max_size=9))
-def test_frames_appended_together_are_the_frames_appended_one_by_one(bodies, before):
-    together, one_by_one = bytearray(before), bytearray(before)
+def test_frames_appended_together_are_each_body_framed_and_padded(bodies, before):
+    """Against storage.framing's own encoding, padded to the log's alignment."""
+    together = bytearray(before)
     last = delay_log.append_frames(together, iter(bodies))
-    taken = [delay_log.append_frame(one_by_one, body) for body in bodies]
-    assert together == one_by_one
-    assert last == (taken[-1] if taken else 0)
+    expected, taken = bytearray(before), 0
+    for body in bodies:
+        frame = framing.encode_frame(body) if body else framing.FRAME_HEADER.pack(0, 0)
+        taken = len(frame) + (-len(frame) % delay_log.ALIGN_BYTES)
+        expected += frame.ljust(taken, b"\0")
+    assert together == expected
+    assert last == taken
 
 
 ids = st.lists(st.tuples(st.sampled_from(["t", "topic-2", "é"]), st.text(min_size=1, max_size=8)), max_size=30)
