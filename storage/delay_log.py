@@ -67,6 +67,12 @@ def unpack_body(body: Buffer) -> Body:
     return Body(*msgpack.unpackb(body))
 
 
+def serial_key(body: Buffer) -> tuple[str, str]:
+    """A body's (topic, serial key); the key "" when it has none."""
+    fields = msgpack.unpackb(body)
+    return fields[0], fields[7] if len(fields) == 8 else ""
+
+
 def id_fields(body: Buffer) -> tuple[bytes, bytes]:
     """The UTF-8 bytes of a body's topic and msgId, read from the front of
     the msgpack array without decoding the message (the id index hashes

@@ -8,8 +8,11 @@ or keys.
 Directory `keys/`, in the id index's format (storage.id_index: the same
 `secret` file and `<shard:02x>.hix` shards, byte for byte, 64 shards of
 open-addressing slots, each doubling on its own), with its own secret,
-plus an empty file `parts` that marks this layout of the slots (an
-index without it is rebuilt). A key's messages are counted in buckets:
+plus an empty file `runs` that marks this layout of the slots (an index
+without it is rebuilt). A key's messages are counted in buckets, and
+held as runs: messages of one key, file and part put together whose
+globalIndexes follow each other (a batch of one key's sends, appended to
+its file in one go) are one run, one slot, whatever their number:
 
     H        = BLAKE2b(topic, key) under the secret        (IdIndex.key)
     file     = the delay file the message is in (its Location's hour)
@@ -18,31 +21,35 @@ index without it is rebuilt). A key's messages are counted in buckets:
                file begins (sent due: filed at the hour it was sent in)
 
     slot key                     slot holds (file = the slot's hour)
-    derive(H, file<<8 | 0xFF)    counter: the key's messages in the file
-    derive(H, file<<8 | part)    counter: the key's messages in the part
-    slot_key(partkey, n)         the n-th message put in the part (its
-                                 globalIndex), n = 0, 1, ...
+    derive(H, file<<8 | 0xFF)    counter: the key's runs in the file
+    derive(H, file<<8 | part)    counter: the key's runs in the part
+    slot_key(partkey, n)         the n-th run put in the part: its first
+                                 message's globalIndex, n = 0, 1, ...
+    derive(slot_key(..), RUN)    counter: that run's length, when over 1
+                                 (absent: a run of one message)
 
 `derive(k, x)` and `slot_key` are 64-bit mixes (splitmix64's finaliser) of k and x: they
-costs no hashing of text, and without the secret nobody can choose keys
+cost no hashing of text, and without the secret nobody can choose keys
 whose slots collide. A counter is a slot whose globalIndex field holds
-the count (IdIndex.add_one). Every slot of a file dies with the file (a
+the count (IdIndex.add). Every slot of a file dies with the file (a
 retired file's slots are dead, reused or dropped when a shard doubles),
 so the index holds live files only.
 
 Worked example: key "order-42" sent three times into hour 490,000 at
-minutes 5, 5 and 50 puts counters file=3, part 5 = 2, part 55 = 1 and
-three message slots; a page of listMsg by that key probes the file
-counter of each live file (1 probe a file), then the part counters of
-the files that hold the key, and reads the parts in order of their time
-ranges, stopping once the page is full and the next part starts after
-its last message (LATE parts first: their trigger times are unbounded
-below).
+minutes 5, 5 and 50, the first two in one batch (globalIndexes 7 and 8),
+the third alone (globalIndex 40), puts counters file = 2 runs, part 5 =
+1 run, part 55 = 1 run, the run slots (part 5, n=0) -> 7 with a length
+counter of 2 and (part 55, n=0) -> 40; a page of listMsg by that key
+probes the file counter of each live file (1 probe a file), then the
+part counters of the files that hold the key, and reads the parts in
+order of their time ranges, stopping once the page is full and the next
+part starts after its last message (LATE parts first: their trigger
+times are unbounded below).
 
-Cost: a put is one BLAKE2b and three probe sequences, O(1) whatever the
-key's count (a run of one key's sends into one part, as a batch of them
-makes, moves the two counters once: one probe sequence a message); a lookup is O(live files) probes plus the messages of the
-parts it reads.
+Cost: a put is one BLAKE2b and a few probe sequences a run, O(1) whatever
+the key's count, and a batch of one key's sends into one part is one
+run: its counters and its slots are moved once, not once a message; a
+lookup is O(live files) probes plus two a run of the parts it reads.
 
 What is put, and when (storage.applying): every message whose body has a
 serial key (an 8-item delay-log body, storage.delay_log) when its SEND is
@@ -84,7 +91,9 @@ KEYED_BODY = 0x98
 PARTS = 64  # slices of a file's time range
 LATE = PARTS  # the part of messages that trigger before their file begins
 FILE_COUNTER = 0xFF
-LAYOUT_FILE = "parts"  # its presence: this layout of the slots (absent: rebuild)
+REBUILD_SLICE = 65_536  # keyed messages put in one call by a rebuild
+RUN = 0x52554E  # derive(run slot key, RUN): the run's length counter
+LAYOUT_FILE = "runs"  # its presence: this layout of the slots (absent: rebuild)
 _M64 = (1 << 64) - 1
 
 
@@ -127,8 +136,8 @@ def part_range(file_id: int, trigger_ms: int, part: int) -> tuple[int, int]:
 
 class KeyPart(NamedTuple):
     """One non-empty part of a key's messages: trigger times in
-    [low_ms, high_ms) (LATE: low_ms 0), `entries` messages put (released
-    ones and replayed duplicates included)."""
+    [low_ms, high_ms) (LATE: low_ms 0), `entries` runs put (their
+    released messages and replayed duplicates included)."""
     low_ms: int
     high_ms: int
     file_id: int
@@ -152,26 +161,39 @@ class KeyIndex:
         self.put_many([(key, file_id, trigger_ms, global_index)])
 
     def put_many(self, items: Sequence[tuple[int, int, int, int]]) -> None:
-        """`put` each (key, file id, trigger time, globalIndex); a run of
-        items of one key and part (a batch of one key's sends) moves the
-        two counters once."""
+        """`put` each (key, file id, trigger time, globalIndex); items of one
+        key and part whose globalIndexes follow each other are one run (a
+        batch of one key's sends: one slot, the counters moved once)."""
         slots, i, end = self.slots, 0, len(items)
-        puts: list[tuple[int, int, int]] = []  # (slot key, file, globalIndex): the id index's, in one call
+        puts: list[tuple[int, int, int]] = []  # (slot key, file, globalIndex or length): the id index's, in one call
         while i < end:
-            key, file_id, trigger_ms, _ = items[i]
+            key, file_id, trigger_ms, first = items[i]
             part = part_of(file_id, trigger_ms)
             low_ms, high_ms = part_range(file_id, trigger_ms, part)
+            runs: list[tuple[int, int]] = []  # (first globalIndex, length)
+            last = first
             j = i + 1
-            while j < end and items[j][0] == key and items[j][1] == file_id and low_ms <= items[j][2] < high_ms:
+            while j < end:
+                k, f, t, gi = items[j]
+                if k != key or f != file_id or not low_ms <= t < high_ms:
+                    break
+                if gi != last + 1:
+                    runs.append((first, last - first + 1))
+                    first = gi
+                last = gi
                 j += 1
-            slots.add(derive(key, file_id << 8 | FILE_COUNTER), file_id, j - i)
+            runs.append((first, last - first + 1))
+            slots.add(derive(key, file_id << 8 | FILE_COUNTER), file_id, len(runs))
             part_key = derive(key, file_id << 8 | part)
-            n = slots.add(part_key, file_id, j - i)
-            for _, _, _, global_index in items[i:j]:
+            n = slots.add(part_key, file_id, len(runs))
+            for first, length in runs:
                 x = (part_key + n * 0x9E3779B97F4A7C15) & _M64  # slot_key(part_key, n), written out
                 x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
                 x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
-                puts.append(((x ^ (x >> 31)) or 1, file_id, global_index))
+                run_key = (x ^ (x >> 31)) or 1
+                puts.append((run_key, file_id, first))
+                if length > 1:
+                    puts.append((derive(run_key, RUN), file_id, length))
                 n += 1
             i = j
         slots.put_many(puts)
@@ -208,10 +230,17 @@ class KeyIndex:
         slots, file_id = self.slots, part.file_id
         part_key = derive(key, file_id << 8 | part.part)
         found: dict[Location, None] = {}
+        new = tuple.__new__
         for n in range(part.entries):
-            for where in slots.candidates(slot_key(part_key, n)):
+            run_key = slot_key(part_key, n)
+            for where in slots.candidates(run_key):
                 if where.hour == file_id:
-                    found[where] = None
+                    length = slots.count(derive(run_key, RUN), file_id) or 1
+                    if length == 1:
+                        found[where] = None
+                    else:
+                        for gi in range(where.global_index, where.global_index + length):
+                            found[new(Location, (file_id, gi))] = None
         return list(found)
 
     @property
@@ -240,15 +269,14 @@ def key_of_body(index: KeyIndex, body: bytes | memoryview, known: dict[tuple[str
     sends hashes it once)."""
     if body[0] != KEYED_BODY:
         return None
-    b = delay_log.unpack_body(body if isinstance(body, bytes) else bytes(body))
-    if not b.key:
+    pair = delay_log.serial_key(body)
+    if not pair[1]:
         return None
     if known is None:
-        return index.key(b.topic, b.key)
-    pair = (b.topic, b.key)
+        return index.key(*pair)
     key = known.get(pair)
     if key is None:
-        key = known[pair] = index.key(b.topic, b.key)
+        key = known[pair] = index.key(*pair)
     return key
 
 
@@ -268,14 +296,22 @@ def open_key_index(directory: str, config: StoreConfig, hours: HourTable, disk: 
     keys = KeyIndex(slots)
     try:
         atomic_write(os.path.join(slots.directory, LAYOUT_FILE), b"")
+        known: dict[tuple[str, str], int] = {}
         for h in hours.ascending():
             files = hours.files(h)
+            found: list[tuple[int, int, int, int]] = []  # put a slice at a time: runs form as when sent
             for gi in range(h.entries):
                 entry, offset8, size, flags = files.read_entry(gi)
                 if not flags & FLAG_RELEASED:
-                    key = key_of_body(keys, files.read_body(offset8, size))
+                    key = key_of_body(keys, files.read_body(offset8, size), known)
                     if key is not None:
-                        keys.put(key, h.hour, entry.trigger_ms, gi)
+                        found.append((key, h.hour, entry.trigger_ms, gi))
+                if len(found) >= REBUILD_SLICE:
+                    keys.put_many(found)
+                    found.clear()
+                    if len(known) >= REBUILD_SLICE:
+                        known.clear()  # RAM bounded whatever the number of keys
+            keys.put_many(found)
         slots.publish()
     except BaseException:
         keys.close()

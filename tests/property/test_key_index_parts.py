@@ -3,8 +3,10 @@ sequence of puts (keys, files -- hours and spans --, trigger times, LATE
 ones among them) and file retirements, `parts` lists exactly the non-empty
 parts of live files, LATE ones first and the rest by the start of their
 time range, every location put under a key comes back from its part, each
-once, and its trigger time lies within the part's range. A put's probes
-do not grow with its key's count.
+once, and its trigger time lies within the part's range -- puts made
+one by one or a batch at a time (a batch's items of one key and part with
+following globalIndexes held as one run). A put's probes do not grow with
+its key's count, and a batch under one key is one slot a run.
 """
 
 from __future__ import annotations
@@ -30,11 +32,13 @@ def _trigger(file_id: int, offset: int, late: bool) -> int:
     return start - 1 - offset if late else start + offset * MS_PER_HOUR // 10_000
 
 
+one_put = st.tuples(st.sampled_from(("a", "b", "c")), st.sampled_from([*HOURS, SPAN]),
+                    st.integers(0, 9_999), st.booleans())
 puts = st.lists(st.one_of(
-    st.tuples(st.just("put"), st.sampled_from(("a", "b", "c")), st.sampled_from([*HOURS, SPAN]),
-              st.integers(0, 9_999), st.booleans()),
+    st.tuples(st.just("put"), one_put),
+    st.tuples(st.just("batch"), st.lists(st.tuples(one_put, st.integers(1, 6)), min_size=1, max_size=12)),
     st.tuples(st.just("retire"), st.sampled_from(HOURS)),
-), min_size=1, max_size=60)
+), min_size=1, max_size=40)
 
 
 def _open(tmp_path_factory, live: set[int]) -> KeyIndex:
@@ -57,15 +61,26 @@ def test_parts_and_locations_match_a_model(tmp_path_factory, steps):
     next_gi = dict.fromkeys(live, 0)
     try:
         for step in steps:
-            if step[0] == "put":
-                _, name, file_id, offset, late = step
-                if file_id not in live:
-                    continue
-                trigger = _trigger(file_id, offset, late and file_id != SPAN)
-                gi = next_gi[file_id]
-                next_gi[file_id] += 1
-                index.put(index.key("t", name), file_id, trigger, gi)
-                model.setdefault(name, {})[(file_id, gi)] = trigger
+            if step[0] in ("put", "batch"):
+                batch = [step[1]] if step[0] == "put" else [  # repeats: one key's sends side by side
+                    (name, file_id, min(offset + r, 9_999), late)
+                    for (name, file_id, offset, late), repeat in step[1] for r in range(repeat)]
+                items = []
+                for name, file_id, offset, late in sorted(batch, key=lambda p: p[1]):  # a file's run, as applied
+                    if file_id not in live:
+                        continue
+                    trigger = _trigger(file_id, offset, late and file_id != SPAN)
+                    if offset % 5 == 0:
+                        next_gi[file_id] += 1  # a message of no key between: a gap in the run
+                    gi = next_gi[file_id]
+                    next_gi[file_id] += 1
+                    items.append((index.key("t", name), file_id, trigger, gi))
+                    model.setdefault(name, {})[(file_id, gi)] = trigger
+                if step[0] == "put":
+                    for item in items:
+                        index.put(*item)
+                else:
+                    index.put_many(items)
             else:
                 live.discard(step[1])
                 for places in model.values():
@@ -112,5 +127,27 @@ def test_a_put_costs_the_same_for_a_key_of_one_or_of_many(tmp_path_factory):
         (part,) = index.parts(hot, [(NOW_HOUR, NOW_HOUR)])
         assert part.entries == 20_001
         assert len(index.locations(hot, part)) == 20_001
+    finally:
+        index.close()
+
+
+def test_a_batch_under_one_key_is_one_run(tmp_path_factory):
+    """1,000 sends of one key into one part, put in one call with following
+    globalIndexes (a sendMsgBatch's run): one run, a few slots, every
+    place listed; a gap in the globalIndexes starts another run."""
+    live = {NOW_HOUR}
+    index = _open(tmp_path_factory, live)
+    try:
+        hot = index.key("t", "hot")
+        trigger = NOW_HOUR * MS_PER_HOUR + 1_000
+        before = index.probes
+        index.put_many([(hot, NOW_HOUR, trigger, gi) for gi in range(1_000)])
+        assert index.probes - before < 40
+        index.put_many([(hot, NOW_HOUR, trigger, gi) for gi in (2_000, 2_001, 2_005)])
+        (part,) = index.parts(hot, [(NOW_HOUR, NOW_HOUR)])
+        assert part.entries == 3
+        places = index.locations(hot, part)
+        assert sorted(w.global_index for w in places) == [*range(1_000), 2_000, 2_001, 2_005]
+        assert sum(s.used for s in index.slots.shards) == 2 + 3 + 2  # counters, run slots, length counters
     finally:
         index.close()
