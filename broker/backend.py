@@ -33,7 +33,7 @@ from storage.store import NewMessage
 from wheel.clock import Clock
 
 from .bulk_params import BulkFilter, DeleteMsgsRequest, ListMsgRequest, RescheduleMsgsRequest
-from .metrics import Metrics
+from .metrics import Backlog, Metrics
 from .params import AckRequest, Defaults, DeleteRequest, LongPollRequest, NewSend, PullRequest
 
 
@@ -166,9 +166,10 @@ class Backend(Protocol):
         """The topics known, sorted."""
         ...
 
-    async def topic_backlogs(self) -> dict[str, tuple[int, int, int]]:
-        """(waiting, ready, consuming) of every topic known, for /metrics:
-        one pass over all topics, yielding to the event loop between slices."""
+    async def topic_backlogs(self) -> dict[str, Backlog]:
+        """(waiting, ready, consuming, dead) of every topic known, for
+        /metrics: one pass over all topics, yielding to the event loop
+        between slices."""
         ...
 
     def wake_all(self) -> None:

@@ -67,7 +67,7 @@ from .group_commit import GroupCommit, Replicated
 from .journal import Journal
 from .lifecycle import Lifecycle
 from .long_polls import LongPolls
-from .metrics import Metrics
+from .metrics import Backlog, Metrics
 from .params import AckRequest, Defaults, DeleteRequest, LongPollRequest, NewSend, PullRequest, as_sends
 from .ready import HeldMessage, QueueLimits, TopicQueue
 from .recovery import recover
@@ -293,8 +293,8 @@ class Broker:
         """The topics known, sorted."""
         return self._topics.topic_list()
 
-    async def topic_backlogs(self) -> dict[str, tuple[int, int, int]]:
-        """(waiting, ready, consuming) of every topic the store names."""
+    async def topic_backlogs(self) -> dict[str, Backlog]:
+        """(waiting, ready, consuming, dead) of every topic the store names."""
         return await self._topics.topic_backlogs()
 
     def has_topic(self, topic: str) -> bool:

@@ -176,18 +176,18 @@ class GroupCommit:
                     count, end_offset = store.commit_point()
                     try:
                         if count:
+                            started = time.perf_counter()
                             if never:  # nothing to wait for, no thread to wake
                                 took = 0.0
                             elif count <= INLINE_SYNC_RECORDS and self._fast_syncs >= INLINE_SYNC_AFTER:
-                                started = time.perf_counter()
                                 store.sync_log()
                                 took = time.perf_counter() - started
                                 self.inline_syncs += 1
                             else:
                                 took = await syncer.sync()  # the loop goes on meanwhile
                             self._fast_syncs = self._fast_syncs + 1 if took < INLINE_SYNC_MAX_S else 0
-                            self._metrics.fsync_seconds.observe(took)
                             self._on_entries(store.apply_pending(count, defer=True))
+                            self._metrics.committed(took, time.perf_counter() - started)
                             self.rounds += 1
                     except asyncio.CancelledError:  # stopping: the records may still be made durable
                         _answer(waiting, Unavailable("this node stops; retry (the client does, with the same msgId)"))

@@ -4,11 +4,12 @@
 Per topic (label `topic`): sends, duplicate sends, pulls, acks, nacks,
 retries (redeliveries after an ack timeout or nack), messages ended (5 or
 6), deletes, getMsg calls, messages made ready; gauges of waiting, ready
-and consuming messages. Per node: the same counters and gauges summed over
-every topic (`hourglass_node_*`), how many topics there are and how many
-have series of their own, a histogram of dispatch lateness (ready time
-minus due time, `due_ms`) and one of fsync latency. The `hourglass_*`
-counters count since the process started.
+and consuming messages, and of dead letters kept (disk backend). Per node:
+the same counters and gauges summed over every topic (`hourglass_node_*`),
+how many topics there are and how many have series of their own,
+histograms of dispatch lateness (ready time minus due time, `due_ms`), of
+fsync latency and of a commit round's time (its fsync and applying its
+records). The `hourglass_*` counters count since the process started.
 
 /metrics stays bounded however many topics there are: per-topic series
 only for the topics a `TopicSelection` names (broker.scrape picks at most
@@ -39,12 +40,18 @@ from storage.entry import Message
 
 from .transitions import Effect
 
+# A topic's (waiting, ready, consuming, dead) messages, for /metrics: dead
+# letters (status 5 or 6) still kept, None where the backend does not count
+# them (Redis: broker.redis.requests.topic_backlogs).
+Backlog = tuple[int, int, int, int | None]
+
 # getMonitorData's `data`, in camellia's JSON shape: lists of per-topic
 # stats (requestStatsList, pullMsgTimeGapStatsList, ...) and the interval.
 MonitorData = dict[str, Any]
 
 LATENESS_BUCKETS_S = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5, 1.0, 5.0, 60.0)
 FSYNC_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5, 1.0)
+COMMIT_ROUND_BUCKETS_S = FSYNC_BUCKETS_S
 # Longest topic label value, in characters (before escaping). A longer
 # topic shows as its first characters, "~" and the 32 hex digits of a
 # 128-bit BLAKE2b hash of the whole name: distinct, since no one can make
@@ -205,10 +212,11 @@ class TopicSelection:
     it): series of their own for `shown` only, and sums over all."""
 
     shown: list[str]  # the topics with series of their own, by name
-    backlogs: dict[str, tuple[int, int, int]]  # (waiting, ready, consuming) of the shown topics the node has
+    backlogs: dict[str, Backlog]  # of the shown topics the node has
     topics: int  # topics the node has
     counter_totals: tuple[int, ...]  # each of COUNTERS summed over every topic's counters
     backlog_totals: tuple[int, int, int]  # (waiting, ready, consuming) summed over every topic
+    dead_total: int | None = None  # dead letters summed over every topic (None: the backend counts none)
 
 
 class Metrics:
@@ -216,6 +224,7 @@ class Metrics:
         self.topics: dict[str, TopicMetrics] = {}
         self.lateness_seconds = Histogram(LATENESS_BUCKETS_S)
         self.fsync_seconds = Histogram(FSYNC_BUCKETS_S)
+        self.commit_round_seconds = Histogram(COMMIT_ROUND_BUCKETS_S)
         # the monitor interval (see the module docstring)
         self._interval_start_ms: int | None = None
         self._counts_at_start: dict[str, tuple[int, ...]] = {}
@@ -234,10 +243,21 @@ class Metrics:
                 self.topics[name] = m
         return m
 
+    def committed(self, fsync_s: float, round_s: float) -> None:
+        """A group-commit round: its fsync took `fsync_s`, the whole round
+        (fsync and applying its records) `round_s`. (Histogram.observe of
+        each, written out: one call a round, on every request's path.)"""
+        for h, value in ((self.fsync_seconds, fsync_s), (self.commit_round_seconds, round_s)):
+            h.counts[bisect.bisect_left(h.bounds, value)] += 1
+            h.total += value
+            h.count += 1
+
     def render(self, selection: TopicSelection, node: Iterable[tuple[str, str, float]]) -> str:
         """Prometheus text: the counters and gauges of the topics
         `selection` shows, the same summed over every topic, the
-        histograms, and `node` (name, type, value). O(shown topics)."""
+        histograms, and `node` (name, type, value; a name may carry labels,
+        `name{label="value"}`: its family's TYPE line comes once, before its
+        first series). O(shown topics)."""
         lines = []
         shown = [(topic_label(t), t, self.topics.get(t)) for t in selection.shown]
         for attr, help_text in COUNTERS:
@@ -249,19 +269,31 @@ class Metrics:
             lines.append(f"# TYPE {name} gauge")
             lines += [f'{name}{{topic="{label}"}} {selection.backlogs[t][i]}' for label, t, _ in shown
                       if t in selection.backlogs]
+        if selection.dead_total is not None:
+            lines += ["# HELP hourglass_dead_messages dead letters kept (status 5 or 6)",
+                      "# TYPE hourglass_dead_messages gauge"]
+            lines += [f'hourglass_dead_messages{{topic="{label}"}} {selection.backlogs[t][3]}' for label, t, _ in shown
+                      if t in selection.backlogs and selection.backlogs[t][3] is not None]
         for (attr, help_text), total in zip(COUNTERS, selection.counter_totals):
             name = f"hourglass_node_{attr}_total"
             lines += [f"# HELP {name} {help_text}, every topic's", f"# TYPE {name} counter", f"{name} {total}"]
         for state, total in zip(STATES, selection.backlog_totals):
             lines += [f"# TYPE hourglass_node_{state}_messages gauge", f"hourglass_node_{state}_messages {total}"]
+        if selection.dead_total is not None:
+            lines += ["# TYPE hourglass_node_dead_messages gauge", f"hourglass_node_dead_messages {selection.dead_total}"]
         lines += ["# HELP hourglass_topics topics the node has (--max-topics bounds them)",
                   "# TYPE hourglass_topics gauge", f"hourglass_topics {selection.topics}",
                   "# HELP hourglass_topics_shown topics with series of their own (--metrics-topics bounds them)",
                   "# TYPE hourglass_topics_shown gauge", f"hourglass_topics_shown {len(shown)}"]
         lines += self.lateness_seconds.render("hourglass_dispatch_lateness_seconds")
         lines += self.fsync_seconds.render("hourglass_fsync_seconds")
+        lines += self.commit_round_seconds.render("hourglass_commit_round_seconds")
+        family = ""
         for name, kind, value in node:
-            lines += [f"# TYPE {name} {kind}", f"{name} {value:g}" if isinstance(value, float) else f"{name} {value}"]
+            if not (family and name.startswith(family + "{")):
+                family = name.partition("{")[0]
+                lines.append(f"# TYPE {family} {kind}")
+            lines.append(f"{name} {value:g}" if isinstance(value, float) else f"{name} {value}")
         return "\n".join(lines) + "\n"
 
     def roll(self, now_ms: int) -> None:

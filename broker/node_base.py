@@ -207,8 +207,11 @@ class NodeBase(ABC):
         return answer(200, "success", status="ok", **fields)
 
     async def metrics_text(self, request: Request) -> Response:
+        queues = self.config.queues
+        limits: list[Series] = [("hourglass_inflight_limit", "gauge", queues.inflight),  # --max-inflight
+                                ("hourglass_inflight_total_limit", "gauge", queues.inflight_total)]
         response = await metrics_response(self.api.broker, self.metrics, self.process, self.config.metrics_topics,
-                                          self.node_series())
+                                          [*self.node_series(), *limits])
         if self.pushers is not None:  # broker.pusher's series, at most --metrics-topics topics of them
             from .pusher import render_metrics
             response.body += render_metrics(self.pushers.stats, self.config.metrics_topics).encode()

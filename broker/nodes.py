@@ -24,7 +24,7 @@ from .disk_broker import Broker
 from .metrics import Metrics
 from .node_base import NodeBase
 from .push_rules import PushAllow
-from .scrape import Series
+from .scrape import Series, disk_series
 
 if TYPE_CHECKING:
     from .redis.backend import RedisBroker
@@ -88,7 +88,9 @@ class DiskNode(NodeBase):
                 ("hourglass_checkpoints_total", "counter", self.checkpoints),
                 ("hourglass_checkpoint_seconds_total", "counter", self.checkpoint_seconds),
                 ("hourglass_open_seconds", "gauge", self.opened_s),
-                ("hourglass_wheel_released_total", "counter", self.broker.scheduler.stats.released)]
+                ("hourglass_wheel_released_total", "counter", self.broker.scheduler.stats.released),
+                ("hourglass_wheel_lag_seconds", "gauge", self.broker.scheduler.lag_ms(self.clock.now_ms()) / 1000),
+                *disk_series(self.store, self.config.data_path)]
 
     async def checkpoint(self) -> None:
         """The checkpoint is prepared by the group commit at a quiet point

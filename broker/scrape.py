@@ -1,7 +1,7 @@
 """One GET /metrics answer of any node (standalone, cluster or Redis),
 bounded whatever the topics.
 
-    backlogs    (waiting, ready, consuming) of every topic: the backend's
+    backlogs    (waiting, ready, consuming, dead) of every topic: the backend's
                 `topic_backlogs`, one pass yielding between slices
     selection   the --metrics-topics topics with the largest backlogs
                 (ties: the most requests in the last monitor interval,
@@ -24,15 +24,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import heapq
+import os
 from collections.abc import Iterable
 from operator import attrgetter
 
 from storage.errors import Unavailable
+from storage.store import Store
 
 from . import camellia_metrics
 from .backend import Backend
 from .http_types import Response
-from .metrics import COUNTERS, REQUEST_STATS, Metrics, TopicSelection
+from .metrics import COUNTERS, REQUEST_STATS, Backlog, Metrics, TopicSelection
 
 # Topics handled between two yields to the event loop.
 SLICE = 2048
@@ -50,7 +52,7 @@ async def metrics_response(backend: Backend | None, metrics: Metrics, process: c
     `most_topics` of them shown (--metrics-topics), and the node-level
     `series`. A backend that cannot be reached (Redis down) leaves out the
     topics' sizes, not the answer."""
-    backlogs: dict[str, tuple[int, int, int]] = {}
+    backlogs: dict[str, Backlog] = {}
     if backend is not None:
         try:
             backlogs = await backend.topic_backlogs()
@@ -66,11 +68,26 @@ async def metrics_response(backend: Backend | None, metrics: Metrics, process: c
     return Response(200, text.encode(), "text/plain; charset=utf-8")
 
 
-async def select_topics(metrics: Metrics, backlogs: dict[str, tuple[int, int, int]], most: int) -> TopicSelection:
+def disk_series(store: Store, data_path: str) -> list[Series]:
+    """A disk node's room: bytes the store's files take, and the size of
+    the file system `data_path` is on and the room left there for this
+    user (statvfs: what a send's disk-room check sees)."""
+    try:
+        fs = os.statvfs(data_path)
+    except OSError:
+        return [("hourglass_disk_used_bytes", "gauge", store.disk_bytes())]
+    return [("hourglass_disk_used_bytes", "gauge", store.disk_bytes()),
+            ("hourglass_disk_free_bytes", "gauge", fs.f_bavail * fs.f_frsize),
+            ("hourglass_disk_size_bytes", "gauge", fs.f_blocks * fs.f_frsize)]
+
+
+async def select_topics(metrics: Metrics, backlogs: dict[str, Backlog], most: int) -> TopicSelection:
     """The topics (those with a backlog or counters) whose series /metrics
     shows: at most `most`, the largest backlogs (waiting + ready +
     consuming) first, then those with the most requests in the last monitor
-    interval, then by name. Also every topic's counters and backlog summed."""
+    interval, then by name (dead letters are no backlog). Also every
+    topic's counters and backlog summed, and its dead letters where the
+    backend counts them."""
     stats = metrics.monitor_data()["requestStatsList"]
     requests: dict[str, int] = {}
     for start in range(0, len(stats), SLICE):
@@ -80,6 +97,7 @@ async def select_topics(metrics: Metrics, backlogs: dict[str, tuple[int, int, in
     topics = list(backlogs.keys() | metrics.topics.keys())
     heap: list[tuple[int, int, str]] = []  # the `most` largest so far; heap[0] the smallest of them
     backlog_totals = [0, 0, 0]
+    dead_total: int | None = None
     for start in range(0, len(topics), SLICE):
         for topic in topics[start:start + SLICE]:
             backlog = backlogs.get(topic)
@@ -87,8 +105,10 @@ async def select_topics(metrics: Metrics, backlogs: dict[str, tuple[int, int, in
                 backlog_totals[0] += backlog[0]
                 backlog_totals[1] += backlog[1]
                 backlog_totals[2] += backlog[2]
+                if backlog[3] is not None:
+                    dead_total = (dead_total or 0) + backlog[3]
             if most:
-                rank = (sum(backlog) if backlog else 0, requests.get(topic, 0), topic)
+                rank = (backlog[0] + backlog[1] + backlog[2] if backlog else 0, requests.get(topic, 0), topic)
                 if len(heap) < most:
                     heapq.heappush(heap, rank)
                 elif rank > heap[0]:
@@ -103,4 +123,5 @@ async def select_topics(metrics: Metrics, backlogs: dict[str, tuple[int, int, in
     shown = sorted(topic for _, _, topic in heap)
     return TopicSelection(shown=shown, backlogs={t: backlogs[t] for t in shown if t in backlogs},
                           topics=len(backlogs), counter_totals=tuple(counter_totals),
-                          backlog_totals=(backlog_totals[0], backlog_totals[1], backlog_totals[2]))
+                          backlog_totals=(backlog_totals[0], backlog_totals[1], backlog_totals[2]),
+                          dead_total=dead_total)

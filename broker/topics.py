@@ -20,6 +20,7 @@ from wheel.clock import Clock
 
 from .backend import WAITING_BUCKETS, topic_cap_error, topic_info_json, waiting_bucket
 from .group_commit import GroupCommit
+from .metrics import Backlog
 from .ready import QueueLimits
 from .windows import ReadyWindows
 
@@ -114,18 +115,20 @@ class Topics:
         return [topic_info_json(topic, totals[Status.WAITING], buckets, totals[Status.READY], totals[Status.CONSUMING])
                 for topic, totals, buckets in infos]
 
-    async def topic_backlogs(self) -> dict[str, tuple[int, int, int]]:
-        """(waiting, ready, consuming) of every topic the store names
-        (committed changes), summed over the hours' per-topic counts in one
-        pass, SCAN_CHUNK (hour, topic) pairs between yields to the loop."""
+    async def topic_backlogs(self) -> dict[str, Backlog]:
+        """(waiting, ready, consuming, dead) of every topic the store names
+        (committed changes; dead: EXPIRED and ENDED, the dead letters
+        retention still keeps), summed over the hours' per-topic counts in
+        one pass, SCAN_CHUNK (hour, topic) pairs between yields to the loop."""
         names = self._store.topic_names()
-        totals = dict.fromkeys(names, (0, 0, 0))
+        totals: dict[int, tuple[int, int, int, int]] = dict.fromkeys(names, (0, 0, 0, 0))
         pairs = 0
         for counts_of_hour in self._store.hour_topic_counts():
             for topic_hash, counts in counts_of_hour:
-                waiting, ready, consuming = totals.get(topic_hash, (0, 0, 0))
+                waiting, ready, consuming, dead = totals.get(topic_hash, (0, 0, 0, 0))
                 totals[topic_hash] = (waiting + counts[Status.WAITING], ready + counts[Status.READY],
-                                      consuming + counts[Status.CONSUMING])
+                                      consuming + counts[Status.CONSUMING],
+                                      dead + counts[Status.EXPIRED] + counts[Status.ENDED])
             pairs += len(counts_of_hour)
             if pairs >= SCAN_CHUNK:
                 pairs = 0

@@ -344,6 +344,19 @@ class Scheduler:
         if not self._behind(now_ms):
             report.finished_at_ms = now_ms
 
+    def lag_ms(self, now_ms: int) -> int:
+        """How late the wheel is at `now_ms`: how long ago the earliest
+        entry not yet released was due (`due_ms`), held in RAM or in a
+        second still only on disk (counted from that second's start, or
+        its hour's for an hour not yet read: at most that late); 0 when
+        nothing is overdue. Dispatch lateness counts a release once it
+        happens; this shows one that has not happened yet."""
+        due = self._window.first_due_ms()
+        first_on_disk = self._wheel.first_pending_s
+        if first_on_disk is not None and (due is None or first_on_disk * MS_PER_SECOND < due):
+            due = first_on_disk * MS_PER_SECOND
+        return 0 if due is None else max(0, now_ms - due)
+
     @property
     def catch_up(self) -> CatchUpReport | None:
         """The current catch-up, or the last one (a copy), or None if none yet."""

@@ -196,6 +196,19 @@ class PreloadWindow:
         candidates = [queue[0][0] for queue in (active, activations) if queue]
         return min(candidates) if candidates else None
 
+    def first_due_ms(self) -> int | None:
+        """When the earliest entry held was due: its trigger time, or the
+        start of the second it was filed in if that is later (an entry
+        filed after its trigger, the scheduler's `due_ms`); None if none is
+        held."""
+        self.next_due_ms()  # (drops the stale heads of both heaps)
+        candidates = [ms for ms, _ in self._activations[:1]]  # (a pending second's entries are due in it)
+        if self._active:
+            _, _, hour, global_index = self._active[0]
+            entry = self._held[Location(hour, global_index)]
+            candidates.append(max(entry.trigger_ms, abs_second(entry) * MS_PER_SECOND))
+        return min(candidates) if candidates else None
+
     def prefix_of(self, abs_s: int) -> int:
         """How many leading local indexes of `abs_s` are known done (0 if untracked)."""
         second = self._seconds.get(abs_s)

@@ -29,8 +29,9 @@ import aiohttp
 from broker.api import answer
 from broker.commands import Command
 from broker.http_types import Handler, Request, Response, StreamResponse
+from broker.metrics import escape_label
 from broker.paths import PREFIX
-from broker.scrape import Series
+from broker.scrape import Series, disk_series
 from replication import peer_auth
 from storage.errors import InvariantError
 
@@ -143,4 +144,15 @@ class Routes(NodeParts):
             ("hourglass_cluster_insecure", "gauge", int(self.cluster.insecure))]
         if self.leader_log is not None:
             node.append(("hourglass_quorum_offset", "gauge", self.leader_log.quorum_offset()))
-        return node
+            # each follower's lag behind this leader's durable log, and how
+            # long since it last fetched (one series each: the cluster's size)
+            durable, now_s = self.leader_log.durable_offset, self.clock.monotonic_s()
+            followers = sorted(self.leader_log.followers.items())
+            node += [(f'hourglass_replication_lag_bytes{{follower="{escape_label(name)}"}}', "gauge",
+                      max(0, durable - p.offset)) for name, p in followers]
+            node += [(f'hourglass_follower_seen_seconds{{follower="{escape_label(name)}"}}', "gauge",
+                      round(now_s - p.seen_s, 3)) for name, p in followers]
+        if self.broker is not None:  # (a follower runs no wheel)
+            node.append(("hourglass_wheel_lag_seconds", "gauge",
+                         self.broker.scheduler.lag_ms(self.clock.now_ms()) / 1000))
+        return [*node, *disk_series(self.store, self.data_dir)]

@@ -25,7 +25,7 @@ from wheel.clock import Clock
 from ..backend import DEAD_SCAN, REDRIVE_STEP, WAITING_BUCKETS, topic_info_json
 from ..lifecycle import Lifecycle
 from ..long_polls import LongPolls
-from ..metrics import Metrics, due_ms
+from ..metrics import Backlog, Metrics, due_ms
 from ..params import AckRequest, DeleteRequest, LongPollRequest, NewSend, PullRequest, as_sends
 from .keys import RedisConfig, TopicKeys, ready_member
 from .scripts import Reply
@@ -386,15 +386,17 @@ class RedisRequests:
         mover last read it)."""
         return sorted(self._state.topics)
 
-    async def topic_backlogs(self) -> dict[str, tuple[int, int, int]]:
-        """(waiting, ready, consuming) of every topic `topic_list` knows:
-        three ZCARDs a topic, BACKLOG_SLICE topics a pipelined round trip
-        (the loop serves other requests while it is away)."""
+    async def topic_backlogs(self) -> dict[str, Backlog]:
+        """(waiting, ready, consuming, None) of every topic `topic_list`
+        knows: three ZCARDs a topic, BACKLOG_SLICE topics a pipelined round
+        trip (the loop serves other requests while it is away). The dead
+        letters are not counted: they share the `retire` zset with the
+        acked and deleted messages, and only a scan would tell them apart."""
         topics = list(self._state.topics)
-        out: dict[str, tuple[int, int, int]] = {}
+        out: dict[str, Backlog] = {}
         for start in range(0, len(topics), BACKLOG_SLICE):
             chunk = topics[start:start + BACKLOG_SLICE]
             sizes = await self._zcards([key for topic in chunk for key in self.keys(topic).sizes])
             for i, topic in enumerate(chunk):
-                out[topic] = (sizes[3 * i], sizes[3 * i + 1], sizes[3 * i + 2])
+                out[topic] = (sizes[3 * i], sizes[3 * i + 1], sizes[3 * i + 2], None)
         return out

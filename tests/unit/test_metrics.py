@@ -4,7 +4,7 @@ the bounds of /metrics: topic labels and the topics shown (broker.scrape)."""
 import asyncio
 import re
 
-from broker.metrics import MAX_LABEL_CHARS, Metrics, topic_label
+from broker.metrics import MAX_LABEL_CHARS, Backlog, Metrics, TopicSelection, topic_label
 from broker.scrape import select_topics
 
 
@@ -70,26 +70,47 @@ def test_a_long_topic_label_is_cut_to_128_characters_with_a_hash_of_the_whole_na
 
 def test_the_topics_shown_are_the_largest_backlogs_and_every_topic_counts_in_the_sums():
     m = Metrics()
-    backlogs = {f"t{i}": (i, 0, 0) for i in range(500)}  # t499 has the largest backlog
+    backlogs = {f"t{i}": (i, 0, 0, 1) for i in range(500)}  # t499 has the largest backlog
     for i in range(500):
         m.topic(f"t{i}").sends += 1
     m.topic("gone").sends += 7  # counters of a topic without messages any more
     m.roll(0)
     m.topic("busy").sends += 3  # no backlog, but requests in the last interval
     m.roll(1_000)
-    selection = asyncio.run(select_topics(m, backlogs | {"busy": (0, 0, 0)}, 10))
+    selection = asyncio.run(select_topics(m, backlogs | {"busy": (0, 0, 0, 0)}, 10))
     assert selection.shown == sorted(f"t{i}" for i in range(490, 500))
     assert selection.topics == 501
     assert selection.counter_totals[0] == 500 + 7 + 3  # sends, every topic's
-    assert selection.backlog_totals == (sum(range(500)), 0, 0)
+    assert selection.backlog_totals == (sum(range(500)), 0, 0) and selection.dead_total == 500
     text = m.render(selection, [])
+    assert len(re.findall(r'^hourglass_dead_messages\{', text, re.MULTILINE)) == 10
+    assert "hourglass_node_dead_messages 500\n" in text
     assert len(re.findall(r'^hourglass_sends_total\{', text, re.MULTILINE)) == 10
     assert "hourglass_node_sends_total 510\n" in text and "hourglass_topics 501\n" in text
     assert "hourglass_topics_shown 10\n" in text
 
-    few = {"a": (1, 0, 0), "b": (1, 0, 0)}
-    selection = asyncio.run(select_topics(m, few | {"busy": (0, 0, 0)}, 2))
+    few: dict[str, Backlog] = {"a": (1, 0, 0, None), "b": (1, 0, 0, None)}  # dead letters not counted (Redis)
+    selection = asyncio.run(select_topics(m, few | {"busy": (0, 0, 0, None)}, 2))
     assert selection.shown == ["a", "b"]  # larger backlogs first
-    selection = asyncio.run(select_topics(m, {"a": (0, 0, 0), "busy": (0, 0, 0)}, 1))
+    assert selection.dead_total is None and "dead_messages" not in m.render(selection, [])
+    selection = asyncio.run(select_topics(m, {"a": (0, 0, 0, 0), "busy": (0, 0, 0, 0)}, 1))
     assert selection.shown == ["busy"]  # among equal backlogs, the most requests in the last interval
     assert asyncio.run(select_topics(m, few, 0)).shown == []
+
+
+def test_a_commit_round_counts_its_fsync_and_its_whole_time_and_labelled_node_series_share_one_type_line():
+    m = Metrics()
+    m.committed(0.0004, 0.003)
+    m.committed(0.2, 0.7)
+    selection = TopicSelection(shown=[], backlogs={}, topics=0, counter_totals=(0,) * 12, backlog_totals=(0, 0, 0))
+    text = m.render(selection, [("hourglass_a", "gauge", 1),
+                                ('hourglass_lag_bytes{follower="n2"}', "gauge", 5),
+                                ('hourglass_lag_bytes{follower="n3"}', "gauge", 0.5)])
+    assert 'hourglass_fsync_seconds_bucket{le="0.0005"} 1\n' in text and "hourglass_fsync_seconds_count 2\n" in text
+    assert 'hourglass_commit_round_seconds_bucket{le="0.005"} 1\n' in text
+    assert 'hourglass_commit_round_seconds_bucket{le="0.5"} 1\n' in text
+    assert 'hourglass_commit_round_seconds_bucket{le="1.0"} 2\n' in text
+    assert "hourglass_commit_round_seconds_sum 0.703000\n" in text
+    assert text.count("# TYPE hourglass_lag_bytes gauge\n") == 1 and "# TYPE hourglass_a gauge\nhourglass_a 1\n" in text
+    assert 'hourglass_lag_bytes{follower="n2"} 5\nhourglass_lag_bytes{follower="n3"} 0.5\n' in text
+    assert "dead_messages" not in text  # no backend's count of them

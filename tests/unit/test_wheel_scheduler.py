@@ -351,3 +351,26 @@ def test_a_message_filed_after_its_trigger_is_late_from_its_filing_second_not_fr
     assert sched.poll(T0 + 3_000) == [slow]
     report = sched.catch_up
     assert report is not None and report.overdue == 1 and report.max_lateness_ms == 3_000
+
+
+def test_lag_is_how_long_ago_the_earliest_unreleased_entry_was_due_in_ram_or_on_disk():
+    src = InMemorySlotSource()
+    on_disk = src.add(T0 + 5_000, 0, T0)
+    sched = Scheduler(src, None, T0, EXACT)
+    assert sched.lag_ms(T0 + 1_000) == 1_000  # an hour not yet read: counted from its start (at most)
+    assert sched.poll(T0) == []  # the hour read: its second 5 waits on disk
+    assert sched.lag_ms(T0) == 0 and sched.lag_ms(T0 + 5_000) == 0
+    assert sched.lag_ms(T0 + 65_000) == 60_000  # its second never read: a minute late already
+    assert sched.poll(T0 + 65_000) == [on_disk]
+    assert sched.lag_ms(T0 + 65_000) == 0  # released: nothing overdue
+    base = T0 + 2 * MS_PER_HOUR + 300_000
+    held = src.add(base + 250, 0, T0)
+    sched.on_new(held)
+    drive(sched, T0 + 65_000, base - 10_000)  # its second read into RAM
+    assert sched.held_count == 1 and sched.lag_ms(base) == 0
+    assert sched.lag_ms(base + 1_250) == 1_000  # due, not yet polled
+    late = src.add(T0, 0, base + 700)  # a trigger an age ago, filed at base + 700: due from its second, base
+    sched.on_new(late)
+    assert sched.lag_ms(base + 1_250) == 1_250  # from the start of the second it was filed in, not from T0
+    assert sched.poll(base + 1_250) == [late, held]
+    assert sched.lag_ms(base + 9_000) == 0
