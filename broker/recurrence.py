@@ -1,0 +1,408 @@
+"""Recurring schedules' time rules, pure: no I/O, no clock (every time is a
+parameter). What putSchedule's `cron`, `timeZone`, `everyMillis`,
+`startTime`, `endTime`, `limit`, `jitterMillis` and `misfire` mean
+(docs/api.md, "Recurring schedules"); broker.schedules keeps the schedules
+and creates their runs by these rules.
+
+    Cron.parse(text)          5 fields (minute hour day month weekday), or 6
+                              with seconds first; InvalidRequest("cron") if bad
+    Cron.next_wall(wall)      the first local wall time >= `wall` it names
+    instant_ms(wall, zone)    the instant a local wall time fires at (DST rules)
+    Recurrence                a cron in a zone, or everyMillis; startTime, endTime
+      .first_at_or_after(ms)  the first nominal time >= ms (None: past endTime)
+      .first_after(ms)        the first nominal time > ms
+    run_msg_id(id, nominal)   "<scheduleId>@<nominal ms>": a run's msgId
+    jitter_ms(msg_id, most)   in [0, most), from the msgId: every node agrees
+    released(...)             a run released at some time: missed or not, and
+                              the run after it (Misfire: skip, once, all)
+
+Time zones are the standard library's `zoneinfo` (the system's zone files,
+or the tzdata package where it has none). Instants are ms since the epoch,
+UTC. A cron names local wall times; each is fired at one instant:
+
+    the wall time exists once      that instant
+    it exists twice (fall back)    its first occurrence only: 01:30 EDT, not
+                                   01:30 EST, on a November night in New York
+    it does not exist (spring      the first instant after the gap: 02:30 on
+    forward)                       a March night in New York fires at 03:00
+                                   EDT (= 07:00 UTC); 02:00, 02:15 and 02:45
+                                   fire at that instant too, so `*/15 * * * *`
+                                   fires once there, not four times
+
+so the instants a cron names are a set (wall times mapping to one instant
+fire once) and the map from wall time to instant never goes back: the next
+run after an instant is found by walking wall times forward from that
+instant's own wall time. `everyMillis` is an absolute duration (startTime
++ k * everyMillis, k >= 1): a DST change does not move it.
+
+Day matching follows Vixie cron (the cron of most Linux systems): when the
+day-of-month and the weekday are both restricted (neither field starts
+with `*` or `?`), a day matches if either does; otherwise both must.
+Weekday 0 and 7 are Sunday; months and weekdays may be named (JAN, MON).
+Not supported (code 400): L, W, #, @yearly-style nicknames.
+"""
+
+from __future__ import annotations
+
+import bisect
+import datetime as dt
+import enum
+import hashlib
+import zoneinfo
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from storage.errors import InvalidRequest
+
+UTC = dt.UTC
+EPOCH = dt.datetime(1970, 1, 1)
+MS_PER_SECOND = 1000
+# A cron whose fields name no time within this many years names none (a
+# February 30th): 8 covers the longest gap between leap days (2096 -> 2104).
+SEARCH_YEARS = 8
+# The latest nominal time any schedule may have: the last trigger time a
+# message may have (broker.params.MAX_TRIGGER_MS, 9999-12-31).
+LAST_MS = 253_402_300_799_999
+# Most nominal times one count of the runs a downtime missed walks (a run
+# each second for a day would be 86,400): past it the count says "at least".
+MAX_MISSED_COUNT = 10_000
+
+_MONTHS = {name: i + 1 for i, name in enumerate(
+    ("JAN", "FEB", "MAR", "APR", "MAY", "JUN", "JUL", "AUG", "SEP", "OCT", "NOV", "DEC"))}
+_WEEKDAYS = {name: i for i, name in enumerate(("SUN", "MON", "TUE", "WED", "THU", "FRI", "SAT"))}
+
+
+class _Field(NamedTuple):
+    """One cron field's bounds and names."""
+
+    name: str
+    low: int
+    high: int
+    names: dict[str, int]
+
+
+_SECOND = _Field("second", 0, 59, {})
+_MINUTE = _Field("minute", 0, 59, {})
+_HOUR = _Field("hour", 0, 23, {})
+_DAY = _Field("day of month", 1, 31, {})
+_MONTH = _Field("month", 1, 12, _MONTHS)
+_WEEKDAY = _Field("weekday", 0, 7, _WEEKDAYS)
+
+
+def _bad(reason: str) -> InvalidRequest:
+    return InvalidRequest("cron", reason)
+
+
+def _value(text: str, field: _Field) -> int:
+    named = field.names.get(text.upper())
+    if named is not None:
+        return named
+    if not text.isdigit() or not text.isascii():
+        if text and (text[-1] in "LWlw" or "#" in text):
+            raise _bad(f"{field.name} {text!r}: L, W and # are not supported")
+        raise _bad(f"{field.name} {text!r} is not a number{' or a name' if field.names else ''}")
+    value = int(text)
+    if not field.low <= value <= field.high:
+        raise _bad(f"{field.name} {value} is outside {field.low}..{field.high}")
+    return value
+
+
+def _parse_field(text: str, field: _Field) -> tuple[tuple[int, ...], bool]:
+    """The values a field names, sorted, and whether it starts with `*` or `?`."""
+    values: set[int] = set()
+    for item in text.split(","):
+        if not item:
+            raise _bad(f"{field.name} field {text!r} has an empty item")
+        body, slash, step_text = item.partition("/")
+        step = 1
+        if slash:
+            if not step_text.isdigit() or not step_text.isascii() or int(step_text) < 1:
+                raise _bad(f"{field.name} step {step_text!r} must be a whole number of at least 1")
+            step = int(step_text)
+        if body in ("*", "?"):
+            if body == "?" and field not in (_DAY, _WEEKDAY):
+                raise _bad(f"? is only for the day of month or the weekday, not the {field.name}")
+            low, high = field.low, field.high
+        elif "-" in body:
+            first, _, last = body.partition("-")
+            low, high = _value(first, field), _value(last, field)
+            if low > high:
+                raise _bad(f"{field.name} range {body!r} runs backwards")
+        else:
+            low = _value(body, field)
+            high = field.high if slash else low  # "5/15": from 5 to the end, every 15
+        values.update(range(low, high + 1, step))
+    if field is _WEEKDAY and 7 in values:
+        values.discard(7)
+        values.add(0)
+    return tuple(sorted(values)), text[0] in "*?"
+
+
+@dataclass(frozen=True)
+class Cron:
+    """A parsed cron expression: the values each field names (sorted)."""
+
+    text: str
+    seconds: tuple[int, ...]
+    minutes: tuple[int, ...]
+    hours: tuple[int, ...]
+    days: tuple[int, ...]
+    months: tuple[int, ...]
+    weekdays: tuple[int, ...]  # 0 = Sunday
+    days_star: bool  # the day-of-month field starts with * or ?
+    weekdays_star: bool
+
+    @classmethod
+    def parse(cls, text: str) -> Cron:
+        fields = text.split()
+        if len(fields) == 5:
+            fields = ["0", *fields]
+        elif len(fields) != 6:
+            raise _bad(f"must have 5 fields (minute hour day month weekday) or 6 (seconds first), got {len(fields)}")
+        seconds, _ = _parse_field(fields[0], _SECOND)
+        minutes, _ = _parse_field(fields[1], _MINUTE)
+        hours, _ = _parse_field(fields[2], _HOUR)
+        days, days_star = _parse_field(fields[3], _DAY)
+        months, _ = _parse_field(fields[4], _MONTH)
+        weekdays, weekdays_star = _parse_field(fields[5], _WEEKDAY)
+        cron = cls(text, seconds, minutes, hours, days, months, weekdays, days_star, weekdays_star)
+        if days_star or not weekdays_star:
+            return cron
+        if not any(day <= _longest_month(month) for month in months for day in days):
+            raise _bad(f"names no day: {fields[3]!r} of {fields[4]!r} never comes")
+        return cron
+
+    def day_matches(self, day: dt.date) -> bool:
+        in_days = day.day in self.days
+        in_weekdays = day.isoweekday() % 7 in self.weekdays
+        if self.days_star or self.weekdays_star:
+            return in_days and in_weekdays
+        return in_days or in_weekdays
+
+    def matches(self, wall: dt.datetime) -> bool:
+        """Whether a local wall time (whole seconds) is one the fields name."""
+        return (wall.second in self.seconds and wall.minute in self.minutes and wall.hour in self.hours
+                and wall.month in self.months and self.day_matches(wall.date()))
+
+    def next_wall(self, wall: dt.datetime) -> dt.datetime | None:
+        """The first wall time >= `wall` (naive; a fraction of a second
+        rounds up) the fields name; None if none within SEARCH_YEARS."""
+        if wall.microsecond:
+            wall = wall.replace(microsecond=0) + dt.timedelta(seconds=1)
+        last_year = wall.year + SEARCH_YEARS
+        found: dt.datetime | None = wall
+        while found is not None and found.year <= last_year:
+            wall = found
+            if wall.month not in self.months:
+                i = bisect.bisect_left(self.months, wall.month)
+                if i < len(self.months):
+                    found = dt.datetime(wall.year, self.months[i], 1)
+                elif wall.year < dt.MAXYEAR:
+                    found = dt.datetime(wall.year + 1, self.months[0], 1)
+                else:
+                    found = None
+            elif not self.day_matches(wall.date()):
+                found = _next_day(wall)
+            elif wall.hour not in self.hours:
+                i = bisect.bisect_left(self.hours, wall.hour)
+                found = wall.replace(hour=self.hours[i], minute=0, second=0) if i < len(self.hours) \
+                    else _next_day(wall)
+            elif wall.minute not in self.minutes:
+                i = bisect.bisect_left(self.minutes, wall.minute)
+                found = wall.replace(minute=self.minutes[i], second=0) if i < len(self.minutes) \
+                    else wall.replace(minute=0, second=0) + dt.timedelta(hours=1)
+            elif wall.second not in self.seconds:
+                i = bisect.bisect_left(self.seconds, wall.second)
+                found = wall.replace(second=self.seconds[i]) if i < len(self.seconds) \
+                    else wall.replace(second=0) + dt.timedelta(minutes=1)
+            else:
+                return wall
+        return None
+
+
+def _longest_month(month: int) -> int:
+    return 29 if month == 2 else 30 if month in (4, 6, 9, 11) else 31
+
+
+def _next_day(wall: dt.datetime) -> dt.datetime | None:
+    if wall.date() == dt.date.max:
+        return None
+    return dt.datetime.combine(wall.date() + dt.timedelta(days=1), dt.time())
+
+
+def zone(name: str) -> zoneinfo.ZoneInfo:
+    """An IANA zone by name; InvalidRequest("timeZone") if there is none."""
+    if not name or len(name) > 64 or name.startswith(("/", ".")) or ".." in name or "\0" in name:
+        raise InvalidRequest("timeZone", f"{name[:64]!r} is not an IANA time zone name")
+    try:
+        return zoneinfo.ZoneInfo(name)
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError, OSError):
+        raise InvalidRequest("timeZone", f"{name[:64]!r} is not an IANA time zone this node knows") from None
+
+
+def wall_of(ms: int, tz: dt.tzinfo) -> dt.datetime:
+    """The local wall time (naive) of an instant."""
+    return (EPOCH.replace(tzinfo=UTC) + dt.timedelta(milliseconds=ms)).astimezone(tz).replace(tzinfo=None)
+
+
+def _ms(instant: dt.datetime) -> int:
+    delta = instant.astimezone(UTC).replace(tzinfo=None) - EPOCH
+    return (delta.days * 86_400 + delta.seconds) * MS_PER_SECOND + delta.microseconds // 1000
+
+
+def instant_ms(wall: dt.datetime, tz: dt.tzinfo) -> int:
+    """The instant a local wall time fires at: itself if it exists once, its
+    first occurrence if it exists twice, and the first instant after the
+    gap if the clocks skip it (see the module docstring)."""
+    first = wall.replace(tzinfo=tz, fold=0)
+    first_ms = _ms(first)
+    if wall_of(first_ms, tz) == wall:
+        later_ms = _ms(wall.replace(tzinfo=tz, fold=1))
+        return min(first_ms, later_ms)  # both exist (fall back): the earlier; or the same instant
+    # In a gap: fold=1 reads it with the offset after the change (an instant
+    # before the gap), fold=0 with the one before (after it); the change is
+    # the first instant in between whose wall time is past the wall time.
+    low = _ms(wall.replace(tzinfo=tz, fold=1)) // MS_PER_SECOND  # wall_of(low) < wall
+    high = first_ms // MS_PER_SECOND  # wall_of(high) > wall
+    if low > high:
+        low, high = high, low
+    while high - low > 1:
+        middle = (low + high) // 2
+        if wall_of(middle * MS_PER_SECOND, tz) < wall:
+            low = middle
+        else:
+            high = middle
+    return high * MS_PER_SECOND
+
+
+class Misfire(enum.Enum):
+    """What a run released more than misfireGraceMillis after its nominal
+    time (a missed run: the node was down or far behind) does."""
+
+    SKIP = "skip"  # not delivered (status 5); the next run is the first after now
+    ONCE = "once"  # delivered, standing for every run missed; then the first after now
+    ALL = "all"  # delivered, and each later missed run, up to maxCatchUp in all
+
+
+@dataclass(frozen=True)
+class Recurrence:
+    """When a schedule's runs are: its cron in `tz`, or every `every_ms`
+    from `start_ms`; never before `start_ms` nor after `end_ms`."""
+
+    cron: Cron | None
+    every_ms: int | None
+    tz: dt.tzinfo
+    start_ms: int
+    end_ms: int | None = None
+
+    def __post_init__(self) -> None:
+        if (self.cron is None) == (self.every_ms is None):
+            raise InvalidRequest("cron", "or everyMillis is required, not both")
+        if self.every_ms is not None and self.every_ms < 1:
+            raise InvalidRequest("everyMillis", f"must be at least 1, got {self.every_ms}")
+
+    def first_at_or_after(self, ms: int) -> int | None:
+        """The first nominal time >= `ms` (and >= startTime, <= endTime);
+        None if there is none."""
+        ms = max(ms, self.start_ms)
+        nominal: int | None
+        if self.every_ms is not None:
+            k = max(1, -(-(ms - self.start_ms) // self.every_ms))  # ceil, k >= 1
+            nominal = self.start_ms + k * self.every_ms
+        else:
+            nominal = self._cron_at_or_after(ms)
+        if nominal is None or nominal > LAST_MS or (self.end_ms is not None and nominal > self.end_ms):
+            return None
+        return nominal
+
+    def first_after(self, ms: int) -> int | None:
+        """The first nominal time > `ms`."""
+        return self.first_at_or_after(ms + 1)
+
+    def _cron_at_or_after(self, ms: int) -> int | None:
+        cron, tz = self.cron, self.tz
+        assert cron is not None
+        # Walking wall times forward from the wall time of the instant just
+        # before (a fraction of a second rounds up): the map to instants
+        # never goes back, so the first that lands at or after `ms` is the
+        # answer. (From `ms`'s own wall time, an `ms` at the end of a gap
+        # would miss the wall times in the gap, which fire at `ms`.)
+        wall = wall_of(ms - 1, tz)
+        while True:
+            found = cron.next_wall(wall)
+            if found is None:
+                return None
+            at_ms = instant_ms(found, tz)
+            if at_ms >= ms:
+                return at_ms
+            wall = found + dt.timedelta(seconds=1)
+
+    def nominal_times(self, after_ms: int, count: int) -> list[int]:
+        """Up to `count` nominal times, the first the one at or after `after_ms`."""
+        times: list[int] = []
+        nominal = self.first_at_or_after(after_ms)
+        while nominal is not None and len(times) < count:
+            times.append(nominal)
+            nominal = self.first_after(nominal)
+        return times
+
+    def count_between(self, after_ms: int, until_ms: int) -> int:
+        """Nominal times in (after_ms, until_ms], at most MAX_MISSED_COUNT."""
+        if self.every_ms is not None:
+            first = self.first_after(after_ms)
+            if first is None or first > until_ms:
+                return 0
+            last = until_ms if self.end_ms is None else min(until_ms, self.end_ms)
+            return min(MAX_MISSED_COUNT, (last - first) // self.every_ms + 1)
+        n = 0
+        at = self.first_after(after_ms)
+        while at is not None and at <= until_ms and n < MAX_MISSED_COUNT:
+            n += 1
+            at = self.first_after(at)
+        return n
+
+
+def run_msg_id(schedule_id: str, nominal_ms: int) -> str:
+    """A run's msgId: the same run is the same message wherever it is made."""
+    return f"{schedule_id}@{nominal_ms}"
+
+
+def parse_run_msg_id(msg_id: str) -> tuple[str, int] | None:
+    """(scheduleId, nominal ms) of a msgId in a run's form; None if it is not."""
+    schedule_id, at, nominal = msg_id.rpartition("@")
+    if not at or not schedule_id or not nominal.isdigit() or not nominal.isascii() or len(nominal) > 15:
+        return None
+    return schedule_id, int(nominal)
+
+
+def jitter_ms(msg_id: str, most_ms: int) -> int:
+    """A run's jitter: in [0, most_ms), from a hash of its msgId, so every
+    node (and every restart) computes the same trigger time; 0 when most_ms
+    is 0."""
+    if most_ms <= 0:
+        return 0
+    digest = hashlib.sha256(msg_id.encode("utf-8", "surrogatepass")).digest()
+    return int.from_bytes(digest[:8], "big") % most_ms
+
+
+class Released(NamedTuple):
+    """What a run's release means (`released`)."""
+
+    missed: bool  # released more than the grace after its nominal time
+    deliver: bool  # False: ended unseen (status 5), a skipped run
+    next_nominal: int | None  # the run to create next (None: the schedule has no more)
+    catch_up: int  # missed runs delivered in a row so far (misfire=all)
+    missed_runs: int  # runs counted as missed: this one if missed, and those never created
+
+
+def released(recurrence: Recurrence, misfire: Misfire, grace_ms: int, max_catch_up: int, nominal_ms: int,
+             released_ms: int, catch_up: int) -> Released:
+    """A run (nominal time `nominal_ms`) released at `released_ms`: whether
+    it missed, whether it is delivered, and the nominal time of the run to
+    create next. `catch_up`: missed runs delivered in a row before it."""
+    if released_ms - nominal_ms <= grace_ms:
+        return Released(False, True, recurrence.first_after(nominal_ms), 0, 0)
+    never_made = recurrence.count_between(nominal_ms, released_ms)  # due meanwhile, never created
+    if misfire is Misfire.ALL and catch_up + 1 < max_catch_up:
+        return Released(True, True, recurrence.first_after(nominal_ms), catch_up + 1, 1)
+    return Released(True, misfire is not Misfire.SKIP, recurrence.first_after(released_ms), 0, 1 + never_made)
