@@ -49,6 +49,7 @@ from .console_sessions import CONSOLE, LOGIN_PATH, LOGIN_PATHS, ConsoleSessions,
 from .health import ServingStatus
 from .http_types import Handler, Request, Response, StreamResponse
 from .paths import PREFIX
+from .recurrence import add_run_fields
 
 log = logging.getLogger("hourglass.api")
 
@@ -81,10 +82,13 @@ API_ERRORS: ErrorTable = (
 
 
 def delay_msg(m: Message) -> dict[str, object]:
-    """camellia's DelayMsg, plus the extensions `priority`, `tag` and `key`."""
-    return {"topic": m.topic, "msgId": m.msg_id, "msg": m.msg, "produceTime": m.produce_ms,
-            "triggerTime": m.trigger_ms, "expireTime": m.expire_ms, "maxRetry": m.max_retry,
-            "retry": m.retry, "status": int(m.status), "priority": m.priority, "tag": m.tag, "key": m.key}
+    """camellia's DelayMsg, plus the extensions `priority`, `tag` and `key`
+    (and a schedule's run's `scheduleId` and `scheduledTime`)."""
+    d: dict[str, object] = {"topic": m.topic, "msgId": m.msg_id, "msg": m.msg, "produceTime": m.produce_ms,
+                            "triggerTime": m.trigger_ms, "expireTime": m.expire_ms, "maxRetry": m.max_retry,
+                            "retry": m.retry, "status": int(m.status), "priority": m.priority, "tag": m.tag,
+                            "key": m.key}
+    return add_run_fields(d) if "@" in m.msg_id else d
 
 
 def console_auth(sessions: ConsoleSessions) -> Callable[[Request], bool]:

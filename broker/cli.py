@@ -19,6 +19,7 @@ from .httpd import Limits
 from .params import Defaults
 from .push_rules import DEFAULT_MAX_SUBSCRIPTIONS, PushLimits
 from .ready import QueueLimits
+from .schedules import ScheduleLimits
 
 log = logging.getLogger("hourglass.cli")
 
@@ -71,6 +72,13 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-subscriptions", type=int, default=DEFAULT_MAX_SUBSCRIPTIONS,
                        help=f"push subscriptions the node keeps; a subscribe for one more topic is answered 429 "
                             f"(default {DEFAULT_MAX_SUBSCRIPTIONS})")
+    schedules = ScheduleLimits()
+    serve.add_argument("--max-schedules", type=int, default=schedules.max_schedules,
+                       help=f"recurring schedules the node keeps; a putSchedule of one more is answered 429 "
+                            f"(default {schedules.max_schedules})")
+    serve.add_argument("--max-schedule-bytes", type=int, default=schedules.max_bytes,
+                       help=f"bytes the schedules' messages hold in RAM in all; a putSchedule past it is answered "
+                            f"429 (default {schedules.max_bytes})")
     push = PushLimits()
     serve.add_argument("--push-max-head-bytes", type=int, default=push.max_head_bytes,
                        help=f"bytes of a subscriber's answer head (status line and headers); more: a failed "
@@ -254,6 +262,8 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
                        redis_bulk_batch=args.redis_bulk_batch,
                        push_allow=tuple(h.strip() for h in args.push_allow.split(",") if h.strip()),
                        max_subscriptions=args.max_subscriptions,
+                       schedules=ScheduleLimits(max_schedules=args.max_schedules,
+                                                max_bytes=args.max_schedule_bytes),
                        push=PushLimits(max_head_bytes=args.push_max_head_bytes, max_headers=args.push_max_headers,
                                        head_timeout_ms=args.push_head_timeout_ms,
                                        body_timeout_ms=args.push_body_timeout_ms,

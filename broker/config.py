@@ -16,6 +16,7 @@ from .params import Defaults
 from .push_rules import DEFAULT_MAX_SUBSCRIPTIONS, PushAllow, PushLimits
 from .ready import QueueLimits
 from .redis.keys import RedisConfig
+from .schedules import ScheduleLimits
 
 # The shortest client token accepted: a short one is guessed.
 MIN_TOKEN_CHARS = 16
@@ -87,6 +88,9 @@ class ServeConfig:
     # other --push-* limits), and the descriptors push connections may hold
     # (--push-max-fds): broker.push_rules.PushLimits.
     push: PushLimits = field(default_factory=PushLimits)
+    # Recurring schedules the node keeps, and the bytes their messages hold
+    # in RAM (--max-schedules, --max-schedule-bytes): broker.schedules.
+    schedules: ScheduleLimits = field(default_factory=ScheduleLimits)
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:

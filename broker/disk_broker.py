@@ -207,6 +207,16 @@ class Broker:
         self._lifecycle.on_fatal = callback
 
     @property
+    def on_release(self) -> Callable[[Sequence[Message], int], Sequence[Location]] | None:
+        """Told of each release before it is carried out (broker.releaser's
+        hook: the node's recurring schedules, broker.schedules)."""
+        return self._releaser.on_release
+
+    @on_release.setter
+    def on_release(self, hook: Callable[[Sequence[Message], int], Sequence[Location]] | None) -> None:
+        self._releaser.on_release = hook
+
+    @property
     def tick(self) -> TickState | None:
         """The tick last persisted: what a follower may take over from."""
         return self._releaser.tick

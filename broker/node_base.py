@@ -67,10 +67,12 @@ from .paths import PREFIX
 from .push_api import PushApi
 from .push_rules import PushAllow
 from .redact import client_text
+from .schedule_api import ScheduleApi
 from .scrape import Series, metrics_response
 
 if TYPE_CHECKING:
     from .pusher import Pushers
+    from .schedules import Schedules
 
 log = logging.getLogger("hourglass.server")
 
@@ -108,6 +110,8 @@ class NodeBase(ABC):
         self.console = console
         # Push subscriptions (broker.pusher): None while no backend serves here.
         self.pushers: Pushers | None = None
+        # Recurring schedules (broker.schedules): None on a node that keeps none.
+        self.schedules: Schedules | None = None
         # The process's file descriptors: client connections (broker.httpd),
         # push connections (broker.push_client) and storage share them
         # (broker.descriptors).
@@ -178,6 +182,8 @@ class NodeBase(ABC):
         self.api.add_routes(table, inline=self.backend_inline)
         PushApi(lambda: self.pushers, PushAllow.parse(self.config.push_allow), self.config.bodies,
                 self.config.max_msg_bytes, self.push_refusal).add_routes(table)
+        ScheduleApi(lambda: self.schedules, self.config.defaults, self.config.bodies, self.config.max_msg_bytes,
+                    self.clock.now_ms).add_routes(table)
         token = self.config.auth_token
         sessions = None
         if self.console is not None:

@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
+from storage.config import FsyncPolicy
 from storage.errors import InvariantError
 from storage.store import PreparedCheckpoint, Store
 
@@ -24,6 +25,8 @@ from .disk_broker import Broker
 from .metrics import Metrics
 from .node_base import NodeBase
 from .push_rules import PushAllow
+from .schedule_file import ScheduleFile, schedules_path
+from .schedules import Schedules
 from .scrape import Series, disk_series
 
 if TYPE_CHECKING:
@@ -55,6 +58,10 @@ class DiskNode(NodeBase):
         self.broker = Broker(self.store, clock, config.defaults, metrics,
                              tick_path=os.path.join(config.data_path, "tick"), limits=config.queues)
         self.broker.on_fatal = lambda error: self.stop_asked.set()
+        # recurring schedules in the data dir, told of the broker's releases (broker.schedules)
+        schedules = Schedules(ScheduleFile(schedules_path(config.data_path), config.store.fsync is not FsyncPolicy.NEVER),
+                              clock, config.schedules)
+        self.broker.on_release = schedules.on_release
         self.opened_s = time.perf_counter() - started
         self.checkpoints = 0
         self.checkpoint_seconds = 0.0
@@ -63,6 +70,7 @@ class DiskNode(NodeBase):
                           lambda: standalone_info(self.store, lambda: self.last_checkpoint_ms), clock.now_ms,
                           lambda: [] if self.pushers is None else self.pushers.public())
         super().__init__(config, clock, metrics, self.broker, console)
+        self.schedules = schedules
         if config.push_allow:  # pushers load aiohttp's client: only on a node that pushes
             from .pusher import Pushers, SubscriptionFile, subscription_path
             self.pushers = Pushers(clock, PushAllow.parse(config.push_allow),

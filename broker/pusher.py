@@ -66,6 +66,7 @@ from .push_rules import (
     retry_after_ms,
     signature,
 )
+from .recurrence import add_run_fields
 
 log = logging.getLogger("hourglass.push")
 
@@ -83,9 +84,11 @@ LATENCY_BUCKETS_MS = (5, 10, 25, 50, 100, 250, 500, 1000, 5000, 30_000, 300_000)
 
 def delay_msg(m: Message) -> dict[str, object]:
     """The body POSTed: camellia's DelayMsg as getMsg answers it (broker.api.delay_msg)."""
-    return {"topic": m.topic, "msgId": m.msg_id, "msg": m.msg, "produceTime": m.produce_ms,
-            "triggerTime": m.trigger_ms, "expireTime": m.expire_ms, "maxRetry": m.max_retry,
-            "retry": m.retry, "status": int(m.status), "priority": m.priority, "tag": m.tag, "key": m.key}
+    d: dict[str, object] = {"topic": m.topic, "msgId": m.msg_id, "msg": m.msg, "produceTime": m.produce_ms,
+                            "triggerTime": m.trigger_ms, "expireTime": m.expire_ms, "maxRetry": m.max_retry,
+                            "retry": m.retry, "status": int(m.status), "priority": m.priority, "tag": m.tag,
+                            "key": m.key}
+    return add_run_fields(d) if "@" in m.msg_id else d
 
 
 @dataclass
@@ -322,11 +325,14 @@ class TopicPusher:
         s = self.subscription
         if self._client is None:
             return ("stopped", "the pusher is not running"), None
-        body = orjson.dumps(delay_msg(message))
+        delay = delay_msg(message)
+        body = orjson.dumps(delay)
         timestamp_ms = self._clock.now_ms()
         headers = [("Content-Type", "application/json"), ("Hourglass-Topic", message.topic),
                    ("Hourglass-Msg-Id", message.msg_id), ("Hourglass-Retry", str(message.retry)),
                    ("Hourglass-Timestamp", str(timestamp_ms))]
+        if "scheduledTime" in delay:  # a schedule's run (broker.schedules)
+            headers.append(("Hourglass-Scheduled-Time", str(delay["scheduledTime"])))
         if s.secret is not None:
             headers.append(("Hourglass-Signature", signature(s.secret, timestamp_ms, body)))
         try:

@@ -66,6 +66,9 @@ LAST_MS = 253_402_300_799_999
 # Most nominal times one count of the runs a downtime missed walks (a run
 # each second for a day would be 86,400): past it the count says "at least".
 MAX_MISSED_COUNT = 10_000
+# A scheduleId's length, in characters; a run's msgId adds "@" and the
+# nominal time's digits (at most 15) to it.
+MAX_SCHEDULE_ID_CHARS = 48
 
 _MONTHS = {name: i + 1 for i, name in enumerate(
     ("JAN", "FEB", "MAR", "APR", "MAY", "JUN", "JUL", "AUG", "SEP", "OCT", "NOV", "DEC"))}
@@ -370,9 +373,21 @@ def run_msg_id(schedule_id: str, nominal_ms: int) -> str:
 def parse_run_msg_id(msg_id: str) -> tuple[str, int] | None:
     """(scheduleId, nominal ms) of a msgId in a run's form; None if it is not."""
     schedule_id, at, nominal = msg_id.rpartition("@")
-    if not at or not schedule_id or not nominal.isdigit() or not nominal.isascii() or len(nominal) > 15:
+    if not at or not 0 < len(schedule_id) <= MAX_SCHEDULE_ID_CHARS or not nominal.isdigit() \
+            or not nominal.isascii() or len(nominal) > 15:
         return None
     return schedule_id, int(nominal)
+
+
+def add_run_fields(delay_msg: dict[str, object]) -> dict[str, object]:
+    """A delayMsg (its msgId a run's) with `scheduleId` and `scheduledTime`
+    added: what a message answered or pushed says of the run it is. Any
+    msgId of the form `<1..48 characters>@<digits>` reads as a run's."""
+    msg_id = delay_msg["msgId"]
+    run = parse_run_msg_id(msg_id) if isinstance(msg_id, str) else None
+    if run is not None:
+        delay_msg["scheduleId"], delay_msg["scheduledTime"] = run
+    return delay_msg
 
 
 def jitter_ms(msg_id: str, most_ms: int) -> int:

@@ -23,9 +23,9 @@ yet released.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
-from storage.entry import IndexEntry, Message, Status
+from storage.entry import IndexEntry, Location, Message, Status
 from storage.store import SendOutcome, SendResult, Store, text_hash
 from wheel.clock import Clock
 from wheel.scheduler import Scheduler
@@ -36,7 +36,7 @@ from .group_commit import GroupCommit
 from .journal import Journal
 from .metrics import Metrics, due_ms
 from .ready import HeldMessage
-from .transitions import RELEASE, due
+from .transitions import RELEASE, SKIPPED_RELEASE, due
 from .windows import ReadyWindows
 
 
@@ -55,6 +55,10 @@ class Releaser:
         self._filing = filing
         self._scheduler = scheduler
         self._tick_file = tick_file
+        # Told of the messages each release is about to make READY, with the
+        # time (the node's recurring schedules: broker.schedules); answers
+        # the runs that missed with misfire=skip, which end EXPIRED unseen.
+        self.on_release: Callable[[Sequence[Message], int], Sequence[Location]] | None = None
 
     def __repr__(self) -> str:
         return f"Releaser(tick={self._tick_file.state}, {self._filing!r})"
@@ -113,7 +117,13 @@ class Releaser:
             lateness.observe(max(0, now_ms - due) / 1000)
             dues.append(due)
         batch = [HeldMessage.of(message, topic_hash) for message, topic_hash in messages]
-        changes = self._windows.apply(RELEASE, batch, now_ms)
+        skipped = () if self.on_release is None else self.on_release([m for m, _ in messages], now_ms)
+        if skipped:
+            ended = set(skipped)
+            changes = self._windows.apply(SKIPPED_RELEASE, [h for h in batch if h.location in ended], now_ms)
+            changes += self._windows.apply(RELEASE, [h for h in batch if h.location not in ended], now_ms)
+        else:
+            changes = self._windows.apply(RELEASE, batch, now_ms)
         for held, due in zip(batch, dues):
             if held.state.status is Status.READY:
                 self._metrics.topic(held.topic).ready_gap.observe(now_ms - due)

@@ -144,9 +144,15 @@ async def run_disk(config: ServeConfig) -> int:
     monitor = node.start_monitor()
     if node.pushers is not None:
         node.pushers.start(node.broker)
+    schedules = node.schedules
+    if schedules is not None:
+        schedules.start(node.broker)
     await _serve_until_stopped(node, "standalone")
     checkpoints.cancel()
     monitor.cancel()
+    if schedules is not None:  # a release it did not follow yet is followed at the next start
+        await schedules.stop()
+        schedules.close()
     if node.failure() is not None:  # no last checkpoint over a state RAM and disk disagree on
         log.critical("exiting after a failure; the next start recovers from the commit log")
         return 1

@@ -26,6 +26,7 @@ expire = triggerTime + ttlMillis; final = ACKED, EXPIRED, ENDED, DELETED):
     send         WAITING [1]   - (duplicate)   - (duplicate)    - (duplicate)      WAITING anew [2]
     release      -             READY [HOLD],   -                -                  -
                                EXPIRED >= exp
+                               or skipped [10]
     pull         -             -               CONSUMING,       -                  -
                                                retry+1 [TAKE]
     ack          -             ACKED [CANCEL]  ACKED [FORGET]   ACKED [FORGET]     -
@@ -64,6 +65,8 @@ expire = triggerTime + ttlMillis; final = ACKED, EXPIRED, ENDED, DELETED):
         time, its trigger time then (its ttl counting from it, as a
         reschedule's), with its retry; ENDED instead, as a nack, after
         maxRetry + 1 deliveries or if the retry time is past its expiry.
+    [10] a schedule's run that missed with misfire=skip (broker.schedules):
+        EXPIRED at its release, never delivered.
 """
 
 from __future__ import annotations
@@ -172,7 +175,9 @@ class Send:
 @dataclass(frozen=True, slots=True)
 class Release:
     """Its trigger time came: the wheel released it, or a request made it
-    due at once."""
+    due at once. `skipped`: a schedule's run that missed and ends unseen."""
+
+    skipped: bool = False
 
 
 class Pull(NamedTuple):  # (a tuple: one is made for every pull, by tuple.__new__ without a Python call)
@@ -228,6 +233,7 @@ class GiveBack:
 Event = Send | Release | Pull | Ack | Nack | AckTimeout | Ttl | Delete | Reschedule | Redrive | GiveBack | RetryAt
 
 RELEASE, ACK, NACK, TTL, REDRIVE, GIVE_BACK = Release(), Ack(), Nack(), Ttl(), Redrive(), GiveBack()
+SKIPPED_RELEASE = Release(skipped=True)
 
 E = Effect
 _FILED = (E.FILE,)
@@ -288,7 +294,7 @@ def _send_ended(state: MessageState, event: Send, now_ms: int) -> Step:
 
 
 def _release(state: MessageState, event: Release, now_ms: int) -> Step:
-    if expired(state.trigger_ms, state.ttl_ms, now_ms):
+    if event.skipped or expired(state.trigger_ms, state.ttl_ms, now_ms):
         return _new(Step, (_to(state, EXPIRED, state.retry), _ENDED_AT_RELEASE, None))
     return _new(Step, (_to(state, READY, state.retry), _HELD, None))
 

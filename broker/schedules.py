@@ -1,0 +1,460 @@
+"""The node's recurring schedules: kept durable, and each one's next run
+made as an ordinary message (docs/api.md, "Recurring schedules").
+
+A schedule's state (`ScheduleState`) lives in RAM and in the schedules
+file (broker.schedule_file), whose record of it is written and synced
+before anything is done on its strength. Of its runs, only the next one
+exists, as a WAITING message with msgId `<scheduleId>@<nominal ms>` and
+trigger time nominal + jitter (broker.recurrence); the state names it
+(`pending`). The rule that makes the next run:
+
+    when the pending run is released (WAITING -> READY, or EXPIRED), the
+    backend tells `on_release` in the same turn, before the release is
+    carried out; the worker task then writes the state with the next
+    run as pending (synced), and only then sends that run's message.
+
+So a crash anywhere leaves one of: the release not durable (the wheel
+releases the run again after the restart: at least once, as any
+message); the release durable but the next run not recorded (`start`
+finds the pending run released and makes the next); the next run recorded
+but not sent (`start` finds no message with its msgId and sends it).
+The msgId is the same each time the same run is made, and the sends
+that make a recorded run are strict (an ended message with that id is
+answered, not replaced), so no run is made twice and none is lost.
+
+A release more than misfireGraceMillis after the run's nominal time has
+missed: `on_release` ends it unseen (status 5) with misfire=skip (the
+release's own record), and the worker picks the next run by
+broker.recurrence.released (skip and once: the first nominal time after
+now; all: the next one, until maxCatchUp runs in a row have caught up).
+
+Who calls what: the event loop only. `on_release` is the backend's
+(broker.releaser) and never waits; the API's calls (put, delete, pause,
+resume) and the worker's batches take one lock, so each sees a state no
+other is halfway through changing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from storage.entry import Location, Message, Status
+from storage.errors import ConfigError, Conflict, HourglassError, InvariantError, LimitReached, NotFound, Unavailable
+from storage.types import NewMessage
+from wheel.clock import Clock
+
+from .backend import Backend
+from .params import DeleteRequest, NewSend
+from .recurrence import Misfire, Recurrence, jitter_ms, parse_run_msg_id, released, run_msg_id
+from .schedule_file import Key, Row, RowError, ScheduleFile
+from .schedule_params import ScheduleSpec
+
+log = logging.getLogger("hourglass.schedules")
+
+# Released runs a schedule's answer lists (getSchedule's lastRuns).
+LAST_RUNS = 10
+# --max-schedules' default: schedules a node keeps (each in RAM with its
+# msg); a put of one more answers 429.
+DEFAULT_MAX_SCHEDULES = 10_000
+# --max-schedule-bytes' default: what the schedules' messages may hold in
+# RAM in all (their msg, topic, ids); a put past it answers 429.
+DEFAULT_MAX_SCHEDULE_BYTES = 64 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class ScheduleLimits:
+    """What the node's schedules may hold (flags of `hourglass serve`)."""
+
+    # Schedules in all (--max-schedules).
+    max_schedules: int = DEFAULT_MAX_SCHEDULES
+    # Their messages' bytes in all, as RAM holds them (--max-schedule-bytes).
+    max_bytes: int = DEFAULT_MAX_SCHEDULE_BYTES
+
+    def __post_init__(self) -> None:
+        if self.max_schedules < 0:
+            raise ConfigError(f"--max-schedules must be at least 0, got {self.max_schedules}")
+        if self.max_bytes < 0:
+            raise ConfigError(f"--max-schedule-bytes must be at least 0, got {self.max_bytes}")
+
+
+@dataclass
+class ScheduleState:
+    """One schedule as the node keeps it (see the module docstring)."""
+
+    spec: ScheduleSpec
+    recurrence: Recurrence
+    version: int
+    paused: bool = False
+    pending: int | None = None  # the nominal time of the run that exists and is not released yet
+    runs: int = 0  # runs made, the pending one included (counted against `limit`)
+    catch_up: int = 0  # missed runs delivered in a row (misfire=all)
+    # released runs, oldest first: (nominal ms, ms late at release, missed)
+    last_runs: list[tuple[int, int, bool]] = field(default_factory=list)
+    stale: str | None = None  # a run to delete if still waiting (a replaced or paused schedule's)
+
+    def __repr__(self) -> str:
+        return (f"ScheduleState({self.spec.topic!r}/{self.spec.schedule_id!r}, v{self.version}, "
+                f"pending={self.pending}, runs={self.runs}, paused={self.paused})")
+
+    @property
+    def key(self) -> Key:
+        return self.spec.topic, self.spec.schedule_id
+
+    def msg_id(self, nominal_ms: int) -> str:
+        return run_msg_id(self.spec.schedule_id, nominal_ms)
+
+    def trigger_ms(self, nominal_ms: int) -> int:
+        return nominal_ms + jitter_ms(self.msg_id(nominal_ms), self.spec.jitter_ms)
+
+    def runs_left(self) -> int | None:
+        """Runs it may still make (None: no limit)."""
+        return None if self.spec.limit is None else max(0, self.spec.limit - self.runs)
+
+    def next_fire_times(self, count: int) -> list[int]:
+        """The pending run's nominal time and those after it, at most the runs left."""
+        if self.pending is None:
+            return []
+        left = self.runs_left()
+        times = [self.pending]
+        at: int | None = self.pending
+        while len(times) < (count if left is None else min(count, left + 1)):
+            assert at is not None
+            at = self.recurrence.first_after(at)
+            if at is None:
+                break
+            times.append(at)
+        return times
+
+    def public(self, count: int) -> dict[str, object]:
+        return {**self.spec.public(), "version": self.version, "paused": self.paused, "runs": self.runs,
+                "nextFireTimes": self.next_fire_times(count)}
+
+    def row(self) -> Row:
+        return {**self.spec.public(), "version": self.version, "paused": self.paused, "pending": self.pending,
+                "runs": self.runs, "catchUp": self.catch_up, "lastRuns": [list(r) for r in self.last_runs],
+                "stale": self.stale}
+
+    @classmethod
+    def from_row(cls, row: Row) -> ScheduleState:
+        spec = ScheduleSpec.from_public(row)
+        last_runs = row.get("lastRuns") or []
+        if not isinstance(last_runs, list):
+            raise RowError("lastRuns is not a list")
+        pending, stale = row.get("pending"), row.get("stale")
+        version, runs, catch_up = row["version"], row["runs"], row["catchUp"]
+        if not (type(version) is int and type(runs) is int and type(catch_up) is int):
+            raise RowError("version, runs and catchUp must be whole numbers")
+        return cls(spec, spec.recurrence(), version, bool(row.get("paused")),
+                   pending if type(pending) is int else None, runs, catch_up,
+                   [(int(r[0]), int(r[1]), bool(r[2])) for r in last_runs],
+                   stale if isinstance(stale, str) else None)
+
+    def note_release(self, nominal_ms: int, late_ms: int, missed: bool) -> None:
+        self.last_runs.append((nominal_ms, late_ms, missed))
+        del self.last_runs[:-LAST_RUNS]
+
+
+@dataclass
+class ScheduleStats:
+    """One schedule's counts since the node started (/metrics)."""
+
+    runs: int = 0  # runs released
+    missed: int = 0  # runs missed (released past their grace, or never made meanwhile)
+    late_ms: int = 0  # released runs' lateness, summed
+    last_late_ms: int = 0
+
+
+class Schedules:
+    """The node's schedules over `file`, their runs made through a backend
+    once `start` is called (see the module docstring)."""
+
+    def __init__(self, file: ScheduleFile, clock: Clock, limits: ScheduleLimits | None = None) -> None:
+        self._file = file
+        self._clock = clock
+        self.limits = limits or ScheduleLimits()
+        self._states: dict[Key, ScheduleState] = {}
+        for key, row in file.rows.items():
+            self._states[key] = ScheduleState.from_row(row)
+        self._stale = dict(file.stale)  # runs of deleted schedules still to delete
+        self.bytes_held = sum(s.spec.size_bytes for s in self._states.values())
+        self.stats: dict[Key, ScheduleStats] = {}
+        self._released: list[tuple[Key, int, int]] = []  # (schedule, nominal, released at): the worker's
+        self._wake = asyncio.Event()
+        self._lock = asyncio.Lock()
+        self._backend: Backend | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    def __repr__(self) -> str:
+        return f"Schedules({len(self._states)} schedules, {len(self._released)} releases queued, {self._file!r})"
+
+    def __len__(self) -> int:
+        return len(self._states)
+
+    # == the backend's side ==================================================
+
+    def on_release(self, messages: Sequence[Message], now_ms: int) -> list[Location]:
+        """WAITING messages being released at `now_ms` (called by the backend
+        before it carries the release out): each pending run among them is
+        queued for the worker. Answers the runs that missed with
+        misfire=skip: the backend ends them unseen (status 5)."""
+        if not self._states:
+            return []
+        skipped: list[Location] = []
+        for m in messages:
+            if "@" not in m.msg_id:
+                continue
+            run = parse_run_msg_id(m.msg_id)
+            if run is None:
+                continue
+            state = self._states.get((m.topic, run[0]))
+            if state is None or state.pending != run[1]:
+                continue
+            self._released.append((state.key, run[1], now_ms))
+            spec = state.spec
+            if spec.misfire is Misfire.SKIP and now_ms - run[1] > spec.grace_ms and m.retry == 0:
+                skipped.append(m.location)
+        if self._released:
+            self._wake.set()
+        return skipped
+
+    def start(self, backend: Backend) -> None:
+        """Make runs through `backend` from now on: first what a restart
+        finds undone (see the module docstring), then each release."""
+        self._backend = backend
+        self._task = asyncio.create_task(self._run(), name="schedules")
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        self._backend = None
+
+    def close(self) -> None:
+        self._file.close()
+
+    def backend(self) -> Backend:
+        if self._backend is None:
+            raise Unavailable("schedules are not served on this node now (starting or stopping); retry")
+        return self._backend
+
+    async def _run(self) -> None:
+        async with self._lock:
+            await self._recover()
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            async with self._lock:
+                jobs, self._released = self._released, []
+                try:
+                    await self._advance(jobs)
+                except (HourglassError, OSError) as e:  # stopping, or a disk error: a restart finds it undone
+                    log.warning("schedules: %d releases not followed by their next runs yet: %s", len(jobs), e)
+
+    async def _recover(self) -> None:
+        """What a stop or crash left undone: stale runs deleted, each pending
+        run sent if it does not exist, followed if it was released."""
+        backend = self.backend()
+        live = {s.msg_id(s.pending) for s in self._states.values() if s.pending is not None}
+        for (topic, _), msg_id in list(self._stale.items()):
+            if msg_id not in live:
+                await self._drop_run(topic, msg_id, release=False)
+        self._stale.clear()
+        for state in list(self._states.values()):
+            if state.stale is not None and state.stale not in live:
+                await self._drop_run(state.spec.topic, state.stale, release=False)
+            state.stale = None
+            if state.pending is None:
+                continue
+            try:
+                message = await backend.get(state.spec.topic, state.msg_id(state.pending))
+            except NotFound:
+                await backend.send([self._run_send(state, state.pending, strict=True)])
+                continue
+            if message.status is not Status.WAITING:  # released before the stop: follow it now
+                self._released.append((state.key, state.pending, self._clock.now_ms()))
+                self._wake.set()
+
+    async def _advance(self, jobs: list[tuple[Key, int, int]]) -> None:
+        """Released runs: each schedule's next run recorded (one sync), then sent."""
+        changed: list[ScheduleState] = []
+        sends: list[NewSend] = []
+        for key, nominal_ms, released_ms in jobs:
+            state = self._states.get(key)
+            if state is None or state.pending != nominal_ms:
+                continue  # deleted, paused or replaced since
+            spec = state.spec
+            outcome = released(state.recurrence, spec.misfire, spec.grace_ms, spec.max_catch_up, nominal_ms,
+                               released_ms, state.catch_up)
+            late_ms = max(0, released_ms - nominal_ms)
+            state.note_release(nominal_ms, late_ms, outcome.missed)
+            stats = self.stats.setdefault(key, ScheduleStats())
+            stats.runs += 1
+            stats.missed += outcome.missed_runs
+            stats.late_ms += late_ms
+            stats.last_late_ms = late_ms
+            following = outcome.next_nominal
+            left = state.runs_left()
+            if left is not None and left <= 0:
+                following = None
+            state.pending, state.catch_up = following, outcome.catch_up
+            if following is not None:
+                state.runs += 1
+                sends.append(self._run_send(state, following, strict=True))
+            changed.append(state)
+        if not changed:
+            return
+        await self._write([{"put": s.row()} for s in changed])
+        if sends:
+            await self.backend().send(sends)
+
+    def _run_send(self, state: ScheduleState, nominal_ms: int, strict: bool) -> NewSend:
+        spec = state.spec
+        message = NewMessage(spec.topic, state.msg_id(nominal_ms), spec.msg, self._clock.now_ms(),
+                             state.trigger_ms(nominal_ms), spec.ttl_ms, spec.max_retry, spec.priority, spec.tag,
+                             spec.key)
+        return NewSend(message, strict)
+
+    async def _drop_run(self, topic: str, msg_id: str, release: bool) -> None:
+        """Delete a run if it is still waiting (a released one is delivered)."""
+        backend = self.backend()
+        try:
+            message = await backend.get(topic, msg_id)
+            if message.status is Status.WAITING:
+                await backend.delete(DeleteRequest(topic, msg_id, release))
+        except NotFound:
+            return
+
+    async def _write(self, records: list[Row]) -> None:
+        self._file.append(records)
+        await self._file.sync()
+        if self._file.rewrite_due(self.bytes_held + 400 * len(self._states)):
+            await self._file.rewrite([s.row() for s in self._states.values()])
+
+    # == the API's side ==========================================================
+
+    def get(self, topic: str, schedule_id: str) -> ScheduleState:
+        state = self._states.get((topic, schedule_id))
+        if state is None:
+            raise NotFound(f"no schedule {schedule_id!r} in topic {topic!r}")
+        return state
+
+    def page(self, topic: str, cursor: str | None, limit: int) -> tuple[list[ScheduleState], str | None]:
+        """A topic's schedules by scheduleId after `cursor`, and the next cursor (None: the last page)."""
+        ids = sorted(sid for (t, sid) in self._states if t == topic and (cursor is None or sid > cursor))
+        shown = ids[:limit]
+        return [self._states[(topic, sid)] for sid in shown], (shown[-1] if len(ids) > limit else None)
+
+    async def put(self, spec: ScheduleSpec, version: int | None) -> ScheduleState:
+        """Create or replace a schedule; durable, its first run made, once it
+        returns. Conflict (409) if `version` is given and is not the stored
+        one (0: one exists); LimitReached (429) past --max-schedules or
+        --max-schedule-bytes."""
+        backend = self.backend()
+        async with self._lock:
+            key = (spec.topic, spec.schedule_id)
+            old = self._states.get(key)
+            if version is not None and version != (0 if old is None else old.version):
+                raise Conflict(f"schedule {spec.schedule_id!r} is at version {0 if old is None else old.version}, "
+                               f"not {version}" + (" (0: it must not exist)" if version == 0 else ""))
+            if old is None and len(self._states) >= self.limits.max_schedules:
+                raise LimitReached(f"the node has {len(self._states)} schedules and --max-schedules is "
+                                   f"{self.limits.max_schedules}: delete one first, or raise --max-schedules")
+            held = self.bytes_held - (0 if old is None else old.spec.size_bytes) + spec.size_bytes
+            if held > self.limits.max_bytes:
+                raise LimitReached(f"the schedules' messages would hold {held} bytes and --max-schedule-bytes is "
+                                   f"{self.limits.max_bytes}: delete schedules first, or raise --max-schedule-bytes")
+            recurrence = spec.recurrence()
+            paused = old is not None and old.paused
+            now_ms = self._clock.now_ms()
+            first = None if paused else recurrence.first_at_or_after(max(spec.start_ms, now_ms + 1))
+            state = ScheduleState(spec, recurrence, 1 if old is None else old.version + 1, paused, first,
+                                  0 if first is None else 1, 0, [] if old is None else old.last_runs)
+            old_run = None if old is None or old.pending is None else old.msg_id(old.pending)
+            same_id = first is not None and old_run == state.msg_id(first)
+            state.stale = None if same_id else old_run
+            await self._write([{"put": state.row()}])
+            self._states[key] = state
+            self.bytes_held = held
+            if old_run is not None:
+                await self._drop_run(spec.topic, old_run, release=same_id)
+                state.stale = None
+            if first is not None:
+                await backend.send([self._run_send(state, first, strict=False)])
+            return state
+
+    async def delete(self, topic: str, schedule_id: str) -> None:
+        """Remove a schedule and delete its pending run; NotFound if none."""
+        self.backend()
+        async with self._lock:
+            state = self.get(topic, schedule_id)
+            run = None if state.pending is None else state.msg_id(state.pending)
+            await self._write([{"delete": [topic, schedule_id], "stale": run}])
+            del self._states[state.key]
+            self.stats.pop(state.key, None)
+            self.bytes_held -= state.spec.size_bytes
+            if run is not None:
+                await self._drop_run(topic, run, release=False)
+
+    async def pause(self, topic: str, schedule_id: str) -> ScheduleState:
+        """No more runs until resumed; its pending run deleted. NotFound if none."""
+        self.backend()
+        async with self._lock:
+            state = self.get(topic, schedule_id)
+            if state.paused:
+                return state
+            run = None if state.pending is None else state.msg_id(state.pending)
+            state.paused, state.version, state.catch_up = True, state.version + 1, 0
+            if state.pending is not None:
+                state.pending, state.runs = None, state.runs - 1
+            state.stale = run
+            await self._write([{"put": state.row()}])
+            if run is not None:
+                await self._drop_run(topic, run, release=False)
+            state.stale = None
+            return state
+
+    async def resume(self, topic: str, schedule_id: str) -> ScheduleState:
+        """Runs again from the first nominal time after now. NotFound if none."""
+        backend = self.backend()
+        async with self._lock:
+            state = self.get(topic, schedule_id)
+            if not state.paused:
+                return state
+            left = state.runs_left()
+            now_ms = self._clock.now_ms()
+            first = None if left == 0 else state.recurrence.first_at_or_after(max(state.spec.start_ms, now_ms + 1))
+            state.paused, state.version, state.pending = False, state.version + 1, first
+            if first is not None:
+                state.runs += 1
+            await self._write([{"put": state.row()}])
+            if first is not None:
+                await backend.send([self._run_send(state, first, strict=False)])
+            return state
+
+    async def last_runs(self, state: ScheduleState) -> list[dict[str, object]]:
+        """getSchedule's lastRuns: the released runs, newest first, each with its message's status now."""
+        backend = self.backend()
+        runs = []
+        for nominal_ms, late_ms, missed in reversed(state.last_runs):
+            msg_id = state.msg_id(nominal_ms)
+            try:
+                status: int | None = int((await backend.get(state.spec.topic, msg_id)).status)
+            except NotFound:
+                status = None
+            runs.append({"scheduledTime": nominal_ms, "msgId": msg_id, "triggerTime": state.trigger_ms(nominal_ms),
+                         "status": status, "latenessMillis": late_ms, "missed": missed})
+        return runs
+
+    def check(self) -> None:
+        """Raise InvariantError if RAM's states contradict themselves (tests)."""
+        for key, state in self._states.items():
+            if key != state.key:
+                raise InvariantError(f"{state!r} is kept under {key}")
+            if state.paused and state.pending is not None:
+                raise InvariantError(f"{state!r} is paused with a pending run")
+            if state.spec.limit is not None and state.runs > state.spec.limit:
+                raise InvariantError(f"{state!r} made more runs than its limit")
