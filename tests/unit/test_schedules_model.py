@@ -1,0 +1,280 @@
+"""broker.schedules on a disk Broker (real Store, FakeClock), against a model
+of docs/api.md's "Recurring schedules": schedules put (created, replaced
+with the right or a wrong version), paused, resumed and deleted, time
+passing while the node runs, and restarts, some after a downtime in which
+runs came due (misfire skip, once, all with maxCatchUp, within and past
+misfireGraceMillis). A consumer pulls every READY run after each step.
+
+The model, per schedule (everyMillis, started at its put: nominal times
+put + k * every): the one pending run; a release on time delivers it and
+makes the next; a release after a downtime is late by (restart time -
+nominal) and, past the grace, skip ends it unseen, once delivers it and
+goes on after now, all delivers up to maxCatchUp runs in a row, then goes
+on after now. After every step the runs delivered are exactly the model's
+(each once, none missing), the schedules' versions, paused flags and next
+fire times are the model's, and `--max-schedules` holds.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import hypothesis.strategies as st
+from broker_harness import CONFIG, BrokerHarness, HarnessMachine
+from hypothesis import HealthCheck, settings
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from broker.disk_broker import Broker
+from broker.metrics import Metrics
+from broker.params import Defaults, PullRequest
+from broker.ready import QueueLimits
+from broker.recurrence import Misfire, parse_run_msg_id
+from broker.schedule_file import ScheduleFile
+from broker.schedule_params import ScheduleSpec
+from broker.schedules import ScheduleLimits, Schedules
+from storage.entry import MS_PER_HOUR
+from storage.errors import Conflict, LimitReached, NotFound
+from storage.store import Store
+
+TOPIC = "t"
+IDS = ("a", "b", "c", "d")
+MAX_SCHEDULES = 3
+START_MS = 490_000 * MS_PER_HOUR - 30_000
+GRACE_MS = 5_000
+
+
+@dataclass
+class Model:
+    every_ms: int
+    start_ms: int
+    misfire: Misfire
+    max_catch_up: int
+    limit: int | None
+    version: int = 1
+    paused: bool = False
+    pending: int | None = None
+    runs: int = 0
+    catch_up: int = 0
+    delivered: list[int] = field(default_factory=list)
+
+    def first_after(self, ms: int) -> int:
+        k = max(1, (ms - self.start_ms) // self.every_ms + 1)
+        return self.start_ms + k * self.every_ms
+
+    def make(self, nominal: int | None) -> None:
+        if nominal is not None and self.limit is not None and self.runs >= self.limit:
+            nominal = None
+        self.pending = nominal
+        if nominal is not None:
+            self.runs += 1
+
+    def release_due(self, now_ms: int) -> None:
+        """Every run due by now_ms, each released at max(its time, now_ms's
+        moment of release): on time while the node runs (`now_ms` = the
+        nominal time itself), or at a restart."""
+        while self.pending is not None and self.pending <= now_ms:
+            nominal = self.pending
+            late = now_ms - nominal
+            if late <= GRACE_MS:
+                self.delivered.append(nominal)
+                self.catch_up = 0
+                self.make(nominal + self.every_ms)
+            elif self.misfire is Misfire.ALL and self.catch_up + 1 < self.max_catch_up:
+                self.delivered.append(nominal)
+                self.catch_up += 1
+                self.make(nominal + self.every_ms)
+            else:
+                if self.misfire is not Misfire.SKIP:
+                    self.delivered.append(nominal)
+                self.catch_up = 0
+                self.make(self.first_after(now_ms))
+
+
+class SchedulesMachine(HarnessMachine, RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.h = BrokerHarness("hourglass-schedules-", START_MS, QueueLimits(), Defaults())
+        self.path = os.path.join(self.h.directory, "schedules")
+        self.schedules: Schedules | None = None
+        self.models: dict[str, Model] = {}
+        self.delivered: dict[str, list[int]] = {sid: [] for sid in IDS}
+        self._open()
+
+    # -- the node ------------------------------------------------------------------------
+
+    def _open(self) -> None:
+        h = self.h
+        h.store = Store.open(h.directory, CONFIG, now_ms=self.clock.now_ms())
+        h.broker = Broker(h.store, self.clock, h.defaults, Metrics(), tick_path=os.path.join(h.directory, "tick"),
+                          limits=h.limits)
+        self.schedules = Schedules(ScheduleFile(self.path, fsync=False), self.clock,
+                                   ScheduleLimits(max_schedules=MAX_SCHEDULES))
+        h.broker.on_release = self.schedules.on_release
+
+        async def start() -> None:
+            h.broker.start()
+            self.schedules.start(h.broker)
+            await self._quiesce()
+        self._run(start())
+
+    def _close(self) -> None:
+        assert self.schedules is not None
+        self._run(self.schedules.stop())
+        self.schedules.close()
+        self.h.close_broker()
+
+    def teardown(self) -> None:
+        if self.schedules is not None and self.h.broker is not None:
+            self._run(self.schedules.stop())
+            self.schedules.close()
+        super().teardown()
+
+    def _drain(self) -> None:
+        """Pull every READY run (and ack it), recording what was delivered."""
+        async def pull_all() -> list[str]:
+            ids = []
+            while True:
+                batch = await self.broker.pull(PullRequest(TOPIC, 60_000, 100, ()))
+                if not batch:
+                    return ids
+                ids += [m.msg_id for m in batch]
+                await self.broker.ack_many(TOPIC, [m.msg_id for m in batch])
+        for msg_id in self._run(pull_all()):
+            run = parse_run_msg_id(msg_id)
+            assert run is not None, msg_id
+            self.delivered[run[0]].append(run[1])
+
+    def _advance(self, target_ms: int) -> None:
+        """Time passes with the node up: each run released at its time."""
+        while True:
+            due = [m.pending for m in self.models.values() if m.pending is not None and m.pending <= target_ms]
+            if not due:
+                break
+            at = min(due)
+            self.h.advance_to(at)
+            for m in self.models.values():
+                m.release_due(at)
+            self._drain()
+        self.h.advance_to(target_ms)
+        self._drain()
+
+    # -- rules -----------------------------------------------------------------------------
+
+    @rule(sid=st.sampled_from(IDS), every_s=st.integers(1, 20), misfire=st.sampled_from(list(Misfire)),
+          max_catch_up=st.integers(1, 4), limit=st.one_of(st.none(), st.integers(1, 6)),
+          version=st.one_of(st.none(), st.just("right"), st.just("wrong"), st.just(0)))
+    def put(self, sid, every_s, misfire, max_catch_up, limit, version):
+        now = self.clock.now_ms()
+        old = self.models.get(sid)
+        stored = 0 if old is None else old.version
+        asked = None if version is None else stored if version == "right" else stored + 7 if version == "wrong" \
+            else 0
+        spec = ScheduleSpec(TOPIC, sid, None, every_s * 1000, "UTC", f"run of {sid}", 3_600_000, 3, 0, "", "",
+                            now, None, limit, 0, misfire, GRACE_MS, max_catch_up)
+        assert self.schedules is not None
+        try:
+            state = self._run(self.schedules.put(spec, asked))
+        except Conflict:
+            assert asked is not None and asked != stored
+            return
+        except LimitReached:
+            assert old is None and len(self.models) >= MAX_SCHEDULES
+            return
+        assert asked is None or asked == stored
+        assert old is not None or len(self.models) < MAX_SCHEDULES
+        model = Model(every_s * 1000, now, misfire, max_catch_up, limit, stored + 1, old is not None and old.paused)
+        if old is not None:
+            model.delivered = old.delivered
+        if not model.paused:
+            model.make(model.first_after(now))
+        self.models[sid] = model
+        assert state.version == model.version
+        self._run(self._quiesce())
+        self._drain()
+
+    @precondition(lambda self: self.models)
+    @rule(data=st.data())
+    def pause(self, data):
+        sid = data.draw(st.sampled_from(sorted(self.models)))
+        assert self.schedules is not None
+        self._run(self.schedules.pause(TOPIC, sid))
+        m = self.models[sid]
+        if not m.paused:
+            m.paused, m.version, m.catch_up = True, m.version + 1, 0
+            if m.pending is not None:
+                m.pending, m.runs = None, m.runs - 1
+        self._run(self._quiesce())
+        self._drain()
+
+    @precondition(lambda self: self.models)
+    @rule(data=st.data())
+    def resume(self, data):
+        sid = data.draw(st.sampled_from(sorted(self.models)))
+        assert self.schedules is not None
+        self._run(self.schedules.resume(TOPIC, sid))
+        m = self.models[sid]
+        if m.paused:
+            m.paused, m.version = False, m.version + 1
+            m.make(m.first_after(self.clock.now_ms()))
+        self._run(self._quiesce())
+        self._drain()
+
+    @rule(sid=st.sampled_from(IDS))
+    def delete(self, sid):
+        assert self.schedules is not None
+        try:
+            self._run(self.schedules.delete(TOPIC, sid))
+        except NotFound:
+            assert sid not in self.models
+            return
+        del self.models[sid]
+        self._run(self._quiesce())
+        self._drain()
+        self.delivered[sid].clear()
+
+    @rule(ms=st.integers(1, 45_000))
+    def time_passes(self, ms):
+        self._advance(self.clock.now_ms() + ms)
+
+    @rule(downtime_ms=st.sampled_from([0, 0, 1_500, 4_000, 12_000, 40_000]), checkpoint=st.booleans())
+    def restart(self, downtime_ms, checkpoint):
+        """Stop the node; the clock moves on while it is down; start it again."""
+        self._run(self.schedules.stop())  # type: ignore[union-attr]
+        self.schedules.close()  # type: ignore[union-attr]
+        self.h.close_broker(checkpoint)
+        self.clock.set(self.clock.now_ms() + downtime_ms)
+        self._open()
+        now = self.clock.now_ms()
+        for m in self.models.values():
+            m.release_due(now)
+        self._run(self._quiesce())
+        self._drain()
+
+    # -- what must hold --------------------------------------------------------------------
+
+    @invariant()
+    def runs_delivered_are_the_models(self):
+        for sid in IDS:
+            model = self.models.get(sid)
+            expected = [] if model is None else model.delivered
+            assert self.delivered[sid] == expected, (sid, self.delivered[sid], expected)
+
+    @invariant()
+    def schedules_are_the_models(self):
+        assert self.schedules is not None
+        self.schedules.check()
+        assert len(self.schedules) == len(self.models) <= MAX_SCHEDULES
+        for sid, model in self.models.items():
+            state = self.schedules.get(TOPIC, sid)
+            assert (state.version, state.paused, state.pending, state.runs) == (
+                model.version, model.paused, model.pending, model.runs), (sid, state, model)
+            assert state.next_fire_times(3) == ([] if model.pending is None else [
+                t for t in (model.pending + k * model.every_ms for k in range(3))
+                if model.limit is None or (t - model.pending) // model.every_ms < model.limit - model.runs + 1])
+
+
+SchedulesMachine.TestCase.settings = settings(max_examples=60, stateful_step_count=25, deadline=None,
+                                              suppress_health_check=[HealthCheck.too_slow])
+TestSchedules = SchedulesMachine.TestCase
+
