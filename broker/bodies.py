@@ -106,10 +106,10 @@ def check_json_marks(raw: bytes | str, limit: int, what: str) -> None:
         return
     matches: Iterator[re.Match[bytes]] | Iterator[re.Match[str]]
     if isinstance(raw, bytes):
-        counts = (raw.count(mark) for mark in (b",", b":", b"{", b"["))
+        counts = [raw.count(mark) for mark in (b",", b":", b"{", b"[")]
         matches = _JSON_SCAN.finditer(raw)
     else:
-        counts = (raw.count(mark) for mark in (",", ":", "{", "["))
+        counts = [raw.count(mark) for mark in (",", ":", "{", "[")]
         matches = _JSON_SCAN_TEXT.finditer(raw)
     upper = 0
     for count in counts:

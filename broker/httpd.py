@@ -214,7 +214,7 @@ class _Shared:
     def shed(self, count: int, now: float) -> int:
         """Close up to `count` stalled connections, those nearest their
         deadline first; returns how many."""
-        stalled = heapq.nsmallest(count, (c for c in self.connections if c.stalled(now)), key=lambda c: c.deadline)
+        stalled = heapq.nsmallest(count, [c for c in self.connections if c.stalled(now)], key=lambda c: c.deadline)
         for victim in stalled:
             victim.evict()
         self.evicted += len(stalled)

@@ -369,7 +369,7 @@ class Store:
         if self.keys is None:
             return None
         hours = self._hours
-        files = ((h.hour, start) for h in hours.ascending() if (start := hours.span_start(h)) is not None)
+        files = [(h.hour, start) for h in hours.ascending() if (start := hours.span_start(h)) is not None]
         try:
             return self.keys.parts(self.keys.key(topic, key), files)
         except CorruptionError:  # a damaged slot: the caller scans (the index is rebuilt at the next open)
