@@ -293,7 +293,8 @@ class Metrics:
             if not (family and name.startswith(family + "{")):
                 family = name.partition("{")[0]
                 lines.append(f"# TYPE {family} {kind}")
-            lines.append(f"{name} {value:g}" if isinstance(value, float) else f"{name} {value}")
+            # (15 digits: a byte count or log offset whole; compiled, every value here is a float)
+            lines.append(f"{name} {value:.15g}" if isinstance(value, float) else f"{name} {value}")
         return "\n".join(lines) + "\n"
 
     def roll(self, now_ms: int) -> None:

@@ -105,7 +105,8 @@ def test_a_commit_round_counts_its_fsync_and_its_whole_time_and_labelled_node_se
     selection = TopicSelection(shown=[], backlogs={}, topics=0, counter_totals=(0,) * 12, backlog_totals=(0, 0, 0))
     text = m.render(selection, [("hourglass_a", "gauge", 1),
                                 ('hourglass_lag_bytes{follower="n2"}', "gauge", 5),
-                                ('hourglass_lag_bytes{follower="n3"}', "gauge", 0.5)])
+                                ('hourglass_lag_bytes{follower="n3"}', "gauge", 0.5),
+                                ("hourglass_disk_free_bytes", "gauge", 80457613312.0)])
     assert 'hourglass_fsync_seconds_bucket{le="0.0005"} 1\n' in text and "hourglass_fsync_seconds_count 2\n" in text
     assert 'hourglass_commit_round_seconds_bucket{le="0.005"} 1\n' in text
     assert 'hourglass_commit_round_seconds_bucket{le="0.5"} 1\n' in text
@@ -114,3 +115,4 @@ def test_a_commit_round_counts_its_fsync_and_its_whole_time_and_labelled_node_se
     assert text.count("# TYPE hourglass_lag_bytes gauge\n") == 1 and "# TYPE hourglass_a gauge\nhourglass_a 1\n" in text
     assert 'hourglass_lag_bytes{follower="n2"} 5\nhourglass_lag_bytes{follower="n3"} 0.5\n' in text
     assert "dead_messages" not in text  # no backend's count of them
+    assert "hourglass_disk_free_bytes 80457613312\n" in text  # whole, as a float (a compiled build's values are)
