@@ -70,10 +70,10 @@ from .transitions import Delete, Effect, MessageState, Reschedule, Step, step
 from .windows import ReadyWindows
 
 # Index entries read per slice of a scan, between which the loop runs.
-BULK_SCAN = 4096
-# Messages a deleteMsgs changes between two turns of the loop (~5 ms): a
+BULK_SCAN = 1024
+# Messages a deleteMsgs changes between two turns of the loop (~3 ms): a
 # call of more appends a PART record a slice and a COMMIT last.
-DELETE_SLICE = 1024
+DELETE_SLICE = 512
 # Work on a key's messages between two turns of the loop (a part at least).
 KEY_SLICE_S = 0.005
 

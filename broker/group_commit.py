@@ -39,8 +39,8 @@ from .syncer import Syncer
 Replicated = Callable[[int], Awaitable[None]]
 
 # Status changes of committed bulk-call parts applied between two turns of
-# the event loop (storage.records PART; about 5 ms of work).
-DEFERRED_SLICE = 1500
+# the event loop (storage.records PART; about 3 ms of work).
+DEFERRED_SLICE = 500
 
 # How long a record nobody waits for (a pull's, on a standalone node) may
 # stay appended and not yet synced: a request that waits for the group

@@ -31,10 +31,11 @@ Every body is a msgpack array `[kind, now_ms, items]`:
            large for one turn of the event loop appends a PART a slice,
            other requests served between, and stays whole all the same)
     COMMIT items: [call id]
-           (applies the held PARTs of that call id, in log order, and drops
-           every other PART held: a call whose COMMIT never came -- its
-           node was killed or deposed -- is abandoned whole; a node that
-           starts to serve appends COMMIT 0 to drop what it holds of one)
+           (applies the held PARTs of that call id, in log order; the PARTs
+           of other calls stay held -- calls run at once, their PARTs
+           interleaved --; call id 0 drops every PART held: a node that
+           starts to serve appends it, so a call whose COMMIT never came --
+           its node was killed or deposed -- is abandoned whole)
 
 A record carries every coordinate it was given at append time, so applying
 it is a set of writes at fixed positions: replaying a record twice, or

@@ -56,6 +56,35 @@ def test_sends_are_answered_between_the_slices_of_one_delete(tmp_path):
     asyncio.run(run())
 
 
+def test_two_sliced_deletes_at_once_both_stay_whole_on_disk(tmp_path):
+    """Two large deleteMsgs of two topics run at once, their PART records
+    interleaved in the log: the COMMIT of one applies its own parts and
+    leaves the other's held, so both are on disk after a restart."""
+    messages = 3 * DELETE_SLICE
+
+    async def run(reopen: bool) -> tuple[int, int]:
+        clock = SystemClock()
+        store = Store.open(str(tmp_path / "data"), StoreConfig(), now_ms=clock.now_ms())
+        broker = Broker(store, clock, Defaults(), Metrics(), tick_path=str(tmp_path / "tick"))
+        broker.start()
+        if not reopen:
+            now = clock.now_ms()
+            for topic in ("a", "b"):
+                await broker.send([NewMessage(topic, f"m{i}", "x", now, now + HOUR_MS + i, 0, 3)
+                                   for i in range(messages)])
+            answers = await asyncio.gather(*(broker.delete_msgs(DeleteMsgsRequest(topic, BulkFilter(), messages))
+                                             for topic in ("a", "b")))
+            assert answers == [(messages, False), (messages, False)]
+            assert broker._bulk.slices == 6
+        counts = (await broker.count_msgs("a", BulkFilter()), await broker.count_msgs("b", BulkFilter()))
+        await broker.stop()
+        store.close()
+        return counts
+
+    assert asyncio.run(run(reopen=False)) == (0, 0)
+    assert asyncio.run(run(reopen=True)) == (0, 0)
+
+
 def _send(server: Server, topic: str, count: int) -> None:
     now = int(time.time() * 1000)
     for first in range(0, count, 1000):
