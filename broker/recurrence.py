@@ -122,10 +122,12 @@ def _parse_field(text: str, field: _Field) -> tuple[tuple[int, ...], bool]:
             if not step_text.isdigit() or not step_text.isascii() or int(step_text) < 1:
                 raise _bad(f"{field.name} step {step_text!r} must be a whole number of at least 1")
             step = int(step_text)
+        # a weekday's "*" and "a/n" end at Saturday (6): 7, Sunday again, only when named
+        end = 6 if field is _WEEKDAY else field.high
         if body in ("*", "?"):
             if body == "?" and field not in (_DAY, _WEEKDAY):
                 raise _bad(f"? is only for the day of month or the weekday, not the {field.name}")
-            low, high = field.low, field.high
+            low, high = field.low, end
         elif "-" in body:
             first, _, last = body.partition("-")
             low, high = _value(first, field), _value(last, field)
@@ -133,7 +135,7 @@ def _parse_field(text: str, field: _Field) -> tuple[tuple[int, ...], bool]:
                 raise _bad(f"{field.name} range {body!r} runs backwards")
         else:
             low = _value(body, field)
-            high = field.high if slash else low  # "5/15": from 5 to the end, every 15
+            high = end if slash else low  # "5/15": from 5 to the end, every 15
         values.update(range(low, high + 1, step))
     if field is _WEEKDAY and 7 in values:
         values.discard(7)

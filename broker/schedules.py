@@ -261,11 +261,11 @@ class Schedules:
         live = {s.msg_id(s.pending) for s in self._states.values() if s.pending is not None}
         for (topic, _), msg_id in list(self._stale.items()):
             if msg_id not in live:
-                await self._drop_run(topic, msg_id, release=False)
+                await self._drop_run(topic, msg_id)
         self._stale.clear()
         for state in list(self._states.values()):
             if state.stale is not None and state.stale not in live:
-                await self._drop_run(state.spec.topic, state.stale, release=False)
+                await self._drop_run(state.spec.topic, state.stale)
             state.stale = None
             if state.pending is None:
                 continue
@@ -318,13 +318,15 @@ class Schedules:
                              spec.key)
         return NewSend(message, strict)
 
-    async def _drop_run(self, topic: str, msg_id: str, release: bool) -> None:
-        """Delete a run if it is still waiting (a released one is delivered)."""
+    async def _drop_run(self, topic: str, msg_id: str) -> None:
+        """Delete a run if it is still waiting (a released one is delivered),
+        its msgId released: the same nominal time may be a run again (a
+        schedule replaced by one whose times overlap, resumed, put anew)."""
         backend = self.backend()
         try:
             message = await backend.get(topic, msg_id)
             if message.status is Status.WAITING:
-                await backend.delete(DeleteRequest(topic, msg_id, release))
+                await backend.delete(DeleteRequest(topic, msg_id, True))
         except NotFound:
             return
 
@@ -380,7 +382,7 @@ class Schedules:
             self._states[key] = state
             self.bytes_held = held
             if old_run is not None:
-                await self._drop_run(spec.topic, old_run, release=same_id)
+                await self._drop_run(spec.topic, old_run)
                 state.stale = None
             if first is not None:
                 await backend.send([self._run_send(state, first, strict=False)])
@@ -397,7 +399,7 @@ class Schedules:
             self.stats.pop(state.key, None)
             self.bytes_held -= state.spec.size_bytes
             if run is not None:
-                await self._drop_run(topic, run, release=False)
+                await self._drop_run(topic, run)
 
     async def pause(self, topic: str, schedule_id: str) -> ScheduleState:
         """No more runs until resumed; its pending run deleted. NotFound if none."""
@@ -413,7 +415,7 @@ class Schedules:
             state.stale = run
             await self._write([{"put": state.row()}])
             if run is not None:
-                await self._drop_run(topic, run, release=False)
+                await self._drop_run(topic, run)
             state.stale = None
             return state
 

@@ -1,6 +1,6 @@
 """broker.recurrence: the DST examples docs/api.md states, the cron forms
 taken and refused, and what a released run means under each misfire rule.
-The fire times against an independent reference: property/test_recurrence.py."""
+The fire times against an independent reference: property/test_recurrence_reference.py."""
 
 from __future__ import annotations
 
@@ -81,6 +81,9 @@ def test_day_fields_follow_vixie_cron() -> None:
     assert fires("0 0 */2 * mon", "UTC", ms(2024, 9, 1), 2) == [
         "2024-09-09T00:00:00+00:00", "2024-09-23T00:00:00+00:00"]
     assert fires("0 0 * * 7", "UTC", ms(2024, 9, 1), 1) == ["2024-09-01T00:00:00+00:00"]  # 7 is Sunday
+    # a weekday's "a/n" ends at Saturday: Friday and Saturday, not Sunday
+    assert fires("0 0 * * 5/1", "UTC", ms(2024, 9, 1), 3) == [
+        "2024-09-06T00:00:00+00:00", "2024-09-07T00:00:00+00:00", "2024-09-13T00:00:00+00:00"]
 
 
 @pytest.mark.parametrize(("expr", "words"), [
