@@ -46,7 +46,7 @@ SCHEDULE_ERRORS: ErrorTable = (
 )
 
 # Why a node without schedules refuses the calls (code 403).
-NO_SCHEDULES = "recurring schedules are served by a standalone node on the disk backend only, for now"
+NO_SCHEDULES = "recurring schedules are served on the disk backend only (standalone or cluster), for now"
 
 
 class ScheduleApi:

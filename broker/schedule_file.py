@@ -154,6 +154,14 @@ class ScheduleFile:
         self.size_bytes += len(data)
         self._written += 1
 
+    async def write(self, records: list[Row]) -> None:
+        """Append the records and sync them (broker.schedules.ScheduleStore)."""
+        self.append(records)
+        await self.sync()
+
+    async def forget_stale(self, keys: list[Key]) -> None:
+        """Nothing to do: the next rewrite keeps live rows alone."""
+
     async def sync(self) -> None:
         """Every record appended so far on disk (one fsync for all callers
         waiting meanwhile)."""

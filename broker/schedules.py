@@ -37,9 +37,11 @@ other is halfway through changing.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from storage.entry import Location, Message, Status
 from storage.errors import ConfigError, Conflict, HourglassError, InvariantError, LimitReached, NotFound, Unavailable
@@ -49,7 +51,7 @@ from wheel.clock import Clock
 from .backend import Backend
 from .params import DeleteRequest, NewSend
 from .recurrence import Misfire, Recurrence, jitter_ms, parse_run_msg_id, released, run_msg_id
-from .schedule_file import Key, Row, RowError, ScheduleFile
+from .schedule_file import Key, Row, RowError
 from .schedule_params import ScheduleSpec
 
 log = logging.getLogger("hourglass.schedules")
@@ -62,6 +64,36 @@ DEFAULT_MAX_SCHEDULES = 10_000
 # --max-schedule-bytes' default: what the schedules' messages may hold in
 # RAM in all (their msg, topic, ids); a put past it answers 429.
 DEFAULT_MAX_SCHEDULE_BYTES = 64 * 1024 * 1024
+# After a write or send that failed (a disk error, a Raft write that no
+# majority committed in time), the worker tries again this often.
+REPAIR_INTERVAL_S = 1.0
+
+
+class ScheduleStore(Protocol):
+    """Where a node's schedules are durable: the schedules file on a
+    standalone node (broker.schedule_file.ScheduleFile), the Raft group's
+    state on a cluster (broker.cluster.schedules.RaftScheduleStore). Both
+    keep the same records: {"put": row}, {"delete": [topic, scheduleId],
+    "stale": msgId or None}."""
+
+    rows: dict[Key, Row]  # each schedule's last row, as opened
+    stale: dict[Key, str]  # runs of deleted schedules to delete if still waiting, as opened
+
+    async def write(self, records: list[Row]) -> None:
+        """The records, durable once it returns (raises if they may not be)."""
+        ...
+
+    def rewrite_due(self, live_bytes: int) -> bool: ...
+
+    async def rewrite(self, rows: list[Row]) -> None:
+        """Keep `rows` alone (each a "put")."""
+        ...
+
+    async def forget_stale(self, keys: list[Key]) -> None:
+        """The stale runs of these deleted schedules are dealt with."""
+        ...
+
+    def close(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -171,7 +203,7 @@ class Schedules:
     """The node's schedules over `file`, their runs made through a backend
     once `start` is called (see the module docstring)."""
 
-    def __init__(self, file: ScheduleFile, clock: Clock, limits: ScheduleLimits | None = None) -> None:
+    def __init__(self, file: ScheduleStore, clock: Clock, limits: ScheduleLimits | None = None) -> None:
         self._file = file
         self._clock = clock
         self.limits = limits or ScheduleLimits()
@@ -184,6 +216,10 @@ class Schedules:
         self._released: list[tuple[Key, int, int]] = []  # (schedule, nominal, released at): the worker's
         self._wake = asyncio.Event()
         self._lock = asyncio.Lock()
+        # puts waiting for the lock: the first to get it makes them all (one write, one send)
+        self._puts: list[tuple[ScheduleSpec, int | None, asyncio.Future[ScheduleState]]] = []
+        # schedules whose last change was not written or whose run not sent (an error): the worker repairs them
+        self._unsettled: dict[Key, ScheduleState] = {}
         self._backend: Backend | None = None
         self._task: asyncio.Task[None] | None = None
 
@@ -245,14 +281,37 @@ class Schedules:
         async with self._lock:
             await self._recover()
         while True:
-            await self._wake.wait()
+            if self._unsettled:
+                with contextlib.suppress(TimeoutError):
+                    await self._clock.wait_for(self._wake.wait(), REPAIR_INTERVAL_S)
+            else:
+                await self._wake.wait()
             self._wake.clear()
             async with self._lock:
                 jobs, self._released = self._released, []
                 try:
+                    if self._unsettled:
+                        await self._repair()
                     await self._advance(jobs)
-                except (HourglassError, OSError) as e:  # stopping, or a disk error: a restart finds it undone
+                except (HourglassError, OSError) as e:  # a disk or Raft write error: repaired from RAM
                     log.warning("schedules: %d releases not followed by their next runs yet: %s", len(jobs), e)
+
+    async def _repair(self) -> None:
+        """Schedules whose change a failed write or send left undone: their
+        rows written again, their pending runs sent (strict: a run made
+        already is answered, not made again)."""
+        states = [s for s in self._unsettled.values() if self._states.get(s.key) is s]
+        if states:
+            await self._write([{"put": s.row()} for s in states])
+            for s in states:
+                if s.stale is not None:
+                    await self._drop_run(s.spec.topic, s.stale)
+                    s.stale = None
+            sends = [self._run_send(s, s.pending, strict=True) for s in states if s.pending is not None]
+            if sends:
+                await self.backend().send(sends)
+        self._unsettled.clear()
+        log.info("schedules: %d repaired after an error", len(states))
 
     async def _recover(self) -> None:
         """What a stop or crash left undone: stale runs deleted, each pending
@@ -262,6 +321,8 @@ class Schedules:
         for (topic, _), msg_id in list(self._stale.items()):
             if msg_id not in live:
                 await self._drop_run(topic, msg_id)
+        if self._stale:
+            await self._file.forget_stale(list(self._stale))
         self._stale.clear()
         for state in list(self._states.values()):
             if state.stale is not None and state.stale not in live:
@@ -307,9 +368,13 @@ class Schedules:
             changed.append(state)
         if not changed:
             return
+        for s in changed:  # until written and sent (an error leaves them to _repair)
+            self._unsettled[s.key] = s
         await self._write([{"put": s.row()} for s in changed])
         if sends:
             await self.backend().send(sends)
+        for s in changed:
+            self._unsettled.pop(s.key, None)
 
     def _run_send(self, state: ScheduleState, nominal_ms: int, strict: bool) -> NewSend:
         spec = state.spec
@@ -331,8 +396,7 @@ class Schedules:
             return
 
     async def _write(self, records: list[Row]) -> None:
-        self._file.append(records)
-        await self._file.sync()
+        await self._file.write(records)
         if self._file.rewrite_due(self.bytes_held + 400 * len(self._states)):
             await self._file.rewrite([s.row() for s in self._states.values()])
 
@@ -354,39 +418,83 @@ class Schedules:
         """Create or replace a schedule; durable, its first run made, once it
         returns. Conflict (409) if `version` is given and is not the stored
         one (0: one exists); LimitReached (429) past --max-schedules or
-        --max-schedule-bytes."""
-        backend = self.backend()
+        --max-schedule-bytes. Puts that wait for the lock meanwhile are
+        made together, in the order they came: one write, one send."""
+        self.backend()
+        done: asyncio.Future[ScheduleState] = asyncio.get_running_loop().create_future()
+        self._puts.append((spec, version, done))
         async with self._lock:
+            puts, self._puts = self._puts, []
+            if puts:
+                try:
+                    await self._put_all(puts)
+                except BaseException as e:
+                    for _, _, d in puts:
+                        if not d.done():
+                            d.set_exception(e if isinstance(e, Exception) else Unavailable("stopping; retry"))
+                    raise
+        return await done
+
+    async def _put_all(self, puts: list[tuple[ScheduleSpec, int | None, asyncio.Future[ScheduleState]]]) -> None:
+        """Each put decided in order against what the ones before it left,
+        then all written at once, their old runs deleted, their first runs
+        sent, and each put answered (or refused alone: 409, 429)."""
+        backend = self.backend()
+        now_ms = self._clock.now_ms()
+        made: dict[Key, ScheduleState] = {}  # this round's last state of each schedule
+        answers: list[tuple[asyncio.Future[ScheduleState], ScheduleState]] = []
+        count, held = len(self._states), self.bytes_held
+        for spec, version, done in puts:
             key = (spec.topic, spec.schedule_id)
-            old = self._states.get(key)
-            if version is not None and version != (0 if old is None else old.version):
-                raise Conflict(f"schedule {spec.schedule_id!r} is at version {0 if old is None else old.version}, "
-                               f"not {version}" + (" (0: it must not exist)" if version == 0 else ""))
-            if old is None and len(self._states) >= self.limits.max_schedules:
-                raise LimitReached(f"the node has {len(self._states)} schedules and --max-schedules is "
-                                   f"{self.limits.max_schedules}: delete one first, or raise --max-schedules")
-            held = self.bytes_held - (0 if old is None else old.spec.size_bytes) + spec.size_bytes
-            if held > self.limits.max_bytes:
-                raise LimitReached(f"the schedules' messages would hold {held} bytes and --max-schedule-bytes is "
-                                   f"{self.limits.max_bytes}: delete schedules first, or raise --max-schedule-bytes")
+            before = self._states.get(key)
+            old = made.get(key, before)
+            try:
+                if version is not None and version != (0 if old is None else old.version):
+                    raise Conflict(f"schedule {spec.schedule_id!r} is at version {0 if old is None else old.version}"
+                                   f", not {version}" + (" (0: it must not exist)" if version == 0 else ""))
+                if old is None and count >= self.limits.max_schedules:
+                    raise LimitReached(f"the node has {count} schedules and --max-schedules is "
+                                       f"{self.limits.max_schedules}: delete one first, or raise --max-schedules")
+                now_held = held - (0 if old is None else old.spec.size_bytes) + spec.size_bytes
+                if now_held > self.limits.max_bytes:
+                    raise LimitReached(f"the schedules' messages would hold {now_held} bytes and "
+                                       f"--max-schedule-bytes is {self.limits.max_bytes}: delete schedules first, "
+                                       f"or raise --max-schedule-bytes")
+            except HourglassError as e:
+                done.set_exception(e)
+                continue
+            count += old is None
+            held = now_held
             recurrence = spec.recurrence()
             paused = old is not None and old.paused
-            now_ms = self._clock.now_ms()
             first = None if paused else recurrence.first_at_or_after(max(spec.start_ms, now_ms + 1))
             state = ScheduleState(spec, recurrence, 1 if old is None else old.version + 1, paused, first,
                                   0 if first is None else 1, 0, [] if old is None else old.last_runs)
-            old_run = None if old is None or old.pending is None else old.msg_id(old.pending)
-            same_id = first is not None and old_run == state.msg_id(first)
-            state.stale = None if same_id else old_run
-            await self._write([{"put": state.row()}])
-            self._states[key] = state
-            self.bytes_held = held
-            if old_run is not None:
-                await self._drop_run(spec.topic, old_run)
+            # the run to delete: the one that exists (made before this round), unless it is this one's first
+            old_run = None if before is None or before.pending is None else before.msg_id(before.pending)
+            state.stale = None if first is not None and old_run == state.msg_id(first) else old_run
+            made[key] = state
+            answers.append((done, state))
+        if not made:
+            return
+        await self._write([{"put": s.row()} for s in made.values()])
+        self._states.update(made)
+        self.bytes_held = held
+        self._unsettled.update(made)  # until its old run is deleted and its first sent
+        sends = []
+        for state in made.values():
+            if state.stale is not None:
+                await self._drop_run(state.spec.topic, state.stale)
                 state.stale = None
-            if first is not None:
-                await backend.send([self._run_send(state, first, strict=False)])
-            return state
+            if state.pending is not None:
+                sends.append(self._run_send(state, state.pending, strict=False))
+        if sends:
+            await backend.send(sends)
+        for key in made:
+            self._unsettled.pop(key, None)
+        for done, state in answers:
+            if not done.done():
+                done.set_result(state)
 
     async def delete(self, topic: str, schedule_id: str) -> None:
         """Remove a schedule and delete its pending run; NotFound if none."""

@@ -5,7 +5,9 @@ Raft guarantees at most one leader per term, and a term's leader has been
 voted for by a majority. hourglass uses Raft only for that and for two
 small replicated facts: `claimed = (term, node_id)`, "the leader of `term`
 is `node_id`, and has caught up"; and the push subscriptions (a few per
-topic at most, broker.pusher), which the leader pushes. A node that Raft makes leader in term T
+topic at most, broker.pusher), which the leader pushes; and the recurring
+schedules' entries (broker.cluster.schedules lays them out), whose runs
+the leader makes. A node that Raft makes leader in term T
   1. gets a promise and the log position of a majority (broker.cluster),
   2. catches its commit log up to the most advanced of them,
   3. replicates `claim(T, me)` through Raft: committed means a majority
@@ -23,6 +25,7 @@ implements it with pysyncobj (public API only); tests use `FakeElection`
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
 
 
@@ -65,6 +68,16 @@ class Election(Protocol):
     async def set_subscription(self, topic: str, stored: bytes | None) -> bool:
         """Replicate the topic's subscription (None: none); True once a
         majority has committed it."""
+        ...
+
+    def schedules(self) -> dict[str, bytes]:
+        """The recurring schedules' entries this node has applied: key ->
+        value (a copy; broker.cluster.schedules lays them out)."""
+        ...
+
+    async def set_schedules(self, changes: Sequence[tuple[str, bytes | None]]) -> bool:
+        """Replicate these entries (None: removed), in order, as one
+        command; True once a majority has committed it."""
         ...
 
     def close(self) -> None:

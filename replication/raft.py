@@ -18,7 +18,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
@@ -37,14 +38,21 @@ log = logging.getLogger("hourglass.election")
 
 # pysyncobj has no type hints: SyncObj and its decorator are Any to mypy.
 class _RaftFacts(SyncObj):  # type: ignore[misc]  # pysyncobj is untyped: its base is Any
-    """The replicated state machine: who claimed the highest term, and the
-    push subscriptions."""
+    """The replicated state machine: who claimed the highest term, the
+    push subscriptions, and the recurring schedules' entries."""
 
     def __init__(self, me: str, others: list[str], conf: SyncObjConf, transport: Callable[..., RaftTransport]) -> None:
+        # Set before SyncObj's constructor, so not part of the replicated
+        # state it dumps: held while `schedule` changes the entries (on
+        # pysyncobj's thread) and while the event loop copies them.
+        self.schedules_lock = threading.Lock()
         super().__init__(me, others, conf, transportClass=transport)
         self.claimed_term = 0
         self.claimed_by: str | None = None
         self.subscriptions: dict[str, bytes] = {}
+        # changed in place (there may be 100,000: a copy per change would be
+        # quadratic), under schedules_lock
+        self.schedules: dict[str, bytes] = {}
 
     @replicated  # type: ignore[untyped-decorator]  # pysyncobj is untyped
     def claim(self, term: int, node_id: str) -> bool:
@@ -61,6 +69,17 @@ class _RaftFacts(SyncObj):  # type: ignore[misc]  # pysyncobj is untyped: its ba
         else:
             subscriptions[topic] = stored
         self.subscriptions = subscriptions
+        return True
+
+    @replicated  # type: ignore[untyped-decorator]  # pysyncobj is untyped
+    def schedule(self, changes: list[tuple[str, bytes | None]]) -> bool:
+        with self.schedules_lock:
+            entries = self.schedules
+            for key, value in changes:
+                if value is None:
+                    entries.pop(key, None)
+                else:
+                    entries[key] = value
         return True
 
 
@@ -150,6 +169,13 @@ class RaftElection:
 
     async def set_subscription(self, topic: str, stored: bytes | None) -> bool:
         return await self._committed(self._raft.subscribe, topic, stored)
+
+    def schedules(self) -> dict[str, bytes]:
+        with self._raft.schedules_lock:
+            return dict(self._raft.schedules)
+
+    async def set_schedules(self, changes: Sequence[tuple[str, bytes | None]]) -> bool:
+        return await self._committed(self._raft.schedule, list(changes))
 
     async def _committed(self, command: Callable[..., object], *args: object) -> bool:
         """Run a replicated command; True once committed (and true), False

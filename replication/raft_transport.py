@@ -26,8 +26,10 @@ each frame's token before it decompresses or unpickles anything; and
 pysyncobj's `connectionTimeout` of opening. Each refusal is logged, at most
 once a minute for each address (`RefusalLog`).
 
-The bound. hourglass's Raft group replicates one small fact (a claim: a
-term and a node id, one per election), so its frames are small. Measured
+The bound. hourglass's Raft group replicates small facts (a claim: a
+term and a node id, one per election; push subscriptions; the recurring
+schedules' entries, in commands of at most 3 KiB each,
+broker.cluster.schedules), so its frames are small. Measured
 with the cluster secret: a heartbeat or vote is about 300 bytes; the
 largest frame seen, a node catching up on 1,000 claims made while it was
 down, 7.1 KiB. pysyncobj sends a lagging peer its log in batches of

@@ -359,6 +359,7 @@ class FakeElection:
         self.claims: list[int] = []  # every term claimed, committed or not
         self.closed = False
         self.pushes: dict[str, bytes] = {}  # the subscriptions replicated
+        self.schedule_entries: dict[str, bytes] = {}  # the schedules' entries replicated
 
     @property
     def is_leader(self) -> bool:
@@ -381,6 +382,19 @@ class FakeElection:
             self.pushes.pop(topic, None)
         else:
             self.pushes[topic] = stored
+        return True
+
+    def schedules(self) -> dict[str, bytes]:
+        return dict(self.schedule_entries)
+
+    async def set_schedules(self, changes: Sequence[tuple[str, bytes | None]]) -> bool:
+        if not self.claims_commit:
+            return False
+        for key, value in changes:
+            if value is None:
+                self.schedule_entries.pop(key, None)
+            else:
+                self.schedule_entries[key] = value
         return True
 
     def close(self) -> None:

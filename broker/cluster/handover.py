@@ -33,6 +33,7 @@ class Handover(NodeParts):
         if broker is not None and leader_log is not None:
             if self.pushers is not None:  # first: what they have in flight the next leader delivers again
                 await self.pushers.stop()
+            await self.stop_schedules()  # a release not followed yet, the next leader follows
             broker.begin_stop()
             with contextlib.suppress(Exception):
                 await self.clock.wait_for(broker.stop(), HANDOVER_TIMEOUT_S)

@@ -106,6 +106,14 @@ class NodeParts(NodeBase):
             return None
         return leader
 
+    async def stop_schedules(self) -> None:
+        """The leader's schedules stop making runs (standing down, handing
+        over); what they leave undone the next leader does."""
+        schedules, self.schedules = self.schedules, None
+        if schedules is not None:
+            await schedules.stop()
+            schedules.close()
+
     def set_epochs(self, epochs: Epochs) -> None:
         if epochs != self.epochs:
             epochs.save(Epochs.path(self.data_dir))

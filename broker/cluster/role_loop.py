@@ -18,6 +18,7 @@ import logging
 import os
 
 from broker.disk_broker import Broker
+from broker.schedules import Schedules
 from replication.epochs import Epochs
 from replication.log_stream import LeaderLog
 from replication.roles import (
@@ -52,6 +53,7 @@ from storage.errors import InvariantError
 from wheel.tick_state import TickStateFile
 
 from .parts import NodeParts
+from .schedules import RaftScheduleStore
 
 log = logging.getLogger("hourglass.cluster")
 
@@ -233,11 +235,16 @@ class RoleLoop(NodeParts):
         broker = Broker(self.store, self.clock, self.config.defaults, self.metrics, tick_path=self.tick_path,
                         replicated=leader_log.replicated, apply_lock=self.apply_lock, limits=self.config.queues)
         broker.on_fatal = lambda error: None  # a failed broker makes this node stand down
+        # only the leader makes schedules' runs, from the state Raft holds (broker.cluster.schedules)
+        schedules = Schedules(RaftScheduleStore(self.election), self.clock, self.config.schedules)
+        broker.on_release = schedules.on_release
         broker.start()
         self.leader_log, self.broker = leader_log, broker
         self.api.serve_with(broker)
         if self.pushers is not None:  # only the leader pushes (broker.cluster.push)
             self.pushers.start(broker)
+        schedules.start(broker)
+        self.schedules = schedules
         log.info("leading term %d from offset %d, tick %s, %.3f s after Raft elected it", term,
                  self.store.log_end_offset, broker.tick, self.clock.monotonic_s() - self._elected_s)
 
@@ -259,6 +266,7 @@ class RoleLoop(NodeParts):
         self.api.stop_serving()
         if self.pushers is not None:  # what they have in flight the next leader delivers again
             await self.pushers.stop()
+        await self.stop_schedules()
         leader_log.close(f"this node no longer leads ({reason}); retry")
         await broker.abandon()
         self.tick_file = TickStateFile(self.tick_path, fsync=True)

@@ -5,6 +5,10 @@ passing while the node runs, and restarts, some after a downtime in which
 runs came due (misfire skip, once, all with maxCatchUp, within and past
 misfireGraceMillis). A consumer pulls every READY run after each step.
 
+The same machine runs over a cluster's store (broker.cluster.schedules:
+the Raft group's entries, a FakeElection's here), a restart being the next
+leader reading what the last one committed.
+
 The model, per schedule (everyMillis, started at its put: nominal times
 put + k * every): the one pending run; a release on time delivers it and
 makes the next; a release after a downtime is late by (restart time -
@@ -22,9 +26,11 @@ from dataclasses import dataclass, field
 
 import hypothesis.strategies as st
 from broker_harness import CONFIG, BrokerHarness, HarnessMachine
+from fakes import FakeElection
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from broker.cluster.schedules import RaftScheduleStore
 from broker.disk_broker import Broker
 from broker.metrics import Metrics
 from broker.params import Defaults, PullRequest
@@ -32,7 +38,7 @@ from broker.ready import QueueLimits
 from broker.recurrence import Misfire, parse_run_msg_id
 from broker.schedule_file import ScheduleFile
 from broker.schedule_params import ScheduleSpec
-from broker.schedules import ScheduleLimits, Schedules
+from broker.schedules import ScheduleLimits, Schedules, ScheduleStore
 from storage.entry import MS_PER_HOUR
 from storage.errors import Conflict, LimitReached, NotFound
 from storage.store import Store
@@ -108,8 +114,7 @@ class SchedulesMachine(HarnessMachine, RuleBasedStateMachine):
         h.store = Store.open(h.directory, CONFIG, now_ms=self.clock.now_ms())
         h.broker = Broker(h.store, self.clock, h.defaults, Metrics(), tick_path=os.path.join(h.directory, "tick"),
                           limits=h.limits)
-        self.schedules = Schedules(ScheduleFile(self.path, fsync=False), self.clock,
-                                   ScheduleLimits(max_schedules=MAX_SCHEDULES))
+        self.schedules = Schedules(self._store(), self.clock, ScheduleLimits(max_schedules=MAX_SCHEDULES))
         h.broker.on_release = self.schedules.on_release
 
         async def start() -> None:
@@ -117,6 +122,9 @@ class SchedulesMachine(HarnessMachine, RuleBasedStateMachine):
             self.schedules.start(h.broker)
             await self._quiesce()
         self._run(start())
+
+    def _store(self) -> ScheduleStore:
+        return ScheduleFile(self.path, fsync=False)
 
     def _close(self) -> None:
         assert self.schedules is not None
@@ -278,3 +286,18 @@ SchedulesMachine.TestCase.settings = settings(max_examples=60, stateful_step_cou
                                               suppress_health_check=[HealthCheck.too_slow])
 TestSchedules = SchedulesMachine.TestCase
 
+
+
+class RaftSchedulesMachine(SchedulesMachine):
+    """The same over a cluster's store (broker.cluster.schedules: the Raft
+    group's entries, here a FakeElection's, which outlive the node): a
+    restart is the next leader reading what the last one committed."""
+
+    def _store(self) -> ScheduleStore:
+        if not hasattr(self, "election"):
+            self.election = FakeElection("n1", term=1, leader_id="n1")
+        return RaftScheduleStore(self.election)
+
+
+RaftSchedulesMachine.TestCase.settings = SchedulesMachine.TestCase.settings
+TestRaftSchedules = RaftSchedulesMachine.TestCase
