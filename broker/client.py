@@ -139,14 +139,21 @@ class DelayMsg:
     priority: int = 0
     tag: str = ""
     key: str = ""  # the serial key (docs/api.md, "Tags and serial keys"); "" for none
+    # a recurring schedule's run (docs/api.md, "Recurring schedules"): its
+    # schedule and nominal time (ms); None for any other message
+    schedule_id: str | None = None
+    scheduled_time: int | None = None
 
     @classmethod
     def from_json(cls, obj: Mapping[str, Any]) -> DelayMsg:
-        """From the camelCase JSON object; `priority`, `tag` and `key`
-        (hourglass extensions) may be absent, as from a camellia server."""
+        """From the camelCase JSON object; `priority`, `tag`, `key`,
+        `scheduleId` and `scheduledTime` (hourglass extensions) may be
+        absent, as from a camellia server."""
+        scheduled = obj.get("scheduledTime")
         return cls(obj["topic"], obj["msgId"], obj["msg"], int(obj["produceTime"]), int(obj["triggerTime"]),
                    int(obj["expireTime"]), int(obj["maxRetry"]), int(obj["retry"]), Status(obj["status"]),
-                   int(obj.get("priority") or 0), obj.get("tag") or "", obj.get("key") or "")
+                   int(obj.get("priority") or 0), obj.get("tag") or "", obj.get("key") or "",
+                   obj.get("scheduleId"), None if scheduled is None else int(scheduled))
 
 
 @dataclass(frozen=True)
@@ -310,6 +317,75 @@ class DelayQueueClient:
         answer = await self._call("GET", "getSubscription", idempotent=True, query={"topic": topic},
                                   missing_ok=True)
         return None if answer is None else answer["data"]
+
+    # ------------------------------------------------------------ recurring schedules
+
+    async def put_schedule(self, topic: str, schedule_id: str, msg: str, *, cron: str | None = None,
+                           every_ms: int | None = None, time_zone: str | None = None, ttl_ms: int | None = None,
+                           max_retry: int | None = None, priority: int | None = None, tag: str | None = None,
+                           key: str | None = None, start_time_ms: int | None = None,
+                           end_time_ms: int | None = None, limit: int | None = None, jitter_ms: int | None = None,
+                           misfire: str | None = None, misfire_grace_ms: int | None = None,
+                           max_catch_up: int | None = None, version: int | None = None) -> dict[str, Any]:
+        """putSchedule (docs/api.md, "Recurring schedules"): creates or
+        replaces it; one of `cron` or `every_ms`. With `version`, only if
+        the stored version is that one (0: none exists), else
+        DelayQueueError 409. Answers the `schedule` (its `version`,
+        `nextFireTimes`...). Not repeated after a failure that may have
+        applied it (a second put replaces the first: one more version)."""
+        form = {"topic": topic, "scheduleId": schedule_id, "msg": msg}
+        for name, value in (("cron", cron), ("everyMillis", every_ms), ("timeZone", time_zone),
+                            ("ttlMillis", ttl_ms), ("maxRetry", max_retry), ("priority", priority), ("tag", tag),
+                            ("key", key), ("startTime", start_time_ms), ("endTime", end_time_ms), ("limit", limit),
+                            ("jitterMillis", jitter_ms), ("misfire", misfire),
+                            ("misfireGraceMillis", misfire_grace_ms), ("maxCatchUp", max_catch_up),
+                            ("version", version)):
+            if value is not None:
+                form[name] = str(value)
+        schedule: dict[str, Any] = (await self._call("POST", "putSchedule", idempotent=False, form=form))["schedule"]
+        return schedule
+
+    async def delete_schedule(self, topic: str, schedule_id: str) -> bool:
+        """deleteSchedule (its waiting run too); False when there was none."""
+        answer = await self._call("POST", "deleteSchedule", idempotent=True, missing_ok=True,
+                                  form={"topic": topic, "scheduleId": schedule_id})
+        return answer is not None
+
+    async def pause_schedule(self, topic: str, schedule_id: str) -> dict[str, Any] | None:
+        """pauseSchedule: no runs until resumed (its waiting run deleted);
+        the `schedule`, None when there is none."""
+        answer = await self._call("POST", "pauseSchedule", idempotent=True, missing_ok=True,
+                                  form={"topic": topic, "scheduleId": schedule_id})
+        return None if answer is None else answer["schedule"]
+
+    async def resume_schedule(self, topic: str, schedule_id: str) -> dict[str, Any] | None:
+        """resumeSchedule: runs again from the first nominal time after now;
+        the `schedule`, None when there is none."""
+        answer = await self._call("POST", "resumeSchedule", idempotent=True, missing_ok=True,
+                                  form={"topic": topic, "scheduleId": schedule_id})
+        return None if answer is None else answer["schedule"]
+
+    async def get_schedule(self, topic: str, schedule_id: str, *, next: int | None = None) -> dict[str, Any] | None:
+        """getSchedule: the `schedule` with its `next` (default 5) next fire
+        times and `lastRuns`; None when there is none."""
+        query = {"topic": topic, "scheduleId": schedule_id}
+        if next is not None:
+            query["next"] = str(next)
+        answer = await self._call("GET", "getSchedule", idempotent=True, missing_ok=True, query=query)
+        return None if answer is None else answer["schedule"]
+
+    async def list_schedules(self, topic: str, *, limit: int | None = None) -> AsyncIterator[list[dict[str, Any]]]:
+        """listSchedules, page after page (an async iterator of lists) by
+        scheduleId, `limit` a page (default 100)."""
+        query = {"topic": topic}
+        if limit is not None:
+            query["limit"] = str(limit)
+        while True:
+            answer = await self._call("GET", "listSchedules", idempotent=True, query=query)
+            yield list(answer["schedules"])
+            if answer["cursor"] is None:
+                return
+            query["cursor"] = answer["cursor"]
 
     # ------------------------------------------------------------ inspect
 

@@ -498,3 +498,48 @@ def test_subscribe_get_subscription_unsubscribe(tmp_path):
         run(body())
     finally:
         server.stop()
+
+
+def test_schedule_calls_put_get_list_pause_resume_delete(server):
+    """The recurring schedules' calls: a run pulled carries its schedule and
+    nominal time; versions compare and set; pages; unknowns are None."""
+    async def body():
+        async with DelayQueueClient(server.base) as client:
+            put = await client.put_schedule("sched", "every", "tick", every_ms=1000, tag="hb", version=0)
+            assert put["version"] == 1 and put["everyMillis"] == 1000 and len(put["nextFireTimes"]) == 5
+            first = put["nextFireTimes"][0]
+            with pytest.raises(DelayQueueError) as refused:
+                await client.put_schedule("sched", "every", "tick", every_ms=1000, version=0)  # exists
+            assert refused.value.code == 409
+            with pytest.raises(DelayQueueError) as refused:
+                await client.put_schedule("sched", "bad", "x", cron="61 * * * *")
+            assert refused.value.code == 400 and "cron" in str(refused.value)
+            await client.put_schedule("sched", "nightly", "n", cron="0 2 * * *", time_zone="Europe/London",
+                                      misfire="skip")
+            await client.put_schedule("sched", "weekly", "w", cron="0 9 * * MON", limit=3)
+            runs: list[DelayMsg] = []
+            for _ in range(100):
+                runs += await client.pull("sched", batch=10)
+                if runs:
+                    break
+                await asyncio.sleep(0.05)
+            assert runs[0].schedule_id == "every" and runs[0].scheduled_time == first
+            assert runs[0].msg_id == f"every@{first}" and runs[0].tag == "hb"
+            await client.ack("sched", runs[0].msg_id)
+            got = await client.get_schedule("sched", "every", next=2)
+            assert got is not None and len(got["nextFireTimes"]) == 2
+            assert got["lastRuns"][0]["scheduledTime"] == first
+            pages = [[s["scheduleId"] for s in page] async for page in client.list_schedules("sched", limit=2)]
+            assert pages == [["every", "nightly"], ["weekly"]]
+            paused = await client.pause_schedule("sched", "nightly")
+            assert paused is not None and paused["paused"] is True and paused["nextFireTimes"] == []
+            resumed = await client.resume_schedule("sched", "nightly")
+            assert resumed is not None and resumed["paused"] is False and resumed["version"] == 3
+            assert await client.delete_schedule("sched", "every") is True
+            assert await client.delete_schedule("sched", "every") is False
+            assert await client.get_schedule("sched", "every") is None
+            assert await client.pause_schedule("sched", "every") is None
+            assert await client.resume_schedule("sched", "every") is None
+            plain = await client.send("sched", "not a run", delay_ms=60_000)
+            assert plain.schedule_id is None and plain.scheduled_time is None
+    run(body())
