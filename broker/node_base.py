@@ -221,6 +221,9 @@ class NodeBase(ABC):
         if self.pushers is not None:  # broker.pusher's series, at most --metrics-topics topics of them
             from .pusher import render_metrics
             response.body += render_metrics(self.pushers.stats, self.config.metrics_topics).encode()
+        if self.schedules is not None:  # recurring schedules' series, at most --metrics-topics of them
+            from .schedule_metrics import render_metrics as schedule_series
+            response.body += schedule_series(self.schedules, self.config.metrics_topics).encode()
         return response
 
     def start_monitor(self) -> asyncio.Task[None]:

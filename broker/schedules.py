@@ -229,6 +229,9 @@ class Schedules:
     def __len__(self) -> int:
         return len(self._states)
 
+    def paused_count(self) -> int:
+        return sum(s.paused for s in self._states.values())
+
     # == the backend's side ==================================================
 
     def on_release(self, messages: Sequence[Message], now_ms: int) -> list[Location]:

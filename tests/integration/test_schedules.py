@@ -202,3 +202,40 @@ def test_sigkill_loses_no_run_and_makes_none_twice(tmp_path: Path) -> None:
     assert all(status == 2 for status in since), since
     assert all(len(times) == 1 for times in seen.values()), {k: v for k, v in seen.items() if len(v) > 1}
     assert after_ack == []
+
+
+def metric(text: str, name: str) -> dict[str, float]:
+    """Each sample of `name` in a /metrics answer: its labels -> value."""
+    found = {}
+    for line in text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            labels, _, value = line[len(name):].rpartition(" ")
+            found[labels] = float(value)
+    return found
+
+
+def test_metrics_count_runs_per_schedule_bounded_by_metrics_topics(tmp_path: Path) -> None:
+    """/metrics: every schedule's runs in the node's sums, runs, misses and
+    lateness of --metrics-topics schedules only."""
+    server = Server.start(tmp_path / "data", "--metrics-topics", "1", log_path=tmp_path / "serve.log")
+    try:
+        for sid in ("a", "b"):
+            body(server.post("putSchedule", topic="m", scheduleId=sid, everyMillis=1000, msg="x"))
+        body(server.post("putSchedule", topic="m", scheduleId="c", cron="0 0 1 1 *", msg="x"))
+        body(server.post("pauseSchedule", topic="m", scheduleId="c"))
+        time.sleep(3.5)
+        code, text = server.get("/metrics")
+        assert code == 200 and isinstance(text, bytes)
+        page = text.decode()
+        shown = metric(page, "hourglass_schedule_runs_total")
+        assert len(shown) == 1 and next(iter(shown)) in ('{topic="m",schedule="a"}', '{topic="m",schedule="b"}')
+        total = metric(page, "hourglass_node_schedule_runs_total")[""]
+        assert total >= 5 and next(iter(shown.values())) >= 2
+        assert metric(page, "hourglass_schedules")[""] == 3 and metric(page, "hourglass_schedules_paused")[""] == 1
+        assert metric(page, "hourglass_schedules_shown")[""] == 1
+        assert list(metric(page, "hourglass_schedule_missed_total").values()) == [0]
+        assert metric(page, "hourglass_node_schedule_missed_total")[""] == 0
+        assert len(metric(page, "hourglass_schedule_lateness_seconds_total")) == 1
+        assert len(metric(page, "hourglass_schedule_last_lateness_seconds")) == 1
+    finally:
+        server.stop()
