@@ -13,9 +13,11 @@ answer is on disk):
   count_by_key_ms         listMsg key=K countOnly=true
   delete_by_key_ms        deleteMsgs key=K (100 messages), fsync included
   delete_by_tag_ms        deleteMsgs tag=T (--messages / 100 messages)
-  reschedule_shift_s      rescheduleMsgs shiftMillis=3600000 of the messages
+  reschedule_shift_s      rescheduleMsgs shiftMillis of 30 h of the messages
                           triggering in the first tenth of the 24 h
-                          (--messages / 10), in calls of the default limit
+                          (--messages / 10), in calls of the default limit;
+                          beside it send_during_reschedule_max_ms and _p99_ms,
+                          the sendMsg calls made one a 10 ms meanwhile
   send_during_bulk_max_ms the slowest of the sendMsg calls made one a 10 ms
                           (or one after another when slower) while the
                           deleteMsgs all=true calls below run; beside it
@@ -45,6 +47,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Coroutine
 from typing import Any
 
 import aiohttp
@@ -84,10 +87,11 @@ class Node:
         self.base = self.server.base + PREFIX
         self.session: aiohttp.ClientSession | None = None
 
-    def rss_mb(self) -> float:
-        total = memory_mb(self.server.proc.pid)["rss_mb"]
+    def rss_mb(self, field: str = "rss_mb") -> float:
+        """The serving process's (and redis-server's) RSS, or another field of harness.memory_mb."""
+        total = memory_mb(self.server.proc.pid)[field]
         if self.redis is not None:
-            total += memory_mb(self.redis.proc.pid)["rss_mb"]
+            total += memory_mb(self.redis.proc.pid)[field]
         return total
 
     async def call(self, method: str, name: str, **params: Any) -> dict[str, Any]:
@@ -131,6 +135,25 @@ async def load(node: Node, messages: int, start_ms: int, keyed: bool) -> None:
             log(f"  loaded {first + len(msgs)}")
 
 
+async def sends_during(node: Node, work: Coroutine[Any, Any, None],
+                       prefix: str) -> tuple[list[float], float, float]:
+    """Run `work` while a sendMsg goes one a 10 ms (or one after another when
+    slower): the sends' times (ms), and the peak RSS and peak anonymous RSS
+    (the heap, without mapped file pages) in MB, sampled beside them."""
+    task = asyncio.create_task(work)
+    sends: list[float] = []
+    peak, peak_anon = node.rss_mb(), node.rss_mb("rss_anon_mb")
+    n = 0
+    while not task.done():
+        ms, _ = await node.timed("POST", "sendMsg", topic="other", msg="s", msgId=f"{prefix}{n}", delayMillis=HOUR_MS)
+        sends.append(ms)
+        n += 1
+        peak, peak_anon = max(peak, node.rss_mb()), max(peak_anon, node.rss_mb("rss_anon_mb"))
+        await asyncio.sleep(max(0.0, 0.01 - ms / 1000))  # one a 10 ms
+    await task
+    return sends, peak, peak_anon
+
+
 async def scenarios(node: Node, messages: int, repeat: int) -> dict[str, Any]:
     out: dict[str, Any] = {}
     keyed = node.backend == "disk"
@@ -165,18 +188,24 @@ async def scenarios(node: Node, messages: int, repeat: int) -> dict[str, Any]:
     out["delete_by_tag_count"] = answer["deleted"]
 
     lo, hi = start_ms + HOUR_MS, start_ms + HOUR_MS + int(2.4 * HOUR_MS)
-    began, moved, more = time.perf_counter(), 0, True
-    while more:
-        answer = await node.call("POST", "rescheduleMsgs", topic=TOPIC, triggerFrom=lo, triggerTo=hi,
-                                 shiftMillis=HOUR_MS * 30)  # past the range: a later call finds only the rest
-        moved += answer["rescheduled"]
-        more = answer["more"]
+    began, moved = time.perf_counter(), 0
+
+    async def shift() -> None:
+        nonlocal moved
+        more = True
+        while more:
+            answer = await node.call("POST", "rescheduleMsgs", topic=TOPIC, triggerFrom=lo, triggerTo=hi,
+                                     shiftMillis=HOUR_MS * 30)  # past the range: a later call finds only the rest
+            moved += answer["rescheduled"]
+            more = answer["more"]
+
+    sends, _, _ = await sends_during(node, shift(), "r")
     out["reschedule_shift_s"] = round(time.perf_counter() - began, 3)
     out["reschedule_shift_count"] = moved
+    out["send_during_reschedule_max_ms"] = round(max(sends), 2) if sends else None
+    out["send_during_reschedule_p99_ms"] = round(sorted(sends)[int(len(sends) * 0.99)], 2) if sends else None
 
-    rss_before = node.rss_mb()
-    peak = rss_before
-    sends: list[float] = []
+    rss_before, anon_before = node.rss_mb(), node.rss_mb("rss_anon_mb")
     calls = 0
     began = time.perf_counter()
 
@@ -187,18 +216,11 @@ async def scenarios(node: Node, messages: int, repeat: int) -> dict[str, Any]:
             more = (await node.call("POST", "deleteMsgs", topic=TOPIC, all="true"))["more"]
             calls += 1
 
-    task = asyncio.create_task(delete_all())
-    n = 0
-    while not task.done():
-        ms, _ = await node.timed("POST", "sendMsg", topic="other", msg="s", msgId=f"s{n}", delayMillis=HOUR_MS)
-        sends.append(ms)
-        n += 1
-        peak = max(peak, node.rss_mb())
-        await asyncio.sleep(max(0.0, 0.01 - ms / 1000))  # one a 10 ms
-    await task
+    sends, peak, peak_anon = await sends_during(node, delete_all(), "s")
     out["delete_all_s"] = round(time.perf_counter() - began, 3)
     out["delete_all_calls"] = calls
     out["delete_all_rss_growth_mb"] = round(peak - rss_before, 1)
+    out["delete_all_rss_anon_growth_mb"] = round(peak_anon - anon_before, 1)
     out["send_during_bulk_max_ms"] = round(max(sends), 2) if sends else None
     out["send_during_bulk_p99_ms"] = round(sorted(sends)[int(len(sends) * 0.99)], 2) if sends else None
     out["send_during_bulk_count"] = len(sends)

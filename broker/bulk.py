@@ -45,8 +45,12 @@ place never delivers it.
 from __future__ import annotations
 
 import asyncio
+import logging
 import secrets
-from collections.abc import AsyncIterator, Iterator
+from array import array
+from collections.abc import AsyncIterator, Callable, Iterator
+from itertools import chain
+from operator import itemgetter
 from time import perf_counter
 from typing import NamedTuple
 
@@ -57,7 +61,7 @@ from storage.reading import Match, ScanFloors
 from storage.store import StateChange, Store, text_hash
 from wheel.clock import Clock
 
-from .bulk_params import BulkFilter, DeleteMsgsRequest, ListMsgRequest, PageKeeper, RescheduleMsgsRequest
+from .bulk_params import MOVABLE, BulkFilter, DeleteMsgsRequest, ListMsgRequest, PageKeeper, RescheduleMsgsRequest
 from .dead_letters import DeadLetters
 from .filing import Filing
 from .group_commit import GroupCommit
@@ -74,6 +78,16 @@ BULK_SCAN = 1024
 # Messages a deleteMsgs changes between two turns of the loop (~3 ms): a
 # call of more appends a PART record a slice and a COMMIT last.
 DELETE_SLICE = 512
+# Committed status changes left to apply (storage's apply_deferred) above
+# which a large delete waits before its next slice: RAM stays bounded
+# (about 250 bytes a change) however many calls follow each other.
+MAX_DEFERRED = 50_000
+# Messages a rescheduleMsgs moves between two turns of the loop (~3 ms): a
+# call of more appends an INTENT record first, a MOVE record a slice, and
+# DONE last.
+MOVE_SLICE = 128
+# Places of an INTENT packed between two turns of the loop.
+PACK_SLICE = 65_536
 # Work on a key's messages between two turns of the loop (a part at least).
 KEY_SLICE_S = 0.005
 
@@ -87,6 +101,8 @@ _new = tuple.__new__
 # holds a Location (a NamedTuple), it tracks: a call's 100,000 of those were
 # walked by every full collection while the call ran (2 s of 9 in all).
 _Found = tuple[int, int, int, int, int]
+_PLACE = itemgetter(0, 1)  # a _Found's (file, globalIndex)
+log = logging.getLogger("hourglass.bulk")
 W, R, C = Status.WAITING, Status.READY, Status.CONSUMING
 # The status changes made at a message's entry (broker.transitions' table;
 # a reschedule, a re-drive, a retry at a later time and a send over an
@@ -389,6 +405,9 @@ class Bulk:
                     if first:
                         await asyncio.sleep(0)
                         self._lifecycle.check_serving()
+                    while self._store.deferred_items() > MAX_DEFERRED:  # the calls before it applied first
+                        await asyncio.sleep(0.001)
+                        self._lifecycle.check_serving()
                     deleted += self._delete_slice(found[first:first + DELETE_SLICE], stale.files(), topic_hash,
                                                   call_id)
                     stale.appended()
@@ -430,27 +449,95 @@ class Bulk:
 
     async def reschedule(self, request: RescheduleMsgsRequest) -> tuple[int, bool]:
         """The waiting and ready matches (at most `limit`) filed anew at their
-        new trigger times, as one MOVE record; how many, and whether
-        matches remain."""
+        new trigger times: as one MOVE record, or, past MOVE_SLICE of
+        them, an INTENT record naming them all and then a MOVE record a
+        slice (the loop free between) and DONE last: once the INTENT is
+        durable the call is carried out whole, here or, after a crash or
+        a failover, by the next node to serve (`carry_out_intents`). How
+        many moved, and whether matches remain."""
         gathered = await self._gather(request.topic, request.filter, request.limit)
         found, more, stale, _ = gathered
         self._lifecycle.check_serving()
-        now_ms = self._clock.now_ms()
-        moves = []
-        for where, status, retry, trigger_ms in self._current(found, stale.files()):  # no await up to the append
-            # (a reschedule's step needs the status, retry and trigger time only)
-            state = MessageState(STATUS_BY_VALUE[status], retry, 0, trigger_ms, 0)
-            done = step(state, Reschedule(request.new_trigger_ms(trigger_ms)), now_ms)
-            if done.refusal is None and done.state is not None:
-                moves.append((where, done))
-        if not moves:
-            self._keep_floors(request.topic, request.filter, gathered)
-            return 0, more
-        moved = self._dead_letters.move(moves, now_ms)
-        self._metrics.topic(request.topic).reschedules += len(moved)
-        await self._commits.durable()
-        self._releaser.ready_if_due(moved, now_ms)
+        if len(found) <= MOVE_SLICE:
+            now_ms = self._clock.now_ms()
+            messages = self._move_slice(found, stale.files(), request.new_trigger_ms, now_ms)
+            if messages:
+                await self._commits.durable()
+                self._releaser.ready_if_due(messages, now_ms)
+            moved = len(messages)
+        else:
+            call_id = secrets.randbits(62) + 1
+            places = array("q")
+            for first in range(0, len(found), PACK_SLICE):  # (reads only: the loop free between)
+                if first:
+                    await asyncio.sleep(0)
+                places.extend(chain.from_iterable(map(_PLACE, found[first:first + PACK_SLICE])))
+            self._lifecycle.check_serving()
+            self._journal.intend(call_id, request.topic, request.shift_ms, request.trigger_ms, places,
+                                 self._clock.now_ms())
+            await self._commits.durable()
+            moved = await self._carry_out(call_id, found, stale, request.new_trigger_ms)
+        self._metrics.topic(request.topic).reschedules += moved
         # (every match taken is released at its old place, or was no longer
         # WAITING: kept only for a filter of WAITING alone, `resumable`)
         self._keep_floors(request.topic, request.filter, gathered)
-        return len(moved), more
+        return moved, more
+
+    def _move_slice(self, found: list[_Found], stale: set[int], new_trigger_ms: Callable[[int], int],
+                    now_ms: int) -> list[Message]:
+        """Matches filed anew at their new trigger times, as one MOVE record
+        (Reschedule's step: a consuming or final one meanwhile stays), out
+        of the wheel and the windows; the messages at their new places.
+        Those in `stale` files are read again first."""
+        moves = []
+        for where, status, retry, trigger_ms in self._current(found, stale):  # no await up to the append
+            # (a reschedule's step needs the status, retry and trigger time only)
+            state = MessageState(STATUS_BY_VALUE[status], retry, 0, trigger_ms, 0)
+            done = step(state, Reschedule(new_trigger_ms(trigger_ms)), now_ms)
+            if done.refusal is None and done.state is not None:
+                moves.append((where, done))
+        return self._dead_letters.move(moves, now_ms) if moves else []
+
+    async def _carry_out(self, call_id: int, found: list[_Found], stale: _Stale,
+                         new_trigger_ms: Callable[[int], int]) -> int:
+        """An INTENT's moves, MOVE_SLICE a record, each durable before the
+        next (a commit round applies one slice, not many in one go; the
+        loop free between), then its DONE; durable once it returns. How
+        many moved."""
+        moved = 0
+        for first in range(0, len(found), MOVE_SLICE):
+            self._lifecycle.check_serving()
+            now_ms = self._clock.now_ms()
+            messages = self._move_slice(found[first:first + MOVE_SLICE], stale.files(), new_trigger_ms, now_ms)
+            stale.appended()
+            self.slices += 1
+            await self._commits.durable()
+            self._releaser.ready_if_due(messages, now_ms)
+            moved += len(messages)  # (not kept: a call's 100,000 Messages were walked by every full collection)
+        self._journal.done(call_id, self._clock.now_ms())
+        await self._commits.durable()
+        return moved
+
+    async def carry_out_intents(self) -> None:
+        """Carry out the INTENTs held whose DONE never came (a large
+        rescheduleMsgs whose node was killed or deposed after its INTENT
+        was durable): each place still waiting or ready, as it now is,
+        filed anew. Run when the node starts to serve."""
+        await self._commits.flush()
+        for intent in self._store.intents():
+            mark = self._store.change_mark()
+            found: list[_Found] = []
+            for i, where in enumerate(intent.places):
+                if i and i % BULK_SCAN == 0:
+                    await asyncio.sleep(0)
+                    self._lifecycle.check_serving()
+                m = self._store.read_message(where)
+                if m is not None and m.status in MOVABLE and m.topic == intent.topic:
+                    found.append((where.hour, where.global_index, int(m.status), m.retry, m.trigger_ms))
+            self._lifecycle.check_serving()
+            shift_ms, trigger_ms = intent.shift_ms, intent.trigger_ms
+            request = RescheduleMsgsRequest(intent.topic, BulkFilter(), 0, shift_ms, trigger_ms)
+            stale = _Stale(self._store, {f[0] for f in found}, mark)
+            moved = await self._carry_out(intent.call_id, found, stale, request.new_trigger_ms)
+            self._metrics.topic(intent.topic).reschedules += moved
+            log.info("a rescheduleMsgs of topic %s cut short was carried out: %d moved", intent.topic, moved)

@@ -49,10 +49,12 @@ wheel, the timers, the refills and the span mover.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable, Sequence
 
 from storage.entry import Location, Message, Status
+from storage.errors import Unavailable
 from storage.store import NewMessage, Store
 from wheel.clock import Clock
 from wheel.driver import WheelDriver
@@ -146,8 +148,14 @@ class Broker:
                        asyncio.create_task(self._windows.run_timers(), name="timers"),
                        asyncio.create_task(self._windows.run_refills(), name="refills"),
                        asyncio.create_task(self._span_mover.run(), name="span-moves")]
+        if self.store.intents():  # a large rescheduleMsgs cut short: carried out whole
+            self._tasks.append(asyncio.create_task(self._carry_out_intents(), name="intents"))
         for task in self._tasks:
             task.add_done_callback(self._lifecycle.task_ended)
+
+    async def _carry_out_intents(self) -> None:
+        with contextlib.suppress(Unavailable):  # stopped (or deposed) meanwhile: the next node to serve goes on
+            await self._bulk.carry_out_intents()
 
     async def stop(self) -> None:
         """After the HTTP server has finished its requests: stop the wheel

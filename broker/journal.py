@@ -14,6 +14,7 @@ Two kinds of failure differ:
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Sequence
 
 from storage.entry import Location, Message
@@ -61,6 +62,25 @@ class Journal:
         append fails, RAM is ahead of disk: the node fails (a restart recovers)."""
         try:
             self._store.update(changes, now_ms, part_of)
+        except BaseException as e:
+            self._lifecycle.fail(e, "a commit-log append")
+            raise Unavailable(f"the commit log failed: {client_text(e)}") from e
+
+    def intend(self, call_id: int, topic: str, shift_ms: int | None, trigger_ms: int | None,
+               places: array[int], now_ms: int) -> None:
+        """The INTENT record of a large move (storage.records); once durable
+        the call is carried out whole, here or by the next node to serve.
+        A failure fails the node, as `append`'s does."""
+        try:
+            self._store.intend(call_id, topic, shift_ms, trigger_ms, places, now_ms)
+        except BaseException as e:
+            self._lifecycle.fail(e, "a commit-log append")
+            raise Unavailable(f"the commit log failed: {client_text(e)}") from e
+
+    def done(self, call_id: int, now_ms: int) -> None:
+        """The DONE record of an INTENT's call, carried out."""
+        try:
+            self._store.done(call_id, now_ms)
         except BaseException as e:
             self._lifecycle.fail(e, "a commit-log append")
             raise Unavailable(f"the commit log failed: {client_text(e)}") from e

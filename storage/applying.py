@@ -76,6 +76,9 @@ class Applier:
         # Committed PARTs not applied yet (`apply_pending(defer=True)`):
         # applied a slice at a time by `apply_deferred`.
         self._deferred: list[tuple[int, list[_State]]] = []
+        # INTENT records (storage.records) whose DONE has not come: call id
+        # -> the intent; carried out by the broker when it starts to serve.
+        self._intents: dict[int, records.IntentItem] = {}
 
     def decode(self, body: bytes) -> tuple[records.Kind, int, Sequence[records.Item]]:
         """A record from the log or from a leader, its sends keyed with this
@@ -112,6 +115,10 @@ class Applier:
         """Whether PARTs are held (their COMMIT not applied) or committed and not applied yet."""
         return bool(self._held or self._deferred)
 
+    def deferred_items(self) -> int:
+        """Status changes of committed PARTs not applied yet."""
+        return sum(len(items) for _, items in self._deferred)
+
     def apply_deferred(self, max_items: int | None) -> bool:
         """Apply committed PARTs, about `max_items` status changes (None:
         all); True while some are left. Their entries change in no other
@@ -124,6 +131,7 @@ class Applier:
             now_ms, items = self._deferred[0]
             take = len(items) if max_items is None else min(len(items), max_items - done)
             self._apply_states(now_ms, items[:take])
+            self._pending.drop_states(items[:take])  # staged now: readers read them there
             done += take
             if take == len(items):
                 self._deferred.pop(0)
@@ -160,8 +168,18 @@ class Applier:
                     self._deferred += self._held.pop(commit.call_id, [])
                 else:  # a node that starts to serve: every call whose COMMIT never came is abandoned
                     self._held.clear()
+        elif kind is records.Kind.INTENT:
+            for intent in cast(Sequence[records.IntentItem], items):
+                self._intents[intent.call_id] = intent
+        elif kind is records.Kind.DONE:
+            for done in cast(Sequence[records.CommitItem], items):
+                self._intents.pop(done.call_id, None)
         else:
             self._apply_states(now_ms, of_kind)
+
+    def intents(self) -> list[records.IntentItem]:
+        """The INTENTs applied whose DONE has not been, in log order."""
+        return list(self._intents.values())
 
     def _apply_sends(self, items: Sequence[records.SendItem], new_entries: list[IndexEntry] | None) -> None:
         """Stage each run of one file's items (Hour.stage_sends), put their
@@ -249,6 +267,8 @@ class Applier:
         per file, topic and status first, as _apply_states does.)"""
         hours, keys, ids, consuming = self._hours, self._keys, self._ids, self._consuming
         deltas: dict[tuple[Hour, int, int], int] = {}
+        keyed: list[tuple[int, int, int, int]] = []  # the key index's puts, in one call: runs form as for sends
+        serials: dict[tuple[str, str], int] = {}
         for from_hour, from_gi, prev_status, retry, to in items:
             old = hours.get(from_hour)
             if old is None or from_gi >= old.applied:
@@ -270,7 +290,9 @@ class Applier:
                     h.stage_state(to.global_index, WAITING, 0, retry)
             ids.move(to.key, (from_hour, from_gi), to.hour, to.global_index)
             if keys is not None and to.body[0] == KEYED_BODY:  # its new place (the old one is released)
-                self._put_key(to.body, to.hour, to.trigger_ms, to.global_index)
+                serial = key_of_body(keys, to.body, serials)
+                if serial is not None:
+                    keyed.append((serial, to.hour, to.trigger_ms, to.global_index))
             hours.mark_dirty(h)
             if new_entries is not None:
                 new_entries.append(tuple.__new__(IndexEntry, (
@@ -279,13 +301,9 @@ class Applier:
         for (h, topic_hash, status), delta in deltas.items():
             if delta:
                 h.count(topic_hash, status, delta)
-
-    def _put_key(self, body: bytes, hour: int, trigger_ms: int, global_index: int) -> None:
-        """A keyed message's place into the key index (storage.key_index)."""
-        assert self._keys is not None
-        key = key_of_body(self._keys, body)
-        if key is not None:
-            self._keys.put(key, hour, trigger_ms, global_index)
+        if keyed:
+            assert keys is not None
+            keys.put_many(keyed)
 
     # -- what applying keeps beside the hours ------------------------------------------
 

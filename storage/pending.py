@@ -37,7 +37,7 @@ run in a worker thread meanwhile (storage.applying).
 from __future__ import annotations
 
 import operator
-from collections.abc import Mapping, Sequence, Set
+from collections.abc import Iterable, Mapping, Sequence, Set
 from typing import cast
 
 from . import records
@@ -256,6 +256,18 @@ class Pending:
         self._states.packed.update((hour << 32 | gi, s[0] | s[1] << 8 | s[2] << 16 | s[3] << 32)  # (pack_state)
                                    for (hour, gi), s in states.items())
         self._state_hours.update(map(_FIRST, states))
+
+    def drop_states(self, items: Iterable[tuple[int, int, int, int, int, int, int, int]]) -> None:
+        """The states of these StateItem fields are staged in their hours now
+        (a committed PART applied late, storage.applying): each leaves the
+        overlay unless a later change gave its entry another state since.
+        A delete-all's million states held here until its last part was
+        applied grew the heap by over 100 MB."""
+        packed = self._states.packed
+        for hour, gi, status, retry, flags, _, topic_hash, _ in items:
+            key = hour << 32 | gi
+            if packed.get(key) == status | flags << 8 | retry << 16 | topic_hash << 32:  # (pack_state)
+                del packed[key]
 
     def __repr__(self) -> str:
         return (f"Pending(records={len(self._records)}, ids={len(self._ids)}, slots={len(self._slots)}, "

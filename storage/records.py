@@ -36,6 +36,18 @@ Every body is a msgpack array `[kind, now_ms, items]`:
            interleaved --; call id 0 drops every PART held: a node that
            starts to serve appends it, so a call whose COMMIT never came --
            its node was killed or deposed -- is abandoned whole)
+    INTENT items: [[call id, topic, shift_ms or nil, trigger_ms or nil,
+                    places]]
+           (a large rescheduleMsgs taken: every place it matched --
+           `places`, little-endian i64 pairs (hour, globalIndex) -- and its
+           new trigger time, a shift of each message's or one for all. Held
+           until the DONE of its call id; the call's moves follow as
+           ordinary MOVE records, a slice at a time, and a node that starts
+           to serve -- after a crash, or a new leader -- carries out what
+           it holds of one (the places not moved yet, as they then are), so
+           the call, once its INTENT is durable, takes effect whole)
+    DONE   items: [call id]
+           (the call of that INTENT is carried out: its intent is dropped)
 
 A record carries every coordinate it was given at append time, so applying
 it is a set of writes at fixed positions: replaying a record twice, or
@@ -57,6 +69,8 @@ class Kind(enum.IntEnum):
     MOVE = 3
     PART = 4
     COMMIT = 5
+    INTENT = 6
+    DONE = 7
 
 
 class SendItem(NamedTuple):
@@ -100,11 +114,19 @@ class PartItem(NamedTuple):
 
 
 class CommitItem(NamedTuple):
-    call_id: int  # 0: no call; every PART held is dropped
+    call_id: int  # 0: no call; every PART held is dropped (also a DONE's item)
+
+
+class IntentItem(NamedTuple):
+    call_id: int
+    topic: str
+    shift_ms: int | None  # each message's trigger time moved by this; or
+    trigger_ms: int | None  # every message's new trigger time
+    places: bytes  # little-endian i64 pairs: (hour, globalIndex) of each place matched
 
 
 # One item of a record; a record's items are all of its kind's type.
-Item = SendItem | StateItem | MoveItem | PartItem | CommitItem
+Item = SendItem | StateItem | MoveItem | PartItem | CommitItem | IntentItem
 
 
 def encode(kind: Kind, now_ms: int, items: Sequence[Item]) -> bytes:
@@ -123,7 +145,9 @@ def decode(body: bytes) -> tuple[Kind, int, Sequence[Item]]:
         return kind, now_ms, [MoveItem(f, g, p, r, SendItem(*to)) for f, g, p, r, to in items]
     if kind is Kind.PART:
         return kind, now_ms, [PartItem(call_id, [StateItem(*item) for item in part]) for call_id, part in items]
-    if kind is Kind.COMMIT:
+    if kind is Kind.COMMIT or kind is Kind.DONE:
         return kind, now_ms, [CommitItem(*item) for item in items]
+    if kind is Kind.INTENT:
+        return kind, now_ms, [IntentItem(*item) for item in items]
     make = SendItem if kind is Kind.SEND else StateItem
     return kind, now_ms, [make(*item) for item in items]

@@ -88,6 +88,8 @@ storage.types.
 from __future__ import annotations
 
 import os
+import sys
+from array import array
 from collections.abc import Iterable, Iterator, Sequence
 
 from . import records, recovery
@@ -114,6 +116,7 @@ from .types import (
     MAX_RETRY_COUNT,
     MIN_PRIORITY,
     CheckpointReport,
+    Intent,
     NewMessage,
     PreparedCheckpoint,
     SendOutcome,
@@ -124,7 +127,7 @@ from .types import (
 )
 
 __all__ = [
-    "MAX_PRIORITY", "MAX_RECORD_CHARS", "MAX_RETRY_COUNT", "MIN_PRIORITY", "CheckpointReport", "NewMessage",
+    "MAX_PRIORITY", "MAX_RECORD_CHARS", "MAX_RETRY_COUNT", "MIN_PRIORITY", "CheckpointReport", "Intent", "NewMessage",
     "PreparedCheckpoint", "SendOutcome", "SendResult", "StateChange", "Store", "text_hash", "total_counts",
 ]
 
@@ -239,16 +242,52 @@ class Store:
 
     def commit_parts(self, call_id: int, now_ms: int) -> None:
         """Append the COMMIT record of a call's PARTs: applied, it applies
-        them and drops any other PART held. Call id 0 only drops them
+        them (other calls' stay held). Call id 0 drops every PART held
         (a node that starts to serve abandons a call it holds parts of)."""
         self._check_open()
         items = [records.CommitItem(call_id)]
         self._pending.append(records.encode(records.Kind.COMMIT, now_ms, items), records.Kind.COMMIT, now_ms, items)
 
+    def intend(self, call_id: int, topic: str, shift_ms: int | None, trigger_ms: int | None,
+               places: array[int], now_ms: int) -> None:
+        """Append the INTENT record of a large move (storage.records): once
+        durable, the call is carried out whole, by this node or, after a
+        crash or a failover, by the one that next starts to serve
+        (`intents`), until `done(call_id)`. `places`: an array "q" of
+        (hour, globalIndex) pairs, flat."""
+        self._check_open()
+        if sys.byteorder == "big":
+            places = array("q", places)
+            places.byteswap()
+        items = [records.IntentItem(call_id, topic, shift_ms, trigger_ms, places.tobytes())]
+        self._pending.append(records.encode(records.Kind.INTENT, now_ms, items), records.Kind.INTENT, now_ms, items)
+
+    def done(self, call_id: int, now_ms: int) -> None:
+        """Append the DONE record of an INTENT's call: carried out."""
+        self._check_open()
+        items = [records.CommitItem(call_id)]
+        self._pending.append(records.encode(records.Kind.DONE, now_ms, items), records.Kind.DONE, now_ms, items)
+
+    def intents(self) -> list[Intent]:
+        """The INTENTs applied whose DONE has not been (commit first), in log order."""
+        found = []
+        for item in self._applier.intents():
+            packed = array("q", item.places)
+            if sys.byteorder == "big":
+                packed.byteswap()
+            places = [Location(packed[i], packed[i + 1]) for i in range(0, len(packed), 2)]
+            found.append(Intent(item.call_id, item.topic, item.shift_ms, item.trigger_ms, places))
+        return found
+
     def parts_held(self) -> bool:
         """Whether PART records wait for their COMMIT (or committed ones
-        for `apply_deferred`): no checkpoint is taken meanwhile."""
-        return self._applier.parts_pending()
+        for `apply_deferred`), or an INTENT for its DONE: no checkpoint is
+        taken meanwhile (the log holds them until then)."""
+        return self._applier.parts_pending() or bool(self._applier.intents())
+
+    def deferred_items(self) -> int:
+        """Status changes of committed PARTs not applied yet (`apply_deferred`)."""
+        return self._applier.deferred_items()
 
     def apply_deferred(self, max_items: int | None) -> bool:
         """Apply committed PARTs left by `apply_pending(defer=True)`, about

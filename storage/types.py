@@ -57,6 +57,17 @@ class SendResult(NamedTuple):
 STORED, DUPLICATE = SendOutcome.STORED, SendOutcome.DUPLICATE
 
 
+class Intent(NamedTuple):
+    """A large move taken and not yet carried out whole (Store.intend): the
+    places it matched, and the new trigger time -- each message's shifted
+    by `shift_ms`, or `trigger_ms` for all."""
+    call_id: int
+    topic: str
+    shift_ms: int | None
+    trigger_ms: int | None
+    places: list[Location]
+
+
 class StateChange(NamedTuple):
     location: Location
     status: Status

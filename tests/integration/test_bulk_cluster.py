@@ -6,6 +6,8 @@ the deleted ones, and finds messages by key through its own key index."""
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
 
 import pytest
@@ -78,3 +80,45 @@ def test_a_bulk_reschedule_and_delete_survive_a_leader_kill(cluster):
     _wait(pull_and_ack, wait_s=30, what="the moved messages")
     assert int(time.time() * 1000) >= now + 9_000
     assert sorted(delivered) == sorted(f"mv{i}" for i in range(MOVED))
+
+
+def test_a_large_reschedule_cut_short_by_a_leader_kill_takes_effect_whole_or_not_at_all(cluster):
+    """rescheduleMsgs shiftMillis=+24 h of 20,000 messages (an INTENT, a
+    MOVE a slice, DONE: storage.records), the leader SIGKILLed during it:
+    the new leader ends with every message at its old time or every one
+    shifted once, carrying out an INTENT it holds whose DONE never came."""
+    messages = 20_000
+    leader = cluster.wait_leader()
+    cluster.wait_known(leader)
+    term = cluster.health(leader)["term"]
+    node = cluster.nodes[leader]
+    now = int(time.time() * 1000)
+    for first in range(0, messages, 1000):
+        msgs = [{"msgId": f"m{i}", "msg": "x", "triggerTime": now + 3_600_000 + i} for i in range(first, first + 1000)]
+        status, body = node.post_json("sendMsgBatch", {"topic": "big", "msgs": msgs})
+        assert status == 200, body
+    answered: list[tuple[int, object]] = []
+
+    def reschedule() -> None:
+        with contextlib.suppress(OSError):
+            answered.append(node.post("rescheduleMsgs", topic="big", all="true", limit=messages,
+                                      shiftMillis=24 * 3_600_000))
+
+    caller = threading.Thread(target=reschedule, daemon=True)
+    caller.start()
+    time.sleep(0.5)
+    cluster.kill(leader)
+    caller.join(timeout=30)
+    new = cluster.wait_leader(exclude=leader, above_term=term)
+    cluster.wait_known(new)
+    n = cluster.nodes[new]
+
+    def settled() -> tuple[int, int] | None:
+        counts = tuple(n.get("listMsg", topic="big", countOnly="true", triggerFrom=lo, triggerTo=hi)[1]["count"]
+                       for lo, hi in ((now, now + 12 * 3_600_000), (now + 12 * 3_600_000, now + 36 * 3_600_000)))
+        return counts if counts in ((messages, 0), (0, messages)) else None  # type: ignore[return-value]
+    counts = _wait(settled, wait_s=60, what="every message at one time")
+    code, body = n.get("listMsg", topic="big", countOnly="true")
+    assert code == 200 and body["count"] == messages, body  # none shifted twice, none lost
+    if answered and answered[0][0] == 200:
+        assert counts == (0, messages), answered
