@@ -3,6 +3,7 @@
     backend.py  RedisBroker: docs/api.md's Semantics in Redis, the HTTP API's
                 second backend (`hourglass serve --backend redis://...`)
     keys.py     its configuration, key names and URL
+    link.py     what its parts share: RedisState
     shards.py   sharded queues, the ground dyno.py and rmq.py stand on
     dyno.py     Netflix Dyno-queues' push/pop/ack/unack interface
     rmq.py      RMQ's three message kinds

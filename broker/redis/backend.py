@@ -42,7 +42,6 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any, cast
 
 import redis.asyncio as aioredis
@@ -66,6 +65,7 @@ from ..params import Defaults
 from ..ready import QueueLimits
 from .bulk import RedisBulk
 from .keys import KEY_TYPES, RedisConfig, TopicKeys, redact, split_cluster_flag
+from .link import RedisState
 from .requests import RedisRequests
 from .scripts import Reply, load_scripts
 
@@ -96,18 +96,6 @@ class Fenced(HourglassError):
     was applied meanwhile); raised only where the caller asked not to wait."""
 
 
-@dataclass
-class _State:
-    # Topics this process knows of (its sends, the topic set as last read).
-    topics: set[str] = field(default_factory=set)
-    # Topics known to be in the topic set (forgotten when Redis was
-    # unreachable: it may come back empty).
-    registered: set[str] = field(default_factory=set)
-    # Last problem reported per place (mover, listener, a topic), so that a
-    # lasting outage is logged once, and its end too.
-    problems: dict[str, str] = field(default_factory=dict)
-
-
 class RedisBroker(RedisRequests):
     """The broker over one Redis database (or Redis Cluster); a
     `broker.backend.Backend`, as the disk broker is. `await start()` checks the
@@ -133,7 +121,7 @@ class RedisBroker(RedisRequests):
         self.config = config or RedisConfig()
         self.max_topics = max_topics  # --max-topics: the topic set's size a new topic may not pass
         self.url = redact(url)
-        self._state = _State()
+        self._state = RedisState()
         self._mover_wake = asyncio.Event()
         self.long_polls = LongPolls(clock)
         self.lifecycle = Lifecycle(self.long_polls, log, "the node stops serving", on_stop=self._mover_wake.set)

@@ -54,8 +54,7 @@ from storage.errors import Unavailable
 from ..bulk_params import BulkFilter, DeleteMsgsRequest, ListMsgRequest, PageKeeper, RescheduleMsgsRequest
 from ..lifecycle import Lifecycle
 from ..metrics import Metrics
-from .keys import RedisConfig, TopicKeys, ready_member
-from .requests import NO_LOCATION
+from .keys import NO_LOCATION, RedisConfig, TopicKeys, ready_member
 from .scripts import Reply
 
 # meta fields HSCAN returns per round trip (a hint to Redis), and tagged

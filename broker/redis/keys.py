@@ -56,8 +56,12 @@ from __future__ import annotations
 import urllib.parse
 from dataclasses import dataclass
 
+from storage.entry import Location
 from storage.errors import ConfigError
 from storage.store import MAX_PRIORITY
+
+# Every message read from Redis gets this Location: there is no disk entry.
+NO_LOCATION = Location(0, 0)
 
 # The type each key of a topic must have, in the order scripts get them as KEYS.
 KEY_TYPES = {"waiting": "zset", "ready": "zset", "tagged": "zset", "expire": "zset", "ack": "zset",

@@ -17,7 +17,7 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from storage.entry import Location, Message, Status
+from storage.entry import Message, Status
 from storage.errors import Conflict, InvalidRequest, NotFound
 from storage.store import NewMessage
 from wheel.clock import Clock
@@ -27,14 +27,10 @@ from ..lifecycle import Lifecycle
 from ..long_polls import LongPolls
 from ..metrics import Backlog, Metrics, due_ms
 from ..params import AckRequest, DeleteRequest, LongPollRequest, NewSend, PullRequest, as_sends
-from .keys import RedisConfig, TopicKeys, ready_member
+from .keys import NO_LOCATION, RedisConfig, TopicKeys, ready_member
+from .link import RedisState
 from .scripts import Reply
 
-if TYPE_CHECKING:  # (backend.py imports this module)
-    from .backend import _State
-
-# Every message read from Redis gets this Location: there is no disk entry.
-NO_LOCATION = Location(0, 0)
 # Topics whose queue sizes one pipelined round trip reads (topic_backlogs).
 BACKLOG_SLICE = 500
 
@@ -83,7 +79,7 @@ class RedisRequests:
         metrics: Metrics
         lifecycle: Lifecycle
         long_polls: LongPolls
-        _state: _State
+        _state: RedisState
         _mover_wake: asyncio.Event
         _next_due_ms: int
 
