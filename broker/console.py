@@ -20,7 +20,11 @@ behind the node's bearer token like the API:
         message deleted or rescheduled since still counts where it was.
         With `topic`: from the per-hour counts of the topic's waiting
         messages, so per hour (`perHour`: 24 counts, `hourStartMs`), not
-        per second
+        per second. Both fold in the runs recurring schedules will make
+        after their pending ones (which are messages already), at their
+        nominal times (broker.schedule_forecast): "scheduleRuns", of which
+        the windows hold, and "scheduleRunsCut" (true: too many to work
+        out, some left out)
     /console/api/stats
         {"lateness": {"bounds": [s...], "counts": [...]} (the histogram
         behind hourglass_dispatch_lateness_seconds), "throughput": [{"ms",
@@ -29,6 +33,14 @@ behind the node's bearer token like the API:
         {"subscriptions": [getSubscription's data of each, with its
         health: deliveries, failures by reason, in flight, backing off,
         the last error]} (never a secret)
+    /console/api/schedules?offset=&limit=&topic=
+        {"total", "offset", "schedules": [{"topic", "scheduleId", "cron",
+        "everyMillis", "timeZone", "paused", "version", "runs",
+        "nextFireTimes" (3), "lastRun": {"scheduledTime",
+        "latenessMillis", "missed"} or null, "misfire", "released",
+        "missed", "meanLatenessMillis" (since the node started)}]}: the
+        recurring schedules by (topic, scheduleId), a page of at most 500
+        (none on a cluster follower: the leader keeps them)
     /console/api/node
         standalone: {"role": "standalone", "diskBytes", "logEndOffset",
         "lastCheckpointMs", "hours"}; a cluster node: {"role", "node",
@@ -52,7 +64,8 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from collections.abc import Callable
+import heapq
+from collections.abc import Callable, Sequence
 
 from storage.entry import MS_PER_HOUR, MS_PER_SECOND, SECONDS_PER_HOUR, Status
 from storage.errors import InvalidRequest
@@ -66,6 +79,8 @@ from .console_sessions import CONSOLE
 from .http_types import Request, Response
 from .metrics import Metrics
 from .params import parse_form
+from .schedule_forecast import future_runs
+from .schedules import Schedules, ScheduleState
 
 API = CONSOLE + "/api/"
 # A bad parameter is the caller's: code 400 in an HTTP 200, as the API's.
@@ -82,8 +97,10 @@ class Console:
 
     def __init__(self, store: Callable[[], Store], metrics: Metrics, topics: Callable[[], list[str]],
                  node_info: Callable[[], dict[str, object]], now_ms: Callable[[], int],
-                 subscriptions: Callable[[], list[dict[str, object]]] = list) -> None:
+                 subscriptions: Callable[[], list[dict[str, object]]] = list,
+                 schedules: Callable[[], Schedules | None] = lambda: None) -> None:
         self._store = store
+        self._schedules = schedules  # the node's recurring schedules (None: it keeps none now)
         self._subscriptions = subscriptions  # the push subscriptions and their health (broker.pusher)
         self.metrics = metrics
         self._topics = topics
@@ -96,7 +113,8 @@ class Console:
         """Its API (/console/api/*); the page itself, GET /console, the node
         adds behind the console's entry (broker.api.console_entry)."""
         for name, handler in (("topics", self.topics), ("forecast", self.forecast), ("stats", self.stats),
-                              ("node", self.node), ("subscriptions", self.subscriptions)):
+                              ("node", self.node), ("subscriptions", self.subscriptions),
+                              ("schedules", self.schedules)):
             table.add("GET", API + name, handler, errors=CONSOLE_ERRORS)
 
     async def run(self) -> None:
@@ -139,9 +157,16 @@ class Console:
         q = parse_form(request.query)
         store, now_ms = self._store(), self._now_ms()
         topic = q.get("topic")
+        schedules = self._schedules()
         if topic:
-            return _json(**topic_forecast(store, topic, now_ms))
-        return _json(**forecast(store, now_ms))
+            per_topic = topic_forecast(store, topic, now_ms)
+            if schedules is not None:
+                fold_hours(per_topic, schedules.topic_states(topic), now_ms)
+            return _json(**per_topic)
+        overall = forecast(store, now_ms)
+        if schedules is not None:
+            fold(overall, schedules.states(), now_ms)
+        return _json(**overall)
 
     async def stats(self, request: Request) -> Response:
         if not self._samples or self._now_ms() - self._samples[-1][0] >= SAMPLE_S * 1000:
@@ -151,6 +176,17 @@ class Console:
         h = self.metrics.lateness_seconds
         return _json(lateness={"bounds": list(h.bounds), "counts": list(h.counts), "count": h.count,
                                "sumSeconds": h.total}, throughput=series)
+
+    async def schedules(self, request: Request) -> Response:
+        q = parse_form(request.query)
+        offset, limit = _int(q, "offset", 0), min(_int(q, "limit", 100), MAX_PAGE)
+        schedules = self._schedules()
+        if schedules is None:
+            return _json(total=0, offset=offset, schedules=[])
+        topic = q.get("topic") or None
+        states = schedules.topic_states(topic) if topic else schedules.states()
+        shown = heapq.nsmallest(offset + limit, states, key=lambda s: s.key)[offset:]
+        return _json(total=len(states), offset=offset, schedules=[schedule_row(s, schedules) for s in shown])
 
     async def node(self, request: Request) -> Response:
         return _json(**self._node_info())
@@ -209,6 +245,46 @@ def topic_forecast(store: Store, topic: str, now_ms: int) -> dict[str, object]:
             per_hour[file_id - now_hour] += waiting
     return {"nowMs": now_ms, "topic": topic, "hourStartMs": now_hour * MS_PER_HOUR, "perHour": per_hour,
             "overdue": overdue, "later": later}
+
+
+def fold(overall: dict[str, object], states: Sequence[ScheduleState], now_ms: int) -> None:
+    """Add the schedules' runs after their pending ones to `forecast`'s answer."""
+    per_second, per_minute = overall["perSecond"], overall["perMinute"]
+    second0, minute0 = overall["secondStartMs"], overall["minuteStartMs"]
+    assert isinstance(per_second, list) and isinstance(per_minute, list)
+    assert isinstance(second0, int) and isinstance(minute0, int)
+    runs, cut = future_runs(states, now_ms, now_ms + 24 * MS_PER_HOUR)
+    for at, count in runs.items():
+        second, minute = (at - second0) // MS_PER_SECOND, (at - minute0) // 60_000
+        if 0 <= second < len(per_second):
+            per_second[second] += count
+        if 0 <= minute < len(per_minute):
+            per_minute[minute] += count
+    overall["scheduleRuns"], overall["scheduleRunsCut"] = sum(runs.values()), cut
+
+
+def fold_hours(per_topic: dict[str, object], states: Sequence[ScheduleState], now_ms: int) -> None:
+    """Add a topic's schedules' runs after their pending ones to `topic_forecast`'s answer."""
+    per_hour, hour0 = per_topic["perHour"], per_topic["hourStartMs"]
+    assert isinstance(per_hour, list) and isinstance(hour0, int)
+    runs, cut = future_runs(states, now_ms, hour0 + len(per_hour) * MS_PER_HOUR - 1)
+    for at, count in runs.items():
+        per_hour[(at - hour0) // MS_PER_HOUR] += count
+    per_topic["scheduleRuns"], per_topic["scheduleRunsCut"] = sum(runs.values()), cut
+
+
+def schedule_row(state: ScheduleState, schedules: Schedules) -> dict[str, object]:
+    """A schedule as the console lists it."""
+    spec = state.spec
+    stats = schedules.stats.get(state.key)
+    last = state.last_runs[-1] if state.last_runs else None
+    return {"topic": spec.topic, "scheduleId": spec.schedule_id, "cron": spec.cron, "everyMillis": spec.every_ms,
+            "timeZone": spec.time_zone, "misfire": spec.misfire.value, "paused": state.paused,
+            "version": state.version, "runs": state.runs, "nextFireTimes": state.next_fire_times(3),
+            "lastRun": None if last is None else {"scheduledTime": last[0], "latenessMillis": last[1],
+                                                  "missed": last[2]},
+            "released": 0 if stats is None else stats.runs, "missed": 0 if stats is None else stats.missed,
+            "meanLatenessMillis": None if stats is None or not stats.runs else stats.late_ms / stats.runs}
 
 
 def standalone_info(store: Store, last_checkpoint_ms: Callable[[], int | None]) -> dict[str, object]:

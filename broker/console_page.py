@@ -3,7 +3,9 @@ document with its script and styles inline and charts drawn as SVG, so the
 node serves it offline with nothing to build; and LOGIN_PAGE, the form
 that trades the token for a session (broker/console_login.py).
 
-PAGE polls the console's JSON endpoints every 2 s and makes its API calls
+PAGE polls the console's JSON endpoints every 2 s (topics, the forecast
+with recurring schedules' coming runs folded in, the schedules' list,
+lateness, throughput, subscriptions, the node) and makes its API calls
 (dead letters, re-drive, lookups, the search by key, tag, msgId prefix,
 status or time range with its count, and bulk cancel and shift of the
 matches, each behind a confirmation) through the console's paths: the
@@ -69,6 +71,8 @@ svg{width:100%;height:160px;background:#fbfcfd}.bar{fill:#3b82f6}.over{fill:#ef4
 <table id="srTable"><thead><tr><th>msgId</th><th>status</th><th>triggers</th><th>key</th><th>tag</th></tr></thead><tbody></tbody></table></section>
 <section><h2>Push subscriptions</h2>
 <table id="subs"><thead><tr><th>topic</th><th>url</th><th>signed</th><th>concurrency</th><th>rate/s</th><th>delivered</th><th>failed</th><th>in flight</th><th>backing off</th><th>last error</th></tr></thead><tbody></tbody></table></section>
+<section class="wide"><h2>Recurring schedules <span class="muted" id="schCount"></span></h2>
+<table id="schedules"><thead><tr><th>topic</th><th>scheduleId</th><th>when</th><th>next fires</th><th>last run</th><th>last outcome</th><th>lateness (last · mean)</th><th>released</th><th>missed</th><th>paused</th></tr></thead><tbody></tbody></table></section>
 <section><h2>Node</h2><table id="nodeTable"><tbody></tbody></table>
 <h2>Message lookup</h2><input id="lkTopic" placeholder="topic"> <input id="lkId" placeholder="msgId"> <button id="lookup">get</button>
 <pre id="lkOut" class="muted"></pre></section>
@@ -123,7 +127,8 @@ async function forecastAll() {
     bars($("perMinute"), [d.overdue, ...d.perMinute], {cls: i => i === 0 ? "over" : "",
       label: i => i ? new Date(d.minuteStartMs + (i - 1) * 60000).toLocaleTimeString() : "overdue (ready now)"});
   }
-  $("fcInfo").textContent = `overdue ${d.overdue} · later than 24 h ${d.later}`;
+  $("fcInfo").textContent = `overdue ${d.overdue} · later than 24 h ${d.later}` +
+    (d.scheduleRuns ? ` · of them, runs of recurring schedules not made yet: ${d.scheduleRuns}` + (d.scheduleRunsCut ? " (and more)" : "") : "");
 }
 async function stats() {
   const d = await get(API + "stats");
@@ -151,6 +156,19 @@ async function subscriptions() {
       `<td>${s.rateLimit || "—"}</td><td>${h.deliveries || 0}</td><td>${esc(failed.map(([r, n]) => r + ": " + n).join(", ") || "0")}</td>` +
       `<td>${h.inFlight || 0}</td><td>${h.backingOff || 0}</td>` +
       `<td>${esc(h.lastError ? h.lastError + " (" + new Date(h.lastErrorTime).toLocaleTimeString() + ")" : "")}</td></tr>`; }).join("");
+}
+async function schedules() {
+  const d = await get(API + "schedules?limit=100" + (selected ? "&topic=" + encodeURIComponent(selected) : ""));
+  if (d.code !== 200) { $("schCount").textContent = d.msg; return; }
+  $("schCount").textContent = d.total ? `${d.total}` + (d.total > d.schedules.length ? `, the first ${d.schedules.length}` : "") : "none";
+  const when = s => s.cron !== null ? `${s.cron} (${s.timeZone})` : `every ${s.everyMillis / 1000} s`;
+  const time = ms => new Date(ms).toLocaleString();
+  $("schedules").tBodies[0].innerHTML = d.schedules.map(s => { const r = s.lastRun;
+    const outcome = !r ? "—" : !r.missed ? "on time" : s.misfire === "skip" ? "missed, skipped" : "missed, delivered late";
+    return `<tr data-schedule="${esc(s.scheduleId)}"><td>${esc(s.topic)}</td><td>${esc(s.scheduleId)}</td><td>${esc(when(s))}</td>` +
+      `<td>${s.nextFireTimes.map(time).join("<br>") || "—"}</td><td>${r ? time(r.scheduledTime) : "—"}</td><td>${outcome}</td>` +
+      `<td>${r ? r.latenessMillis + " ms" : "—"} · ${s.meanLatenessMillis === null ? "—" : s.meanLatenessMillis.toFixed(1) + " ms"}</td>` +
+      `<td>${s.released}</td><td>${s.missed}</td><td>${s.paused ? "yes" : "no"}</td></tr>`; }).join("");
 }
 async function dead(reset) {
   if (!selected) { $("deadTopic").textContent = "(pick a topic)"; return; }
@@ -202,7 +220,7 @@ $("bulkShift").onclick = () => bulk("rescheduleMsgs", {shiftMillis: String(Numbe
 document.addEventListener("click", async e => {
   const row = e.target.closest("tr[data-topic]");
   if (row) { selected = row.dataset.topic === selected ? null : row.dataset.topic; $("lkTopic").value = selected || "";
-             topics(); forecastAll(); dead(true); search(true); }
+             topics(); forecastAll(); dead(true); search(true); schedules(); }
   if (e.target.dataset.redrive) { await post("redriveMsg", {topic: selected, msgId: e.target.dataset.redrive}); dead(true); topics(); }
 });
 $("redriveAll").onclick = async () => { if (selected && confirm(`re-drive every dead letter of ${selected}?`)) {
@@ -215,7 +233,7 @@ $("lookup").onclick = async () => { const d = await post("getMsg", {topic: $("lk
   $("lkOut").textContent = JSON.stringify(d.delayMsg || d, null, 1); };
 async function tick() {
   $("clock").textContent = new Date().toLocaleTimeString();
-  await Promise.all([topics(), forecastAll(), stats(), node(), subscriptions()]);
+  await Promise.all([topics(), forecastAll(), stats(), node(), subscriptions(), schedules()]);
   document.body.dataset.loaded = "1";
 }
 tick(); setInterval(tick, 2000);

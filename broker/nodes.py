@@ -68,7 +68,7 @@ class DiskNode(NodeBase):
         self.last_checkpoint_ms: int | None = None
         console = Console(lambda: self.store, metrics, self.broker.topic_list,
                           lambda: standalone_info(self.store, lambda: self.last_checkpoint_ms), clock.now_ms,
-                          lambda: [] if self.pushers is None else self.pushers.public())
+                          lambda: [] if self.pushers is None else self.pushers.public(), lambda: self.schedules)
         super().__init__(config, clock, metrics, self.broker, console)
         self.schedules = schedules
         if config.push_allow:  # pushers load aiohttp's client: only on a node that pushes

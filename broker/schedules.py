@@ -229,6 +229,12 @@ class Schedules:
     def __len__(self) -> int:
         return len(self._states)
 
+    def states(self) -> list[ScheduleState]:
+        return list(self._states.values())
+
+    def topic_states(self, topic: str) -> list[ScheduleState]:
+        return [s for (t, _), s in self._states.items() if t == topic]
+
     def paused_count(self) -> int:
         return sum(s.paused for s in self._states.values())
 

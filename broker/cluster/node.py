@@ -54,7 +54,8 @@ class ClusterNode(Routes, PeerCalls, RoleLoop, Snapshots, Handover):
         self.tick_path = os.path.join(self.data_dir, "tick")
         self.tick_file = TickStateFile(self.tick_path, fsync=True)
         metrics = Metrics()
-        console = Console(lambda: self.store, metrics, self._topic_list, self._console_info, clock.now_ms)
+        console = Console(lambda: self.store, metrics, self._topic_list, self._console_info, clock.now_ms,
+                          schedules=lambda: self.schedules)  # the leader's (broker.cluster.schedules)
         super().__init__(config, clock, metrics, None, console)  # no broker until this node leads
         self.apply_lock = asyncio.Lock()
         self.checkpoint_lock = asyncio.Lock()

@@ -314,3 +314,33 @@ def test_the_search_counts_and_lists_matches_and_cancels_them_once_confirmed(nod
     asyncio.run(run())
     assert node.post("getMsg", topic="bulkui", msgId="b0")[1]["delayMsg"]["status"] == 7
     assert node.post("getMsg", topic="bulkui", msgId="keep")[1]["delayMsg"]["status"] == 1
+
+
+def test_the_console_lists_schedules_and_folds_their_runs_into_the_forecast(node, tmp_path):
+    """Recurring schedules: listed (next fires, last outcome, lateness,
+    paused) in the page a real browser renders, and the runs after each one's
+    pending run counted in the forecast (the pending run is a message)."""
+    for sid, params in (("minutely", {"everyMillis": 60_000}), ("nightly", {"cron": "30 2 * * *"}),
+                        ("held", {"everyMillis": 1000})):
+        status, body = node.post("putSchedule", topic="cron", scheduleId=sid, msg="x", **params)
+        assert status == 200 and body["code"] == 200, body
+    assert node.post("pauseSchedule", topic="cron", scheduleId="held")[1]["code"] == 200
+    _, headers = login(node.base)
+    session = session_of(headers)
+    _, _, raw = call(node.base, "GET", "/console/api/forecast", headers={"Cookie": f"{COOKIE}={session}"})
+    forecast = json.loads(raw)
+    # every minute for 24 h after the pending run, and the nightly's run after its pending one (if within 24 h)
+    assert forecast["scheduleRuns"] in (1439, 1440) and forecast["scheduleRunsCut"] is False
+    assert sum(forecast["perMinute"]) >= 1438 + 500  # the runs, and most of the topics' 600 messages
+    _, _, raw = call(node.base, "GET", "/console/api/schedules?topic=cron", headers={"Cookie": f"{COOKIE}={session}"})
+    listed = json.loads(raw)
+    assert listed["total"] == 3 and [s["scheduleId"] for s in listed["schedules"]] == ["held", "minutely", "nightly"]
+    assert listed["schedules"][0]["paused"] is True and len(listed["schedules"][1]["nextFireTimes"]) == 3
+    browser = chromium()
+    url = f"{node.base}/console?token={TOKEN}"
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--window-size=1400,1000", "--virtual-time-budget=8000",
+             f"--user-data-dir={tmp_path / 'profile'}"]
+    dom = subprocess.run([browser, *flags, "--dump-dom", url], capture_output=True, text=True, timeout=120).stdout
+    for sid in ("minutely", "nightly", "held"):
+        assert f'data-schedule="{sid}"' in dom, dom[:2000]
+    assert "runs of recurring schedules not made yet: 14" in dom

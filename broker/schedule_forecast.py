@@ -1,0 +1,119 @@
+"""The runs recurring schedules will make, for the console's forecast
+(broker.console): each schedule's pending run is a message already, which
+the second tables count; the runs after it exist nowhere yet, and are
+counted here, at their nominal times (a jitter is left out).
+
+Schedules that fire at the same instants are worked out once, as a group:
+
+    cron            same cron and time zone: its nominal times in the window
+    everyMillis P   P a whole number of seconds: same P and second of the
+                    pending run modulo P (times at the start of their
+                    second: 100,000 every-minute schedules are 60 groups);
+                    else the same P and pending run modulo P
+
+and each schedule of a group takes the group's times after its pending run,
+up to its endTime and the runs its limit leaves (a difference array over
+the group's times: one bisect a schedule). The work is the groups' times,
+bounded by MAX_TIMES in all (past it, the groups left are not counted and
+the answer says so), plus one bisect a schedule.
+"""
+
+from __future__ import annotations
+
+import bisect
+import zoneinfo
+from collections.abc import Iterable
+from typing import NamedTuple
+
+from storage.entry import MS_PER_SECOND
+
+from .recurrence import Cron, Recurrence
+from .schedules import ScheduleState
+
+# Nominal times worked out for one forecast, every group's together.
+MAX_TIMES = 1_000_000
+
+
+
+class Group(NamedTuple):
+    """Schedules that fire at the same instants (see the module docstring)."""
+
+    kind: str  # "cron", "s" (every whole seconds, times at their second's start), "ms"
+    cron: str = ""
+    zone: str = ""
+    every_ms: int = 0
+    phase_ms: int = 0  # the times are phase_ms + k * every_ms
+
+
+def _group(state: ScheduleState, pending_ms: int) -> Group:
+    spec = state.spec
+    if spec.cron is not None:
+        return Group("cron", spec.cron, spec.time_zone)
+    every = spec.every_ms
+    assert every is not None
+    if every % MS_PER_SECOND == 0:
+        return Group("s", every_ms=every, phase_ms=pending_ms // MS_PER_SECOND * MS_PER_SECOND % every)
+    return Group("ms", every_ms=every, phase_ms=pending_ms % every)
+
+
+def _times(group: Group, after_ms: int, until_ms: int, budget: int) -> list[int]:
+    """The group's nominal times in (after_ms, until_ms], at most `budget`."""
+    times: list[int] = []
+    if group.kind == "cron":
+        recurrence = Recurrence(Cron.parse(group.cron), None, zoneinfo.ZoneInfo(group.zone), 0)
+        at = recurrence.first_after(after_ms)
+        while at is not None and at <= until_ms and len(times) < budget:
+            times.append(at)
+            at = recurrence.first_after(at)
+        return times
+    every, phase = group.every_ms, group.phase_ms
+    # the first phase + k * every after after_ms
+    at = phase + (max(0, after_ms - phase) // every + 1) * every
+    count = min(budget, max(0, (until_ms - at) // every + 1))
+    return [at + k * every for k in range(count)]
+
+
+def future_runs(states: Iterable[ScheduleState], after_ms: int, until_ms: int) -> tuple[dict[int, int], bool]:
+    """Runs the schedules will make after their pending ones, in
+    (after_ms, until_ms]: nominal ms (of an every-whole-seconds schedule:
+    the start of its second) -> runs, and whether MAX_TIMES cut it short
+    (some groups not counted)."""
+    groups: dict[Group, list[tuple[int, int | None, int | None]]] = {}
+    for state in states:
+        pending = state.pending
+        if state.paused or pending is None:
+            continue
+        left = state.runs_left()
+        if left == 0:
+            continue
+        groups.setdefault(_group(state, pending), []).append((pending, state.spec.end_ms, left))
+    runs: dict[int, int] = {}
+    budget = MAX_TIMES
+    for group, members in groups.items():
+        if budget <= 0:
+            return runs, True
+        earliest = min(p for p, _, _ in members)
+        # times from the earliest pending run (it may be due already) to the window's end
+        times = _times(group, min(earliest, after_ms) - MS_PER_SECOND, until_ms, budget)
+        budget -= len(times)
+        if not times:
+            continue
+        diff = [0] * (len(times) + 1)
+        for pending, end, left in members:
+            # an "s" group's times are their second's start: each member's are its own ms later
+            offset = pending % MS_PER_SECOND if group.kind == "s" else 0
+            lo = max(bisect.bisect_right(times, pending - offset), bisect.bisect_right(times, after_ms - offset))
+            hi = bisect.bisect_right(times, until_ms - offset)
+            if end is not None:
+                hi = min(hi, bisect.bisect_right(times, end - offset))
+            if left is not None:
+                hi = min(hi, bisect.bisect_right(times, pending - offset) + left)
+            if lo < hi:
+                diff[lo] += 1
+                diff[hi] -= 1
+        current = 0
+        for at, change in zip(times, diff):
+            current += change
+            if current:
+                runs[at] = runs.get(at, 0) + current
+    return runs, budget <= 0
