@@ -1,0 +1,217 @@
+"""Recurring schedules under load: N schedules firing every minute (cron
+`* * * * *`, misfire=once), taken by long-polling consumers that ack each
+run, for M minutes. Prints ONE JSON object.
+
+    .venv/bin/python bench/schedules.py                              # 100,000 schedules, 10 minutes, one node
+    .venv/bin/python bench/schedules.py --mode kill9                 # the node SIGKILLed and restarted every minute
+    .venv/bin/python bench/schedules.py --mode cluster --kills 5     # a 3-node cluster, 5 leader SIGKILLs
+    .venv/bin/python bench/schedules.py --schedules 200 --minutes 2  # a short correctness run
+
+What it reports:
+
+  put_s, puts_per_s      the schedules put through the Python client,
+                         --concurrency at a time (puts waiting on the node
+                         share one write and one send: broker.schedules)
+  expected_runs          nominal minutes from each schedule's first run to
+                         the last minute that ended --settle-s before the end
+  delivered_runs, lost   distinct runs consumed, and those expected but never
+  early                  runs consumed before their nominal time
+  made_twice             runs whose message was made more than once (more
+                         than one produceTime seen for one msgId)
+  redelivered            deliveries beyond the first of a run (at least once)
+  lateness_ms            consumer receive - nominal time: p50, p99, max
+  rss_mb_max             the node's (the leader's) largest VmRSS sampled
+  kills                  SIGKILLs made (kill9: of the node; cluster: of the leader)
+
+Only run it on a quiet machine: it takes the machine for --minutes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import sys
+import tempfile
+import threading
+import time
+from typing import Any
+
+import aiohttp
+from harness import Server, memory_mb, percentile
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from broker.client import DelayQueueClient, DelayQueueError
+
+TOPICS = 8  # schedules spread over this many topics, one consumer task or more each
+MINUTE_MS = 60_000
+
+
+class Tally:
+    """What the consumers saw, by msgId."""
+
+    def __init__(self) -> None:
+        self.first_seen_ms: dict[str, int] = {}
+        self.produced: dict[str, set[int]] = {}
+        self.deliveries = 0
+        self.early = 0
+
+    def seen(self, msg_id: str, scheduled_ms: int, produce_ms: int, now_ms: int) -> None:
+        self.deliveries += 1
+        self.produced.setdefault(msg_id, set()).add(produce_ms)
+        if msg_id not in self.first_seen_ms:
+            self.first_seen_ms[msg_id] = now_ms
+            if now_ms < scheduled_ms:
+                self.early += 1
+
+
+async def put_all(urls: list[str], count: int, concurrency: int) -> tuple[float, dict[str, int]]:
+    """Put `count` schedules; their first nominal times by scheduleId."""
+    firsts: dict[str, int] = {}
+    queue = iter(range(count))
+    started = time.monotonic()
+
+    async def worker(client: DelayQueueClient) -> None:
+        for i in queue:
+            sid = f"s{i:07d}"
+            for _ in range(50):
+                try:
+                    schedule = await client.put_schedule(f"sched{i % TOPICS}", sid, "run", cron="* * * * *",
+                                                         misfire="once", ttl_ms=3_600_000)
+                    break
+                except (TimeoutError, DelayQueueError, OSError, aiohttp.ClientError):
+                    await asyncio.sleep(0.5)  # a put is not repeated by the client after an unclear failure
+            else:
+                raise RuntimeError(f"putSchedule {sid} kept failing")
+            firsts[sid] = schedule["nextFireTimes"][0]
+
+    async with DelayQueueClient(urls, timeout_s=30, retries=20) as client:
+        await asyncio.gather(*(worker(client) for _ in range(concurrency)))
+    return time.monotonic() - started, firsts
+
+
+async def consume(urls: list[str], tally: Tally, stop: asyncio.Event, per_topic: int) -> None:
+    async def loop(client: DelayQueueClient, topic: str) -> None:
+        while not stop.is_set():
+            try:
+                batch = await client.long_poll(topic, timeout_ms=1000, batch=500)
+            except (TimeoutError, DelayQueueError, OSError, aiohttp.ClientError):  # a node killed: again
+                await asyncio.sleep(0.2)
+                continue
+            now_ms = int(time.time() * 1000)
+            for m in batch:
+                tally.seen(m.msg_id, m.scheduled_time or 0, m.produce_time, now_ms)
+            if batch:
+                with contextlib.suppress(DelayQueueError, OSError, TimeoutError, aiohttp.ClientError):
+                    await client.ack_many(topic, [m.msg_id for m in batch])
+
+    async with DelayQueueClient(urls, timeout_s=10, retries=20) as client:
+        await asyncio.gather(*(loop(client, f"sched{t}") for t in range(TOPICS) for _ in range(per_topic)))
+
+
+class RssSampler(threading.Thread):
+    def __init__(self, pid_of: Any) -> None:
+        super().__init__(daemon=True)
+        self.pid_of = pid_of
+        self.max_mb = 0.0
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        while not self.done.wait(1.0):
+            with contextlib.suppress(Exception):
+                self.max_mb = max(self.max_mb, memory_mb(self.pid_of())["rss_mb"])
+
+
+def serve_flags(schedules: int) -> list[str]:
+    return ["--max-schedules", str(schedules + 100), "--max-schedule-bytes", str(max(64 << 20, schedules * 1024))]
+
+
+async def main(args: argparse.Namespace) -> dict[str, Any]:
+    root = tempfile.mkdtemp(prefix="hourglass-schedules-")
+    kills = 0
+    if args.mode == "cluster":
+        from cluster import Cluster
+        cluster = Cluster.start(os.path.join(root, "cluster"), *serve_flags(args.schedules))
+        leader = cluster.wait_leader()
+        cluster.wait_known(leader)
+        urls = cluster.urls
+        state = {"leader": leader}
+        sampler = RssSampler(lambda: cluster.nodes[state["leader"]].proc.pid)
+    else:
+        server = Server.start(os.path.join(root, "data"), *serve_flags(args.schedules),
+                              log_path=os.path.join(root, "serve.log"))
+        urls = [server.base]
+        current = {"server": server}
+        sampler = RssSampler(lambda: current["server"].proc.pid)
+    sampler.start()
+    tally = Tally()
+    stop = asyncio.Event()
+    try:
+        put_s, firsts = await put_all(urls, args.schedules, args.concurrency)
+        consumers = asyncio.create_task(consume(urls, tally, stop, args.consumers))
+        started_ms = int(time.time() * 1000)
+        end_ms = started_ms + args.minutes * MINUTE_MS
+        gap_s = args.minutes * 60 / (args.kills + 1) if args.mode == "cluster" else 60.0
+        next_kill = time.monotonic() + gap_s
+        while int(time.time() * 1000) < end_ms:
+            await asyncio.sleep(0.5)
+            if args.mode == "single" or time.monotonic() < next_kill:
+                continue
+            if args.mode == "kill9":
+                port = int(current["server"].base.rsplit(":", 1)[1])
+                current["server"].kill()
+                current["server"] = await asyncio.to_thread(
+                    Server.start, os.path.join(root, "data"), *serve_flags(args.schedules),
+                    log_path=os.path.join(root, "serve.log"), port=port, wait_s=300)
+                kills += 1
+            elif kills < args.kills:
+                old = state["leader"]
+                health = cluster.health(old) or {}
+                cluster.kill(old)
+                kills += 1
+                new = await asyncio.to_thread(cluster.wait_leader, old, int(health.get("term", 0)), 120)
+                await asyncio.to_thread(cluster.restart, old)
+                await asyncio.to_thread(cluster.wait_known, new, 120)
+                state["leader"] = new
+            next_kill = time.monotonic() + gap_s
+        await asyncio.sleep(args.settle_s)  # the last runs consumed
+        stop.set()
+        await asyncio.wait_for(consumers, 30)
+    finally:
+        sampler.done.set()
+        if args.mode == "cluster":
+            cluster.stop()
+        else:
+            current["server"].stop()
+    last_nominal = (end_ms // MINUTE_MS) * MINUTE_MS - MINUTE_MS
+    expected = {f"{sid}@{t}" for sid, first in firsts.items() for t in range(first, last_nominal + 1, MINUTE_MS)}
+    delivered = set(tally.first_seen_ms)
+    lateness = sorted(tally.first_seen_ms[m] - int(m.rsplit("@", 1)[1]) for m in delivered)
+    return {"mode": args.mode, "schedules": args.schedules, "minutes": args.minutes, "concurrency": args.concurrency,
+            "put_s": round(put_s, 2), "puts_per_s": round(args.schedules / put_s, 1) if put_s else None,
+            "expected_runs": len(expected), "delivered_runs": len(delivered & expected),
+            "lost": len(expected - delivered), "early": tally.early,
+            "made_twice": sum(1 for produced in tally.produced.values() if len(produced) > 1),
+            "redelivered": tally.deliveries - len(delivered),
+            "lateness_ms": {"p50": percentile(lateness, 0.5), "p99": percentile(lateness, 0.99),
+                            "max": lateness[-1] if lateness else None},
+            "rss_mb_max": sampler.max_mb, "kills": kills}
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--mode", choices=("single", "kill9", "cluster"), default="single")
+    p.add_argument("--schedules", type=int, default=100_000)
+    p.add_argument("--minutes", type=int, default=10)
+    p.add_argument("--kills", type=int, default=5, help="cluster: leader SIGKILLs, spread over the run")
+    p.add_argument("--concurrency", type=int, default=64, help="puts in flight")
+    p.add_argument("--consumers", type=int, default=2, help="long-polling loops a topic")
+    p.add_argument("--settle-s", type=float, default=20.0, help="consuming after the last minute")
+    return p.parse_args()
+
+
+if __name__ == "__main__":
+    print(json.dumps(asyncio.run(main(parse_args()))))
