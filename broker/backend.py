@@ -44,9 +44,9 @@ def new_msg_id() -> str:
 
 class MessageRequests(Protocol):
     """A backend's message requests, as the API calls them (the disk
-    broker's part broker.requests.Requests; the Redis broker answers them
-    itself). `now_ms` is the time a send is stored at: the one its
-    parameters were read at."""
+    broker's part broker.requests.Requests, the Redis broker's
+    broker.redis.requests.RedisRequests). `now_ms` is the time a send is
+    stored at: the one its parameters were read at."""
 
     async def send(self, sends: Sequence[NewSend], now_ms: int) -> list[Message]: ...
 

@@ -3,7 +3,9 @@
     backend.py  RedisBroker: docs/api.md's Semantics in Redis, the HTTP API's
                 second backend (`hourglass serve --backend redis://...`)
     keys.py     its configuration, key names and URL
-    link.py     what its parts share: RedisState
+    link.py     what its parts share: the client, the scripts, the wakes
+    requests.py its requests: send, pull, ack ... (one script each)
+    bulk.py     its bulk calls: listMsg, deleteMsgs, rescheduleMsgs
     shards.py   sharded queues, the ground dyno.py and rmq.py stand on
     dyno.py     Netflix Dyno-queues' push/pop/ack/unack interface
     rmq.py      RMQ's three message kinds

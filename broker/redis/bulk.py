@@ -42,20 +42,18 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from typing import cast
-
-from redis import asyncio as aioredis
-from redis.asyncio.cluster import RedisCluster
 
 from storage.entry import Message, Status
 from storage.errors import Unavailable
+from wheel.clock import Clock
 
 from ..bulk_params import BulkFilter, DeleteMsgsRequest, ListMsgRequest, PageKeeper, RescheduleMsgsRequest
 from ..lifecycle import Lifecycle
-from ..metrics import Metrics
-from .keys import NO_LOCATION, RedisConfig, TopicKeys, ready_member
-from .scripts import Reply
+from ..metrics import Metrics, due_ms
+from .keys import NO_LOCATION, ready_member
+from .link import REDIS_ERRORS, RedisLink, made_ready
 
 # meta fields HSCAN returns per round trip (a hint to Redis), and tagged
 # ids a round trip: the node decodes and matches a round trip's worth in
@@ -71,26 +69,15 @@ def _glob_escaped(text: str) -> str:
 
 
 class RedisBulk:
-    """listMsg, deleteMsgs, rescheduleMsgs over one Redis; a part of
-    RedisBroker, handed its client, scripts' caller (`script(name, topic,
-    args, extra_keys=())`, which meets the fence by calling `finish`) and
-    error mapping."""
+    """listMsg, deleteMsgs, rescheduleMsgs over a `RedisLink`; a part of
+    RedisBroker. It is also the link's `fence`: a script that meets a bulk
+    call being applied has the rest of it applied here first (`finish`)."""
 
-    def __init__(self, redis: aioredis.Redis | RedisCluster, config: RedisConfig, metrics: Metrics,
-                 lifecycle: Lifecycle, keys: Callable[[str], TopicKeys],
-                 script: Callable[..., Awaitable[Reply]],
-                 problem: Callable[[Exception, list[str]], Awaitable[str]], errors: tuple[type[Exception], ...],
-                 now_ms: Callable[[], int], on_moved: Callable[[str, list[int], int | None], Awaitable[None]]) -> None:
-        self._redis = redis
-        self._config = config
+    def __init__(self, link: RedisLink, clock: Clock, metrics: Metrics, lifecycle: Lifecycle) -> None:
+        self._link = link
+        self._clock = clock
         self._metrics = metrics
         self._lifecycle = lifecycle
-        self._keys = keys
-        self._script = script
-        self._problem = problem
-        self._errors = errors
-        self._now_ms = now_ms
-        self._on_moved = on_moved
 
     def __repr__(self) -> str:
         return "RedisBulk()"
@@ -120,7 +107,7 @@ class RedisBulk:
         match = "" if flt.msg_id_prefix is None else _glob_escaped(flt.msg_id_prefix) + "*"
         cursor = "0"
         while True:
-            cursor, flat = await self._script("scan", topic, ["meta", cursor, match, str(SCAN_COUNT)])
+            cursor, flat = await self._link.script("scan", topic, ["meta", cursor, match, str(SCAN_COUNT)])
             flat = cast(list[str], flat)  # (decode_responses: text)
             yield list(zip(flat[::2], flat[1::2]))
             if cursor == "0":
@@ -129,11 +116,11 @@ class RedisBulk:
     async def _tags_complete(self, topic: str) -> bool:
         """Does the topic's `tags` hold every tagged message? (Not for a
         topic that held messages before `tags` existed, until it is empty.)"""
-        key = self._keys(topic).tags
+        key = self._link.keys(topic).tags
         try:
-            return await self._redis.zscore(key, "") is not None
-        except self._errors as e:
-            raise Unavailable(await self._problem(e, [key])) from e
+            return await self._link.redis.zscore(key, "") is not None
+        except REDIS_ERRORS as e:
+            raise Unavailable(await self._link.problem(e, [key])) from e
 
     async def _tagged(self, topic: str, tag: str) -> AsyncIterator[list[tuple[str, str | None]]]:
         """(msgId, raw meta or None if purged meanwhile) of the messages
@@ -141,7 +128,7 @@ class RedisBulk:
         members (a tag holds no comma; "-" follows ",")."""
         low, high, after = f"[{tag},", f"({tag}-", ""
         while True:
-            flat = cast(list[str | None], await self._script("scan", topic, [
+            flat = cast(list[str | None], await self._link.script("scan", topic, [
                 "tag", after or low, high, str(SCAN_COUNT), tag]))
             ids = cast(list[str], flat[::2])
             yield list(zip(ids, flat[1::2]))
@@ -156,11 +143,11 @@ class RedisBulk:
                 keeper.offer(_message(request.topic, msg_id, meta, ""))
         page, cursor = keeper.page()
         if page:
-            key = self._keys(request.topic).body
+            key = self._link.keys(request.topic).body
             try:
-                bodies = cast(list[str | None], await self._redis.hmget(key, [m.msg_id for m in page]))
-            except self._errors as e:
-                raise Unavailable(await self._problem(e, [key])) from e
+                bodies = cast(list[str | None], await self._link.redis.hmget(key, [m.msg_id for m in page]))
+            except REDIS_ERRORS as e:
+                raise Unavailable(await self._link.problem(e, [key])) from e
             page = [m._replace(msg=body or "") for m, body in zip(page, bodies)]
         return page, None if cursor is None else cursor.text()
 
@@ -171,12 +158,12 @@ class RedisBulk:
         return n
 
     async def delete(self, request: DeleteMsgsRequest) -> tuple[int, bool]:
-        retire_at = self._now_ms() + self._config.retention_ms
+        retire_at = self._clock.now_ms() + self._link.config.retention_ms
         return await self._run(request.topic, request.filter, request.limit,
                                lambda msg_id, meta: f"D{retire_at} {msg_id}")
 
     async def reschedule(self, request: RescheduleMsgsRequest) -> tuple[int, bool]:
-        now_ms = self._now_ms()
+        now_ms = self._clock.now_ms()
 
         def change(msg_id: str, meta: dict[str, str]) -> str:
             trigger_ms = request.new_trigger_ms(int(meta["trigger"]))
@@ -191,7 +178,7 @@ class RedisBulk:
         them in bounded steps; how many messages they changed, and whether
         more matches remain."""
         call = uuid.uuid4().hex
-        keys = self._keys(topic)
+        keys = self._link.keys(topic)
         staging = keys.staging(call)
         staged, more = 0, False
         async for found in self._metas(topic, flt):
@@ -205,41 +192,45 @@ class RedisBulk:
         if not staged:
             return 0, more
         self._lifecycle.check_serving()
-        if await self._script("bulk_commit", topic, [call], extra_keys=[staging]) != "OK":
+        if await self._link.script("bulk_commit", topic, [call], extra_keys=[staging]) != "OK":
             raise Unavailable(f"the bulk call's {staged} changes expired in Redis before they were "
                               f"committed (over {STAGING_TTL_MS // 1000} s between two pushes): nothing changed")
         while not await self.step(topic, call):
             pass
         try:
-            async with self._redis.pipeline(transaction=False) as pipe:
+            async with self._link.redis.pipeline(transaction=False) as pipe:
                 pipe.hget(keys.bulkinfo, "n:" + call)
                 pipe.hdel(keys.bulkinfo, "n:" + call)
                 changed, _ = await pipe.execute()
-        except self._errors as e:
-            raise Unavailable(await self._problem(e, [keys.bulkinfo])) from e
+        except REDIS_ERRORS as e:
+            raise Unavailable(await self._link.problem(e, [keys.bulkinfo])) from e
         return int(changed or 0), more
 
     async def _stage(self, staging: str, changes: list[str]) -> None:
         try:
-            async with self._redis.pipeline(transaction=False) as pipe:
+            async with self._link.redis.pipeline(transaction=False) as pipe:
                 pipe.rpush(staging, *changes)
                 pipe.pexpire(staging, STAGING_TTL_MS)
                 await pipe.execute()
-        except self._errors as e:
-            raise Unavailable(await self._problem(e, [staging])) from e
+        except REDIS_ERRORS as e:
+            raise Unavailable(await self._link.problem(e, [staging])) from e
 
     async def step(self, topic: str, call: str = "") -> bool:
         """Apply one bounded step of the topic's committed bulk call (`call`,
         or whichever is being applied); True once it is applied whole (or
         none is being applied). Whoever applies a step counts it in this
         process's metrics, and wakes long polls and the mover for it."""
-        deleted, moved, done, next_waiting, *made_ready = await self._script(
-            "bulk_apply", topic, [str(self._config.bulk_batch), call])
+        deleted, moved, done, next_waiting, *triggers = await self._link.script(
+            "bulk_apply", topic, [str(self._link.config.bulk_batch), call])
         m = self._metrics.topic(topic)
         m.deletes += int(deleted)
         m.reschedules += int(moved)
-        if made_ready or next_waiting:
-            await self._on_moved(topic, [int(t) for t in made_ready], int(next_waiting) if next_waiting else None)
+        if triggers:  # made READY (their trigger times): counted, long polls woken
+            now_ms = self._clock.now_ms()
+            made_ready(self._metrics, topic, [due_ms(int(t), now_ms) for t in triggers], now_ms)
+            await self._link.publish(topic)
+        if next_waiting and int(next_waiting) < self._link.state.next_due_ms:  # due before the mover meant to wake
+            self._link.state.mover_wake.set()
         return bool(done)
 
     async def finish(self, topic: str) -> None:

@@ -4,18 +4,16 @@ over one topic's keys (broker/redis/lua/backend/), so Redis runs it
 atomically and several hourglass processes may share one Redis.
 
 `RedisRequests` is a part of `broker.redis.backend.RedisBroker`, which
-holds the connection, the scripts and the tasks (the mover and the wake
-listener); what a request needs of it is declared below.
+holds the tasks (the mover and the wake listener); the requests reach
+Redis through the `broker.redis.link.RedisLink` it hands them.
 """
 
 from __future__ import annotations
 
-import asyncio
 import enum
 import json
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
 
 from storage.entry import Message, Status
 from storage.errors import Conflict, InvalidRequest, NotFound
@@ -24,11 +22,10 @@ from wheel.clock import Clock
 
 from ..backend import DEAD_SCAN, REDRIVE_STEP, WAITING_BUCKETS, topic_info_json
 from ..lifecycle import Lifecycle
-from ..long_polls import LongPolls
 from ..metrics import Backlog, Metrics, due_ms
 from ..params import AckRequest, DeleteRequest, LongPollRequest, NewSend, PullRequest, as_sends
-from .keys import NO_LOCATION, RedisConfig, TopicKeys, ready_member
-from .link import RedisState
+from .keys import NO_LOCATION, ready_member
+from .link import RedisLink, made_ready
 from .scripts import Reply
 
 # Topics whose queue sizes one pipelined round trip reads (topic_backlogs).
@@ -63,37 +60,25 @@ def _message(topic: str, msg_id: str, meta: str, body: str) -> Message:
 
 
 class RedisRequests:
-    """The request methods of RedisBroker. What they use of it: `clock`,
-    `config`, `metrics` and `_state` (its topics and problems); `keys`;
-    `_script`, `_register` and `_zcards` (a call to Redis, its trouble
-    answered as Unavailable);
-    `lifecycle` and `long_polls` (broker.lifecycle, broker.long_polls); `_made_ready`,
-    `_publish`, `_mover_wake` and `_next_due_ms` (waking the mover and the
-    long polls of every process)."""
+    """The message requests over a `RedisLink`: each checks that the
+    backend serves (`lifecycle`), runs its script, counts what it did in
+    `metrics` and wakes who must know (the long polls of every process,
+    the mover here). RedisBroker builds it and binds its methods as its own
+    (broker.backend.Backend); the API calls it directly."""
 
-    # Their types, for the type checker alone: RedisBroker sets and defines
-    # them, and nothing of them is here at run time.
-    if TYPE_CHECKING:
-        clock: Clock
-        config: RedisConfig
-        metrics: Metrics
-        lifecycle: Lifecycle
-        long_polls: LongPolls
-        _state: RedisState
-        _mover_wake: asyncio.Event
-        _next_due_ms: int
+    def __init__(self, link: RedisLink, clock: Clock, metrics: Metrics, lifecycle: Lifecycle) -> None:
+        self._link = link
+        self._clock = clock
+        self._metrics = metrics
+        self._lifecycle = lifecycle
+        # what every request uses of the link, looked up once
+        self._config = link.config
+        self._state = link.state
+        self._script = link.script
+        self._publish = link.publish
 
-        def keys(self, topic: str) -> TopicKeys: ...
-
-        async def _script(self, name: str, topic: str, args: Sequence[str]) -> Reply: ...
-
-        async def _register(self, topics: set[str]) -> None: ...
-
-        async def _zcards(self, keys: list[str]) -> list[int]: ...
-
-        def _made_ready(self, topic: str, due_times: list[int], now_ms: int) -> None: ...
-
-        async def _publish(self, topic: str) -> None: ...
+    def __repr__(self) -> str:
+        return f"RedisRequests({self._link!r})"
 
     async def send(self, sends: Sequence[NewSend | NewMessage], now_ms: int | None = None) -> list[Message]:
         """Store new messages (a duplicate id of a live message, also earlier
@@ -101,7 +86,7 @@ class RedisRequests:
         replaced unless the send is strict). One atomic script per topic. A
         message due already is answered READY (or EXPIRED), as it is stored.
         `now_ms`: the time they are stored at (None: the clock's now)."""
-        self.lifecycle.check_serving()
+        self._lifecycle.check_serving()
         if not sends:
             return []
         sends = as_sends(sends)
@@ -112,10 +97,10 @@ class RedisRequests:
                                         "consumption on Redis, see broker.redis.rmq)")
         strict = {i for i, s in enumerate(sends) if s.strict}
         if now_ms is None:
-            now_ms = self.clock.now_ms()
+            now_ms = self._clock.now_ms()
         new_topics = {n.topic for n in batch} - self._state.registered
         if new_topics:
-            await self._register(new_topics)  # LimitReached past --max-topics: nothing stored
+            await self._link.register(new_topics)  # LimitReached past --max-topics: nothing stored
             self._state.registered |= new_topics
             self._state.topics |= new_topics
         by_topic: dict[str, list[int]] = defaultdict(list)
@@ -130,13 +115,13 @@ class RedisRequests:
 
     async def _send_topic(self, topic: str, batch: list[NewMessage], strict: list[bool],
                           now_ms: int) -> list[Message]:
-        args = [str(now_ms), str(now_ms + self.config.retention_ms)]
+        args = [str(now_ms), str(now_ms + self._config.retention_ms)]
         for n, is_strict in zip(batch, strict):
             args += [n.msg_id, n.msg, str(n.produce_ms), str(n.trigger_ms), str(n.ttl_ms),
                      str(n.trigger_ms + n.ttl_ms), str(n.max_retry), str(n.priority), n.tag,
                      ready_member(n.priority, n.trigger_ms, n.msg_id), "1" if is_strict else "0"]
         results = await self._script("send", topic, args)
-        m = self.metrics.topic(topic)
+        m = self._metrics.topic(topic)
         out, ready = [], []
         answered: dict[str, Message] = {}  # a duplicate of an earlier item gets that item's answer
         for n, (state, *stored) in zip(batch, results):
@@ -151,9 +136,9 @@ class RedisRequests:
                 ready.append(due_ms(n.trigger_ms, n.produce_ms))
             elif state == SendOutcome.EXPIRED:
                 m.ended += 1
-            elif n.trigger_ms < self._next_due_ms:
-                self._mover_wake.set()
-        self._made_ready(topic, ready, now_ms)
+            elif n.trigger_ms < self._state.next_due_ms:
+                self._state.mover_wake.set()
+        made_ready(self._metrics, topic, ready, now_ms)
         if ready:
             await self._publish(topic)
         return out
@@ -164,13 +149,13 @@ class RedisRequests:
 
     async def _pull(self, request: PullRequest | LongPollRequest) -> tuple[list[Message], str]:
         """The pulled messages and their ack deadline."""
-        self.lifecycle.check_serving()
-        now_ms = self.clock.now_ms()
+        self._lifecycle.check_serving()
+        now_ms = self._clock.now_ms()
         deadline = str(now_ms + request.ack_timeout_ms)
         ended, *rows = await self._script("pull", request.topic, [
-            str(now_ms), deadline, str(request.batch), str(now_ms + self.config.retention_ms), *request.tags])
+            str(now_ms), deadline, str(request.batch), str(now_ms + self._config.retention_ms), *request.tags])
         messages = [_message(request.topic, *row) for row in rows]
-        m = self.metrics.topic(request.topic, exists=bool(messages) or request.topic in self._state.topics)
+        m = self._metrics.topic(request.topic, exists=bool(messages) or request.topic in self._state.topics)
         m.ended += ended
         m.pulled(messages, now_ms)
         return messages, deadline
@@ -192,8 +177,8 @@ class RedisRequests:
             await self._give_back(request.topic, messages, ack_deadline)
 
         # the waiter set before each pull: another process's wake meanwhile counts
-        return await self.long_polls.wait_ready(request.topic, request.long_polling_timeout_ms, pull, give_back,
-                                                gone, wait_before_pull=True, repoll_s=self.config.poll_ms / 1000)
+        return await self._link.long_polls.wait_ready(request.topic, request.long_polling_timeout_ms, pull, give_back,
+                                                gone, wait_before_pull=True, repoll_s=self._config.poll_ms / 1000)
 
     async def _give_back(self, topic: str, messages: list[Message], ack_deadline: str) -> None:
         """Pulled for a client that is gone: READY again, as if never pulled."""
@@ -205,13 +190,13 @@ class RedisRequests:
         READY, or ENDED after its last delivery. Anything else (an unknown
         id, an ended message, a nack of one not consuming) changes nothing
         and is no error, as camellia."""
-        self.lifecycle.check_serving()
-        now_ms = self.clock.now_ms()
+        self._lifecycle.check_serving()
+        now_ms = self._clock.now_ms()
         result = await self._script("ack", request.topic, [
-            request.msg_id, "1" if request.ack else "0", str(now_ms), str(now_ms + self.config.retention_ms)])
+            request.msg_id, "1" if request.ack else "0", str(now_ms), str(now_ms + self._config.retention_ms)])
         if result in ("NF", "NOOP"):
             return
-        m = self.metrics.topic(request.topic)
+        m = self._metrics.topic(request.topic)
         if request.ack:
             m.acks += 1
             return
@@ -227,26 +212,26 @@ class RedisRequests:
         leaves flight and waits (WAITING) until `at_ms`, its trigger time
         then (expire and rank as rescheduleMsg computes them), or ENDED as a
         nack would end it; anything else changes nothing. One script."""
-        self.lifecycle.check_serving()
+        self._lifecycle.check_serving()
         found = await self._script("get", topic, [msg_id])
         if not found:
             return None
         old = _message(topic, msg_id, *found)
-        now_ms = self.clock.now_ms()
+        now_ms = self._clock.now_ms()
         at_ms = max(at_ms, now_ms)
         result = await self._script("retry_at", topic, [
             msg_id, str(at_ms), str(at_ms + old.ttl_ms), ready_member(old.priority, at_ms, msg_id),
-            str(now_ms + self.config.retention_ms)])
+            str(now_ms + self._config.retention_ms)])
         if result in ("NF", "NOOP"):
             return None
-        m = self.metrics.topic(topic)
+        m = self._metrics.topic(topic)
         m.nacks += 1
         if result == "ENDED":
             m.ended += 1
             return Status.ENDED
         m.retries += 1
-        if at_ms < self._next_due_ms:
-            self._mover_wake.set()
+        if at_ms < self._state.next_due_ms:
+            self._state.mover_wake.set()
         return Status.WAITING
 
     async def ack_many(self, topic: str, msg_ids: Sequence[str], ack: bool = True) -> list[Status | None]:
@@ -264,20 +249,20 @@ class RedisRequests:
         """WAITING, READY or CONSUMING -> DELETED; `release` also frees the
         id. An ended or unknown message raises NotFound (camellia's 404);
         with `release` an ended one is released all the same."""
-        self.lifecycle.check_serving()
+        self._lifecycle.check_serving()
         result = await self._script("delete", request.topic, [
-            request.msg_id, "1" if request.release else "0", str(self.clock.now_ms() + self.config.retention_ms)])
+            request.msg_id, "1" if request.release else "0", str(self._clock.now_ms() + self._config.retention_ms)])
         if result == "NF":
             raise NotFound(f"no message {request.msg_id!r} in topic {request.topic!r}")
         if result == "NOOP":
             raise NotFound(f"message {request.msg_id!r} has ended")
         if result == "OK":
-            self.metrics.topic(request.topic).deletes += 1
+            self._metrics.topic(request.topic).deletes += 1
 
     async def get(self, topic: str, msg_id: str) -> Message:
-        self.lifecycle.check_serving()
+        self._lifecycle.check_serving()
         found = await self._script("get", topic, [msg_id])
-        self.metrics.topic(topic, exists=bool(found) or topic in self._state.topics).gets += 1
+        self._metrics.topic(topic, exists=bool(found) or topic in self._state.topics).gets += 1
         if not found:
             raise NotFound(f"no message {msg_id!r} in topic {topic!r}")
         return _message(topic, msg_id, *found)
@@ -287,19 +272,19 @@ class RedisRequests:
     async def reschedule(self, topic: str, msg_id: str, trigger_ms: int) -> Message:
         """As the disk broker's: a WAITING or READY message gets a new
         trigger time (<= now: READY at once); else Conflict."""
-        self.lifecycle.check_serving()
+        self._lifecycle.check_serving()
         old = await self.get(topic, msg_id)
-        now_ms = self.clock.now_ms()
+        now_ms = self._clock.now_ms()
         result = await self._script("reschedule", topic, [
             msg_id, str(trigger_ms), str(trigger_ms + old.ttl_ms), ready_member(old.priority, trigger_ms, msg_id),
             str(now_ms)])
         message = self._changed(topic, msg_id, result, "rescheduled", "only a waiting or ready message")
-        self.metrics.topic(topic).reschedules += 1
+        self._metrics.topic(topic).reschedules += 1
         if message.status is Status.READY:
-            self._made_ready(topic, [due_ms(trigger_ms, now_ms)], now_ms)
+            made_ready(self._metrics, topic, [due_ms(trigger_ms, now_ms)], now_ms)
             await self._publish(topic)
-        elif trigger_ms < self._next_due_ms:
-            self._mover_wake.set()
+        elif trigger_ms < self._state.next_due_ms:
+            self._state.mover_wake.set()
         return message
 
     def _changed(self, topic: str, msg_id: str, result: Reply, verb: str, allowed: str) -> Message:
@@ -317,7 +302,7 @@ class RedisRequests:
         """A page of the topic's dead letters, in the order they are purged
         (oldest ended first), reading at most DEAD_SCAN members; the cursor
         ("<purge ms>:<msgId>") of the next page, or None."""
-        self.lifecycle.check_serving()
+        self._lifecycle.check_serving()
         score, _, after_id = (cursor or "").partition(":")
         if cursor and not (score.isascii() and score.isdigit() and after_id):
             raise InvalidRequest("cursor", f"must be a cursor a listDeadMsg page answered, got {cursor[:40]!r}")
@@ -329,29 +314,29 @@ class RedisRequests:
 
     async def redrive(self, topic: str, msg_id: str) -> Message:
         """A dead letter READY again now with retry 0 and its ttl from now."""
-        self.lifecycle.check_serving()
+        self._lifecycle.check_serving()
         old = await self.get(topic, msg_id)
         result, = await self._redrive(topic, [old])
         message = self._changed(topic, msg_id, result, "re-driven", "only an expired (5) or ended (6) message")
         return message
 
     async def _redrive(self, topic: str, olds: list[Message]) -> list[Reply]:
-        now_ms = self.clock.now_ms()
+        now_ms = self._clock.now_ms()
         args = [str(now_ms)]
         for m in olds:
             args += [m.msg_id, str(now_ms + m.ttl_ms), ready_member(m.priority, now_ms, m.msg_id)]
         results: list[Reply] = await self._script("redrive", topic, args)
         done = sum(1 for r in results if not isinstance(r, str))
         if done:
-            self.metrics.topic(topic).redrives += done
-            self._made_ready(topic, [now_ms] * done, now_ms)
+            self._metrics.topic(topic).redrives += done
+            made_ready(self._metrics, topic, [now_ms] * done, now_ms)
             await self._publish(topic)
         return results
 
     async def redrive_all(self, topic: str, limit: int) -> tuple[int, bool]:
         """The topic's dead letters, oldest first, at most `limit`, a page of
         REDRIVE_STEP a script; how many, and whether more are left."""
-        self.lifecycle.check_serving()
+        self._lifecycle.check_serving()
         done, cursor = 0, None
         dead = frozenset((Status.EXPIRED, Status.ENDED))
         while done < limit:
@@ -368,7 +353,7 @@ class RedisRequests:
 
     async def topic_info(self, topic: str) -> dict[str, object]:
         """camellia's TopicInfo: zset sizes, waiting split into delay buckets."""
-        now_ms = self.clock.now_ms()
+        now_ms = self._clock.now_ms()
         bounds = [str(now_ms + upper) for _, upper in WAITING_BUCKETS if upper is not None]
         waiting, ready, consuming, *buckets = await self._script("info", topic, bounds)
         return topic_info_json(topic, waiting, buckets, ready, consuming)
@@ -392,7 +377,7 @@ class RedisRequests:
         out: dict[str, Backlog] = {}
         for start in range(0, len(topics), BACKLOG_SLICE):
             chunk = topics[start:start + BACKLOG_SLICE]
-            sizes = await self._zcards([key for topic in chunk for key in self.keys(topic).sizes])
+            sizes = await self._link.zcards([key for topic in chunk for key in self._link.keys(topic).sizes])
             for i, topic in enumerate(chunk):
                 out[topic] = (sizes[3 * i], sizes[3 * i + 1], sizes[3 * i + 2], None)
         return out

@@ -251,11 +251,11 @@ def test_a_long_poll_whose_client_hung_up_during_its_pull_gives_the_messages_bac
 def test_a_give_back_leaves_a_message_pulled_again_by_another_consumer(redis_url):
     async def scenario(b: RedisBroker):
         await b.send([new("a")])
-        first, deadline = await b._pull(pulling(ack_timeout_ms=50))
+        first, deadline = await b.requests._pull(pulling(ack_timeout_ms=50))
         again = await wait_for_status(b, "a", Status.READY)
         assert again.retry == 1
         second = await b.pull(pulling())  # another consumer holds it now
-        await b._give_back(TOPIC, first, deadline)  # the first poll's give-back comes late
+        await b.requests._give_back(TOPIC, first, deadline)  # the first poll's give-back comes late
         m = await b.get(TOPIC, "a")
         assert (m.status, m.retry) == (Status.CONSUMING, 2) and second[0].msg_id == "a"
     run(redis_url, scenario)

@@ -28,7 +28,7 @@ from broker.bulk_params import BulkFilter, DeleteMsgsRequest, RescheduleMsgsRequ
 from broker.clock import SystemClock
 from broker.metrics import Metrics
 from broker.params import AckRequest, Defaults, DeleteRequest, LongPollRequest, PullRequest
-from broker.redis import backend as redis_backend
+from broker.redis import link as redis_link
 from broker.redis.backend import RedisBroker
 from broker.redis.keys import RedisConfig, TopicKeys
 from storage.entry import Status
@@ -118,7 +118,7 @@ def new(topic: str, msg_id: str, *, delay_ms: int = 0, ttl_ms: int = 60_000, max
 
 
 def test_the_lifecycle_across_masters_touches_only_declared_keys(cluster_url, cluster_ports, monkeypatch):
-    monkeypatch.setattr(redis_backend, "SCRIPTS", {n: declared_only(s) for n, s in redis_backend.SCRIPTS.items()})
+    monkeypatch.setattr(redis_link, "SCRIPTS", {n: declared_only(s) for n, s in redis_link.SCRIPTS.items()})
     topics = topics_on_every_master(cluster_url, len(cluster_ports))
     config = RedisConfig(key_prefix="life", poll_ms=50, retention_ms=300)
 
@@ -163,7 +163,7 @@ def test_the_lifecycle_across_masters_touches_only_declared_keys(cluster_url, cl
         await brokers[0].redis.flushdb()
         for broker in brokers:
             await broker.start()
-            assert all(script.script.startswith(DECLARED_ONLY) for script in broker._scripts.values())
+            assert all(script.script.startswith(DECLARED_ONLY) for script in broker._link.scripts.values())
         try:
             await asyncio.gather(*(lifecycle(*brokers, topic) for topic in topics))
             assert set(brokers[1].topic_list()) >= set(topics)  # read back from the topic set
@@ -205,7 +205,7 @@ def test_bulk_calls_in_steps_across_masters_touch_only_declared_keys(cluster_url
     (broker.redis.bulk) on topics of every master, every script checked for
     undeclared keys (the staging list is the commit's KEYS[12]), the
     reads (scan.lua) by tag and by HSCAN too."""
-    monkeypatch.setattr(redis_backend, "SCRIPTS", {n: declared_only(s) for n, s in redis_backend.SCRIPTS.items()})
+    monkeypatch.setattr(redis_link, "SCRIPTS", {n: declared_only(s) for n, s in redis_link.SCRIPTS.items()})
     topics = topics_on_every_master(cluster_url, len(cluster_ports), per_master=1)
 
     async def bulk(b: RedisBroker, topic: str) -> None:

@@ -59,13 +59,13 @@ class Node:
 
     async def open(self) -> None:
         self.broker = RedisBroker.from_url(self.url, self.clock, Defaults(), Metrics(), self.config)
-        script = self.broker._scripts["tick"]
+        script = self.broker._link.scripts["tick"]
 
         async def tick(keys, args):
             result = await script(keys=keys, args=args)
             self.ticked_ms = max(self.ticked_ms, int(args[0]))
             return result
-        self.broker._scripts["tick"] = tick
+        self.broker._link.scripts["tick"] = tick
         await self.broker.start()
         await self.clock.settle()
 
@@ -90,7 +90,7 @@ class Node:
         """Set the fake time (due timers fire), and wait until the mover has
         ticked every topic at it (so the topic must have been sent to)."""
         self.clock.set(target_ms)
-        self.broker._mover_wake.set()
+        self.broker._state.mover_wake.set()
         await self.until(lambda: self.ticked_ms >= target_ms, f"a TICK at {target_ms}")
 
     async def send(self, msg_id: str, *, delay_ms: int = 0, ttl_ms: int = MS_PER_HOUR, max_retry: int = 3) -> Message:
