@@ -55,7 +55,7 @@ from time import perf_counter
 from typing import NamedTuple
 
 from storage.entry import STATUS_BY_VALUE, Location, Message, Status
-from storage.errors import HourglassError
+from storage.errors import HourglassError, InvalidRequest
 from storage.key_index import KeyPart
 from storage.reading import Match, ScanFloors
 from storage.store import StateChange, Store, text_hash
@@ -475,8 +475,17 @@ class Bulk:
             self._lifecycle.check_serving()
             self._journal.intend(call_id, request.topic, request.shift_ms, request.trigger_ms, places,
                                  self._clock.now_ms())
-            await self._commits.durable()
-            moved = await self._carry_out(call_id, found, stale, request.new_trigger_ms)
+            try:
+                await self._commits.durable()
+                moved = await self._carry_out(call_id, found, stale, request.new_trigger_ms)
+            except BaseException as e:
+                # Cut short on a node that goes on serving: its INTENT would
+                # stay half carried out, and hold every checkpoint, until a
+                # restart; the node fails instead, and the next to serve
+                # (restarted, or a new leader) carries it out.
+                if not self._lifecycle.stopping:
+                    self._lifecycle.fail(e, "a bulk reschedule cut short")
+                raise
         self._metrics.topic(request.topic).reschedules += moved
         # (every match taken is released at its old place, or was no longer
         # WAITING: kept only for a filter of WAITING alone, `resumable`)
@@ -531,7 +540,10 @@ class Bulk:
                 if i and i % BULK_SCAN == 0:
                     await asyncio.sleep(0)
                     self._lifecycle.check_serving()
-                m = self._store.read_message(where)
+                try:
+                    m = self._store.read_message(where)
+                except InvalidRequest:  # its file retired meanwhile (every message in it ended)
+                    continue
                 if m is not None and m.status in MOVABLE and m.topic == intent.topic:
                     found.append((where.hour, where.global_index, int(m.status), m.retry, m.trigger_ms))
             self._lifecycle.check_serving()

@@ -49,7 +49,6 @@ wheel, the timers, the refills and the span mover.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable, Sequence
 
@@ -154,8 +153,11 @@ class Broker:
             task.add_done_callback(self._lifecycle.task_ended)
 
     async def _carry_out_intents(self) -> None:
-        with contextlib.suppress(Unavailable):  # stopped (or deposed) meanwhile: the next node to serve goes on
+        try:
             await self._bulk.carry_out_intents()
+        except Unavailable:
+            if not self._lifecycle.stopping:  # (stopped or deposed meanwhile: the next node to serve goes on)
+                raise  # fails the node (task_ended): an INTENT held would hold every checkpoint
 
     async def stop(self) -> None:
         """After the HTTP server has finished its requests: stop the wheel

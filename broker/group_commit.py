@@ -227,6 +227,8 @@ class GroupCommit:
         if count:
             store.sync_log()
             self._on_entries(store.apply_pending(count))
+            if store.parts_held():  # a bulk call's PART or INTENT came meanwhile: no quiet point yet
+                return
         quiet, self._quiet = self._quiet, []
         for fn, future in quiet:
             try:

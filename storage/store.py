@@ -594,10 +594,14 @@ class Store:
 
     # == checkpoints: storage.retention =========================================
 
-    def checkpoint(self, now_ms: int) -> CheckpointReport:
+    def checkpoint(self, now_ms: int) -> CheckpointReport | None:
         """Make every derived file durable, record the commit offset, then
         delete what is no longer needed: commit-log segments before it, and
         hours whose messages have all ended at least `retention_ms` ago.
+        None, nothing written, while a bulk call's records are held
+        (`parts_held`: a PART without its COMMIT, an INTENT without its
+        DONE): the checkpoint file holds neither, so its offset must not
+        pass them; the next open replays the log instead.
 
         In three steps, so a server can run the slow middle one in a worker
         thread while it keeps serving: `prepare_checkpoint` (commit, write
@@ -606,6 +610,9 @@ class Store:
         (write the checkpoint file, delete what it no longer needs). Changes
         made between prepare and finish are after the offset: replayed."""
         self._check_open()
+        self.commit()
+        if self.parts_held():
+            return None
         return self._retention.checkpoint(now_ms)
 
     def prepare_checkpoint(self, now_ms: int) -> PreparedCheckpoint:

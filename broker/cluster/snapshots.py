@@ -136,6 +136,7 @@ class Snapshots(NodeParts):
                     return  # this node stopped leading meanwhile: the next interval checkpoints as a follower
             else:
                 async with self.apply_lock:
+                    self.store.commit()  # (what a fetch appended, applied: a PART or an INTENT among it shows)
                     if self.store.parts_held():  # a bulk call's PART came while the lock was awaited
                         return
                     prepared = self.store.prepare_checkpoint(now_ms)
