@@ -142,7 +142,8 @@ def test_a_data_dir_an_older_release_made_under_umask_022_is_refused_until_the_c
         for name in names:
             os.chmod(os.path.join(directory, name), 0o644)
     line = one_line(serve_once(data))
-    assert f"({data / 'checkpoint'} has mode 0644, and 5 more in it)" in line, line
+    others = len(os.listdir(data)) - 1  # every entry of the directory is open now, the checkpoint named
+    assert f"({data / 'checkpoint'} has mode 0644, and {others} more in it)" in line, line
     assert f"run `chmod -R go-rwx {data}`" in line
 
     subprocess.run(f"chmod -R go-rwx {shlex.quote(str(data))}", shell=True, check=True)
