@@ -142,22 +142,37 @@ class Broker:
         if self.store.parts_held():  # a bulk call's parts whose COMMIT never came: abandoned whole
             self._journal.commit_parts(0, self.clock.now_ms())
             self.commits.kick()
-        self._tasks = [asyncio.create_task(self.commits.run(), name="group-commit"),
-                       asyncio.create_task(self.driver.run(), name="wheel"),
-                       asyncio.create_task(self._windows.run_timers(), name="timers"),
-                       asyncio.create_task(self._windows.run_refills(), name="refills"),
-                       asyncio.create_task(self._span_mover.run(), name="span-moves")]
-        if self.store.intents():  # a large rescheduleMsgs cut short: carried out whole
+        self._tasks = [asyncio.create_task(self.commits.run(), name="group-commit")]
+        self._tasks[0].add_done_callback(self._lifecycle.task_ended)
+        if self.store.intents():  # a large rescheduleMsgs cut short: carried out whole, then the dispatch
             self._tasks.append(asyncio.create_task(self._carry_out_intents(), name="intents"))
-        for task in self._tasks:
+            self._tasks[1].add_done_callback(self._lifecycle.task_ended)
+        else:
+            self._start_dispatch()
+
+    def _start_dispatch(self) -> None:
+        """The wheel, the timers, the window refills and the span mover."""
+        tasks = [asyncio.create_task(self.driver.run(), name="wheel"),
+                 asyncio.create_task(self._windows.run_timers(), name="timers"),
+                 asyncio.create_task(self._windows.run_refills(), name="refills"),
+                 asyncio.create_task(self._span_mover.run(), name="span-moves")]
+        for task in tasks:
             task.add_done_callback(self._lifecycle.task_ended)
+        self._tasks += tasks
 
     async def _carry_out_intents(self) -> None:
+        """Before any message is released, refilled or refiled: one due at
+        its old time, or a far one refiled, would otherwise be delivered
+        where the call moves it from (requests are served meanwhile; pulls
+        find the windows as they were)."""
         try:
             await self._bulk.carry_out_intents()
         except Unavailable:
             if not self._lifecycle.stopping:  # (stopped or deposed meanwhile: the next node to serve goes on)
                 raise  # fails the node (task_ended): an INTENT held would hold every checkpoint
+            return
+        if not self._lifecycle.stopping:
+            self._start_dispatch()
 
     async def stop(self) -> None:
         """After the HTTP server has finished its requests: stop the wheel
@@ -167,8 +182,9 @@ class Broker:
         self._windows.wake_timers()
         self._windows.wake_refills()
         self._filing.span_filed.set()
-        wheel, timers = self._tasks[1], self._tasks[2]
-        await asyncio.wait([wheel, timers], timeout=10)
+        dispatch = [task for task in self._tasks if task.get_name() in ("wheel", "timers")]
+        if dispatch:  # (none yet while an INTENT is carried out at start)
+            await asyncio.wait(dispatch, timeout=10)
         await self.commits.flush()
         for task in self._tasks:
             task.cancel()

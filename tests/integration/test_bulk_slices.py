@@ -24,7 +24,7 @@ from broker.bulk_params import BulkFilter, DeleteMsgsRequest, RescheduleMsgsRequ
 from broker.clock import SystemClock
 from broker.disk_broker import Broker
 from broker.metrics import Metrics
-from broker.params import AckRequest, Defaults
+from broker.params import AckRequest, Defaults, PullRequest
 from storage.config import StoreConfig
 from storage.store import NewMessage, Store
 
@@ -135,6 +135,43 @@ def test_an_intent_whose_done_never_came_is_carried_out_when_the_node_starts(tmp
 
     asyncio.run(run(first=True))
     assert asyncio.run(run(first=False)) == (messages - 1, 0, 0)  # m0 acked: not live, not moved
+
+
+def test_an_intent_is_carried_out_before_its_messages_due_meanwhile_are_released(tmp_path):
+    """The INTENT of a shift by +24 h durable, the node gone before any move
+    and back after the messages' old trigger time: none is delivered at
+    the old time -- the wheel starts once the carry-out is done -- and all
+    are at the new one."""
+    messages = 2 * MOVE_SLICE
+
+    async def run(first: bool) -> tuple[int, int]:
+        clock, store, broker = _open(tmp_path)
+        if first:
+            now = clock.now_ms()
+            results = await broker.send([NewMessage("t", f"m{i}", "x", now, now + 1_000, 0, 3)
+                                         for i in range(messages)])
+            places = array("q", [n for m in results for n in m.location])
+            broker._journal.intend(7, "t", 24 * HOUR_MS, None, places, now)
+            await broker.commits.durable()
+            await broker.stop()  # (as a crash: the intent's DONE never appended)
+            store.close()
+            return 0, 0
+        pulled = 0
+        for _ in range(300):
+            pulled += len(await broker.pull(PullRequest("t", 30_000, 100, ())))
+            await asyncio.sleep(0.01)
+            if not store.intents():
+                break
+        await asyncio.sleep(0.3)  # the wheel running now: anything still due would be released
+        pulled += len(await broker.pull(PullRequest("t", 30_000, 100, ())))
+        later = await broker.count_msgs("t", BulkFilter(trigger_from_ms=clock.now_ms() + 20 * HOUR_MS))
+        await broker.stop()
+        store.close()
+        return pulled, later
+
+    asyncio.run(run(first=True))
+    time.sleep(1.5)  # past the old trigger time
+    assert asyncio.run(run(first=False)) == (0, messages)
 
 
 def test_two_sliced_deletes_at_once_both_stay_whole_on_disk(tmp_path):
