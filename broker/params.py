@@ -399,6 +399,14 @@ def query_params(query: bytes, limits: BodyLimits) -> dict[str, str]:
     return parse_form(query)
 
 
+def request_params(method: str, query: bytes, body: bytes, content_type: str, limits: BodyLimits,
+                   max_msg_bytes: int) -> Params:
+    """A request's parameters: a GET's query string, else its body."""
+    if method == "GET":
+        return query_params(query, limits)
+    return body_params(body, content_type, limits, max_msg_bytes)
+
+
 def body_params(body: bytes, content_type: str, limits: BodyLimits, max_msg_bytes: int) -> Params:
     """A POST's parameters, any call's but sendMsgBatch's: a JSON object
     when `content_type` is application/json, else a form."""

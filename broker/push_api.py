@@ -70,9 +70,8 @@ class PushApi:
         return pushers
 
     def _params(self, request: Request) -> params.Params:
-        if request.method == "GET":
-            return params.query_params(request.query, self._bodies)
-        return params.body_params(request.body, request.content_type, self._bodies, self._max_msg_bytes)
+        return params.request_params(request.method, request.query, request.body, request.content_type,
+                                     self._bodies, self._max_msg_bytes)
 
     async def subscribe(self, request: Request) -> Response:
         subscription = parse_subscribe(self._params(request), self._allow)  # 403 with push off

@@ -76,9 +76,8 @@ class ScheduleApi:
         return schedules
 
     def _params(self, request: Request) -> params.Params:
-        if request.method == "GET":
-            return params.query_params(request.query, self._bodies)
-        return params.body_params(request.body, request.content_type, self._bodies, self._max_msg_bytes)
+        return params.request_params(request.method, request.query, request.body, request.content_type,
+                                     self._bodies, self._max_msg_bytes)
 
     async def put(self, request: Request) -> Response:
         spec, version = parse_put_schedule(self._params(request), now_ms=self._now_ms(), defaults=self._defaults,
