@@ -144,7 +144,7 @@ class Broker:
             self.commits.kick()
         self._tasks = [asyncio.create_task(self.commits.run(), name="group-commit")]
         self._tasks[0].add_done_callback(self._lifecycle.task_ended)
-        if self.store.intents():  # a large rescheduleMsgs cut short: carried out whole, then the dispatch
+        if self.store.intents_held():  # a large rescheduleMsgs cut short: carried out whole, then the dispatch
             self._tasks.append(asyncio.create_task(self._carry_out_intents(), name="intents"))
             self._tasks[1].add_done_callback(self._lifecycle.task_ended)
         else:

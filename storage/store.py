@@ -279,11 +279,15 @@ class Store:
             found.append(Intent(item.call_id, item.topic, item.shift_ms, item.trigger_ms, places))
         return found
 
+    def intents_held(self) -> bool:
+        """Whether an INTENT waits for its DONE (`intents` without decoding their places)."""
+        return bool(self._applier.intents())
+
     def parts_held(self) -> bool:
         """Whether PART records wait for their COMMIT (or committed ones
         for `apply_deferred`), or an INTENT for its DONE: no checkpoint is
         taken meanwhile (the log holds them until then)."""
-        return self._applier.parts_pending() or bool(self._applier.intents())
+        return self._applier.parts_pending() or self.intents_held()
 
     def deferred_items(self) -> int:
         """Status changes of committed PARTs not applied yet (`apply_deferred`)."""
