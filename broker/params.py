@@ -184,6 +184,10 @@ class LongPollRequest(NamedTuple):
     batch: int
     tags: tuple[str, ...]
     long_polling_timeout_ms: int
+    # A push subscription's timeoutMillis when a pusher polls (broker.pusher;
+    # 0: a consumer's poll): a backend may hand the delivery back once it
+    # has passed and the polling node is gone (the Redis backend does).
+    push_timeout_ms: int = 0
 
 
 class AckRequest(NamedTuple):
