@@ -15,8 +15,10 @@ status 6, after maxRetry + 1 deliveries or past its ttl). So a backoff
 holds no in-flight capacity (--max-inflight, --max-inflight-total) and no
 key: only the POSTs in flight are CONSUMING, at most `concurrency`. The
 pull's ack timeout covers the POST, so a node killed mid-delivery
-redelivers it at the deadline, and one killed mid-backoff at its retry
-time: at least once, never lost, never before its trigger time.
+redelivers it at the deadline (on Redis, once the POST's timeoutMillis has
+passed and the node's lease has lapsed: the poll carries timeoutMillis,
+broker.redis.keys), and one killed mid-backoff at its retry time: at least
+once, never lost, never before its trigger time.
 
     Pushers        the node's subscriptions (kept in `SubscriptionFile`),
                    one TopicPusher each while the node serves
@@ -232,7 +234,7 @@ class TopicPusher:
             polled_s = self._clock.monotonic_s()
             try:
                 messages = await self._backend.long_poll(LongPollRequest(s.topic, self.ack_timeout_ms, free, (),
-                                                                         POLL_MS))
+                                                                         POLL_MS, s.timeout_ms))
             except (Unavailable, HourglassError) as e:  # stopping, or not serving now
                 log.debug("push %s: %s", s.topic, e)
                 messages = []

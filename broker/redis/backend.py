@@ -259,7 +259,8 @@ class RedisBroker:
         where = f"topic {topic!r}"
         try:
             triggers, retried, ended, full, *heads = await self._link.script("tick", topic, [
-                str(now_ms), str(limit), str(now_ms + self.config.retention_ms)], wait=False)
+                str(now_ms), str(limit), str(now_ms + self.config.retention_ms), self._state.node,
+                str(now_ms + self.config.lease_ms)], wait=False)
         except Fenced:  # a step of the topic's bulk call was applied; the next round ticks it (or applies more)
             return now_ms
         except (Unavailable, *REDIS_ERRORS) as e:  # this topic's trouble must not stop the others

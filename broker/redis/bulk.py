@@ -4,13 +4,13 @@ listMsg, deleteMsgs, rescheduleMsgs, with the disk broker's outcomes.
 Finding: the topic's `meta` hash is read with HSCAN, SCAN_COUNT fields a
 round trip (the event loop and Redis both free between them); a msgId
 prefix is HSCAN's MATCH pattern (glob characters escaped), so Redis skips
-the rest itself. With a tag, only that tag's messages are read: their ids
-from the tag's range of the `tags` zset (broker.redis.keys), SCAN_COUNT a
-round trip, with their metas. Each read is a script (lua/backend/scan.lua)
+the rest itself. With a key, only that key's messages are read: their ids
+from the key's range of the `keyed` zset (broker.redis.keys), SCAN_COUNT a
+round trip, with their metas; with a tag (and no key), that tag's range of
+the `tags` zset the same way. Each read is a script (lua/backend/scan.lua)
 that never reads a call half applied (the fence, below). Each meta's
-status, trigger time and tag decide the match; a page's bodies are read
-once its members are known (HMGET). A key filter matches nothing here:
-this backend refuses keyed sends.
+status, trigger time, key and tag decide the match; a page's bodies are
+read once its members are known (HMGET).
 
 Changing, all or nothing per call, in steps of bounded length (Redis
 answers nobody while a script runs; docs/redis.md, "Bulk calls in bounded
@@ -85,18 +85,23 @@ class RedisBulk:
     async def _metas(self, topic: str, flt: BulkFilter) -> AsyncIterator[list[tuple[str, dict[str, str]]]]:
         """(msgId, meta) of the topic's matches, a round trip's worth at a time."""
         self._lifecycle.check_serving()
-        if not flt.statuses or flt.key is not None:
+        if not flt.statuses:
             return
         wanted = {str(int(s)) for s in flt.statuses}
 
         def matches(msg_id: str, meta: dict[str, str]) -> bool:
             return (meta["status"] in wanted and flt.in_range(int(meta["trigger"]))
+                    and (flt.key is None or meta.get("key", "") == flt.key)
                     and (flt.tag is None or meta["tag"] == flt.tag)
                     and (flt.msg_id_prefix is None or msg_id.startswith(flt.msg_id_prefix)))
 
-        tagged = flt.tag is not None and await self._tags_complete(topic)
-        async for fields in (self._tagged(topic, flt.tag) if tagged and flt.tag is not None
-                             else self._scanned(topic, flt)):
+        if flt.key is not None:  # every keyed message is in `keyed` (keys came with it)
+            reads = self._indexed(topic, "key", flt.key, "\x00", "\x01")
+        elif flt.tag is not None and await self._tags_complete(topic):
+            reads = self._indexed(topic, "tag", flt.tag, ",", "-")
+        else:
+            reads = self._scanned(topic, flt)
+        async for fields in reads:
             yield [(msg_id, meta) for msg_id, raw in fields if raw is not None
                    and matches(msg_id, meta := json.loads(raw))]
             self._lifecycle.check_serving()
@@ -122,19 +127,22 @@ class RedisBulk:
         except REDIS_ERRORS as e:
             raise Unavailable(await self._link.problem(e, [key])) from e
 
-    async def _tagged(self, topic: str, tag: str) -> AsyncIterator[list[tuple[str, str | None]]]:
+    async def _indexed(self, topic: str, index: str, name: str, sep: str,
+                       past: str) -> AsyncIterator[list[tuple[str, str | None]]]:
         """(msgId, raw meta or None if purged meanwhile) of the messages
-        stored with `tag`, by the tag's range of `tags`: "<tag>,<msgId>"
-        members (a tag holds no comma; "-" follows ",")."""
-        low, high, after = f"[{tag},", f"({tag}-", ""
+        stored with tag or key `name`, by its range of the `tags` or `keyed`
+        zset (`index` "tag" or "key"): "<name><sep><msgId>" members, where
+        no name holds `sep` and `past` is the byte after it (a tag holds no
+        comma, "-" follows ","; a key no NUL, then \\1)."""
+        low, high, after = f"[{name}{sep}", f"({name}{past}", ""
         while True:
             flat = cast(list[str | None], await self._link.script("scan", topic, [
-                "tag", after or low, high, str(SCAN_COUNT), tag]))
+                index, after or low, high, str(SCAN_COUNT), name]))
             ids = cast(list[str], flat[::2])
             yield list(zip(ids, flat[1::2]))
             if len(ids) < SCAN_COUNT:
                 return
-            after = f"({tag},{ids[-1]}"
+            after = f"({name}{sep}{ids[-1]}"
 
     async def page(self, request: ListMsgRequest) -> tuple[list[Message], str | None]:
         keeper = PageKeeper(request.cursor, request.limit)
@@ -244,4 +252,4 @@ def _message(topic: str, msg_id: str, f: dict[str, str], body: str) -> Message:
     return Message(topic=topic, msg_id=msg_id, msg=body, produce_ms=int(f["produce"]),
                    trigger_ms=int(f["trigger"]), ttl_ms=int(f["ttl"]), max_retry=int(f["maxRetry"]),
                    priority=int(f["priority"]), tag=f["tag"], status=Status(int(f["status"])),
-                   retry=int(f["retry"]), location=NO_LOCATION)
+                   retry=int(f["retry"]), location=NO_LOCATION, key=f.get("key", ""))

@@ -5,12 +5,14 @@ so the braces hold a Redis Cluster hash tag: every key of a topic is in one
 slot, and escaping keeps a topic from forging another topic's keys):
 
     P waiting  zset  msgId -> triggerTime ms                          status 1
-    P ready    zset  rk, all scores 0 (ordered by the member's bytes)      2
-    P tagged   zset  "<tag>,<rk>", scores 0: ready messages with a tag      2
+    P ready    zset  rk, all scores 0 (ordered by the member's bytes):     2
+                     the READY messages a pull may take (see keyready)
+    P tagged   zset  "<tag>,<rk>", scores 0: those of `ready` with a tag    2
     P expire   zset  msgId -> expireTime ms, of READY messages             2
     P ack      zset  msgId -> ack deadline ms                              3
     P meta     hash  msgId -> JSON of strings: produce trigger ttl expire
-                     maxRetry priority tag rk status retry
+                     maxRetry priority tag rk status retry, key (if it has
+                     one), node (while a pusher's delivery of it is held)
     P body     hash  msgId -> msg
     P retire   zset  msgId -> when a final (4..7) message is purged
     P tags     zset  "<tag>,<msgId>", scores 0: every stored message with a
@@ -27,6 +29,17 @@ slot, and escaping keeps a topic from forging another topic's keys):
     P staging:<call>  list  a call's changes while they are gathered
                      (expire STAGING_TTL_MS after the last push unless
                      committed: renamed to `bulk`)
+    P busy     hash  key -> msgId of the key's CONSUMING message (a serial
+                     key is busy while one of its messages is consuming)   3
+    P keyready zset  "<key>\\0<rk>", scores 0: every READY keyed message;
+                     only a free key's best one is in `ready` (and
+                     `tagged`) too, so pulls pass over busy keys            2
+    P keyed    zset  "<key>\\0<msgId>", scores 0: every stored keyed message,
+                     until it is purged (the bulk calls' key filter)
+    P held     zset  msgId -> push timeout ms, of CONSUMING messages a
+                     pusher took (the node that did is `node` in meta)     3
+    P leases   zset  node id -> until when the node counts as alive (each
+                     node's mover renews it at every TICK of the topic)
     <prefix>:topics   set of topic names (not hash-tagged; in no script of
                       a topic's, only in register.lua, alone)
     <prefix>:wake:<T> pub/sub channel: "a message of T became READY"
@@ -36,8 +49,10 @@ the bytes of rk, i.e. (-priority, trigger, msgId), exact with no float
 arithmetic. A pull filtered by tags reads the head of each tag's range of
 `tagged` (ZRANGEBYLEX "[tag," "(tag-": a tag holds no comma, and "-"
 follows ","), and takes the smallest rk, compared bytewise; a bulk call
-filtered by a tag reads that tag's range of `tags` the same way. Every
-script receives all eleven keys in KEYS and builds no key name itself, as Redis
+filtered by a tag reads that tag's range of `tags` the same way, and one
+filtered by a key its range of `keyed` ("[key\\0" "(key\\1": a key holds no
+NUL), as the scripts read a key's READY messages from `keyready`. Every
+script receives all sixteen keys in KEYS and builds no key name itself, as Redis
 Cluster requires (tests/integration/test_redis_cluster.py checks it by
 running the scripts with every undeclared key access made an error).
 
@@ -65,7 +80,8 @@ NO_LOCATION = Location(0, 0)
 
 # The type each key of a topic must have, in the order scripts get them as KEYS.
 KEY_TYPES = {"waiting": "zset", "ready": "zset", "tagged": "zset", "expire": "zset", "ack": "zset",
-             "meta": "hash", "body": "hash", "retire": "zset", "tags": "zset", "bulk": "list", "bulkinfo": "hash"}
+             "meta": "hash", "body": "hash", "retire": "zset", "tags": "zset", "bulk": "list", "bulkinfo": "hash",
+             "busy": "hash", "keyready": "zset", "keyed": "zset", "held": "zset", "leases": "zset"}
 
 
 @dataclass(frozen=True)
@@ -90,11 +106,15 @@ class RedisConfig:
     # Quick retries of a failed connection (backoff 50 ms doubling, at most
     # 500 ms) before the request fails: they bridge a Redis restart.
     retries: int = 3
+    # How long a node counts as alive after its mover's last TICK of a
+    # topic: a push delivery it held past its timeoutMillis is handed back
+    # once this lapses (lua/backend/tick.lua), not at its ack deadline.
+    lease_ms: int = 10_000
 
     def __post_init__(self) -> None:
         check_key_prefix(self.key_prefix)
         at_least(self, 1, "retention_ms", "poll_ms", "script_batch", "bulk_batch",
-                 "connect_timeout_ms", "command_timeout_ms")
+                 "connect_timeout_ms", "command_timeout_ms", "lease_ms")
         at_least(self, 0, "retries")
 
 
@@ -137,6 +157,11 @@ class TopicKeys:
     tags: str
     bulk: str
     bulkinfo: str
+    busy: str
+    keyready: str
+    keyed: str
+    held: str
+    leases: str
 
     @classmethod
     def of(cls, key_prefix: str, topic: str) -> TopicKeys:
@@ -154,8 +179,9 @@ class TopicKeys:
 
     @property
     def sizes(self) -> tuple[str, str, str]:
-        """The zsets whose sizes are the topic's waiting, ready and consuming counts."""
-        return self.waiting, self.ready, self.ack
+        """The zsets whose sizes are the topic's waiting, ready and consuming
+        counts (`expire` holds every READY message; `ready` only the pullable)."""
+        return self.waiting, self.expire, self.ack
 
 
 def split_cluster_flag(url: str) -> tuple[str, bool]:

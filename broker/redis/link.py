@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, cast
@@ -43,7 +44,7 @@ REDIS_ERRORS = (RedisError, RedisClusterException)
 # == Lua =======================================================================
 # Every script, by name (broker/redis/lua/backend/: common.lua, shared by
 # every script, reads a message with load() and writes it with save(); KEYS
-# are a topic's eleven keys, TopicKeys.all). RedisLink registers these (a
+# are a topic's sixteen keys, TopicKeys.all). RedisLink registers these (a
 # test may wrap them).
 SCRIPTS = load_scripts("backend", with_common=("send", "tick", "pull", "give_back", "ack", "delete", "get", "info",
                                                "reschedule", "dead", "redrive", "scan", "bulk_commit", "bulk_apply",
@@ -76,6 +77,10 @@ class RedisState:
     # it sets `mover_wake`.
     next_due_ms: int = 0
     mover_wake: asyncio.Event = field(default_factory=asyncio.Event)
+    # This process's name in a topic's leases and on its push deliveries
+    # (lua/backend/tick.lua): new at each start, so a restarted node's
+    # deliveries in flight are handed back as a dead node's are.
+    node: str = field(default_factory=lambda: uuid.uuid4().hex)
 
 
 class Fence(Protocol):

@@ -56,7 +56,7 @@ def _message(topic: str, msg_id: str, meta: str, body: str) -> Message:
     return Message(topic=topic, msg_id=msg_id, msg=body, produce_ms=int(f["produce"]),
                    trigger_ms=int(f["trigger"]), ttl_ms=int(f["ttl"]), max_retry=int(f["maxRetry"]),
                    priority=int(f["priority"]), tag=f["tag"], status=Status(int(f["status"])),
-                   retry=int(f["retry"]), location=NO_LOCATION)
+                   retry=int(f["retry"]), location=NO_LOCATION, key=f.get("key", ""))
 
 
 class RedisRequests:
@@ -91,10 +91,6 @@ class RedisRequests:
             return []
         sends = as_sends(sends)
         batch = [s.message for s in sends]
-        if any(n.key for n in batch):
-            raise InvalidRequest("key", "serial keys are served by the disk backend; the Redis backend refuses "
-                                        "them rather than deliver a key's messages at once (for per-key serial "
-                                        "consumption on Redis, see broker.redis.rmq)")
         strict = {i for i, s in enumerate(sends) if s.strict}
         if now_ms is None:
             now_ms = self._clock.now_ms()
@@ -119,7 +115,7 @@ class RedisRequests:
         for n, is_strict in zip(batch, strict):
             args += [n.msg_id, n.msg, str(n.produce_ms), str(n.trigger_ms), str(n.ttl_ms),
                      str(n.trigger_ms + n.ttl_ms), str(n.max_retry), str(n.priority), n.tag,
-                     ready_member(n.priority, n.trigger_ms, n.msg_id), "1" if is_strict else "0"]
+                     ready_member(n.priority, n.trigger_ms, n.msg_id), "1" if is_strict else "0", n.key]
         results = await self._script("send", topic, args)
         m = self._metrics.topic(topic)
         out, ready = [], []
@@ -130,7 +126,7 @@ class RedisRequests:
                 out.append(answered.get(n.msg_id) or _message(topic, n.msg_id, *stored))
                 continue
             m.sends += 1
-            out.append(Message(*n[:9], status=Status(int(state)), retry=0, location=NO_LOCATION))
+            out.append(Message(*n[:9], status=Status(int(state)), retry=0, location=NO_LOCATION, key=n.key))
             answered[n.msg_id] = out[-1]
             if state == SendOutcome.READY:
                 ready.append(due_ms(n.trigger_ms, n.produce_ms))
@@ -148,12 +144,17 @@ class RedisRequests:
         return (await self._pull(request))[0]
 
     async def _pull(self, request: PullRequest | LongPollRequest) -> tuple[list[Message], str]:
-        """The pulled messages and their ack deadline."""
+        """The pulled messages and their ack deadline. A pusher's poll
+        (`push_timeout_ms`) files them as this node's deliveries, handed back
+        once that timeout has passed if this node is gone by then."""
         self._lifecycle.check_serving()
         now_ms = self._clock.now_ms()
         deadline = str(now_ms + request.ack_timeout_ms)
+        push_ms = request.push_timeout_ms if isinstance(request, LongPollRequest) else 0
+        held = [self._state.node, str(now_ms + push_ms)] if push_ms else ["", ""]
         ended, *rows = await self._script("pull", request.topic, [
-            str(now_ms), deadline, str(request.batch), str(now_ms + self._config.retention_ms), *request.tags])
+            str(now_ms), deadline, str(request.batch), str(now_ms + self._config.retention_ms), *held,
+            *request.tags])
         messages = [_message(request.topic, *row) for row in rows]
         m = self._metrics.topic(request.topic, exists=bool(messages) or request.topic in self._state.topics)
         m.ended += ended

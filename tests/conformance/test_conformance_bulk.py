@@ -137,7 +137,6 @@ def test_topic_is_required(api):
         assert body["code"] == 400 and "topic" in body["msg"], body
 
 
-@pytest.mark.not_on("redis", reason="the Redis backend refuses keyed sends")
 def test_key_filter(api, topic):
     for i in range(4):
         api.send(topic, msgId=f"k{i}", key="order-42" if i % 2 else "order-7", delayMillis=HOUR_MS)

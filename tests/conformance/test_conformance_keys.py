@@ -1,7 +1,6 @@
 """Serial keys (docs/api.md, Tags and serial keys) over HTTP: messages of one (topic, key) are
 consumed one at a time, across pulls; other keys and unkeyed messages are
-not held back. The Redis backend refuses `key` (code 400) rather than
-ignore it."""
+not held back. The same on both backends."""
 
 import pytest
 
@@ -12,7 +11,6 @@ def ids(messages):
     return sorted(m["msgId"] for m in messages)
 
 
-@pytest.mark.not_on("redis", reason="the Redis backend refuses serial keys (see the next test)")
 def test_one_message_of_a_key_is_consuming_at_a_time(api, topic):
     for msg_id, key in (("a1", "A"), ("a2", "A"), ("b1", "B"), ("n1", "")):
         m = api.send(topic, msgId=msg_id, key=key)
@@ -30,10 +28,3 @@ def test_one_message_of_a_key_is_consuming_at_a_time(api, topic):
     assert [m["msgId"] for m in last] == [x for x in ("a1", "a2") if x != again[0]["msgId"]]
     code, body = api.post("sendMsg", topic=topic, msg="x", key="k" * 1025)
     assert code == 400 and body["msg"].startswith("key"), body
-
-
-@pytest.mark.not_on("disk", reason="the disk backend serves serial keys (the test above)")
-def test_the_redis_backend_refuses_a_key(api, topic):
-    code, body = api.post("sendMsg", topic=topic, msg="x", msgId="k1", key="A")
-    assert code == 400 and body["msg"].startswith("key"), body
-    assert api.message(topic, "k1") == 404

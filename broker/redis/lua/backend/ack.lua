@@ -10,14 +10,14 @@ local st = m.status
 if ARGV[2] == '1' then
   if st == '1' then redis.call('ZREM', WAITING, id)
   elseif st == '2' then ready_remove(id, m)
-  elseif st == '3' then redis.call('ZREM', ACK, id)
+  elseif st == '3' then consuming_end(id, m)
   else return 'NOOP' end
   finish(id, m, '4', ARGV[4])
   save(id, m)
   return 'OK'
 end
 if st ~= '3' then return 'NOOP' end
-redis.call('ZREM', ACK, id)
+consuming_end(id, m)
 local ready = retry_or_end(id, m, ARGV[3], ARGV[4])
 save(id, m)
 if ready then return 'READY' end

@@ -22,7 +22,7 @@ for _, item in ipairs(items) do
       if st == '1' or st == '2' or st == '3' then
         if st == '1' then redis.call('ZREM', WAITING, id)
         elseif st == '2' then ready_remove(id, m)
-        else redis.call('ZREM', ACK, id) end
+        else consuming_end(id, m) end
         finish(id, m, '7', retire_at)
         save(id, m)
         deleted = deleted + 1

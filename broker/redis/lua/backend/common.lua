@@ -1,7 +1,8 @@
--- Shared by every script. KEYS are a topic's eleven keys (TopicKeys.all); a
+-- Shared by every script. KEYS are a topic's sixteen keys (TopicKeys.all); a
 -- message is a table of strings, read with load() and written with save().
 local WAITING, READY, TAGGED, EXPIRE, ACK, META, BODY, RETIRE, TAGS, BULK, BULKINFO =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10], KEYS[11]
+local BUSY, KEYREADY, KEYED, HELD, LEASES = KEYS[12], KEYS[13], KEYS[14], KEYS[15], KEYS[16]
 -- While a bulk call is applied (BULK holds its changes not yet made) every
 -- other script of the topic answers this error instead of running, so no
 -- client sees a call half made; the caller applies the rest
@@ -28,25 +29,91 @@ local function less(a, b)
   end
   return #a < #b
 end
+-- Serial keys (broker.redis.keys): a keyed message's m.key is its key.
+-- Every READY keyed message is in KEYREADY ("<key>\0<rk>", so a key's
+-- range is ordered as READY is); only its key's best one, and only while
+-- no message of the key is CONSUMING (BUSY names that one), is also in
+-- READY (and TAGGED), where pulls find it.
+local function keyed(m)
+  return m.key ~= nil and m.key ~= ''
+end
+local function key_best(k)
+  local h = redis.call('ZRANGEBYLEX', KEYREADY, '[' .. k .. '\0', '(' .. k .. '\1', 'LIMIT', 0, 1)[1]
+  if h then return string.sub(h, #k + 2) end
+  return nil
+end
+local function pullable_add(rk, tag)
+  redis.call('ZADD', READY, 0, rk)
+  if tag ~= '' then redis.call('ZADD', TAGGED, 0, tag .. ',' .. rk) end
+end
+local function pullable_remove(rk, tag)
+  local was = redis.call('ZREM', READY, rk)
+  if tag ~= '' then redis.call('ZREM', TAGGED, tag .. ',' .. rk) end
+  return was
+end
+-- The message of rk, by the id rk ends with (or nil: gone).
+local function load_rk(rk)
+  local raw = redis.call('HGET', META, string.sub(rk, 22))
+  if raw then return cjson.decode(raw) end
+  return nil
+end
+-- A free key's best READY message (if any) becomes pullable.
+local function key_promote(k)
+  local rk = key_best(k)
+  if rk then
+    local m = load_rk(rk)
+    pullable_add(rk, m and m.tag or '')
+  end
+end
 local function ready_add(id, m)
-  redis.call('ZADD', READY, 0, m.rk)
-  if m.tag ~= '' then redis.call('ZADD', TAGGED, 0, m.tag .. ',' .. m.rk) end
   redis.call('ZADD', EXPIRE, m.expire, id)
   m.status = '2'
+  if keyed(m) then
+    local k = m.key
+    redis.call('ZADD', KEYREADY, 0, k .. '\0' .. m.rk)
+    if redis.call('HEXISTS', BUSY, k) == 1 or key_best(k) ~= m.rk then return end  -- parked
+    -- the key's best now: the one that was (the next in its range) is pullable no more
+    local next = redis.call('ZRANGEBYLEX', KEYREADY, '(' .. k .. '\0' .. m.rk, '(' .. k .. '\1', 'LIMIT', 0, 1)[1]
+    if next then
+      local rk = string.sub(next, #k + 2)
+      local old = load_rk(rk)
+      pullable_remove(rk, old and old.tag or '')
+    end
+  end
+  pullable_add(m.rk, m.tag)
 end
 local function ready_remove(id, m)
-  redis.call('ZREM', READY, m.rk)
-  if m.tag ~= '' then redis.call('ZREM', TAGGED, m.tag .. ',' .. m.rk) end
   redis.call('ZREM', EXPIRE, id)
+  local was = pullable_remove(m.rk, m.tag)
+  if keyed(m) then
+    redis.call('ZREM', KEYREADY, m.key .. '\0' .. m.rk)
+    -- it was its free key's pullable one: the next best takes its place
+    if was == 1 and redis.call('HEXISTS', BUSY, m.key) == 0 then key_promote(m.key) end
+  end
+end
+-- A CONSUMING message leaves CONSUMING (acked, nacked, timed out, deleted,
+-- given back, filed for a push retry): out of ACK and HELD, and its key, if
+-- it held it, free, its best READY message pullable.
+local function consuming_end(id, m)
+  redis.call('ZREM', ACK, id)
+  redis.call('ZREM', HELD, id)
+  m.node = nil
+  if keyed(m) and redis.call('HGET', BUSY, m.key) == id then
+    redis.call('HDEL', BUSY, m.key)
+    key_promote(m.key)
+  end
 end
 -- The message's entry in TAGS (the bulk calls' tag filter), made at its
 -- send and dropped when it is purged.
+-- So is its entry in KEYED ("<key>\0<msgId>", the key filter's).
 local function tag_add(id, m)
   if m.tag ~= '' then redis.call('ZADD', TAGS, 0, m.tag .. ',' .. id) end
+  if keyed(m) then redis.call('ZADD', KEYED, 0, m.key .. '\0' .. id) end
 end
 local function purge(id)
   local m = load(id)
   if m and m.tag ~= '' then redis.call('ZREM', TAGS, m.tag .. ',' .. id) end
+  if m and keyed(m) then redis.call('ZREM', KEYED, m.key .. '\0' .. id) end
   redis.call('HDEL', META, id)
   redis.call('HDEL', BODY, id)
   redis.call('ZREM', RETIRE, id)
@@ -55,7 +122,7 @@ local function finish(id, m, status, retire_at)
   m.status = status
   redis.call('ZADD', RETIRE, retire_at, id)
 end
--- A CONSUMING message (already out of ACK) is READY again, or ends (6)
+-- A CONSUMING message (consuming_end done) is READY again, or ends (6)
 -- after maxRetry + 1 deliveries (retry counts pulls) or past its expire
 -- time. True if READY.
 local function retry_or_end(id, m, now, retire_at)

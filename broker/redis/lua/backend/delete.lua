@@ -7,7 +7,7 @@ if not m then return 'NF' end
 local st = m.status
 if st == '1' then redis.call('ZREM', WAITING, id)
 elseif st == '2' then ready_remove(id, m)
-elseif st == '3' then redis.call('ZREM', ACK, id) end
+elseif st == '3' then consuming_end(id, m) end
 if ARGV[2] == '1' then
   purge(id)
   if st ~= '1' and st ~= '2' and st ~= '3' then return 'NOOP' end

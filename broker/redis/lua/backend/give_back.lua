@@ -8,7 +8,7 @@ for i = 2, #ARGV do
   local m = load(id)
   local deadline = redis.call('ZSCORE', ACK, id)
   if m and m.status == '3' and deadline and tonumber(deadline) == tonumber(ARGV[1]) then
-    redis.call('ZREM', ACK, id)
+    consuming_end(id, m)
     m.retry = tostring(tonumber(m.retry) - 1)
     ready_add(id, m)
     save(id, m)

@@ -1,12 +1,19 @@
 -- READY -> CONSUMING, best first (among the tags' ranges when tags are
--- given); an expired head is ended on the way, never delivered.
--- ARGV: now deadline batch retire_at tag... -> {ended, {id, meta, body}...}
+-- given); an expired head is ended on the way, never delivered. A keyed
+-- message taken makes its key busy (common.lua): the key's other READY
+-- messages wait until it leaves CONSUMING. A pusher's pull (node given)
+-- also files each message in HELD at held_until, its push timeout, and
+-- names the node in it: tick.lua hands it back then if the node is gone.
+-- ARGV: now deadline batch retire_at node ('': a consumer's) held_until
+-- tag... -> {ended, {id, meta, body}...}
 if fenced() then return redis.error_reply(FENCE) end
 local now, deadline, batch, retire_at = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3]), ARGV[4]
+local node, held_until = ARGV[5], ARGV[6]
+local FIRST_TAG = 7
 local function head()
-  if #ARGV == 4 then return redis.call('ZRANGE', READY, 0, 0)[1] end
+  if #ARGV < FIRST_TAG then return redis.call('ZRANGE', READY, 0, 0)[1] end
   local best
-  for i = 5, #ARGV do
+  for i = FIRST_TAG, #ARGV do
     local tag = ARGV[i]
     local h = redis.call('ZRANGEBYLEX', TAGGED, '[' .. tag .. ',', '(' .. tag .. '-', 'LIMIT', 0, 1)[1]
     if h then
@@ -24,19 +31,23 @@ while #out < batch do
   local m = load(id)
   if not m then  -- a member without its message: drop it rather than loop on it
     redis.call('ZREM', READY, rk)
-    for i = 5, #ARGV do redis.call('ZREM', TAGGED, ARGV[i] .. ',' .. rk) end
-  else
+    for i = FIRST_TAG, #ARGV do redis.call('ZREM', TAGGED, ARGV[i] .. ',' .. rk) end
+  elseif now >= tonumber(m.expire) then
     ready_remove(id, m)
-    if now >= tonumber(m.expire) then
-      end_expired(id, m, retire_at)
-      ended = ended + 1
-      save(id, m)
-    else
-      m.status = '3'
-      m.retry = tostring(tonumber(m.retry) + 1)  -- retry counts deliveries (camellia)
-      redis.call('ZADD', ACK, deadline, id)
-      out[#out + 1] = {id, save(id, m), redis.call('HGET', BODY, id)}
+    end_expired(id, m, retire_at)
+    ended = ended + 1
+    save(id, m)
+  else
+    if keyed(m) then redis.call('HSET', BUSY, m.key, id) end  -- before ready_remove: no other of the key pullable
+    ready_remove(id, m)
+    m.status = '3'
+    m.retry = tostring(tonumber(m.retry) + 1)  -- retry counts deliveries (camellia)
+    redis.call('ZADD', ACK, deadline, id)
+    if node ~= '' then
+      m.node = node
+      redis.call('ZADD', HELD, held_until, id)
     end
+    out[#out + 1] = {id, save(id, m), redis.call('HGET', BODY, id)}
   end
 end
 table.insert(out, 1, ended)

@@ -10,7 +10,7 @@ local id = ARGV[1]
 local m = load(id)
 if not m then return 'NF' end
 if m.status ~= '3' then return 'NOOP' end
-redis.call('ZREM', ACK, id)
+consuming_end(id, m)
 if tonumber(m.retry) > tonumber(m.maxRetry) or tonumber(ARGV[2]) >= tonumber(m.expire) then
   finish(id, m, '6', ARGV[5])
   save(id, m)

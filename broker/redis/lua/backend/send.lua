@@ -1,5 +1,5 @@
 -- ARGV: now retire_at, then per message: id msg produce trigger ttl expire
--- maxRetry priority tag rk strict. -> per message {'1'|'2'|'5'} (stored:
+-- maxRetry priority tag rk strict key ('': none). -> per message {'1'|'2'|'5'} (stored:
 -- waiting, ready, expired) or {'0', meta, body} (the id exists: the stored
 -- message). An id whose message has ended (4-7) is stored anew unless
 -- `strict` is '1' (camellia stores the new one).
@@ -9,7 +9,7 @@ local out = {}
 -- A topic holding no message from here on has every tagged message in TAGS:
 -- the member '' says so (topics from before TAGS are scanned until then).
 if redis.call('HLEN', META) == 0 then redis.call('ZADD', TAGS, 0, '') end
-for i = 3, #ARGV, 11 do
+for i = 3, #ARGV, 12 do
   local id = ARGV[i]
   local raw = redis.call('HGET', META, id)
   if raw and ARGV[i + 10] ~= '1' and tonumber(cjson.decode(raw).status) >= 4 then
@@ -22,6 +22,7 @@ for i = 3, #ARGV, 11 do
     local m = {produce = ARGV[i + 2], trigger = ARGV[i + 3], ttl = ARGV[i + 4], expire = ARGV[i + 5],
                maxRetry = ARGV[i + 6], priority = ARGV[i + 7], tag = ARGV[i + 8], rk = ARGV[i + 9],
                retry = '0', status = '1'}
+    if ARGV[i + 11] ~= '' then m.key = ARGV[i + 11] end
     if tonumber(m.trigger) > now then
       redis.call('ZADD', WAITING, m.trigger, id)
     elseif now >= tonumber(m.expire) then

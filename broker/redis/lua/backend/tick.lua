@@ -1,10 +1,18 @@
 -- The mover's step: WAITING -> READY (or EXPIRED past its expire time), ack
 -- timeouts (CONSUMING -> READY retry+1, or 6), READY expiry (5 if never
--- delivered, else 6), purge of retired final messages. ARGV: now limit
--- retire_at -> {trigger times made ready, retried, ended, 1 if a step was
--- cut at limit, next waiting, ack, expire and retire scores (or false)}
+-- delivered, else 6), purge of retired final messages; and the push
+-- deliveries whose node is gone: the calling node renews its lease in
+-- LEASES (node -> until when it counts as alive), and a delivery in HELD
+-- past its push timeout times out now if the node that pushed it has no
+-- lease left (else it is looked at again when that lease ends, and its
+-- ack deadline holds meanwhile). ARGV: now limit retire_at node
+-- lease_until -> {trigger times made ready, retried, ended, 1 if a step
+-- was cut at limit, next waiting, ack, expire, retire and held scores (or
+-- false)}
 if fenced() then return redis.error_reply(FENCE) end
 local now, limit, retire_at = ARGV[1], tonumber(ARGV[2]), ARGV[3]
+redis.call('ZADD', LEASES, ARGV[5], ARGV[4])
+redis.call('ZREMRANGEBYSCORE', LEASES, '-inf', now)  -- a lease counts while it ends after now
 local triggers, retried, ended = {}, 0, 0
 -- Pops the members of `key` due by now; runs step(id, m) on those whose
 -- message is still in `status`, and saves them. How many were popped.
@@ -29,8 +37,14 @@ local due = each_due(WAITING, '1', function(id, m)
     triggers[#triggers + 1] = m.trigger
   end
 end)
-local timed_out = each_due(ACK, '3', function(id, m)
+local function time_out(id, m)
+  consuming_end(id, m)
   if retry_or_end(id, m, now, retire_at) then retried = retried + 1 else ended = ended + 1 end
+end
+local timed_out = each_due(ACK, '3', time_out)
+local orphaned = each_due(HELD, '3', function(id, m)
+  local lease = m.node and redis.call('ZSCORE', LEASES, m.node)
+  if lease then redis.call('ZADD', HELD, lease, id) else time_out(id, m) end
 end)
 local expired = each_due(EXPIRE, '2', function(id, m)
   ready_remove(id, m)
@@ -42,6 +56,8 @@ for _, id in ipairs(retired) do
   purge(id)
 end
 local full = 0
-if due == limit or timed_out == limit or expired == limit or #retired == limit then full = 1 end
+if due == limit or timed_out == limit or orphaned == limit or expired == limit or #retired == limit then
+  full = 1
+end
 return {triggers, retried, ended, full, head_score(WAITING), head_score(ACK), head_score(EXPIRE),
-        head_score(RETIRE)}
+        head_score(RETIRE), head_score(HELD)}
