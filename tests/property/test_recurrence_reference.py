@@ -28,6 +28,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from broker.recurrence import Cron, Recurrence, jitter_ms, run_msg_id
+from storage.errors import InvalidRequest
 
 with warnings.catch_warnings():  # croniter may warn about its own dependencies on import
     warnings.simplefilter("ignore")
@@ -173,6 +174,12 @@ def test_five_field_crons_fire_as_the_reference_across_dst_changes(data: st.Data
     month = data.draw(st.one_of(st.just("*"), _field(1, 12, MONTHS)))
     expr = f"{minute} {hour} {day} {month} {weekday}"
     start, end = data.draw(near_change(name, 36, 48))
+    try:
+        Cron.parse(expr)
+    except InvalidRequest as e:  # a day no month of the drawn ones has (30 of 2): refused, and it never fires
+        assert "names no day" in str(e), expr
+        assert reference_fires(expr, False, name, start, end) == [], expr
+        return
     assert module_fires(expr, name, start, end) == reference_fires(expr, False, name, start, end), expr
 
 
