@@ -151,7 +151,8 @@ class RedisRequests:
         now_ms = self._clock.now_ms()
         deadline = str(now_ms + request.ack_timeout_ms)
         push_ms = request.push_timeout_ms if isinstance(request, LongPollRequest) else 0
-        held = [self._state.node, str(now_ms + push_ms)] if push_ms else ["", ""]
+        held = ([self._state.node, str(now_ms + push_ms), str(now_ms + self._config.lease_ms)] if push_ms
+                else ["", "", ""])
         ended, *rows = await self._script("pull", request.topic, [
             str(now_ms), deadline, str(request.batch), str(now_ms + self._config.retention_ms), *held,
             *request.tags])

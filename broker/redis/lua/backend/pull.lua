@@ -3,13 +3,15 @@
 -- message taken makes its key busy (common.lua): the key's other READY
 -- messages wait until it leaves CONSUMING. A pusher's pull (node given)
 -- also files each message in HELD at held_until, its push timeout, and
--- names the node in it: tick.lua hands it back then if the node is gone.
+-- names the node in it: tick.lua hands it back then if the node is gone;
+-- the node's lease is renewed to lease_until (as its TICKs renew it).
 -- ARGV: now deadline batch retire_at node ('': a consumer's) held_until
--- tag... -> {ended, {id, meta, body}...}
+-- lease_until tag... -> {ended, {id, meta, body}...}
 if fenced() then return redis.error_reply(FENCE) end
 local now, deadline, batch, retire_at = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3]), ARGV[4]
 local node, held_until = ARGV[5], ARGV[6]
-local FIRST_TAG = 7
+local FIRST_TAG = 8
+if node ~= '' then redis.call('ZADD', LEASES, ARGV[7], node) end
 local function head()
   if #ARGV < FIRST_TAG then return redis.call('ZRANGE', READY, 0, 0)[1] end
   local best
