@@ -158,6 +158,11 @@ class Cron:
     days_star: bool  # the day-of-month field starts with * or ?
     weekdays_star: bool
 
+    def __hash__(self) -> int:
+        # (equal crons have equal texts: hashing the text alone keeps the
+        # cache of next times, `_cron_at_or_after`, from hashing every field)
+        return hash(self.text)
+
     @classmethod
     def parse(cls, text: str) -> Cron:
         """The parsed expression, one object a text however many schedules
@@ -302,7 +307,7 @@ class Misfire(enum.Enum):
     ALL = "all"  # delivered, and each later missed run, up to maxCatchUp in all
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Recurrence:
     """When a schedule's runs are: its cron in `tz`, or every `every_ms`
     from `start_ms`; never before `start_ms` nor after `end_ms`."""
@@ -338,22 +343,8 @@ class Recurrence:
         return self.first_at_or_after(ms + 1)
 
     def _cron_at_or_after(self, ms: int) -> int | None:
-        cron, tz = self.cron, self.tz
-        assert cron is not None
-        # Walking wall times forward from the wall time of the instant just
-        # before (a fraction of a second rounds up): the map to instants
-        # never goes back, so the first that lands at or after `ms` is the
-        # answer. (From `ms`'s own wall time, an `ms` at the end of a gap
-        # would miss the wall times in the gap, which fire at `ms`.)
-        wall = wall_of(ms - 1, tz)
-        while True:
-            found = cron.next_wall(wall)
-            if found is None:
-                return None
-            at_ms = instant_ms(found, tz)
-            if at_ms >= ms:
-                return at_ms
-            wall = found + dt.timedelta(seconds=1)
+        assert self.cron is not None
+        return _cron_at_or_after(self.cron, self.tz, ms)
 
     def nominal_times(self, after_ms: int, count: int) -> list[int]:
         """Up to `count` nominal times, the first the one at or after `after_ms`."""
@@ -378,6 +369,33 @@ class Recurrence:
             n += 1
             at = self.first_after(at)
         return n
+
+
+# Next times a cron names (`_cron_at_or_after`) kept: schedules of one
+# cron and zone whose runs fell at one instant ask for the same next time,
+# worked out once (100,000 every-minute schedules: one walk a minute, not
+# 100,000).
+CRON_NEXT_CACHE = 8192
+
+
+@functools.lru_cache(maxsize=CRON_NEXT_CACHE)
+def _cron_at_or_after(cron: Cron, tz: dt.tzinfo, ms: int) -> int | None:
+    """The first instant >= `ms` a cron names in `tz` (before startTime,
+    endTime and LAST_MS are applied: Recurrence.first_at_or_after)."""
+    # Walking wall times forward from the wall time of the instant just
+    # before (a fraction of a second rounds up): the map to instants
+    # never goes back, so the first that lands at or after `ms` is the
+    # answer. (From `ms`'s own wall time, an `ms` at the end of a gap
+    # would miss the wall times in the gap, which fire at `ms`.)
+    wall = wall_of(ms - 1, tz)
+    while True:
+        found = cron.next_wall(wall)
+        if found is None:
+            return None
+        at_ms = instant_ms(found, tz)
+        if at_ms >= ms:
+            return at_ms
+        wall = found + dt.timedelta(seconds=1)
 
 
 def run_msg_id(schedule_id: str, nominal_ms: int) -> str:

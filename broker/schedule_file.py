@@ -3,7 +3,7 @@ log of their states (docs/internals.md, "Files").
 
     offset  size  field
     0       4     magic b"HGSC"
-    4       2     version (1), little-endian
+    4       2     version (2), little-endian
     6       2     zero
     then records, each:
     0       4     length of the body, in bytes (u32 LE)
@@ -12,14 +12,26 @@ log of their states (docs/internals.md, "Files").
                     {"put": <a schedule's row: every parameter, version,
                              paused, pending, runs, catchUp, lastRuns, stale>}
                     {"delete": [topic, scheduleId], "stale": msgId or null}
+                    {"runs": [[topic, scheduleId, version, pending, runs,
+                               catchUp, nominal, lateMs, missed], ...]}
 
-The last record of a (topic, scheduleId) is its state: a "put" its row, a
-"delete" none (and a run, `stale`, to delete if it is still waiting).
-Every change of a schedule (a put, pause, resume, a run made) appends its
-whole row: one write, made durable (fsync, `sync()`: concurrent callers
-share one) before the change is acted on. When the file has grown past
-four times its live rows (and 1 MiB), `rewrite` replaces it with the live
-rows alone (written whole, fsync'ed, renamed: storage.fileutil.atomic_write).
+The last "put" or "delete" of a (topic, scheduleId) is its state: a "put"
+its row, a "delete" none (and a run, `stale`, to delete if it is still
+waiting). A put, pause or resume appends the whole row. A run made appends
+its progress alone, in a "runs" record of every schedule whose run one
+batch made (`write_runs`): the row's pending, runs and catchUp become the
+record's, and the run released ([nominal, lateMs, missed]) joins its
+lastRuns (the last LAST_RUNS kept). A "runs" entry names the version it
+follows: one for another version (or none) is a file no node wrote.
+Every write is one append made durable (fsync, `sync()`: concurrent
+callers share one) before the change is acted on. When the file has grown
+past four times its live rows (and 1 MiB), `rewrite` replaces it with the
+live rows alone (written in slices to a temporary file, fsync'ed, renamed,
+the directory fsync'ed: a crash leaves the old file or the new).
+
+Version 1 (before "runs" records) is read as well, and rewritten as
+version 2 at open, so a node of an older build refuses the file by its
+version rather than by a record it does not know.
 
 Opening validates: a wrong magic or version, or a record whose CRC fails
 with records after it, raises CorruptionError naming the path and offset;
@@ -33,14 +45,22 @@ import asyncio
 import os
 import struct
 import zlib
+from collections.abc import Sequence
+from typing import Protocol
 
 import orjson
 
 from storage.errors import CorruptionError, HourglassError
-from storage.fileutil import atomic_write, check_header, create_file
+from storage.fileutil import FILE_MODE, check_header, create_file, fsync_dir
 
 MAGIC = b"HGSC"
-VERSION = 1
+VERSION = 2
+READ_VERSIONS = (1, 2)
+# Released runs a schedule keeps (getSchedule's lastRuns).
+LAST_RUNS = 10
+# Rows a rewrite frames at a time (the file written in slices, the loop
+# given a turn between them).
+REWRITE_SLICE = 1000
 HEADER = struct.Struct("<4sHH")
 RECORD = struct.Struct("<II")
 # A body longer than this is no body this file writes (a schedule's row is
@@ -57,6 +77,38 @@ Row = dict[str, object]
 Key = tuple[str, str]  # (topic, scheduleId)
 
 
+class RunProgress(Protocol):
+    """A schedule whose run was made (broker.schedules.ScheduleState), as a
+    store writes it: its progress, read when `write_runs` is called."""
+
+    @property
+    def key(self) -> Key: ...
+
+    version: int
+    pending: int | None
+    runs: int
+    catch_up: int
+
+    def last_run(self) -> tuple[int, int, bool]:
+        """The run just released: (nominal ms, ms late, missed)."""
+        ...
+
+    def progress(self) -> Row:
+        """pending, runs, catchUp, lastRuns, stale (the row's own)."""
+        ...
+
+    def row(self) -> Row: ...
+
+
+def runs_record(states: Sequence[RunProgress]) -> Row:
+    """The "runs" record of schedules whose runs one batch made."""
+    entries = []
+    for s in states:
+        nominal, late, missed = s.last_run()
+        entries.append([*s.key, s.version, s.pending, s.runs, s.catch_up, nominal, late, missed])
+    return {"runs": entries}
+
+
 def frame(body: Row) -> bytes:
     data = orjson.dumps(body)
     return RECORD.pack(len(data), zlib.crc32(data)) + data
@@ -70,7 +122,12 @@ class ScheduleFile:
     def __init__(self, path: str, fsync: bool = True) -> None:
         self.path = path
         self._fsync = fsync
+        self._old_version = False
         self.rows, self.stale = self._load()
+        if self._old_version:  # version 1: written anew as version 2 before anything is appended
+            records: list[Row] = [{"put": row} for row in self.rows.values()]
+            records += [{"delete": list(key), "stale": msg_id} for key, msg_id in self.stale.items()]
+            self._replace(records)
         self._fd = os.open(path, os.O_WRONLY | os.O_APPEND)
         self.size_bytes = os.fstat(self._fd).st_size
         self._written = 0  # appends so far, and those synced
@@ -91,7 +148,9 @@ class ScheduleFile:
                 os.close(fd)
         with open(self.path, "rb") as f:
             data = f.read()
-        check_header(self.path, data, HEADER, MAGIC, VERSION)
+        found = HEADER.unpack_from(data, 0)[1] if len(data) >= HEADER.size else VERSION
+        check_header(self.path, data, HEADER, MAGIC, found if found in READ_VERSIONS else VERSION)
+        self._old_version = found != VERSION
         rows: dict[Key, Row] = {}
         stale: dict[Key, str] = {}
         at = HEADER.size
@@ -127,6 +186,22 @@ class ScheduleFile:
     def _apply(record: object, rows: dict[Key, Row], stale: dict[Key, str]) -> None:
         if not isinstance(record, dict):
             raise RowError("not a JSON object")
+        runs = record.get("runs")
+        if runs is not None:
+            if not isinstance(runs, list):
+                raise RowError("runs is not a list")
+            for entry in runs:
+                topic, schedule_id, version, pending, made, catch_up, nominal, late, missed = entry
+                row = rows.get((str(topic), str(schedule_id)))
+                if row is None or row.get("version") != version:
+                    raise RowError(f"a run of {schedule_id!r} at version {version}, which is not the schedule's")
+                last = row.get("lastRuns")
+                if not isinstance(last, list):
+                    raise RowError("lastRuns is not a list")
+                last.append([nominal, late, missed])
+                del last[:-LAST_RUNS]
+                row["pending"], row["runs"], row["catchUp"] = pending, made, catch_up
+            return
         row = record.get("put")
         if isinstance(row, dict):
             key = (str(row["topic"]), str(row["scheduleId"]))
@@ -159,6 +234,10 @@ class ScheduleFile:
         self.append(records)
         await self.sync()
 
+    async def write_runs(self, states: Sequence[RunProgress]) -> None:
+        """Runs made: their progress, one "runs" record, synced."""
+        await self.write([runs_record(states)])
+
     async def forget_stale(self, keys: list[Key]) -> None:
         """Nothing to do: the next rewrite keeps live rows alone."""
 
@@ -183,17 +262,54 @@ class ScheduleFile:
     def rewrite_due(self, live_bytes: int) -> bool:
         return self.size_bytes > max(REWRITE_FLOOR_BYTES, 4 * live_bytes)
 
-    async def rewrite(self, rows: list[Row]) -> None:
-        """Replace the file by `rows` alone (each a "put"), durably."""
+    async def rewrite(self, rows: Sequence[RunProgress]) -> None:
+        """Replace the file by these schedules' rows alone (each a "put"),
+        durably: framed and written REWRITE_SLICE at a time to a temporary
+        file (the loop has a turn between slices; the caller changes none of
+        them meanwhile), fsync'ed, renamed over the file, the directory
+        fsync'ed."""
         await self.sync()
-        data = HEADER.pack(MAGIC, VERSION, 0) + b"".join(frame({"put": row}) for row in rows)
-        await asyncio.to_thread(atomic_write, self.path, data)
+        tmp = self.path + ".tmp"
+        fd = create_file(tmp, os.O_WRONLY | os.O_TRUNC)
+        try:
+            os.fchmod(fd, FILE_MODE)
+            size = _write_all(fd, tmp, HEADER.pack(MAGIC, VERSION, 0))
+            for at in range(0, len(rows), REWRITE_SLICE):
+                size += _write_all(fd, tmp, b"".join(frame({"put": s.row()}) for s in rows[at:at + REWRITE_SLICE]))
+                await asyncio.sleep(0)
+            await asyncio.to_thread(os.fsync, fd)
+        finally:
+            os.close(fd)
+        await asyncio.to_thread(self._rename, tmp)
         os.close(self._fd)
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
-        self.size_bytes = len(data)
+        self.size_bytes = size
+
+    def _rename(self, tmp: str) -> None:
+        os.replace(tmp, self.path)
+        fsync_dir(os.path.dirname(self.path) or ".")
+
+    def _replace(self, records: list[Row]) -> None:
+        """The file made of `records` alone (at open, before it is appended to)."""
+        tmp = self.path + ".tmp"
+        fd = create_file(tmp, os.O_WRONLY | os.O_TRUNC)
+        try:
+            os.fchmod(fd, FILE_MODE)
+            _write_all(fd, tmp, HEADER.pack(MAGIC, VERSION, 0) + b"".join(frame(r) for r in records))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        self._rename(tmp)
 
     def close(self) -> None:
         os.close(self._fd)
+
+
+def _write_all(fd: int, path: str, data: bytes) -> int:
+    written = os.write(fd, data)
+    if written != len(data):
+        raise OSError(f"short write to {path}: {written} of {len(data)} bytes")
+    return written
 
 
 def schedules_path(data_path: str) -> str:

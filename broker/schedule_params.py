@@ -14,6 +14,7 @@ tag, key as sendMsg reads them, the node's defaults filled in).
 
 from __future__ import annotations
 
+import sys
 import zoneinfo
 from dataclasses import dataclass
 
@@ -37,9 +38,17 @@ DEFAULT_PAGE = 100
 MAX_PAGE = 1000
 
 
-@dataclass(frozen=True)
+# A text of a schedule at most this long is interned (`ScheduleSpec`): the
+# topic, cron, zone, tag, key and msg many schedules repeat are held once.
+SHARED_TEXT_CHARS = 4096
+
+
+@dataclass(frozen=True, slots=True)
 class ScheduleSpec:
-    """One schedule as put (every field named as its parameter is)."""
+    """One schedule as put (every field named as its parameter is). Its
+    texts other than the scheduleId are interned (up to SHARED_TEXT_CHARS):
+    each parsed put or read row brings its own copies, and 100,000
+    schedules of one topic and msg would hold 100,000 of each."""
 
     topic: str
     schedule_id: str
@@ -59,6 +68,12 @@ class ScheduleSpec:
     misfire: Misfire
     grace_ms: int
     max_catch_up: int
+
+    def __post_init__(self) -> None:
+        for name in ("topic", "cron", "time_zone", "msg", "tag", "key"):
+            text = getattr(self, name)
+            if text is not None and len(text) <= SHARED_TEXT_CHARS:
+                object.__setattr__(self, name, sys.intern(text))
 
     def recurrence(self) -> Recurrence:
         """Its time rules (the cron and zone were checked when it was parsed)."""

@@ -13,6 +13,14 @@ trigger time nominal + jitter (broker.recurrence); the state names it
     carried out; the worker task then writes the state with the next
     run as pending (synced), and only then sends that run's message.
 
+The worker takes the releases queued meanwhile in slices of at most
+ADVANCE_SLICE (sendMsgBatch's most): a slice's next runs are worked out,
+written as one record of their progress (one sync: the schedules file's
+"runs" record, or one Raft write), then sent as one batch (the send path
+sendMsgBatch takes), so 100,000 schedules firing at one instant cost 100
+writes and 100 sends, not 100,000 of each, and no slice holds the event
+loop long or RAM for more than itself. The lock is let go between slices.
+
 So a crash anywhere leaves one of: the release not durable (the wheel
 releases the run again after the restart: at least once, as any
 message); the release durable but the next run not recorded (`start`
@@ -39,6 +47,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -49,15 +58,17 @@ from storage.types import NewMessage
 from wheel.clock import Clock
 
 from .backend import Backend
+from .bodies import MAX_SEND_BATCH
 from .params import DeleteRequest, NewSend
 from .recurrence import Misfire, Recurrence, jitter_ms, parse_run_msg_id, released, run_msg_id
-from .schedule_file import Key, Row, RowError
+from .schedule_file import LAST_RUNS, Key, Row, RowError, RunProgress
 from .schedule_params import ScheduleSpec
 
 log = logging.getLogger("hourglass.schedules")
 
-# Released runs a schedule's answer lists (getSchedule's lastRuns).
-LAST_RUNS = 10
+# Released runs a schedule's answer lists (getSchedule's lastRuns): LAST_RUNS.
+# Releases the worker follows at a time: one write of their progress, one send.
+ADVANCE_SLICE = MAX_SEND_BATCH
 # --max-schedules' default: schedules a node keeps (each in RAM with its
 # msg); a put of one more answers 429.
 DEFAULT_MAX_SCHEDULES = 10_000
@@ -76,17 +87,22 @@ class ScheduleStore(Protocol):
     keep the same records: {"put": row}, {"delete": [topic, scheduleId],
     "stale": msgId or None}."""
 
-    rows: dict[Key, Row]  # each schedule's last row, as opened
+    rows: dict[Key, Row]  # each schedule's last row, as opened (emptied once Schedules has read it)
     stale: dict[Key, str]  # runs of deleted schedules to delete if still waiting, as opened
 
     async def write(self, records: list[Row]) -> None:
         """The records, durable once it returns (raises if they may not be)."""
         ...
 
+    async def write_runs(self, states: Sequence[RunProgress]) -> None:
+        """Runs made: these schedules' progress (read at the call), durable
+        once it returns, in one write."""
+        ...
+
     def rewrite_due(self, live_bytes: int) -> bool: ...
 
-    async def rewrite(self, rows: list[Row]) -> None:
-        """Keep `rows` alone (each a "put")."""
+    async def rewrite(self, states: Sequence[RunProgress]) -> None:
+        """Keep these schedules' rows alone (each a "put")."""
         ...
 
     async def forget_stale(self, keys: list[Key]) -> None:
@@ -112,7 +128,7 @@ class ScheduleLimits:
             raise ConfigError(f"--max-schedule-bytes must be at least 0, got {self.max_bytes}")
 
 
-@dataclass
+@dataclass(slots=True)
 class ScheduleState:
     """One schedule as the node keeps it (see the module docstring)."""
 
@@ -123,17 +139,20 @@ class ScheduleState:
     pending: int | None = None  # the nominal time of the run that exists and is not released yet
     runs: int = 0  # runs made, the pending one included (counted against `limit`)
     catch_up: int = 0  # missed runs delivered in a row (misfire=all)
-    # released runs, oldest first: (nominal ms, ms late at release, missed)
-    last_runs: list[tuple[int, int, bool]] = field(default_factory=list)
+    # released runs, oldest first, two numbers each: nominal ms, and ms late
+    # at release * 2 + missed (`last_runs` reads them; 16 bytes a run, not
+    # a tuple of three objects)
+    history: array[int] = field(default_factory=lambda: array("q"))
     stale: str | None = None  # a run to delete if still waiting (a replaced or paused schedule's)
+    # (topic, scheduleId): one tuple a schedule, the one its maps are keyed by
+    key: Key = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.key = (self.spec.topic, self.spec.schedule_id)
 
     def __repr__(self) -> str:
         return (f"ScheduleState({self.spec.topic!r}/{self.spec.schedule_id!r}, v{self.version}, "
                 f"pending={self.pending}, runs={self.runs}, paused={self.paused})")
-
-    @property
-    def key(self) -> Key:
-        return self.spec.topic, self.spec.schedule_id
 
     def msg_id(self, nominal_ms: int) -> str:
         return run_msg_id(self.spec.schedule_id, nominal_ms)
@@ -164,10 +183,23 @@ class ScheduleState:
         return {**self.spec.public(), "version": self.version, "paused": self.paused, "runs": self.runs,
                 "nextFireTimes": self.next_fire_times(count)}
 
+    @property
+    def last_runs(self) -> list[tuple[int, int, bool]]:
+        """Released runs, oldest first: (nominal ms, ms late at release, missed)."""
+        h = self.history
+        return [(h[i], h[i + 1] >> 1, bool(h[i + 1] & 1)) for i in range(0, len(h), 2)]
+
+    def last_run(self) -> tuple[int, int, bool]:
+        """The run released last (schedule_file.RunProgress)."""
+        h = self.history
+        return h[-2], h[-1] >> 1, bool(h[-1] & 1)
+
+    def progress(self) -> Row:
+        return {"pending": self.pending, "runs": self.runs, "catchUp": self.catch_up,
+                "lastRuns": [list(r) for r in self.last_runs], "stale": self.stale}
+
     def row(self) -> Row:
-        return {**self.spec.public(), "version": self.version, "paused": self.paused, "pending": self.pending,
-                "runs": self.runs, "catchUp": self.catch_up, "lastRuns": [list(r) for r in self.last_runs],
-                "stale": self.stale}
+        return {**self.spec.public(), "version": self.version, "paused": self.paused, **self.progress()}
 
     @classmethod
     def from_row(cls, row: Row) -> ScheduleState:
@@ -179,17 +211,21 @@ class ScheduleState:
         version, runs, catch_up = row["version"], row["runs"], row["catchUp"]
         if not (type(version) is int and type(runs) is int and type(catch_up) is int):
             raise RowError("version, runs and catchUp must be whole numbers")
+        history = array("q", [n for r in last_runs[-LAST_RUNS:] for n in (int(r[0]), int(r[1]) * 2 + bool(r[2]))])
         return cls(spec, spec.recurrence(), version, bool(row.get("paused")),
-                   pending if type(pending) is int else None, runs, catch_up,
-                   [(int(r[0]), int(r[1]), bool(r[2])) for r in last_runs],
+                   pending if type(pending) is int else None, runs, catch_up, history,
                    stale if isinstance(stale, str) else None)
 
     def note_release(self, nominal_ms: int, late_ms: int, missed: bool) -> None:
-        self.last_runs.append((nominal_ms, late_ms, missed))
-        del self.last_runs[:-LAST_RUNS]
+        h = self.history
+        if len(h) < 2 * LAST_RUNS:  # a new array of the exact size (appending would leave room unused)
+            self.history = h + array("q", (nominal_ms, late_ms * 2 + missed))
+        else:  # full: shifted in place
+            h[:-2] = h[2:]
+            h[-2], h[-1] = nominal_ms, late_ms * 2 + missed
 
 
-@dataclass
+@dataclass(slots=True)
 class ScheduleStats:
     """One schedule's counts since the node started (/metrics)."""
 
@@ -208,8 +244,10 @@ class Schedules:
         self._clock = clock
         self.limits = limits or ScheduleLimits()
         self._states: dict[Key, ScheduleState] = {}
-        for key, row in file.rows.items():
-            self._states[key] = ScheduleState.from_row(row)
+        for row in file.rows.values():
+            state = ScheduleState.from_row(row)
+            self._states[state.key] = state
+        file.rows.clear()  # (the states hold it all now)
         self._stale = dict(file.stale)  # runs of deleted schedules still to delete
         self.bytes_held = sum(s.spec.size_bytes for s in self._states.values())
         self.stats: dict[Key, ScheduleStats] = {}
@@ -257,7 +295,7 @@ class Schedules:
             state = self._states.get((m.topic, run[0]))
             if state is None or state.pending != run[1]:
                 continue
-            self._released.append((state.key, run[1], now_ms))
+            self._released.append((state.key, state.pending, now_ms))  # (the state's own: no copies kept)
             spec = state.spec
             if spec.misfire is Misfire.SKIP and now_ms - run[1] > spec.grace_ms and m.retry == 0:
                 skipped.append(m.location)
@@ -296,29 +334,35 @@ class Schedules:
             else:
                 await self._wake.wait()
             self._wake.clear()
-            async with self._lock:
-                jobs, self._released = self._released, []
-                try:
-                    if self._unsettled:
-                        await self._repair()
-                    await self._advance(jobs)
-                except (HourglassError, OSError) as e:  # a disk or Raft write error: repaired from RAM
-                    log.warning("schedules: %d releases not followed by their next runs yet: %s", len(jobs), e)
+            jobs, self._released = self._released, []
+            for at in range(0, max(1, len(jobs)), ADVANCE_SLICE):  # the lock let go between slices
+                async with self._lock:
+                    part = jobs[at:at + ADVANCE_SLICE]
+                    try:
+                        if self._unsettled:
+                            await self._repair()
+                        await self._advance(part)
+                    except (HourglassError, OSError) as e:  # a disk or Raft write error: repaired from RAM
+                        log.warning("schedules: %d releases not followed by their next runs yet: %s", len(part), e)
+            del jobs, part  # (not held while the worker waits)
 
     async def _repair(self) -> None:
         """Schedules whose change a failed write or send left undone: their
         rows written again, their pending runs sent (strict: a run made
         already is answered, not made again)."""
         states = [s for s in self._unsettled.values() if self._states.get(s.key) is s]
-        if states:
-            await self._write([{"put": s.row()} for s in states])
-            for s in states:
+        for at in range(0, len(states), ADVANCE_SLICE):
+            part = states[at:at + ADVANCE_SLICE]
+            await self._write([{"put": s.row()} for s in part])
+            for s in part:
                 if s.stale is not None:
                     await self._drop_run(s.spec.topic, s.stale)
                     s.stale = None
-            sends = [self._run_send(s, s.pending, strict=True) for s in states if s.pending is not None]
+            sends = [self._run_send(s, s.pending, strict=True) for s in part if s.pending is not None]
             if sends:
                 await self.backend().send(sends)
+            for s in part:
+                self._unsettled.pop(s.key, None)
         self._unsettled.clear()
         log.info("schedules: %d repaired after an error", len(states))
 
@@ -333,6 +377,7 @@ class Schedules:
         if self._stale:
             await self._file.forget_stale(list(self._stale))
         self._stale.clear()
+        missing: list[NewSend] = []  # pending runs never sent: sent ADVANCE_SLICE at a time
         for state in list(self._states.values()):
             if state.stale is not None and state.stale not in live:
                 await self._drop_run(state.spec.topic, state.stale)
@@ -342,14 +387,20 @@ class Schedules:
             try:
                 message = await backend.get(state.spec.topic, state.msg_id(state.pending))
             except NotFound:
-                await backend.send([self._run_send(state, state.pending, strict=True)])
+                missing.append(self._run_send(state, state.pending, strict=True))
+                if len(missing) >= ADVANCE_SLICE:
+                    await backend.send(missing)
+                    missing = []
                 continue
             if message.status is not Status.WAITING:  # released before the stop: follow it now
                 self._released.append((state.key, state.pending, self._clock.now_ms()))
                 self._wake.set()
+        if missing:
+            await backend.send(missing)
 
     async def _advance(self, jobs: list[tuple[Key, int, int]]) -> None:
-        """Released runs: each schedule's next run recorded (one sync), then sent."""
+        """Released runs (a slice): each schedule's next run recorded (one
+        write of their progress), then sent (one batch)."""
         changed: list[ScheduleState] = []
         sends: list[NewSend] = []
         for key, nominal_ms, released_ms in jobs:
@@ -361,7 +412,9 @@ class Schedules:
                                released_ms, state.catch_up)
             late_ms = max(0, released_ms - nominal_ms)
             state.note_release(nominal_ms, late_ms, outcome.missed)
-            stats = self.stats.setdefault(key, ScheduleStats())
+            stats = self.stats.get(key)
+            if stats is None:
+                stats = self.stats[key] = ScheduleStats()
             stats.runs += 1
             stats.missed += outcome.missed_runs
             stats.late_ms += late_ms
@@ -379,7 +432,8 @@ class Schedules:
             return
         for s in changed:  # until written and sent (an error leaves them to _repair)
             self._unsettled[s.key] = s
-        await self._write([{"put": s.row()} for s in changed])
+        await self._file.write_runs(changed)
+        await self._rewrite_if_due()
         if sends:
             await self.backend().send(sends)
         for s in changed:
@@ -406,8 +460,11 @@ class Schedules:
 
     async def _write(self, records: list[Row]) -> None:
         await self._file.write(records)
+        await self._rewrite_if_due()
+
+    async def _rewrite_if_due(self) -> None:
         if self._file.rewrite_due(self.bytes_held + 400 * len(self._states)):
-            await self._file.rewrite([s.row() for s in self._states.values()])
+            await self._file.rewrite(list(self._states.values()))
 
     # == the API's side ==========================================================
 
@@ -478,11 +535,11 @@ class Schedules:
             paused = old is not None and old.paused
             first = None if paused else recurrence.first_at_or_after(max(spec.start_ms, now_ms + 1))
             state = ScheduleState(spec, recurrence, 1 if old is None else old.version + 1, paused, first,
-                                  0 if first is None else 1, 0, [] if old is None else old.last_runs)
+                                  0 if first is None else 1, 0, array("q") if old is None else old.history)
             # the run to delete: the one that exists (made before this round), unless it is this one's first
             old_run = None if before is None or before.pending is None else before.msg_id(before.pending)
             state.stale = None if first is not None and old_run == state.msg_id(first) else old_run
-            made[key] = state
+            made[state.key] = state
             answers.append((done, state))
         if not made:
             return

@@ -19,7 +19,8 @@ of [kind, topic, scheduleId] (a part's key adds [version, index]):
           to delete if still waiting                 next leader has deleted it
 
 so a run made writes its progress (about 300 bytes), not the whole
-schedule. Every command carries at most COMMAND_BYTES of entries: pysyncobj
+schedule: the runs one batch made are one write (`write_runs`), their
+"p" entries packed into commands as below. Every command carries at most COMMAND_BYTES of entries: pysyncobj
 sends a follower its log in batches of BATCH_BYTES plus the entry that
 crosses it (replication.raft_transport), so an entry of any size could make
 a frame the transport refuses. A long "s" is therefore cut into parts,
@@ -36,13 +37,14 @@ or released: it follows it) or not (it sends it, strict: made once).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 
 import orjson
 
 from replication.election import Election
 from storage.errors import Unavailable
 
-from ..schedule_file import Key, Row, RowError
+from ..schedule_file import Key, Row, RowError, RunProgress
 
 # The fields of a row kept in its "p" entry; the others are in its "s" entry.
 PROGRESS = ("pending", "runs", "catchUp", "lastRuns", "stale")
@@ -142,6 +144,25 @@ class RaftScheduleStore:
         for record in records:
             units.extend(self._units(record))
             self._note(record)
+        await self._commit_or_forget(units, records)
+
+    async def write_runs(self, states: Sequence[RunProgress]) -> None:
+        """Runs made: each schedule's "p" entry (its whole row if its "s"
+        entry may not be the version's), in one write."""
+        units: list[list[Change]] = []
+        records: list[Row] = []
+        for s in states:
+            written = self._written.get(s.key)
+            if written is not None and written[0] == s.version:
+                units.append([(entry_key("p", s.key), orjson.dumps(s.progress()))])
+            else:
+                record: Row = {"put": s.row()}
+                units.extend(self._units(record))
+                self._note(record)
+                records.append(record)
+        await self._commit_or_forget(units, records)
+
+    async def _commit_or_forget(self, units: list[list[Change]], records: list[Row]) -> None:
         if not await self._commit(units):
             for record in records:  # unsure what is written: each "s" is written again next time
                 row = record.get("put")
@@ -181,7 +202,7 @@ class RaftScheduleStore:
     def rewrite_due(self, live_bytes: int) -> bool:
         return False  # pysyncobj compacts its own log
 
-    async def rewrite(self, rows: list[Row]) -> None:
+    async def rewrite(self, rows: Sequence[RunProgress]) -> None:
         return None
 
     async def forget_stale(self, keys: list[Key]) -> None:

@@ -176,8 +176,11 @@ def test_five_field_crons_fire_as_the_reference_across_dst_changes(data: st.Data
     start, end = data.draw(near_change(name, 36, 48))
     try:
         Cron.parse(expr)
-    except InvalidRequest as e:  # a day no month of the drawn ones has (30 of 2): refused, and it never fires
-        assert "names no day" in str(e), expr
+        refused = ""
+    except InvalidRequest as e:
+        refused = str(e)
+    if refused:  # a day no month of the drawn ones has (30 of 2): refused, and it never fires
+        assert "names no day" in refused, expr
         assert reference_fires(expr, False, name, start, end) == [], expr
         return
     assert module_fires(expr, name, start, end) == reference_fires(expr, False, name, start, end), expr

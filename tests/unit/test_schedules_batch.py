@@ -1,0 +1,239 @@
+"""broker.schedules at size, in counts: the runs one tick releases are
+followed in slices of ADVANCE_SLICE, each one write of their progress and
+one batched send (not one of each a run); what a schedule holds in RAM
+stays under a ceiling once its last runs are full; the schedules file's
+"runs" records read back as the rows they stand for, and a version-1
+file is read and rewritten as version 2. Real Store and schedules file,
+a FakeClock."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import os
+import struct
+import tracemalloc
+from typing import Any
+
+import pytest
+from broker_harness import BrokerHarness
+
+from broker.params import Defaults, PullRequest
+from broker.ready import QueueLimits
+from broker.recurrence import Misfire
+from broker.schedule_file import HEADER, MAGIC, ScheduleFile, frame
+from broker.schedule_params import ScheduleSpec
+from broker.schedules import ADVANCE_SLICE, LAST_RUNS, ScheduleLimits, Schedules
+from storage.entry import Status
+from storage.errors import CorruptionError
+
+MINUTE_MS = 60_000
+START_MS = 1_750_000_020_000  # 20 s into a minute
+TOPIC = "t"
+# What a schedule (cron `* * * * *`, a short msg) may hold in RAM once its
+# last runs are full: its state, spec, time rules, counts and the maps'
+# entries, as tracemalloc attributes them to the schedules' modules and to
+# this file (which makes the specs). 2,230 bytes before the states were
+# made compact (dataclasses with dicts, a tuple of three objects a last
+# run, the scheduleId parsed from each run's msgId kept); about 900 since.
+MAX_BYTES_PER_SCHEDULE = 1200
+SCHEDULE_FILES = ("broker/schedules.py", "broker/schedule_params.py", "broker/recurrence.py",
+                  "broker/schedule_file.py", "tests/unit/test_schedules_batch.py")
+
+
+def spec(i: int, cron: str = "* * * * *") -> ScheduleSpec:
+    return ScheduleSpec(TOPIC, f"s{i:05d}", cron, None, "UTC", "run", 3_600_000, 3, 0, "", "", START_MS, None, None,
+                        0, Misfire.ONCE, 60_000, 10)
+
+
+class Node:
+    """A Broker and its Schedules over a schedules file, counting the
+    schedules' writes and the backend's sends."""
+
+    def __init__(self) -> None:
+        self.h = BrokerHarness("hourglass-schedbatch-", START_MS, QueueLimits(), Defaults())
+        self.path = os.path.join(self.h.directory, "schedules")
+        self.writes: list[int] = []  # schedules written by each write of runs' progress
+        self.sends: list[int] = []  # messages in each send
+        self.h.open_broker()
+        self.schedules = self._schedules()
+
+    def _schedules(self) -> Schedules:
+        file = ScheduleFile(self.path, fsync=False)
+        write_runs = file.write_runs
+
+        async def counted(states: Any) -> None:
+            self.writes.append(len(states))
+            await write_runs(states)
+        file.write_runs = counted  # type: ignore[method-assign]
+        schedules = Schedules(file, self.h.clock, ScheduleLimits(max_schedules=100_000, max_bytes=1 << 40))
+        broker = self.h.broker
+        assert broker is not None
+        broker.on_release = schedules.on_release
+        send = broker.send
+
+        async def counted_send(sends: Any) -> Any:
+            self.sends.append(len(sends))
+            return await send(sends)
+        broker.send = counted_send  # type: ignore[method-assign]
+        async def start() -> None:
+            schedules.start(broker)
+            await self.h.quiesce()
+        self.h.run(start())
+        return schedules
+
+    def put(self, count: int, cron: str = "* * * * *") -> None:
+        async def put_all() -> None:
+            await asyncio.gather(*(self.schedules.put(spec(i, cron), None) for i in range(count)))
+        self.h.run(put_all())
+        self.h.run(self.h.quiesce())
+
+    def drain(self) -> list[str]:
+        async def pull_all() -> list[str]:
+            ids: list[str] = []
+            while batch := await self.h.broker.pull(PullRequest(TOPIC, 60_000, 1000, ())):  # type: ignore[union-attr]
+                ids += [m.msg_id for m in batch]
+                await self.h.broker.ack_many(TOPIC, [m.msg_id for m in batch])  # type: ignore[union-attr]
+            return ids
+        return self.h.run(pull_all())
+
+    def restart(self) -> None:
+        self.h.run(self.schedules.stop())
+        self.schedules.close()
+        self.h.restart()
+        self.schedules = self._schedules()
+
+    def close(self) -> None:
+        self.h.run(self.schedules.stop())
+        self.schedules.close()
+        self.h.teardown()
+
+
+@pytest.fixture
+def node() -> Any:
+    n = Node()
+    yield n
+    n.close()
+
+
+@pytest.mark.parametrize("count", [600, 2 * ADVANCE_SLICE + 300])
+def test_the_runs_one_tick_releases_make_one_write_and_one_send_a_slice(node: Node, count: int) -> None:
+    node.put(count)
+    first = (START_MS // MINUTE_MS + 1) * MINUTE_MS
+    assert sum(node.sends) == count and len(node.sends) <= 2  # the puts: the first alone, the rest together
+    node.writes.clear()
+    node.sends.clear()
+    node.h.advance_to(first)
+    slices = -(-count // ADVANCE_SLICE)
+    assert len(node.writes) == slices and sum(node.writes) == count and max(node.writes) <= ADVANCE_SLICE
+    assert len(node.sends) == slices and sum(node.sends) == count
+    assert sorted(node.drain()) == sorted(f"s{i:05d}@{first}" for i in range(count))
+    following = first + MINUTE_MS
+    for i in (0, count // 2, count - 1):
+        message = node.h.run(node.h.broker.get(TOPIC, f"s{i:05d}@{following}"))  # type: ignore[union-attr]
+        assert message.status is Status.WAITING and message.trigger_ms == following
+    # what the "runs" records say reads back after a restart, and the runs go on from it
+    node.restart()
+    for i in (0, count - 1):
+        state = node.schedules.get(TOPIC, f"s{i:05d}")
+        assert (state.pending, state.runs, state.last_runs) == (following, 2, [(first, 0, False)])
+    node.writes.clear()
+    node.h.advance_to(following)
+    assert len(node.writes) == slices
+    assert sorted(node.drain()) == sorted(f"s{i:05d}@{following}" for i in range(count))
+
+
+def test_a_schedule_holds_under_its_ceiling_in_ram_once_its_last_runs_are_full(node: Node) -> None:
+    count = 1000
+    gc.collect()
+    tracemalloc.start(1)
+    try:
+        before = tracemalloc.take_snapshot()
+        node.put(count, cron="* * * * * *")  # every second
+        at = node.h.clock.now_ms() // 1000 * 1000
+        for _ in range(LAST_RUNS + 2):
+            at += 1000
+            node.h.advance_to(at)
+            assert len(node.drain()) == count
+        gc.collect()
+        after = tracemalloc.take_snapshot()
+    finally:
+        tracemalloc.stop()
+    state = node.schedules.get(TOPIC, "s00000")
+    assert len(state.last_runs) == LAST_RUNS and node.schedules.stats[state.key].runs == LAST_RUNS + 2
+    held = sum(s.size_diff for s in after.compare_to(before, "filename")
+               if s.traceback[0].filename.endswith(SCHEDULE_FILES))
+    assert held / count < MAX_BYTES_PER_SCHEDULE, held / count
+
+
+def row(sid: str, version: int = 1, pending: int | None = 60_000) -> dict[str, object]:
+    return {**spec(0).public(), "scheduleId": sid, "version": version, "paused": False, "pending": pending,
+            "runs": 1, "catchUp": 0, "lastRuns": [], "stale": None}
+
+
+def test_runs_records_read_back_as_rows_and_keep_the_last_runs(tmp_path: Any) -> None:
+    path = str(tmp_path / "schedules")
+    file = ScheduleFile(path, fsync=False)
+    file.append([{"put": row("a")}, {"put": row("b")}])
+    for k in range(1, LAST_RUNS + 3):
+        file.append([{"runs": [[TOPIC, "a", 1, 60_000 * (k + 1), k + 1, 0, 60_000 * k, k, k % 2 == 0]]}])
+    file.close()
+    again = ScheduleFile(path, fsync=False)
+    a = again.rows[(TOPIC, "a")]
+    assert (a["pending"], a["runs"]) == (60_000 * (LAST_RUNS + 3), LAST_RUNS + 3)
+    assert a["lastRuns"] == [[60_000 * k, k, k % 2 == 0] for k in range(3, LAST_RUNS + 3)]
+    assert again.rows[(TOPIC, "b")]["lastRuns"] == []
+    again.close()
+
+
+def test_a_run_of_a_version_the_file_does_not_hold_is_corruption(tmp_path: Any) -> None:
+    path = str(tmp_path / "schedules")
+    file = ScheduleFile(path, fsync=False)
+    file.append([{"put": row("a", version=2)}, {"runs": [[TOPIC, "a", 1, 120_000, 2, 0, 60_000, 0, False]]},
+                 {"put": row("b")}])
+    file.close()
+    with pytest.raises(CorruptionError, match="not the schedule's"):
+        ScheduleFile(path, fsync=False)
+
+
+def test_a_version_1_file_is_read_and_rewritten_as_version_2(tmp_path: Any) -> None:
+    path = str(tmp_path / "schedules")
+    with open(path, "wb") as f:
+        f.write(HEADER.pack(MAGIC, 1, 0) + frame({"put": row("a")}) + frame({"put": row("b")})
+                + frame({"delete": [TOPIC, "b"], "stale": "s00000@60000"}))
+    file = ScheduleFile(path, fsync=False)
+    assert list(file.rows) == [(TOPIC, "a")] and file.stale == {(TOPIC, "b"): "s00000@60000"}
+    file.append([{"runs": [[TOPIC, "a", 1, 120_000, 2, 0, 60_000, 3, False]]}])
+    file.close()
+    with open(path, "rb") as f:
+        assert struct.unpack_from("<4sH", f.read(6)) == (MAGIC, 2)
+    again = ScheduleFile(path, fsync=False)
+    assert again.rows[(TOPIC, "a")]["lastRuns"] == [[60_000, 3, False]]
+    assert again.stale == {(TOPIC, "b"): "s00000@60000"}
+    again.close()
+    with open(path, "r+b") as f:
+        f.write(HEADER.pack(MAGIC, 3, 0))
+    with pytest.raises(CorruptionError, match="unsupported version 3"):
+        ScheduleFile(path, fsync=False)
+
+
+def test_a_rewrite_keeps_the_live_rows_alone(tmp_path: Any) -> None:
+    path = str(tmp_path / "schedules")
+    file = ScheduleFile(path, fsync=False)
+    file.append([{"put": row(f"x{i}")} for i in range(2500)])
+    file.append([{"delete": [TOPIC, f"x{i}"], "stale": None} for i in range(0, 2500, 2)])
+
+    class Live:
+        def __init__(self, r: dict[str, object]) -> None:
+            self._row = r
+
+        def row(self) -> dict[str, object]:
+            return self._row
+
+    live = [Live(row(f"x{i}")) for i in range(1, 2500, 2)]
+    asyncio.run(file.rewrite(live))  # type: ignore[arg-type]
+    assert file.size_bytes == os.path.getsize(path) and not os.path.exists(path + ".tmp")
+    file.close()
+    again = ScheduleFile(path, fsync=False)
+    assert sorted(again.rows) == sorted((TOPIC, f"x{i}") for i in range(1, 2500, 2))
+    again.close()
