@@ -208,7 +208,7 @@ class Api:
     # serves them (`requests`), not the backend's methods that forward to it.
 
     async def send(self, request: Request) -> Response:
-        backend = self.backend
+        backend = self._broker or self.backend  # (the property raises Unavailable when none)
         now_ms = backend.clock.now_ms()
         send = params.parse_send(self._params(request), now_ms=now_ms, make_id=new_msg_id,
                                  defaults=backend.defaults, max_msg_bytes=self.max_msg_bytes)
@@ -229,7 +229,7 @@ class Api:
         return answer(200, "success")
 
     async def pull(self, request: Request) -> Response:
-        backend = self.backend
+        backend = self._broker or self.backend
         pull = params.parse_pull(self._params(request), backend.defaults)
         return answer(200, "success", delayMsgList=[delay_msg(m) for m in await backend.requests.pull(pull)])
 
@@ -243,7 +243,7 @@ class Api:
         return answer(200, "success", delayMsgList=[delay_msg(m) for m in await backend.requests.long_poll(poll, gone)])
 
     async def ack(self, request: Request) -> Response:
-        backend = self.backend
+        backend = self._broker or self.backend
         ack = params.parse_ack(self._params(request))
         if isinstance(ack, params.AckManyRequest):
             after = await backend.requests.ack_many(ack.topic, ack.msg_ids, ack.ack)

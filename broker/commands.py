@@ -98,11 +98,13 @@ class Command:
     # Counts it as an API call (broker.health's idleness); None: not one.
     tracker: Tracker | None = None
     errors: ErrorTable = ()
-    # It may start in the connection's frame (broker.httpd), without a Task
-    # of its own, which it gets only if it waits: it asks for nothing that
-    # needs the current Task (asyncio.timeout, aiohttp's client, redis-py)
-    # before its first wait. A handler that never waits (a pull on a
-    # standalone node, /health) then costs no Task at all.
+    # It may run in the connection's frame (broker.httpd), without a Task
+    # of its own: resumed by the callbacks of the futures it awaits, it gets
+    # a Task only once it yields bare (asyncio.sleep(0)). So it asks for
+    # nothing that needs the current Task (asyncio.timeout, aiohttp's
+    # client, redis-py) without such a yield first (broker.clock's wait_for
+    # makes one). A handler that never waits (a pull on a standalone node,
+    # /health) costs no Task at all, nor does a send that waits for its fsync.
     inline: bool = False
 
     def error_answer(self, error: Exception) -> Response | None:

@@ -94,11 +94,14 @@ class Gate:
     def admit(self, request: Request) -> Response | Command:
         method, path = request.method, request.path
         command = self.commands.get((method, path))
-        if self.token is None and (method not in SAFE_METHODS
-                                   or not self._host_ok.get(request.headers.get("host", ""), False)):
-            refusal = self._browser_refusal(request)  # (a known local Host's GET needs no more)
-            if refusal is not None:
-                return refusal
+        if self.token is None:
+            headers = request.headers
+            # a known served Host's GET, or its POST with neither Sec-Fetch-Site nor Origin, needs no more
+            if not (self._host_ok.get(headers.get("host", ""), False)
+                    and (method in SAFE_METHODS or ("sec-fetch-site" not in headers and "origin" not in headers))):
+                refusal = self._browser_refusal(request)
+                if refusal is not None:
+                    return refusal
         auth = auth_of(path) if command is None else command.auth
         if auth is Auth.PEER and self.is_peer is not None:
             if not self.is_peer(request):

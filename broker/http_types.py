@@ -19,7 +19,7 @@ class Request:
     admission looks at it then, its body still empty); `body` is set once
     the body has arrived."""
 
-    __slots__ = ("body", "headers", "method", "path", "query", "transport")
+    __slots__ = ("body", "content_type", "headers", "method", "path", "query", "transport")
 
     def __init__(self, method: str, path: str, query: bytes, headers: dict[str, str], body: bytes,
                  transport: asyncio.Transport | None) -> None:
@@ -29,10 +29,10 @@ class Request:
         self.headers = headers
         self.body = body
         self.transport = transport
-
-    @property
-    def content_type(self) -> str:
-        return self.headers.get("content-type", "").partition(";")[0].strip().lower()
+        # the media type, lower case, without parameters ("" when none)
+        given = headers.get("content-type")
+        self.content_type = "" if given is None else given if given in _PLAIN_TYPES \
+            else given.partition(";")[0].strip().lower()
 
     @property
     def path_qs(self) -> str:
@@ -44,6 +44,10 @@ class Request:
 
     def __repr__(self) -> str:
         return f"<Request {self.method} {self.path} body={len(self.body)}B>"
+
+
+# Content-Type values taken as they are (no parameters, lower case already).
+_PLAIN_TYPES = frozenset(("application/x-www-form-urlencoded", "application/json"))
 
 
 class Response:

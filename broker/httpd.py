@@ -21,8 +21,9 @@ A request then runs in one frame, `Connection._run`: the API's tracking
 around the command's handler, its error table on what the handler raises,
 the answer written. A command marked `inline` starts in the callback that
 completed its body (`_start`): a handler that does not wait answers there,
-without a Task; one that waits on a future is continued by a Task once the
-future is done, from where it stopped (no wrapper frame in between).
+without a Task; one that waits on a future is resumed from where it
+stopped by that future's callback (`_continue`), still without a Task,
+until it yields bare (then a Task goes on with the frame itself).
 
 What it speaks: HTTP/1.1 and 1.0, keep-alive, pipelined requests (answered
 in order, one at a time per connection), bodies with `Content-Length`
@@ -252,7 +253,7 @@ class Connection(asyncio.Protocol):
         self.busy = False             # a handler runs, or an answer is being written
         self.inline = False           # `_start` runs a request's frame: `_next` goes on after it
         self.going_on = False         # `_go_on` is to run at the loop's next turn
-        self.waiting: Coroutine[Any, Any, None] | None = None  # a started frame until its Task continues it
+        self.waiting: Coroutine[Any, Any, None] | None = None  # a frame waiting on a future (`_step`)
         self.reading = True
         self.writing_paused = False
         self.drained: asyncio.Future[None] | None = None  # a stream waiting for resume_writing
@@ -534,10 +535,20 @@ class Connection(asyncio.Protocol):
 
     def _start(self, frame: Coroutine[Any, Any, None]) -> bool:
         """Run a request's frame here, until it first waits. True: it
-        answered without waiting, and no Task was made. Else a Task goes on
-        with the frame itself, from where it stopped, once what it waits on
-        is done: as if it had been the Task's from the start."""
+        answered without waiting, and no Task was made."""
         self.inline = True
+        try:
+            return self._step(frame)
+        finally:
+            self.inline = False
+
+    def _step(self, frame: Coroutine[Any, Any, None]) -> bool:
+        """Run the frame until it waits (True: it ended). What it waits on
+        resumes it here again once done (`_continue`), as a Task's step
+        would, without a Task: the frame is its own Task until it asks for
+        one. A bare yield (asyncio.sleep(0); what broker.clock's wait_for
+        makes before an asyncio.timeout, which needs the current Task)
+        hands the frame to a Task that goes on from where it stopped."""
         try:
             waiting = frame.send(None)
             while waiting is not None and not getattr(waiting, "_asyncio_future_blocking", False):
@@ -545,21 +556,21 @@ class Connection(asyncio.Protocol):
                 waiting = frame.throw(RuntimeError(f"a handler yielded {waiting!r}, not a future"))
         except StopIteration:
             return True
-        finally:
-            self.inline = False
-        if waiting is None:  # a bare yield (asyncio.sleep(0)): go on at the loop's next turn
+        except asyncio.CancelledError:  # what it waited on was cancelled (a stop): the frame ended, as its Task would
+            return True
+        if waiting is None:  # a bare yield: go on at the loop's next turn, in a Task
             self.loop.create_task(frame)
-        else:  # `await future`: the Task's first step takes its result
+        else:  # `await future`: resumed by `_continue`, and the future's result taken then
             waiting._asyncio_future_blocking = False  # (the handshake a Task makes with `Future.__await__`)
             self.waiting = frame
             waiting.add_done_callback(self._continue)
         return False
 
     def _continue(self, _: asyncio.Future[Any]) -> None:
-        """What the waiting frame waited on is done: a Task goes on with it."""
+        """What the waiting frame waited on is done: it goes on (`_step`)."""
         frame, self.waiting = self.waiting, None
         if frame is not None:
-            self.loop.create_task(frame)
+            self._step(frame)
 
     async def _run(self, command: Command, request: Request, keep_alive: bool, budgeted: int) -> None:
         """The one frame a request runs in: its command's handler, counted

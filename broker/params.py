@@ -83,7 +83,7 @@ from storage.errors import ConfigError, InvalidRequest
 from storage.store import MAX_PRIORITY, MAX_RETRY_COUNT, MIN_PRIORITY, NewMessage
 from storage.types import validate_message
 
-from .bodies import JSON_MARKS_PER_BODY, MAX_SEND_BATCH, BodyLimits, check_json_marks, check_size
+from .bodies import BODY_SLACK_BYTES, JSON_MARKS_PER_BODY, MAX_SEND_BATCH, BodyLimits, check_json_marks, check_size
 
 Params = Mapping[str, object]
 
@@ -309,7 +309,8 @@ def parse_pull(params: Params, defaults: Defaults) -> PullRequest:
     topic = _required_name(params, "topic")
     ack_timeout_ms = _defaulted(params, "ackTimeoutMillis", defaults.ack_timeout_ms, defaults.max_ack_timeout_ms)
     batch = _defaulted(params, "batch", defaults.batch, MAX_PULL_BATCH)
-    return PullRequest(topic, ack_timeout_ms, batch, _tags(params, "tags"))
+    tags = () if params.get("tags") is None else _tags(params, "tags")
+    return tuple.__new__(PullRequest, (topic, ack_timeout_ms, batch, tags))
 
 
 def parse_long_poll(params: Params, defaults: Defaults) -> LongPollRequest:
@@ -326,7 +327,7 @@ def parse_ack(params: Params) -> AckRequest | AckManyRequest:
     ack = _bool(params, "ack", default=True)
     many = params.get("msgIds")
     if many is None or many == "":
-        return AckRequest(topic, _required_name(params, "msgId"), ack)
+        return tuple.__new__(AckRequest, (topic, _required_name(params, "msgId"), ack))
     if params.get("msgId") not in (None, ""):
         raise InvalidRequest("msgIds", "and msgId exclude each other")
     if isinstance(many, str):
@@ -413,11 +414,27 @@ def request_params(method: str, query: bytes, body: bytes, content_type: str, li
 
 def body_params(body: bytes, content_type: str, limits: BodyLimits, max_msg_bytes: int) -> Params:
     """A POST's parameters, any call's but sendMsgBatch's: a JSON object
-    when `content_type` is application/json, else a form."""
-    check_size(body, limits.body_bytes(max_msg_bytes))
+    when `content_type` is application/json, else a form. (A form of
+    plain pairs -- nothing %-escaped, within its caps -- is read here in
+    one frame: the checks `check_size`, `BodyLimits.check_form` and
+    `parse_form` make, written out.)"""
     if content_type == "application/json":
+        check_size(body, limits.body_bytes(max_msg_bytes))
         check_json_marks(body, JSON_MARKS_PER_BODY, "the body")
         return parse_json(body)
+    if (len(body) <= 6 * max_msg_bytes + BODY_SLACK_BYTES  # BodyLimits.body_bytes
+            and body.count(b"&") < limits.max_form_pairs and b"%" not in body and b"+" not in body):
+        try:
+            text = body.decode("utf-8")
+        except UnicodeDecodeError:
+            return parse_form(body)  # which names the parameter
+        out: dict[str, str] = {}
+        for pair in text.split("&"):
+            if pair:
+                key, _, value = pair.partition("=")
+                out.setdefault(key, value)
+        return out
+    check_size(body, limits.body_bytes(max_msg_bytes))
     limits.check_form(body, "the form body")
     return parse_form(body)
 
@@ -646,8 +663,12 @@ def _msg(value: object, max_msg_bytes: int) -> str:
 
 
 def _required_name(params: Params, parameter: str) -> str:
-    """A top-level topic or msgId."""
-    value = _name(parameter, params.get(parameter), True, False)
+    """A top-level topic or msgId. (A plain one -- ASCII, within its
+    length, no NUL -- is taken here: `_name`'s rules, written out.)"""
+    value = params.get(parameter)
+    if type(value) is str and value.isascii() and 0 < len(value) <= MAX_NAME_BYTES and "\0" not in value:
+        return value
+    value = _name(parameter, value, True, False)
     if value is None:
         raise InvalidRequest(parameter, "is required")
     return value
@@ -717,7 +738,10 @@ def _int(parameter: str, value: object) -> int | None:
 def _defaulted(params: Params, parameter: str, default: int, maximum: int) -> int:
     """A positive duration or count: <= 0 or not given means `default`,
     above `maximum` means `maximum`."""
-    number = _int(parameter, params.get(parameter))
+    value = params.get(parameter)
+    if value is None:
+        return default
+    number = _int(parameter, value)
     if number is None or number <= 0:
         return default
     return number if number < maximum else maximum

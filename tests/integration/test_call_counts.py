@@ -15,10 +15,10 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "bench"))
 
 CEILINGS = {
-    "send": 145,             # sendMsg (141; a slow disk's rounds in the syncer thread: 2 fewer)
-    "send_batch": 650,       # sendMsgBatch of 100 (643-645)
-    "pull_ack": 212,         # pullMsg of one, then its ackMsg (202-209)
-    "pull_ack_many": 1_250,  # pullMsg of 100, then one ackMsg of them (msgIds): 1,193, the least of 3
+    "send": 128,             # sendMsg (123-125)
+    "send_batch": 640,       # sendMsgBatch of 100 (630-634)
+    "pull_ack": 170,         # pullMsg of one, then its ackMsg (165-167)
+    "pull_ack_many": 1_200,  # pullMsg of 100, then one ackMsg of them (msgIds): 1,164, the least of 3
 }
 
 

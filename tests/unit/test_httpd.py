@@ -360,7 +360,7 @@ def _tasks_seen() -> tuple[dict[str, list[object]], Command, Command]:
             Command("*", "*", handler, 1024, Auth.OPEN, inline=False))
 
 
-def test_an_inline_command_answers_in_the_connections_frame_and_a_task_goes_on_once_it_waits():
+def test_an_inline_command_answers_in_the_connections_frame_and_goes_on_there_until_it_yields_bare():
     async def main():
         seen, inline, _ = _tasks_seen()
         server = HttpServer(lambda request: inline)
@@ -375,9 +375,9 @@ def test_an_inline_command_answers_in_the_connections_frame_and_a_task_goes_on_o
     assert [(status, body) for status, _, body in answers[:3]] == [(200, b"now"), (200, b"later"), (200, b"yielded")]
     assert [status for status, _, _ in answers[3:]] == [500, 500, 200]  # the timeout needs a Task from the start
     assert seen["/now"] == [None, None, None, None]  # answered without a Task, twice
-    for path in ("/future", "/yield"):
-        before, after = seen[path]
-        assert before is None and isinstance(after, asyncio.Task)  # the frame itself, continued by a Task
+    assert seen["/future"] == [None, None]  # resumed by its future's callback: still no Task
+    before, after = seen["/yield"]
+    assert before is None and isinstance(after, asyncio.Task)  # a bare yield: the frame itself, continued by a Task
     assert seen["/timeout"] == [None]
 
 
