@@ -112,9 +112,10 @@ def test_the_declared_keys_check_catches_an_undeclared_key(cluster_url):
 
 
 def new(topic: str, msg_id: str, *, delay_ms: int = 0, ttl_ms: int = 60_000, max_retry: int = 3, priority: int = 0,
-        tag: str = "") -> NewMessage:
+        tag: str = "", key: str = "") -> NewMessage:
     now_ms = SystemClock().now_ms()
-    return NewMessage(topic, msg_id, f"body of {msg_id}", now_ms, now_ms + delay_ms, ttl_ms, max_retry, priority, tag)
+    return NewMessage(topic, msg_id, f"body of {msg_id}", now_ms, now_ms + delay_ms, ttl_ms, max_retry, priority, tag,
+                      key)
 
 
 def test_the_lifecycle_across_masters_touches_only_declared_keys(cluster_url, cluster_ports, monkeypatch):
@@ -175,6 +176,48 @@ def test_the_lifecycle_across_masters_touches_only_declared_keys(cluster_url, cl
                 assert [m.msg_id for m in got] == ["now"]
         finally:
             for broker in brokers:
+                await broker.stop()
+    asyncio.run(main())
+
+
+def test_serial_keys_bulk_calls_by_key_and_push_leases_across_masters_touch_only_declared_keys(
+        cluster_url, cluster_ports, monkeypatch):
+    monkeypatch.setattr(redis_link, "SCRIPTS", {n: declared_only(s) for n, s in redis_link.SCRIPTS.items()})
+    topics = topics_on_every_master(cluster_url, len(cluster_ports), per_master=1)
+    config = RedisConfig(key_prefix="keys", poll_ms=50, lease_ms=200)
+
+    async def keyed(a: RedisBroker, b: RedisBroker, topic: str) -> None:
+        await a.send([new(topic, f"a{i}", key="A", tag="x" if i else "") for i in range(4)]
+                     + [new(topic, "b0", key="B"), new(topic, "n0")])
+        first = await b.pull(PullRequest(topic, 30_000, 10, ()))
+        assert sorted(m.msg_id for m in first) == ["a0", "b0", "n0"] and {m.key for m in first} == {"A", "B", ""}
+        assert await a.pull(PullRequest(topic, 30_000, 10, ("x",))) == []  # A is busy
+        await a.ack(AckRequest(topic, "a0", True))
+        assert [m.msg_id for m in await a.pull(PullRequest(topic, 30_000, 10, ("x",)))] == ["a1"]
+        assert (await a.delete_msgs(DeleteMsgsRequest(topic, BulkFilter(key="A"), 100))) == (3, False)
+        moved = await b.reschedule_msgs(RescheduleMsgsRequest(
+            topic, BulkFilter(key="B").narrowed(frozenset({Status.WAITING, Status.READY})), 100, 60_000, None))
+        assert moved == (0, False)  # b0 is consuming: a reschedule leaves it
+        # a pusher's delivery, its node gone: back once its push timeout passed and its lease lapsed
+        await a.send([new(topic, "p0", key="P")])
+        pushed, = await a.long_poll(LongPollRequest(topic, 60_000, 1, (), 1_000, push_timeout_ms=100))
+        assert pushed.msg_id == "p0"
+
+    async def main():
+        brokers = [RedisBroker.from_url(cluster_url, SystemClock(), Defaults(), Metrics(), config) for _ in range(2)]
+        await brokers[0].redis.flushdb()
+        for broker in brokers:
+            await broker.start()
+        stopped = False
+        try:
+            await asyncio.gather(*(keyed(*brokers, topic) for topic in topics))
+            await brokers[0].stop()
+            stopped = True
+            for topic in topics:
+                again, = await brokers[1].long_poll(LongPollRequest(topic, 30_000, 1, (), 5_000))
+                assert (again.msg_id, again.retry) == ("p0", 2)
+        finally:
+            for broker in brokers[1:] if stopped else brokers:
                 await broker.stop()
     asyncio.run(main())
 
