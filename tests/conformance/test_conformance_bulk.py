@@ -1,7 +1,6 @@
 """listMsg, deleteMsgs and rescheduleMsgs (extensions: docs/api.md, Bulk
-calls), the same on every backend (see conftest): messages found by tag,
-msgId prefix, status and trigger time range (and key, on the disk backend,
-the only one taking keyed sends), listed a page at a time in (trigger
+calls), the same on every backend (see conftest): messages found by key,
+tag, msgId prefix, status and trigger time range, listed a page at a time in (trigger
 time, msgId) order or counted, deleted or moved in one call; a bad
 parameter answers code 400 naming it, and changes nothing."""
 
