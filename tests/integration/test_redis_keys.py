@@ -35,7 +35,7 @@ from fakes import FakeClock
 
 from broker.bulk_params import BulkFilter, DeleteMsgsRequest, ListMsgRequest
 from broker.metrics import Metrics
-from broker.params import AckRequest, DeleteRequest, Defaults, LongPollRequest, NewSend, PullRequest
+from broker.params import AckRequest, Defaults, DeleteRequest, LongPollRequest, NewSend, PullRequest
 from broker.redis.backend import RedisBroker
 from broker.redis.keys import RedisConfig
 from storage.entry import MS_PER_HOUR, Status

@@ -13,6 +13,7 @@ redis-server (the session's):
 
 from __future__ import annotations
 
+import itertools
 import random
 import threading
 import time
@@ -88,7 +89,7 @@ def test_two_nodes_on_one_redis_never_hand_a_key_to_two_consumers(redis_url, tmp
                                 acked.append(m["msgId"])
                         code, body = node.post("ackMsg", topic=topic, msgId=m["msgId"], ack=str(ack).lower())
                         assert code == 200 and body["code"] == 200, body
-            except BaseException as e:  # noqa: BLE001 -- reported by the test thread
+            except BaseException as e:  # reported by the test thread
                 errors.append(e)
 
         threads = [threading.Thread(target=consume, args=(seed,)) for seed in range(CONSUMERS)]
@@ -103,7 +104,7 @@ def test_two_nodes_on_one_redis_never_hand_a_key_to_two_consumers(redis_url, tmp
         for key, spans in held.items():
             spans.sort()
             deliveries += len(spans)
-            for (_, sent, first), (pulled, _, second) in zip(spans, spans[1:]):
+            for (_, sent, first), (pulled, _, second) in itertools.pairwise(spans):
                 # a delivery's pull answered before the previous one's ack was even sent: held twice
                 assert pulled > sent, f"key {key}: {second} handed out while {first} was consuming"
         for k in range(KEYS):  # a key's messages (one priority, one trigger time) acked in msgId order
