@@ -3,12 +3,15 @@ runs (docs/redis.md, "Bulk calls in bounded steps"). Prints ONE JSON object.
 
     .venv/bin/python bench/redis_bulk.py                       # 100,000 messages; batches 100 and one script
     .venv/bin/python bench/redis_bulk.py --messages 20000 --batches 100
+    .venv/bin/python bench/redis_bulk.py --batches 100 --key     # every message under one key, deleted by it
 
 For each --redis-bulk-batch in --batches, on a fresh redis-server (free
 loopback port, no persistence) and a fresh `hourglass serve --backend
 redis://...`: one topic gets --messages waiting messages (triggers over
-24 h, 100 tags, sendMsgBatch of 1,000), then ONE `deleteMsgs all=true
-limit=<messages>` runs while
+24 h, 100 tags, sendMsgBatch of 1,000; with --key, all under the one key
+KEY), then ONE `deleteMsgs all=true limit=<messages>` (with --key,
+`deleteMsgs key=KEY limit=<messages>`, read through the key index) runs
+while
 
   - a separate process sends PING to redis-server on a connection of its
     own, one after another with 2 ms between (ping_max_ms, ping_p99_ms);
@@ -53,6 +56,7 @@ HOUR_MS = 3_600_000
 TOPIC = "bulk"
 TAGS = 100
 BATCH = 1000
+KEY = "account-42"
 
 
 def log(text: str) -> None:
@@ -103,7 +107,7 @@ async def timed(session: aiohttp.ClientSession, base: str, name: str, **params: 
     return (time.perf_counter() - began) * 1000
 
 
-async def scenario(base: str, port: int, messages: int) -> dict[str, Any]:
+async def scenario(base: str, port: int, messages: int, by_key: bool) -> dict[str, Any]:
     out: dict[str, Any] = {}
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session:
         start_ms = int(time.time() * 1000)
@@ -111,7 +115,7 @@ async def scenario(base: str, port: int, messages: int) -> dict[str, Any]:
         for first in range(0, messages, BATCH):
             await call(session, base, "sendMsgBatch", topic=TOPIC, msgs=[
                 {"msgId": f"m{i:08d}", "msg": "x" * 40, "tag": f"t{i % TAGS}", "ttlMillis": 48 * HOUR_MS,
-                 "triggerTime": start_ms + HOUR_MS + int(i * 24 * HOUR_MS / messages)}
+                 "triggerTime": start_ms + HOUR_MS + int(i * 24 * HOUR_MS / messages), **({"key": KEY} if by_key else {})}
                 for i in range(first, min(first + BATCH, messages))])
         out["load_s"] = round(time.perf_counter() - began, 1)
         log(f"  loaded {messages} in {out['load_s']} s")
@@ -127,7 +131,8 @@ async def scenario(base: str, port: int, messages: int) -> dict[str, Any]:
         prober.start()
         assert here.recv() == "ready"
         began = time.perf_counter()
-        delete = asyncio.create_task(call(session, base, "deleteMsgs", topic=TOPIC, all="true", limit=messages))
+        matching: dict[str, str] = {"key": KEY} if by_key else {"all": "true"}
+        delete = asyncio.create_task(call(session, base, "deleteMsgs", topic=TOPIC, limit=messages, **matching))
 
         async def same_topic() -> float | None:
             while not await asyncio.to_thread(client.exists, TopicKeys.of("hg", TOPIC).bulk):  # (Redis may be busy)
@@ -168,7 +173,7 @@ async def scenario(base: str, port: int, messages: int) -> dict[str, Any]:
     return out
 
 
-def run_batch(batch: int, messages: int) -> dict[str, Any]:
+def run_batch(batch: int, messages: int, by_key: bool) -> dict[str, Any]:
     work_dir = tempfile.mkdtemp(prefix="hourglass-redis-bulk-")
     port = free_port()
     redis_server = Process(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
@@ -180,7 +185,7 @@ def run_batch(batch: int, messages: int) -> dict[str, Any]:
         server = Server.start(os.path.join(work_dir, "data"), "--backend", f"redis://127.0.0.1:{port}/0",
                               "--redis-bulk-batch", str(batch), log_path=os.path.join(work_dir, "serve.log"))
         log(f"--redis-bulk-batch {batch}")
-        return asyncio.run(scenario(server.base + PREFIX, port, messages))
+        return asyncio.run(scenario(server.base + PREFIX, port, messages, by_key))
     finally:
         if server is not None:
             server.stop()
@@ -192,13 +197,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--messages", type=int, default=100_000)
     parser.add_argument("--batches", default="100,1000000", help="--redis-bulk-batch values, one run each")
+    parser.add_argument("--key", action="store_true", help=f"every message under the key {KEY!r}, deleted by it")
     args = parser.parse_args()
     if args.messages < BATCH or args.messages % BATCH:
         parser.error(f"--messages must be a multiple of {BATCH}")
     unwind_on_signals()
-    result: dict[str, Any] = {"messages": args.messages, "tags": TAGS}
+    result: dict[str, Any] = {"messages": args.messages, "tags": TAGS, "by_key": args.key}
     for batch in (int(b) for b in args.batches.split(",")):
-        result[f"batch_{batch}"] = run_batch(batch, args.messages)
+        result[f"batch_{batch}"] = run_batch(batch, args.messages, args.key)
     print(json.dumps(result, indent=2))
 
 
