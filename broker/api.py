@@ -83,11 +83,17 @@ API_ERRORS: ErrorTable = (
 
 def delay_msg(m: Message) -> dict[str, object]:
     """camellia's DelayMsg, plus the extensions `priority`, `tag` and `key`
-    (and a schedule's run's `scheduleId` and `scheduledTime`)."""
+    (and a schedule's run's `scheduleId` and `scheduledTime`, and the
+    trace context `traceparent` and `tracestate` of a message sent with
+    them, only then)."""
     d: dict[str, object] = {"topic": m.topic, "msgId": m.msg_id, "msg": m.msg, "produceTime": m.produce_ms,
                             "triggerTime": m.trigger_ms, "expireTime": m.expire_ms, "maxRetry": m.max_retry,
                             "retry": m.retry, "status": int(m.status), "priority": m.priority, "tag": m.tag,
                             "key": m.key}
+    if m.traceparent:
+        d["traceparent"] = m.traceparent
+        if m.tracestate:
+            d["tracestate"] = m.tracestate
     return add_run_fields(d) if "@" in m.msg_id else d
 
 
@@ -210,7 +216,11 @@ class Api:
     async def send(self, request: Request) -> Response:
         backend = self._broker or self.backend  # (the property raises Unavailable when none)
         now_ms = backend.clock.now_ms()
-        send = params.parse_send(self._params(request), now_ms=now_ms, make_id=new_msg_id,
+        given = self._params(request)
+        headers = request.headers
+        if "traceparent" in headers or "tracestate" in headers:  # W3C trace context as headers
+            given = params.with_trace_headers(given, headers)
+        send = params.parse_send(given, now_ms=now_ms, make_id=new_msg_id,
                                  defaults=backend.defaults, max_msg_bytes=self.max_msg_bytes)
         stored, = await backend.requests.send([send], now_ms)
         return answer(200, "success", delayMsg=delay_msg(stored))

@@ -59,6 +59,10 @@ Rules, in the order a client meets them:
   may not hold a comma (`tags` filters are comma lists). A missing `msgId`
   on sendMsg is made by `make_id()`.
 - Booleans are true/false/1/0, any case (JSON true/false/0/1 as well).
+- `traceparent` and `tracestate` (extension, on sendMsg or an item): W3C
+  trace context, checked by `broker.trace_context`; a tracestate needs a
+  traceparent. sendMsg's HTTP headers of those names apply when its
+  parameters give neither (`with_trace_headers`).
 
 A message's rules are written once, in `_message` and the helpers it
 calls: sendMsg and every sendMsgBatch item go through them, and they take
@@ -84,6 +88,7 @@ from storage.store import MAX_PRIORITY, MAX_RETRY_COUNT, MIN_PRIORITY, NewMessag
 from storage.types import validate_message
 
 from .bodies import BODY_SLACK_BYTES, JSON_MARKS_PER_BODY, MAX_SEND_BATCH, BodyLimits, check_json_marks, check_size
+from .trace_context import trace_fields
 
 Params = Mapping[str, object]
 
@@ -255,6 +260,11 @@ def as_sends(items: Sequence[NewSend | NewMessage]) -> list[NewSend]:
     for i, item in enumerate(items):
         if not isinstance(item, NewSend):
             validate_message(item, i)
+            if item.traceparent or item.tracestate:
+                try:
+                    trace_fields(item.traceparent, item.tracestate)
+                except InvalidRequest as e:
+                    raise _within(e, f"[{i}].") from None
             item = NewSend(item, False)
         sends.append(item)
     return sends
@@ -267,6 +277,17 @@ def parse_send(params: Params, *, now_ms: int, make_id: Callable[[], str], defau
     if params.get("strictIdempotence") is None:
         return tuple.__new__(NewSend, (message, False))
     return NewSend(message, _bool(params, "strictIdempotence", default=False))
+
+
+def with_trace_headers(params: Params, headers: Mapping[str, str]) -> Params:
+    """sendMsg's parameters, with the `traceparent` and `tracestate` of its
+    HTTP headers when the parameters give neither (a parameter wins: the
+    pair comes from one place). The API calls it only when a header of
+    those names came, so a plain send pays nothing."""
+    given = params.get("traceparent"), params.get("tracestate")
+    if given[0] not in (None, "") or given[1] not in (None, ""):
+        return params
+    return {**params, "traceparent": headers.get("traceparent"), "tracestate": headers.get("tracestate")}
 
 
 def parse_send_batch(body: Params, *, now_ms: int, make_id: Callable[[], str], defaults: Defaults,
@@ -544,7 +565,8 @@ def _message(params: Params, where: str, topic: str, now_ms: int, make_id: Calla
     msg, msg_id, delay, trigger, ttl = get("msg"), get("msgId"), get("delayMillis"), get("triggerTime"), get("ttlMillis")
     retry, priority, tag, key = get("maxRetry"), get("priority"), get("tag"), get("key")
     # The plain message -- ASCII text within its limits, JSON numbers or
-    # short decimal digits, a triggerTime only as a JSON number -- in one frame: the same rules
+    # short decimal digits, a triggerTime only as a JSON number, no trace
+    # context (not even its key: `in`, no call) -- in one frame: the same rules
     # as the checks below, which take every other message (and name what
     # is wrong).
     if ((trigger is None or (type(trigger) is int and trigger <= MAX_TRIGGER_MS))
@@ -555,7 +577,7 @@ def _message(params: Params, where: str, topic: str, now_ms: int, make_id: Calla
                  and "," not in tag))
             and (key is None or (type(key) is str and key.isascii() and 0 < len(key) <= MAX_NAME_BYTES
                  and "\0" not in key))
-            and priority is None):
+            and priority is None and "traceparent" not in params and "tracestate" not in params):
         plain = True  # every number a JSON int or short decimal digits (a flag: mypyc takes False for 0)
         numbers: list[int | None] = []
         for value in (delay, ttl, retry):
@@ -581,7 +603,7 @@ def _message(params: Params, where: str, topic: str, now_ms: int, make_id: Calla
                 if retries >= MAX_RETRY_COUNT:
                     retries = MAX_RETRY_COUNT - 1
                 return tuple.__new__(NewMessage, (topic, make_id() if msg_id is None else msg_id, msg, now_ms,
-                                                  due_ms, keep_ms, retries, 0, tag or "", key or ""))
+                                                  due_ms, keep_ms, retries, 0, tag or "", key or "", "", ""))
     return _checked_message(params, where, topic, now_ms, make_id, defaults, max_msg_bytes)
 
 
@@ -608,13 +630,14 @@ def _checked_message(params: Params, where: str, topic: str, now_ms: int, make_i
             raise InvalidRequest("priority", f"must be in {MIN_PRIORITY}..{MAX_PRIORITY}, got {priority}")
         tag = _name("tag", tag, False, True) or ""
         key = _name("key", key, True, False) or ""
+        traceparent, tracestate = trace_fields(get("traceparent"), get("tracestate"))
     except InvalidRequest as e:
         if where:
             raise _within(e, where) from None
         raise
     # tuple.__new__: NewMessage's own __new__ is Python code, a third of the cost here
     return tuple.__new__(NewMessage, (topic, make_id() if msg_id is None else msg_id, msg, now_ms, trigger_ms,
-                                      ttl_ms, max_retry, priority, tag, key))
+                                      ttl_ms, max_retry, priority, tag, key, traceparent, tracestate))
 
 
 def _fast_message(params: Params, topic: str, now_ms: int, make_id: Callable[[], str], defaults: Defaults,

@@ -90,6 +90,10 @@ def delay_msg(m: Message) -> dict[str, object]:
                             "triggerTime": m.trigger_ms, "expireTime": m.expire_ms, "maxRetry": m.max_retry,
                             "retry": m.retry, "status": int(m.status), "priority": m.priority, "tag": m.tag,
                             "key": m.key}
+    if m.traceparent:  # the trace context the sender gave, as getMsg answers it
+        d["traceparent"] = m.traceparent
+        if m.tracestate:
+            d["tracestate"] = m.tracestate
     return add_run_fields(d) if "@" in m.msg_id else d
 
 
@@ -335,6 +339,10 @@ class TopicPusher:
                    ("Hourglass-Timestamp", str(timestamp_ms))]
         if "scheduledTime" in delay:  # a schedule's run (broker.schedules)
             headers.append(("Hourglass-Scheduled-Time", str(delay["scheduledTime"])))
+        if message.traceparent:  # the sender's W3C trace context, as it gave it
+            headers.append(("traceparent", message.traceparent))
+            if message.tracestate:
+                headers.append(("tracestate", message.tracestate))
         if s.secret is not None:
             headers.append(("Hourglass-Signature", signature(s.secret, timestamp_ms, body)))
         try:

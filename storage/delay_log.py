@@ -11,7 +11,17 @@ File `delay/<hour:010d>.log`, appended in arrival order:
                     u32 body_length | u32 crc32(body) | body | zero padding
                   body = msgpack [topic, msgId, msg, produceTime, ttlMillis,
                                   maxRetry, tag] or, for a message with a
-                         serial key, [..., tag, key] (8 items)
+                         serial key, [..., tag, key] (8 items); for a
+                         message with trace context, that array followed
+                         by a second one: [traceparent, tracestate]
+
+A body without trace context (docs/api.md, "Trace context") ends with its
+first array, as every body did before trace context was kept: it costs no
+byte more, its first byte still tells a keyed body (0x98, KEYED_BODY of
+storage.key_index) from a plain one (0x97), and a body of an older log
+reads as it did. `tracestate` is "" when the sender gave none. (A node
+from before trace context refuses a body carrying one: msgpack's
+ExtraData.)
 
 An index entry points at a frame by `offset // 8` (u32, so an hour's log
 may reach 32 GiB) and the frame's length without padding.
@@ -22,7 +32,7 @@ from __future__ import annotations
 import struct
 import zlib
 from collections.abc import Iterable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import msgpack
 
@@ -47,15 +57,19 @@ class Body(NamedTuple):
     max_retry: int
     tag: str
     key: str = ""  # the serial key (SPEC: `key`); "" none
+    traceparent: str = ""  # W3C trace context the sender gave (broker.trace_context); "" none
+    tracestate: str = ""
 
 
 def pack_body(topic: str, msg_id: str, msg: str, produce_ms: int, ttl_ms: int, max_retry: int, tag: str,
-              key: str = "") -> bytes:
+              key: str = "", traceparent: str = "", tracestate: str = "") -> bytes:
     packed: bytes
     if key:
         packed = _pack((topic, msg_id, msg, produce_ms, ttl_ms, max_retry, tag, key))
     else:
         packed = _pack((topic, msg_id, msg, produce_ms, ttl_ms, max_retry, tag))
+    if traceparent:
+        packed += _pack((traceparent, tracestate))
     return packed
 
 
@@ -64,12 +78,28 @@ _pack = msgpack.Packer().pack
 
 
 def unpack_body(body: Buffer) -> Body:
-    return Body(*msgpack.unpackb(body))
+    try:
+        return Body(*msgpack.unpackb(body))
+    except msgpack.ExtraData as more:  # the trace context, after the fields
+        return _traced(more.unpacked, more.extra)
+
+
+def _traced(fields: list[Any], extra: bytes) -> Body:
+    """The Body of `fields` and the trace context packed after them."""
+    trace = msgpack.unpackb(extra)
+    if type(trace) is not list or len(trace) != 2 or not all(type(t) is str for t in trace) or not trace[0]:
+        raise ContractError(f"delay-log body ends with {extra[:16]!r}, not a [traceparent, tracestate] array")
+    if len(fields) == 7:
+        fields.append("")  # no serial key
+    return Body(*fields, *trace)
 
 
 def serial_key(body: Buffer) -> tuple[str, str]:
     """A body's (topic, serial key); the key "" when it has none."""
-    fields = msgpack.unpackb(body)
+    try:
+        fields = msgpack.unpackb(body)
+    except msgpack.ExtraData as more:  # trace context follows
+        fields = more.unpacked
     return fields[0], fields[7] if len(fields) == 8 else ""
 
 

@@ -77,6 +77,8 @@ class Message(NamedTuple):
     retry: int
     location: Location
     key: str = ""  # serial key: one of a (topic, key) is consumed at a time; "" none
+    traceparent: str = ""  # the sender's W3C trace context, kept with the message; "" none
+    tracestate: str = ""
 
     @property
     def expire_ms(self) -> int:

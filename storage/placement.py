@@ -152,7 +152,8 @@ class Placement:
                     continue
             msg, tag = m.msg, m.tag
             chars += len(msg)
-            body = pack_body(topic, msg_id, msg, m.produce_ms, m.ttl_ms, m.max_retry, tag, m.key)
+            body = pack_body(topic, msg_id, msg, m.produce_ms, m.ttl_ms, m.max_retry, tag, m.key, m.traceparent,
+                             m.tracestate)
             topic_hash = hashes.get(topic)
             if topic_hash is None:
                 topic_hash = hashes[topic] = text_hash(topic)
@@ -188,7 +189,8 @@ class Placement:
             append_item(new(records.SendItem, (file_id, gi, last, count, second, offset8, frame_size, trigger_ms,
                                                m.priority, topic_hash, tag_hash, key, body)))
             message = new(Message, (topic, msg_id, msg, m.produce_ms, trigger_ms, m.ttl_ms, m.max_retry,
-                                    m.priority, tag, WAITING, 0, new(Location, (file_id, gi)), m.key))
+                                    m.priority, tag, WAITING, 0, new(Location, (file_id, gi)), m.key,
+                                    m.traceparent, m.tracestate))
             same_key = pending_ids.get(key)  # pend_id, written out
             if same_key is None:
                 pending_ids[key] = [message]

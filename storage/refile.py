@@ -164,7 +164,8 @@ class Refiler:
         batch.states[where] = (Status.DELETED, flags | FLAG_RELEASED | FLAG_MOVED, retry, entry.topic_hash)
         message = _new(Message, (body.topic, body.msg_id, body.msg, body.produce_ms, trigger_ms, body.ttl_ms,
                                  body.max_retry, entry.priority, body.tag, Status.WAITING, retry,
-                                 _new(Location, (to.hour, to.global_index)), body.key))
+                                 _new(Location, (to.hour, to.global_index)), body.key, body.traceparent,
+                                 body.tracestate))
         self._placement.pend_id(key, message, batch.undo_ids)
         return message
 

@@ -42,6 +42,10 @@ class NewMessage(NamedTuple):
     priority: int = 0
     tag: str = ""
     key: str = ""  # serial key (SPEC `key`), in the body
+    # W3C trace context the sender gave (docs/api.md, "Trace context"), in
+    # the body; "" none. Checked by broker.trace_context before it is here.
+    traceparent: str = ""
+    tracestate: str = ""
 
 
 class SendOutcome(enum.Enum):

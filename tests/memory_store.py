@@ -52,7 +52,8 @@ class _Filed:
     def message(self) -> Message:
         m = self.new
         return Message(m.topic, m.msg_id, m.msg, m.produce_ms, m.trigger_ms, m.ttl_ms, m.max_retry, m.priority,
-                       m.tag, self.status, self.retry, Location(self.hour, self.global_index), m.key)
+                       m.tag, self.status, self.retry, Location(self.hour, self.global_index), m.key,
+                       m.traceparent, m.tracestate)
 
 
 class _State:

@@ -40,7 +40,7 @@ from .parts import NodeParts
 log = logging.getLogger("hourglass.cluster")
 
 # Headers a forwarded request keeps.
-FORWARDED_HEADERS = ("Content-Type", "Authorization", "Accept")
+FORWARDED_HEADERS = ("Content-Type", "Authorization", "Accept", "traceparent", "tracestate")
 
 
 def has_dot_segment(path: str) -> bool:
