@@ -38,8 +38,9 @@ slot, and escaping keeps a topic from forging another topic's keys):
                      until it is purged (the bulk calls' key filter)
     P held     zset  msgId -> push timeout ms, of CONSUMING messages a
                      pusher took (the node that did is `node` in meta)     3
-    P leases   zset  node id -> until when the node counts as alive (each
-                     node's mover renews it at every TICK of the topic)
+    P leases   zset  node id -> until when the node counts as alive
+                     (renewed by a pusher's pull, and by its node's TICKs
+                     of the topic while `held` is not empty)
     <prefix>:topics   set of topic names (not hash-tagged; in no script of
                       a topic's, only in register.lua, alone)
     <prefix>:wake:<T> pub/sub channel: "a message of T became READY"

@@ -428,3 +428,20 @@ def test_serial_keys_against_the_model(redis_url):
     runner.settings = settings(max_examples=60, stateful_step_count=30, deadline=None,
                                suppress_health_check=list(HealthCheck))
     runner.runTest()
+
+
+def test_the_tick_of_an_idle_topic_writes_nothing(redis_url):
+    """Leases are renewed only where push deliveries are held: a TICK that
+    moves nothing changes nothing in Redis (nothing for an AOF or a
+    replica to carry)."""
+    async def scenario(node: Node):
+        await node.send("later", "A", delay_ms=MS_PER_HOUR)
+        await node.advance_to(node.now + 1)
+
+        async def changes() -> int:
+            return int((await node.broker.redis.info("persistence"))["rdb_changes_since_last_save"])
+        before = await changes()
+        for step in range(2, 6):
+            await node.advance_to(node.now + step)
+        assert await changes() == before
+    run(redis_url, scenario)

@@ -2,7 +2,8 @@
 -- timeouts (CONSUMING -> READY retry+1, or 6), READY expiry (5 if never
 -- delivered, else 6), purge of retired final messages; and the push
 -- deliveries whose node is gone: the calling node renews its lease in
--- LEASES (node -> until when it counts as alive), and a delivery in HELD
+-- LEASES (node -> until when it counts as alive) while the topic has
+-- deliveries held (an idle topic's TICK writes nothing), and a delivery in HELD
 -- past its push timeout times out now if the node that pushed it has no
 -- lease left (else it is looked at again when that lease ends, and its
 -- ack deadline holds meanwhile). ARGV: now limit retire_at node
@@ -11,8 +12,8 @@
 -- false)}
 if fenced() then return redis.error_reply(FENCE) end
 local now, limit, retire_at = ARGV[1], tonumber(ARGV[2]), ARGV[3]
-redis.call('ZADD', LEASES, ARGV[5], ARGV[4])
 redis.call('ZREMRANGEBYSCORE', LEASES, '-inf', now)  -- a lease counts while it ends after now
+if redis.call('ZCARD', HELD) > 0 then redis.call('ZADD', LEASES, ARGV[5], ARGV[4]) end
 local triggers, retried, ended = {}, 0, 0
 -- Pops the members of `key` due by now; runs step(id, m) on those whose
 -- message is still in `status`, and saves them. How many were popped.
