@@ -56,7 +56,8 @@ def _message(topic: str, msg_id: str, meta: str, body: str) -> Message:
     return Message(topic=topic, msg_id=msg_id, msg=body, produce_ms=int(f["produce"]),
                    trigger_ms=int(f["trigger"]), ttl_ms=int(f["ttl"]), max_retry=int(f["maxRetry"]),
                    priority=int(f["priority"]), tag=f["tag"], status=Status(int(f["status"])),
-                   retry=int(f["retry"]), location=NO_LOCATION, key=f.get("key", ""))
+                   retry=int(f["retry"]), location=NO_LOCATION, key=f.get("key", ""),
+                   traceparent=f.get("traceparent", ""), tracestate=f.get("tracestate", ""))
 
 
 class RedisRequests:
@@ -115,7 +116,8 @@ class RedisRequests:
         for n, is_strict in zip(batch, strict):
             args += [n.msg_id, n.msg, str(n.produce_ms), str(n.trigger_ms), str(n.ttl_ms),
                      str(n.trigger_ms + n.ttl_ms), str(n.max_retry), str(n.priority), n.tag,
-                     ready_member(n.priority, n.trigger_ms, n.msg_id), "1" if is_strict else "0", n.key]
+                     ready_member(n.priority, n.trigger_ms, n.msg_id), "1" if is_strict else "0", n.key,
+                     n.traceparent, n.tracestate]
         results = await self._script("send", topic, args)
         m = self._metrics.topic(topic)
         out, ready = [], []
@@ -126,7 +128,8 @@ class RedisRequests:
                 out.append(answered.get(n.msg_id) or _message(topic, n.msg_id, *stored))
                 continue
             m.sends += 1
-            out.append(Message(*n[:9], status=Status(int(state)), retry=0, location=NO_LOCATION, key=n.key))
+            out.append(Message(*n[:9], status=Status(int(state)), retry=0, location=NO_LOCATION, key=n.key,
+                               traceparent=n.traceparent, tracestate=n.tracestate))
             answered[n.msg_id] = out[-1]
             if state == SendOutcome.READY:
                 ready.append(due_ms(n.trigger_ms, n.produce_ms))

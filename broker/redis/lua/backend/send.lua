@@ -1,6 +1,7 @@
 -- ARGV: now retire_at, then per message: id msg produce trigger ttl expire
--- maxRetry priority tag rk strict key ('': none). -> per message {'1'|'2'|'5'} (stored:
--- waiting, ready, expired) or {'0', meta, body} (the id exists: the stored
+-- maxRetry priority tag rk strict key traceparent tracestate ('': none; the
+-- meta holds the last three only when given). -> per message {'1'|'2'|'5'}
+-- (stored: waiting, ready, expired) or {'0', meta, body} (the id exists: the stored
 -- message). An id whose message has ended (4-7) is stored anew unless
 -- `strict` is '1' (camellia stores the new one).
 if fenced() then return redis.error_reply(FENCE) end
@@ -9,7 +10,7 @@ local out = {}
 -- A topic holding no message from here on has every tagged message in TAGS:
 -- the member '' says so (topics from before TAGS are scanned until then).
 if redis.call('HLEN', META) == 0 then redis.call('ZADD', TAGS, 0, '') end
-for i = 3, #ARGV, 12 do
+for i = 3, #ARGV, 14 do
   local id = ARGV[i]
   local raw = redis.call('HGET', META, id)
   if raw and ARGV[i + 10] ~= '1' and tonumber(cjson.decode(raw).status) >= 4 then
@@ -23,6 +24,10 @@ for i = 3, #ARGV, 12 do
                maxRetry = ARGV[i + 6], priority = ARGV[i + 7], tag = ARGV[i + 8], rk = ARGV[i + 9],
                retry = '0', status = '1'}
     if ARGV[i + 11] ~= '' then m.key = ARGV[i + 11] end
+    if ARGV[i + 12] ~= '' then
+      m.traceparent = ARGV[i + 12]
+      if ARGV[i + 13] ~= '' then m.tracestate = ARGV[i + 13] end
+    end
     if tonumber(m.trigger) > now then
       redis.call('ZADD', WAITING, m.trigger, id)
     elseif now >= tonumber(m.expire) then
