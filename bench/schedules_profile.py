@@ -110,11 +110,16 @@ async def drain(broker: Broker) -> int:
     return taken
 
 
-async def settle(clock: FakeClock, broker: Broker) -> None:
-    for _ in range(3):
+async def settle(clock: FakeClock, broker: Broker, schedules: Schedules | None = None) -> None:
+    """Until the broker is idle and the schedules' worker has followed every release."""
+    while True:
+        for _ in range(3):
+            await clock.settle()
+            await broker.commits.flush()
         await clock.settle()
-        await broker.commits.flush()
-    await clock.settle()
+        if schedules is None or schedules.idle():
+            return
+        await asyncio.sleep(0.001)
 
 
 def schedule_bytes(snapshot: tracemalloc.Snapshot, before: tracemalloc.Snapshot) -> int:
@@ -135,7 +140,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     broker.on_release = schedules.on_release
     broker.start()
     schedules.start(broker)
-    await settle(clock, broker)
+    await settle(clock, broker, schedules)
     out: dict[str, Any] = {"schedules": args.schedules, "minutes": args.minutes}
     try:
         gc.collect()
@@ -146,7 +151,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                                   0, "", "", START_MS, None, None, 0, Misfire.ONCE, 60_000, 10)
                      for i in range(first, min(args.schedules, first + 1000))]
             await asyncio.gather(*(schedules.put(spec, None) for spec in specs))
-        await settle(clock, broker)
+        await settle(clock, broker, schedules)
         gc.collect()
         put = tracemalloc.take_snapshot()
         out["bytes_per_schedule_put"] = round(schedule_bytes(put, before) / args.schedules, 1)
@@ -159,7 +164,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             start, _ = tracemalloc.get_traced_memory()
             tracemalloc.reset_peak()
             await clock.run_until(minute + 1)
-            await settle(clock, broker)
+            await settle(clock, broker, schedules)
             await drain(broker)
             peak = max(peak, tracemalloc.get_traced_memory()[1] - start)
             minute += MINUTE_MS
@@ -180,7 +185,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         profile.enable()
         for _ in range(args.minutes):
             await clock.run_until(minute + 1)
-            await settle(clock, broker)
+            await settle(clock, broker, schedules)
             runs += await drain(broker)
             minute += MINUTE_MS
         profile.disable()

@@ -273,6 +273,10 @@ class Schedules:
     def topic_states(self, topic: str) -> list[ScheduleState]:
         return [s for (t, _), s in self._states.items() if t == topic]
 
+    def idle(self) -> bool:
+        """No release is waiting to be followed and no change is under way (tests)."""
+        return not self._released and not self._lock.locked()
+
     def paused_count(self) -> int:
         return sum(s.paused for s in self._states.values())
 

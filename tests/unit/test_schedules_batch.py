@@ -88,6 +88,13 @@ class Node:
         self.h.run(put_all())
         self.h.run(self.h.quiesce())
 
+    def advance_to(self, at_ms: int) -> None:
+        """Time passes to `at_ms`; then until the worker has followed every release."""
+        self.h.advance_to(at_ms)
+        while not self.schedules.idle():
+            self.h.run(asyncio.sleep(0.001))
+            self.h.run(self.h.quiesce())
+
     def drain(self) -> list[str]:
         async def pull_all() -> list[str]:
             ids: list[str] = []
@@ -123,7 +130,7 @@ def test_the_runs_one_tick_releases_make_one_write_and_one_send_a_slice(node: No
     assert sum(node.sends) == count and len(node.sends) <= 2  # the puts: the first alone, the rest together
     node.writes.clear()
     node.sends.clear()
-    node.h.advance_to(first)
+    node.advance_to(first)
     slices = -(-count // ADVANCE_SLICE)
     assert len(node.writes) == slices and sum(node.writes) == count and max(node.writes) <= ADVANCE_SLICE
     assert len(node.sends) == slices and sum(node.sends) == count
@@ -138,7 +145,7 @@ def test_the_runs_one_tick_releases_make_one_write_and_one_send_a_slice(node: No
         state = node.schedules.get(TOPIC, f"s{i:05d}")
         assert (state.pending, state.runs, state.last_runs) == (following, 2, [(first, 0, False)])
     node.writes.clear()
-    node.h.advance_to(following)
+    node.advance_to(following)
     assert len(node.writes) == slices
     assert sorted(node.drain()) == sorted(f"s{i:05d}@{following}" for i in range(count))
 
@@ -153,7 +160,7 @@ def test_a_schedule_holds_under_its_ceiling_in_ram_once_its_last_runs_are_full(n
         at = node.h.clock.now_ms() // 1000 * 1000
         for _ in range(LAST_RUNS + 2):
             at += 1000
-            node.h.advance_to(at)
+            node.advance_to(at)
             assert len(node.drain()) == count
         gc.collect()
         after = tracemalloc.take_snapshot()
