@@ -16,8 +16,14 @@ storage/key_index.py, holds them on disk), and a listMsg by one key is
 timed after the restart (`list_by_key_ms`);
 then, after --settle-s: the node's memory (bench/harness.py memory_mb),
 bytes on disk per message, a SIGKILL, and a start on the same directory:
-seconds until /health answers and until getTopicInfo counts every
-message (waitingQueueSize or readyQueueSize), and the memory then.
+  restart_health_s       seconds from the spawn until /health answers
+  restart_pull_s         ... until the first pullMsg (batch 1, of the topic) answers code 200
+  counts_whole_at_pull   getTopicInfo, asked right after that pull, counts every message
+                         (waiting + ready + consuming: a ready backlog's pull took one)
+  restart_s              restart_pull_s when the counts were whole then (the restart figure)
+  topic_info_answered_s  ... until that getTopicInfo answered (its delay buckets read the
+                         files that straddle a bucket edge)
+and the memory then.
 One JSON object on stdout; every process stopped by PID.
 """
 
@@ -94,6 +100,26 @@ def counted(server: Server, topic: str, state: str) -> int | None:
     return count
 
 
+def stored(server: Server, topic: str) -> int | None:
+    """Every message of the topic the node counts: waiting, ready and consuming."""
+    status, answer = server.get("getTopicInfo", topic=topic)
+    if status != 200 or not isinstance(answer, dict):
+        return None
+    data = answer["data"]
+    total: int = data["waitingQueueSize"] + data["readyQueueSize"] + data["ackQueueSize"]
+    return total
+
+
+def first_pull(server: Server, topic: str, spawned: float, timeout_s: float) -> float | None:
+    """Seconds from `spawned` to the first pullMsg (batch 1) answered code 200."""
+    while time.monotonic() - spawned < timeout_s:
+        status, answer = server.post("pullMsg", topic=topic, batch=1, ackTimeoutMillis=600_000)
+        if status == 200 and isinstance(answer, dict) and answer.get("code") == 200:
+            return time.monotonic() - spawned
+        time.sleep(0.005)
+    return None
+
+
 def measure(state: str, args: argparse.Namespace, root: str) -> dict[str, Any]:
     data = f"{root}/{state}"
     topic = f"backlog-{state}"
@@ -110,11 +136,14 @@ def measure(state: str, args: argparse.Namespace, root: str) -> dict[str, Any]:
         spawned = time.monotonic()
         server = Server.start(data, "--fsync", "batch", log_path=f"{root}/{state}.log", wait_s=args.restart_timeout_s)
         health_s = time.monotonic() - spawned
-        while counted(server, topic, state) != args.msgs and time.monotonic() - spawned < args.restart_timeout_s:
-            time.sleep(0.02)
-        whole = counted(server, topic, state) == args.msgs
+        pull_s = first_pull(server, topic, spawned, args.restart_timeout_s)
+        whole_at_pull = stored(server, topic) == args.msgs  # asked right after that pull's answer
+        counts_s = time.monotonic() - spawned
         result.update({"restart_health_s": round(health_s, 3),
-                       "restart_s": round(time.monotonic() - spawned, 3) if whole else None,
+                       "restart_pull_s": None if pull_s is None else round(pull_s, 3),
+                       "counts_whole_at_pull": whole_at_pull,
+                       "restart_s": round(pull_s, 3) if pull_s is not None and whole_at_pull else None,
+                       "topic_info_answered_s": round(counts_s, 3),
                        "memory_after_restart": memory_mb(server.proc.pid)})
         if args.keys:
             started = time.perf_counter()

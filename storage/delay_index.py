@@ -38,7 +38,8 @@ from __future__ import annotations
 
 import struct
 import zlib
-from collections.abc import Iterable
+from bisect import bisect_right
+from collections.abc import Iterable, Mapping, Sequence
 
 from .entry import STATUS_BY_VALUE, IndexEntry, Status
 from .errors import CorruptionError, InvariantError
@@ -57,7 +58,11 @@ NO_ENTRY = 0xFFFFFFFF
 FLAG_RELEASED = 1
 FLAG_MOVED = 2
 
-if not (ENTRY_BYTES == 48 and FIXED.size == 40):
+# The fields `count_waiting` reads of an entry (the rest skipped as padding):
+# trigger_ms, global_index, topic_hash, second, crc32, status.
+_COUNTED = struct.Struct("<Q12xI4xI6xHIB3x")
+
+if not (ENTRY_BYTES == 48 and FIXED.size == 40 and _COUNTED.size == ENTRY_BYTES):
     raise InvariantError(f"index entry layout: {ENTRY_BYTES} bytes, fixed part {FIXED.size}")
 
 
@@ -92,6 +97,34 @@ def pack_waiting_entries(rows: Iterable[tuple[int, int, int, int, int, int, int,
 
 
 _TAIL = struct.Struct("<IBBH")  # crc, status, flags, retry
+
+
+def count_waiting(path: str, first_global_index: int, raw: bytes, counts: dict[int, list[int]], edges: Sequence[int],
+                  statuses: Mapping[int, int]) -> None:
+    """Count the WAITING entries of the topics `counts` names among the entries `raw` holds
+    (whole entries from `first_global_index` on) by trigger time: entry
+    with trigger t adds one to counts[topic][bisect_right(edges, t)].
+    `statuses`: globalIndex -> status for changes not in the file yet (the
+    pending overlay). Each entry's checksum and place are checked as
+    `unpack_entry` checks them; no entry object is made (a topic's delay
+    buckets scan spans of millions)."""
+    if len(raw) % ENTRY_BYTES:
+        raise CorruptionError(path, entry_offset(first_global_index), "a partial index entry")
+    crc32, waiting, view = zlib.crc32, int(Status.WAITING), memoryview(raw)
+    gi = first_global_index
+    for at, (trigger_ms, own_gi, topic_hash, second, crc, status) in enumerate(_COUNTED.iter_unpack(raw)):
+        if topic_hash in counts:
+            start = at * ENTRY_BYTES
+            if crc32(view[start:start + 40]) != crc:
+                raise CorruptionError(path, entry_offset(gi), "index entry checksum mismatch")
+            if own_gi != gi or not 1 <= status <= 7 or second >= 3600:
+                raise CorruptionError(path, entry_offset(gi),
+                                      f"index entry {gi} holds globalIndex {own_gi}, status {status}, second {second}")
+            if statuses:
+                status = statuses.get(gi, status)
+            if status == waiting:
+                counts[topic_hash][bisect_right(edges, trigger_ms)] += 1
+        gi += 1
 
 
 def unpack_entry(path: str, hour: int, global_index: int, raw: bytes) -> tuple[IndexEntry, int, int, int]:

@@ -40,7 +40,7 @@ from .errors import CorruptionError, InvalidRequest, InvariantError
 from .hour import Hour
 from .hour_table import NO_HOUR, HourTable
 from .id_index import IdIndex
-from .pending import Pending, State
+from .pending import Pending, State, unpack_state
 from .types import total_counts
 
 # Index entries read at once by a scan (scan_ready): 192 KiB.
@@ -379,6 +379,31 @@ class Reader:
             out = [e if (s := pending.get(e.location)) is None else e._replace(status=STATUS_BY_VALUE[s[0]], retry=s[2])
                    for e in out]
         return out
+
+    def count_waiting(self, hour: int, first: int, count: int, topics: dict[int, list[int]],
+                      edges: Sequence[int]) -> int:
+        """Add the WAITING entries of `topics` among the file's entries
+        `first` .. `first + count - 1` to topics[topic hash] by trigger
+        time (storage.delay_index.count_waiting: one read, no entry
+        objects; pending status changes counted as they will be). Returns
+        how many entries it read: 0 past the end."""
+        h = self._hours.get(hour)
+        if h is None:
+            return 0
+        stop = min(h.applied, first + count)
+        if stop <= first:
+            return 0
+        files = self._hours.readable(h)
+        raw = files.idx.read(delay_index.entry_offset(first), (stop - first) * delay_index.ENTRY_BYTES)
+        statuses: dict[int, int] = {}
+        if hour in self._pending.state_hours:
+            packed, base = self._pending.states.packed, hour << 32
+            for gi in range(first, stop):
+                state = packed.get(base | gi)
+                if state is not None:
+                    statuses[gi] = unpack_state(state)[0]
+        delay_index.count_waiting(files.idx.path, first, raw, topics, edges, statuses)
+        return stop - first
 
     # -- by second ----------------------------------------------------------------------
 

@@ -521,6 +521,15 @@ class Store:
         return self._reader.scan_matches(topic_hash, statuses, start, max_scan, max_found, tag_hash, trigger_from,
                                          trigger_to, now_ms, floors)
 
+    def count_waiting(self, hour: int, first: int, count: int, topics: dict[int, list[int]],
+                      edges: Sequence[int]) -> int:
+        """Add the WAITING messages of `topics` (topic hash -> counts) among
+        the file's entries `first` .. `first + count - 1` to their counts,
+        at index `bisect_right(edges, trigger_ms)` (edges: ascending trigger
+        times); returns the entries read, 0 past the file's end. A topic's
+        delay buckets, without an entry object a message."""
+        return self._reader.count_waiting(hour, first, count, topics, edges)
+
     def hour_entries(self, hour: int, first: int = 0, count: int | None = None) -> list[IndexEntry]:
         """Applied entries of `hour` from globalIndex `first` (`count` of them,
         default all), ascending: a sequential read of the hour's index, for

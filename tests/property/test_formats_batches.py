@@ -67,3 +67,48 @@ def test_keys_of_a_batch_and_the_keys_present_are_those_one_at_a_time(pairs, dat
             assert {k for k in keys if index.candidates(k)} == stored
         finally:
             index.close()
+
+
+entries = st.lists(st.tuples(
+    st.integers(0, 2**40),            # trigger_ms
+    st.sampled_from([7, 8, 9]),       # topic_hash: a few topics
+    st.integers(1, 7),                # status
+    st.integers(0, 3599)),            # second
+    max_size=40)
+
+
+@SETTINGS
+@given(entries, st.lists(st.integers(0, 2**40), max_size=6), st.sets(st.sampled_from([7, 8, 9]), min_size=1),
+       st.data())
+def test_waiting_entries_counted_by_edges_are_those_unpacked_one_by_one(rows, edges, wanted, data):
+    """delay_index.count_waiting against unpack_entry of each entry: the
+    WAITING entries of the wanted topics (a pending status overriding the
+    file's), each at the number of edges at or before its trigger time."""
+    edges = sorted(edges)
+    first = data.draw(st.integers(0, 1000))
+    raw = b"".join(delay_index.pack_entry(trigger, 0, 0, 0, first + i, -1, topic, 0, 0, second, status)
+                   for i, (trigger, topic, status, second) in enumerate(rows))
+    statuses = data.draw(st.dictionaries(st.integers(first, first + max(len(rows), 1)), st.integers(1, 7), max_size=5))
+    counts = {topic: [0] * (len(edges) + 1) for topic in wanted}
+    delay_index.count_waiting("idx", first, raw, counts, edges, statuses)
+    expected = {topic: [0] * (len(edges) + 1) for topic in wanted}
+    for i in range(len(rows)):
+        entry, _, _, _ = delay_index.unpack_entry("idx", 0, first + i, raw[i * 48:(i + 1) * 48])
+        status = statuses.get(first + i, int(entry.status))
+        if entry.topic_hash in wanted and status == 1:
+            expected[entry.topic_hash][sum(1 for edge in edges if edge <= entry.trigger_ms)] += 1
+    assert counts == expected
+
+
+@SETTINGS
+@given(st.sampled_from([*range(0, 28), *range(32, 44)]), st.integers(1, 255))
+def test_a_counted_entry_with_a_damaged_byte_is_refused(at, flip):
+    """A wanted topic's entry with a byte the checksum covers (or the
+    checksum itself) damaged is corruption, as unpack_entry says."""
+    import pytest
+
+    from storage.errors import CorruptionError
+    raw = bytearray(delay_index.pack_entry(123, 0, 0, 0, 0, -1, 7, 0, 0, 5))
+    raw[at] ^= flip
+    with pytest.raises(CorruptionError):
+        delay_index.count_waiting("idx", 0, bytes(raw), {7: [0]}, [], {})
