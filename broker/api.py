@@ -50,6 +50,7 @@ from .health import ServingStatus
 from .http_types import Handler, Request, Response, StreamResponse
 from .paths import PREFIX
 from .recurrence import add_run_fields
+from .tracing import Spans
 
 log = logging.getLogger("hourglass.api")
 
@@ -147,8 +148,12 @@ class Api:
     (`serve_with`) and takes it back when it stands down (`stop_serving`)."""
 
     def __init__(self, broker: Backend | None, max_msg_bytes: int, bodies: BodyLimits | None = None,
-                 serving: ServingStatus | None = None, page_bytes: int = bulk_params.DEFAULT_PAGE_BYTES) -> None:
+                 serving: ServingStatus | None = None, page_bytes: int = bulk_params.DEFAULT_PAGE_BYTES,
+                 spans: Spans | None = None) -> None:
         self._broker = broker
+        # A span of each send and each message a pull answers (broker.tracing);
+        # None: off, and the requests make no call more.
+        self.spans = spans
         self.serving = serving  # going offline ends the long polls held (broker.health)
         self.max_msg_bytes = max_msg_bytes
         self.page_bytes = page_bytes  # a listMsg page's answer at most (--max-page-bytes)
@@ -223,6 +228,8 @@ class Api:
         send = params.parse_send(given, now_ms=now_ms, make_id=new_msg_id,
                                  defaults=backend.defaults, max_msg_bytes=self.max_msg_bytes)
         stored, = await backend.requests.send([send], now_ms)
+        if self.spans is not None:
+            self.spans.sent((stored,), now_ms)
         return answer(200, "success", delayMsg=delay_msg(stored))
 
     async def send_batch(self, request: Request) -> Response:
@@ -232,6 +239,8 @@ class Api:
                                              now_ms=now_ms, make_id=new_msg_id,
                                              defaults=backend.defaults, max_msg_bytes=self.max_msg_bytes)
         stored = await backend.requests.send(batch, now_ms)
+        if self.spans is not None:
+            self.spans.sent(stored, now_ms)
         return answer(200, "success", delayMsgList=[delay_msg(m) for m in stored])
 
     async def delete(self, request: Request) -> Response:
@@ -241,7 +250,10 @@ class Api:
     async def pull(self, request: Request) -> Response:
         backend = self._broker or self.backend
         pull = params.parse_pull(self._params(request), backend.defaults)
-        return answer(200, "success", delayMsgList=[delay_msg(m) for m in await backend.requests.pull(pull)])
+        pulled = await backend.requests.pull(pull)
+        if self.spans is not None:
+            self.spans.received(pulled)
+        return answer(200, "success", delayMsgList=[delay_msg(m) for m in pulled])
 
     async def long_poll(self, request: Request) -> Response:
         backend = self.backend
@@ -250,7 +262,10 @@ class Api:
         if self.serving is not None:  # going offline answers it now, as if the client had gone
             ended = self.serving.ends_long_poll()
             gone = lambda: request.gone() or ended()  # noqa: E731
-        return answer(200, "success", delayMsgList=[delay_msg(m) for m in await backend.requests.long_poll(poll, gone)])
+        pulled = await backend.requests.long_poll(poll, gone)
+        if self.spans is not None:
+            self.spans.received(pulled)
+        return answer(200, "success", delayMsgList=[delay_msg(m) for m in pulled])
 
     async def ack(self, request: Request) -> Response:
         backend = self._broker or self.backend

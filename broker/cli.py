@@ -20,6 +20,7 @@ from .params import Defaults
 from .push_rules import DEFAULT_MAX_SUBSCRIPTIONS, PushLimits
 from .ready import QueueLimits
 from .schedules import ScheduleLimits
+from .tracing import exporters_from_env
 
 log = logging.getLogger("hourglass.cli")
 
@@ -267,7 +268,8 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
                        push=PushLimits(max_head_bytes=args.push_max_head_bytes, max_headers=args.push_max_headers,
                                        head_timeout_ms=args.push_head_timeout_ms,
                                        body_timeout_ms=args.push_body_timeout_ms,
-                                       idle_timeout_ms=args.push_idle_timeout_ms, max_fds=args.push_max_fds))
+                                       idle_timeout_ms=args.push_idle_timeout_ms, max_fds=args.push_max_fds),
+                       trace_exporters=exporters_from_env(os.environ))
 
 
 def read_token_file(path: str, allow_readable: bool, flag: str = "--auth-token-file") -> str:

@@ -91,6 +91,10 @@ class ServeConfig:
     # Recurring schedules the node keeps, and the bytes their messages hold
     # in RAM (--max-schedules, --max-schedule-bytes): broker.schedules.
     schedules: ScheduleLimits = field(default_factory=ScheduleLimits)
+    # The span exporters the standard OTEL_* variables name (the CLI reads
+    # them: broker.tracing.exporters_from_env); () is no spans, and then no
+    # module of OpenTelemetry is loaded (docs/operations.md, "Traces").
+    trace_exporters: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:

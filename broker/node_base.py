@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Any
 
 from wheel.clock import Clock
 
-from . import build_info
+from . import build_info, tracing
 from .api import Api, answer, console_auth, console_entry
 from .backend import Backend
 from .camellia_metrics import ProcessStats
@@ -69,6 +69,7 @@ from .push_rules import PushAllow
 from .redact import client_text
 from .schedule_api import ScheduleApi
 from .scrape import Series, metrics_response
+from .tracing import Spans
 
 if TYPE_CHECKING:
     from .pusher import Pushers
@@ -106,7 +107,11 @@ class NodeBase(ABC):
         self.process = ProcessStats()
         # going offline answers the long polls held, on whichever backend serves then
         self.serving = ServingStatus(config.offline_idle_s, PREFIX, on_offline=lambda: self.api.wake_long_polls())
-        self.api = Api(backend, config.max_msg_bytes, config.bodies, self.serving, config.queues.page_bytes)
+        # A span of each send and delivery, when the OTEL_* variables ask for
+        # them (broker.tracing); None: off, nothing of OpenTelemetry loaded.
+        self.spans: Spans | None = tracing.start(config.trace_exporters) if config.trace_exporters else None
+        self.api = Api(backend, config.max_msg_bytes, config.bodies, self.serving, config.queues.page_bytes,
+                       self.spans)
         self.console = console
         # Push subscriptions (broker.pusher): None while no backend serves here.
         self.pushers: Pushers | None = None

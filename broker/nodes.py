@@ -75,7 +75,8 @@ class DiskNode(NodeBase):
             from .pusher import Pushers, SubscriptionFile, subscription_path
             self.pushers = Pushers(clock, PushAllow.parse(config.push_allow),
                                    SubscriptionFile(subscription_path(config.data_path)),
-                                   config.max_subscriptions, limits=config.push, descriptors=self.descriptors)
+                                   config.max_subscriptions, limits=config.push, descriptors=self.descriptors,
+                                   spans=self.spans)
         log.info("opened %s in %.3f s: %s", config.data_path, self.opened_s, self.store)
 
     def __repr__(self) -> str:
@@ -139,7 +140,8 @@ class RedisNode(NodeBase):
             os.makedirs(config.data_path, mode=0o700, exist_ok=True)
             self.pushers = Pushers(clock, PushAllow.parse(config.push_allow),
                                    SubscriptionFile(subscription_path(config.data_path)),
-                                   config.max_subscriptions, limits=config.push, descriptors=self.descriptors)
+                                   config.max_subscriptions, limits=config.push, descriptors=self.descriptors,
+                                   spans=self.spans)
 
     def __repr__(self) -> str:
         return f"RedisNode({self.broker!r})"

@@ -69,6 +69,7 @@ from .push_rules import (
     signature,
 )
 from .recurrence import add_run_fields
+from .tracing import Spans
 
 log = logging.getLogger("hourglass.push")
 
@@ -162,8 +163,10 @@ class TopicPusher:
 
     def __init__(self, subscription: Subscription, backend: Backend, clock: Clock, allow: PushAllow,
                  stats: PushStats, jitter: Callable[[], float] = lambda: random.uniform(0.5, 1.0),
-                 limits: PushLimits | None = None, descriptors: PushDescriptors | None = None) -> None:
+                 limits: PushLimits | None = None, descriptors: PushDescriptors | None = None,
+                 spans: Spans | None = None) -> None:
         self.subscription = s = subscription
+        self._spans = spans  # a span of each POST (broker.tracing); None: off
         self._backend = backend
         self._clock = clock
         self._allow = allow
@@ -345,13 +348,21 @@ class TopicPusher:
                 headers.append(("tracestate", message.tracestate))
         if s.secret is not None:
             headers.append(("Hourglass-Signature", signature(s.secret, timestamp_ms, body)))
+        spans = self._spans
+        span = None if spans is None else spans.push_started(message)
         try:
             status, retry_after = await self._client.post(body, headers)
         except PostFailed as e:
+            if spans is not None:
+                spans.push_ended(span, e.reason, None)
             return (e.reason, e.detail), None
         if 200 <= status < 300:
+            if spans is not None:
+                spans.push_ended(span, None, status)
             return None, None
         reason = "redirect" if 300 <= status < 400 else "status"
+        if spans is not None:
+            spans.push_ended(span, reason, status)
         return (reason, f"HTTP {status}"), retry_after_ms(retry_after)
 
 
@@ -396,9 +407,10 @@ class Pushers:
 
     def __init__(self, clock: Clock, allow: PushAllow, store: SubscriptionStore | None,
                  max_subscriptions: int = DEFAULT_MAX_SUBSCRIPTIONS, *, limits: PushLimits | None = None,
-                 descriptors: DescriptorBudget | None = None) -> None:
+                 descriptors: DescriptorBudget | None = None, spans: Spans | None = None) -> None:
         self.clock = clock
         self.allow = allow
+        self.spans = spans  # handed to each TopicPusher (broker.tracing); None: no spans
         # What a subscriber's answer may cost (--push-*), and the push
         # connections' part of the node's descriptor budget (broker.descriptors).
         self.limits = limits or PushLimits()
@@ -444,7 +456,7 @@ class Pushers:
             return
         stats = self.stats.setdefault(subscription.topic, PushStats())
         pusher = TopicPusher(subscription, self._backend, self.clock, self.allow, stats, limits=self.limits,
-                             descriptors=self.descriptors)
+                             descriptors=self.descriptors, spans=self.spans)
         self._running[subscription.topic] = pusher
         pusher.start()
 

@@ -73,7 +73,8 @@ class ClusterNode(Routes, PeerCalls, RoleLoop, Snapshots, Handover):
 
             from .push import RaftSubscriptions
             self.pushers = Pushers(clock, PushAllow.parse(config.push_allow), RaftSubscriptions(election),
-                                   config.max_subscriptions, limits=config.push, descriptors=self.descriptors)
+                                   config.max_subscriptions, limits=config.push, descriptors=self.descriptors,
+                                   spans=self.spans)
         self.roles = RoleState(cluster.node_id, cluster.quorum, len(cluster.peers))
         self._session = None
         self._forward_session = None
