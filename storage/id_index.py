@@ -96,6 +96,8 @@ HEADER_BYTES = HEADER.size
 SLOT = struct.Struct("<QQ")
 SLOT_BYTES = SLOT.size
 GROUP_SLOTS = 4
+# Bytes a shard's opening reads at a time to count its slots in use (whole slots).
+OPEN_READ_BYTES = 1 << 20
 GROUP = struct.Struct("<8Q")
 GROUP_BYTES = GROUP.size
 SHARDS = 64
@@ -206,21 +208,27 @@ class Shard:
         with open(path, "rb") as f:
             head = f.read(HEADER_BYTES)
             size = os.fstat(f.fileno()).st_size
-        _, _, _, slot_count, tag, crc = check_header(path, head, HEADER, MAGIC, VERSION)
-        if zlib.crc32(head[:-4]) != crc:
-            raise CorruptionError(path, HEADER_BYTES - 4, "id-index header checksum mismatch")
-        if tag != secret_tag:
-            raise CorruptionError(path, 12, "shard was made under another secret")
-        if slot_count < 16 or slot_count & (slot_count - 1) or size != HEADER_BYTES + slot_count * SLOT_BYTES:
-            raise CorruptionError(path, 8, f"{slot_count} slots do not fit a file of {size} bytes")
+            _, _, _, slot_count, tag, crc = check_header(path, head, HEADER, MAGIC, VERSION)
+            if zlib.crc32(head[:-4]) != crc:
+                raise CorruptionError(path, HEADER_BYTES - 4, "id-index header checksum mismatch")
+            if tag != secret_tag:
+                raise CorruptionError(path, 12, "shard was made under another secret")
+            if slot_count < 16 or slot_count & (slot_count - 1) or size != HEADER_BYTES + slot_count * SLOT_BYTES:
+                raise CorruptionError(path, 8, f"{slot_count} slots do not fit a file of {size} bytes")
+            # The slots in use, counted from the file read a slice at a time,
+            # not through the mapping: the pages stay in the page cache, out
+            # of the process's RSS, until a look-up touches them (10,000,000
+            # ids: 240 MB of mapped pages otherwise resident after a restart).
+            empty = 0
+            while chunk := f.read(OPEN_READ_BYTES):
+                empty += array("Q", chunk)[::2].count(0)
         fd = os.open(path, os.O_RDWR)
         try:
             mm = mmap.mmap(fd, size)
         finally:
             os.close(fd)
         shard = cls(path, mm, slot_count)
-        keys = array("Q", shard.mm[HEADER_BYTES:])[::2]
-        shard.used = slot_count - keys.count(0)
+        shard.used = slot_count - empty
         return shard
 
     def publish(self, final_path: str, durable: bool = True) -> None:

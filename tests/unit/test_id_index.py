@@ -311,3 +311,39 @@ def test_keys_forced_into_one_group_cost_at_most_5x_random(tmp_path):
         index.close()
     assert forced <= 5 * plain, (forced, plain)
 
+
+
+def _mapped_rss_kb(path: str) -> int:
+    """Resident kB of this process's mappings of `path` (/proc/self/smaps)."""
+    total, inside = 0, False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            first = line.split(maxsplit=1)[0]
+            if "-" in first and not first.endswith(":"):  # a mapping's head line
+                inside = line.rstrip().endswith(path)
+            elif inside and first == "Rss:":
+                total += int(line.split()[1])
+    return total
+
+
+def test_reopening_counts_the_slots_in_use_without_making_the_shards_resident(tmp_path):
+    """A shard larger than one opening read (id_index.OPEN_READ_BYTES) is
+    counted whole; its mapped pages are not touched by the count."""
+    slots = 2 * id_index.OPEN_READ_BYTES // SLOT_BYTES  # 2 reads a shard (128 MB in all)
+    index = IdIndex.open(str(tmp_path / "ids"), slots, lambda hour: True, None, DISK)
+    rng = random.Random(5)
+    keys = [rng.getrandbits(64) | 1 for _ in range(20_000)]
+    try:
+        index.put_many([(key, LIVE, gi) for gi, key in enumerate(keys)])
+        used = [shard.used for shard in index.shards]
+        assert sum(used) == len(set(keys))
+    finally:
+        index.close()
+    index = IdIndex.open(str(tmp_path / "ids"), slots, lambda hour: True, None, DISK)
+    try:
+        assert [shard.used for shard in index.shards] == used
+        resident = sum(_mapped_rss_kb(shard.path) for shard in index.shards)
+        assert resident * 1024 < sum(os.path.getsize(shard.path) for shard in index.shards) / 16, resident
+        assert index.candidates(keys[0]) == [Location(LIVE, 0)]
+    finally:
+        index.close()
