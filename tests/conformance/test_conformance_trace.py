@@ -2,7 +2,8 @@
 send's `traceparent` and `tracestate` -- fields of sendMsg or of a
 sendMsgBatch item, or sendMsg's HTTP headers -- kept with the message and
 answered in its delayMsg by every call that answers one (send, get, pull,
-long poll, reschedule, dead letters, redrive, retries), sent on as headers
+long poll, reschedule, dead letters, redrive, retries, listMsg, and after
+a rescheduleMsgs), sent on as headers
 with a push to a real subscriber; a malformed one refused with code 400
 naming it, nothing stored; a message without trace context answers no
 such key."""
@@ -77,6 +78,19 @@ def test_sendmsg_headers_apply_unless_the_parameters_give_it(api, topic):
     body = send_with_headers(api, {"traceparent": "00-bad"}, topic=topic, msg="m", msgId="bad")
     assert body["code"] == 400 and "traceparent" in body["msg"]
     assert api.message(topic, "bad") == 404
+
+
+def test_bulk_calls_list_and_move_it(api, topic):
+    api.send(topic, msgId="t", delayMillis=600_000, traceparent=TRACEPARENT, tracestate=TRACESTATE)
+    api.send(topic, msgId="u", delayMillis=600_000)
+    status, body = api.post("listMsg", topic=topic)
+    assert status == 200, body
+    assert {m["msgId"]: trace_of(m) for m in body["delayMsgList"]} == {"t": (TRACEPARENT, TRACESTATE),
+                                                                      "u": (None, None)}
+    status, body = api.post("rescheduleMsgs", topic=topic, all="true", delayMillis=0)
+    assert status == 200 and body["rescheduled"] == 2, body
+    got = {m["msgId"]: trace_of(m) for m in api.pull_until(topic, 2)}
+    assert got == {"t": (TRACEPARENT, TRACESTATE), "u": (None, None)}
 
 
 def test_retries_dead_letters_and_redrive_keep_it(api, topic):

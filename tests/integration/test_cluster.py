@@ -51,6 +51,15 @@ def test_one_leader_and_any_node_answers_any_call(cluster):
     assert status == 200, body
     status, body = cluster.nodes[f2].post("getMsg", topic="t", msgId="m1")
     assert status == 200 and body["delayMsg"]["msg"] == "via a follower"
+    # a sendMsg's trace context headers are forwarded with it, and the message keeps them
+    traced = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    status, raw = request(cluster.nodes[f1].base + "/camellia/delayQueue/sendMsg", data=b"topic=t&msg=x&msgId=m2&delayMillis=600000",
+                          headers={"Content-Type": "application/x-www-form-urlencoded", "traceparent": traced,
+                                   "tracestate": "congo=t61rcWkgMzE"})
+    assert status == 200 and json.loads(raw)["delayMsg"]["traceparent"] == traced, raw
+    status, body = cluster.nodes[f2].post("getMsg", topic="t", msgId="m2")
+    assert status == 200 and (body["delayMsg"]["traceparent"], body["delayMsg"]["tracestate"]) == (
+        traced, "congo=t61rcWkgMzE")
     status, body = _wait(lambda: (lambda r: r if r[1].get("delayMsgList") else None)(
         cluster.nodes[f2].post("pullMsg", topic="t", batch=5)), what="a pull through a follower")
     assert [m["msgId"] for m in body["delayMsgList"]] == ["m1"]
