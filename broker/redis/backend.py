@@ -258,7 +258,7 @@ class RedisBroker:
         limit = self.config.script_batch
         where = f"topic {topic!r}"
         try:
-            triggers, retried, ended, full, *heads = await self._link.script("tick", topic, [
+            triggers, retried, ended, full, woke, *heads = await self._link.script("tick", topic, [
                 str(now_ms), str(limit), str(now_ms + self.config.retention_ms), self._state.node,
                 str(now_ms + self.config.lease_ms)], wait=False)
         except Fenced:  # a step of the topic's bulk call was applied; the next round ticks it (or applies more)
@@ -271,7 +271,7 @@ class RedisBroker:
         m.retries += retried
         m.ended += ended
         made_ready(self.metrics, topic, [int(t) for t in triggers], now_ms)
-        if triggers or retried:
+        if triggers or retried or woke:  # woke: a parked message of a key freed is pullable
             await self._link.publish(topic)
         if full:
             return now_ms

@@ -51,6 +51,15 @@ class SendOutcome(enum.StrEnum):
     EXPIRED = "5"
 
 
+def _woke(result: Reply) -> tuple[Reply, bool]:
+    """A script's answer without its '+' (lua/backend/common.lua's woke:
+    a parked keyed message became pullable, so the caller wakes the topic's
+    long polls), and whether it had one."""
+    if isinstance(result, str) and result.endswith("+"):
+        return result[:-1], True
+    return result, False
+
+
 def _message(topic: str, msg_id: str, meta: str, body: str) -> Message:
     f = json.loads(meta)
     return Message(topic=topic, msg_id=msg_id, msg=body, produce_ms=int(f["produce"]),
@@ -197,20 +206,21 @@ class RedisRequests:
         and is no error, as camellia."""
         self._lifecycle.check_serving()
         now_ms = self._clock.now_ms()
-        result = await self._script("ack", request.topic, [
-            request.msg_id, "1" if request.ack else "0", str(now_ms), str(now_ms + self._config.retention_ms)])
+        result, woke = _woke(await self._script("ack", request.topic, [
+            request.msg_id, "1" if request.ack else "0", str(now_ms), str(now_ms + self._config.retention_ms)]))
         if result in ("NF", "NOOP"):
             return
         m = self._metrics.topic(request.topic)
         if request.ack:
             m.acks += 1
-            return
-        m.nacks += 1
-        if result == "READY":
-            m.retries += 1
-            await self._publish(request.topic)
         else:
-            m.ended += 1
+            m.nacks += 1
+            if result == "READY":
+                m.retries += 1
+            else:
+                m.ended += 1
+        if result == "READY" or woke:  # a nack's message, or its key's next one, is pullable
+            await self._publish(request.topic)
 
     async def retry_at(self, topic: str, msg_id: str, at_ms: int) -> Status | None:
         """As the disk broker's: a failed push delivery's CONSUMING message
@@ -224,11 +234,13 @@ class RedisRequests:
         old = _message(topic, msg_id, *found)
         now_ms = self._clock.now_ms()
         at_ms = max(at_ms, now_ms)
-        result = await self._script("retry_at", topic, [
+        result, woke = _woke(await self._script("retry_at", topic, [
             msg_id, str(at_ms), str(at_ms + old.ttl_ms), ready_member(old.priority, at_ms, msg_id),
-            str(now_ms + self._config.retention_ms)])
+            str(now_ms + self._config.retention_ms)]))
         if result in ("NF", "NOOP"):
             return None
+        if woke:  # its key's next message is pullable
+            await self._publish(topic)
         m = self._metrics.topic(topic)
         m.nacks += 1
         if result == "ENDED":
@@ -255,14 +267,16 @@ class RedisRequests:
         id. An ended or unknown message raises NotFound (camellia's 404);
         with `release` an ended one is released all the same."""
         self._lifecycle.check_serving()
-        result = await self._script("delete", request.topic, [
-            request.msg_id, "1" if request.release else "0", str(self._clock.now_ms() + self._config.retention_ms)])
+        result, woke = _woke(await self._script("delete", request.topic, [
+            request.msg_id, "1" if request.release else "0", str(self._clock.now_ms() + self._config.retention_ms)]))
         if result == "NF":
             raise NotFound(f"no message {request.msg_id!r} in topic {request.topic!r}")
         if result == "NOOP":
             raise NotFound(f"message {request.msg_id!r} has ended")
         if result == "OK":
             self._metrics.topic(request.topic).deletes += 1
+        if woke:  # a consuming message's key is free: its next message is pullable
+            await self._publish(request.topic)
 
     async def get(self, topic: str, msg_id: str) -> Message:
         self._lifecycle.check_serving()

@@ -214,6 +214,42 @@ def test_delete_retry_at_and_give_back_free_the_key(redis_url):
     run(redis_url, scenario)
 
 
+@pytest.mark.parametrize("frees", ["ack", "delete", "retry_at", "nack_ends_it", "timeout_ends_it", "bulk_delete"])
+def test_a_freed_key_wakes_a_long_poll_waiting_for_its_next_message(redis_url, frees):
+    """As on disk: a key freed makes its next message pullable, and the
+    long polls of the topic hear of it at once (not at their next repoll)."""
+    async def scenario(node: Node):
+        await node.send("a1", "A", max_retry=0 if frees.endswith("ends_it") else 3)
+        await node.send("a2", "A")
+        assert await node.pull(ack_timeout_ms=100) == ["a1"]
+        script, pulls = node.broker._link.scripts["pull"], []
+
+        async def pull(keys, args):
+            result = await script(keys=keys, args=args)
+            pulls.append(result)
+            return result
+        node.broker._link.scripts["pull"] = pull
+        poll = asyncio.ensure_future(node.broker.long_poll(LongPollRequest(TOPIC, 30_000, 5, (), 5_000)))
+        await node.until(lambda: pulls, "the long poll's first pull")  # found nothing: it waits
+        assert not poll.done()
+        if frees == "ack":
+            await node.ack("a1")
+        elif frees == "delete":
+            await node.broker.delete(DeleteRequest(TOPIC, "a1", False))
+        elif frees == "retry_at":
+            assert await node.broker.retry_at(TOPIC, "a1", node.now + 60_000) is WAITING
+        elif frees == "nack_ends_it":
+            await node.ack("a1", ack=False)
+        elif frees == "timeout_ends_it":
+            await node.advance_to(node.now + 100)  # before the poll's repoll (poll_ms)
+        else:
+            assert await node.broker.delete_msgs(DeleteMsgsRequest(TOPIC, BulkFilter(msg_id_prefix="a1"), 10)) \
+                == (1, False)
+        await node.until(poll.done, f"the long poll woken by the {frees} that freed the key")
+        assert [m.msg_id for m in poll.result()] == ["a2"]
+    run(redis_url, scenario)
+
+
 def test_a_busy_key_holds_across_a_restart_and_between_two_brokers(redis_url):
     async def scenario(one: Node, two: Node):
         for i in range(1, 4):

@@ -1,5 +1,6 @@
 -- ARGV: id ack(1|0) now retire_at
--- -> 'NF' | 'OK' | 'NOOP' | 'READY' (nack requeued) | 'ENDED' (nack ended it)
+-- -> 'NF' | 'OK' | 'NOOP' | 'READY' (nack requeued) | 'ENDED' (nack ended it);
+-- 'OK' and 'ENDED' end in '+' when a parked message became pullable (woke)
 -- An ack of a WAITING, READY or CONSUMING message acks it; anything else
 -- changes nothing (camellia answers success).
 if fenced() then return redis.error_reply(FENCE) end
@@ -14,11 +15,11 @@ if ARGV[2] == '1' then
   else return 'NOOP' end
   finish(id, m, '4', ARGV[4])
   save(id, m)
-  return 'OK'
+  return woke('OK')
 end
 if st ~= '3' then return 'NOOP' end
 consuming_end(id, m)
 local ready = retry_or_end(id, m, ARGV[3], ARGV[4])
 save(id, m)
 if ready then return 'READY' end
-return 'ENDED'
+return woke('ENDED')

@@ -6,11 +6,11 @@
 -- (-> DELETED 7) and "R<now> <trigger> <expire> <rk>" (a new trigger time;
 -- the id ends rk). ARGV: count call ('': whichever call is being applied)
 -- -> {deleted, moved, done (1: `call` is applied whole, or no call is
--- being applied), earliest new waiting trigger or false, trigger times
--- made ready...}
+-- being applied), earliest new waiting trigger or false, 1 if a parked
+-- message became pullable (woke), trigger times made ready...}
 local count, call = tonumber(ARGV[1]), ARGV[2]
 local current = redis.call('HGET', BULKINFO, 'call') or ''
-if redis.call('EXISTS', BULK) == 0 or (call ~= '' and current ~= call) then return {0, 0, 1, false} end
+if redis.call('EXISTS', BULK) == 0 or (call ~= '' and current ~= call) then return {0, 0, 1, false, 0} end
 local items = redis.call('LPOP', BULK, count) or {}
 local deleted, moved, next_waiting, made_ready = 0, 0, false, {}
 for _, item in ipairs(items) do
@@ -55,6 +55,6 @@ if redis.call('EXISTS', BULK) == 0 then
   done = 1
 end
 redis.call('PEXPIRE', BULKINFO, 3600000)
-local out = {deleted, moved, done, next_waiting}
+local out = {deleted, moved, done, next_waiting, woken and 1 or 0}
 for _, t in ipairs(made_ready) do out[#out + 1] = t end
 return out

@@ -57,12 +57,21 @@ local function load_rk(rk)
   if raw then return cjson.decode(raw) end
   return nil
 end
+-- True once this script made a keyed message pullable that was parked (its
+-- key freed, or the one ahead of it gone): the caller wakes the topic's long
+-- polls (`woke`), as the disk broker does when a key is freed.
+local woken = false
+local function woke(answer)
+  if woken then return answer .. '+' end
+  return answer
+end
 -- A free key's best READY message (if any) becomes pullable.
 local function key_promote(k)
   local rk = key_best(k)
   if rk then
     local m = load_rk(rk)
     pullable_add(rk, m and m.tag or '')
+    woken = true
   end
 end
 local function ready_add(id, m)

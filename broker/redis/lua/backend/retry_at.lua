@@ -4,7 +4,8 @@
 -- priority); or ends (6) as a nack would, after maxRetry + 1 deliveries or
 -- when the retry time is past its expire time. Anything else changes
 -- nothing. ARGV: id trigger expire rk retire_at
--- -> 'NF' | 'NOOP' (not consuming) | 'WAITING' | 'ENDED'
+-- -> 'NF' | 'NOOP' (not consuming) | 'WAITING' | 'ENDED', ending in '+' when
+-- its key's next message became pullable (woke)
 if fenced() then return redis.error_reply(FENCE) end
 local id = ARGV[1]
 local m = load(id)
@@ -14,10 +15,10 @@ consuming_end(id, m)
 if tonumber(m.retry) > tonumber(m.maxRetry) or tonumber(ARGV[2]) >= tonumber(m.expire) then
   finish(id, m, '6', ARGV[5])
   save(id, m)
-  return 'ENDED'
+  return woke('ENDED')
 end
 m.trigger, m.expire, m.rk = ARGV[2], ARGV[3], ARGV[4]
 m.status = '1'
 redis.call('ZADD', WAITING, m.trigger, id)
 save(id, m)
-return 'WAITING'
+return woke('WAITING')

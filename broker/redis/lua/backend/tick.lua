@@ -8,8 +8,8 @@
 -- lease left (else it is looked at again when that lease ends, and its
 -- ack deadline holds meanwhile). ARGV: now limit retire_at node
 -- lease_until -> {trigger times made ready, retried, ended, 1 if a step
--- was cut at limit, next waiting, ack, expire, retire and held scores (or
--- false)}
+-- was cut at limit, 1 if a parked message became pullable (woke), next
+-- waiting, ack, expire, retire and held scores (or false)}
 if fenced() then return redis.error_reply(FENCE) end
 local now, limit, retire_at = ARGV[1], tonumber(ARGV[2]), ARGV[3]
 redis.call('ZREMRANGEBYSCORE', LEASES, '-inf', now)  -- a lease counts while it ends after now
@@ -60,5 +60,5 @@ local full = 0
 if due == limit or timed_out == limit or orphaned == limit or expired == limit or #retired == limit then
   full = 1
 end
-return {triggers, retried, ended, full, head_score(WAITING), head_score(ACK), head_score(EXPIRE),
+return {triggers, retried, ended, full, woken and 1 or 0, head_score(WAITING), head_score(ACK), head_score(EXPIRE),
         head_score(RETIRE), head_score(HELD)}
