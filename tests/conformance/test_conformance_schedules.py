@@ -1,0 +1,180 @@
+"""Recurring schedules (docs/api.md, "Recurring schedules") over HTTP, the
+same on both backends: putSchedule with cron and with everyMillis, each
+run one message (msgId `<scheduleId>@<nominal ms>`, `scheduledTime`), the
+pending run the one message waiting, getSchedule's lastRuns and next fire
+times, the version's compare-and-set (409), pause and resume, pages of
+listSchedules, deleteSchedule, and bad parameters refused naming them
+with nothing stored. The DST, misfire and restart rules are tested where
+they can be on a fake clock (tests/unit/test_schedules_model.py,
+tests/property/test_recurrence_reference.py) and with SIGKILL in
+tests/integration/test_schedules.py (disk) and test_redis_schedules.py."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.not_on("redis", reason="schedules are not served on Redis yet (answered 403)")]
+
+
+def ok(answer):
+    code, body = answer
+    assert code == 200, body
+    return body
+
+
+def put(api, topic, schedule_id, **params):
+    return ok(api.post("putSchedule", topic=topic, scheduleId=schedule_id, **{"msg": "run", **params}))["schedule"]
+
+
+def drain(api, topic, count, timeout_s=8.0):
+    """Pull (and ack) until `count` messages came or the timeout."""
+    got = api.pull_until(topic, count, timeout_s=timeout_s, ackTimeoutMillis=60_000)
+    if got:
+        ok(api.post("ackMsg", topic=topic, msgIds=",".join(m["msgId"] for m in got)))
+    return got
+
+
+def test_every_millis_makes_one_message_a_run(api, topic):
+    schedule = put(api, topic, "tick", everyMillis=1000, msg="tick", tag="hb", priority=3)
+    assert schedule["version"] == 1 and schedule["paused"] is False and schedule["runs"] == 1
+    assert schedule["misfire"] == "once" and schedule["timeZone"] == "UTC" and schedule["everyMillis"] == 1000
+    first = schedule["nextFireTimes"][0]
+    assert schedule["nextFireTimes"] == [first + 1000 * k for k in range(5)]
+    pending = api.message(topic, f"tick@{first}")  # the first run exists, WAITING, before its time
+    assert pending["status"] == 1 and pending["scheduledTime"] == first and pending["scheduleId"] == "tick"
+    runs = drain(api, topic, 3)
+    assert [m["scheduledTime"] for m in runs] == [first, first + 1000, first + 2000]  # each once, in order
+    for m in runs:
+        assert m["msgId"] == f"tick@{m['scheduledTime']}" and m["scheduleId"] == "tick"
+        assert m["triggerTime"] == m["scheduledTime"] and m["msg"] == "tick"
+        assert m["tag"] == "hb" and m["priority"] == 3
+        assert m["produceTime"] < m["scheduledTime"]  # made ahead as the pending run, released on time
+    got = ok(api.get("getSchedule", topic=topic, scheduleId="tick", next=2))["schedule"]
+    assert len(got["nextFireTimes"]) == 2 and got["nextFireTimes"][0] > first + 2000
+    assert got["nextFireTimes"][1] == got["nextFireTimes"][0] + 1000 and got["runs"] >= 4
+    last = {r["scheduledTime"]: r for r in got["lastRuns"]}
+    assert [r["scheduledTime"] for r in got["lastRuns"]] == sorted(last, reverse=True)  # newest first
+    for m in runs:
+        r = last[m["scheduledTime"]]
+        assert r["msgId"] == m["msgId"] and r["status"] == 4 and r["missed"] is False  # acked
+        assert r["triggerTime"] == m["triggerTime"] and 0 <= r["latenessMillis"] < 1000
+    waiting = api.message(topic, f"tick@{got['nextFireTimes'][0]}")
+    assert waiting["status"] == 1
+    ok(api.post("deleteSchedule", topic=topic, scheduleId="tick"))
+    assert api.message(topic, waiting["msgId"]) == 404  # the pending run deleted, its id released
+    assert api.get("getSchedule", topic=topic, scheduleId="tick")[0] == 404
+    time.sleep(1.2)
+    assert api.pull(topic, batch=10) == []  # no more runs
+
+
+def test_a_cron_with_seconds_makes_its_runs(api, topic):
+    schedule = put(api, topic, "c", cron="* * * * * *", timeZone="Europe/London", jitterMillis=500,
+                   misfireGraceMillis=5000)
+    assert schedule["cron"] == "* * * * * *" and schedule["timeZone"] == "Europe/London"
+    first = schedule["nextFireTimes"][0]
+    assert first % 1000 == 0 and schedule["nextFireTimes"] == [first + 1000 * k for k in range(5)]
+    runs = drain(api, topic, 2)
+    assert [m["scheduledTime"] for m in runs] == [first, first + 1000]
+    for m in runs:  # jitter: the same on every node, in [0, jitterMillis)
+        assert m["msgId"] == f"c@{m['scheduledTime']}"
+        assert m["scheduledTime"] <= m["triggerTime"] < m["scheduledTime"] + 500
+    ok(api.post("deleteSchedule", topic=topic, scheduleId="c"))
+
+
+def test_version_compare_and_set(api, topic):
+    base = {"everyMillis": 60_000, "msg": "x"}
+    assert put(api, topic, "v", **base, version=0)["version"] == 1
+    code, refused = api.post("putSchedule", topic=topic, scheduleId="v", **base, version=0)
+    assert code == 409 and refused["code"] == 409 and "version 1" in refused["msg"], refused
+    code, refused = api.post("putSchedule", topic=topic, scheduleId="v", **{**base, "msg": "y"}, version=5)
+    assert code == 409 and "version 1" in refused["msg"]
+    assert ok(api.get("getSchedule", topic=topic, scheduleId="v"))["schedule"]["msg"] == "x"  # unchanged
+    replaced = put(api, topic, "v", **{**base, "msg": "y"}, version=1)
+    assert replaced["version"] == 2 and replaced["msg"] == "y"
+    assert put(api, topic, "v", **{**base, "msg": "z"})["version"] == 3  # no version: replaced whatever it was
+    got = ok(api.get("getSchedule", topic=topic, scheduleId="v"))["schedule"]
+    assert got["msg"] == "z" and got["version"] == 3
+    pending = api.message(topic, f"v@{got['nextFireTimes'][0]}")
+    assert pending["status"] == 1 and pending["msg"] == "z"  # the replacement's run, one message
+    ok(api.post("deleteSchedule", topic=topic, scheduleId="v"))
+
+
+def test_pause_deletes_the_pending_run_and_resume_makes_it_again(api, topic):
+    schedule = put(api, topic, "p", cron="0 0 * * *", timeZone="America/New_York", msg="nightly")
+    pending = f"p@{schedule['nextFireTimes'][0]}"
+    assert api.message(topic, pending)["status"] == 1
+    paused = ok(api.post("pauseSchedule", topic=topic, scheduleId="p"))["schedule"]
+    assert paused["paused"] is True and paused["nextFireTimes"] == [] and paused["version"] == 2
+    assert api.message(topic, pending) == 404
+    assert ok(api.post("pauseSchedule", topic=topic, scheduleId="p"))["schedule"]["version"] == 2  # no change
+    resumed = ok(api.post("resumeSchedule", topic=topic, scheduleId="p"))["schedule"]
+    assert resumed["paused"] is False and resumed["version"] == 3
+    assert resumed["nextFireTimes"] == schedule["nextFireTimes"]
+    assert api.message(topic, pending)["status"] == 1
+    ok(api.post("deleteSchedule", topic=topic, scheduleId="p"))
+    for call in ("pauseSchedule", "resumeSchedule", "deleteSchedule"):
+        code, body = api.post(call, topic=topic, scheduleId="p")
+        assert code == 404 and body["code"] == 404
+    assert api.get("getSchedule", topic=topic, scheduleId="p")[0] == 404
+    assert api.message(topic, pending) == 404
+
+
+def test_list_schedules_pages_by_cursor(api, topic):
+    for sid in ("c", "a", "e", "b", "d"):
+        put(api, topic, sid, everyMillis=3_600_000)
+    seen, cursor, pages = [], None, 0
+    while True:
+        page = ok(api.get("listSchedules", topic=topic, limit=2, **({} if cursor is None else {"cursor": cursor})))
+        seen += [s["scheduleId"] for s in page["schedules"]]
+        pages += 1
+        assert all(s["topic"] == topic and len(s["nextFireTimes"]) == 5 for s in page["schedules"])
+        cursor = page["cursor"]
+        if cursor is None:
+            break
+        assert cursor == seen[-1]
+    assert seen == ["a", "b", "c", "d", "e"] and pages == 3
+    assert ok(api.get("listSchedules", topic=topic + "-none"))["schedules"] == []
+    assert api.get("listSchedules", topic=topic, limit=0)[0] == 400
+    for sid in seen:
+        ok(api.post("deleteSchedule", topic=topic, scheduleId=sid))
+    assert ok(api.get("listSchedules", topic=topic))["schedules"] == []
+
+
+@pytest.mark.parametrize(("params", "named"), [
+    ({"cron": "61 * * * *"}, "cron"),
+    ({"cron": "* * * * 5#2"}, "cron"),
+    ({"cron": "* * * * *", "everyMillis": 1000}, "cron"),
+    ({}, "cron"),
+    ({"everyMillis": 999}, "everyMillis"),
+    ({"everyMillis": "soon"}, "everyMillis"),
+    ({"everyMillis": 1000, "timeZone": "Mars/Olympus"}, "timeZone"),
+    ({"everyMillis": 1000, "startTime": 2000, "endTime": 2000}, "endTime"),
+    ({"everyMillis": 1000, "misfire": "sometimes"}, "misfire"),
+    ({"everyMillis": 1000, "maxCatchUp": 0}, "maxCatchUp"),
+    ({"everyMillis": 1000, "limit": 0}, "limit"),
+    ({"everyMillis": 1000, "jitterMillis": 70_000}, "jitterMillis"),
+    ({"everyMillis": 1000, "msgId": "mine"}, "msgId"),
+    ({"everyMillis": 1000, "delayMillis": 5}, "delayMillis"),
+    ({"everyMillis": 1000, "version": -1}, "version"),
+    ({"everyMillis": 1000, "scheduleId": "x" * 49}, "scheduleId"),
+    ({"everyMillis": 1000, "msg": ""}, "msg"),
+])
+def test_bad_parameters_are_refused_naming_them_and_nothing_is_stored(api, topic, params, named):
+    code, refused = api.post("putSchedule", **{"topic": topic, "scheduleId": "bad", "msg": "x", **params})
+    assert code == 400 and refused["code"] == 400 and refused["msg"].startswith(named), refused
+    assert ok(api.get("listSchedules", topic=topic))["schedules"] == []
+    assert api.get("getSchedule", topic=topic, scheduleId="bad")[0] == 404
+    assert api.is_empty(topic) or api.info(topic) == 404
+
+
+def test_refs_are_checked(api, topic):
+    for call in ("deleteSchedule", "pauseSchedule", "resumeSchedule"):
+        code, refused = api.post(call, topic=topic)
+        assert code == 400 and refused["msg"].startswith("scheduleId"), refused
+    code, refused = api.get("getSchedule", topic=topic, scheduleId="s", next=101)
+    assert code == 400 and refused["msg"].startswith("next"), refused
+    code, refused = api.get("getSchedule", scheduleId="s")
+    assert code == 400 and refused["msg"].startswith("topic"), refused
