@@ -30,6 +30,10 @@ what no order of those unknowns could explain:
                                                                before its ack timeout could have passed
                                                                (on a standalone node, and no kill between:
                                                                a pull is answered before its fsync there)
+    one message per recurring schedule's     runs_twice        a (topic, scheduleId, nominal time) delivered
+    run, made once whatever fails                              with more than one produceTime, or a run
+                                                               whose msgId is not `<scheduleId>@<nominal>`
+    a run never before its nominal time      runs_early        a run received before its scheduledTime
 
 The trigger "in force" for a delivery is the send's, or a reschedule's
 answered 200 before the pull started (a reschedule whose answer came
@@ -42,6 +46,17 @@ under it, ended or not), every delivery until a reschedule of the
 message began must name the trigger the send's answer names
 (`answer_mismatch`): another means a node answered 200 for a message
 that is not the one it stored and delivered.
+
+A recurring schedule's run (docs/api.md, "Recurring schedules") is one
+message whatever restarts or failovers happen: its msgId is derived from
+the schedule and the nominal time, and the node that makes it records it
+before sending it strictly, so a second message for the same nominal time
+(a second produceTime: the run made again after a crash or by a second
+node) is `runs_twice`, while the same message delivered twice (the same
+produceTime) is only a duplicate. Runs are judged among the deliveries
+that carry `scheduled_ms` (bench/drills.py records it, and the produce
+time, with every delivery: a run is any message answered with a
+`scheduledTime`).
 
 Duplicates are not errors (delivery is at least once), but each is
 counted with the fault nearest to it in time: a delivery of a message
@@ -59,7 +74,8 @@ from typing import Any
 # A delivery counts as the same as another within this many ms of its fault.
 NEAR_FAULT_MS = 10_000
 # The counts a correct run has at 0.
-MUST_BE_ZERO = ("lost", "early", "after_ack", "after_delete", "key_violations", "answer_mismatch")
+MUST_BE_ZERO = ("lost", "early", "after_ack", "after_delete", "key_violations", "answer_mismatch", "runs_twice",
+                "runs_early")
 
 
 @dataclass(frozen=True)
@@ -106,6 +122,10 @@ class Delivery:
     trigger_ms: int  # as the delivered message says
     key: str | None
     ack_timeout_ms: int
+    # a recurring schedule's run: its message's produceTime and scheduledTime
+    # (None for any other message)
+    produce_ms: int | None = None
+    scheduled_ms: int | None = None
 
 
 @dataclass(frozen=True)
@@ -152,6 +172,8 @@ class Findings:
     after_delete: int = 0
     key_violations: int = 0
     answer_mismatch: int = 0
+    runs_twice: int = 0
+    runs_early: int = 0
     duplicates: int = 0
     duplicates_by_fault: dict[str, int] = field(default_factory=dict)
     examples: dict[str, list[str]] = field(default_factory=dict)
@@ -204,6 +226,7 @@ def check(history: History) -> Findings:
     _check_after(by_msg, ops, found)
     undone = [] if history.pulls_durable else sorted(f.start_ms for f in history.faults if f.kind == "kill")
     _check_keys(by_msg, ops, undone, found)
+    _check_runs(history.deliveries, found)
     _count_duplicates(history.faults, by_msg, ops, found)
     return found
 
@@ -317,6 +340,28 @@ def _check_keys(by_msg: dict[MsgKey, list[Delivery]], ops: dict[MsgKey, list[Op]
                     found.note("key_violations", f"{topic} key {k}: {other.msg_id} pulled "
                                                  f"{other.poll_start_ms}..{other.received_ms} while {d.msg_id} "
                                                  f"consumed {d.received_ms}..{busy_until}")
+
+
+def _check_runs(deliveries: list[Delivery], found: Findings) -> None:
+    """Each recurring schedule's run one message (one produceTime per
+    (topic, scheduleId, nominal time), its msgId `<scheduleId>@<nominal>`),
+    none received before its nominal time."""
+    produced: dict[tuple[str, str, int], set[int]] = defaultdict(set)
+    for d in deliveries:
+        if d.scheduled_ms is None:
+            continue
+        schedule_id, at, nominal = d.msg_id.rpartition("@")
+        if not at or nominal != str(d.scheduled_ms):
+            found.note("runs_twice", f"{d.topic}/{d.msg_id}: scheduledTime {d.scheduled_ms} is not its msgId's")
+            continue
+        if d.produce_ms is not None:
+            produced[(d.topic, schedule_id, d.scheduled_ms)].add(d.produce_ms)
+        if d.received_ms < d.scheduled_ms:
+            found.note("runs_early", f"{d.topic}/{d.msg_id} received {d.received_ms} before its nominal time")
+    for (topic, schedule_id, nominal), times in sorted(produced.items()):
+        if len(times) > 1:
+            found.note("runs_twice", f"{topic}/{schedule_id}@{nominal} made {len(times)} times "
+                                     f"(produceTimes {sorted(times)})")
 
 
 def _count_duplicates(faults: list[Fault], by_msg: dict[MsgKey, list[Delivery]], ops: dict[MsgKey, list[Op]],

@@ -259,7 +259,8 @@ class Workload:
                 end = now_ms()
                 for m in msgs:
                     self.history.deliveries.append(Delivery(topic, m.msg_id, start, end, m.retry, m.trigger_time,
-                                                            m.key or None, ACK_TIMEOUT_MS))
+                                                            m.key or None, ACK_TIMEOUT_MS, m.produce_time,
+                                                            m.scheduled_time))
                 nacks = [m for m in msgs if self.rng.random() < 0.05]
                 acks = [m for m in msgs if m not in nacks]
                 await asyncio.gather(*(self._settle(client, "nack", topic, [m.msg_id]) for m in nacks))

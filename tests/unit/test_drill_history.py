@@ -201,3 +201,40 @@ def test_a_saved_history_reads_back_whole_and_rechecks(tmp_path, capsys):
     assert recheck(str(path)) == 1
     counts = json.loads(capsys.readouterr().out)
     assert (counts["early"], counts["lost"], counts["failed"]) == (1, 1, ["lost", "early"])
+
+
+def run(nominal: int, produce: int, received: int, schedule: str = "s", jitter: int = 0,
+        msg_id: str | None = None) -> Delivery:
+    """A delivery of a recurring schedule's run (msgId `<schedule>@<nominal>`)."""
+    return Delivery(T, msg_id or f"{schedule}@{nominal}", received - 5, received, 0, nominal + jitter, None, 5000,
+                    produce, nominal)
+
+
+def test_one_message_a_run_none_early_passes():
+    """Runs each made once; one of them delivered twice (the same message,
+    its ack timeout passed: the same produceTime) is a duplicate, not a
+    run made twice; another schedule may run at the same nominal time."""
+    h = history(deliveries=[run(1_000, 10, 1_001), run(2_000, 1_001, 2_003, jitter=2),
+                            run(2_000, 1_001, 7_010, jitter=2), run(2_000, 1_500, 2_001, schedule="other"),
+                            run(3_000, 2_003, 3_000)])
+    found = check(h)
+    assert found.failed == [] and found.runs_twice == found.runs_early == 0 and found.duplicates == 1
+
+
+def test_a_run_made_twice_fails():
+    """The same nominal time with two produceTimes: a second node (or a
+    restart) made the run again rather than finding it made."""
+    h = history(deliveries=[run(1_000, 10, 1_001), run(2_000, 1_001, 2_003), run(2_000, 1_900, 2_050),
+                            run(3_000, 2_003, 3_001)])
+    found = check(h)
+    assert (found.runs_twice, found.failed) == (1, ["runs_twice"])
+    assert found.examples["runs_twice"][0].startswith("t/s@2000 made 2 times")
+
+
+def test_a_run_before_its_nominal_time_or_not_named_by_it_fails():
+    early = check(history(deliveries=[run(1_000, 10, 999)]))
+    assert early.runs_early == 1 and "runs_early" in early.failed
+    renamed = check(history(deliveries=[run(1_000, 10, 1_001, msg_id="s@2000")]))
+    assert (renamed.runs_twice, renamed.failed) == (1, ["runs_twice"])
+    plain = check(history(deliveries=[got("x@5", 90, 101, 100)]))  # no scheduledTime: not a run
+    assert plain.failed == []
