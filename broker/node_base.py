@@ -46,6 +46,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from storage.errors import HourglassError
 from wheel.clock import Clock
 
 from . import build_info, tracing
@@ -150,6 +151,11 @@ class NodeBase(ABC):
     # 403 with it); None: it takes them (broker.pusher).
     push_refusal: str | None = None
 
+    def schedules_absent(self) -> HourglassError | None:
+        """Why the schedule calls find no `schedules` on this node now, if
+        not because this kind of node keeps none (code 403)."""
+        return None
+
     # Whether the backend's calls ask for no current Task before they first
     # wait (the disk broker's), so that the API's requests may start in the
     # connection's frame (broker.commands.Command.inline). redis-py's
@@ -188,7 +194,7 @@ class NodeBase(ABC):
         PushApi(lambda: self.pushers, PushAllow.parse(self.config.push_allow), self.config.bodies,
                 self.config.max_msg_bytes, self.push_refusal).add_routes(table)
         ScheduleApi(lambda: self.schedules, self.config.defaults, self.config.bodies, self.config.max_msg_bytes,
-                    self.clock.now_ms).add_routes(table)
+                    self.clock.now_ms, self.schedules_absent).add_routes(table)
         token = self.config.auth_token
         sessions = None
         if self.console is not None:

@@ -15,7 +15,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from storage.config import FsyncPolicy
-from storage.errors import InvariantError
+from storage.errors import HourglassError, InvariantError, Unavailable
 from storage.store import PreparedCheckpoint, Store
 
 from .clock import SystemClock
@@ -135,6 +135,11 @@ class RedisNode(NodeBase):
                                                         max_topics=config.queues.topics)
         self.broker.on_fatal = lambda error: self.stop_asked.set()
         super().__init__(config, clock, metrics, self.broker, None)
+        # recurring schedules, run by the one node holding their lease in Redis (broker.redis.schedules)
+        from .redis.schedules import ScheduleLease
+        self.schedule_lease = ScheduleLease(self.broker.redis, self.broker.config.key_prefix, self.broker, clock,
+                                            config.schedules, self._hold_schedules,
+                                            lease_ms=self.broker.config.lease_ms)
         if config.push_allow:  # subscriptions in this node's --data-dir (docs/api.md, "Push delivery")
             from .pusher import Pushers, SubscriptionFile, subscription_path
             os.makedirs(config.data_path, mode=0o700, exist_ok=True)
@@ -144,7 +149,14 @@ class RedisNode(NodeBase):
                                    spans=self.spans)
 
     def __repr__(self) -> str:
-        return f"RedisNode({self.broker!r})"
+        return f"RedisNode({self.broker!r}, {self.schedule_lease!r})"
+
+    def _hold_schedules(self, schedules: Schedules | None) -> None:
+        self.schedules = schedules
+
+    def schedules_absent(self) -> HourglassError | None:
+        return Unavailable("recurring schedules are served by the node holding their lease in Redis, another node "
+                           "now (or none yet: one takes it within its lease time); retry")
 
     def failure(self) -> BaseException | None:
         return self.broker.failed

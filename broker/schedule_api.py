@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from storage.errors import Conflict, Forbidden, InvalidRequest, LimitReached, NotFound, Unavailable
+from storage.errors import Conflict, Forbidden, HourglassError, InvalidRequest, LimitReached, NotFound, Unavailable
 
 from . import params
 from .api import answer
@@ -46,16 +46,19 @@ SCHEDULE_ERRORS: ErrorTable = (
 )
 
 # Why a node without schedules refuses the calls (code 403).
-NO_SCHEDULES = "recurring schedules are served on the disk backend only (standalone or cluster), for now"
+NO_SCHEDULES = "recurring schedules are not served by this kind of node"
 
 
 class ScheduleApi:
-    """The endpoints over the node's `Schedules` (None: this kind of node
-    has none, answered 403)."""
+    """The endpoints over the node's `Schedules` (None: what `absent`
+    answers is raised, e.g. 503 on a Redis node that does not hold the
+    schedules lease; or, if it answers None, 403: this kind of node has none)."""
 
     def __init__(self, schedules: Callable[[], Schedules | None], defaults: Defaults, bodies: BodyLimits,
-                 max_msg_bytes: int, now_ms: Callable[[], int]) -> None:
+                 max_msg_bytes: int, now_ms: Callable[[], int],
+                 absent: Callable[[], HourglassError | None] = lambda: None) -> None:
         self._schedules = schedules
+        self._absent = absent
         self._defaults = defaults
         self._bodies = bodies
         self._max_msg_bytes = max_msg_bytes
@@ -72,7 +75,7 @@ class ScheduleApi:
     def schedules(self) -> Schedules:
         schedules = self._schedules()
         if schedules is None:
-            raise Forbidden(NO_SCHEDULES)
+            raise self._absent() or Forbidden(NO_SCHEDULES)
         return schedules
 
     def _params(self, request: Request) -> params.Params:

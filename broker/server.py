@@ -84,9 +84,11 @@ async def run_redis(config: ServeConfig) -> int:
     monitor = node.start_monitor()
     if node.pushers is not None:
         node.pushers.start(node.broker)
+    node.schedule_lease.start()
     await _serve_until_stopped(node, f"state in {node.broker.url}")
     monitor.cancel()
     failed = node.failure()
+    await node.schedule_lease.stop()  # its lease let go: another node takes the schedules at once
     await node.broker.stop()
     log.info("stopped")
     return 1 if failed is not None else 0
