@@ -158,7 +158,7 @@ class RedisScheduleStore:
     async def open(self) -> None:
         """Claim every topic with schedules for this epoch, then read its rows."""
         try:
-            self._topics = set(await self._redis.smembers(self.topics_key))  # type: ignore[misc]
+            self._topics = {str(t) for t in await self._redis.smembers(self.topics_key)}
             for topic in sorted(self._topics):
                 rows, stale, epoch_key = self.keys(topic)
                 await self._call(self._claim, [epoch_key], [str(self.epoch)])
@@ -201,7 +201,7 @@ class RedisScheduleStore:
         for topic, ops in by_topic.items():
             if topic not in self._topics:
                 try:
-                    await self._redis.sadd(self.topics_key, topic)  # type: ignore[misc]
+                    await self._redis.sadd(self.topics_key, topic)
                 except REDIS_ERRORS as e:
                     raise Unavailable(f"cannot write the schedules to Redis: {e}") from e
                 self._topics.add(topic)
@@ -277,6 +277,8 @@ class RunWatch:
                     continue
                 self._told.add((state.key, nominal_ms))
                 self._schedules.on_release([message], self._clock.now_ms())
+                # its next run is made now, and may be due already (runs caught up after a lease changed hands)
+                next_ms = min(next_ms, self._clock.now_ms() + RECHECK_MS)
             await self._clock.sleep(max(0, next_ms - self._clock.now_ms()) / 1000)
 
 

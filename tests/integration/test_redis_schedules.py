@@ -1,0 +1,106 @@
+"""Recurring schedules on Redis with real `hourglass serve --backend
+redis://` processes sharing one real redis-server (the session's): two
+nodes, an every-second schedule (misfire=once, 60 s grace), a consumer
+long-polling both; the node holding the schedules lease is SIGKILLed and
+restarted twice, the other taking the lease once it lapses. Every nominal
+second from the first run to the last is delivered (no run lost), each
+run's message was made once (one produceTime per msgId, the drill
+checker's rule: bench/drill_history.py), and none before its nominal
+time. The API's schedule calls are covered on Redis by the conformance
+suite (tests/conformance/test_conformance_schedules.py)."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+
+import pytest
+from drill_history import Delivery, History, check
+from serving import Server
+
+pytest.importorskip("redis", reason="the redis extra is not installed (pip install 'hourglass[redis]')")
+pytestmark = pytest.mark.slow
+
+HOLDER_WAIT_S = 25  # a killed holder's lease (10 s) lapses, and the next renewal round (3.3 s) takes it
+
+
+def holder(nodes: list[Server], wait_s: float = HOLDER_WAIT_S) -> int:
+    """The index of the node serving the schedules (the others answer 503)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        for i, node in enumerate(nodes):
+            try:
+                if node.get("listSchedules", topic="none")[0] == 200:
+                    return i
+            except OSError:
+                pass
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no node took the schedules lease within {wait_s} s")
+        time.sleep(0.1)
+
+
+def test_kill_9_of_the_lease_holder_loses_no_run_and_makes_none_twice(redis_url, tmp_path):
+    topic = "sched-" + uuid.uuid4().hex[:8]
+    nodes = [Server.start(tmp_path / f"node{i}", "--backend", redis_url, log_path=tmp_path / f"node{i}.log")
+             for i in range(2)]
+    history = History()
+    stop = threading.Event()
+
+    def consume(which: int) -> None:
+        while not stop.is_set():
+            node = nodes[which]
+            try:
+                start = int(time.time() * 1000)
+                code, answer = node.post("longPollingMsg", topic=topic, batch=50, longPollingTimeoutMillis=500,
+                                         ackTimeoutMillis=30_000)
+                if code != 200:
+                    time.sleep(0.05)
+                    continue
+                end = int(time.time() * 1000)
+                batch = answer["delayMsgList"]
+                for m in batch:
+                    history.deliveries.append(Delivery(topic, m["msgId"], start, end, m["retry"], m["triggerTime"],
+                                                       None, 30_000, m["produceTime"], m["scheduledTime"]))
+                if batch:
+                    node.post("ackMsg", topic=topic, msgIds=",".join(m["msgId"] for m in batch))
+            except OSError:
+                time.sleep(0.05)
+
+    consumers = [threading.Thread(target=consume, args=(i,), daemon=True) for i in range(2)]
+    try:
+        first = holder(nodes)
+        code, answer = nodes[first].post("putSchedule", topic=topic, scheduleId="s", everyMillis=1000, msg="run")
+        assert code == 200, answer
+        assert nodes[1 - first].post("putSchedule", topic=topic, scheduleId="x", everyMillis=1000,
+                                     msg="run")[0] == 503  # the other node: not the holder
+        for c in consumers:
+            c.start()
+        for _ in range(2):
+            time.sleep(2.5)
+            held = holder(nodes)
+            port = int(nodes[held].base.rsplit(":", 1)[1])
+            nodes[held].kill()
+            took = holder([nodes[1 - held]])  # the survivor, once the dead node's lease lapsed
+            assert took == 0
+            nodes[held] = Server.start(tmp_path / f"node{held}", "--backend", redis_url, port=port,
+                                       log_path=tmp_path / f"node{held}.log")
+        time.sleep(4)
+        stop.set()
+        for c in consumers:
+            c.join(timeout=10)
+        now = nodes[holder(nodes)]
+        pending = now.get("getSchedule", topic=topic, scheduleId="s")[1]["schedule"]["nextFireTimes"][0]
+        nominal = sorted({d.scheduled_ms for d in history.deliveries})
+        # runs released since the last poll wait READY (2), not lost; the pending one waits (1)
+        since = [now.post("getMsg", topic=topic, msgId=f"s@{t}")[1]["delayMsg"]["status"]
+                 for t in range(nominal[-1] + 1000, pending + 1000, 1000)]
+    finally:
+        stop.set()
+        for node in nodes:
+            node.kill()
+    assert len(nominal) >= 20
+    assert nominal == list(range(nominal[0], nominal[-1] + 1000, 1000)), "a run was lost"
+    assert all(s == 2 for s in since[:-1]) and since[-1] in (1, 2), since
+    found = check(history)
+    assert found.runs_twice == 0 and found.runs_early == 0 and found.failed == [], found.as_dict()
