@@ -247,9 +247,15 @@ def decode_utf8(raw: bytes, parameter: str) -> str:
 class NewSend(NamedTuple):
     """A message to store, and how a resend of an ended id is treated:
     `strict` False (camellia) stores the new message in the old one's
-    place; True answers the stored one unchanged while it is retained."""
+    place; True answers the stored one unchanged while it is retained.
+    `skip_after_ms` (a schedule's run with misfire=skip: its nominal time
+    plus misfireGraceMillis; None otherwise): a first release after it ends
+    the message unseen (status 5). The Redis backend stores it with the
+    message and its release script decides; the disk backend asks
+    `Schedules.on_release` at the release instead (broker.schedules)."""
     message: NewMessage
     strict: bool
+    skip_after_ms: int | None = None
 
 
 def as_sends(items: Sequence[NewSend | NewMessage]) -> list[NewSend]:
@@ -275,7 +281,7 @@ def parse_send(params: Params, *, now_ms: int, make_id: Callable[[], str], defau
     """sendMsg: produce time is `now_ms`; see the module docstring for the rules."""
     message = _message(params, "", _required_name(params, "topic"), now_ms, make_id, defaults, max_msg_bytes)
     if params.get("strictIdempotence") is None:
-        return tuple.__new__(NewSend, (message, False))
+        return tuple.__new__(NewSend, (message, False, None))  # (every field: tuple.__new__ fills no default)
     return NewSend(message, _bool(params, "strictIdempotence", default=False))
 
 
@@ -315,7 +321,7 @@ def parse_send_batch(body: Params, *, now_ms: int, make_id: Callable[[], str], d
             message = _message(item, "", topic, now_ms, make_id, defaults, max_msg_bytes)
             own_strict = item.get("strictIdempotence")
             out.append(new(NewSend, (message, strict if own_strict is None
-                                     else _bool(item, "strictIdempotence", default=strict))))
+                                     else _bool(item, "strictIdempotence", default=strict), None)))
         except InvalidRequest as e:
             raise _within(e, f"msgs[{i}].") from None
     return tuple(out)

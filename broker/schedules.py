@@ -32,7 +32,9 @@ answered, not replaced), so no run is made twice and none is lost.
 
 A release more than misfireGraceMillis after the run's nominal time has
 missed: `on_release` ends it unseen (status 5) with misfire=skip (the
-release's own record), and the worker picks the next run by
+release's own record; on Redis, where any node's script releases it, the
+run's send carries that deadline, `NewSend.skip_after_ms`, and the script
+ends it), and the worker picks the next run by
 broker.recurrence.released (skip and once: the first nominal time after
 now; all: the next one, until maxCatchUp runs in a row have caught up).
 
@@ -448,7 +450,8 @@ class Schedules:
         message = NewMessage(spec.topic, state.msg_id(nominal_ms), spec.msg, self._clock.now_ms(),
                              state.trigger_ms(nominal_ms), spec.ttl_ms, spec.max_retry, spec.priority, spec.tag,
                              spec.key)
-        return NewSend(message, strict)
+        skip_after = nominal_ms + spec.grace_ms if spec.misfire is Misfire.SKIP else None
+        return NewSend(message, strict, skip_after)
 
     async def _drop_run(self, topic: str, msg_id: str) -> None:
         """Delete a run if it is still waiting (a released one is delivered),

@@ -101,7 +101,6 @@ class RedisRequests:
             return []
         sends = as_sends(sends)
         batch = [s.message for s in sends]
-        strict = {i for i, s in enumerate(sends) if s.strict}
         if now_ms is None:
             now_ms = self._clock.now_ms()
         new_topics = {n.topic for n in batch} - self._state.registered
@@ -114,19 +113,19 @@ class RedisRequests:
             by_topic[n.topic].append(i)
         out: dict[int, Message] = {}  # by position in the batch
         for topic, positions in by_topic.items():
-            for i, message in zip(positions, await self._send_topic(
-                    topic, [batch[i] for i in positions], [i in strict for i in positions], now_ms)):
+            for i, message in zip(positions, await self._send_topic(topic, [sends[i] for i in positions], now_ms)):
                 out[i] = message
         return [out[i] for i in range(len(batch))]
 
-    async def _send_topic(self, topic: str, batch: list[NewMessage], strict: list[bool],
-                          now_ms: int) -> list[Message]:
+    async def _send_topic(self, topic: str, sends: list[NewSend], now_ms: int) -> list[Message]:
         args = [str(now_ms), str(now_ms + self._config.retention_ms)]
-        for n, is_strict in zip(batch, strict):
+        batch = []
+        for n, is_strict, skip_after_ms in sends:
+            batch.append(n)
             args += [n.msg_id, n.msg, str(n.produce_ms), str(n.trigger_ms), str(n.ttl_ms),
                      str(n.trigger_ms + n.ttl_ms), str(n.max_retry), str(n.priority), n.tag,
                      ready_member(n.priority, n.trigger_ms, n.msg_id), "1" if is_strict else "0", n.key,
-                     n.traceparent, n.tracestate]
+                     n.traceparent, n.tracestate, "" if skip_after_ms is None else str(skip_after_ms)]
         results = await self._script("send", topic, args)
         m = self._metrics.topic(topic)
         out, ready = [], []
@@ -296,12 +295,14 @@ class RedisRequests:
         now_ms = self._clock.now_ms()
         result = await self._script("reschedule", topic, [
             msg_id, str(trigger_ms), str(trigger_ms + old.ttl_ms), ready_member(old.priority, trigger_ms, msg_id),
-            str(now_ms)])
+            str(now_ms), str(now_ms + self._config.retention_ms)])
         message = self._changed(topic, msg_id, result, "rescheduled", "only a waiting or ready message")
         self._metrics.topic(topic).reschedules += 1
         if message.status is Status.READY:
             made_ready(self._metrics, topic, [due_ms(trigger_ms, now_ms)], now_ms)
             await self._publish(topic)
+        elif message.status is Status.EXPIRED:  # a schedule's run of misfire=skip moved past its grace
+            self._metrics.topic(topic).ended += 1
         elif trigger_ms < self._state.next_due_ms:
             self._state.mover_wake.set()
         return message

@@ -43,10 +43,12 @@ releases a run; on Redis any node's TICK script releases it, so the holder
 watches (`RunWatch`): at each pending run's trigger time it reads the
 run's status (GET), and a run no longer WAITING is handed to `on_release`
 with the time it was seen released. That time, not the TICK's, is the
-release's for lateness and misfire; a run released past its grace with
-misfire=skip has been delivered (nobody can end it unseen before the TICK
-releases it), so it counts as missed and the next run is skip's, but the
-run itself is not held back (docs/redis.md says so).
+release's for lateness and misfire. A run of misfire=skip is sent with its
+deadline (nominal + misfireGraceMillis, `NewSend.skip_after_ms`, kept in
+its meta): the script that releases it after that ends it unseen (status
+5) in the same step, as the disk's releaser does through `on_release`, so
+it is never delivered; one that the script delivered was released within
+its grace and counts so even if the watch saw it later.
 """
 
 from __future__ import annotations
@@ -62,13 +64,14 @@ import orjson
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 
-from storage.entry import Status
+from storage.entry import Message, Status
 from storage.errors import HourglassError, NotFound, Unavailable
 from wheel.clock import Clock
 
 from ..backend import Backend
+from ..recurrence import Misfire
 from ..schedule_file import Key, Row, RowError, RunProgress
-from ..schedules import ADVANCE_SLICE, ScheduleLimits, Schedules
+from ..schedules import ADVANCE_SLICE, ScheduleLimits, Schedules, ScheduleState
 from .keys import escape_topic
 from .link import REDIS_ERRORS
 
@@ -276,10 +279,21 @@ class RunWatch:
                     next_ms = min(next_ms, self._clock.now_ms() + RECHECK_MS)
                     continue
                 self._told.add((state.key, nominal_ms))
-                self._schedules.on_release([message], self._clock.now_ms())
+                self._schedules.on_release([message], self._released_ms(state, nominal_ms, message))
                 # its next run is made now, and may be due already (runs caught up after a lease changed hands)
                 next_ms = min(next_ms, self._clock.now_ms() + RECHECK_MS)
             await self._clock.sleep(max(0, next_ms - self._clock.now_ms()) / 1000)
+
+    def _released_ms(self, state: ScheduleState, nominal_ms: int, message: Message) -> int:
+        """When the run counts as released: when it was seen so, except that
+        a run of misfire=skip that a script delivered was released within
+        its grace (the script would have ended it unseen past it), so it is
+        not counted missed for having been seen late."""
+        now_ms = self._clock.now_ms()
+        spec = state.spec
+        if spec.misfire is Misfire.SKIP and message.status is not Status.EXPIRED:
+            return min(now_ms, nominal_ms + spec.grace_ms)
+        return now_ms
 
 
 class ScheduleLease:

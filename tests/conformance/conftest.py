@@ -72,19 +72,25 @@ def serve(request, backend_flags, tmp_path):
     """serve(*flags) starts a server of this backend (data in tmp_path), as
     an `Api`; every one started is killed at the end of the test.
     `own_state=True`: one whose state starts empty on Redis too (its own
-    database, flushed), for tests that count every topic."""
+    database, flushed at the test's first such start: a later one, a
+    restart, finds what the earlier ones left), for tests that count every
+    topic or restart the only node of a Redis."""
     name, backend = backend_flags
     _skip_if_marked(request, name)
     started: list[Server] = []
+    flushed = False
 
     def start(*flags: str, own_state: bool = False) -> Api:
+        nonlocal flushed
         selected = backend
         if own_state and name == "redis":
             import redis
 
             url = backend[1].rpartition("/")[0] + f"/{OWN_REDIS_DB}"
-            with redis.Redis.from_url(url) as client:
-                client.flushdb()
+            if not flushed:
+                with redis.Redis.from_url(url) as client:
+                    client.flushdb()
+                flushed = True
             selected = ("--backend", url)
         started.append(Server.start(tmp_path / "data", *selected, *flags, log_path=tmp_path / "serve.log"))
         return Api(started[-1], name)

@@ -98,6 +98,47 @@ def test_a_cron_with_seconds_makes_its_runs(api, topic):
     ok(api.post("deleteSchedule", topic=topic, scheduleId="c"))
 
 
+def wait_served(node, timeout_s=20.0):
+    """Until the node serves the schedules (on Redis: holds their lease)."""
+    deadline = time.monotonic() + timeout_s
+    while node.get("listSchedules", topic="none")[0] == 503 and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
+def test_a_skip_run_missed_while_the_node_was_down_is_ended_unseen(serve, topic):
+    """misfire=skip, the only node down past the run's grace: at the
+    restart the run's release ends it unseen (status 5, never delivered),
+    it counts as missed, and the next run is the first nominal time after
+    the release, delivered as usual. On Redis its own database, so no other
+    node releases the run or holds the lease meanwhile."""
+    node = serve(own_state=True)
+    wait_served(node)
+    schedule = put(node, topic, "s", everyMillis=3000, misfire="skip", misfireGraceMillis=200)
+    first = schedule["nextFireTimes"][0]
+    assert schedule["misfire"] == "skip" and node.message(topic, f"s@{first}")["status"] == 1
+    assert node.server.stop() == 0  # (SIGTERM: on Redis the lease is let go at once)
+    time.sleep(max(0.0, (first + 1000) / 1000 - time.time()))  # past nominal + grace, nobody up
+    restarted_ms = int(time.time() * 1000)
+    node = serve(own_state=True)
+    wait_served(node)
+    missed = node.wait_status(topic, f"s@{first}", {2, 3, 4, 5}, timeout_s=10)
+    assert missed["status"] == 5 and missed["retry"] == 0  # ended unseen in its release
+    deadline = time.monotonic() + 10
+    while True:  # its next run made once the release is followed
+        got = ok(node.get("getSchedule", topic=topic, scheduleId="s", next=2))["schedule"]
+        if got["nextFireTimes"][0] > first or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    following = got["nextFireTimes"][0]
+    assert following > restarted_ms and (following - first) % 3000 == 0  # skip's: the first after the release
+    assert got["runs"] == 2 and node.message(topic, f"s@{following}")["status"] == 1
+    [run] = [r for r in got["lastRuns"] if r["scheduledTime"] == first]
+    assert run["missed"] is True and run["status"] == 5 and run["latenessMillis"] > 200
+    delivered = drain(node, topic, 1, timeout_s=following / 1000 - time.time() + 5)
+    assert [m["msgId"] for m in delivered] == [f"s@{following}"]  # the missed run never, the next one on time
+    ok(node.post("deleteSchedule", topic=topic, scheduleId="s"))
+
+
 def test_version_compare_and_set(api, topic):
     base = {"everyMillis": 60_000, "msg": "x"}
     assert put(api, topic, "v", **base, version=0)["version"] == 1

@@ -275,3 +275,42 @@ def test_a_long_poll_is_answered_at_once_by_a_release_before_its_timeout(redis_u
         assert [m.msg_id for m in task.result()] == ["soon"] and node.now == sent.trigger_ms
         assert await node.state("soon") == (CONSUMING, 1)
     run(redis_url, scenario)
+
+
+# -- a schedule's run with misfire=skip ---------------------------------------------------------
+
+
+def test_a_skip_run_released_past_its_deadline_ends_unseen_and_one_released_within_is_delivered(redis_url):
+    """NewSend.skip_after_ms (broker.schedules sends it for a run of
+    misfire=skip: nominal + grace): the TICK that releases the run after
+    it ends it unseen (5, retry 0), as the disk's on_release does; at it,
+    the run is delivered, and once released it skips nothing again (a
+    reschedule's later release delivers it)."""
+    async def scenario(node: Node):
+        now = node.now
+
+        def skip_run(msg_id: str, delay_ms: int, skip_after_ms: int) -> NewSend:
+            return NewSend(NewMessage(TOPIC, msg_id, "m", now, now + delay_ms, MS_PER_HOUR, 3, 0, ""), True,
+                           skip_after_ms)
+        late, on_time, due_late = await node.broker.send([
+            skip_run("late", 600, now + 500), skip_run("on-time", 300, now + 300), skip_run("due-late", -100, now - 1)])
+        assert (late.status, on_time.status) == (WAITING, WAITING)
+        assert due_late.status is Status.EXPIRED  # sent due and past its deadline: ended as it is stored
+        await node.advance_to(now + 300)  # at the deadline: released
+        assert await node.state("on-time") == (READY, 0)
+        await node.advance_to(now + 599)
+        assert await node.state("late") == (WAITING, 0)
+        await node.advance_to(now + 600)  # past its deadline: ended unseen in its release
+        assert await node.state("late") == (Status.EXPIRED, 0)
+        assert await node.info() == (0, 1, 0)
+        pending = (await node.broker.send([skip_run("pending", 5_000, now + 500)]))[0]
+        assert pending.status is WAITING
+        moved = await node.broker.reschedule(TOPIC, "pending", now)  # never released, moved past its deadline
+        assert (moved.status, moved.retry) == (Status.EXPIRED, 0)
+        moved = await node.broker.reschedule(TOPIC, "on-time", now + 2_000)  # past the deadline, released before
+        assert (moved.status, moved.retry) == (WAITING, 0)
+        await node.advance_to(now + 2_000)
+        assert await node.state("on-time") == (READY, 0)
+        assert await node.pulled_ids() == ["on-time"]
+        assert node.broker.metrics.topic(TOPIC).ended == 3
+    run(redis_url, scenario)

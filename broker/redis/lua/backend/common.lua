@@ -77,6 +77,7 @@ end
 local function ready_add(id, m)
   redis.call('ZADD', EXPIRE, m.expire, id)
   m.status = '2'
+  m.skip = nil  -- released: its schedule moves on, and a later release (a reschedule) skips nothing
   if keyed(m) then
     local k = m.key
     redis.call('ZADD', KEYREADY, 0, k .. '\0' .. m.rk)
@@ -141,6 +142,12 @@ local function retry_or_end(id, m, now, retire_at)
   end
   ready_add(id, m)
   return true
+end
+-- A schedule's run with misfire=skip (m.skip: its nominal time + grace,
+-- send.lua) released first past its grace: it ends unseen (5), as the disk's
+-- Schedules.on_release ends it (broker.schedules).
+local function skipped(m, now)
+  return m.skip ~= nil and m.retry == '0' and tonumber(now) > tonumber(m.skip)
 end
 -- A message out of READY past its expire time: 5 if never delivered, else 6.
 local function end_expired(id, m, retire_at)
