@@ -358,9 +358,9 @@ def _check_runs(deliveries: list[Delivery], found: Findings) -> None:
             produced[(d.topic, schedule_id, d.scheduled_ms)].add(d.produce_ms)
         if d.received_ms < d.scheduled_ms:
             found.note("runs_early", f"{d.topic}/{d.msg_id} received {d.received_ms} before its nominal time")
-    for (topic, schedule_id, nominal), times in sorted(produced.items()):
+    for (topic, schedule_id, nominal_ms), times in sorted(produced.items()):
         if len(times) > 1:
-            found.note("runs_twice", f"{topic}/{schedule_id}@{nominal} made {len(times)} times "
+            found.note("runs_twice", f"{topic}/{schedule_id}@{nominal_ms} made {len(times)} times "
                                      f"(produceTimes {sorted(times)})")
 
 
