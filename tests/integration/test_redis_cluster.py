@@ -29,8 +29,12 @@ from broker.clock import SystemClock
 from broker.metrics import Metrics
 from broker.params import AckRequest, Defaults, DeleteRequest, LongPollRequest, PullRequest
 from broker.redis import link as redis_link
+from broker.redis import schedules as redis_schedules
 from broker.redis.backend import RedisBroker
 from broker.redis.keys import RedisConfig, TopicKeys
+from broker.redis.schedules import ScheduleLease
+from broker.schedule_params import ScheduleSpec, parse_put_schedule
+from broker.schedules import ScheduleLimits
 from storage.entry import Status
 from storage.errors import NotFound
 from storage.store import NewMessage
@@ -268,4 +272,99 @@ def test_bulk_calls_in_steps_across_masters_touch_only_declared_keys(cluster_url
             await asyncio.gather(*(bulk(b, topic) for topic in topics))
         finally:
             await b.stop()
+    asyncio.run(main())
+
+
+def test_schedules_across_masters_touch_only_declared_keys(cluster_url, cluster_ports, monkeypatch):
+    """Recurring schedules (broker.redis.schedules) on topics of every
+    master: an every-second and a cron-with-seconds schedule on each, every
+    run delivered as one message (msgId `<scheduleId>@<nominal ms>`, each
+    nominal second once), get/list/pause/resume answered by the lease
+    holder, the lease handed to the other node (its CLAIM on every topic's
+    slot) and the schedules deleted there; the schedules' own scripts
+    (WRITE, CLAIM, RENEW, RELEASE) and the backend's checked for undeclared
+    keys like every other."""
+    monkeypatch.setattr(redis_link, "SCRIPTS", {n: declared_only(s) for n, s in redis_link.SCRIPTS.items()})
+    for name in ("WRITE", "CLAIM", "RENEW", "RELEASE"):
+        monkeypatch.setattr(redis_schedules, name, declared_only(getattr(redis_schedules, name)))
+    topics = topics_on_every_master(cluster_url, len(cluster_ports), per_master=1)
+    config = RedisConfig(key_prefix="sched", poll_ms=50, lease_ms=600)
+    clock = SystemClock()
+
+    def spec(topic: str, schedule_id: str, **when: str) -> ScheduleSpec:
+        params = {"topic": topic, "scheduleId": schedule_id, "msg": f"run of {schedule_id}", **when}
+        return parse_put_schedule(params, now_ms=clock.now_ms(), defaults=Defaults(), max_msg_bytes=65_536)[0]
+
+    async def holding(leases: list[ScheduleLease]) -> ScheduleLease:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            for lease in leases:
+                if lease.schedules is not None:
+                    return lease
+            await asyncio.sleep(0.05)
+        pytest.fail("no node took the schedules lease")
+
+    async def runs(b: RedisBroker, topic: str, per_schedule: int) -> dict[str, list[int]]:
+        """Pull and ack until each schedule of the topic had `per_schedule` runs: nominal times by scheduleId."""
+        seen: dict[str, list[int]] = {"every": [], "cron": []}
+        deadline = time.monotonic() + 15
+        while min(len(t) for t in seen.values()) < per_schedule:
+            assert time.monotonic() < deadline, seen
+            got = await b.long_poll(LongPollRequest(topic, 30_000, 10, (), 1_000))
+            for m in got:
+                schedule_id, nominal = m.msg_id.split("@")
+                assert m.trigger_ms == int(nominal) and m.msg == f"run of {schedule_id}", m
+                seen[schedule_id].append(int(nominal))
+                await b.ack(AckRequest(topic, m.msg_id, True))
+        return seen
+
+    async def main():
+        brokers = [RedisBroker.from_url(cluster_url, clock, Defaults(), Metrics(), config) for _ in range(2)]
+        await brokers[0].redis.flushdb()
+        for broker in brokers:
+            await broker.start()
+        leases = [ScheduleLease(b.redis, config.key_prefix, b, clock, ScheduleLimits(), lambda _: None,
+                                lease_ms=config.lease_ms) for b in brokers]
+        for lease in leases:
+            lease.start()
+        try:
+            first = await holding(leases)
+            assert all(s.script.startswith(DECLARED_ONLY) for s in (first._renew, first._release))
+            schedules = first.schedules
+            for topic in topics:
+                every = await schedules.put(spec(topic, "every", everyMillis="1000"), None)
+                cron = await schedules.put(spec(topic, "cron", cron="* * * * * *"), 0)
+                assert (every.version, cron.version, every.pending is not None, cron.pending % 1000) == (1, 1, True, 0)
+            other = brokers[1 - leases.index(first)]  # runs released by any node's mover, consumed on the other
+            seen = await asyncio.gather(*(runs(other, topic, 3) for topic in topics))
+            for topic, by_id in zip(topics, seen):
+                for schedule_id, nominal in by_id.items():
+                    assert len(set(nominal)) == len(nominal), (topic, schedule_id, nominal)  # one message a run
+                    assert nominal == list(range(nominal[0], nominal[0] + 1000 * len(nominal), 1000)), nominal
+                state = schedules.get(topic, "every")
+                assert [s.spec.schedule_id for s in schedules.page(topic, None, 10)[0]] == ["cron", "every"]
+                done = [r for r in await schedules.last_runs(state) if r["scheduledTime"] in by_id["every"]]
+                assert done and all(r["status"] == int(Status.ACKED) for r in done), done
+                paused = await schedules.pause(topic, "every")
+                assert paused.paused and paused.pending is None
+                resumed = await schedules.resume(topic, "every")
+                assert not resumed.paused and resumed.pending is not None
+                pending = await other.get(topic, resumed.msg_id(resumed.pending))
+                assert pending.status is Status.WAITING
+            await first.stop()  # the lease let go: the other node takes it, claiming every topic
+            second = await holding([lease for lease in leases if lease is not first])
+            assert second.epoch > first.epoch and len(second.schedules) == 2 * len(topics)
+            for topic in topics:
+                state = second.schedules.get(topic, "cron")
+                run = state.msg_id(state.pending)
+                await second.schedules.delete(topic, "cron")
+                await second.schedules.delete(topic, "every")
+                assert second.schedules.page(topic, None, 10) == ([], None)
+                with pytest.raises(NotFound):
+                    await other.get(topic, run)  # the pending run deleted with its schedule
+        finally:
+            for lease in leases:
+                await lease.stop()
+            for broker in brokers:
+                await broker.stop()
     asyncio.run(main())
