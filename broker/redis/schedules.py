@@ -331,6 +331,7 @@ class ScheduleLease:
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="schedule-lease")
+        self._task.add_done_callback(_lease_loop_ended)
 
     async def stop(self) -> None:
         """Stop the schedules and let the lease go (another node takes it at once)."""
@@ -386,6 +387,14 @@ class ScheduleLease:
         if schedules is not None:
             await schedules.stop()
             schedules.close()
+
+
+def _lease_loop_ended(task: asyncio.Task[None]) -> None:
+    """The lease loop ends only when stopped; an error that ended it is
+    logged (this node would not take the schedules lease again)."""
+    if not task.cancelled() and task.exception() is not None:
+        log.critical("schedules: the lease loop ended: %r; this node takes the schedules lease no more",
+                     task.exception(), exc_info=task.exception())
 
 
 __all__ = ["ADVANCE_SLICE", "RedisScheduleStore", "RunWatch", "ScheduleLease"]
