@@ -72,6 +72,9 @@ def test_every_millis_makes_one_message_a_run(api, topic):
     last = {r["scheduledTime"]: r for r in got["lastRuns"]}
     assert [r["scheduledTime"] for r in got["lastRuns"]] == sorted(last, reverse=True)  # newest first
     for m in runs:
+        if m["scheduledTime"] not in last:  # only when the newest runs (10) have pushed it out, on a slow machine
+            assert len(last) == 10 and m["scheduledTime"] < min(last), (m["scheduledTime"], sorted(last))
+            continue
         r = last[m["scheduledTime"]]
         assert r["msgId"] == m["msgId"] and r["status"] == 4 and r["missed"] is False  # acked
         assert r["triggerTime"] == m["triggerTime"] and 0 <= r["latenessMillis"] < 1000
