@@ -20,9 +20,7 @@ frozen).
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
-from collections.abc import Callable
 
 import hypothesis.strategies as st
 import pytest
@@ -32,69 +30,25 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 pytest.importorskip("redis", reason="the redis extra is not installed (pip install 'hourglass[redis]')")
 
 from fakes import FakeClock
+from redis_fake_node import FakeClockBroker
 
 from broker.bulk_params import BulkFilter, DeleteMsgsRequest, ListMsgRequest
-from broker.metrics import Metrics
-from broker.params import AckRequest, Defaults, DeleteRequest, LongPollRequest, NewSend, PullRequest
-from broker.redis.backend import RedisBroker
-from broker.redis.keys import RedisConfig
+from broker.params import AckRequest, DeleteRequest, LongPollRequest, NewSend, PullRequest
 from storage.entry import MS_PER_HOUR, Status
 from storage.store import NewMessage
 
 START_MS = 490_000 * MS_PER_HOUR + 1_000
 TOPIC = "t"
-SHOWS_WITHIN_S = 10.0  # real time for a Redis round trip to show; a bound, not an expectation
 WAITING, READY, CONSUMING, ACKED, ENDED, DELETED = (Status.WAITING, Status.READY, Status.CONSUMING, Status.ACKED,
                                                     Status.ENDED, Status.DELETED)
 
 
-class Node:
+class Node(FakeClockBroker):
     """One RedisBroker on its FakeClock; nodes made with the same `prefix`
     share the Redis state, as processes sharing one Redis do."""
 
     def __init__(self, redis_url: str, prefix: str, clock: FakeClock | None = None) -> None:
-        self.url = redis_url
-        self.clock = clock or FakeClock(START_MS)
-        self.config = RedisConfig(key_prefix=prefix)
-        self.broker: RedisBroker | None = None
-        self.ticked_ms = 0
-
-    @property
-    def now(self) -> int:
-        return self.clock.now_ms()
-
-    async def open(self) -> None:
-        self.broker = RedisBroker.from_url(self.url, self.clock, Defaults(), Metrics(), self.config)
-        script = self.broker._link.scripts["tick"]
-
-        async def tick(keys, args):
-            result = await script(keys=keys, args=args)
-            self.ticked_ms = max(self.ticked_ms, int(args[0]))
-            return result
-        self.broker._link.scripts["tick"] = tick
-        await self.broker.start()
-        await self.clock.settle()
-
-    async def close(self) -> None:
-        await self.broker.stop()
-
-    async def restart(self) -> None:
-        await self.close()
-        self.ticked_ms = 0
-        await self.open()
-
-    async def until(self, shown: Callable[[], bool], what: str) -> None:
-        deadline = time.monotonic() + SHOWS_WITHIN_S
-        while not shown():
-            assert time.monotonic() < deadline, f"{what}: not shown within {SHOWS_WITHIN_S} s"
-            await asyncio.sleep(0.002)
-        await self.clock.settle()
-
-    async def advance_to(self, target_ms: int) -> None:
-        """Set the fake time and wait until the mover has ticked at it."""
-        self.clock.set(target_ms)
-        self.broker._state.mover_wake.set()
-        await self.until(lambda: self.ticked_ms >= target_ms, f"a TICK at {target_ms}")
+        super().__init__(redis_url, prefix, clock or FakeClock(START_MS))
 
     async def send(self, msg_id: str, key: str = "", *, priority: int = 0, delay_ms: int = 0, tag: str = "",
                    ttl_ms: int = MS_PER_HOUR, max_retry: int = 3) -> None:

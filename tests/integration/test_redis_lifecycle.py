@@ -20,78 +20,29 @@ processes on the other backends only.
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
-from collections.abc import Callable
 
 import pytest
 
 pytest.importorskip("redis", reason="the redis extra is not installed (pip install 'hourglass[redis]')")
 
 from fakes import FakeClock
+from redis_fake_node import FakeClockBroker
 
-from broker.metrics import Metrics
-from broker.params import AckRequest, Defaults, LongPollRequest, NewSend, PullRequest
-from broker.redis.backend import RedisBroker
-from broker.redis.keys import RedisConfig
+from broker.params import AckRequest, LongPollRequest, NewSend, PullRequest
 from storage.entry import MS_PER_HOUR, Message, Status
 from storage.store import NewMessage
 
 START_MS = 490_000 * MS_PER_HOUR + 1_000
 TOPIC = "t"
-SHOWS_WITHIN_S = 10.0  # real time for a Redis round trip to show; a bound, not an expectation
 WAITING, READY, CONSUMING, ACKED, ENDED = Status.WAITING, Status.READY, Status.CONSUMING, Status.ACKED, Status.ENDED
 
 
-class Node:
+class Node(FakeClockBroker):
     """One RedisBroker on a FakeClock, with the calls a test makes."""
 
     def __init__(self, redis_url: str) -> None:
-        self.url = redis_url
-        self.clock = FakeClock(START_MS)
-        self.config = RedisConfig(key_prefix="hg-fake-" + uuid.uuid4().hex[:12])
-        self.broker: RedisBroker | None = None
-        self.ticked_ms = 0  # the latest fake time a TICK of the mover has come back from Redis for
-
-    @property
-    def now(self) -> int:
-        return self.clock.now_ms()
-
-    async def open(self) -> None:
-        self.broker = RedisBroker.from_url(self.url, self.clock, Defaults(), Metrics(), self.config)
-        script = self.broker._link.scripts["tick"]
-
-        async def tick(keys, args):
-            result = await script(keys=keys, args=args)
-            self.ticked_ms = max(self.ticked_ms, int(args[0]))
-            return result
-        self.broker._link.scripts["tick"] = tick
-        await self.broker.start()
-        await self.clock.settle()
-
-    async def close(self) -> None:
-        await self.broker.stop()
-
-    async def restart(self) -> None:
-        """Stop this process's broker and start another on the same Redis."""
-        await self.close()
-        self.ticked_ms = 0
-        await self.open()
-
-    async def until(self, shown: Callable[[], bool], what: str) -> None:
-        """Wait in real time (the fake time frozen) until `shown()`."""
-        deadline = time.monotonic() + SHOWS_WITHIN_S
-        while not shown():
-            assert time.monotonic() < deadline, f"{what}: not shown within {SHOWS_WITHIN_S} s"
-            await asyncio.sleep(0.002)
-        await self.clock.settle()
-
-    async def advance_to(self, target_ms: int) -> None:
-        """Set the fake time (due timers fire), and wait until the mover has
-        ticked every topic at it (so the topic must have been sent to)."""
-        self.clock.set(target_ms)
-        self.broker._state.mover_wake.set()
-        await self.until(lambda: self.ticked_ms >= target_ms, f"a TICK at {target_ms}")
+        super().__init__(redis_url, "hg-fake-" + uuid.uuid4().hex[:12], FakeClock(START_MS))
 
     async def send(self, msg_id: str, *, delay_ms: int = 0, ttl_ms: int = MS_PER_HOUR, max_retry: int = 3) -> Message:
         now = self.now
