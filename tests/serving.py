@@ -147,3 +147,24 @@ class PushSubscriber:
     def stop(self) -> None:
         self.proc.kill()
         self.proc.wait()
+
+
+def wait_for(check: Any, limit_s: float, what: str) -> Any:
+    """Poll `check()` every 50 ms until it returns something true (that
+    value); AssertionError naming `what` after `limit_s` seconds."""
+    deadline = time.monotonic() + limit_s
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no {what} within {limit_s} s")
+        time.sleep(0.05)
+
+
+def status(server: Server, topic: str, msg_id: str) -> int:
+    """The stored status of a message (getMsg)."""
+    answer = server.post("getMsg", topic=topic, msgId=msg_id)[1]
+    assert isinstance(answer, dict), answer
+    code: int = answer["delayMsg"]["status"]
+    return code

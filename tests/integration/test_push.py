@@ -5,30 +5,15 @@ waiting for its retry time out of flight, and a node killed with SIGKILL while a
 
 from __future__ import annotations
 
-import time
-
 import pytest
 from push import Subscriber
-from serving import Server
+from serving import Server, status, wait_for
 
 pytestmark = pytest.mark.slow
 
 ACKED = 4
 
 
-def wait_for(check, limit_s: float, what: str):
-    deadline = time.monotonic() + limit_s
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"no {what} within {limit_s} s")
-        time.sleep(0.05)
-
-
-def status(server: Server, topic: str, msg_id: str) -> int:
-    return server.post("getMsg", topic=topic, msgId=msg_id)[1]["delayMsg"]["status"]
 
 
 def test_a_failed_delivery_of_a_key_waits_out_of_flight_and_frees_the_key(tmp_path):

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 
 import pytest
-from serving import Server
+from serving import Server, status, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -98,15 +98,6 @@ class RawSubscriber:
         self.listener.close()
 
 
-def wait_for(check: Callable[[], object], limit_s: float, what: str) -> object:
-    deadline = time.monotonic() + limit_s
-    while True:
-        value = check()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"no {what} within {limit_s} s"
-        time.sleep(0.05)
-
 
 def metric(server: Server, name: str, **labels: str) -> float:
     """The sum of a /metrics series' samples whose labels include `labels`."""
@@ -119,9 +110,6 @@ def metric(server: Server, name: str, **labels: str) -> float:
             total += float(match.group(2))
     return total
 
-
-def status(server: Server, topic: str, msg_id: str) -> int:
-    return server.post("getMsg", topic=topic, msgId=msg_id)[1]["delayMsg"]["status"]
 
 
 def test_an_endless_head_on_an_idle_kept_alive_push_connection_is_closed_at_once(tmp_path):

@@ -8,12 +8,11 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import time
 import urllib.parse
 
 import pytest
 from push import Subscriber
-from serving import PREFIX, Server, request
+from serving import PREFIX, Server, request, status, wait_for
 
 from broker.client import DelayQueueClient, DelayQueueError
 
@@ -104,16 +103,6 @@ def test_push_series_obey_metrics_topics(tmp_path):
         server.kill()
 
 
-def wait_for(check, limit_s: float, what: str):
-    deadline = time.monotonic() + limit_s
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"no {what} within {limit_s} s")
-        time.sleep(0.05)
-
 
 def test_failing_subscribers_hold_no_inflight_capacity(tmp_path):
     """Two topics' subscribers answer errors; a consumer of a third topic
@@ -154,7 +143,3 @@ def test_failing_subscribers_hold_no_inflight_capacity(tmp_path):
         for sub in subs:
             sub.stop()
         server.kill()
-
-
-def status(server: Server, topic: str, msg_id: str) -> int:
-    return server.post("getMsg", topic=topic, msgId=msg_id)[1]["delayMsg"]["status"]

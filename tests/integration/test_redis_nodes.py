@@ -21,7 +21,7 @@ import uuid
 
 import pytest
 from push import Subscriber
-from serving import Server
+from serving import Server, status, wait_for
 
 pytest.importorskip("redis", reason="the redis extra is not installed (pip install 'hourglass[redis]')")
 
@@ -30,19 +30,6 @@ pytestmark = pytest.mark.slow
 ACKED, CONSUMING = 4, 3
 
 
-def wait_for(check, limit_s: float, what: str):
-    deadline = time.monotonic() + limit_s
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"no {what} within {limit_s} s")
-        time.sleep(0.05)
-
-
-def status(server: Server, topic: str, msg_id: str) -> int:
-    return server.post("getMsg", topic=topic, msgId=msg_id)[1]["delayMsg"]["status"]
 
 
 KEYS, PER_KEY, CONSUMERS = 40, 8, 6
