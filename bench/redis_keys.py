@@ -43,6 +43,7 @@ from typing import Any
 import aiohttp
 import redis
 from harness import Process, Server, free_port, percentile, unwind_on_signals, wait_until
+from redis_bulk import call  # one API call, its answer's code checked
 
 from broker.paths import PREFIX
 
@@ -51,18 +52,6 @@ BATCH = 1000
 
 def log(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
-
-
-async def call(session: aiohttp.ClientSession, base: str, name: str, **params: Any) -> dict[str, Any]:
-    if name == "sendMsgBatch":
-        request = session.post(base + name, json=params)
-    else:
-        request = session.post(base + name, data={k: str(v) for k, v in params.items()})
-    async with request as response:
-        answer: dict[str, Any] = await response.json(content_type=None)
-    if answer.get("code") != 200:
-        raise RuntimeError(f"{name}: {answer}")
-    return answer
 
 
 async def dispatch(bases: list[str], keyed: bool, args: argparse.Namespace) -> dict[str, Any]:
