@@ -158,7 +158,11 @@ class DrillResult:
     delivered: int  # distinct ids delivered
     lost: int  # answered 200, never delivered
     duplicates: int  # deliveries beyond the first
-    duplicate_causes: dict  # "redelivered (retry>0)" / "released twice (retry=0)"
+    # each delivery beyond the first by its cause: "redelivered, its ack late
+    # or failed (retry>0)" (at least once: the ack missed its deadline, as an
+    # ack sent into a failover may); "redelivered after its ack" (answered 200
+    # before the delivery came: never right); "released twice (retry=0)"
+    duplicate_causes: dict
     due_near_fault: int  # messages due within 100 ms of the fault
     lateness_ms_near_fault: dict  # p50/p99/max of messages due in [fault - 1 s, fault + 3 s]
     early: int  # delivered before their trigger time
@@ -175,6 +179,7 @@ async def _drive(cluster: Cluster, fault: str, *, rate: int, run_s: float, fault
     topic = f"drill-{uuid.uuid4().hex[:8]}"
     sent: dict[str, int] = {}  # id -> trigger ms
     deliveries: list[tuple[str, int, int, int]] = []  # id, received ms, trigger ms, retry
+    acked_ms: dict[int, int] = {}  # index in deliveries -> when its ack was answered 200
     send_errors = 0
     stop = asyncio.Event()
     old_leader = cluster.wait_leader()
@@ -205,11 +210,13 @@ async def _drive(cluster: Cluster, fault: str, *, rate: int, run_s: float, fault
                 await asyncio.sleep(0.05)
                 continue
             now = int(time.time() * 1000)
+            first = len(deliveries)
             for m in msgs:
                 deliveries.append((m.msg_id, now, m.trigger_time, m.retry))
-            for m in msgs:
+            for i, m in enumerate(msgs, first):
                 with contextlib.suppress(Exception):
                     await client.ack(topic, m.msg_id)
+                    acked_ms[i] = int(time.time() * 1000)
 
     async def strike():
         nonlocal fault_ms, failover_s
@@ -255,11 +262,20 @@ async def _drive(cluster: Cluster, fault: str, *, rate: int, run_s: float, fault
             await c.close()
 
     seen: dict[str, int] = {}
-    causes = {"redelivered (retry>0)": 0, "released twice (retry=0)": 0}
-    for msg_id, _, _, retry in deliveries:
+    last: dict[str, int] = {}  # id -> index in deliveries of its latest delivery
+    causes = {"redelivered, its ack late or failed (retry>0)": 0, "redelivered after its ack": 0,
+              "released twice (retry=0)": 0}
+    for i, (msg_id, received_ms, _, retry) in enumerate(deliveries):
         seen[msg_id] = seen.get(msg_id, 0) + 1
         if seen[msg_id] > 1:
-            causes["redelivered (retry>0)" if retry > 0 else "released twice (retry=0)"] += 1
+            acked = acked_ms.get(last[msg_id])
+            if acked is not None and acked <= received_ms:
+                causes["redelivered after its ack"] += 1
+            elif retry == 0:
+                causes["released twice (retry=0)"] += 1
+            else:
+                causes["redelivered, its ack late or failed (retry>0)"] += 1
+        last[msg_id] = i
     near = sorted(received - trigger for _, received, trigger, _ in deliveries
                   if fault_ms - 1000 <= trigger <= fault_ms + 3000)
     terms: dict[int, set] = {}

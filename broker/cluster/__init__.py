@@ -34,7 +34,7 @@ leader answers its fetch with "diverged", and it takes a snapshot.
 SIGTERM on the leader is a graceful handover: stop taking requests, stop
 the wheel (its tick persisted), wait until the followers have fetched
 everything and the last tick, then leave the Raft group; the next leader
-starts exactly where this one stopped, so nothing is delivered twice.
+starts exactly where this one stopped, so nothing is released twice.
 
 Any node answers any call: a follower forwards API requests to the leader
 (503 naming no leader while none is known).

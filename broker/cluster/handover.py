@@ -6,8 +6,9 @@ persisted) and commit, wait up to HANDOVER_TIMEOUT_S until every live
 follower has fetched everything, give them one more fetch round for the
 final tick; the role loop then records the end of the term and leaves the
 Raft group. The next leader starts exactly where this one stopped, so
-nothing is delivered twice. `close` then releases the HTTP session, the
-tick file and the store, with a last checkpoint unless the node failed
+nothing is released twice (an ack that misses its deadline while the lead
+moves brings its message back: docs/cluster.md). `close` then releases the
+HTTP session, the tick file and the store, with a last checkpoint unless the node failed
 (the next start replays the commit log from the one before); a last
 checkpoint the disk refuses is such a failure (exit 1, logged, no
 traceback).

@@ -86,10 +86,16 @@ def test_failover_drill_loses_nothing(cluster, fault):
     assert result["double_dispatch_terms"] == [], result
     assert result["rejoined"], result
     assert result["new_leader"] != result["old_leader"]
-    if fault == "sigterm":  # a graceful handover re-delivers nothing
-        assert result["duplicates"] == 0, result
-    if fault == "sigstop":  # the frozen leader hands nothing out once it resumes
-        assert result["duplicate_causes"]["released twice (retry=0)"] == 0, result
+    causes = result["duplicate_causes"]
+    assert causes["redelivered after its ack"] == 0, result  # an ack answered 200 is kept by every next leader
+    if fault in ("sigterm", "sigstop"):
+        # SIGTERM: the next leader starts where the old one stopped; SIGSTOP:
+        # the frozen leader hands nothing out once it resumes. Only an ack
+        # that missed its deadline while the lead moved (a loaded machine's
+        # failover can outlast the 4 s ack timeout) may bring a message back.
+        assert causes["released twice (retry=0)"] == 0, result
+    if fault == "sigterm":
+        assert result["duplicates"] == causes["redelivered, its ack late or failed (retry>0)"], result
 
 
 def test_a_deposed_leaders_unreplicated_tail_is_replaced_by_a_snapshot(cluster):
