@@ -24,6 +24,11 @@ A benchmark runs as `.venv/bin/python bench/<name>.py` from the project
 root: this folder is then first on sys.path, so `import harness` finds
 this file; the tests put it on theirs too (pyproject.toml, pytest's
 `pythonpath`), for `Server`, `free_port` and `request`.
+
+The servers a benchmark starts run this source tree's broker (pure Python)
+unless HOURGLASS_SERVE_PYTHON names another interpreter: then they run the
+hourglass installed for it (`python -P -m broker.cli`: the source tree is
+not put on its path), e.g. the compiled build the README's set-up installs.
 """
 
 from __future__ import annotations
@@ -153,8 +158,21 @@ def serve_command(data_dir: PathLike, *flags: str, launcher: Sequence[str] = ())
     """The command line of `hourglass serve` on `data_dir` (run it with cwd
     ROOT); `launcher`, a script and its arguments that run the CLI in place
     of `-m broker.cli` (bench/drill_slow_disk.py)."""
-    head = [sys.executable, *launcher] if launcher else [sys.executable, "-m", "broker.cli"]
+    serve_python = os.environ.get("HOURGLASS_SERVE_PYTHON")
+    if launcher:
+        head = [sys.executable, *launcher]
+    elif serve_python:
+        head = [serve_python, "-P", "-m", "broker.cli"]
+    else:
+        head = [sys.executable, "-m", "broker.cli"]
     return [*head, "serve", "--data-dir", str(data_dir), *flags]
+
+
+def serve_version() -> str:
+    """What `hourglass --version` says of the build serve_command runs
+    (pure Python, or compiled with mypyc)."""
+    head = serve_command("-")[:-3]  # without "serve --data-dir -"
+    return subprocess.run([*head, "--version"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
 
 
 def request(url: str, *, data: bytes | None = None, headers: dict[str, str] | None = None,

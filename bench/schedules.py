@@ -1,10 +1,13 @@
 """Recurring schedules under load: N schedules firing every minute (cron
-`* * * * *`, misfire=once), taken by long-polling consumers that ack each
-run, for M minutes. Prints ONE JSON object.
+`* * * * *`, all at the same instant; with --spread `S * * * * *`, schedule
+i at second S = i % 60, so that as many fall due each second), misfire=once,
+taken by long-polling consumers that ack each pulled batch in one ackMsg,
+for M minutes. Prints ONE JSON object.
 
     .venv/bin/python bench/schedules.py                              # 100,000 schedules, 10 minutes, one node
     .venv/bin/python bench/schedules.py --mode kill9                 # the node SIGKILLed and restarted every minute
     .venv/bin/python bench/schedules.py --mode cluster --kills 5     # a 3-node cluster, 5 leader SIGKILLs
+    .venv/bin/python bench/schedules.py --spread                     # the same spread over each minute
     .venv/bin/python bench/schedules.py --schedules 200 --minutes 2  # a short correctness run
 
 What it reports:
@@ -23,7 +26,9 @@ What it reports:
   rss_mb_max             the node's (the leader's) largest VmRSS sampled
   kills                  SIGKILLs made (kill9: of the node; cluster: of the leader)
 
-Only run it on a quiet machine: it takes the machine for --minutes.
+Only run it on a quiet machine: it takes the machine for --minutes. The
+node runs this tree's broker, pure Python, or the build installed for
+HOURGLASS_SERVE_PYTHON (bench/harness.py); `build` says which.
 """
 
 from __future__ import annotations
@@ -40,7 +45,7 @@ import time
 from typing import Any
 
 import aiohttp
-from harness import Server, memory_mb, percentile
+from harness import Server, memory_mb, percentile, serve_version
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -68,7 +73,13 @@ class Tally:
                 self.early += 1
 
 
-async def put_all(urls: list[str], count: int, concurrency: int) -> tuple[float, dict[str, int]]:
+def cron_of(i: int, spread: bool) -> str:
+    """Schedule i's cron: every minute at second 0 (all at the same
+    instant), or with --spread at second i % 60 (1/60th of them each second)."""
+    return f"{i % 60} * * * * *" if spread else "* * * * *"
+
+
+async def put_all(urls: list[str], count: int, concurrency: int, spread: bool) -> tuple[float, dict[str, int]]:
     """Put `count` schedules; their first nominal times by scheduleId."""
     firsts: dict[str, int] = {}
     queue = iter(range(count))
@@ -79,7 +90,7 @@ async def put_all(urls: list[str], count: int, concurrency: int) -> tuple[float,
             sid = f"s{i:07d}"
             for _ in range(50):
                 try:
-                    schedule = await client.put_schedule(f"sched{i % TOPICS}", sid, "run", cron="* * * * *",
+                    schedule = await client.put_schedule(f"sched{i % TOPICS}", sid, "run", cron=cron_of(i, spread),
                                                          misfire="once", ttl_ms=3_600_000)
                     break
                 except (TimeoutError, DelayQueueError, OSError, aiohttp.ClientError):
@@ -150,7 +161,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     tally = Tally()
     stop = asyncio.Event()
     try:
-        put_s, firsts = await put_all(urls, args.schedules, args.concurrency)
+        put_s, firsts = await put_all(urls, args.schedules, args.concurrency, args.spread)
         consumers = asyncio.create_task(consume(urls, tally, stop, args.consumers))
         started_ms = int(time.time() * 1000)
         end_ms = started_ms + args.minutes * MINUTE_MS
@@ -186,11 +197,12 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             cluster.stop()
         else:
             current["server"].stop()
-    last_nominal = (end_ms // MINUTE_MS) * MINUTE_MS - MINUTE_MS
+    last_nominal = end_ms - MINUTE_MS  # a run due later has had less than a minute and --settle-s
     expected = {f"{sid}@{t}" for sid, first in firsts.items() for t in range(first, last_nominal + 1, MINUTE_MS)}
     delivered = set(tally.first_seen_ms)
     lateness = sorted(tally.first_seen_ms[m] - int(m.rsplit("@", 1)[1]) for m in delivered)
-    return {"mode": args.mode, "schedules": args.schedules, "minutes": args.minutes, "concurrency": args.concurrency,
+    return {"mode": args.mode, "build": serve_version(), "spread": args.spread,
+            "schedules": args.schedules, "minutes": args.minutes, "concurrency": args.concurrency,
             "put_s": round(put_s, 2), "puts_per_s": round(args.schedules / put_s, 1) if put_s else None,
             "expected_runs": len(expected), "delivered_runs": len(delivered & expected),
             "lost": len(expected - delivered), "early": tally.early,
@@ -206,6 +218,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--mode", choices=("single", "kill9", "cluster"), default="single")
     p.add_argument("--schedules", type=int, default=100_000)
     p.add_argument("--minutes", type=int, default=10)
+    p.add_argument("--spread", action="store_true",
+                   help="each schedule at second i %% 60 of every minute (cron with seconds), not all at second 0")
     p.add_argument("--kills", type=int, default=5, help="cluster: leader SIGKILLs, spread over the run")
     p.add_argument("--concurrency", type=int, default=64, help="puts in flight")
     p.add_argument("--consumers", type=int, default=2, help="long-polling loops a topic")
