@@ -206,7 +206,7 @@ class StandDown:
 
 @dataclass(frozen=True)
 class HandOver:
-    """Drain the lead of `term` to the followers (see broker.cluster.handover)."""
+    """Drain the lead of `term` to the followers (see broker.cluster.lead)."""
 
     term: int
 

@@ -8,7 +8,7 @@ Roles (GET /health says leader or follower; a candidate is shown as follower):
        └── Raft term moves on, a follower knows a higher epoch, SIGTERM ────┘
 
 Becoming leader of term T, in order (decided by replication.roles.step,
-carried out by role_loop):
+carried out by role_loop, step 4 by lead):
   1. promise T to itself, then ask every peer for its promise and log
      position (POST /_cluster/position); a majority must answer. A peer
      that promised T takes no record of an older epoch from then on, so
@@ -39,21 +39,26 @@ starts exactly where this one stopped, so nothing is released twice.
 Any node answers any call: a follower forwards API requests to the leader
 (503 naming no leader while none is known).
 
-The node is one class put together from one module per concern, on the
-base every node shares (broker.node_base: clock, metrics, health switch,
-API, console, the HTTP app, /health and /metrics):
+The node is one class, built of parts it holds, on the base every node
+shares (broker.node_base: clock, metrics, health switch, API, console, the
+HTTP app, /health and /metrics). Its state is one object every part is
+given; each part is given too the parts it calls, and no others:
 
-    node.py       building it: store, epochs, tick file, election
-    parts.py      the state every part shares, the calls one part makes
-                  of another; the known leader; failure
-    routes.py     what its HTTP app holds of its own: API calls served
-                  while leading or forwarded to the leader, the peer
-                  proof, its role in /health, /metrics and the console
-    peers.py      the calls between nodes (/_cluster/*), both ways
-    role_loop.py  the driver of replication.roles: following, trying to
-                  lead, leading, standing down
-    snapshots.py  making, fetching and installing snapshots; checkpoints
-    handover.py   SIGTERM: hand the lead over, then close
+    node.py         building it: store, epochs, tick file, election, the
+                    state and the parts; closing it
+    state.py        the state the parts share (store, epochs, role, the
+                    broker while leading, the follower); the known leader;
+                    failure
+    peer_client.py  the calls this node makes of its peers (/_cluster/*)
+    routes.py       what its HTTP app holds of its own: API calls served
+                    while leading or forwarded to the leader, the peer
+                    proof, its role in /health, /metrics and the console
+    peers.py        this node's answers to its peers' /_cluster/* calls
+    role_loop.py    the driver of replication.roles: following, trying to
+                    lead, standing down, stopping
+    lead.py         what runs while it leads: the broker started, stood
+                    down, or handed over on SIGTERM
+    snapshots.py    making, fetching and installing snapshots; checkpoints
 """
 
 from .node import ClusterNode

@@ -3,71 +3,93 @@ broker.cluster for the roles and the module of each concern).
 
 Built once at start-up by broker.server.run_cluster: it opens (and
 recovers) the data directory, its epochs and tick file, joins the Raft
-group, and starts as a follower; `run` (role_loop) then moves it between
-roles until `handover` and `close` (handover) stop it.
+group, builds its state and parts, and starts as a follower; `run` (the
+role loop) then moves it between roles until `handover` and `close` stop
+it. `close` releases the HTTP clients, the tick file and the store, with a
+last checkpoint unless the node failed (the next start replays the commit
+log from the one before); a last checkpoint the disk refuses is such a
+failure (exit 1, logged, no traceback).
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
+from collections.abc import Callable, Mapping, Sequence
 
+from broker.commands import Command, CommandTable
 from broker.config import ServeConfig
 from broker.console import Console
+from broker.http_types import Request
 from broker.metrics import Metrics
+from broker.node_base import NodeBase
 from broker.push_rules import PushAllow
+from broker.scrape import Series
 from replication import snapshot
 from replication.config import ClusterConfig
 from replication.election import Election
 from replication.epochs import Epochs
-from replication.log_stream import Follower
-from replication.roles import RoleState
 from storage.store import Store
 from wheel.clock import Clock
 from wheel.tick_state import TickStateFile
 
-from .handover import Handover
+from .lead import Lead
+from .peer_client import PeerClient
 from .peers import PeerCalls
 from .role_loop import RoleLoop
 from .routes import Routes
 from .snapshots import Snapshots
+from .state import NodeState
 
 log = logging.getLogger("hourglass.cluster")
 
 
-class ClusterNode(Routes, PeerCalls, RoleLoop, Snapshots, Handover):
-    """One node of a cluster: store, election, follower loop or broker."""
+class ClusterNode(NodeBase):
+    """One node of a cluster: store, election, follower loop or broker.
+
+    Its state is one `NodeState`; each concern is a part it holds, given
+    the state and the parts it calls:
+
+        part         given                             module
+        routes       state                             routes.py
+        snapshots    state, peers                      snapshots.py
+        peer_calls   state, snapshots                  peers.py
+        lead         state, the node as Serving        lead.py
+        role_loop    state, peers, snapshots, lead     role_loop.py
+
+    (`peers` is the PeerClient, peer_client.py; the lead serves the
+    broker through NodeBase's api, pushers and schedules.) What NodeBase
+    asks of a node, and what broker.server calls, the node hands to the
+    part that does it."""
 
     def __init__(self, config: ServeConfig, cluster: ClusterConfig, clock: Clock,
-                 election: Election | None = None) -> None:
+                 election: Election | None = None, peers: PeerClient | None = None) -> None:
         """`election` is Raft's (RaftElection, joined here) unless one is
-        given: tests pass a FakeElection (tests/fakes.py)."""
-        self.cluster = cluster
-        self.data_dir = config.data_path
-        os.makedirs(self.data_dir, exist_ok=True)
-        snapshot.recover(self.data_dir)  # a snapshot install a crash cut short
+        given: tests pass a FakeElection (tests/fakes.py); `peers` makes
+        the calls to peers over HTTP unless one is given (tests answer them
+        in-process)."""
+        data_dir = config.data_path
+        os.makedirs(data_dir, exist_ok=True)
+        snapshot.recover(data_dir)  # a snapshot install a crash cut short
         started_s = clock.monotonic_s()
-        self.store = Store.open(self.data_dir, config.store, now_ms=clock.now_ms())
-        self.opened_s = clock.monotonic_s() - started_s
-        self.epochs = Epochs.load(Epochs.path(self.data_dir))
-        self.tick_path = os.path.join(self.data_dir, "tick")
-        self.tick_file = TickStateFile(self.tick_path, fsync=True)
+        store = Store.open(data_dir, config.store, now_ms=clock.now_ms())
+        opened_s = clock.monotonic_s() - started_s
+        epochs = Epochs.load(Epochs.path(data_dir))
+        tick_file = TickStateFile(os.path.join(data_dir, "tick"), fsync=True)
         metrics = Metrics()
-        console = Console(lambda: self.store, metrics, self._topic_list, self._console_info, clock.now_ms,
+        # (the console reads the state and the routes, built below once Raft is joined)
+        console = Console(lambda: self.state.store, metrics, lambda: self.routes.topic_list(),
+                          lambda: self.routes.console_info(), clock.now_ms,
                           schedules=lambda: self.schedules)  # the leader's (broker.cluster.schedules)
         super().__init__(config, clock, metrics, None, console)  # no broker until this node leads
-        self.apply_lock = asyncio.Lock()
-        self.checkpoint_lock = asyncio.Lock()
-        self.broker = None
-        self.leader_log = None
-        self.follower = Follower(self, cluster, clock)
         if election is None:
             # pysyncobj and cryptography (about 6 MB) load here, on a cluster
             # node only, not wherever broker.server is imported.
             from replication.raft import RaftElection
-            election = RaftElection(cluster, self.data_dir, clock)
-        self.election = election
+            election = RaftElection(cluster, data_dir, clock)
+        self.peers = peers if peers is not None else PeerClient(cluster, config.auth_token)
+        self.state = state = NodeState(config, cluster, clock, store, epochs, tick_file, election, self.peers,
+                                       self.stop_asked)
         if config.push_allow:  # pushers load aiohttp's client: only on a node that pushes
             from broker.pusher import Pushers
 
@@ -75,15 +97,63 @@ class ClusterNode(Routes, PeerCalls, RoleLoop, Snapshots, Handover):
             self.pushers = Pushers(clock, PushAllow.parse(config.push_allow), RaftSubscriptions(election),
                                    config.max_subscriptions, limits=config.push, descriptors=self.descriptors,
                                    spans=self.spans)
-        self.roles = RoleState(cluster.node_id, cluster.quorum, len(cluster.peers))
-        self._session = None
-        self._forward_session = None
-        self._follow_task = None
-        self._install_task = None
-        self._elected_s = 0.0
-        self.failed = None
-        log.info("node %s opened %s in %.3f s: %s, %s", cluster.node_id, self.data_dir, self.opened_s,
-                 self.store, self.epochs)
+        self.routes = Routes(state)
+        self.snapshots = Snapshots(state, self.peers)
+        self.peer_calls = PeerCalls(state, self.snapshots)
+        self.lead = Lead(state, self)
+        self.role_loop = RoleLoop(state, self.peers, self.snapshots, self.lead)
+        log.info("node %s opened %s in %.3f s: %s, %s", cluster.node_id, data_dir, opened_s, store, epochs)
         if cluster.secret is None:
             log.warning("--insecure-cluster: no cluster secret, so anyone who reaches the Raft port %s can run code "
                         "on this node and anyone who reaches /_cluster/* is taken for a peer", cluster.me.raft_address)
+
+    # == what broker.server calls =================================================
+
+    async def run(self) -> None:
+        """Follow, and lead whenever Raft elects this node; until stopped."""
+        await self.role_loop.run()
+
+    async def handover(self) -> None:
+        """SIGTERM: if leading, hand the lead over; then leave the group."""
+        await self.role_loop.handover()
+
+    async def checkpoint(self) -> None:
+        await self.snapshots.checkpoint()
+
+    def fail(self, error: BaseException, where: str) -> None:
+        """A fatal error: the node stops (stop_asked), and the process exits 1."""
+        self.state.fail(error, where)
+
+    async def close(self) -> None:
+        state = self.state
+        await self.peers.close()
+        await self.routes.close()
+        if state.tick_file is not None:
+            state.tick_file.close()
+        try:
+            if state.failed is None:  # as a standalone node: no last checkpoint after a failure
+                state.store.checkpoint(state.clock.now_ms())
+        except OSError as e:  # a full disk: the next start replays the commit log instead
+            state.fail(e, "the last checkpoint")
+        finally:
+            state.store.close()
+
+    # == what NodeBase asks of a node ==============================================
+
+    def failure(self) -> BaseException | None:
+        return self.state.failed
+
+    def health_fields(self) -> Mapping[str, object]:
+        return self.routes.health_fields()
+
+    def node_series(self) -> Sequence[Series]:
+        return self.routes.node_series()
+
+    def add_own_routes(self, table: CommandTable) -> None:
+        self.peer_calls.add_own_routes(table)
+
+    def routed(self, command: Command) -> Command:
+        return self.routes.routed(command)
+
+    def peer_proof(self) -> Callable[[Request], bool] | None:
+        return self.routes.peer_proof()

@@ -1,6 +1,7 @@
 """The calls between the nodes of a cluster, on /_cluster/* of the HTTP
 port (bodies in replication.protocol, proof of the cluster secret in
-replication.peer_auth).
+replication.peer_auth): this node's answers to them. This node makes them
+through broker.cluster.peer_client.
 
     call        asked by                answered with
     fetch       a follower (log stream) records after an offset, the tick
@@ -11,8 +12,8 @@ replication.peer_auth).
     snapshot    a follower whose log    a tar of the store's files
                 diverged or fell behind
 
-`post` makes a call; the `on_*` methods, routed by `own_routes`, answer
-one. Acknowledgements, positions and promises count only from members of
+The `on_*` methods, routed by `add_own_routes`, answer one.
+Acknowledgements, positions and promises count only from members of
 --cluster.
 """
 
@@ -25,16 +26,15 @@ import os
 from collections.abc import AsyncGenerator
 from typing import Any
 
-import aiohttp
-
 from broker.api import answer
 from broker.commands import CommandTable, ErrorTable
 from broker.http_types import Request, Response, StreamResponse
-from replication import peer_auth, protocol
+from replication import protocol
 from replication.log_stream import serve_catchup
 from storage.errors import InvalidRequest
 
-from .parts import NodeParts
+from .snapshots import Snapshots
+from .state import NodeState
 
 log = logging.getLogger("hourglass.cluster")
 
@@ -50,8 +50,13 @@ MAX_EPOCH_AHEAD = 1000
 PEER_ERRORS: ErrorTable = ((InvalidRequest, 400, 400),)
 
 
-class PeerCalls(NodeParts):
-    """(on_snapshot calls make_snapshot, of broker.cluster.snapshots.)"""
+class PeerCalls:
+    """This node's answers to its peers' calls: from `state`, and a
+    snapshot made by `snapshots`."""
+
+    def __init__(self, state: NodeState, snapshots: Snapshots) -> None:
+        self.state = state
+        self.snapshots = snapshots
 
     def add_own_routes(self, table: CommandTable) -> None:
         """The calls peers make (the gate checks their proof: routes.py)."""
@@ -59,22 +64,10 @@ class PeerCalls(NodeParts):
         table.add("POST", protocol.POSITION_PATH, self.on_position, errors=PEER_ERRORS)
         table.add("GET", protocol.SNAPSHOT_PATH, self.on_snapshot)
 
-    async def post(self, node_id: str, call: str, message: dict[str, Any],
-                   timeout_s: float = 5.0) -> dict[str, Any]:
-        peer = self.cluster.peers[node_id]
-        headers = {"Content-Type": protocol.CONTENT_TYPE,
-                   **peer_auth.headers(self.cluster.secret, self.config.auth_token)}
-        async with self.peer_session().post(f"{peer.http_url}/_cluster/{call}", data=protocol.pack(message),
-                                     headers=headers, timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
-            body = await r.read()
-            if r.status != 200:
-                raise ConnectionError(f"{node_id} answered {r.status} to {call}: {body[:200]!r}")
-            return protocol.unpack(body)
-
     def _not_a_member(self, message: dict[str, Any]) -> Response | None:
         """Acknowledgements, positions and promises count only from members."""
         node = message.get("node")
-        if node not in self.cluster.peers or node == self.cluster.node_id:
+        if node not in self.state.cluster.peers or node == self.state.cluster.node_id:
             log.warning("refused a cluster call from %r: not a member of --cluster", node)
             return answer(403, f"{node!r} is not a member of this cluster")
         return None
@@ -84,12 +77,13 @@ class PeerCalls(NodeParts):
         refused = self._not_a_member(message)
         if refused is not None:
             return refused
+        state = self.state
         if message.get("catchup"):
-            result = serve_catchup(self.store, self.epochs, message)
-        elif self.leader_log is not None and self.leads:
-            result = await self.leader_log.fetch(message)
+            result = serve_catchup(state.store, state.epochs, message)
+        elif state.leader_log is not None and state.leads:
+            result = await state.leader_log.fetch(message)
         else:
-            result = {"status": "not_leader", "epoch": self.epochs.promised}
+            result = {"status": "not_leader", "epoch": state.epochs.promised}
         return Response(200, protocol.pack(result), protocol.CONTENT_TYPE)
 
     async def on_position(self, request: Request) -> Response:
@@ -97,26 +91,27 @@ class PeerCalls(NodeParts):
         refused = self._not_a_member(message)
         if refused is not None:
             return refused
+        state = self.state
         epoch: int = message["epoch"]
-        end = self.store.log_end_offset
-        ceiling = max(self.election.term, self.epochs.promised) + MAX_EPOCH_AHEAD
-        result = {"promised": self.epochs.promised, "end_offset": end, "last_epoch": self.epochs.last_epoch(end),
-                  "history": self.epochs.history}
+        end = state.store.log_end_offset
+        ceiling = max(state.election.term, state.epochs.promised) + MAX_EPOCH_AHEAD
+        result = {"promised": state.epochs.promised, "end_offset": end, "last_epoch": state.epochs.last_epoch(end),
+                  "history": state.epochs.history}
         if epoch > ceiling:
             log.warning("refused a promise of epoch %d from %s: beyond %d", epoch, message.get("node"), ceiling)
             result["status"] = "refused"
-        elif epoch < self.epochs.promised or (self.leads and epoch <= self.leading_term):
+        elif epoch < state.epochs.promised or (state.leads and epoch <= state.leading_term):
             result["status"] = "refused"
         else:
-            self.set_epochs(self.epochs.promise(epoch))
+            state.set_epochs(state.epochs.promise(epoch))
             result["status"] = "ok"
             result["promised"] = epoch
-            if self.leads:  # a newer candidate: this node's term is over
-                asyncio.get_running_loop().call_soon(self._deposed.set)
+            if state.leads:  # a newer candidate: this node's term is over
+                asyncio.get_running_loop().call_soon(state.deposed.set)
         return Response(200, protocol.pack(result), protocol.CONTENT_TYPE)
 
     async def on_snapshot(self, request: Request) -> StreamResponse:
-        path = await self.make_snapshot()
+        path = await self.snapshots.make_snapshot()
 
         async def chunks() -> AsyncGenerator[bytes, None]:
             try:  # the file's I/O off the event loop: a snapshot is the whole store
@@ -126,4 +121,4 @@ class PeerCalls(NodeParts):
             finally:
                 os.unlink(path)
         return StreamResponse(chunks(), content_type="application/x-tar",
-                              headers={"X-Hourglass-History": json.dumps(self.epochs.history)})
+                              headers={"X-Hourglass-History": json.dumps(self.state.epochs.history)})

@@ -35,7 +35,7 @@ from broker.scrape import Series, disk_series
 from replication import peer_auth
 from storage.errors import InvariantError
 
-from .parts import NodeParts
+from .state import NodeState
 
 log = logging.getLogger("hourglass.cluster")
 
@@ -50,10 +50,14 @@ def has_dot_segment(path: str) -> bool:
     return any(segment.lower().replace("%2e", ".") in (".", "..") for segment in path.split("/"))
 
 
-class Routes(NodeParts):
+class Routes:
     """What a cluster node's HTTP app (broker.node_base.NodeBase.app) holds
     of its own: API calls forwarded, the peer proof, and its view in
-    /health, /metrics and the console."""
+    /health, /metrics and the console; all of it read from `state`."""
+
+    def __init__(self, state: NodeState) -> None:
+        self.state = state
+        self._forward_session: aiohttp.ClientSession | None = None  # made at the first forwarded request
 
     def routed(self, command: Command) -> Command:
         """An API command (under PREFIX) served here while this node leads,
@@ -73,7 +77,7 @@ class Routes(NodeParts):
         """/_cluster/* needs the cluster secret's proof (the client token is
         not enough); an --insecure-cluster's /_cluster/* is the API's,
         behind the token."""
-        secret = self.cluster.secret
+        secret = self.state.cluster.secret
         if secret is None:
             return None
 
@@ -84,17 +88,18 @@ class Routes(NodeParts):
     async def _route(self, serve: Handler, request: Request) -> Response | StreamResponse:
         """An API call: served here (`serve`) while this node leads, else
         forwarded (its path is its command's: no dot segment, `routed`)."""
-        if self.leads and self.broker is not None and not self.stopping:
+        state = self.state
+        if state.leads and state.broker is not None and not state.stopping:
             return await serve(request)
-        leader = None if self.stopping else self.known_leader()
-        if leader is None or leader == self.cluster.node_id:
+        leader = None if state.stopping else state.known_leader()
+        if leader is None or leader == state.cluster.node_id:
             return answer(503, "no leader is known yet; retry", leader=None)
         # in a Task of its own: aiohttp's client asks for the current Task,
         # and this may run in the connection's frame (broker.httpd)
         return await asyncio.ensure_future(self._forward(request, leader))
 
     async def _forward(self, request: Request, leader: str) -> Response:
-        url = self.cluster.peers[leader].http_url + request.path_qs
+        url = self.state.cluster.peers[leader].http_url + request.path_qs
         headers = {k: request.headers[k.lower()] for k in FORWARDED_HEADERS if k.lower() in request.headers}
         try:
             async with self.forward_session().request(request.method, url, data=request.body, headers=headers,
@@ -105,54 +110,73 @@ class Routes(NodeParts):
         except (aiohttp.ClientError, OSError) as e:
             return answer(503, f"the leader {leader} is unreachable ({e.__class__.__name__}); retry", leader=leader)
 
-    def _topic_list(self) -> list[str]:
-        if self.broker is not None:
-            return self.broker.topic_list()
-        return sorted(set(self.store.topic_names().values()))
+    def forward_session(self) -> aiohttp.ClientSession:
+        """The HTTP client of the API requests a follower forwards to the
+        leader: a pool of its own, so requests hung on a leader cut off
+        (a long poll waits minutes, and a black-holed connection for ever)
+        never hold the connections the peer calls need to elect and fetch
+        (broker.cluster.peer_client). No cap of its own: each forward holds
+        one client connection, which --max-connections caps."""
+        if self._forward_session is None:
+            self._forward_session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+        return self._forward_session
 
-    def _console_info(self) -> dict[str, object]:
+    async def close(self) -> None:
+        if self._forward_session is not None:
+            await self._forward_session.close()
+
+    def topic_list(self) -> list[str]:
+        """The console's topics: the broker's while leading, else the store's."""
+        broker, store = self.state.broker, self.state.store
+        if broker is not None:
+            return broker.topic_list()
+        return sorted(set(store.topic_names().values()))
+
+    def console_info(self) -> dict[str, object]:
         """The console's node section: role, term, log end, whether the
         cluster runs without a secret (--insecure-cluster) and, on the
         leader, each follower's replicated offset and how far it lags."""
-        role, term = self.shown_role()
-        info: dict[str, object] = {"role": role, "node": self.cluster.node_id, "leader": self.known_leader(),
-                                   "term": term, "logEndOffset": self.store.log_end_offset,
-                                   "insecure": self.cluster.insecure}
-        if self.leader_log is not None:
-            now_s = self.clock.monotonic_s()
+        state = self.state
+        role, term = state.shown_role()
+        info: dict[str, object] = {"role": role, "node": state.cluster.node_id, "leader": state.known_leader(),
+                                   "term": term, "logEndOffset": state.store.log_end_offset,
+                                   "insecure": state.cluster.insecure}
+        leader_log = state.leader_log
+        if leader_log is not None:
+            now_s = state.clock.monotonic_s()
             info["followers"] = [{"node": name, "offset": p.offset,
-                                  "lagBytes": max(0, self.leader_log.durable_offset - p.offset),
+                                  "lagBytes": max(0, leader_log.durable_offset - p.offset),
                                   "seenAgoMs": int((now_s - p.seen_s) * 1000)}
-                                 for name, p in sorted(self.leader_log.followers.items())]
+                                 for name, p in sorted(leader_log.followers.items())]
         return info
 
-    def failure(self) -> BaseException | None:
-        return self.failed
-
     def health_fields(self) -> Mapping[str, object]:
-        role, term = self.shown_role()
-        return {"role": role, "leader": self.known_leader(), "node": self.cluster.node_id, "term": term,
-                "log_end_offset": self.store.log_end_offset, "insecure": self.cluster.insecure}
+        state = self.state
+        role, term = state.shown_role()
+        return {"role": role, "leader": state.known_leader(), "node": state.cluster.node_id, "term": term,
+                "log_end_offset": state.store.log_end_offset, "insecure": state.cluster.insecure}
 
     def node_series(self) -> Sequence[Series]:
+        state = self.state
         node: list[Series] = [
-            ("hourglass_commit_log_end_offset", "gauge", self.store.log_end_offset),
-            ("hourglass_is_leader", "gauge", int(self.leads)),
-            ("hourglass_term", "gauge", self.shown_role()[1]),
-            ("hourglass_replicated_records_total", "counter", self.follower.fetched_records),
+            ("hourglass_commit_log_end_offset", "gauge", state.store.log_end_offset),
+            ("hourglass_is_leader", "gauge", int(state.leads)),
+            ("hourglass_term", "gauge", state.shown_role()[1]),
+            ("hourglass_replicated_records_total", "counter", state.follower.fetched_records),
             # 1: --insecure-cluster, no cluster secret (docs/security.md)
-            ("hourglass_cluster_insecure", "gauge", int(self.cluster.insecure))]
-        if self.leader_log is not None:
-            node.append(("hourglass_quorum_offset", "gauge", self.leader_log.quorum_offset()))
+            ("hourglass_cluster_insecure", "gauge", int(state.cluster.insecure))]
+        leader_log = state.leader_log
+        if leader_log is not None:
+            node.append(("hourglass_quorum_offset", "gauge", leader_log.quorum_offset()))
             # each follower's lag behind this leader's durable log, and how
             # long since it last fetched (one series each: the cluster's size)
-            durable, now_s = self.leader_log.durable_offset, self.clock.monotonic_s()
-            followers = sorted(self.leader_log.followers.items())
+            durable, now_s = leader_log.durable_offset, state.clock.monotonic_s()
+            followers = sorted(leader_log.followers.items())
             node += [(f'hourglass_replication_lag_bytes{{follower="{escape_label(name)}"}}', "gauge",
                       max(0, durable - p.offset)) for name, p in followers]
             node += [(f'hourglass_follower_seen_seconds{{follower="{escape_label(name)}"}}', "gauge",
                       round(now_s - p.seen_s, 3)) for name, p in followers]
-        if self.broker is not None:  # (a follower runs no wheel)
+        if state.broker is not None:  # (a follower runs no wheel)
             node.append(("hourglass_wheel_lag_seconds", "gauge",
-                         self.broker.scheduler.lag_ms(self.clock.now_ms()) / 1000))
-        return [*node, *disk_series(self.store, self.data_dir)]
+                         state.broker.scheduler.lag_ms(state.clock.now_ms()) / 1000))
+        return [*node, *disk_series(state.store, state.data_dir)]

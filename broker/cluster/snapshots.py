@@ -27,25 +27,35 @@ import os
 import aiohttp
 
 from broker.nodes import at_quiet_point
-from replication import peer_auth, protocol, snapshot
+from replication import protocol, snapshot
 from replication.epochs import Epochs
 from storage.errors import Unavailable
 from storage.store import Store
 
-from .parts import NodeParts
+from .peer_client import PeerClient
+from .state import NodeState
 
 log = logging.getLogger("hourglass.cluster")
 
 
-class Snapshots(NodeParts):
+class Snapshots:
+    """The snapshots and checkpoints of `state`'s store; a snapshot taken
+    is downloaded through `peers`."""
+
+    def __init__(self, state: NodeState, peers: PeerClient) -> None:
+        self.state = state
+        self.peers = peers
+        self._install_task: asyncio.Task[None] | None = None  # an install under way (take_snapshot)
+
     async def make_snapshot(self) -> str:
         """Copy the store files into a tar (see replication.snapshot) while
         no record is applied; returns its path."""
-        path = os.path.join(self.data_dir, f"snapshot-{os.getpid()}-{int(self.clock.monotonic_s() * 1e9)}.tar")
-        async with self.checkpoint_lock, self.apply_lock:
-            end = self.store.log_end_offset
-            files = snapshot.capture(self.data_dir, self.store.log_segment_ends())
-            size = await asyncio.to_thread(snapshot.write_tar, self.data_dir, files, path)
+        state = self.state
+        path = os.path.join(state.data_dir, f"snapshot-{os.getpid()}-{int(state.clock.monotonic_s() * 1e9)}.tar")
+        async with state.checkpoint_lock, state.apply_lock:
+            end = state.store.log_end_offset
+            files = snapshot.capture(state.data_dir, state.store.log_segment_ends())
+            size = await asyncio.to_thread(snapshot.write_tar, state.data_dir, files, path)
         log.info("made a snapshot of %d files, %d bytes, up to offset %d", len(files), size, end)
         return path
 
@@ -60,7 +70,7 @@ class Snapshots(NodeParts):
         leads (an election during an install cancelled it there, and the
         candidate's own catch-up by snapshot met its thread)."""
         await self.finish_install()  # one install at a time
-        started_s = self.clock.monotonic_s()
+        started_s = self.state.clock.monotonic_s()
         part, history = await self.download_snapshot(source)
         install = asyncio.create_task(self._install(source, part, history, started_s), name="snapshot-install")
         self._install_task = install
@@ -73,11 +83,10 @@ class Snapshots(NodeParts):
     async def download_snapshot(self, source: str) -> tuple[str, tuple[tuple[int, int], ...]]:
         """`source`'s snapshot, as a tar beside the store; its path and the
         epoch history that goes with it."""
-        peer = self.cluster.peers[source]
-        part = os.path.join(self.data_dir, "snapshot.tar.part")
-        headers = peer_auth.headers(self.cluster.secret, self.config.auth_token)
-        async with self.peer_session().get(peer.http_url + protocol.SNAPSHOT_PATH, headers=headers,
-                                    timeout=aiohttp.ClientTimeout(total=600, sock_connect=2)) as r:
+        peer = self.state.cluster.peers[source]
+        part = os.path.join(self.state.data_dir, "snapshot.tar.part")
+        async with self.peers.session().get(peer.http_url + protocol.SNAPSHOT_PATH, headers=self.peers.headers(),
+                                            timeout=aiohttp.ClientTimeout(total=600, sock_connect=2)) as r:
             if r.status != 200:
                 raise ConnectionError(f"{source} answered {r.status} to a snapshot request")
             history = tuple((int(epoch), int(offset)) for epoch, offset in json.loads(r.headers["X-Hourglass-History"]))
@@ -99,47 +108,50 @@ class Snapshots(NodeParts):
             log.warning("snapshot install failed: %r", install.exception())
 
     async def _install(self, source: str, part: str, history: tuple[tuple[int, int], ...], started_s: float) -> None:
-        await asyncio.to_thread(snapshot.unpack, part, self.data_dir)  # beside the live store, which stays
-        async with self.checkpoint_lock, self.apply_lock:
-            self.store.close()
+        state = self.state
+        await asyncio.to_thread(snapshot.unpack, part, state.data_dir)  # beside the live store, which stays
+        async with state.checkpoint_lock, state.apply_lock:
+            state.store.close()
             # On this thread, without a pause: no promise can be made between
             # reading `promised` and the swap that writes it with the store.
-            epochs = Epochs(self.epochs.promised, ()).follow(history)
+            epochs = Epochs(state.epochs.promised, ()).follow(history)
             try:
-                snapshot.swap_in(self.data_dir, {os.path.basename(Epochs.path(self.data_dir)): epochs.encode()})
-                self.epochs = epochs
+                snapshot.swap_in(state.data_dir, {os.path.basename(Epochs.path(state.data_dir)): epochs.encode()})
+                state.epochs = epochs
                 # On the event loop too, blocking it for the open (the restart
                 # time: about 1 s at 10 M messages): with a pause here, /health,
                 # /_cluster/position and /fetch ran on the closed store (a 500,
                 # seen by a fault drill) or answered its old end with the new epochs.
-                self.store = Store.open(self.data_dir, self.config.store, self.clock.now_ms())
+                state.store = Store.open(state.data_dir, state.config.store, state.clock.now_ms())
             except BaseException as e:
                 # The old store is closed: a rename that failed (the next
                 # start finishes the swap) or a new store that does not open
                 # leaves nothing to serve or follow from.
-                self.fail(e, "installing a snapshot")
+                state.fail(e, "installing a snapshot")
                 raise
-        log.info("installed a snapshot from %s in %.2f s: %s", source, self.clock.monotonic_s() - started_s, self.store)
-        await asyncio.to_thread(snapshot.remove_replaced, self.data_dir)
+        log.info("installed a snapshot from %s in %.2f s: %s", source, state.clock.monotonic_s() - started_s,
+                 state.store)
+        await asyncio.to_thread(snapshot.remove_replaced, state.data_dir)
 
     async def checkpoint(self) -> None:
-        async with self.checkpoint_lock:
-            broker, now_ms = self.broker, self.clock.now_ms()
-            if not self.store.checkpoint_due(now_ms):  # an idle node rewrites nothing
+        state = self.state
+        async with state.checkpoint_lock:
+            broker, now_ms = state.broker, state.clock.now_ms()
+            if not state.store.checkpoint_due(now_ms):  # an idle node rewrites nothing
                 return
             if broker is not None:
                 try:
-                    prepared = await at_quiet_point(broker, lambda: self.store.prepare_checkpoint(now_ms))
+                    prepared = await at_quiet_point(broker, lambda: state.store.prepare_checkpoint(now_ms))
                 except Unavailable:
-                    if self.broker is broker:
+                    if state.broker is broker:
                         raise
                     return  # this node stopped leading meanwhile: the next interval checkpoints as a follower
             else:
-                async with self.apply_lock:
-                    self.store.commit()  # (what a fetch appended, applied: a PART or an INTENT among it shows)
-                    if self.store.parts_held():  # a bulk call's PART came while the lock was awaited
+                async with state.apply_lock:
+                    state.store.commit()  # (what a fetch appended, applied: a PART or an INTENT among it shows)
+                    if state.store.parts_held():  # a bulk call's PART came while the lock was awaited
                         return
-                    prepared = self.store.prepare_checkpoint(now_ms)
-            await asyncio.to_thread(self.store.sync_checkpoint)
-            keep = self.leader_log.keep_log_from() if self.leader_log is not None else None
-            self.store.finish_checkpoint(prepared, keep_log_from=keep)
+                    prepared = state.store.prepare_checkpoint(now_ms)
+            await asyncio.to_thread(state.store.sync_checkpoint)
+            keep = state.leader_log.keep_log_from() if state.leader_log is not None else None
+            state.store.finish_checkpoint(prepared, keep_log_from=keep)

@@ -1,8 +1,8 @@
 """broker.cluster.role_loop, the driver of replication.roles.step: a real
 `ClusterNode` over a real Store, with a FakeElection for Raft, a FakeClock
 for every wait, and the other two nodes of the cluster as in-process fakes
-answering at the node's own peer-call seam (`post`). No sockets, no real
-sleeps: time passes only when the test lets it.
+answering at the node's own peer-call seam (its PeerClient's `post`). No
+sockets, no real sleeps: time passes only when the test lets it.
 
 Each move is checked by what the node shows: its role (and /health), its
 broker (running or stopped), its epochs file, its leadership.log, and what
@@ -30,8 +30,10 @@ import pytest
 from fakes import FakeClock, FakeElection
 
 from broker.cluster import ClusterNode
-from broker.cluster.handover import HANDOVER_TIMEOUT_S
+from broker.cluster.lead import HANDOVER_TIMEOUT_S
+from broker.cluster.peer_client import PeerClient
 from broker.cluster.role_loop import POLL_S, POSITION_TIMEOUT_S
+from broker.cluster.snapshots import Snapshots
 from broker.config import ServeConfig
 from broker.disk_broker import Broker
 from broker.http_types import Request
@@ -128,13 +130,13 @@ class FakePeer:
         return {**answer, "status": "ok", "promised": epoch}
 
 
-class DrivenNode(ClusterNode):
-    """A ClusterNode whose peer calls go to FakePeers, through the same
-    msgpack encoding as the wire, and are recorded in `posted`."""
+class FakeCalls(PeerClient):
+    """A node's calls to its peers, to FakePeers, through the same msgpack
+    encoding as the wire, recorded in `posted`."""
 
-    def __init__(self, config: ServeConfig, clock: FakeClock, election: FakeElection,
-                 peers: dict[str, FakePeer]) -> None:
-        super().__init__(config, config.cluster, clock, election)
+    def __init__(self, clock: FakeClock, peers: dict[str, FakePeer]) -> None:
+        super().__init__(cluster("n1"), None)
+        self.clock = clock
         self.peers = peers
         self.posted: list[Posted] = []
 
@@ -144,6 +146,19 @@ class DrivenNode(ClusterNode):
         await asyncio.sleep(0)  # a call always lets other tasks run, as a socket's does
         answer = await self.peers[node_id].answer(call, message, timeout_s)
         return protocol.unpack(protocol.pack(answer))
+
+
+class DrivenNode(ClusterNode):
+    """A ClusterNode whose peer calls go to FakePeers (FakeCalls)."""
+
+    def __init__(self, config: ServeConfig, clock: FakeClock, election: FakeElection,
+                 peers: dict[str, FakePeer]) -> None:
+        self.calls = FakeCalls(clock, peers)
+        super().__init__(config, config.cluster, clock, election, self.calls)
+
+    @property
+    def posted(self) -> list[Posted]:
+        return self.calls.posted
 
 
 class Harness:
@@ -217,7 +232,7 @@ def drive(tmp_path, scenario) -> None:
         try:
             await scenario(h)
         finally:
-            if h.task is not None and not h.node.stopping:
+            if h.task is not None and not h.node.state.stopping:
                 await h.stop()
             h.close_peers()
     asyncio.run(main())
@@ -227,7 +242,7 @@ def drive(tmp_path, scenario) -> None:
 
 def leadership(node: ClusterNode) -> list[tuple[int, str, str]]:
     """leadership.log as (term, node, event) lines."""
-    path = os.path.join(node.data_dir, "leadership.log")
+    path = os.path.join(node.state.data_dir, "leadership.log")
     if not os.path.exists(path):
         return []
     with open(path) as f:
@@ -235,7 +250,7 @@ def leadership(node: ClusterNode) -> list[tuple[int, str, str]]:
 
 
 def epochs_file(node: ClusterNode) -> Epochs:
-    return Epochs.load(Epochs.path(node.data_dir))
+    return Epochs.load(Epochs.path(node.state.data_dir))
 
 
 async def health(node: ClusterNode) -> tuple[str, int]:
@@ -256,25 +271,25 @@ async def leading(h: Harness, term: int) -> tuple[DrivenNode, Broker]:
     """Start n1 and let Raft elect it in `term`: it leads; returns its broker."""
     node = await h.start()
     await h.elect(term)
-    assert node.leads and leadership(node) == [(term, "n1", "start")]
-    return node, node.broker
+    assert node.state.leads and leadership(node) == [(term, "n1", "start")]
+    return node, node.state.broker
 
 
 def stood_down(node: ClusterNode, broker: Broker, term: int) -> bool:
     """The leader of `term` stood down: following, its broker stopped and
     gone, the end of its term in leadership.log."""
-    return (node.roles.role is Role.FOLLOWER and node.broker is None and node.api.broker is None
-            and node.leader_log is None and broker_stopped(broker)
+    return (node.state.roles.role is Role.FOLLOWER and node.state.broker is None and node.api.broker is None
+            and node.state.leader_log is None and broker_stopped(broker)
             and leadership(node) == [(term, "n1", "start"), (term, "n1", "end")])
 
 
 async def fetched_by(node: ClusterNode, peer: str, term: int) -> dict:
     """`peer`, following `node`, fetches from its log end (so acknowledges
     all of it), through the node's own /_cluster/fetch handler."""
-    end = node.store.log.end_offset
-    fetch = {"node": peer, "epoch": term, "offset": end, "last_epoch": node.epochs.last_epoch(end), "wait_ms": 0,
+    end = node.state.store.log.end_offset
+    fetch = {"node": peer, "epoch": term, "offset": end, "last_epoch": node.state.epochs.last_epoch(end), "wait_ms": 0,
              "catchup": False}
-    response = await node.on_fetch(Request("POST", "/_cluster/fetch", b"", {}, protocol.pack(fetch), None))
+    response = await node.peer_calls.on_fetch(Request("POST", "/_cluster/fetch", b"", {}, protocol.pack(fetch), None))
     return protocol.unpack(response.body)
 
 
@@ -291,27 +306,27 @@ def test_a_follower_elected_by_raft_gathers_positions_claims_and_leads(tmp_path)
     async def scenario(h: Harness):
         node = await h.start()
         await h.run_for(5 * POLL_MS)  # Raft names no leader: nothing is tried
-        assert node.roles.role is Role.FOLLOWER and node.broker is None and node.posted == []
+        assert node.state.roles.role is Role.FOLLOWER and node.state.broker is None and node.posted == []
         assert await health(node) == ("follower", 0)
-        assert node._follow_task is not None and not node._follow_task.done()
+        assert node.role_loop._follow_task is not None and not node.role_loop._follow_task.done()
 
         await h.elect(3)
         assert posted(node, "position") == [("n2", {"node": "n1", "epoch": 3}), ("n3", {"node": "n1", "epoch": 3})]
         assert h.peers["n2"].epochs.promised == h.peers["n3"].epochs.promised == 3
         assert h.election.claims == [3] and h.election.claimed == (3, "n1")
-        assert node.roles.role is Role.LEADER and node.leads and node.leading_term == 3
-        assert node.broker is not None and node.api.broker is node.broker and not broker_stopped(node.broker)
-        assert node.leader_log is not None and node.leader_log.epoch == 3
-        assert node._follow_task is None  # a leader fetches from no one
-        assert node.tick_file is None  # the broker's wheel writes the tick now
-        assert epochs_file(node) == node.epochs == Epochs(3, ((3, 0),))
+        assert node.state.roles.role is Role.LEADER and node.state.leads and node.state.leading_term == 3
+        assert node.state.broker is not None and node.api.broker is node.state.broker and not broker_stopped(node.state.broker)
+        assert node.state.leader_log is not None and node.state.leader_log.epoch == 3
+        assert node.role_loop._follow_task is None  # a leader fetches from no one
+        assert node.state.tick_file is None  # the broker's wheel writes the tick now
+        assert epochs_file(node) == node.state.epochs == Epochs(3, ((3, 0),))
         assert leadership(node) == [(3, "n1", "start")]
         assert await health(node) == ("leader", 3)
-        assert node.known_leader() == "n1"
+        assert node.state.known_leader() == "n1"
         assert posted(node, "fetch") == []  # nothing to catch up: every log is empty
 
         await h.run_for(20 * POLL_MS)  # Raft keeps it leader: it goes on leading
-        assert node.leads and leadership(node) == [(3, "n1", "start")] and h.election.claims == [3]
+        assert node.state.leads and leadership(node) == [(3, "n1", "start")] and h.election.claims == [3]
     drive(tmp_path, scenario)
 
 
@@ -324,7 +339,7 @@ def test_a_majority_answering_is_enough_a_silent_peer_is_not_waited_for(tmp_path
         node = await h.start()
         await h.elect(5)
         assert [to for to, _ in posted(node, "position")] == ["n2", "n3"]
-        assert node.leads and node.leading_term == 5  # within the election's poll, not POSITION_TIMEOUT_S later
+        assert node.state.leads and node.state.leading_term == 5  # within the election's poll, not POSITION_TIMEOUT_S later
         assert h.peers["n3"].epochs.promised == 0
     drive(tmp_path, scenario)
 
@@ -335,7 +350,7 @@ def test_one_peer_answering_is_a_majority_of_three(tmp_path):
         node = await h.start()
         await h.elect(5)
         assert [to for to, _ in posted(node, "position")] == ["n2", "n3"]
-        assert node.leads and node.leading_term == 5 and node.broker is not None
+        assert node.state.leads and node.state.leading_term == 5 and node.state.broker is not None
         assert h.peers["n3"].epochs.promised == 0  # never reached
         assert leadership(node) == [(5, "n1", "start")]
     drive(tmp_path, scenario)
@@ -351,16 +366,16 @@ def test_without_a_majority_it_stays_a_follower_and_tries_again_after_the_retry(
         await h.elect(3)
         first = node.posted[0].at_ms
         assert [to for to, _ in posted(node, "position")] == ["n2", "n3"]
-        assert node.roles.role is Role.CANDIDATE and await health(node) == ("follower", 0)
+        assert node.state.roles.role is Role.CANDIDATE and await health(node) == ("follower", 0)
 
         # the peers' answers are awaited POSITION_TIMEOUT_S, then the attempt is given up
         gave_up_ms = first + int(POSITION_TIMEOUT_S * 1000)
         await h.clock.run_until(gave_up_ms - 1)
-        assert node.roles.role is Role.CANDIDATE
+        assert node.state.roles.role is Role.CANDIDATE
         await h.clock.run_until(gave_up_ms)
-        assert node.roles.role is Role.FOLLOWER and node.roles.next_try_ms == gave_up_ms + RETRY_MS
-        assert node._follow_task is not None and not node._follow_task.done()
-        assert node.broker is None and h.election.claims == [] and leadership(node) == []
+        assert node.state.roles.role is Role.FOLLOWER and node.state.roles.next_try_ms == gave_up_ms + RETRY_MS
+        assert node.role_loop._follow_task is not None and not node.role_loop._follow_task.done()
+        assert node.state.broker is None and h.election.claims == [] and leadership(node) == []
         assert epochs_file(node) == Epochs(3, ())  # it promised itself term 3, and leads nothing
 
         # Raft still calls it leader: no new attempt before RETRY_MS, one at the first poll after
@@ -371,7 +386,7 @@ def test_without_a_majority_it_stays_a_follower_and_tries_again_after_the_retry(
         await h.clock.run_until(gave_up_ms + RETRY_MS + POLL_MS)
         second = [p.at_ms for p in node.posted if p.call == "position"][2:]
         assert len(second) == 2 and gave_up_ms + RETRY_MS <= second[0] < gave_up_ms + RETRY_MS + POLL_MS
-        assert node.leads and node.leading_term == 3 and h.election.claims == [3]
+        assert node.state.leads and node.state.leading_term == 3 and h.election.claims == [3]
         assert leadership(node) == [(3, "n1", "start")]
     drive(tmp_path, scenario)
 
@@ -382,8 +397,8 @@ def test_a_peer_that_promised_a_later_term_makes_it_give_up_at_once(tmp_path):
         node = await h.start()
         await h.elect(3)
         asked_ms = node.posted[0].at_ms
-        assert node.roles.role is Role.FOLLOWER and node.roles.next_try_ms == asked_ms + RETRY_MS
-        assert node.broker is None and h.election.claims == [] and leadership(node) == []
+        assert node.state.roles.role is Role.FOLLOWER and node.state.roles.next_try_ms == asked_ms + RETRY_MS
+        assert node.state.broker is None and h.election.claims == [] and leadership(node) == []
         assert h.peers["n3"].epochs.promised == 3  # n3 promised; one refusal is enough to give up
     drive(tmp_path, scenario)
 
@@ -394,16 +409,16 @@ def test_a_claim_that_is_not_committed_leaves_it_a_follower(tmp_path):
         node = await h.start()
         await h.elect(3)
         assert h.election.claims == [3] and h.election.claimed == (0, None)
-        assert node.roles.role is Role.FOLLOWER and node.broker is None and node.leader_log is None
+        assert node.state.roles.role is Role.FOLLOWER and node.state.broker is None and node.state.leader_log is None
         assert leadership(node) == [] and await health(node) == ("follower", 0)
-        assert node._follow_task is not None and not node._follow_task.done()
+        assert node.role_loop._follow_task is not None and not node.role_loop._follow_task.done()
         assert epochs_file(node) == Epochs(3, ())  # promised, never begun
 
         await h.run_for(RETRY_MS + POLL_MS)  # Raft still calls it leader: it tries again
-        assert h.election.claims == [3, 3] and node.broker is None
+        assert h.election.claims == [3, 3] and node.state.broker is None
         h.election.claims_commit = True
         await h.run_for(RETRY_MS + POLL_MS)
-        assert h.election.claims == [3, 3, 3] and node.leads and leadership(node) == [(3, "n1", "start")]
+        assert h.election.claims == [3, 3, 3] and node.state.leads and leadership(node) == [(3, "n1", "start")]
     drive(tmp_path, scenario)
 
 
@@ -422,7 +437,7 @@ def test_raft_moving_on_while_it_claims_leaves_it_a_follower(tmp_path):
         node = await h.start()
         await h.elect(3)
         assert h.election.claims == [3]
-        assert node.roles.role is Role.FOLLOWER and node.broker is None and leadership(node) == []
+        assert node.state.roles.role is Role.FOLLOWER and node.state.broker is None and leadership(node) == []
         await h.run_for(RETRY_MS + 2 * POLL_MS)  # Raft no longer calls it leader: no new attempt
         assert h.election.claims == [3] and len(posted(node, "position")) == 2
     drive(tmp_path, scenario)
@@ -433,7 +448,7 @@ def test_raft_moving_on_while_it_claims_leaves_it_a_follower(tmp_path):
 def test_the_raft_term_moving_on_makes_the_leader_stand_down_and_follow_the_new_one(tmp_path):
     async def scenario(h: Harness):
         node, broker = await leading(h, 3)
-        leader_log = node.leader_log
+        leader_log = node.state.leader_log
 
         h.peers["n2"].lead(4)  # n2 is elected in term 4 and claims it
         h.election.claimed = (4, "n2")
@@ -441,15 +456,15 @@ def test_the_raft_term_moving_on_makes_the_leader_stand_down_and_follow_the_new_
         assert stood_down(node, broker, 3)
         with pytest.raises(Unavailable, match="no longer leads"):  # a write waiting for followers: 503
             await leader_log.replicated(leader_log.durable_offset + 1)
-        assert node.tick_file is not None  # following again: the leader's streamed tick is kept here
-        assert await health(node) == ("follower", 4) and node.known_leader() == "n2"
+        assert node.state.tick_file is not None  # following again: the leader's streamed tick is kept here
+        assert await health(node) == ("follower", 4) and node.state.known_leader() == "n2"
 
         await h.run_for(5 * POLL_MS)  # the follower loop fetches from the new leader
         fetches = posted(node, "fetch")
         assert fetches and all(to == "n2" and m["epoch"] == 4 and not m["catchup"] for to, m in fetches)
         assert "n1" in h.peers["n2"].leader_log.followers
-        assert epochs_file(node) == node.epochs == Epochs(4, ((4, 0),))  # the new leader's history
-        assert node.broker is None and h.election.claims == [3]
+        assert epochs_file(node) == node.state.epochs == Epochs(4, ((4, 0),))  # the new leader's history
+        assert node.state.broker is None and h.election.claims == [3]
     drive(tmp_path, scenario)
 
 
@@ -457,7 +472,7 @@ def test_a_newer_candidates_promise_makes_the_leader_stand_down(tmp_path):
     async def scenario(h: Harness):
         node, broker = await leading(h, 3)
         request = Request("POST", "/_cluster/position", b"", {}, protocol.pack({"node": "n2", "epoch": 4}), None)
-        answer = protocol.unpack((await node.on_position(request)).body)
+        answer = protocol.unpack((await node.peer_calls.on_position(request)).body)
         assert answer["status"] == "ok" and answer["promised"] == 4
         assert epochs_file(node) == Epochs(4, ((3, 0),))
         await h.run_for(POLL_MS)
@@ -478,7 +493,7 @@ def test_a_failed_broker_makes_the_leader_stand_down_and_leave(tmp_path):
         broker.failed = OSError("disk full")
         await h.run_for(POLL_MS)
         assert stood_down(node, broker, 3)
-        assert isinstance(node.failed, OSError) and node.stop_asked.is_set()
+        assert isinstance(node.state.failed, OSError) and node.stop_asked.is_set()
     drive(tmp_path, scenario)
 
 
@@ -506,19 +521,19 @@ def test_a_peer_with_a_longer_log_in_a_later_epoch_is_caught_up_from_before_lead
     async def scenario(h: Harness):
         shared, longer = longer_log_on_n2(h)
         node = await h.start()
-        assert node.store.log.end_offset == shared
+        assert node.state.store.log.end_offset == shared
         await h.elect(3)
         assert posted(node, "fetch") == [("n2", {"node": "n1", "epoch": 0, "offset": shared, "last_epoch": 1,
                                                   "wait_ms": 0, "catchup": True})]
-        assert node.store.log.end_offset == longer
-        assert node.store.read_log(0, longer, 1 << 20) == h.peers["n2"].store.read_log(0, longer, 1 << 20)
-        assert node.leads and h.election.claims == [3] and leadership(node) == [(3, "n1", "start")]
-        assert epochs_file(node) == node.epochs == Epochs(3, ((1, 0), (2, shared), (3, longer)))
-        assert node.leader_log.durable_offset == longer
-        assert (await node.broker.get("t", "m4")).msg_id == "m4"  # a record only n2 had
-        assert node.leader_log.quorum_offset() == 0  # n2 has all of it, but has not said so yet
+        assert node.state.store.log.end_offset == longer
+        assert node.state.store.read_log(0, longer, 1 << 20) == h.peers["n2"].store.read_log(0, longer, 1 << 20)
+        assert node.state.leads and h.election.claims == [3] and leadership(node) == [(3, "n1", "start")]
+        assert epochs_file(node) == node.state.epochs == Epochs(3, ((1, 0), (2, shared), (3, longer)))
+        assert node.state.leader_log.durable_offset == longer
+        assert (await node.state.broker.get("t", "m4")).msg_id == "m4"  # a record only n2 had
+        assert node.state.leader_log.quorum_offset() == 0  # n2 has all of it, but has not said so yet
         assert (await fetched_by(node, "n2", 3))["status"] == "ok"
-        assert node.leader_log.quorum_offset() == longer
+        assert node.state.leader_log.quorum_offset() == longer
     drive(tmp_path, scenario)
 
 
@@ -542,16 +557,16 @@ def test_a_peer_whose_log_starts_after_this_ones_end_is_caught_up_from_by_snapsh
             taken.append(source)
             copy = os.path.join(h.directory, "n2-snapshot")
             shutil.copytree(os.path.join(h.directory, source), copy)
-            node.store.close()
-            node.store = Store.open(copy, STORE, now_ms=START_MS)
-            node.set_epochs(Epochs(node.epochs.promised, ()).follow(n2.epochs.history))
+            node.state.store.close()
+            node.state.store = Store.open(copy, STORE, now_ms=START_MS)
+            node.state.set_epochs(Epochs(node.state.epochs.promised, ()).follow(n2.epochs.history))
 
         node = await h.start()
-        monkeypatch.setattr(node, "take_snapshot", take_snapshot)
+        monkeypatch.setattr(node.snapshots, "take_snapshot", take_snapshot)
         await h.elect(3)
         assert taken == ["n2"]
         assert [m["offset"] for _, m in posted(node, "fetch")] == [0]  # one try, answered "snapshot"
-        assert node.leads and node.store.log.end_offset == end
+        assert node.state.leads and node.state.store.log.end_offset == end
     drive(tmp_path, scenario)
 
 
@@ -563,16 +578,16 @@ def test_a_catch_up_that_fails_leaves_it_a_follower_until_the_peer_answers(tmp_p
         await h.elect(3)
         asked_ms = node.posted[0].at_ms
         assert [to for to, _ in posted(node, "fetch")] == ["n2"]
-        assert node.roles.role is Role.FOLLOWER and node.roles.next_try_ms == asked_ms + RETRY_MS
-        assert node.broker is None and h.election.claims == [] and leadership(node) == []
-        assert node.store.log.end_offset == shared and epochs_file(node) == Epochs(3, ((1, 0),))
+        assert node.state.roles.role is Role.FOLLOWER and node.state.roles.next_try_ms == asked_ms + RETRY_MS
+        assert node.state.broker is None and h.election.claims == [] and leadership(node) == []
+        assert node.state.store.log.end_offset == shared and epochs_file(node) == Epochs(3, ((1, 0),))
 
         h.peers["n2"].heal()
         await h.run_for(RETRY_MS + POLL_MS)
-        assert node.leads and node.store.log.end_offset == longer and h.election.claims == [3]
+        assert node.state.leads and node.state.store.log.end_offset == longer and h.election.claims == [3]
         assert epochs_file(node) == Epochs(3, ((1, 0), (2, shared), (3, longer)))
         await fetched_by(node, "n2", 3)  # n2 follows: the new leader's log reaches a quorum
-        assert node.leader_log.quorum_offset() == longer
+        assert node.state.leader_log.quorum_offset() == longer
     drive(tmp_path, scenario)
 
 
@@ -581,19 +596,19 @@ def test_a_catch_up_that_fails_leaves_it_a_follower_until_the_peer_answers(tmp_p
 def test_stopping_the_leader_hands_over_to_a_caught_up_follower_then_leaves(tmp_path):
     async def scenario(h: Harness):
         node, broker = await leading(h, 3)
-        end = node.store.log.end_offset
+        end = node.state.store.log.end_offset
         assert (await fetched_by(node, "n2", 3))["status"] == "ok"
-        assert node.leader_log.followers["n2"].offset == end
-        leader_log = node.leader_log
+        assert node.state.leader_log.followers["n2"].offset == end
+        leader_log = node.state.leader_log
 
         took = await h.stop()
         # n2 has everything: no waiting, only the last round that carries the final tick
-        assert took == 2 * node.cluster.tick_sync_ms
+        assert took == 2 * node.state.cluster.tick_sync_ms
         assert leadership(node) == [(3, "n1", "start"), (3, "n1", "end")]
-        assert broker_stopped(broker) and os.path.exists(node.tick_path)
+        assert broker_stopped(broker) and os.path.exists(node.state.tick_path)
         with pytest.raises(Unavailable, match="stopping"):
             await leader_log.replicated(end + 1)
-        assert h.election.closed and node.stopping and node._follow_task is None
+        assert h.election.closed and node.state.stopping and node.role_loop._follow_task is None
         assert posted(node, "position") == [("n2", {"node": "n1", "epoch": 3}), ("n3", {"node": "n1", "epoch": 3})]
     drive(tmp_path, scenario)
 
@@ -602,9 +617,9 @@ def test_stopping_the_leader_without_live_followers_waits_out_the_handover_timeo
     async def scenario(h: Harness):
         node, broker = await leading(h, 3)
         took = await h.stop()
-        assert HANDOVER_TIMEOUT_S * 1000 <= took <= HANDOVER_TIMEOUT_S * 1000 + 2 * node.cluster.tick_sync_ms
+        assert HANDOVER_TIMEOUT_S * 1000 <= took <= HANDOVER_TIMEOUT_S * 1000 + 2 * node.state.cluster.tick_sync_ms
         assert leadership(node) == [(3, "n1", "start"), (3, "n1", "end")]
-        assert broker_stopped(broker) and h.election.closed and node.stopping
+        assert broker_stopped(broker) and h.election.closed and node.state.stopping
     drive(tmp_path, scenario)
 
 
@@ -612,11 +627,11 @@ def test_stopping_a_follower_only_leaves_the_group(tmp_path):
     async def scenario(h: Harness):
         node = await h.start()
         await h.run_for(5 * POLL_MS)
-        follow_task = node._follow_task
+        follow_task = node.role_loop._follow_task
         took = await h.stop()
-        assert took == 0 and h.election.closed and node.stopping
-        assert follow_task.done() and node._follow_task is None
-        assert node.broker is None and leadership(node) == [] and node.posted == []
+        assert took == 0 and h.election.closed and node.state.stopping
+        assert follow_task.done() and node.role_loop._follow_task is None
+        assert node.state.broker is None and leadership(node) == [] and node.posted == []
     drive(tmp_path, scenario)
 
 
@@ -651,9 +666,9 @@ def test_records_a_cancelled_fetch_left_appended_are_applied_before_it_leads(tmp
         h.election.claimed = (2, "n2")
         h.election.term, h.election.leader_id = 2, "n2"
         node = await h.start()
-        await h.until(lambda: node.store.log.end_offset == store.log.end_offset, within_ms=5_000)
+        await h.until(lambda: node.state.store.log.end_offset == store.log.end_offset, within_ms=5_000)
         await h.run_for(POLL_MS)
-        assert node.store.status(where) is Status.CONSUMING
+        assert node.state.store.status(where) is Status.CONSUMING
 
         hold[0] = True  # the next fetch's fsync is still running when n1 is elected
         store.update([StateChange(where, Status.ACKED, 1)], START_MS + 100)
@@ -663,12 +678,12 @@ def test_records_a_cancelled_fetch_left_appended_are_applied_before_it_leads(tmp
         await h.elect(3)
         hold[0] = False
         release.set()
-        assert node.leads and node.leading_term == 3
-        assert node.broker.consuming_total == 0  # the ack is known: nothing is held for it
+        assert node.state.leads and node.state.leading_term == 3
+        assert node.state.broker.consuming_total == 0  # the ack is known: nothing is held for it
         for _ in range(10):  # past the pull's ack deadline, n2 following
             await h.run_for(1_000)
             await fetched_by(node, "n2", 3)
-        assert node.store.status(where) is Status.ACKED and node.leads
+        assert node.state.store.status(where) is Status.ACKED and node.state.leads
     drive(tmp_path, scenario)
 
 
@@ -690,8 +705,8 @@ def test_an_ack_that_changes_nothing_waits_for_the_quorum_of_what_it_reports(tmp
         Epochs(2, ((2, 0),)).save(Epochs.path(h.data_dir))
         node = await h.start()
         await h.elect(3)
-        assert node.leads and node.leader_log.quorum_offset() < node.store.log.end_offset
-        acking = asyncio.create_task(node.broker.ack_many("t", ["m0"]))
+        assert node.state.leads and node.state.leader_log.quorum_offset() < node.state.store.log.end_offset
+        acking = asyncio.create_task(node.state.broker.ack_many("t", ["m0"]))
         await h.run_for(100)
         assert not acking.done()  # what it would report is on this node only
         assert (await fetched_by(node, "n2", 3))["status"] == "ok"
@@ -728,13 +743,13 @@ def snapshots_by_copy(h: Harness, monkeypatch) -> list[str]:
     swap, open) is the node's own. Returns the list of sources taken from."""
     taken: list[str] = []
 
-    async def download_snapshot(node: ClusterNode, source: str) -> tuple[str, tuple[tuple[int, int], ...]]:
+    async def download_snapshot(snapshots: Snapshots, source: str) -> tuple[str, tuple[tuple[int, int], ...]]:
         taken.append(source)
         peer, peer_dir = h.peers[source], os.path.join(h.directory, source)
-        part = os.path.join(node.data_dir, "snapshot.tar.part")
+        part = os.path.join(snapshots.state.data_dir, "snapshot.tar.part")
         snapshot.write_tar(peer_dir, snapshot.capture(peer_dir, peer.store.log_segment_ends()), part)
         return part, peer.epochs.history
-    monkeypatch.setattr(DrivenNode, "download_snapshot", download_snapshot)
+    monkeypatch.setattr(Snapshots, "download_snapshot", download_snapshot)
     return taken
 
 
@@ -775,15 +790,15 @@ def test_an_election_during_a_snapshot_install_leads_from_the_installed_store(tm
         node = await h.start()
         await h.until(lambda: unpacks, within_ms=5_000)  # the follower's install is unpacking
         await h.elect(3)
-        await h.until(lambda: node.leads, within_ms=5_000)
-        assert node.failed is None and h.election.claims == [3]
+        await h.until(lambda: node.state.leads, within_ms=5_000)
+        assert node.state.failed is None and h.election.claims == [3]
         assert taken == ["n2"]  # one snapshot, installed; no second one over its files
         assert all(t.done() for t in unpacks) and len(unpacks) == 1
         assert [m["catchup"] for _, m in posted(node, "fetch")] == [False]  # nothing left to catch up
-        assert node.store.log.end_offset == end and node.leader_log.durable_offset == end
-        assert (await node.broker.get("t", "m199")).msg == "x" * 1000
-        assert not os.path.exists(os.path.join(node.data_dir, snapshot.UNPACKED))
-        assert not os.path.exists(os.path.join(node.data_dir, snapshot.REPLACED))
+        assert node.state.store.log.end_offset == end and node.state.leader_log.durable_offset == end
+        assert (await node.state.broker.get("t", "m199")).msg == "x" * 1000
+        assert not os.path.exists(os.path.join(node.state.data_dir, snapshot.UNPACKED))
+        assert not os.path.exists(os.path.join(node.state.data_dir, snapshot.REPLACED))
     drive(tmp_path, scenario)
 
 
@@ -801,6 +816,6 @@ def test_a_snapshot_that_does_not_open_stops_the_node(tmp_path, monkeypatch):
                 raise CorruptionError(directory, 0, "a store that does not open")
         monkeypatch.setattr("broker.cluster.snapshots.Store", Refused)
         node = await h.start()
-        await h.until(lambda: node.failed is not None, within_ms=5_000)
-        assert isinstance(node.failed, CorruptionError) and node.stop_asked.is_set()
+        await h.until(lambda: node.state.failed is not None, within_ms=5_000)
+        assert isinstance(node.state.failed, CorruptionError) and node.stop_asked.is_set()
     drive(tmp_path, scenario)
