@@ -24,6 +24,11 @@ What it reports:
   redelivered            deliveries beyond the first of a run (at least once)
   lateness_ms            consumer receive - nominal time: p50, p99, max
   rss_mb_max             the node's (the leader's) largest VmRSS sampled
+  server_cpu_us_per_run  the node's CPU (from /proc) over the M minutes, a run
+                         due in them
+  by_minute              each minute (by nominal time; negative while the
+                         puts went on): runs, lateness p99 and max, the node's
+                         CPU share of one core
   kills                  SIGKILLs made (kill9: of the node; cluster: of the leader)
 
 Only run it on a quiet machine: it takes the machine for --minutes. The
@@ -45,7 +50,7 @@ import time
 from typing import Any
 
 import aiohttp
-from harness import Server, memory_mb, percentile, serve_version
+from harness import Server, cpu_s, memory_mb, percentile, serve_version
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -123,17 +128,49 @@ async def consume(urls: list[str], tally: Tally, stop: asyncio.Event, per_topic:
         await asyncio.gather(*(loop(client, f"sched{t}") for t in range(TOPICS) for _ in range(per_topic)))
 
 
-class RssSampler(threading.Thread):
+class Sampler(threading.Thread):
+    """The node's RSS and CPU, each second: the largest RSS, and the CPU
+    seconds it used (a restarted or new leader's counted from its first
+    sample on), with when."""
+
     def __init__(self, pid_of: Any) -> None:
         super().__init__(daemon=True)
         self.pid_of = pid_of
         self.max_mb = 0.0
+        self.cpu_s = 0.0
+        self.cpu_at: list[tuple[float, float]] = []  # (time.time(), cpu_s so far)
         self.done = threading.Event()
 
     def run(self) -> None:
+        last_pid, last_cpu = None, 0.0
         while not self.done.wait(1.0):
             with contextlib.suppress(Exception):
-                self.max_mb = max(self.max_mb, memory_mb(self.pid_of())["rss_mb"])
+                pid = self.pid_of()
+                self.max_mb = max(self.max_mb, memory_mb(pid)["rss_mb"])
+                cpu = cpu_s(pid)
+                if pid == last_pid:
+                    self.cpu_s += cpu - last_cpu
+                last_pid, last_cpu = pid, cpu
+                self.cpu_at.append((time.time(), self.cpu_s))
+
+    def cpu_between(self, start_s: float, end_s: float) -> float:
+        inside = [c for t, c in self.cpu_at if start_s <= t <= end_s]
+        return inside[-1] - inside[0] if len(inside) > 1 else 0.0
+
+
+def by_minute(started_ms: int, first: int, minutes: int, lateness_of: dict[int, list[int]],
+              sampler: Sampler) -> list[dict]:
+    """Each minute from `first` (negative: while the puts went on) to the
+    run's last: its runs' lateness p99 and max (by nominal time) and the
+    node's CPU share of one core."""
+    out = []
+    for k in range(min(first, 0), minutes):
+        late = sorted(lateness_of.get(k, []))
+        start_s = (started_ms + k * MINUTE_MS) / 1000
+        out.append({"minute": k, "runs": len(late), "p99_ms": percentile(late, 0.99) if late else None,
+                    "max_ms": late[-1] if late else None,
+                    "cpu_share": round(sampler.cpu_between(start_s, start_s + 60) / 60, 3)})
+    return out
 
 
 def serve_flags(schedules: int) -> list[str]:
@@ -150,13 +187,13 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         cluster.wait_known(leader)
         urls = cluster.urls
         state = {"leader": leader}
-        sampler = RssSampler(lambda: cluster.nodes[state["leader"]].proc.pid)
+        sampler = Sampler(lambda: cluster.nodes[state["leader"]].proc.pid)
     else:
         server = Server.start(os.path.join(root, "data"), *serve_flags(args.schedules),
                               log_path=os.path.join(root, "serve.log"))
         urls = [server.base]
         current = {"server": server}
-        sampler = RssSampler(lambda: current["server"].proc.pid)
+        sampler = Sampler(lambda: current["server"].proc.pid)
     sampler.start()
     tally = Tally()
     stop = asyncio.Event()
@@ -200,7 +237,13 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     last_nominal = end_ms - MINUTE_MS  # a run due later has had less than a minute and --settle-s
     expected = {f"{sid}@{t}" for sid, first in firsts.items() for t in range(first, last_nominal + 1, MINUTE_MS)}
     delivered = set(tally.first_seen_ms)
-    lateness = sorted(tally.first_seen_ms[m] - int(m.rsplit("@", 1)[1]) for m in delivered)
+    lateness_of: dict[int, list[int]] = {}  # by minute of the run (negative: while the puts went on)
+    for m in delivered:
+        nominal = int(m.rsplit("@", 1)[1])
+        lateness_of.setdefault((nominal - started_ms) // MINUTE_MS, []).append(tally.first_seen_ms[m] - nominal)
+    lateness = sorted(late for lates in lateness_of.values() for late in lates)
+    run_cpu_s = sampler.cpu_between(started_ms / 1000, end_ms / 1000)
+    runs_in_run = sum(len(v) for k, v in lateness_of.items() if 0 <= k < args.minutes)
     return {"mode": args.mode, "build": serve_version(), "spread": args.spread,
             "schedules": args.schedules, "minutes": args.minutes, "concurrency": args.concurrency,
             "put_s": round(put_s, 2), "puts_per_s": round(args.schedules / put_s, 1) if put_s else None,
@@ -210,7 +253,9 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             "redelivered": tally.deliveries - len(delivered),
             "lateness_ms": {"p50": percentile(lateness, 0.5), "p99": percentile(lateness, 0.99),
                             "max": lateness[-1] if lateness else None},
-            "rss_mb_max": sampler.max_mb, "kills": kills}
+            "rss_mb_max": sampler.max_mb, "kills": kills,
+            "server_cpu_us_per_run": round(run_cpu_s / runs_in_run * 1e6, 1) if runs_in_run else None,
+            "by_minute": by_minute(started_ms, min(lateness_of, default=0), args.minutes, lateness_of, sampler)}
 
 
 def parse_args() -> argparse.Namespace:
