@@ -18,17 +18,19 @@ What it reports:
   expected_runs          nominal minutes from each schedule's first run to
                          the last minute that ended --settle-s before the end
   delivered_runs, lost   distinct runs consumed, and those expected but never
-  early                  runs consumed before their nominal time
+  early                  runs consumed before their nominal time or triggerTime
   made_twice             runs whose message was made more than once (more
                          than one produceTime seen for one msgId)
   redelivered            deliveries beyond the first of a run (at least once)
   lateness_ms            consumer receive - nominal time: p50, p99, max
+  fire_lateness_ms       consumer receive - the run's triggerTime (nominal +
+                         its jitter, --jitter-ms): p50, p99, max
   rss_mb_max             the node's (the leader's) largest VmRSS sampled
   server_cpu_us_per_run  the node's CPU (from /proc) over the M minutes, a run
                          due in them
   by_minute              each minute (by nominal time; negative while the
                          puts went on): runs, lateness p99 and max, the node's
-                         CPU share of one core
+                         CPU share of one core, its largest RSS
   kills                  SIGKILLs made (kill9: of the node; cluster: of the leader)
 
 Only run it on a quiet machine: it takes the machine for --minutes. The
@@ -65,16 +67,18 @@ class Tally:
 
     def __init__(self) -> None:
         self.first_seen_ms: dict[str, int] = {}
+        self.fire_lateness_ms: list[int] = []  # receive - triggerTime (nominal + jitter), a run's first delivery
         self.produced: dict[str, set[int]] = {}
         self.deliveries = 0
         self.early = 0
 
-    def seen(self, msg_id: str, scheduled_ms: int, produce_ms: int, now_ms: int) -> None:
+    def seen(self, msg_id: str, scheduled_ms: int, trigger_ms: int, produce_ms: int, now_ms: int) -> None:
         self.deliveries += 1
         self.produced.setdefault(msg_id, set()).add(produce_ms)
         if msg_id not in self.first_seen_ms:
             self.first_seen_ms[msg_id] = now_ms
-            if now_ms < scheduled_ms:
+            self.fire_lateness_ms.append(now_ms - trigger_ms)
+            if now_ms < trigger_ms or now_ms < scheduled_ms:
                 self.early += 1
 
 
@@ -84,7 +88,8 @@ def cron_of(i: int, spread: bool) -> str:
     return f"{i % 60} * * * * *" if spread else "* * * * *"
 
 
-async def put_all(urls: list[str], count: int, concurrency: int, spread: bool) -> tuple[float, dict[str, int]]:
+async def put_all(urls: list[str], count: int, concurrency: int, spread: bool,
+                  jitter_ms: int) -> tuple[float, dict[str, int]]:
     """Put `count` schedules; their first nominal times by scheduleId."""
     firsts: dict[str, int] = {}
     queue = iter(range(count))
@@ -96,7 +101,8 @@ async def put_all(urls: list[str], count: int, concurrency: int, spread: bool) -
             for _ in range(50):
                 try:
                     schedule = await client.put_schedule(f"sched{i % TOPICS}", sid, "run", cron=cron_of(i, spread),
-                                                         misfire="once", ttl_ms=3_600_000)
+                                                         jitter_ms=jitter_ms or None, misfire="once",
+                                                         ttl_ms=3_600_000)
                     break
                 except (TimeoutError, DelayQueueError, OSError, aiohttp.ClientError):
                     await asyncio.sleep(0.5)  # a put is not repeated by the client after an unclear failure
@@ -119,7 +125,7 @@ async def consume(urls: list[str], tally: Tally, stop: asyncio.Event, per_topic:
                 continue
             now_ms = int(time.time() * 1000)
             for m in batch:
-                tally.seen(m.msg_id, m.scheduled_time or 0, m.produce_time, now_ms)
+                tally.seen(m.msg_id, m.scheduled_time or 0, m.trigger_time, m.produce_time, now_ms)
             if batch:
                 with contextlib.suppress(DelayQueueError, OSError, TimeoutError, aiohttp.ClientError):
                     await client.ack_many(topic, [m.msg_id for m in batch])
@@ -138,7 +144,7 @@ class Sampler(threading.Thread):
         self.pid_of = pid_of
         self.max_mb = 0.0
         self.cpu_s = 0.0
-        self.cpu_at: list[tuple[float, float]] = []  # (time.time(), cpu_s so far)
+        self.cpu_at: list[tuple[float, float, float]] = []  # (time.time(), cpu_s so far, rss MB)
         self.done = threading.Event()
 
     def run(self) -> None:
@@ -146,30 +152,35 @@ class Sampler(threading.Thread):
         while not self.done.wait(1.0):
             with contextlib.suppress(Exception):
                 pid = self.pid_of()
-                self.max_mb = max(self.max_mb, memory_mb(pid)["rss_mb"])
+                rss = memory_mb(pid)["rss_mb"]
+                self.max_mb = max(self.max_mb, rss)
                 cpu = cpu_s(pid)
                 if pid == last_pid:
                     self.cpu_s += cpu - last_cpu
                 last_pid, last_cpu = pid, cpu
-                self.cpu_at.append((time.time(), self.cpu_s))
+                self.cpu_at.append((time.time(), self.cpu_s, rss))
 
     def cpu_between(self, start_s: float, end_s: float) -> float:
-        inside = [c for t, c in self.cpu_at if start_s <= t <= end_s]
+        inside = [c for t, c, _ in self.cpu_at if start_s <= t <= end_s]
         return inside[-1] - inside[0] if len(inside) > 1 else 0.0
+
+    def rss_between(self, start_s: float, end_s: float) -> float | None:
+        return max((r for t, _, r in self.cpu_at if start_s <= t <= end_s), default=None)
 
 
 def by_minute(started_ms: int, first: int, minutes: int, lateness_of: dict[int, list[int]],
               sampler: Sampler) -> list[dict]:
     """Each minute from `first` (negative: while the puts went on) to the
-    run's last: its runs' lateness p99 and max (by nominal time) and the
-    node's CPU share of one core."""
+    run's last: its runs' lateness p99 and max (by nominal time), the
+    node's CPU share of one core and its largest RSS."""
     out = []
     for k in range(min(first, 0), minutes):
         late = sorted(lateness_of.get(k, []))
         start_s = (started_ms + k * MINUTE_MS) / 1000
         out.append({"minute": k, "runs": len(late), "p99_ms": percentile(late, 0.99) if late else None,
                     "max_ms": late[-1] if late else None,
-                    "cpu_share": round(sampler.cpu_between(start_s, start_s + 60) / 60, 3)})
+                    "cpu_share": round(sampler.cpu_between(start_s, start_s + 60) / 60, 3),
+                    "rss_mb_max": sampler.rss_between(start_s, start_s + 60)})
     return out
 
 
@@ -198,8 +209,8 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     tally = Tally()
     stop = asyncio.Event()
     try:
-        put_s, firsts = await put_all(urls, args.schedules, args.concurrency, args.spread)
-        consumers = asyncio.create_task(consume(urls, tally, stop, args.consumers))
+        consumers = asyncio.create_task(consume(urls, tally, stop, args.consumers))  # runs fire while puts go on
+        put_s, firsts = await put_all(urls, args.schedules, args.concurrency, args.spread, args.jitter_ms)
         started_ms = int(time.time() * 1000)
         end_ms = started_ms + args.minutes * MINUTE_MS
         gap_s = args.minutes * 60 / (args.kills + 1) if args.mode == "cluster" else 60.0
@@ -242,6 +253,8 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         nominal = int(m.rsplit("@", 1)[1])
         lateness_of.setdefault((nominal - started_ms) // MINUTE_MS, []).append(tally.first_seen_ms[m] - nominal)
     lateness = sorted(late for lates in lateness_of.values() for late in lates)
+    fire = sorted(tally.fire_lateness_ms)
+    fire_lateness = {"p50": percentile(fire, 0.5), "p99": percentile(fire, 0.99), "max": fire[-1] if fire else None}
     run_cpu_s = sampler.cpu_between(started_ms / 1000, end_ms / 1000)
     runs_in_run = sum(len(v) for k, v in lateness_of.items() if 0 <= k < args.minutes)
     return {"mode": args.mode, "build": serve_version(), "spread": args.spread,
@@ -253,6 +266,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             "redelivered": tally.deliveries - len(delivered),
             "lateness_ms": {"p50": percentile(lateness, 0.5), "p99": percentile(lateness, 0.99),
                             "max": lateness[-1] if lateness else None},
+            "jitter_ms": args.jitter_ms, "fire_lateness_ms": fire_lateness,
             "rss_mb_max": sampler.max_mb, "kills": kills,
             "server_cpu_us_per_run": round(run_cpu_s / runs_in_run * 1e6, 1) if runs_in_run else None,
             "by_minute": by_minute(started_ms, min(lateness_of, default=0), args.minutes, lateness_of, sampler)}
@@ -263,6 +277,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--mode", choices=("single", "kill9", "cluster"), default="single")
     p.add_argument("--schedules", type=int, default=100_000)
     p.add_argument("--minutes", type=int, default=10)
+    p.add_argument("--jitter-ms", type=int, default=0,
+                   help="each schedule's jitterMillis: its runs fire at nominal + [0, this) ms (docs/api.md)")
     p.add_argument("--spread", action="store_true",
                    help="each schedule at second i %% 60 of every minute (cron with seconds), not all at second 0")
     p.add_argument("--kills", type=int, default=5, help="cluster: leader SIGKILLs, spread over the run")
