@@ -67,15 +67,16 @@ class Applier:
         # the checkpoint and by every record applied: O(messages in flight),
         # which the broker caps.
         self._consuming = consuming
+        # (`held` and `deferred` are read by the store that owns this part, without a call.)
         # PART records (storage.records) held until their call's COMMIT:
         # call id -> (now_ms, items) of each, in log order. Held as plain
         # tuples of ints, which the garbage collector stops tracking (a
         # StateItem, a tuple's subclass, it tracks: a delete-all's 100,000
         # held were walked by every full collection, 10 to 75 ms each).
-        self._held: dict[int, list[tuple[int, list[_State]]]] = {}
+        self.held: dict[int, list[tuple[int, list[_State]]]] = {}
         # Committed PARTs not applied yet (`apply_pending(defer=True)`):
         # applied a slice at a time by `apply_deferred`.
-        self._deferred: list[tuple[int, list[_State]]] = []
+        self.deferred: list[tuple[int, list[_State]]] = []
         # INTENT records (storage.records) whose DONE has not come: call id
         # -> the intent; carried out by the broker when it starts to serve.
         self._intents: dict[int, records.IntentItem] = {}
@@ -108,16 +109,16 @@ class Applier:
         if not defer:
             self.apply_deferred(None)
         self._hours.flush_staged(everything=False)
-        self._pending.applied(keep_states=self.parts_pending())
+        self._pending.applied(keep_states=bool(self.held or self.deferred))  # (parts_pending)
         return new_entries
 
     def parts_pending(self) -> bool:
         """Whether PARTs are held (their COMMIT not applied) or committed and not applied yet."""
-        return bool(self._held or self._deferred)
+        return bool(self.held or self.deferred)
 
     def deferred_items(self) -> int:
         """Status changes of committed PARTs not applied yet."""
-        return sum(len(items) for _, items in self._deferred)
+        return sum(len(items) for _, items in self.deferred)
 
     def apply_deferred(self, max_items: int | None) -> bool:
         """Apply committed PARTs, about `max_items` status changes (None:
@@ -127,19 +128,19 @@ class Applier:
         their new status through the pending states), so applying them
         after records appended later gives the same state."""
         done = 0
-        while self._deferred and (max_items is None or done < max_items):
-            now_ms, items = self._deferred[0]
+        while self.deferred and (max_items is None or done < max_items):
+            now_ms, items = self.deferred[0]
             take = len(items) if max_items is None else min(len(items), max_items - done)
             self._apply_states(now_ms, items[:take])
             self._pending.drop_states(items[:take])  # staged now: readers read them there
             done += take
             if take == len(items):
-                self._deferred.pop(0)
+                self.deferred.pop(0)
             else:
-                self._deferred[0] = (now_ms, items[take:])
-        if not self._deferred and not self._held and not len(self._pending):
+                self.deferred[0] = (now_ms, items[take:])
+        if not self.deferred and not self.held and not len(self._pending):
             self._pending.applied()  # the states the parts kept can go
-        return bool(self._deferred)
+        return bool(self.deferred)
 
     def commit(self) -> list[IndexEntry]:
         count = len(self._pending)
@@ -159,15 +160,15 @@ class Applier:
             self._apply_moves(now_ms, of_kind, new_entries)
         elif kind is records.Kind.PART:
             for part in cast(Sequence[records.PartItem], items):
-                self._held.setdefault(part.call_id, []).append((now_ms, [
+                self.held.setdefault(part.call_id, []).append((now_ms, [
                     (h, gi, st, retry, flags, prev, topic, deadline)
                     for h, gi, st, retry, flags, prev, topic, deadline in part.items]))
         elif kind is records.Kind.COMMIT:
             for commit in cast(Sequence[records.CommitItem], items):
                 if commit.call_id:
-                    self._deferred += self._held.pop(commit.call_id, [])
+                    self.deferred += self.held.pop(commit.call_id, [])
                 else:  # a node that starts to serve: every call whose COMMIT never came is abandoned
-                    self._held.clear()
+                    self.held.clear()
         elif kind is records.Kind.INTENT:
             for intent in cast(Sequence[records.IntentItem], items):
                 self._intents[intent.call_id] = intent
@@ -218,8 +219,9 @@ class Applier:
                         item.trigger_ms, item.priority, item.topic_hash, item.tag_hash, WAITING, 0)))
             i = j
         self._ids.put_many(ids)
+        dirty = hours.dirty  # (mark_dirty, written out)
         for h in touched:
-            hours.mark_dirty(h)  # after the puts: their look at a released message may have flushed h
+            dirty.add(h)  # after the puts: their look at a released message may have flushed h
         for (h, topic_hash), count in staged.items():
             h.count(topic_hash, WAITING, count)
         if keyed:
@@ -238,7 +240,7 @@ class Applier:
                 h = get(hour)
                 if h is None:
                     raise ContractError(f"state change for unknown message {hour}/{gi}")
-                self._hours.mark_dirty(h)
+                self._hours.dirty.add(h)  # (mark_dirty, written out)
             if gi >= h.applied:
                 raise ContractError(f"state change for unknown message {hour}/{gi}")
             h.stage_state(gi, status, flags, retry)

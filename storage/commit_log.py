@@ -55,7 +55,15 @@ from .config import FsyncPolicy
 from .disk import DISK, Disk
 from .errors import ContractError, CorruptionError
 from .fileutil import PAGE_BYTES, create_file, fsync_dir, make_dir
-from .framing import FRAME_HEADER_BYTES, FrameProblem, decode_frame, encode_frame, find_valid_frame, frame_seed
+from .framing import (
+    FRAME_HEADER_BYTES,
+    FrameProblem,
+    decode_frame,
+    encode_frame,
+    encode_salted_frame,
+    find_valid_frame,
+    frame_seed,
+)
 
 SEGMENT_HEADER = struct.Struct("<4sHHQII")
 SEGMENT_MAGIC = b"HGCL"
@@ -278,7 +286,8 @@ class CommitLog:
     @property
     def end_offset(self) -> int:
         """Offset the next record will get."""
-        return self._segments[-1].end_offset
+        seg = self._segments[-1]
+        return seg.base_offset + seg.write_pos - seg.header_bytes  # (seg.end_offset, written out: every round)
 
     @property
     def start_offset(self) -> int:
@@ -293,7 +302,7 @@ class CommitLog:
             seg = self._roll(frame_bytes)
         pos = seg.write_pos
         offset = seg.base_offset + pos - seg.header_bytes  # seg.end_offset
-        frame = encode_frame(body, frame_seed(seg.salt, offset) if seg.version >= 2 else 0)  # seg.seed(offset)
+        frame = encode_salted_frame(body, seg.salt, offset) if seg.version >= 2 else encode_frame(body)
         if pos + len(frame) > seg.allocated:
             seg.reserve(pos + len(frame))
         seg.mm[pos:pos + len(frame)] = frame
@@ -320,9 +329,11 @@ class CommitLog:
         if self.fsync is FsyncPolicy.NEVER:
             return
         for seg in reversed(self._segments):
-            if seg.synced_pos == seg.write_pos:
+            end = seg.write_pos
+            if seg.synced_pos == end:
                 break
-            seg.sync()
+            seg._disk.fdatasync(seg._fd)  # (Segment.sync, written out: every commit round)
+            seg.synced_pos = end
 
     def _roll(self, min_frame_bytes: int) -> Segment:
         size = max(self.segment_bytes, HEADER_BYTES + min_frame_bytes)

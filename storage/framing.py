@@ -70,6 +70,14 @@ def encode_frame(body: bytes, seed: int = 0) -> bytes:
     return FRAME_HEADER.pack(len(body), zlib.crc32(body, seed)) + body
 
 
+def encode_salted_frame(body: bytes, salt: int, offset: int) -> bytes:
+    """`encode_frame(body, frame_seed(salt, offset))` in one call (a
+    commit-log append's)."""
+    if not 0 < len(body) <= MAX_BODY_BYTES:
+        raise InvalidRequest("body", f"must be 1..{MAX_BODY_BYTES} bytes, got {len(body)}")
+    return FRAME_HEADER.pack(len(body), zlib.crc32(body, zlib.crc32(SEED.pack(offset, salt)))) + body
+
+
 def decode_frame(buf: Buffer, offset: int, end: int, seed: int = 0) -> Frame:
     """Decode the frame at `offset` of `buf` (bytes, bytearray or mmap),
     reading no further than `end`; `seed` as it was encoded with."""

@@ -122,19 +122,21 @@ class Hour:
             self._states[global_index] = mutable
 
     def flush(self, files: HourFiles) -> None:
-        """Write everything staged, one call per buffer."""
-        if self._frames_buf:
-            files.write_frames(self.written_log_bytes // delay_log.ALIGN_BYTES, self._frames_buf)
-            self.written_log_bytes += len(self._frames_buf)
-            self._frames_buf = bytearray()
-        if self._entries_buf:
-            files.write_entries(self.written, self._entries_buf)
-            self.written = self.applied
-            self._entries_buf = bytearray()
-        if self._slots:
-            files.write_slots(self._slots.items())
-            self._known_slots.update(self._slots)
-            self._slots.clear()
+        """Write everything staged: frames, entries and slots in one call,
+        the states of written entries in another."""
+        frames, entries, slots = self._frames_buf, self._entries_buf, self._slots
+        if frames or entries or slots:
+            files.write_staged(self.written_log_bytes // delay_log.ALIGN_BYTES, frames, self.written, entries,
+                               slots.items() if slots else None)
+            if frames:
+                self.written_log_bytes += len(frames)
+                self._frames_buf = bytearray()
+            if entries:
+                self.written = self.applied
+                self._entries_buf = bytearray()
+            if slots:
+                self._known_slots.update(slots)
+                slots.clear()
         if self._states:
             files.write_states(self._states.items())
             self._states.clear()

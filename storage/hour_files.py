@@ -66,6 +66,12 @@ class HourFiles:
                 f.close()
             raise
         self.log, self.idx, self.sec = opened
+        # Entries and delay-log bytes the files hold without growing (a
+        # lower bound: mapped files only grow while open), so a send that
+        # fits calls no `reserve`; plain files never need one.
+        self.room_entries = self.room_log_bytes = 1 << 62
+        if mapped:
+            self._note_room()
         if not fresh:
             try:
                 self._check_headers()
@@ -98,6 +104,19 @@ class HourFiles:
         if len(raw) != delay_index.ENTRY_BYTES:
             raise CorruptionError(self.idx.path, delay_index.entry_offset(global_index), "index entry past end of file")
         return delay_index.unpack_entry(self.idx.path, self.hour, global_index, raw)
+
+    def write_staged(self, log_offset8: int, frames: bytes | bytearray, first_global_index: int,
+                     entries: bytes | bytearray, slots: Iterable[tuple[int, tuple[int, int]]] | None) -> None:
+        """An hour's stage written in one call (storage.hour's `flush`):
+        delay-log frames at `log_offset8`, index entries from
+        `first_global_index`, second-table slots (`write_frames`,
+        `write_entries` and `write_slots`, written out)."""
+        if frames:
+            self.log.write(delay_log.HEADER_BYTES + log_offset8 * delay_log.ALIGN_BYTES, frames)
+        if entries:
+            self.idx.write(delay_index.HEADER_BYTES + first_global_index * delay_index.ENTRY_BYTES, entries)
+        if slots:
+            self.sec.write_many(second_table.packed_slots(slots))
 
     def write_entries(self, first_global_index: int, data: bytes | bytearray) -> None:
         self.idx.write(delay_index.entry_offset(first_global_index), data)
@@ -146,8 +165,14 @@ class HourFiles:
         Plain files need nothing: a pwrite on a full disk fails cleanly."""
         log, idx = self.log, self.idx
         if isinstance(log, MappedFile) and isinstance(idx, MappedFile):  # (both, or neither)
-            return log.reserve(delay_log.HEADER_BYTES + log_bytes) + idx.reserve(delay_index.entry_offset(entries))
+            grown = log.reserve(delay_log.HEADER_BYTES + log_bytes) + idx.reserve(delay_index.entry_offset(entries))
+            self._note_room()
+            return grown
         return 0
+
+    def _note_room(self) -> None:
+        self.room_entries = (self.idx.file_bytes() - delay_index.HEADER_BYTES) // delay_index.ENTRY_BYTES
+        self.room_log_bytes = self.log.file_bytes() - delay_log.HEADER_BYTES
 
     def exact_sizes(self, entries: int, log_bytes: int) -> tuple[int, int]:
         return delay_log.HEADER_BYTES + log_bytes, delay_index.entry_offset(entries)

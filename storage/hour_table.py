@@ -60,10 +60,13 @@ class HourTable:
         self._order = SortedList()  # the keys of _hours, ascending (spans after every hour)
         self._far_open: OrderedDict[int, Hour] = OrderedDict()  # far hours with open files, least recent first
         self._far_limit = far_limit
-        self._near: tuple[int, ...] = ()
-        self._now_hour = NO_HOUR  # the hour of the last advance()
-        self._dirty: set[Hour] = set()  # hours with staged bytes (see storage.hour)
-        self._staged_bytes = 0  # their total, as of the last flush_staged (an upper bound)
+        # Read by the send path without a call (storage.placement); only
+        # this table writes them:
+        self.near: tuple[int, ...] = ()  # the mapped pair of hours (`advance`)
+        self.now_hour = NO_HOUR  # the hour of the last advance()
+        self.dirty: set[Hour] = set()  # hours with staged bytes (see storage.hour; `mark_dirty`)
+        # bytes staged in far hours, as of the last `flush_staged` (an upper bound)
+        self.staged_bytes = 0
 
     # -- which hours there are ---------------------------------------------------
 
@@ -124,27 +127,22 @@ class HourTable:
 
     # -- time --------------------------------------------------------------------
 
-    @property
-    def now_hour(self) -> int:
-        """The hour of the last `advance()` (NO_HOUR before the first)."""
-        return self._now_hour
-
     def is_near(self, hour: int) -> bool:
-        return hour in self._near
+        return hour in self.near
 
     def advance(self, now_ms: int) -> None:
         """Tell the table the time; when the hour changes, the mapped pair of
         near hours moves with it."""
         now_hour = now_ms // MS_PER_HOUR
-        if now_hour == self._now_hour:
+        if now_hour == self.now_hour:
             return
-        self._now_hour = now_hour
+        self.now_hour = now_hour
         near = (now_hour, now_hour + 1)
-        for hour in set(self._near) | set(near):
+        for hour in set(self.near) | set(near):
             h = self._hours.get(hour)
             if h is not None and h.files is not None and h.files.mapped != (hour in near):
                 self._close_files(h)  # reopened in the right mode on next use
-        self._near = near
+        self.near = near
 
     # -- files -------------------------------------------------------------------
 
@@ -154,7 +152,7 @@ class HourTable:
             if not h.files.mapped:
                 self._far_open.move_to_end(h.hour)
             return h.files
-        mapped = h.hour in self._near
+        mapped = h.hour in self.near
         h.files = HourFiles(self.delay_dir, h.hour, mapped, create=True, disk=self._disk)
         if not mapped:
             self._far_open[h.hour] = h
@@ -166,16 +164,16 @@ class HourTable:
     def readable(self, h: Hour) -> HourFiles:
         """h's files with everything staged for h written."""
         files = self.files(h)
-        if h in self._dirty:
+        if h in self.dirty:
             h.flush(files)
-            self._dirty.discard(h)
+            self.dirty.discard(h)
         return files
 
     def _close_files(self, h: Hour) -> None:
         if h.files is not None:
-            if h in self._dirty:
+            if h in self.dirty:
                 h.flush(h.files)
-                self._dirty.discard(h)
+                self.dirty.discard(h)
             h.files.close(h.entries, h.log_bytes)
             h.files = None
             h.forget_slots()
@@ -206,34 +204,26 @@ class HourTable:
 
     def mark_dirty(self, h: Hour) -> None:
         """Bytes were staged in `h` (storage.hour)."""
-        self._dirty.add(h)
-
-    @property
-    def dirty_count(self) -> int:
-        return len(self._dirty)
-
-    @property
-    def staged_bytes(self) -> int:
-        """Bytes staged in far hours, as of the last `flush_staged` (an upper bound)."""
-        return self._staged_bytes
+        self.dirty.add(h)
 
     def flush_staged(self, everything: bool) -> None:
         """Write staged bytes: always for near hours (the dispatcher reads
         them soon), for far hours only past STAGE_LIMIT_BYTES or when asked."""
-        if not self._dirty:
-            self._staged_bytes = 0
+        if not self.dirty:
+            self.staged_bytes = 0
             return
         staged = 0
+        near = self.near
         if not everything:
-            for h in self._dirty:
-                staged += h.staged_bytes
+            for h in self.dirty:
+                if h.hour not in near:  # (near hours are written now whatever their size)
+                    staged += h.staged_bytes
             everything = staged > STAGE_LIMIT_BYTES
-        near = self._near
-        for h in list(self._dirty):
+        for h in list(self.dirty):
             if everything or h.hour in near:
                 h.flush(h.files if h.files is not None and h.files.mapped else self.files(h))
-                self._dirty.discard(h)
-        self._staged_bytes = 0 if everything else staged
+                self.dirty.discard(h)
+        self.staged_bytes = 0 if everything else staged
 
     # -- reads every part needs ----------------------------------------------------
 
@@ -255,5 +245,5 @@ class HourTable:
         return bool(flags & FLAG_RELEASED)
 
     def __repr__(self) -> str:
-        return (f"HourTable({self.delay_dir!r}, hours={len(self._hours)}, near={self._near}, "
-                f"far_open={len(self._far_open)}/{self._far_limit}, dirty={len(self._dirty)})")
+        return (f"HourTable({self.delay_dir!r}, hours={len(self._hours)}, near={self.near}, "
+                f"far_open={len(self._far_open)}/{self._far_limit}, dirty={len(self.dirty)})")

@@ -107,12 +107,13 @@ class Pending:
 
     def __init__(self, log: CommitLog) -> None:
         self._log = log
-        self._records: list[Record] = []
+        # Read without a call by the store's commit round (`len`); only this part changes them:
+        self.records: list[Record] = []  # (kind, now_ms, items) appended, in log order
+        self.far_bytes = 0  # bytes they will write to far hours
         self._ids: dict[int, list[Message]] = {}
         self._slots: dict[tuple[int, int], tuple[int, int]] = {}
         self._states = PendingStates()
         self._state_hours: set[int] = set()  # the files `_states` names, kept as it grows and clears
-        self._far_bytes = 0
         self._marks = 0  # records appended that changed existing entries
         self._changed: dict[int, int] = {}  # file id -> _marks after the last such record touching it
 
@@ -123,10 +124,13 @@ class Pending:
         """Append `body` (the record `kind, now_ms, items` encoded) to the
         commit log, and hold the record until it is applied."""
         self._log.append(body)
-        self._records.append((kind, now_ms, items))
-        self._far_bytes += far_bytes
+        self.records.append((kind, now_ms, items))
+        self.far_bytes += far_bytes
         if kind is records.Kind.STATE or kind is records.Kind.MOVE:  # (the changed entry's file: item[0])
-            self._mark(set(map(_FIRST, items)))
+            self._marks = marks = self._marks + 1  # (`_mark`, written out: every pull and ack)
+            changed = self._changed
+            for item in items:
+                changed[item[0]] = marks
         elif kind is records.Kind.PART:
             self._mark({item.hour for part in cast(Sequence[records.PartItem], items) for item in part.items})
 
@@ -144,12 +148,12 @@ class Pending:
         return self._changed.get(file_id, 0) > mark
 
     def __len__(self) -> int:
-        return len(self._records)
+        return len(self.records)
 
     def take(self, count: int) -> list[Record]:
         """The first `count` records, no longer held: the caller applies them,
         then calls `applied()`."""
-        batch, self._records = self._records[:count], self._records[count:]
+        batch, self.records = self.records[:count], self.records[count:]
         return batch
 
     def applied(self, keep_states: bool = False) -> None:
@@ -157,8 +161,8 @@ class Pending:
         `keep_states`: status changes of PART records are held, or applied
         later, still (storage.applying): the states stay, as the files do
         not hold them yet."""
-        if not self._records:
-            self._far_bytes = 0
+        if not self.records:
+            self.far_bytes = 0
             self._slots.clear()
             self._ids.clear()
             if not keep_states:
@@ -169,18 +173,14 @@ class Pending:
         """Forget every record appended and not applied, as a process killed
         after the fsync would: its records are in the log, replayed by the
         next open (for tests that stop a store that way)."""
-        self._records.clear()
-
-    @property
-    def far_bytes(self) -> int:
-        return self._far_bytes
+        self.records.clear()
 
     def item_at(self, where: Location) -> tuple[records.SendItem, int] | None:
         """The entry a pending record places at `where` -- a send's, or a
         move's new place -- and the retry it gets there; None if no pending
         record places one there."""
         hour, gi = where
-        for kind, _, items in reversed(self._records):
+        for kind, _, items in reversed(self.records):
             if kind is records.Kind.SEND:
                 for item in cast(Sequence[records.SendItem], items):
                     if item.global_index == gi and item.hour == hour:
@@ -253,9 +253,10 @@ class Pending:
 
     def set_states(self, states: Mapping[tuple[int, int], State]) -> None:
         """Their record is in the log: the changes show from now on."""
-        self._states.packed.update((hour << 32 | gi, s[0] | s[1] << 8 | s[2] << 16 | s[3] << 32)  # (pack_state)
-                                   for (hour, gi), s in states.items())
-        self._state_hours.update(map(_FIRST, states))
+        packed, state_hours = self._states.packed, self._state_hours
+        for (hour, gi), s in states.items():  # (a loop: a generator's resumptions are calls)
+            packed[hour << 32 | gi] = s[0] | s[1] << 8 | s[2] << 16 | s[3] << 32  # (pack_state)
+            state_hours.add(hour)
 
     def drop_states(self, items: Iterable[tuple[int, int, int, int, int, int, int, int]]) -> None:
         """The states of these StateItem fields are staged in their hours now
@@ -270,5 +271,5 @@ class Pending:
                 del packed[key]
 
     def __repr__(self) -> str:
-        return (f"Pending(records={len(self._records)}, ids={len(self._ids)}, slots={len(self._slots)}, "
-                f"states={len(self._states)}, far_bytes={self._far_bytes})")
+        return (f"Pending(records={len(self.records)}, ids={len(self._ids)}, slots={len(self._slots)}, "
+                f"states={len(self._states)}, far_bytes={self.far_bytes})")

@@ -94,7 +94,8 @@ class Placement:
         if not checked:
             for i, m in enumerate(batch):
                 validate_message(m, i)
-        self._hours.advance(now_ms)
+        if now_ms // MS_PER_HOUR != self._hours.now_hour:  # (the hour moved on: else no call)
+            self._hours.advance(now_ms)
         results: list[SendResult] = []
         items: list[records.SendItem] = []
         undo_hours: UndoHours = {}
@@ -213,7 +214,7 @@ class Placement:
             undo_hours[file_id] = (h.entries, h.log_bytes, False) if h is not None else (0, 0, True)
         if h is None:
             h = hours.get_or_add(file_id)
-        return h, hours.is_near(file_id)
+        return h, file_id in hours.near
 
     def place(self, filing_ms: int, trigger_ms: int, priority: int, topic_hash: int, tag_hash: int, key: int,
                body: bytes, undo_hours: UndoHours, undo_slots: UndoSlots) -> records.SendItem:
@@ -246,7 +247,8 @@ class Placement:
         undo_ids.append(key)
 
     def update(self, changes: Iterable[StateChange], now_ms: int, part_of: int = 0) -> None:
-        self._hours.advance(now_ms)
+        if now_ms // MS_PER_HOUR != self._hours.now_hour:
+            self._hours.advance(now_ms)
         items = []
         staged: dict[tuple[int, int], State] = {}  # published only if every change is valid
         new_item = tuple.__new__  # a StateItem made without its generated (Python-level) __new__
@@ -293,9 +295,10 @@ class Placement:
         grown = 0  # bytes the near hours' files took now (a growth doubles a file)
         for h in near:
             files = h.files if h.files is not None else table.files(h)
-            grown += files.reserve(h.entries, h.log_bytes)
+            if h.entries > files.room_entries or h.log_bytes > files.room_log_bytes:  # (else: no call)
+                grown += files.reserve(h.entries, h.log_bytes)
         need = (table.staged_bytes + self._pending.far_bytes + far_bytes + self._log.allocation_for(record_bytes)
-                + 3 * PAGE_BYTES * (table.dirty_count + 1))
+                + 3 * PAGE_BYTES * (len(table.dirty) + 1))
         self._disk_room.check(need, record_bytes + far_bytes + grown)
 
     def __repr__(self) -> str:

@@ -300,9 +300,10 @@ class Store:
         delete-all's states piled up until the stage limit and were then
         written in one go (half a million writes, 0.8 s, the event loop
         held)."""
-        if not self._applier.parts_pending():
+        applier = self._applier
+        if not applier.held and not applier.deferred:  # (parts_pending, written out: every commit round)
             return False
-        more = self._applier.apply_deferred(max_items)
+        more = applier.apply_deferred(max_items)
         self._hours.flush_staged(everything=True)
         return more
 
@@ -346,13 +347,13 @@ class Store:
     def commit_point(self) -> tuple[int, int]:
         """(`pending_records`, `log_end_offset`): what a commit round now
         would make durable, read together."""
-        return len(self._pending), self.log.end_offset
+        return len(self._pending.records), self.log.end_offset
 
     def sync_log(self) -> None:
         """fsync everything appended so far. Safe to run in a worker thread
         while this one keeps appending: read `pending_records` before it, and
         apply that many afterwards (`apply_pending`)."""
-        self._applier.sync_log()
+        self.log.sync()  # (the applier's sync_log, without its call: every commit round)
 
     def apply_pending(self, count: int | None = None, defer: bool = False) -> list[IndexEntry]:
         """Apply the first `count` (default: all) pending records, which must

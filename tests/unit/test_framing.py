@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from storage import framing
 from storage.errors import InvalidRequest
@@ -45,3 +47,13 @@ def test_find_valid_frame_returns_none_without_a_frame():
     assert find_valid_frame(b"\x05" + bytes(100), 0, 101) is None
     frame = encode_frame(b"abc")
     assert find_valid_frame(frame, 1, len(frame)) is None
+
+
+@given(st.binary(min_size=1, max_size=300), st.integers(0, 2**32 - 1), st.integers(0, 2**62))
+def test_a_salted_frame_is_the_frame_seeded_by_its_salt_and_offset(body, salt, offset):
+    # encode_salted_frame is the commit log's append in one call: the same bytes as the two calls
+    assert framing.encode_salted_frame(body, salt, offset) == encode_frame(body, framing.frame_seed(salt, offset))
+    frame = framing.encode_salted_frame(body, salt, offset)
+    assert decode_frame(frame, 0, len(frame), framing.frame_seed(salt, offset)).problem is FrameProblem.OK
+    with pytest.raises(InvalidRequest):
+        framing.encode_salted_frame(b"", salt, offset)

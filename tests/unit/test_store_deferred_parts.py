@@ -30,7 +30,7 @@ def test_each_slice_of_deferred_parts_is_written_in_its_turn_in_a_far_hour_too(t
         while more:
             more = store.apply_deferred(20)
             slices += 1
-            assert store._hours.dirty_count == 0
+            assert not store._hours.dirty
         assert slices == 3
         assert not store.parts_held()
         assert {e.status for e in store.hour_entries(places[0].hour)} == {Status.DELETED}
