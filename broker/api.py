@@ -88,7 +88,8 @@ def delay_msg(m: Message) -> dict[str, object]:
     trace context `traceparent` and `tracestate` of a message sent with
     them, only then)."""
     d: dict[str, object] = {"topic": m.topic, "msgId": m.msg_id, "msg": m.msg, "produceTime": m.produce_ms,
-                            "triggerTime": m.trigger_ms, "expireTime": m.expire_ms, "maxRetry": m.max_retry,
+                            "triggerTime": m.trigger_ms, "expireTime": m.trigger_ms + m.ttl_ms,  # (m.expire_ms)
+                            "maxRetry": m.max_retry,
                             "retry": m.retry, "status": int(m.status), "priority": m.priority, "tag": m.tag,
                             "key": m.key}
     if m.traceparent:
@@ -221,7 +222,8 @@ class Api:
     async def send(self, request: Request) -> Response:
         backend = self._broker or self.backend  # (the property raises Unavailable when none)
         now_ms = backend.clock.now_ms()
-        given = self._params(request)
+        given = params.query_params(request.query, self.bodies) if request.method == "GET" \
+            else params.body_params(request.body, request.content_type, self.bodies, self.max_msg_bytes)  # (_params)
         headers = request.headers
         if "traceparent" in headers or "tracestate" in headers:  # W3C trace context as headers
             given = params.with_trace_headers(given, headers)
@@ -249,11 +251,13 @@ class Api:
 
     async def pull(self, request: Request) -> Response:
         backend = self._broker or self.backend
-        pull = params.parse_pull(self._params(request), backend.defaults)
+        pull = params.parse_pull(params.query_params(request.query, self.bodies) if request.method == "GET" else
+                                 params.body_params(request.body, request.content_type, self.bodies,
+                                                    self.max_msg_bytes), backend.defaults)  # (_params)
         pulled = await backend.requests.pull(pull)
         if self.spans is not None:
             self.spans.received(pulled)
-        return answer(200, "success", delayMsgList=[delay_msg(m) for m in pulled])
+        return answer(200, "success", delayMsgList=list(map(delay_msg, pulled)))
 
     async def long_poll(self, request: Request) -> Response:
         backend = self.backend
@@ -269,7 +273,9 @@ class Api:
 
     async def ack(self, request: Request) -> Response:
         backend = self._broker or self.backend
-        ack = params.parse_ack(self._params(request))
+        ack = params.parse_ack(params.query_params(request.query, self.bodies) if request.method == "GET" else
+                               params.body_params(request.body, request.content_type, self.bodies,
+                                                  self.max_msg_bytes))  # (_params)
         if isinstance(ack, params.AckManyRequest):
             after = await backend.requests.ack_many(ack.topic, ack.msg_ids, ack.ack)
             return answer(200, "success", results=[

@@ -135,7 +135,12 @@ class GroupCommit:
         future = self._filling
         if future is None:
             future = self._filling = asyncio.get_running_loop().create_future()
-            self.kick()
+            self._kicked = True  # (`kick`, written out: every request that waits)
+            wake = self._wake
+            if wake is not None:
+                self._wake = None
+                if not wake.done():
+                    wake.set_result(None)
         return future
 
     async def background_durable(self, what: str) -> bool:
@@ -186,7 +191,9 @@ class GroupCommit:
                             else:
                                 took = await syncer.sync()  # the loop goes on meanwhile
                             self._fast_syncs = self._fast_syncs + 1 if took < INLINE_SYNC_MAX_S else 0
-                            self._on_entries(store.apply_pending(count, defer=True))
+                            entries = store.apply_pending(count, defer=True)
+                            if entries:  # (status changes only: nothing new for the wheel)
+                                self._on_entries(entries)
                             self._metrics.committed(took, time.perf_counter() - started)
                             self.rounds += 1
                     except asyncio.CancelledError:  # stopping: the records may still be made durable
@@ -200,7 +207,8 @@ class GroupCommit:
                         raise
                     if waiting is not None:  # (None: nobody waited; a pull's record, a quiet point)
                         if self._replicated is None:
-                            _answer(waiting, None)
+                            if not waiting.done():  # (`_answer`, written out)
+                                waiting.set_result(None)
                         else:  # answered when a quorum has it, while the next batch is fsync'ed
                             task = asyncio.create_task(_answer_when_replicated(self._replicated, end_offset,
                                                                                waiting))

@@ -20,9 +20,9 @@ request with a body is answered and its connection closed.
 A request then runs in one frame, `Connection._run`: the API's tracking
 around the command's handler, its error table on what the handler raises,
 the answer written. A command marked `inline` starts in the callback that
-completed its body (`_start`): a handler that does not wait answers there,
+completed its body (`_next`): a handler that does not wait answers there,
 without a Task; one that waits on a future is resumed from where it
-stopped by that future's callback (`_continue`), still without a Task,
+stopped by that future's callback (`_step`), still without a Task,
 until it yields bare (then a Task goes on with the frame itself).
 
 What it speaks: HTTP/1.1 and 1.0, keep-alive, pipelined requests (answered
@@ -76,6 +76,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import functools
 import heapq
 import logging
 import os
@@ -251,9 +252,8 @@ class Connection(asyncio.Protocol):
         self.unparsed = b""           # received, not yet given to the parser
         self.deadline = 0.0
         self.busy = False             # a handler runs, or an answer is being written
-        self.inline = False           # `_start` runs a request's frame: `_next` goes on after it
+        self.inline = False           # `_next` runs a request's frame: `_next` goes on after it
         self.going_on = False         # `_go_on` is to run at the loop's next turn
-        self.waiting: Coroutine[Any, Any, None] | None = None  # a frame waiting on a future (`_step`)
         self.reading = True
         self.writing_paused = False
         self.drained: asyncio.Future[None] | None = None  # a stream waiting for resume_writing
@@ -376,7 +376,7 @@ class Connection(asyncio.Protocol):
         self.unparsed = data[pos:] if pos < end and not self.done else b""
         if self.queue:
             self._next()
-        want = not self.done and not self._blocked()
+        want = not self.done and not self.writing_paused and not self.queue  # (not `_blocked()`)
         if want != self.reading:
             self._read(want)
 
@@ -501,7 +501,7 @@ class Connection(asyncio.Protocol):
     def _next(self) -> None:
         """Write the queued answers and start the first queued request, when
         none is running, none is about to (`going_on`) and the client reads
-        its answers. A request that answers without waiting (`_start`) has
+        its answers. A request that answers without waiting (`_next`) has
         the next one start at the loop's next turn, as a Task's would: one
         client's pipelined requests do not hold the loop between them.
 
@@ -529,22 +529,22 @@ class Connection(asyncio.Protocol):
             frame = self._run(command, request, keep_alive, budgeted)
             if not command.inline:
                 self.loop.create_task(frame)
-            elif self._start(frame) and (self.queue or self.unparsed):
+                return
+            # An inline command's frame starts here, until it first waits
+            # (ended: it answered without waiting, and no Task was made).
+            self.inline = True
+            try:
+                ended = self._step(frame)
+            finally:
+                self.inline = False
+            if ended and (self.queue or self.unparsed):
                 self._go_on_soon()
             return
 
-    def _start(self, frame: Coroutine[Any, Any, None]) -> bool:
-        """Run a request's frame here, until it first waits. True: it
-        answered without waiting, and no Task was made."""
-        self.inline = True
-        try:
-            return self._step(frame)
-        finally:
-            self.inline = False
-
-    def _step(self, frame: Coroutine[Any, Any, None]) -> bool:
+    def _step(self, frame: Coroutine[Any, Any, None], _done: object = None) -> bool:
         """Run the frame until it waits (True: it ended). What it waits on
-        resumes it here again once done (`_continue`), as a Task's step
+        resumes it here again once done (its done-callback, `_done` the
+        future), as a Task's step
         would, without a Task: the frame is its own Task until it asks for
         one. A bare yield (asyncio.sleep(0); what broker.clock's wait_for
         makes before an asyncio.timeout, which needs the current Task)
@@ -560,23 +560,16 @@ class Connection(asyncio.Protocol):
             return True
         if waiting is None:  # a bare yield: go on at the loop's next turn, in a Task
             self.loop.create_task(frame)
-        else:  # `await future`: resumed by `_continue`, and the future's result taken then
+        else:  # `await future`: resumed here by its callback, and the future's result taken then
             waiting._asyncio_future_blocking = False  # (the handshake a Task makes with `Future.__await__`)
-            self.waiting = frame
-            waiting.add_done_callback(self._continue)
+            waiting.add_done_callback(functools.partial(self._step, frame))
         return False
-
-    def _continue(self, _: asyncio.Future[Any]) -> None:
-        """What the waiting frame waited on is done: it goes on (`_step`)."""
-        frame, self.waiting = self.waiting, None
-        if frame is not None:
-            self._step(frame)
 
     async def _run(self, command: Command, request: Request, keep_alive: bool, budgeted: int) -> None:
         """The one frame a request runs in: its command's handler, counted
         as an API call while it runs (`command.tracker`), what it raises
         answered by the command's error table (anything else is a bug: 500,
-        logged), then the answer written. Started by `_start` (an inline
+        logged), then the answer written. Started by `_next` (an inline
         command) or as a Task."""
         shared = self.shared
         tracker = command.tracker
@@ -603,8 +596,11 @@ class Connection(asyncio.Protocol):
             close = not keep_alive or shared.stopping
             if isinstance(response, StreamResponse):
                 await self._stream(transport, response, close)
-            else:
-                transport.write(_encode(response, close))
+            else:  # most answers: a head made before, and a length (`_encode`, written out)
+                start = None if close or response.headers else _STARTS.get((response.status, response.content_type))
+                body = response.body
+                transport.write(b"%sContent-Length: %d\r\n\r\n%s" % (start, len(body), body) if start is not None
+                                else _encode(response, close))
             if close:
                 self.done = True
                 transport.close()

@@ -31,27 +31,25 @@ class Lifecycle:
         self._log = log  # where a failure is logged
         self._failure_words = failure_words  # what the log says the node does then
         self._on_stop = on_stop
-        self._stopping = False
+        # True once the node stops (`begin_stop`): read without a call by the
+        # requests (`check_serving`, written out), written only here.
+        self.stopping = False
         # Called once if the node must stop (a failed append, fsync or task):
         # RAM and disk (or Redis) may disagree, so only a restart is safe.
         self.on_fatal: Callable[[BaseException], None] | None = None
         self.failed: BaseException | None = None
 
     def __repr__(self) -> str:
-        return f"Lifecycle(stopping={self._stopping}, failed={self.failed!r})"
-
-    @property
-    def stopping(self) -> bool:
-        return self._stopping
+        return f"Lifecycle(stopping={self.stopping}, failed={self.failed!r})"
 
     def check_serving(self) -> None:
         """Raise Unavailable (503) once the node stops: the first step of every request."""
-        if self._stopping:
+        if self.stopping:
             raise Unavailable("the node is stopping")
 
     def begin_stop(self) -> None:
         """Refuse new work and answer every long poll now."""
-        self._stopping = True
+        self.stopping = True
         self._long_polls.close()
         if self._on_stop is not None:
             self._on_stop()

@@ -770,7 +770,12 @@ def _defaulted(params: Params, parameter: str, default: int, maximum: int) -> in
     value = params.get(parameter)
     if value is None:
         return default
-    number = _int(parameter, value)
+    if type(value) is int:  # (JSON's, and a form's plain digits: `_int` without its call)
+        number: int | None = value
+    elif type(value) is str and 0 < len(value) < 19 and value.isdigit() and value.isascii():
+        number = int(value)
+    else:
+        number = _int(parameter, value)
     if number is None or number <= 0:
         return default
     return number if number < maximum else maximum

@@ -78,7 +78,8 @@ class Requests:
         whose message has ended (4-7) is stored anew, the ended one released
         (as camellia does), unless the send asks for strict idempotence:
         then the stored message is answered unchanged while it is retained."""
-        self._lifecycle.check_serving()
+        if self._lifecycle.stopping:  # (check_serving, written out on the hot requests)
+            self._lifecycle.check_serving()
         batch = list(map(_MESSAGE, sends))
         new_topics = self._topics.new_topics(batch)
         results = self._journal.send(batch, now_ms)
@@ -104,7 +105,14 @@ class Requests:
         # the earliest is due if any is)
         self._filing.add_many(fresh, now_ms)
         due_now = bool(fresh) and due(min(map(_TRIGGER_MS, fresh)), now_ms)
-        self._count_sends(results, len(fresh), len(results) - len(fresh))
+        if len(results) == 1:  # sendMsg: `_count_sends`, written out
+            counted = self._metrics.topic(results[0].message.topic)
+            if fresh:
+                counted.sends += 1
+            else:
+                counted.duplicates += 1
+        else:
+            self._count_sends(results, len(fresh), len(results) - len(fresh))
         await self._commits.durable()
         if not due_now:
             return list(map(_RESULT_MESSAGE, results))
@@ -132,7 +140,8 @@ class Requests:
         """Up to `batch` READY messages of the topic, now CONSUMING: fewer at
         the in-flight caps. Answered before the record is durable on a
         standalone node (a pull lost in a crash is a redelivery)."""
-        self._lifecycle.check_serving()
+        if self._lifecycle.stopping:
+            self._lifecycle.check_serving()
         now_ms = self._clock.now_ms()
         tags = frozenset(request.tags) if request.tags else None
         taken, changes = self._windows.take(request.topic, request.batch, tags, now_ms + request.ack_timeout_ms,
@@ -186,7 +195,8 @@ class Requests:
         for all; the status of each after it (None: no such message). The
         consuming ones in one pass (broker.windows' `apply`), no disk read;
         the others by their stored copies."""
-        self._lifecycle.check_serving()
+        if self._lifecycle.stopping:
+            self._lifecycle.check_serving()
         now_ms = self._clock.now_ms()
         flying = self._windows.in_flight_of(topic, msg_ids)
         changes = self._windows.apply(ACK if ack else NACK, list(flying.values()), now_ms) if flying else []

@@ -41,7 +41,6 @@ from .hour_table import HourTable
 from .id_index import IdIndex
 from .key_index import KEYED_BODY, KeyIndex, key_of_body
 from .pending import Pending
-from .types import text_hash
 
 WAITING = Status.WAITING
 # A StateItem's fields as a plain tuple: (hour, globalIndex, status, retry,
@@ -63,6 +62,8 @@ class Applier:
         self._log = log
         self._pending = pending
         self._topic_names = topic_names  # topic hash -> topic, for topics in live hours
+        # the same topics by name, read by the store's `has_topic` without a call (a send's)
+        self.topics_by_name = set(topic_names.values())
         # Every CONSUMING message and its ack deadline (0: unknown), kept in
         # the checkpoint and by every record applied: O(messages in flight),
         # which the broker caps.
@@ -206,7 +207,8 @@ class Applier:
                 counted = (h, item.topic_hash)
                 staged[counted] = staged.get(counted, 0) + 1
                 if item.topic_hash not in topic_names:
-                    topic_names[item.topic_hash] = delay_log.unpack_body(item.body).topic
+                    name = topic_names[item.topic_hash] = delay_log.unpack_body(item.body).topic
+                    self.topics_by_name.add(name)
                 if keys is not None and item.body[0] == KEYED_BODY:
                     serial = key_of_body(keys, item.body, serials)
                     if serial is not None:
@@ -222,8 +224,12 @@ class Applier:
         dirty = hours.dirty  # (mark_dirty, written out)
         for h in touched:
             dirty.add(h)  # after the puts: their look at a released message may have flushed h
-        for (h, topic_hash), count in staged.items():
-            h.count(topic_hash, WAITING, count)
+        for (h, topic_hash), count in staged.items():  # (h.count, written out: every send)
+            counts = h.topics.get(topic_hash)
+            if counts is None:
+                counts = h.topics[topic_hash] = [0] * 8
+            counts[WAITING] += count
+            h.totals[WAITING] += count
         if keyed:
             assert keys is not None
             keys.put_many(keyed)
@@ -259,8 +265,12 @@ class Applier:
             elif prev_status >= ACKED:
                 h.ended -= 1
         for (h, topic_hash, status), delta in deltas.items():
-            if delta:
-                h.count(topic_hash, status, delta)
+            if delta:  # (h.count, written out: every pull and ack)
+                counts = h.topics.get(topic_hash)
+                if counts is None:
+                    counts = h.topics[topic_hash] = [0] * 8
+                counts[status] += delta
+                h.totals[status] += delta
 
     def _apply_moves(self, now_ms: int, items: Sequence[records.MoveItem], new_entries: list[IndexEntry] | None) -> None:
         """The old entry ends (status 7, released, moved: it counts as ended
@@ -317,11 +327,12 @@ class Applier:
         return len(self._topic_names)
 
     def has_topic(self, topic: str) -> bool:
-        return self._topic_names.get(text_hash(topic)) == topic
+        return topic in self.topics_by_name
 
     def keep_topics(self, live: Set[int]) -> None:
         """Forget the names of topics not in `live` (their hours retired)."""
         self._topic_names = {th: name for th, name in self._topic_names.items() if th in live}
+        self.topics_by_name = set(self._topic_names.values())
 
     def ack_deadline(self, where: Location) -> int | None:
         """The ack deadline of a CONSUMING message (None: not in flight, or unknown)."""

@@ -127,8 +127,11 @@ class HourFiles:
 
     def write_states(self, states: Iterable[tuple[int, bytes]]) -> None:
         """`write_state_bytes` of each (globalIndex, mutable bytes), in one call."""
-        first, size = delay_index.entry_offset(0) + delay_index.MUTABLE_OFFSET, delay_index.ENTRY_BYTES
-        self.idx.write_many([(first + gi * size, mutable) for gi, mutable in states])
+        first, size = delay_index.HEADER_BYTES + delay_index.MUTABLE_OFFSET, delay_index.ENTRY_BYTES
+        writes = []  # (a loop, not a comprehension: one call less a flush)
+        for gi, mutable in states:
+            writes.append((first + gi * size, mutable))
+        self.idx.write_many(writes)
 
     # -- delay log ------------------------------------------------------------
 

@@ -237,7 +237,8 @@ class Store:
         `part_of` (a call id, not 0): as a PART of that call (storage.records),
         held until `commit_parts(part_of)` is applied; readers see the
         changes at once, as any record's."""
-        self._check_open()
+        if self._closed:  # (_check_open, written out: every pull and ack)
+            raise StoreClosedError(f"store {self.directory!r} is closed")
         self._placement.update(changes, now_ms, part_of)
 
     def commit_parts(self, call_id: int, now_ms: int) -> None:
@@ -590,7 +591,7 @@ class Store:
 
     def has_topic(self, topic: str) -> bool:
         """`topic` has a message in a live hour (as `topic_names`, O(1))."""
-        return self._applier.has_topic(topic)
+        return topic in self._applier.topics_by_name  # (the applier's has_topic, without its call: a send's)
 
     # -- in flight -----------------------------------------------------------------
 

@@ -15,10 +15,10 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "bench"))
 
 CEILINGS = {
-    "send": 128,             # sendMsg (123-125)
-    "send_batch": 640,       # sendMsgBatch of 100 (630-634)
-    "pull_ack": 170,         # pullMsg of one, then its ackMsg (165-167)
-    "pull_ack_many": 1_200,  # pullMsg of 100, then one ackMsg of them (msgIds): 1,164, the least of 3
+    "send": 88,              # sendMsg (86)
+    "send_batch": 500,       # sendMsgBatch of 100 (496)
+    "pull_ack": 120,         # pullMsg of one, then its ackMsg (118)
+    "pull_ack_many": 830,    # pullMsg of 100, then one ackMsg of them (msgIds): 823, the least of 3
 }
 
 
