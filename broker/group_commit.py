@@ -135,12 +135,7 @@ class GroupCommit:
         future = self._filling
         if future is None:
             future = self._filling = asyncio.get_running_loop().create_future()
-            self._kicked = True  # (`kick`, written out: every request that waits)
-            wake = self._wake
-            if wake is not None:
-                self._wake = None
-                if not wake.done():
-                    wake.set_result(None)
+            self.kick()
         return future
 
     async def background_durable(self, what: str) -> bool:
