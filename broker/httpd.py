@@ -17,6 +17,14 @@ head is complete, and its body cap applied, before `100 Continue`, before
 any body budget is reserved and before a byte of body is read; a refused
 request with a body is answered and its connection closed.
 
+The usual read is one whole request from a client that waits for each
+answer: `Connection._whole` reads it in one pass (a regular expression
+and a split, no callback a header) when it has the plain shape every
+client of this API sends, a shape llhttp's strict mode accepts as it is
+(tests/property/test_whole_reads.py: one read or many, the same request
+and answer). Anything else -- part of a request, two, another shape --
+goes to llhttp, which parses that connection from then on.
+
 A request then runs in one frame, `Connection._run`: the API's tracking
 around the command's handler, its error table on what the handler raises,
 the answer written. A command marked `inline` starts in the callback that
@@ -80,6 +88,7 @@ import functools
 import heapq
 import logging
 import os
+import re
 import socket
 from collections import deque
 from collections.abc import Callable, Coroutine
@@ -249,6 +258,8 @@ class Connection(asyncio.Protocol):
         self.loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpRequestParser(self)
+        # Every read so far held whole requests, read by `_whole` (llhttp has seen nothing).
+        self.whole_reads = True
         self.unparsed = b""           # received, not yet given to the parser
         self.deadline = 0.0
         self.busy = False             # a handler runs, or an answer is being written
@@ -330,6 +341,9 @@ class Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.transport is None or self.done:
             return
+        if self.whole_reads and not self.queue and not self.busy and not self.writing_paused and self._whole(data):
+            return
+        self.whole_reads = False  # llhttp parses from here on: it may hold part of a request
         if self.unparsed:  # parsing waits (reading is paused): at most one read's worth more
             self.unparsed += data
         else:  # (a new head's deadline is set when its first byte is parsed: on_message_begin)
@@ -390,6 +404,54 @@ class Connection(asyncio.Protocol):
         else:
             transport.pause_reading()
 
+    def _whole(self, data: bytes) -> bool:
+        """Serve a read that holds exactly one whole request in the plain
+        shape every client of this API sends (`_PLAIN_HEAD`: HTTP/1.1, a
+        path, token names, visible values, each header once, a length in
+        digits, no Transfer-Encoding, Expect or Upgrade), without llhttp.
+        False, having done nothing: anything else (part of a request, two,
+        any other shape), which llhttp then parses -- the strict parser
+        stays the judge of every head this reader does not take."""
+        end = data.find(b"\r\n\r\n")
+        if end < 0 or end >= self.shared.limits.max_head_bytes:
+            return False
+        head = _PLAIN_HEAD.fullmatch(data, 0, end + 2)
+        if head is None:
+            return False
+        headers: dict[str, str] = {}
+        for line in head[3].split(b"\r\n")[:-1]:
+            raw, _, value = line.partition(b":")
+            name = _HEADER_NAMES.get(raw)
+            if name is None:
+                name = raw.decode("latin-1").lower()
+            if name in headers or name in _LLHTTP_ONLY:
+                return False
+            headers[name] = value.lstrip(b" \t").decode("latin-1")
+        length = headers.get("content-length")
+        if length is not None and not length.isdigit():
+            return False
+        if end + 4 + (int(length) if length else 0) != len(data):
+            return False
+        connection = headers.get("connection")
+        if connection is None:
+            keep_alive = True
+        else:
+            keep_alive = connection.lower() != "close"
+            if keep_alive and connection.lower() != "keep-alive":
+                return False
+        try:
+            self._begin(head[1].decode("ascii"), head[2], headers, keep_alive)
+        except _Refused:
+            pass
+        else:
+            if self.request is not None:  # admitted: its body is the rest of the read
+                self.request.body = data[end + 4:]
+                self.queue.append((self.command, self.request, None, self.keep_alive, self.budget))
+                self.request, self.command, self.budget = None, None, 0
+                self.body_expected = 0
+        self._next()
+        return True
+
     # httptools callbacks (on the loop, inside feed_data)
 
     def on_url(self, url: bytes) -> None:
@@ -425,15 +487,20 @@ class Connection(asyncio.Protocol):
         headers = self.headers
         if "transfer-encoding" in headers:
             raise self._refusal(411, "send the body with a Content-Length")
-        path_b, _, query = self.url.partition(b"?")
+        method = self.parser.get_method()
+        self._begin(_METHODS.get(method) or method.decode("ascii"), self.url, headers,
+                    self.parser.should_keep_alive())
+
+    def _begin(self, method: str, url: bytes, headers: dict[str, str], keep_alive: bool) -> None:
+        """A complete head: admitted (its command kept, its body awaited)
+        or answered at once; raises `_Refused` when the answer ends the
+        connection."""
+        path_b, _, query = url.partition(b"?")
         path = path_b.decode("latin-1")
         if not path.startswith("/"):
             raise self._refusal(400, "the request target must be a path")
         length = int(headers.get("content-length", "0"))
-        method = self.parser.get_method()
-        request = Request(_METHODS.get(method) or method.decode("ascii"), path, query, headers, b"",
-                          self.transport)
-        keep_alive = self.parser.should_keep_alive()
+        request = Request(method, path, query, headers, b"", self.transport)
         shared = self.shared
         verdict = shared.admit(request)
         if isinstance(verdict, Response):
@@ -662,6 +729,14 @@ _HEADER_NAMES = {spelling.encode(): spelling.lower() for name in (
 _METHODS = {m.encode(): m for m in ("GET", "POST", "HEAD", "PUT", "DELETE", "OPTIONS", "PATCH")}
 # Headers a request may carry once: a second copy is ambiguous (which one
 # would a proxy in front have read?), answered 400. Others are joined.
+# A whole request's head as `Connection._whole` takes it (without llhttp): a
+# method, a path of URI characters, HTTP/1.1, then header lines of a token,
+# a colon and a value of visible characters (spaces inside), no folding.
+_PLAIN_HEAD = re.compile(
+    rb"(GET|POST|PUT|DELETE|HEAD|OPTIONS|PATCH) (/[A-Za-z0-9\-._~:/?\[\]@!$&'()*+,;=%]*) HTTP/1\.1\r\n"
+    rb"((?:[!#$%&'*+\-.^_`|~0-9A-Za-z]+:[ \t]*(?:[!-~](?:[ \t!-~]*[!-~])?)?\r\n)*)")
+# Headers `_whole` leaves to llhttp and the general path.
+_LLHTTP_ONLY = frozenset(("transfer-encoding", "expect", "upgrade"))
 _SINGLE = frozenset(("host", "authorization", "content-type", "content-length", "transfer-encoding", "expect",
                      "origin", "sec-fetch-site", "connection"))
 
