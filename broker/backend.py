@@ -24,7 +24,7 @@ the disk broker those with a message in a live hour, Redis its topic set).
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
 
 from storage.entry import Message, Status
@@ -54,7 +54,7 @@ class MessageRequests(Protocol):
 
     async def long_poll(self, request: LongPollRequest, gone: Callable[[], bool]) -> list[Message]: ...
 
-    async def ack(self, request: AckRequest) -> None: ...
+    def ack(self, request: AckRequest) -> Awaitable[object]: ...
 
     async def ack_many(self, topic: str, msg_ids: Sequence[str], ack: bool = True) -> list[Status | None]: ...
 

@@ -211,7 +211,8 @@ class GroupCommit:
                             task.add_done_callback(self._answering.discard)
                     if self._quiet and not store.parts_held():  # (a checkpoint waits for a call's COMMIT)
                         self._run_quiet()
-                    more = store.apply_deferred(DEFERRED_SLICE)  # a committed bulk call's parts, a slice a turn
+                    # a committed bulk call's parts, a slice a turn (no call when there are none)
+                    more = (store.held_parts or store.deferred_parts) and store.apply_deferred(DEFERRED_SLICE)
                 finally:
                     if lock is not None:
                         lock.release()

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import functools
 import operator
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 from storage.entry import Message, Status
 from storage.errors import NotFound
@@ -81,10 +81,11 @@ class Requests:
         if self._lifecycle.stopping:  # (check_serving, written out on the hot requests)
             self._lifecycle.check_serving()
         batch = list(map(_MESSAGE, sends))
-        new_topics = self._topics.new_topics(batch)
+        topics = self._topics
+        new_topics = None if len(batch) == 1 and batch[0].topic in topics.stored else topics.new_topics(batch)
         results = self._journal.send(batch, now_ms)
         if new_topics:
-            self._topics.filing(new_topics)
+            topics.filing(new_topics)
         fresh: list[Message] = []  # the messages stored
         replace: list[int] = []  # the duplicates of ended messages to store anew
         for i, (outcome, stored) in enumerate(results):
@@ -105,8 +106,9 @@ class Requests:
         # the earliest is due if any is)
         self._filing.add_many(fresh, now_ms)
         due_now = bool(fresh) and due(min(map(_TRIGGER_MS, fresh)), now_ms)
-        if len(results) == 1:  # sendMsg: `_count_sends`, written out
-            counted = self._metrics.topic(results[0].message.topic)
+        if len(results) == 1:  # sendMsg: `_count_sends`, written out (and Metrics.topic, for a topic it has)
+            topic = results[0].message.topic
+            counted = self._metrics.topics.get(topic) or self._metrics.topic(topic)
             if fresh:
                 counted.sends += 1
             else:
@@ -159,7 +161,8 @@ class Requests:
             else:
                 messages.append(cached.with_state(CONSUMING, held.state.retry))
                 held.message = None
-        self._metrics.topic(request.topic).pulled(messages, now_ms)
+        metrics = self._metrics  # (Metrics.topic written out, for a topic it has)
+        (metrics.topics.get(request.topic) or metrics.topic(request.topic)).pulled(messages, now_ms)
         if self._pull_waits:
             await self._commits.durable()
         else:  # synced with the next ack's commit, if one comes soon
@@ -183,12 +186,14 @@ class Requests:
             self._journal.append(changes, now_ms)
             await self._commits.durable()
 
-    async def ack(self, request: AckRequest) -> None:
+    def ack(self, request: AckRequest) -> Awaitable[object]:
         """ack: WAITING, READY or CONSUMING -> ACKED (never delivered after).
         nack: CONSUMING -> READY now, or ENDED after its last delivery.
         Anything else -- an unknown id, an ended message, a nack of a
-        message not consuming -- changes nothing and is no error (camellia)."""
-        await self.ack_many(request.topic, [request.msg_id], request.ack)
+        message not consuming -- changes nothing and is no error (camellia).
+        `ack_many` of the one id, its coroutine handed back to be awaited
+        (no frame of its own between)."""
+        return self.ack_many(request.topic, (request.msg_id,), request.ack)
 
     async def ack_many(self, topic: str, msg_ids: Sequence[str], ack: bool = True) -> list[Status | None]:
         """`ack` of each id (a repeated one once), one record and one fsync

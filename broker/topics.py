@@ -42,6 +42,9 @@ class Topics:
         self._commits = commits
         self._windows = windows
         self._limits = limits
+        # The topics the store has (`Store.topic_set`): a send to one of
+        # them needs no `new_topics`.
+        self.stored = store.topic_set
         # Topics of sends appended but maybe not applied yet, which the store
         # does not name yet: counted against --max-topics.
         self._filing: set[str] = set()
@@ -58,17 +61,17 @@ class Topics:
     def new_topics(self, batch: Sequence[NewMessage]) -> set[str]:
         """The topics of `batch` the node does not have yet; LimitReached
         (429, nothing stored) if they would make more than --max-topics."""
-        has_topic = self._store.has_topic
+        stored = self.stored
         new: set[str] = set()
         last = None
         for m in batch:  # (a batch's messages share their topic, as a rule)
             topic = m.topic
             if topic != last:
                 last = topic
-                if topic not in new and not has_topic(topic):
+                if topic not in new and topic not in stored:
                     new.add(topic)
         if new:
-            self._filing = {topic for topic in self._filing if not has_topic(topic)}
+            self._filing = {topic for topic in self._filing if topic not in stored}
             topics = self._store.topic_count() + len(self._filing)
             if topics + len(new - self._filing) > self._limits.topics:
                 raise topic_cap_error(topics, self._limits.topics)

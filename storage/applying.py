@@ -62,7 +62,8 @@ class Applier:
         self._log = log
         self._pending = pending
         self._topic_names = topic_names  # topic hash -> topic, for topics in live hours
-        # the same topics by name, read by the store's `has_topic` without a call (a send's)
+        # the same topics by name, read by the store's `has_topic` without a
+        # call (a send's); one set for the applier's life (`Store.topic_set`)
         self.topics_by_name = set(topic_names.values())
         # Every CONSUMING message and its ack deadline (0: unknown), kept in
         # the checkpoint and by every record applied: O(messages in flight),
@@ -332,7 +333,8 @@ class Applier:
     def keep_topics(self, live: Set[int]) -> None:
         """Forget the names of topics not in `live` (their hours retired)."""
         self._topic_names = {th: name for th, name in self._topic_names.items() if th in live}
-        self.topics_by_name = set(self._topic_names.values())
+        self.topics_by_name.clear()  # (in place: readers hold the set)
+        self.topics_by_name.update(self._topic_names.values())
 
     def ack_deadline(self, where: Location) -> int | None:
         """The ack deadline of a CONSUMING message (None: not in flight, or unknown)."""

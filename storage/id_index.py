@@ -294,19 +294,6 @@ class IdIndex:
         """The 64-bit key of (topic, msgId) under this index's secret (never 0)."""
         return self.key_of_bytes(topic.encode(), msg_id.encode())
 
-    def keys_of(self, ids: Sequence[tuple[str, str]]) -> list[int]:
-        """`key(topic, msg_id)` of each (topic, msg_id): a batch's, in one call."""
-        copy = self._hasher.copy
-        keys = []
-        topic, prefix = None, b""
-        for t, msg_id in ids:
-            if t != topic:
-                topic, topic_b = t, t.encode()
-                prefix = _TOPIC_LENGTH.pack(len(topic_b)) + topic_b
-            h = copy()
-            h.update(prefix + msg_id.encode())
-            keys.append(int.from_bytes(h.digest(), "little") or 1)
-        return keys
 
     def key_of_bytes(self, topic: bytes, msg_id: bytes) -> int:
         """As `key`, from the UTF-8 bytes (the topic's length is hashed too,
@@ -418,9 +405,20 @@ class IdIndex:
                         found.append(where)
             group = (group + stride) & shard.group_mask
 
-    def present(self, keys: Sequence[int]) -> set[int]:
-        """Those of `keys` stored at least once (live or not): a send looks up
-        `candidates` only for these (a new id's probe, in one call a batch)."""
+    def keys_present(self, ids: Sequence[tuple[str, str]]) -> tuple[list[int], set[int]]:
+        """A batch's ids, in one call: `key(topic, msg_id)` of each (topic,
+        msg_id), and those of the keys stored at least once (live or not),
+        for which a send looks up `candidates` (a new id's probe)."""
+        copy = self._hasher.copy
+        keys = []
+        topic, prefix = None, b""
+        for t, msg_id in ids:
+            if t != topic:
+                topic, topic_b = t, t.encode()
+                prefix = _TOPIC_LENGTH.pack(len(topic_b)) + topic_b
+            h = copy()
+            h.update(prefix + msg_id.encode())
+            keys.append(int.from_bytes(h.digest(), "little") or 1)
         found: set[int] = set()
         unpack, shards = GROUP.unpack_from, self.shards
         probes = 0
@@ -443,7 +441,7 @@ class IdIndex:
                         break
                 group = (group + stride) & mask
         self.probes += probes
-        return found
+        return keys, found
 
     # -- counters (the key index's buckets: storage.key_index) --------------------------
 

@@ -44,7 +44,7 @@ from .delay_log import ALIGN_BYTES
 from .disk import DISK, Disk
 from .disk_room import DiskRoom
 from .entry import MS_PER_HOUR, MS_PER_SECOND, Location, Message, Status
-from .errors import InvalidRequest, InvariantError
+from .errors import InvalidRequest, InvariantError, StoreClosedError
 from .fileutil import PAGE_BYTES
 from .framing import FRAME_HEADER_BYTES
 from .hour import Hour
@@ -94,10 +94,29 @@ class Placement:
         self._reader = reader
         self._disk_room = DiskRoom(directory, disk)
         self._hashes: dict[str, int] = {}  # topic or tag -> text_hash, at most HASHES_KEPT
+        # pending's overlays themselves (the send loop reads and extends them)
+        self._pending_ids, self._pending_slots = pending.send_overlays()
+        self._directory = directory
+        self.closed = False  # the store closed (`Store.close`): sends refuse
 
     def send(self, batch: Sequence[NewMessage], now_ms: int, checked: bool = False) -> list[SendResult]:
-        """`checked`: the caller validated every message already (the API
-        does, broker.params), so `validate_message` is not run again."""
+        """Append a batch of new messages as one commit-log record (the
+        store's `send` is this method).
+
+        A message whose (topic, msgId) exists (stored, or earlier in this
+        batch) is not stored again: its result is DUPLICATE with the stored
+        message. Durable, and visible to readers, after `commit()`.
+        Raises InvalidRequest (nothing appended) for out-of-range fields,
+        and OSError(ENOSPC) (nothing appended) if the disk lacks room for
+        what the batch will write (see `make_room`); if the append itself
+        fails, every counter and overlay it touched is put back, so the
+        next send numbers on without a gap; StoreClosedError once the
+        store closed. `checked`: the caller has checked every message's
+        fields already (the broker's parsing does, broker.params;
+        storage.types.validate_message's rules), so they are not checked
+        again."""
+        if self.closed:
+            raise StoreClosedError(f"store {self._directory!r} is closed")
         if not checked:
             for i, m in enumerate(batch):
                 validate_message(m, i)
@@ -142,9 +161,9 @@ class Placement:
         a message); returns the bytes the batch will write to far hours,
         and adds the near hours' files it writes to to `near`."""
         reader = self._reader
-        pending_ids, slots = self._pending.send_overlays()
-        keys = self._ids.keys_of(list(map(_TOPIC_AND_ID, batch)))  # (no comprehension: one call less)
-        known = self._ids.present(keys)  # keys with a slot in the id index: maybe stored
+        pending_ids, slots = self._pending_ids, self._pending_slots
+        # keys, and those with a slot in the id index: maybe stored (no comprehension: one call less)
+        keys, known = self._ids.keys_present(list(map(_TOPIC_AND_ID, batch)))
         find, pack_body, file_of, slot_of = reader.find, delay_log.pack_body, self._file_of, reader.slot
         append_result, append_item = results.append, items.append
         new = tuple.__new__  # NamedTuples built without their Python-level __new__

@@ -90,7 +90,8 @@ from __future__ import annotations
 import os
 import sys
 from array import array
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Set as AbstractSet  # (typing's name for it is deprecated)
 
 from . import records, recovery
 from .applying import Applier
@@ -166,9 +167,32 @@ class Store:
         consuming = {Location(hour, gi): deadline for hour, gi, deadline in checkpoint.consuming or ()}
         self._applier = Applier(hours, ids, log, self._pending, dict(checkpoint.topic_names), consuming,
                                 keys)
+        # The names of the topics with a message in a live hour (as
+        # `has_topic`), the applier's own set: read it, never change it.
+        self.topic_set: AbstractSet[str] = self._applier.topics_by_name
         self._reader = Reader(hours, self._pending, ids)
         self._placement = Placement(directory, hours, self._pending, ids, log, self._reader, disk)
         self._refiler = Refiler(hours, self._pending, ids, self._placement)
+        # send(batch, now_ms, checked=False) -- append a batch of new
+        # messages as one commit-log record: the placement's own method
+        # (its contract there), no forwarding frame between.
+        self.send = self._placement.send
+        # Two steps of every commit round, the parts' own methods (no
+        # forwarding frame between):
+        # sync_log() -- fsync everything appended so far. Safe to run in a
+        # worker thread while this one keeps appending: read
+        # `pending_records` before it, and apply that many afterwards.
+        self.sync_log = log.sync
+        # apply_pending(count=None, defer=False) -- apply the first `count`
+        # (default: all) pending records, which must be durable, to the
+        # derived files; returns the new index entries. `defer`: the PARTs
+        # a COMMIT applies are left to `apply_deferred`.
+        self.apply_pending = self._applier.apply_pending
+        # The applier's bulk-call parts: held until their COMMIT, and
+        # committed but not applied yet (`apply_deferred`). Read them to
+        # know whether a round has that to do; never change them.
+        self.held_parts: Mapping[int, object] = self._applier.held
+        self.deferred_parts: Sequence[object] = self._applier.deferred
         self._retention = Retention(directory, config, hours, self._pending, self._applier, log, ids,
                                     checkpoint.commit_offset, disk)
 
@@ -214,23 +238,6 @@ class Store:
         self._hours.advance(now_ms)
 
     # == changes: storage.placement, storage.refile ===========================
-
-    def send(self, batch: Sequence[NewMessage], now_ms: int, checked: bool = False) -> list[SendResult]:
-        """Append a batch of new messages as one commit-log record.
-
-        A message whose (topic, msgId) exists (stored, or earlier in this
-        batch) is not stored again: its result is DUPLICATE with the stored
-        message. Durable, and visible to readers, after `commit()`.
-        Raises InvalidRequest (nothing appended) for out-of-range fields,
-        and OSError(ENOSPC) (nothing appended) if the disk lacks room for
-        what the batch will write (see `Placement.make_room`); if the
-        append itself fails, every counter and overlay it touched is put
-        back, so the next send numbers on without a gap. `checked`: the
-        caller has checked every message's fields already (the broker's
-        parsing does; storage.types.validate_message's rules)."""
-        if self._closed:  # (_check_open, written out: the send path)
-            raise StoreClosedError(f"store {self.directory!r} is closed")
-        return self._placement.send(batch, now_ms, checked)
 
     def update(self, changes: Iterable[StateChange], now_ms: int, part_of: int = 0) -> None:
         """Append status/retry changes as one record; in place after commit.
@@ -302,7 +309,7 @@ class Store:
         written in one go (half a million writes, 0.8 s, the event loop
         held)."""
         applier = self._applier
-        if not applier.held and not applier.deferred:  # (parts_pending, written out: every commit round)
+        if not applier.held and not applier.deferred:  # (parts_pending, written out)
             return False
         more = applier.apply_deferred(max_items)
         self._hours.flush_staged(everything=True)
@@ -349,18 +356,6 @@ class Store:
         """(`pending_records`, `log_end_offset`): what a commit round now
         would make durable, read together."""
         return len(self._pending.records), self.log.end_offset
-
-    def sync_log(self) -> None:
-        """fsync everything appended so far. Safe to run in a worker thread
-        while this one keeps appending: read `pending_records` before it, and
-        apply that many afterwards (`apply_pending`)."""
-        self.log.sync()  # (the applier's sync_log, without its call: every commit round)
-
-    def apply_pending(self, count: int | None = None, defer: bool = False) -> list[IndexEntry]:
-        """Apply the first `count` (default: all) pending records, which must
-        be durable, to the derived files. Returns the new index entries.
-        `defer`: the PARTs a COMMIT applies are left to `apply_deferred`."""
-        return self._applier.apply_pending(count, defer)
 
     def commit(self) -> list[IndexEntry]:
         """Group commit: one fsync for every change since the last commit,
@@ -591,7 +586,7 @@ class Store:
 
     def has_topic(self, topic: str) -> bool:
         """`topic` has a message in a live hour (as `topic_names`, O(1))."""
-        return topic in self._applier.topics_by_name  # (the applier's has_topic, without its call: a send's)
+        return topic in self.topic_set  # (the applier's has_topic, without its call)
 
     # -- in flight -----------------------------------------------------------------
 
@@ -715,6 +710,7 @@ class Store:
             self.keys.close()
         self.log.close()
         self._closed = True
+        self._placement.closed = True  # (its `send`, which is the store's, refuses)
 
     def __enter__(self) -> Store:
         return self

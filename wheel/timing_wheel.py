@@ -114,23 +114,21 @@ class TimingWheel:
         if lead_ms < 0:
             raise ConfigError(f"lead_ms must be >= 0, got {lead_ms}")
         self.lead_ms = lead_ms
-        self._loaded_below_s = loaded_below_s
+        # L: seconds before this are loaded (the owner holds their entries).
+        # Read by the owner; only the wheel moves it (a plain attribute: read
+        # for every stored message).
+        self.loaded_below_s = loaded_below_s
         self._seconds = bytearray(SECONDS_PER_HOUR)
         self._second_slots = 0
         self._hours: set[int] = set()
         self._queue: DelayQueue[Slot] = DelayQueue()
 
     @property
-    def loaded_below_s(self) -> int:
-        """L: seconds before this are loaded (the owner holds their entries)."""
-        return self._loaded_below_s
-
-    @property
     def first_pending_s(self) -> int | None:
         """The earliest second whose entries are still only on disk, or None.
         (An hour slot that starts before L stands for its seconds from L on.)"""
         head = self._queue.peek()
-        return None if head is None else max(head.start_s, self._loaded_below_s)
+        return None if head is None else max(head.start_s, self.loaded_below_s)
 
     def next_expiration_ms(self) -> int | None:
         """When the earliest slot must be acted on, or None: nothing pending."""
@@ -139,10 +137,12 @@ class TimingWheel:
     def offer(self, abs_s: int) -> Offer:
         """A new entry was stored in second `abs_s`: make sure a slot covers it."""
         new = tuple.__new__  # (Offer's own __new__ is Python code: offered once per stored message)
-        if abs_s < self._loaded_below_s:
+        if abs_s < self.loaded_below_s:
             return new(Offer, (Level.MEMORY, None))
         hour = abs_s // SECONDS_PER_HOUR
-        if hour <= self._loaded_below_s // SECONDS_PER_HOUR:
+        if hour <= self.loaded_below_s // SECONDS_PER_HOUR:
+            if self._seconds[abs_s % SECONDS_PER_HOUR] and abs_s < self.loaded_below_s + SECONDS_PER_HOUR:
+                return new(Offer, (Level.SECONDS, None))  # its second has a slot: `_add_second`'s answer
             return new(Offer, (Level.SECONDS, self._add_second(abs_s)))
         return new(Offer, (Level.HOURS, self.add_hour(hour)))
 
@@ -161,19 +161,19 @@ class TimingWheel:
         if len(counts) != SECONDS_PER_HOUR:
             raise ContractError(f"second_counts({hour}) has {len(counts)} values, expected {SECONDS_PER_HOUR}")
         base_s = hour * SECONDS_PER_HOUR
-        if base_s > self._loaded_below_s:
+        if base_s > self.loaded_below_s:
             raise ContractError(f"cascade of hour {hour} before the wheel reached it "
-                                f"(loaded below {format_second(self._loaded_below_s)})")
+                                f"(loaded below {format_second(self.loaded_below_s)})")
         added = 0
-        for second in range(max(0, self._loaded_below_s - base_s), SECONDS_PER_HOUR):
+        for second in range(max(0, self.loaded_below_s - base_s), SECONDS_PER_HOUR):
             if counts[second] and self._add_second(base_s + second) is not None:
                 added += 1
         return added
 
     def _add_second(self, abs_s: int) -> int | None:
-        if not self._loaded_below_s <= abs_s < self._loaded_below_s + SECONDS_PER_HOUR:
+        if not self.loaded_below_s <= abs_s < self.loaded_below_s + SECONDS_PER_HOUR:
             raise InvariantError(f"second {format_second(abs_s)} is outside the hour the seconds wheel holds "
-                                 f"(from {format_second(self._loaded_below_s)})")
+                                 f"(from {format_second(self.loaded_below_s)})")
         index = abs_s % SECONDS_PER_HOUR
         if self._seconds[index]:
             return None
@@ -197,10 +197,10 @@ class TimingWheel:
         if slot.level is Level.SECONDS:
             self._seconds[slot.start_s % SECONDS_PER_HOUR] = 0
             self._second_slots -= 1
-            self._loaded_below_s = max(self._loaded_below_s, slot.start_s + 1)
+            self.loaded_below_s = max(self.loaded_below_s, slot.start_s + 1)
         else:
             self._hours.discard(slot.hour)
-            self._loaded_below_s = max(self._loaded_below_s, slot.start_s)
+            self.loaded_below_s = max(self.loaded_below_s, slot.start_s)
         return slot
 
     def advance(self, now_ms: int) -> None:
@@ -211,14 +211,14 @@ class TimingWheel:
         head = self._queue.peek()
         if head is not None:
             frontier_s = min(frontier_s, head.start_s)
-        if frontier_s > self._loaded_below_s:
-            self._loaded_below_s = frontier_s
+        if frontier_s > self.loaded_below_s:
+            self.loaded_below_s = frontier_s
 
     def __len__(self) -> int:
         """Pending slots (seconds and hours)."""
         return len(self._queue)
 
     def __repr__(self) -> str:
-        return (f"TimingWheel(loaded_below={format_second(self._loaded_below_s)}, "
+        return (f"TimingWheel(loaded_below={format_second(self.loaded_below_s)}, "
                 f"second_slots={self._second_slots}, hour_slots={sorted(self._hours)}, "
                 f"head={self._queue.peek()!r})")

@@ -71,7 +71,7 @@ def main(directory: str, point: str, at_commit: int) -> None:
             die()
 
     log.append = append  # type: ignore[method-assign]
-    store.sync_log = sync  # type: ignore[method-assign]
+    store.sync_log = sync
     commits = GroupCommit(store, lambda entries: None, Metrics())
 
     async def sender(k: int) -> None:

@@ -15,10 +15,10 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "bench"))
 
 CEILINGS = {
-    "send": 88,              # sendMsg (86)
-    "send_batch": 500,       # sendMsgBatch of 100 (496)
-    "pull_ack": 120,         # pullMsg of one, then its ackMsg (118)
-    "pull_ack_many": 830,    # pullMsg of 100, then one ackMsg of them (msgIds): 823, the least of 3
+    "send": 70,              # sendMsg (70): the budget, sendMsg <= 70
+    "send_batch": 490,       # sendMsgBatch of 100 (482); the budget, <= 1,000
+    "pull_ack": 100,         # pullMsg of one, then its ackMsg (100): the budget, <= 100 together
+    "pull_ack_many": 810,    # pullMsg of 100, then one ackMsg of them (msgIds): 802, the least of 3
 }
 
 

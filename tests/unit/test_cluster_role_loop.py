@@ -646,7 +646,7 @@ def test_records_a_cancelled_fetch_left_appended_are_applied_before_it_leads(tmp
     hold, held, release = [False], asyncio.Event(), asyncio.Event()
 
     async def to_thread(func, /, *args, **kwargs):
-        if hold[0] and getattr(func, "__name__", "") == "sync_log":
+        if hold[0] and getattr(func, "__qualname__", "") == "CommitLog.sync":  # (store.sync_log)
             held.set()
             await release.wait()  # the fsync of a fetch's records, still running
         return func(*args, **kwargs)
