@@ -412,7 +412,7 @@ class Connection(asyncio.Protocol):
         False, having done nothing: anything else (part of a request, two,
         any other shape), which llhttp then parses -- the strict parser
         stays the judge of every head this reader does not take."""
-        end = data.find(b"\r\n\r\n")
+        end = data.find(b"\r\n\r\n", 0, self.shared.limits.max_head_bytes + 4)
         if end < 0 or end >= self.shared.limits.max_head_bytes:
             return False
         head = _PLAIN_HEAD.fullmatch(data, 0, end + 2)
@@ -428,7 +428,7 @@ class Connection(asyncio.Protocol):
                 return False
             headers[name] = value.lstrip(b" \t").decode("latin-1")
         length = headers.get("content-length")
-        if length is not None and not length.isdigit():
+        if length is not None and (not length.isdigit() or len(length) > 18):  # (llhttp: the overflow's 400)
             return False
         if end + 4 + (int(length) if length else 0) != len(data):
             return False
@@ -443,6 +443,9 @@ class Connection(asyncio.Protocol):
             self._begin(head[1].decode("ascii"), head[2], headers, keep_alive)
         except _Refused:
             pass
+        except Exception:  # (as `_feed` answers a bug in a parser callback)
+            log.exception("bug while reading a request")
+            self._refusal(500, "internal error (logged)")
         else:
             if self.request is not None:  # admitted: its body is the rest of the read
                 self.request.body = data[end + 4:]
@@ -735,8 +738,9 @@ _METHODS = {m.encode(): m for m in ("GET", "POST", "HEAD", "PUT", "DELETE", "OPT
 _PLAIN_HEAD = re.compile(
     rb"(GET|POST|PUT|DELETE|HEAD|OPTIONS|PATCH) (/[A-Za-z0-9\-._~:/?\[\]@!$&'()*+,;=%]*) HTTP/1\.1\r\n"
     rb"((?:[!#$%&'*+\-.^_`|~0-9A-Za-z]+:[ \t]*(?:[!-~](?:[ \t!-~]*[!-~])?)?\r\n)*)")
-# Headers `_whole` leaves to llhttp and the general path.
-_LLHTTP_ONLY = frozenset(("transfer-encoding", "expect", "upgrade"))
+# Headers `_whole` leaves to llhttp and the general path (llhttp reads
+# Proxy-Connection as Connection).
+_LLHTTP_ONLY = frozenset(("transfer-encoding", "expect", "upgrade", "proxy-connection"))
 _SINGLE = frozenset(("host", "authorization", "content-type", "content-length", "transfer-encoding", "expect",
                      "origin", "sec-fetch-site", "connection"))
 

@@ -76,24 +76,28 @@ VISIBLE = "".join(map(chr, range(0x20, 0x7f)))
 # mostly values `_whole` takes, sometimes what only llhttp does
 VALUE = st.from_regex(r"([!-~]([ !-~]{0,18}[!-~])?)?", fullmatch=True) | st.text(VISIBLE + "\t\x80\xe9", max_size=20)
 NAMES = st.sampled_from(["Host", "host", "Content-Type", "Accept", "User-Agent", "Connection", "X-Trace",
-                         "traceparent", "Cookie", "Expect", "Content-Length"]) | TOKEN
+                         "traceparent", "Cookie", "Expect", "Content-Length", "Proxy-Connection",
+                         "Keep-Alive"]) | TOKEN
 URI = "abcdefghijklmnopqrstuvwxyz0123456789/-._~:@!$&'()*+,;=%?[]"
 PATH = st.text(URI, max_size=30) | st.text(URI + "\"<>{}| ", max_size=30)
 
 
 @st.composite
 def requests(draw: st.DrawFn) -> bytes:
-    method = draw(st.sampled_from(["GET", "POST", "PUT", "DELETE", "OPTIONS", "PATCH"]))
+    method = draw(st.sampled_from(["GET", "POST", "PUT", "DELETE", "OPTIONS", "PATCH", "HEAD"]))
     version = draw(st.sampled_from(["1.1", "1.1", "1.1", "1.0"]))
     headers = draw(st.lists(st.tuples(NAMES, st.text(" \t", max_size=2), VALUE), max_size=6))
     body = draw(st.binary(max_size=40))
     lines = [f"{method} /{draw(PATH)} HTTP/{version}"]
     lines += [f"{name}:{space}{value}" for name, space, value in headers
               if name.lower() not in ("content-length", "expect", "transfer-encoding")]
-    connection = draw(st.sampled_from([None, "close", "Close", "keep-alive", "Keep-Alive", "upgrade", "x"]))
-    if connection is not None:
-        lines.insert(draw(st.integers(1, len(lines))), f"Connection: {connection}")
-    lines.append(f"Content-Length: {len(body)}")
+    connection = draw(st.sampled_from([None, None, "close", "Close", "keep-alive", "Keep-Alive", "upgrade", "x"]))
+    proxy = draw(st.sampled_from([None] * 6 + ["close", "keep-alive"]))  # (llhttp reads it as Connection)
+    for name, value in (("Connection", connection), ("Proxy-Connection", proxy)):
+        if value is not None:
+            lines.insert(draw(st.integers(1, len(lines))), f"{name}: {value}")
+    length = draw(st.sampled_from([str(len(body))] * 6 + ["0" * 3 + str(len(body)), "9" * 19, "9" * 5000]))
+    lines.append(f"Content-Length: {length}")
     return "\r\n".join(lines).encode("latin-1") + b"\r\n\r\n" + body
 
 
@@ -105,6 +109,17 @@ def test_one_read_or_many_the_request_and_its_answer_are_the_same(raw, pieces):
     assert whole[:3] == split[:3]
     assert not split[3]  # (the pieces went to llhttp)
     event("read whole" if whole[3] else "parsed by llhttp")
+    reads_whole.append(whole[3])
+
+
+reads_whole: list[bool] = []
+
+
+def test_the_property_reads_many_requests_whole():
+    """(The property above compared both readers, not llhttp with itself.)"""
+    reads_whole.clear()
+    test_one_read_or_many_the_request_and_its_answer_are_the_same()
+    assert sum(reads_whole) >= len(reads_whole) // 20, (sum(reads_whole), len(reads_whole))
 
 
 PLAIN = [
@@ -137,5 +152,21 @@ def test_what_is_not_one_plain_request_goes_to_llhttp():
                 PLAIN[2].replace(b"Accept: */*", b"Accept: a\r\nAccept: b"),
                 PLAIN[2].replace(b"Accept: */*", b"Accept: */* "),
                 PLAIN[2].replace(b"Accept: */*", b"Expect: 100-continue"),
-                PLAIN[2].replace(b"/health", b"/he\"alth")):
+                PLAIN[2].replace(b"/health", b"/he\"alth"),
+                PLAIN[2].replace(b"Accept: */*", b"Proxy-Connection: close"),  # llhttp's second Connection
+                PLAIN[2].replace(b"Accept: */*", b"Content-Length: " + b"9" * 5000)):  # (int() would refuse it)
         assert not _serve(raw, 1)[3], raw
+
+
+def test_a_bug_behind_the_whole_reader_is_answered_500_and_logged(caplog):
+    async def go() -> tuple[bytes, bool]:
+        def admit(request: Request) -> Command:
+            raise RuntimeError("a bug in the gate")
+        connection = Connection(_Shared(admit, Limits()))
+        wire = _Wire()
+        connection.connection_made(wire)
+        connection.data_received(PLAIN[2])
+        return bytes(wire.out), wire.closed
+    out, closed = asyncio.run(go())
+    assert out.startswith(b"HTTP/1.1 500 ") and closed
+    assert "bug while reading a request" in caplog.text
