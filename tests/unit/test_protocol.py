@@ -5,9 +5,9 @@ import inspect
 import pytest
 from memory_store import InMemoryStore
 
+from storage.config import StoreConfig
 from storage.protocol import DelayStore
 from storage.store import Store
-from storage.config import StoreConfig
 
 MEMBERS = [name for name in vars(DelayStore) if not name.startswith("_")]
 
