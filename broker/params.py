@@ -351,7 +351,8 @@ def parse_ack(params: Params) -> AckRequest | AckManyRequest:
     """ackMsg: `msgId`, or `msgIds` (ext) -- a comma list in a form, or a JSON
     list in a JSON body (for ids holding a comma) -- of 1..MAX_ACK_BATCH."""
     topic = _required_name(params, "topic")
-    ack = _bool(params, "ack", default=True)
+    given = params.get("ack")  # (its usual values read here: `_bool`'s rules, no call)
+    ack = True if given is None or given is True or given == "true" else _bool(params, "ack", default=True)
     many = params.get("msgIds")
     if many is None or many == "":
         return tuple.__new__(AckRequest, (topic, _required_name(params, "msgId"), ack))
