@@ -147,7 +147,10 @@ def test_sigkill_loses_no_run_and_makes_none_twice(tmp_path: Path) -> None:
     restarted at once on the same data dir. Every nominal second from the
     first run to the last is delivered (downtimes are far within the
     grace), each run's message was made once (one produce time per msgId),
-    and no run is delivered after its ack was answered."""
+    and no run is delivered after its ack was answered. A pull whose answer
+    a kill cut off leaves its runs CONSUMING until their ack deadline: the
+    consumer pulls with a 1 s ack timeout, so they come back within the
+    test (with the default 30 s they would come back after it)."""
     data = tmp_path / "data"
     server = Server.start(data, log_path=tmp_path / "serve.log")
     body(server.post("putSchedule", topic="k", scheduleId="s", everyMillis=1000, msg="run"))
@@ -161,7 +164,8 @@ def test_sigkill_loses_no_run_and_makes_none_twice(tmp_path: Path) -> None:
         while not stop.is_set():
             s = current[0]
             try:
-                code, answer = s.post("longPollingMsg", topic="k", batch=50, longPollingTimeoutMillis=500)
+                code, answer = s.post("longPollingMsg", topic="k", batch=50, longPollingTimeoutMillis=500,
+                                          ackTimeoutMillis=1000)
                 if code != 200 or not isinstance(answer, dict):
                     time.sleep(0.05)
                     continue
