@@ -94,3 +94,33 @@ def test_python_m_build_makes_an_sdist_and_a_wheel_without_a_warning_and_the_whe
         assert server.stop() == 0
     finally:
         server.kill()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_the_compiled_wheel_builds_without_a_warning(tmp_path):
+    """What the README's `python -m build` makes by default where a C
+    compiler exists: the mypyc build, with no warning from setuptools,
+    mypyc or the compiler. Once, in the sources' run (the compiled run of
+    `bash .ci/run` has the same tree installed)."""
+    import broker
+
+    if not os.path.abspath(broker.__file__).startswith(ROOT + os.sep):
+        pytest.skip("the sources' run builds it (this run tests an installed build)")
+    sys.path.insert(0, os.path.join(ROOT, "build_backend"))
+    try:
+        import hourglass_build
+    finally:
+        sys.path.remove(os.path.join(ROOT, "build_backend"))
+    if not hourglass_build.can_compile():
+        pytest.skip("no C compiler or Python headers here: the build would be pure Python")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"} | {"HOURGLASS_MYPYC": "1"}
+    if subprocess.run([sys.executable, "-m", "build", "--version"], cwd=tmp_path, capture_output=True).returncode:
+        pytest.skip("PyPA's build is not installed (the dev extra has it: pip install build)")
+    built = subprocess.run([sys.executable, "-m", "build", "--wheel", "--outdir", str(tmp_path / "dist"), ROOT],
+                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=840)
+    assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
+    assert _warnings(built.stdout + built.stderr) == []
+    (wheel_name,) = os.listdir(tmp_path / "dist")
+    names = zipfile.ZipFile(tmp_path / "dist" / wheel_name).namelist()
+    assert any(n.startswith("storage/") and n.endswith(".so") for n in names), wheel_name
