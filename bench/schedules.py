@@ -30,7 +30,8 @@ What it reports:
                          due in them
   by_minute              each minute (by nominal time; negative while the
                          puts went on): runs, lateness p99 and max, the node's
-                         CPU share of one core, its largest RSS
+                         CPU share of one core, its largest RSS, RssAnon and
+                         RssFile
   kills                  SIGKILLs made (kill9: of the node; cluster: of the leader)
 
 Only run it on a quiet machine: it takes the machine for --minutes. The
@@ -145,6 +146,8 @@ class Sampler(threading.Thread):
         self.max_mb = 0.0
         self.cpu_s = 0.0
         self.cpu_at: list[tuple[float, float, float]] = []  # (time.time(), cpu_s so far, rss MB)
+        # (time.time(), RssAnon MB, RssFile MB): the heap, and mapped file pages resident
+        self.split_at: list[tuple[float, float, float]] = []
         self.done = threading.Event()
 
     def run(self) -> None:
@@ -152,8 +155,10 @@ class Sampler(threading.Thread):
         while not self.done.wait(1.0):
             with contextlib.suppress(Exception):
                 pid = self.pid_of()
-                rss = memory_mb(pid)["rss_mb"]
+                memory = memory_mb(pid)
+                rss = memory["rss_mb"]
                 self.max_mb = max(self.max_mb, rss)
+                self.split_at.append((time.time(), memory.get("rss_anon_mb", 0.0), memory.get("rss_file_mb", 0.0)))
                 cpu = cpu_s(pid)
                 if pid == last_pid:
                     self.cpu_s += cpu - last_cpu
@@ -167,20 +172,28 @@ class Sampler(threading.Thread):
     def rss_between(self, start_s: float, end_s: float) -> float | None:
         return max((r for t, _, r in self.cpu_at if start_s <= t <= end_s), default=None)
 
+    def split_between(self, start_s: float, end_s: float) -> tuple[float | None, float | None]:
+        """The largest RssAnon and RssFile sampled in the span."""
+        inside = [(a, f) for t, a, f in self.split_at if start_s <= t <= end_s]
+        return max((a for a, _ in inside), default=None), max((f for _, f in inside), default=None)
+
 
 def by_minute(started_ms: int, first: int, minutes: int, lateness_of: dict[int, list[int]],
               sampler: Sampler) -> list[dict]:
     """Each minute from `first` (negative: while the puts went on) to the
     run's last: its runs' lateness p99 and max (by nominal time), the
-    node's CPU share of one core and its largest RSS."""
+    node's CPU share of one core and its largest RSS (and of it, the largest
+    RssAnon, the heap, and RssFile, mapped file pages resident)."""
     out = []
     for k in range(min(first, 0), minutes):
         late = sorted(lateness_of.get(k, []))
         start_s = (started_ms + k * MINUTE_MS) / 1000
+        anon, file = sampler.split_between(start_s, start_s + 60)
         out.append({"minute": k, "runs": len(late), "p99_ms": percentile(late, 0.99) if late else None,
                     "max_ms": late[-1] if late else None,
                     "cpu_share": round(sampler.cpu_between(start_s, start_s + 60) / 60, 3),
-                    "rss_mb_max": sampler.rss_between(start_s, start_s + 60)})
+                    "rss_mb_max": sampler.rss_between(start_s, start_s + 60), "rss_anon_mb_max": anon,
+                    "rss_file_mb_max": file})
     return out
 
 

@@ -186,7 +186,7 @@ class Console:
         topic = q.get("topic") or None
         states = schedules.topic_states(topic) if topic else schedules.states()
         shown = heapq.nsmallest(offset + limit, states, key=lambda s: s.key)[offset:]
-        return _json(total=len(states), offset=offset, schedules=[schedule_row(s, schedules) for s in shown])
+        return _json(total=len(states), offset=offset, schedules=[schedule_row(s) for s in shown])
 
     async def node(self, request: Request) -> Response:
         return _json(**self._node_info())
@@ -273,18 +273,17 @@ def fold_hours(per_topic: dict[str, object], states: Sequence[ScheduleState], no
     per_topic["scheduleRuns"], per_topic["scheduleRunsCut"] = sum(runs.values()), cut
 
 
-def schedule_row(state: ScheduleState, schedules: Schedules) -> dict[str, object]:
+def schedule_row(state: ScheduleState) -> dict[str, object]:
     """A schedule as the console lists it."""
     spec = state.spec
-    stats = schedules.stats.get(state.key)
     last = state.last_runs[-1] if state.last_runs else None
     return {"topic": spec.topic, "scheduleId": spec.schedule_id, "cron": spec.cron, "everyMillis": spec.every_ms,
             "timeZone": spec.time_zone, "misfire": spec.misfire.value, "paused": state.paused,
             "version": state.version, "runs": state.runs, "nextFireTimes": state.next_fire_times(3),
             "lastRun": None if last is None else {"scheduledTime": last[0], "latenessMillis": last[1],
                                                   "missed": last[2]},
-            "released": 0 if stats is None else stats.runs, "missed": 0 if stats is None else stats.missed,
-            "meanLatenessMillis": None if stats is None or not stats.runs else stats.late_ms / stats.runs}
+            "released": state.released, "missed": state.missed,
+            "meanLatenessMillis": state.late_ms / state.released if state.released else None}
 
 
 def standalone_info(store: Store, last_checkpoint_ms: Callable[[], int | None]) -> dict[str, object]:

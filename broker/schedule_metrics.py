@@ -24,18 +24,17 @@ import heapq
 
 from .metrics import escape_label, topic_label
 from .schedule_file import Key
-from .schedules import Schedules, ScheduleStats
+from .schedules import Schedules, ScheduleState
 
 
-def _worst_first(item: tuple[Key, ScheduleStats]) -> tuple[int, int, int, Key]:
-    key, s = item
-    return -s.missed, -s.late_ms, -s.runs, key
+def _worst_first(s: ScheduleState) -> tuple[int, int, int, Key]:
+    return -s.missed, -s.late_ms, -s.released, s.key
 
 
 def render_metrics(schedules: Schedules, most: int) -> str:
     """The series above for `schedules`, at most `most` of them labelled."""
-    stats = schedules.stats
-    shown = sorted(heapq.nsmallest(max(0, most), stats.items(), key=_worst_first))
+    counted = [s for s in schedules.states() if s.released or s.missed]
+    shown = sorted(heapq.nsmallest(max(0, most), counted, key=_worst_first), key=lambda s: s.key)
     lines = ["# HELP hourglass_schedules recurring schedules the node keeps (--max-schedules)",
              "# TYPE hourglass_schedules gauge", f"hourglass_schedules {len(schedules)}",
              "# TYPE hourglass_schedules_paused gauge", f"hourglass_schedules_paused {schedules.paused_count()}",
@@ -43,11 +42,11 @@ def render_metrics(schedules: Schedules, most: int) -> str:
              "# TYPE hourglass_schedules_shown gauge", f"hourglass_schedules_shown {len(shown)}",
              "# HELP hourglass_node_schedule_runs_total schedules' runs released",
              "# TYPE hourglass_node_schedule_runs_total counter",
-             f"hourglass_node_schedule_runs_total {sum(s.runs for s in stats.values())}",
+             f"hourglass_node_schedule_runs_total {sum(s.released for s in counted)}",
              "# HELP hourglass_node_schedule_missed_total schedules' runs missed (misfire)",
              "# TYPE hourglass_node_schedule_missed_total counter",
-             f"hourglass_node_schedule_missed_total {sum(s.missed for s in stats.values())}"]
-    families = (("hourglass_schedule_runs_total", "counter", "runs released", "runs", 1),
+             f"hourglass_node_schedule_missed_total {sum(s.missed for s in counted)}"]
+    families = (("hourglass_schedule_runs_total", "counter", "runs released", "released", 1),
                 ("hourglass_schedule_missed_total", "counter", "runs missed: released past misfireGraceMillis, "
                  "or skipped over", "missed", 1),
                 ("hourglass_schedule_lateness_seconds_total", "counter", "released runs' lateness (release - "
@@ -58,5 +57,5 @@ def render_metrics(schedules: Schedules, most: int) -> str:
         for name, kind, text, attr, per in families:
             lines += [f"# HELP {name} {text}", f"# TYPE {name} {kind}"]
             lines += [f'{name}{{topic="{topic_label(t)}",schedule="{escape_label(sid)}"}} '
-                      f'{getattr(s, attr) / per:.15g}' for (t, sid), s in shown]
+                      f'{getattr(s, attr) / per:.15g}' for s in shown for t, sid in (s.key,)]
     return "\n".join(lines) + "\n"

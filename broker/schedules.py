@@ -146,6 +146,12 @@ class ScheduleState:
     # a tuple of three objects)
     history: array[int] = field(default_factory=lambda: array("q"))
     stale: str | None = None  # a run to delete if still waiting (a replaced or paused schedule's)
+    # since the node started (on a cluster: since it last started leading),
+    # /metrics' and the console's: runs released, runs missed (released past
+    # their grace, or never made meanwhile), released runs' lateness summed
+    released: int = 0
+    missed: int = 0
+    late_ms: int = 0
     # (topic, scheduleId): one tuple a schedule, the one its maps are keyed by
     key: Key = field(init=False)
 
@@ -191,6 +197,11 @@ class ScheduleState:
         h = self.history
         return [(h[i], h[i + 1] >> 1, bool(h[i + 1] & 1)) for i in range(0, len(h), 2)]
 
+    @property
+    def last_late_ms(self) -> int:
+        """The last released run's lateness (0 before any)."""
+        return self.history[-1] >> 1 if self.history else 0
+
     def last_run(self) -> tuple[int, int, bool]:
         """The run released last (schedule_file.RunProgress)."""
         h = self.history
@@ -227,16 +238,6 @@ class ScheduleState:
             h[-2], h[-1] = nominal_ms, late_ms * 2 + missed
 
 
-@dataclass(slots=True)
-class ScheduleStats:
-    """One schedule's counts since the node started (/metrics)."""
-
-    runs: int = 0  # runs released
-    missed: int = 0  # runs missed (released past their grace, or never made meanwhile)
-    late_ms: int = 0  # released runs' lateness, summed
-    last_late_ms: int = 0
-
-
 class Schedules:
     """The node's schedules over `file`, their runs made through a backend
     once `start` is called (see the module docstring)."""
@@ -252,7 +253,6 @@ class Schedules:
         file.rows.clear()  # (the states hold it all now)
         self._stale = dict(file.stale)  # runs of deleted schedules still to delete
         self.bytes_held = sum(s.spec.size_bytes for s in self._states.values())
-        self.stats: dict[Key, ScheduleStats] = {}
         self._released: list[tuple[Key, int, int]] = []  # (schedule, nominal, released at): the worker's
         self._wake = asyncio.Event()
         self._lock = asyncio.Lock()
@@ -418,13 +418,9 @@ class Schedules:
                                released_ms, state.catch_up)
             late_ms = max(0, released_ms - nominal_ms)
             state.note_release(nominal_ms, late_ms, outcome.missed)
-            stats = self.stats.get(key)
-            if stats is None:
-                stats = self.stats[key] = ScheduleStats()
-            stats.runs += 1
-            stats.missed += outcome.missed_runs
-            stats.late_ms += late_ms
-            stats.last_late_ms = late_ms
+            state.released += 1
+            state.missed += outcome.missed_runs
+            state.late_ms += late_ms
             following = outcome.next_nominal
             left = state.runs_left()
             if left is not None and left <= 0:
@@ -546,6 +542,8 @@ class Schedules:
             # the run to delete: the one that exists (made before this round), unless it is this one's first
             old_run = None if before is None or before.pending is None else before.msg_id(before.pending)
             state.stale = None if first is not None and old_run == state.msg_id(first) else old_run
+            if old is not None:  # its counts go on (as its last runs do)
+                state.released, state.missed, state.late_ms = old.released, old.missed, old.late_ms
             made[state.key] = state
             answers.append((done, state))
         if not made:
@@ -577,7 +575,6 @@ class Schedules:
             run = None if state.pending is None else state.msg_id(state.pending)
             await self._write([{"delete": [topic, schedule_id], "stale": run}])
             del self._states[state.key]
-            self.stats.pop(state.key, None)
             self.bytes_held -= state.spec.size_bytes
             if run is not None:
                 await self._drop_run(topic, run)

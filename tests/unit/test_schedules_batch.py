@@ -178,7 +178,7 @@ def test_a_schedule_holds_under_its_ceiling_in_ram_once_its_last_runs_are_full(n
     finally:
         tracemalloc.stop()
     state = node.schedules.get(TOPIC, "s00000")
-    assert len(state.last_runs) == LAST_RUNS and node.schedules.stats[state.key].runs == LAST_RUNS + 2
+    assert len(state.last_runs) == LAST_RUNS and state.released == LAST_RUNS + 2
     held = sum(s.size_diff for s in after.compare_to(before, "filename")
                if s.traceback[0].filename.endswith(SCHEDULE_FILES))
     assert held / count < MAX_BYTES_PER_SCHEDULE, held / count
