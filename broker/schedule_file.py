@@ -44,8 +44,10 @@ from __future__ import annotations
 import asyncio
 import os
 import struct
+import sys
 import zlib
-from collections.abc import Sequence
+from array import array
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Protocol
 
 import orjson
@@ -75,6 +77,110 @@ class RowError(HourglassError, ValueError):
 
 Row = dict[str, object]
 Key = tuple[str, str]  # (topic, scheduleId)
+
+
+class OpenedRowsLike(Protocol):
+    """What a schedule store hands over at open (broker.schedules reads each
+    row once, then clears them): OpenedRows, or a dict of rows."""
+
+    def values(self) -> Iterable[Row]: ...
+
+    def clear(self) -> None: ...
+
+
+# What _Opened keeps for a progress field the row leaves out (None).
+_NONE = -(1 << 63)
+_RUN = 3 * LAST_RUNS  # a schedule's last runs: three numbers each (nominal, ms late, missed)
+
+
+class _Opened:
+    """The schedules as the file was opened, in flat arrays (one slot a
+    schedule, no object of its own): where each one's last "put" record
+    is, and the progress the records after it gave (the row's own until
+    then)."""
+
+    def __init__(self) -> None:
+        self.slots: dict[Key, int] = {}
+        self.where = array("q")  # two a slot: the put record's body, start and end
+        self.progress = array("q")  # four a slot: version, pending, runs, catchUp (_NONE: absent)
+        self.last = array("q")  # _RUN a slot
+        self.lasts = array("B")  # last runs held, a slot
+
+    def put(self, key: Key, start: int, end: int, row: Row) -> None:
+        slot = self.slots.get(key)
+        if slot is None:
+            slot = self.slots[key] = len(self.lasts)
+            self.where.extend((0, 0))
+            self.progress.extend((0, 0, 0, 0))
+            self.last.frombytes(bytes(8 * _RUN))
+            self.lasts.append(0)
+        self.where[2 * slot], self.where[2 * slot + 1] = start, end
+        self.set_progress(slot, row.get("version"), row.get("pending"), row.get("runs"), row.get("catchUp"))
+        last = row.get("lastRuns")
+        if not isinstance(last, list):
+            raise RowError("lastRuns is not a list")
+        self.lasts[slot] = 0
+        for run in last[-LAST_RUNS:]:
+            self.add_run(slot, run[0], run[1], run[2])
+
+    def version(self, key: Key) -> int | None:
+        """The version of the schedule's last put (None: none, or none given)."""
+        slot = self.slots.get(key)
+        return None if slot is None or self.progress[4 * slot] == _NONE else self.progress[4 * slot]
+
+    def set_progress(self, slot: int, *values: object) -> None:
+        for i, value in enumerate(values):
+            if value is not None and type(value) is not int:
+                raise RowError(f"a progress field that is not a whole number: {value!r}")
+            self.progress[4 * slot + i] = _NONE if value is None else value
+
+    def add_run(self, slot: int, nominal: object, late: object, missed: object) -> None:
+        if type(nominal) is not int or type(late) is not int:
+            raise RowError(f"a last run that is not whole numbers: {nominal!r}, {late!r}")
+        base, held = _RUN * slot, self.lasts[slot]
+        if held == LAST_RUNS:  # full: the oldest shifted out
+            self.last[base:base + _RUN - 3] = self.last[base + 3:base + _RUN]
+            held -= 1
+        at = base + 3 * held
+        self.last[at], self.last[at + 1], self.last[at + 2] = nominal, late, bool(missed)
+        self.lasts[slot] = held + 1
+
+    def drop(self, key: Key) -> None:
+        self.slots.pop(key, None)  # (its slot is left unused)
+
+    def row(self, data: bytes, key: Key) -> Row:
+        slot = self.slots[key]
+        row: Row = orjson.loads(data[self.where[2 * slot]:self.where[2 * slot + 1]])["put"]
+        p = [None if v == _NONE else v for v in self.progress[4 * slot:4 * slot + 4]]
+        row["version"], row["pending"], row["runs"], row["catchUp"] = p
+        h, base = self.last, _RUN * slot
+        row["lastRuns"] = [[h[i], h[i + 1], bool(h[i + 2])] for i in range(base, base + 3 * self.lasts[slot], 3)]
+        return row
+
+
+class OpenedRows(Mapping[Key, Row]):
+    """Each schedule's last row as the file was opened, each built when it
+    is read (its put record parsed again, the progress after it applied):
+    100,000 rows held as dicts at once are some 3 KB a schedule, a heap the
+    process would keep after reading them (its pieces interleaved with what
+    is made from them). `clear` lets the file's bytes go."""
+
+    def __init__(self, data: bytes, opened: _Opened) -> None:
+        self._data = data
+        self._opened = opened
+
+    def __getitem__(self, key: Key) -> Row:
+        return self._opened.row(self._data, key)
+
+    def __iter__(self) -> Iterator[Key]:
+        return iter(self._opened.slots)
+
+    def __len__(self) -> int:
+        return len(self._opened.slots)
+
+    def clear(self) -> None:
+        self._opened = _Opened()
+        self._data = b""
 
 
 class RunProgress(Protocol):
@@ -123,6 +229,7 @@ class ScheduleFile:
         self.path = path
         self._fsync = fsync
         self._old_version = False
+        self.rows: OpenedRows
         self.rows, self.stale = self._load()
         if self._old_version:  # version 1: written anew as version 2 before anything is appended
             records: list[Row] = [{"put": row} for row in self.rows.values()]
@@ -137,8 +244,9 @@ class ScheduleFile:
     def __repr__(self) -> str:
         return f"ScheduleFile({self.path!r}, {len(self.rows)} schedules, {self.size_bytes} bytes)"
 
-    def _load(self) -> tuple[dict[Key, Row], dict[Key, str]]:
-        """Every schedule's last row, and the runs deletes left to delete."""
+    def _load(self) -> tuple[OpenedRows, dict[Key, str]]:
+        """Every schedule's last row (each built when read), and the runs
+        deletes left to delete."""
         if not os.path.exists(self.path):
             fd = create_file(self.path, os.O_WRONLY)
             try:
@@ -151,7 +259,7 @@ class ScheduleFile:
         found = HEADER.unpack_from(data, 0)[1] if len(data) >= HEADER.size else VERSION
         check_header(self.path, data, HEADER, MAGIC, found if found in READ_VERSIONS else VERSION)
         self._old_version = found != VERSION
-        rows: dict[Key, Row] = {}
+        rows = _Opened()
         stale: dict[Key, str] = {}
         at = HEADER.size
         while at < len(data):
@@ -176,14 +284,14 @@ class ScheduleFile:
                 raise CorruptionError(self.path, at, "record CRC mismatch with records after it")
             try:
                 record = orjson.loads(body)
-                self._apply(record, rows, stale)
-            except (ValueError, KeyError, TypeError, RowError) as e:
+                self._apply(record, at + RECORD.size, end, rows, stale)
+            except (ValueError, KeyError, TypeError, IndexError, RowError) as e:
                 raise CorruptionError(self.path, at, f"record is not a schedule's: {e}") from None
             at = end
-        return rows, stale
+        return OpenedRows(data, rows), stale
 
     @staticmethod
-    def _apply(record: object, rows: dict[Key, Row], stale: dict[Key, str]) -> None:
+    def _apply(record: object, start: int, end: int, rows: _Opened, stale: dict[Key, str]) -> None:
         if not isinstance(record, dict):
             raise RowError("not a JSON object")
         runs = record.get("runs")
@@ -192,27 +300,24 @@ class ScheduleFile:
                 raise RowError("runs is not a list")
             for entry in runs:
                 topic, schedule_id, version, pending, made, catch_up, nominal, late, missed = entry
-                row = rows.get((str(topic), str(schedule_id)))
-                if row is None or row.get("version") != version:
+                key = (str(topic), str(schedule_id))
+                if version is None or rows.version(key) != version:
                     raise RowError(f"a run of {schedule_id!r} at version {version}, which is not the schedule's")
-                last = row.get("lastRuns")
-                if not isinstance(last, list):
-                    raise RowError("lastRuns is not a list")
-                last.append([nominal, late, missed])
-                del last[:-LAST_RUNS]
-                row["pending"], row["runs"], row["catchUp"] = pending, made, catch_up
+                slot = rows.slots[key]
+                rows.add_run(slot, nominal, late, missed)
+                rows.set_progress(slot, version, pending, made, catch_up)
             return
         row = record.get("put")
         if isinstance(row, dict):
-            key = (str(row["topic"]), str(row["scheduleId"]))
-            rows[key] = row
+            key = (sys.intern(str(row["topic"])), str(row["scheduleId"]))
+            rows.put(key, start, end, row)
             stale.pop(key, None)
             return
         deleted = record["delete"]
         if not isinstance(deleted, list) or len(deleted) != 2:
             raise RowError("delete is not [topic, scheduleId]")
         key = (str(deleted[0]), str(deleted[1]))
-        rows.pop(key, None)
+        rows.drop(key)
         if isinstance(record.get("stale"), str):
             stale[key] = str(record["stale"])
 

@@ -63,7 +63,7 @@ from .backend import Backend
 from .bodies import MAX_SEND_BATCH
 from .params import DeleteRequest, NewSend
 from .recurrence import Misfire, Recurrence, jitter_ms, parse_run_msg_id, released, run_msg_id
-from .schedule_file import LAST_RUNS, Key, Row, RowError, RunProgress
+from .schedule_file import LAST_RUNS, Key, OpenedRowsLike, Row, RowError, RunProgress
 from .schedule_params import ScheduleSpec
 
 log = logging.getLogger("hourglass.schedules")
@@ -89,7 +89,11 @@ class ScheduleStore(Protocol):
     keep the same records: {"put": row}, {"delete": [topic, scheduleId],
     "stale": msgId or None}."""
 
-    rows: dict[Key, Row]  # each schedule's last row, as opened (emptied once Schedules has read it)
+    @property
+    def rows(self) -> OpenedRowsLike:
+        """Each schedule's last row, as opened (cleared once Schedules has read it)."""
+        ...
+
     stale: dict[Key, str]  # runs of deleted schedules to delete if still waiting, as opened
 
     async def write(self, records: list[Row]) -> None:
