@@ -204,6 +204,37 @@ def test_runs_records_read_back_as_rows_and_keep_the_last_runs(tmp_path: Any) ->
     again.close()
 
 
+# What opening a schedules file may hold a schedule beyond the file's bytes
+# (its rows are built when read: a dict of each held at once was ~3 KB).
+MAX_OPEN_BYTES_PER_SCHEDULE = 600
+
+
+def test_opening_holds_no_row_a_schedule_until_it_is_read(tmp_path: Any) -> None:
+    path = str(tmp_path / "schedules")
+    file = ScheduleFile(path, fsync=False)
+    count = 2000
+    file.append([{"put": {**row(f"s{i:05d}"), "lastRuns": [[60_000 * k, k, False] for k in range(LAST_RUNS)]}}
+                 for i in range(count)])
+    file.append([{"delete": [TOPIC, "s00001"], "stale": None}, {"put": row("s00001", version=2)}])
+    file.close()
+    size = os.path.getsize(path)
+    gc.collect()
+    tracemalloc.start()
+    try:
+        again = ScheduleFile(path, fsync=False)
+        held = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert (held - size) / count < MAX_OPEN_BYTES_PER_SCHEDULE, (held - size) / count
+    assert len(again.rows) == count
+    assert again.rows[(TOPIC, "s00000")]["lastRuns"] == [[60_000 * k, k, False] for k in range(LAST_RUNS)]
+    assert (again.rows[(TOPIC, "s00001")]["version"], again.rows[(TOPIC, "s00001")]["lastRuns"]) == (2, [])
+    rows = list(again.rows.values())
+    again.rows.clear()
+    assert len(again.rows) == 0 and len(rows) == count
+    again.close()
+
+
 def test_a_run_of_a_version_the_file_does_not_hold_is_corruption(tmp_path: Any) -> None:
     path = str(tmp_path / "schedules")
     file = ScheduleFile(path, fsync=False)
