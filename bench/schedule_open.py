@@ -8,7 +8,7 @@ broker.schedules building the states), its memory read from
     .venv/bin/python bench/schedule_open.py --schedules 10000
 
   file_bytes            the schedules file
-  start, opened, built  VmRSS / RssAnon / VmHWM (MB) of the opening process:
+  start, opened, built  bench/harness.py memory_mb of the opening process:
                         before, after ScheduleFile opened it, after
                         Schedules built its states (and the file's rows
                         were let go)
@@ -27,20 +27,15 @@ import sys
 import tempfile
 import time
 
+from harness import memory_mb
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 
 
 def memory() -> dict[str, float]:
-    fields = {"VmRSS:": "rss_mb", "RssAnon:": "rss_anon_mb", "VmHWM:": "rss_peak_mb"}
-    found = {}
-    with open("/proc/self/status") as f:
-        for line in f:
-            key, *rest = line.split()
-            if key in fields:
-                found[fields[key]] = round(int(rest[0]) / 1024, 1)
-    return found
+    return memory_mb(os.getpid())
 
 
 def make(path: str, count: int) -> None:

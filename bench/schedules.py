@@ -145,9 +145,8 @@ class Sampler(threading.Thread):
         self.pid_of = pid_of
         self.max_mb = 0.0
         self.cpu_s = 0.0
-        self.cpu_at: list[tuple[float, float, float]] = []  # (time.time(), cpu_s so far, rss MB)
-        # (time.time(), RssAnon MB, RssFile MB): the heap, and mapped file pages resident
-        self.split_at: list[tuple[float, float, float]] = []
+        # (time.time(), cpu_s so far, RSS MB, RssAnon MB: the heap, RssFile MB: mapped file pages resident)
+        self.samples: list[tuple[float, float, float, float, float]] = []
         self.done = threading.Event()
 
     def run(self) -> None:
@@ -158,24 +157,20 @@ class Sampler(threading.Thread):
                 memory = memory_mb(pid)
                 rss = memory["rss_mb"]
                 self.max_mb = max(self.max_mb, rss)
-                self.split_at.append((time.time(), memory.get("rss_anon_mb", 0.0), memory.get("rss_file_mb", 0.0)))
                 cpu = cpu_s(pid)
                 if pid == last_pid:
                     self.cpu_s += cpu - last_cpu
                 last_pid, last_cpu = pid, cpu
-                self.cpu_at.append((time.time(), self.cpu_s, rss))
+                self.samples.append((time.time(), self.cpu_s, rss, memory.get("rss_anon_mb", 0.0),
+                                     memory.get("rss_file_mb", 0.0)))
 
     def cpu_between(self, start_s: float, end_s: float) -> float:
-        inside = [c for t, c, _ in self.cpu_at if start_s <= t <= end_s]
+        inside = [s[1] for s in self.samples if start_s <= s[0] <= end_s]
         return inside[-1] - inside[0] if len(inside) > 1 else 0.0
 
-    def rss_between(self, start_s: float, end_s: float) -> float | None:
-        return max((r for t, _, r in self.cpu_at if start_s <= t <= end_s), default=None)
-
-    def split_between(self, start_s: float, end_s: float) -> tuple[float | None, float | None]:
-        """The largest RssAnon and RssFile sampled in the span."""
-        inside = [(a, f) for t, a, f in self.split_at if start_s <= t <= end_s]
-        return max((a for a, _ in inside), default=None), max((f for _, f in inside), default=None)
+    def largest_between(self, start_s: float, end_s: float, field: int) -> float | None:
+        """The largest of a sample's memory field (2 RSS, 3 RssAnon, 4 RssFile) in the span."""
+        return max((s[field] for s in self.samples if start_s <= s[0] <= end_s), default=None)
 
 
 def by_minute(started_ms: int, first: int, minutes: int, lateness_of: dict[int, list[int]],
@@ -188,12 +183,12 @@ def by_minute(started_ms: int, first: int, minutes: int, lateness_of: dict[int, 
     for k in range(min(first, 0), minutes):
         late = sorted(lateness_of.get(k, []))
         start_s = (started_ms + k * MINUTE_MS) / 1000
-        anon, file = sampler.split_between(start_s, start_s + 60)
         out.append({"minute": k, "runs": len(late), "p99_ms": percentile(late, 0.99) if late else None,
                     "max_ms": late[-1] if late else None,
                     "cpu_share": round(sampler.cpu_between(start_s, start_s + 60) / 60, 3),
-                    "rss_mb_max": sampler.rss_between(start_s, start_s + 60), "rss_anon_mb_max": anon,
-                    "rss_file_mb_max": file})
+                    "rss_mb_max": sampler.largest_between(start_s, start_s + 60, 2),
+                    "rss_anon_mb_max": sampler.largest_between(start_s, start_s + 60, 3),
+                    "rss_file_mb_max": sampler.largest_between(start_s, start_s + 60, 4)})
     return out
 
 

@@ -98,7 +98,7 @@ def test_python_m_build_makes_an_sdist_and_a_wheel_without_a_warning_and_the_whe
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_the_compiled_wheel_builds_without_a_warning(tmp_path):
+def test_the_compiled_wheel_builds_without_a_warning(tmp_path, monkeypatch):
     """What the README's `python -m build` makes by default where a C
     compiler exists: the mypyc build, with no warning from setuptools,
     mypyc or the compiler. Once, in the sources' run (the compiled run of
@@ -107,11 +107,8 @@ def test_the_compiled_wheel_builds_without_a_warning(tmp_path):
 
     if not os.path.abspath(broker.__file__).startswith(ROOT + os.sep):
         pytest.skip("the sources' run builds it (this run tests an installed build)")
-    sys.path.insert(0, os.path.join(ROOT, "build_backend"))
-    try:
-        import hourglass_build
-    finally:
-        sys.path.remove(os.path.join(ROOT, "build_backend"))
+    monkeypatch.syspath_prepend(os.path.join(ROOT, "build_backend"))
+    import hourglass_build
     if not hourglass_build.can_compile():
         pytest.skip("no C compiler or Python headers here: the build would be pure Python")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"} | {"HOURGLASS_MYPYC": "1"}
