@@ -5,8 +5,10 @@ OpenTelemetry (broker.tracing emits spans, when it is on).
 
     traceparent  version "-" trace-id "-" parent-id "-" trace-flags, lower-case hex:
                  00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01
-                 version     2 hex, not ff; 00 is exactly the 55 characters above,
-                             a later version may add fields after a "-"
+                 version     2 hex, not ff; 00 is exactly the 55 characters above;
+                             a later version may add fields, each "-" then
+                             1 or more lower-case hex (the shape of every
+                             field the format has), nothing else after the flags
                  trace-id    32 hex, not all zeros
                  parent-id   16 hex, not all zeros
                  trace-flags 2 hex
@@ -39,7 +41,7 @@ MAX_TRACEPARENT_CHARS = 128
 MAX_TRACESTATE_CHARS = 512
 MAX_TRACESTATE_MEMBERS = 32
 
-_TRACEPARENT = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-[0-9a-f]{2}(-.*)?", re.DOTALL)
+_TRACEPARENT = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-[0-9a-f]{2}((?:-[0-9a-f]+)+)?")
 _KEY = r"(?:[a-z][a-z0-9_\-*/]{0,255}|[a-z0-9][a-z0-9_\-*/]{0,240}@[a-z][a-z0-9_\-*/]{0,13})"
 _VALUE = r"[\x20-\x2b\x2d-\x3c\x3e-\x7e]{0,255}[\x21-\x2b\x2d-\x3c\x3e-\x7e]"
 _MEMBER = re.compile(rf"({_KEY})={_VALUE}")
@@ -53,8 +55,8 @@ def check_traceparent(value: object, parameter: str = "traceparent") -> str:
         raise InvalidRequest(parameter, f"must be at most {MAX_TRACEPARENT_CHARS} characters, got {len(value)}")
     match = _TRACEPARENT.fullmatch(value)
     if match is None:
-        raise InvalidRequest(parameter, f"must be a W3C traceparent (00-<32 hex>-<16 hex>-<2 hex>, lower case), "
-                                        f"got {value[:60]!r}")
+        raise InvalidRequest(parameter, f"must be a W3C traceparent (00-<32 hex>-<16 hex>-<2 hex>, lower case; "
+                                        f"a later version may add -<hex> fields), got {value[:60]!r}")
     version, trace_id, parent_id, more = match.groups()
     if version == "ff":
         raise InvalidRequest(parameter, "has version ff, which W3C Trace Context forbids")

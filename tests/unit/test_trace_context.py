@@ -53,8 +53,22 @@ def test_a_traceparent_breaking_a_rule_is_refused(value, reason):
 
 
 def test_a_later_version_may_carry_more_fields():
-    value = "cc" + SPEC_TRACEPARENT[2:] + "-what-the-future-has"
+    value = "cc" + SPEC_TRACEPARENT[2:] + "-0123-abcdef-9"
     assert check_traceparent(value) == value
+
+
+@pytest.mark.parametrize("extra", ["\r\nX-Injected: 1", "\x00", "<script>", "-what-the-future-has", "-", "--01", "-01-",
+                                   "-01 ", "-AB", "-01\n"])
+def test_a_later_versions_fields_are_lower_case_hex_and_nothing_else(extra):
+    text = refusal(check_traceparent, "cc" + SPEC_TRACEPARENT[2:] + extra)
+    assert text.startswith("traceparent") and "W3C traceparent" in text
+
+
+@given(st.lists(st.text(alphabet="0123456789abcdef", min_size=1, max_size=8), max_size=6))
+def test_any_later_version_of_hex_fields_is_kept_as_given(fields):
+    value = "01" + SPEC_TRACEPARENT[2:] + "".join("-" + field for field in fields)
+    if len(value) <= 128:
+        assert check_traceparent(value) == value
 
 
 @pytest.mark.parametrize(("value", "reason"), [
