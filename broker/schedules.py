@@ -42,6 +42,14 @@ Who calls what: the event loop only. `on_release` is the backend's
 (broker.releaser) and never waits; the API's calls (put, delete, pause,
 resume) and the worker's batches take one lock, so each sees a state no
 other is halfway through changing.
+
+A store several nodes write (Redis: broker.redis.schedules, where every
+node serves the API and one makes the runs) says so through `read`: each
+API call first reads the schedules it is about as stored now, and a write
+that meets another node's change (StaleRows: nothing of it written) is
+decided again on what that node wrote. A node that serves the API without
+making runs is `serve`d, not `start`ed; the one making runs is told of
+other nodes' changes through `refresh`.
 """
 
 from __future__ import annotations

@@ -513,7 +513,7 @@ class ScheduleLease:
             now_ms = self._clock.now_ms()
             wait_ms = self.lease_ms // 3
             try:
-                if self.view is None:
+                if self.view is None and self.schedules is None:
                     await self.open()
                 if self.schedules is None:
                     if await self._redis.set(self.lease_key, self.node, nx=True, px=self.lease_ms):
@@ -540,6 +540,7 @@ class ScheduleLease:
         schedules = Schedules(store, self._clock, self._limits)
         schedules.start(self._backend)
         self.schedules, self._store = schedules, store
+        self.view = None  # (its RAM given back: `schedules` serves the API now)
         self._tasks = [asyncio.create_task(RunWatch(schedules, self._backend, self._clock).run(), name="run-watch"),
                        asyncio.create_task(ChangeFeed(self._redis, store, schedules, self._clock,
                                                       self.lease_ms).run(), name="schedule-changes")]
@@ -558,14 +559,11 @@ class ScheduleLease:
         await asyncio.gather(*tasks, return_exceptions=True)
         if schedules is None:
             return
-        if self.view is not None:
-            self._publish(self.view)  # (meanwhile)
-        await schedules.stop()
+        await schedules.stop()  # (it serves the API meanwhile, and again at once after)
         if self._store is not None:
             self._store.announce = True
         schedules.serve(self._backend)
         self.view = schedules
-        self._publish(schedules)
 
 
 def _lease_loop_ended(task: asyncio.Task[None]) -> None:

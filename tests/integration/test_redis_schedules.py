@@ -19,6 +19,7 @@ The API's schedule calls are covered on Redis by the conformance suite
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 import uuid
@@ -264,3 +265,88 @@ def test_lastruns_lists_every_acked_run_on_every_node(redis_url, tmp_path):
     finally:
         for node in nodes:
             node.kill()
+
+
+def test_a_change_another_node_made_meanwhile_holds(redis_url):
+    """Nodes sharing a Redis, in one process over the real server: two that
+    serve the API (each deciding on the schedule as stored now: one's
+    pause seen by the other's resume, a stale version refused 409), a
+    write made on a stale revision refused whole (StaleRows), and the
+    node making the runs following two releases while another node paused
+    one of them: that pause holds (no next run made for it), the other
+    schedule's next run is made."""
+    from broker.clock import SystemClock
+    from broker.metrics import Metrics
+    from broker.params import Defaults
+    from broker.redis.backend import RedisBroker
+    from broker.redis.keys import RedisConfig
+    from broker.redis.schedules import RedisScheduleStore
+    from broker.schedule_params import parse_put_schedule
+    from broker.schedules import Schedules, StaleRows
+    from storage.entry import Status
+    from storage.errors import Conflict, NotFound
+
+    url = own_database(redis_url)
+    topic = "cas"
+    clock = SystemClock()
+
+    def spec(schedule_id: str, every_ms: int = 3_600_000, msg: str = "run"):
+        params = {"topic": topic, "scheduleId": schedule_id, "msg": msg, "everyMillis": str(every_ms)}
+        return parse_put_schedule(params, now_ms=clock.now_ms(), defaults=Defaults(), max_msg_bytes=65_536)[0]
+
+    async def node(broker: RedisBroker, *, firing: bool) -> tuple[RedisScheduleStore, Schedules]:
+        store = RedisScheduleStore(broker.redis, "cas", announce=not firing)
+        await store.open(clear_changes=firing)
+        schedules = Schedules(store, clock)
+        if firing:
+            schedules.start(broker)
+        else:
+            schedules.serve(broker)
+        return store, schedules
+
+    async def main() -> None:
+        broker = RedisBroker.from_url(url, clock, Defaults(), Metrics(), RedisConfig(key_prefix="cas"))
+        await broker.start()
+        try:
+            (_, a), (b_store, b) = await node(broker, firing=False), await node(broker, firing=False)
+            put = await a.put(spec("s"), None)
+            assert (await b.pause(topic, "s")).version == 2  # b had never read it: read first
+            resumed = await a.resume(topic, "s")  # a's RAM said v1, not paused: read first
+            assert resumed.version == 3 and resumed.pending == put.pending
+            with pytest.raises(Conflict, match="version 3"):
+                await b.put(spec("s", msg="y"), 2)
+            # a write on a revision another node wrote since: refused whole, nothing of it applied
+            row = b.get(topic, "s").row()
+            await a.put(spec("s", msg="z"), None)  # v4
+            with pytest.raises(StaleRows) as refused:
+                await b_store.write([{"put": {**row, "msg": "stale"}}])
+            assert refused.value.keys == [(topic, "s")]
+            assert (await b.fetch(topic, "s")).spec.msg == "z"
+
+            # the node making the runs follows two released runs while b paused one of them
+            await a.put(spec("t"), None)
+            _, firing = await node(broker, firing=True)
+            while not firing.idle():
+                await asyncio.sleep(0.01)
+            runs = [await broker.get(topic, firing.get(topic, sid).msg_id(firing.get(topic, sid).pending))
+                    for sid in ("s", "t")]
+            await b.pause(topic, "s")  # the firing node does not know yet
+            assert firing.on_release(runs, clock.now_ms()) == []
+            deadline = time.monotonic() + 5
+            while not (firing.idle() and firing.get(topic, "t").runs == 2):
+                assert time.monotonic() < deadline, firing.get(topic, "t")
+                await asyncio.sleep(0.01)
+            s, t = firing.get(topic, "s"), firing.get(topic, "t")
+            assert s.paused and s.pending is None and s.version == 5  # b's pause read again, not overwritten
+            assert t.pending is not None and t.pending > runs[1].trigger_ms
+            assert (await broker.get(topic, t.msg_id(t.pending))).status is Status.WAITING
+            with pytest.raises(NotFound):  # no next run made for the paused one
+                await broker.get(topic, s.msg_id(runs[0].trigger_ms + 3_600_000))
+            stored = await b.fetch(topic, "t")
+            assert stored.runs == 2 and stored.pending == t.pending and [r[0] for r in stored.last_runs] == [
+                runs[1].trigger_ms]
+            await firing.stop()
+        finally:
+            await broker.stop()
+
+    asyncio.run(main())
