@@ -135,7 +135,8 @@ class RedisNode(NodeBase):
                                                         max_topics=config.queues.topics)
         self.broker.on_fatal = lambda error: self.stop_asked.set()
         super().__init__(config, clock, metrics, self.broker, None)
-        # recurring schedules, run by the one node holding their lease in Redis (broker.redis.schedules)
+        # recurring schedules, served by every node, their runs made by the one holding their lease in Redis
+        # (broker.redis.schedules)
         from .redis.schedules import ScheduleLease
         self.schedule_lease = ScheduleLease(self.broker.redis, self.broker.config.key_prefix, self.broker, clock,
                                             config.schedules, self._hold_schedules,
@@ -155,8 +156,7 @@ class RedisNode(NodeBase):
         self.schedules = schedules
 
     def schedules_absent(self) -> HourglassError | None:
-        return Unavailable("recurring schedules are served by the node holding their lease in Redis, another node "
-                           "now (or none yet: one takes it within its lease time); retry")
+        return Unavailable("the node is reading the recurring schedules from Redis (starting); retry")
 
     def failure(self) -> BaseException | None:
         return self.broker.failed
@@ -168,4 +168,5 @@ class RedisNode(NodeBase):
         return STANDALONE
 
     def node_series(self) -> Sequence[Series]:
-        return []
+        # 1 on the node that holds the schedules lease (makes the runs), 0 on the others
+        return [("hourglass_schedules_lease", "gauge", float(self.schedule_lease.schedules is not None))]

@@ -106,11 +106,11 @@ class ScheduleApi:
     async def get(self, request: Request) -> Response:
         topic, schedule_id, following = parse_get_schedule(self._params(request))
         schedules = self.schedules()
-        state = schedules.get(topic, schedule_id)
+        state = await schedules.fetch(topic, schedule_id)
         last_runs = await schedules.last_runs(state)
         return answer(200, "success", schedule={**state.public(following), "lastRuns": last_runs})
 
     async def list(self, request: Request) -> Response:
         topic, cursor, limit = parse_list_schedules(self._params(request))
-        states, next_cursor = self.schedules().page(topic, cursor, limit)
+        states, next_cursor = await self.schedules().fetch_page(topic, cursor, limit)
         return answer(200, "success", schedules=[s.public(DEFAULT_NEXT) for s in states], cursor=next_cursor)

@@ -346,6 +346,12 @@ class ScheduleFile:
     async def forget_stale(self, keys: list[Key]) -> None:
         """Nothing to do: the next rewrite keeps live rows alone."""
 
+    async def read(self, keys: Sequence[Key]) -> None:
+        return None  # this node alone writes them: RAM is current
+
+    async def topic_ids(self, topic: str) -> None:
+        return None
+
     async def sync(self) -> None:
         """Every record appended so far on disk (one fsync for all callers
         waiting meanwhile)."""

@@ -42,6 +42,14 @@ Who calls what: the event loop only. `on_release` is the backend's
 (broker.releaser) and never waits; the API's calls (put, delete, pause,
 resume) and the worker's batches take one lock, so each sees a state no
 other is halfway through changing.
+
+A store several nodes write (Redis: broker.redis.schedules, where every
+node serves the API and one makes the runs) says so through `read`: each
+API call first reads the schedules it is about as stored now, and a write
+that meets another node's change (StaleRows: nothing of it written) is
+decided again on what that node wrote. A node that serves the API without
+making runs is `serve`d, not `start`ed; the one making runs is told of
+other nodes' changes through `refresh`.
 """
 
 from __future__ import annotations
@@ -50,9 +58,9 @@ import asyncio
 import contextlib
 import logging
 from array import array
-from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Protocol
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Protocol, TypeVar
 
 from storage.entry import Location, Message, Status
 from storage.errors import ConfigError, Conflict, HourglassError, InvariantError, LimitReached, NotFound, Unavailable
@@ -67,6 +75,7 @@ from .schedule_file import LAST_RUNS, Key, OpenedRowsLike, Row, RowError, RunPro
 from .schedule_params import ScheduleSpec
 
 log = logging.getLogger("hourglass.schedules")
+T = TypeVar("T")
 
 # Released runs a schedule's answer lists (getSchedule's lastRuns): LAST_RUNS.
 # Releases the worker follows at a time: one write of their progress, one send.
@@ -77,6 +86,11 @@ DEFAULT_MAX_SCHEDULES = 10_000
 # --max-schedule-bytes' default: what the schedules' messages may hold in
 # RAM in all (their msg, topic, ids); a put past it answers 429.
 DEFAULT_MAX_SCHEDULE_BYTES = 64 * 1024 * 1024
+# What `ScheduleStore.read` answers: rows (None: deleted), stale runs of deleted ones.
+Fresh = tuple[dict[Key, Row | None], dict[Key, str]]
+# An API call that meets another node's change of its schedule (StaleRows)
+# reads it again and decides anew, at most this many times.
+STALE_ATTEMPTS = 5
 # After a write or send that failed (a disk error, a Raft write that no
 # majority committed in time), the worker tries again this often.
 REPAIR_INTERVAL_S = 1.0
@@ -115,7 +129,29 @@ class ScheduleStore(Protocol):
         """The stale runs of these deleted schedules are dealt with."""
         ...
 
+    async def read(self, keys: Sequence[Key]) -> Fresh | None:
+        """Those of these schedules that another node changed since this one
+        last read or wrote them (a store several nodes write: Redis), as
+        they are now: their rows (None: deleted) and the stale runs of the
+        deleted ones. None: this node is the only writer (RAM is current)."""
+        ...
+
+    async def topic_ids(self, topic: str) -> set[str] | None:
+        """The topic's scheduleIds as stored now (None: as `read`)."""
+        ...
+
     def close(self) -> None: ...
+
+
+class StaleRows(Unavailable):
+    """Raised by a store's write when another node changed some of its
+    schedules since this node read them (Redis, where every node writes
+    them): nothing of the write was applied; `keys` are those schedules.
+    The caller reads them again (`ScheduleStore.read`) and decides anew."""
+
+    def __init__(self, keys: list[Key]) -> None:
+        super().__init__(f"{len(keys)} schedules were changed meanwhile by another node; retry")
+        self.keys = keys
 
 
 @dataclass(frozen=True)
@@ -242,6 +278,17 @@ class ScheduleState:
             h[-2], h[-1] = nominal_ms, late_ms * 2 + missed
 
 
+def seen_released_ms(spec: ScheduleSpec, nominal_ms: int, status: Status, now_ms: int) -> int:
+    """When a run found released at `now_ms` counts as released, where its
+    release was not seen as it happened (Redis: any node's script releases
+    it): then, except that a run of misfire=skip that was delivered (not
+    ended unseen) was released within its grace, as its release would have
+    ended it past it."""
+    if spec.misfire is Misfire.SKIP and status is not Status.EXPIRED:
+        return min(now_ms, nominal_ms + spec.grace_ms)
+    return now_ms
+
+
 class Schedules:
     """The node's schedules over `file`, their runs made through a backend
     once `start` is called (see the module docstring)."""
@@ -313,11 +360,22 @@ class Schedules:
             self._wake.set()
         return skipped
 
+    def serve(self, backend: Backend) -> None:
+        """Serve the API's calls through `backend` (their runs made and
+        deleted through it) without making the runs of releases: on Redis,
+        a node that does not hold the schedules lease (broker.redis.schedules)."""
+        self._backend = backend
+
     def start(self, backend: Backend) -> None:
         """Make runs through `backend` from now on: first what a restart
         finds undone (see the module docstring), then each release."""
         self._backend = backend
         self._task = asyncio.create_task(self._run(), name="schedules")
+
+    @property
+    def firing(self) -> bool:
+        """Whether this node makes the runs of releases (started, not stopped)."""
+        return self._task is not None
 
     async def stop(self) -> None:
         task, self._task = self._task, None
@@ -363,7 +421,11 @@ class Schedules:
         states = [s for s in self._unsettled.values() if self._states.get(s.key) is s]
         for at in range(0, len(states), ADVANCE_SLICE):
             part = states[at:at + ADVANCE_SLICE]
-            await self._write([{"put": s.row()} for s in part])
+            try:
+                await self._write([{"put": s.row()} for s in part])
+            except StaleRows as e:  # another node's change holds: those are read again, the rest repaired next time
+                await self._fresh(e.keys)
+                raise
             for s in part:
                 if s.stale is not None:
                     await self._drop_run(s.spec.topic, s.stale)
@@ -438,12 +500,27 @@ class Schedules:
             return
         for s in changed:  # until written and sent (an error leaves them to _repair)
             self._unsettled[s.key] = s
-        await self._file.write_runs(changed)
+        written = await self._write_runs(changed)
         await self._rewrite_if_due()
+        if len(written) < len(changed):  # the others' runs are another node's change's
+            sends = [n for n in sends if (n.message.topic, n.message.msg_id.rpartition("@")[0]) in written]
         if sends:
             await self.backend().send(sends)
         for s in changed:
             self._unsettled.pop(s.key, None)
+
+    async def _write_runs(self, states: list[ScheduleState]) -> dict[Key, ScheduleState]:
+        """Their progress written; a schedule another node changed meanwhile
+        (StaleRows, Redis) is read again and left out: that change holds.
+        The ones written."""
+        while True:
+            try:
+                await self._file.write_runs(states)
+                return {s.key: s for s in states}
+            except StaleRows as e:
+                await self._fresh(e.keys)
+                changed = set(e.keys)
+                states = [s for s in states if s.key not in changed]
 
     def _run_send(self, state: ScheduleState, nominal_ms: int, strict: bool) -> NewSend:
         spec = state.spec
@@ -473,6 +550,59 @@ class Schedules:
         if self._file.rewrite_due(self.bytes_held + 400 * len(self._states)):
             await self._file.rewrite(list(self._states.values()))
 
+    async def refresh(self, keys: Sequence[Key]) -> None:
+        """Schedules another node changed (Redis: the holder of the lease
+        is told which) read again, under the lock."""
+        async with self._lock:
+            await self._fresh(keys)
+
+    async def _fresh(self, keys: Sequence[Key]) -> None:
+        """RAM's copy of these schedules made the store's, where other
+        nodes write it too (a no-op on a store this node alone writes).
+        The caller holds the lock."""
+        fresh = await self._file.read(keys)
+        if fresh is None:
+            return
+        rows, stale = fresh
+        for key, row in rows.items():
+            before = self._states.pop(key, None)
+            if before is not None:
+                self.bytes_held -= before.spec.size_bytes
+            if row is None:
+                continue
+            state = ScheduleState.from_row(row)
+            if before is not None:  # this node's counts go on
+                state.released, state.missed, state.late_ms = before.released, before.missed, before.late_ms
+            self._states[key] = state
+            self.bytes_held += state.spec.size_bytes
+        if not self.firing:  # runs left to delete are the lease holder's, as is every run
+            return
+        live = {s.msg_id(s.pending) for s in self._states.values() if s.pending is not None}
+        for key in rows:
+            adopted = self._states.get(key)
+            if adopted is not None and adopted.stale is not None:  # a change whose node died before deleting it
+                if adopted.stale not in live:
+                    await self._drop_run(adopted.spec.topic, adopted.stale)
+                adopted.stale = None
+        for (topic, _), msg_id in stale.items():
+            if msg_id not in live:
+                await self._drop_run(topic, msg_id)
+        if stale:
+            await self._file.forget_stale(list(stale))
+
+    async def _as_stored(self, keys: Sequence[Key], change: Callable[[], Awaitable[T]]) -> T:
+        """An API call's `change` (the lock held) decided on these schedules
+        as stored now, and decided anew if another node changed them before
+        it was written (StaleRows: nothing of it was)."""
+        for attempt in range(STALE_ATTEMPTS):
+            await self._fresh(keys)
+            try:
+                return await change()
+            except StaleRows:
+                if attempt == STALE_ATTEMPTS - 1:
+                    raise
+        raise InvariantError("unreachable")
+
     # == the API's side ==========================================================
 
     def get(self, topic: str, schedule_id: str) -> ScheduleState:
@@ -500,7 +630,8 @@ class Schedules:
             puts, self._puts = self._puts, []
             if puts:
                 try:
-                    await self._put_all(puts)
+                    await self._as_stored([(s.topic, s.schedule_id) for s, _, _ in puts],
+                                          lambda: self._put_all(puts))
                 except BaseException as e:
                     for _, _, d in puts:
                         if not d.done():
@@ -512,10 +643,10 @@ class Schedules:
         """Each put decided in order against what the ones before it left,
         then all written at once, their old runs deleted, their first runs
         sent, and each put answered (or refused alone: 409, 429)."""
-        backend = self.backend()
         now_ms = self._clock.now_ms()
         made: dict[Key, ScheduleState] = {}  # this round's last state of each schedule
         answers: list[tuple[asyncio.Future[ScheduleState], ScheduleState]] = []
+        refused: list[tuple[asyncio.Future[ScheduleState], HourglassError]] = []  # answered once the rest is written
         count, held = len(self._states), self.bytes_held
         for spec, version, done in puts:
             key = (spec.topic, spec.schedule_id)
@@ -534,7 +665,7 @@ class Schedules:
                                        f"--max-schedule-bytes is {self.limits.max_bytes}: delete schedules first, "
                                        f"or raise --max-schedule-bytes")
             except HourglassError as e:
-                done.set_exception(e)
+                refused.append((done, e))
                 continue
             count += old is None
             held = now_held
@@ -550,8 +681,18 @@ class Schedules:
                 state.released, state.missed, state.late_ms = old.released, old.missed, old.late_ms
             made[state.key] = state
             answers.append((done, state))
-        if not made:
-            return
+        if made:
+            await self._made(made, held)
+        for done, error in refused:
+            done.set_exception(error)
+        for done, state in answers:
+            if not done.done():
+                done.set_result(state)
+
+    async def _made(self, made: dict[Key, ScheduleState], held: int) -> None:
+        """Puts decided (`held`: the schedules' bytes then): written at
+        once, their old runs deleted, their first runs sent."""
+        backend = self.backend()
         await self._write([{"put": s.row()} for s in made.values()])
         self._states.update(made)
         self.bytes_held = held
@@ -567,63 +708,99 @@ class Schedules:
             await backend.send(sends)
         for key in made:
             self._unsettled.pop(key, None)
-        for done, state in answers:
-            if not done.done():
-                done.set_result(state)
 
     async def delete(self, topic: str, schedule_id: str) -> None:
         """Remove a schedule and delete its pending run; NotFound if none."""
         self.backend()
         async with self._lock:
-            state = self.get(topic, schedule_id)
-            run = None if state.pending is None else state.msg_id(state.pending)
-            await self._write([{"delete": [topic, schedule_id], "stale": run}])
-            del self._states[state.key]
-            self.bytes_held -= state.spec.size_bytes
-            if run is not None:
-                await self._drop_run(topic, run)
+            await self._as_stored([(topic, schedule_id)], lambda: self._delete(topic, schedule_id))
+
+    async def _delete(self, topic: str, schedule_id: str) -> None:
+        state = self.get(topic, schedule_id)
+        run = None if state.pending is None else state.msg_id(state.pending)
+        await self._write([{"delete": [topic, schedule_id], "stale": run}])
+        del self._states[state.key]
+        self.bytes_held -= state.spec.size_bytes
+        if run is not None:
+            await self._drop_run(topic, run)
 
     async def pause(self, topic: str, schedule_id: str) -> ScheduleState:
         """No more runs until resumed; its pending run deleted. NotFound if none."""
         self.backend()
         async with self._lock:
-            state = self.get(topic, schedule_id)
-            if state.paused:
-                return state
-            run = None if state.pending is None else state.msg_id(state.pending)
-            state.paused, state.version, state.catch_up = True, state.version + 1, 0
-            if state.pending is not None:
-                state.pending, state.runs = None, state.runs - 1
-            state.stale = run
-            await self._write([{"put": state.row()}])
-            if run is not None:
-                await self._drop_run(topic, run)
-            state.stale = None
+            return await self._as_stored([(topic, schedule_id)], lambda: self._pause(topic, schedule_id))
+
+    async def _pause(self, topic: str, schedule_id: str) -> ScheduleState:
+        state = self.get(topic, schedule_id)
+        if state.paused:
             return state
+        run = None if state.pending is None else state.msg_id(state.pending)
+        paused = replace(state, paused=True, version=state.version + 1, catch_up=0, pending=None,
+                         runs=state.runs - (state.pending is not None), stale=run)
+        await self._write([{"put": paused.row()}])  # (RAM changed once it is written)
+        self._states[paused.key] = paused
+        if run is not None:
+            await self._drop_run(topic, run)
+        paused.stale = None
+        return paused
 
     async def resume(self, topic: str, schedule_id: str) -> ScheduleState:
         """Runs again from the first nominal time after now. NotFound if none."""
-        backend = self.backend()
+        self.backend()
         async with self._lock:
-            state = self.get(topic, schedule_id)
-            if not state.paused:
-                return state
-            left = state.runs_left()
-            now_ms = self._clock.now_ms()
-            first = None if left == 0 else state.recurrence.first_at_or_after(max(state.spec.start_ms, now_ms + 1))
-            state.paused, state.version, state.pending = False, state.version + 1, first
-            if first is not None:
-                state.runs += 1
-            await self._write([{"put": state.row()}])
-            if first is not None:
-                await backend.send([self._run_send(state, first, strict=False)])
+            return await self._as_stored([(topic, schedule_id)], lambda: self._resume(topic, schedule_id))
+
+    async def _resume(self, topic: str, schedule_id: str) -> ScheduleState:
+        backend = self.backend()
+        state = self.get(topic, schedule_id)
+        if not state.paused:
             return state
+        left = state.runs_left()
+        now_ms = self._clock.now_ms()
+        first = None if left == 0 else state.recurrence.first_at_or_after(max(state.spec.start_ms, now_ms + 1))
+        resumed = replace(state, paused=False, version=state.version + 1, pending=first,
+                          runs=state.runs + (first is not None))
+        await self._write([{"put": resumed.row()}])  # (RAM changed once it is written)
+        self._states[resumed.key] = resumed
+        if first is not None:
+            await backend.send([self._run_send(resumed, first, strict=False)])
+        return resumed
+
+    async def fetch(self, topic: str, schedule_id: str) -> ScheduleState:
+        """getSchedule's: the schedule as stored now. NotFound if none."""
+        async with self._lock:
+            await self._fresh([(topic, schedule_id)])
+        return self.get(topic, schedule_id)
+
+    async def fetch_page(self, topic: str, cursor: str | None, limit: int) -> tuple[list[ScheduleState], str | None]:
+        """listSchedules': `page` over the topic's schedules as stored now."""
+        async with self._lock:
+            ids = await self._file.topic_ids(topic)
+            if ids is not None:  # RAM's made the store's: the gone, and the page's (one more for the cursor)
+                gone = [key for key in self._states if key[0] == topic and key[1] not in ids]
+                shown = sorted(i for i in ids if cursor is None or i > cursor)[:limit + 1]
+                await self._fresh(gone + [(topic, i) for i in shown])
+        return self.page(topic, cursor, limit)
 
     async def last_runs(self, state: ScheduleState) -> list[dict[str, object]]:
         """getSchedule's lastRuns: the released runs, newest first, each with its message's status now."""
         backend = self.backend()
-        runs = []
-        for nominal_ms, late_ms, missed in reversed(state.last_runs):
+        runs: list[dict[str, object]] = []
+        listed = state.last_runs
+        if state.pending is not None:  # released, its next run not made yet (on Redis: until the lease holder sees it)
+            msg_id = state.msg_id(state.pending)
+            try:
+                message: Message | None = await backend.get(state.spec.topic, msg_id)
+            except NotFound:
+                message = None
+            if message is not None and message.status is not Status.WAITING:
+                late_ms = max(0, seen_released_ms(state.spec, state.pending, message.status, self._clock.now_ms())
+                              - state.pending)
+                runs.append({"scheduledTime": state.pending, "msgId": msg_id,
+                             "triggerTime": state.trigger_ms(state.pending), "status": int(message.status),
+                             "latenessMillis": late_ms, "missed": late_ms > state.spec.grace_ms})
+                listed = listed[len(listed) >= LAST_RUNS:]
+        for nominal_ms, late_ms, missed in reversed(listed):
             msg_id = state.msg_id(nominal_ms)
             try:
                 status: int | None = int((await backend.get(state.spec.topic, msg_id)).status)

@@ -76,6 +76,7 @@ async def run_redis(config: ServeConfig) -> int:
     try:
         node = RedisNode(config)
         await node.broker.start()
+        await node.schedule_lease.open()  # the API's schedules, served from the first request
     except Exception as e:  # the error names the URL, its password hidden
         log.critical("%s", e)
         if node is not None:

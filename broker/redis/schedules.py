@@ -1,42 +1,63 @@
 """Recurring schedules on the Redis backend (docs/redis.md, "Recurring
 schedules on Redis"): broker.schedules' `Schedules`, unchanged, over a
-`RedisScheduleStore`, run by the one node among those sharing the Redis
-that holds the schedules lease (`ScheduleLease`).
+`RedisScheduleStore`. Every node sharing the Redis serves the API's calls
+(put, delete, pause, resume, get, list) from Redis; the runs are made by
+the one node that holds the schedules lease (`ScheduleLease`).
 
 Keys (P = "<prefix>:{T'}:", the topic's hash tag as broker.redis.keys
 makes it, so every script of a topic's schedules is on one Cluster slot):
 
-    P schedules   hash    scheduleId -> the schedule's row (JSON: every
-                          parameter, version, paused, pending, runs,
-                          catchUp, lastRuns, stale), as the disk's "put"
-    P schedstale  hash    scheduleId -> the msgId of a deleted schedule's
-                          run, to delete if still waiting (as a "delete"
-                          record's `stale`)
-    P schedepoch  string  the highest lease epoch that wrote the topic's
-                          schedules: a script of a lower one is refused
-    <prefix>:schedtopics  set of topics that ever had a schedule
-    <prefix>:schedlease   string: the id of the node holding the lease
-                          (expires after lease_ms unless renewed)
-    <prefix>:schedepoch   counter: each taking of the lease adds one
+    P schedules    hash    scheduleId -> the schedule's row (JSON: every
+                           parameter, version, paused, pending, runs,
+                           catchUp, lastRuns, stale), as the disk's "put"
+    P schedstale   hash    scheduleId -> the msgId of a deleted schedule's
+                           run, to delete if still waiting (as a "delete"
+                           record's `stale`)
+    P schedrev     hash    scheduleId -> the revision of its row: the
+                           value of `schedseq` at the write that made it
+    P schedseq     string  a counter: each write of the topic's rows adds one
+    P schedchanged set     scheduleIds a node without the lease changed,
+                           for the holder to read again
+    <prefix>:schedtopics   set of topics that ever had a schedule
+    <prefix>:scheddirty    set of topics whose `schedchanged` has members
+    <prefix>:schedlease    string: the id of the node holding the lease
+                           (expires after lease_ms unless renewed)
+    <prefix>:schedepoch    counter: each taking of the lease adds one (logs)
 
 Each change of one topic's schedules is ONE script (`WRITE`) over its
-three keys: the rows put, deleted or their stale runs forgotten, in the
-order given, after checking the caller's epoch; the caller writes at most
-ADVANCE_SLICE (100) rows a script (broker.schedules' slices), so a script
-is bounded by 100 rows of at most --max-msg-bytes each.
+keys, a compare-and-set: each row is written only if its revision is the
+one this node read or wrote last, all of them or none (else the write is
+refused, `StaleRows`, and the caller reads them again and decides anew).
+The caller writes at most ADVANCE_SLICE (100) rows a script
+(broker.schedules' slices), so a script is bounded by 100 rows of at most
+--max-msg-bytes each. Reads of rows with their revisions are one script
+too (`READ`, `PAGE`), so a row is never paired with another's revision.
 
-Only the lease holder makes runs. A node takes the free lease (SET NX PX),
-draws a new epoch (INCR), claims every topic of `schedtopics` with it
-(CLAIM: from then on a script of an older epoch, a node that lost the
-lease and does not know yet, is refused) and only then reads the rows (in
-pages, HSCAN): whatever the old holder wrote before the claim is read.
-Its `Schedules` then recovers as after a restart on disk: each pending run
-that does not exist is sent, strictly (msgId `<scheduleId>@<nominal ms>`:
-a run the old holder sent meanwhile is answered, not made again), and one
-released is followed. So no run is lost or made twice across node deaths,
-and the only cost of a holder's death is the wait for its lease to lapse
-(a run due meanwhile is released on time by any node's mover, and the
-next one made when the next holder sees it released).
+The API. Every node keeps a `Schedules` (loaded at its start: its counts
+for --max-schedules); each call first reads the schedules it is about
+from Redis (one script), decides on them as the disk does, and writes
+(the compare-and-set). So any node answers at once, whichever node holds
+the lease, or none (a dead holder's lease not lapsed yet); two nodes
+changing one schedule at once are ordered by the revision. A node without
+the lease adds what it changed to the topic's `schedchanged` in the same
+script, and the topic to `scheddirty` after it.
+
+The runs. A node takes the free lease (SET NX PX; a node that finds it
+taken looks again when it would lapse), reads every schedule afresh and
+starts a `Schedules` of its own that makes the runs, recovering as after a
+restart on disk: each pending run that does not exist is sent, strictly
+(msgId `<scheduleId>@<nominal ms>`: a run the old holder sent meanwhile is
+answered, not made again), and one released is followed. It serves the
+node's API calls from then on. `ChangeFeed` reads the schedules other
+nodes changed (popped from `scheddirty` and `schedchanged` every
+WATCH_MAX_SLEEP_MS, every topic's every lease_ms in case a node died
+between its write and its `scheddirty`). A holder that lost the lease and
+does not know yet writes with revisions too: of two nodes following one
+release, the second's write is refused, and it reads what the first did.
+So no run is lost or made twice across node deaths, and the only cost of a
+holder's death is the wait for its lease to lapse (a run due meanwhile is
+released on time by any node's mover, and the next one made when the next
+holder sees it released).
 
 Releases. On disk the releaser tells `Schedules.on_release` in the turn it
 releases a run; on Redis any node's TICK script releases it, so the holder
@@ -48,7 +69,9 @@ deadline (nominal + misfireGraceMillis, `NewSend.skip_after_ms`, kept in
 its meta): the script that releases it after that ends it unseen (status
 5) in the same step, as the disk's releaser does through `on_release`, so
 it is never delivered; one that the script delivered was released within
-its grace and counts so even if the watch saw it later.
+its grace and counts so even if the watch saw it later. getSchedule lists
+a released run whose next run is not made yet (broker.schedules'
+`last_runs`), so an acked run is listed on every node at once.
 """
 
 from __future__ import annotations
@@ -58,55 +81,67 @@ import contextlib
 import logging
 import uuid
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import orjson
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 
-from storage.entry import Message, Status
+from storage.entry import Status
 from storage.errors import HourglassError, NotFound, Unavailable
 from wheel.clock import Clock
 
 from ..backend import Backend
-from ..recurrence import Misfire
 from ..schedule_file import Key, Row, RowError, RunProgress
-from ..schedules import ADVANCE_SLICE, ScheduleLimits, Schedules, ScheduleState
+from ..schedules import ADVANCE_SLICE, Fresh, ScheduleLimits, Schedules, StaleRows, seen_released_ms
 from .keys import escape_topic
 from .link import REDIS_ERRORS
 
 log = logging.getLogger("hourglass.redis.schedules")
 
-# KEYS: schedules, schedstale, schedepoch. ARGV: epoch, then triples
-# kind id value: "P" id row (put), "D" id stale-or-"" (delete), "F" id ""
-# (a stale run dealt with). -> the number applied, or the error HGFENCED.
+# KEYS: schedules, schedstale, schedrev, schedseq, schedchanged. ARGV:
+# announce ("1": add the ids to schedchanged), then quads kind id rev value:
+# "P" id rev row (put), "D" id rev stale-or-"" (delete), "F" id "" ""
+# (a stale run dealt with). P and D apply only if the id's revision is
+# `rev` ("0": none), all or none -> {revision written} | {0, stale ids}.
 WRITE = """
-local epoch = tonumber(ARGV[1])
-local held = tonumber(redis.call('GET', KEYS[3]) or '0')
-if epoch < held then return redis.error_reply('HGFENCED schedules written by lease epoch ' .. held) end
-if epoch > held then redis.call('SET', KEYS[3], ARGV[1]) end
-local n = 0
-for i = 2, #ARGV, 3 do
-  local kind, id, value = ARGV[i], ARGV[i + 1], ARGV[i + 2]
+local stale = {}
+for i = 2, #ARGV, 4 do
+  if ARGV[i] ~= 'F' and (redis.call('HGET', KEYS[3], ARGV[i + 1]) or '0') ~= ARGV[i + 2] then
+    stale[#stale + 1] = ARGV[i + 1]
+  end
+end
+if #stale > 0 then return {0, stale} end
+local rev = redis.call('INCR', KEYS[4])
+for i = 2, #ARGV, 4 do
+  local kind, id, value = ARGV[i], ARGV[i + 1], ARGV[i + 3]
   if kind == 'P' then
     redis.call('HSET', KEYS[1], id, value)
+    redis.call('HSET', KEYS[3], id, rev)
     redis.call('HDEL', KEYS[2], id)
   elseif kind == 'D' then
     redis.call('HDEL', KEYS[1], id)
+    redis.call('HDEL', KEYS[3], id)
     if value ~= '' then redis.call('HSET', KEYS[2], id, value) else redis.call('HDEL', KEYS[2], id) end
   else
     redis.call('HDEL', KEYS[2], id)
   end
-  n = n + 1
+  if kind ~= 'F' and ARGV[1] == '1' then redis.call('SADD', KEYS[5], id) end
 end
-return n
+return {rev}
 """
-# KEYS: schedepoch. ARGV: epoch -> 1, or the error HGFENCED (a later holder claimed it).
-CLAIM = """
-local held = tonumber(redis.call('GET', KEYS[1]) or '0')
-if tonumber(ARGV[1]) < held then return redis.error_reply('HGFENCED schedules claimed by lease epoch ' .. held) end
-redis.call('SET', KEYS[1], ARGV[1])
-return 1
+# KEYS: schedules, schedstale, schedrev. ARGV: ids -> {rows, stale runs, revisions} (false: none).
+READ = """
+return {redis.call('HMGET', KEYS[1], unpack(ARGV)), redis.call('HMGET', KEYS[2], unpack(ARGV)),
+        redis.call('HMGET', KEYS[3], unpack(ARGV))}
+"""
+# KEYS: schedules, schedrev. ARGV: cursor count -> {next cursor, {id, row, ...}, revisions}.
+PAGE = """
+local page = redis.call('HSCAN', KEYS[1], ARGV[1], 'COUNT', ARGV[2])
+local ids = {}
+for i = 1, #page[2], 2 do ids[#ids + 1] = page[2][i] end
+local revs = {}
+if #ids > 0 then revs = redis.call('HMGET', KEYS[2], unpack(ids)) end
+return {page[1], page[2], revs}
 """
 # KEYS: schedlease. ARGV: node lease_ms -> 1 renewed | 0 another's (or lapsed).
 RENEW = """
@@ -121,95 +156,165 @@ RELEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
 """
-FENCED = "HGFENCED"
-# Rows read at a time when the lease is taken (HSCAN's COUNT).
+# Rows read at a time when the lease is taken (HSCAN's COUNT), and
+# changed scheduleIds popped at a time by the holder.
 READ_PAGE = 200
 # A pending run found still WAITING at its trigger time is read again this
 # soon (the TICK that releases it runs at about that time, on some node).
 RECHECK_MS = 20
 # The longest the watch sleeps: a run put or made since its last look is
-# seen within this.
+# seen within this; and how often the holder reads what other nodes changed.
 WATCH_MAX_SLEEP_MS = 200
+# A node that finds the lease taken looks again at most this often, and
+# at least this long after the lease was to lapse (PTTL).
+LEASE_LOOK_MIN_MS = 20
+
+
+def _parse_row(topic: str, schedule_id: str, value: str) -> Row:
+    row = orjson.loads(value)
+    if not isinstance(row, dict):
+        raise RowError(f"schedule {schedule_id!r} of topic {topic!r} is not a JSON object")
+    return row
 
 
 class RedisScheduleStore:
-    """broker.schedules' ScheduleStore over Redis (the module docstring).
-    `open` claims every topic for `epoch` and reads the rows."""
+    """broker.schedules' ScheduleStore over Redis (the module docstring):
+    the rows, and the revision this node last read or wrote of each, the
+    compare-and-set of its writes. `open` reads them all; `announce` (a
+    node without the lease) tells the holder of each change."""
 
-    def __init__(self, client: aioredis.Redis | RedisCluster, key_prefix: str, epoch: int) -> None:
+    def __init__(self, client: aioredis.Redis | RedisCluster, key_prefix: str, *, announce: bool) -> None:
         self._redis = client
         self._prefix = key_prefix
-        self.epoch = epoch
+        self.announce = announce
         self.rows: dict[Key, Row] = {}
         self.stale: dict[Key, str] = {}
+        self._revs: dict[Key, int] = {}  # the revision of each row this node knows (absent: none)
         self._write = client.register_script(WRITE)
-        self._claim = client.register_script(CLAIM)
+        self._read = client.register_script(READ)
+        self._page = client.register_script(PAGE)
         self._topics: set[str] = set()  # topics known to be in schedtopics
         self.scripts = 0  # WRITE scripts run (tests)
 
     def __repr__(self) -> str:
-        return f"RedisScheduleStore(prefix={self._prefix!r}, epoch={self.epoch}, topics={len(self._topics)})"
+        return (f"RedisScheduleStore(prefix={self._prefix!r}, rows={len(self._revs)}, "
+                f"topics={len(self._topics)}, announce={self.announce})")
 
     def keys(self, topic: str) -> list[str]:
+        """schedules, schedstale, schedrev, schedseq, schedchanged."""
         p = f"{self._prefix}:{{{escape_topic(topic)}}}:"
-        return [p + "schedules", p + "schedstale", p + "schedepoch"]
+        return [p + "schedules", p + "schedstale", p + "schedrev", p + "schedseq", p + "schedchanged"]
 
     @property
     def topics_key(self) -> str:
         return f"{self._prefix}:schedtopics"
 
-    async def open(self) -> None:
-        """Claim every topic with schedules for this epoch, then read its rows."""
+    @property
+    def dirty_key(self) -> str:
+        return f"{self._prefix}:scheddirty"
+
+    async def open(self, *, clear_changes: bool = False) -> None:
+        """Read every topic's rows. `clear_changes` (the lease holder's):
+        the changes announced before are in what is read, so forgotten
+        first (one made meanwhile is announced again)."""
         try:
+            if clear_changes:
+                await self._redis.delete(self.dirty_key)
             self._topics = {str(t) for t in await self._redis.smembers(self.topics_key)}
             for topic in sorted(self._topics):
-                rows, stale, epoch_key = self.keys(topic)
-                await self._call(self._claim, [epoch_key], [str(self.epoch)])
-                async for schedule_id, value in self._redis.hscan_iter(rows, count=READ_PAGE):
-                    row = orjson.loads(value)
-                    if not isinstance(row, dict):
-                        raise RowError(f"schedule {schedule_id!r} of topic {topic!r} is not a JSON object")
-                    self.rows[(topic, schedule_id)] = row
+                rows, stale, revs, _, changed = self.keys(topic)
+                if clear_changes:
+                    await self._redis.delete(changed)
+                cursor = "0"
+                while True:
+                    cursor, pairs, at = await self._page(keys=[rows, revs], args=[cursor, str(READ_PAGE)])
+                    for n in range(0, len(pairs), 2):
+                        key = (topic, str(pairs[n]))
+                        self.rows[key] = _parse_row(topic, key[1], pairs[n + 1])
+                        self._revs[key] = int(at[n // 2] or 0)
+                    if str(cursor) == "0":
+                        break
                 async for schedule_id, msg_id in self._redis.hscan_iter(stale, count=READ_PAGE):
                     self.stale[(topic, schedule_id)] = msg_id
         except REDIS_ERRORS as e:
             raise Unavailable(f"cannot read the schedules from Redis: {e}") from e
 
-    async def _call(self, script: Any, keys: list[str], args: list[str]) -> Any:
+    async def read(self, keys: Sequence[Key]) -> Fresh:
+        """The schedules whose revision is not the one this node knows, as
+        they are now (one script per topic), and the stale runs of those
+        deleted (ScheduleStore.read)."""
+        by_topic: dict[str, list[str]] = {}
+        for topic, schedule_id in keys:
+            by_topic.setdefault(topic, []).append(schedule_id)
+        rows: dict[Key, Row | None] = {}
+        stale: dict[Key, str] = {}
+        for topic, ids in by_topic.items():
+            ids = list(dict.fromkeys(ids))
+            try:
+                values, runs, revs = await self._read(keys=self.keys(topic)[:3], args=ids)
+            except REDIS_ERRORS as e:
+                raise Unavailable(f"cannot read the schedules from Redis: {e}") from e
+            for schedule_id, value, run, rev in zip(ids, values, runs, revs):
+                key = (topic, schedule_id)
+                if value is None and run is not None:
+                    stale[key] = str(run)
+                now = int(rev or 0)
+                if now == self._revs.get(key, 0) and (value is None) == (now == 0):
+                    continue
+                rows[key] = None if value is None else _parse_row(topic, schedule_id, value)
+                if value is None:
+                    self._revs.pop(key, None)
+                else:
+                    self._revs[key] = now
+        return rows, stale
+
+    async def topic_ids(self, topic: str) -> set[str]:
         try:
-            return await script(keys=keys, args=args)
+            return {str(i) for i in await self._redis.hkeys(self.keys(topic)[0])}
         except REDIS_ERRORS as e:
-            if str(e).startswith(FENCED):
-                raise Unavailable(f"this node no longer holds the schedules lease ({e}); retry") from e
-            raise Unavailable(f"cannot write the schedules to Redis: {e}") from e
+            raise Unavailable(f"cannot read the schedules from Redis: {e}") from e
 
     async def write(self, records: list[Row]) -> None:
         """The records applied, one script per topic (in the order given
-        within it): durable as Redis keeps what it is told."""
-        by_topic: dict[str, list[str]] = {}
+        within it), each if no other node changed its rows since this one
+        read them (else StaleRows, that topic's nothing applied): durable
+        as Redis keeps what it is told."""
+        by_topic: dict[str, list[tuple[str, str, str]]] = {}
         for record in records:
             row = record.get("put")
             if isinstance(row, dict):
-                topic, schedule_id = str(row["topic"]), str(row["scheduleId"])
-                by_topic.setdefault(topic, []).extend(("P", schedule_id, orjson.dumps(row).decode()))
+                topic = str(row["topic"])
+                by_topic.setdefault(topic, []).append(("P", str(row["scheduleId"]), orjson.dumps(row).decode()))
                 continue
             deleted = record["delete"]
             assert isinstance(deleted, list)  # a record broker.schedules made
             stale = record.get("stale")
-            by_topic.setdefault(str(deleted[0]), []).extend(
+            by_topic.setdefault(str(deleted[0]), []).append(
                 ("D", str(deleted[1]), stale if isinstance(stale, str) else ""))
         await self._apply(by_topic)
 
-    async def _apply(self, by_topic: dict[str, list[str]]) -> None:
+    async def _apply(self, by_topic: dict[str, list[tuple[str, str, str]]]) -> None:
         for topic, ops in by_topic.items():
-            if topic not in self._topics:
-                try:
+            try:
+                if topic not in self._topics:
                     await self._redis.sadd(self.topics_key, topic)
-                except REDIS_ERRORS as e:
-                    raise Unavailable(f"cannot write the schedules to Redis: {e}") from e
-                self._topics.add(topic)
-            self.scripts += 1
-            await self._call(self._write, self.keys(topic), [str(self.epoch), *ops])
+                    self._topics.add(topic)
+                self.scripts += 1
+                args = ["1" if self.announce else "0"]
+                for kind, schedule_id, value in ops:
+                    args += (kind, schedule_id, str(self._revs.get((topic, schedule_id), 0)), value)
+                answer = await self._write(keys=self.keys(topic), args=args)
+                if int(answer[0]) == 0:
+                    raise StaleRows([(topic, str(i)) for i in answer[1]])
+                for kind, schedule_id, _ in ops:
+                    if kind == "P":
+                        self._revs[(topic, schedule_id)] = int(answer[0])
+                    elif kind == "D":
+                        self._revs.pop((topic, schedule_id), None)
+                if self.announce:  # the holder reads them again (ChangeFeed)
+                    await self._redis.sadd(self.dirty_key, topic)
+            except REDIS_ERRORS as e:
+                raise Unavailable(f"cannot write the schedules to Redis: {e}") from e
 
     async def write_runs(self, states: Sequence[RunProgress]) -> None:
         """Runs made: each schedule's row (one script per topic)."""
@@ -222,13 +327,66 @@ class RedisScheduleStore:
         return None
 
     async def forget_stale(self, keys: list[Key]) -> None:
-        by_topic: dict[str, list[str]] = {}
+        by_topic: dict[str, list[tuple[str, str, str]]] = {}
         for topic, schedule_id in keys:
-            by_topic.setdefault(topic, []).extend(("F", schedule_id, ""))
+            by_topic.setdefault(topic, []).append(("F", schedule_id, ""))
         await self._apply(by_topic)
 
     def close(self) -> None:
         return None
+
+
+class ChangeFeed:
+    """The lease holder's: reads again the schedules other nodes changed
+    (the module docstring), every WATCH_MAX_SLEEP_MS, and every topic's
+    every `sweep_ms`."""
+
+    def __init__(self, client: aioredis.Redis | RedisCluster, store: RedisScheduleStore, schedules: Schedules,
+                 clock: Clock, sweep_ms: int) -> None:
+        self._redis = client
+        self._store = store
+        self._schedules = schedules
+        self._clock = clock
+        self._sweep_ms = sweep_ms
+        self.read = 0  # schedules read again (tests)
+
+    def __repr__(self) -> str:
+        return f"ChangeFeed({self.read} schedules read again)"
+
+    async def run(self) -> None:
+        swept_ms = self._clock.now_ms()
+        while True:
+            await self._clock.sleep(WATCH_MAX_SLEEP_MS / 1000)
+            try:
+                if self._clock.now_ms() - swept_ms >= self._sweep_ms:
+                    swept_ms = self._clock.now_ms()
+                    topics = {str(t) for t in await self._redis.smembers(self._store.topics_key)}
+                else:
+                    topics = set()
+                while True:
+                    popped = await self._redis.spop(self._store.dirty_key, READ_PAGE)
+                    if not popped:
+                        break
+                    topics.update(str(t) for t in popped)
+                for topic in sorted(topics):
+                    await self._follow(topic)
+            except (*REDIS_ERRORS, HourglassError) as e:  # looked at again next round
+                log.warning("schedules: cannot read what other nodes changed: %s", e)
+
+    async def _follow(self, topic: str) -> None:
+        changed = self._store.keys(topic)[4]
+        while True:
+            ids = [str(i) for i in await self._redis.spop(changed, READ_PAGE) or ()]
+            if not ids:
+                return
+            try:
+                await self._schedules.refresh([(topic, i) for i in ids])
+            except BaseException:  # put back for the next round
+                with contextlib.suppress(*REDIS_ERRORS):
+                    await self._redis.sadd(changed, *ids)
+                    await self._redis.sadd(self._store.dirty_key, topic)
+                raise
+            self.read += len(ids)
 
 
 class RunWatch:
@@ -279,29 +437,20 @@ class RunWatch:
                     next_ms = min(next_ms, self._clock.now_ms() + RECHECK_MS)
                     continue
                 self._told.add((state.key, nominal_ms))
-                self._schedules.on_release([message], self._released_ms(state, nominal_ms, message))
+                self._schedules.on_release([message], seen_released_ms(state.spec, nominal_ms, message.status,
+                                                                        self._clock.now_ms()))
                 # its next run is made now, and may be due already (runs caught up after a lease changed hands)
                 next_ms = min(next_ms, self._clock.now_ms() + RECHECK_MS)
             await self._clock.sleep(max(0, next_ms - self._clock.now_ms()) / 1000)
 
-    def _released_ms(self, state: ScheduleState, nominal_ms: int, message: Message) -> int:
-        """When the run counts as released: when it was seen so, except that
-        a run of misfire=skip that a script delivered was released within
-        its grace (the script would have ended it unseen past it), so it is
-        not counted missed for having been seen late."""
-        now_ms = self._clock.now_ms()
-        spec = state.spec
-        if spec.misfire is Misfire.SKIP and message.status is not Status.EXPIRED:
-            return min(now_ms, nominal_ms + spec.grace_ms)
-        return now_ms
-
 
 class ScheduleLease:
-    """Takes and holds the schedules lease for this node, and while it holds
-    it runs the node's `Schedules` (handed to `publish`; None while it does
-    not hold it). Renewed every lease_ms / 3; a renewal that fails, or no
-    renewal for 2/3 of lease_ms, stops the schedules before the lease can
-    have lapsed for another node to take."""
+    """The node's schedules: a `Schedules` that serves the API (handed to
+    `publish` by `open`), and the schedules lease, taken and held for this
+    node; while it holds it, a `Schedules` that makes the runs serves the
+    API too (published in its place). Renewed every lease_ms / 3; a renewal
+    that fails, or no renewal for 2/3 of lease_ms, stops making runs before
+    the lease can have lapsed for another node to take."""
 
     def __init__(self, client: aioredis.Redis | RedisCluster, key_prefix: str, backend: Backend, clock: Clock,
                  limits: ScheduleLimits, publish: Callable[[Schedules | None], None], *,
@@ -316,8 +465,10 @@ class ScheduleLease:
         self.node = uuid.uuid4().hex
         self._renew = client.register_script(RENEW)
         self._release = client.register_script(RELEASE)
-        self.schedules: Schedules | None = None
-        self._watch: asyncio.Task[None] | None = None
+        self.view: Schedules | None = None  # serves the API while this node does not hold the lease
+        self.schedules: Schedules | None = None  # makes the runs: while this node holds the lease
+        self._store: RedisScheduleStore | None = None  # the store of `schedules`
+        self._tasks: list[asyncio.Task[None]] = []  # the holder's RunWatch and ChangeFeed
         self._task: asyncio.Task[None] | None = None
         self.epoch = 0
         self.takes = 0  # times this node took the lease (tests)
@@ -329,12 +480,23 @@ class ScheduleLease:
     def lease_key(self) -> str:
         return f"{self._prefix}:schedlease"
 
+    async def open(self) -> None:
+        """Read the schedules and serve the API's calls (before the node
+        listens, so that it answers them from its first request)."""
+        store = RedisScheduleStore(self._redis, self._prefix, announce=True)
+        await store.open()
+        view = Schedules(store, self._clock, self._limits)
+        view.serve(self._backend)
+        self.view = view
+        if self.schedules is None:
+            self._publish(view)
+
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="schedule-lease")
         self._task.add_done_callback(_lease_loop_ended)
 
     async def stop(self) -> None:
-        """Stop the schedules and let the lease go (another node takes it at once)."""
+        """Stop making runs and let the lease go (another node takes it at once)."""
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
@@ -349,11 +511,17 @@ class ScheduleLease:
         renewed_ms = 0
         while True:
             now_ms = self._clock.now_ms()
+            wait_ms = self.lease_ms // 3
             try:
+                if self.view is None and self.schedules is None:
+                    await self.open()
                 if self.schedules is None:
                     if await self._redis.set(self.lease_key, self.node, nx=True, px=self.lease_ms):
                         renewed_ms = now_ms
                         await self._take()
+                    else:  # looked at again when it would lapse (a dead holder's: its lease time at most)
+                        left_ms = int(await self._redis.pttl(self.lease_key))
+                        wait_ms = max(LEASE_LOOK_MIN_MS, min(wait_ms, left_ms + LEASE_LOOK_MIN_MS))
                 elif await self._renew(keys=[self.lease_key], args=[self.node, str(self.lease_ms)]):
                     renewed_ms = now_ms
                 else:
@@ -363,30 +531,39 @@ class ScheduleLease:
                 log.warning("schedules: lease: %s", e)
                 if self.schedules is not None and self._clock.now_ms() - renewed_ms > 2 * self.lease_ms // 3:
                     await self._let_go()  # it may lapse before a renewal gets through
-            await self._clock.sleep(self.lease_ms / 3000)
+            await self._clock.sleep(wait_ms / 1000)
 
     async def _take(self) -> None:
         self.epoch = int(await self._redis.incr(f"{self._prefix}:schedepoch"))
-        store = RedisScheduleStore(self._redis, self._prefix, self.epoch)
-        await store.open()
+        store = RedisScheduleStore(self._redis, self._prefix, announce=False)
+        await store.open(clear_changes=True)
         schedules = Schedules(store, self._clock, self._limits)
         schedules.start(self._backend)
-        self.schedules = schedules
-        self._watch = asyncio.create_task(RunWatch(schedules, self._backend, self._clock).run(), name="run-watch")
+        self.schedules, self._store = schedules, store
+        self.view = None  # (its RAM given back: `schedules` serves the API now)
+        self._tasks = [asyncio.create_task(RunWatch(schedules, self._backend, self._clock).run(), name="run-watch"),
+                       asyncio.create_task(ChangeFeed(self._redis, store, schedules, self._clock,
+                                                      self.lease_ms).run(), name="schedule-changes")]
         self.takes += 1
         self._publish(schedules)
         log.info("schedules: this node holds the lease (epoch %d): %d schedules", self.epoch, len(schedules))
 
     async def _let_go(self) -> None:
+        """Stop making runs; the schedules that made them serve the API
+        from now on (the freshest this node has), telling the next holder
+        of each change."""
         schedules, self.schedules = self.schedules, None
-        watch, self._watch = self._watch, None
-        self._publish(None)
-        if watch is not None:
-            watch.cancel()
-            await asyncio.gather(watch, return_exceptions=True)
-        if schedules is not None:
-            await schedules.stop()
-            schedules.close()
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if schedules is None:
+            return
+        await schedules.stop()  # (it serves the API meanwhile, and again at once after)
+        if self._store is not None:
+            self._store.announce = True
+        schedules.serve(self._backend)
+        self.view = schedules
 
 
 def _lease_loop_ended(task: asyncio.Task[None]) -> None:
@@ -397,4 +574,4 @@ def _lease_loop_ended(task: asyncio.Task[None]) -> None:
                      task.exception(), exc_info=task.exception())
 
 
-__all__ = ["ADVANCE_SLICE", "RedisScheduleStore", "RunWatch", "ScheduleLease"]
+__all__ = ["ADVANCE_SLICE", "ChangeFeed", "RedisScheduleStore", "RunWatch", "ScheduleLease"]

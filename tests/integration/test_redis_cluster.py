@@ -280,12 +280,12 @@ def test_schedules_across_masters_touch_only_declared_keys(cluster_url, cluster_
     master: an every-second and a cron-with-seconds schedule on each, every
     run delivered as one message (msgId `<scheduleId>@<nominal ms>`, each
     nominal second once), get/list/pause/resume answered by the lease
-    holder, the lease handed to the other node (its CLAIM on every topic's
-    slot) and the schedules deleted there; the schedules' own scripts
-    (WRITE, CLAIM, RENEW, RELEASE) and the backend's checked for undeclared
-    keys like every other."""
+    holder and by the other node (the holder reading its change), the
+    lease handed to the other node and the schedules deleted there; the
+    schedules' own scripts (WRITE, READ, PAGE, RENEW, RELEASE) and the
+    backend's checked for undeclared keys like every other."""
     monkeypatch.setattr(redis_link, "SCRIPTS", {n: declared_only(s) for n, s in redis_link.SCRIPTS.items()})
-    for name in ("WRITE", "CLAIM", "RENEW", "RELEASE"):
+    for name in ("WRITE", "READ", "PAGE", "RENEW", "RELEASE"):
         monkeypatch.setattr(redis_schedules, name, declared_only(getattr(redis_schedules, name)))
     topics = topics_on_every_master(cluster_url, len(cluster_ports), per_master=1)
     config = RedisConfig(key_prefix="sched", poll_ms=50, lease_ms=600)
@@ -351,6 +351,14 @@ def test_schedules_across_masters_touch_only_declared_keys(cluster_url, cluster_
                 assert not resumed.paused and resumed.pending is not None
                 pending = await other.get(topic, resumed.msg_id(resumed.pending))
                 assert pending.status is Status.WAITING
+                view = leases[1 - leases.index(first)].view  # the other node's: served from Redis too
+                assert view is not None and not view.firing
+                assert (await view.pause(topic, "cron")).version == 2
+                deadline = time.monotonic() + 5
+                while not schedules.get(topic, "cron").paused:  # the holder read the other node's change
+                    assert time.monotonic() < deadline
+                    await asyncio.sleep(0.05)
+                assert (await view.resume(topic, "cron")).version == 3
             await first.stop()  # the lease let go: the other node takes it, claiming every topic
             second = await holding([lease for lease in leases if lease is not first])
             assert second.epoch > first.epoch and len(second.schedules) == 2 * len(topics)

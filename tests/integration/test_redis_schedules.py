@@ -1,16 +1,25 @@
 """Recurring schedules on Redis with real `hourglass serve --backend
-redis://` processes sharing one real redis-server (the session's): two
-nodes, an every-second schedule (misfire=once, 60 s grace), a consumer
-long-polling both; the node holding the schedules lease is SIGKILLed and
-restarted twice, the other taking the lease once it lapses. Every nominal
-second from the first run to the last is delivered (no run lost), each
-run's message was made once (one produceTime per msgId, the drill
-checker's rule: bench/drill_history.py), and none before its nominal
-time. The API's schedule calls are covered on Redis by the conformance
-suite (tests/conformance/test_conformance_schedules.py)."""
+redis://` processes sharing one real redis-server (the session's):
+
+- two nodes, an every-second schedule (misfire=once, 60 s grace), a
+  consumer long-polling both; the node holding the schedules lease is
+  SIGKILLed and restarted twice, the other taking the lease once it
+  lapses. Every nominal second from the first run to the last is
+  delivered (no run lost), each run's message was made once (one
+  produceTime per msgId, the drill checker's rule: bench/drill_history.py),
+  and none before its nominal time;
+- the holder SIGKILLed and a new node started: every node answers the
+  schedule calls at once (never 503, the dead node's lease still
+  running), each seeing the others' changes, and the dead node's
+  schedules fire again within the lease time;
+- two runs acked: getSchedule's lastRuns lists both, on every node, at once.
+
+The API's schedule calls are covered on Redis by the conformance suite
+(tests/conformance/test_conformance_schedules.py)."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 import uuid
@@ -33,13 +42,20 @@ def _tail(path: str, lines: int = 30) -> str:
         return f"({e})"
 
 
+def holds_lease(node: Server) -> bool:
+    """Whether the node makes the schedules' runs (/metrics' hourglass_schedules_lease)."""
+    code, text = node.get("/metrics")
+    assert code == 200 and isinstance(text, bytes), text
+    return b"\nhourglass_schedules_lease 1" in text
+
+
 def holder(nodes: list[Server], wait_s: float = HOLDER_WAIT_S) -> int:
-    """The index of the node serving the schedules (the others answer 503)."""
+    """The index of the node holding the schedules lease."""
     deadline = time.monotonic() + wait_s
     while True:
         for i, node in enumerate(nodes):
             try:
-                if node.get("listSchedules", topic="none")[0] == 200:
+                if holds_lease(node):
                     return i
             except OSError:
                 pass
@@ -96,8 +112,8 @@ def test_kill_9_of_the_lease_holder_loses_no_run_and_makes_none_twice(redis_url,
         first = holder(nodes)
         code, answer = nodes[first].post("putSchedule", topic=topic, scheduleId="s", everyMillis=1000, msg="run")
         assert code == 200, answer
-        assert nodes[1 - first].post("putSchedule", topic=topic, scheduleId="x", everyMillis=1000,
-                                     msg="run")[0] == 503  # the other node: not the holder
+        code, answer = nodes[1 - first].get("getSchedule", topic=topic, scheduleId="s")  # any node serves them
+        assert code == 200 and answer["schedule"]["version"] == 1, answer
         for c in consumers:
             c.start()
         for _ in range(2):
@@ -133,3 +149,204 @@ def test_kill_9_of_the_lease_holder_loses_no_run_and_makes_none_twice(redis_url,
     assert all(s == 2 for s in since[:-1]) and since[-1] in (1, 2), since
     found = check(history)
     assert found.runs_twice == 0 and found.runs_early == 0 and found.failed == [], found.as_dict()
+
+
+LEASE_MS = 10_000  # RedisConfig.lease_ms: a killed holder's lease runs this long after its last renewal
+CALLS = ("putSchedule", "pauseSchedule", "resumeSchedule", "getSchedule", "listSchedules", "deleteSchedule")
+
+
+def schedule_calls(node: Server, topic: str, schedule_id: str) -> dict[str, int]:
+    """Each schedule call once on `node`, in CALLS' order: the HTTP code of each."""
+    codes = {}
+    for call in CALLS:
+        params = {"topic": topic, "scheduleId": schedule_id}
+        if call == "putSchedule":
+            params |= {"everyMillis": 60_000, "msg": "x"}
+        answer = (node.get if call in ("getSchedule", "listSchedules") else node.post)(call, **params)
+        codes[call] = answer[0]
+    return codes
+
+
+def test_every_node_serves_the_schedule_calls_while_a_killed_holders_lease_runs(redis_url, tmp_path):
+    topic = "sched-" + uuid.uuid4().hex[:8]
+    redis_url = own_database(redis_url)
+    nodes = [Server.start(tmp_path / f"node{i}", "--backend", redis_url, log_path=tmp_path / f"node{i}.log")
+             for i in range(2)]
+    try:
+        held = holder(nodes)
+        schedule = nodes[held].post("putSchedule", topic=topic, scheduleId="s", everyMillis=1000, msg="run")[1]
+        first = schedule["schedule"]["nextFireTimes"][0]
+        survivor = nodes[1 - held]
+        got = pull_until(survivor, topic, 1, timeout_s=10, ackTimeoutMillis=60_000)
+        assert [m["scheduledTime"] for m in got] == [first]
+        nodes[held].kill()
+        killed_ms = int(time.time() * 1000)
+        nodes[held] = Server.start(tmp_path / "node-new", "--backend", redis_url, log_path=tmp_path / "new.log")
+        new = nodes[held]
+        # the dead node's lease runs for up to LEASE_MS more: every node answers every call meanwhile, at once
+        codes = {name: schedule_calls(node, topic, f"api-{name}") for name, node in (("new", new),
+                                                                                      ("survivor", survivor))}
+        assert codes == {name: dict.fromkeys(CALLS, 200) for name in codes}, codes
+        assert not holds_lease(new) and not holds_lease(survivor)  # (all of it before the lease lapsed)
+        # each node's change seen by the other
+        put = new.post("putSchedule", topic=topic, scheduleId="x", everyMillis=3_600_000, msg="x")[1]["schedule"]
+        assert put["version"] == 1
+        paused = survivor.post("pauseSchedule", topic=topic, scheduleId="x")[1]["schedule"]
+        assert paused["version"] == 2 and paused["paused"] is True
+        assert message(survivor, topic, f"x@{put['nextFireTimes'][0]}") == 404  # its pending run deleted
+        resumed = new.post("resumeSchedule", topic=topic, scheduleId="x")[1]["schedule"]
+        assert resumed["version"] == 3 and resumed["paused"] is False
+        code, refused = survivor.post("putSchedule", topic=topic, scheduleId="x", everyMillis=1000, msg="y",
+                                      version=2)
+        assert code == 409 and "version 3" in refused["msg"], refused
+        listed = survivor.get("listSchedules", topic=topic)[1]["schedules"]
+        assert [(s["scheduleId"], s["version"]) for s in listed] == [("s", 1), ("x", 3)]
+        assert new.post("deleteSchedule", topic=topic, scheduleId="x")[0] == 200
+        assert survivor.get("getSchedule", topic=topic, scheduleId="x")[0] == 404
+        assert elapsed_ms(killed_ms) < LEASE_MS, "the calls took longer than the dead node's lease"
+        # the dead node's schedule fires again once its lease lapsed: its runs made by a live node
+        later = pull_until(survivor, topic, 2, timeout_s=LEASE_MS / 1000 + 8, ackTimeoutMillis=60_000)
+        made = [m for m in later if m["produceTime"] > killed_ms]
+        assert made, [(m["msgId"], m["produceTime"]) for m in later]
+        assert made[0]["produceTime"] - killed_ms <= LEASE_MS + 5_000, (made[0], killed_ms)
+        assert holds_lease(new) or holds_lease(survivor)
+    finally:
+        for node in nodes:
+            node.kill()
+
+
+def elapsed_ms(since_ms: int) -> int:
+    return int(time.time() * 1000) - since_ms
+
+
+def pull_until(node: Server, topic: str, count: int, timeout_s: float, **params: object) -> list[dict]:
+    """Long-poll until `count` messages came (or the timeout)."""
+    got: list[dict] = []
+    deadline = time.monotonic() + timeout_s
+    while len(got) < count and time.monotonic() < deadline:
+        code, body = node.post("longPollingMsg", topic=topic, batch=count - len(got), longPollingTimeoutMillis=300,
+                               **params)
+        assert code == 200, body
+        got += body["delayMsgList"]
+    return got
+
+
+def message(node: Server, topic: str, msg_id: str) -> dict | int:
+    """getMsg's delayMsg, or the code if not 200."""
+    code, body = node.post("getMsg", topic=topic, msgId=msg_id)
+    return body["delayMsg"] if code == 200 else code
+
+
+def test_lastruns_lists_every_acked_run_on_every_node(redis_url, tmp_path):
+    topic = "sched-" + uuid.uuid4().hex[:8]
+    redis_url = own_database(redis_url)
+    nodes = [Server.start(tmp_path / f"node{i}", "--backend", redis_url, log_path=tmp_path / f"node{i}.log")
+             for i in range(2)]
+    try:
+        held = holder(nodes)
+        other = nodes[1 - held]
+        code, answer = other.post("putSchedule", topic=topic, scheduleId="s", everyMillis=1000, msg="run")
+        assert code == 200, answer
+        acked = []
+        while len(acked) < 2:
+            got = pull_until(other, topic, 1, timeout_s=10, ackTimeoutMillis=60_000)
+            assert got, acked
+            for m in got:
+                assert other.post("ackMsg", topic=topic, msgId=m["msgId"])[0] == 200
+                acked.append(m["scheduledTime"])
+        for node in (other, nodes[held]):  # at once, whichever node is asked
+            code, answer = node.get("getSchedule", topic=topic, scheduleId="s")
+            assert code == 200, answer
+            runs = {r["scheduledTime"]: r for r in answer["schedule"]["lastRuns"]}
+            assert set(acked) <= set(runs), (acked, answer["schedule"]["lastRuns"])
+            for nominal in acked:
+                assert runs[nominal]["status"] == 4 and runs[nominal]["missed"] is False, runs[nominal]
+                assert runs[nominal]["msgId"] == f"s@{nominal}"
+    finally:
+        for node in nodes:
+            node.kill()
+
+
+def test_a_change_another_node_made_meanwhile_holds(redis_url):
+    """Nodes sharing a Redis, in one process over the real server: two that
+    serve the API (each deciding on the schedule as stored now: one's
+    pause seen by the other's resume, a stale version refused 409), a
+    write made on a stale revision refused whole (StaleRows), and the
+    node making the runs following two releases while another node paused
+    one of them: that pause holds (no next run made for it), the other
+    schedule's next run is made."""
+    from broker.clock import SystemClock
+    from broker.metrics import Metrics
+    from broker.params import Defaults
+    from broker.redis.backend import RedisBroker
+    from broker.redis.keys import RedisConfig
+    from broker.redis.schedules import RedisScheduleStore
+    from broker.schedule_params import parse_put_schedule
+    from broker.schedules import Schedules, StaleRows
+    from storage.entry import Status
+    from storage.errors import Conflict, NotFound
+
+    url = own_database(redis_url)
+    topic = "cas"
+    clock = SystemClock()
+
+    def spec(schedule_id: str, every_ms: int = 3_600_000, msg: str = "run"):
+        params = {"topic": topic, "scheduleId": schedule_id, "msg": msg, "everyMillis": str(every_ms)}
+        return parse_put_schedule(params, now_ms=clock.now_ms(), defaults=Defaults(), max_msg_bytes=65_536)[0]
+
+    async def node(broker: RedisBroker, *, firing: bool) -> tuple[RedisScheduleStore, Schedules]:
+        store = RedisScheduleStore(broker.redis, "cas", announce=not firing)
+        await store.open(clear_changes=firing)
+        schedules = Schedules(store, clock)
+        if firing:
+            schedules.start(broker)
+        else:
+            schedules.serve(broker)
+        return store, schedules
+
+    async def main() -> None:
+        broker = RedisBroker.from_url(url, clock, Defaults(), Metrics(), RedisConfig(key_prefix="cas"))
+        await broker.start()
+        try:
+            (_, a), (b_store, b) = await node(broker, firing=False), await node(broker, firing=False)
+            put = await a.put(spec("s"), None)
+            assert (await b.pause(topic, "s")).version == 2  # b had never read it: read first
+            resumed = await a.resume(topic, "s")  # a's RAM said v1, not paused: read first
+            assert resumed.version == 3 and resumed.pending == put.pending
+            with pytest.raises(Conflict, match="version 3"):
+                await b.put(spec("s", msg="y"), 2)
+            # a write on a revision another node wrote since: refused whole, nothing of it applied
+            row = b.get(topic, "s").row()
+            await a.put(spec("s", msg="z"), None)  # v4
+            with pytest.raises(StaleRows) as refused:
+                await b_store.write([{"put": {**row, "msg": "stale"}}])
+            assert refused.value.keys == [(topic, "s")]
+            assert (await b.fetch(topic, "s")).spec.msg == "z"
+
+            # the node making the runs follows two released runs while b paused one of them
+            await a.put(spec("t"), None)
+            _, firing = await node(broker, firing=True)
+            while not firing.idle():
+                await asyncio.sleep(0.01)
+            runs = [await broker.get(topic, firing.get(topic, sid).msg_id(firing.get(topic, sid).pending))
+                    for sid in ("s", "t")]
+            await b.pause(topic, "s")  # the firing node does not know yet
+            assert firing.on_release(runs, clock.now_ms()) == []
+            deadline = time.monotonic() + 5
+            while not (firing.idle() and firing.get(topic, "t").runs == 2):
+                assert time.monotonic() < deadline, firing.get(topic, "t")
+                await asyncio.sleep(0.01)
+            s, t = firing.get(topic, "s"), firing.get(topic, "t")
+            assert s.paused and s.pending is None and s.version == 5  # b's pause read again, not overwritten
+            assert t.pending is not None and t.pending > runs[1].trigger_ms
+            assert (await broker.get(topic, t.msg_id(t.pending))).status is Status.WAITING
+            with pytest.raises(NotFound):  # no next run made for the paused one
+                await broker.get(topic, s.msg_id(runs[0].trigger_ms + 3_600_000))
+            stored = await b.fetch(topic, "t")
+            assert stored.runs == 2 and stored.pending == t.pending and [r[0] for r in stored.last_runs] == [
+                runs[1].trigger_ms]
+            await firing.stop()
+        finally:
+            await broker.stop()
+
+    asyncio.run(main())
