@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from broker_harness import BrokerHarness
 
+import broker.recurrence
 from broker.params import Defaults, PullRequest
 from broker.ready import QueueLimits
 from broker.recurrence import Misfire
@@ -286,3 +287,36 @@ def test_a_rewrite_keeps_the_live_rows_alone(tmp_path: Any) -> None:
     again = ScheduleFile(path, fsync=False)
     assert sorted(again.rows) == sorted((TOPIC, f"x{i}") for i in range(1, 2500, 2))
     again.close()
+
+
+def test_a_restart_a_day_behind_follows_each_schedule_without_walking_its_missed_runs(
+        node: Node, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every-second cron schedules left a day behind: following each one's
+    late run counted the runs it missed one cron time at a time (up to
+    10,000 a schedule, on the loop: 60 such schedules kept a node from being
+    healthy for 14 s). Now each is followed in a few next-time calls, the
+    day's 86,400 missed runs counted by arithmetic."""
+    count = 40
+    node.put(count, cron="* * * * * *")
+    pending = node.schedules.get(TOPIC, "s00000").pending
+    assert pending is not None
+    node.h.run(node.schedules.stop())
+    node.schedules.close()
+    node.h.close_broker()
+    node.h.clock.set(pending + 24 * 3_600_000 + 500)  # down for a day
+    calls: list[int] = []
+    real = broker.recurrence._cron_at_or_after
+
+    def counted(*args: Any) -> int | None:
+        calls.append(1)
+        return real(*args)
+    monkeypatch.setattr(broker.recurrence, "_cron_at_or_after", counted)
+    node.h.open_broker()
+    node.schedules = node._schedules()
+    node.advance_to(node.h.clock.now_ms() + 200)
+    for i in range(count):
+        state = node.schedules.get(TOPIC, f"s{i:05d}")
+        assert state.last_runs[-1][0] == pending and state.last_runs[-1][2] is True  # released late: missed
+        assert state.missed == 1 + 24 * 3600  # itself and the day's runs never made
+        assert state.pending == pending + 24 * 3600 * 1000 + 1000  # the first after now
+    assert len(calls) <= 3 * count, len(calls)
