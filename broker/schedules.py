@@ -75,7 +75,8 @@ ADVANCE_SLICE = MAX_SEND_BATCH
 # msg); a put of one more answers 429.
 DEFAULT_MAX_SCHEDULES = 10_000
 # --max-schedule-bytes' default: what the schedules' messages may hold in
-# RAM in all (their msg, topic, ids); a put past it answers 429.
+# RAM in all (their msg, topic, ids, in UTF-8 bytes: ScheduleSpec.size_bytes);
+# a put past it answers 429.
 DEFAULT_MAX_SCHEDULE_BYTES = 64 * 1024 * 1024
 # After a write or send that failed (a disk error, a Raft write that no
 # majority committed in time), the worker tries again this often.
@@ -124,7 +125,7 @@ class ScheduleLimits:
 
     # Schedules in all (--max-schedules).
     max_schedules: int = DEFAULT_MAX_SCHEDULES
-    # Their messages' bytes in all, as RAM holds them (--max-schedule-bytes).
+    # Their messages' UTF-8 bytes in all (--max-schedule-bytes; ScheduleSpec.size_bytes).
     max_bytes: int = DEFAULT_MAX_SCHEDULE_BYTES
 
     def __post_init__(self) -> None:
