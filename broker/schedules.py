@@ -553,9 +553,10 @@ class Schedules:
             answers.append((done, state))
         if not made:
             return
-        await self._write([{"put": s.row()} for s in made.values()])
+        await self._file.write([{"put": s.row()} for s in made.values()])
         self._states.update(made)
         self.bytes_held = held
+        await self._rewrite_if_due()  # (after: a rewrite keeps the states RAM holds)
         self._unsettled.update(made)  # until its old run is deleted and its first sent
         sends = []
         for state in made.values():
@@ -578,9 +579,10 @@ class Schedules:
         async with self._lock:
             state = self.get(topic, schedule_id)
             run = None if state.pending is None else state.msg_id(state.pending)
-            await self._write([{"delete": [topic, schedule_id], "stale": run}])
+            await self._file.write([{"delete": [topic, schedule_id], "stale": run}])
             del self._states[state.key]
             self.bytes_held -= state.spec.size_bytes
+            await self._rewrite_if_due()  # (after: a rewrite keeps the states RAM holds)
             if run is not None:
                 await self._drop_run(topic, run)
 
