@@ -86,6 +86,8 @@ API = CONSOLE + "/api/"
 # A bad parameter is the caller's: code 400 in an HTTP 200, as the API's.
 CONSOLE_ERRORS: ErrorTable = ((InvalidRequest, 400, 200),)
 MAX_PAGE = 500
+# Schedules listed (their rows made) between turns of the loop.
+ROWS_SLICE = 50
 SAMPLE_S = 10
 SAMPLES = 90  # 15 minutes
 
@@ -186,7 +188,12 @@ class Console:
         topic = q.get("topic") or None
         states = schedules.topic_states(topic) if topic else schedules.states()
         shown = heapq.nsmallest(offset + limit, states, key=lambda s: s.key)[offset:]
-        return _json(total=len(states), offset=offset, schedules=[schedule_row(s) for s in shown])
+        rows = []
+        for n, state in enumerate(shown, 1):
+            rows.append(schedule_row(state))
+            if n % ROWS_SLICE == 0:  # (each row works out 3 next fire times: a cron's cost some 20 us each)
+                await asyncio.sleep(0)
+        return _json(total=len(states), offset=offset, schedules=rows)
 
     async def node(self, request: Request) -> Response:
         return _json(**self._node_info())

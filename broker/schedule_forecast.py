@@ -45,8 +45,8 @@ from .schedules import ScheduleState
 # 40 MB of times and counts at most, for the time the answer is built).
 MAX_TIMES = 1_000_000
 # Work one slice does before the loop has a turn: times made or counted,
-# schedules grouped or bisected (about 2-4 ms of it).
-SLICE_WORK = 10_000
+# schedules grouped or bisected (a few ms of pure Python).
+SLICE_WORK = 2000
 
 
 class Group(NamedTuple):
