@@ -78,7 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help=f"recurring schedules the node keeps; a putSchedule of one more is answered 429 "
                             f"(default {schedules.max_schedules})")
     serve.add_argument("--max-schedule-bytes", type=int, default=schedules.max_bytes,
-                       help=f"bytes the schedules' messages hold in RAM in all; a putSchedule past it is answered "
+                       help=f"UTF-8 bytes the schedules' messages hold in all (msg, topic, ids, tag, key, and 200 "
+                            f"each); a putSchedule past it is answered "
                             f"429 (default {schedules.max_bytes})")
     push = PushLimits()
     serve.add_argument("--push-max-head-bytes", type=int, default=push.max_head_bytes,

@@ -11,6 +11,8 @@ and creates their runs by these rules.
     Recurrence                a cron in a zone, or everyMillis; startTime, endTime
       .first_at_or_after(ms)  the first nominal time >= ms (None: past endTime)
       .first_after(ms)        the first nominal time > ms
+      .count_between(a, b)    how many in (a, b]: worked out, never walked
+    cron_times(...)           a cron's instants in a window, an hour at a time
     run_msg_id(id, nominal)   "<scheduleId>@<nominal ms>": a run's msgId
     jitter_ms(msg_id, most)   in [0, most), from the msgId: every node agrees
     released(...)             a run released at some time: missed or not, and
@@ -45,11 +47,13 @@ Not supported (code 400): L, W, #, @yearly-style nicknames.
 from __future__ import annotations
 
 import bisect
+import calendar
 import datetime as dt
 import enum
 import functools
 import hashlib
 import zoneinfo
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -64,9 +68,10 @@ SEARCH_YEARS = 8
 # The latest nominal time any schedule may have: the last trigger time a
 # message may have (broker.params.MAX_TRIGGER_MS, 9999-12-31).
 LAST_MS = 253_402_300_799_999
-# Most nominal times one count of the runs a downtime missed walks (a run
-# each second for a day would be 86,400): past it the count says "at least".
-MAX_MISSED_COUNT = 10_000
+MS_PER_HOUR = 3_600_000
+# Wall hours a zone's clocks may step back or forward at once, and more
+# (Antarctica/Troll steps 2 h): cron_times looks this far past each end.
+STEP_HOURS = 3
 # A scheduleId's length, in characters; a run's msgId adds "@" and the
 # nominal time's digits (at most 15) to it.
 MAX_SCHEDULE_ID_CHARS = 48
@@ -356,19 +361,25 @@ class Recurrence:
         return times
 
     def count_between(self, after_ms: int, until_ms: int) -> int:
-        """Nominal times in (after_ms, until_ms], at most MAX_MISSED_COUNT."""
+        """How many nominal times are in (after_ms, until_ms], worked out
+        rather than walked (a day of every-second runs is 86,400 times; a
+        restart follows thousands of such schedules): for everyMillis
+        exactly; for a cron, the local wall times it names between the wall
+        times of the two instants (`cron_wall_count`), which is exact but
+        across a DST change, where the wall times the clocks skip count one
+        each (they fire as one run) and those they repeat may count twice:
+        off by at most an hour's runs a change."""
+        until_ms = min(until_ms, LAST_MS if self.end_ms is None else self.end_ms)
         if self.every_ms is not None:
-            first = self.first_after(after_ms)
-            if first is None or first > until_ms:
-                return 0
-            last = until_ms if self.end_ms is None else min(until_ms, self.end_ms)
-            return min(MAX_MISSED_COUNT, (last - first) // self.every_ms + 1)
-        n = 0
-        at = self.first_after(after_ms)
-        while at is not None and at <= until_ms and n < MAX_MISSED_COUNT:
-            n += 1
-            at = self.first_after(at)
-        return n
+            # start + k * every, k >= 1, in (after_ms, until_ms]
+            first_k = max(1, (after_ms - self.start_ms) // self.every_ms + 1)
+            last_k = (until_ms - self.start_ms) // self.every_ms
+            return max(0, last_k - first_k + 1)
+        assert self.cron is not None
+        after_ms = max(after_ms, self.start_ms - 1)
+        if until_ms <= after_ms:
+            return 0
+        return cron_wall_count(self.cron, wall_of(after_ms, self.tz), wall_of(until_ms, self.tz))
 
 
 # Next times a cron names (`_cron_at_or_after`) kept: schedules of one
@@ -396,6 +407,126 @@ def _cron_at_or_after(cron: Cron, tz: dt.tzinfo, ms: int) -> int | None:
         if at_ms >= ms:
             return at_ms
         wall = found + dt.timedelta(seconds=1)
+
+
+def cron_wall_count(cron: Cron, after: dt.datetime, until: dt.datetime) -> int:
+    """Local wall times (whole seconds) in (after, until] that `cron`
+    names, by arithmetic: the times of a day it names are the product of
+    its hours, minutes and seconds, so a day is counted by bisection and
+    the days between by months (`_month_days`, kept): a day behind costs a
+    few dozen operations, a year behind a few hundred. 0 if until <= after."""
+    after, until = after.replace(microsecond=0), until.replace(microsecond=0)
+    if until <= after:
+        return 0
+    per_day = len(cron.hours) * len(cron.minutes) * len(cron.seconds)
+    first, last = after.date(), until.date()
+    if first == last:
+        return (_upto(cron, until) - _upto(cron, after)) if _day_named(cron, first) else 0
+    n = per_day - _upto(cron, after) if _day_named(cron, first) else 0
+    n += _upto(cron, until) if _day_named(cron, last) else 0
+    return n + per_day * _days_named(cron, first + dt.timedelta(days=1), last)
+
+
+def _day_named(cron: Cron, day: dt.date) -> bool:
+    return day.month in cron.months and cron.day_matches(day)
+
+
+def _upto(cron: Cron, wall: dt.datetime) -> int:
+    """Times of a day the cron names at or before `wall`'s time of day."""
+    seconds, minutes = cron.seconds, cron.minutes
+    n = bisect.bisect_left(cron.hours, wall.hour) * len(minutes) * len(seconds)
+    if wall.hour in cron.hours:
+        n += bisect.bisect_left(minutes, wall.minute) * len(seconds)
+        if wall.minute in minutes:
+            n += bisect.bisect_right(seconds, wall.second)
+    return n
+
+
+def _days_named(cron: Cron, first: dt.date, end: dt.date) -> int:
+    """Days in [first, end) the cron names: whole months from `_month_days`,
+    the days of a month begun or ended part way one by one (62 at most)."""
+    n = 0
+    day = first
+    while day < end:
+        following = dt.date(day.year + (day.month == 12), day.month % 12 + 1, 1) if day < dt.date(9999, 12, 1) \
+            else dt.date.max
+        if day.day == 1 and following <= end:
+            n += _month_days(cron, day.year, day.month)
+            day = following
+            continue
+        stop = min(following, end)
+        while day < stop:
+            n += _day_named(cron, day)
+            if day == dt.date.max:
+                return n
+            day += dt.timedelta(days=1)
+    return n
+
+
+@functools.lru_cache(maxsize=4096)
+def _month_days(cron: Cron, year: int, month: int) -> int:
+    """Days of a month the cron names."""
+    if month not in cron.months:
+        return 0
+    length = calendar.monthrange(year, month)[1]
+    return sum(cron.day_matches(dt.date(year, month, d)) for d in range(1, length + 1))
+
+
+@functools.lru_cache(maxsize=256)
+def _hour_offsets_ms(cron: Cron) -> tuple[int, ...]:
+    """The ms into an hour of the times the cron names in each hour it names."""
+    return tuple((m * 60 + s) * MS_PER_SECOND for m in cron.minutes for s in cron.seconds)
+
+
+def cron_times(cron: Cron, tz: dt.tzinfo, after_ms: int, until_ms: int, most: int) -> Iterator[list[int]]:
+    """The instants `cron` names in `tz` in (after_ms, until_ms], ascending,
+    at most `most`: one list an hour of wall time it names (at most 3,600
+    times; the caller may stop between them).
+
+    An hour whose next hour starts exactly 3,600,000 ms after it has one
+    offset throughout: its times are its start plus their ms into the hour
+    (`_hour_offsets_ms`), two `instant_ms` calls an hour, not one walk of
+    `first_after` a time. Any other hour (the clocks change in it) takes
+    each wall time through `instant_ms`, the rule itself; the instants
+    never go back as the wall times go on, so a time the clocks skip that
+    lands on one already made is dropped. Hours are looked at from
+    STEP_HOURS before the first instant's wall time to STEP_HOURS after
+    the last's (a wall time may repeat)."""
+    if until_ms <= after_ms or most <= 0:
+        return
+    offsets = _hour_offsets_ms(cron)
+    hour = wall_of(after_ms, tz).replace(minute=0, second=0, microsecond=0) - dt.timedelta(hours=STEP_HOURS)
+    end = wall_of(until_ms, tz).replace(minute=0, second=0, microsecond=0) + dt.timedelta(hours=STEP_HOURS)
+    one_hour = dt.timedelta(hours=1)
+    last = after_ms
+    while hour <= end and most > 0:
+        if not _day_named(cron, hour.date()):
+            if hour.date() >= dt.date(9999, 12, 31):
+                return
+            hour = dt.datetime.combine(hour.date() + dt.timedelta(days=1), dt.time())
+            continue
+        if hour.hour not in cron.hours:
+            hour += one_hour
+            continue
+        start = instant_ms(hour, tz)
+        times: list[int]
+        if instant_ms(hour + one_hour, tz) - start == MS_PER_HOUR:
+            lo = bisect.bisect_right(offsets, last - start)
+            hi = min(bisect.bisect_right(offsets, until_ms - start), lo + most)
+            times = [start + o for o in offsets[lo:hi]]
+        else:
+            times = []
+            for o in offsets:
+                at = instant_ms(hour + dt.timedelta(milliseconds=o), tz)
+                if at > until_ms or len(times) >= most:
+                    break
+                if at > last and (not times or at > times[-1]):
+                    times.append(at)
+        if times:
+            last = times[-1]
+            most -= len(times)
+            yield times
+        hour += one_hour
 
 
 def run_msg_id(schedule_id: str, nominal_ms: int) -> str:
@@ -440,7 +571,9 @@ class Released(NamedTuple):
     deliver: bool  # False: ended unseen (status 5), a skipped run
     next_nominal: int | None  # the run to create next (None: the schedule has no more)
     catch_up: int  # missed runs delivered in a row so far (misfire=all)
-    missed_runs: int  # runs counted as missed: this one if missed, and those never created
+    # runs counted as missed: this one if missed, and those never created
+    # (Recurrence.count_between: a cron's across a DST change is an estimate)
+    missed_runs: int
 
 
 def released(recurrence: Recurrence, misfire: Misfire, grace_ms: int, max_catch_up: int, nominal_ms: int,
@@ -450,7 +583,7 @@ def released(recurrence: Recurrence, misfire: Misfire, grace_ms: int, max_catch_
     create next. `catch_up`: missed runs delivered in a row before it."""
     if released_ms - nominal_ms <= grace_ms:
         return Released(False, True, recurrence.first_after(nominal_ms), 0, 0)
-    never_made = recurrence.count_between(nominal_ms, released_ms)  # due meanwhile, never created
     if misfire is Misfire.ALL and catch_up + 1 < max_catch_up:
         return Released(True, True, recurrence.first_after(nominal_ms), catch_up + 1, 1)
+    never_made = recurrence.count_between(nominal_ms, released_ms)  # due meanwhile, never created: counted, not walked
     return Released(True, misfire is not Misfire.SKIP, recurrence.first_after(released_ms), 0, 1 + never_made)

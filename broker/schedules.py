@@ -84,13 +84,17 @@ ADVANCE_SLICE = MAX_SEND_BATCH
 # msg); a put of one more answers 429.
 DEFAULT_MAX_SCHEDULES = 10_000
 # --max-schedule-bytes' default: what the schedules' messages may hold in
-# RAM in all (their msg, topic, ids); a put past it answers 429.
+# RAM in all (their msg, topic, ids, in UTF-8 bytes: ScheduleSpec.size_bytes);
+# a put past it answers 429.
 DEFAULT_MAX_SCHEDULE_BYTES = 64 * 1024 * 1024
 # What `ScheduleStore.read` answers: rows (None: deleted), stale runs of deleted ones.
 Fresh = tuple[dict[Key, Row | None], dict[Key, str]]
 # An API call that meets another node's change of its schedule (StaleRows)
 # reads it again and decides anew, at most this many times.
 STALE_ATTEMPTS = 5
+# Schedules a restart looks at (each one's pending run looked up) between
+# turns of the loop: 10,000 looked up at once held it some 100 ms.
+RECOVER_SLICE = 250
 # After a write or send that failed (a disk error, a Raft write that no
 # majority committed in time), the worker tries again this often.
 REPAIR_INTERVAL_S = 1.0
@@ -160,7 +164,7 @@ class ScheduleLimits:
 
     # Schedules in all (--max-schedules).
     max_schedules: int = DEFAULT_MAX_SCHEDULES
-    # Their messages' bytes in all, as RAM holds them (--max-schedule-bytes).
+    # Their messages' UTF-8 bytes in all (--max-schedule-bytes; ScheduleSpec.size_bytes).
     max_bytes: int = DEFAULT_MAX_SCHEDULE_BYTES
 
     def __post_init__(self) -> None:
@@ -450,7 +454,9 @@ class Schedules:
             await self._file.forget_stale(list(self._stale))
         self._stale.clear()
         missing: list[NewSend] = []  # pending runs never sent: sent ADVANCE_SLICE at a time
-        for state in list(self._states.values()):
+        for n, state in enumerate(list(self._states.values()), 1):
+            if n % RECOVER_SLICE == 0:  # (a get that finds the message answers without a turn of the loop)
+                await asyncio.sleep(0)
             if state.stale is not None and state.stale not in live:
                 await self._drop_run(state.spec.topic, state.stale)
             state.stale = None
@@ -693,9 +699,10 @@ class Schedules:
         """Puts decided (`held`: the schedules' bytes then): written at
         once, their old runs deleted, their first runs sent."""
         backend = self.backend()
-        await self._write([{"put": s.row()} for s in made.values()])
+        await self._file.write([{"put": s.row()} for s in made.values()])
         self._states.update(made)
         self.bytes_held = held
+        await self._rewrite_if_due()  # (after: a rewrite keeps the states RAM holds)
         self._unsettled.update(made)  # until its old run is deleted and its first sent
         sends = []
         for state in made.values():
@@ -718,9 +725,10 @@ class Schedules:
     async def _delete(self, topic: str, schedule_id: str) -> None:
         state = self.get(topic, schedule_id)
         run = None if state.pending is None else state.msg_id(state.pending)
-        await self._write([{"delete": [topic, schedule_id], "stale": run}])
+        await self._file.write([{"delete": [topic, schedule_id], "stale": run}])
         del self._states[state.key]
         self.bytes_held -= state.spec.size_bytes
+        await self._rewrite_if_due()  # (after: a rewrite keeps the states RAM holds)
         if run is not None:
             await self._drop_run(topic, run)
 
@@ -737,8 +745,9 @@ class Schedules:
         run = None if state.pending is None else state.msg_id(state.pending)
         paused = replace(state, paused=True, version=state.version + 1, catch_up=0, pending=None,
                          runs=state.runs - (state.pending is not None), stale=run)
-        await self._write([{"put": paused.row()}])  # (RAM changed once it is written)
+        await self._file.write([{"put": paused.row()}])  # (RAM changed once it is written)
         self._states[paused.key] = paused
+        await self._rewrite_if_due()  # (after: a rewrite keeps the states RAM holds)
         if run is not None:
             await self._drop_run(topic, run)
         paused.stale = None
@@ -760,8 +769,9 @@ class Schedules:
         first = None if left == 0 else state.recurrence.first_at_or_after(max(state.spec.start_ms, now_ms + 1))
         resumed = replace(state, paused=False, version=state.version + 1, pending=first,
                           runs=state.runs + (first is not None))
-        await self._write([{"put": resumed.row()}])  # (RAM changed once it is written)
+        await self._file.write([{"put": resumed.row()}])  # (RAM changed once it is written)
         self._states[resumed.key] = resumed
+        await self._rewrite_if_due()  # (after: a rewrite keeps the states RAM holds)
         if first is not None:
             await backend.send([self._run_send(resumed, first, strict=False)])
         return resumed

@@ -141,6 +141,28 @@ def test_list_pages_and_the_cap(server: Server) -> None:
         body(server.post("deleteSchedule", topic="t5", scheduleId=sid))
 
 
+def test_the_schedule_bytes_cap_counts_utf8_bytes_not_characters(tmp_path: Path) -> None:
+    """--max-schedule-bytes 5000: a msg of 1,200 four-byte characters is
+    4,800 UTF-8 bytes, refused as 4,800 ASCII bytes are (each 5,002 with the
+    topic, the id and 200); by characters it was 1,402 and taken (33 MB of
+    such msgs were held under an 8 MiB cap)."""
+    s = Server.start(tmp_path / "data", "--max-schedule-bytes", "5000", log_path=tmp_path / "serve.log")
+    try:
+        for msg in ("\U0001F600" * 1200, "a" * 4800):
+            code, refused = s.post("putSchedule", topic="t", scheduleId="u", everyMillis=3_600_000, msg=msg)
+            assert code == 429 and "--max-schedule-bytes" in refused["msg"] and "5002 bytes" in refused["msg"], \
+                refused
+            assert s.get("getSchedule", topic="t", scheduleId="u")[0] == 404  # nothing stored
+        put = body(s.post("putSchedule", topic="t", scheduleId="u", everyMillis=3_600_000, msg="\U0001F600" * 1000))
+        assert put["schedule"]["msg"] == "\U0001F600" * 1000  # 4,202 bytes held
+        code, refused = s.post("putSchedule", topic="t", scheduleId="v", everyMillis=3_600_000, msg="a" * 798)
+        assert code == 429 and "would hold 5202 bytes" in refused["msg"], refused
+        body(s.post("deleteSchedule", topic="t", scheduleId="u"))
+        body(s.post("putSchedule", topic="t", scheduleId="v", everyMillis=3_600_000, msg="a" * 798))
+    finally:
+        s.stop()
+
+
 def test_sigkill_loses_no_run_and_makes_none_twice(tmp_path: Path) -> None:
     """An every-second schedule (misfire=once, 60 s grace) and a consumer
     that pulls and acks all the while; the node is SIGKILLed three times and

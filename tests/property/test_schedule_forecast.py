@@ -2,15 +2,22 @@
 are, for random schedules (every N seconds or milliseconds, crons in
 zones, with endTime, limit, paused, pending runs due or ahead), exactly
 those a walk of each schedule's own recurrence from its pending run finds
-in the window, at most its runs left, and whatever the grouping."""
+in the window, at most its runs left, and whatever the grouping; and the
+work is done in bounded slices (every-second crons: 86,400 times a day
+each, once worked out in one turn of the loop), a cut answer saying so."""
 
 from __future__ import annotations
 
+from collections.abc import Generator
+
 import hypothesis.strategies as st
+import pytest
 from hypothesis import given, settings
 
+import broker.recurrence
+import broker.schedule_forecast
 from broker.recurrence import Misfire
-from broker.schedule_forecast import future_runs
+from broker.schedule_forecast import SLICE_WORK, runs_by_slices
 from broker.schedule_params import ScheduleSpec
 from broker.schedules import ScheduleState
 from storage.entry import MS_PER_HOUR
@@ -59,6 +66,74 @@ def test_the_folded_runs_are_each_schedules_own(states):
             # whole-second every schedules are counted at their second's start
             key = at - at % 1000 if state.spec.every_ms is not None and state.spec.every_ms % 1000 == 0 else at
             expected[key] = expected.get(key, 0) + 1
-    got, cut = future_runs(states, NOW, until)
+    got, cut = drive(runs_by_slices(states, NOW, until))
     assert not cut
     assert got == expected
+
+
+def drive(steps: Generator[None, None, tuple[dict[int, int], bool]]) -> tuple[dict[int, int], bool]:
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+
+
+def every_second(sid: str, cron: str = "* * * * * *") -> ScheduleState:
+    spec = ScheduleSpec("t", sid, cron, None, "Europe/Paris", "x", 0, 0, 0, "", "", NOW - MS_PER_HOUR, None, None, 0,
+                        Misfire.ONCE, 60_000, 10)
+    recurrence = spec.recurrence()
+    return ScheduleState(spec, recurrence, 1, False, recurrence.first_after(NOW), 1)
+
+
+def test_three_every_second_crons_are_worked_out_in_bounded_slices(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The console's forecast of three `* * * * * *` schedules walked each
+    of the day's 86,400 times through the cron in one turn of the loop
+    (5.9 s, /health waiting as long). Now: each slice makes or counts
+    about SLICE_WORK times (at most an hour of one cron's, 3,600, past it)
+    and takes a few instant_ms calls, never a walk of the cron's next times."""
+    made: list[int] = []  # times cron_times made, in the slice under way
+    instants: list[int] = []
+    walks: list[int] = []
+    real_times, real_instant, real_next = broker.recurrence.cron_times, broker.recurrence.instant_ms, \
+        broker.recurrence._cron_at_or_after
+
+    def counted_times(*args: object) -> Generator[list[int], None, None]:
+        for piece in real_times(*args):  # type: ignore[arg-type]
+            made.append(len(piece))
+            yield piece
+
+    def counted_instant(*args: object) -> int:
+        instants.append(1)
+        return real_instant(*args)  # type: ignore[arg-type]
+
+    def counted_next(*args: object) -> int | None:
+        walks.append(1)
+        return real_next(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(broker.schedule_forecast, "cron_times", counted_times)
+    monkeypatch.setattr(broker.recurrence, "instant_ms", counted_instant)
+    monkeypatch.setattr(broker.recurrence, "_cron_at_or_after", counted_next)
+    states = [every_second("a"), every_second("b"), every_second("c"), every_second("d", "*/1 * * * * *")]
+    steps = runs_by_slices(states, NOW, NOW + 24 * MS_PER_HOUR)
+    slices: list[tuple[int, int, int]] = []
+    while True:
+        made.clear(), instants.clear(), walks.clear()
+        try:
+            next(steps)
+        except StopIteration as done:
+            runs, cut = done.value
+            break
+        slices.append((sum(made), len(instants), len(walks)))
+    assert not cut and sum(runs.values()) == 4 * (24 * 3600 - 1)  # (each pending run is a message already)
+    assert len(slices) >= 2 * 2 * 24 * 3600 // (SLICE_WORK + 3600)  # two groups' times made, then counted
+    assert max(made for made, _, _ in slices) <= SLICE_WORK + 3600
+    assert max(calls for _, calls, _ in slices) <= 2 * (SLICE_WORK // 3600 + 2) + 6
+    assert max(walked for _, _, walked in slices) == 0
+
+
+def test_a_forecast_past_max_times_says_it_was_cut(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(broker.schedule_forecast, "MAX_TIMES", 100_000)
+    states = [every_second("a"), every_second("b", "*/1 * * * * *")]
+    runs, cut = drive(runs_by_slices(states, NOW, NOW + 24 * MS_PER_HOUR))
+    assert cut and 0 < sum(runs.values()) <= 100_000

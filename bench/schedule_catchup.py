@@ -1,0 +1,179 @@
+"""What recurring schedules cost the event loop: a restart a day behind,
+and the console's forecast. N every-second cron schedules (`* * * * * *`,
+misfire=once) are put by a node whose clock is a day behind, in this
+process (a real Store, Broker and schedules file on the data dir, a fake
+clock: the node then stopped as `hourglass serve` stops), so the data dir
+is one a node left a day ago: each schedule's pending run a message due a
+day ago. Then `hourglass serve` opens it at the real time, while a thread
+times /health every 10 ms; then the console's forecast is asked for
+--forecasts times, /health timed the same way. Prints ONE JSON object.
+
+    .venv/bin/python bench/schedule_catchup.py                     # 10,000 schedules a day behind
+    .venv/bin/python bench/schedule_catchup.py --schedules 100 --behind-s 600
+
+  ready_s               from the spawn until /health answered 200 (the
+                        data dir opened, the schedules file read)
+  caught_up_s           from the spawn until every schedule's late run was
+                        followed (hourglass_node_schedule_runs_total = N)
+  missed                hourglass_node_schedule_missed_total then (each
+                        schedule: its late run and the runs never made)
+  restart_health_ms     /health's answer time from the first 200 until
+                        caught up: count, p50, p99, max
+  forecast_ms           each /console/api/forecast call: p50, max
+  forecast_health_ms    /health's answer time while the forecasts ran
+  schedule_runs, cut    the forecast's scheduleRuns and scheduleRunsCut
+
+The node runs this tree's broker, pure Python, or the build installed for
+HOURGLASS_SERVE_PYTHON (bench/harness.py); `build` says which. A short
+run; the machine should be quiet all the same (the figures are latencies).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import sys
+import tempfile
+import threading
+import time
+from typing import Any
+
+# this tree's broker writes the data dir (harness imports broker: the tree first on the path)
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[1:1] = [ROOT, os.path.join(ROOT, "tests")]
+
+from harness import Server, free_port, percentile, request, serve_version, wait_until  # noqa: E402
+
+TOPIC = "sched"
+CRON = "* * * * * *"
+
+
+def write_day_behind(data_dir: str, count: int, behind_ms: int, cron: str = CRON) -> int:
+    """A data dir a node left `behind_ms` ago with `count` schedules of
+    `cron` (ids s00000...): put by a node whose clock was that far behind,
+    stopped as serve stops (a checkpoint). The nominal time of their
+    pending runs (all the same)."""
+    from fakes import FakeClock
+
+    from broker.disk_broker import Broker
+    from broker.metrics import Metrics
+    from broker.params import Defaults
+    from broker.recurrence import Misfire
+    from broker.schedule_file import ScheduleFile, schedules_path
+    from broker.schedule_params import ScheduleSpec
+    from broker.schedules import ScheduleLimits, Schedules
+    from storage.config import StoreConfig
+    from storage.store import Store
+
+    then_ms = int(time.time() * 1000) - behind_ms
+    clock = FakeClock(then_ms)
+    os.makedirs(data_dir, mode=0o700, exist_ok=True)
+
+    async def make() -> int:
+        store = Store.open(data_dir, StoreConfig(), now_ms=then_ms)
+        broker = Broker(store, clock, Defaults(), Metrics(), tick_path=os.path.join(data_dir, "tick"))
+        schedules = Schedules(ScheduleFile(schedules_path(data_dir)), clock,
+                              ScheduleLimits(max_schedules=count, max_bytes=1 << 40))
+        broker.on_release = schedules.on_release
+        broker.start()
+        schedules.start(broker)
+        specs = [ScheduleSpec(TOPIC, f"s{i:05d}", cron, None, "UTC", "run", 3_600_000, 3, 0, "", "",
+                              then_ms - 60_000, None, None, 0, Misfire.ONCE, 60_000, 10) for i in range(count)]
+        states = await asyncio.gather(*(schedules.put(spec, None) for spec in specs))
+        pending = states[0].pending
+        assert pending is not None
+        await schedules.stop()
+        schedules.close()
+        await broker.stop()
+        store.checkpoint(clock.now_ms())
+        store.close()
+        return pending
+
+    return asyncio.run(make())
+
+
+class HealthTimer(threading.Thread):
+    """Times GET /health every `every_s` (a new connection each) until stopped."""
+
+    def __init__(self, base: str, every_s: float = 0.01) -> None:
+        super().__init__(daemon=True)
+        self.base, self.every_s = base, every_s
+        self.times_ms: list[float] = []
+        self.stopped = threading.Event()
+
+    def run(self) -> None:
+        while not self.stopped.is_set():
+            started = time.perf_counter()
+            status, _ = request(self.base + "/health", timeout=60)
+            if status == 200:
+                self.times_ms.append((time.perf_counter() - started) * 1000)
+            self.stopped.wait(self.every_s)
+
+    def stop(self) -> dict[str, Any]:
+        self.stopped.set()
+        self.join()
+        done = sorted(self.times_ms)
+        return {"count": len(done), "p50": _ms(percentile(done, 0.5)), "p99": _ms(percentile(done, 0.99)),
+                "max": _ms(done[-1] if done else None)}
+
+
+def _ms(value: float | None) -> float | None:
+    return None if value is None else round(value, 1)
+
+
+def metric(base: str, name: str) -> float:
+    status, body = request(base + "/metrics")
+    found = re.search(rf"^{name} (\S+)$", body.decode(), re.M) if status == 200 else None
+    return float(found.group(1)) if found else 0.0
+
+
+def main(args: argparse.Namespace) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="hourglass-schedule-catchup-") as root:
+        data = os.path.join(root, "data")
+        pending = write_day_behind(data, args.schedules, args.behind_s * 1000)
+        started = time.monotonic()
+        server = Server.spawn(data, "--port", str(port := free_port()), "--max-schedules", str(args.schedules),
+                              base=f"http://127.0.0.1:{port}", log_path=os.path.join(root, "serve.log"))
+        try:
+            ready_s = server.wait_healthy(300)
+            timer = HealthTimer(server.base)
+            timer.start()
+            wait_until(lambda: metric(server.base, "hourglass_node_schedule_runs_total") >= args.schedules, 600,
+                       "every schedule's late run followed", server.process, every_s=0.05)
+            caught_up_s = time.monotonic() - started
+            restart = timer.stop()
+            missed = metric(server.base, "hourglass_node_schedule_missed_total")
+            timer = HealthTimer(server.base)
+            timer.start()
+            took, answer = [], {}
+            for _ in range(args.forecasts):
+                t = time.perf_counter()
+                status, raw = request(server.base + "/console/api/forecast", timeout=120)
+                took.append((time.perf_counter() - t) * 1000)
+                assert status == 200, raw[:500]
+                answer = json.loads(raw)
+            forecast_health = timer.stop()
+        finally:
+            server.stop()
+    took.sort()
+    return {"build": serve_version(), "schedules": args.schedules, "behind_s": args.behind_s,
+            "pending_ms": pending, "ready_s": round(ready_s, 3), "caught_up_s": round(caught_up_s, 3),
+            "missed": missed, "restart_health_ms": restart,
+            "forecast_ms": {"p50": _ms(percentile(took, 0.5)), "max": _ms(took[-1])},
+            "forecast_health_ms": forecast_health, "schedule_runs": answer.get("scheduleRuns"),
+            "cut": answer.get("scheduleRunsCut")}
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--schedules", type=int, default=10_000)
+    p.add_argument("--behind-s", type=int, default=86_400, help="how long ago the node stopped")
+    p.add_argument("--forecasts", type=int, default=5, help="console forecasts asked for, one after another")
+    return p.parse_args()
+
+
+if __name__ == "__main__":
+    print(json.dumps(main(parse_args())))
