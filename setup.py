@@ -95,6 +95,7 @@ COMPILED = [
     "broker/span_moves.py",
     "broker/timers.py",
     "broker/topics.py",
+    "broker/trace_context.py",
     "broker/transitions.py",
     "broker/windows.py",
 ]

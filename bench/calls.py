@@ -6,6 +6,13 @@ request at a time. Prints ONE JSON object.
     .venv/bin/python bench/calls.py
     .venv/bin/python bench/calls.py --repeat 30 --batch 100
 
+It imports hourglass as a user's script does: the installed build (the
+compiled one the README's set-up makes; an editable install: the
+sources), named in the JSON's "build". In the compiled build a call
+between compiled functions is a C call, not counted: what is counted is
+what still runs as Python (the modules left uncompiled, the standard
+library, the loop's callbacks).
+
 A profile hook (sys.setprofile) counts its `call` events -- every Python
 function entered and every coroutine or generator resumed -- and its
 `c_call` events, from the moment the request's bytes are handed over
@@ -41,14 +48,12 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-
-from broker.cli import build_parser, config_from_args  # noqa: E402
-from broker.group_commit import INLINE_SYNC_AFTER  # noqa: E402
-from broker.httpd import Connection  # noqa: E402
-from broker.nodes import DiskNode  # noqa: E402
-from broker.paths import PREFIX  # noqa: E402
+from broker.build_info import describe
+from broker.cli import build_parser, config_from_args
+from broker.group_commit import INLINE_SYNC_AFTER
+from broker.httpd import Connection
+from broker.nodes import DiskNode
+from broker.paths import PREFIX
 
 HOST = "127.0.0.1"
 
@@ -279,6 +284,7 @@ def main() -> None:
     else:
         result = uvloop.run(measure(args.repeat, args.batch))
         result["loop"] = "uvloop"
+    result["build"] = describe()
     print(json.dumps(result, indent=2))
 
 

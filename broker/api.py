@@ -210,9 +210,8 @@ class Api:
     # -- reading parameters: broker.params turns a request's bytes into them -----------
 
     def _params(self, request: Request) -> params.Params:
-        if request.method == "GET":
-            return params.query_params(request.query, self.bodies)
-        return params.body_params(request.body, request.content_type, self.bodies, self.max_msg_bytes)
+        return params.request_params(request.method, request.query, request.body, request.content_type, self.bodies,
+                                     self.max_msg_bytes)
 
     # -- endpoints --------------------------------------------------------------------
 
@@ -222,8 +221,7 @@ class Api:
     async def send(self, request: Request) -> Response:
         backend = self._broker or self.backend  # (the property raises Unavailable when none)
         now_ms = backend.clock.now_ms()
-        given = params.query_params(request.query, self.bodies) if request.method == "GET" \
-            else params.body_params(request.body, request.content_type, self.bodies, self.max_msg_bytes)  # (_params)
+        given = self._params(request)
         headers = request.headers
         if "traceparent" in headers or "tracestate" in headers:  # W3C trace context as headers
             given = params.with_trace_headers(given, headers)
@@ -251,9 +249,7 @@ class Api:
 
     async def pull(self, request: Request) -> Response:
         backend = self._broker or self.backend
-        pull = params.parse_pull(params.query_params(request.query, self.bodies) if request.method == "GET" else
-                                 params.body_params(request.body, request.content_type, self.bodies,
-                                                    self.max_msg_bytes), backend.defaults)  # (_params)
+        pull = params.parse_pull(self._params(request), backend.defaults)
         pulled = await backend.requests.pull(pull)
         if self.spans is not None:
             self.spans.received(pulled)
@@ -273,9 +269,7 @@ class Api:
 
     async def ack(self, request: Request) -> Response:
         backend = self._broker or self.backend
-        ack = params.parse_ack(params.query_params(request.query, self.bodies) if request.method == "GET" else
-                               params.body_params(request.body, request.content_type, self.bodies,
-                                                  self.max_msg_bytes))  # (_params)
+        ack = params.parse_ack(self._params(request))
         if isinstance(ack, params.AckManyRequest):
             after = await backend.requests.ack_many(ack.topic, ack.msg_ids, ack.ack)
             return answer(200, "success", results=[

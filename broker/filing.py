@@ -25,10 +25,11 @@ import asyncio
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 
-from storage.entry import MS_PER_SECOND, SECONDS_PER_HOUR, IndexEntry, Location, Message
+from storage.entry import MS_PER_SECOND, IndexEntry, Location, Message
 from storage.spans import is_span
 from wheel.scheduler import Scheduler
 from wheel.tick_state import TickState
+from wheel.window import abs_second
 
 # Files whose is_span verdict is remembered (cleared when more: a send's few)
 SPAN_CACHE_FILES = 1024
@@ -49,43 +50,35 @@ class Filing:
 
     def add(self, location: Location, trigger_ms: int, now_ms: int) -> None:
         """A WAITING message appended at `now_ms` (not yet durable)."""
-        if not is_span(location.hour):  # (a span's wakes the span mover once applied: on_committed)
-            self._unfiled[max(trigger_ms, now_ms) // MS_PER_SECOND] += 1
+        if not self._is_span(location.hour):  # (a span's wakes the span mover once applied: on_committed)
+            self._unfiled[max(trigger_ms, now_ms) // MS_PER_SECOND] += 1  # the second the store files it under
 
     def add_many(self, messages: Iterable[Message], now_ms: int) -> None:
         """`add` of each new WAITING message appended at `now_ms` (a send's)."""
-        unfiled, spans = self._unfiled, self._spans
         for m in messages:
-            hour = m.location.hour
-            span = spans.get(hour)
-            if span is None:
-                span = spans[hour] = is_span(hour)
-            if not span:
-                trigger_ms = m.trigger_ms
-                unfiled[(trigger_ms if trigger_ms > now_ms else now_ms) // MS_PER_SECOND] += 1
-        if len(spans) > SPAN_CACHE_FILES:
-            spans.clear()
+            self.add(m.location, m.trigger_ms, now_ms)
+
+    def _is_span(self, file_id: int) -> bool:
+        """storage.spans.is_span(file_id), remembered for recent files."""
+        spans = self._spans
+        span = spans.get(file_id)
+        if span is None:
+            if len(spans) >= SPAN_CACHE_FILES:
+                spans.clear()
+            span = spans[file_id] = is_span(file_id)
+        return span
 
     def on_committed(self, entries: Sequence[IndexEntry]) -> None:
         """The group commit applied these entries: the wheel holds them now,
         and the span mover replans if one went to a span (woken only now: a
         store that has not applied a send does not know its span yet)."""
-        unfiled, spans = self._unfiled, self._spans
-        filed = []  # a span's: refile() brings them in time
-        for entry in entries:
-            hour = entry.hour
-            span = spans.get(hour)
-            if span is None:
-                span = spans[hour] = is_span(hour)
-            if not span:
-                filed.append(entry)
-        if len(spans) > SPAN_CACHE_FILES:
-            spans.clear()
+        unfiled = self._unfiled
+        filed = [entry for entry in entries if not self._is_span(entry.hour)]  # a span's: refile() brings them in time
         if len(filed) < len(entries):
             self.span_filed.set()
         self._scheduler.on_new_many(filed)
         for entry in filed:
-            second = entry.hour * SECONDS_PER_HOUR + entry.second
+            second = abs_second(entry)
             left = unfiled[second] - 1
             if left > 0:
                 unfiled[second] = left

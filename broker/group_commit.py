@@ -202,8 +202,7 @@ class GroupCommit:
                         raise
                     if waiting is not None:  # (None: nobody waited; a pull's record, a quiet point)
                         if self._replicated is None:
-                            if not waiting.done():  # (`_answer`, written out)
-                                waiting.set_result(None)
+                            _answer(waiting, None)
                         else:  # answered when a quorum has it, while the next batch is fsync'ed
                             task = asyncio.create_task(_answer_when_replicated(self._replicated, end_offset,
                                                                                waiting))

@@ -666,11 +666,8 @@ class Connection(asyncio.Protocol):
             close = not keep_alive or shared.stopping
             if isinstance(response, StreamResponse):
                 await self._stream(transport, response, close)
-            else:  # most answers: a head made before, and a length (`_encode`, written out)
-                start = None if close or response.headers else _STARTS.get((response.status, response.content_type))
-                body = response.body
-                transport.write(b"%sContent-Length: %d\r\n\r\n%s" % (start, len(body), body) if start is not None
-                                else _encode(response, close))
+            else:
+                transport.write(_encode(response, close))
             if close:
                 self.done = True
                 transport.close()

@@ -31,8 +31,7 @@ class Lifecycle:
         self._log = log  # where a failure is logged
         self._failure_words = failure_words  # what the log says the node does then
         self._on_stop = on_stop
-        # True once the node stops (`begin_stop`): read without a call by the
-        # requests (`check_serving`, written out), written only here.
+        # True once the node stops (`begin_stop`); written only here.
         self.stopping = False
         # Called once if the node must stop (a failed append, fsync or task):
         # RAM and disk (or Redis) may disagree, so only a restart is safe.

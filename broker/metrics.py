@@ -157,13 +157,9 @@ class TopicMetrics:
         """Messages a pull at `now_ms` handed out (either backend): counted,
         and camellia's pull gap of each, from its due time."""
         self.pulls += len(messages)
-        gaps = self.pull_gap
-        for m in messages:  # (GapStats.observe of each gap from due_ms, written out: no call a message)
-            gap_ms = now_ms - max(m.trigger_ms, m.produce_ms)
-            gaps.count += 1
-            gaps.total += gap_ms
-            if gap_ms > gaps.max:
-                gaps.max = gap_ms
+        observe = self.pull_gap.observe
+        for m in messages:
+            observe(now_ms - max(m.trigger_ms, m.produce_ms))
 
     def count(self, effects: tuple[Effect, ...], times: int = 1) -> None:
         """What a transition's effects count (broker.transitions: COUNT_*),
@@ -245,12 +241,9 @@ class Metrics:
 
     def committed(self, fsync_s: float, round_s: float) -> None:
         """A group-commit round: its fsync took `fsync_s`, the whole round
-        (fsync and applying its records) `round_s`. (Histogram.observe of
-        each, written out: one call a round, on every request's path.)"""
-        for h, value in ((self.fsync_seconds, fsync_s), (self.commit_round_seconds, round_s)):
-            h.counts[bisect.bisect_left(h.bounds, value)] += 1
-            h.total += value
-            h.count += 1
+        (fsync and applying its records) `round_s`."""
+        self.fsync_seconds.observe(fsync_s)
+        self.commit_round_seconds.observe(round_s)
 
     def render(self, selection: TopicSelection, node: Iterable[tuple[str, str, float]]) -> str:
         """Prometheus text: the counters and gauges of the topics

@@ -87,7 +87,7 @@ from storage.errors import ConfigError, InvalidRequest
 from storage.store import MAX_PRIORITY, MAX_RETRY_COUNT, MIN_PRIORITY, NewMessage
 from storage.types import validate_message
 
-from .bodies import BODY_SLACK_BYTES, JSON_MARKS_PER_BODY, MAX_SEND_BATCH, BodyLimits, check_json_marks, check_size
+from .bodies import JSON_MARKS_PER_BODY, MAX_SEND_BATCH, BodyLimits, check_json_marks, check_size
 from .trace_context import trace_fields
 
 Params = Mapping[str, object]
@@ -442,27 +442,11 @@ def request_params(method: str, query: bytes, body: bytes, content_type: str, li
 
 def body_params(body: bytes, content_type: str, limits: BodyLimits, max_msg_bytes: int) -> Params:
     """A POST's parameters, any call's but sendMsgBatch's: a JSON object
-    when `content_type` is application/json, else a form. (A form of
-    plain pairs -- nothing %-escaped, within its caps -- is read here in
-    one frame: the checks `check_size`, `BodyLimits.check_form` and
-    `parse_form` make, written out.)"""
+    when `content_type` is application/json, else a form."""
+    check_size(body, limits.body_bytes(max_msg_bytes))
     if content_type == "application/json":
-        check_size(body, limits.body_bytes(max_msg_bytes))
         check_json_marks(body, JSON_MARKS_PER_BODY, "the body")
         return parse_json(body)
-    if (len(body) <= 6 * max_msg_bytes + BODY_SLACK_BYTES  # BodyLimits.body_bytes
-            and body.count(b"&") < limits.max_form_pairs and b"%" not in body and b"+" not in body):
-        try:
-            text = body.decode("utf-8")
-        except UnicodeDecodeError:
-            return parse_form(body)  # which names the parameter
-        out: dict[str, str] = {}
-        for pair in text.split("&"):
-            if pair:
-                key, _, value = pair.partition("=")
-                out.setdefault(key, value)
-        return out
-    check_size(body, limits.body_bytes(max_msg_bytes))
     limits.check_form(body, "the form body")
     return parse_form(body)
 
@@ -562,61 +546,10 @@ def _message(params: Params, where: str, topic: str, now_ms: int, make_id: Calla
              defaults: Defaults, max_msg_bytes: int) -> NewMessage:
     """The message of sendMsg or of a sendMsgBatch item: every rule of a
     message's fields is here or in the helpers it calls, once. `where`
-    (`msgs[3].`, or "") prefixes the parameter a refusal names.
-
-    A plain message costs no regex, no encoding and no name building: each
-    helper takes a JSON int, decimal digits and ASCII text first (ASCII
-    text is as many bytes as characters), and a refusal's name is built
-    only once one is raised."""
-    get = params.get
-    msg, msg_id, delay, trigger, ttl = get("msg"), get("msgId"), get("delayMillis"), get("triggerTime"), get("ttlMillis")
-    retry, priority, tag, key = get("maxRetry"), get("priority"), get("tag"), get("key")
-    # The plain message -- ASCII text within its limits, JSON numbers or
-    # short decimal digits, a triggerTime only as a JSON number, no trace
-    # context (not even its key: `in`, no call) -- in one frame: the same rules
-    # as the checks below, which take every other message (and name what
-    # is wrong).
-    if ((trigger is None or (type(trigger) is int and trigger <= MAX_TRIGGER_MS))
-            and type(msg) is str and msg.isascii() and 0 < len(msg) <= max_msg_bytes
-            and (msg_id is None or (type(msg_id) is str and msg_id.isascii() and 0 < len(msg_id) <= MAX_NAME_BYTES
-                 and "\0" not in msg_id))
-            and (tag is None or (type(tag) is str and tag.isascii() and 0 < len(tag) <= MAX_NAME_BYTES
-                 and "," not in tag))
-            and (key is None or (type(key) is str and key.isascii() and 0 < len(key) <= MAX_NAME_BYTES
-                 and "\0" not in key))
-            and priority is None and "traceparent" not in params and "tracestate" not in params):
-        plain = True  # every number a JSON int or short decimal digits (a flag: mypyc takes False for 0)
-        numbers: list[int | None] = []
-        for value in (delay, ttl, retry):
-            if value is None:
-                numbers.append(None)
-            elif type(value) is int:
-                numbers.append(value)
-            elif type(value) is str and 0 < len(value) < 19 and value.isdigit() and value.isascii():
-                numbers.append(int(value))
-            else:
-                plain = False
-                break
-        if plain:
-            delay_ms, ttl_ms, max_retry = numbers
-            if type(trigger) is int:  # absolute, wins over delayMillis; in the past: due now
-                due_ms = trigger if trigger > 0 else 0
-            else:
-                due_ms = now_ms + delay_ms if delay_ms is not None and delay_ms > 0 else now_ms
-            if due_ms <= MAX_TRIGGER_MS:
-                keep_ms = defaults.ttl_ms if ttl_ms is None or ttl_ms <= 0 else ttl_ms \
-                    if ttl_ms < defaults.max_ttl_ms else defaults.max_ttl_ms
-                retries = defaults.max_retry if max_retry is None or max_retry < 0 else max_retry
-                if retries >= MAX_RETRY_COUNT:
-                    retries = MAX_RETRY_COUNT - 1
-                return tuple.__new__(NewMessage, (topic, make_id() if msg_id is None else msg_id, msg, now_ms,
-                                                  due_ms, keep_ms, retries, 0, tag or "", key or "", "", ""))
-    return _checked_message(params, where, topic, now_ms, make_id, defaults, max_msg_bytes)
-
-
-def _checked_message(params: Params, where: str, topic: str, now_ms: int, make_id: Callable[[], str],
-                     defaults: Defaults, max_msg_bytes: int) -> NewMessage:
-    """`_message`, every field through its helper: the statement of the rules."""
+    (`msgs[3].`, or "") prefixes the parameter a refusal names; a valid
+    item builds no parameter names. Each helper takes a JSON int, decimal
+    digits and ASCII text first (ASCII text is as many bytes as
+    characters)."""
     get = params.get
     msg_id, trigger, priority, tag, key = get("msgId"), get("triggerTime"), get("priority"), get("tag"), get("key")
     try:
@@ -645,16 +578,6 @@ def _checked_message(params: Params, where: str, topic: str, now_ms: int, make_i
     # tuple.__new__: NewMessage's own __new__ is Python code, a third of the cost here
     return tuple.__new__(NewMessage, (topic, make_id() if msg_id is None else msg_id, msg, now_ms, trigger_ms,
                                       ttl_ms, max_retry, priority, tag, key, traceparent, tracestate))
-
-
-def _fast_message(params: Params, topic: str, now_ms: int, make_id: Callable[[], str], defaults: Defaults,
-                  max_msg_bytes: int) -> NewMessage | None:
-    """Whether `params` make a message, and which: `_message`'s rules,
-    None where they refuse it."""
-    try:
-        return _message(params, "", topic, now_ms, make_id, defaults, max_msg_bytes)
-    except InvalidRequest:
-        return None
 
 
 def _trigger_ms(now_ms: int, delay_ms: int | None, trigger_ms: int | None) -> int:
@@ -693,12 +616,8 @@ def _msg(value: object, max_msg_bytes: int) -> str:
 
 
 def _required_name(params: Params, parameter: str) -> str:
-    """A top-level topic or msgId. (A plain one -- ASCII, within its
-    length, no NUL -- is taken here: `_name`'s rules, written out.)"""
-    value = params.get(parameter)
-    if type(value) is str and value.isascii() and 0 < len(value) <= MAX_NAME_BYTES and "\0" not in value:
-        return value
-    value = _name(parameter, value, True, False)
+    """A top-level topic or msgId."""
+    value = _name(parameter, params.get(parameter), True, False)
     if value is None:
         raise InvalidRequest(parameter, "is required")
     return value

@@ -184,7 +184,7 @@ class ReadyWindows:
         forgotten: list[Location] = []
         woken: set[str] = set()
         counted_topic, times = "", 0  # a run of one topic's same effects: counted once
-        topic_metrics = self._metrics.topics  # (Metrics.topic written out, for a topic it has)
+        topic_metrics = self._metrics.topic
         counted: tuple[Effect, ...] = ()
         for held in batch:
             before = held.state
@@ -209,11 +209,11 @@ class ReadyWindows:
                                               status, held.topic_hash)))
             if effects is not counted or held.topic != counted_topic:
                 if times:
-                    (topic_metrics.get(counted_topic) or self._metrics.topic(counted_topic)).count(counted, times)
+                    topic_metrics(counted_topic).count(counted, times)
                 counted_topic, counted, times = held.topic, effects, 0
             times += 1
         if times:
-            (topic_metrics.get(counted_topic) or self._metrics.topic(counted_topic)).count(counted, times)
+            topic_metrics(counted_topic).count(counted, times)
         if out_of_window:
             self._leave_windows(out_of_window)
         wake_all = bool(out_of_flight) and self._leave_flight(out_of_flight, woken)

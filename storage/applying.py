@@ -222,15 +222,10 @@ class Applier:
                         item.trigger_ms, item.priority, item.topic_hash, item.tag_hash, WAITING, 0)))
             i = j
         self._ids.put_many(ids)
-        dirty = hours.dirty  # (mark_dirty, written out)
         for h in touched:
-            dirty.add(h)  # after the puts: their look at a released message may have flushed h
-        for (h, topic_hash), count in staged.items():  # (h.count, written out: every send)
-            counts = h.topics.get(topic_hash)
-            if counts is None:
-                counts = h.topics[topic_hash] = [0] * 8
-            counts[WAITING] += count
-            h.totals[WAITING] += count
+            hours.mark_dirty(h)  # after the puts: their look at a released message may have flushed h
+        for (h, topic_hash), count in staged.items():
+            h.count(topic_hash, WAITING, count)
         if keyed:
             assert keys is not None
             keys.put_many(keyed)
@@ -247,7 +242,7 @@ class Applier:
                 h = get(hour)
                 if h is None:
                     raise ContractError(f"state change for unknown message {hour}/{gi}")
-                self._hours.dirty.add(h)  # (mark_dirty, written out)
+                self._hours.mark_dirty(h)
             if gi >= h.applied:
                 raise ContractError(f"state change for unknown message {hour}/{gi}")
             h.stage_state(gi, status, flags, retry)
@@ -266,12 +261,8 @@ class Applier:
             elif prev_status >= ACKED:
                 h.ended -= 1
         for (h, topic_hash, status), delta in deltas.items():
-            if delta:  # (h.count, written out: every pull and ack)
-                counts = h.topics.get(topic_hash)
-                if counts is None:
-                    counts = h.topics[topic_hash] = [0] * 8
-                counts[status] += delta
-                h.totals[status] += delta
+            if delta:
+                h.count(topic_hash, status, delta)
 
     def _apply_moves(self, now_ms: int, items: Sequence[records.MoveItem], new_entries: list[IndexEntry] | None) -> None:
         """The old entry ends (status 7, released, moved: it counts as ended

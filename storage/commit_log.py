@@ -286,8 +286,7 @@ class CommitLog:
     @property
     def end_offset(self) -> int:
         """Offset the next record will get."""
-        seg = self._segments[-1]
-        return seg.base_offset + seg.write_pos - seg.header_bytes  # (seg.end_offset, written out: every round)
+        return self._segments[-1].end_offset
 
     @property
     def start_offset(self) -> int:
@@ -298,10 +297,10 @@ class CommitLog:
         (at once under FsyncPolicy.ALWAYS)."""
         frame_bytes = FRAME_HEADER_BYTES + len(body)
         seg = self._segments[-1]
-        if seg.write_pos + frame_bytes > len(seg.mm):  # (seg.capacity, written out: the send path)
+        if seg.write_pos + frame_bytes > seg.capacity:
             seg = self._roll(frame_bytes)
         pos = seg.write_pos
-        offset = seg.base_offset + pos - seg.header_bytes  # seg.end_offset
+        offset = seg.end_offset
         frame = encode_salted_frame(body, seg.salt, offset) if seg.version >= 2 else encode_frame(body)
         if pos + len(frame) > seg.allocated:
             seg.reserve(pos + len(frame))
@@ -329,11 +328,9 @@ class CommitLog:
         if self.fsync is FsyncPolicy.NEVER:
             return
         for seg in reversed(self._segments):
-            end = seg.write_pos
-            if seg.synced_pos == end:
+            if seg.synced_pos == seg.write_pos:
                 break
-            seg._disk.fdatasync(seg._fd)  # (Segment.sync, written out: every commit round)
-            seg.synced_pos = end
+            seg.sync()
 
     def _roll(self, min_frame_bytes: int) -> Segment:
         size = max(self.segment_bytes, HEADER_BYTES + min_frame_bytes)

@@ -109,14 +109,13 @@ class HourFiles:
                      entries: bytes | bytearray, slots: Iterable[tuple[int, tuple[int, int]]] | None) -> None:
         """An hour's stage written in one call (storage.hour's `flush`):
         delay-log frames at `log_offset8`, index entries from
-        `first_global_index`, second-table slots (`write_frames`,
-        `write_entries` and `write_slots`, written out)."""
+        `first_global_index`, second-table slots."""
         if frames:
-            self.log.write(delay_log.HEADER_BYTES + log_offset8 * delay_log.ALIGN_BYTES, frames)
+            self.write_frames(log_offset8, frames)
         if entries:
-            self.idx.write(delay_index.HEADER_BYTES + first_global_index * delay_index.ENTRY_BYTES, entries)
+            self.write_entries(first_global_index, entries)
         if slots:
-            self.sec.write_many(second_table.packed_slots(slots))
+            self.write_slots(slots)
 
     def write_entries(self, first_global_index: int, data: bytes | bytearray) -> None:
         self.idx.write(delay_index.entry_offset(first_global_index), data)

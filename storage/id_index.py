@@ -388,7 +388,7 @@ class IdIndex:
         shard = self.shards[key >> SHARD_SHIFT]
         found: list[Location] = []
         mm, unpack, is_live, mask = shard.mm, GROUP.unpack_from, self.is_live, shard.group_mask
-        group, stride = key & mask, ((key >> 32) & mask) | 1  # probe_start, written out
+        group, stride = probe_start(key, mask)
         probes = 0
         while True:
             base = HEADER_BYTES + group * GROUP_BYTES
@@ -425,7 +425,7 @@ class IdIndex:
         for key in keys:
             shard = shards[key >> SHARD_SHIFT]
             mm, mask = shard.mm, shard.group_mask
-            group, stride = key & mask, ((key >> 32) & mask) | 1  # probe_start, written out
+            group, stride = probe_start(key, mask)
             searching = True
             while searching:
                 slots = unpack(mm, HEADER_BYTES + group * GROUP_BYTES)
@@ -545,7 +545,7 @@ class IdIndex:
         `bounded` and no empty slot came within MAX_PROBE_SLOTS: the shard
         should grow. (The shard always has an empty slot, see `_double`.)"""
         mm, unpack, is_live, mask = shard.mm, GROUP.unpack_from, self.is_live, shard.group_mask
-        group, stride = key & mask, ((key >> 32) & mask) | 1  # probe_start, written out
+        group, stride = probe_start(key, mask)
         may_grow = bounded and shard.used >= shard.slot_count * MIN_LOAD_TO_GROW
         reuse = None
         probes = 0

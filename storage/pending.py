@@ -127,10 +127,7 @@ class Pending:
         self.records.append((kind, now_ms, items))
         self.far_bytes += far_bytes
         if kind is records.Kind.STATE or kind is records.Kind.MOVE:  # (the changed entry's file: item[0])
-            self._marks = marks = self._marks + 1  # (`_mark`, written out: every pull and ack)
-            changed = self._changed
-            for item in items:
-                changed[item[0]] = marks
+            self._mark({item[0] for item in items})
         elif kind is records.Kind.PART:
             self._mark({item.hour for part in cast(Sequence[records.PartItem], items) for item in part.items})
 
@@ -200,12 +197,6 @@ class Pending:
         return found[0].topic_hash
 
     # -- ids -----------------------------------------------------------------------
-
-    def send_overlays(self) -> tuple[dict[int, list[Message]], dict[tuple[int, int], tuple[int, int]]]:
-        """The `ids` and `slots` overlays themselves, for the send loop of
-        storage.placement, which reads and extends them a message at a
-        time (their undo: `drop_last_message`, `set_slot`)."""
-        return self._ids, self._slots
 
     def messages(self, key: int) -> Sequence[Message]:
         """Messages sent under id key `key` by pending records, oldest first."""

@@ -40,7 +40,6 @@ from collections.abc import Iterable, Sequence
 from . import delay_index, delay_log, records, spans
 from .commit_log import CommitLog
 from .delay_index import FLAG_RELEASED
-from .delay_log import ALIGN_BYTES
 from .disk import DISK, Disk
 from .disk_room import DiskRoom
 from .entry import MS_PER_HOUR, MS_PER_SECOND, Location, Message, Status
@@ -70,10 +69,6 @@ if NewMessage._fields[:2] != ("topic", "msg_id"):
     raise InvariantError(f"placement reads (topic, msg_id) as a NewMessage's first fields: {NewMessage._fields}")
 # Topic and tag hashes kept across sends, up to this many texts (then forgotten, and kept anew).
 HASHES_KEPT = 4096
-# place pads a frame with `(size + 7) & ~7` written out: the send loop
-# calls nothing it can do without.
-if ALIGN_BYTES != 8:
-    raise InvariantError(f"place pads frames to 8 bytes, the delay log to {ALIGN_BYTES}")
 # What a record's placements moved, to put back if it is not appended:
 # file id -> (entries, log_bytes, created by this record) before it ...
 UndoHours = dict[int, tuple[int, int, bool]]
@@ -95,7 +90,6 @@ class Placement:
         self._disk_room = DiskRoom(directory, disk)
         self._hashes: dict[str, int] = {}  # topic or tag -> text_hash, at most HASHES_KEPT
         # pending's overlays themselves (the send loop reads and extends them)
-        self._pending_ids, self._pending_slots = pending.send_overlays()
         self._directory = directory
         self.closed = False  # the store closed (`Store.close`): sends refuse
 
@@ -156,15 +150,13 @@ class Placement:
     def _send_items(self, batch: Sequence[NewMessage], now_ms: int, results: list[SendResult],
                     items: list[records.SendItem], undo_hours: UndoHours, undo_slots: UndoSlots,
                     undo_ids: list[int], near: list[Hour]) -> int:
-        """Place each message of `batch` not stored already (`place` and
-        `pend_id` written out: the ingest path's one loop, a Python call
-        a message); returns the bytes the batch will write to far hours,
-        and adds the near hours' files it writes to to `near`."""
-        reader = self._reader
-        pending_ids, slots = self._pending_ids, self._pending_slots
+        """Place each message of `batch` not stored already (`_place_in` and
+        `pend_id` of each); returns the bytes the batch will write to far
+        hours, and adds the near hours' files it writes to to `near`."""
+        reader, pending = self._reader, self._pending
         # keys, and those with a slot in the id index: maybe stored (no comprehension: one call less)
         keys, known = self._ids.keys_present(list(map(_TOPIC_AND_ID, batch)))
-        find, pack_body, file_of, slot_of = reader.find, delay_log.pack_body, self._file_of, reader.slot
+        find, pack_body, file_of = reader.find, delay_log.pack_body, self._file_of
         append_result, append_item = results.append, items.append
         new = tuple.__new__  # NamedTuples built without their Python-level __new__
         hashes = self._hashes  # topic and tag hashes, kept across sends
@@ -174,7 +166,7 @@ class Placement:
         far_bytes = chars = 0
         for m, key in zip(batch, keys):
             topic, msg_id = m.topic, m.msg_id
-            if key in known or key in pending_ids:
+            if key in known or pending.messages(key):
                 existing = find(key, topic, msg_id)
                 if existing is not None:
                     append_result(new(SendResult, (DUPLICATE, existing)))
@@ -193,39 +185,22 @@ class Placement:
             else:
                 tag_hash = 0
             trigger_ms = m.trigger_ms
-            hour, rest_ms = divmod(trigger_ms if trigger_ms > now_ms else now_ms, MS_PER_HOUR)
-            second = rest_ms // MS_PER_SECOND
+            filing_ms = trigger_ms if trigger_ms > now_ms else now_ms
+            hour = filing_ms // MS_PER_HOUR
             filed = files.get(hour)
             if filed is None:
                 filed = files[hour] = file_of(hour, undo_hours)
                 if filed[1] and filed[0] not in near:
                     near.append(filed[0])
             h, is_near = filed
-            file_id = h.hour
-            gi = h.entries
-            h.entries = gi + 1
-            slot = (file_id, second)
-            before = slots.get(slot)
-            last, count = before or slot_of(h, second)
-            if slot not in undo_slots:
-                undo_slots[slot] = before
-            slots[slot] = (gi, count + 1)
-            frame_size = FRAME_HEADER_BYTES + len(body)
-            offset8 = h.log_bytes >> 3
-            h.log_bytes += (frame_size + 7) & ~7  # delay_log.padded_bytes, written out (checked above)
+            item = self._place_in(h, filing_ms, trigger_ms, m.priority, topic_hash, tag_hash, key, body, undo_slots)
             if not is_near:
-                far_bytes += frame_size + delay_index.ENTRY_BYTES + 16
-            append_item(new(records.SendItem, (file_id, gi, last, count, second, offset8, frame_size, trigger_ms,
-                                               m.priority, topic_hash, tag_hash, key, body)))
+                far_bytes += item.frame_size + delay_index.ENTRY_BYTES + 16
+            append_item(item)
             message = new(Message, (topic, msg_id, msg, m.produce_ms, trigger_ms, m.ttl_ms, m.max_retry,
-                                    m.priority, tag, WAITING, 0, new(Location, (file_id, gi)), m.key,
+                                    m.priority, tag, WAITING, 0, new(Location, (h.hour, item.global_index)), m.key,
                                     m.traceparent, m.tracestate))
-            same_key = pending_ids.get(key)  # pend_id, written out
-            if same_key is None:
-                pending_ids[key] = [message]
-            else:
-                same_key.append(message)
-            undo_ids.append(key)
+            self.pend_id(key, message, undo_ids)
             append_result(new(SendResult, (STORED, message)))
         if chars > MAX_RECORD_CHARS:
             raise InvalidRequest("batch", f"messages total more than {MAX_RECORD_CHARS} characters; split it")
@@ -250,23 +225,26 @@ class Placement:
         `filing_ms`, in the file storage.spans names for that hour now; the
         file's counters and the pending second-table tail move on (their
         previous values noted in `undo_hours` and `undo_slots`)."""
-        hour, rest_ms = divmod(filing_ms, MS_PER_HOUR)
-        second = rest_ms // MS_PER_SECOND
+        h, _ = self._file_of(filing_ms // MS_PER_HOUR, undo_hours)
+        return self._place_in(h, filing_ms, trigger_ms, priority, topic_hash, tag_hash, key, body, undo_slots)
+
+    def _place_in(self, h: Hour, filing_ms: int, trigger_ms: int, priority: int, topic_hash: int, tag_hash: int,
+                  key: int, body: bytes, undo_slots: UndoSlots) -> records.SendItem:
+        """`place` in `h`, the file `_file_of` named for `filing_ms`'s hour."""
+        second = filing_ms % MS_PER_HOUR // MS_PER_SECOND
         pending = self._pending
-        h, _ = self._file_of(hour, undo_hours)
-        file_id = h.hour
         gi = h.entries
         h.entries = gi + 1
-        slot = (file_id, second)
+        slot = (h.hour, second)
         before = pending.slot(slot)
         last, count = before or self._reader.slot(h, second)
         frame_size = FRAME_HEADER_BYTES + len(body)
         offset8 = h.log_bytes >> 3
-        h.log_bytes += (frame_size + 7) & ~7  # delay_log.padded_bytes, written out (checked below)
+        h.log_bytes += delay_log.padded_bytes(frame_size)
         if slot not in undo_slots:
             undo_slots[slot] = before
         pending.set_slot(slot, (gi, count + 1))
-        return tuple.__new__(records.SendItem, (file_id, gi, last, count, second, offset8, frame_size, trigger_ms,
+        return tuple.__new__(records.SendItem, (h.hour, gi, last, count, second, offset8, frame_size, trigger_ms,
                                                 priority, topic_hash, tag_hash, key, body))
 
     def pend_id(self, key: int, message: Message, undo_ids: list[int]) -> None:

@@ -244,8 +244,7 @@ class Store:
         `part_of` (a call id, not 0): as a PART of that call (storage.records),
         held until `commit_parts(part_of)` is applied; readers see the
         changes at once, as any record's."""
-        if self._closed:  # (_check_open, written out: every pull and ack)
-            raise StoreClosedError(f"store {self.directory!r} is closed")
+        self._check_open()
         self._placement.update(changes, now_ms, part_of)
 
     def commit_parts(self, call_id: int, now_ms: int) -> None:
@@ -309,7 +308,7 @@ class Store:
         written in one go (half a million writes, 0.8 s, the event loop
         held)."""
         applier = self._applier
-        if not applier.held and not applier.deferred:  # (parts_pending, written out)
+        if not applier.parts_pending():
             return False
         more = applier.apply_deferred(max_items)
         self._hours.flush_staged(everything=True)

@@ -198,7 +198,7 @@ class Scheduler:
         count = 0
         for entry in entries:
             count += 1
-            abs_s = entry.hour * SECONDS_PER_HOUR + entry.second  # abs_second, written out
+            abs_s = abs_second(entry)
             if abs_s < loaded_below_s:
                 # A loaded second. If the window no longer tracks it (released
                 # whole, or before the tick we started from), every earlier

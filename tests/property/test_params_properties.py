@@ -201,42 +201,18 @@ def test_arbitrary_json_raises_only_invalid_request(params: dict[str, object]) -
     every_parser(params)
 
 
-# -- the fast path -------------------------------------------------------------------------------------------------
-
-def _field_values():
-    ints = st.integers(min_value=-(2**63), max_value=2**63)
-    texts = st.text(max_size=8) | st.sampled_from(["", "0", "007", "-5", "+5", "1,2", "a\0b", "\ud800", "١"])  # noqa: RUF001 (a digit, not ASCII)
-    return st.none() | ints | texts | st.booleans() | st.floats(allow_nan=True) | ints.map(str) | st.just([1])
-
-
-@SETTINGS
-@given(st.dictionaries(st.sampled_from(["msg", "msgId", "delayMillis", "triggerTime", "ttlMillis", "maxRetry",
-                                        "priority", "tag", "key", "topic", "strictIdempotence"]),
-                       _field_values() | names | msgs, max_size=10))
-def test_fast_path_builds_what_the_full_rules_build(fields):
-    """Whatever the fast path takes, it turns into exactly the NewMessage the
-    full rules make of it (and it takes nothing they refuse)."""
-    from broker.params import _fast_message, _message
-    ids = iter(f"id{i}" for i in range(2))
-    fast = _fast_message(fields, "t", NOW, lambda: next(ids), D, MAX_MSG_BYTES)
-    if fast is None:
-        return
-    ids = iter(f"id{i}" for i in range(2))
-    assert fast == _message(fields, "", "t", NOW, lambda: next(ids), D, MAX_MSG_BYTES)
-
+# -- messages --------------------------------------------------------------------------------------------------------
 
 @SETTINGS
 @given(st.lists(st.fixed_dictionaries({"msg": msgs}, optional={
     "msgId": names, "delayMillis": st.integers(-10**6, 10**12), "priority": st.integers(-(2**15), 2**15 - 1),
     "tag": names.filter(lambda t: "," not in t), "maxRetry": st.integers(-5, 10**6)}), min_size=1, max_size=20))
-def test_a_plain_batch_takes_the_fast_path_and_matches_item_by_item(items):
-    """A batch of plain items (all on the fast path) equals each item parsed
-    alone by the full rules."""
-    from broker.params import _fast_message, _message
+def test_a_plain_batch_matches_its_items_sent_alone(items):
+    """A batch of plain items equals each item parsed alone."""
+    from broker.params import _message
     made = iter(f"gen{i}" for i in range(100))
     batch = parse_send_batch({"topic": "t", "msgs": items}, now_ms=NOW, make_id=lambda: next(made), defaults=D,
                              max_msg_bytes=MAX_MSG_BYTES)
-    assert all(_fast_message(item, "t", NOW, lambda: "x", D, MAX_MSG_BYTES) is not None for item in items)
     made = iter(f"gen{i}" for i in range(100))
     assert [s.message for s in batch] == [_message(item, "", "t", NOW, lambda: next(made), D, MAX_MSG_BYTES)
                                          for item in items]
@@ -244,13 +220,14 @@ def test_a_plain_batch_takes_the_fast_path_and_matches_item_by_item(items):
 
 @SETTINGS
 @given(st.integers(0, MAX_RETRY_COUNT), st.sampled_from([None, "", -1, "3", 5, 10**9]))
-def test_fast_path_caps_max_retry_as_the_full_rules_do(default_retry, given_retry):
-    """A server default of maxRetry above what a message can count is capped
-    the same way on both paths (retry counts deliveries: up to max_retry + 1)."""
+def test_max_retry_is_capped_at_what_a_message_can_count(default_retry, given_retry):
+    """A maxRetry, given or the server's default, above what a message can
+    count is capped (retry counts deliveries: up to max_retry + 1)."""
     from dataclasses import replace
 
-    from broker.params import _fast_message, _message
+    from broker.params import _message
     defaults = replace(D, max_retry=default_retry)
-    fields = {"msg": "m", "msgId": "i", "maxRetry": given_retry}
-    fast = _fast_message(fields, "t", NOW, lambda: "x", defaults, MAX_MSG_BYTES)
-    assert fast is not None and fast == _message(fields, "", "t", NOW, lambda: "x", defaults, MAX_MSG_BYTES)
+    made = _message({"msg": "m", "msgId": "i", "maxRetry": given_retry}, "", "t", NOW, lambda: "x", defaults,
+                    MAX_MSG_BYTES)
+    wanted = default_retry if given_retry in (None, "", -1) else int(given_retry)
+    assert made.max_retry == min(wanted, MAX_RETRY_COUNT - 1)
