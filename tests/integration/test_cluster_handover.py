@@ -50,7 +50,9 @@ def test_the_leaders_handover_after_a_sigkill_and_a_sigstop_drill_is_prompt_and_
     node's own SIGTERM ends as promptly (the node still holding such a
     forward was the one that waited its 10 s grace)."""
     for fault in ("sigkill", "sigstop"):
-        result = drill(cluster, fault, rate=80, run_s=3.5, fault_at_s=1.2, freeze_s=4.0)
+        # (the rate: many requests forwarded into commits, so the frozen
+        # leader's stand-down meets some, as it did in most drills)
+        result = drill(cluster, fault, rate=200, run_s=3.5, fault_at_s=1.2, freeze_s=4.0)
         assert result["lost"] == 0 and result["double_dispatch_terms"] == [], result
     result = drill(cluster, "sigterm", rate=80, run_s=3.5, fault_at_s=1.2)
     assert result["failover_s"] <= BOUND_S and result["exit_s"] <= BOUND_S, result
@@ -61,11 +63,13 @@ def test_the_leaders_handover_after_a_sigkill_and_a_sigstop_drill_is_prompt_and_
     leader = cluster.wait_leader()
     led_s, exit_s = _sigterm(cluster, leader)
     assert led_s <= BOUND_S and exit_s <= BOUND_S, (led_s, exit_s)
-    for node in NODE_IDS:
-        if cluster.alive(node):
-            started = time.monotonic()
-            assert cluster.terminate(node) == 0
-            assert time.monotonic() - started <= BOUND_S, node
+    # the two left: the leader first, while its follower is there to take
+    # the handover (a leader without one waits for it: lead.HANDOVER_TIMEOUT_S)
+    leader = cluster.wait_leader(exclude=leader)
+    for node in sorted((n for n in NODE_IDS if cluster.alive(n)), key=lambda n: n != leader):
+        started = time.monotonic()
+        assert cluster.terminate(node) == 0
+        assert time.monotonic() - started <= BOUND_S, node
 
 
 def test_a_node_stopping_answers_the_requests_it_forwarded_at_once(cluster):
