@@ -154,6 +154,9 @@ class DrillResult:
     old_leader: str
     new_leader: str
     failover_s: float  # fault -> a new leader (in a higher term) dispatches
+    # sigterm: the SIGTERM -> the old leader's process exited (its handover,
+    # then its HTTP server's requests in flight; None for the other faults)
+    exit_s: float | None
     sent: int  # messages answered 200
     delivered: int  # distinct ids delivered
     lost: int  # answered 200, never delivered
@@ -186,6 +189,7 @@ async def _drive(cluster: Cluster, fault: str, *, rate: int, run_s: float, fault
     old_term = cluster.health(old_leader)["term"]
     fault_ms = 0
     failover_s = float("nan")
+    exit_s: float | None = None
 
     async def produce(client):
         nonlocal send_errors
@@ -218,19 +222,27 @@ async def _drive(cluster: Cluster, fault: str, *, rate: int, run_s: float, fault
                     await client.ack(topic, m.msg_id)
                     acked_ms[i] = int(time.time() * 1000)
 
+    def stopped_after(started: float) -> float:
+        cluster.terminate(old_leader)  # (waits for the exit; SIGKILL past harness.STOP_TIMEOUT_S)
+        return time.monotonic() - started
+
     async def strike():
-        nonlocal fault_ms, failover_s
+        nonlocal fault_ms, failover_s, exit_s
         await asyncio.sleep(fault_at_s)
         fault_ms = int(time.time() * 1000)
         started = time.monotonic()
+        exiting = None
         if fault == "sigkill":
             cluster.kill(old_leader)
         elif fault == "sigstop":
             cluster.freeze(old_leader)
-        else:
-            await asyncio.to_thread(cluster.terminate, old_leader)
+        else:  # the new leader is waited for while the old one exits, each timed from the SIGTERM
+            cluster.nodes[old_leader].proc.send_signal(signal.SIGTERM)
+            exiting = asyncio.create_task(asyncio.to_thread(stopped_after, started))
         new = await asyncio.to_thread(cluster.wait_leader, old_leader, old_term)
         failover_s = time.monotonic() - started
+        if exiting is not None:
+            exit_s = await exiting
         if fault == "sigstop":
             await asyncio.sleep(max(0.0, freeze_s - (time.monotonic() - started)))
             cluster.thaw(old_leader)
@@ -290,6 +302,7 @@ async def _drive(cluster: Cluster, fault: str, *, rate: int, run_s: float, fault
         await asyncio.sleep(0.1)
     return DrillResult(
         fault=fault, old_leader=old_leader, new_leader=new_leader, failover_s=round(failover_s, 3),
+        exit_s=None if exit_s is None else round(exit_s, 3),
         sent=len(sent), delivered=len(seen), lost=len(set(sent) - set(seen)),
         duplicates=sum(c - 1 for c in seen.values()), duplicate_causes=causes,
         due_near_fault=sum(1 for t in sent.values() if abs(t - fault_ms) <= 100),

@@ -129,14 +129,24 @@ class GroupCommit:
 
     def durable(self) -> asyncio.Future[None]:
         """Await it after appending: done once what was appended is durable
-        (the same future for every request of a commit)."""
+        (the same future for every request of a commit).
+
+        A Task awaiting a future cancels that future when the Task is
+        cancelled, and this one is every request's of the commit: a Task
+        (the wheel's releases, a pusher's pull: tasks a stand-down cancels)
+        gets it shielded, so its cancellation stays its own. A request's
+        frame run by the HTTP server outside any Task (broker.httpd) cannot
+        be cancelled, and gets the future itself (no shield's future and
+        callbacks per request)."""
         if self._failed is not None:
             raise Unavailable(f"the commit log failed: {client_text(self._failed)}")
         future = self._filling
         if future is None:
             future = self._filling = asyncio.get_running_loop().create_future()
             self.kick()
-        return future
+        if asyncio.current_task() is None:
+            return future
+        return asyncio.shield(future)
 
     async def background_durable(self, what: str) -> bool:
         """`durable()` for a background task's records (timers, releases,
@@ -169,9 +179,11 @@ class GroupCommit:
                     wake = self._wake = loop.create_future()
                     await wake
                 self._kicked = False
-                waiting, self._filling = self._filling, None
                 if lock is not None:
                     await lock.acquire()
+                # taken once the lock is held: a round cancelled while it
+                # waits for it leaves its requests to `abandon` to answer
+                waiting, self._filling = self._filling, None
                 try:
                     count, end_offset = store.commit_point()
                     try:

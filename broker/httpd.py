@@ -654,6 +654,16 @@ class Connection(asyncio.Protocol):
                     log.exception("bug while serving %s %s", request.method, request.path)
                     answer = plain_answer(500, "internal error (logged)")
                 response = answer
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    raise  # this frame's own Task is cancelled (the loop ends): the connection closes
+                # What it awaited was cancelled under it (a future it shared
+                # with a task that was cancelled): the client is answered all
+                # the same, or it would wait on this connection for ever (a
+                # follower that forwarded the request did).
+                log.warning("%s %s: what it waited for was cancelled; answered 503", request.method, request.path)
+                response = plain_answer(503, "the request was cancelled on this node; retry")
             finally:
                 if tracker is not None:
                     tracker.in_flight -= 1

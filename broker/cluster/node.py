@@ -114,8 +114,10 @@ class ClusterNode(NodeBase):
         await self.role_loop.run()
 
     async def handover(self) -> None:
-        """SIGTERM: if leading, hand the lead over; then leave the group."""
+        """SIGTERM: if leading, hand the lead over; then leave the group, and
+        answer what this node forwarded (routes.close)."""
         await self.role_loop.handover()
+        await self.routes.close()
 
     async def checkpoint(self) -> None:
         await self.snapshots.checkpoint()

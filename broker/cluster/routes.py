@@ -11,7 +11,8 @@ the peers' /_cluster/* calls (broker.cluster.peers).
 
 Forwarding keeps the method, body and the headers in FORWARDED_HEADERS, and
 names the leader in X-Hourglass-Leader; an unreachable leader is a 503 the
-client retries. A path with a `.` or `..` segment (`%2e` too) is never
+client retries, and so is what is still forwarded when this node stops
+(`close`: its stop does not wait on the leader's answers). A path with a `.` or `..` segment (`%2e` too) is never
 forwarded: HTTP 404 on every node (the URL library would have sent
 `/camellia/delayQueue/../../_cluster/snapshot` as `/_cluster/snapshot`).
 """
@@ -108,6 +109,8 @@ class Routes:
                 return Response(r.status, data, r.headers.get("Content-Type", "application/json"),
                                 headers={"X-Hourglass-Leader": leader})
         except (aiohttp.ClientError, OSError) as e:
+            if self.state.stopping:  # cut by `close`
+                return answer(503, "this node is stopping; retry", leader=None)
             return answer(503, f"the leader {leader} is unreachable ({e.__class__.__name__}); retry", leader=leader)
 
     def forward_session(self) -> aiohttp.ClientSession:
@@ -122,8 +125,14 @@ class Routes:
         return self._forward_session
 
     async def close(self) -> None:
-        if self._forward_session is not None:
-            await self._forward_session.close()
+        """Stop forwarding (the node stops): what is forwarded still is
+        answered 503 now (the client retries on another node), instead of
+        holding this node's stop for as long as the leader takes (a long
+        poll waits up to its timeout, 10 s by default: the whole shutdown
+        grace, broker.server.SHUTDOWN_TIMEOUT_S)."""
+        session, self._forward_session = self._forward_session, None
+        if session is not None:
+            await session.close()
 
     def topic_list(self) -> list[str]:
         """The console's topics: the broker's while leading, else the store's."""

@@ -243,3 +243,81 @@ def test_small_rounds_on_a_fast_disk_fsync_on_the_loop_and_a_slow_fsync_hands_th
     assert disk.threads[:-1] == ["syncer"] * (group_commit.INLINE_SYNC_AFTER - 1)  # the count starts anew
     assert synced == 4  # 3 after the first run of fast ones, and the slow one itself
     store.close()
+
+
+@pytest.mark.parametrize("in_flight", [False, True])
+def test_a_cancelled_waiter_leaves_the_commit_it_shares_to_the_others(tmp_path, in_flight):
+    """Every request of a commit awaits one future. A task that waits on it
+    too (the wheel's releases, a pusher's pull) and is cancelled (the node
+    stands down and abandons its broker, pushers stop) must not cancel it
+    for the others: a request's frame that ended with CancelledError wrote
+    no answer, and the follower that had forwarded it waited for ever (a
+    drill saw a SIGTERM'd node wait its 10 s shutdown grace for it). Both
+    while the records wait for their round (`in_flight` False) and while
+    a quorum is awaited after the fsync (True); the request is called from
+    a loop callback, as the HTTP server runs one (no Task), and from a Task."""
+    store = Store.open(str(tmp_path), now_ms=NOW)
+    quorum = asyncio.Event()
+
+    async def replicated(end_offset: int) -> None:
+        await quorum.wait()
+
+    commits = GroupCommit(store, lambda entries: None, Metrics(), replicated=replicated)
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        runner = asyncio.create_task(commits.run())
+        store.send([NewMessage("t", "a", "x", NOW, NOW + 60_000, 60_000, 1)], NOW)
+        outside = []  # a request's frame, run from a callback: no current Task
+        loop.call_soon(lambda: outside.append(commits.durable()))
+        request = asyncio.ensure_future(_await_durable(commits))
+        background = asyncio.ensure_future(_await_durable(commits))
+        await asyncio.sleep(0)
+        if in_flight:
+            for _ in range(1000):  # the round took them: fsync'ed, waiting for the quorum
+                if store.pending_records == 0:
+                    break
+                await asyncio.sleep(0.001)
+            assert store.pending_records == 0
+        background.cancel()
+        await asyncio.gather(background, return_exceptions=True)
+        assert background.cancelled()
+        assert not outside[0].cancelled() and not request.done()
+        quorum.set()
+        await asyncio.wait_for(asyncio.gather(outside[0], request), 5)  # answered, not cancelled
+        runner.cancel()
+        await asyncio.gather(runner, return_exceptions=True)
+
+    asyncio.run(main())
+    store.close()
+
+
+async def _await_durable(commits: GroupCommit) -> None:
+    await commits.durable()
+
+
+def test_a_commit_cancelled_while_it_waits_for_the_apply_lock_is_answered_by_abandon(tmp_path):
+    """The round waits for the apply lock (a snapshot copying the store's
+    files holds it) when the node stands down and cancels it: the requests
+    of that round are still the group commit's to answer, and `abandon`
+    answers them 503 (they waited for ever)."""
+    store = Store.open(str(tmp_path), now_ms=NOW)
+    lock = asyncio.Lock()
+    commits = GroupCommit(store, lambda entries: None, Metrics(), apply_lock=lock)
+
+    async def main():
+        await lock.acquire()  # a snapshot copying the files
+        runner = asyncio.create_task(commits.run())
+        store.send([NewMessage("t", "a", "x", NOW, NOW + 60_000, 60_000, 1)], NOW)
+        request = asyncio.ensure_future(_await_durable(commits))
+        for _ in range(5):  # the round starts, and waits for the lock
+            await asyncio.sleep(0)
+        runner.cancel()  # the broker abandoned
+        await asyncio.gather(runner, return_exceptions=True)
+        commits.abandon()
+        with pytest.raises(Unavailable, match="stopped leading"):
+            await asyncio.wait_for(request, 5)
+        lock.release()
+
+    asyncio.run(main())
+    store.close()

@@ -44,6 +44,10 @@ async def _serve(limits: Limits | None = None, cap: int = 1024, slow: asyncio.Ev
             return StreamResponse(chunks())
         if request.path == "/boom":
             raise RuntimeError("a bug")
+        if request.path == "/cancelled":  # what it awaits is cancelled under it
+            shared = asyncio.get_running_loop().create_future()
+            asyncio.get_running_loop().call_soon(shared.cancel)
+            await shared
         return Response(200, json.dumps({"path": request.path, "query": request.query.decode(),
                                          "body": request.body.decode()}).encode())
 
@@ -293,6 +297,25 @@ def test_stream_response_is_chunked_and_bugs_are_500():
     (status, headers, body), (bug_status, _, bug_body) = asyncio.run(main())
     assert status == 200 and headers["transfer-encoding"] == "chunked" and body == b"abcde"
     assert bug_status == 500 and json.loads(bug_body)["code"] == 500
+
+
+def test_a_handler_whose_wait_is_cancelled_under_it_is_answered_503():
+    """A handler that ends with CancelledError because what it awaited was
+    cancelled (a commit future a cancelled task shared with it) still gets
+    its client an answer, 503 (retry), inline or in a Task; without one,
+    the client waited on the open connection for ever (a follower that had
+    forwarded the request did, and its own stop then waited out its
+    shutdown grace). The connection goes on serving."""
+    async def main(inline):
+        server, _ = await _serve(inline=inline)
+        reader, writer = await _connect(server.port)
+        writer.write(b"GET /cancelled HTTP/1.1\r\n\r\nGET /after HTTP/1.1\r\n\r\n")
+        answers = [await asyncio.wait_for(_read_response(reader), 5) for _ in range(2)]
+        await _stop(server)
+        return [(status, json.loads(body)["code"] if status != 200 else json.loads(body)["path"])
+                for status, _, body in answers]
+    for inline in (True, False):
+        assert asyncio.run(main(inline)) == [(503, 503), (200, "/after")]
 
 
 def test_close_finishes_requests_in_flight_and_refuses_new_ones():
