@@ -148,6 +148,6 @@ def test_a_batch_under_one_key_is_one_run(tmp_path_factory):
         assert part.entries == 3
         places = index.locations(hot, part)
         assert sorted(w.global_index for w in places) == [*range(1_000), 2_000, 2_001, 2_005]
-        assert sum(s.used for s in index.slots.shards) == 2 + 3 + 2  # counters, run slots, length counters
+        assert sum(s.used for s in index.slots.shards) == 4 + 3 + 2  # counters (file, part, sub, fine), run slots, length counters
     finally:
         index.close()
