@@ -289,22 +289,22 @@ class Bulk:
             if buckets is None:
                 raise _Damaged
             work += len(buckets)
+            handed: list[int] = []  # what the part's buckets handed out: a place a replay put twice, once
             for bucket in buckets:
                 if keeper is not None and keeper.closed_before(bucket.low_ms):
                     return
-                places = store.key_places(bucket)
+                places = store.key_places(bucket, handed)
                 if places is None:
                     raise _Damaged
-                while True:
+                while not places.done:
                     if work >= KEY_SLICE:
                         await turn()
                     found = store.take_key_places(places, KEY_SLICE - work)
                     if found is None:
                         raise _Damaged
-                    if not found:
-                        break
-                    work += len(found)
-                    yield found
+                    work += max(1, len(found))  # (none: runs read that held no new place)
+                    if found:
+                        yield found
             if work >= KEY_SLICE:
                 await turn()
 

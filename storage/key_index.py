@@ -70,9 +70,10 @@ the key's count, and a batch of one key's sends into one part is one run
 moved once, not once a message; a lookup is O(live files) probes plus
 the buckets of the parts it reads and two probes a run of the buckets it
 reads. `BucketPlaces` hands a bucket's places out a slice at a time
-(`take`: at most so many places, and so many runs read), each once, so
-a caller on the event loop lets it turn between slices however large
-the key.
+(`take`: at most so many places, and so many runs read), each once in
+its part (a replay may put a place again under another bucket of the
+part: the earliest trigger time of the run it replays in), so a caller
+on the event loop lets it turn between slices however large the key.
 
 What is put, and when (storage.applying): every message whose body has a
 serial key (an 8-item delay-log body, storage.delay_log) when its SEND is
@@ -340,10 +341,11 @@ class KeyIndex:
         Raises CorruptionError for a slot whose check byte fails."""
         found: list[Location] = []
         new = tuple.__new__
+        handed: list[int] = []
         for bucket in self.buckets(key, part):
-            places = BucketPlaces(self, bucket)
-            while handed := places.take(1 << 20):
-                for first, length in handed:
+            places = BucketPlaces(self, bucket, handed)
+            while not places.done:
+                for first, length in places.take(1 << 20):
                     found += [new(Location, (bucket.file_id, gi)) for gi in range(first, first + length)]
         return found
 
@@ -369,33 +371,49 @@ class KeyIndex:
 
 class BucketPlaces:
     """The places of one bucket's runs, handed out a slice at a time, each
-    once: `take(limit)` answers spans (first globalIndex, length) of at
-    most `limit` places not handed out before, having read at most
-    `limit` runs; [] once every run is read.
+    once in its part: `take(limit)` answers spans (first globalIndex,
+    length) of at most `limit` places not handed out before, having read
+    at most `limit` runs, until `done`. `handed` holds what
+    was handed out: the same list for every bucket of one part, so that a
+    place a replay put again under another bucket comes out once.
 
     Worked example: runs [7, 8] (n=0), [40] (n=1) and [7, 8] again (n=2, a
     replayed put): take(2) -> [(7, 2)]; take(2) -> [(40, 1)] (then reads
-    n=2, all handed out already); take(2) -> []. A run longer than
-    `limit` is handed out over several calls.
+    n=2, all handed out already); done. A run longer than `limit` is
+    handed out over several calls; take(1) on the runs above answers
+    [(7, 1)], [(8, 1)], [(40, 1)], then [] (n=2 read), and is done.
 
     Cost: two probes a run read, and O(log spans) to leave out what was
-    handed out (`_handed`: the disjoint [start, end) spans handed out,
+    handed out (`handed`: the disjoint [start, end) spans handed out,
     merged -- one span for a key whose runs follow each other)."""
 
     __slots__ = ("_bucket", "_handed", "_index", "_left", "_next_n")
 
-    def __init__(self, index: KeyIndex, bucket: KeyBucket) -> None:
+    def __init__(self, index: KeyIndex, bucket: KeyBucket, handed: list[int]) -> None:
         self._index = index
         self._bucket = bucket
         self._next_n = 0  # the next run to read
         self._left: list[tuple[int, int]] = []  # (start, end) read, not handed out yet, last one first
-        self._handed: list[int] = []  # start0, end0, start1, end1, ...: ascending, disjoint
+        self._handed = handed  # start0, end0, start1, end1, ...: ascending, disjoint
 
     @property
     def file_id(self) -> int:
         return self._bucket.file_id
 
+    @property
+    def done(self) -> bool:
+        """Every run read and every place handed out."""
+        return not self._left and self._next_n >= self._bucket.runs
+
+    def finish(self) -> None:
+        """Hand out nothing more (its file retired)."""
+        self._left.clear()
+        self._next_n = self._bucket.runs
+
     def take(self, limit: int) -> list[tuple[int, int]]:
+        """Spans of at most `limit` places not handed out yet, at most `limit`
+        runs read for them: [] when the runs read held none (`done` says
+        whether any are left)."""
         out: list[tuple[int, int]] = []
         taken = read = 0
         while taken < limit:

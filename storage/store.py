@@ -402,14 +402,15 @@ class Store:
             buckets = self.key_buckets(topic, key, part)
             if buckets is None:
                 return None
+            handed: list[int] = []
             for bucket in buckets:
-                places = self.key_places(bucket)
-                while places is not None:
+                places = self.key_places(bucket, handed)
+                if places is None:
+                    return None
+                while not places.done:
                     where = self.take_key_places(places, KEY_PLACES_SLICE)
                     if where is None:
                         return None
-                    if not where:
-                        break
                     found += self.keyed_messages(topic, key, where)
         return found
 
@@ -440,23 +441,26 @@ class Store:
         except CorruptionError:
             return None
 
-    def key_places(self, bucket: KeyBucket) -> BucketPlaces | None:
+    def key_places(self, bucket: KeyBucket, handed: list[int]) -> BucketPlaces | None:
         """What hands out the places of a bucket, a slice at a time
-        (`take_key_places`); None: no key index."""
-        return None if self.keys is None else BucketPlaces(self.keys, bucket)
+        (`take_key_places`); `handed`, what was handed out of its part
+        (storage.key_index.BucketPlaces: one list for a part's buckets,
+        which they fill). None: no key index."""
+        return None if self.keys is None else BucketPlaces(self.keys, bucket, handed)
 
     def take_key_places(self, places: BucketPlaces, limit: int) -> list[Location] | None:
         """At most `limit` places of a bucket not handed out before (and at
-        most `limit` of its runs read): [] once all are, and for a file
-        retired since; None on a damaged slot."""
+        most `limit` of its runs read), until `places.done` (none for a
+        file retired since); None on a damaged slot."""
         self._check_open()
+        file_id = places.file_id
+        if file_id not in self._hours:
+            places.finish()
+            return []
         try:
             handed = places.take(limit)
         except CorruptionError:
             return None
-        file_id = places.file_id
-        if file_id not in self._hours:
-            return []
         new = tuple.__new__
         return [new(Location, (file_id, gi)) for first, length in handed for gi in range(first, first + length)]
 
