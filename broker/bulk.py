@@ -4,7 +4,9 @@ prefix, status and trigger time range rather than one id at a time.
 
 Finding by key: the key index (storage.key_index) gives the key's own
 messages, each read and tested against the rest of the filter; the
-topic's other messages are never read.
+topic's other messages are never read. Its places come KEY_SLICE a turn
+of the loop, bucket by bucket in trigger-time order (a page stops once
+it is full), so a hot key never holds the loop.
 
 Finding otherwise: the topic's index entries in the statuses asked for are scanned
 (storage's `scan_matches`: hours holding none of them skipped by their
@@ -191,7 +193,6 @@ class Bulk:
         self._topics = topics
         self._dead_letters = dead_letters
         self.slices = 0  # PART records of sliced deletes appended, for the tests
-        self.key_turns = 0  # turns of the loop let through while reading a key's places, for the tests
         # (topic, filter) -> the scan floors the last call of the filter that
         # changed every match it took left (a delete, or a move of WAITING
         # ones); only for filters whose statuses are `resumable`
@@ -274,7 +275,6 @@ class Bulk:
 
         async def turn() -> None:
             nonlocal work
-            self.key_turns += 1
             work = 0
             await asyncio.sleep(0)
             lifecycle.check_serving()
