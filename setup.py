@@ -50,6 +50,7 @@ COMPILED = [
     "storage/hour_files.py",
     "storage/hour_table.py",
     "storage/id_index.py",
+    "storage/key_index.py",
     "storage/pending.py",
     "storage/placement.py",
     "storage/protocol.py",

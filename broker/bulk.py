@@ -4,7 +4,9 @@ prefix, status and trigger time range rather than one id at a time.
 
 Finding by key: the key index (storage.key_index) gives the key's own
 messages, each read and tested against the rest of the filter; the
-topic's other messages are never read.
+topic's other messages are never read. Its places come KEY_SLICE a turn
+of the loop, bucket by bucket in trigger-time order (a page stops once
+it is full), so a hot key never holds the loop.
 
 Finding otherwise: the topic's index entries in the statuses asked for are scanned
 (storage's `scan_matches`: hours holding none of them skipped by their
@@ -51,7 +53,6 @@ from array import array
 from collections.abc import AsyncIterator, Callable, Iterator
 from itertools import chain
 from operator import itemgetter
-from time import perf_counter
 from typing import NamedTuple
 
 from storage.entry import STATUS_BY_VALUE, Location, Message, Status
@@ -88,8 +89,9 @@ MAX_DEFERRED = 50_000
 MOVE_SLICE = 128
 # Places of an INTENT packed between two turns of the loop.
 PACK_SLICE = 65_536
-# Work on a key's messages between two turns of the loop (a part at least).
-KEY_SLICE_S = 0.005
+# A key's places read between two turns of the loop (storage.key_index's
+# buckets and runs: however many messages the key holds).
+KEY_SLICE = 1024
 
 # Scan floors kept, one a filter (the last asked for kept).
 MAX_FLOORS = 16
@@ -260,45 +262,74 @@ class Bulk:
             return []
         return self._store.key_parts(topic, flt.key)
 
+    async def _key_slices(self, topic: str, key: str, parts: list[KeyPart],
+                          keeper: PageKeeper | None = None) -> AsyncIterator[list[Location]]:
+        """The places the key index holds for the key, at most KEY_SLICE of
+        them a slice, bucket by bucket in order of their time ranges (a
+        page's `keeper`: only as far as the page can still change); the
+        loop let through once KEY_SLICE places (or buckets) were handed out
+        since it last was, so a key of any size never holds it longer.
+        Raises _Damaged on a damaged slot."""
+        store, lifecycle = self._store, self._lifecycle
+        work = 0  # places and buckets handed out since the loop last turned
+
+        async def turn() -> None:
+            nonlocal work
+            work = 0
+            await asyncio.sleep(0)
+            lifecycle.check_serving()
+
+        for part in parts:
+            if keeper is not None:
+                if keeper.closed_before(part.low_ms):
+                    return
+                if keeper.before_cursor(part.high_ms):
+                    continue
+            buckets = store.key_buckets(topic, key, part)
+            if buckets is None:
+                raise _Damaged
+            work += len(buckets)
+            handed: list[int] = []  # what the part's buckets handed out: a place a replay put twice, once
+            for bucket in buckets:
+                if keeper is not None and keeper.closed_before(bucket.low_ms):
+                    return
+                places = store.key_places(bucket, handed)
+                if places is None:
+                    raise _Damaged
+                while not places.done:
+                    if work >= KEY_SLICE:
+                        await turn()
+                    found = store.take_key_places(places, KEY_SLICE - work)
+                    if found is None:
+                        raise _Damaged
+                    work += max(1, len(found))  # (none: runs read that held no new place)
+                    if found:
+                        yield found
+            if work >= KEY_SLICE:
+                await turn()
+
     async def _keyed(self, topic: str, flt: BulkFilter, parts: list[KeyPart]) -> AsyncIterator[list[Message]]:
-        """The key's messages that match the filter, a part at a time -- the
+        """The key's messages that match the filter, a slice at a time -- the
         key's own messages read, not the topic's -- the loop let through
-        every KEY_SLICE_S of work. Raises _Damaged on a damaged slot."""
+        between (`_key_slices`). Raises _Damaged on a damaged slot."""
         assert flt.key is not None
         store, key = self._store, flt.key
-        began = perf_counter()
-        for part in parts:
-            found = store.keyed_in(topic, key, part)
-            if found is None:
-                raise _Damaged
-            yield [m for m in found if flt.matches(m)]
-            if perf_counter() - began > KEY_SLICE_S:
-                await asyncio.sleep(0)
-                self._lifecycle.check_serving()
-                began = perf_counter()
+        async for places in self._key_slices(topic, key, parts):
+            yield [m for m in store.keyed_messages(topic, key, places) if flt.matches(m)]
 
     async def _keyed_page(self, topic: str, flt: BulkFilter, parts: list[KeyPart], keeper: PageKeeper) -> bool:
-        """Offer the key's matches to `keeper`, reading parts in order of
+        """Offer the key's matches to `keeper`, reading buckets in order of
         their time ranges and only as far as the page can still change;
         False on a damaged slot (the caller scans)."""
         assert flt.key is not None
-        store, key = self._store, flt.key
-        began = perf_counter()
-        for part in parts:
-            if keeper.closed_before(part.low_ms):
-                break
-            if keeper.before_cursor(part.high_ms):
-                continue
-            entries = store.keyed_entries(topic, key, part)
-            if entries is None:
-                return False
-            for where, trigger_ms in entries:
-                if keeper.worth(trigger_ms) and (m := self._full_match(flt, where)) is not None and m.topic == topic:
-                    keeper.offer(m)
-            if perf_counter() - began > KEY_SLICE_S:
-                await asyncio.sleep(0)
-                self._lifecycle.check_serving()
-                began = perf_counter()
+        try:
+            async for places in self._key_slices(topic, flt.key, parts, keeper):
+                for where, trigger_ms in self._store.keyed_entries(topic, places):
+                    if keeper.worth(trigger_ms) and (m := self._full_match(flt, where)) is not None \
+                            and m.topic == topic:
+                        keeper.offer(m)
+        except _Damaged:
+            return False
         return True
 
     def _full_match(self, flt: BulkFilter, where: Location) -> Message | None:

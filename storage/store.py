@@ -105,7 +105,7 @@ from .errors import ContractError, CorruptionError, StoreClosedError
 from .files import far_hours_limit
 from .hour_table import HourTable
 from .id_index import IdIndex
-from .key_index import KeyIndex, KeyPart, key_dir, open_key_index
+from .key_index import BucketPlaces, KeyBucket, KeyIndex, KeyPart, key_dir, open_key_index
 from .pending import Pending
 from .placement import Placement
 from .reading import Match, Reader, ScanFloors
@@ -131,6 +131,9 @@ __all__ = [
     "MAX_PRIORITY", "MAX_RECORD_CHARS", "MAX_RETRY_COUNT", "MIN_PRIORITY", "CheckpointReport", "Intent", "NewMessage",
     "PreparedCheckpoint", "SendOutcome", "SendResult", "StateChange", "Store", "text_hash", "total_counts",
 ]
+
+# Places of a key's bucket `keyed` takes at a time (it reads them all, in one call).
+KEY_PLACES_SLICE = 65_536
 
 
 class Store:
@@ -387,16 +390,27 @@ class Store:
     def keyed(self, topic: str, key: str) -> list[Message] | None:
         """Every unreleased message of `topic` sent with serial key `key`, in
         live files, any status, found through the key index (none kept:
-        None, scan instead). Pending records are not in it: commit first."""
+        None, scan instead), in one go (the broker reads a slice at a
+        time: `key_buckets`, `key_places`). Pending records are not in it:
+        commit first."""
         parts = self.key_parts(topic, key)
         if parts is None:
             return None
         found: list[Message] = []
         for part in parts:
-            messages = self.keyed_in(topic, key, part)
-            if messages is None:
+            buckets = self.key_buckets(topic, key, part)
+            if buckets is None:
                 return None
-            found += messages
+            handed: list[int] = []
+            for bucket in buckets:
+                places = self.key_places(bucket, handed)
+                if places is None:
+                    return None
+                while not places.done:
+                    where = self.take_key_places(places, KEY_PLACES_SLICE)
+                    if where is None:
+                        return None
+                    found += self.keyed_messages(topic, key, where)
         return found
 
     def key_parts(self, topic: str, key: str) -> list[KeyPart] | None:
@@ -414,12 +428,44 @@ class Store:
         except CorruptionError:  # a damaged slot: the caller scans (the index is rebuilt at the next open)
             return None
 
-    def keyed_in(self, topic: str, key: str, part: KeyPart) -> list[Message] | None:
-        """The unreleased messages of `topic` with serial key `key` in one
-        part (see `key_parts`); None on a damaged slot."""
-        places = self._key_places(topic, key, part)
-        if places is None:
+    def key_buckets(self, topic: str, key: str, part: KeyPart) -> list[KeyBucket] | None:
+        """The buckets of one part of `key` (see `key_parts`), by the start
+        of their time range: bounded probes, whatever the key's count. None:
+        no key index, or a damaged slot."""
+        self._check_open()
+        if self.keys is None:
             return None
+        try:
+            return self.keys.buckets(self.keys.key(topic, key), part)
+        except CorruptionError:
+            return None
+
+    def key_places(self, bucket: KeyBucket, handed: list[int]) -> BucketPlaces | None:
+        """What hands out the places of a bucket, a slice at a time
+        (`take_key_places`); `handed`, what was handed out of its part
+        (storage.key_index.BucketPlaces: one list for a part's buckets,
+        which they fill). None: no key index."""
+        return None if self.keys is None else BucketPlaces(self.keys, bucket, handed)
+
+    def take_key_places(self, places: BucketPlaces, limit: int) -> list[Location] | None:
+        """At most `limit` places of a bucket not handed out before (and at
+        most `limit` of its runs read), until `places.done` (none for a
+        file retired since); None on a damaged slot."""
+        self._check_open()
+        file_id = places.file_id
+        if file_id not in self._hours:
+            places.finish()
+            return []
+        try:
+            handed = places.take(limit)
+        except CorruptionError:
+            return None
+        new = tuple.__new__
+        return [new(Location, (file_id, gi)) for first, length in handed for gi in range(first, first + length)]
+
+    def keyed_messages(self, topic: str, key: str, places: Iterable[Location]) -> list[Message]:
+        """The unreleased messages of `topic` with serial key `key` at `places`
+        (the key index's: `take_key_places`)."""
         read, found = self._reader.read_message, []
         for where in places:
             m = read(where)
@@ -427,34 +473,17 @@ class Store:
                 found.append(m)
         return found
 
-    def keyed_entries(self, topic: str, key: str, part: KeyPart) -> list[tuple[Location, int]] | None:
-        """(place, trigger time) of the unreleased entries of `topic` in one
-        part of `key` -- their bodies not read, so a message of another key
-        whose slot collides may be among them: confirm by reading it. None
-        on a damaged slot."""
-        places = self._key_places(topic, key, part)
-        if places is None:
-            return None
+    def keyed_entries(self, topic: str, places: Iterable[Location]) -> list[tuple[Location, int]]:
+        """(place, trigger time) of the unreleased entries of `topic` at
+        `places` (the key index's) -- their bodies not read, so a message
+        of another key whose slot collides may be among them: confirm by
+        reading it."""
         topic_hash, live_entry, found = text_hash(topic), self._reader.live_entry, []
         for where in places:
             entry = live_entry(where)
             if entry is not None and entry.topic_hash == topic_hash:
                 found.append((where, entry.trigger_ms))
         return found
-
-    def _key_places(self, topic: str, key: str, part: KeyPart) -> list[Location] | None:
-        """The places the key index holds for `key` in `part`, in files still
-        live (one may have retired since the parts were listed); None: no
-        key index, or a damaged slot."""
-        self._check_open()
-        if self.keys is None:
-            return None
-        try:
-            places = self.keys.locations(self.keys.key(topic, key), part)
-        except CorruptionError:
-            return None
-        hours = self._hours
-        return [where for where in places if where.hour in hours]
 
     def read_message(self, where: Location) -> Message | None:
         """The whole message at `where`; None once it has been released."""

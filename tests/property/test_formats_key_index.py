@@ -3,8 +3,9 @@ exactly the unreleased messages sent with that key, across sends in
 several hours, moves (a move's new place is found, its old one is not),
 restarts that replay the commit log, checkpoints, and damage to the index's
 files -- a deleted directory, a truncated or garbled shard, a garbled
-secret (each rebuilt from the delay logs at the next open), or a slot's
-check byte flipped (that lookup answers None: the caller scans).
+secret, an index of the layout before buckets (its marker `runs`, not
+`buckets`) -- each rebuilt from the delay logs at the next open --, or a
+slot's check byte flipped (that lookup answers None: the caller scans).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ KEYS = ("k1", "k2", "k3")
 steps = st.lists(st.one_of(
     st.tuples(st.just("send"), st.sampled_from(TOPICS), st.sampled_from(("", *KEYS)), st.integers(0, 40)),
     st.tuples(st.just("move"), st.integers(0, 1000), st.integers(0, 40)),
-    st.tuples(st.just("reopen"), st.sampled_from(("none", "checkpoint", "delete", "truncate", "garble", "secret")),
+    st.tuples(st.just("reopen"), st.sampled_from(("none", "checkpoint", "delete", "truncate", "garble", "secret", "older")),
               st.integers(0, 63), st.integers(0, 10_000)),
 ), min_size=1, max_size=25)
 
@@ -44,6 +45,8 @@ def _damage(directory: str, how: str, shard: int, at: int) -> None:
         with open(path, "r+b") as f:
             f.seek(at % HEADER_BYTES)
             f.write(b"\xff")
+    elif how == "older":  # the layout before buckets: its slots read otherwise
+        os.rename(os.path.join(keys, "buckets"), os.path.join(keys, "runs"))
     elif how == "secret":
         with open(os.path.join(keys, "secret"), "r+b") as f:
             f.seek(at % 40)

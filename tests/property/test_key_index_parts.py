@@ -1,12 +1,16 @@
 """The key index's buckets (storage.key_index) against a model: after any
 sequence of puts (keys, files -- hours and spans --, trigger times, LATE
-ones among them) and file retirements, `parts` lists exactly the non-empty
-parts of live files, LATE ones first and the rest by the start of their
-time range, every location put under a key comes back from its part, each
-once, and its trigger time lies within the part's range -- puts made
-one by one or a batch at a time (a batch's items of one key and part with
-following globalIndexes held as one run). A put's probes do not grow with
-its key's count, and a batch under one key is one slot a run.
+ones among them), replays of part of an earlier batch (as a crash's
+replay puts them again) and file retirements, `parts` lists exactly the
+non-empty parts of live files, LATE ones first and the rest by the start
+of their time range, every location put under a key comes back from its
+part, each once, and its trigger time lies within the part's range --
+puts made one by one or a batch at a time (a batch's items of one key and
+part with following globalIndexes held as one run). A part's `buckets`
+come by the start of their range, and `BucketPlaces` hands each place of
+a bucket out once, at most `limit` a take, each triggering within its
+bucket's range. A put's probes do not grow with its key's count, and a
+batch under one key is one slot a run.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from storage import spans
 from storage.entry import MS_PER_HOUR
 from storage.id_index import IdIndex
-from storage.key_index import LATE, KeyIndex, part_of
+from storage.key_index import LATE, BucketPlaces, KeyIndex, part_of
 
 NOW_HOUR = 490_000
 HOURS = [NOW_HOUR + i for i in range(4)]
@@ -38,6 +42,7 @@ puts = st.lists(st.one_of(
     st.tuples(st.just("put"), one_put),
     st.tuples(st.just("batch"), st.lists(st.tuples(one_put, st.integers(1, 6)), min_size=1, max_size=12)),
     st.tuples(st.just("retire"), st.sampled_from(HOURS)),
+    st.tuples(st.just("replay"), st.integers(0, 39), st.integers(0, 80), st.integers(0, 80)),
 ), min_size=1, max_size=40)
 
 
@@ -53,14 +58,21 @@ def _starts(live: set[int]) -> list[tuple[int, int]]:
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(steps=puts)
-def test_parts_and_locations_match_a_model(tmp_path_factory, steps):
+@given(steps=puts, takes=st.lists(st.integers(1, 7), min_size=1, max_size=5))
+def test_parts_and_locations_match_a_model(tmp_path_factory, steps, takes):
     live = {*HOURS, SPAN}
     index = _open(tmp_path_factory, live)
     model: dict[str, dict[tuple[int, int], int]] = {}  # key -> (file, gi) -> trigger
     next_gi = dict.fromkeys(live, 0)
+    history: list[list[tuple[int, int, int, int]]] = []  # the batches put
     try:
         for step in steps:
+            if step[0] == "replay":
+                if history:
+                    batch = history[step[1] % len(history)]
+                    index.put_many([item for item in batch[min(step[2], step[3]):max(step[2], step[3])]
+                                    if item[1] in live])
+                continue
             if step[0] in ("put", "batch"):
                 batch = [step[1]] if step[0] == "put" else [  # repeats: one key's sends side by side
                     (name, file_id, min(offset + r, 9_999), late)
@@ -81,6 +93,7 @@ def test_parts_and_locations_match_a_model(tmp_path_factory, steps):
                         index.put(*item)
                 else:
                     index.put_many(items)
+                    history.append(items)
             else:
                 live.discard(step[1])
                 for places in model.values():
@@ -102,6 +115,23 @@ def test_parts_and_locations_match_a_model(tmp_path_factory, steps):
                     assert part_of(where.hour, trigger) == part.part
                     assert part.low_ms <= trigger < part.high_ms
                     found[(where.hour, where.global_index)] = trigger
+                buckets = index.buckets(key, part)
+                assert [b.low_ms for b in buckets] == sorted(b.low_ms for b in buckets)
+                handed: list[tuple[int, int]] = []
+                spans_handed: list[int] = []
+                for bucket in buckets:
+                    assert part.low_ms <= bucket.low_ms and bucket.high_ms == part.high_ms
+                    reader = BucketPlaces(index, bucket, spans_handed)
+                    n = 0
+                    while not reader.done:
+                        spans = reader.take(takes[n % len(takes)])
+                        assert sum(length for _, length in spans) <= takes[n % len(takes)]
+                        for first, length in spans:
+                            for gi in range(first, first + length):
+                                handed.append((part.file_id, gi))
+                                assert bucket.low_ms <= model[name][(part.file_id, gi)] < bucket.high_ms
+                        n += 1
+                assert sorted(handed) == sorted(set(handed)) == sorted((w.hour, w.global_index) for w in places)
             assert found == model.get(name, {})
     finally:
         index.close()
@@ -148,6 +178,6 @@ def test_a_batch_under_one_key_is_one_run(tmp_path_factory):
         assert part.entries == 3
         places = index.locations(hot, part)
         assert sorted(w.global_index for w in places) == [*range(1_000), 2_000, 2_001, 2_005]
-        assert sum(s.used for s in index.slots.shards) == 2 + 3 + 2  # counters, run slots, length counters
+        assert sum(s.used for s in index.slots.shards) == 4 + 3 + 2  # counters (file, part, sub, fine), run slots, length counters
     finally:
         index.close()

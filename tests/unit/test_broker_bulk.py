@@ -26,7 +26,7 @@ import broker.bulk
 import storage.reading
 from broker import transitions
 from broker.bulk import IN_PLACE, resumable
-from broker.bulk_params import LIVE, BulkFilter, DeleteMsgsRequest
+from broker.bulk_params import LIVE, BulkFilter, DeleteMsgsRequest, ListMsgRequest
 from broker.params import Defaults, DeleteRequest, NewSend
 from broker.ready import QueueLimits
 from storage.entry import MS_PER_HOUR, Status
@@ -221,3 +221,89 @@ def test_every_status_change_the_lifecycle_makes_at_a_messages_entry_is_in_in_pl
     assert made == IN_PLACE
     assert resumable(LIVE) and resumable(frozenset({WAITING}))
     assert not resumable(frozenset({READY})) and not resumable(frozenset({WAITING, READY}))
+
+
+# -- a hot key: its places read a slice a turn, its first page bounded -----------------------------------
+
+
+class _Reads:
+    """The store's reader as the store sees it, counting the entries and
+    messages read (a bulk call by key reads through it), and the reads of
+    each turn of the loop that broker.bulk lets through."""
+
+    def __init__(self, reader) -> None:
+        self._reader = reader
+        self.reads = 0
+        self.turns: list[int] = []  # reads between two turns
+
+    def __getattr__(self, name: str):
+        found = getattr(self._reader, name)
+        if name not in ("read_message", "live_entry"):
+            return found
+
+        def counted(where):
+            self.reads += 1
+            return found(where)
+        return counted
+
+    async def sleep(self, delay: float) -> None:
+        self.turns.append(self.reads - sum(self.turns))
+        await asyncio.sleep(delay)
+
+    def per_turn(self) -> list[int]:
+        return [*self.turns, self.reads - sum(self.turns)]
+
+
+def _reads(h: BrokerHarness, monkeypatch) -> _Reads:
+    reads = _Reads(h.store._reader)
+    monkeypatch.setattr(h.store, "_reader", reads)
+    monkeypatch.setattr(broker.bulk, "asyncio", SimpleNamespace(sleep=reads.sleep))
+    return reads
+
+
+def _send_hot_key(h: BrokerHarness, batches: int, per_batch: int) -> None:
+    """`batches` batches of `per_batch` sends under key "hot", 20 ms of
+    trigger time apart, all half an hour ahead in the hour of now: one
+    part of the key index (as 100 batches due now of one busy sender)."""
+    now = h.clock.now_ms()
+
+    async def send():
+        for b in range(batches):
+            trigger = now + MS_PER_HOUR // 2 + b * 20
+            await h.broker.send([NewSend(NewMessage(TOPIC, f"h{b:03d}-{i:04d}", "m", now, trigger, MS_PER_HOUR * 9, 3,
+                                                    key="hot"), False) for i in range(per_batch)])
+        await h.quiesce()
+    h.run(send())
+
+
+def test_a_hot_keys_places_are_read_a_bounded_slice_a_turn_of_the_loop(h, monkeypatch):
+    """3,000 messages of one key in one part: a count, a page of all of
+    them and a delete by the key each read at most KEY_SLICE entries or
+    messages between two turns of the loop, however many the key holds."""
+    monkeypatch.setattr(broker.bulk, "KEY_SLICE", 256, raising=False)
+    _send_hot_key(h, 15, 200)
+    hot = BulkFilter(key="hot")
+    reads = _reads(h, monkeypatch)
+    assert h.run(h.broker.count_msgs(TOPIC, hot)) == 3_000
+    assert max(reads.per_turn()) <= 256, reads.per_turn()
+
+    reads = _reads(h, monkeypatch)
+    page, _ = h.run(h.broker.list_msgs(ListMsgRequest(TOPIC, hot, None, 1_000, False)))
+    assert len(page) == 1_000
+    assert max(reads.per_turn()) <= 2 * 256, reads.per_turn()  # an entry and the message it holds
+
+    reads = _reads(h, monkeypatch)
+    assert h.run(h.broker.delete_msgs(DeleteMsgsRequest(TOPIC, hot, 100_000))) == (3_000, False)
+    assert max(reads.per_turn()) <= 256, reads.per_turn()
+
+
+@pytest.mark.parametrize("batches", [10, 100])
+def test_the_first_page_by_a_hot_key_reads_the_same_whatever_the_keys_size(h, monkeypatch, batches):
+    """A first page of one by a key of 10 or 100 batches of 200 in one part
+    reads its first batch (its entries, and the messages that could enter
+    the page): the same count for 2,000 messages as for 20,000."""
+    _send_hot_key(h, batches, 200)
+    reads = _reads(h, monkeypatch)
+    page, cursor = h.run(h.broker.list_msgs(ListMsgRequest(TOPIC, BulkFilter(key="hot"), None, 1, False)))
+    assert [m.msg_id for m in page] == ["h000-0000"] and cursor is not None
+    assert reads.reads <= 2 * 200, reads.reads
