@@ -78,8 +78,7 @@ class Requests:
         whose message has ended (4-7) is stored anew, the ended one released
         (as camellia does), unless the send asks for strict idempotence:
         then the stored message is answered unchanged while it is retained."""
-        if self._lifecycle.stopping:  # (check_serving, written out on the hot requests)
-            self._lifecycle.check_serving()
+        self._lifecycle.check_serving()
         batch = list(map(_MESSAGE, sends))
         topics = self._topics
         new_topics = None if len(batch) == 1 and batch[0].topic in topics.stored else topics.new_topics(batch)
@@ -106,15 +105,7 @@ class Requests:
         # the earliest is due if any is)
         self._filing.add_many(fresh, now_ms)
         due_now = bool(fresh) and due(min(map(_TRIGGER_MS, fresh)), now_ms)
-        if len(results) == 1:  # sendMsg: `_count_sends`, written out (and Metrics.topic, for a topic it has)
-            topic = results[0].message.topic
-            counted = self._metrics.topics.get(topic) or self._metrics.topic(topic)
-            if fresh:
-                counted.sends += 1
-            else:
-                counted.duplicates += 1
-        else:
-            self._count_sends(results, len(fresh), len(results) - len(fresh))
+        self._count_sends(results, len(fresh), len(results) - len(fresh))
         await self._commits.durable()
         if not due_now:
             return list(map(_RESULT_MESSAGE, results))
@@ -142,8 +133,7 @@ class Requests:
         """Up to `batch` READY messages of the topic, now CONSUMING: fewer at
         the in-flight caps. Answered before the record is durable on a
         standalone node (a pull lost in a crash is a redelivery)."""
-        if self._lifecycle.stopping:
-            self._lifecycle.check_serving()
+        self._lifecycle.check_serving()
         now_ms = self._clock.now_ms()
         tags = frozenset(request.tags) if request.tags else None
         taken, changes = self._windows.take(request.topic, request.batch, tags, now_ms + request.ack_timeout_ms,
@@ -161,8 +151,7 @@ class Requests:
             else:
                 messages.append(cached.with_state(CONSUMING, held.state.retry))
                 held.message = None
-        metrics = self._metrics  # (Metrics.topic written out, for a topic it has)
-        (metrics.topics.get(request.topic) or metrics.topic(request.topic)).pulled(messages, now_ms)
+        self._metrics.topic(request.topic).pulled(messages, now_ms)
         if self._pull_waits:
             await self._commits.durable()
         else:  # synced with the next ack's commit, if one comes soon
@@ -200,8 +189,7 @@ class Requests:
         for all; the status of each after it (None: no such message). The
         consuming ones in one pass (broker.windows' `apply`), no disk read;
         the others by their stored copies."""
-        if self._lifecycle.stopping:
-            self._lifecycle.check_serving()
+        self._lifecycle.check_serving()
         now_ms = self._clock.now_ms()
         flying = self._windows.in_flight_of(topic, msg_ids)
         changes = self._windows.apply(ACK if ack else NACK, list(flying.values()), now_ms) if flying else []
