@@ -27,8 +27,12 @@ message); the release durable but the next run not recorded (`start`
 finds the pending run released and makes the next); the next run recorded
 but not sent (`start` finds no message with its msgId and sends it).
 The msgId is the same each time the same run is made, and the sends
-that make a recorded run are strict (an ended message with that id is
-answered, not replaced), so no run is made twice and none is lost.
+that may repeat one (a restart's, a repair's) are strict (an ended
+message with that id is answered, not replaced), so no run is made twice
+and none is lost. The first send of a run just recorded is not: an ended
+message under its id can only be an older one's (a run a client deleted
+before a pause and resume brought its time back, a replaced version's),
+and is replaced, as camellia's send replaces one.
 
 The schedule owns its progress, not the run's message: a pending run
 that leaves WAITING other than by its release (deleteMsg, deleteMsgs, a
@@ -527,7 +531,7 @@ class Schedules:
         for s in changed:  # until written and sent (an error leaves them to _repair)
             self._unsettled[s.key] = s
         await self._write([{"put": s.row()} for s in changed])
-        await self._send_runs(sends, strict=True)
+        await self._send_runs(sends, strict=False)  # (just recorded: the module docstring)
         for s in changed:
             self._unsettled.pop(s.key, None)
 
@@ -549,6 +553,7 @@ class Schedules:
             state.place = message.location
             self._places[message.location] = state.key
             heapq.heappush(self._checks, (state.trigger_ms(nominal_ms) + CHECK_AFTER_MS, state.key, nominal_ms))
+        self._wake.set()  # (the worker's wait ends by the first check)
 
     def _unplace(self, state: ScheduleState) -> None:
         """Forget where the state's pending run was (it moved on, or is gone)."""
@@ -648,7 +653,7 @@ class Schedules:
             self._unsettled[s.key] = s
         await self._file.write_runs(changed)
         await self._rewrite_if_due()
-        await self._send_runs(sends, strict=True)
+        await self._send_runs(sends, strict=False)  # (just recorded: the module docstring)
         for s in changed:
             self._unsettled.pop(s.key, None)
 
