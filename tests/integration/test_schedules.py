@@ -272,6 +272,15 @@ def test_a_purge_then_kill_9_the_schedules_go_on_and_a_run_id_is_refused(tmp_pat
         assert server.post("getMsg", topic="pk", msgId="fine")[0] == 404
         purged = body(server.post("deleteMsgs", topic="pk", all="true"))
         assert purged["deleted"] == 2
+        deadline = time.monotonic() + 5
+        while True:  # counted once the schedules followed the purge (a moment after its answer)
+            text = server.get("/metrics")[1]
+            assert isinstance(text, bytes)
+            deleted = metric(text.decode(), "hourglass_node_schedule_runs_deleted_total")[""]
+            if deleted == 2 or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        assert deleted == 2 and metric(text.decode(), "hourglass_node_schedule_run_conflicts_total")[""] == 0
     finally:
         server.kill()
     server = Server.start(data, log_path=tmp_path / "serve.log", port=port)
