@@ -553,6 +553,13 @@ class Schedules:
             state.place = message.location
             self._places[message.location] = state.key
             heapq.heappush(self._checks, (state.trigger_ms(nominal_ms) + CHECK_AFTER_MS, state.key, nominal_ms))
+        if len(self._checks) > 2 * len(self._states) + CHECK_SLICE:
+            # the checks of runs no longer pending (a schedule put, paused or
+            # deleted before its run's time), and repeats, kept only as long
+            # as the live ones: one pass per as many pushes as there are schedules
+            self._checks = list({c for c in self._checks if (s := self._states.get(c[1])) is not None
+                                 and s.pending == c[2]})
+            heapq.heapify(self._checks)
         self._wake.set()  # (the worker's wait ends by the first check)
 
     def _unplace(self, state: ScheduleState) -> None:

@@ -4,7 +4,11 @@ run one message (msgId `<scheduleId>@<nominal ms>`, `scheduledTime`), the
 pending run the one message waiting, getSchedule's lastRuns and next fire
 times, the version's compare-and-set (409), pause and resume, pages of
 listSchedules, deleteSchedule, and bad parameters refused naming them
-with nothing stored. The DST, misfire and restart rules are tested where
+with nothing stored. A schedule owns its progress: a purge, a deleteMsg
+and a filtered deleteMsgs of pending runs do not stop it (the next run on
+time, the deleted one never delivered); a send under one of its runs'
+msgIds is refused (400 naming msgId), and a message sent under one before
+the schedule existed never stands in for the run. The DST, misfire and restart rules are tested where
 they can be on a fake clock (tests/unit/test_schedules_model.py,
 tests/property/test_recurrence_reference.py) and with SIGKILL in
 tests/integration/test_schedules.py (disk) and test_redis_schedules.py."""

@@ -28,7 +28,7 @@ from broker.ready import QueueLimits
 from broker.recurrence import Misfire
 from broker.schedule_file import HEADER, MAGIC, ScheduleFile, frame
 from broker.schedule_params import ScheduleSpec
-from broker.schedules import ADVANCE_SLICE, CHECK_AFTER_MS, LAST_RUNS, ScheduleLimits, Schedules
+from broker.schedules import ADVANCE_SLICE, CHECK_AFTER_MS, CHECK_SLICE, LAST_RUNS, ScheduleLimits, Schedules
 from storage.entry import Status
 from storage.errors import CorruptionError
 from storage.types import NewMessage
@@ -368,3 +368,14 @@ def test_a_pending_run_acked_before_its_time_is_followed_as_released(node: Node)
     assert (state.pending, state.runs, [r[0] for r in state.last_runs]) == (first + MINUTE_MS, 2, [first])
     node.advance_to(first + MINUTE_MS)
     assert node.drain() == [f"s00000@{first + MINUTE_MS}"]
+
+
+def test_the_checks_of_runs_no_longer_pending_are_dropped_in_time(node: Node) -> None:
+    """Each run sent leaves a check until its time (a year ahead here);
+    puts of the same schedule leave those of runs no longer pending, which
+    are dropped once they pass the live ones' number by CHECK_SLICE."""
+    yearly = spec(0, cron="0 0 1 1 *")
+    for _ in range(CHECK_SLICE + 200):
+        node.h.run(node.schedules.put(yearly, None))
+    assert len(node.schedules._checks) <= 2 + CHECK_SLICE  # (white box: the heap itself)
+    assert node.schedules.get(TOPIC, "s00000").version == CHECK_SLICE + 200
