@@ -209,9 +209,11 @@ class ScheduleState:
 
     def made(self, nominal_ms: int, message: Message) -> bool:
         """Is `message` the run this schedule makes for `nominal_ms` (not a
-        client's under the run's msgId, nor one a client moved)?"""
-        m = message
-        return (m.trigger_ms, m.msg, m.ttl_ms, m.max_retry, m.priority, m.tag, m.key) == self.run_fields(nominal_ms)
+        client's under the run's msgId, nor a waiting one a client moved)?
+        A released run's trigger time may have moved since (a push retry)."""
+        m, fields = message, self.run_fields(nominal_ms)
+        trigger_ms = m.trigger_ms if m.status is Status.WAITING else fields[0]
+        return (trigger_ms, m.msg, m.ttl_ms, m.max_retry, m.priority, m.tag, m.key) == fields
 
     def runs_left(self) -> int | None:
         """Runs it may still make (None: no limit)."""
