@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import hmac
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 import orjson
 
@@ -161,6 +161,10 @@ class Api:
         self.bodies = bodies or BodyLimits()  # what decoding a body may cost (broker.bodies)
         self.single_cap = BodyLimits.body_bytes(max_msg_bytes)
         self.batch_cap = self.bodies.batch_body_bytes(max_msg_bytes)
+        # Which of these scheduleIds are schedules of the topic (the node's:
+        # broker.node_base); a send under one's run msgId is refused. None:
+        # no schedules here.
+        self.scheduled: Callable[[str, Sequence[str]], Awaitable[set[str]]] | None = None
 
     def __repr__(self) -> str:
         return f"Api({self._broker!r}, max_msg_bytes={self.max_msg_bytes})"
@@ -227,6 +231,8 @@ class Api:
             given = params.with_trace_headers(given, headers)
         send = params.parse_send(given, now_ms=now_ms, make_id=new_msg_id,
                                  defaults=backend.defaults, max_msg_bytes=self.max_msg_bytes)
+        if "@" in send.message.msg_id:
+            await self._refuse_run_ids([send], batch=False)
         stored, = await backend.requests.send([send], now_ms)
         if self.spans is not None:
             self.spans.sent((stored,), now_ms)
@@ -238,10 +244,22 @@ class Api:
         batch = params.parse_send_batch_body(request.body, request.content_type, limits=self.bodies,
                                              now_ms=now_ms, make_id=new_msg_id,
                                              defaults=backend.defaults, max_msg_bytes=self.max_msg_bytes)
+        await self._refuse_run_ids(batch, batch=True)
         stored = await backend.requests.send(batch, now_ms)
         if self.spans is not None:
             self.spans.sent(stored, now_ms)
         return answer(200, "success", delayMsgList=[delay_msg(m) for m in stored])
+
+    async def _refuse_run_ids(self, sends: Sequence[params.NewSend], batch: bool) -> None:
+        """InvalidRequest (400, nothing stored) if a send's msgId is a run's
+        of one of the topic's schedules (docs/api.md, "Recurring schedules")."""
+        found = params.run_schedule_ids(sends)
+        if not found or self.scheduled is None:
+            return
+        scheduled = await self.scheduled(sends[0].message.topic, [sid for _, sid in found])
+        refusal = params.run_id_taken(sends, found, scheduled, batch)
+        if refusal is not None:
+            raise refusal
 
     async def delete(self, request: Request) -> Response:
         await self.backend.requests.delete(params.parse_delete(self._params(request)))

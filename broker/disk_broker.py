@@ -243,6 +243,17 @@ class Broker:
         self._releaser.on_release = hook
 
     @property
+    def on_cancel(self) -> Callable[[Location], None] | None:
+        """Told of each WAITING message that leaves WAITING other than by its
+        release: deleted, acked, moved (broker.filing's hook: the node's
+        recurring schedules, broker.schedules)."""
+        return self._filing.on_cancel
+
+    @on_cancel.setter
+    def on_cancel(self, hook: Callable[[Location], None] | None) -> None:
+        self._filing.on_cancel = hook
+
+    @property
     def tick(self) -> TickState | None:
         """The tick last persisted: what a follower may take over from."""
         return self._releaser.tick

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from storage.entry import MS_PER_SECOND, IndexEntry, Location, Message
 from storage.spans import is_span
@@ -44,6 +44,9 @@ class Filing:
         self._unfiled: dict[int, int] = defaultdict(int)  # filing second -> messages appended, not handed over
         self.span_filed = asyncio.Event()  # a message was filed in a span
         self._spans: dict[int, bool] = {}  # file id -> is_span(it), for the files of recent sends
+        # Told of each cancel (the node's recurring schedules: a pending run
+        # deleted, acked or moved is theirs to follow, broker.schedules).
+        self.on_cancel: Callable[[Location], None] | None = None
 
     def __repr__(self) -> str:
         return f"Filing(unfiled={sum(self._unfiled.values())}, first={min(self._unfiled, default=None)})"
@@ -89,6 +92,8 @@ class Filing:
         """The WAITING message at `location` left WAITING other than by its
         release (acked, deleted, moved, made READY by its request)."""
         self._scheduler.cancel(location)
+        if self.on_cancel is not None:
+            self.on_cancel(location)
 
     def cap(self, tick: TickState) -> TickState:
         """`tick`, or the first second holding a message not handed over yet if earlier."""

@@ -113,6 +113,7 @@ class NodeBase(ABC):
         self.spans: Spans | None = tracing.start(config.trace_exporters) if config.trace_exporters else None
         self.api = Api(backend, config.max_msg_bytes, config.bodies, self.serving, config.queues.page_bytes,
                        self.spans)
+        self.api.scheduled = self.scheduled  # a send under a schedule's run msgId is refused
         self.console = console
         # Push subscriptions (broker.pusher): None while no backend serves here.
         self.pushers: Pushers | None = None
@@ -150,6 +151,12 @@ class NodeBase(ABC):
     # Why this kind of node takes no push subscription (subscribe answers
     # 403 with it); None: it takes them (broker.pusher).
     push_refusal: str | None = None
+
+    async def scheduled(self, topic: str, schedule_ids: Sequence[str]) -> set[str]:
+        """Which of `schedule_ids` are schedules of `topic`: the node's own
+        (a cluster's leader's, which every API call reaches)."""
+        schedules = self.schedules
+        return set() if schedules is None else schedules.scheduled(topic, schedule_ids)
 
     def schedules_absent(self) -> HourglassError | None:
         """Why the schedule calls find no `schedules` on this node now, if

@@ -61,7 +61,7 @@ class DiskNode(NodeBase):
         # recurring schedules in the data dir, told of the broker's releases (broker.schedules)
         schedules = Schedules(ScheduleFile(schedules_path(config.data_path), config.store.fsync is not FsyncPolicy.NEVER),
                               clock, config.schedules)
-        self.broker.on_release = schedules.on_release
+        self.broker.on_release, self.broker.on_cancel = schedules.on_release, schedules.on_cancel
         self.opened_s = time.perf_counter() - started
         self.checkpoints = 0
         self.checkpoint_seconds = 0.0
@@ -154,6 +154,11 @@ class RedisNode(NodeBase):
 
     def _hold_schedules(self, schedules: Schedules | None) -> None:
         self.schedules = schedules
+
+    async def scheduled(self, topic: str, schedule_ids: Sequence[str]) -> set[str]:
+        """As Redis holds the schedules: any node takes sends."""
+        from .redis.schedules import scheduled
+        return await scheduled(self.broker.redis, self.broker.config.key_prefix, topic, schedule_ids)
 
     def schedules_absent(self) -> HourglassError | None:
         return Unavailable("the node is reading the recurring schedules from Redis (starting); retry")

@@ -58,6 +58,11 @@ Rules, in the order a client meets them:
   `msgId` and `key` may not hold NUL (storage joins them with it), `tag`
   may not hold a comma (`tags` filters are comma lists). A missing `msgId`
   on sendMsg is made by `make_id()`.
+- A `msgId` of a run's form, `<scheduleId>@<digits>`, naming a schedule
+  of the topic is refused (400 naming `msgId`, in a batch the whole batch):
+  a schedule's runs are its own (docs/api.md, "Recurring schedules").
+  Which ids those are (`run_schedule_ids`) is found here; whether such a
+  schedule exists, the caller asks (broker.api), then `run_id_taken`.
 - Booleans are true/false/1/0, any case (JSON true/false/0/1 as well).
 - `traceparent` and `tracestate` (extension, on sendMsg or an item): W3C
   trace context, checked by `broker.trace_context`; a tracestate needs a
@@ -88,6 +93,7 @@ from storage.store import MAX_PRIORITY, MAX_RETRY_COUNT, MIN_PRIORITY, NewMessag
 from storage.types import validate_message
 
 from .bodies import JSON_MARKS_PER_BODY, MAX_SEND_BATCH, BodyLimits, check_json_marks, check_size
+from .recurrence import parse_run_msg_id
 from .trace_context import trace_fields
 
 Params = Mapping[str, object]
@@ -325,6 +331,34 @@ def parse_send_batch(body: Params, *, now_ms: int, make_id: Callable[[], str], d
         except InvalidRequest as e:
             raise _within(e, f"msgs[{i}].") from None
     return tuple(out)
+
+
+def run_schedule_ids(sends: Sequence[NewSend]) -> list[tuple[int, str]]:
+    """(index, scheduleId) of each send whose msgId has a run's form
+    `<scheduleId>@<digits>` (broker.recurrence): the sends to check
+    against the topic's schedules (`run_id_taken`)."""
+    found = []
+    for i, send in enumerate(sends):
+        msg_id = send.message.msg_id
+        if "@" in msg_id:
+            run = parse_run_msg_id(msg_id)
+            if run is not None:
+                found.append((i, run[0]))
+    return found
+
+
+def run_id_taken(sends: Sequence[NewSend], found: list[tuple[int, str]], scheduled: set[str],
+                 batch: bool) -> InvalidRequest | None:
+    """The refusal of the first send of `found` whose scheduleId is in
+    `scheduled` (the topic's schedules among them), naming `msgId`
+    (`msgs[i].msgId` in a batch); None if none is."""
+    for i, schedule_id in found:
+        if schedule_id in scheduled:
+            return InvalidRequest(f"msgs[{i}].msgId" if batch else "msgId",
+                                  f"{sends[i].message.msg_id!r} has the form of a run of schedule {schedule_id!r} "
+                                  f"of this topic (<scheduleId>@<digits>): a schedule's runs are its own; "
+                                  f"choose another msgId")
+    return None
 
 
 def parse_delete(params: Params) -> DeleteRequest:

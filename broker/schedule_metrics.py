@@ -7,6 +7,8 @@ most --metrics-topics schedules, as the topics' and push series are bounded.
     hourglass_schedules_shown                    gauge    schedules with series of their own
     hourglass_node_schedule_runs_total           counter  runs released, every schedule
     hourglass_node_schedule_missed_total         counter  runs missed, every schedule
+    hourglass_node_schedule_runs_deleted_total   counter  pending runs deleted (the schedules went on)
+    hourglass_node_schedule_run_conflicts_total  counter  runs whose msgId held a message not theirs
     hourglass_schedule_runs_total                counter  per shown schedule
     hourglass_schedule_missed_total              counter  per shown schedule
     hourglass_schedule_lateness_seconds_total    counter  release - nominal time, summed
@@ -45,7 +47,15 @@ def render_metrics(schedules: Schedules, most: int) -> str:
              f"hourglass_node_schedule_runs_total {sum(s.released for s in counted)}",
              "# HELP hourglass_node_schedule_missed_total schedules' runs missed (misfire)",
              "# TYPE hourglass_node_schedule_missed_total counter",
-             f"hourglass_node_schedule_missed_total {sum(s.missed for s in counted)}"]
+             f"hourglass_node_schedule_missed_total {sum(s.missed for s in counted)}",
+             "# HELP hourglass_node_schedule_runs_deleted_total pending runs deleted (deleteMsg, deleteMsgs, a "
+             "purge): never delivered, their schedules went on",
+             "# TYPE hourglass_node_schedule_runs_deleted_total counter",
+             f"hourglass_node_schedule_runs_deleted_total {schedules.runs_deleted}",
+             "# HELP hourglass_node_schedule_run_conflicts_total runs whose msgId held a message the schedule did "
+             "not make: not made, their schedules went on",
+             "# TYPE hourglass_node_schedule_run_conflicts_total counter",
+             f"hourglass_node_schedule_run_conflicts_total {schedules.run_conflicts}"]
     families = (("hourglass_schedule_runs_total", "counter", "runs released", "released", 1),
                 ("hourglass_schedule_missed_total", "counter", "runs missed: released past misfireGraceMillis, "
                  "or skipped over", "missed", 1),

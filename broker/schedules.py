@@ -27,8 +27,27 @@ message); the release durable but the next run not recorded (`start`
 finds the pending run released and makes the next); the next run recorded
 but not sent (`start` finds no message with its msgId and sends it).
 The msgId is the same each time the same run is made, and the sends
-that make a recorded run are strict (an ended message with that id is
-answered, not replaced), so no run is made twice and none is lost.
+that may repeat one (a restart's, a repair's) are strict (an ended
+message with that id is answered, not replaced), so no run is made twice
+and none is lost. The first send of a run just recorded is not: an ended
+message under its id can only be an older one's (a run a client deleted
+before a pause and resume brought its time back, a replaced version's),
+and is replaced, as camellia's send replaces one.
+
+The schedule owns its progress, not the run's message: a pending run
+that leaves WAITING other than by its release (deleteMsg, deleteMsgs, a
+purge, an ack or a move by a client) is looked at (`on_cancel`: the disk
+broker's Filing tells it the place, which `_places` maps to its schedule),
+and one deleted is not delivered: the schedule goes on with the run after
+it, on time (`_skip`). A send of a run answered with a message the
+schedule did not make (a client's, sent under that msgId before the
+schedule existed: the API refuses one for a schedule that exists) is a
+conflict, counted, and the schedule goes on past it too: no message
+stands in for a run. The safety net for any path that tells no one (the
+Redis backend, where any node deletes; a run refiled from a far span): a
+pending run not released CHECK_AFTER_MS after its trigger time is read
+(`_checks`, a heap: O(log n) a run, no walk over every schedule) and
+followed as deleted, a conflict, a release, or looked at again later.
 
 A release more than misfireGraceMillis after the run's nominal time has
 missed: `on_release` ends it unseen (status 5) with misfire=skip (the
@@ -56,6 +75,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
 import logging
 from array import array
 from collections.abc import Awaitable, Callable, Sequence
@@ -98,6 +118,12 @@ RECOVER_SLICE = 250
 # After a write or send that failed (a disk error, a Raft write that no
 # majority committed in time), the worker tries again this often.
 REPAIR_INTERVAL_S = 1.0
+# A pending run not released this long after its trigger time is read (the
+# safety net of the module docstring); one found still WAITING, as made, is
+# read again this long after.
+CHECK_AFTER_MS = 500
+# Entries of the check heap popped between two turns of the loop.
+CHECK_SLICE = 1000
 
 
 class ScheduleStore(Protocol):
@@ -196,6 +222,9 @@ class ScheduleState:
     released: int = 0
     missed: int = 0
     late_ms: int = 0
+    # where the pending run's message is (the disk's Location, from its
+    # send's answer): the key of Schedules._places that maps it back here
+    place: Location | None = None
     # (topic, scheduleId): one tuple a schedule, the one its maps are keyed by
     key: Key = field(init=False)
 
@@ -211,6 +240,20 @@ class ScheduleState:
 
     def trigger_ms(self, nominal_ms: int) -> int:
         return nominal_ms + jitter_ms(self.msg_id(nominal_ms), self.spec.jitter_ms)
+
+    def run_fields(self, nominal_ms: int) -> tuple[int, str, int, int, int, str, str]:
+        """What its run for `nominal_ms` holds: trigger time, msg, ttl, maxRetry, priority, tag, key."""
+        spec = self.spec
+        return (self.trigger_ms(nominal_ms), spec.msg, spec.ttl_ms, spec.max_retry, spec.priority, spec.tag,
+                spec.key)
+
+    def made(self, nominal_ms: int, message: Message) -> bool:
+        """Is `message` the run this schedule makes for `nominal_ms` (not a
+        client's under the run's msgId, nor a waiting one a client moved)?
+        A released run's trigger time may have moved since (a push retry)."""
+        m, fields = message, self.run_fields(nominal_ms)
+        trigger_ms = m.trigger_ms if m.status is Status.WAITING else fields[0]
+        return (trigger_ms, m.msg, m.ttl_ms, m.max_retry, m.priority, m.tag, m.key) == fields
 
     def runs_left(self) -> int | None:
         """Runs it may still make (None: no limit)."""
@@ -315,6 +358,17 @@ class Schedules:
         self._puts: list[tuple[ScheduleSpec, int | None, asyncio.Future[ScheduleState]]] = []
         # schedules whose last change was not written or whose run not sent (an error): the worker repairs them
         self._unsettled: dict[Key, ScheduleState] = {}
+        # pending runs to look at (a cancel at their place, a send answered
+        # with a message the schedule did not make): the worker's
+        self._gone: list[tuple[Key, int]] = []
+        # (when, schedule, nominal): a run sent, read then if still pending (a heap)
+        self._checks: list[tuple[int, Key, int]] = []
+        self._places: dict[Location, Key] = {}  # each pending run's place -> its schedule (ScheduleState.place)
+        # since the node started (on a cluster: since it last started
+        # leading), /metrics': pending runs deleted (the schedule went on
+        # past them), runs whose msgId held a message the schedule did not make
+        self.runs_deleted = 0
+        self.run_conflicts = 0
         self._backend: Backend | None = None
         self._task: asyncio.Task[None] | None = None
 
@@ -332,10 +386,15 @@ class Schedules:
 
     def idle(self) -> bool:
         """No release is waiting to be followed and no change is under way (tests)."""
-        return not self._released and not self._lock.locked()
+        return not self._released and not self._gone and not self._lock.locked()
 
     def paused_count(self) -> int:
         return sum(s.paused for s in self._states.values())
+
+    def scheduled(self, topic: str, schedule_ids: Sequence[str]) -> set[str]:
+        """Those of `schedule_ids` that are schedules of `topic` (a send
+        under one's run msgId is refused: broker.api)."""
+        return {sid for sid in schedule_ids if (topic, sid) in self._states}
 
     # == the backend's side ==================================================
 
@@ -370,6 +429,25 @@ class Schedules:
         a node that does not hold the schedules lease (broker.redis.schedules)."""
         self._backend = backend
 
+    def on_cancel(self, location: Location) -> None:
+        """The WAITING message at `location` left WAITING other than by its
+        release (the disk broker's Filing.cancel: deleted, acked, moved):
+        if it is a pending run, the worker looks at it. O(1), never waits."""
+        key = self._places.pop(location, None)
+        if key is None:
+            return
+        state = self._states.get(key)
+        if state is not None and state.place == location and state.pending is not None:
+            state.place = None
+            self._gone.append((key, state.pending))
+            self._wake.set()
+
+    def on_gone(self, key: Key, nominal_ms: int) -> None:
+        """A pending run seen gone or not as made (broker.redis.schedules'
+        watch): the worker looks at it."""
+        self._gone.append((key, nominal_ms))
+        self._wake.set()
+
     def start(self, backend: Backend) -> None:
         """Make runs through `backend` from now on: first what a restart
         finds undone (see the module docstring), then each release."""
@@ -400,11 +478,14 @@ class Schedules:
         async with self._lock:
             await self._recover()
         while True:
-            if self._unsettled:
-                with contextlib.suppress(TimeoutError):
-                    await self._clock.wait_for(self._wake.wait(), REPAIR_INTERVAL_S)
-            else:
+            wait_s = self._wait_s()
+            if wait_s is None:
                 await self._wake.wait()
+            elif wait_s > 0:
+                with contextlib.suppress(TimeoutError):
+                    await self._clock.wait_for(self._wake.wait(), wait_s)
+            else:
+                await asyncio.sleep(0)  # (the loop's turn between slices of checks)
             self._wake.clear()
             jobs, self._released = self._released, []
             for at in range(0, max(1, len(jobs)), ADVANCE_SLICE):  # the lock let go between slices
@@ -417,6 +498,140 @@ class Schedules:
                     except (HourglassError, OSError) as e:  # a disk or Raft write error: repaired from RAM
                         log.warning("schedules: %d releases not followed by their next runs yet: %s", len(part), e)
             del jobs, part  # (not held while the worker waits)
+            gone = self._due_checks()
+            for at in range(0, len(gone), ADVANCE_SLICE):
+                async with self._lock:
+                    looked = gone[at:at + ADVANCE_SLICE]
+                    try:
+                        await self._look(looked)
+                    except (HourglassError, OSError) as e:  # read again a moment later
+                        log.warning("schedules: %d pending runs not looked at yet: %s", len(looked), e)
+                        retry_ms = self._clock.now_ms() + CHECK_AFTER_MS
+                        for key, nominal_ms in looked:
+                            heapq.heappush(self._checks, (retry_ms, key, nominal_ms))
+            del gone
+
+    def _wait_s(self) -> float | None:
+        """How long the worker may wait for a wake (None: until one)."""
+        if self._gone or self._released:
+            return 0
+        wait_s = REPAIR_INTERVAL_S if self._unsettled else None
+        if self._checks:
+            due_s = max(0, self._checks[0][0] - self._clock.now_ms()) / 1000
+            wait_s = due_s if wait_s is None else min(wait_s, due_s)
+        return wait_s
+
+    def _due_checks(self) -> list[tuple[Key, int]]:
+        """The runs to look at now: those told of, and those of the check
+        heap due (at most CHECK_SLICE entries popped) that are still pending."""
+        gone, self._gone = self._gone, []
+        checks, now_ms = self._checks, self._clock.now_ms()
+        for _ in range(CHECK_SLICE):
+            if not checks or checks[0][0] > now_ms:
+                break
+            _, key, nominal_ms = heapq.heappop(checks)
+            state = self._states.get(key)
+            if state is not None and state.pending == nominal_ms:
+                gone.append((key, nominal_ms))
+        return gone
+
+    async def _look(self, runs: list[tuple[Key, int]]) -> None:
+        """Pending runs that may be gone (a slice): each read; one deleted,
+        missing or not as the schedule made it is skipped (`_skip`), one
+        released is followed as a release, one WAITING as made is read
+        again later."""
+        backend = self.backend()
+        skipped: list[tuple[ScheduleState, int, bool]] = []
+        seen: set[Key] = set()
+        for key, nominal_ms in runs:
+            state = self._states.get(key)
+            if state is None or state.pending != nominal_ms or key in self._unsettled or key in seen:
+                continue  # moved on, or its send not done yet (the repair's)
+            seen.add(key)
+            try:
+                message: Message | None = await backend.get(state.spec.topic, state.msg_id(nominal_ms))
+            except NotFound:
+                message = None
+            if message is None or message.status is Status.DELETED:
+                skipped.append((state, nominal_ms, False))
+            elif not state.made(nominal_ms, message):
+                skipped.append((state, nominal_ms, True))
+            elif message.status is Status.WAITING:
+                heapq.heappush(self._checks, (self._clock.now_ms() + CHECK_AFTER_MS, key, nominal_ms))
+            else:  # released (or acked while waiting) with no release told: followed as one
+                self._released.append((key, nominal_ms, self._clock.now_ms()))
+                self._wake.set()
+        if skipped:
+            await self._skip(skipped)
+
+    async def _skip(self, runs: list[tuple[ScheduleState, int, bool]]) -> None:
+        """Pending runs gone (deleted; or, `conflict`, held by a message the
+        schedule did not make): never delivered as runs; each schedule goes
+        on with its first nominal time after the run (or after now, if
+        later), recorded (one write), then sent (one batch)."""
+        now_ms = self._clock.now_ms()
+        changed: list[ScheduleState] = []
+        sends: list[tuple[ScheduleState, int]] = []
+        conflicts = 0
+        for state, nominal_ms, conflict in runs:
+            conflicts += conflict
+            if conflict:
+                log.warning("schedules: run %s of topic %s holds a message the schedule did not make; the schedule "
+                            "goes on past it", state.msg_id(nominal_ms), state.spec.topic)
+            following = state.recurrence.first_after(max(nominal_ms, now_ms))
+            left = state.runs_left()
+            if left is not None and left <= 0:
+                following = None
+            state.pending, state.catch_up = following, 0
+            self._unplace(state)
+            if following is not None:
+                state.runs += 1
+                sends.append((state, following))
+            changed.append(state)
+        self.run_conflicts += conflicts
+        self.runs_deleted += len(runs) - conflicts
+        log.info("schedules: %d pending runs gone (%d deleted, %d conflicts); their schedules go on", len(runs),
+                 len(runs) - conflicts, conflicts)
+        for s in changed:  # until written and sent (an error leaves them to _repair)
+            self._unsettled[s.key] = s
+        await self._write([{"put": s.row()} for s in changed])
+        await self._send_runs(sends, strict=False)  # (just recorded: the module docstring)
+        for s in changed:
+            self._unsettled.pop(s.key, None)
+
+    async def _send_runs(self, runs: list[tuple[ScheduleState, int]], strict: bool) -> None:
+        """Send these runs (one batch). Each answered as made is placed (its
+        place mapped for `on_cancel`) and its check set; one answered with
+        a message the schedule did not make is looked at (`_look`)."""
+        if not runs:
+            return
+        answers = await self.backend().send([self._run_send(s, nominal_ms, strict) for s, nominal_ms in runs])
+        for (state, nominal_ms), message in zip(runs, answers):
+            if state.pending != nominal_ms or self._states.get(state.key) is not state:
+                continue
+            if not state.made(nominal_ms, message):
+                self._gone.append((state.key, nominal_ms))
+                self._wake.set()
+                continue
+            self._unplace(state)
+            state.place = message.location
+            self._places[message.location] = state.key
+            heapq.heappush(self._checks, (state.trigger_ms(nominal_ms) + CHECK_AFTER_MS, state.key, nominal_ms))
+        if len(self._checks) > 2 * len(self._states) + CHECK_SLICE:
+            # the checks of runs no longer pending (a schedule put, paused or
+            # deleted before its run's time), and repeats, kept only as long
+            # as the live ones: one pass per as many pushes as there are schedules
+            self._checks = list({c for c in self._checks if (s := self._states.get(c[1])) is not None
+                                 and s.pending == c[2]})
+            heapq.heapify(self._checks)
+        self._wake.set()  # (the worker's wait ends by the first check)
+
+    def _unplace(self, state: ScheduleState) -> None:
+        """Forget where the state's pending run was (it moved on, or is gone)."""
+        if state.place is not None:
+            if self._places.get(state.place) == state.key:
+                del self._places[state.place]
+            state.place = None
 
     async def _repair(self) -> None:
         """Schedules whose change a failed write or send left undone: their
@@ -434,9 +649,7 @@ class Schedules:
                 if s.stale is not None:
                     await self._drop_run(s.spec.topic, s.stale)
                     s.stale = None
-            sends = [self._run_send(s, s.pending, strict=True) for s in part if s.pending is not None]
-            if sends:
-                await self.backend().send(sends)
+            await self._send_runs([(s, s.pending) for s in part if s.pending is not None], strict=True)
             for s in part:
                 self._unsettled.pop(s.key, None)
         self._unsettled.clear()
@@ -453,7 +666,8 @@ class Schedules:
         if self._stale:
             await self._file.forget_stale(list(self._stale))
         self._stale.clear()
-        missing: list[NewSend] = []  # pending runs never sent: sent ADVANCE_SLICE at a time
+        missing: list[tuple[ScheduleState, int]] = []  # pending runs never sent: sent ADVANCE_SLICE at a time
+        now_ms = self._clock.now_ms()
         for n, state in enumerate(list(self._states.values()), 1):
             if n % RECOVER_SLICE == 0:  # (a get that finds the message answers without a turn of the loop)
                 await asyncio.sleep(0)
@@ -465,22 +679,29 @@ class Schedules:
             try:
                 message = await backend.get(state.spec.topic, state.msg_id(state.pending))
             except NotFound:
-                missing.append(self._run_send(state, state.pending, strict=True))
+                missing.append((state, state.pending))
                 if len(missing) >= ADVANCE_SLICE:
-                    await backend.send(missing)
+                    await self._send_runs(missing, strict=True)
                     missing = []
                 continue
-            if message.status is not Status.WAITING:  # released before the stop: follow it now
+            if message.status is Status.DELETED or not state.made(state.pending, message):
+                self._gone.append((state.key, state.pending))  # deleted, or not the run: skipped (_look)
+                self._wake.set()
+            elif message.status is not Status.WAITING:  # released before the stop: follow it now
                 self._released.append((state.key, state.pending, self._clock.now_ms()))
                 self._wake.set()
-        if missing:
-            await backend.send(missing)
+            else:  # waiting, as made: placed, and looked at if not released in time
+                state.place = message.location
+                self._places[message.location] = state.key
+                heapq.heappush(self._checks, (max(now_ms, state.trigger_ms(state.pending)) + CHECK_AFTER_MS,
+                                              state.key, state.pending))
+        await self._send_runs(missing, strict=True)
 
     async def _advance(self, jobs: list[tuple[Key, int, int]]) -> None:
         """Released runs (a slice): each schedule's next run recorded (one
         write of their progress), then sent (one batch)."""
         changed: list[ScheduleState] = []
-        sends: list[NewSend] = []
+        sends: list[tuple[ScheduleState, int]] = []
         for key, nominal_ms, released_ms in jobs:
             state = self._states.get(key)
             if state is None or state.pending != nominal_ms:
@@ -498,9 +719,10 @@ class Schedules:
             if left is not None and left <= 0:
                 following = None
             state.pending, state.catch_up = following, outcome.catch_up
+            self._unplace(state)
             if following is not None:
                 state.runs += 1
-                sends.append(self._run_send(state, following, strict=True))
+                sends.append((state, following))
             changed.append(state)
         if not changed:
             return
@@ -509,9 +731,8 @@ class Schedules:
         written = await self._write_runs(changed)
         await self._rewrite_if_due()
         if len(written) < len(changed):  # the others' runs are another node's change's
-            sends = [n for n in sends if (n.message.topic, n.message.msg_id.rpartition("@")[0]) in written]
-        if sends:
-            await self.backend().send(sends)
+            sends = [(s, n) for s, n in sends if s.key in written]
+        await self._send_runs(sends, strict=False)  # (just recorded: the module docstring)
         for s in changed:
             self._unsettled.pop(s.key, None)
 
@@ -680,9 +901,12 @@ class Schedules:
             first = None if paused else recurrence.first_at_or_after(max(spec.start_ms, now_ms + 1))
             state = ScheduleState(spec, recurrence, 1 if old is None else old.version + 1, paused, first,
                                   0 if first is None else 1, 0, array("q") if old is None else old.history)
-            # the run to delete: the one that exists (made before this round), unless it is this one's first
+            # the run to delete: the one that exists (made before this round), unless it is this one's
+            # first as this one makes it
             old_run = None if before is None or before.pending is None else before.msg_id(before.pending)
-            state.stale = None if first is not None and old_run == state.msg_id(first) else old_run
+            kept = (first is not None and before is not None and old_run == state.msg_id(first)
+                    and before.run_fields(first) == state.run_fields(first))
+            state.stale = None if kept else old_run
             if old is not None:  # its counts go on (as its last runs do)
                 state.released, state.missed, state.late_ms = old.released, old.missed, old.late_ms
             made[state.key] = state
@@ -698,8 +922,12 @@ class Schedules:
     async def _made(self, made: dict[Key, ScheduleState], held: int) -> None:
         """Puts decided (`held`: the schedules' bytes then): written at
         once, their old runs deleted, their first runs sent."""
-        backend = self.backend()
+        self.backend()
         await self._file.write([{"put": s.row()} for s in made.values()])
+        for key in made:
+            replaced = self._states.get(key)
+            if replaced is not None:
+                self._unplace(replaced)
         self._states.update(made)
         self.bytes_held = held
         await self._rewrite_if_due()  # (after: a rewrite keeps the states RAM holds)
@@ -710,9 +938,8 @@ class Schedules:
                 await self._drop_run(state.spec.topic, state.stale)
                 state.stale = None
             if state.pending is not None:
-                sends.append(self._run_send(state, state.pending, strict=False))
-        if sends:
-            await backend.send(sends)
+                sends.append((state, state.pending))
+        await self._send_runs(sends, strict=False)
         for key in made:
             self._unsettled.pop(key, None)
 
@@ -727,6 +954,7 @@ class Schedules:
         run = None if state.pending is None else state.msg_id(state.pending)
         await self._file.write([{"delete": [topic, schedule_id], "stale": run}])
         del self._states[state.key]
+        self._unplace(state)
         self.bytes_held -= state.spec.size_bytes
         await self._rewrite_if_due()  # (after: a rewrite keeps the states RAM holds)
         if run is not None:
@@ -746,6 +974,8 @@ class Schedules:
         paused = replace(state, paused=True, version=state.version + 1, catch_up=0, pending=None,
                          runs=state.runs - (state.pending is not None), stale=run)
         await self._file.write([{"put": paused.row()}])  # (RAM changed once it is written)
+        self._unplace(state)
+        paused.place = None
         self._states[paused.key] = paused
         await self._rewrite_if_due()  # (after: a rewrite keeps the states RAM holds)
         if run is not None:
@@ -760,7 +990,6 @@ class Schedules:
             return await self._as_stored([(topic, schedule_id)], lambda: self._resume(topic, schedule_id))
 
     async def _resume(self, topic: str, schedule_id: str) -> ScheduleState:
-        backend = self.backend()
         state = self.get(topic, schedule_id)
         if not state.paused:
             return state
@@ -773,7 +1002,7 @@ class Schedules:
         self._states[resumed.key] = resumed
         await self._rewrite_if_due()  # (after: a rewrite keeps the states RAM holds)
         if first is not None:
-            await backend.send([self._run_send(resumed, first, strict=False)])
+            await self._send_runs([(resumed, first)], strict=False)
         return resumed
 
     async def fetch(self, topic: str, schedule_id: str) -> ScheduleState:

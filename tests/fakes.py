@@ -198,6 +198,9 @@ class FakeClock:
         deadline = asyncio.ensure_future(self.sleep(timeout_s))
         try:
             await asyncio.wait((task, deadline), return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:  # the waiter cancelled: what it waited on goes too (not left pending)
+            task.cancel()
+            raise
         finally:
             deadline.cancel()
         if not task.done():

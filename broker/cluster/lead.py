@@ -86,7 +86,7 @@ class Lead:
         broker.on_fatal = lambda error: None  # a failed broker makes this node stand down
         # only the leader makes schedules' runs, from the state Raft holds (broker.cluster.schedules)
         schedules = Schedules(RaftScheduleStore(state.election), clock, config.schedules)
-        broker.on_release = schedules.on_release
+        broker.on_release, broker.on_cancel = schedules.on_release, schedules.on_cancel
         broker.start()
         state.leader_log, state.broker = leader_log, broker
         serving.api.serve_with(broker)

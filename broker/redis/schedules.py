@@ -202,8 +202,7 @@ class RedisScheduleStore:
 
     def keys(self, topic: str) -> list[str]:
         """schedules, schedstale, schedrev, schedseq, schedchanged."""
-        p = f"{self._prefix}:{{{escape_topic(topic)}}}:"
-        return [p + "schedules", p + "schedstale", p + "schedrev", p + "schedseq", p + "schedchanged"]
+        return topic_keys(self._prefix, topic)
 
     @property
     def topics_key(self) -> str:
@@ -389,6 +388,31 @@ class ChangeFeed:
             self.read += len(ids)
 
 
+def topic_keys(key_prefix: str, topic: str) -> list[str]:
+    """A topic's schedules, schedstale, schedrev, schedseq and schedchanged
+    keys (the module docstring)."""
+    p = f"{key_prefix}:{{{escape_topic(topic)}}}:"
+    return [p + "schedules", p + "schedstale", p + "schedrev", p + "schedseq", p + "schedchanged"]
+
+
+async def scheduled(client: aioredis.Redis | RedisCluster, key_prefix: str, topic: str,
+                    schedule_ids: Sequence[str]) -> set[str]:
+    """Which of `schedule_ids` are schedules of `topic`, as Redis holds
+    them: what any node asks before it takes a send under a run's msgId
+    (broker.api refuses one of a schedule). One round trip (one key)."""
+    key = topic_keys(key_prefix, topic)[0]
+    try:
+        if len(schedule_ids) == 1:
+            return set(schedule_ids) if await client.hexists(key, schedule_ids[0]) else set()
+        pipe = client.pipeline(transaction=False)
+        for schedule_id in schedule_ids:
+            pipe.hexists(key, schedule_id)
+        found = await pipe.execute()
+    except REDIS_ERRORS as e:
+        raise Unavailable(f"cannot read the schedules from Redis: {e}") from e
+    return {sid for sid, there in zip(schedule_ids, found) if there}
+
+
 class RunWatch:
     """Tells `schedules.on_release` of each pending run once it is no longer
     WAITING (released by some node's TICK): the module docstring's
@@ -427,16 +451,22 @@ class RunWatch:
                 try:
                     self.reads += 1
                     message = await self._backend.get(state.spec.topic, state.msg_id(nominal_ms))
-                except NotFound:
-                    continue  # not sent yet (a failed send): the worker's repair sends it
+                except NotFound:  # deleted and gone (or not sent yet: the worker's repair sends it)
+                    self._told.add((state.key, nominal_ms))
+                    self._schedules.on_gone(state.key, nominal_ms)
+                    continue
                 except HourglassError as e:  # Redis away: looked at again next round
                     log.debug("schedules: cannot read run %s: %s", state.msg_id(nominal_ms), e)
                     next_ms = min(next_ms, now_ms + RECHECK_MS)
                     continue
-                if message.status is Status.WAITING:
+                made = state.made(nominal_ms, message)
+                if message.status is Status.WAITING and made:
                     next_ms = min(next_ms, self._clock.now_ms() + RECHECK_MS)
                     continue
                 self._told.add((state.key, nominal_ms))
+                if message.status is Status.DELETED or not made:
+                    self._schedules.on_gone(state.key, nominal_ms)  # skipped: the schedule goes on past it
+                    continue
                 self._schedules.on_release([message], seen_released_ms(state.spec, nominal_ms, message.status,
                                                                         self._clock.now_ms()))
                 # its next run is made now, and may be due already (runs caught up after a lease changed hands)

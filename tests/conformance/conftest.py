@@ -156,11 +156,12 @@ class Api:
         return got
 
     def wait_status(self, topic: str, msg_id: str, statuses: set[int], timeout_s: float = 5) -> dict:
-        """getMsg until its status is one of `statuses` (or the timeout)."""
+        """getMsg until its status is one of `statuses` (or the timeout;
+        none yet, 404, is waited for too)."""
         deadline = time.monotonic() + timeout_s
         while True:
             m = self.message(topic, msg_id)
-            if m["status"] in statuses or time.monotonic() > deadline:
+            if (isinstance(m, dict) and m["status"] in statuses) or time.monotonic() > deadline:
                 return m
             time.sleep(0.02)
 

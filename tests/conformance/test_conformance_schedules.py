@@ -4,7 +4,11 @@ run one message (msgId `<scheduleId>@<nominal ms>`, `scheduledTime`), the
 pending run the one message waiting, getSchedule's lastRuns and next fire
 times, the version's compare-and-set (409), pause and resume, pages of
 listSchedules, deleteSchedule, and bad parameters refused naming them
-with nothing stored. The DST, misfire and restart rules are tested where
+with nothing stored. A schedule owns its progress: a purge, a deleteMsg
+and a filtered deleteMsgs of pending runs do not stop it (the next run on
+time, the deleted one never delivered); a send under one of its runs'
+msgIds is refused (400 naming msgId), and a message sent under one before
+the schedule existed never stands in for the run. The DST, misfire and restart rules are tested where
 they can be on a fake clock (tests/unit/test_schedules_model.py,
 tests/property/test_recurrence_reference.py) and with SIGKILL in
 tests/integration/test_schedules.py (disk) and test_redis_schedules.py."""
@@ -136,7 +140,8 @@ def test_a_skip_run_missed_while_the_node_was_down_is_ended_unseen(serve, topic)
         time.sleep(0.05)
     following = got["nextFireTimes"][0]
     assert following > restarted_ms and (following - first) % 3000 == 0  # skip's: the first after the release
-    assert got["runs"] == 2 and node.message(topic, f"s@{following}")["status"] == 1
+    # (getSchedule shows the next run once decided, a moment before it is recorded and sent)
+    assert got["runs"] == 2 and node.wait_status(topic, f"s@{following}", {1}, timeout_s=5)["status"] == 1
     [run] = [r for r in got["lastRuns"] if r["scheduledTime"] == first]
     assert run["missed"] is True and run["status"] == 5 and run["latenessMillis"] > 200
     delivered = drain(node, topic, 1, timeout_s=following / 1000 - time.time() + 5)
@@ -238,3 +243,117 @@ def test_refs_are_checked(api, topic):
     assert code == 400 and refused["msg"].startswith("next"), refused
     code, refused = api.get("getSchedule", scheduleId="s")
     assert code == 400 and refused["msg"].startswith("topic"), refused
+
+
+# -- a schedule owns its progress: deletes and squatters never stop it ---------------------------
+
+
+def now_ms():
+    return int(time.time() * 1000)
+
+
+def drain_timed(api, topic, count, until_ms):
+    """Long-poll (and ack) until `count` messages came or `until_ms` (+5 s)
+    passed; each with the wall-clock ms it was answered at."""
+    got, deadline = [], time.monotonic() + max(0.0, until_ms / 1000 - time.time()) + 5
+    while len(got) < count and time.monotonic() < deadline:
+        status, body = api.post("longPollingMsg", topic=topic, batch=count - len(got), longPollingTimeoutMillis=300,
+                                ackTimeoutMillis=60_000)
+        assert status == 200, body
+        got += [(m, now_ms()) for m in body["delayMsgList"]]
+    if got:
+        ok(api.post("ackMsg", topic=topic, msgIds=",".join(m["msgId"] for m, _ in got)))
+    return got
+
+
+def gone(api, topic, msg_id):
+    """Deleted (7), or no such message any more (404)."""
+    m = api.message(topic, msg_id)
+    return m == 404 or m["status"] == 7
+
+
+def assert_goes_on(api, topic, schedule_ids, first):
+    """Each schedule's run of `first` never delivered nor released (not in
+    lastRuns); its next two runs (first + 1000, first + 2000) delivered, in
+    order, none before its time."""
+    got = drain_timed(api, topic, 2 * len(schedule_ids), first + 2000)
+    for sid in schedule_ids:
+        runs = [(m, at) for m, at in got if m["scheduleId"] == sid]
+        assert [m["scheduledTime"] for m, _ in runs] == [first + 1000, first + 2000], (sid, got)
+        assert all(at >= m["triggerTime"] for m, at in runs), runs  # never early
+        assert gone(api, topic, f"{sid}@{first}")
+        deadline = time.monotonic() + 5
+        while True:  # the run after the last released is made just after it (on Redis, once the holder saw it)
+            schedule = ok(api.get("getSchedule", topic=topic, scheduleId=sid))["schedule"]
+            if schedule["nextFireTimes"][0] > first + 2000 or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        assert schedule["paused"] is False and schedule["nextFireTimes"][0] > first + 2000
+        assert first not in [r["scheduledTime"] for r in schedule["lastRuns"]]  # never released
+    for sid in schedule_ids:
+        ok(api.post("deleteSchedule", topic=topic, scheduleId=sid))
+
+
+def test_a_purge_does_not_stop_the_topics_schedules(api, topic):
+    """deleteMsgs all=true deletes the schedules' pending runs: those are
+    never delivered, and each schedule goes on with its next run, on time."""
+    start = now_ms() + 2000
+    for sid in ("a", "b"):
+        assert put(api, topic, sid, everyMillis=1000, startTime=start)["nextFireTimes"][0] == start + 1000
+    purged = ok(api.post("deleteMsgs", topic=topic, all="true"))
+    assert purged["deleted"] == 2 and purged["more"] is False
+    assert_goes_on(api, topic, ("a", "b"), start + 1000)
+
+
+def test_a_deleted_pending_run_is_skipped_and_the_schedule_goes_on(api, topic):
+    """deleteMsg of one pending run, deleteMsgs by a filter (tag) of another."""
+    start = now_ms() + 2000
+    put(api, topic, "one", everyMillis=1000, startTime=start)
+    put(api, topic, "tagged", everyMillis=1000, startTime=start, tag="nightly")
+    first = start + 1000
+    ok(api.post("deleteMsg", topic=topic, msgId=f"one@{first}"))
+    filtered = ok(api.post("deleteMsgs", topic=topic, tag="nightly"))
+    assert filtered["deleted"] == 1
+    assert_goes_on(api, topic, ("one", "tagged"), first)
+
+
+def test_a_send_under_a_schedules_run_id_is_refused(api, topic):
+    """sendMsg and sendMsgBatch with a msgId `<scheduleId>@<digits>` of a
+    schedule of the topic: 400 naming msgId, nothing stored (the batch
+    whole); the schedule's runs come as ever."""
+    start = now_ms() + 2000
+    times = put(api, topic, "sq", everyMillis=1000, startTime=start)["nextFireTimes"]
+    code, refused = api.post("sendMsg", topic=topic, msgId=f"sq@{times[1]}", msg="mine", delayMillis=60_000)
+    assert code == 400 and refused["msg"].startswith("msgId"), refused
+    code, refused = api.post_json("sendMsgBatch", {"topic": topic, "msgs": [
+        {"msgId": "fine", "msg": "x", "delayMillis": 60_000},
+        {"msgId": f"sq@{times[2]}", "msg": "mine", "delayMillis": 60_000}]})
+    assert code == 400 and refused["msg"].startswith("msgs[1].msgId"), refused
+    assert api.message(topic, "fine") == 404 and api.message(topic, f"sq@{times[2]}") == 404  # nothing stored
+    for msg_id in (f"other@{times[1]}", "sq@soon"):  # no such schedule; not a run's form
+        assert api.send(topic, msgId=msg_id, delayMillis=60_000)["msgId"] == msg_id
+    got = drain_timed(api, topic, 2, times[1])
+    assert [(m["msgId"], m["msg"]) for m, _ in got] == [(f"sq@{times[0]}", "run"), (f"sq@{times[1]}", "run")]
+    ok(api.post("deleteSchedule", topic=topic, scheduleId="sq"))
+    ok(api.post("deleteMsgs", topic=topic, all="true"))
+
+
+def test_a_message_sent_under_a_run_id_before_the_schedule_never_stands_in(api, topic):
+    """A client's message under a run's msgId, sent before the schedule
+    existed (and so not refused), holds the first run's id with a later
+    trigger time: that run is counted as a conflict, not waited for; the
+    client's message stays the client's, and the schedule's next runs come
+    on time."""
+    start = now_ms() + 2000
+    first = start + 1000
+    mine = api.send(topic, msgId=f"early@{first}", msg="mine", delayMillis=60_000)
+    assert mine["status"] == 1
+    schedule = put(api, topic, "early", everyMillis=1000, startTime=start)
+    assert schedule["nextFireTimes"][0] in (first, first + 1000)  # (the conflict may be seen already)
+    got = drain_timed(api, topic, 2, first + 2000)
+    assert [m["scheduledTime"] for m, _ in got] == [first + 1000, first + 2000], got
+    assert all(m["msg"] == "run" for m, _ in got) and all(at >= m["triggerTime"] for m, at in got)
+    held = api.message(topic, f"early@{first}")
+    assert held["status"] == 1 and held["msg"] == "mine"  # the client's, untouched
+    ok(api.post("deleteSchedule", topic=topic, scheduleId="early"))
+    ok(api.post("deleteMsgs", topic=topic, all="true"))

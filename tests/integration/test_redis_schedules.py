@@ -12,7 +12,10 @@ redis://` processes sharing one real redis-server (the session's):
   schedule calls at once (never 503, the dead node's lease still
   running), each seeing the others' changes, and the dead node's
   schedules fire again within the lease time;
-- two runs acked: getSchedule's lastRuns lists both, on every node, at once.
+- two runs acked: getSchedule's lastRuns lists both, on every node, at once;
+- a purge through the node that does not hold the lease deletes the
+  pending runs and the schedules go on; that node refuses a send under a
+  run's msgId, asking Redis.
 
 The API's schedule calls are covered on Redis by the conformance suite
 (tests/conformance/test_conformance_schedules.py)."""
@@ -350,3 +353,43 @@ def test_a_change_another_node_made_meanwhile_holds(redis_url):
             await broker.stop()
 
     asyncio.run(main())
+
+
+def test_a_purge_and_a_run_id_send_through_the_other_node(redis_url, tmp_path):
+    topic = "sched-" + uuid.uuid4().hex[:8]
+    redis_url = own_database(redis_url)
+    nodes = [Server.start(tmp_path / f"node{i}", "--backend", redis_url, log_path=tmp_path / f"node{i}.log")
+             for i in range(2)]
+    try:
+        held = holder(nodes)
+        other = nodes[1 - held]
+        start = int(time.time() * 1000) + 2000
+        first = start + 1000
+        for sid in ("a", "b"):
+            code, answer = nodes[held].post("putSchedule", topic=topic, scheduleId=sid, everyMillis=1000, msg=sid,
+                                            startTime=start)
+            assert code == 200 and answer["schedule"]["nextFireTimes"][0] == first, answer
+        code, refused = other.post("sendMsg", topic=topic, msgId=f"a@{first + 1000}", msg="mine")
+        assert code == 400 and refused["msg"].startswith("msgId"), refused
+        code, refused = other.post_json("sendMsgBatch", {"topic": topic, "msgs": [
+            {"msgId": "fine", "msg": "x"}, {"msgId": f"b@{first + 1000}", "msg": "mine"}]})
+        assert code == 400 and refused["msg"].startswith("msgs[1].msgId"), refused
+        assert other.post("getMsg", topic=topic, msgId="fine")[0] == 404
+        code, purged = other.post("deleteMsgs", topic=topic, all="true")
+        assert code == 200 and purged["deleted"] == 2, purged
+        got = []
+        while time.time() * 1000 < first + 3500:
+            code, answer = other.post("longPollingMsg", topic=topic, batch=10, longPollingTimeoutMillis=300)
+            assert code == 200, answer
+            got += [(m, int(time.time() * 1000)) for m in answer["delayMsgList"]]
+            if answer["delayMsgList"]:
+                other.post("ackMsg", topic=topic, msgIds=",".join(m["msgId"] for m in answer["delayMsgList"]))
+        for sid in ("a", "b"):
+            runs = [(m, at) for m, at in got if m["scheduleId"] == sid and m["scheduledTime"] <= first + 3000]
+            assert [m["scheduledTime"] for m, _ in runs] == [first + 1000, first + 2000, first + 3000], (sid, got)
+            assert all(at >= m["triggerTime"] and m["msg"] == sid for m, at in runs)
+            schedule = nodes[held].get("getSchedule", topic=topic, scheduleId=sid)[1]["schedule"]
+            assert first not in [r["scheduledTime"] for r in schedule["lastRuns"]]
+    finally:
+        for node in nodes:
+            node.kill()

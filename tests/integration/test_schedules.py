@@ -2,7 +2,9 @@
 standalone): every endpoint, each refusal naming its parameter with nothing
 stored, versions, pause and resume, pages, the --max-schedules cap; and
 SIGKILL of the node while an every-second schedule with misfire=once runs:
-no run lost, none made twice."""
+no run lost, none made twice; a purge of the schedules' pending runs and a
+SIGKILL right after it: the schedules go on, and a send under a run's
+msgId is refused."""
 
 from __future__ import annotations
 
@@ -263,5 +265,62 @@ def test_metrics_count_runs_per_schedule_bounded_by_metrics_topics(tmp_path: Pat
         assert metric(page, "hourglass_node_schedule_missed_total")[""] == 0
         assert len(metric(page, "hourglass_schedule_lateness_seconds_total")) == 1
         assert len(metric(page, "hourglass_schedule_last_lateness_seconds")) == 1
+    finally:
+        server.stop()
+
+
+def test_a_purge_then_kill_9_the_schedules_go_on_and_a_run_id_is_refused(tmp_path: Path) -> None:
+    """Two every-second schedules; a sendMsg and a sendMsgBatch under a
+    run's msgId are refused (400 naming it, nothing stored); deleteMsgs
+    all=true deletes both pending runs and the node is SIGKILLed at once
+    (whether or not it recorded what followed), then restarted. The deleted
+    runs are never delivered nor listed as released; both schedules go on
+    with the next nominal second, each run once, none early, none missing."""
+    data = tmp_path / "data"
+    server = Server.start(data, log_path=tmp_path / "serve.log")
+    port = int(server.base.rsplit(":", 1)[1])
+    start = int(time.time() * 1000) + 5000  # the first runs well after the restart
+    first = start + 1000
+    try:
+        for sid in ("a", "b"):
+            put = body(server.post("putSchedule", topic="pk", scheduleId=sid, everyMillis=1000, msg=sid,
+                                   startTime=start))
+            assert put["schedule"]["nextFireTimes"][0] == first
+        code, refused = server.post("sendMsg", topic="pk", msgId=f"a@{first + 1000}", msg="mine")
+        assert code == 400 and isinstance(refused, dict) and refused["msg"].startswith("msgId"), refused
+        code, refused = server.post_json("sendMsgBatch", {"topic": "pk", "msgs": [
+            {"msgId": "fine", "msg": "x"}, {"msgId": f"b@{first + 2000}", "msg": "mine"}]})
+        assert code == 400 and isinstance(refused, dict) and refused["msg"].startswith("msgs[1].msgId"), refused
+        assert server.post("getMsg", topic="pk", msgId="fine")[0] == 404
+        purged = body(server.post("deleteMsgs", topic="pk", all="true"))
+        assert purged["deleted"] == 2
+        deadline = time.monotonic() + 5
+        while True:  # counted once the schedules followed the purge (a moment after its answer)
+            text = server.get("/metrics")[1]
+            assert isinstance(text, bytes)
+            deleted = metric(text.decode(), "hourglass_node_schedule_runs_deleted_total")[""]
+            if deleted == 2 or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        assert deleted == 2 and metric(text.decode(), "hourglass_node_schedule_run_conflicts_total")[""] == 0
+    finally:
+        server.kill()
+    server = Server.start(data, log_path=tmp_path / "serve.log", port=port)
+    try:
+        last = first + 4000
+        got: list[tuple[dict[str, Any], int]] = []
+        while time.time() * 1000 < last + 1500:
+            answer = body(server.post("longPollingMsg", topic="pk", batch=10, longPollingTimeoutMillis=300))
+            got += [(m, int(time.time() * 1000)) for m in answer["delayMsgList"]]
+            if answer["delayMsgList"]:
+                body(server.post("ackMsg", topic="pk", msgIds=",".join(m["msgId"] for m in answer["delayMsgList"])))
+        for sid in ("a", "b"):
+            runs = [(m, at) for m, at in got if m["scheduleId"] == sid and m["scheduledTime"] <= last]
+            assert [m["scheduledTime"] for m, _ in runs] == [first + 1000 * k for k in range(1, 5)], (sid, got)
+            assert all(at >= m["triggerTime"] and m["msg"] == sid for m, at in runs)  # the runs, never early
+            schedule = body(server.get("getSchedule", topic="pk", scheduleId=sid))["schedule"]
+            assert first not in [r["scheduledTime"] for r in schedule["lastRuns"]]
+            code, deleted = server.post("getMsg", topic="pk", msgId=f"{sid}@{first}")
+            assert code == 404 or deleted["delayMsg"]["status"] == 7  # type: ignore[index]
     finally:
         server.stop()

@@ -3,7 +3,9 @@ schedule put through a follower is replicated (Raft) and answered by every
 node; only the leader makes runs; SIGKILL of the leader, twice (the killed
 node restarted in between), while an every-second and a cron schedule with
 misfire=once run: every nominal run is delivered, each as the one message
-its msgId names (none made twice), none lost."""
+its msgId names (none made twice), none lost. A purge through a follower
+deletes two schedules' pending runs and they go on; a send under a run's
+msgId through a follower is refused."""
 
 from __future__ import annotations
 
@@ -103,5 +105,39 @@ def test_leader_kills_lose_no_run_and_make_none_twice(tmp_path):
             assert all(i.startswith(f"{sid}@") for i in ids)
         # only the leader made runs: every node's log holds the same messages
         assert {c.health(n)["leader"] for n in NODE_IDS} == {leader}  # type: ignore[index]
+    finally:
+        c.stop()
+
+
+def test_a_purge_through_a_follower_does_not_stop_the_schedules_and_a_run_id_is_refused(tmp_path):
+    c = Cluster.start(tmp_path / "cluster")
+    try:
+        leader = c.wait_leader()
+        c.wait_known(leader)
+        follower = c.nodes[_others(leader)[0]]
+        start = int(time.time() * 1000) + 3000
+        first = start + 1000
+        for sid in ("a", "b"):
+            code, body = follower.post("putSchedule", topic="pc", scheduleId=sid, everyMillis=1000, msg=sid,
+                                       startTime=start)
+            assert code == 200 and body["schedule"]["nextFireTimes"][0] == first, body
+        code, body = follower.post("sendMsg", topic="pc", msgId=f"a@{first + 1000}", msg="mine")
+        assert code == 400 and body["msg"].startswith("msgId"), body
+        code, body = follower.post_json("sendMsgBatch", {"topic": "pc", "msgs": [
+            {"msgId": "fine", "msg": "x"}, {"msgId": f"b@{first + 1000}", "msg": "mine"}]})
+        assert code == 400 and body["msg"].startswith("msgs[1].msgId"), body
+        assert follower.post("getMsg", topic="pc", msgId="fine")[0] == 404
+        code, body = follower.post("deleteMsgs", topic="pc", all="true")
+        assert code == 200 and body["deleted"] == 2, body
+        got: dict[str, dict[str, dict[str, Any]]] = {"pc": {}}
+        _pull_for(c, max(0.0, (first + 3500) / 1000 - time.time()), got)
+        for sid in ("a", "b"):
+            nominal = sorted(m["scheduledTime"] for m in got["pc"].values() if m["scheduleId"] == sid)
+            assert nominal[:3] == [first + 1000, first + 2000, first + 3000], (sid, nominal)
+            assert all(m["msg"] == sid for m in got["pc"].values() if m["scheduleId"] == sid)
+            for n in NODE_IDS:  # every node answers the schedule as the leader has it: gone on past the purge
+                code, body = c.nodes[n].get("getSchedule", topic="pc", scheduleId=sid)
+                assert code == 200 and body["schedule"]["nextFireTimes"][0] > first + 1000, body
+                assert first not in [r["scheduledTime"] for r in body["schedule"]["lastRuns"]]
     finally:
         c.stop()

@@ -19,6 +19,8 @@ class Held:
 
     def __init__(self, states: list[ScheduleState]) -> None:
         self._states = states
+        self.runs_deleted = 3
+        self.run_conflicts = 1
 
     def __len__(self) -> int:
         return len(self._states)
@@ -49,6 +51,8 @@ def test_the_worst_schedules_are_shown_and_every_one_is_summed() -> None:
     assert 'hourglass_schedule_runs_total{topic="t",schedule="late"} 5' in page
     assert 'schedule="ok"' not in page and 'schedule="idle"' not in page
     assert "hourglass_node_schedule_runs_total 57" in page and "hourglass_node_schedule_missed_total 7" in page
+    assert "hourglass_node_schedule_runs_deleted_total 3" in page
+    assert "hourglass_node_schedule_run_conflicts_total 1" in page
     assert "hourglass_schedules_shown 2" in page and "hourglass_schedules 4" in page
     none = render_metrics(schedules, 0)
     assert "hourglass_schedule_runs_total" not in none and "hourglass_schedules_shown 0" in none

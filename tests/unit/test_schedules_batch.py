@@ -3,8 +3,12 @@ followed in slices of ADVANCE_SLICE, each one write of their progress and
 one batched send (not one of each a run); what a schedule holds in RAM
 stays under a ceiling once its last runs are full; the schedules file's
 "runs" records read back as the rows they stand for, and a version-1
-file is read and rewritten as version 2. Real Store and schedules file,
-a FakeClock."""
+file is read and rewritten as version 2. A schedule owns its progress: a
+purge of many pending runs is followed in slices, each schedule going on
+with its next run; a run deleted with no one told is seen by its check; a
+run id held by a message the schedule did not make is a conflict, not a
+wait; a run acked before its time is followed. Real Store and schedules
+file, a FakeClock."""
 
 from __future__ import annotations
 
@@ -20,14 +24,16 @@ import pytest
 from broker_harness import BrokerHarness
 
 import broker.recurrence
-from broker.params import Defaults, PullRequest
+from broker.bulk_params import BulkFilter, DeleteMsgsRequest
+from broker.params import Defaults, DeleteRequest, PullRequest
 from broker.ready import QueueLimits
 from broker.recurrence import Misfire
 from broker.schedule_file import HEADER, MAGIC, ScheduleFile, frame
 from broker.schedule_params import ScheduleSpec
-from broker.schedules import ADVANCE_SLICE, LAST_RUNS, ScheduleLimits, Schedules
+from broker.schedules import ADVANCE_SLICE, CHECK_AFTER_MS, CHECK_SLICE, LAST_RUNS, ScheduleLimits, Schedules
 from storage.entry import Status
 from storage.errors import CorruptionError
+from storage.types import NewMessage
 
 MINUTE_MS = 60_000
 START_MS = 1_750_000_020_000  # 20 s into a minute
@@ -87,7 +93,7 @@ class Node:
         schedules = Schedules(file, self.h.clock, ScheduleLimits(max_schedules=100_000, max_bytes=1 << 40))
         broker = self.h.broker
         assert broker is not None
-        broker.on_release = schedules.on_release
+        broker.on_release, broker.on_cancel = schedules.on_release, schedules.on_cancel
 
         async def start() -> None:
             schedules.start(CountingSends(broker, self.sends))  # type: ignore[arg-type]
@@ -116,6 +122,12 @@ class Node:
                 await self.h.broker.ack_many(TOPIC, [m.msg_id for m in batch])  # type: ignore[union-attr]
             return ids
         return self.h.run(pull_all())
+
+    def call(self, coro: Any) -> Any:
+        """A broker call's answer, once the schedules followed what it did."""
+        answer = self.h.run(coro)
+        self.advance_to(self.h.clock.now_ms())
+        return answer
 
     def restart(self) -> None:
         self.h.run(self.schedules.stop())
@@ -342,3 +354,82 @@ def test_a_rewrite_a_write_brings_due_keeps_the_puts_and_deletes_it_follows(node
     node.h.run(delete_all(2990))
     node.restart()
     assert sorted(s.spec.schedule_id for s in node.schedules.states()) == [f"s{i:05d}" for i in range(2990, 3000)]
+def test_a_purge_of_many_pending_runs_is_followed_in_slices_and_every_schedule_goes_on(node: Node) -> None:
+    count = 2 * ADVANCE_SLICE + 50
+    node.put(count)
+    first = (START_MS // MINUTE_MS + 1) * MINUTE_MS
+    node.sends.clear()
+    broker = node.h.broker
+    assert broker is not None
+    deleted, more = node.call(broker.delete_msgs(DeleteMsgsRequest(TOPIC, BulkFilter(), count)))
+    assert (deleted, more) == (count, False)
+    assert node.schedules.runs_deleted == count and node.schedules.run_conflicts == 0
+    # the next runs: one write and one send a slice (the delete's own slices, DELETE_SLICE, let the worker in)
+    assert sum(node.sends) == count and max(node.sends) <= ADVANCE_SLICE and len(node.sends) <= 4, node.sends
+    for i in range(count):
+        state = node.schedules.get(TOPIC, f"s{i:05d}")
+        assert (state.pending, state.runs, state.last_runs) == (first + MINUTE_MS, 2, [])
+    node.advance_to(first + MINUTE_MS - 1)
+    assert node.drain() == []  # the deleted runs never, the next ones not early
+    node.advance_to(first + MINUTE_MS)
+    assert sorted(node.drain()) == sorted(f"s{i:05d}@{first + MINUTE_MS}" for i in range(count))
+    node.restart()  # what was recorded reads back: no run of `first` made again, nothing late
+    node.advance_to(first + 2 * MINUTE_MS)
+    assert sorted(node.drain()) == sorted(f"s{i:05d}@{first + 2 * MINUTE_MS}" for i in range(count))
+
+
+def test_a_pending_run_deleted_with_no_one_told_is_seen_by_its_check(node: Node) -> None:
+    node.put(1)
+    first = (START_MS // MINUTE_MS + 1) * MINUTE_MS
+    broker = node.h.broker
+    assert broker is not None
+    broker.on_cancel = None  # a path that tells the schedules nothing
+    node.call(broker.delete(DeleteRequest(TOPIC, f"s00000@{first}", False)))
+    assert node.schedules.get(TOPIC, "s00000").pending == first
+    node.advance_to(first + CHECK_AFTER_MS - 1)
+    assert node.schedules.get(TOPIC, "s00000").pending == first
+    node.advance_to(first + CHECK_AFTER_MS)
+    state = node.schedules.get(TOPIC, "s00000")
+    assert (state.pending, state.runs) == (first + MINUTE_MS, 2) and node.schedules.runs_deleted == 1
+    assert node.drain() == []
+    node.advance_to(first + MINUTE_MS)
+    assert node.drain() == [f"s00000@{first + MINUTE_MS}"]
+
+
+def test_a_run_id_held_by_a_message_the_schedule_did_not_make_is_a_conflict_not_a_wait(node: Node) -> None:
+    first = (START_MS // MINUTE_MS + 1) * MINUTE_MS
+    broker = node.h.broker
+    assert broker is not None
+    node.h.run(broker.send([NewMessage(TOPIC, f"s00000@{first}", "mine", START_MS, first + 10 * MINUTE_MS,
+                                       3_600_000, 3, 0, "", "")]))
+    node.put(1)
+    node.advance_to(node.h.clock.now_ms())
+    state = node.schedules.get(TOPIC, "s00000")
+    assert (state.pending, node.schedules.run_conflicts, node.schedules.runs_deleted) == (first + MINUTE_MS, 1, 0)
+    node.advance_to(first + MINUTE_MS)
+    assert node.drain() == [f"s00000@{first + MINUTE_MS}"]  # the run after it, on time
+    held = node.h.run(broker.get(TOPIC, f"s00000@{first}"))
+    assert (held.status, held.msg) == (Status.WAITING, "mine")  # the client's, as sent
+
+
+def test_a_pending_run_acked_before_its_time_is_followed_as_released(node: Node) -> None:
+    node.put(1)
+    first = (START_MS // MINUTE_MS + 1) * MINUTE_MS
+    broker = node.h.broker
+    assert broker is not None
+    assert node.call(broker.ack_many(TOPIC, [f"s00000@{first}"])) == [Status.ACKED]
+    state = node.schedules.get(TOPIC, "s00000")
+    assert (state.pending, state.runs, [r[0] for r in state.last_runs]) == (first + MINUTE_MS, 2, [first])
+    node.advance_to(first + MINUTE_MS)
+    assert node.drain() == [f"s00000@{first + MINUTE_MS}"]
+
+
+def test_the_checks_of_runs_no_longer_pending_are_dropped_in_time(node: Node) -> None:
+    """Each run sent leaves a check until its time (a year ahead here);
+    puts of the same schedule leave those of runs no longer pending, which
+    are dropped once they pass the live ones' number by CHECK_SLICE."""
+    yearly = spec(0, cron="0 0 1 1 *")
+    for _ in range(CHECK_SLICE + 200):
+        node.h.run(node.schedules.put(yearly, None))
+    assert len(node.schedules._checks) <= 2 + CHECK_SLICE  # (white box: the heap itself)
+    assert node.schedules.get(TOPIC, "s00000").version == CHECK_SLICE + 200

@@ -16,7 +16,10 @@ nominal) and, past the grace, skip ends it unseen, once delivers it and
 goes on after now, all delivers up to maxCatchUp runs in a row, then goes
 on after now. After every step the runs delivered are exactly the model's
 (each once, none missing), the schedules' versions, paused flags and next
-fire times are the model's, and `--max-schedules` holds.
+fire times are the model's, and `--max-schedules` holds. A schedule owns
+its progress: a pending run deleted (deleteMsg, deleteMsgs by a filter, a
+purge) is never delivered, and its schedule's next run is made at once,
+the run after it (counted in `runs`, against `limit`).
 """
 
 from __future__ import annotations
@@ -30,10 +33,11 @@ from fakes import FakeElection
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from broker.bulk_params import BulkFilter, DeleteMsgsRequest
 from broker.cluster.schedules import RaftScheduleStore
 from broker.disk_broker import Broker
 from broker.metrics import Metrics
-from broker.params import Defaults, PullRequest
+from broker.params import Defaults, DeleteRequest, PullRequest
 from broker.ready import QueueLimits
 from broker.recurrence import Misfire, parse_run_msg_id
 from broker.schedule_file import ScheduleFile
@@ -115,7 +119,7 @@ class SchedulesMachine(HarnessMachine, RuleBasedStateMachine):
         h.broker = Broker(h.store, self.clock, h.defaults, Metrics(), tick_path=os.path.join(h.directory, "tick"),
                           limits=h.limits)
         self.schedules = Schedules(self._store(), self.clock, ScheduleLimits(max_schedules=MAX_SCHEDULES))
-        h.broker.on_release = self.schedules.on_release
+        h.broker.on_release, h.broker.on_cancel = self.schedules.on_release, self.schedules.on_cancel
 
         async def start() -> None:
             h.broker.start()
@@ -240,6 +244,23 @@ class SchedulesMachine(HarnessMachine, RuleBasedStateMachine):
         self._run(self._quiesce())
         self._drain()
         self.delivered[sid].clear()
+
+    @precondition(lambda self: any(m.pending is not None for m in self.models.values()))
+    @rule(data=st.data(), how=st.sampled_from(["deleteMsg", "deleteMsgs", "purge"]))
+    def pending_run_deleted(self, data, how):
+        """A client deletes a pending run (a purge: every one of the topic)."""
+        sid = data.draw(st.sampled_from(sorted(s for s, m in self.models.items() if m.pending is not None)))
+        broker = self.broker
+        if how == "deleteMsg":
+            self._run(broker.delete(DeleteRequest(TOPIC, f"{sid}@{self.models[sid].pending}", False)))
+        else:
+            flt = BulkFilter(msg_id_prefix=f"{sid}@") if how == "deleteMsgs" else BulkFilter()
+            self._run(broker.delete_msgs(DeleteMsgsRequest(TOPIC, flt, 1000)))
+        for other, m in self.models.items():
+            if m.pending is not None and (other == sid or how == "purge"):
+                m.make(m.pending + m.every_ms)  # the run after it, at once (nothing ends: `make` counts it)
+        self._run(self._quiesce())
+        self._drain()
 
     @rule(ms=st.integers(1, 45_000))
     def time_passes(self, ms):
