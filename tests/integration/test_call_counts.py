@@ -19,11 +19,14 @@ import pytest
 
 BENCH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench")
 
+# What the compiled build counted at the rooms' layout (2, 4, 2 and 3: the
+# loop's timeouts and the fsync's thread hand-off), with room for a
+# callback more; a module falling out of the compiled build counts dozens.
 CEILINGS = {
-    "send": 0,              # sendMsg
-    "send_batch": 0,        # sendMsgBatch of 100
-    "pull_ack": 0,          # pullMsg of one, then its ackMsg
-    "pull_ack_many": 0,     # pullMsg of 100, then one ackMsg of them (msgIds), the least of 3
+    "send": 4,              # sendMsg
+    "send_batch": 8,        # sendMsgBatch of 100
+    "pull_ack": 4,          # pullMsg of one, then its ackMsg
+    "pull_ack_many": 6,     # pullMsg of 100, then one ackMsg of them (msgIds), the least of 3
 }
 
 
