@@ -42,7 +42,7 @@ from typing import Any
 import aiohttp
 from harness import Server, disk_bytes, memory_mb, unwind_on_signals
 
-from broker.paths import PREFIX
+from broker.http.paths import PREFIX
 
 HOUR_MS = 3_600_000
 DAY_MS = 24 * HOUR_MS

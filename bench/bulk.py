@@ -53,7 +53,7 @@ from typing import Any
 import aiohttp
 from harness import Process, Server, free_port, memory_mb, unwind_on_signals, wait_until
 
-from broker.paths import PREFIX
+from broker.http.paths import PREFIX
 
 HOUR_MS = 3_600_000
 TOPIC = "bulk"

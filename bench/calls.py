@@ -50,10 +50,10 @@ from typing import Any
 
 from broker.build_info import describe
 from broker.cli import build_parser, config_from_args
-from broker.group_commit import INLINE_SYNC_AFTER
-from broker.httpd import Connection
+from broker.disk.group_commit import INLINE_SYNC_AFTER
+from broker.http.httpd import Connection
+from broker.http.paths import PREFIX
 from broker.nodes import DiskNode
-from broker.paths import PREFIX
 
 HOST = "127.0.0.1"
 
@@ -211,7 +211,7 @@ async def measure(repeat: int, batch: int) -> dict[str, Any]:
             return f"m{n}"
 
         # warm: more commit rounds than the group commit counts before it
-        # fsyncs a small round on the loop (broker.group_commit,
+        # fsyncs a small round on the loop (broker.disk.group_commit,
         # INLINE_SYNC_AFTER), so every round counted is one kind
         for _ in range(INLINE_SYNC_AFTER + 4):
             await client.call(Client.form("sendMsg", topic="t", msg="warm", msgId=next_id(), delayMillis=60_000))

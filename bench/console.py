@@ -17,7 +17,7 @@ import shutil
 import tempfile
 import time
 
-from broker.console import forecast, topic_forecast
+from broker.console.api import forecast, topic_forecast
 from storage.entry import MS_PER_HOUR
 from storage.store import NewMessage, Store, text_hash
 

@@ -40,14 +40,14 @@ import orjson
 import uvloop
 from front_cpu import front_costs, loopback_costs
 
-from broker.api import delay_msg
 from broker.clock import SystemClock
 from broker.config import ServeConfig
-from broker.disk_broker import Broker
-from broker.http_types import Request, Response
-from broker.metrics import Metrics
+from broker.core.params import AckRequest, Defaults, NewSend, PullRequest
+from broker.disk.backend import Broker
+from broker.http.api import delay_msg
+from broker.http.http_types import Request, Response
 from broker.nodes import DiskNode
-from broker.params import AckRequest, Defaults, NewSend, PullRequest
+from broker.observe.metrics import Metrics
 from storage.config import StoreConfig
 from storage.store import NewMessage, Store
 

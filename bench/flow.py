@@ -19,7 +19,7 @@ loopback). Prints ONE JSON object.
                            per message (as bench/peers.py's drain), per message
   drain_batch_us_per_msg   the same with one ackMsg of the 100 ids
   handoff_us_per_round     the CPU a commit round spends handing its fsync
-                           to the syncer thread and back (broker.syncer):
+                           to the syncer thread and back (broker.disk.syncer):
                            one task sending one message and awaiting the
                            group commit, less the same rounds made inline
                            (send, fsync, apply, on the loop); beside it
@@ -49,7 +49,7 @@ from collections.abc import Callable, Iterator
 import uvloop
 from front_cpu import _Transport as _FrontTransport
 
-import broker.httpd as httpd
+import broker.http.httpd as httpd
 from broker.config import ServeConfig
 from broker.nodes import DiskNode
 from storage.config import FsyncPolicy, StoreConfig
@@ -166,8 +166,8 @@ async def _fill_due(node: Node, n: int) -> None:
 async def handoff(rounds: int) -> dict[str, float]:
     """CPU per commit round: through the syncer thread, inline, and inline
     without the fsync (see the module docstring)."""
-    from broker.group_commit import GroupCommit
-    from broker.metrics import Metrics
+    from broker.disk.group_commit import GroupCommit
+    from broker.observe.metrics import Metrics
     from storage.store import NewMessage, Store
     now_ms = int(time.time() * 1000)
     cpu: dict[str, float] = {}

@@ -39,7 +39,7 @@ import time
 import uvloop
 from harness import Server, cpu_s, free_port
 
-import broker.httpd as httpd
+import broker.http.httpd as httpd
 from broker.config import ServeConfig
 
 PULL_BODY = b"topic=nothing-here&batch=1"

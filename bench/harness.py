@@ -51,7 +51,7 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any, TypeVar
 
-from broker.paths import PREFIX
+from broker.http.paths import PREFIX
 
 T = TypeVar("T")
 # A file or directory as the callers name it: a str, or a pathlib.Path.

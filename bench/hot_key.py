@@ -42,7 +42,7 @@ from typing import Any
 import aiohttp
 from harness import Server, cpu_s, memory_mb, percentile, unwind_on_signals
 
-from broker.paths import PREFIX
+from broker.http.paths import PREFIX
 
 HOUR_MS = 3_600_000
 TOPIC = "hot"

@@ -83,7 +83,7 @@ from collections.abc import Callable, Iterable, Iterator
 import aiohttp
 from harness import ROOT, CpuMeter, Server, disk_bytes, memory_mb, own_cpu_s, percentile
 
-from broker.paths import PREFIX
+from broker.http.paths import PREFIX
 
 SECOND_MS = 1000
 HOUR_MS = 3600 * SECOND_MS

@@ -62,7 +62,7 @@ from dataclasses import dataclass
 
 from harness import HOST, ROOT, Process, disk_bytes, free_port, memory_mb, request, wait_until
 
-from broker.paths import PREFIX
+from broker.http.paths import PREFIX
 
 try:
     import orjson

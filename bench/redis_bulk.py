@@ -49,7 +49,7 @@ import aiohttp
 import redis
 from harness import Process, Server, free_port, percentile, unwind_on_signals, wait_until
 
-from broker.paths import PREFIX
+from broker.http.paths import PREFIX
 from broker.redis.keys import TopicKeys
 
 HOUR_MS = 3_600_000

@@ -45,7 +45,7 @@ import redis
 from harness import Process, Server, free_port, percentile, unwind_on_signals, wait_until
 from redis_bulk import call  # one API call, its answer's code checked
 
-from broker.paths import PREFIX
+from broker.http.paths import PREFIX
 
 BATCH = 1000
 

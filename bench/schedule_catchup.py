@@ -58,13 +58,13 @@ def write_day_behind(data_dir: str, count: int, behind_ms: int, cron: str = CRON
     pending runs (all the same)."""
     from fakes import FakeClock
 
-    from broker.disk_broker import Broker
-    from broker.metrics import Metrics
-    from broker.params import Defaults
-    from broker.recurrence import Misfire
-    from broker.schedule_file import ScheduleFile, schedules_path
-    from broker.schedule_params import ScheduleSpec
-    from broker.schedules import ScheduleLimits, Schedules
+    from broker.core.params import Defaults
+    from broker.core.recurrence import Misfire
+    from broker.disk.backend import Broker
+    from broker.observe.metrics import Metrics
+    from broker.schedules.file import ScheduleFile, schedules_path
+    from broker.schedules.keeper import ScheduleLimits, Schedules
+    from broker.schedules.params import ScheduleSpec
     from storage.config import StoreConfig
     from storage.store import Store
 

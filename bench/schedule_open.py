@@ -1,7 +1,7 @@
 """What opening a schedules file costs in memory: N every-minute schedules
 (each with its last runs full) written as one file, then opened in a
-fresh process as a restarted node opens it (broker.schedule_file, then
-broker.schedules building the states), its memory read from
+fresh process as a restarted node opens it (broker.schedules.file, then
+broker.schedules.keeper building the states), its memory read from
 /proc/self/status at each step. Prints ONE JSON object.
 
     .venv/bin/python bench/schedule_open.py                     # 100,000 schedules
@@ -39,10 +39,10 @@ def memory() -> dict[str, float]:
 
 
 def make(path: str, count: int) -> None:
-    from broker.params import Defaults
-    from broker.schedule_file import LAST_RUNS, ScheduleFile
-    from broker.schedule_params import parse_put_schedule
-    from broker.schedules import ScheduleState
+    from broker.core.params import Defaults
+    from broker.schedules.file import LAST_RUNS, ScheduleFile
+    from broker.schedules.keeper import ScheduleState
+    from broker.schedules.params import parse_put_schedule
 
     file = ScheduleFile(path, fsync=False)
     now = int(time.time() * 1000)
@@ -63,8 +63,8 @@ def make(path: str, count: int) -> None:
 def open_it(path: str) -> dict[str, object]:
     from fakes import FakeClock
 
-    from broker.schedule_file import ScheduleFile
-    from broker.schedules import Schedules
+    from broker.schedules.file import ScheduleFile
+    from broker.schedules.keeper import Schedules
 
     start = memory()
     file = ScheduleFile(path, fsync=False)

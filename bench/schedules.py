@@ -14,7 +14,7 @@ What it reports:
 
   put_s, puts_per_s      the schedules put through the Python client,
                          --concurrency at a time (puts waiting on the node
-                         share one write and one send: broker.schedules)
+                         share one write and one send: broker.schedules.keeper)
   expected_runs          nominal minutes from each schedule's first run to
                          the last minute that ended --settle-s before the end
   delivered_runs, lost   distinct runs consumed, and those expected but never

@@ -54,13 +54,13 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 
 from fakes import FakeClock
 
-from broker.disk_broker import Broker
-from broker.metrics import Metrics
-from broker.params import Defaults, PullRequest
-from broker.recurrence import Misfire
-from broker.schedule_file import ScheduleFile
-from broker.schedule_params import ScheduleSpec
-from broker.schedules import ScheduleLimits, Schedules
+from broker.core.params import Defaults, PullRequest
+from broker.core.recurrence import Misfire
+from broker.disk.backend import Broker
+from broker.observe.metrics import Metrics
+from broker.schedules.file import ScheduleFile
+from broker.schedules.keeper import ScheduleLimits, Schedules
+from broker.schedules.params import ScheduleSpec
 from storage.config import StoreConfig
 from storage.store import Store
 
@@ -68,11 +68,11 @@ MINUTE_MS = 60_000
 START_MS = 1_750_000_020_000  # 20 s into a minute
 TOPICS = 8
 # functions whose cumulative share of the profiled time is reported
-SHARES = ("broker/releaser.py:_make_ready", "broker/schedules.py:on_release", "broker/schedules.py:_advance",
-          "broker/recurrence.py:released", "broker/schedules.py:_write", "broker/requests.py:send",
-          "broker/requests.py:pull", "broker/requests.py:ack_many")
-SCHEDULE_FILES = ("bench/schedules_profile.py", "broker/schedules.py", "broker/schedule_params.py", "broker/recurrence.py",
-                  "broker/schedule_file.py")
+SHARES = ("broker/disk/releaser.py:_make_ready", "broker/schedules/keeper.py:on_release", "broker/schedules/keeper.py:_advance",
+          "broker/core/recurrence.py:released", "broker/schedules/keeper.py:_write", "broker/disk/requests.py:send",
+          "broker/disk/requests.py:pull", "broker/disk/requests.py:ack_many")
+SCHEDULE_FILES = ("bench/schedules_profile.py", "broker/schedules/keeper.py", "broker/schedules/params.py", "broker/core/recurrence.py",
+                  "broker/schedules/file.py")
 
 
 class Counting:

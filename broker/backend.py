@@ -1,10 +1,10 @@
-"""What the HTTP API (broker.api) needs of a backend, and what every
+"""What the HTTP API (broker.http.api) needs of a backend, and what every
 backend shares.
 
-`Backend` is the protocol `broker.api.Api` types against; its `requests`
+`Backend` is the protocol `broker.http.api.Api` types against; its `requests`
 (`MessageRequests`) is the part the API's hot paths (send, pull, ack...)
 call directly, with no forwarding frame between. Two classes implement
-it: the disk `broker.disk_broker.Broker` (the lifecycle of
+it: the disk `broker.disk.backend.Broker` (the lifecycle of
 docs/api.md over the commit log and the timing wheel) and `broker.redis.backend.RedisBroker`
 (the same lifecycle in Redis, one Lua script per transition). Both answer
 the same calls with the same outcomes: a message, a list, or one of the
@@ -12,7 +12,7 @@ errors of storage.errors (InvalidRequest 400, NotFound 404, Conflict 409,
 Unavailable 503). Starting differs (the disk broker's `start()` launches
 its tasks at once; Redis's is awaited, as it checks the connection), so
 the server starts each itself; stopping is `begin_stop()` then `stop()`
-(each builds a broker.lifecycle.Lifecycle and broker.long_polls.LongPolls).
+(each builds a broker.core.lifecycle.Lifecycle and broker.core.long_polls.LongPolls).
 
 Also here, neutral ground both backends import (neither imports the
 other): camellia's names for the waiting queue's delay buckets, the shape
@@ -32,9 +32,9 @@ from storage.errors import InvariantError, LimitReached
 from storage.store import NewMessage
 from wheel.clock import Clock
 
-from .bulk_params import BulkFilter, DeleteMsgsRequest, ListMsgRequest, RescheduleMsgsRequest
-from .metrics import Backlog, Metrics
-from .params import AckRequest, Defaults, DeleteRequest, LongPollRequest, NewSend, PullRequest
+from .core.bulk_params import BulkFilter, DeleteMsgsRequest, ListMsgRequest, RescheduleMsgsRequest
+from .core.params import AckRequest, Defaults, DeleteRequest, LongPollRequest, NewSend, PullRequest
+from .observe.metrics import Backlog, Metrics
 
 
 def new_msg_id() -> str:
@@ -44,7 +44,7 @@ def new_msg_id() -> str:
 
 class MessageRequests(Protocol):
     """A backend's message requests, as the API calls them (the disk
-    broker's part broker.requests.Requests, the Redis broker's
+    broker's part broker.disk.requests.Requests, the Redis broker's
     broker.redis.requests.RedisRequests). `now_ms` is the time a send is
     stored at: the one its parameters were read at."""
 
@@ -117,7 +117,7 @@ class Backend(Protocol):
         ...
 
     async def retry_at(self, topic: str, msg_id: str, at_ms: int) -> Status | None:
-        """A failed push delivery (broker.pusher): the CONSUMING message
+        """A failed push delivery (broker.push.pusher): the CONSUMING message
         leaves flight and waits again until `at_ms`, its trigger time then
         (a nack with a delay: no in-flight cap is spent on the wait), or is
         ENDED as a nack would end it (after maxRetry + 1 deliveries, or if
@@ -173,7 +173,7 @@ class Backend(Protocol):
         ...
 
     def wake_all(self) -> None:
-        """Answer every long poll now (going offline, broker.health)."""
+        """Answer every long poll now (going offline, broker.http.health)."""
         ...
 
     def begin_stop(self) -> None:

@@ -12,15 +12,15 @@ from replication.config import Acks, ClusterConfig, parse_cluster, reach_peers
 from storage.config import StoreConfig
 from storage.errors import ConfigError
 
-from .bodies import BodyLimits
 from .config import ServeConfig, fsync_policy
-from .console_sessions import ConsoleConfig
-from .httpd import Limits
-from .params import Defaults
-from .push_rules import DEFAULT_MAX_SUBSCRIPTIONS, PushLimits
-from .ready import QueueLimits
-from .schedules import ScheduleLimits
-from .tracing import exporters_from_env
+from .core.bodies import BodyLimits
+from .core.params import Defaults
+from .disk.ready import QueueLimits
+from .http.httpd import Limits
+from .http.sessions import ConsoleConfig
+from .observe.tracing import exporters_from_env
+from .push.rules import DEFAULT_MAX_SUBSCRIPTIONS, PushLimits
+from .schedules.keeper import ScheduleLimits
 
 log = logging.getLogger("hourglass.cli")
 

@@ -70,8 +70,8 @@ from yarl import URL
 from storage.entry import Status
 from storage.errors import ConfigError, HourglassError
 
-from .params import MAX_ACK_BATCH
-from .paths import PREFIX
+from .core.params import MAX_ACK_BATCH
+from .http.paths import PREFIX
 from .retry import Failure, RetryPolicy, retry_after_s, status_failure
 
 log = logging.getLogger("hourglass.client")

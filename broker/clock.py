@@ -44,7 +44,7 @@ class SystemClock:
     async def wait_for(self, awaitable: Awaitable[T], timeout_s: float) -> T:
         if asyncio.current_task() is None:
             # A request's frame runs without a Task until it first waits
-            # (broker.httpd); asyncio.timeout needs one: a bare yield has
+            # (broker.http.httpd); asyncio.timeout needs one: a bare yield has
             # the frame handed to its Task first (a leader's ack that
             # changes nothing waits so for a quorum: GroupCommit.settled)
             await asyncio.sleep(0)

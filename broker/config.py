@@ -9,14 +9,14 @@ from replication.config import ClusterConfig
 from storage.config import FsyncPolicy, StoreConfig
 from storage.errors import ConfigError
 
-from .bodies import BodyLimits
-from .console_sessions import ConsoleConfig
-from .httpd import Limits
-from .params import Defaults
-from .push_rules import DEFAULT_MAX_SUBSCRIPTIONS, PushAllow, PushLimits
-from .ready import QueueLimits
+from .core.bodies import BodyLimits
+from .core.params import Defaults
+from .disk.ready import QueueLimits
+from .http.httpd import Limits
+from .http.sessions import ConsoleConfig
+from .push.rules import DEFAULT_MAX_SUBSCRIPTIONS, PushAllow, PushLimits
 from .redis.keys import RedisConfig
-from .schedules import ScheduleLimits
+from .schedules.keeper import ScheduleLimits
 
 # The shortest client token accepted: a short one is guessed.
 MIN_TOKEN_CHARS = 16
@@ -44,7 +44,7 @@ class ServeConfig:
     max_msg_bytes: int = 1024 * 1024
     # Bearer token required by every endpoint but /health (None: no auth,
     # and then only loopback Host names, `host` and `allowed_hosts` are
-    # served, and cross-site state-changing requests refused: broker.gate).
+    # served, and cross-site state-changing requests refused: broker.http.gate).
     auth_token: str | None = None
     # Host names served without a token besides loopback and `host`
     # (--allowed-hosts), e.g. the name a reverse proxy forwards.
@@ -65,20 +65,20 @@ class ServeConfig:
     # What decoding a request body may cost: form pairs, batch size, JSON.
     bodies: BodyLimits = field(default_factory=BodyLimits)
     # Ready messages held in RAM (the rest wait on disk) and messages in
-    # flight, per topic and in all, and how many topics: broker.ready.
+    # flight, per topic and in all, and how many topics: broker.disk.ready.
     queues: QueueLimits = field(default_factory=QueueLimits)
     # The console's sessions: their lifetime and number, the cookie's
-    # Secure flag (broker.console_sessions).
+    # Secure flag (broker.http.sessions).
     console: ConsoleConfig = field(default_factory=ConsoleConfig)
     # Topics with series of their own in /metrics (--metrics-topics): those
     # with the largest backlogs; every topic counts in the node-level sums
-    # (broker.scrape). 0: none.
+    # (broker.http.scrape). 0: none.
     metrics_topics: int = 100
     # --node-id/--cluster: this node is one of a replicated cluster (None:
     # standalone). Its host and port then come from its --cluster entry.
     cluster: ClusterConfig | None = None
     # Where push subscriptions may POST (--push-allow): host names, host:port,
-    # addresses and CIDRs (broker.push_rules.PushAllow). Empty: push is off,
+    # addresses and CIDRs (broker.push.rules.PushAllow). Empty: push is off,
     # subscribe answers 403.
     push_allow: tuple[str, ...] = ()
     # Push subscriptions the node keeps (--max-subscriptions); a subscribe
@@ -86,13 +86,13 @@ class ServeConfig:
     max_subscriptions: int = DEFAULT_MAX_SUBSCRIPTIONS
     # What a subscriber's answers may cost (--push-max-head-bytes and the
     # other --push-* limits), and the descriptors push connections may hold
-    # (--push-max-fds): broker.push_rules.PushLimits.
+    # (--push-max-fds): broker.push.rules.PushLimits.
     push: PushLimits = field(default_factory=PushLimits)
     # Recurring schedules the node keeps, and the bytes their messages hold
-    # in RAM (--max-schedules, --max-schedule-bytes): broker.schedules.
+    # in RAM (--max-schedules, --max-schedule-bytes): broker.schedules.keeper.
     schedules: ScheduleLimits = field(default_factory=ScheduleLimits)
     # The span exporters the standard OTEL_* variables name (the CLI reads
-    # them: broker.tracing.exporters_from_env); () is no spans, and then no
+    # them: broker.observe.tracing.exporters_from_env); () is no spans, and then no
     # module of OpenTelemetry is loaded (docs/operations.md, "Traces").
     trace_exporters: tuple[str, ...] = ()
 

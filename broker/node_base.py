@@ -7,24 +7,24 @@ it leads) and hands the base what every node has:
 
     part          what it is
     clock         the one clock (broker.clock.SystemClock; tests: FakeClock)
-    metrics       the counters the backend and /metrics share (broker.metrics)
+    metrics       the counters the backend and /metrics share (broker.observe.metrics)
     process       the process-wide families of /metrics (camellia_metrics)
     serving       camellia's online/offline switch over the API's calls
-                  (broker.health)
+                  (broker.http.health)
     api           camellia's endpoints over the backend serving now, if any
-                  (broker.api)
+                  (broker.http.api)
     console       the web console, or None (the Redis backend has none: no
-                  second tables; broker.console)
+                  second tables; broker.console.api)
 
 and serves from them, the same way on every node:
 
-    app()            the HTTP app: the command table (broker.commands) of
+    app()            the HTTP app: the command table (broker.http.commands) of
                      /health, /metrics, the health switch, the API, the
                      console with its sessions and login, behind the gate
-                     (broker.gate)
+                     (broker.http.gate)
     health()         GET /health: degraded, failed, offline or ok, with the
                      node's role fields
-    metrics_text()   GET /metrics (broker.scrape), with the node's own gauges
+    metrics_text()   GET /metrics (broker.http.scrape), with the node's own gauges
     start_monitor()  camellia's monitor interval and the console's sampler
     serve()          listen on --host:--port; SIGTERM and SIGINT set
                      `stop_asked`, as a fatal error does
@@ -49,32 +49,33 @@ from typing import TYPE_CHECKING, Any
 from storage.errors import HourglassError
 from wheel.clock import Clock
 
-from . import build_info, tracing
-from .api import Api, answer, console_auth, console_entry
+from . import build_info
 from .backend import Backend
-from .camellia_metrics import ProcessStats
-from .commands import Auth, Command, CommandTable
 from .config import ServeConfig
-from .console import Console
-from .console_login import ConsoleLogin
-from .console_sessions import CONSOLE, ConsoleSessions
-from .descriptors import DescriptorBudget
-from .gate import Gate
-from .health import ServingStatus
-from .http_types import Request, Response
-from .httpd import HttpServer
-from .metrics import Metrics
-from .paths import PREFIX
-from .push_api import PushApi
-from .push_rules import PushAllow
-from .redact import client_text
-from .schedule_api import ScheduleApi
-from .scrape import Series, metrics_response
-from .tracing import Spans
+from .console.api import Console
+from .console.login import ConsoleLogin
+from .core.redact import client_text
+from .http.api import Api, answer, console_auth, console_entry
+from .http.commands import Auth, Command, CommandTable
+from .http.descriptors import DescriptorBudget
+from .http.gate import Gate
+from .http.health import ServingStatus
+from .http.http_types import Request, Response
+from .http.httpd import HttpServer
+from .http.paths import PREFIX
+from .http.scrape import Series, metrics_response
+from .http.sessions import CONSOLE, ConsoleSessions
+from .observe import tracing
+from .observe.camellia_metrics import ProcessStats
+from .observe.metrics import Metrics
+from .observe.tracing import Spans
+from .push.api import PushApi
+from .push.rules import PushAllow
+from .schedules.api import ScheduleApi
 
 if TYPE_CHECKING:
-    from .pusher import Pushers
-    from .schedules import Schedules
+    from .push.pusher import Pushers
+    from .schedules.keeper import Schedules
 
 log = logging.getLogger("hourglass.server")
 
@@ -109,19 +110,19 @@ class NodeBase(ABC):
         # going offline answers the long polls held, on whichever backend serves then
         self.serving = ServingStatus(config.offline_idle_s, PREFIX, on_offline=lambda: self.api.wake_long_polls())
         # A span of each send and delivery, when the OTEL_* variables ask for
-        # them (broker.tracing); None: off, nothing of OpenTelemetry loaded.
+        # them (broker.observe.tracing); None: off, nothing of OpenTelemetry loaded.
         self.spans: Spans | None = tracing.start(config.trace_exporters) if config.trace_exporters else None
         self.api = Api(backend, config.max_msg_bytes, config.bodies, self.serving, config.queues.page_bytes,
                        self.spans)
         self.api.scheduled = self.scheduled  # a send under a schedule's run msgId is refused
         self.console = console
-        # Push subscriptions (broker.pusher): None while no backend serves here.
+        # Push subscriptions (broker.push.pusher): None while no backend serves here.
         self.pushers: Pushers | None = None
-        # Recurring schedules (broker.schedules): None on a node that keeps none.
+        # Recurring schedules (broker.schedules.keeper): None on a node that keeps none.
         self.schedules: Schedules | None = None
-        # The process's file descriptors: client connections (broker.httpd),
-        # push connections (broker.push_client) and storage share them
-        # (broker.descriptors).
+        # The process's file descriptors: client connections (broker.http.httpd),
+        # push connections (broker.push.client) and storage share them
+        # (broker.http.descriptors).
         self.descriptors = DescriptorBudget(config.http.reserved_fds)
         # Set by SIGTERM or SIGINT (once serving) or by a fatal error: the
         # process (broker.server) then stops the node.
@@ -149,7 +150,7 @@ class NodeBase(ABC):
         """This node's own /metrics series (name, type, value)."""
 
     # Why this kind of node takes no push subscription (subscribe answers
-    # 403 with it); None: it takes them (broker.pusher).
+    # 403 with it); None: it takes them (broker.push.pusher).
     push_refusal: str | None = None
 
     async def scheduled(self, topic: str, schedule_ids: Sequence[str]) -> set[str]:
@@ -165,7 +166,7 @@ class NodeBase(ABC):
 
     # Whether the backend's calls ask for no current Task before they first
     # wait (the disk broker's), so that the API's requests may start in the
-    # connection's frame (broker.commands.Command.inline). redis-py's
+    # connection's frame (broker.http.commands.Command.inline). redis-py's
     # timeouts ask for it: a Redis node's requests each run in a Task.
     backend_inline = True
 
@@ -182,14 +183,14 @@ class NodeBase(ABC):
 
     def peer_proof(self) -> Callable[[Request], bool] | None:
         """Whether a /_cluster/* request carries the cluster secret's proof
-        (broker.gate); None: no peer calls are told apart from the API's."""
+        (broker.http.gate); None: no peer calls are told apart from the API's."""
         return None
 
     # == what every node serves the same way =======================================
 
     def app(self) -> Gate:
         """The node's HTTP app: its command table, behind the gate that
-        looks a request's command up on its head (broker.gate). With a peer
+        looks a request's command up on its head (broker.http.gate). With a peer
         proof, the peers' calls (Auth.PEER) are served as they are (the gate
         checks the proof); every other command is as `routed` makes it."""
         table = CommandTable(self.api.single_cap, self.serving)
@@ -236,11 +237,11 @@ class NodeBase(ABC):
                                 ("hourglass_inflight_total_limit", "gauge", queues.inflight_total)]
         response = await metrics_response(self.api.broker, self.metrics, self.process, self.config.metrics_topics,
                                           [*self.node_series(), *limits])
-        if self.pushers is not None:  # broker.pusher's series, at most --metrics-topics topics of them
-            from .pusher import render_metrics
+        if self.pushers is not None:  # broker.push.pusher's series, at most --metrics-topics topics of them
+            from .push.pusher import render_metrics
             response.body += render_metrics(self.pushers.stats, self.config.metrics_topics).encode()
         if self.schedules is not None:  # recurring schedules' series, at most --metrics-topics of them
-            from .schedule_metrics import render_metrics as schedule_series
+            from .schedules.metrics import render_metrics as schedule_series
             response.body += schedule_series(self.schedules, self.config.metrics_topics).encode()
         return response
 

@@ -20,14 +20,14 @@ from storage.store import PreparedCheckpoint, Store
 
 from .clock import SystemClock
 from .config import ServeConfig
-from .console import Console, standalone_info
-from .disk_broker import Broker
-from .metrics import Metrics
+from .console.api import Console, standalone_info
+from .disk.backend import Broker
+from .http.scrape import Series, disk_series
 from .node_base import NodeBase
-from .push_rules import PushAllow
-from .schedule_file import ScheduleFile, schedules_path
-from .schedules import Schedules
-from .scrape import Series, disk_series
+from .observe.metrics import Metrics
+from .push.rules import PushAllow
+from .schedules.file import ScheduleFile, schedules_path
+from .schedules.keeper import Schedules
 
 if TYPE_CHECKING:
     from .redis.backend import RedisBroker
@@ -58,7 +58,7 @@ class DiskNode(NodeBase):
         self.broker = Broker(self.store, clock, config.defaults, metrics,
                              tick_path=os.path.join(config.data_path, "tick"), limits=config.queues)
         self.broker.on_fatal = lambda error: self.stop_asked.set()
-        # recurring schedules in the data dir, told of the broker's releases (broker.schedules)
+        # recurring schedules in the data dir, told of the broker's releases (broker.schedules.keeper)
         schedules = Schedules(ScheduleFile(schedules_path(config.data_path), config.store.fsync is not FsyncPolicy.NEVER),
                               clock, config.schedules)
         self.broker.on_release, self.broker.on_cancel = schedules.on_release, schedules.on_cancel
@@ -72,7 +72,7 @@ class DiskNode(NodeBase):
         super().__init__(config, clock, metrics, self.broker, console)
         self.schedules = schedules
         if config.push_allow:  # pushers load aiohttp's client: only on a node that pushes
-            from .pusher import Pushers, SubscriptionFile, subscription_path
+            from .push.pusher import Pushers, SubscriptionFile, subscription_path
             self.pushers = Pushers(clock, PushAllow.parse(config.push_allow),
                                    SubscriptionFile(subscription_path(config.data_path)),
                                    config.max_subscriptions, limits=config.push, descriptors=self.descriptors,
@@ -142,7 +142,7 @@ class RedisNode(NodeBase):
                                             config.schedules, self._hold_schedules,
                                             lease_ms=self.broker.config.lease_ms)
         if config.push_allow:  # subscriptions in this node's --data-dir (docs/api.md, "Push delivery")
-            from .pusher import Pushers, SubscriptionFile, subscription_path
+            from .push.pusher import Pushers, SubscriptionFile, subscription_path
             os.makedirs(config.data_path, mode=0o700, exist_ok=True)
             self.pushers = Pushers(clock, PushAllow.parse(config.push_allow),
                                    SubscriptionFile(subscription_path(config.data_path)),

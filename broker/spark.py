@@ -123,8 +123,8 @@ try:
 except ImportError as e:  # pragma: no cover - depends on the environment
     raise ImportError(f"broker.spark needs pyspark>=4.1 and pyarrow: pip install 'hourglass[spark]' ({e})") from e
 
-from broker.bodies import MAX_SEND_BATCH
-from broker.paths import PREFIX
+from broker.core.bodies import MAX_SEND_BATCH
+from broker.http.paths import PREFIX
 from broker.retry import Failure, RetryPolicy, retry_after_s, status_failure
 from storage.errors import HourglassError, InvariantError
 

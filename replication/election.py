@@ -5,7 +5,7 @@ Raft guarantees at most one leader per term, and a term's leader has been
 voted for by a majority. hourglass uses Raft only for that and for two
 small replicated facts: `claimed = (term, node_id)`, "the leader of `term`
 is `node_id`, and has caught up"; and the push subscriptions (a few per
-topic at most, broker.pusher), which the leader pushes; and the recurring
+topic at most, broker.push.pusher), which the leader pushes; and the recurring
 schedules' entries (broker.cluster.schedules lays them out), whose runs
 the leader makes. A node that Raft makes leader in term T
   1. gets a promise and the log position of a majority (broker.cluster),
@@ -62,7 +62,7 @@ class Election(Protocol):
 
     def subscriptions(self) -> dict[str, bytes]:
         """The push subscriptions this node has applied: topic -> the
-        subscription as stored (broker.push_rules.Subscription.stored, JSON)."""
+        subscription as stored (broker.push.rules.Subscription.stored, JSON)."""
         ...
 
     async def set_subscription(self, topic: str, stored: bytes | None) -> bool:

@@ -57,7 +57,7 @@ class Body(NamedTuple):
     max_retry: int
     tag: str
     key: str = ""  # the serial key (SPEC: `key`); "" none
-    traceparent: str = ""  # W3C trace context the sender gave (broker.trace_context); "" none
+    traceparent: str = ""  # W3C trace context the sender gave (broker.core.trace_context); "" none
     tracestate: str = ""
 
 

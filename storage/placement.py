@@ -106,7 +106,7 @@ class Placement:
         fails, every counter and overlay it touched is put back, so the
         next send numbers on without a gap; StoreClosedError once the
         store closed. `checked`: the caller has checked every message's
-        fields already (the broker's parsing does, broker.params;
+        fields already (the broker's parsing does, broker.core.params;
         storage.types.validate_message's rules), so they are not checked
         again."""
         if self.closed:

@@ -60,7 +60,7 @@ class ScanFloors:
     below a file's floor no entry matches the filter. The scan raises the
     floor of each file it reads to where it read to, and of a file its
     counts let it skip to the file's end; only its caller knows whether
-    what the scan passed stays unmatched once its call is done (broker.bulk
+    what the scan passed stays unmatched once its call is done (broker.disk.bulk
     keeps a copy for the next call of the same filter, `cut` to the last
     match it took, when the call changes every match it took to a status
     the filter does not hold, and no message enters those statuses in

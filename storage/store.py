@@ -655,7 +655,7 @@ class Store:
 
     def prepare_checkpoint(self, now_ms: int) -> PreparedCheckpoint:
         self._check_open()
-        self._applier.apply_deferred(None)  # (a quiet point waits for held parts' COMMIT: broker.group_commit)
+        self._applier.apply_deferred(None)  # (a quiet point waits for held parts' COMMIT: broker.disk.group_commit)
         return self._retention.prepare_checkpoint(now_ms)
 
     def sync_checkpoint(self) -> None:

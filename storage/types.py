@@ -43,7 +43,7 @@ class NewMessage(NamedTuple):
     tag: str = ""
     key: str = ""  # serial key (SPEC `key`), in the body
     # W3C trace context the sender gave (docs/api.md, "Trace context"), in
-    # the body; "" none. Checked by broker.trace_context before it is here.
+    # the body; "" none. Checked by broker.core.trace_context before it is here.
     traceparent: str = ""
     tracestate: str = ""
 

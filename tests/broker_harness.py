@@ -12,10 +12,10 @@ import tempfile
 
 from fakes import FakeClock
 
-from broker.disk_broker import Broker
-from broker.metrics import Metrics
-from broker.params import Defaults
-from broker.ready import QueueLimits
+from broker.core.params import Defaults
+from broker.disk.backend import Broker
+from broker.disk.ready import QueueLimits
+from broker.observe.metrics import Metrics
 from storage.config import StoreConfig
 from storage.store import Store
 

@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import ParamSpec, TypeVar
 
-from broker import syncer
+from broker.disk import syncer
 from storage.disk import Disk
 from storage.entry import SECONDS_PER_HOUR, IndexEntry, Location, Status, hour_and_second
 from wheel.clock import Timer
@@ -110,7 +110,7 @@ class FakeClock:
     timeouts only move forward).
 
     Work in threads: a task awaiting a worker thread (asyncio.to_thread, or
-    the group commit's fsync in broker.syncer's thread) calls no
+    the group commit's fsync in broker.disk.syncer's thread) calls no
     sleep_until, so `settle` would take it for asleep and `run_until` would
     jump the time past deadlines while that work, and every task waiting
     for it, is still in flight. After `watch_threads()` the loop's default

@@ -11,8 +11,8 @@ from collections.abc import Callable
 
 from fakes import FakeClock
 
-from broker.metrics import Metrics
-from broker.params import Defaults
+from broker.core.params import Defaults
+from broker.observe.metrics import Metrics
 from broker.redis.backend import RedisBroker
 from broker.redis.keys import RedisConfig
 

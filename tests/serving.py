@@ -25,7 +25,7 @@ from typing import Any
 
 from harness import ROOT, Server, decode, free_port, request
 
-from broker.paths import PREFIX
+from broker.http.paths import PREFIX
 
 __all__ = ["PREFIX", "ROOT", "MonitorWatch", "PushSubscriber", "Server", "free_port", "request"]
 

@@ -30,10 +30,10 @@ import contextlib
 import logging
 from typing import TYPE_CHECKING, Protocol
 
-from broker.api import Api
-from broker.disk_broker import Broker
-from broker.metrics import Metrics
-from broker.schedules import Schedules
+from broker.disk.backend import Broker
+from broker.http.api import Api
+from broker.observe.metrics import Metrics
+from broker.schedules.keeper import Schedules
 from replication.log_stream import LeaderLog
 from storage.errors import InvariantError
 from wheel.tick_state import TickStateFile
@@ -42,7 +42,7 @@ from .schedules import RaftScheduleStore
 from .state import NodeState
 
 if TYPE_CHECKING:
-    from broker.pusher import Pushers
+    from broker.push.pusher import Pushers
 
 log = logging.getLogger("hourglass.cluster")
 

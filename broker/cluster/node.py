@@ -17,14 +17,14 @@ import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
 
-from broker.commands import Command, CommandTable
 from broker.config import ServeConfig
-from broker.console import Console
-from broker.http_types import Request
-from broker.metrics import Metrics
+from broker.console.api import Console
+from broker.http.commands import Command, CommandTable
+from broker.http.http_types import Request
+from broker.http.scrape import Series
 from broker.node_base import NodeBase
-from broker.push_rules import PushAllow
-from broker.scrape import Series
+from broker.observe.metrics import Metrics
+from broker.push.rules import PushAllow
 from replication import snapshot
 from replication.config import ClusterConfig
 from replication.election import Election
@@ -91,7 +91,7 @@ class ClusterNode(NodeBase):
         self.state = state = NodeState(config, cluster, clock, store, epochs, tick_file, election, self.peers,
                                        self.stop_asked)
         if config.push_allow:  # pushers load aiohttp's client: only on a node that pushes
-            from broker.pusher import Pushers
+            from broker.push.pusher import Pushers
 
             from .push import RaftSubscriptions
             self.pushers = Pushers(clock, PushAllow.parse(config.push_allow), RaftSubscriptions(election),

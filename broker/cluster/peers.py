@@ -26,9 +26,9 @@ import os
 from collections.abc import AsyncGenerator
 from typing import Any
 
-from broker.api import answer
-from broker.commands import CommandTable, ErrorTable
-from broker.http_types import Request, Response, StreamResponse
+from broker.http.api import answer
+from broker.http.commands import CommandTable, ErrorTable
+from broker.http.http_types import Request, Response, StreamResponse
 from replication import protocol
 from replication.log_stream import serve_catchup
 from storage.errors import InvalidRequest

@@ -1,7 +1,7 @@
 """A cluster's push subscriptions (docs/api.md, "Push delivery"): kept in
 the Raft group's replicated state (replication.election,
 `set_subscription`), so a subscribe answered is on a majority and every
-node that comes to lead reads it; only the leader pushes (broker.pusher's
+node that comes to lead reads it; only the leader pushes (broker.push.pusher's
 `Pushers`, started when it starts leading and stopped when it stands
 down). A delivery in flight when the leader goes is CONSUMING in the log:
 the next leader delivers it again at its ack deadline (at least once)."""
@@ -13,11 +13,11 @@ import orjson
 from replication.election import Election
 from storage.errors import Unavailable
 
-from ..push_rules import Subscription
+from ..push.rules import Subscription
 
 
 class RaftSubscriptions:
-    """broker.pusher's SubscriptionStore over the Raft group's state."""
+    """broker.push.pusher's SubscriptionStore over the Raft group's state."""
 
     def __init__(self, election: Election) -> None:
         self._election = election

@@ -27,12 +27,12 @@ from collections.abc import Callable, Mapping, Sequence
 
 import aiohttp
 
-from broker.api import answer
-from broker.commands import Command
-from broker.http_types import Handler, Request, Response, StreamResponse
-from broker.metrics import escape_label
-from broker.paths import PREFIX
-from broker.scrape import Series, disk_series
+from broker.http.api import answer
+from broker.http.commands import Command
+from broker.http.http_types import Handler, Request, Response, StreamResponse
+from broker.http.paths import PREFIX
+from broker.http.scrape import Series, disk_series
+from broker.observe.metrics import escape_label
 from replication import peer_auth
 from storage.errors import InvariantError
 
@@ -96,7 +96,7 @@ class Routes:
         if leader is None or leader == state.cluster.node_id:
             return answer(503, "no leader is known yet; retry", leader=None)
         # in a Task of its own: aiohttp's client asks for the current Task,
-        # and this may run in the connection's frame (broker.httpd)
+        # and this may run in the connection's frame (broker.http.httpd)
         return await asyncio.ensure_future(self._forward(request, leader))
 
     async def _forward(self, request: Request, leader: str) -> Response:

@@ -2,7 +2,7 @@
 kept in the Raft group's replicated state (replication.election,
 `set_schedules`), as the push subscriptions are, so a change answered is
 on a majority and every node that comes to lead reads it. Only the leader
-makes runs: it builds broker.schedules' `Schedules` over this store when
+makes runs: it builds broker.schedules.keeper' `Schedules` over this store when
 it starts leading (its claim committed: every entry an older leader
 committed is applied here by then) and stops it when it stands down.
 
@@ -29,7 +29,7 @@ that names them: Raft commits in order, so an "s" committed has its parts,
 and the parts of the version it replaces are removed after it.
 
 What a failover leaves is what a restart leaves on a standalone node
-(broker.schedules): the next run recorded (committed) before its message
+(broker.schedules.keeper): the next run recorded (committed) before its message
 is sent, so the new leader finds each pending run either sent (waiting,
 or released: it follows it) or not (it sends it, strict: made once).
 """
@@ -44,7 +44,7 @@ import orjson
 from replication.election import Election
 from storage.errors import Unavailable
 
-from ..schedule_file import Key, Row, RowError, RunProgress
+from ..schedules.file import Key, Row, RowError, RunProgress
 
 # The fields of a row kept in its "p" entry; the others are in its "s" entry.
 PROGRESS = ("pending", "runs", "catchUp", "lastRuns", "stale")
@@ -63,7 +63,7 @@ def entry_key(kind: str, key: Key, *more: int) -> str:
 
 
 class RaftScheduleStore:
-    """broker.schedules' ScheduleStore over the Raft group's state."""
+    """broker.schedules.keeper' ScheduleStore over the Raft group's state."""
 
     def __init__(self, election: Election) -> None:
         self._election = election
@@ -107,7 +107,7 @@ class RaftScheduleStore:
         if isinstance(row, dict):
             key = (str(row["topic"]), str(row["scheduleId"]))
             version = row["version"]
-            assert isinstance(version, int)  # a row broker.schedules made
+            assert isinstance(version, int)  # a row broker.schedules.keeper made
             main: list[Change] = []
             before: list[list[Change]] = []
             after: list[list[Change]] = []
@@ -125,7 +125,7 @@ class RaftScheduleStore:
             main.append((entry_key("p", key), orjson.dumps({k: row[k] for k in PROGRESS})))
             return [*before, main, *after]
         deleted = record["delete"]
-        assert isinstance(deleted, list)  # a record broker.schedules made
+        assert isinstance(deleted, list)  # a record broker.schedules.keeper made
         key = (str(deleted[0]), str(deleted[1]))
         stale = record.get("stale")
         return [[(entry_key("s", key), None), (entry_key("p", key), None),

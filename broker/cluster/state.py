@@ -14,7 +14,7 @@ import logging
 from typing import Any
 
 from broker.config import ServeConfig
-from broker.disk_broker import Broker
+from broker.disk.backend import Broker
 from replication.config import ClusterConfig
 from replication.election import Election
 from replication.epochs import Epochs

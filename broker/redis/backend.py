@@ -2,9 +2,9 @@
 serve --backend redis://...`.
 
 `RedisBroker` is a `broker.backend.Backend`, as the disk
-`broker.disk_broker.Broker` is (send, pull, long_poll, ack incl. nack, delete,
-get, reschedule, dead letters, topic_info, topic_list), so `broker.api.Api`
-serves it unchanged, with the same lifecycle (broker.transitions
+`broker.disk.backend.Broker` is (send, pull, long_poll, ack incl. nack, delete,
+get, reschedule, dead letters, topic_info, topic_list), so `broker.http.api.Api`
+serves it unchanged, with the same lifecycle (broker.core.transitions
 has the table). Several hourglass processes may share
 one Redis: every read and transition is ONE Lua script over one topic's
 keys, so Redis runs it atomically and no message is moved, pulled or
@@ -54,11 +54,11 @@ from redis.backoff import ExponentialWithJitterBackoff
 from storage.errors import Unavailable
 from wheel.clock import Clock
 
-from ..lifecycle import Lifecycle
-from ..long_polls import LongPolls
-from ..metrics import Metrics
-from ..params import Defaults
-from ..ready import QueueLimits
+from ..core.lifecycle import Lifecycle
+from ..core.long_polls import LongPolls
+from ..core.params import Defaults
+from ..disk.ready import QueueLimits
+from ..observe.metrics import Metrics
 from .bulk import RedisBulk
 from .keys import RedisConfig, split_cluster_flag
 from .link import REDIS_ERRORS, Fenced, RedisLink, made_ready
@@ -83,10 +83,10 @@ class RedisBroker:
 
     Its parts, built here in the order they depend on one another:
 
-        long_polls  LongPolls: pulls waiting on their topic (broker.long_polls)
+        long_polls  LongPolls: pulls waiting on their topic (broker.core.long_polls)
         link        RedisLink: the client, the scripts, the wakes, and what
                     this process knows of the Redis (broker.redis.link)
-        lifecycle   Lifecycle: serving, stopping, failed (broker.lifecycle)
+        lifecycle   Lifecycle: serving, stopping, failed (broker.core.lifecycle)
         bulk        RedisBulk: listMsg, deleteMsgs, rescheduleMsgs; applies
                     a bulk call a script met the fence of (broker.redis.bulk)
         requests    RedisRequests: send, pull, long poll, ack, delete, get,
@@ -190,7 +190,7 @@ class RedisBroker:
         self.lifecycle.fail(error, where)
 
     def wake_all(self) -> None:
-        """Answer every long poll now (going offline, broker.health)."""
+        """Answer every long poll now (going offline, broker.http.health)."""
         self.long_polls.wake_all()
 
     @property

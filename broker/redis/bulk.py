@@ -49,9 +49,9 @@ from storage.entry import Message, Status
 from storage.errors import Unavailable
 from wheel.clock import Clock
 
-from ..bulk_params import BulkFilter, DeleteMsgsRequest, ListMsgRequest, PageKeeper, RescheduleMsgsRequest
-from ..lifecycle import Lifecycle
-from ..metrics import Metrics, due_ms
+from ..core.bulk_params import BulkFilter, DeleteMsgsRequest, ListMsgRequest, PageKeeper, RescheduleMsgsRequest
+from ..core.lifecycle import Lifecycle
+from ..observe.metrics import Metrics, due_ms
 from .keys import NO_LOCATION, ready_member
 from .link import REDIS_ERRORS, RedisLink, made_ready
 

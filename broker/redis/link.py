@@ -28,8 +28,8 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from storage.errors import HourglassError, Unavailable
 
 from ..backend import topic_cap_error
-from ..long_polls import LongPolls
-from ..metrics import Metrics
+from ..core.long_polls import LongPolls
+from ..observe.metrics import Metrics
 from .keys import KEY_TYPES, RedisConfig, TopicKeys, redact
 from .scripts import Reply, load_scripts
 
@@ -225,7 +225,7 @@ class RedisLink:
 
 def made_ready(metrics: Metrics, topic: str, due_times: list[int], now_ms: int) -> None:
     """Count messages made READY at `now_ms`, each due at its time in
-    `due_times` (broker.metrics.due_ms: its trigger time, or when it
+    `due_times` (broker.observe.metrics.due_ms: its trigger time, or when it
     arrived if that was later)."""
     m = metrics.topic(topic)
     m.ready += len(due_times)

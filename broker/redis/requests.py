@@ -21,9 +21,9 @@ from storage.store import NewMessage
 from wheel.clock import Clock
 
 from ..backend import DEAD_SCAN, REDRIVE_STEP, WAITING_BUCKETS, topic_info_json
-from ..lifecycle import Lifecycle
-from ..metrics import Backlog, Metrics, due_ms
-from ..params import AckRequest, DeleteRequest, LongPollRequest, NewSend, PullRequest, as_sends
+from ..core.lifecycle import Lifecycle
+from ..core.params import AckRequest, DeleteRequest, LongPollRequest, NewSend, PullRequest, as_sends
+from ..observe.metrics import Backlog, Metrics, due_ms
 from .keys import NO_LOCATION, ready_member
 from .link import RedisLink, made_ready
 from .scripts import Reply

@@ -1,5 +1,5 @@
 """Recurring schedules on the Redis backend (docs/redis.md, "Recurring
-schedules on Redis"): broker.schedules' `Schedules`, unchanged, over a
+schedules on Redis"): broker.schedules.keeper' `Schedules`, unchanged, over a
 `RedisScheduleStore`. Every node sharing the Redis serves the API's calls
 (put, delete, pause, resume, get, list) from Redis; the runs are made by
 the one node that holds the schedules lease (`ScheduleLease`).
@@ -29,7 +29,7 @@ keys, a compare-and-set: each row is written only if its revision is the
 one this node read or wrote last, all of them or none (else the write is
 refused, `StaleRows`, and the caller reads them again and decides anew).
 The caller writes at most ADVANCE_SLICE (100) rows a script
-(broker.schedules' slices), so a script is bounded by 100 rows of at most
+(broker.schedules.keeper' slices), so a script is bounded by 100 rows of at most
 --max-msg-bytes each. Reads of rows with their revisions are one script
 too (`READ`, `PAGE`), so a row is never paired with another's revision.
 
@@ -70,7 +70,7 @@ its meta): the script that releases it after that ends it unseen (status
 5) in the same step, as the disk's releaser does through `on_release`, so
 it is never delivered; one that the script delivered was released within
 its grace and counts so even if the watch saw it later. getSchedule lists
-a released run whose next run is not made yet (broker.schedules'
+a released run whose next run is not made yet (broker.schedules.keeper'
 `last_runs`), so an acked run is listed on every node at once.
 """
 
@@ -91,8 +91,8 @@ from storage.errors import HourglassError, NotFound, Unavailable
 from wheel.clock import Clock
 
 from ..backend import Backend
-from ..schedule_file import Key, Row, RowError, RunProgress
-from ..schedules import ADVANCE_SLICE, Fresh, ScheduleLimits, Schedules, StaleRows, seen_released_ms
+from ..schedules.file import Key, Row, RowError, RunProgress
+from ..schedules.keeper import ADVANCE_SLICE, Fresh, ScheduleLimits, Schedules, StaleRows, seen_released_ms
 from .keys import escape_topic
 from .link import REDIS_ERRORS
 
@@ -178,7 +178,7 @@ def _parse_row(topic: str, schedule_id: str, value: str) -> Row:
 
 
 class RedisScheduleStore:
-    """broker.schedules' ScheduleStore over Redis (the module docstring):
+    """broker.schedules.keeper' ScheduleStore over Redis (the module docstring):
     the rows, and the revision this node last read or wrote of each, the
     compare-and-set of its writes. `open` reads them all; `announce` (a
     node without the lease) tells the holder of each change."""
@@ -286,7 +286,7 @@ class RedisScheduleStore:
                 by_topic.setdefault(topic, []).append(("P", str(row["scheduleId"]), orjson.dumps(row).decode()))
                 continue
             deleted = record["delete"]
-            assert isinstance(deleted, list)  # a record broker.schedules made
+            assert isinstance(deleted, list)  # a record broker.schedules.keeper made
             stale = record.get("stale")
             by_topic.setdefault(str(deleted[0]), []).append(
                 ("D", str(deleted[1]), stale if isinstance(stale, str) else ""))
@@ -399,7 +399,7 @@ async def scheduled(client: aioredis.Redis | RedisCluster, key_prefix: str, topi
                     schedule_ids: Sequence[str]) -> set[str]:
     """Which of `schedule_ids` are schedules of `topic`, as Redis holds
     them: what any node asks before it takes a send under a run's msgId
-    (broker.api refuses one of a schedule). One round trip (one key)."""
+    (broker.http.api refuses one of a schedule). One round trip (one key)."""
     key = topic_keys(key_prefix, topic)[0]
     try:
         if len(schedule_ids) == 1:

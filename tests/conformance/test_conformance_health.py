@@ -1,5 +1,5 @@
 """camellia's health switch (/camellia/health/*), its /metrics names and
-getMonitorString, on both backends (broker.health, broker.camellia_metrics)."""
+getMonitorString, on both backends (broker.http.health, broker.observe.camellia_metrics)."""
 
 from __future__ import annotations
 

@@ -13,8 +13,8 @@ import uuid
 import pytest
 from serving import PREFIX, request
 
-from broker.bodies import BodyLimits
-from broker.params import Defaults
+from broker.core.bodies import BodyLimits
+from broker.core.params import Defaults
 
 pytestmark = pytest.mark.slow
 

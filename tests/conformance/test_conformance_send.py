@@ -116,7 +116,7 @@ def test_invalid_utf8_and_bad_json_are_400_and_store_nothing(api, topic):
             status, body = request(base + endpoint, data=raw, headers={"Content-Type": "application/json"})
             answer = json.loads(body)
             assert status == 200 and answer["code"] == 400 and answer["msg"].startswith("body"), (raw[:10], endpoint)
-    deep = b"[" * 50000  # more JSON marks than any body but a batch's may hold: HTTP 413, undecoded (broker.bodies)
+    deep = b"[" * 50000  # more JSON marks than any body but a batch's may hold: HTTP 413, undecoded (broker.core.bodies)
     status, body = request(base + "sendMsg", data=deep, headers={"Content-Type": "application/json"})
     assert status == 413 and "JSON marks" in json.loads(body)["msg"]
     status, body = request(base + "sendMsgBatch", data=deep, headers={"Content-Type": "application/json"})

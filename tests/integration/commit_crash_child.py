@@ -4,7 +4,7 @@ point of one commit.
     python commit_crash_child.py DIRECTORY POINT COMMIT
 
 Opens the store in DIRECTORY (fsync=batch) and runs a GroupCommit (its
-fsyncs in the syncer thread, broker.syncer) under 8 concurrent senders,
+fsyncs in the syncer thread, broker.disk.syncer) under 8 concurrent senders,
 each sending one message at a time with ids "<sender>-<n>" and printing
 the id, flushed, once `durable()` has answered it: a printed id is one a
 client was told is stored. At the COMMIT-th commit it SIGKILLs itself at
@@ -26,8 +26,8 @@ import os
 import signal
 import sys
 
-from broker.group_commit import GroupCommit
-from broker.metrics import Metrics
+from broker.disk.group_commit import GroupCommit
+from broker.observe.metrics import Metrics
 from storage.config import FsyncPolicy, StoreConfig
 from storage.entry import MS_PER_HOUR
 from storage.store import NewMessage, Store

@@ -291,7 +291,7 @@ def test_get_query_string_parameters(server, topic):
 def test_deeply_nested_json_is_refused_before_it_is_decoded(server, topic):
     status, body = request(server.base + "/camellia/delayQueue/sendMsg", data=b"[" * 50000,
                            headers={"Content-Type": "application/json"})
-    assert status == 413 and "JSON marks" in json.loads(body)["msg"]  # broker.bodies
+    assert status == 413 and "JSON marks" in json.loads(body)["msg"]  # broker.core.bodies
 
 
 def test_a_message_at_the_limit_fits_however_it_is_escaped(server, topic):

@@ -19,12 +19,12 @@ from array import array
 import pytest
 from serving import Server
 
-from broker.bulk import DELETE_SLICE, MOVE_SLICE
-from broker.bulk_params import BulkFilter, DeleteMsgsRequest, RescheduleMsgsRequest
 from broker.clock import SystemClock
-from broker.disk_broker import Broker
-from broker.metrics import Metrics
-from broker.params import AckRequest, Defaults, PullRequest
+from broker.core.bulk_params import BulkFilter, DeleteMsgsRequest, RescheduleMsgsRequest
+from broker.core.params import AckRequest, Defaults, PullRequest
+from broker.disk.backend import Broker
+from broker.disk.bulk import DELETE_SLICE, MOVE_SLICE
+from broker.observe.metrics import Metrics
 from storage.config import StoreConfig
 from storage.store import NewMessage, Store
 

@@ -12,7 +12,7 @@ import pytest
 from drill_nodes import Nodes
 from drill_proxies import Mode
 
-from broker.paths import PREFIX
+from broker.http.paths import PREFIX
 
 pytestmark = pytest.mark.slow
 

@@ -16,7 +16,7 @@ starts it again on the same directory, and checks what clients were told:
 - every due message not acked is delivered again (at least once). One
   pulled before the kill but not acked (its ack unanswered, or the pull's
   answer lost) is CONSUMING after the restart, held with the server's
-  default ack timeout (30 s, `broker.recovery`). After the first kill the
+  default ack timeout (30 s, `broker.disk.recovery`). After the first kill the
   test nacks those, which must make them deliverable at once; after the
   last one it waits for the ack timeout to bring them back.
 

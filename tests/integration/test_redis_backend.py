@@ -21,10 +21,10 @@ from serving import ROOT, Server
 
 pytest.importorskip("redis", reason="the redis extra is not installed (pip install 'hourglass[redis]')")
 
-from broker.bulk_params import BulkFilter, DeleteMsgsRequest
 from broker.clock import SystemClock
-from broker.metrics import Metrics
-from broker.params import AckRequest, Defaults, DeleteRequest, LongPollRequest, PullRequest
+from broker.core.bulk_params import BulkFilter, DeleteMsgsRequest
+from broker.core.params import AckRequest, Defaults, DeleteRequest, LongPollRequest, PullRequest
+from broker.observe.metrics import Metrics
 from broker.redis.backend import RedisBroker
 from broker.redis.keys import RedisConfig, TopicKeys, redact
 from storage.entry import Status

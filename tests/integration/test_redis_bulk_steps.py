@@ -19,10 +19,10 @@ pytest.importorskip("redis", reason="the redis extra is not installed (pip insta
 
 import redis as sync_redis
 
-from broker.bulk_params import BulkFilter, DeleteMsgsRequest, RescheduleMsgsRequest
 from broker.clock import SystemClock
-from broker.metrics import Metrics
-from broker.params import Defaults, PullRequest
+from broker.core.bulk_params import BulkFilter, DeleteMsgsRequest, RescheduleMsgsRequest
+from broker.core.params import Defaults, PullRequest
+from broker.observe.metrics import Metrics
 from broker.redis.backend import RedisBroker
 from broker.redis.bulk import SCAN_COUNT
 from broker.redis.keys import RedisConfig, TopicKeys

@@ -24,17 +24,17 @@ pytest.importorskip("redis", reason="the redis extra is not installed (pip insta
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import ResponseError
 
-from broker.bulk_params import BulkFilter, DeleteMsgsRequest, RescheduleMsgsRequest
 from broker.clock import SystemClock
-from broker.metrics import Metrics
-from broker.params import AckRequest, Defaults, DeleteRequest, LongPollRequest, PullRequest
+from broker.core.bulk_params import BulkFilter, DeleteMsgsRequest, RescheduleMsgsRequest
+from broker.core.params import AckRequest, Defaults, DeleteRequest, LongPollRequest, PullRequest
+from broker.observe.metrics import Metrics
 from broker.redis import link as redis_link
 from broker.redis import schedules as redis_schedules
 from broker.redis.backend import RedisBroker
 from broker.redis.keys import RedisConfig, TopicKeys
 from broker.redis.schedules import ScheduleLease
-from broker.schedule_params import ScheduleSpec, parse_put_schedule
-from broker.schedules import ScheduleLimits
+from broker.schedules.keeper import ScheduleLimits
+from broker.schedules.params import ScheduleSpec, parse_put_schedule
 from storage.entry import Status
 from storage.errors import NotFound
 from storage.store import NewMessage

@@ -32,8 +32,8 @@ pytest.importorskip("redis", reason="the redis extra is not installed (pip insta
 from fakes import FakeClock
 from redis_fake_node import FakeClockBroker
 
-from broker.bulk_params import BulkFilter, DeleteMsgsRequest, ListMsgRequest
-from broker.params import AckRequest, DeleteRequest, LongPollRequest, NewSend, PullRequest
+from broker.core.bulk_params import BulkFilter, DeleteMsgsRequest, ListMsgRequest
+from broker.core.params import AckRequest, DeleteRequest, LongPollRequest, NewSend, PullRequest
 from storage.entry import MS_PER_HOUR, Status
 from storage.store import NewMessage
 

@@ -35,8 +35,8 @@ pytest.importorskip("redis", reason="the redis extra is not installed (pip insta
 from fakes import FakeClock
 from test_redis_keys import START_MS, TOPIC, Node
 
-from broker.bulk_params import BulkFilter, DeleteMsgsRequest, RescheduleMsgsRequest
-from broker.params import AckRequest, DeleteRequest, LongPollRequest, NewSend
+from broker.core.bulk_params import BulkFilter, DeleteMsgsRequest, RescheduleMsgsRequest
+from broker.core.params import AckRequest, DeleteRequest, LongPollRequest, NewSend
 from broker.redis.keys import RedisConfig, TopicKeys
 from storage.entry import Status
 from storage.errors import Conflict, NotFound

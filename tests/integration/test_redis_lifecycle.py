@@ -29,7 +29,7 @@ pytest.importorskip("redis", reason="the redis extra is not installed (pip insta
 from fakes import FakeClock
 from redis_fake_node import FakeClockBroker
 
-from broker.params import AckRequest, LongPollRequest, NewSend, PullRequest
+from broker.core.params import AckRequest, LongPollRequest, NewSend, PullRequest
 from storage.entry import MS_PER_HOUR, Message, Status
 from storage.store import NewMessage
 
@@ -232,7 +232,7 @@ def test_a_long_poll_is_answered_at_once_by_a_release_before_its_timeout(redis_u
 
 
 def test_a_skip_run_released_past_its_deadline_ends_unseen_and_one_released_within_is_delivered(redis_url):
-    """NewSend.skip_after_ms (broker.schedules sends it for a run of
+    """NewSend.skip_after_ms (broker.schedules.keeper sends it for a run of
     misfire=skip: nominal + grace): the TICK that releases the run after
     it ends it unseen (5, retry 0), as the disk's on_release does; at it,
     the run is delivered, and once released it skips nothing again (a

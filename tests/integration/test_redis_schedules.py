@@ -279,13 +279,13 @@ def test_a_change_another_node_made_meanwhile_holds(redis_url):
     one of them: that pause holds (no next run made for it), the other
     schedule's next run is made."""
     from broker.clock import SystemClock
-    from broker.metrics import Metrics
-    from broker.params import Defaults
+    from broker.core.params import Defaults
+    from broker.observe.metrics import Metrics
     from broker.redis.backend import RedisBroker
     from broker.redis.keys import RedisConfig
     from broker.redis.schedules import RedisScheduleStore
-    from broker.schedule_params import parse_put_schedule
-    from broker.schedules import Schedules, StaleRows
+    from broker.schedules.keeper import Schedules, StaleRows
+    from broker.schedules.params import parse_put_schedule
     from storage.entry import Status
     from storage.errors import Conflict, NotFound
 

@@ -1,4 +1,4 @@
-"""broker.bulk_params: a `PageKeeper` offered candidates in any order
+"""broker.core.bulk_params: a `PageKeeper` offered candidates in any order
 keeps exactly the first `limit` past the cursor in (trigger time, msgId)
 order, and its cursor resumes after them, so paging walks every match
 once; a cursor it answers parses back to itself."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 import hypothesis.strategies as st
 from hypothesis import given
 
-from broker.bulk_params import Cursor, PageKeeper, parse_cursor
+from broker.core.bulk_params import Cursor, PageKeeper, parse_cursor
 from storage.entry import Location, Message, Status
 
 

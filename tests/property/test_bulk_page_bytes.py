@@ -1,4 +1,4 @@
-"""broker.bulk_params: a `PageKeeper` with a byte budget keeps exactly the
+"""broker.core.bulk_params: a `PageKeeper` with a byte budget keeps exactly the
 longest prefix, in (trigger time, msgId) order, of the candidates past the
 cursor that fits `limit` messages and `max_bytes` bytes of answer (at least
 one message), whatever order they are offered in; paging walks every match
@@ -9,7 +9,7 @@ from __future__ import annotations
 import hypothesis.strategies as st
 from hypothesis import given
 
-from broker.bulk_params import Cursor, PageKeeper, answer_bytes, cut_page
+from broker.core.bulk_params import Cursor, PageKeeper, answer_bytes, cut_page
 from storage.entry import Location, Message, Status
 
 

@@ -1,4 +1,4 @@
-"""The console's forecast (broker/console.py) counts what was sent: for
+"""The console's forecast (broker/console/api.py) counts what was sent: for
 random trigger times over the next two days, its per-second counts for
 the next hour and per-minute counts for the next 24 h equal the
 histogram of those triggers, `later` counts the messages of hours after
@@ -12,7 +12,7 @@ import tempfile
 import hypothesis.strategies as st
 from hypothesis import given, settings
 
-from broker.console import forecast, topic_forecast
+from broker.console.api import forecast, topic_forecast
 from storage.entry import MS_PER_HOUR
 from storage.store import NewMessage, Store
 

@@ -1,4 +1,4 @@
-"""Hypothesis properties of broker.params.
+"""Hypothesis properties of broker.core.params.
 
 Any valid sendMsg (form text or JSON values) becomes exactly the NewMessage
 a small independent model predicts; corrupting any one field raises
@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.params import (
+from broker.core.params import (
     MAX_DURATION_MS,
     MAX_TRIGGER_MS,
     Defaults,
@@ -209,7 +209,7 @@ def test_arbitrary_json_raises_only_invalid_request(params: dict[str, object]) -
     "tag": names.filter(lambda t: "," not in t), "maxRetry": st.integers(-5, 10**6)}), min_size=1, max_size=20))
 def test_a_plain_batch_matches_its_items_sent_alone(items):
     """A batch of plain items equals each item parsed alone."""
-    from broker.params import _message
+    from broker.core.params import _message
     made = iter(f"gen{i}" for i in range(100))
     batch = parse_send_batch({"topic": "t", "msgs": items}, now_ms=NOW, make_id=lambda: next(made), defaults=D,
                              max_msg_bytes=MAX_MSG_BYTES)
@@ -225,7 +225,7 @@ def test_max_retry_is_capped_at_what_a_message_can_count(default_retry, given_re
     count is capped (retry counts deliveries: up to max_retry + 1)."""
     from dataclasses import replace
 
-    from broker.params import _message
+    from broker.core.params import _message
     defaults = replace(D, max_retry=default_retry)
     made = _message({"msg": "m", "msgId": "i", "maxRetry": given_retry}, "", "t", NOW, lambda: "x", defaults,
                     MAX_MSG_BYTES)

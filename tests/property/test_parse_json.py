@@ -1,4 +1,4 @@
-"""broker.params.parse_json reads a body exactly as json.loads does (it tries
+"""broker.core.params.parse_json reads a body exactly as json.loads does (it tries
 orjson first, for speed)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.params import parse_json
+from broker.core.params import parse_json
 
 values = st.recursive(
     st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=False, allow_infinity=False)

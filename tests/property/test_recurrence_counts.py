@@ -1,4 +1,4 @@
-"""broker.recurrence's arithmetic against the walk it replaces: the runs a
+"""broker.core.recurrence's arithmetic against the walk it replaces: the runs a
 downtime missed (`Recurrence.count_between`) and a cron's instants in a
 window (`cron_times`, the console's forecast), for random crons, zones and
 windows around DST changes.
@@ -21,7 +21,7 @@ import zoneinfo
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.recurrence import Cron, Recurrence, cron_times
+from broker.core.recurrence import Cron, Recurrence, cron_times
 
 HOUR = 3_600_000
 DAY = 24 * HOUR

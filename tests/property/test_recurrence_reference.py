@@ -1,4 +1,4 @@
-"""Fire times of broker.recurrence against an independent reference, over
+"""Fire times of broker.core.recurrence against an independent reference, over
 random cron expressions in zones whose DST changes are unusual (New York,
 London, Lord Howe's 30-minute change, Santiago's change at midnight),
 around their DST changes.
@@ -27,7 +27,7 @@ import zoneinfo
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from broker.recurrence import Cron, Recurrence, jitter_ms, run_msg_id
+from broker.core.recurrence import Cron, Recurrence, jitter_ms, run_msg_id
 from storage.errors import InvalidRequest
 
 with warnings.catch_warnings():  # croniter may warn about its own dependencies on import

@@ -1,4 +1,4 @@
-"""broker.schedule_forecast: the runs folded into the console's forecast
+"""broker.schedules.forecast: the runs folded into the console's forecast
 are, for random schedules (every N seconds or milliseconds, crons in
 zones, with endTime, limit, paused, pending runs due or ahead), exactly
 those a walk of each schedule's own recurrence from its pending run finds
@@ -14,12 +14,12 @@ import hypothesis.strategies as st
 import pytest
 from hypothesis import given, settings
 
-import broker.recurrence
-import broker.schedule_forecast
-from broker.recurrence import Misfire
-from broker.schedule_forecast import SLICE_WORK, runs_by_slices
-from broker.schedule_params import ScheduleSpec
-from broker.schedules import ScheduleState
+import broker.core.recurrence
+import broker.schedules.forecast
+from broker.core.recurrence import Misfire
+from broker.schedules.forecast import SLICE_WORK, runs_by_slices
+from broker.schedules.keeper import ScheduleState
+from broker.schedules.params import ScheduleSpec
 from storage.entry import MS_PER_HOUR
 
 NOW = 490_000 * MS_PER_HOUR + 777_123
@@ -95,8 +95,8 @@ def test_three_every_second_crons_are_worked_out_in_bounded_slices(monkeypatch: 
     made: list[int] = []  # times cron_times made, in the slice under way
     instants: list[int] = []
     walks: list[int] = []
-    real_times, real_instant, real_next = broker.recurrence.cron_times, broker.recurrence.instant_ms, \
-        broker.recurrence._cron_at_or_after
+    real_times, real_instant, real_next = broker.core.recurrence.cron_times, broker.core.recurrence.instant_ms, \
+        broker.core.recurrence._cron_at_or_after
 
     def counted_times(*args: object) -> Generator[list[int], None, None]:
         for piece in real_times(*args):  # type: ignore[arg-type]
@@ -111,9 +111,9 @@ def test_three_every_second_crons_are_worked_out_in_bounded_slices(monkeypatch: 
         walks.append(1)
         return real_next(*args)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(broker.schedule_forecast, "cron_times", counted_times)
-    monkeypatch.setattr(broker.recurrence, "instant_ms", counted_instant)
-    monkeypatch.setattr(broker.recurrence, "_cron_at_or_after", counted_next)
+    monkeypatch.setattr(broker.schedules.forecast, "cron_times", counted_times)
+    monkeypatch.setattr(broker.core.recurrence, "instant_ms", counted_instant)
+    monkeypatch.setattr(broker.core.recurrence, "_cron_at_or_after", counted_next)
     states = [every_second("a"), every_second("b"), every_second("c"), every_second("d", "*/1 * * * * *")]
     steps = runs_by_slices(states, NOW, NOW + 24 * MS_PER_HOUR)
     slices: list[tuple[int, int, int]] = []
@@ -133,7 +133,7 @@ def test_three_every_second_crons_are_worked_out_in_bounded_slices(monkeypatch: 
 
 
 def test_a_forecast_past_max_times_says_it_was_cut(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(broker.schedule_forecast, "MAX_TIMES", 100_000)
+    monkeypatch.setattr(broker.schedules.forecast, "MAX_TIMES", 100_000)
     states = [every_second("a"), every_second("b", "*/1 * * * * *")]
     runs, cut = drive(runs_by_slices(states, NOW, NOW + 24 * MS_PER_HOUR))
     assert cut and 0 < sum(runs.values()) <= 100_000

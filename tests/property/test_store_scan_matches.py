@@ -156,7 +156,7 @@ def test_a_message_filed_late_is_found_by_a_range_ending_before_its_file_begins(
 
 
 def _scan(store: Store, topic: str, statuses, tag, lo, hi, now, max_scan, max_found, floors, limit=None):
-    """Matches from the start, up to `limit` (None: all) taken, as broker.bulk gathers them; whether more."""
+    """Matches from the start, up to `limit` (None: all) taken, as broker.disk.bulk gathers them; whether more."""
     got, cursor = [], Location(0, 0)
     while cursor is not None:
         found, cursor = store.scan_matches(text_hash(topic), sorted(statuses), cursor, max_scan, max_found,

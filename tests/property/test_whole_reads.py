@@ -1,4 +1,4 @@
-"""broker.httpd: a read holding one whole request in the plain shape is
+"""broker.http.httpd: a read holding one whole request in the plain shape is
 served by `Connection._whole` without llhttp; any request, plain or not,
 gets the same request (method, path, query, headers, body, keep-alive)
 and the same answer bytes whether it comes in one read or in pieces
@@ -12,9 +12,9 @@ from typing import Any
 import hypothesis.strategies as st
 from hypothesis import event, given, settings
 
-from broker.commands import Auth, Command
-from broker.http_types import Request, Response
-from broker.httpd import Connection, Limits, _Shared
+from broker.http.commands import Auth, Command
+from broker.http.http_types import Request, Response
+from broker.http.httpd import Connection, Limits, _Shared
 
 
 class _Wire(asyncio.Transport):

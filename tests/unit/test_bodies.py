@@ -1,4 +1,4 @@
-"""broker.bodies: body caps, form pairs and JSON marks, checked before
+"""broker.core.bodies: body caps, form pairs and JSON marks, checked before
 anything is decoded."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from broker.bodies import (
+from broker.core.bodies import (
     BATCH_ITEM_BYTES,
     BODY_SLACK_BYTES,
     JSON_MARKS_PER_BODY,
@@ -17,7 +17,7 @@ from broker.bodies import (
     BodyLimits,
     check_json_marks,
 )
-from broker.params import MAX_SEND_BATCH
+from broker.core.params import MAX_SEND_BATCH
 from storage.errors import BodyTooLarge
 
 

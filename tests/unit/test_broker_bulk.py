@@ -1,4 +1,4 @@
-"""broker.bulk on a real Store and a FakeClock (tests/broker_harness.py):
+"""broker.disk.bulk on a real Store and a FakeClock (tests/broker_harness.py):
 what a bulk call reads, counted (the model test, test_broker_bulk_model.py,
 checks the outcomes of random calls; this one the reads and one race at a
 time).
@@ -22,13 +22,13 @@ from types import SimpleNamespace
 import pytest
 from broker_harness import BrokerHarness
 
-import broker.bulk
+import broker.disk.bulk
 import storage.reading
-from broker import transitions
-from broker.bulk import IN_PLACE, resumable
-from broker.bulk_params import LIVE, BulkFilter, DeleteMsgsRequest, ListMsgRequest
-from broker.params import Defaults, DeleteRequest, NewSend
-from broker.ready import QueueLimits
+from broker.core import transitions
+from broker.core.bulk_params import LIVE, BulkFilter, DeleteMsgsRequest, ListMsgRequest
+from broker.core.params import Defaults, DeleteRequest, NewSend
+from broker.disk.bulk import IN_PLACE, resumable
+from broker.disk.ready import QueueLimits
 from storage.entry import MS_PER_HOUR, Status
 from storage.store import NewMessage
 
@@ -89,7 +89,7 @@ def _count(h: BrokerHarness, monkeypatch, *names: str) -> _Counted:
 
 
 def test_a_sliced_delete_reads_no_state_again_that_only_its_own_parts_changed(h, monkeypatch):
-    monkeypatch.setattr(broker.bulk, "DELETE_SLICE", 4)
+    monkeypatch.setattr(broker.disk.bulk, "DELETE_SLICE", 4)
     _send(h, "r", 8, 0)  # READY, in the hour of now
     _send(h, "w", 8, 2 * MS_PER_HOUR)  # WAITING, two hours on
     counted = _count(h, monkeypatch, "live_state")
@@ -105,7 +105,7 @@ def test_a_change_between_the_slices_has_its_file_read_again_and_the_delete_take
     land on two messages of the second slice (in the hour of now): the
     second slice reads its four again (one deleted already, one moved
     away: neither changed twice), the slices in the other file none."""
-    monkeypatch.setattr(broker.bulk, "DELETE_SLICE", 4)
+    monkeypatch.setattr(broker.disk.bulk, "DELETE_SLICE", 4)
     _send(h, "r", 8, 0)
     _send(h, "w", 8, 2 * MS_PER_HOUR)
     b = h.broker
@@ -116,7 +116,7 @@ def test_a_change_between_the_slices_has_its_file_read_again_and_the_delete_take
         if not between.is_set():
             between.set()
             await go_on.wait()
-    monkeypatch.setattr(broker.bulk, "asyncio", SimpleNamespace(sleep=first_yield_waits))
+    monkeypatch.setattr(broker.disk.bulk, "asyncio", SimpleNamespace(sleep=first_yield_waits))
 
     async def meanwhile():
         await between.wait()
@@ -144,9 +144,9 @@ def test_the_calls_of_a_delete_all_each_scan_on_from_where_the_last_stopped(h, m
     says more remain), however many the calls before it deleted. A
     message sent between two calls to the first file, below where they
     stopped, is deleted by a later call."""
-    monkeypatch.setattr(broker.bulk, "BULK_SCAN", 8)
+    monkeypatch.setattr(broker.disk.bulk, "BULK_SCAN", 8)
     monkeypatch.setattr(storage.reading, "SCAN_SLICE", 8)  # (entries read at once: a slice stops at 8 read)
-    monkeypatch.setattr(broker.bulk, "DELETE_SLICE", 4)
+    monkeypatch.setattr(broker.disk.bulk, "DELETE_SLICE", 4)
     _send(h, "r", 40, 0)
     _send(h, "w", 40, 2 * MS_PER_HOUR)
     counted = _count(h, monkeypatch, "scan_matches")
@@ -170,7 +170,7 @@ def test_a_ready_delete_finds_next_call_a_message_released_below_where_it_stoppe
     """A message enters READY in place (released): a delete of READY ones
     keeps no floors, and its next call finds the one released meanwhile
     at an entry before its last match."""
-    monkeypatch.setattr(broker.bulk, "BULK_SCAN", 4)
+    monkeypatch.setattr(broker.disk.bulk, "BULK_SCAN", 4)
     _send(h, "w", 1, 1_000)  # entry 0 of the hour: due in a second
     _send(h, "r", 10, 0)  # entries 1..10, READY
     ready = BulkFilter(statuses=frozenset({READY}))
@@ -229,7 +229,7 @@ def test_every_status_change_the_lifecycle_makes_at_a_messages_entry_is_in_in_pl
 class _Reads:
     """The store's reader as the store sees it, counting the entries and
     messages read (a bulk call by key reads through it), and the reads of
-    each turn of the loop that broker.bulk lets through."""
+    each turn of the loop that broker.disk.bulk lets through."""
 
     def __init__(self, reader) -> None:
         self._reader = reader
@@ -257,7 +257,7 @@ class _Reads:
 def _reads(h: BrokerHarness, monkeypatch) -> _Reads:
     reads = _Reads(h.store._reader)
     monkeypatch.setattr(h.store, "_reader", reads)
-    monkeypatch.setattr(broker.bulk, "asyncio", SimpleNamespace(sleep=reads.sleep))
+    monkeypatch.setattr(broker.disk.bulk, "asyncio", SimpleNamespace(sleep=reads.sleep))
     return reads
 
 
@@ -280,7 +280,7 @@ def test_a_hot_keys_places_are_read_a_bounded_slice_a_turn_of_the_loop(h, monkey
     """3,000 messages of one key in one part: a count, a page of all of
     them and a delete by the key each read at most KEY_SLICE entries or
     messages between two turns of the loop, however many the key holds."""
-    monkeypatch.setattr(broker.bulk, "KEY_SLICE", 256, raising=False)
+    monkeypatch.setattr(broker.disk.bulk, "KEY_SLICE", 256, raising=False)
     _send_hot_key(h, 15, 200)
     hot = BulkFilter(key="hot")
     reads = _reads(h, monkeypatch)

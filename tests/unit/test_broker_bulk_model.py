@@ -1,4 +1,4 @@
-"""The disk broker's bulk calls (broker.bulk: listMsg, deleteMsgs,
+"""The disk broker's bulk calls (broker.disk.bulk: listMsg, deleteMsgs,
 rescheduleMsgs) against a model, on a real Store and a FakeClock.
 
 Sends with keys, tags and trigger times from due now to hours ahead; time
@@ -29,9 +29,9 @@ from broker_harness import BrokerHarness, HarnessMachine
 from hypothesis import HealthCheck, event, settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from broker.bulk_params import LIVE, BulkFilter, DeleteMsgsRequest, ListMsgRequest, RescheduleMsgsRequest, parse_cursor
-from broker.params import AckRequest, Defaults, PullRequest
-from broker.ready import QueueLimits
+from broker.core.bulk_params import LIVE, BulkFilter, DeleteMsgsRequest, ListMsgRequest, RescheduleMsgsRequest, parse_cursor
+from broker.core.params import AckRequest, Defaults, PullRequest
+from broker.disk.ready import QueueLimits
 from storage.entry import MS_PER_HOUR, Status
 from storage.store import NewMessage
 

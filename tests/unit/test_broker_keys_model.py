@@ -1,4 +1,4 @@
-"""Serial keys (docs/api.md, Tags and serial keys) in broker.disk_broker.Broker,
+"""Serial keys (docs/api.md, Tags and serial keys) in broker.disk.backend.Broker,
 against a model, on a real Store and a FakeClock: messages of three keys (and none) come due in
 a small window (4, at most 2 of one key), consumers pull, ack, nack, let
 ack deadlines pass, and the broker restarts. After every step:
@@ -24,10 +24,10 @@ from fakes import FakeClock
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from broker.disk_broker import Broker
-from broker.metrics import Metrics
-from broker.params import AckRequest, Defaults, PullRequest
-from broker.ready import QueueLimits
+from broker.core.params import AckRequest, Defaults, PullRequest
+from broker.disk.backend import Broker
+from broker.disk.ready import QueueLimits
+from broker.observe.metrics import Metrics
 from storage.entry import MS_PER_HOUR, Status
 from storage.store import NewMessage, Store
 

@@ -1,4 +1,4 @@
-"""A message's lifecycle (docs/api.md, Semantics) on broker.disk_broker.Broker
+"""A message's lifecycle (docs/api.md, Semantics) on broker.disk.backend.Broker
 over a real Store and a FakeClock (tests/broker_harness.py): every wait is the fake time set
 forward, so each test checks the moment just before a change and the
 moment of it, and runs in milliseconds.
@@ -24,11 +24,11 @@ from types import SimpleNamespace
 import pytest
 from broker_harness import CONFIG, BrokerHarness
 
-from broker.bulk_params import BulkFilter, DeleteMsgsRequest
-from broker.disk_broker import Broker
-from broker.metrics import Metrics
-from broker.params import AckRequest, Defaults, DeleteRequest, LongPollRequest, NewSend, PullRequest
-from broker.ready import QueueLimits
+from broker.core.bulk_params import BulkFilter, DeleteMsgsRequest
+from broker.core.params import AckRequest, Defaults, DeleteRequest, LongPollRequest, NewSend, PullRequest
+from broker.disk.backend import Broker
+from broker.disk.ready import QueueLimits
+from broker.observe.metrics import Metrics
 from storage.entry import MS_PER_HOUR, Status
 from storage.errors import Conflict, LimitReached, NotFound, Unavailable
 from storage.store import NewMessage, Store
@@ -761,8 +761,8 @@ def test_a_bulk_delete_takes_the_messages_changed_while_it_read_as_they_now_are(
     acked one stays acked, the moved one is deleted at its new place (or
     left there if read before it moved), nothing is changed twice -- and
     the broker goes on serving."""
-    import broker.bulk
-    monkeypatch.setattr(broker.bulk, "BULK_SCAN", 2)
+    import broker.disk.bulk
+    monkeypatch.setattr(broker.disk.bulk, "BULK_SCAN", 2)
     for i in range(6):
         node.send(f"r{i}")
     for i in range(6):
@@ -776,7 +776,7 @@ def test_a_bulk_delete_takes_the_messages_changed_while_it_read_as_they_now_are(
         if not between.is_set():
             between.set()
             await go_on.wait()
-    monkeypatch.setattr(broker.bulk, "asyncio", SimpleNamespace(sleep=first_yield_waits))
+    monkeypatch.setattr(broker.disk.bulk, "asyncio", SimpleNamespace(sleep=first_yield_waits))
 
     async def meanwhile():
         await between.wait()

@@ -1,4 +1,4 @@
-"""broker.ready.TopicQueue's pull order -- `ready` and its three heaps with
+"""broker.disk.ready.TopicQueue's pull order -- `ready` and its three heaps with
 stale entries -- against a sorted list: messages enter and leave the order
 (as the ready windows move them), pulls take the best (by tags, one of a
 serial key at most) and a full window asks for its last. After every step
@@ -10,8 +10,8 @@ import hypothesis.strategies as st
 from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from broker.ready import ORDER_SLACK, HeldMessage, TopicQueue
-from broker.transitions import MessageState
+from broker.core.transitions import MessageState
+from broker.disk.ready import ORDER_SLACK, HeldMessage, TopicQueue
 from storage.entry import Location, Status
 
 TAGS = ("", "a", "b")

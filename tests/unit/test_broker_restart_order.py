@@ -11,10 +11,10 @@ import os
 
 from fakes import FakeClock
 
-from broker.disk_broker import Broker
-from broker.metrics import Metrics
-from broker.params import Defaults, NewSend, PullRequest
-from broker.ready import QueueLimits
+from broker.core.params import Defaults, NewSend, PullRequest
+from broker.disk.backend import Broker
+from broker.disk.ready import QueueLimits
+from broker.observe.metrics import Metrics
 from storage.config import StoreConfig
 from storage.store import NewMessage, Store
 

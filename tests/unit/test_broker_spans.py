@@ -13,9 +13,9 @@ import os
 
 from fakes import FakeClock
 
-from broker.disk_broker import Broker
-from broker.metrics import Metrics
-from broker.params import Defaults, NewSend, PullRequest
+from broker.core.params import Defaults, NewSend, PullRequest
+from broker.disk.backend import Broker
+from broker.observe.metrics import Metrics
 from storage import spans
 from storage.config import StoreConfig
 from storage.entry import MS_PER_HOUR

@@ -1,4 +1,4 @@
-"""broker.transitions.step: every transition of a message and every
+"""broker.core.transitions.step: every transition of a message and every
 refusal, as (state, event, now_ms) -> (state, effects, refusal); no clock,
 no disk, no socket."""
 
@@ -8,7 +8,7 @@ import typing
 
 import pytest
 
-from broker.transitions import (
+from broker.core.transitions import (
     ACK,
     GIVE_BACK,
     NACK,

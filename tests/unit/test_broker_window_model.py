@@ -1,4 +1,4 @@
-"""broker.disk_broker.Broker with small ready windows and in-flight caps,
+"""broker.disk.backend.Broker with small ready windows and in-flight caps,
 against a model of docs/api.md's lifecycle, on a real Store and a FakeClock.
 
 Consumers stay away while many messages of two topics come due (far more
@@ -33,8 +33,8 @@ from broker_harness import BrokerHarness, HarnessMachine
 from hypothesis import HealthCheck, event, settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from broker.params import AckRequest, Defaults, PullRequest
-from broker.ready import QueueLimits
+from broker.core.params import AckRequest, Defaults, PullRequest
+from broker.disk.ready import QueueLimits
 from storage.entry import MS_PER_HOUR, Location, Status
 from storage.store import NewMessage
 
@@ -62,7 +62,7 @@ class Msg:
 
     @property
     def key(self) -> tuple[int, int, Location]:
-        """The pull order's key (broker.ready.HeldMessage.key)."""
+        """The pull order's key (broker.disk.ready.HeldMessage.key)."""
         return (-self.priority, self.trigger_ms, self.location)
 
 

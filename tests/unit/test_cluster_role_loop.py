@@ -35,8 +35,8 @@ from broker.cluster.peer_client import PeerClient
 from broker.cluster.role_loop import POLL_S, POSITION_TIMEOUT_S
 from broker.cluster.snapshots import Snapshots
 from broker.config import ServeConfig
-from broker.disk_broker import Broker
-from broker.http_types import Request
+from broker.disk.backend import Broker
+from broker.http.http_types import Request
 from replication import protocol, snapshot
 from replication.config import ClusterConfig, Peer
 from replication.epochs import Epochs

@@ -6,7 +6,7 @@ import pytest
 from yarl import URL
 
 from broker.cluster.routes import has_dot_segment
-from broker.paths import PREFIX
+from broker.http.paths import PREFIX
 
 
 @pytest.mark.parametrize("path", [

@@ -16,7 +16,7 @@ from fakes import FakeElection
 from hypothesis import given, settings
 
 from broker.cluster.schedules import COMMAND_BYTES, RaftScheduleStore
-from broker.schedule_file import Row
+from broker.schedules.file import Row
 from storage.errors import Unavailable
 
 

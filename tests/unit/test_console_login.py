@@ -1,5 +1,5 @@
-"""broker.console_login, and the console's part of the gate (broker.gate
-with broker.api.console_auth) and of broker.api.console_entry,
+"""broker.console.login, and the console's part of the gate (broker.http.gate
+with broker.http.api.console_auth) and of broker.http.api.console_entry,
 in process on a fake clock: the token buys a session once, the session and
 never the token opens the console's paths, the page's API calls are made
 with the node's token."""
@@ -10,12 +10,12 @@ import urllib.parse
 import orjson
 from fakes import FakeClock
 
-from broker.api import answer, console_auth, console_entry
-from broker.commands import CommandTable
-from broker.console_login import ConsoleLogin
-from broker.console_sessions import ConsoleConfig, ConsoleSessions
-from broker.gate import Gate
-from broker.http_types import Request, Response
+from broker.console.login import ConsoleLogin
+from broker.http.api import answer, console_auth, console_entry
+from broker.http.commands import CommandTable
+from broker.http.gate import Gate
+from broker.http.http_types import Request, Response
+from broker.http.sessions import ConsoleConfig, ConsoleSessions
 
 TOKEN = "t0ken"
 FORM = {"content-type": "application/x-www-form-urlencoded"}
@@ -50,7 +50,7 @@ class Node:
     def call(self, method: str, target: str, headers: dict | None = None, body: bytes = b"") -> Response:
         path, _, query = target.partition("?")
         request = Request(method, path, query.encode(), headers or {}, body, None)
-        verdict = self.admit(request)  # on the head, as broker.httpd asks
+        verdict = self.admit(request)  # on the head, as broker.http.httpd asks
         if isinstance(verdict, Response):
             return verdict
         return asyncio.run(verdict.handler(request))

@@ -1,9 +1,9 @@
-"""broker.console_sessions: the console's session table on a fake clock."""
+"""broker.http.sessions: the console's session table on a fake clock."""
 
 import pytest
 from fakes import FakeClock
 
-from broker.console_sessions import ConsoleConfig, ConsoleSessions, session_cookie
+from broker.http.sessions import ConsoleConfig, ConsoleSessions, session_cookie
 from storage.errors import ConfigError
 
 TTL_S = 60

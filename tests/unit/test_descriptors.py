@@ -1,4 +1,4 @@
-"""broker.descriptors: the connection ceiling that keeps descriptors free."""
+"""broker.http.descriptors: the connection ceiling that keeps descriptors free."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from broker.descriptors import DescriptorBudget, open_count
+from broker.http.descriptors import DescriptorBudget, open_count
 
 
 def test_open_count_sees_a_new_descriptor():

@@ -10,9 +10,9 @@ import time
 import pytest
 from fakes import FaultyDisk
 
-from broker import group_commit
-from broker.group_commit import GroupCommit
-from broker.metrics import Metrics
+from broker.disk import group_commit
+from broker.disk.group_commit import GroupCommit
+from broker.observe.metrics import Metrics
 from storage.disk import Disk
 from storage.entry import MS_PER_HOUR
 from storage.errors import Unavailable

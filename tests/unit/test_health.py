@@ -1,15 +1,15 @@
-"""broker.health: camellia's online/offline switch, on a fake monotonic
+"""broker.http.health: camellia's online/offline switch, on a fake monotonic
 clock; its count of API calls kept by the frame that runs each request
-(broker.httpd, a real HttpServer over loopback)."""
+(broker.http.httpd, a real HttpServer over loopback)."""
 
 import asyncio
 
 import orjson
 
-from broker.commands import CommandTable
-from broker.health import ServingStatus
-from broker.http_types import Request, Response
-from broker.httpd import HttpServer
+from broker.http.commands import CommandTable
+from broker.http.health import ServingStatus
+from broker.http.http_types import Request, Response
+from broker.http.httpd import HttpServer
 
 
 class FakeClock:

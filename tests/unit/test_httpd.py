@@ -1,4 +1,4 @@
-"""broker.httpd: the HTTP/1.1 protocol and its limits, over real sockets."""
+"""broker.http.httpd: the HTTP/1.1 protocol and its limits, over real sockets."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import os
 import resource
 import socket
 
-from broker.commands import Auth, Command
-from broker.http_types import Request, Response, StreamResponse
-from broker.httpd import EMFILE_PAUSE_S, HttpServer, Limits
+from broker.http.commands import Auth, Command
+from broker.http.http_types import Request, Response, StreamResponse
+from broker.http.httpd import EMFILE_PAUSE_S, HttpServer, Limits
 
 
 @contextlib.contextmanager

@@ -67,3 +67,53 @@ def test_a_standalone_node_loads_none_of_the_clusters_modules():
             "print(sorted(m for m in ('aiohttp', 'broker.cluster', 'pysyncobj', 'cryptography') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     assert out.stdout.strip() == "[]"
+
+
+def broker_room(module: str) -> str:
+    """The room of a module of broker/: its folder (broker.disk...), or the
+    module itself for a file at broker/'s top (broker.backend...)."""
+    parts = module.split(".")
+    return ".".join(parts[:2])
+
+
+def broker_imports(path: pathlib.Path) -> set[str]:
+    """Every broker module or package `path` imports, relative imports resolved."""
+    relative = path.relative_to(ROOT).with_suffix("")
+    package = list(relative.parts[:-1])  # a module's folder, or an __init__'s own
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names if alias.name.split(".")[0] == "broker")
+        elif isinstance(node, ast.ImportFrom):
+            base = package[:len(package) - node.level + 1] if node.level else []
+            module = ".".join([*base, *([node.module] if node.module else [])])
+            if module.split(".")[0] != "broker":
+                continue
+            if module == "broker" or (node.level and not node.module):
+                found.update(f"{module}.{alias.name}" for alias in node.names)
+            else:
+                found.add(module)
+    return found
+
+
+def test_the_rooms_of_broker_import_one_way():
+    """broker/'s rooms (docs/internals.md, "Where the code is": each
+    folder, and each file at its top) import one way: no two of them,
+    through any others, import each other."""
+    arrows: dict[str, set[str]] = {}
+    for path in sorted((ROOT / "broker").rglob("*.py")):
+        room = broker_room(".".join(path.relative_to(ROOT).with_suffix("").parts))
+        arrows.setdefault(room, set()).update(
+            broker_room(module) for module in broker_imports(path) if broker_room(module) not in (room, "broker"))
+    circles = []
+    for room in arrows:
+        seen, todo = set(), list(arrows[room])
+        while todo:
+            other = todo.pop()
+            if other not in seen:
+                seen.add(other)
+                todo.extend(arrows.get(other, ()))
+        if room in seen:
+            circles.append(room)
+    assert "broker.disk" in arrows and "broker.http" in arrows["broker.console"]
+    assert circles == []

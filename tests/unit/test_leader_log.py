@@ -9,8 +9,8 @@ import asyncio
 import pytest
 
 from broker.clock import SystemClock
-from broker.group_commit import GroupCommit
-from broker.metrics import Metrics
+from broker.disk.group_commit import GroupCommit
+from broker.observe.metrics import Metrics
 from replication.config import Acks, ClusterConfig, Peer
 from replication.epochs import Epochs
 from replication.log_stream import LeaderLog, serve_catchup

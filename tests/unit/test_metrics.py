@@ -1,11 +1,11 @@
-"""broker.metrics: getMonitorData's per-interval counts (camellia's monitor);
-the bounds of /metrics: topic labels and the topics shown (broker.scrape)."""
+"""broker.observe.metrics: getMonitorData's per-interval counts (camellia's monitor);
+the bounds of /metrics: topic labels and the topics shown (broker.http.scrape)."""
 
 import asyncio
 import re
 
-from broker.metrics import MAX_LABEL_CHARS, Backlog, Metrics, TopicSelection, topic_label
-from broker.scrape import select_topics
+from broker.http.scrape import select_topics
+from broker.observe.metrics import MAX_LABEL_CHARS, Backlog, Metrics, TopicSelection, topic_label
 
 
 def stats(metrics: Metrics, topic: str) -> dict | None:
@@ -54,7 +54,7 @@ def test_counters_of_topics_the_node_does_not_have_are_not_published():
     assert m.monitor_data()["requestStatsList"] == []
 
 
-# -- /metrics bounded: labels and the topics shown (broker.scrape) ---------------------
+# -- /metrics bounded: labels and the topics shown (broker.http.scrape) ---------------------
 
 
 def test_a_long_topic_label_is_cut_to_128_characters_with_a_hash_of_the_whole_name():

@@ -11,10 +11,10 @@ import orjson
 from fakes import FakeClock
 
 from broker.config import ServeConfig
-from broker.http_types import Request, Response
-from broker.httpd import HttpServer
-from broker.metrics import Metrics
+from broker.http.http_types import Request, Response
+from broker.http.httpd import HttpServer
 from broker.node_base import NodeBase
+from broker.observe.metrics import Metrics
 
 PEER_HEADER = "x-test-peer"
 

@@ -1,10 +1,10 @@
-"""broker.params: examples of every rule; every refusal names its parameter."""
+"""broker.core.params: examples of every rule; every refusal names its parameter."""
 
 from __future__ import annotations
 
 import pytest
 
-from broker.params import (
+from broker.core.params import (
     MAX_LONG_POLLING_TIMEOUT_MS,
     MAX_NAME_BYTES,
     MAX_PULL_BATCH,

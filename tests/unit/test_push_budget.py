@@ -1,15 +1,15 @@
 """The pure parts of push delivery's bounds: Retry-After taken within
 [the backoff's floor, its cap], the failure log's gate (one line a minute
 with a count), PushLimits' validation, and the push pool in the node's
-descriptor budget (broker.descriptors)."""
+descriptor budget (broker.http.descriptors)."""
 
 from __future__ import annotations
 
 import pytest
 
-from broker import push_rules
-from broker.descriptors import DescriptorBudget
-from broker.push_rules import LogGate, PushLimits, backoff_ms
+from broker.http.descriptors import DescriptorBudget
+from broker.push import rules as push_rules
+from broker.push.rules import LogGate, PushLimits, backoff_ms
 from storage.errors import ConfigError
 
 

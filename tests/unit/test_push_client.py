@@ -1,4 +1,4 @@
-"""broker.push_client against raw HTTP servers on loopback (asyncio, in
+"""broker.push.client against raw HTTP servers on loopback (asyncio, in
 this process), each answering as a test scripts it: keep-alive reuse and a
 kept connection the server closed, chunked and close-delimited bodies, an
 interim 100, a body past maxBodyBytes, no answer in time, a refused
@@ -14,8 +14,8 @@ import ssl
 
 import pytest
 
-from broker.push_client import PostFailed, PushClient, header_value
-from broker.push_rules import PushAllow
+from broker.push.client import PostFailed, PushClient, header_value
+from broker.push.rules import PushAllow
 
 LOCAL = PushAllow.parse(["127.0.0.1"])
 

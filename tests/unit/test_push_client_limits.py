@@ -1,4 +1,4 @@
-"""broker.push_client's bounds on a subscriber's answer (PushLimits), each
+"""broker.push.client's bounds on a subscriber's answer (PushLimits), each
 against a raw subscriber on loopback misbehaving as a test scripts it: an
 endless header line, too many headers, a head or a body that trickles past
 its deadline, bytes sent on an idle kept-alive connection, an idle
@@ -14,9 +14,9 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from broker.descriptors import DescriptorBudget
-from broker.push_client import PostFailed, PushClient, PushDescriptors
-from broker.push_rules import PushAllow, PushLimits
+from broker.http.descriptors import DescriptorBudget
+from broker.push.client import PostFailed, PushClient, PushDescriptors
+from broker.push.rules import PushAllow, PushLimits
 
 LOCAL = PushAllow.parse(["127.0.0.1"])
 OK = b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"

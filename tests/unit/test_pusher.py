@@ -1,4 +1,4 @@
-"""broker.push_rules and broker.pusher without a network: --push-allow,
+"""broker.push.rules and broker.push.pusher without a network: --push-allow,
 signatures, the backoff, and a TopicPusher on a FakeClock over a fake
 backend whose POSTs are scripted (the real subscriber process is
 tests/conformance/test_conformance_push.py's)."""
@@ -12,10 +12,10 @@ import hmac
 import pytest
 from fakes import FakeClock
 
-from broker import push_rules
-from broker.params import AckRequest, Defaults, LongPollRequest
-from broker.push_rules import PushAllow, Subscription, backoff_ms, parse_subscribe, retry_after_ms, signature
-from broker.pusher import PushStats, TopicPusher
+from broker.core.params import AckRequest, Defaults, LongPollRequest
+from broker.push import rules as push_rules
+from broker.push.pusher import PushStats, TopicPusher
+from broker.push.rules import PushAllow, Subscription, backoff_ms, parse_subscribe, retry_after_ms, signature
 from storage.entry import Location, Message, Status
 from storage.errors import ConfigError, Forbidden, InvalidRequest, NotFound
 

@@ -1,4 +1,4 @@
-"""broker.recurrence: the DST examples docs/api.md states, the cron forms
+"""broker.core.recurrence: the DST examples docs/api.md states, the cron forms
 taken and refused, and what a released run means under each misfire rule.
 The fire times against an independent reference: property/test_recurrence_reference.py."""
 
@@ -9,7 +9,7 @@ import zoneinfo
 
 import pytest
 
-from broker.recurrence import (
+from broker.core.recurrence import (
     Cron,
     Misfire,
     Recurrence,

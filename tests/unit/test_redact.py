@@ -1,8 +1,8 @@
-"""broker.redact: what a client is told of an internal error names no file."""
+"""broker.core.redact: what a client is told of an internal error names no file."""
 
 import errno
 
-from broker.redact import client_text
+from broker.core.redact import client_text
 from storage.errors import CorruptionError
 
 DATA = "/srv/hourglass-data"

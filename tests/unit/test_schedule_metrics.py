@@ -1,4 +1,4 @@
-"""broker.schedule_metrics: the schedules shown are those that missed
+"""broker.schedules.metrics: the schedules shown are those that missed
 most, then ran latest, then most (at most --metrics-topics of them); the
 node's sums count every schedule. Each schedule's counts are its state's
 (`ScheduleState.released`, `missed`, `late_ms`; the last run's lateness
@@ -8,14 +8,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from broker.recurrence import Misfire
-from broker.schedule_metrics import render_metrics
-from broker.schedule_params import ScheduleSpec
-from broker.schedules import ScheduleState
+from broker.core.recurrence import Misfire
+from broker.schedules.keeper import ScheduleState
+from broker.schedules.metrics import render_metrics
+from broker.schedules.params import ScheduleSpec
 
 
 class Held:
-    """What render_metrics reads of broker.schedules.Schedules: its states."""
+    """What render_metrics reads of broker.schedules.keeper.Schedules: its states."""
 
     def __init__(self, states: list[ScheduleState]) -> None:
         self._states = states

@@ -1,4 +1,4 @@
-"""broker.schedules at size, in counts: the runs one tick releases are
+"""broker.schedules.keeper at size, in counts: the runs one tick releases are
 followed in slices of ADVANCE_SLICE, each one write of their progress and
 one batched send (not one of each a run); what a schedule holds in RAM
 stays under a ceiling once its last runs are full; the schedules file's
@@ -23,14 +23,14 @@ from typing import Any
 import pytest
 from broker_harness import BrokerHarness
 
-import broker.recurrence
-from broker.bulk_params import BulkFilter, DeleteMsgsRequest
-from broker.params import Defaults, DeleteRequest, PullRequest
-from broker.ready import QueueLimits
-from broker.recurrence import Misfire
-from broker.schedule_file import HEADER, MAGIC, ScheduleFile, frame
-from broker.schedule_params import ScheduleSpec
-from broker.schedules import ADVANCE_SLICE, CHECK_AFTER_MS, CHECK_SLICE, LAST_RUNS, ScheduleLimits, Schedules
+import broker.core.recurrence
+from broker.core.bulk_params import BulkFilter, DeleteMsgsRequest
+from broker.core.params import Defaults, DeleteRequest, PullRequest
+from broker.core.recurrence import Misfire
+from broker.disk.ready import QueueLimits
+from broker.schedules.file import HEADER, MAGIC, ScheduleFile, frame
+from broker.schedules.keeper import ADVANCE_SLICE, CHECK_AFTER_MS, CHECK_SLICE, LAST_RUNS, ScheduleLimits, Schedules
+from broker.schedules.params import ScheduleSpec
 from storage.entry import Status
 from storage.errors import CorruptionError
 from storage.types import NewMessage
@@ -45,8 +45,8 @@ TOPIC = "t"
 # made compact (dataclasses with dicts, a tuple of three objects a last
 # run, the scheduleId parsed from each run's msgId kept); about 900 since.
 MAX_BYTES_PER_SCHEDULE = 1200
-SCHEDULE_FILES = ("broker/schedules.py", "broker/schedule_params.py", "broker/recurrence.py",
-                  "broker/schedule_file.py", "tests/unit/test_schedules_batch.py")
+SCHEDULE_FILES = ("broker/schedules/keeper.py", "broker/schedules/params.py", "broker/core/recurrence.py",
+                  "broker/schedules/file.py", "tests/unit/test_schedules_batch.py")
 
 
 def spec(i: int, cron: str = "* * * * *") -> ScheduleSpec:
@@ -318,12 +318,12 @@ def test_a_restart_a_day_behind_follows_each_schedule_without_walking_its_missed
     node.h.close_broker()
     node.h.clock.set(pending + 24 * 3_600_000 + 500)  # down for a day
     calls: list[int] = []
-    real = broker.recurrence._cron_at_or_after
+    real = broker.core.recurrence._cron_at_or_after
 
     def counted(*args: Any) -> int | None:
         calls.append(1)
         return real(*args)
-    monkeypatch.setattr(broker.recurrence, "_cron_at_or_after", counted)
+    monkeypatch.setattr(broker.core.recurrence, "_cron_at_or_after", counted)
     node.h.open_broker()
     node.schedules = node._schedules()
     node.advance_to(node.h.clock.now_ms() + 200)

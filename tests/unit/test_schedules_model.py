@@ -1,4 +1,4 @@
-"""broker.schedules on a disk Broker (real Store, FakeClock), against a model
+"""broker.schedules.keeper on a disk Broker (real Store, FakeClock), against a model
 of docs/api.md's "Recurring schedules": schedules put (created, replaced
 with the right or a wrong version), paused, resumed and deleted, time
 passing while the node runs, and restarts, some after a downtime in which
@@ -33,16 +33,16 @@ from fakes import FakeElection
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from broker.bulk_params import BulkFilter, DeleteMsgsRequest
 from broker.cluster.schedules import RaftScheduleStore
-from broker.disk_broker import Broker
-from broker.metrics import Metrics
-from broker.params import Defaults, DeleteRequest, PullRequest
-from broker.ready import QueueLimits
-from broker.recurrence import Misfire, parse_run_msg_id
-from broker.schedule_file import ScheduleFile
-from broker.schedule_params import ScheduleSpec
-from broker.schedules import ScheduleLimits, Schedules, ScheduleStore
+from broker.core.bulk_params import BulkFilter, DeleteMsgsRequest
+from broker.core.params import Defaults, DeleteRequest, PullRequest
+from broker.core.recurrence import Misfire, parse_run_msg_id
+from broker.disk.backend import Broker
+from broker.disk.ready import QueueLimits
+from broker.observe.metrics import Metrics
+from broker.schedules.file import ScheduleFile
+from broker.schedules.keeper import ScheduleLimits, Schedules, ScheduleStore
+from broker.schedules.params import ScheduleSpec
 from storage.entry import MS_PER_HOUR
 from storage.errors import Conflict, LimitReached, NotFound
 from storage.store import Store

@@ -1,4 +1,4 @@
-"""broker.trace_context: the W3C traceparent and tracestate rules, the
+"""broker.core.trace_context: the W3C traceparent and tracestate rules, the
 spec's own examples taken, each rule's breach refused naming the
 parameter, and any tracestate built by the grammar kept (without its
 spaces and empty members) while one past a bound is refused."""
@@ -9,7 +9,7 @@ import hypothesis.strategies as st
 import pytest
 from hypothesis import given
 
-from broker.trace_context import (
+from broker.core.trace_context import (
     MAX_TRACESTATE_CHARS,
     MAX_TRACESTATE_MEMBERS,
     check_traceparent,

@@ -1,4 +1,4 @@
-"""broker.tracing: which OTEL_* variables turn spans on; and the spans a
+"""broker.observe.tracing: which OTEL_* variables turn spans on; and the spans a
 real node (in process, the real HTTP front over loopback, a real push
 subscriber) emits through the OpenTelemetry SDK's InMemorySpanExporter: a
 send's span the child of the context the sender gave, each delivery's
@@ -18,9 +18,9 @@ import textwrap
 
 import pytest
 
-from broker import tracing
 from broker.config import ServeConfig
-from broker.paths import PREFIX
+from broker.http.paths import PREFIX
+from broker.observe import tracing
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"

@@ -145,7 +145,7 @@ local function retry_or_end(id, m, now, retire_at)
 end
 -- A schedule's run with misfire=skip (m.skip: its nominal time + grace,
 -- send.lua) released first past its grace: it ends unseen (5), as the disk's
--- Schedules.on_release ends it (broker.schedules).
+-- Schedules.on_release ends it (broker.schedules.keeper).
 local function skipped(m, now)
   return m.skip ~= nil and m.retry == '0' and tonumber(now) > tonumber(m.skip)
 end

@@ -1,4 +1,4 @@
--- A failed push delivery (broker.pusher): a CONSUMING message waits again
+-- A failed push delivery (broker.push.pusher): a CONSUMING message waits again
 -- (WAITING) until its retry time, its trigger time then, as rescheduleMsg
 -- files it (the caller computes trigger, expire and rk from its ttl and
 -- priority); or ends (6) as a nack would, after maxRetry + 1 deliveries or

@@ -1,0 +1,376 @@
+"""The disk broker: one node's queues over the disk store, a
+`broker.backend.Backend` (the rules a client sees: docs/api.md).
+
+Where each status lives:
+
+    1 WAITING     on disk only; the timing wheel (wheel.Scheduler) reads it
+                  back a few seconds before its trigger and releases it
+    2 READY       on disk; RAM holds a bounded window of them per topic
+                  (broker.disk.windows), each with an expiry timer; the rest are
+                  refilled from disk
+    3 CONSUMING   on disk, and in RAM with an ack-deadline timer, capped
+                  per topic (a pull at the cap takes fewer)
+    4..7 final    on disk only, readable by getMsg until the hour retires
+
+What each request or timer does to a message is one pure function,
+broker.core.transitions.step, whose table is the lifecycle; every change it
+makes is one status record appended to the commit log, and a request is
+answered only once its record is durable (a pull on a standalone node:
+before; a crash then redelivers it).
+
+The broker is built of parts, each owning its state, built here in the
+order they depend on one another (each takes only parts built before it):
+
+    long_polls    LongPolls: pulls waiting on their topic (broker.core.long_polls)
+    lifecycle     Lifecycle: serving, stopping, failed (broker.core.lifecycle)
+    scheduler     the timing wheel, from the tick a restart resumes at
+    filing        Filing: messages on their way to the wheel; the tick's cap
+    commits       GroupCommit: many records, one fsync; hands the applied
+                  index entries to `filing`
+    journal       Journal: appends records; a failed append fails the node
+    windows       ReadyWindows: READY windows, CONSUMING messages, their
+                  timers (broker.disk.timers), refills; carries every step out
+                  on them
+    releaser      Releaser: WAITING -> READY; persists the tick
+    driver        WheelDriver: sleeps until the wheel is due, hands its
+                  releases to `releaser`
+    span_mover    SpanMover: files far-future spans' messages nearer
+    topics        Topics: topic names, the --max-topics cap, TopicInfo
+    requests      Requests: send, pull, long poll, ack, delete, get (the
+                  API calls it directly: broker.backend.MessageRequests)
+    dead_letters  DeadLetters: reschedule, listDeadMsg, redrive
+    bulk          Bulk: listMsg, deleteMsgs, rescheduleMsgs (broker.disk.bulk)
+
+then recovery (broker.disk.recovery) puts what a restart finds back in the
+built windows, and `start()` launches the tasks: the group commit, the
+wheel, the timers, the refills and the span mover.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+
+from storage.entry import Location, Message, Status
+from storage.errors import Unavailable
+from storage.store import NewMessage, Store
+from wheel.clock import Clock
+from wheel.driver import WheelDriver
+from wheel.scheduler import Scheduler, SchedulerConfig
+from wheel.tick_state import TickState, TickStateFile
+
+from ..core.bulk_params import BulkFilter, DeleteMsgsRequest, ListMsgRequest, RescheduleMsgsRequest
+from ..core.lifecycle import Lifecycle
+from ..core.long_polls import LongPolls
+from ..core.params import AckRequest, Defaults, DeleteRequest, LongPollRequest, NewSend, PullRequest, as_sends
+from ..observe.metrics import Backlog, Metrics
+from .bulk import Bulk
+from .dead_letters import DeadLetters
+from .filing import Filing
+from .group_commit import GroupCommit, Replicated
+from .journal import Journal
+from .ready import HeldMessage, QueueLimits, TopicQueue
+from .recovery import recover
+from .releaser import Releaser
+from .requests import Requests
+from .span_moves import SpanMover
+from .topics import Topics
+from .windows import ReadyWindows
+
+__all__ = ["Broker", "GroupCommit"]
+
+log = logging.getLogger("hourglass.service")
+
+
+class Broker:
+    """One node's queues over a `Store`: a standalone node's, or a cluster
+    leader's (`replicated`: a request is answered once followers have its
+    record too). All methods run on the event loop; `start()` launches the
+    tasks, `stop()` (after the server's requests) or `abandon()` ends them.
+
+    A send, followed through the parts: `requests` checks the topic cap
+    (`topics`) and appends the messages WAITING (`journal`); `filing`
+    counts each until the group commit (`commits`) has made it durable and
+    handed it to the wheel (`scheduler`); the answer waits for that fsync.
+    When the trigger time comes, `driver` polls the wheel and hands the
+    entries to `releaser`, which has `windows` make each READY (put in its
+    topic's window with its expiry timer, the topic's long polls woken)
+    and appends the changes as one record."""
+
+    def __init__(self, store: Store, clock: Clock, defaults: Defaults, metrics: Metrics, *,
+                 tick_path: str, scheduler_config: SchedulerConfig | None = None,
+                 replicated: Replicated | None = None, apply_lock: asyncio.Lock | None = None,
+                 limits: QueueLimits | None = None) -> None:
+        self.store = store
+        self.clock = clock
+        self.defaults = defaults  # what a request leaves out
+        self.metrics = metrics
+        self.limits = limits = limits or QueueLimits()
+        now_ms = clock.now_ms()
+        self._long_polls = LongPolls(clock)
+        self._lifecycle = Lifecycle(self._long_polls, log, "the node stops serving and exits")
+        tick_file = TickStateFile(tick_path, fsync=True)
+        self.scheduler = Scheduler(store, tick_file.state, now_ms, scheduler_config or SchedulerConfig())
+        self._filing = Filing(self.scheduler)
+        self.commits = GroupCommit(store, self._filing.on_committed, metrics, replicated, apply_lock)
+        self._journal = Journal(store, self._lifecycle)
+        self._windows = ReadyWindows(store, clock, limits, metrics, self._long_polls, self._journal,
+                                     self.commits, self._lifecycle)
+        self._releaser = Releaser(store, clock, metrics, self._windows, self._journal, self.commits, self._filing,
+                                  self.scheduler, tick_file)
+        self.driver = WheelDriver(self.scheduler, clock, self._releaser.release,
+                                  persist_tick=self._releaser.persist_tick)
+        self._span_mover = SpanMover(store, clock, self._lifecycle, self.commits, self._filing.span_filed)
+        self._topics = Topics(store, clock, self.commits, self._windows, limits)
+        self.requests = Requests(store, clock, metrics, self._lifecycle, self._long_polls, self._journal,
+                                 self.commits, self._filing, self._windows, self._releaser, self._topics,
+                                 pull_waits=replicated is not None)
+        self._dead_letters = DeadLetters(store, clock, metrics, self._lifecycle, self._journal, self.commits,
+                                         self._filing, self._windows, self._releaser, self._topics)
+        self._bulk = Bulk(store, clock, metrics, self._lifecycle, self._journal, self.commits, self._filing,
+                          self._windows, self._releaser, self._topics, self._dead_letters)
+        recover(store, self._windows, defaults.ack_timeout_ms, now_ms)
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def __repr__(self) -> str:
+        return f"Broker({self._lifecycle!r}, {self._windows!r}, {self._releaser!r})"
+
+    # == lifetime ================================================================
+
+    def start(self) -> None:
+        if self.store.parts_held():  # a bulk call's parts whose COMMIT never came: abandoned whole
+            self._journal.commit_parts(0, self.clock.now_ms())
+            self.commits.kick()
+        self._tasks = [asyncio.create_task(self.commits.run(), name="group-commit")]
+        self._tasks[0].add_done_callback(self._lifecycle.task_ended)
+        if self.store.intents_held():  # a large rescheduleMsgs cut short: carried out whole, then the dispatch
+            self._tasks.append(asyncio.create_task(self._carry_out_intents(), name="intents"))
+            self._tasks[1].add_done_callback(self._lifecycle.task_ended)
+        else:
+            self._start_dispatch()
+
+    def _start_dispatch(self) -> None:
+        """The wheel, the timers, the window refills and the span mover."""
+        tasks = [asyncio.create_task(self.driver.run(), name="wheel"),
+                 asyncio.create_task(self._windows.run_timers(), name="timers"),
+                 asyncio.create_task(self._windows.run_refills(), name="refills"),
+                 asyncio.create_task(self._span_mover.run(), name="span-moves")]
+        for task in tasks:
+            task.add_done_callback(self._lifecycle.task_ended)
+        self._tasks += tasks
+
+    async def _carry_out_intents(self) -> None:
+        """Before any message is released, refilled or refiled: one due at
+        its old time, or a far one refiled, would otherwise be delivered
+        where the call moves it from (requests are served meanwhile; pulls
+        find the windows as they were)."""
+        try:
+            await self._bulk.carry_out_intents()
+        except Unavailable:
+            if not self._lifecycle.stopping:  # (stopped or deposed meanwhile: the next node to serve goes on)
+                raise  # fails the node (task_ended): an INTENT held would hold every checkpoint
+            return
+        if not self._lifecycle.stopping:
+            self._start_dispatch()
+
+    async def stop(self) -> None:
+        """After the HTTP server has finished its requests: stop the wheel
+        (persisting its tick), commit, stop the tasks."""
+        self.begin_stop()
+        self.driver.stop()
+        self._windows.wake_timers()
+        self._windows.wake_refills()
+        self._filing.span_filed.set()
+        dispatch = [task for task in self._tasks if task.get_name() in ("wheel", "timers")]
+        if dispatch:  # (none yet while an INTENT is carried out at start)
+            await asyncio.wait(dispatch, timeout=10)
+        await self.commits.flush()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._releaser.close()
+
+    async def abandon(self) -> None:
+        """Stop at once without waiting for anything to replicate (this node
+        no longer leads): answer every request in flight 503, stop the tasks."""
+        self.begin_stop()
+        self.driver.stop()
+        for task in self._tasks:
+            task.cancel()
+        self.commits.abandon()  # before waiting: a task that waits for a commit is answered now
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._releaser.close()
+
+    def begin_stop(self) -> None:
+        """Refuse new work (503) and answer every long poll now."""
+        self._lifecycle.begin_stop()
+
+    def fail(self, error: BaseException, where: str) -> None:
+        """Stop serving for good: RAM and disk may disagree (broker.core.lifecycle)."""
+        self._lifecycle.fail(error, where)
+
+    def wake_all(self) -> None:
+        """Answer every long poll now (going offline, broker.http.health)."""
+        self._long_polls.wake_all()
+
+    @property
+    def failed(self) -> BaseException | None:
+        """Why the broker stopped itself (None: it did not)."""
+        return self._lifecycle.failed
+
+    @failed.setter
+    def failed(self, error: BaseException | None) -> None:
+        self._lifecycle.failed = error
+
+    @property
+    def on_fatal(self) -> Callable[[BaseException], None] | None:
+        """Called once when the broker stops itself (the server exits)."""
+        return self._lifecycle.on_fatal
+
+    @on_fatal.setter
+    def on_fatal(self, callback: Callable[[BaseException], None] | None) -> None:
+        self._lifecycle.on_fatal = callback
+
+    @property
+    def on_release(self) -> Callable[[Sequence[Message], int], Sequence[Location]] | None:
+        """Told of each release before it is carried out (broker.disk.releaser's
+        hook: the node's recurring schedules, broker.schedules.keeper)."""
+        return self._releaser.on_release
+
+    @on_release.setter
+    def on_release(self, hook: Callable[[Sequence[Message], int], Sequence[Location]] | None) -> None:
+        self._releaser.on_release = hook
+
+    @property
+    def on_cancel(self) -> Callable[[Location], None] | None:
+        """Told of each WAITING message that leaves WAITING other than by its
+        release: deleted, acked, moved (broker.disk.filing's hook: the node's
+        recurring schedules, broker.schedules)."""
+        return self._filing.on_cancel
+
+    @on_cancel.setter
+    def on_cancel(self, hook: Callable[[Location], None] | None) -> None:
+        self._filing.on_cancel = hook
+
+    @property
+    def tick(self) -> TickState | None:
+        """The tick last persisted: what a follower may take over from."""
+        return self._releaser.tick
+
+    # == requests (broker.disk.requests, broker.disk.dead_letters, broker.disk.topics) =========
+
+    async def send(self, sends: Sequence[NewSend | NewMessage]) -> list[Message]:
+        """Store new messages; answered once durable (Requests.send)."""
+        return await self.requests.send(as_sends(sends), self.clock.now_ms())
+
+    async def pull(self, request: PullRequest | LongPollRequest) -> list[Message]:
+        """Up to `batch` READY messages of the topic, now CONSUMING."""
+        return await self.requests.pull(request)
+
+    async def long_poll(self, request: LongPollRequest, gone: Callable[[], bool] = lambda: False) -> list[Message]:
+        """As pull, waiting up to the timeout for a READY message; `gone()`:
+        the client hung up (nothing is taken)."""
+        return await self.requests.long_poll(request, gone)
+
+    async def ack(self, request: AckRequest) -> None:
+        """Ack (-> ACKED) or nack (-> READY, or ENDED) one message."""
+        await self.requests.ack(request)
+
+    async def ack_many(self, topic: str, msg_ids: Sequence[str], ack: bool = True) -> list[Status | None]:
+        """`ack` of each id, one record; each one's status after it (None: unknown)."""
+        return await self.requests.ack_many(topic, msg_ids, ack)
+
+    async def delete(self, request: DeleteRequest) -> None:
+        """A live message -> DELETED; NotFound for an unknown or ended one."""
+        await self.requests.delete(request)
+
+    async def get(self, topic: str, msg_id: str) -> Message:
+        """The message as committed; NotFound if there is none."""
+        return await self.requests.get(topic, msg_id)
+
+    async def reschedule(self, topic: str, msg_id: str, trigger_ms: int) -> Message:
+        """A WAITING or READY message gets a new trigger time; else Conflict."""
+        return await self._dead_letters.reschedule(topic, msg_id, trigger_ms)
+
+    async def retry_at(self, topic: str, msg_id: str, at_ms: int) -> Status | None:
+        """A failed push delivery: the CONSUMING message WAITING again until
+        `at_ms` (a nack with a delay), or ENDED as a nack would end it."""
+        return await self._dead_letters.retry_at(topic, msg_id, at_ms)
+
+    async def list_dead(self, topic: str, statuses: frozenset[Status], cursor: str | None,
+                        limit: int) -> tuple[list[Message], str | None]:
+        """A page of dead letters (5, 6) and the next page's cursor; at
+        most --max-page-bytes of answer."""
+        return await self._dead_letters.list_dead(topic, statuses, cursor, limit, self.limits.page_bytes)
+
+    async def redrive(self, topic: str, msg_id: str) -> Message:
+        """A dead letter READY again, retry 0; else Conflict."""
+        return await self._dead_letters.redrive(topic, msg_id)
+
+    async def redrive_all(self, topic: str, limit: int) -> tuple[int, bool]:
+        """Up to `limit` dead letters READY again; how many, and if more are left."""
+        return await self._dead_letters.redrive_all(topic, limit)
+
+    async def list_msgs(self, request: ListMsgRequest) -> tuple[list[Message], str | None]:
+        """A page of the topic's messages matching a filter, and the next page's cursor."""
+        return await self._bulk.page(request)
+
+    async def count_msgs(self, topic: str, flt: BulkFilter) -> int:
+        """How many of the topic's messages match a filter."""
+        return await self._bulk.count(topic, flt)
+
+    async def delete_msgs(self, request: DeleteMsgsRequest) -> tuple[int, bool]:
+        """Up to `limit` live matches DELETED, all or nothing; how many, and if more remain."""
+        return await self._bulk.delete(request)
+
+    async def reschedule_msgs(self, request: RescheduleMsgsRequest) -> tuple[int, bool]:
+        """Up to `limit` waiting or ready matches moved, all or nothing; how many, and if more remain."""
+        return await self._bulk.reschedule(request)
+
+    async def topic_info(self, topic: str) -> dict[str, object]:
+        """camellia's TopicInfo, once every change made so far is committed."""
+        return (await self._topics.topic_infos([topic]))[0]
+
+    async def topic_infos(self, topics: Sequence[str]) -> list[dict[str, object]]:
+        """`topic_info` of each topic, in one pass."""
+        return await self._topics.topic_infos(topics)
+
+    def topic_list(self) -> list[str]:
+        """The topics known, sorted."""
+        return self._topics.topic_list()
+
+    async def topic_backlogs(self) -> dict[str, Backlog]:
+        """(waiting, ready, consuming, dead) of every topic the store names."""
+        return await self._topics.topic_backlogs()
+
+    def has_topic(self, topic: str) -> bool:
+        return self._topics.has_topic(topic)
+
+    # == what RAM holds, for tests and introspection (broker.disk.windows) ===========
+
+    @property
+    def topics(self) -> dict[str, TopicQueue]:
+        """Each topic's ready window and consuming count."""
+        return self._windows.topics
+
+    @property
+    def live(self) -> dict[Location, HeldMessage]:
+        """Every message RAM holds: the windows' READY ones and the CONSUMING ones."""
+        return self._windows.held
+
+    @property
+    def window_total(self) -> int:
+        return self._windows.window_total
+
+    @property
+    def parked_total(self) -> int:
+        return self._windows.parked_total
+
+    @property
+    def key_spilled_total(self) -> int:
+        return self._windows.key_spilled_total
+
+    @property
+    def consuming_total(self) -> int:
+        return self._windows.consuming_total

@@ -1,0 +1,127 @@
+"""Ack deadlines and expiries of the messages RAM holds, on one DelayQueue.
+
+    Timer(ACK, due_ms, [location, ...])     CONSUMING messages' ack deadline
+    Timer(EXPIRY, due_ms, [location, ...])  READY window messages' expire time
+
+The ready windows (broker.disk.windows) build the queue and run its task, and
+set a timer when they take a message in
+(EXPIRY) or hand messages out (ACK: one timer for a pull's whole batch,
+which shares its deadline). The timer task sleeps on the injected clock
+until the earliest (woken early when an earlier one is set), hands every
+due timer to the windows, which apply its event (broker.core.transitions:
+`AckTimeout`, `Ttl`) to its messages still held, and makes the changes
+durable as one record before it sleeps again.
+
+A timer is never removed when its messages move on (an ack, a new
+deadline): the step says a stale timer changes nothing when it fires, and
+the windows compact the queue (dropping the places a timer would no longer
+change) once its places outnumber the held messages, so it stays O(held).
+A spilled READY message has no timer: the refill that reads it back ends
+it if it has expired.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+from collections.abc import Callable
+from typing import NamedTuple
+
+from storage.entry import Location
+from storage.store import StateChange
+from wheel.clock import Clock
+from wheel.delay_queue import DelayQueue
+
+from ..core.lifecycle import Lifecycle
+from ..core.transitions import TTL, AckTimeout, Event
+from .group_commit import GroupCommit
+from .journal import Journal
+
+# Compact once the timers' places exceed twice the held messages by this many.
+COMPACT_SLACK = 1024
+
+
+class TimerKind(enum.Enum):
+    ACK = "ack"  # a CONSUMING message's ack deadline
+    EXPIRY = "expiry"  # a READY window message's expire time
+
+
+class Timer(NamedTuple):
+    kind: TimerKind
+    due_ms: int
+    locations: list[Location]  # its messages' places (a compaction drops the stale ones)
+
+    @property
+    def event(self) -> Event:
+        """What the timer firing is to its messages (broker.core.transitions)."""
+        return AckTimeout(self.due_ms) if self.kind is TimerKind.ACK else TTL
+
+
+# The windows' answer to fired timers: the status changes they made.
+Fire = Callable[[list[Timer], int], list[StateChange]]
+
+
+class Timers:
+    """The timer queue and its task. Runs on the event loop."""
+
+    def __init__(self, clock: Clock, lifecycle: Lifecycle, journal: Journal, commits: GroupCommit) -> None:
+        self._clock = clock
+        self._lifecycle = lifecycle
+        self._journal = journal
+        self._commits = commits
+        self._queue: DelayQueue[Timer] = DelayQueue()
+        self._wake = asyncio.Event()  # an earlier timer was set, or the node stops
+        self.locations = 0  # places in the queued timers: what a compaction weighs
+
+    def __repr__(self) -> str:
+        return f"Timers({self._queue!r}, locations={self.locations})"
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    def set(self, kind: TimerKind, due_ms: int, locations: list[Location]) -> None:
+        """A timer of `kind` due at `due_ms` for the messages at `locations`
+        (the list is the timer's from now on)."""
+        self.locations += len(locations)
+        if self._queue.offer(tuple.__new__(Timer, (kind, due_ms, locations)), due_ms):  # (no Python __new__)
+            self._wake.set()
+
+    def compact(self, trim: Callable[[Timer], bool]) -> None:
+        """`trim` drops each timer's stale places (their messages acked,
+        deleted, ended or moved on) and says whether any is left; the
+        timers left with none go: the windows call it once the places may
+        outnumber the messages they hold by COMPACT_SLACK."""
+        left = 0
+
+        def keep(timer: Timer, due_ms: int) -> bool:
+            nonlocal left
+            if not trim(timer):
+                return False
+            left += len(timer.locations)
+            return True
+        self._queue.retain(keep)
+        self.locations = left
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def _due(self, now_ms: int) -> list[Timer]:
+        due = []
+        while (timer := self._queue.poll_expired(now_ms)) is not None:
+            due.append(timer)
+            self.locations -= len(timer.locations)
+        return due
+
+    async def run(self, fire: Fire) -> None:
+        """Hand due timers to `fire` and make its changes durable, until the node stops."""
+        clock = self._clock
+        while not self._lifecycle.stopping:
+            self._wake.clear()
+            now_ms = clock.now_ms()
+            changes: list[StateChange] = []
+            while due := self._due(now_ms):  # (firing may set timers due already)
+                changes += fire(due, now_ms)
+            if changes:
+                self._journal.append(changes, now_ms)
+                await self._commits.background_durable("ack deadlines and expiries")
+            await clock.sleep_until(self._queue.peek_expiration_ms(), self._wake)

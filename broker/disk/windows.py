@@ -1,0 +1,583 @@
+"""The ready windows: the one part that owns what RAM holds of READY and
+CONSUMING messages -- each topic's window, the messages in flight, their
+timers -- and refills windows from disk.
+
+A READY message is on disk always; RAM holds at most `window` of them per
+topic (and `window_total` in all), the best by (-priority, triggerTime)
+(broker.disk.ready.TopicQueue). When a window is full, a message that outranks
+its last takes its place (the last goes back to disk only); one that does
+not stays on disk, and the topic is marked spilled at its place. A pull
+that finds the window low, and a background task (`run_refills`), read
+spilled messages back from disk in filing order, at most REFILL_SCAN index
+entries at a time, so memory stays flat however far consumers fall behind.
+
+Example (window 2): READY a(p0) b(p0) c(p5): a, b fill the window; c
+outranks b, so b is spilled (on disk only) and c held; a pull takes c,
+then a; the refill reads b back.
+
+CONSUMING messages are all held (with an ack timer), capped per topic and
+in all: a pull at a cap takes fewer. Serial keys (docs/api.md, "Tags and
+serial keys"): a key's messages hold at most `key_window` places; while one
+of them is CONSUMING the others are parked (held, not pulled); beyond that
+they wait on disk, their places remembered per key.
+
+What a message becomes is broker.core.transitions' table; `apply` is the one
+place it is carried out on RAM: it steps each held message of a batch with
+the event's row of the table and moves it from where its old status kept
+it (its window, or flight) to where its new one does (TAKE: flight, with an
+ack timer; REQUEUE, HOLD: a window, with an expiry timer, or disk only;
+FORGET: nowhere), wakes long polls (WAKE) and counts (COUNT_*), in one pass
+over the batch: a pull of N and an ackMsg of N ids are one call each. It
+returns the status changes for the caller to log. A message changed by
+id from its stored copy (an ack of one not in flight, a delete, a move)
+was stepped by its request: `forget_at` is that step's FORGET here.
+
+Cost (a window of w messages): a pull of N takes N heap pops (O(log w)
+each, in C) and one cell call a message; an ack of N ids, N dict look-ups
+and one cell call each; every other Python call of either is once a
+batch. Everything runs on the event loop: who may call what is only
+"the loop's tasks, one at a time".
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable, Sequence
+
+from storage.entry import MS_PER_HOUR, Location, Message, Status
+from storage.store import StateChange, Store, text_hash
+from wheel.clock import Clock
+
+from ..core.lifecycle import Lifecycle
+from ..core.long_polls import LongPolls
+from ..core.transitions import TABLE, TTL, Effect, Event, MessageState, Pull, step
+from ..observe.metrics import Metrics
+from .group_commit import GroupCommit
+from .journal import Journal
+from .ready import HeldMessage, OrderKey, QueueLimits, TopicQueue
+from .timers import COMPACT_SLACK, Timer, TimerKind, Timers
+
+# A refill reads at most about this many index entries (192 KiB) and takes
+# at most REFILL_FOUND messages before other work runs.
+REFILL_SCAN = 4096
+REFILL_FOUND = 512
+REFILL_ROUNDS = 4
+# A pull that finds its topic's window nearly empty refills it whole, reading
+# at most about this many index entries a round.
+INLINE_REFILL_SCAN = 65536
+# Freed serial keys with messages on disk a pull reads back itself (the
+# rest: the background refill).
+INLINE_KEY_REFILLS = 4
+
+_new = tuple.__new__  # (a NamedTuple without its Python-level __new__)
+READY, CONSUMING = Status.READY, Status.CONSUMING
+TAKE, REQUEUE, FORGET, HOLD, WAKE = Effect.TAKE, Effect.REQUEUE, Effect.FORGET, Effect.HOLD, Effect.WAKE
+
+
+class ReadyWindows:
+    """Each topic's window of READY messages, the CONSUMING ones, their
+    timers, and the refills. `topics` (the names: broker.disk.topics), `held`
+    and the totals may be read; they change only through the methods."""
+
+    def __init__(self, store: Store, clock: Clock, limits: QueueLimits, metrics: Metrics, long_polls: LongPolls,
+                 journal: Journal, commits: GroupCommit, lifecycle: Lifecycle) -> None:
+        self._store = store
+        self._clock = clock
+        self._limits = limits
+        self._metrics = metrics
+        self._timers = Timers(clock, lifecycle, journal, commits)  # its messages' ack deadlines and expiries
+        self._long_polls = long_polls
+        self._journal = journal
+        self._commits = commits
+        self._lifecycle = lifecycle
+        self.topics: dict[str, TopicQueue] = {}
+        self.held: dict[Location, HeldMessage] = {}  # every window and consuming message
+        self._in_flight: dict[tuple[str, str], HeldMessage] = {}  # the consuming ones by (topic, msgId)
+        # The totals over all topics (each topic's own: its TopicQueue), kept
+        # where the counts change, in this part alone:
+        self.window_total = 0  # READY messages held in windows (parked ones included)
+        self.parked_total = 0  # of which parked: held behind a busy serial key
+        self.key_spilled_total = 0  # places of serial keys' messages on disk remembered
+        self._to_refill: set[str] = set()  # spilled topics whose window has room
+        self._key_refills: set[tuple[str, str]] = set()  # (topic, serial key) freed with messages on disk
+        self._refill_wake = asyncio.Event()
+
+    def __repr__(self) -> str:
+        return (f"ReadyWindows(topics={len(self.topics)}, window={self.window_total}, parked={self.parked_total}, "
+                f"consuming={self.consuming_total}, to_refill={len(self._to_refill)}, {self._timers!r})")
+
+    @property
+    def consuming_total(self) -> int:
+        """CONSUMING messages, over all topics (every one is held)."""
+        return len(self._in_flight)
+
+    # == what other parts ask =====================================================
+
+    def queue(self, topic: str) -> TopicQueue:
+        queue = self.topics.get(topic)
+        if queue is None:
+            queue = self.topics[topic] = TopicQueue(topic, text_hash(topic))
+        return queue
+
+    def in_flight(self, topic: str, msg_id: str) -> HeldMessage | None:
+        """The CONSUMING message of that id (every one is held), or None."""
+        return self._in_flight.get((topic, msg_id))
+
+    def in_flight_of(self, topic: str, msg_ids: Iterable[str]) -> dict[str, HeldMessage]:
+        """Those of the ids whose message is CONSUMING, each's held message."""
+        flying = self._in_flight
+        found = {}
+        for msg_id in msg_ids:
+            held = flying.get((topic, msg_id))
+            if held is not None:
+                found[msg_id] = held
+        return found
+
+    def take(self, topic: str, batch: int, tags: frozenset[str] | None, deadline_ms: int,
+             now_ms: int) -> tuple[list[HeldMessage], list[StateChange]]:
+        """A pull: up to `batch` of the topic's best READY messages (among
+        `tags`), fewer at the in-flight caps, the window topped up from disk
+        first, made CONSUMING with their ack due at `deadline_ms`. The
+        messages, and their status changes to log."""
+        queue = self.topics.get(topic)
+        if queue is None:
+            return [], []
+        limits = self._limits
+        room = min(batch, limits.inflight - queue.consuming, limits.inflight_total - len(self._in_flight))
+        if room <= 0:
+            return [], []
+        if (queue.key_scan or queue.key_spilled) and len(queue.ready) < limits.window:
+            free = [k for k in dict.fromkeys((*queue.key_spilled, *queue.key_scan)) if k not in queue.busy]
+            for serial_key in free[:INLINE_KEY_REFILLS]:
+                self._refill_key(queue, serial_key)
+        if queue.spilled and len(queue.ready) < limits.window:
+            # Top the window up first (after a restart it starts empty; a send
+            # may have put a message in it while older ones wait on disk), so
+            # the pull picks by priority among as many as the window holds. A
+            # pull may take the window over the total cap by its batch.
+            want = min(limits.window - len(queue.ready),
+                       max(room, limits.window_total - self.window_total + self.parked_total))
+            self._refill(queue, want, max_scan=INLINE_REFILL_SCAN)
+        if not queue.ready:
+            return [], []
+        chosen = queue.best(room, tags)
+        changes = self.apply(_new(Pull, (deadline_ms,)), chosen, now_ms)
+        if queue.spilled and len(queue.ready) <= limits.window // 2:
+            self._schedule_refill(queue.name)
+        return chosen, changes
+
+    def apply(self, event: Event, batch: Sequence[HeldMessage], now_ms: int) -> list[StateChange]:
+        """`event` to each message of `batch` (held, or WAITING on its way in:
+        a release), carried out on RAM in one pass: its step (its status's
+        cell of the event's row of the table); then, the batch at once, out
+        of where its old status kept it (a window: READY; flight:
+        CONSUMING) and into where its new one does (TAKE: flight and an ack
+        timer; REQUEUE, HOLD: a window or disk only; FORGET: nowhere); long
+        polls woken (WAKE) and counts kept (COUNT_*). The status changes,
+        for the caller to log."""
+        cells = TABLE[type(event)]
+        changes: list[StateChange] = []
+        out_of_window: list[HeldMessage] = []
+        out_of_flight: list[HeldMessage] = []
+        into_flight: list[HeldMessage] = []
+        into_window: list[HeldMessage] = []
+        forgotten: list[Location] = []
+        woken: set[str] = set()
+        counted_topic, times = "", 0  # a run of one topic's same effects: counted once
+        topic_metrics = self._metrics.topic
+        counted: tuple[Effect, ...] = ()
+        for held in batch:
+            before = held.state
+            status = before.status
+            state, effects, _ = cells[status](before, event, now_ms)
+            if state is None or not effects:
+                continue
+            held.state = state
+            if status is READY:
+                out_of_window.append(held)
+            elif status is CONSUMING:
+                out_of_flight.append(held)  # (a WAITING one, released, was not held)
+            if TAKE in effects:
+                into_flight.append(held)
+            elif REQUEUE in effects or HOLD in effects:
+                into_window.append(held)
+            elif FORGET in effects:
+                forgotten.append(held.location)
+            if WAKE in effects:
+                woken.add(held.topic)
+            changes.append(_new(StateChange, (held.location, state.status, state.retry, False, state.deadline_ms,
+                                              status, held.topic_hash)))
+            if effects is not counted or held.topic != counted_topic:
+                if times:
+                    topic_metrics(counted_topic).count(counted, times)
+                counted_topic, counted, times = held.topic, effects, 0
+            times += 1
+        if times:
+            topic_metrics(counted_topic).count(counted, times)
+        if out_of_window:
+            self._leave_windows(out_of_window)
+        wake_all = bool(out_of_flight) and self._leave_flight(out_of_flight, woken)
+        if into_flight:
+            self._enter_flight(into_flight)
+        for held in into_window:
+            self._admit(held)
+        held_at = self.held
+        for location in forgotten:
+            del held_at[location]
+        if wake_all:
+            self._long_polls.wake_all()
+        else:
+            for name in woken:
+                self._long_polls.wake(name)
+        return changes
+
+    def forget_at(self, location: Location) -> None:
+        """FORGET for a message changed by its stored copy's step (acked,
+        deleted or moved by id): RAM lets it go, if it holds it."""
+        held = self.held.get(location)
+        if held is None:
+            return
+        if held.state.status is READY:
+            self._leave_windows([held])
+        else:
+            woken: set[str] = set()
+            if self._leave_flight([held], woken):
+                self._long_polls.wake_all()
+            elif woken:
+                self._long_polls.wake(held.topic)
+        del self.held[location]
+
+    async def run_timers(self) -> None:
+        """The timer task (broker.disk.timers), until the node stops: due timers
+        fired (`_fire`), their changes made durable."""
+        await self._timers.run(self._fire)
+
+    def wake_timers(self) -> None:
+        self._timers.wake()
+
+    def _fire(self, timers: list[Timer], now_ms: int) -> list[StateChange]:
+        """Due timers: each one's event to its messages still held (an ack
+        timeout, an expiry); the status changes."""
+        changes: list[StateChange] = []
+        held_at = self.held
+        for timer in timers:
+            batch = [held for location in timer.locations if (held := held_at.get(location)) is not None]
+            if batch:
+                changes += self.apply(timer.event, batch, now_ms)
+        return changes
+
+    # == recovery (broker.disk.recovery) ================================================
+
+    def hold_consuming(self, message: Message, deadline_ms: int) -> None:
+        """A CONSUMING message found at a restart, its ack due at `deadline_ms`."""
+        held = HeldMessage.of(message, text_hash(message.topic))
+        held.message = None
+        held.state = held.state._replace(deadline_ms=deadline_ms)
+        self.queue(message.topic)
+        self.held[held.location] = held
+        self._enter_flight([held])
+
+    def spilled_from(self, topic: str, location: Location) -> None:
+        """The topic's READY messages lie on disk, none before `location`."""
+        self.queue(topic).spill_at(location)
+        self._to_refill.add(topic)
+
+    # == where a held message is: a window, flight ================================
+
+    def _admit(self, held: HeldMessage) -> None:
+        """A READY message into its topic's window if there is room, or if
+        it outranks the window's last (which goes back to disk); else it
+        stays on disk only, for a refill to find."""
+        queue = self.queue(held.topic)
+        limits = self._limits
+        if held.serial_key and self._key_full(queue, held.serial_key):
+            self.held.pop(held.location, None)  # its key has its share of the window: it waits on disk
+            self._key_spill(queue, held.serial_key, held.location)
+            return
+        if len(queue.ready) < limits.window and self.window_total - self.parked_total < limits.window_total:
+            self._enter_window(queue, held)
+            return
+        last = queue.last()
+        if last is not None and held.key < last.key:
+            self._spill(queue, last)
+            self._enter_window(queue, held)
+            return
+        self.held.pop(held.location, None)
+        queue.spill_at(held.location)
+
+    def _enter_window(self, queue: TopicQueue, held: HeldMessage) -> None:
+        self.held[held.location] = held
+        self.window_total += 1
+        serial_key = held.serial_key
+        if serial_key:
+            queue.by_key.setdefault(serial_key, {})[held.location] = held
+            if serial_key in queue.busy:  # parked
+                queue.parked += 1
+                self.parked_total += 1
+                self._set_timer(TimerKind.EXPIRY, held.expire_ms, [held.location])
+                return
+        queue.order(held)
+        self._set_timer(TimerKind.EXPIRY, held.expire_ms, [held.location])
+
+    def _leave_windows(self, batch: list[HeldMessage]) -> None:
+        """Out of their windows (still in `held`: the caller says where
+        they go)."""
+        topics = self.topics
+        last: TopicQueue | None = None  # the topic whose order to tidy (once a run of one topic)
+        for held in batch:
+            queue = topics[held.topic]
+            serial_key = held.serial_key
+            if serial_key:
+                of_key = queue.by_key[serial_key]
+                del of_key[held.location]
+                if not of_key:
+                    del queue.by_key[serial_key]
+                if serial_key in queue.busy:  # parked: not in the order
+                    queue.parked -= 1
+                    self.parked_total -= 1
+                    continue
+            del queue.ready[held.location]  # (its heap entries go stale: TopicQueue)
+            if queue is not last:
+                if last is not None:
+                    last.tidy()
+                last = queue
+        self.window_total -= len(batch)
+        if last is not None:
+            last.tidy()
+
+    def _spill(self, queue: TopicQueue, held: HeldMessage) -> None:
+        """A message of the window goes back to disk only (it is READY there)."""
+        self._leave_windows([held])
+        del self.held[held.location]
+        queue.spill_at(held.location)
+
+    def _enter_flight(self, batch: list[HeldMessage]) -> None:
+        """Consuming messages (each in `held`) counted against the caps,
+        found by id, given their ack timers (one a deadline); each one's
+        serial key busy, its other window messages parked."""
+        topics, flying = self.topics, self._in_flight
+        acks: dict[int, list[Location]] = {}
+        for held in batch:
+            queue = topics[held.topic]
+            queue.consuming += 1
+            flying[held.topic, held.msg_id] = held
+            deadline_ms = held.state.deadline_ms
+            at_deadline = acks.get(deadline_ms)
+            if at_deadline is None:
+                acks[deadline_ms] = [held.location]
+            else:
+                at_deadline.append(held.location)
+            if held.serial_key:
+                self._key_busy(queue, held.serial_key)
+        for deadline_ms, locations in acks.items():
+            self._set_timer(TimerKind.ACK, deadline_ms, locations)
+
+    def _key_busy(self, queue: TopicQueue, serial_key: str) -> None:
+        """A message of the key starts consuming: when the key was free, its
+        window messages leave the pull order, parked (at most `window` in
+        the topic: the rest go back to disk)."""
+        n = queue.busy.get(serial_key, 0)
+        queue.busy[serial_key] = n + 1
+        if n:
+            return
+        others = sorted(queue.by_key.get(serial_key, {}).values(), key=_order_key)
+        for other in others:
+            queue.unorder(other)
+        queue.parked += len(others)
+        self.parked_total += len(others)
+        room = self._limits.window - (queue.parked - len(others))
+        for other in others[max(0, room):]:  # parked beyond `window` in the topic: back to disk
+            self._leave_windows([other])
+            del self.held[other.location]
+            self._key_spill(queue, serial_key, other.location)
+
+    def _leave_flight(self, batch: list[HeldMessage], woken: set[str]) -> bool:
+        """Fewer consuming (still in `held`: the caller says where they go).
+        A pull held back by a cap may go on, and so may one of a serial key
+        now free: the topic is added to `woken`; True when every topic's
+        long polls are to be woken (the total cap)."""
+        topics, flying, limits = self.topics, self._in_flight, self._limits
+        total_capped = len(flying) >= limits.inflight_total
+        for held in batch:
+            queue = topics[held.topic]
+            del flying[held.topic, held.msg_id]
+            if queue.consuming >= limits.inflight:
+                woken.add(queue.name)
+            queue.consuming -= 1
+            if held.serial_key and self._key_freed(queue, held.serial_key):
+                woken.add(queue.name)
+        return total_capped
+
+    def _key_freed(self, queue: TopicQueue, serial_key: str) -> bool:
+        """A message of the key stops consuming: True when the key is free
+        (its parked messages are back in the pull order)."""
+        n = queue.busy[serial_key] - 1
+        if n:
+            queue.busy[serial_key] = n
+            return False
+        del queue.busy[serial_key]
+        back = queue.by_key.get(serial_key, {})
+        for held in back.values():
+            queue.order(held)
+        queue.parked -= len(back)
+        self.parked_total -= len(back)
+        if queue.has_spilled(serial_key):
+            self._key_refills.add((queue.name, serial_key))
+            self._refill_wake.set()
+        return True
+
+    def _key_spill(self, queue: TopicQueue, serial_key: str, location: Location) -> None:
+        """A READY message of a key with its share of RAM stays on disk; its
+        place is remembered while fewer than window_total are."""
+        if queue.key_spill_at(serial_key, location, self.key_spilled_total < self._limits.window_total):
+            self.key_spilled_total += 1
+
+    def _key_full(self, queue: TopicQueue, serial_key: str) -> bool:
+        """The key has its share of the window (key_window messages), or it
+        is busy and the topic holds `window` parked messages already."""
+        return (queue.key_count(serial_key) >= self._limits.key_window
+                or (serial_key in queue.busy and queue.parked >= self._limits.window))
+
+    # == timers =====================================================================
+
+    def _set_timer(self, kind: TimerKind, due_ms: int, locations: list[Location]) -> None:
+        timers = self._timers
+        if timers.locations > 2 * len(self.held) + COMPACT_SLACK:
+            timers.compact(self._trim)
+        timers.set(kind, due_ms, locations)
+
+    def _trim(self, timer: Timer) -> bool:
+        """Drop the timer's messages it would no longer change when it fires
+        (then it never will: they moved on); whether any is left. Asked of
+        every timer by a compaction: what step() says of the timer's event."""
+        held_at, event = self.held, timer.event
+        timer.locations[:] = [location for location in timer.locations if (held := held_at.get(location)) is not None
+                              and step(held.state, event, timer.due_ms).effects]
+        return bool(timer.locations)
+
+    # == refilling windows from disk ==============================================
+
+    def _refill(self, queue: TopicQueue, want: int, max_scan: int = REFILL_SCAN) -> int:
+        """Up to `want` spilled READY messages of the topic into its window,
+        in filing order (reading at most about `max_scan` index entries);
+        those past their ttl end instead. Returns how many were added."""
+        now_ms = self._clock.now_ms()
+        added = 0
+        ended: list[StateChange] = []
+        for _ in range(REFILL_ROUNDS):  # (entries held already count in a scan's finds: go on past them)
+            if not queue.spilled or added >= want:
+                break
+            entries, queue.scan = self._store.scan_ready(queue.topic_hash, queue.scan or Location(0, 0),
+                                                         now_ms // MS_PER_HOUR + 1, max_scan, want - added)
+            queue.spilled = queue.scan is not None
+            added += self._hold_found(queue, [e.location for e in entries], now_ms, ended)
+            if not entries:
+                break
+        self._ended(ended, now_ms)
+        return added
+
+    def _hold_found(self, queue: TopicQueue, locations: Iterable[Location], now_ms: int,
+                    ended: list[StateChange]) -> int:
+        """Spilled messages found on disk into the window; how many."""
+        added = 0
+        for location in locations:
+            if location not in self.held:
+                added += self._hold(queue, location, self._store.read_message(location), now_ms, ended)
+        return added
+
+    def _hold(self, queue: TopicQueue, location: Location, message: Message | None, now_ms: int,
+              ended: list[StateChange]) -> bool:
+        """One message read from disk into the window, if it is still READY
+        and alive and its key has room (else it ends, or stays on disk)."""
+        if message is None or message.status is not READY or message.topic != queue.name:
+            return False
+        ending = step(MessageState.of(message), TTL, now_ms)
+        if ending.effects and ending.state is not None:  # past its ttl: it ends (step says how), never held
+            ended.append(StateChange(location, ending.state.status, ending.state.retry))
+            self._metrics.topic(queue.name).count(ending.effects)
+            return False
+        if message.key and self._key_full(queue, message.key):
+            self._key_spill(queue, message.key, location)  # (read again when the key has room)
+            return False
+        self._enter_window(queue, HeldMessage.of(message, queue.topic_hash))
+        return True
+
+    def _refill_key(self, queue: TopicQueue, serial_key: str) -> None:
+        """Spilled READY messages of one serial key into the window, up to
+        its key_window, from its own disk position (broker.disk.ready), reading
+        at most about REFILL_SCAN index entries; the rest later."""
+        want = min(self._limits.key_window - queue.key_count(serial_key), self._limits.window - len(queue.ready))
+        if want <= 0:
+            return  # (no room: the next pull or refill of the topic tries again)
+        now_ms = self._clock.now_ms()
+        ended: list[StateChange] = []
+        places = queue.take_spilled(serial_key, want)
+        self.key_spilled_total -= len(places)
+        want -= self._hold_found(queue, places, now_ms, ended)
+        start = queue.key_scan.get(serial_key)
+        if start is None or want <= 0:
+            self._ended(ended, now_ms)
+            self._long_polls.wake(queue.name)
+            return
+        del queue.key_scan[serial_key]
+        entries, after = self._store.scan_ready(queue.topic_hash, start, now_ms // MS_PER_HOUR + 1, REFILL_SCAN,
+                                                REFILL_FOUND)
+        for entry in entries:
+            if entry.location in self.held:
+                continue
+            message = self._store.read_message(entry.location)
+            if message is not None and message.key == serial_key:  # (another key's: its own position covers it)
+                if want <= 0:  # the rest later, from here
+                    queue.key_spill_at(serial_key, entry.location)
+                    break
+                want -= self._hold(queue, entry.location, message, now_ms, ended)
+        if after is not None and serial_key not in queue.key_scan:
+            queue.key_spill_at(serial_key, after)
+        self._ended(ended, now_ms)
+        self._long_polls.wake(queue.name)
+
+    def _ended(self, ended: list[StateChange], now_ms: int) -> None:
+        if ended:
+            self._journal.append(ended, now_ms)
+            self._commits.kick()
+
+    def _schedule_refill(self, name: str) -> None:
+        """The topic's window is half empty and messages wait on disk: the
+        refill task tops it up."""
+        self._to_refill.add(name)
+        self._refill_wake.set()
+
+    def wake_refills(self) -> None:
+        self._refill_wake.set()
+
+    async def run_refills(self) -> None:
+        """Refill spilled topics' windows in the background, a slice at a
+        time, until the node stops (the first round: the topics a restart
+        found with READY messages on disk)."""
+        limits, lifecycle = self._limits, self._lifecycle
+        if self._to_refill:
+            self._refill_wake.set()
+        while not lifecycle.stopping:
+            await self._refill_wake.wait()
+            self._refill_wake.clear()
+            while self._key_refills and not lifecycle.stopping:
+                name, serial_key = self._key_refills.pop()
+                queue = self.topics.get(name)
+                if queue is not None and serial_key not in queue.busy:
+                    self._refill_key(queue, serial_key)
+                await asyncio.sleep(0)
+            while self._to_refill and not lifecycle.stopping:
+                for name in list(self._to_refill):
+                    queue = self.topics.get(name)
+                    room = 0 if queue is None else min(limits.window - len(queue.ready),
+                                                       limits.window_total - self.window_total + self.parked_total)
+                    if queue is None or not queue.spilled or room <= 0:
+                        self._to_refill.discard(name)
+                        continue
+                    if self._refill(queue, min(room, REFILL_FOUND)):
+                        self._long_polls.wake(name)
+                    await asyncio.sleep(0)
+
+
+def _order_key(held: HeldMessage) -> OrderKey:
+    return held.key

@@ -1,0 +1,356 @@
+"""The HTTP API (docs/api.md): camellia-delay-queue's paths, parameter
+names and answers, over a `broker.backend.Backend` (the disk broker or Redis).
+
+    POST /camellia/delayQueue/sendMsg          -> delayMsg
+    POST /camellia/delayQueue/sendMsgBatch     -> delayMsgList (JSON body)
+    POST /camellia/delayQueue/deleteMsg
+    POST /camellia/delayQueue/pullMsg          -> delayMsgList
+    POST /camellia/delayQueue/longPollingMsg   -> delayMsgList
+    POST /camellia/delayQueue/ackMsg           (ack=false: nack; msgIds: many -> results)
+    POST /camellia/delayQueue/getMsg           -> delayMsg
+    GET  /camellia/delayQueue/getMonitorData   -> data
+    GET  /camellia/delayQueue/getTopicInfo     -> data
+    GET  /camellia/delayQueue/getTopicInfoList -> data
+    GET  /camellia/delayQueue/getMonitorString -> text: JSON (broker.observe.camellia_metrics)
+    GET|POST /camellia/delayQueue/listMsg      -> delayMsgList, cursor; or count (broker.core.bulk_params)
+    POST /camellia/delayQueue/deleteMsgs       -> deleted, more
+    POST /camellia/delayQueue/rescheduleMsgs   -> rescheduled, more
+
+Parameters: a form body (application/x-www-form-urlencoded) or a JSON
+object body for POST, the query string for GET; validated by
+`broker.core.params`. Every answer is a JSON object with `code` and `msg`. As
+camellia's server, the API's outcomes come with HTTP 200 and the code in
+the body: 200; 400 (a bad parameter, named in `msg`); 404 (no such
+message); 413 (`msg` above --max-msg-bytes). Other HTTP statuses are for
+what a client should take as the node's problem: 401 (token), 404 (no
+such path), 405, 413 (a body above its cap, refused before it is read, or
+above its form pairs, JSON structure or --max-batch-msgs, refused before
+it is decoded: `broker.core.bodies`), 429 (a limit: the body budget, a new
+topic past --max-topics), 503 (stopping, no leader),
+500 (a bug, logged). An answer other than code 200 stores nothing.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+
+import orjson
+
+from storage.entry import Message
+from storage.errors import BodyTooLarge, Conflict, InvalidRequest, LimitReached, NotFound, Unavailable
+
+from ..backend import Backend, new_msg_id
+from ..core import bulk_params, params
+from ..core.bodies import BodyLimits
+from ..core.recurrence import add_run_fields
+from ..observe import camellia_metrics
+from ..observe.tracing import Spans
+from .commands import CommandTable, ErrorTable
+from .health import ServingStatus
+from .http_types import Handler, Request, Response, StreamResponse
+from .paths import PREFIX
+from .sessions import CONSOLE, LOGIN_PATH, LOGIN_PATHS, ConsoleSessions, session_cookie
+
+log = logging.getLogger("hourglass.api")
+
+
+# Codes answered with HTTP 200, the code in the body, as camellia does: its
+# SDK takes any other HTTP status for a failed server (throws, tries another).
+IN_BODY_CODES = frozenset((200, 400, 404, 409, 413))
+
+
+def answer(code: int, msg: str, **extra: object) -> Response:
+    """Every answer is a JSON object with `code` and `msg`. HTTP status 200
+    for the API's outcomes (IN_BODY_CODES); the code itself for what the
+    client should treat as the node's problem (401, 404 no such path, 405,
+    429, 503, 500)."""
+    return Response(200 if code in IN_BODY_CODES else code, orjson.dumps({"code": code, "msg": msg, **extra}))
+
+
+# What the API's handlers raise, answered as `answer` would (the code in the
+# body, HTTP 200 for IN_BODY_CODES), by the frame that runs them
+# (broker.http.httpd). The first row an error is an instance of answers it.
+API_ERRORS: ErrorTable = (
+    (params.MessageTooLarge, 413, 200),  # (an InvalidRequest: before it)
+    (InvalidRequest, 400, 200),
+    (BodyTooLarge, 413, 413),  # HTTP 413 as for a body over its byte cap: too large for this node
+    (NotFound, 404, 200),
+    (Conflict, 409, 200),
+    (Unavailable, 503, 503),
+    (LimitReached, 429, 429),
+)
+
+
+def delay_msg(m: Message) -> dict[str, object]:
+    """camellia's DelayMsg, plus the extensions `priority`, `tag` and `key`
+    (and a schedule's run's `scheduleId` and `scheduledTime`, and the
+    trace context `traceparent` and `tracestate` of a message sent with
+    them, only then)."""
+    d: dict[str, object] = {"topic": m.topic, "msgId": m.msg_id, "msg": m.msg, "produceTime": m.produce_ms,
+                            "triggerTime": m.trigger_ms, "expireTime": m.trigger_ms + m.ttl_ms,  # (m.expire_ms)
+                            "maxRetry": m.max_retry,
+                            "retry": m.retry, "status": int(m.status), "priority": m.priority, "tag": m.tag,
+                            "key": m.key}
+    if m.traceparent:
+        d["traceparent"] = m.traceparent
+        if m.tracestate:
+            d["tracestate"] = m.tracestate
+    return add_run_fields(d) if "@" in m.msg_id else d
+
+
+def console_auth(sessions: ConsoleSessions) -> Callable[[Request], bool]:
+    """Whether a console path (/console, /console/*) without the bearer
+    token is let in, decided on the head (broker.http.gate): with a live console
+    session in the cookie `hg_console` (broker.http.sessions; never the
+    token itself). The login and logout (broker.console.login) check for
+    themselves, and `GET /console` is console_entry's to answer."""
+    def valid(request: Request) -> bool:
+        path = request.path
+        if path in LOGIN_PATHS or (path == CONSOLE and request.method == "GET"):
+            return True
+        return sessions.valid(session_cookie(request.headers.get("cookie", "")))
+    return valid
+
+
+def console_entry(token: str | None, sessions: ConsoleSessions | None, handler: Handler) -> Handler:
+    """`GET /console` without a session (or the bearer token):
+    `?token=<token>` trades the token for a new session once (303 to
+    /console with the cookie set, the token gone from the address), a
+    wrong one is 401, and none sends the browser to the login form."""
+    if token is None or sessions is None:
+        return handler
+    expected = token.encode()
+
+    def matches(given: str) -> bool:
+        return hmac.compare_digest(given.strip().encode("latin-1", "replace"), expected)
+
+    async def entry(request: Request) -> Response | StreamResponse:
+        if sessions.valid(session_cookie(request.headers.get("cookie", ""))):
+            return await handler(request)
+        scheme, _, given = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() == "bearer" and matches(given):
+            return await handler(request)
+        query = params.parse_form(request.query).get("token") if request.query else None
+        if query is None:
+            return Response(303, b"", headers={"Location": LOGIN_PATH, "Cache-Control": "no-store"})
+        if isinstance(query, str) and matches(query):
+            return Response(303, b"", headers={"Location": CONSOLE, "Cache-Control": "no-store",
+                                               "Set-Cookie": sessions.set_cookie(sessions.create())})
+        return answer(401, "missing or wrong bearer token")
+    return entry
+
+
+class Api:
+    """camellia's endpoints over a backend. `broker` may be None (a cluster
+    node that does not lead yet, broker.cluster.node): requests are then
+    answered 503 by `backend`, though such a node forwards them instead.
+    A cluster node hands it the broker it runs while it leads
+    (`serve_with`) and takes it back when it stands down (`stop_serving`)."""
+
+    def __init__(self, broker: Backend | None, max_msg_bytes: int, bodies: BodyLimits | None = None,
+                 serving: ServingStatus | None = None, page_bytes: int = bulk_params.DEFAULT_PAGE_BYTES,
+                 spans: Spans | None = None) -> None:
+        self._broker = broker
+        # A span of each send and each message a pull answers (broker.observe.tracing);
+        # None: off, and the requests make no call more.
+        self.spans = spans
+        self.serving = serving  # going offline ends the long polls held (broker.http.health)
+        self.max_msg_bytes = max_msg_bytes
+        self.page_bytes = page_bytes  # a listMsg page's answer at most (--max-page-bytes)
+        self.bodies = bodies or BodyLimits()  # what decoding a body may cost (broker.core.bodies)
+        self.single_cap = BodyLimits.body_bytes(max_msg_bytes)
+        self.batch_cap = self.bodies.batch_body_bytes(max_msg_bytes)
+        # Which of these scheduleIds are schedules of the topic (the node's:
+        # broker.node_base); a send under one's run msgId is refused. None:
+        # no schedules here.
+        self.scheduled: Callable[[str, Sequence[str]], Awaitable[set[str]]] | None = None
+
+    def __repr__(self) -> str:
+        return f"Api({self._broker!r}, max_msg_bytes={self.max_msg_bytes})"
+
+    @property
+    def broker(self) -> Backend | None:
+        """The backend requests go to (None: none runs on this node now)."""
+        return self._broker
+
+    def serve_with(self, broker: Backend) -> None:
+        """Send requests to `broker` from now on."""
+        self._broker = broker
+
+    def stop_serving(self) -> None:
+        """Answer requests 503 from now on: no backend runs on this node."""
+        self._broker = None
+
+    def wake_long_polls(self) -> None:
+        """Answer every long poll held now (going offline, broker.http.health)."""
+        if self._broker is not None:
+            self._broker.wake_all()
+
+    @property
+    def backend(self) -> Backend:
+        """The backend serving requests now; Unavailable (503) if none."""
+        if self._broker is None:
+            raise Unavailable("no broker runs on this node yet; retry")
+        return self._broker
+
+    def add_routes(self, table: CommandTable, inline: bool) -> None:
+        """camellia's paths, answered with API_ERRORS. `inline`: the
+        backend's calls ask for no current Task before they first wait (the
+        disk broker's; not redis-py's), so a request may start in the
+        connection's frame (broker.http.commands.Command)."""
+        post = {"sendMsg": self.send, "sendMsgBatch": self.send_batch, "deleteMsg": self.delete,
+                "pullMsg": self.pull, "longPollingMsg": self.long_poll, "ackMsg": self.ack, "getMsg": self.get,
+                "rescheduleMsg": self.reschedule, "redriveMsg": self.redrive, "listMsg": self.list_msgs,
+                "deleteMsgs": self.delete_msgs, "rescheduleMsgs": self.reschedule_msgs}
+        get = {"getMonitorData": self.monitor_data, "getTopicInfo": self.topic_info,
+               "getTopicInfoList": self.topic_info_list, "getMonitorString": self.monitor_string,
+               "listDeadMsg": self.list_dead, "listMsg": self.list_msgs}
+        for method, handlers in (("POST", post), ("GET", get)):
+            for name, handle in handlers.items():
+                table.add(method, PREFIX + name, handle, errors=API_ERRORS, inline=inline,
+                          body_cap=self.batch_cap if name == "sendMsgBatch" else self.single_cap)
+
+    # -- reading parameters: broker.core.params turns a request's bytes into them -----------
+
+    def _params(self, request: Request) -> params.Params:
+        return params.request_params(request.method, request.query, request.body, request.content_type, self.bodies,
+                                     self.max_msg_bytes)
+
+    # -- endpoints --------------------------------------------------------------------
+
+    # The message requests (send ... get) call the backend's part that
+    # serves them (`requests`), not the backend's methods that forward to it.
+
+    async def send(self, request: Request) -> Response:
+        backend = self._broker or self.backend  # (the property raises Unavailable when none)
+        now_ms = backend.clock.now_ms()
+        given = self._params(request)
+        headers = request.headers
+        if "traceparent" in headers or "tracestate" in headers:  # W3C trace context as headers
+            given = params.with_trace_headers(given, headers)
+        send = params.parse_send(given, now_ms=now_ms, make_id=new_msg_id,
+                                 defaults=backend.defaults, max_msg_bytes=self.max_msg_bytes)
+        if "@" in send.message.msg_id:
+            await self._refuse_run_ids([send], batch=False)
+        stored, = await backend.requests.send([send], now_ms)
+        if self.spans is not None:
+            self.spans.sent((stored,), now_ms)
+        return answer(200, "success", delayMsg=delay_msg(stored))
+
+    async def send_batch(self, request: Request) -> Response:
+        backend = self.backend
+        now_ms = backend.clock.now_ms()
+        batch = params.parse_send_batch_body(request.body, request.content_type, limits=self.bodies,
+                                             now_ms=now_ms, make_id=new_msg_id,
+                                             defaults=backend.defaults, max_msg_bytes=self.max_msg_bytes)
+        await self._refuse_run_ids(batch, batch=True)
+        stored = await backend.requests.send(batch, now_ms)
+        if self.spans is not None:
+            self.spans.sent(stored, now_ms)
+        return answer(200, "success", delayMsgList=[delay_msg(m) for m in stored])
+
+    async def _refuse_run_ids(self, sends: Sequence[params.NewSend], batch: bool) -> None:
+        """InvalidRequest (400, nothing stored) if a send's msgId is a run's
+        of one of the topic's schedules (docs/api.md, "Recurring schedules")."""
+        found = params.run_schedule_ids(sends)
+        if not found or self.scheduled is None:
+            return
+        scheduled = await self.scheduled(sends[0].message.topic, [sid for _, sid in found])
+        refusal = params.run_id_taken(sends, found, scheduled, batch)
+        if refusal is not None:
+            raise refusal
+
+    async def delete(self, request: Request) -> Response:
+        await self.backend.requests.delete(params.parse_delete(self._params(request)))
+        return answer(200, "success")
+
+    async def pull(self, request: Request) -> Response:
+        backend = self._broker or self.backend
+        pull = params.parse_pull(self._params(request), backend.defaults)
+        pulled = await backend.requests.pull(pull)
+        if self.spans is not None:
+            self.spans.received(pulled)
+        return answer(200, "success", delayMsgList=list(map(delay_msg, pulled)))
+
+    async def long_poll(self, request: Request) -> Response:
+        backend = self.backend
+        poll = params.parse_long_poll(self._params(request), backend.defaults)
+        gone = request.gone
+        if self.serving is not None:  # going offline answers it now, as if the client had gone
+            ended = self.serving.ends_long_poll()
+            gone = lambda: request.gone() or ended()  # noqa: E731
+        pulled = await backend.requests.long_poll(poll, gone)
+        if self.spans is not None:
+            self.spans.received(pulled)
+        return answer(200, "success", delayMsgList=[delay_msg(m) for m in pulled])
+
+    async def ack(self, request: Request) -> Response:
+        backend = self._broker or self.backend
+        ack = params.parse_ack(self._params(request))
+        if isinstance(ack, params.AckManyRequest):
+            after = await backend.requests.ack_many(ack.topic, ack.msg_ids, ack.ack)
+            return answer(200, "success", results=[
+                {"msgId": msg_id, "status": None if status is None else int(status)}
+                for msg_id, status in zip(ack.msg_ids, after)])
+        await backend.requests.ack(ack)
+        return answer(200, "success")
+
+    async def get(self, request: Request) -> Response:
+        get = params.parse_get(self._params(request))
+        return answer(200, "success", delayMsg=delay_msg(await self.backend.requests.get(get.topic, get.msg_id)))
+
+    async def reschedule(self, request: Request) -> Response:
+        backend = self.backend
+        r = params.parse_reschedule(self._params(request), backend.clock.now_ms())
+        return answer(200, "success", delayMsg=delay_msg(await backend.reschedule(r.topic, r.msg_id, r.trigger_ms)))
+
+    async def list_dead(self, request: Request) -> Response:
+        r = params.parse_list_dead(self._params(request))
+        messages, cursor = await self.backend.list_dead(r.topic, r.statuses, r.cursor, r.limit)
+        return answer(200, "success", delayMsgList=[delay_msg(m) for m in messages], cursor=cursor)
+
+    async def redrive(self, request: Request) -> Response:
+        backend = self.backend
+        r = params.parse_redrive(self._params(request))
+        if r.msg_id is not None:
+            return answer(200, "success", delayMsg=delay_msg(await backend.redrive(r.topic, r.msg_id)))
+        count, more = await backend.redrive_all(r.topic, r.limit)
+        return answer(200, "success", redriven=count, more=more)
+
+    async def list_msgs(self, request: Request) -> Response:
+        r = bulk_params.parse_list_msg(self._params(request), self.page_bytes)
+        if r.count_only:
+            return answer(200, "success", count=await self.backend.count_msgs(r.topic, r.filter))
+        messages, cursor = bulk_params.cut_page(*await self.backend.list_msgs(r), self.page_bytes)
+        return answer(200, "success", delayMsgList=[delay_msg(m) for m in messages], cursor=cursor)
+
+    async def delete_msgs(self, request: Request) -> Response:
+        deleted, more = await self.backend.delete_msgs(bulk_params.parse_delete_msgs(self._params(request)))
+        return answer(200, "success", deleted=deleted, more=more)
+
+    async def reschedule_msgs(self, request: Request) -> Response:
+        backend = self.backend
+        r = bulk_params.parse_reschedule_msgs(self._params(request), backend.clock.now_ms())
+        rescheduled, more = await backend.reschedule_msgs(r)
+        return answer(200, "success", rescheduled=rescheduled, more=more)
+
+    async def monitor_data(self, request: Request) -> Response:
+        return answer(200, "success", data=self.backend.metrics.monitor_data())
+
+    async def topic_info(self, request: Request) -> Response:
+        topic = params.parse_topic(self._params(request)).topic
+        return answer(200, "success", data=await self.backend.topic_info(topic))
+
+    async def topic_info_list(self, request: Request) -> Response:
+        return answer(200, "success", data=await self.topic_infos())
+
+    async def monitor_string(self, request: Request) -> Response:
+        text = camellia_metrics.monitor_string(self.backend.metrics.monitor_data(), await self.topic_infos())
+        return Response(200, text, "text/plain; charset=utf-8")
+
+    async def topic_infos(self) -> list[dict[str, object]]:
+        """getTopicInfo of every topic."""
+        backend = self.backend
+        return await backend.topic_infos(backend.topic_list())

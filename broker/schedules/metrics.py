@@ -1,0 +1,71 @@
+"""/metrics' recurring schedules series (docs/operations.md): the node's
+sums over every schedule, and one label set (topic, schedule) each for at
+most --metrics-topics schedules, as the topics' and push series are bounded.
+
+    hourglass_schedules                          gauge    schedules kept (--max-schedules)
+    hourglass_schedules_paused                   gauge
+    hourglass_schedules_shown                    gauge    schedules with series of their own
+    hourglass_node_schedule_runs_total           counter  runs released, every schedule
+    hourglass_node_schedule_missed_total         counter  runs missed, every schedule
+    hourglass_node_schedule_runs_deleted_total   counter  pending runs deleted (the schedules went on)
+    hourglass_node_schedule_run_conflicts_total  counter  runs whose msgId held a message not theirs
+    hourglass_schedule_runs_total                counter  per shown schedule
+    hourglass_schedule_missed_total              counter  per shown schedule
+    hourglass_schedule_lateness_seconds_total    counter  release - nominal time, summed
+    hourglass_schedule_last_lateness_seconds     gauge    the last run's
+
+Shown: the schedules that missed most, then ran latest in all, then ran
+most, then by (topic, scheduleId); counts are since the node started (on a
+cluster: since it last started leading). Picking them is a heap of
+--metrics-topics over the schedules with counts.
+"""
+
+from __future__ import annotations
+
+import heapq
+
+from ..observe.metrics import escape_label, topic_label
+from .file import Key
+from .keeper import Schedules, ScheduleState
+
+
+def _worst_first(s: ScheduleState) -> tuple[int, int, int, Key]:
+    return -s.missed, -s.late_ms, -s.released, s.key
+
+
+def render_metrics(schedules: Schedules, most: int) -> str:
+    """The series above for `schedules`, at most `most` of them labelled."""
+    counted = [s for s in schedules.states() if s.released or s.missed]
+    shown = sorted(heapq.nsmallest(max(0, most), counted, key=_worst_first), key=lambda s: s.key)
+    lines = ["# HELP hourglass_schedules recurring schedules the node keeps (--max-schedules)",
+             "# TYPE hourglass_schedules gauge", f"hourglass_schedules {len(schedules)}",
+             "# TYPE hourglass_schedules_paused gauge", f"hourglass_schedules_paused {schedules.paused_count()}",
+             "# HELP hourglass_schedules_shown schedules with series of their own (--metrics-topics)",
+             "# TYPE hourglass_schedules_shown gauge", f"hourglass_schedules_shown {len(shown)}",
+             "# HELP hourglass_node_schedule_runs_total schedules' runs released",
+             "# TYPE hourglass_node_schedule_runs_total counter",
+             f"hourglass_node_schedule_runs_total {sum(s.released for s in counted)}",
+             "# HELP hourglass_node_schedule_missed_total schedules' runs missed (misfire)",
+             "# TYPE hourglass_node_schedule_missed_total counter",
+             f"hourglass_node_schedule_missed_total {sum(s.missed for s in counted)}",
+             "# HELP hourglass_node_schedule_runs_deleted_total pending runs deleted (deleteMsg, deleteMsgs, a "
+             "purge): never delivered, their schedules went on",
+             "# TYPE hourglass_node_schedule_runs_deleted_total counter",
+             f"hourglass_node_schedule_runs_deleted_total {schedules.runs_deleted}",
+             "# HELP hourglass_node_schedule_run_conflicts_total runs whose msgId held a message the schedule did "
+             "not make: not made, their schedules went on",
+             "# TYPE hourglass_node_schedule_run_conflicts_total counter",
+             f"hourglass_node_schedule_run_conflicts_total {schedules.run_conflicts}"]
+    families = (("hourglass_schedule_runs_total", "counter", "runs released", "released", 1),
+                ("hourglass_schedule_missed_total", "counter", "runs missed: released past misfireGraceMillis, "
+                 "or skipped over", "missed", 1),
+                ("hourglass_schedule_lateness_seconds_total", "counter", "released runs' lateness (release - "
+                 "nominal time), summed", "late_ms", 1000),
+                ("hourglass_schedule_last_lateness_seconds", "gauge", "the last released run's lateness",
+                 "last_late_ms", 1000))
+    if shown:
+        for name, kind, text, attr, per in families:
+            lines += [f"# HELP {name} {text}", f"# TYPE {name} {kind}"]
+            lines += [f'{name}{{topic="{topic_label(t)}",schedule="{escape_label(sid)}"}} '
+                      f'{getattr(s, attr) / per:.15g}' for s in shown for t, sid in (s.key,)]
+    return "\n".join(lines) + "\n"
