@@ -38,7 +38,11 @@ def test_requests_of_the_compiled_build_stay_within_their_call_ceilings(tmp_path
     env = {**os.environ, "PYTHONSAFEPATH": "1"}
     env.pop("PYTHONPATH", None)
     done = subprocess.run([sys.executable, os.path.abspath(os.path.join(BENCH, "calls.py")), "--repeat", "5"],
-                          capture_output=True, timeout=300, check=True, cwd=tmp_path, env=env)
+                          capture_output=True, timeout=300, cwd=tmp_path, env=env)
+    if done.returncode and b"ModuleNotFoundError" in done.stderr:
+        pytest.skip("the installed build is not this tree's (a module bench/calls.py imports is missing): "
+                    "install the tree again as the README's set-up does")
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
     result = json.loads(done.stdout)
     if "(mypyc: " not in result["build"]:
         pytest.skip(f"the ceilings are the compiled build's, the one users run; installed here: {result['build']} "
