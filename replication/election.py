@@ -70,6 +70,14 @@ class Election(Protocol):
         majority has committed it."""
         ...
 
+    async def transfer_lead(self) -> bool:
+        """Before leaving: if Raft calls this node leader, ask it to hand
+        the lead to its most caught-up follower at once (Raft's TimeoutNow),
+        and wait a moment for it; True once another node leads. False (the
+        others then elect after their election timeout) when it was not
+        leading, no follower had all of Raft's log, or none took it in time."""
+        ...
+
     def schedules(self) -> dict[str, bytes]:
         """The recurring schedules' entries this node has applied: key ->
         value (a copy; broker.cluster.schedules lays them out)."""

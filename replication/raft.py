@@ -32,6 +32,10 @@ from .raft_transport import BATCH_BYTES, RaftTransport
 # Reads of pysyncobj's status before a change its thread makes meanwhile
 # is let through (a read takes microseconds; a change is a peer joining).
 STATUS_READS = 5
+# How long a leader that leaves waits for a follower to take its lead
+# (`transfer_lead`): a follower with all of the log elects itself in a
+# round trip; without one, the others elect after their election timeout.
+TRANSFER_WAIT_S = 0.5
 
 log = logging.getLogger("hourglass.election")
 
@@ -46,6 +50,9 @@ class _RaftFacts(SyncObj):  # type: ignore[misc]  # pysyncobj is untyped: its ba
         # state it dumps: held while `schedule` changes the entries (on
         # pysyncobj's thread) and while the event loop copies them.
         self.schedules_lock = threading.Lock()
+        # Set by the event loop, read on pysyncobj's thread (its tick): ask
+        # Raft's transferLeadership there, where its transport runs.
+        self.transfer_asked = False
         super().__init__(me, others, conf, transportClass=transport)
         self.claimed_term = 0
         self.claimed_by: str | None = None
@@ -125,6 +132,14 @@ class RaftElection:
             return self.transport
         self._raft = _RaftFacts(config.me.raft_address, [p.raft_address for p in config.others], conf, transport)
         self._ids = {p.raft_address: p.node_id for p in config.peers.values()}
+        self._raft.addOnTickCallback(self._on_tick)
+
+    def _on_tick(self) -> None:
+        """On pysyncobj's thread, each tick: a transfer asked is made here."""
+        raft = self._raft
+        if raft.transfer_asked:
+            raft.transfer_asked = False
+            raft.transferLeadership()  # (to the most caught-up follower; refused if none has all of the log)
 
     def _status(self) -> dict[str, Any]:
         """pysyncobj's getStatus(), read from the event loop while its own
@@ -195,6 +210,15 @@ class RaftElection:
             return await self.clock.wait_for(done, self.config.write_timeout_ms / 1000)
         except TimeoutError:
             return False
+
+    async def transfer_lead(self) -> bool:
+        if not self.is_leader:
+            return False
+        self._raft.transfer_asked = True
+        deadline_s = self.clock.monotonic_s() + TRANSFER_WAIT_S
+        while self.is_leader and self.clock.monotonic_s() < deadline_s:
+            await self.clock.sleep(0.01)
+        return not self.is_leader
 
     def close(self) -> None:
         self._raft.destroy()

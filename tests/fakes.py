@@ -361,6 +361,7 @@ class FakeElection:
         self.claims_commit = True
         self.claims: list[int] = []  # every term claimed, committed or not
         self.closed = False
+        self.transfers = 0  # transfer_lead calls
         self.pushes: dict[str, bytes] = {}  # the subscriptions replicated
         self.schedule_entries: dict[str, bytes] = {}  # the schedules' entries replicated
 
@@ -399,6 +400,11 @@ class FakeElection:
             else:
                 self.schedule_entries[key] = value
         return True
+
+    async def transfer_lead(self) -> bool:
+        """Nobody takes the lead here: the role loop's own tests set who leads."""
+        self.transfers += 1
+        return False
 
     def close(self) -> None:
         self.closed = True

@@ -135,6 +135,8 @@ class RoleLoop:
         elif isinstance(action, HandOver):
             await self.lead.hand_over()
         elif isinstance(action, CloseElection):
+            if await state.election.transfer_lead():  # (a planned leave: the next leader at once, no timeout)
+                log.info("handed Raft's lead to %s", state.election.leader_id)
             state.election.close()
         elif isinstance(action, Log):
             log.log(action.level, "%s", action.text)

@@ -63,6 +63,13 @@ def test_the_leaders_handover_after_a_sigkill_and_a_sigstop_drill_is_prompt_and_
     leader = cluster.wait_leader()
     led_s, exit_s = _sigterm(cluster, leader)
     assert led_s <= BOUND_S and exit_s <= BOUND_S, (led_s, exit_s)
+    # a planned leave hands Raft's lead to a follower itself (TimeoutNow):
+    # no election timeout waited, and the node it named leads
+    with open(cluster.nodes[leader].log_path, encoding="utf-8", errors="replace") as f:
+        handed = [line for line in f if "handed Raft's lead to" in line]
+    assert handed, "the SIGTERM'd leader did not hand Raft's lead over"
+    successor = cluster.wait_leader(exclude=leader)
+    assert handed[-1].rstrip().endswith(successor), (handed, successor)
     # the two left: the leader first, while its follower is there to take
     # the handover (a leader without one waits for it: lead.HANDOVER_TIMEOUT_S)
     leader = cluster.wait_leader(exclude=leader)
