@@ -20,6 +20,8 @@ times /health every 10 ms; then the console's forecast is asked for
   restart_health_ms     /health's answer time from the first 200 until
                         caught up: count, p50, p99, max
   forecast_ms           each /console/api/forecast call: p50, max
+  steady_health_ms      /health's answer time for --steady-s after that, the
+                        schedules firing and nothing else asked
   forecast_health_ms    /health's answer time while the forecasts ran
   schedule_runs, cut    the forecast's scheduleRuns and scheduleRunsCut
 
@@ -148,6 +150,10 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
             missed = metric(server.base, "hourglass_node_schedule_missed_total")
             timer = HealthTimer(server.base)
             timer.start()
+            time.sleep(args.steady_s)  # the schedules firing, nothing else asked
+            steady = timer.stop()
+            timer = HealthTimer(server.base)
+            timer.start()
             took, answer = [], {}
             for _ in range(args.forecasts):
                 t = time.perf_counter()
@@ -161,7 +167,7 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
     took.sort()
     return {"build": serve_version(), "schedules": args.schedules, "behind_s": args.behind_s,
             "pending_ms": pending, "ready_s": round(ready_s, 3), "caught_up_s": round(caught_up_s, 3),
-            "missed": missed, "restart_health_ms": restart,
+            "missed": missed, "restart_health_ms": restart, "steady_health_ms": steady,
             "forecast_ms": {"p50": _ms(percentile(took, 0.5)), "max": _ms(took[-1])},
             "forecast_health_ms": forecast_health, "schedule_runs": answer.get("scheduleRuns"),
             "cut": answer.get("scheduleRunsCut")}
@@ -172,6 +178,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--schedules", type=int, default=10_000)
     p.add_argument("--behind-s", type=int, default=86_400, help="how long ago the node stopped")
     p.add_argument("--forecasts", type=int, default=5, help="console forecasts asked for, one after another")
+    p.add_argument("--steady-s", type=float, default=5.0,
+                   help="seconds /health is timed after the catch-up with nothing else asked (the schedules firing)")
     return p.parse_args()
 
 
