@@ -361,6 +361,10 @@ class Schedules:
         # pending runs to look at (a cancel at their place, a send answered
         # with a message the schedule did not make): the worker's
         self._gone: list[tuple[Key, int]] = []
+        # releases a failed write or send left unfollowed: followed again
+        # after REPAIR_INTERVAL_S (a follow is idempotent: a schedule moved
+        # on already is skipped)
+        self._held_back: list[tuple[Key, int, int]] = []
         # (when, schedule, nominal): a run sent, read then if still pending (a heap)
         self._checks: list[tuple[int, Key, int]] = []
         self._places: dict[Location, Key] = {}  # each pending run's place -> its schedule (ScheduleState.place)
@@ -487,7 +491,7 @@ class Schedules:
             else:
                 await asyncio.sleep(0)  # (the loop's turn between slices of checks)
             self._wake.clear()
-            jobs, self._released = self._released, []
+            jobs, self._released, self._held_back = self._held_back + self._released, [], []
             for at in range(0, max(1, len(jobs)), ADVANCE_SLICE):  # the lock let go between slices
                 async with self._lock:
                     part = jobs[at:at + ADVANCE_SLICE]
@@ -497,6 +501,7 @@ class Schedules:
                         await self._advance(part)
                     except (HourglassError, OSError) as e:  # a disk or Raft write error: repaired from RAM
                         log.warning("schedules: %d releases not followed by their next runs yet: %s", len(part), e)
+                        self._held_back.extend(part)
             del jobs, part  # (not held while the worker waits)
             gone = self._due_checks()
             for at in range(0, len(gone), ADVANCE_SLICE):
@@ -515,7 +520,7 @@ class Schedules:
         """How long the worker may wait for a wake (None: until one)."""
         if self._gone or self._released:
             return 0
-        wait_s = REPAIR_INTERVAL_S if self._unsettled else None
+        wait_s = REPAIR_INTERVAL_S if self._unsettled or self._held_back else None
         if self._checks:
             due_s = max(0, self._checks[0][0] - self._clock.now_ms()) / 1000
             wait_s = due_s if wait_s is None else min(wait_s, due_s)
@@ -956,9 +961,12 @@ class Schedules:
         del self._states[state.key]
         self._unplace(state)
         self.bytes_held -= state.spec.size_bytes
-        await self._rewrite_if_due()  # (after: a rewrite keeps the states RAM holds)
         if run is not None:
             await self._drop_run(topic, run)
+        # after the drop too: a rewrite keeps only live rows, so the delete
+        # record's stale run (what a restart drops if the drop failed) must
+        # not go before the run does
+        await self._rewrite_if_due()
 
     async def pause(self, topic: str, schedule_id: str) -> ScheduleState:
         """No more runs until resumed; its pending run deleted. NotFound if none."""
@@ -979,7 +987,9 @@ class Schedules:
         self._states[paused.key] = paused
         await self._rewrite_if_due()  # (after: a rewrite keeps the states RAM holds)
         if run is not None:
+            self._unsettled[paused.key] = paused  # a drop that fails, _repair does again
             await self._drop_run(topic, run)
+            self._unsettled.pop(paused.key, None)
         paused.stale = None
         return paused
 
@@ -1002,7 +1012,9 @@ class Schedules:
         self._states[resumed.key] = resumed
         await self._rewrite_if_due()  # (after: a rewrite keeps the states RAM holds)
         if first is not None:
+            self._unsettled[resumed.key] = resumed  # a send that fails, _repair does again
             await self._send_runs([(resumed, first)], strict=False)
+            self._unsettled.pop(resumed.key, None)
         return resumed
 
     async def fetch(self, topic: str, schedule_id: str) -> ScheduleState:

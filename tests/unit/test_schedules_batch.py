@@ -29,7 +29,7 @@ from broker.core.params import Defaults, DeleteRequest, PullRequest
 from broker.core.recurrence import Misfire
 from broker.disk.ready import QueueLimits
 from broker.schedules.file import HEADER, MAGIC, ScheduleFile, frame
-from broker.schedules.keeper import ADVANCE_SLICE, CHECK_AFTER_MS, CHECK_SLICE, LAST_RUNS, ScheduleLimits, Schedules
+from broker.schedules.keeper import ADVANCE_SLICE, CHECK_AFTER_MS, CHECK_SLICE, LAST_RUNS, REPAIR_INTERVAL_S, ScheduleLimits, Schedules
 from broker.schedules.params import ScheduleSpec
 from storage.entry import Status
 from storage.errors import CorruptionError
@@ -433,3 +433,40 @@ def test_the_checks_of_runs_no_longer_pending_are_dropped_in_time(node: Node) ->
         node.h.run(node.schedules.put(yearly, None))
     assert len(node.schedules._checks) <= 2 + CHECK_SLICE  # (white box: the heap itself)
     assert node.schedules.get(TOPIC, "s00000").version == CHECK_SLICE + 200
+
+
+def test_a_release_met_by_a_failing_repair_is_followed_once_the_failure_passes(node: Node) -> None:
+    """Writes of the runs' progress fail for a while (a disk error, a Raft
+    write no majority committed): the earlier schedule's release leaves it
+    to the repair; the later one's release then meets that repair failing
+    again. It is held back and followed once writes work again (it was
+    dropped, and its schedule waited for a restart)."""
+    node.h.run(node.schedules.put(spec(0), None))
+    node.h.run(node.schedules.put(spec(1, "30 * * * * *"), None))
+    node.h.run(node.h.quiesce())
+    (early, early_ms), (late, late_ms) = sorted(
+        ((sid, node.schedules.get(TOPIC, sid).pending or 0) for sid in ("s00000", "s00001")), key=lambda r: r[1])
+    assert early_ms < late_ms < early_ms + MINUTE_MS
+    file = node.schedules._file  # (white box: the file's writes, failing for a while)
+    write_runs, write = file.write_runs, file.write
+    failing = [True]
+
+    async def failing_write_runs(states: Any) -> None:
+        if failing[0]:
+            raise OSError("disk error (test)")
+        await write_runs(states)
+
+    async def failing_write(records: Any) -> None:
+        if failing[0]:
+            raise OSError("disk error (test)")
+        await write(records)
+    file.write_runs, file.write = failing_write_runs, failing_write  # type: ignore[method-assign]
+    node.advance_to(early_ms)
+    node.advance_to(late_ms + CHECK_AFTER_MS + 1000)  # the late one released, and its check due, while writes fail
+    failing[0] = False
+    node.advance_to(late_ms + CHECK_AFTER_MS + 1000 + int(3 * REPAIR_INTERVAL_S * 1000))
+    pending = {sid: node.schedules.get(TOPIC, sid).pending for sid in (early, late)}
+    assert pending == {early: early_ms + MINUTE_MS, late: late_ms + MINUTE_MS}
+    assert sorted(node.drain()) == sorted([f"{early}@{early_ms}", f"{late}@{late_ms}"])
+    node.advance_to(late_ms + MINUTE_MS)
+    assert sorted(node.drain()) == sorted([f"{early}@{early_ms + MINUTE_MS}", f"{late}@{late_ms + MINUTE_MS}"])
