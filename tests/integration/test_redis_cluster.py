@@ -368,8 +368,14 @@ def test_schedules_across_masters_touch_only_declared_keys(cluster_url, cluster_
                 await second.schedules.delete(topic, "cron")
                 await second.schedules.delete(topic, "every")
                 assert second.schedules.page(topic, None, 10) == ([], None)
-                with pytest.raises(NotFound):
-                    await other.get(topic, run)  # the pending run deleted with its schedule
+                try:  # the pending run deleted with its schedule, if it was still waiting
+                    left = await other.get(topic, run)
+                except NotFound:
+                    continue
+                # (released before the delete -- the lease changed hands just
+                # before, and no holder had followed it yet -- it is delivered
+                # as any run: never left waiting)
+                assert left.status is not Status.WAITING, left
         finally:
             for lease in leases:
                 await lease.stop()

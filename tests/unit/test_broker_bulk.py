@@ -256,7 +256,11 @@ class _Reads:
 
 def _reads(h: BrokerHarness, monkeypatch) -> _Reads:
     reads = _Reads(h.store._reader)
-    monkeypatch.setattr(h.store, "_reader", reads)
+    try:
+        monkeypatch.setattr(h.store, "_reader", reads)
+    except TypeError:  # (a compiled Store's attribute takes a Reader only)
+        pytest.skip("the compiled build's Store takes no counting reader: the reads are counted on the sources "
+                    "(the same code, interpreted)")
     monkeypatch.setattr(broker.disk.bulk, "asyncio", SimpleNamespace(sleep=reads.sleep))
     return reads
 
