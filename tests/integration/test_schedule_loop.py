@@ -107,11 +107,13 @@ def test_a_restart_a_day_behind_keeps_health_answered_while_it_catches_up(tmp_pa
             time.sleep(0.05)
         times = health.stop()
         assert len(times) >= 1 and max(times) < HEALTH_BOUND_S, sorted(times)[-5:]
-        # each: its late run, and the runs of the day never made (the day, and the time since it was written)
+        # each: its late run, and the runs of the day never made: those
+        # strictly between it and now (a day less one, and a run a second
+        # since it was written)
         missed = metric(server, "hourglass_node_schedule_missed_total") / count
-        assert DAY_S <= missed - 1 <= DAY_S + 120, missed
+        assert DAY_S - 1 <= missed - 1 <= DAY_S + 120, missed
         code, got = server.get("getSchedule", topic="sched", scheduleId="s00000")
-        assert code == 200 and got["schedule"]["nextFireTimes"][0] > pending + DAY_S * 1000, got
+        assert code == 200 and got["schedule"]["nextFireTimes"][0] >= pending + DAY_S * 1000, got  # (the first after now)
         assert got["schedule"]["runs"] == 2  # the late run, and the first after now (misfire=once)
     finally:
         health.stop()
