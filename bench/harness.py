@@ -165,6 +165,8 @@ def serve_command(data_dir: PathLike, *flags: str, launcher: Sequence[str] = ())
         head = [serve_python, "-P", "-m", "broker.cli"]
     else:
         head = [sys.executable, "-m", "broker.cli"]
+    if "--shards" not in flags:  # one shard unless asked (HOURGLASS_SHARDS: another count, or auto)
+        flags = ("--shards", os.environ.get("HOURGLASS_SHARDS", "1"), *flags)
     return [*head, "serve", "--data-dir", str(data_dir), *flags]
 
 
@@ -379,16 +381,17 @@ def own_cpu_s() -> float:
 
 
 class CpuMeter:
-    """CPU seconds the given processes used since it was made, each as
-    `<name>_cpu_s` (e.g. `server`, and a peer's own helpers such as
-    `redis` or `mover`)."""
+    """CPU seconds the given processes, with every process they started
+    (a node's shards), used since it was made, each as `<name>_cpu_s`
+    (e.g. `server`, and a peer's own helpers such as `redis` or `mover`)."""
 
     def __init__(self, pids: dict[str, int]) -> None:
         self.pids = pids
-        self.before = {name: cpu_s(pid) for name, pid in pids.items()}
+        self.before = {name: tree_cpu_s(pid, set()) for name, pid in pids.items()}
 
     def used(self) -> dict[str, float]:
-        return {f"{name}_cpu_s": round(cpu_s(pid) - self.before[name], 2) for name, pid in self.pids.items()}
+        return {f"{name}_cpu_s": round(tree_cpu_s(pid, set()) - self.before[name], 2)
+                for name, pid in self.pids.items()}
 
 
 _MEMORY_FIELDS = {"VmRSS:": "rss_mb", "VmHWM:": "rss_peak_mb", "RssAnon:": "rss_anon_mb", "RssFile:": "rss_file_mb"}

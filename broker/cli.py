@@ -212,6 +212,12 @@ def build_parser() -> argparse.ArgumentParser:
                        help="mark the console's session cookie Secure (sent over HTTPS only): for a console "
                             "reached through a TLS-terminating proxy")
     serve.add_argument("--log-level", default="INFO", help="DEBUG, INFO (default), WARNING, ERROR")
+    serve.add_argument("--shards", default="auto",
+                       help="shard processes of a standalone disk node, each an engine over its part of every "
+                            "topic (docs/configuration.md): a count, or auto (default): the cores this process may "
+                            "run on, for a new data directory; a directory keeps the count it was made with "
+                            "(one made before shards: 1), and another count is refused")
+    serve.add_argument("--shard-of", default=None, help=argparse.SUPPRESS)  # I/N: set by the node for its shards
     return parser
 
 
@@ -270,7 +276,16 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
                                        head_timeout_ms=args.push_head_timeout_ms,
                                        body_timeout_ms=args.push_body_timeout_ms,
                                        idle_timeout_ms=args.push_idle_timeout_ms, max_fds=args.push_max_fds),
-                       trace_exporters=exporters_from_env(os.environ))
+                       trace_exporters=exporters_from_env(os.environ),
+                       shards=args.shards, shard=_shard_of(args.shard_of))
+
+
+def _shard_of(text: str | None) -> tuple[int, int] | None:
+    """--shard-of I/N, which the node gives each of its shard processes."""
+    if text is None:
+        return None
+    index, _, count = text.partition("/")
+    return int(index), int(count)
 
 
 def read_token_file(path: str, allow_readable: bool, flag: str = "--auth-token-file") -> str:
@@ -301,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(e))
     from .server import serve
 
-    return serve(config)
+    return serve(config, sys.argv[1:] if argv is None else argv)
 
 
 if __name__ == "__main__":

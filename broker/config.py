@@ -95,6 +95,13 @@ class ServeConfig:
     # them: broker.observe.tracing.exporters_from_env); () is no spans, and then no
     # module of OpenTelemetry is loaded (docs/operations.md, "Traces").
     trace_exporters: tuple[str, ...] = ()
+    # --shards: shard processes of a standalone disk node, a count or "auto"
+    # (the cores; a data directory keeps the count it was made with:
+    # broker.shards.layout).
+    shards: str = "auto"
+    # This process is shard (index, count) of a node of many (the node's
+    # process starts each with it: broker.shards.supervisor); None: the node itself.
+    shard: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -123,8 +130,16 @@ class ServeConfig:
             raise ConfigError(f"checkpoint_interval_ms must be at least 10, got {self.checkpoint_interval_ms}")
 
     @property
-    def data_path(self) -> str:
+    def node_path(self) -> str:
+        """The data directory as given (a node of many shards keeps its count there)."""
         return os.path.abspath(self.data_dir)
+
+    @property
+    def data_path(self) -> str:
+        """Where this process's store lives: the data directory, or its shard's in it."""
+        if self.shard is None:
+            return os.path.abspath(self.data_dir)
+        return os.path.join(os.path.abspath(self.data_dir), f"shard-{self.shard[0]}")
 
 
 def fsync_policy(text: str) -> FsyncPolicy:

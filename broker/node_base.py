@@ -231,7 +231,7 @@ class NodeBase(ABC):
             return answer(503, OFFLINE_MSG, status="offline", **fields)
         return answer(200, "success", status="ok", **fields)
 
-    async def metrics_text(self, request: Request) -> Response:
+    async def metrics_text(self, request: Request | None) -> Response:
         queues = self.config.queues
         limits: list[Series] = [("hourglass_inflight_limit", "gauge", queues.inflight),  # --max-inflight
                                 ("hourglass_inflight_total_limit", "gauge", queues.inflight_total)]
@@ -260,7 +260,7 @@ class NodeBase(ABC):
         `stop_asked`. `describe` names the node in the log line."""
         config = self.config
         server = HttpServer(self.app().admit, config.http, self.descriptors)
-        await server.start(config.host, config.port)
+        await server.start(config.host, config.port, reuse_port=config.shard is not None)
         log.info("serving on http://%s:%d (%s; %s)", config.host, config.port, describe, build_info.describe())
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):

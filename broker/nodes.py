@@ -30,9 +30,15 @@ from .schedules.file import ScheduleFile, schedules_path
 from .schedules.keeper import Schedules
 
 if TYPE_CHECKING:
+    from .http.http_types import Request, Response
     from .redis.backend import RedisBroker
+    from .shards.router import ShardedBackend, ShardRouter
 
 log = logging.getLogger("hourglass.server")
+
+
+async def _text(text: str) -> str:
+    return text
 
 # /health's role fields of a node that runs alone
 STANDALONE: Mapping[str, object] = MappingProxyType({"role": "standalone", "leader": None, "node": None})
@@ -66,11 +72,22 @@ class DiskNode(NodeBase):
         self.checkpoints = 0
         self.checkpoint_seconds = 0.0
         self.last_checkpoint_ms: int | None = None
+        # Shard i of a node of many (broker.shards): the API serves the node through its router.
+        self.router: ShardRouter | None = None
+        served: Broker | ShardedBackend = self.broker
+        if config.shard is not None:
+            from .shards.layout import links_path
+            from .shards.router import ShardedBackend, ShardRouter
+            self.router = ShardRouter(*config.shard, links_path(config.node_path))
+            self.router.attach(self.broker, self.broker.long_polls)
+            served = ShardedBackend(self.router, self.broker)
         console = Console(lambda: self.store, metrics, self.broker.topic_list,
                           lambda: standalone_info(self.store, lambda: self.last_checkpoint_ms), clock.now_ms,
                           lambda: [] if self.pushers is None else self.pushers.public(), lambda: self.schedules)
-        super().__init__(config, clock, metrics, self.broker, console)
+        super().__init__(config, clock, metrics, served, console)
         self.schedules = schedules
+        if self.router is not None:
+            self._serve_shards(self.router, served)
         if config.push_allow:  # pushers load aiohttp's client: only on a node that pushes
             from .push.pusher import Pushers, SubscriptionFile, subscription_path
             self.pushers = Pushers(clock, PushAllow.parse(config.push_allow),
@@ -82,8 +99,43 @@ class DiskNode(NodeBase):
     def __repr__(self) -> str:
         return f"DiskNode({self.config.data_path!r}, checkpoints={self.checkpoints}, {self.store!r})"
 
+    def _serve_shards(self, router: ShardRouter, served: object) -> None:
+        """The API's hooks of a shard: new msgIds it owns, the node's views,
+        a run msgId's schedule asked of its owner; the calls other shards make."""
+        from .shards.router import ShardedBackend, scheduled_on_owners
+        assert isinstance(served, ShardedBackend)
+        here = NodeBase.scheduled.__get__(self)
+        self.api.make_id = router.owns_new
+        self.api.views = served
+        self.api.scheduled = lambda topic, ids: scheduled_on_owners(router, here, topic, ids)
+        router.scheduled_here = here
+        router.metrics_text = self._metrics_here
+
+    async def _metrics_here(self) -> str:
+        return (await super().metrics_text(None)).body.decode()
+
+    async def metrics_text(self, request: Request | None) -> Response:
+        """/metrics: a shard answers for every shard, each sample labelled with its shard."""
+        local = await super().metrics_text(request)
+        router = self.router
+        if router is None:
+            return local
+        from .shards.router import merge_metrics
+        text = local.body.decode()
+        texts = await router.everywhere("metrics", [], lambda: _text(text))
+        local.body = merge_metrics(router.index, list(enumerate(texts))).encode()
+        return local
+
     def failure(self) -> BaseException | None:
         return self.broker.failed
+
+    def degraded(self) -> str | None:
+        router = self.router
+        if router is not None:
+            down = router.down()
+            if down:
+                return f"shard{'s' if len(down) > 1 else ''} {', '.join(map(str, down))} of this node not up"
+        return None
 
     def health_fields(self) -> Mapping[str, object]:
         return STANDALONE

@@ -18,11 +18,11 @@ import asyncio
 import gc
 import logging
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING
 
 from storage import data_dir
-from storage.errors import DataDirError
+from storage.errors import ConfigError, DataDirError
 from storage.files import raise_descriptor_limit
 
 from .clock import SystemClock
@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from replication.config import ClusterConfig
 
     from .cluster import ClusterNode
+    from .shards.router import ShardRouter
 
 log = logging.getLogger("hourglass.server")
 
@@ -42,6 +43,8 @@ SHUTDOWN_TIMEOUT_S = 10
 # storage.fileutil), what libraries make in the data directory (pysyncobj's
 # Raft journal, a snapshot's tar, the leadership log) is its owner's alone.
 PRIVATE_UMASK = 0o077
+# How often a shard dials the shards of its node it has no link to.
+LINK_RETRY_S = 0.25
 
 
 async def checkpoint_every(interval_ms: int, checkpoint: Callable[[], Awaitable[None]],
@@ -58,10 +61,21 @@ async def checkpoint_every(interval_ms: int, checkpoint: Callable[[], Awaitable[
             return
 
 
+async def keep_linked(router: ShardRouter) -> None:
+    """Dial every other shard of the node, and again any whose link is lost."""
+    while True:
+        if router.down():
+            await router.connect_all()
+        await asyncio.sleep(LINK_RETRY_S)
+
+
 async def _serve_until_stopped(node: DiskNode | RedisNode, describe: str) -> None:
     """Listen, run until SIGTERM/SIGINT or a fatal error, then stop taking
     work: answer long polls and finish the requests in flight."""
     server = await node.serve(describe)
+    if node.config.shard is not None:
+        from .shards.supervisor import tell_ready
+        tell_ready()
     gc.freeze()  # what opening made lives as long as the node: no collection walks it again
     await node.stop_asked.wait()
     if node.pushers is not None:  # first: what they have in flight is delivered again after the restart
@@ -142,6 +156,10 @@ async def run_disk(config: ServeConfig) -> int:
         log.critical("cannot open the data directory %s: %s", config.data_path, e)
         return 1
     node.broker.start()
+    links = None
+    if node.router is not None:  # a shard: the others' calls, and links to them
+        await node.router.start()
+        links = asyncio.create_task(keep_linked(node.router), name="shard-links")
     checkpoints = asyncio.create_task(checkpoint_every(config.checkpoint_interval_ms, node.checkpoint,
                                                        node.broker.fail))
     monitor = node.start_monitor()
@@ -150,7 +168,11 @@ async def run_disk(config: ServeConfig) -> int:
     schedules = node.schedules
     if schedules is not None:
         schedules.start(node.broker)
-    await _serve_until_stopped(node, "standalone")
+    await _serve_until_stopped(node, "standalone" if config.shard is None else
+                               f"shard {config.shard[0]} of {config.shard[1]} of {config.node_path}")
+    if links is not None and node.router is not None:
+        links.cancel()
+        await node.router.stop()
     checkpoints.cancel()
     monitor.cancel()
     if schedules is not None:  # a release it did not follow yet is followed at the next start
@@ -197,14 +219,42 @@ def check_data_dir(config: ServeConfig) -> None:
     log.warning("%s; starting all the same (--allow-shared-data-dir)", what)
 
 
-def serve(config: ServeConfig) -> int:
+def shard_count(config: ServeConfig) -> int:
+    """The shards this node runs (broker.shards.layout); ConfigError for a
+    count this kind of node does not run."""
+    if config.backend != "disk" or config.cluster is not None:
+        if config.shards not in ("auto", "1"):
+            kind = "a cluster node" if config.cluster is not None else "a node on --backend redis://"
+            raise ConfigError(f"--shards {config.shards}: {kind} runs one process (docs/configuration.md, "
+                              f"\"--shards\"); start it without --shards")
+        return 1
+    from .shards.layout import resolve
+    return resolve(config.node_path, config.shards)
+
+
+def serve(config: ServeConfig, argv: Sequence[str] = ()) -> int:
+    """Run the node `config` describes; `argv`, its command line's
+    arguments, starts its shards when it runs many."""
     os.umask(PRIVATE_UMASK)
+    if config.shard is not None:
+        from .shards.supervisor import die_with_node
+        die_with_node()
     if config.backend == "disk":  # a standalone or cluster node
         try:
             check_data_dir(config)
         except DataDirError as e:
             log.critical("%s", e)
             return 1
+    if config.shard is None:
+        try:
+            count = shard_count(config)
+        except ConfigError as e:
+            log.critical("%s", e)
+            return 1
+        if count > 1:
+            from .shards import supervisor
+            return supervisor.run(config, count, argv)
+    if config.backend == "disk":
         raise_descriptor_limit()  # before its store sizes its cache of open files by it
     try:
         import uvloop  # a faster event loop where it is installed (Linux, macOS)

@@ -35,6 +35,9 @@ class LongPolls:
         self._clock = clock  # long polls wait on its monotonic time
         self._waiters: dict[str, list[asyncio.Future[None]]] = defaultdict(list)
         self._closed = False
+        # Told of each wake (a node of many shards tells the shards that found the topic drained:
+        # broker.shards.router); None: nobody.
+        self.on_wake: Callable[[str], None] | None = None
 
     def __repr__(self) -> str:
         return f"LongPolls(waiting={sum(map(len, self._waiters.values()))}, closed={self._closed})"
@@ -42,6 +45,15 @@ class LongPolls:
     def wake(self, topic: str) -> None:
         """A message became READY in `topic` (or a pull held back by a cap
         may go on): its long polls pull again."""
+        for future in self._waiters.pop(topic, ()):
+            if not future.done():
+                future.set_result(None)
+        if self.on_wake is not None:
+            self.on_wake(topic)
+
+    def wake_waiters(self, topic: str) -> None:
+        """As `wake`, told by another shard: this node's long polls of
+        `topic` pull again, and nobody else is told."""
         for future in self._waiters.pop(topic, ()):
             if not future.done():
                 future.set_result(None)

@@ -215,6 +215,17 @@ class Broker:
         self._long_polls.wake_all()
 
     @property
+    def long_polls(self) -> LongPolls:
+        """The long polls waiting on each topic (a node of many shards
+        waits on them for every shard's messages: broker.shards.router)."""
+        return self._long_polls
+
+    async def give_back(self, messages: list[Message]) -> None:
+        """Messages pulled for a long poll whose client is gone: READY
+        again, as if never pulled (another shard's poll took them here)."""
+        await self.requests.give_back(messages)
+
+    @property
     def failed(self) -> BaseException | None:
         """Why the broker stopped itself (None: it did not)."""
         return self._lifecycle.failed

@@ -163,9 +163,9 @@ class Requests:
         `gone()` says the client hung up: then nothing is taken, and what
         was taken meanwhile goes back to READY with its retry unchanged."""
         return await self._long_polls.wait_ready(request.topic, request.long_polling_timeout_ms,
-                                                 functools.partial(self.pull, request), self._give_back, gone)
+                                                 functools.partial(self.pull, request), self.give_back, gone)
 
-    async def _give_back(self, messages: list[Message]) -> None:
+    async def give_back(self, messages: list[Message]) -> None:
         """Pulled for a client that is gone: READY again, as if never pulled."""
         now_ms = self._clock.now_ms()
         held_at = self._windows.held

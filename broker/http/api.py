@@ -35,6 +35,7 @@ from __future__ import annotations
 import hmac
 import logging
 from collections.abc import Awaitable, Callable, Sequence
+from typing import Protocol
 
 import orjson
 
@@ -142,6 +143,14 @@ def console_entry(token: str | None, sessions: ConsoleSessions | None, handler: 
     return entry
 
 
+class NodeViews(Protocol):
+    """What a node of many shards answers for all of them (broker.shards.router.ShardedBackend)."""
+
+    async def monitor_data(self) -> dict[str, object]: ...
+
+    async def all_topics(self) -> list[str]: ...
+
+
 class Api:
     """camellia's endpoints over a backend. `broker` may be None (a cluster
     node that does not lead yet, broker.cluster.node): requests are then
@@ -166,6 +175,10 @@ class Api:
         # broker.node_base); a send under one's run msgId is refused. None:
         # no schedules here.
         self.scheduled: Callable[[str, Sequence[str]], Awaitable[set[str]]] | None = None
+        # A new msgId for a send without one (a node of many shards: one this shard owns).
+        self.make_id: Callable[[], str] = new_msg_id
+        # The node's whole views where the backend is one shard's engine of many (broker.shards.router).
+        self.views: NodeViews | None = None
 
     def __repr__(self) -> str:
         return f"Api({self._broker!r}, max_msg_bytes={self.max_msg_bytes})"
@@ -230,7 +243,7 @@ class Api:
         headers = request.headers
         if "traceparent" in headers or "tracestate" in headers:  # W3C trace context as headers
             given = params.with_trace_headers(given, headers)
-        send = params.parse_send(given, now_ms=now_ms, make_id=new_msg_id,
+        send = params.parse_send(given, now_ms=now_ms, make_id=self.make_id,
                                  defaults=backend.defaults, max_msg_bytes=self.max_msg_bytes)
         if "@" in send.message.msg_id:
             await self._refuse_run_ids([send], batch=False)
@@ -243,7 +256,7 @@ class Api:
         backend = self.backend
         now_ms = backend.clock.now_ms()
         batch = params.parse_send_batch_body(request.body, request.content_type, limits=self.bodies,
-                                             now_ms=now_ms, make_id=new_msg_id,
+                                             now_ms=now_ms, make_id=self.make_id,
                                              defaults=backend.defaults, max_msg_bytes=self.max_msg_bytes)
         await self._refuse_run_ids(batch, batch=True)
         stored = await backend.requests.send(batch, now_ms)
@@ -337,7 +350,13 @@ class Api:
         return answer(200, "success", rescheduled=rescheduled, more=more)
 
     async def monitor_data(self, request: Request) -> Response:
-        return answer(200, "success", data=self.backend.metrics.monitor_data())
+        return answer(200, "success", data=await self.monitor())
+
+    async def monitor(self) -> dict[str, object]:
+        """getMonitorData's `data`: the node's (every shard's, merged)."""
+        if self.views is not None:
+            return await self.views.monitor_data()
+        return self.backend.metrics.monitor_data()
 
     async def topic_info(self, request: Request) -> Response:
         topic = params.parse_topic(self._params(request)).topic
@@ -347,10 +366,11 @@ class Api:
         return answer(200, "success", data=await self.topic_infos())
 
     async def monitor_string(self, request: Request) -> Response:
-        text = camellia_metrics.monitor_string(self.backend.metrics.monitor_data(), await self.topic_infos())
+        text = camellia_metrics.monitor_string(await self.monitor(), await self.topic_infos())
         return Response(200, text, "text/plain; charset=utf-8")
 
     async def topic_infos(self) -> list[dict[str, object]]:
         """getTopicInfo of every topic."""
         backend = self.backend
-        return await backend.topic_infos(backend.topic_list())
+        topics = backend.topic_list() if self.views is None else await self.views.all_topics()
+        return await backend.topic_infos(topics)

@@ -780,9 +780,11 @@ class HttpServer:
     def connections(self) -> int:
         return len(self.shared.connections)
 
-    async def start(self, host: str, port: int) -> None:
+    async def start(self, host: str, port: int, reuse_port: bool = False) -> None:
+        """Listen on host:port; `reuse_port`: beside the other shards of the
+        node, each with its own socket (broker.shards.supervisor)."""
         self.loop = loop = asyncio.get_running_loop()
-        self.listeners = await _listen(loop, host, port, backlog=1024)
+        self.listeners = await _listen(loop, host, port, backlog=1024, reuse_port=reuse_port)
         self.spare = _open_spare()
         self.shared.descriptors.measure(0)
         for listener in self.listeners:
@@ -981,7 +983,8 @@ LINGER_S = 1.0
 LINGERING_MAX = 64
 
 
-async def _listen(loop: asyncio.AbstractEventLoop, host: str, port: int, backlog: int) -> list[socket.socket]:
+async def _listen(loop: asyncio.AbstractEventLoop, host: str, port: int, backlog: int,
+                  reuse_port: bool = False) -> list[socket.socket]:
     """Listening, non-blocking sockets on every address `host` resolves to
     (as `loop.create_server` binds them)."""
     infos = await loop.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
@@ -995,6 +998,8 @@ async def _listen(loop: asyncio.AbstractEventLoop, host: str, port: int, backlog
             sock = socket.socket(family, kind, proto)
             listeners.append(sock)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if reuse_port:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
             if family == socket.AF_INET6:
                 sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
             try:

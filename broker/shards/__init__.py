@@ -1,0 +1,20 @@
+"""Shards: a node that uses every core (docs/internals.md, "Shards").
+
+`hourglass serve --shards N` runs N shard processes over one public port,
+each today's whole engine over its own store in `DATA/shard-<i>/`. A
+message lives on the shard its msgId names (its key's, when it has one);
+every shard takes connections on the public port (SO_REUSEPORT) and serves
+what it owns itself, forwards the rest to its owner in one hop over a local
+socket, serves pulls from its own due messages first and then the others',
+and merges the node's views.
+
+    placement   which shard owns a msgId, a key, a schedule (a stable hash)
+    layout      the shard count a data directory keeps, and each shard's place
+    link        the local sockets between shards: framed, pipelined calls
+    router      a shard's side: what it forwards, merges and fans out
+    supervisor  the process around the shards: the port, start, restart, stop
+
+It may call broker.core, broker.http and broker.disk's public parts; no
+engine part calls it back but through the hooks it is handed (a long
+poll's wake, a command's handler).
+"""

@@ -1,0 +1,683 @@
+"""A shard's side of a node of many shards (docs/internals.md, "Shards").
+
+`ShardRouter` is what the API (broker.http.api) reaches through when the
+node runs N > 1 shards: the requests it parsed and validated, whole, go
+either to this shard's own engine or, parsed, to the owner's over its link
+(broker.shards.link); nothing is parsed or validated twice.
+
+    send, sendMsgBatch   each message to its owner (broker.shards.placement):
+                         a send without a msgId gets one this shard owns,
+                         so it is stored here; a batch is split by owner,
+                         the parts stored at once, answered in the batch's order
+    ack, get, delete,    to the msgId's owner; a NotFound there asks the
+    reschedule, redrive  others (a keyed message lives on its key's shard)
+    ackMsg msgIds        split by owner, the statuses in the ids' order
+    pull, long poll      this shard's due messages first, then the others'
+                         (never early: a shard hands over only its READY
+                         ones); a shard that had fewer than asked is skipped
+                         until it tells this one the topic has one READY
+                         again, which also wakes this shard's long polls
+    the node's views     topic infos, getMonitorData, listMsg (one cursor:
+                         the pages merged in (trigger time, msgId) order),
+                         listDeadMsg (one cursor: shard by shard), bulk
+                         calls, /metrics: every shard's, merged
+
+`serve` answers the calls other shards make of this one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections import defaultdict
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from typing import Any
+
+from storage.entry import Location, Message, Status
+from storage.errors import InvalidRequest, NotFound, Unavailable
+from storage.fileutil import make_dir
+from storage.store import NewMessage
+from wheel.clock import Clock
+
+from ..backend import MessageRequests
+from ..core.bulk_params import BulkFilter, Cursor, DeleteMsgsRequest, ListMsgRequest, RescheduleMsgsRequest
+from ..core.long_polls import LongPolls
+from ..core.params import AckRequest, Defaults, DeleteRequest, LongPollRequest, NewSend, PullRequest
+from ..disk.backend import Broker
+from ..observe.metrics import Backlog, Metrics
+from . import link, placement
+
+log = logging.getLogger("hourglass.shards")
+
+
+# -- what travels: a NamedTuple as its fields ------------------------------------------
+
+def message_fields(m: Message) -> list[Any]:
+    return list(m)
+
+
+def message_of(f: list[Any]) -> Message:
+    return Message(f[0], f[1], f[2], f[3], f[4], f[5], f[6], f[7], f[8], Status(f[9]), f[10], Location(*f[11]),
+                   f[12], f[13], f[14])
+
+
+def messages_of(rows: Iterable[list[Any]]) -> list[Message]:
+    return [message_of(row) for row in rows]
+
+
+def send_of(fields: list[Any]) -> NewSend:
+    return NewSend(NewMessage(*fields[0]), fields[1], fields[2])
+
+
+def filter_fields(f: BulkFilter) -> list[Any]:
+    return [f.key, f.tag, f.msg_id_prefix, sorted(int(s) for s in f.statuses), f.trigger_from_ms, f.trigger_to_ms]
+
+
+def filter_of(fields: list[Any]) -> BulkFilter:
+    return BulkFilter(fields[0], fields[1], fields[2], frozenset(Status(s) for s in fields[3]), fields[4], fields[5])
+
+
+def list_fields(r: ListMsgRequest) -> list[Any]:
+    return [r.topic, filter_fields(r.filter), None if r.cursor is None else list(r.cursor), r.limit, r.count_only,
+            r.max_bytes]
+
+
+def list_of(fields: list[Any]) -> ListMsgRequest:
+    cursor = None if fields[2] is None else Cursor(*fields[2])
+    return ListMsgRequest(fields[0], filter_of(fields[1]), cursor, fields[3], fields[4], fields[5])
+
+
+# -- merging views ------------------------------------------------------------------------
+
+def merge_topic_infos(infos: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    """camellia's TopicInfo of a topic over shards: every size summed."""
+    merged: dict[str, Any] | None = None
+    for info in infos:
+        if merged is None:
+            merged = {**info, "waitingQueueInfo": dict(info["waitingQueueInfo"])}
+            continue
+        for field in ("waitingQueueSize", "readyQueueSize", "ackQueueSize"):
+            merged[field] += info[field]
+        buckets = merged["waitingQueueInfo"]
+        for name, n in info["waitingQueueInfo"].items():
+            buckets[name] = buckets.get(name, 0) + n
+    if merged is None:
+        raise Unavailable("no shard answered; retry")
+    return merged
+
+
+def merge_gaps(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Gap stats per topic over shards: counts summed, averages weighted, maxima the largest."""
+    by_topic: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        have = by_topic.get(row["topic"])
+        if have is None:
+            by_topic[row["topic"]] = dict(row)
+            continue
+        count = have["count"] + row["count"]
+        have["avg"] = round((have["avg"] * have["count"] + row["avg"] * row["count"]) / count, 2) if count else 0.0
+        have["count"] = count
+        have["max"] = max(have["max"], row["max"])
+    return [by_topic[t] for t in sorted(by_topic)]
+
+
+def merge_monitor_data(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """getMonitorData over shards: each topic's counts summed, its gap stats merged."""
+    stats: dict[str, dict[str, Any]] = {}
+    for part in parts:
+        for row in part.get("requestStatsList", ()):
+            have = stats.setdefault(row["topic"], {"topic": row["topic"]})
+            for name, value in row.items():
+                if name != "topic":
+                    have[name] = have.get(name, 0) + value
+    merged: dict[str, Any] = {
+        "requestStatsList": [stats[t] for t in sorted(stats)],
+        "pullMsgTimeGapStatsList": merge_gaps(r for p in parts for r in p.get("pullMsgTimeGapStatsList", ())),
+        "readyQueueTimeGapStatsList": merge_gaps(r for p in parts for r in p.get("readyQueueTimeGapStatsList", ())),
+    }
+    starts = [p["intervalStartTime"] for p in parts if "intervalStartTime" in p]
+    if starts:
+        merged["intervalStartTime"] = min(starts)
+        merged["intervalEndTime"] = max(p["intervalEndTime"] for p in parts if "intervalEndTime" in p)
+    return merged
+
+
+def merge_metrics(index: int, texts: Sequence[tuple[int, str]]) -> str:
+    """One Prometheus scrape of every shard's: each sample labelled with
+    its shard, each family's HELP and TYPE once, its samples together."""
+    families: dict[str, list[str]] = {}
+    heads: dict[str, list[str]] = {}
+    for shard, text in texts:
+        family = ""
+        for line in text.splitlines():
+            if not line:
+                continue
+            if line.startswith("#"):
+                parts = line.split(" ", 3)
+                if len(parts) >= 3 and parts[1] in ("HELP", "TYPE"):
+                    family = parts[2]
+                    if family not in heads:
+                        heads[family] = []
+                        families[family] = []
+                    if len(heads[family]) < 2 and line not in heads[family]:
+                        heads[family].append(line)
+                continue
+            name_end = min((i for i in (line.find("{"), line.find(" ")) if i >= 0), default=len(line))
+            name = line[:name_end]
+            if family == "" or not name.startswith(family):
+                family = name
+                heads.setdefault(family, [])
+                families.setdefault(family, [])
+            label = f'shard="{shard}"'
+            if line[name_end:name_end + 1] == "{":
+                sample = f"{name}{{{label},{line[name_end + 1:]}" if line[name_end + 1] != "}" else \
+                    f"{name}{{{label}}}{line[name_end + 2:]}"
+            else:
+                sample = f"{name}{{{label}}}{line[name_end:]}"
+            families[family].append(sample)
+    out = []
+    for family, samples in families.items():
+        out.extend(heads[family])
+        out.extend(samples)
+    return "\n".join(out) + "\n"
+
+
+def dead_cursor(shard: int, inner: str | None) -> str:
+    return f"s{shard}.{inner or ''}"
+
+
+def parse_dead_cursor(cursor: str | None, count: int) -> tuple[int, str | None]:
+    """(shard, that shard's cursor) of a listDeadMsg cursor of a node of
+    `count` shards: the walk goes shard by shard."""
+    if cursor is None:
+        return 0, None
+    shard_text, dot, inner = cursor.partition(".")
+    if not dot or not shard_text.startswith("s") or not shard_text[1:].isdigit() or int(shard_text[1:]) >= count:
+        raise InvalidRequest("cursor", f"must be a cursor a listDeadMsg page answered, got {cursor[:40]!r}")
+    return int(shard_text[1:]), inner or None
+
+
+class ShardRouter:
+    """This shard (`index` of `count`): its links to the others, and what
+    it does with requests of the node that are not its own alone."""
+
+    def __init__(self, index: int, count: int, links_dir: str) -> None:
+        self.index = index
+        self.count = count
+        self._links_dir = links_dir
+        self.peers = {i: link.Peer(i, link.socket_path(links_dir, i), self._hear, self._connected)
+                      for i in range(count) if i != index}
+        # topic -> the shards that had fewer READY than asked, skipped by pulls until they say otherwise
+        self._drained: dict[str, set[int]] = defaultdict(set)
+        # topic -> the connections of shards that found this one drained: told when one is READY here
+        self._watchers: dict[str, set[link.Connection]] = defaultdict(set)
+        self._server: asyncio.AbstractServer | None = None
+        self._backend: Broker | None = None
+        self._long_polls: LongPolls | None = None
+        self.metrics_text: Callable[[], Awaitable[str]] | None = None
+        self.scheduled_here: Callable[[str, Sequence[str]], Awaitable[set[str]]] | None = None
+        self._turn = itertools.count()
+        self.forwarded = 0  # calls this shard made of others
+        self.served = 0  # calls others made of this shard
+
+    def __repr__(self) -> str:
+        return f"ShardRouter({self.index} of {self.count}, peers={list(self.peers.values())})"
+
+    # == set-up ================================================================================
+
+    def attach(self, backend: Broker, long_polls: LongPolls) -> None:
+        """Serve with this shard's engine; `long_polls` tells when a topic has a READY message."""
+        self._backend = backend
+        self._long_polls = long_polls
+        long_polls.on_wake = self._ready_here
+
+    async def start(self) -> None:
+        """Listen for the other shards' calls."""
+        make_dir(self._links_dir)
+        self._server = await link.listen(link.socket_path(self._links_dir, self.index), self.serve, self._lost)
+
+    async def connect_all(self) -> list[int]:
+        """Dial every other shard; the ones that do not answer yet."""
+        down = []
+        for i, peer in self.peers.items():
+            try:
+                await peer.connect()
+            except Unavailable:
+                down.append(i)
+        return down
+
+    def down(self) -> list[int]:
+        return [i for i, peer in self.peers.items() if not peer.up]
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for peer in self.peers.values():
+            peer.close()
+
+    @property
+    def backend(self) -> Broker:
+        if self._backend is None:
+            raise Unavailable("the shard is starting; retry")
+        return self._backend
+
+    def owns_new(self) -> str:
+        """A new msgId this shard owns (a send without one is stored where it arrived)."""
+        return placement.new_id_on(self.index, self.count)
+
+    # == the link's two sides ==================================================================
+
+    def _connected(self, shard: int) -> None:
+        # a shard (re)connected: what it was known to hold is unknown again
+        for drained in self._drained.values():
+            drained.discard(shard)
+
+    def _lost(self, connection: link.Connection) -> None:
+        for watchers in self._watchers.values():
+            watchers.discard(connection)
+
+    def _hear(self, op: str, args: list[Any]) -> None:
+        if op == "ready":
+            topic, shard = args
+            self._drained[topic].discard(shard)
+            if self._long_polls is not None:
+                self._long_polls.wake_waiters(topic)
+
+    def _ready_here(self, topic: str) -> None:
+        """A message became READY here (LongPolls.wake): tell the shards that found none."""
+        watchers = self._watchers.pop(topic, None)
+        if watchers:
+            for connection in watchers:
+                connection.notify("ready", [topic, self.index])
+
+    def call(self, shard: int, op: str, args: list[Any]) -> Awaitable[Any]:
+        self.forwarded += 1
+        return self.peers[shard].call(op, args)
+
+    async def serve(self, op: str, args: list[Any], connection: link.Connection) -> Any:
+        """A call another shard made of this one, on its engine alone."""
+        self.served += 1
+        backend = self.backend
+        requests = backend.requests
+        if op == "sends":
+            stored = await requests.send([send_of(s) for s in args[0]], args[1])
+            return [message_fields(m) for m in stored]
+        if op == "pull":
+            request: PullRequest | LongPollRequest = PullRequest(*args[0]) if len(args[0]) == 4 \
+                else LongPollRequest(*args[0])
+            pulled = await requests.pull(request)
+            if len(pulled) < request.batch:
+                self._watchers[request.topic].add(connection)
+            return [message_fields(m) for m in pulled]
+        if op == "give_back":
+            await backend.give_back(messages_of(args[0]))
+            return None
+        if op == "ack":
+            await requests.ack(AckRequest(*args))
+            return None
+        if op == "ack_many":
+            return [None if s is None else int(s) for s in await requests.ack_many(args[0], args[1], args[2])]
+        if op == "get":
+            return message_fields(await requests.get(args[0], args[1]))
+        if op == "delete":
+            await requests.delete(DeleteRequest(*args))
+            return None
+        if op == "reschedule":
+            return message_fields(await backend.reschedule(args[0], args[1], args[2]))
+        if op == "redrive":
+            return message_fields(await backend.redrive(args[0], args[1]))
+        if op == "redrive_all":
+            return list(await backend.redrive_all(args[0], args[1]))
+        if op == "list_dead":
+            page, cursor = await backend.list_dead(args[0], frozenset(Status(s) for s in args[1]), args[2], args[3])
+            return [[message_fields(m) for m in page], cursor]
+        if op == "list_msgs":
+            page, cursor = await backend.list_msgs(list_of(args[0]))
+            return [[message_fields(m) for m in page], cursor]
+        if op == "count_msgs":
+            return await backend.count_msgs(args[0], filter_of(args[1]))
+        if op == "delete_msgs":
+            return list(await backend.delete_msgs(DeleteMsgsRequest(args[0], filter_of(args[1]), args[2])))
+        if op == "reschedule_msgs":
+            return list(await backend.reschedule_msgs(
+                RescheduleMsgsRequest(args[0], filter_of(args[1]), args[2], args[3], args[4])))
+        if op == "topic_list":
+            return backend.topic_list()
+        if op == "topic_infos":
+            return await backend.topic_infos(args[0])
+        if op == "topic_backlogs":
+            return {t: list(b) for t, b in (await backend.topic_backlogs()).items()}
+        if op == "monitor_data":
+            return backend.metrics.monitor_data()
+        if op == "metrics":
+            if self.metrics_text is None:
+                raise Unavailable("the shard is starting; retry")
+            return await self.metrics_text()
+        if op == "scheduled":
+            if self.scheduled_here is None:
+                return []
+            return sorted(await self.scheduled_here(args[0], args[1]))
+        raise InvalidRequest("op", f"no shard call {op!r}")
+
+    # == fanning out ===========================================================================
+
+    async def everywhere(self, op: str, args: list[Any], here: Callable[[], Awaitable[Any]]) -> list[Any]:
+        """`op` on every shard, this one by `here`; the answers in shard order."""
+        calls: list[Awaitable[Any]] = []
+        for i in range(self.count):
+            calls.append(here() if i == self.index else self.call(i, op, args))
+        return list(await asyncio.gather(*calls))
+
+    def others(self) -> list[int]:
+        """The other shards, from the next one round (pulls spread over them)."""
+        start = next(self._turn)
+        order = [(self.index + 1 + (start + k) % (self.count - 1)) % self.count for k in range(self.count - 1)]
+        return [i for i in order if i != self.index]
+
+    async def by_id(self, msg_id: str, op: str, args: list[Any], here: Callable[[], Awaitable[Any]]) -> Any:
+        """`op` on the shard that owns `msg_id`; if it has no such message,
+        on the others in turn (a keyed message lives on its key's shard)."""
+        first = placement.owner(msg_id, self.count)
+        order = [first, *(i for i in range(self.count) if i != first)]
+        missing: NotFound | None = None
+        for shard in order:
+            try:
+                return await (here() if shard == self.index else self.call(shard, op, args))
+            except NotFound as e:
+                missing = missing or e
+        assert missing is not None
+        raise missing
+
+
+class ShardedRequests:
+    """The message requests of a node of many shards (MessageRequests):
+    see the module docstring."""
+
+    def __init__(self, router: ShardRouter, local: MessageRequests, long_polls: LongPolls,
+                 give_back: Callable[[list[Message]], Awaitable[None]]) -> None:
+        self._router = router
+        self._local = local
+        self._long_polls = long_polls
+        self._give_back_here = give_back
+
+    def __repr__(self) -> str:
+        return f"ShardedRequests({self._router!r})"
+
+    async def send(self, sends: Sequence[NewSend], now_ms: int) -> list[Message]:
+        router = self._router
+        count, index = router.count, router.index
+        owners = [placement.message_owner(s.message.msg_id, s.message.key, count) for s in sends]
+        if all(o == index for o in owners):
+            return await self._local.send(sends, now_ms)
+        parts: dict[int, list[int]] = defaultdict(list)
+        for at, shard in enumerate(owners):
+            parts[shard].append(at)
+        calls: list[Awaitable[Any]] = []
+        for shard, ats in parts.items():
+            part = [sends[at] for at in ats]
+            if shard == index:
+                calls.append(self._local.send(part, now_ms))
+            else:
+                calls.append(router.call(shard, "sends", [[[list(s.message), s.strict, s.skip_after_ms]
+                                                            for s in part], now_ms]))
+        answers = await asyncio.gather(*calls, return_exceptions=True)
+        stored: list[Message | None] = [None] * len(sends)
+        failed: BaseException | None = None
+        for ats, answer in zip(parts.values(), answers):
+            if isinstance(answer, BaseException):
+                failed = failed or answer
+                continue
+            for at, m in zip(ats, answer):
+                stored[at] = m if isinstance(m, Message) else message_of(m)
+        if failed is not None:  # a part not stored: the client sends the batch again (ids dedup what was)
+            raise failed
+        return [m for m in stored if m is not None]
+
+    async def pull(self, request: PullRequest | LongPollRequest) -> list[Message]:
+        pulled = await self._local.pull(request)
+        want = request.batch - len(pulled)
+        if want <= 0:
+            return pulled
+        router = self._router
+        drained = router._drained[request.topic]
+        for shard in router.others():
+            if shard in drained:
+                continue
+            asked = request._replace(batch=want)
+            try:
+                rows = await router.call(shard, "pull", [list(asked)])
+            except Unavailable:
+                continue
+            if len(rows) < want:
+                drained.add(shard)
+            pulled.extend(messages_of(rows))
+            want = request.batch - len(pulled)
+            if want <= 0:
+                break
+        return pulled
+
+    async def long_poll(self, request: LongPollRequest, gone: Callable[[], bool]) -> list[Message]:
+        return await self._long_polls.wait_ready(request.topic, request.long_polling_timeout_ms,
+                                                 lambda: self.pull(request), self._give_back, gone)
+
+    async def _give_back(self, messages: list[Message]) -> None:
+        router = self._router
+        by_shard: dict[int, list[Message]] = defaultdict(list)
+        for m in messages:
+            by_shard[placement.message_owner(m.msg_id, m.key, router.count)].append(m)
+        for shard, part in by_shard.items():
+            if shard == router.index:
+                await self._give_back_here(part)
+            else:
+                await router.call(shard, "give_back", [[message_fields(m) for m in part]])
+
+    def ack(self, request: AckRequest) -> Awaitable[object]:
+        router = self._router
+        if placement.owner(request.msg_id, router.count) == router.index:
+            return self._local.ack(request)
+        return router.call(placement.owner(request.msg_id, router.count), "ack", list(request))
+
+    async def ack_many(self, topic: str, msg_ids: Sequence[str], ack: bool = True) -> list[Status | None]:
+        router = self._router
+        parts: dict[int, list[int]] = defaultdict(list)
+        for at, msg_id in enumerate(msg_ids):
+            parts[placement.owner(msg_id, router.count)].append(at)
+        calls: list[Awaitable[Any]] = []
+        for shard, ats in parts.items():
+            ids = [msg_ids[at] for at in ats]
+            calls.append(self._local.ack_many(topic, ids, ack) if shard == router.index
+                         else router.call(shard, "ack_many", [topic, ids, ack]))
+        statuses: list[Status | None] = [None] * len(msg_ids)
+        for (_, ats), answer in zip(parts.items(), await asyncio.gather(*calls)):
+            for at, status in zip(ats, answer):
+                statuses[at] = None if status is None else Status(status)
+        return statuses
+
+    async def delete(self, request: DeleteRequest) -> None:
+        await self._router.by_id(request.msg_id, "delete", list(request), lambda: self._local.delete(request))
+
+    async def get(self, topic: str, msg_id: str) -> Message:
+        found = await self._router.by_id(msg_id, "get", [topic, msg_id], lambda: self._local.get(topic, msg_id))
+        return found if isinstance(found, Message) else message_of(found)
+
+
+class ShardedBackend:
+    """The Backend the API serves a node of many shards with: this shard's
+    engine for what is its own, the router for what is the node's."""
+
+    def __init__(self, router: ShardRouter, local: Broker) -> None:
+        self._router = router
+        self._local = local
+        self.clock: Clock = local.clock
+        self.defaults: Defaults = local.defaults
+        self.metrics: Metrics = local.metrics
+        self.on_fatal = local.on_fatal
+        self._requests = ShardedRequests(router, local.requests, local.long_polls, local.give_back)
+
+    def __repr__(self) -> str:
+        return f"ShardedBackend({self._router!r})"
+
+    @property
+    def requests(self) -> MessageRequests:
+        return self._requests
+
+    @property
+    def failed(self) -> BaseException | None:
+        return self._local.failed
+
+    async def send(self, sends: Sequence[NewSend | NewMessage]) -> list[Message]:
+        return await self._local.send(sends)
+
+    async def pull(self, request: PullRequest | LongPollRequest) -> list[Message]:
+        return await self._requests.pull(request)
+
+    async def long_poll(self, request: LongPollRequest, gone: Callable[[], bool] = lambda: False) -> list[Message]:
+        return await self._requests.long_poll(request, gone)
+
+    async def ack(self, request: AckRequest) -> None:
+        await self._requests.ack(request)
+
+    async def ack_many(self, topic: str, msg_ids: Sequence[str], ack: bool = True) -> list[Status | None]:
+        return await self._requests.ack_many(topic, msg_ids, ack)
+
+    async def delete(self, request: DeleteRequest) -> None:
+        await self._requests.delete(request)
+
+    async def get(self, topic: str, msg_id: str) -> Message:
+        return await self._requests.get(topic, msg_id)
+
+    async def reschedule(self, topic: str, msg_id: str, trigger_ms: int) -> Message:
+        found = await self._router.by_id(msg_id, "reschedule", [topic, msg_id, trigger_ms],
+                                         lambda: self._local.reschedule(topic, msg_id, trigger_ms))
+        return found if isinstance(found, Message) else message_of(found)
+
+    async def retry_at(self, topic: str, msg_id: str, at_ms: int) -> Status | None:
+        return await self._local.retry_at(topic, msg_id, at_ms)
+
+    async def give_back(self, messages: list[Message]) -> None:
+        await self._local.give_back(messages)
+
+    async def list_dead(self, topic: str, statuses: frozenset[Status], cursor: str | None,
+                        limit: int) -> tuple[list[Message], str | None]:
+        router = self._router
+        shard, inner = parse_dead_cursor(cursor, router.count)
+        page: list[Message] = []
+        while True:
+            if shard == router.index:
+                got, inner = await self._local.list_dead(topic, statuses, inner, limit - len(page))
+            else:
+                rows, inner = await router.call(shard, "list_dead",
+                                                [topic, sorted(int(s) for s in statuses), inner, limit - len(page)])
+                got = messages_of(rows)
+            page.extend(got)
+            if inner is not None:  # this shard has more: the next page goes on here
+                return page, dead_cursor(shard, inner)
+            shard += 1
+            if shard == router.count:
+                return page, None
+            if len(page) >= limit:
+                return page, dead_cursor(shard, None)
+
+    async def redrive(self, topic: str, msg_id: str) -> Message:
+        found = await self._router.by_id(msg_id, "redrive", [topic, msg_id],
+                                         lambda: self._local.redrive(topic, msg_id))
+        return found if isinstance(found, Message) else message_of(found)
+
+    async def redrive_all(self, topic: str, limit: int) -> tuple[int, bool]:
+        router = self._router
+        done, more = 0, False
+        for shard in range(router.count):
+            if done >= limit:
+                return done, True
+            if shard == router.index:
+                n, more = await self._local.redrive_all(topic, limit - done)
+            else:
+                n, more = await router.call(shard, "redrive_all", [topic, limit - done])
+            done += n
+        return done, more
+
+    async def list_msgs(self, request: ListMsgRequest) -> tuple[list[Message], str | None]:
+        """Every shard's page after the cursor, merged in page order and cut
+        to the limit; the cursor after the last one kept, if any shard has more."""
+        router = self._router
+        answers = await router.everywhere("list_msgs", [list_fields(request)],
+                                          lambda: self._local.list_msgs(request))
+        page: list[Message] = []
+        more = False
+        for answer in answers:
+            got, cursor = answer
+            page.extend(m if isinstance(m, Message) else message_of(m) for m in got)
+            more = more or cursor is not None
+        page.sort(key=lambda m: (m.trigger_ms, m.msg_id))
+        if len(page) > request.limit:
+            page, more = page[:request.limit], True
+        return page, (Cursor(page[-1].trigger_ms, page[-1].msg_id).text() if more and page else None)
+
+    async def count_msgs(self, topic: str, flt: BulkFilter) -> int:
+        counts = await self._router.everywhere("count_msgs", [topic, filter_fields(flt)],
+                                               lambda: self._local.count_msgs(topic, flt))
+        return sum(counts)
+
+    async def delete_msgs(self, request: DeleteMsgsRequest) -> tuple[int, bool]:
+        answers = await self._router.everywhere(
+            "delete_msgs", [request.topic, filter_fields(request.filter), request.limit],
+            lambda: self._local.delete_msgs(request))
+        return sum(a[0] for a in answers), any(a[1] for a in answers)
+
+    async def reschedule_msgs(self, request: RescheduleMsgsRequest) -> tuple[int, bool]:
+        answers = await self._router.everywhere(
+            "reschedule_msgs", [request.topic, filter_fields(request.filter), request.limit, request.shift_ms,
+                                request.trigger_ms], lambda: self._local.reschedule_msgs(request))
+        return sum(a[0] for a in answers), any(a[1] for a in answers)
+
+    async def topic_info(self, topic: str) -> dict[str, object]:
+        return (await self.topic_infos([topic]))[0]
+
+    async def topic_infos(self, topics: Sequence[str]) -> list[dict[str, object]]:
+        answers = await self._router.everywhere("topic_infos", [list(topics)],
+                                                lambda: self._local.topic_infos(topics))
+        return [merge_topic_infos(infos) for infos in zip(*answers)]
+
+    async def all_topics(self) -> list[str]:
+        """The topics any shard knows, sorted."""
+        lists = await self._router.everywhere("topic_list", [], self._local_topics)
+        return sorted(set().union(*lists))
+
+    async def _local_topics(self) -> list[str]:
+        return self._local.topic_list()
+
+    def topic_list(self) -> list[str]:
+        return self._local.topic_list()
+
+    async def topic_backlogs(self) -> dict[str, Backlog]:
+        return await self._local.topic_backlogs()
+
+    async def monitor_data(self) -> dict[str, Any]:
+        parts = await self._router.everywhere("monitor_data", [], self._local_monitor_data)
+        return merge_monitor_data(parts)
+
+    async def _local_monitor_data(self) -> dict[str, Any]:
+        return self._local.metrics.monitor_data()
+
+    def wake_all(self) -> None:
+        self._local.wake_all()
+
+    def begin_stop(self) -> None:
+        self._local.begin_stop()
+
+    async def stop(self) -> None:
+        await self._local.stop()
+
+
+async def scheduled_on_owners(router: ShardRouter, here: Callable[[str, Sequence[str]], Awaitable[set[str]]],
+                              topic: str, schedule_ids: Sequence[str]) -> set[str]:
+    """Which of `schedule_ids` are schedules of `topic`, asked of each one's owner."""
+    parts: dict[int, list[str]] = defaultdict(list)
+    for sid in schedule_ids:
+        parts[placement.owner(sid, router.count)].append(sid)
+    found: set[str] = set()
+    for shard, ids in parts.items():
+        found.update(await here(topic, ids) if shard == router.index else await router.call(shard, "scheduled",
+                                                                                            [topic, ids]))
+    return found
