@@ -82,9 +82,15 @@ log = logging.getLogger("hourglass.server")
 OFFLINE_MSG = "offline (/camellia/health/online brings it back)"
 
 
-async def monitor_every(interval_s: int, metrics: Metrics, process: ProcessStats, clock: Clock) -> None:
+async def monitor_every(interval_s: int, metrics: Metrics, process: ProcessStats, clock: Clock,
+                        aligned: bool = False) -> None:
     """camellia's monitor interval: every `interval_s`, publish the counts
-    of the interval that ended (getMonitorData) and its CPU use."""
+    of the interval that ended (getMonitorData) and its CPU use.
+    `aligned`: the intervals end on multiples of `interval_s` of the wall
+    clock, so that the shards of a node count the same intervals."""
+    if aligned:
+        await _monitor_aligned(interval_s * 1000, metrics, process, clock)
+        return
     metrics.roll(clock.now_ms())
     process.roll()
     next_s = clock.monotonic_s()
@@ -92,6 +98,18 @@ async def monitor_every(interval_s: int, metrics: Metrics, process: ProcessStats
         next_s += interval_s
         await clock.sleep(next_s - clock.monotonic_s())
         metrics.roll(clock.now_ms())
+        process.roll()
+
+
+async def _monitor_aligned(interval_ms: int, metrics: Metrics, process: ProcessStats, clock: Clock) -> None:
+    now_ms = clock.now_ms()
+    boundary_ms = now_ms - now_ms % interval_ms
+    metrics.roll(boundary_ms)
+    process.roll()
+    while True:
+        boundary_ms += interval_ms
+        await clock.sleep(max(0.0, (boundary_ms - clock.now_ms()) / 1000))
+        metrics.roll(boundary_ms)
         process.roll()
 
 
@@ -249,17 +267,19 @@ class NodeBase(ABC):
         """camellia's monitor interval, and the console's throughput sampler."""
         async def monitors() -> None:
             samplers: list[Coroutine[Any, Any, None]] = [
-                monitor_every(self.config.monitor_interval_s, self.metrics, self.process, self.clock)]
+                monitor_every(self.config.monitor_interval_s, self.metrics, self.process, self.clock,
+                              aligned=self.config.shard is not None)]
             if self.console is not None:
                 samplers.append(self.console.run())
             await asyncio.gather(*samplers)
         return asyncio.create_task(monitors(), name="monitor")
 
-    async def serve(self, describe: str) -> HttpServer:
+    async def serve(self, describe: str, app: Gate | None = None) -> HttpServer:
         """Listen on --host:--port; from now on SIGTERM and SIGINT set
-        `stop_asked`. `describe` names the node in the log line."""
+        `stop_asked`. `describe` names the node in the log line; `app`, its
+        app if built already (a shard builds it before other shards call it)."""
         config = self.config
-        server = HttpServer(self.app().admit, config.http, self.descriptors)
+        server = HttpServer((app or self.app()).admit, config.http, self.descriptors)
         await server.start(config.host, config.port, reuse_port=config.shard is not None)
         log.info("serving on http://%s:%d (%s; %s)", config.host, config.port, describe, build_info.describe())
         loop = asyncio.get_running_loop()

@@ -30,6 +30,7 @@ from .schedules.file import ScheduleFile, schedules_path
 from .schedules.keeper import Schedules
 
 if TYPE_CHECKING:
+    from .http.commands import Command
     from .http.http_types import Request, Response
     from .redis.backend import RedisBroker
     from .shards.router import ShardedBackend, ShardRouter
@@ -78,7 +79,8 @@ class DiskNode(NodeBase):
         if config.shard is not None:
             from .shards.layout import links_path
             from .shards.router import ShardedBackend, ShardRouter
-            self.router = ShardRouter(*config.shard, links_path(config.node_path))
+            self.router = ShardRouter(*config.shard, links_path(config.node_path), config.bodies,
+                                      config.max_msg_bytes)
             self.router.attach(self.broker, self.broker.long_polls)
             served = ShardedBackend(self.router, self.broker)
         console = Console(lambda: self.store, metrics, self.broker.topic_list,
@@ -115,7 +117,7 @@ class DiskNode(NodeBase):
         return (await super().metrics_text(None)).body.decode()
 
     async def metrics_text(self, request: Request | None) -> Response:
-        """/metrics: a shard answers for every shard, each sample labelled with its shard."""
+        """/metrics: a shard answers for the node, its shards' series merged (broker.shards.router)."""
         local = await super().metrics_text(request)
         router = self.router
         if router is None:
@@ -123,8 +125,14 @@ class DiskNode(NodeBase):
         from .shards.router import merge_metrics
         text = local.body.decode()
         texts = await router.everywhere("metrics", [], lambda: _text(text))
-        local.body = merge_metrics(router.index, list(enumerate(texts))).encode()
+        views = self.api.views
+        topics = len(await views.all_topics()) if views is not None else 0
+        local.body = merge_metrics(texts, self.config.metrics_topics, topics).encode()
         return local
+
+    def routed(self, command: Command) -> Command:
+        """A shard's commands as the node's (broker.shards.router.ShardRouter.route)."""
+        return command if self.router is None else self.router.route(command)
 
     def failure(self) -> BaseException | None:
         return self.broker.failed

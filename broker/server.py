@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from replication.config import ClusterConfig
 
     from .cluster import ClusterNode
+    from .http.gate import Gate
     from .shards.router import ShardRouter
 
 log = logging.getLogger("hourglass.server")
@@ -61,6 +62,19 @@ async def checkpoint_every(interval_ms: int, checkpoint: Callable[[], Awaitable[
             return
 
 
+async def linked(router: ShardRouter) -> None:
+    """Wait until every other shard of the node is dialled (they start
+    together: a shard that does not come up stops the node, broker.shards.supervisor)."""
+    waited_s = 0.0
+    while router.down():
+        await router.connect_all()
+        if router.down():
+            await asyncio.sleep(LINK_RETRY_S)
+            waited_s += LINK_RETRY_S
+            if waited_s % 5 < LINK_RETRY_S:
+                log.info("waiting for shard(s) %s of the node to come up", router.down())
+
+
 async def keep_linked(router: ShardRouter) -> None:
     """Dial every other shard of the node, and again any whose link is lost."""
     while True:
@@ -69,10 +83,10 @@ async def keep_linked(router: ShardRouter) -> None:
         await asyncio.sleep(LINK_RETRY_S)
 
 
-async def _serve_until_stopped(node: DiskNode | RedisNode, describe: str) -> None:
+async def _serve_until_stopped(node: DiskNode | RedisNode, describe: str, app: Gate | None = None) -> None:
     """Listen, run until SIGTERM/SIGINT or a fatal error, then stop taking
     work: answer long polls and finish the requests in flight."""
-    server = await node.serve(describe)
+    server = await node.serve(describe, app)
     if node.config.shard is not None:
         from .shards.supervisor import tell_ready
         tell_ready()
@@ -156,10 +170,6 @@ async def run_disk(config: ServeConfig) -> int:
         log.critical("cannot open the data directory %s: %s", config.data_path, e)
         return 1
     node.broker.start()
-    links = None
-    if node.router is not None:  # a shard: the others' calls, and links to them
-        await node.router.start()
-        links = asyncio.create_task(keep_linked(node.router), name="shard-links")
     checkpoints = asyncio.create_task(checkpoint_every(config.checkpoint_interval_ms, node.checkpoint,
                                                        node.broker.fail))
     monitor = node.start_monitor()
@@ -168,8 +178,14 @@ async def run_disk(config: ServeConfig) -> int:
     schedules = node.schedules
     if schedules is not None:
         schedules.start(node.broker)
+    links = app = None
+    if node.router is not None:  # a shard: the others' calls (all it serves running), and links to them
+        app = node.app()
+        await node.router.start()
+        await linked(node.router)  # before its port: any request it takes may need another shard
+        links = asyncio.create_task(keep_linked(node.router), name="shard-links")
     await _serve_until_stopped(node, "standalone" if config.shard is None else
-                               f"shard {config.shard[0]} of {config.shard[1]} of {config.node_path}")
+                               f"shard {config.shard[0]} of {config.shard[1]} of {config.node_path}", app)
     if links is not None and node.router is not None:
         links.cancel()
         await node.router.stop()

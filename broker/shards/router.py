@@ -28,11 +28,15 @@ either to this shard's own engine or, parsed, to the owner's over its link
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import functools
 import itertools
 import logging
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any
+
+import orjson
 
 from storage.entry import Location, Message, Status
 from storage.errors import InvalidRequest, NotFound, Unavailable
@@ -40,15 +44,24 @@ from storage.fileutil import make_dir
 from storage.store import NewMessage
 from wheel.clock import Clock
 
-from ..backend import MessageRequests
+from ..backend import MessageRequests, topic_cap_error
+from ..core import params
+from ..core.bodies import BodyLimits
 from ..core.bulk_params import BulkFilter, Cursor, DeleteMsgsRequest, ListMsgRequest, RescheduleMsgsRequest
 from ..core.long_polls import LongPolls
 from ..core.params import AckRequest, Defaults, DeleteRequest, LongPollRequest, NewSend, PullRequest
 from ..disk.backend import Broker
+from ..http.commands import Command
+from ..http.http_types import Handler, Request, Response
+from ..http.paths import HEALTH_PREFIX, PREFIX
 from ..observe.metrics import Backlog, Metrics
+from ..schedules.params import DEFAULT_PAGE as DEFAULT_SCHEDULE_PAGE
 from . import link, placement
 
 log = logging.getLogger("hourglass.shards")
+
+# The schedule calls that name one schedule: served on the shard its scheduleId places it.
+BY_SCHEDULE = frozenset(("putSchedule", "deleteSchedule", "pauseSchedule", "resumeSchedule", "getSchedule"))
 
 
 # -- what travels: a NamedTuple as its fields ------------------------------------------
@@ -143,12 +156,23 @@ def merge_monitor_data(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return merged
 
 
-def merge_metrics(index: int, texts: Sequence[tuple[int, str]]) -> str:
-    """One Prometheus scrape of every shard's: each sample labelled with
-    its shard, each family's HELP and TYPE once, its samples together."""
-    families: dict[str, list[str]] = {}
+# Gauges of a process rather than of messages: the node's is the largest of its shards'.
+PER_PROCESS_GAUGE_ENDS = ("_limit", "_seconds", "_info", "_lease")
+
+
+def merge_metrics(texts: Sequence[str], most: int, topics: int) -> str:
+    """One Prometheus scrape of every shard's: a series the shards share
+    summed (counters; gauges of messages, bytes, files), or the largest
+    for a gauge of one process (PER_PROCESS_GAUGE_ENDS: limits, lags, ages);
+    each family's HELP and TYPE once, its samples together, in the order
+    the first shard that has it gives. Of the topics the shards show, the
+    `most` with the largest backlogs summed (a topic's series are the sums
+    of the shards that show it: each shows its own largest); `topics`, the
+    node's count of topics (hourglass_topics)."""
     heads: dict[str, list[str]] = {}
-    for shard, text in texts:
+    kinds: dict[str, str] = {}
+    samples: dict[str, dict[str, float]] = {}
+    for text in texts:
         family = ""
         for line in text.splitlines():
             if not line:
@@ -157,30 +181,73 @@ def merge_metrics(index: int, texts: Sequence[tuple[int, str]]) -> str:
                 parts = line.split(" ", 3)
                 if len(parts) >= 3 and parts[1] in ("HELP", "TYPE"):
                     family = parts[2]
-                    if family not in heads:
-                        heads[family] = []
-                        families[family] = []
-                    if len(heads[family]) < 2 and line not in heads[family]:
-                        heads[family].append(line)
+                    head = heads.setdefault(family, [])
+                    samples.setdefault(family, {})
+                    if line not in head:
+                        head.append(line)
+                    if parts[1] == "TYPE" and len(parts) == 4:
+                        kinds[family] = parts[3]
                 continue
-            name_end = min((i for i in (line.find("{"), line.find(" ")) if i >= 0), default=len(line))
-            name = line[:name_end]
-            if family == "" or not name.startswith(family):
+            series, _, value = line.rpartition(" ")
+            name = series.partition("{")[0]
+            if not name.startswith(family) or family == "":
                 family = name
                 heads.setdefault(family, [])
-                families.setdefault(family, [])
-            label = f'shard="{shard}"'
-            if line[name_end:name_end + 1] == "{":
-                sample = f"{name}{{{label},{line[name_end + 1:]}" if line[name_end + 1] != "}" else \
-                    f"{name}{{{label}}}{line[name_end + 2:]}"
+                samples.setdefault(family, {})
+            try:
+                number = float(value)
+            except ValueError:
+                continue
+            have = samples[family].get(series)
+            if have is None:
+                samples[family][series] = number
+            elif kinds.get(family) == "gauge" and name.endswith(PER_PROCESS_GAUGE_ENDS):
+                samples[family][series] = max(have, number)
             else:
-                sample = f"{name}{{{label}}}{line[name_end:]}"
-            families[family].append(sample)
+                samples[family][series] = have + number
+    if "hourglass_topics" in samples:
+        samples["hourglass_topics"] = {"hourglass_topics": float(topics)}
+    kept = _largest_backlogs(samples, most)
     out = []
-    for family, samples in families.items():
+    for family, values in samples.items():
         out.extend(heads[family])
-        out.extend(samples)
+        out.extend(f"{name} {int(v) if v.is_integer() and abs(v) < 2 ** 53 else v}" for name, v in values.items()
+                   if kept is None or _topic_of(name) in kept)
     return "\n".join(out) + "\n"
+
+
+def _topic_of(series: str) -> str | None:
+    """A series' topic label, its text as written (None: none)."""
+    at = series.find('topic="')
+    if at < 0:
+        return None
+    end = at + 7
+    while True:
+        end = series.find('"', end)
+        if end < 0 or series[end - 1] != "\\":
+            return series[at + 7:end]
+        end += 1
+
+
+def _largest_backlogs(samples: dict[str, dict[str, float]], most: int) -> set[str | None] | None:
+    """The topics whose series are shown: the `most` largest backlogs
+    (waiting + ready + consuming, then the name); None: all there are."""
+    backlog: dict[str, float] = {}
+    shown: set[str] = set()
+    for values in samples.values():
+        for series in values:
+            topic = _topic_of(series)
+            if topic is not None:
+                shown.add(topic)
+    if len(shown) <= most:
+        return None
+    for state in ("waiting", "ready", "consuming"):
+        for series, value in samples.get(f"hourglass_{state}_messages", {}).items():
+            topic = _topic_of(series)
+            if topic is not None:
+                backlog[topic] = backlog.get(topic, 0.0) + value
+    ranked = sorted(shown, key=lambda t: (-backlog.get(t, 0.0), t))
+    return {None, *ranked[:most]}
 
 
 def dead_cursor(shard: int, inner: str | None) -> str:
@@ -202,14 +269,19 @@ class ShardRouter:
     """This shard (`index` of `count`): its links to the others, and what
     it does with requests of the node that are not its own alone."""
 
-    def __init__(self, index: int, count: int, links_dir: str) -> None:
+    def __init__(self, index: int, count: int, links_dir: str, bodies: BodyLimits, max_msg_bytes: int) -> None:
         self.index = index
         self.count = count
+        self._bodies = bodies
+        self._max_msg_bytes = max_msg_bytes
+        # (method, path) -> the command as this shard serves it alone: what a forwarded call runs
+        self._commands: dict[tuple[str, str], Command] = {}
         self._links_dir = links_dir
         self.peers = {i: link.Peer(i, link.socket_path(links_dir, i), self._hear, self._connected)
                       for i in range(count) if i != index}
-        # topic -> the shards that had fewer READY than asked, skipped by pulls until they say otherwise
-        self._drained: dict[str, set[int]] = defaultdict(set)
+        # (topic, tags) -> the shards that had fewer READY than asked, skipped by such pulls until they
+        # say the topic has one again
+        self._drained: dict[tuple[str, tuple[str, ...]], set[int]] = defaultdict(set)
         # topic -> the connections of shards that found this one drained: told when one is READY here
         self._watchers: dict[str, set[link.Connection]] = defaultdict(set)
         self._server: asyncio.AbstractServer | None = None
@@ -280,7 +352,9 @@ class ShardRouter:
     def _hear(self, op: str, args: list[Any]) -> None:
         if op == "ready":
             topic, shard = args
-            self._drained[topic].discard(shard)
+            for (drained_topic, _), drained in self._drained.items():
+                if drained_topic == topic:
+                    drained.discard(shard)
             if self._long_polls is not None:
                 self._long_polls.wake_waiters(topic)
 
@@ -354,11 +428,122 @@ class ShardRouter:
             if self.metrics_text is None:
                 raise Unavailable("the shard is starting; retry")
             return await self.metrics_text()
+        if op == "call":
+            return await self._call_here(args)
         if op == "scheduled":
             if self.scheduled_here is None:
                 return []
             return sorted(await self.scheduled_here(args[0], args[1]))
         raise InvalidRequest("op", f"no shard call {op!r}")
+
+    # == the node's other commands: routed as whole HTTP requests ===============================
+
+    def route(self, command: Command) -> Command:
+        """The command as a shard of the node serves it: a schedule's call on
+        the schedule's shard (and listSchedules merged from all), a
+        subscription and the health switch on every shard; any other as it is."""
+        self._commands[(command.method, command.path)] = command
+        name = command.path.rpartition("/")[2]
+        handler: Handler | None = None
+        if command.path.startswith(PREFIX) and name in BY_SCHEDULE:
+            handler = functools.partial(self._on_schedules_shard, command)
+        elif command.path == PREFIX + "listSchedules":
+            handler = functools.partial(self._schedules_page, command)
+        elif command.path in (PREFIX + "subscribe", PREFIX + "unsubscribe", HEALTH_PREFIX + "online",
+                              HEALTH_PREFIX + "offline"):
+            handler = functools.partial(self._on_every_shard, command)
+        elif command.path == PREFIX + "getSubscription":
+            handler = functools.partial(self._subscription, command)
+        if handler is None:
+            return command
+        return dataclasses.replace(command, handler=handler, inline=False)
+
+    def _params(self, request: Request) -> params.Params:
+        return params.request_params(request.method, request.query, request.body, request.content_type,
+                                     self._bodies, self._max_msg_bytes)
+
+    async def _forward(self, shard: int, command: Command, request: Request) -> Response:
+        if shard == self.index:
+            return await self._run(command, request)
+        status, body, content_type, headers = await self.call(
+            shard, "call", [request.method, request.path, request.query, request.body, request.headers])
+        return Response(status, body, content_type, headers)
+
+    async def _run(self, command: Command, request: Request) -> Response:
+        """`command` on this shard, its errors answered as its table says."""
+        try:
+            response = await command.handler(request)
+        except Exception as e:
+            answer = command.error_answer(e)
+            if answer is None:
+                raise
+            return answer
+        if not isinstance(response, Response):
+            raise InvalidRequest("path", "streams no answer across shards")
+        return response
+
+    async def _call_here(self, args: list[Any]) -> list[Any]:
+        method, path, query, body, headers = args
+        command = self._commands.get((method, path))
+        if command is None:
+            raise InvalidRequest("path", f"no command {method} {path}")
+        response = await self._run(command, Request(method, path, query, headers, body, None))
+        return [response.status, response.body, response.content_type, response.headers]
+
+    async def _on_schedules_shard(self, command: Command, request: Request) -> Response:
+        schedule_id = self._params(request).get("scheduleId")
+        if not isinstance(schedule_id, str) or not schedule_id:  # answered here: the error it is
+            return await self._run(command, request)
+        return await self._forward(placement.owner(schedule_id, self.count), command, request)
+
+    async def _on_every_shard(self, command: Command, request: Request) -> Response:
+        """Every shard's answer; this one's if all agree it succeeded, else the first that did not."""
+        answers = await asyncio.gather(*(self._forward(i, command, request) for i in range(self.count)))
+        for response in answers:
+            if response.status != 200 or b'"code":200' not in response.body[:40]:
+                return response
+        return answers[self.index]
+
+    async def _subscription(self, command: Command, request: Request) -> Response:
+        """getSubscription: every shard pushes the topic's messages it owns;
+        their deliveries' health summed (the last error the latest)."""
+        answers = await asyncio.gather(*(self._forward(i, command, request) for i in range(self.count)))
+        found = [orjson.loads(r.body) for r in answers]
+        if any(f.get("code") != 200 for f in found):
+            return answers[self.index]
+        data = found[self.index]["data"]
+        healths = [f["data"]["health"] for f in found if f["data"].get("health") is not None]
+        if healths:
+            health = {"deliveries": sum(h["deliveries"] for h in healths), "failures": {},
+                      "inFlight": sum(h["inFlight"] for h in healths),
+                      "backingOff": sum(h["backingOff"] for h in healths), "lastError": None,
+                      "lastErrorTime": None}
+            for h in healths:
+                for kind, n in h["failures"].items():
+                    health["failures"][kind] = health["failures"].get(kind, 0) + n
+                if h["lastErrorTime"] is not None and (health["lastErrorTime"] is None
+                                                       or h["lastErrorTime"] > health["lastErrorTime"]):
+                    health["lastError"], health["lastErrorTime"] = h["lastError"], h["lastErrorTime"]
+            data = {**data, "health": health}
+        return Response(200, orjson.dumps({**found[self.index], "data": data}))
+
+    async def _schedules_page(self, command: Command, request: Request) -> Response:
+        """listSchedules: every shard's page after the cursor (scheduleIds in
+        order), merged and cut to the limit."""
+        answers = await asyncio.gather(*(self._forward(i, command, request) for i in range(self.count)))
+        pages = []
+        for response in answers:
+            page = orjson.loads(response.body)
+            if page.get("code") != 200:
+                return response
+            pages.append(page)
+        limit = self._params(request).get("limit")
+        rows = sorted((row for page in pages for row in page["schedules"]), key=lambda row: row["scheduleId"])
+        cut = int(limit) if isinstance(limit, (int, str)) and str(limit).isdigit() else DEFAULT_SCHEDULE_PAGE
+        more = any(page.get("cursor") is not None for page in pages) or len(rows) > cut
+        rows = rows[:cut]
+        cursor = rows[-1]["scheduleId"] if more and rows else None
+        return Response(200, orjson.dumps({**pages[0], "schedules": rows, "cursor": cursor}))
 
     # == fanning out ===========================================================================
 
@@ -394,12 +579,15 @@ class ShardedRequests:
     """The message requests of a node of many shards (MessageRequests):
     see the module docstring."""
 
-    def __init__(self, router: ShardRouter, local: MessageRequests, long_polls: LongPolls,
-                 give_back: Callable[[list[Message]], Awaitable[None]]) -> None:
+    def __init__(self, router: ShardRouter, engine: Broker) -> None:
         self._router = router
-        self._local = local
-        self._long_polls = long_polls
-        self._give_back_here = give_back
+        self._local = engine.requests
+        self._long_polls = engine.long_polls
+        self._give_back_here = engine.give_back
+        self._has_topic = engine.has_topic
+        self._topic_list = engine.topic_list
+        self._max_topics = engine.limits.topics
+        self._admitted: set[str] = set()  # topics the node was found to have
 
     def __repr__(self) -> str:
         return f"ShardedRequests({self._router!r})"
@@ -407,6 +595,9 @@ class ShardedRequests:
     async def send(self, sends: Sequence[NewSend], now_ms: int) -> list[Message]:
         router = self._router
         count, index = router.count, router.index
+        topic = sends[0].message.topic if sends else ""
+        if sends and topic not in self._admitted and not self._has_topic(topic):
+            await self._admit_topic(topic)
         owners = [placement.message_owner(s.message.msg_id, s.message.key, count) for s in sends]
         if all(o == index for o in owners):
             return await self._local.send(sends, now_ms)
@@ -434,13 +625,30 @@ class ShardedRequests:
             raise failed
         return [m for m in stored if m is not None]
 
+    async def _admit_topic(self, topic: str) -> None:
+        """A send to a topic this shard has no message of: refused (429) if
+        the node has --max-topics topics and none of them is it. (Two
+        shards admitting two new topics at once may pass the cap by one
+        each: docs/configuration.md, "--shards".)"""
+        lists = await self._router.everywhere("topic_list", [], self._topics_here)
+        known = set().union(*lists)
+        if topic not in known and len(known) >= self._max_topics:
+            raise topic_cap_error(len(known), self._max_topics)
+        if len(self._admitted) >= 2 * self._max_topics:  # retired topics are asked about again
+            self._admitted.clear()
+        self._admitted.add(topic)
+
+    async def _topics_here(self) -> list[str]:
+        return self._topic_list()
+
     async def pull(self, request: PullRequest | LongPollRequest) -> list[Message]:
         pulled = await self._local.pull(request)
         want = request.batch - len(pulled)
         if want <= 0:
             return pulled
         router = self._router
-        drained = router._drained[request.topic]
+        drained = router._drained[(request.topic, request.tags)]
+        local = len(pulled)
         for shard in router.others():
             if shard in drained:
                 continue
@@ -455,6 +663,8 @@ class ShardedRequests:
             want = request.batch - len(pulled)
             if want <= 0:
                 break
+        if len(pulled) > local:  # one pull's answer in pull order, whichever shard each came from
+            pulled.sort(key=lambda m: (-m.priority, m.trigger_ms))
         return pulled
 
     async def long_poll(self, request: LongPollRequest, gone: Callable[[], bool]) -> list[Message]:
@@ -513,7 +723,7 @@ class ShardedBackend:
         self.defaults: Defaults = local.defaults
         self.metrics: Metrics = local.metrics
         self.on_fatal = local.on_fatal
-        self._requests = ShardedRequests(router, local.requests, local.long_polls, local.give_back)
+        self._requests = ShardedRequests(router, local)
 
     def __repr__(self) -> str:
         return f"ShardedBackend({self._router!r})"
@@ -620,16 +830,50 @@ class ShardedBackend:
         return sum(counts)
 
     async def delete_msgs(self, request: DeleteMsgsRequest) -> tuple[int, bool]:
-        answers = await self._router.everywhere(
-            "delete_msgs", [request.topic, filter_fields(request.filter), request.limit],
-            lambda: self._local.delete_msgs(request))
-        return sum(a[0] for a in answers), any(a[1] for a in answers)
+        """Shard by shard, each its part whole, up to the limit in all."""
+        router = self._router
+        fields = filter_fields(request.filter)
+
+        def on(shard: int, limit: int) -> Awaitable[Any]:
+            if shard == router.index:
+                return self._local.delete_msgs(request._replace(limit=limit))
+            return router.call(shard, "delete_msgs", [request.topic, fields, limit])
+        return await self._in_turn(request.topic, request.filter, request.limit, on)
 
     async def reschedule_msgs(self, request: RescheduleMsgsRequest) -> tuple[int, bool]:
-        answers = await self._router.everywhere(
-            "reschedule_msgs", [request.topic, filter_fields(request.filter), request.limit, request.shift_ms,
-                                request.trigger_ms], lambda: self._local.reschedule_msgs(request))
-        return sum(a[0] for a in answers), any(a[1] for a in answers)
+        """Shard by shard, each its part whole, up to the limit in all."""
+        router = self._router
+        fields = filter_fields(request.filter)
+
+        def on(shard: int, limit: int) -> Awaitable[Any]:
+            if shard == router.index:
+                return self._local.reschedule_msgs(request._replace(limit=limit))
+            return router.call(shard, "reschedule_msgs", [request.topic, fields, limit, request.shift_ms,
+                                                          request.trigger_ms])
+        return await self._in_turn(request.topic, request.filter, request.limit, on)
+
+    async def _in_turn(self, topic: str, flt: BulkFilter, limit: int,
+                       on: Callable[[int, int], Awaitable[Any]]) -> tuple[int, bool]:
+        """A bulk call on each shard in turn with what is left of `limit`;
+        how many in all, and whether matches are left on any shard."""
+        done = 0
+        for shard in range(self._router.count):
+            if done >= limit:  # the limit reached: more if a shard not asked has a match
+                for rest in range(shard, self._router.count):
+                    if await self._count_on(rest, topic, flt):
+                        return done, True
+                return done, False
+            n, more = await on(shard, limit - done)
+            done += n
+            if more:
+                return done, True
+        return done, False
+
+    async def _count_on(self, shard: int, topic: str, flt: BulkFilter) -> int:
+        if shard == self._router.index:
+            return await self._local.count_msgs(topic, flt)
+        count: int = await self._router.call(shard, "count_msgs", [topic, filter_fields(flt)])
+        return count
 
     async def topic_info(self, topic: str) -> dict[str, object]:
         return (await self.topic_infos([topic]))[0]

@@ -202,7 +202,9 @@ def stop_all(shards: Sequence[Shard]) -> list[int]:
         if process is None:
             continue
         try:
-            codes.append(process.wait(timeout=max(0.0, deadline - time.monotonic())))
+            code = process.wait(timeout=max(0.0, deadline - time.monotonic()))
+            # one stopped while it was starting (no handler of its own yet) served nothing: a clean stop
+            codes.append(0 if code == -signal.SIGTERM and not (shard.served or shard.check_ready()) else code)
         except subprocess.TimeoutExpired:
             log.error("shard %d did not stop in %.0f s: killed", shard.index, STOP_GRACE_S)
             process.kill()

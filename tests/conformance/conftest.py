@@ -24,7 +24,9 @@ import uuid
 import pytest
 from serving import Server
 
-BACKENDS = ("disk", "redis")
+# The disk backend twice: one shard, and two (a node of two shard processes: every
+# message on the shard its msgId or key names, the others forwarded; broker.shards).
+BACKENDS = ("disk", "disk-2-shards", "redis")
 MAX_MSG_BYTES = 1000
 
 
@@ -36,7 +38,9 @@ def pytest_configure(config):
 def backend_flags(request) -> tuple[str, tuple[str, ...]]:
     """(backend name, the `hourglass serve` flags that select it)."""
     if request.param == "disk":
-        return "disk", ("--backend", "disk")
+        return "disk", ("--backend", "disk", "--shards", "1")
+    if request.param == "disk-2-shards":
+        return "disk", ("--backend", "disk", "--shards", "2")
     pytest.importorskip("redis", reason="the redis extra is not installed (pip install 'hourglass[redis]')")
     return "redis", ("--backend", request.getfixturevalue("redis_url"))
 
