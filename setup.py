@@ -53,7 +53,6 @@ COMPILED = [
     "storage/key_index.py",
     "storage/pending.py",
     "storage/placement.py",
-    "storage/protocol.py",
     "storage/reading.py",
     "storage/records.py",
     "storage/recovery.py",
