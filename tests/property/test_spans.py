@@ -78,7 +78,7 @@ def _crash(store: Store) -> None:
     """Stop as a killed process would after the fsync: the records are in
     the log, not applied (the files it closes may be longer than their
     data: a reopen cuts them to the checkpoint and replays)."""
-    store._pending.clear()
+    store._pending.records.clear()
     store.close()
 
 
