@@ -44,7 +44,8 @@ from harness import HOST, Server, free_port, free_ports, request
 CLUSTER_IDS = ("n1", "n2", "n3")
 STANDALONE_ID = "s1"
 BALLAST = "drill-ballast"
-SLOW_DISK_LAUNCHER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "drill_slow_disk.py")
+# python's arguments before the control file's name (run with cwd the project root, as Server runs it)
+SLOW_DISK_LAUNCHER = ("-m", "bench.drill_slow_disk")
 
 
 @dataclass
@@ -131,7 +132,7 @@ class Nodes:
     def restart(self, node: str, wait: bool = True, wait_s: float = 60) -> None:
         """Start `node` again on its data directory (after a kill, or the first time)."""
         self.paused.discard(node)
-        launcher = (SLOW_DISK_LAUNCHER, self._fsync_control(node)) if self.slow_disks else ()
+        launcher = (*SLOW_DISK_LAUNCHER, self._fsync_control(node)) if self.slow_disks else ()
         self.servers[node] = Server.spawn(self.data_dir(node), *self.flags[node], base=self.url(node),
                                           log_path=os.path.join(self.root, f"{node}.log"), launcher=launcher)
         if wait:

@@ -1,7 +1,11 @@
 """The drill's slow disk: `hourglass` run with every fsync and fdatasync
 it makes delayed by what a control file says (docs/drills.md).
 
-    python bench/drill_slow_disk.py CONTROL serve --data-dir d --port 8080 ...
+    python -m bench.drill_slow_disk CONTROL serve --data-dir d --port 8080 ...
+
+Run from the project root, as `python -m broker.cli` is (bench/harness.py,
+`serve_command`): the folder run from is first on the import path, so
+the broker imported is the one `-m broker.cli` there would run.
 
 CONTROL holds a whole number of milliseconds; absent, empty or 0 means no
 delay. Each fsync or fdatasync looks at the file's identity (inode, size,
@@ -27,7 +31,6 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MAX_DELAY_MS = 60_000
 FD = TypeVar("FD")  # what os.fsync takes: a descriptor or an object with fileno()
 
@@ -88,11 +91,10 @@ def delayed(call: Callable[[FD], None], delay: Delay) -> Callable[[FD], None]:
 
 def main(argv: list[str]) -> int:
     if len(argv) < 1:
-        sys.exit("usage: drill_slow_disk.py CONTROL hourglass-arguments...")
+        sys.exit("usage: python -m bench.drill_slow_disk CONTROL hourglass-arguments...")
     delay = Delay(argv[0])
     for name in ("fsync", "fdatasync"):
         setattr(os, name, delayed(getattr(os, name), delay))
-    sys.path[0] = ROOT  # this checkout's broker (not bench/), as `python -m broker.cli` run from ROOT has
     from broker.cli import main as hourglass
 
     return hourglass(argv[1:])

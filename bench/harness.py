@@ -156,8 +156,8 @@ def wait_until(check: Callable[[], T], limit_s: float, what: str, process: Proce
 
 def serve_command(data_dir: PathLike, *flags: str, launcher: Sequence[str] = ()) -> list[str]:
     """The command line of `hourglass serve` on `data_dir` (run it with cwd
-    ROOT); `launcher`, a script and its arguments that run the CLI in place
-    of `-m broker.cli` (bench/drill_slow_disk.py)."""
+    ROOT); `launcher`, python's arguments that run the CLI in place of
+    `-m broker.cli` (`-m bench.drill_slow_disk CONTROL`)."""
     serve_python = os.environ.get("HOURGLASS_SERVE_PYTHON")
     if launcher:
         head = [sys.executable, *launcher]

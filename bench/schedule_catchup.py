@@ -8,8 +8,8 @@ day ago. Then `hourglass serve` opens it at the real time, while a thread
 times /health every 10 ms; then the console's forecast is asked for
 --forecasts times, /health timed the same way. Prints ONE JSON object.
 
-    .venv/bin/python bench/schedule_catchup.py                     # 10,000 schedules a day behind
-    .venv/bin/python bench/schedule_catchup.py --schedules 100 --behind-s 600
+    PYTHONPATH=tests .venv/bin/python bench/schedule_catchup.py                     # 10,000 schedules a day behind
+    PYTHONPATH=tests .venv/bin/python bench/schedule_catchup.py --schedules 100 --behind-s 600
 
   ready_s               from the spawn until /health answered 200 (the
                         data dir opened, the schedules file read)
@@ -26,7 +26,9 @@ times /health every 10 ms; then the console's forecast is asked for
   schedule_runs, cut    the forecast's scheduleRuns and scheduleRunsCut
 
 The node runs this tree's broker, pure Python, or the build installed for
-HOURGLASS_SERVE_PYTHON (bench/harness.py); `build` says which. A short
+HOURGLASS_SERVE_PYTHON (bench/harness.py); `build` says which. The data
+dir is written by the hourglass installed for this script's interpreter,
+with the tests' FakeClock (tests/fakes.py, hence PYTHONPATH=tests). A short
 run; the machine should be quiet all the same (the figures are latencies).
 """
 
@@ -37,17 +39,12 @@ import asyncio
 import json
 import os
 import re
-import sys
 import tempfile
 import threading
 import time
 from typing import Any
 
-# this tree's broker writes the data dir (harness imports broker: the tree first on the path)
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path[1:1] = [ROOT, os.path.join(ROOT, "tests")]
-
-from harness import Server, free_port, percentile, request, serve_version, wait_until  # noqa: E402
+from harness import Server, free_port, percentile, request, serve_version, wait_until
 
 TOPIC = "sched"
 CRON = "* * * * * *"

@@ -4,8 +4,12 @@ fresh process as a restarted node opens it (broker.schedules.file, then
 broker.schedules.keeper building the states), its memory read from
 /proc/self/status at each step. Prints ONE JSON object.
 
-    .venv/bin/python bench/schedule_open.py                     # 100,000 schedules
-    .venv/bin/python bench/schedule_open.py --schedules 10000
+    PYTHONPATH=tests .venv/bin/python bench/schedule_open.py                     # 100,000 schedules
+    PYTHONPATH=tests .venv/bin/python bench/schedule_open.py --schedules 10000
+
+It opens the file with the hourglass installed for the interpreter
+(`build` says which: a compiled build's states are smaller), and the
+tests' FakeClock (tests/fakes.py, hence PYTHONPATH=tests).
 
   file_bytes            the schedules file
   start, opened, built  bench/harness.py memory_mb of the opening process:
@@ -29,9 +33,7 @@ import time
 
 from harness import memory_mb
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "tests"))
+from broker.build_info import describe
 
 
 def memory() -> dict[str, float]:
@@ -88,7 +90,7 @@ def main() -> None:
         make(path, args.schedules)
         child = subprocess.run([sys.executable, os.path.abspath(__file__), "--open", path], capture_output=True,
                                text=True, check=True)
-        result = {"file_bytes": os.path.getsize(path), **json.loads(child.stdout)}
+        result = {"build": describe(), "file_bytes": os.path.getsize(path), **json.loads(child.stdout)}
     print(json.dumps(result))
 
 

@@ -46,7 +46,6 @@ import asyncio
 import contextlib
 import json
 import os
-import sys
 import tempfile
 import threading
 import time
@@ -54,8 +53,6 @@ from typing import Any
 
 import aiohttp
 from harness import Server, cpu_s, memory_mb, percentile, serve_version
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from broker.client import DelayQueueClient, DelayQueueError
 

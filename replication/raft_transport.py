@@ -153,10 +153,6 @@ class FrameReader:
         del self._buffer[:end]
         return frame
 
-    @property
-    def buffered_bytes(self) -> int:
-        return len(self._buffer)
-
     def __repr__(self) -> str:
         return f"FrameReader(max_frame_bytes={self.max_frame_bytes}, buffered={len(self._buffer)})"
 

@@ -26,10 +26,6 @@ class Status(enum.IntEnum):
     ENDED = 6  # retries or ttl exhausted after delivery, never acked
     DELETED = 7
 
-    @property
-    def is_final(self) -> bool:
-        return self >= Status.ACKED
-
 
 # Status by its number: what decoding does for every entry and state it
 # reads (a dict lookup; `Status(n)` runs the enum machinery, ~20 times as

@@ -166,12 +166,6 @@ class Pending:
                 self._states.packed.clear()
                 self._state_hours.clear()
 
-    def clear(self) -> None:
-        """Forget every record appended and not applied, as a process killed
-        after the fsync would: its records are in the log, replayed by the
-        next open (for tests that stop a store that way)."""
-        self.records.clear()
-
     def item_at(self, where: Location) -> tuple[records.SendItem, int] | None:
         """The entry a pending record places at `where` -- a send's, or a
         move's new place -- and the retry it gets there; None if no pending

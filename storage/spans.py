@@ -92,14 +92,6 @@ def start_hour(file_id: int, trigger_ms: int) -> int:
     return trigger_ms // MS_PER_HOUR >> shift << shift
 
 
-def hours_range(file_id: int, trigger_ms: int) -> tuple[int, int]:
-    """[first, last] hour of the file (one hour for an hour)."""
-    if file_id < SPAN_FLAG:
-        return file_id, file_id
-    start = start_hour(file_id, trigger_ms)
-    return start, start + (1 << span_shift(file_id)) - 1
-
-
 def is_due(file_id: int, start: int, now_hour: int) -> bool:
     """A span is due (its messages must move to smaller files) once it
     starts fewer than its own size of hours from now; an hour never is."""

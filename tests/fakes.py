@@ -19,6 +19,7 @@ import errno
 import itertools
 import math
 import os
+import weakref
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import ParamSpec, TypeVar
@@ -92,6 +93,23 @@ class _CountingExecutor(ThreadPoolExecutor):
             self._loop.call_soon_threadsafe(self._clock._thread_ended)
 
 
+# The clock `FakeClock.watch_threads` set for a loop, told when a syncer of
+# that loop (broker.disk.syncer, the group commit's fsyncs) starts a sync
+# and after the future it returned is resolved: `Syncer.sync` is replaced
+# by `_watched_sync` from the first watch on.
+_sync_watchers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, FakeClock] = weakref.WeakKeyDictionary()
+_unwatched_sync = syncer.Syncer.sync
+
+
+def _watched_sync(self: syncer.Syncer) -> asyncio.Future[float]:
+    future = _unwatched_sync(self)
+    clock = _sync_watchers.get(self._loop)
+    if clock is not None:  # (the sync's answer comes on this loop, later: the end is seen)
+        clock._thread_started()
+        future.add_done_callback(lambda _: self._loop.call_soon(clock._thread_ended))
+    return future
+
+
 class FakeClock:
     """A clock that moves only when told to, in either direction.
 
@@ -133,7 +151,8 @@ class FakeClock:
         so `settle` waits for them. Call before the tasks under test start."""
         loop = loop or asyncio.get_running_loop()
         loop.set_default_executor(_CountingExecutor(self, loop))
-        syncer.watch(loop, self._thread_started, self._thread_ended)  # the group commit's fsyncs
+        _sync_watchers[loop] = self  # the group commit's fsyncs
+        syncer.Syncer.sync = _watched_sync  # type: ignore[method-assign]
 
     def _thread_started(self) -> None:
         self._in_threads += 1

@@ -29,6 +29,8 @@ from storage.types import (
     total_counts,
 )
 
+FINAL = Status.ACKED  # this and the statuses above it are final: acked, expired, ended, deleted
+
 
 @dataclass
 class _Filed:
@@ -95,7 +97,7 @@ class _State:
     def update(self, changes: Sequence[StateChange], now_ms: int) -> None:
         for change in changes:
             f = self.at(change.location)
-            if change.status.is_final and not f.status.is_final:
+            if change.status >= FINAL and not f.status >= FINAL:
                 self.last_end_ms[f.hour] = max(self.last_end_ms.get(f.hour, 0), now_ms)
             f.status, f.retry = Status(change.status), change.retry
             if change.released and not f.released:
@@ -103,7 +105,7 @@ class _State:
                 del self.ids[(f.new.topic, f.new.msg_id)]
 
     def ended(self, hour: int) -> int:
-        return sum(f.status.is_final for f in self.hours.get(hour, []))
+        return sum(f.status >= FINAL for f in self.hours.get(hour, []))
 
     def retire(self, now_ms: int, retention_ms: int) -> tuple[int, ...]:
         def past(hour: int, filed: list[_Filed]) -> bool:  # nothing can be filed in it any more

@@ -370,16 +370,6 @@ class Scheduler:
         """Polls so far: each is one wake-up of the dispatcher."""
         return self.stats.polls
 
-    @property
-    def held_count(self) -> int:
-        """Entries in RAM, waiting for their trigger."""
-        return len(self._window)
-
-    @property
-    def loaded_below_ms(self) -> int:
-        """Seconds starting before this are in RAM; later ones only on disk."""
-        return self._wheel.loaded_below_s * MS_PER_SECOND
-
     def __repr__(self) -> str:
         catching_up = ", catching up" if self._catch_up is not None and self._catch_up.active else ""
         return (f"Scheduler(tick={self.tick!r}, held={len(self._window)}, "

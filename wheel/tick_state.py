@@ -222,11 +222,3 @@ class TickStateFile:
 
     def __repr__(self) -> str:
         return f"TickStateFile({self.path!r}, sequence={self._sequence}, state={self._state!r})"
-
-
-def read_tick_state(path: str | os.PathLike[str]) -> TickState | None:
-    """The newest valid tick state in the file at `path` (None if the file
-    holds none); raises FileNotFoundError if there is no file."""
-    with open(path, "rb") as f:
-        data = f.read(FILE_SIZE + 1)
-    return parse(data, os.fspath(path))[1]

@@ -351,15 +351,6 @@ class Recurrence:
         assert self.cron is not None
         return _cron_at_or_after(self.cron, self.tz, ms)
 
-    def nominal_times(self, after_ms: int, count: int) -> list[int]:
-        """Up to `count` nominal times, the first the one at or after `after_ms`."""
-        times: list[int] = []
-        nominal = self.first_at_or_after(after_ms)
-        while nominal is not None and len(times) < count:
-            times.append(nominal)
-            nominal = self.first_after(nominal)
-        return times
-
     def count_between(self, after_ms: int, until_ms: int) -> int:
         """How many nominal times are in (after_ms, until_ms], worked out
         rather than walked (a day of every-second runs is 86,400 times; a

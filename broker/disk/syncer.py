@@ -28,7 +28,6 @@ import queue
 import sys
 import threading
 import time
-import weakref
 from collections.abc import Callable
 
 from storage.errors import ContractError
@@ -42,21 +41,6 @@ from storage.errors import ContractError
 # loop thread is alone otherwise). Measured in docs/benchmarks.md ("The
 # flow path").
 SWITCH_INTERVAL_S = 0.0001
-
-# Who is told when a sync starts and when it has ended, by event loop: a
-# test that moves time by hand (tests/fakes.py, FakeClock.watch_threads)
-# must not jump past deadlines while a commit is still in flight.
-Watch = tuple[Callable[[], None], Callable[[], None]]
-_watches: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Watch] = weakref.WeakKeyDictionary()
-_watched = False  # a watch was ever set (else a sync looks none up: a weak dictionary's get is Python)
-
-
-def watch(loop: asyncio.AbstractEventLoop, started: Callable[[], None], ended: Callable[[], None]) -> None:
-    """Call `started()` on the loop when a syncer of `loop` starts a sync,
-    and `ended()` on the loop after the future it returned is resolved."""
-    global _watched
-    _watched = True
-    _watches[loop] = (started, ended)
 
 
 class Syncer:
@@ -88,10 +72,6 @@ class Syncer:
         elif self._closed:
             raise ContractError("the syncer is closed")
         future: asyncio.Future[float] = self._loop.create_future()
-        watching = _watches.get(self._loop) if _watched else None
-        if watching is not None:
-            watching[0]()
-            future.add_done_callback(lambda _: self._loop.call_soon(watching[1]))
         self._calls.put(future)
         return future
 

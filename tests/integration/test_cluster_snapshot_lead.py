@@ -69,7 +69,7 @@ def test_a_node_elected_while_installing_a_snapshot_leads_from_it(tmp_path):
         set_delay(control, FSYNC_DELAY_MS)
         cluster.nodes[behind] = Server.spawn(os.path.join(cluster.root, behind), "--node-id", behind, "--cluster",
                                              cluster.spec, *cluster.flags, base=cluster.url(behind),
-                                             launcher=(SLOW_DISK_LAUNCHER, control))
+                                             launcher=(*SLOW_DISK_LAUNCHER, control))
         unpacking = os.path.join(cluster.root, behind, "snapshot.new")
         _wait(lambda: os.path.isdir(unpacking), 30, "the snapshot unpacking")
         cluster.freeze(other)  # the installing node is the one Raft can elect

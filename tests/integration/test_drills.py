@@ -72,7 +72,7 @@ def test_a_short_seeded_drill_on_a_standalone_node_loses_nothing(tmp_path):
 
 def test_a_node_under_the_launcher_answers_a_send_after_its_slowed_fsync(tmp_path):
     control = str(tmp_path / "delay")
-    server = Server.start(tmp_path / "data", log_path=tmp_path / "serve.log", launcher=(SLOW_DISK_LAUNCHER, control))
+    server = Server.start(tmp_path / "data", log_path=tmp_path / "serve.log", launcher=(*SLOW_DISK_LAUNCHER, control))
     try:
         set_delay(control, 600)
         started = time.monotonic()

@@ -26,6 +26,8 @@ import asyncio
 import threading
 import time
 import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
 
 import pytest
 from drill_history import Delivery, History, check
@@ -82,11 +84,30 @@ def own_database(redis_url: str) -> str:
     return url
 
 
-def test_kill_9_of_the_lease_holder_loses_no_run_and_makes_none_twice(redis_url, tmp_path):
-    topic = "sched-" + uuid.uuid4().hex[:8]
-    redis_url = own_database(redis_url)
-    nodes = [Server.start(tmp_path / f"node{i}", "--backend", redis_url, log_path=tmp_path / f"node{i}.log")
-             for i in range(2)]
+@dataclass
+class TwoNodes:
+    topic: str  # a fresh one
+    redis_url: str  # this file's own database (OWN_DB), flushed first
+    nodes: list[Server]  # killed when the test ends, and whatever the test put in their place
+
+
+@pytest.fixture
+def two_nodes(redis_url: str, tmp_path) -> Iterator[TwoNodes]:
+    """Two `hourglass serve --backend redis://` nodes sharing the session's
+    redis-server (node0 and node1 in tmp_path, with their logs)."""
+    url = own_database(redis_url)
+    nodes: list[Server] = []
+    try:
+        for i in range(2):
+            nodes.append(Server.start(tmp_path / f"node{i}", "--backend", url, log_path=tmp_path / f"node{i}.log"))
+        yield TwoNodes("sched-" + uuid.uuid4().hex[:8], url, nodes)
+    finally:
+        for node in nodes:
+            node.kill()
+
+
+def test_kill_9_of_the_lease_holder_loses_no_run_and_makes_none_twice(two_nodes, tmp_path):
+    topic, redis_url, nodes = two_nodes.topic, two_nodes.redis_url, two_nodes.nodes
     history = History()
     stop = threading.Event()
 
@@ -145,8 +166,6 @@ def test_kill_9_of_the_lease_holder_loses_no_run_and_makes_none_twice(redis_url,
                  for t in range(nominal[-1] + 1000, pending + 1000, 1000)]
     finally:
         stop.set()
-        for node in nodes:
-            node.kill()
     assert len(nominal) >= 20
     assert nominal == list(range(nominal[0], nominal[-1] + 1000, 1000)), "a run was lost"
     assert all(s == 2 for s in since[:-1]) and since[-1] in (1, 2), since
@@ -170,52 +189,45 @@ def schedule_calls(node: Server, topic: str, schedule_id: str) -> dict[str, int]
     return codes
 
 
-def test_every_node_serves_the_schedule_calls_while_a_killed_holders_lease_runs(redis_url, tmp_path):
-    topic = "sched-" + uuid.uuid4().hex[:8]
-    redis_url = own_database(redis_url)
-    nodes = [Server.start(tmp_path / f"node{i}", "--backend", redis_url, log_path=tmp_path / f"node{i}.log")
-             for i in range(2)]
-    try:
-        held = holder(nodes)
-        schedule = nodes[held].post("putSchedule", topic=topic, scheduleId="s", everyMillis=1000, msg="run")[1]
-        first = schedule["schedule"]["nextFireTimes"][0]
-        survivor = nodes[1 - held]
-        got = pull_until(survivor, topic, 1, timeout_s=10, ackTimeoutMillis=60_000)
-        assert [m["scheduledTime"] for m in got] == [first]
-        nodes[held].kill()
-        killed_ms = int(time.time() * 1000)
-        nodes[held] = Server.start(tmp_path / "node-new", "--backend", redis_url, log_path=tmp_path / "new.log")
-        new = nodes[held]
-        # the dead node's lease runs for up to LEASE_MS more: every node answers every call meanwhile, at once
-        codes = {name: schedule_calls(node, topic, f"api-{name}") for name, node in (("new", new),
-                                                                                      ("survivor", survivor))}
-        assert codes == {name: dict.fromkeys(CALLS, 200) for name in codes}, codes
-        assert not holds_lease(new) and not holds_lease(survivor)  # (all of it before the lease lapsed)
-        # each node's change seen by the other
-        put = new.post("putSchedule", topic=topic, scheduleId="x", everyMillis=3_600_000, msg="x")[1]["schedule"]
-        assert put["version"] == 1
-        paused = survivor.post("pauseSchedule", topic=topic, scheduleId="x")[1]["schedule"]
-        assert paused["version"] == 2 and paused["paused"] is True
-        assert message(survivor, topic, f"x@{put['nextFireTimes'][0]}") == 404  # its pending run deleted
-        resumed = new.post("resumeSchedule", topic=topic, scheduleId="x")[1]["schedule"]
-        assert resumed["version"] == 3 and resumed["paused"] is False
-        code, refused = survivor.post("putSchedule", topic=topic, scheduleId="x", everyMillis=1000, msg="y",
-                                      version=2)
-        assert code == 409 and "version 3" in refused["msg"], refused
-        listed = survivor.get("listSchedules", topic=topic)[1]["schedules"]
-        assert [(s["scheduleId"], s["version"]) for s in listed] == [("s", 1), ("x", 3)]
-        assert new.post("deleteSchedule", topic=topic, scheduleId="x")[0] == 200
-        assert survivor.get("getSchedule", topic=topic, scheduleId="x")[0] == 404
-        assert elapsed_ms(killed_ms) < LEASE_MS, "the calls took longer than the dead node's lease"
-        # the dead node's schedule fires again once its lease lapsed: its runs made by a live node
-        later = pull_until(survivor, topic, 2, timeout_s=LEASE_MS / 1000 + 8, ackTimeoutMillis=60_000)
-        made = [m for m in later if m["produceTime"] > killed_ms]
-        assert made, [(m["msgId"], m["produceTime"]) for m in later]
-        assert made[0]["produceTime"] - killed_ms <= LEASE_MS + 5_000, (made[0], killed_ms)
-        assert holds_lease(new) or holds_lease(survivor)
-    finally:
-        for node in nodes:
-            node.kill()
+def test_every_node_serves_the_schedule_calls_while_a_killed_holders_lease_runs(two_nodes, tmp_path):
+    topic, redis_url, nodes = two_nodes.topic, two_nodes.redis_url, two_nodes.nodes
+    held = holder(nodes)
+    schedule = nodes[held].post("putSchedule", topic=topic, scheduleId="s", everyMillis=1000, msg="run")[1]
+    first = schedule["schedule"]["nextFireTimes"][0]
+    survivor = nodes[1 - held]
+    got = pull_until(survivor, topic, 1, timeout_s=10, ackTimeoutMillis=60_000)
+    assert [m["scheduledTime"] for m in got] == [first]
+    nodes[held].kill()
+    killed_ms = int(time.time() * 1000)
+    nodes[held] = Server.start(tmp_path / "node-new", "--backend", redis_url, log_path=tmp_path / "new.log")
+    new = nodes[held]
+    # the dead node's lease runs for up to LEASE_MS more: every node answers every call meanwhile, at once
+    codes = {name: schedule_calls(node, topic, f"api-{name}") for name, node in (("new", new),
+                                                                                  ("survivor", survivor))}
+    assert codes == {name: dict.fromkeys(CALLS, 200) for name in codes}, codes
+    assert not holds_lease(new) and not holds_lease(survivor)  # (all of it before the lease lapsed)
+    # each node's change seen by the other
+    put = new.post("putSchedule", topic=topic, scheduleId="x", everyMillis=3_600_000, msg="x")[1]["schedule"]
+    assert put["version"] == 1
+    paused = survivor.post("pauseSchedule", topic=topic, scheduleId="x")[1]["schedule"]
+    assert paused["version"] == 2 and paused["paused"] is True
+    assert message(survivor, topic, f"x@{put['nextFireTimes'][0]}") == 404  # its pending run deleted
+    resumed = new.post("resumeSchedule", topic=topic, scheduleId="x")[1]["schedule"]
+    assert resumed["version"] == 3 and resumed["paused"] is False
+    code, refused = survivor.post("putSchedule", topic=topic, scheduleId="x", everyMillis=1000, msg="y",
+                                  version=2)
+    assert code == 409 and "version 3" in refused["msg"], refused
+    listed = survivor.get("listSchedules", topic=topic)[1]["schedules"]
+    assert [(s["scheduleId"], s["version"]) for s in listed] == [("s", 1), ("x", 3)]
+    assert new.post("deleteSchedule", topic=topic, scheduleId="x")[0] == 200
+    assert survivor.get("getSchedule", topic=topic, scheduleId="x")[0] == 404
+    assert elapsed_ms(killed_ms) < LEASE_MS, "the calls took longer than the dead node's lease"
+    # the dead node's schedule fires again once its lease lapsed: its runs made by a live node
+    later = pull_until(survivor, topic, 2, timeout_s=LEASE_MS / 1000 + 8, ackTimeoutMillis=60_000)
+    made = [m for m in later if m["produceTime"] > killed_ms]
+    assert made, [(m["msgId"], m["produceTime"]) for m in later]
+    assert made[0]["produceTime"] - killed_ms <= LEASE_MS + 5_000, (made[0], killed_ms)
+    assert holds_lease(new) or holds_lease(survivor)
 
 
 def elapsed_ms(since_ms: int) -> int:
@@ -240,34 +252,27 @@ def message(node: Server, topic: str, msg_id: str) -> dict | int:
     return body["delayMsg"] if code == 200 else code
 
 
-def test_lastruns_lists_every_acked_run_on_every_node(redis_url, tmp_path):
-    topic = "sched-" + uuid.uuid4().hex[:8]
-    redis_url = own_database(redis_url)
-    nodes = [Server.start(tmp_path / f"node{i}", "--backend", redis_url, log_path=tmp_path / f"node{i}.log")
-             for i in range(2)]
-    try:
-        held = holder(nodes)
-        other = nodes[1 - held]
-        code, answer = other.post("putSchedule", topic=topic, scheduleId="s", everyMillis=1000, msg="run")
+def test_lastruns_lists_every_acked_run_on_every_node(two_nodes):
+    topic, nodes = two_nodes.topic, two_nodes.nodes
+    held = holder(nodes)
+    other = nodes[1 - held]
+    code, answer = other.post("putSchedule", topic=topic, scheduleId="s", everyMillis=1000, msg="run")
+    assert code == 200, answer
+    acked = []
+    while len(acked) < 2:
+        got = pull_until(other, topic, 1, timeout_s=10, ackTimeoutMillis=60_000)
+        assert got, acked
+        for m in got:
+            assert other.post("ackMsg", topic=topic, msgId=m["msgId"])[0] == 200
+            acked.append(m["scheduledTime"])
+    for node in (other, nodes[held]):  # at once, whichever node is asked
+        code, answer = node.get("getSchedule", topic=topic, scheduleId="s")
         assert code == 200, answer
-        acked = []
-        while len(acked) < 2:
-            got = pull_until(other, topic, 1, timeout_s=10, ackTimeoutMillis=60_000)
-            assert got, acked
-            for m in got:
-                assert other.post("ackMsg", topic=topic, msgId=m["msgId"])[0] == 200
-                acked.append(m["scheduledTime"])
-        for node in (other, nodes[held]):  # at once, whichever node is asked
-            code, answer = node.get("getSchedule", topic=topic, scheduleId="s")
-            assert code == 200, answer
-            runs = {r["scheduledTime"]: r for r in answer["schedule"]["lastRuns"]}
-            assert set(acked) <= set(runs), (acked, answer["schedule"]["lastRuns"])
-            for nominal in acked:
-                assert runs[nominal]["status"] == 4 and runs[nominal]["missed"] is False, runs[nominal]
-                assert runs[nominal]["msgId"] == f"s@{nominal}"
-    finally:
-        for node in nodes:
-            node.kill()
+        runs = {r["scheduledTime"]: r for r in answer["schedule"]["lastRuns"]}
+        assert set(acked) <= set(runs), (acked, answer["schedule"]["lastRuns"])
+        for nominal in acked:
+            assert runs[nominal]["status"] == 4 and runs[nominal]["missed"] is False, runs[nominal]
+            assert runs[nominal]["msgId"] == f"s@{nominal}"
 
 
 def test_a_change_another_node_made_meanwhile_holds(redis_url):
@@ -355,41 +360,34 @@ def test_a_change_another_node_made_meanwhile_holds(redis_url):
     asyncio.run(main())
 
 
-def test_a_purge_and_a_run_id_send_through_the_other_node(redis_url, tmp_path):
-    topic = "sched-" + uuid.uuid4().hex[:8]
-    redis_url = own_database(redis_url)
-    nodes = [Server.start(tmp_path / f"node{i}", "--backend", redis_url, log_path=tmp_path / f"node{i}.log")
-             for i in range(2)]
-    try:
-        held = holder(nodes)
-        other = nodes[1 - held]
-        start = int(time.time() * 1000) + 2000
-        first = start + 1000
-        for sid in ("a", "b"):
-            code, answer = nodes[held].post("putSchedule", topic=topic, scheduleId=sid, everyMillis=1000, msg=sid,
-                                            startTime=start)
-            assert code == 200 and answer["schedule"]["nextFireTimes"][0] == first, answer
-        code, refused = other.post("sendMsg", topic=topic, msgId=f"a@{first + 1000}", msg="mine")
-        assert code == 400 and refused["msg"].startswith("msgId"), refused
-        code, refused = other.post_json("sendMsgBatch", {"topic": topic, "msgs": [
-            {"msgId": "fine", "msg": "x"}, {"msgId": f"b@{first + 1000}", "msg": "mine"}]})
-        assert code == 400 and refused["msg"].startswith("msgs[1].msgId"), refused
-        assert other.post("getMsg", topic=topic, msgId="fine")[0] == 404
-        code, purged = other.post("deleteMsgs", topic=topic, all="true")
-        assert code == 200 and purged["deleted"] == 2, purged
-        got = []
-        while time.time() * 1000 < first + 3500:
-            code, answer = other.post("longPollingMsg", topic=topic, batch=10, longPollingTimeoutMillis=300)
-            assert code == 200, answer
-            got += [(m, int(time.time() * 1000)) for m in answer["delayMsgList"]]
-            if answer["delayMsgList"]:
-                other.post("ackMsg", topic=topic, msgIds=",".join(m["msgId"] for m in answer["delayMsgList"]))
-        for sid in ("a", "b"):
-            runs = [(m, at) for m, at in got if m["scheduleId"] == sid and m["scheduledTime"] <= first + 3000]
-            assert [m["scheduledTime"] for m, _ in runs] == [first + 1000, first + 2000, first + 3000], (sid, got)
-            assert all(at >= m["triggerTime"] and m["msg"] == sid for m, at in runs)
-            schedule = nodes[held].get("getSchedule", topic=topic, scheduleId=sid)[1]["schedule"]
-            assert first not in [r["scheduledTime"] for r in schedule["lastRuns"]]
-    finally:
-        for node in nodes:
-            node.kill()
+def test_a_purge_and_a_run_id_send_through_the_other_node(two_nodes):
+    topic, nodes = two_nodes.topic, two_nodes.nodes
+    held = holder(nodes)
+    other = nodes[1 - held]
+    start = int(time.time() * 1000) + 2000
+    first = start + 1000
+    for sid in ("a", "b"):
+        code, answer = nodes[held].post("putSchedule", topic=topic, scheduleId=sid, everyMillis=1000, msg=sid,
+                                        startTime=start)
+        assert code == 200 and answer["schedule"]["nextFireTimes"][0] == first, answer
+    code, refused = other.post("sendMsg", topic=topic, msgId=f"a@{first + 1000}", msg="mine")
+    assert code == 400 and refused["msg"].startswith("msgId"), refused
+    code, refused = other.post_json("sendMsgBatch", {"topic": topic, "msgs": [
+        {"msgId": "fine", "msg": "x"}, {"msgId": f"b@{first + 1000}", "msg": "mine"}]})
+    assert code == 400 and refused["msg"].startswith("msgs[1].msgId"), refused
+    assert other.post("getMsg", topic=topic, msgId="fine")[0] == 404
+    code, purged = other.post("deleteMsgs", topic=topic, all="true")
+    assert code == 200 and purged["deleted"] == 2, purged
+    got = []
+    while time.time() * 1000 < first + 3500:
+        code, answer = other.post("longPollingMsg", topic=topic, batch=10, longPollingTimeoutMillis=300)
+        assert code == 200, answer
+        got += [(m, int(time.time() * 1000)) for m in answer["delayMsgList"]]
+        if answer["delayMsgList"]:
+            other.post("ackMsg", topic=topic, msgIds=",".join(m["msgId"] for m in answer["delayMsgList"]))
+    for sid in ("a", "b"):
+        runs = [(m, at) for m, at in got if m["scheduleId"] == sid and m["scheduledTime"] <= first + 3000]
+        assert [m["scheduledTime"] for m, _ in runs] == [first + 1000, first + 2000, first + 3000], (sid, got)
+        assert all(at >= m["triggerTime"] and m["msg"] == sid for m, at in runs)
+        schedule = nodes[held].get("getSchedule", topic=topic, scheduleId=sid)[1]["schedule"]
+        assert first not in [r["scheduledTime"] for r in schedule["lastRuns"]]

@@ -31,6 +31,14 @@ NOW_HOUR = 500_000
 MAX_HOUR = 253_402_300_799_999 // MS_PER_HOUR
 
 
+def hours_range(file_id: int, trigger_ms: int) -> tuple[int, int]:
+    """[first, last] hour of the file (one hour for an hour)."""
+    if file_id < spans.SPAN_FLAG:
+        return file_id, file_id
+    start = spans.start_hour(file_id, trigger_ms)
+    return start, start + (1 << spans.span_shift(file_id)) - 1
+
+
 @given(st.integers(0, spans.SPAN_FLAG - 2 * spans.HOURLY_HOURS), st.integers(0, 3 * 10**7))
 def test_file_for_holds_the_hour_and_is_not_due(now_hour, ahead):
     """(For any now before the year 2926: hour numbers from 2**23 name spans.)"""
@@ -42,7 +50,7 @@ def test_file_for_holds_the_hour_and_is_not_due(now_hour, ahead):
         assert file_id == hour and ahead < 2 * spans.HOURLY_HOURS
         return
     assert file_id < 1 << 24  # the id index keeps 24 bits of it
-    first, last = spans.hours_range(file_id, hour * MS_PER_HOUR)
+    first, last = hours_range(file_id, hour * MS_PER_HOUR)
     assert first <= hour <= last
     assert first - now_hour >= last - first + 1  # starts at least its size ahead
     assert not spans.is_due(file_id, first, now_hour)
@@ -55,7 +63,7 @@ def test_a_message_only_moves_to_smaller_files(ahead, steps):
     file_id = spans.file_for(hour, now)
     for step in steps:
         now = min(now + step, hour)
-        first, _ = spans.hours_range(file_id, hour * MS_PER_HOUR)
+        first, _ = hours_range(file_id, hour * MS_PER_HOUR)
         if not spans.is_due(file_id, first, now):
             continue  # it stays where it is
         moved_to = spans.file_for(hour, now)
@@ -78,7 +86,7 @@ def _crash(store: Store) -> None:
     """Stop as a killed process would after the fsync: the records are in
     the log, not applied (the files it closes may be longer than their
     data: a reopen cuts them to the checkpoint and replays)."""
-    store._pending.clear()
+    store._pending.records.clear()
     store.close()
 
 

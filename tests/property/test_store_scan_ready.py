@@ -91,7 +91,7 @@ def _build(directory: str, sends, batches, unapplied) -> tuple[Store, dict[Locat
         for index, pick in changes:
             w = where[index]
             topic, status = staged.get(w) or model[w]
-            if status.is_final:
+            if status >= Status.ACKED:  # final: acked, expired, ended or deleted
                 continue
             new = NEXT[status][pick % len(NEXT[status])]
             batch.append(StateChange(w, new, 0, deadline_ms=NOW + 5_000 if new is Status.CONSUMING else 0))

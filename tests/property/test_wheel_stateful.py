@@ -238,8 +238,8 @@ class WheelMachine(RuleBasedStateMachine):
 
     @invariant()
     def ram_holds_only_the_preload_window(self) -> None:
-        assert self.sched.loaded_below_ms <= self.max_now + self.config.preload_ms + MS_PER_SECOND
-        assert self.sched.held_count <= len(self.owed)
+        assert self.sched._wheel.loaded_below_s * MS_PER_SECOND <= self.max_now + self.config.preload_ms + MS_PER_SECOND
+        assert len(self.sched._window) <= len(self.owed)
 
 
 WheelMachine.TestCase.settings = settings(

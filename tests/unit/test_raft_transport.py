@@ -55,7 +55,7 @@ def test_frames_split_over_reads_or_sharing_one_are_each_taken_whole():
     reader.feed(wire[9:])
     assert reader.next_frame() == b""
     assert reader.next_frame() == b"hello"
-    assert reader.next_frame() is None and reader.buffered_bytes == 0
+    assert reader.next_frame() is None and len(reader._buffer) == 0
 
 
 def test_a_length_above_the_bound_is_refused_from_its_four_bytes_alone():

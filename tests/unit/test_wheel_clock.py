@@ -7,6 +7,7 @@ import threading
 
 from fakes import FakeClock
 
+from broker.disk.syncer import Syncer
 from wheel.clock import Clock
 
 WHEEL = pathlib.Path(__file__).resolve().parents[2] / "wheel"
@@ -125,6 +126,37 @@ def test_run_until_waits_for_work_in_threads_once_watched():
 
     assert asyncio.run(main(watch=True)) == [("synced", 0), ("woke", 1_000)]
     assert asyncio.run(main(watch=False)) == []  # run_until returned with the thread still running
+
+
+def test_run_until_waits_for_the_syncer_thread_once_watched():
+    """The same for the group commit's own thread (broker.disk.syncer): a
+    watched loop's syncs count as work in threads until answered."""
+    async def main(watch: bool) -> list[tuple[str, int]]:
+        clock = FakeClock(0)
+        if watch:
+            clock.watch_threads()
+        gate = threading.Event()
+        the_syncer = Syncer(gate.wait)
+        seen = []
+
+        async def committer():
+            await the_syncer.sync()
+            seen.append(("synced", clock.now_ms()))
+            await clock.sleep_until(1_000, asyncio.Event())
+            seen.append(("woke", clock.now_ms()))
+
+        task = asyncio.create_task(committer())
+        if watch:
+            threading.Timer(0.05, gate.set).start()
+        await clock.run_until(5_000)
+        gate.set()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        the_syncer.close()
+        return seen
+
+    assert asyncio.run(main(watch=True)) == [("synced", 0), ("woke", 1_000)]
+    assert asyncio.run(main(watch=False)) == []  # run_until returned with the sync still running
 
 
 def test_monotonic_waits_timers_and_timeouts_follow_the_fake_time():

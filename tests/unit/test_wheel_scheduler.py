@@ -5,7 +5,7 @@ from collections import Counter
 import pytest
 from fakes import InMemorySlotSource
 
-from storage.entry import MS_PER_HOUR, SECONDS_PER_HOUR, IndexEntry, Status
+from storage.entry import MS_PER_HOUR, MS_PER_SECOND, SECONDS_PER_HOUR, IndexEntry, Status
 from wheel.scheduler import Scheduler, SchedulerConfig
 from wheel.tick_state import TickState
 from wheel.window import release_key
@@ -192,7 +192,7 @@ def test_restart_far_behind_catches_up_in_bounded_batches_and_reports():
     batches = []
     while (wakeup := sched.next_wakeup_ms()) is not None and wakeup <= now:
         batches.append(sched.poll(now))
-        assert sched.held_count <= 300 + 200  # the cap plus one second read whole
+        assert len(sched._window) <= 300 + 200  # the cap plus one second read whole
     assert all(0 < len(b) <= 300 for b in batches)
     out = [e for b in batches for e in b]
     assert out == sorted(entries, key=release_key)
@@ -240,8 +240,8 @@ def test_ram_holds_only_the_preload_window():
     while (wakeup := sched.next_wakeup_ms()) is not None:
         now = max(now, wakeup)
         sched.poll(now)
-        peak = max(peak, sched.held_count)
-        assert sched.loaded_below_ms <= now + 10_000 + 1_000
+        peak = max(peak, len(sched._window))
+        assert sched._wheel.loaded_below_s * MS_PER_SECOND <= now + 10_000 + 1_000
     assert peak <= 11
     assert sched.stats.released == 3_600
 
@@ -367,7 +367,7 @@ def test_lag_is_how_long_ago_the_earliest_unreleased_entry_was_due_in_ram_or_on_
     held = src.add(base + 250, 0, T0)
     sched.on_new(held)
     drive(sched, T0 + 65_000, base - 10_000)  # its second read into RAM
-    assert sched.held_count == 1 and sched.lag_ms(base) == 0
+    assert len(sched._window) == 1 and sched.lag_ms(base) == 0
     assert sched.lag_ms(base + 1_250) == 1_000  # due, not yet polled
     late = src.add(T0, 0, base + 700)  # a trigger an age ago, filed at base + 700: due from its second, base
     sched.on_new(late)
