@@ -385,13 +385,20 @@ class CpuMeter:
     (a node's shards), used since it was made, each as `<name>_cpu_s`
     (e.g. `server`, and a peer's own helpers such as `redis` or `mover`)."""
 
-    def __init__(self, pids: dict[str, int]) -> None:
+    def __init__(self, pids: dict[str, int], parts: dict[str, int] | None = None) -> None:
         self.pids = pids
         self.before = {name: tree_cpu_s(pid, set()) for name, pid in pids.items()}
+        # processes within those (a node's shards), each also alone, as `<name>_cpu_share_s`
+        self.parts = parts or {}
+        self.parts_before = {name: cpu_s(pid) for name, pid in self.parts.items()}
 
     def used(self) -> dict[str, float]:
-        return {f"{name}_cpu_s": round(tree_cpu_s(pid, set()) - self.before[name], 2)
+        used = {f"{name}_cpu_s": round(tree_cpu_s(pid, set()) - self.before[name], 2)
                 for name, pid in self.pids.items()}
+        for name, pid in self.parts.items():
+            with contextlib.suppress(OSError):  # (it exited)
+                used[f"{name}_cpu_share_s"] = round(cpu_s(pid) - self.parts_before[name], 2)
+        return used
 
 
 _MEMORY_FIELDS = {"VmRSS:": "rss_mb", "VmHWM:": "rss_peak_mb", "RssAnon:": "rss_anon_mb", "RssFile:": "rss_file_mb"}
@@ -409,6 +416,27 @@ def memory_mb(pid: int) -> dict[str, float]:
             if key in _MEMORY_FIELDS:
                 found[_MEMORY_FIELDS[key]] = round(int(rest[0]) / 1024, 1)
     return {name: found[name] for name in _MEMORY_FIELDS.values() if name in found}
+
+
+def children(pid: int) -> list[int]:
+    """The processes `pid` started (a node's shards), by pid."""
+    found = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            with contextlib.suppress(OSError):
+                if int(_stat_fields(int(name))[1]) == pid:
+                    found.append(int(name))
+    return sorted(found)
+
+
+def tree_memory_mb(pid: int) -> dict[str, float]:
+    """memory_mb of `pid` and the processes it started, each figure summed."""
+    total: dict[str, float] = {}
+    for each in (pid, *children(pid)):
+        with contextlib.suppress(OSError):
+            for name, value in memory_mb(each).items():
+                total[name] = round(total.get(name, 0.0) + value, 1)
+    return total
 
 
 def disk_bytes(directory: str) -> int:

@@ -60,7 +60,7 @@ import time
 import urllib.parse
 from dataclasses import dataclass
 
-from harness import HOST, ROOT, Process, disk_bytes, free_port, memory_mb, request, wait_until
+from harness import HOST, ROOT, Process, children, disk_bytes, free_port, request, tree_memory_mb, wait_until
 
 from broker.http.paths import PREFIX
 
@@ -217,8 +217,13 @@ class System:
         return {"server": self.server.pid}
 
     def memory(self) -> dict:
-        """VmRSS (MB) of each process of pids(), as `<role>_rss_mb`."""
-        return {f"{role}_rss_mb": memory_mb(pid)["rss_mb"] for role, pid in self.pids().items()}
+        """VmRSS (MB) of each process of pids() with those it started (a
+        node's shards) summed, as `<role>_rss_mb`."""
+        return {f"{role}_rss_mb": tree_memory_mb(pid)["rss_mb"] for role, pid in self.pids().items()}
+
+    def parts(self) -> dict[str, int]:
+        """Processes within the server whose CPU is also told alone (a node's shards)."""
+        return {f"shard{i}": pid for i, pid in enumerate(children(self.server.pid))} if self.server else {}
 
     def disk_bytes(self) -> int:
         return disk_bytes(self.data_dir)
@@ -259,8 +264,10 @@ class HourglassSystem(System):
     name = "hourglass"
     durability = "fsync'ed before the answer (--fsync batch: group commit)"
 
-    def __init__(self, work_dir: str, extra_args: list[str], keys: int = 0, python: str | None = None) -> None:
+    def __init__(self, work_dir: str, extra_args: list[str], keys: int = 0, python: str | None = None,
+                 name: str = "hourglass") -> None:
         super().__init__(work_dir)
+        self.name = name  # hourglass_1: the same with --shards 1 (one process)
         self.extra_args = extra_args
         self.keys = keys  # > 0: messages carry serial keys k0..k{keys-1} (SPEC `key`)
         # None: this source tree's broker, run by this interpreter; else an

@@ -156,7 +156,7 @@ DEFAULT_SCENARIOS = tuple(s for s in SCENARIOS if s != "lag-10m")
 HOURGLASS_ONLY = ("dispatch-keyed", "engine", "spark")
 # Scenarios that run another benchmark of this folder rather than a server here.
 TOOLS = ("engine", "spark")
-SYSTEMS = ("hourglass", "redis_always", "beanstalkd_f0", "redis", "beanstalkd")
+SYSTEMS = ("hourglass", "hourglass_1", "redis_always", "beanstalkd_f0", "redis", "beanstalkd")
 # The peers that make hourglass's promise (the answer after the fsync), and the peers as usually run.
 DURABLE_PEERS = ("redis_always", "redis_always_lua", "beanstalkd_f0")
 DEFAULT_PEERS = ("redis", "redis_lua", "beanstalkd")
@@ -503,7 +503,7 @@ def shares(total: int, parts: int) -> list[range]:
 def cpu_figures(prefix: str, cpu: dict[str, float], msgs: int, requests: int | None) -> tuple[dict, dict]:
     """(figures, details) from CpuMeter's seconds: server CPU per message
     and per request, Redis's mover included in both and also alone."""
-    total = sum(cpu.values())
+    total = sum(v for k, v in cpu.items() if k.endswith("_cpu_s"))  # (a shard's share is within the server's)
     figures = {f"{prefix}_server_cpu_us_per_msg": rounded(total / msgs * 1e6) if msgs else None}
     if requests:
         figures[f"{prefix}_server_cpu_us_per_request"] = rounded(total / requests * 1e6)
@@ -575,9 +575,10 @@ class Bench:
             names = [n for n in names if n in a.ten_million_systems]
         out: list[System] = []
         for name in names:
-            if name == "hourglass":
+            if name in ("hourglass", "hourglass_1"):
                 keys = a.dispatch_keys if scenario == "dispatch-keyed" else a.keys
-                out.append(HourglassSystem(self.work_dir, a.hourglass_args, keys, a.hourglass_python))
+                extra = a.hourglass_args + (["--shards", "1"] if name == "hourglass_1" else [])
+                out.append(HourglassSystem(self.work_dir, extra, keys, a.hourglass_python, name))
             elif name in ("redis", "redis_always"):
                 appendfsync = "always" if name == "redis_always" else "everysec"
                 sends = [("pipeline", name), ("lua", f"{name}_lua")] if scenario == "ingest-batch" else [
@@ -726,7 +727,7 @@ class Bench:
         memory_before = system.memory()
         meter: list[CpuMeter] = []
         _, results = run_phase(f"{scenario} {system.name}", self._producer_jobs(system, n, batch_size, spec, True),
-                               a.phase_limit_s, on_open=lambda: meter.append(CpuMeter(system.pids())))
+                               a.phase_limit_s, on_open=lambda: meter.append(CpuMeter(system.pids(), system.parts())))
         cpu = meter[0].used()
         self._check_sends(system, scenario, results)
         sent = sum(r["sent"] for r in results)
@@ -766,7 +767,7 @@ class Bench:
         def watch(start_ms: int, shared: Shared) -> None:
             now = now_ms()
             if not meter and now >= start_ms + lead_ms:
-                meter.append(CpuMeter(system.pids()))
+                meter.append(CpuMeter(system.pids(), system.parts()))
             if shared.received.value != progress[0]:
                 progress[:] = [shared.received.value, now]
             if now > start_ms + lead_ms + window_ms and now - progress[1] > a.grace_s * 1000:
@@ -883,7 +884,7 @@ class Bench:
         drain_start, results = run_phase(
             f"{scenario} {system.name} drain", self._consumer_jobs(system, sent, a.lag_pull_batch, a.lag_ack, 0,
                                                             a.phase_limit_s),
-            a.phase_limit_s + 30, on_open=lambda: meter.append(CpuMeter(system.pids())))
+            a.phase_limit_s + 30, on_open=lambda: meter.append(CpuMeter(system.pids(), system.parts())))
         cpu = meter[0].used()
         got = receipts(results, n)
         timed_out = now_ms() - drain_start >= a.phase_limit_s * 1000
@@ -914,7 +915,7 @@ class Bench:
         meter: list[CpuMeter] = []
         _, (result,) = run_phase(f"roundtrip {system.name}", [(roundtrip, {
             "config": system.client_config(), "payload_bytes": a.payload_bytes, "iters": a.roundtrip_iters,
-            "warmup": a.roundtrip_warmup})], a.phase_limit_s, on_open=lambda: meter.append(CpuMeter(system.pids())))
+            "warmup": a.roundtrip_warmup})], a.phase_limit_s, on_open=lambda: meter.append(CpuMeter(system.pids(), system.parts())))
         cpu = meter[0].used()
         for e in result["errors"]:
             self.problem(system.name, "roundtrip", "error answer", **e)
@@ -934,7 +935,7 @@ class Bench:
 # Counts, not measures: a ratio of them means nothing.
 NOT_RATIOS = ("_early", "_lost", "_duplicates", "_msgs")
 # Every column of the report, durable peers first; a run shows those it has.
-COLUMNS = ("hourglass", "redis_always", "redis_always_lua", "beanstalkd_f0", "redis", "redis_lua", "beanstalkd")
+COLUMNS = ("hourglass", "hourglass_1", "redis_always", "redis_always_lua", "beanstalkd_f0", "redis", "redis_lua", "beanstalkd")
 # The report's rows by scenario, in the order they run (a figure's prefix; the longer of two that match).
 ROW_GROUPS = ("ingest_batch", "ingest_single", "dispatch", "dispatch_keyed", "burst", "burst_batch_ack", "roundtrip",
               "lag", "lag_10m", "engine", "spark")
