@@ -146,6 +146,8 @@ class DiskNode(NodeBase):
         return None
 
     def health_fields(self) -> Mapping[str, object]:
+        if self.router is not None:  # which shard answered, of how many
+            return {**STANDALONE, "shard": self.router.index, "shards": self.router.count}
         return STANDALONE
 
     def node_series(self) -> Sequence[Series]:

@@ -250,6 +250,32 @@ def _largest_backlogs(samples: dict[str, dict[str, float]], most: int) -> set[st
     return {None, *ranked[:most]}
 
 
+def merge_pages(pages: Sequence[tuple[list[Message], str | None]], limit: int) -> tuple[list[Message], str | None]:
+    """listMsg over shards: each shard's page after the same cursor, merged
+    in page order ((trigger time, msgId): no two shards hold one msgId),
+    kept up to the earliest place a shard's page stopped short of its end
+    (what that shard holds after it is not read yet) and cut to `limit`;
+    the cursor after the last one kept, if any shard has more."""
+    bound: tuple[int, str] | None = None
+    for _, cursor in pages:
+        if cursor is not None:
+            trigger, _, msg_id = cursor.partition(":")
+            stop = (int(trigger), msg_id)
+            bound = stop if bound is None or stop < bound else bound
+    merged = sorted((m for got, _ in pages for m in got), key=lambda m: (m.trigger_ms, m.msg_id))
+    more = bound is not None
+    if bound is not None:
+        merged = [m for m in merged if (m.trigger_ms, m.msg_id) <= bound]
+    if len(merged) > limit:
+        merged, more = merged[:limit], True
+    if not more:
+        return merged, None
+    if merged:
+        return merged, Cursor(merged[-1].trigger_ms, merged[-1].msg_id).text()
+    assert bound is not None
+    return merged, Cursor(*bound).text()
+
+
 def dead_cursor(shard: int, inner: str | None) -> str:
     return f"s{shard}.{inner or ''}"
 
@@ -813,16 +839,8 @@ class ShardedBackend:
         router = self._router
         answers = await router.everywhere("list_msgs", [list_fields(request)],
                                           lambda: self._local.list_msgs(request))
-        page: list[Message] = []
-        more = False
-        for answer in answers:
-            got, cursor = answer
-            page.extend(m if isinstance(m, Message) else message_of(m) for m in got)
-            more = more or cursor is not None
-        page.sort(key=lambda m: (m.trigger_ms, m.msg_id))
-        if len(page) > request.limit:
-            page, more = page[:request.limit], True
-        return page, (Cursor(page[-1].trigger_ms, page[-1].msg_id).text() if more and page else None)
+        return merge_pages([([m if isinstance(m, Message) else message_of(m) for m in got], cursor)
+                            for got, cursor in answers], request.limit)
 
     async def count_msgs(self, topic: str, flt: BulkFilter) -> int:
         counts = await self._router.everywhere("count_msgs", [topic, filter_fields(flt)],

@@ -9,9 +9,10 @@ shard processes, starts again one that dies, and stops them (docs/operations.md,
              connections over them) and says on a pipe when it serves
     a shard  that exits while the node runs is started again (after 0.5 s,
     dies     doubling up to 10 s while it keeps dying young); its messages
-             answer 503 meanwhile, the others serve on. One that fails
-             before the node ever served stops the node (exit 1: a bad
-             flag or data directory, which a restart would not mend)
+             answer 503 meanwhile, the others serve on. One that exits
+             with an error before the node ever served stops the node
+             (exit 1: a bad flag or data directory, which a restart would
+             not mend)
     SIGTERM  each shard is sent SIGTERM and stops as a node does (requests
     SIGINT   in flight finished, a last checkpoint); one still running after
              STOP_GRACE_S is killed. Exit 0 if every shard exited 0
@@ -169,7 +170,7 @@ def run(config: ServeConfig, count: int, argv: Sequence[str]) -> int:
                 if code is None:
                     continue
                 shard.exits += 1
-                if not node_served:
+                if not node_served and code > 0:  # it failed starting (killed by a signal: started again)
                     log.critical("shard %d exited with %d before the node served: stopping", shard.index, code)
                     failed = True
                     stop.append(0)

@@ -1,0 +1,176 @@
+"""A node of many shards, as real processes (broker.shards): the newcomer's
+`hourglass serve` using every core, one shard killed under load and
+started again with nothing answered lost, a long poll woken by another
+shard's message, a batch split over the shards and answered in order,
+and the counts a data directory keeps."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.parse
+
+import pytest
+from harness import children, wait_until
+from serving import ROOT, Server
+
+from broker.shards import layout, placement
+
+pytestmark = pytest.mark.slow
+
+
+def shard_pids(server: Server) -> list[int]:
+    return children(server.proc.pid)
+
+
+def test_a_fresh_data_directory_uses_every_core(tmp_path):
+    server = Server.start(tmp_path / "data", "--shards", "auto")
+    try:
+        cores = layout.cores()
+        assert (tmp_path / "data" / "shards").read_text() == f"{cores}\n"
+        status, body = server.get("/health")
+        assert status == 200 and body["status"] == "ok"
+        if cores > 1:
+            assert len(shard_pids(server)) == cores and body["shards"] == cores
+            assert sorted(os.listdir(tmp_path / "data")) == sorted(
+                ["shards", "links", *(f"shard-{i}" for i in range(cores))])
+    finally:
+        assert server.stop() == 0
+
+
+def test_a_kept_count_refuses_another_and_an_older_directory_is_one_shard(tmp_path):
+    server = Server.start(tmp_path / "data", "--shards", "2")
+    assert server.stop() == 0
+    refused = subprocess.run([sys.executable, "-m", "broker.cli", "serve", "--data-dir", str(tmp_path / "data"),
+                              "--shards", "3", "--port", "0"], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert refused.returncode == 1
+    assert "keeps 2 shards and --shards 3 was given" in refused.stderr
+    again = Server.start(tmp_path / "data", "--shards", "auto")  # auto opens the kept count
+    try:
+        assert again.get("/health")[1]["shards"] == 2
+    finally:
+        assert again.stop() == 0
+
+
+def test_a_cluster_or_redis_node_refuses_many_shards_with_a_sentence(tmp_path):
+    refused = subprocess.run([sys.executable, "-m", "broker.cli", "serve", "--data-dir", str(tmp_path),
+                              "--backend", "redis://127.0.0.1:1/0", "--shards", "2"], capture_output=True,
+                             text=True, timeout=60, cwd=ROOT)
+    assert refused.returncode == 1 and "runs one process" in refused.stderr
+
+
+def owned_ids(count: int, shard: int, n: int, prefix: str) -> list[str]:
+    found: list[str] = []
+    i = 0
+    while len(found) < n:
+        msg_id = f"{prefix}-{i}"
+        if placement.owner(msg_id, count) == shard:
+            found.append(msg_id)
+        i += 1
+    return found
+
+
+def test_a_batch_is_split_over_the_shards_answered_in_order_and_validated_whole(tmp_path):
+    server = Server.start(tmp_path / "data", "--shards", "2")
+    try:
+        ids = [f"b-{i}" for i in range(40)]
+        assert {placement.owner(i, 2) for i in ids} == {0, 1}
+        msgs = [{"msgId": i, "msg": i, "delayMillis": 60_000} for i in ids]
+        status, body = server.post_json("sendMsgBatch", {"topic": "t", "msgs": msgs})
+        assert status == 200 and body["code"] == 200, body
+        assert [m["msgId"] for m in body["delayMsgList"]] == ids
+        bad: list[dict[str, object]] = [{"msgId": f"c-{i}", "msg": "x", "delayMillis": 0} for i in range(10)]
+        bad[7]["delayMillis"] = "soon"
+        status, body = server.post_json("sendMsgBatch", {"topic": "t2", "msgs": bad})
+        assert body["code"] == 400 and "delayMillis" in body["msg"]
+        for m in bad:
+            assert server.post("getMsg", topic="t2", msgId=m["msgId"])[1]["code"] == 404  # no shard stored it
+        for i in ids:
+            status, body = server.post("getMsg", topic="t", msgId=i)
+            assert body["code"] == 200 and body["delayMsg"]["msg"] == i
+        status, body = server.get("/camellia/delayQueue/getTopicInfo?topic=t")
+        assert body["data"]["waitingQueueSize"] == 40
+    finally:
+        assert server.stop() == 0
+
+
+def test_a_long_poll_is_woken_by_a_message_of_another_shard(tmp_path):
+    server = Server.start(tmp_path / "data", "--shards", "2")
+    try:
+        host, port = server.base.removeprefix("http://").split(":")
+        connection = http.client.HTTPConnection(host, int(port), timeout=60)
+        connection.request("GET", "/health")
+        polling_shard = json.loads(connection.getresponse().read())["shard"]
+        other = 1 - polling_shard
+        got: list[dict] = []
+
+        def poll() -> None:
+            body = urllib.parse.urlencode({"topic": "lp", "longPollingTimeout": 30_000, "batch": 1})
+            connection.request("POST", "/camellia/delayQueue/longPollingMsg", body,
+                               {"Content-Type": "application/x-www-form-urlencoded"})
+            got.append(json.loads(connection.getresponse().read()))
+        poller = threading.Thread(target=poll)
+        poller.start()
+        time.sleep(0.5)  # the poll is held
+        msg_id = owned_ids(2, other, 1, "wake")[0]
+        assert server.post("sendMsg", topic="lp", msgId=msg_id, msg="hi")[1]["code"] == 200
+        poller.join(timeout=60)
+        assert got and got[0]["code"] == 200
+        assert [m["msgId"] for m in got[0]["delayMsgList"]] == [msg_id]  # from the other shard, not at the timeout
+        connection.close()
+    finally:
+        assert server.stop() == 0
+
+
+def test_a_shard_killed_under_load_comes_back_and_nothing_answered_is_lost(tmp_path):
+    server = Server.start(tmp_path / "data", "--shards", "2")
+    try:
+        answered: list[str] = []
+        refused = [0]
+        stop = threading.Event()
+
+        def send() -> None:
+            i = 0
+            while not stop.is_set():
+                msg_id = f"k-{i}"
+                i += 1
+                try:
+                    status, body = server.post("sendMsg", topic="load", msgId=msg_id, msg=msg_id,
+                                               delayMillis=3_600_000)
+                except OSError:
+                    refused[0] += 1
+                    continue
+                if status == 200 and body.get("code") == 200:
+                    answered.append(msg_id)
+                else:
+                    refused[0] += 1
+        sender = threading.Thread(target=send)
+        sender.start()
+        wait_until(lambda: len(answered) >= 100, 60, "sends before the kill")
+        before = shard_pids(server)
+        victim = before[1]
+        os.kill(victim, signal.SIGKILL)
+        killed_at = len(answered)
+        # the other shard goes on: sends it owns are answered while the victim is down or starting
+        wait_until(lambda: len(answered) >= killed_at + 50, 60, "sends after the kill")
+        wait_until(lambda: len(shard_pids(server)) == 2 and victim not in shard_pids(server), 60,
+                   "the killed shard started again")
+        wait_until(lambda: server.get("/health")[0] == 200, 60, "the node whole again")
+        after_restart = len(answered)
+        wait_until(lambda: len(answered) >= after_restart + 100, 60, "sends after the restart")
+        stop.set()
+        sender.join(timeout=60)
+        owners = {placement.owner(i, 2) for i in answered[after_restart:]}
+        assert owners == {0, 1}  # both shards store again
+        lost = [i for i in answered if server.post("getMsg", topic="load", msgId=i)[1].get("code") != 200]
+        assert lost == []
+        status, body = server.get("/camellia/delayQueue/getTopicInfo?topic=load")
+        assert body["data"]["waitingQueueSize"] >= len(answered)
+    finally:
+        assert server.stop() == 0

@@ -1,0 +1,209 @@
+"""A node's shards in process: placement, the count a data directory
+keeps, and how the shards' answers are merged (broker.shards)."""
+
+from __future__ import annotations
+
+import os
+import zlib
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from broker.shards import layout, placement
+from broker.shards.router import (
+    dead_cursor,
+    merge_metrics,
+    merge_monitor_data,
+    merge_pages,
+    merge_topic_infos,
+    parse_dead_cursor,
+)
+from storage.entry import Location, Message, Status
+from storage.errors import ConfigError, InvalidRequest
+
+ids = st.text(min_size=1, max_size=40)
+
+
+# -- placement ---------------------------------------------------------------------------
+
+def test_placement_is_crc32_of_the_name_not_pythons_salted_hash():
+    for name in ("a", "order-17", "ünïcode", "x" * 200):
+        assert placement.owner(name, 7) == zlib.crc32(name.encode()) % 7
+    assert placement.owner("anything", 1) == 0
+
+
+@given(ids, st.integers(1, 64))
+def test_every_name_has_one_owner_within_the_count(name, count):
+    owner = placement.owner(name, count)
+    assert 0 <= owner < count and placement.owner(name, count) == owner
+
+
+@given(st.text(min_size=1, max_size=20).filter(lambda s: "@" not in s), st.integers(0, 10 ** 13), st.integers(1, 16))
+def test_a_schedules_runs_live_on_its_shard(schedule_id, at_ms, count):
+    assert placement.owner(f"{schedule_id}@{at_ms}", count) == placement.owner(schedule_id, count)
+
+
+@given(ids, ids, st.integers(1, 16))
+def test_a_keyed_message_lives_on_its_keys_shard_whatever_its_id(msg_id, key, count):
+    assert placement.message_owner(msg_id, key, count) == placement.owner(key, count)
+    assert placement.message_owner(msg_id, "", count) == placement.owner(msg_id, count)
+
+
+@given(st.integers(1, 8).flatmap(lambda n: st.tuples(st.just(n), st.integers(0, n - 1))))
+@settings(max_examples=50)
+def test_a_new_id_lands_on_the_shard_that_asked(shard_of):
+    count, shard = shard_of
+    msg_id = placement.new_id_on(shard, count)
+    assert len(msg_id) == 32 and int(msg_id, 16) >= 0
+    assert placement.owner(msg_id, count) == shard
+
+
+# -- the count a data directory keeps ------------------------------------------------------
+
+def test_a_new_directory_takes_auto_as_the_cores_and_keeps_it(tmp_path):
+    data = str(tmp_path / "data")
+    os.makedirs(data)
+    assert layout.resolve(data, "auto") == layout.cores()
+    assert (tmp_path / "data" / "shards").read_text() == f"{layout.cores()}\n"
+    assert layout.resolve(data, "auto") == layout.cores()
+
+
+def test_a_kept_count_refuses_another_with_a_sentence(tmp_path):
+    data = str(tmp_path)
+    assert layout.resolve(data, "3") == 3
+    assert layout.resolve(data, "3") == 3 and layout.resolve(data, "auto") == 3
+    with pytest.raises(ConfigError, match=r"keeps 3 shards and --shards 2 was given"):
+        layout.resolve(data, "2")
+
+
+def test_a_directory_an_older_release_made_opens_as_one_shard(tmp_path):
+    (tmp_path / "commitlog").mkdir()  # a store, no count
+    assert layout.resolve(str(tmp_path), "auto") == 1
+    with pytest.raises(ConfigError, match="keeps 1 shard and --shards 4"):
+        layout.resolve(str(tmp_path), "4")
+
+
+@pytest.mark.parametrize("asked", ["0", "65", "two", "-1", ""])
+def test_a_bad_count_names_the_flag(tmp_path, asked):
+    with pytest.raises(ConfigError, match="--shards"):
+        layout.resolve(str(tmp_path), asked)
+    assert not (tmp_path / "shards").exists()  # nothing kept
+
+
+def test_a_shards_store_is_its_own_directory_and_one_shard_the_data_directory():
+    assert layout.shard_path("/d", 0, 1) == "/d"
+    assert layout.shard_path("/d", 1, 4) == os.path.join("/d", "shard-1")
+
+
+# -- merging ------------------------------------------------------------------------------
+
+def message(trigger_ms: int, msg_id: str) -> Message:
+    return Message("t", msg_id, "m", 0, trigger_ms, 1000, 3, 0, "", Status.WAITING, 0, Location(0, 0))
+
+
+def shard_page(held: list[Message], after: tuple[int, str] | None, limit: int) -> tuple[list[Message], str | None]:
+    """A shard's listMsg page (broker.core.bulk_params's order): up to
+    `limit` after the cursor (fewer when --max-page-bytes cuts it), and the
+    cursor if it holds more."""
+    rest = [m for m in sorted(held, key=lambda m: (m.trigger_ms, m.msg_id))
+            if after is None or (m.trigger_ms, m.msg_id) > after]
+    page = rest[:limit]
+    return page, (f"{page[-1].trigger_ms}:{page[-1].msg_id}" if len(rest) > limit else None)
+
+
+@given(st.lists(st.tuples(st.integers(0, 50), st.integers(0, 3)), max_size=60, unique_by=lambda x: x),
+       st.integers(1, 7), st.integers(1, 4), st.lists(st.integers(1, 7), min_size=4, max_size=4))
+@settings(max_examples=300)
+def test_one_cursor_walks_every_message_of_every_shard_once_in_order(rows, limit, shards, cuts):
+    """(`cuts`: how many each shard's page holds at most, as --max-page-bytes
+    makes a page shorter than the limit.)"""
+    held: list[list[Message]] = [[] for _ in range(shards)]
+    for i, (trigger, _) in enumerate(rows):
+        msg_id = f"id{i:03d}"
+        held[placement.owner(msg_id, shards)].append(message(trigger, msg_id))
+    seen: list[Message] = []
+    after: tuple[int, str] | None = None
+    for _ in range(len(rows) + 2):
+        page, cursor = merge_pages([shard_page(h, after, min(limit, cut)) for h, cut in zip(held, cuts)], limit)
+        assert len(page) <= limit
+        seen.extend(page)
+        if cursor is None:
+            break
+        trigger, _, msg_id = cursor.partition(":")
+        after = (int(trigger), msg_id)
+    else:
+        pytest.fail("the walk did not end")
+    everything = sorted((m for h in held for m in h), key=lambda m: (m.trigger_ms, m.msg_id))
+    assert seen == everything
+
+
+@given(st.integers(0, 3), st.text(alphabet="0123456789abcdef-", max_size=20) | st.none())
+def test_a_dead_letter_cursor_names_its_shard_and_that_shards_cursor(shard, inner):
+    cursor = dead_cursor(shard, inner)
+    assert parse_dead_cursor(cursor, 4) == (shard, inner or None)
+
+
+@pytest.mark.parametrize("cursor", ["s9.x", "x1.", "s.", "1-2", "s1"])
+def test_a_dead_letter_cursor_no_page_answered_is_400(cursor):
+    with pytest.raises(InvalidRequest, match="cursor"):
+        parse_dead_cursor(cursor, 4)
+
+
+def test_topic_infos_sum_every_size():
+    def info(waiting, ready, consuming, first_bucket):
+        return {"topic": "t", "waitingQueueSize": waiting, "readyQueueSize": ready, "ackQueueSize": consuming,
+                "waitingQueueInfo": {"sizeOf0To1min": first_bucket, "sizeOf1minTo10min": 0}}
+    merged = merge_topic_infos([info(3, 1, 0, 2), info(4, 0, 5, 1)])
+    assert merged == {"topic": "t", "waitingQueueSize": 7, "readyQueueSize": 1, "ackQueueSize": 5,
+                      "waitingQueueInfo": {"sizeOf0To1min": 3, "sizeOf1minTo10min": 0}}
+
+
+def test_monitor_data_sums_counts_and_weighs_gaps():
+    a = {"requestStatsList": [{"topic": "t", "sendMsg": 2, "pullMsg": 1}],
+         "pullMsgTimeGapStatsList": [{"topic": "t", "count": 1, "avg": 10.0, "max": 10}],
+         "readyQueueTimeGapStatsList": [], "intervalStartTime": 1000, "intervalEndTime": 2000}
+    b = {"requestStatsList": [{"topic": "t", "sendMsg": 3, "pullMsg": 0}, {"topic": "u", "sendMsg": 1, "pullMsg": 0}],
+         "pullMsgTimeGapStatsList": [{"topic": "t", "count": 3, "avg": 2.0, "max": 4}],
+         "readyQueueTimeGapStatsList": [], "intervalStartTime": 1000, "intervalEndTime": 2000}
+    merged = merge_monitor_data([a, b])
+    assert merged["requestStatsList"] == [{"topic": "t", "sendMsg": 5, "pullMsg": 1},
+                                          {"topic": "u", "sendMsg": 1, "pullMsg": 0}]
+    assert merged["pullMsgTimeGapStatsList"] == [{"topic": "t", "count": 4, "avg": 4.0, "max": 10}]
+    assert (merged["intervalStartTime"], merged["intervalEndTime"]) == (1000, 2000)
+
+
+SCRAPE = """# HELP hourglass_sends_total messages stored
+# TYPE hourglass_sends_total counter
+hourglass_sends_total{{topic="a"}} {a}
+hourglass_sends_total{{topic="b"}} {b}
+# HELP hourglass_waiting_messages waiting
+# TYPE hourglass_waiting_messages gauge
+hourglass_waiting_messages{{topic="a"}} {a}
+hourglass_waiting_messages{{topic="b"}} {b}
+# HELP hourglass_inflight_limit the cap
+# TYPE hourglass_inflight_limit gauge
+hourglass_inflight_limit 100
+# HELP hourglass_wheel_lag_seconds lag
+# TYPE hourglass_wheel_lag_seconds gauge
+hourglass_wheel_lag_seconds {lag}
+# HELP hourglass_topics topics
+# TYPE hourglass_topics gauge
+hourglass_topics 2
+"""
+
+
+def test_one_scrape_sums_series_and_takes_the_largest_of_a_process_gauge():
+    text = merge_metrics([SCRAPE.format(a=1, b=2, lag=0.5), SCRAPE.format(a=10, b=0, lag=0.25)], 100, 2)
+    lines = text.splitlines()
+    assert 'hourglass_sends_total{topic="a"} 11' in lines and 'hourglass_sends_total{topic="b"} 2' in lines
+    assert "hourglass_inflight_limit 100" in lines and "hourglass_wheel_lag_seconds 0.5" in lines
+    assert "hourglass_topics 2" in lines
+    assert sum(line == "# TYPE hourglass_sends_total counter" for line in lines) == 1
+    assert lines.index('hourglass_sends_total{topic="b"} 2') < lines.index("# HELP hourglass_waiting_messages waiting")
+
+
+def test_one_scrape_shows_the_nodes_largest_backlogs_only():
+    text = merge_metrics([SCRAPE.format(a=1, b=2, lag=0), SCRAPE.format(a=10, b=0, lag=0)], 1, 2)
+    assert 'topic="a"' in text and 'topic="b"' not in text
+    assert "hourglass_inflight_limit 100" in text  # series of no topic stay
