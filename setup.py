@@ -89,7 +89,6 @@ COMPILED = [
     "broker/disk/ready.py",
     "broker/disk/requests.py",
     "broker/disk/span_moves.py",
-    "broker/disk/tick.py",
     "broker/disk/timers.py",
     "broker/disk/topics.py",
     "broker/disk/windows.py",

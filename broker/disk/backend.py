@@ -35,9 +35,8 @@ order they depend on one another (each takes only parts built before it):
     topics        Topics: topic names, the --max-topics cap, TopicInfo
     messages      Messages: the one part that steps messages (held or
                   stored) and carries the steps out; the releases
-    ticks         TickKeeper: persists the wheel's tick
     driver        WheelDriver: sleeps until the wheel is due, hands its
-                  releases to `messages`
+                  releases to `messages`, then its tick to `_persist_tick`
     span_mover    SpanMover: files far-future spans' messages nearer
 
 and, side by side over `messages` and `journal`, the requests:
@@ -81,7 +80,6 @@ from .ready import HeldMessage, QueueLimits, TopicQueue
 from .recovery import recover
 from .requests import Requests
 from .span_moves import SpanMover
-from .tick import TickKeeper
 from .topics import Topics
 from .windows import ReadyWindows
 
@@ -117,8 +115,8 @@ class Broker:
         now_ms = clock.now_ms()
         self._long_polls = LongPolls(clock)
         self._lifecycle = Lifecycle(self._long_polls, log, "the node stops serving and exits")
-        tick_file = TickStateFile(tick_path, fsync=True)
-        self.scheduler = Scheduler(store, tick_file.state, now_ms, scheduler_config or SchedulerConfig())
+        self._tick_file = TickStateFile(tick_path, fsync=True)  # (this part's to write and close)
+        self.scheduler = Scheduler(store, self._tick_file.state, now_ms, scheduler_config or SchedulerConfig())
         self._filing = Filing(self.scheduler)
         self.commits = GroupCommit(store, self._filing.on_committed, metrics, replicated, apply_lock)
         self._journal = journal = Journal(store, self._lifecycle, self.commits)
@@ -126,8 +124,7 @@ class Broker:
         self._topics = Topics(store, clock, self.commits, self._windows, limits)
         self._messages = messages = Messages(store, clock, metrics, self._windows, self._filing, journal,
                                              self._topics)
-        self._ticks = TickKeeper(journal, self._filing, tick_file)
-        self.driver = WheelDriver(self.scheduler, clock, messages.release, persist_tick=self._ticks.persist_tick)
+        self.driver = WheelDriver(self.scheduler, clock, messages.release, persist_tick=self._persist_tick)
         self._span_mover = SpanMover(store, clock, self._lifecycle, self.commits, self._filing.span_filed)
         self.requests = Requests(messages, journal, self._lifecycle, self._long_polls,
                                  pull_waits=replicated is not None)
@@ -137,7 +134,7 @@ class Broker:
         self._tasks: list[asyncio.Task[None]] = []
 
     def __repr__(self) -> str:
-        return f"Broker({self._lifecycle!r}, {self._messages!r}, {self._ticks!r})"
+        return f"Broker({self._lifecycle!r}, {self._messages!r}, tick={self.tick}, {self._filing!r})"
 
     # == lifetime ================================================================
 
@@ -192,7 +189,7 @@ class Broker:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        self._ticks.close()
+        self._tick_file.close()
 
     async def abandon(self) -> None:
         """Stop at once without waiting for anything to replicate (this node
@@ -203,7 +200,14 @@ class Broker:
             task.cancel()
         self.commits.abandon()  # before waiting: a task that waits for a commit is answered now
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        self._ticks.close()
+        self._tick_file.close()
+
+    async def _persist_tick(self, tick: TickState) -> None:
+        """The wheel's tick moves only past durable releases, and never past a
+        message still in its group commit (`filing.cap`: a restart must read
+        its second); releases a quorum did not acknowledge in time leave it."""
+        if await self._journal.background_durable("released messages"):
+            self._tick_file.write(self._filing.cap(tick))
 
     def begin_stop(self) -> None:
         """Refuse new work (503) and answer every long poll now."""
@@ -259,7 +263,7 @@ class Broker:
     @property
     def tick(self) -> TickState | None:
         """The tick last persisted: what a follower may take over from."""
-        return self._ticks.tick
+        return self._tick_file.state
 
     # == requests (broker.disk.requests, broker.disk.dead_letters, broker.disk.topics) =========
 

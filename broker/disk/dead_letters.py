@@ -30,7 +30,7 @@ from storage.store import Store, text_hash
 from ..backend import DEAD_SCAN, REDRIVE_STEP
 from ..core.bulk_params import answer_bytes
 from ..core.lifecycle import Lifecycle
-from ..core.transitions import REDRIVE, MessageState, Reschedule
+from ..core.transitions import REDRIVE, MessageState, Redrive, Reschedule
 from .journal import Journal
 from .messages import Messages, not_found
 
@@ -56,16 +56,24 @@ class DeadLetters:
         count. Its old place never delivers it: it is filed anew (a MOVE
         record, storage.records), so the change survives a restart and a
         failover. A consuming or ended message: Conflict, nothing changed."""
+        return await self._move_one(topic, msg_id, Reschedule(trigger_ms), "only a waiting or ready message can be "
+                                    "rescheduled", " (ack or nack it first)")
+
+    async def _move_one(self, topic: str, msg_id: str, event: Reschedule | Redrive, only: str,
+                        consuming: str = "") -> Message:
+        """The message filed anew by `event`'s step (broker.disk.messages'
+        `move`), answered once durable: READY if due now. Its refusal (a
+        status it may not move from) is Conflict, `only` saying which may
+        (and `consuming` more, to a consuming one)."""
         self._lifecycle.check_serving()
         await self._journal.flush()  # (a change to it still in its commit is applied first)
         message = self._store.get(topic, msg_id)
         if message is None:
             raise not_found(topic, msg_id)
-        moved = self._messages.move([(message.location, MessageState.of(message), Reschedule(trigger_ms))], topic)
-        if not moved.messages:  # (Reschedule's refusal: NOT_MOVABLE)
-            raise Conflict(f"message {msg_id!r} is {_status_words(message.status)}: only a waiting or ready "
-                           f"message can be rescheduled" + (" (ack or nack it first)"
-                                                            if message.status is Status.CONSUMING else ""))
+        moved = self._messages.move([(message.location, MessageState.of(message), event)], topic)
+        if not moved.messages:
+            raise Conflict(f"message {msg_id!r} is {_status_words(message.status)}: {only}"
+                           + (consuming if message.status is Status.CONSUMING else ""))
         await self._journal.durable()
         return self._messages.ready_now(*moved)[0]
 
@@ -119,17 +127,8 @@ class DeadLetters:
     async def redrive(self, topic: str, msg_id: str) -> Message:
         """A dead letter (5 or 6) READY again now, with a fresh retry budget
         (retry 0) and ttl (counted from now); anything else: Conflict."""
-        self._lifecycle.check_serving()
-        await self._journal.flush()
-        message = self._store.get(topic, msg_id)
-        if message is None:
-            raise not_found(topic, msg_id)
-        moved = self._messages.move([(message.location, MessageState.of(message), REDRIVE)], topic)
-        if not moved.messages:  # (Redrive's refusal: NOT_DEAD)
-            raise Conflict(f"message {msg_id!r} is {_status_words(message.status)}: only an expired (5) or "
-                           f"ended (6) message can be re-driven")
-        await self._journal.durable()
-        return self._messages.ready_now(*moved)[0]
+        return await self._move_one(topic, msg_id, REDRIVE, "only an expired (5) or ended (6) message can be "
+                                    "re-driven")
 
     async def redrive_all(self, topic: str, limit: int) -> tuple[int, bool]:
         """Re-drive the topic's dead letters, oldest first, at most `limit`,

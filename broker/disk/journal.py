@@ -104,25 +104,19 @@ class Journal:
             self._lifecycle.fail(e, "a commit-log append")
             raise Unavailable(f"the commit log failed: {client_text(e)}") from e
 
-    # == waiting for them (GroupCommit's) ===========================================
+    # == the waits for them (the group commit's: broker.disk.group_commit) ===========
 
     def durable(self) -> asyncio.Future[None]:
-        """Await it after appending: done once what was appended is durable."""
         return self._commits.durable()
 
     def settled(self) -> Coroutine[Any, Any, None]:
-        """Await it when nothing was appended: an earlier change may still be
-        in its commit, or unreplicated."""
         return self._commits.settled()
 
     def flush(self) -> Coroutine[Any, Any, None]:
-        """Await it before a read: every change appended so far is applied."""
         return self._commits.flush()
 
     def kick_soon(self) -> None:
-        """What was appended made durable soon, no one waiting for it (a pull's)."""
         self._commits.kick_soon()
 
     def background_durable(self, what: str) -> Coroutine[Any, Any, bool]:
-        """`durable` for a background task's records (GroupCommit's)."""
         return self._commits.background_durable(what)

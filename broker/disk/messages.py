@@ -1,29 +1,23 @@
 """The messages: the one part that applies broker.core.transitions to a
-message, held in RAM or stored on disk alike, a new send included.
-
-Each method looks a message (or a batch) up, has `step` say what the
-event does, and carries the effects out -- the only place either is done:
+message, held in RAM or stored on disk alike, a new send included. Each
+method looks a message (or a batch) up, asks `step` what the event does,
+and carries the effects out -- the only place either is done:
 
     HOLD, TAKE, REQUEUE, FORGET   the ready windows (broker.disk.windows'
-                                  `carry_out`, `forget_at`: RAM only)
+                                  `carry_out`, `forget_at`), which WAKE long polls
     FILE, CANCEL                  the wheel (broker.disk.filing)
     DUE_NOW                       `ready_now`, once the step's record is durable
     MOVE, RELEASE_ID, REPLACE     the commit log (broker.disk.journal)
-    WAKE                          the topic's long polls (by the windows)
     COUNT_*                       the counters (broker.observe.metrics)
 
-and appends the status changes as one record (not yet durable: the
-request parts -- requests, dead_letters, bulk -- await the journal before
-they answer). A held message's state is its `HeldMessage.state`; a stored
-one's is read from its index entry (`MessageState.of`). The wheel's
-releases (`release`), the windows' timers (`fire`, `trim`) and refills
-(`ended_on_disk`) step here too.
-
-Cost: a pull of N or an ackMsg of N ids is one `apply`: one cell call a
-message (the event's row looked up once), one `carry_out` a batch. A
-batch of sends is stepped once, by its earliest message (a new id's cell
-files every one; none is due unless the earliest is), and each message
-again only if that one is due.
+and appends the status changes as one record, for the request parts
+(requests, dead_letters, bulk) to await durable before they answer. The
+wheel's releases (`release`), the windows' timers (`fire`, `trim`) and
+refills (`ended_on_disk`) are stepped here too. Cost: a pull of N or an
+ackMsg of N ids is one `apply` (one cell call a message, one `carry_out`);
+a batch of sends is stepped by its earliest message (a new id's cell
+files every one; none is due unless the earliest is), each message again
+only if that one is due.
 """
 
 from __future__ import annotations
@@ -75,7 +69,6 @@ _new = tuple.__new__  # (a NamedTuple without its Python-level __new__)
 _DELETE = Delete()
 _TRIGGER_MS = operator.attrgetter("trigger_ms")
 _MESSAGE = operator.itemgetter(0)  # a NewSend's message
-_RESULT_MESSAGE = operator.itemgetter(1)  # a SendResult's message
 
 
 class Moved(NamedTuple):
@@ -115,13 +108,10 @@ class Messages:
 
     def apply(self, event: Event, batch: Sequence[HeldMessage], now_ms: int) -> list[StateChange]:
         """`event` to each message of `batch` (held, or WAITING on its way in:
-        a release) in one pass: its step (its status's cell of the event's
-        row of the table); then the batch at once out of where its old
-        status kept it (a window: READY; flight: CONSUMING) and into where
-        its new one does (TAKE: flight and an ack timer; REQUEUE, HOLD: a
-        window or disk only; FORGET: nowhere), long polls woken (WAKE):
-        the windows' `carry_out`; counts kept (COUNT_*). The status
-        changes, for the caller to append."""
+        a release), in one pass: its step (its status's cell of the event's
+        row); then the windows move the batch at once (`carry_out`: out of a
+        window or flight, into flight, a window, disk only or nowhere, long
+        polls woken); counts kept (COUNT_*). The status changes, to append."""
         cells = TABLE[type(event)]
         changes: list[StateChange] = []
         out_of_window: list[HeldMessage] = []
@@ -225,7 +215,7 @@ class Messages:
         """An ack or nack of an id not in flight, by its stored copy: its
         change (None: none) and its status after it (None: no such message)."""
         message = self._store.get(topic, msg_id)
-        m = self._metrics.topic(topic, exists=message is not None)
+        self._metrics.topic(topic, exists=message is not None)  # (the topic's counters made if it exists)
         if message is None:
             return None, None
         if not ack:  # a nack of a message not held consuming changes nothing
@@ -233,9 +223,7 @@ class Messages:
         done = step(MessageState.of(message), ACK, now_ms)
         if done.state is None or not done.effects:
             return None, message.status
-        self._leave(message.location, done.effects)
-        m.count(done.effects)
-        return StateChange(message.location, done.state.status, done.state.retry), done.state.status
+        return self._carried_out(message, done), done.state.status
 
     def fire(self, timers: list[Timer], now_ms: int) -> list[StateChange]:
         """Due timers (broker.disk.timers): each one's event (an ack timeout,
@@ -331,7 +319,7 @@ class Messages:
         unchanged, one whose message has ended is stored anew, the ended
         one released (REPLACE), unless the send is strict. Each new one
         FILEd; counted. The results, and the new messages due already
-        (DUE_NOW: `ready_now` once durable)."""
+        (DUE_NOW: `ready_now` of the results' messages once durable)."""
         batch = list(map(_MESSAGE, sends))
         topics = self._topics
         new_topics = None if len(batch) == 1 and batch[0].topic in topics.stored else topics.new_topics(batch)
@@ -358,29 +346,15 @@ class Messages:
         due: list[Message] = []
         if fresh and DUE_NOW in step(None, Send(MessageState.of(min(fresh, key=_TRIGGER_MS))), now_ms).effects:
             due = [m for m in fresh if DUE_NOW in step(None, Send(MessageState.of(m)), now_ms).effects]
-        self._count_sends(results, len(fresh), len(results) - len(fresh))
+        self._count_sends(results)
         return results, due
 
-    def sent_ready(self, results: list[SendResult], due: list[Message], now_ms: int) -> list[Message]:
-        """A send's answer once durable: its messages, the `due` ones READY
-        now (`ready_now`)."""
-        messages = list(map(_RESULT_MESSAGE, results))
-        return self.ready_now(messages, due, now_ms) if due else messages
-
-    def _count_sends(self, results: list[SendResult], stored: int, duplicates: int) -> None:
-        topic = results[0].message.topic if results else ""
-        for _, message in results:
-            if message.topic != topic:
-                topic = ""
-                break
-        if topic:  # sendMsgBatch: one topic, counted once
-            m = self._metrics.topic(topic)
-            m.sends += stored
-            m.duplicates += duplicates
-            return
+    def _count_sends(self, results: list[SendResult]) -> None:
+        topic, m = "", None  # (a batch's messages share their topic, as a rule)
         for outcome, message in results:
-            m = self._metrics.topic(message.topic)
-            if outcome is SendOutcome.STORED:
+            if m is None or message.topic != topic:
+                topic, m = message.topic, self._metrics.topic(message.topic)
+            if outcome is STORED:
                 m.sends += 1
             else:
                 m.duplicates += 1
@@ -403,10 +377,7 @@ class Messages:
         if message is None or done.state is None:
             raise not_found(request.topic, request.msg_id)
         if done.effects:
-            self._leave(message.location, done.effects)
-            self._journal.append([StateChange(message.location, done.state.status, message.retry,
-                                              released=Effect.RELEASE_ID in done.effects)], now_ms)
-            self._metrics.topic(request.topic).count(done.effects)
+            self._journal.append([self._carried_out(message, done)], now_ms)
         return message, done
 
     def delete_found(self, found: Iterable[Match], topic: str, call_id: int) -> int:
@@ -486,6 +457,15 @@ class Messages:
         elif FORGET in effects:
             self._windows.forget_at(where)
 
+
+    def _carried_out(self, message: Message, done: Step) -> StateChange:
+        """A stored copy's step (an ack, a delete by id) carried out: `_leave`,
+        counted; its status change."""
+        assert done.state is not None
+        self._leave(message.location, done.effects)
+        self._metrics.topic(message.topic).count(done.effects)
+        return StateChange(message.location, done.state.status, done.state.retry,
+                           released=Effect.RELEASE_ID in done.effects)
 
 def not_found(topic: str, msg_id: str) -> NotFound:
     return NotFound(f"no message {msg_id!r} in topic {topic!r}")

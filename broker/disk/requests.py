@@ -21,6 +21,7 @@ one fsync; an ackMsg of many ids is one record.
 from __future__ import annotations
 
 import functools
+import operator
 from collections.abc import Awaitable, Callable, Sequence
 
 from storage.entry import Message, Status
@@ -32,6 +33,8 @@ from ..core.params import AckRequest, DeleteRequest, LongPollRequest, NewSend, P
 from ..core.transitions import Refusal
 from .journal import Journal
 from .messages import Messages
+
+_RESULT_MESSAGE = operator.itemgetter(1)  # a SendResult's message
 
 
 class Requests:
@@ -59,7 +62,7 @@ class Requests:
         self._lifecycle.check_serving()
         results, due = self._messages.send(sends, now_ms)
         await self._journal.durable()
-        return self._messages.sent_ready(results, due, now_ms)
+        return self._messages.ready_now(list(map(_RESULT_MESSAGE, results)), due, now_ms)
 
     async def pull(self, request: PullRequest | LongPollRequest) -> list[Message]:
         """Up to `batch` READY messages of the topic, now CONSUMING: fewer at

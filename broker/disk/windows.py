@@ -21,16 +21,14 @@ serial keys"): a key's messages hold at most `key_window` places; while one
 of them is CONSUMING the others are parked (held, not pulled); beyond that
 they wait on disk, their places remembered per key.
 
-What a message becomes is broker.core.transitions' table, and stepping
-it is broker.disk.messages' (`Messages.apply`, the timers' `fire`, a
-refill's `ended_on_disk`); `carry_out` is the one place a batch's steps
-are carried out on RAM: out of where its old status kept each message
-(its window, or flight) into where its new one does (TAKE: flight, with
-an ack timer; REQUEUE, HOLD: a window, with an expiry timer, or disk
-only; FORGET: nowhere), long polls woken (WAKE), in one pass over the
-batch: a pull of N and an ackMsg of N ids are one call each. A message
-changed by its stored copy (an ack of one not in flight, a delete, a
-move) leaves by `forget_at`.
+Stepping a message is broker.disk.messages' (broker.core.transitions'
+table); `carry_out` is the one place a batch's steps are carried out on
+RAM, in one pass (a pull of N, an ackMsg of N ids: one call): out of where
+each old status kept it (its window, or flight), into where its new one
+does (TAKE: flight, with an ack timer; REQUEUE, HOLD: a window, with an
+expiry timer, or disk only; FORGET: nowhere), long polls woken (WAKE). A
+message changed by its stored copy (acked, deleted, moved by id) leaves
+by `forget_at`.
 
 Cost (a window of w messages): a pull of N takes N heap pops (O(log w)
 each, in C) and one cell call a message; an ack of N ids, N dict look-ups
@@ -191,20 +189,12 @@ class ReadyWindows:
                 self._long_polls.wake(name)
 
     def forget_at(self, location: Location) -> None:
-        """FORGET for a message changed by its stored copy's step (acked,
+        """FORGET of a message changed by its stored copy's step (acked,
         deleted or moved by id): RAM lets it go, if it holds it."""
         held = self.held.get(location)
-        if held is None:
-            return
-        if held.state.status is READY:
-            self._leave_windows([held])
-        else:
-            woken: set[str] = set()
-            if self._leave_flight([held], woken):
-                self._long_polls.wake_all()
-            elif woken:
-                self._long_polls.wake(held.topic)
-        del self.held[location]
+        if held is not None:
+            ready = held.state.status is READY
+            self.carry_out([held] if ready else [], [] if ready else [held], [], [], [location], set())
 
     async def run_timers(self, fire: Fire) -> None:
         """The timer task (broker.disk.timers), until the node stops: due timers
