@@ -436,7 +436,7 @@ class Messages:
         delivery): ENDED as a nack (carried out on RAM, appended) or filed
         anew (`move`). Its status after it (None: none in flight), and what
         moved (None: it did not)."""
-        held = self._windows.in_flight(topic, msg_id)
+        held = self._windows.in_flight_of(topic, (msg_id,)).get(msg_id)
         if held is None:
             return None, None
         now_ms = self._clock.now_ms()

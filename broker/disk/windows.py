@@ -120,10 +120,6 @@ class ReadyWindows:
             queue = self.topics[topic] = TopicQueue(topic, text_hash(topic))
         return queue
 
-    def in_flight(self, topic: str, msg_id: str) -> HeldMessage | None:
-        """The CONSUMING message of that id (every one is held), or None."""
-        return self._in_flight.get((topic, msg_id))
-
     def in_flight_of(self, topic: str, msg_ids: Iterable[str]) -> dict[str, HeldMessage]:
         """Those of the ids whose message is CONSUMING, each's held message."""
         flying = self._in_flight
