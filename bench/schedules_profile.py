@@ -70,7 +70,7 @@ MINUTE_MS = 60_000
 START_MS = 1_750_000_020_000  # 20 s into a minute
 TOPICS = 8
 # functions whose cumulative share of the profiled time is reported
-SHARES = ("broker/disk/releaser.py:_make_ready", "broker/schedules/keeper.py:on_release", "broker/schedules/keeper.py:_advance",
+SHARES = ("broker/disk/messages.py:_release", "broker/schedules/keeper.py:on_release", "broker/schedules/keeper.py:_advance",
           "broker/core/recurrence.py:released", "broker/schedules/keeper.py:_write", "broker/disk/requests.py:send",
           "broker/disk/requests.py:pull", "broker/disk/requests.py:ack_many")
 SCHEDULE_FILES = ("bench/schedules_profile.py", "broker/schedules/keeper.py", "broker/schedules/params.py", "broker/core/recurrence.py",
@@ -226,7 +226,7 @@ def size_of(path: str) -> int:
 def _own_calls(stats: pstats.Stats) -> int:
     """Calls the schedules' code makes (functions of SCHEDULE_FILES calling
     anything: a call into the backend counts one, not what it does), and
-    the calls into it from elsewhere (the releaser's on_release)."""
+    the calls into it from elsewhere (the disk release's on_release)."""
     table = stats.stats  # type: ignore[attr-defined]
     own = SCHEDULE_FILES[1:]
     total = 0

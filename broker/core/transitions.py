@@ -6,8 +6,8 @@ each request and each timer does to a message in each status.
 No I/O, no clock, no RAM structure: `state` is what a transition depends on
 (status, retry, maxRetry, trigger time and ttl, ack deadline; None when no
 message has the id), `event` what happened, `now_ms` the caller's time. The
-disk broker's parts (broker.disk.backend) ask `step` what a message becomes
-and carry out the effects on what each owns: the ready windows (HOLD, TAKE,
+disk broker's one caller (broker.disk.messages) asks `step` what a message
+becomes and carries out the effects on the parts: the ready windows (HOLD, TAKE,
 REQUEUE, FORGET: broker.disk.windows), the wheel (FILE, CANCEL: broker.disk.filing),
 the commit log (MOVE, RELEASE_ID, REPLACE: broker.disk.journal), long polls
 (WAKE), counters (COUNT_*: broker.observe.metrics). A refusal is an answer, not a

@@ -27,15 +27,20 @@ order they depend on one another (each takes only parts built before it):
     filing        Filing: messages on their way to the wheel; the tick's cap
     commits       GroupCommit: many records, one fsync; hands the applied
                   index entries to `filing`
-    journal       Journal: appends records; a failed append fails the node
+    journal       Journal: appends records, and awaits them durable (the
+                  group commit's); a failed append fails the node
     windows       ReadyWindows: READY windows, CONSUMING messages, their
-                  timers (broker.disk.timers), refills; carries every step out
+                  timers (broker.disk.timers), refills; carries steps out
                   on them
-    releaser      Releaser: WAITING -> READY; persists the tick
-    driver        WheelDriver: sleeps until the wheel is due, hands its
-                  releases to `releaser`
-    span_mover    SpanMover: files far-future spans' messages nearer
     topics        Topics: topic names, the --max-topics cap, TopicInfo
+    messages      Messages: the one part that steps messages (held or
+                  stored) and carries the steps out; the releases
+    driver        WheelDriver: sleeps until the wheel is due, hands its
+                  releases to `messages`, then its tick to `_persist_tick`
+    span_mover    SpanMover: files far-future spans' messages nearer
+
+and, side by side over `messages` and `journal`, the requests:
+
     requests      Requests: send, pull, long poll, ack, delete, get (the
                   API calls it directly: broker.backend.MessageRequests)
     dead_letters  DeadLetters: reschedule, listDeadMsg, redrive
@@ -70,9 +75,9 @@ from .dead_letters import DeadLetters
 from .filing import Filing
 from .group_commit import GroupCommit, Replicated
 from .journal import Journal
+from .messages import Messages
 from .ready import HeldMessage, QueueLimits, TopicQueue
 from .recovery import recover
-from .releaser import Releaser
 from .requests import Requests
 from .span_moves import SpanMover
 from .topics import Topics
@@ -94,9 +99,9 @@ class Broker:
     counts each until the group commit (`commits`) has made it durable and
     handed it to the wheel (`scheduler`); the answer waits for that fsync.
     When the trigger time comes, `driver` polls the wheel and hands the
-    entries to `releaser`, which has `windows` make each READY (put in its
-    topic's window with its expiry timer, the topic's long polls woken)
-    and appends the changes as one record."""
+    entries to `messages`, which steps each READY, has `windows` hold it
+    (in its topic's window with its expiry timer, the topic's long polls
+    woken) and appends the changes as one record."""
 
     def __init__(self, store: Store, clock: Clock, defaults: Defaults, metrics: Metrics, *,
                  tick_path: str, scheduler_config: SchedulerConfig | None = None,
@@ -110,31 +115,26 @@ class Broker:
         now_ms = clock.now_ms()
         self._long_polls = LongPolls(clock)
         self._lifecycle = Lifecycle(self._long_polls, log, "the node stops serving and exits")
-        tick_file = TickStateFile(tick_path, fsync=True)
-        self.scheduler = Scheduler(store, tick_file.state, now_ms, scheduler_config or SchedulerConfig())
+        self._tick_file = TickStateFile(tick_path, fsync=True)  # (this part's to write and close)
+        self.scheduler = Scheduler(store, self._tick_file.state, now_ms, scheduler_config or SchedulerConfig())
         self._filing = Filing(self.scheduler)
         self.commits = GroupCommit(store, self._filing.on_committed, metrics, replicated, apply_lock)
-        self._journal = Journal(store, self._lifecycle)
-        self._windows = ReadyWindows(store, clock, limits, metrics, self._long_polls, self._journal,
-                                     self.commits, self._lifecycle)
-        self._releaser = Releaser(store, clock, metrics, self._windows, self._journal, self.commits, self._filing,
-                                  self.scheduler, tick_file)
-        self.driver = WheelDriver(self.scheduler, clock, self._releaser.release,
-                                  persist_tick=self._releaser.persist_tick)
-        self._span_mover = SpanMover(store, clock, self._lifecycle, self.commits, self._filing.span_filed)
+        self._journal = journal = Journal(store, self._lifecycle, self.commits)
+        self._windows = ReadyWindows(store, clock, limits, self._long_polls, journal, self.commits, self._lifecycle)
         self._topics = Topics(store, clock, self.commits, self._windows, limits)
-        self.requests = Requests(store, clock, metrics, self._lifecycle, self._long_polls, self._journal,
-                                 self.commits, self._filing, self._windows, self._releaser, self._topics,
+        self._messages = messages = Messages(store, clock, metrics, self._windows, self._filing, journal,
+                                             self._topics)
+        self.driver = WheelDriver(self.scheduler, clock, messages.release, persist_tick=self._persist_tick)
+        self._span_mover = SpanMover(store, clock, self._lifecycle, self.commits, self._filing.span_filed)
+        self.requests = Requests(messages, journal, self._lifecycle, self._long_polls,
                                  pull_waits=replicated is not None)
-        self._dead_letters = DeadLetters(store, clock, metrics, self._lifecycle, self._journal, self.commits,
-                                         self._filing, self._windows, self._releaser, self._topics)
-        self._bulk = Bulk(store, clock, metrics, self._lifecycle, self._journal, self.commits, self._filing,
-                          self._windows, self._releaser, self._topics, self._dead_letters)
+        self._dead_letters = DeadLetters(store, messages, journal, self._lifecycle)
+        self._bulk = Bulk(store, messages, journal, self._lifecycle)
         recover(store, self._windows, defaults.ack_timeout_ms, now_ms)
         self._tasks: list[asyncio.Task[None]] = []
 
     def __repr__(self) -> str:
-        return f"Broker({self._lifecycle!r}, {self._windows!r}, {self._releaser!r})"
+        return f"Broker({self._lifecycle!r}, {self._messages!r}, tick={self.tick}, {self._filing!r})"
 
     # == lifetime ================================================================
 
@@ -153,7 +153,7 @@ class Broker:
     def _start_dispatch(self) -> None:
         """The wheel, the timers, the window refills and the span mover."""
         tasks = [asyncio.create_task(self.driver.run(), name="wheel"),
-                 asyncio.create_task(self._windows.run_timers(), name="timers"),
+                 asyncio.create_task(self._windows.run_timers(self._messages.fire), name="timers"),
                  asyncio.create_task(self._windows.run_refills(), name="refills"),
                  asyncio.create_task(self._span_mover.run(), name="span-moves")]
         for task in tasks:
@@ -189,7 +189,7 @@ class Broker:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        self._releaser.close()
+        self._tick_file.close()
 
     async def abandon(self) -> None:
         """Stop at once without waiting for anything to replicate (this node
@@ -200,7 +200,14 @@ class Broker:
             task.cancel()
         self.commits.abandon()  # before waiting: a task that waits for a commit is answered now
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        self._releaser.close()
+        self._tick_file.close()
+
+    async def _persist_tick(self, tick: TickState) -> None:
+        """The wheel's tick moves only past durable releases, and never past a
+        message still in its group commit (`filing.cap`: a restart must read
+        its second); releases a quorum did not acknowledge in time leave it."""
+        if await self._journal.background_durable("released messages"):
+            self._tick_file.write(self._filing.cap(tick))
 
     def begin_stop(self) -> None:
         """Refuse new work (503) and answer every long poll now."""
@@ -245,13 +252,13 @@ class Broker:
 
     @property
     def on_release(self) -> Callable[[Sequence[Message], int], Sequence[Location]] | None:
-        """Told of each release before it is carried out (broker.disk.releaser's
+        """Told of each release before it is carried out (broker.disk.messages'
         hook: the node's recurring schedules, broker.schedules.keeper)."""
-        return self._releaser.on_release
+        return self._messages.on_release
 
     @on_release.setter
     def on_release(self, hook: Callable[[Sequence[Message], int], Sequence[Location]] | None) -> None:
-        self._releaser.on_release = hook
+        self._messages.on_release = hook
 
     @property
     def on_cancel(self) -> Callable[[Location], None] | None:
@@ -267,7 +274,7 @@ class Broker:
     @property
     def tick(self) -> TickState | None:
         """The tick last persisted: what a follower may take over from."""
-        return self._releaser.tick
+        return self._tick_file.state
 
     # == requests (broker.disk.requests, broker.disk.dead_letters, broker.disk.topics) =========
 

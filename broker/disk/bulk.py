@@ -41,7 +41,9 @@ place never delivers it.
     delete      live (1, 2, 3) -> DELETED; in RAM out of the wheel (CANCEL)
                 or its window / in flight (FORGET), as deleteMsg does
     reschedule  WAITING, READY -> WAITING at the new time (READY if due),
-                as rescheduleMsg does, through DeadLetters' move
+                as rescheduleMsg does
+
+Each step is broker.disk.messages': `delete_found`, `move`.
 """
 
 from __future__ import annotations
@@ -59,20 +61,13 @@ from storage.entry import STATUS_BY_VALUE, Location, Message, Status
 from storage.errors import HourglassError, InvalidRequest
 from storage.key_index import KeyPart
 from storage.reading import Match, ScanFloors
-from storage.store import StateChange, Store, text_hash
-from wheel.clock import Clock
+from storage.store import Store, text_hash
 
 from ..core.bulk_params import MOVABLE, BulkFilter, DeleteMsgsRequest, ListMsgRequest, PageKeeper, RescheduleMsgsRequest
 from ..core.lifecycle import Lifecycle
-from ..core.transitions import Delete, Effect, MessageState, Reschedule, Step, step
-from ..observe.metrics import Metrics
-from .dead_letters import DeadLetters
-from .filing import Filing
-from .group_commit import GroupCommit
+from ..core.transitions import MessageState, Reschedule
 from .journal import Journal
-from .releaser import Releaser
-from .topics import Topics
-from .windows import ReadyWindows
+from .messages import Messages, Moved
 
 # Index entries read per slice of a scan, between which the loop runs.
 BULK_SCAN = 1024
@@ -96,7 +91,6 @@ KEY_SLICE = 1024
 # Scan floors kept, one a filter (the last asked for kept).
 MAX_FLOORS = 16
 
-_DELETE = Delete()
 _new = tuple.__new__
 # A gathered match as plain ints: (file, globalIndex, status, retry, trigger
 # time). The garbage collector stops tracking a tuple of ints; a Match, which
@@ -178,20 +172,11 @@ class _Gathered(NamedTuple):
 class Bulk:
     """listMsg, deleteMsgs, rescheduleMsgs of the disk broker. Runs on the event loop."""
 
-    def __init__(self, store: Store, clock: Clock, metrics: Metrics, lifecycle: Lifecycle, journal: Journal,
-                 commits: GroupCommit, filing: Filing, windows: ReadyWindows, releaser: Releaser,
-                 topics: Topics, dead_letters: DeadLetters) -> None:
+    def __init__(self, store: Store, messages: Messages, journal: Journal, lifecycle: Lifecycle) -> None:
         self._store = store
-        self._clock = clock
-        self._metrics = metrics
-        self._lifecycle = lifecycle
+        self._messages = messages
         self._journal = journal
-        self._commits = commits
-        self._filing = filing
-        self._windows = windows
-        self._releaser = releaser
-        self._topics = topics
-        self._dead_letters = dead_letters
+        self._lifecycle = lifecycle
         self.slices = 0  # PART records of sliced deletes appended, for the tests
         # (topic, filter) -> the scan floors the last call of the filter that
         # changed every match it took left (a delete, or a move of WAITING
@@ -232,15 +217,15 @@ class Bulk:
         loop free between (none if `skip`: the key index found them); each
         file from its floor in `floors`, which the scan raises."""
         self._lifecycle.check_serving()
-        await self._commits.flush()  # a change still in its commit is seen
-        if skip or not flt.statuses or not self._topics.has_topic(topic):
+        await self._journal.flush()  # a change still in its commit is seen
+        if skip or not flt.statuses or not self._store.has_topic(topic):  # (one RAM alone holds: none on disk)
             return
         topic_hash, statuses = text_hash(topic), sorted(flt.statuses)
         tag_hash = None if flt.tag is None else text_hash(flt.tag)
         cursor = Location(0, 0)
         while True:
             matches, after = self._store.scan_matches(topic_hash, statuses, cursor, BULK_SCAN, BULK_SCAN, tag_hash,
-                                                      flt.trigger_from_ms, flt.trigger_to_ms, self._clock.now_ms(),
+                                                      flt.trigger_from_ms, flt.trigger_to_ms, self._messages.now_ms(),
                                                       floors)
             yield matches
             if after is None:
@@ -256,9 +241,9 @@ class Bulk:
         if flt.key is None:
             return None
         self._lifecycle.check_serving()
-        await self._commits.flush()  # the index holds applied records only
+        await self._journal.flush()  # the index holds applied records only
         self._lifecycle.check_serving()
-        if not self._topics.has_topic(topic):
+        if not self._store.has_topic(topic):
             return []
         return self._store.key_parts(topic, flt.key)
 
@@ -425,9 +410,9 @@ class Bulk:
         gathered = await self._gather(request.topic, request.filter, request.limit)
         found, more, stale, _ = gathered
         self._lifecycle.check_serving()
-        topic_hash = text_hash(request.topic)
-        if len(found) <= DELETE_SLICE:
-            deleted = self._delete_slice(found, stale.files(), topic_hash, 0)
+        delete_found, topic = self._messages.delete_found, request.topic
+        if len(found) <= DELETE_SLICE:  # (no await from the read of the current states to the append)
+            deleted = delete_found(self._current(found, stale.files()), topic, 0)
         else:
             call_id = secrets.randbits(62) + 1
             deleted = 0
@@ -439,44 +424,19 @@ class Bulk:
                     while self._store.deferred_items() > MAX_DEFERRED:  # the calls before it applied first
                         await asyncio.sleep(0.001)
                         self._lifecycle.check_serving()
-                    deleted += self._delete_slice(found[first:first + DELETE_SLICE], stale.files(), topic_hash,
-                                                  call_id)
+                    deleted += delete_found(self._current(found[first:first + DELETE_SLICE], stale.files()), topic,
+                                            call_id)
                     stale.appended()
                     self.slices += 1
-                self._journal.commit_parts(call_id, self._clock.now_ms())
+                self._journal.commit_parts(call_id, self._messages.now_ms())
             except BaseException as e:
                 if deleted:  # parts taken out of RAM, never committed: a restart puts them back
                     self._lifecycle.fail(e, "a bulk delete cut short")
                 raise
         if deleted:
-            self._metrics.topic(request.topic).deletes += deleted
-            await self._commits.durable()
+            await self._journal.durable()
         self._keep_floors(request.topic, request.filter, gathered)  # (every match taken is now DELETED, or ended)
         return deleted, more
-
-    def _delete_slice(self, found: list[_Found], stale: set[int], topic_hash: int, call_id: int) -> int:
-        """Matches DELETED, out of the wheel and the windows first, as one
-        record (a PART of `call_id` unless 0); how many. Those in `stale`
-        files are read again first."""
-        now_ms = self._clock.now_ms()
-        changes = []
-        steps: dict[tuple[int, int], Step] = {}  # a delete's step depends on the status and retry only
-        cancel, forget = self._filing.cancel, self._windows.forget_at
-        for where, status, retry, _ in self._current(found, stale):  # no await from here to the append
-            done = steps.get((status, retry))
-            if done is None:
-                done = steps[status, retry] = step(MessageState(STATUS_BY_VALUE[status], retry, 0, 0, 0), _DELETE,
-                                                   now_ms)
-            if done.state is None or not done.effects:
-                continue  # ended meanwhile
-            if Effect.CANCEL in done.effects:
-                cancel(where)
-            elif Effect.FORGET in done.effects:
-                forget(where)
-            changes.append(_new(StateChange, (where, done.state.status, retry, False, 0, status, topic_hash)))
-        if changes:
-            self._journal.append(changes, now_ms, call_id)
-        return len(changes)
 
     async def reschedule(self, request: RescheduleMsgsRequest) -> tuple[int, bool]:
         """The waiting and ready matches (at most `limit`) filed anew at their
@@ -490,12 +450,11 @@ class Bulk:
         found, more, stale, _ = gathered
         self._lifecycle.check_serving()
         if len(found) <= MOVE_SLICE:
-            now_ms = self._clock.now_ms()
-            messages = self._move_slice(found, stale.files(), request.new_trigger_ms, now_ms)
-            if messages:
-                await self._commits.durable()
-                self._releaser.ready_if_due(messages, now_ms)
-            moved = len(messages)
+            done = self._move_slice(request.topic, found, stale.files(), request.new_trigger_ms)
+            if done.messages:
+                await self._journal.durable()
+                self._messages.ready_now(*done)
+            moved = len(done.messages)
         else:
             call_id = secrets.randbits(62) + 1
             places = array("q")
@@ -505,10 +464,10 @@ class Bulk:
                 places.extend(chain.from_iterable(map(_PLACE, found[first:first + PACK_SLICE])))
             self._lifecycle.check_serving()
             self._journal.intend(call_id, request.topic, request.shift_ms, request.trigger_ms, places,
-                                 self._clock.now_ms())
+                                 self._messages.now_ms())
             try:
-                await self._commits.durable()
-                moved = await self._carry_out(call_id, found, stale, request.new_trigger_ms)
+                await self._journal.durable()
+                moved = await self._carry_out(request.topic, call_id, found, stale, request.new_trigger_ms)
             except BaseException as e:
                 # Cut short on a node that goes on serving: its INTENT would
                 # stay half carried out, and hold every checkpoint, until a
@@ -517,28 +476,23 @@ class Bulk:
                 if not self._lifecycle.stopping:
                     self._lifecycle.fail(e, "a bulk reschedule cut short")
                 raise
-        self._metrics.topic(request.topic).reschedules += moved
         # (every match taken is released at its old place, or was no longer
         # WAITING: kept only for a filter of WAITING alone, `resumable`)
         self._keep_floors(request.topic, request.filter, gathered)
         return moved, more
 
-    def _move_slice(self, found: list[_Found], stale: set[int], new_trigger_ms: Callable[[int], int],
-                    now_ms: int) -> list[Message]:
+    def _move_slice(self, topic: str, found: list[_Found], stale: set[int],
+                    new_trigger_ms: Callable[[int], int]) -> Moved:
         """Matches filed anew at their new trigger times, as one MOVE record
         (Reschedule's step: a consuming or final one meanwhile stays), out
-        of the wheel and the windows; the messages at their new places.
-        Those in `stale` files are read again first."""
-        moves = []
-        for where, status, retry, trigger_ms in self._current(found, stale):  # no await up to the append
-            # (a reschedule's step needs the status, retry and trigger time only)
-            state = MessageState(STATUS_BY_VALUE[status], retry, 0, trigger_ms, 0)
-            done = step(state, Reschedule(new_trigger_ms(trigger_ms)), now_ms)
-            if done.refusal is None and done.state is not None:
-                moves.append((where, done))
-        return self._dead_letters.move(moves, now_ms) if moves else []
+        of the wheel and the windows. Those in `stale` files are read
+        again first (no await from there up to the append)."""
+        # (a reschedule's step needs the status, retry and trigger time only)
+        return self._messages.move([(where, MessageState(STATUS_BY_VALUE[status], retry, 0, trigger_ms, 0),
+                                     Reschedule(new_trigger_ms(trigger_ms)))
+                                    for where, status, retry, trigger_ms in self._current(found, stale)], topic)
 
-    async def _carry_out(self, call_id: int, found: list[_Found], stale: _Stale,
+    async def _carry_out(self, topic: str, call_id: int, found: list[_Found], stale: _Stale,
                          new_trigger_ms: Callable[[int], int]) -> int:
         """An INTENT's moves, MOVE_SLICE a record, each durable before the
         next (a commit round applies one slice, not many in one go; the
@@ -547,15 +501,14 @@ class Bulk:
         moved = 0
         for first in range(0, len(found), MOVE_SLICE):
             self._lifecycle.check_serving()
-            now_ms = self._clock.now_ms()
-            messages = self._move_slice(found[first:first + MOVE_SLICE], stale.files(), new_trigger_ms, now_ms)
+            done = self._move_slice(topic, found[first:first + MOVE_SLICE], stale.files(), new_trigger_ms)
             stale.appended()
             self.slices += 1
-            await self._commits.durable()
-            self._releaser.ready_if_due(messages, now_ms)
-            moved += len(messages)  # (not kept: a call's 100,000 Messages were walked by every full collection)
-        self._journal.done(call_id, self._clock.now_ms())
-        await self._commits.durable()
+            await self._journal.durable()
+            self._messages.ready_now(*done)
+            moved += len(done.messages)  # (not kept: a call's 100,000 Messages were walked by every full collection)
+        self._journal.done(call_id, self._messages.now_ms())
+        await self._journal.durable()
         return moved
 
     async def carry_out_intents(self) -> None:
@@ -563,7 +516,7 @@ class Bulk:
         rescheduleMsgs whose node was killed or deposed after its INTENT
         was durable): each place still waiting or ready, as it now is,
         filed anew. Run when the node starts to serve."""
-        await self._commits.flush()
+        await self._journal.flush()
         for intent in self._store.intents():
             mark = self._store.change_mark()
             found: list[_Found] = []
@@ -581,6 +534,5 @@ class Bulk:
             shift_ms, trigger_ms = intent.shift_ms, intent.trigger_ms
             request = RescheduleMsgsRequest(intent.topic, BulkFilter(), 0, shift_ms, trigger_ms)
             stale = _Stale(self._store, {f[0] for f in found}, mark)
-            moved = await self._carry_out(intent.call_id, found, stale, request.new_trigger_ms)
-            self._metrics.topic(intent.topic).reschedules += moved
+            moved = await self._carry_out(intent.topic, intent.call_id, found, stale, request.new_trigger_ms)
             log.info("a rescheduleMsgs of topic %s cut short was carried out: %d moved", intent.topic, moved)

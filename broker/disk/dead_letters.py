@@ -26,20 +26,13 @@ import asyncio
 from storage.entry import Location, Message, Status
 from storage.errors import Conflict, InvalidRequest
 from storage.store import Store, text_hash
-from wheel.clock import Clock
 
 from ..backend import DEAD_SCAN, REDRIVE_STEP
 from ..core.bulk_params import answer_bytes
 from ..core.lifecycle import Lifecycle
-from ..core.transitions import REDRIVE, Effect, MessageState, Refusal, Reschedule, RetryAt, Step, step
-from ..observe.metrics import Metrics
-from .filing import Filing
-from .group_commit import GroupCommit
+from ..core.transitions import REDRIVE, MessageState, Redrive, Reschedule
 from .journal import Journal
-from .releaser import Releaser
-from .requests import not_found
-from .topics import Topics
-from .windows import ReadyWindows
+from .messages import Messages, not_found
 
 # Past every hour and span id (storage.spans): "scan to the end".
 MAX_FILE_ID = 1 << 24
@@ -48,19 +41,11 @@ MAX_FILE_ID = 1 << 24
 class DeadLetters:
     """Reschedule and dead letters of the disk broker. Runs on the event loop."""
 
-    def __init__(self, store: Store, clock: Clock, metrics: Metrics, lifecycle: Lifecycle, journal: Journal,
-                 commits: GroupCommit, filing: Filing, windows: ReadyWindows, releaser: Releaser,
-                 topics: Topics) -> None:
+    def __init__(self, store: Store, messages: Messages, journal: Journal, lifecycle: Lifecycle) -> None:
         self._store = store
-        self._clock = clock
-        self._metrics = metrics
-        self._lifecycle = lifecycle
+        self._messages = messages
         self._journal = journal
-        self._commits = commits
-        self._filing = filing
-        self._windows = windows
-        self._releaser = releaser
-        self._topics = topics
+        self._lifecycle = lifecycle
 
     def __repr__(self) -> str:
         return "DeadLetters()"
@@ -71,21 +56,26 @@ class DeadLetters:
         count. Its old place never delivers it: it is filed anew (a MOVE
         record, storage.records), so the change survives a restart and a
         failover. A consuming or ended message: Conflict, nothing changed."""
+        return await self._move_one(topic, msg_id, Reschedule(trigger_ms), "only a waiting or ready message can be "
+                                    "rescheduled", " (ack or nack it first)")
+
+    async def _move_one(self, topic: str, msg_id: str, event: Reschedule | Redrive, only: str,
+                        consuming: str = "") -> Message:
+        """The message filed anew by `event`'s step (broker.disk.messages'
+        `move`), answered once durable: READY if due now. Its refusal (a
+        status it may not move from) is Conflict, `only` saying which may
+        (and `consuming` more, to a consuming one)."""
         self._lifecycle.check_serving()
-        await self._commits.flush()  # (a change to it still in its commit is applied first)
+        await self._journal.flush()  # (a change to it still in its commit is applied first)
         message = self._store.get(topic, msg_id)
-        now_ms = self._clock.now_ms()
         if message is None:
             raise not_found(topic, msg_id)
-        done = step(MessageState.of(message), Reschedule(trigger_ms), now_ms)
-        if done.refusal is Refusal.NOT_MOVABLE:
-            raise Conflict(f"message {msg_id!r} is {_status_words(message.status)}: only a waiting or ready "
-                           f"message can be rescheduled" + (" (ack or nack it first)"
-                                                            if message.status is Status.CONSUMING else ""))
-        moved, = self.move([(message.location, done)], now_ms)
-        self._metrics.topic(topic).reschedules += 1
-        await self._commits.durable()
-        return self._releaser.ready_if_due([moved], now_ms)[0]
+        moved = self._messages.move([(message.location, MessageState.of(message), event)], topic)
+        if not moved.messages:
+            raise Conflict(f"message {msg_id!r} is {_status_words(message.status)}: {only}"
+                           + (consuming if message.status is Status.CONSUMING else ""))
+        await self._journal.durable()
+        return self._messages.ready_now(*moved)[0]
 
     async def retry_at(self, topic: str, msg_id: str, at_ms: int) -> Status | None:
         """A failed push delivery (broker.push.pusher): the CONSUMING message
@@ -96,38 +86,15 @@ class DeadLetters:
         consuming (acked, nacked, timed out since) is left as it is. Its
         status after it (None: no such message in flight)."""
         self._lifecycle.check_serving()
-        held = self._windows.in_flight(topic, msg_id)
-        if held is None:
-            await self._commits.settled()
-            return None
-        now_ms = self._clock.now_ms()
-        done = step(held.state, RetryAt(max(at_ms, now_ms)), now_ms)
-        if done.state is None or not done.effects:
-            return held.status
-        if done.state.status is Status.ENDED:  # (no move: the windows carry the step out, as a nack's)
-            self._journal.append(self._windows.apply(RetryAt(max(at_ms, now_ms)), [held], now_ms), now_ms)
-            await self._commits.durable()
-            return Status.ENDED
-        moved = self.move([(held.location, done)], now_ms)
-        self._metrics.topic(topic).count(done.effects)
-        await self._commits.durable()
-        return self._releaser.ready_if_due(moved, now_ms)[0].status
-
-    def move(self, moves: list[tuple[Location, Step]], now_ms: int) -> list[Message]:
-        """Journal.move of the message at each place to its step's new
-        state, then the RAM side: the old places leave the wheel or the
-        ready window (after the append: a refused one changes nothing), the
-        new ones go to the wheel."""
-        moved = self._journal.move([(where, done.state.trigger_ms, done.state.retry)
-                                    for where, done in moves if done.state is not None], now_ms)
-        for where, done in moves:
-            if Effect.CANCEL in done.effects:
-                self._filing.cancel(where)
-            elif Effect.FORGET in done.effects:
-                self._windows.forget_at(where)
-        for m in moved:
-            self._filing.add(m.location, m.trigger_ms, now_ms)  # (FILE)
-        return moved
+        status, moved = self._messages.retry_at(topic, msg_id, at_ms)
+        if status is None:
+            await self._journal.settled()
+        elif moved is not None:
+            await self._journal.durable()
+            return self._messages.ready_now(*moved)[0].status
+        elif status is Status.ENDED:
+            await self._journal.durable()
+        return status
 
     async def list_dead(self, topic: str, statuses: frozenset[Status], cursor: str | None,
                         limit: int, max_bytes: int | None = None) -> tuple[list[Message], str | None]:
@@ -138,10 +105,10 @@ class DeadLetters:
         `max_bytes` of answer (`answer_bytes`, at least one message): the
         cursor then names the first entry not read."""
         self._lifecycle.check_serving()
-        await self._commits.flush()
+        await self._journal.flush()
         start = _parse_cursor(cursor)
         topic_hash = text_hash(topic)
-        if not self._topics.has_topic(topic):
+        if not self._store.has_topic(topic):  # (a topic RAM alone holds has no dead letters)
             return [], None
         entries, after = self._store.scan_status(topic_hash, sorted(statuses), start, MAX_FILE_ID, DEAD_SCAN, limit)
         messages: list[Message] = []
@@ -160,28 +127,16 @@ class DeadLetters:
     async def redrive(self, topic: str, msg_id: str) -> Message:
         """A dead letter (5 or 6) READY again now, with a fresh retry budget
         (retry 0) and ttl (counted from now); anything else: Conflict."""
-        self._lifecycle.check_serving()
-        await self._commits.flush()
-        message = self._store.get(topic, msg_id)
-        if message is None:
-            raise not_found(topic, msg_id)
-        now_ms = self._clock.now_ms()
-        done = step(MessageState.of(message), REDRIVE, now_ms)
-        if done.refusal is Refusal.NOT_DEAD:
-            raise Conflict(f"message {msg_id!r} is {_status_words(message.status)}: only an expired (5) or "
-                           f"ended (6) message can be re-driven")
-        moved = self.move([(message.location, done)], now_ms)
-        self._metrics.topic(topic).redrives += 1
-        await self._commits.durable()
-        return self._releaser.ready_if_due(moved, now_ms)[0]
+        return await self._move_one(topic, msg_id, REDRIVE, "only an expired (5) or ended (6) message can be "
+                                    "re-driven")
 
     async def redrive_all(self, topic: str, limit: int) -> tuple[int, bool]:
         """Re-drive the topic's dead letters, oldest first, at most `limit`,
         REDRIVE_STEP a record (each durable before the next; other requests
         run between). Returns how many, and whether more are left."""
         self._lifecycle.check_serving()
-        await self._commits.flush()
-        if not self._topics.has_topic(topic):
+        await self._journal.flush()
+        if not self._store.has_topic(topic):
             return 0, False
         topic_hash, done, cursor = text_hash(topic), 0, Location(0, 0)
         dead = (Status.EXPIRED, Status.ENDED)
@@ -189,15 +144,11 @@ class DeadLetters:
             entries, after = self._store.scan_status(topic_hash, dead, cursor, MAX_FILE_ID, DEAD_SCAN,
                                                      min(REDRIVE_STEP, limit - done))
             if entries:
-                now_ms = self._clock.now_ms()
                 olds = [m for e in entries if (m := self._store.read_message(e.location)) is not None]
-                moves = [(m.location, redriven) for m in olds
-                         if (redriven := step(MessageState.of(m), REDRIVE, now_ms)).refusal is None]
-                moved = self.move(moves, now_ms)
-                done += len(moved)
-                self._metrics.topic(topic).redrives += len(moved)
-                await self._commits.durable()
-                self._releaser.ready_if_due(moved, now_ms)
+                moved = self._messages.move([(m.location, MessageState.of(m), REDRIVE) for m in olds], topic)
+                done += len(moved.messages)
+                await self._journal.durable()
+                self._messages.ready_now(*moved)
             if after is None:
                 return done, False
             cursor = after

@@ -96,7 +96,9 @@ class Filing:
             self.on_cancel(location)
 
     def cap(self, tick: TickState) -> TickState:
-        """`tick`, or the first second holding a message not handed over yet if earlier."""
+        """`tick`, or the wheel's own if earlier, or the first second holding
+        a message not handed over yet if earlier still."""
+        tick = min(tick, self._scheduler.tick, key=lambda t: t.position)
         if not self._unfiled:
             return tick
         return min(tick, TickState.at(min(self._unfiled), 0), key=lambda t: t.position)

@@ -1,4 +1,5 @@
-"""The disk broker's writes to the commit log, and what a failed one means.
+"""The disk broker's writes to the commit log, when they are durable, and
+what a failed one means.
 
 Every change to a message is one record appended to the commit log
 (`Store.send`, `Store.move`, `Store.update`) and made durable by the group
@@ -10,12 +11,17 @@ Two kinds of failure differ:
     status change RAM was changed first (the window, the in-flight set):
                  RAM is now ahead of disk, so the node fails (broker.core
                  .lifecycle) and a restart recovers from the commit log
+
+The parts await what they appended through it (`durable`, `settled`,
+`flush`: the group commit's, broker.disk.group_commit).
 """
 
 from __future__ import annotations
 
+import asyncio
 from array import array
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
+from typing import Any
 
 from storage.entry import Location, Message
 from storage.errors import InvalidRequest, Unavailable
@@ -23,15 +29,18 @@ from storage.store import NewMessage, SendResult, StateChange, Store
 
 from ..core.lifecycle import Lifecycle
 from ..core.redact import client_text
+from .group_commit import GroupCommit
 
 
 class Journal:
-    """Appends records for the broker's parts (answered once durable: the
-    caller awaits the group commit). Runs on the event loop."""
+    """Appends records for the broker's parts, and hands them the group
+    commit's waits (a request is answered once its records are durable).
+    Runs on the event loop."""
 
-    def __init__(self, store: Store, lifecycle: Lifecycle) -> None:
+    def __init__(self, store: Store, lifecycle: Lifecycle, commits: GroupCommit) -> None:
         self._store = store
         self._lifecycle = lifecycle
+        self._commits = commits
 
     def __repr__(self) -> str:
         return f"Journal(pending_records={self._store.pending_records})"
@@ -94,3 +103,20 @@ class Journal:
         except BaseException as e:
             self._lifecycle.fail(e, "a commit-log append")
             raise Unavailable(f"the commit log failed: {client_text(e)}") from e
+
+    # == the waits for them (the group commit's: broker.disk.group_commit) ===========
+
+    def durable(self) -> asyncio.Future[None]:
+        return self._commits.durable()
+
+    def settled(self) -> Coroutine[Any, Any, None]:
+        return self._commits.settled()
+
+    def flush(self) -> Coroutine[Any, Any, None]:
+        return self._commits.flush()
+
+    def kick_soon(self) -> None:
+        self._commits.kick_soon()
+
+    def background_durable(self, what: str) -> Coroutine[Any, Any, bool]:
+        return self._commits.background_durable(what)

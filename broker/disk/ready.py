@@ -93,7 +93,7 @@ class QueueLimits:
 class HeldMessage:
     """A READY message in a window, or a CONSUMING one, as RAM holds it (no
     body unless short). `state` is what broker.core.transitions steps; it changes
-    only by broker.disk.windows' `apply`, to the state a step gave."""
+    only by broker.disk.messages' `apply`, to the state a step gave."""
 
     location: Location
     topic: str

@@ -21,16 +21,14 @@ serial keys"): a key's messages hold at most `key_window` places; while one
 of them is CONSUMING the others are parked (held, not pulled); beyond that
 they wait on disk, their places remembered per key.
 
-What a message becomes is broker.core.transitions' table; `apply` is the one
-place it is carried out on RAM: it steps each held message of a batch with
-the event's row of the table and moves it from where its old status kept
-it (its window, or flight) to where its new one does (TAKE: flight, with an
-ack timer; REQUEUE, HOLD: a window, with an expiry timer, or disk only;
-FORGET: nowhere), wakes long polls (WAKE) and counts (COUNT_*), in one pass
-over the batch: a pull of N and an ackMsg of N ids are one call each. It
-returns the status changes for the caller to log. A message changed by
-id from its stored copy (an ack of one not in flight, a delete, a move)
-was stepped by its request: `forget_at` is that step's FORGET here.
+Stepping a message is broker.disk.messages' (broker.core.transitions'
+table); `carry_out` is the one place a batch's steps are carried out on
+RAM, in one pass (a pull of N, an ackMsg of N ids: one call): out of where
+each old status kept it (its window, or flight), into where its new one
+does (TAKE: flight, with an ack timer; REQUEUE, HOLD: a window, with an
+expiry timer, or disk only; FORGET: nowhere), long polls woken (WAKE). A
+message changed by its stored copy (acked, deleted, moved by id) leaves
+by `forget_at`.
 
 Cost (a window of w messages): a pull of N takes N heap pops (O(log w)
 each, in C) and one cell call a message; an ack of N ids, N dict look-ups
@@ -42,7 +40,8 @@ batch. Everything runs on the event loop: who may call what is only
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from storage.entry import MS_PER_HOUR, Location, Message, Status
 from storage.store import StateChange, Store, text_hash
@@ -50,12 +49,13 @@ from wheel.clock import Clock
 
 from ..core.lifecycle import Lifecycle
 from ..core.long_polls import LongPolls
-from ..core.transitions import TABLE, TTL, Effect, Event, MessageState, Pull, step
-from ..observe.metrics import Metrics
 from .group_commit import GroupCommit
 from .journal import Journal
 from .ready import HeldMessage, OrderKey, QueueLimits, TopicQueue
-from .timers import COMPACT_SLACK, Timer, TimerKind, Timers
+from .timers import COMPACT_SLACK, Fire, TimerKind, Timers
+
+if TYPE_CHECKING:
+    from .messages import Messages
 
 # A refill reads at most about this many index entries (192 KiB) and takes
 # at most REFILL_FOUND messages before other work runs.
@@ -69,9 +69,7 @@ INLINE_REFILL_SCAN = 65536
 # rest: the background refill).
 INLINE_KEY_REFILLS = 4
 
-_new = tuple.__new__  # (a NamedTuple without its Python-level __new__)
-READY, CONSUMING = Status.READY, Status.CONSUMING
-TAKE, REQUEUE, FORGET, HOLD, WAKE = Effect.TAKE, Effect.REQUEUE, Effect.FORGET, Effect.HOLD, Effect.WAKE
+READY = Status.READY
 
 
 class ReadyWindows:
@@ -79,12 +77,15 @@ class ReadyWindows:
     timers, and the refills. `topics` (the names: broker.disk.topics), `held`
     and the totals may be read; they change only through the methods."""
 
-    def __init__(self, store: Store, clock: Clock, limits: QueueLimits, metrics: Metrics, long_polls: LongPolls,
+    # What steps the messages RAM holds (broker.disk.messages: it sets
+    # itself here when built): asked by the timers' compaction and refills.
+    messages: Messages
+
+    def __init__(self, store: Store, clock: Clock, limits: QueueLimits, long_polls: LongPolls,
                  journal: Journal, commits: GroupCommit, lifecycle: Lifecycle) -> None:
         self._store = store
         self._clock = clock
         self._limits = limits
-        self._metrics = metrics
         self._timers = Timers(clock, lifecycle, journal, commits)  # its messages' ack deadlines and expiries
         self._long_polls = long_polls
         self._journal = journal
@@ -119,10 +120,6 @@ class ReadyWindows:
             queue = self.topics[topic] = TopicQueue(topic, text_hash(topic))
         return queue
 
-    def in_flight(self, topic: str, msg_id: str) -> HeldMessage | None:
-        """The CONSUMING message of that id (every one is held), or None."""
-        return self._in_flight.get((topic, msg_id))
-
     def in_flight_of(self, topic: str, msg_ids: Iterable[str]) -> dict[str, HeldMessage]:
         """Those of the ids whose message is CONSUMING, each's held message."""
         flying = self._in_flight
@@ -133,19 +130,17 @@ class ReadyWindows:
                 found[msg_id] = held
         return found
 
-    def take(self, topic: str, batch: int, tags: frozenset[str] | None, deadline_ms: int,
-             now_ms: int) -> tuple[list[HeldMessage], list[StateChange]]:
-        """A pull: up to `batch` of the topic's best READY messages (among
-        `tags`), fewer at the in-flight caps, the window topped up from disk
-        first, made CONSUMING with their ack due at `deadline_ms`. The
-        messages, and their status changes to log."""
+    def choose(self, topic: str, batch: int, tags: frozenset[str] | None) -> list[HeldMessage]:
+        """For a pull: up to `batch` of the topic's best READY messages (among
+        `tags`), fewer at the in-flight caps, the window topped up from
+        disk first (`Pull` is then stepped to them: broker.disk.messages)."""
         queue = self.topics.get(topic)
         if queue is None:
-            return [], []
+            return []
         limits = self._limits
         room = min(batch, limits.inflight - queue.consuming, limits.inflight_total - len(self._in_flight))
         if room <= 0:
-            return [], []
+            return []
         if (queue.key_scan or queue.key_spilled) and len(queue.ready) < limits.window:
             free = [k for k in dict.fromkeys((*queue.key_spilled, *queue.key_scan)) if k not in queue.busy]
             for serial_key in free[:INLINE_KEY_REFILLS]:
@@ -159,66 +154,25 @@ class ReadyWindows:
                        max(room, limits.window_total - self.window_total + self.parked_total))
             self._refill(queue, want, max_scan=INLINE_REFILL_SCAN)
         if not queue.ready:
-            return [], []
-        chosen = queue.best(room, tags)
-        changes = self.apply(_new(Pull, (deadline_ms,)), chosen, now_ms)
-        if queue.spilled and len(queue.ready) <= limits.window // 2:
-            self._schedule_refill(queue.name)
-        return chosen, changes
+            return []
+        return queue.best(room, tags)
 
-    def apply(self, event: Event, batch: Sequence[HeldMessage], now_ms: int) -> list[StateChange]:
-        """`event` to each message of `batch` (held, or WAITING on its way in:
-        a release), carried out on RAM in one pass: its step (its status's
-        cell of the event's row of the table); then, the batch at once, out
-        of where its old status kept it (a window: READY; flight:
-        CONSUMING) and into where its new one does (TAKE: flight and an ack
-        timer; REQUEUE, HOLD: a window or disk only; FORGET: nowhere); long
-        polls woken (WAKE) and counts kept (COUNT_*). The status changes,
-        for the caller to log."""
-        cells = TABLE[type(event)]
-        changes: list[StateChange] = []
-        out_of_window: list[HeldMessage] = []
-        out_of_flight: list[HeldMessage] = []
-        into_flight: list[HeldMessage] = []
-        into_window: list[HeldMessage] = []
-        forgotten: list[Location] = []
-        woken: set[str] = set()
-        counted_topic, times = "", 0  # a run of one topic's same effects: counted once
-        topic_metrics = self._metrics.topic
-        counted: tuple[Effect, ...] = ()
-        for held in batch:
-            before = held.state
-            status = before.status
-            state, effects, _ = cells[status](before, event, now_ms)
-            if state is None or not effects:
-                continue
-            held.state = state
-            if status is READY:
-                out_of_window.append(held)
-            elif status is CONSUMING:
-                out_of_flight.append(held)  # (a WAITING one, released, was not held)
-            if TAKE in effects:
-                into_flight.append(held)
-            elif REQUEUE in effects or HOLD in effects:
-                into_window.append(held)
-            elif FORGET in effects:
-                forgotten.append(held.location)
-            if WAKE in effects:
-                woken.add(held.topic)
-            changes.append(_new(StateChange, (held.location, state.status, state.retry, False, state.deadline_ms,
-                                              status, held.topic_hash)))
-            if effects is not counted or held.topic != counted_topic:
-                if times:
-                    topic_metrics(counted_topic).count(counted, times)
-                counted_topic, counted, times = held.topic, effects, 0
-            times += 1
-        if times:
-            topic_metrics(counted_topic).count(counted, times)
+    def carry_out(self, out_of_window: list[HeldMessage], out_of_flight: list[HeldMessage],
+                  into_flight: list[HeldMessage], into_window: list[HeldMessage], forgotten: list[Location],
+                  woken: set[str]) -> None:
+        """A batch's steps (broker.disk.messages' `apply`) on RAM: out of the
+        windows (READY before) and flight (CONSUMING before); into flight
+        (TAKE: with an ack timer; a pull's topic, if its window is half
+        empty with messages on disk, refilled), into a window or disk only
+        (REQUEUE, HOLD), nowhere (FORGET); the long polls of `woken` woken."""
         if out_of_window:
             self._leave_windows(out_of_window)
         wake_all = bool(out_of_flight) and self._leave_flight(out_of_flight, woken)
         if into_flight:
             self._enter_flight(into_flight)
+            queue = self.topics[into_flight[0].topic]  # (a pull's batch: one topic)
+            if queue.spilled and len(queue.ready) <= self._limits.window // 2:
+                self._schedule_refill(queue.name)
         for held in into_window:
             self._admit(held)
         held_at = self.held
@@ -229,42 +183,22 @@ class ReadyWindows:
         else:
             for name in woken:
                 self._long_polls.wake(name)
-        return changes
 
     def forget_at(self, location: Location) -> None:
-        """FORGET for a message changed by its stored copy's step (acked,
+        """FORGET of a message changed by its stored copy's step (acked,
         deleted or moved by id): RAM lets it go, if it holds it."""
         held = self.held.get(location)
-        if held is None:
-            return
-        if held.state.status is READY:
-            self._leave_windows([held])
-        else:
-            woken: set[str] = set()
-            if self._leave_flight([held], woken):
-                self._long_polls.wake_all()
-            elif woken:
-                self._long_polls.wake(held.topic)
-        del self.held[location]
+        if held is not None:
+            ready = held.state.status is READY
+            self.carry_out([held] if ready else [], [] if ready else [held], [], [], [location], set())
 
-    async def run_timers(self) -> None:
+    async def run_timers(self, fire: Fire) -> None:
         """The timer task (broker.disk.timers), until the node stops: due timers
-        fired (`_fire`), their changes made durable."""
-        await self._timers.run(self._fire)
+        fired (`fire`: broker.disk.messages), their changes made durable."""
+        await self._timers.run(fire)
 
     def wake_timers(self) -> None:
         self._timers.wake()
-
-    def _fire(self, timers: list[Timer], now_ms: int) -> list[StateChange]:
-        """Due timers: each one's event to its messages still held (an ack
-        timeout, an expiry); the status changes."""
-        changes: list[StateChange] = []
-        held_at = self.held
-        for timer in timers:
-            batch = [held for location in timer.locations if (held := held_at.get(location)) is not None]
-            if batch:
-                changes += self.apply(timer.event, batch, now_ms)
-        return changes
 
     # == recovery (broker.disk.recovery) ================================================
 
@@ -443,17 +377,8 @@ class ReadyWindows:
     def _set_timer(self, kind: TimerKind, due_ms: int, locations: list[Location]) -> None:
         timers = self._timers
         if timers.locations > 2 * len(self.held) + COMPACT_SLACK:
-            timers.compact(self._trim)
+            timers.compact(self.messages.trim)
         timers.set(kind, due_ms, locations)
-
-    def _trim(self, timer: Timer) -> bool:
-        """Drop the timer's messages it would no longer change when it fires
-        (then it never will: they moved on); whether any is left. Asked of
-        every timer by a compaction: what step() says of the timer's event."""
-        held_at, event = self.held, timer.event
-        timer.locations[:] = [location for location in timer.locations if (held := held_at.get(location)) is not None
-                              and step(held.state, event, timer.due_ms).effects]
-        return bool(timer.locations)
 
     # == refilling windows from disk ==============================================
 
@@ -491,10 +416,9 @@ class ReadyWindows:
         and alive and its key has room (else it ends, or stays on disk)."""
         if message is None or message.status is not READY or message.topic != queue.name:
             return False
-        ending = step(MessageState.of(message), TTL, now_ms)
-        if ending.effects and ending.state is not None:  # past its ttl: it ends (step says how), never held
-            ended.append(StateChange(location, ending.state.status, ending.state.retry))
-            self._metrics.topic(queue.name).count(ending.effects)
+        change = self.messages.ended_on_disk(message, now_ms)
+        if change is not None:  # past its ttl: it ends (its step says how), never held
+            ended.append(change)
             return False
         if message.key and self._key_full(queue, message.key):
             self._key_spill(queue, message.key, location)  # (read again when the key has room)

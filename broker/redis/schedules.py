@@ -59,15 +59,15 @@ holder's death is the wait for its lease to lapse (a run due meanwhile is
 released on time by any node's mover, and the next one made when the next
 holder sees it released).
 
-Releases. On disk the releaser tells `Schedules.on_release` in the turn it
-releases a run; on Redis any node's TICK script releases it, so the holder
+Releases. On disk broker.disk.messages tells `Schedules.on_release` in
+the turn it releases a run; on Redis any node's TICK script releases it, so the holder
 watches (`RunWatch`): at each pending run's trigger time it reads the
 run's status (GET), and a run no longer WAITING is handed to `on_release`
 with the time it was seen released. That time, not the TICK's, is the
 release's for lateness and misfire. A run of misfire=skip is sent with its
 deadline (nominal + misfireGraceMillis, `NewSend.skip_after_ms`, kept in
 its meta): the script that releases it after that ends it unseen (status
-5) in the same step, as the disk's releaser does through `on_release`, so
+5) in the same step, as the disk's release does through `on_release`, so
 it is never delivered; one that the script delivered was released within
 its grace and counts so even if the watch saw it later. getSchedule lists
 a released run whose next run is not made yet (broker.schedules.keeper'

@@ -58,9 +58,9 @@ broker.core.recurrence.released (skip and once: the first nominal time after
 now; all: the next one, until maxCatchUp runs in a row have caught up).
 
 Who calls what: the event loop only. `on_release` is the backend's
-(broker.disk.releaser) and never waits; the API's calls (put, delete, pause,
-resume) and the worker's batches take one lock, so each sees a state no
-other is halfway through changing.
+(broker.disk.messages' `release`) and never waits; the API's calls (put,
+delete, pause, resume) and the worker's batches take one lock, so each
+sees a state no other is halfway through changing.
 
 A store several nodes write (Redis: broker.redis.schedules, where every
 node serves the API and one makes the runs) says so through `read`: each

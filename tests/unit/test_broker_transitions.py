@@ -310,7 +310,7 @@ def test_the_state_of_a_stored_message():
 
 
 def test_a_send_is_due_at_its_trigger_millisecond_and_not_before():
-    """`due`, the rule Requests.send and the releaser ask, is the one step() applies to a send."""
+    """`due`, the rule behind a send's DUE_NOW, is the one step() applies to a send."""
     for trigger in (NOW - 1, NOW, NOW + 1):
         sent = step(None, Send(MessageState.sent(NewMessage("t", "m", "x", NOW, trigger, TTL_MS, 3))), NOW)
         assert (E.DUE_NOW in sent.effects) is due(trigger, NOW) is (trigger <= NOW)

@@ -1,0 +1,471 @@
+"""The messages: the one part that applies broker.core.transitions to a
+message, held in RAM or stored on disk alike, a new send included. Each
+method looks a message (or a batch) up, asks `step` what the event does,
+and carries the effects out -- the only place either is done:
+
+    HOLD, TAKE, REQUEUE, FORGET   the ready windows (broker.disk.windows'
+                                  `carry_out`, `forget_at`), which WAKE long polls
+    FILE, CANCEL                  the wheel (broker.disk.filing)
+    DUE_NOW                       `ready_now`, once the step's record is durable
+    MOVE, RELEASE_ID, REPLACE     the commit log (broker.disk.journal)
+    COUNT_*                       the counters (broker.observe.metrics)
+
+and appends the status changes as one record, for the request parts
+(requests, dead_letters, bulk) to await durable before they answer. The
+wheel's releases (`release`), the windows' timers (`fire`, `trim`) and
+refills (`ended_on_disk`) are stepped here too. Cost: a pull of N or an
+ackMsg of N ids is one `apply` (one cell call a message, one `carry_out`);
+a batch of sends is stepped by its earliest message (a new id's cell
+files every one; none is due unless the earliest is), each message again
+only if that one is due.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable, Iterable, Sequence
+from typing import NamedTuple
+
+from storage.entry import STATUS_BY_VALUE, IndexEntry, Location, Message, Status
+from storage.errors import NotFound
+from storage.reading import Match
+from storage.store import SendOutcome, SendResult, StateChange, Store, text_hash
+from wheel.clock import Clock
+
+from ..core.params import DeleteRequest, LongPollRequest, NewSend, PullRequest
+from ..core.transitions import (
+    ACK,
+    GIVE_BACK,
+    NACK,
+    RELEASE,
+    SKIPPED_RELEASE,
+    TABLE,
+    TTL,
+    Delete,
+    Effect,
+    Event,
+    MessageState,
+    Pull,
+    Redrive,
+    Reschedule,
+    RetryAt,
+    Send,
+    Step,
+    step,
+)
+from ..observe.metrics import Metrics, due_ms
+from .filing import Filing
+from .journal import Journal
+from .ready import HeldMessage
+from .timers import Timer
+from .topics import Topics
+from .windows import ReadyWindows
+
+STORED = SendOutcome.STORED
+READY, CONSUMING, WAITING = Status.READY, Status.CONSUMING, Status.WAITING
+TAKE, REQUEUE, FORGET, HOLD, WAKE = Effect.TAKE, Effect.REQUEUE, Effect.FORGET, Effect.HOLD, Effect.WAKE
+CANCEL, DUE_NOW = Effect.CANCEL, Effect.DUE_NOW
+_new = tuple.__new__  # (a NamedTuple without its Python-level __new__)
+_DELETE = Delete()
+_TRIGGER_MS = operator.attrgetter("trigger_ms")
+_MESSAGE = operator.itemgetter(0)  # a NewSend's message
+
+
+class Moved(NamedTuple):
+    """Messages filed anew (MOVE, FILE), not yet durable."""
+
+    messages: list[Message]  # WAITING at their new places
+    due: list[Message]  # of those, the ones due already (DUE_NOW): `ready_now` once durable
+    now_ms: int  # when they were stepped
+
+
+class Messages:
+    """Steps messages and carries the steps out. Runs on the event loop."""
+
+    def __init__(self, store: Store, clock: Clock, metrics: Metrics, windows: ReadyWindows, filing: Filing,
+                 journal: Journal, topics: Topics) -> None:
+        self._store = store
+        self._clock = clock
+        self._metrics = metrics
+        self._windows = windows
+        self._filing = filing
+        self._journal = journal
+        self._topics = topics
+        windows.messages = self  # (its timers' compaction and its refills ask the steps here)
+        # Told of the messages each release is about to make READY, with the
+        # time (the node's recurring schedules: broker.schedules.keeper); answers
+        # the runs that missed with misfire=skip, which end EXPIRED unseen.
+        self.on_release: Callable[[Sequence[Message], int], Sequence[Location]] | None = None
+
+    def __repr__(self) -> str:
+        return f"Messages({self._windows!r})"
+
+    def now_ms(self) -> int:
+        """The node's time, the one steps are taken at."""
+        return self._clock.now_ms()
+
+    # == held messages: a batch, one event =========================================
+
+    def apply(self, event: Event, batch: Sequence[HeldMessage], now_ms: int) -> list[StateChange]:
+        """`event` to each message of `batch` (held, or WAITING on its way in:
+        a release), in one pass: its step (its status's cell of the event's
+        row); then the windows move the batch at once (`carry_out`: out of a
+        window or flight, into flight, a window, disk only or nowhere, long
+        polls woken); counts kept (COUNT_*). The status changes, to append."""
+        cells = TABLE[type(event)]
+        changes: list[StateChange] = []
+        out_of_window: list[HeldMessage] = []
+        out_of_flight: list[HeldMessage] = []
+        into_flight: list[HeldMessage] = []
+        into_window: list[HeldMessage] = []
+        forgotten: list[Location] = []
+        woken: set[str] = set()
+        counted_topic, times = "", 0  # a run of one topic's same effects: counted once
+        topic_metrics = self._metrics.topic
+        counted: tuple[Effect, ...] = ()
+        for held in batch:
+            before = held.state
+            status = before.status
+            state, effects, _ = cells[status](before, event, now_ms)
+            if state is None or not effects:
+                continue
+            held.state = state
+            if status is READY:
+                out_of_window.append(held)
+            elif status is CONSUMING:
+                out_of_flight.append(held)  # (a WAITING one, released, was not held)
+            if TAKE in effects:
+                into_flight.append(held)
+            elif REQUEUE in effects or HOLD in effects:
+                into_window.append(held)
+            elif FORGET in effects:
+                forgotten.append(held.location)
+            if WAKE in effects:
+                woken.add(held.topic)
+            changes.append(_new(StateChange, (held.location, state.status, state.retry, False, state.deadline_ms,
+                                              status, held.topic_hash)))
+            if effects is not counted or held.topic != counted_topic:
+                if times:
+                    topic_metrics(counted_topic).count(counted, times)
+                counted_topic, counted, times = held.topic, effects, 0
+            times += 1
+        if times:
+            topic_metrics(counted_topic).count(counted, times)
+        if changes:
+            self._windows.carry_out(out_of_window, out_of_flight, into_flight, into_window, forgotten, woken)
+        return changes
+
+    def pull(self, request: PullRequest | LongPollRequest) -> list[Message] | None:
+        """`Pull` to up to `batch` of the topic's best READY messages (among
+        its tags; fewer at the in-flight caps), appended: the messages
+        (None: none was taken)."""
+        now_ms = self._clock.now_ms()
+        taken = self._windows.choose(request.topic, request.batch,
+                                     frozenset(request.tags) if request.tags else None)
+        if not taken:
+            return None
+        self._journal.append(self.apply(_new(Pull, (now_ms + request.ack_timeout_ms,)), taken, now_ms), now_ms)
+        messages = []
+        for held in taken:
+            cached = held.message
+            if cached is None:
+                message = self._store.read_message(held.location)
+                if message is not None:
+                    messages.append(message)
+            else:
+                messages.append(cached.with_state(CONSUMING, held.state.retry))
+                held.message = None
+        self._metrics.topic(request.topic).pulled(messages, now_ms)
+        return messages
+
+    def give_back(self, messages: list[Message]) -> bool:
+        """`GiveBack` to messages pulled for a client that is gone (READY as
+        if never pulled), appended; whether any changed."""
+        now_ms = self._clock.now_ms()
+        held_at = self._windows.held
+        changes = self.apply(GIVE_BACK, [held for m in messages if (held := held_at.get(m.location)) is not None],
+                             now_ms)
+        if changes:
+            self._journal.append(changes, now_ms)
+        return bool(changes)
+
+    def ack(self, topic: str, msg_ids: Sequence[str], ack: bool) -> tuple[list[Status | None], bool]:
+        """`Ack` (or `Nack`) to each id (a repeated one once), appended as one
+        record: the consuming ones held (one `apply`), the others by their
+        stored copies. Each one's status after it (None: no such message),
+        and whether any changed."""
+        now_ms = self._clock.now_ms()
+        flying = self._windows.in_flight_of(topic, msg_ids)
+        changes = self.apply(ACK if ack else NACK, list(flying.values()), now_ms) if flying else []
+        after: dict[str, Status | None] = {}
+        for msg_id, held in flying.items():
+            after[msg_id] = held.state.status
+        if len(after) < len(msg_ids):
+            for msg_id in msg_ids:
+                if msg_id not in after:
+                    change, after[msg_id] = self._ack_stored(topic, msg_id, ack, now_ms)
+                    if change is not None:
+                        changes.append(change)
+        if changes:
+            self._journal.append(changes, now_ms)
+        return list(map(after.__getitem__, msg_ids)), bool(changes)
+
+    def _ack_stored(self, topic: str, msg_id: str, ack: bool,
+                    now_ms: int) -> tuple[StateChange | None, Status | None]:
+        """An ack or nack of an id not in flight, by its stored copy: its
+        change (None: none) and its status after it (None: no such message)."""
+        message = self._store.get(topic, msg_id)
+        self._metrics.topic(topic, exists=message is not None)  # (the topic's counters made if it exists)
+        if message is None:
+            return None, None
+        if not ack:  # a nack of a message not held consuming changes nothing
+            return None, message.status
+        done = step(MessageState.of(message), ACK, now_ms)
+        if done.state is None or not done.effects:
+            return None, message.status
+        return self._carried_out(message, done), done.state.status
+
+    def fire(self, timers: list[Timer], now_ms: int) -> list[StateChange]:
+        """Due timers (broker.disk.timers): each one's event (an ack timeout,
+        an expiry) to its messages still held; the status changes."""
+        changes: list[StateChange] = []
+        held_at = self._windows.held
+        for timer in timers:
+            batch = [held for location in timer.locations if (held := held_at.get(location)) is not None]
+            if batch:
+                changes += self.apply(timer.event, batch, now_ms)
+        return changes
+
+    def trim(self, timer: Timer) -> bool:
+        """Drop the timer's messages it would no longer change when it fires
+        (then it never will: they moved on); whether any is left. Asked of
+        every timer by the windows' compaction: what the timer's event's
+        step says."""
+        held_at, event = self._windows.held, timer.event
+        timer.locations[:] = [location for location in timer.locations if (held := held_at.get(location)) is not None
+                              and step(held.state, event, timer.due_ms).effects]
+        return bool(timer.locations)
+
+    def ended_on_disk(self, message: Message, now_ms: int) -> StateChange | None:
+        """`Ttl` to a READY message a refill read back from disk: its change
+        if it ended (counted), for the refill to append; None if it lives."""
+        ending = step(MessageState.of(message), TTL, now_ms)
+        if not ending.effects or ending.state is None:
+            return None
+        self._metrics.topic(message.topic).count(ending.effects)
+        return StateChange(message.location, ending.state.status, ending.state.retry)
+
+    # == releases: WAITING -> READY ================================================
+
+    def release(self, entries: list[IndexEntry]) -> None:
+        """Released by the wheel (wheel.WheelDriver's deliver): due now, each
+        still WAITING made READY (or EXPIRED)."""
+        status, read = self._store.status, self._store.read_message
+        self._release([(m, entry.topic_hash) for entry in entries
+                       if status(entry.location) is WAITING  # (no body read for one released already)
+                       and (m := read(entry.location)) is not None])
+
+    def ready_now(self, messages: list[Message], due: list[Message], now_ms: int) -> list[Message]:
+        """DUE_NOW of steps whose records are durable (a send, a move at
+        `now_ms`): the `due` ones of `messages` still WAITING READY now
+        rather than at the wheel's next poll (which forgets them: CANCEL),
+        so the answer says 2 and long polls wake at once; `messages` with
+        their statuses."""
+        if not due:
+            return messages
+        status = self._store.status
+        waiting = [m for m in due if status(m.location) is WAITING]  # (the wheel may have been first)
+        for m in waiting:
+            self._filing.cancel(m.location)
+        self._release([(m, text_hash(m.topic)) for m in waiting], arrived_ms=now_ms)
+        after = {m.location: status(m.location) for m in due}  # (a duplicate in a batch shares its location)
+        return [m._replace(status=after[m.location]) if m.location in after else m for m in messages]
+
+    def _release(self, messages: list[tuple[Message, int]], arrived_ms: int | None = None) -> None:
+        """`Release` to WAITING messages (with their topic hashes) due now:
+        READY into their topics' windows (which wake the long polls), or
+        EXPIRED past their ttl or skipped (`on_release`); appended. Their
+        lateness counts from their due time: the trigger time, or the
+        arrival if later -- each one's produce time, or `arrived_ms` (the
+        request that made them due: a send, a rescheduleMsg, a re-drive)."""
+        if not messages:
+            return
+        now_ms = self._clock.now_ms()
+        lateness = self._metrics.lateness_seconds
+        dues = []
+        for message, _ in messages:
+            due = due_ms(message.trigger_ms, message.produce_ms if arrived_ms is None else arrived_ms)
+            lateness.observe(max(0, now_ms - due) / 1000)
+            dues.append(due)
+        batch = [HeldMessage.of(message, topic_hash) for message, topic_hash in messages]
+        skipped = () if self.on_release is None else self.on_release([m for m, _ in messages], now_ms)
+        if skipped:
+            ended = set(skipped)
+            changes = self.apply(SKIPPED_RELEASE, [h for h in batch if h.location in ended], now_ms)
+            changes += self.apply(RELEASE, [h for h in batch if h.location not in ended], now_ms)
+        else:
+            changes = self.apply(RELEASE, batch, now_ms)
+        for held, due in zip(batch, dues):
+            if held.state.status is READY:
+                self._metrics.topic(held.topic).ready_gap.observe(now_ms - due)
+        if changes:
+            self._journal.append(changes, now_ms)
+
+    # == stored copies, by id or found =============================================
+
+    def send(self, sends: Sequence[NewSend], now_ms: int) -> tuple[list[SendResult], list[Message]]:
+        """`Send` of new messages at `now_ms`: the topic cap (broker.disk
+        .topics), one record; an id whose message is alive answers it
+        unchanged, one whose message has ended is stored anew, the ended
+        one released (REPLACE), unless the send is strict. Each new one
+        FILEd; counted. The results, and the new messages due already
+        (DUE_NOW: `ready_now` of the results' messages once durable)."""
+        batch = list(map(_MESSAGE, sends))
+        topics = self._topics
+        new_topics = None if len(batch) == 1 and batch[0].topic in topics.stored else topics.new_topics(batch)
+        results = self._journal.send(batch, now_ms)
+        if new_topics:
+            topics.filing(new_topics)
+        fresh: list[Message] = []  # the messages stored
+        replace: list[int] = []  # the duplicates of ended messages to store anew
+        for i, (outcome, stored) in enumerate(results):
+            if outcome is STORED:
+                fresh.append(stored)
+            elif Effect.REPLACE in step(MessageState.of(stored), Send(MessageState.sent(batch[i]), sends[i].strict),
+                                        now_ms).effects:
+                replace.append(i)
+        if replace:  # rare: release the ended ones, then store those sends again
+            ended = {results[i].message.location: results[i].message for i in replace}
+            self._journal.append([StateChange(m.location, m.status, m.retry, released=True) for m in ended.values()],
+                                 now_ms)
+            for i, result in zip(replace, self._journal.send([batch[i] for i in replace], now_ms)):
+                results[i] = result
+                if result.outcome is STORED:
+                    fresh.append(result.message)
+        self._filing.add_many(fresh, now_ms)  # (FILE: every new id's step)
+        due: list[Message] = []
+        if fresh and DUE_NOW in step(None, Send(MessageState.of(min(fresh, key=_TRIGGER_MS))), now_ms).effects:
+            due = [m for m in fresh if DUE_NOW in step(None, Send(MessageState.of(m)), now_ms).effects]
+        self._count_sends(results)
+        return results, due
+
+    def _count_sends(self, results: list[SendResult]) -> None:
+        topic, m = "", None  # (a batch's messages share their topic, as a rule)
+        for outcome, message in results:
+            if m is None or message.topic != topic:
+                topic, m = message.topic, self._metrics.topic(message.topic)
+            if outcome is STORED:
+                m.sends += 1
+            else:
+                m.duplicates += 1
+
+    def get(self, topic: str, msg_id: str) -> Message:
+        """The stored message (counted: getMsg); NotFound if there is none."""
+        self._metrics.topic(topic, exists=self._topics.has_topic(topic)).gets += 1
+        message = self._store.get(topic, msg_id)
+        if message is None:
+            raise not_found(topic, msg_id)
+        return message
+
+    def delete(self, request: DeleteRequest) -> tuple[Message, Step]:
+        """`Delete` to the stored message, carried out and appended (nothing
+        for an ended one unless released); NotFound for an unknown id. The
+        message and its step (a refusal ENDED: it had ended)."""
+        message = self._store.get(request.topic, request.msg_id)
+        now_ms = self._clock.now_ms()
+        done = step(None if message is None else MessageState.of(message), Delete(request.release), now_ms)
+        if message is None or done.state is None:
+            raise not_found(request.topic, request.msg_id)
+        if done.effects:
+            self._journal.append([self._carried_out(message, done)], now_ms)
+        return message, done
+
+    def delete_found(self, found: Iterable[Match], topic: str, call_id: int) -> int:
+        """`Delete` to each match (place, status, retry, trigger time: as just
+        read), out of the wheel and the windows, appended as one record (a
+        PART of `call_id` unless 0); how many changed (counted)."""
+        now_ms = self._clock.now_ms()
+        topic_hash = text_hash(topic)
+        changes = []
+        steps: dict[tuple[int, int], Step] = {}  # a delete's step depends on the status and retry only
+        for where, status, retry, _ in found:
+            done = steps.get((status, retry))
+            if done is None:
+                done = steps[status, retry] = step(MessageState(STATUS_BY_VALUE[status], retry, 0, 0, 0), _DELETE,
+                                                   now_ms)
+            if done.state is None or not done.effects:
+                continue  # ended meanwhile
+            self._leave(where, done.effects)
+            changes.append(_new(StateChange, (where, done.state.status, retry, False, 0, status, topic_hash)))
+        if changes:
+            self._journal.append(changes, now_ms, call_id)
+            self._metrics.topic(topic).deletes += len(changes)
+        return len(changes)
+
+    def move(self, found: Iterable[tuple[Location, MessageState, Event]], topic: str) -> Moved:
+        """Each (place, state, event) stepped -- a reschedule, a re-drive, a
+        retry at a later time -- and those whose step files them anew
+        (MOVE) filed anew as one record: out of the wheel or the windows
+        (CANCEL, FORGET: after the append, so a refused one changes
+        nothing), into the wheel (FILE); counted. The rest (refused, or
+        nothing to do) change nothing."""
+        now_ms = self._clock.now_ms()
+        moves = [(where, done, event) for where, state, event in found
+                 if Effect.MOVE in (done := step(state, event, now_ms)).effects and done.state is not None]
+        if not moves:
+            return Moved([], [], now_ms)
+        moved = self._journal.move([(where, done.state.trigger_ms, done.state.retry)
+                                    for where, done, _ in moves if done.state is not None], now_ms)
+        m = self._metrics.topic(topic)
+        due = []
+        for (where, done, event), new in zip(moves, moved):
+            self._leave(where, done.effects)
+            self._filing.add(new.location, new.trigger_ms, now_ms)  # (FILE)
+            if DUE_NOW in done.effects:
+                due.append(new)
+            if type(event) is Reschedule:
+                m.reschedules += 1
+            elif type(event) is Redrive:
+                m.redrives += 1
+            else:
+                m.count(done.effects)
+        return Moved(moved, due, now_ms)
+
+    def retry_at(self, topic: str, msg_id: str, at_ms: int) -> tuple[Status | None, Moved | None]:
+        """`RetryAt` to the CONSUMING message of the id (a failed push
+        delivery): ENDED as a nack (carried out on RAM, appended) or filed
+        anew (`move`). Its status after it (None: none in flight), and what
+        moved (None: it did not)."""
+        held = self._windows.in_flight_of(topic, (msg_id,)).get(msg_id)
+        if held is None:
+            return None, None
+        now_ms = self._clock.now_ms()
+        event = RetryAt(max(at_ms, now_ms))
+        moved = self.move([(held.location, held.state, event)], topic)
+        if moved.messages:
+            return WAITING, moved
+        changes = self.apply(event, [held], now_ms)  # (ENDED: the windows carry it out, as a nack's)
+        if changes:
+            self._journal.append(changes, now_ms)
+        return held.state.status, None
+
+    def _leave(self, where: Location, effects: tuple[Effect, ...]) -> None:
+        """A stored copy's step carried out on RAM: it leaves the wheel
+        (CANCEL) or its window or flight (FORGET), if RAM holds it."""
+        if CANCEL in effects:
+            self._filing.cancel(where)
+        elif FORGET in effects:
+            self._windows.forget_at(where)
+
+
+    def _carried_out(self, message: Message, done: Step) -> StateChange:
+        """A stored copy's step (an ack, a delete by id) carried out: `_leave`,
+        counted; its status change."""
+        assert done.state is not None
+        self._leave(message.location, done.effects)
+        self._metrics.topic(message.topic).count(done.effects)
+        return StateChange(message.location, done.state.status, done.state.retry,
+                           released=Effect.RELEASE_ID in done.effects)
+
+def not_found(topic: str, msg_id: str) -> NotFound:
+    return NotFound(f"no message {msg_id!r} in topic {topic!r}")
