@@ -170,7 +170,7 @@ def test_a_shard_killed_under_load_comes_back_and_nothing_answered_is_lost(tmp_p
         assert owners == {0, 1}  # both shards store again
         lost = [i for i in answered if server.post("getMsg", topic="load", msgId=i)[1].get("code") != 200]
         assert lost == []
-        status, body = server.get("/camellia/delayQueue/getTopicInfo?topic=load")
+        _, body = server.get("/camellia/delayQueue/getTopicInfo?topic=load")
         assert body["data"]["waitingQueueSize"] >= len(answered)
     finally:
         assert server.stop() == 0
