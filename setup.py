@@ -42,6 +42,9 @@ from setuptools import Extension, setup
 #   broker/redis/link.py, broker/redis/schedules.py, broker/cluster/snapshots.py:
 #                           tests replace functions of these modules to fail or
 #                           count calls, which compiled callers would not see
+#   broker/shards/link.py   its Connection is an asyncio.Protocol, a class
+#                           from outside the build a native class cannot extend
+#   broker/shards/supervisor.py, layout.py: the node's process and start-up
 # Not tried compiled yet (per request or per run, no reason known against):
 # the rest of broker/schedules/ (file.py, params.py, api.py, metrics.py), of
 # broker/redis/ (the Redis backend: its requests wait on Redis round trips),
@@ -113,6 +116,8 @@ COMPILED = [
     "broker/observe/metrics.py",
     "broker/retry.py",
     "broker/schedules/keeper.py",
+    "broker/shards/placement.py",
+    "broker/shards/router.py",
 ]
 
 

@@ -208,6 +208,10 @@ def merge_metrics(texts: Sequence[str], most: int, topics: int) -> str:
     if "hourglass_topics" in samples:
         samples["hourglass_topics"] = {"hourglass_topics": float(topics)}
     kept = _largest_backlogs(samples, most)
+    if "hourglass_topics_shown" in samples:
+        shown = {_topic_of(series) for values in samples.values() for series in values} - {None}
+        count = len(shown) if kept is None else len(kept) - 1
+        samples["hourglass_topics_shown"] = {"hourglass_topics_shown": float(count)}
     out = []
     for family, values in samples.items():
         out.extend(heads[family])
