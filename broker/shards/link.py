@@ -96,7 +96,8 @@ class Connection(asyncio.Protocol):
         self._hear = hear
         self.name = name
         self._transport: asyncio.Transport | None = None
-        self._unpacker = msgpack.Unpacker(raw=False, strict_map_key=False, max_buffer_size=MAX_FRAME_BYTES)
+        self._unpacker = msgpack.Unpacker(raw=False, use_list=False, strict_map_key=False,
+                                         max_buffer_size=MAX_FRAME_BYTES)  # arrays as tuples: NamedTuples' fields
         self._pending: dict[int, asyncio.Future[Any]] = {}
         self._next_id = 1
         self.closed = asyncio.get_running_loop().create_future()
