@@ -28,7 +28,7 @@ import logging
 import os
 import socket
 import struct
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import msgpack
@@ -56,9 +56,9 @@ MAX_FRAME_BYTES = 1 << 30
 UNIX_PATH_MAX = 100
 
 # What serves a call: (op, args, the connection it came on) -> the result.
-Serve = Callable[[str, list[Any], "Connection"], Awaitable[Any]]
+Serve = Callable[[str, Sequence[Any], "Connection"], Awaitable[Any]]
 # What a notice does: (op, args) -> None.
-Hear = Callable[[str, list[Any]], None]
+Hear = Callable[[str, Sequence[Any]], None]
 
 
 def encode_error(error: BaseException) -> list[Any]:
@@ -67,7 +67,7 @@ def encode_error(error: BaseException) -> list[Any]:
     return [type(error).__name__, str(error)]
 
 
-def decode_error(fields: list[Any]) -> HourglassError:
+def decode_error(fields: Sequence[Any]) -> HourglassError:
     name = fields[0]
     if name == "InvalidRequest":
         return InvalidRequest(fields[1], fields[2])

@@ -70,16 +70,16 @@ def message_fields(m: Message) -> list[Any]:
     return list(m)
 
 
-def message_of(f: list[Any]) -> Message:
+def message_of(f: Sequence[Any]) -> Message:
     return Message(f[0], f[1], f[2], f[3], f[4], f[5], f[6], f[7], f[8], Status(f[9]), f[10], Location(*f[11]),
                    f[12], f[13], f[14])
 
 
-def messages_of(rows: Iterable[list[Any]]) -> list[Message]:
+def messages_of(rows: Iterable[Sequence[Any]]) -> list[Message]:
     return [message_of(row) for row in rows]
 
 
-def send_of(fields: list[Any]) -> NewSend:
+def send_of(fields: Sequence[Any]) -> NewSend:
     return NewSend(NewMessage(*fields[0]), fields[1], fields[2])
 
 
@@ -87,7 +87,7 @@ def filter_fields(f: BulkFilter) -> list[Any]:
     return [f.key, f.tag, f.msg_id_prefix, sorted(int(s) for s in f.statuses), f.trigger_from_ms, f.trigger_to_ms]
 
 
-def filter_of(fields: list[Any]) -> BulkFilter:
+def filter_of(fields: Sequence[Any]) -> BulkFilter:
     return BulkFilter(fields[0], fields[1], fields[2], frozenset(Status(s) for s in fields[3]), fields[4], fields[5])
 
 
@@ -96,7 +96,7 @@ def list_fields(r: ListMsgRequest) -> list[Any]:
             r.max_bytes]
 
 
-def list_of(fields: list[Any]) -> ListMsgRequest:
+def list_of(fields: Sequence[Any]) -> ListMsgRequest:
     cursor = None if fields[2] is None else Cursor(*fields[2])
     return ListMsgRequest(fields[0], filter_of(fields[1]), cursor, fields[3], fields[4], fields[5])
 
@@ -379,7 +379,7 @@ class ShardRouter:
         for watchers in self._watchers.values():
             watchers.discard(connection)
 
-    def _hear(self, op: str, args: list[Any]) -> None:
+    def _hear(self, op: str, args: Sequence[Any]) -> None:
         if op == "ready":
             topic, shard = args
             for (drained_topic, _), drained in self._drained.items():
@@ -399,7 +399,7 @@ class ShardRouter:
         self.forwarded += 1
         return self.peers[shard].call(op, args)
 
-    async def serve(self, op: str, args: list[Any], connection: link.Connection) -> Any:
+    async def serve(self, op: str, args: Sequence[Any], connection: link.Connection) -> Any:
         """A call another shard made of this one, on its engine alone."""
         self.served += 1
         backend = self.backend
@@ -512,7 +512,7 @@ class ShardRouter:
             raise InvalidRequest("path", "streams no answer across shards")
         return response
 
-    async def _call_here(self, args: list[Any]) -> list[Any]:
+    async def _call_here(self, args: Sequence[Any]) -> list[Any]:
         method, path, query, body, headers = args
         command = self._commands.get((method, path))
         if command is None:
