@@ -312,6 +312,9 @@ class ShardRouter:
         # (topic, tags) -> the shards that had fewer READY than asked, skipped by such pulls until they
         # say the topic has one again
         self._drained: dict[tuple[str, tuple[str, ...]], set[int]] = defaultdict(set)
+        # (shard, topic) -> the "ready" notices heard from it: a pull marks a shard drained only if none
+        # came while it waited for the answer (the notice may be read before the pull resumes)
+        self._notices: dict[tuple[int, str], int] = {}
         # topic -> the connections of shards that found this one drained: told when one is READY here
         self._watchers: dict[str, set[link.Connection]] = defaultdict(set)
         self._server: asyncio.AbstractServer | None = None
@@ -382,6 +385,7 @@ class ShardRouter:
     def _hear(self, op: str, args: Sequence[Any]) -> None:
         if op == "ready":
             topic, shard = args
+            self._notices[(shard, topic)] = self._notices.get((shard, topic), 0) + 1
             for (drained_topic, _), drained in self._drained.items():
                 if drained_topic == topic:
                     drained.discard(shard)
@@ -683,11 +687,12 @@ class ShardedRequests:
             if shard in drained:
                 continue
             asked = request._replace(batch=want)
+            heard = router._notices.get((shard, request.topic), 0)
             try:
                 rows = await router.call(shard, "pull", [list(asked)])
             except Unavailable:
                 continue
-            if len(rows) < want:
+            if len(rows) < want and router._notices.get((shard, request.topic), 0) == heard:
                 drained.add(shard)
             pulled.extend(messages_of(rows))
             want = request.batch - len(pulled)

@@ -174,3 +174,45 @@ def test_a_shard_killed_under_load_comes_back_and_nothing_answered_is_lost(tmp_p
         assert body["data"]["waitingQueueSize"] >= len(answered)
     finally:
         assert server.stop() == 0
+
+
+def test_long_polls_on_every_shard_receive_every_message_of_a_burst(tmp_path):
+    """A burst due at once over both shards, consumers long-polling on
+    connections of their own: every message is delivered (a shard found
+    drained is asked again once it says the topic has one READY)."""
+    server = Server.start(tmp_path / "data", "--shards", "2")
+    try:
+        n = 600
+        msgs = [{"msgId": f"burst-{i}", "msg": str(i), "delayMillis": 1500 + i % 500} for i in range(n)]
+        for start in range(0, n, 100):
+            _, body = server.post_json("sendMsgBatch", {"topic": "burst", "msgs": msgs[start:start + 100]})
+            assert body["code"] == 200, body
+        received: set[str] = set()
+        lock = threading.Lock()
+        done = threading.Event()
+
+        def consume() -> None:
+            host, port = server.base.removeprefix("http://").split(":")
+            connection = http.client.HTTPConnection(host, int(port), timeout=30)
+            while not done.is_set():
+                body = urllib.parse.urlencode({"topic": "burst", "longPollingTimeout": 2000, "batch": 10})
+                connection.request("POST", "/camellia/delayQueue/longPollingMsg", body,
+                                   {"Content-Type": "application/x-www-form-urlencoded"})
+                got = json.loads(connection.getresponse().read())["delayMsgList"]
+                for m in got:
+                    assert server.post("ackMsg", topic="burst", msgId=m["msgId"])[1]["code"] == 200
+                with lock:
+                    received.update(m["msgId"] for m in got)
+                    if len(received) == n:
+                        done.set()
+            connection.close()
+        consumers = [threading.Thread(target=consume) for _ in range(4)]
+        for consumer in consumers:
+            consumer.start()
+        done.wait(timeout=30)
+        done.set()
+        for consumer in consumers:
+            consumer.join(timeout=30)
+        assert len(received) == n, f"{n - len(received)} never delivered"
+    finally:
+        assert server.stop() == 0
