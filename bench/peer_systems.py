@@ -58,6 +58,7 @@ import subprocess
 import sys
 import time
 import urllib.parse
+import zlib
 from dataclasses import dataclass
 
 from harness import HOST, ROOT, Process, children, disk_bytes, free_port, request, tree_memory_mb, wait_until
@@ -650,18 +651,37 @@ class HttpConnection:
 
 
 class HourglassClient(Client):
+    """hourglass's lightest client: one kept-alive connection for pulls,
+    and on a node of many shards one to each shard's own port (its
+    getShardMap), where each send and ack goes to the message's shard
+    (docs/api.md, "Shards": CRC-32 of the msgId), a batch split by shard."""
+
     def __init__(self, *a) -> None:
         super().__init__(*a)
         self.http = HttpConnection(self.port)
+        self.shards: list[HttpConnection] = []
         self.pull_bodies: dict[tuple[int, int], bytes] = {}
         self.topic_q = urllib.parse.quote(TOPIC).encode()
 
     async def connect(self) -> None:
         await self.http.open()
+        status, body = await self.http.request(b"GET", PREFIX.encode() + b"getShardMap")
+        if status == 200:
+            ports = json_loads(body).get("ports") or []
+            if len(ports) > 1:
+                self.shards = [HttpConnection(p) for p in ports]
+
+    def owner(self, msg_id: str) -> HttpConnection:
+        if not self.shards:
+            return self.http
+        return self.shards[zlib.crc32(msg_id.encode()) % len(self.shards)]
 
     async def _call(self, path: bytes, body: bytes, content_type: bytes = FORM) -> dict:
+        return await self._call_on(self.http, path, body, content_type)
+
+    async def _call_on(self, http: HttpConnection, path: bytes, body: bytes, content_type: bytes = FORM) -> dict:
         """The decoded answer; PeerError unless HTTP 200 with code 200."""
-        status, answer = await self.http.request(b"POST", PREFIX.encode() + path, body, content_type)
+        status, answer = await http.request(b"POST", PREFIX.encode() + path, body, content_type)
         try:
             decoded = json_loads(answer)
             code = decoded.get("code")
@@ -672,8 +692,9 @@ class HourglassClient(Client):
                             f"HTTP {status} {answer[:500].decode('utf-8', 'replace')}")
         return decoded
 
-    def prepare(self, msgs: list[tuple[int, int]], now: int) -> tuple[bytes, bytes, bytes]:
-        """sendMsg (a form) for one message, sendMsgBatch (JSON) for more.
+    def prepare(self, msgs: list[tuple[int, int]], now: int) -> list[tuple[HttpConnection, bytes, bytes, bytes]]:
+        """sendMsg (a form) for one message, sendMsgBatch (JSON) for more,
+        each to the message's shard (a batch: a part for each shard).
         A message already due goes with delayMillis=0, the others with
         their absolute triggerTime (an extension, docs/api.md)."""
         items = self.payloads(msgs, now)
@@ -682,15 +703,20 @@ class HourglassClient(Client):
             index, trigger, payload = items[0]
             when = b"delayMillis=0" if trigger <= now else b"triggerTime=%d" % trigger
             key = b"&key=k%d" % (index % keys) if keys else b""
-            return b"sendMsg", b"topic=%s&msgId=%d&msg=%s&%s%s" % (
-                self.topic_q, index, urllib.parse.quote_from_bytes(payload).encode(), when, key), FORM
-        return b"sendMsgBatch", json_dumps({"topic": TOPIC, "msgs": [
-            {"msgId": str(index), "msg": payload.decode(), "triggerTime": trigger,
-             **({"key": f"k{index % keys}"} if keys else {})} for index, trigger, payload in items]
-        }), JSON
+            return [(self.owner(f"k{index % keys}" if keys else str(index)), b"sendMsg",
+                     b"topic=%s&msgId=%d&msg=%s&%s%s" % (
+                         self.topic_q, index, urllib.parse.quote_from_bytes(payload).encode(), when, key), FORM)]
+        parts: dict[int, tuple[HttpConnection, list]] = {}
+        for index, trigger, payload in items:
+            http = self.owner(f"k{index % keys}" if keys else str(index))
+            parts.setdefault(id(http), (http, []))[1].append(
+                {"msgId": str(index), "msg": payload.decode(), "triggerTime": trigger,
+                 **({"key": f"k{index % keys}"} if keys else {})})
+        return [(http, b"sendMsgBatch", json_dumps({"topic": TOPIC, "msgs": part}), JSON)
+                for http, part in parts.values()]
 
     async def send(self, prepared) -> None:
-        await self._call(*prepared)
+        await asyncio.gather(*(self._call_on(http, path, body, ctype) for http, path, body, ctype in prepared))
 
     async def pull(self, n: int, timeout_s: float) -> list[tuple[object, bytes | str]]:
         body = self.pull_bodies.get((n, int(timeout_s * 1000)))
@@ -706,20 +732,29 @@ class HourglassClient(Client):
         return other
 
     async def ack_one(self, handle) -> None:
-        await self._call(b"ackMsg", b"topic=%s&msgId=%s" % (self.topic_q, urllib.parse.quote(handle).encode()))
+        await self._call_on(self.owner(handle), b"ackMsg",
+                            b"topic=%s&msgId=%s" % (self.topic_q, urllib.parse.quote(handle).encode()))
 
     async def ack_many(self, handles: list) -> None:
-        """ackMsg with msgIds (an extension, docs/api.md): one request for many.
+        """ackMsg with msgIds (an extension, docs/api.md): one request for
+        many (a node of many shards: one for each shard's).
         A server without it answers an error (no msgId): PeerError."""
-        answer = await self._call(b"ackMsg", b"topic=%s&msgIds=%s" % (
-            self.topic_q, urllib.parse.quote(",".join(handles)).encode()))
+        parts: dict[int, tuple[HttpConnection, list]] = {}
+        for handle in handles:
+            http = self.owner(handle)
+            parts.setdefault(id(http), (http, []))[1].append(handle)
+        answers = await asyncio.gather(*(self._call_on(http, b"ackMsg", b"topic=%s&msgIds=%s" % (
+            self.topic_q, urllib.parse.quote(",".join(part)).encode())) for http, part in parts.values()))
         # Per-id results, where the server gives them: each must be a success.
-        for result in _per_id_results(answer):
-            if isinstance(result, dict) and result.get("code", 200) != 200:
-                raise PeerError("POST ackMsg msgIds", json.dumps(result)[:500])
+        for answer in answers:
+            for result in _per_id_results(answer):
+                if isinstance(result, dict) and result.get("code", 200) != 200:
+                    raise PeerError("POST ackMsg msgIds", json.dumps(result)[:500])
 
     async def close(self) -> None:
         await self.http.close()
+        for http in self.shards:
+            await http.close()
 
 
 def _per_id_results(answer: dict) -> list:

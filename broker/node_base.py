@@ -142,6 +142,8 @@ class NodeBase(ABC):
         # push connections (broker.push.client) and storage share them
         # (broker.http.descriptors).
         self.descriptors = DescriptorBudget(config.http.reserved_fds)
+        # A shard's own port beside the node's (broker.http.httpd), once serving; None: one process.
+        self.own_port: int | None = None
         # Set by SIGTERM or SIGINT (once serving) or by a fatal error: the
         # process (broker.server) then stops the node.
         self.stop_asked = asyncio.Event()
@@ -214,6 +216,7 @@ class NodeBase(ABC):
         table = CommandTable(self.api.single_cap, self.serving)
         table.add("GET", "/health", self.health, inline=True)
         table.add("GET", "/metrics", self.metrics_text, inline=self.backend_inline)
+        table.add("GET", PREFIX + "getShardMap", self.shard_map)
         self.add_own_routes(table)
         self.serving.add_routes(table)
         self.api.add_routes(table, inline=self.backend_inline)
@@ -233,6 +236,17 @@ class NodeBase(ABC):
                     else self.routed(command))
         return Gate(table, token, self.config.host, self.config.allowed_hosts, is_peer=is_peer,
                     console_auth=None if sessions is None else console_auth(sessions))
+
+    async def shard_ports(self) -> list[int]:
+        """Where each shard takes requests of its own: the node's port, one process."""
+        return [self.config.port]
+
+    async def shard_map(self, request: Request) -> Response:
+        """getShardMap: how many shards, each one's own port, and the
+        placement (docs/api.md, "Shards"), for a client that sends each
+        message to its shard."""
+        ports = await self.shard_ports()
+        return answer(200, "success", shards=len(ports), ports=ports, placement="crc32")
 
     async def health(self, request: Request) -> Response:
         """Not ready for a load balancer (503) while degraded, failed or
@@ -281,6 +295,7 @@ class NodeBase(ABC):
         config = self.config
         server = HttpServer((app or self.app()).admit, config.http, self.descriptors)
         await server.start(config.host, config.port, reuse_port=config.shard is not None)
+        self.own_port = server.own_port
         log.info("serving on http://%s:%d (%s; %s)", config.host, config.port, describe, build_info.describe())
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):

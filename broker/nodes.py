@@ -112,6 +112,7 @@ class DiskNode(NodeBase):
         self.api.scheduled = lambda topic, ids: scheduled_on_owners(router, here, topic, ids)
         router.scheduled_here = here
         router.metrics_text = self._metrics_here
+        router.own_port = self._own_port
 
     async def _metrics_here(self) -> str:
         return (await super().metrics_text(None)).body.decode()
@@ -129,6 +130,18 @@ class DiskNode(NodeBase):
         topics = len(await views.all_topics()) if views is not None else 0
         local.body = merge_metrics(texts, self.config.metrics_topics, topics).encode()
         return local
+
+    async def shard_ports(self) -> list[int]:
+        router = self.router
+        if router is None:
+            return await super().shard_ports()
+        ports = await router.everywhere("port", [], self._own_port)
+        return [int(p) for p in ports]
+
+    async def _own_port(self) -> int:
+        if self.own_port is None:
+            raise Unavailable("the shard is starting; retry")
+        return self.own_port
 
     def routed(self, command: Command) -> Command:
         """A shard's commands as the node's (broker.shards.router.ShardRouter.route)."""

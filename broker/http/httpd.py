@@ -766,6 +766,7 @@ class HttpServer:
         self.shared = _Shared(admit, limits or Limits(), descriptors)
         self.listeners: list[socket.socket] = []
         self.spare: int | None = None  # a descriptor held to answer 503 at EMFILE
+        self.own_port: int | None = None  # a shard's own port beside the node's (`start`)
         self.adoptions: set[asyncio.Task[None]] = set()
         self.sweeper: asyncio.Task[None] | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -782,9 +783,15 @@ class HttpServer:
 
     async def start(self, host: str, port: int, reuse_port: bool = False) -> None:
         """Listen on host:port; `reuse_port`: beside the other shards of the
-        node, each with its own socket (broker.shards.supervisor)."""
+        node, each with its own socket (broker.shards.supervisor), and on a
+        port of this shard's own as well (`own_port`: a client that knows
+        the shard map sends a message to its shard there)."""
         self.loop = loop = asyncio.get_running_loop()
         self.listeners = await _listen(loop, host, port, backlog=1024, reuse_port=reuse_port)
+        if reuse_port:
+            own = await _listen(loop, self.listeners[0].getsockname()[0], 0, backlog=1024)
+            self.own_port = own[0].getsockname()[1]
+            self.listeners += own
         self.spare = _open_spare()
         self.shared.descriptors.measure(0)
         for listener in self.listeners:

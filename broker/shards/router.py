@@ -321,6 +321,7 @@ class ShardRouter:
         self._backend: Broker | None = None
         self._long_polls: LongPolls | None = None
         self.metrics_text: Callable[[], Awaitable[str]] | None = None
+        self.own_port: Callable[[], Awaitable[int]] | None = None
         self.scheduled_here: Callable[[str, Sequence[str]], Awaitable[set[str]]] | None = None
         self._turn = itertools.count()
         self.forwarded = 0  # calls this shard made of others
@@ -462,6 +463,10 @@ class ShardRouter:
             if self.metrics_text is None:
                 raise Unavailable("the shard is starting; retry")
             return await self.metrics_text()
+        if op == "port":
+            if self.own_port is None:
+                raise Unavailable("the shard is starting; retry")
+            return await self.own_port()
         if op == "call":
             return await self._call_here(args)
         if op == "scheduled":
