@@ -174,7 +174,11 @@ class DiskNode(NodeBase):
                 ("hourglass_open_seconds", "gauge", self.opened_s),
                 ("hourglass_wheel_released_total", "counter", self.broker.scheduler.stats.released),
                 ("hourglass_wheel_lag_seconds", "gauge", self.broker.scheduler.lag_ms(self.clock.now_ms()) / 1000),
-                *disk_series(self.store, self.config.data_path)]
+                *disk_series(self.store, self.config.data_path),
+                *(() if self.router is None else (
+                    # calls this shard made of the others, and they of it (docs/operations.md, "Shards")
+                    ("hourglass_shard_forwards_total", "counter", self.router.forwarded),
+                    ("hourglass_shard_calls_served_total", "counter", self.router.served)))]
 
     async def checkpoint(self) -> None:
         """The checkpoint is prepared by the group commit at a quiet point

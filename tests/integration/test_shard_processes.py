@@ -216,3 +216,46 @@ def test_long_polls_on_every_shard_receive_every_message_of_a_burst(tmp_path):
         assert len(received) == n, f"{n - len(received)} never delivered"
     finally:
         assert server.stop() == 0
+
+
+def test_a_client_that_knows_the_shard_map_sends_each_message_to_its_shard_with_no_forward(tmp_path):
+    server = Server.start(tmp_path / "data", "--shards", "2")
+    try:
+        status, body = server.get("/camellia/delayQueue/getShardMap")
+        assert status == 200 and body["shards"] == 2 and body["placement"] == "crc32"
+        ports = body["ports"]
+        shards = []
+        for port in ports:
+            _, health = _get(port, "/health")
+            shards.append(health["shard"])
+        assert shards == [0, 1]  # each port is its shard's own
+
+        def forwards() -> int:
+            text = server.get("/metrics")[1].decode()
+            return int(next(line.split()[-1] for line in text.splitlines()
+                            if line.startswith("hourglass_shard_forwards_total")))
+        before = forwards()
+        for i in range(40):
+            msg_id = f"direct-{i}"
+            _, sent = _post(ports[placement.owner(msg_id, 2)], "sendMsg", topic="d", msgId=msg_id, msg="m")
+            assert sent["code"] == 200
+        assert forwards() - before < 10  # the scrapes' and a new topic's own fan-out: no send forwarded
+        _, info = server.get("/camellia/delayQueue/getTopicInfo?topic=d")
+        assert info["data"]["readyQueueSize"] == 40
+    finally:
+        assert server.stop() == 0
+
+
+def _get(port: int, path: str) -> tuple[int, dict]:
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    connection.request("GET", path)
+    response = connection.getresponse()
+    return response.status, json.loads(response.read())
+
+
+def _post(port: int, name: str, **params: str) -> tuple[int, dict]:
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    connection.request("POST", "/camellia/delayQueue/" + name, urllib.parse.urlencode(params),
+                       {"Content-Type": "application/x-www-form-urlencoded"})
+    response = connection.getresponse()
+    return response.status, json.loads(response.read())
