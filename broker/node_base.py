@@ -55,7 +55,7 @@ from .config import ServeConfig
 from .console.api import Console
 from .console.login import ConsoleLogin
 from .core.redact import client_text
-from .http.api import Api, answer, console_auth, console_entry
+from .http.api import API_ERRORS, Api, answer, console_auth, console_entry
 from .http.commands import Auth, Command, CommandTable
 from .http.descriptors import DescriptorBudget
 from .http.gate import Gate
@@ -216,7 +216,7 @@ class NodeBase(ABC):
         table = CommandTable(self.api.single_cap, self.serving)
         table.add("GET", "/health", self.health, inline=True)
         table.add("GET", "/metrics", self.metrics_text, inline=self.backend_inline)
-        table.add("GET", PREFIX + "getShardMap", self.shard_map)
+        table.add("GET", PREFIX + "getShardMap", self.shard_map, errors=API_ERRORS)
         self.add_own_routes(table)
         self.serving.add_routes(table)
         self.api.add_routes(table, inline=self.backend_inline)

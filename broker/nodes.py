@@ -37,6 +37,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("hourglass.server")
 
+# getShardMap waits this many times this long for a shard that has no port yet (starting).
+PORT_WAITS = 50
+PORT_WAIT_S = 0.1
+
 
 async def _text(text: str) -> str:
     return text
@@ -135,8 +139,14 @@ class DiskNode(NodeBase):
         router = self.router
         if router is None:
             return await super().shard_ports()
-        ports = await router.everywhere("port", [], self._own_port)
-        return [int(p) for p in ports]
+        for _ in range(PORT_WAITS):  # a shard that is starting has no port yet: wait for it a little
+            try:
+                ports = await router.everywhere("port", [], self._own_port)
+            except Unavailable:
+                await asyncio.sleep(PORT_WAIT_S)
+                continue
+            return [int(p) for p in ports]
+        raise Unavailable("a shard of the node is starting; retry")
 
     async def _own_port(self) -> int:
         if self.own_port is None:

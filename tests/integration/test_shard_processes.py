@@ -248,14 +248,20 @@ def test_a_client_that_knows_the_shard_map_sends_each_message_to_its_shard_with_
 
 def _get(port: int, path: str) -> tuple[int, dict]:
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-    connection.request("GET", path)
-    response = connection.getresponse()
-    return response.status, json.loads(response.read())
+    try:
+        connection.request("GET", path)
+        response = connection.getresponse()
+        return response.status, json.loads(response.read())
+    finally:
+        connection.close()
 
 
 def _post(port: int, name: str, **params: str) -> tuple[int, dict]:
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-    connection.request("POST", "/camellia/delayQueue/" + name, urllib.parse.urlencode(params),
-                       {"Content-Type": "application/x-www-form-urlencoded"})
-    response = connection.getresponse()
-    return response.status, json.loads(response.read())
+    try:
+        connection.request("POST", "/camellia/delayQueue/" + name, urllib.parse.urlencode(params),
+                           {"Content-Type": "application/x-www-form-urlencoded"})
+        response = connection.getresponse()
+        return response.status, json.loads(response.read())
+    finally:
+        connection.close()
