@@ -169,7 +169,11 @@ class System:
         os.makedirs(data_dir, 0o700, exist_ok=True)  # hourglass refuses one group or others may reach
         self.port = free_port()
         self._spawn()
-        wait_until(self.serves_pulls, limit_s, f"{self.name} start", self.server)
+        try:
+            wait_until(self.serves_pulls, limit_s, f"{self.name} start", self.server)
+        except BaseException:  # not serving: stopped by its PID all the same, not left running
+            self.stop()
+            raise
         self._started()
 
     def stop(self) -> dict:
