@@ -146,8 +146,8 @@ def merge_monitor_data(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
                     have[name] = have.get(name, 0) + value
     merged: dict[str, Any] = {
         "requestStatsList": [stats[t] for t in sorted(stats)],
-        "pullMsgTimeGapStatsList": merge_gaps(r for p in parts for r in p.get("pullMsgTimeGapStatsList", ())),
-        "readyQueueTimeGapStatsList": merge_gaps(r for p in parts for r in p.get("readyQueueTimeGapStatsList", ())),
+        "pullMsgTimeGapStatsList": merge_gaps([r for p in parts for r in p.get("pullMsgTimeGapStatsList", ())]),
+        "readyQueueTimeGapStatsList": merge_gaps([r for p in parts for r in p.get("readyQueueTimeGapStatsList", ())]),
     }
     starts = [p["intervalStartTime"] for p in parts if "intervalStartTime" in p]
     if starts:
@@ -307,6 +307,7 @@ class ShardRouter:
         # (method, path) -> the command as this shard serves it alone: what a forwarded call runs
         self._commands: dict[tuple[str, str], Command] = {}
         self._links_dir = links_dir
+        make_dir(links_dir)  # (a long path's sockets are reached through a descriptor of it: link.socket_path)
         self.peers = {i: link.Peer(i, link.socket_path(links_dir, i), self._hear, self._connected)
                       for i in range(count) if i != index}
         # (topic, tags) -> the shards that had fewer READY than asked, skipped by such pulls until they
@@ -537,7 +538,7 @@ class ShardRouter:
 
     async def _on_every_shard(self, command: Command, request: Request) -> Response:
         """Every shard's answer; this one's if all agree it succeeded, else the first that did not."""
-        answers = await asyncio.gather(*(self._forward(i, command, request) for i in range(self.count)))
+        answers = await asyncio.gather(*[self._forward(i, command, request) for i in range(self.count)])
         for response in answers:
             if response.status != 200 or b'"code":200' not in response.body[:40]:
                 return response
@@ -546,7 +547,7 @@ class ShardRouter:
     async def _subscription(self, command: Command, request: Request) -> Response:
         """getSubscription: every shard pushes the topic's messages it owns;
         their deliveries' health summed (the last error the latest)."""
-        answers = await asyncio.gather(*(self._forward(i, command, request) for i in range(self.count)))
+        answers = await asyncio.gather(*[self._forward(i, command, request) for i in range(self.count)])
         found = [orjson.loads(r.body) for r in answers]
         if any(f.get("code") != 200 for f in found):
             return answers[self.index]
@@ -569,7 +570,7 @@ class ShardRouter:
     async def _schedules_page(self, command: Command, request: Request) -> Response:
         """listSchedules: every shard's page after the cursor (scheduleIds in
         order), merged and cut to the limit."""
-        answers = await asyncio.gather(*(self._forward(i, command, request) for i in range(self.count)))
+        answers = await asyncio.gather(*[self._forward(i, command, request) for i in range(self.count)])
         pages = []
         for response in answers:
             page = orjson.loads(response.body)
@@ -603,7 +604,7 @@ class ShardRouter:
         """`op` on the shard that owns `msg_id`; if it has no such message,
         on the others in turn (a keyed message lives on its key's shard)."""
         first = placement.owner(msg_id, self.count)
-        order = [first, *(i for i in range(self.count) if i != first)]
+        order = [first, *[i for i in range(self.count) if i != first]]
         missing: NotFound | None = None
         for shard in order:
             try:

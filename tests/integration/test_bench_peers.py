@@ -82,7 +82,7 @@ def test_targets_hold_hourglass_to_the_durable_peers_in_the_same_run():
 
 def test_one_run_covers_every_system_and_ten_million_adds_its_lag():
     args = parse_args([])
-    assert args.systems == ["hourglass", "redis_always", "beanstalkd_f0", "redis", "beanstalkd"]
+    assert args.systems == ["hourglass", "hourglass_1", "redis_always", "beanstalkd_f0", "redis", "beanstalkd"]
     assert "lag-10m" not in args.scenarios and {"dispatch-keyed", "engine", "spark"} <= set(args.scenarios)
     args = parse_args(["--scenarios", "lag", "--ten-million"])
     assert (args.scenarios, args.ten_million_msgs, args.ten_million_systems) == (["lag", "lag-10m"], 10_000_000,

@@ -265,3 +265,19 @@ def _post(port: int, name: str, **params: str) -> tuple[int, dict]:
         return response.status, json.loads(response.read())
     finally:
         connection.close()
+
+
+def test_a_data_directory_with_a_long_path_serves_its_shards(tmp_path):
+    """A Unix socket's path is at most ~108 bytes: the shards' sockets
+    under a long data directory are reached through a descriptor of it."""
+    deep = tmp_path / ("d" * 60) / ("e" * 60)
+    deep.parent.mkdir(parents=True)
+    server = Server.start(deep, "--shards", "2")
+    try:
+        assert len(str(deep / "links" / "0.sock")) > 108
+        ids = [f"long-{i}" for i in range(20)]
+        for msg_id in ids:
+            assert server.post("sendMsg", topic="l", msgId=msg_id, msg="m")[1]["code"] == 200
+        assert all(server.post("getMsg", topic="l", msgId=i)[1]["code"] == 200 for i in ids)
+    finally:
+        assert server.stop() == 0
