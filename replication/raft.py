@@ -218,7 +218,11 @@ class RaftElection:
         deadline_s = self.clock.monotonic_s() + TRANSFER_WAIT_S
         while self.is_leader and self.clock.monotonic_s() < deadline_s:
             await self.clock.sleep(0.01)
-        return not self.is_leader
+        if self.is_leader:
+            return False
+        while self.leader_id is None and self.clock.monotonic_s() < deadline_s:  # who took it, for the log
+            await self.clock.sleep(0.01)
+        return True
 
     def close(self) -> None:
         self._raft.destroy()
