@@ -100,7 +100,6 @@ class Connection(asyncio.Protocol):
                                          max_buffer_size=MAX_FRAME_BYTES)  # arrays as tuples: NamedTuples' fields
         self._pending: dict[int, asyncio.Future[Any]] = {}
         self._next_id = 1
-        self.closed = asyncio.get_running_loop().create_future()
         self.on_lost: Callable[[Connection], None] | None = None
 
     def __repr__(self) -> str:
@@ -124,8 +123,6 @@ class Connection(asyncio.Protocol):
             if not future.done():
                 future.set_exception(error)
         self._pending.clear()
-        if not self.closed.done():
-            self.closed.set_result(None)
         if self.on_lost is not None:
             self.on_lost(self)
 

@@ -375,6 +375,14 @@ class ShardRouter:
 
     # == the link's two sides ==================================================================
 
+    def drained(self, topic: str, tags: tuple[str, ...]) -> set[int]:
+        """The shards a pull of (topic, tags) skips: they had fewer READY than asked, and said nothing since."""
+        return self._drained[(topic, tags)]
+
+    def heard(self, shard: int, topic: str) -> int:
+        """How many "ready" notices of `topic` `shard` has sent this one."""
+        return self._notices.get((shard, topic), 0)
+
     def _connected(self, shard: int) -> None:
         # a shard (re)connected: what it was known to hold is unknown again
         for drained in self._drained.values():
@@ -687,18 +695,18 @@ class ShardedRequests:
         if want <= 0:
             return pulled
         router = self._router
-        drained = router._drained[(request.topic, request.tags)]
+        drained = router.drained(request.topic, request.tags)
         local = len(pulled)
         for shard in router.others():
             if shard in drained:
                 continue
             asked = request._replace(batch=want)
-            heard = router._notices.get((shard, request.topic), 0)
+            heard = router.heard(shard, request.topic)
             try:
                 rows = await router.call(shard, "pull", [list(asked)])
             except Unavailable:
                 continue
-            if len(rows) < want and router._notices.get((shard, request.topic), 0) == heard:
+            if len(rows) < want and router.heard(shard, request.topic) == heard:
                 drained.add(shard)
             pulled.extend(messages_of(rows))
             want = request.batch - len(pulled)
