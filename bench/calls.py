@@ -32,12 +32,26 @@ machine: the path of a request does not change between repeats.
     pull_ack_batch  pullMsg of --batch ready messages, then one ackMsg each
     pull_ack_many   pullMsg of --batch ready messages, then one ackMsg of
                     them all (msgIds)
+
+With --paths it prints instead the path of a send (sendMsg), a pull
+(pullMsg of one ready message) and an ack (ackMsg of it) through the
+code: each call from a module of broker/ into another module of the
+project, in order, as "file:function" (a coroutine resumed is not a new
+entry; storage's, the wheel's and replication's calls among themselves
+are left out: the path ends where it enters them); which broker modules
+it enters before its first call into storage; and each module it enters
+more than once. docs/internals.md ("Three requests, file by file") lists
+the same; a compiled module is invisible to the hook, so --paths needs
+the pure sources (PYTHONPATH=. from a checkout, or an editable install).
+
+    PYTHONPATH=. .venv/bin/python bench/calls.py --paths
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import shutil
@@ -89,6 +103,64 @@ class Counter:
                 self.c_calls += 1
         elif event == "c_call":
             self.c_calls += 1
+
+
+PROJECT = ("broker/", "storage/", "wheel/", "replication/")
+# the frames of the request itself: the front's reading and its frame
+REQUEST_FRAMES = frozenset(("Connection.data_received", "Connection._step", "Connection._run"))
+
+
+class PathRecorder:
+    """Records, while hooked, each call from a module of broker/ into
+    another module of the project made by the request (a frame under the
+    connection's reading or its request frame), in order."""
+
+    def __init__(self, root: str) -> None:
+        self.root = root + os.sep
+        self.entries: list[tuple[str, str]] = []  # (file, function) entered
+        self.modules: dict[object, str | None] = {}  # code object -> its file in the project, or None
+        self.seen: dict[int, FrameType] = {}  # the frames entered: a later `call` of one is a resumption
+        # the collector's callbacks run under whatever frame allocated: not the request's path
+        self.gc_callbacks = {getattr(getattr(c, "__func__", c), "__code__", None) for c in gc.callbacks}
+
+    def module(self, frame: FrameType) -> str | None:
+        code = frame.f_code
+        known = self.modules.get(code, "")
+        if known == "":
+            name = code.co_filename
+            rel = name[len(self.root):] if name.startswith(self.root) else ""
+            known = self.modules[code] = rel if rel.startswith(PROJECT) else None
+        return known
+
+    def hook(self, frame: FrameType, event: str, arg: object) -> None:
+        if event != "call":
+            return
+        if self.seen.get(id(frame)) is frame:
+            return
+        self.seen[id(frame)] = frame
+        callee = self.module(frame)
+        if callee is None or frame.f_code in self.gc_callbacks:
+            return
+        caller, up, requested = None, frame.f_back, frame.f_code.co_qualname in REQUEST_FRAMES
+        while up is not None:
+            if caller is None:
+                caller = self.module(up)
+            requested = requested or up.f_code.co_qualname in REQUEST_FRAMES
+            up = up.f_back
+        if requested and caller is not None and caller != callee and caller.startswith("broker/"):
+            self.entries.append((callee, frame.f_code.co_qualname))
+
+    def path(self) -> dict[str, Any]:
+        entered: dict[str, int] = {}
+        before_storage: list[str] = []
+        for file, _ in self.entries:
+            entered[file] = entered.get(file, 0) + 1
+            if (not any(f.startswith("storage/") for f in entered) and file.startswith("broker/")
+                    and file not in before_storage):
+                before_storage.append(file)
+        return {"entries": [f"{file}:{function}" for file, function in self.entries],
+                "broker_modules_before_storage": before_storage,
+                "entered_more_than_once": {f: n for f, n in entered.items() if n > 1}}
 
 
 class Wire(asyncio.Transport):
@@ -166,7 +238,7 @@ class Client:
         return (f"POST {PREFIX}{path} HTTP/1.1\r\nHost: {HOST}\r\nContent-Type: application/json"
                 f"\r\nContent-Length: {len(body)}\r\n\r\n").encode() + body
 
-    async def call(self, raw: bytes, counter: Counter | None = None) -> dict[str, Any]:
+    async def call(self, raw: bytes, counter: Counter | PathRecorder | None = None) -> dict[str, Any]:
         answered = self.wire.answered = asyncio.get_running_loop().create_future()
         if counter is not None:
             sys.setprofile(counter.hook)
@@ -193,7 +265,34 @@ async def least(repeat: int, one: Callable[[Counter], Any]) -> dict[str, int]:
     return {"python_calls": best[0], "c_calls": best[1]}
 
 
-async def measure(repeat: int, batch: int) -> dict[str, Any]:
+def project_root() -> str:
+    """The folder the imported broker package stands in."""
+    import broker
+    return os.path.dirname(os.path.dirname(os.path.abspath(broker.__file__)))
+
+
+async def paths(client: Client, node: DiskNode) -> dict[str, Any]:
+    """--paths: the path of a send, a pull and an ack (see the docstring)."""
+    root = project_root()
+    out: dict[str, Any] = {}
+    send = PathRecorder(root)
+    await client.call(Client.form("sendMsg", topic="r", msg="hello", msgId="p1", delayMillis=0), send)
+    out["send"] = send.path()
+    await node.broker.commits.flush()
+    pull = PathRecorder(root)
+    pulled = await client.call(Client.form("pullMsg", topic="r", batch=1, ackTimeoutMillis=30_000), pull)
+    out["pull"] = pull.path()
+    (m,) = pulled["delayMsgList"]
+    ack = PathRecorder(root)
+    await client.call(Client.form("ackMsg", topic="r", msgId=m["msgId"], ack="true"), ack)
+    out["ack"] = ack.path()
+    out["compiled"] = [name for name, module in sorted(sys.modules.items())
+                       if name.startswith(("broker.", "storage.", "wheel."))
+                       and not (getattr(module, "__file__", None) or ".py").endswith(".py")]
+    return out
+
+
+async def measure(repeat: int, batch: int, trace: bool = False) -> dict[str, Any]:
     work = tempfile.mkdtemp(prefix="hourglass-calls-")
     args = build_parser().parse_args(["serve", "--data-dir", os.path.join(work, "data"), "--port", "0",
                                       "--fsync", "batch"])
@@ -215,6 +314,8 @@ async def measure(repeat: int, batch: int) -> dict[str, Any]:
         # INLINE_SYNC_AFTER), so every round counted is one kind
         for _ in range(INLINE_SYNC_AFTER + 4):
             await client.call(Client.form("sendMsg", topic="t", msg="warm", msgId=next_id(), delayMillis=60_000))
+        if trace:
+            return await paths(client, node)
 
         async def send(counter: Counter) -> None:
             await client.call(Client.form("sendMsg", topic="t", msg="hello", msgId=next_id(), delayMillis=60_000),
@@ -275,14 +376,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--batch", type=int, default=100)
+    parser.add_argument("--paths", action="store_true",
+                        help="the path of a send, a pull and an ack through the code (the pure sources)")
     args = parser.parse_args()
     try:  # the loop `hourglass serve` runs on (broker.server)
         import uvloop
     except ImportError:
-        result = asyncio.run(measure(args.repeat, args.batch))
+        result = asyncio.run(measure(args.repeat, args.batch, args.paths))
         result["loop"] = "asyncio"
     else:
-        result = uvloop.run(measure(args.repeat, args.batch))
+        result = uvloop.run(measure(args.repeat, args.batch, args.paths))
         result["loop"] = "uvloop"
     result["build"] = describe()
     print(json.dumps(result, indent=2))
