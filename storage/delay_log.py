@@ -123,7 +123,7 @@ def _trailed(fields: list[Any], extra: bytes) -> Body:
                             f"redriveCount")
     if len(fields) == 7:
         fields.append("")  # no serial key
-    return Body(*fields, *trace, count)
+    return Body._make((*fields, *trace, count))
 
 
 def serial_key(body: Buffer) -> tuple[str, str]:
