@@ -38,6 +38,7 @@ them holds the node's memory to that much a page (docs/security.md).
 from __future__ import annotations
 
 import heapq
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import orjson
@@ -128,9 +129,10 @@ class DeadFilter(NamedTuple):
                 self.ended_to_ms]
 
     @classmethod
-    def of(cls, fields: list[object]) -> DeadFilter:
+    def of(cls, fields: Sequence[object]) -> DeadFilter:
+        """`fields()`' list again (a tuple, through a shard link)."""
         key, tag, prefix, statuses, lo, hi = fields
-        if not isinstance(statuses, list) or not statuses or not {*statuses} <= {5, 6}:
+        if not isinstance(statuses, (list, tuple)) or not statuses or not {*statuses} <= {5, 6}:
             raise InvalidRequest("status", f"a dead-letter filter's statuses are 5 and 6, got {statuses!r}")
         return cls(_opt_str(key), _opt_str(tag), _opt_str(prefix), frozenset(Status(int(s)) for s in statuses),
                    _opt_int(lo), _opt_int(hi))
