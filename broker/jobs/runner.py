@@ -10,10 +10,11 @@ skipped = matched but no longer dead when its slice took it), a state
 running job as a task of slices: a slice is the backend's
 `redrive_slice` (broker.disk.dead_letters: at most JOB_SCAN index entries
 read and `slice_size` matches re-driven as one MOVE record, durable before
-it returns), then the job's record saved (`JobStore.save`: durable), then
-a pause so the job keeps to its rate, measured from the time it (re)started:
+it returns), then the job's record saved (`JobStore.save`: durable; at
+most every `save_every_s`), then a pause so the job keeps to its rate,
+measured from the time it (re)started:
 
-    rate 10,000/s: slices of 500; slice k starts at t0 + 500·k / 10,000 s
+    rate 10,000/s: slices of 250; slice k starts at t0 + 250·k / 10,000 s
     rate 0: slices of SLICE_MAX, one after another, the loop free between
 
 so at any rate the event loop is held for one slice at most (a few ms):
@@ -60,9 +61,9 @@ from ..core.redact import client_text
 log = logging.getLogger("hourglass.jobs")
 
 # Matches a slice re-drives at most (one MOVE record; a few ms of the loop).
-SLICE_MAX = 500
+SLICE_MAX = 250
 # Slices a second a paced job aims at: slice size rate / SLICES_A_SECOND.
-SLICES_A_SECOND = 20
+SLICES_A_SECOND = 40
 DEFAULT_MAX_JOBS = 100
 DEFAULT_RETENTION_MS = 24 * 3_600_000
 

@@ -41,7 +41,7 @@ def job_count(api) -> int | None:
     return len(body["jobs"]) if code == 200 else None
 
 
-@pytest.mark.parametrize("bad, parameter", [
+@pytest.mark.parametrize(("bad", "parameter"), [
     ({}, "topic"),
     ({"status": "2"}, "status"),
     ({"status": "5,7"}, "status"),

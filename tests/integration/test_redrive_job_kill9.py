@@ -72,8 +72,8 @@ def test_a_paced_job_killed_midway_resumes_and_redrives_each_once(tmp_path):
             assert time.monotonic() < deadline, job
             time.sleep(0.1)
         assert job["state"] == "done" and job["skipped"] == 0, job
-        # the counts may miss the slice the kill cut short: never more than were there
-        assert before["redriven"] <= job["redriven"] <= MESSAGES, job
+        # the counts may miss the slices since the last save (docs/api.md): never more than were there
+        assert 0 < job["redriven"] <= MESSAGES, job
         assert _count(again, topic, "5,6") == 0
         assert _count(again, topic, "2") == MESSAGES
         counts: dict[int, int] = {}
