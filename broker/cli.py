@@ -18,6 +18,7 @@ from .core.params import Defaults
 from .disk.ready import QueueLimits
 from .http.httpd import Limits
 from .http.sessions import ConsoleConfig
+from .jobs.runner import JobLimits
 from .observe.tracing import exporters_from_env
 from .push.rules import DEFAULT_MAX_SUBSCRIPTIONS, PushLimits
 from .schedules.keeper import ScheduleLimits
@@ -81,6 +82,12 @@ def build_parser() -> argparse.ArgumentParser:
                        help=f"UTF-8 bytes the schedules' messages hold in all (msg, topic, ids, tag, key, and 200 "
                             f"each); a putSchedule past it is answered "
                             f"429 (default {schedules.max_bytes})")
+    jobs = JobLimits()
+    serve.add_argument("--max-jobs", type=int, default=jobs.max_jobs,
+                       help=f"redriveMsgs jobs the node keeps, running and ended; a redriveMsgs past it is "
+                            f"answered 429 (default {jobs.max_jobs})")
+    serve.add_argument("--job-retention-ms", type=int, default=jobs.retention_ms,
+                       help=f"ms an ended redriveMsgs job stays listed by getJob (default {jobs.retention_ms})")
     push = PushLimits()
     serve.add_argument("--push-max-head-bytes", type=int, default=push.max_head_bytes,
                        help=f"bytes of a subscriber's answer head (status line and headers); more: a failed "
@@ -272,6 +279,7 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
                        max_subscriptions=args.max_subscriptions,
                        schedules=ScheduleLimits(max_schedules=args.max_schedules,
                                                 max_bytes=args.max_schedule_bytes),
+                       jobs=JobLimits(max_jobs=args.max_jobs, retention_ms=args.job_retention_ms),
                        push=PushLimits(max_head_bytes=args.push_max_head_bytes, max_headers=args.push_max_headers,
                                        head_timeout_ms=args.push_head_timeout_ms,
                                        body_timeout_ms=args.push_body_timeout_ms,

@@ -14,6 +14,7 @@ from .core.params import Defaults
 from .disk.ready import QueueLimits
 from .http.httpd import Limits
 from .http.sessions import ConsoleConfig
+from .jobs.runner import JobLimits
 from .push.rules import DEFAULT_MAX_SUBSCRIPTIONS, PushAllow, PushLimits
 from .redis.keys import RedisConfig
 from .schedules.keeper import ScheduleLimits
@@ -91,6 +92,9 @@ class ServeConfig:
     # Recurring schedules the node keeps, and the bytes their messages hold
     # in RAM (--max-schedules, --max-schedule-bytes): broker.schedules.keeper.
     schedules: ScheduleLimits = field(default_factory=ScheduleLimits)
+    # redriveMsgs jobs the node keeps, and how long an ended one stays
+    # listed (--max-jobs, --job-retention-ms): broker.jobs.runner.
+    jobs: JobLimits = field(default_factory=JobLimits)
     # The span exporters the standard OTEL_* variables name (the CLI reads
     # them: broker.observe.tracing.exporters_from_env); () is no spans, and then no
     # module of OpenTelemetry is loaded (docs/operations.md, "Traces").

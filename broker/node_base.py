@@ -65,6 +65,7 @@ from .http.httpd import HttpServer
 from .http.paths import PREFIX
 from .http.scrape import Series, metrics_response
 from .http.sessions import CONSOLE, ConsoleSessions
+from .jobs.api import JobApi
 from .observe import tracing
 from .observe.camellia_metrics import ProcessStats
 from .observe.metrics import Metrics
@@ -74,6 +75,7 @@ from .push.rules import PushAllow
 from .schedules.api import ScheduleApi
 
 if TYPE_CHECKING:
+    from .jobs.runner import RedriveJobs
     from .push.pusher import Pushers
     from .schedules.keeper import Schedules
 
@@ -138,6 +140,11 @@ class NodeBase(ABC):
         self.pushers: Pushers | None = None
         # Recurring schedules (broker.schedules.keeper): None on a node that keeps none.
         self.schedules: Schedules | None = None
+        # redriveMsgs jobs (broker.jobs.runner): None on a node that runs none
+        # (Redis), or while no broker serves here (a cluster follower).
+        self.jobs: RedriveJobs | None = None
+        self.job_api = JobApi(lambda: self.jobs, config.bodies, config.max_msg_bytes, clock.now_ms,
+                              lambda: self.jobs_absent())
         # The process's file descriptors: client connections (broker.http.httpd),
         # push connections (broker.push.client) and storage share them
         # (broker.http.descriptors).
@@ -184,6 +191,11 @@ class NodeBase(ABC):
         not because this kind of node keeps none (code 403)."""
         return None
 
+    def jobs_absent(self) -> HourglassError | None:
+        """Why the job calls find no `jobs` on this node now, if not because
+        this kind of node runs none (code 501)."""
+        return None
+
     # Whether the backend's calls ask for no current Task before they first
     # wait (the disk broker's), so that the API's requests may start in the
     # connection's frame (broker.http.commands.Command.inline). redis-py's
@@ -224,6 +236,7 @@ class NodeBase(ABC):
                 self.config.max_msg_bytes, self.push_refusal).add_routes(table)
         ScheduleApi(lambda: self.schedules, self.config.defaults, self.config.bodies, self.config.max_msg_bytes,
                     self.clock.now_ms, self.schedules_absent).add_routes(table)
+        self.job_api.add_routes(table)
         token = self.config.auth_token
         sessions = None
         if self.console is not None:

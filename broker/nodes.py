@@ -23,6 +23,8 @@ from .config import ServeConfig
 from .console.api import Console, standalone_info
 from .disk.backend import Broker
 from .http.scrape import Series, disk_series
+from .jobs.file import JobFiles, jobs_path
+from .jobs.runner import RedriveJobs
 from .node_base import NodeBase
 from .observe.metrics import Metrics
 from .push.rules import PushAllow
@@ -92,6 +94,9 @@ class DiskNode(NodeBase):
                           lambda: [] if self.pushers is None else self.pushers.public(), lambda: self.schedules)
         super().__init__(config, clock, metrics, served, console)
         self.schedules = schedules
+        # redriveMsgs jobs, their records in the data dir (broker.jobs)
+        self.jobs = RedriveJobs(JobFiles(jobs_path(config.data_path), config.store.fsync is not FsyncPolicy.NEVER),
+                                clock, config.jobs)
         if self.router is not None:
             self._serve_shards(self.router, served)
         if config.push_allow:  # pushers load aiohttp's client: only on a node that pushes
@@ -115,6 +120,8 @@ class DiskNode(NodeBase):
         self.api.views = served
         self.api.scheduled = lambda topic, ids: scheduled_on_owners(router, here, topic, ids)
         router.scheduled_here = here
+        self.job_api.shards = router  # a job on every shard (broker.jobs.api)
+        router.jobs_here = lambda: self.jobs
         router.metrics_text = self._metrics_here
         router.own_port = self._own_port
 

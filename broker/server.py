@@ -178,6 +178,9 @@ async def run_disk(config: ServeConfig) -> int:
     schedules = node.schedules
     if schedules is not None:
         schedules.start(node.broker)
+    jobs = node.jobs
+    if jobs is not None:  # running redriveMsgs jobs resume from their cursors
+        jobs.start(node.broker)
     links = app = None
     if node.router is not None:  # a shard: the others' calls (all it serves running), and links to them
         app = node.app()
@@ -191,6 +194,8 @@ async def run_disk(config: ServeConfig) -> int:
         await node.router.stop()
     checkpoints.cancel()
     monitor.cancel()
+    if jobs is not None:  # running jobs go on at the next start
+        await jobs.stop()
     if schedules is not None:  # a release it did not follow yet is followed at the next start
         await schedules.stop()
         schedules.close()

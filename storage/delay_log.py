@@ -13,7 +13,9 @@ File `delay/<hour:010d>.log`, appended in arrival order:
                                   maxRetry, tag] or, for a message with a
                          serial key, [..., tag, key] (8 items); for a
                          message with trace context, that array followed
-                         by a second one: [traceparent, tracestate]
+                         by a second one: [traceparent, tracestate]; for
+                         a message re-driven (redriveMsgs), then a
+                         positive int: its redriveCount
 
 A body without trace context (docs/api.md, "Trace context") ends with its
 first array, as every body did before trace context was kept: it costs no
@@ -22,6 +24,11 @@ storage.key_index) from a plain one (0x97), and a body of an older log
 reads as it did. `tracestate` is "" when the sender gave none. (A node
 from before trace context refuses a body carrying one: msgpack's
 ExtraData.)
+
+`redriveCount` (docs/api.md, "Re-driving by filter") is written only once a
+message was re-driven by a redriveMsgs job: a body without it (every body
+of an older log) reads as 0, and the first byte still tells a keyed body
+from a plain one.
 
 An index entry points at a frame by `offset // 8` (u32, so an hour's log
 may reach 32 GiB) and the frame's length without padding.
@@ -59,10 +66,11 @@ class Body(NamedTuple):
     key: str = ""  # the serial key (SPEC: `key`); "" none
     traceparent: str = ""  # W3C trace context the sender gave (broker.core.trace_context); "" none
     tracestate: str = ""
+    redrive_count: int = 0  # times a redriveMsgs job put it back (docs/api.md); 0 none
 
 
 def pack_body(topic: str, msg_id: str, msg: str, produce_ms: int, ttl_ms: int, max_retry: int, tag: str,
-              key: str = "", traceparent: str = "", tracestate: str = "") -> bytes:
+              key: str = "", traceparent: str = "", tracestate: str = "", redrive_count: int = 0) -> bytes:
     packed: bytes
     if key:
         packed = _pack((topic, msg_id, msg, produce_ms, ttl_ms, max_retry, tag, key))
@@ -70,7 +78,16 @@ def pack_body(topic: str, msg_id: str, msg: str, produce_ms: int, ttl_ms: int, m
         packed = _pack((topic, msg_id, msg, produce_ms, ttl_ms, max_retry, tag))
     if traceparent:
         packed += _pack((traceparent, tracestate))
+    if redrive_count:
+        packed += _pack(redrive_count)
     return packed
+
+
+def redriven(body: Buffer) -> bytes:
+    """`body` with its redriveCount one more (a redriveMsgs job's move)."""
+    b = unpack_body(body)
+    return pack_body(b.topic, b.msg_id, b.msg, b.produce_ms, b.ttl_ms, b.max_retry, b.tag, b.key, b.traceparent,
+                     b.tracestate, b.redrive_count + 1)
 
 
 # msgpack.packb's own packer, made once (packb makes one a call, in Python)
@@ -80,18 +97,33 @@ _pack = msgpack.Packer().pack
 def unpack_body(body: Buffer) -> Body:
     try:
         return Body(*msgpack.unpackb(body))
-    except msgpack.ExtraData as more:  # the trace context, after the fields
-        return _traced(more.unpacked, more.extra)
+    except msgpack.ExtraData as more:  # the trace context, or a redriveCount, after the fields
+        return _trailed(more.unpacked, more.extra)
 
 
-def _traced(fields: list[Any], extra: bytes) -> Body:
-    """The Body of `fields` and the trace context packed after them."""
-    trace = msgpack.unpackb(extra)
-    if type(trace) is not list or len(trace) != 2 or not all(type(t) is str for t in trace) or not trace[0]:
-        raise ContractError(f"delay-log body ends with {extra[:16]!r}, not a [traceparent, tracestate] array")
+def _trailed(fields: list[Any], extra: bytes) -> Body:
+    """The Body of `fields` and what is packed after them: the trace
+    context's array, then a redriveCount, each optional, in that order."""
+    unpacker = msgpack.Unpacker()
+    unpacker.feed(extra)
+    try:
+        after = list(unpacker)
+    except (ValueError, msgpack.UnpackException) as e:
+        raise ContractError(f"delay-log body ends with {extra[:16]!r}: {e}") from e
+    trace: list[Any] = ["", ""]
+    count = 0
+    if after and type(after[0]) is list:
+        trace = after.pop(0)
+        if len(trace) != 2 or not all(type(t) is str for t in trace) or not trace[0]:
+            raise ContractError(f"delay-log body ends with {extra[:16]!r}, not a [traceparent, tracestate] array")
+    if after and type(after[0]) is int and after[0] > 0:
+        count = after.pop(0)
+    if after or unpacker.tell() != len(extra):
+        raise ContractError(f"delay-log body ends with {extra[:16]!r}, not a trace context array and a "
+                            f"redriveCount")
     if len(fields) == 7:
         fields.append("")  # no serial key
-    return Body(*fields, *trace)
+    return Body._make((*fields, *trace, count))
 
 
 def serial_key(body: Buffer) -> tuple[str, str]:

@@ -75,6 +75,7 @@ class Message(NamedTuple):
     key: str = ""  # serial key: one of a (topic, key) is consumed at a time; "" none
     traceparent: str = ""  # the sender's W3C trace context, kept with the message; "" none
     tracestate: str = ""
+    redrive_count: int = 0  # times a redriveMsgs job put it back (storage.delay_log); 0 none
 
     @property
     def expire_ms(self) -> int:

@@ -103,7 +103,7 @@ class Refiler:
             first = due_ms if first is None else min(first, due_ms)
         return first
 
-    def move(self, changes: Sequence[tuple[Location, int, int]], now_ms: int) -> list[Message]:
+    def move(self, changes: Sequence[tuple[Location, int, int]], now_ms: int, redrive: bool = False) -> list[Message]:
         self._hours.advance(now_ms)
         batch = _Moves()
         moved: list[Message] = []
@@ -121,6 +121,8 @@ class Refiler:
                 status, flags, _, _ = self._pending.states.get(where) or (entry.status, flags, entry.retry, 0)
                 if flags & FLAG_RELEASED:
                     raise InvalidRequest(f"[{i}].location", f"the message at {where} was released")
+                if redrive:  # (a redriveMsgs job's: the body it is filed with counts it)
+                    raw = delay_log.redriven(raw)
                 moved.append(self._move_one(batch, entry, raw, flags, status, retry, max(0, trigger_ms), now_ms))
             self._append_moves(batch, now_ms)
         except BaseException:
@@ -165,7 +167,7 @@ class Refiler:
         message = _new(Message, (body.topic, body.msg_id, body.msg, body.produce_ms, trigger_ms, body.ttl_ms,
                                  body.max_retry, entry.priority, body.tag, Status.WAITING, retry,
                                  _new(Location, (to.hour, to.global_index)), body.key, body.traceparent,
-                                 body.tracestate))
+                                 body.tracestate, body.redrive_count))
         self._placement.pend_id(key, message, batch.undo_ids)
         return message
 

@@ -317,7 +317,7 @@ class Store:
         self._hours.flush_staged(everything=True)
         return more
 
-    def move(self, changes: Sequence[tuple[Location, int, int]], now_ms: int) -> list[Message]:
+    def move(self, changes: Sequence[tuple[Location, int, int]], now_ms: int, redrive: bool = False) -> list[Message]:
         """File messages again with new trigger times, as one MOVE record: each
         (location, trigger_ms, retry) keeps its id, body, priority and tag,
         and becomes WAITING at the place a send at `now_ms` with that
@@ -326,9 +326,11 @@ class Store:
         checks the status allows it, and makes a message due now READY.
         Returns the messages at their new places (pending, as a send's).
         Raises InvalidRequest, appending nothing, for a location that holds
-        no live message or one listed twice."""
+        no live message or one listed twice. `redrive`: a redriveMsgs
+        job's move, each body filed with its redriveCount one more
+        (storage.delay_log)."""
         self._check_open()
-        return self._refiler.move(changes, now_ms)
+        return self._refiler.move(changes, now_ms, redrive)
 
     def refile(self, now_ms: int, max_moves: int = REFILE_STEP) -> int:
         """Append one MOVE record filing up to `max_moves` waiting messages of

@@ -32,12 +32,14 @@ from typing import TYPE_CHECKING, Protocol
 
 from broker.disk.backend import Broker
 from broker.http.api import Api
+from broker.jobs.runner import RedriveJobs
 from broker.observe.metrics import Metrics
 from broker.schedules.keeper import Schedules
 from replication.log_stream import LeaderLog
 from storage.errors import InvariantError
 from wheel.tick_state import TickStateFile
 
+from .jobs import RaftJobs
 from .schedules import RaftScheduleStore
 from .state import NodeState
 
@@ -58,6 +60,7 @@ class Serving(Protocol):
     api: Api
     pushers: Pushers | None
     schedules: Schedules | None
+    jobs: RedriveJobs | None
     metrics: Metrics
 
 
@@ -94,6 +97,10 @@ class Lead:
             serving.pushers.start(broker)
         schedules.start(broker)
         serving.schedules = schedules
+        # only the leader runs redriveMsgs jobs, from the records Raft holds (broker.cluster.jobs)
+        jobs = RedriveJobs(RaftJobs(state.election), clock, config.jobs)
+        jobs.start(broker)
+        serving.jobs = jobs
         log.info("leading term %d from offset %d, tick %s, %.3f s after Raft elected it", term,
                  state.store.log_end_offset, broker.tick, clock.monotonic_s() - state.elected_s)
 
@@ -147,8 +154,12 @@ class Lead:
             log.info("handed over at offset %d, tick %s", end, broker.tick)
 
     async def stop_schedules(self) -> None:
-        """The leader's schedules stop making runs (standing down, handing
-        over); what they leave undone the next leader does."""
+        """The leader's schedules stop making runs and its jobs stop
+        (standing down, handing over); what they leave undone the next
+        leader does."""
+        jobs, self.serving.jobs = self.serving.jobs, None
+        if jobs is not None:
+            await jobs.stop()
         schedules, self.serving.schedules = self.serving.schedules, None
         if schedules is not None:
             await schedules.stop()

@@ -29,6 +29,7 @@ from replication import snapshot
 from replication.config import ClusterConfig
 from replication.election import Election
 from replication.epochs import Epochs
+from storage.errors import HourglassError, Unavailable
 from storage.store import Store
 from wheel.clock import Clock
 from wheel.tick_state import TickStateFile
@@ -144,6 +145,9 @@ class ClusterNode(NodeBase):
 
     def failure(self) -> BaseException | None:
         return self.state.failed
+
+    def jobs_absent(self) -> HourglassError | None:
+        return Unavailable("no broker serves on this node now (not the leader yet); retry")
 
     def health_fields(self) -> Mapping[str, object]:
         return self.routes.health_fields()

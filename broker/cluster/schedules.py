@@ -82,6 +82,8 @@ class RaftScheduleStore:
                 progress[key] = orjson.loads(value)
             elif kind == "x":
                 self.stale[key] = value.decode()
+            elif kind == "j":
+                continue  # a redriveMsgs job's record (broker.cluster.jobs)
             else:
                 raise RowError(f"a schedules entry of unknown kind {kind!r}")
         self.commands = 0  # Raft commands sent (tests)

@@ -1,5 +1,6 @@
 """Parameters of the bulk calls (docs/api.md, "Bulk calls"): listMsg,
-deleteMsgs, rescheduleMsgs -- and what both backends share of them: the
+deleteMsgs, rescheduleMsgs, and redriveMsgs' job (`parse_redrive_msgs`:
+docs/api.md, "Re-driving by filter") -- and what both backends share of them: the
 filter a message is matched against, the page order and its cursor.
 
 The parameters follow broker.core.params' rules (its helpers read every value):
@@ -37,6 +38,7 @@ them holds the node's memory to that much a page (docs/security.md).
 from __future__ import annotations
 
 import heapq
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import orjson
@@ -57,9 +59,15 @@ ANSWER_FIELDS_BYTES = 256
 # deleteMsgs, rescheduleMsgs: messages one call changes by default and at most.
 DEFAULT_BULK = 100_000
 MAX_BULK = 1_000_000
+# redriveMsgs: messages one job re-drives by default and at most, and its
+# `rate` at most (a second; 0: as fast as slices go).
+DEFAULT_REDRIVE = 1_000_000
+MAX_REDRIVE = 100_000_000
+MAX_REDRIVE_RATE = 1_000_000
 
 LIVE = frozenset((Status.WAITING, Status.READY, Status.CONSUMING))
 MOVABLE = frozenset((Status.WAITING, Status.READY))
+DEAD = frozenset((Status.EXPIRED, Status.ENDED))
 
 
 class BulkFilter(NamedTuple):
@@ -91,6 +99,65 @@ class BulkFilter(NamedTuple):
         """The same filter, its statuses cut to `statuses` (a delete acts on
         live messages only, a reschedule on waiting and ready ones)."""
         return self._replace(statuses=self.statuses & statuses)
+
+
+class DeadFilter(NamedTuple):
+    """What a dead letter must be to match a redriveMsgs job; None: any.
+    `ended_*` compare its expireTime (triggerTime + ttlMillis): the end
+    of its life, the time it ended by at the latest (an ended message
+    keeps no other end time: docs/api.md, "Re-driving by filter")."""
+
+    key: str | None = None
+    tag: str | None = None
+    msg_id_prefix: str | None = None
+    statuses: frozenset[Status] = DEAD
+    ended_from_ms: int | None = None  # inclusive
+    ended_to_ms: int | None = None  # exclusive
+
+    def matches(self, m: Message) -> bool:
+        expire_ms = m.trigger_ms + m.ttl_ms
+        return (m.status in self.statuses
+                and (self.ended_from_ms is None or expire_ms >= self.ended_from_ms)
+                and (self.ended_to_ms is None or expire_ms < self.ended_to_ms)
+                and (self.key is None or m.key == self.key)
+                and (self.tag is None or m.tag == self.tag)
+                and (self.msg_id_prefix is None or m.msg_id.startswith(self.msg_id_prefix)))
+
+    def fields(self) -> list[object]:
+        """As JSON stores it (a job's record, a call between shards)."""
+        return [self.key, self.tag, self.msg_id_prefix, sorted(int(s) for s in self.statuses), self.ended_from_ms,
+                self.ended_to_ms]
+
+    @classmethod
+    def of(cls, fields: Sequence[object]) -> DeadFilter:
+        """`fields()`' list again (a tuple, through a shard link)."""
+        key, tag, prefix, statuses, lo, hi = fields
+        if not isinstance(statuses, (list, tuple)) or not statuses or not {*statuses} <= {5, 6}:
+            raise InvalidRequest("status", f"a dead-letter filter's statuses are 5 and 6, got {statuses!r}")
+        return cls(_opt_str(key), _opt_str(tag), _opt_str(prefix), frozenset(Status(int(s)) for s in statuses),
+                   _opt_int(lo), _opt_int(hi))
+
+
+def _opt_str(value: object) -> str | None:
+    if value is None or isinstance(value, str):
+        return value
+    raise InvalidRequest("filter", f"must be a string or null, got {value!r}")
+
+
+def _opt_int(value: object) -> int | None:
+    if value is None or (type(value) is int):
+        return value
+    raise InvalidRequest("filter", f"must be a whole number or null, got {value!r}")
+
+
+class RedriveMsgsRequest(NamedTuple):
+    """redriveMsgs: a job's parameters."""
+
+    topic: str
+    filter: DeadFilter
+    trigger_ms: int | None  # every message's new trigger time; None: the time it is re-driven
+    rate: int  # messages a second, 0: no pacing
+    limit: int  # messages re-driven at most
 
 
 class Cursor(NamedTuple):
@@ -304,6 +371,50 @@ def parse_reschedule_msgs(params: Params, now_ms: int) -> RescheduleMsgsRequest:
         if trigger_ms > MAX_TRIGGER_MS:
             raise InvalidRequest("delayMillis", f"puts the trigger time past {MAX_TRIGGER_MS} (year 9999)")
     return RescheduleMsgsRequest(topic, flt.narrowed(MOVABLE), limit, shift_ms, trigger_ms)
+
+
+def parse_redrive_msgs(params: Params, now_ms: int) -> RedriveMsgsRequest:
+    """redriveMsgs: topic; filters key, tag, msgIdPrefix, status (5, 6:
+    a comma list, default both), endedFrom (incl.) < endedTo (excl.);
+    at most one of delayMillis (from `now_ms`) and triggerTime (default:
+    each message due when re-driven); rate (0..MAX_REDRIVE_RATE a second,
+    0 none); limit (1..MAX_REDRIVE, default DEFAULT_REDRIVE). Refused
+    whole, naming the parameter, on any bad one."""
+    topic = _required_name(params, "topic")
+    key = _name("key", params.get("key"), no_nul=True)
+    tag = _name("tag", params.get("tag"), no_comma=True)
+    prefix = _name("msgIdPrefix", params.get("msgIdPrefix"), no_nul=True)
+    statuses = _statuses(params.get("status"))
+    if statuses is not None and not statuses <= DEAD:
+        raise InvalidRequest("status", f"must be 5, 6 or 5,6 (dead letters), got {str(params.get('status'))[:40]!r}")
+    lo = _time("endedFrom", params.get("endedFrom"))
+    hi = _time("endedTo", params.get("endedTo"))
+    if lo is not None and hi is not None and lo >= hi:
+        raise InvalidRequest("endedFrom", f"must be before endedTo, got {lo} >= {hi}")
+    trigger_ms = _time("triggerTime", params.get("triggerTime"))
+    delay_ms = _int("delayMillis", params.get("delayMillis"))
+    if delay_ms is not None:
+        if trigger_ms is not None:
+            raise InvalidRequest("delayMillis", "or triggerTime, not both")
+        trigger_ms = now_ms + max(delay_ms, 0)
+        if trigger_ms > MAX_TRIGGER_MS:
+            raise InvalidRequest("delayMillis", f"puts the trigger time past {MAX_TRIGGER_MS} (year 9999)")
+    rate = _int("rate", params.get("rate"))
+    if rate is not None and not 0 <= rate <= MAX_REDRIVE_RATE:
+        raise InvalidRequest("rate", f"must be in 0..{MAX_REDRIVE_RATE} messages a second (0: no pacing), got {rate}")
+    limit = _limit(params, DEFAULT_REDRIVE, MAX_REDRIVE)
+    flt = DeadFilter(key, tag, prefix, DEAD if statuses is None else statuses, lo, hi)
+    return RedriveMsgsRequest(topic, flt, trigger_ms, rate or 0, limit)
+
+
+def parse_job_id(params: Params, required: bool = True) -> str | None:
+    """getJob, cancelJob: `jobId` (getJob without it: the list)."""
+    job_id = _name("jobId", params.get("jobId"), no_nul=True)
+    if job_id is None and required:
+        raise InvalidRequest("jobId", "is required")
+    if job_id is not None and not (len(job_id) <= 64 and job_id.isascii() and job_id.replace("-", "").isalnum()):
+        raise InvalidRequest("jobId", f"must be a jobId redriveMsgs answered, got {job_id[:40]!r}")
+    return job_id
 
 
 def parse_cursor(value: object) -> Cursor | None:

@@ -59,7 +59,8 @@ expire = triggerTime + ttlMillis; final = ACKED, EXPIRED, ENDED, DELETED):
     [7] from WAITING (CANCEL) or READY (FORGET): filed anew (MOVE, FILE)
         with its retry; READY at once (DUE_NOW) if the new time has come.
     [8] filed anew at now (MOVE, FILE, DUE_NOW) with a fresh retry budget
-        and ttl, so READY at once.
+        and ttl, so READY at once; a redriveMsgs job's at the job's trigger
+        time (DUE_NOW only if it has come), its redriveCount one more.
     [9] a failed push delivery (broker.push.pusher): a nack with a delay. Out
         of flight (its key freed), filed anew (MOVE, FILE) at the retry
         time, its trigger time then (its ttl counting from it, as a
@@ -215,7 +216,12 @@ class Reschedule:
 
 @dataclass(frozen=True, slots=True)
 class Redrive:
-    """redriveMsg."""
+    """redriveMsg (now, not counted), or a redriveMsgs job's re-drive:
+    `trigger_ms` its new trigger time (None: now), `counted` its
+    redriveCount one more."""
+
+    trigger_ms: int | None = None
+    counted: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -349,8 +355,9 @@ def _reschedule(state: MessageState, event: Reschedule, now_ms: int) -> Step:
 
 
 def _redrive(state: MessageState, event: Redrive, now_ms: int) -> Step:
-    return _new(Step, (_new(MessageState, (WAITING, 0, state.max_retry, now_ms, state.ttl_ms, 0)),
-                       (E.MOVE, *_FILED_DUE), None))
+    trigger_ms = now_ms if event.trigger_ms is None else event.trigger_ms
+    return _new(Step, (_new(MessageState, (WAITING, 0, state.max_retry, trigger_ms, state.ttl_ms, 0)),
+                       (E.MOVE, *(_FILED_DUE if due(trigger_ms, now_ms) else _FILED)), None))
 
 
 def _retry_at(state: MessageState, event: RetryAt, now_ms: int) -> Step:

@@ -65,7 +65,7 @@ from wheel.driver import WheelDriver
 from wheel.scheduler import Scheduler, SchedulerConfig
 from wheel.tick_state import TickState, TickStateFile
 
-from ..core.bulk_params import BulkFilter, DeleteMsgsRequest, ListMsgRequest, RescheduleMsgsRequest
+from ..core.bulk_params import BulkFilter, DeadFilter, DeleteMsgsRequest, ListMsgRequest, RescheduleMsgsRequest
 from ..core.lifecycle import Lifecycle
 from ..core.long_polls import LongPolls
 from ..core.params import AckRequest, Defaults, DeleteRequest, LongPollRequest, NewSend, PullRequest, as_sends
@@ -329,6 +329,12 @@ class Broker:
     async def redrive_all(self, topic: str, limit: int) -> tuple[int, bool]:
         """Up to `limit` dead letters READY again; how many, and if more are left."""
         return await self._dead_letters.redrive_all(topic, limit)
+
+    async def redrive_slice(self, topic: str, flt: DeadFilter, trigger_ms: int | None, cursor: Location,
+                            max_moves: int) -> tuple[int, int, Location | None]:
+        """One slice of a redriveMsgs job: (matched, re-driven, the next
+        slice's cursor or None: done); durable (DeadLetters.redrive_slice)."""
+        return await self._dead_letters.redrive_slice(topic, flt, trigger_ms, cursor, max_moves)
 
     async def list_msgs(self, request: ListMsgRequest) -> tuple[list[Message], str | None]:
         """A page of the topic's messages matching a filter, and the next page's cursor."""

@@ -14,6 +14,9 @@ may be short and carry a cursor ("<file id>-<globalIndex>") to go on.
                  anything else: Conflict
     redrive_all  REDRIVE_STEP messages a record, each durable before the
                  next, other requests running between
+    redrive_slice  a redriveMsgs job's slice (broker.jobs.runner): matches
+                 of a filter from a cursor, -> WAITING at the job's
+                 trigger time (READY if due), retry 0, redriveCount + 1
 
 Which message may move, and to what, is broker.core.transitions' `Reschedule`
 and `Redrive`.
@@ -28,7 +31,7 @@ from storage.errors import Conflict, InvalidRequest
 from storage.store import Store, text_hash
 
 from ..backend import DEAD_SCAN, REDRIVE_STEP
-from ..core.bulk_params import answer_bytes
+from ..core.bulk_params import DeadFilter, answer_bytes
 from ..core.lifecycle import Lifecycle
 from ..core.transitions import REDRIVE, MessageState, Redrive, Reschedule
 from .journal import Journal
@@ -36,6 +39,8 @@ from .messages import Messages, not_found
 
 # Past every hour and span id (storage.spans): "scan to the end".
 MAX_FILE_ID = 1 << 24
+# Index entries a redriveMsgs job's slice reads at most (a few ms of the loop).
+JOB_SCAN = 16384
 
 
 class DeadLetters:
@@ -154,6 +159,35 @@ class DeadLetters:
             cursor = after
             await asyncio.sleep(0)
         return done, done >= limit and self._has_dead(topic_hash, cursor)
+
+    async def redrive_slice(self, topic: str, flt: DeadFilter, trigger_ms: int | None, cursor: Location,
+                            max_moves: int) -> tuple[int, int, Location | None]:
+        """One slice of a redriveMsgs job (broker.jobs.runner): the topic's
+        dead letters from `cursor` on, at most JOB_SCAN index entries read
+        and `max_moves` matches of `flt` taken, each filed anew WAITING
+        (READY if due) at `trigger_ms` (None: now) with retry 0 and its
+        redriveCount one more, as one MOVE record, durable before it
+        returns. (matched, re-driven, where the next slice starts: None,
+        the scan is over). A match re-driven meanwhile by another call is
+        counted matched, not re-driven; one re-driven by a slice is no
+        longer dead, so a slice read again (after a crash, before the
+        job's cursor was saved) passes it."""
+        self._lifecycle.check_serving()
+        await self._journal.flush()
+        if not self._store.has_topic(topic):
+            return 0, 0, None
+        tag_hash = None if flt.tag is None else text_hash(flt.tag)
+        entries, after = self._store.scan_status(text_hash(topic), sorted(flt.statuses), cursor, MAX_FILE_ID,
+                                                 JOB_SCAN, max_moves)
+        read = self._store.read_message
+        found = [m for e in entries if (tag_hash is None or e.tag_hash == tag_hash)
+                 and (m := read(e.location)) is not None and m.topic == topic and flt.matches(m)]
+        event = Redrive(trigger_ms, counted=True)
+        moved = self._messages.move([(m.location, MessageState.of(m), event) for m in found], topic)
+        if moved.messages:
+            await self._journal.durable()
+            self._messages.ready_now(*moved)
+        return len(found), len(moved.messages), after
 
     def _has_dead(self, topic_hash: int, cursor: Location) -> bool:
         entries, after = self._store.scan_status(topic_hash, (Status.EXPIRED, Status.ENDED), cursor, MAX_FILE_ID,

@@ -55,11 +55,12 @@ class Journal:
         except OSError as e:  # nothing was kept (the store undoes a failed append)
             raise Unavailable(f"the commit log refused the write: {client_text(e)}") from e
 
-    def move(self, moves: Sequence[tuple[Location, int, int]], now_ms: int) -> list[Message]:
+    def move(self, moves: Sequence[tuple[Location, int, int]], now_ms: int, redrive: bool = False) -> list[Message]:
         """File messages anew at (trigger time, retry): one MOVE record; the
-        moved messages, WAITING at their new places."""
+        moved messages, WAITING at their new places (`redrive`: their
+        redriveCount one more)."""
         try:
-            return self._store.move(moves, now_ms)
+            return self._store.move(moves, now_ms, redrive)
         except InvalidRequest:
             raise
         except OSError as e:

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import NamedTuple
 
 from storage.entry import STATUS_BY_VALUE, IndexEntry, Location, Message, Status
-from storage.errors import NotFound
+from storage.errors import InvariantError, NotFound
 from storage.reading import Match
 from storage.store import SendOutcome, SendResult, StateChange, Store, text_hash
 from wheel.clock import Clock
@@ -414,8 +414,12 @@ class Messages:
                  if Effect.MOVE in (done := step(state, event, now_ms)).effects and done.state is not None]
         if not moves:
             return Moved([], [], now_ms)
+        first = moves[0][2]
+        counted = type(first) is Redrive and first.counted  # (a redriveMsgs job's: redriveCount + 1)
+        if any((type(event) is Redrive and event.counted) != counted for _, _, event in moves):
+            raise InvariantError("a move of counted re-drives and other moves in one record")
         moved = self._journal.move([(where, done.state.trigger_ms, done.state.retry)
-                                    for where, done, _ in moves if done.state is not None], now_ms)
+                                    for where, done, _ in moves if done.state is not None], now_ms, counted)
         m = self._metrics.topic(topic)
         due = []
         for (where, done, event), new in zip(moves, moved):

@@ -17,6 +17,7 @@ either to this shard's own engine or, parsed, to the owner's over its link
                          ones); a shard that had fewer than asked is skipped
                          until it tells this one the topic has one READY
                          again, which also wakes this shard's long polls
+    redriveMsgs jobs     one on every shard under one jobId (broker.jobs.api)
     the node's views     topic infos, getMonitorData, listMsg (one cursor:
                          the pages merged in (trigger time, msgId) order),
                          listDeadMsg (one cursor: shard by shard), bulk
@@ -54,6 +55,8 @@ from ..disk.backend import Broker
 from ..http.commands import Command
 from ..http.http_types import Handler, Request, Response
 from ..http.paths import HEALTH_PREFIX, PREFIX
+from ..jobs.api import serve_shard_call
+from ..jobs.runner import RedriveJobs
 from ..observe.metrics import Backlog, Metrics
 from ..schedules.params import DEFAULT_PAGE as DEFAULT_SCHEDULE_PAGE
 from . import link, placement
@@ -72,7 +75,7 @@ def message_fields(m: Message) -> list[Any]:
 
 def message_of(f: Sequence[Any]) -> Message:
     return Message(f[0], f[1], f[2], f[3], f[4], f[5], f[6], f[7], f[8], Status(f[9]), f[10], Location(*f[11]),
-                   f[12], f[13], f[14])
+                   f[12], f[13], f[14], f[15] if len(f) > 15 else 0)
 
 
 def messages_of(rows: Iterable[Sequence[Any]]) -> list[Message]:
@@ -324,6 +327,7 @@ class ShardRouter:
         self.metrics_text: Callable[[], Awaitable[str]] | None = None
         self.own_port: Callable[[], Awaitable[int]] | None = None
         self.scheduled_here: Callable[[str, Sequence[str]], Awaitable[set[str]]] | None = None
+        self.jobs_here: Callable[[], RedriveJobs | None] = lambda: None  # this shard's redriveMsgs jobs
         self._turn = itertools.count()
         self.forwarded = 0  # calls this shard made of others
         self.served = 0  # calls others made of this shard
@@ -478,6 +482,8 @@ class ShardRouter:
             return await self.own_port()
         if op == "call":
             return await self._call_here(args)
+        if op.startswith("job_"):
+            return await serve_shard_call(self.jobs_here(), op, args, self.index, self.count)
         if op == "scheduled":
             if self.scheduled_here is None:
                 return []

@@ -1,0 +1,348 @@
+"""redriveMsgs jobs (docs/api.md, "Re-driving by filter"): dead letters put
+back by filter, at a rate, in the background, surviving a restart and a
+failover; listed by getJob, stopped by cancelJob.
+
+A job is its parameters (topic, a `DeadFilter`, the new trigger time,
+rate, limit), its progress (a cursor: the place in the topic's index
+where its next slice starts) and its counts (matched, re-driven,
+skipped = matched but no longer dead when its slice took it), a state
+(running, done, cancelled, failed) and its times. `RedriveJobs` runs each
+running job as a task of slices: a slice is the backend's
+`redrive_slice` (broker.disk.dead_letters: at most JOB_SCAN index entries
+read and `slice_size` matches re-driven as one MOVE record, durable before
+it returns), then the job's record saved (`JobStore.save`: durable; at
+most every `save_every_s`), then a pause so the job keeps to its rate,
+measured from the time it (re)started:
+
+    rate 10,000/s: slices of 250; slice k starts at t0 + 250·k / 10,000 s
+    rate 0: slices of SLICE_MAX, one after another, the loop free between
+
+so at any rate the event loop is held for one slice at most (a few ms):
+/health and every request are served between slices.
+
+Why a crash re-drives nothing twice: a slice's moves are durable before
+the record that moves the cursor past them; a message moved is no longer
+dead (its old place released), so a slice read again after a restart (the
+record not yet saved) passes it. What a crash can lose is the counts of
+the slices since the last save (at most `save_every_s` of them): the
+record then counts fewer than were re-driven. A message the job re-drove
+that ends again before the job's scan reaches its new place is re-driven
+again (its redriveCount says so).
+
+Bounds: at most `max_jobs` jobs are kept (running and ended), a job more
+is refused (LimitReached, 429); an ended job is kept `retention_ms`, then
+dropped at the next create or list.
+
+Who calls what: the API (broker.jobs.api) calls `create`, `get`, `jobs`,
+`cancel`; the node calls `start(backend)` once its broker serves (a
+cluster: when it starts leading) and `stop()` when it stops (or stands
+down): running jobs stay running in the store, and resume from their
+cursor at the next `start`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from storage.entry import Location
+from storage.errors import ConfigError, CorruptionError, InvalidRequest, LimitReached, NotFound, Unavailable
+from wheel.clock import Clock
+
+from ..core.bulk_params import DeadFilter, RedriveMsgsRequest
+from ..core.redact import client_text
+
+log = logging.getLogger("hourglass.jobs")
+
+# Matches a slice re-drives at most (one MOVE record; a few ms of the loop).
+SLICE_MAX = 250
+# Slices a second a paced job aims at: slice size rate / SLICES_A_SECOND.
+SLICES_A_SECOND = 40
+DEFAULT_MAX_JOBS = 100
+DEFAULT_RETENTION_MS = 24 * 3_600_000
+
+
+class JobState(enum.Enum):
+    RUNNING = "running"
+    DONE = "done"
+    CANCELLED = "cancelled"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True)
+class JobLimits:
+    """What the node's jobs may hold (flags of `hourglass serve`)."""
+
+    # Jobs kept, running and ended (--max-jobs); a redriveMsgs past it: 429.
+    max_jobs: int = DEFAULT_MAX_JOBS
+    # How long an ended job stays listed (--job-retention-ms).
+    retention_ms: int = DEFAULT_RETENTION_MS
+
+    def __post_init__(self) -> None:
+        if self.max_jobs < 1:
+            raise ConfigError(f"--max-jobs must be at least 1, got {self.max_jobs}")
+        if self.retention_ms < 0:
+            raise ConfigError(f"--job-retention-ms must be at least 0, got {self.retention_ms}")
+
+
+class JobStore(Protocol):
+    """Where job records are kept: a data directory's jobs files
+    (broker.jobs.file), or a cluster's replicated state
+    (broker.cluster.jobs). `save` and `remove` are durable on return."""
+
+    # Seconds between two saves of a running job's progress (0: every slice).
+    save_every_s: float
+
+    def load(self) -> list[dict[str, object]]: ...
+
+    async def save(self, record: Mapping[str, object]) -> None: ...
+
+    async def remove(self, job_id: str) -> None: ...
+
+
+class JobBackend(Protocol):
+    """What a job's slices need of the broker (broker.disk.backend.Broker)."""
+
+    async def redrive_slice(self, topic: str, flt: DeadFilter, trigger_ms: int | None, cursor: Location,
+                            max_moves: int) -> tuple[int, int, Location | None]: ...
+
+
+def new_job_id() -> str:
+    return secrets.token_hex(8)
+
+
+@dataclass(slots=True)
+class Job:
+    """One job's record (see the module docstring)."""
+
+    job_id: str
+    topic: str
+    filter: DeadFilter
+    trigger_ms: int | None
+    rate: int
+    limit: int
+    created_ms: int
+    cursor: Location = field(default_factory=lambda: Location(0, 0))
+    matched: int = 0
+    redriven: int = 0
+    state: JobState = JobState.RUNNING
+    ended_ms: int | None = None
+    error: str | None = None
+
+    def __repr__(self) -> str:
+        return (f"Job({self.job_id}, {self.topic!r}, {self.state.value}, redriven={self.redriven}/{self.limit}, "
+                f"cursor={tuple(self.cursor)})")
+
+    @property
+    def skipped(self) -> int:
+        return self.matched - self.redriven
+
+    def slice_size(self) -> int:
+        """Matches the next slice takes at most."""
+        size = SLICE_MAX if self.rate == 0 else max(1, min(SLICE_MAX, self.rate // SLICES_A_SECOND))
+        return min(size, self.limit - self.redriven)
+
+    def stored(self) -> dict[str, object]:
+        """The record as a JobStore keeps it."""
+        return {"jobId": self.job_id, "kind": "redriveMsgs", "topic": self.topic, "filter": self.filter.fields(),
+                "triggerTime": self.trigger_ms, "rate": self.rate, "limit": self.limit,
+                "createTime": self.created_ms, "cursor": list(self.cursor), "matched": self.matched,
+                "redriven": self.redriven, "state": self.state.value, "endTime": self.ended_ms, "error": self.error}
+
+    @classmethod
+    def from_stored(cls, record: Mapping[str, object]) -> Job:
+        """A stored record's job; InvalidRequest if it is none."""
+        try:
+            flt, cursor = record["filter"], record["cursor"]
+            assert isinstance(flt, list) and isinstance(cursor, list) and len(cursor) == 2
+            job = cls(str(record["jobId"]), str(record["topic"]), DeadFilter.of(flt), _int_or_none(record["triggerTime"]),
+                      _int(record["rate"]), _int(record["limit"]), _int(record["createTime"]),
+                      Location(_int(cursor[0]), _int(cursor[1])), _int(record["matched"]), _int(record["redriven"]),
+                      JobState(record["state"]), _int_or_none(record["endTime"]),
+                      None if record.get("error") is None else str(record["error"]))
+        except (KeyError, ValueError, TypeError, AssertionError) as e:
+            raise InvalidRequest("job", f"not a job's record: {e!r}") from e
+        return job
+
+    def public(self) -> dict[str, object]:
+        """getJob's `job`."""
+        f = self.filter
+        return {"jobId": self.job_id, "kind": "redriveMsgs", "topic": self.topic,
+                "filter": {"key": f.key, "tag": f.tag, "msgIdPrefix": f.msg_id_prefix,
+                           "status": sorted(int(s) for s in f.statuses), "endedFrom": f.ended_from_ms,
+                           "endedTo": f.ended_to_ms},
+                "triggerTime": self.trigger_ms, "rate": self.rate, "limit": self.limit, "state": self.state.value,
+                "matched": self.matched, "redriven": self.redriven, "skipped": self.skipped,
+                "createTime": self.created_ms, "endTime": self.ended_ms, "error": self.error}
+
+
+def _int(value: object) -> int:
+    if type(value) is not int:
+        raise TypeError(f"{value!r} is not a whole number")
+    return value
+
+
+def _int_or_none(value: object) -> int | None:
+    return None if value is None else _int(value)
+
+
+class RedriveJobs:
+    """The node's redriveMsgs jobs over a JobStore (see the module docstring).
+    Runs on the event loop."""
+
+    def __init__(self, store: JobStore, clock: Clock, limits: JobLimits | None = None) -> None:
+        self._store = store
+        self._clock = clock
+        self.limits = limits or JobLimits()
+        self._jobs: dict[str, Job] = {}
+        for record in store.load():
+            try:
+                job = Job.from_stored(record)
+            except InvalidRequest as e:
+                raise CorruptionError(f"{store!r} job {record.get('jobId')!r}", 0, e.reason) from e
+            self._jobs[job.job_id] = job
+        self._backend: JobBackend | None = None
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._wakes: dict[str, asyncio.Event] = {}
+        self._cancelled: set[str] = set()
+        self.slices = 0  # slices run (tests)
+
+    def __repr__(self) -> str:
+        running = sum(job.state is JobState.RUNNING for job in self._jobs.values())
+        return f"RedriveJobs({len(self._jobs)} jobs, {running} running, {self._store!r})"
+
+    # == lifetime ================================================================
+
+    def start(self, backend: JobBackend) -> None:
+        """Run the running jobs (resumed from their cursors) over `backend`."""
+        self._backend = backend
+        for job in self._jobs.values():
+            if job.state is JobState.RUNNING:
+                self._launch(job)
+
+    async def stop(self) -> None:
+        """Stop every job's task between or in a slice; their records stay
+        running (what a slice cut short made durable, the next start passes)."""
+        self._backend = None
+        tasks = list(self._tasks.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._tasks.clear()
+
+    def _launch(self, job: Job) -> None:
+        self._wakes[job.job_id] = asyncio.Event()
+        task = asyncio.create_task(self._run(job), name=f"job-{job.job_id}")
+        self._tasks[job.job_id] = task
+        task.add_done_callback(lambda _: self._tasks.pop(job.job_id, None))
+
+    # == the calls ================================================================
+
+    async def create(self, request: RedriveMsgsRequest, job_id: str | None = None) -> Job:
+        """A new job, saved (durable) and started; LimitReached past --max-jobs."""
+        now_ms = self._clock.now_ms()
+        await self._drop_expired(now_ms)
+        if len(self._jobs) >= self.limits.max_jobs:
+            raise LimitReached(f"the node keeps {len(self._jobs)} jobs and --max-jobs is {self.limits.max_jobs}: "
+                               f"a job more is refused until ended ones pass --job-retention-ms; retry later")
+        job_id = job_id or new_job_id()
+        if job_id in self._jobs:
+            raise InvalidRequest("jobId", f"job {job_id} exists")
+        job = Job(job_id, request.topic, request.filter, request.trigger_ms, request.rate, request.limit, now_ms)
+        await self._store.save(job.stored())
+        self._jobs[job_id] = job
+        if self._backend is not None:
+            self._launch(job)
+        log.info("job %s: redriveMsgs of topic %s started (rate %d, limit %d)", job_id, job.topic, job.rate,
+                 job.limit)
+        return job
+
+    def get(self, job_id: str) -> Job:
+        job = self._jobs.get(job_id)
+        if job is None:
+            raise NotFound(f"no job {job_id!r} (an ended job is kept --job-retention-ms)")
+        return job
+
+    async def jobs(self) -> list[Job]:
+        """Every job kept, newest first (at most --max-jobs)."""
+        await self._drop_expired(self._clock.now_ms())
+        return sorted(self._jobs.values(), key=lambda job: (-job.created_ms, job.job_id))
+
+    async def cancel(self, job_id: str) -> Job:
+        """A running job stops after its current slice (answered once it
+        has, its record saved cancelled); an ended one is answered as it is."""
+        job = self.get(job_id)
+        if job.state is not JobState.RUNNING:
+            return job
+        self._cancelled.add(job_id)
+        task = self._tasks.get(job_id)
+        if task is None:  # (not started: no broker serves yet)
+            await self._end(job, JobState.CANCELLED)
+            return job
+        self._wakes[job_id].set()
+        await asyncio.shield(task)
+        return job
+
+    async def _drop_expired(self, now_ms: int) -> None:
+        for job in list(self._jobs.values()):
+            if job.ended_ms is not None and now_ms - job.ended_ms >= self.limits.retention_ms:
+                await self._store.remove(job.job_id)
+                self._jobs.pop(job.job_id, None)
+
+    # == a job's task =============================================================
+
+    async def _run(self, job: Job) -> None:
+        clock = self._clock
+        started_s, base = clock.monotonic_s(), job.redriven
+        saved_s = started_s
+        wake = self._wakes[job.job_id]
+        try:
+            while True:
+                if job.job_id in self._cancelled:
+                    await self._end(job, JobState.CANCELLED)
+                    return
+                backend = self._backend
+                if backend is None:
+                    return
+                matched, redriven, after = await backend.redrive_slice(job.topic, job.filter, job.trigger_ms,
+                                                                       job.cursor, job.slice_size())
+                self.slices += 1
+                job.matched += matched
+                job.redriven += redriven
+                if after is not None:
+                    job.cursor = after
+                if after is None or job.redriven >= job.limit:
+                    await self._end(job, JobState.DONE)
+                    return
+                now_s = clock.monotonic_s()
+                if now_s - saved_s >= self._store.save_every_s:
+                    await self._store.save(job.stored())
+                    saved_s = now_s
+                pause_s = 0.0 if job.rate == 0 else started_s + (job.redriven - base) / job.rate - clock.monotonic_s()
+                if pause_s > 0:
+                    with contextlib.suppress(asyncio.TimeoutError):
+                        await asyncio.wait_for(wake.wait(), pause_s)
+                else:
+                    await asyncio.sleep(0)
+        except asyncio.CancelledError:
+            raise
+        except Unavailable as e:  # stopping, deposed or failed: the job goes on at the next start
+            if self._backend is not None:
+                log.warning("job %s paused until the node serves again: %s", job.job_id, client_text(e))
+        except Exception as e:
+            log.exception("job %s failed", job.job_id)
+            job.error = client_text(e)
+            await self._end(job, JobState.FAILED)
+
+    async def _end(self, job: Job, state: JobState) -> None:
+        job.state = state
+        job.ended_ms = self._clock.now_ms()
+        self._cancelled.discard(job.job_id)
+        await self._store.save(job.stored())
+        log.info("job %s %s: %d matched, %d re-driven", job.job_id, state.value, job.matched, job.redriven)
