@@ -55,7 +55,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any
 
 from storage.entry import Location, Message, Status
 from storage.errors import Unavailable
@@ -331,9 +332,10 @@ class Broker:
         return await self._dead_letters.redrive_all(topic, limit)
 
     async def redrive_slice(self, topic: str, flt: DeadFilter, trigger_ms: int | None, cursor: Location,
-                            max_moves: int) -> tuple[int, int, Location | None]:
+                            max_moves: int) -> tuple[int, int, Location | None, Coroutine[Any, Any, None] | None]:
         """One slice of a redriveMsgs job: (matched, re-driven, the next
-        slice's cursor or None: done); durable (DeadLetters.redrive_slice)."""
+        slice's cursor or None: done, what makes it durable)
+        (DeadLetters.redrive_slice)."""
         return await self._dead_letters.redrive_slice(topic, flt, trigger_ms, cursor, max_moves)
 
     async def list_msgs(self, request: ListMsgRequest) -> tuple[list[Message], str | None]:

@@ -25,6 +25,8 @@ and `Redrive`.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Coroutine
+from typing import Any
 
 from storage.entry import Location, Message, Status
 from storage.errors import Conflict, InvalidRequest
@@ -35,7 +37,7 @@ from ..core.bulk_params import DeadFilter, answer_bytes
 from ..core.lifecycle import Lifecycle
 from ..core.transitions import REDRIVE, MessageState, Redrive, Reschedule
 from .journal import Journal
-from .messages import Messages, not_found
+from .messages import Messages, Moved, not_found
 
 # Past every hour and span id (storage.spans): "scan to the end".
 MAX_FILE_ID = 1 << 24
@@ -161,21 +163,29 @@ class DeadLetters:
         return done, done >= limit and self._has_dead(topic_hash, cursor)
 
     async def redrive_slice(self, topic: str, flt: DeadFilter, trigger_ms: int | None, cursor: Location,
-                            max_moves: int) -> tuple[int, int, Location | None]:
+                            max_moves: int) -> tuple[int, int, Location | None, Coroutine[Any, Any, None] | None]:
         """One slice of a redriveMsgs job (broker.jobs.runner): the topic's
         dead letters from `cursor` on, at most JOB_SCAN index entries read
         and `max_moves` matches of `flt` taken, each filed anew WAITING
         (READY if due) at `trigger_ms` (None: now) with retry 0 and its
-        redriveCount one more, as one MOVE record, durable before it
-        returns. (matched, re-driven, where the next slice starts: None,
-        the scan is over). A match re-driven meanwhile by another call is
-        counted matched, not re-driven; one re-driven by a slice is no
-        longer dead, so a slice read again (after a crash, before the
-        job's cursor was saved) passes it."""
+        redriveCount one more, as one MOVE record. (matched, re-driven,
+        where the next slice starts: None, the scan is over; `settled`: a
+        coroutine done once the record is durable and the due ones READY,
+        None: nothing moved).
+        The record is appended on return, not yet durable: the job's next
+        slice is read and appended while this one's fsync runs, and the
+        job saves its cursor only past settled slices. The first slice
+        (`cursor` at the start) waits for what was appended before it, so
+        a message ended before the job began is seen. A match re-driven
+        meanwhile by another call is counted matched, not re-driven; one
+        re-driven by a slice is no longer dead (the reads see appended
+        changes), so a slice read again (after a crash, before the job's
+        cursor was saved) passes it."""
         self._lifecycle.check_serving()
-        await self._journal.flush()
+        if cursor == Location(0, 0):
+            await self._journal.flush()
         if not self._store.has_topic(topic):
-            return 0, 0, None
+            return 0, 0, None, None
         tag_hash = None if flt.tag is None else text_hash(flt.tag)
         entries, after = self._store.scan_status(text_hash(topic), sorted(flt.statuses), cursor, MAX_FILE_ID,
                                                  JOB_SCAN, max_moves)
@@ -184,10 +194,11 @@ class DeadLetters:
                  and (m := read(e.location)) is not None and m.topic == topic and flt.matches(m)]
         event = Redrive(trigger_ms, counted=True)
         moved = self._messages.move([(m.location, MessageState.of(m), event) for m in found], topic)
-        if moved.messages:
-            await self._journal.durable()
-            self._messages.ready_now(*moved)
-        return len(found), len(moved.messages), after
+        return len(found), len(moved.messages), after, self._settle(moved) if moved.messages else None
+
+    async def _settle(self, moved: Moved) -> None:
+        await self._journal.durable()
+        self._messages.ready_now(*moved)
 
     def _has_dead(self, topic_hash: int, cursor: Location) -> bool:
         entries, after = self._store.scan_status(topic_hash, (Status.EXPIRED, Status.ENDED), cursor, MAX_FILE_ID,

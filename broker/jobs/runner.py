@@ -9,10 +9,13 @@ skipped = matched but no longer dead when its slice took it), a state
 (running, done, cancelled, failed) and its times. `RedriveJobs` runs each
 running job as a task of slices: a slice is the backend's
 `redrive_slice` (broker.disk.dead_letters: at most JOB_SCAN index entries
-read and `slice_size` matches re-driven as one MOVE record, durable before
-it returns), then the job's record saved (`JobStore.save`: durable; at
-most every `save_every_s`), then a pause so the job keeps to its rate,
-measured from the time it (re)started:
+read and `slice_size` matches re-driven as one MOVE record, appended when
+it returns, with what makes it durable: the job awaits that while its
+next slices run, at most UNSETTLED of them at once, so a slice's fsync
+does not hold the next one back), then the job's record saved
+(`JobStore.save`: durable, once every slice before it is; at most every
+`save_every_s`), then a pause so the job keeps to its rate, measured
+from the time it (re)started:
 
     rate 10,000/s: slices of 250; slice k starts at t0 + 250·k / 10,000 s
     rate 0: slices of SLICE_MAX, one after another, the loop free between
@@ -21,7 +24,7 @@ so at any rate the event loop is held for one slice at most (a few ms):
 /health and every request are served between slices.
 
 Why a crash re-drives nothing twice: a slice's moves are durable before
-the record that moves the cursor past them; a message moved is no longer
+the record that moves the cursor past them is saved; a message moved is no longer
 dead (its old place released), so a slice read again after a restart (the
 record not yet saved) passes it. What a crash can lose is the counts of
 the slices since the last save (at most `save_every_s` of them): the
@@ -47,9 +50,10 @@ import contextlib
 import enum
 import logging
 import secrets
-from collections.abc import Mapping
+from collections import deque
+from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from storage.entry import Location
 from storage.errors import ConfigError, CorruptionError, InvalidRequest, LimitReached, NotFound, Unavailable
@@ -64,6 +68,8 @@ log = logging.getLogger("hourglass.jobs")
 SLICE_MAX = 250
 # Slices a second a paced job aims at: slice size rate / SLICES_A_SECOND.
 SLICES_A_SECOND = 40
+# Slices appended and not yet durable a job runs ahead by at most.
+UNSETTLED = 4
 DEFAULT_MAX_JOBS = 100
 DEFAULT_RETENTION_MS = 24 * 3_600_000
 
@@ -110,7 +116,7 @@ class JobBackend(Protocol):
     """What a job's slices need of the broker (broker.disk.backend.Broker)."""
 
     async def redrive_slice(self, topic: str, flt: DeadFilter, trigger_ms: int | None, cursor: Location,
-                            max_moves: int) -> tuple[int, int, Location | None]: ...
+                            max_moves: int) -> tuple[int, int, Location | None, Coroutine[Any, Any, None] | None]: ...
 
 
 def new_job_id() -> str:
@@ -180,6 +186,11 @@ class Job:
                 "triggerTime": self.trigger_ms, "rate": self.rate, "limit": self.limit, "state": self.state.value,
                 "matched": self.matched, "redriven": self.redriven, "skipped": self.skipped,
                 "createTime": self.created_ms, "endTime": self.ended_ms, "error": self.error}
+
+
+def _retrieved(task: asyncio.Task[None]) -> None:
+    if not task.cancelled():
+        task.exception()
 
 
 def _int(value: object) -> int:
@@ -302,26 +313,37 @@ class RedriveJobs:
         started_s, base = clock.monotonic_s(), job.redriven
         saved_s = started_s
         wake = self._wakes[job.job_id]
+        unsettled: deque[asyncio.Task[None]] = deque()  # slices appended, their durability awaited in order
+
+        async def settle(keep: int) -> None:
+            while len(unsettled) > keep:
+                await unsettled.popleft()
         try:
             while True:
                 if job.job_id in self._cancelled:
+                    await settle(0)
                     await self._end(job, JobState.CANCELLED)
                     return
                 backend = self._backend
                 if backend is None:
                     return
-                matched, redriven, after = await backend.redrive_slice(job.topic, job.filter, job.trigger_ms,
-                                                                       job.cursor, job.slice_size())
+                matched, redriven, after, settled = await backend.redrive_slice(
+                    job.topic, job.filter, job.trigger_ms, job.cursor, job.slice_size())
+                if settled is not None:
+                    unsettled.append(asyncio.ensure_future(settled))
                 self.slices += 1
                 job.matched += matched
                 job.redriven += redriven
                 if after is not None:
                     job.cursor = after
                 if after is None or job.redriven >= job.limit:
+                    await settle(0)
                     await self._end(job, JobState.DONE)
                     return
+                await settle(UNSETTLED)
                 now_s = clock.monotonic_s()
                 if now_s - saved_s >= self._store.save_every_s:
+                    await settle(0)
                     await self._store.save(job.stored())
                     saved_s = now_s
                 pause_s = 0.0 if job.rate == 0 else started_s + (job.redriven - base) / job.rate - clock.monotonic_s()
@@ -339,6 +361,10 @@ class RedriveJobs:
             log.exception("job %s failed", job.job_id)
             job.error = client_text(e)
             await self._end(job, JobState.FAILED)
+        finally:
+            for task in unsettled:  # (stopped or failed: what they made durable, the next start passes)
+                task.cancel()
+                task.add_done_callback(_retrieved)
 
     async def _end(self, job: Job, state: JobState) -> None:
         job.state = state
