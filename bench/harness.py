@@ -173,7 +173,8 @@ def serve_command(data_dir: PathLike, *flags: str, launcher: Sequence[str] = ())
 def serve_version() -> str:
     """What `hourglass --version` says of the build serve_command runs
     (pure Python, or compiled with mypyc)."""
-    head = serve_command("-")[:-3]  # without "serve --data-dir -"
+    command = serve_command("-")
+    head = command[:command.index("serve")]
     return subprocess.run([*head, "--version"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
 
 
