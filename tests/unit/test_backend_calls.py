@@ -31,13 +31,14 @@ CALLS = sorted(name for name, member in vars(Backend).items()
 
 
 def unbound(backend: Any) -> dict[str, str]:
-    """The calls the backend answers in a frame of its own (a forwarder),
-    or does not bind at all: each with what it is."""
+    """The calls the backend answers in a frame of its own (a forwarder):
+    each with what it is. (A compiled build's objects have no __dict__:
+    what a call is bound to is what tells.)"""
     out = {}
     for name in CALLS:
         call = getattr(backend, name)
         owner = getattr(call, "__self__", None)
-        if owner is None or owner is backend or name not in vars(backend):
+        if owner is None or owner is backend:
             out[name] = repr(call)
     return out
 
