@@ -75,7 +75,7 @@ class Backend(Protocol):
     @property
     def requests(self) -> MessageRequests:
         """What answers send, pull, long poll, ack, delete and get (the
-        methods below of those names forward to it): the API calls it."""
+        methods below of those names are its own, bound): the API calls it."""
         ...
 
     @property
@@ -96,8 +96,9 @@ class Backend(Protocol):
         the client hung up (nothing is taken)."""
         ...
 
-    async def ack(self, request: AckRequest) -> None:
-        """Ack (-> ACKED) or nack (-> READY, or ENDED) one message."""
+    def ack(self, request: AckRequest) -> Awaitable[object]:
+        """Ack (-> ACKED) or nack (-> READY, or ENDED) one message (the
+        disk broker's hands back `ack_many`'s coroutine: MessageRequests)."""
         ...
 
     async def ack_many(self, topic: str, msg_ids: Sequence[str], ack: bool = True) -> list[Status | None]:

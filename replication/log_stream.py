@@ -211,7 +211,8 @@ class Replica(Protocol):
 class Follower:
     """Keeps this node's commit log, delay logs and tick file in step with
     the leader's. `run()` is the fetch loop; it returns when the node is to
-    take a snapshot (`needs_snapshot` says from whom) or is stopped."""
+    take a snapshot (`needs_snapshot` says from whom, until the next run)
+    or is stopped. It alone writes its fields; the node reads them."""
 
     def __init__(self, node: Replica, config: ClusterConfig, clock: Clock) -> None:
         self.node = node
@@ -223,6 +224,7 @@ class Follower:
 
     async def run(self) -> None:
         node, config = self.node, self.config
+        self.needs_snapshot = None
         while True:
             term, leader_id = node.election.claimed
             if leader_id is None or leader_id == config.node_id or term < node.epochs.promised:
@@ -248,6 +250,12 @@ class Follower:
                 await self.clock.sleep(config.tick_sync_ms / 1000)
                 continue
             await self.apply(answer)
+
+    def forget_tick(self) -> None:
+        """The tick file was written by another meanwhile (the node's own
+        wheel, while it led): the next tick fetched is written even if it
+        is the last one taken."""
+        self.last_tick = None
 
     async def apply(self, answer: dict[str, Any]) -> int:
         """Append, fsync and apply the records of a fetch answer; persist the

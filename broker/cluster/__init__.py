@@ -47,8 +47,8 @@ given; each part is given too the parts it calls, and no others:
     node.py         building it: store, epochs, tick file, election, the
                     state and the parts; closing it
     state.py        the state the parts share (store, epochs, role, the
-                    broker while leading, the follower); the known leader;
-                    failure
+                    broker while leading, the follower), each field
+                    written by one part; the known leader; failure
     peer_client.py  the calls this node makes of its peers (/_cluster/*)
     routes.py       what its HTTP app holds of its own: API calls served
                     while leading or forwarded to the leader, the peer

@@ -25,7 +25,6 @@ moves brings its message back: docs/cluster.md). `ClusterNode.close`
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 from typing import TYPE_CHECKING, Protocol
@@ -80,7 +79,6 @@ class Lead:
         state.set_epochs(state.epochs.begin(term, state.store.log_end_offset))
         state.tick_file.close()
         state.tick_file = None
-        state.deposed = asyncio.Event()
         config, clock = state.config, state.clock
         leader_log = LeaderLog(state.store, state.cluster, term, state.epochs, lambda: broker.tick, clock)
         serving = self.serving
@@ -120,7 +118,7 @@ class Lead:
         leader_log.close(f"this node no longer leads ({reason}); retry")
         await broker.abandon()
         state.tick_file = TickStateFile(state.tick_path, fsync=True)
-        state.follower.last_tick = None
+        state.follower.forget_tick()  # (the broker's wheel wrote the tick file meanwhile)
         if failed is not None:
             # Its RAM and disk may disagree, and Raft keeps this node its
             # leader while it lives: it could not claim its own term again,

@@ -126,6 +126,7 @@ class RoleLoop:
             committed = await state.election.claim(action.term)
             return ClaimDone(action.term, committed, state.epochs.promised, state.election.is_leader)
         elif isinstance(action, StartLeading):
+            state.deposed = asyncio.Event()  # a promise asked before this term deposes it no more
             self.lead.start(action.term)
             return Leading(action.term)
         elif isinstance(action, RecordLeadership):
@@ -164,7 +165,6 @@ class RoleLoop:
     async def _follow(self) -> None:
         follower = self.state.follower
         while True:
-            follower.needs_snapshot = None
             await follower.run()
             source = follower.needs_snapshot
             if source is not None:

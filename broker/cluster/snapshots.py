@@ -117,7 +117,7 @@ class Snapshots:
             epochs = Epochs(state.epochs.promised, ()).follow(history)
             try:
                 snapshot.swap_in(state.data_dir, {os.path.basename(Epochs.path(state.data_dir)): epochs.encode()})
-                state.epochs = epochs
+                state.set_epochs(epochs, saved=True)
                 # On the event loop too, blocking it for the open (the restart
                 # time: about 1 s at 10 M messages): with a pause here, /health,
                 # /_cluster/position and /fetch ran on the closed store (a 500,

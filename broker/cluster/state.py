@@ -1,7 +1,7 @@
-"""`NodeState`: what the parts of a cluster node (see broker.cluster) read
-and write, in one object each part is given: the store, the epochs, the
-tick file, the role, the broker and LeaderLog while leading, the follower,
-failure. It holds no part: a part that calls another is given that part.
+"""`NodeState`: what the parts of a cluster node (see broker.cluster)
+share, each field written by one of them, in one object each part is
+given: the store, the epochs, the tick file, the role, the broker and
+LeaderLog while leading, the follower, failure. It holds no part: a part that calls another is given that part.
 Beside the state, the small things every part asks of it: whether this
 node leads, the known leader, persisting epochs and the leader's tick,
 failing. What every kind of node has (clock, metrics, serving switch, Api,
@@ -32,10 +32,35 @@ log = logging.getLogger("hourglass.cluster")
 
 class NodeState:
     """A cluster node's state (see the module docstring). `ClusterNode`
-    (node.py) opens the store, the epochs and the tick file and builds it;
-    the parts change it from then on. It is also the node the `Follower`
-    keeps in step (replication.log_stream.Replica), whose fetches it makes
-    through `peers`."""
+    (node.py) opens the store, the epochs and the tick file and builds it.
+    It is also the node the `Follower` keeps in step
+    (replication.log_stream.Replica), whose fetches it makes through
+    `peers`.
+
+    Each field that changes has one writer; the other parts read it, or
+    ask its writer to change it:
+
+        field                what it is                 written by
+        store                the store                  Snapshots (a snapshot
+                                                        installed replaces it)
+        epochs               promises, epoch history    `set_epochs` (saved
+                                                        first), asked by the
+                                                        role loop, the lead,
+                                                        peers, the follower,
+                                                        snapshots
+        tick_file            the leader's streamed      Lead (closed while
+                             tick, while following      leading)
+        broker, leader_log   while leading              Lead
+        roles                replication.roles' state   RoleLoop (its `step`)
+        deposed              a newer candidate asked    RoleLoop (a new one
+                             this leader's promise      at its start and at
+                                                        each lead's); peers
+                                                        set it
+        elected_s            when Raft last elected it  RoleLoop
+        failed               why the node stops         `fail`, asked by any
+
+    The rest is fixed once built; the follower's fields are its own.
+    tests/unit/test_cluster_state_owners.py checks the one writer."""
 
     def __init__(self, config: ServeConfig, cluster: ClusterConfig, clock: Clock, store: Store, epochs: Epochs,
                  tick_file: TickStateFile, election: Election, peers: PeerClient, stop_asked: asyncio.Event) -> None:
@@ -43,7 +68,7 @@ class NodeState:
         self.cluster = cluster
         self.clock = clock
         self.data_dir = config.data_path
-        self.store = store  # replaced when a snapshot is installed
+        self.store = store
         self.epochs = epochs
         self.tick_path = tick_file.path
         self.tick_file: TickStateFile | None = tick_file  # open while following: the leader's streamed tick
@@ -93,9 +118,13 @@ class NodeState:
             return None
         return leader
 
-    def set_epochs(self, epochs: Epochs) -> None:
+    def set_epochs(self, epochs: Epochs, *, saved: bool = False) -> None:
+        """Persist, then hold, new epochs (a promise, an epoch begun, a
+        history followed). `saved`: on disk already (a snapshot's swap
+        wrote them with its store files)."""
         if epochs != self.epochs:
-            epochs.save(Epochs.path(self.data_dir))
+            if not saved:
+                epochs.save(Epochs.path(self.data_dir))
             self.epochs = epochs
 
     def write_tick(self, tick: TickState) -> None:

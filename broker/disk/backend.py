@@ -46,7 +46,10 @@ and, side by side over `messages` and `journal`, the requests:
     dead_letters  DeadLetters: reschedule, listDeadMsg, redrive
     bulk          Bulk: listMsg, deleteMsgs, rescheduleMsgs (broker.disk.bulk)
 
-then recovery (broker.disk.recovery) puts what a restart finds back in the
+The Backend's calls are these parts' own methods (and `topics`'), bound
+once in the constructor, as broker.redis.backend.RedisBroker binds its:
+a request enters its part with no forwarding frame between. Then
+recovery (broker.disk.recovery) puts what a restart finds back in the
 built windows, and `start()` launches the tasks: the group commit, the
 wheel, the timers, the refills and the span mover.
 """
@@ -55,22 +58,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Coroutine, Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
 
-from storage.entry import Location, Message, Status
+from storage.entry import Location, Message
 from storage.errors import Unavailable
-from storage.store import NewMessage, Store
+from storage.store import Store
 from wheel.clock import Clock
 from wheel.driver import WheelDriver
 from wheel.scheduler import Scheduler, SchedulerConfig
 from wheel.tick_state import TickState, TickStateFile
 
-from ..core.bulk_params import BulkFilter, DeadFilter, DeleteMsgsRequest, ListMsgRequest, RescheduleMsgsRequest
 from ..core.lifecycle import Lifecycle
 from ..core.long_polls import LongPolls
-from ..core.params import AckRequest, Defaults, DeleteRequest, LongPollRequest, NewSend, PullRequest, as_sends
-from ..observe.metrics import Backlog, Metrics
+from ..core.params import Defaults
+from ..observe.metrics import Metrics
 from .bulk import Bulk
 from .dead_letters import DeadLetters
 from .filing import Filing
@@ -114,25 +115,48 @@ class Broker:
         self.metrics = metrics
         self.limits = limits = limits or QueueLimits()
         now_ms = clock.now_ms()
-        self._long_polls = LongPolls(clock)
-        self._lifecycle = Lifecycle(self._long_polls, log, "the node stops serving and exits")
+        self.long_polls = long_polls = LongPolls(clock)  # (a node of many shards waits on them too: broker.shards)
+        self._lifecycle = Lifecycle(long_polls, log, "the node stops serving and exits")
         self._tick_file = TickStateFile(tick_path, fsync=True)  # (this part's to write and close)
         self.scheduler = Scheduler(store, self._tick_file.state, now_ms, scheduler_config or SchedulerConfig())
         self._filing = Filing(self.scheduler)
         self.commits = GroupCommit(store, self._filing.on_committed, metrics, replicated, apply_lock)
         self._journal = journal = Journal(store, self._lifecycle, self.commits)
-        self._windows = ReadyWindows(store, clock, limits, self._long_polls, journal, self.commits, self._lifecycle)
-        self._topics = Topics(store, clock, self.commits, self._windows, limits)
-        self._messages = messages = Messages(store, clock, metrics, self._windows, self._filing, journal,
-                                             self._topics)
+        self._windows = ReadyWindows(store, clock, limits, long_polls, journal, self.commits, self._lifecycle)
+        topics = Topics(store, clock, self.commits, self._windows, limits)
+        self._messages = messages = Messages(store, clock, metrics, self._windows, self._filing, journal, topics)
         self.driver = WheelDriver(self.scheduler, clock, messages.release, persist_tick=self._persist_tick)
         self._span_mover = SpanMover(store, clock, self._lifecycle, self.commits, self._filing.span_filed)
-        self.requests = Requests(messages, journal, self._lifecycle, self._long_polls,
-                                 pull_waits=replicated is not None)
-        self._dead_letters = DeadLetters(store, messages, journal, self._lifecycle)
-        self._bulk = Bulk(store, messages, journal, self._lifecycle)
+        self.requests = requests = Requests(messages, journal, self._lifecycle, long_polls, clock,
+                                            pull_waits=replicated is not None)
+        dead_letters = DeadLetters(store, messages, journal, self._lifecycle, page_bytes=limits.page_bytes)
+        self._bulk = bulk = Bulk(store, messages, journal, self._lifecycle)
         recover(store, self._windows, defaults.ack_timeout_ms, now_ms)
         self._tasks: list[asyncio.Task[None]] = []
+        # == the Backend's calls (broker.backend.Backend) ==========================
+        self.send = requests.send
+        self.pull = requests.pull
+        self.long_poll = requests.long_poll
+        self.ack = requests.ack
+        self.ack_many = requests.ack_many
+        self.delete = requests.delete
+        self.get = requests.get
+        self.give_back = requests.give_back  # (a long poll's client gone: another shard's poll took them here)
+        self.reschedule = dead_letters.reschedule
+        self.retry_at = dead_letters.retry_at
+        self.list_dead = dead_letters.list_dead
+        self.redrive = dead_letters.redrive
+        self.redrive_all = dead_letters.redrive_all
+        self.redrive_slice = dead_letters.redrive_slice  # (a redriveMsgs job's: broker.jobs)
+        self.list_msgs = bulk.page
+        self.count_msgs = bulk.count
+        self.delete_msgs = bulk.delete
+        self.reschedule_msgs = bulk.reschedule
+        self.topic_info = topics.topic_info
+        self.topic_infos = topics.topic_infos
+        self.topic_list = topics.topic_list
+        self.topic_backlogs = topics.topic_backlogs
+        self.has_topic = topics.has_topic
 
     def __repr__(self) -> str:
         return f"Broker({self._lifecycle!r}, {self._messages!r}, tick={self.tick}, {self._filing!r})"
@@ -220,18 +244,7 @@ class Broker:
 
     def wake_all(self) -> None:
         """Answer every long poll now (going offline, broker.http.health)."""
-        self._long_polls.wake_all()
-
-    @property
-    def long_polls(self) -> LongPolls:
-        """The long polls waiting on each topic (a node of many shards
-        waits on them for every shard's messages: broker.shards.router)."""
-        return self._long_polls
-
-    async def give_back(self, messages: list[Message]) -> None:
-        """Messages pulled for a long poll whose client is gone: READY
-        again, as if never pulled (another shard's poll took them here)."""
-        await self.requests.give_back(messages)
+        self.long_polls.wake_all()
 
     @property
     def failed(self) -> BaseException | None:
@@ -276,102 +289,6 @@ class Broker:
     def tick(self) -> TickState | None:
         """The tick last persisted: what a follower may take over from."""
         return self._tick_file.state
-
-    # == requests (broker.disk.requests, broker.disk.dead_letters, broker.disk.topics) =========
-
-    async def send(self, sends: Sequence[NewSend | NewMessage]) -> list[Message]:
-        """Store new messages; answered once durable (Requests.send)."""
-        return await self.requests.send(as_sends(sends), self.clock.now_ms())
-
-    async def pull(self, request: PullRequest | LongPollRequest) -> list[Message]:
-        """Up to `batch` READY messages of the topic, now CONSUMING."""
-        return await self.requests.pull(request)
-
-    async def long_poll(self, request: LongPollRequest, gone: Callable[[], bool] = lambda: False) -> list[Message]:
-        """As pull, waiting up to the timeout for a READY message; `gone()`:
-        the client hung up (nothing is taken)."""
-        return await self.requests.long_poll(request, gone)
-
-    async def ack(self, request: AckRequest) -> None:
-        """Ack (-> ACKED) or nack (-> READY, or ENDED) one message."""
-        await self.requests.ack(request)
-
-    async def ack_many(self, topic: str, msg_ids: Sequence[str], ack: bool = True) -> list[Status | None]:
-        """`ack` of each id, one record; each one's status after it (None: unknown)."""
-        return await self.requests.ack_many(topic, msg_ids, ack)
-
-    async def delete(self, request: DeleteRequest) -> None:
-        """A live message -> DELETED; NotFound for an unknown or ended one."""
-        await self.requests.delete(request)
-
-    async def get(self, topic: str, msg_id: str) -> Message:
-        """The message as committed; NotFound if there is none."""
-        return await self.requests.get(topic, msg_id)
-
-    async def reschedule(self, topic: str, msg_id: str, trigger_ms: int) -> Message:
-        """A WAITING or READY message gets a new trigger time; else Conflict."""
-        return await self._dead_letters.reschedule(topic, msg_id, trigger_ms)
-
-    async def retry_at(self, topic: str, msg_id: str, at_ms: int) -> Status | None:
-        """A failed push delivery: the CONSUMING message WAITING again until
-        `at_ms` (a nack with a delay), or ENDED as a nack would end it."""
-        return await self._dead_letters.retry_at(topic, msg_id, at_ms)
-
-    async def list_dead(self, topic: str, statuses: frozenset[Status], cursor: str | None,
-                        limit: int) -> tuple[list[Message], str | None]:
-        """A page of dead letters (5, 6) and the next page's cursor; at
-        most --max-page-bytes of answer."""
-        return await self._dead_letters.list_dead(topic, statuses, cursor, limit, self.limits.page_bytes)
-
-    async def redrive(self, topic: str, msg_id: str) -> Message:
-        """A dead letter READY again, retry 0; else Conflict."""
-        return await self._dead_letters.redrive(topic, msg_id)
-
-    async def redrive_all(self, topic: str, limit: int) -> tuple[int, bool]:
-        """Up to `limit` dead letters READY again; how many, and if more are left."""
-        return await self._dead_letters.redrive_all(topic, limit)
-
-    async def redrive_slice(self, topic: str, flt: DeadFilter, trigger_ms: int | None, cursor: Location,
-                            max_moves: int) -> tuple[int, int, Location | None, Coroutine[Any, Any, None] | None]:
-        """One slice of a redriveMsgs job: (matched, re-driven, the next
-        slice's cursor or None: done, what makes it durable)
-        (DeadLetters.redrive_slice)."""
-        return await self._dead_letters.redrive_slice(topic, flt, trigger_ms, cursor, max_moves)
-
-    async def list_msgs(self, request: ListMsgRequest) -> tuple[list[Message], str | None]:
-        """A page of the topic's messages matching a filter, and the next page's cursor."""
-        return await self._bulk.page(request)
-
-    async def count_msgs(self, topic: str, flt: BulkFilter) -> int:
-        """How many of the topic's messages match a filter."""
-        return await self._bulk.count(topic, flt)
-
-    async def delete_msgs(self, request: DeleteMsgsRequest) -> tuple[int, bool]:
-        """Up to `limit` live matches DELETED, all or nothing; how many, and if more remain."""
-        return await self._bulk.delete(request)
-
-    async def reschedule_msgs(self, request: RescheduleMsgsRequest) -> tuple[int, bool]:
-        """Up to `limit` waiting or ready matches moved, all or nothing; how many, and if more remain."""
-        return await self._bulk.reschedule(request)
-
-    async def topic_info(self, topic: str) -> dict[str, object]:
-        """camellia's TopicInfo, once every change made so far is committed."""
-        return (await self._topics.topic_infos([topic]))[0]
-
-    async def topic_infos(self, topics: Sequence[str]) -> list[dict[str, object]]:
-        """`topic_info` of each topic, in one pass."""
-        return await self._topics.topic_infos(topics)
-
-    def topic_list(self) -> list[str]:
-        """The topics known, sorted."""
-        return self._topics.topic_list()
-
-    async def topic_backlogs(self) -> dict[str, Backlog]:
-        """(waiting, ready, consuming, dead) of every topic the store names."""
-        return await self._topics.topic_backlogs()
-
-    def has_topic(self, topic: str) -> bool:
-        return self._topics.has_topic(topic)
 
     # == what RAM holds, for tests and introspection (broker.disk.windows) ===========
 

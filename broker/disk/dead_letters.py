@@ -48,11 +48,13 @@ JOB_SCAN = 16384
 class DeadLetters:
     """Reschedule and dead letters of the disk broker. Runs on the event loop."""
 
-    def __init__(self, store: Store, messages: Messages, journal: Journal, lifecycle: Lifecycle) -> None:
+    def __init__(self, store: Store, messages: Messages, journal: Journal, lifecycle: Lifecycle, *,
+                 page_bytes: int) -> None:
         self._store = store
         self._messages = messages
         self._journal = journal
         self._lifecycle = lifecycle
+        self._page_bytes = page_bytes  # a dead-letter page's bytes of answer at most (--max-page-bytes)
 
     def __repr__(self) -> str:
         return "DeadLetters()"
@@ -104,12 +106,12 @@ class DeadLetters:
         return status
 
     async def list_dead(self, topic: str, statuses: frozenset[Status], cursor: str | None,
-                        limit: int, max_bytes: int | None = None) -> tuple[list[Message], str | None]:
+                        limit: int) -> tuple[list[Message], str | None]:
         """A page of the topic's dead letters (EXPIRED 5 and/or ENDED 6, still
         retained), oldest filed first, and the cursor of the next page (None:
         no more). Bounded work: reads at most DEAD_SCAN index entries, so a
         page may hold fewer than `limit` with a cursor to go on; and at most
-        `max_bytes` of answer (`answer_bytes`, at least one message): the
+        --max-page-bytes of answer (`answer_bytes`, at least one message): the
         cursor then names the first entry not read."""
         self._lifecycle.check_serving()
         await self._journal.flush()
@@ -125,7 +127,7 @@ class DeadLetters:
             if m is None:
                 continue
             size += answer_bytes(m)
-            if max_bytes is not None and size > max_bytes and messages:
+            if size > self._page_bytes and messages:
                 after = e.location
                 break
             messages.append(m)

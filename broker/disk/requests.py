@@ -26,10 +26,12 @@ from collections.abc import Awaitable, Callable, Sequence
 
 from storage.entry import Message, Status
 from storage.errors import NotFound
+from storage.store import NewMessage
+from wheel.clock import Clock
 
 from ..core.lifecycle import Lifecycle
 from ..core.long_polls import LongPolls
-from ..core.params import AckRequest, DeleteRequest, LongPollRequest, NewSend, PullRequest
+from ..core.params import AckRequest, DeleteRequest, LongPollRequest, NewSend, PullRequest, as_sends
 from ..core.transitions import Refusal
 from .journal import Journal
 from .messages import Messages
@@ -40,12 +42,13 @@ _RESULT_MESSAGE = operator.itemgetter(1)  # a SendResult's message
 class Requests:
     """The message requests of the disk broker. Runs on the event loop."""
 
-    def __init__(self, messages: Messages, journal: Journal, lifecycle: Lifecycle, long_polls: LongPolls, *,
-                 pull_waits: bool) -> None:
+    def __init__(self, messages: Messages, journal: Journal, lifecycle: Lifecycle, long_polls: LongPolls,
+                 clock: Clock, *, pull_waits: bool) -> None:
         self._messages = messages
         self._journal = journal
         self._lifecycle = lifecycle
         self._long_polls = long_polls
+        self._clock = clock
         # A pull waits for its record's fsync only in a cluster (there the
         # answer also waits for followers, as every write's).
         self._pull_waits = pull_waits
@@ -53,14 +56,19 @@ class Requests:
     def __repr__(self) -> str:
         return f"Requests(pull_waits={self._pull_waits})"
 
-    async def send(self, sends: Sequence[NewSend], now_ms: int) -> list[Message]:
-        """Store new messages at `now_ms`; answered once durable. An id whose
-        message is alive (1-3) answers the stored message, unchanged. An id
-        whose message has ended (4-7) is stored anew, the ended one released
-        (as camellia does), unless the send asks for strict idempotence:
-        then the stored message is answered unchanged while it is retained."""
+    async def send(self, sends: Sequence[NewSend | NewMessage], now_ms: int | None = None) -> list[Message]:
+        """Store new messages at `now_ms` (None: the clock's now); answered
+        once durable. An id whose message is alive (1-3) answers the stored
+        message, unchanged. An id whose message has ended (4-7) is stored
+        anew, the ended one released (as camellia does), unless the send
+        asks for strict idempotence: then the stored message is answered
+        unchanged while it is retained. A bare NewMessage (a Python
+        caller's) is a send that is not strict, checked here (`as_sends`)."""
+        checked = as_sends(sends)
+        if now_ms is None:
+            now_ms = self._clock.now_ms()
         self._lifecycle.check_serving()
-        results, due = self._messages.send(sends, now_ms)
+        results, due = self._messages.send(checked, now_ms)
         await self._journal.durable()
         return self._messages.ready_now(list(map(_RESULT_MESSAGE, results)), due, now_ms)
 
@@ -78,7 +86,7 @@ class Requests:
             self._journal.kick_soon()
         return messages
 
-    async def long_poll(self, request: LongPollRequest, gone: Callable[[], bool]) -> list[Message]:
+    async def long_poll(self, request: LongPollRequest, gone: Callable[[], bool] = lambda: False) -> list[Message]:
         """As pull, but waits up to the timeout for a message to be READY.
         `gone()` says the client hung up: then nothing is taken, and what
         was taken meanwhile goes back to READY with its retry unchanged."""

@@ -81,6 +81,10 @@ class Topics:
         """Sends to these new topics were appended (the store names them once applied)."""
         self._filing |= topics
 
+    async def topic_info(self, topic: str) -> dict[str, object]:
+        """camellia's TopicInfo of `topic` (`topic_infos` of it alone)."""
+        return (await self.topic_infos([topic]))[0]
+
     async def topic_infos(self, topics: Sequence[str]) -> list[dict[str, object]]:
         """camellia's TopicInfo of each of `topics` (queue sizes and the
         waiting queue's delay buckets), once every change made so far is
