@@ -45,6 +45,7 @@ the same; a compiled module is invisible to the hook, so --paths needs
 the pure sources (PYTHONPATH=. from a checkout, or an editable install).
 
     PYTHONPATH=. .venv/bin/python bench/calls.py --paths
+    PYTHONPATH=. .venv/bin/python bench/calls.py --paths --write-doc docs/internals.md   # the section anew
 """
 
 from __future__ import annotations
@@ -372,12 +373,54 @@ async def measure(repeat: int, batch: int, trace: bool = False) -> dict[str, Any
     return out
 
 
+DOC_SECTION = "### Three requests, file by file\n"
+DOC_TITLES = {"send": "A send (`sendMsg` of one message due now)",
+              "pull": "A pull (`pullMsg` of one ready message, standalone)",
+              "ack": "An ack (`ackMsg` of that message)"}
+DOC_INTRO = """What a send, a pull and an ack call, in order: each call from a module of
+`broker/` into another module of the project, as file → function, from
+the front's reading of the request to its answer (calls inside one
+module, and storage's, the wheel's and replication's among themselves,
+left out: a path ends where it enters them). `bench/calls.py --paths`
+prints them from a running node (the pure sources: a profile hook sees no
+compiled call), `--write-doc docs/internals.md` writes this section anew,
+and `tests/integration/test_paths_documented.py` checks that these lists
+are what it prints.
+"""
+
+
+def write_doc(traced: dict[str, Any], path: str) -> None:
+    """--write-doc: the section DOC_SECTION of `path` (a Markdown file) made
+    from --paths' figures, in place (or put before its "## Shards")."""
+    lines = [DOC_INTRO]
+    for name, title in DOC_TITLES.items():
+        lines.append(f"{title}:\n")
+        lines += [f"{i}. `{entry.split(':', 1)[0]}` → `{entry.split(':', 1)[1]}`"
+                  for i, entry in enumerate(traced[name]["entries"], 1)]
+        twice = ", ".join(f"`{m}` ({n})" for m, n in traced[name]["entered_more_than_once"].items())
+        lines += ["", f"Broker modules entered before its first call into storage: "
+                      f"{len(traced[name]['broker_modules_before_storage'])}. Entered more than once: {twice}.\n"]
+    body = "\n".join(lines)
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    if DOC_SECTION in text:
+        start = text.index(DOC_SECTION) + len(DOC_SECTION)
+        text = text[:start] + "\n" + body + text[text.index("\n#", start):]
+    else:
+        start = text.index("\n## Shards") + 1
+        text = text[:start] + DOC_SECTION + "\n" + body + "\n" + text[start:]
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--batch", type=int, default=100)
     parser.add_argument("--paths", action="store_true",
                         help="the path of a send, a pull and an ack through the code (the pure sources)")
+    parser.add_argument("--write-doc", metavar="MARKDOWN",
+                        help="with --paths: write them as that file's section " + repr(DOC_SECTION.strip()))
     args = parser.parse_args()
     try:  # the loop `hourglass serve` runs on (broker.server)
         import uvloop
@@ -388,6 +431,8 @@ def main() -> None:
         result = uvloop.run(measure(args.repeat, args.batch, args.paths))
         result["loop"] = "uvloop"
     result["build"] = describe()
+    if args.write_doc:
+        write_doc(result, args.write_doc)
     print(json.dumps(result, indent=2))
 
 
