@@ -54,5 +54,7 @@ def test_everything_answered_200_survives_kill_9_of_the_server(serve, topic):
     assert {**after, "soon": {**soon, "status": was["status"]}} == before
     assert api.message(topic, "gone") == 404
     got = api.pull_until(topic, 2)  # the ready one now, the other when due: acked is not delivered again
-    assert [m["msgId"] for m in got] == ["ready", "soon"]
+    # (in that order unless "soon" fell due before the first pull: a node of
+    # shards hands out the pulled shard's own due messages first)
+    assert sorted(m["msgId"] for m in got) == ["ready", "soon"]
     assert api.info(topic)["waitingQueueSize"] == 1
