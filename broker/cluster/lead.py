@@ -42,6 +42,7 @@ from .schedules import RaftScheduleStore
 from .state import NodeState
 
 if TYPE_CHECKING:
+    from broker.flow.keeper import TopicFlow
     from broker.push.pusher import Pushers
 
 log = logging.getLogger("hourglass.cluster")
@@ -57,6 +58,7 @@ class Serving(Protocol):
 
     api: Api
     pushers: Pushers | None
+    flow: TopicFlow | None
     schedules: Schedules | None
     metrics: Metrics
 
@@ -87,6 +89,8 @@ class Lead:
         # only the leader makes schedules' runs, from the state Raft holds (broker.cluster.schedules)
         schedules = Schedules(RaftScheduleStore(state.election), clock, config.schedules)
         broker.on_release, broker.on_cancel = schedules.on_release, schedules.on_cancel
+        if serving.flow is not None:  # the pauses the last leader replicated, before anything is handed out
+            serving.flow.start(broker)
         broker.start()
         state.leader_log, state.broker = leader_log, broker
         serving.api.serve_with(broker)
@@ -107,6 +111,8 @@ class Lead:
         failed = broker.failed  # why it stands down, if its broker failed (not what abandoning it fails)
         state.broker = state.leader_log = None
         self.serving.api.stop_serving()
+        if self.serving.flow is not None:
+            self.serving.flow.stop()
         if self.serving.pushers is not None:  # what they have in flight the next leader delivers again
             await self.serving.pushers.stop()
         await self.stop_schedules()

@@ -365,6 +365,16 @@ class Broker:
     def has_topic(self, topic: str) -> bool:
         return self._topics.has_topic(topic)
 
+    # == pauses (broker.flow.keeper's PauseGate) =====================================
+
+    def pause(self, topic: str, key: str | None) -> None:
+        """Pulls (long polls, pushes) take nothing more of the topic, or of its serial key."""
+        self._windows.pause(topic, key)
+
+    def resume(self, topic: str, key: str | None) -> None:
+        """`pause` undone; the topic's long polls woken."""
+        self._windows.resume(topic, key)
+
     # == what RAM holds, for tests and introspection (broker.disk.windows) ===========
 
     @property
