@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable
-from itertools import chain
 from typing import TYPE_CHECKING
 
 from storage.entry import MS_PER_HOUR, Location, Message, Status
@@ -228,9 +227,10 @@ class ReadyWindows:
         oldest: int | None = None
         topic_hash = text_hash(topic)
         if queue is not None:  # (parked messages are in by_key only)
-            for held in chain(queue.ready.values(), *(of_key.values() for of_key in queue.by_key.values())):
-                if oldest is None or held.state.trigger_ms < oldest:
-                    oldest = held.state.trigger_ms
+            for of_key in (queue.ready, *queue.by_key.values()):
+                for held in of_key.values():
+                    if oldest is None or held.state.trigger_ms < oldest:
+                        oldest = held.state.trigger_ms
         now_ms = self._clock.now_ms()
         entries, _ = self._store.scan_ready(topic_hash, Location(0, 0), now_ms // MS_PER_HOUR + 1, REFILL_SCAN, 64)
         for entry in entries:

@@ -10,6 +10,7 @@ import asyncio
 import os
 import tempfile
 
+import pytest
 from corruption import xor_byte
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -44,12 +45,9 @@ def test_settings_round_trip_through_the_file_and_a_reopened_copy(kept):
 def test_a_torn_file_is_refused(kept, data):
     raw = encode(entries(kept.values()))
     cut = data.draw(st.integers(0, len(raw) - 1))
-    try:
+    with pytest.raises(CorruptionError) as refused:
         decode("/d/topic-settings", raw[:cut])
-    except CorruptionError as e:
-        assert e.path == "/d/topic-settings" and e.offset in (0, 8), e
-    else:
-        raise AssertionError(f"a file cut at {cut} of {len(raw)} bytes was read")
+    assert refused.value.path == "/d/topic-settings" and refused.value.offset in (0, 8), refused.value
 
 
 @settings(max_examples=200, deadline=None)
@@ -61,12 +59,9 @@ def test_a_flipped_byte_is_refused(kept, data):
         size = os.path.getsize(path)
         position = data.draw(st.integers(0, size - 1))
         xor_byte(path, position, data.draw(st.integers(1, 255)))
-        try:
-            loaded = SettingsFile(path).load()
-        except CorruptionError as e:
-            assert e.path == path and 0 <= e.offset <= HEADER.size, e
-        else:
-            raise AssertionError(f"a file with byte {position} of {size} flipped was read: {loaded!r}")
+        with pytest.raises(CorruptionError) as refused:
+            SettingsFile(path).load()
+        assert refused.value.path == path and 0 <= refused.value.offset <= HEADER.size, refused.value
 
 
 def test_no_file_is_no_settings(tmp_path):
@@ -76,9 +71,6 @@ def test_no_file_is_no_settings(tmp_path):
 def test_an_entry_no_node_wrote_is_refused(tmp_path):
     path = tmp_path / "topic-settings"
     path.write_bytes(encode({'["x","t"]': b"{}"}))
-    try:
+    with pytest.raises(CorruptionError) as refused:
         SettingsFile(str(path)).load()
-    except CorruptionError as e:
-        assert e.offset == HEADER.size and "unknown kind" in e.reason
-    else:
-        raise AssertionError("an entry of unknown kind was read")
+    assert refused.value.offset == HEADER.size and "unknown kind" in refused.value.reason
