@@ -6,6 +6,7 @@ Redis backend answers the calls code 400 (docs/redis.md)."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -178,3 +179,23 @@ def test_redis_backend_refuses_flow_calls(api, topic):
         assert code == 400 and "not supported on the Redis backend" in body["msg"], body
     code, body = api.get("getTopicConfig", topic=topic)
     assert code == 400 and "not supported on the Redis backend" in body["msg"], body
+
+
+@pytest.mark.not_on("redis", reason=NOT_ON_REDIS)
+def test_a_paused_topic_is_not_pushed_until_resumed(serve, tmp_path, topic):
+    from serving import PushSubscriber
+
+    api = serve("--push-allow", "127.0.0.1")
+    sub = PushSubscriber(tmp_path)
+    try:
+        call(api, "pauseTopic", topic=topic)
+        code, body = api.post("subscribe", topic=topic, url=sub.url)
+        assert code == 200, body
+        sent = {api.send(topic, f"m{i}")["msgId"] for i in range(3)}
+        time.sleep(1.5)  # due, a pusher running: nothing POSTed while paused
+        assert sub.received() == []
+        assert api.info(topic)["dueUndelivered"] == 3
+        call(api, "resumeTopic", topic=topic)
+        assert {json.loads(r["body"])["msgId"] for r in sub.wait_received(3)} == sent
+    finally:
+        sub.stop()
