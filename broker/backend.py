@@ -223,13 +223,19 @@ def waiting_bucket(until_trigger_ms: int) -> int:
     raise InvariantError("the last bucket is unbounded")
 
 
-def topic_info_json(topic: str, waiting: int, buckets: list[int], ready: int, consuming: int) -> dict[str, object]:
+def topic_info_json(topic: str, waiting: int, buckets: list[int], ready: int, consuming: int,
+                    oldest_ready_ms: int | None = None, now_ms: int = 0) -> dict[str, object]:
     """camellia's TopicInfo: queue sizes and the waiting queue by delay
-    bucket (`buckets` counts per WAITING_BUCKETS entry)."""
+    bucket (`buckets` counts per WAITING_BUCKETS entry); and hourglass's
+    `dueUndelivered` (READY: due, not handed out) and `oldestDueAgeMillis`
+    (now - the oldest READY message's trigger time, 0 if none).
+    (`paused` is the node's to add: broker.flow.)"""
     return {
         "topic": topic,
         "waitingQueueSize": waiting,
         "waitingQueueInfo": {name: n for (name, _), n in zip(WAITING_BUCKETS, buckets)},
         "readyQueueSize": ready,
         "ackQueueSize": consuming,
+        "dueUndelivered": ready,
+        "oldestDueAgeMillis": 0 if oldest_ready_ms is None else max(0, now_ms - oldest_ready_ms),
     }

@@ -16,6 +16,7 @@ from .config import ServeConfig, fsync_policy
 from .core.bodies import BodyLimits
 from .core.params import Defaults
 from .disk.ready import QueueLimits
+from .flow.settings import DEFAULT_MAX_PAUSED_KEYS
 from .http.httpd import Limits
 from .http.sessions import ConsoleConfig
 from .jobs.runner import JobLimits
@@ -74,6 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-subscriptions", type=int, default=DEFAULT_MAX_SUBSCRIPTIONS,
                        help=f"push subscriptions the node keeps; a subscribe for one more topic is answered 429 "
                             f"(default {DEFAULT_MAX_SUBSCRIPTIONS})")
+    serve.add_argument("--max-paused-keys", type=int, default=DEFAULT_MAX_PAUSED_KEYS,
+                       help=f"serial keys of one topic paused at once; a pauseTopic of one more is answered 429 "
+                            f"(default {DEFAULT_MAX_PAUSED_KEYS})")
     schedules = ScheduleLimits()
     serve.add_argument("--max-schedules", type=int, default=schedules.max_schedules,
                        help=f"recurring schedules the node keeps; a putSchedule of one more is answered 429 "
@@ -276,7 +280,7 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
                        metrics_topics=args.metrics_topics, cluster=cluster,
                        redis_bulk_batch=args.redis_bulk_batch,
                        push_allow=tuple(h.strip() for h in args.push_allow.split(",") if h.strip()),
-                       max_subscriptions=args.max_subscriptions,
+                       max_subscriptions=args.max_subscriptions, max_paused_keys=args.max_paused_keys,
                        schedules=ScheduleLimits(max_schedules=args.max_schedules,
                                                 max_bytes=args.max_schedule_bytes),
                        jobs=JobLimits(max_jobs=args.max_jobs, retention_ms=args.job_retention_ms),

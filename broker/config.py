@@ -12,6 +12,7 @@ from storage.errors import ConfigError
 from .core.bodies import BodyLimits
 from .core.params import Defaults
 from .disk.ready import QueueLimits
+from .flow.settings import DEFAULT_MAX_PAUSED_KEYS
 from .http.httpd import Limits
 from .http.sessions import ConsoleConfig
 from .jobs.runner import JobLimits
@@ -85,6 +86,9 @@ class ServeConfig:
     # Push subscriptions the node keeps (--max-subscriptions); a subscribe
     # for one more topic answers 429 naming the flag (docs/api.md).
     max_subscriptions: int = DEFAULT_MAX_SUBSCRIPTIONS
+    # Serial keys of one topic paused at once (--max-paused-keys); a
+    # pauseTopic of one more answers 429 naming the flag (broker.flow).
+    max_paused_keys: int = DEFAULT_MAX_PAUSED_KEYS
     # What a subscriber's answers may cost (--push-max-head-bytes and the
     # other --push-* limits), and the descriptors push connections may hold
     # (--push-max-fds): broker.push.rules.PushLimits.
@@ -129,6 +133,8 @@ class ServeConfig:
             raise ConfigError(f"--offline-idle-s must be at least 0, got {self.offline_idle_s}")
         if self.max_subscriptions < 0:
             raise ConfigError(f"--max-subscriptions must be at least 0, got {self.max_subscriptions}")
+        if self.max_paused_keys < 0:
+            raise ConfigError(f"--max-paused-keys must be at least 0, got {self.max_paused_keys}")
         PushAllow.parse(self.push_allow)  # a bad entry is a ConfigError now, not at the first subscribe
         if self.checkpoint_interval_ms < 10:
             raise ConfigError(f"checkpoint_interval_ms must be at least 10, got {self.checkpoint_interval_ms}")

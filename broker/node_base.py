@@ -55,6 +55,7 @@ from .config import ServeConfig
 from .console.api import Console
 from .console.login import ConsoleLogin
 from .core.redact import client_text
+from .flow.api import FlowApi
 from .http.api import API_ERRORS, Api, answer, console_auth, console_entry
 from .http.commands import Auth, Command, CommandTable
 from .http.descriptors import DescriptorBudget
@@ -75,6 +76,7 @@ from .push.rules import PushAllow
 from .schedules.api import ScheduleApi
 
 if TYPE_CHECKING:
+    from .flow.keeper import TopicFlow
     from .jobs.runner import RedriveJobs
     from .push.pusher import Pushers
     from .schedules.keeper import Schedules
@@ -145,6 +147,9 @@ class NodeBase(ABC):
         self.jobs: RedriveJobs | None = None
         self.job_api = JobApi(lambda: self.jobs, config.bodies, config.max_msg_bytes, clock.now_ms,
                               lambda: self.jobs_absent())
+        # Topic settings and pauses (broker.flow.keeper): None on a node that keeps none.
+        self.flow: TopicFlow | None = None
+        self.api.paused = self.paused
         # The process's file descriptors: client connections (broker.http.httpd),
         # push connections (broker.push.client) and storage share them
         # (broker.http.descriptors).
@@ -175,6 +180,15 @@ class NodeBase(ABC):
     @abstractmethod
     def node_series(self) -> Sequence[Series]:
         """This node's own /metrics series (name, type, value)."""
+
+    # Why this kind of node keeps no topic settings or pauses (the flow
+    # calls answer code 400 with it); None: it keeps them (broker.flow).
+    flow_refusal: str | None = None
+
+    def paused(self, topic: str) -> bool | list[str] | None:
+        """getTopicInfo's `paused` (None: this node keeps no pauses)."""
+        flow = self.flow
+        return None if flow is None else flow.paused(topic)
 
     # Why this kind of node takes no push subscription (subscribe answers
     # 403 with it); None: it takes them (broker.push.pusher).
@@ -234,6 +248,7 @@ class NodeBase(ABC):
         self.api.add_routes(table, inline=self.backend_inline)
         PushApi(lambda: self.pushers, PushAllow.parse(self.config.push_allow), self.config.bodies,
                 self.config.max_msg_bytes, self.push_refusal).add_routes(table)
+        FlowApi(lambda: self.flow, self.config.bodies, self.config.max_msg_bytes, self.flow_refusal).add_routes(table)
         ScheduleApi(lambda: self.schedules, self.config.defaults, self.config.bodies, self.config.max_msg_bytes,
                     self.clock.now_ms, self.schedules_absent).add_routes(table)
         self.job_api.add_routes(table)

@@ -22,6 +22,8 @@ from .clock import SystemClock
 from .config import ServeConfig
 from .console.api import Console, standalone_info
 from .disk.backend import Broker
+from .flow.file import SettingsFile, settings_path
+from .flow.keeper import TopicFlow
 from .http.scrape import Series, disk_series
 from .jobs.file import JobFiles, jobs_path
 from .jobs.runner import RedriveJobs
@@ -97,6 +99,10 @@ class DiskNode(NodeBase):
         # redriveMsgs jobs, their records in the data dir (broker.jobs)
         self.jobs = RedriveJobs(JobFiles(jobs_path(config.data_path), config.store.fsync is not FsyncPolicy.NEVER),
                                 clock, config.jobs)
+        # topic settings and pauses in the data dir, carried out before anything is handed out (broker.flow)
+        self.flow = TopicFlow(SettingsFile(settings_path(config.data_path)), clock.now_ms, config.queues.topics,
+                              config.max_paused_keys)
+        self.flow.start(self.broker)
         if self.router is not None:
             self._serve_shards(self.router, served)
         if config.push_allow:  # pushers load aiohttp's client: only on a node that pushes
@@ -231,6 +237,7 @@ class RedisNode(NodeBase):
                                                         max_topics=config.queues.topics)
         self.broker.on_fatal = lambda error: self.stop_asked.set()
         super().__init__(config, clock, metrics, self.broker, None)
+        self.flow_refusal = "is not supported on the Redis backend yet (docs/redis.md)"
         # recurring schedules, served by every node, their runs made by the one holding their lease in Redis
         # (broker.redis.schedules)
         from .redis.schedules import ScheduleLease

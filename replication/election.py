@@ -7,7 +7,8 @@ small replicated facts: `claimed = (term, node_id)`, "the leader of `term`
 is `node_id`, and has caught up"; and the push subscriptions (a few per
 topic at most, broker.push.pusher), which the leader pushes; and the recurring
 schedules' entries (broker.cluster.schedules lays them out), whose runs
-the leader makes. A node that Raft makes leader in term T
+the leader makes; and the topic settings' entries (broker.flow.settings:
+a topic's settings, its pauses). A node that Raft makes leader in term T
   1. gets a promise and the log position of a majority (broker.cluster),
   2. catches its commit log up to the most advanced of them,
   3. replicates `claim(T, me)` through Raft: committed means a majority
@@ -84,6 +85,16 @@ class Election(Protocol):
         ...
 
     async def set_schedules(self, changes: Sequence[tuple[str, bytes | None]]) -> bool:
+        """Replicate these entries (None: removed), in order, as one
+        command; True once a majority has committed it."""
+        ...
+
+    def topic_settings(self) -> dict[str, bytes]:
+        """The topic settings' entries this node has applied: key -> value
+        (a copy; broker.flow.settings lays them out)."""
+        ...
+
+    async def set_topic_settings(self, changes: Sequence[tuple[str, bytes | None]]) -> bool:
         """Replicate these entries (None: removed), in order, as one
         command; True once a majority has committed it."""
         ...

@@ -43,7 +43,8 @@ log = logging.getLogger("hourglass.election")
 # pysyncobj has no type hints: SyncObj and its decorator are Any to mypy.
 class _RaftFacts(SyncObj):  # type: ignore[misc]  # pysyncobj is untyped: its base is Any
     """The replicated state machine: who claimed the highest term, the
-    push subscriptions, and the recurring schedules' entries."""
+    push subscriptions, the recurring schedules' entries and the topic
+    settings' entries."""
 
     def __init__(self, me: str, others: list[str], conf: SyncObjConf, transport: Callable[..., RaftTransport]) -> None:
         # Set before SyncObj's constructor, so not part of the replicated
@@ -60,6 +61,9 @@ class _RaftFacts(SyncObj):  # type: ignore[misc]  # pysyncobj is untyped: its ba
         # changed in place (there may be 100,000: a copy per change would be
         # quadratic), under schedules_lock
         self.schedules: dict[str, bytes] = {}
+        # the topic settings' entries (broker.flow.settings), replaced whole
+        # on each change: the event loop reads it from another thread
+        self.flow: dict[str, bytes] = {}
 
     @replicated  # type: ignore[untyped-decorator]  # pysyncobj is untyped
     def claim(self, term: int, node_id: str) -> bool:
@@ -87,6 +91,21 @@ class _RaftFacts(SyncObj):  # type: ignore[misc]  # pysyncobj is untyped: its ba
                     entries.pop(key, None)
                 else:
                     entries[key] = value
+        return True
+
+
+    # Named so that its pysyncobj id ("topic_settings_v0", sorted after
+    # "subscribe_v0") comes after the older commands': their ids, which a
+    # journal written before it holds, stay what they were.
+    @replicated  # type: ignore[untyped-decorator]  # pysyncobj is untyped
+    def topic_settings(self, changes: list[tuple[str, bytes | None]]) -> bool:
+        entries = dict(self.flow)
+        for key, value in changes:
+            if value is None:
+                entries.pop(key, None)
+            else:
+                entries[key] = value
+        self.flow = entries
         return True
 
 
@@ -191,6 +210,13 @@ class RaftElection:
 
     async def set_schedules(self, changes: Sequence[tuple[str, bytes | None]]) -> bool:
         return await self._committed(self._raft.schedule, list(changes))
+
+    def topic_settings(self) -> dict[str, bytes]:
+        entries: dict[str, bytes] = self._raft.flow
+        return dict(entries)
+
+    async def set_topic_settings(self, changes: Sequence[tuple[str, bytes | None]]) -> bool:
+        return await self._committed(self._raft.topic_settings, list(changes))
 
     async def _committed(self, command: Callable[..., object], *args: object) -> bool:
         """Run a replicated command; True once committed (and true), False

@@ -383,6 +383,7 @@ class FakeElection:
         self.transfers = 0  # transfer_lead calls
         self.pushes: dict[str, bytes] = {}  # the subscriptions replicated
         self.schedule_entries: dict[str, bytes] = {}  # the schedules' entries replicated
+        self.flow_entries: dict[str, bytes] = {}  # the topic settings' entries replicated
 
     @property
     def is_leader(self) -> bool:
@@ -418,6 +419,19 @@ class FakeElection:
                 self.schedule_entries.pop(key, None)
             else:
                 self.schedule_entries[key] = value
+        return True
+
+    def topic_settings(self) -> dict[str, bytes]:
+        return dict(self.flow_entries)
+
+    async def set_topic_settings(self, changes: Sequence[tuple[str, bytes | None]]) -> bool:
+        if not self.claims_commit:
+            return False
+        for key, value in changes:
+            if value is None:
+                self.flow_entries.pop(key, None)
+            else:
+                self.flow_entries[key] = value
         return True
 
     async def transfer_lead(self) -> bool:

@@ -43,6 +43,7 @@ from .schedules import RaftScheduleStore
 from .state import NodeState
 
 if TYPE_CHECKING:
+    from broker.flow.keeper import TopicFlow
     from broker.push.pusher import Pushers
 
 log = logging.getLogger("hourglass.cluster")
@@ -58,6 +59,7 @@ class Serving(Protocol):
 
     api: Api
     pushers: Pushers | None
+    flow: TopicFlow | None
     schedules: Schedules | None
     jobs: RedriveJobs | None
     metrics: Metrics
@@ -88,6 +90,8 @@ class Lead:
         # only the leader makes schedules' runs, from the state Raft holds (broker.cluster.schedules)
         schedules = Schedules(RaftScheduleStore(state.election), clock, config.schedules)
         broker.on_release, broker.on_cancel = schedules.on_release, schedules.on_cancel
+        if serving.flow is not None:  # the pauses the last leader replicated, before anything is handed out
+            serving.flow.start(broker)
         broker.start()
         state.leader_log, state.broker = leader_log, broker
         serving.api.serve_with(broker)
@@ -112,6 +116,8 @@ class Lead:
         failed = broker.failed  # why it stands down, if its broker failed (not what abandoning it fails)
         state.broker = state.leader_log = None
         self.serving.api.stop_serving()
+        if self.serving.flow is not None:
+            self.serving.flow.stop()
         if self.serving.pushers is not None:  # what they have in flight the next leader delivers again
             await self.serving.pushers.stop()
         await self.stop_schedules()

@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from broker.config import ServeConfig
 from broker.console.api import Console
+from broker.flow.keeper import TopicFlow
 from broker.http.commands import Command, CommandTable
 from broker.http.http_types import Request
 from broker.http.scrape import Series
@@ -34,6 +35,7 @@ from storage.store import Store
 from wheel.clock import Clock
 from wheel.tick_state import TickStateFile
 
+from .flow import RaftTopicSettings
 from .lead import Lead
 from .peer_client import PeerClient
 from .peers import PeerCalls
@@ -98,6 +100,8 @@ class ClusterNode(NodeBase):
             self.pushers = Pushers(clock, PushAllow.parse(config.push_allow), RaftSubscriptions(election),
                                    config.max_subscriptions, limits=config.push, descriptors=self.descriptors,
                                    spans=self.spans)
+        # topic settings and pauses in the Raft group's state, carried out by the leader (broker.cluster.flow)
+        self.flow = TopicFlow(RaftTopicSettings(election), clock.now_ms, config.queues.topics, config.max_paused_keys)
         self.routes = Routes(state)
         self.snapshots = Snapshots(state, self.peers)
         self.peer_calls = PeerCalls(state, self.snapshots)

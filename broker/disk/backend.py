@@ -157,6 +157,10 @@ class Broker:
         self.topic_list = topics.topic_list
         self.topic_backlogs = topics.topic_backlogs
         self.has_topic = topics.has_topic
+        # == pauses (broker.flow.keeper's PauseGate): pulls, long polls and pushes
+        # take nothing more of a paused topic or serial key; a resume wakes its long polls
+        self.pause = self._windows.pause
+        self.resume = self._windows.resume
 
     def __repr__(self) -> str:
         return f"Broker({self._lifecycle!r}, {self._messages!r}, tick={self.tick}, {self._filing!r})"

@@ -123,8 +123,12 @@ class Topics:
             while read := store.count_waiting(hour, start, BUCKET_SCAN_CHUNK, wanted, edges):
                 start += read
                 await asyncio.sleep(0)
-        return [topic_info_json(topic, totals[Status.WAITING], buckets, totals[Status.READY], totals[Status.CONSUMING])
-                for topic, totals, buckets in infos]
+        answers = []
+        for topic, totals, buckets in infos:
+            oldest_ms = self._windows.oldest_ready_ms(topic) if totals[Status.READY] else None
+            answers.append(topic_info_json(topic, totals[Status.WAITING], buckets, totals[Status.READY],
+                                           totals[Status.CONSUMING], oldest_ms, now_ms))
+        return answers
 
     async def topic_backlogs(self) -> dict[str, Backlog]:
         """(waiting, ready, consuming, dead) of every topic the store names

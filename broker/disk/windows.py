@@ -102,6 +102,10 @@ class ReadyWindows:
         self._to_refill: set[str] = set()  # spilled topics whose window has room
         self._key_refills: set[tuple[str, str]] = set()  # (topic, serial key) freed with messages on disk
         self._refill_wake = asyncio.Event()
+        # Paused (broker.flow): a topic's pulls take nothing; a serial key is
+        # busy (its messages parked) as if one of them were in flight.
+        self.paused_topics: set[str] = set()
+        self.paused_keys: set[tuple[str, str]] = set()
 
     def __repr__(self) -> str:
         return (f"ReadyWindows(topics={len(self.topics)}, window={self.window_total}, parked={self.parked_total}, "
@@ -133,9 +137,10 @@ class ReadyWindows:
     def choose(self, topic: str, batch: int, tags: frozenset[str] | None) -> list[HeldMessage]:
         """For a pull: up to `batch` of the topic's best READY messages (among
         `tags`), fewer at the in-flight caps, the window topped up from
-        disk first (`Pull` is then stepped to them: broker.disk.messages)."""
+        disk first (`Pull` is then stepped to them: broker.disk.messages).
+        None of a paused topic."""
         queue = self.topics.get(topic)
-        if queue is None:
+        if queue is None or topic in self.paused_topics:
             return []
         limits = self._limits
         room = min(batch, limits.inflight - queue.consuming, limits.inflight_total - len(self._in_flight))
@@ -191,6 +196,47 @@ class ReadyWindows:
         if held is not None:
             ready = held.state.status is READY
             self.carry_out([held] if ready else [], [] if ready else [held], [], [], [location], set())
+
+    def pause(self, topic: str, serial_key: str | None) -> None:
+        """Pulls take nothing more of the topic (`serial_key` None), or of
+        its serial key: the key is held busy, its window messages parked
+        and the rest left on disk, as while one of its messages is in
+        flight (its count in `busy` is one more while paused)."""
+        if serial_key is None:
+            self.paused_topics.add(topic)
+        elif (topic, serial_key) not in self.paused_keys:
+            self.paused_keys.add((topic, serial_key))
+            self._key_busy(self.queue(topic), serial_key)
+
+    def resume(self, topic: str, serial_key: str | None) -> None:
+        """`pause` undone; the topic's long polls woken."""
+        if serial_key is None:
+            self.paused_topics.discard(topic)
+            self._long_polls.wake(topic)
+        elif (topic, serial_key) in self.paused_keys:
+            self.paused_keys.discard((topic, serial_key))
+            if self._key_freed(self.queue(topic), serial_key):
+                self._long_polls.wake(topic)
+
+    def oldest_ready_ms(self, topic: str) -> int | None:
+        """The oldest trigger time among the topic's READY messages (None:
+        none): those the window holds, parked ones included, and the first
+        ones on disk in filing order (at most REFILL_SCAN index entries
+        read: a second's precision, the filing order's)."""
+        queue = self.topics.get(topic)
+        oldest: int | None = None
+        topic_hash = text_hash(topic)
+        if queue is not None:  # (parked messages are in by_key only)
+            for of_key in (queue.ready, *queue.by_key.values()):
+                for held in of_key.values():
+                    if oldest is None or held.state.trigger_ms < oldest:
+                        oldest = held.state.trigger_ms
+        now_ms = self._clock.now_ms()
+        entries, _ = self._store.scan_ready(topic_hash, Location(0, 0), now_ms // MS_PER_HOUR + 1, REFILL_SCAN, 64)
+        for entry in entries:
+            if oldest is None or entry.trigger_ms < oldest:
+                oldest = entry.trigger_ms
+        return oldest
 
     async def run_timers(self, fire: Fire) -> None:
         """The timer task (broker.disk.timers), until the node stops: due timers

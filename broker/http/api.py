@@ -182,6 +182,8 @@ class Api:
         self.make_id: Callable[[], str] = new_msg_id
         # The node's whole views where the backend is one shard's engine of many (broker.shards.router).
         self.views: NodeViews | None = None
+        # A topic's `paused` for getTopicInfo (the node's pauses: broker.flow); None: none kept.
+        self.paused: Callable[[str], bool | list[str] | None] = lambda topic: None
 
     def __repr__(self) -> str:
         return f"Api({self._broker!r}, max_msg_bytes={self.max_msg_bytes})"
@@ -363,7 +365,7 @@ class Api:
 
     async def topic_info(self, request: Request) -> Response:
         topic = params.parse_topic(self._params(request)).topic
-        return answer(200, "success", data=await self.backend.topic_info(topic))
+        return answer(200, "success", data=self._with_paused(await self.backend.topic_info(topic)))
 
     async def topic_info_list(self, request: Request) -> Response:
         return answer(200, "success", data=await self.topic_infos())
@@ -376,4 +378,10 @@ class Api:
         """getTopicInfo of every topic."""
         backend = self.backend
         topics = backend.topic_list() if self.views is None else await self.views.all_topics()
-        return await backend.topic_infos(topics)
+        return [self._with_paused(info) for info in await backend.topic_infos(topics)]
+
+    def _with_paused(self, info: dict[str, object]) -> dict[str, object]:
+        paused = self.paused(str(info["topic"]))
+        if paused is not None:
+            info["paused"] = paused
+        return info

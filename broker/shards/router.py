@@ -107,14 +107,15 @@ def list_of(fields: Sequence[Any]) -> ListMsgRequest:
 # -- merging views ------------------------------------------------------------------------
 
 def merge_topic_infos(infos: Iterable[dict[str, Any]]) -> dict[str, Any]:
-    """camellia's TopicInfo of a topic over shards: every size summed."""
+    """camellia's TopicInfo of a topic over shards: every size summed, the oldest due age the largest."""
     merged: dict[str, Any] | None = None
     for info in infos:
         if merged is None:
             merged = {**info, "waitingQueueInfo": dict(info["waitingQueueInfo"])}
             continue
-        for field in ("waitingQueueSize", "readyQueueSize", "ackQueueSize"):
+        for field in ("waitingQueueSize", "readyQueueSize", "ackQueueSize", "dueUndelivered"):
             merged[field] += info[field]
+        merged["oldestDueAgeMillis"] = max(merged["oldestDueAgeMillis"], info["oldestDueAgeMillis"])
         buckets = merged["waitingQueueInfo"]
         for name, n in info["waitingQueueInfo"].items():
             buckets[name] = buckets.get(name, 0) + n
@@ -495,7 +496,9 @@ class ShardRouter:
     def route(self, command: Command) -> Command:
         """The command as a shard of the node serves it: a schedule's call on
         the schedule's shard (and listSchedules merged from all), a
-        subscription and the health switch on every shard; any other as it is."""
+        subscription, the health switch and a topic's settings and pauses
+        on every shard (getTopicConfig: this shard's, all being equal); any
+        other as it is."""
         self._commands[(command.method, command.path)] = command
         name = command.path.rpartition("/")[2]
         handler: Handler | None = None
@@ -504,7 +507,8 @@ class ShardRouter:
         elif command.path == PREFIX + "listSchedules":
             handler = functools.partial(self._schedules_page, command)
         elif command.path in (PREFIX + "subscribe", PREFIX + "unsubscribe", HEALTH_PREFIX + "online",
-                              HEALTH_PREFIX + "offline"):
+                              HEALTH_PREFIX + "offline", PREFIX + "setTopicConfig", PREFIX + "pauseTopic",
+                              PREFIX + "resumeTopic"):
             handler = functools.partial(self._on_every_shard, command)
         elif command.path == PREFIX + "getSubscription":
             handler = functools.partial(self._subscription, command)

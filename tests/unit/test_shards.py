@@ -151,12 +151,14 @@ def test_a_dead_letter_cursor_no_page_answered_is_400(cursor):
 
 
 def test_topic_infos_sum_every_size():
-    def info(waiting, ready, consuming, first_bucket):
+    def info(waiting, ready, consuming, first_bucket, oldest_due_age_ms):
         return {"topic": "t", "waitingQueueSize": waiting, "readyQueueSize": ready, "ackQueueSize": consuming,
-                "waitingQueueInfo": {"sizeOf0To1min": first_bucket, "sizeOf1minTo10min": 0}}
-    merged = merge_topic_infos([info(3, 1, 0, 2), info(4, 0, 5, 1)])
-    assert merged == {"topic": "t", "waitingQueueSize": 7, "readyQueueSize": 1, "ackQueueSize": 5,
-                      "waitingQueueInfo": {"sizeOf0To1min": 3, "sizeOf1minTo10min": 0}}
+                "waitingQueueInfo": {"sizeOf0To1min": first_bucket, "sizeOf1minTo10min": 0},
+                "dueUndelivered": ready, "oldestDueAgeMillis": oldest_due_age_ms}
+    merged = merge_topic_infos([info(3, 1, 0, 2, 700), info(4, 2, 5, 1, 900), info(0, 0, 0, 0, 0)])
+    assert merged == {"topic": "t", "waitingQueueSize": 7, "readyQueueSize": 3, "ackQueueSize": 5,
+                      "waitingQueueInfo": {"sizeOf0To1min": 3, "sizeOf1minTo10min": 0},
+                      "dueUndelivered": 3, "oldestDueAgeMillis": 900}
 
 
 def test_monitor_data_sums_counts_and_weighs_gaps():

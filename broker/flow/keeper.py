@@ -1,0 +1,214 @@
+"""`TopicFlow`: a node's topic settings and pauses, kept durable (and, on
+a cluster, replicated) and carried out on the backend that serves
+(docs/api.md, "Flow").
+
+The settings live in a `SettingsStore`: `broker.flow.file.SettingsFile`
+on a standalone node (one per shard of a node of many: the router sends
+every change to every shard), the Raft group's state on a cluster
+(broker.cluster.flow), read again by each node that comes to lead. A
+change is durable (and on a majority) before it is answered.
+
+A pause is carried out by the backend's `PauseGate` (the disk broker's
+ready windows): a paused topic's pulls take nothing (a long poll waits,
+and so does a push subscription's, which pulls through it); a paused
+serial key's READY messages are parked as those of a key with a message
+in flight are (broker.disk.windows). Sends, acks, deletes and
+reschedules are taken as ever. Ordering, so that nothing is handed out
+once a pause is answered and nothing stays paused once a resume is:
+
+    pause    the gate closed in RAM, then the settings saved (a failed
+             save opens it again, and the call answers 503)
+    resume   hold: the settings saved, then the gate opened (the topic's
+             long polls woken). shift: the resume's time R kept with the
+             pause (saved), then every WAITING or READY message of the
+             topic (or key) whose trigger time is in [pausedAt, R) moved by
+             R - pausedAt -- rescheduleMsgs' machinery (broker.disk.bulk),
+             RESUME_SLICE messages a call, each call whole and durable,
+             the loop free between -- then saved and opened as hold. A
+             shift cut short (a crash, a failover) leaves the topic paused
+             with R kept: the next resume moves the rest of [pausedAt, R),
+             each message once (a moved one lies at R or later).
+
+Who may call what: everything on the event loop; the changes of one node
+are serialised by one lock (a shift may take a while: a pause or a
+setTopicConfig of another topic waits behind it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Protocol
+
+from storage.entry import Status
+from storage.errors import LimitReached, Unavailable
+
+from ..core.bulk_params import BulkFilter, RescheduleMsgsRequest
+from .settings import DEFAULT_MAX_PAUSED_KEYS, OnResume, Pause, PauseRequest, TopicConfig, TopicSettings
+
+# Messages one call of a shift moves (rescheduleMsgs' default limit): each
+# call whole and durable, the event loop free between its slices.
+RESUME_SLICE = 100_000
+MOVABLE = frozenset((Status.WAITING, Status.READY))
+
+
+class SettingsStore(Protocol):
+    """Where a node keeps its topic settings."""
+
+    def load(self) -> dict[str, TopicSettings]:
+        ...
+
+    async def save(self, settings: dict[str, TopicSettings]) -> None:
+        """Durable (and replicated) once it returns; raises Unavailable if not."""
+        ...
+
+
+class PauseGate(Protocol):
+    """What a backend does for the pauses (the disk broker's)."""
+
+    def pause(self, topic: str, key: str | None) -> None:
+        """Hand out nothing more of the topic (key None) or of its serial key."""
+        ...
+
+    def resume(self, topic: str, key: str | None) -> None:
+        """Hand them out again (long polls of the topic woken)."""
+        ...
+
+    async def reschedule_msgs(self, request: RescheduleMsgsRequest) -> tuple[int, bool]:
+        ...
+
+
+class TopicFlow:
+    """The node's topic settings (`settings`, by topic), and the pauses
+    carried out on the gate of the backend serving (`start`; `stop` when
+    it no longer does: a cluster node that stands down)."""
+
+    def __init__(self, store: SettingsStore, clock_ms: Callable[[], int], max_topics: int,
+                 max_paused_keys: int = DEFAULT_MAX_PAUSED_KEYS) -> None:
+        self._store = store
+        self._now_ms = clock_ms
+        self.max_topics = max_topics  # --max-topics: topics with settings at most
+        self.max_paused_keys = max_paused_keys  # --max-paused-keys: paused serial keys of a topic at most
+        self.settings: dict[str, TopicSettings] = store.load()
+        self._gate: PauseGate | None = None
+        self._lock = asyncio.Lock()
+        self.moved = 0  # messages a shift moved (tests, logs)
+
+    def __repr__(self) -> str:
+        paused = sum(1 for s in self.settings.values() if s.pause is not None)
+        keys = sum(len(s.keys) for s in self.settings.values())
+        return f"TopicFlow(topics={len(self.settings)}, paused={paused}, paused_keys={keys})"
+
+    def start(self, gate: PauseGate) -> None:
+        """Carry the pauses out on `gate` (read again from the store: a
+        cluster node that starts leading reads what the last leader
+        replicated). Before the gate's backend hands anything out."""
+        self.settings = self._store.load()
+        self._gate = gate
+        for s in self.settings.values():
+            if s.pause is not None:
+                gate.pause(s.topic, None)
+            for key in s.keys:
+                gate.pause(s.topic, key)
+
+    def stop(self) -> None:
+        self._gate = None
+
+    def gate(self) -> PauseGate:
+        if self._gate is None:
+            raise Unavailable("no broker runs on this node yet; retry")
+        return self._gate
+
+    def get(self, topic: str) -> TopicSettings:
+        return self.settings.get(topic) or TopicSettings(topic)
+
+    def paused(self, topic: str) -> bool | list[str]:
+        """getTopicInfo's `paused`."""
+        s = self.settings.get(topic)
+        return False if s is None else s.paused_json()
+
+    async def _save(self, settings: TopicSettings) -> None:
+        new = dict(self.settings)
+        if settings.is_default:
+            new.pop(settings.topic, None)
+        else:
+            new[settings.topic] = settings
+        if settings.topic not in self.settings and len(new) > self.max_topics:
+            raise LimitReached(f"{len(self.settings)} topics have settings and --max-topics is {self.max_topics}: "
+                               f"clear a topic's settings first, or raise --max-topics")
+        await self._store.save(new)
+        self.settings = new
+
+    async def set_config(self, config: TopicConfig) -> TopicSettings:
+        """setTopicConfig (validated whole by broker.flow.settings.parse_config)."""
+        async with self._lock:
+            await self._save(self.get(config.topic).with_config(config))
+            return self.get(config.topic)
+
+    async def pause(self, request: PauseRequest) -> TopicSettings:
+        """pauseTopic: a pause already in place keeps its time (an
+        `onResume` given replaces its policy). LimitReached (429) past
+        --max-paused-keys paused keys in the topic."""
+        async with self._lock:
+            gate = self.gate()
+            current = self.get(request.topic)
+            had = current.pause_of(request.key)
+            if had is None:
+                if request.key is not None and len(current.keys) >= self.max_paused_keys:
+                    raise LimitReached(f"topic {request.topic!r} has {len(current.keys)} paused keys and "
+                                       f"--max-paused-keys is {self.max_paused_keys}: resume one first, pause "
+                                       f"the topic, or raise --max-paused-keys")
+                pause = Pause(self._now_ms(), request.on_resume or OnResume.HOLD)
+            else:
+                pause = replace(had, on_resume=request.on_resume or had.on_resume)
+            if had is None:
+                gate.pause(request.topic, request.key)
+            try:
+                await self._save(current.with_pause(request.key, pause))
+            except BaseException:
+                if had is None:
+                    gate.resume(request.topic, request.key)
+                raise
+            return self.get(request.topic)
+
+    async def resume(self, request: PauseRequest) -> TopicSettings:
+        """resumeTopic: the pause's policy (or `onResume` given) carried
+        out, then the topic (or key) handed out again. Resuming what is not
+        paused changes nothing."""
+        async with self._lock:
+            gate = self.gate()
+            current = self.get(request.topic)
+            pause = current.pause_of(request.key)
+            if pause is None:
+                return current
+            policy = request.on_resume or pause.on_resume
+            if policy is OnResume.SHIFT:
+                if pause.resume_ms is None:
+                    pause = replace(pause, resume_ms=max(self._now_ms(), pause.since_ms))
+                    await self._save(current.with_pause(request.key, pause))
+                    current = self.get(request.topic)
+                await self._shift(gate, request, pause)
+            await self._save(current.with_pause(request.key, None))
+            gate.resume(request.topic, request.key)
+            return self.get(request.topic)
+
+    async def _shift(self, gate: PauseGate, request: PauseRequest, pause: Pause) -> None:
+        """Every WAITING or READY message of the topic (or key) whose trigger
+        time is in [pausedAt, resumedAt) moved by the pause's length, a
+        whole durable call of RESUME_SLICE at a time."""
+        assert pause.resume_ms is not None
+        length_ms = pause.resume_ms - pause.since_ms
+        if length_ms <= 0:
+            return
+        flt = BulkFilter(key=request.key, statuses=MOVABLE, trigger_from_ms=pause.since_ms,
+                         trigger_to_ms=pause.resume_ms)
+        more = True
+        while more:
+            moved, more = await gate.reschedule_msgs(
+                RescheduleMsgsRequest(request.topic, flt, RESUME_SLICE, length_ms, None))
+            self.moved += moved
+            if more and not moved:
+                raise Unavailable(f"the shift of topic {request.topic!r}'s paused messages moved none of those "
+                                  f"left; retry resumeTopic")
+            await asyncio.sleep(0)

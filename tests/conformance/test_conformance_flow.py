@@ -1,0 +1,201 @@
+"""Flow (docs/api.md, "Flow"): setTopicConfig / getTopicConfig validated
+whole, pauseTopic / resumeTopic of a topic or one serial key -- nothing
+handed out while paused (pull, long poll), sends, deletes and acks still
+taken, resume's `hold` and `shift` -- and getTopicInfo's flow fields. The
+Redis backend answers the calls code 400 (docs/redis.md)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+
+NOT_ON_REDIS = "pauses and topic settings are not supported on the Redis backend yet (docs/redis.md)"
+DEFAULTS = {"releaseRate": 0, "fairness": "none", "maxDueAgeMillis": 0, "dedupWindowMillis": 0, "paused": False,
+            "pause": None, "pausedKeys": []}
+
+
+def settings(api, topic: str) -> dict:
+    code, body = api.get("getTopicConfig", topic=topic)
+    assert code == 200, body
+    return body["data"]
+
+
+def call(api, path: str, **params) -> dict:
+    code, body = api.post(path, **params)
+    assert code == 200, body
+    return body["data"]
+
+
+@pytest.mark.not_on("redis", reason=NOT_ON_REDIS)
+@pytest.mark.parametrize(("params", "named", "says"), [
+    ({}, "topic", "required"),
+    ({"releaseRate": "-1"}, "releaseRate", "at least 0"),
+    ({"releaseRate": "x"}, "releaseRate", "whole number"),
+    ({"releaseRate": "5"}, "releaseRate", "not supported yet"),
+    ({"fairness": "roundRobin"}, "fairness", "one of"),
+    ({"fairness": "fairKey"}, "fairness", "not supported yet"),
+    ({"maxDueAgeMillis": "1000"}, "maxDueAgeMillis", "not supported yet"),
+    ({"dedupWindowMillis": "60000"}, "dedupWindowMillis", "not supported yet"),
+    ({"fairness": "none", "dedupWindowMillis": "1"}, "dedupWindowMillis", "not supported yet"),
+])
+def test_set_topic_config_refuses_whole(api, topic, params, named, says):
+    """A bad parameter, or a setting whose effect this build does not carry
+    out: code 400 naming it, nothing stored."""
+    given = params if named == "topic" else {"topic": topic, **params}
+    code, body = api.post("setTopicConfig", **given)
+    assert code == 400 and body["msg"].startswith(named) and says in body["msg"], body
+    assert settings(api, topic) == {"topic": topic, **DEFAULTS}
+
+
+@pytest.mark.not_on("redis", reason=NOT_ON_REDIS)
+def test_set_topic_config_takes_the_defaults(api, topic):
+    data = call(api, "setTopicConfig", topic=topic, releaseRate=0, fairness="none", maxDueAgeMillis=0,
+                dedupWindowMillis=0)
+    assert data == {"topic": topic, **DEFAULTS}
+
+
+@pytest.mark.not_on("redis", reason=NOT_ON_REDIS)
+@pytest.mark.parametrize(("on_resume", "says"), [("expire", "not supported yet"), ("later", "must be")])
+def test_pause_refuses_a_policy_not_carried_out(api, topic, on_resume, says):
+    code, body = api.post("pauseTopic", topic=topic, onResume=on_resume)
+    assert code == 400 and body["msg"].startswith("onResume") and says in body["msg"], body
+    assert settings(api, topic)["paused"] is False
+
+
+@pytest.mark.not_on("redis", reason=NOT_ON_REDIS)
+def test_paused_topic_hands_out_nothing_until_resumed(api, topic):
+    """Due messages of a paused topic: no pull, no long poll takes them;
+    sends, deletes and acks are taken; hold hands them all out on resume."""
+    first = [api.send(topic, f"m{i}")["msgId"] for i in range(3)]
+    api.pull_until(topic, 0)
+    paused = call(api, "pauseTopic", topic=topic)
+    assert paused["paused"] is True and paused["pause"]["onResume"] == "hold"
+    assert paused["pause"]["pausedAt"] <= int(time.time() * 1000)
+    assert api.pull(topic, batch=10) == []
+    code, body = api.post("longPollingMsg", topic=topic, batch=10, longPollingTimeoutMillis=500)
+    assert code == 200 and body["delayMsgList"] == [], body
+    later = api.send(topic, "sent while paused")["msgId"]
+    assert api.post("deleteMsg", topic=topic, msgId=first[0])[0] == 200
+    assert api.post("ackMsg", topic=topic, msgId=first[1])[0] == 200
+    time.sleep(0.3)
+    info = api.info(topic)
+    assert info["paused"] is True and info["dueUndelivered"] == 2 == info["readyQueueSize"], info
+    assert info["oldestDueAgeMillis"] >= 300, info
+    assert api.pull(topic, batch=10) == []
+    assert settings(api, topic)["paused"] is True
+    resumed = call(api, "resumeTopic", topic=topic)
+    assert resumed == {"topic": topic, **DEFAULTS}
+    got = api.pull_until(topic, 2)
+    assert sorted(m["msgId"] for m in got) == sorted([first[2], later])
+    assert api.info(topic)["paused"] is False
+
+
+@pytest.mark.not_on("redis", reason=NOT_ON_REDIS)
+def test_resume_wakes_a_long_poll(api, topic):
+    api.send(topic, "due")
+    call(api, "pauseTopic", topic=topic)
+    answered: list[list[dict]] = []
+
+    def poll() -> None:
+        code, body = api.post("longPollingMsg", topic=topic, batch=1, longPollingTimeoutMillis=20_000)
+        answered.append(body["delayMsgList"] if code == 200 else body)
+
+    poller = threading.Thread(target=poll)
+    poller.start()
+    time.sleep(0.5)
+    assert not answered  # still waiting: paused
+    call(api, "resumeTopic", topic=topic)
+    poller.join(15)
+    assert len(answered) == 1 and len(answered[0]) == 1, answered
+
+
+@pytest.mark.not_on("redis", reason=NOT_ON_REDIS)
+def test_paused_key_holds_its_messages_only(api, topic):
+    """A paused serial key's messages are not handed out; other keys' and
+    keyless ones are; resuming the key hands its messages out."""
+    held = [api.send(topic, f"a{i}", key="a")["msgId"] for i in range(2)]
+    others = [api.send(topic, "b", key="b")["msgId"], api.send(topic, "none")["msgId"]]
+    data = call(api, "pauseTopic", topic=topic, key="a", onResume="hold")
+    assert data["paused"] == ["a"] and data["pausedKeys"][0]["key"] == "a", data
+    got = api.pull_until(topic, 2)
+    assert sorted(m["msgId"] for m in got) == sorted(others)
+    for m in got:
+        assert api.post("ackMsg", topic=topic, msgId=m["msgId"])[0] == 200
+    assert api.pull(topic, batch=10) == []
+    assert api.info(topic)["paused"] == ["a"]
+    call(api, "resumeTopic", topic=topic, key="a")
+    first = api.pull_until(topic, 1)
+    assert [m["msgId"] for m in first] == [held[0]]  # one at a time: the key is serial
+    assert api.post("ackMsg", topic=topic, msgId=held[0])[0] == 200
+    assert [m["msgId"] for m in api.pull_until(topic, 1)] == [held[1]]
+
+
+@pytest.mark.not_on("redis", reason=NOT_ON_REDIS)
+def test_shift_moves_what_fell_due_by_the_pause_length(api, topic):
+    """onResume=shift: a message that fell due while paused is moved by the
+    pause's length (resumedAt - pausedAt); one due before the pause is not."""
+    before = api.send(topic, "due before")["msgId"]
+    time.sleep(0.05)
+    paused = call(api, "pauseTopic", topic=topic, onResume="shift")
+    paused_at = paused["pause"]["pausedAt"]
+    during = api.send(topic, "due during", delayMillis=500)
+    after = api.send(topic, "due after", delayMillis=60_000)
+    time.sleep(1.5)
+    asked = int(time.time() * 1000)
+    call(api, "resumeTopic", topic=topic)
+    answered = int(time.time() * 1000)
+    moved = api.message(topic, during["msgId"])
+    shift_low, shift_high = asked - paused_at, answered - paused_at
+    assert during["triggerTime"] + shift_low - 1000 <= moved["triggerTime"] <= during["triggerTime"] + shift_high + 1000
+    assert moved["triggerTime"] > answered  # not due yet: it waits its shifted time
+    assert api.message(topic, after["msgId"])["triggerTime"] == after["triggerTime"]
+    assert [m["msgId"] for m in api.pull_until(topic, 1)] == [before]
+    assert api.message(topic, before)["status"] == 3
+    got = api.pull_until(topic, 1, timeout_s=10)
+    assert [m["msgId"] for m in got] == [during["msgId"]]
+
+
+@pytest.mark.not_on("redis", reason=NOT_ON_REDIS)
+def test_paused_keys_are_bounded(serve, topic):
+    api = serve("--max-paused-keys", "2")
+    for key in ("a", "b"):
+        call(api, "pauseTopic", topic=topic, key=key)
+    code, body = api.post("pauseTopic", topic=topic, key="c")
+    assert code == 429 and "--max-paused-keys" in body["msg"], body
+    assert settings(api, topic)["paused"] == ["a", "b"]
+    call(api, "pauseTopic", topic=topic, key="a")  # one paused already: no more
+    call(api, "resumeTopic", topic=topic, key="a")
+    call(api, "pauseTopic", topic=topic, key="c")
+
+
+def test_redis_backend_refuses_flow_calls(api, topic):
+    if api.backend != "redis":
+        pytest.skip("the Redis backend's refusal")
+    for path in ("pauseTopic", "resumeTopic", "setTopicConfig"):
+        code, body = api.post(path, topic=topic)
+        assert code == 400 and "not supported on the Redis backend" in body["msg"], body
+    code, body = api.get("getTopicConfig", topic=topic)
+    assert code == 400 and "not supported on the Redis backend" in body["msg"], body
+
+
+@pytest.mark.not_on("redis", reason=NOT_ON_REDIS)
+def test_a_paused_topic_is_not_pushed_until_resumed(serve, tmp_path, topic):
+    from serving import PushSubscriber
+
+    api = serve("--push-allow", "127.0.0.1")
+    sub = PushSubscriber(tmp_path)
+    try:
+        call(api, "pauseTopic", topic=topic)
+        code, body = api.post("subscribe", topic=topic, url=sub.url)
+        assert code == 200, body
+        sent = {api.send(topic, f"m{i}")["msgId"] for i in range(3)}
+        time.sleep(1.5)  # due, a pusher running: nothing POSTed while paused
+        assert sub.received() == []
+        assert api.info(topic)["dueUndelivered"] == 3
+        call(api, "resumeTopic", topic=topic)
+        assert {json.loads(r["body"])["msgId"] for r in sub.wait_received(3)} == sent
+    finally:
+        sub.stop()

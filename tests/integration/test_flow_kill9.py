@@ -1,0 +1,75 @@
+"""kill -9 of a real `hourglass serve` in the middle of a topic's pause
+(docs/api.md, "Flow"): the pause survives it -- nothing of the topic is
+handed out after the restart, by pull or long poll -- and resume then
+carries out the pause's policy: `hold` hands every message out, `shift`
+moves each one that fell due while paused by the pause's length. No
+message is lost, none is handed out before its (shifted) trigger time.
+Run on one shard and on a node of two (each shard keeps the pause)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from serving import Server
+
+MESSAGES = 40
+DUE_IN_MS = 800
+
+
+def _pull_all(server: Server, topic: str, count: int, timeout_s: float = 20) -> list[tuple[int, dict]]:
+    """Long-poll until `count` messages came; each with the time it was answered."""
+    got: list[tuple[int, dict]] = []
+    deadline = time.monotonic() + timeout_s
+    while len(got) < count and time.monotonic() < deadline:
+        code, body = server.post("longPollingMsg", topic=topic, batch=count - len(got),
+                                 longPollingTimeoutMillis=300)
+        assert code == 200, body
+        now_ms = int(time.time() * 1000)
+        got += [(now_ms, m) for m in body["delayMsgList"]]
+    return got
+
+
+@pytest.mark.parametrize("shards", ["1", "2"])
+@pytest.mark.parametrize("policy", ["hold", "shift"])
+def test_a_pause_survives_kill9_and_resume_carries_its_policy_out(tmp_path, policy, shards):
+    data = tmp_path / "data"
+    flags = ("--fsync", "batch", "--shards", shards)
+    server = Server.start(data, *flags, log_path=tmp_path / "serve.log")
+    topic = "paused"
+    code, body = server.post("pauseTopic", topic=topic, onResume=policy)
+    assert code == 200, body
+    paused_at = body["data"]["pause"]["pausedAt"]
+    sent = {}
+    for i in range(MESSAGES):
+        code, body = server.post("sendMsg", topic=topic, msgId=f"m{i}", msg="x", delayMillis=DUE_IN_MS)
+        assert code == 200, body
+        sent[f"m{i}"] = body["delayMsg"]["triggerTime"]
+    time.sleep(DUE_IN_MS / 1000 + 0.5)  # all due, none handed out
+    code, body = server.post("pullMsg", topic=topic, batch=MESSAGES)
+    assert code == 200 and body["delayMsgList"] == [], body
+    server.kill()
+
+    again = Server.start(data, *flags, log_path=tmp_path / "serve2.log")
+    code, body = again.post("longPollingMsg", topic=topic, batch=MESSAGES, longPollingTimeoutMillis=1000)
+    assert code == 200 and body["delayMsgList"] == [], body
+    code, body = again.get("getTopicInfo", topic=topic)
+    assert code == 200 and body["data"]["paused"] is True, body
+    assert body["data"]["dueUndelivered"] == MESSAGES, body
+    code, body = again.get("getTopicConfig", topic=topic)
+    assert body["data"]["pause"] == {"pausedAt": paused_at, "onResume": policy}, body
+
+    asked_ms = int(time.time() * 1000)
+    code, body = again.post("resumeTopic", topic=topic)
+    answered_ms = int(time.time() * 1000)
+    assert code == 200 and body["data"]["paused"] is False, body
+    got = _pull_all(again, topic, MESSAGES)
+    assert sorted(m["msgId"] for _, m in got) == sorted(sent), "every message handed out once, none lost"
+    for at_ms, m in got:
+        assert m["triggerTime"] <= at_ms, f"{m['msgId']} handed out before its trigger time"
+        if policy == "hold":
+            assert m["triggerTime"] == sent[m["msgId"]]
+        else:  # moved by the pause's length: resumedAt (asked..answered) - pausedAt, within a second
+            low, high = asked_ms - paused_at, answered_ms - paused_at
+            assert sent[m["msgId"]] + low - 1000 <= m["triggerTime"] <= sent[m["msgId"]] + high + 1000, m
+    again.stop()
