@@ -7,7 +7,9 @@ session: the browser's cookie is a random session id, never the token,
 its storage holds nothing, the page's own calls carry no token; a session
 ends at its lifetime, at logout and at the cap of sessions; the cookie is
 Secure when asked; it opens the console's paths only, never the API. On a
-cluster, a follower's console calls the API through the leader."""
+cluster, a follower's console calls the API through the leader. Re-drive
+by filter starts a redriveMsgs job that the jobs list follows to done and
+cancels while it runs; a bad parameter is shown and makes no job."""
 
 from __future__ import annotations
 
