@@ -48,9 +48,11 @@ behind the node's bearer token like the API:
         "followers": [{"node", "offset", "lagBytes", "seenAgoMs"}] (on the
         leader)}
 
-Dead letters, re-drive and message lookup use the API itself (listDeadMsg,
-redriveMsg, getMsg, at /console/api/<name> for the page: broker.console.login),
-so on a cluster they go to the leader as any call.
+Dead letters, re-drive (one, all, or by filter as a job, with the jobs'
+list and cancel), message lookup and the search use the API itself
+(listDeadMsg, redriveMsg, redriveMsgs, getJob, cancelJob, getMsg, listMsg,
+deleteMsgs, rescheduleMsgs, at /console/api/<name> for the page:
+broker.console.login), so on a cluster they go to the leader as any call.
 
 The token: the operator gives it once, to the login form
 (`POST /console/login`) or as `/console?token=T`, and gets a console

@@ -9,7 +9,9 @@
                              the cookie, 303 to the form
     GET  /console/api/listDeadMsg, POST /console/api/redriveMsg,
     POST /console/api/getMsg, GET /console/api/listMsg,
-    POST /console/api/deleteMsgs, POST /console/api/rescheduleMsgs
+    POST /console/api/deleteMsgs, POST /console/api/rescheduleMsgs,
+    POST /console/api/redriveMsgs, GET /console/api/getJob,
+    POST /console/api/cancelJob
                              the API call of the same name, made by the
                              node with its own token
 
@@ -45,7 +47,8 @@ from .page import LOGIN_PAGE
 MAX_LOGIN_BODY_BYTES = 16 * 1024
 # The API calls the page makes: (method, name).
 API_CALLS = (("GET", "listDeadMsg"), ("POST", "redriveMsg"), ("POST", "getMsg"), ("GET", "listMsg"),
-             ("POST", "deleteMsgs"), ("POST", "rescheduleMsgs"))
+             ("POST", "deleteMsgs"), ("POST", "rescheduleMsgs"),
+             ("POST", "redriveMsgs"), ("GET", "getJob"), ("POST", "cancelJob"))
 CONSOLE_HEADER = "x-hourglass-console"
 LOGIN_HEADERS = {"Cache-Control": "no-store", "X-Frame-Options": "DENY", "Referrer-Policy": "no-referrer",
             "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'; "

@@ -8,7 +8,9 @@ with recurring schedules' coming runs folded in, the schedules' list,
 lateness, throughput, subscriptions, the node) and makes its API calls
 (dead letters, re-drive, lookups, the search by key, tag, msgId prefix,
 status or time range with its count, and bulk cancel and shift of the
-matches, each behind a confirmation) through the console's paths: the
+matches, each behind a confirmation; re-drive by filter as a redriveMsgs
+job, and the jobs' list, read again every second while one runs, with
+cancel) through the console's paths: the
 session cookie authenticates every one; the page keeps nothing in the
 browser's storage. Any answer 401 (the session expired or was ended)
 sends the browser to the login form."""
@@ -58,9 +60,19 @@ svg{width:100%;height:160px;background:#fbfcfd}.bar{fill:#3b82f6}.over{fill:#ef4
 <section><h2>Dispatch lateness</h2><svg id="lateness" preserveAspectRatio="none"></svg><div class="muted" id="latInfo"></div></section>
 <section><h2>Throughput, last 15 min (per 10 s)</h2><svg id="throughput" preserveAspectRatio="none"></svg>
 <div class="muted">blue: sends · green: pulls · orange: acks</div></section>
-<section><h2>Dead letters <span class="muted" id="deadTopic"></span></h2>
+<section class="wide"><h2>Dead letters <span class="muted" id="deadTopic"></span></h2>
 <button id="redriveAll">re-drive all</button> <button id="deadMore">next page</button>
-<table id="dead"><thead><tr><th>msgId</th><th>status</th><th>retry</th><th>ended by</th><th></th></tr></thead><tbody></tbody></table></section>
+<table id="dead"><thead><tr><th>msgId</th><th>status</th><th>retry</th><th>ended by</th><th></th></tr></thead><tbody></tbody></table>
+<h2>Re-drive by filter</h2>
+<input id="rdKey" placeholder="key"> <input id="rdTag" placeholder="tag"> <input id="rdPrefix" placeholder="msgId prefix">
+<select id="rdStatus"><option value="5,6">status 5 and 6</option><option value="5">5: expired</option><option value="6">6: ended</option></select>
+<span title="each message's expireTime (triggerTime + ttl): it keeps no other end time">ended from</span>
+<input id="rdFrom" type="datetime-local"> to <input id="rdTo" type="datetime-local"><br>
+due in <input id="rdDelay" type="number" min="0" size="6" placeholder="0"> s or at <input id="rdAt" type="datetime-local">
+at most <input id="rdRate" type="number" min="0" size="8" placeholder="any rate"> a second
+<button id="redriveFilter">re-drive matches</button> <span id="rdDone" class="muted"></span>
+<h2>Jobs <span class="muted" id="jobsInfo"></span></h2>
+<table id="jobs"><thead><tr><th>jobId</th><th>topic</th><th>filter</th><th>due</th><th>rate/s</th><th>state</th><th>matched</th><th>redriven</th><th>skipped</th><th>started</th><th>ended</th><th></th></tr></thead><tbody></tbody></table></section>
 <section class="wide"><h2>Search <span class="muted" id="srTopic">(pick a topic)</span></h2>
 <input id="srKey" placeholder="key"> <input id="srTag" placeholder="tag"> <input id="srPrefix" placeholder="msgId prefix">
 <input id="srStatus" placeholder="status (1,2,3)" size="10"> from <input id="srFrom" type="datetime-local"> to <input id="srTo" type="datetime-local">
@@ -180,6 +192,45 @@ async function dead(reset) {
   $("dead").tBodies[0].innerHTML = d.delayMsgList.map(m => `<tr><td>${esc(m.msgId)}</td><td>${m.status}</td><td>${m.retry}</td>` +
     `<td>${new Date(m.expireTime).toLocaleString()}</td><td><button data-redrive="${esc(m.msgId)}">re-drive</button></td></tr>`).join("");
 }
+function deadFilter() {  // the re-drive form's parameters, as redriveMsgs takes them
+  const f = {topic: selected || ""}, ms = id => String(new Date($(id).value).getTime());
+  for (const [id, name] of [["rdKey", "key"], ["rdTag", "tag"], ["rdPrefix", "msgIdPrefix"], ["rdStatus", "status"], ["rdRate", "rate"]])
+    if ($(id).value) f[name] = $(id).value;
+  if ($("rdFrom").value) f.endedFrom = ms("rdFrom");
+  if ($("rdTo").value) f.endedTo = ms("rdTo");
+  if ($("rdDelay").value) f.delayMillis = String(Math.round(Number($("rdDelay").value) * 1000));
+  if ($("rdAt").value) f.triggerTime = ms("rdAt");
+  return f;
+}
+let jobsTimer = null, jobsRunning = false;
+async function jobs() {  // the node's jobs; again every second while one runs
+  const d = await get(API + "getJob");
+  if (d.code !== 200) { $("jobsInfo").textContent = d.msg; return; }
+  const running = d.jobs.some(j => j.state === "running"), time = ms => ms === null ? "—" : new Date(ms).toLocaleString();
+  const filter = f => [f.key !== null && "key " + f.key, f.tag !== null && "tag " + f.tag, f.msgIdPrefix !== null && "msgId " + f.msgIdPrefix + "…",
+    "status " + f.status.join(","), f.endedFrom !== null && "ended from " + time(f.endedFrom), f.endedTo !== null && "ended before " + time(f.endedTo)]
+    .filter(Boolean).join(" · ");
+  $("jobsInfo").textContent = d.jobs.length ? `${d.jobs.length}` + (running ? " · refreshed every second while one runs" : "") : "none";
+  $("jobs").tBodies[0].innerHTML = d.jobs.map(j => `<tr data-job="${esc(j.jobId)}" data-state="${esc(j.state)}"><td>${esc(j.jobId)}</td>` +
+    `<td>${esc(j.topic)}</td><td>${esc(filter(j.filter))}</td><td>${j.triggerTime === null ? "when re-driven" : esc(time(j.triggerTime))}</td>` +
+    `<td>${j.rate || "—"}</td><td>${esc(j.state + (j.error ? ": " + j.error : ""))}</td><td>${j.matched}</td><td>${j.redriven}</td>` +
+    `<td>${j.skipped}</td><td>${esc(time(j.createTime))}</td><td>${esc(time(j.endTime))}</td>` +
+    `<td>${j.state === "running" ? `<button data-cancel-job="${esc(j.jobId)}">cancel</button>` : ""}</td></tr>`).join("");
+  if (jobsRunning && !running) { dead(true); topics(); }  // what they re-drove has left the dead letters
+  jobsRunning = running;
+  clearTimeout(jobsTimer);  // one timer however many calls overlap
+  jobsTimer = running ? setTimeout(jobs, 1000) : null;
+}
+$("redriveFilter").onclick = async () => {
+  if (!selected) { $("rdDone").textContent = "pick a topic"; return; }
+  const f = deadFilter(), narrowed = ["key", "tag", "msgIdPrefix", "endedFrom", "endedTo"].some(k => k in f) || f.status !== "5,6";
+  if (!confirm(`re-drive the matching dead letters of ${selected}?` + (narrowed ? "" : " (no filter: all of them)"))) return;
+  const d = await post("redriveMsgs", f);
+  if (d.code !== 200) { $("rdDone").textContent = d.msg; return; }
+  $("rdDone").textContent = `job ${d.jobId} started`;
+  jobsRunning = true;  // so that its end, however soon, reads the dead letters again
+  jobs();
+};
 let srCursor = null;
 function filters() {  // the search's filters, as listMsg, deleteMsgs and rescheduleMsgs take them
   const f = {topic: selected || ""};
@@ -220,8 +271,10 @@ $("bulkShift").onclick = () => bulk("rescheduleMsgs", {shiftMillis: String(Numbe
 document.addEventListener("click", async e => {
   const row = e.target.closest("tr[data-topic]");
   if (row) { selected = row.dataset.topic === selected ? null : row.dataset.topic; $("lkTopic").value = selected || "";
-             topics(); forecastAll(); dead(true); search(true); schedules(); }
+             topics(); forecastAll(); dead(true); search(true); schedules(); jobs(); }
   if (e.target.dataset.redrive) { await post("redriveMsg", {topic: selected, msgId: e.target.dataset.redrive}); dead(true); topics(); }
+  if (e.target.dataset.cancelJob) { const d = await post("cancelJob", {jobId: e.target.dataset.cancelJob});
+    $("rdDone").textContent = d.code === 200 ? "" : d.msg; jobs(); }
 });
 $("redriveAll").onclick = async () => { if (selected && confirm(`re-drive every dead letter of ${selected}?`)) {
   const d = await post("redriveMsg", {topic: selected, all: "true"}); alert(`re-driven: ${d.redriven}` + (d.more ? " (more left)" : "")); dead(true); } };
@@ -236,6 +289,6 @@ async function tick() {
   await Promise.all([topics(), forecastAll(), stats(), node(), subscriptions(), schedules()]);
   document.body.dataset.loaded = "1";
 }
-tick(); setInterval(tick, 2000);
+tick(); setInterval(tick, 2000); jobs();
 </script></body></html>
 """

@@ -7,7 +7,9 @@ session: the browser's cookie is a random session id, never the token,
 its storage holds nothing, the page's own calls carry no token; a session
 ends at its lifetime, at logout and at the cap of sessions; the cookie is
 Secure when asked; it opens the console's paths only, never the API. On a
-cluster, a follower's console calls the API through the leader."""
+cluster, a follower's console calls the API through the leader. Re-drive
+by filter starts a redriveMsgs job that the jobs list follows to done and
+cancels while it runs; a bad parameter is shown and makes no job."""
 
 from __future__ import annotations
 
@@ -344,3 +346,133 @@ def test_the_console_lists_schedules_and_folds_their_runs_into_the_forecast(node
     for sid in ("minutely", "nightly", "held"):
         assert f'data-schedule="{sid}"' in dom, dom[:2000]
     assert "runs of recurring schedules not made yet: 14" in dom
+
+
+def make_dead(node: Server, topic: str, tags: dict[str, int]) -> None:
+    """Dead letters (status 5: each already past its ttl), `count` of each tag."""
+    past = int(time.time() * 1000) - 3_600_000
+    msgs = [{"msgId": f"{tag}{i}", "msg": "x", "tag": tag, "triggerTime": past, "ttlMillis": 600_000}
+            for tag, count in tags.items() for i in range(count)]
+    status, body = node.post_json("sendMsgBatch", {"topic": topic, "msgs": msgs})
+    assert status == 200, body
+    status, body = node.get("listDeadMsg", topic=topic, limit=1000)
+    assert status == 200 and len(body["delayMsgList"]) == len(msgs), body
+
+
+async def open_topic(browser: Browser, base: str, topic: str):
+    page = await log_in_with_the_form(browser, base)
+    await page.wait_for(f"document.querySelector('tr[data-topic={topic}]') !== null")
+    await page.evaluate(f"document.querySelector('tr[data-topic={topic}]').click()")
+    await page.wait_for(f"document.getElementById('deadTopic').textContent === '({topic})'")
+    return page
+
+
+def job_rows(page_rows: list[list[str]]) -> list[dict[str, str]]:
+    heads = ["jobId", "topic", "filter", "due", "rate", "state", "matched", "redriven", "skipped"]
+    return [dict(zip(heads, row)) for row in page_rows]
+
+
+JOB_CELLS = ("[...document.querySelectorAll('#jobs tbody tr')]"
+             ".map(tr => [...tr.cells].map(td => td.textContent))")
+
+
+def test_redrive_by_filter_runs_a_job_the_jobs_list_follows(node, tmp_path):
+    """The form re-drives one tag's dead letters as a redriveMsgs job: the
+    page shows its jobId, the jobs list follows it to done with the right
+    counts (its filter shown as text, never as markup), and the dead
+    letters' list then holds the other tag's only."""
+    tag = '<i id="injected">a</i>'
+    make_dead(node, "deadui", {tag: 3, "b": 2})
+
+    async def run():
+        async with Browser.start(tmp_path) as browser:
+            page = await open_topic(browser, node.base, "deadui")
+            await page.wait_for("document.querySelectorAll('#dead tbody tr').length === 5")
+            await page.evaluate("window.confirm = () => false;"
+                                f"document.getElementById('rdTag').value = {json.dumps(tag)};"
+                                "document.getElementById('redriveFilter').click()")
+            await asyncio.sleep(0.3)
+            assert node.get("getJob")[1]["jobs"] == []  # declined: no job
+            await page.evaluate("window.confirm = () => true; document.getElementById('redriveFilter').click()")
+            await page.wait_for("document.getElementById('rdDone').textContent.startsWith('job ')")
+            job_id = (await page.evaluate("document.getElementById('rdDone').textContent")).split()[1]
+            await page.wait_for("[...document.querySelectorAll('#jobs tbody tr')].some(tr => "
+                                "tr.dataset.state === 'done')")
+            (row,) = job_rows(await page.evaluate(JOB_CELLS))
+            assert (row["jobId"], row["topic"], row["state"]) == (job_id, "deadui", "done"), row
+            assert (row["matched"], row["redriven"], row["skipped"]) == ("3", "3", "0"), row
+            assert tag in row["filter"] and await page.evaluate("document.getElementById('injected')") is None
+            # the dead list is read again once the job is done: only the other tag's are left
+            await page.wait_for("document.querySelectorAll('#dead tbody tr').length === 2")
+            shown = await page.evaluate("[...document.querySelectorAll('#dead tbody tr')]"
+                                        ".map(tr => tr.cells[0].textContent).sort()")
+            assert shown == ["b0", "b1"]
+            assert await page.evaluate("document.querySelectorAll('#jobs button[data-cancel-job]').length") == 0
+            return job_id
+    job_id = asyncio.run(run())
+    job = node.get("getJob", jobId=job_id)[1]["job"]
+    assert (job["state"], job["redriven"], job["filter"]["tag"]) == ("done", 3, tag)
+    assert node.post("getMsg", topic="deadui", msgId=f"{tag}0")[1]["delayMsg"]["status"] == 2
+    assert node.post("getMsg", topic="deadui", msgId="b0")[1]["delayMsg"]["status"] == 5
+
+
+def test_a_running_job_is_cancelled_from_the_jobs_list(node, tmp_path):
+    """A job paced at 1 message a second over 60 dead letters runs for a
+    minute: the list shows it running with a cancel button, the button
+    cancels it, and the list stops there with what it re-drove."""
+    make_dead(node, "slowui", {"s": 60})
+
+    async def run():
+        async with Browser.start(tmp_path) as browser:
+            page = await open_topic(browser, node.base, "slowui")
+            await page.evaluate("window.confirm = () => true; document.getElementById('rdRate').value = '1';"
+                                "document.getElementById('redriveFilter').click()")
+            await page.wait_for("document.querySelector('#jobs tr[data-state=running] button[data-cancel-job]')")
+            await page.evaluate("document.querySelector('#jobs button[data-cancel-job]').click()")
+            await page.wait_for("document.querySelector('#jobs tr[data-state=cancelled]') !== null")
+            (row,) = job_rows(await page.evaluate(JOB_CELLS))
+            assert row["rate"] == "1" and int(row["redriven"]) < 60, row
+            return row
+    row = asyncio.run(run())
+    job = node.get("getJob", jobId=row["jobId"])[1]["job"]
+    assert job["state"] == "cancelled" and job["redriven"] == int(row["redriven"]), job
+    assert node.get("listMsg", topic="slowui", status="5", countOnly="true")[1]["count"] == 60 - job["redriven"]
+
+
+def test_a_bad_redrive_parameter_is_shown_and_makes_no_job(node, tmp_path):
+    make_dead(node, "badui", {"t": 2})
+
+    async def run():
+        async with Browser.start(tmp_path) as browser:
+            page = await open_topic(browser, node.base, "badui")
+            await page.evaluate("window.confirm = () => true;"
+                                "document.getElementById('rdFrom').value = '2030-01-02T00:00';"
+                                "document.getElementById('rdTo').value = '2030-01-01T00:00';"
+                                "document.getElementById('redriveFilter').click()")
+            await page.wait_for("document.getElementById('rdDone').textContent.startsWith('endedFrom: ')")
+            assert "must be before endedTo" in await page.evaluate("document.getElementById('rdDone').textContent")
+            assert await page.evaluate("document.querySelectorAll('#jobs tbody tr').length") == 0
+    asyncio.run(run())
+    assert node.get("getJob")[1]["jobs"] == []
+    assert node.get("listMsg", topic="badui", status="5", countOnly="true")[1]["count"] == 2
+
+
+def test_the_job_calls_need_a_session_and_the_console_header(node):
+    form = urllib.parse.urlencode({"topic": "orders"}).encode()
+    posting = {"Content-Type": "application/x-www-form-urlencoded", "X-Hourglass-Console": "1"}
+    for method, name in (("POST", "redriveMsgs"), ("GET", "getJob"), ("POST", "cancelJob")):
+        status, _, body = call(node.base, method, "/console/api/" + name, form if method == "POST" else None, posting)
+        assert status == 401, (name, body)
+    session = {"Cookie": f"{COOKIE}={session_of(login(node.base)[1])}"}
+    status, _, body = call(node.base, "POST", "/console/api/redriveMsgs", form,
+                           {**session, "Content-Type": "application/x-www-form-urlencoded"})
+    assert status == 403, body  # a session without the console's header: another origin's form
+    assert node.get("getJob")[1]["jobs"] == []
+    status, _, body = call(node.base, "POST", "/console/api/redriveMsgs", form, {**session, **posting})
+    assert status == 200 and json.loads(body)["code"] == 200, body
+    job_id = json.loads(body)["jobId"]
+    status, _, body = call(node.base, "GET", "/console/api/getJob", headers=session)
+    assert status == 200 and [j["jobId"] for j in json.loads(body)["jobs"]] == [job_id], body
+    cancel = urllib.parse.urlencode({"jobId": job_id}).encode()
+    status, _, body = call(node.base, "POST", "/console/api/cancelJob", cancel, {**session, **posting})
+    assert status == 200 and json.loads(body)["job"]["jobId"] == job_id, body

@@ -35,6 +35,7 @@ class Node:
         table.add("GET", "/console/api/topics", self.page)
         table.add("POST", "/camellia/delayQueue/getMsg", self.api)
         table.add("GET", "/camellia/delayQueue/listDeadMsg", self.api)
+        self.table = table
         ConsoleLogin(token, self.sessions, table.call).add_routes(table)
         gate = Gate(table, token,
                     console_auth=None if token is None else console_auth(self.sessions))
@@ -145,3 +146,27 @@ def test_an_open_node_needs_no_login():
     assert node.call("POST", "/console/login", FORM, b"token=anything").headers["Location"] == "/console"
     node.call("GET", "/console/api/listDeadMsg?topic=t")
     assert "authorization" not in node.api_seen[-1].headers
+
+
+def test_the_pages_job_calls_are_made_with_the_nodes_token():
+    """redriveMsgs and cancelJob are POSTs (the console's header needed),
+    getJob a GET; each reaches the API call of its name with the node's token."""
+    node = Node()
+    for method, name in (("POST", "redriveMsgs"), ("GET", "getJob"), ("POST", "cancelJob")):
+        node.table.add(method, f"/camellia/delayQueue/{name}", node.api)
+    session = cookie_of(node.login())
+    headers = {**with_cookie(session), **FORM}
+    assert node.call("POST", "/console/api/redriveMsgs", headers, b"topic=t&tag=a").status == 403  # no header
+    assert node.call("POST", "/console/api/redriveMsgs", {**FORM, "x-hourglass-console": "1"},
+                     b"topic=t").status == 401  # no session
+    assert node.api_seen == []
+    headers["x-hourglass-console"] = "1"
+    for method, target, body in (("POST", "/console/api/redriveMsgs", b"topic=t&tag=a&rate=5"),
+                                 ("GET", "/console/api/getJob", b""),
+                                 ("POST", "/console/api/cancelJob", b"jobId=j1")):
+        answered = node.call(method, target, headers, body)
+        assert answered.status == 200, (target, answered.body)
+        seen = node.api_seen[-1]
+        assert seen.path == "/camellia/delayQueue/" + target.rpartition("/")[2] and seen.body == body
+        assert seen.headers["authorization"] == f"Bearer {TOKEN}" and "cookie" not in seen.headers
+    assert len(node.api_seen) == 3
