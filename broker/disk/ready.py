@@ -230,11 +230,13 @@ class Spills:
 @dataclass
 class FairGroup:
     """One fairKey's messages in a fair topic's pull order: heaps of their
-    keys as the topic's own (`heap`, `by_tag`; stale entries skipped the
-    same way) and how many of them the order holds."""
+    keys as the topic's own (`heap`, `by_tag`, `worst`: the group's last,
+    which a better arrival of a full group evicts; stale entries skipped
+    the same way) and how many of them the order holds."""
 
     heap: list[OrderKey] = field(default_factory=list)
     by_tag: dict[str, list[OrderKey]] = field(default_factory=dict)
+    worst: list[tuple[int, int, int, int, Location]] = field(default_factory=list)
     ordered: int = 0  # its messages in the topic's `ready`
     queued: bool = False  # in the topic's `rotation`
 
@@ -306,6 +308,7 @@ class TopicQueue:
                 group.queued = True
                 self.rotation.append(held.fair_key)
             group.ordered += 1
+            heappush(group.worst, (-key[0], -key[1], -location.hour, -location.global_index, location))
             heap, by_tag = group.heap, group.by_tag
         else:
             heap, by_tag = self.heap, self.by_tag
@@ -334,7 +337,7 @@ class TopicQueue:
 
     def rebuild(self) -> None:
         """The heaps made again from `ready`: no stale entry left (a fair
-        topic's groups too, their turns kept, an empty group gone)."""
+        topic's groups too, their turns kept)."""
         keys = [held.key for held in self.ready.values()]
         self.heap, self.by_tag = [], {}
         if self.fair:
@@ -345,11 +348,15 @@ class TopicQueue:
                     group = groups[held.fair_key] = FairGroup(queued=True)
                 group.ordered += 1
                 _file(group.heap, group.by_tag, held)
+            for name in self.rotation:  # (an empty group keeps its turn: it leaves at it, as `_by_turns` says)
+                if name not in groups:
+                    groups[name] = FairGroup(queued=True)
             for group in groups.values():
                 _heapify_all(group.heap, group.by_tag)
-            self.rotation = deque([*(name for name in self.rotation if name in groups),
-                                   *(name for name in groups if name not in self.groups or
-                                     not self.groups[name].queued)])
+                group.worst = [(-p, -t, -at.hour, -at.global_index, at) for p, t, at in group.heap]
+                heapify(group.worst)
+            self.rotation = deque([*self.rotation, *(name for name in groups if name not in self.groups or
+                                                     not self.groups[name].queued)])
             self.groups = groups
         else:
             for held in self.ready.values():
@@ -392,8 +399,8 @@ class TopicQueue:
     def _by_turns(self, room: int, tags: frozenset[str] | None) -> list[HeldMessage]:
         """`best` of a fair topic: the group at the front of the rotation
         gives its best and goes to the back; one with nothing this pull
-        may take keeps its place (in front again after the pull); one with
-        nothing in the order leaves the rotation."""
+        may take keeps its place (in front again after the pull), as does
+        one with messages on disk only; one with none leaves the rotation."""
         ready, groups, rotation = self.ready, self.groups, self.rotation
         chosen: dict[Location, HeldMessage] = {}
         serial_keys: set[str] = set()
@@ -406,16 +413,22 @@ class TopicQueue:
             if held is not None:
                 chosen[held.location] = held
                 rotation.append(name)
-            elif group.ordered:
-                skipped.append(name)
+            elif group.ordered or self.fair_spills.has(name):
+                skipped.append(name)  # (one with messages on disk only: its turn kept for when they are read)
             else:
                 del groups[name]  # (its heaps: stale entries only)
         rotation.extendleft(reversed(skipped))
         return list(chosen.values())
 
-    def last(self) -> HeldMessage | None:
-        """The window's last in pull order: the one a better arrival evicts."""
+    def last(self, fair_key: str | None = None) -> HeldMessage | None:
+        """The window's last in pull order: the one a better arrival evicts
+        (of a fair topic's group `fair_key`, if given)."""
         worst, ready = self.worst, self.ready
+        if fair_key is not None:
+            group = self.groups.get(fair_key)
+            if group is None:
+                return None
+            worst = group.worst
         while worst:
             held = ready.get(worst[0][4])
             if held is not None:

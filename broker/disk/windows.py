@@ -176,7 +176,8 @@ class ReadyWindows:
         if queue.fair_spills and len(queue.ready) < limits.window:
             # (a group's share, or the pull's batch if more: one tenant alone still takes whole batches)
             share = max(limits.fair_window, room)
-            low = [g for g in queue.fair_spills.names() if queue.group_count(g) < share]
+            low = sorted((g for g in queue.fair_spills.names() if queue.group_count(g) < share),
+                         key=queue.group_count)  # (an empty group first: it would miss its turn)
             for fair_key in low[:INLINE_KEY_REFILLS]:
                 self._refill_share(queue, True, fair_key, share)
         if queue.spilled and len(queue.ready) < limits.window:
@@ -257,7 +258,9 @@ class ReadyWindows:
     def _admit(self, held: HeldMessage) -> None:
         """A READY message into its topic's window if there is room, or if
         it outranks the window's last (which goes back to disk); else it
-        stays on disk only, for a refill to find."""
+        stays on disk only, for a refill to find. Its serial key's share
+        first, and a fair topic's group's: a full group takes it only in
+        place of its own last."""
         queue = self.queue(held.topic)
         limits = self._limits
         if held.serial_key and self._key_full(queue, held.serial_key):
@@ -265,9 +268,14 @@ class ReadyWindows:
             self._spill_share(queue.key_spills, held.serial_key, held.location)
             return
         if queue.fair and self._group_full(queue, held, limits.fair_window):
-            self.held.pop(held.location, None)  # its group has its share of the order: it waits on disk
-            self._spill_share(queue.fair_spills, held.fair_key, held.location)
-            return
+            last = queue.last(held.fair_key)
+            if last is None or not held.key < last.key:
+                self.held.pop(held.location, None)  # its group has its share of the order: it waits on disk
+                self._spill_share(queue.fair_spills, held.fair_key, held.location)
+                return
+            self._leave_windows([last])  # it outranks its group's last, which waits on disk instead
+            del self.held[last.location]
+            self._spill_share(queue.fair_spills, last.fair_key, last.location)
         if len(queue.ready) < limits.window and self.window_total - self.parked_total < limits.window_total:
             self._enter_window(queue, held)
             return
