@@ -365,6 +365,13 @@ class Broker:
     def has_topic(self, topic: str) -> bool:
         return self._topics.has_topic(topic)
 
+    def set_fairness(self, topic: str, on: bool) -> None:
+        """The topic's fairness, `fairKey` (on) or `none` (docs/api.md,
+        "Fairness between tenants"): what setTopicConfig's `fairness` sets
+        (until then, --fair-topics). RAM state only: the caller keeps the
+        setting and sets it again at a start."""
+        self._windows.set_fairness(topic, on)
+
     # == what RAM holds, for tests and introspection (broker.disk.windows) ===========
 
     @property
