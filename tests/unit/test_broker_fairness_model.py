@@ -148,9 +148,8 @@ class FairMachine(HarnessMachine, RuleBasedStateMachine):
         target = self.clock.now_ms() + ms
         self.h.advance_to(target)
         for msg_id, s in self.state.items():
-            if s is CONSUMING and self.deadline[msg_id] <= target:
-                self.state[msg_id] = READY
-            elif s is Status.WAITING and self.trigger[msg_id] <= target:
+            due = self.deadline[msg_id] if s is CONSUMING else self.trigger[msg_id]
+            if s in (CONSUMING, Status.WAITING) and due <= target:
                 self.state[msg_id] = READY
 
     @rule()
@@ -238,7 +237,7 @@ def test_one_group_alone_still_takes_whole_batches(tmp_path):
     fair = QueueLimits(window=64, window_total=64, fair_window=2, fair_topics=frozenset({"t"}))
     got = _run_pulls(tmp_path, fair, [a], 3, 40)
     assert [len(g) for g in got] == [40, 40, 20]
-    assert sorted(sum(got, [])) == [f"a{i:03}" for i in range(100)]
+    assert sorted(i for g in got for i in g) == [f"a{i:03}" for i in range(100)]
 
 
 def test_fairness_turned_off_leaves_nothing_on_disk_behind(tmp_path):
@@ -248,4 +247,4 @@ def test_fairness_turned_off_leaves_nothing_on_disk_behind(tmp_path):
     b = [NewMessage("t", f"b{i:03}", "x", START_MS, START_MS, TTL_MS, 3, fair_key="B") for i in range(50)]
     fair = QueueLimits(window=8, window_total=8, fair_window=2, fair_topics=frozenset({"t"}))
     got = _run_pulls(tmp_path, fair, [a, b], 30, 5, turn_off=True)
-    assert sorted(sum(got, [])) == sorted(m.msg_id for m in a + b)
+    assert sorted(i for g in got for i in g) == sorted(m.msg_id for m in a + b)
