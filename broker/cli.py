@@ -194,6 +194,12 @@ def build_parser() -> argparse.ArgumentParser:
                        help=f"ready messages of one serial key (sendMsg's key) held in a topic's window; the "
                             f"key's others wait on disk, so one hot key never fills the window (default "
                             f"{queues.key_window})")
+    serve.add_argument("--fair-window", type=int, default=0,
+                       help="places of a fair topic's pull order one fairKey holds; its others wait on disk "
+                            "(default 0: --ready-window / 16)")
+    serve.add_argument("--fair-topics", default="",
+                       help="provisional: comma list of topics whose fairness is fairKey from the start (pulls "
+                            "hand out round-robin over the messages' fairKeys; disk backend only)")
     serve.add_argument("--max-topics", type=int, default=queues.topics,
                        help=f"topics the node keeps; a send to a new topic beyond them is answered 429 and stores "
                             f"nothing, until topics retire (default {queues.topics})")
@@ -272,7 +278,9 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
                        monitor_interval_s=args.monitor_interval_s, offline_idle_s=args.offline_idle_s,
                        queues=QueueLimits(window=args.ready_window, window_total=args.ready_window_total,
                                           inflight=args.max_inflight, inflight_total=args.max_inflight_total,
-                                          key_window=args.key_window, topics=args.max_topics,
+                                          key_window=args.key_window, fair_window=args.fair_window,
+                                          fair_topics=frozenset(t for t in args.fair_topics.split(",") if t),
+                                          topics=args.max_topics,
                                           page_bytes=args.max_page_bytes),
                        console=ConsoleConfig(session_ttl_s=args.console_session_ttl_s,
                                              max_sessions=args.max_console_sessions,

@@ -15,7 +15,8 @@ File `delay/<hour:010d>.log`, appended in arrival order:
                          message with trace context, that array followed
                          by a second one: [traceparent, tracestate]; for
                          a message re-driven (redriveMsgs), then a
-                         positive int: its redriveCount
+                         positive int: its redriveCount; for a message
+                         with a fairKey, then a non-empty str: it
 
 A body without trace context (docs/api.md, "Trace context") ends with its
 first array, as every body did before trace context was kept: it costs no
@@ -29,6 +30,11 @@ ExtraData.)
 message was re-driven by a redriveMsgs job: a body without it (every body
 of an older log) reads as 0, and the first byte still tells a keyed body
 from a plain one.
+
+`fairKey` (docs/api.md, "Fairness between tenants") is written only when
+the sender gave one, after the redriveCount if any: a body without it
+(every body of an older log) reads as "". The three trailers tell
+themselves apart by their msgpack type (array, positive int, string).
 
 An index entry points at a frame by `offset // 8` (u32, so an hour's log
 may reach 32 GiB) and the frame's length without padding.
@@ -67,10 +73,12 @@ class Body(NamedTuple):
     traceparent: str = ""  # W3C trace context the sender gave (broker.core.trace_context); "" none
     tracestate: str = ""
     redrive_count: int = 0  # times a redriveMsgs job put it back (docs/api.md); 0 none
+    fair_key: str = ""  # the tenant fairness groups by (docs/api.md, "Fairness between tenants"); "" none
 
 
 def pack_body(topic: str, msg_id: str, msg: str, produce_ms: int, ttl_ms: int, max_retry: int, tag: str,
-              key: str = "", traceparent: str = "", tracestate: str = "", redrive_count: int = 0) -> bytes:
+              key: str = "", traceparent: str = "", tracestate: str = "", redrive_count: int = 0,
+              fair_key: str = "") -> bytes:
     packed: bytes
     if key:
         packed = _pack((topic, msg_id, msg, produce_ms, ttl_ms, max_retry, tag, key))
@@ -80,6 +88,8 @@ def pack_body(topic: str, msg_id: str, msg: str, produce_ms: int, ttl_ms: int, m
         packed += _pack((traceparent, tracestate))
     if redrive_count:
         packed += _pack(redrive_count)
+    if fair_key:
+        packed += _pack(fair_key)
     return packed
 
 
@@ -87,7 +97,7 @@ def redriven(body: Buffer) -> bytes:
     """`body` with its redriveCount one more (a redriveMsgs job's move)."""
     b = unpack_body(body)
     return pack_body(b.topic, b.msg_id, b.msg, b.produce_ms, b.ttl_ms, b.max_retry, b.tag, b.key, b.traceparent,
-                     b.tracestate, b.redrive_count + 1)
+                     b.tracestate, b.redrive_count + 1, b.fair_key)
 
 
 # msgpack.packb's own packer, made once (packb makes one a call, in Python)
@@ -97,13 +107,14 @@ _pack = msgpack.Packer().pack
 def unpack_body(body: Buffer) -> Body:
     try:
         return Body(*msgpack.unpackb(body))
-    except msgpack.ExtraData as more:  # the trace context, or a redriveCount, after the fields
+    except msgpack.ExtraData as more:  # the trace context, a redriveCount, a fairKey, after the fields
         return _trailed(more.unpacked, more.extra)
 
 
 def _trailed(fields: list[Any], extra: bytes) -> Body:
     """The Body of `fields` and what is packed after them: the trace
-    context's array, then a redriveCount, each optional, in that order."""
+    context's array, then a redriveCount, then a fairKey, each optional,
+    in that order."""
     unpacker = msgpack.Unpacker()
     unpacker.feed(extra)
     try:
@@ -118,12 +129,15 @@ def _trailed(fields: list[Any], extra: bytes) -> Body:
             raise ContractError(f"delay-log body ends with {extra[:16]!r}, not a [traceparent, tracestate] array")
     if after and type(after[0]) is int and after[0] > 0:
         count = after.pop(0)
+    fair_key = ""
+    if after and type(after[0]) is str and after[0]:
+        fair_key = after.pop(0)
     if after or unpacker.tell() != len(extra):
-        raise ContractError(f"delay-log body ends with {extra[:16]!r}, not a trace context array and a "
-                            f"redriveCount")
+        raise ContractError(f"delay-log body ends with {extra[:16]!r}, not a trace context array, a "
+                            f"redriveCount and a fairKey")
     if len(fields) == 7:
         fields.append("")  # no serial key
-    return Body._make((*fields, *trace, count))
+    return Body._make((*fields, *trace, count, fair_key))
 
 
 def serial_key(body: Buffer) -> tuple[str, str]:

@@ -76,6 +76,7 @@ class Message(NamedTuple):
     traceparent: str = ""  # the sender's W3C trace context, kept with the message; "" none
     tracestate: str = ""
     redrive_count: int = 0  # times a redriveMsgs job put it back (storage.delay_log); 0 none
+    fair_key: str = ""  # the tenant a topic's fairness groups it by (docs/api.md); "" none
 
     @property
     def expire_ms(self) -> int:

@@ -174,7 +174,7 @@ class Placement:
             msg, tag = m.msg, m.tag
             chars += len(msg)
             body = pack_body(topic, msg_id, msg, m.produce_ms, m.ttl_ms, m.max_retry, tag, m.key, m.traceparent,
-                             m.tracestate)
+                             m.tracestate, 0, m.fair_key)
             topic_hash = hashes.get(topic)
             if topic_hash is None:
                 topic_hash = hashes[topic] = text_hash(topic)
@@ -199,7 +199,7 @@ class Placement:
             append_item(item)
             message = new(Message, (topic, msg_id, msg, m.produce_ms, trigger_ms, m.ttl_ms, m.max_retry,
                                     m.priority, tag, WAITING, 0, new(Location, (h.hour, item.global_index)), m.key,
-                                    m.traceparent, m.tracestate, 0))
+                                    m.traceparent, m.tracestate, 0, m.fair_key))
             self.pend_id(key, message, undo_ids)
             append_result(new(SendResult, (STORED, message)))
         if chars > MAX_RECORD_CHARS:

@@ -187,7 +187,8 @@ class Reader:
         body = delay_log.unpack_body(files.read_body(offset8, size))
         return tuple.__new__(Message, (body.topic, body.msg_id, body.msg, body.produce_ms, entry.trigger_ms, body.ttl_ms,
                                        body.max_retry, entry.priority, body.tag, STATUS_BY_VALUE[status], retry, where,
-                                       body.key, body.traceparent, body.tracestate, body.redrive_count))
+                                       body.key, body.traceparent, body.tracestate, body.redrive_count,
+                                       body.fair_key))
 
     def state(self, where: Location) -> State:
         """(status, flags, retry, topic hash) at `where`, pending changes

@@ -112,6 +112,7 @@ from .reading import Match, Reader, ScanFloors
 from .refile import REFILE_STEP, Refiler
 from .retention import Retention
 from .types import (
+    MAX_FAIR_KEY_BYTES,
     MAX_PRIORITY,
     MAX_RECORD_CHARS,
     MAX_RETRY_COUNT,
@@ -128,8 +129,8 @@ from .types import (
 )
 
 __all__ = [
-    "MAX_PRIORITY", "MAX_RECORD_CHARS", "MAX_RETRY_COUNT", "MIN_PRIORITY", "CheckpointReport", "Intent", "NewMessage",
-    "PreparedCheckpoint", "SendOutcome", "SendResult", "StateChange", "Store", "text_hash", "total_counts",
+    "MAX_FAIR_KEY_BYTES", "MAX_PRIORITY", "MAX_RECORD_CHARS", "MAX_RETRY_COUNT", "MIN_PRIORITY", "CheckpointReport",
+    "Intent", "NewMessage", "PreparedCheckpoint", "SendOutcome", "SendResult", "StateChange", "Store", "text_hash", "total_counts",
 ]
 
 # Places of a key's bucket `keyed` takes at a time (it reads them all, in one call).

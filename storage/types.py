@@ -26,6 +26,8 @@ from .errors import InvalidRequest
 MAX_PRIORITY = 2**15 - 1
 MIN_PRIORITY = -(2**15)
 MAX_RETRY_COUNT = 2**16 - 1
+# Longest fairKey, in UTF-8 bytes (SPEC: setTopicConfig's `fairness`).
+MAX_FAIR_KEY_BYTES = 64
 # A batch's characters, bounded so its record (UTF-8, up to 4 bytes each,
 # plus framing) stays under storage.framing.MAX_BODY_BYTES.
 MAX_RECORD_CHARS = 32 * 1024 * 1024
@@ -46,6 +48,9 @@ class NewMessage(NamedTuple):
     # the body; "" none. Checked by broker.core.trace_context before it is here.
     traceparent: str = ""
     tracestate: str = ""
+    # The tenant a topic's fairness groups it by (docs/api.md, "Fairness
+    # between tenants"), in the body; "" none; up to MAX_FAIR_KEY_BYTES.
+    fair_key: str = ""
 
 
 class SendOutcome(enum.Enum):
@@ -130,3 +135,5 @@ def validate_message(m: NewMessage, index: int) -> None:
         raise InvalidRequest(where + "maxRetry", f"must be in 0..{MAX_RETRY_COUNT}, got {m.max_retry}")
     if not MIN_PRIORITY <= m.priority <= MAX_PRIORITY:
         raise InvalidRequest(where + "priority", f"must be in {MIN_PRIORITY}..{MAX_PRIORITY}, got {m.priority}")
+    if m.fair_key and len(m.fair_key.encode("utf-8", "surrogatepass")) > MAX_FAIR_KEY_BYTES:
+        raise InvalidRequest(where + "fairKey", f"must be at most {MAX_FAIR_KEY_BYTES} UTF-8 bytes")

@@ -55,7 +55,7 @@ class _Filed:
         m = self.new
         return Message(m.topic, m.msg_id, m.msg, m.produce_ms, m.trigger_ms, m.ttl_ms, m.max_retry, m.priority,
                        m.tag, self.status, self.retry, Location(self.hour, self.global_index), m.key,
-                       m.traceparent, m.tracestate)
+                       m.traceparent, m.tracestate, fair_key=m.fair_key)
 
 
 class _State:

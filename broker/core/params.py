@@ -58,6 +58,9 @@ Rules, in the order a client meets them:
   `msgId` and `key` may not hold NUL (storage joins them with it), `tag`
   may not hold a comma (`tags` filters are comma lists). A missing `msgId`
   on sendMsg is made by `make_id()`.
+- `fairKey` (extension: the tenant a topic's fairness groups the message
+  by) is 1..MAX_FAIR_KEY_BYTES (64) UTF-8 bytes, any text but NUL, as
+  `key`'s, only shorter: a group's name is kept in RAM per group.
 - A `msgId` of a run's form, `<scheduleId>@<digits>`, naming a schedule
   of the topic is refused (400 naming `msgId`, in a batch the whole batch):
   a schedule's runs are its own (docs/api.md, "Recurring schedules").
@@ -89,7 +92,7 @@ import orjson
 
 from storage.entry import Status
 from storage.errors import ConfigError, InvalidRequest
-from storage.store import MAX_PRIORITY, MAX_RETRY_COUNT, MIN_PRIORITY, NewMessage
+from storage.store import MAX_FAIR_KEY_BYTES, MAX_PRIORITY, MAX_RETRY_COUNT, MIN_PRIORITY, NewMessage
 from storage.types import validate_message
 
 from .bodies import JSON_MARKS_PER_BODY, MAX_SEND_BATCH, BodyLimits, check_json_marks, check_size
@@ -604,6 +607,8 @@ def _message(params: Params, where: str, topic: str, now_ms: int, make_id: Calla
             raise InvalidRequest("priority", f"must be in {MIN_PRIORITY}..{MAX_PRIORITY}, got {priority}")
         tag = _name("tag", tag, False, True) or ""
         key = _name("key", key, True, False) or ""
+        fair_key = get("fairKey")
+        fair_key = "" if fair_key is None else _name("fairKey", fair_key, True, False, MAX_FAIR_KEY_BYTES) or ""
         traceparent, tracestate = trace_fields(get("traceparent"), get("tracestate"))
     except InvalidRequest as e:
         if where:
@@ -611,7 +616,7 @@ def _message(params: Params, where: str, topic: str, now_ms: int, make_id: Calla
         raise
     # tuple.__new__: NewMessage's own __new__ is Python code, a third of the cost here
     return tuple.__new__(NewMessage, (topic, make_id() if msg_id is None else msg_id, msg, now_ms, trigger_ms,
-                                      ttl_ms, max_retry, priority, tag, key, traceparent, tracestate))
+                                      ttl_ms, max_retry, priority, tag, key, traceparent, tracestate, fair_key))
 
 
 def _trigger_ms(now_ms: int, delay_ms: int | None, trigger_ms: int | None) -> int:
@@ -669,9 +674,10 @@ def _text(parameter: str, value: object, allow_empty: bool = False) -> str | Non
     return value
 
 
-def _name(parameter: str, value: object, no_nul: bool = False, no_comma: bool = False) -> str | None:
-    """A topic, msgId, key or tag: 1..MAX_NAME_BYTES UTF-8 bytes, or None
-    when not given; a topic, msgId or key holds no NUL, a tag no comma."""
+def _name(parameter: str, value: object, no_nul: bool = False, no_comma: bool = False,
+          max_bytes: int = MAX_NAME_BYTES) -> str | None:
+    """A topic, msgId, key, fairKey or tag: 1..`max_bytes` UTF-8 bytes, or
+    None when not given; a topic, msgId or key holds no NUL, a tag no comma."""
     if not isinstance(value, str):
         if value is None:
             return None
@@ -679,8 +685,8 @@ def _name(parameter: str, value: object, no_nul: bool = False, no_comma: bool = 
     if not value:
         return None
     size = len(value) if value.isascii() else _utf8_len(value, parameter)
-    if size > MAX_NAME_BYTES:
-        raise InvalidRequest(parameter, f"must be at most {MAX_NAME_BYTES} UTF-8 bytes, got {size}")
+    if size > max_bytes:
+        raise InvalidRequest(parameter, f"must be at most {max_bytes} UTF-8 bytes, got {size}")
     if no_nul and "\0" in value:
         raise InvalidRequest(parameter, "must not contain a NUL character")
     if no_comma and "," in value:

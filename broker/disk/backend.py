@@ -161,6 +161,9 @@ class Broker:
         # take nothing more of a paused topic or serial key; a resume wakes its long polls
         self.pause = self._windows.pause
         self.resume = self._windows.resume
+        # a topic's fairness, fairKey (on) or none (docs/api.md, "Fairness between
+        # tenants"): RAM state only, set again at a start by who keeps the setting
+        self.set_fairness = self._windows.set_fairness
 
     def __repr__(self) -> str:
         return f"Broker({self._lifecycle!r}, {self._messages!r}, tick={self.tick}, {self._filing!r})"

@@ -26,12 +26,30 @@ topic parks at most `window` of them (the rest go back to disk) -- so
 pulls pass over busy keys at no cost. When the key's message is acked,
 nacked or times out, its parked ones return to the pull order. One key
 holds at most `key_window` messages in RAM; its further ready messages
-stay on disk: the topic remembers where (`key_spilled`, read back without
-a scan; `window_total` places over all topics), and beyond that the first
-place one may lie (`key_scan[key]`, read back by a scan that reads bodies
-to find the key's): either when the key has room.
+stay on disk: the topic remembers where (`key_spills.places`, read back
+without a scan; `window_total` places over all topics), and beyond that the
+first place one may lie (`key_spills.scan[key]`, read back by a scan that
+reads bodies to find the key's): either when the key has room.
 So a hot key with a million ready messages takes `key_window` slots,
 never the window, and busy keys never crowd out free ones.
+
+Fairness between tenants (docs/api.md, "Fairness between tenants"), on a
+topic whose fairness is `fairKey`: its window's messages are grouped by
+their fairKey (those without one: the group ""). One group holds at most
+`fair_window` places of the pull order; its further ready messages stay on
+disk, remembered per group as a serial key's are (`fair_spills`, the same
+`Spills` as `key_spills`), and are read back when the group has room. A
+pull hands out round-robin over the groups (`rotation`): the group at the
+front gives its best (by (-priority, triggerTime)) and goes to the back;
+a group with nothing this pull may take (tags, a key taken already) keeps
+its place. So a group's million due messages take `fair_window` places
+and one turn a round: another group's message waits at most a round, one
+message of each other group.
+
+Worked example (fair_window 2): A1 A2 A3 A4 then B1 become ready. A1, A2
+enter (A's share), A3 and A4 stay on disk, remembered under A; B1 enters:
+the rotation is [A, B]. A pull of 2 takes A1 (A to the back) then B1; A
+is refilled from its places (A3, A4); the next pull takes A2, A3.
 """
 
 from __future__ import annotations
@@ -69,6 +87,15 @@ class QueueLimits:
     # Messages of one serial key the window holds at most (--key-window):
     # the rest wait on disk, so one hot key never fills the window.
     key_window: int = 8
+    # Places of a fair topic's pull order one fairKey holds at most
+    # (--fair-window; 0: window // 16, at least 1): the rest wait on disk.
+    # window // 16 lets 16 tenants with backlogs share the window by
+    # turns while each keeps a pull's batch (256 of the default window)
+    # in RAM; past that many, the window holds them by the plain order.
+    fair_window: int = 0
+    # Topics whose fairness is `fairKey` from the start (--fair-topics,
+    # provisional until setTopicConfig sets it: ReadyWindows.set_fairness).
+    fair_topics: frozenset[str] = frozenset()
     # Topics the node keeps (--max-topics): a send that would make one more
     # is refused (LimitReached, 429) until topics retire. What each topic
     # costs in RAM (its counts, counters, label values) is bounded with it.
@@ -80,10 +107,13 @@ class QueueLimits:
     page_bytes: int = DEFAULT_PAGE_BYTES
 
     def __post_init__(self) -> None:
+        if self.fair_window == 0:
+            object.__setattr__(self, "fair_window", max(1, self.window // 16))
         for name, value, least in (("--ready-window", self.window, 1), ("--ready-window-total", self.window_total, 1),
                                    ("--max-inflight", self.inflight, 1),
                                    ("--max-inflight-total", self.inflight_total, 1),
-                                   ("--key-window", self.key_window, 1), ("--max-topics", self.topics, 1),
+                                   ("--key-window", self.key_window, 1), ("--fair-window", self.fair_window, 1),
+                                   ("--max-topics", self.topics, 1),
                                    ("--max-page-bytes", self.page_bytes, 1)):
             if value < least:
                 raise ConfigError(f"{name} must be at least {least}, got {value}")
@@ -106,6 +136,7 @@ class HeldMessage:
     # READY in a window: the whole message when its text is short (a pull
     # answers it without reading the disk); None otherwise and once pulled.
     message: Message | None = None
+    fair_key: str = ""  # the tenant a fair topic groups it by (docs/api.md): "" none
 
     @classmethod
     def of(cls, message: Message, topic_hash: int) -> HeldMessage:
@@ -116,7 +147,7 @@ class HeldMessage:
                    (-message.priority, message.trigger_ms, location),
                    _new_state(MessageState, (message.status, message.retry, message.max_retry, message.trigger_ms,
                                              message.ttl_ms, 0)),
-                   message if len(message.msg) <= CACHED_MSG_CHARS else None)
+                   message if len(message.msg) <= CACHED_MSG_CHARS else None, message.fair_key)
 
     # (for readers: the part itself reads `state`'s fields)
     @property
@@ -142,6 +173,75 @@ ORDER_SLACK = 64
 
 
 @dataclass
+class Spills:
+    """Where READY messages of a named share of a window -- a serial key's
+    (`key_window`) or a fairKey's (`fair_window`) -- wait on disk beyond it:
+    `places` remembered per name (read back without a scan; the caller
+    bounds how many over all topics), and beyond those `scan[name]`, the
+    first place one may lie (read back by a scan that reads bodies to find
+    the name's). Example: places {"k": [p1, p2]}, scan {} -> take("k", 1)
+    gives [p1]; a spill at p9 not remembered makes scan {"k": p9}, and from
+    then on every spill of "k" only lowers it."""
+
+    places: dict[str, deque[Location]] = field(default_factory=dict)
+    scan: dict[str, Location] = field(default_factory=dict)
+    count: int = 0  # places remembered, over every name
+
+    def __bool__(self) -> bool:
+        return bool(self.places) or bool(self.scan)
+
+    def spill_at(self, name: str, location: Location, remember: bool = False) -> bool:
+        """A READY message of `name` at `location` stays on disk only: its
+        place is remembered if `remember` and no scan of the name is owed
+        (True returned), else the name is read back by a scan from there."""
+        if remember and name not in self.scan:
+            self.places.setdefault(name, deque()).append(location)
+            self.count += 1
+            return True
+        at = self.scan.get(name)
+        if at is None or location < at:
+            self.scan[name] = location
+        return False
+
+    def has(self, name: str) -> bool:
+        return name in self.places or name in self.scan
+
+    def names(self) -> list[str]:
+        """The names with messages on disk."""
+        return list(dict.fromkeys((*self.places, *self.scan)))
+
+    def take(self, name: str, count: int) -> list[Location]:
+        """Up to `count` remembered places of the name's messages on disk."""
+        places = self.places.get(name)
+        if not places:
+            return []
+        taken = [places.popleft() for _ in range(min(count, len(places)))]
+        self.count -= len(taken)
+        if not places:
+            del self.places[name]
+        return taken
+
+    def first(self) -> Location | None:
+        """The earliest place of any name (remembered or a scan's start)."""
+        starts = [*(min(places) for places in self.places.values()), *self.scan.values()]
+        return min(starts) if starts else None
+
+
+@dataclass
+class FairGroup:
+    """One fairKey's messages in a fair topic's pull order: heaps of their
+    keys as the topic's own (`heap`, `by_tag`, `worst`: the group's last,
+    which a better arrival of a full group evicts; stale entries skipped
+    the same way) and how many of them the order holds."""
+
+    heap: list[OrderKey] = field(default_factory=list)
+    by_tag: dict[str, list[OrderKey]] = field(default_factory=dict)
+    worst: list[tuple[int, int, int, int, Location]] = field(default_factory=list)
+    ordered: int = 0  # its messages in the topic's `ready`
+    queued: bool = False  # in the topic's `rotation`
+
+
+@dataclass
 class TopicQueue:
     """One topic's window of ready messages, its count of consuming ones,
     where its spilled ones start, and its serial keys' state. Data that
@@ -159,6 +259,10 @@ class TopicQueue:
     key: the second pops stale). `entries` bounds what each heap holds;
     past twice the window and ORDER_SLACK, `rebuild` makes them again from
     `ready`, O(window) once every window's worth of changes.
+
+    A fair topic (`fair`) keeps `heap` and `by_tag` per fairKey instead
+    (`groups`), and `rotation`, the groups' turns (module docstring); a
+    pull costs the same pops, and one deque move a message.
 
     Worked example: a(p0) b(p0) c(p5) enter: heap pops c, a, b in that
     order, worst pops b first. A pull takes c (popped); an ack by id of
@@ -182,20 +286,36 @@ class TopicQueue:
     # ready messages beyond its `key_window` may lie on disk.
     busy: dict[str, int] = field(default_factory=dict)
     by_key: dict[str, dict[Location, HeldMessage]] = field(default_factory=dict)
-    key_scan: dict[str, Location] = field(default_factory=dict)
-    key_spilled: dict[str, deque[Location]] = field(default_factory=dict)  # key -> places of its messages on disk
-    key_spilled_count: int = 0
+    key_spills: Spills = field(default_factory=Spills)
     parked: int = 0  # window messages parked (their key busy)
+    # Fairness (`fair`): the order per fairKey, the groups' turns, where a
+    # group's ready messages beyond its `fair_window` may lie on disk.
+    fair: bool = False
+    groups: dict[str, FairGroup] = field(default_factory=dict)
+    rotation: deque[str] = field(default_factory=deque)
+    fair_spills: Spills = field(default_factory=Spills)
 
     def order(self, held: HeldMessage) -> None:
         """Into the pull order."""
         key = held.key
         location = key[2]
         self.ready[location] = held
-        heappush(self.heap, key)
-        tagged = self.by_tag.get(held.tag)
+        if self.fair:
+            group = self.groups.get(held.fair_key)
+            if group is None:
+                group = self.groups[held.fair_key] = FairGroup()
+            if not group.queued:
+                group.queued = True
+                self.rotation.append(held.fair_key)
+            group.ordered += 1
+            heappush(group.worst, (-key[0], -key[1], -location.hour, -location.global_index, location))
+            heap, by_tag = group.heap, group.by_tag
+        else:
+            heap, by_tag = self.heap, self.by_tag
+        heappush(heap, key)
+        tagged = by_tag.get(held.tag)
         if tagged is None:
-            tagged = self.by_tag[held.tag] = []
+            tagged = by_tag[held.tag] = []
         heappush(tagged, key)
         heappush(self.worst, (-key[0], -key[1], -location.hour, -location.global_index, location))
         self.entries += 1
@@ -205,6 +325,8 @@ class TopicQueue:
     def unorder(self, held: HeldMessage) -> None:
         """Out of the pull order: its heap entries go stale."""
         del self.ready[held.location]
+        if self.fair:
+            self.groups[held.fair_key].ordered -= 1
         self.tidy()
 
     def tidy(self) -> None:
@@ -214,55 +336,99 @@ class TopicQueue:
             self.rebuild()
 
     def rebuild(self) -> None:
-        """The heaps made again from `ready`: no stale entry left."""
+        """The heaps made again from `ready`: no stale entry left (a fair
+        topic's groups too, their turns kept)."""
         keys = [held.key for held in self.ready.values()]
-        self.heap = keys[:]
-        heapify(self.heap)
-        self.by_tag = {}
-        for held in self.ready.values():
-            tagged = self.by_tag.get(held.tag)
-            if tagged is None:
-                tagged = self.by_tag[held.tag] = []
-            tagged.append(held.key)
-        for tagged in self.by_tag.values():
-            heapify(tagged)
+        self.heap, self.by_tag = [], {}
+        if self.fair:
+            groups: dict[str, FairGroup] = {}
+            for held in self.ready.values():
+                group = groups.get(held.fair_key)
+                if group is None:
+                    group = groups[held.fair_key] = FairGroup(queued=True)
+                group.ordered += 1
+                _file(group.heap, group.by_tag, held)
+            for name in self.rotation:  # (an empty group keeps its turn: it leaves at it, as `_by_turns` says)
+                if name not in groups:
+                    groups[name] = FairGroup(queued=True)
+            for group in groups.values():
+                _heapify_all(group.heap, group.by_tag)
+                group.worst = [(-p, -t, -at.hour, -at.global_index, at) for p, t, at in group.heap]
+                heapify(group.worst)
+            self.rotation = deque([*self.rotation, *(name for name in groups if name not in self.groups or
+                                                     not self.groups[name].queued)])
+            self.groups = groups
+        else:
+            for held in self.ready.values():
+                _file(self.heap, self.by_tag, held)
+            _heapify_all(self.heap, self.by_tag)
         self.worst = [(-p, -t, -at.hour, -at.global_index, at) for p, t, at in keys]
         heapify(self.worst)
         self.entries = len(keys)
 
+    def set_fair(self, on: bool) -> None:
+        """Fairness on or off: the order regrouped (`rebuild`). The caller
+        first returns what `fair_spills` remembers to the topic's scan."""
+        if on != self.fair:
+            self.fair = on
+            self.groups, self.rotation = {}, deque()
+            self.rebuild()
+
+    def group_count(self, fair_key: str) -> int:
+        """The order's messages of the group `fair_key` (a fair topic)."""
+        group = self.groups.get(fair_key)
+        return 0 if group is None else group.ordered
+
     def best(self, room: int, tags: frozenset[str] | None) -> list[HeldMessage]:
         """Up to `room` of the order's best (among `tags`), best first, one
         of a serial key at most (taking it parks the key's others): out of
-        the heaps, still in `ready` (the caller takes them out of it)."""
-        ready = self.ready
+        the heaps, still in `ready` (the caller takes them out of it). A
+        fair topic's: one from each group in turn (`rotation`)."""
+        if self.fair:
+            return self._by_turns(room, tags)
         chosen: dict[Location, HeldMessage] = {}
         serial_keys: set[str] = set()
-        heap: list[OrderKey] | None = self.heap
-        tagged = [] if tags is None else [self.by_tag[tag] for tag in tags if tag in self.by_tag]
+        tagged = None if tags is None else [self.by_tag[tag] for tag in tags if tag in self.by_tag]
         while len(chosen) < room:
-            if tags is not None:  # the best of the tags' heads, their stale entries popped first
-                heap = None
-                for candidates in tagged:
-                    while candidates and (candidates[0][2] not in ready or candidates[0][2] in chosen):
-                        heappop(candidates)
-                    if candidates and (heap is None or candidates[0] < heap[0]):
-                        heap = candidates
-            if not heap:
+            held = _next(self.heap, tagged, self.ready, chosen, serial_keys)
+            if held is None:
                 break
-            location = heappop(heap)[2]
-            held = ready.get(location)
-            if held is None or location in chosen:
-                continue  # stale, or its second entry
-            if held.serial_key:
-                if held.serial_key in serial_keys:
-                    continue  # (parked once the key's first is taken)
-                serial_keys.add(held.serial_key)
-            chosen[location] = held
+            chosen[held.location] = held
         return list(chosen.values())
 
-    def last(self) -> HeldMessage | None:
-        """The window's last in pull order: the one a better arrival evicts."""
+    def _by_turns(self, room: int, tags: frozenset[str] | None) -> list[HeldMessage]:
+        """`best` of a fair topic: the group at the front of the rotation
+        gives its best and goes to the back; one with nothing this pull
+        may take keeps its place (in front again after the pull), as does
+        one with messages on disk only; one with none leaves the rotation."""
+        ready, groups, rotation = self.ready, self.groups, self.rotation
+        chosen: dict[Location, HeldMessage] = {}
+        serial_keys: set[str] = set()
+        skipped: list[str] = []
+        while len(chosen) < room and rotation:
+            name = rotation.popleft()
+            group = groups[name]
+            tagged = None if tags is None else [group.by_tag[tag] for tag in tags if tag in group.by_tag]
+            held = _next(group.heap, tagged, ready, chosen, serial_keys)
+            if held is not None:
+                chosen[held.location] = held
+                rotation.append(name)
+            elif group.ordered or self.fair_spills.has(name):
+                skipped.append(name)  # (one with messages on disk only: its turn kept for when they are read)
+            else:
+                del groups[name]  # (its heaps: stale entries only)
+        rotation.extendleft(reversed(skipped))
+        return list(chosen.values())
+
+    def last(self, fair_key: str | None = None) -> HeldMessage | None:
+        """The window's last in pull order: the one a better arrival evicts
+        (of a fair topic's group `fair_key`, if given)."""
         worst, ready = self.worst, self.ready
+        if fair_key is not None:
+            group = self.groups.get(fair_key)
+            if group is None:
+                return None
+            worst = group.worst
         while worst:
             held = ready.get(worst[0][4])
             if held is not None:
@@ -274,36 +440,54 @@ class TopicQueue:
         """The window's messages of `serial_key`."""
         return len(self.by_key.get(serial_key, ()))
 
-    def key_spill_at(self, serial_key: str, location: Location, remember: bool = False) -> bool:
-        """A READY message of the key at `location` stays on disk only (the
-        key has its `key_window` in RAM): its place is remembered if
-        `remember` (True returned), else the key is read back by a scan
-        from there."""
-        if remember and serial_key not in self.key_scan:
-            self.key_spilled.setdefault(serial_key, deque()).append(location)
-            self.key_spilled_count += 1
-            return True
-        at = self.key_scan.get(serial_key)
-        if at is None or location < at:
-            self.key_scan[serial_key] = location
-        return False
-
-    def has_spilled(self, serial_key: str) -> bool:
-        return serial_key in self.key_spilled or serial_key in self.key_scan
-
-    def take_spilled(self, serial_key: str, count: int) -> list[Location]:
-        """Up to `count` remembered places of the key's messages on disk."""
-        places = self.key_spilled.get(serial_key)
-        if not places:
-            return []
-        taken = [places.popleft() for _ in range(min(count, len(places)))]
-        self.key_spilled_count -= len(taken)
-        if not places:
-            del self.key_spilled[serial_key]
-        return taken
-
     def spill_at(self, location: Location) -> None:
         """A READY message at `location` stays on disk only."""
         self.spilled = True
         if self.scan is None or location < self.scan:
             self.scan = location
+
+
+def _next(heap: list[OrderKey], tagged: list[list[OrderKey]] | None, ready: dict[Location, HeldMessage],
+          chosen: dict[Location, HeldMessage], serial_keys: set[str]) -> HeldMessage | None:
+    """The best of `heap` (or, given `tagged`, of those tags' heaps) still
+    in `ready`, not in `chosen`, not of a serial key in `serial_keys` (that
+    key added), popped; None when there is none. Entries of a key taken
+    already are popped too: taking the key parks its others, and freeing it
+    files them again."""
+    while True:
+        if tagged is not None:  # the best of the tags' heads, their stale entries popped first
+            best: list[OrderKey] | None = None
+            for candidates in tagged:
+                while candidates and (candidates[0][2] not in ready or candidates[0][2] in chosen):
+                    heappop(candidates)
+                if candidates and (best is None or candidates[0] < best[0]):
+                    best = candidates
+            if best is None:
+                return None
+            heap = best
+        if not heap:
+            return None
+        location = heappop(heap)[2]
+        held = ready.get(location)
+        if held is None or location in chosen:
+            continue  # stale, or its second entry
+        if held.serial_key:
+            if held.serial_key in serial_keys:
+                continue  # (parked once the key's first is taken)
+            serial_keys.add(held.serial_key)
+        return held
+
+
+def _file(heap: list[OrderKey], by_tag: dict[str, list[OrderKey]], held: HeldMessage) -> None:
+    """`held`'s key appended to `heap` and its tag's heap (heapified after)."""
+    heap.append(held.key)
+    tagged = by_tag.get(held.tag)
+    if tagged is None:
+        tagged = by_tag[held.tag] = []
+    tagged.append(held.key)
+
+
+def _heapify_all(heap: list[OrderKey], by_tag: dict[str, list[OrderKey]]) -> None:
+    heapify(heap)
+    for tagged in by_tag.values():
+        heapify(tagged)

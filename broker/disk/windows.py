@@ -19,7 +19,11 @@ CONSUMING messages are all held (with an ack timer), capped per topic and
 in all: a pull at a cap takes fewer. Serial keys (docs/api.md, "Tags and
 serial keys"): a key's messages hold at most `key_window` places; while one
 of them is CONSUMING the others are parked (held, not pulled); beyond that
-they wait on disk, their places remembered per key.
+they wait on disk, their places remembered per key. Fairness (docs/api.md,
+"Fairness between tenants"), per topic (`set_fairness`): a fairKey's
+messages hold at most `fair_window` places of the order, the rest wait on
+disk remembered per fairKey the same way (`Spills`), and pulls take from
+the groups by turns (broker.disk.ready).
 
 Stepping a message is broker.disk.messages' (broker.core.transitions'
 table); `carry_out` is the one place a batch's steps are carried out on
@@ -51,7 +55,7 @@ from ..core.lifecycle import Lifecycle
 from ..core.long_polls import LongPolls
 from .group_commit import GroupCommit
 from .journal import Journal
-from .ready import HeldMessage, OrderKey, QueueLimits, TopicQueue
+from .ready import HeldMessage, OrderKey, QueueLimits, Spills, TopicQueue
 from .timers import COMPACT_SLACK, Fire, TimerKind, Timers
 
 if TYPE_CHECKING:
@@ -65,8 +69,8 @@ REFILL_ROUNDS = 4
 # A pull that finds its topic's window nearly empty refills it whole, reading
 # at most about this many index entries a round.
 INLINE_REFILL_SCAN = 65536
-# Freed serial keys with messages on disk a pull reads back itself (the
-# rest: the background refill).
+# Freed serial keys (and fair groups with room) with messages on disk a
+# pull reads back itself (the rest: the background refill).
 INLINE_KEY_REFILLS = 4
 
 READY = Status.READY
@@ -98,9 +102,12 @@ class ReadyWindows:
         # where the counts change, in this part alone:
         self.window_total = 0  # READY messages held in windows (parked ones included)
         self.parked_total = 0  # of which parked: held behind a busy serial key
-        self.key_spilled_total = 0  # places of serial keys' messages on disk remembered
+        self.key_spilled_total = 0  # places of serial keys' and fair groups' messages on disk remembered
         self._to_refill: set[str] = set()  # spilled topics whose window has room
-        self._key_refills: set[tuple[str, str]] = set()  # (topic, serial key) freed with messages on disk
+        # (topic, fair, name): a serial key freed (fair False) or a fair group
+        # with room (True), with messages on disk
+        self._key_refills: set[tuple[str, bool, str]] = set()
+        self._fair_topics = set(limits.fair_topics)  # topics whose fairness is fairKey
         self._refill_wake = asyncio.Event()
         # Paused (broker.flow): a topic's pulls take nothing; a serial key is
         # busy (its messages parked) as if one of them were in flight.
@@ -121,8 +128,29 @@ class ReadyWindows:
     def queue(self, topic: str) -> TopicQueue:
         queue = self.topics.get(topic)
         if queue is None:
-            queue = self.topics[topic] = TopicQueue(topic, text_hash(topic))
+            queue = self.topics[topic] = TopicQueue(topic, text_hash(topic), fair=topic in self._fair_topics)
         return queue
+
+    def set_fairness(self, topic: str, on: bool) -> None:
+        """The topic's fairness: `fairKey` (on) or `none` (docs/api.md,
+        "Fairness between tenants"), from now on. Turned off, what its
+        groups left on disk is found again by the topic's scan."""
+        if on:
+            self._fair_topics.add(topic)
+        else:
+            self._fair_topics.discard(topic)
+        queue = self.topics.get(topic)
+        if queue is None or queue.fair == on:
+            return
+        if not on and queue.fair_spills:
+            first = queue.fair_spills.first()
+            self.key_spilled_total -= queue.fair_spills.count
+            queue.fair_spills = Spills()
+            if first is not None:
+                self.spilled_from(topic, first)
+                self._refill_wake.set()
+        queue.set_fair(on)
+        self._long_polls.wake(topic)
 
     def in_flight_of(self, topic: str, msg_ids: Iterable[str]) -> dict[str, HeldMessage]:
         """Those of the ids whose message is CONSUMING, each's held message."""
@@ -146,10 +174,17 @@ class ReadyWindows:
         room = min(batch, limits.inflight - queue.consuming, limits.inflight_total - len(self._in_flight))
         if room <= 0:
             return []
-        if (queue.key_scan or queue.key_spilled) and len(queue.ready) < limits.window:
-            free = [k for k in dict.fromkeys((*queue.key_spilled, *queue.key_scan)) if k not in queue.busy]
+        if queue.key_spills and len(queue.ready) < limits.window:
+            free = [k for k in queue.key_spills.names() if k not in queue.busy]
             for serial_key in free[:INLINE_KEY_REFILLS]:
-                self._refill_key(queue, serial_key)
+                self._refill_share(queue, False, serial_key)
+        if queue.fair_spills and len(queue.ready) < limits.window:
+            # (a group's share, or the pull's batch if more: one tenant alone still takes whole batches)
+            share = max(limits.fair_window, room)
+            low = sorted((g for g in queue.fair_spills.names() if queue.group_count(g) < share),
+                         key=queue.group_count)  # (an empty group first: it would miss its turn)
+            for fair_key in low[:INLINE_KEY_REFILLS]:
+                self._refill_share(queue, True, fair_key, share)
         if queue.spilled and len(queue.ready) < limits.window:
             # Top the window up first (after a restart it starts empty; a send
             # may have put a message in it while older ones wait on disk), so
@@ -178,6 +213,8 @@ class ReadyWindows:
             queue = self.topics[into_flight[0].topic]  # (a pull's batch: one topic)
             if queue.spilled and len(queue.ready) <= self._limits.window // 2:
                 self._schedule_refill(queue.name)
+            if queue.fair_spills:
+                self._schedule_group_refills(queue, into_flight)
         for held in into_window:
             self._admit(held)
         held_at = self.held
@@ -267,13 +304,24 @@ class ReadyWindows:
     def _admit(self, held: HeldMessage) -> None:
         """A READY message into its topic's window if there is room, or if
         it outranks the window's last (which goes back to disk); else it
-        stays on disk only, for a refill to find."""
+        stays on disk only, for a refill to find. Its serial key's share
+        first, and a fair topic's group's: a full group takes it only in
+        place of its own last."""
         queue = self.queue(held.topic)
         limits = self._limits
         if held.serial_key and self._key_full(queue, held.serial_key):
             self.held.pop(held.location, None)  # its key has its share of the window: it waits on disk
-            self._key_spill(queue, held.serial_key, held.location)
+            self._spill_share(queue.key_spills, held.serial_key, held.location)
             return
+        if queue.fair and self._group_full(queue, held, limits.fair_window):
+            last = queue.last(held.fair_key)
+            if last is None or not held.key < last.key:
+                self.held.pop(held.location, None)  # its group has its share of the order: it waits on disk
+                self._spill_share(queue.fair_spills, held.fair_key, held.location)
+                return
+            self._leave_windows([last])  # it outranks its group's last, which waits on disk instead
+            del self.held[last.location]
+            self._spill_share(queue.fair_spills, last.fair_key, last.location)
         if len(queue.ready) < limits.window and self.window_total - self.parked_total < limits.window_total:
             self._enter_window(queue, held)
             return
@@ -317,6 +365,8 @@ class ReadyWindows:
                     self.parked_total -= 1
                     continue
             del queue.ready[held.location]  # (its heap entries go stale: TopicQueue)
+            if queue.fair:
+                queue.groups[held.fair_key].ordered -= 1
             if queue is not last:
                 if last is not None:
                     last.tidy()
@@ -369,7 +419,7 @@ class ReadyWindows:
         for other in others[max(0, room):]:  # parked beyond `window` in the topic: back to disk
             self._leave_windows([other])
             del self.held[other.location]
-            self._key_spill(queue, serial_key, other.location)
+            self._spill_share(queue.key_spills, serial_key, other.location)
 
     def _leave_flight(self, batch: list[HeldMessage], woken: set[str]) -> bool:
         """Fewer consuming (still in `held`: the caller says where they go).
@@ -401,15 +451,16 @@ class ReadyWindows:
             queue.order(held)
         queue.parked -= len(back)
         self.parked_total -= len(back)
-        if queue.has_spilled(serial_key):
-            self._key_refills.add((queue.name, serial_key))
+        if queue.key_spills.has(serial_key):
+            self._key_refills.add((queue.name, False, serial_key))
             self._refill_wake.set()
         return True
 
-    def _key_spill(self, queue: TopicQueue, serial_key: str, location: Location) -> None:
-        """A READY message of a key with its share of RAM stays on disk; its
-        place is remembered while fewer than window_total are."""
-        if queue.key_spill_at(serial_key, location, self.key_spilled_total < self._limits.window_total):
+    def _spill_share(self, spills: Spills, name: str, location: Location) -> None:
+        """A READY message of a key (or fair group) with its share of RAM
+        stays on disk; its place is remembered while fewer than window_total
+        are (keys' and groups' together)."""
+        if spills.spill_at(name, location, self.key_spilled_total < self._limits.window_total):
             self.key_spilled_total += 1
 
     def _key_full(self, queue: TopicQueue, serial_key: str) -> bool:
@@ -417,6 +468,24 @@ class ReadyWindows:
         is busy and the topic holds `window` parked messages already."""
         return (queue.key_count(serial_key) >= self._limits.key_window
                 or (serial_key in queue.busy and queue.parked >= self._limits.window))
+
+    @staticmethod
+    def _group_full(queue: TopicQueue, held: HeldMessage, share: int) -> bool:
+        """A fair topic's message that would go into the order finds its
+        group with `share` places (fair_window; a pull's refill: up to its
+        batch) or more."""
+        if held.serial_key and held.serial_key in queue.busy:
+            return False  # (parked: no place in the order)
+        return queue.group_count(held.fair_key) >= share
+
+    def _schedule_group_refills(self, queue: TopicQueue, pulled: list[HeldMessage]) -> None:
+        """After a pull of a fair topic: its groups with messages on disk
+        left half their share or less are refilled in the background."""
+        half = self._limits.fair_window // 2
+        for fair_key in {held.fair_key for held in pulled}:
+            if queue.fair_spills.has(fair_key) and queue.group_count(fair_key) <= half:
+                self._key_refills.add((queue.name, True, fair_key))
+                self._refill_wake.set()
 
     # == timers =====================================================================
 
@@ -448,18 +517,19 @@ class ReadyWindows:
         return added
 
     def _hold_found(self, queue: TopicQueue, locations: Iterable[Location], now_ms: int,
-                    ended: list[StateChange]) -> int:
+                    ended: list[StateChange], share: int = 0) -> int:
         """Spilled messages found on disk into the window; how many."""
         added = 0
         for location in locations:
             if location not in self.held:
-                added += self._hold(queue, location, self._store.read_message(location), now_ms, ended)
+                added += self._hold(queue, location, self._store.read_message(location), now_ms, ended, share)
         return added
 
     def _hold(self, queue: TopicQueue, location: Location, message: Message | None, now_ms: int,
-              ended: list[StateChange]) -> bool:
+              ended: list[StateChange], share: int = 0) -> bool:
         """One message read from disk into the window, if it is still READY
-        and alive and its key has room (else it ends, or stays on disk)."""
+        and alive and its key has room, and its fair group `share` places
+        (0: fair_window) (else it ends, or stays on disk)."""
         if message is None or message.status is not READY or message.topic != queue.name:
             return False
         change = self.messages.ended_on_disk(message, now_ms)
@@ -467,42 +537,56 @@ class ReadyWindows:
             ended.append(change)
             return False
         if message.key and self._key_full(queue, message.key):
-            self._key_spill(queue, message.key, location)  # (read again when the key has room)
+            self._spill_share(queue.key_spills, message.key, location)  # (read again when the key has room)
             return False
-        self._enter_window(queue, HeldMessage.of(message, queue.topic_hash))
+        held = HeldMessage.of(message, queue.topic_hash)
+        if queue.fair and self._group_full(queue, held, share or self._limits.fair_window):
+            self._spill_share(queue.fair_spills, message.fair_key, location)  # (... when the group has room)
+            return False
+        self._enter_window(queue, held)
         return True
 
-    def _refill_key(self, queue: TopicQueue, serial_key: str) -> None:
-        """Spilled READY messages of one serial key into the window, up to
-        its key_window, from its own disk position (broker.disk.ready), reading
-        at most about REFILL_SCAN index entries; the rest later."""
-        want = min(self._limits.key_window - queue.key_count(serial_key), self._limits.window - len(queue.ready))
+    def _refill_share(self, queue: TopicQueue, fair: bool, name: str, share: int = 0) -> None:
+        """Spilled READY messages of one serial key (or, `fair`, one fair
+        group) into the window, up to its share -- key_window (fair_window,
+        or `share` if more) -- from its own disk places (broker.disk.ready's
+        Spills), reading at most about REFILL_SCAN index entries; the rest
+        later."""
+        limits = self._limits
+        spills = queue.fair_spills if fair else queue.key_spills
+        if fair:
+            share = max(share, limits.fair_window)
+            want = share - queue.group_count(name)
+        else:
+            want = limits.key_window - queue.key_count(name)
+        want = min(want, limits.window - len(queue.ready))
         if want <= 0:
             return  # (no room: the next pull or refill of the topic tries again)
         now_ms = self._clock.now_ms()
         ended: list[StateChange] = []
-        places = queue.take_spilled(serial_key, want)
+        places = spills.take(name, want)
         self.key_spilled_total -= len(places)
-        want -= self._hold_found(queue, places, now_ms, ended)
-        start = queue.key_scan.get(serial_key)
+        want -= self._hold_found(queue, places, now_ms, ended, share)
+        start = spills.scan.get(name)
         if start is None or want <= 0:
             self._ended(ended, now_ms)
             self._long_polls.wake(queue.name)
             return
-        del queue.key_scan[serial_key]
+        del spills.scan[name]
         entries, after = self._store.scan_ready(queue.topic_hash, start, now_ms // MS_PER_HOUR + 1, REFILL_SCAN,
                                                 REFILL_FOUND)
         for entry in entries:
             if entry.location in self.held:
                 continue
             message = self._store.read_message(entry.location)
-            if message is not None and message.key == serial_key:  # (another key's: its own position covers it)
+            # (another key's or group's: its own position covers it)
+            if message is not None and (message.fair_key if fair else message.key) == name:
                 if want <= 0:  # the rest later, from here
-                    queue.key_spill_at(serial_key, entry.location)
+                    spills.spill_at(name, entry.location)
                     break
-                want -= self._hold(queue, entry.location, message, now_ms, ended)
-        if after is not None and serial_key not in queue.key_scan:
-            queue.key_spill_at(serial_key, after)
+                want -= self._hold(queue, entry.location, message, now_ms, ended, share)
+        if after is not None and name not in spills.scan:
+            spills.spill_at(name, after)
         self._ended(ended, now_ms)
         self._long_polls.wake(queue.name)
 
@@ -531,10 +615,10 @@ class ReadyWindows:
             await self._refill_wake.wait()
             self._refill_wake.clear()
             while self._key_refills and not lifecycle.stopping:
-                name, serial_key = self._key_refills.pop()
+                name, fair, share = self._key_refills.pop()
                 queue = self.topics.get(name)
-                if queue is not None and serial_key not in queue.busy:
-                    self._refill_key(queue, serial_key)
+                if queue is not None and (queue.fair if fair else share not in queue.busy):
+                    self._refill_share(queue, fair, share)
                 await asyncio.sleep(0)
             while self._to_refill and not lifecycle.stopping:
                 for name in list(self._to_refill):

@@ -88,8 +88,8 @@ def delay_msg(m: Message) -> dict[str, object]:
     """camellia's DelayMsg, plus the extensions `priority`, `tag` and `key`
     (and a schedule's run's `scheduleId` and `scheduledTime`, and the
     trace context `traceparent` and `tracestate` of a message sent with
-    them, and `redriveCount` of a message a redriveMsgs job put back, only
-    then)."""
+    them, `fairKey` of a message sent with one, and `redriveCount` of a
+    message a redriveMsgs job put back, only then)."""
     d: dict[str, object] = {"topic": m.topic, "msgId": m.msg_id, "msg": m.msg, "produceTime": m.produce_ms,
                             "triggerTime": m.trigger_ms, "expireTime": m.trigger_ms + m.ttl_ms,  # (m.expire_ms)
                             "maxRetry": m.max_retry,
@@ -99,6 +99,8 @@ def delay_msg(m: Message) -> dict[str, object]:
         d["traceparent"] = m.traceparent
         if m.tracestate:
             d["tracestate"] = m.tracestate
+    if m.fair_key:
+        d["fairKey"] = m.fair_key
     if m.redrive_count:
         d["redriveCount"] = m.redrive_count
     return add_run_fields(d) if "@" in m.msg_id else d

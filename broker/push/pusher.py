@@ -95,6 +95,8 @@ def delay_msg(m: Message) -> dict[str, object]:
         d["traceparent"] = m.traceparent
         if m.tracestate:
             d["tracestate"] = m.tracestate
+    if m.fair_key:
+        d["fairKey"] = m.fair_key
     return add_run_fields(d) if "@" in m.msg_id else d
 
 

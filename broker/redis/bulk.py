@@ -254,4 +254,5 @@ def _message(topic: str, msg_id: str, f: dict[str, str], body: str) -> Message:
                    trigger_ms=int(f["trigger"]), ttl_ms=int(f["ttl"]), max_retry=int(f["maxRetry"]),
                    priority=int(f["priority"]), tag=f["tag"], status=Status(int(f["status"])),
                    retry=int(f["retry"]), location=NO_LOCATION, key=f.get("key", ""),
-                   traceparent=f.get("traceparent", ""), tracestate=f.get("tracestate", ""))
+                   traceparent=f.get("traceparent", ""), tracestate=f.get("tracestate", ""),
+                   fair_key=f.get("fairKey", ""))

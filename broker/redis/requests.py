@@ -66,7 +66,8 @@ def _message(topic: str, msg_id: str, meta: str, body: str) -> Message:
                    trigger_ms=int(f["trigger"]), ttl_ms=int(f["ttl"]), max_retry=int(f["maxRetry"]),
                    priority=int(f["priority"]), tag=f["tag"], status=Status(int(f["status"])),
                    retry=int(f["retry"]), location=NO_LOCATION, key=f.get("key", ""),
-                   traceparent=f.get("traceparent", ""), tracestate=f.get("tracestate", ""))
+                   traceparent=f.get("traceparent", ""), tracestate=f.get("tracestate", ""),
+                   fair_key=f.get("fairKey", ""))
 
 
 class RedisRequests:
@@ -125,7 +126,8 @@ class RedisRequests:
             args += [n.msg_id, n.msg, str(n.produce_ms), str(n.trigger_ms), str(n.ttl_ms),
                      str(n.trigger_ms + n.ttl_ms), str(n.max_retry), str(n.priority), n.tag,
                      ready_member(n.priority, n.trigger_ms, n.msg_id), "1" if is_strict else "0", n.key,
-                     n.traceparent, n.tracestate, "" if skip_after_ms is None else str(skip_after_ms)]
+                     n.traceparent, n.tracestate, "" if skip_after_ms is None else str(skip_after_ms),
+                     n.fair_key]
         results = await self._script("send", topic, args)
         m = self._metrics.topic(topic)
         out, ready = [], []
@@ -137,7 +139,7 @@ class RedisRequests:
                 continue
             m.sends += 1
             out.append(Message(*n[:9], status=Status(int(state)), retry=0, location=NO_LOCATION, key=n.key,
-                               traceparent=n.traceparent, tracestate=n.tracestate))
+                               traceparent=n.traceparent, tracestate=n.tracestate, fair_key=n.fair_key))
             answered[n.msg_id] = out[-1]
             if state == SendOutcome.READY:
                 ready.append(due_ms(n.trigger_ms, n.produce_ms))

@@ -66,6 +66,22 @@ def test_json_body_and_batch_in_order_with_duplicates(api, topic):
     assert listed[1]["priority"] == 3 and listed[3] == listed[0]
 
 
+def test_a_fair_key_is_kept_and_shown_only_when_given(api, topic):
+    sent = api.send(topic, msgId="f", fairKey="tenant-ä")
+    assert sent["fairKey"] == "tenant-ä" and set(sent) == DELAY_MSG_KEYS | {"fairKey"}
+    assert api.send(topic, msgId="n").keys() == DELAY_MSG_KEYS
+    status, body = api.post_json("sendMsgBatch", {"topic": topic, "msgs": [
+        {"msg": "b", "msgId": "b0", "fairKey": "B"}, {"msg": "b", "msgId": "b1"}]})
+    assert status == 200 and [m.get("fairKey") for m in body["delayMsgList"]] == ["B", None]
+    assert api.message(topic, "f")["fairKey"] == "tenant-ä"
+    assert {m["msgId"]: m.get("fairKey") for m in api.pull(topic, batch=10)} == \
+        {"f": "tenant-ä", "n": None, "b0": "B", "b1": None}
+    status, body = api.post_json("sendMsgBatch", {"topic": topic, "msgs": [
+        {"msg": "ok", "msgId": "ok"}, {"msg": "bad", "msgId": "bad", "fairKey": "x" * 65}]})
+    assert status == 400 and body["msg"].startswith("msgs[1].fairKey"), body
+    assert api.message(topic, "ok") == 404
+
+
 def test_a_bad_batch_item_stores_nothing(api, topic):
     status, body = api.post_json("sendMsgBatch", {"topic": topic, "msgs": [
         {"msg": "ok", "msgId": "ok1"}, {"msg": "bad", "msgId": "bad", "delayMillis": "soon"}]})

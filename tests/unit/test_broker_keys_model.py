@@ -172,8 +172,8 @@ class KeyMachine(HarnessMachine, RuleBasedStateMachine):
         for key, held in queue.by_key.items():
             assert len(held) <= LIMITS.key_window, key
         assert queue.parked <= LIMITS.window
-        assert self.broker.key_spilled_total == queue.key_spilled_count <= LIMITS.window_total
-        assert queue.key_spilled_count == sum(len(places) for places in queue.key_spilled.values())
+        assert self.broker.key_spilled_total == queue.key_spills.count <= LIMITS.window_total
+        assert queue.key_spills.count == sum(len(places) for places in queue.key_spills.places.values())
         assert queue.parked == self.broker.parked_total == sum(
             len(held) for key, held in queue.by_key.items() if key in queue.busy)
         busy = {live.serial_key for live in self.broker.live.values()

@@ -217,6 +217,20 @@ def test_a_lone_surrogate_is_refused(field: str) -> None:
     refused(field, send, **{field: "a\ud800"})
 
 
+def test_a_fair_key_is_up_to_64_utf8_bytes_of_any_text_but_nul() -> None:
+    assert send().fair_key == send(fairKey="").fair_key == ""
+    ok = "é" * 32
+    assert send(fairKey=ok).fair_key == ok and send(fairKey="a,b c").fair_key == "a,b c"
+    assert "64 UTF-8 bytes" in refused("fairKey", send, fairKey=ok + "x").reason
+    refused("fairKey", send, fairKey="a\0b")
+    refused("fairKey", send, fairKey=5)
+    refused("fairKey", send, fairKey="a\ud800")
+    body = {"topic": "t", "msgs": [{"msg": "m", "fairKey": "A"}, {"msg": "m"}]}
+    assert [m.fair_key for m in batch(body)] == ["A", ""]
+    body["msgs"].append({"msg": "m", "fairKey": "x" * 65})  # type: ignore[attr-defined]
+    refused("msgs[2].fairKey", batch, body)
+
+
 def test_ttl_above_the_servers_maximum_is_clamped() -> None:
     assert send(ttlMillis=str(MAX_TRIGGER_MS + 1)).ttl_ms == D.max_ttl_ms
     assert send(ttlMillis=str(D.max_ttl_ms)).ttl_ms == D.max_ttl_ms

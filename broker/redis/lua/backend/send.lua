@@ -1,6 +1,6 @@
 -- ARGV: now retire_at, then per message: id msg produce trigger ttl expire
--- maxRetry priority tag rk strict key traceparent tracestate skip ('': none;
--- the meta holds the last four only when given). -> per message {'1'|'2'|'5'}
+-- maxRetry priority tag rk strict key traceparent tracestate skip fairKey
+-- ('': none; the meta holds the last five only when given). -> per message {'1'|'2'|'5'}
 -- (stored: waiting, ready, expired) or {'0', meta, body} (the id exists: the stored
 -- message). An id whose message has ended (4-7) is stored anew unless
 -- `strict` is '1' (camellia stores the new one). `skip` (a schedule's run
@@ -12,7 +12,7 @@ local out = {}
 -- A topic holding no message from here on has every tagged message in TAGS:
 -- the member '' says so (topics from before TAGS are scanned until then).
 if redis.call('HLEN', META) == 0 then redis.call('ZADD', TAGS, 0, '') end
-for i = 3, #ARGV, 15 do
+for i = 3, #ARGV, 16 do
   local id = ARGV[i]
   local raw = redis.call('HGET', META, id)
   if raw and ARGV[i + 10] ~= '1' and tonumber(cjson.decode(raw).status) >= 4 then
@@ -31,6 +31,7 @@ for i = 3, #ARGV, 15 do
       if ARGV[i + 13] ~= '' then m.tracestate = ARGV[i + 13] end
     end
     if ARGV[i + 14] ~= '' then m.skip = ARGV[i + 14] end
+    if ARGV[i + 15] ~= '' then m.fairKey = ARGV[i + 15] end
     if tonumber(m.trigger) > now then
       redis.call('ZADD', WAITING, m.trigger, id)
     elseif now >= tonumber(m.expire) or skipped(m, now) then
