@@ -16,13 +16,15 @@ clock now (a ttl runs out too: the older versions cap it at 30 days).
 from __future__ import annotations
 
 import json
+import shutil
 import tarfile
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from serving import Server
+from harness import wait_until
+from serving import Server, free_port, request
 
 pytestmark = pytest.mark.slow
 
@@ -191,3 +193,61 @@ def test_the_fixtures_cover_every_older_format():
     assert "secret" not in layouts["96890dc"]  # CRC32 id index, version 1 segments
     assert "keys" in layouts["0d5643e"] and not {"runs", "buckets"} & layouts["0d5643e"]  # first key index
     assert {"runs", "schedules", "push-subscriptions.json"} <= layouts["a5e116e"]  # schedules file version 1
+
+
+# --- a newer format is refused ------------------------------------------------------
+
+# Every file of a data directory that starts with a magic number and a u16
+# format version at byte 4 (STYLE.md: "every file starts with a magic number
+# and a version"), by a glob under the directory.
+VERSIONED = ["checkpoint", "commitlog/*.log", "delay/*.log", "delay/*.idx", "delay/*.sec", "ids/secret",
+             "ids/00.hix", "keys/secret", "keys/00.hix", "tick", "schedules"]
+
+
+@pytest.fixture(scope="module")
+def todays_directory(tmp_path_factory) -> Path:
+    """A data directory today's node wrote: messages (keyed too), a
+    checkpoint, a schedule, a subscription."""
+    root = tmp_path_factory.mktemp("today")
+    server = Server.start(root / "data", "--push-allow", "127.0.0.1", log_path=root / "serve.log")
+    try:
+        for i in range(5):
+            assert server.post("sendMsg", topic="t", msgId=f"m{i}", msg="x", delayMillis=3_600_000,
+                               key="k" if i % 2 else "")[1]["code"] == 200
+        assert server.post("putSchedule", topic="s", scheduleId="daily", everyMillis=86_400_000,
+                           msg="run")[1]["code"] == 200
+        url = f"http://127.0.0.1:{free_port()}/hook"
+        assert server.post("subscribe", topic="p", url=url)[1]["code"] == 200
+    finally:
+        assert server.stop() == 0
+    return root / "data"
+
+
+def tree(directory: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("pattern", VERSIONED)
+def test_a_file_of_a_newer_format_is_refused_with_a_sentence_and_left_as_it_is(pattern, todays_directory, tmp_path):
+    data = tmp_path / "data"
+    shutil.copytree(todays_directory, data)
+    path = sorted(data.glob(pattern))[0]
+    raw = bytearray(path.read_bytes())
+    version = int.from_bytes(raw[4:6], "little")
+    raw[4:6] = (version + 1).to_bytes(2, "little")
+    path.write_bytes(raw)
+    before = tree(data)
+    port = free_port()
+    server = Server.spawn(data, "--port", str(port), "--push-allow", "127.0.0.1", base=f"http://127.0.0.1:{port}",
+                          log_path=tmp_path / "serve.log")
+    try:
+        wait_until(lambda: not server.process.alive() or request(server.base + "/health", timeout=2)[0] == 200,
+                   60, "a refusal or /health")
+        assert not server.process.alive(), f"a newer {pattern} was not refused: {server.process.log_tail()}"
+    finally:
+        server.kill()
+    said = server.process.log_tail(4000)
+    assert server.proc.returncode == 1, said
+    assert f"{path}: written by a newer hourglass (format {version + 1}; this one reads {version})" in said, said
+    assert "docs/operations.md" in said and "Traceback" not in said, said
+    assert tree(data) == before  # nothing rebuilt, truncated or rewritten
