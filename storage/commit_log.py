@@ -54,7 +54,7 @@ from collections.abc import Iterator
 from .config import FsyncPolicy
 from .disk import DISK, Disk
 from .errors import ContractError, CorruptionError
-from .fileutil import PAGE_BYTES, create_file, fsync_dir, make_dir
+from .fileutil import PAGE_BYTES, create_file, fsync_dir, make_dir, refuse_newer
 from .framing import (
     FRAME_HEADER_BYTES,
     FrameProblem,
@@ -436,6 +436,7 @@ def _check_header(path: str, head: bytes, size: int) -> tuple[int, int, int]:
     magic, version, _, base = V1_HEADER.unpack_from(head)
     if magic != SEGMENT_MAGIC:
         raise CorruptionError(path, 0, f"bad magic {magic!r}, expected {SEGMENT_MAGIC!r}")
+    refuse_newer(path, version, SEGMENT_VERSION)
     if version == 1:
         # A version 2 header whose version field was damaged into a 1 would
         # be read with the wrong frame checksums, i.e. as all torn tail.

@@ -23,6 +23,29 @@ class CorruptionError(HourglassError):
         self.reason = reason
 
 
+class NewerFormatError(CorruptionError):
+    """A file of the data directory was written by a newer hourglass, in a
+    format version this build does not read (its u16 version, at byte 4,
+    above the newest this build knows): raised on opening, before anything
+    in the directory is written. A CorruptionError (the file cannot be
+    read), but never taken for damage: where damage to a derived file is
+    repaired by rebuilding it (the id and key indexes), this one is re-
+    raised, so the directory is refused as it is. Names the file and both
+    versions, and says what to do (docs/operations.md, "Upgrades and
+    downgrades")."""
+
+    def __init__(self, path: str, found: int, reads: int) -> None:
+        HourglassError.__init__(self, f"{path}: written by a newer hourglass (format {found}; this one reads "
+                                      f"{reads}): run that version or a later one on this data directory, or "
+                                      f"restore the copy taken before the upgrade (docs/operations.md, "
+                                      f"\"Upgrades and downgrades\")")
+        self.path = path
+        self.offset = 4
+        self.reason = f"format version {found}, newer than {reads}"
+        self.found = found
+        self.reads = reads
+
+
 class InvalidRequest(HourglassError, ValueError):
     """A caller's input is out of range or malformed; nothing was stored.
     `parameter` names the offending field."""

@@ -9,7 +9,7 @@ import os
 import struct
 from typing import Any
 
-from .errors import CorruptionError
+from .errors import CorruptionError, NewerFormatError
 
 PAGE_BYTES = 4096
 # Modes of every file and directory a store makes: its owner's alone. A data
@@ -58,12 +58,34 @@ def atomic_write(path: str, data: bytes) -> None:
 
 def check_header(path: str, buf: bytes | bytearray | memoryview | mmap.mmap, header: struct.Struct, magic: bytes,
                  version: int) -> tuple[Any, ...]:
-    """Unpack a file header and refuse a wrong magic number or version."""
+    """Unpack a file header and refuse a wrong magic number or version (a
+    newer one with NewerFormatError: see refuse_newer)."""
     if len(buf) < header.size:
         raise CorruptionError(path, 0, f"file is {len(buf)} bytes, shorter than its {header.size}-byte header")
     fields = header.unpack_from(buf, 0)
     if fields[0] != magic:
         raise CorruptionError(path, 0, f"bad magic {fields[0]!r}, expected {magic!r}")
+    refuse_newer(path, fields[1], version)
     if fields[1] != version:
         raise CorruptionError(path, 4, f"unsupported version {fields[1]}, expected {version}")
     return fields
+
+
+def refuse_newer(path: str, found: int, reads: int) -> None:
+    """Raise NewerFormatError if a file's format version `found` is above
+    the newest this build reads: checked before the file's checksums (a
+    newer format may check differently) and before any repair, so a
+    directory a newer version wrote is refused as it is, never taken for
+    damage and rebuilt."""
+    if found > reads:
+        raise NewerFormatError(path, found, reads)
+
+
+def refuse_newer_file(path: str, magic: bytes, reads: int) -> None:
+    """refuse_newer for a file on disk whose first 6 bytes are its magic
+    number and a u16 version (those of another magic are left to the
+    file's own checks)."""
+    with open(path, "rb") as f:
+        head = f.read(6)
+    if len(head) == 6 and head[:4] == magic:
+        refuse_newer(path, int.from_bytes(head[4:6], "little"), reads)

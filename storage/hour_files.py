@@ -16,7 +16,7 @@ from .disk import DISK, Disk
 from .entry import IndexEntry
 from .errors import CorruptionError
 from .files import MappedFile, PlainFile
-from .fileutil import create_file
+from .fileutil import create_file, refuse_newer
 
 
 def hour_paths(directory: str, hour: int) -> tuple[str, str, str]:
@@ -94,6 +94,8 @@ class HourFiles:
         for f, module in ((self.idx, delay_index), (self.sec, second_table)):
             head = f.read(0, module.HEADER_BYTES)
             fields = module.HEADER.unpack(head) if len(head) == module.HEADER_BYTES else None
+            if fields is not None and fields[0] == module.MAGIC:
+                refuse_newer(f.path, fields[1], module.VERSION)
             if fields is None or fields[0] != module.MAGIC or fields[1] != module.VERSION or fields[3] != self.hour:
                 raise CorruptionError(f.path, 0, f"bad header for hour {self.hour}: {fields}")
 

@@ -86,7 +86,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 from .disk import DISK, Disk
 from .entry import Location
-from .errors import ContractError, CorruptionError, InvariantError
+from .errors import ContractError, CorruptionError, InvariantError, NewerFormatError
 from .fileutil import atomic_write, check_header, create_file, fsync_dir, make_dir
 
 HEADER = struct.Struct("<4sHHII44xI")
@@ -162,6 +162,8 @@ def read_secret(path: str) -> bytes:
 def _secret_is_whole(path: str) -> bool:
     try:
         read_secret(path)
+    except NewerFormatError:  # not damage: refused, never rebuilt
+        raise
     except (OSError, CorruptionError):
         return False
     return True

@@ -106,7 +106,7 @@ from .config import StoreConfig
 from .delay_index import FLAG_RELEASED
 from .disk import Disk
 from .entry import MS_PER_HOUR, Location
-from .errors import CorruptionError
+from .errors import CorruptionError, NewerFormatError
 from .fileutil import atomic_write
 from .hour_table import HourTable
 from .id_index import IdIndex
@@ -497,6 +497,8 @@ def open_key_index(directory: str, config: StoreConfig, hours: HourTable, disk: 
         if os.path.exists(os.path.join(directory, LAYOUT_FILE)):
             try:
                 return KeyIndex(IdIndex.open(directory, config.id_shard_initial_slots, hours.__contains__, disk=disk))
+            except NewerFormatError:  # not damage: refused, never rebuilt
+                raise
             except CorruptionError:  # a torn or damaged shard: derived data, made again
                 pass
         shutil.rmtree(directory)

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import os
 
-from . import delay_index, delay_log, spans
+from . import delay_index, delay_log, second_table, spans
 from .applying import Applier
 from .checkpoint import Checkpoint
 from .commit_log import CommitLog
@@ -43,7 +43,7 @@ from .delay_index import FLAG_RELEASED
 from .disk import Disk
 from .entry import Status
 from .errors import CorruptionError
-from .fileutil import make_dir
+from .fileutil import make_dir, refuse_newer_file
 from .hour import Hour
 from .hour_files import hour_paths, parse_hour_name
 from .hour_table import HourTable
@@ -143,6 +143,8 @@ def _trim_hour_files(hours: HourTable) -> None:
         log_path, idx_path, sec_path = hour_paths(hours.delay_dir, h.hour)
         if not os.path.exists(sec_path):
             raise CorruptionError(sec_path, 0, f"hour {h.hour} is in the checkpoint but its files are missing")
+        for path, module in ((log_path, delay_log), (idx_path, delay_index), (sec_path, second_table)):
+            refuse_newer_file(path, module.MAGIC, module.VERSION)  # before any file is cut
         log_size = delay_log.HEADER_BYTES + h.log_bytes
         idx_size = delay_index.entry_offset(h.entries)
         for path, size in ((log_path, log_size), (idx_path, idx_size)):

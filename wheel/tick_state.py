@@ -53,7 +53,7 @@ from typing import NamedTuple
 
 from storage.entry import SECONDS_PER_HOUR
 from storage.errors import ContractError, CorruptionError
-from storage.fileutil import atomic_write
+from storage.fileutil import atomic_write, refuse_newer
 
 MAGIC = b"HGTS"
 VERSION = 1
@@ -120,6 +120,7 @@ def parse(data: bytes, path: str = "<bytes>") -> tuple[int, TickState | None]:
     magic, version, slot_size, slot_count, header_crc = HEADER.unpack_from(data, 0)
     if magic != MAGIC:
         raise TickStateError(path, 0, f"magic is {magic!r}, expected {MAGIC!r}")
+    refuse_newer(path, version, VERSION)
     if version != VERSION:
         raise TickStateError(path, 4, f"version is {version}, this build reads {VERSION}")
     if slot_size != SLOT.size:

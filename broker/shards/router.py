@@ -9,9 +9,11 @@ either to this shard's own engine or, parsed, to the owner's over its link
                          a send without a msgId gets one this shard owns,
                          so it is stored here; a batch is split by owner,
                          the parts stored at once, answered in the batch's order
-    ack, get, delete,    to the msgId's owner; a NotFound there asks the
-    reschedule, redrive  others (a keyed message lives on its key's shard)
-    ackMsg msgIds        split by owner, the statuses in the ids' order
+    ack, get, delete,    to the msgId's owner; a NotFound there (for an ack:
+    reschedule, redrive  no such message) asks the others (a keyed message
+                         lives on its key's shard)
+    ackMsg msgIds        split by owner, the statuses in the ids' order; the
+                         ids an owner has no message of asked of the others
     pull, long poll      this shard's due messages first, then the others'
                          (never early: a shard hands over only its READY
                          ones); a shard that had fewer than asked is skipped
@@ -742,25 +744,32 @@ class ShardedRequests:
                 await router.call(shard, "give_back", [[message_fields(m) for m in part]])
 
     def ack(self, request: AckRequest) -> Awaitable[object]:
-        router = self._router
-        if placement.owner(request.msg_id, router.count) == router.index:
-            return self._local.ack(request)
-        return router.call(placement.owner(request.msg_id, router.count), "ack", list(request))
+        return self.ack_many(request.topic, (request.msg_id,), request.ack)
 
     async def ack_many(self, topic: str, msg_ids: Sequence[str], ack: bool = True) -> list[Status | None]:
+        """Each id acked by its msgId's owner; an id that shard has no
+        message of is asked of the others in turn (a keyed message lives on
+        its key's shard: acked at its msgId's alone, it would be left
+        consuming and delivered again after its ack timeout)."""
         router = self._router
-        parts: dict[int, list[int]] = defaultdict(list)
-        for at, msg_id in enumerate(msg_ids):
-            parts[placement.owner(msg_id, router.count)].append(at)
-        calls: list[Awaitable[Any]] = []
-        for shard, ats in parts.items():
-            ids = [msg_ids[at] for at in ats]
-            calls.append(self._local.ack_many(topic, ids, ack) if shard == router.index
-                         else router.call(shard, "ack_many", [topic, ids, ack]))
         statuses: list[Status | None] = [None] * len(msg_ids)
-        for (_, ats), answer in zip(parts.items(), await asyncio.gather(*calls)):
-            for at, status in zip(ats, answer):
-                statuses[at] = None if status is None else Status(status)
+        missing = list(range(len(msg_ids)))
+        first = {at: placement.owner(msg_ids[at], router.count) for at in missing}
+        for turn in range(router.count):
+            parts: dict[int, list[int]] = defaultdict(list)
+            for at in missing:
+                parts[(first[at] + turn) % router.count].append(at)
+            calls: list[Awaitable[Any]] = []
+            for shard, ats in parts.items():
+                ids = [msg_ids[at] for at in ats]
+                calls.append(self._local.ack_many(topic, ids, ack) if shard == router.index
+                             else router.call(shard, "ack_many", [topic, ids, ack]))
+            for (_, ats), answer in zip(parts.items(), await asyncio.gather(*calls)):
+                for at, status in zip(ats, answer):
+                    statuses[at] = None if status is None else Status(status)
+            missing = [at for at in missing if statuses[at] is None]
+            if not missing:
+                break
         return statuses
 
     async def delete(self, request: DeleteRequest) -> None:

@@ -100,6 +100,30 @@ def test_a_batch_is_split_over_the_shards_answered_in_order_and_validated_whole(
         assert server.stop() == 0
 
 
+def test_a_keyed_message_on_another_shard_than_its_msgid_is_acked_and_nacked(tmp_path):
+    """A keyed message lives on its key's shard: an ack (single or batch)
+    and a nack reach it there, wherever the msgId alone would point."""
+    server = Server.start(tmp_path / "data", "--shards", "2")
+    try:
+        ids = [i for i in (f"m{n}" for n in range(40)) if placement.owner(i, 2) != placement.owner("k", 2)][:3]
+        for msg_id in ids:
+            assert server.post("sendMsg", topic="t", msgId=msg_id, msg="x", key="k", maxRetry=3)[1]["code"] == 200
+        [first] = server.post("pullMsg", topic="t", batch=10)[1]["delayMsgList"]  # one of a key at a time
+        assert server.post("ackMsg", topic="t", msgId=first["msgId"], ack="false")[1]["code"] == 200
+        assert server.post("getMsg", topic="t", msgId=first["msgId"])[1]["delayMsg"]["status"] == 2  # nacked
+        for at in range(len(ids)):
+            [m] = server.post("pullMsg", topic="t", batch=10)[1]["delayMsgList"]
+            if at % 2:
+                assert server.post("ackMsg", topic="t", msgId=m["msgId"])[1]["code"] == 200
+            else:
+                answer = server.post("ackMsg", topic="t", msgIds=f"{m['msgId']},nobody")[1]
+                assert answer["results"] == [{"msgId": m["msgId"], "status": 4}, {"msgId": "nobody", "status": None}]
+            assert server.post("getMsg", topic="t", msgId=m["msgId"])[1]["delayMsg"]["status"] == 4
+        assert server.post("pullMsg", topic="t", batch=10)[1]["delayMsgList"] == []
+    finally:
+        assert server.stop() == 0
+
+
 def test_a_long_poll_is_woken_by_a_message_of_another_shard(tmp_path):
     server = Server.start(tmp_path / "data", "--shards", "2")
     try:

@@ -32,7 +32,7 @@ from broker.schedules.file import HEADER, MAGIC, ScheduleFile, frame
 from broker.schedules.keeper import ADVANCE_SLICE, CHECK_AFTER_MS, CHECK_SLICE, LAST_RUNS, REPAIR_INTERVAL_S, ScheduleLimits, Schedules
 from broker.schedules.params import ScheduleSpec
 from storage.entry import Status
-from storage.errors import CorruptionError
+from storage.errors import CorruptionError, NewerFormatError
 from storage.types import NewMessage
 
 MINUTE_MS = 60_000
@@ -279,7 +279,7 @@ def test_a_version_1_file_is_read_and_rewritten_as_version_2(tmp_path: Any) -> N
     again.close()
     with open(path, "r+b") as f:
         f.write(HEADER.pack(MAGIC, 3, 0))
-    with pytest.raises(CorruptionError, match="unsupported version 3"):
+    with pytest.raises(NewerFormatError, match=r"written by a newer hourglass \(format 3; this one reads 2\)"):
         ScheduleFile(path, fsync=False)
 
 

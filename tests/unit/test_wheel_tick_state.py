@@ -6,6 +6,7 @@ import zlib
 
 import pytest
 
+from storage.errors import NewerFormatError
 from wheel.tick_state import (
     FILE_SIZE,
     HEADER,
@@ -99,7 +100,7 @@ def test_one_torn_slot_and_one_never_written_is_an_error(tmp_path):
     (lambda d: d + b"\0", 80, "file is 81 bytes, expected 80"),
     (lambda d: b"", 0, "file is 0 bytes"),
     (lambda d: b"XXXX" + d[4:], 0, "magic is b'XXXX'"),
-    (lambda d: d[:4] + struct.pack("<H", 9) + d[6:], 4, "version is 9, this build reads 1"),
+    (lambda d: d[:4] + struct.pack("<H", 0) + d[6:], 4, "version is 0, this build reads 1"),
     (lambda d: d[:6] + struct.pack("<H", 33) + d[8:], 6, "slot size is 33"),
     (lambda d: d[:8] + struct.pack("<I", 3) + d[12:], 8, "slot count is 3"),
     (lambda d: d[:12] + b"\0\0\0\0" + d[16:], 12, "header crc"),
@@ -110,6 +111,14 @@ def test_bad_files_are_refused(tmp_path, mutate, offset, reason):
         parse(data, "the-path")
     assert info.value.offset == offset and reason in info.value.reason
     assert info.value.path == "the-path"
+
+
+def test_a_newer_version_is_refused_as_newer_not_as_damage(tmp_path):
+    data = _written(tmp_path, TickState(1, 1, 1))
+    with pytest.raises(NewerFormatError) as info:
+        parse(data[:4] + struct.pack("<H", 2) + data[6:], "the-path")
+    assert (info.value.path, info.value.offset, info.value.found, info.value.reads) == ("the-path", 4, 2, 1)
+    assert "written by a newer hourglass (format 2; this one reads 1)" in str(info.value)
 
 
 def _slot(sequence: int, second: int = 1) -> bytes:
