@@ -48,7 +48,8 @@ from setuptools import Extension, setup
 # Not tried compiled yet (per request or per run, no reason known against):
 # the rest of broker/schedules/ (file.py, params.py, api.py, metrics.py), of
 # broker/redis/ (the Redis backend: its requests wait on Redis round trips),
-# broker/push/, broker/flow/ (a call's own work, not a message's),
+# broker/push/, broker/flow/, broker/jobs/ (a call's own work, or a job's slice,
+# not a message's),
 # broker/http/ health.py, scrape.py, sessions.py, descriptors.py,
 # broker/cluster/ and replication/ (the cluster's request path and pysyncobj's
 # thread).

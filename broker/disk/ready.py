@@ -223,7 +223,8 @@ class Spills:
 
     def first(self) -> Location | None:
         """The earliest place of any name (remembered or a scan's start)."""
-        starts = [*(min(places) for places in self.places.values()), *self.scan.values()]
+        starts = [min(places) for places in self.places.values()]
+        starts.extend(self.scan.values())
         return min(starts) if starts else None
 
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, replace
 
 import orjson
 
-from storage.errors import InvalidRequest
+from storage.errors import ContractError, InvalidRequest
 
 from ..core.params import Params, parse_topic
 
@@ -73,7 +73,7 @@ class Pause:
     def from_stored(cls, row: Mapping[str, object]) -> Pause:
         since, resume = row["since"], row.get("resumeAt")
         if type(since) is not int or not (resume is None or type(resume) is int):
-            raise ValueError(f"a pause's times are not whole numbers: {row!r}")
+            raise ContractError(f"a pause's times are not whole numbers: {row!r}")
         return cls(since, OnResume(row["onResume"]), resume)
 
     def public(self) -> dict[str, object]:
@@ -247,8 +247,8 @@ def entries(settings: Iterable[TopicSettings]) -> Entries:
 
 
 def rows(kept: Mapping[str, bytes]) -> dict[str, TopicSettings]:
-    """The settings the entries keep, by topic; ValueError (its reason) for
-    an entry no node wrote."""
+    """The settings the entries keep, by topic; ContractError, a ValueError (its reason),
+    for an entry no node wrote."""
     topics: dict[str, dict[str, object]] = {}
     keys: dict[str, dict[str, Pause]] = {}
     for raw_key, value in kept.items():
@@ -256,20 +256,20 @@ def rows(kept: Mapping[str, bytes]) -> dict[str, TopicSettings]:
             name = orjson.loads(raw_key)
             row = orjson.loads(value)
         except orjson.JSONDecodeError as e:
-            raise ValueError(f"an entry is not JSON: {e}") from None
+            raise ContractError(f"an entry is not JSON: {e}") from None
         if not isinstance(name, list) or not name or not all(isinstance(n, str) for n in name):
-            raise ValueError(f"an entry's name is not a list of strings: {raw_key[:80]!r}")
+            raise ContractError(f"an entry's name is not a list of strings: {raw_key[:80]!r}")
         if not isinstance(row, dict):
-            raise ValueError(f"an entry's value is not an object: {raw_key[:80]!r}")
+            raise ContractError(f"an entry's value is not an object: {raw_key[:80]!r}")
         try:
             if name[0] == "c" and len(name) == 2:
                 topics[name[1]] = row
             elif name[0] == "k" and len(name) == 3:
                 keys.setdefault(name[1], {})[name[2]] = Pause.from_stored(row)
             else:
-                raise ValueError(f"an entry of unknown kind: {raw_key[:80]!r}")
+                raise ContractError(f"an entry of unknown kind: {raw_key[:80]!r}")
         except (KeyError, TypeError) as e:
-            raise ValueError(f"entry {raw_key[:80]!r} lacks a field or has a wrong one: {e!r}") from None
+            raise ContractError(f"entry {raw_key[:80]!r} lacks a field or has a wrong one: {e!r}") from None
     out: dict[str, TopicSettings] = {}
     for topic in sorted(set(topics) | set(keys)):
         row = topics.get(topic, {})
@@ -281,12 +281,12 @@ def rows(kept: Mapping[str, bytes]) -> dict[str, TopicSettings]:
                 None if pause is None else Pause.from_stored(pause),  # type: ignore[arg-type]
                 keys.get(topic, {}))
         except (KeyError, TypeError, AttributeError) as e:
-            raise ValueError(f"topic {topic[:80]!r}'s entry has a wrong field: {e!r}") from None
+            raise ContractError(f"topic {topic[:80]!r}'s entry has a wrong field: {e!r}") from None
     return out
 
 
 def _stored_int(row: Mapping[str, object], name: str) -> int:
     value = row.get(name, 0)
     if type(value) is not int:
-        raise ValueError(f"{name} is not a whole number: {value!r}")
+        raise ContractError(f"{name} is not a whole number: {value!r}")
     return value

@@ -56,7 +56,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from storage.entry import Location
-from storage.errors import ConfigError, CorruptionError, InvalidRequest, LimitReached, NotFound, Unavailable
+from storage.errors import ConfigError, ContractError, CorruptionError, InvalidRequest, LimitReached, NotFound, Unavailable
 from wheel.clock import Clock
 
 from ..core.bulk_params import DeadFilter, RedriveMsgsRequest
@@ -166,13 +166,14 @@ class Job:
         """A stored record's job; InvalidRequest if it is none."""
         try:
             flt, cursor = record["filter"], record["cursor"]
-            assert isinstance(flt, list) and isinstance(cursor, list) and len(cursor) == 2
+            if not (isinstance(flt, list) and isinstance(cursor, list) and len(cursor) == 2):
+                raise ContractError(f"a filter list and a cursor pair, not {flt!r} and {cursor!r}")
             job = cls(str(record["jobId"]), str(record["topic"]), DeadFilter.of(flt), _int_or_none(record["triggerTime"]),
                       _int(record["rate"]), _int(record["limit"]), _int(record["createTime"]),
                       Location(_int(cursor[0]), _int(cursor[1])), _int(record["matched"]), _int(record["redriven"]),
                       JobState(record["state"]), _int_or_none(record["endTime"]),
                       None if record.get("error") is None else str(record["error"]))
-        except (KeyError, ValueError, TypeError, AssertionError) as e:
+        except (KeyError, ValueError, TypeError) as e:
             raise InvalidRequest("job", f"not a job's record: {e!r}") from e
         return job
 
@@ -195,7 +196,7 @@ def _retrieved(task: asyncio.Task[None]) -> None:
 
 def _int(value: object) -> int:
     if type(value) is not int:
-        raise TypeError(f"{value!r} is not a whole number")
+        raise ContractError(f"{value!r} is not a whole number")
     return value
 
 
