@@ -181,6 +181,11 @@ class NodeBase(ABC):
     def node_series(self) -> Sequence[Series]:
         """This node's own /metrics series (name, type, value)."""
 
+    def scraped(self) -> Backend | None:
+        """The backend whose topics /metrics shows: the one serving (None:
+        none serves here now)."""
+        return self.api.broker
+
     # Why this kind of node keeps no topic settings or pauses (the flow
     # calls answer code 400 with it); None: it keeps them (broker.flow).
     flow_refusal: str | None = None
@@ -295,7 +300,7 @@ class NodeBase(ABC):
         queues = self.config.queues
         limits: list[Series] = [("hourglass_inflight_limit", "gauge", queues.inflight),  # --max-inflight
                                 ("hourglass_inflight_total_limit", "gauge", queues.inflight_total)]
-        response = await metrics_response(self.api.broker, self.metrics, self.process, self.config.metrics_topics,
+        response = await metrics_response(self.scraped(), self.metrics, self.process, self.config.metrics_topics,
                                           [*self.node_series(), *limits])
         if self.pushers is not None:  # broker.push.pusher's series, at most --metrics-topics topics of them
             from .push.pusher import render_metrics

@@ -177,7 +177,7 @@ class Console:
             self._sample()
         series = [{"ms": ms, "sends": b[0] - a[0], "pulls": b[1] - a[1], "acks": b[2] - a[2]}
                   for (_, a), (ms, b) in zip(self._samples, list(self._samples)[1:])]
-        h = self.metrics.lateness_seconds
+        h = self.metrics.load_lateness_seconds
         return _json(lateness={"bounds": list(h.bounds), "counts": list(h.counts), "count": h.count,
                                "sumSeconds": h.total}, throughput=series)
 
