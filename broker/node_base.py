@@ -46,7 +46,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from storage.errors import HourglassError
+from storage.errors import HourglassError, Unavailable
 from wheel.clock import Clock
 
 from . import build_info
@@ -138,6 +138,9 @@ class NodeBase(ABC):
                        self.spans)
         self.api.scheduled = self.scheduled  # a send under a schedule's run msgId is refused
         self.console = console
+        if console is not None:  # a topic's pause and oldest due age in the topics' table
+            console.paused = self.paused
+            console.topic_infos = self._topic_infos
         # Push subscriptions (broker.push.pusher): None while no backend serves here.
         self.pushers: Pushers | None = None
         # Recurring schedules (broker.schedules.keeper): None on a node that keeps none.
@@ -180,6 +183,16 @@ class NodeBase(ABC):
     @abstractmethod
     def node_series(self) -> Sequence[Series]:
         """This node's own /metrics series (name, type, value)."""
+
+    async def _topic_infos(self, topics: Sequence[str]) -> list[dict[str, object]] | None:
+        """getTopicInfo of `topics` from the backend serving (None: none does)."""
+        backend = self.api.broker
+        if backend is None:
+            return None
+        try:
+            return await backend.topic_infos(topics)
+        except Unavailable:  # (a shard or Redis not answering: the table shows no ages)
+            return None
 
     def scraped(self) -> Backend | None:
         """The backend whose topics /metrics shows: the one serving (None:
