@@ -256,6 +256,14 @@ class Metrics:
                 self.topics[name] = m
         return m
 
+    def observe_release(self, topic: str, load_ms: int, smoothing_ms: int) -> None:
+        """A message of `topic`, a topic with a releaseRate, handed out:
+        `smoothing_ms` of its lateness is what the rate added, counted under
+        cause="smoothing". `load_ms`, the rest, is not counted again: the
+        wheel's part of it is cause="load", counted when the message was
+        made ready, and its wait for a consumer is the consumer's (dwell)."""
+        self.smoothing_lateness_seconds.observe(smoothing_ms / 1000)
+
     def acked(self, trigger_times_ms: Iterable[int], now_ms: int) -> None:
         """Messages acked at `now_ms` once due, each with its trigger time:
         their dwell (a message acked before it was due has none)."""

@@ -141,7 +141,7 @@ def test_release_lateness_is_one_family_split_by_cause_and_dwell_counts_from_the
     m = Metrics()
     m.load_lateness_seconds.observe(0.003)
     m.load_lateness_seconds.observe(2.0)
-    m.smoothing_lateness_seconds.observe(0.4)
+    m.observe_release("t", load_ms=3_000, smoothing_ms=400)  # (releaseRate's hand-out: its smoothing part alone)
     m.acked([10_000, 9_000, 10_500], now_ms=10_000)  # dwelt 0, 1 s, and 0 (acked before its trigger time: none)
     text = m.render(shown(), [])
     lines = text.splitlines()
