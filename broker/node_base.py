@@ -46,7 +46,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from storage.errors import HourglassError
+from storage.errors import HourglassError, Unavailable
 from wheel.clock import Clock
 
 from . import build_info
@@ -138,6 +138,9 @@ class NodeBase(ABC):
                        self.spans)
         self.api.scheduled = self.scheduled  # a send under a schedule's run msgId is refused
         self.console = console
+        if console is not None:  # a topic's pause and oldest due age in the topics' table
+            console.paused = self.paused
+            console.topic_infos = self._topic_infos
         # Push subscriptions (broker.push.pusher): None while no backend serves here.
         self.pushers: Pushers | None = None
         # Recurring schedules (broker.schedules.keeper): None on a node that keeps none.
@@ -180,6 +183,21 @@ class NodeBase(ABC):
     @abstractmethod
     def node_series(self) -> Sequence[Series]:
         """This node's own /metrics series (name, type, value)."""
+
+    async def _topic_infos(self, topics: Sequence[str]) -> list[dict[str, object]] | None:
+        """getTopicInfo of `topics` from the backend serving (None: none does)."""
+        backend = self.api.broker
+        if backend is None:
+            return None
+        try:
+            return await backend.topic_infos(topics)
+        except Unavailable:  # (a shard or Redis not answering: the table shows no ages)
+            return None
+
+    def scraped(self) -> Backend | None:
+        """The backend whose topics /metrics shows: the one serving (None:
+        none serves here now)."""
+        return self.api.broker
 
     # Why this kind of node keeps no topic settings or pauses (the flow
     # calls answer code 400 with it); None: it keeps them (broker.flow).
@@ -295,7 +313,7 @@ class NodeBase(ABC):
         queues = self.config.queues
         limits: list[Series] = [("hourglass_inflight_limit", "gauge", queues.inflight),  # --max-inflight
                                 ("hourglass_inflight_total_limit", "gauge", queues.inflight_total)]
-        response = await metrics_response(self.api.broker, self.metrics, self.process, self.config.metrics_topics,
+        response = await metrics_response(self.scraped(), self.metrics, self.process, self.config.metrics_topics,
                                           [*self.node_series(), *limits])
         if self.pushers is not None:  # broker.push.pusher's series, at most --metrics-topics topics of them
             from .push.pusher import render_metrics

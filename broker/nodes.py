@@ -18,6 +18,7 @@ from storage.config import FsyncPolicy
 from storage.errors import HourglassError, InvariantError, Unavailable
 from storage.store import PreparedCheckpoint, Store
 
+from .backend import Backend
 from .clock import SystemClock
 from .config import ServeConfig
 from .console.api import Console, standalone_info
@@ -112,6 +113,11 @@ class DiskNode(NodeBase):
                                    config.max_subscriptions, limits=config.push, descriptors=self.descriptors,
                                    spans=self.spans)
         log.info("opened %s in %.3f s: %s", config.data_path, self.opened_s, self.store)
+
+    def scraped(self) -> Backend | None:
+        """A shard's own broker: each shard shows its topics' series, which
+        the router sums (`metrics_text`), not the node's merged views."""
+        return None if self.api.broker is None else self.broker
 
     def __repr__(self) -> str:
         return f"DiskNode({self.config.data_path!r}, checkpoints={self.checkpoints}, {self.store!r})"

@@ -7,9 +7,13 @@ behind the node's bearer token like the API:
 
     /console/api/topics?offset=&limit=&prefix=
         {"total", "offset", "topics": [{"topic", "waiting", "ready",
-        "consuming", "dead"}]}: topics by name, a page of at most 500
-        (counts: the per-hour, per-topic counts; dead = status 5 + 6 still
-        retained)
+        "consuming", "dead", "paused", "oldestDueAgeMillis"}]}: topics by
+        name, a page of at most 500 (counts: the per-hour, per-topic
+        counts; dead = status 5 + 6 still retained; ready: due, not handed
+        out, a paused topic's held backlog; paused: getTopicInfo's, true,
+        the paused keys, or false; oldestDueAgeMillis: getTopicInfo's, of
+        the first AGED_ROWS rows with ready messages, else null -- and
+        null on a node no broker serves, a cluster follower)
     /console/api/forecast[?topic=]
         {"nowMs", "secondStartMs", "perSecond": [3600 counts: messages
         due in each second of the next hour], "minuteStartMs", "perMinute":
@@ -27,8 +31,10 @@ behind the node's bearer token like the API:
         out, some left out)
     /console/api/stats
         {"lateness": {"bounds": [s...], "counts": [...]} (the histogram
-        behind hourglass_dispatch_lateness_seconds), "throughput": [{"ms",
-        "sends", "pulls", "acks"} per 10 s for the last 15 min]}
+        behind hourglass_release_lateness_seconds{cause="load"}),
+        "smoothing": the same of cause="smoothing" (releaseRate's delay),
+        "throughput": [{"ms", "sends", "pulls", "acks"} per 10 s for the
+        last 15 min]}
     /console/api/subscriptions
         {"subscriptions": [getSubscription's data of each, with its
         health: deliveries, failures by reason, in flight, backing off,
@@ -49,10 +55,13 @@ behind the node's bearer token like the API:
         leader)}
 
 Dead letters, re-drive (one, all, or by filter as a job, with the jobs'
-list and cancel), message lookup and the search use the API itself
-(listDeadMsg, redriveMsg, redriveMsgs, getJob, cancelJob, getMsg, listMsg,
-deleteMsgs, rescheduleMsgs, at /console/api/<name> for the page:
-broker.console.login), so on a cluster they go to the leader as any call.
+list and cancel), message lookup, the search, and a topic's pause (what a
+resume will release: getTopicConfig's pause, and listMsg's count of what
+fell due since it; pause and resume) use the API itself (listDeadMsg,
+redriveMsg, redriveMsgs, getJob, cancelJob, getMsg, listMsg, deleteMsgs,
+rescheduleMsgs, getTopicConfig, pauseTopic, resumeTopic, at
+/console/api/<name> for the page: broker.console.login), so on a cluster
+they go to the leader as any call.
 
 The token: the operator gives it once, to the login form
 (`POST /console/login`) or as `/console?token=T`, and gets a console
@@ -67,7 +76,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import heapq
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 from storage.entry import MS_PER_HOUR, MS_PER_SECOND, SECONDS_PER_HOUR, Status
 from storage.errors import InvalidRequest
@@ -79,7 +88,7 @@ from ..http.api import answer
 from ..http.commands import CommandTable, ErrorTable
 from ..http.http_types import Request, Response
 from ..http.sessions import CONSOLE
-from ..observe.metrics import Metrics
+from ..observe.metrics import Histogram, Metrics
 from ..schedules.forecast import SLICE_WORK, future_runs
 from ..schedules.keeper import Schedules, ScheduleState
 from .page import PAGE
@@ -92,6 +101,13 @@ MAX_PAGE = 500
 ROWS_SLICE = 50
 SAMPLE_S = 10
 SAMPLES = 90  # 15 minutes
+# Rows of a topics page whose oldest due age is read (getTopicInfo's, each
+# a look at the topic's ready window and its first READY index entries).
+AGED_ROWS = 100
+
+# getTopicInfo of some topics (the backend serving: merged over shards, a
+# cluster's leader's); None: no backend serves on this node now.
+TopicInfos = Callable[[Sequence[str]], Awaitable[list[dict[str, object]] | None]]
 
 
 class Console:
@@ -112,6 +128,10 @@ class Console:
         self._now_ms = now_ms
         # (ms, [sends, pulls, acks] so far) every SAMPLE_S
         self._samples: collections.deque[tuple[int, list[int]]] = collections.deque(maxlen=SAMPLES + 1)
+        # The node's hooks (broker.node_base): getTopicInfo's `paused` of a
+        # topic (None: no pauses kept), and getTopicInfo of topics.
+        self.paused: Callable[[str], bool | list[str] | None] = lambda topic: None
+        self.topic_infos: TopicInfos = _no_infos
 
     def add_routes(self, table: CommandTable) -> None:
         """Its API (/console/api/*); the page itself, GET /console, the node
@@ -149,12 +169,17 @@ class Console:
         prefix = q.get("prefix", "")
         names = [t for t in self._topics() if t.startswith(prefix)]
         store = self._store()
-        rows = []
+        rows: list[dict[str, object]] = []
         for name in names[offset:offset + limit]:
             counts = store.topic_counts(text_hash(name))
             rows.append({"topic": name, "waiting": counts[Status.WAITING], "ready": counts[Status.READY],
                          "consuming": counts[Status.CONSUMING],
-                         "dead": counts[Status.EXPIRED] + counts[Status.ENDED]})
+                         "dead": counts[Status.EXPIRED] + counts[Status.ENDED],
+                         "paused": self.paused(name) or False, "oldestDueAgeMillis": None})
+        due = [row for row in rows if row["ready"]][:AGED_ROWS]
+        infos = await self.topic_infos([str(row["topic"]) for row in due]) if due else None
+        for row, info in zip(due, infos or ()):
+            row["oldestDueAgeMillis"] = info.get("oldestDueAgeMillis")
         return _json(total=len(names), offset=offset, topics=rows)
 
     async def forecast(self, request: Request) -> Response:
@@ -177,9 +202,8 @@ class Console:
             self._sample()
         series = [{"ms": ms, "sends": b[0] - a[0], "pulls": b[1] - a[1], "acks": b[2] - a[2]}
                   for (_, a), (ms, b) in zip(self._samples, list(self._samples)[1:])]
-        h = self.metrics.lateness_seconds
-        return _json(lateness={"bounds": list(h.bounds), "counts": list(h.counts), "count": h.count,
-                               "sumSeconds": h.total}, throughput=series)
+        return _json(lateness=_histogram(self.metrics.load_lateness_seconds),
+                     smoothing=_histogram(self.metrics.smoothing_lateness_seconds), throughput=series)
 
     async def schedules(self, request: Request) -> Response:
         q = parse_form(request.query)
@@ -307,6 +331,14 @@ def schedule_row(state: ScheduleState) -> dict[str, object]:
 def standalone_info(store: Store, last_checkpoint_ms: Callable[[], int | None]) -> dict[str, object]:
     return {"role": "standalone", "diskBytes": store.disk_bytes(), "logEndOffset": store.log_end_offset,
             "lastCheckpointMs": last_checkpoint_ms(), "hours": len(store.hours())}
+
+
+def _histogram(h: Histogram) -> dict[str, object]:
+    return {"bounds": list(h.bounds), "counts": list(h.counts), "count": h.count, "sumSeconds": h.total}
+
+
+async def _no_infos(topics: Sequence[str]) -> list[dict[str, object]] | None:
+    return None
 
 
 def _int(q: dict[str, str], name: str, default: int) -> int:

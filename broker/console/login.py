@@ -48,7 +48,8 @@ MAX_LOGIN_BODY_BYTES = 16 * 1024
 # The API calls the page makes: (method, name).
 API_CALLS = (("GET", "listDeadMsg"), ("POST", "redriveMsg"), ("POST", "getMsg"), ("GET", "listMsg"),
              ("POST", "deleteMsgs"), ("POST", "rescheduleMsgs"),
-             ("POST", "redriveMsgs"), ("GET", "getJob"), ("POST", "cancelJob"))
+             ("POST", "redriveMsgs"), ("GET", "getJob"), ("POST", "cancelJob"), ("GET", "getTopicConfig"),
+             ("POST", "pauseTopic"), ("POST", "resumeTopic"))
 CONSOLE_HEADER = "x-hourglass-console"
 LOGIN_HEADERS = {"Cache-Control": "no-store", "X-Frame-Options": "DENY", "Referrer-Policy": "no-referrer",
             "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'; "

@@ -3,14 +3,16 @@ document with its script and styles inline and charts drawn as SVG, so the
 node serves it offline with nothing to build; and LOGIN_PAGE, the form
 that trades the token for a session (broker/console/login.py).
 
-PAGE polls the console's JSON endpoints every 2 s (topics, the forecast
+PAGE polls the console's JSON endpoints every 2 s (topics, each with its
+pause and the age of its oldest due message, the forecast
 with recurring schedules' coming runs folded in, the schedules' list,
 lateness, throughput, subscriptions, the node) and makes its API calls
 (dead letters, re-drive, lookups, the search by key, tag, msgId prefix,
 status or time range with its count, and bulk cancel and shift of the
 matches, each behind a confirmation; re-drive by filter as a redriveMsgs
 job, and the jobs' list, read again every second while one runs, with
-cancel) through the console's paths: the
+cancel; the selected topic's pause, what a resume will release, and pause
+and resume, each behind a confirmation) through the console's paths: the
 session cookie authenticates every one; the page keeps nothing in the
 browser's storage. Any answer 401 (the session expired or was ended)
 sends the browser to the login form."""
@@ -45,19 +47,23 @@ h2{font-size:15px;margin:4px 0 8px}table{border-collapse:collapse;width:100%}
 td,th{padding:3px 6px;border-bottom:1px solid #eef0f3;text-align:right}td:first-child,th:first-child{text-align:left}
 tr.sel{background:#e8f0fe}tr[data-topic]{cursor:pointer}.wide{grid-column:1/3}
 svg{width:100%;height:160px;background:#fbfcfd}.bar{fill:#3b82f6}.over{fill:#ef4444}.now{stroke:#ef4444;stroke-width:2}
-.muted{color:#6b7785}input,button{font:inherit;padding:3px 6px}pre{white-space:pre-wrap;margin:4px 0}
+.muted{color:#6b7785}.paused{color:#b45309;font-weight:600}input,button{font:inherit;padding:3px 6px}pre{white-space:pre-wrap;margin:4px 0}
 </style></head><body>
 <header><h1>hourglass</h1><span id="node">…</span><span id="clock"></span>
 <form method="post" action="/console/logout" style="margin-left:auto"><button id="logout">log out</button></form></header>
 <main>
 <section><h2>Topics <span class="muted" id="topicCount"></span></h2>
 <input id="prefix" placeholder="filter by prefix"> <button id="prev">‹</button><button id="next">›</button>
-<table id="topics"><thead><tr><th>topic</th><th>waiting</th><th>ready</th><th>consuming</th><th>dead</th></tr></thead><tbody></tbody></table></section>
+<table id="topics"><thead><tr><th>topic</th><th>waiting</th><th title="due, not handed out: a paused topic's held backlog">ready</th><th>consuming</th><th>dead</th><th>paused</th><th title="how long ago the oldest ready message fell due">oldest due</th></tr></thead><tbody></tbody></table>
+<div id="flow"><h2>Pause <span class="muted" id="flowTopic">(pick a topic)</span></h2>
+<div id="flowInfo" class="muted"></div>
+<span id="flowControls" hidden>on resume <select id="flowOnResume"><option value="hold">hold: hand out what fell due</option><option value="shift">shift: move what fell due by the pause's length</option></select>
+<button id="pause">pause</button> <button id="resume">resume</button></span></div></section>
 <section><h2>Forecast: due per second, next hour <span class="muted" id="fcTopic">(all topics)</span></h2>
 <svg id="perSecond" preserveAspectRatio="none"></svg>
 <h2>Due per minute, next 24 h <span class="muted" id="fcInfo"></span></h2>
 <svg id="perMinute" preserveAspectRatio="none"></svg></section>
-<section><h2>Dispatch lateness</h2><svg id="lateness" preserveAspectRatio="none"></svg><div class="muted" id="latInfo"></div></section>
+<section><h2>Release lateness <span class="muted">under load</span></h2><svg id="lateness" preserveAspectRatio="none"></svg><div class="muted" id="latInfo"></div></section>
 <section><h2>Throughput, last 15 min (per 10 s)</h2><svg id="throughput" preserveAspectRatio="none"></svg>
 <div class="muted">blue: sends · green: pulls · orange: acks</div></section>
 <section class="wide"><h2>Dead letters <span class="muted" id="deadTopic"></span></h2>
@@ -124,8 +130,46 @@ async function topics() {
   if (d.code !== 200) { $("topicCount").textContent = d.msg; return; }
   $("topicCount").textContent = `${d.total} topics, from ${d.offset + 1}`;
   $("topics").tBodies[0].innerHTML = d.topics.map(t => `<tr data-topic="${esc(t.topic)}" class="${t.topic === selected ? "sel" : ""}">` +
-    `<td>${esc(t.topic)}</td><td>${t.waiting}</td><td>${t.ready}</td><td>${t.consuming}</td><td>${t.dead}</td></tr>`).join("");
+    `<td>${esc(t.topic)}</td><td>${t.waiting}</td><td>${t.ready}</td><td>${t.consuming}</td><td>${t.dead}</td>` +
+    `<td class="paused">${t.paused === true ? "⏸ paused" : t.paused ? `⏸ ${t.paused.length} key${t.paused.length > 1 ? "s" : ""}` : ""}</td>` +
+    `<td>${t.oldestDueAgeMillis ? age(t.oldestDueAgeMillis) : t.ready ? "—" : ""}</td></tr>`).join("");
 }
+const age = ms => ms < 1000 ? `${ms} ms` : ms < 120000 ? `${(ms / 1000).toFixed(1)} s` : ms < 7200000 ? `${Math.round(ms / 60000)} min` : `${(ms / 3600000).toFixed(1)} h`;
+let fellDue = {};  // the last count of what fell due while the selected topic was paused
+async function flow() {  // the selected topic's pause, and what a resume will release
+  $("flowControls").hidden = !selected;
+  if (!selected) { $("flowTopic").textContent = "(pick a topic)"; $("flowInfo").textContent = ""; return; }
+  const [c, info] = await Promise.all([get(API + "getTopicConfig?topic=" + encodeURIComponent(selected)),
+                                       get(API + "topics?limit=20&prefix=" + encodeURIComponent(selected))]);
+  $("flowTopic").textContent = `(${selected})`;
+  if (c.code !== 200) { $("flowInfo").textContent = c.msg; $("flowControls").hidden = true; return; }
+  const s = c.data, row = (info.topics || []).find(t => t.topic === selected) || {ready: 0};
+  const keys = s.pausedKeys.length ? ` · ${s.pausedKeys.length} paused key${s.pausedKeys.length > 1 ? "s" : ""}: ` +
+    s.pausedKeys.slice(0, 5).map(k => k.key).join(", ") + (s.pausedKeys.length > 5 ? ", …" : "") : "";
+  if (!s.pause) { $("flowInfo").textContent = "not paused" + keys; return; }
+  const p = s.pause, now = Date.now();
+  let text = `⏸ paused since ${new Date(p.pausedAt).toLocaleString()} (on resume: ${p.onResume})${keys}. ` +
+    `Held: ${row.ready} due, not handed out` + (row.oldestDueAgeMillis ? `, the oldest for ${age(row.oldestDueAgeMillis)}` : "") + ".";
+  if (p.onResume === "hold") text += ` A resume hands out all ${row.ready}.`;
+  else {  // shift (and expire): what fell due while paused, a count by listMsg (the node's bulk scan, in slices)
+    if (fellDue.topic !== selected || fellDue.since !== p.pausedAt || now - fellDue.at >= 10000) {  // counted every 10 s at most
+      const n = await get(API + "listMsg?" + new URLSearchParams({topic: selected, status: "1,2", triggerFrom: String(p.pausedAt),
+                                                                  triggerTo: String(Math.max(now, p.pausedAt + 1)), countOnly: "true"}));
+      fellDue = {topic: selected, since: p.pausedAt, at: now, n: n.code === 200 ? n.count : "?"};
+    }
+    const fell = fellDue.n;
+    text += p.onResume === "shift"
+      ? ` A resume moves the ${fell} that fell due while paused by the pause's length (${age(now - p.pausedAt)} now) and hands out the rest at once.`
+      : ` A resume ends the ${fell} that fell due while paused (status 5) and hands out the rest.`;
+  }
+  $("flowInfo").textContent = text;
+}
+$("pause").onclick = async () => { if (selected && confirm(`pause ${selected}? Nothing of it is handed out until resumed.`)) {
+  const d = await post("pauseTopic", {topic: selected, onResume: $("flowOnResume").value});
+  if (d.code !== 200) $("flowInfo").textContent = d.msg; else { fellDue = {}; flow(); topics(); } } };
+$("resume").onclick = async () => { if (selected && confirm(`resume ${selected}?`)) {
+  const d = await post("resumeTopic", {topic: selected});
+  if (d.code !== 200) $("flowInfo").textContent = d.msg; else { flow(); topics(); } } };
 async function forecastAll() {
   const d = await get(API + "forecast" + (selected ? "?topic=" + encodeURIComponent(selected) : ""));
   if (d.code !== 200) return;
@@ -147,7 +191,9 @@ async function stats() {
   if (d.code !== 200) return;
   const L = d.lateness;
   bars($("lateness"), L.counts, {label: i => i < L.bounds.length ? `≤ ${L.bounds[i] * 1000} ms` : `> ${L.bounds[L.bounds.length - 1]} s`});
-  $("latInfo").textContent = `${L.count} released` + (L.count ? `, mean ${(L.sumSeconds / L.count * 1000).toFixed(1)} ms late` : "");
+  const S = d.smoothing;
+  $("latInfo").textContent = `${L.count} released` + (L.count ? `, mean ${(L.sumSeconds / L.count * 1000).toFixed(1)} ms late` : "") +
+    (S.count ? ` · releaseRate held ${S.count} back, mean ${(S.sumSeconds / S.count * 1000).toFixed(1)} ms (smoothing)` : "");
   if (d.throughput.length) lines($("throughput"), d.throughput, ["sends", "pulls", "acks"], ["#3b82f6", "#16a34a", "#f59e0b"]);
 }
 async function node() {
@@ -271,7 +317,7 @@ $("bulkShift").onclick = () => bulk("rescheduleMsgs", {shiftMillis: String(Numbe
 document.addEventListener("click", async e => {
   const row = e.target.closest("tr[data-topic]");
   if (row) { selected = row.dataset.topic === selected ? null : row.dataset.topic; $("lkTopic").value = selected || "";
-             topics(); forecastAll(); dead(true); search(true); schedules(); jobs(); }
+             topics(); forecastAll(); dead(true); search(true); schedules(); jobs(); flow(); }
   if (e.target.dataset.redrive) { await post("redriveMsg", {topic: selected, msgId: e.target.dataset.redrive}); dead(true); topics(); }
   if (e.target.dataset.cancelJob) { const d = await post("cancelJob", {jobId: e.target.dataset.cancelJob});
     $("rdDone").textContent = d.code === 200 ? "" : d.msg; jobs(); }
@@ -286,7 +332,7 @@ $("lookup").onclick = async () => { const d = await post("getMsg", {topic: $("lk
   $("lkOut").textContent = JSON.stringify(d.delayMsg || d, null, 1); };
 async function tick() {
   $("clock").textContent = new Date().toLocaleTimeString();
-  await Promise.all([topics(), forecastAll(), stats(), node(), subscriptions(), schedules()]);
+  await Promise.all([topics(), forecastAll(), stats(), node(), subscriptions(), schedules(), flow()]);
   document.body.dataset.loaded = "1";
 }
 tick(); setInterval(tick, 2000); jobs();

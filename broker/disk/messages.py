@@ -62,7 +62,7 @@ from .topics import Topics
 from .windows import ReadyWindows
 
 STORED = SendOutcome.STORED
-READY, CONSUMING, WAITING = Status.READY, Status.CONSUMING, Status.WAITING
+READY, CONSUMING, WAITING, ACKED = Status.READY, Status.CONSUMING, Status.WAITING, Status.ACKED
 TAKE, REQUEUE, FORGET, HOLD, WAKE = Effect.TAKE, Effect.REQUEUE, Effect.FORGET, Effect.HOLD, Effect.WAKE
 CANCEL, DUE_NOW = Effect.CANCEL, Effect.DUE_NOW
 _new = tuple.__new__  # (a NamedTuple without its Python-level __new__)
@@ -200,6 +200,9 @@ class Messages:
         after: dict[str, Status | None] = {}
         for msg_id, held in flying.items():
             after[msg_id] = held.state.status
+        if ack and flying:  # (in flight: due, so each acked one dwelt from its trigger time)
+            self._metrics.acked([held.state.trigger_ms for held in flying.values() if held.state.status is ACKED],
+                                now_ms)
         if len(after) < len(msg_ids):
             for msg_id in msg_ids:
                 if msg_id not in after:
@@ -223,6 +226,8 @@ class Messages:
         done = step(MessageState.of(message), ACK, now_ms)
         if done.state is None or not done.effects:
             return None, message.status
+        if message.status is READY or message.status is CONSUMING:  # (a WAITING one was never due)
+            self._metrics.acked((message.trigger_ms,), now_ms)
         return self._carried_out(message, done), done.state.status
 
     def fire(self, timers: list[Timer], now_ms: int) -> list[StateChange]:
@@ -291,7 +296,7 @@ class Messages:
         if not messages:
             return
         now_ms = self._clock.now_ms()
-        lateness = self._metrics.lateness_seconds
+        lateness = self._metrics.load_lateness_seconds
         dues = []
         for message, _ in messages:
             due = due_ms(message.trigger_ms, message.produce_ms if arrived_ms is None else arrived_ms)

@@ -7,6 +7,13 @@ bounded whatever the topics.
                 (ties: the most requests in the last monitor interval,
                 then the name), found with a heap of that size; and every
                 topic's counters and backlog summed
+    infos       getTopicInfo of the selected topics only (the backend's
+                `topic_infos`: camellia's topic_info, and the topics'
+                due_undelivered and oldest_due_age_seconds from its
+                dueUndelivered and oldestDueAgeMillis; the disk backend reads
+                the oldest from its ready window and the first READY entries
+                on disk, at most REFILL_SCAN a topic, Redis from one short
+                script a topic)
     render      hourglass's families (broker.observe.metrics) and camellia's
                 (broker.observe.camellia_metrics) of the selected topics only, and
                 the sums; each topic label at most MAX_LABEL_CHARS long
@@ -26,6 +33,7 @@ import contextlib
 import heapq
 import os
 from collections.abc import Iterable
+from dataclasses import replace
 from operator import attrgetter
 
 from storage.errors import Unavailable
@@ -63,9 +71,22 @@ async def metrics_response(backend: Backend | None, metrics: Metrics, process: c
     if backend is not None:
         with contextlib.suppress(Unavailable):
             infos = await backend.topic_infos([t for t in selection.shown if t in backlogs])
+    if infos:
+        selection = replace(selection, due=due_of(infos))
     text = metrics.render(selection, series) + camellia_metrics.render(
         process, metrics.monitor_data(), infos, frozenset(selection.shown))
     return Response(200, text.encode(), "text/plain; charset=utf-8")
+
+
+def due_of(infos: Iterable[dict[str, object]]) -> dict[str, tuple[int, int | None]]:
+    """(dueUndelivered, oldestDueAgeMillis) of each getTopicInfo of
+    `infos`: the age None where the backend leaves it out."""
+    due: dict[str, tuple[int, int | None]] = {}
+    for info in infos:
+        count, age = info.get("dueUndelivered"), info.get("oldestDueAgeMillis")
+        if isinstance(count, int):
+            due[str(info["topic"])] = (count, age if isinstance(age, int) else None)
+    return due
 
 
 def disk_series(store: Store, data_path: str) -> list[Series]:

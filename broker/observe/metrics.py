@@ -7,9 +7,14 @@ retries (redeliveries after an ack timeout or nack), messages ended (5 or
 and consuming messages, and of dead letters kept (disk backend). Per node:
 the same counters and gauges summed over every topic (`hourglass_node_*`),
 how many topics there are and how many have series of their own,
-histograms of dispatch lateness (ready time minus due time, `due_ms`), of
-fsync latency and of a commit round's time (its fsync and applying its
-records). The `hourglass_*` counters count since the process started.
+histograms of release lateness by cause (`load`: ready time minus due
+time, `due_ms`, the wheel's own lateness; `smoothing`: the delay a topic's
+releaseRate added to a message handed out), of dwell (ack time minus
+trigger time, of the messages acked once due), of fsync latency and of a
+commit round's time (its fsync and applying its records). The
+`hourglass_*` counters count since the process started. Per shown topic
+too, from getTopicInfo's fields (broker.http.scrape): the messages due and
+not handed out, and the age of the oldest of them.
 
 /metrics stays bounded however many topics there are: per-topic series
 only for the topics a `TopicSelection` names (broker.http.scrape picks at most
@@ -50,6 +55,8 @@ Backlog = tuple[int, int, int, int | None]
 MonitorData = dict[str, Any]
 
 LATENESS_BUCKETS_S = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5, 1.0, 5.0, 60.0)
+# Dwell spans a consumer's work too: wider, to an hour.
+DWELL_BUCKETS_S = (0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 3600.0)
 FSYNC_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5, 1.0)
 COMMIT_ROUND_BUCKETS_S = FSYNC_BUCKETS_S
 # Longest topic label value, in characters (before escaping). A longer
@@ -97,15 +104,19 @@ class Histogram:
         self.total += value
         self.count += 1
 
-    def render(self, name: str) -> list[str]:
-        lines = [f"# TYPE {name} histogram"]
+    def render(self, name: str, labels: str = "", head: bool = True) -> list[str]:
+        """Its samples; `labels` (`cause="load"`) on each, and the TYPE
+        line first unless `head` is False (a family's second histogram)."""
+        lines = [f"# TYPE {name} histogram"] if head else []
         running = 0
+        at = f"{labels}," if labels else ""
         for bound, n in zip(self.bounds, self.counts):
             running += n
-            lines.append(f'{name}_bucket{{le="{bound}"}} {running}')
-        lines.append(f'{name}_bucket{{le="+Inf"}} {self.count}')
-        lines.append(f"{name}_sum {self.total:.6f}")
-        lines.append(f"{name}_count {self.count}")
+            lines.append(f'{name}_bucket{{{at}le="{bound}"}} {running}')
+        lines.append(f'{name}_bucket{{{at}le="+Inf"}} {self.count}')
+        tail = f"{{{labels}}}" if labels else ""
+        lines.append(f"{name}_sum{tail} {self.total:.6f}")
+        lines.append(f"{name}_count{tail} {self.count}")
         return lines
 
 
@@ -213,12 +224,18 @@ class TopicSelection:
     counter_totals: tuple[int, ...]  # each of COUNTERS summed over every topic's counters
     backlog_totals: tuple[int, int, int]  # (waiting, ready, consuming) summed over every topic
     dead_total: int | None = None  # dead letters summed over every topic (None: the backend counts none)
+    # Of the shown topics, getTopicInfo's (dueUndelivered, oldestDueAgeMillis);
+    # the age None where the backend does not tell it.
+    due: dict[str, tuple[int, int | None]] = field(default_factory=dict)
 
 
 class Metrics:
     def __init__(self) -> None:
         self.topics: dict[str, TopicMetrics] = {}
-        self.lateness_seconds = Histogram(LATENESS_BUCKETS_S)
+        # release lateness by cause (the module docstring): the wheel's, and releaseRate's
+        self.load_lateness_seconds = Histogram(LATENESS_BUCKETS_S)
+        self.smoothing_lateness_seconds = Histogram(LATENESS_BUCKETS_S)
+        self.dwell_seconds = Histogram(DWELL_BUCKETS_S)
         self.fsync_seconds = Histogram(FSYNC_BUCKETS_S)
         self.commit_round_seconds = Histogram(COMMIT_ROUND_BUCKETS_S)
         # the monitor interval (see the module docstring)
@@ -238,6 +255,21 @@ class Metrics:
             if exists:
                 self.topics[name] = m
         return m
+
+    def observe_release(self, topic: str, load_ms: int, smoothing_ms: int) -> None:
+        """A message of `topic`, a topic with a releaseRate, handed out:
+        `smoothing_ms` of its lateness is what the rate added, counted under
+        cause="smoothing". `load_ms`, the rest, is not counted again: the
+        wheel's part of it is cause="load", counted when the message was
+        made ready, and its wait for a consumer is the consumer's (dwell)."""
+        self.smoothing_lateness_seconds.observe(smoothing_ms / 1000)
+
+    def acked(self, trigger_times_ms: Iterable[int], now_ms: int) -> None:
+        """Messages acked at `now_ms` once due, each with its trigger time:
+        their dwell (a message acked before it was due has none)."""
+        observe = self.dwell_seconds.observe
+        for trigger_ms in trigger_times_ms:
+            observe(max(0, now_ms - trigger_ms) / 1000)
 
     def committed(self, fsync_s: float, round_s: float) -> None:
         """A group-commit round: its fsync took `fsync_s`, the whole round
@@ -278,7 +310,23 @@ class Metrics:
                   "# TYPE hourglass_topics gauge", f"hourglass_topics {selection.topics}",
                   "# HELP hourglass_topics_shown topics with series of their own (--metrics-topics bounds them)",
                   "# TYPE hourglass_topics_shown gauge", f"hourglass_topics_shown {len(shown)}"]
-        lines += self.lateness_seconds.render("hourglass_dispatch_lateness_seconds")
+        due = selection.due
+        lines += ["# HELP hourglass_topic_due_undelivered messages due and not handed out (getTopicInfo's "
+                  "dueUndelivered)", "# TYPE hourglass_topic_due_undelivered gauge"]
+        lines += [f'hourglass_topic_due_undelivered{{topic="{label}"}} {due[t][0]}' for label, t, _ in shown
+                  if t in due]
+        lines += ["# HELP hourglass_topic_oldest_due_age_seconds how long ago the oldest message due and not "
+                  "handed out fell due (getTopicInfo's oldestDueAgeMillis)",
+                  "# TYPE hourglass_topic_oldest_due_age_seconds gauge"]
+        lines += [f'hourglass_topic_oldest_due_age_seconds{{topic="{label}"}} {age / 1000}'
+                  for label, t, _ in shown if t in due and (age := due[t][1]) is not None]
+        lines += ["# HELP hourglass_release_lateness_seconds ready or hand-out time minus due time, by cause: "
+                  "load (the wheel behind) or smoothing (a topic's releaseRate)"]
+        lines += self.load_lateness_seconds.render("hourglass_release_lateness_seconds", 'cause="load"')
+        lines += self.smoothing_lateness_seconds.render("hourglass_release_lateness_seconds", 'cause="smoothing"',
+                                                        head=False)
+        lines += ["# HELP hourglass_dwell_seconds ack time minus trigger time of the messages acked once due"]
+        lines += self.dwell_seconds.render("hourglass_dwell_seconds")
         lines += self.fsync_seconds.render("hourglass_fsync_seconds")
         lines += self.commit_round_seconds.render("hourglass_commit_round_seconds")
         family = ""

@@ -231,4 +231,4 @@ def made_ready(metrics: Metrics, topic: str, due_times: list[int], now_ms: int) 
     m.ready += len(due_times)
     for due in due_times:
         m.ready_gap.observe(now_ms - due)
-        metrics.lateness_seconds.observe(max(0, now_ms - due) / 1000)
+        metrics.load_lateness_seconds.observe(max(0, now_ms - due) / 1000)

@@ -214,6 +214,8 @@ class RedisRequests:
         m = self._metrics.topic(request.topic)
         if request.ack:
             m.acks += 1
+            if isinstance(result, str) and result.startswith("OK "):  # due: it dwelt since its trigger time
+                self._metrics.acked((int(result[3:]),), now_ms)
         else:
             m.nacks += 1
             if result == "READY":
@@ -374,13 +376,13 @@ class RedisRequests:
     # == topic information =======================================================
 
     async def topic_info(self, topic: str) -> dict[str, object]:
-        """camellia's TopicInfo: zset sizes, waiting split into delay buckets."""
+        """camellia's TopicInfo: zset sizes, waiting split into delay buckets;
+        `oldestDueAgeMillis` from the first READY member of each priority
+        (lua/backend/info.lua: docs/redis.md says what it leaves out)."""
         now_ms = self._clock.now_ms()
         bounds = [str(now_ms + upper) for _, upper in WAITING_BUCKETS if upper is not None]
-        waiting, ready, consuming, *buckets = await self._script("info", topic, bounds)
-        info = topic_info_json(topic, waiting, buckets, ready, consuming)
-        del info["oldestDueAgeMillis"]  # not kept on Redis yet (docs/redis.md)
-        return info
+        waiting, ready, consuming, *buckets, oldest = await self._script("info", topic, bounds)
+        return topic_info_json(topic, waiting, buckets, ready, consuming, int(oldest) if oldest else None, now_ms)
 
     async def topic_infos(self, topics: Sequence[str]) -> list[dict[str, object]]:
         """`topic_info` of each of `topics` (a script each: Redis counts by score)."""

@@ -30,8 +30,8 @@ def rate(metric: str, by: str, labels: str = NODE) -> str:
     return f"sum by ({by}) (rate({metric}{{{labels}}}{RATE}))"
 
 
-def quantiles(metric: str, by: str = "instance") -> list[tuple[str, str]]:
-    return [(f"histogram_quantile({q}, sum by (le, {by}) (rate({metric}_bucket{{{NODE}}}{RATE})))",
+def quantiles(metric: str, by: str = "instance", labels: str = NODE) -> list[tuple[str, str]]:
+    return [(f"histogram_quantile({q}, sum by (le, {by}) (rate({metric}_bucket{{{labels}}}{RATE})))",
              f"p{q * 100:g} {{{{{by}}}}}") for q in (0.5, 0.99, 0.999)]
 
 
@@ -73,8 +73,27 @@ ROWS: list[tuple[str, list[Panel]]] = [
          [(rate("hourglass_ended_total", "topic", TOPIC), "{{topic}}")],
          "Messages ended without an ack (status 5 or 6): ttl passed, or retries exhausted."),
     ]),
+    ("Due and held", [
+        ("Due, not handed out, by topic", "short", "timeseries",
+         [(f"sum by (topic) (hourglass_topic_due_undelivered{{{TOPIC}}})", "{{topic}}")],
+         "Messages due and not handed out (getTopicInfo's dueUndelivered): a paused topic's held backlog, or "
+         "what its consumers have not pulled yet."),
+        ("Oldest due message by topic", "s", "timeseries",
+         [(f"max by (topic) (hourglass_topic_oldest_due_age_seconds{{{TOPIC}}})", "{{topic}}")],
+         "How long ago the oldest message due and not handed out fell due (getTopicInfo's oldestDueAgeMillis): "
+         "grows while a topic is paused or nobody pulls it (alert: HourglassOldestDueMessage)."),
+        ("Release lateness p99 by cause", "s", "timeseries",
+         [(f"histogram_quantile(0.99, sum by (le, cause) (rate(hourglass_release_lateness_seconds_bucket{{{NODE}}}"
+           f"{RATE})))", "{{cause}}")],
+         "load: ready time minus due time (the wheel behind: a restart's backlog, a slow disk, a saturated CPU); "
+         "smoothing: the delay a topic's releaseRate added on purpose (docs/operations.md, Lateness)."),
+        ("Dwell", "s", "timeseries", quantiles("hourglass_dwell_seconds"),
+         "Ack time minus trigger time of the messages acked once due: how long a message waits and is worked on "
+         "before its consumer is done with it."),
+    ]),
     ("Dispatch", [
-        ("Dispatch lateness", "s", "timeseries", quantiles("hourglass_dispatch_lateness_seconds"),
+        ("Release lateness under load", "s", "timeseries",
+         quantiles("hourglass_release_lateness_seconds", labels=f'{NODE},cause="load"'),
          "Ready time minus due time of the messages made ready (docs/operations.md, Lateness)."),
         ("Wheel lag", "s", "timeseries", [(f"max by (instance) (hourglass_wheel_lag_seconds{{{NODE}}})", "{{instance}}")],
          "How long ago the earliest message the wheel has not yet released was due: 0 on time; growing while "
@@ -172,7 +191,8 @@ def dashboard() -> dict[str, Any]:
                            "hide": 0})
     return {
         "title": "hourglass", "uid": "hourglass-nodes", "tags": ["hourglass", "delay-queue"],
-        "description": "hourglass nodes: traffic, messages, dispatch, disk, push and cluster (deploy/grafana)",
+        "description": "hourglass nodes: traffic, messages, due and held, dispatch, disk, push and cluster "
+                       "(deploy/grafana)",
         "editable": True, "schemaVersion": 39, "version": 1, "refresh": "30s", "timezone": "",
         "time": {"from": "now-1h", "to": "now"}, "graphTooltip": 1,
         "templating": {"list": templating}, "annotations": {"list": []}, "links": [], "panels": panels,

@@ -1,6 +1,7 @@
 """Sending, reading and bad input, the same on every backend (see conftest)."""
 
 import json
+import re
 import time
 
 import pytest
@@ -193,9 +194,8 @@ def test_topic_info_shape_buckets_and_list(api, topic):
                                12 * 60 * minute, 3 * 1440 * minute, 20 * 1440 * minute, 40 * 1440 * minute]):
         api.send(topic, msgId=f"m{i}", delayMillis=int(delay))
     data = api.info(topic)
-    # hourglass's fields (docs/api.md, "Topics and monitoring"); Redis has dueUndelivered only yet
-    flow = {"dueUndelivered": 0} if api.backend == "redis" else {"dueUndelivered": 0, "oldestDueAgeMillis": 0,
-                                                                 "paused": False}
+    # hourglass's fields (docs/api.md, "Topics and monitoring"); Redis keeps no pauses yet
+    flow = {"dueUndelivered": 0, "oldestDueAgeMillis": 0} | ({} if api.backend == "redis" else {"paused": False})
     assert data == {"topic": topic, "waitingQueueSize": 9, "readyQueueSize": 0, "ackQueueSize": 0, **flow,
                     "waitingQueueInfo": {
                         "sizeOf0To1min": 1, "sizeOf1minTo10min": 1, "sizeOf10minTo30min": 1,
@@ -256,7 +256,42 @@ def test_prometheus_gauges(api, topic):
     api.send(topic, msgId="a", delayMillis=600000)
     text = api.get("/metrics")[1].decode()
     assert f'hourglass_waiting_messages{{topic="{topic}"}} 1' in text
-    assert "hourglass_dispatch_lateness_seconds_bucket" in text and "hourglass_fsync_seconds_count" in text
+    assert 'hourglass_release_lateness_seconds_bucket{cause="load",' in text
+    assert 'hourglass_release_lateness_seconds_count{cause="smoothing"}' in text and "hourglass_fsync_seconds_count" in text
+
+
+def metric(text: str, series: str) -> float | None:
+    """The value of `series` (name and labels as written) in a scrape; None: absent."""
+    found = re.search("^" + re.escape(series) + " (\\S+)$", text, re.MULTILINE)
+    return None if found is None else float(found.group(1))
+
+
+def test_due_messages_and_the_oldest_ones_age_in_topic_info_and_metrics_and_an_acks_dwell(api, topic):
+    """getTopicInfo's dueUndelivered and oldestDueAgeMillis (the oldest found
+    past a message of higher priority), /metrics' gauges of them (a node of
+    shards: summed, the largest), and the dwell of acks of due messages only."""
+    now = int(time.time() * 1000)
+    api.send(topic, msgId="urgent", priority=5, triggerTime=now - 2_000)
+    api.send(topic, msgId="old", triggerTime=now - 7_000)
+    api.send(topic, msgId="later", delayMillis=600_000)
+    deadline = time.monotonic() + 5
+    while (info := api.info(topic))["dueUndelivered"] < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert info["dueUndelivered"] == 2 == info["readyQueueSize"], info
+    assert 7_000 <= info["oldestDueAgeMillis"] < 60_000, info
+    text = api.get("/metrics")[1].decode()
+    assert metric(text, f'hourglass_topic_due_undelivered{{topic="{topic}"}}') == 2
+    age = metric(text, f'hourglass_topic_oldest_due_age_seconds{{topic="{topic}"}}')
+    assert age is not None and 7.0 <= age < 60.0, text
+
+    before = metric(text, "hourglass_dwell_seconds_count")
+    pulled = api.pull(topic, batch=1)  # the urgent one, by priority: "old" stays READY
+    assert [m["msgId"] for m in pulled] == ["urgent"]
+    for msg_id in ("urgent", "old", "later"):  # consuming, ready, waiting
+        assert api.post("ackMsg", topic=topic, msgId=msg_id)[0] == 200
+    text = api.get("/metrics")[1].decode()
+    assert metric(text, "hourglass_dwell_seconds_count") == before + 2  # not the one acked before it was due
+    assert metric(text, f'hourglass_topic_due_undelivered{{topic="{topic}"}}') in (0, None)
 
 
 def test_get_query_string_parameters(api, topic):

@@ -212,7 +212,7 @@ def test_prometheus_metrics(server, topic):
     assert status == 200
     assert f'hourglass_sends_total{{topic="{topic}"}} 1' in text
     assert f'hourglass_waiting_messages{{topic="{topic}"}} 1' in text
-    assert "hourglass_dispatch_lateness_seconds_bucket" in text and "hourglass_fsync_seconds_count" in text
+    assert 'hourglass_release_lateness_seconds_bucket{cause="load",' in text and "hourglass_fsync_seconds_count" in text
 
 
 # -- bad input ----------------------------------------------------------------------------------

@@ -476,3 +476,51 @@ def test_the_job_calls_need_a_session_and_the_console_header(node):
     cancel = urllib.parse.urlencode({"jobId": job_id}).encode()
     status, _, body = call(node.base, "POST", "/console/api/cancelJob", cancel, {**session, **posting})
     assert status == 200 and json.loads(body)["job"]["jobId"] == job_id, body
+
+
+def test_a_paused_topic_shows_paused_with_its_held_backlog_and_what_a_resume_will_release(node, tmp_path):
+    """The topics' table marks a paused topic, its held backlog (ready) and
+    the age of its oldest due message; selected, the pause says what a
+    resume will release (shift: those that fell due while paused are
+    moved); resume and pause from the page, each once confirmed."""
+    now = int(time.time() * 1000)
+    before = [{"msgId": f"b{i}", "msg": "x", "triggerTime": now - 3_000 - i} for i in range(4)]
+    assert node.post_json("sendMsgBatch", {"topic": "held", "msgs": before})[0] == 200
+    status, body = node.post("pauseTopic", topic="held", onResume="shift")
+    assert status == 200 and body["data"]["paused"] is True, body
+    assert node.post("pauseTopic", topic="orders", key="k1")[0] == 200  # a paused key, not the topic
+    during = [{"msgId": f"d{i}", "msg": "x", "triggerTime": int(time.time() * 1000) + 200} for i in range(2)]
+    assert node.post_json("sendMsgBatch", {"topic": "held", "msgs": during})[0] == 200
+    deadline = time.monotonic() + 10
+    while node.get("getTopicInfo", topic="held")[1]["data"]["dueUndelivered"] < 6 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    cell = "document.querySelector('tr[data-topic=held]').cells[{}].textContent"
+
+    async def run():
+        async with Browser.start(tmp_path) as browser:
+            page = await log_in_with_the_form(browser, node.base)
+            await page.wait_for("document.querySelector('tr[data-topic=held]') !== null")
+            assert await page.evaluate(cell.format(5)) == "⏸ paused"
+            assert await page.evaluate(cell.format(2)) == "6"  # held: due, not handed out
+            assert (await page.evaluate(cell.format(6))).endswith(" s")  # the oldest fell due seconds ago
+            assert await page.evaluate("document.querySelector('tr[data-topic=orders]').cells[5].textContent") == "⏸ 1 key"
+            assert await page.evaluate("document.querySelector('tr[data-topic=reminders]').cells[5].textContent") == ""
+            await page.evaluate("document.querySelector('tr[data-topic=held]').click()")
+            await page.wait_for("document.getElementById('flowInfo').textContent.includes('moves the 2 that fell due')")
+            info = await page.evaluate("document.getElementById('flowInfo').textContent")
+            assert "paused since" in info and "(on resume: shift)" in info and "Held: 6 due" in info, info
+            await page.evaluate("window.confirm = () => false; document.getElementById('resume').click()")
+            await asyncio.sleep(0.3)
+            assert node.get("getTopicConfig", topic="held")[1]["data"]["paused"] is True  # declined: still paused
+            await page.evaluate("window.confirm = () => true; document.getElementById('resume').click()")
+            await page.wait_for("document.getElementById('flowInfo').textContent === 'not paused'")
+            await page.wait_for(f"{cell.format(5)} === ''")
+            pulled = node.post("pullMsg", topic="held", batch=10)[1]["delayMsgList"]
+            assert sorted(m["msgId"] for m in pulled) == ["b0", "b1", "b2", "b3"]  # the 2 were moved by the pause
+            await page.evaluate("document.getElementById('flowOnResume').value = 'hold';"
+                                "window.confirm = () => true; document.getElementById('pause').click()")
+            await page.wait_for("document.getElementById('flowInfo').textContent.includes('(on resume: hold)')")
+            await page.wait_for(f"{cell.format(5)} === '⏸ paused'")
+    asyncio.run(run())
+    config = node.get("getTopicConfig", topic="held")[1]["data"]
+    assert config["paused"] is True and config["pause"]["onResume"] == "hold"

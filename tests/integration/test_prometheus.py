@@ -9,7 +9,11 @@ which .ci/run installs; skipped where it is not installed):
   acks, pushes to a real subscriber, a failing one, a dead letter), and
   the series with a topic label stay within --metrics-topics topics;
 - "node down", "dispatch late" and "push failing" fire on a live node and
-  resolve, with the real rules on a test's time scale (`fast_rules`).
+  resolve, with the real rules on a test's time scale (`fast_rules`);
+- "oldest due message" fires on a topic whose due message nobody takes,
+  on either backend, and resolves once it is taken; the topic's due
+  gauges, the lateness split by cause and the dwell of its ack are
+  scraped.
 """
 
 from __future__ import annotations
@@ -73,7 +77,7 @@ def test_the_rules_pass_promtool_check_and_every_rule_has_a_unit_test_that_fires
     tested = RULE_TESTS.read_text()
     fired = set(re.findall(r"alertname: (\w+)\n\s*exp_alerts:\n\s*- exp_labels", tested))
     quiet = set(re.findall(r"alertname: (\w+)\n\s*exp_alerts: \[\]", tested))
-    assert len(rules) == 12 and fired == rules and quiet == rules
+    assert len(rules) == 13 and fired == rules and quiet == rules
 
 
 def little_of_everything(node: Server, prom: Prometheus, tmp_path: Path) -> list[PushSubscriber]:
@@ -208,8 +212,8 @@ def test_node_down_dispatch_late_and_push_failing_fire_and_resolve(tmp_path):
         prom.wait_alert("HourglassDispatchLate", instance=instance)
         prom.wait_resolved("HourglassNodeDown", instance=instance)
         prom.wait_resolved("HourglassDispatchLate", instance=instance, timeout_s=90)
-        late = prom.query(f'hourglass_dispatch_lateness_seconds_bucket{{instance="{instance}",le="5.0"}}')
-        total = prom.query(f'hourglass_dispatch_lateness_seconds_count{{instance="{instance}"}}')
+        late = prom.query(f'hourglass_release_lateness_seconds_bucket{{instance="{instance}",cause="load",le="5.0"}}')
+        total = prom.query(f'hourglass_release_lateness_seconds_count{{instance="{instance}",cause="load"}}')
         assert float(total[0]["value"][1]) - float(late[0]["value"][1]) >= 20  # the 20, over 5 s late
 
         # node down: SIGKILL, and back on the same port
@@ -221,4 +225,51 @@ def test_node_down_dispatch_late_and_push_failing_fire_and_resolve(tmp_path):
     finally:
         prom.stop()
         subscriber.stop()
+        node.kill()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["disk", "redis"])
+def test_oldest_due_message_fires_on_a_topic_nobody_takes_and_resolves_once_taken(tmp_path, request, backend):
+    binary("prometheus")
+    rules = tmp_path / "rules.yml"
+    fast = fast_rules(RULES.read_text())
+    threshold = "(hourglass_topic_oldest_due_age_seconds{job=~\"hourglass.*\"}) > 60"
+    assert threshold in fast
+    rules.write_text(fast.replace(threshold, threshold.replace("> 60", "> 2")))  # due over 2 s, on a test's scale
+    flags = ("--backend", request.getfixturevalue("redis_url")) if backend == "redis" else ()
+    node = Server.start(tmp_path / "data", *flags, log_path=tmp_path / "serve.log")
+    instance = node.base.removeprefix("http://")
+    prom = Prometheus.start(tmp_path / "prometheus", {"hourglass": [instance]}, rule_files=[str(rules)])
+    try:
+        prom.wait_data(f'up{{instance="{instance}"}} == 1')
+        assert node.post("sendMsg", topic="fresh", msg="x", delayMillis=600_000)[0] == 200  # not due: no alert
+        now = int(time.time() * 1000)
+        for i in range(3):
+            assert node.post("sendMsg", topic="held", msg=f"m{i}", msgId=f"m{i}", triggerTime=now - i)[0] == 200
+        prom.wait_data(f'hourglass_topic_due_undelivered{{instance="{instance}",topic="held"}} == 3')
+        firing = prom.wait_alert("HourglassOldestDueMessage", instance=instance, topic="held")
+        assert firing["labels"]["severity"] == "warning" and float(firing["value"]) > 2
+        assert not prom.alerts("HourglassOldestDueMessage", topic="fresh")
+        assert prom.wait_data(f'hourglass_topic_oldest_due_age_seconds{{instance="{instance}",topic="fresh"}} == 0')
+
+        pulled: list[str] = []
+        deadline = time.monotonic() + 20
+        while len(pulled) < 3 and time.monotonic() < deadline:
+            status, body = node.post("pullMsg", topic="held", batch=3)
+            assert status == 200
+            pulled += [m["msgId"] for m in body["delayMsgList"]]
+        assert sorted(pulled) == ["m0", "m1", "m2"]
+        assert node.post("ackMsg", topic="held", msgIds=",".join(pulled))[0] == 200
+        prom.wait_resolved("HourglassOldestDueMessage", instance=instance, topic="held")
+        prom.wait_data(f'hourglass_topic_due_undelivered{{instance="{instance}",topic="held"}} == 0')
+        # three acks of due messages, each over 2 s after its trigger time; the lateness of their release
+        prom.wait_data(f'hourglass_dwell_seconds_count{{instance="{instance}"}} == 3')
+        assert prom.wait_data(f'hourglass_dwell_seconds_bucket{{instance="{instance}",le="1.0"}} == 0')
+        load = prom.wait_data(f'hourglass_release_lateness_seconds_count{{instance="{instance}",cause="load"}} >= 3')
+        assert len(load) == 1
+        smoothing = prom.query(f'hourglass_release_lateness_seconds_count{{instance="{instance}",cause="smoothing"}}')
+        assert [float(s["value"][1]) for s in smoothing] == [0.0]  # no topic has a releaseRate
+    finally:
+        prom.stop()
         node.kill()

@@ -141,7 +141,7 @@ def test_a_trigger_time_long_past_counts_late_from_its_arrival_not_from_1970(red
         assert sent.status is READY
         await node.advance_to(START_MS + 1_000)
         assert (await node.broker.reschedule(TOPIC, "w", 1_000)).status is READY
-        lateness = node.broker.metrics.lateness_seconds
+        lateness = node.broker.metrics.load_lateness_seconds
         assert lateness.count == 2 and lateness.total < 1, (lateness.count, lateness.total)
         m = node.broker.metrics.topic(TOPIC)
         assert m.ready_gap.count == 2 and m.ready_gap.max < 1_000

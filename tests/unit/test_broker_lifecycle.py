@@ -171,7 +171,7 @@ def test_a_trigger_time_long_past_counts_late_from_its_arrival_not_from_1970(nod
     node.advance(1_000)
     assert node.reschedule("w", 1_000).status is READY  # due at the reschedule
     broker = node.h.broker
-    lateness = broker.metrics.lateness_seconds
+    lateness = broker.metrics.load_lateness_seconds
     assert lateness.count == 3 and lateness.total < 1, (lateness.count, lateness.total)
     assert lateness.counts[-1] == 0  # none past the last bucket (60 s)
     m = broker.metrics.topic(TOPIC)
@@ -597,7 +597,7 @@ def test_what_fell_due_while_the_node_was_down_is_delivered_at_once(node):
     assert node.state("due") == (READY, 0)
     assert node.state("c") == (READY, 1)
     assert sorted(node.pulled_ids()) == ["c", "due"]
-    assert node.h.broker.metrics.lateness_seconds.total == 5.0  # sent in time: late from its trigger
+    assert node.h.broker.metrics.load_lateness_seconds.total == 5.0  # sent in time: late from its trigger
 
 
 # -- long polls: woken, or answered empty at their timeout (on the fake clock) ---------------

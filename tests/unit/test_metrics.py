@@ -116,3 +116,42 @@ def test_a_commit_round_counts_its_fsync_and_its_whole_time_and_labelled_node_se
     assert 'hourglass_lag_bytes{follower="n2"} 5\nhourglass_lag_bytes{follower="n3"} 0.5\n' in text
     assert "dead_messages" not in text  # no backend's count of them
     assert "hourglass_disk_free_bytes 80457613312\n" in text  # whole, as a float (a compiled build's values are)
+
+
+def shown(*topics: str, due: dict[str, tuple[int, int | None]] | None = None) -> TopicSelection:
+    return TopicSelection(shown=list(topics), backlogs={t: (0, due[t][0] if due else 0, 0, 0) for t in topics},
+                          topics=len(topics), counter_totals=(0,) * 12, backlog_totals=(0, 0, 0), due=due or {})
+
+
+def test_a_shown_topics_due_messages_and_the_age_of_the_oldest_are_gauges_of_it():
+    m = Metrics()
+    text = m.render(shown("a", "b", "r", due={"a": (3, 1_500), "b": (0, 0), "r": (2, None)}), [])
+    lines = text.splitlines()
+    assert 'hourglass_topic_due_undelivered{topic="a"} 3' in lines
+    assert 'hourglass_topic_due_undelivered{topic="b"} 0' in lines
+    assert 'hourglass_topic_due_undelivered{topic="r"} 2' in lines
+    assert 'hourglass_topic_oldest_due_age_seconds{topic="a"} 1.5' in lines
+    assert 'hourglass_topic_oldest_due_age_seconds{topic="b"} 0.0' in lines
+    assert not any(line.startswith('hourglass_topic_oldest_due_age_seconds{topic="r"}') for line in lines)  # untold
+    assert lines.count("# TYPE hourglass_topic_due_undelivered gauge") == 1
+    assert lines.count("# TYPE hourglass_topic_oldest_due_age_seconds gauge") == 1
+
+
+def test_release_lateness_is_one_family_split_by_cause_and_dwell_counts_from_the_trigger_time():
+    m = Metrics()
+    m.load_lateness_seconds.observe(0.003)
+    m.load_lateness_seconds.observe(2.0)
+    m.observe_release("t", load_ms=3_000, smoothing_ms=400)  # (releaseRate's hand-out: its smoothing part alone)
+    m.acked([10_000, 9_000, 10_500], now_ms=10_000)  # dwelt 0, 1 s, and 0 (acked before its trigger time: none)
+    text = m.render(shown(), [])
+    lines = text.splitlines()
+    assert lines.count("# TYPE hourglass_release_lateness_seconds histogram") == 1
+    assert 'hourglass_release_lateness_seconds_bucket{cause="load",le="0.005"} 1' in lines
+    assert 'hourglass_release_lateness_seconds_bucket{cause="load",le="+Inf"} 2' in lines
+    assert 'hourglass_release_lateness_seconds_count{cause="load"} 2' in lines
+    assert 'hourglass_release_lateness_seconds_bucket{cause="smoothing",le="0.1"} 0' in lines
+    assert 'hourglass_release_lateness_seconds_bucket{cause="smoothing",le="0.5"} 1' in lines
+    assert 'hourglass_release_lateness_seconds_sum{cause="smoothing"} 0.400000' in lines
+    assert 'hourglass_dwell_seconds_bucket{le="0.01"} 2' in lines and 'hourglass_dwell_seconds_bucket{le="1.0"} 3' in lines
+    assert "hourglass_dwell_seconds_count 3" in lines and "hourglass_dwell_seconds_sum 1.000000" in lines
+    assert "dispatch_lateness" not in text  # the family it was (docs/operations.md)

@@ -209,3 +209,30 @@ def test_one_scrape_shows_the_nodes_largest_backlogs_only():
     text = merge_metrics([SCRAPE.format(a=1, b=2, lag=0), SCRAPE.format(a=10, b=0, lag=0)], 1, 2)
     assert 'topic="a"' in text and 'topic="b"' not in text
     assert "hourglass_inflight_limit 100" in text  # series of no topic stay
+
+
+def test_one_scrape_sums_due_messages_and_histograms_and_takes_the_oldest_due_age_of_the_shards():
+    from broker.observe.metrics import Metrics, TopicSelection
+
+    def shard(due: dict[str, tuple[int, int | None]], late_s: float, dwell_ms: int) -> str:
+        m = Metrics()
+        m.load_lateness_seconds.observe(late_s)
+        m.smoothing_lateness_seconds.observe(late_s)
+        m.acked([0], dwell_ms)
+        return m.render(TopicSelection(shown=sorted(due), backlogs={t: (0, n, 0, 0) for t, (n, _) in due.items()},
+                                       topics=len(due), counter_totals=(0,) * 12, backlog_totals=(0, 0, 0), due=due),
+                        [])
+
+    text = merge_metrics([shard({"a": (3, 1_500), "b": (1, 200)}, 0.003, 2_000),
+                          shard({"a": (4, 9_250)}, 7.0, 20)], 100, 2)
+    lines = text.splitlines()
+    assert 'hourglass_topic_due_undelivered{topic="a"} 7' in lines  # summed
+    assert 'hourglass_topic_due_undelivered{topic="b"} 1' in lines
+    assert 'hourglass_topic_oldest_due_age_seconds{topic="a"} 9.25' in lines  # the largest
+    assert 'hourglass_topic_oldest_due_age_seconds{topic="b"} 0.2' in lines
+    for cause in ("load", "smoothing"):
+        assert f'hourglass_release_lateness_seconds_bucket{{cause="{cause}",le="0.005"}} 1' in lines
+        assert f'hourglass_release_lateness_seconds_bucket{{cause="{cause}",le="+Inf"}} 2' in lines
+        assert f'hourglass_release_lateness_seconds_count{{cause="{cause}"}} 2' in lines
+    assert 'hourglass_dwell_seconds_bucket{le="0.05"} 1' in lines and "hourglass_dwell_seconds_count 2" in lines
+    assert lines.count("# TYPE hourglass_release_lateness_seconds histogram") == 1
