@@ -28,6 +28,10 @@ once a pause is answered and nothing stays paused once a resume is:
              shift cut short (a crash, a failover) leaves the topic paused
              with R kept: the next resume moves the rest of [pausedAt, R),
              each message once (a moved one lies at R or later).
+             expire: as shift, but each message in [pausedAt, R) ends
+             (EXPIRED, end reason `paused`: Bulk.expire_paused, whole
+             calls of RESUME_SLICE) instead of moving; cut short and asked
+             again, it ends the rest (an ended one matches no more).
 
 Who may call what: everything on the event loop; the changes of one node
 are serialised by one lock (a shift may take a while: a pause or a
@@ -78,6 +82,11 @@ class PauseGate(Protocol):
     async def reschedule_msgs(self, request: RescheduleMsgsRequest) -> tuple[int, bool]:
         ...
 
+    async def expire_paused(self, topic: str, flt: BulkFilter, limit: int) -> tuple[int, bool]:
+        """The WAITING and READY matches (at most `limit`) EXPIRED with the
+        end reason `paused`, as one whole call: how many, and whether more match."""
+        ...
+
 
 class TopicFlow:
     """The node's topic settings (`settings`, by topic), and the pauses
@@ -94,6 +103,7 @@ class TopicFlow:
         self._gate: PauseGate | None = None
         self._lock = asyncio.Lock()
         self.moved = 0  # messages a shift moved (tests, logs)
+        self.expired = 0  # messages an expire ended (tests, logs)
 
     def __repr__(self) -> str:
         paused = sum(1 for s in self.settings.values() if s.pause is not None)
@@ -183,12 +193,15 @@ class TopicFlow:
             if pause is None:
                 return current
             policy = request.on_resume or pause.on_resume
-            if policy is OnResume.SHIFT:
+            if policy is not OnResume.HOLD:
                 if pause.resume_ms is None:
                     pause = replace(pause, resume_ms=max(self._now_ms(), pause.since_ms))
                     await self._save(current.with_pause(request.key, pause))
                     current = self.get(request.topic)
-                await self._shift(gate, request, pause)
+                if policy is OnResume.SHIFT:
+                    await self._shift(gate, request, pause)
+                else:
+                    await self._expire(gate, request, pause)
             await self._save(current.with_pause(request.key, None))
             gate.resume(request.topic, request.key)
             return self.get(request.topic)
@@ -210,5 +223,24 @@ class TopicFlow:
             self.moved += moved
             if more and not moved:
                 raise Unavailable(f"the shift of topic {request.topic!r}'s paused messages moved none of those "
+                                  f"left; retry resumeTopic")
+            await asyncio.sleep(0)
+
+    async def _expire(self, gate: PauseGate, request: PauseRequest, pause: Pause) -> None:
+        """Every WAITING or READY message of the topic (or key) whose trigger
+        time is in [pausedAt, resumedAt) EXPIRED, end reason `paused`, a
+        whole durable call of RESUME_SLICE at a time (one cut short and
+        asked again ends the rest: an ended one matches no more)."""
+        assert pause.resume_ms is not None
+        if pause.resume_ms <= pause.since_ms:
+            return
+        flt = BulkFilter(key=request.key, statuses=MOVABLE, trigger_from_ms=pause.since_ms,
+                         trigger_to_ms=pause.resume_ms)
+        more = True
+        while more:
+            ended, more = await gate.expire_paused(request.topic, flt, RESUME_SLICE)
+            self.expired += ended
+            if more and not ended:
+                raise Unavailable(f"the expiry of topic {request.topic!r}'s paused messages ended none of those "
                                   f"left; retry resumeTopic")
             await asyncio.sleep(0)

@@ -14,7 +14,7 @@ how they are answered and how they are kept (docs/api.md, "Flow").
 Settings whose effect this build does not carry out yet are refused with
 code 400 naming the parameter (never stored and ignored): a `releaseRate`
 other than 0, `fairness` other than `none`, a `maxDueAgeMillis` or
-`dedupWindowMillis` other than 0; and `onResume=expire`.
+`dedupWindowMillis` other than 0.
 
 No I/O and no clock: a pause's time is the caller's `now_ms`.
 """
@@ -43,15 +43,11 @@ class OnResume(enum.Enum):
     """What resumeTopic does with the messages that fell due while paused
     (trigger time in [pausedAt, resumedAt)): `hold` hands them out now, in
     pull order; `shift` moves each by the pause's length first; `expire`
-    would end them (status 5, reason `paused`: refused, not supported yet)."""
+    ends them (status 5, end reason `paused`)."""
 
     HOLD = "hold"
     SHIFT = "shift"
     EXPIRE = "expire"
-
-
-# The policies this build carries out.
-SUPPORTED_ON_RESUME = (OnResume.HOLD, OnResume.SHIFT)
 
 
 @dataclass(frozen=True)
@@ -60,7 +56,8 @@ class Pause:
     its resume does. `resume_ms` is set once a `shift` resume has begun
     (the resume's time, kept durable before the first message moves), so
     a resume cut short -- a crash, a failover, the call's client gone --
-    and asked again moves the same range, each message once."""
+    and asked again moves (or ends: `expire`) the same range, each message
+    once."""
 
     since_ms: int
     on_resume: OnResume = OnResume.HOLD
@@ -196,7 +193,7 @@ def parse_config(params: Params, current: TopicSettings | None) -> TopicConfig:
 
 def parse_pause(params: Params) -> PauseRequest:
     """pauseTopic's and resumeTopic's parameters: `topic`*, `key` (one
-    serial key), `onResume` (hold, shift; expire is refused: not supported yet)."""
+    serial key), `onResume` (hold, shift, expire)."""
     topic = parse_topic(params).topic
     key = params.get("key")
     if key is not None and key != "":
@@ -213,9 +210,6 @@ def parse_pause(params: Params) -> PauseRequest:
             on_resume = OnResume(given)
         except ValueError:
             raise InvalidRequest("onResume", f"must be hold, shift or expire, got {str(given)[:40]!r}") from None
-        if on_resume not in SUPPORTED_ON_RESUME:
-            raise InvalidRequest("onResume", f"{on_resume.value} is not supported yet by this build: "
-                                             f"hold or shift")
     return PauseRequest(topic, key, on_resume)
 
 

@@ -1,7 +1,8 @@
 """Flow (docs/api.md, "Flow"): setTopicConfig / getTopicConfig validated
 whole, pauseTopic / resumeTopic of a topic or one serial key -- nothing
 handed out while paused (pull, long poll), sends, deletes and acks still
-taken, resume's `hold` and `shift` -- and getTopicInfo's flow fields. The
+taken, resume's `hold`, `shift` and `expire` -- and getTopicInfo's flow
+fields. The
 Redis backend answers the calls code 400 (docs/redis.md)."""
 
 from __future__ import annotations
@@ -58,10 +59,9 @@ def test_set_topic_config_takes_the_defaults(api, topic):
 
 
 @pytest.mark.not_on("redis", reason=NOT_ON_REDIS)
-@pytest.mark.parametrize(("on_resume", "says"), [("expire", "not supported yet"), ("later", "must be")])
-def test_pause_refuses_a_policy_not_carried_out(api, topic, on_resume, says):
-    code, body = api.post("pauseTopic", topic=topic, onResume=on_resume)
-    assert code == 400 and body["msg"].startswith("onResume") and says in body["msg"], body
+def test_pause_refuses_an_unknown_policy(api, topic):
+    code, body = api.post("pauseTopic", topic=topic, onResume="later")
+    assert code == 400 and body["msg"].startswith("onResume") and "must be" in body["msg"], body
     assert settings(api, topic)["paused"] is False
 
 
@@ -156,6 +156,45 @@ def test_shift_moves_what_fell_due_by_the_pause_length(api, topic):
     assert api.message(topic, before)["status"] == 3
     got = api.pull_until(topic, 1, timeout_s=10)
     assert [m["msgId"] for m in got] == [during["msgId"]]
+
+
+@pytest.mark.not_on("redis", reason=NOT_ON_REDIS)
+def test_expire_ends_what_fell_due_while_paused(api, topic):
+    """onResume=expire: each message that fell due while paused ends, status
+    5, `endReason` paused (getMsg, listDeadMsg); one due before the pause
+    and one due after the resume are not touched."""
+    before = api.send(topic, "due before")["msgId"]
+    time.sleep(0.05)
+    call(api, "pauseTopic", topic=topic, onResume="expire")
+    during = [api.send(topic, f"due during {i}", delayMillis=300)["msgId"] for i in range(5)]
+    after = api.send(topic, "due after", delayMillis=60_000)["msgId"]
+    time.sleep(1)
+    assert api.pull(topic, batch=10) == []
+    resumed = call(api, "resumeTopic", topic=topic)
+    assert resumed["paused"] is False and resumed["pause"] is None
+    for msg_id in during:
+        m = api.message(topic, msg_id)
+        assert m["status"] == 5 and m["endReason"] == "paused", m
+    assert "endReason" not in api.message(topic, before)
+    assert api.message(topic, after)["status"] == 1
+    code, body = api.get("listDeadMsg", topic=topic, status=5)
+    assert code == 200, body
+    dead = body["delayMsgList"]
+    assert sorted(m["msgId"] for m in dead) == sorted(during)
+    assert all(m["endReason"] == "paused" for m in dead)
+    assert [m["msgId"] for m in api.pull_until(topic, 1)] == [before]
+    assert api.pull(topic, batch=10) == []
+
+
+@pytest.mark.not_on("redis", reason=NOT_ON_REDIS)
+def test_expire_of_a_key_ends_that_key_only(api, topic):
+    call(api, "pauseTopic", topic=topic, key="a", onResume="expire")
+    keyed = api.send(topic, "a", key="a")["msgId"]
+    other = api.send(topic, "b", key="b")["msgId"]
+    time.sleep(0.3)
+    call(api, "resumeTopic", topic=topic, key="a")
+    assert api.message(topic, keyed)["status"] == 5 and api.message(topic, keyed)["endReason"] == "paused"
+    assert [m["msgId"] for m in api.pull_until(topic, 1)] == [other]
 
 
 @pytest.mark.not_on("redis", reason=NOT_ON_REDIS)
