@@ -34,6 +34,7 @@ from storage.store import SendOutcome, SendResult, StateChange, Store, text_hash
 from wheel.clock import Clock
 
 from ..core.params import DeleteRequest, LongPollRequest, NewSend, PullRequest
+from ..core.release_rate import smoothing_ms
 from ..core.transitions import (
     ACK,
     GIVE_BACK,
@@ -161,6 +162,8 @@ class Messages:
         its tags; fewer at the in-flight caps), appended: the messages
         (None: none was taken)."""
         now_ms = self._clock.now_ms()
+        rate = self._windows.release_rate(request.topic)
+        held_since_ms = None if rate is None else rate.held_since_ms  # (before this pull's take)
         taken = self._windows.choose(request.topic, request.batch,
                                      frozenset(request.tags) if request.tags else None)
         if not taken:
@@ -177,6 +180,12 @@ class Messages:
                 messages.append(cached.with_state(CONSUMING, held.state.retry))
                 held.message = None
         self._metrics.topic(request.topic).pulled(messages, now_ms)
+        if rate is not None:  # (a topic without a rate: its lateness is all load, the pull gap's)
+            observe = self._metrics.observe_release
+            for m in messages:
+                due = due_ms(m.trigger_ms, m.produce_ms)
+                smoothing = smoothing_ms(due, held_since_ms, now_ms)
+                observe(request.topic, max(0, now_ms - due) - smoothing, smoothing)
         return messages
 
     def give_back(self, messages: list[Message]) -> bool:

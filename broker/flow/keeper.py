@@ -79,6 +79,11 @@ class PauseGate(Protocol):
         """Hand them out again (long polls of the topic woken)."""
         ...
 
+    def set_flow(self, topic: str, fair: bool, release_per_s: float, max_due_age_ms: int) -> None:
+        """Carry the topic's settings out from now on: fairness by fairKey
+        (or none), a release rate a second (0: none), a due-age cap (0: none)."""
+        ...
+
     async def reschedule_msgs(self, request: RescheduleMsgsRequest) -> tuple[int, bool]:
         ...
 
@@ -94,8 +99,11 @@ class TopicFlow:
     it no longer does: a cluster node that stands down)."""
 
     def __init__(self, store: SettingsStore, clock_ms: Callable[[], int], max_topics: int,
-                 max_paused_keys: int = DEFAULT_MAX_PAUSED_KEYS) -> None:
+                 max_paused_keys: int = DEFAULT_MAX_PAUSED_KEYS, shares: int = 1) -> None:
         self._store = store
+        # The shards of the node (each its own TopicFlow, every change sent to
+        # all): each hands out releaseRate / shares a second of its messages.
+        self.shares = shares
         self._now_ms = clock_ms
         self.max_topics = max_topics  # --max-topics: topics with settings at most
         self.max_paused_keys = max_paused_keys  # --max-paused-keys: paused serial keys of a topic at most
@@ -117,6 +125,7 @@ class TopicFlow:
         self.settings = self._store.load()
         self._gate = gate
         for s in self.settings.values():
+            self._carry_out(gate, s)
             if s.pause is not None:
                 gate.pause(s.topic, None)
             for key in s.keys:
@@ -151,10 +160,19 @@ class TopicFlow:
         self.settings = new
 
     async def set_config(self, config: TopicConfig) -> TopicSettings:
-        """setTopicConfig (validated whole by broker.flow.settings.parse_config)."""
+        """setTopicConfig (validated whole by broker.flow.settings.parse_config):
+        saved, then carried out on the gate, if one serves."""
         async with self._lock:
             await self._save(self.get(config.topic).with_config(config))
-            return self.get(config.topic)
+            settings = self.get(config.topic)
+            if self._gate is not None:
+                self._carry_out(self._gate, settings)
+            return settings
+
+    def _carry_out(self, gate: PauseGate, s: TopicSettings) -> None:
+        """The topic's fairness, release rate (this shard's share) and
+        due-age cap on the gate."""
+        gate.set_flow(s.topic, s.fairness == "fairKey", s.release_rate / self.shares, s.max_due_age_ms)
 
     async def pause(self, request: PauseRequest) -> TopicSettings:
         """pauseTopic: a pause already in place keeps its time (an

@@ -221,6 +221,10 @@ class Metrics:
         self.lateness_seconds = Histogram(LATENESS_BUCKETS_S)
         self.fsync_seconds = Histogram(FSYNC_BUCKETS_S)
         self.commit_round_seconds = Histogram(COMMIT_ROUND_BUCKETS_S)
+        # Hand-outs of topics with a releaseRate (`observe_release`): the
+        # lateness the bucket added (smoothing) and the rest (load), apart.
+        self.release_load_seconds = Histogram(LATENESS_BUCKETS_S)
+        self.release_smoothing_seconds = Histogram(LATENESS_BUCKETS_S)
         # the monitor interval (see the module docstring)
         self._interval_start_ms: int | None = None
         self._counts_at_start: dict[str, tuple[int, ...]] = {}
@@ -238,6 +242,14 @@ class Metrics:
             if exists:
                 self.topics[name] = m
         return m
+
+    def observe_release(self, topic: str, load_ms: int, smoothing_ms: int) -> None:
+        """A message of `topic`, a topic with a releaseRate, handed out: of
+        its lateness (hand-out time minus due time), `smoothing_ms` is what
+        the release rate added and `load_ms` the rest (docs/api.md, "Flow":
+        smoothing lateness)."""
+        self.release_load_seconds.observe(load_ms / 1000)
+        self.release_smoothing_seconds.observe(smoothing_ms / 1000)
 
     def committed(self, fsync_s: float, round_s: float) -> None:
         """A group-commit round: its fsync took `fsync_s`, the whole round
@@ -279,6 +291,8 @@ class Metrics:
                   "# HELP hourglass_topics_shown topics with series of their own (--metrics-topics bounds them)",
                   "# TYPE hourglass_topics_shown gauge", f"hourglass_topics_shown {len(shown)}"]
         lines += self.lateness_seconds.render("hourglass_dispatch_lateness_seconds")
+        lines += self.release_load_seconds.render("hourglass_release_load_lateness_seconds")
+        lines += self.release_smoothing_seconds.render("hourglass_release_smoothing_lateness_seconds")
         lines += self.fsync_seconds.render("hourglass_fsync_seconds")
         lines += self.commit_round_seconds.render("hourglass_commit_round_seconds")
         family = ""
