@@ -28,6 +28,9 @@ import math
 # The burst, in seconds of the rate: a pull may take this much at once
 # after the topic was idle.
 BURST_S = 0.1
+# Added before a count of tokens is floored: refills of a fraction each
+# (0.1 a 10 ms turn at 10/s) sum to 0.9999... in floats, a token short.
+_EPSILON = 1e-6
 
 
 class ReleaseRate:
@@ -54,7 +57,7 @@ class ReleaseRate:
         if now_ms > self.at_ms:
             self.tokens = min(self.burst, self.tokens + (now_ms - self.at_ms) * self.per_s / 1000)
             self.at_ms = now_ms
-        return int(self.tokens)
+        return int(self.tokens + _EPSILON)
 
     def took(self, count: int, limited: bool, now_ms: int) -> None:
         """A pull at `now_ms` took `count` (at most `available`); `limited`:
@@ -70,7 +73,7 @@ class ReleaseRate:
     def next_token_ms(self, now_ms: int) -> int:
         """Milliseconds from `now_ms` until a whole token is there (0: now)."""
         self.available(now_ms)
-        missing = 1 - self.tokens
+        missing = 1 - self.tokens - _EPSILON
         return 0 if missing <= 0 else math.ceil(missing * 1000 / self.per_s)
 
 

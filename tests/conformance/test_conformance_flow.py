@@ -237,3 +237,67 @@ def test_a_paused_topic_is_not_pushed_until_resumed(serve, tmp_path, topic):
         assert {json.loads(r["body"])["msgId"] for r in sub.wait_received(3)} == sent
     finally:
         sub.stop()
+
+
+@pytest.mark.not_on("redis", reason=NOT_ON_REDIS)
+def test_release_rate_spreads_what_falls_due_at_once(api, topic):
+    """releaseRate=50: 200 messages due at once are handed out over about
+    4 s (the burst is a tenth of a second's worth), pulled by long polls;
+    no second of hand-outs over the rate by more than a fifth plus the
+    burst; each handed out once, none before its trigger time."""
+    data = call(api, "setTopicConfig", topic=topic, releaseRate=50)
+    assert data["releaseRate"] == 50 and settings(api, topic)["releaseRate"] == 50
+    code, body = api.post_json("sendMsgBatch", {"topic": topic, "msgs": [{"msg": "m", "msgId": f"r{i:03}"}
+                                                                       for i in range(200)]})
+    assert code == 200, body
+    started = time.monotonic()
+    seconds: dict[int, int] = {}
+    got: list[dict] = []
+    while len(got) < 200 and time.monotonic() - started < 20:
+        code, body = api.post("longPollingMsg", topic=topic, batch=100, longPollingTimeoutMillis=1000)
+        assert code == 200, body
+        at = time.monotonic()
+        for m in body["delayMsgList"]:
+            assert m["triggerTime"] <= int(time.time() * 1000)
+        got += body["delayMsgList"]
+        second = int(at - started)
+        seconds[second] = seconds.get(second, 0) + len(body["delayMsgList"])
+    took_s = time.monotonic() - started
+    assert sorted(m["msgId"] for m in got) == [f"r{i:03}" for i in range(200)]
+    assert took_s >= 3, (took_s, seconds)
+    assert max(seconds.values()) <= 50 * 1.2 + 5 + 5, seconds  # (the burst, a token of each shard's own)
+    call(api, "setTopicConfig", topic=topic, releaseRate=0)
+
+
+@pytest.mark.not_on("redis", reason=NOT_ON_REDIS)
+def test_max_due_age_hands_an_old_message_out_before_priority(api, topic):
+    """maxDueAgeMillis=1000: a priority-0 message due 5 s ago goes before
+    priority-9 ones just due; without the cap, priority order. (One serial
+    key: one shard holds them all.)"""
+    now = int(time.time() * 1000)
+    for t, cap in ((topic, 1000), (topic + "-plain", 0)):
+        call(api, "setTopicConfig", topic=t, maxDueAgeMillis=cap)
+        assert settings(api, t)["maxDueAgeMillis"] == cap
+        api.send(t, "old", msgId="old", key="k", priority=0, triggerTime=now - 5000)
+        for i in range(3):
+            api.send(t, "new", msgId=f"new{i}", key="k", priority=9)
+    assert [m["msgId"] for m in api.pull_until(topic, 1)] == ["old"]
+    assert [m["msgId"] for m in api.pull_until(topic + "-plain", 1)] == ["new0"]
+
+
+@pytest.mark.not_on("redis", reason=NOT_ON_REDIS)
+def test_fairness_set_by_set_topic_config_takes_turns(api, topic):
+    """fairness=fairKey: A's backlog and B's one message; a pull of 2 takes
+    one of each. (One serial key per tenant would serialise: no key here;
+    a node of two shards takes turns on each shard.)"""
+    call(api, "setTopicConfig", topic=topic, fairness="fairKey")
+    assert settings(api, topic)["fairness"] == "fairKey"
+    code, body = api.post_json("sendMsgBatch", {"topic": topic, "msgs": [
+        {"msg": "a", "msgId": f"a{i:02}", "fairKey": "A"} for i in range(40)]})
+    assert code == 200, body
+    api.send(topic, "b", msgId="b", fairKey="B")
+    got: list[str] = []
+    deadline = time.monotonic() + 5
+    while "b" not in got and time.monotonic() < deadline:
+        got += [m["msgId"] for m in api.pull(topic, batch=4)]
+    assert "b" in got[:8], got

@@ -185,3 +185,25 @@ def test_an_expire_cut_short_ends_the_rest_when_asked_again(h, monkeypatch):
     assert h.store.get("t", "late").status is Status.WAITING
     assert _pull(h) == ["before"]
     assert h.store.get("t", "before").end_reason == ""
+
+
+def test_topic_settings_are_carried_out_again_after_a_restart(h):
+    """releaseRate (this shard's share of it), fairness and maxDueAgeMillis
+    are kept in the settings and set on the broker again when it starts."""
+    from broker.flow.settings import TopicConfig
+
+    flow = _flow(h)
+    flow.shares = 2
+    _call(h, flow.set_config(TopicConfig("t", 100, "fairKey", 5000, 0)))
+    _send(h, ("m", "", 0))
+    queue = h.broker.topics["t"]
+    assert queue.rate is not None and queue.rate.per_s == 50 and queue.fair and queue.max_due_age_ms == 5000
+    h.restart()
+    again = TopicFlow(SettingsFile(os.path.join(h.directory, "topic-settings")), h.clock.now_ms, 100, 10, 2)
+    again.start(h.broker)
+    _send(h, ("n", "", 0))
+    queue = h.broker.topics["t"]
+    assert queue.rate is not None and queue.rate.per_s == 50 and queue.fair and queue.max_due_age_ms == 5000
+    _call(h, again.set_config(TopicConfig("t", 0, "none", 0, 0)))
+    assert queue.rate is None and not queue.fair and queue.max_due_age_ms == 0 and queue.by_due == []
+    assert again.settings == {}
