@@ -8,7 +8,10 @@ every change to every shard), the Raft group's state on a cluster
 (broker.cluster.flow), read again by each node that comes to lead. A
 change is durable (and on a majority) before it is answered.
 
-A pause is carried out by the backend's `PauseGate` (the disk broker's
+A topic's fairness, release rate and due-age cap are set on the backend's
+`PauseGate` (`set_flow`) when it starts serving and after each
+setTopicConfig; on a node of N shards each shard takes releaseRate / N
+(`shares`). A pause is carried out by the same gate (the disk broker's
 ready windows): a paused topic's pulls take nothing (a long poll waits,
 and so does a push subscription's, which pulls through it); a paused
 serial key's READY messages are parked as those of a key with a message
