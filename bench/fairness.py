@@ -4,7 +4,7 @@ tenant B sends one message due now every second while 4 consumers pull
 10 and ack each message (one ackMsg per message); B's release lateness --
 the client's clock when the pull holding B's message answered, minus its
 triggerTime -- p50, p99 and max, while A drains. Twice, each on a fresh
-node: with the topic's fairness `fairKey` (--fair-topics) and without, for
+node: with the topic's fairness `fairKey` (setTopicConfig) and without, for
 contrast. Prints ONE JSON object.
 
     .venv/bin/python bench/fairness.py                       # 1,000,000 of A's
@@ -122,10 +122,13 @@ def main() -> None:
     args = parser.parse_args()
     unwind_on_signals()
     out: dict[str, Any] = {"messages": args.messages, "consumers": CONSUMERS, "pull_batch": PULL}
-    for name, flags in (("fair", ("--fair-topics", TOPIC)), ("plain", ())):
+    for name in ("fair", "plain"):
         work = tempfile.mkdtemp(prefix=f"hourglass-fairness-{name}-")
-        server = Server.start(f"{work}/data", "--fsync", "batch", *flags, log_path=f"{work}/serve.log")
+        server = Server.start(f"{work}/data", "--fsync", "batch", log_path=f"{work}/serve.log")
         try:
+            if name == "fair":
+                status, body = server.post("setTopicConfig", topic=TOPIC, fairness="fairKey")
+                assert status == 200, body
             log(f"{name}:")
             out[name] = asyncio.run(run(server.base, args.messages, args.seconds))
         finally:

@@ -197,9 +197,6 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--fair-window", type=int, default=0,
                        help="places of a fair topic's pull order one fairKey holds; its others wait on disk "
                             "(default 0: --ready-window / 16)")
-    serve.add_argument("--fair-topics", default="",
-                       help="provisional: comma list of topics whose fairness is fairKey from the start (pulls "
-                            "hand out round-robin over the messages' fairKeys; disk backend only)")
     serve.add_argument("--max-topics", type=int, default=queues.topics,
                        help=f"topics the node keeps; a send to a new topic beyond them is answered 429 and stores "
                             f"nothing, until topics retire (default {queues.topics})")
@@ -279,7 +276,6 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
                        queues=QueueLimits(window=args.ready_window, window_total=args.ready_window_total,
                                           inflight=args.max_inflight, inflight_total=args.max_inflight_total,
                                           key_window=args.key_window, fair_window=args.fair_window,
-                                          fair_topics=frozenset(t for t in args.fair_topics.split(",") if t),
                                           topics=args.max_topics,
                                           page_bytes=args.max_page_bytes),
                        console=ConsoleConfig(session_ttl_s=args.console_session_ttl_s,

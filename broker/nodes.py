@@ -102,7 +102,7 @@ class DiskNode(NodeBase):
                                 clock, config.jobs)
         # topic settings and pauses in the data dir, carried out before anything is handed out (broker.flow)
         self.flow = TopicFlow(SettingsFile(settings_path(config.data_path)), clock.now_ms, config.queues.topics,
-                              config.max_paused_keys)
+                              config.max_paused_keys, 1 if config.shard is None else config.shard[1])
         self.flow.start(self.broker)
         if self.router is not None:
             self._serve_shards(self.router, served)

@@ -27,7 +27,10 @@ An entry (48 bytes, little-endian):
     44      1     status            u8   1..7 (docs/api.md); changed in place
     45      1     flags             u8   bit 0: released (deleted for good),
                                          bit 1: moved (filed again in a
-                                         smaller file, see storage.spans)
+                                         smaller file, see storage.spans),
+                                         bit 2: ended by a pause (status 5,
+                                         end reason `paused`: docs/api.md,
+                                         "Flow"); 0 in every older entry
     46      2     retry             u16  changed in place
 
 The second is stored because a message sent after its trigger time is filed
@@ -57,6 +60,7 @@ MUTABLE_OFFSET = 44
 NO_ENTRY = 0xFFFFFFFF
 FLAG_RELEASED = 1
 FLAG_MOVED = 2
+FLAG_PAUSED = 4  # ended by a resume's `expire` (Message.end_reason "paused")
 
 # The fields `count_waiting` reads of an entry (the rest skipped as padding):
 # trigger_ms, global_index, topic_hash, second, crc32, status.

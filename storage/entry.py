@@ -34,6 +34,10 @@ class Status(enum.IntEnum):
 STATUS_BY_VALUE: dict[int, Status] = {int(s): s for s in Status}
 
 
+# Message.end_reason of a message a resume's `expire` ended (docs/api.md, "Flow").
+END_PAUSED = "paused"
+
+
 class Location(NamedTuple):
     """Where a message's index entry lives: hour number and globalIndex."""
 
@@ -77,6 +81,9 @@ class Message(NamedTuple):
     tracestate: str = ""
     redrive_count: int = 0  # times a redriveMsgs job put it back (storage.delay_log); 0 none
     fair_key: str = ""  # the tenant a topic's fairness groups it by (docs/api.md); "" none
+    # Why an ended message ended, when its entry says (END_PAUSED: a
+    # resume's `expire`, flag FLAG_PAUSED of storage.delay_index); "" else
+    end_reason: str = ""
 
     @property
     def expire_ms(self) -> int:

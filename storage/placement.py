@@ -199,7 +199,7 @@ class Placement:
             append_item(item)
             message = new(Message, (topic, msg_id, msg, m.produce_ms, trigger_ms, m.ttl_ms, m.max_retry,
                                     m.priority, tag, WAITING, 0, new(Location, (h.hour, item.global_index)), m.key,
-                                    m.traceparent, m.tracestate, 0, m.fair_key))
+                                    m.traceparent, m.tracestate, 0, m.fair_key, ""))
             self.pend_id(key, message, undo_ids)
             append_result(new(SendResult, (STORED, message)))
         if chars > MAX_RECORD_CHARS:
@@ -259,7 +259,7 @@ class Placement:
         staged: dict[tuple[int, int], State] = {}  # published only if every change is valid
         new_item = tuple.__new__  # a StateItem made without its generated (Python-level) __new__
         item_type = records.StateItem
-        for where, new_status, retry, released, deadline_ms, prev_status, known_topic in changes:
+        for where, new_status, retry, released, deadline_ms, prev_status, known_topic, more_flags in changes:
             known = staged.get(where)
             if known is None and prev_status:
                 known = (prev_status, 0, retry, known_topic)
@@ -268,7 +268,7 @@ class Placement:
                 topic_hash = self._pending.topic_hash_of(where)
             if retry < 0 or retry > MAX_RETRY_COUNT:
                 raise InvalidRequest("retry", f"must be in 0..{MAX_RETRY_COUNT}, got {retry}")
-            new_flags = flags | FLAG_RELEASED if released else flags
+            new_flags = (flags | FLAG_RELEASED if released else flags) | more_flags
             to = int(new_status)
             items.append(new_item(item_type, (where[0], where[1], to, retry, new_flags, status, topic_hash, deadline_ms)))
             staged[where] = (to, new_flags, retry, topic_hash)

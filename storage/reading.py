@@ -34,8 +34,8 @@ import zlib
 from collections.abc import Iterator, Sequence
 
 from . import delay_index, delay_log, spans
-from .delay_index import FLAG_RELEASED
-from .entry import MS_PER_HOUR, SECONDS_PER_HOUR, STATUS_BY_VALUE, IndexEntry, Location, Message, Status
+from .delay_index import FLAG_PAUSED, FLAG_RELEASED
+from .entry import END_PAUSED, MS_PER_HOUR, SECONDS_PER_HOUR, STATUS_BY_VALUE, IndexEntry, Location, Message, Status
 from .errors import CorruptionError, InvalidRequest, InvariantError
 from .hour import Hour
 from .hour_table import NO_HOUR, HourTable
@@ -188,7 +188,7 @@ class Reader:
         return tuple.__new__(Message, (body.topic, body.msg_id, body.msg, body.produce_ms, entry.trigger_ms, body.ttl_ms,
                                        body.max_retry, entry.priority, body.tag, STATUS_BY_VALUE[status], retry, where,
                                        body.key, body.traceparent, body.tracestate, body.redrive_count,
-                                       body.fair_key))
+                                       body.fair_key, END_PAUSED if flags & FLAG_PAUSED else ""))
 
     def state(self, where: Location) -> State:
         """(status, flags, retry, topic hash) at `where`, pending changes

@@ -88,6 +88,9 @@ class StateChange(NamedTuple):
     # Only for a message neither released nor changed earlier in the batch.
     prev_status: int = 0
     topic_hash: int = 0
+    # Flag bits the change adds to the entry's (storage.delay_index: only
+    # FLAG_PAUSED, an end's reason, is given here; 0 none).
+    flags: int = 0
 
 
 class CheckpointReport(NamedTuple):

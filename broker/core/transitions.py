@@ -43,6 +43,7 @@ expire = triggerTime + ttlMillis; final = ACKED, EXPIRED, ENDED, DELETED):
     give back    -             -               -                READY, retry-1     -
     retry at     -             -               -                WAITING at that    -
                                                                 time [9], ENDED [3]
+    end paused   -             EXPIRED [11]    EXPIRED [11]     -                  -
 
     [1] FILE: into the wheel; DUE_NOW too if its trigger time has come (it
         is made READY, or EXPIRED, once its record is durable).
@@ -68,6 +69,10 @@ expire = triggerTime + ttlMillis; final = ACKED, EXPIRED, ENDED, DELETED):
         maxRetry + 1 deliveries or if the retry time is past its expiry.
     [10] a schedule's run that missed with misfire=skip (broker.schedules.keeper):
         EXPIRED at its release, never delivered.
+    [11] a resume's `expire` (broker.flow.keeper): a message that fell due
+        while its topic (or key) was paused ends, out of the wheel (CANCEL)
+        or its window (FORGET), its end reason `paused`; one consuming was
+        handed out before the pause and is left to its ack.
 """
 
 from __future__ import annotations
@@ -236,9 +241,16 @@ class GiveBack:
     """Pulled for a long poll whose client hung up: READY as if never pulled."""
 
 
-Event = Send | Release | Pull | Ack | Nack | AckTimeout | Ttl | Delete | Reschedule | Redrive | GiveBack | RetryAt
+@dataclass(frozen=True, slots=True)
+class EndPaused:
+    """resumeTopic with onResume=expire: it fell due while paused."""
+
+
+Event = (Send | Release | Pull | Ack | Nack | AckTimeout | Ttl | Delete | Reschedule | Redrive | GiveBack | RetryAt
+         | EndPaused)
 
 RELEASE, ACK, NACK, TTL, REDRIVE, GIVE_BACK = Release(), Ack(), Nack(), Ttl(), Redrive(), GiveBack()
+END_PAUSED = EndPaused()
 SKIPPED_RELEASE = Release(skipped=True)
 
 E = Effect
@@ -256,6 +268,7 @@ _NACK_ENDED = (E.FORGET, E.COUNT_NACK, E.COUNT_ENDED)
 _GIVEN_BACK = (E.REQUEUE, E.WAKE)
 _REPLACED = (E.RELEASE_ID, E.REPLACE)
 _RELEASED_ENDED = (E.RELEASE_ID, E.COUNT_DELETE)
+_PAUSED_WAITING = (E.CANCEL, E.COUNT_ENDED)
 _NOTHING: tuple[Effect, ...] = ()
 
 # A cell of the table: (state, event, now_ms) -> Step. A cell is only ever
@@ -372,6 +385,14 @@ def _give_back(state: MessageState, event: GiveBack, now_ms: int) -> Step:
     return _new(Step, (_to(state, READY, state.retry - 1), _GIVEN_BACK, None))
 
 
+def _end_paused_waiting(state: MessageState, event: EndPaused, now_ms: int) -> Step:
+    return _new(Step, (_to(state, EXPIRED, state.retry), _PAUSED_WAITING, None))
+
+
+def _end_paused_held(state: MessageState, event: EndPaused, now_ms: int) -> Step:
+    return _new(Step, (_to(state, EXPIRED, state.retry), _ENDED, None))
+
+
 def _retry_or_end(state: MessageState, now_ms: int, requeued: tuple[Effect, ...],
                   ended: tuple[Effect, ...]) -> Step:
     """A delivery was not acked: READY again, or ENDED after maxRetry + 1
@@ -414,4 +435,5 @@ TABLE: dict[type[Event], dict[Status | None, Rule]] = {
     Redrive: _row({None: _not_found, EXPIRED: _redrive, ENDED: _redrive}, _not_dead),
     RetryAt: _row({CONSUMING: _retry_at}),
     GiveBack: _row({CONSUMING: _give_back}),
+    EndPaused: _row({WAITING: _end_paused_waiting, READY: _end_paused_held}),
 }

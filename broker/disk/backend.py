@@ -161,9 +161,12 @@ class Broker:
         # take nothing more of a paused topic or serial key; a resume wakes its long polls
         self.pause = self._windows.pause
         self.resume = self._windows.resume
+        self.expire_paused = bulk.expire_paused  # (a resume's `expire`)
         # a topic's fairness, fairKey (on) or none (docs/api.md, "Fairness between
-        # tenants"): RAM state only, set again at a start by who keeps the setting
+        # tenants"), release rate and due-age cap: RAM state only, set again at a
+        # start by who keeps the settings (broker.flow.keeper)
         self.set_fairness = self._windows.set_fairness
+        self.set_flow = self._windows.set_flow
 
     def __repr__(self) -> str:
         return f"Broker({self._lifecycle!r}, {self._messages!r}, tick={self.tick}, {self._filing!r})"

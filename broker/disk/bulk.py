@@ -42,8 +42,10 @@ place never delivers it.
                 or its window / in flight (FORGET), as deleteMsg does
     reschedule  WAITING, READY -> WAITING at the new time (READY if due),
                 as rescheduleMsg does
+    expire_paused  WAITING, READY -> EXPIRED, end reason `paused` (a
+                resume's `expire`: broker.flow.keeper), as a delete ends them
 
-Each step is broker.disk.messages': `delete_found`, `move`.
+Each step is broker.disk.messages': `end_found`, `move`.
 """
 
 from __future__ import annotations
@@ -65,7 +67,7 @@ from storage.store import Store, text_hash
 
 from ..core.bulk_params import MOVABLE, BulkFilter, DeleteMsgsRequest, ListMsgRequest, PageKeeper, RescheduleMsgsRequest
 from ..core.lifecycle import Lifecycle
-from ..core.transitions import MessageState, Reschedule
+from ..core.transitions import END_PAUSED, Delete, EndPaused, MessageState, Reschedule
 from .journal import Journal
 from .messages import Messages, Moved
 
@@ -92,6 +94,7 @@ KEY_SLICE = 1024
 MAX_FLOORS = 16
 
 _new = tuple.__new__
+_DELETE = Delete()
 # A gathered match as plain ints: (file, globalIndex, status, retry, trigger
 # time). The garbage collector stops tracking a tuple of ints; a Match, which
 # holds a Location (a NamedTuple), it tracks: a call's 100,000 of those were
@@ -407,15 +410,25 @@ class Bulk:
         past DELETE_SLICE of them, as one PART record a slice (the loop free
         between) and the COMMIT record last (storage.records): whole across
         a crash either way. How many, and whether matches remain."""
-        gathered = await self._gather(request.topic, request.filter, request.limit)
+        return await self._end(request.topic, request.filter, request.limit, _DELETE)
+
+    async def expire_paused(self, topic: str, flt: BulkFilter, limit: int) -> tuple[int, bool]:
+        """A resume's `expire` (broker.flow.keeper): the waiting and ready
+        matches (at most `limit`) EXPIRED, their end reason `paused`, as
+        `delete` ends its matches -- whole across a crash, one call. How
+        many, and whether matches remain."""
+        return await self._end(topic, flt, limit, END_PAUSED)
+
+    async def _end(self, topic: str, flt: BulkFilter, limit: int, event: Delete | EndPaused) -> tuple[int, bool]:
+        gathered = await self._gather(topic, flt, limit)
         found, more, stale, _ = gathered
         self._lifecycle.check_serving()
-        delete_found, topic = self._messages.delete_found, request.topic
+        end_found = self._messages.end_found
         if len(found) <= DELETE_SLICE:  # (no await from the read of the current states to the append)
-            deleted = delete_found(self._current(found, stale.files()), topic, 0)
+            ended = end_found(self._current(found, stale.files()), topic, 0, event)
         else:
             call_id = secrets.randbits(62) + 1
-            deleted = 0
+            ended = 0
             try:
                 for first in range(0, len(found), DELETE_SLICE):
                     if first:
@@ -424,19 +437,19 @@ class Bulk:
                     while self._store.deferred_items() > MAX_DEFERRED:  # the calls before it applied first
                         await asyncio.sleep(0.001)
                         self._lifecycle.check_serving()
-                    deleted += delete_found(self._current(found[first:first + DELETE_SLICE], stale.files()), topic,
-                                            call_id)
+                    ended += end_found(self._current(found[first:first + DELETE_SLICE], stale.files()), topic,
+                                       call_id, event)
                     stale.appended()
                     self.slices += 1
                 self._journal.commit_parts(call_id, self._messages.now_ms())
             except BaseException as e:
-                if deleted:  # parts taken out of RAM, never committed: a restart puts them back
+                if ended:  # parts taken out of RAM, never committed: a restart puts them back
                     self._lifecycle.fail(e, "a bulk delete cut short")
                 raise
-        if deleted:
+        if ended:
             await self._journal.durable()
-        self._keep_floors(request.topic, request.filter, gathered)  # (every match taken is now DELETED, or ended)
-        return deleted, more
+        self._keep_floors(topic, flt, gathered)  # (every match taken is now DELETED or EXPIRED, or ended)
+        return ended, more
 
     async def reschedule(self, request: RescheduleMsgsRequest) -> tuple[int, bool]:
         """The waiting and ready matches (at most `limit`) filed anew at their

@@ -26,6 +26,7 @@ import operator
 from collections.abc import Callable, Iterable, Sequence
 from typing import NamedTuple
 
+from storage.delay_index import FLAG_PAUSED
 from storage.entry import STATUS_BY_VALUE, IndexEntry, Location, Message, Status
 from storage.errors import InvariantError, NotFound
 from storage.reading import Match
@@ -33,6 +34,7 @@ from storage.store import SendOutcome, SendResult, StateChange, Store, text_hash
 from wheel.clock import Clock
 
 from ..core.params import DeleteRequest, LongPollRequest, NewSend, PullRequest
+from ..core.release_rate import smoothing_ms
 from ..core.transitions import (
     ACK,
     GIVE_BACK,
@@ -43,6 +45,7 @@ from ..core.transitions import (
     TTL,
     Delete,
     Effect,
+    EndPaused,
     Event,
     MessageState,
     Pull,
@@ -66,7 +69,6 @@ READY, CONSUMING, WAITING, ACKED = Status.READY, Status.CONSUMING, Status.WAITIN
 TAKE, REQUEUE, FORGET, HOLD, WAKE = Effect.TAKE, Effect.REQUEUE, Effect.FORGET, Effect.HOLD, Effect.WAKE
 CANCEL, DUE_NOW = Effect.CANCEL, Effect.DUE_NOW
 _new = tuple.__new__  # (a NamedTuple without its Python-level __new__)
-_DELETE = Delete()
 _TRIGGER_MS = operator.attrgetter("trigger_ms")
 _MESSAGE = operator.itemgetter(0)  # a NewSend's message
 
@@ -143,7 +145,7 @@ class Messages:
             if WAKE in effects:
                 woken.add(held.topic)
             changes.append(_new(StateChange, (held.location, state.status, state.retry, False, state.deadline_ms,
-                                              status, held.topic_hash)))
+                                              status, held.topic_hash, 0)))
             if effects is not counted or held.topic != counted_topic:
                 if times:
                     topic_metrics(counted_topic).count(counted, times)
@@ -160,6 +162,8 @@ class Messages:
         its tags; fewer at the in-flight caps), appended: the messages
         (None: none was taken)."""
         now_ms = self._clock.now_ms()
+        rate = self._windows.release_rate(request.topic)
+        held_since_ms = None if rate is None else rate.held_since_ms  # (before this pull's take)
         taken = self._windows.choose(request.topic, request.batch,
                                      frozenset(request.tags) if request.tags else None)
         if not taken:
@@ -176,6 +180,12 @@ class Messages:
                 messages.append(cached.with_state(CONSUMING, held.state.retry))
                 held.message = None
         self._metrics.topic(request.topic).pulled(messages, now_ms)
+        if rate is not None:  # (a topic without a rate: its lateness is all load, the pull gap's)
+            observe = self._metrics.observe_release
+            for m in messages:
+                due = due_ms(m.trigger_ms, m.produce_ms)
+                smoothing = smoothing_ms(due, held_since_ms, now_ms)
+                observe(request.topic, max(0, now_ms - due) - smoothing, smoothing)
         return messages
 
     def give_back(self, messages: list[Message]) -> bool:
@@ -385,26 +395,33 @@ class Messages:
             self._journal.append([self._carried_out(message, done)], now_ms)
         return message, done
 
-    def delete_found(self, found: Iterable[Match], topic: str, call_id: int) -> int:
-        """`Delete` to each match (place, status, retry, trigger time: as just
-        read), out of the wheel and the windows, appended as one record (a
-        PART of `call_id` unless 0); how many changed (counted)."""
+    def end_found(self, found: Iterable[Match], topic: str, call_id: int, event: Delete | EndPaused) -> int:
+        """`event` -- a delete (deleteMsgs), or a resume's `expire` (EndPaused:
+        the entry flagged FLAG_PAUSED, its end reason) -- to each match
+        (place, status, retry, trigger time: as just read), out of the
+        wheel and the windows, appended as one record (a PART of `call_id`
+        unless 0); how many changed (counted: deletes, or ended)."""
         now_ms = self._clock.now_ms()
         topic_hash = text_hash(topic)
+        flags = FLAG_PAUSED if type(event) is EndPaused else 0
         changes = []
-        steps: dict[tuple[int, int], Step] = {}  # a delete's step depends on the status and retry only
+        steps: dict[tuple[int, int], Step] = {}  # these steps depend on the status and retry only
         for where, status, retry, _ in found:
             done = steps.get((status, retry))
             if done is None:
-                done = steps[status, retry] = step(MessageState(STATUS_BY_VALUE[status], retry, 0, 0, 0), _DELETE,
+                done = steps[status, retry] = step(MessageState(STATUS_BY_VALUE[status], retry, 0, 0, 0), event,
                                                    now_ms)
             if done.state is None or not done.effects:
                 continue  # ended meanwhile
             self._leave(where, done.effects)
-            changes.append(_new(StateChange, (where, done.state.status, retry, False, 0, status, topic_hash)))
+            changes.append(_new(StateChange, (where, done.state.status, retry, False, 0, status, topic_hash, flags)))
         if changes:
             self._journal.append(changes, now_ms, call_id)
-            self._metrics.topic(topic).deletes += len(changes)
+            m = self._metrics.topic(topic)
+            if flags:
+                m.ended += len(changes)
+            else:
+                m.deletes += len(changes)
         return len(changes)
 
     def move(self, found: Iterable[tuple[Location, MessageState, Event]], topic: str) -> Moved:

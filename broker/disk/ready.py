@@ -62,6 +62,7 @@ from storage.entry import Location, Message, Status
 from storage.errors import ConfigError
 
 from ..core.bulk_params import DEFAULT_PAGE_BYTES
+from ..core.release_rate import ReleaseRate
 from ..core.transitions import MessageState
 
 OrderKey = tuple[int, int, Location]  # (-priority, triggerTime, place): less is pulled first
@@ -93,8 +94,8 @@ class QueueLimits:
     # turns while each keeps a pull's batch (256 of the default window)
     # in RAM; past that many, the window holds them by the plain order.
     fair_window: int = 0
-    # Topics whose fairness is `fairKey` from the start (--fair-topics,
-    # provisional until setTopicConfig sets it: ReadyWindows.set_fairness).
+    # Topics whose fairness is `fairKey` from the broker's build (an embedder's
+    # or a test's; a node's come from setTopicConfig: broker.flow's set_flow).
     fair_topics: frozenset[str] = frozenset()
     # Topics the node keeps (--max-topics): a send that would make one more
     # is refused (LimitReached, 429) until topics retire. What each topic
@@ -295,6 +296,12 @@ class TopicQueue:
     groups: dict[str, FairGroup] = field(default_factory=dict)
     rotation: deque[str] = field(default_factory=deque)
     fair_spills: Spills = field(default_factory=Spills)
+    # Flow settings (broker.disk.windows' `set_flow`): the release rate's
+    # bucket (None: no rate); the due-age cap (0: none) and, while set, the
+    # order's messages by trigger time (`by_due`, stale entries as `heap`'s).
+    rate: ReleaseRate | None = None
+    max_due_age_ms: int = 0
+    by_due: list[tuple[int, Location]] = field(default_factory=list)
 
     def order(self, held: HeldMessage) -> None:
         """Into the pull order."""
@@ -319,6 +326,8 @@ class TopicQueue:
             tagged = by_tag[held.tag] = []
         heappush(tagged, key)
         heappush(self.worst, (-key[0], -key[1], -location.hour, -location.global_index, location))
+        if self.max_due_age_ms:
+            heappush(self.by_due, (key[1], location))
         self.entries += 1
         if self.entries > 2 * len(self.ready) + ORDER_SLACK:
             self.rebuild()
@@ -365,7 +374,15 @@ class TopicQueue:
             _heapify_all(self.heap, self.by_tag)
         self.worst = [(-p, -t, -at.hour, -at.global_index, at) for p, t, at in keys]
         heapify(self.worst)
+        self.by_due = [(t, at) for _, t, at in keys] if self.max_due_age_ms else []
+        heapify(self.by_due)
         self.entries = len(keys)
+
+    def set_max_due_age(self, max_due_age_ms: int) -> None:
+        """The due-age cap (0: none): `by_due` kept while one is set."""
+        if max_due_age_ms != self.max_due_age_ms:
+            self.max_due_age_ms = max_due_age_ms
+            self.rebuild()
 
     def set_fair(self, on: bool) -> None:
         """Fairness on or off: the order regrouped (`rebuild`). The caller
@@ -380,15 +397,19 @@ class TopicQueue:
         group = self.groups.get(fair_key)
         return 0 if group is None else group.ordered
 
-    def best(self, room: int, tags: frozenset[str] | None) -> list[HeldMessage]:
+    def best(self, room: int, tags: frozenset[str] | None, now_ms: int = 0) -> list[HeldMessage]:
         """Up to `room` of the order's best (among `tags`), best first, one
         of a serial key at most (taking it parks the key's others): out of
         the heaps, still in `ready` (the caller takes them out of it). A
-        fair topic's: one from each group in turn (`rotation`)."""
-        if self.fair:
-            return self._by_turns(room, tags)
+        fair topic's: one from each group in turn (`rotation`). With a
+        due-age cap, those due longer than it before `now_ms` first, the
+        oldest first (`_aged`)."""
         chosen: dict[Location, HeldMessage] = {}
         serial_keys: set[str] = set()
+        if self.max_due_age_ms and now_ms:
+            self._aged(room, tags, now_ms - self.max_due_age_ms, chosen, serial_keys)
+        if self.fair:
+            return self._by_turns(room, tags, chosen, serial_keys)
         tagged = None if tags is None else [self.by_tag[tag] for tag in tags if tag in self.by_tag]
         while len(chosen) < room:
             held = _next(self.heap, tagged, self.ready, chosen, serial_keys)
@@ -397,14 +418,39 @@ class TopicQueue:
             chosen[held.location] = held
         return list(chosen.values())
 
-    def _by_turns(self, room: int, tags: frozenset[str] | None) -> list[HeldMessage]:
+    def _aged(self, room: int, tags: frozenset[str] | None, due_before_ms: int,
+              chosen: dict[Location, HeldMessage], serial_keys: set[str]) -> None:
+        """Into `chosen`, up to `room` of the order's messages due before
+        `due_before_ms` (trigger time earlier: older than the cap), oldest
+        first, whatever their priority. A pull by tags stops at the oldest
+        one of another tag (the rest of the pull goes by priority order).
+        Worked example (cap 10 s, now 100 s): a(p9, due 95 s), b(p0, due
+        80 s), c(p0, due 85 s): b, c (aged, oldest first), then a."""
+        by_due, ready = self.by_due, self.ready
+        while len(chosen) < room and by_due:
+            trigger_ms, location = by_due[0]
+            if trigger_ms >= due_before_ms:
+                return
+            held = ready.get(location)
+            if held is None or location in chosen:
+                heappop(by_due)  # stale, or its second entry
+                continue
+            if tags is not None and held.tag not in tags:
+                return
+            heappop(by_due)
+            if held.serial_key:
+                if held.serial_key in serial_keys:
+                    continue  # (parked once the key's first is taken; filed again when it is freed)
+                serial_keys.add(held.serial_key)
+            chosen[location] = held
+
+    def _by_turns(self, room: int, tags: frozenset[str] | None, chosen: dict[Location, HeldMessage],
+                  serial_keys: set[str]) -> list[HeldMessage]:
         """`best` of a fair topic: the group at the front of the rotation
         gives its best and goes to the back; one with nothing this pull
         may take keeps its place (in front again after the pull), as does
         one with messages on disk only; one with none leaves the rotation."""
         ready, groups, rotation = self.ready, self.groups, self.rotation
-        chosen: dict[Location, HeldMessage] = {}
-        serial_keys: set[str] = set()
         skipped: list[str] = []
         while len(chosen) < room and rotation:
             name = rotation.popleft()

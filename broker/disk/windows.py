@@ -53,6 +53,7 @@ from wheel.clock import Clock
 
 from ..core.lifecycle import Lifecycle
 from ..core.long_polls import LongPolls
+from ..core.release_rate import ReleaseRate
 from .group_commit import GroupCommit
 from .journal import Journal
 from .ready import HeldMessage, OrderKey, QueueLimits, Spills, TopicQueue
@@ -113,6 +114,12 @@ class ReadyWindows:
         # busy (its messages parked) as if one of them were in flight.
         self.paused_topics: set[str] = set()
         self.paused_keys: set[tuple[str, str]] = set()
+        # Topic settings (broker.flow, `set_flow`): a release rate a second
+        # (this shard's share), a due-age cap in ms; a topic's queue takes them
+        # when made.
+        self._rates: dict[str, float] = {}
+        self._max_due_ages: dict[str, int] = {}
+        self._rate_wakes: set[str] = set()  # topics with a long-poll wake set for their next token
 
     def __repr__(self) -> str:
         return (f"ReadyWindows(topics={len(self.topics)}, window={self.window_total}, parked={self.parked_total}, "
@@ -129,7 +136,34 @@ class ReadyWindows:
         queue = self.topics.get(topic)
         if queue is None:
             queue = self.topics[topic] = TopicQueue(topic, text_hash(topic), fair=topic in self._fair_topics)
+            per_s = self._rates.get(topic)
+            if per_s is not None:
+                queue.rate = ReleaseRate(per_s, self._clock.now_ms())
+            if topic in self._max_due_ages:
+                queue.set_max_due_age(self._max_due_ages[topic])
         return queue
+
+    def set_flow(self, topic: str, fair: bool, release_per_s: float, max_due_age_ms: int) -> None:
+        """The topic's settings carried out from now on (broker.flow): its
+        fairness (`set_fairness`), its release rate a second (this shard's
+        share; 0: none) and its due-age cap (0: none)."""
+        self.set_fairness(topic, fair)
+        queue = self.topics.get(topic)
+        if release_per_s > 0:
+            self._rates[topic] = release_per_s
+            if queue is not None and (queue.rate is None or queue.rate.per_s != release_per_s):
+                queue.rate = ReleaseRate(release_per_s, self._clock.now_ms())
+        else:
+            self._rates.pop(topic, None)
+            if queue is not None:
+                queue.rate = None
+        if max_due_age_ms > 0:
+            self._max_due_ages[topic] = max_due_age_ms
+        else:
+            self._max_due_ages.pop(topic, None)
+        if queue is not None:
+            queue.set_max_due_age(max_due_age_ms)
+        self._long_polls.wake(topic)
 
     def set_fairness(self, topic: str, on: bool) -> None:
         """The topic's fairness: `fairKey` (on) or `none` (docs/api.md,
@@ -195,7 +229,34 @@ class ReadyWindows:
             self._refill(queue, want, max_scan=INLINE_REFILL_SCAN)
         if not queue.ready:
             return []
-        return queue.best(room, tags)
+        rate = queue.rate
+        if rate is None:
+            return queue.best(room, tags, self._clock.now_ms() if queue.max_due_age_ms else 0)
+        now_ms = self._clock.now_ms()
+        tokens = rate.available(now_ms)
+        chosen = queue.best(min(room, tokens), tags, now_ms) if tokens > 0 else []
+        limited = tokens < room and len(chosen) == tokens and len(queue.ready) > len(chosen)
+        rate.took(len(chosen), limited, now_ms)
+        if limited:
+            self._wake_at_token(queue.name, rate, now_ms)
+        return chosen
+
+    def release_rate(self, topic: str) -> ReleaseRate | None:
+        """The topic's bucket (None: no release rate): its smoothing lateness."""
+        queue = self.topics.get(topic)
+        return None if queue is None else queue.rate
+
+    def _wake_at_token(self, topic: str, rate: ReleaseRate, now_ms: int) -> None:
+        """The topic's bucket held due messages back: its long polls pull
+        again when the next token is there (one timer a topic)."""
+        if topic in self._rate_wakes:
+            return
+        self._rate_wakes.add(topic)
+
+        def wake() -> None:
+            self._rate_wakes.discard(topic)
+            self._long_polls.wake(topic)
+        self._clock.call_later(rate.next_token_ms(now_ms) / 1000, wake)
 
     def carry_out(self, out_of_window: list[HeldMessage], out_of_flight: list[HeldMessage],
                   into_flight: list[HeldMessage], into_window: list[HeldMessage], forgotten: list[Location],

@@ -8,7 +8,10 @@ every change to every shard), the Raft group's state on a cluster
 (broker.cluster.flow), read again by each node that comes to lead. A
 change is durable (and on a majority) before it is answered.
 
-A pause is carried out by the backend's `PauseGate` (the disk broker's
+A topic's fairness, release rate and due-age cap are set on the backend's
+`PauseGate` (`set_flow`) when it starts serving and after each
+setTopicConfig; on a node of N shards each shard takes releaseRate / N
+(`shares`). A pause is carried out by the same gate (the disk broker's
 ready windows): a paused topic's pulls take nothing (a long poll waits,
 and so does a push subscription's, which pulls through it); a paused
 serial key's READY messages are parked as those of a key with a message
@@ -28,6 +31,10 @@ once a pause is answered and nothing stays paused once a resume is:
              shift cut short (a crash, a failover) leaves the topic paused
              with R kept: the next resume moves the rest of [pausedAt, R),
              each message once (a moved one lies at R or later).
+             expire: as shift, but each message in [pausedAt, R) ends
+             (EXPIRED, end reason `paused`: Bulk.expire_paused, whole
+             calls of RESUME_SLICE) instead of moving; cut short and asked
+             again, it ends the rest (an ended one matches no more).
 
 Who may call what: everything on the event loop; the changes of one node
 are serialised by one lock (a shift may take a while: a pause or a
@@ -75,7 +82,17 @@ class PauseGate(Protocol):
         """Hand them out again (long polls of the topic woken)."""
         ...
 
+    def set_flow(self, topic: str, fair: bool, release_per_s: float, max_due_age_ms: int) -> None:
+        """Carry the topic's settings out from now on: fairness by fairKey
+        (or none), a release rate a second (0: none), a due-age cap (0: none)."""
+        ...
+
     async def reschedule_msgs(self, request: RescheduleMsgsRequest) -> tuple[int, bool]:
+        ...
+
+    async def expire_paused(self, topic: str, flt: BulkFilter, limit: int) -> tuple[int, bool]:
+        """The WAITING and READY matches (at most `limit`) EXPIRED with the
+        end reason `paused`, as one whole call: how many, and whether more match."""
         ...
 
 
@@ -85,8 +102,11 @@ class TopicFlow:
     it no longer does: a cluster node that stands down)."""
 
     def __init__(self, store: SettingsStore, clock_ms: Callable[[], int], max_topics: int,
-                 max_paused_keys: int = DEFAULT_MAX_PAUSED_KEYS) -> None:
+                 max_paused_keys: int = DEFAULT_MAX_PAUSED_KEYS, shares: int = 1) -> None:
         self._store = store
+        # The shards of the node (each its own TopicFlow, every change sent to
+        # all): each hands out releaseRate / shares a second of its messages.
+        self.shares = shares
         self._now_ms = clock_ms
         self.max_topics = max_topics  # --max-topics: topics with settings at most
         self.max_paused_keys = max_paused_keys  # --max-paused-keys: paused serial keys of a topic at most
@@ -94,6 +114,7 @@ class TopicFlow:
         self._gate: PauseGate | None = None
         self._lock = asyncio.Lock()
         self.moved = 0  # messages a shift moved (tests, logs)
+        self.expired = 0  # messages an expire ended (tests, logs)
 
     def __repr__(self) -> str:
         paused = sum(1 for s in self.settings.values() if s.pause is not None)
@@ -107,6 +128,7 @@ class TopicFlow:
         self.settings = self._store.load()
         self._gate = gate
         for s in self.settings.values():
+            self._carry_out(gate, s)
             if s.pause is not None:
                 gate.pause(s.topic, None)
             for key in s.keys:
@@ -141,10 +163,19 @@ class TopicFlow:
         self.settings = new
 
     async def set_config(self, config: TopicConfig) -> TopicSettings:
-        """setTopicConfig (validated whole by broker.flow.settings.parse_config)."""
+        """setTopicConfig (validated whole by broker.flow.settings.parse_config):
+        saved, then carried out on the gate, if one serves."""
         async with self._lock:
             await self._save(self.get(config.topic).with_config(config))
-            return self.get(config.topic)
+            settings = self.get(config.topic)
+            if self._gate is not None:
+                self._carry_out(self._gate, settings)
+            return settings
+
+    def _carry_out(self, gate: PauseGate, s: TopicSettings) -> None:
+        """The topic's fairness, release rate (this shard's share) and
+        due-age cap on the gate."""
+        gate.set_flow(s.topic, s.fairness == "fairKey", s.release_rate / self.shares, s.max_due_age_ms)
 
     async def pause(self, request: PauseRequest) -> TopicSettings:
         """pauseTopic: a pause already in place keeps its time (an
@@ -183,12 +214,15 @@ class TopicFlow:
             if pause is None:
                 return current
             policy = request.on_resume or pause.on_resume
-            if policy is OnResume.SHIFT:
+            if policy is not OnResume.HOLD:
                 if pause.resume_ms is None:
                     pause = replace(pause, resume_ms=max(self._now_ms(), pause.since_ms))
                     await self._save(current.with_pause(request.key, pause))
                     current = self.get(request.topic)
-                await self._shift(gate, request, pause)
+                if policy is OnResume.SHIFT:
+                    await self._shift(gate, request, pause)
+                else:
+                    await self._expire(gate, request, pause)
             await self._save(current.with_pause(request.key, None))
             gate.resume(request.topic, request.key)
             return self.get(request.topic)
@@ -210,5 +244,24 @@ class TopicFlow:
             self.moved += moved
             if more and not moved:
                 raise Unavailable(f"the shift of topic {request.topic!r}'s paused messages moved none of those "
+                                  f"left; retry resumeTopic")
+            await asyncio.sleep(0)
+
+    async def _expire(self, gate: PauseGate, request: PauseRequest, pause: Pause) -> None:
+        """Every WAITING or READY message of the topic (or key) whose trigger
+        time is in [pausedAt, resumedAt) EXPIRED, end reason `paused`, a
+        whole durable call of RESUME_SLICE at a time (one cut short and
+        asked again ends the rest: an ended one matches no more)."""
+        assert pause.resume_ms is not None
+        if pause.resume_ms <= pause.since_ms:
+            return
+        flt = BulkFilter(key=request.key, statuses=MOVABLE, trigger_from_ms=pause.since_ms,
+                         trigger_to_ms=pause.resume_ms)
+        more = True
+        while more:
+            ended, more = await gate.expire_paused(request.topic, flt, RESUME_SLICE)
+            self.expired += ended
+            if more and not ended:
+                raise Unavailable(f"the expiry of topic {request.topic!r}'s paused messages ended none of those "
                                   f"left; retry resumeTopic")
             await asyncio.sleep(0)

@@ -12,9 +12,8 @@ how they are answered and how they are kept (docs/api.md, "Flow").
                       Raft group's state on a cluster: broker.cluster.flow)
 
 Settings whose effect this build does not carry out yet are refused with
-code 400 naming the parameter (never stored and ignored): a `releaseRate`
-other than 0, `fairness` other than `none`, a `maxDueAgeMillis` or
-`dedupWindowMillis` other than 0; and `onResume=expire`.
+code 400 naming the parameter (never stored and ignored): a
+`dedupWindowMillis` other than 0.
 
 No I/O and no clock: a pause's time is the caller's `now_ms`.
 """
@@ -36,6 +35,9 @@ DEFAULT_MAX_PAUSED_KEYS = 1000
 
 # The settings a topic has until set (setTopicConfig's defaults).
 FAIRNESS = ("none", "fairKey")
+# The highest releaseRate taken (messages a second): above it, a limit
+# no node reaches limits nothing.
+MAX_RELEASE_RATE = 10_000_000
 NOT_YET = "is not supported yet by this build: only {default} is taken"
 
 
@@ -43,15 +45,11 @@ class OnResume(enum.Enum):
     """What resumeTopic does with the messages that fell due while paused
     (trigger time in [pausedAt, resumedAt)): `hold` hands them out now, in
     pull order; `shift` moves each by the pause's length first; `expire`
-    would end them (status 5, reason `paused`: refused, not supported yet)."""
+    ends them (status 5, end reason `paused`)."""
 
     HOLD = "hold"
     SHIFT = "shift"
     EXPIRE = "expire"
-
-
-# The policies this build carries out.
-SUPPORTED_ON_RESUME = (OnResume.HOLD, OnResume.SHIFT)
 
 
 @dataclass(frozen=True)
@@ -60,7 +58,8 @@ class Pause:
     its resume does. `resume_ms` is set once a `shift` resume has begun
     (the resume's time, kept durable before the first message moves), so
     a resume cut short -- a crash, a failover, the call's client gone --
-    and asked again moves the same range, each message once."""
+    and asked again moves (or ends: `expire`) the same range, each message
+    once."""
 
     since_ms: int
     on_resume: OnResume = OnResume.HOLD
@@ -176,18 +175,15 @@ def parse_config(params: Params, current: TopicSettings | None) -> TopicConfig:
     topic = parse_topic(params).topic
     now = current or TopicSettings(topic)
     release_rate = _whole(params, "releaseRate", now.release_rate)
-    if release_rate != 0:
-        raise InvalidRequest("releaseRate", NOT_YET.format(default="0 (no limit)"))
+    if release_rate > MAX_RELEASE_RATE:
+        raise InvalidRequest("releaseRate", f"must be at most {MAX_RELEASE_RATE:,} a second (0: no limit), "
+                                            f"got {release_rate}")
     fairness = params.get("fairness")
     if fairness is None or fairness == "":
         fairness = now.fairness
     if not isinstance(fairness, str) or fairness not in FAIRNESS:
         raise InvalidRequest("fairness", f"must be one of {', '.join(FAIRNESS)}, got {str(fairness)[:40]!r}")
-    if fairness != "none":
-        raise InvalidRequest("fairness", NOT_YET.format(default="none"))
     max_due_age_ms = _whole(params, "maxDueAgeMillis", now.max_due_age_ms)
-    if max_due_age_ms != 0:
-        raise InvalidRequest("maxDueAgeMillis", NOT_YET.format(default="0 (none)"))
     dedup_window_ms = _whole(params, "dedupWindowMillis", now.dedup_window_ms)
     if dedup_window_ms != 0:
         raise InvalidRequest("dedupWindowMillis", NOT_YET.format(default="0 (camellia's rule)"))
@@ -196,7 +192,7 @@ def parse_config(params: Params, current: TopicSettings | None) -> TopicConfig:
 
 def parse_pause(params: Params) -> PauseRequest:
     """pauseTopic's and resumeTopic's parameters: `topic`*, `key` (one
-    serial key), `onResume` (hold, shift; expire is refused: not supported yet)."""
+    serial key), `onResume` (hold, shift, expire)."""
     topic = parse_topic(params).topic
     key = params.get("key")
     if key is not None and key != "":
@@ -213,9 +209,6 @@ def parse_pause(params: Params) -> PauseRequest:
             on_resume = OnResume(given)
         except ValueError:
             raise InvalidRequest("onResume", f"must be hold, shift or expire, got {str(given)[:40]!r}") from None
-        if on_resume not in SUPPORTED_ON_RESUME:
-            raise InvalidRequest("onResume", f"{on_resume.value} is not supported yet by this build: "
-                                             f"hold or shift")
     return PauseRequest(topic, key, on_resume)
 
 

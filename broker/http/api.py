@@ -88,8 +88,9 @@ def delay_msg(m: Message) -> dict[str, object]:
     """camellia's DelayMsg, plus the extensions `priority`, `tag` and `key`
     (and a schedule's run's `scheduleId` and `scheduledTime`, and the
     trace context `traceparent` and `tracestate` of a message sent with
-    them, `fairKey` of a message sent with one, and `redriveCount` of a
-    message a redriveMsgs job put back, only then)."""
+    them, `fairKey` of a message sent with one, `redriveCount` of a
+    message a redriveMsgs job put back, and `endReason` of one a resume's
+    `expire` ended, only then)."""
     d: dict[str, object] = {"topic": m.topic, "msgId": m.msg_id, "msg": m.msg, "produceTime": m.produce_ms,
                             "triggerTime": m.trigger_ms, "expireTime": m.trigger_ms + m.ttl_ms,  # (m.expire_ms)
                             "maxRetry": m.max_retry,
@@ -103,6 +104,8 @@ def delay_msg(m: Message) -> dict[str, object]:
         d["fairKey"] = m.fair_key
     if m.redrive_count:
         d["redriveCount"] = m.redrive_count
+    if m.end_reason:
+        d["endReason"] = m.end_reason
     return add_run_fields(d) if "@" in m.msg_id else d
 
 

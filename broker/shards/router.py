@@ -77,7 +77,8 @@ def message_fields(m: Message) -> list[Any]:
 
 def message_of(f: Sequence[Any]) -> Message:
     return Message(f[0], f[1], f[2], f[3], f[4], f[5], f[6], f[7], f[8], Status(f[9]), f[10], Location(*f[11]),
-                   f[12], f[13], f[14], f[15] if len(f) > 15 else 0, f[16] if len(f) > 16 else "")
+                   f[12], f[13], f[14], f[15] if len(f) > 15 else 0, f[16] if len(f) > 16 else "",
+                   f[17] if len(f) > 17 else "")
 
 
 def messages_of(rows: Iterable[Sequence[Any]]) -> list[Message]:

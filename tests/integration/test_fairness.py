@@ -1,5 +1,5 @@
 """Fairness between tenants (docs/api.md) on a real `hourglass serve` with
---fair-topics: tenant A's 20,000 messages come due at once, against a
+fairness `fairKey` (setTopicConfig): tenant A's 20,000 messages come due at once, against a
 window of 512 (A's share: 32 places; 1,024 places remembered over all
 topics, the rest of A's found again by a scan); tenant B sends one message
 due now every 0.2 s, and a consumer pulls 10 and acks each: every B
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.slow
 
 BACKLOG = 20_000
 ROUNDS = 25
-FLAGS = ("--fair-topics", "fair", "--ready-window", "512", "--ready-window-total", "1024")
+FLAGS = ("--ready-window", "512", "--ready-window-total", "1024")
 
 
 def send_backlog(server: Server, topic: str) -> None:
@@ -55,6 +55,8 @@ def rounds(server: Server, topic: str, prefix: str) -> list[tuple[str, list[str]
 def test_one_tenants_backlog_holds_anothers_message_a_round_at_most(tmp_path):
     server = Server.start(tmp_path / "data", *FLAGS, log_path=tmp_path / "serve.log")
     try:
+        status, body = server.post("setTopicConfig", topic="fair", fairness="fairKey")
+        assert status == 200 and body["data"]["fairness"] == "fairKey", body
         send_backlog(server, "fair")
         send_backlog(server, "plain")
         for msg_id, pulled in rounds(server, "fair", "b"):

@@ -2,8 +2,9 @@
 (docs/api.md, "Flow"): the pause survives it -- nothing of the topic is
 handed out after the restart, by pull or long poll -- and resume then
 carries out the pause's policy: `hold` hands every message out, `shift`
-moves each one that fell due while paused by the pause's length. No
-message is lost, none is handed out before its (shifted) trigger time.
+moves each one that fell due while paused by the pause's length, `expire`
+ends each (status 5, endReason `paused`) and hands none out. No message
+is lost, none is handed out before its (shifted) trigger time.
 Run on one shard and on a node of two (each shard keeps the pause)."""
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ def _pull_all(server: Server, topic: str, count: int, timeout_s: float = 20) -> 
 
 
 @pytest.mark.parametrize("shards", ["1", "2"])
-@pytest.mark.parametrize("policy", ["hold", "shift"])
+@pytest.mark.parametrize("policy", ["hold", "shift", "expire"])
 def test_a_pause_survives_kill9_and_resume_carries_its_policy_out(tmp_path, policy, shards):
     data = tmp_path / "data"
     flags = ("--fsync", "batch", "--shards", shards)
@@ -63,6 +64,15 @@ def test_a_pause_survives_kill9_and_resume_carries_its_policy_out(tmp_path, poli
     code, body = again.post("resumeTopic", topic=topic)
     answered_ms = int(time.time() * 1000)
     assert code == 200 and body["data"]["paused"] is False, body
+    if policy == "expire":
+        for msg_id in sent:
+            code, body = again.post("getMsg", topic=topic, msgId=msg_id)
+            assert code == 200 and body["delayMsg"]["status"] == 5, body
+            assert body["delayMsg"]["endReason"] == "paused", body
+        code, body = again.post("longPollingMsg", topic=topic, batch=MESSAGES, longPollingTimeoutMillis=500)
+        assert code == 200 and body["delayMsgList"] == [], body
+        again.stop()
+        return
     got = _pull_all(again, topic, MESSAGES)
     assert sorted(m["msgId"] for _, m in got) == sorted(sent), "every message handed out once, none lost"
     for at_ms, m in got:

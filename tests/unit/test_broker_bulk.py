@@ -197,6 +197,7 @@ def _events(now: int) -> dict[type, list]:
         transitions.Redrive: [transitions.REDRIVE],
         transitions.RetryAt: [transitions.RetryAt(now - 1), transitions.RetryAt(now + MS_PER_HOUR)],
         transitions.GiveBack: [transitions.GIVE_BACK],
+        transitions.EndPaused: [transitions.END_PAUSED],
     }
 
 

@@ -141,3 +141,69 @@ def test_a_pause_is_kept_across_a_restart(h):
     _call(h, again.resume(PauseRequest("t", "k", OnResume.HOLD)))
     assert _pull(h) == ["k1"]
     assert again.settings == {}
+
+
+def test_an_expire_cut_short_ends_the_rest_when_asked_again(h, monkeypatch):
+    """onResume=expire in whole calls of RESUME_SLICE: a resume cut short
+    after two calls (a crash) leaves the topic paused with its resume time
+    kept; after a restart, resuming again ends the rest of [pausedAt, R),
+    each message once, and nothing else (one due before the pause, one due
+    after R)."""
+    monkeypatch.setattr(keeper, "RESUME_SLICE", 7)
+    flow = _flow(h)
+    _send(h, ("before", "", 0))
+    h.advance_to(h.clock.now_ms() + 10)
+    _call(h, flow.pause(PauseRequest("t", None, OnResume.EXPIRE)))
+    paused_at = h.clock.now_ms()
+    _send(h, *[(f"m{i:02}", "", 1000 + i) for i in range(30)], ("late", "", 60_000))
+    h.advance_to(paused_at + 10_000)
+    calls = 0
+    real = h.broker.expire_paused
+
+    async def crashing(topic, flt, limit):
+        nonlocal calls
+        calls += 1
+        if calls > 2:
+            raise OSError("killed")
+        return await real(topic, flt, limit)
+
+    monkeypatch.setattr(h.broker, "expire_paused", crashing)
+    with pytest.raises(OSError, match="killed"):
+        _call(h, flow.resume(PauseRequest("t", None, None)))
+    assert flow.expired == 14
+    kept = flow.get("t").pause
+    assert kept is not None and kept.resume_ms == paused_at + 10_000
+    h.restart()
+    again = _flow(h)
+    assert _pull(h) == []  # still paused
+    h.advance_to(paused_at + 20_000)
+    _call(h, again.resume(PauseRequest("t", None, None)))
+    assert again.expired == 16
+    for i in range(30):
+        m = h.store.get("t", f"m{i:02}")
+        assert m is not None and m.status is Status.EXPIRED and m.end_reason == "paused", m
+    assert h.store.get("t", "late").status is Status.WAITING
+    assert _pull(h) == ["before"]
+    assert h.store.get("t", "before").end_reason == ""
+
+
+def test_topic_settings_are_carried_out_again_after_a_restart(h):
+    """releaseRate (this shard's share of it), fairness and maxDueAgeMillis
+    are kept in the settings and set on the broker again when it starts."""
+    from broker.flow.settings import TopicConfig
+
+    flow = _flow(h)
+    flow.shares = 2
+    _call(h, flow.set_config(TopicConfig("t", 100, "fairKey", 5000, 0)))
+    _send(h, ("m", "", 0))
+    queue = h.broker.topics["t"]
+    assert queue.rate is not None and queue.rate.per_s == 50 and queue.fair and queue.max_due_age_ms == 5000
+    h.restart()
+    again = TopicFlow(SettingsFile(os.path.join(h.directory, "topic-settings")), h.clock.now_ms, 100, 10, 2)
+    again.start(h.broker)
+    _send(h, ("n", "", 0))
+    queue = h.broker.topics["t"]
+    assert queue.rate is not None and queue.rate.per_s == 50 and queue.fair and queue.max_due_age_ms == 5000
+    _call(h, again.set_config(TopicConfig("t", 0, "none", 0, 0)))
+    assert queue.rate is None and not queue.fair and queue.max_due_age_ms == 0 and queue.by_due == []
+    assert again.settings == {}

@@ -1,0 +1,214 @@
+"""Topic flow on a real `hourglass serve` (docs/api.md, "Flow"): a topic's
+release rate and its pauses' resume policies, end to end over HTTP.
+Prints ONE JSON object.
+
+    .venv/bin/python bench/topic_flow.py                      # the full sizes
+    .venv/bin/python bench/topic_flow.py --rate-messages 2000 --rate 200 \\
+        --pause-messages 2000 --pause-s 5                     # a short run
+
+  rate     --rate-messages (20,000) sent due within one second to a topic
+           with releaseRate=--rate (2,000), pulled by --consumers long
+           polls of 100: hand-outs counted per second from the first,
+           the duration, lateness p50/p99 (hand-out minus trigger time,
+           as the client sees it) and the node's smoothing and load
+           lateness (/metrics' hourglass_release_*_lateness_seconds sums
+           and counts), and how many were handed out before their
+           trigger time (early: must be 0)
+  pause    per policy (hold, shift, expire): the topic paused, then
+           --pause-messages (100,000) sent falling due over the pause of
+           --pause-s (60) seconds; pulls during the pause count what was
+           handed out (must be 0); then resumeTopic, its duration, and
+           what followed: handed out (hold, shift: every one, none
+           before its (shifted) trigger time; shift's error against
+           the pause's length), ended with endReason `paused` (expire:
+           every one, counted by listDeadMsg), lost (must be 0)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from typing import Any
+
+from harness import Server, percentile, unwind_on_signals
+
+BATCH_SEND = 1000
+PULL = 100
+
+
+def log(text: str) -> None:
+    print(text, flush=True, file=sys.stderr)
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def send_due(server: Server, topic: str, count: int, first_ms: int, spread_ms: int, prefix: str) -> dict[str, int]:
+    """`count` messages with trigger times spread over [first_ms, first_ms + spread_ms)."""
+    sent: dict[str, int] = {}
+    for start in range(0, count, BATCH_SEND):
+        msgs = []
+        for i in range(start, min(count, start + BATCH_SEND)):
+            trigger = first_ms + (i * spread_ms) // max(1, count)
+            msgs.append({"msgId": f"{prefix}{i:07d}", "msg": "x", "triggerTime": trigger})
+            sent[f"{prefix}{i:07d}"] = trigger
+        status, body = server.post_json("sendMsgBatch", {"topic": topic, "msgs": msgs})
+        assert status == 200 and isinstance(body, dict) and body.get("code") == 200, body
+    return sent
+
+
+def drain(server: Server, topic: str, want: int, consumers: int, limit_s: float) -> list[tuple[int, dict[str, Any]]]:
+    """Long polls (and acks) until `want` messages came: each with when it came."""
+    got: list[tuple[int, dict[str, Any]]] = []
+    lock = threading.Lock()
+    deadline = time.monotonic() + limit_s
+
+    def consume() -> None:
+        while time.monotonic() < deadline:
+            with lock:
+                if len(got) >= want:
+                    return
+            status, body = server.post("longPollingMsg", topic=topic, batch=PULL, longPollingTimeoutMillis=500,
+                                       ackTimeoutMillis=600_000)
+            assert status == 200 and isinstance(body, dict), body
+            at = now_ms()
+            msgs = body["delayMsgList"]
+            if msgs:
+                server.post("ackMsg", topic=topic, msgIds=",".join(m["msgId"] for m in msgs))
+                with lock:
+                    got.extend((at, m) for m in msgs)
+
+    threads = [threading.Thread(target=consume) for _ in range(consumers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return got
+
+
+def release_metrics(server: Server) -> dict[str, float]:
+    """The node's smoothing and load lateness sums and counts (/metrics)."""
+    _, body = server.get("/metrics")
+    text = body.decode() if isinstance(body, bytes) else json.dumps(body)
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        for kind in ("smoothing", "load"):
+            for part in ("sum", "count"):
+                name = f"hourglass_release_{kind}_lateness_seconds_{part}"
+                if line.startswith(name + " "):
+                    out[f"{kind}_{part}"] = float(line.split()[1])
+    return out
+
+
+def run_rate(server: Server, messages: int, rate: int, consumers: int) -> dict[str, Any]:
+    topic = "rated"
+    status, body = server.post("setTopicConfig", topic=topic, releaseRate=rate)
+    assert status == 200, body
+    start = now_ms() + 2000
+    sent = send_due(server, topic, messages, start, 1000, "r")
+    got = drain(server, topic, messages, consumers, limit_s=messages / rate * 3 + 30)
+    first = min(at for at, _ in got) if got else start
+    per_second: dict[int, int] = {}
+    for at, _ in got:
+        per_second[(at - first) // 1000] = per_second.get((at - first) // 1000, 0) + 1
+    late = sorted(at - m["triggerTime"] for at, m in got)
+    metrics = release_metrics(server)
+    full = [n for s, n in sorted(per_second.items())][1:-1]  # (the first and last seconds are partial)
+    return {"messages": messages, "rate": rate, "handed_out": len({m["msgId"] for _, m in got}),
+            "lost": len(set(sent) - {m["msgId"] for _, m in got}),
+            "early": sum(1 for at, m in got if at < m["triggerTime"]),
+            "duration_s": round((max(at for at, _ in got) - first) / 1000, 2) if got else None,
+            "per_second": [per_second.get(s, 0) for s in range(max(per_second) + 1)] if per_second else [],
+            "full_seconds_min_max": [min(full), max(full)] if full else None,
+            "lateness_ms_p50": percentile(late, 0.5), "lateness_ms_p99": percentile(late, 0.99),
+            "smoothing_s_mean": round(metrics["smoothing_sum"] / metrics["smoothing_count"], 3)
+            if metrics.get("smoothing_count") else None,
+            "load_s_mean": round(metrics["load_sum"] / metrics["load_count"], 3)
+            if metrics.get("load_count") else None}
+
+
+def run_pause(server: Server, policy: str, messages: int, pause_s: float, consumers: int) -> dict[str, Any]:
+    topic = f"paused-{policy}"
+    status, body = server.post("pauseTopic", topic=topic, onResume=policy)
+    assert status == 200 and isinstance(body, dict), body
+    paused_at = body["data"]["pause"]["pausedAt"]
+    sent = send_due(server, topic, messages, now_ms() + 500, int(pause_s * 1000) - 1500, "p")
+    during = 0
+    until = time.monotonic() + pause_s - 1
+    while time.monotonic() < until:
+        status, body = server.post("pullMsg", topic=topic, batch=PULL)
+        assert status == 200 and isinstance(body, dict), body
+        during += len(body["delayMsgList"])
+        time.sleep(0.2)
+    asked = now_ms()
+    status, body = server.post("resumeTopic", topic=topic)
+    answered = now_ms()
+    assert status == 200, body
+    out: dict[str, Any] = {"messages": messages, "pause_s": pause_s, "handed_out_during_pause": during,
+                           "resume_s": round((answered - asked) / 1000, 3)}
+    if policy == "expire":
+        ended = 0
+        cursor = None
+        while True:
+            params: dict[str, Any] = {"topic": topic, "status": 5, "limit": 1000}
+            if cursor:
+                params["cursor"] = cursor
+            status, body = server.get("listDeadMsg", **params)
+            assert status == 200 and isinstance(body, dict), body
+            ended += sum(1 for m in body["delayMsgList"] if m.get("endReason") == "paused")
+            cursor = body.get("cursor")
+            if not cursor:
+                break
+        status, body = server.post("pullMsg", topic=topic, batch=PULL)
+        out.update(expired_paused=ended, lost=messages - ended,
+                   handed_out_after=len(body["delayMsgList"]) if isinstance(body, dict) else None)
+        return out
+    limit_s = 60 + pause_s + messages / 2000
+    got = drain(server, topic, messages, consumers, limit_s)
+    ids = {m["msgId"] for _, m in got}
+    out.update(handed_out_after=len(ids), lost=len(set(sent) - ids),
+               early=sum(1 for at, m in got if at < m["triggerTime"]))
+    if policy == "shift":
+        errors = sorted(abs(m["triggerTime"] - sent[m["msgId"]] - (asked - paused_at)) for _, m in got)
+        out.update(shift_error_ms_p50=percentile(errors, 0.5), shift_error_ms_max=errors[-1] if errors else None,
+                   resume_answer_ms=answered - asked)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rate-messages", type=int, default=20_000)
+    parser.add_argument("--rate", type=int, default=2_000, help="releaseRate, messages a second")
+    parser.add_argument("--pause-messages", type=int, default=100_000)
+    parser.add_argument("--pause-s", type=float, default=60)
+    parser.add_argument("--consumers", type=int, default=4)
+    parser.add_argument("--shards", default="1")
+    parser.add_argument("--parts", default="rate,hold,shift,expire")
+    args = parser.parse_args()
+    unwind_on_signals()
+    parts = args.parts.split(",")
+    out: dict[str, Any] = {"shards": args.shards, "consumers": args.consumers}
+    work = tempfile.mkdtemp(prefix="hourglass-topic-flow-")
+    server = Server.start(f"{work}/data", "--fsync", "batch", "--shards", args.shards, log_path=f"{work}/serve.log")
+    try:
+        if "rate" in parts:
+            log("rate:")
+            out["rate"] = run_rate(server, args.rate_messages, args.rate, args.consumers)
+        for policy in ("hold", "shift", "expire"):
+            if policy in parts:
+                log(f"pause, {policy}:")
+                out[policy] = run_pause(server, policy, args.pause_messages, args.pause_s, args.consumers)
+    finally:
+        server.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    print(json.dumps(out, indent=2))
+
+
+if __name__ == "__main__":
+    main()
