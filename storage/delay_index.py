@@ -27,8 +27,16 @@ An entry (48 bytes, little-endian):
     44      1     status            u8   1..7 (docs/api.md); changed in place
     45      1     flags             u8   bit 0: released (deleted for good),
                                          bit 1: moved (filed again in a
-                                         smaller file, see storage.spans)
+                                         smaller file, see storage.spans);
+                                         bit 2 (FLAG_END_TIME) is never
+                                         in a file: see below
     46      2     retry             u16  changed in place
+
+FLAG_END_TIME marks a status change in a STATE or PART record (and the
+pending state it makes) whose time storage.end_index keeps: the end of a
+message of a topic with a dedup window, or a duplicate send that window
+answered. Applying the change puts the time and stages the entry's flags
+without it.
 
 The second is stored because a message sent after its trigger time is filed
 under the second it arrived in, not the one its trigger_ms names.
@@ -57,6 +65,7 @@ MUTABLE_OFFSET = 44
 NO_ENTRY = 0xFFFFFFFF
 FLAG_RELEASED = 1
 FLAG_MOVED = 2
+FLAG_END_TIME = 4  # records and pending states only (see the module docstring)
 
 # The fields `count_waiting` reads of an entry (the rest skipped as padding):
 # trigger_ms, global_index, topic_hash, second, crc32, status.
