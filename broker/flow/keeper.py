@@ -78,6 +78,10 @@ class PauseGate(Protocol):
     async def reschedule_msgs(self, request: RescheduleMsgsRequest) -> tuple[int, bool]:
         ...
 
+    def set_dedup_window(self, topic: str, window_ms: int) -> None:
+        """The topic's dedupWindowMillis from now on (0: none)."""
+        ...
+
 
 class TopicFlow:
     """The node's topic settings (`settings`, by topic), and the pauses
@@ -107,6 +111,8 @@ class TopicFlow:
         self.settings = self._store.load()
         self._gate = gate
         for s in self.settings.values():
+            if s.dedup_window_ms:
+                gate.set_dedup_window(s.topic, s.dedup_window_ms)
             if s.pause is not None:
                 gate.pause(s.topic, None)
             for key in s.keys:
@@ -144,6 +150,8 @@ class TopicFlow:
         """setTopicConfig (validated whole by broker.flow.settings.parse_config)."""
         async with self._lock:
             await self._save(self.get(config.topic).with_config(config))
+            if self._gate is not None:  # (else `start` sets it)
+                self._gate.set_dedup_window(config.topic, config.dedup_window_ms)
             return self.get(config.topic)
 
     async def pause(self, request: PauseRequest) -> TopicSettings:

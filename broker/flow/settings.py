@@ -13,8 +13,8 @@ how they are answered and how they are kept (docs/api.md, "Flow").
 
 Settings whose effect this build does not carry out yet are refused with
 code 400 naming the parameter (never stored and ignored): a `releaseRate`
-other than 0, `fairness` other than `none`, a `maxDueAgeMillis` or
-`dedupWindowMillis` other than 0; and `onResume=expire`.
+other than 0, `fairness` other than `none`, a `maxDueAgeMillis` other
+than 0; and `onResume=expire`.
 
 No I/O and no clock: a pause's time is the caller's `now_ms`.
 """
@@ -33,6 +33,10 @@ from ..core.params import Params, parse_topic
 
 # --max-paused-keys' default: serial keys of one topic paused at once.
 DEFAULT_MAX_PAUSED_KEYS = 1000
+
+# The longest dedupWindowMillis: the disk store's retention of ended
+# messages (storage.config), within which the id index finds them.
+MAX_DEDUP_WINDOW_MS = 3 * 24 * 3600 * 1000
 
 # The settings a topic has until set (setTopicConfig's defaults).
 FAIRNESS = ("none", "fairKey")
@@ -189,8 +193,9 @@ def parse_config(params: Params, current: TopicSettings | None) -> TopicConfig:
     if max_due_age_ms != 0:
         raise InvalidRequest("maxDueAgeMillis", NOT_YET.format(default="0 (none)"))
     dedup_window_ms = _whole(params, "dedupWindowMillis", now.dedup_window_ms)
-    if dedup_window_ms != 0:
-        raise InvalidRequest("dedupWindowMillis", NOT_YET.format(default="0 (camellia's rule)"))
+    if dedup_window_ms > MAX_DEDUP_WINDOW_MS:
+        raise InvalidRequest("dedupWindowMillis", f"must be at most {MAX_DEDUP_WINDOW_MS} (3 days: as long as "
+                                                  f"a node keeps an ended message), got {dedup_window_ms}")
     return TopicConfig(topic, release_rate, fairness, max_due_age_ms, dedup_window_ms)
 
 

@@ -38,8 +38,9 @@ def call(api, path: str, **params) -> dict:
     ({"fairness": "roundRobin"}, "fairness", "one of"),
     ({"fairness": "fairKey"}, "fairness", "not supported yet"),
     ({"maxDueAgeMillis": "1000"}, "maxDueAgeMillis", "not supported yet"),
-    ({"dedupWindowMillis": "60000"}, "dedupWindowMillis", "not supported yet"),
-    ({"fairness": "none", "dedupWindowMillis": "1"}, "dedupWindowMillis", "not supported yet"),
+    ({"dedupWindowMillis": "259200001"}, "dedupWindowMillis", "at most 259200000"),
+    ({"dedupWindowMillis": "-1"}, "dedupWindowMillis", "at least 0"),
+    ({"dedupWindowMillis": "60000", "releaseRate": "5"}, "releaseRate", "not supported yet"),
 ])
 def test_set_topic_config_refuses_whole(api, topic, params, named, says):
     """A bad parameter, or a setting whose effect this build does not carry
