@@ -50,7 +50,8 @@ times are not derived from any other file: a crash replays the records
 after the checkpoint (the slots are flushed with the checkpoint, as the
 id index's); an index that is missing or damaged is made again empty, and
 the ends it held are forgotten (those ids are then stored anew when sent
-again: camellia's rule), which `rebuilt` reports.
+again: camellia's rule), which `rebuilt` reports; a slot whose check byte
+fails is answered as forgotten too, counted in `damaged`.
 """
 
 from __future__ import annotations
@@ -88,6 +89,7 @@ class EndIndex:
     def __init__(self, slots: IdIndex, rebuilt: str | None = None) -> None:
         self.slots = slots  # the shards, in the id index's format
         self.rebuilt = rebuilt  # why it was made again empty at opening (None: opened as it was)
+        self.damaged = 0  # slots whose check byte failed at a look-up (that end forgotten)
 
     @classmethod
     def open(cls, directory: str, config: StoreConfig, is_live: Callable[[int], bool], disk: Disk) -> EndIndex:
@@ -119,10 +121,13 @@ class EndIndex:
         slots = self.slots
         for hour, global_index, time_ms in items:
             key = end_key(hour, global_index, time_ms >> HI_SHIFT)
-            held = slots.count(key, hour)
             stored = (time_ms & LO_MASK) + 1
-            if stored > held:
-                slots.add(key, hour, stored - held)
+            try:
+                held = slots.count(key, hour)
+                if stored > held:
+                    slots.add(key, hour, stored - held)
+            except CorruptionError:  # that slot's check byte fails: this end is forgotten
+                self.damaged += 1
 
     def ended_at(self, where: Location, now_ms: int) -> int | None:
         """When the message at `where` ended or was last sent again, if that
@@ -131,7 +136,11 @@ class EndIndex:
         hour, gi = where
         hi = now_ms >> HI_SHIFT
         for h in (hi, hi - 1):
-            stored = self.slots.count(end_key(hour, gi, h), hour)
+            try:
+                stored = self.slots.count(end_key(hour, gi, h), hour)
+            except CorruptionError:  # a slot's check byte fails: answered as forgotten
+                self.damaged += 1
+                return None
             if stored:
                 return (h << HI_SHIFT) + stored - 1
         return None
@@ -149,4 +158,4 @@ class EndIndex:
         self.slots.close()
 
     def __repr__(self) -> str:
-        return f"EndIndex({self.slots!r})"
+        return f"EndIndex({self.slots!r}, rebuilt={self.rebuilt is not None}, damaged={self.damaged})"
