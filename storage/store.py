@@ -69,6 +69,9 @@ another part only through the methods of one it was handed when built:
     log, ids    the commit log (storage.commit_log) and the id index
                 (storage.id_index), public fields; the id index is handed
                 the hour table's `__contains__` and `released`
+    keys, ends  the key index (storage.key_index) and the end index
+                (storage.end_index: when a windowed topic's messages
+                ended), public fields; the applier puts into both
     disk        the Disk (storage.disk) every call where the disk can fail
                 goes through, a public field: handed to the log, the hour
                 table, the indexes, Placement and Retention

@@ -105,9 +105,10 @@ class TopicFlow:
         return f"TopicFlow(topics={len(self.settings)}, paused={paused}, paused_keys={keys})"
 
     def start(self, gate: PauseGate) -> None:
-        """Carry the pauses out on `gate` (read again from the store: a
-        cluster node that starts leading reads what the last leader
-        replicated). Before the gate's backend hands anything out."""
+        """Carry the pauses and the dedup windows out on `gate` (read again
+        from the store: a cluster node that starts leading reads what the
+        last leader replicated). Before the gate's backend hands anything
+        out or takes a send."""
         self.settings = self._store.load()
         self._gate = gate
         for s in self.settings.values():
