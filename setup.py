@@ -61,6 +61,7 @@ COMPILED = [
     "storage/delay_index.py",
     "storage/delay_log.py",
     "storage/disk_room.py",
+    "storage/end_index.py",
     "storage/entry.py",
     "storage/files.py",
     "storage/fileutil.py",

@@ -113,6 +113,9 @@ class DiskNode(NodeBase):
                                    config.max_subscriptions, limits=config.push, descriptors=self.descriptors,
                                    spans=self.spans)
         log.info("opened %s in %.3f s: %s", config.data_path, self.opened_s, self.store)
+        if self.store.ends is not None and self.store.ends.rebuilt is not None:
+            log.warning("the end index was made again, empty (%s): ids that ended before the last checkpoint "
+                        "under a dedupWindowMillis are stored anew if sent again", self.store.ends.rebuilt)
 
     def scraped(self) -> Backend | None:
         """A shard's own broker: each shard shows its topics' series, which

@@ -8,6 +8,8 @@ A snapshot is a tar stream of the data directory's store files:
     checkpoint             the last checkpoint (offset O, hours, counts)
     delay/*, ids/*         delay logs, indexes, second tables, id index
     keys/*                 the key index (storage.key_index)
+    ends/*                 the end index (storage.end_index): not derived
+                           from the other files, so always sent
     commitlog/*.log        every segment, each cut at the log end E taken
                            when the copy began
 
@@ -41,7 +43,7 @@ from storage.disk import DISK
 from storage.errors import ContractError
 from storage.fileutil import FILE_MODE, create_file, fsync_dir, make_dir
 
-STORE_ENTRIES = ("checkpoint", "delay", "ids", "keys", "commitlog")
+STORE_ENTRIES = ("checkpoint", "delay", "ids", "keys", "ends", "commitlog")
 UNPACKED = "snapshot.new"  # being extracted: deleted if found at start
 SWAPPING = "snapshot.swap"  # complete and durable: its entries are being moved in
 REPLACED = "snapshot.old"  # the files it replaced: deleted once it is in
@@ -54,7 +56,7 @@ def capture(data_dir: str, segment_ends: dict[str, int]) -> list[tuple[str, int 
     files: list[tuple[str, int | None]] = []
     if os.path.exists(os.path.join(data_dir, "checkpoint")):
         files.append(("checkpoint", None))
-    for folder in ("delay", "ids", "keys"):
+    for folder in ("delay", "ids", "keys", "ends"):
         path = os.path.join(data_dir, folder)
         if os.path.isdir(path):
             files.extend((os.path.join(folder, n), None) for n in sorted(os.listdir(path)))

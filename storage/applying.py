@@ -8,7 +8,8 @@ appended since the last commit, then each record applied in order:
            staged in its hour (storage.hour), its id put in the id index,
            its topic counted WAITING and named
     STATE  the entry's status, flags and retry staged; counts, ended
-           messages and the in-flight set follow
+           messages and the in-flight set follow; a change marked
+           FLAG_END_TIME puts its time in the end index
     MOVE   the old entry ends (released, moved), the message is staged at
            its new place as a send is
 
@@ -33,7 +34,8 @@ from typing import Any, cast
 
 from . import delay_log, records
 from .commit_log import CommitLog
-from .delay_index import FLAG_MOVED, FLAG_RELEASED
+from .delay_index import FLAG_END_TIME, FLAG_MOVED, FLAG_RELEASED
+from .end_index import EndIndex
 from .entry import IndexEntry, Location, Status
 from .errors import ContractError
 from .hour import Hour
@@ -55,9 +57,11 @@ class Applier:
     `sync_log`."""
 
     def __init__(self, hours: HourTable, ids: IdIndex, log: CommitLog, pending: Pending,
-                 topic_names: dict[int, str], consuming: dict[Location, int], keys: KeyIndex | None = None) -> None:
+                 topic_names: dict[int, str], consuming: dict[Location, int], keys: KeyIndex | None = None,
+                 ends: EndIndex | None = None) -> None:
         self._hours = hours
         self._ids = ids
+        self._ends = ends  # location -> when it ended (storage.end_index); None: none kept
         self._keys = keys  # (topic, serial key) -> locations (storage.key_index); None: not kept
         self._log = log
         self._pending = pending
@@ -236,6 +240,7 @@ class Applier:
         call's record holds many changes of few files)."""
         consuming, get = self._consuming, self._hours.get
         deltas: dict[tuple[Hour, int, int], int] = {}
+        ends: list[tuple[int, int, int]] = []  # (file, gi, time): the end index's puts
         h: Hour | None = None
         for hour, gi, status, retry, flags, prev_status, topic_hash, deadline_ms in items:
             if h is None or h.hour != hour:
@@ -245,6 +250,11 @@ class Applier:
                 self._hours.mark_dirty(h)
             if gi >= h.applied:
                 raise ContractError(f"state change for unknown message {hour}/{gi}")
+            if flags & FLAG_END_TIME:  # an end, or a send again, of a windowed topic's message: kept
+                flags ^= FLAG_END_TIME
+                if status >= ACKED:
+                    ends.append((hour, gi, now_ms))
+                    h.last_end_ms = max(h.last_end_ms, now_ms)  # (a send again: its file kept as long again)
             h.stage_state(gi, status, flags, retry)
             if status == CONSUMING:
                 consuming[tuple.__new__(Location, (hour, gi))] = deadline_ms
@@ -263,6 +273,8 @@ class Applier:
         for (h, topic_hash, status), delta in deltas.items():
             if delta:
                 h.count(topic_hash, status, delta)
+        if ends and self._ends is not None:
+            self._ends.record_many(ends)
 
     def _apply_moves(self, now_ms: int, items: Sequence[records.MoveItem], new_entries: list[IndexEntry] | None) -> None:
         """The old entry ends (status 7, released, moved: it counts as ended

@@ -30,8 +30,16 @@ An entry (48 bytes, little-endian):
                                          smaller file, see storage.spans),
                                          bit 2: ended by a pause (status 5,
                                          end reason `paused`: docs/api.md,
-                                         "Flow"); 0 in every older entry
+                                         "Flow"); 0 in every older entry;
+                                         bit 3 (FLAG_END_TIME) is never
+                                         in a file: see below
     46      2     retry             u16  changed in place
+
+FLAG_END_TIME marks a status change in a STATE or PART record (and the
+pending state it makes) whose time storage.end_index keeps: the end of a
+message of a topic with a dedup window, or a duplicate send that window
+answered. Applying the change puts the time and stages the entry's flags
+without it.
 
 The second is stored because a message sent after its trigger time is filed
 under the second it arrived in, not the one its trigger_ms names.
@@ -61,6 +69,7 @@ NO_ENTRY = 0xFFFFFFFF
 FLAG_RELEASED = 1
 FLAG_MOVED = 2
 FLAG_PAUSED = 4  # ended by a resume's `expire` (Message.end_reason "paused")
+FLAG_END_TIME = 8  # records and pending states only (see the module docstring)
 
 # The fields `count_waiting` reads of an entry (the rest skipped as padding):
 # trigger_ms, global_index, topic_hash, second, crc32, status.

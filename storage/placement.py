@@ -39,7 +39,7 @@ from collections.abc import Iterable, Sequence
 
 from . import delay_index, delay_log, records, spans
 from .commit_log import CommitLog
-from .delay_index import FLAG_RELEASED
+from .delay_index import FLAG_END_TIME, FLAG_RELEASED
 from .disk import DISK, Disk
 from .disk_room import DiskRoom
 from .entry import MS_PER_HOUR, MS_PER_SECOND, Location, Message, Status
@@ -64,6 +64,8 @@ from .types import (
 )
 
 WAITING = Status.WAITING
+ACKED = int(Status.ACKED)
+NOT_END_TIME = 0xFF ^ FLAG_END_TIME  # a change's flags without FLAG_END_TIME (the entry's, or an earlier change's)
 _TOPIC_AND_ID = operator.itemgetter(0, 1)  # a NewMessage's (topic, msg_id)
 if NewMessage._fields[:2] != ("topic", "msg_id"):
     raise InvariantError(f"placement reads (topic, msg_id) as a NewMessage's first fields: {NewMessage._fields}")
@@ -92,6 +94,10 @@ class Placement:
         # pending's overlays themselves (the send loop reads and extends them)
         self._directory = directory
         self.closed = False  # the store closed (`Store.close`): sends refuse
+        # The hashes of the topics whose messages' ends storage.end_index
+        # keeps (a dedup window: the broker sets them, `Store.keep_ends`):
+        # a change that ends one of their messages carries FLAG_END_TIME.
+        self.end_topics: set[int] = set()
 
     def send(self, batch: Sequence[NewMessage], now_ms: int, checked: bool = False) -> list[SendResult]:
         """Append a batch of new messages as one commit-log record (the
@@ -259,6 +265,7 @@ class Placement:
         staged: dict[tuple[int, int], State] = {}  # published only if every change is valid
         new_item = tuple.__new__  # a StateItem made without its generated (Python-level) __new__
         item_type = records.StateItem
+        end_topics = self.end_topics
         for where, new_status, retry, released, deadline_ms, prev_status, known_topic, more_flags in changes:
             known = staged.get(where)
             if known is None and prev_status:
@@ -268,8 +275,10 @@ class Placement:
                 topic_hash = self._pending.topic_hash_of(where)
             if retry < 0 or retry > MAX_RETRY_COUNT:
                 raise InvalidRequest("retry", f"must be in 0..{MAX_RETRY_COUNT}, got {retry}")
-            new_flags = (flags | FLAG_RELEASED if released else flags) | more_flags
+            new_flags = ((flags | FLAG_RELEASED if released else flags) & NOT_END_TIME) | more_flags
             to = int(new_status)
+            if end_topics and to >= ACKED > status and topic_hash in end_topics:
+                new_flags |= FLAG_END_TIME  # its end kept (storage.end_index)
             items.append(new_item(item_type, (where[0], where[1], to, retry, new_flags, status, topic_hash, deadline_ms)))
             staged[where] = (to, new_flags, retry, topic_hash)
         if items and part_of:
@@ -278,6 +287,30 @@ class Placement:
         elif items:
             self._pending.append(records.encode(records.Kind.STATE, now_ms, items), records.Kind.STATE, now_ms, items)
         self._pending.set_states(staged)  # only once the record is in the log
+
+    def seen_again(self, places: Iterable[Location], now_ms: int) -> None:
+        """One STATE record moving the time storage.end_index keeps for each
+        ended message at `places` on to `now_ms` (a duplicate send its
+        topic's dedup window answered): status, retry and flags as they
+        are, FLAG_END_TIME added."""
+        if now_ms // MS_PER_HOUR != self._hours.now_hour:
+            self._hours.advance(now_ms)
+        items: list[records.StateItem] = []
+        staged: dict[tuple[int, int], State] = {}
+        for where in places:
+            if where in staged:
+                continue
+            status, flags, retry, topic_hash = self._reader.state(where)
+            if status < ACKED:
+                raise InvariantError(f"{where} has not ended (status {status}): no end time to move on")
+            if topic_hash < 0:
+                topic_hash = self._pending.topic_hash_of(where)
+            flags |= FLAG_END_TIME
+            items.append(records.StateItem(where[0], where[1], status, retry, flags, status, topic_hash, 0))
+            staged[where] = (status, flags, retry, topic_hash)
+        if items:
+            self._pending.append(records.encode(records.Kind.STATE, now_ms, items), records.Kind.STATE, now_ms, items)
+            self._pending.set_states(staged)
 
     def make_room(self, items: list[records.SendItem], hours: Iterable[int], record_bytes: int) -> int:
         """`reserve_room` for a record of `items` (a move's new places);

@@ -10,6 +10,8 @@ Layout of a data directory:
     delay/<id>.sec        the hour's second table (storage.second_table)
     ids/secret            the id index's hash key (storage.id_index)
     ids/<shard>.hix       (topic, msgId) -> location (storage.id_index)
+    ends/                 location -> when it ended, for topics with a
+                          dedup window (storage.end_index)
 
 How a change flows:
 
@@ -67,6 +69,9 @@ another part only through the methods of one it was handed when built:
     log, ids    the commit log (storage.commit_log) and the id index
                 (storage.id_index), public fields; the id index is handed
                 the hour table's `__contains__` and `released`
+    keys, ends  the key index (storage.key_index) and the end index
+                (storage.end_index: when a windowed topic's messages
+                ended), public fields; the applier puts into both
     disk        the Disk (storage.disk) every call where the disk can fail
                 goes through, a public field: handed to the log, the hour
                 table, the indexes, Placement and Retention
@@ -98,8 +103,9 @@ from .applying import Applier
 from .checkpoint import Checkpoint
 from .commit_log import CommitLog
 from .config import StoreConfig
-from .delay_index import FLAG_RELEASED
+from .delay_index import FLAG_END_TIME, FLAG_RELEASED
 from .disk import DISK, Disk
+from .end_index import EndIndex
 from .entry import STATUS_BY_VALUE, IndexEntry, Location, Message, Status
 from .errors import ContractError, CorruptionError, StoreClosedError
 from .files import far_hours_limit
@@ -155,7 +161,7 @@ class Store:
     """
 
     def __init__(self, directory: str, config: StoreConfig, log: CommitLog, hours: HourTable, ids: IdIndex,
-                 checkpoint: Checkpoint, keys: KeyIndex | None, disk: Disk) -> None:
+                 checkpoint: Checkpoint, keys: KeyIndex | None, disk: Disk, ends: EndIndex | None = None) -> None:
         """Build the parts over what `open` opened on `disk`: the log, the
         hour table the checkpoint filled, and the id index over it. Use
         `open`."""
@@ -165,12 +171,13 @@ class Store:
         self.ids = ids
         self.disk = disk
         self.keys = keys  # the key index (storage.key_index); None: lookups by key scan
+        self.ends = ends  # when ended messages ended (storage.end_index); None: none kept
         self._closed = False
         self._hours = hours
         self._pending = Pending(log)
         consuming = {Location(hour, gi): deadline for hour, gi, deadline in checkpoint.consuming or ()}
         self._applier = Applier(hours, ids, log, self._pending, dict(checkpoint.topic_names), consuming,
-                                keys)
+                                keys, ends)
         # The names of the topics with a message in a live hour (as
         # `has_topic`), the applier's own set: read it, never change it.
         self.topic_set: AbstractSet[str] = self._applier.topics_by_name
@@ -212,11 +219,13 @@ class Store:
         hours = HourTable(os.path.join(directory, "delay"), far_hours_limit(config.open_far_hours), disk)
         ids: IdIndex | None = None
         keys: KeyIndex | None = None
+        ends: EndIndex | None = None
         try:
             recovery.load_hours(hours, checkpoint)
             ids = recovery.open_id_index(os.path.join(directory, "ids"), config, hours, disk)
             keys = open_key_index(key_dir(directory), config, hours, disk)
-            store = cls(directory, config, log, hours, ids, checkpoint, keys, disk)
+            ends = EndIndex.open(os.path.join(directory, "ends"), config, hours.__contains__, disk)
+            store = cls(directory, config, log, hours, ids, checkpoint, keys, disk, ends)
             recovery.replay(checkpoint, log, hours, store._applier, store._reader)
         except BaseException:  # a refused directory keeps no descriptor open, and is not cut
             hours.release()
@@ -224,6 +233,8 @@ class Store:
                 ids.close()
             if keys is not None:
                 keys.close()
+            if ends is not None:
+                ends.close()
             log.close()
             raise
         if now_ms is not None:
@@ -389,6 +400,35 @@ class Store:
         the entry is released (moved, or its id freed): no body read."""
         status, flags, retry, _ = self._reader.state(where)
         return None if flags & FLAG_RELEASED else (STATUS_BY_VALUE[status], retry)
+
+    # == ends, for a topic's dedup window (storage.end_index) =================
+
+    def keep_ends(self, topic: str, keep: bool) -> None:
+        """Keep (or no longer keep) the end time of each message of `topic`
+        that ends from now on: a change that ends one is marked so, and
+        applying it puts the time in the end index."""
+        topic_hash = text_hash(topic)
+        if keep:
+            self._placement.end_topics.add(topic_hash)
+        else:
+            self._placement.end_topics.discard(topic_hash)
+
+    def ended_at(self, where: Location, now_ms: int) -> int | None:
+        """When the ended message at `where` ended, or was last sent again
+        (`seen_again`), if that was kept (`keep_ends`) -- `now_ms` for a
+        change appended and not applied yet --; None if not kept, or kept
+        2**31 ms (24.8 days) or more before `now_ms`."""
+        pending = self._pending.states.get(where)
+        if pending is not None and pending[1] & FLAG_END_TIME:
+            return now_ms
+        return None if self.ends is None else self.ends.ended_at(where, now_ms)
+
+    def seen_again(self, places: Iterable[Location], now_ms: int) -> None:
+        """The end times kept for the ended messages at `places` moved on to
+        `now_ms` (a duplicate send a dedup window answered): one record,
+        durable and applied at the next commit."""
+        self._check_open()
+        self._placement.seen_again(places, now_ms)
 
     def keyed(self, topic: str, key: str) -> list[Message] | None:
         """Every unreleased message of `topic` sent with serial key `key`, in
@@ -673,6 +713,8 @@ class Store:
         report = self._retention.finish_checkpoint(p, keep_log_from)
         if self.keys is not None:
             self.keys.shed()  # its pages back to the page cache, as the id index's
+        if self.ends is not None:
+            self.ends.shed()
         return report
 
     def checkpoint_due(self, now_ms: int) -> bool:
@@ -739,6 +781,8 @@ class Store:
         self.ids.close()
         if self.keys is not None:
             self.keys.close()
+        if self.ends is not None:
+            self.ends.close()
         self.log.close()
         self._closed = True
         self._placement.closed = True  # (its `send`, which is the store's, refuses)

@@ -168,6 +168,19 @@ class Broker:
         self.set_fairness = self._windows.set_fairness
         self.set_flow = self._windows.set_flow
 
+    def set_dedup_window(self, topic: str, window_ms: int) -> None:
+        """The topic's dedupWindowMillis (0: none, camellia's rule), from
+        now on (docs/api.md, "Deduplication window"): its messages' ends
+        kept while it has one, and a send of an id whose message ended
+        within it answered with the ended message. RAM state, set again at
+        a start by who keeps the setting (broker.flow)."""
+        windows = self._messages.dedup_windows
+        if window_ms:
+            windows[topic] = window_ms
+        else:
+            windows.pop(topic, None)
+        self.store.keep_ends(topic, bool(window_ms))
+
     def __repr__(self) -> str:
         return f"Broker({self._lifecycle!r}, {self._messages!r}, tick={self.tick}, {self._filing!r})"
 

@@ -76,6 +76,17 @@ class Journal:
             self._lifecycle.fail(e, "a commit-log append")
             raise Unavailable(f"the commit log failed: {client_text(e)}") from e
 
+    def seen_again(self, places: list[Location], now_ms: int) -> None:
+        """The end times kept for these ended messages moved on to `now_ms`
+        (duplicate sends their topic's dedup window answered): one record,
+        appended after the send's, whose results the caller is still
+        carrying out; a failure fails the node, as `append`'s does."""
+        try:
+            self._store.seen_again(places, now_ms)
+        except BaseException as e:
+            self._lifecycle.fail(e, "a commit-log append")
+            raise Unavailable(f"the commit log failed: {client_text(e)}") from e
+
     def intend(self, call_id: int, topic: str, shift_ms: int | None, trigger_ms: int | None,
                places: array[int], now_ms: int) -> None:
         """The INTENT record of a large move (storage.records); once durable

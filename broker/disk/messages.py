@@ -98,6 +98,8 @@ class Messages:
         # time (the node's recurring schedules: broker.schedules.keeper); answers
         # the runs that missed with misfire=skip, which end EXPIRED unseen.
         self.on_release: Callable[[Sequence[Message], int], Sequence[Location]] | None = None
+        # Each topic's dedupWindowMillis, when not 0 (broker.flow: `Broker.set_dedup_window`).
+        self.dedup_windows: dict[str, int] = {}
 
     def __repr__(self) -> str:
         return f"Messages({self._windows!r})"
@@ -332,9 +334,11 @@ class Messages:
         """`Send` of new messages at `now_ms`: the topic cap (broker.disk
         .topics), one record; an id whose message is alive answers it
         unchanged, one whose message has ended is stored anew, the ended
-        one released (REPLACE), unless the send is strict. Each new one
-        FILEd; counted. The results, and the new messages due already
-        (DUE_NOW: `ready_now` of the results' messages once durable)."""
+        one released (REPLACE), unless the send is strict or its topic's
+        dedup window holds the end (`_in_window`: then answered unchanged,
+        the window moved on). Each new one FILEd; counted. The results,
+        and the new messages due already (DUE_NOW: `ready_now` of the
+        results' messages once durable)."""
         batch = list(map(_MESSAGE, sends))
         topics = self._topics
         new_topics = None if len(batch) == 1 and batch[0].topic in topics.stored else topics.new_topics(batch)
@@ -343,12 +347,20 @@ class Messages:
             topics.filing(new_topics)
         fresh: list[Message] = []  # the messages stored
         replace: list[int] = []  # the duplicates of ended messages to store anew
+        windows = self.dedup_windows
+        seen_again: list[Location] = []  # ended messages a dedup window answers: their window moved on
         for i, (outcome, stored) in enumerate(results):
             if outcome is STORED:
                 fresh.append(stored)
-            elif Effect.REPLACE in step(MessageState.of(stored), Send(MessageState.sent(batch[i]), sends[i].strict),
-                                        now_ms).effects:
+                continue
+            if windows and stored.status >= ACKED and self._in_window(stored, now_ms):
+                seen_again.append(stored.location)
+                continue
+            if Effect.REPLACE in step(MessageState.of(stored), Send(MessageState.sent(batch[i]), sends[i].strict),
+                                      now_ms).effects:
                 replace.append(i)
+        if seen_again:
+            self._journal.seen_again(seen_again, now_ms)
         if replace:  # rare: release the ended ones, then store those sends again
             ended = {results[i].message.location: results[i].message for i in replace}
             self._journal.append([StateChange(m.location, m.status, m.retry, released=True) for m in ended.values()],
@@ -363,6 +375,16 @@ class Messages:
             due = [m for m in fresh if DUE_NOW in step(None, Send(MessageState.of(m)), now_ms).effects]
         self._count_sends(results)
         return results, due
+
+    def _in_window(self, ended: Message, now_ms: int) -> bool:
+        """Whether the ended message's topic has a dedup window and the
+        message ended, or was last sent again, less than the window before
+        `now_ms` (docs/api.md, "Deduplication window")."""
+        window_ms = self.dedup_windows.get(ended.topic, 0)
+        if not window_ms:
+            return False
+        ended_ms = self._store.ended_at(ended.location, now_ms)
+        return ended_ms is not None and now_ms - ended_ms < window_ms
 
     def _count_sends(self, results: list[SendResult]) -> None:
         topic, m = "", None  # (a batch's messages share their topic, as a rule)

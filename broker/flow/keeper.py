@@ -95,6 +95,10 @@ class PauseGate(Protocol):
         end reason `paused`, as one whole call: how many, and whether more match."""
         ...
 
+    def set_dedup_window(self, topic: str, window_ms: int) -> None:
+        """The topic's dedupWindowMillis from now on (0: none)."""
+        ...
+
 
 class TopicFlow:
     """The node's topic settings (`settings`, by topic), and the pauses
@@ -122,9 +126,10 @@ class TopicFlow:
         return f"TopicFlow(topics={len(self.settings)}, paused={paused}, paused_keys={keys})"
 
     def start(self, gate: PauseGate) -> None:
-        """Carry the pauses out on `gate` (read again from the store: a
-        cluster node that starts leading reads what the last leader
-        replicated). Before the gate's backend hands anything out."""
+        """Carry the pauses and the dedup windows out on `gate` (read again
+        from the store: a cluster node that starts leading reads what the
+        last leader replicated). Before the gate's backend hands anything
+        out or takes a send."""
         self.settings = self._store.load()
         self._gate = gate
         for s in self.settings.values():
@@ -173,9 +178,10 @@ class TopicFlow:
             return settings
 
     def _carry_out(self, gate: PauseGate, s: TopicSettings) -> None:
-        """The topic's fairness, release rate (this shard's share) and
-        due-age cap on the gate."""
+        """The topic's fairness, release rate (this shard's share), due-age
+        cap and dedup window on the gate."""
         gate.set_flow(s.topic, s.fairness == "fairKey", s.release_rate / self.shares, s.max_due_age_ms)
+        gate.set_dedup_window(s.topic, s.dedup_window_ms)
 
     async def pause(self, request: PauseRequest) -> TopicSettings:
         """pauseTopic: a pause already in place keeps its time (an

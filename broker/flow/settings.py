@@ -11,9 +11,8 @@ how they are answered and how they are kept (docs/api.md, "Flow").
                       paused key (broker.flow.file on a node's disk, the
                       Raft group's state on a cluster: broker.cluster.flow)
 
-Settings whose effect this build does not carry out yet are refused with
-code 400 naming the parameter (never stored and ignored): a
-`dedupWindowMillis` other than 0.
+Every setting of the contract is carried out: none is stored and
+ignored (a value out of its range is refused with code 400 naming it).
 
 No I/O and no clock: a pause's time is the caller's `now_ms`.
 """
@@ -33,12 +32,15 @@ from ..core.params import Params, parse_topic
 # --max-paused-keys' default: serial keys of one topic paused at once.
 DEFAULT_MAX_PAUSED_KEYS = 1000
 
+# The longest dedupWindowMillis: the disk store's retention of ended
+# messages (storage.config), within which the id index finds them.
+MAX_DEDUP_WINDOW_MS = 3 * 24 * 3600 * 1000
+
 # The settings a topic has until set (setTopicConfig's defaults).
 FAIRNESS = ("none", "fairKey")
 # The highest releaseRate taken (messages a second): above it, a limit
 # no node reaches limits nothing.
 MAX_RELEASE_RATE = 10_000_000
-NOT_YET = "is not supported yet by this build: only {default} is taken"
 
 
 class OnResume(enum.Enum):
@@ -185,8 +187,9 @@ def parse_config(params: Params, current: TopicSettings | None) -> TopicConfig:
         raise InvalidRequest("fairness", f"must be one of {', '.join(FAIRNESS)}, got {str(fairness)[:40]!r}")
     max_due_age_ms = _whole(params, "maxDueAgeMillis", now.max_due_age_ms)
     dedup_window_ms = _whole(params, "dedupWindowMillis", now.dedup_window_ms)
-    if dedup_window_ms != 0:
-        raise InvalidRequest("dedupWindowMillis", NOT_YET.format(default="0 (camellia's rule)"))
+    if dedup_window_ms > MAX_DEDUP_WINDOW_MS:
+        raise InvalidRequest("dedupWindowMillis", f"must be at most {MAX_DEDUP_WINDOW_MS} (3 days: as long as "
+                                                  f"a node keeps an ended message), got {dedup_window_ms}")
     return TopicConfig(topic, release_rate, fairness, max_due_age_ms, dedup_window_ms)
 
 

@@ -14,9 +14,9 @@ import pytest
 from modes import open_to_others
 
 from replication import snapshot
-from storage.entry import MS_PER_HOUR
+from storage.entry import MS_PER_HOUR, Status
 from storage.errors import ContractError
-from storage.store import NewMessage, Store
+from storage.store import NewMessage, StateChange, Store
 
 NOW = 490_000 * MS_PER_HOUR + 5_000
 
@@ -69,7 +69,30 @@ def test_a_snapshot_replaces_the_store_and_the_files_given_with_it(dirs):
     snapshot.remove_replaced(str(node))
     assert ids_in(node) == {"new-1", "new-2"}
     assert (node / "epochs").read_bytes() == b"new epochs"
-    assert sorted(os.listdir(node)) == ["checkpoint", "commitlog", "delay", "epochs", "ids", "keys"]
+    assert sorted(os.listdir(node)) == ["checkpoint", "commitlog", "delay", "ends", "epochs", "ids", "keys"]
+
+
+def test_a_snapshot_carries_the_end_times_a_dedup_window_reads(tmp_path):
+    """The end index is derived from no other file: a node that installs
+    a snapshot taken after the checkpoint that flushed it knows the ends."""
+    node, source = tmp_path / "node", tmp_path / "source"
+    make_store(node, ["old-1"])
+    store = Store.open(str(source), now_ms=NOW)
+    store.keep_ends("t", True)
+    [sent] = store.send([NewMessage("t", "a", "x", NOW, NOW, 60_000, 3)], NOW)
+    store.commit()
+    store.update([StateChange(sent.message.location, Status.ACKED, 0)], NOW + 7)
+    store.commit()
+    store.checkpoint(NOW + 8)
+    store.close()
+    snapshot.unpack(tar_of(source, tmp_path / "s.tar"), str(node))
+    snapshot.swap_in(str(node), {"epochs": b"new epochs"})
+    snapshot.remove_replaced(str(node))
+    store = Store.open(str(node), now_ms=NOW + 9)
+    try:
+        assert store.ended_at(sent.message.location, NOW + 9) == NOW + 7
+    finally:
+        store.close()
 
 
 def test_an_unpacked_snapshot_never_swapped_in_is_dropped_at_start(dirs):
@@ -90,9 +113,9 @@ def test_a_swap_cut_short_at_any_rename_is_finished_at_start(tmp_path, monkeypat
     make_store(source, ["new-1", "new-2"])
     make_store(pristine, ["old-1", "old-2"])
     (pristine / "epochs").write_bytes(b"old epochs")
-    # snapshot.new -> snapshot.swap, then each of the 5 entries and the
+    # snapshot.new -> snapshot.swap, then each of the 6 entries and the
     # epochs file moved out of the way and the new one moved in.
-    renames = 1 + 2 * 6
+    renames = 1 + 2 * 7
     real = os.rename
     for crash_at in range(renames + 1):
         shutil.rmtree(node, ignore_errors=True)
@@ -119,7 +142,7 @@ def test_a_swap_cut_short_at_any_rename_is_finished_at_start(tmp_path, monkeypat
             assert ids_in(node) == {"old-1", "old-2"} and (node / "epochs").read_bytes() == b"old epochs"
         else:
             assert ids_in(node) == {"new-1", "new-2"} and (node / "epochs").read_bytes() == b"new epochs"
-        assert sorted(os.listdir(node)) == ["checkpoint", "commitlog", "delay", "epochs", "ids", "keys"]
+        assert sorted(os.listdir(node)) == ["checkpoint", "commitlog", "delay", "ends", "epochs", "ids", "keys"]
 
 
 def test_what_the_sender_had_none_of_does_not_survive_from_the_old_store(tmp_path):
