@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import math
 
+from storage.errors import ContractError
+
 # The burst, in seconds of the rate: a pull may take this much at once
 # after the topic was idle.
 BURST_S = 0.1
@@ -41,7 +43,7 @@ class ReleaseRate:
 
     def __init__(self, per_s: float, now_ms: int) -> None:
         if per_s <= 0:
-            raise ValueError(f"a release rate is above 0 a second, got {per_s}")
+            raise ContractError(f"a release rate is above 0 a second, got {per_s}")
         self.per_s = per_s
         self.burst = max(1.0, per_s * BURST_S)
         self.tokens = self.burst  # (full: an idle topic hands its first burst out at once)
