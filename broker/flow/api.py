@@ -15,6 +15,7 @@ without pauses (Redis): code 400 saying so; past --max-topics or
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 from storage.errors import HourglassError, InvalidRequest, LimitReached, Unavailable
@@ -81,9 +82,9 @@ class FlowApi:
         return answer(200, "success", data=self.flow("getTopicConfig").get(topic).public())
 
     async def pause(self, request: Request) -> Response:
-        pause = parse_pause(self._params(request))
+        pause = dataclasses.replace(parse_pause(self._params(request)), at_ms=request.at_ms)
         return answer(200, "success", data=(await self.flow("pauseTopic").pause(pause)).public())
 
     async def resume(self, request: Request) -> Response:
-        pause = parse_pause(self._params(request))
+        pause = dataclasses.replace(parse_pause(self._params(request)), at_ms=request.at_ms)
         return answer(200, "success", data=(await self.flow("resumeTopic").resume(pause)).public())

@@ -196,7 +196,7 @@ class TopicFlow:
                     raise LimitReached(f"topic {request.topic!r} has {len(current.keys)} paused keys and "
                                        f"--max-paused-keys is {self.max_paused_keys}: resume one first, pause "
                                        f"the topic, or raise --max-paused-keys")
-                pause = Pause(self._now_ms(), request.on_resume or OnResume.HOLD)
+                pause = Pause(self._at(request), request.on_resume or OnResume.HOLD)
             else:
                 pause = replace(had, on_resume=request.on_resume or had.on_resume)
             if had is None:
@@ -208,6 +208,11 @@ class TopicFlow:
                     gate.resume(request.topic, request.key)
                 raise
             return self.get(request.topic)
+
+    def _at(self, request: PauseRequest) -> int:
+        """When a pause or resume happens: the request's time, given on a
+        node of shards (each shard carries it out alike), else now."""
+        return self._now_ms() if request.at_ms is None else request.at_ms
 
     async def resume(self, request: PauseRequest) -> TopicSettings:
         """resumeTopic: the pause's policy (or `onResume` given) carried
@@ -222,7 +227,7 @@ class TopicFlow:
             policy = request.on_resume or pause.on_resume
             if policy is not OnResume.HOLD:
                 if pause.resume_ms is None:
-                    pause = replace(pause, resume_ms=max(self._now_ms(), pause.since_ms))
+                    pause = replace(pause, resume_ms=max(self._at(request), pause.since_ms))
                     await self._save(current.with_pause(request.key, pause))
                     current = self.get(request.topic)
                 if policy is OnResume.SHIFT:

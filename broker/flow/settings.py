@@ -153,6 +153,9 @@ class PauseRequest:
     topic: str
     key: str | None
     on_resume: OnResume | None
+    # when it happens (a node of shards: the receiving shard's time, the
+    # same on each); None: the keeper's now
+    at_ms: int | None = None
 
 
 def _whole(params: Params, parameter: str, current: int) -> int:

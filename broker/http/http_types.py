@@ -19,7 +19,7 @@ class Request:
     admission looks at it then, its body still empty); `body` is set once
     the body has arrived."""
 
-    __slots__ = ("body", "content_type", "headers", "method", "path", "query", "transport")
+    __slots__ = ("at_ms", "body", "content_type", "headers", "method", "path", "query", "transport")
 
     def __init__(self, method: str, path: str, query: bytes, headers: dict[str, str], body: bytes,
                  transport: asyncio.Transport | None) -> None:
@@ -29,6 +29,10 @@ class Request:
         self.headers = headers
         self.body = body
         self.transport = transport
+        # When a call every shard of a node carries out (a pause, a resume)
+        # happens: the receiving shard's clock, the same on every shard
+        # (broker.shards.router); None: now. Never from the client.
+        self.at_ms: int | None = None
         # the media type, lower case, without parameters ("" when none)
         given = headers.get("content-type")
         self.content_type = "" if given is None else given if given in _PLAIN_TYPES \

@@ -527,7 +527,8 @@ class ShardRouter:
         if shard == self.index:
             return await self._run(command, request)
         status, body, content_type, headers = await self.call(
-            shard, "call", [request.method, request.path, request.query, request.body, request.headers])
+            shard, "call", [request.method, request.path, request.query, request.body, request.headers,
+                            request.at_ms])
         return Response(status, body, content_type, headers)
 
     async def _run(self, command: Command, request: Request) -> Response:
@@ -544,11 +545,13 @@ class ShardRouter:
         return response
 
     async def _call_here(self, args: Sequence[Any]) -> list[Any]:
-        method, path, query, body, headers = args
+        method, path, query, body, headers, at_ms = args
         command = self._commands.get((method, path))
         if command is None:
             raise InvalidRequest("path", f"no command {method} {path}")
-        response = await self._run(command, Request(method, path, query, headers, body, None))
+        request = Request(method, path, query, headers, body, None)
+        request.at_ms = at_ms if type(at_ms) is int else None
+        response = await self._run(command, request)
         return [response.status, response.body, response.content_type, response.headers]
 
     async def _on_schedules_shard(self, command: Command, request: Request) -> Response:
@@ -558,7 +561,12 @@ class ShardRouter:
         return await self._forward(placement.owner(schedule_id, self.count), command, request)
 
     async def _on_every_shard(self, command: Command, request: Request) -> Response:
-        """Every shard's answer; this one's if all agree it succeeded, else the first that did not."""
+        """Every shard's answer; this one's if all agree it succeeded, else
+        the first that did not. All carry it out at this shard's time
+        (`at_ms`: a pause dated alike on every shard, its shift or expire
+        over one range)."""
+        if request.at_ms is None and self._backend is not None:
+            request.at_ms = self._backend.clock.now_ms()
         answers = await asyncio.gather(*[self._forward(i, command, request) for i in range(self.count)])
         for response in answers:
             if response.status != 200 or b'"code":200' not in response.body[:40]:
