@@ -37,49 +37,52 @@ def test_a_pause_survives_kill9_and_resume_carries_its_policy_out(tmp_path, poli
     data = tmp_path / "data"
     flags = ("--fsync", "batch", "--shards", shards)
     server = Server.start(data, *flags, log_path=tmp_path / "serve.log")
-    topic = "paused"
-    code, body = server.post("pauseTopic", topic=topic, onResume=policy)
-    assert code == 200, body
-    paused_at = body["data"]["pause"]["pausedAt"]
-    sent = {}
-    for i in range(MESSAGES):
-        code, body = server.post("sendMsg", topic=topic, msgId=f"m{i}", msg="x", delayMillis=DUE_IN_MS)
+    try:
+        topic = "paused"
+        code, body = server.post("pauseTopic", topic=topic, onResume=policy)
         assert code == 200, body
-        sent[f"m{i}"] = body["delayMsg"]["triggerTime"]
-    time.sleep(DUE_IN_MS / 1000 + 0.5)  # all due, none handed out
-    code, body = server.post("pullMsg", topic=topic, batch=MESSAGES)
-    assert code == 200 and body["delayMsgList"] == [], body
-    server.kill()
+        paused_at = body["data"]["pause"]["pausedAt"]
+        sent = {}
+        for i in range(MESSAGES):
+            code, body = server.post("sendMsg", topic=topic, msgId=f"m{i}", msg="x", delayMillis=DUE_IN_MS)
+            assert code == 200, body
+            sent[f"m{i}"] = body["delayMsg"]["triggerTime"]
+        time.sleep(DUE_IN_MS / 1000 + 0.5)  # all due, none handed out
+        code, body = server.post("pullMsg", topic=topic, batch=MESSAGES)
+        assert code == 200 and body["delayMsgList"] == [], body
+    finally:
+        server.kill()
 
     again = Server.start(data, *flags, log_path=tmp_path / "serve2.log")
-    code, body = again.post("longPollingMsg", topic=topic, batch=MESSAGES, longPollingTimeoutMillis=1000)
-    assert code == 200 and body["delayMsgList"] == [], body
-    code, body = again.get("getTopicInfo", topic=topic)
-    assert code == 200 and body["data"]["paused"] is True, body
-    assert body["data"]["dueUndelivered"] == MESSAGES, body
-    code, body = again.get("getTopicConfig", topic=topic)
-    assert body["data"]["pause"] == {"pausedAt": paused_at, "onResume": policy}, body
-
-    asked_ms = int(time.time() * 1000)
-    code, body = again.post("resumeTopic", topic=topic)
-    answered_ms = int(time.time() * 1000)
-    assert code == 200 and body["data"]["paused"] is False, body
-    if policy == "expire":
-        for msg_id in sent:
-            code, body = again.post("getMsg", topic=topic, msgId=msg_id)
-            assert code == 200 and body["delayMsg"]["status"] == 5, body
-            assert body["delayMsg"]["endReason"] == "paused", body
-        code, body = again.post("longPollingMsg", topic=topic, batch=MESSAGES, longPollingTimeoutMillis=500)
+    try:
+        code, body = again.post("longPollingMsg", topic=topic, batch=MESSAGES, longPollingTimeoutMillis=1000)
         assert code == 200 and body["delayMsgList"] == [], body
+        code, body = again.get("getTopicInfo", topic=topic)
+        assert code == 200 and body["data"]["paused"] is True, body
+        assert body["data"]["dueUndelivered"] == MESSAGES, body
+        code, body = again.get("getTopicConfig", topic=topic)
+        assert body["data"]["pause"] == {"pausedAt": paused_at, "onResume": policy}, body
+
+        asked_ms = int(time.time() * 1000)
+        code, body = again.post("resumeTopic", topic=topic)
+        answered_ms = int(time.time() * 1000)
+        assert code == 200 and body["data"]["paused"] is False, body
+        if policy == "expire":
+            for msg_id in sent:
+                code, body = again.post("getMsg", topic=topic, msgId=msg_id)
+                assert code == 200 and body["delayMsg"]["status"] == 5, body
+                assert body["delayMsg"]["endReason"] == "paused", body
+            code, body = again.post("longPollingMsg", topic=topic, batch=MESSAGES, longPollingTimeoutMillis=500)
+            assert code == 200 and body["delayMsgList"] == [], body
+            return
+        got = _pull_all(again, topic, MESSAGES)
+        assert sorted(m["msgId"] for _, m in got) == sorted(sent), "every message handed out once, none lost"
+        for at_ms, m in got:
+            assert m["triggerTime"] <= at_ms, f"{m['msgId']} handed out before its trigger time"
+            if policy == "hold":
+                assert m["triggerTime"] == sent[m["msgId"]]
+            else:  # moved by the pause's length: resumedAt (asked..answered) - pausedAt, within a second
+                low, high = asked_ms - paused_at, answered_ms - paused_at
+                assert sent[m["msgId"]] + low - 1000 <= m["triggerTime"] <= sent[m["msgId"]] + high + 1000, m
+    finally:
         again.stop()
-        return
-    got = _pull_all(again, topic, MESSAGES)
-    assert sorted(m["msgId"] for _, m in got) == sorted(sent), "every message handed out once, none lost"
-    for at_ms, m in got:
-        assert m["triggerTime"] <= at_ms, f"{m['msgId']} handed out before its trigger time"
-        if policy == "hold":
-            assert m["triggerTime"] == sent[m["msgId"]]
-        else:  # moved by the pause's length: resumedAt (asked..answered) - pausedAt, within a second
-            low, high = asked_ms - paused_at, answered_ms - paused_at
-            assert sent[m["msgId"]] + low - 1000 <= m["triggerTime"] <= sent[m["msgId"]] + high + 1000, m
-    again.stop()
