@@ -61,8 +61,8 @@ DEFAULT_BULK = 100_000
 MAX_BULK = 1_000_000
 # redriveMsgs: messages one job re-drives by default and at most, and its
 # `rate` at most (a second; 0: as fast as slices go).
-DEFAULT_REDRIVE = 1_000_000
 MAX_REDRIVE = 100_000_000
+DEFAULT_REDRIVE = MAX_REDRIVE  # (all that match)
 MAX_REDRIVE_RATE = 1_000_000
 
 LIVE = frozenset((Status.WAITING, Status.READY, Status.CONSUMING))

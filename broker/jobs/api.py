@@ -26,7 +26,7 @@ from storage.errors import Conflict, Forbidden, HourglassError, InvalidRequest, 
 
 from ..core import params
 from ..core.bodies import BodyLimits
-from ..core.bulk_params import DeadFilter, RedriveMsgsRequest, parse_job_id, parse_redrive_msgs
+from ..core.bulk_params import MAX_REDRIVE, DeadFilter, RedriveMsgsRequest, parse_job_id, parse_redrive_msgs
 from ..http.api import answer
 from ..http.commands import CommandTable, ErrorTable
 from ..http.http_types import Request, Response
@@ -83,7 +83,9 @@ async def serve_job_call(jobs: RedriveJobs, op: str, args: Sequence[Any], index:
     """A job call another shard made of this one (broker.shards.router)."""
     if op == "job_create":
         r = request_of(args[0])
-        r = r._replace(rate=share(r.rate, index, count), limit=max(1, share(r.limit, index, count)))
+        # an explicit limit split evenly; without one (MAX_REDRIVE) each shard re-drives all of its own
+        limit = r.limit if r.limit >= MAX_REDRIVE else max(1, share(r.limit, index, count))
+        r = r._replace(rate=share(r.rate, index, count), limit=limit)
         return (await jobs.create(r, args[1])).public()
     if op == "job_get":
         return jobs.get(args[0]).public()
