@@ -11,8 +11,8 @@ Prints ONE JSON object.
            polls of 100: hand-outs counted per second from the first,
            the duration, lateness p50/p99 (hand-out minus trigger time,
            as the client sees it) and the node's smoothing and load
-           lateness (/metrics' hourglass_release_*_lateness_seconds sums
-           and counts), and how many were handed out before their
+           lateness (/metrics' hourglass_release_lateness_seconds sums
+           and counts by cause), and how many were handed out before their
            trigger time (early: must be 0)
   pause    per policy (hold, shift, expire): the topic paused, then
            --pause-messages (100,000) sent falling due over the pause of
@@ -100,9 +100,9 @@ def release_metrics(server: Server) -> dict[str, float]:
     for line in text.splitlines():
         for kind in ("smoothing", "load"):
             for part in ("sum", "count"):
-                name = f"hourglass_release_{kind}_lateness_seconds_{part}"
+                name = f'hourglass_release_lateness_seconds_{part}{{cause="{kind}"}}'
                 if line.startswith(name + " "):
-                    out[f"{kind}_{part}"] = float(line.split()[1])
+                    out[f"{kind}_{part}"] = float(line.split()[-1])
     return out
 
 
