@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+import zlib
 
 import pytest
 
@@ -288,11 +289,15 @@ def test_max_due_age_hands_an_old_message_out_before_priority(api, topic):
 def test_fairness_set_by_set_topic_config_takes_turns(api, topic):
     """fairness=fairKey: A's backlog and B's one message; a pull of 2 takes
     one of each. (One serial key per tenant would serialise: no key here;
-    a node of two shards takes turns on each shard.)"""
+    a node of shards takes turns on each shard, so A's messages are sent
+    to B's shard: ids its placement, CRC-32 of the msgId, puts there.)"""
     call(api, "setTopicConfig", topic=topic, fairness="fairKey")
     assert settings(api, topic)["fairness"] == "fairKey"
+    status, shard_map = api.get("getShardMap")
+    count = shard_map["shards"] if status == 200 and isinstance(shard_map, dict) and "shards" in shard_map else 1
+    a_ids = [i for i in (f"a{n:03}" for n in range(400)) if zlib.crc32(i.encode()) % count == zlib.crc32(b"b") % count]
     code, body = api.post_json("sendMsgBatch", {"topic": topic, "msgs": [
-        {"msg": "a", "msgId": f"a{i:02}", "fairKey": "A"} for i in range(40)]})
+        {"msg": "a", "msgId": msg_id, "fairKey": "A"} for msg_id in a_ids[:40]]})
     assert code == 200, body
     api.send(topic, "b", msgId="b", fairKey="B")
     got: list[str] = []
