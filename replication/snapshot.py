@@ -125,14 +125,17 @@ def unpack(tar_path: str, data_dir: str) -> str:
         shutil.rmtree(staged)
     make_dir(staged)
     try:
-        for name in STORE_ENTRIES:
-            if name != "checkpoint":  # made here, not by tarfile: DIR_MODE whatever the umask
-                make_dir(os.path.join(staged, name))
         with tarfile.open(tar_path, "r") as tar:
+            tops = set()
             for member in tar.getmembers():
                 top = member.name.split("/", 1)[0]
                 if top not in STORE_ENTRIES or ".." in member.name.split("/") or not member.isfile():
                     raise ContractError(f"snapshot entry {member.name!r} is not a store file")
+                tops.add(top)
+            for name in STORE_ENTRIES:  # made here, not by tarfile: DIR_MODE whatever the umask
+                # (ends/ only when the snapshot has one: a store makes it with its first kept end)
+                if name != "checkpoint" and (name != "ends" or name in tops):
+                    make_dir(os.path.join(staged, name))
             tar.extractall(staged, filter=_private_data)
         checkpoint = os.path.join(staged, "checkpoint")
         if not os.path.exists(checkpoint):

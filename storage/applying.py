@@ -29,7 +29,7 @@ from the checkpoint and written back into the next one (storage.retention).
 
 from __future__ import annotations
 
-from collections.abc import Sequence, Set
+from collections.abc import Callable, Sequence, Set
 from typing import Any, cast
 
 from . import delay_log, records
@@ -58,10 +58,14 @@ class Applier:
 
     def __init__(self, hours: HourTable, ids: IdIndex, log: CommitLog, pending: Pending,
                  topic_names: dict[int, str], consuming: dict[Location, int], keys: KeyIndex | None = None,
-                 ends: EndIndex | None = None) -> None:
+                 ends: EndIndex | None = None, open_ends: Callable[[], EndIndex] | None = None) -> None:
         self._hours = hours
         self._ids = ids
-        self._ends = ends  # location -> when it ended (storage.end_index); None: none kept
+        # location -> when it ended (storage.end_index); None: none kept yet,
+        # made by `open_ends` when the first end to keep is applied (a node
+        # with no dedup window holds no end index: no files, no descriptors)
+        self.ends = ends
+        self._open_ends = open_ends
         self._keys = keys  # (topic, serial key) -> locations (storage.key_index); None: not kept
         self._log = log
         self._pending = pending
@@ -273,8 +277,12 @@ class Applier:
         for (h, topic_hash, status), delta in deltas.items():
             if delta:
                 h.count(topic_hash, status, delta)
-        if ends and self._ends is not None:
-            self._ends.record_many(ends)
+        if ends:
+            index = self.ends
+            if index is None and self._open_ends is not None:
+                index = self.ends = self._open_ends()
+            if index is not None:
+                index.record_many(ends)
 
     def _apply_moves(self, now_ms: int, items: Sequence[records.MoveItem], new_entries: list[IndexEntry] | None) -> None:
         """The old entry ends (status 7, released, moved: it counts as ended

@@ -171,13 +171,13 @@ class Store:
         self.ids = ids
         self.disk = disk
         self.keys = keys  # the key index (storage.key_index); None: lookups by key scan
-        self.ends = ends  # when ended messages ended (storage.end_index); None: none kept
         self._closed = False
         self._hours = hours
         self._pending = Pending(log)
         consuming = {Location(hour, gi): deadline for hour, gi, deadline in checkpoint.consuming or ()}
         self._applier = Applier(hours, ids, log, self._pending, dict(checkpoint.topic_names), consuming,
-                                keys, ends)
+                                keys, ends, lambda: EndIndex.open(os.path.join(directory, "ends"), config,
+                                                                  hours.__contains__, disk))
         # The names of the topics with a message in a live hour (as
         # `has_topic`), the applier's own set: read it, never change it.
         self.topic_set: AbstractSet[str] = self._applier.topics_by_name
@@ -224,7 +224,9 @@ class Store:
             recovery.load_hours(hours, checkpoint)
             ids = recovery.open_id_index(os.path.join(directory, "ids"), config, hours, disk)
             keys = open_key_index(key_dir(directory), config, hours, disk)
-            ends = EndIndex.open(os.path.join(directory, "ends"), config, hours.__contains__, disk)
+            ends_dir = os.path.join(directory, "ends")
+            if os.path.isdir(ends_dir):  # (else made when a first end is kept: Applier)
+                ends = EndIndex.open(ends_dir, config, hours.__contains__, disk)
             store = cls(directory, config, log, hours, ids, checkpoint, keys, disk, ends)
             recovery.replay(checkpoint, log, hours, store._applier, store._reader)
         except BaseException:  # a refused directory keeps no descriptor open, and is not cut
@@ -402,6 +404,12 @@ class Store:
         return None if flags & FLAG_RELEASED else (STATUS_BY_VALUE[status], retry)
 
     # == ends, for a topic's dedup window (storage.end_index) =================
+
+    @property
+    def ends(self) -> EndIndex | None:
+        """When ended messages ended (storage.end_index); None: none kept
+        yet (the index is made with the first end a dedup window keeps)."""
+        return self._applier.ends
 
     def keep_ends(self, topic: str, keep: bool) -> None:
         """Keep (or no longer keep) the end time of each message of `topic`

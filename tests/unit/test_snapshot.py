@@ -69,7 +69,7 @@ def test_a_snapshot_replaces_the_store_and_the_files_given_with_it(dirs):
     snapshot.remove_replaced(str(node))
     assert ids_in(node) == {"new-1", "new-2"}
     assert (node / "epochs").read_bytes() == b"new epochs"
-    assert sorted(os.listdir(node)) == ["checkpoint", "commitlog", "delay", "ends", "epochs", "ids", "keys"]
+    assert sorted(os.listdir(node)) == ["checkpoint", "commitlog", "delay", "epochs", "ids", "keys"]
 
 
 def test_a_snapshot_carries_the_end_times_a_dedup_window_reads(tmp_path):
@@ -113,9 +113,10 @@ def test_a_swap_cut_short_at_any_rename_is_finished_at_start(tmp_path, monkeypat
     make_store(source, ["new-1", "new-2"])
     make_store(pristine, ["old-1", "old-2"])
     (pristine / "epochs").write_bytes(b"old epochs")
-    # snapshot.new -> snapshot.swap, then each of the 6 entries and the
-    # epochs file moved out of the way and the new one moved in.
-    renames = 1 + 2 * 7
+    # snapshot.new -> snapshot.swap, then each of the 5 entries (no ends/:
+    # no dedup window kept an end) and the epochs file moved out of the way
+    # and the new one moved in.
+    renames = 1 + 2 * 6
     real = os.rename
     for crash_at in range(renames + 1):
         shutil.rmtree(node, ignore_errors=True)
@@ -142,7 +143,7 @@ def test_a_swap_cut_short_at_any_rename_is_finished_at_start(tmp_path, monkeypat
             assert ids_in(node) == {"old-1", "old-2"} and (node / "epochs").read_bytes() == b"old epochs"
         else:
             assert ids_in(node) == {"new-1", "new-2"} and (node / "epochs").read_bytes() == b"new epochs"
-        assert sorted(os.listdir(node)) == ["checkpoint", "commitlog", "delay", "ends", "epochs", "ids", "keys"]
+        assert sorted(os.listdir(node)) == ["checkpoint", "commitlog", "delay", "epochs", "ids", "keys"]
 
 
 def test_what_the_sender_had_none_of_does_not_survive_from_the_old_store(tmp_path):
