@@ -365,8 +365,9 @@ class TopicQueue:
                 _heapify_all(group.heap, group.by_tag)
                 group.worst = [(-p, -t, -at.hour, -at.global_index, at) for p, t, at in group.heap]
                 heapify(group.worst)
-            self.rotation = deque([*self.rotation, *(name for name in groups if name not in self.groups or
-                                                     not self.groups[name].queued)])
+            rotation = list(self.rotation)
+            rotation.extend([name for name in groups if name not in self.groups or not self.groups[name].queued])
+            self.rotation = deque(rotation)
             self.groups = groups
         else:
             for held in self.ready.values():
