@@ -738,8 +738,12 @@ class ShardedRequests:
         return pulled
 
     async def long_poll(self, request: LongPollRequest, gone: Callable[[], bool]) -> list[Message]:
+        # wait_before_pull: a pull here awaits other shards' answers, and a
+        # wake (another shard's "ready" notice, a resume) that comes meanwhile
+        # must count, or the poll sleeps to its timeout with a message ready
         return await self._long_polls.wait_ready(request.topic, request.long_polling_timeout_ms,
-                                                 lambda: self.pull(request), self._give_back, gone)
+                                                 lambda: self.pull(request), self._give_back, gone,
+                                                 wait_before_pull=True)
 
     async def _give_back(self, messages: list[Message]) -> None:
         router = self._router
