@@ -108,6 +108,24 @@ class Cluster:
             time.sleep(0.01)
         raise AssertionError(f"not every node knows {leader} leads within {wait_s} s")
 
+    def answer(self, method: str, path: str, wait_s: float = 30, **params: object) -> dict:
+        """The first live node's answer with code 200 to an API call (a
+        follower forwards it to the leader), asked again while a leader is
+        elected; AssertionError if none answers within `wait_s`."""
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            for n in NODE_IDS:
+                if not self.alive(n):
+                    continue
+                try:
+                    status, body = (self.nodes[n].post if method == "POST" else self.nodes[n].get)(path, **params)
+                except OSError:
+                    continue
+                if status == 200 and isinstance(body, dict) and body.get("code") == 200:
+                    return body
+            time.sleep(0.2)
+        raise AssertionError(f"no node answered {method} {path} {params}")
+
     def alive(self, node: str) -> bool:
         return self.nodes[node].proc.poll() is None
 

@@ -6,7 +6,6 @@ until resumed, and then hands every message out once."""
 from __future__ import annotations
 
 import time
-from typing import Any
 
 import pytest
 from cluster import NODE_IDS, Cluster
@@ -14,23 +13,6 @@ from cluster import NODE_IDS, Cluster
 pytestmark = pytest.mark.slow
 
 MESSAGES = 10
-
-
-def _answer(cluster: Cluster, method: str, path: str, **params: Any) -> dict[str, Any]:
-    """The first live node's answer with code 200 (a follower forwards to the leader), retried while electing."""
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        for n in NODE_IDS:
-            if not cluster.alive(n):
-                continue
-            try:
-                status, body = (cluster.nodes[n].post if method == "POST" else cluster.nodes[n].get)(path, **params)
-            except OSError:
-                continue
-            if status == 200 and isinstance(body, dict) and body.get("code") == 200:
-                return body
-        time.sleep(0.2)
-    raise AssertionError(f"no node answered {path} {params}")
 
 
 def test_a_pause_survives_the_leaders_kill(tmp_path):
@@ -48,18 +30,18 @@ def test_a_pause_survives_the_leaders_kill(tmp_path):
         c.kill(leader)
         new = c.wait_leader(exclude=leader, above_term=term)
         c.wait_known(new)
-        assert _answer(c, "GET", "getTopicConfig", topic=topic)["data"]["paused"] is True
+        assert c.answer("GET", "getTopicConfig", topic=topic)["data"]["paused"] is True
         for n in NODE_IDS:
             if c.alive(n):
                 code, body = c.nodes[n].post("pullMsg", topic=topic, batch=MESSAGES)
                 assert code == 200 and body["code"] == 200 and body["delayMsgList"] == [], (n, body)
-        info = _answer(c, "GET", "getTopicInfo", topic=topic)["data"]
+        info = c.answer("GET", "getTopicInfo", topic=topic)["data"]
         assert info["paused"] is True and info["dueUndelivered"] == MESSAGES, info
-        assert _answer(c, "POST", "resumeTopic", topic=topic)["data"]["paused"] is False
+        assert c.answer("POST", "resumeTopic", topic=topic)["data"]["paused"] is False
         got: set[str] = set()
         deadline = time.monotonic() + 20
         while len(got) < MESSAGES and time.monotonic() < deadline:
-            body = _answer(c, "POST", "longPollingMsg", topic=topic, batch=MESSAGES, longPollingTimeoutMillis=300)
+            body = c.answer("POST", "longPollingMsg", topic=topic, batch=MESSAGES, longPollingTimeoutMillis=300)
             got |= {m["msgId"] for m in body["delayMsgList"]}
         assert got == {f"m{i}" for i in range(MESSAGES)}
     finally:
