@@ -7,7 +7,6 @@ none lost; getJob answers the job on every node."""
 from __future__ import annotations
 
 import time
-from typing import Any
 
 import pytest
 from cluster import NODE_IDS, Cluster
@@ -18,23 +17,9 @@ MESSAGES = 600
 RATE = 150  # a second: the job takes about 4 s
 
 
-def _call(cluster: Cluster, method: str, path: str, **params: Any) -> dict[str, Any] | None:
-    """The first live node that answers code 200 (None: none did)."""
-    for n in NODE_IDS:
-        if not cluster.alive(n):
-            continue
-        try:
-            status, body = (cluster.nodes[n].post if method == "POST" else cluster.nodes[n].get)(path, **params)
-        except OSError:
-            continue
-        if status == 200 and isinstance(body, dict) and body.get("code") == 200:
-            return body
-    return None
-
-
-def _count(cluster: Cluster, topic: str, status: str) -> int | None:
-    body = _call(cluster, "GET", "listMsg", topic=topic, status=status, countOnly="true")
-    return None if body is None else body["count"]
+def _count(cluster: Cluster, topic: str, status: str) -> int:
+    count: int = cluster.answer("GET", "listMsg", topic=topic, status=status, countOnly="true")["count"]
+    return count
 
 
 def test_a_job_survives_the_leaders_kill_and_redrives_each_once(tmp_path):
@@ -60,7 +45,7 @@ def test_a_job_survives_the_leaders_kill_and_redrives_each_once(tmp_path):
         assert code == 200 and body["code"] == 200, body
         job_id = body["jobId"]
         deadline = time.monotonic() + 10
-        while (job := _call(c, "GET", "getJob", jobId=job_id)) is None or job["job"]["redriven"] < MESSAGES // 4:
+        while (job := c.answer("GET", "getJob", jobId=job_id))["job"]["redriven"] < MESSAGES // 4:
             assert time.monotonic() < deadline
             time.sleep(0.05)
         assert job["job"]["state"] == "running", job
@@ -68,13 +53,12 @@ def test_a_job_survives_the_leaders_kill_and_redrives_each_once(tmp_path):
         c.kill(leader)
         c.wait_leader(exclude=leader, above_term=term)
         deadline = time.monotonic() + 60
-        while (job := _call(c, "GET", "getJob", jobId=job_id)) is None or job["job"]["state"] == "running":
+        while (job := c.answer("GET", "getJob", jobId=job_id))["job"]["state"] == "running":
             assert time.monotonic() < deadline, job
             time.sleep(0.2)
         assert job["job"]["state"] == "done", job
         assert _count(c, topic, "5,6") == 0 and _count(c, topic, "2") == MESSAGES
-        listed = _call(c, "GET", "listMsg", topic=topic, status="2", limit=1000)
-        assert listed is not None
+        listed = c.answer("GET", "listMsg", topic=topic, status="2", limit=1000)
         assert sorted(m["msgId"] for m in listed["delayMsgList"]) == sorted(f"m{i}" for i in range(MESSAGES))
         assert {m.get("redriveCount") for m in listed["delayMsgList"]} == {1}
         for n in NODE_IDS:
