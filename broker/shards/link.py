@@ -224,6 +224,11 @@ class Peer:
     def up(self) -> bool:
         return self._connection is not None and self._connection.open
 
+    def heard_from(self) -> None:
+        """The shard dialled this one (it is up): the next call dials it at
+        once, not after what is left of RETRY_S."""
+        self._failed_at = -1.0
+
     def call(self, op: str, args: list[Any]) -> Awaitable[Any]:
         connection = self._connection
         if connection is not None and connection.open:

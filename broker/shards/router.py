@@ -69,6 +69,13 @@ log = logging.getLogger("hourglass.shards")
 BY_SCHEDULE = frozenset(("putSchedule", "deleteSchedule", "pauseSchedule", "resumeSchedule", "getSchedule"))
 
 
+def _ignore_outcome(done: asyncio.Future[Any]) -> None:
+    """A call made for its side effect only (a hello, a dial back): a shard
+    that does not answer is found again by the next call."""
+    if not done.cancelled():
+        done.exception()
+
+
 # -- what travels: a NamedTuple as its fields ------------------------------------------
 
 def message_fields(m: Message) -> list[Any]:
@@ -392,9 +399,20 @@ class ShardRouter:
         return self._notices.get((shard, topic), 0)
 
     def _connected(self, shard: int) -> None:
-        # a shard (re)connected: what it was known to hold is unknown again
+        # a shard (re)connected: what it was known to hold is unknown again; it is told who dialled it
         for drained in self._drained.values():
             drained.discard(shard)
+        hello = self.peers[shard].call("hello", [self.index])
+        asyncio.ensure_future(hello).add_done_callback(_ignore_outcome)
+
+    def _hello(self, shard: int) -> None:
+        """Shard `shard` dialled this one, having (re)started: it is dialled
+        back now, so that a call forwarded to it does not meet the backoff
+        of a dial that failed while it was down (a 503 to a client)."""
+        peer = self.peers.get(shard)
+        if peer is not None and not peer.up:
+            peer.heard_from()
+            asyncio.ensure_future(peer.connect()).add_done_callback(_ignore_outcome)
 
     def _lost(self, connection: link.Connection) -> None:
         for watchers in self._watchers.values():
@@ -423,6 +441,9 @@ class ShardRouter:
 
     async def serve(self, op: str, args: Sequence[Any], connection: link.Connection) -> Any:
         """A call another shard made of this one, on its engine alone."""
+        if op == "hello":
+            self._hello(int(args[0]))
+            return None
         self.served += 1
         backend = self.backend
         requests = backend.requests

@@ -3,6 +3,7 @@ keeps, and how the shards' answers are merged (broker.shards)."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import zlib
 
@@ -10,8 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from broker.core.bodies import BodyLimits
 from broker.shards import layout, placement
 from broker.shards.router import (
+    ShardRouter,
     dead_cursor,
     merge_metrics,
     merge_monitor_data,
@@ -20,7 +23,7 @@ from broker.shards.router import (
     parse_dead_cursor,
 )
 from storage.entry import Location, Message, Status
-from storage.errors import ConfigError, InvalidRequest
+from storage.errors import ConfigError, InvalidRequest, Unavailable
 
 ids = st.text(min_size=1, max_size=40)
 
@@ -236,3 +239,32 @@ def test_one_scrape_sums_due_messages_and_histograms_and_takes_the_oldest_due_ag
         assert f'hourglass_release_lateness_seconds_count{{cause="{cause}"}} 2' in lines
     assert 'hourglass_dwell_seconds_bucket{le="0.05"} 1' in lines and "hourglass_dwell_seconds_count 2" in lines
     assert lines.count("# TYPE hourglass_release_lateness_seconds histogram") == 1
+
+
+# -- the links ----------------------------------------------------------------------------
+
+def test_a_restarted_shard_is_dialled_back_at_once_not_after_the_failed_dials_backoff(tmp_path):
+    """Shard 0 found shard 1 down (a dial failed: calls fail fast for a
+    while). Shard 1 starts and dials shard 0: shard 0 dials it back then, so
+    its link is up and a call forwarded to shard 1 is not answered 503."""
+    async def run() -> None:
+        links = str(tmp_path / "links")
+        zero = ShardRouter(0, 2, links, BodyLimits(), 1024)
+        one = ShardRouter(1, 2, links, BodyLimits(), 1024)
+        await zero.start()
+        try:
+            assert await zero.connect_all() == [1]  # shard 1 is down
+            with pytest.raises(Unavailable):
+                await zero.peers[1].connect()  # within the backoff: no dial
+            await one.start()
+            assert await one.connect_all() == []
+            for _ in range(1000):  # the hello and the dial back, a few turns of the loop
+                if zero.peers[1].up:
+                    break
+                await asyncio.sleep(0.005)
+            assert zero.down() == []
+            assert one.down() == []
+        finally:
+            await zero.stop()
+            await one.stop()
+    asyncio.run(run())
