@@ -22,6 +22,12 @@ Prints ONE JSON object.
            before its (shifted) trigger time; shift's error against
            the pause's length), ended with endReason `paused` (expire:
            every one, counted by listDeadMsg), lost (must be 0)
+
+  --fault kill      the node SIGKILLed in the middle of each pause and
+                    started again on its directory (and port)
+  --fault failover  a 3-node cluster instead of one node: its leader
+                    SIGKILLed in the middle of each pause, the calls going
+                    on at the new leader (the old one restarted as a follower)
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ import threading
 import time
 from typing import Any
 
+from cluster import Cluster
 from harness import Server, percentile, unwind_on_signals
 
 BATCH_SEND = 1000
@@ -49,7 +56,72 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def send_due(server: Server, topic: str, count: int, first_ms: int, spread_ms: int, prefix: str) -> dict[str, int]:
+class Target:
+    """The node the run talks to: one node (restarted by `fault` when the
+    fault is a kill) or a 3-node cluster's leader (`fault` kills it)."""
+
+    def __init__(self, work: str, fault: str, shards: str) -> None:
+        self.fault_kind = fault
+        self.flags = ("--fsync", "batch", "--shards", shards)
+        self.data = f"{work}/data"
+        self.cluster = Cluster.start(f"{work}/cluster", "--fsync", "batch") if fault == "failover" else None
+        self.server = None if self.cluster else Server.start(self.data, *self.flags, log_path=f"{work}/serve.log")
+        self.faults: list[dict[str, Any]] = []
+
+    def node(self) -> Server:
+        if self.cluster is None:
+            assert self.server is not None
+            return self.server
+        return self.cluster.nodes[self.cluster.wait_leader()]
+
+    def _asked(self, how: str, path: str, *args: Any, **params: Any) -> tuple[int, Any]:
+        """A call answered (asked again while the node restarts or a leader is elected)."""
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                status, body = getattr(self.node(), how)(path, *args, **params)
+            except OSError:
+                status, body = 503, None
+            if status not in (502, 503) and not (isinstance(body, dict) and body.get("code") in (502, 503)):
+                return status, body
+            if time.monotonic() > deadline:
+                return status, body
+            time.sleep(0.1)
+
+    def post(self, path: str, **params: Any) -> tuple[int, Any]:
+        return self._asked("post", path, **params)
+
+    def post_json(self, path: str, body: Any) -> tuple[int, Any]:
+        return self._asked("post_json", path, body)
+
+    def get(self, path: str, **params: Any) -> tuple[int, Any]:
+        return self._asked("get", path, **params)
+
+    def fault(self) -> None:
+        """SIGKILL the node (and start it again) or the cluster's leader."""
+        began = time.monotonic()
+        if self.cluster is None:
+            assert self.server is not None
+            port = int(self.server.base.rsplit(":", 1)[1])
+            self.server.kill()
+            self.server = Server.start(self.data, *self.flags, port=port, log_path=self.server.log_path)
+            self.faults.append({"kind": "kill", "back_s": round(time.monotonic() - began, 2)})
+            return
+        old = self.cluster.wait_leader()
+        self.cluster.kill(old)
+        new = self.cluster.wait_leader(exclude=old)
+        self.faults.append({"kind": "failover", "killed": old, "leader": new,
+                            "new_leader_s": round(time.monotonic() - began, 2)})
+        self.cluster.restart(old, wait=False)
+
+    def stop(self) -> None:
+        if self.cluster is not None:
+            self.cluster.stop()
+        elif self.server is not None:
+            self.server.stop()
+
+
+def send_due(server: Server | Target, topic: str, count: int, first_ms: int, spread_ms: int, prefix: str) -> dict[str, int]:
     """`count` messages with trigger times spread over [first_ms, first_ms + spread_ms)."""
     sent: dict[str, int] = {}
     for start in range(0, count, BATCH_SEND):
@@ -63,7 +135,7 @@ def send_due(server: Server, topic: str, count: int, first_ms: int, spread_ms: i
     return sent
 
 
-def drain(server: Server, topic: str, want: int, consumers: int, limit_s: float) -> list[tuple[int, dict[str, Any]]]:
+def drain(server: Server | Target, topic: str, want: int, consumers: int, limit_s: float) -> list[tuple[int, dict[str, Any]]]:
     """Long polls (and acks) until `want` messages came: each with when it came."""
     got: list[tuple[int, dict[str, Any]]] = []
     lock = threading.Lock()
@@ -92,7 +164,7 @@ def drain(server: Server, topic: str, want: int, consumers: int, limit_s: float)
     return got
 
 
-def release_metrics(server: Server) -> dict[str, float]:
+def release_metrics(server: Server | Target) -> dict[str, float]:
     """The node's smoothing and load lateness sums and counts (/metrics)."""
     _, body = server.get("/metrics")
     text = body.decode() if isinstance(body, bytes) else json.dumps(body)
@@ -106,7 +178,7 @@ def release_metrics(server: Server) -> dict[str, float]:
     return out
 
 
-def run_rate(server: Server, messages: int, rate: int, consumers: int) -> dict[str, Any]:
+def run_rate(server: Server | Target, messages: int, rate: int, consumers: int) -> dict[str, Any]:
     topic = "rated"
     status, body = server.post("setTopicConfig", topic=topic, releaseRate=rate)
     assert status == 200, body
@@ -133,7 +205,7 @@ def run_rate(server: Server, messages: int, rate: int, consumers: int) -> dict[s
             if metrics.get("load_count") else None}
 
 
-def run_pause(server: Server, policy: str, messages: int, pause_s: float, consumers: int) -> dict[str, Any]:
+def run_pause(server: Target, policy: str, messages: int, pause_s: float, consumers: int) -> dict[str, Any]:
     topic = f"paused-{policy}"
     status, body = server.post("pauseTopic", topic=topic, onResume=policy)
     assert status == 200 and isinstance(body, dict), body
@@ -141,7 +213,11 @@ def run_pause(server: Server, policy: str, messages: int, pause_s: float, consum
     sent = send_due(server, topic, messages, now_ms() + 500, int(pause_s * 1000) - 1500, "p")
     during = 0
     until = time.monotonic() + pause_s - 1
+    fault_at = time.monotonic() + pause_s / 2 if server.fault_kind != "none" else None
     while time.monotonic() < until:
+        if fault_at is not None and time.monotonic() >= fault_at:
+            fault_at = None
+            server.fault()
         status, body = server.post("pullMsg", topic=topic, batch=PULL)
         assert status == 200 and isinstance(body, dict), body
         during += len(body["delayMsgList"])
@@ -151,7 +227,7 @@ def run_pause(server: Server, policy: str, messages: int, pause_s: float, consum
     answered = now_ms()
     assert status == 200, body
     out: dict[str, Any] = {"messages": messages, "pause_s": pause_s, "handed_out_during_pause": during,
-                           "resume_s": round((answered - asked) / 1000, 3)}
+                           "resume_s": round((answered - asked) / 1000, 3), "fault": server.faults[-1:]}
     if policy == "expire":
         ended = 0
         cursor = None
@@ -190,12 +266,15 @@ def main() -> None:
     parser.add_argument("--consumers", type=int, default=4)
     parser.add_argument("--shards", default="1")
     parser.add_argument("--parts", default="rate,hold,shift,expire")
+    parser.add_argument("--fault", choices=("none", "kill", "failover"), default="none",
+                        help="in the middle of each pause: none, the node SIGKILLed and restarted, "
+                             "or a 3-node cluster's leader SIGKILLed")
     args = parser.parse_args()
     unwind_on_signals()
     parts = args.parts.split(",")
-    out: dict[str, Any] = {"shards": args.shards, "consumers": args.consumers}
+    out: dict[str, Any] = {"shards": args.shards, "consumers": args.consumers, "fault": args.fault}
     work = tempfile.mkdtemp(prefix="hourglass-topic-flow-")
-    server = Server.start(f"{work}/data", "--fsync", "batch", "--shards", args.shards, log_path=f"{work}/serve.log")
+    server = Target(work, args.fault, args.shards)
     try:
         if "rate" in parts:
             log("rate:")
