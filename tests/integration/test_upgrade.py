@@ -227,6 +227,32 @@ def tree(directory: Path) -> dict[str, bytes]:
     return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
 
 
+def assert_refused(data: Path, path: Path, found: int, reads: int, start: Any) -> None:
+    """`start()` spawns a node on `data` (a Server): it exits 1 with the
+    newer-format sentence naming `path`, and `data` is left as it was."""
+    before = tree(data)
+    server = start()
+    try:
+        wait_until(lambda: not server.process.alive() or request(server.base + "/health", timeout=2)[0] == 200,
+                   60, "a refusal or /health")
+        assert not server.process.alive(), f"a newer {path} was not refused: {server.process.log_tail()}"
+    finally:
+        server.kill()
+    said = server.process.log_tail(4000)
+    assert server.proc.returncode == 1, said
+    assert f"{path}: written by a newer hourglass (format {found}; this one reads {reads})" in said, said
+    assert "docs/operations.md" in said and "Traceback" not in said, said
+    assert tree(data) == before  # nothing rebuilt, truncated or rewritten
+
+
+def spawn_standalone(data: Path, tmp_path: Path) -> Any:
+    def start() -> Server:
+        port = free_port()
+        return Server.spawn(data, "--port", str(port), "--push-allow", "127.0.0.1", base=f"http://127.0.0.1:{port}",
+                            log_path=tmp_path / "serve.log")
+    return start
+
+
 @pytest.mark.parametrize("pattern", VERSIONED)
 def test_a_file_of_a_newer_format_is_refused_with_a_sentence_and_left_as_it_is(pattern, todays_directory, tmp_path):
     data = tmp_path / "data"
@@ -236,18 +262,43 @@ def test_a_file_of_a_newer_format_is_refused_with_a_sentence_and_left_as_it_is(p
     version = int.from_bytes(raw[4:6], "little")
     raw[4:6] = (version + 1).to_bytes(2, "little")
     path.write_bytes(raw)
-    before = tree(data)
-    port = free_port()
-    server = Server.spawn(data, "--port", str(port), "--push-allow", "127.0.0.1", base=f"http://127.0.0.1:{port}",
-                          log_path=tmp_path / "serve.log")
+    assert_refused(data, path, version + 1, version, spawn_standalone(data, tmp_path))
+
+
+def test_a_newer_push_subscriptions_file_is_refused_with_a_sentence_and_left_as_it_is(todays_directory, tmp_path):
+    """Format 1 is a JSON list; a later one is an object with its version
+    (broker/push/pusher.py, SubscriptionFile)."""
+    data = tmp_path / "data"
+    shutil.copytree(todays_directory, data)
+    path = data / "push-subscriptions.json"
+    rows = json.loads(path.read_text())
+    assert isinstance(rows, list) and len(rows) == 1, rows
+    path.write_text(json.dumps({"version": 2, "subscriptions": rows}))
+    assert_refused(data, path, 2, 1, spawn_standalone(data, tmp_path))
+
+
+def test_a_cluster_nodes_newer_epochs_file_is_refused_with_a_sentence_and_left_as_it_is(tmp_path):
+    """A real 3-node cluster's node, stopped, its epochs file (the leader
+    epochs its log follows: replication/epochs.py) of a newer version."""
+    from cluster import NODE_IDS, Cluster
+
+    cluster = Cluster.start(tmp_path / "cluster")
     try:
-        wait_until(lambda: not server.process.alive() or request(server.base + "/health", timeout=2)[0] == 200,
-                   60, "a refusal or /health")
-        assert not server.process.alive(), f"a newer {pattern} was not refused: {server.process.log_tail()}"
+        cluster.answer("POST", "sendMsg", topic="t", msgId="m", msg="x", delayMillis=3_600_000)
+        leader = cluster.wait_leader()
+        node = next(n for n in NODE_IDS if n != leader)
+        wait_until(lambda: len(set(cluster.log_ends().values())) == 1, 30, "every node at the same log end")
+        assert cluster.terminate(node) == 0
+        data = Path(cluster.root) / node
+        path = data / "epochs"
+        raw = bytearray(path.read_bytes())
+        assert raw[:4] == b"HGEP" and int.from_bytes(raw[4:6], "little") == 1
+        raw[4:6] = (2).to_bytes(2, "little")
+        path.write_bytes(raw)
+
+        def start() -> Server:
+            cluster.restart(node, wait=False)
+            return cluster.nodes[node]
+        assert_refused(data, path, 2, 1, start)
     finally:
-        server.kill()
-    said = server.process.log_tail(4000)
-    assert server.proc.returncode == 1, said
-    assert f"{path}: written by a newer hourglass (format {version + 1}; this one reads {version})" in said, said
-    assert "docs/operations.md" in said and "Traceback" not in said, said
-    assert tree(data) == before  # nothing rebuilt, truncated or rewritten
+        cluster.stop()
