@@ -227,9 +227,10 @@ def tree(directory: Path) -> dict[str, bytes]:
     return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
 
 
-def assert_refused(data: Path, path: Path, found: int, reads: int, start: Any) -> None:
+def assert_refused(data: Path, path: Path, found: int, reads: int, start: Any, sentence: str | None = None) -> None:
     """`start()` spawns a node on `data` (a Server): it exits 1 with the
-    newer-format sentence naming `path`, and `data` is left as it was."""
+    newer-format sentence naming `path` (or `sentence`), and `data` is
+    left as it was."""
     before = tree(data)
     server = start()
     try:
@@ -240,7 +241,7 @@ def assert_refused(data: Path, path: Path, found: int, reads: int, start: Any) -
         server.kill()
     said = server.process.log_tail(4000)
     assert server.proc.returncode == 1, said
-    assert f"{path}: written by a newer hourglass (format {found}; this one reads {reads})" in said, said
+    assert (sentence or f"{path}: written by a newer hourglass (format {found}; this one reads {reads})") in said, said
     assert "docs/operations.md" in said and "Traceback" not in said, said
     assert tree(data) == before  # nothing rebuilt, truncated or rewritten
 
@@ -302,3 +303,25 @@ def test_a_cluster_nodes_newer_epochs_file_is_refused_with_a_sentence_and_left_a
         assert_refused(data, path, 2, 1, start)
     finally:
         cluster.stop()
+
+
+def test_a_checkpoint_of_the_engine_only_format_is_refused_with_what_to_do(todays_directory, tmp_path):
+    """Version 1, which only the storage engine wrote before the HTTP API
+    (storage/checkpoint.py, ENGINE_ONLY): no release reads it."""
+    import zlib
+
+    import msgpack
+
+    from storage.checkpoint import HEADER, MAGIC, Checkpoint
+
+    data = tmp_path / "data"
+    shutil.copytree(todays_directory, data)
+    path = data / "checkpoint"
+    today = Checkpoint.load(str(path))
+    assert today is not None
+    body = msgpack.packb({"commit_offset": today.commit_offset, "written_ms": today.written_ms,
+                          "hours": [[h.hour, h.entries, h.log_bytes, h.ended, h.last_end_ms] for h in today.hours]})
+    path.write_bytes(HEADER.pack(MAGIC, 1, 0, len(body), zlib.crc32(body)) + body)
+    assert_refused(data, path, 1, 2, spawn_standalone(data, tmp_path),
+                   f"{path}: format 1, older than this hourglass reads (2): written by the storage engine alone, "
+                   f"before hourglass served its API (before commit c353983); no release reads it")
