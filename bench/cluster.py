@@ -175,8 +175,11 @@ def _spawn(data: str, node: str, cluster: Cluster) -> Server:
     tree = cluster.code.get(node)
     if tree is None:
         return Server.spawn(data, *flags, base=cluster.url(node))
-    with open(os.path.join(tree, "broker", "cli.py")) as f:  # one shard, where that tree's nodes had shards
-        shards = ("--shards", "1") if '"--shards"' in f.read() else ()
+    with open(os.path.join(tree, "broker", "cli.py")) as f:
+        cli = f.read()
+    shards = ("--shards", "1") if '"--shards"' in cli else ()  # one shard, where that tree's nodes had shards
+    if '"--insecure-cluster"' not in cli:  # before cluster secrets (39499f4) every cluster ran without one
+        flags = tuple(flag for flag in flags if flag != "--insecure-cluster")
     command = [sys.executable, "-m", "broker.cli", "serve", "--data-dir", data, *shards, *flags]
     return Server(Process(command, f"{data}.log", cwd=tree), cluster.url(node), data)
 

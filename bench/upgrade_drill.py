@@ -8,10 +8,15 @@ prints one JSON object. The older code is the commit's tree from this
 repository's history (`git archive`, into a temporary directory), run as
 `python -m broker.cli serve` from that tree's root with this interpreter.
 Then, for each node, followers first and the leader last: SIGTERM (the
-leader hands its lead over first), start it on this tree's code with the
-same data directory and flags, and wait until it has caught up (its
-/health names the same leader as the others and its log end has reached
-what the leader's was just before) before the next node is stopped.
+leader hands its lead over first), `chmod -R go-rwx` its data directory
+(older releases made it 0755: docs/operations.md, "The directory's
+mode"), start it on this tree's code with the same data directory and
+flags, and wait until it has caught up (its /health names the same leader
+as the others and its log end has reached what the leader's was just
+before) before the next node is stopped. A commit from before cluster
+secrets (39499f4, e.g. 96890dc) ran its clusters without one: the drill
+then runs the upgraded nodes with --insecure-cluster, as an operator
+must.
 
 Sends have delays of 0..3 s, and every tenth one an hour (still waiting
 at the end). At the end every send answered 200 is accounted for: the
@@ -43,6 +48,8 @@ from harness import ROOT
 # a rolling upgrade starts from (tests/fixtures/upgrade/ holds a data
 # directory it wrote).
 DEFAULT_FROM = "bdb57f3"
+# The oldest commit drilled: a fixture's too, from before cluster secrets.
+BEFORE_SECRETS = "96890dc"
 LONG_DELAY_MS = 3_600_000
 WAITING, ACKED = 1, 4
 
@@ -61,6 +68,12 @@ def old_tree(commit: str, into: str, repo: str = ROOT) -> str:
     archive = subprocess.run(["git", "-C", repo, "archive", "--format=tar", commit], capture_output=True, check=True)
     subprocess.run(["tar", "-x", "-C", tree], input=archive.stdout, check=True)
     return tree
+
+
+def knows_secrets(tree: str) -> bool:
+    """Whether the nodes of the source tree `tree` take a cluster secret."""
+    with open(os.path.join(tree, "broker", "cli.py")) as f:
+        return '"--cluster-secret-file"' in f.read()
 
 
 def caught_up(cluster: Cluster, node: str) -> bool:
@@ -82,6 +95,8 @@ def upgrade_one(cluster: Cluster, node: str, wait_s: float = 60) -> dict[str, An
     role = (cluster.health(node) or {}).get("role")
     started = time.monotonic()
     exit_code = cluster.terminate(node)
+    # the directory's mode, as docs/operations.md says: older releases made it with the umask (0755)
+    subprocess.run(["chmod", "-R", "go-rwx", os.path.join(cluster.root, node)], check=True)
     cluster.code.pop(node, None)
     cluster.restart(node)
     deadline = time.monotonic() + wait_s
@@ -198,13 +213,17 @@ def drill(root: str, old_commit: str = DEFAULT_FROM, *, rate: int = 40, settle_s
     """A 3-node cluster on `old_commit`'s code under `root`, upgraded node by
     node to this tree's under traffic; what happened (see the module)."""
     tree = old_tree(old_commit, root)
-    cluster = Cluster.start(os.path.join(root, "cluster"), code=dict.fromkeys(NODE_IDS, tree))
+    # a cluster from before cluster secrets (39499f4) runs without one: its upgraded nodes too, --insecure-cluster
+    insecure = not knows_secrets(tree)
+    cluster = Cluster.start(os.path.join(root, "cluster"), *(("--insecure-cluster",) if insecure else ()),
+                            code=dict.fromkeys(NODE_IDS, tree))
     try:
         # each node runs the old tree (its process's working directory, first on its path)
         started_old = {n: os.readlink(f"/proc/{cluster.nodes[n].process.pid}/cwd") == tree for n in NODE_IDS}
         result = asyncio.run(_drive(cluster, rate=rate, settle_s=settle_s, delay_ms=delay_ms,
                                     long_every=long_every))
         result["from"] = old_commit
+        result["insecure_cluster"] = insecure
         result["started_on_old_code"] = started_old
         result["running_old_code"] = sorted(cluster.code)
     finally:

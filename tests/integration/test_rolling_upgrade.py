@@ -12,17 +12,21 @@ from __future__ import annotations
 import shutil
 
 import pytest
-from upgrade_drill import DEFAULT_FROM, drill, has_commit
+from upgrade_drill import BEFORE_SECRETS, DEFAULT_FROM, drill, has_commit
 
 pytestmark = pytest.mark.slow
 
 
-def test_a_rolling_upgrade_from_the_last_release_loses_nothing_and_delivers_nothing_early(tmp_path):
-    if shutil.which("git") is None or not has_commit(DEFAULT_FROM):
-        pytest.skip(f"the older code comes from git history: no git, or {DEFAULT_FROM} not in this clone "
+@pytest.mark.parametrize("old", [DEFAULT_FROM, BEFORE_SECRETS])
+def test_a_rolling_upgrade_from_an_older_commit_loses_nothing_and_delivers_nothing_early(old, tmp_path):
+    """From the last release (bdb57f3), and from one before cluster
+    secrets (96890dc: the upgraded nodes run with --insecure-cluster)."""
+    if shutil.which("git") is None or not has_commit(old):
+        pytest.skip(f"the older code comes from git history: no git, or {old} not in this clone "
                     f"(a shallow clone: git fetch --unshallow)")
-    result = drill(str(tmp_path), rate=20, settle_s=1.0)
+    result = drill(str(tmp_path), old, rate=20, settle_s=1.0)
 
+    assert result["insecure_cluster"] == (old == BEFORE_SECRETS), result
     assert result["started_on_old_code"] == {"n1": True, "n2": True, "n3": True}, result
     assert result["running_old_code"] == [], result  # every node ends on this tree's code
     assert [s["was"] for s in result["steps"]] == ["follower", "follower", "leader"], result
