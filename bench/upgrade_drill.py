@@ -52,6 +52,8 @@ DEFAULT_FROM = "bdb57f3"
 BEFORE_SECRETS = "96890dc"
 LONG_DELAY_MS = 3_600_000
 WAITING, ACKED = 1, 4
+# What a node runs (every commit drilled has the four layers).
+PACKAGES = ("storage", "wheel", "replication", "broker")
 
 
 def has_commit(commit: str, repo: str = ROOT) -> bool:
@@ -61,11 +63,12 @@ def has_commit(commit: str, repo: str = ROOT) -> bool:
 
 
 def old_tree(commit: str, into: str, repo: str = ROOT) -> str:
-    """The source tree of `commit` written under `into` (git archive): the
-    directory a node of that commit runs from."""
+    """The source tree of `commit` written under `into` (git archive of its
+    packages): the directory a node of that commit runs from."""
     tree = os.path.join(into, f"hourglass-{commit}")
     os.makedirs(tree)
-    archive = subprocess.run(["git", "-C", repo, "archive", "--format=tar", commit], capture_output=True, check=True)
+    archive = subprocess.run(["git", "-C", repo, "archive", "--format=tar", commit, *PACKAGES], capture_output=True,
+                             check=True)
     subprocess.run(["tar", "-x", "-C", tree], input=archive.stdout, check=True)
     return tree
 
