@@ -91,7 +91,7 @@ class Checkpoint:
 
     @classmethod
     def decode(cls, path: str, data: bytes) -> Checkpoint:
-        if len(data) >= HEADER.size and data[:4] == MAGIC and int.from_bytes(data[4:6], "little") == ENGINE_ONLY:
+        if _engine_only(data):
             raise OlderFormatError(path, ENGINE_ONLY, VERSION, ENGINE_ONLY_ADVICE)
         _, _, _, length, crc = check_header(path, data, HEADER, MAGIC, VERSION)
         body = data[HEADER.size:]
@@ -114,3 +114,20 @@ class Checkpoint:
 
     def save(self, path: str) -> None:
         atomic_write(path, self.encode())
+
+
+def _engine_only(data: bytes) -> bool:
+    """A whole version 1 file: its checksum right and its body without the
+    topic names every version 2 body has (a damaged version byte of a
+    version 2 file stays damage)."""
+    if len(data) < HEADER.size or data[:4] != MAGIC:
+        return False
+    _, version, _, length, crc = HEADER.unpack_from(data, 0)
+    body = data[HEADER.size:]
+    if version != ENGINE_ONLY or len(body) != length or zlib.crc32(body) != crc:
+        return False
+    try:
+        fields = msgpack.unpackb(body, strict_map_key=False)
+    except (ValueError, TypeError):  # not msgpack, or a map key it cannot hold
+        return False
+    return isinstance(fields, dict) and "commit_offset" in fields and "topic_names" not in fields

@@ -59,3 +59,11 @@ def test_a_version_1_checkpoint_is_refused_with_what_wrote_it_and_what_to_do(tmp
                            f"alone, before hourglass served its API (before commit c353983)"), said
     assert "git archive c353983^ storage" in said and "docs/operations.md" in said, said
     assert (caught.value.path, caught.value.offset, caught.value.found, caught.value.reads) == (str(path), 4, 1, 2)
+
+
+def test_a_version_2_checkpoint_whose_version_byte_reads_1_is_damage_not_the_engine_only_format():
+    raw = bytearray(Checkpoint(7, (HourRecord(490000, 3, 96, 1, 5, {77: [1, 1, 0, 1, 0, 0, 0]}),), 9, {77: "o"}).encode())
+    raw[4] = 1
+    with pytest.raises(CorruptionError, match="unsupported version 1") as caught:
+        Checkpoint.decode("ck", bytes(raw))
+    assert not isinstance(caught.value, OlderFormatError)
