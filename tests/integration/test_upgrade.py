@@ -325,3 +325,47 @@ def test_a_checkpoint_of_the_engine_only_format_is_refused_with_what_to_do(today
     assert_refused(data, path, 1, 2, spawn_standalone(data, tmp_path),
                    f"{path}: format 1, older than this hourglass reads (2): written by the storage engine alone, "
                    f"before hourglass served its API (before commit c353983); no release reads it")
+
+
+ENGINE_ONLY_COMMIT = "bcdeb7f"  # c353983^: the last commit whose engine wrote checkpoint version 1
+ENGINE_ONLY_SCRIPT = """
+import sys
+from storage.store import NewMessage, Store
+now = 1_795_000_000_000
+store = Store.open(sys.argv[1], now_ms=now)
+store.send([NewMessage("t", f"m{i}", "body", now, now + 3_600_000, 86_400_000, 3) for i in range(5)], now)
+store.commit()
+store.checkpoint(now)
+store.close()
+"""
+
+
+def test_a_directory_the_engine_only_era_wrote_is_refused_and_its_engine_still_reads_it(tmp_path):
+    """The storage engine of bcdeb7f (its tree from git history) writes a
+    store; today's node refuses it with the sentence, and that engine, as
+    the sentence advises, still reads its messages."""
+    import subprocess
+    import sys
+
+    from upgrade_drill import has_commit
+
+    if shutil.which("git") is None or not has_commit(ENGINE_ONLY_COMMIT):
+        pytest.skip(f"the engine comes from git history: no git, or {ENGINE_ONLY_COMMIT} not in this clone")
+    engine = tmp_path / "engine"
+    engine.mkdir()
+    archive = subprocess.run(["git", "-C", str(Path(__file__).resolve().parents[2]), "archive", ENGINE_ONLY_COMMIT,
+                              "storage"], capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(engine)], input=archive, check=True)
+    data = tmp_path / "data"
+    subprocess.run([sys.executable, "-c", ENGINE_ONLY_SCRIPT, str(data)], cwd=engine, check=True)
+    subprocess.run(["chmod", "-R", "go-rwx", str(data)], check=True)  # it was made with the umask
+    path = data / "checkpoint"
+    assert path.read_bytes()[:6] == b"HGCK\x01\x00"
+
+    assert_refused(data, path, 1, 2, spawn_standalone(data, tmp_path),
+                   f"{path}: format 1, older than this hourglass reads (2): written by the storage engine alone")
+    read = subprocess.run([sys.executable, "-c", "import sys; from storage.store import Store; "
+                           "s = Store.open(sys.argv[1], now_ms=1_795_000_000_000); "
+                           "print(sorted(s.get('t', f'm{i}').msg_id for i in range(5)))", str(data)],
+                          cwd=engine, capture_output=True, text=True, check=True)
+    assert read.stdout.strip() == "['m0', 'm1', 'm2', 'm3', 'm4']", read
