@@ -7,6 +7,10 @@ tests and bench/failover.py run against it.
     cluster.restart(leader)
     cluster.stop()                             # SIGTERM every node, by PID
 
+A node runs another checkout's code (an older commit's tree: the rolling
+upgrade drill, bench/upgrade_drill.py) while `cluster.code[node]` names
+that tree: it is started there, `python -m broker.cli` from its root.
+
 `drill(cluster, fault)` drives producers and long-polling consumers through
 the Python client (given every node's address), applies `fault` to the
 leader mid-run, and returns what happened (see `DrillResult`).
@@ -20,11 +24,12 @@ import json
 import os
 import random
 import signal
+import sys
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
 
-from harness import Server, free_ports, percentile, request
+from harness import Process, Server, free_ports, percentile, request
 
 NODE_IDS = ("n1", "n2", "n3")
 # The cluster secret every test cluster shares (tests/integration/test_cluster_auth.py
@@ -39,9 +44,10 @@ class Cluster:
     ports: dict[str, int]
     flags: tuple[str, ...]
     nodes: dict[str, Server] = field(default_factory=dict)
+    code: dict[str, str] = field(default_factory=dict)  # node -> the source tree it runs (absent: this one)
 
     @classmethod
-    def start(cls, root, *flags: str, wait_s: float = 30) -> Cluster:
+    def start(cls, root, *flags: str, wait_s: float = 30, code: dict[str, str] | None = None) -> Cluster:
         root = str(root)
         os.makedirs(root, exist_ok=True)
         picked = free_ports(2 * len(NODE_IDS))  # distinct: two nodes on one port would not start
@@ -53,7 +59,7 @@ class Cluster:
             with open(os.open(secret_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
                 f.write(SECRET)
             flags = ("--cluster-secret-file", secret_file, *flags)
-        cluster = cls(root, spec, ports, flags)
+        cluster = cls(root, spec, ports, flags, code=dict(code or {}))
         for n in NODE_IDS:
             cluster.restart(n, wait=False)
         for n in NODE_IDS:
@@ -162,8 +168,20 @@ class Cluster:
 
 
 def _spawn(data: str, node: str, cluster: Cluster) -> Server:
-    """Start a node without waiting for it (the others may not be up yet)."""
-    return Server.spawn(data, "--node-id", node, "--cluster", cluster.spec, *cluster.flags, base=cluster.url(node))
+    """Start a node without waiting for it (the others may not be up yet):
+    this tree's code, or the tree `cluster.code` names for it (its own
+    sources first on the path, whatever HOURGLASS_SERVE_PYTHON says)."""
+    flags = ("--node-id", node, "--cluster", cluster.spec, *cluster.flags)
+    tree = cluster.code.get(node)
+    if tree is None:
+        return Server.spawn(data, *flags, base=cluster.url(node))
+    with open(os.path.join(tree, "broker", "cli.py")) as f:
+        cli = f.read()
+    shards = ("--shards", "1") if '"--shards"' in cli else ()  # one shard, where that tree's nodes had shards
+    if '"--insecure-cluster"' not in cli:  # before cluster secrets (39499f4) every cluster ran without one
+        flags = tuple(flag for flag in flags if flag != "--insecure-cluster")
+    command = [sys.executable, "-m", "broker.cli", "serve", "--data-dir", data, *shards, *flags]
+    return Server(Process(command, f"{data}.log", cwd=tree), cluster.url(node), data)
 
 
 @dataclass

@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING
 
 from storage import data_dir
-from storage.errors import ConfigError, DataDirError, NewerFormatError
+from storage.errors import ConfigError, DataDirError, NewerFormatError, OlderFormatError
 from storage.files import raise_descriptor_limit
 
 from .clock import SystemClock
@@ -132,7 +132,7 @@ async def run_cluster(config: ServeConfig, cluster: ClusterConfig) -> int:
 
     try:
         node = ClusterNode(config, cluster, SystemClock())
-    except (OSError, NewerFormatError) as e:  # as a standalone node's (run)
+    except (OSError, NewerFormatError, OlderFormatError) as e:  # as a standalone node's (run)
         log.critical("cannot open the data directory %s: %s", config.data_path, e)
         return 1
     server = await node.serve(f"node {cluster.node_id} of {','.join(cluster.peers)}")
@@ -166,8 +166,9 @@ def _roles_ended(node: ClusterNode, roles: asyncio.Task[None]) -> None:
 async def run_disk(config: ServeConfig) -> int:
     try:
         node = DiskNode(config)
-    except (OSError, NewerFormatError) as e:  # one a check before could not foresee (a file in it this user
-        # may not write), or a file a newer hourglass wrote: refused as it is (docs/operations.md)
+    except (OSError, NewerFormatError, OlderFormatError) as e:  # one a check before could not foresee (a file in
+        # it this user may not write), or a file a newer hourglass wrote, or one of a format no release reads any
+        # more: refused as it is (docs/operations.md)
         log.critical("cannot open the data directory %s: %s", config.data_path, e)
         return 1
     node.broker.start()

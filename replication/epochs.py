@@ -27,18 +27,21 @@ File `epochs`, replaced atomically (write, fsync, rename), little-endian:
      20+16n    4  crc          u32 crc32 of every byte before it
 
 Opening refuses a wrong magic, version, length or CRC, or a history that is
-not rising, with `EpochFileError` naming the path, offset and reason.
+not rising, with `EpochFileError` naming the path, offset and reason; a
+version above 1 (a newer hourglass's) with NewerFormatError, which says
+what to do.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import struct
 import zlib
 from dataclasses import dataclass, field
 
 from storage.errors import ContractError, CorruptionError
-from storage.fileutil import atomic_write
+from storage.fileutil import atomic_write, refuse_newer, refuse_newer_file
 
 MAGIC = b"HGEP"
 VERSION = 1
@@ -107,6 +110,7 @@ class Epochs:
         magic, version, _, promised, count = HEADER.unpack_from(data)
         if magic != MAGIC:
             raise EpochFileError(path, 0, f"magic is {magic!r}, expected {MAGIC!r}")
+        refuse_newer(path, version, VERSION)  # a newer hourglass's: refused with what to do, never rewritten
         if version != VERSION:
             raise EpochFileError(path, 4, f"version {version} is not {VERSION}")
         size = HEADER.size + count * ENTRY.size + CRC.size
@@ -131,6 +135,14 @@ class Epochs:
 
     def save(self, path: str) -> None:
         atomic_write(path, self.encode())
+
+    @staticmethod
+    def refuse_if_newer(path: str) -> None:
+        """NewerFormatError if the file at `path` is of a newer version
+        than this build reads: checked when a node starts, before anything
+        in its data directory is written (a missing file passes)."""
+        with contextlib.suppress(FileNotFoundError):
+            refuse_newer_file(path, MAGIC, VERSION)
 
     @staticmethod
     def path(data_dir: str) -> str:

@@ -4,7 +4,7 @@ File `checkpoint`, replaced atomically (write, fsync, rename):
 
     offset  size  field
     0       4     magic        b"HGCK"
-    4       2     version      u16 = 1
+    4       2     version      u16 = 2 (1: refused, see ENGINE_ONLY)
     6       2     reserved     0
     8       4     body_length  u32
     12      4     crc32        u32 of the body
@@ -40,12 +40,20 @@ from dataclasses import dataclass, field
 
 import msgpack
 
-from .errors import CorruptionError
+from .errors import CorruptionError, OlderFormatError
 from .fileutil import atomic_write, check_header
 
 HEADER = struct.Struct("<4sHHII")
 MAGIC = b"HGCK"
 VERSION = 2
+# Version 1 (no per-topic counts or topic names) was written only by the
+# storage engine of the first commits, before the HTTP API (c353983 made
+# version 2 and read no version 1): no release reads it, none converts it.
+ENGINE_ONLY = 1
+ENGINE_ONLY_ADVICE = ("written by the storage engine alone, before hourglass served its API (before commit c353983); "
+                      "no release reads it or converts it, and none that served the API wrote it: open this "
+                      "directory with that engine (git archive c353983^ storage) to read its messages, then send "
+                      "them to a node on a new data directory")
 
 
 @dataclass(frozen=True)
@@ -83,6 +91,8 @@ class Checkpoint:
 
     @classmethod
     def decode(cls, path: str, data: bytes) -> Checkpoint:
+        if _engine_only(data):
+            raise OlderFormatError(path, ENGINE_ONLY, VERSION, ENGINE_ONLY_ADVICE)
         _, _, _, length, crc = check_header(path, data, HEADER, MAGIC, VERSION)
         body = data[HEADER.size:]
         if len(body) != length:
@@ -104,3 +114,20 @@ class Checkpoint:
 
     def save(self, path: str) -> None:
         atomic_write(path, self.encode())
+
+
+def _engine_only(data: bytes) -> bool:
+    """A whole version 1 file: its checksum right and its body without the
+    topic names every version 2 body has (a damaged version byte of a
+    version 2 file stays damage)."""
+    if len(data) < HEADER.size or data[:4] != MAGIC:
+        return False
+    _, version, _, length, crc = HEADER.unpack_from(data, 0)
+    body = data[HEADER.size:]
+    if version != ENGINE_ONLY or len(body) != length or zlib.crc32(body) != crc:
+        return False
+    try:
+        fields = msgpack.unpackb(body, strict_map_key=False)
+    except (ValueError, TypeError):  # not msgpack, or a map key it cannot hold
+        return False
+    return isinstance(fields, dict) and "commit_offset" in fields and "topic_names" not in fields

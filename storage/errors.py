@@ -46,6 +46,23 @@ class NewerFormatError(CorruptionError):
         self.reads = reads
 
 
+class OlderFormatError(CorruptionError):
+    """A file of the data directory is of a format version this build no
+    longer reads and no release converts (its u16 version, at byte 4):
+    raised on opening, before anything in the directory is written, as
+    NewerFormatError is. `advice` says what wrote it and what to do
+    (docs/operations.md, "Upgrades and downgrades")."""
+
+    def __init__(self, path: str, found: int, reads: int, advice: str) -> None:
+        HourglassError.__init__(self, f"{path}: format {found}, older than this hourglass reads ({reads}): {advice} "
+                                      f"(docs/operations.md, \"Upgrades and downgrades\")")
+        self.path = path
+        self.offset = 4
+        self.reason = f"format version {found}, older than {reads}"
+        self.found = found
+        self.reads = reads
+
+
 class InvalidRequest(HourglassError, ValueError):
     """A caller's input is out of range or malformed; nothing was stored.
     `parameter` names the offending field."""

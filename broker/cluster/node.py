@@ -73,6 +73,7 @@ class ClusterNode(NodeBase):
         in-process)."""
         data_dir = config.data_path
         os.makedirs(data_dir, exist_ok=True)
+        Epochs.refuse_if_newer(Epochs.path(data_dir))  # a newer hourglass's: refused before anything is written
         snapshot.recover(data_dir)  # a snapshot install a crash cut short
         started_s = clock.monotonic_s()
         store = Store.open(data_dir, config.store, now_ms=clock.now_ms())

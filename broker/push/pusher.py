@@ -49,7 +49,7 @@ from typing import Protocol
 import orjson
 
 from storage.entry import Message, Status
-from storage.errors import HourglassError, LimitReached, Unavailable
+from storage.errors import CorruptionError, HourglassError, LimitReached, NewerFormatError, Unavailable
 from storage.fileutil import atomic_write
 from wheel.clock import Clock, Timer
 
@@ -385,7 +385,14 @@ class SubscriptionFile:
     """The node's push subscriptions, one JSON file replaced whole
     (written, fsync'ed, renamed: storage.fileutil.atomic_write), so a
     subscribe answered survives kill -9. The secret is in it: the data
-    directory is the node's alone."""
+    directory is the node's alone.
+
+    Its format is FORMAT, a JSON list of subscriptions. A later format is
+    a JSON object whose "version" is above FORMAT: `load` refuses it with
+    NewerFormatError (docs/operations.md, "Upgrades and downgrades"), and
+    nothing is written over it."""
+
+    FORMAT = 1
 
     def __init__(self, path: str) -> None:
         self.path = path
@@ -396,6 +403,12 @@ class SubscriptionFile:
                 rows = orjson.loads(f.read())
         except FileNotFoundError:
             return {}
+        if isinstance(rows, dict):
+            version = rows.get("version")
+            if isinstance(version, int) and version > self.FORMAT:
+                raise NewerFormatError(self.path, version, self.FORMAT)
+            raise CorruptionError(self.path, 0, f"not a list of subscriptions, nor a later format's object with "
+                                                f"a version above {self.FORMAT}")
         return {row["topic"]: Subscription.from_stored(row) for row in rows}
 
     async def save(self, subscriptions: dict[str, Subscription]) -> None:

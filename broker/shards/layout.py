@@ -8,7 +8,11 @@ hashes over it, so a directory's messages are where its count put them.
     a new directory     --shards N, or `auto` (the default): the cores this
                         process may run on
     kept count K        --shards auto opens K; --shards N != K is refused
-    an older directory  (a store, no count) one shard, as before
+    an older directory  (a store, no count) one shard, as before; no count
+                        written into it (its store, one shard, is the
+                        directory itself, so it says 1 at every start),
+                        so a directory whose files are refused (a newer
+                        or a retired format) is left as it was
 
 One shard's store is the data directory itself, as a node of one process
 has always kept it; shard i of N > 1 keeps its own in `DATA/shard-<i>/`.
@@ -67,8 +71,8 @@ def kept(data_path: str) -> int | None:
 
 def resolve(data_path: str, asked: str) -> int:
     """The count a node opens `data_path` with (see the module docstring),
-    written into it when new. ConfigError: a count that conflicts with the
-    kept one, in a sentence."""
+    written into it when it is new. ConfigError: a count that conflicts
+    with the kept one, in a sentence."""
     want = parse(asked)
     have = kept(data_path)
     if have is not None:
@@ -76,11 +80,9 @@ def resolve(data_path: str, asked: str) -> int:
             raise ConfigError(f"the data directory {data_path} keeps {have} shard{'s' if have > 1 else ''} and "
                               f"--shards {want} was given: its messages are placed over {have}; start with "
                               f"--shards {have} (or auto), or use a new --data-dir")
-        count = have
-    else:
-        count = cores() if want is None else want
-    if not os.path.exists(os.path.join(data_path, COUNT_FILE)):
-        write(data_path, count)
+        return have  # kept in the file, or an older directory's: nothing written
+    count = cores() if want is None else want
+    write(data_path, count)
     return count
 
 

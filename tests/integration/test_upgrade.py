@@ -227,6 +227,33 @@ def tree(directory: Path) -> dict[str, bytes]:
     return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
 
 
+def assert_refused(data: Path, path: Path, found: int, reads: int, start: Any, sentence: str | None = None) -> None:
+    """`start()` spawns a node on `data` (a Server): it exits 1 with the
+    newer-format sentence naming `path` (or `sentence`), and `data` is
+    left as it was."""
+    before = tree(data)
+    server = start()
+    try:
+        wait_until(lambda: not server.process.alive() or request(server.base + "/health", timeout=2)[0] == 200,
+                   60, "a refusal or /health")
+        assert not server.process.alive(), f"a newer {path} was not refused: {server.process.log_tail()}"
+    finally:
+        server.kill()
+    said = server.process.log_tail(4000)
+    assert server.proc.returncode == 1, said
+    assert (sentence or f"{path}: written by a newer hourglass (format {found}; this one reads {reads})") in said, said
+    assert "docs/operations.md" in said and "Traceback" not in said, said
+    assert tree(data) == before  # nothing rebuilt, truncated or rewritten
+
+
+def spawn_standalone(data: Path, tmp_path: Path) -> Any:
+    def start() -> Server:
+        port = free_port()
+        return Server.spawn(data, "--port", str(port), "--push-allow", "127.0.0.1", base=f"http://127.0.0.1:{port}",
+                            log_path=tmp_path / "serve.log")
+    return start
+
+
 @pytest.mark.parametrize("pattern", VERSIONED)
 def test_a_file_of_a_newer_format_is_refused_with_a_sentence_and_left_as_it_is(pattern, todays_directory, tmp_path):
     data = tmp_path / "data"
@@ -236,18 +263,109 @@ def test_a_file_of_a_newer_format_is_refused_with_a_sentence_and_left_as_it_is(p
     version = int.from_bytes(raw[4:6], "little")
     raw[4:6] = (version + 1).to_bytes(2, "little")
     path.write_bytes(raw)
-    before = tree(data)
-    port = free_port()
-    server = Server.spawn(data, "--port", str(port), "--push-allow", "127.0.0.1", base=f"http://127.0.0.1:{port}",
-                          log_path=tmp_path / "serve.log")
+    assert_refused(data, path, version + 1, version, spawn_standalone(data, tmp_path))
+
+
+def test_a_newer_push_subscriptions_file_is_refused_with_a_sentence_and_left_as_it_is(todays_directory, tmp_path):
+    """Format 1 is a JSON list; a later one is an object with its version
+    (broker/push/pusher.py, SubscriptionFile)."""
+    data = tmp_path / "data"
+    shutil.copytree(todays_directory, data)
+    path = data / "push-subscriptions.json"
+    rows = json.loads(path.read_text())
+    assert isinstance(rows, list) and len(rows) == 1, rows
+    path.write_text(json.dumps({"version": 2, "subscriptions": rows}))
+    assert_refused(data, path, 2, 1, spawn_standalone(data, tmp_path))
+
+
+def test_a_cluster_nodes_newer_epochs_file_is_refused_with_a_sentence_and_left_as_it_is(tmp_path):
+    """A real 3-node cluster's node, stopped, its epochs file (the leader
+    epochs its log follows: replication/epochs.py) of a newer version."""
+    from cluster import NODE_IDS, Cluster
+
+    cluster = Cluster.start(tmp_path / "cluster")
     try:
-        wait_until(lambda: not server.process.alive() or request(server.base + "/health", timeout=2)[0] == 200,
-                   60, "a refusal or /health")
-        assert not server.process.alive(), f"a newer {pattern} was not refused: {server.process.log_tail()}"
+        cluster.answer("POST", "sendMsg", topic="t", msgId="m", msg="x", delayMillis=3_600_000)
+        leader = cluster.wait_leader()
+        node = next(n for n in NODE_IDS if n != leader)
+        wait_until(lambda: len(set(cluster.log_ends().values())) == 1, 30, "every node at the same log end")
+        assert cluster.terminate(node) == 0
+        data = Path(cluster.root) / node
+        path = data / "epochs"
+        raw = bytearray(path.read_bytes())
+        assert raw[:4] == b"HGEP" and int.from_bytes(raw[4:6], "little") == 1
+        raw[4:6] = (2).to_bytes(2, "little")
+        path.write_bytes(raw)
+
+        def start() -> Server:
+            cluster.restart(node, wait=False)
+            return cluster.nodes[node]
+        assert_refused(data, path, 2, 1, start)
     finally:
-        server.kill()
-    said = server.process.log_tail(4000)
-    assert server.proc.returncode == 1, said
-    assert f"{path}: written by a newer hourglass (format {version + 1}; this one reads {version})" in said, said
-    assert "docs/operations.md" in said and "Traceback" not in said, said
-    assert tree(data) == before  # nothing rebuilt, truncated or rewritten
+        cluster.stop()
+
+
+def test_a_checkpoint_of_the_engine_only_format_is_refused_with_what_to_do(todays_directory, tmp_path):
+    """Version 1, which only the storage engine wrote before the HTTP API
+    (storage/checkpoint.py, ENGINE_ONLY): no release reads it."""
+    import zlib
+
+    import msgpack
+
+    from storage.checkpoint import HEADER, MAGIC, Checkpoint
+
+    data = tmp_path / "data"
+    shutil.copytree(todays_directory, data)
+    path = data / "checkpoint"
+    today = Checkpoint.load(str(path))
+    assert today is not None
+    body = msgpack.packb({"commit_offset": today.commit_offset, "written_ms": today.written_ms,
+                          "hours": [[h.hour, h.entries, h.log_bytes, h.ended, h.last_end_ms] for h in today.hours]})
+    path.write_bytes(HEADER.pack(MAGIC, 1, 0, len(body), zlib.crc32(body)) + body)
+    assert_refused(data, path, 1, 2, spawn_standalone(data, tmp_path),
+                   f"{path}: format 1, older than this hourglass reads (2): written by the storage engine alone, "
+                   f"before hourglass served its API (before commit c353983); no release reads it")
+
+
+ENGINE_ONLY_COMMIT = "bcdeb7f"  # c353983^: the last commit whose engine wrote checkpoint version 1
+ENGINE_ONLY_SCRIPT = """
+import sys
+from storage.store import NewMessage, Store
+now = 1_795_000_000_000
+store = Store.open(sys.argv[1], now_ms=now)
+store.send([NewMessage("t", f"m{i}", "body", now, now + 3_600_000, 86_400_000, 3) for i in range(5)], now)
+store.commit()
+store.checkpoint(now)
+store.close()
+"""
+
+
+def test_a_directory_the_engine_only_era_wrote_is_refused_and_its_engine_still_reads_it(tmp_path):
+    """The storage engine of bcdeb7f (its tree from git history) writes a
+    store; today's node refuses it with the sentence, and that engine, as
+    the sentence advises, still reads its messages."""
+    import subprocess
+    import sys
+
+    from upgrade_drill import has_commit
+
+    if shutil.which("git") is None or not has_commit(ENGINE_ONLY_COMMIT):
+        pytest.skip(f"the engine comes from git history: no git, or {ENGINE_ONLY_COMMIT} not in this clone")
+    engine = tmp_path / "engine"
+    engine.mkdir()
+    archive = subprocess.run(["git", "-C", str(Path(__file__).resolve().parents[2]), "archive", ENGINE_ONLY_COMMIT,
+                              "storage"], capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(engine)], input=archive, check=True)
+    data = tmp_path / "data"
+    subprocess.run([sys.executable, "-c", ENGINE_ONLY_SCRIPT, str(data)], cwd=engine, check=True)
+    subprocess.run(["chmod", "-R", "go-rwx", str(data)], check=True)  # it was made with the umask
+    path = data / "checkpoint"
+    assert path.read_bytes()[:6] == b"HGCK\x01\x00"
+
+    assert_refused(data, path, 1, 2, spawn_standalone(data, tmp_path),
+                   f"{path}: format 1, older than this hourglass reads (2): written by the storage engine alone")
+    read = subprocess.run([sys.executable, "-c", "import sys; from storage.store import Store; "
+                           "s = Store.open(sys.argv[1], now_ms=1_795_000_000_000); "
+                           "print(sorted(s.get('t', f'm{i}').msg_id for i in range(5)))", str(data)],
+                          cwd=engine, capture_output=True, text=True, check=True)
+    assert read.stdout.strip() == "['m0', 'm1', 'm2', 'm3', 'm4']", read

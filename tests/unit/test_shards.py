@@ -83,6 +83,8 @@ def test_a_kept_count_refuses_another_with_a_sentence(tmp_path):
 def test_a_directory_an_older_release_made_opens_as_one_shard(tmp_path):
     (tmp_path / "commitlog").mkdir()  # a store, no count
     assert layout.resolve(str(tmp_path), "auto") == 1
+    assert layout.resolve(str(tmp_path), "1") == 1
+    assert sorted(os.listdir(tmp_path)) == ["commitlog"]  # nothing written: a refusal later leaves it as it was
     with pytest.raises(ConfigError, match="keeps 1 shard and --shards 4"):
         layout.resolve(str(tmp_path), "4")
 
