@@ -775,7 +775,8 @@ class Schedules:
             await self._file.forget_stale(list(self._stale))
         self._stale.clear()
         missing: list[tuple[ScheduleState, int]] = []  # pending runs never sent: sent ADVANCE_SLICE at a time
-        now_ms = self._clock.now_ms()
+        due: dict[str, list[str]] = {}  # by topic: pending runs due, still waiting, their pause over
+        now_ms, holds = self._clock.now_ms(), self.holds
         for n, state in enumerate(list(self._states.values()), 1):
             if n % RECOVER_SLICE == 0:  # (a get that finds the message answers without a turn of the loop)
                 await asyncio.sleep(0)
@@ -801,9 +802,18 @@ class Schedules:
             else:  # waiting, as made: placed, and looked at if not released in time
                 state.place = message.location
                 self._places[message.location] = state.key
+                if holds is not None and message.trigger_ms <= now_ms:  # due: held back by a pause (the wheel's
+                    # tick may be past it)
+                    if holds.paused_for(message.topic, message.key):
+                        self._held[state.key] = (state.pending, message.location)
+                        continue
+                    due.setdefault(message.topic, []).append(message.msg_id)  # its pause is over
                 heapq.heappush(self._checks, (max(now_ms, state.trigger_ms(state.pending)) + CHECK_AFTER_MS,
                                               state.key, state.pending))
         await self._send_runs(missing, strict=True)
+        if holds is not None:
+            for topic, msg_ids in due.items():
+                await holds.release_held(topic, msg_ids)
 
     async def _advance(self, jobs: list[tuple[Key, int, int]]) -> None:
         """Released runs (a slice): each schedule's next run recorded (one
