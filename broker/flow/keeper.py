@@ -36,6 +36,12 @@ once a pause is answered and nothing stays paused once a resume is:
              calls of RESUME_SLICE) instead of moving; cut short and asked
              again, it ends the rest (an ended one matches no more).
 
+The runs of recurring schedules a pause holds back (left WAITING by the
+backend: broker.schedules.keeper's `on_hold`) are the schedules': a
+shift or an expire leaves them out (`HeldRuns.held_places`), and once
+the gate is open `HeldRuns.resumed` releases them, each judged by its
+misfire rule against the resume time.
+
 Who may call what: everything on the event loop; the changes of one node
 are serialised by one lock (a shift may take a while: a pause or a
 setTopicConfig of another topic waits behind it).

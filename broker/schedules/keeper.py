@@ -57,6 +57,21 @@ ends it), and the worker picks the next run by
 broker.core.recurrence.released (skip and once: the first nominal time after
 now; all: the next one, until maxCatchUp runs in a row have caught up).
 
+A pause holds a run back (docs/api.md, "Recurring schedules": a paused
+topic). A pending run that falls due while its topic or serial key is
+paused (`holds.paused_for`, the disk broker's ready windows) is not
+released: `on_hold`, told of each release before `on_release`, answers
+it and the backend leaves it WAITING, out of the wheel; the schedule
+keeps it pending (`_held`, RAM) and makes no next run. The resume
+(broker.flow.keeper, once its gate is open) calls `resumed`, which has
+the backend release it now (`release_held`: the same release, told to
+`on_hold` and `on_release` again), so the misfire rule judges it against
+the resume time as any late release. A resume's shift or expire leaves
+these runs out (`held_places`). Nothing of the hold is written: after a
+restart or a failover `_recover` finds the pending run WAITING and due
+(the wheel's tick may be past it) and holds it if still paused, else
+releases it; `_look` does the same for one it finds so later.
+
 Who calls what: the event loop only. `on_release` is the backend's
 (broker.disk.messages' `release`) and never waits; the API's calls (put,
 delete, pause, resume) and the worker's batches take one lock, so each
