@@ -376,7 +376,7 @@ def schedule_settled(api, topic, schedule_id, after_ms, timeout_s=5.0):
     deadline = time.monotonic() + timeout_s
     while True:
         got = ok(api.get("getSchedule", topic=topic, scheduleId=schedule_id, next=2))["schedule"]
-        if got["nextFireTimes"] and got["nextFireTimes"][0] > after_ms or time.monotonic() > deadline:
+        if (got["nextFireTimes"] and got["nextFireTimes"][0] > after_ms) or time.monotonic() > deadline:
             return got
         time.sleep(0.05)
 
