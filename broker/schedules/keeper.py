@@ -482,12 +482,12 @@ class Schedules:
             return 0  # (not making runs: a restart's `_recover` finds them)
         runs: list[tuple[Key, int]] = []
         for k, (nominal_ms, _) in list(self._held.items()):
-            state = self._states.get(k)
-            if k[0] != topic or state is None or (key is not None and state.spec.key != key):
+            if k[0] != topic:
                 continue
-            if state.pending != nominal_ms:
+            state = self._states.get(k)
+            if state is None or state.pending != nominal_ms:  # deleted, paused or gone on since
                 del self._held[k]
-            elif not holds.paused_for(topic, state.spec.key):
+            elif (key is None or state.spec.key == key) and not holds.paused_for(topic, state.spec.key):
                 runs.append((k, nominal_ms))
         if not runs:
             return 0
