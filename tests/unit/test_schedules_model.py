@@ -306,6 +306,17 @@ class SchedulesMachine(HarnessMachine, RuleBasedStateMachine):
         self._drain()
 
     @precondition(lambda self: self.topic_paused)
+    @rule(downtime_ms=st.sampled_from([0, 3_000, 20_000]))
+    def topic_resumed_then_crash(self, downtime_ms):
+        """resumeTopic saved, the node gone before it released the held
+        runs: the restart finds them due and waiting, and releases them."""
+        runs, self.flow._runs = self.flow._runs, None  # (the resume's release never happens)
+        self._run(self.flow.resume(PauseRequest(TOPIC, None, None)))
+        self.flow._runs = runs
+        self.topic_paused = False
+        self.restart(downtime_ms, False)
+
+    @precondition(lambda self: self.topic_paused)
     @rule()
     def topic_resumed(self):
         """resumeTopic: the held runs released now, judged by misfire."""
