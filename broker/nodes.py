@@ -78,6 +78,7 @@ class DiskNode(NodeBase):
         schedules = Schedules(ScheduleFile(schedules_path(config.data_path), config.store.fsync is not FsyncPolicy.NEVER),
                               clock, config.schedules)
         self.broker.on_release, self.broker.on_cancel = schedules.on_release, schedules.on_cancel
+        self.broker.on_hold, schedules.holds = schedules.on_hold, self.broker  # (runs a pause holds back)
         self.opened_s = time.perf_counter() - started
         self.checkpoints = 0
         self.checkpoint_seconds = 0.0
@@ -103,7 +104,7 @@ class DiskNode(NodeBase):
         # topic settings and pauses in the data dir, carried out before anything is handed out (broker.flow)
         self.flow = TopicFlow(SettingsFile(settings_path(config.data_path)), clock.now_ms, config.queues.topics,
                               config.max_paused_keys, 1 if config.shard is None else config.shard[1])
-        self.flow.start(self.broker)
+        self.flow.start(self.broker, schedules)
         if self.router is not None:
             self._serve_shards(self.router, served)
         if config.push_allow:  # pushers load aiohttp's client: only on a node that pushes

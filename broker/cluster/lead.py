@@ -90,8 +90,9 @@ class Lead:
         # only the leader makes schedules' runs, from the state Raft holds (broker.cluster.schedules)
         schedules = Schedules(RaftScheduleStore(state.election), clock, config.schedules)
         broker.on_release, broker.on_cancel = schedules.on_release, schedules.on_cancel
+        broker.on_hold, schedules.holds = schedules.on_hold, broker  # (runs a pause holds back)
         if serving.flow is not None:  # the pauses the last leader replicated, before anything is handed out
-            serving.flow.start(broker)
+            serving.flow.start(broker, schedules)
         broker.start()
         state.leader_log, state.broker = leader_log, broker
         serving.api.serve_with(broker)

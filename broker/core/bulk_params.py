@@ -43,7 +43,7 @@ from typing import NamedTuple
 
 import orjson
 
-from storage.entry import Message, Status
+from storage.entry import Location, Message, Status
 from storage.errors import InvalidRequest
 
 from .params import MAX_TRIGGER_MS, Params, _bool, _int, _name, _required_name
@@ -79,6 +79,9 @@ class BulkFilter(NamedTuple):
     statuses: frozenset[Status] = LIVE
     trigger_from_ms: int | None = None  # inclusive
     trigger_to_ms: int | None = None  # exclusive
+    # messages left out, by place (a resume's shift or expire: the runs of
+    # recurring schedules a pause held back, which their misfire rule decides)
+    exclude: frozenset[Location] = frozenset()
 
     def needs_body(self) -> bool:
         """Whether matching needs more than a trigger time and a status
@@ -93,7 +96,8 @@ class BulkFilter(NamedTuple):
         return (m.status in self.statuses and self.in_range(m.trigger_ms)
                 and (self.key is None or m.key == self.key)
                 and (self.tag is None or m.tag == self.tag)
-                and (self.msg_id_prefix is None or m.msg_id.startswith(self.msg_id_prefix)))
+                and (self.msg_id_prefix is None or m.msg_id.startswith(self.msg_id_prefix))
+                and (not self.exclude or m.location not in self.exclude))
 
     def narrowed(self, statuses: frozenset[Status]) -> BulkFilter:
         """The same filter, its statuses cut to `statuses` (a delete acts on

@@ -58,10 +58,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 
 from storage.entry import Location, Message
-from storage.errors import Unavailable
+from storage.errors import NotFound, Unavailable
 from storage.store import Store
 from wheel.clock import Clock
 from wheel.driver import WheelDriver
@@ -162,6 +162,7 @@ class Broker:
         self.pause = self._windows.pause
         self.resume = self._windows.resume
         self.expire_paused = bulk.expire_paused  # (a resume's `expire`)
+        self.paused_for = self._windows.paused_for  # (the schedules' runs a pause holds back: on_hold)
         # a topic's fairness, fairKey (on) or none (docs/api.md, "Fairness between
         # tenants"), release rate and due-age cap: RAM state only, set again at a
         # start by who keeps the settings (broker.flow.keeper)
@@ -296,6 +297,31 @@ class Broker:
     @on_release.setter
     def on_release(self, hook: Callable[[Sequence[Message], int], Sequence[Location]] | None) -> None:
         self._messages.on_release = hook
+
+    @property
+    def on_hold(self) -> Callable[[Sequence[Message], int], Collection[Location]] | None:
+        """Told of each release first: answers the messages it holds back,
+        left WAITING until `release_held` (broker.disk.messages' hook: the
+        runs of recurring schedules whose topic is paused, broker.schedules.keeper)."""
+        return self._messages.on_hold
+
+    @on_hold.setter
+    def on_hold(self, hook: Callable[[Sequence[Message], int], Collection[Location]] | None) -> None:
+        self._messages.on_hold = hook
+
+    async def release_held(self, topic: str, msg_ids: Sequence[str]) -> int:
+        """These WAITING messages of the topic released now if due (never
+        before their trigger time), told to `on_hold` and `on_release` as
+        the wheel's releases are: the runs a pause held back, once it is
+        over (broker.schedules.keeper). How many were due and waiting."""
+        found = []
+        for msg_id in msg_ids:
+            try:
+                found.append(await self.get(topic, msg_id))
+            except NotFound:
+                continue
+        self._lifecycle.check_serving()
+        return self._messages.release_held(found)
 
     @property
     def on_cancel(self) -> Callable[[Location], None] | None:

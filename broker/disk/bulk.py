@@ -383,6 +383,8 @@ class Bulk:
         async for matches in self._slices(topic, flt, floors=floors):
             if body:
                 matches = [match for match in matches if self._full_match(flt, match[0]) is not None]
+            elif flt.exclude:
+                matches = [match for match in matches if match[0] not in flt.exclude]
             if len(found) + len(matches) > limit:
                 matches = matches[:limit - len(found)]
                 found += [(*where, status, retry, trigger_ms) for where, status, retry, trigger_ms in matches]

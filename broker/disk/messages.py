@@ -23,7 +23,7 @@ only if that one is due.
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import NamedTuple
 
 from storage.delay_index import FLAG_PAUSED
@@ -98,6 +98,11 @@ class Messages:
         # time (the node's recurring schedules: broker.schedules.keeper); answers
         # the runs that missed with misfire=skip, which end EXPIRED unseen.
         self.on_release: Callable[[Sequence[Message], int], Sequence[Location]] | None = None
+        # Told first of the messages a release is about to carry out, with
+        # the time: answers those it holds back (a recurring schedule's run
+        # whose topic or serial key is paused), which stay WAITING, out of
+        # the wheel, until `release_held` (docs/api.md, "Recurring schedules").
+        self.on_hold: Callable[[Sequence[Message], int], Collection[Location]] | None = None
         # Each topic's dedupWindowMillis, when not 0 (broker.flow: `Broker.set_dedup_window`).
         self.dedup_windows: dict[str, int] = {}
 
@@ -282,6 +287,17 @@ class Messages:
                        if status(entry.location) is WAITING  # (no body read for one released already)
                        and (m := read(entry.location)) is not None])
 
+    def release_held(self, messages: Sequence[Message]) -> int:
+        """Messages a release held back (`on_hold`) released now, through
+        the same path (told again to `on_hold`, then `on_release`): each
+        still WAITING and due, never one before its trigger time. How many
+        were looked at."""
+        status, now_ms = self._store.status, self._clock.now_ms()
+        due = [(m, text_hash(m.topic)) for m in messages
+               if status(m.location) is WAITING and m.trigger_ms <= now_ms]
+        self._release(due)
+        return len(due)
+
     def ready_now(self, messages: list[Message], due: list[Message], now_ms: int) -> list[Message]:
         """DUE_NOW of steps whose records are durable (a send, a move at
         `now_ms`): the `due` ones of `messages` still WAITING READY now
@@ -308,6 +324,12 @@ class Messages:
         if not messages:
             return
         now_ms = self._clock.now_ms()
+        if self.on_hold is not None:
+            kept_back = self.on_hold([m for m, _ in messages], now_ms)
+            if kept_back:
+                messages = [(m, h) for m, h in messages if m.location not in kept_back]
+                if not messages:
+                    return
         lateness = self._metrics.load_lateness_seconds
         dues = []
         for message, _ in messages:

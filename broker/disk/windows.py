@@ -316,6 +316,11 @@ class ReadyWindows:
             if self._key_freed(self.queue(topic), serial_key):
                 self._long_polls.wake(topic)
 
+    def paused_for(self, topic: str, serial_key: str) -> bool:
+        """Whether a message of the topic with this serial key ("" none) is
+        held by a pause: the topic's, or its key's."""
+        return topic in self.paused_topics or (bool(serial_key) and (topic, serial_key) in self.paused_keys)
+
     def oldest_ready_ms(self, topic: str) -> int | None:
         """The oldest trigger time among the topic's READY messages (None:
         none): those the window holds, parked ones included, and the first

@@ -36,6 +36,12 @@ once a pause is answered and nothing stays paused once a resume is:
              calls of RESUME_SLICE) instead of moving; cut short and asked
              again, it ends the rest (an ended one matches no more).
 
+The runs of recurring schedules a pause holds back (left WAITING by the
+backend: broker.schedules.keeper's `on_hold`) are the schedules': a
+shift or an expire leaves them out (`HeldRuns.held_places`), and once
+the gate is open `HeldRuns.resumed` releases them, each judged by its
+misfire rule against the resume time.
+
 Who may call what: everything on the event loop; the changes of one node
 are serialised by one lock (a shift may take a while: a pause or a
 setTopicConfig of another topic waits behind it).
@@ -48,7 +54,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Protocol
 
-from storage.entry import Status
+from storage.entry import Location, Status
 from storage.errors import LimitReached, Unavailable
 
 from ..core.bulk_params import BulkFilter, RescheduleMsgsRequest
@@ -100,6 +106,18 @@ class PauseGate(Protocol):
         ...
 
 
+class HeldRuns(Protocol):
+    """The node's recurring schedules, as a resume sees them
+    (broker.schedules.keeper.Schedules): the runs a pause held back are
+    theirs, left out of a shift or an expire, and released once it is over."""
+
+    def held_places(self, topic: str, key: str | None) -> frozenset[Location]:
+        ...
+
+    async def resumed(self, topic: str, key: str | None) -> int:
+        ...
+
+
 class TopicFlow:
     """The node's topic settings (`settings`, by topic), and the pauses
     carried out on the gate of the backend serving (`start`; `stop` when
@@ -116,6 +134,7 @@ class TopicFlow:
         self.max_paused_keys = max_paused_keys  # --max-paused-keys: paused serial keys of a topic at most
         self.settings: dict[str, TopicSettings] = store.load()
         self._gate: PauseGate | None = None
+        self._runs: HeldRuns | None = None
         self._lock = asyncio.Lock()
         self.moved = 0  # messages a shift moved (tests, logs)
         self.expired = 0  # messages an expire ended (tests, logs)
@@ -125,13 +144,14 @@ class TopicFlow:
         keys = sum(len(s.keys) for s in self.settings.values())
         return f"TopicFlow(topics={len(self.settings)}, paused={paused}, paused_keys={keys})"
 
-    def start(self, gate: PauseGate) -> None:
+    def start(self, gate: PauseGate, runs: HeldRuns | None = None) -> None:
         """Carry the pauses and the dedup windows out on `gate` (read again
         from the store: a cluster node that starts leading reads what the
-        last leader replicated). Before the gate's backend hands anything
-        out or takes a send."""
+        last leader replicated), the schedules' runs they hold back
+        released by `runs` on resume. Before the gate's backend hands
+        anything out or takes a send."""
         self.settings = self._store.load()
-        self._gate = gate
+        self._gate, self._runs = gate, runs
         for s in self.settings.values():
             self._carry_out(gate, s)
             if s.pause is not None:
@@ -140,7 +160,7 @@ class TopicFlow:
                 gate.pause(s.topic, key)
 
     def stop(self) -> None:
-        self._gate = None
+        self._gate = self._runs = None
 
     def gate(self) -> PauseGate:
         if self._gate is None:
@@ -236,7 +256,13 @@ class TopicFlow:
                     await self._expire(gate, request, pause)
             await self._save(current.with_pause(request.key, None))
             gate.resume(request.topic, request.key)
+            if self._runs is not None:  # the runs it held, judged by their misfire rule now
+                await self._runs.resumed(request.topic, request.key)
             return self.get(request.topic)
+
+    def _held(self, request: PauseRequest) -> frozenset[Location]:
+        """The places a shift or an expire leaves out: the schedules' runs."""
+        return frozenset() if self._runs is None else self._runs.held_places(request.topic, request.key)
 
     async def _shift(self, gate: PauseGate, request: PauseRequest, pause: Pause) -> None:
         """Every WAITING or READY message of the topic (or key) whose trigger
@@ -247,7 +273,7 @@ class TopicFlow:
         if length_ms <= 0:
             return
         flt = BulkFilter(key=request.key, statuses=MOVABLE, trigger_from_ms=pause.since_ms,
-                         trigger_to_ms=pause.resume_ms)
+                         trigger_to_ms=pause.resume_ms, exclude=self._held(request))
         more = True
         while more:
             moved, more = await gate.reschedule_msgs(
@@ -267,7 +293,7 @@ class TopicFlow:
         if pause.resume_ms <= pause.since_ms:
             return
         flt = BulkFilter(key=request.key, statuses=MOVABLE, trigger_from_ms=pause.since_ms,
-                         trigger_to_ms=pause.resume_ms)
+                         trigger_to_ms=pause.resume_ms, exclude=self._held(request))
         more = True
         while more:
             ended, more = await gate.expire_paused(request.topic, flt, RESUME_SLICE)

@@ -57,6 +57,21 @@ ends it), and the worker picks the next run by
 broker.core.recurrence.released (skip and once: the first nominal time after
 now; all: the next one, until maxCatchUp runs in a row have caught up).
 
+A pause holds a run back (docs/api.md, "Recurring schedules": a paused
+topic). A pending run that falls due while its topic or serial key is
+paused (`holds.paused_for`, the disk broker's ready windows) is not
+released: `on_hold`, told of each release before `on_release`, answers
+it and the backend leaves it WAITING, out of the wheel; the schedule
+keeps it pending (`_held`, RAM) and makes no next run. The resume
+(broker.flow.keeper, once its gate is open) calls `resumed`, which has
+the backend release it now (`release_held`: the same release, told to
+`on_hold` and `on_release` again), so the misfire rule judges it against
+the resume time as any late release. A resume's shift or expire leaves
+these runs out (`held_places`). Nothing of the hold is written: after a
+restart or a failover `_recover` finds the pending run WAITING and due
+(the wheel's tick may be past it) and holds it if still paused, else
+releases it; `_look` does the same for one it finds so later.
+
 Who calls what: the event loop only. `on_release` is the backend's
 (broker.disk.messages' `release`) and never waits; the API's calls (put,
 delete, pause, resume) and the worker's batches take one lock, so each
@@ -171,6 +186,19 @@ class ScheduleStore(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+class RunHolds(Protocol):
+    """What a backend with pauses does for the runs they hold back (the
+    disk broker: broker.disk.backend.Broker; see `Schedules.on_hold`)."""
+
+    def paused_for(self, topic: str, serial_key: str) -> bool:
+        """Whether a message of the topic with this serial key is held by a pause."""
+        ...
+
+    async def release_held(self, topic: str, msg_ids: Sequence[str]) -> int:
+        """These WAITING messages released now, if due (told to `on_hold` again)."""
+        ...
 
 
 class StaleRows(Unavailable):
@@ -375,6 +403,12 @@ class Schedules:
         self.run_conflicts = 0
         self._backend: Backend | None = None
         self._task: asyncio.Task[None] | None = None
+        # The backend's pauses (None: it has none, as on Redis): a pending run
+        # that falls due while its topic or serial key is paused is held back
+        # (`on_hold`), kept here, schedule -> (nominal, place), until the
+        # resume (`resumed`) releases it, judged by its misfire rule then.
+        self.holds: RunHolds | None = None
+        self._held: dict[Key, tuple[int, Location]] = {}
 
     def __repr__(self) -> str:
         return f"Schedules({len(self._states)} schedules, {len(self._released)} releases queued, {self._file!r})"
@@ -401,6 +435,77 @@ class Schedules:
         return {sid for sid in schedule_ids if (topic, sid) in self._states}
 
     # == the backend's side ==================================================
+
+    def on_hold(self, messages: Sequence[Message], now_ms: int) -> set[Location]:
+        """WAITING messages about to be released at `now_ms` (called by the
+        backend first): the pending runs among them whose topic or serial
+        key is paused are held back -- left WAITING, out of the wheel, their
+        schedules making no next run -- until `resumed`. Answers their places."""
+        holds = self.holds
+        if holds is None or not self._states:
+            return set()
+        held: set[Location] = set()
+        for m in messages:
+            if "@" not in m.msg_id or not holds.paused_for(m.topic, m.key):
+                continue
+            run = parse_run_msg_id(m.msg_id)
+            if run is None:
+                continue
+            state = self._states.get((m.topic, run[0]))
+            if state is None or state.pending != run[1] or m.retry:
+                continue
+            self._held[state.key] = (run[1], m.location)
+            held.add(m.location)
+        return held
+
+    def held_places(self, topic: str, key: str | None) -> frozenset[Location]:
+        """The places of the runs a pause of the topic (or of its serial key)
+        holds back, and of each pending run of its schedules (a resume's
+        shift or expire leaves them out: their misfire rule decides)."""
+        places: set[Location] = set()
+        for state in self.topic_states(topic):
+            if state.pending is None or (key is not None and state.spec.key != key):
+                continue
+            held = self._held.get(state.key)
+            if held is not None and held[0] == state.pending:
+                places.add(held[1])
+            if state.place is not None:
+                places.add(state.place)
+        return frozenset(places)
+
+    async def resumed(self, topic: str, key: str | None) -> int:
+        """The topic (or its serial key) resumed: the runs held back and no
+        longer paused released now (the misfire rule judges each against
+        now: broker.core.recurrence.released). How many were released."""
+        holds = self.holds
+        if holds is None or self._backend is None:
+            return 0  # (not making runs: a restart's `_recover` finds them)
+        runs: list[tuple[Key, int]] = []
+        for k, (nominal_ms, _) in list(self._held.items()):
+            if k[0] != topic:
+                continue
+            state = self._states.get(k)
+            if state is None or state.pending != nominal_ms:  # deleted, paused or gone on since
+                del self._held[k]
+            elif (key is None or state.spec.key == key) and not holds.paused_for(topic, state.spec.key):
+                runs.append((k, nominal_ms))
+        if not runs:
+            return 0
+        try:
+            for at in range(0, len(runs), ADVANCE_SLICE):
+                part = runs[at:at + ADVANCE_SLICE]
+                for k, _ in part:
+                    del self._held[k]
+                await holds.release_held(topic, [self._states[k].msg_id(n) for k, n in part
+                                                 if k in self._states])
+        except (HourglassError, OSError) as e:  # looked at again: released by `_look`
+            log.warning("schedules: the runs held by topic %s's pause not released yet: %s", topic, e)
+            retry_ms = self._clock.now_ms() + CHECK_AFTER_MS
+            for k, n in runs:
+                self._held.pop(k, None)
+                heapq.heappush(self._checks, (retry_ms, k, n))
+            self._wake.set()
+        return len(runs)
 
     def on_release(self, messages: Sequence[Message], now_ms: int) -> list[Location]:
         """WAITING messages being released at `now_ms` (called by the backend
@@ -545,8 +650,9 @@ class Schedules:
         missing or not as the schedule made it is skipped (`_skip`), one
         released is followed as a release, one WAITING as made is read
         again later."""
-        backend = self.backend()
+        backend, holds = self.backend(), self.holds
         skipped: list[tuple[ScheduleState, int, bool]] = []
+        due: dict[str, list[str]] = {}  # by topic: runs due and waiting, out of the wheel
         seen: set[Key] = set()
         for key, nominal_ms in runs:
             state = self._states.get(key)
@@ -562,10 +668,22 @@ class Schedules:
             elif not state.made(nominal_ms, message):
                 skipped.append((state, nominal_ms, True))
             elif message.status is Status.WAITING:
-                heapq.heappush(self._checks, (self._clock.now_ms() + CHECK_AFTER_MS, key, nominal_ms))
+                held = self._held.get(key)
+                if held is not None and held[0] == nominal_ms:
+                    continue  # held back by a pause: its resume releases it
+                if holds is None or message.trigger_ms > self._clock.now_ms():
+                    heapq.heappush(self._checks, (self._clock.now_ms() + CHECK_AFTER_MS, key, nominal_ms))
+                elif holds.paused_for(message.topic, message.key):  # (a restart during the pause, a send due now)
+                    self._held[key] = (nominal_ms, message.location)
+                else:  # due and not released: a pause's resume cut short, a restart's tick past it
+                    due.setdefault(message.topic, []).append(message.msg_id)
+                    heapq.heappush(self._checks, (self._clock.now_ms() + CHECK_AFTER_MS, key, nominal_ms))
             else:  # released (or acked while waiting) with no release told: followed as one
                 self._released.append((key, nominal_ms, self._clock.now_ms()))
                 self._wake.set()
+        if holds is not None:
+            for topic, msg_ids in due.items():
+                await holds.release_held(topic, msg_ids)
         if skipped:
             await self._skip(skipped)
 
@@ -672,7 +790,8 @@ class Schedules:
             await self._file.forget_stale(list(self._stale))
         self._stale.clear()
         missing: list[tuple[ScheduleState, int]] = []  # pending runs never sent: sent ADVANCE_SLICE at a time
-        now_ms = self._clock.now_ms()
+        due: dict[str, list[str]] = {}  # by topic: pending runs due, still waiting, their pause over
+        now_ms, holds = self._clock.now_ms(), self.holds
         for n, state in enumerate(list(self._states.values()), 1):
             if n % RECOVER_SLICE == 0:  # (a get that finds the message answers without a turn of the loop)
                 await asyncio.sleep(0)
@@ -698,9 +817,18 @@ class Schedules:
             else:  # waiting, as made: placed, and looked at if not released in time
                 state.place = message.location
                 self._places[message.location] = state.key
+                if holds is not None and message.trigger_ms <= now_ms:  # due: held back by a pause (the wheel's
+                    # tick may be past it)
+                    if holds.paused_for(message.topic, message.key):
+                        self._held[state.key] = (state.pending, message.location)
+                        continue
+                    due.setdefault(message.topic, []).append(message.msg_id)  # its pause is over
                 heapq.heappush(self._checks, (max(now_ms, state.trigger_ms(state.pending)) + CHECK_AFTER_MS,
                                               state.key, state.pending))
         await self._send_runs(missing, strict=True)
+        if holds is not None:
+            for topic, msg_ids in due.items():
+                await holds.release_held(topic, msg_ids)
 
     async def _advance(self, jobs: list[tuple[Key, int, int]]) -> None:
         """Released runs (a slice): each schedule's next run recorded (one

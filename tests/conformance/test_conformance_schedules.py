@@ -357,3 +357,66 @@ def test_a_message_sent_under_a_run_id_before_the_schedule_never_stands_in(api, 
     assert held["status"] == 1 and held["msg"] == "mine"  # the client's, untouched
     ok(api.post("deleteSchedule", topic=topic, scheduleId="early"))
     ok(api.post("deleteMsgs", topic=topic, all="true"))
+
+
+def drain_each(api, topic, count, timeout_s):
+    """Pull until `count` messages came or the timeout, each batch acked
+    at once (a serial key's next message waits for its ack)."""
+    got, deadline = [], time.monotonic() + timeout_s
+    while len(got) < count and time.monotonic() < deadline:
+        batch = api.pull_until(topic, count - len(got), timeout_s=0.5, ackTimeoutMillis=60_000)
+        if batch:
+            ok(api.post("ackMsg", topic=topic, msgIds=",".join(m["msgId"] for m in batch)))
+        got += batch
+    return got
+
+
+def schedule_settled(api, topic, schedule_id, after_ms, timeout_s=5.0):
+    """getSchedule once its next run is after `after_ms` (the release followed)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        got = ok(api.get("getSchedule", topic=topic, scheduleId=schedule_id, next=2))["schedule"]
+        if (got["nextFireTimes"] and got["nextFireTimes"][0] > after_ms) or time.monotonic() > deadline:
+            return got
+        time.sleep(0.05)
+
+
+@pytest.mark.not_on("redis", reason="pauses are not supported on the Redis backend yet (docs/redis.md)")
+@pytest.mark.parametrize(("misfire", "on_resume", "delivered", "key"), [
+    ("skip", "hold", 0, None), ("once", "hold", 1, None), ("all", "hold", 3, None),
+    ("once", "shift", 1, None), ("once", "expire", 1, None), ("skip", "expire", 0, None),
+    ("once", "hold", 1, "k"), ("all", "shift", 3, "k"),
+])
+def test_a_paused_topics_schedule_follows_its_misfire_rule(api, topic, misfire, on_resume, delivered, key):
+    """A schedule every second on a topic paused ~4 s: the run that falls
+    due is held back, waiting, and no later run is made meanwhile (runs
+    stays 1); on resume it is judged by `misfire` against the resume time
+    (grace 1 s: missed), whatever `onResume`: skip delivers none of the
+    pause's runs (ended unseen, counted missed), once one, all
+    `maxCatchUp` (3) oldest first; then the next run is the first nominal
+    time after the resume. The same for a pause of the schedule's serial key."""
+    keyed = {} if key is None else {"key": key}
+    schedule = put(api, topic, "s", everyMillis=1000, misfire=misfire, misfireGraceMillis=1000, maxCatchUp=3,
+                   **keyed)
+    first = schedule["nextFireTimes"][0]
+    ok(api.post("pauseTopic", topic=topic, onResume=on_resume, **keyed))
+    time.sleep(max(0.0, (first + 3300) / 1000 - time.time()))  # 3 nominal times and more past the first
+    held = ok(api.get("getSchedule", topic=topic, scheduleId="s"))["schedule"]
+    assert held["runs"] == 1 and held["nextFireTimes"][0] == first, held  # no run piled up behind it
+    assert api.message(topic, f"s@{first}")["status"] == 1  # held back, waiting
+    assert api.pull(topic, batch=10) == []
+    resumed_ms = now_ms()
+    ok(api.post("resumeTopic", topic=topic, **keyed))
+    got = schedule_settled(api, topic, "s", resumed_ms)
+    following = got["nextFireTimes"][0]
+    assert following > resumed_ms and (following - first) % 1000 == 0, (got, resumed_ms)
+    runs = drain_each(api, topic, delivered + 1, timeout_s=following / 1000 - time.time() + 5)
+    paused_runs = [m["scheduledTime"] for m in runs if m["scheduledTime"] < resumed_ms]
+    assert paused_runs == [first + 1000 * k for k in range(delivered)], (runs, resumed_ms)
+    assert following in [m["scheduledTime"] for m in runs]  # the next one delivered on time
+    judged = {r["scheduledTime"]: r for r in got["lastRuns"]}[first]
+    assert judged["missed"] is True and judged["latenessMillis"] >= resumed_ms - first
+    run = api.message(topic, f"s@{first}")
+    assert run["status"] == (5 if misfire == "skip" else 4) and "endReason" not in run, run
+    assert run["triggerTime"] == first  # never moved by a shift
+    ok(api.post("deleteSchedule", topic=topic, scheduleId="s"))

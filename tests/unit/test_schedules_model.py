@@ -20,6 +20,12 @@ fire times are the model's, and `--max-schedules` holds. A schedule owns
 its progress: a pending run deleted (deleteMsg, deleteMsgs by a filter, a
 purge) is never delivered, and its schedule's next run is made at once,
 the run after it (counted in `runs`, against `limit`).
+
+The topic is paused and resumed too (broker.flow's TopicFlow, each
+`onResume`): while paused, a run that falls due is held back waiting and
+no later run is made; the resume releases it then, judged by the misfire
+rule against the resume time as a restart's release is (the model's same
+`release_due`), whatever `onResume` -- across restarts during the pause.
 """
 
 from __future__ import annotations
@@ -39,6 +45,9 @@ from broker.core.params import Defaults, DeleteRequest, PullRequest
 from broker.core.recurrence import Misfire, parse_run_msg_id
 from broker.disk.backend import Broker
 from broker.disk.ready import QueueLimits
+from broker.flow.file import SettingsFile, settings_path
+from broker.flow.keeper import TopicFlow
+from broker.flow.settings import OnResume, PauseRequest
 from broker.observe.metrics import Metrics
 from broker.schedules.file import ScheduleFile
 from broker.schedules.keeper import ScheduleLimits, Schedules, ScheduleStore
@@ -109,6 +118,7 @@ class SchedulesMachine(HarnessMachine, RuleBasedStateMachine):
         self.schedules: Schedules | None = None
         self.models: dict[str, Model] = {}
         self.delivered: dict[str, list[int]] = {sid: [] for sid in IDS}
+        self.topic_paused = False
         self._open()
 
     # -- the node ------------------------------------------------------------------------
@@ -120,6 +130,9 @@ class SchedulesMachine(HarnessMachine, RuleBasedStateMachine):
                           limits=h.limits)
         self.schedules = Schedules(self._store(), self.clock, ScheduleLimits(max_schedules=MAX_SCHEDULES))
         h.broker.on_release, h.broker.on_cancel = self.schedules.on_release, self.schedules.on_cancel
+        h.broker.on_hold, self.schedules.holds = self.schedules.on_hold, h.broker
+        self.flow = TopicFlow(SettingsFile(settings_path(h.directory)), self.clock.now_ms, 100)
+        self.flow.start(h.broker, self.schedules)
 
         async def start() -> None:
             h.broker.start()
@@ -158,8 +171,9 @@ class SchedulesMachine(HarnessMachine, RuleBasedStateMachine):
             self.delivered[run[0]].append(run[1])
 
     def _advance(self, target_ms: int) -> None:
-        """Time passes with the node up: each run released at its time."""
-        while True:
+        """Time passes with the node up: each run released at its time
+        (none while the topic is paused: held back)."""
+        while not self.topic_paused:
             due = [m.pending for m in self.models.values() if m.pending is not None and m.pending <= target_ms]
             if not due:
                 break
@@ -256,9 +270,11 @@ class SchedulesMachine(HarnessMachine, RuleBasedStateMachine):
         else:
             flt = BulkFilter(msg_id_prefix=f"{sid}@") if how == "deleteMsgs" else BulkFilter()
             self._run(broker.delete_msgs(DeleteMsgsRequest(TOPIC, flt, 1000)))
+        now = self.clock.now_ms()
         for other, m in self.models.items():
             if m.pending is not None and (other == sid or how == "purge"):
-                m.make(m.pending + m.every_ms)  # the run after it, at once (nothing ends: `make` counts it)
+                # the run after it (or after now: one a pause held back), at once (nothing ends: `make` counts it)
+                m.make(m.first_after(max(m.pending, now)))
         self._run(self._quiesce())
         self._drain()
 
@@ -274,6 +290,38 @@ class SchedulesMachine(HarnessMachine, RuleBasedStateMachine):
         self.h.close_broker(checkpoint)
         self.clock.set(self.clock.now_ms() + downtime_ms)
         self._open()
+        now = self.clock.now_ms()
+        if not self.topic_paused:
+            for m in self.models.values():
+                m.release_due(now)
+        self._run(self._quiesce())
+        self._drain()
+
+    @rule(on_resume=st.sampled_from(list(OnResume)))
+    def topic_paused_(self, on_resume):
+        """pauseTopic: its due runs held back from now on."""
+        self._run(self.flow.pause(PauseRequest(TOPIC, None, on_resume)))
+        self.topic_paused = True
+        self._run(self._quiesce())
+        self._drain()
+
+    @precondition(lambda self: self.topic_paused)
+    @rule(downtime_ms=st.sampled_from([0, 3_000, 20_000]))
+    def topic_resumed_then_crash(self, downtime_ms):
+        """resumeTopic saved, the node gone before it released the held
+        runs: the restart finds them due and waiting, and releases them."""
+        runs, self.flow._runs = self.flow._runs, None  # (the resume's release never happens)
+        self._run(self.flow.resume(PauseRequest(TOPIC, None, None)))
+        self.flow._runs = runs
+        self.topic_paused = False
+        self.restart(downtime_ms, False)
+
+    @precondition(lambda self: self.topic_paused)
+    @rule()
+    def topic_resumed(self):
+        """resumeTopic: the held runs released now, judged by misfire."""
+        self._run(self.flow.resume(PauseRequest(TOPIC, None, None)))
+        self.topic_paused = False
         now = self.clock.now_ms()
         for m in self.models.values():
             m.release_due(now)
