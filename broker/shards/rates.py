@@ -13,7 +13,9 @@ link, and the reply moves its shares.
                     READY messages here, in the pull order) or "j:<jobId>"
                     (1 while the job's part runs here); a topic whose
                     share is even and which has no demand is left out,
-                    and so is a job's part that ended
+                    and so is a job's part that ended (a shard heard from
+                    within STALE_S without the job: its part ended, the
+                    others may take its share)
     the board       keeps each shard's last report (one older than
                     STALE_S, of a shard gone, is dropped); for every key
                     any shard reported, `split` gives the targets and
@@ -37,7 +39,9 @@ floor idle). When shard 1's demand ends, its share falls back to 1,000
 and shard 0's rises again.
 
 Cost: one call a tick from each shard but the board while any topic has
-a rate or a paced job runs; a report holds the busy keys only; the board
+a rate or a paced job runs (else an empty one every KEEPALIVE_S: the
+board then knows the shard runs no part of any job); a report holds the
+busy keys only; the board
 works O(keys reported x shards) a call. A board that does not answer
 (shard 0 restarting) leaves every share as it is; a board new again
 takes each shard's share from its next report (until then it counts a
@@ -67,6 +71,9 @@ log = logging.getLogger("hourglass.shards")
 TICK_S = 0.1
 # A report older than this is of a shard gone: its shares are freed.
 STALE_S = 2.0
+# A shard with nothing to share reports this often (an empty report): the
+# board counts a job's part it does not hear of as ended, not as unknown.
+KEEPALIVE_S = 0.5
 # Of a rate, what idle shards keep in all (each FLOOR / N): a message that
 # comes due on one goes at once, and a busy shard alone gets 1 - FLOOR.
 FLOOR = 0.01
@@ -139,7 +146,7 @@ class RateBoard:
                 if entry is not None:
                     demands.append(entry[1])
                     shares.append(entry[2])
-                elif key[0] == JOB:  # not running there (ended; a shard not heard from yet: at the even share)
+                elif key[0] == JOB:  # not running there (a shard not heard from lately: at the even share)
                     demands.append(None)
                     shares.append(rate / self.count if got is None else 0.0)
                 else:  # idle at the even share
@@ -167,13 +174,14 @@ class RateShares:
         self._monotonic_s = monotonic_s
         self.board = RateBoard(router.count) if router.index == 0 else None
         self.reports = 0  # reports answered (tests)
+        self._sent_s = float("-inf")  # when this shard last reported
 
     def __repr__(self) -> str:
         return f"RateShares(shard {self._router.index}, reports={self.reports}, board={self.board!r})"
 
-    def entries(self) -> list[list[Any]] | None:
-        """This shard's report; None when it has nothing to share (no topic
-        with a rate, no paced job's part running)."""
+    def entries(self) -> tuple[list[list[Any]], bool]:
+        """This shard's report, and whether it has anything to share (a
+        topic with a rate, a paced job's part running)."""
         broker, jobs = self._broker(), self._jobs()
         rows: list[list[Any]] = []
         rated = False
@@ -185,17 +193,20 @@ class RateShares:
         if jobs is not None:
             for job_id, node_rate, pace in jobs.paces():
                 rows.append([JOB + ":" + job_id, node_rate, 1, pace])
-        return rows if rows or rated else None
+        return rows, rated or bool(rows)
 
     async def tick(self) -> None:
-        """One report, and its answer carried out."""
-        rows = self.entries()
-        if rows is None:
-            return
+        """One report (with nothing to share, one every KEEPALIVE_S: the
+        board knows this shard runs no job's part), its answer carried out."""
+        rows, sharing = self.entries()
+        now_s = self._monotonic_s()
         if self.board is not None:
-            moved = self.board.report(self._router.index, rows, self._monotonic_s())
-        else:
+            moved = self.board.report(self._router.index, rows, now_s)
+        elif sharing or now_s - self._sent_s >= KEEPALIVE_S:
+            self._sent_s = now_s
             moved = await self._router.call(0, "rates", [self._router.index, rows])
+        else:
+            return
         self.reports += 1
         self.carry_out(moved)
 
