@@ -17,7 +17,9 @@ link, and the reply moves its shares.
                     within STALE_S without the job: its part ended, the
                     others may take its share)
     the board       keeps each shard's last report (one older than
-                    STALE_S, of a shard gone, is dropped); for every key
+                    STALE_S is of a shard gone: dropped, the shard counted
+                    at a topic's floor and out of a job until it reports
+                    again); for every key
                     any shard reported, `split` gives the targets and
                     `grant` the reporting shard's new share
     split           every shard FLOOR of the rate / N (a topic's message
@@ -44,8 +46,10 @@ board then knows the shard runs no part of any job); a report holds the
 busy keys only; the board
 works O(keys reported x shards) a call. A board that does not answer
 (shard 0 restarting) leaves every share as it is; a board new again
-takes each shard's share from its next report (until then it counts a
-shard that did not report at the even share).
+takes each shard's share from its next report, and raises none until it
+heard every shard once (or STALE_S passed). A shard that comes back
+after it was counted gone starts at the even share: the shares may sum
+over the rate by that much until its first report (0.1 s).
 
 Who calls what: the router serves `rates` calls (`RateBoard.report`) on
 shard 0; `RateShares.run` is a task of every shard, on the event loop.
@@ -69,7 +73,7 @@ log = logging.getLogger("hourglass.shards")
 
 # Seconds between two reports of a shard: a share follows demand within two.
 TICK_S = 0.1
-# A report older than this is of a shard gone: its shares are freed.
+# A report older than this is of a shard gone: its shares are freed (but its floor).
 STALE_S = 2.0
 # A shard with nothing to share reports this often (an empty report): the
 # board counts a job's part it does not hear of as ended, not as unknown.
@@ -116,6 +120,10 @@ class RateBoard:
         self.count = count
         # shard -> (when its report came, monotonic s; key -> its entry)
         self._reports: dict[int, tuple[float, dict[str, Entry]]] = {}
+        # shards whose last report went stale (gone, or their loop held): counted
+        # at the floor of a topic, out of a job, until they report again
+        self._gone: set[int] = set()
+        self._since_s: float | None = None  # the first report's time
         self.granted = 0  # shares moved (tests, logs)
 
     def __repr__(self) -> str:
@@ -127,8 +135,15 @@ class RateBoard:
         its shares that move: [key, share] rows."""
         entries: dict[str, Entry] = {str(r[0]): (float(r[1]), float(r[2]), float(r[3])) for r in rows}
         self._reports[shard] = (now_s, entries)
+        self._gone.discard(shard)
+        if self._since_s is None:
+            self._since_s = now_s
+        # a new board raises no share until it heard every shard once (or
+        # STALE_S passed): one not heard from may hold more than the even share
+        raising = len(self._reports) + len(self._gone) >= self.count or now_s - self._since_s >= STALE_S
         for other in [s for s, (at_s, _) in self._reports.items() if now_s - at_s > STALE_S]:
             del self._reports[other]
+            self._gone.add(other)
         keys: dict[str, float] = {}
         for _, reported in self._reports.values():
             for key, (rate, _, _) in reported.items():
@@ -146,15 +161,17 @@ class RateBoard:
                 if entry is not None:
                     demands.append(entry[1])
                     shares.append(entry[2])
-                elif key[0] == JOB:  # not running there (a shard not heard from lately: at the even share)
+                elif key[0] == JOB:  # not running there (a shard never heard from: at the even share)
                     demands.append(None)
-                    shares.append(rate / self.count if got is None else 0.0)
-                else:  # idle at the even share
+                    shares.append(rate / self.count if got is None and i not in self._gone else 0.0)
+                else:  # idle at the even share (a shard gone: its floor)
                     demands.append(0.0)
-                    shares.append(rate / self.count)
+                    shares.append(rate * FLOOR / self.count if i in self._gone else rate / self.count)
             targets = split(rate, demands)
             mine = shares[shard]
             new = grant(rate, targets[shard], mine, sum(shares) - mine)
+            if new > mine and not raising:
+                continue
             if abs(new - mine) > SAME * max(1.0, rate):
                 moved.append([key, new])
                 self.granted += 1
