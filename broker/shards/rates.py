@@ -43,11 +43,11 @@ and shard 0's rises again.
 Cost: one call a tick from each shard but the board while any topic has
 a rate or a paced job runs (else an empty one every KEEPALIVE_S: the
 board then knows the shard runs no part of any job); a report holds the
-busy keys only; the board
-works O(keys reported x shards) a call. A board that does not answer
-(shard 0 restarting) leaves every share as it is; a board new again
-takes each shard's share from its next report, and raises none until it
-heard every shard once (or STALE_S passed). A shard that comes back
+busy keys only; the board works O(keys reported) a call (each key's
+demands and shares kept summed over the shards). A board that does not
+answer (shard 0 restarting) leaves every share as it is; a board new
+again takes each shard's share from its next report, and raises none
+until it heard every shard once (or STALE_S passed). A shard that comes back
 after it was counted gone starts at the even share: the shares may sum
 over the rate by that much until its first report (0.1 s).
 
@@ -112,14 +112,36 @@ def grant(rate: float, target: float, share: float, others: float) -> float:
     return min(target, max(share, rate - others))
 
 
+class _Key:
+    """What the board sums of one key over the shards that reported it."""
+
+    __slots__ = ("demand", "rate", "reporters", "shares")
+
+    def __init__(self, rate: float) -> None:
+        self.rate = rate  # (the last reported)
+        self.reporters = 0
+        self.demand = 0.0  # the reporters' demands, summed
+        self.shares = 0.0  # the reporters' shares (as reported, or granted since), summed
+
+    def __repr__(self) -> str:
+        return f"_Key(rate={self.rate:g}, reporters={self.reporters}, demand={self.demand:g}, shares={self.shares:g})"
+
+
 class RateBoard:
     """Shard 0's board: the shards' last reports and the shares it grants
-    from them (module docstring). On the event loop of shard 0."""
+    from them (module docstring). Each key's demands and shares are kept
+    summed over the shards that reported it, so a report costs its own
+    rows and the previous ones of its shard, and one step a key any shard
+    reported (not a step a shard: `split` and `grant` for one shard, in
+    closed form; tests/property/test_node_rate_split.py holds the board
+    written plainly, against which this one is checked). On the event
+    loop of shard 0."""
 
     def __init__(self, count: int) -> None:
         self.count = count
         # shard -> (when its report came, monotonic s; key -> its entry)
         self._reports: dict[int, tuple[float, dict[str, Entry]]] = {}
+        self._keys: dict[str, _Key] = {}
         # shards whose last report went stale (gone, or their loop held): counted
         # at the floor of a topic, out of a job, until they report again
         self._gone: set[int] = set()
@@ -127,14 +149,33 @@ class RateBoard:
         self.granted = 0  # shares moved (tests, logs)
 
     def __repr__(self) -> str:
-        keys = {key for _, entries in self._reports.values() for key in entries}
-        return f"RateBoard({self.count} shards, reports={len(self._reports)}, keys={len(keys)}, granted={self.granted})"
+        return (f"RateBoard({self.count} shards, reports={len(self._reports)}, keys={len(self._keys)}, "
+                f"granted={self.granted})")
+
+    def _add(self, entries: dict[str, Entry], sign: int) -> None:
+        keys = self._keys
+        for key, (rate, demand, share) in entries.items():
+            summed = keys.get(key)
+            if summed is None:
+                summed = keys[key] = _Key(rate)
+            summed.reporters += sign
+            if summed.reporters == 0:
+                del keys[key]
+                continue
+            if sign > 0:
+                summed.rate = rate
+            summed.demand += sign * demand
+            summed.shares += sign * share
 
     def report(self, shard: int, rows: Sequence[Sequence[Any]], now_s: float) -> list[list[Any]]:
         """Shard `shard`'s report (rows of [key, rate, demand, share]) kept;
         its shares that move: [key, share] rows."""
         entries: dict[str, Entry] = {str(r[0]): (float(r[1]), float(r[2]), float(r[3])) for r in rows}
+        before = self._reports.get(shard)
+        if before is not None:
+            self._add(before[1], -1)
         self._reports[shard] = (now_s, entries)
+        self._add(entries, 1)
         self._gone.discard(shard)
         if self._since_s is None:
             self._since_s = now_s
@@ -142,40 +183,41 @@ class RateBoard:
         # STALE_S passed): one not heard from may hold more than the even share
         raising = len(self._reports) + len(self._gone) >= self.count or now_s - self._since_s >= STALE_S
         for other in [s for s, (at_s, _) in self._reports.items() if now_s - at_s > STALE_S]:
-            del self._reports[other]
+            self._add(self._reports.pop(other)[1], -1)
             self._gone.add(other)
-        keys: dict[str, float] = {}
-        for _, reported in self._reports.values():
-            for key, (rate, _, _) in reported.items():
-                keys.setdefault(key, rate)
+        count = self.count
+        heard, gone = len(self._reports), len(self._gone)
+        unknown = count - heard - gone
         moved: list[list[Any]] = []
-        for key, rate in keys.items():
-            if key[0] == JOB and key not in entries:
-                continue  # (a job's part that ended here: nothing to grant)
-            rate = entries[key][0] if key in entries else rate
-            demands: list[float | None] = []
-            shares: list[float] = []
-            for i in range(self.count):
-                got = self._reports.get(i)
-                entry = None if got is None else got[1].get(key)
-                if entry is not None:
-                    demands.append(entry[1])
-                    shares.append(entry[2])
-                elif key[0] == JOB:  # not running there (a shard never heard from: at the even share)
-                    demands.append(None)
-                    shares.append(rate / self.count if got is None and i not in self._gone else 0.0)
-                else:  # idle at the even share (a shard gone: its floor)
-                    demands.append(0.0)
-                    shares.append(rate * FLOOR / self.count if i in self._gone else rate / self.count)
-            targets = split(rate, demands)
-            mine = shares[shard]
-            new = grant(rate, targets[shard], mine, sum(shares) - mine)
+        for key, summed in self._keys.items():
+            entry = entries.get(key)
+            if key[0] == JOB:
+                if entry is None:
+                    continue  # (a job's part that ended here: nothing to grant)
+                rate = entry[0]
+                inside = summed.reporters  # (the others: ended, or not heard from at the even share)
+                shares = summed.shares + unknown * rate / count
+            else:
+                rate = summed.rate if entry is None else entry[0]
+                inside = count  # (idle at the even share; a shard gone, its floor)
+                shares = summed.shares + (count - summed.reporters - gone) * rate / count + gone * rate * FLOOR / count
+            floor = rate * FLOOR / count
+            rest = rate - floor * inside
+            demand = 0.0 if entry is None else entry[1]
+            target = floor + (rest * demand / summed.demand if summed.demand > 0 else rest / inside)
+            mine = rate / count if entry is None else entry[2]
+            new = grant(rate, target, mine, shares - mine)
             if new > mine and not raising:
                 continue
             if abs(new - mine) > SAME * max(1.0, rate):
                 moved.append([key, new])
                 self.granted += 1
-                entries[key] = (rate, demands[shard] or 0.0, new)
+                if entry is None:
+                    summed.reporters += 1
+                else:
+                    summed.shares -= mine
+                summed.shares += new
+                entries[key] = (rate, demand, new)
         return moved
 
 

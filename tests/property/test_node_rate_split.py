@@ -11,7 +11,59 @@ import hypothesis.strategies as st
 from hypothesis import given, settings
 
 from broker.core.release_rate import BURST_S, ReleaseRate
-from broker.shards.rates import FLOOR, RateBoard, grant, split
+from broker.shards.rates import FLOOR, JOB, SAME, STALE_S, RateBoard, grant, split
+
+
+class PlainBoard:
+    """The board written plainly: every shard's default and `split` over
+    all shards for every key, each report (RateBoard keeps sums instead)."""
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+        self.reports: dict[int, tuple[float, dict[str, tuple[float, float, float]]]] = {}
+        self.gone: set[int] = set()
+        self.since_s: float | None = None
+
+    def report(self, shard, rows, now_s):
+        entries = {str(r[0]): (float(r[1]), float(r[2]), float(r[3])) for r in rows}
+        self.reports[shard] = (now_s, entries)
+        self.gone.discard(shard)
+        self.since_s = now_s if self.since_s is None else self.since_s
+        raising = len(self.reports) + len(self.gone) >= self.count or now_s - self.since_s >= STALE_S
+        for other in [s for s, (at_s, _) in self.reports.items() if now_s - at_s > STALE_S]:
+            del self.reports[other]
+            self.gone.add(other)
+        keys: dict[str, float] = {}
+        for _, reported in self.reports.values():
+            for key, (rate, _, _) in reported.items():
+                keys[key] = rate
+        moved = []
+        for key, rate in keys.items():
+            if key[0] == JOB and key not in entries:
+                continue
+            rate = entries[key][0] if key in entries else rate
+            demands, shares = [], []
+            for i in range(self.count):
+                got = self.reports.get(i)
+                entry = None if got is None else got[1].get(key)
+                if entry is not None:
+                    demands.append(entry[1])
+                    shares.append(entry[2])
+                elif key[0] == JOB:
+                    demands.append(None)
+                    shares.append(rate / self.count if got is None and i not in self.gone else 0.0)
+                else:
+                    demands.append(0.0)
+                    shares.append(rate * FLOOR / self.count if i in self.gone else rate / self.count)
+            mine = shares[shard]
+            new = grant(rate, split(rate, demands)[shard], mine, sum(shares) - mine)
+            if new > mine and not raising:
+                continue
+            if abs(new - mine) > SAME * max(1.0, rate):
+                moved.append([key, new])
+                entries[key] = (rate, demands[shard] or 0.0, new)
+        return moved
+
 
 demands = st.lists(st.one_of(st.none(), st.integers(0, 100_000).map(float)), min_size=1, max_size=16)
 
@@ -110,3 +162,26 @@ def test_a_bucket_whose_rate_moves_takes_no_more_than_its_rates_and_a_burst(step
         rate.took(n, n < batch, now)
         taken += n
         assert taken <= allowed + 1e-6
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(2, 6), st.lists(st.tuples(st.integers(0, 5), st.integers(0, 1_000), st.lists(
+    st.tuples(st.sampled_from(["t:x", "t:y", "j:a", "j:b"]), st.integers(0, 3), st.floats(0, 1)), max_size=4)),
+    min_size=1, max_size=40))
+def test_the_board_grants_what_the_plain_board_grants(count, steps):
+    """Any reports (keys, demands, shares the shards say they hold), at any
+    times (shards falling stale and coming back): the same moves."""
+    rates = {"t:x": 1000.0, "t:y": 7.0, "j:a": 40.0, "j:b": 100_000.0}
+    board, plain = RateBoard(count), PlainBoard(count)
+    now_s = 0.0
+    for who, gap_ms, rows in steps:
+        now_s += gap_ms / 1000
+        shard = who % count
+        report = {}
+        for key, demand, part in rows:
+            report[key] = [key, rates[key], float(demand if key[0] == "t" else 1), rates[key] * part]
+        got = board.report(shard, list(report.values()), now_s)
+        want = plain.report(shard, list(report.values()), now_s)
+        assert sorted(k for k, _ in got) == sorted(k for k, _ in want), (got, want)
+        for (k, share), (_, expected) in zip(sorted(got), sorted(want)):
+            assert abs(share - expected) <= 1e-6 * max(1.0, rates[k]), (k, share, expected)
