@@ -13,7 +13,8 @@ Prints ONE JSON object.
            as the client sees it) and the node's smoothing and load
            lateness (/metrics' hourglass_release_lateness_seconds sums
            and counts by cause), and how many were handed out before their
-           trigger time (early: must be 0)
+           trigger time (early: must be 0); --rate-on-one-shard: all of
+           them on one shard of a node of --shards (the rate is the node's)
   pause    per policy (hold, shift, expire): the topic paused, then
            --pause-messages (100,000) sent falling due over the pause of
            --pause-s (60) seconds; pulls during the pause count what was
@@ -43,6 +44,8 @@ from typing import Any
 
 from cluster import Cluster
 from harness import Server, percentile, unwind_on_signals
+
+from broker.shards import layout, placement
 
 BATCH_SEND = 1000
 PULL = 100
@@ -121,15 +124,21 @@ class Target:
             self.server.stop()
 
 
-def send_due(server: Server | Target, topic: str, count: int, first_ms: int, spread_ms: int, prefix: str) -> dict[str, int]:
-    """`count` messages with trigger times spread over [first_ms, first_ms + spread_ms)."""
+def send_due(server: Server | Target, topic: str, count: int, first_ms: int, spread_ms: int, prefix: str,
+             on_shard: tuple[int, int] | None = None) -> dict[str, int]:
+    """`count` messages with trigger times spread over [first_ms, first_ms +
+    spread_ms); `on_shard` (shard, count): msgIds that shard owns alone."""
     sent: dict[str, int] = {}
+    ids = (f"{prefix}{i:07d}" for i in range(count * (on_shard[1] if on_shard else 1) * 4))
+    if on_shard is not None:
+        ids = (msg_id for msg_id in ids if placement.owner(msg_id, on_shard[1]) == on_shard[0])
     for start in range(0, count, BATCH_SEND):
         msgs = []
         for i in range(start, min(count, start + BATCH_SEND)):
             trigger = first_ms + (i * spread_ms) // max(1, count)
-            msgs.append({"msgId": f"{prefix}{i:07d}", "msg": "x", "triggerTime": trigger})
-            sent[f"{prefix}{i:07d}"] = trigger
+            msg_id = next(ids)
+            msgs.append({"msgId": msg_id, "msg": "x", "triggerTime": trigger})
+            sent[msg_id] = trigger
         status, body = server.post_json("sendMsgBatch", {"topic": topic, "msgs": msgs})
         assert status == 200 and isinstance(body, dict) and body.get("code") == 200, body
     return sent
@@ -178,12 +187,13 @@ def release_metrics(server: Server | Target) -> dict[str, float]:
     return out
 
 
-def run_rate(server: Server | Target, messages: int, rate: int, consumers: int) -> dict[str, Any]:
+def run_rate(server: Server | Target, messages: int, rate: int, consumers: int,
+             on_shard: tuple[int, int] | None = None) -> dict[str, Any]:
     topic = "rated"
     status, body = server.post("setTopicConfig", topic=topic, releaseRate=rate)
     assert status == 200, body
     start = now_ms() + 2000
-    sent = send_due(server, topic, messages, start, 1000, "r")
+    sent = send_due(server, topic, messages, start, 1000, "r", on_shard)
     got = drain(server, topic, messages, consumers, limit_s=messages / rate * 3 + 30)
     first = min(at for at, _ in got) if got else start
     per_second: dict[int, int] = {}
@@ -265,6 +275,8 @@ def main() -> None:
     parser.add_argument("--pause-s", type=float, default=60)
     parser.add_argument("--consumers", type=int, default=4)
     parser.add_argument("--shards", default="1")
+    parser.add_argument("--rate-on-one-shard", action="store_true",
+                        help="the rate part's messages all on the node's last shard (msgIds it owns)")
     parser.add_argument("--parts", default="rate,hold,shift,expire")
     parser.add_argument("--fault", choices=("none", "kill", "failover"), default="none",
                         help="in the middle of each pause: none, the node SIGKILLed and restarted, "
@@ -278,7 +290,10 @@ def main() -> None:
     try:
         if "rate" in parts:
             log("rate:")
-            out["rate"] = run_rate(server, args.rate_messages, args.rate, args.consumers)
+            count = layout.cores() if args.shards == layout.AUTO else int(args.shards)
+            on_shard = (count - 1, count) if args.rate_on_one_shard and count > 1 else None
+            out["rate"] = run_rate(server, args.rate_messages, args.rate, args.consumers, on_shard)
+            out["rate"]["on_one_shard"] = on_shard is not None
         for policy in ("hold", "shift", "expire"):
             if policy in parts:
                 log(f"pause, {policy}:")

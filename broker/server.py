@@ -183,16 +183,19 @@ async def run_disk(config: ServeConfig) -> int:
     jobs = node.jobs
     if jobs is not None:  # running redriveMsgs jobs resume from their cursors
         jobs.start(node.broker)
-    links = app = None
+    links = rates = app = None
     if node.router is not None:  # a shard: the others' calls (all it serves running), and links to them
         app = node.app()
         await node.router.start()
         await linked(node.router)  # before its port: any request it takes may need another shard
         links = asyncio.create_task(keep_linked(node.router), name="shard-links")
+        rates = asyncio.create_task(node.router.rates.run(), name="shard-rates")
     await _serve_until_stopped(node, "standalone" if config.shard is None else
                                f"shard {config.shard[0]} of {config.shard[1]} of {config.node_path}", app)
     if links is not None and node.router is not None:
         links.cancel()
+        if rates is not None:
+            rates.cancel()
         await node.router.stop()
     checkpoints.cancel()
     monitor.cancel()

@@ -72,6 +72,17 @@ class ReleaseRate:
         else:
             self.held_since_ms = None
 
+    def set_rate(self, per_s: float, now_ms: int) -> None:
+        """Fill at `per_s` from `now_ms` on (a shard's share of a node's
+        rate, moved: broker.shards.rates): the tokens counted at the old
+        rate kept, up to the new burst."""
+        if per_s <= 0:
+            raise ContractError(f"a release rate is above 0 a second, got {per_s}")
+        self.available(now_ms)
+        self.per_s = per_s
+        self.burst = max(1.0, per_s * BURST_S)
+        self.tokens = min(self.tokens, self.burst)
+
     def next_token_ms(self, now_ms: int) -> int:
         """Milliseconds from `now_ms` until a whole token is there (0: now)."""
         self.available(now_ms)

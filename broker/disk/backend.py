@@ -168,6 +168,11 @@ class Broker:
         # start by who keeps the settings (broker.flow.keeper)
         self.set_fairness = self._windows.set_fairness
         self.set_flow = self._windows.set_flow
+        # on a node of shards, this shard's share of each topic's rate, moved by
+        # demand (broker.shards.rates)
+        self.release_shares = self._windows.release_shares
+        self.rated_topics = self._windows.rated_topics
+        self.set_release_share = self._windows.set_release_share
 
     def set_dedup_window(self, topic: str, window_ms: int) -> None:
         """The topic's dedupWindowMillis (0: none, camellia's rule), from

@@ -118,6 +118,9 @@ class ReadyWindows:
         # (this shard's share), a due-age cap in ms; a topic's queue takes them
         # when made.
         self._rates: dict[str, float] = {}
+        # What `set_flow` gave each (the even share of a node of shards; the
+        # share in `_rates` is moved by demand: broker.shards.rates).
+        self._even_rates: dict[str, float] = {}
         self._max_due_ages: dict[str, int] = {}
         self._rate_wakes: set[str] = set()  # topics with a long-poll wake set for their next token
 
@@ -150,11 +153,13 @@ class ReadyWindows:
         self.set_fairness(topic, fair)
         queue = self.topics.get(topic)
         if release_per_s > 0:
-            self._rates[topic] = release_per_s
-            if queue is not None and (queue.rate is None or queue.rate.per_s != release_per_s):
-                queue.rate = ReleaseRate(release_per_s, self._clock.now_ms())
+            if self._even_rates.get(topic) != release_per_s:  # (a share moved since is kept while the rate is)
+                self._even_rates[topic] = self._rates[topic] = release_per_s
+                if queue is not None:
+                    queue.rate = ReleaseRate(release_per_s, self._clock.now_ms())
         else:
             self._rates.pop(topic, None)
+            self._even_rates.pop(topic, None)
             if queue is not None:
                 queue.rate = None
         if max_due_age_ms > 0:
@@ -240,6 +245,38 @@ class ReadyWindows:
         if limited:
             self._wake_at_token(queue.name, rate, now_ms)
         return chosen
+
+    def release_shares(self) -> list[tuple[str, int, float, float]]:
+        """(topic, demand, share, even share) of each topic with a release
+        rate whose due messages wait here (demand: its pull order's READY
+        messages; none while paused) or whose share is not the even one:
+        what broker.shards.rates reports, the idle rest left out."""
+        shares = []
+        for topic, per_s in self._rates.items():
+            queue = self.topics.get(topic)
+            demand = 0 if queue is None or topic in self.paused_topics else len(queue.ready)
+            even = self._even_rates[topic]
+            if demand or per_s != even:
+                shares.append((topic, demand, per_s, even))
+        return shares
+
+    def rated_topics(self) -> int:
+        """Topics with a release rate."""
+        return len(self._rates)
+
+    def set_release_share(self, topic: str, per_s: float) -> None:
+        """This shard's share of the topic's rate a second from now on
+        (broker.shards.rates); a topic without a rate (any more) keeps none.
+        A larger share wakes the topic's long polls (tokens come sooner)."""
+        have = self._rates.get(topic)
+        if have is None or per_s <= 0 or per_s == have:
+            return
+        self._rates[topic] = per_s
+        queue = self.topics.get(topic)
+        if queue is not None and queue.rate is not None:
+            queue.rate.set_rate(per_s, self._clock.now_ms())
+        if per_s > have:
+            self._long_polls.wake(topic)
 
     def release_rate(self, topic: str) -> ReleaseRate | None:
         """The topic's bucket (None: no release rate): its smoothing lateness."""

@@ -10,8 +10,8 @@ change is durable (and on a majority) before it is answered.
 
 A topic's fairness, release rate and due-age cap are set on the backend's
 `PauseGate` (`set_flow`) when it starts serving and after each
-setTopicConfig; on a node of N shards each shard takes releaseRate / N
-(`shares`). A pause is carried out by the same gate (the disk broker's
+setTopicConfig; on a node of N shards each shard starts at releaseRate
+/ N (`shares`), its share then moved by demand (broker.shards.rates). A pause is carried out by the same gate (the disk broker's
 ready windows): a paused topic's pulls take nothing (a long poll waits,
 and so does a push subscription's, which pulls through it); a paused
 serial key's READY messages are parked as those of a key with a message
@@ -127,7 +127,8 @@ class TopicFlow:
                  max_paused_keys: int = DEFAULT_MAX_PAUSED_KEYS, shares: int = 1) -> None:
         self._store = store
         # The shards of the node (each its own TopicFlow, every change sent to
-        # all): each hands out releaseRate / shares a second of its messages.
+        # all): each starts at releaseRate / shares a second of its messages
+        # (then moved by demand: broker.shards.rates).
         self.shares = shares
         self._now_ms = clock_ms
         self.max_topics = max_topics  # --max-topics: topics with settings at most

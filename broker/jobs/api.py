@@ -12,8 +12,10 @@ Bad parameters: code 400 naming the parameter (broker.core.bulk_params'
 
 On a node of many shards (broker.shards) the shard a call reaches speaks
 for the node (`ShardJobs`): a redriveMsgs makes one job on every shard
-under one jobId, each over its own dead letters, the rate and the limit
-split evenly between them (`share`); getJob merges the shards' records
+under one jobId, each over its own dead letters, the limit split evenly
+between them (`share`), the rate split too but its shares moved to the
+shards whose part still runs (broker.shards.rates: the node's job keeps
+its rate whichever shards hold the dead letters); getJob merges the shards' records
 (counts summed, running while any runs); cancelJob cancels on every shard.
 """
 
@@ -85,8 +87,9 @@ async def serve_job_call(jobs: RedriveJobs, op: str, args: Sequence[Any], index:
         r = request_of(args[0])
         # an explicit limit split evenly; without one (MAX_REDRIVE) each shard re-drives all of its own
         limit = r.limit if r.limit >= MAX_REDRIVE else max(1, share(r.limit, index, count))
+        node_rate = r.rate  # (each shard's share of it moved by demand: broker.shards.rates)
         r = r._replace(rate=share(r.rate, index, count), limit=limit)
-        return (await jobs.create(r, args[1])).public()
+        return (await jobs.create(r, args[1], node_rate)).public()
     if op == "job_get":
         return jobs.get(args[0]).public()
     if op == "job_list":

@@ -15,7 +15,9 @@ next slices run, at most UNSETTLED of them at once, so a slice's fsync
 does not hold the next one back), then the job's record saved
 (`JobStore.save`: durable, once every slice before it is; at most every
 `save_every_s`), then a pause so the job keeps to its rate, measured
-from the time it (re)started:
+from the time it (re)started, each slice's moves counted at the pace of
+their time (a job of a node of shards: its share of the node's rate,
+moved by demand, broker.shards.rates):
 
     rate 10,000/s: slices of 250; slice k starts at t0 + 250·k / 10,000 s
     rate 0: slices of SLICE_MAX, one after another, the loop free between
@@ -140,6 +142,18 @@ class Job:
     state: JobState = JobState.RUNNING
     ended_ms: int | None = None
     error: str | None = None
+    # The job's rate over the whole node (a job of a node of shards runs on
+    # each, `rate` its share: broker.jobs.api); the same on a node of one.
+    node_rate: int = -1
+    # The rate this part of the job keeps now (RAM only): `rate`, or its
+    # share of `node_rate` moved by demand (broker.shards.rates, `set_pace`).
+    pace: float = -1.0
+
+    def __post_init__(self) -> None:
+        if self.node_rate < 0:
+            self.node_rate = self.rate
+        if self.pace < 0:
+            self.pace = float(self.rate)
 
     def __repr__(self) -> str:
         return (f"Job({self.job_id}, {self.topic!r}, {self.state.value}, redriven={self.redriven}/{self.limit}, "
@@ -151,7 +165,7 @@ class Job:
 
     def slice_size(self) -> int:
         """Matches the next slice takes at most."""
-        size = SLICE_MAX if self.rate == 0 else max(1, min(SLICE_MAX, self.rate // SLICES_A_SECOND))
+        size = SLICE_MAX if self.rate == 0 else max(1, min(SLICE_MAX, int(self.pace) // SLICES_A_SECOND))
         return min(size, self.limit - self.redriven)
 
     def stored(self) -> dict[str, object]:
@@ -159,7 +173,8 @@ class Job:
         return {"jobId": self.job_id, "kind": "redriveMsgs", "topic": self.topic, "filter": self.filter.fields(),
                 "triggerTime": self.trigger_ms, "rate": self.rate, "limit": self.limit,
                 "createTime": self.created_ms, "cursor": list(self.cursor), "matched": self.matched,
-                "redriven": self.redriven, "state": self.state.value, "endTime": self.ended_ms, "error": self.error}
+                "redriven": self.redriven, "state": self.state.value, "endTime": self.ended_ms, "error": self.error,
+                "nodeRate": self.node_rate}
 
     @classmethod
     def from_stored(cls, record: Mapping[str, object]) -> Job:
@@ -172,7 +187,8 @@ class Job:
                       _int(record["rate"]), _int(record["limit"]), _int(record["createTime"]),
                       Location(_int(cursor[0]), _int(cursor[1])), _int(record["matched"]), _int(record["redriven"]),
                       JobState(record["state"]), _int_or_none(record["endTime"]),
-                      None if record.get("error") is None else str(record["error"]))
+                      None if record.get("error") is None else str(record["error"]),
+                      _int(record.get("nodeRate", record["rate"])))  # (a record of an older release: its rate)
         except (KeyError, ValueError, TypeError) as e:
             raise InvalidRequest("job", f"not a job's record: {e!r}") from e
         return job
@@ -223,6 +239,8 @@ class RedriveJobs:
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._wakes: dict[str, asyncio.Event] = {}
         self._cancelled: set[str] = set()
+        # jobId -> when its next slice is due (monotonic s), while it runs here
+        self._due_s: dict[str, float] = {}
         self.slices = 0  # slices run (tests)
 
     def __repr__(self) -> str:
@@ -256,8 +274,10 @@ class RedriveJobs:
 
     # == the calls ================================================================
 
-    async def create(self, request: RedriveMsgsRequest, job_id: str | None = None) -> Job:
-        """A new job, saved (durable) and started; LimitReached past --max-jobs."""
+    async def create(self, request: RedriveMsgsRequest, job_id: str | None = None, node_rate: int = -1) -> Job:
+        """A new job, saved (durable) and started; LimitReached past
+        --max-jobs. `node_rate`: the rate of the whole job when this is a
+        shard's part of it (its `rate` a share), else its rate."""
         now_ms = self._clock.now_ms()
         await self._drop_expired(now_ms)
         if len(self._jobs) >= self.limits.max_jobs:
@@ -266,7 +286,8 @@ class RedriveJobs:
         job_id = job_id or new_job_id()
         if job_id in self._jobs:
             raise InvalidRequest("jobId", f"job {job_id} exists")
-        job = Job(job_id, request.topic, request.filter, request.trigger_ms, request.rate, request.limit, now_ms)
+        job = Job(job_id, request.topic, request.filter, request.trigger_ms, request.rate, request.limit, now_ms,
+                  node_rate=node_rate)
         await self._store.save(job.stored())
         self._jobs[job_id] = job
         if self._backend is not None:
@@ -311,8 +332,7 @@ class RedriveJobs:
 
     async def _run(self, job: Job) -> None:
         clock = self._clock
-        started_s, base = clock.monotonic_s(), job.redriven
-        saved_s = started_s
+        saved_s = self._due_s[job.job_id] = clock.monotonic_s()
         wake = self._wakes[job.job_id]
         unsettled: deque[asyncio.Task[None]] = deque()  # slices appended, their durability awaited in order
 
@@ -341,18 +361,15 @@ class RedriveJobs:
                     await settle(0)
                     await self._end(job, JobState.DONE)
                     return
+                if job.rate:
+                    self._due_s[job.job_id] += redriven / job.pace
                 await settle(UNSETTLED)
                 now_s = clock.monotonic_s()
                 if now_s - saved_s >= self._store.save_every_s:
                     await settle(0)
                     await self._store.save(job.stored())
                     saved_s = now_s
-                pause_s = 0.0 if job.rate == 0 else started_s + (job.redriven - base) / job.rate - clock.monotonic_s()
-                if pause_s > 0:
-                    with contextlib.suppress(asyncio.TimeoutError):
-                        await asyncio.wait_for(wake.wait(), pause_s)
-                else:
-                    await asyncio.sleep(0)
+                await self._keep_pace(job, wake)
         except asyncio.CancelledError:
             raise
         except Unavailable as e:  # stopping, deposed or failed: the job goes on at the next start
@@ -363,9 +380,47 @@ class RedriveJobs:
             job.error = client_text(e)
             await self._end(job, JobState.FAILED)
         finally:
+            self._due_s.pop(job.job_id, None)
             for task in unsettled:  # (stopped or failed: what they made durable, the next start passes)
                 task.cancel()
                 task.add_done_callback(_retrieved)
+
+    async def _keep_pace(self, job: Job, wake: asyncio.Event) -> None:
+        """Wait until the job's next slice is due at its pace (`_due_s`: each
+        slice's moves at the pace of the time), or it is cancelled."""
+        waited = False
+        while job.rate and job.job_id not in self._cancelled:
+            pause_s = self._due_s[job.job_id] - self._clock.monotonic_s()
+            if pause_s <= 0:
+                break
+            waited = True
+            wake.clear()  # (set again by a cancel or a new pace: looked at again)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(wake.wait(), pause_s)
+        if not waited:
+            await asyncio.sleep(0)
+
+    def paces(self) -> list[tuple[str, int, float]]:
+        """(jobId, node rate, pace) of each paced job running here."""
+        return [(job_id, job.node_rate, job.pace) for job_id in self._tasks
+                if (job := self._jobs[job_id]).rate and job.state is JobState.RUNNING]
+
+    def set_pace(self, job_id: str, per_s: float) -> None:
+        """The job's part here runs at `per_s` from now on (its share of the
+        node's rate: broker.shards.rates); the wait for its next slice
+        stretched or shrunk to the new pace."""
+        job = self._jobs.get(job_id)
+        if job is None or job.state is not JobState.RUNNING or not job.rate or per_s <= 0 or per_s == job.pace:
+            return
+        due_s = self._due_s.get(job_id)
+        if due_s is not None:
+            now_s = self._clock.monotonic_s()
+            if due_s > now_s:
+                self._due_s[job_id] = now_s + (due_s - now_s) * job.pace / per_s
+        job.pace = per_s
+        wake = self._wakes.get(job_id)
+        if wake is not None:
+            wake.set()
 
     async def _end(self, job: Job, state: JobState) -> None:
         job.state = state

@@ -12,6 +12,7 @@ and merges the node's views.
     layout      the shard count a data directory keeps, and each shard's place
     link        the local sockets between shards: framed, pipelined calls
     router      a shard's side: what it forwards, merges and fans out
+    rates       a topic's releaseRate, a job's rate: shares moved by demand
     supervisor  the process around the shards: the port, start, restart, stop
 
 It may call broker.core, broker.http and broker.disk's public parts; no

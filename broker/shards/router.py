@@ -20,6 +20,8 @@ either to this shard's own engine or, parsed, to the owner's over its link
                          until it tells this one the topic has one READY
                          again, which also wakes this shard's long polls
     redriveMsgs jobs     one on every shard under one jobId (broker.jobs.api)
+    rates                a topic's releaseRate and a job's rate held node-wide:
+                         each shard's share moved by demand (broker.shards.rates)
     the node's views     topic infos, getMonitorData, listMsg (one cursor:
                          the pages merged in (trigger time, msgId) order),
                          listDeadMsg (one cursor: shard by shard), bulk
@@ -62,6 +64,7 @@ from ..jobs.runner import RedriveJobs
 from ..observe.metrics import Backlog, Metrics
 from ..schedules.params import DEFAULT_PAGE as DEFAULT_SCHEDULE_PAGE
 from . import link, placement
+from .rates import RateShares
 
 log = logging.getLogger("hourglass.shards")
 
@@ -340,6 +343,9 @@ class ShardRouter:
         self.scheduled_here: Callable[[str, Sequence[str]], Awaitable[set[str]]] | None = None
         self.jobs_here: Callable[[], RedriveJobs | None] = lambda: None  # this shard's redriveMsgs jobs
         self._turn = itertools.count()
+        # this shard's shares of the node's rates, reported to shard 0's board (broker.shards.rates)
+        self.rates = RateShares(self, lambda: self._backend, lambda: self.jobs_here(),
+                                lambda: self.backend.clock.monotonic_s())
         self.forwarded = 0  # calls this shard made of others
         self.served = 0  # calls others made of this shard
 
@@ -509,6 +515,11 @@ class ShardRouter:
             return await self._call_here(args)
         if op.startswith("job_"):
             return await serve_shard_call(self.jobs_here(), op, args, self.index, self.count)
+        if op == "rates":
+            board = self.rates.board
+            if board is None:
+                raise InvalidRequest("op", "rates are reported to shard 0")
+            return board.report(args[0], args[1], backend.clock.monotonic_s())
         if op == "scheduled":
             if self.scheduled_here is None:
                 return []
