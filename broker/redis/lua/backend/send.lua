@@ -5,7 +5,8 @@
 -- message). An id whose message has ended (4-7) is stored anew unless
 -- `strict` is '1' (camellia stores the new one), or it ended within the
 -- topic's dedupWindowMillis: its purge time in RETIRE is at or after
--- `dedup_from` (now - window + retention; '': no window). `skip` (a schedule's run
+-- `dedup_from` (now - window + retention; '': no window); each send it
+-- answers so moves its purge time to `retire_at`: the window slides. `skip` (a schedule's run
 -- with misfire=skip: nominal + grace): released first after it, the message
 -- ends unseen (5), here if due already, else in tick.lua.
 if fenced() then return redis.error_reply(FENCE) end
@@ -22,9 +23,13 @@ if redis.call('HLEN', META) == 0 then redis.call('ZADD', TAGS, 0, '') end
 for i = 4, #ARGV, 16 do
   local id = ARGV[i]
   local raw = redis.call('HGET', META, id)
-  if raw and ARGV[i + 10] ~= '1' and tonumber(cjson.decode(raw).status) >= 4 and not deduplicated(id) then
-    purge(id)
-    raw = nil
+  if raw and ARGV[i + 10] ~= '1' and tonumber(cjson.decode(raw).status) >= 4 then
+    if deduplicated(id) then
+      redis.call('ZADD', RETIRE, retire_at, id)  -- answered: the window slides (and it is kept that much longer)
+    else
+      purge(id)
+      raw = nil
+    end
   end
   if raw then
     out[#out + 1] = {'0', raw, redis.call('HGET', BODY, id)}
