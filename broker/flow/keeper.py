@@ -169,13 +169,10 @@ class TopicFlow:
 
     async def fresh(self, topic: str) -> TopicSettings:
         """The topic's settings as the store keeps them now: read again from
-        a shared store (another node may have changed them), else `get`."""
+        a shared store (another node may have changed them: carried out
+        here too), else `get`."""
         if self._shared is not None:
-            found = await self._shared.read_topic(topic)
-            if found is None:
-                self.settings.pop(topic, None)
-            else:
-                self.settings[topic] = found
+            self._adopt(topic, await self._shared.read_topic(topic))
         return self.get(topic)
 
     async def reload(self) -> None:
@@ -186,21 +183,27 @@ class TopicFlow:
             return
         async with self._lock:
             new = await self._shared.read()
-            old, self.settings = self.settings, new
-            gate = self._gate
-            if gate is None:
-                return
-            for topic in sorted(set(old) | set(new)):
-                before, after = old.get(topic) or TopicSettings(topic), new.get(topic) or TopicSettings(topic)
-                if before == after:
-                    continue
-                self._carry_out(gate, after)
-                for key in (None, *before.keys, *after.keys):
-                    was, now = before.pause_of(key) is not None, after.pause_of(key) is not None
-                    if now and not was:
-                        gate.pause(topic, key)
-                    elif was and not now:
-                        gate.resume(topic, key)
+            for topic in sorted(set(self.settings) | set(new)):
+                self._adopt(topic, new.get(topic))
+
+    def _adopt(self, topic: str, found: TopicSettings | None) -> None:
+        """The topic's settings as a shared store keeps them, taken as this
+        node's, and what changed carried out on the gate."""
+        before, after = self.get(topic), found or TopicSettings(topic)
+        if found is None:
+            self.settings.pop(topic, None)
+        else:
+            self.settings[topic] = found
+        gate = self._gate
+        if gate is None or before == after:
+            return
+        self._carry_out(gate, after)
+        for key in (None, *before.keys, *after.keys):
+            was, now = before.pause_of(key) is not None, after.pause_of(key) is not None
+            if now and not was:
+                gate.pause(topic, key)
+            elif was and not now:
+                gate.resume(topic, key)
 
     def paused(self, topic: str) -> bool | list[str]:
         """getTopicInfo's `paused`."""
