@@ -8,8 +8,9 @@ in an HTTP 200):
     POST /camellia/delayQueue/resumeTopic     -> data: the topic's settings
 
 Bad parameters, and settings this build does not carry out yet: code 400
-naming the parameter, nothing stored (broker.flow.settings); a backend
-without pauses (Redis): code 400 saying so; past --max-topics or
+naming the parameter, nothing stored (broker.flow.settings); a setting
+the node's backend does not carry out (Redis: fairness=fairKey): code 400
+saying so, nothing stored; past --max-topics or
 --max-paused-keys: 429; no broker serving here: 503.
 """
 
@@ -44,7 +45,7 @@ FLOW_ERRORS: ErrorTable = (
 
 class FlowApi:
     """The flow calls over the node's `TopicFlow` (None: none here, with
-    `refusal` saying why -- a Redis node --, or no backend serving yet: 503)."""
+    `refusal` saying why, or no backend serving yet: 503)."""
 
     def __init__(self, flow: Callable[[], TopicFlow | None], bodies: BodyLimits, max_msg_bytes: int,
                  refusal: str | None = None, unsupported: Callable[[TopicConfig], str | None] | None = None) -> None:

@@ -235,11 +235,12 @@ class RedisBulk:
         or whichever is being applied); True once it is applied whole (or
         none is being applied). Whoever applies a step counts it in this
         process's metrics, and wakes long polls and the mover for it."""
-        deleted, moved, done, next_waiting, woke, *triggers = await self._link.script(
+        deleted, moved, expired, done, next_waiting, woke, *triggers = await self._link.script(
             "bulk_apply", topic, [str(self._link.config.bulk_batch), call])
         m = self._metrics.topic(topic)
         m.deletes += int(deleted)
         m.reschedules += int(moved)
+        m.ended += int(expired)
         if triggers:  # made READY (their trigger times): counted, long polls woken
             now_ms = self._clock.now_ms()
             made_ready(self._metrics, topic, [due_ms(int(t), now_ms) for t in triggers], now_ms)
