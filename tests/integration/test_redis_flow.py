@@ -4,7 +4,7 @@ a pause answered by one node holds on the other at once (the scripts
 carry it out in Redis), a resume on the other hands the messages out on
 both, each node's getTopicConfig and getTopicInfo read what Redis keeps,
 and a release rate set on one node reaches the other's pulls within its
-poll_ms. (A pause across kill -9 of the node: test_flow_kill9.)"""
+poll_ms, the lateness it adds counted apart in that node's /metrics. (A pause across kill -9 of the node: test_flow_kill9.)"""
 
 from __future__ import annotations
 
@@ -88,6 +88,9 @@ def test_a_release_rate_set_on_one_node_limits_the_other_s_pulls(redis_url, tmp_
             assert code == 200, body
             sizes.append(len(body["delayMsgList"]))
         assert sum(sizes) <= 3 and max(sizes) <= 1, sizes  # a token at a time, not the 50 due
+        code, text = b.get("/metrics")  # each message the rate let out counted apart (cause="smoothing")
+        assert code == 200 and isinstance(text, bytes), text
+        assert f'hourglass_release_lateness_seconds_count{{cause="smoothing"}} {sum(sizes)}' in text.decode()
     finally:
         for node in nodes:
             node.stop()
