@@ -1,8 +1,10 @@
 """The topic settings kept in Redis (broker.redis.flow) on a real
 redis-server: any sequence of settings saved through one node's store
 reads back the same through another node's (`read`, `read_topic`),
-topics cleared leave no hash and no index entry behind; and a key paused
-through the store parks its READY messages until it is resumed."""
+topics cleared leave no hash and no index entry behind; a key paused
+through the store parks its READY messages until it is resumed; and a
+shift or expire resume cut short on one node (its calls failing after
+the first slice) is finished by another's, each message once."""
 
 from __future__ import annotations
 
@@ -82,4 +84,68 @@ def test_a_paused_key_s_messages_stay_parked_until_it_is_resumed(redis_url):
             assert [m.msg_id for m in pulled] == ["k0"]  # one at a time: the key is serial
         finally:
             await broker.stop()
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("policy", [OnResume.SHIFT, OnResume.EXPIRE])
+def test_a_resume_cut_short_on_one_node_is_finished_by_another_each_message_once(redis_url, monkeypatch, policy):
+    """A shift (or expire) resume whose node fails after its first slice
+    leaves the topic paused with the resume's time kept in Redis; another
+    node's resume moves (or ends) the rest by the same length, none twice."""
+    from broker.flow import keeper
+    from broker.flow.keeper import TopicFlow
+    from broker.flow.settings import PauseRequest
+    from storage.entry import Status
+    from storage.errors import Unavailable
+
+    monkeypatch.setattr(keeper, "RESUME_SLICE", 3)
+
+    async def main() -> None:
+        one, other = brokers(redis_url)
+        await one.redis.flushdb()
+        for b in (one, other):
+            await b.start()
+        try:
+            now_ms = SystemClock().now_ms()
+            since_ms, resume_ms = now_ms - 60_000, now_ms - 1_000
+            first = TopicFlow(one.topic_settings, SystemClock().now_ms, 100, shared=one.topic_settings)
+            calls = 0
+
+            async def crashing(*args: object) -> tuple[int, bool]:
+                nonlocal calls
+                calls += 1
+                if calls > 1:
+                    raise Unavailable("the node died")
+                if policy is OnResume.SHIFT:
+                    return await one.reschedule_msgs(*args)
+                return await one.expire_paused(*args)
+
+            monkeypatch.setattr(one, "reschedule_msgs" if policy is OnResume.SHIFT else "expire_paused", crashing)
+            first.start(one)
+            await first.pause(PauseRequest("t", None, policy, at_ms=since_ms))
+            triggers = {f"m{i}": since_ms + 1_000 * (i + 1) for i in range(10)}
+            await one.send([NewMessage("t", msg_id, "x", since_ms, trigger, 600_000, 3, 0, "")
+                            for msg_id, trigger in triggers.items()])
+            with pytest.raises(Unavailable):
+                await first.resume(PauseRequest("t", None, None, at_ms=resume_ms))
+            assert calls == 2
+            kept = await other.topic_settings.read_topic("t")
+            assert kept is not None and kept.pause == Pause(since_ms, policy, resume_ms)
+            assert await other.pull(PullRequest("t", 30_000, 10, ())) == []  # still paused
+
+            await other.topic_settings.read()
+            second = TopicFlow(other.topic_settings, SystemClock().now_ms, 100, shared=other.topic_settings)
+            second.start(other)
+            assert (await second.resume(PauseRequest("t", None, None, at_ms=now_ms + 5_000))).pause is None
+            for msg_id, trigger in triggers.items():
+                m = await other.get("t", msg_id)
+                if policy is OnResume.SHIFT:
+                    assert m.trigger_ms == trigger + (resume_ms - since_ms), m
+                    assert m.status in (Status.WAITING, Status.READY), m
+                else:
+                    assert m.status is Status.EXPIRED and m.end_reason == "paused", m
+            assert first.moved + second.moved + first.expired + second.expired == len(triggers)
+        finally:
+            for b in (one, other):
+                await b.stop()
     asyncio.run(main())
