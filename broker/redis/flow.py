@@ -38,6 +38,8 @@ from storage.errors import Unavailable
 from ..flow.settings import TopicSettings, entries, entry_key, rows
 from .link import REDIS_ERRORS, RedisLink
 
+# Topics' hashes one pipelined round trip reads (`read`).
+READ_SLICE = 500
 TOPIC_ENTRY = "c"
 PAUSED = "paused"
 KEY_ENTRY = "k:"
@@ -86,21 +88,25 @@ class RedisTopicSettings:
         return dict(self._known)
 
     async def read(self) -> dict[str, TopicSettings]:
-        """Every topic's settings as Redis keeps them now (two round trips)."""
+        """Every topic's settings as Redis keeps them now: the index, then
+        READ_SLICE hashes a pipelined round trip (the event loop free
+        between them: --max-topics may be many)."""
         redis = self._link.redis
+        out = {}
         try:
             topics = sorted(cast(set[str], await redis.smembers(self.index_key)))  # (a str: the client decodes)
-            async with redis.pipeline(transaction=False) as pipe:
-                for topic in topics:
-                    pipe.hgetall(self._link.keys(topic).flow)
-                hashes = cast(list[dict[str, str]], await pipe.execute())
+            for start in range(0, len(topics), READ_SLICE):
+                chunk = topics[start:start + READ_SLICE]
+                async with redis.pipeline(transaction=False) as pipe:
+                    for topic in chunk:
+                        pipe.hgetall(self._link.keys(topic).flow)
+                    hashes = cast(list[dict[str, str]], await pipe.execute())
+                for topic, kept in zip(chunk, hashes):
+                    settings = settings_of(topic, kept)
+                    if settings is not None:
+                        out[topic] = settings
         except REDIS_ERRORS as e:
             raise await self._unavailable(e) from e
-        out = {}
-        for topic, kept in zip(topics, hashes):
-            settings = settings_of(topic, kept)
-            if settings is not None:
-                out[topic] = settings
         self._known = dict(out)
         return out
 

@@ -66,6 +66,24 @@ def test_settings_saved_by_one_node_read_the_same_on_another(redis_url, sequence
     asyncio.run(main())
 
 
+def test_a_read_of_many_topics_in_slices_reads_them_all(redis_url, monkeypatch):
+    from broker.redis import flow
+
+    monkeypatch.setattr(flow, "READ_SLICE", 2)
+    kept = {f"t{i}": TopicSettings(f"t{i}", release_rate=i + 1) for i in range(5)}
+
+    async def main() -> None:
+        one, other = brokers(redis_url)
+        await one.redis.flushdb()
+        try:
+            await one.topic_settings.save(kept)
+            assert await other.topic_settings.read() == kept
+        finally:
+            for b in (one, other):
+                await b.redis.aclose()
+    asyncio.run(main())
+
+
 def test_a_paused_key_s_messages_stay_parked_until_it_is_resumed(redis_url):
     async def main() -> None:
         [broker] = brokers(redis_url, 1)
