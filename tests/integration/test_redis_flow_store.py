@@ -105,6 +105,40 @@ def test_a_paused_key_s_messages_stay_parked_until_it_is_resumed(redis_url):
     asyncio.run(main())
 
 
+@pytest.mark.parametrize("freed_by", ["ack", "nack", "delete", "retry_at"])
+def test_a_paused_key_freed_while_paused_keeps_its_next_message_parked(redis_url, freed_by):
+    """A key consuming when paused, then freed (its message acked, nacked,
+    deleted, or filed for a push retry): none of its messages becomes
+    pullable until the key is resumed."""
+    from broker.core.params import AckRequest, DeleteRequest
+
+    async def main() -> None:
+        [broker] = brokers(redis_url, 1)
+        await broker.redis.flushdb()
+        await broker.start()
+        try:
+            now_ms = SystemClock().now_ms()
+            await broker.send([NewMessage("t", f"k{i}", "x", now_ms, now_ms, 60_000, 3, 0, "", key="k")
+                               for i in range(2)])
+            assert [m.msg_id for m in await broker.pull(PullRequest("t", 30_000, 10, ()))] == ["k0"]
+            store = broker.topic_settings
+            await store.save({"t": TopicSettings("t", keys={"k": Pause(now_ms)})})
+            if freed_by in ("ack", "nack"):
+                await broker.ack(AckRequest("t", "k0", freed_by == "ack"))
+            elif freed_by == "delete":
+                await broker.delete(DeleteRequest("t", "k0", False))
+            else:
+                await broker.retry_at("t", "k0", now_ms + 60_000)
+            assert await broker.pull(PullRequest("t", 30_000, 10, ())) == []
+            assert await broker.redis.zrange(broker._link.keys("t").ready, 0, -1) == []
+            await store.save({})
+            pulled = [m.msg_id for m in await broker.pull(PullRequest("t", 30_000, 10, ()))]
+            assert pulled == (["k0"] if freed_by == "nack" else ["k1"])  # (a nack's k0 is READY again, and first)
+        finally:
+            await broker.stop()
+    asyncio.run(main())
+
+
 @pytest.mark.parametrize("policy", [OnResume.SHIFT, OnResume.EXPIRE])
 def test_a_resume_cut_short_on_one_node_is_finished_by_another_each_message_once(redis_url, monkeypatch, policy):
     """A shift (or expire) resume whose node fails after its first slice
