@@ -2,7 +2,9 @@
 redis-server: any sequence of settings saved through one node's store
 reads back the same through another node's (`read`, `read_topic`),
 topics cleared leave no hash and no index entry behind; a key paused
-through the store parks its READY messages until it is resumed; and a
+through the store parks its READY messages until it is resumed, also
+once freed while paused; maxDueAgeMillis's order, with and without
+tags; and a
 shift or expire resume cut short on one node (its calls failing after
 the first slice) is finished by another's, each message once."""
 
@@ -134,6 +136,36 @@ def test_a_paused_key_freed_while_paused_keeps_its_next_message_parked(redis_url
             await store.save({})
             pulled = [m.msg_id for m in await broker.pull(PullRequest("t", 30_000, 10, ()))]
             assert pulled == (["k0"] if freed_by == "nack" else ["k1"])  # (a nack's k0 is READY again, and first)
+        finally:
+            await broker.stop()
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("tags", [(), ("x",), ("x", "y")])
+def test_max_due_age_takes_the_oldest_overdue_message_before_priority(redis_url, tags):
+    """maxDueAgeMillis 1000: of messages due 5 s and 3 s ago at priority 0
+    and due now at priority 9 (tagged x and y alike), a pull takes the
+    oldest overdue first, then the other overdue one, then priority order;
+    without the cap, priority order."""
+    async def main() -> None:
+        [broker] = brokers(redis_url, 1)
+        await broker.redis.flushdb()
+        await broker.start()
+        try:
+            now_ms = SystemClock().now_ms()
+            for topic, cap_ms in (("capped", 1_000), ("plain", 0)):
+                broker.set_flow(topic, False, 0, cap_ms)
+                await broker.send([
+                    NewMessage(topic, "new", "x", now_ms, now_ms, 60_000, 3, 9, "y"),
+                    NewMessage(topic, "old3", "x", now_ms, now_ms - 3_000, 60_000, 3, 0, "y"),
+                    NewMessage(topic, "old5", "x", now_ms, now_ms - 5_000, 60_000, 3, 0, "x"),
+                    NewMessage(topic, "new-x", "x", now_ms, now_ms, 60_000, 3, 9, "x")])
+            expected = {(): (["old5", "old3", "new", "new-x"], ["new", "new-x", "old5", "old3"]),
+                        ("x",): (["old5", "new-x"], ["new-x", "old5"]),
+                        ("x", "y"): (["old5", "old3", "new", "new-x"], ["new", "new-x", "old5", "old3"])}[tags]
+            for topic, order in zip(("capped", "plain"), expected):
+                got = [(await broker.pull(PullRequest(topic, 30_000, 1, tags)) or [None])[0] for _ in order]
+                assert [m.msg_id for m in got if m is not None] == order, topic
         finally:
             await broker.stop()
     asyncio.run(main())
