@@ -77,6 +77,7 @@ from .schedules.api import ScheduleApi
 
 if TYPE_CHECKING:
     from .flow.keeper import TopicFlow
+    from .flow.settings import TopicConfig
     from .jobs.runner import RedriveJobs
     from .push.pusher import Pushers
     from .schedules.keeper import Schedules
@@ -203,6 +204,11 @@ class NodeBase(ABC):
     # calls answer code 400 with it); None: it keeps them (broker.flow).
     flow_refusal: str | None = None
 
+    def flow_unsupported(self, config: TopicConfig) -> str | None:
+        """Why this node refuses a setTopicConfig (code 400, nothing stored):
+        a setting its backend does not carry out; None: it takes it."""
+        return None
+
     def paused(self, topic: str) -> bool | list[str] | None:
         """getTopicInfo's `paused` (None: this node keeps no pauses)."""
         flow = self.flow
@@ -266,7 +272,8 @@ class NodeBase(ABC):
         self.api.add_routes(table, inline=self.backend_inline)
         PushApi(lambda: self.pushers, PushAllow.parse(self.config.push_allow), self.config.bodies,
                 self.config.max_msg_bytes, self.push_refusal).add_routes(table)
-        FlowApi(lambda: self.flow, self.config.bodies, self.config.max_msg_bytes, self.flow_refusal).add_routes(table)
+        FlowApi(lambda: self.flow, self.config.bodies, self.config.max_msg_bytes, self.flow_refusal,
+                self.flow_unsupported).add_routes(table)
         ScheduleApi(lambda: self.schedules, self.config.defaults, self.config.bodies, self.config.max_msg_bytes,
                     self.clock.now_ms, self.schedules_absent).add_routes(table)
         self.job_api.add_routes(table)

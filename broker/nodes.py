@@ -25,6 +25,7 @@ from .console.api import Console, standalone_info
 from .disk.backend import Broker
 from .flow.file import SettingsFile, settings_path
 from .flow.keeper import TopicFlow
+from .flow.settings import TopicConfig
 from .http.scrape import Series, disk_series
 from .jobs.file import JobFiles, jobs_path
 from .jobs.runner import RedriveJobs
@@ -247,7 +248,8 @@ class RedisNode(NodeBase):
                                                         max_topics=config.queues.topics)
         self.broker.on_fatal = lambda error: self.stop_asked.set()
         super().__init__(config, clock, metrics, self.broker, None)
-        self.flow_refusal = "is not supported on the Redis backend yet (docs/redis.md)"
+        # topic settings and pauses in Redis, read again every poll_ms (broker.redis.flow): `open_flow`
+        self._flow_reload: asyncio.Task[None] | None = None
         # recurring schedules, served by every node, their runs made by the one holding their lease in Redis
         # (broker.redis.schedules)
         from .redis.schedules import ScheduleLease
@@ -264,6 +266,48 @@ class RedisNode(NodeBase):
 
     def __repr__(self) -> str:
         return f"RedisNode({self.broker!r}, {self.schedule_lease!r})"
+
+    async def open_flow(self) -> None:
+        """Read the topic settings and pauses from Redis and carry them out
+        (before the node listens), then read them again every poll_ms, so
+        that another node's change takes effect here within it."""
+        store = self.broker.topic_settings
+        await store.read()
+        flow = TopicFlow(store, self.clock.now_ms, self.config.queues.topics, self.config.max_paused_keys,
+                         shared=store)
+        flow.start(self.broker)
+        self.flow = flow
+        self._flow_reload = asyncio.create_task(self._reload_flow(flow), name="flow-reload")
+
+    async def _reload_flow(self, flow: TopicFlow) -> None:
+        problem = None
+        while True:
+            await self.clock.sleep(self.broker.config.poll_ms / 1000)
+            try:
+                await flow.reload()
+            except HourglassError as e:  # Redis away, or an entry no node wrote: the last settings stay
+                if str(e) != problem:
+                    log.error("reading the topic settings from Redis: %s; retrying", e)
+                problem = str(e)
+            else:
+                problem = None
+
+    async def close_flow(self) -> None:
+        task, self._flow_reload = self._flow_reload, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    def paused(self, topic: str) -> bool | list[str] | None:
+        """None: getTopicInfo's `paused` is the backend's, read from Redis
+        with the sizes (whichever node paused it)."""
+        return None
+
+    def flow_unsupported(self, config: TopicConfig) -> str | None:
+        if config.fairness == "fairKey":
+            return ("fairness=fairKey is not supported on the Redis backend (docs/redis.md, \"Flow\"): "
+                    "nothing was stored")
+        return None
 
     def _hold_schedules(self, schedules: Schedules | None) -> None:
         self.schedules = schedules

@@ -105,6 +105,7 @@ async def run_redis(config: ServeConfig) -> int:
         node = RedisNode(config)
         await node.broker.start()
         await node.schedule_lease.open()  # the API's schedules, served from the first request
+        await node.open_flow()  # the pauses and topic settings, carried out from the first request
     except Exception as e:  # the error names the URL, its password hidden
         log.critical("%s", e)
         if node is not None:
@@ -118,6 +119,7 @@ async def run_redis(config: ServeConfig) -> int:
     monitor.cancel()
     failed = node.failure()
     await node.schedule_lease.stop()  # its lease let go: another node takes the schedules at once
+    await node.close_flow()
     await node.broker.stop()
     log.info("stopped")
     return 1 if failed is not None else 0

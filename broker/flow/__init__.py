@@ -11,6 +11,7 @@ durable and replicated, carried out where messages are handed out.
 
 It may call broker.core and, through the PauseGate protocol, the backend
 serving (the disk broker: broker.disk.windows parks what is paused); a
-cluster keeps the entries in the Raft group's state (broker.cluster.flow).
-The Redis backend has none yet: its node answers the calls code 400.
+cluster keeps the entries in the Raft group's state (broker.cluster.flow),
+a Redis node in Redis (broker.redis.flow), where its scripts carry the
+pauses out for every node sharing it.
 """

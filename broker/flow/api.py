@@ -8,8 +8,9 @@ in an HTTP 200):
     POST /camellia/delayQueue/resumeTopic     -> data: the topic's settings
 
 Bad parameters, and settings this build does not carry out yet: code 400
-naming the parameter, nothing stored (broker.flow.settings); a backend
-without pauses (Redis): code 400 saying so; past --max-topics or
+naming the parameter, nothing stored (broker.flow.settings); a setting
+the node's backend does not carry out (Redis: fairness=fairKey): code 400
+saying so, nothing stored; past --max-topics or
 --max-paused-keys: 429; no broker serving here: 503.
 """
 
@@ -27,7 +28,7 @@ from ..http.commands import CommandTable, ErrorTable
 from ..http.http_types import Request, Response
 from ..http.paths import PREFIX
 from .keeper import TopicFlow
-from .settings import parse_config, parse_pause
+from .settings import TopicConfig, parse_config, parse_pause
 
 
 class NotSupported(HourglassError):
@@ -44,11 +45,14 @@ FLOW_ERRORS: ErrorTable = (
 
 class FlowApi:
     """The flow calls over the node's `TopicFlow` (None: none here, with
-    `refusal` saying why -- a Redis node --, or no backend serving yet: 503)."""
+    `refusal` saying why, or no backend serving yet: 503)."""
 
     def __init__(self, flow: Callable[[], TopicFlow | None], bodies: BodyLimits, max_msg_bytes: int,
-                 refusal: str | None = None) -> None:
+                 refusal: str | None = None, unsupported: Callable[[TopicConfig], str | None] | None = None) -> None:
         self._flow = flow
+        # Why this node refuses a setting (code 400, nothing stored): one its
+        # backend does not carry out (Redis: broker.nodes.RedisNode); None: none.
+        self._unsupported = unsupported
         self._bodies = bodies
         self._max_msg_bytes = max_msg_bytes
         self._refusal = refusal
@@ -74,12 +78,16 @@ class FlowApi:
     async def set_config(self, request: Request) -> Response:
         given = self._params(request)
         flow = self.flow("setTopicConfig")
-        config = parse_config(given, flow.settings.get(params.parse_topic(given).topic))
+        config = parse_config(given, await flow.fresh(params.parse_topic(given).topic))
+        if self._unsupported is not None:
+            refused = self._unsupported(config)
+            if refused is not None:
+                raise NotSupported(refused)
         return answer(200, "success", data=(await flow.set_config(config)).public())
 
     async def get_config(self, request: Request) -> Response:
         topic = params.parse_topic(self._params(request)).topic
-        return answer(200, "success", data=self.flow("getTopicConfig").get(topic).public())
+        return answer(200, "success", data=(await self.flow("getTopicConfig").fresh(topic)).public())
 
     async def pause(self, request: Request) -> Response:
         pause = dataclasses.replace(parse_pause(self._params(request)), at_ms=request.at_ms)

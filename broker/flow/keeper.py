@@ -77,6 +77,19 @@ class SettingsStore(Protocol):
         ...
 
 
+class SharedSettings(Protocol):
+    """A store several nodes share (Redis: broker.redis.flow), read again
+    rather than trusted from this node's copy."""
+
+    async def read(self) -> dict[str, TopicSettings]:
+        """Every topic's settings as kept now."""
+        ...
+
+    async def read_topic(self, topic: str) -> TopicSettings | None:
+        """The topic's settings as kept now (None: none)."""
+        ...
+
+
 class PauseGate(Protocol):
     """What a backend does for the pauses (the disk broker's)."""
 
@@ -124,8 +137,12 @@ class TopicFlow:
     it no longer does: a cluster node that stands down)."""
 
     def __init__(self, store: SettingsStore, clock_ms: Callable[[], int], max_topics: int,
-                 max_paused_keys: int = DEFAULT_MAX_PAUSED_KEYS, shares: int = 1) -> None:
+                 max_paused_keys: int = DEFAULT_MAX_PAUSED_KEYS, shares: int = 1,
+                 shared: SharedSettings | None = None) -> None:
         self._store = store
+        # The same store when other nodes change it too (Redis): each change
+        # reads its topic again first, and `reload` reads them all.
+        self._shared = shared
         # The shards of the node (each its own TopicFlow, every change sent to
         # all): each starts at releaseRate / shares a second of its messages
         # (then moved by demand: broker.shards.rates).
@@ -171,6 +188,44 @@ class TopicFlow:
     def get(self, topic: str) -> TopicSettings:
         return self.settings.get(topic) or TopicSettings(topic)
 
+    async def fresh(self, topic: str) -> TopicSettings:
+        """The topic's settings as the store keeps them now: read again from
+        a shared store (another node may have changed them: carried out
+        here too), else `get`."""
+        if self._shared is not None:
+            self._adopt(topic, await self._shared.read_topic(topic))
+        return self.get(topic)
+
+    async def reload(self) -> None:
+        """Every topic's settings read again from a shared store, and the
+        changes other nodes made carried out on the gate (a node on Redis,
+        every poll_ms: broker.nodes.RedisNode)."""
+        if self._shared is None:
+            return
+        async with self._lock:
+            new = await self._shared.read()
+            for topic in sorted(set(self.settings) | set(new)):
+                self._adopt(topic, new.get(topic))
+
+    def _adopt(self, topic: str, found: TopicSettings | None) -> None:
+        """The topic's settings as a shared store keeps them, taken as this
+        node's, and what changed carried out on the gate."""
+        before, after = self.get(topic), found or TopicSettings(topic)
+        if found is None:
+            self.settings.pop(topic, None)
+        else:
+            self.settings[topic] = found
+        gate = self._gate
+        if gate is None or before == after:
+            return
+        self._carry_out(gate, after)
+        for key in (None, *before.keys, *after.keys):
+            was, now = before.pause_of(key) is not None, after.pause_of(key) is not None
+            if now and not was:
+                gate.pause(topic, key)
+            elif was and not now:
+                gate.resume(topic, key)
+
     def paused(self, topic: str) -> bool | list[str]:
         """getTopicInfo's `paused`."""
         s = self.settings.get(topic)
@@ -192,6 +247,7 @@ class TopicFlow:
         """setTopicConfig (validated whole by broker.flow.settings.parse_config):
         saved, then carried out on the gate, if one serves."""
         async with self._lock:
+            await self.fresh(config.topic)
             await self._save(self.get(config.topic).with_config(config))
             settings = self.get(config.topic)
             if self._gate is not None:
@@ -210,7 +266,7 @@ class TopicFlow:
         --max-paused-keys paused keys in the topic."""
         async with self._lock:
             gate = self.gate()
-            current = self.get(request.topic)
+            current = await self.fresh(request.topic)
             had = current.pause_of(request.key)
             if had is None:
                 if request.key is not None and len(current.keys) >= self.max_paused_keys:
@@ -241,7 +297,7 @@ class TopicFlow:
         paused changes nothing."""
         async with self._lock:
             gate = self.gate()
-            current = self.get(request.topic)
+            current = await self.fresh(request.topic)
             pause = current.pause_of(request.key)
             if pause is None:
                 return current

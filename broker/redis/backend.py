@@ -60,6 +60,7 @@ from ..core.params import Defaults
 from ..disk.ready import QueueLimits
 from ..observe.metrics import Metrics
 from .bulk import RedisBulk
+from .flow import RedisTopicSettings
 from .keys import RedisConfig, split_cluster_flag
 from .link import REDIS_ERRORS, Fenced, RedisLink, made_ready
 from .requests import RedisRequests
@@ -135,6 +136,11 @@ class RedisBroker:
         self.count_msgs = self._bulk.count
         self.delete_msgs = self._bulk.delete
         self.reschedule_msgs = self._bulk.reschedule
+        # == the flow keeper's PauseGate (broker.flow.keeper; broker.redis.flow) ==
+        self.expire_paused = self._bulk.expire_paused
+        self.set_dedup_window = requests.set_dedup_window
+        # the topic settings and pauses, in Redis (RedisNode's TopicFlow saves them there)
+        self.topic_settings = RedisTopicSettings(link)
 
     @classmethod
     def from_url(cls, url: str, clock: Clock, defaults: Defaults, metrics: Metrics,
@@ -160,6 +166,23 @@ class RedisBroker:
         """What keeps the background tasks from Redis now (None: nothing),
         for a health check to report."""
         return "; ".join(f"{where}: {what}" for where, what in sorted(self._state.problems.items())) or None
+
+    # == pauses: carried out in Redis by the scripts (broker.redis.flow) ===========
+
+    def pause(self, topic: str, key: str | None) -> None:
+        """Nothing to do here: pull.lua refuses a paused topic, and a paused
+        key's messages are parked, once the keeper saved the pause."""
+
+    def resume(self, topic: str, key: str | None) -> None:
+        """This node's long polls of the topic pull again (the save that
+        resumed it published the wake to every node)."""
+        self.long_polls.wake(topic)
+
+    def set_flow(self, topic: str, fair: bool, release_per_s: float, max_due_age_ms: int) -> None:
+        """The topic's release rate (this node's bucket) and due-age cap on
+        this node's pulls. (fairness=fairKey is refused on Redis:
+        broker.nodes.RedisNode.)"""
+        self.requests.set_flow(topic, release_per_s, max_due_age_ms)
 
     # == lifetime ================================================================
 

@@ -179,6 +179,13 @@ class RedisBulk:
                     f"{ready_member(int(meta['priority']), trigger_ms, msg_id)}")
         return await self._run(request.topic, request.filter, request.limit, change)
 
+    async def expire_paused(self, topic: str, flt: BulkFilter, limit: int) -> tuple[int, bool]:
+        """A resume's `expire` (broker.flow.keeper): the WAITING and READY
+        matches, at most `limit`, EXPIRED with the end reason `paused`, as
+        one whole call; how many, and whether more match."""
+        retire_at = self._clock.now_ms() + self._link.config.retention_ms
+        return await self._run(topic, flt, limit, lambda msg_id, meta: f"E{retire_at} {msg_id}")
+
     async def _run(self, topic: str, flt: BulkFilter, limit: int,
                    change: Callable[[str, dict[str, str]], str]) -> tuple[int, bool]:
         """Push the change of each of the first `limit` matches onto a
@@ -228,11 +235,12 @@ class RedisBulk:
         or whichever is being applied); True once it is applied whole (or
         none is being applied). Whoever applies a step counts it in this
         process's metrics, and wakes long polls and the mover for it."""
-        deleted, moved, done, next_waiting, woke, *triggers = await self._link.script(
+        deleted, moved, expired, done, next_waiting, woke, *triggers = await self._link.script(
             "bulk_apply", topic, [str(self._link.config.bulk_batch), call])
         m = self._metrics.topic(topic)
         m.deletes += int(deleted)
         m.reschedules += int(moved)
+        m.ended += int(expired)
         if triggers:  # made READY (their trigger times): counted, long polls woken
             now_ms = self._clock.now_ms()
             made_ready(self._metrics, topic, [due_ms(int(t), now_ms) for t in triggers], now_ms)
@@ -255,4 +263,4 @@ def _message(topic: str, msg_id: str, f: dict[str, str], body: str) -> Message:
                    priority=int(f["priority"]), tag=f["tag"], status=Status(int(f["status"])),
                    retry=int(f["retry"]), location=NO_LOCATION, key=f.get("key", ""),
                    traceparent=f.get("traceparent", ""), tracestate=f.get("tracestate", ""),
-                   fair_key=f.get("fairKey", ""))
+                   fair_key=f.get("fairKey", ""), end_reason=f.get("endReason", ""))

@@ -41,6 +41,14 @@ slot, and escaping keeps a topic from forging another topic's keys):
     P leases   zset  node id -> until when the node counts as alive
                      (renewed by a pusher's pull, and by its node's TICKs
                      of the topic while `held` is not empty)
+    P flow     hash  the topic's settings and pauses (broker.redis.flow):
+                     "c" -> its entry (broker.flow.settings), "k:<key>" ->
+                     a paused serial key's entry, "paused" -> "1" while the
+                     topic is paused; pull.lua hands nothing out of a
+                     paused topic, and a paused key's READY messages are
+                     parked as a busy key's are
+    <prefix>:flowtopics  set of the topics with a `flow` hash (not
+                      hash-tagged: read by each node to reload them)
     <prefix>:topics   set of topic names (not hash-tagged; in no script of
                       a topic's, only in register.lua, alone)
     <prefix>:wake:<T> pub/sub channel: "a message of T became READY"
@@ -53,7 +61,7 @@ follows ","), and takes the smallest rk, compared bytewise; a bulk call
 filtered by a tag reads that tag's range of `tags` the same way, and one
 filtered by a key its range of `keyed` ("[key\\0" "(key\\1": a key holds no
 NUL), as the scripts read a key's READY messages from `keyready`. Every
-script receives all sixteen keys in KEYS and builds no key name itself, as Redis
+script receives all seventeen keys in KEYS and builds no key name itself, as Redis
 Cluster requires (tests/integration/test_redis_cluster.py checks it by
 running the scripts with every undeclared key access made an error).
 
@@ -82,7 +90,8 @@ NO_LOCATION = Location(0, 0)
 # The type each key of a topic must have, in the order scripts get them as KEYS.
 KEY_TYPES = {"waiting": "zset", "ready": "zset", "tagged": "zset", "expire": "zset", "ack": "zset",
              "meta": "hash", "body": "hash", "retire": "zset", "tags": "zset", "bulk": "list", "bulkinfo": "hash",
-             "busy": "hash", "keyready": "zset", "keyed": "zset", "held": "zset", "leases": "zset"}
+             "busy": "hash", "keyready": "zset", "keyed": "zset", "held": "zset", "leases": "zset",
+             "flow": "hash"}
 
 
 @dataclass(frozen=True)
@@ -163,6 +172,7 @@ class TopicKeys:
     keyed: str
     held: str
     leases: str
+    flow: str
 
     @classmethod
     def of(cls, key_prefix: str, topic: str) -> TopicKeys:

@@ -44,11 +44,11 @@ REDIS_ERRORS = (RedisError, RedisClusterException)
 # == Lua =======================================================================
 # Every script, by name (broker/redis/lua/backend/: common.lua, shared by
 # every script, reads a message with load() and writes it with save(); KEYS
-# are a topic's sixteen keys, TopicKeys.all). RedisLink registers these (a
+# are a topic's seventeen keys, TopicKeys.all). RedisLink registers these (a
 # test may wrap them).
 SCRIPTS = load_scripts("backend", with_common=("send", "tick", "pull", "give_back", "ack", "delete", "get", "info",
                                                "reschedule", "dead", "redrive", "scan", "bulk_commit", "bulk_apply",
-                                               "retry_at"),
+                                               "retry_at", "flow_save"),
                        alone=("register",))  # (register: KEYS is the topic set, not a topic's keys)
 # The error a script of a topic answers while a bulk call is applied to it
 # (common.lua's fence; broker.redis.bulk).

@@ -23,6 +23,7 @@ from wheel.clock import Clock
 from ..backend import DEAD_SCAN, REDRIVE_STEP, WAITING_BUCKETS, topic_info_json
 from ..core.lifecycle import Lifecycle
 from ..core.params import AckRequest, DeleteRequest, LongPollRequest, NewSend, PullRequest, as_sends
+from ..core.release_rate import ReleaseRate, smoothing_ms
 from ..observe.metrics import Backlog, Metrics, due_ms
 from .keys import NO_LOCATION, ready_member
 from .link import RedisLink, made_ready
@@ -67,7 +68,7 @@ def _message(topic: str, msg_id: str, meta: str, body: str) -> Message:
                    priority=int(f["priority"]), tag=f["tag"], status=Status(int(f["status"])),
                    retry=int(f["retry"]), location=NO_LOCATION, key=f.get("key", ""),
                    traceparent=f.get("traceparent", ""), tracestate=f.get("tracestate", ""),
-                   fair_key=f.get("fairKey", ""))
+                   fair_key=f.get("fairKey", ""), end_reason=f.get("endReason", ""))
 
 
 class RedisRequests:
@@ -87,6 +88,13 @@ class RedisRequests:
         self._state = link.state
         self._script = link.script
         self._publish = link.publish
+        # Topic settings this node carries out itself (broker.redis.flow;
+        # set by the keeper's `set_flow` and `set_dedup_window`): a release
+        # rate's bucket (this node's own), a due-age cap, a dedup window.
+        self._rates: dict[str, ReleaseRate] = {}
+        self._rate_wakes: set[str] = set()
+        self._max_due_age_ms: dict[str, int] = {}
+        self._dedup_window_ms: dict[str, int] = {}
 
     def __repr__(self) -> str:
         return f"RedisRequests({self._link!r})"
@@ -118,8 +126,31 @@ class RedisRequests:
                 out[i] = message
         return [out[i] for i in range(len(batch))]
 
+    def set_flow(self, topic: str, release_per_s: float, max_due_age_ms: int) -> None:
+        """The topic's release rate (a second, 0: none) and due-age cap (0: none) from now on."""
+        rate = self._rates.get(topic)
+        if release_per_s <= 0:
+            self._rates.pop(topic, None)
+        elif rate is None or rate.per_s != release_per_s:
+            self._rates[topic] = ReleaseRate(release_per_s, self._clock.now_ms())
+        if max_due_age_ms > 0:
+            self._max_due_age_ms[topic] = max_due_age_ms
+        else:
+            self._max_due_age_ms.pop(topic, None)
+
+    def set_dedup_window(self, topic: str, window_ms: int) -> None:
+        if window_ms > 0:
+            self._dedup_window_ms[topic] = window_ms
+        else:
+            self._dedup_window_ms.pop(topic, None)
+
     async def _send_topic(self, topic: str, sends: list[NewSend], now_ms: int) -> list[Message]:
-        args = [str(now_ms), str(now_ms + self._config.retention_ms)]
+        # dedupWindowMillis: an id whose message ended within the window (its
+        # purge time in `retire` at or after now - window + retention) answers
+        # the ended message, as a strict send does
+        window_ms = self._dedup_window_ms.get(topic, 0)
+        dedup_from = str(now_ms - window_ms + self._config.retention_ms) if window_ms else ""
+        args = [str(now_ms), str(now_ms + self._config.retention_ms), dedup_from]
         batch = []
         for n, is_strict, skip_after_ms in sends:
             batch.append(n)
@@ -163,17 +194,49 @@ class RedisRequests:
         self._lifecycle.check_serving()
         now_ms = self._clock.now_ms()
         deadline = str(now_ms + request.ack_timeout_ms)
+        batch = request.batch
+        rate = self._rates.get(request.topic)
+        held_since_ms = None
+        if rate is not None:  # this node's bucket of the topic's releaseRate
+            held_since_ms = rate.held_since_ms  # (before this pull's take)
+            batch = min(batch, rate.available(now_ms))
+            if not batch:  # (held back, if anything is due: unknown without a script, taken as so)
+                rate.took(0, True, now_ms)
+                self._wake_at_token(request.topic, rate, now_ms)
+                return [], deadline
+        cap_ms = self._max_due_age_ms.get(request.topic)
         push_ms = request.push_timeout_ms if isinstance(request, LongPollRequest) else 0
         held = ([self._state.node, str(now_ms + push_ms), str(now_ms + self._config.lease_ms)] if push_ms
                 else ["", "", ""])
         ended, *rows = await self._script("pull", request.topic, [
-            str(now_ms), deadline, str(request.batch), str(now_ms + self._config.retention_ms), *held,
-            *request.tags])
+            str(now_ms), deadline, str(batch), str(now_ms + self._config.retention_ms), *held,
+            "" if cap_ms is None else str(now_ms - cap_ms), *request.tags])
         messages = [_message(request.topic, *row) for row in rows]
+        if rate is not None:
+            limited = len(messages) == batch < request.batch
+            rate.took(len(messages), limited, now_ms)
+            if limited:
+                self._wake_at_token(request.topic, rate, now_ms)
+            for message in messages:  # the lateness the rate added, apart (as broker.disk.messages counts it)
+                due = due_ms(message.trigger_ms, message.produce_ms)
+                smoothing = smoothing_ms(due, held_since_ms, now_ms)
+                self._metrics.observe_release(request.topic, max(0, now_ms - due) - smoothing, smoothing)
         m = self._metrics.topic(request.topic, exists=bool(messages) or request.topic in self._state.topics)
         m.ended += ended
         m.pulled(messages, now_ms)
         return messages, deadline
+
+    def _wake_at_token(self, topic: str, rate: ReleaseRate, now_ms: int) -> None:
+        """The topic's bucket held due messages back: this node's long polls
+        of it pull again when the next token is there (one timer a topic)."""
+        if topic in self._rate_wakes:
+            return
+        self._rate_wakes.add(topic)
+
+        def wake() -> None:
+            self._rate_wakes.discard(topic)
+            self._link.long_polls.wake(topic)
+        self._clock.call_later(rate.next_token_ms(now_ms) / 1000, wake)
 
     async def long_poll(self, request: LongPollRequest, gone: Callable[[], bool] = lambda: False) -> list[Message]:
         """As pull, but waits up to the timeout for a message to be READY,
@@ -378,11 +441,16 @@ class RedisRequests:
     async def topic_info(self, topic: str) -> dict[str, object]:
         """camellia's TopicInfo: zset sizes, waiting split into delay buckets;
         `oldestDueAgeMillis` from the first READY member of each priority
-        (lua/backend/info.lua: docs/redis.md says what it leaves out)."""
+        (lua/backend/info.lua: docs/redis.md says what it leaves out);
+        `paused` as Redis keeps it (broker.redis.flow), whichever node paused it."""
         now_ms = self._clock.now_ms()
         bounds = [str(now_ms + upper) for _, upper in WAITING_BUCKETS if upper is not None]
-        waiting, ready, consuming, *buckets, oldest = await self._script("info", topic, bounds)
-        return topic_info_json(topic, waiting, buckets, ready, consuming, int(oldest) if oldest else None, now_ms)
+        waiting, ready, consuming, *buckets, oldest, due, paused = await self._script(
+            "info", topic, [str(now_ms), *bounds])
+        info = topic_info_json(topic, waiting, buckets, ready, consuming, int(oldest) if oldest else None, now_ms)
+        info["dueUndelivered"] = ready + due  # (due: WAITING ones the mover has not moved yet)
+        info["paused"] = paused == 1 or (sorted(paused) if paused else False)
+        return info
 
     async def topic_infos(self, topics: Sequence[str]) -> list[dict[str, object]]:
         """`topic_info` of each of `topics` (a script each: Redis counts by score)."""

@@ -3,17 +3,13 @@ end to end on a real server: an ended id sent again within the window
 answers the ended message unchanged and stores nothing (getMsg unchanged,
 nothing delivered); once the window has passed it is stored anew
 (camellia's rule); the window slides (every send it answers moves it on);
-sendMsgBatch judges each message; the window holds across kill -9. The
-Redis backend has no topic settings (docs/redis.md): setTopicConfig is
-refused there (test_conformance_flow)."""
+sendMsgBatch judges each message; the window holds across kill -9. On every backend (Redis keeps the ended
+message and its purge time: docs/redis.md, "Flow")."""
 
 from __future__ import annotations
 
 import time
 
-import pytest
-
-NOT_ON_REDIS = "topic settings are not supported on the Redis backend yet (docs/redis.md)"
 WINDOW_MS = 1_500
 
 
@@ -34,7 +30,6 @@ def _consume(api, topic: str, msg_id: str, msg: str = "first") -> dict:
     return ended
 
 
-@pytest.mark.not_on("redis", reason=NOT_ON_REDIS)
 def test_within_the_window_an_ended_id_answers_the_ended_message_and_stores_nothing(api, topic):
     _window(api, topic, 60_000)
     ended = _consume(api, topic, "order-1")
@@ -46,7 +41,6 @@ def test_within_the_window_an_ended_id_answers_the_ended_message_and_stores_noth
     assert info["waitingQueueSize"] == info["readyQueueSize"] == info["ackQueueSize"] == 0, info
 
 
-@pytest.mark.not_on("redis", reason=NOT_ON_REDIS)
 def test_once_the_window_has_passed_the_id_is_stored_anew(api, topic):
     _window(api, topic)
     _consume(api, topic, "order-1")
@@ -57,7 +51,6 @@ def test_once_the_window_has_passed_the_id_is_stored_anew(api, topic):
     assert pulled["msgId"] == "order-1" and pulled["msg"] == "second"
 
 
-@pytest.mark.not_on("redis", reason=NOT_ON_REDIS)
 def test_the_window_slides_an_id_sent_every_half_window_is_deduplicated_every_time(api, topic):
     """Sent again every X under a window of 2X: every send answers the ended
     message (a window counted from the end alone, as NATS's, would store it
@@ -71,7 +64,6 @@ def test_the_window_slides_an_id_sent_every_half_window_is_deduplicated_every_ti
     assert api.pull_until(topic, 1, timeout_s=0.5) == []
 
 
-@pytest.mark.not_on("redis", reason=NOT_ON_REDIS)
 def test_a_batch_is_judged_per_message(api, topic):
     _window(api, topic, 60_000)
     ended = _consume(api, topic, "old")
@@ -83,7 +75,6 @@ def test_a_batch_is_judged_per_message(api, topic):
     assert [m["msgId"] for m in api.pull_until(topic, 2, timeout_s=1)] == ["new"]
 
 
-@pytest.mark.not_on("redis", reason=NOT_ON_REDIS)
 def test_the_window_is_a_setting_of_its_topic_only(api, topic):
     _window(api, topic, 60_000)
     other = topic + "-other"
@@ -94,7 +85,6 @@ def test_the_window_is_a_setting_of_its_topic_only(api, topic):
     assert code == 200 and body["data"]["dedupWindowMillis"] == 60_000, body
 
 
-@pytest.mark.not_on("redis", reason=NOT_ON_REDIS)
 def test_the_window_holds_across_kill9(serve, topic):
     api = serve("--fsync", "batch")
     _window(api, topic, 60_000)

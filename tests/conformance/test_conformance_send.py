@@ -194,8 +194,8 @@ def test_topic_info_shape_buckets_and_list(api, topic):
                                12 * 60 * minute, 3 * 1440 * minute, 20 * 1440 * minute, 40 * 1440 * minute]):
         api.send(topic, msgId=f"m{i}", delayMillis=int(delay))
     data = api.info(topic)
-    # hourglass's fields (docs/api.md, "Topics and monitoring"); Redis keeps no pauses yet
-    flow = {"dueUndelivered": 0, "oldestDueAgeMillis": 0} | ({} if api.backend == "redis" else {"paused": False})
+    # hourglass's fields (docs/api.md, "Topics and monitoring"), on every backend
+    flow = {"dueUndelivered": 0, "oldestDueAgeMillis": 0, "paused": False}
     assert data == {"topic": topic, "waitingQueueSize": 9, "readyQueueSize": 0, "ackQueueSize": 0, **flow,
                     "waitingQueueInfo": {
                         "sizeOf0To1min": 1, "sizeOf1minTo10min": 1, "sizeOf10minTo30min": 1,

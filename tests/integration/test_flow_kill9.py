@@ -5,11 +5,13 @@ carries out the pause's policy: `hold` hands every message out, `shift`
 moves each one that fell due while paused by the pause's length, `expire`
 ends each (status 5, endReason `paused`) and hands none out. No message
 is lost, none is handed out before its (shifted) trigger time.
-Run on one shard and on a node of two (each shard keeps the pause)."""
+Run on one shard, on a node of two (each shard keeps the pause), and on
+the Redis backend (the pause kept in Redis, the node's process killed)."""
 
 from __future__ import annotations
 
 import time
+import uuid
 
 import pytest
 from serving import Server
@@ -31,14 +33,18 @@ def _pull_all(server: Server, topic: str, count: int, timeout_s: float = 20) -> 
     return got
 
 
-@pytest.mark.parametrize("shards", ["1", "2"])
+@pytest.mark.parametrize("backend", ["1 shard", "2 shards", "redis"])
 @pytest.mark.parametrize("policy", ["hold", "shift", "expire"])
-def test_a_pause_survives_kill9_and_resume_carries_its_policy_out(tmp_path, policy, shards):
+def test_a_pause_survives_kill9_and_resume_carries_its_policy_out(request, tmp_path, policy, backend):
     data = tmp_path / "data"
-    flags = ("--fsync", "batch", "--shards", shards)
+    if backend == "redis":
+        pytest.importorskip("redis", reason="the redis extra is not installed (pip install 'hourglass[redis]')")
+        flags: tuple[str, ...] = ("--backend", request.getfixturevalue("redis_url"))
+    else:
+        flags = ("--fsync", "batch", "--shards", backend.split()[0])
     server = Server.start(data, *flags, log_path=tmp_path / "serve.log")
     try:
-        topic = "paused"
+        topic = "paused-" + uuid.uuid4().hex[:8]  # (a Redis is shared by the session's tests)
         code, body = server.post("pauseTopic", topic=topic, onResume=policy)
         assert code == 200, body
         paused_at = body["data"]["pause"]["pausedAt"]

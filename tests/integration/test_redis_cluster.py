@@ -7,7 +7,8 @@ topic hashes to one slot (its `{hash tag}`), and every script declares all
 the keys it touches in KEYS. Redis itself lets a script reach an undeclared
 key of the same slot, so the test runs the scripts with `redis.call`
 replaced by a check that fails on any key not in KEYS; then the whole
-lifecycle runs across topics held by different masters.
+lifecycle runs across topics held by different masters, pauses and topic
+settings (broker.redis.flow) among it.
 """
 
 from __future__ import annotations
@@ -222,6 +223,56 @@ def test_serial_keys_bulk_calls_by_key_and_push_leases_across_masters_touch_only
                 assert (again.msg_id, again.retry) == ("p0", 2)
         finally:
             for broker in brokers[1:] if stopped else brokers:
+                await broker.stop()
+    asyncio.run(main())
+
+
+def test_pauses_and_topic_settings_across_masters_touch_only_declared_keys(cluster_url, cluster_ports, monkeypatch):
+    """A topic paused and a key paused on one node hold on the other; the
+    settings read back on it (the index and each topic's hash on different
+    masters); a shift resume and an expire resume carried out, each script
+    touching only the keys it declares."""
+    from broker.flow.keeper import TopicFlow
+    from broker.flow.settings import OnResume, PauseRequest, TopicConfig
+
+    monkeypatch.setattr(redis_link, "SCRIPTS", {n: declared_only(s) for n, s in redis_link.SCRIPTS.items()})
+    topics = topics_on_every_master(cluster_url, len(cluster_ports), per_master=1)
+    config = RedisConfig(key_prefix="flow", poll_ms=50)
+
+    async def paused(a: RedisBroker, b: RedisBroker, flow: TopicFlow, topic: str) -> None:
+        now_ms = SystemClock().now_ms()
+        await flow.set_config(TopicConfig(topic, 0, "none", 1_000, 60_000))
+        await flow.pause(PauseRequest(topic, None, OnResume.SHIFT, at_ms=now_ms - 10_000))
+        await flow.pause(PauseRequest(topic, "K", OnResume.EXPIRE, at_ms=now_ms - 10_000))
+        sent = await a.send([new(topic, "m0"), new(topic, "k0", key="K")])
+        assert await b.pull(PullRequest(topic, 30_000, 10, ())) == []
+        assert (await b.topic_info(topic))["paused"] is True
+        assert (await b.topic_settings.read_topic(topic)) == flow.get(topic)
+        resume_ms = SystemClock().now_ms() + 1
+        resumed = await flow.resume(PauseRequest(topic, "K", None, at_ms=resume_ms))
+        assert resumed.pause is not None and not resumed.keys
+        k0 = await b.get(topic, "k0")
+        assert k0.status is Status.EXPIRED and k0.end_reason == "paused"
+        assert (await b.topic_info(topic))["paused"] is True
+        assert (await flow.resume(PauseRequest(topic, None, None, at_ms=resume_ms))).pause is None
+        moved = (await b.get(topic, "m0")).trigger_ms
+        assert moved == sent[0].trigger_ms + resume_ms - (now_ms - 10_000)  # by the pause's length
+        assert (await b.topic_info(topic))["paused"] is False
+
+    async def main():
+        brokers = [RedisBroker.from_url(cluster_url, SystemClock(), Defaults(), Metrics(), config) for _ in range(2)]
+        await brokers[0].redis.flushdb()
+        for broker in brokers:
+            await broker.start()
+        try:
+            store = brokers[0].topic_settings
+            flow = TopicFlow(store, SystemClock().now_ms, 100, shared=store)
+            flow.start(brokers[0])
+            for topic in topics:
+                await paused(*brokers, flow, topic)
+            assert set(await brokers[1].topic_settings.read()) == set(topics)  # (their due-age cap and dedup window stay)
+        finally:
+            for broker in brokers:
                 await broker.stop()
     asyncio.run(main())
 

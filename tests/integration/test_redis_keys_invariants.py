@@ -3,15 +3,16 @@ whole after every step of a random history on two brokers sharing one real
 redis-server on a FakeClock: sends (keys, tags, priorities, delays, short
 ttls), pulls (tagged or not, a pusher's or a consumer's), acks and nacks,
 deletes, reschedules, failed pushes filed for later, give-backs, bulk
-deletes and reschedules by key, redrives, the mover's ticks and a node
+deletes and reschedules by key, redrives, keys paused and resumed (hold,
+shift, expire: broker.redis.flow), the mover's ticks and a node
 restarted. After each step, read in one MULTI:
 
 - `busy` names, for each busy key, a CONSUMING message of that key, and
   every CONSUMING keyed message is its key's `busy` one (one at a time);
 - `keyready` holds exactly the READY keyed messages, `expire` exactly
   the READY messages, `held` exactly the CONSUMING messages a node holds;
-- `ready` holds exactly the READY unkeyed messages and, of each free key,
-  its best READY one (`tagged` the same, with their tags);
+- `ready` holds exactly the READY unkeyed messages and, of each free key
+  not paused, its best READY one (`tagged` the same, with their tags);
 - `keyed` holds exactly the stored keyed messages.
 
 At the end everything is acked or deleted and purged: every per-key
@@ -37,6 +38,8 @@ from test_redis_keys import START_MS, TOPIC, Node
 
 from broker.core.bulk_params import BulkFilter, DeleteMsgsRequest, RescheduleMsgsRequest
 from broker.core.params import AckRequest, DeleteRequest, LongPollRequest, NewSend
+from broker.flow.keeper import TopicFlow
+from broker.flow.settings import OnResume, PauseRequest
 from broker.redis.keys import RedisConfig, TopicKeys
 from storage.entry import Status
 from storage.errors import Conflict, NotFound
@@ -61,6 +64,7 @@ class InvariantMachine(RuleBasedStateMachine):
             self.run(node.open())
         self.keys = TopicKeys.of(prefix, TOPIC)
         self.ids: list[str] = []
+        self.paused: set[str] = set()
 
     def run(self, coroutine):
         return self.loop.run_until_complete(coroutine)
@@ -77,6 +81,8 @@ class InvariantMachine(RuleBasedStateMachine):
     async def drain(self) -> None:
         """Every message deleted and purged: nothing per key is left."""
         node = self.nodes[0]
+        for key in sorted(self.paused):
+            await self.flow(0).resume(PauseRequest(TOPIC, key, OnResume.HOLD))
         for msg_id in self.ids:
             with contextlib.suppress(NotFound):
                 await node.broker.delete(DeleteRequest(TOPIC, msg_id, False))
@@ -161,6 +167,25 @@ class InvariantMachine(RuleBasedStateMachine):
             flt = BulkFilter(key=key).narrowed(frozenset({Status.WAITING, Status.READY}))
             self.run(b.reschedule_msgs(RescheduleMsgsRequest(TOPIC, flt, 100, shift, None)))
 
+    def flow(self, node: int) -> TopicFlow:
+        """The node's keeper of pauses, as broker.nodes.RedisNode builds it
+        (each change reads the topic again from Redis first)."""
+        b = self.nodes[node].broker
+        flow = TopicFlow(b.topic_settings, self.clock.now_ms, 10, shared=b.topic_settings)
+        flow.start(b)
+        return flow
+
+    @rule(node=st.integers(0, 1), key=st.sampled_from(KEYS[:2]), pause=st.booleans(),
+          policy=st.sampled_from(list(OnResume)))
+    def pause_or_resume_key(self, node, key, pause, policy):
+        flow = self.flow(node)
+        if pause:
+            self.run(flow.pause(PauseRequest(TOPIC, key, policy)))
+            self.paused.add(key)
+        else:
+            self.run(flow.resume(PauseRequest(TOPIC, key, None)))
+            self.paused.discard(key)
+
     @rule(node=st.integers(0, 1), ms=st.sampled_from([1, 5, 30, 100, 400]))
     def advance(self, node, ms):
         self.run(self.nodes[node].advance_to(self.clock.now_ms() + ms))
@@ -191,7 +216,7 @@ class InvariantMachine(RuleBasedStateMachine):
         assert s["ack"] == consuming
         best: dict[str, str] = {}
         for i in ready_ids:
-            if key[i] and key[i] not in s["busy"]:
+            if key[i] and key[i] not in s["busy"] and key[i] not in self.paused:
                 rk = meta[i]["rk"]
                 if key[i] not in best or rk.encode() < best[key[i]].encode():
                     best[key[i]] = rk

@@ -1,8 +1,8 @@
--- Shared by every script. KEYS are a topic's sixteen keys (TopicKeys.all); a
+-- Shared by every script. KEYS are a topic's seventeen keys (TopicKeys.all); a
 -- message is a table of strings, read with load() and written with save().
 local WAITING, READY, TAGGED, EXPIRE, ACK, META, BODY, RETIRE, TAGS, BULK, BULKINFO =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10], KEYS[11]
-local BUSY, KEYREADY, KEYED, HELD, LEASES = KEYS[12], KEYS[13], KEYS[14], KEYS[15], KEYS[16]
+local BUSY, KEYREADY, KEYED, HELD, LEASES, FLOW = KEYS[12], KEYS[13], KEYS[14], KEYS[15], KEYS[16], KEYS[17]
 -- While a bulk call is applied (BULK holds its changes not yet made) every
 -- other script of the topic answers this error instead of running, so no
 -- client sees a call half made; the caller applies the rest
@@ -37,6 +37,11 @@ end
 local function keyed(m)
   return m.key ~= nil and m.key ~= ''
 end
+-- A paused serial key (pauseTopic with a key: broker.redis.flow) parks its
+-- READY messages as a busy key does: none is pullable until it is resumed.
+local function key_paused(k)
+  return redis.call('HEXISTS', FLOW, 'k:' .. k) == 1
+end
 local function key_best(k)
   local h = redis.call('ZRANGEBYLEX', KEYREADY, '[' .. k .. '\0', '(' .. k .. '\1', 'LIMIT', 0, 1)[1]
   if h then return string.sub(h, #k + 2) end
@@ -67,6 +72,7 @@ local function woke(answer)
 end
 -- A free key's best READY message (if any) becomes pullable.
 local function key_promote(k)
+  if key_paused(k) then return end
   local rk = key_best(k)
   if rk then
     local m = load_rk(rk)
@@ -81,7 +87,7 @@ local function ready_add(id, m)
   if keyed(m) then
     local k = m.key
     redis.call('ZADD', KEYREADY, 0, k .. '\0' .. m.rk)
-    if redis.call('HEXISTS', BUSY, k) == 1 or key_best(k) ~= m.rk then return end  -- parked
+    if redis.call('HEXISTS', BUSY, k) == 1 or key_paused(k) or key_best(k) ~= m.rk then return end  -- parked
     -- the key's best now: the one that was (the next in its range) is pullable no more
     local next = redis.call('ZRANGEBYLEX', KEYREADY, '(' .. k .. '\0' .. m.rk, '(' .. k .. '\1', 'LIMIT', 0, 1)[1]
     if next then

@@ -5,25 +5,55 @@
 -- also files each message in HELD at held_until, its push timeout, and
 -- names the node in it: tick.lua hands it back then if the node is gone;
 -- the node's lease is renewed to lease_until (as its TICKs renew it).
+-- A paused topic (FLOW's "paused": broker.redis.flow) hands nothing out.
+-- maxDueAgeMillis: with `overdue_at` (now - the cap; '': none) a message
+-- due at or before it goes first, the oldest first, before priority order:
+-- the first message of each priority's range is read (the oldest of that
+-- priority), at most OLDEST_BANDS priorities, highest first.
 -- ARGV: now deadline batch retire_at node ('': a consumer's) held_until
--- lease_until tag... -> {ended, {id, meta, body}...}
+-- lease_until overdue_at tag... -> {ended, {id, meta, body}...}
 if fenced() then return redis.error_reply(FENCE) end
 local now, deadline, batch, retire_at = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3]), ARGV[4]
 local node, held_until = ARGV[5], ARGV[6]
-local FIRST_TAG = 8
+local FIRST_TAG = 9
+local overdue_at = tonumber(ARGV[8])
+local OLDEST_BANDS = 16
+-- The oldest rk due at or before overdue_at among the first of each
+-- priority's range of `zset`'s members that begin with `prefix` (up to
+-- `upper`, exclusive), or nil.
+local function overdue(zset, prefix, upper)
+  local best, best_trigger, from = nil, nil, '[' .. prefix
+  for _ = 1, OLDEST_BANDS do
+    local first = redis.call('ZRANGEBYLEX', zset, from, upper, 'LIMIT', 0, 1)[1]
+    if not first then break end
+    local rk = string.sub(first, #prefix + 1)
+    local trigger = string.sub(rk, 6, 20)
+    if tonumber(trigger) <= overdue_at and (best == nil or less(trigger, best_trigger)) then
+      best, best_trigger = rk, trigger
+    end
+    from = '[' .. prefix .. string.format('%05d', tonumber(string.sub(rk, 1, 5)) + 1)
+  end
+  return best
+end
 if node ~= '' then redis.call('ZADD', LEASES, ARGV[7], node) end
+if redis.call('HEXISTS', FLOW, 'paused') == 1 then return {0} end  -- a paused topic hands nothing out
 local function head()
-  if #ARGV < FIRST_TAG then return redis.call('ZRANGE', READY, 0, 0)[1] end
-  local best
+  if #ARGV < FIRST_TAG then
+    local old = overdue_at and overdue(READY, '', '+')
+    return old or redis.call('ZRANGE', READY, 0, 0)[1]
+  end
+  local best, oldest
   for i = FIRST_TAG, #ARGV do
     local tag = ARGV[i]
     local h = redis.call('ZRANGEBYLEX', TAGGED, '[' .. tag .. ',', '(' .. tag .. '-', 'LIMIT', 0, 1)[1]
     if h then
       local rk = string.sub(h, #tag + 2)
       if best == nil or less(rk, best) then best = rk end
+      local old = overdue_at and overdue(TAGGED, tag .. ',', '(' .. tag .. '-')
+      if old and (oldest == nil or less(string.sub(old, 6), string.sub(oldest, 6))) then oldest = old end
     end
   end
-  return best
+  return oldest or best
 end
 local out, ended = {}, 0
 while #out < batch do

@@ -11,6 +11,7 @@ for i = 2, #ARGV, 3 do
   else
     redis.call('ZREM', RETIRE, id)
     m.trigger, m.expire, m.rk, m.retry = ARGV[1], ARGV[i + 1], ARGV[i + 2], '0'
+    m.endReason = nil  -- live again: a resume's expire no longer says why it ended
     ready_add(id, m)
     out[#out + 1] = {save(id, m), redis.call('HGET', BODY, id)}
   end

@@ -1,23 +1,35 @@
--- ARGV: now retire_at, then per message: id msg produce trigger ttl expire
+-- ARGV: now retire_at dedup_from, then per message: id msg produce trigger ttl expire
 -- maxRetry priority tag rk strict key traceparent tracestate skip fairKey
 -- ('': none; the meta holds the last five only when given). -> per message {'1'|'2'|'5'}
 -- (stored: waiting, ready, expired) or {'0', meta, body} (the id exists: the stored
 -- message). An id whose message has ended (4-7) is stored anew unless
--- `strict` is '1' (camellia stores the new one). `skip` (a schedule's run
+-- `strict` is '1' (camellia stores the new one), or it ended within the
+-- topic's dedupWindowMillis: its purge time in RETIRE is at or after
+-- `dedup_from` (now - window + retention; '': no window); each send it
+-- answers so moves its purge time to `retire_at`: the window slides. `skip` (a schedule's run
 -- with misfire=skip: nominal + grace): released first after it, the message
 -- ends unseen (5), here if due already, else in tick.lua.
 if fenced() then return redis.error_reply(FENCE) end
-local now, retire_at = tonumber(ARGV[1]), ARGV[2]
+local now, retire_at, dedup_from = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3])
+local function deduplicated(id)
+  if not dedup_from then return false end
+  local purge_at = redis.call('ZSCORE', RETIRE, id)
+  return purge_at ~= false and purge_at ~= nil and tonumber(purge_at) >= dedup_from
+end
 local out = {}
 -- A topic holding no message from here on has every tagged message in TAGS:
 -- the member '' says so (topics from before TAGS are scanned until then).
 if redis.call('HLEN', META) == 0 then redis.call('ZADD', TAGS, 0, '') end
-for i = 3, #ARGV, 16 do
+for i = 4, #ARGV, 16 do
   local id = ARGV[i]
   local raw = redis.call('HGET', META, id)
   if raw and ARGV[i + 10] ~= '1' and tonumber(cjson.decode(raw).status) >= 4 then
-    purge(id)
-    raw = nil
+    if deduplicated(id) then
+      redis.call('ZADD', RETIRE, retire_at, id)  -- answered: the window slides (and it is kept that much longer)
+    else
+      purge(id)
+      raw = nil
+    end
   end
   if raw then
     out[#out + 1] = {'0', raw, redis.call('HGET', BODY, id)}
