@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from storage.entry import MS_PER_HOUR, Location, Message, Status
 from storage.store import StateChange, Store, text_hash
@@ -57,10 +57,7 @@ from ..core.release_rate import ReleaseRate
 from .group_commit import GroupCommit
 from .journal import Journal
 from .ready import HeldMessage, OrderKey, QueueLimits, Spills, TopicQueue
-from .timers import COMPACT_SLACK, Fire, TimerKind, Timers
-
-if TYPE_CHECKING:
-    from .messages import Messages
+from .timers import COMPACT_SLACK, Fire, Timer, TimerKind, Timers
 
 # A refill reads at most about this many index entries (192 KiB) and takes
 # at most REFILL_FOUND messages before other work runs.
@@ -77,6 +74,14 @@ INLINE_KEY_REFILLS = 4
 READY = Status.READY
 
 
+class MessageSteps(Protocol):
+    """What the windows ask of the messages' steps (broker.disk.messages.Messages)."""
+
+    def trim(self, timer: Timer) -> bool: ...
+
+    def ended_on_disk(self, message: Message, now_ms: int) -> StateChange | None: ...
+
+
 class ReadyWindows:
     """Each topic's window of READY messages, the CONSUMING ones, their
     timers, and the refills. `topics` (the names: broker.disk.topics), `held`
@@ -84,7 +89,7 @@ class ReadyWindows:
 
     # What steps the messages RAM holds (broker.disk.messages: it sets
     # itself here when built): asked by the timers' compaction and refills.
-    messages: Messages
+    messages: MessageSteps
 
     def __init__(self, store: Store, clock: Clock, limits: QueueLimits, long_polls: LongPolls,
                  journal: Journal, commits: GroupCommit, lifecycle: Lifecycle) -> None:

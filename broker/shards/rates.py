@@ -59,15 +59,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Protocol
 
 from storage.errors import Unavailable
 
-if TYPE_CHECKING:
-    from ..disk.backend import Broker
-    from ..jobs.runner import RedriveJobs
-    from .router import ShardRouter
+from ..disk.backend import Broker
+from ..jobs.runner import RedriveJobs
 
 log = logging.getLogger("hourglass.shards")
 
@@ -84,6 +82,15 @@ FLOOR = 0.01
 # Shares that differ by less are the same (floats of one split).
 SAME = 1e-9
 TOPIC, JOB = "t", "j"
+
+class Links(Protocol):
+    """What the shares need of the shard's links (broker.shards.router.ShardRouter)."""
+
+    index: int
+    count: int
+
+    def call(self, shard: int, op: str, args: list[Any]) -> Awaitable[Any]: ...
+
 
 # (rate, demand, share) of a key a shard reported
 Entry = tuple[float, float, float]
@@ -225,7 +232,7 @@ class RateShares:
     """A shard's side: every TICK_S, its report to the board and the moved
     shares carried out on its buckets and jobs (module docstring)."""
 
-    def __init__(self, router: ShardRouter, broker: Callable[[], Broker | None],
+    def __init__(self, router: Links, broker: Callable[[], Broker | None],
                  jobs: Callable[[], RedriveJobs | None], monotonic_s: Callable[[], float]) -> None:
         self._router = router
         self._broker = broker

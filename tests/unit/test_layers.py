@@ -76,20 +76,20 @@ def broker_room(module: str) -> str:
     return ".".join(parts[:2])
 
 
-def broker_imports(path: pathlib.Path) -> set[str]:
-    """Every broker module or package `path` imports, relative imports resolved."""
+def broker_imports(path: pathlib.Path, top: str = "broker") -> set[str]:
+    """Every module or package of `top` that `path` imports, relative imports resolved."""
     relative = path.relative_to(ROOT).with_suffix("")
     package = list(relative.parts[:-1])  # a module's folder, or an __init__'s own
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names if alias.name.split(".")[0] == "broker")
+            found.update(alias.name for alias in node.names if alias.name.split(".")[0] == top)
         elif isinstance(node, ast.ImportFrom):
             base = package[:len(package) - node.level + 1] if node.level else []
             module = ".".join([*base, *([node.module] if node.module else [])])
-            if module.split(".")[0] != "broker":
+            if module.split(".")[0] != top:
                 continue
-            if module == "broker" or (node.level and not node.module):
+            if module == top or (node.level and not node.module):
                 found.update(f"{module}.{alias.name}" for alias in node.names)
             else:
                 found.add(module)
@@ -116,4 +116,37 @@ def test_the_rooms_of_broker_import_one_way():
         if room in seen:
             circles.append(room)
     assert "broker.disk" in arrows and "broker.http" in arrows["broker.console"]
+    assert circles == []
+
+
+def test_no_module_imports_itself_through_others_not_even_for_type_checking():
+    """Within each layer, no module imports (through any others) a module
+    that imports it, counting the imports under `if TYPE_CHECKING:` and
+    inside functions: a part that needs another's methods names them in a
+    Protocol of its own (broker.disk.windows.MessageSteps,
+    broker.shards.rates.Links). A module's import of its own package
+    (the __init__ above it) is not counted."""
+    circles = []
+    for top in LAYERS:
+        modules = {}
+        for path in sorted((ROOT / top).rglob("*.py")):
+            name = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+            modules[name] = path
+        arrows: dict[str, set[str]] = {}
+        for name, path in modules.items():
+            arrows[name] = set()
+            for module in broker_imports(path, top):
+                while module and module not in modules:  # a name imported from a module: the module
+                    module = module.rpartition(".")[0]
+                if module and module != name and not name.startswith(module + "."):
+                    arrows[name].add(module)
+        for name in arrows:
+            seen, todo = set(), list(arrows[name])
+            while todo:
+                other = todo.pop()
+                if other not in seen:
+                    seen.add(other)
+                    todo.extend(arrows[other])
+            if name in seen:
+                circles.append(name)
     assert circles == []
