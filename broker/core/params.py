@@ -261,10 +261,13 @@ class NewSend(NamedTuple):
     plus misfireGraceMillis; None otherwise): a first release after it ends
     the message unseen (status 5). The Redis backend stores it with the
     message and its release script decides; the disk backend asks
-    `Schedules.on_release` at the release instead (broker.schedules.keeper)."""
+    `Schedules.on_release` at the release instead (broker.schedules.keeper).
+    `run`: a schedule's run (the Redis backend holds it back while its
+    topic or serial key is paused; docs/redis.md, "Flow")."""
     message: NewMessage
     strict: bool
     skip_after_ms: int | None = None
+    run: bool = False
 
 
 def as_sends(items: Sequence[NewSend | NewMessage]) -> list[NewSend]:

@@ -34,6 +34,7 @@ from collections.abc import Mapping
 from typing import cast
 
 from storage.errors import Unavailable
+from wheel.clock import Clock
 
 from ..flow.settings import TopicSettings, entries, entry_key, rows
 from .link import REDIS_ERRORS, RedisLink
@@ -76,8 +77,9 @@ class RedisTopicSettings:
     settings changed, each in one script, and wakes the long polls of a
     topic (or key) resumed."""
 
-    def __init__(self, link: RedisLink) -> None:
+    def __init__(self, link: RedisLink, clock: Clock) -> None:
         self._link = link
+        self._clock = clock
         self.index_key = f"{link.config.key_prefix}:flowtopics"
         self._known: dict[str, TopicSettings] = {}
 
@@ -136,7 +138,9 @@ class RedisTopicSettings:
             try:
                 if kept:
                     await redis.sadd(self.index_key, topic)
-                args = [part for pair in kept.items() for part in pair]
+                now_ms = self._clock.now_ms()
+                args = [str(now_ms), str(now_ms + self._link.config.retention_ms),
+                        *(part for pair in kept.items() for part in pair)]
                 woke = await self._link.script("flow_save", topic, args)
                 if not kept:
                     await redis.srem(self.index_key, topic)

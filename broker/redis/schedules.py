@@ -162,6 +162,10 @@ READ_PAGE = 200
 # A pending run found still WAITING at its trigger time is read again this
 # soon (the TICK that releases it runs at about that time, on some node).
 RECHECK_MS = 20
+# A pending run still WAITING this long past its trigger time is held back
+# by a pause of its topic or serial key (lua/backend/common.lua's hold): read
+# again every WATCH_MAX_SLEEP_MS, so its resume is seen within that.
+HELD_AFTER_MS = 1_000
 # The longest the watch sleeps: a run put or made since its last look is
 # seen within this; and how often the holder reads what other nodes changed.
 WATCH_MAX_SLEEP_MS = 200
@@ -460,8 +464,9 @@ class RunWatch:
                     next_ms = min(next_ms, now_ms + RECHECK_MS)
                     continue
                 made = state.made(nominal_ms, message)
-                if message.status is Status.WAITING and made:
-                    next_ms = min(next_ms, self._clock.now_ms() + RECHECK_MS)
+                if message.status is Status.WAITING and made:  # (long past due: held back by a pause, read less often)
+                    late = self._clock.now_ms() - state.trigger_ms(nominal_ms) > HELD_AFTER_MS
+                    next_ms = min(next_ms, self._clock.now_ms() + (WATCH_MAX_SLEEP_MS if late else RECHECK_MS))
                     continue
                 self._told.add((state.key, nominal_ms))
                 if message.status is Status.DELETED or not made:

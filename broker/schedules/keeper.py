@@ -888,7 +888,7 @@ class Schedules:
                              state.trigger_ms(nominal_ms), spec.ttl_ms, spec.max_retry, spec.priority, spec.tag,
                              spec.key)
         skip_after = nominal_ms + spec.grace_ms if spec.misfire is Misfire.SKIP else None
-        return NewSend(message, strict, skip_after)
+        return NewSend(message, strict, skip_after, run=True)
 
     async def _drop_run(self, topic: str, msg_id: str) -> None:
         """Delete a run if it is still waiting (a released one is delivered),
