@@ -9,6 +9,8 @@ Each topic with settings has a `flow` hash in its own slot (broker.redis.keys):
                JSON broker.flow.settings.entries writes
     "k:<key>"  a paused serial key's entry (its pause)
     "paused"   "1" while the topic itself is paused
+    "h:<id>"   a schedule's run the pause holds back (lua/backend/common.lua's
+               hold), released by the resume's script (flow_save.lua)
 
 and its name is in `<prefix>:flowtopics`, so a node reads every topic's
 settings without scanning the topic set. A change replaces the topic's

@@ -413,7 +413,7 @@ def test_a_paused_topics_schedule_follows_its_misfire_rule(api, topic, misfire, 
     paused_runs = [m["scheduledTime"] for m in runs if m["scheduledTime"] < resumed_ms]
     assert paused_runs == [first + 1000 * k for k in range(delivered)], (runs, resumed_ms)
     assert following in [m["scheduledTime"] for m in runs]  # the next one delivered on time
-    assert first in {r["scheduledTime"] for r in got["lastRuns"]}, (got, resumed_ms, first)
+    assert first in {r["scheduledTime"] for r in got["lastRuns"]}, (got["lastRuns"], resumed_ms, first, api.message(topic, f"s@{first}"))
     judged = {r["scheduledTime"]: r for r in got["lastRuns"]}[first]
     assert judged["missed"] is True and judged["latenessMillis"] >= resumed_ms - first
     run = api.message(topic, f"s@{first}")
