@@ -1165,18 +1165,19 @@ class Schedules:
         """getSchedule's lastRuns: the released runs, newest first, each with its message's status now."""
         backend = self.backend()
         runs: list[dict[str, object]] = []
-        listed = state.last_runs
-        if state.pending is not None:  # released, its next run not made yet (on Redis: until the lease holder sees it)
-            msg_id = state.msg_id(state.pending)
+        # (as they are now: the worker may follow the release while the reads below wait)
+        listed, pending = state.last_runs, state.pending
+        if pending is not None:  # released, its next run not made yet (on Redis: until the lease holder sees it)
+            msg_id = state.msg_id(pending)
             try:
                 message: Message | None = await backend.get(state.spec.topic, msg_id)
             except NotFound:
                 message = None
             if message is not None and message.status is not Status.WAITING:
-                late_ms = max(0, seen_released_ms(state.spec, state.pending, message.status, self._clock.now_ms())
-                              - state.pending)
-                runs.append({"scheduledTime": state.pending, "msgId": msg_id,
-                             "triggerTime": state.trigger_ms(state.pending), "status": int(message.status),
+                late_ms = max(0, seen_released_ms(state.spec, pending, message.status, self._clock.now_ms())
+                              - pending)
+                runs.append({"scheduledTime": pending, "msgId": msg_id,
+                             "triggerTime": state.trigger_ms(pending), "status": int(message.status),
                              "latenessMillis": late_ms, "missed": late_ms > state.spec.grace_ms})
                 listed = listed[len(listed) >= LAST_RUNS:]
         for nominal_ms, late_ms, missed in reversed(listed):
