@@ -293,7 +293,7 @@ def parse_send(params: Params, *, now_ms: int, make_id: Callable[[], str], defau
     """sendMsg: produce time is `now_ms`; see the module docstring for the rules."""
     message = _message(params, "", _required_name(params, "topic"), now_ms, make_id, defaults, max_msg_bytes)
     if params.get("strictIdempotence") is None:
-        return tuple.__new__(NewSend, (message, False, None))  # (every field: tuple.__new__ fills no default)
+        return tuple.__new__(NewSend, (message, False, None, False))  # (every field: tuple.__new__ fills no default)
     return NewSend(message, _bool(params, "strictIdempotence", default=False))
 
 
@@ -333,7 +333,7 @@ def parse_send_batch(body: Params, *, now_ms: int, make_id: Callable[[], str], d
             message = _message(item, "", topic, now_ms, make_id, defaults, max_msg_bytes)
             own_strict = item.get("strictIdempotence")
             out.append(new(NewSend, (message, strict if own_strict is None
-                                     else _bool(item, "strictIdempotence", default=strict), None)))
+                                     else _bool(item, "strictIdempotence", default=strict), None, False)))
         except InvalidRequest as e:
             raise _within(e, f"msgs[{i}].") from None
     return tuple(out)
