@@ -69,7 +69,12 @@ deadline (nominal + misfireGraceMillis, `NewSend.skip_after_ms`, kept in
 its meta): the script that releases it after that ends it unseen (status
 5) in the same step, as the disk's release does through `on_release`, so
 it is never delivered; one that the script delivered was released within
-its grace and counts so even if the watch saw it later. getSchedule lists
+its grace and counts so even if the watch saw it later. A run due while
+its topic or serial key is paused is held back by the scripts themselves
+(lua/backend/common.lua's hold: left WAITING, released by the resume's
+flow_save.lua), so the watch, reading it WAITING long past its trigger
+time (HELD_AFTER_MS) every WATCH_MAX_SLEEP_MS, makes no next run until it
+sees that release, judged by the misfire rule then. getSchedule lists
 a released run whose next run is not made yet (broker.schedules.keeper'
 `last_runs`), so an acked run is listed on every node at once.
 """

@@ -403,7 +403,8 @@ class Schedules:
         self.run_conflicts = 0
         self._backend: Backend | None = None
         self._task: asyncio.Task[None] | None = None
-        # The backend's pauses (None: it has none, as on Redis): a pending run
+        # The backend's pauses (None: none here; on Redis the scripts hold runs
+        # back themselves, broker.redis.schedules): a pending run
         # that falls due while its topic or serial key is paused is held back
         # (`on_hold`), kept here, schedule -> (nominal, place), until the
         # resume (`resumed`) releases it, judged by its misfire rule then.
