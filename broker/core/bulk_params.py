@@ -82,6 +82,9 @@ class BulkFilter(NamedTuple):
     # messages left out, by place (a resume's shift or expire: the runs of
     # recurring schedules a pause held back, which their misfire rule decides)
     exclude: frozenset[Location] = frozenset()
+    # False: those runs left out on the Redis backend too, where each one's
+    # meta marks it held (broker.redis.bulk; lua/backend/common.lua's hold)
+    held_runs: bool = True
 
     def needs_body(self) -> bool:
         """Whether matching needs more than a trigger time and a status

@@ -261,10 +261,13 @@ class NewSend(NamedTuple):
     plus misfireGraceMillis; None otherwise): a first release after it ends
     the message unseen (status 5). The Redis backend stores it with the
     message and its release script decides; the disk backend asks
-    `Schedules.on_release` at the release instead (broker.schedules.keeper)."""
+    `Schedules.on_release` at the release instead (broker.schedules.keeper).
+    `run`: a schedule's run (the Redis backend holds it back while its
+    topic or serial key is paused; docs/redis.md, "Flow")."""
     message: NewMessage
     strict: bool
     skip_after_ms: int | None = None
+    run: bool = False
 
 
 def as_sends(items: Sequence[NewSend | NewMessage]) -> list[NewSend]:
@@ -290,7 +293,7 @@ def parse_send(params: Params, *, now_ms: int, make_id: Callable[[], str], defau
     """sendMsg: produce time is `now_ms`; see the module docstring for the rules."""
     message = _message(params, "", _required_name(params, "topic"), now_ms, make_id, defaults, max_msg_bytes)
     if params.get("strictIdempotence") is None:
-        return tuple.__new__(NewSend, (message, False, None))  # (every field: tuple.__new__ fills no default)
+        return tuple.__new__(NewSend, (message, False, None, False))  # (every field: tuple.__new__ fills no default)
     return NewSend(message, _bool(params, "strictIdempotence", default=False))
 
 
@@ -330,7 +333,7 @@ def parse_send_batch(body: Params, *, now_ms: int, make_id: Callable[[], str], d
             message = _message(item, "", topic, now_ms, make_id, defaults, max_msg_bytes)
             own_strict = item.get("strictIdempotence")
             out.append(new(NewSend, (message, strict if own_strict is None
-                                     else _bool(item, "strictIdempotence", default=strict), None)))
+                                     else _bool(item, "strictIdempotence", default=strict), None, False)))
         except InvalidRequest as e:
             raise _within(e, f"msgs[{i}].") from None
     return tuple(out)

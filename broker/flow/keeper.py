@@ -330,7 +330,7 @@ class TopicFlow:
         if length_ms <= 0:
             return
         flt = BulkFilter(key=request.key, statuses=MOVABLE, trigger_from_ms=pause.since_ms,
-                         trigger_to_ms=pause.resume_ms, exclude=self._held(request))
+                         trigger_to_ms=pause.resume_ms, exclude=self._held(request), held_runs=False)
         more = True
         while more:
             moved, more = await gate.reschedule_msgs(
@@ -350,7 +350,7 @@ class TopicFlow:
         if pause.resume_ms <= pause.since_ms:
             return
         flt = BulkFilter(key=request.key, statuses=MOVABLE, trigger_from_ms=pause.since_ms,
-                         trigger_to_ms=pause.resume_ms, exclude=self._held(request))
+                         trigger_to_ms=pause.resume_ms, exclude=self._held(request), held_runs=False)
         more = True
         while more:
             ended, more = await gate.expire_paused(request.topic, flt, RESUME_SLICE)

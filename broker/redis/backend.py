@@ -140,7 +140,7 @@ class RedisBroker:
         self.expire_paused = self._bulk.expire_paused
         self.set_dedup_window = requests.set_dedup_window
         # the topic settings and pauses, in Redis (RedisNode's TopicFlow saves them there)
-        self.topic_settings = RedisTopicSettings(link)
+        self.topic_settings = RedisTopicSettings(link, clock)
 
     @classmethod
     def from_url(cls, url: str, clock: Clock, defaults: Defaults, metrics: Metrics,

@@ -93,7 +93,8 @@ class RedisBulk:
             return (meta["status"] in wanted and flt.in_range(int(meta["trigger"]))
                     and (flt.key is None or meta.get("key", "") == flt.key)
                     and (flt.tag is None or meta["tag"] == flt.tag)
-                    and (flt.msg_id_prefix is None or msg_id.startswith(flt.msg_id_prefix)))
+                    and (flt.msg_id_prefix is None or msg_id.startswith(flt.msg_id_prefix))
+                    and (flt.held_runs or "held" not in meta))
 
         if flt.key is not None:  # every keyed message is in `keyed` (keys came with it)
             reads = self._indexed(topic, "key", flt.key, "\x00", "\x01")

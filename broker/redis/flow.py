@@ -9,6 +9,8 @@ Each topic with settings has a `flow` hash in its own slot (broker.redis.keys):
                JSON broker.flow.settings.entries writes
     "k:<key>"  a paused serial key's entry (its pause)
     "paused"   "1" while the topic itself is paused
+    "h:<id>"   a schedule's run the pause holds back (lua/backend/common.lua's
+               hold), released by the resume's script (flow_save.lua)
 
 and its name is in `<prefix>:flowtopics`, so a node reads every topic's
 settings without scanning the topic set. A change replaces the topic's
@@ -34,6 +36,7 @@ from collections.abc import Mapping
 from typing import cast
 
 from storage.errors import Unavailable
+from wheel.clock import Clock
 
 from ..flow.settings import TopicSettings, entries, entry_key, rows
 from .link import REDIS_ERRORS, RedisLink
@@ -76,8 +79,9 @@ class RedisTopicSettings:
     settings changed, each in one script, and wakes the long polls of a
     topic (or key) resumed."""
 
-    def __init__(self, link: RedisLink) -> None:
+    def __init__(self, link: RedisLink, clock: Clock) -> None:
         self._link = link
+        self._clock = clock
         self.index_key = f"{link.config.key_prefix}:flowtopics"
         self._known: dict[str, TopicSettings] = {}
 
@@ -136,7 +140,9 @@ class RedisTopicSettings:
             try:
                 if kept:
                     await redis.sadd(self.index_key, topic)
-                args = [part for pair in kept.items() for part in pair]
+                now_ms = self._clock.now_ms()
+                args = [str(now_ms), str(now_ms + self._link.config.retention_ms),
+                        *(part for pair in kept.items() for part in pair)]
                 woke = await self._link.script("flow_save", topic, args)
                 if not kept:
                     await redis.srem(self.index_key, topic)

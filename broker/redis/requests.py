@@ -152,12 +152,12 @@ class RedisRequests:
         dedup_from = str(now_ms - window_ms + self._config.retention_ms) if window_ms else ""
         args = [str(now_ms), str(now_ms + self._config.retention_ms), dedup_from]
         batch = []
-        for n, is_strict, skip_after_ms in sends:
+        for n, is_strict, skip_after_ms, run in sends:
             batch.append(n)
             args += [n.msg_id, n.msg, str(n.produce_ms), str(n.trigger_ms), str(n.ttl_ms),
                      str(n.trigger_ms + n.ttl_ms), str(n.max_retry), str(n.priority), n.tag,
                      ready_member(n.priority, n.trigger_ms, n.msg_id), "1" if is_strict else "0", n.key,
-                     n.traceparent, n.tracestate, "" if skip_after_ms is None else str(skip_after_ms),
+                     n.traceparent, n.tracestate, run_mark(skip_after_ms, run),
                      n.fair_key]
         results = await self._script("send", topic, args)
         m = self._metrics.topic(topic)
@@ -475,3 +475,11 @@ class RedisRequests:
             for i, topic in enumerate(chunk):
                 out[topic] = (sizes[3 * i], sizes[3 * i + 1], sizes[3 * i + 2], None)
         return out
+
+
+def run_mark(skip_after_ms: int | None, run: bool) -> str:
+    """send.lua's `skip` argument: a run of misfire=skip's deadline, "r" a
+    schedule's other run, "" a message of no schedule."""
+    if skip_after_ms is not None:
+        return str(skip_after_ms)
+    return "r" if run else ""

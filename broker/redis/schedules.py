@@ -69,7 +69,12 @@ deadline (nominal + misfireGraceMillis, `NewSend.skip_after_ms`, kept in
 its meta): the script that releases it after that ends it unseen (status
 5) in the same step, as the disk's release does through `on_release`, so
 it is never delivered; one that the script delivered was released within
-its grace and counts so even if the watch saw it later. getSchedule lists
+its grace and counts so even if the watch saw it later. A run due while
+its topic or serial key is paused is held back by the scripts themselves
+(lua/backend/common.lua's hold: left WAITING, released by the resume's
+flow_save.lua), so the watch, reading it WAITING long past its trigger
+time (HELD_AFTER_MS) every WATCH_MAX_SLEEP_MS, makes no next run until it
+sees that release, judged by the misfire rule then. getSchedule lists
 a released run whose next run is not made yet (broker.schedules.keeper'
 `last_runs`), so an acked run is listed on every node at once.
 """
@@ -162,6 +167,10 @@ READ_PAGE = 200
 # A pending run found still WAITING at its trigger time is read again this
 # soon (the TICK that releases it runs at about that time, on some node).
 RECHECK_MS = 20
+# A pending run still WAITING this long past its trigger time is held back
+# by a pause of its topic or serial key (lua/backend/common.lua's hold): read
+# again every WATCH_MAX_SLEEP_MS, so its resume is seen within that.
+HELD_AFTER_MS = 1_000
 # The longest the watch sleeps: a run put or made since its last look is
 # seen within this; and how often the holder reads what other nodes changed.
 WATCH_MAX_SLEEP_MS = 200
@@ -460,8 +469,9 @@ class RunWatch:
                     next_ms = min(next_ms, now_ms + RECHECK_MS)
                     continue
                 made = state.made(nominal_ms, message)
-                if message.status is Status.WAITING and made:
-                    next_ms = min(next_ms, self._clock.now_ms() + RECHECK_MS)
+                if message.status is Status.WAITING and made:  # (long past due: held back by a pause, read less often)
+                    late = self._clock.now_ms() - state.trigger_ms(nominal_ms) > HELD_AFTER_MS
+                    next_ms = min(next_ms, self._clock.now_ms() + (WATCH_MAX_SLEEP_MS if late else RECHECK_MS))
                     continue
                 self._told.add((state.key, nominal_ms))
                 if message.status is Status.DELETED or not made:

@@ -403,7 +403,8 @@ class Schedules:
         self.run_conflicts = 0
         self._backend: Backend | None = None
         self._task: asyncio.Task[None] | None = None
-        # The backend's pauses (None: it has none, as on Redis): a pending run
+        # The backend's pauses (None: none here; on Redis the scripts hold runs
+        # back themselves, broker.redis.schedules): a pending run
         # that falls due while its topic or serial key is paused is held back
         # (`on_hold`), kept here, schedule -> (nominal, place), until the
         # resume (`resumed`) releases it, judged by its misfire rule then.
@@ -888,7 +889,7 @@ class Schedules:
                              state.trigger_ms(nominal_ms), spec.ttl_ms, spec.max_retry, spec.priority, spec.tag,
                              spec.key)
         skip_after = nominal_ms + spec.grace_ms if spec.misfire is Misfire.SKIP else None
-        return NewSend(message, strict, skip_after)
+        return NewSend(message, strict, skip_after, run=True)
 
     async def _drop_run(self, topic: str, msg_id: str) -> None:
         """Delete a run if it is still waiting (a released one is delivered),
@@ -1165,18 +1166,19 @@ class Schedules:
         """getSchedule's lastRuns: the released runs, newest first, each with its message's status now."""
         backend = self.backend()
         runs: list[dict[str, object]] = []
-        listed = state.last_runs
-        if state.pending is not None:  # released, its next run not made yet (on Redis: until the lease holder sees it)
-            msg_id = state.msg_id(state.pending)
+        # (as they are now: the worker may follow the release while the reads below wait)
+        listed, pending = state.last_runs, state.pending
+        if pending is not None:  # released, its next run not made yet (on Redis: until the lease holder sees it)
+            msg_id = state.msg_id(pending)
             try:
                 message: Message | None = await backend.get(state.spec.topic, msg_id)
             except NotFound:
                 message = None
             if message is not None and message.status is not Status.WAITING:
-                late_ms = max(0, seen_released_ms(state.spec, state.pending, message.status, self._clock.now_ms())
-                              - state.pending)
-                runs.append({"scheduledTime": state.pending, "msgId": msg_id,
-                             "triggerTime": state.trigger_ms(state.pending), "status": int(message.status),
+                late_ms = max(0, seen_released_ms(state.spec, pending, message.status, self._clock.now_ms())
+                              - pending)
+                runs.append({"scheduledTime": pending, "msgId": msg_id,
+                             "triggerTime": state.trigger_ms(pending), "status": int(message.status),
                              "latenessMillis": late_ms, "missed": late_ms > state.spec.grace_ms})
                 listed = listed[len(listed) >= LAST_RUNS:]
         for nominal_ms, late_ms, missed in reversed(listed):

@@ -12,6 +12,11 @@ redis://` processes sharing one real redis-server (the session's):
   schedule calls at once (never 503, the dead node's lease still
   running), each seeing the others' changes, and the dead node's
   schedules fire again within the lease time;
+- a run held back by its topic's pause, the holder SIGKILLed during the
+  pause and the topic resumed through the other node: the run stays held
+  (waiting, no run made behind it) across the kill, and once the lease
+  lapsed it is judged by its misfire rule (once: delivered once, missed;
+  the next run the first nominal time after the resume);
 - two runs acked: getSchedule's lastRuns lists both, on every node, at once;
 - a purge through the node that does not hold the lease deletes the
   pending runs and the schedules go on; that node refuses a send under a
@@ -228,6 +233,35 @@ def test_every_node_serves_the_schedule_calls_while_a_killed_holders_lease_runs(
     assert made, [(m["msgId"], m["produceTime"]) for m in later]
     assert made[0]["produceTime"] - killed_ms <= LEASE_MS + 5_000, (made[0], killed_ms)
     assert holds_lease(new) or holds_lease(survivor)
+
+
+def test_a_run_held_by_a_pause_survives_the_holders_kill_9(two_nodes):
+    topic, nodes = two_nodes.topic, two_nodes.nodes
+    held = holder(nodes)
+    survivor = nodes[1 - held]
+    schedule = nodes[held].post("putSchedule", topic=topic, scheduleId="s", everyMillis=1000, msg="run",
+                                misfire="once", misfireGraceMillis=1000)[1]["schedule"]
+    first = schedule["nextFireTimes"][0]
+    assert survivor.post("pauseTopic", topic=topic)[0] == 200
+    time.sleep(max(0.0, (first + 2500) / 1000 - time.time()))  # 2 nominal times and more past the first
+    nodes[held].kill()
+    killed_ms = int(time.time() * 1000)
+    got = survivor.get("getSchedule", topic=topic, scheduleId="s")[1]["schedule"]
+    assert got["runs"] == 1 and got["nextFireTimes"][0] == first, got  # held: no run made behind it
+    assert message(survivor, topic, f"s@{first}")["status"] == 1  # waiting
+    time.sleep(1.5)  # more nominal times pass, the holder dead: nothing moves it
+    assert message(survivor, topic, f"s@{first}")["status"] == 1
+    resumed_ms = int(time.time() * 1000)
+    assert survivor.post("resumeTopic", topic=topic)[0] == 200
+    assert elapsed_ms(killed_ms) < LEASE_MS  # (resumed while the dead holder's lease still runs)
+    got_runs = pull_until(survivor, topic, 2, timeout_s=LEASE_MS / 1000 + 10, ackTimeoutMillis=60_000)
+    times = [m["scheduledTime"] for m in got_runs]
+    assert times[0] == first and len(times) == 2, times  # once: the held run alone, then the next on time
+    assert times[1] > resumed_ms and (times[1] - first) % 1000 == 0, (times, resumed_ms)
+    after = survivor.get("getSchedule", topic=topic, scheduleId="s")[1]["schedule"]
+    judged = {r["scheduledTime"]: r for r in after["lastRuns"]}[first]
+    assert judged["missed"] is True and judged["latenessMillis"] >= resumed_ms - first, judged
+    assert holds_lease(survivor)
 
 
 def elapsed_ms(since_ms: int) -> int:

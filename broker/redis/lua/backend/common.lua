@@ -84,6 +84,7 @@ local function ready_add(id, m)
   redis.call('ZADD', EXPIRE, m.expire, id)
   m.status = '2'
   m.skip = nil  -- released: its schedule moves on, and a later release (a reschedule) skips nothing
+  m.held = nil
   if keyed(m) then
     local k = m.key
     redis.call('ZADD', KEYREADY, 0, k .. '\0' .. m.rk)
@@ -154,6 +155,20 @@ end
 -- Schedules.on_release ends it (broker.schedules.keeper).
 local function skipped(m, now)
   return m.skip ~= nil and m.retry == '0' and tonumber(now) > tonumber(m.skip)
+end
+-- A schedule's run (m.run, send.lua) that falls due while its topic or its
+-- serial key is paused is held back (docs/redis.md, "Flow"): it stays
+-- WAITING (1), out of WAITING, marked m.held and named in FLOW ("h:<id>"),
+-- until the resume's flow_save.lua releases it, judged then (a run of
+-- misfire=skip past its grace ends unseen: skipped) -- its schedule makes
+-- no next run meanwhile (broker.redis.schedules' RunWatch sees it waiting).
+local function run_paused(m)
+  return m.run ~= nil and m.retry == '0'
+    and (redis.call('HEXISTS', FLOW, 'paused') == 1 or (keyed(m) and key_paused(m.key)))
+end
+local function hold(id, m)
+  m.held = '1'
+  redis.call('HSET', FLOW, 'h:' .. id, '1')
 end
 -- A message out of READY past its expire time: 5 if never delivered, else 6.
 local function end_expired(id, m, retire_at)

@@ -8,7 +8,9 @@
 -- `dedup_from` (now - window + retention; '': no window); each send it
 -- answers so moves its purge time to `retire_at`: the window slides. `skip` (a schedule's run
 -- with misfire=skip: nominal + grace): released first after it, the message
--- ends unseen (5), here if due already, else in tick.lua.
+-- ends unseen (5), here if due already, else in tick.lua; 'r': a schedule's run
+-- of another misfire; either marks a run (m.run), held back while its topic or
+-- key is paused (common.lua's hold).
 if fenced() then return redis.error_reply(FENCE) end
 local now, retire_at, dedup_from = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3])
 local function deduplicated(id)
@@ -42,10 +44,13 @@ for i = 4, #ARGV, 16 do
       m.traceparent = ARGV[i + 12]
       if ARGV[i + 13] ~= '' then m.tracestate = ARGV[i + 13] end
     end
-    if ARGV[i + 14] ~= '' then m.skip = ARGV[i + 14] end
+    if ARGV[i + 14] ~= '' then m.run = '1' end
+    if ARGV[i + 14] ~= '' and ARGV[i + 14] ~= 'r' then m.skip = ARGV[i + 14] end
     if ARGV[i + 15] ~= '' then m.fairKey = ARGV[i + 15] end
     if tonumber(m.trigger) > now then
       redis.call('ZADD', WAITING, m.trigger, id)
+    elseif now < tonumber(m.expire) and run_paused(m) then
+      hold(id, m)
     elseif now >= tonumber(m.expire) or skipped(m, now) then
       finish(id, m, '5', retire_at)
     else

@@ -1,5 +1,6 @@
 -- The mover's step: WAITING -> READY (or EXPIRED past its expire time, or
--- a schedule's run of misfire=skip past its grace: common.lua's skipped), ack
+-- a schedule's run of misfire=skip past its grace: common.lua's skipped; or
+-- held back, still WAITING, if its topic or key is paused: common.lua's hold), ack
 -- timeouts (CONSUMING -> READY retry+1, or 6), READY expiry (5 if never
 -- delivered, else 6), purge of retired final messages; and the push
 -- deliveries whose node is gone: the calling node renews its lease in
@@ -31,7 +32,9 @@ local function each_due(key, status, step)
   return #ids
 end
 local due = each_due(WAITING, '1', function(id, m)
-  if tonumber(now) >= tonumber(m.expire) or skipped(m, now) then  -- skipped: a missed run of misfire=skip
+  if tonumber(now) < tonumber(m.expire) and run_paused(m) then  -- a schedule's run held by a pause
+    hold(id, m)
+  elseif tonumber(now) >= tonumber(m.expire) or skipped(m, now) then  -- skipped: a missed run of misfire=skip
     finish(id, m, '5', retire_at)
     ended = ended + 1
   else
