@@ -39,7 +39,6 @@ from .disk import Disk
 from .entry import MS_PER_HOUR
 from .hour import Hour
 from .hour_table import HourTable
-from .id_index import IdIndex
 from .pending import Pending
 from .types import CheckpointReport, PreparedCheckpoint
 
@@ -54,7 +53,7 @@ class Retention:
     `sync_checkpoint`."""
 
     def __init__(self, directory: str, config: StoreConfig, hours: HourTable, pending: Pending, applier: Applier,
-                 log: CommitLog, ids: IdIndex, checkpoint_offset: int, disk: Disk) -> None:
+                 log: CommitLog, checkpoint_offset: int, disk: Disk) -> None:
         self._directory = directory
         self._disk = disk  # what a checkpoint makes the data directory durable through (storage.disk)
         self._retention_ms = config.retention_ms
@@ -62,7 +61,6 @@ class Retention:
         self._pending = pending
         self._applier = applier
         self._log = log
-        self._ids = ids
         self._checkpoint_offset = checkpoint_offset  # commit offset of the last checkpoint read or written
 
     def checkpoint(self, now_ms: int) -> CheckpointReport:
@@ -91,9 +89,6 @@ class Retention:
         self._checkpoint_offset = p.offset
         self._hours.delete_files(p.retired)
         deleted = self._log.delete_before(p.offset if keep_log_from is None else min(p.offset, keep_log_from))
-        self._ids.shed()
-        self._log.shed()
-        self._hours.shed()
         return CheckpointReport(p.offset, deleted, p.retired)
 
     def checkpoint_due(self, now_ms: int) -> bool:

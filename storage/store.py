@@ -204,7 +204,7 @@ class Store:
         # know whether a round has that to do; never change them.
         self.held_parts: Mapping[int, object] = self._applier.held
         self.deferred_parts: Sequence[object] = self._applier.deferred
-        self._retention = Retention(directory, config, hours, self._pending, self._applier, log, ids,
+        self._retention = Retention(directory, config, hours, self._pending, self._applier, log,
                                     checkpoint.commit_offset, disk)
 
     @classmethod
@@ -719,11 +719,26 @@ class Store:
         if the checkpoint no longer needs them (a follower still reads them)."""
         self._check_open()
         report = self._retention.finish_checkpoint(p, keep_log_from)
+        self.shed()
+        return report
+
+    def shed(self) -> None:
+        """Drop every mapped file's resident pages (the commit log's, the
+        hours', the id, key and end indexes'): the data stays in the files
+        and the page cache, and the next touch faults it back in. After
+        each checkpoint, and every second between (broker.server): pages
+        touched while a slow syncfs runs would otherwise count in the
+        node's RSS until the checkpoint ends (docs/internals.md, "Writing").
+        A closed store has nothing mapped: nothing to do."""
+        if self._closed:
+            return
+        self.ids.shed()
+        self.log.shed()
+        self._hours.shed()
         if self.keys is not None:
-            self.keys.shed()  # its pages back to the page cache, as the id index's
+            self.keys.shed()
         if self.ends is not None:
             self.ends.shed()
-        return report
 
     def checkpoint_due(self, now_ms: int) -> bool:
         """Whether a checkpoint would change anything: a record appended since

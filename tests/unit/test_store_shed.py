@@ -1,0 +1,72 @@
+"""What a node's RSS holds of the store's mapped files: `Store.shed` drops
+every mapped file's resident pages (the data stays), and the checkpoint
+loop sheds every interval while a checkpoint runs long
+(broker.server.checkpoint_every)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+from broker.server import checkpoint_every
+from storage.config import StoreConfig
+from storage.entry import MS_PER_HOUR, Status
+from storage.store import NewMessage, StateChange, Store
+
+CONFIG = StoreConfig(segment_bytes=1 << 20, id_shard_initial_slots=4096, retention_ms=MS_PER_HOUR)
+NOW = 490_000 * MS_PER_HOUR + 5_000
+
+
+def resident_kb(directory: str) -> int:
+    """The kB of this process's mappings of files under `directory` that
+    are resident (/proc/self/smaps)."""
+    total, inside = 0, False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            fields = line.split()
+            if len(fields) >= 5 and "-" in fields[0] and ":" in fields[3]:  # a mapping's head line
+                inside = len(fields) >= 6 and fields[5].startswith(directory + "/")
+            elif inside and fields and fields[0] == "Rss:":
+                total += int(fields[1])
+    return total
+
+
+def test_shed_drops_every_mapped_files_resident_pages_and_keeps_the_data(tmp_path):
+    directory = os.path.realpath(str(tmp_path))
+    with Store.open(directory, CONFIG, now_ms=NOW) as store:
+        store.keep_ends("t", True)  # the end index too
+        sent = store.send([NewMessage("t", f"m{i}", "x" * 100, NOW, NOW, MS_PER_HOUR, 3) for i in range(3000)], NOW)
+        store.commit()
+        store.update([StateChange(s.message.location, Status.ACKED, 0) for s in sent[:1000]], NOW + 1)
+        store.commit()
+        assert resident_kb(directory) > 0
+        store.shed()
+        for part in ("ids", "ends", "delay"):
+            assert resident_kb(os.path.join(directory, part)) == 0
+        assert resident_kb(os.path.join(directory, "commitlog")) <= 4  # (the page its last fsync ended in)
+        assert store.get("t", "m2999") is not None  # read again through the mappings
+        assert store.ended_at(sent[0].message.location, NOW + 2) == NOW + 1
+
+
+def test_a_checkpoint_longer_than_the_interval_has_the_pages_shed_meanwhile():
+    async def run() -> int:
+        sheds = 0
+        three = asyncio.Event()
+
+        def shed() -> None:
+            nonlocal sheds
+            sheds += 1
+            if sheds == 3:
+                three.set()
+
+        async def slow_checkpoint() -> None:  # a syncfs on a busy disk: ends after three sheds
+            await three.wait()
+
+        failed: list[BaseException] = []
+        loop = asyncio.create_task(checkpoint_every(10, slow_checkpoint, lambda e, where: failed.append(e), shed))
+        await asyncio.wait_for(three.wait(), 30)
+        loop.cancel()
+        await asyncio.gather(loop, return_exceptions=True)
+        assert failed == []
+        return sheds
+    assert asyncio.run(run()) >= 3
