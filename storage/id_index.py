@@ -105,6 +105,15 @@ SHARD_SHIFT = 58  # 64 - log2(SHARDS)
 MAX_LOAD = 0.7
 MAX_PROBE_SLOTS = 64
 MIN_LOAD_TO_GROW = 0.25  # below it, a run too long is of equal keys: probing on beats doubling
+# Resident pages between sheds: an index whose shards are larger than
+# SHED_ABOVE_BYTES sheds its mapped pages (`shed`) once SHED_EVERY_CALLS
+# lookups and inserts touched them since the last shed -- each touches a
+# page or two, so at most some 4 to 8 MB stay resident however fast ids
+# come (a checkpoint's shed, every second, lets a busy index hold a
+# second's pages: 100s of MB at 10,000 ids a second). A smaller index
+# stays resident: its pages cost at most SHED_ABOVE_BYTES.
+SHED_EVERY_CALLS = 1024
+SHED_ABOVE_BYTES = 16 << 20
 _CHECK = struct.Struct("<QII")
 _TOPIC_LENGTH = struct.Struct("<I")
 
@@ -273,7 +282,8 @@ class IdIndex:
     Cost: O(1) expected per call, at most MAX_PROBE_SLOTS slots read per
     insert before the shard grows; `probes` counts every slot read. Memory
     is the mapped pages touched, which `shed()` returns to the page cache
-    after each checkpoint.
+    after each checkpoint, and every SHED_EVERY_CALLS calls once the index
+    is larger than SHED_ABOVE_BYTES (`_touched`).
     """
 
     def __init__(self, directory: str, initial_slots: int, is_live: Callable[[int], bool], secret: bytes,
@@ -286,6 +296,9 @@ class IdIndex:
         self._checks_released = is_released is not None  # (the key index does not: storage.key_index)
         self.shards: list[Shard] = []
         self.probes = 0  # slots read by put and candidates, for tests and metrics
+        self.sheds = 0  # sheds of its pages, for tests
+        self.shed_every_calls, self.shed_above_bytes = SHED_EVERY_CALLS, SHED_ABOVE_BYTES
+        self._calls = 0  # lookups and inserts since the last shed
         self._secret = secret
         self._secret_tag = zlib.crc32(secret)
         self._hasher = hashlib.blake2b(key=secret, digest_size=8)
@@ -387,6 +400,7 @@ class IdIndex:
     def candidates(self, key: int) -> list[Location]:
         """The live locations stored under `key` (another message's whose id
         hashes alike among them: the caller compares the ids)."""
+        self._touched(1)
         shard = self.shards[key >> SHARD_SHIFT]
         found: list[Location] = []
         mm, unpack, is_live, mask = shard.mm, GROUP.unpack_from, self.is_live, shard.group_mask
@@ -443,6 +457,7 @@ class IdIndex:
                         break
                 group = (group + stride) & mask
         self.probes += probes
+        self._touched(len(keys))
         return keys, found
 
     # -- counters (the key index's buckets: storage.key_index) --------------------------
@@ -468,6 +483,7 @@ class IdIndex:
 
     def _counter(self, key: int, hour: int) -> tuple[int, int] | None:
         """(offset, count) of the first slot of `key` whose file is `hour`."""
+        self._touched(1)
         shard = self._shard(key)
         mm, unpack = shard.mm, GROUP.unpack_from
         group, stride = probe_start(key, shard.group_mask)
@@ -492,6 +508,7 @@ class IdIndex:
         (a message filed anew: its old place released, storage.refile);
         `put` when no slot points at `old` (a replay that finds the index
         moved already, or a slot dropped when its shard doubled)."""
+        self._touched(1)
         shard = self._shard(key)
         mm, unpack = shard.mm, GROUP.unpack_from
         old_loc = pack_loc(key, old[0], old[1])
@@ -522,7 +539,9 @@ class IdIndex:
         """`put` each (key, hour, global_index), in order (a commit's sends:
         a Python call each, the probe's)."""
         shards, crc, check, free_slot = self.shards, zlib.crc32, _CHECK.pack, self._free_slot
+        n = 0
         for key, hour, global_index in entries:
+            n += 1
             loc = hour << 40 | global_index << 8 | crc(check(key, hour, global_index)) & 0xFF  # pack_loc
             bounded = True
             while True:
@@ -540,6 +559,7 @@ class IdIndex:
                 # The run was too long: a bigger shard parts it (on a full
                 # disk, probe on: correct, only slower).
                 bounded = self._double(shard)
+        self._touched(n)
 
     def _free_slot(self, shard: Shard, key: int, loc: int, bounded: bool) -> int | None:
         """Where (key, loc) goes: the offset of the first empty or dead slot
@@ -646,8 +666,21 @@ class IdIndex:
             shard.mm.flush()
 
     def shed(self) -> None:
+        """Every shard's resident pages dropped: the slots stay in the files
+        and the page cache, and the next touch faults its page back in."""
+        self._calls = 0
+        self.sheds += 1
         for shard in self.shards:
             shard.mm.madvise(mmap.MADV_DONTNEED)
+
+    def _touched(self, calls: int) -> None:
+        """`calls` lookups or inserts made: the pages shed when enough were
+        since the last shed and the index is large (SHED_EVERY_CALLS)."""
+        self._calls += calls
+        if self._calls >= self.shed_every_calls:
+            self._calls = 0
+            if self.disk_bytes() > self.shed_above_bytes:
+                self.shed()
 
     def disk_bytes(self) -> int:
         return sum(HEADER_BYTES + s.slot_count * SLOT_BYTES for s in self.shards)

@@ -70,3 +70,26 @@ def test_a_checkpoint_longer_than_the_interval_has_the_pages_shed_meanwhile():
         assert failed == []
         return sheds
     assert asyncio.run(run()) >= 3
+
+
+def test_a_large_index_sheds_its_pages_every_so_many_calls_between_checkpoints(tmp_path):
+    """Ids coming faster than checkpoints: an index larger than its
+    threshold (here 0 bytes) keeps at most SHED_EVERY_CALLS calls' pages
+    resident (here 64), with no checkpoint; a smaller one keeps them all."""
+    directory = os.path.realpath(str(tmp_path))
+    with Store.open(directory, CONFIG, now_ms=NOW) as store:
+        ids = store.ids
+        ids.shed_every_calls, ids.shed_above_bytes = 64, 0
+        for n in range(40):  # 40 commits of 50 sends: a shed every 64 puts and look-ups
+            store.send([NewMessage("t", f"m{n}-{i}", "x", NOW, NOW, MS_PER_HOUR, 3) for i in range(50)], NOW)
+            store.commit()
+        assert ids.sheds >= 40 * 50 // 64
+        # at most the pages of the calls since the last shed: 64 calls, a page or two each
+        assert resident_kb(os.path.join(directory, "ids")) <= 2 * 64 * 4
+        assert store.get("t", "m0-0") is not None and store.get("t", "m39-49") is not None
+        ids.shed_above_bytes = 1 << 40  # a small index: never shed but by the checkpoints
+        before = ids.sheds
+        for n in range(10):
+            store.send([NewMessage("t", f"k{n}-{i}", "x", NOW, NOW, MS_PER_HOUR, 3) for i in range(50)], NOW)
+            store.commit()
+        assert ids.sheds == before
