@@ -80,6 +80,7 @@ import mmap
 import os
 import shutil
 import struct
+import sys
 import zlib
 from array import array
 from collections.abc import Callable, Iterable, Sequence
@@ -114,6 +115,15 @@ MIN_LOAD_TO_GROW = 0.25  # below it, a run too long is of equal keys: probing on
 # stays resident: its pages cost at most SHED_ABOVE_BYTES.
 SHED_EVERY_CALLS = 1024
 SHED_ABOVE_BYTES = 16 << 20
+# A read of a page not mapped yet maps its neighbours too (the kernel's
+# fault-around: 64 kB a read on Linux), so a large index's random probes
+# would each make 16 pages resident. Above SHED_ABOVE_BYTES each probe
+# first maps its group's page alone, writable (madvise MADV_POPULATE_WRITE,
+# Linux 5.14+; a write fault maps one page): some 1 us a probe, paid only
+# by an index that large. Elsewhere (or refused) probes read as they are.
+MADV_POPULATE_WRITE = 23
+PAGE_BYTES = mmap.PAGESIZE
+PAGE_MASK = ~(PAGE_BYTES - 1)
 _CHECK = struct.Struct("<QII")
 _TOPIC_LENGTH = struct.Struct("<I")
 
@@ -299,6 +309,8 @@ class IdIndex:
         self.sheds = 0  # sheds of its pages, for tests
         self.shed_every_calls, self.shed_above_bytes = SHED_EVERY_CALLS, SHED_ABOVE_BYTES
         self._calls = 0  # lookups and inserts since the last shed
+        self._paged = False  # each probe maps its page alone first (large: MADV_POPULATE_WRITE)
+        self._can_page = sys.platform.startswith("linux")  # (False once the kernel refused it)
         self._secret = secret
         self._secret_tag = zlib.crc32(secret)
         self._hasher = hashlib.blake2b(key=secret, digest_size=8)
@@ -404,10 +416,13 @@ class IdIndex:
         shard = self.shards[key >> SHARD_SHIFT]
         found: list[Location] = []
         mm, unpack, is_live, mask = shard.mm, GROUP.unpack_from, self.is_live, shard.group_mask
+        paged = self._paged
         group, stride = probe_start(key, mask)
         probes = 0
         while True:
             base = HEADER_BYTES + group * GROUP_BYTES
+            if paged:
+                mm.madvise(MADV_POPULATE_WRITE, base & PAGE_MASK, PAGE_BYTES)
             slots = unpack(mm, base)
             for i in range(0, 8, 2):
                 probes += 1
@@ -436,7 +451,7 @@ class IdIndex:
             h.update(prefix + msg_id.encode())
             keys.append(int.from_bytes(h.digest(), "little") or 1)
         found: set[int] = set()
-        unpack, shards = GROUP.unpack_from, self.shards
+        unpack, shards, paged = GROUP.unpack_from, self.shards, self._paged
         probes = 0
         for key in keys:
             shard = shards[key >> SHARD_SHIFT]
@@ -444,7 +459,10 @@ class IdIndex:
             group, stride = probe_start(key, mask)
             searching = True
             while searching:
-                slots = unpack(mm, HEADER_BYTES + group * GROUP_BYTES)
+                base = HEADER_BYTES + group * GROUP_BYTES
+                if paged:
+                    mm.madvise(MADV_POPULATE_WRITE, base & PAGE_MASK, PAGE_BYTES)
+                slots = unpack(mm, base)
                 for i in range(0, 8, 2):
                     probes += 1
                     k = slots[i]
@@ -488,8 +506,11 @@ class IdIndex:
         mm, unpack = shard.mm, GROUP.unpack_from
         group, stride = probe_start(key, shard.group_mask)
         probes = 0
+        paged = self._paged
         while True:
             base = HEADER_BYTES + group * GROUP_BYTES
+            if paged:
+                mm.madvise(MADV_POPULATE_WRITE, base & PAGE_MASK, PAGE_BYTES)
             slots = unpack(mm, base)
             for i in range(0, 8, 2):
                 probes += 1
@@ -514,8 +535,11 @@ class IdIndex:
         old_loc = pack_loc(key, old[0], old[1])
         group, stride = probe_start(key, shard.group_mask)
         probes = 0
+        paged = self._paged
         while True:
             base = HEADER_BYTES + group * GROUP_BYTES
+            if paged:
+                mm.madvise(MADV_POPULATE_WRITE, base & PAGE_MASK, PAGE_BYTES)
             slots = unpack(mm, base)
             for i in range(0, 8, 2):
                 probes += 1
@@ -571,8 +595,11 @@ class IdIndex:
         may_grow = bounded and shard.used >= shard.slot_count * MIN_LOAD_TO_GROW
         reuse = None
         probes = 0
+        paged = self._paged
         while True:
             base = HEADER_BYTES + group * GROUP_BYTES
+            if paged:
+                mm.madvise(MADV_POPULATE_WRITE, base & PAGE_MASK, PAGE_BYTES)
             slots = unpack(mm, base)
             for i in range(0, 8, 2):
                 probes += 1
@@ -621,7 +648,8 @@ class IdIndex:
         group_mask, is_live = new.group_mask, self.is_live
         live: dict[int, bool] = {}  # file -> is_live, asked once a file
         words = array("Q", bytes(new.slot_count * SLOT_BYTES))
-        pairs = memoryview(old.mm)[HEADER_BYTES:].cast("Q").tolist()
+        pairs = array("Q")  # (the old slots' words, not a list of ints: 8 bytes a word)
+        pairs.frombytes(old.mm[HEADER_BYTES:])
         used = 0
         for i in range(0, len(pairs), 2):
             key = pairs[i]
@@ -653,10 +681,13 @@ class IdIndex:
             words[at + 1] = loc
             used += 1
         new.mm[HEADER_BYTES:] = words.tobytes()
+        del words, pairs
         new.used = used
         new.publish(self._path(n))
         old.close()
         self.shards[n] = new
+        if self._paged:  # (every page of it was just written)
+            new.mm.madvise(mmap.MADV_DONTNEED)
         return True
 
     # -- lifetime ----------------------------------------------------------------------
@@ -680,7 +711,20 @@ class IdIndex:
         if self._calls >= self.shed_every_calls:
             self._calls = 0
             if self.disk_bytes() > self.shed_above_bytes:
+                self._page_probes()
                 self.shed()
+
+    def _page_probes(self) -> None:
+        """From now on each probe maps its page alone first (the index is
+        large: MADV_POPULATE_WRITE), unless the kernel refuses it."""
+        if self._paged or not self._can_page or not self.shards:
+            return
+        try:
+            self.shards[0].mm.madvise(MADV_POPULATE_WRITE, 0, PAGE_BYTES)
+        except (OSError, ValueError):
+            self._can_page = False
+            return
+        self._paged = True
 
     def disk_bytes(self) -> int:
         return sum(HEADER_BYTES + s.slot_count * SLOT_BYTES for s in self.shards)

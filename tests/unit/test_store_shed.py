@@ -93,3 +93,23 @@ def test_a_large_index_sheds_its_pages_every_so_many_calls_between_checkpoints(t
             store.send([NewMessage("t", f"k{n}-{i}", "x", NOW, NOW, MS_PER_HOUR, 3) for i in range(50)], NOW)
             store.commit()
         assert ids.sheds == before
+
+
+def test_a_large_index_maps_one_page_a_probe_not_its_neighbours(tmp_path):
+    """A read of an unmapped page maps its neighbours too (fault-around:
+    64 kB); a large index's look-ups map their group's page alone
+    (MADV_POPULATE_WRITE), so ids looked up at random keep a page or two
+    each resident, not 16."""
+    directory = os.path.realpath(str(tmp_path))
+    with Store.open(directory, CONFIG, now_ms=NOW) as store:
+        ids = store.ids
+        store.send([NewMessage("t", f"m{i}", "x", NOW, NOW, MS_PER_HOUR, 3) for i in range(3000)], NOW)
+        store.commit()
+        ids.shed_every_calls, ids.shed_above_bytes = 1, 0  # large from the next call on
+        assert store.get("t", "m0") is not None
+        ids.shed_every_calls = 1 << 30  # no shed while the look-ups below are counted
+        ids.shed()
+        looked = [f"m{i}" for i in range(0, 3000, 150)]  # 20 ids, spread over the shards
+        for msg_id in looked:
+            assert store.get("t", msg_id) is not None
+        assert resident_kb(os.path.join(directory, "ids")) <= len(looked) * 2 * 4
