@@ -54,14 +54,13 @@ import logging
 import secrets
 from collections import deque
 from collections.abc import Coroutine, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
-from storage.entry import Location
 from storage.errors import ConfigError, ContractError, CorruptionError, InvalidRequest, LimitReached, NotFound, Unavailable
 from wheel.clock import Clock
 
-from ..core.bulk_params import DeadFilter, RedriveMsgsRequest
+from ..core.bulk_params import DeadFilter, JobCursor, RedriveMsgsRequest
 from ..core.redact import client_text
 
 log = logging.getLogger("hourglass.jobs")
@@ -115,10 +114,11 @@ class JobStore(Protocol):
 
 
 class JobBackend(Protocol):
-    """What a job's slices need of the broker (broker.disk.backend.Broker)."""
+    """What a job's slices need of the broker (broker.disk.backend.Broker,
+    broker.redis.backend.RedisBroker: each its own kind of cursor)."""
 
-    async def redrive_slice(self, topic: str, flt: DeadFilter, trigger_ms: int | None, cursor: Location,
-                            max_moves: int) -> tuple[int, int, Location | None, Coroutine[Any, Any, None] | None]: ...
+    async def redrive_slice(self, topic: str, flt: DeadFilter, trigger_ms: int | None, cursor: JobCursor,
+                            max_moves: int) -> tuple[int, int, JobCursor | None, Coroutine[Any, Any, None] | None]: ...
 
 
 def new_job_id() -> str:
@@ -136,7 +136,7 @@ class Job:
     rate: int
     limit: int
     created_ms: int
-    cursor: Location = field(default_factory=lambda: Location(0, 0))
+    cursor: JobCursor = (0, 0)
     matched: int = 0
     redriven: int = 0
     state: JobState = JobState.RUNNING
@@ -185,7 +185,8 @@ class Job:
                 raise ContractError(f"a filter list and a cursor pair, not {flt!r} and {cursor!r}")
             job = cls(str(record["jobId"]), str(record["topic"]), DeadFilter.of(flt), _int_or_none(record["triggerTime"]),
                       _int(record["rate"]), _int(record["limit"]), _int(record["createTime"]),
-                      Location(_int(cursor[0]), _int(cursor[1])), _int(record["matched"]), _int(record["redriven"]),
+                      (_int(cursor[0]), cursor[1] if isinstance(cursor[1], str) else _int(cursor[1])),
+                      _int(record["matched"]), _int(record["redriven"]),
                       JobState(record["state"]), _int_or_none(record["endTime"]),
                       None if record.get("error") is None else str(record["error"]),
                       _int(record.get("nodeRate", record["rate"])))  # (a record of an older release: its rate)
