@@ -179,8 +179,10 @@ class JobApi:
     async def _one(self, jobs: RedriveJobs, op: str, job_id: str) -> dict[str, Any]:
         shards = self.shards
         if shards is None:
-            job = jobs.get(job_id) if op == "job_get" else await jobs.cancel(job_id)
-            return job.public()
+            if op == "job_get":
+                await jobs.sync()  # (a shared store's records as they are now: broker.redis.jobs)
+                return jobs.get(job_id).public()
+            return (await jobs.cancel(job_id)).public()
         found: list[Any] = await shards.everywhere(
             op + "_or_none", [job_id], lambda: _or_none(serve_job_call(jobs, op, [job_id], shards.index,
                                                                        shards.count)))
