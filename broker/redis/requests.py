@@ -26,7 +26,7 @@ from ..core.lifecycle import Lifecycle
 from ..core.params import AckRequest, DeleteRequest, LongPollRequest, NewSend, PullRequest, as_sends
 from ..core.release_rate import ReleaseRate, smoothing_ms
 from ..observe.metrics import Backlog, Metrics, due_ms
-from .keys import NO_LOCATION, ready_member
+from .keys import NO_LOCATION, message_of, ready_member
 from .link import RedisLink, made_ready
 from .scripts import Reply
 
@@ -66,14 +66,7 @@ def _woke(result: Reply) -> tuple[Reply, bool]:
 
 
 def _message(topic: str, msg_id: str, meta: str, body: str) -> Message:
-    f = json.loads(meta)
-    return Message(topic=topic, msg_id=msg_id, msg=body, produce_ms=int(f["produce"]),
-                   trigger_ms=int(f["trigger"]), ttl_ms=int(f["ttl"]), max_retry=int(f["maxRetry"]),
-                   priority=int(f["priority"]), tag=f["tag"], status=Status(int(f["status"])),
-                   retry=int(f["retry"]), location=NO_LOCATION, key=f.get("key", ""),
-                   traceparent=f.get("traceparent", ""), tracestate=f.get("tracestate", ""),
-                   fair_key=f.get("fairKey", ""), end_reason=f.get("endReason", ""),
-                   redrive_count=int(f.get("redrives", 0)))
+    return message_of(topic, msg_id, json.loads(meta), body)
 
 
 class RedisRequests:
