@@ -43,6 +43,13 @@ Who calls what: the API (broker.jobs.api) calls `create`, `get`, `jobs`,
 cluster: when it starts leading) and `stop()` when it stops (or stands
 down): running jobs stay running in the store, and resume from their
 cursor at the next `start`.
+
+A shared store (Redis: broker.redis.jobs, several nodes over one): each
+node's RedriveJobs serves the calls, reading the records again first
+(`sync`); the node holding the jobs lease has it started, and `sync`s it
+every 0.2 s too (launching the jobs other nodes made, stopping those whose
+cancel another node asked through the store: `cancel` on a node that does
+not run the job asks, then waits for the record to end).
 """
 
 from __future__ import annotations
