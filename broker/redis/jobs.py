@@ -78,7 +78,13 @@ if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then return 0 end
 redis.call('HSET', KEYS[2], ARGV[1], '1')
 return 1
 """
-# KEYS: jobs, cancel -> {records..., cancels...} as {jobs hash flat, cancel ids}.
+# KEYS: jobs, cancel. ARGV: jobId -> 1.
+REMOVE = """
+redis.call('HDEL', KEYS[1], ARGV[1])
+redis.call('HDEL', KEYS[2], ARGV[1])
+return 1
+"""
+# KEYS: jobs, cancel -> {every record, the jobIds whose cancel was asked}.
 FETCH = """
 return {redis.call('HVALS', KEYS[1]), redis.call('HKEYS', KEYS[2])}
 """
@@ -103,6 +109,7 @@ class RedisJobStore:
         self._save = client.register_script(SAVE)
         self._ask = client.register_script(ASK_CANCEL)
         self._fetch = client.register_script(FETCH)
+        self._remove = client.register_script(REMOVE)
         self._loaded: list[dict[str, object]] = []
 
     def __repr__(self) -> str:
@@ -144,10 +151,7 @@ class RedisJobStore:
 
     async def remove(self, job_id: str) -> None:
         try:
-            async with self._redis.pipeline(transaction=True) as pipe:
-                pipe.hdel(self._jobs_key, job_id)
-                pipe.hdel(self._cancel_key, job_id)
-                await pipe.execute()
+            await self._remove(keys=[self._jobs_key, self._cancel_key], args=[job_id])
         except REDIS_ERRORS as e:
             raise Unavailable(f"cannot remove the job's record from Redis: {e}") from e
 
