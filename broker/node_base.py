@@ -146,8 +146,8 @@ class NodeBase(ABC):
         self.pushers: Pushers | None = None
         # Recurring schedules (broker.schedules.keeper): None on a node that keeps none.
         self.schedules: Schedules | None = None
-        # redriveMsgs jobs (broker.jobs.runner): None on a node that runs none
-        # (Redis), or while no broker serves here (a cluster follower).
+        # redriveMsgs jobs (broker.jobs.runner): None while no broker serves
+        # here (a cluster follower) or its records are not read yet (Redis).
         self.jobs: RedriveJobs | None = None
         self.job_api = JobApi(lambda: self.jobs, config.bodies, config.max_msg_bytes, clock.now_ms,
                               lambda: self.jobs_absent())
@@ -230,8 +230,8 @@ class NodeBase(ABC):
         return None
 
     def jobs_absent(self) -> HourglassError | None:
-        """Why the job calls find no `jobs` on this node now, if not because
-        this kind of node runs none (code 501)."""
+        """Why the job calls find no `jobs` on this node now (None: 503,
+        not open yet)."""
         return None
 
     # Whether the backend's calls ask for no current Task before they first

@@ -256,6 +256,11 @@ class RedisNode(NodeBase):
         self.schedule_lease = ScheduleLease(self.broker.redis, self.broker.config.key_prefix, self.broker, clock,
                                             config.schedules, self._hold_schedules,
                                             lease_ms=self.broker.config.lease_ms)
+        # redriveMsgs jobs, their records in Redis, served by every node, run by the one holding their lease
+        # (broker.redis.jobs)
+        from .redis.jobs import JobLease
+        self.job_lease = JobLease(self.broker.redis, self.broker.config.key_prefix, self.broker, clock, config.jobs,
+                                  self._hold_jobs, lease_ms=self.broker.config.lease_ms)
         if config.push_allow:  # subscriptions in this node's --data-dir (docs/api.md, "Push delivery")
             from .push.pusher import Pushers, SubscriptionFile, subscription_path
             os.makedirs(config.data_path, mode=0o700, exist_ok=True)
@@ -265,7 +270,7 @@ class RedisNode(NodeBase):
                                    spans=self.spans)
 
     def __repr__(self) -> str:
-        return f"RedisNode({self.broker!r}, {self.schedule_lease!r})"
+        return f"RedisNode({self.broker!r}, {self.schedule_lease!r}, {self.job_lease!r})"
 
     async def open_flow(self) -> None:
         """Read the topic settings and pauses from Redis and carry them out
@@ -312,6 +317,12 @@ class RedisNode(NodeBase):
     def _hold_schedules(self, schedules: Schedules | None) -> None:
         self.schedules = schedules
 
+    def _hold_jobs(self, jobs: RedriveJobs) -> None:
+        self.jobs = jobs
+
+    def jobs_absent(self) -> HourglassError | None:
+        return Unavailable("the node is reading the redriveMsgs jobs from Redis (starting); retry")
+
     async def scheduled(self, topic: str, schedule_ids: Sequence[str]) -> set[str]:
         """As Redis holds the schedules: any node takes sends."""
         from .redis.schedules import scheduled
@@ -330,5 +341,6 @@ class RedisNode(NodeBase):
         return STANDALONE
 
     def node_series(self) -> Sequence[Series]:
-        # 1 on the node that holds the schedules lease (makes the runs), 0 on the others
-        return [("hourglass_schedules_lease", "gauge", float(self.schedule_lease.schedules is not None))]
+        # 1 on the node that holds the schedules lease (makes the runs), 0 on the others; the same of the jobs'
+        return [("hourglass_schedules_lease", "gauge", float(self.schedule_lease.schedules is not None)),
+                ("hourglass_jobs_lease", "gauge", float(self.job_lease.holding))]

@@ -114,6 +114,7 @@ async def run_redis(config: ServeConfig) -> int:
         node = RedisNode(config)
         await node.broker.start()
         await node.schedule_lease.open()  # the API's schedules, served from the first request
+        await node.job_lease.open()  # the redriveMsgs jobs' records, served from the first request
         await node.open_flow()  # the pauses and topic settings, carried out from the first request
     except Exception as e:  # the error names the URL, its password hidden
         log.critical("%s", e)
@@ -124,10 +125,12 @@ async def run_redis(config: ServeConfig) -> int:
     if node.pushers is not None:
         node.pushers.start(node.broker)
     node.schedule_lease.start()
+    node.job_lease.start()
     await _serve_until_stopped(node, f"state in {node.broker.url}")
     monitor.cancel()
     failed = node.failure()
     await node.schedule_lease.stop()  # its lease let go: another node takes the schedules at once
+    await node.job_lease.stop()  # the same of the jobs
     await node.close_flow()
     await node.broker.stop()
     log.info("stopped")

@@ -22,7 +22,7 @@ from collections.abc import Mapping
 import orjson
 
 from replication.election import Election
-from storage.errors import InvalidRequest, Unavailable
+from storage.errors import ContractError, InvalidRequest, Unavailable
 
 from .schedules import COMMAND_BYTES, entry_key
 
@@ -61,6 +61,12 @@ class RaftJobs:
 
     async def remove(self, job_id: str) -> None:
         await self._write(job_key(job_id), None)
+
+    async def fetch(self) -> tuple[list[dict[str, object]], set[str]] | None:
+        return None  # only the leader writes them: its RAM is the truth
+
+    async def ask_cancel(self, job_id: str) -> None:
+        raise ContractError("RaftJobs is written by one node: its RedriveJobs cancels in RAM")
 
     async def _write(self, key: str, value: bytes | None) -> None:
         if not await self._election.set_schedules([(key, value)]):

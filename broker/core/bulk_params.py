@@ -157,6 +157,13 @@ def _opt_int(value: object) -> int | None:
     raise InvalidRequest("filter", f"must be a whole number or null, got {value!r}")
 
 
+# Where a redriveMsgs job's next slice starts (broker.jobs.runner): on disk
+# a Location (file id, globalIndex) in the topic's index; on Redis (purge
+# ms, msgId), a member of the topic's dead set (broker.redis.requests).
+# (0, 0) on both: the start.
+JobCursor = tuple[int, int | str]
+
+
 class RedriveMsgsRequest(NamedTuple):
     """redriveMsgs: a job's parameters."""
 

@@ -33,7 +33,7 @@ from storage.errors import Conflict, InvalidRequest
 from storage.store import Store, text_hash
 
 from ..backend import DEAD_SCAN, REDRIVE_STEP
-from ..core.bulk_params import DeadFilter, answer_bytes
+from ..core.bulk_params import DeadFilter, JobCursor, answer_bytes
 from ..core.lifecycle import Lifecycle
 from ..core.transitions import REDRIVE, MessageState, Redrive, Reschedule
 from .journal import Journal
@@ -164,7 +164,7 @@ class DeadLetters:
             await asyncio.sleep(0)
         return done, done >= limit and self._has_dead(topic_hash, cursor)
 
-    async def redrive_slice(self, topic: str, flt: DeadFilter, trigger_ms: int | None, cursor: Location,
+    async def redrive_slice(self, topic: str, flt: DeadFilter, trigger_ms: int | None, job_cursor: JobCursor,
                             max_moves: int) -> tuple[int, int, Location | None, Coroutine[Any, Any, None] | None]:
         """One slice of a redriveMsgs job (broker.jobs.runner): the topic's
         dead letters from `cursor` on, at most JOB_SCAN index entries read
@@ -184,6 +184,7 @@ class DeadLetters:
         changes), so a slice read again (after a crash, before the job's
         cursor was saved) passes it."""
         self._lifecycle.check_serving()
+        cursor = Location(job_cursor[0], int(job_cursor[1]))
         if cursor == Location(0, 0):
             await self._journal.flush()
         if not self._store.has_topic(topic):

@@ -8,6 +8,6 @@ failovers.
                  calls between the shards of a node
 
 A cluster keeps the records in its replicated state instead
-(broker.cluster.jobs). It imports storage, wheel, broker.core and
+(broker.cluster.jobs), the Redis backend in Redis (broker.redis.jobs). It imports storage, wheel, broker.core and
 broker.http; the nodes, broker.shards and broker.cluster import it.
 """

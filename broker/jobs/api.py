@@ -8,7 +8,8 @@ camellia's under the same prefix and answered the same way
 
 Bad parameters: code 400 naming the parameter (broker.core.bulk_params'
 `parse_redrive_msgs`), no job made; no such job: 404; past --max-jobs:
-429; a kind of node that runs no jobs (Redis): 501.
+429; a node whose jobs are not there yet (starting, a cluster without a
+leader): 503.
 
 On a node of many shards (broker.shards) the shard a call reaches speaks
 for the node (`ShardJobs`): a redriveMsgs makes one job on every shard
@@ -35,25 +36,14 @@ from ..http.http_types import Request, Response
 from ..http.paths import PREFIX
 from .runner import JobState, RedriveJobs, new_job_id
 
-
-class NotServed(HourglassError):
-    """This kind of node runs no jobs (the Redis backend): code 501, nothing started."""
-
-
 JOB_ERRORS: ErrorTable = (
     (InvalidRequest, 400, 200),
     (NotFound, 404, 200),
     (Conflict, 409, 200),
     (Forbidden, 403, 200),
-    (NotServed, 501, 200),
     (LimitReached, 429, 429),
     (Unavailable, 503, 503),
 )
-
-# Why a Redis node refuses the calls.
-NO_JOBS = ("redriveMsgs jobs are not served by the Redis backend (its dead letters have no durable cursor to "
-           "resume from); use redriveMsg with all=true, or the disk backend")
-
 
 class ShardCalls(Protocol):
     """What a node of many shards offers the jobs' endpoints (broker.shards.router)."""
@@ -120,8 +110,9 @@ def merge_jobs(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 class JobApi:
     """The endpoints over the node's `RedriveJobs` (None: what `absent`
-    answers is raised -- 503 on a cluster node while no leader serves --,
-    or, if it answers None, NotServed); `shards`: the node's other shards."""
+    answers is raised -- 503 on a cluster node while no leader serves, on a
+    Redis node while it reads the records --, or, if it answers None,
+    Unavailable); `shards`: the node's other shards."""
 
     def __init__(self, jobs: Callable[[], RedriveJobs | None], bodies: BodyLimits, max_msg_bytes: int,
                  now_ms: Callable[[], int], absent: Callable[[], HourglassError | None] = lambda: None) -> None:
@@ -144,7 +135,7 @@ class JobApi:
     def jobs(self) -> RedriveJobs:
         jobs = self._jobs()
         if jobs is None:
-            raise self._absent() or NotServed(NO_JOBS)
+            raise self._absent() or Unavailable("the node's redriveMsgs jobs are not open yet; retry")
         return jobs
 
     def _params(self, request: Request) -> params.Params:
@@ -179,8 +170,10 @@ class JobApi:
     async def _one(self, jobs: RedriveJobs, op: str, job_id: str) -> dict[str, Any]:
         shards = self.shards
         if shards is None:
-            job = jobs.get(job_id) if op == "job_get" else await jobs.cancel(job_id)
-            return job.public()
+            if op == "job_get":
+                await jobs.sync()  # (a shared store's records as they are now: broker.redis.jobs)
+                return jobs.get(job_id).public()
+            return (await jobs.cancel(job_id)).public()
         found: list[Any] = await shards.everywhere(
             op + "_or_none", [job_id], lambda: _or_none(serve_job_call(jobs, op, [job_id], shards.index,
                                                                        shards.count)))

@@ -35,7 +35,7 @@ from collections.abc import Mapping
 
 import orjson
 
-from storage.errors import CorruptionError
+from storage.errors import ContractError, CorruptionError
 from storage.fileutil import atomic_write, fsync_dir, make_dir
 
 MAGIC = b"HGJB"
@@ -137,6 +137,12 @@ class JobFiles:
 
     async def remove(self, job_id: str) -> None:
         await asyncio.to_thread(self._unlink, self._path(job_id))
+
+    async def fetch(self) -> tuple[list[dict[str, object]], set[str]] | None:
+        return None  # only this node writes them: its RAM is the truth
+
+    async def ask_cancel(self, job_id: str) -> None:
+        raise ContractError("JobFiles is written by one node: its RedriveJobs cancels in RAM")
 
     def _unlink(self, path: str) -> None:
         try:

@@ -43,6 +43,13 @@ Who calls what: the API (broker.jobs.api) calls `create`, `get`, `jobs`,
 cluster: when it starts leading) and `stop()` when it stops (or stands
 down): running jobs stay running in the store, and resume from their
 cursor at the next `start`.
+
+A shared store (Redis: broker.redis.jobs, several nodes over one): each
+node's RedriveJobs serves the calls, reading the records again first
+(`sync`); the node holding the jobs lease has it started, and `sync`s it
+every 0.2 s too (launching the jobs other nodes made, stopping those whose
+cancel another node asked through the store: `cancel` on a node that does
+not run the job asks, then waits for the record to end).
 """
 
 from __future__ import annotations
@@ -54,14 +61,13 @@ import logging
 import secrets
 from collections import deque
 from collections.abc import Coroutine, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
-from storage.entry import Location
 from storage.errors import ConfigError, ContractError, CorruptionError, InvalidRequest, LimitReached, NotFound, Unavailable
 from wheel.clock import Clock
 
-from ..core.bulk_params import DeadFilter, RedriveMsgsRequest
+from ..core.bulk_params import DeadFilter, JobCursor, RedriveMsgsRequest
 from ..core.redact import client_text
 
 log = logging.getLogger("hourglass.jobs")
@@ -74,6 +80,10 @@ SLICES_A_SECOND = 40
 UNSETTLED = 4
 DEFAULT_MAX_JOBS = 100
 DEFAULT_RETENTION_MS = 24 * 3_600_000
+# A cancel asked of the node that runs the job (a shared store): its record
+# read again this often, and the answer given after this long at most.
+CANCEL_LOOK_S = 0.05
+CANCEL_WAIT_S = 30.0
 
 
 class JobState(enum.Enum):
@@ -101,8 +111,9 @@ class JobLimits:
 
 class JobStore(Protocol):
     """Where job records are kept: a data directory's jobs files
-    (broker.jobs.file), or a cluster's replicated state
-    (broker.cluster.jobs). `save` and `remove` are durable on return."""
+    (broker.jobs.file), a cluster's replicated state (broker.cluster.jobs),
+    or a Redis several nodes share (broker.redis.jobs). `save` and `remove`
+    are durable on return."""
 
     # Seconds between two saves of a running job's progress (0: every slice).
     save_every_s: float
@@ -113,12 +124,23 @@ class JobStore(Protocol):
 
     async def remove(self, job_id: str) -> None: ...
 
+    async def fetch(self) -> tuple[list[dict[str, object]], set[str]] | None:
+        """A shared store's records as they are now, and the jobIds whose
+        cancel another node asked (`ask_cancel`); None: a store only this
+        node writes (its RAM is the truth)."""
+        ...
+
+    async def ask_cancel(self, job_id: str) -> None:
+        """Ask the node that runs the job to cancel it (a shared store's)."""
+        ...
+
 
 class JobBackend(Protocol):
-    """What a job's slices need of the broker (broker.disk.backend.Broker)."""
+    """What a job's slices need of the broker (broker.disk.backend.Broker,
+    broker.redis.backend.RedisBroker: each its own kind of cursor)."""
 
-    async def redrive_slice(self, topic: str, flt: DeadFilter, trigger_ms: int | None, cursor: Location,
-                            max_moves: int) -> tuple[int, int, Location | None, Coroutine[Any, Any, None] | None]: ...
+    async def redrive_slice(self, topic: str, flt: DeadFilter, trigger_ms: int | None, cursor: JobCursor,
+                            max_moves: int) -> tuple[int, int, JobCursor | None, Coroutine[Any, Any, None] | None]: ...
 
 
 def new_job_id() -> str:
@@ -136,7 +158,7 @@ class Job:
     rate: int
     limit: int
     created_ms: int
-    cursor: Location = field(default_factory=lambda: Location(0, 0))
+    cursor: JobCursor = (0, 0)
     matched: int = 0
     redriven: int = 0
     state: JobState = JobState.RUNNING
@@ -185,7 +207,8 @@ class Job:
                 raise ContractError(f"a filter list and a cursor pair, not {flt!r} and {cursor!r}")
             job = cls(str(record["jobId"]), str(record["topic"]), DeadFilter.of(flt), _int_or_none(record["triggerTime"]),
                       _int(record["rate"]), _int(record["limit"]), _int(record["createTime"]),
-                      Location(_int(cursor[0]), _int(cursor[1])), _int(record["matched"]), _int(record["redriven"]),
+                      (_int(cursor[0]), cursor[1] if isinstance(cursor[1], str) else _int(cursor[1])),
+                      _int(record["matched"]), _int(record["redriven"]),
                       JobState(record["state"]), _int_or_none(record["endTime"]),
                       None if record.get("error") is None else str(record["error"]),
                       _int(record.get("nodeRate", record["rate"])))  # (a record of an older release: its rate)
@@ -224,7 +247,8 @@ class RedriveJobs:
     """The node's redriveMsgs jobs over a JobStore (see the module docstring).
     Runs on the event loop."""
 
-    def __init__(self, store: JobStore, clock: Clock, limits: JobLimits | None = None) -> None:
+    def __init__(self, store: JobStore, clock: Clock, limits: JobLimits | None = None, *,
+                 shared: bool = False) -> None:
         self._store = store
         self._clock = clock
         self.limits = limits or JobLimits()
@@ -242,6 +266,9 @@ class RedriveJobs:
         # jobId -> when its next slice is due (monotonic s), while it runs here
         self._due_s: dict[str, float] = {}
         self.slices = 0  # slices run (tests)
+        # Whether other nodes write the store too (broker.redis.jobs): its
+        # records are read again before each call (`sync`).
+        self.shared = shared
 
     def __repr__(self) -> str:
         running = sum(job.state is JobState.RUNNING for job in self._jobs.values())
@@ -278,6 +305,7 @@ class RedriveJobs:
         """A new job, saved (durable) and started; LimitReached past
         --max-jobs. `node_rate`: the rate of the whole job when this is a
         shard's part of it (its `rate` a share), else its rate."""
+        await self.sync()
         now_ms = self._clock.now_ms()
         await self._drop_expired(now_ms)
         if len(self._jobs) >= self.limits.max_jobs:
@@ -304,23 +332,72 @@ class RedriveJobs:
 
     async def jobs(self) -> list[Job]:
         """Every job kept, newest first (at most --max-jobs)."""
+        await self.sync()
         await self._drop_expired(self._clock.now_ms())
         return sorted(self._jobs.values(), key=lambda job: (-job.created_ms, job.job_id))
 
     async def cancel(self, job_id: str) -> Job:
         """A running job stops after its current slice (answered once it
         has, its record saved cancelled); an ended one is answered as it is."""
+        await self.sync()
         job = self.get(job_id)
         if job.state is not JobState.RUNNING:
             return job
-        self._cancelled.add(job_id)
         task = self._tasks.get(job_id)
+        if task is None and self.shared:  # (run by another node, or by none yet: asked of the one that will)
+            return await self._cancel_elsewhere(job_id)
+        self._cancelled.add(job_id)
         if task is None:  # (not started: no broker serves yet)
             await self._end(job, JobState.CANCELLED)
             return job
         self._wakes[job_id].set()
         await asyncio.shield(task)
         return job
+
+    async def _cancel_elsewhere(self, job_id: str) -> Job:
+        """A shared store's job this node does not run: the cancel asked of
+        the node that runs it, answered once its record says it ended (its
+        current slice done), or as it is after CANCEL_WAIT_S (no node ran
+        it meanwhile: the next to take the jobs ends it before any slice)."""
+        await self._store.ask_cancel(job_id)
+        deadline_s = self._clock.monotonic_s() + CANCEL_WAIT_S
+        while True:
+            await self.sync()
+            job = self.get(job_id)
+            if job.state is not JobState.RUNNING or self._clock.monotonic_s() >= deadline_s:
+                return job
+            await asyncio.sleep(CANCEL_LOOK_S)
+
+    async def sync(self) -> None:
+        """A shared store's records read again (a no-op for one only this
+        node writes): each job not running here as the store has it (an
+        ended one stays ended: records end once), new ones added, removed
+        ones dropped; on the node that runs them (started), each running
+        job not yet run here launched, and each whose cancel was asked
+        stopped after its current slice."""
+        fetched = await self._store.fetch()
+        if fetched is None:
+            return
+        records, cancels = fetched
+        seen = set()
+        for record in records:
+            try:
+                job = Job.from_stored(record)
+            except InvalidRequest as e:
+                raise CorruptionError(f"{self._store!r} job {record.get('jobId')!r}", 0, e.reason) from e
+            seen.add(job.job_id)
+            mine = self._jobs.get(job.job_id)
+            if job.job_id in self._tasks or (mine is not None and mine.state is not JobState.RUNNING):
+                continue
+            self._jobs[job.job_id] = job
+            if self._backend is not None and job.state is JobState.RUNNING:
+                self._launch(job)
+        for job_id in [i for i in self._jobs if i not in seen and i not in self._tasks]:
+            del self._jobs[job_id]
+        for job_id in cancels:
+            if job_id in self._tasks and job_id not in self._cancelled:
+                self._cancelled.add(job_id)
+                self._wakes[job_id].set()
 
     async def _drop_expired(self, now_ms: int) -> None:
         for job in list(self._jobs.values()):

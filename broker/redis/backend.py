@@ -128,6 +128,7 @@ class RedisBroker:
         self.list_dead = requests.list_dead
         self.redrive = requests.redrive
         self.redrive_all = requests.redrive_all
+        self.redrive_slice = requests.redrive_slice  # (a redriveMsgs job's: broker.jobs)
         self.topic_info = requests.topic_info
         self.topic_infos = requests.topic_infos
         self.topic_list = requests.topic_list

@@ -45,14 +45,14 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import cast
 
-from storage.entry import Message, Status
+from storage.entry import Message
 from storage.errors import Unavailable
 from wheel.clock import Clock
 
 from ..core.bulk_params import BulkFilter, DeleteMsgsRequest, ListMsgRequest, PageKeeper, RescheduleMsgsRequest
 from ..core.lifecycle import Lifecycle
 from ..observe.metrics import Metrics, due_ms
-from .keys import NO_LOCATION, ready_member
+from .keys import message_of, ready_member
 from .link import REDIS_ERRORS, RedisLink, made_ready
 
 # meta fields HSCAN returns per round trip (a hint to Redis), and tagged
@@ -149,7 +149,7 @@ class RedisBulk:
         keeper = PageKeeper(request.cursor, request.limit)
         async for found in self._metas(request.topic, request.filter):
             for msg_id, meta in found:
-                keeper.offer(_message(request.topic, msg_id, meta, ""))
+                keeper.offer(message_of(request.topic, msg_id, meta, ""))
         page, cursor = keeper.page()
         if page:
             key = self._link.keys(request.topic).body
@@ -257,11 +257,3 @@ class RedisBulk:
         while not await self.step(topic):
             pass
 
-
-def _message(topic: str, msg_id: str, f: dict[str, str], body: str) -> Message:
-    return Message(topic=topic, msg_id=msg_id, msg=body, produce_ms=int(f["produce"]),
-                   trigger_ms=int(f["trigger"]), ttl_ms=int(f["ttl"]), max_retry=int(f["maxRetry"]),
-                   priority=int(f["priority"]), tag=f["tag"], status=Status(int(f["status"])),
-                   retry=int(f["retry"]), location=NO_LOCATION, key=f.get("key", ""),
-                   traceparent=f.get("traceparent", ""), tracestate=f.get("tracestate", ""),
-                   fair_key=f.get("fairKey", ""), end_reason=f.get("endReason", ""))

@@ -12,7 +12,9 @@ slot, and escaping keeps a topic from forging another topic's keys):
     P ack      zset  msgId -> ack deadline ms                              3
     P meta     hash  msgId -> JSON of strings: produce trigger ttl expire
                      maxRetry priority tag rk status retry, key (if it has
-                     one), node (while a pusher's delivery of it is held)
+                     one), node (while a pusher's delivery of it is held),
+                     redrives (its redriveCount, once a redriveMsgs job put
+                     it back: lua/backend/redrive_slice.lua)
     P body     hash  msgId -> msg
     P retire   zset  msgId -> when a final (4..7) message is purged
     P tags     zset  "<tag>,<msgId>", scores 0: every stored message with a
@@ -80,7 +82,7 @@ from __future__ import annotations
 import urllib.parse
 from dataclasses import dataclass
 
-from storage.entry import Location
+from storage.entry import Location, Message, Status
 from storage.errors import ConfigError
 from storage.store import MAX_PRIORITY
 
@@ -145,6 +147,17 @@ def at_least(config: object, low: int, *fields: str) -> None:
 def escape_topic(topic: str) -> str:
     """Injective, and free of the characters that delimit keys and hash tags."""
     return topic.replace("%", "%25").replace("{", "%7B").replace("}", "%7D").replace(":", "%3A")
+
+
+def message_of(topic: str, msg_id: str, f: dict[str, str], body: str) -> Message:
+    """The message of a `meta` entry (decoded) and its body."""
+    return Message(topic=topic, msg_id=msg_id, msg=body, produce_ms=int(f["produce"]),
+                   trigger_ms=int(f["trigger"]), ttl_ms=int(f["ttl"]), max_retry=int(f["maxRetry"]),
+                   priority=int(f["priority"]), tag=f["tag"], status=Status(int(f["status"])),
+                   retry=int(f["retry"]), location=NO_LOCATION, key=f.get("key", ""),
+                   traceparent=f.get("traceparent", ""), tracestate=f.get("tracestate", ""),
+                   fair_key=f.get("fairKey", ""), end_reason=f.get("endReason", ""),
+                   redrive_count=int(f.get("redrives", 0)))
 
 
 def ready_member(priority: int, trigger_ms: int, msg_id: str) -> str:

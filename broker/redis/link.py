@@ -47,7 +47,7 @@ REDIS_ERRORS = (RedisError, RedisClusterException)
 # are a topic's seventeen keys, TopicKeys.all). RedisLink registers these (a
 # test may wrap them).
 SCRIPTS = load_scripts("backend", with_common=("send", "tick", "pull", "give_back", "ack", "delete", "get", "info",
-                                               "reschedule", "dead", "redrive", "scan", "bulk_commit", "bulk_apply",
+                                               "reschedule", "dead", "redrive", "redrive_slice", "scan", "bulk_commit", "bulk_apply",
                                                "retry_at", "flow_save"),
                        alone=("register",))  # (register: KEYS is the topic set, not a topic's keys)
 # The error a script of a topic answers while a bulk call is applied to it

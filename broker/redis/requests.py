@@ -21,14 +21,18 @@ from storage.store import NewMessage
 from wheel.clock import Clock
 
 from ..backend import DEAD_SCAN, REDRIVE_STEP, WAITING_BUCKETS, topic_info_json
+from ..core.bulk_params import DeadFilter, JobCursor
 from ..core.lifecycle import Lifecycle
 from ..core.params import AckRequest, DeleteRequest, LongPollRequest, NewSend, PullRequest, as_sends
 from ..core.release_rate import ReleaseRate, smoothing_ms
 from ..observe.metrics import Backlog, Metrics, due_ms
-from .keys import NO_LOCATION, ready_member
+from .keys import NO_LOCATION, message_of, ready_member
 from .link import RedisLink, made_ready
 from .scripts import Reply
 
+# Dead-set members a redriveMsgs job's slice reads at most (a script of
+# about a millisecond: each is a HGET and a JSON decode).
+JOB_SCAN = 1000
 # Topics whose queue sizes one pipelined round trip reads (topic_backlogs).
 BACKLOG_SLICE = 500
 
@@ -62,13 +66,7 @@ def _woke(result: Reply) -> tuple[Reply, bool]:
 
 
 def _message(topic: str, msg_id: str, meta: str, body: str) -> Message:
-    f = json.loads(meta)
-    return Message(topic=topic, msg_id=msg_id, msg=body, produce_ms=int(f["produce"]),
-                   trigger_ms=int(f["trigger"]), ttl_ms=int(f["ttl"]), max_retry=int(f["maxRetry"]),
-                   priority=int(f["priority"]), tag=f["tag"], status=Status(int(f["status"])),
-                   retry=int(f["retry"]), location=NO_LOCATION, key=f.get("key", ""),
-                   traceparent=f.get("traceparent", ""), tracestate=f.get("tracestate", ""),
-                   fair_key=f.get("fairKey", ""), end_reason=f.get("endReason", ""))
+    return message_of(topic, msg_id, json.loads(meta), body)
 
 
 class RedisRequests:
@@ -435,6 +433,36 @@ class RedisRequests:
                 return done, False
         more, _ = await self.list_dead(topic, dead, cursor, 1)
         return done, bool(more)
+
+    async def redrive_slice(self, topic: str, flt: DeadFilter, trigger_ms: int | None, cursor: JobCursor,
+                            max_moves: int) -> tuple[int, int, JobCursor | None, None]:
+        """One slice of a redriveMsgs job (broker.jobs.runner), one script
+        (lua/backend/redrive_slice.lua): the topic's dead letters in purge
+        order after `cursor` ((purge ms, msgId); (0, 0): the start), at most
+        JOB_SCAN read and `max_moves` matches of `flt` put back, WAITING at
+        `trigger_ms` (None: READY now) with retry 0 and their redriveCount
+        one more. (matched, re-driven, the cursor of the next slice or None:
+        the scan is over, None: durable on return as Redis keeps what it is
+        told). Atomic: a match is re-driven in the script that finds it, so
+        none is skipped, and a moved message has left the dead set: the
+        slice run again (a crash before the job saved its cursor) passes it."""
+        self._lifecycle.check_serving()
+        now_ms = self._clock.now_ms()
+        score, after_id = ("", "") if isinstance(cursor[1], int) else (str(cursor[0]), cursor[1])
+        wanted = "," + ",".join(str(int(s)) for s in sorted(flt.statuses)) + ","
+        matched, redriven, ready, next_score, next_id = await self._script("redrive_slice", topic, [
+            str(now_ms), "" if trigger_ms is None else str(trigger_ms), score, after_id, str(max_moves),
+            str(JOB_SCAN), wanted, *("" if v is None else "=" + v for v in (flt.key, flt.tag, flt.msg_id_prefix)),
+            *("" if v is None else str(v) for v in (flt.ended_from_ms, flt.ended_to_ms))])
+        if redriven:
+            self._metrics.topic(topic).redrives += redriven
+            if ready:
+                made_ready(self._metrics, topic, [now_ms] * ready, now_ms)
+                await self._publish(topic)
+            if trigger_ms is not None and trigger_ms < self._state.next_due_ms:
+                self._state.mover_wake.set()
+        after = None if not next_score else (int(float(next_score)), str(next_id))
+        return int(matched), int(redriven), after, None
 
     # == topic information =======================================================
 

@@ -433,3 +433,66 @@ def test_schedules_across_masters_touch_only_declared_keys(cluster_url, cluster_
             for broker in brokers:
                 await broker.stop()
     asyncio.run(main())
+
+
+def test_redrive_jobs_across_masters_touch_only_declared_keys(cluster_url, cluster_ports, monkeypatch):
+    """redriveMsgs jobs (broker.redis.jobs) over topics of every master:
+    a job per topic made through the node that does not hold the jobs
+    lease, run by the holder, each dead letter re-driven once; the jobs'
+    own scripts (SAVE, ASK_CANCEL, FETCH, REMOVE, RENEW, RELEASE) and the
+    slice's checked for undeclared keys like every other."""
+    from broker.core.bulk_params import DEAD, DeadFilter, RedriveMsgsRequest
+    from broker.jobs.runner import JobLimits, JobState, RedriveJobs
+    from broker.redis import jobs as redis_jobs
+
+    monkeypatch.setattr(redis_link, "SCRIPTS", {n: declared_only(s) for n, s in redis_link.SCRIPTS.items()})
+    for name in ("SAVE", "ASK_CANCEL", "FETCH", "REMOVE", "RENEW", "RELEASE"):
+        monkeypatch.setattr(redis_jobs, name, declared_only(getattr(redis_jobs, name)))
+    topics = topics_on_every_master(cluster_url, len(cluster_ports), per_master=1)
+    config = RedisConfig(key_prefix="jobs", poll_ms=50, lease_ms=600)
+    clock = SystemClock()
+
+    async def main():
+        brokers = [RedisBroker.from_url(cluster_url, clock, Defaults(), Metrics(), config) for _ in range(2)]
+        await brokers[0].redis.flushdb()
+        for broker in brokers:
+            await broker.start()
+        views: list[RedriveJobs] = []
+        leases = [redis_jobs.JobLease(b.redis, config.key_prefix, b, clock, JobLimits(), views.append,
+                                      lease_ms=config.lease_ms) for b in brokers]
+        for lease in leases:
+            await lease.open()
+            lease.start()
+        try:
+            deadline = time.monotonic() + 10
+            while not any(lease.holding for lease in leases):
+                assert time.monotonic() < deadline, "no node took the jobs lease"
+                await asyncio.sleep(0.05)
+            other = next(i for i, lease in enumerate(leases) if not lease.holding)
+            now_ms = clock.now_ms()
+            for topic in topics:
+                stored = await brokers[0].send([NewMessage(topic, f"d{i}", "x", 1, 1000, 60_000, 0) for i in range(30)],
+                                               now_ms=now_ms)
+                assert {m.status for m in stored} == {Status.EXPIRED}
+            made = [await views[other].create(RedriveMsgsRequest(topic, DeadFilter(statuses=DEAD), None, 0, 10**8))
+                    for topic in topics]
+            deadline = time.monotonic() + 15
+            while True:
+                await views[other].sync()
+                got = [views[other].get(job.job_id) for job in made]
+                if all(job.state is JobState.DONE for job in got):
+                    break
+                assert time.monotonic() < deadline, got
+                await asyncio.sleep(0.05)
+            assert [job.redriven for job in got] == [30] * len(topics)
+            for topic in topics:
+                for i in range(30):
+                    m = await brokers[1].get(topic, f"d{i}")
+                    assert (m.status, m.redrive_count) == (Status.READY, 1), m
+        finally:
+            for lease in leases:
+                await lease.stop()
+            for broker in brokers:
+                await broker.stop()
+
+    asyncio.run(main())
