@@ -303,12 +303,6 @@ class RedisNode(NodeBase):
         with the sizes (whichever node paused it)."""
         return None
 
-    def flow_unsupported(self, config: TopicConfig) -> str | None:
-        if config.fairness == "fairKey":
-            return ("fairness=fairKey is not supported on the Redis backend (docs/redis.md, \"Flow\"): "
-                    "nothing was stored")
-        return None
-
     def _hold_schedules(self, schedules: Schedules | None) -> None:
         self.schedules = schedules
 
