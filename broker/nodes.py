@@ -25,7 +25,6 @@ from .console.api import Console, standalone_info
 from .disk.backend import Broker
 from .flow.file import SettingsFile, settings_path
 from .flow.keeper import TopicFlow
-from .flow.settings import TopicConfig
 from .http.scrape import Series, disk_series
 from .jobs.file import JobFiles, jobs_path
 from .jobs.runner import RedriveJobs
