@@ -25,7 +25,6 @@ from .console.api import Console, standalone_info
 from .disk.backend import Broker
 from .flow.file import SettingsFile, settings_path
 from .flow.keeper import TopicFlow
-from .flow.settings import TopicConfig
 from .http.scrape import Series, disk_series
 from .jobs.file import JobFiles, jobs_path
 from .jobs.runner import RedriveJobs
@@ -306,12 +305,6 @@ class RedisNode(NodeBase):
     def paused(self, topic: str) -> bool | list[str] | None:
         """None: getTopicInfo's `paused` is the backend's, read from Redis
         with the sizes (whichever node paused it)."""
-        return None
-
-    def flow_unsupported(self, config: TopicConfig) -> str | None:
-        if config.fairness == "fairKey":
-            return ("fairness=fairKey is not supported on the Redis backend (docs/redis.md, \"Flow\"): "
-                    "nothing was stored")
         return None
 
     def _hold_schedules(self, schedules: Schedules | None) -> None:

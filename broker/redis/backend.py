@@ -181,8 +181,8 @@ class RedisBroker:
 
     def set_flow(self, topic: str, fair: bool, release_per_s: float, max_due_age_ms: int) -> None:
         """The topic's release rate (this node's bucket) and due-age cap on
-        this node's pulls. (fairness=fairKey is refused on Redis:
-        broker.nodes.RedisNode.)"""
+        this node's pulls. (Fairness is carried out by the scripts, from the
+        topic's `flow` hash: broker.redis.flow.)"""
         self.requests.set_flow(topic, release_per_s, max_due_age_ms)
 
     # == lifetime ================================================================

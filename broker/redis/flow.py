@@ -9,6 +9,11 @@ Each topic with settings has a `flow` hash in its own slot (broker.redis.keys):
                JSON broker.flow.settings.entries writes
     "k:<key>"  a paused serial key's entry (its pause)
     "paused"   "1" while the topic itself is paused
+    "fair"     "1" while the topic's fairness is fairKey (the scripts index
+               its READY messages by fairKey in the `fair` zset, and pull.lua
+               takes turns over them: docs/redis.md, "Fairness on Redis")
+    "turn"     the fairKey whose group a fair pull served last (kept by
+               pull.lua and across a change of the settings)
     "h:<id>"   a schedule's run the pause holds back (lua/backend/common.lua's
                hold), released by the resume's script (flow_save.lua)
 
@@ -45,6 +50,7 @@ from .link import REDIS_ERRORS, RedisLink
 READ_SLICE = 500
 TOPIC_ENTRY = "c"
 PAUSED = "paused"
+FAIR = "fair"
 KEY_ENTRY = "k:"
 
 
@@ -58,6 +64,8 @@ def fields(settings: TopicSettings) -> dict[str, str]:
         out[KEY_ENTRY + key] = kept[entry_key(settings.topic, key)].decode()
     if settings.pause is not None:
         out[PAUSED] = "1"
+    if settings.fairness == "fairKey":
+        out[FAIR] = "1"
     return out
 
 

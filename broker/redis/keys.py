@@ -48,7 +48,13 @@ slot, and escaping keeps a topic from forging another topic's keys):
                      a paused serial key's entry, "paused" -> "1" while the
                      topic is paused; pull.lua hands nothing out of a
                      paused topic, and a paused key's READY messages are
-                     parked as a busy key's are
+                     parked as a busy key's are; "fair" -> "1" while the
+                     topic's fairness is fairKey; "turn" -> the fairKey
+                     (group) a fair pull served last
+    P fair     zset  "<fairKey>\\0<rk>", scores 0: while the topic's fairness
+                     is fairKey, every member of `ready` (a fairKey holds no
+                     NUL; "" for those without one), so a group's range is
+                     ordered as `ready` is and the groups by their names
     <prefix>:flowtopics  set of the topics with a `flow` hash (not
                       hash-tagged: read by each node to reload them)
     <prefix>:topics   set of topic names (not hash-tagged; in no script of
@@ -63,7 +69,7 @@ follows ","), and takes the smallest rk, compared bytewise; a bulk call
 filtered by a tag reads that tag's range of `tags` the same way, and one
 filtered by a key its range of `keyed` ("[key\\0" "(key\\1": a key holds no
 NUL), as the scripts read a key's READY messages from `keyready`. Every
-script receives all seventeen keys in KEYS and builds no key name itself, as Redis
+script receives all eighteen keys in KEYS and builds no key name itself, as Redis
 Cluster requires (tests/integration/test_redis_cluster.py checks it by
 running the scripts with every undeclared key access made an error).
 
@@ -93,7 +99,7 @@ NO_LOCATION = Location(0, 0)
 KEY_TYPES = {"waiting": "zset", "ready": "zset", "tagged": "zset", "expire": "zset", "ack": "zset",
              "meta": "hash", "body": "hash", "retire": "zset", "tags": "zset", "bulk": "list", "bulkinfo": "hash",
              "busy": "hash", "keyready": "zset", "keyed": "zset", "held": "zset", "leases": "zset",
-             "flow": "hash"}
+             "flow": "hash", "fair": "zset"}
 
 
 @dataclass(frozen=True)
@@ -186,6 +192,7 @@ class TopicKeys:
     held: str
     leases: str
     flow: str
+    fair: str
 
     @classmethod
     def of(cls, key_prefix: str, topic: str) -> TopicKeys:

@@ -44,7 +44,7 @@ REDIS_ERRORS = (RedisError, RedisClusterException)
 # == Lua =======================================================================
 # Every script, by name (broker/redis/lua/backend/: common.lua, shared by
 # every script, reads a message with load() and writes it with save(); KEYS
-# are a topic's seventeen keys, TopicKeys.all). RedisLink registers these (a
+# are a topic's eighteen keys, TopicKeys.all). RedisLink registers these (a
 # test may wrap them).
 SCRIPTS = load_scripts("backend", with_common=("send", "tick", "pull", "give_back", "ack", "delete", "get", "info",
                                                "reschedule", "dead", "redrive", "redrive_slice", "scan", "bulk_commit", "bulk_apply",

@@ -2,8 +2,8 @@
 whole, pauseTopic / resumeTopic of a topic or one serial key -- nothing
 handed out while paused (pull, long poll), sends, deletes and acks still
 taken, resume's `hold`, `shift` and `expire` -- and getTopicInfo's flow
-fields, on every backend. The Redis backend refuses fairness=fairKey
-(code 400, nothing stored: docs/redis.md, "Flow")."""
+fields, on every backend (fairness=fairKey too, the Redis backend's
+carried out by its scripts: docs/redis.md, "Fairness on Redis")."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ import zlib
 
 import pytest
 
-NOT_ON_REDIS = "fairness=fairKey is refused on the Redis backend (docs/redis.md, \"Flow\")"
 DEFAULTS = {"releaseRate": 0, "fairness": "none", "maxDueAgeMillis": 0, "dedupWindowMillis": 0, "paused": False,
             "pause": None, "pausedKeys": []}
 
@@ -199,17 +198,6 @@ def test_paused_keys_are_bounded(serve, topic):
     call(api, "pauseTopic", topic=topic, key="c")
 
 
-def test_redis_backend_refuses_fairness_by_fair_key(api, topic):
-    """The one setting Redis does not carry out: refused whole, the topic's
-    other settings as they were."""
-    if api.backend != "redis":
-        pytest.skip("the Redis backend's refusal")
-    call(api, "setTopicConfig", topic=topic, releaseRate=7)
-    code, body = api.post("setTopicConfig", topic=topic, fairness="fairKey", releaseRate=9)
-    assert code == 400 and body["msg"].startswith("fairness=fairKey is not supported on the Redis"), body
-    assert settings(api, topic) == {"topic": topic, **DEFAULTS, "releaseRate": 7}
-
-
 def test_a_paused_topic_is_not_pushed_until_resumed(serve, tmp_path, topic):
     from serving import PushSubscriber
 
@@ -275,7 +263,6 @@ def test_max_due_age_hands_an_old_message_out_before_priority(api, topic):
     assert [m["msgId"] for m in api.pull_until(topic + "-plain", 1)] == ["new0"]
 
 
-@pytest.mark.not_on("redis", reason=NOT_ON_REDIS)
 def test_fairness_set_by_set_topic_config_takes_turns(api, topic):
     """fairness=fairKey: A's backlog and B's one message; a pull of 2 takes
     one of each. (One serial key per tenant would serialise: no key here;

@@ -4,7 +4,8 @@ redis-server on a FakeClock: sends (keys, tags, priorities, delays, short
 ttls), pulls (tagged or not, a pusher's or a consumer's), acks and nacks,
 deletes, reschedules, failed pushes filed for later, give-backs, bulk
 deletes and reschedules by key, redrives, keys paused and resumed (hold,
-shift, expire: broker.redis.flow), the mover's ticks and a node
+shift, expire: broker.redis.flow), fairness=fairKey turned on and off
+(the messages' fairKeys "", A, B), the mover's ticks and a node
 restarted. After each step, read in one MULTI:
 
 - `busy` names, for each busy key, a CONSUMING message of that key, and
@@ -13,7 +14,9 @@ restarted. After each step, read in one MULTI:
   the READY messages, `held` exactly the CONSUMING messages a node holds;
 - `ready` holds exactly the READY unkeyed messages and, of each free key
   not paused, its best READY one (`tagged` the same, with their tags);
-- `keyed` holds exactly the stored keyed messages.
+- `keyed` holds exactly the stored keyed messages;
+- `fair` holds "<fairKey>\\0<rk>" of exactly the `ready` members while
+  the topic's fairness is fairKey, and nothing otherwise.
 
 At the end everything is acked or deleted and purged: every per-key
 structure is empty again (a key with no message costs nothing).
@@ -39,7 +42,7 @@ from test_redis_keys import START_MS, TOPIC, Node
 from broker.core.bulk_params import BulkFilter, DeleteMsgsRequest, RescheduleMsgsRequest
 from broker.core.params import AckRequest, DeleteRequest, LongPollRequest, NewSend
 from broker.flow.keeper import TopicFlow
-from broker.flow.settings import OnResume, PauseRequest
+from broker.flow.settings import OnResume, PauseRequest, TopicConfig
 from broker.redis.keys import RedisConfig, TopicKeys
 from storage.entry import Status
 from storage.errors import Conflict, NotFound
@@ -65,6 +68,7 @@ class InvariantMachine(RuleBasedStateMachine):
         self.keys = TopicKeys.of(prefix, TOPIC)
         self.ids: list[str] = []
         self.paused: set[str] = set()
+        self.fair = False
 
     def run(self, coroutine):
         return self.loop.run_until_complete(coroutine)
@@ -97,13 +101,13 @@ class InvariantMachine(RuleBasedStateMachine):
         k = self.keys
         async with self.nodes[0].broker.redis.pipeline(transaction=True) as pipe:
             pipe.hgetall(k.busy)
-            for name in ("keyready", "keyed", "ready", "tagged"):
+            for name in ("keyready", "keyed", "ready", "tagged", "fair"):
                 pipe.zrange(getattr(k, name), 0, -1)
             for name in ("held", "expire", "ack", "waiting"):
                 pipe.zrange(getattr(k, name), 0, -1)
             pipe.hgetall(k.meta)
-            busy, keyready, keyed, ready, tagged, held, expire, ack, waiting, meta = await pipe.execute()
-        return {"busy": busy, "keyready": set(keyready), "keyed": set(keyed), "ready": set(ready),
+            busy, keyready, keyed, ready, tagged, fair, held, expire, ack, waiting, meta = await pipe.execute()
+        return {"busy": busy, "keyready": set(keyready), "keyed": set(keyed), "ready": set(ready), "fair": set(fair),
                 "tagged": set(tagged), "held": set(held), "expire": set(expire), "ack": set(ack),
                 "waiting": set(waiting), "meta": {i: json.loads(raw) for i, raw in meta.items()}}
 
@@ -125,7 +129,7 @@ class InvariantMachine(RuleBasedStateMachine):
             msg_id = f"m{len(self.ids):03d}"
             self.ids.append(msg_id)
             batch.append(NewSend(NewMessage(TOPIC, msg_id, "x", now, now + delay_ms, ttl_ms, max_retry, priority,
-                                            tag, key), False))
+                                            tag, key, fair_key=("", "A", "B")[len(self.ids) % 3]), False))
         self.run(self.nodes[0].broker.send(batch))
 
     @rule(node=st.integers(0, 1), batch=st.integers(1, 4), tags=st.sampled_from([(), ("x",), ("x", "y")]),
@@ -186,6 +190,11 @@ class InvariantMachine(RuleBasedStateMachine):
             self.run(flow.resume(PauseRequest(TOPIC, key, None)))
             self.paused.discard(key)
 
+    @rule(node=st.integers(0, 1), on=st.booleans())
+    def fairness(self, node, on):
+        self.run(self.flow(node).set_config(TopicConfig(TOPIC, 0, "fairKey" if on else "none", 0, 0)))
+        self.fair = on
+
     @rule(node=st.integers(0, 1), ms=st.sampled_from([1, 5, 30, 100, 400]))
     def advance(self, node, ms):
         self.run(self.nodes[node].advance_to(self.clock.now_ms() + ms))
@@ -225,6 +234,8 @@ class InvariantMachine(RuleBasedStateMachine):
         tag_of_rk = {m["rk"]: m["tag"] for m in meta.values()}
         assert s["tagged"] == {f"{tag_of_rk[rk]},{rk}" for rk in pullable if tag_of_rk[rk]}
         assert s["keyed"] == {f"{key[i]}\0{i}" for i in meta if key[i]}
+        fair_of_rk = {m["rk"]: m.get("fairKey", "") for m in meta.values()}
+        assert s["fair"] == ({f"{fair_of_rk[rk]}\0{rk}" for rk in pullable} if self.fair else set())
 
 
 @pytest.mark.slow

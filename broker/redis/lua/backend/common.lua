@@ -1,8 +1,9 @@
--- Shared by every script. KEYS are a topic's seventeen keys (TopicKeys.all); a
+-- Shared by every script. KEYS are a topic's eighteen keys (TopicKeys.all); a
 -- message is a table of strings, read with load() and written with save().
 local WAITING, READY, TAGGED, EXPIRE, ACK, META, BODY, RETIRE, TAGS, BULK, BULKINFO =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10], KEYS[11]
 local BUSY, KEYREADY, KEYED, HELD, LEASES, FLOW = KEYS[12], KEYS[13], KEYS[14], KEYS[15], KEYS[16], KEYS[17]
+local FAIR = KEYS[18]
 -- While a bulk call is applied (BULK holds its changes not yet made) every
 -- other script of the topic answers this error instead of running, so no
 -- client sees a call half made; the caller applies the rest
@@ -47,13 +48,31 @@ local function key_best(k)
   if h then return string.sub(h, #k + 2) end
   return nil
 end
-local function pullable_add(rk, tag)
+-- Fairness (FLOW's "fair": broker.redis.flow): every pullable message is
+-- in FAIR too, as "<fairKey>\0<rk>" (a fairKey holds no NUL; "" for none),
+-- so pull.lua finds each group's best, and the next group after another,
+-- by ZRANGEBYLEX. A topic without fairness pays one HEXISTS a script, no
+-- write (read once: only flow_save.lua changes it, and resets fair_on).
+local fair_on = nil
+local function fair()
+  if fair_on == nil then fair_on = redis.call('HEXISTS', FLOW, 'fair') == 1 end
+  return fair_on
+end
+local function fair_member(rk, m)
+  return (m and m.fairKey or '') .. '\0' .. rk
+end
+-- m: rk's message (nil: gone; its tag and fairKey taken as none).
+local function pullable_add(rk, m)
+  local tag = m and m.tag or ''
   redis.call('ZADD', READY, 0, rk)
   if tag ~= '' then redis.call('ZADD', TAGGED, 0, tag .. ',' .. rk) end
+  if fair() then redis.call('ZADD', FAIR, 0, fair_member(rk, m)) end
 end
-local function pullable_remove(rk, tag)
+local function pullable_remove(rk, m)
+  local tag = m and m.tag or ''
   local was = redis.call('ZREM', READY, rk)
   if tag ~= '' then redis.call('ZREM', TAGGED, tag .. ',' .. rk) end
+  if fair() then redis.call('ZREM', FAIR, fair_member(rk, m)) end
   return was
 end
 -- The message of rk, by the id rk ends with (or nil: gone).
@@ -75,8 +94,7 @@ local function key_promote(k)
   if key_paused(k) then return end
   local rk = key_best(k)
   if rk then
-    local m = load_rk(rk)
-    pullable_add(rk, m and m.tag or '')
+    pullable_add(rk, load_rk(rk))
     woken = true
   end
 end
@@ -93,15 +111,14 @@ local function ready_add(id, m)
     local next = redis.call('ZRANGEBYLEX', KEYREADY, '(' .. k .. '\0' .. m.rk, '(' .. k .. '\1', 'LIMIT', 0, 1)[1]
     if next then
       local rk = string.sub(next, #k + 2)
-      local old = load_rk(rk)
-      pullable_remove(rk, old and old.tag or '')
+      pullable_remove(rk, load_rk(rk))
     end
   end
-  pullable_add(m.rk, m.tag)
+  pullable_add(m.rk, m)
 end
 local function ready_remove(id, m)
   redis.call('ZREM', EXPIRE, id)
-  local was = pullable_remove(m.rk, m.tag)
+  local was = pullable_remove(m.rk, m)
   if keyed(m) then
     redis.call('ZREM', KEYREADY, m.key .. '\0' .. m.rk)
     -- it was its free key's pullable one: the next best takes its place

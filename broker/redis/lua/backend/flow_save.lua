@@ -9,11 +9,17 @@
 -- common.lua's hold) stay held while their topic or key is still paused;
 -- the others are released now, as tick.lua would have released them (past
 -- its expire time or, misfire=skip, its grace: ended unseen, 5).
+-- Fairness ("fair"): turned on, every pullable (READY) message is indexed
+-- in FAIR now, in this script (its time grows with the topic's pullable
+-- messages: docs/redis.md, "Fairness on Redis"); kept on, the turn ("turn")
+-- is kept; turned off, FAIR is dropped (UNLINK: freed in the background).
 -- -> 1 if something became pullable (the topic, or a key, resumed: the
 -- caller wakes the topic's long polls), else 0
 if fenced() then return redis.error_reply(FENCE) end
 local now, retire_at = ARGV[1], ARGV[2]
 local was_paused = redis.call('HEXISTS', FLOW, 'paused') == 1
+local was_fair = fair()
+local turn = redis.call('HGET', FLOW, 'turn')
 local old = redis.call('HKEYS', FLOW)
 local new = {}
 redis.call('DEL', FLOW)
@@ -21,12 +27,25 @@ for i = 3, #ARGV, 2 do
   new[ARGV[i]] = true
   redis.call('HSET', FLOW, ARGV[i], ARGV[i + 1])
 end
+fair_on = nil
+if fair() and was_fair then
+  if turn then redis.call('HSET', FLOW, 'turn', turn) end
+elseif fair() then
+  local from = '-'
+  while true do
+    local rks = redis.call('ZRANGEBYLEX', READY, from, '+', 'LIMIT', 0, 1000)
+    for _, rk in ipairs(rks) do redis.call('ZADD', FAIR, 0, fair_member(rk, load_rk(rk))) end
+    if #rks < 1000 then break end
+    from = '(' .. rks[#rks]
+  end
+elseif was_fair then
+  redis.call('UNLINK', FAIR)
+end
 for name, _ in pairs(new) do
   if string.sub(name, 1, 2) == 'k:' then
     local rk = key_best(string.sub(name, 3))
     if rk then
-      local m = load_rk(rk)
-      pullable_remove(rk, m and m.tag or '')
+      pullable_remove(rk, load_rk(rk))
     end
   end
 end

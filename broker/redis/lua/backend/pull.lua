@@ -10,6 +10,12 @@
 -- due at or before it goes first, the oldest first, before priority order:
 -- the first message of each priority's range is read (the oldest of that
 -- priority), at most OLDEST_BANDS priorities, highest first.
+-- Fairness (FLOW's "fair", common.lua): a pull without tags takes turns
+-- over the groups of FAIR (one per fairKey, "" for none), in the order of
+-- their names, starting after the group served last ("turn" in FLOW,
+-- kept there for the next pull): each turn takes the group's best. The
+-- overdue ones (maxDueAgeMillis) still go first, taking no turn; a pull by
+-- tags follows the plain order among its tags (docs/redis.md).
 -- ARGV: now deadline batch retire_at node ('': a consumer's) held_until
 -- lease_until overdue_at tag... -> {ended, {id, meta, body}...}
 if fenced() then return redis.error_reply(FENCE) end
@@ -37,10 +43,23 @@ local function overdue(zset, prefix, upper)
 end
 if node ~= '' then redis.call('ZADD', LEASES, ARGV[7], node) end
 if redis.call('HEXISTS', FLOW, 'paused') == 1 then return {0} end  -- a paused topic hands nothing out
+local turn = redis.call('HGET', FLOW, 'turn')
+local turned = false
+-- The best rk of the next group after `turn` (wrapping), and its group.
+local function fair_head()
+  local h
+  if turn then h = redis.call('ZRANGEBYLEX', FAIR, '[' .. turn .. '\1', '+', 'LIMIT', 0, 1)[1] end
+  if not h then h = redis.call('ZRANGEBYLEX', FAIR, '-', '+', 'LIMIT', 0, 1)[1] end
+  if not h then return nil end
+  local cut = string.find(h, '\0', 1, true)
+  return string.sub(h, cut + 1), string.sub(h, 1, cut - 1)
+end
 local function head()
   if #ARGV < FIRST_TAG then
     local old = overdue_at and overdue(READY, '', '+')
-    return old or redis.call('ZRANGE', READY, 0, 0)[1]
+    if old then return old end
+    if fair() then return fair_head() end
+    return redis.call('ZRANGE', READY, 0, 0)[1]
   end
   local best, oldest
   for i = FIRST_TAG, #ARGV do
@@ -57,12 +76,13 @@ local function head()
 end
 local out, ended = {}, 0
 while #out < batch do
-  local rk = head()
+  local rk, group = head()
   if not rk then break end
   local id = string.sub(rk, 22)
   local m = load(id)
   if not m then  -- a member without its message: drop it rather than loop on it
     redis.call('ZREM', READY, rk)
+    if group then redis.call('ZREM', FAIR, group .. '\0' .. rk) end
     for i = FIRST_TAG, #ARGV do redis.call('ZREM', TAGGED, ARGV[i] .. ',' .. rk) end
   elseif now >= tonumber(m.expire) then
     ready_remove(id, m)
@@ -73,6 +93,7 @@ while #out < batch do
     if keyed(m) then redis.call('HSET', BUSY, m.key, id) end  -- before ready_remove: no other of the key pullable
     ready_remove(id, m)
     m.status = '3'
+    if group then turn, turned = group, true end  -- its turn taken: the next group's is next
     m.retry = tostring(tonumber(m.retry) + 1)  -- retry counts deliveries (camellia)
     redis.call('ZADD', ACK, deadline, id)
     if node ~= '' then
@@ -82,5 +103,6 @@ while #out < batch do
     out[#out + 1] = {id, save(id, m), redis.call('HGET', BODY, id)}
   end
 end
+if turned then redis.call('HSET', FLOW, 'turn', turn) end
 table.insert(out, 1, ended)
 return out
