@@ -64,11 +64,16 @@ def main() -> None:
     parser.add_argument("--window-ms", type=int, default=600_000, help="the topic's dedupWindowMillis")
     parser.add_argument("--probes", type=int, default=2_000, help="duplicate sends timed (and as many new ones)")
     parser.add_argument("--shards", default="1", help="the node's --shards")
+    parser.add_argument("--index-resident-mb", type=int, default=None,
+                        help="the node's --index-resident-mb (default: the node's own, 16)")
     args = parser.parse_args()
     topic = "dedup"
     with tempfile.TemporaryDirectory(prefix="hourglass-dedup-") as work:
         data = f"{work}/data"
-        server = Server.start(data, "--shards", args.shards, log_path=f"{work}/serve.log")
+        flags = ["--shards", args.shards]
+        if args.index_resident_mb is not None:
+            flags += ["--index-resident-mb", str(args.index_resident_mb)]
+        server = Server.start(data, *flags, log_path=f"{work}/serve.log")
         try:
             code, body = server.post("setTopicConfig", topic=topic, dedupWindowMillis=args.window_ms)
             assert code == 200, body
@@ -90,7 +95,8 @@ def main() -> None:
         ends_bytes = sum(disk_bytes(os.path.join(root, "ends")) for root, dirs, _ in os.walk(data) if "ends" in dirs)
         data_bytes = disk_bytes(data)
     print(json.dumps({
-        "ids": args.ids, "window_ms": args.window_ms, "shards": args.shards, "build": serve_version(),
+        "ids": args.ids, "window_ms": args.window_ms, "shards": args.shards,
+        "index_resident_mb": args.index_resident_mb, "build": serve_version(),
         "ended_s": round(ended_s, 1), "ids_ended_per_s": round(args.ids / ended_s),
         "rss_mb_before": before.get("rss_mb"), "rss_mb_after": after.get("rss_mb"),
         "rss_growth_mb": round(after.get("rss_mb", 0) - before.get("rss_mb", 0), 1),

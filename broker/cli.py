@@ -139,6 +139,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--segment-bytes", type=int, default=64 * 1024 * 1024,
                        help="size of a commit-log segment file (default 64 MiB); whole segments are deleted "
                             "once checkpointed")
+    serve.add_argument("--index-resident-mb", type=int, default=16,
+                       help="an id, key or end index larger than this (MB) keeps its pages out of the node's RSS "
+                            "as it works: each probe maps one page (a system call, some 5 us a message) and its "
+                            "pages are dropped every 1,024 calls; smaller ones stay resident (default 16; 0: every "
+                            "index from the start). See docs/internals.md, \"Writing\"")
     serve.add_argument("--retain-log-bytes", type=int, default=256 * 1024 * 1024,
                        help="cluster only: the leader keeps this much commit log for followers that fall behind "
                             "(default 256 MiB); one further behind gets a snapshot")
@@ -263,7 +268,8 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
     return ServeConfig(host=args.host, port=args.port, data_dir=args.data_dir,
                        allow_shared_data_dir=args.allow_shared_data_dir, backend=args.backend,
                        max_msg_bytes=args.max_msg_bytes, auth_token=token,
-                       store=StoreConfig(fsync=fsync_policy(args.fsync), segment_bytes=args.segment_bytes),
+                       store=StoreConfig(fsync=fsync_policy(args.fsync), segment_bytes=args.segment_bytes,
+                                         index_resident_bytes=args.index_resident_mb << 20),
                        http=Limits(max_connections=args.max_connections, reserved_fds=args.reserved_fds,
                                    head_timeout_s=args.head_timeout,
                                    body_timeout_s=args.body_timeout, idle_timeout_s=args.idle_timeout,

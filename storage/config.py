@@ -38,6 +38,10 @@ class StoreConfig:
     # Slots each id-index shard starts with (a power of two); shards double
     # independently when 70% full.
     id_shard_initial_slots: int = 1024
+    # An id, key or end index larger than this keeps its mapped pages out of
+    # the process's RSS as it works (storage.id_index, SHED_ABOVE_BYTES);
+    # one this size or smaller stays resident. `--index-resident-mb`.
+    index_resident_bytes: int = 16 << 20
     # Far (not memory-mapped) hours whose files may be open at once (three
     # descriptors each; lowered to fit the process's file limit).
     open_far_hours: int = 2048
@@ -52,5 +56,7 @@ class StoreConfig:
         slots = self.id_shard_initial_slots
         if slots < 16 or slots & (slots - 1):
             raise ConfigError(f"id_shard_initial_slots must be a power of two >= 16, got {slots}")
+        if self.index_resident_bytes < 0:
+            raise ConfigError(f"index_resident_bytes (--index-resident-mb) must be >= 0, got {self.index_resident_bytes}")
         if self.open_far_hours < 4:
             raise ConfigError(f"open_far_hours must be at least 4, got {self.open_far_hours}")

@@ -98,7 +98,8 @@ class EndIndex:
         reason = None
         if IdIndex.is_current(directory):
             try:
-                return cls(IdIndex.open(directory, config.id_shard_initial_slots, is_live, disk=disk))
+                return cls(IdIndex.open(directory, config.id_shard_initial_slots, is_live, disk=disk,
+                                        resident_bytes=config.index_resident_bytes))
             except NewerFormatError:  # not damage: refused, never made again
                 raise
             except CorruptionError as e:
@@ -107,7 +108,8 @@ class EndIndex:
         elif os.path.isdir(directory):
             reason = f"{directory} is incomplete"
             shutil.rmtree(directory)
-        slots = IdIndex.build(directory, config.id_shard_initial_slots, is_live, disk=disk)
+        slots = IdIndex.build(directory, config.id_shard_initial_slots, is_live, disk=disk,
+                              resident_bytes=config.index_resident_bytes)
         try:
             slots.publish()
         except BaseException:

@@ -297,7 +297,8 @@ class IdIndex:
     """
 
     def __init__(self, directory: str, initial_slots: int, is_live: Callable[[int], bool], secret: bytes,
-                 is_released: Callable[[int, int], bool] | None = None, disk: Disk = DISK) -> None:
+                 is_released: Callable[[int, int], bool] | None = None, disk: Disk = DISK,
+                 resident_bytes: int = SHED_ABOVE_BYTES) -> None:
         self.directory = directory
         self.disk = disk  # what a new shard reserves its blocks through (storage.disk)
         self.initial_slots = initial_slots
@@ -307,7 +308,8 @@ class IdIndex:
         self.shards: list[Shard] = []
         self.probes = 0  # slots read by put and candidates, for tests and metrics
         self.sheds = 0  # sheds of its pages, for tests
-        self.shed_every_calls, self.shed_above_bytes = SHED_EVERY_CALLS, SHED_ABOVE_BYTES
+        # (--index-resident-mb: the size above which the index keeps its pages out of RSS)
+        self.shed_every_calls, self.shed_above_bytes = SHED_EVERY_CALLS, resident_bytes
         self._calls = 0  # lookups and inserts since the last shed
         self._paged = False  # each probe maps its page alone first (large: MADV_POPULATE_WRITE)
         self._can_page = sys.platform.startswith("linux")  # (False once the kernel refused it)
@@ -341,18 +343,19 @@ class IdIndex:
 
     @classmethod
     def open(cls, directory: str, initial_slots: int, is_live: Callable[[int], bool],
-             is_released: Callable[[int, int], bool] | None = None, disk: Disk = DISK) -> IdIndex:
+             is_released: Callable[[int, int], bool] | None = None, disk: Disk = DISK,
+             resident_bytes: int = SHED_ABOVE_BYTES) -> IdIndex:
         """Open the index in `directory`, creating an empty one if there is
         none. Refuses an index older than the keyed hash (rebuild it with
         `build` from the messages it should hold)."""
         if not cls.is_current(directory):
             if os.path.isdir(directory) and any(n.endswith(".hix") for n in os.listdir(directory)):
                 raise CorruptionError(directory, 0, "id index from before the keyed hash (no secret): rebuild it")
-            index = cls.build(directory, initial_slots, is_live, is_released, disk)
+            index = cls.build(directory, initial_slots, is_live, is_released, disk, resident_bytes)
             index.publish()
             return index
         secret = read_secret(os.path.join(directory, SECRET_FILE))
-        index = cls(directory, initial_slots, is_live, secret, is_released, disk)
+        index = cls(directory, initial_slots, is_live, secret, is_released, disk, resident_bytes)
         try:
             for n in range(SHARDS):
                 path = index._path(n)
@@ -366,14 +369,15 @@ class IdIndex:
 
     @classmethod
     def build(cls, directory: str, initial_slots: int, is_live: Callable[[int], bool],
-              is_released: Callable[[int, int], bool] | None = None, disk: Disk = DISK) -> IdIndex:
+              is_released: Callable[[int, int], bool] | None = None, disk: Disk = DISK,
+             resident_bytes: int = SHED_ABOVE_BYTES) -> IdIndex:
         """A new, empty index with a new secret, made in `directory`.new:
         fill it with `put`, then `publish()` it in place of `directory`."""
         building = directory + ".new"
         if os.path.exists(building):
             shutil.rmtree(building)
         make_dir(building)
-        index = cls(building, initial_slots, is_live, os.urandom(SECRET_BYTES), is_released, disk)
+        index = cls(building, initial_slots, is_live, os.urandom(SECRET_BYTES), is_released, disk, resident_bytes)
         try:
             for n in range(SHARDS):
                 shard = Shard.create(index._path(n), initial_slots, index._secret_tag, disk)

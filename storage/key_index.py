@@ -496,13 +496,15 @@ def open_key_index(directory: str, config: StoreConfig, hours: HourTable, disk: 
     if IdIndex.is_current(directory):
         if os.path.exists(os.path.join(directory, LAYOUT_FILE)):
             try:
-                return KeyIndex(IdIndex.open(directory, config.id_shard_initial_slots, hours.__contains__, disk=disk))
+                return KeyIndex(IdIndex.open(directory, config.id_shard_initial_slots, hours.__contains__,
+                                             disk=disk, resident_bytes=config.index_resident_bytes))
             except NewerFormatError:  # not damage: refused, never rebuilt
                 raise
             except CorruptionError:  # a torn or damaged shard: derived data, made again
                 pass
         shutil.rmtree(directory)
-    slots = IdIndex.build(directory, config.id_shard_initial_slots, hours.__contains__, disk=disk)
+    slots = IdIndex.build(directory, config.id_shard_initial_slots, hours.__contains__, disk=disk,
+                          resident_bytes=config.index_resident_bytes)
     keys = KeyIndex(slots)
     try:
         atomic_write(os.path.join(slots.directory, LAYOUT_FILE), b"")

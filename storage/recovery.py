@@ -97,8 +97,10 @@ def open_id_index(directory: str, config: StoreConfig, hours: HourTable, disk: D
     or from before the keyed hash: every entry and the front of every body
     read once; replaying the log adds the rest."""
     if IdIndex.is_current(directory):
-        return IdIndex.open(directory, config.id_shard_initial_slots, hours.__contains__, hours.released, disk)
-    ids = IdIndex.build(directory, config.id_shard_initial_slots, hours.__contains__, hours.released, disk)
+        return IdIndex.open(directory, config.id_shard_initial_slots, hours.__contains__, hours.released, disk,
+                            config.index_resident_bytes)
+    ids = IdIndex.build(directory, config.id_shard_initial_slots, hours.__contains__, hours.released, disk,
+                        config.index_resident_bytes)
     try:
         for h in hours.ascending():
             files = hours.files(h)

@@ -113,3 +113,16 @@ def test_a_large_index_maps_one_page_a_probe_not_its_neighbours(tmp_path):
         for msg_id in looked:
             assert store.get("t", msg_id) is not None
         assert resident_kb(os.path.join(directory, "ids")) <= len(looked) * 2 * 4
+
+
+def test_the_resident_size_comes_from_the_store_config_to_every_index(tmp_path):
+    config = StoreConfig(segment_bytes=1 << 20, id_shard_initial_slots=4096, retention_ms=MS_PER_HOUR,
+                         index_resident_bytes=3 << 20)
+    with Store.open(str(tmp_path), config, now_ms=NOW) as store:
+        store.keep_ends("t", True)
+        sent = store.send([NewMessage("t", "m", "x", NOW, NOW, MS_PER_HOUR, 3)], NOW)
+        store.commit()
+        store.update([StateChange(sent[0].message.location, Status.ACKED, 0)], NOW + 1)
+        store.commit()
+        assert store.ids.shed_above_bytes == 3 << 20
+        assert store.ends is not None and store.ends.slots.shed_above_bytes == 3 << 20
