@@ -652,8 +652,9 @@ class IdIndex:
         group_mask, is_live = new.group_mask, self.is_live
         live: dict[int, bool] = {}  # file -> is_live, asked once a file
         words = array("Q", bytes(new.slot_count * SLOT_BYTES))
-        pairs = array("Q")  # (the old slots' words, not a list of ints: 8 bytes a word)
-        pairs.frombytes(old.mm[HEADER_BYTES:])
+        pairs = array("Q")  # (the old slots' words, not a list of ints: 8 bytes a word, copied once)
+        with memoryview(old.mm) as view, view[HEADER_BYTES:] as body:
+            pairs.frombytes(body)
         used = 0
         for i in range(0, len(pairs), 2):
             key = pairs[i]
@@ -684,7 +685,7 @@ class IdIndex:
             words[at] = key
             words[at + 1] = loc
             used += 1
-        new.mm[HEADER_BYTES:] = words.tobytes()
+        new.mm[HEADER_BYTES:] = words  # (no bytes copy of it)
         del words, pairs
         new.used = used
         new.publish(self._path(n))
