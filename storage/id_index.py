@@ -252,6 +252,18 @@ class Shard:
         shard.used = slot_count - empty
         return shard
 
+    def write_slots(self, words: array[int]) -> None:
+        """Every slot's two words written at once, through the file (the
+        page cache the mapping shares), none of its pages mapped."""
+        data = memoryview(words).cast("B")
+        fd = os.open(self.path, os.O_RDWR)
+        try:
+            done = 0
+            while done < len(data):
+                done += os.pwrite(fd, data[done:], HEADER_BYTES + done)
+        finally:
+            os.close(fd)
+
     def publish(self, final_path: str, durable: bool = True) -> None:
         """Make a freshly built shard the live one, atomically (`durable`:
         fsync'ed first, and its directory after)."""
@@ -652,9 +664,13 @@ class IdIndex:
         group_mask, is_live = new.group_mask, self.is_live
         live: dict[int, bool] = {}  # file -> is_live, asked once a file
         words = array("Q", bytes(new.slot_count * SLOT_BYTES))
-        pairs = array("Q")  # (the old slots' words, not a list of ints: 8 bytes a word, copied once)
-        with memoryview(old.mm) as view, view[HEADER_BYTES:] as body:
-            pairs.frombytes(body)
+        # The old slots' words read from the file (the page cache the mapping
+        # writes to), not through the mapping, and the new ones written so:
+        # a doubling maps no page of either shard into the node's RSS.
+        pairs = array("Q")
+        with open(old.path, "rb") as f:
+            f.seek(HEADER_BYTES)
+            pairs.fromfile(f, old.slot_count * 2)
         used = 0
         for i in range(0, len(pairs), 2):
             key = pairs[i]
@@ -685,14 +701,13 @@ class IdIndex:
             words[at] = key
             words[at + 1] = loc
             used += 1
-        new.mm[HEADER_BYTES:] = words  # (no bytes copy of it)
-        del words, pairs
+        del pairs
+        new.write_slots(words)
+        del words
         new.used = used
         new.publish(self._path(n))
         old.close()
         self.shards[n] = new
-        if self._paged:  # (every page of it was just written)
-            new.mm.madvise(mmap.MADV_DONTNEED)
         return True
 
     # -- lifetime ----------------------------------------------------------------------

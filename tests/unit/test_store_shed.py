@@ -126,3 +126,22 @@ def test_the_resident_size_comes_from_the_store_config_to_every_index(tmp_path):
         store.commit()
         assert store.ids.shed_above_bytes == 3 << 20
         assert store.ends is not None and store.ends.slots.shed_above_bytes == 3 << 20
+
+
+def test_a_shard_doubled_maps_none_of_its_pages(tmp_path):
+    """A doubling reads the old slots and writes the new through the file:
+    neither shard's pages come into the node's RSS (a large index's shard
+    doubling would otherwise make both resident at once)."""
+    directory = os.path.realpath(str(tmp_path))
+    with Store.open(directory, CONFIG, now_ms=NOW) as store:
+        store.send([NewMessage("t", f"m{i}", "x", NOW, NOW, MS_PER_HOUR, 3) for i in range(3000)], NOW)
+        store.commit()
+        ids = store.ids
+        ids.shed()
+        shard = ids.shards[0]
+        slots = shard.slot_count
+        assert ids._double(shard)
+        assert ids.shards[0].slot_count == 2 * slots
+        assert resident_kb(os.path.join(directory, "ids")) <= 4  # (the new header's page)
+        for i in range(3000):  # every id still found
+            assert store.get("t", f"m{i}") is not None
