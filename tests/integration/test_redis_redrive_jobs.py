@@ -19,12 +19,11 @@ import uuid
 
 import pytest
 from serving import Server
+from test_redrive_job_kill9 import MESSAGES, RATE, _count, _job, _make_dead  # (the same dead letters, on Redis)
 
 pytest.importorskip("redis", reason="the redis extra is not installed (pip install 'hourglass[redis]')")
 pytestmark = pytest.mark.slow
 
-MESSAGES = 2000
-RATE = 500  # a second: the job takes about 4 s
 # The Redis database this file's nodes use, flushed first (another test's
 # node on database 0 could hold the jobs lease).
 OWN_DB = 13
@@ -37,35 +36,6 @@ def own_database(redis_url: str) -> str:
     with redis.Redis.from_url(url) as client:
         client.flushdb()
     return url
-
-
-def _count(server: Server, topic: str, status: str) -> int:
-    code, body = server.get("listMsg", topic=topic, status=status, countOnly="true")
-    assert code == 200, body
-    return body["count"]
-
-
-def _make_dead(server: Server, topic: str) -> None:
-    """MESSAGES messages that end after their one delivery (status 6)."""
-    for first in range(0, MESSAGES, 1000):
-        msgs = [{"msgId": f"m{i}", "msg": "x", "maxRetry": 0} for i in range(first, first + 1000)]
-        status, body = server.post_json("sendMsgBatch", {"topic": topic, "msgs": msgs})
-        assert status == 200, body
-    pulled = 0
-    while pulled < MESSAGES:
-        code, body = server.post("pullMsg", topic=topic, batch=1000, ackTimeoutMillis=100)
-        assert code == 200, body
-        pulled += len(body["delayMsgList"])
-    deadline = time.monotonic() + 30
-    while _count(server, topic, "6") < MESSAGES:
-        assert time.monotonic() < deadline, "the deliveries did not end"
-        time.sleep(0.1)
-
-
-def _job(server: Server, job_id: str) -> dict:
-    code, body = server.get("getJob", jobId=job_id)
-    assert code == 200, body
-    return body["job"]
 
 
 def _holds_jobs(node: Server) -> bool:
