@@ -16,11 +16,13 @@ it can never run a compiled module older than its source.
 from __future__ import annotations
 
 import atexit
+import concurrent.futures
 import os
 import shutil
 import tempfile
 
 from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
 
 # The modules mypyc compiles: those a request goes through (docs/benchmarks.md,
 # "Compiled with mypyc", has bench/flow.py's figures). Every other module
@@ -145,7 +147,30 @@ def mypyc_extensions() -> list[Extension]:
     os.makedirs("build", exist_ok=True)
     scratch = os.path.relpath(tempfile.mkdtemp(prefix="mypyc-", dir="build"))
     atexit.register(shutil.rmtree, scratch, True)
-    return list(mypycify(COMPILED, opt_level="3", group_name="hourglass", target_dir=scratch))
+    # One group (one library: calls between the modules stay direct C
+    # calls) written as one C file a module (`multi_file`), which
+    # ParallelBuildExt compiles on every core: as one C file of 75 MB, one
+    # compiler process took some 8 minutes over it. docs/dependencies.md,
+    # "mypyc", has the build times and the A/B of the CPU a message.
+    return list(mypycify(COMPILED, opt_level="3", group_name="hourglass", multi_file=True, target_dir=scratch))
+
+
+class ParallelBuildExt(build_ext):
+    """setuptools' build_ext, compiling an extension's C files side by side,
+    one compiler process a core (setuptools' own `parallel` only builds
+    separate extensions side by side; the compiled build is one)."""
+
+    def build_extensions(self) -> None:
+        compile_files = self.compiler.compile
+        jobs = os.cpu_count() or 1
+
+        def compile_side_by_side(sources: list[str], *args: object, **kwargs: object) -> list[str]:
+            with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
+                objects = pool.map(lambda source: compile_files([source], *args, **kwargs), sources)
+                return [name for one in objects for name in one]
+
+        self.compiler.compile = compile_side_by_side
+        super().build_extensions()
 
 
 def build_options() -> dict[str, dict[str, str]]:
@@ -158,4 +183,4 @@ def build_options() -> dict[str, dict[str, str]]:
     return {"build": {"build_base": scratch}}
 
 
-setup(ext_modules=mypyc_extensions(), options=build_options())
+setup(ext_modules=mypyc_extensions(), options=build_options(), cmdclass={"build_ext": ParallelBuildExt})
