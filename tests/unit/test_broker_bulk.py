@@ -281,6 +281,8 @@ def _send_hot_key(h: BrokerHarness, batches: int, per_batch: int) -> None:
     h.run(send())
 
 
+@pytest.mark.sources("counts the store's reads by handing it a counting reader, which a compiled Store's "
+                     "attribute refuses (it takes a Reader only)")
 def test_a_hot_keys_places_are_read_a_bounded_slice_a_turn_of_the_loop(h, monkeypatch):
     """3,000 messages of one key in one part: a count, a page of all of
     them and a delete by the key each read at most KEY_SLICE entries or
@@ -302,6 +304,8 @@ def test_a_hot_keys_places_are_read_a_bounded_slice_a_turn_of_the_loop(h, monkey
     assert max(reads.per_turn()) <= 256, reads.per_turn()
 
 
+@pytest.mark.sources("counts the store's reads by handing it a counting reader, which a compiled Store's "
+                     "attribute refuses (it takes a Reader only)")
 @pytest.mark.parametrize("batches", [10, 100])
 def test_the_first_page_by_a_hot_key_reads_the_same_whatever_the_keys_size(h, monkeypatch, batches):
     """A first page of one by a key of 10 or 100 batches of 200 in one part

@@ -97,6 +97,7 @@ def test_python_m_build_makes_an_sdist_and_a_wheel_without_a_warning_and_the_whe
 
 
 @pytest.mark.slow
+@pytest.mark.sources("builds the compiled wheel from this tree: a run that imports an installed build skips it")
 @pytest.mark.timeout(900)
 def test_the_compiled_wheel_builds_without_a_warning(tmp_path, monkeypatch):
     """What the README's `python -m build` makes by default where a C
