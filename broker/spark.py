@@ -631,6 +631,6 @@ def _failing_row(msg: str, rows: pa.Array) -> str:
     """' (row N of the partition)' when the broker's msg names `msgs[i]`."""
     if msg.startswith("msgs["):
         index = msg[5:msg.find("]")]
-        if index.isdigit() and int(index) < len(rows):
+        if index.isascii() and index.isdigit() and int(index) < len(rows):
             return f" (row {rows[int(index)].as_py()} of the partition)"
     return ""

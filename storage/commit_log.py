@@ -223,7 +223,7 @@ class CommitLog:
         log = cls(directory, fsync, segment_bytes, disk)
         names = sorted(n for n in os.listdir(directory) if n.endswith(".log"))
         for name in names:
-            if not name[:-4].isdigit():
+            if not (name[:-4].isascii() and name[:-4].isdigit()):
                 raise CorruptionError(os.path.join(directory, name), 0, "segment name is not an offset")
         if names and _never_written(os.path.join(directory, names[-1])):
             # A crash while rolling left the newest segment created, its

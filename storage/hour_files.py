@@ -26,7 +26,7 @@ def hour_paths(directory: str, hour: int) -> tuple[str, str, str]:
 
 def parse_hour_name(name: str) -> int | None:
     stem, dot, ext = name.partition(".")
-    if dot and ext in ("log", "idx", "sec") and stem.isdigit():
+    if dot and ext in ("log", "idx", "sec") and stem.isascii() and stem.isdigit():
         return int(stem)
     return None
 

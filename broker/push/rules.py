@@ -179,7 +179,7 @@ def _split_port(entry: str) -> tuple[str, int | None]:
 
 
 def _port(entry: str, text: str) -> int:
-    if not text.isdigit() or not 0 < int(text) < 65536:
+    if not (text.isascii() and text.isdigit()) or not 0 < int(text) < 65536:
         raise ConfigError(f"--push-allow: {entry!r} has a bad port")
     return int(text)
 
@@ -269,7 +269,7 @@ def backoff_ms(failures: int, retry_after_ms: int | None, jitter: float) -> int:
 
 def retry_after_ms(header: str | None) -> int | None:
     """Retry-After in whole seconds (an HTTP date is not taken: None)."""
-    if header is None or not header.strip().isdigit():
+    if header is None or not (header.strip().isascii() and header.strip().isdigit()):
         return None
     return min(int(header.strip()), BACKOFF_CAP_MS // 1000 + 1) * 1000
 

@@ -307,9 +307,11 @@ def parse_dead_cursor(cursor: str | None, count: int) -> tuple[int, str | None]:
     if cursor is None:
         return 0, None
     shard_text, dot, inner = cursor.partition(".")
-    if not dot or not shard_text.startswith("s") or not shard_text[1:].isdigit() or int(shard_text[1:]) >= count:
+    index = shard_text[1:]  # ASCII digits only ("²".isdigit() is true, and int() refuses it)
+    if not dot or not shard_text.startswith("s") or not (0 < len(index) <= 6 and index.isascii() and index.isdigit()) \
+            or int(index) >= count:
         raise InvalidRequest("cursor", f"must be a cursor a listDeadMsg page answered, got {cursor[:40]!r}")
-    return int(shard_text[1:]), inner or None
+    return int(index), inner or None
 
 
 class ShardRouter:
@@ -640,7 +642,8 @@ class ShardRouter:
             pages.append(page)
         limit = self._params(request).get("limit")
         rows = sorted((row for page in pages for row in page["schedules"]), key=lambda row: row["scheduleId"])
-        cut = int(limit) if isinstance(limit, (int, str)) and str(limit).isdigit() else DEFAULT_SCHEDULE_PAGE
+        cut = int(limit) if isinstance(limit, (int, str)) and str(limit).isascii() \
+            and str(limit).isdigit() else DEFAULT_SCHEDULE_PAGE
         more = any(page.get("cursor") is not None for page in pages) or len(rows) > cut
         rows = rows[:cut]
         cursor = rows[-1]["scheduleId"] if more and rows else None

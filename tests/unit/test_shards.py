@@ -149,10 +149,22 @@ def test_a_dead_letter_cursor_names_its_shard_and_that_shards_cursor(shard, inne
     assert parse_dead_cursor(cursor, 4) == (shard, inner or None)
 
 
-@pytest.mark.parametrize("cursor", ["s9.x", "x1.", "s.", "1-2", "s1"])
+@pytest.mark.parametrize("cursor", ["s9.x", "x1.", "s.", "1-2", "s1", "s\u00b2.x", "s\u0661.x", "s" + "9" * 5000 + ".x"])
 def test_a_dead_letter_cursor_no_page_answered_is_400(cursor):
     with pytest.raises(InvalidRequest, match="cursor"):
         parse_dead_cursor(cursor, 4)
+
+
+@given(st.text(max_size=30))
+def test_any_dead_letter_cursor_is_a_shard_of_the_node_or_a_400(cursor):
+    """Whatever a stranger sends as a cursor: a shard of the node and its
+    own cursor, or InvalidRequest (the 400 naming `cursor`), never another
+    exception (the 500 a cursor of non-ASCII digits once made)."""
+    try:
+        shard, _ = parse_dead_cursor(cursor, 4)
+    except InvalidRequest:
+        return
+    assert 0 <= shard < 4
 
 
 def test_topic_infos_sum_every_size():
