@@ -86,8 +86,33 @@ def topic_label(topic: str) -> str:
 
 
 def escape_label(value: str) -> str:
-    """A Prometheus label value: backslash, newline and quote escaped."""
+    """A Prometheus label value as the text format writes it: backslash,
+    newline and quote escaped. A value holding a control or line-separator
+    character (anything `str.isprintable` refuses but a plain space), or a
+    backslash, is first spelled out (`spell_label`), so that no reader
+    splitting lines at CR, U+2028 and the like can cut a series in two,
+    and no two values share a label (a value left as it is holds no
+    backslash; one spelled out always holds one)."""
+    if "\\" in value or not value.isprintable():
+        value = spell_label(value)
     return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def spell_label(value: str) -> str:
+    """`value` with each backslash doubled and each character
+    `str.isprintable` refuses written as `\\xHH`, `\\uHHHH` or
+    `\\UHHHHHHHH`, as Python's escapes: one spelling a value.
+    docs/operations.md, "Metrics", says how a topic's label reads."""
+    out = []
+    for char in value:
+        if char == "\\":
+            out.append("\\\\")
+        elif char.isprintable():
+            out.append(char)
+        else:
+            code = ord(char)
+            out.append(f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}")
+    return "".join(out)
 
 
 class Histogram:

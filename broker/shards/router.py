@@ -191,7 +191,7 @@ def merge_metrics(texts: Sequence[str], most: int, topics: int) -> str:
     samples: dict[str, dict[str, float]] = {}
     for text in texts:
         family = ""
-        for line in text.splitlines():
+        for line in text.split("\n"):  # (the format's only line end: splitlines() also cuts at CR, U+2028, ...)
             if not line:
                 continue
             if line.startswith("#"):
@@ -245,7 +245,10 @@ def _topic_of(series: str) -> str | None:
     end = at + 7
     while True:
         end = series.find('"', end)
-        if end < 0 or series[end - 1] != "\\":
+        if end < 0:
+            return series[at + 7:]
+        slashes = end - len(series[at + 7:end].rstrip("\\")) - at - 7
+        if slashes % 2 == 0:  # (an odd run of backslashes escapes the quote; an even one is backslashes)
             return series[at + 7:end]
         end += 1
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import zlib
 
 import pytest
@@ -253,6 +254,39 @@ def test_one_scrape_sums_due_messages_and_histograms_and_takes_the_oldest_due_ag
         assert f'hourglass_release_lateness_seconds_count{{cause="{cause}"}} 2' in lines
     assert 'hourglass_dwell_seconds_bucket{le="0.05"} 1' in lines and "hourglass_dwell_seconds_count 2" in lines
     assert lines.count("# TYPE hourglass_release_lateness_seconds histogram") == 1
+
+
+FORGING_TOPICS = ["a\rhourglass_forged_series 1880220\r", "b\u2028hourglass_forged_series 7", "c\x85d", "e\\", 'f\\"g']
+
+
+def test_one_scrape_of_topics_named_with_line_separators_forges_no_series():
+    """A topic named with a CR, U+2028, NEL, a trailing backslash or an
+    escaped quote: the node's scrape holds one series of it a family, no
+    series its name spells, and every line parses."""
+    from broker.observe.metrics import Metrics, TopicSelection
+
+    def shard(topics: list[str]) -> str:
+        m = Metrics()
+        for t in topics:
+            m.topic(t).sends += 1
+        return m.render(TopicSelection(shown=sorted(topics), backlogs={t: (1, 0, 0, 0) for t in topics},
+                                       topics=len(topics), counter_totals=(0,) * 12, backlog_totals=(0, 0, 0)), [])
+
+    text = merge_metrics([shard(FORGING_TOPICS[:3]), shard(FORGING_TOPICS)], 100, len(FORGING_TOPICS))
+    assert "hourglass_forged_series" not in "".join(line.partition("{")[0] for line in text.split("\n"))
+    assert len(text.splitlines()) == len(text.split("\n")) - 1  # no line a reader splitting at CR, U+2028 cuts
+    waiting = [line for line in text.split("\n") if line.startswith("hourglass_waiting_messages{")]
+    assert len(waiting) == len(FORGING_TOPICS) and all(line.endswith(" 2") for line in waiting[:3])
+    assert all(re.fullmatch(r'[a-z_]+(\{([a-z_]+="([^"\\]|\\[\\"n])*",?)*\})? \S+', line)
+               for line in text.split("\n") if line and not line.startswith("#")), text
+
+
+@given(st.text(max_size=12), st.text(max_size=12))
+def test_a_label_value_is_one_line_and_one_value_a_topic(a, b):
+    from broker.observe.metrics import escape_label
+
+    assert len(f"x{{t=\"{escape_label(a)}\"}} 1".splitlines()) == 1
+    assert (escape_label(a) == escape_label(b)) == (a == b)
 
 
 # -- the links ----------------------------------------------------------------------------
