@@ -90,6 +90,38 @@ def test_a_directory_an_older_release_made_opens_as_one_shard(tmp_path):
         layout.resolve(str(tmp_path), "4")
 
 
+def test_a_directory_of_shards_without_its_count_is_refused_naming_the_file_and_the_shards(tmp_path):
+    """A restore that missed `shards`: refused with a sentence, not opened
+    as one new, empty shard beside shard-0/ and shard-1/."""
+    data = str(tmp_path)
+    assert layout.resolve(data, "2") == 2
+    (tmp_path / "shards").unlink()
+    before = sorted(os.listdir(tmp_path))
+    for asked in ("auto", "1", "2"):
+        with pytest.raises(ConfigError, match=r"shards is missing, but the data directory holds shard-0/, shard-1/"):
+            layout.resolve(data, asked)
+    assert sorted(os.listdir(tmp_path)) == before  # nothing written
+
+
+@pytest.mark.parametrize(("count", "shards"), [("2", ["shard-0", "shard-1", "shard-2"]), ("3", ["shard-0", "shard-1"]),
+                                               ("1", ["shard-0"]), ("2", ["shard-1", "shard-2"])])
+def test_a_count_its_shard_directories_contradict_is_refused(tmp_path, count, shards):
+    (tmp_path / "shards").write_text(count + "\n")
+    for name in shards:
+        (tmp_path / name).mkdir()
+    with pytest.raises(ConfigError, match=rf"keeps {count} shards?, but the data directory holds {shards[0]}/"):
+        layout.resolve(str(tmp_path), "auto")
+
+
+def test_a_directory_holding_other_files_only_is_new(tmp_path):
+    """Judged by a store's own files: a log beside nothing else is no
+    one-shard store; the directory is new, and takes the count asked."""
+    (tmp_path / "hourglass.log").write_text("a line\n")
+    assert layout.resolve(str(tmp_path), "2") == 2
+    assert sorted(os.listdir(tmp_path)) == ["hourglass.log", "shard-0", "shard-1", "shards"]
+    assert layout.resolve(str(tmp_path), "auto") == 2
+
+
 @pytest.mark.parametrize("asked", ["0", "65", "two", "-1", ""])
 def test_a_bad_count_names_the_flag(tmp_path, asked):
     with pytest.raises(ConfigError, match="--shards"):
