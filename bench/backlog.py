@@ -3,6 +3,7 @@ no consumer. RSS, disk bytes per message, and the restart after SIGKILL.
 
     .venv/bin/python bench/backlog.py --msgs 10000000        # the README's "flat RAM" claim at 10 M
     .venv/bin/python bench/backlog.py --msgs 100000 --states ready
+    .venv/bin/python bench/backlog.py --msgs 300000 --states ready --serve-flags="--shards auto"   # the default node
     .venv/bin/python bench/backlog.py --msgs 10000000 --keys 1000000 --states waiting   # keyed (the key index)
 
 For each state, a fresh `hourglass serve --fsync batch` on a fresh data
@@ -14,7 +15,9 @@ directory is sent --msgs messages by sendMsgBatch (--batch each,
 with --keys K, message i has the serial key "k<i % K>" (the key index,
 storage/key_index.py, holds them on disk), and a listMsg by one key is
 timed after the restart (`list_by_key_ms`);
-then, after --settle-s: the node's memory (bench/harness.py memory_mb),
+then, after --settle-s: the node's memory, summed over its processes (a
+node of shards: the supervisor and each shard; bench/harness.py
+tree_memory_mb), idle before the sends and with the backlog,
 bytes on disk per message, a SIGKILL, and a start on the same directory:
   restart_health_s       seconds from the spawn until /health answers
   restart_pull_s         ... until the first pullMsg (batch 1, of the topic) answers code 200
@@ -40,7 +43,7 @@ import time
 from typing import Any
 
 import aiohttp
-from harness import Server, disk_bytes, memory_mb, unwind_on_signals
+from harness import Server, disk_bytes, tree_memory_mb, unwind_on_signals
 
 from broker.http.paths import PREFIX
 
@@ -123,18 +126,21 @@ def first_pull(server: Server, topic: str, spawned: float, timeout_s: float) -> 
 def measure(state: str, args: argparse.Namespace, root: str) -> dict[str, Any]:
     data = f"{root}/{state}"
     topic = f"backlog-{state}"
-    server = Server.start(data, "--fsync", "batch", log_path=f"{root}/{state}.log")
+    server = Server.start(data, "--fsync", "batch", *args.serve_flags, log_path=f"{root}/{state}.log")
     try:
-        log(f"{state}: sending {args.msgs:,}")
+        time.sleep(args.settle_s)
+        idle = tree_memory_mb(server.proc.pid)
+        log(f"{state}: idle {idle}; sending {args.msgs:,}")
         rate = asyncio.run(fill(server.base, topic, args, state))
         time.sleep(args.settle_s)
         result: dict[str, Any] = {"msgs": args.msgs, "send_msgs_per_s": round(rate), "counted": counted(server, topic, state),
-                                  "memory": memory_mb(server.proc.pid),
+                                  "memory_idle": idle, "memory": tree_memory_mb(server.proc.pid),
                                   "disk_bytes_per_msg": round(disk_bytes(data) / args.msgs, 1)}
         log(f"{state}: {result}; SIGKILL and restart")
         server.kill()
         spawned = time.monotonic()
-        server = Server.start(data, "--fsync", "batch", log_path=f"{root}/{state}.log", wait_s=args.restart_timeout_s)
+        server = Server.start(data, "--fsync", "batch", *args.serve_flags, log_path=f"{root}/{state}.log",
+                              wait_s=args.restart_timeout_s)
         health_s = time.monotonic() - spawned
         pull_s = first_pull(server, topic, spawned, args.restart_timeout_s)
         whole_at_pull = stored(server, topic) == args.msgs  # asked right after that pull's answer
@@ -144,14 +150,14 @@ def measure(state: str, args: argparse.Namespace, root: str) -> dict[str, Any]:
                        "counts_whole_at_pull": whole_at_pull,
                        "restart_s": round(pull_s, 3) if pull_s is not None and whole_at_pull else None,
                        "topic_info_answered_s": round(counts_s, 3),
-                       "memory_after_restart": memory_mb(server.proc.pid)})
+                       "memory_after_restart": tree_memory_mb(server.proc.pid)})
         if args.keys:
             started = time.perf_counter()
             status, answer = server.get("listMsg", topic=topic, key="k7")
             took_ms = (time.perf_counter() - started) * 1000
             found = len(answer["delayMsgList"]) if status == 200 and isinstance(answer, dict) else None
             result.update({"keys": args.keys, "list_by_key_ms": round(took_ms, 2), "list_by_key_found": found,
-                           "memory_after_list": memory_mb(server.proc.pid)})
+                           "memory_after_list": tree_memory_mb(server.proc.pid)})
         return result
     finally:
         server.stop()
@@ -167,8 +173,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--payload-bytes", type=int, default=100, help="each message's body (100)")
     p.add_argument("--keys", type=int, default=0, help="spread the messages over this many serial keys (0: none)")
     p.add_argument("--settle-s", type=float, default=5.0, help="pause before measuring (5)")
+    p.add_argument("--serve-flags", default="", help="more flags for hourglass serve, one string: "
+                   "\"--shards auto\" (the default node; bench/harness.py starts one shard unless asked)")
     p.add_argument("--restart-timeout-s", type=float, default=600.0, help="bound on the restart (600)")
     args = p.parse_args(argv)
+    args.serve_flags = args.serve_flags.split()
     unwind_on_signals()
     root = tempfile.mkdtemp(prefix="hourglass-backlog-")
     out: dict[str, Any] = {"parameters": vars(args)}

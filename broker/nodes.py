@@ -71,12 +71,16 @@ class DiskNode(NodeBase):
         started = time.perf_counter()
         self.store = Store.open(config.data_path, config.store, now_ms=clock.now_ms())
         metrics = Metrics()
+        queues, schedule_limits = config.queues, config.schedules
+        if config.shard is not None:  # the node's budgets, this shard's share (broker.shards.budgets)
+            from .shards.budgets import shard_queues, shard_schedules
+            queues, schedule_limits = shard_queues(queues, *config.shard), shard_schedules(schedule_limits, *config.shard)
         self.broker = Broker(self.store, clock, config.defaults, metrics,
-                             tick_path=os.path.join(config.data_path, "tick"), limits=config.queues)
+                             tick_path=os.path.join(config.data_path, "tick"), limits=queues)
         self.broker.on_fatal = lambda error: self.stop_asked.set()
         # recurring schedules in the data dir, told of the broker's releases (broker.schedules.keeper)
         schedules = Schedules(ScheduleFile(schedules_path(config.data_path), config.store.fsync is not FsyncPolicy.NEVER),
-                              clock, config.schedules)
+                              clock, schedule_limits)
         self.broker.on_release, self.broker.on_cancel = schedules.on_release, schedules.on_cancel
         self.broker.on_hold, schedules.holds = schedules.on_hold, self.broker  # (runs a pause holds back)
         self.opened_s = time.perf_counter() - started

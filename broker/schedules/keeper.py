@@ -220,6 +220,9 @@ class ScheduleLimits:
     max_schedules: int = DEFAULT_MAX_SCHEDULES
     # Their messages' UTF-8 bytes in all (--max-schedule-bytes; ScheduleSpec.size_bytes).
     max_bytes: int = DEFAULT_MAX_SCHEDULE_BYTES
+    # The node's shards, each holding its share of the two caps above
+    # (broker.shards.budgets); 1: these are the node's.
+    shards: int = 1
 
     def __post_init__(self) -> None:
         if self.max_schedules < 0:
@@ -413,6 +416,14 @@ class Schedules:
 
     def __repr__(self) -> str:
         return f"Schedules({len(self._states)} schedules, {len(self._released)} releases queued, {self._file!r})"
+
+    def _holder(self) -> str:
+        """Who holds the schedules a cap counts, in a refusal's words."""
+        return "the node" if self.limits.shards == 1 else "this schedule's shard"
+
+    def _cap(self, flag: str) -> str:
+        """A cap's name, in a refusal's words: the flag's, or a shard's share of it."""
+        return flag if self.limits.shards == 1 else f"its share of {flag} (over {self.limits.shards} shards)"
 
     def __len__(self) -> int:
         return len(self._states)
@@ -1018,13 +1029,13 @@ class Schedules:
                     raise Conflict(f"schedule {spec.schedule_id!r} is at version {0 if old is None else old.version}"
                                    f", not {version}" + (" (0: it must not exist)" if version == 0 else ""))
                 if old is None and count >= self.limits.max_schedules:
-                    raise LimitReached(f"the node has {count} schedules and --max-schedules is "
+                    raise LimitReached(f"{self._holder()} has {count} schedules and {self._cap('--max-schedules')} is "
                                        f"{self.limits.max_schedules}: delete one first, or raise --max-schedules")
                 now_held = held - (0 if old is None else old.spec.size_bytes) + spec.size_bytes
                 if now_held > self.limits.max_bytes:
-                    raise LimitReached(f"the schedules' messages would hold {now_held} bytes and "
-                                       f"--max-schedule-bytes is {self.limits.max_bytes}: delete schedules first, "
-                                       f"or raise --max-schedule-bytes")
+                    raise LimitReached(f"{self._holder()}'s schedules' messages would hold {now_held} bytes and "
+                                       f"{self._cap('--max-schedule-bytes')} is {self.limits.max_bytes}: delete "
+                                       f"schedules first, or raise --max-schedule-bytes")
             except HourglassError as e:
                 refused.append((done, e))
                 continue

@@ -348,3 +348,26 @@ def test_a_restarted_shard_is_dialled_back_at_once_not_after_the_failed_dials_ba
             await zero.stop()
             await one.stop()
     asyncio.run(run())
+
+
+# -- the node's budgets, shared by its shards ---------------------------------------------
+
+@given(st.integers(0, 10**9), st.integers(1, 64))
+def test_the_shards_shares_of_a_budget_sum_to_it_and_differ_by_one_at_most(total, count):
+    from broker.shards.budgets import split
+
+    shares = [split(total, i, count) for i in range(count)]
+    assert sum(shares) == total and max(shares) - min(shares) <= 1
+
+
+def test_a_shards_windows_and_schedule_caps_are_its_share_of_the_nodes():
+    from broker.disk.ready import QueueLimits
+    from broker.schedules.keeper import ScheduleLimits
+    from broker.shards.budgets import shard_queues, shard_schedules
+
+    queues = [shard_queues(QueueLimits(window_total=10, inflight_total=2), i, 3) for i in range(3)]
+    assert [q.window_total for q in queues] == [4, 3, 3]
+    assert [q.inflight_total for q in queues] == [1, 1, 1]  # at least one a shard: a shard with none hands out nothing
+    assert all(q.window == QueueLimits().window for q in queues)  # a topic's own window: per shard, as its help says
+    limits = [shard_schedules(ScheduleLimits(max_schedules=5, max_bytes=1000), i, 3) for i in range(3)]
+    assert sum(s.max_schedules for s in limits) == 5 and sum(s.max_bytes for s in limits) == 1000

@@ -1,0 +1,46 @@
+"""The node's budgets, shared by its shards (docs/configuration.md, "--shards").
+
+A flag that bounds the node holds for a node of many shards too: each
+shard keeps a fixed share of it, `split(total, index, count)`, the shares
+summing to the flag's value. A share is fixed at start: no shard borrows
+what another leaves unused, so a node whose load falls on few shards meets
+a limit before the flag's value, never after it.
+
+    --ready-window-total    READY messages held in RAM, over all topics
+    --max-inflight-total    CONSUMING messages, over all topics
+    --max-schedules         schedules (each lives on its scheduleId's shard)
+    --max-schedule-bytes    their messages' UTF-8 bytes
+
+The two windows keep at least one message a shard (a shard with none could
+hand out nothing). Not split, because every shard already counts the
+node's: --max-jobs (a job is made on every shard), --max-paused-keys and
+--max-subscriptions (a pause and a subscription are kept by every shard),
+--max-topics (a topic lives on every shard); and the per-topic flags
+(--ready-window, --max-inflight, --key-window) bound what a topic holds on
+a shard, as their help says.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ..disk.ready import QueueLimits
+from ..schedules.keeper import ScheduleLimits
+
+
+def split(total: int, index: int, count: int) -> int:
+    """Shard `index`'s share of `total` over `count` shards: the shares sum
+    to `total` exactly (the first `total % count` shards one more)."""
+    return total // count + (1 if index < total % count else 0)
+
+
+def shard_queues(queues: QueueLimits, index: int, count: int) -> QueueLimits:
+    """The windows a shard keeps: its share of the node's totals."""
+    return dataclasses.replace(queues, window_total=max(1, split(queues.window_total, index, count)),
+                               inflight_total=max(1, split(queues.inflight_total, index, count)))
+
+
+def shard_schedules(limits: ScheduleLimits, index: int, count: int) -> ScheduleLimits:
+    """The schedules a shard holds: its share of the node's caps."""
+    return dataclasses.replace(limits, max_schedules=split(limits.max_schedules, index, count),
+                               max_bytes=split(limits.max_bytes, index, count), shards=count)

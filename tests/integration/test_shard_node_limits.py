@@ -1,0 +1,73 @@
+"""A node of many shards keeps the node's limits (broker.shards.budgets,
+docs/configuration.md "--shards"): a cap a flag states for the node is
+never passed on a node of 3 shards (3 catches what an even split hides),
+and a data directory that lost its shard count is refused with a sentence,
+not opened as a new, empty shard."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from serving import ROOT, Server
+
+pytestmark = pytest.mark.slow
+
+
+def test_max_schedules_and_schedule_bytes_hold_for_the_node_of_three_shards(tmp_path):
+    server = Server.start(tmp_path / "data", "--shards", "3", "--max-schedules", "5")
+    try:
+        answers = [server.post("putSchedule", topic="t", scheduleId=f"s{i}", everyMillis=60_000, msg="m")
+                   for i in range(15)]
+        made = [a for a in answers if a[0] == 200 and a[1]["code"] == 200]
+        refused = [a for a in answers if a[0] == 429 or (a[0] == 200 and a[1]["code"] == 429)]
+        assert 1 <= len(made) <= 5 and len(made) + len(refused) == 15, answers
+        assert all("--max-schedules" in str(a[1]) for a in refused)
+        listed = server.get("listSchedules", topic="t", limit=100)[1]["schedules"]
+        assert len(listed) == len(made)
+    finally:
+        assert server.stop() == 0
+    server = Server.start(tmp_path / "bytes", "--shards", "3", "--max-schedule-bytes", "3000")
+    try:
+        held = 0
+        for i in range(12):
+            status, body = server.post("putSchedule", topic="t", scheduleId=f"b{i}", everyMillis=60_000, msg="x" * 500)
+            if status == 200 and body["code"] == 200:
+                held += 500
+        assert 500 <= held <= 3000, held
+    finally:
+        assert server.stop() == 0
+
+
+def test_max_inflight_total_holds_for_the_node_of_three_shards(tmp_path):
+    server = Server.start(tmp_path / "data", "--shards", "3", "--max-inflight-total", "4")
+    try:
+        for i in range(30):
+            assert server.post("sendMsg", topic="t", msgId=f"m{i}", msg="x", delayMillis=0)[1]["code"] == 200
+        pulled = 0
+        for _ in range(10):
+            status, body = server.post("pullMsg", topic="t", batch=30, ackTimeoutMillis=60_000)
+            pulled += len(body.get("delayMsgList") or []) if status == 200 else 0
+        assert 1 <= pulled <= 4, pulled
+    finally:
+        assert server.stop() == 0
+
+
+def test_a_directory_of_shards_that_lost_its_count_is_refused_naming_the_file(tmp_path):
+    server = Server.start(tmp_path / "data", "--shards", "2")
+    assert server.post("sendMsg", topic="t", msgId="kept", msg="x", delayMillis=60_000)[1]["code"] == 200
+    assert server.stop() == 0
+    (tmp_path / "data" / "shards").unlink()
+    refused = subprocess.run([sys.executable, "-m", "broker.cli", "serve", "--data-dir", str(tmp_path / "data"),
+                              "--port", "0"], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert refused.returncode == 1
+    assert "shards is missing, but the data directory holds shard-0/, shard-1/" in refused.stderr
+    assert not (tmp_path / "data" / "commitlog").exists()  # no new store beside the shards
+    (tmp_path / "data" / "shards").write_text("2\n")  # put back: every message is there
+    (tmp_path / "data" / "shards").chmod(0o600)
+    again = Server.start(tmp_path / "data", "--shards", "auto")
+    try:
+        assert again.post("getMsg", topic="t", msgId="kept")[1]["code"] == 200
+    finally:
+        assert again.stop() == 0
