@@ -47,6 +47,15 @@ attempt goes to the next address. With the retries above and client-made
 ids, a send rides through a leader failover without being lost or stored
 twice.
 
+Shards. A node of many shards (docs/api.md, "Shards") names each shard's
+own port (getShardMap): the client reads it once, then sends a message and
+acks or nacks it on its shard's port (its key's shard when it has one, else
+its msgId's), so the node forwards none of them; a batch send and every
+pull go to the node's port (the node validates a batch whole and keeps its
+pull order). When a shard's port fails (no connection, a 503) the call goes
+on through the node's port, and the map is read again after
+SHARD_MAP_RETRY_S.
+
 Redirects. A follower may answer 307/308 with the leader's address. aiohttp
 would follow it but drops `Authorization` when the port changes (a new
 origin), so this client follows up to `MAX_REDIRECTS` itself and keeps the
@@ -73,11 +82,15 @@ from storage.errors import ConfigError, HourglassError
 from .core.params import MAX_ACK_BATCH
 from .http.paths import PREFIX
 from .retry import Failure, RetryPolicy, retry_after_s, status_failure
+from .shards.placement import message_owner
 
 log = logging.getLogger("hourglass.client")
 
 # A redirect chain longer than this is a misconfigured cluster, not a leader change.
 MAX_REDIRECTS = 5
+# After a shard's port failed, or the node's map could not be read: calls
+# go through the node's port, and the map is read again this much later.
+SHARD_MAP_RETRY_S = 60.0
 # What the server waits in a long poll that names no timeout (camellia's 10 s);
 # the client's HTTP timeout must outlast it.
 SERVER_LONG_POLL_DEFAULT_MS = 10_000
@@ -205,6 +218,10 @@ class DelayQueueClient:
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._session = session
         self._owns_session = session is None
+        # the node in use's shards' base URLs (getShardMap), for the node `_shards_of`; [] none to use
+        self._shards: list[str] = []
+        self._shards_of: str | None = None
+        self._shards_read_at = 0.0
 
     def __repr__(self) -> str:
         return f"DelayQueueClient({self.base_url!r}, timeout_s={self.timeout_s}, retries={self.retry.retries})"
@@ -239,7 +256,8 @@ class DelayQueueClient:
         new = NewMsg(msg, msg_id or uuid.uuid4().hex, delay_ms, ttl_ms, max_retry, priority, trigger_time_ms, tag,
                      key)
         form = {"topic": topic, **new.params(), "strictIdempotence": "true" if strict_idempotence else "false"}
-        answer = await self._call("POST", "sendMsg", idempotent=True, form=form)
+        answer = await self._call("POST", "sendMsg", idempotent=True, form=form,
+                                  shard=await self._shard(new.msg_id or "", key or ""))
         return DelayMsg.from_json(answer["delayMsg"])
 
     async def send_batch(self, topic: str, msgs: Iterable[NewMsg | Mapping[str, Any]], *,
@@ -276,20 +294,27 @@ class DelayQueueClient:
 
     async def ack(self, topic: str, msg_id: str) -> None:
         """ackMsg: the message is done and never delivered again."""
-        await self._call("POST", "ackMsg", idempotent=True, form={"topic": topic, "msgId": msg_id})
+        await self._call("POST", "ackMsg", idempotent=True, form={"topic": topic, "msgId": msg_id},
+                         shard=await self._shard(msg_id))
 
     async def ack_many(self, topic: str, msg_ids: Sequence[str]) -> dict[str, int | None]:
         """ackMsg with msgIds (1..1000, one request, one fsync on the
         server): each id's status after it, None for an unknown one."""
-        answer = await self._call("POST", "ackMsg", idempotent=True, body={"topic": topic, "msgIds": list(msg_ids)})
-        return {r["msgId"]: r["status"] for r in answer["results"]}
+        parts: dict[str | None, list[str]] = {}
+        for msg_id in msg_ids:
+            parts.setdefault(await self._shard(msg_id), []).append(msg_id)
+        answers = await asyncio.gather(*(self._call("POST", "ackMsg", idempotent=True, shard=shard,
+                                                    body={"topic": topic, "msgIds": ids})
+                                         for shard, ids in parts.items()))
+        return {r["msgId"]: r["status"] for answer in answers for r in answer["results"]}
 
     async def nack(self, topic: str, msg_id: str) -> None:
         """ackMsg with ack=false: deliverable again now (its next delivery
         counts retry + 1). A nack of a message no longer consuming changes
         nothing, which is also what a retry meets whose first attempt was
         applied."""
-        await self._call("POST", "ackMsg", idempotent=True, form={"topic": topic, "msgId": msg_id, "ack": "false"})
+        await self._call("POST", "ackMsg", idempotent=True, form={"topic": topic, "msgId": msg_id, "ack": "false"},
+                         shard=await self._shard(msg_id))
 
     # ------------------------------------------------------------ push
 
@@ -483,26 +508,65 @@ class DelayQueueClient:
 
     # ------------------------------------------------------------ transport
 
+    async def _shard(self, msg_id: str, key: str = "") -> str | None:
+        """The base URL of the shard that owns a message (its key's, else
+        its msgId's) on the node in use; None: the node's own (one shard, a
+        cluster or Redis node, or a map that could not be read or used)."""
+        if self._shards_of != self.base_url and time.monotonic() >= self._shards_read_at:
+            await self._read_shard_map()
+        if len(self._shards) < 2 or not (msg_id or key):
+            return None
+        return self._shards[message_owner(msg_id, key, len(self._shards))]
+
+    async def _read_shard_map(self) -> None:
+        """getShardMap of the node in use, once (again SHARD_MAP_RETRY_S after a failure)."""
+        node = self.base_url
+        self._shards, self._shards_of = [], node
+        try:
+            answer = await self._call("GET", "getShardMap", idempotent=True, missing_ok=True, attempts=1)
+        except (HourglassError, aiohttp.ClientError, TimeoutError, OSError, ValueError) as error:
+            log.debug("getShardMap of %s failed (%r): calls go through the node's port", node, error)
+            self._give_up_shards()
+            return
+        ports = answer.get("ports") if isinstance(answer, dict) and answer.get("placement") == "crc32" else None
+        if isinstance(ports, list) and len(ports) > 1 and all(type(p) is int and 0 < p < 65536 for p in ports):
+            base = URL(node)
+            self._shards = [str(base.with_port(p)).rstrip("/") for p in ports]
+
+    def _give_up_shards(self) -> None:
+        """Calls go through the node's port; its map is read again later."""
+        self._shards, self._shards_of = [], None
+        self._shards_read_at = time.monotonic() + SHARD_MAP_RETRY_S
+
     async def _call(self, method: str, endpoint: str, *, idempotent: bool, form: Mapping[str, str] | None = None,
                     body: Any = None, query: Mapping[str, str] | None = None, wait_s: float = 0.0,
-                    missing_ok: bool = False) -> Any:
+                    missing_ok: bool = False, shard: str | None = None, attempts: int | None = None) -> Any:
         """The answer's JSON object after retries; None for a 404 when
         `missing_ok`; raises DelayQueueError for any other non-200.
         `idempotent`: repeating the call after the node applied it changes
-        nothing, so it may be repeated when that is unknown (broker.retry)."""
+        nothing, so it may be repeated when that is unknown (broker.retry).
+        `shard`: a shard's base URL for the first attempt (the node's own
+        port for the others); `attempts`: at most this many, not the policy's."""
         path = endpoint if endpoint.startswith("/") else PREFIX + endpoint
         timeout = aiohttp.ClientTimeout(total=self.timeout_s + wait_s)
         attempt = 0
         while True:
-            url = URL(self.base_url + path).update_query(query)
+            url = URL((shard or self.base_url) + path).update_query(query)
             try:
                 code, answer, retry_after = await self._request(method, url, form, body, timeout, endpoint)
                 if code == 200 or (code == 404 and missing_ok):
                     return answer if code == 200 else None
                 raise DelayQueueError(code, str(answer.get("msg", "")), endpoint, answer, retry_after)
             except Exception as error:
+                if attempts is not None and attempt + 1 >= attempts:
+                    raise
                 if not self.retry.may_retry(attempt, failure_of(error), idempotent):
                     raise
+                if shard is not None:  # the shard's port failed: the node's own from now on
+                    shard = None
+                    self._give_up_shards()
+                    attempt += 1
+                    continue
                 self._node = (self._node + 1) % len(self.base_urls)  # the next node, if there are several
                 pause_s = self.retry.pause_s(attempt, error.retry_after_s if isinstance(error, DelayQueueError) else None)
                 log.debug("%s %s failed (%r), attempt %d; again in %.2f s", method, endpoint, error, attempt + 1,

@@ -71,3 +71,53 @@ def test_a_directory_of_shards_that_lost_its_count_is_refused_naming_the_file(tm
         assert again.post("getMsg", topic="t", msgId="kept")[1]["code"] == 200
     finally:
         assert again.stop() == 0
+
+
+def test_the_python_client_sends_and_acks_on_each_messages_shard_and_falls_back_to_the_node(tmp_path):
+    """broker.client reads getShardMap: a send, an ack, a nack and a batch
+    ack of a node of 3 shards go to the message's shard (the node forwards
+    none of them); a shard port that fails sends the call through the
+    node's port, nothing lost."""
+    import asyncio
+
+    from broker.client import DelayQueueClient
+    from storage.entry import Status
+
+    server = Server.start(tmp_path / "data", "--shards", "3")
+
+    def forwards() -> int:
+        text = server.get("/metrics")[1].decode()
+        return int(next(line.split()[-1] for line in text.split("\n")
+                        if line.startswith("hourglass_shard_forwards_total")))
+
+    async def body() -> None:
+        async with DelayQueueClient(server.base) as client:
+            for topic in ("d", "k", "a"):  # the map read, and each shard's admission of a new topic (a fan-out)
+                for i in range(12):
+                    await client.send(topic, "m", msg_id=f"warm-{i}", delay_ms=60_000)
+            before = forwards()
+            for i in range(30):
+                await client.send("d", "m", msg_id=f"direct-{i}", delay_ms=60_000)
+            for i in range(30):
+                await client.send("k", "m", msg_id=f"keyed-{i}", key=f"key-{i % 7}", delay_ms=60_000)
+            sent_forwards = forwards() - before
+            assert sent_forwards < 6, sent_forwards  # the two scrapes' fan-outs only
+            for i in range(6):
+                await client.send("a", "m", msg_id=f"ack-{i}")
+            pulled = []
+            while len(pulled) < 6:
+                pulled += await client.pull("a", batch=6, ack_timeout_ms=60_000)
+            before = forwards()
+            await client.ack("a", pulled[0].msg_id)
+            await client.nack("a", pulled[1].msg_id)
+            assert set((await client.ack_many("a", [m.msg_id for m in pulled[2:]])).values()) == {Status.ACKED}
+            assert forwards() - before < 6, forwards() - before  # the scrapes' only
+            client._shards = ["http://127.0.0.1:9"] * 3  # a map whose ports fail: the node's port serves
+            await client.send("d", "m", msg_id="after-a-dead-port", delay_ms=60_000)
+            assert client._shards == []
+            assert (await client.get("d", "after-a-dead-port")).msg == "m"
+
+    try:
+        asyncio.run(body())
+    finally:
+        assert server.stop() == 0
