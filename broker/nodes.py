@@ -89,6 +89,7 @@ class DiskNode(NodeBase):
         self.last_checkpoint_ms: int | None = None
         # Shard i of a node of many (broker.shards): the API serves the node through its router.
         self.router: ShardRouter | None = None
+        self.served: ShardedBackend | None = None  # a shard's node-wide backend (its API's, its pushers')
         served: Broker | ShardedBackend = self.broker
         if config.shard is not None:
             from .shards.layout import links_path
@@ -97,6 +98,7 @@ class DiskNode(NodeBase):
                                       config.max_msg_bytes)
             self.router.attach(self.broker, self.broker.long_polls)
             served = ShardedBackend(self.router, self.broker)
+            self.served = served
         console = Console(lambda: self.store, metrics, self.broker.topic_list,
                           lambda: standalone_info(self.store, lambda: self.last_checkpoint_ms), clock.now_ms,
                           lambda: [] if self.pushers is None else self.pushers.public(), lambda: self.schedules)
@@ -116,7 +118,7 @@ class DiskNode(NodeBase):
             self.pushers = Pushers(clock, PushAllow.parse(config.push_allow),
                                    SubscriptionFile(subscription_path(config.data_path)),
                                    config.max_subscriptions, limits=config.push, descriptors=self.descriptors,
-                                   spans=self.spans)
+                                   spans=self.spans, pushes_here=self._pushes_here)
         log.info("opened %s in %.3f s: %s", config.data_path, self.opened_s, self.store)
         if self.store.ends is not None and self.store.ends.rebuilt is not None:
             log.warning("the end index was made again, empty (%s): ids that ended before the last checkpoint "
@@ -129,6 +131,20 @@ class DiskNode(NodeBase):
 
     def __repr__(self) -> str:
         return f"DiskNode({self.config.data_path!r}, checkpoints={self.checkpoints}, {self.store!r})"
+
+    def _pushes_here(self, topic: str) -> bool:
+        """One shard pushes a topic's subscription for the node, through the
+        node's backend (`pushed_through`): the shard its name places it on."""
+        if self.router is None:
+            return True
+        from .shards.placement import owner
+        return owner(topic, self.router.count) == self.router.index
+
+    @property
+    def pushed_through(self) -> Backend:
+        """What the pushers pull from and ack through: the node's messages
+        (a node of shards: every shard's, by the router), as the API's are."""
+        return self.broker if self.served is None else self.served
 
     def _serve_shards(self, router: ShardRouter, served: object) -> None:
         """The API's hooks of a shard: new msgIds it owns, the node's views,

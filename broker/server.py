@@ -190,7 +190,7 @@ async def run_disk(config: ServeConfig) -> int:
                                                        node.broker.fail, node.store.shed))
     monitor = node.start_monitor()
     if node.pushers is not None:
-        node.pushers.start(node.broker)
+        node.pushers.start(node.pushed_through)
     schedules = node.schedules
     if schedules is not None:
         schedules.start(node.broker)

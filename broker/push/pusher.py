@@ -422,9 +422,15 @@ class Pushers:
 
     def __init__(self, clock: Clock, allow: PushAllow, store: SubscriptionStore | None,
                  max_subscriptions: int = DEFAULT_MAX_SUBSCRIPTIONS, *, limits: PushLimits | None = None,
-                 descriptors: DescriptorBudget | None = None, spans: Spans | None = None) -> None:
+                 descriptors: DescriptorBudget | None = None, spans: Spans | None = None,
+                 pushes_here: Callable[[str], bool] = lambda topic: True) -> None:
         self.clock = clock
         self.allow = allow
+        # Whether this process pushes a topic's subscription: on a node of
+        # many shards one shard does, for the node (the shards' placement
+        # of the topic's name), so that `concurrency` and `rateLimit` hold
+        # for the node; every shard keeps every subscription all the same.
+        self.pushes_here = pushes_here
         self.spans = spans  # handed to each TopicPusher (broker.observe.tracing); None: no spans
         # What a subscriber's answer may cost (--push-*), and the push
         # connections' part of the node's descriptor budget (broker.http.descriptors).
@@ -467,7 +473,7 @@ class Pushers:
         await asyncio.gather(*(p.stop() for p in running.values()))
 
     def _launch(self, subscription: Subscription) -> None:
-        if self._backend is None:
+        if self._backend is None or not self.pushes_here(subscription.topic):
             return
         stats = self.stats.setdefault(subscription.topic, PushStats())
         pusher = TopicPusher(subscription, self._backend, self.clock, self.allow, stats, limits=self.limits,

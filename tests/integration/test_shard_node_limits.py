@@ -121,3 +121,65 @@ def test_the_python_client_sends_and_acks_on_each_messages_shard_and_falls_back_
         asyncio.run(body())
     finally:
         assert server.stop() == 0
+
+
+def test_a_subscriptions_concurrency_holds_for_the_node_of_three_shards(tmp_path):
+    """concurrency=2 on a node of 3 shards: at most 2 POSTs at once at
+    the subscriber (each shard pushing its own messages with 2 made 6),
+    every message delivered once."""
+    import asyncio
+    import threading
+    import time
+
+    from aiohttp import web
+
+    state = {"now": 0, "most": 0, "ids": []}
+    lock = threading.Lock()
+    started = threading.Event()
+    holder: dict = {}
+
+    async def deliver(request: web.Request) -> web.Response:
+        body = await request.json()
+        with lock:
+            state["now"] += 1
+            state["most"] = max(state["most"], state["now"])
+        await asyncio.sleep(0.15)
+        with lock:
+            state["now"] -= 1
+            state["ids"].append(body["msgId"])
+        return web.Response(text="ok")
+
+    def serve() -> None:
+        async def run() -> None:
+            app = web.Application()
+            app.router.add_post("/hook", deliver)
+            runner = web.AppRunner(app)
+            await runner.setup()
+            site = web.TCPSite(runner, "127.0.0.1", 0)
+            await site.start()
+            holder["port"] = runner.addresses[0][1]
+            holder["stop"] = asyncio.Event()
+            holder["loop"] = asyncio.get_running_loop()
+            started.set()
+            await holder["stop"].wait()
+            await runner.cleanup()
+        asyncio.run(run())
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    assert started.wait(10)
+    server = Server.start(tmp_path / "data", "--shards", "3", "--push-allow", "127.0.0.1")
+    try:
+        url = f"http://127.0.0.1:{holder['port']}/hook"
+        assert server.post("subscribe", topic="p", url=url, concurrency=2)[1]["code"] == 200
+        for i in range(24):
+            assert server.post("sendMsg", topic="p", msgId=f"m{i}", msg="x", delayMillis=0)[1]["code"] == 200
+        deadline = time.monotonic() + 60
+        while len(set(state["ids"])) < 24 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert sorted(set(state["ids"])) == sorted(f"m{i}" for i in range(24))
+        assert state["most"] <= 2, state["most"]
+    finally:
+        assert server.stop() == 0
+        holder["loop"].call_soon_threadsafe(holder["stop"].set)
+        thread.join(10)
