@@ -82,6 +82,7 @@ async def linked(router: ShardRouter) -> None:
             waited_s += LINK_RETRY_S
             if waited_s % 5 < LINK_RETRY_S:
                 log.info("waiting for shard(s) %s of the node to come up", router.down())
+    router.announce_all()  # the best priorities recovery found READY here, told to the others
 
 
 async def keep_linked(router: ShardRouter) -> None:

@@ -140,6 +140,15 @@ class ReadyWindows:
 
     # == what other parts ask =====================================================
 
+    def best_priority(self, topic: str) -> int | None:
+        """The priority of the topic's best READY message here, the first a
+        pull takes; None: none to take (none, paused), or an order not by
+        priority first (TopicQueue.best_priority)."""
+        queue = self.topics.get(topic)
+        if queue is None or topic in self.paused_topics:
+            return None
+        return queue.best_priority()
+
     def queue(self, topic: str) -> TopicQueue:
         queue = self.topics.get(topic)
         if queue is None:

@@ -47,6 +47,7 @@ from storage.entry import Location, Message, Status
 from storage.errors import InvalidRequest, NotFound, Unavailable
 from storage.fileutil import make_dir
 from storage.store import NewMessage
+from storage.types import MIN_PRIORITY
 from wheel.clock import Clock
 
 from ..backend import MessageRequests, topic_cap_error
@@ -340,6 +341,11 @@ class ShardRouter:
         self._notices: dict[tuple[int, str], int] = {}
         # topic -> the connections of shards that found this one drained: told when one is READY here
         self._watchers: dict[str, set[link.Connection]] = defaultdict(set)
+        # The node's pull order across shards (docs/api.md, "Shards"): topic -> the best priority
+        # above 0 this shard told the others it has READY (told again only when it rises above it);
+        # (shard, topic) -> what that shard told (or its last pull's answer said) of its own
+        self._announced: dict[str, int] = {}
+        self._best: dict[tuple[int, str], int] = {}
         self._server: asyncio.AbstractServer | None = None
         self._backend: Broker | None = None
         self._long_polls: LongPolls | None = None
@@ -410,11 +416,52 @@ class ShardRouter:
         return self._notices.get((shard, topic), 0)
 
     def _connected(self, shard: int) -> None:
-        # a shard (re)connected: what it was known to hold is unknown again; it is told who dialled it
+        # a shard (re)connected: what it was known to hold is unknown again; it is told who dialled it,
+        # and the best priorities this one has
         for drained in self._drained.values():
             drained.discard(shard)
+        for key in [key for key in self._best if key[0] == shard]:
+            del self._best[key]
         hello = self.peers[shard].call("hello", [self.index])
         asyncio.ensure_future(hello).add_done_callback(_ignore_outcome)
+        for topic, priority in self._announced.items():
+            asyncio.ensure_future(self.peers[shard].call("best", [topic, self.index, priority])).add_done_callback(
+                _ignore_outcome)
+
+    def announce_all(self) -> None:
+        """Tell the others of every topic whose best READY priority here is
+        above 0 (at start: what recovery made READY woke no one)."""
+        for topic in self.backend.topic_list():
+            self._ready_here(topic)
+
+    def heard_best(self, shard: int, topic: str, best: int | None) -> None:
+        """`shard`'s best READY priority of `topic` now, as a pull's answer says."""
+        if best is not None and best > 0:
+            self._best[(shard, topic)] = best
+        else:
+            self._best.pop((shard, topic), None)
+
+    def best_of(self, shard: int, topic: str) -> int:
+        """The best READY priority `shard` has of `topic`, as it last said (0: it said none above 0)."""
+        return self._best.get((shard, topic), 0)
+
+    def _tell_best(self, topic: str) -> int | None:
+        """This shard's best READY priority of `topic`; the others told if it
+        rose above what they were last told (only above 0: a node whose
+        messages have no priority tells nothing)."""
+        best = self.backend.best_priority(topic)
+        told = self._announced.get(topic, 0)
+        if best is not None and best > told:
+            self._announced[topic] = best
+            for peer in self.peers.values():
+                asyncio.ensure_future(peer.call("best", [topic, self.index, best])).add_done_callback(_ignore_outcome)
+        elif told and (best is None or best < told):
+            # fell: the others learn it from their next pull here (its answer says it)
+            if best is None or best <= 0:
+                del self._announced[topic]
+            else:
+                self._announced[topic] = best
+        return best
 
     def _hello(self, shard: int) -> None:
         """Shard `shard` dialled this one, having (re)started: it is dialled
@@ -440,11 +487,14 @@ class ShardRouter:
                 self._long_polls.wake_waiters(topic)
 
     def _ready_here(self, topic: str) -> None:
-        """A message became READY here (LongPolls.wake): tell the shards that found none."""
+        """A message became READY here (LongPolls.wake): tell the shards that
+        found none, and all of them if it outranks what they were told."""
         watchers = self._watchers.pop(topic, None)
         if watchers:
             for connection in watchers:
                 connection.notify("ready", [topic, self.index])
+        if self._backend is not None:
+            self._tell_best(topic)
 
     def call(self, shard: int, op: str, args: list[Any]) -> Awaitable[Any]:
         self.forwarded += 1
@@ -454,6 +504,12 @@ class ShardRouter:
         """A call another shard made of this one, on its engine alone."""
         if op == "hello":
             self._hello(int(args[0]))
+            return None
+        if op == "best":
+            topic, shard, priority = str(args[0]), int(args[1]), int(args[2])
+            self._best[(shard, topic)] = priority
+            if self._long_polls is not None:
+                self._long_polls.wake_waiters(topic)
             return None
         self.served += 1
         backend = self.backend
@@ -467,7 +523,7 @@ class ShardRouter:
             pulled = await requests.pull(request)
             if len(pulled) < request.batch:
                 self._watchers[request.topic].add(connection)
-            return [message_fields(m) for m in pulled]
+            return [[message_fields(m) for m in pulled], self._tell_best(request.topic)]
         if op == "give_back":
             await backend.give_back(messages_of(args[0]))
             return None
@@ -691,6 +747,7 @@ class ShardedRequests:
         self._local = engine.requests
         self._long_polls = engine.long_polls
         self._give_back_here = engine.give_back
+        self._best_here = engine.best_priority
         self._has_topic = engine.has_topic
         self._topic_list = engine.topic_list
         self._max_topics = engine.limits.topics
@@ -749,31 +806,59 @@ class ShardedRequests:
         return self._topic_list()
 
     async def pull(self, request: PullRequest | LongPollRequest) -> list[Message]:
-        pulled = await self._local.pull(request)
-        want = request.batch - len(pulled)
-        if want <= 0:
-            return pulled
+        """The node's best READY messages of the topic (docs/api.md,
+        "Shards"): first from the shards that said they have a higher
+        priority than this one's best, keeping only what no shard not yet
+        asked may outrank (the rest given back); then this shard's, then
+        the others' in turn. One answer, in pull order."""
         router = self._router
-        drained = router.drained(request.topic, request.tags)
+        topic = request.topic
+        drained = router.drained(topic, request.tags)
+        here = self._best_here(topic)
+        others = router.others()
+        pulled: list[Message] = []
+        # (a shard that said nothing above 0 may hold 0: its bound)
+        higher = sorted(((router.best_of(shard, topic), shard) for shard in others if shard not in drained
+                         and router.best_of(shard, topic) > (0 if here is None else here)), reverse=True)
+        asked: set[int] = set()
+        for _, shard in higher:
+            asked.add(shard)
+            found = await self._pull_from(shard, request, request.batch - len(pulled), drained)
+            floor = max([router.best_of(other, topic) for other in others if other not in asked and other not in drained]
+                        + [MIN_PRIORITY if here is None else here])
+            kept = [m for m in found if m.priority >= floor]
+            if len(kept) < len(found):  # outranked by what another shard or this one holds: READY again there
+                await self._give_back([m for m in found if m.priority < floor])
+            pulled += kept
+            if len(pulled) >= request.batch:
+                break
+        if len(pulled) < request.batch:
+            pulled += await self._local.pull(request._replace(batch=request.batch - len(pulled)))
         local = len(pulled)
-        for shard in router.others():
-            if shard in drained:
-                continue
-            asked = request._replace(batch=want)
-            heard = router.heard(shard, request.topic)
-            try:
-                rows = await router.call(shard, "pull", [list(asked)])
-            except Unavailable:
-                continue
-            if len(rows) < want and router.heard(shard, request.topic) == heard:
-                drained.add(shard)
-            pulled.extend(messages_of(rows))
+        for shard in others:
             want = request.batch - len(pulled)
             if want <= 0:
                 break
-        if len(pulled) > local:  # one pull's answer in pull order, whichever shard each came from
+            if shard not in drained:
+                pulled += await self._pull_from(shard, request, want, drained)
+        if len(pulled) > local or higher:  # one pull's answer in pull order, whichever shard each came from
             pulled.sort(key=lambda m: (-m.priority, m.trigger_ms))
         return pulled
+
+    async def _pull_from(self, shard: int, request: PullRequest | LongPollRequest, want: int,
+                         drained: set[int]) -> list[Message]:
+        """Up to `want` of `shard`'s best (taken there: CONSUMING); its best
+        priority after, as its answer says, kept for the next pulls."""
+        router = self._router
+        heard = router.heard(shard, request.topic)
+        try:
+            rows, best = await router.call(shard, "pull", [list(request._replace(batch=want))])
+        except Unavailable:
+            return []
+        router.heard_best(shard, request.topic, best)
+        if len(rows) < want and router.heard(shard, request.topic) == heard:
+            drained.add(shard)
+        return messages_of(rows)
 
     async def long_poll(self, request: LongPollRequest, gone: Callable[[], bool]) -> list[Message]:
         # wait_before_pull: a pull here awaits other shards' answers, and a

@@ -12,6 +12,8 @@ import sys
 import pytest
 from serving import ROOT, Server
 
+from storage.entry import Status
+
 pytestmark = pytest.mark.slow
 
 
@@ -81,7 +83,7 @@ def test_the_python_client_sends_and_acks_on_each_messages_shard_and_falls_back_
     import asyncio
 
     from broker.client import DelayQueueClient
-    from storage.entry import Status
+
 
     server = Server.start(tmp_path / "data", "--shards", "3")
 
@@ -183,3 +185,67 @@ def test_a_subscriptions_concurrency_holds_for_the_node_of_three_shards(tmp_path
         assert server.stop() == 0
         holder["loop"].call_soon_threadsafe(holder["stop"].set)
         thread.join(10)
+
+
+def _ids_on(shard: int, count: int, prefix: str, n: int) -> list[str]:
+    from broker.shards import placement
+
+    found, i = [], 0
+    while len(found) < n:
+        if placement.owner(f"{prefix}{i}", count) == shard:
+            found.append(f"{prefix}{i}")
+        i += 1
+    return found
+
+
+def _port_post(port: int, name: str, **params: object) -> dict:
+    import http.client
+    import json
+    import urllib.parse
+
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        connection.request("POST", "/camellia/delayQueue/" + name, urllib.parse.urlencode(params),
+                           {"Content-Type": "application/x-www-form-urlencoded"})
+        return json.loads(connection.getresponse().read())
+    finally:
+        connection.close()
+
+
+@pytest.mark.parametrize("count", [2, 3])
+def test_a_pull_takes_the_nodes_highest_priority_first_whichever_shard_it_reaches(tmp_path, count):
+    """Priorities 5, 5 on other shards and 0, 0, 0 on the one the pull
+    reaches: a pull of 2 on each shard's port takes the two of 5; a higher
+    message that comes READY on another shard later is taken before the
+    0s; one a shard handed over that another outranks is READY again, not
+    lost (a pull of 2 reaching an empty shard, with 5 and 0 on one and 3
+    on another, takes 5 and 3)."""
+    server = Server.start(tmp_path / "data", "--shards", str(count))
+    try:
+        ports = server.get("/camellia/delayQueue/getShardMap")[1]["ports"]
+        for receiver in range(count):
+            topic = f"p{receiver}"
+            other = (receiver + 1) % count
+            for msg_id in _ids_on(receiver, count, "low", 3):
+                assert server.post("sendMsg", topic=topic, msgId=msg_id, msg="x", priority=0)[1]["code"] == 200
+            for msg_id in _ids_on(other, count, "high", 2):
+                assert server.post("sendMsg", topic=topic, msgId=msg_id, msg="x", priority=5)[1]["code"] == 200
+            first = _port_post(ports[receiver], "pullMsg", topic=topic, batch=2)["delayMsgList"]
+            assert [m["priority"] for m in first] == [5, 5], (receiver, first)
+            late = _ids_on(other, count, "later", 1)[0]
+            assert server.post("sendMsg", topic=topic, msgId=late, msg="x", priority=7)[1]["code"] == 200
+            second = _port_post(ports[receiver], "pullMsg", topic=topic, batch=2)["delayMsgList"]
+            assert [m["priority"] for m in second] == [7, 0], (receiver, second)
+            rest = _port_post(ports[receiver], "pullMsg", topic=topic, batch=10)["delayMsgList"]
+            assert [m["priority"] for m in rest] == [0, 0]
+        if count == 3:  # the give-back: 5 and 0 on shard 1, 3 on shard 2, the pull reaching shard 0
+            top, low = _ids_on(1, 3, "gtop", 1)[0], _ids_on(1, 3, "glow", 1)[0]
+            mid = _ids_on(2, 3, "gmid", 1)[0]
+            for msg_id, priority in ((top, 5), (low, 0), (mid, 3)):
+                assert server.post("sendMsg", topic="g", msgId=msg_id, msg="x", priority=priority)[1]["code"] == 200
+            taken = _port_post(ports[0], "pullMsg", topic="g", batch=2)["delayMsgList"]
+            assert [(m["msgId"], m["priority"]) for m in taken] == [(top, 5), (mid, 3)]
+            assert server.post("getMsg", topic="g", msgId=low)[1]["delayMsg"]["status"] == Status.READY  # again
+            assert [m["msgId"] for m in _port_post(ports[0], "pullMsg", topic="g", batch=2)["delayMsgList"]] == [low]
+    finally:
+        assert server.stop() == 0

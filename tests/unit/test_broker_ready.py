@@ -78,6 +78,12 @@ class OrderMachine(RuleBasedStateMachine):
             del self.model[h.location]
 
     @rule()
+    def best_priority(self):
+        """What a node of shards tells the others: the priority a pull here takes first."""
+        best = min(self.model.values(), key=lambda h: h.key, default=None)
+        assert self.queue.best_priority() == (None if best is None else -best.key[0])
+
+    @rule()
     def last(self):
         worst = max(self.model.values(), key=lambda h: h.key, default=None)
         assert self.queue.last() is worst
