@@ -28,9 +28,10 @@ def collected_ids(*selection: str) -> list[str]:
     for line in out.stdout.splitlines():
         if "::" not in line:
             continue
-        path, *parts = line.split("::")
+        head, bracket, params = line.partition("[")  # (a parameter's id may hold "::" itself)
+        path, *parts = head.split("::")
         module = path.removesuffix(".py").replace("/", ".")
-        ids.append(f"{'.'.join([module, *parts[:-1]])}::{parts[-1]}")
+        ids.append(f"{'.'.join([module, *parts[:-1]])}::{parts[-1]}{bracket}{params}")
     return ids
 
 

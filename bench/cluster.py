@@ -181,7 +181,10 @@ def _spawn(data: str, node: str, cluster: Cluster) -> Server:
     if '"--insecure-cluster"' not in cli:  # before cluster secrets (39499f4) every cluster ran without one
         flags = tuple(flag for flag in flags if flag != "--insecure-cluster")
     command = [sys.executable, "-m", "broker.cli", "serve", "--data-dir", data, *shards, *flags]
-    return Server(Process(command, f"{data}.log", cwd=tree), cluster.url(node), data)
+    # its sources first on the path by name too: with PYTHONSAFEPATH (`bash .ci/run`'s compiled
+    # runs) the working directory is not on it
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([tree, *filter(None, [os.environ.get("PYTHONPATH")])])}
+    return Server(Process(command, f"{data}.log", cwd=tree, env=env), cluster.url(node), data)
 
 
 @dataclass

@@ -44,8 +44,12 @@ from harness import HOST, Server, free_port, free_ports, request
 CLUSTER_IDS = ("n1", "n2", "n3")
 STANDALONE_ID = "s1"
 BALLAST = "drill-ballast"
-# python's arguments before the control file's name (run with cwd the project root, as Server runs it)
-SLOW_DISK_LAUNCHER = ("-m", "bench.drill_slow_disk")
+# python's arguments before the control file's name (run with cwd the project root, as Server runs it):
+# bench/drill_slow_disk.py run by its path from `-c`, which puts the working directory on the import
+# path exactly when `-m broker.cli` would (not under PYTHONSAFEPATH): its broker is the one the
+# drill's other nodes run, the tree's or the installed build
+_SLOW_DISK = os.path.join(os.path.dirname(os.path.abspath(__file__)), "drill_slow_disk.py")
+SLOW_DISK_LAUNCHER = ("-c", f"import runpy; runpy.run_path({_SLOW_DISK!r}, run_name='__main__')")
 
 
 @dataclass

@@ -5,7 +5,11 @@ it makes delayed by what a control file says (docs/drills.md).
 
 Run from the project root, as `python -m broker.cli` is (bench/harness.py,
 `serve_command`): the folder run from is first on the import path, so
-the broker imported is the one `-m broker.cli` there would run.
+the broker imported is the one `-m broker.cli` there would run. The
+drills run it by its path from `python -c` (bench/drill_nodes.py,
+SLOW_DISK_LAUNCHER), which does the same, and under PYTHONSAFEPATH (the
+compiled runs of `bash .ci/run`) imports the installed build as
+`-m broker.cli` then does.
 
 CONTROL holds a whole number of milliseconds; absent, empty or 0 means no
 delay. Each fsync or fdatasync looks at the file's identity (inode, size,

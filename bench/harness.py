@@ -96,12 +96,12 @@ class Process:
     stdout and stderr appended to `log_path`, and stopped by its PID."""
 
     def __init__(self, argv: list[str], log_path: PathLike, cwd: str | None = None,
-                 preexec_fn: Callable[[], object] | None = None) -> None:
+                 preexec_fn: Callable[[], object] | None = None, env: dict[str, str] | None = None) -> None:
         self.argv, self.log_path = argv, str(log_path)
         with open(self.log_path, "ab") as log:
             # preexec_fn: the callers' own are a setrlimit, which takes no lock
             self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                         cwd=cwd, start_new_session=True, preexec_fn=preexec_fn)
+                                         cwd=cwd, start_new_session=True, preexec_fn=preexec_fn, env=env)
         self.pid = self.proc.pid
 
     def __repr__(self) -> str:
@@ -168,6 +168,16 @@ def serve_command(data_dir: PathLike, *flags: str, launcher: Sequence[str] = ())
     if "--shards" not in flags:  # one shard unless asked (HOURGLASS_SHARDS: another count, or auto)
         flags = ("--shards", os.environ.get("HOURGLASS_SHARDS", "1"), *flags)
     return [*head, "serve", "--data-dir", str(data_dir), *flags]
+
+
+def child_env(*paths: str) -> dict[str, str]:
+    """The environment of a child script (bench/*.py, a test's child) that
+    imports the broker this run's servers run: `paths` first on its path
+    (its sibling modules), then this tree's sources, as `-m broker.cli`
+    from the root has them, unless PYTHONSAFEPATH is set (`bash .ci/run`'s
+    compiled runs: the servers and the child import the installed build)."""
+    tree = [] if os.environ.get("PYTHONSAFEPATH") else [ROOT]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([*paths, *tree, *filter(None, [os.environ.get("PYTHONPATH")])])}
 
 
 def serve_version() -> str:

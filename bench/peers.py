@@ -135,7 +135,7 @@ from array import array
 from dataclasses import dataclass
 
 import http_load
-from harness import ROOT, CpuMeter, own_cpu_s, percentile, unwind_on_signals, wait_until
+from harness import ROOT, CpuMeter, child_env, own_cpu_s, percentile, unwind_on_signals, wait_until
 from http_load import calibration_ms, log, machine_info, source_state
 from peer_systems import (
     CLIENT_ERRORS,
@@ -642,7 +642,7 @@ class Bench:
 
     def _bench_child(self, script: str, *argv: str) -> dict:
         """Run bench/<script> and return the JSON object it printed."""
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)}
+        env = child_env(os.path.join(ROOT, "bench"))
         command = [sys.executable, os.path.join(ROOT, "bench", script), *argv]
         done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True,
                               timeout=self.args.phase_limit_s)

@@ -135,6 +135,7 @@ def spark_runs() -> bool:
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # (a benchmark, and alert rules on a time scale: not beside another worker)
 @pytest.mark.timeout(600)
 def test_quick_run_prints_one_json_object_with_every_systems_figures(tmp_path):
     systems = ["hourglass"]

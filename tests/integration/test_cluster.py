@@ -16,7 +16,7 @@ import pytest
 from cluster import NODE_IDS, Cluster, drill
 from serving import ROOT, PushSubscriber, free_port, request
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.serial]  # (failover deadlines, rates: not beside another worker)
 
 
 @pytest.fixture

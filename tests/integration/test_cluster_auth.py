@@ -27,7 +27,7 @@ from replication import peer_auth, protocol
 from replication.config import parse_cluster
 from replication.epochs import Epochs
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.serial]  # (failover deadlines, rates: not beside another worker)
 
 
 class _Plant:

@@ -15,7 +15,7 @@ import pytest
 from cluster import NODE_IDS, Cluster, drill
 from serving import request
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.serial]  # (failover deadlines, rates: not beside another worker)
 
 # Above every handover and election on a loaded machine, below the 10 s a
 # stop waited for a request in flight.

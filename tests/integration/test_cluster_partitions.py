@@ -14,7 +14,7 @@ from drill_proxies import Mode
 
 from broker.http.paths import PREFIX
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.serial]  # (failover deadlines, rates: not beside another worker)
 
 # More than aiohttp's default connection pool (100): requests a follower
 # forwards to the leader, held there by long polls.

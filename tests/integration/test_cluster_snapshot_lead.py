@@ -23,7 +23,7 @@ from drill_nodes import SLOW_DISK_LAUNCHER
 from drill_slow_disk import set_delay
 from harness import Server
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.serial]  # (failover deadlines, rates: not beside another worker)
 
 FSYNC_DELAY_MS = 40  # the unpack fsyncs every file of the snapshot (~150): about 6 s
 

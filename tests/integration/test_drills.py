@@ -17,15 +17,15 @@ import time
 import pytest
 from drill_nodes import SLOW_DISK_LAUNCHER
 from drill_slow_disk import set_delay
-from harness import ROOT, Server
+from harness import ROOT, Server, child_env
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.serial]  # (failover deadlines, rates: not beside another worker)
 
 ZEROS = ("lost", "early", "after_ack", "after_delete", "key_violations", "answer_mismatch")
 
 
 def drill(*flags: str) -> dict:
-    env = {**os.environ, "PYTHONPATH": ROOT}  # this checkout's client, as its servers run
+    env = child_env(os.path.join(ROOT, "bench"))  # the drill's client is the broker its servers run
     done = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "drills.py"), *flags], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=420)
     assert done.stdout.strip(), done.stderr[-4000:]

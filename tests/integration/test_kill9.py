@@ -16,13 +16,14 @@ import threading
 import time
 
 import pytest
+from harness import child_env
 from kill9_child import CONFIG, TOPIC, body_for
 
 from storage.store import Store
 
 CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kill9_child.py")
-# The child imports the code of the tree this test is in, like the parent
-# (run as a script, it would otherwise find whatever hourglass is installed).
+# The child imports the code the parent does (harness.child_env): the tree's,
+# or the installed build under PYTHONSAFEPATH (`bash .ci/run`'s compiled runs).
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 START_MS = 490_000 * 3_600_000
 RUNS = 3
@@ -35,7 +36,7 @@ def _run_and_kill(directory: str, run: int) -> list[str]:
     child = subprocess.Popen(
         [sys.executable, CHILD, directory, f"r{run}", str(START_MS + run * 10**8)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))},
+        env=child_env(),
     )
     lines: list[str] = []
     first = threading.Event()

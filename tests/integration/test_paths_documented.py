@@ -12,7 +12,7 @@ import re
 import subprocess
 import sys
 
-from harness import ROOT
+from harness import ROOT, child_env
 
 SECTION = "### Three requests, file by file\n"
 TITLES = {"send": "A send ", "pull": "A pull ", "ack": "An ack "}
@@ -36,7 +36,7 @@ def documented() -> dict[str, list[str]]:
 
 
 def test_the_documented_paths_are_the_ones_a_running_node_takes():
-    env = {**os.environ, "PYTHONPATH": ROOT}
+    env = child_env(os.path.join(ROOT, "bench"))
     done = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "calls.py"), "--paths"],
                           capture_output=True, timeout=120, cwd=ROOT, env=env)
     assert done.returncode == 0, done.stderr.decode()[-2000:]

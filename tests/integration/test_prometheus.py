@@ -116,6 +116,7 @@ def little_of_everything(node: Server, prom: Prometheus, tmp_path: Path) -> list
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # (a benchmark, and alert rules on a time scale: not beside another worker)
 def test_every_dashboard_query_returns_data_and_topic_series_stay_bounded(tmp_path):
     binary("prometheus")
     node = Server.start(tmp_path / "standalone", "--push-allow", "127.0.0.1", "--monitor-interval-s", "1",
@@ -173,6 +174,7 @@ def test_every_dashboard_query_returns_data_and_topic_series_stay_bounded(tmp_pa
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # (a benchmark, and alert rules on a time scale: not beside another worker)
 def test_node_down_dispatch_late_and_push_failing_fire_and_resolve(tmp_path):
     binary("prometheus")
     rules = tmp_path / "rules.yml"
@@ -229,6 +231,7 @@ def test_node_down_dispatch_late_and_push_failing_fire_and_resolve(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # (a benchmark, and alert rules on a time scale: not beside another worker)
 @pytest.mark.parametrize("backend", ["disk", "redis"])
 def test_oldest_due_message_fires_on_a_topic_nobody_takes_and_resolves_once_taken(tmp_path, request, backend):
     binary("prometheus")

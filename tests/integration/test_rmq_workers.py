@@ -18,6 +18,7 @@ import pytest
 
 redis = pytest.importorskip("redis", reason="the redis extra is not installed (pip install 'hourglass[redis]')")
 
+from harness import child_env  # noqa: E402
 from serving import ROOT  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -32,7 +33,7 @@ def test_a_killed_workers_slots_move_and_no_key_is_consumed_twice_at_once(redis_
     r = redis.Redis.from_url(redis_url, decode_responses=True)
     r.flushdb()
     child = os.path.join(ROOT, "tests", "integration", "rmq_worker_child.py")
-    env = dict(os.environ, PYTHONPATH=ROOT)
+    env = child_env()
     workers = {w: subprocess.Popen([sys.executable, child, redis_url, "serial", w, str(LEASE_MS), str(WORK_MS)],
                                    env=env) for w in ("w1", "w2", "w3")}
     try:

@@ -14,7 +14,7 @@ import shutil
 import pytest
 from upgrade_drill import BEFORE_SECRETS, DEFAULT_FROM, drill, has_commit
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.serial]  # (failover deadlines, rates: not beside another worker)
 
 
 @pytest.mark.parametrize("old", [DEFAULT_FROM, BEFORE_SECRETS])

@@ -13,7 +13,7 @@ from serving import Server
 
 from broker.shards import placement
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.serial]  # (failover deadlines, rates: not beside another worker)
 
 RATE = 200
 COUNT = 600  # 3 s at RATE; 6 s at half of it (each shard's even share)

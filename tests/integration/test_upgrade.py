@@ -344,6 +344,7 @@ def test_a_directory_the_engine_only_era_wrote_is_refused_and_its_engine_still_r
     """The storage engine of bcdeb7f (its tree from git history) writes a
     store; today's node refuses it with the sentence, and that engine, as
     the sentence advises, still reads its messages."""
+    import os
     import subprocess
     import sys
 
@@ -357,7 +358,9 @@ def test_a_directory_the_engine_only_era_wrote_is_refused_and_its_engine_still_r
                               "storage"], capture_output=True, check=True).stdout
     subprocess.run(["tar", "-x", "-C", str(engine)], input=archive, check=True)
     data = tmp_path / "data"
-    subprocess.run([sys.executable, "-c", ENGINE_ONLY_SCRIPT, str(data)], cwd=engine, check=True)
+    # the engine's sources first on the path by name: with PYTHONSAFEPATH the working directory is not
+    engine_env = {**os.environ, "PYTHONPATH": str(engine)}
+    subprocess.run([sys.executable, "-c", ENGINE_ONLY_SCRIPT, str(data)], cwd=engine, check=True, env=engine_env)
     subprocess.run(["chmod", "-R", "go-rwx", str(data)], check=True)  # it was made with the umask
     path = data / "checkpoint"
     assert path.read_bytes()[:6] == b"HGCK\x01\x00"
@@ -367,5 +370,5 @@ def test_a_directory_the_engine_only_era_wrote_is_refused_and_its_engine_still_r
     read = subprocess.run([sys.executable, "-c", "import sys; from storage.store import Store; "
                            "s = Store.open(sys.argv[1], now_ms=1_795_000_000_000); "
                            "print(sorted(s.get('t', f'm{i}').msg_id for i in range(5)))", str(data)],
-                          cwd=engine, capture_output=True, text=True, check=True)
+                          cwd=engine, capture_output=True, text=True, check=True, env=engine_env)
     assert read.stdout.strip() == "['m0', 'm1', 'm2', 'm3', 'm4']", read
