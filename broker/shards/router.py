@@ -527,6 +527,9 @@ class ShardRouter:
         if op == "give_back":
             await backend.give_back(messages_of(args[0]))
             return None
+        if op == "retry_at":
+            status = await backend.retry_at(str(args[0]), str(args[1]), int(args[2]))
+            return None if status is None else int(status)
         if op == "ack":
             await requests.ack(AckRequest(*args))
             return None
@@ -967,7 +970,20 @@ class ShardedBackend:
         return found if isinstance(found, Message) else message_of(found)
 
     async def retry_at(self, topic: str, msg_id: str, at_ms: int) -> Status | None:
-        return await self._local.retry_at(topic, msg_id, at_ms)
+        """A failed push (the pusher of a topic pushes every shard's
+        messages): on the shard whose message is in flight, the msgId's
+        first (a keyed one lives on its key's: the others then, in turn)."""
+        router = self._router
+        first = placement.owner(msg_id, router.count)
+        for shard in [first, *[i for i in range(router.count) if i != first]]:
+            if shard == router.index:
+                status = await self._local.retry_at(topic, msg_id, at_ms)
+            else:
+                found = await router.call(shard, "retry_at", [topic, msg_id, at_ms])
+                status = None if found is None else Status(found)
+            if status is not None:
+                return status
+        return None
 
     async def give_back(self, messages: list[Message]) -> None:
         await self._local.give_back(messages)

@@ -12,6 +12,7 @@ import re
 import subprocess
 import sys
 
+import pytest
 from harness import ROOT, child_env
 
 SECTION = "### Three requests, file by file\n"
@@ -35,6 +36,8 @@ def documented() -> dict[str, list[str]]:
     return lists
 
 
+@pytest.mark.sources("bench/calls.py --paths hooks every Python call of a running node: a compiled module's calls "
+                     "are C calls no hook sees")
 def test_the_documented_paths_are_the_ones_a_running_node_takes():
     env = child_env(os.path.join(ROOT, "bench"))
     done = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "calls.py"), "--paths"],
