@@ -24,9 +24,10 @@ import uuid
 import pytest
 from serving import Server
 
-# The disk backend twice: one shard, and two (a node of two shard processes: every
-# message on the shard its msgId or key names, the others forwarded; broker.shards).
-BACKENDS = ("disk", "disk-2-shards", "redis")
+# The disk backend three times: one shard, two (the default node on this project's
+# 2-core machine) and three (what an even split hides): a node of shard processes,
+# every message on the shard its msgId or key names, the others forwarded (broker.shards).
+BACKENDS = ("disk", "disk-2-shards", "disk-3-shards", "redis")
 MAX_MSG_BYTES = 1000
 
 
@@ -39,8 +40,8 @@ def backend_flags(request) -> tuple[str, tuple[str, ...]]:
     """(backend name, the `hourglass serve` flags that select it)."""
     if request.param == "disk":
         return "disk", ("--backend", "disk", "--shards", "1")
-    if request.param == "disk-2-shards":
-        return "disk", ("--backend", "disk", "--shards", "2")
+    if request.param in ("disk-2-shards", "disk-3-shards"):
+        return "disk", ("--backend", "disk", "--shards", request.param[5])
     pytest.importorskip("redis", reason="the redis extra is not installed (pip install 'hourglass[redis]')")
     return "redis", ("--backend", request.getfixturevalue("redis_url"))
 
