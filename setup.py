@@ -123,6 +123,7 @@ COMPILED = [
     "broker/schedules/keeper.py",
     "broker/shards/placement.py",
     "broker/shards/router.py",
+    "broker/shards/views.py",
 ]
 
 

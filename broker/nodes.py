@@ -170,7 +170,7 @@ class DiskNode(NodeBase):
         router = self.router
         if router is None:
             return local
-        from .shards.router import merge_metrics
+        from .shards.views import merge_metrics
         text = local.body.decode()
         texts = await router.everywhere("metrics", [], lambda: _text(text))
         views = self.api.views

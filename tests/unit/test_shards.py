@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 
 from broker.core.bodies import BodyLimits
 from broker.shards import layout, placement
-from broker.shards.router import (
-    ShardRouter,
+from broker.shards.router import ShardRouter
+from broker.shards.views import (
     dead_cursor,
     merge_metrics,
     merge_monitor_data,
