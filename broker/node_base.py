@@ -57,7 +57,7 @@ from .console.login import ConsoleLogin
 from .core.redact import client_text
 from .flow.api import FlowApi
 from .http.api import API_ERRORS, Api, answer, console_auth, console_entry
-from .http.commands import Auth, Command, CommandTable
+from .http.commands import HERE, NODE, Auth, Command, CommandTable
 from .http.descriptors import DescriptorBudget
 from .http.gate import Gate
 from .http.health import ServingStatus
@@ -264,9 +264,9 @@ class NodeBase(ABC):
         proof, the peers' calls (Auth.PEER) are served as they are (the gate
         checks the proof); every other command is as `routed` makes it."""
         table = CommandTable(self.api.single_cap, self.serving)
-        table.add("GET", "/health", self.health, inline=True)
-        table.add("GET", "/metrics", self.metrics_text, inline=self.backend_inline)
-        table.add("GET", PREFIX + "getShardMap", self.shard_map, errors=API_ERRORS)
+        table.add("GET", "/health", self.health, where=NODE, inline=True)  # (the shards' links: `degraded`)
+        table.add("GET", "/metrics", self.metrics_text, where=NODE, inline=self.backend_inline)
+        table.add("GET", PREFIX + "getShardMap", self.shard_map, where=NODE, errors=API_ERRORS)
         self.add_own_routes(table)
         self.serving.add_routes(table)
         self.api.add_routes(table, inline=self.backend_inline)
@@ -281,7 +281,7 @@ class NodeBase(ABC):
         sessions = None
         if self.console is not None:
             sessions = ConsoleSessions(self.config.console, self.clock)
-            table.add("GET", CONSOLE, console_entry(token, sessions, self.console.page))
+            table.add("GET", CONSOLE, console_entry(token, sessions, self.console.page), where=HERE)
             self.console.add_routes(table)
             ConsoleLogin(token, sessions, table.call).add_routes(table)
         is_peer = self.peer_proof()

@@ -27,7 +27,7 @@ from collections.abc import AsyncGenerator
 from typing import Any
 
 from broker.http.api import answer
-from broker.http.commands import CommandTable, ErrorTable
+from broker.http.commands import HERE, CommandTable, ErrorTable
 from broker.http.http_types import Request, Response, StreamResponse
 from replication import protocol
 from replication.log_stream import serve_catchup
@@ -60,9 +60,9 @@ class PeerCalls:
 
     def add_own_routes(self, table: CommandTable) -> None:
         """The calls peers make (the gate checks their proof: routes.py)."""
-        table.add("POST", protocol.FETCH_PATH, self.on_fetch, errors=PEER_ERRORS)
-        table.add("POST", protocol.POSITION_PATH, self.on_position, errors=PEER_ERRORS)
-        table.add("GET", protocol.SNAPSHOT_PATH, self.on_snapshot)
+        table.add("POST", protocol.FETCH_PATH, self.on_fetch, where=HERE, errors=PEER_ERRORS)
+        table.add("POST", protocol.POSITION_PATH, self.on_position, where=HERE, errors=PEER_ERRORS)
+        table.add("GET", protocol.SNAPSHOT_PATH, self.on_snapshot, where=HERE)
 
     def _not_a_member(self, message: dict[str, Any]) -> Response | None:
         """Acknowledgements, positions and promises count only from members."""

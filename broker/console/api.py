@@ -85,7 +85,7 @@ from storage.store import Store, text_hash
 
 from ..core.params import parse_form
 from ..http.api import answer
-from ..http.commands import CommandTable, ErrorTable
+from ..http.commands import HERE, CommandTable, ErrorTable
 from ..http.http_types import Request, Response
 from ..http.sessions import CONSOLE
 from ..observe.metrics import Histogram, Metrics
@@ -139,7 +139,7 @@ class Console:
         for name, handler in (("topics", self.topics), ("forecast", self.forecast), ("stats", self.stats),
                               ("node", self.node), ("subscriptions", self.subscriptions),
                               ("schedules", self.schedules)):
-            table.add("GET", API + name, handler, errors=CONSOLE_ERRORS)
+            table.add("GET", API + name, handler, where=HERE, errors=CONSOLE_ERRORS)
 
     async def run(self) -> None:
         """Sample the send, pull and ack counters every SAMPLE_S (throughput)."""

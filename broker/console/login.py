@@ -36,7 +36,7 @@ from storage.errors import InvalidRequest
 
 from ..core.params import parse_form
 from ..http.api import API_ERRORS, answer
-from ..http.commands import CommandTable
+from ..http.commands import HERE, NODE, CommandTable
 from ..http.http_types import Handler, Request, Response, StreamResponse, plain_answer
 from ..http.paths import PREFIX
 from ..http.sessions import CONSOLE, LOGIN_PATH, LOGOUT_PATH, ConsoleSessions, session_cookie
@@ -70,11 +70,12 @@ class ConsoleLogin:
         self._api = api
 
     def add_routes(self, table: CommandTable) -> None:
-        table.add("GET", LOGIN_PATH, self.form)
-        table.add("POST", LOGIN_PATH, self.login)
-        table.add("POST", LOGOUT_PATH, self.logout)
+        table.add("GET", LOGIN_PATH, self.form, where=HERE)
+        table.add("POST", LOGIN_PATH, self.login, where=HERE)
+        table.add("POST", LOGOUT_PATH, self.logout, where=HERE)
         for method, name in API_CALLS:
-            table.add(method, f"{CONSOLE}/api/{name}", self.api_call, errors=API_ERRORS, api_call=method == "POST")
+            table.add(method, f"{CONSOLE}/api/{name}", self.api_call, where=NODE, errors=API_ERRORS,
+                      api_call=method == "POST")
 
     async def form(self, request: Request) -> Response:
         if self._token is None:

@@ -24,7 +24,7 @@ from storage.errors import HourglassError, InvalidRequest, LimitReached, Unavail
 from ..core import params
 from ..core.bodies import BodyLimits
 from ..http.api import answer
-from ..http.commands import CommandTable, ErrorTable
+from ..http.commands import EVERY_SHARD, HERE, CommandTable, ErrorTable
 from ..http.http_types import Request, Response
 from ..http.paths import PREFIX
 from .keeper import TopicFlow
@@ -58,10 +58,10 @@ class FlowApi:
         self._refusal = refusal
 
     def add_routes(self, table: CommandTable) -> None:
-        table.add("POST", PREFIX + "setTopicConfig", self.set_config, errors=FLOW_ERRORS)
-        table.add("GET", PREFIX + "getTopicConfig", self.get_config, errors=FLOW_ERRORS)
-        table.add("POST", PREFIX + "pauseTopic", self.pause, errors=FLOW_ERRORS)
-        table.add("POST", PREFIX + "resumeTopic", self.resume, errors=FLOW_ERRORS)
+        table.add("POST", PREFIX + "setTopicConfig", self.set_config, where=EVERY_SHARD, errors=FLOW_ERRORS)
+        table.add("GET", PREFIX + "getTopicConfig", self.get_config, where=HERE, errors=FLOW_ERRORS)  # (alike on all)
+        table.add("POST", PREFIX + "pauseTopic", self.pause, where=EVERY_SHARD, errors=FLOW_ERRORS)
+        table.add("POST", PREFIX + "resumeTopic", self.resume, where=EVERY_SHARD, errors=FLOW_ERRORS)
 
     def flow(self, call: str) -> TopicFlow:
         flow = self._flow()

@@ -48,7 +48,7 @@ from ..core.bodies import BodyLimits
 from ..core.recurrence import add_run_fields
 from ..observe import camellia_metrics
 from ..observe.tracing import Spans
-from .commands import CommandTable, ErrorTable
+from .commands import NODE, CommandTable, ErrorTable
 from .health import ServingStatus
 from .http_types import Handler, Request, Response, StreamResponse
 from .paths import PREFIX
@@ -232,7 +232,7 @@ class Api:
                "listDeadMsg": self.list_dead, "listMsg": self.list_msgs}
         for method, handlers in (("POST", post), ("GET", get)):
             for name, handle in handlers.items():
-                table.add(method, PREFIX + name, handle, errors=API_ERRORS, inline=inline,
+                table.add(method, PREFIX + name, handle, where=NODE, errors=API_ERRORS, inline=inline,
                           body_cap=self.batch_cap if name == "sendMsgBatch" else self.single_cap)
 
     # -- reading parameters: broker.core.params turns a request's bytes into them -----------

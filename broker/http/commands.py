@@ -16,6 +16,13 @@ twice, and nothing else in between:
                     `await handler(request)`, the error table, the answer
                     written
 
+Each command also declares where it runs on a node of many shards
+(`Where`, docs/internals.md "Shards"): on the shard the request reached,
+through the node's backend, on the shard that owns one of its parameters,
+or on every shard with a named merge of the answers. A command cannot be
+added without it; broker.shards.router serves each as it declares, and
+nothing else decides it.
+
 Who adds what (broker.node_base.NodeBase.app builds one table a node):
 /health and /metrics the node itself, the health switch broker.http.health,
 camellia's API broker.http.api, push delivery broker.push.api, the console
@@ -64,6 +71,61 @@ def auth_of(path: str) -> Auth:
     return Auth.TOKEN
 
 
+class Runs(enum.Enum):
+    """Where a command runs on a node of many shards (a node of one: there)."""
+
+    HERE = "here"    # on the shard the request reached, alone: state of that process
+                     # (its sessions, its health), or state every shard keeps alike
+    NODE = "node"    # there, its handler reaching the node's messages through the
+                     # node's backend (broker.shards.router.ShardedBackend: each of
+                     # its calls on the owner, or on all with a merge) or the
+                     # node's calls (its jobs, its views)
+    OWNER = "owner"  # forwarded whole to the shard that owns a parameter's value
+                     # (broker.shards.placement.owner)
+    EVERY = "every"  # forwarded whole to every shard, their answers made one by a merge
+
+
+@dataclass(frozen=True, slots=True)
+class Where:
+    """Where a command runs: `runs`; OWNER: `param`, the parameter whose
+    value places it; EVERY: `merge`, the name of how the shards' answers
+    become one (broker.shards.answers.MERGES)."""
+
+    runs: Runs
+    param: str = ""
+    merge: str = ""
+
+    def __post_init__(self) -> None:
+        if (self.runs is Runs.OWNER) != bool(self.param) or (self.runs is Runs.EVERY) != bool(self.merge):
+            raise InvariantError(f"{self.runs.value} takes {'a param' if self.runs is Runs.OWNER else 'a merge'}"
+                                 if self.runs in (Runs.OWNER, Runs.EVERY) else f"{self.runs.value} takes neither")
+
+    def __str__(self) -> str:
+        if self.runs is Runs.OWNER:
+            return f"owner of {self.param}"
+        if self.runs is Runs.EVERY:
+            return f"every shard, {self.merge}"
+        return str(self.runs.value)
+
+
+HERE = Where(Runs.HERE)
+NODE = Where(Runs.NODE)
+
+
+def on_owner(param: str) -> Where:
+    """On the shard that owns `param`'s value."""
+    return Where(Runs.OWNER, param=param)
+
+
+def on_every(merge: str) -> Where:
+    """On every shard, the answers made one by the merge named `merge`."""
+    return Where(Runs.EVERY, merge=merge)
+
+
+# A change every shard carries out alike: its answer the first that failed, else the one of the shard reached.
+EVERY_SHARD = on_every("all_ok")
+
+
 class Tracker(Protocol):
     """What counts a node's API calls (broker.http.health.ServingStatus). The
     connection's frame (broker.http.httpd) adds one to `in_flight` while a
@@ -91,6 +153,7 @@ class Command:
     method: str
     path: str
     handler: Handler
+    where: Where
     # The largest body, in bytes: a longer one is answered 413 on its head,
     # before a byte of it is read.
     body_cap: int
@@ -115,7 +178,7 @@ class Command:
         return None
 
     def __repr__(self) -> str:
-        flags = [f"auth={self.auth.value}", f"body_cap={self.body_cap}"]
+        flags = [f"auth={self.auth.value}", f"body_cap={self.body_cap}", f"runs {self.where}"]
         if self.tracker is not None:
             flags.append("api call")
         if self.inline:
@@ -138,16 +201,18 @@ class CommandTable:
     def __repr__(self) -> str:
         return f"CommandTable({len(self.commands)} commands, {len(self.methods)} paths)"
 
-    def add(self, method: str, path: str, handler: Handler, *, body_cap: int | None = None, errors: ErrorTable = (),
-            inline: bool = False, api_call: bool = False) -> None:
-        """Serve `method path` with `handler`. `api_call`: counted as an API
-        call though the tracker's rule would not (the console's API calls)."""
+    def add(self, method: str, path: str, handler: Handler, *, where: Where, body_cap: int | None = None,
+            errors: ErrorTable = (), inline: bool = False, api_call: bool = False) -> None:
+        """Serve `method path` with `handler`, run `where` it says on a node
+        of many shards. `api_call`: counted as an API call though the
+        tracker's rule would not (the console's API calls)."""
         if (method, path) in self.commands:
             raise InvariantError(f"{method} {path} is added to the command table twice")
         tracker = self.tracker
         tracked = tracker is not None and (api_call or tracker.tracks(method, path))
-        self.commands[(method, path)] = Command(method, path, handler, self.body_cap if body_cap is None else body_cap,
-                                                auth_of(path), tracker if tracked else None, errors, inline)
+        self.commands[(method, path)] = Command(method, path, handler, where,
+                                                self.body_cap if body_cap is None else body_cap, auth_of(path),
+                                                tracker if tracked else None, errors, inline)
         self.methods.setdefault(path, []).append(method)
 
     def alter(self, change: Callable[[Command], Command]) -> None:

@@ -34,7 +34,7 @@ from collections.abc import Callable
 
 import orjson
 
-from .commands import CommandTable
+from .commands import EVERY_SHARD, HERE, CommandTable
 from .http_types import Request, Response
 from .paths import HEALTH_PREFIX
 
@@ -87,11 +87,11 @@ class ServingStatus:
     def add_routes(self, table: CommandTable) -> None:
         for name, handle in (("status", self.status), ("check", self.check)):
             for method in ("GET", "POST"):
-                table.add(method, HEALTH_PREFIX + name, handle, inline=True)
+                table.add(method, HEALTH_PREFIX + name, handle, where=HERE, inline=True)  # (the switch: alike on all)
         # the switch changes state: POST only, so an <img> or a link on a web
         # page cannot take the node out of its load balancer
-        table.add("POST", HEALTH_PREFIX + "online", self.set_online, inline=True)
-        table.add("POST", HEALTH_PREFIX + "offline", self.set_offline, inline=True)
+        table.add("POST", HEALTH_PREFIX + "online", self.set_online, where=EVERY_SHARD, inline=True)
+        table.add("POST", HEALTH_PREFIX + "offline", self.set_offline, where=EVERY_SHARD, inline=True)
 
     async def status(self, request: Request) -> Response:
         return _ok() if self.online else _not_ok("offline")

@@ -31,7 +31,7 @@ from ..core import params
 from ..core.bodies import BodyLimits
 from ..core.bulk_params import MAX_REDRIVE, DeadFilter, RedriveMsgsRequest, parse_job_id, parse_redrive_msgs
 from ..http.api import answer
-from ..http.commands import CommandTable, ErrorTable
+from ..http.commands import NODE, CommandTable, ErrorTable
 from ..http.http_types import Request, Response
 from ..http.paths import PREFIX
 from .runner import JobState, RedriveJobs, new_job_id
@@ -127,10 +127,11 @@ class JobApi:
         return f"JobApi(shards={self.shards is not None})"
 
     def add_routes(self, table: CommandTable) -> None:
-        table.add("POST", PREFIX + "redriveMsgs", self.redrive_msgs, errors=JOB_ERRORS)
-        table.add("GET", PREFIX + "getJob", self.get, errors=JOB_ERRORS)
-        table.add("POST", PREFIX + "getJob", self.get, errors=JOB_ERRORS)
-        table.add("POST", PREFIX + "cancelJob", self.cancel, errors=JOB_ERRORS)
+        table.add("POST", PREFIX + "redriveMsgs", self.redrive_msgs, where=NODE, errors=JOB_ERRORS)  # (on every
+        # shard under one jobId, by the job calls below)
+        table.add("GET", PREFIX + "getJob", self.get, where=NODE, errors=JOB_ERRORS)
+        table.add("POST", PREFIX + "getJob", self.get, where=NODE, errors=JOB_ERRORS)
+        table.add("POST", PREFIX + "cancelJob", self.cancel, where=NODE, errors=JOB_ERRORS)
 
     def jobs(self) -> RedriveJobs:
         jobs = self._jobs()

@@ -22,7 +22,7 @@ from storage.errors import Forbidden, InvalidRequest, LimitReached, NotFound, Un
 from ..core import params
 from ..core.bodies import BodyLimits
 from ..http.api import answer
-from ..http.commands import CommandTable, ErrorTable
+from ..http.commands import EVERY_SHARD, CommandTable, ErrorTable, on_every
 from ..http.http_types import Request, Response
 from ..http.paths import PREFIX
 from .rules import PushAllow, parse_subscribe
@@ -55,9 +55,10 @@ class PushApi:
         self._max_msg_bytes = max_msg_bytes
 
     def add_routes(self, table: CommandTable) -> None:
-        table.add("POST", PREFIX + "subscribe", self.subscribe, errors=PUSH_ERRORS)
-        table.add("POST", PREFIX + "unsubscribe", self.unsubscribe, errors=PUSH_ERRORS)
-        table.add("GET", PREFIX + "getSubscription", self.get_subscription, errors=PUSH_ERRORS)
+        table.add("POST", PREFIX + "subscribe", self.subscribe, where=EVERY_SHARD, errors=PUSH_ERRORS)
+        table.add("POST", PREFIX + "unsubscribe", self.unsubscribe, where=EVERY_SHARD, errors=PUSH_ERRORS)
+        table.add("GET", PREFIX + "getSubscription", self.get_subscription, where=on_every("subscription"),
+                  errors=PUSH_ERRORS)
 
     def pushers(self, topic: str) -> Pushers:
         pushers = self._pushers()

@@ -24,7 +24,7 @@ from ..core import params
 from ..core.bodies import BodyLimits
 from ..core.params import Defaults
 from ..http.api import answer
-from ..http.commands import CommandTable, ErrorTable
+from ..http.commands import CommandTable, ErrorTable, on_every, on_owner
 from ..http.http_types import Request, Response
 from ..http.paths import PREFIX
 from .keeper import Schedules
@@ -35,6 +35,9 @@ from .params import (
     parse_put_schedule,
     parse_schedule_ref,
 )
+
+# A schedule's calls run on the shard its scheduleId places it on.
+BY_ID = on_owner("scheduleId")
 
 SCHEDULE_ERRORS: ErrorTable = (
     (InvalidRequest, 400, 200),
@@ -65,12 +68,13 @@ class ScheduleApi:
         self._now_ms = now_ms
 
     def add_routes(self, table: CommandTable) -> None:
-        table.add("POST", PREFIX + "putSchedule", self.put, errors=SCHEDULE_ERRORS)
-        table.add("POST", PREFIX + "deleteSchedule", self.delete, errors=SCHEDULE_ERRORS)
-        table.add("POST", PREFIX + "pauseSchedule", self.pause, errors=SCHEDULE_ERRORS)
-        table.add("POST", PREFIX + "resumeSchedule", self.resume, errors=SCHEDULE_ERRORS)
-        table.add("GET", PREFIX + "getSchedule", self.get, errors=SCHEDULE_ERRORS)
-        table.add("GET", PREFIX + "listSchedules", self.list, errors=SCHEDULE_ERRORS)
+        table.add("POST", PREFIX + "putSchedule", self.put, where=BY_ID, errors=SCHEDULE_ERRORS)
+        table.add("POST", PREFIX + "deleteSchedule", self.delete, where=BY_ID, errors=SCHEDULE_ERRORS)
+        table.add("POST", PREFIX + "pauseSchedule", self.pause, where=BY_ID, errors=SCHEDULE_ERRORS)
+        table.add("POST", PREFIX + "resumeSchedule", self.resume, where=BY_ID, errors=SCHEDULE_ERRORS)
+        table.add("GET", PREFIX + "getSchedule", self.get, where=BY_ID, errors=SCHEDULE_ERRORS)
+        table.add("GET", PREFIX + "listSchedules", self.list, where=on_every("schedules_page"),
+                  errors=SCHEDULE_ERRORS)
 
     def schedules(self) -> Schedules:
         schedules = self._schedules()

@@ -41,10 +41,8 @@ from collections import defaultdict
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-import orjson
-
 from storage.entry import Message, Status
-from storage.errors import InvalidRequest, NotFound, Unavailable
+from storage.errors import InvalidRequest, InvariantError, NotFound, Unavailable
 from storage.fileutil import make_dir
 from storage.store import NewMessage
 from storage.types import MIN_PRIORITY
@@ -57,14 +55,13 @@ from ..core.bulk_params import BulkFilter, DeleteMsgsRequest, ListMsgRequest, Re
 from ..core.long_polls import LongPolls
 from ..core.params import AckRequest, Defaults, DeleteRequest, LongPollRequest, NewSend, PullRequest
 from ..disk.backend import Broker
-from ..http.commands import Command
+from ..http.commands import Command, Runs
 from ..http.http_types import Handler, Request, Response
-from ..http.paths import HEALTH_PREFIX, PREFIX
 from ..jobs.api import serve_shard_call
 from ..jobs.runner import RedriveJobs
 from ..observe.metrics import Backlog, Metrics
-from ..schedules.params import DEFAULT_PAGE as DEFAULT_SCHEDULE_PAGE
 from . import link, placement
+from .answers import MERGES, Merge
 from .rates import RateShares
 from .views import (
     dead_cursor,
@@ -83,10 +80,6 @@ from .views import (
 )
 
 log = logging.getLogger("hourglass.shards")
-
-# The schedule calls that name one schedule: served on the shard its scheduleId places it.
-BY_SCHEDULE = frozenset(("putSchedule", "deleteSchedule", "pauseSchedule", "resumeSchedule", "getSchedule"))
-
 
 def _ignore_outcome(done: asyncio.Future[Any]) -> None:
     """A call made for its side effect only (a hello, a dial back): a shard
@@ -370,25 +363,22 @@ class ShardRouter:
     # == the node's other commands: routed as whole HTTP requests ===============================
 
     def route(self, command: Command) -> Command:
-        """The command as a shard of the node serves it: a schedule's call on
-        the schedule's shard (and listSchedules merged from all), a
-        subscription, the health switch and a topic's settings and pauses
-        on every shard (getTopicConfig: this shard's, all being equal); any
-        other as it is."""
+        """The command as a shard of the node serves it, as its `where`
+        declares (broker.http.commands.Where): forwarded whole to the owner
+        of its parameter, or to every shard and merged (broker.shards.answers);
+        run here otherwise (HERE, and NODE: its handler reaches the node
+        through the node's backend)."""
         self._commands[(command.method, command.path)] = command
-        name = command.path.rpartition("/")[2]
-        handler: Handler | None = None
-        if command.path.startswith(PREFIX) and name in BY_SCHEDULE:
-            handler = functools.partial(self._on_schedules_shard, command)
-        elif command.path == PREFIX + "listSchedules":
-            handler = functools.partial(self._schedules_page, command)
-        elif command.path in (PREFIX + "subscribe", PREFIX + "unsubscribe", HEALTH_PREFIX + "online",
-                              HEALTH_PREFIX + "offline", PREFIX + "setTopicConfig", PREFIX + "pauseTopic",
-                              PREFIX + "resumeTopic"):
-            handler = functools.partial(self._on_every_shard, command)
-        elif command.path == PREFIX + "getSubscription":
-            handler = functools.partial(self._subscription, command)
-        if handler is None:
+        where = command.where
+        handler: Handler
+        if where.runs is Runs.OWNER:
+            handler = functools.partial(self._on_owner, command)
+        elif where.runs is Runs.EVERY:
+            merge = MERGES.get(where.merge)
+            if merge is None:
+                raise InvariantError(f"{command.method} {command.path} names no merge there is: {where.merge!r}")
+            handler = functools.partial(self._on_every, command, merge)
+        else:
             return command
         return dataclasses.replace(command, handler=handler, inline=False)
 
@@ -427,66 +417,22 @@ class ShardRouter:
         response = await self._run(command, request)
         return [response.status, response.body, response.content_type, response.headers]
 
-    async def _on_schedules_shard(self, command: Command, request: Request) -> Response:
-        schedule_id = self._params(request).get("scheduleId")
-        if not isinstance(schedule_id, str) or not schedule_id:  # answered here: the error it is
+    async def _on_owner(self, command: Command, request: Request) -> Response:
+        """On the shard that owns the value of the command's parameter; a
+        request without one is answered here (the error it is)."""
+        value = self._params(request).get(command.where.param)
+        if not isinstance(value, str) or not value:
             return await self._run(command, request)
-        return await self._forward(placement.owner(schedule_id, self.count), command, request)
+        return await self._forward(placement.owner(value, self.count), command, request)
 
-    async def _on_every_shard(self, command: Command, request: Request) -> Response:
-        """Every shard's answer; this one's if all agree it succeeded, else
-        the first that did not. All carry it out at this shard's time
-        (`at_ms`: a pause dated alike on every shard, its shift or expire
-        over one range)."""
+    async def _on_every(self, command: Command, merge: Merge, request: Request) -> Response:
+        """Every shard's answer, made one by `merge`. All carry it out at this
+        shard's time (`at_ms`: a pause dated alike on every shard, its shift
+        or expire over one range)."""
         if request.at_ms is None and self._backend is not None:
             request.at_ms = self._backend.clock.now_ms()
         answers = await asyncio.gather(*[self._forward(i, command, request) for i in range(self.count)])
-        for response in answers:
-            if response.status != 200 or b'"code":200' not in response.body[:40]:
-                return response
-        return answers[self.index]
-
-    async def _subscription(self, command: Command, request: Request) -> Response:
-        """getSubscription: every shard pushes the topic's messages it owns;
-        their deliveries' health summed (the last error the latest)."""
-        answers = await asyncio.gather(*[self._forward(i, command, request) for i in range(self.count)])
-        found = [orjson.loads(r.body) for r in answers]
-        if any(f.get("code") != 200 for f in found):
-            return answers[self.index]
-        data = found[self.index]["data"]
-        healths = [f["data"]["health"] for f in found if f["data"].get("health") is not None]
-        if healths:
-            health = {"deliveries": sum(h["deliveries"] for h in healths), "failures": {},
-                      "inFlight": sum(h["inFlight"] for h in healths),
-                      "backingOff": sum(h["backingOff"] for h in healths), "lastError": None,
-                      "lastErrorTime": None}
-            for h in healths:
-                for kind, n in h["failures"].items():
-                    health["failures"][kind] = health["failures"].get(kind, 0) + n
-                if h["lastErrorTime"] is not None and (health["lastErrorTime"] is None
-                                                       or h["lastErrorTime"] > health["lastErrorTime"]):
-                    health["lastError"], health["lastErrorTime"] = h["lastError"], h["lastErrorTime"]
-            data = {**data, "health": health}
-        return Response(200, orjson.dumps({**found[self.index], "data": data}))
-
-    async def _schedules_page(self, command: Command, request: Request) -> Response:
-        """listSchedules: every shard's page after the cursor (scheduleIds in
-        order), merged and cut to the limit."""
-        answers = await asyncio.gather(*[self._forward(i, command, request) for i in range(self.count)])
-        pages = []
-        for response in answers:
-            page = orjson.loads(response.body)
-            if page.get("code") != 200:
-                return response
-            pages.append(page)
-        limit = self._params(request).get("limit")
-        rows = sorted((row for page in pages for row in page["schedules"]), key=lambda row: row["scheduleId"])
-        cut = int(limit) if isinstance(limit, (int, str)) and str(limit).isascii() \
-            and str(limit).isdigit() else DEFAULT_SCHEDULE_PAGE
-        more = any(page.get("cursor") is not None for page in pages) or len(rows) > cut
-        rows = rows[:cut]
-        cursor = rows[-1]["scheduleId"] if more and rows else None
-        return Response(200, orjson.dumps({**pages[0], "schedules": rows, "cursor": cursor}))
+        return merge(answers, self.index, self._params(request))
 
     # == fanning out ===========================================================================
 

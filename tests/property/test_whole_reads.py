@@ -12,7 +12,7 @@ from typing import Any
 import hypothesis.strategies as st
 from hypothesis import event, given, settings
 
-from broker.http.commands import Auth, Command
+from broker.http.commands import HERE, Auth, Command
 from broker.http.http_types import Request, Response
 from broker.http.httpd import Connection, Limits, _Shared
 
@@ -57,7 +57,7 @@ def _serve(raw: bytes, pieces: int) -> tuple[list[tuple[Any, ...]], bytes, bool,
                          request.content_type))
             return Response(200, b'{"ok":1}')
 
-        command = Command("*", "*", handler, 1000, Auth.OPEN, inline=True)
+        command = Command("*", "*", handler, HERE, 1000, Auth.OPEN, inline=True)
         connection = Connection(_Shared(lambda request: command, Limits()))
         wire = _Wire()
         connection.connection_made(wire)

@@ -12,7 +12,7 @@ from fakes import FakeClock
 
 from broker.console.login import ConsoleLogin
 from broker.http.api import answer, console_auth, console_entry
-from broker.http.commands import CommandTable
+from broker.http.commands import HERE, CommandTable
 from broker.http.gate import Gate
 from broker.http.http_types import Request, Response
 from broker.http.sessions import ConsoleConfig, ConsoleSessions
@@ -31,10 +31,10 @@ class Node:
         self.sessions = ConsoleSessions(ConsoleConfig(session_ttl_s=ttl_s), self.clock)
         self.api_seen: list[Request] = []
         table = CommandTable(1 << 20)
-        table.add("GET", "/console", console_entry(token, self.sessions, self.page))
-        table.add("GET", "/console/api/topics", self.page)
-        table.add("POST", "/camellia/delayQueue/getMsg", self.api)
-        table.add("GET", "/camellia/delayQueue/listDeadMsg", self.api)
+        table.add("GET", "/console", console_entry(token, self.sessions, self.page), where=HERE)
+        table.add("GET", "/console/api/topics", self.page, where=HERE)
+        table.add("POST", "/camellia/delayQueue/getMsg", self.api, where=HERE)
+        table.add("GET", "/camellia/delayQueue/listDeadMsg", self.api, where=HERE)
         self.table = table
         ConsoleLogin(token, self.sessions, table.call).add_routes(table)
         gate = Gate(table, token,
@@ -153,7 +153,7 @@ def test_the_pages_job_calls_are_made_with_the_nodes_token():
     getJob a GET; each reaches the API call of its name with the node's token."""
     node = Node()
     for method, name in (("POST", "redriveMsgs"), ("GET", "getJob"), ("POST", "cancelJob")):
-        node.table.add(method, f"/camellia/delayQueue/{name}", node.api)
+        node.table.add(method, f"/camellia/delayQueue/{name}", node.api, where=HERE)
     session = cookie_of(node.login())
     headers = {**with_cookie(session), **FORM}
     assert node.call("POST", "/console/api/redriveMsgs", headers, b"topic=t&tag=a").status == 403  # no header

@@ -6,7 +6,7 @@ import asyncio
 
 import orjson
 
-from broker.http.commands import CommandTable
+from broker.http.commands import HERE, CommandTable
 from broker.http.health import ServingStatus
 from broker.http.http_types import Request, Response
 from broker.http.httpd import HttpServer
@@ -56,7 +56,7 @@ def test_only_api_posts_keep_the_node_busy():
         return Response(200)
     table = CommandTable(1024, s)
     for method, path in (("GET", "/api/getMonitorData"), ("POST", "/metrics"), ("POST", "/api/sendMsg")):
-        table.add(method, path, handler, inline=True)
+        table.add(method, path, handler, where=HERE, inline=True)
 
     async def serve(*requests: tuple[str, str]) -> None:
         server = HttpServer(lambda request: table.commands[(request.method, request.path)])

@@ -10,7 +10,7 @@ import os
 import resource
 import socket
 
-from broker.http.commands import Auth, Command
+from broker.http.commands import HERE, Auth, Command
 from broker.http.http_types import Request, Response, StreamResponse
 from broker.http.httpd import EMFILE_PAUSE_S, HttpServer, Limits
 
@@ -51,7 +51,7 @@ async def _serve(limits: Limits | None = None, cap: int = 1024, slow: asyncio.Ev
         return Response(200, json.dumps({"path": request.path, "query": request.query.decode(),
                                          "body": request.body.decode()}).encode())
 
-    command = Command("*", "*", dispatch, cap, Auth.OPEN, inline=inline)
+    command = Command("*", "*", dispatch, HERE, cap, Auth.OPEN, inline=inline)
     server = HttpServer(lambda request: command, limits or Limits())
     await server.start("127.0.0.1", 0)
     return server, seen
@@ -379,8 +379,8 @@ def _tasks_seen() -> tuple[dict[str, list[object]], Command, Command]:
             body = b"now"
         noted.append(asyncio.current_task())
         return Response(200, body)
-    return (seen, Command("*", "*", handler, 1024, Auth.OPEN, inline=True),
-            Command("*", "*", handler, 1024, Auth.OPEN, inline=False))
+    return (seen, Command("*", "*", handler, HERE, 1024, Auth.OPEN, inline=True),
+            Command("*", "*", handler, HERE, 1024, Auth.OPEN, inline=False))
 
 
 def test_an_inline_command_answers_in_the_connections_frame_and_goes_on_there_until_it_yields_bare():
@@ -445,7 +445,7 @@ def test_the_clocks_timed_wait_works_in_an_inline_commands_frame():
         return Response(200, await SystemClock().wait_for(future, 5))
 
     async def main():
-        server = HttpServer(lambda request: Command("*", "*", handler, 1024, Auth.OPEN, inline=True))
+        server = HttpServer(lambda request: Command("*", "*", handler, HERE, 1024, Auth.OPEN, inline=True))
         await server.start("127.0.0.1", 0)
         reader, writer = await _connect(server.port)
         writer.write(b"GET /ack HTTP/1.1\r\n\r\n")

@@ -11,6 +11,7 @@ import orjson
 from fakes import FakeClock
 
 from broker.config import ServeConfig
+from broker.http.commands import HERE
 from broker.http.http_types import Request, Response
 from broker.http.httpd import HttpServer
 from broker.node_base import NodeBase
@@ -54,7 +55,7 @@ class Node(NodeBase):
     def add_own_routes(self, table):
         async def call(request: Request) -> Response:
             return Response(200, b"peer call")
-        table.add("POST", "/_cluster/call", call)
+        table.add("POST", "/_cluster/call", call, where=HERE)
 
     def routed(self, command):
         async def route(request: Request):
