@@ -159,6 +159,24 @@ class DiskNode(NodeBase):
         self.job_api.shards = router  # a job on every shard (broker.jobs.api)
         router.jobs_here = lambda: self.jobs
         router.metrics_text = self._metrics_here
+        console = self.console
+        if console is not None:  # its topics and schedules tables: the node's
+            async def counts(names: list[str]) -> list[list[int]]:
+                parts = await router.everywhere("console_counts", [names], lambda: console.counts_here(names))
+                return [[sum(c) for c in zip(*rows)] for rows in zip(*parts)]
+
+            async def schedule_rows(topic: str | None, first: int) -> tuple[int, list[dict[str, object]]]:
+                parts = await router.everywhere("console_schedules", [topic, first],
+                                                lambda: console.schedule_rows_here(topic, first))
+                rows = sorted((row for _, got in parts for row in got),
+                              key=lambda row: (str(row["topic"]), str(row["scheduleId"])))
+                return sum(total for total, _ in parts), rows[:first]
+
+            console.node_topics = served.all_topics
+            console.node_counts = counts
+            console.node_schedule_rows = schedule_rows
+            router.ops["console_counts"] = lambda args: console.counts_here(list(args[0]))
+            router.ops["console_schedules"] = lambda args: console.schedule_rows_here(args[0], int(args[1]))
         router.own_port = self._own_port
 
     async def _metrics_here(self) -> str:

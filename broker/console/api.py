@@ -132,6 +132,40 @@ class Console:
         # topic (None: no pauses kept), and getTopicInfo of topics.
         self.paused: Callable[[str], bool | list[str] | None] = lambda topic: None
         self.topic_infos: TopicInfos = _no_infos
+        # The node's topics and their counts, and its schedules' rows (a
+        # node of many shards: every shard's, broker.nodes); this process's by default.
+        self.node_topics: Callable[[], Awaitable[list[str]]] = self._topics_here
+        self.node_counts: Callable[[list[str]], Awaitable[list[list[int]]]] = self.counts_here
+        self.node_schedule_rows: Callable[[str | None, int], Awaitable[tuple[int, list[dict[str, object]]]]] = \
+            self.schedule_rows_here
+
+    async def _topics_here(self) -> list[str]:
+        return self._topics()
+
+    async def counts_here(self, names: list[str]) -> list[list[int]]:
+        """(waiting, ready, consuming, dead) of each of `names` in this process's store."""
+        store = self._store()
+        out = []
+        for name in names:
+            counts = store.topic_counts(text_hash(name))
+            out.append([counts[Status.WAITING], counts[Status.READY], counts[Status.CONSUMING],
+                        counts[Status.EXPIRED] + counts[Status.ENDED]])
+        return out
+
+    async def schedule_rows_here(self, topic: str | None, first: int) -> tuple[int, list[dict[str, object]]]:
+        """How many schedules (of `topic`, or all) this process keeps, and the
+        rows of the `first` of them by (topic, scheduleId)."""
+        schedules = self._schedules()
+        if schedules is None:
+            return 0, []
+        states = schedules.topic_states(topic) if topic else schedules.states()
+        shown = heapq.nsmallest(first, states, key=lambda s: s.key)
+        rows = []
+        for n, state in enumerate(shown, 1):
+            rows.append(schedule_row(state))
+            if n % ROWS_SLICE == 0:  # (each row works out 3 next fire times: a cron's cost some 20 us each)
+                await asyncio.sleep(0)
+        return len(states), rows
 
     def add_routes(self, table: CommandTable) -> None:
         """Its API (/console/api/*); the page itself, GET /console, the node
@@ -167,14 +201,11 @@ class Console:
         q = parse_form(request.query)
         offset, limit = _int(q, "offset", 0), min(_int(q, "limit", 100), MAX_PAGE)
         prefix = q.get("prefix", "")
-        names = [t for t in self._topics() if t.startswith(prefix)]
-        store = self._store()
+        names = [t for t in await self.node_topics() if t.startswith(prefix)]
+        page = names[offset:offset + limit]
         rows: list[dict[str, object]] = []
-        for name in names[offset:offset + limit]:
-            counts = store.topic_counts(text_hash(name))
-            rows.append({"topic": name, "waiting": counts[Status.WAITING], "ready": counts[Status.READY],
-                         "consuming": counts[Status.CONSUMING],
-                         "dead": counts[Status.EXPIRED] + counts[Status.ENDED],
+        for name, (waiting, ready, consuming, dead) in zip(page, await self.node_counts(page)):
+            rows.append({"topic": name, "waiting": waiting, "ready": ready, "consuming": consuming, "dead": dead,
                          "paused": self.paused(name) or False, "oldestDueAgeMillis": None})
         due = [row for row in rows if row["ready"]][:AGED_ROWS]
         infos = await self.topic_infos([str(row["topic"]) for row in due]) if due else None
@@ -208,18 +239,8 @@ class Console:
     async def schedules(self, request: Request) -> Response:
         q = parse_form(request.query)
         offset, limit = _int(q, "offset", 0), min(_int(q, "limit", 100), MAX_PAGE)
-        schedules = self._schedules()
-        if schedules is None:
-            return _json(total=0, offset=offset, schedules=[])
-        topic = q.get("topic") or None
-        states = schedules.topic_states(topic) if topic else schedules.states()
-        shown = heapq.nsmallest(offset + limit, states, key=lambda s: s.key)[offset:]
-        rows = []
-        for n, state in enumerate(shown, 1):
-            rows.append(schedule_row(state))
-            if n % ROWS_SLICE == 0:  # (each row works out 3 next fire times: a cron's cost some 20 us each)
-                await asyncio.sleep(0)
-        return _json(total=len(states), offset=offset, schedules=rows)
+        total, rows = await self.node_schedule_rows(q.get("topic") or None, offset + limit)
+        return _json(total=total, offset=offset, schedules=rows[offset:offset + limit])
 
     async def node(self, request: Request) -> Response:
         return _json(**self._node_info())

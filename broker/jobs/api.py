@@ -75,8 +75,9 @@ async def serve_job_call(jobs: RedriveJobs, op: str, args: Sequence[Any], index:
     """A job call another shard made of this one (broker.shards.router)."""
     if op == "job_create":
         r = request_of(args[0])
-        # an explicit limit split evenly; without one (MAX_REDRIVE) each shard re-drives all of its own
-        limit = r.limit if r.limit >= MAX_REDRIVE else max(1, share(r.limit, index, count))
+        # an explicit limit split evenly, the parts summing to it (a part may be 0: that shard re-drives
+        # none); without one (MAX_REDRIVE) each shard re-drives all of its own
+        limit = r.limit if r.limit >= MAX_REDRIVE else r.limit // count + (1 if index < r.limit % count else 0)
         node_rate = r.rate  # (each shard's share of it moved by demand: broker.shards.rates)
         r = r._replace(rate=share(r.rate, index, count), limit=limit)
         return (await jobs.create(r, args[1], node_rate)).public()
@@ -91,11 +92,12 @@ async def serve_job_call(jobs: RedriveJobs, op: str, args: Sequence[Any], index:
 
 def merge_jobs(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """One job's records on several shards as one: counts, rate and limit
-    summed; running while any runs, else failed if any failed, else
+    summed (the limit at most MAX_REDRIVE, as the call's); running while any runs, else failed if any failed, else
     cancelled if any was, else done; ended when the last ended."""
     merged = dict(records[0])
     for field in ("matched", "redriven", "skipped", "rate", "limit"):
         merged[field] = sum(r[field] for r in records)
+    merged["limit"] = min(merged["limit"], MAX_REDRIVE)  # (no limit given: each shard's is MAX_REDRIVE)
     states = {r["state"] for r in records}
     for state in (JobState.RUNNING, JobState.FAILED, JobState.CANCELLED, JobState.DONE):
         if state.value in states:

@@ -45,7 +45,6 @@ from storage.entry import Message, Status
 from storage.errors import InvalidRequest, InvariantError, NotFound, Unavailable
 from storage.fileutil import make_dir
 from storage.store import NewMessage
-from storage.types import MIN_PRIORITY
 from wheel.clock import Clock
 
 from ..backend import MessageRequests, topic_cap_error
@@ -123,6 +122,8 @@ class ShardRouter:
         self.own_port: Callable[[], Awaitable[int]] | None = None
         self.scheduled_here: Callable[[str, Sequence[str]], Awaitable[set[str]]] | None = None
         self.jobs_here: Callable[[], RedriveJobs | None] = lambda: None  # this shard's redriveMsgs jobs
+        # the calls a feature of the node answers for the others (op -> its procedure on the args)
+        self.ops: dict[str, Callable[[Sequence[Any]], Awaitable[Any]]] = {}
         self._turn = itertools.count()
         # this shard's shares of the node's rates, reported to shard 0's board (broker.shards.rates)
         self.rates = RateShares(self, lambda: self._backend, lambda: self.jobs_here(),
@@ -282,6 +283,9 @@ class ShardRouter:
                 self._long_polls.wake_waiters(topic)
             return None
         self.served += 1
+        feature_op = self.ops.get(op)
+        if feature_op is not None:
+            return await feature_op(args)
         backend = self.backend
         requests = backend.requests
         if op == "sends":
@@ -533,42 +537,40 @@ class ShardedRequests:
 
     async def pull(self, request: PullRequest | LongPollRequest) -> list[Message]:
         """The node's best READY messages of the topic (docs/api.md,
-        "Shards"): first from the shards that said they have a higher
-        priority than this one's best, keeping only what no shard not yet
-        asked may outrank (the rest given back); then this shard's, then
-        the others' in turn. One answer, in pull order."""
+        "Shards"). The shards are asked best first: those that said they
+        have a higher priority than this one's best, this one, then the
+        others; each for the batch's room left and for as many as it may
+        outrank of those taken (its best above theirs: a shard that said
+        nothing above 0 may hold 0). Of all taken, the batch's best in pull
+        order (priority, then trigger time) are the answer; the rest are
+        given back, READY again on their shards."""
         router = self._router
         topic = request.topic
         drained = router.drained(topic, request.tags)
         here = self._best_here(topic)
-        others = router.others()
+        others = [shard for shard in router.others() if shard not in drained]
+        # the others by what they said, best first: above this shard's best before it, the rest after
+        said = sorted(((router.best_of(shard, topic), shard) for shard in others), key=lambda b: -b[0])
+        order: list[tuple[int | None, int]] = [(best, shard) for best, shard in said if here is None or best > here]
+        if here is not None:  # (None: nothing READY here)
+            order.append((here, router.index))
+        order += [(best, shard) for best, shard in said if here is not None and best <= here]
         pulled: list[Message] = []
-        # (a shard that said nothing above 0 may hold 0: its bound)
-        higher = sorted(((router.best_of(shard, topic), shard) for shard in others if shard not in drained
-                         and router.best_of(shard, topic) > (0 if here is None else here)), reverse=True)
-        asked: set[int] = set()
-        for _, shard in higher:
-            asked.add(shard)
-            found = await self._pull_from(shard, request, request.batch - len(pulled), drained)
-            floor = max([router.best_of(other, topic) for other in others if other not in asked and other not in drained]
-                        + [MIN_PRIORITY if here is None else here])
-            kept = [m for m in found if m.priority >= floor]
-            if len(kept) < len(found):  # outranked by what another shard or this one holds: READY again there
-                await self._give_back([m for m in found if m.priority < floor])
-            pulled += kept
-            if len(pulled) >= request.batch:
-                break
-        if len(pulled) < request.batch:
-            pulled += await self._local.pull(request._replace(batch=request.batch - len(pulled)))
-        local = len(pulled)
-        for shard in others:
+        for best, shard in order:
             want = request.batch - len(pulled)
+            if best is not None:
+                want += sum(1 for m in pulled if m.priority < best)
             if want <= 0:
-                break
-            if shard not in drained:
+                continue
+            if shard == router.index:
+                pulled += await self._local.pull(request._replace(batch=want))
+            else:
                 pulled += await self._pull_from(shard, request, want, drained)
-        if len(pulled) > local or higher:  # one pull's answer in pull order, whichever shard each came from
+        if len(pulled) > 1:  # one pull's answer in pull order, whichever shard each came from
             pulled.sort(key=lambda m: (-m.priority, m.trigger_ms))
+        if len(pulled) > request.batch:  # outranked by another shard's: READY again where it is
+            await self._give_back(pulled[request.batch:])
+            del pulled[request.batch:]
         return pulled
 
     async def _pull_from(self, shard: int, request: PullRequest | LongPollRequest, want: int,
