@@ -294,7 +294,7 @@ def serve(config: ServeConfig, argv: Sequence[str] = ()) -> int:
             return 1
         if count > 1:
             from .shards import supervisor
-            return supervisor.run(config, count, argv)
+            supervisor.become(config.host, config.port, config.node_path, count, argv)
     if config.backend == "disk":
         raise_descriptor_limit()  # before its store sizes its cache of open files by it
     try:

@@ -2,6 +2,11 @@
 shard processes, starts again one that dies, and stops them (docs/operations.md,
 "Shards").
 
+    exec     the node's process, having read its flags and checked its data
+             directory (broker.server), becomes this module alone
+             (`python -m broker.shards.supervisor`): it keeps no import of
+             the engine it does not run, a few MB where the node's whole
+             code would be some 30
     start    bind the public port with SO_REUSEPORT (not listening: it only
              keeps the port, a `--port 0` is chosen here), then start shard
              i of N as `hourglass serve <the same flags> --port P
@@ -31,8 +36,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
-
-from ..config import ServeConfig
+from typing import NoReturn
 
 log = logging.getLogger("hourglass.shards")
 
@@ -139,18 +143,36 @@ def shard_command(argv: Sequence[str], port: int, index: int, count: int) -> lis
     return [sys.executable, *flags, "-m", "broker.cli", *argv, "--port", str(port), "--shard-of", f"{index}/{count}"]
 
 
-def run(config: ServeConfig, count: int, argv: Sequence[str]) -> int:
+def become(host: str, port: int, node_path: str, count: int, argv: Sequence[str]) -> NoReturn:
+    """Replace this process (its pid kept) by the node's supervisor alone,
+    which runs `count` shards of `argv` (this process's arguments) on host:port."""
+    level = logging.getLevelName(logging.getLogger().getEffectiveLevel())
+    flags = ["-P"] if sys.flags.safe_path else []
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, [sys.executable, *flags, "-m", __name__, str(level), host, str(port), node_path,
+                              str(count), *argv])
+
+
+def main(args: Sequence[str]) -> int:
+    """`python -m broker.shards.supervisor LEVEL HOST PORT DATA COUNT ARGV...` (as `become` runs it)."""
+    level, host, port, node_path, count, *argv = args
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return run(host, int(port), node_path, int(count), argv)
+
+
+def run(host: str, port: int, node_path: str, count: int, argv: Sequence[str]) -> int:
     """Run the node's `count` shards until SIGTERM or SIGINT (module docstring)."""
     try:
-        reserved, port = reserve_port(config.host, config.port)
+        reserved, port = reserve_port(host, port)
     except OSError as e:
-        log.critical("cannot listen on %s:%d: %s", config.host, config.port, e.strerror)
+        log.critical("cannot listen on %s:%d: %s", host, port, e.strerror)
         return 1
     stop = []
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, frame: stop.append(signum))
     shards = [Shard(i, shard_command(argv, port, i, count)) for i in range(count)]
-    log.info("starting %d shards on http://%s:%d (%s)", count, config.host, port, config.node_path)
+    log.info("starting %d shards on http://%s:%d (%s)", count, host, port, node_path)
     for shard in shards:
         shard.start()
     node_served = False
@@ -161,7 +183,7 @@ def run(config: ServeConfig, count: int, argv: Sequence[str]) -> int:
             for shard in shards:
                 if shard.check_ready() and not node_served and all(s.served for s in shards):
                     node_served = True
-                    log.info("serving on http://%s:%d (%d shards)", config.host, port, count)
+                    log.info("serving on http://%s:%d (%d shards)", host, port, count)
                 if shard.restart_at is not None:
                     if now >= shard.restart_at:
                         shard.start()
@@ -211,3 +233,7 @@ def stop_all(shards: Sequence[Shard]) -> list[int]:
             process.kill()
             codes.append(process.wait())
     return codes
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
