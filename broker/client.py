@@ -54,7 +54,7 @@ its msgId's), so the node forwards none of them; a batch send and every
 pull go to the node's port (the node validates a batch whole and keeps its
 pull order). When a shard's port fails (no connection, a 503) the call goes
 on through the node's port, and the map is read again after
-SHARD_MAP_RETRY_S.
+SHARD_MAP_RETRY_S (`broker.shard_map`, which the Spark sink shares).
 
 Redirects. A follower may answer 307/308 with the leader's address. aiohttp
 would follow it but drops `Authorization` when the port changes (a new
@@ -82,15 +82,12 @@ from storage.errors import ConfigError, HourglassError
 from .core.params import MAX_ACK_BATCH
 from .http.paths import PREFIX
 from .retry import Failure, RetryPolicy, retry_after_s, status_failure
-from .shards.placement import message_owner
+from .shard_map import ShardMap
 
 log = logging.getLogger("hourglass.client")
 
 # A redirect chain longer than this is a misconfigured cluster, not a leader change.
 MAX_REDIRECTS = 5
-# After a shard's port failed, or the node's map could not be read: calls
-# go through the node's port, and the map is read again this much later.
-SHARD_MAP_RETRY_S = 60.0
 # What the server waits in a long poll that names no timeout (camellia's 10 s);
 # the client's HTTP timeout must outlast it.
 SERVER_LONG_POLL_DEFAULT_MS = 10_000
@@ -218,10 +215,7 @@ class DelayQueueClient:
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._session = session
         self._owns_session = session is None
-        # the node in use's shards' base URLs (getShardMap), for the node `_shards_of`; [] none to use
-        self._shards: list[str] = []
-        self._shards_of: str | None = None
-        self._shards_read_at = 0.0
+        self._shard_map = ShardMap()  # of the node in use (getShardMap)
 
     def __repr__(self) -> str:
         return f"DelayQueueClient({self.base_url!r}, timeout_s={self.timeout_s}, retries={self.retry.retries})"
@@ -512,31 +506,21 @@ class DelayQueueClient:
         """The base URL of the shard that owns a message (its key's, else
         its msgId's) on the node in use; None: the node's own (one shard, a
         cluster or Redis node, or a map that could not be read or used)."""
-        if self._shards_of != self.base_url and time.monotonic() >= self._shards_read_at:
+        if self._shard_map.due(self.base_url, time.monotonic()):
             await self._read_shard_map()
-        if len(self._shards) < 2 or not (msg_id or key):
-            return None
-        return self._shards[message_owner(msg_id, key, len(self._shards))]
+        return self._shard_map.owner(msg_id, key)
 
     async def _read_shard_map(self) -> None:
-        """getShardMap of the node in use, once (again SHARD_MAP_RETRY_S after a failure)."""
+        """getShardMap of the node in use, once (again SHARD_MAP_RETRY_S after a failure: broker.shard_map)."""
         node = self.base_url
-        self._shards, self._shards_of = [], node
+        self._shard_map.reading(node)
         try:
             answer = await self._call("GET", "getShardMap", idempotent=True, missing_ok=True, attempts=1)
         except (HourglassError, aiohttp.ClientError, TimeoutError, OSError, ValueError) as error:
             log.debug("getShardMap of %s failed (%r): calls go through the node's port", node, error)
-            self._give_up_shards()
+            self._shard_map.give_up(time.monotonic())
             return
-        ports = answer.get("ports") if isinstance(answer, dict) and answer.get("placement") == "crc32" else None
-        if isinstance(ports, list) and len(ports) > 1 and all(type(p) is int and 0 < p < 65536 for p in ports):
-            base = URL(node)
-            self._shards = [str(base.with_port(p)).rstrip("/") for p in ports]
-
-    def _give_up_shards(self) -> None:
-        """Calls go through the node's port; its map is read again later."""
-        self._shards, self._shards_of = [], None
-        self._shards_read_at = time.monotonic() + SHARD_MAP_RETRY_S
+        self._shard_map.read(node, answer)
 
     async def _call(self, method: str, endpoint: str, *, idempotent: bool, form: Mapping[str, str] | None = None,
                     body: Any = None, query: Mapping[str, str] | None = None, wait_s: float = 0.0,
@@ -564,7 +548,7 @@ class DelayQueueClient:
                     raise
                 if shard is not None:  # the shard's port failed: the node's own from now on
                     shard = None
-                    self._give_up_shards()
+                    self._shard_map.give_up(time.monotonic())
                     attempt += 1
                     continue
                 self._node = (self._node + 1) % len(self.base_urls)  # the next node, if there are several

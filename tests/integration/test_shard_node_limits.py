@@ -114,9 +114,9 @@ def test_the_python_client_sends_and_acks_on_each_messages_shard_and_falls_back_
             await client.nack("a", pulled[1].msg_id)
             assert set((await client.ack_many("a", [m.msg_id for m in pulled[2:]])).values()) == {Status.ACKED}
             assert forwards() - before < 6, forwards() - before  # the scrapes' only
-            client._shards = ["http://127.0.0.1:9"] * 3  # a map whose ports fail: the node's port serves
+            client._shard_map.shards = ["http://127.0.0.1:9"] * 3  # a map whose ports fail: the node's port serves
             await client.send("d", "m", msg_id="after-a-dead-port", delay_ms=60_000)
-            assert client._shards == []
+            assert client._shard_map.shards == []
             assert (await client.get("d", "after-a-dead-port")).msg == "m"
 
     try:
