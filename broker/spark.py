@@ -75,16 +75,37 @@ it is computed: true for file, range and rate sources, and for Kafka offset
 ranges; not after an unordered shuffle whose order varies between runs.
 There, give each row its own `msgId` (an order id, a hash of the row).
 
-Sending. Each task opens one kept-alive HTTP connection and sends its rows,
-grouped by topic, in sendMsgBatch requests of `batchsize` messages. A
-request answered 429, 502, 503 or 504, or failing with a refused or reset
-connection or a timeout, is retried `retries` times by the clients' one
-policy (`broker.retry`: exponential backoff with full jitter, honouring
-Retry-After; every request of the sink may be repeated, as every row has
-its id), so a failover's few seconds are covered; a 413 splits the batch
-in halves; any other error fails the task at once with a `SinkError`
-naming the partition (and stream batch), the topic, the first row, the
-URL, the HTTP status and the broker's `msg`. Spark retries a failed task
+Sending. Each task sends its rows, grouped by topic and by the shard that
+owns them, in sendMsgBatch requests of `batchsize` messages. A node of
+many shards names each shard's own port (getShardMap, docs/api.md
+"Shards"); the task reads that map before its first request and sends each
+row on its owner's port (its key's shard when it has one, else its
+msgId's: every row has its id, given or generated, before it is placed),
+so the node forwards none of them. A node of one shard, a cluster or Redis
+node, or a map that cannot be read: every request goes to `url`. Each
+destination (a shard's port, or `url`) has a thread of the task and
+kept-alive connections of its own, sending its requests in order, one at
+a time, while the task makes the next ones: the shards store a task's
+rows side by side. When a shard's port fails (refused, reset, a timeout,
+429, 502, 503, 504) the request goes on at once through `url`, which
+stores any message, and so do the task's later requests; the map is read
+again 60 s later (`broker.shard_map`, as `broker.client` does): a shard
+that restarted listens on a new port. Each request is validated whole by
+the shard that takes it, as a batch sent to `url` is by the node: one
+refused row stores nothing of its request and fails the task, though
+requests to other shards, as earlier requests, may have been stored (the
+task's retry re-sends them harmlessly, below).
+
+A request answered 429, 502, 503 or 504, or failing with a refused or
+reset connection or a timeout, is retried `retries` times by the clients'
+one policy (`broker.retry`: exponential backoff with full jitter,
+honouring Retry-After; every request of the sink may be repeated, as
+every row has its id), so a failover's few seconds are covered; a
+shard's port that fails costs one of those retries, without a pause. A 413
+splits the batch in halves; any other error fails the task (as it hands
+over its next request, or at its end) with a `SinkError` naming the
+partition (and stream batch), the topic, the first row, the URL, the HTTP
+status and the broker's `msg`. Spark retries a failed task
 (`spark.task.maxFailures`) and the ids make that harmless. A failed job
 leaves what it sent in the broker: there is no rollback.
 
@@ -98,13 +119,16 @@ each batch; Spark refuses `update` for Python data sources). A stream needs a
 
 from __future__ import annotations
 
+import concurrent.futures
 import http.client
+import itertools
 import json
 import struct
+import threading
 import time
 import urllib.parse
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -126,9 +150,11 @@ except ImportError as e:  # pragma: no cover - depends on the environment
 from broker.core.bodies import MAX_SEND_BATCH
 from broker.http.paths import PREFIX
 from broker.retry import Failure, RetryPolicy, retry_after_s, status_failure
+from broker.shard_map import ShardMap
 from storage.errors import HourglassError, InvariantError
 
 SEND_BATCH_PATH = PREFIX + "sendMsgBatch"
+SHARD_MAP_PATH = PREFIX + "getShardMap"
 # The cap of the backoff between retries.
 MAX_BACKOFF_MS = 10_000
 # Options Spark itself may pass along with ours.
@@ -372,14 +398,16 @@ def _task_context() -> TaskContext:
 # data buffer, less its last comma, + `]}`. Only strings holding `"`, `\`
 # or a control character go through json.dumps; others are quoted as they
 # are (raw UTF-8 is valid JSON). About 3x cheaper than dicts and json.dumps.
+# The rows of a request are of one topic and one shard: each row's owner is
+# found from its id (and key) in Python, the sink's one loop over rows.
 
 _NEEDS_ESCAPE = r'["\\\x00-\x1f]'
 
 
 @dataclass
 class _Pending:
-    """Items of one topic waiting to fill a request, with their row numbers
-    in the partition (for error messages)."""
+    """Items of one topic and shard waiting to fill a request, with their
+    row numbers in the partition (for error messages)."""
 
     items: list[pa.Array] = field(default_factory=list)
     rows: list[pa.Array] = field(default_factory=list)
@@ -390,12 +418,12 @@ class _Pending:
         self.rows.append(rows)
         self.count += len(items)
 
-    def send(self, sender: _Sender, topic: str, size: int, *, all_: bool) -> None:
+    def send(self, sender: _Sender, topic: str, shard: str | None, size: int, *, all_: bool) -> None:
         """Send every full request of `size` items (and the rest if `all_`)."""
         items, rows = pa.concat_arrays(self.items), pa.concat_arrays(self.rows)
         end = self.count if all_ else self.count - self.count % size
         for start in range(0, end, size):
-            sender.send(topic, items.slice(start, size), rows.slice(start, min(size, end - start)))
+            sender.send(topic, shard, items.slice(start, size), rows.slice(start, min(size, end - start)))
         self.items, self.rows, self.count = [items.slice(end)], [rows.slice(end)], self.count - end
 
 
@@ -403,47 +431,73 @@ def send_partition(batches: Iterator[pa.RecordBatch], options: SinkOptions, colu
                    id_prefix: str, partition: int, where: str) -> SinkCommit:
     """Send one partition's rows, `{id_prefix}-{row}` being a row's id when
     it has none; return what was sent. Raises SinkError (see `_Sender`)."""
-    pending: dict[str, _Pending] = {}
+    pending: dict[tuple[str, str | None], _Pending] = {}  # (topic, shard's base URL or None: the node's)
     row = 0
     with _Sender(options, where) as sender:
         for batch in batches:
             if batch.num_rows == 0:
                 continue
             rows = pa.array(range(row, row + batch.num_rows), pa.int64())
-            items = item_texts(batch, columns, id_prefix, rows)
-            for topic, mask in _topics(batch, columns, options.topic, row, where):
-                slot = pending.setdefault(topic, _Pending())
-                if mask is None:
-                    slot.add(items, rows)
-                else:
-                    slot.add(items.filter(mask), rows.filter(mask))
-                if slot.count >= options.batch_size:
-                    slot.send(sender, topic, options.batch_size, all_=False)
+            ids = row_ids(batch, columns, id_prefix, rows)
+            items = item_texts(batch, columns, ids)
+            owners = _owners(sender.shard_map(), ids, batch.column("key") if "key" in columns else None)
+            for topic, in_topic in _topics(batch, columns, options.topic, row, where):
+                for shard, on_shard in owners:
+                    mask = _both(in_topic, on_shard)
+                    part_items, part_rows = (items, rows) if mask is None else (items.filter(mask), rows.filter(mask))
+                    if len(part_items) == 0:
+                        continue
+                    slot = pending.setdefault((topic, shard), _Pending())
+                    slot.add(part_items, part_rows)
+                    if slot.count >= options.batch_size:
+                        slot.send(sender, topic, shard, options.batch_size, all_=False)
             row += batch.num_rows
-        for topic, slot in pending.items():
+        for (topic, shard), slot in pending.items():
             if slot.count:
-                slot.send(sender, topic, options.batch_size, all_=True)
+                slot.send(sender, topic, shard, options.batch_size, all_=True)
+        sender.finish()
         return SinkCommit(partition, row, sender.requests, sender.retried)
 
 
-def item_texts(batch: pa.RecordBatch, columns: tuple[str, ...], id_prefix: str, rows: pa.Array) -> pa.Array:
-    """Each row's sendMsgBatch item as JSON text followed by a comma; a row
-    without a msgId (null or empty) gets `{id_prefix}-{row}`."""
-    # json.dumps escapes character by character, so the prefix's escaped
-    # text followed by "-<row>" is the id's escaped text.
-    generated = pc.binary_join_element_wise(json.dumps(id_prefix, ensure_ascii=False)[:-1] + "-",
-                                            pc.cast(rows, pa.string()), '"', "")
-    if "msgId" in columns:
-        given = batch.column("msgId")
-        has_id = pc.fill_null(pc.greater(pc.utf8_length(given), 0), False)
-        ids = pc.if_else(has_id, _json_strings(given), generated)
-    else:
-        ids = generated
-    parts: list[str | pa.Array] = ['{"msgId":', ids]
+def row_ids(batch: pa.RecordBatch, columns: tuple[str, ...], id_prefix: str, rows: pa.Array) -> pa.Array:
+    """Each row's msgId: its msgId column's, else (null or empty)
+    `{id_prefix}-{row}`, `rows` being the rows' numbers in the partition."""
+    generated = pc.binary_join_element_wise(id_prefix + "-", pc.cast(rows, pa.string()), "")
+    if "msgId" not in columns:
+        return generated
+    given = batch.column("msgId")
+    return pc.if_else(pc.fill_null(pc.greater(pc.utf8_length(given), 0), False), given, generated)
+
+
+def item_texts(batch: pa.RecordBatch, columns: tuple[str, ...], ids: pa.Array) -> pa.Array:
+    """Each row's sendMsgBatch item as JSON text followed by a comma, `ids`
+    its msgIds (`row_ids`)."""
+    parts: list[str | pa.Array] = ['{"msgId":', _json_strings(ids)]
     for name in columns:
         if name not in ("msgId", "topic"):
             parts += [f',"{name}":', _json_values(batch.column(name))]
     return pc.binary_join_element_wise(*parts, "},", "")
+
+
+def _owners(shard_map: ShardMap, ids: pa.Array, keys: pa.Array | None) -> list[tuple[str | None, pa.Array | None]]:
+    """Where a batch's rows go: (a shard's base URL, None for the node's
+    port; the mask of the rows it owns, None for all of them), as
+    `shard_map` places each row by its key, else its msgId."""
+    if not shard_map.shards:
+        return [(None, None)]
+    key_list: Iterable[str | None] = keys.to_pylist() if keys is not None else itertools.repeat(None)
+    owners = [shard_map.owner(msg_id, key or "") for msg_id, key in zip(ids.to_pylist(), key_list)]
+    encoded = pa.array(owners, pa.string()).dictionary_encode()
+    if len(encoded.dictionary) == 1:
+        return [(owners[0], None)]
+    return [(shard, pc.equal(encoded.indices, n)) for n, shard in enumerate(encoded.dictionary.to_pylist())]
+
+
+def _both(mask: pa.Array | None, other: pa.Array | None) -> pa.Array | None:
+    """The rows both masks take (None: all rows)."""
+    if mask is None or other is None:
+        return other if mask is None else mask
+    return pc.and_(mask, other)
 
 
 def _json_strings(array: pa.Array) -> pa.Array:
@@ -504,47 +558,98 @@ def _topics(batch: pa.RecordBatch, columns: tuple[str, ...], default: str | None
 
 
 class _Sender:
-    """sendMsgBatch requests over one kept-alive connection, with retries.
+    """A task's sendMsgBatch requests, each to the node's `url` or to the
+    shard that owns its rows, with retries.
+
+    Each destination has a lane (`_Lane`): a thread with kept-alive
+    connections of its own that sends that destination's requests in
+    order, one at a time, while the task turns its next rows into
+    requests; so a node's shards store a task's rows side by side. `send`
+    hands a request to its lane once the lane's previous one is answered,
+    and raises the first failure of any lane; `finish` waits for them all.
+    The node's shard map (getShardMap, `broker.shard_map`) is read at the
+    first `shard_map()`.
 
     A request is retried as `broker.retry` says after a 429, 502, 503 or
     504 answer or an OSError or HTTPException (refused, reset, timed out),
     `retries` times, pausing up to backoff_ms, then up to twice that, ...
-    up to MAX_BACKOFF_MS. Every request is idempotent: a retry re-sends the
-    same ids, so it cannot duplicate. A 413 for more than one message
-    splits the request in halves. Anything else raises SinkError.
+    up to MAX_BACKOFF_MS; on a shard's port such a failure sends the
+    request on at once through the node's `url`, and the map is given up
+    (the task's later requests go there too until it is read again).
+    Every request is idempotent: a retry re-sends the same ids, so it
+    cannot duplicate. A 413 for more than one message splits the request in
+    halves. Anything else raises SinkError; the other lanes then stop
+    retrying. Leaving the `with` block waits until every request handed
+    over is sent.
     """
 
     def __init__(self, options: SinkOptions, where: str) -> None:
         self.options = options
         self.where = where
         parts = urllib.parse.urlsplit(options.url)
-        self.endpoint = parts.path.rstrip("/") + SEND_BATCH_PATH
-        self.url = f"{parts.scheme}://{parts.netloc}{self.endpoint}"
-        kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+        self.node = f"{parts.scheme}://{parts.netloc}{parts.path.rstrip('/')}"  # SinkOptions: no query, fragment
         self.retry = options.retry
-        self.connection = kind(parts.hostname or "", parts.port, timeout=options.timeout_s)  # SinkOptions: a host
         self.headers = {"Content-Type": "application/json"}
         if options.token:
             self.headers["Authorization"] = f"Bearer {options.token}"
-        self.requests = 0
-        self.retried = 0
+        self.map = ShardMap()  # read and used by the task's thread; a lane may give it up
+        self.lanes: dict[str | None, _Lane] = {}  # destination (a shard's base URL; None: the node) -> its lane
+        self.stopping = threading.Event()  # set when the task fails: lanes end their retries
 
     def __repr__(self) -> str:
-        return f"_Sender({self.url!r}, {self.where}, requests={self.requests}, retried={self.retried})"
+        return (f"_Sender({self.node!r}, {self.where}, shards={len(self.map.shards)}, lanes={len(self.lanes)}, "
+                f"requests={self.requests}, retried={self.retried})")
+
+    @property
+    def requests(self) -> int:
+        """Requests made, retries included."""
+        return sum(lane.requests for lane in self.lanes.values())
+
+    @property
+    def retried(self) -> int:
+        return sum(lane.retried for lane in self.lanes.values())
 
     def __enter__(self) -> _Sender:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.connection.close()
+    def __exit__(self, kind: object, error: BaseException | None, traceback: object) -> None:
+        if isinstance(error, SinkError):  # a lane failed the task: the others end their retries
+            self.stopping.set()
+        for lane in self.lanes.values():  # what was handed over is sent, as the task's rows before a failure are
+            lane.close()
 
-    def send(self, topic: str, items: pa.Array, rows: pa.Array) -> None:
-        """Store `items` (item_texts) in `topic`; `rows` are their row numbers."""
+    def shard_map(self) -> ShardMap:
+        """The node's shard map, read first when it is due (one attempt: a
+        failure sends every request through the node's `url`)."""
+        if self.map.due(self.node, time.monotonic()):
+            self._read_shard_map()
+        return self.map
+
+    def send(self, topic: str, shard: str | None, items: pa.Array, rows: pa.Array) -> None:
+        """Hand `items` (item_texts) of `topic` to the lane of `shard` (a
+        base URL of the map; None, or a shard given up: the node's); `rows`
+        are their row numbers. Raises the SinkError of any lane that failed."""
+        for lane in self.lanes.values():
+            lane.raise_failure()
+        destination = shard if shard in self.map.shards else None
+        if destination not in self.lanes:
+            self.lanes[destination] = _Lane(destination or self.node)
+        lane = self.lanes[destination]
+        lane.wait()
+        lane.last = lane.pool.submit(self._store, lane, topic, destination, items, rows)
+
+    def finish(self) -> None:
+        """Wait until every request handed over is answered; raise the first SinkError."""
+        for lane in self.lanes.values():
+            lane.wait()
+
+    def _store(self, lane: _Lane, topic: str, shard: str | None, items: pa.Array, rows: pa.Array) -> None:
+        """Store `items` in `topic` (in `lane`'s thread); SinkError when they are not."""
         # strictIdempotence: a retried task's resend of an id whose message has
         # ended meanwhile answers the stored one rather than storing it again
         body = b"".join((b'{"topic":', json.dumps(topic).encode(), b',"strictIdempotence":true,"msgs":[',
                          _joined(items), b"]}"))
-        status, answer, attempts = self._post(body)
+        status, answer, attempts, base = self._post(lane, shard if shard in self.map.shards else None, body)
         kind = "HTTP"
         if status == 200:  # the API's own outcome is the code in the body (camellia)
             kind, status = "code", _code(answer)
@@ -552,11 +657,11 @@ class _Sender:
             return
         if status == 413 and len(items) > 1:
             half = len(items) // 2
-            self.send(topic, items.slice(0, half), rows.slice(0, half))
-            self.send(topic, items.slice(half), rows.slice(half))
+            self._store(lane, topic, shard, items.slice(0, half), rows.slice(0, half))
+            self._store(lane, topic, shard, items.slice(half), rows.slice(half))
             return
         what = (f"hourglass sink, {self.where}: sendMsgBatch of {len(items)} rows (from row {rows[0].as_py()}) to "
-                f"topic {topic!r} at {self.url}")
+                f"topic {topic!r} at {base}{SEND_BATCH_PATH}")
         if status is None:
             error = answer if isinstance(answer, str) else answer.decode("utf-8", "replace")
             raise SinkError(f"{what}: broker unreachable after {attempts} attempts: {error}")
@@ -564,32 +669,111 @@ class _Sender:
         tries = f" after {attempts} attempts" if attempts > 1 else ""
         raise SinkError(f"{what}: {kind} {status}{tries}: {msg}{_failing_row(msg, rows)}")
 
-    def _post(self, body: bytes) -> tuple[int | None, bytes | str, int]:
+    def _post(self, lane: _Lane, shard: str | None, body: bytes) -> tuple[int | None, bytes | str, int, str]:
         """(status or None when unreachable, answer body or the last error,
-        attempts made)."""
+        attempts made, the base URL of the last attempt); the first attempt
+        goes to `shard` (None: the node), the others to the node."""
         attempt = 0
         while True:
-            self.requests += 1
+            base = shard or self.node
+            connection = lane.connection(base, self.options.timeout_s)
+            lane.requests += 1
             status: int | None
             result: bytes | str
             retry_after: float | None = None
             try:
-                self.connection.request("POST", self.endpoint, body, self.headers)
-                response = self.connection.getresponse()
+                connection.request("POST", _path(base, SEND_BATCH_PATH), body, self.headers)
+                response = connection.getresponse()
                 status, result = response.status, response.read()
                 failure = status_failure(status)
                 if failure is Failure.FINAL:
-                    return status, result, attempt + 1
+                    return status, result, attempt + 1, base
                 retry_after = retry_after_s(response.getheader("Retry-After"), time.time())
             except (OSError, http.client.HTTPException) as e:
-                self.connection.close()  # a half-read answer leaves it unusable
+                connection.close()  # a half-read answer leaves it unusable
                 status, result = None, f"{type(e).__name__}: {e}"
                 failure = Failure.MAYBE_APPLIED  # at worst; the sink's requests may all be repeated
-            if not self.retry.may_retry(attempt, failure, idempotent=True):
-                return status, result, attempt + 1
-            self.retried += 1
-            time.sleep(self.retry.pause_s(attempt, retry_after))
+            if not self.retry.may_retry(attempt, failure, idempotent=True) or self.stopping.is_set():
+                return status, result, attempt + 1, base
+            lane.retried += 1
+            if shard is not None:  # the shard's port failed: the node's from now on, this request at once
+                shard = None
+                self.map.give_up(time.monotonic())
+            elif self.stopping.wait(self.retry.pause_s(attempt, retry_after)):
+                return status, result, attempt + 1, base
             attempt += 1
+
+    def _read_shard_map(self) -> None:
+        """getShardMap of the node, once: kept as `broker.client` keeps it
+        (a 404: a node without one; any other failure: again later)."""
+        connection = _connect(self.node, self.options.timeout_s)
+        try:
+            connection.request("GET", _path(self.node, SHARD_MAP_PATH), headers=self.headers)
+            response = connection.getresponse()
+            status, answer = response.status, response.read()
+        except (OSError, http.client.HTTPException):
+            self.map.give_up(time.monotonic())
+            return
+        finally:
+            connection.close()
+        if status == 200:
+            status = _code(answer)
+        if status == 404:
+            self.map.read(self.node, None)
+        elif status == 200:
+            self.map.read(self.node, _json_or_none(answer))
+        else:
+            self.map.give_up(time.monotonic())
+
+
+class _Lane:
+    """One destination's requests of a task: sent in order, one at a time,
+    by a thread of its own over kept-alive connections of its own (the
+    destination's, and the node's when a shard's port fails). `last` is its
+    latest request, handed over by the task's thread."""
+
+    def __init__(self, name: str) -> None:
+        self.pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"hourglass-sink {name}")
+        self.connections: dict[str, http.client.HTTPConnection] = {}  # base URL -> connection; the lane's thread's
+        self.last: concurrent.futures.Future[None] | None = None
+        self.requests = 0
+        self.retried = 0
+
+    def __repr__(self) -> str:
+        return f"_Lane({list(self.connections)}, requests={self.requests}, retried={self.retried})"
+
+    def connection(self, base: str, timeout_s: float) -> http.client.HTTPConnection:
+        """The kept-alive connection to `base` (made at its first use)."""
+        connection = self.connections.get(base)
+        if connection is None:
+            connection = self.connections[base] = _connect(base, timeout_s)
+        return connection
+
+    def wait(self) -> None:
+        """Until the last request is answered; its SinkError raised."""
+        if self.last is not None:
+            self.last.result()
+
+    def raise_failure(self) -> None:
+        """The last request's SinkError, if it is answered and failed."""
+        if self.last is not None and self.last.done():
+            self.last.result()
+
+    def close(self) -> None:
+        """Wait for what was handed over, close the connections."""
+        self.pool.shutdown(wait=True)
+        for connection in self.connections.values():
+            connection.close()
+
+
+def _connect(base: str, timeout_s: float) -> http.client.HTTPConnection:
+    parts = urllib.parse.urlsplit(base)
+    kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    return kind(parts.hostname or "", parts.port, timeout=timeout_s)  # SinkOptions: a host
+
+
+def _path(base: str, endpoint: str) -> str:
+    return urllib.parse.urlsplit(base).path + endpoint
 
 
 def _code(answer: bytes | str) -> int:
@@ -599,6 +783,15 @@ def _code(answer: bytes | str) -> int:
     except (ValueError, AttributeError):
         return 200
     return code if isinstance(code, int) else 200
+
+
+def _json_or_none(answer: bytes) -> object:
+    """The JSON an answer holds; None when it is not JSON."""
+    try:
+        decoded: object = json.loads(answer)
+    except ValueError:
+        return None
+    return decoded
 
 
 def _broker_msg(answer: bytes | str) -> str:

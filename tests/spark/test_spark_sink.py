@@ -28,8 +28,9 @@ import pyarrow as pa
 from pyspark import TaskContext, cloudpickle
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
-from serving import free_port
+from serving import Server, free_port, request
 
+from broker.shards import placement
 from broker.spark import (
     HourglassDataSource,
     HourglassStreamWriter,
@@ -40,6 +41,7 @@ from broker.spark import (
     _Sender,
     check_columns,
     item_texts,
+    row_ids,
     send_partition,
 )
 
@@ -142,7 +144,7 @@ def test_item_texts_are_the_rows_as_json():
         pa.array([0, 1_999, -1, None, 1_700_000_000_123_456], pa.timestamp("us", tz="UTC")),
         pa.array([1, 2, None, -4, 5], pa.int16()),
     ], names=list(names))
-    texts = item_texts(batch, names, 'pre"fix', pa.array(range(10, 15), pa.int64()))
+    texts = item_texts(batch, names, row_ids(batch, names, 'pre"fix', pa.array(range(10, 15), pa.int64())))
     assert all(t.endswith(",") for t in texts.to_pylist())
     decoded = json.loads("[" + "".join(texts.to_pylist())[:-1] + "]")
     assert decoded == [
@@ -165,16 +167,13 @@ def test_a_null_topic_without_a_topic_option_fails_naming_the_row():
 # == the sender against a scripted server ========================================
 
 
-class Scripted(http.server.ThreadingHTTPServer):
-    """Answers each sendMsgBatch with the next step of `script`: a status,
-    or "reset" (close the connection without answering); 200 when done."""
+class LocalServer(http.server.ThreadingHTTPServer):
+    """An HTTP server on a free loopback port (`url`), serving from a thread of its own."""
 
     daemon_threads = True
 
-    def __init__(self, script):
-        self.script = list(script)
-        self.bodies: list[dict] = []
-        super().__init__(("127.0.0.1", 0), ScriptedHandler)
+    def __init__(self, handler):
+        super().__init__(("127.0.0.1", 0), handler)
         self.url = f"http://127.0.0.1:{self.server_address[1]}"
         threading.Thread(target=self.serve_forever, args=(0.05,), daemon=True).start()
 
@@ -183,10 +182,34 @@ class Scripted(http.server.ThreadingHTTPServer):
         self.server_close()
 
 
-class ScriptedHandler(http.server.BaseHTTPRequestHandler):
+class JsonHandler(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     disable_nagle_algorithm = True  # headers and body are two writes: no 40 ms stalls
 
+    def reply(self, status, answer: bytes):
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(answer)))
+        self.end_headers()
+        self.wfile.write(answer)
+
+    def log_message(self, *args):
+        pass
+
+
+class Scripted(LocalServer):
+    """Answers each sendMsgBatch with the next step of `script`: a status,
+    or "reset" (close the connection without answering); 200 when done.
+    getShardMap answers `shard_map` (None: 404, as a server without one)."""
+
+    def __init__(self, script):
+        self.script = list(script)
+        self.bodies: list[dict] = []
+        self.shard_map: dict | None = None
+        super().__init__(ScriptedHandler)
+
+
+class ScriptedHandler(JsonHandler):
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         self.server.bodies.append(body)
@@ -196,15 +219,14 @@ class ScriptedHandler(http.server.BaseHTTPRequestHandler):
             return
         msg = "success" if step == 200 else {400: "msgs[2].delayMillis: must be >= 0, got -1",
                                                413: "msg is larger than 10 bytes"}.get(step, "node is stopping")
-        answer = json.dumps({"code": step, "msg": msg}).encode()
-        self.send_response(step)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(answer)))
-        self.end_headers()
-        self.wfile.write(answer)
+        self.reply(step, json.dumps({"code": step, "msg": msg}).encode())
 
-    def log_message(self, *args):
-        pass
+    def do_GET(self):
+        shard_map = self.server.shard_map
+        if shard_map is None:
+            self.reply(404, b'{"code":404,"msg":"not found"}')
+        else:
+            self.reply(200, json.dumps({"code": 200, "msg": "success", **shard_map}).encode())
 
 
 @pytest.fixture
@@ -238,15 +260,18 @@ def sent(n: int) -> list[dict]:
 def test_sender_retries_503_and_resets_then_succeeds(scripted):
     server = scripted(503, "reset", 503)
     with sender_for(server.url) as sender:
-        sender.send("t", *items(3))
+        sender.send("t", None, *items(3))
+        sender.finish()
     assert (sender.requests, sender.retried) == (4, 3)
     assert server.bodies[0] == server.bodies[3] == {"topic": "t", "strictIdempotence": True, "msgs": sent(3)}  # the same ids again
 
 
 def test_sender_gives_up_after_its_retries(scripted):
     server = scripted(503, 503, 503)
-    with sender_for(server.url, retries="2") as sender, pytest.raises(SinkError) as e:
-        sender.send("t", *items(3))
+    with sender_for(server.url, retries="2") as sender:
+        sender.send("t", None, *items(3))
+        with pytest.raises(SinkError) as e:
+            sender.finish()
     assert sender.requests == 3
     text = str(e.value)
     for words in ("partition 7", "3 rows (from row 100)", "topic 't'", server.url + "/camellia/delayQueue/sendMsgBatch",
@@ -256,8 +281,10 @@ def test_sender_gives_up_after_its_retries(scripted):
 
 def test_sender_does_not_retry_a_400_and_names_the_row(scripted):
     server = scripted(400)
-    with sender_for(server.url) as sender, pytest.raises(SinkError) as e:
-        sender.send("t", *items(5))
+    with sender_for(server.url) as sender:
+        sender.send("t", None, *items(5))
+        with pytest.raises(SinkError) as e:
+            sender.finish()
     assert sender.requests == 1
     assert "HTTP 400: msgs[2].delayMillis: must be >= 0, got -1 (row 102 of the partition)" in str(e.value)
 
@@ -265,16 +292,88 @@ def test_sender_does_not_retry_a_400_and_names_the_row(scripted):
 def test_sender_splits_a_batch_refused_as_too_large(scripted):
     server = scripted(413)
     with sender_for(server.url) as sender:
-        sender.send("t", *items(5))
+        sender.send("t", None, *items(5))
+        sender.finish()
     assert [len(b["msgs"]) for b in server.bodies] == [5, 2, 3]
 
 
 def test_sender_reports_an_unreachable_broker():
     url = f"http://127.0.0.1:{free_port()}"
-    with sender_for(url, retries="2") as sender, pytest.raises(SinkError) as e:
-        sender.send("t", *items(1))
+    with sender_for(url, retries="2") as sender:
+        sender.send("t", None, *items(1))
+        with pytest.raises(SinkError) as e:
+            sender.finish()
     assert f"{url}/camellia/delayQueue/sendMsgBatch: broker unreachable after 3 attempts: ConnectionRefusedError" \
         in str(e.value)
+
+
+def port_of(url: str) -> int:
+    return int(url.rsplit(":", 1)[1])
+
+
+def id_rows(n: int, first: int = 0, keys: bool = False) -> pa.RecordBatch:
+    """Rows with msgIds r-<first>.. r-<first + n - 1> and keys k-<i % 5> (or
+    null keys), as Spark hands them to the sink."""
+    numbers = range(first, first + n)
+    return pa.RecordBatch.from_arrays([pa.array([f"m{i}" for i in numbers]), pa.array([f"r-{i}" for i in numbers]),
+                                       pa.array([f"k-{i % 5}" if keys else None for i in numbers], pa.string())],
+                                      names=["msg", "msgId", "key"])
+
+
+def ids_sent(server) -> list[str]:
+    return [m["msgId"] for body in server.bodies for m in body["msgs"]]
+
+
+def test_each_row_goes_to_its_owners_port_by_its_msgid_or_key(scripted):
+    """A node whose getShardMap names two shards: every row of a partition
+    is sent on the port of the shard that owns it (placement: its key's,
+    else its msgId's), in requests of batchsize rows of one shard; none
+    through the node's port."""
+    node, shards = scripted(), [scripted(), scripted()]
+    node.shard_map = {"shards": 2, "ports": [port_of(s.url) for s in shards], "placement": "crc32"}
+    opts = SinkOptions.from_options({"url": node.url, "topic": "t", "batchsize": "7"})
+    commit = send_partition(iter([id_rows(30), id_rows(20, 30, keys=True)]), opts, ("msg", "msgId", "key"), "p", 0,
+                            "partition 0")
+    assert commit.rows == 50 and node.bodies == []
+    expected: list[list[str]] = [[], []]
+    for i in range(30):
+        expected[placement.owner(f"r-{i}", 2)].append(f"r-{i}")
+    for i in range(30, 50):
+        expected[placement.owner(f"k-{i % 5}", 2)].append(f"r-{i}")
+    for shard, ids in zip(shards, expected):
+        assert sorted(ids_sent(shard)) == sorted(ids) and ids
+        assert all(len(body["msgs"]) <= 7 for body in shard.bodies)
+    assert commit.requests == len(shards[0].bodies) + len(shards[1].bodies)
+
+
+def test_without_a_shard_map_every_row_goes_to_the_nodes_port(scripted):
+    """A node of one shard, a server without getShardMap (404), a map that
+    cannot be read: the node's url takes every request."""
+    node = scripted()
+    opts = SinkOptions.from_options({"url": node.url, "topic": "t", "batchsize": "7"})
+    for shard_map in (None, {"shards": 1, "ports": [port_of(node.url)], "placement": "crc32"},
+                      {"shards": 2, "ports": [1, 2], "placement": "another"}):
+        node.shard_map, node.bodies = shard_map, []
+        send_partition(iter([id_rows(30)]), opts, ("msg", "msgId", "key"), "p", 0, "partition 0")
+        assert sorted(ids_sent(node)) == sorted(f"r-{i}" for i in range(30))
+    dead = sender_for(f"http://127.0.0.1:{free_port()}")
+    assert dead.shard_map().shards == [] and dead.shard_map().due(dead.node, 1e12)  # read again later
+
+
+def test_a_shard_port_that_fails_sends_through_the_node_from_then_on(scripted):
+    """A shard answering 503, and a shard's port refusing connections: the
+    request goes on at once through the node's url, as do the partition's
+    later requests (the map is read again a minute later); every row is
+    sent, and no pause was taken for it."""
+    for failing in ("503", "refused"):
+        node, shard = scripted(), scripted(503) if failing == "503" else None
+        ports = [port_of(shard.url) if shard else free_port()] * 2
+        node.shard_map = {"shards": 2, "ports": ports, "placement": "crc32"}
+        opts = SinkOptions.from_options({"url": node.url, "topic": "t", "batchsize": "7", "backoffmillis": "60000"})
+        commit = send_partition(iter([id_rows(30)]), opts, ("msg", "msgId", "key"), "p", 0, "partition 0")
+        assert sorted(ids_sent(node)) == sorted(f"r-{i}" for i in range(30)), failing
+        assert len(shard.bodies) == 1 if shard else True  # the one that failed; none after it
+        assert commit.retries == 1 and commit.requests == 1 + len(node.bodies)
 
 
 # == Spark jobs into a real broker ================================================
@@ -351,8 +450,9 @@ def test_wrong_column_type_is_refused_before_any_row_is_sent(spark, broker):
 # A sink whose input fails midway: the real one (same ids, same sending)
 # reading partition 0 through `faulty`, which raises once `failafter` rows
 # went by -- on the first attempt only, or on every attempt while the file
-# named by `killswitch` exists. The sink sends synchronously, so every full
-# request of those rows is stored when it raises.
+# named by `killswitch` exists. The sink sends every request it handed over
+# before the task ends, so every full request of those rows is stored when
+# it raises.
 
 
 def faulty(batches, fail_after: int, kill_switch: str | None, seen: str | None):
@@ -487,14 +587,120 @@ def test_unreachable_broker_fails_the_job_naming_the_url(spark):
 
 def test_broker_400_fails_the_job_with_the_brokers_msg(spark, broker):
     topic = unique("refused")
+    # one key: every row on one shard, so the requests are the rows in order
+    # whatever the node's shard count (each request is one shard's)
     df = spark.range(0, 20, 1, 1).select(F.when(F.col("id") == 13, "").otherwise(F.col("id").cast("string"))
-                                         .alias("msg"), F.lit(1000).alias("delayMillis"))
+                                         .alias("msg"), F.lit(1000).alias("delayMillis"), F.lit("k").alias("key"))
     with pytest.raises(Exception) as e:
         write(df, broker, topic=topic, batchsize=10)
     text = failure_text(e)
     assert "partition 0: sendMsgBatch of 10 rows (from row 10)" in text
     assert "code 400: msgs[3].msg: is required and may not be empty (row 13 of the partition)" in text
     assert stored(broker, topic) == 10  # the first request went through; the refused one stored nothing
+
+
+# == a node of many shards =========================================================
+
+
+def forwards(server) -> int:
+    """The node's hourglass_shard_forwards_total: calls its shards made of
+    each other (one scrape is one: it asks the other shard for its series)."""
+    text = server.get("/metrics")[1].decode()
+    return int(next(line.split()[-1] for line in text.split("\n")
+                    if line.startswith("hourglass_shard_forwards_total")))
+
+
+def keyed_rows(spark, rows: int):
+    """`rows` rows in 2 partitions, every third one with a key (placed by its key, the others by their msgId)."""
+    return spark.range(0, rows, 1, 2).select(
+        F.col("id").cast("string").alias("msg"), F.lit(HOUR_MS).alias("delayMillis"),
+        F.when(F.col("id") % 3 == 0, F.concat(F.lit("key-"), (F.col("id") % 11).cast("string"))).alias("key"))
+
+
+def test_rows_are_sent_on_their_owner_shards_port_and_the_node_forwards_none(spark, tmp_path):
+    """On a node of 2 shards the sink reads getShardMap and sends each row
+    on the port of the shard that owns it: 400 requests of 10 rows, which
+    through the node's port would each make a forward (a part for the other
+    shard), make none. The forwards that remain are the node's own: the two
+    scrapes, each partition's read of the map, each shard's first look at a
+    new topic, and shard 1's rate report to shard 0 every 0.5 s."""
+    server = Server.start(tmp_path / "data", "--shards", "2", log_path=tmp_path / "serve.log")
+    try:
+        topic, rows = unique("direct"), 4000
+        before = forwards(server)
+        write(keyed_rows(spark, rows), server, topic=topic, idprefix="d", batchsize=10)
+        made = forwards(server) - before
+        assert made < 40, f"{made} forwards for {rows // 10} requests"
+        assert stored(server, topic) == rows
+    finally:
+        assert server.stop() == 0
+
+
+def test_one_shard_is_sent_to_through_the_nodes_port(spark, tmp_path):
+    """--shards 1: the map names the node's port alone; every row is stored."""
+    server = Server.start(tmp_path / "data", "--shards", "1", log_path=tmp_path / "serve.log")
+    try:
+        assert server.get("getShardMap")[1]["ports"] == [int(server.base.rsplit(":", 1)[1])]
+        topic = unique("one-shard")
+        write(keyed_rows(spark, 1000), server, topic=topic, batchsize=50)
+        assert stored(server, topic) == 1000
+    finally:
+        assert server.stop() == 0
+
+
+class NodeProxy(LocalServer):
+    """A proxy in front of a node whose getShardMap answers `shard_map`
+    (None: 503, the map unavailable); everything else goes to the node.
+    `relayed` counts the messages of the sendMsgBatch requests it relayed."""
+
+    def __init__(self, node: str, shard_map: dict | None):
+        self.node = node
+        self.shard_map = shard_map
+        self.relayed = 0
+        self.lock = threading.Lock()
+        super().__init__(NodeProxyHandler)
+        self.base = self.url  # as a Server's, for write()
+
+
+class NodeProxyHandler(JsonHandler):
+    def do_GET(self):
+        if self.path.endswith("/getShardMap"):
+            shard_map = self.server.shard_map
+            answer = {"code": 503, "msg": "a shard of the node is starting; retry"} if shard_map is None \
+                else {"code": 200, "msg": "success", **shard_map}
+            self.reply(503 if shard_map is None else 200, json.dumps(answer).encode())
+        else:
+            self._relay("GET", None)
+
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        if self.path.endswith("/sendMsgBatch"):
+            with self.server.lock:
+                self.server.relayed += len(json.loads(body)["msgs"])
+        self._relay("POST", body)
+
+    def _relay(self, method, body):
+        status, answer = request(self.server.node + self.path, data=body,
+                                 headers={"Content-Type": self.headers.get("Content-Type", "application/json")})
+        self.reply(status, answer)
+
+
+def test_without_the_shard_map_or_with_its_ports_down_every_row_goes_through_the_node(spark, tmp_path):
+    """A node of 2 shards behind a proxy whose getShardMap fails (503), then
+    one whose map names ports nothing listens on: every request goes on
+    through the node's url (the proxy) and every row is stored once."""
+    server = Server.start(tmp_path / "data", "--shards", "2", log_path=tmp_path / "serve.log")
+    try:
+        for shard_map in (None, {"shards": 2, "ports": [free_port(), free_port()], "placement": "crc32"}):
+            proxy = NodeProxy(server.base, shard_map)
+            try:
+                topic = unique("through-node")
+                write(keyed_rows(spark, 1000), proxy, topic=topic, batchsize=50)
+                assert (proxy.relayed, stored(server, topic)) == (1000, 1000)
+            finally:
+                proxy.close()
+    finally:
+        assert server.stop() == 0
 
 
 def test_example_order_timeouts(spark, broker, tmp_path):
