@@ -9,12 +9,15 @@ own speed. Prints one JSON object on stdout, progress on stderr.
 
 Needs the spark extra (`pip install -e '.[spark]'`) and Java 17.
 
-The server is `python -m broker.cli serve --fsync batch` on a free loopback
-port with a fresh data directory under --work-dir (default a new temp dir,
-removed afterwards unless --keep), stopped by PID (SIGTERM). The null
-receiver is a process of its own (http.server, HTTP/1.1 keep-alive) that
-answers every sendMsgBatch 200 with a delayMsgList as long as the request's
-(answers cached by length) and counts the messages it got.
+The server is `python -m broker.cli serve --fsync batch --shards auto` on a
+free loopback port with a fresh data directory under --work-dir (default a
+new temp dir, removed afterwards unless --keep), stopped by PID (SIGTERM):
+serve's default node, one shard per core (--shards another count; the
+tests' harness would start one); the sink reads its getShardMap and sends
+each row on its shard's own port. The null receiver is a process of its
+own (http.server, HTTP/1.1 keep-alive) that answers every sendMsgBatch 200
+with a delayMsgList as long as the request's (answers cached by length)
+and counts the messages it got.
 
 Rows: spark.range(--rows) in --partitions partitions (2) on --master
 (local[2]), columns msg (--payload-bytes, 100) and delayMillis (1 min ..
@@ -141,6 +144,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--master", default="local[2]")
     p.add_argument("--warmup-rows", type=int, default=2_000)
     p.add_argument("--null-receiver", action="store_true", help="send to a trivial local receiver, not the broker")
+    p.add_argument("--shards", default="auto", help="serve's --shards (auto: one per core, serve's default)")
     p.add_argument("--work-dir", default=None, help="where the data dir goes (a fresh temp dir inside it)")
     p.add_argument("--keep", action="store_true", help="keep the data dir and the server log")
     return p.parse_args(argv)
@@ -166,7 +170,8 @@ def main(argv: list[str] | None = None) -> int:
             wait_until(lambda: request(url + "/count", timeout=2)[0] == 200, 10, "the null receiver", every_s=0.02)
         else:
             data_dir = os.path.join(work_dir, "data")
-            server = Server.start(data_dir, "--fsync", "batch", log_path=data_dir + ".log", wait_s=60)
+            server = Server.start(data_dir, "--fsync", "batch", "--shards", args.shards, log_path=data_dir + ".log",
+                                  wait_s=60)
             url, receiver_pid = server.base, server.proc.pid
         log(f"receiver: {'null receiver' if args.null_receiver else 'hourglass serve'} at {url}")
 
@@ -196,6 +201,7 @@ def main(argv: list[str] | None = None) -> int:
             problems.append({"problem": f"wrote {args.rows} rows but the receiver counts {counted}"})
         out = {
             "receiver": "null" if args.null_receiver else "hourglass serve --fsync batch",
+            "shards": None if args.null_receiver else shard_count(url),
             "rows": args.rows,
             "seconds": round(seconds, 3),
             "rows_per_s": round(args.rows / seconds),
@@ -235,6 +241,13 @@ def cpu_split(receiver_pid: int) -> tuple[float, float, float]:
     receiver = tree_cpu_s(receiver_pid, set())
     spark = tree_cpu_s(os.getpid(), {receiver_pid})
     return receiver, spark, machine_busy_cpu_s() - receiver - spark
+
+
+def shard_count(url: str) -> int:
+    """The node's shards, as its getShardMap says."""
+    with urllib.request.urlopen(f"{url}/camellia/delayQueue/getShardMap", timeout=60) as answer:
+        shards: int = json.load(answer)["shards"]
+        return shards
 
 
 def count(url: str, topic: str, null_receiver: bool) -> int:
