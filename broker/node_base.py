@@ -24,7 +24,8 @@ and serves from them, the same way on every node:
                      (broker.http.gate)
     health()         GET /health: degraded, failed, offline or ok, with the
                      node's role fields
-    metrics_text()   GET /metrics (broker.http.scrape), with the node's own gauges
+    metrics_text()   GET /metrics: the node's `metrics_families` (broker.http.scrape),
+                     with the node's own gauges, as text
     start_monitor()  camellia's monitor interval and the console's sampler
     serve()          listen on --host:--port; SIGTERM and SIGINT set
                      `stop_asked`, as a fatal error does
@@ -64,12 +65,12 @@ from .http.health import ServingStatus
 from .http.http_types import Request, Response
 from .http.httpd import HttpServer
 from .http.paths import PREFIX
-from .http.scrape import Series, metrics_response
+from .http.scrape import Choice, metrics_answer, metrics_families
 from .http.sessions import CONSOLE, ConsoleSessions
 from .jobs.api import JobApi
 from .observe import tracing
 from .observe.camellia_metrics import ProcessStats
-from .observe.metrics import Metrics
+from .observe.metrics import GAUGE, MAX, Family, Metrics, single_series
 from .observe.tracing import Spans
 from .push.api import PushApi
 from .push.rules import PushAllow
@@ -182,8 +183,8 @@ class NodeBase(ABC):
         node, and whatever else this kind of node shows."""
 
     @abstractmethod
-    def node_series(self) -> Sequence[Series]:
-        """This node's own /metrics series (name, type, value)."""
+    def node_series(self) -> Sequence[Family]:
+        """This node's own /metrics series."""
 
     async def _topic_infos(self, topics: Sequence[str]) -> list[dict[str, object]] | None:
         """getTopicInfo of `topics` from the backend serving (None: none does)."""
@@ -317,18 +318,23 @@ class NodeBase(ABC):
         return answer(200, "success", status="ok", **fields)
 
     async def metrics_text(self, request: Request | None) -> Response:
+        return metrics_answer(await self.metrics_families())
+
+    async def metrics_families(self, choice: Choice | None = None) -> list[Family]:
+        """What GET /metrics shows of this node (broker.http.scrape), the
+        topics `choice` names if given (a shard's part of its node's)."""
         queues = self.config.queues
-        limits: list[Series] = [("hourglass_inflight_limit", "gauge", queues.inflight),  # --max-inflight
-                                ("hourglass_inflight_total_limit", "gauge", queues.inflight_total)]
-        response = await metrics_response(self.scraped(), self.metrics, self.process, self.config.metrics_topics,
-                                          [*self.node_series(), *limits])
+        limits = [single_series("hourglass_inflight_limit", GAUGE, queues.inflight, MAX),  # --max-inflight
+                  single_series("hourglass_inflight_total_limit", GAUGE, queues.inflight_total, MAX)]
+        families = await metrics_families(self.scraped(), self.metrics, self.process, self.config.metrics_topics,
+                                          [*self.node_series(), *limits], choice)
         if self.pushers is not None:  # broker.push.pusher's series, at most --metrics-topics topics of them
-            from .push.pusher import render_metrics
-            response.body += render_metrics(self.pushers.stats, self.config.metrics_topics).encode()
+            from .push.pusher import push_families
+            families += push_families(self.pushers.stats, self.config.metrics_topics)
         if self.schedules is not None:  # recurring schedules' series, at most --metrics-topics of them
-            from .schedules.metrics import render_metrics as schedule_series
-            response.body += schedule_series(self.schedules, self.config.metrics_topics).encode()
-        return response
+            from .schedules.metrics import schedule_families
+            families += schedule_families(self.schedules, self.config.metrics_topics)
+        return families
 
     def start_monitor(self) -> asyncio.Task[None]:
         """camellia's monitor interval, and the console's throughput sampler."""

@@ -25,11 +25,11 @@ from .console.api import Console, standalone_info
 from .disk.backend import Broker
 from .flow.file import SettingsFile, settings_path
 from .flow.keeper import TopicFlow
-from .http.scrape import Series, disk_series
+from .http.scrape import disk_series
 from .jobs.file import JobFiles, jobs_path
 from .jobs.runner import RedriveJobs
 from .node_base import NodeBase
-from .observe.metrics import Metrics
+from .observe.metrics import COUNTER, GAUGE, MAX, Family, Metrics, single_series
 from .push.rules import PushAllow
 from .schedules.file import ScheduleFile, schedules_path
 from .schedules.keeper import Schedules
@@ -234,22 +234,23 @@ class DiskNode(NodeBase):
             return {**STANDALONE, "shard": self.router.index, "shards": self.router.count}
         return STANDALONE
 
-    def node_series(self) -> Sequence[Series]:
+    def node_series(self) -> Sequence[Family]:
         hours = self.store.hours()
-        return [("hourglass_hours", "gauge", len(hours)),
-                ("hourglass_stored_messages", "gauge", sum(h[1] for h in hours)),
-                ("hourglass_ended_messages", "gauge", sum(h[2] for h in hours)),
-                ("hourglass_commit_log_end_offset", "gauge", self.store.log_end_offset),
-                ("hourglass_checkpoints_total", "counter", self.checkpoints),
-                ("hourglass_checkpoint_seconds_total", "counter", self.checkpoint_seconds),
-                ("hourglass_open_seconds", "gauge", self.opened_s),
-                ("hourglass_wheel_released_total", "counter", self.broker.scheduler.stats.released),
-                ("hourglass_wheel_lag_seconds", "gauge", self.broker.scheduler.lag_ms(self.clock.now_ms()) / 1000),
+        return [single_series("hourglass_hours", GAUGE, len(hours)),
+                single_series("hourglass_stored_messages", GAUGE, sum(h[1] for h in hours)),
+                single_series("hourglass_ended_messages", GAUGE, sum(h[2] for h in hours)),
+                single_series("hourglass_commit_log_end_offset", GAUGE, self.store.log_end_offset),
+                single_series("hourglass_checkpoints_total", COUNTER, self.checkpoints),
+                single_series("hourglass_checkpoint_seconds_total", COUNTER, self.checkpoint_seconds),
+                single_series("hourglass_open_seconds", GAUGE, self.opened_s, MAX),
+                single_series("hourglass_wheel_released_total", COUNTER, self.broker.scheduler.stats.released),
+                single_series("hourglass_wheel_lag_seconds", GAUGE,
+                              self.broker.scheduler.lag_ms(self.clock.now_ms()) / 1000, MAX),
                 *disk_series(self.store, self.config.data_path),
                 *(() if self.router is None else (
                     # calls this shard made of the others, and they of it (docs/operations.md, "Shards")
-                    ("hourglass_shard_forwards_total", "counter", self.router.forwarded),
-                    ("hourglass_shard_calls_served_total", "counter", self.router.served)))]
+                    single_series("hourglass_shard_forwards_total", COUNTER, self.router.forwarded),
+                    single_series("hourglass_shard_calls_served_total", COUNTER, self.router.served)))]
 
     async def checkpoint(self) -> None:
         """The checkpoint is prepared by the group commit at a quiet point
@@ -371,7 +372,7 @@ class RedisNode(NodeBase):
     def health_fields(self) -> Mapping[str, object]:
         return STANDALONE
 
-    def node_series(self) -> Sequence[Series]:
+    def node_series(self) -> Sequence[Family]:
         # 1 on the node that holds the schedules lease (makes the runs), 0 on the others; the same of the jobs'
-        return [("hourglass_schedules_lease", "gauge", float(self.schedule_lease.schedules is not None)),
-                ("hourglass_jobs_lease", "gauge", float(self.job_lease.holding))]
+        return [single_series("hourglass_schedules_lease", GAUGE, float(self.schedule_lease.schedules is not None)),
+                single_series("hourglass_jobs_lease", GAUGE, float(self.job_lease.holding))]

@@ -22,9 +22,8 @@ from broker.console.api import Console
 from broker.flow.keeper import TopicFlow
 from broker.http.commands import Command, CommandTable
 from broker.http.http_types import Request
-from broker.http.scrape import Series
 from broker.node_base import NodeBase
-from broker.observe.metrics import Metrics
+from broker.observe.metrics import Family, Metrics
 from broker.push.rules import PushAllow
 from replication import snapshot
 from replication.config import ClusterConfig
@@ -157,7 +156,7 @@ class ClusterNode(NodeBase):
     def health_fields(self) -> Mapping[str, object]:
         return self.routes.health_fields()
 
-    def node_series(self) -> Sequence[Series]:
+    def node_series(self) -> Sequence[Family]:
         return self.routes.node_series()
 
     def add_own_routes(self, table: CommandTable) -> None:

@@ -31,8 +31,8 @@ from broker.http.api import answer
 from broker.http.commands import Command
 from broker.http.http_types import Handler, Request, Response, StreamResponse
 from broker.http.paths import PREFIX
-from broker.http.scrape import Series, disk_series
-from broker.observe.metrics import escape_label
+from broker.http.scrape import disk_series
+from broker.observe.metrics import COUNTER, GAUGE, Family, Sample, single_series
 from replication import peer_auth
 from storage.errors import InvariantError
 
@@ -165,27 +165,28 @@ class Routes:
         return {"role": role, "leader": state.known_leader(), "node": state.cluster.node_id, "term": term,
                 "log_end_offset": state.store.log_end_offset, "insecure": state.cluster.insecure}
 
-    def node_series(self) -> Sequence[Series]:
+    def node_series(self) -> Sequence[Family]:
         state = self.state
-        node: list[Series] = [
-            ("hourglass_commit_log_end_offset", "gauge", state.store.log_end_offset),
-            ("hourglass_is_leader", "gauge", int(state.leads)),
-            ("hourglass_term", "gauge", state.shown_role()[1]),
-            ("hourglass_replicated_records_total", "counter", state.follower.fetched_records),
-            # 1: --insecure-cluster, no cluster secret (docs/security.md)
-            ("hourglass_cluster_insecure", "gauge", int(state.cluster.insecure))]
+        node = [single_series("hourglass_commit_log_end_offset", GAUGE, state.store.log_end_offset),
+                single_series("hourglass_is_leader", GAUGE, int(state.leads)),
+                single_series("hourglass_term", GAUGE, state.shown_role()[1]),
+                single_series("hourglass_replicated_records_total", COUNTER, state.follower.fetched_records),
+                # 1: --insecure-cluster, no cluster secret (docs/security.md)
+                single_series("hourglass_cluster_insecure", GAUGE, int(state.cluster.insecure))]
         leader_log = state.leader_log
         if leader_log is not None:
-            node.append(("hourglass_quorum_offset", "gauge", leader_log.quorum_offset()))
+            node.append(single_series("hourglass_quorum_offset", GAUGE, leader_log.quorum_offset()))
             # each follower's lag behind this leader's durable log, and how
             # long since it last fetched (one series each: the cluster's size)
             durable, now_s = leader_log.durable_offset, state.clock.monotonic_s()
-            followers = sorted(leader_log.followers.items())
-            node += [(f'hourglass_replication_lag_bytes{{follower="{escape_label(name)}"}}', "gauge",
-                      max(0, durable - p.offset)) for name, p in followers]
-            node += [(f'hourglass_follower_seen_seconds{{follower="{escape_label(name)}"}}', "gauge",
-                      round(now_s - p.seen_s, 3)) for name, p in followers]
+            followers = [((("follower", name),), p) for name, p in sorted(leader_log.followers.items())]
+            node += [Family("hourglass_replication_lag_bytes", "", GAUGE,
+                            [Sample("hourglass_replication_lag_bytes", labels, max(0, durable - p.offset))
+                             for labels, p in followers], ".15g"),
+                     Family("hourglass_follower_seen_seconds", "", GAUGE,
+                            [Sample("hourglass_follower_seen_seconds", labels, round(now_s - p.seen_s, 3))
+                             for labels, p in followers], ".15g")]
         if state.broker is not None:  # (a follower runs no wheel)
-            node.append(("hourglass_wheel_lag_seconds", "gauge",
-                         state.broker.scheduler.lag_ms(state.clock.now_ms()) / 1000))
+            node.append(single_series("hourglass_wheel_lag_seconds", GAUGE,
+                                      state.broker.scheduler.lag_ms(state.clock.now_ms()) / 1000))
         return [*node, *disk_series(state.store, state.data_dir)]

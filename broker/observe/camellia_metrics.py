@@ -18,10 +18,16 @@ works unchanged) and the JSON of GET getMonitorString.
 
 `request` and the two gaps are of the last monitor interval
 (`broker.observe.metrics.Metrics.roll`), gauges as camellia's are. The hourglass_*
-families of `Metrics.render` are unchanged beside them. The families with
+families of `Metrics.families` are unchanged beside them. The families with
 a `topic` label show the topics /metrics shows (broker.http.scrape: at most
---metrics-topics), their labels cut as `broker.observe.metrics.topic_label` cuts
+--metrics-topics), their labels cut as `broker.observe.metrics.cut_topic` cuts
 them; getMonitorString (an API call, not a scrape) lists every topic.
+
+A node of shards makes each sample of its shards' (`Sample.merge`): the
+process families as a node of processes has them (memory, CPU use and
+collections summed; the CPUs, info and uptime the largest, start_time the
+earliest), the topics' counts summed, a time gap's max the largest and its
+avg weighted by its count.
 """
 
 from __future__ import annotations
@@ -38,7 +44,7 @@ from typing import Any
 
 import orjson
 
-from .metrics import REQUEST_STATS, MonitorData, escape_label, topic_label
+from .metrics import GAUGE, MAX, MEAN, MIN, REQUEST_STATS, Family, MonitorData, Sample, topic_labels
 
 # getTopicInfo's waitingQueueInfo keys -> camellia's topic_info type labels.
 WAITING_TYPES = {
@@ -107,57 +113,57 @@ class ProcessStats:
             self.cpu_percent = used_s / wall_s * 100
         self._cpu_at = (cpu_s, mono_s)
 
-    def render(self) -> list[str]:
+    def families(self) -> list[Family]:
         info = {"camellia_version": "", "hourglass_version": self.version, "arch": platform.machine(),
                 "os_name": platform.system(), "os_version": platform.release(),
                 "system_load_average": f"{os.getloadavg()[0]:g}" if hasattr(os, "getloadavg") else "",
                 "vm_vendor": platform.python_implementation(), "vm_name": sys.implementation.name,
                 "vm_version": platform.python_version(), "jvm_info": "", "java_version": ""}
-        lines = _family("info", "Delay Queue Info")
-        lines.append("info{" + ",".join(f'{k}="{escape_label(v)}"' for k, v in info.items()) + "} 1")
-        lines += _family("uptime", "Delay Queue Uptime")
-        lines.append(f"uptime {int((time.monotonic() - self._start_mono) * 1000)}")
-        lines += _family("start_time", "Delay Queue StartTime")
-        lines.append(f"start_time {self.start_ms}")
         rss, peak = _rss_bytes()
         memory = dict.fromkeys(MEMORY_TYPES, 0) | {"total_memory": rss, "max_memory": peak,
                                                     "heap_memory_usage": rss}
-        lines += _family("memory_info", "Delay Queue Memory")
-        lines += [f'memory_info{{type="{t}"}} {memory[t]}' for t in MEMORY_TYPES]
-        lines += _family("cpu", "Delay Queue Cpu")
-        lines += [f'cpu{{type="cpu_num"}} {self.cpu_count}', f'cpu{{type="usage"}} {self.cpu_percent:f}']
-        lines += _family("gc", "Delay Queue gc")
+        uptime_ms = int((time.monotonic() - self._start_mono) * 1000)
+        collections = []
         for generation, stats in enumerate(gc.get_stats()):
-            lines.append(f'gc{{name="gen{generation}",type="count"}} {stats["collections"]}')
-            lines.append(f'gc{{name="gen{generation}",type="time"}} {int(self.gc.ms[generation])}')
-        return lines
+            collections += [Sample("gc", (("name", f"gen{generation}"), ("type", "count")), stats["collections"]),
+                            Sample("gc", (("name", f"gen{generation}"), ("type", "time")), int(self.gc.ms[generation]))]
+        return [Family("info", "Delay Queue Info", GAUGE, [Sample("info", tuple(info.items()), 1, MAX)]),
+                Family("uptime", "Delay Queue Uptime", GAUGE, [Sample("uptime", (), uptime_ms, MAX)]),
+                Family("start_time", "Delay Queue StartTime", GAUGE, [Sample("start_time", (), self.start_ms, MIN)]),
+                Family("memory_info", "Delay Queue Memory", GAUGE,
+                       [Sample("memory_info", (("type", t),), memory[t]) for t in MEMORY_TYPES]),
+                Family("cpu", "Delay Queue Cpu", GAUGE, [Sample("cpu", (("type", "cpu_num"),), self.cpu_count, MAX),
+                                                         Sample("cpu", (("type", "usage"),), self.cpu_percent)], "f"),
+                Family("gc", "Delay Queue gc", GAUGE, collections)]
 
 
-def render(process: ProcessStats, monitor: MonitorData, topic_infos: Sequence[Mapping[str, Any]],
-           shown: frozenset[str]) -> str:
-    """camellia's /metrics text: the process families, then `monitor`
+def families(process: ProcessStats, monitor: MonitorData, topic_infos: Sequence[Mapping[str, Any]],
+             shown: frozenset[str]) -> list[Family]:
+    """camellia's /metrics families: the process's, then `monitor`
     (getMonitorData's data) of the topics in `shown`, and `topic_infos`
     (getTopicInfo's data of those of them the node has)."""
-    lines = process.render()
-    lines += _family("request", "Delay Queue Request")
+    requests = []
     for stats in _shown(monitor["requestStatsList"], shown):
-        topic = topic_label(stats["topic"])
-        lines += [f'request{{topic="{topic}",type="{kind}"}} {stats[kind]}' for kind in REQUEST_STATS]
+        topic = topic_labels(stats["topic"])
+        requests += [Sample("request", (*topic, ("type", kind)), stats[kind]) for kind in REQUEST_STATS]
+    gaps = []
     for name, key, help_text in (("pull_msg_time_gap", "pullMsgTimeGapStatsList", "Pull Msg Time Gap"),
                                  ("ready_queue_time_gap", "readyQueueTimeGapStatsList", "Ready Queue Time Gap")):
-        lines += _family(name, f"Delay Queue {help_text}")
+        samples = []
         for gap in _shown(monitor[key], shown):
-            topic = topic_label(gap["topic"])
-            lines += [f'{name}{{topic="{topic}",type="count"}} {gap["count"]}',
-                      f'{name}{{topic="{topic}",type="avg"}} {float(gap["avg"]):f}',
-                      f'{name}{{topic="{topic}",type="max"}} {gap["max"]}']
-    lines += _family("topic_info", "Delay Queue Topic Info")
+            topic = topic_labels(gap["topic"])
+            samples += [Sample(name, (*topic, ("type", "count")), gap["count"]),
+                        Sample(name, (*topic, ("type", "avg")), float(gap["avg"]), MEAN),
+                        Sample(name, (*topic, ("type", "max")), gap["max"], MAX)]
+        gaps.append(Family(name, f"Delay Queue {help_text}", GAUGE, samples, "f"))
+    sizes = []
     for info in topic_infos:
-        topic = topic_label(info["topic"])
-        sizes = [(kind, info[kind]) for kind in ("readyQueueSize", "ackQueueSize", "waitingQueueSize")]
-        sizes += [(WAITING_TYPES[key], n) for key, n in info["waitingQueueInfo"].items()]
-        lines += [f'topic_info{{topic="{topic}",type="{kind}"}} {n}' for kind, n in sizes]
-    return "\n".join(lines) + "\n"
+        topic = topic_labels(info["topic"])
+        counts = [(kind, info[kind]) for kind in ("readyQueueSize", "ackQueueSize", "waitingQueueSize")]
+        counts += [(WAITING_TYPES[key], n) for key, n in info["waitingQueueInfo"].items()]
+        sizes += [Sample("topic_info", (*topic, ("type", kind)), n) for kind, n in counts]
+    return [*process.families(), Family("request", "Delay Queue Request", GAUGE, requests), *gaps,
+            Family("topic_info", "Delay Queue Topic Info", GAUGE, sizes)]
 
 
 def monitor_string(monitor: MonitorData, topic_infos: Sequence[Mapping[str, Any]]) -> bytes:
@@ -178,10 +184,6 @@ def _shown(entries: list[dict[str, Any]], shown: frozenset[str]) -> list[dict[st
     """The entries of a getMonitorData list whose topic is shown: one
     set lookup each, which is all an unshown topic costs."""
     return [entry for entry in entries if entry["topic"] in shown]
-
-
-def _family(name: str, help_text: str) -> list[str]:
-    return [f"# HELP {name} {help_text}", f"# TYPE {name} gauge"]
 
 
 def _rss_bytes() -> tuple[int, int]:

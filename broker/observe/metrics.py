@@ -19,7 +19,15 @@ not handed out, and the age of the oldest of them.
 /metrics stays bounded however many topics there are: per-topic series
 only for the topics a `TopicSelection` names (broker.http.scrape picks at most
 --metrics-topics, the largest backlogs first), and each topic label at
-most MAX_LABEL_CHARS characters (`topic_label`).
+most MAX_LABEL_CHARS characters (`cut_topic`).
+
+What /metrics shows is data before it is text: a `Family` (name, HELP,
+TYPE, its `Sample`s: series name, labels as they are, value, and how a node
+of shards makes it of its shards' samples), which every part of /metrics
+builds (here, camellia_metrics, the node's own series, push, schedules)
+and `render_text` alone writes, escaping every label value. A node of
+shards merges its shards' families by their labels
+(broker.shards.views.merge_families), never their text.
 
 getMonitorData (and camellia's `request`, `pull_msg_time_gap` and
 `ready_queue_time_gap` metrics, `broker.observe.camellia_metrics`) counts per
@@ -39,7 +47,7 @@ import bisect
 import hashlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from storage.entry import Message
 
@@ -76,13 +84,18 @@ def due_ms(trigger_ms: int, arrived_ms: int) -> int:
     return max(trigger_ms, arrived_ms)
 
 
-def topic_label(topic: str) -> str:
-    """`topic` as a label value: escaped, and at most MAX_LABEL_CHARS
-    characters before escaping (a longer one is cut, with a hash of it)."""
+def cut_topic(topic: str) -> str:
+    """`topic` as a label's value: at most MAX_LABEL_CHARS characters (a
+    longer one is cut, with a hash of it), not escaped yet (`render_text` does)."""
     if len(topic) > MAX_LABEL_CHARS:
         digest = hashlib.blake2b(topic.encode("utf-8", "surrogatepass"), digest_size=LABEL_DIGEST_BYTES).hexdigest()
-        topic = f"{topic[:MAX_LABEL_CHARS - 1 - len(digest)]}~{digest}"
-    return escape_label(topic)
+        return f"{topic[:MAX_LABEL_CHARS - 1 - len(digest)]}~{digest}"
+    return topic
+
+
+def topic_label(topic: str) -> str:
+    """`topic` as a label value is written: cut (`cut_topic`), then escaped."""
+    return escape_label(cut_topic(topic))
 
 
 def escape_label(value: str) -> str:
@@ -115,6 +128,75 @@ def spell_label(value: str) -> str:
     return "".join(out)
 
 
+# -- families: what /metrics shows, as data -----------------------------------------------
+
+# The kinds of family (its TYPE line).
+COUNTER, GAUGE, HISTOGRAM = "counter", "gauge", "histogram"
+
+# How a node of shards makes a sample of its shards' samples of the same
+# series (broker.shards.views.merge_families).
+SUM = "sum"  # summed: counters, and gauges of messages, bytes, files
+MAX = "max"  # the largest: a gauge of one process (a limit, a lag, an age), or one every shard tells alike
+MIN = "min"  # the smallest: when the first of the processes started
+MEAN = "mean"  # an average weighted by its count: its family's sample of the same labels but type="count"
+
+# A series' labels in the order written, each value as it is (`render_text` escapes it).
+Labels = tuple[tuple[str, str], ...]
+
+
+class Sample(NamedTuple):
+    """One series and its value: `name` its family's, or a histogram's
+    `<family>_bucket`, `_sum` and `_count`."""
+
+    name: str
+    labels: Labels
+    value: int | float  # an int is written whole, a float as its family's float_format says
+    merge: str = SUM
+
+
+class Family(NamedTuple):
+    """One metric family of /metrics, as data: its HELP text ("": no HELP
+    line), its kind, its samples, and how it writes a float value (a
+    format spec: "" Python's shortest repr, ".6f" six decimals, ...)."""
+
+    name: str
+    help_text: str
+    kind: str
+    samples: list[Sample]
+    float_format: str = ""
+
+
+def single_series(name: str, kind: str, value: int | float, merge: str = SUM) -> Family:
+    """A family of one series without labels, as a node's own series are
+    (`NodeBase.node_series`): a TYPE line, and a float written to 15
+    significant digits (a byte count or log offset given as a float reads whole)."""
+    return Family(name, "", kind, [Sample(name, (), value, merge)], ".15g")
+
+
+def render_text(families: Iterable[Family]) -> str:
+    """The Prometheus text of `families`: each one's HELP and TYPE lines,
+    then its samples, every label value escaped (`escape_label`)."""
+    lines = []
+    for family in families:
+        if family.help_text:
+            lines.append(f"# HELP {family.name} {family.help_text}")
+        lines.append(f"# TYPE {family.name} {family.kind}")
+        float_format = family.float_format
+        for name, labels, value, _ in family.samples:
+            number = str(value) if isinstance(value, int) else format(value, float_format)
+            if labels:
+                written = ",".join(f'{label}="{escape_label(text)}"' for label, text in labels)
+                lines.append(f"{name}{{{written}}} {number}")
+            else:
+                lines.append(f"{name} {number}")
+    return "\n".join(lines) + "\n"
+
+
+def topic_labels(topic: str) -> Labels:
+    """The labels of a topic's series: its name, cut (`cut_topic`)."""
+    return (("topic", cut_topic(topic)),)
+
+
 class Histogram:
     """A Prometheus histogram: cumulative bucket counts, sum and count."""
 
@@ -129,20 +211,17 @@ class Histogram:
         self.total += value
         self.count += 1
 
-    def render(self, name: str, labels: str = "", head: bool = True) -> list[str]:
-        """Its samples; `labels` (`cause="load"`) on each, and the TYPE
-        line first unless `head` is False (a family's second histogram)."""
-        lines = [f"# TYPE {name} histogram"] if head else []
+    def samples(self, name: str, labels: Labels = ()) -> list[Sample]:
+        """Its samples as family `name`'s, `labels` (cause="load") on each."""
+        samples = []
         running = 0
-        at = f"{labels}," if labels else ""
         for bound, n in zip(self.bounds, self.counts):
             running += n
-            lines.append(f'{name}_bucket{{{at}le="{bound}"}} {running}')
-        lines.append(f'{name}_bucket{{{at}le="+Inf"}} {self.count}')
-        tail = f"{{{labels}}}" if labels else ""
-        lines.append(f"{name}_sum{tail} {self.total:.6f}")
-        lines.append(f"{name}_count{tail} {self.count}")
-        return lines
+            samples.append(Sample(f"{name}_bucket", (*labels, ("le", str(bound))), running))
+        samples.append(Sample(f"{name}_bucket", (*labels, ("le", "+Inf")), self.count))
+        samples.append(Sample(f"{name}_sum", labels, self.total))
+        samples.append(Sample(f"{name}_count", labels, self.count))
+        return samples
 
 
 @dataclass
@@ -254,6 +333,11 @@ class TopicSelection:
     due: dict[str, tuple[int, int | None]] = field(default_factory=dict)
 
 
+def _states(backlog: Backlog) -> tuple[int, int, int]:
+    """A backlog's messages in each of STATES."""
+    return backlog[0], backlog[1], backlog[2]
+
+
 class Metrics:
     def __init__(self) -> None:
         self.topics: dict[str, TopicMetrics] = {}
@@ -302,66 +386,65 @@ class Metrics:
         self.fsync_seconds.observe(fsync_s)
         self.commit_round_seconds.observe(round_s)
 
-    def render(self, selection: TopicSelection, node: Iterable[tuple[str, str, float]]) -> str:
-        """Prometheus text: the counters and gauges of the topics
-        `selection` shows, the same summed over every topic, the
-        histograms, and `node` (name, type, value; a name may carry labels,
-        `name{label="value"}`: its family's TYPE line comes once, before its
-        first series). O(shown topics)."""
-        lines = []
-        shown = [(topic_label(t), t, self.topics.get(t)) for t in selection.shown]
+    def families(self, selection: TopicSelection) -> list[Family]:
+        """The counters and gauges of the topics `selection` shows, the same
+        summed over every topic, and the histograms. O(shown topics)."""
+        shown = [(topic_labels(t), t, self.topics.get(t)) for t in selection.shown]
+        families = []
         for attr, help_text in COUNTERS:
             name = f"hourglass_{attr}_total"
-            lines += [f"# HELP {name} {help_text}", f"# TYPE {name} counter"]
-            lines += [f'{name}{{topic="{label}"}} {getattr(m, attr)}' for label, _, m in shown if m is not None]
+            families.append(Family(name, help_text, COUNTER, [Sample(name, labels, getattr(m, attr))
+                                                              for labels, _, m in shown if m is not None]))
+        backlogs = [(labels, selection.backlogs[t]) for labels, t, _ in shown if t in selection.backlogs]
         for i, state in enumerate(STATES):
             name = f"hourglass_{state}_messages"
-            lines.append(f"# TYPE {name} gauge")
-            lines += [f'{name}{{topic="{label}"}} {selection.backlogs[t][i]}' for label, t, _ in shown
-                      if t in selection.backlogs]
+            families.append(Family(name, "", GAUGE, [Sample(name, labels, _states(backlog)[i])
+                                                     for labels, backlog in backlogs]))
         if selection.dead_total is not None:
-            lines += ["# HELP hourglass_dead_messages dead letters kept (status 5 or 6)",
-                      "# TYPE hourglass_dead_messages gauge"]
-            lines += [f'hourglass_dead_messages{{topic="{label}"}} {selection.backlogs[t][3]}' for label, t, _ in shown
-                      if t in selection.backlogs and selection.backlogs[t][3] is not None]
+            families.append(Family("hourglass_dead_messages", "dead letters kept (status 5 or 6)", GAUGE,
+                                   [Sample("hourglass_dead_messages", labels, dead) for labels, backlog in backlogs
+                                    if (dead := backlog[3]) is not None]))
         for (attr, help_text), total in zip(COUNTERS, selection.counter_totals):
             name = f"hourglass_node_{attr}_total"
-            lines += [f"# HELP {name} {help_text}, every topic's", f"# TYPE {name} counter", f"{name} {total}"]
+            families.append(Family(name, f"{help_text}, every topic's", COUNTER, [Sample(name, (), total)]))
         for state, total in zip(STATES, selection.backlog_totals):
-            lines += [f"# TYPE hourglass_node_{state}_messages gauge", f"hourglass_node_{state}_messages {total}"]
+            name = f"hourglass_node_{state}_messages"
+            families.append(Family(name, "", GAUGE, [Sample(name, (), total)]))
         if selection.dead_total is not None:
-            lines += ["# TYPE hourglass_node_dead_messages gauge", f"hourglass_node_dead_messages {selection.dead_total}"]
-        lines += ["# HELP hourglass_topics topics the node has (--max-topics bounds them)",
-                  "# TYPE hourglass_topics gauge", f"hourglass_topics {selection.topics}",
-                  "# HELP hourglass_topics_shown topics with series of their own (--metrics-topics bounds them)",
-                  "# TYPE hourglass_topics_shown gauge", f"hourglass_topics_shown {len(shown)}"]
+            families.append(Family("hourglass_node_dead_messages", "", GAUGE,
+                                   [Sample("hourglass_node_dead_messages", (), selection.dead_total)]))
+        # (a node of shards tells each shard its count of topics and the topics it shows: MAX)
+        families += [Family("hourglass_topics", "topics the node has (--max-topics bounds them)", GAUGE,
+                            [Sample("hourglass_topics", (), selection.topics, MAX)]),
+                     Family("hourglass_topics_shown", "topics with series of their own (--metrics-topics bounds them)",
+                            GAUGE, [Sample("hourglass_topics_shown", (), len(shown), MAX)])]
         due = selection.due
-        lines += ["# HELP hourglass_topic_due_undelivered messages due and not handed out (getTopicInfo's "
-                  "dueUndelivered)", "# TYPE hourglass_topic_due_undelivered gauge"]
-        lines += [f'hourglass_topic_due_undelivered{{topic="{label}"}} {due[t][0]}' for label, t, _ in shown
-                  if t in due]
-        lines += ["# HELP hourglass_topic_oldest_due_age_seconds how long ago the oldest message due and not "
-                  "handed out fell due (getTopicInfo's oldestDueAgeMillis)",
-                  "# TYPE hourglass_topic_oldest_due_age_seconds gauge"]
-        lines += [f'hourglass_topic_oldest_due_age_seconds{{topic="{label}"}} {age / 1000}'
-                  for label, t, _ in shown if t in due and (age := due[t][1]) is not None]
-        lines += ["# HELP hourglass_release_lateness_seconds ready or hand-out time minus due time, by cause: "
-                  "load (the wheel behind) or smoothing (a topic's releaseRate)"]
-        lines += self.load_lateness_seconds.render("hourglass_release_lateness_seconds", 'cause="load"')
-        lines += self.smoothing_lateness_seconds.render("hourglass_release_lateness_seconds", 'cause="smoothing"',
-                                                        head=False)
-        lines += ["# HELP hourglass_dwell_seconds ack time minus trigger time of the messages acked once due"]
-        lines += self.dwell_seconds.render("hourglass_dwell_seconds")
-        lines += self.fsync_seconds.render("hourglass_fsync_seconds")
-        lines += self.commit_round_seconds.render("hourglass_commit_round_seconds")
-        family = ""
-        for name, kind, value in node:
-            if not (family and name.startswith(family + "{")):
-                family = name.partition("{")[0]
-                lines.append(f"# TYPE {family} {kind}")
-            # (15 digits: a byte count or log offset whole; compiled, every value here is a float)
-            lines.append(f"{name} {value:.15g}" if isinstance(value, float) else f"{name} {value}")
-        return "\n".join(lines) + "\n"
+        families += [
+            Family("hourglass_topic_due_undelivered",
+                   "messages due and not handed out (getTopicInfo's dueUndelivered)", GAUGE,
+                   [Sample("hourglass_topic_due_undelivered", labels, due[t][0]) for labels, t, _ in shown
+                    if t in due]),
+            Family("hourglass_topic_oldest_due_age_seconds", "how long ago the oldest message due and not handed "
+                   "out fell due (getTopicInfo's oldestDueAgeMillis)", GAUGE,
+                   [Sample("hourglass_topic_oldest_due_age_seconds", labels, age / 1000, MAX) for labels, t, _ in shown
+                    if t in due and (age := due[t][1]) is not None])]
+        name = "hourglass_release_lateness_seconds"
+        families += [
+            Family(name, "ready or hand-out time minus due time, by cause: load (the wheel behind) or smoothing (a "
+                   "topic's releaseRate)", HISTOGRAM,
+                   [*self.load_lateness_seconds.samples(name, (("cause", "load"),)),
+                    *self.smoothing_lateness_seconds.samples(name, (("cause", "smoothing"),))], ".6f"),
+            Family("hourglass_dwell_seconds", "ack time minus trigger time of the messages acked once due", HISTOGRAM,
+                   self.dwell_seconds.samples("hourglass_dwell_seconds"), ".6f"),
+            Family("hourglass_fsync_seconds", "", HISTOGRAM, self.fsync_seconds.samples("hourglass_fsync_seconds"),
+                   ".6f"),
+            Family("hourglass_commit_round_seconds", "", HISTOGRAM,
+                   self.commit_round_seconds.samples("hourglass_commit_round_seconds"), ".6f")]
+        return families
+
+    def render(self, selection: TopicSelection, node: Iterable[Family]) -> str:
+        """The text of `families(selection)` and then `node` (the node's own series)."""
+        return render_text([*self.families(selection), *node])
 
     def roll(self, now_ms: int) -> None:
         """End the current monitor interval at `now_ms`: publish its counts

@@ -57,7 +57,7 @@ from ..backend import Backend
 from ..core.params import LongPollRequest
 from ..core.recurrence import add_run_fields
 from ..http.descriptors import DescriptorBudget
-from ..observe.metrics import escape_label, topic_label
+from ..observe.metrics import COUNTER, GAUGE, HISTOGRAM, Family, Sample, topic_labels
 from ..observe.tracing import Spans
 from .client import PostFailed, PushClient, PushDescriptors
 from .rules import (
@@ -512,7 +512,7 @@ class Pushers:
         self.subscriptions = subscriptions
 
 
-def render_metrics(stats: dict[str, PushStats], most_topics: int) -> str:
+def push_families(stats: dict[str, PushStats], most_topics: int) -> list[Family]:
     """/metrics' push series: node-level sums over every subscription, and
     one label set each for at most `most_topics` subscribed topics
     (--metrics-topics; those with the most in flight and backing off, then
@@ -520,40 +520,42 @@ def render_metrics(stats: dict[str, PushStats], most_topics: int) -> str:
     by reason, in-flight and backing-off counts, and the latency from
     trigger time to the 2xx as a histogram. No URL or secret."""
     if not stats:
-        return ""
-    shown = sorted(heapq.nsmallest(max(0, most_topics), stats.items(), key=_busiest_first))
-    lines = ["# HELP hourglass_push_subscriptions subscribed topics the node counts deliveries of (--max-subscriptions)",
-             "# TYPE hourglass_push_subscriptions gauge", f"hourglass_push_subscriptions {len(stats)}",
-             "# HELP hourglass_push_topics_shown subscribed topics with push series of their own (--metrics-topics)",
-             "# TYPE hourglass_push_topics_shown gauge", f"hourglass_push_topics_shown {len(shown)}",
-             "# TYPE hourglass_node_push_deliveries_total counter",
-             f"hourglass_node_push_deliveries_total {sum(s.deliveries for s in stats.values())}",
-             "# TYPE hourglass_node_push_failures_total counter",
-             f"hourglass_node_push_failures_total {sum(sum(s.failures.values()) for s in stats.values())}"]
+        return []
+    shown = [(topic_labels(t), s) for t, s in sorted(heapq.nsmallest(max(0, most_topics), stats.items(),
+                                                                     key=_busiest_first))]
+    families = [
+        Family("hourglass_push_subscriptions",
+               "subscribed topics the node counts deliveries of (--max-subscriptions)", GAUGE,
+               [Sample("hourglass_push_subscriptions", (), len(stats))]),
+        Family("hourglass_push_topics_shown",
+               "subscribed topics with push series of their own (--metrics-topics)", GAUGE,
+               [Sample("hourglass_push_topics_shown", (), len(shown))]),
+        Family("hourglass_node_push_deliveries_total", "", COUNTER,
+               [Sample("hourglass_node_push_deliveries_total", (), sum(s.deliveries for s in stats.values()))]),
+        Family("hourglass_node_push_failures_total", "", COUNTER,
+               [Sample("hourglass_node_push_failures_total", (), sum(sum(s.failures.values()) for s in stats.values()))])]
     if not shown:
-        return "\n".join(lines) + "\n"
-    lines += ["# HELP hourglass_push_deliveries_total messages POSTed and answered 2xx",
-              "# TYPE hourglass_push_deliveries_total counter"]
-    lines += [f'hourglass_push_deliveries_total{{topic="{topic_label(t)}"}} {s.deliveries}' for t, s in shown]
-    lines += ["# HELP hourglass_push_failures_total failed deliveries by reason",
-              "# TYPE hourglass_push_failures_total counter"]
-    lines += [f'hourglass_push_failures_total{{topic="{topic_label(t)}",reason="{escape_label(r)}"}} {n}'
-              for t, s in shown for r, n in sorted(s.failures.items())]
-    for name, attr in (("in_flight", "in_flight"), ("backing_off", "backing_off")):
-        lines.append(f"# TYPE hourglass_push_{name} gauge")
-        lines += [f'hourglass_push_{name}{{topic="{topic_label(t)}"}} {getattr(s, attr)}' for t, s in shown]
+        return families
     name = "hourglass_push_latency_seconds"
-    lines += [f"# HELP {name} trigger time to the subscriber's 2xx", f"# TYPE {name} histogram"]
-    for t, s in shown:
-        label = topic_label(t)
+    latencies = []
+    for topic, s in shown:
         total = 0
         for upper, count in zip((*LATENCY_BUCKETS_MS, None), s.latency_ms):
             total += count
             le = "+Inf" if upper is None else f"{upper / 1000:g}"
-            lines.append(f'{name}_bucket{{topic="{label}",le="{le}"}} {total}')
-        lines += [f'{name}_sum{{topic="{label}"}} {s.latency_sum_ms / 1000:g}',
-                  f'{name}_count{{topic="{label}"}} {s.deliveries}']
-    return "\n".join(lines) + "\n"
+            latencies.append(Sample(f"{name}_bucket", (*topic, ("le", le)), total))
+        latencies += [Sample(f"{name}_sum", topic, s.latency_sum_ms / 1000), Sample(f"{name}_count", topic, s.deliveries)]
+    return [*families,
+            Family("hourglass_push_deliveries_total", "messages POSTed and answered 2xx", COUNTER,
+                   [Sample("hourglass_push_deliveries_total", topic, s.deliveries) for topic, s in shown]),
+            Family("hourglass_push_failures_total", "failed deliveries by reason", COUNTER,
+                   [Sample("hourglass_push_failures_total", (*topic, ("reason", reason)), n) for topic, s in shown
+                    for reason, n in sorted(s.failures.items())]),
+            Family("hourglass_push_in_flight", "", GAUGE,
+                   [Sample("hourglass_push_in_flight", topic, s.in_flight) for topic, s in shown]),
+            Family("hourglass_push_backing_off", "", GAUGE,
+                   [Sample("hourglass_push_backing_off", topic, s.backing_off) for topic, s in shown]),
+            Family(name, "trigger time to the subscriber's 2xx", HISTOGRAM, latencies, "g")]
 
 
 def _busiest_first(item: tuple[str, PushStats]) -> tuple[int, int, int, str]:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import heapq
 
-from ..observe.metrics import escape_label, topic_label
+from ..observe.metrics import COUNTER, GAUGE, Family, Sample, render_text, topic_labels
 from .file import Key
 from .keeper import Schedules, ScheduleState
 
@@ -33,39 +33,41 @@ def _worst_first(s: ScheduleState) -> tuple[int, int, int, Key]:
     return -s.missed, -s.late_ms, -s.released, s.key
 
 
-def render_metrics(schedules: Schedules, most: int) -> str:
+def schedule_families(schedules: Schedules, most: int) -> list[Family]:
     """The series above for `schedules`, at most `most` of them labelled."""
     counted = [s for s in schedules.states() if s.released or s.missed]
     shown = sorted(heapq.nsmallest(max(0, most), counted, key=_worst_first), key=lambda s: s.key)
-    lines = ["# HELP hourglass_schedules recurring schedules the node keeps (--max-schedules)",
-             "# TYPE hourglass_schedules gauge", f"hourglass_schedules {len(schedules)}",
-             "# TYPE hourglass_schedules_paused gauge", f"hourglass_schedules_paused {schedules.paused_count()}",
-             "# HELP hourglass_schedules_shown schedules with series of their own (--metrics-topics)",
-             "# TYPE hourglass_schedules_shown gauge", f"hourglass_schedules_shown {len(shown)}",
-             "# HELP hourglass_node_schedule_runs_total schedules' runs released",
-             "# TYPE hourglass_node_schedule_runs_total counter",
-             f"hourglass_node_schedule_runs_total {sum(s.released for s in counted)}",
-             "# HELP hourglass_node_schedule_missed_total schedules' runs missed (misfire)",
-             "# TYPE hourglass_node_schedule_missed_total counter",
-             f"hourglass_node_schedule_missed_total {sum(s.missed for s in counted)}",
-             "# HELP hourglass_node_schedule_runs_deleted_total pending runs deleted (deleteMsg, deleteMsgs, a "
-             "purge): never delivered, their schedules went on",
-             "# TYPE hourglass_node_schedule_runs_deleted_total counter",
-             f"hourglass_node_schedule_runs_deleted_total {schedules.runs_deleted}",
-             "# HELP hourglass_node_schedule_run_conflicts_total runs whose msgId held a message the schedule did "
-             "not make: not made, their schedules went on",
-             "# TYPE hourglass_node_schedule_run_conflicts_total counter",
-             f"hourglass_node_schedule_run_conflicts_total {schedules.run_conflicts}"]
-    families = (("hourglass_schedule_runs_total", "counter", "runs released", "released", 1),
-                ("hourglass_schedule_missed_total", "counter", "runs missed: released past misfireGraceMillis, "
-                 "or skipped over", "missed", 1),
-                ("hourglass_schedule_lateness_seconds_total", "counter", "released runs' lateness (release - "
-                 "nominal time), summed", "late_ms", 1000),
-                ("hourglass_schedule_last_lateness_seconds", "gauge", "the last released run's lateness",
-                 "last_late_ms", 1000))
+    families = [
+        Family("hourglass_schedules", "recurring schedules the node keeps (--max-schedules)", GAUGE,
+               [Sample("hourglass_schedules", (), len(schedules))]),
+        Family("hourglass_schedules_paused", "", GAUGE, [Sample("hourglass_schedules_paused", (),
+                                                               schedules.paused_count())]),
+        Family("hourglass_schedules_shown", "schedules with series of their own (--metrics-topics)", GAUGE,
+               [Sample("hourglass_schedules_shown", (), len(shown))]),
+        Family("hourglass_node_schedule_runs_total", "schedules' runs released", COUNTER,
+               [Sample("hourglass_node_schedule_runs_total", (), sum(s.released for s in counted))]),
+        Family("hourglass_node_schedule_missed_total", "schedules' runs missed (misfire)", COUNTER,
+               [Sample("hourglass_node_schedule_missed_total", (), sum(s.missed for s in counted))]),
+        Family("hourglass_node_schedule_runs_deleted_total", "pending runs deleted (deleteMsg, deleteMsgs, a "
+               "purge): never delivered, their schedules went on", COUNTER,
+               [Sample("hourglass_node_schedule_runs_deleted_total", (), schedules.runs_deleted)]),
+        Family("hourglass_node_schedule_run_conflicts_total", "runs whose msgId held a message the schedule did "
+               "not make: not made, their schedules went on", COUNTER,
+               [Sample("hourglass_node_schedule_run_conflicts_total", (), schedules.run_conflicts)])]
+    per_schedule = (("hourglass_schedule_runs_total", COUNTER, "runs released", "released", 1),
+                    ("hourglass_schedule_missed_total", COUNTER, "runs missed: released past misfireGraceMillis, "
+                     "or skipped over", "missed", 1),
+                    ("hourglass_schedule_lateness_seconds_total", COUNTER, "released runs' lateness (release - "
+                     "nominal time), summed", "late_ms", 1000),
+                    ("hourglass_schedule_last_lateness_seconds", GAUGE, "the last released run's lateness",
+                     "last_late_ms", 1000))
     if shown:
-        for name, kind, text, attr, per in families:
-            lines += [f"# HELP {name} {text}", f"# TYPE {name} {kind}"]
-            lines += [f'{name}{{topic="{topic_label(t)}",schedule="{escape_label(sid)}"}} '
-                      f'{getattr(s, attr) / per:.15g}' for s in shown for t, sid in (s.key,)]
-    return "\n".join(lines) + "\n"
+        labelled = [((*topic_labels(s.key[0]), ("schedule", s.key[1])), s) for s in shown]
+        families += [Family(name, text, kind, [Sample(name, labels, getattr(s, attr) / per) for labels, s in labelled],
+                            ".15g") for name, kind, text, attr, per in per_schedule]
+    return families
+
+
+def render_metrics(schedules: Schedules, most: int) -> str:
+    """The text of `schedule_families`."""
+    return render_text(schedule_families(schedules, most))

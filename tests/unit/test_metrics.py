@@ -5,7 +5,16 @@ import asyncio
 import re
 
 from broker.http.scrape import select_topics
-from broker.observe.metrics import MAX_LABEL_CHARS, Backlog, Metrics, TopicSelection, topic_label
+from broker.observe.metrics import (
+    MAX_LABEL_CHARS,
+    Backlog,
+    Family,
+    Metrics,
+    Sample,
+    TopicSelection,
+    single_series,
+    topic_label,
+)
 
 
 def stats(metrics: Metrics, topic: str) -> dict | None:
@@ -103,10 +112,10 @@ def test_a_commit_round_counts_its_fsync_and_its_whole_time_and_labelled_node_se
     m.committed(0.0004, 0.003)
     m.committed(0.2, 0.7)
     selection = TopicSelection(shown=[], backlogs={}, topics=0, counter_totals=(0,) * 12, backlog_totals=(0, 0, 0))
-    text = m.render(selection, [("hourglass_a", "gauge", 1),
-                                ('hourglass_lag_bytes{follower="n2"}', "gauge", 5),
-                                ('hourglass_lag_bytes{follower="n3"}', "gauge", 0.5),
-                                ("hourglass_disk_free_bytes", "gauge", 80457613312.0)])
+    lag = Family("hourglass_lag_bytes", "", "gauge", [Sample("hourglass_lag_bytes", (("follower", "n2"),), 5),
+                                                      Sample("hourglass_lag_bytes", (("follower", "n3"),), 0.5)], ".15g")
+    text = m.render(selection, [single_series("hourglass_a", "gauge", 1), lag,
+                                single_series("hourglass_disk_free_bytes", "gauge", 80457613312.0)])
     assert 'hourglass_fsync_seconds_bucket{le="0.0005"} 1\n' in text and "hourglass_fsync_seconds_count 2\n" in text
     assert 'hourglass_commit_round_seconds_bucket{le="0.005"} 1\n' in text
     assert 'hourglass_commit_round_seconds_bucket{le="0.5"} 1\n' in text

@@ -15,7 +15,7 @@ from broker.http.commands import HERE
 from broker.http.http_types import Request, Response
 from broker.http.httpd import HttpServer
 from broker.node_base import NodeBase
-from broker.observe.metrics import Metrics
+from broker.observe.metrics import Family, Metrics, single_series
 
 PEER_HEADER = "x-test-peer"
 
@@ -49,8 +49,8 @@ class Node(NodeBase):
     def health_fields(self) -> dict[str, object]:
         return {"role": "test", "leader": None, "node": "n0"}
 
-    def node_series(self) -> list[tuple[str, str, float]]:
-        return [("test_gauge", "gauge", 1)]
+    def node_series(self) -> list[Family]:
+        return [single_series("test_gauge", "gauge", 1)]
 
     def add_own_routes(self, table):
         async def call(request: Request) -> Response:
