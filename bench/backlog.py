@@ -4,6 +4,7 @@ no consumer. RSS, disk bytes per message, and the restart after SIGKILL.
     .venv/bin/python bench/backlog.py --msgs 10000000        # the README's "flat RAM" claim at 10 M
     .venv/bin/python bench/backlog.py --msgs 100000 --states ready
     .venv/bin/python bench/backlog.py --msgs 300000 --states ready --serve-flags="--shards auto"   # the default node
+    .venv/bin/python bench/backlog.py --msgs 20000 --states held --serve-flags="--max-inflight 20000"
     .venv/bin/python bench/backlog.py --msgs 10000000 --keys 1000000 --states waiting   # keyed (the key index)
 
 For each state, a fresh `hourglass serve --fsync batch` on a fresh data
@@ -12,6 +13,9 @@ directory is sent --msgs messages by sendMsgBatch (--batch each,
   waiting   trigger times uniform over 1 h .. --days days ahead
   ready     due at once (delayMillis 0), and nobody pulls: all of them
             stay ready; RAM holds only the ready window (docs/api.md)
+  held      due at once, then pulled (batches of 1,000, an ack timeout of
+            1 h) and not acked: all of them in flight, which RAM holds
+            (raise --max-inflight with --serve-flags past 10,000)
 with --keys K, message i has the serial key "k<i % K>" (the key index,
 storage/key_index.py, holds them on disk), and a listMsg by one key is
 timed after the restart (`list_by_key_ms`);
@@ -69,7 +73,7 @@ async def fill(base: str, topic: str, args: argparse.Namespace, state: str) -> f
         count = min(args.batch, args.msgs - next_index)
         now = int(time.time() * 1000)
         msgs = [{"msgId": f"m{next_index + i}", "msg": body,
-                 **({"delayMillis": 0} if state == "ready"
+                 **({"delayMillis": 0} if state in ("ready", "held")
                     else {"triggerTime": now + rng.randint(HOUR_MS, args.days * DAY_MS)}),
                  **({"key": f"k{(next_index + i) % args.keys}"} if args.keys else {})}
                 for i in range(count)]
@@ -95,11 +99,29 @@ async def fill(base: str, topic: str, args: argparse.Namespace, state: str) -> f
     return sent / (time.monotonic() - started)
 
 
+async def hold(base: str, topic: str, msgs: int) -> int:
+    """Pull the topic's messages, an ack timeout of 1 h, until `msgs` are
+    in flight or a pull finds none; how many were taken."""
+    taken = 0
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
+        while taken < msgs:
+            form = {"topic": topic, "batch": str(min(1000, msgs - taken)), "ackTimeoutMillis": str(HOUR_MS)}
+            async with session.post(base + PREFIX + "pullMsg", data=form) as r:
+                got = (await r.json(content_type=None)).get("delayMsgList") or []
+            if not got:
+                break
+            taken += len(got)
+    return taken
+
+
+QUEUE_OF = {"waiting": "waitingQueueSize", "ready": "readyQueueSize", "held": "ackQueueSize"}
+
+
 def counted(server: Server, topic: str, state: str) -> int | None:
     status, answer = server.get("getTopicInfo", topic=topic)
     if status != 200 or not isinstance(answer, dict):
         return None
-    count: int = answer["data"]["waitingQueueSize" if state == "waiting" else "readyQueueSize"]
+    count: int = answer["data"][QUEUE_OF[state]]
     return count
 
 
@@ -132,6 +154,9 @@ def measure(state: str, args: argparse.Namespace, root: str) -> dict[str, Any]:
         idle = tree_memory_mb(server.proc.pid)
         log(f"{state}: idle {idle}; sending {args.msgs:,}")
         rate = asyncio.run(fill(server.base, topic, args, state))
+        if state == "held":
+            time.sleep(1)  # (due at once: READY within the wheel's tick)
+            log(f"held: {asyncio.run(hold(server.base, topic, args.msgs)):,} pulled")
         time.sleep(args.settle_s)
         result: dict[str, Any] = {"msgs": args.msgs, "send_msgs_per_s": round(rate), "counted": counted(server, topic, state),
                                   "memory_idle": idle, "memory": tree_memory_mb(server.proc.pid),
@@ -166,7 +191,7 @@ def measure(state: str, args: argparse.Namespace, root: str) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--msgs", type=int, default=1_000_000, help="messages in each backlog (default 1,000,000)")
-    p.add_argument("--states", default="waiting,ready", help="comma list: waiting, ready (default both)")
+    p.add_argument("--states", default="waiting,ready", help="comma list: waiting, ready, held (default waiting,ready)")
     p.add_argument("--days", type=int, default=30, help="waiting: trigger times up to this many days ahead (30)")
     p.add_argument("--batch", type=int, default=1000, help="messages a sendMsgBatch (1000)")
     p.add_argument("--producers", type=int, default=4, help="concurrent senders (4)")

@@ -186,12 +186,14 @@ def build_parser() -> argparse.ArgumentParser:
                             f"{defaults.max_ttl_ms}, 30 days)")
     queues = QueueLimits()
     serve.add_argument("--ready-window", type=int, default=queues.window,
-                       help=f"ready messages of one topic held in RAM for pulls; the rest wait on disk and are "
+                       help=f"ready messages of one topic held in RAM for pulls (a node of shards: over them all); the "
+                            f"rest wait on disk and are "
                             f"read back as these are taken (default {queues.window})")
     serve.add_argument("--ready-window-total", type=int, default=queues.window_total,
                        help=f"ready messages held in RAM over all topics (default {queues.window_total})")
     serve.add_argument("--max-inflight", type=int, default=queues.inflight,
-                       help=f"messages of one topic being consumed (pulled, not acked); a pull at the cap takes "
+                       help=f"messages of one topic being consumed (pulled, not acked; a node of shards: over them all); a "
+                            f"pull at the cap takes "
                             f"fewer or none until acks make room (default {queues.inflight})")
     serve.add_argument("--max-inflight-total", type=int, default=queues.inflight_total,
                        help=f"messages being consumed over all topics (default {queues.inflight_total})")

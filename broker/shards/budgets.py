@@ -7,17 +7,18 @@ what another leaves unused, so a node whose load falls on few shards meets
 a limit before the flag's value, never after it.
 
     --ready-window-total    READY messages held in RAM, over all topics
+    --ready-window          ... of one topic
     --max-inflight-total    CONSUMING messages, over all topics
+    --max-inflight          ... of one topic
     --max-schedules         schedules (each lives on its scheduleId's shard)
     --max-schedule-bytes    their messages' UTF-8 bytes
 
-The two windows keep at least one message a shard (a shard with none could
+The windows keep at least one message a shard (a shard with none could
 hand out nothing). Not split, because every shard already counts the
 node's: --max-jobs (a job is made on every shard), --max-paused-keys and
 --max-subscriptions (a pause and a subscription are kept by every shard),
---max-topics (a topic lives on every shard); and the per-topic flags
-(--ready-window, --max-inflight, --key-window) bound what a topic holds on
-a shard, as their help says.
+--max-topics (a topic lives on every shard), and --key-window (a serial
+key's messages all live on its shard).
 """
 
 from __future__ import annotations
@@ -37,7 +38,9 @@ def split(total: int, index: int, count: int) -> int:
 def shard_queues(queues: QueueLimits, index: int, count: int) -> QueueLimits:
     """The windows a shard keeps: its share of the node's totals."""
     return dataclasses.replace(queues, window_total=max(1, split(queues.window_total, index, count)),
-                               inflight_total=max(1, split(queues.inflight_total, index, count)))
+                               window=max(1, split(queues.window, index, count)),
+                               inflight_total=max(1, split(queues.inflight_total, index, count)),
+                               inflight=max(1, split(queues.inflight, index, count)))
 
 
 def shard_schedules(limits: ScheduleLimits, index: int, count: int) -> ScheduleLimits:
