@@ -317,7 +317,7 @@ class NodeBase(ABC):
             return answer(503, OFFLINE_MSG, status="offline", **fields)
         return answer(200, "success", status="ok", **fields)
 
-    async def metrics_text(self, request: Request | None) -> Response:
+    async def metrics_text(self, request: Request) -> Response:
         return metrics_answer(await self.metrics_families())
 
     async def metrics_families(self, choice: Choice | None = None) -> list[Family]:

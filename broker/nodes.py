@@ -12,7 +12,7 @@ import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from storage.config import FsyncPolicy
 from storage.errors import HourglassError, InvariantError, Unavailable
@@ -25,7 +25,7 @@ from .console.api import Console, standalone_info
 from .disk.backend import Broker
 from .flow.file import SettingsFile, settings_path
 from .flow.keeper import TopicFlow
-from .http.scrape import disk_series
+from .http.scrape import Choice, disk_series, largest, metrics_answer, topic_ranks
 from .jobs.file import JobFiles, jobs_path
 from .jobs.runner import RedriveJobs
 from .node_base import NodeBase
@@ -47,8 +47,9 @@ PORT_WAITS = 50
 PORT_WAIT_S = 0.1
 
 
-async def _text(text: str) -> str:
-    return text
+# What a "metrics" call asks of a shard (`DiskNode.metrics_text`): its topics' ranks, or its families of
+# the node's choice of topics.
+RANKS, FAMILIES = "ranks", "families"
 
 # /health's role fields of a node that runs alone
 STANDALONE: Mapping[str, object] = MappingProxyType({"role": "standalone", "leader": None, "node": None})
@@ -125,8 +126,8 @@ class DiskNode(NodeBase):
                         "under a dedupWindowMillis are stored anew if sent again", self.store.ends.rebuilt)
 
     def scraped(self) -> Backend | None:
-        """A shard's own broker: each shard shows its topics' series, which
-        the router sums (`metrics_text`), not the node's merged views."""
+        """A shard's own broker: each shard shows its part of the node's
+        topics, which `metrics_text` merges, not the node's merged views."""
         return None if self.api.broker is None else self.broker
 
     def __repr__(self) -> str:
@@ -179,22 +180,29 @@ class DiskNode(NodeBase):
             router.ops["console_schedules"] = lambda args: console.schedule_rows_here(args[0], int(args[1]))
         router.own_port = self._own_port
 
-    async def _metrics_here(self) -> str:
-        return (await super().metrics_text(None)).body.decode()
-
-    async def metrics_text(self, request: Request | None) -> Response:
-        """/metrics: a shard answers for the node, its shards' series merged (broker.shards.router)."""
-        local = await super().metrics_text(request)
+    async def metrics_text(self, request: Request) -> Response:
+        """/metrics: a shard answers for the node. Every shard's topics'
+        ranks summed choose the node's --metrics-topics topics, as a node
+        alone chooses its own (broker.http.scrape); every shard's families
+        of exactly those topics, merged by their labels (broker.shards.views),
+        are the answer."""
         router = self.router
         if router is None:
-            return local
-        from .shards.views import merge_metrics
-        text = local.body.decode()
-        texts = await router.everywhere("metrics", [], lambda: _text(text))
-        views = self.api.views
-        topics = len(await views.all_topics()) if views is not None else 0
-        local.body = merge_metrics(texts, self.config.metrics_topics, topics).encode()
-        return local
+            return await super().metrics_text(request)
+        from .shards.views import families_of, merge_families, merge_ranks, node_topics
+        ranks = merge_ranks(await router.everywhere("metrics", [RANKS], lambda: self._metrics_here([RANKS])))
+        asked = [FAMILIES, await largest(ranks, self.config.metrics_topics), node_topics(ranks)]
+        parts = await router.everywhere("metrics", asked, lambda: self._metrics_here(asked))
+        return metrics_answer(merge_families([families_of(part) for part in parts]))
+
+    async def _metrics_here(self, args: Sequence[Any]) -> Any:
+        """This shard's answer to a "metrics" call (`metrics_text`), as it travels."""
+        if args[0] == RANKS:
+            ranks = await topic_ranks(self.metrics, await self.broker.topic_backlogs())
+            return {topic: list(rank) for topic, rank in ranks.items()}
+        from .shards.views import family_fields
+        families = await self.metrics_families(Choice(list(args[1]), int(args[2])))
+        return [family_fields(family) for family in families]
 
     async def shard_ports(self) -> list[int]:
         router = self.router

@@ -118,7 +118,7 @@ class ShardRouter:
         self._server: asyncio.AbstractServer | None = None
         self._backend: Broker | None = None
         self._long_polls: LongPolls | None = None
-        self.metrics_text: Callable[[], Awaitable[str]] | None = None
+        self.metrics_text: Callable[[Sequence[Any]], Awaitable[Any]] | None = None  # a "metrics" call's answer
         self.own_port: Callable[[], Awaitable[int]] | None = None
         self.scheduled_here: Callable[[str, Sequence[str]], Awaitable[set[str]]] | None = None
         self.jobs_here: Callable[[], RedriveJobs | None] = lambda: None  # this shard's redriveMsgs jobs
@@ -344,7 +344,7 @@ class ShardRouter:
         if op == "metrics":
             if self.metrics_text is None:
                 raise Unavailable("the shard is starting; retry")
-            return await self.metrics_text()
+            return await self.metrics_text(args)
         if op == "port":
             if self.own_port is None:
                 raise Unavailable("the shard is starting; retry")

@@ -1,12 +1,12 @@
 """What crosses between a node's shards, and how their answers become the
 node's (docs/internals.md, "Shards"): the wire forms of the engine's
-records (a NamedTuple as its fields), and the merges of the views every
-shard answers a part of (topic infos, monitor data, pages, cursors,
-/metrics)."""
+records and of /metrics' families (a NamedTuple as its fields), and the
+merges of the views every shard answers a part of (topic infos, monitor
+data, pages, cursors, /metrics' topic ranks and families)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from storage.entry import Location, Message, Status
@@ -15,6 +15,8 @@ from storage.store import NewMessage
 
 from ..core.bulk_params import BulkFilter, Cursor, ListMsgRequest
 from ..core.params import NewSend
+from ..http.scrape import Rank
+from ..observe.metrics import MAX, MEAN, MIN, Family, Labels, Sample
 
 # -- what travels: a NamedTuple as its fields ------------------------------------------
 
@@ -110,105 +112,90 @@ def merge_monitor_data(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return merged
 
 
-# Gauges of a process rather than of messages: the node's is the largest of its shards'.
-PER_PROCESS_GAUGE_ENDS = ("_limit", "_seconds", "_info", "_lease")
+def merge_ranks(parts: Iterable[Mapping[str, Sequence[Any]]]) -> dict[str, Rank]:
+    """Each topic's rank for /metrics over shards (broker.http.scrape's
+    `topic_ranks` of each, as they travel): backlogs summed (None: no shard
+    has the topic, only counters of it), requests summed."""
+    ranks: dict[str, Rank] = {}
+    for part in parts:
+        for topic, rank in part.items():
+            backlog: int | None = rank[0]
+            requests: int = rank[1]
+            have = ranks.get(topic)
+            if have is not None:
+                mine = have[0]
+                if mine is not None:
+                    backlog = mine if backlog is None else mine + backlog
+                requests += have[1]
+            ranks[topic] = (backlog, requests)
+    return ranks
 
 
-def merge_metrics(texts: Sequence[str], most: int, topics: int) -> str:
-    """One Prometheus scrape of every shard's: a series the shards share
-    summed (counters; gauges of messages, bytes, files), or the largest
-    for a gauge of one process (PER_PROCESS_GAUGE_ENDS: limits, lags, ages);
-    each family's HELP and TYPE once, its samples together, in the order
-    the first shard that has it gives. Of the topics the shards show, the
-    `most` with the largest backlogs summed (a topic's series are the sums
-    of the shards that show it: each shows its own largest); `topics`, the
-    node's count of topics (hourglass_topics)."""
-    heads: dict[str, list[str]] = {}
-    kinds: dict[str, str] = {}
-    samples: dict[str, dict[str, float]] = {}
-    for text in texts:
-        family = ""
-        for line in text.split("\n"):  # (the format's only line end: splitlines() also cuts at CR, U+2028, ...)
-            if not line:
+def node_topics(ranks: Mapping[str, Rank]) -> int:
+    """How many topics the node has: those of `ranks` some shard has (hourglass_topics)."""
+    return sum(1 for backlog, _ in ranks.values() if backlog is not None)
+
+
+def family_fields(f: Family) -> list[Any]:
+    return [f.name, f.help_text, f.kind, [[s.name, s.labels, s.value, s.merge] for s in f.samples], f.float_format]
+
+
+def families_of(rows: Iterable[Sequence[Any]]) -> list[Family]:
+    return [Family(f[0], f[1], f[2], [Sample(s[0], tuple((label, text) for label, text in s[1]), s[2], s[3])
+                                      for s in f[3]], f[4]) for f in rows]
+
+
+def merge_families(parts: Iterable[Sequence[Family]]) -> list[Family]:
+    """One /metrics of every shard's families (broker.observe.metrics): a
+    series several shards have (its name and labels alike) made of theirs
+    as its `Sample.merge` says -- summed, the largest, the smallest, or an
+    average weighted by its count; each family's HELP, TYPE and float
+    format the first shard's, its samples in the order the shards give
+    them. No text is read: a label is compared as the value it is."""
+    heads: dict[str, Family] = {}
+    merged: dict[str, dict[tuple[str, Labels], Sample]] = {}
+    for part in parts:
+        for family in part:
+            samples = merged.get(family.name)
+            if samples is None:
+                heads[family.name] = family
+                merged[family.name] = {(s.name, s.labels): s for s in family.samples}
                 continue
-            if line.startswith("#"):
-                parts = line.split(" ", 3)
-                if len(parts) >= 3 and parts[1] in ("HELP", "TYPE"):
-                    family = parts[2]
-                    head = heads.setdefault(family, [])
-                    samples.setdefault(family, {})
-                    if line not in head:
-                        head.append(line)
-                    if parts[1] == "TYPE" and len(parts) == 4:
-                        kinds[family] = parts[3]
-                continue
-            series, _, value = line.rpartition(" ")
-            name = series.partition("{")[0]
-            if not name.startswith(family) or family == "":
-                family = name
-                heads.setdefault(family, [])
-                samples.setdefault(family, {})
-            try:
-                number = float(value)
-            except ValueError:
-                continue
-            have = samples[family].get(series)
-            if have is None:
-                samples[family][series] = number
-            elif kinds.get(family) == "gauge" and name.endswith(PER_PROCESS_GAUGE_ENDS):
-                samples[family][series] = max(have, number)
-            else:
-                samples[family][series] = have + number
-    if "hourglass_topics" in samples:
-        samples["hourglass_topics"] = {"hourglass_topics": float(topics)}
-    kept = _largest_backlogs(samples, most)
-    if "hourglass_topics_shown" in samples:
-        shown = {_topic_of(series) for values in samples.values() for series in values} - {None}
-        count = len(shown) if kept is None else len(kept) - 1
-        samples["hourglass_topics_shown"] = {"hourglass_topics_shown": float(count)}
-    out = []
-    for family, values in samples.items():
-        out.extend(heads[family])
-        out.extend(f"{name} {int(v) if v.is_integer() and abs(v) < 2 ** 53 else v}" for name, v in values.items()
-                   if kept is None or _topic_of(name) in kept)
-    return "\n".join(out) + "\n"
+            merged_counts, counts = _counts(samples.values()), _counts(family.samples)  # an average's weights
+            for s in family.samples:
+                key = (s.name, s.labels)
+                have = samples.get(key)
+                if have is None:
+                    samples[key] = s
+                    continue
+                if s.merge == MEAN:
+                    weight = _count_of(s)
+                    value = _mean(have.value, merged_counts.get(weight, 0), s.value, counts.get(weight, 0))
+                elif s.merge == MAX:
+                    value = max(have.value, s.value)
+                elif s.merge == MIN:
+                    value = min(have.value, s.value)
+                else:
+                    value = have.value + s.value
+                samples[key] = have._replace(value=value)
+    return [family._replace(samples=list(merged[name].values())) for name, family in heads.items()]
 
 
-def _topic_of(series: str) -> str | None:
-    """A series' topic label, its text as written (None: none)."""
-    at = series.find('topic="')
-    if at < 0:
-        return None
-    end = at + 7
-    while True:
-        end = series.find('"', end)
-        if end < 0:
-            return series[at + 7:]
-        slashes = end - len(series[at + 7:end].rstrip("\\")) - at - 7
-        if slashes % 2 == 0:  # (an odd run of backslashes escapes the quote; an even one is backslashes)
-            return series[at + 7:end]
-        end += 1
+def _counts(samples: Iterable[Sample]) -> dict[tuple[str, Labels], int | float]:
+    """The counts among `samples` (type="count"), by series: what an average is weighted by."""
+    return {(s.name, s.labels): s.value for s in samples if ("type", "count") in s.labels}
 
 
-def _largest_backlogs(samples: dict[str, dict[str, float]], most: int) -> set[str | None] | None:
-    """The topics whose series are shown: the `most` largest backlogs
-    (waiting + ready + consuming, then the name); None: all there are."""
-    backlog: dict[str, float] = {}
-    shown: set[str] = set()
-    for values in samples.values():
-        for series in values:
-            topic = _topic_of(series)
-            if topic is not None:
-                shown.add(topic)
-    if len(shown) <= most:
-        return None
-    for state in ("waiting", "ready", "consuming"):
-        for series, value in samples.get(f"hourglass_{state}_messages", {}).items():
-            topic = _topic_of(series)
-            if topic is not None:
-                backlog[topic] = backlog.get(topic, 0.0) + value
-    ranked = sorted(shown, key=lambda t: (-backlog.get(t, 0.0), t))
-    return {None, *ranked[:most]}
+def _count_of(s: Sample) -> tuple[str, Labels]:
+    """The series an average (MEAN) is weighted by: its family's of the same labels but type="count"."""
+    return s.name, tuple((label, "count" if label == "type" else text) for label, text in s.labels)
+
+
+def _mean(a: int | float, a_count: int | float, b: int | float, b_count: int | float) -> float:
+    """Two averages of `a_count` and `b_count` values as one, to 2 places
+    as getMonitorData's are (`merge_gaps`)."""
+    count = a_count + b_count
+    return round((a * a_count + b * b_count) / count, 2) if count else 0.0
 
 
 def merge_pages(pages: Sequence[tuple[list[Message], str | None]], limit: int) -> tuple[list[Message], str | None]:

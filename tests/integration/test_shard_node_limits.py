@@ -263,3 +263,31 @@ def test_a_pull_takes_the_nodes_highest_priority_first_whichever_shard_it_reache
             assert [m["msgId"] for m in _port_post(ports[0], "pullMsg", topic="g", batch=2)["delayMsgList"]] == [low]
     finally:
         assert server.stop() == 0
+
+
+def test_metrics_topics_holds_for_the_node_of_two_shards_not_for_each_shard(tmp_path):
+    """--metrics-topics 1 on a node of 2 shards: topic a waits with 6
+    messages, 3 on each shard; b with 5 on shard 0 alone, c with 5 on
+    shard 1 alone. Each shard's own largest (b there, c here) is not the
+    node's: /metrics, asked of each shard's own port, shows a alone, its 6
+    summed."""
+    import urllib.request
+
+    server = Server.start(tmp_path / "data", "--shards", "2", "--metrics-topics", "1")
+    try:
+        for topic, msg_ids in (("a", _ids_on(0, 2, "a", 3) + _ids_on(1, 2, "a", 3)), ("b", _ids_on(0, 2, "b", 5)),
+                               ("c", _ids_on(1, 2, "c", 5))):
+            for msg_id in msg_ids:
+                assert server.post("sendMsg", topic=topic, msgId=msg_id, msg="x", delayMillis=600_000)[1]["code"] == 200
+        for port in server.get("/camellia/delayQueue/getShardMap")[1]["ports"]:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as answer:
+                lines = answer.read().decode().split("\n")
+            labelled = {line.partition('topic="')[2].partition('"')[0] for line in lines
+                        if 'topic="' in line and not line.startswith("#")}
+            assert labelled == {"a"}, (port, labelled)
+            assert 'hourglass_waiting_messages{topic="a"} 6' in lines
+            assert 'topic_info{topic="a",type="waitingQueueSize"} 6' in lines
+            assert "hourglass_topics 3" in lines and "hourglass_topics_shown 1" in lines
+            assert "hourglass_node_waiting_messages 16" in lines
+    finally:
+        assert server.stop() == 0

@@ -8,19 +8,39 @@ import os
 import re
 import zlib
 
+import msgpack
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broker.core.bodies import BodyLimits
+from broker.http.scrape import Choice, largest, select_topics, topic_ranks
+from broker.observe import camellia_metrics
+from broker.observe.camellia_metrics import ProcessStats
+from broker.observe.metrics import (
+    MAX,
+    MIN,
+    REQUEST_STATS,
+    SUM,
+    Backlog,
+    Family,
+    Metrics,
+    Sample,
+    TopicSelection,
+    render_text,
+)
 from broker.shards import layout, placement
 from broker.shards.router import ShardRouter
 from broker.shards.views import (
     dead_cursor,
-    merge_metrics,
+    families_of,
+    family_fields,
+    merge_families,
     merge_monitor_data,
     merge_pages,
+    merge_ranks,
     merge_topic_infos,
+    node_topics,
     parse_dead_cursor,
 )
 from storage.entry import Location, Message, Status
@@ -225,92 +245,175 @@ def test_monitor_data_sums_counts_and_weighs_gaps():
     assert (merged["intervalStartTime"], merged["intervalEndTime"]) == (1000, 2000)
 
 
-SCRAPE = """# HELP hourglass_sends_total messages stored
-# TYPE hourglass_sends_total counter
-hourglass_sends_total{{topic="a"}} {a}
-hourglass_sends_total{{topic="b"}} {b}
-# HELP hourglass_waiting_messages waiting
-# TYPE hourglass_waiting_messages gauge
-hourglass_waiting_messages{{topic="a"}} {a}
-hourglass_waiting_messages{{topic="b"}} {b}
-# HELP hourglass_inflight_limit the cap
-# TYPE hourglass_inflight_limit gauge
-hourglass_inflight_limit 100
-# HELP hourglass_wheel_lag_seconds lag
-# TYPE hourglass_wheel_lag_seconds gauge
-hourglass_wheel_lag_seconds {lag}
-# HELP hourglass_topics topics
-# TYPE hourglass_topics gauge
-hourglass_topics 2
-"""
+# -- /metrics of a node: families merged by their labels ----------------------------------
+
+def through_the_link(families: list[Family]) -> list[Family]:
+    """`families` as another shard's answer reaches the one merging: their
+    wire form packed and unpacked as broker.shards.link does."""
+    packed = msgpack.packb([family_fields(f) for f in families])
+    return families_of(msgpack.unpackb(packed, raw=False, use_list=False, strict_map_key=False))
 
 
-def test_one_scrape_sums_series_and_takes_the_largest_of_a_process_gauge():
-    text = merge_metrics([SCRAPE.format(a=1, b=2, lag=0.5), SCRAPE.format(a=10, b=0, lag=0.25)], 100, 2)
-    lines = text.splitlines()
-    assert 'hourglass_sends_total{topic="a"} 11' in lines and 'hourglass_sends_total{topic="b"} 2' in lines
-    assert "hourglass_inflight_limit 100" in lines and "hourglass_wheel_lag_seconds 0.5" in lines
-    assert "hourglass_topics 2" in lines
-    assert sum(line == "# TYPE hourglass_sends_total counter" for line in lines) == 1
-    assert lines.index('hourglass_sends_total{topic="b"} 2') < lines.index("# HELP hourglass_waiting_messages waiting")
+def shard_metrics(counts: dict[str, int]) -> Metrics:
+    m = Metrics()
+    for topic, sends in counts.items():
+        m.topic(topic).sends += sends
+    return m
 
 
-def test_one_scrape_shows_the_nodes_largest_backlogs_only():
-    text = merge_metrics([SCRAPE.format(a=1, b=2, lag=0), SCRAPE.format(a=10, b=0, lag=0)], 1, 2)
-    assert 'topic="a"' in text and 'topic="b"' not in text
-    assert "hourglass_inflight_limit 100" in text  # series of no topic stay
+def part_of(m: Metrics, backlogs: dict[str, Backlog], choice: Choice) -> list[Family]:
+    """A shard's families of the node's `choice` of topics, as it sends them."""
+    selection = asyncio.run(select_topics(m, backlogs, 100, choice))
+    return through_the_link(m.families(selection))
 
 
-def test_one_scrape_sums_due_messages_and_histograms_and_takes_the_oldest_due_age_of_the_shards():
-    from broker.observe.metrics import Metrics, TopicSelection
+def sample_lines(text: str) -> list[str]:
+    return [line for line in text.split("\n") if line and not line.startswith("#")]
 
-    def shard(due: dict[str, tuple[int, int | None]], late_s: float, dwell_ms: int) -> str:
+
+def test_the_nodes_series_are_the_shards_summed_or_the_largest_or_the_smallest_as_each_says():
+    a = [Family("x_total", "xs", "counter", [Sample("x_total", (("topic", "t"),), 1),
+                                             Sample("x_total", (("topic", "u"),), 2)]),
+         Family("x_limit", "", "gauge", [Sample("x_limit", (), 100, MAX)]),
+         Family("x_lag_seconds", "", "gauge", [Sample("x_lag_seconds", (), 0.5, MAX)], ".15g"),
+         Family("x_start", "", "gauge", [Sample("x_start", (), 1_000, MIN)])]
+    b = [Family("x_total", "xs", "counter", [Sample("x_total", (("topic", "t"),), 10),
+                                             Sample("x_total", (("topic", "v"),), 3)]),
+         Family("x_lag_seconds", "", "gauge", [Sample("x_lag_seconds", (), 0.25, MAX)], ".15g"),
+         Family("x_start", "", "gauge", [Sample("x_start", (), 900, MIN)]),
+         Family("x_only_here", "", "gauge", [Sample("x_only_here", (), 7)])]
+    lines = render_text(merge_families([through_the_link(a), through_the_link(b)])).split("\n")
+    assert lines[:5] == ["# HELP x_total xs", "# TYPE x_total counter", 'x_total{topic="t"} 11', 'x_total{topic="u"} 2',
+                         'x_total{topic="v"} 3']  # one head, the samples in the order the shards give them
+    assert "x_limit 100" in lines and "x_lag_seconds 0.5" in lines and "x_start 900" in lines
+    assert lines[-3:] == ["# TYPE x_only_here gauge", "x_only_here 7", ""]
+
+
+def test_the_node_sums_due_messages_and_histograms_and_takes_the_oldest_due_age_of_the_shards():
+    def shard(due: dict[str, tuple[int, int | None]], late_s: float, dwell_ms: int) -> list[Family]:
         m = Metrics()
         m.load_lateness_seconds.observe(late_s)
         m.smoothing_lateness_seconds.observe(late_s)
         m.acked([0], dwell_ms)
-        return m.render(TopicSelection(shown=sorted(due), backlogs={t: (0, n, 0, 0) for t, (n, _) in due.items()},
-                                       topics=len(due), counter_totals=(0,) * 12, backlog_totals=(0, 0, 0), due=due),
-                        [])
+        return through_the_link(m.families(TopicSelection(
+            shown=["a", "b"], backlogs={t: (0, n, 0, 0) for t, (n, _) in due.items()}, topics=2,
+            counter_totals=(0,) * 12, backlog_totals=(0, 0, 0), due=due)))
 
-    text = merge_metrics([shard({"a": (3, 1_500), "b": (1, 200)}, 0.003, 2_000),
-                          shard({"a": (4, 9_250)}, 7.0, 20)], 100, 2)
+    text = render_text(merge_families([shard({"a": (3, 1_500), "b": (1, 200)}, 0.003, 2_000),
+                                       shard({"a": (4, 9_250)}, 7.0, 20)]))
     lines = text.splitlines()
     assert 'hourglass_topic_due_undelivered{topic="a"} 7' in lines  # summed
     assert 'hourglass_topic_due_undelivered{topic="b"} 1' in lines
     assert 'hourglass_topic_oldest_due_age_seconds{topic="a"} 9.25' in lines  # the largest
     assert 'hourglass_topic_oldest_due_age_seconds{topic="b"} 0.2' in lines
+    assert 'hourglass_ready_messages{topic="a"} 7' in lines
+    assert "hourglass_topics 2" in lines and "hourglass_topics_shown 2" in lines  # the node's, which each shard tells
     for cause in ("load", "smoothing"):
         assert f'hourglass_release_lateness_seconds_bucket{{cause="{cause}",le="0.005"}} 1' in lines
         assert f'hourglass_release_lateness_seconds_bucket{{cause="{cause}",le="+Inf"}} 2' in lines
         assert f'hourglass_release_lateness_seconds_count{{cause="{cause}"}} 2' in lines
+        assert f'hourglass_release_lateness_seconds_sum{{cause="{cause}"}} 7.003000' in lines
     assert 'hourglass_dwell_seconds_bucket{le="0.05"} 1' in lines and "hourglass_dwell_seconds_count 2" in lines
     assert lines.count("# TYPE hourglass_release_lateness_seconds histogram") == 1
 
 
-FORGING_TOPICS = ["a\rhourglass_forged_series 1880220\r", "b\u2028hourglass_forged_series 7", "c\x85d", "e\\", 'f\\"g']
+def test_camellias_time_gaps_of_the_node_weigh_each_shards_average_by_its_count():
+    """As getMonitorData's merge does (merge_monitor_data): counts summed,
+    the max the largest, the average weighted; the process families as a
+    node of processes has them."""
+    def shard(count: int, avg: float, most: int, memory: int) -> list[Family]:
+        process = ProcessStats()
+        monitor = {"requestStatsList": [{"topic": "t", **dict.fromkeys(REQUEST_STATS, count)}],
+                   "pullMsgTimeGapStatsList": [{"topic": "t", "count": count, "avg": avg, "max": most}],
+                   "readyQueueTimeGapStatsList": []}
+        families = camellia_metrics.families(process, monitor, [], frozenset({"t"}))
+        return through_the_link([f._replace(samples=[s._replace(value=memory) for s in f.samples])
+                                 if f.name == "memory_info" else f for f in families])
+
+    lines = render_text(merge_families([shard(1, 10.0, 10, 100), shard(3, 30.0, 50, 200),
+                                        shard(0, 0.0, 0, 300)])).split("\n")
+    assert 'pull_msg_time_gap{topic="t",type="count"} 4' in lines
+    assert 'pull_msg_time_gap{topic="t",type="avg"} 25.000000' in lines  # (10 * 1 + 30 * 3) / 4
+    assert 'pull_msg_time_gap{topic="t",type="max"} 50' in lines
+    assert 'request{topic="t",type="sendMsg"} 4' in lines
+    assert 'memory_info{type="total_memory"} 600' in lines  # the node's processes' memory
+    assert f'cpu{{type="cpu_num"}} {ProcessStats().cpu_count}' in lines  # the CPUs they share, not 3 times them
+    assert sum(line.startswith(("uptime ", "start_time ")) for line in lines) == 2
 
 
-def test_one_scrape_of_topics_named_with_line_separators_forges_no_series():
-    """A topic named with a CR, U+2028, NEL, a trailing backslash or an
-    escaped quote: the node's scrape holds one series of it a family, no
-    series its name spells, and every line parses."""
-    from broker.observe.metrics import Metrics, TopicSelection
+# Series a node merges: a family each way to merge, its samples from a few label sets.
+MERGE_RULES = {"s_total": SUM, "s_max": MAX, "s_min": MIN}
+shard_parts = st.lists(st.tuples(st.sampled_from(sorted(MERGE_RULES)), st.sampled_from(["", "a", "b", "c\n"]),
+                                 st.integers(-10**6, 10**6)), max_size=12)
 
-    def shard(topics: list[str]) -> str:
-        m = Metrics()
-        for t in topics:
-            m.topic(t).sends += 1
-        return m.render(TopicSelection(shown=sorted(topics), backlogs={t: (1, 0, 0, 0) for t in topics},
-                                       topics=len(topics), counter_totals=(0,) * 12, backlog_totals=(0, 0, 0)), [])
 
-    text = merge_metrics([shard(FORGING_TOPICS[:3]), shard(FORGING_TOPICS)], 100, len(FORGING_TOPICS))
-    assert "hourglass_forged_series" not in "".join(line.partition("{")[0] for line in text.split("\n"))
-    assert len(text.splitlines()) == len(text.split("\n")) - 1  # no line a reader splitting at CR, U+2028 cuts
-    waiting = [line for line in text.split("\n") if line.startswith("hourglass_waiting_messages{")]
-    assert len(waiting) == len(FORGING_TOPICS) and all(line.endswith(" 2") for line in waiting[:3])
-    assert all(re.fullmatch(r'[a-z_]+(\{([a-z_]+="([^"\\]|\\[\\"n])*",?)*\})? \S+', line)
-               for line in text.split("\n") if line and not line.startswith("#")), text
+def as_families(rows: list[tuple[str, str, int]]) -> list[Family]:
+    """One shard's families of `rows` (family, topic label or none, value); a series once."""
+    series = {(name, topic): value for name, topic, value in rows}
+    return [Family(name, "", "gauge", [Sample(name, (("topic", topic),) if topic else (), value, MERGE_RULES[name])
+                                       for (family, topic), value in series.items() if family == name])
+            for name in MERGE_RULES if any(family == name for family, _ in series)]
+
+
+def values(families: list[Family]) -> dict[tuple[str, tuple], int | float]:
+    return {(s.name, s.labels): s.value for f in families for s in f.samples}
+
+
+@given(shard_parts, shard_parts, shard_parts)
+def test_merging_shards_families_is_commutative_and_associative(a, b, c):
+    a, b, c = as_families(a), as_families(b), as_families(c)
+    assert values(merge_families([a, b])) == values(merge_families([b, a]))
+    together = values(merge_families([a, b, c]))
+    assert values(merge_families([merge_families([a, b]), c])) == together
+    assert values(merge_families([a, merge_families([b, c])])) == together
+    assert values(merge_families([through_the_link(a)])) == values(a)
+
+
+# Topic names holding what a reader of the text may take for a line end, a label's end or an escape.
+hostile_topics = st.text(alphabet=st.sampled_from(['\r', '\n', '\u2028', '\u0085', '"', '\\', '{', '}', '=', ',', ' ',
+                                                   'a', 'b', '1']), min_size=1, max_size=8)
+FAMILY_LINE = re.compile(r'(?P<name>[a-z_]+)(\{([a-z_]+="([^"\\]|\\[\\"n])*",?)*\})? -?[0-9.e+]+')
+
+
+@given(st.lists(hostile_topics, max_size=5, unique=True), st.lists(hostile_topics, max_size=5, unique=True))
+def test_topics_named_with_line_ends_quotes_and_backslashes_forge_no_series_of_the_node(mine, theirs):
+    """Two shards with topics named to break a text format: the node's
+    /metrics holds one series of each topic a family, no series its
+    name spells, and every line parses (no reader splitting lines at CR,
+    U+2028 or NEL cuts one)."""
+    shown = sorted(set(mine) | set(theirs))
+    choice = Choice(shown, len(shown))
+    parts = [part_of(shard_metrics(dict.fromkeys(topics, 1)), {t: (1, 0, 0, 0) for t in topics}, choice)
+             for topics in (mine, theirs)]
+    text = render_text(merge_families(parts))
+    assert len(text.splitlines()) == len(text.split("\n")) - 1
+    lines = sample_lines(text)
+    assert all(FAMILY_LINE.fullmatch(line) for line in lines), text
+    names = {FAMILY_LINE.fullmatch(line)["name"] for line in lines}
+    assert names <= {sample.name for part in parts for f in part for sample in f.samples}
+    sends = [line for line in lines if line.startswith("hourglass_sends_total{")]
+    assert len(sends) == len(shown) and sum(int(line.rpartition(" ")[2]) for line in sends) == len(mine) + len(theirs)
+    assert f"hourglass_node_sends_total {len(mine) + len(theirs)}" in lines
+
+
+def test_the_node_shows_its_largest_backlogs_not_each_shards():
+    """--metrics-topics 1 on two shards: each shard's largest backlog
+    alone (b here, c there) is not the node's (a, on both)."""
+    backlogs = [{"a": (3, 0, 0, 0), "b": (5, 0, 0, 0)}, {"a": (2, 1, 0, 0), "c": (5, 0, 0, 0)}]
+    metrics = [shard_metrics({"a": 1, "b": 1}), shard_metrics({"a": 1, "c": 1, "gone": 4})]
+    shards = [asyncio.run(select_topics(m, b, 1)).shown for m, b in zip(metrics, backlogs)]
+    assert shards == [["b"], ["c"]]
+    ranks = merge_ranks([{t: list(r) for t, r in asyncio.run(topic_ranks(m, b)).items()}
+                         for m, b in zip(metrics, backlogs)])
+    assert ranks["a"] == (6, 0) and ranks["gone"] == (None, 0)
+    choice = Choice(asyncio.run(largest(ranks, 1)), node_topics(ranks))
+    assert choice == Choice(["a"], 3)  # ("gone": counters, no topic)
+    text = render_text(merge_families([part_of(m, b, choice) for m, b in zip(metrics, backlogs)]))
+    assert {line.partition('topic="')[2].partition('"')[0] for line in sample_lines(text) if 'topic="' in line} == {"a"}
+    lines = text.split("\n")
+    assert 'hourglass_waiting_messages{topic="a"} 5' in lines and 'hourglass_ready_messages{topic="a"} 1' in lines
+    assert "hourglass_topics 3" in lines and "hourglass_topics_shown 1" in lines
+    assert "hourglass_node_waiting_messages 15" in lines and "hourglass_node_sends_total 8" in lines
 
 
 @given(st.text(max_size=12), st.text(max_size=12))
