@@ -471,6 +471,7 @@ def test_a_shards_windows_and_schedule_caps_are_its_share_of_the_nodes():
     queues = [shard_queues(QueueLimits(window_total=10, inflight_total=2), i, 3) for i in range(3)]
     assert [q.window_total for q in queues] == [4, 3, 3]
     assert [q.inflight_total for q in queues] == [1, 1, 1]  # at least one a shard: a shard with none hands out nothing
-    assert all(q.window == QueueLimits().window for q in queues)  # a topic's own window: per shard, as its help says
+    assert sum(q.window for q in queues) == QueueLimits().window  # a topic's window: the node's, split too
+    assert [shard_queues(QueueLimits(inflight=2), i, 3).inflight for i in range(3)] == [1, 1, 1]
     limits = [shard_schedules(ScheduleLimits(max_schedules=5, max_bytes=1000), i, 3) for i in range(3)]
     assert sum(s.max_schedules for s in limits) == 5 and sum(s.max_bytes for s in limits) == 1000
