@@ -7,10 +7,11 @@ broker.cluster's `ClusterNode`.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +27,7 @@ from .disk.backend import Broker
 from .flow.file import SettingsFile, settings_path
 from .flow.keeper import TopicFlow
 from .http.scrape import Choice, disk_series, largest, metrics_answer, topic_ranks
+from .jobs.api import JOB_OPS, serve_shard_call
 from .jobs.file import JobFiles, jobs_path
 from .jobs.runner import RedriveJobs
 from .node_base import NodeBase
@@ -156,10 +158,14 @@ class DiskNode(NodeBase):
         self.api.make_id = router.owns_new
         self.api.views = served
         self.api.scheduled = lambda topic, ids: scheduled_on_owners(router, here, topic, ids)
-        router.scheduled_here = here
         self.job_api.shards = router  # a job on every shard (broker.jobs.api)
         router.jobs_here = lambda: self.jobs
-        router.metrics_text = self._metrics_here
+        # the calls this shard's features answer for the others
+        router.ops["scheduled"] = lambda args: self._scheduled_here(here, args)
+        router.ops["metrics"] = self._metrics_here
+        router.ops["port"] = lambda args: self._own_port()
+        for op in JOB_OPS:
+            router.ops[op] = functools.partial(self._job_call, router, op)
         console = self.console
         if console is not None:  # its topics and schedules tables: the node's
             async def counts(names: list[str]) -> list[list[int]]:
@@ -178,7 +184,13 @@ class DiskNode(NodeBase):
             console.node_schedule_rows = schedule_rows
             router.ops["console_counts"] = lambda args: console.counts_here(list(args[0]))
             router.ops["console_schedules"] = lambda args: console.schedule_rows_here(args[0], int(args[1]))
-        router.own_port = self._own_port
+
+    @staticmethod
+    async def _scheduled_here(here: Callable[[str, Sequence[str]], Awaitable[set[str]]], args: Sequence[Any]) -> Any:
+        return sorted(await here(str(args[0]), list(args[1])))
+
+    async def _job_call(self, router: ShardRouter, op: str, args: Sequence[Any]) -> Any:
+        return await serve_shard_call(self.jobs, op, args, router.index, router.count)
 
     async def metrics_text(self, request: Request) -> Response:
         """/metrics: a shard answers for the node. Every shard's topics'

@@ -207,6 +207,10 @@ async def _or_none(call: Awaitable[Any]) -> Any:
         return None
 
 
+# The job calls a shard answers for the others (serve_shard_call).
+JOB_OPS = ("job_create", "job_list", "job_get_or_none", "job_cancel_or_none")
+
+
 async def serve_shard_call(jobs: RedriveJobs | None, op: str, args: Sequence[Any], index: int, count: int) -> Any:
     """A job call another shard made of this one: `job_*` (and
     `job_get_or_none`, `job_cancel_or_none`: None for a job it has not)."""

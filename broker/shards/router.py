@@ -56,7 +56,6 @@ from ..core.params import AckRequest, Defaults, DeleteRequest, LongPollRequest, 
 from ..disk.backend import Broker
 from ..http.commands import Command, Runs
 from ..http.http_types import Handler, Request, Response
-from ..jobs.api import serve_shard_call
 from ..jobs.runner import RedriveJobs
 from ..observe.metrics import Backlog, Metrics
 from . import link, placement
@@ -118,9 +117,6 @@ class ShardRouter:
         self._server: asyncio.AbstractServer | None = None
         self._backend: Broker | None = None
         self._long_polls: LongPolls | None = None
-        self.metrics_text: Callable[[Sequence[Any]], Awaitable[Any]] | None = None  # a "metrics" call's answer
-        self.own_port: Callable[[], Awaitable[int]] | None = None
-        self.scheduled_here: Callable[[str, Sequence[str]], Awaitable[set[str]]] | None = None
         self.jobs_here: Callable[[], RedriveJobs | None] = lambda: None  # this shard's redriveMsgs jobs
         # the calls a feature of the node answers for the others (op -> its procedure on the args)
         self.ops: dict[str, Callable[[Sequence[Any]], Awaitable[Any]]] = {}
@@ -272,97 +268,51 @@ class ShardRouter:
         return self.peers[shard].call(op, args)
 
     async def serve(self, op: str, args: Sequence[Any], connection: link.Connection) -> Any:
-        """A call another shard made of this one, on its engine alone."""
-        if op == "hello":
-            self._hello(int(args[0]))
-            return None
-        if op == "best":
-            topic, shard, priority = str(args[0]), int(args[1]), int(args[2])
-            self._best[(shard, topic)] = priority
-            if self._long_polls is not None:
-                self._long_polls.wake_waiters(topic)
-            return None
+        """A call another shard made of this one: the link's own (LINK_OPS),
+        the engine's (ENGINE_OPS: a Backend method's name, on this shard's
+        engine alone), or a feature's of the node (`ops`)."""
+        own = LINK_OPS.get(op)
+        if own is not None:
+            return await own(self, args, connection)
         self.served += 1
+        engine_op = ENGINE_OPS.get(op)
+        if engine_op is not None:
+            return await engine_op(self.backend, args)
         feature_op = self.ops.get(op)
-        if feature_op is not None:
-            return await feature_op(args)
-        backend = self.backend
-        requests = backend.requests
-        if op == "sends":
-            stored = await requests.send([send_of(s) for s in args[0]], args[1])
-            return [message_fields(m) for m in stored]
-        if op == "pull":
-            request: PullRequest | LongPollRequest = PullRequest(*args[0]) if len(args[0]) == 4 \
-                else LongPollRequest(*args[0])
-            pulled = await requests.pull(request)
-            if len(pulled) < request.batch:
-                self._watchers[request.topic].add(connection)
-            return [[message_fields(m) for m in pulled], self._tell_best(request.topic)]
-        if op == "give_back":
-            await backend.give_back(messages_of(args[0]))
-            return None
-        if op == "retry_at":
-            status = await backend.retry_at(str(args[0]), str(args[1]), int(args[2]))
-            return None if status is None else int(status)
-        if op == "ack":
-            await requests.ack(AckRequest(*args))
-            return None
-        if op == "ack_many":
-            return [None if s is None else int(s) for s in await requests.ack_many(args[0], args[1], args[2])]
-        if op == "get":
-            return message_fields(await requests.get(args[0], args[1]))
-        if op == "delete":
-            await requests.delete(DeleteRequest(*args))
-            return None
-        if op == "reschedule":
-            return message_fields(await backend.reschedule(args[0], args[1], args[2]))
-        if op == "redrive":
-            return message_fields(await backend.redrive(args[0], args[1]))
-        if op == "redrive_all":
-            return list(await backend.redrive_all(args[0], args[1]))
-        if op == "list_dead":
-            page, cursor = await backend.list_dead(args[0], frozenset(Status(s) for s in args[1]), args[2], args[3])
-            return [[message_fields(m) for m in page], cursor]
-        if op == "list_msgs":
-            page, cursor = await backend.list_msgs(list_of(args[0]))
-            return [[message_fields(m) for m in page], cursor]
-        if op == "count_msgs":
-            return await backend.count_msgs(args[0], filter_of(args[1]))
-        if op == "delete_msgs":
-            return list(await backend.delete_msgs(DeleteMsgsRequest(args[0], filter_of(args[1]), args[2])))
-        if op == "reschedule_msgs":
-            return list(await backend.reschedule_msgs(
-                RescheduleMsgsRequest(args[0], filter_of(args[1]), args[2], args[3], args[4])))
-        if op == "topic_list":
-            return backend.topic_list()
-        if op == "topic_infos":
-            return await backend.topic_infos(args[0])
-        if op == "topic_backlogs":
-            return {t: list(b) for t, b in (await backend.topic_backlogs()).items()}
-        if op == "monitor_data":
-            return backend.metrics.monitor_data()
-        if op == "metrics":
-            if self.metrics_text is None:
-                raise Unavailable("the shard is starting; retry")
-            return await self.metrics_text(args)
-        if op == "port":
-            if self.own_port is None:
-                raise Unavailable("the shard is starting; retry")
-            return await self.own_port()
-        if op == "call":
-            return await self._call_here(args)
-        if op.startswith("job_"):
-            return await serve_shard_call(self.jobs_here(), op, args, self.index, self.count)
-        if op == "rates":
-            board = self.rates.board
-            if board is None:
-                raise InvalidRequest("op", "rates are reported to shard 0")
-            return board.report(args[0], args[1], backend.clock.monotonic_s())
-        if op == "scheduled":
-            if self.scheduled_here is None:
-                return []
-            return sorted(await self.scheduled_here(args[0], args[1]))
-        raise InvalidRequest("op", f"no shard call {op!r}")
+        if feature_op is None:
+            raise InvalidRequest("op", f"no shard call {op!r}")
+        return await feature_op(args)
+
+    async def _on_hello(self, args: Sequence[Any], connection: link.Connection) -> None:
+        self._hello(int(args[0]))
+
+    async def _on_best(self, args: Sequence[Any], connection: link.Connection) -> None:
+        topic, shard, priority = str(args[0]), int(args[1]), int(args[2])
+        self._best[(shard, topic)] = priority
+        if self._long_polls is not None:
+            self._long_polls.wake_waiters(topic)
+
+    async def _on_pull(self, args: Sequence[Any], connection: link.Connection) -> list[Any]:
+        """This shard's best READY messages; if fewer than asked, the asker is
+        told when one is READY here; the best priority left, as `_tell_best`."""
+        self.served += 1
+        request: PullRequest | LongPollRequest = PullRequest(*args[0]) if len(args[0]) == 4 \
+            else LongPollRequest(*args[0])
+        pulled = await self.backend.requests.pull(request)
+        if len(pulled) < request.batch:
+            self._watchers[request.topic].add(connection)
+        return [[message_fields(m) for m in pulled], self._tell_best(request.topic)]
+
+    async def _on_call(self, args: Sequence[Any], connection: link.Connection) -> list[Any]:
+        self.served += 1
+        return await self._call_here(args)
+
+    async def _on_rates(self, args: Sequence[Any], connection: link.Connection) -> Any:
+        self.served += 1
+        board = self.rates.board
+        if board is None:
+            raise InvalidRequest("op", "rates are reported to shard 0")
+        return board.report(args[0], args[1], self.backend.clock.monotonic_s())
 
     # == the node's other commands: routed as whole HTTP requests ===============================
 
@@ -468,6 +418,97 @@ class ShardRouter:
         raise missing
 
 
+# -- the engine's calls between shards: a Backend method's name, its arguments as they travel --
+
+async def _send(b: Broker, a: Sequence[Any]) -> Any:
+    return [message_fields(m) for m in await b.requests.send([send_of(s) for s in a[0]], a[1])]
+
+
+async def _give_back(b: Broker, a: Sequence[Any]) -> Any:
+    await b.give_back(messages_of(a[0]))
+
+
+async def _retry_at(b: Broker, a: Sequence[Any]) -> Any:
+    status = await b.retry_at(str(a[0]), str(a[1]), int(a[2]))
+    return None if status is None else int(status)
+
+
+async def _ack_many(b: Broker, a: Sequence[Any]) -> Any:
+    return [None if s is None else int(s) for s in await b.requests.ack_many(a[0], a[1], a[2])]
+
+
+async def _get(b: Broker, a: Sequence[Any]) -> Any:
+    return message_fields(await b.requests.get(a[0], a[1]))
+
+
+async def _delete(b: Broker, a: Sequence[Any]) -> Any:
+    await b.requests.delete(DeleteRequest(*a))
+
+
+async def _reschedule(b: Broker, a: Sequence[Any]) -> Any:
+    return message_fields(await b.reschedule(a[0], a[1], a[2]))
+
+
+async def _redrive(b: Broker, a: Sequence[Any]) -> Any:
+    return message_fields(await b.redrive(a[0], a[1]))
+
+
+async def _redrive_all(b: Broker, a: Sequence[Any]) -> Any:
+    return list(await b.redrive_all(a[0], a[1]))
+
+
+async def _list_dead(b: Broker, a: Sequence[Any]) -> Any:
+    page, cursor = await b.list_dead(a[0], frozenset(Status(s) for s in a[1]), a[2], a[3])
+    return [[message_fields(m) for m in page], cursor]
+
+
+async def _list_msgs(b: Broker, a: Sequence[Any]) -> Any:
+    page, cursor = await b.list_msgs(list_of(a[0]))
+    return [[message_fields(m) for m in page], cursor]
+
+
+async def _count_msgs(b: Broker, a: Sequence[Any]) -> Any:
+    return await b.count_msgs(a[0], filter_of(a[1]))
+
+
+async def _delete_msgs(b: Broker, a: Sequence[Any]) -> Any:
+    return list(await b.delete_msgs(DeleteMsgsRequest(a[0], filter_of(a[1]), a[2])))
+
+
+async def _reschedule_msgs(b: Broker, a: Sequence[Any]) -> Any:
+    return list(await b.reschedule_msgs(RescheduleMsgsRequest(a[0], filter_of(a[1]), a[2], a[3], a[4])))
+
+
+async def _topic_list(b: Broker, a: Sequence[Any]) -> Any:
+    return b.topic_list()
+
+
+async def _topic_infos(b: Broker, a: Sequence[Any]) -> Any:
+    return await b.topic_infos(a[0])
+
+
+async def _topic_backlogs(b: Broker, a: Sequence[Any]) -> Any:
+    return {t: list(backlog) for t, backlog in (await b.topic_backlogs()).items()}
+
+
+async def _monitor_data(b: Broker, a: Sequence[Any]) -> Any:
+    return b.metrics.monitor_data()
+
+
+ENGINE_OPS: dict[str, Callable[[Broker, Sequence[Any]], Awaitable[Any]]] = {
+    "send": _send, "give_back": _give_back, "retry_at": _retry_at, "ack_many": _ack_many, "get": _get,
+    "delete": _delete, "reschedule": _reschedule, "redrive": _redrive, "redrive_all": _redrive_all,
+    "list_dead": _list_dead, "list_msgs": _list_msgs, "count_msgs": _count_msgs, "delete_msgs": _delete_msgs,
+    "reschedule_msgs": _reschedule_msgs, "topic_list": _topic_list, "topic_infos": _topic_infos,
+    "topic_backlogs": _topic_backlogs, "monitor_data": _monitor_data}
+
+# The link's own calls: a shard's hello and best priority, a pull (it watches for the asker), a
+# command forwarded whole, a report of rates to shard 0.
+LINK_OPS: dict[str, Callable[[ShardRouter, Sequence[Any], link.Connection], Awaitable[Any]]] = {
+    "hello": ShardRouter._on_hello, "best": ShardRouter._on_best, "pull": ShardRouter._on_pull,
+    "call": ShardRouter._on_call, "rates": ShardRouter._on_rates}
+
+
 class ShardedRequests:
     """The message requests of a node of many shards (MessageRequests):
     see the module docstring."""
@@ -504,7 +545,7 @@ class ShardedRequests:
             if shard == index:
                 calls.append(self._local.send(part, now_ms))
             else:
-                calls.append(router.call(shard, "sends", [[[list(s.message), s.strict, s.skip_after_ms]
+                calls.append(router.call(shard, "send", [[[list(s.message), s.strict, s.skip_after_ms]
                                                             for s in part], now_ms]))
         answers = await asyncio.gather(*calls, return_exceptions=True)
         stored: list[Message | None] = [None] * len(sends)
