@@ -122,6 +122,7 @@ COMPILED = [
     "broker/retry.py",
     "broker/schedules/keeper.py",
     "broker/shards/placement.py",
+    "broker/shards/backend.py",
     "broker/shards/router.py",
     "broker/shards/views.py",
 ]

@@ -40,7 +40,8 @@ if TYPE_CHECKING:
     from .http.commands import Command
     from .http.http_types import Request, Response
     from .redis.backend import RedisBroker
-    from .shards.router import ShardedBackend, ShardRouter
+    from .shards.backend import ShardedBackend
+    from .shards.router import ShardRouter
 
 log = logging.getLogger("hourglass.server")
 
@@ -95,8 +96,9 @@ class DiskNode(NodeBase):
         self.served: ShardedBackend | None = None  # a shard's node-wide backend (its API's, its pushers')
         served: Broker | ShardedBackend = self.broker
         if config.shard is not None:
+            from .shards.backend import ShardedBackend
             from .shards.layout import links_path
-            from .shards.router import ShardedBackend, ShardRouter
+            from .shards.router import ShardRouter
             self.router = ShardRouter(*config.shard, links_path(config.node_path), config.bodies,
                                       config.max_msg_bytes)
             self.router.attach(self.broker, self.broker.long_polls)
@@ -152,7 +154,7 @@ class DiskNode(NodeBase):
     def _serve_shards(self, router: ShardRouter, served: object) -> None:
         """The API's hooks of a shard: new msgIds it owns, the node's views,
         a run msgId's schedule asked of its owner; the calls other shards make."""
-        from .shards.router import ShardedBackend, scheduled_on_owners
+        from .shards.backend import ShardedBackend, scheduled_on_owners
         assert isinstance(served, ShardedBackend)
         here = NodeBase.scheduled.__get__(self)
         self.api.make_id = router.owns_new

@@ -152,7 +152,7 @@ def console_entry(token: str | None, sessions: ConsoleSessions | None, handler: 
 
 
 class NodeViews(Protocol):
-    """What a node of many shards answers for all of them (broker.shards.router.ShardedBackend)."""
+    """What a node of many shards answers for all of them (broker.shards.backend.ShardedBackend)."""
 
     async def monitor_data(self) -> dict[str, object]: ...
 
@@ -185,7 +185,7 @@ class Api:
         self.scheduled: Callable[[str, Sequence[str]], Awaitable[set[str]]] | None = None
         # A new msgId for a send without one (a node of many shards: one this shard owns).
         self.make_id: Callable[[], str] = new_msg_id
-        # The node's whole views where the backend is one shard's engine of many (broker.shards.router).
+        # The node's whole views where the backend is one shard's engine of many (broker.shards.backend).
         self.views: NodeViews | None = None
         # A topic's `paused` for getTopicInfo (the node's pauses: broker.flow); None: none kept.
         self.paused: Callable[[str], bool | list[str] | None] = lambda topic: None

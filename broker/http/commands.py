@@ -77,7 +77,7 @@ class Runs(enum.Enum):
     HERE = "here"    # on the shard the request reached, alone: state of that process
                      # (its sessions, its health), or state every shard keeps alike
     NODE = "node"    # there, its handler reaching the node's messages through the
-                     # node's backend (broker.shards.router.ShardedBackend: each of
+                     # node's backend (broker.shards.backend.ShardedBackend: each of
                      # its calls on the owner, or on all with a merge) or the
                      # node's calls (its jobs, its views)
     OWNER = "owner"  # forwarded whole to the shard that owns a parameter's value

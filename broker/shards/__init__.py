@@ -11,7 +11,12 @@ and merges the node's views.
     placement   which shard owns a msgId, a key, a schedule (a stable hash)
     layout      the shard count a data directory keeps, and each shard's place
     link        the local sockets between shards: framed, pipelined calls
-    router      a shard's side: what it forwards, merges and fans out
+    router      a shard's side: its links, the calls it answers, the commands
+                routed as each declares where it runs (broker.http.commands)
+    backend     the node's Backend on a shard: what it forwards and fans out
+    views       what crosses the links, and how the shards' views merge
+    answers     how every shard's answer to a command becomes one
+    budgets     the node's caps and windows, each shard's share
     rates       a topic's releaseRate, a job's rate: shares moved by demand
     supervisor  the process around the shards: the port, start, restart, stop
 

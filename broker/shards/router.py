@@ -1,33 +1,20 @@
-"""A shard's side of a node of many shards (docs/internals.md, "Shards").
+"""A shard's side of a node of many shards (docs/internals.md, "Shards"):
+its links to the other shards and what travels on them.
 
-`ShardRouter` is what the API (broker.http.api) reaches through when the
-node runs N > 1 shards: the requests it parsed and validated, whole, go
-either to this shard's own engine or, parsed, to the owner's over its link
-(broker.shards.link); nothing is parsed or validated twice.
+    serve       the calls other shards make of this one: the link's own
+                (hello, best, pull, call, rates), the engine's (ENGINE_OPS:
+                a Backend method's name, run on this shard's engine alone),
+                and the ones the node's features register (`ops`: metrics,
+                port, scheduled, jobs, the console's)
+    route       a command as its `where` declares (broker.http.commands):
+                forwarded whole to the owner of a parameter, or to every
+                shard with a merge (broker.shards.answers)
+    best        this shard's best READY priority of a topic, told the others
+                when it rises; what each told, for the node's pull order
+    rates       a topic's releaseRate and a job's rate held node-wide: each
+                shard's share moved by demand (broker.shards.rates)
 
-    send, sendMsgBatch   each message to its owner (broker.shards.placement):
-                         a send without a msgId gets one this shard owns,
-                         so it is stored here; a batch is split by owner,
-                         the parts stored at once, answered in the batch's order
-    ack, get, delete,    to the msgId's owner; a NotFound there (for an ack:
-    reschedule, redrive  no such message) asks the others (a keyed message
-                         lives on its key's shard)
-    ackMsg msgIds        split by owner, the statuses in the ids' order; the
-                         ids an owner has no message of asked of the others
-    pull, long poll      this shard's due messages first, then the others'
-                         (never early: a shard hands over only its READY
-                         ones); a shard that had fewer than asked is skipped
-                         until it tells this one the topic has one READY
-                         again, which also wakes this shard's long polls
-    redriveMsgs jobs     one on every shard under one jobId (broker.jobs.api)
-    rates                a topic's releaseRate and a job's rate held node-wide:
-                         each shard's share moved by demand (broker.shards.rates)
-    the node's views     topic infos, getMonitorData, listMsg (one cursor:
-                         the pages merged in (trigger time, msgId) order),
-                         listDeadMsg (one cursor: shard by shard), bulk
-                         calls, /metrics: every shard's, merged
-
-`serve` answers the calls other shards make of this one.
+The node's Backend over these links is broker.shards.backend.
 """
 
 from __future__ import annotations
@@ -41,39 +28,27 @@ from collections import defaultdict
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from storage.entry import Message, Status
+from storage.entry import Status
 from storage.errors import InvalidRequest, InvariantError, NotFound, Unavailable
 from storage.fileutil import make_dir
-from storage.store import NewMessage
-from wheel.clock import Clock
 
-from ..backend import MessageRequests, topic_cap_error
 from ..core import params
 from ..core.bodies import BodyLimits
-from ..core.bulk_params import BulkFilter, DeleteMsgsRequest, ListMsgRequest, RescheduleMsgsRequest
+from ..core.bulk_params import DeleteMsgsRequest, RescheduleMsgsRequest
 from ..core.long_polls import LongPolls
-from ..core.params import AckRequest, Defaults, DeleteRequest, LongPollRequest, NewSend, PullRequest
+from ..core.params import DeleteRequest, LongPollRequest, PullRequest
 from ..disk.backend import Broker
 from ..http.commands import Command, Runs
 from ..http.http_types import Handler, Request, Response
 from ..jobs.runner import RedriveJobs
-from ..observe.metrics import Backlog, Metrics
 from . import link, placement
 from .answers import MERGES, Merge
 from .rates import RateShares
 from .views import (
-    dead_cursor,
-    filter_fields,
     filter_of,
-    list_fields,
     list_of,
-    merge_monitor_data,
-    merge_pages,
-    merge_topic_infos,
     message_fields,
-    message_of,
     messages_of,
-    parse_dead_cursor,
     send_of,
 )
 
@@ -507,399 +482,3 @@ ENGINE_OPS: dict[str, Callable[[Broker, Sequence[Any]], Awaitable[Any]]] = {
 LINK_OPS: dict[str, Callable[[ShardRouter, Sequence[Any], link.Connection], Awaitable[Any]]] = {
     "hello": ShardRouter._on_hello, "best": ShardRouter._on_best, "pull": ShardRouter._on_pull,
     "call": ShardRouter._on_call, "rates": ShardRouter._on_rates}
-
-
-class ShardedRequests:
-    """The message requests of a node of many shards (MessageRequests):
-    see the module docstring."""
-
-    def __init__(self, router: ShardRouter, engine: Broker) -> None:
-        self._router = router
-        self._local = engine.requests
-        self._long_polls = engine.long_polls
-        self._give_back_here = engine.give_back
-        self._best_here = engine.best_priority
-        self._has_topic = engine.has_topic
-        self._topic_list = engine.topic_list
-        self._max_topics = engine.limits.topics
-        self._admitted: set[str] = set()  # topics the node was found to have
-
-    def __repr__(self) -> str:
-        return f"ShardedRequests({self._router!r})"
-
-    async def send(self, sends: Sequence[NewSend], now_ms: int) -> list[Message]:
-        router = self._router
-        count, index = router.count, router.index
-        topic = sends[0].message.topic if sends else ""
-        if sends and topic not in self._admitted and not self._has_topic(topic):
-            await self._admit_topic(topic)
-        owners = [placement.message_owner(s.message.msg_id, s.message.key, count) for s in sends]
-        if all(o == index for o in owners):
-            return await self._local.send(sends, now_ms)
-        parts: dict[int, list[int]] = defaultdict(list)
-        for at, shard in enumerate(owners):
-            parts[shard].append(at)
-        calls: list[Awaitable[Any]] = []
-        for shard, ats in parts.items():
-            part = [sends[at] for at in ats]
-            if shard == index:
-                calls.append(self._local.send(part, now_ms))
-            else:
-                calls.append(router.call(shard, "send", [[[list(s.message), s.strict, s.skip_after_ms]
-                                                            for s in part], now_ms]))
-        answers = await asyncio.gather(*calls, return_exceptions=True)
-        stored: list[Message | None] = [None] * len(sends)
-        failed: BaseException | None = None
-        for ats, answer in zip(parts.values(), answers):
-            if isinstance(answer, BaseException):
-                failed = failed or answer
-                continue
-            for at, m in zip(ats, answer):
-                stored[at] = m if isinstance(m, Message) else message_of(m)
-        if failed is not None:  # a part not stored: the client sends the batch again (ids dedup what was)
-            raise failed
-        return [m for m in stored if m is not None]
-
-    async def _admit_topic(self, topic: str) -> None:
-        """A send to a topic this shard has no message of: refused (429) if
-        the node has --max-topics topics and none of them is it. (Two
-        shards admitting two new topics at once may pass the cap by one
-        each: docs/configuration.md, "--shards".)"""
-        lists = await self._router.everywhere("topic_list", [], self._topics_here)
-        known = set().union(*lists)
-        if topic not in known and len(known) >= self._max_topics:
-            raise topic_cap_error(len(known), self._max_topics)
-        if len(self._admitted) >= 2 * self._max_topics:  # retired topics are asked about again
-            self._admitted.clear()
-        self._admitted.add(topic)
-
-    async def _topics_here(self) -> list[str]:
-        return self._topic_list()
-
-    async def pull(self, request: PullRequest | LongPollRequest) -> list[Message]:
-        """The node's best READY messages of the topic (docs/api.md,
-        "Shards"). The shards are asked best first: those that said they
-        have a higher priority than this one's best, this one, then the
-        others; each for the batch's room left and for as many as it may
-        outrank of those taken (its best above theirs: a shard that said
-        nothing above 0 may hold 0). Of all taken, the batch's best in pull
-        order (priority, then trigger time) are the answer; the rest are
-        given back, READY again on their shards."""
-        router = self._router
-        topic = request.topic
-        drained = router.drained(topic, request.tags)
-        here = self._best_here(topic)
-        others = [shard for shard in router.others() if shard not in drained]
-        # the others by what they said, best first: above this shard's best before it, the rest after
-        said = sorted(((router.best_of(shard, topic), shard) for shard in others), key=lambda b: -b[0])
-        order: list[tuple[int | None, int]] = [(best, shard) for best, shard in said if here is None or best > here]
-        if here is not None:  # (None: nothing READY here)
-            order.append((here, router.index))
-        order += [(best, shard) for best, shard in said if here is not None and best <= here]
-        pulled: list[Message] = []
-        for best, shard in order:
-            want = request.batch - len(pulled)
-            if best is not None:
-                want += sum(1 for m in pulled if m.priority < best)
-            if want <= 0:
-                continue
-            if shard == router.index:
-                pulled += await self._local.pull(request._replace(batch=want))
-            else:
-                pulled += await self._pull_from(shard, request, want, drained)
-        if len(pulled) > 1:  # one pull's answer in pull order, whichever shard each came from
-            pulled.sort(key=lambda m: (-m.priority, m.trigger_ms))
-        if len(pulled) > request.batch:  # outranked by another shard's: READY again where it is
-            await self._give_back(pulled[request.batch:])
-            del pulled[request.batch:]
-        return pulled
-
-    async def _pull_from(self, shard: int, request: PullRequest | LongPollRequest, want: int,
-                         drained: set[int]) -> list[Message]:
-        """Up to `want` of `shard`'s best (taken there: CONSUMING); its best
-        priority after, as its answer says, kept for the next pulls."""
-        router = self._router
-        heard = router.heard(shard, request.topic)
-        try:
-            rows, best = await router.call(shard, "pull", [list(request._replace(batch=want))])
-        except Unavailable:
-            return []
-        router.heard_best(shard, request.topic, best)
-        if len(rows) < want and router.heard(shard, request.topic) == heard:
-            drained.add(shard)
-        return messages_of(rows)
-
-    async def long_poll(self, request: LongPollRequest, gone: Callable[[], bool]) -> list[Message]:
-        # wait_before_pull: a pull here awaits other shards' answers, and a
-        # wake (another shard's "ready" notice, a resume) that comes meanwhile
-        # must count, or the poll sleeps to its timeout with a message ready
-        return await self._long_polls.wait_ready(request.topic, request.long_polling_timeout_ms,
-                                                 lambda: self.pull(request), self._give_back, gone,
-                                                 wait_before_pull=True)
-
-    async def _give_back(self, messages: list[Message]) -> None:
-        router = self._router
-        by_shard: dict[int, list[Message]] = defaultdict(list)
-        for m in messages:
-            by_shard[placement.message_owner(m.msg_id, m.key, router.count)].append(m)
-        for shard, part in by_shard.items():
-            if shard == router.index:
-                await self._give_back_here(part)
-            else:
-                await router.call(shard, "give_back", [[message_fields(m) for m in part]])
-
-    def ack(self, request: AckRequest) -> Awaitable[object]:
-        return self.ack_many(request.topic, (request.msg_id,), request.ack)
-
-    async def ack_many(self, topic: str, msg_ids: Sequence[str], ack: bool = True) -> list[Status | None]:
-        """Each id acked by its msgId's owner; an id that shard has no
-        message of is asked of the others in turn (a keyed message lives on
-        its key's shard: acked at its msgId's alone, it would be left
-        consuming and delivered again after its ack timeout)."""
-        router = self._router
-        statuses: list[Status | None] = [None] * len(msg_ids)
-        missing = list(range(len(msg_ids)))
-        first = {at: placement.owner(msg_ids[at], router.count) for at in missing}
-        for turn in range(router.count):
-            parts: dict[int, list[int]] = defaultdict(list)
-            for at in missing:
-                parts[(first[at] + turn) % router.count].append(at)
-            calls: list[Awaitable[Any]] = []
-            for shard, ats in parts.items():
-                ids = [msg_ids[at] for at in ats]
-                calls.append(self._local.ack_many(topic, ids, ack) if shard == router.index
-                             else router.call(shard, "ack_many", [topic, ids, ack]))
-            for (_, ats), answer in zip(parts.items(), await asyncio.gather(*calls)):
-                for at, status in zip(ats, answer):
-                    statuses[at] = None if status is None else Status(status)
-            missing = [at for at in missing if statuses[at] is None]
-            if not missing:
-                break
-        return statuses
-
-    async def delete(self, request: DeleteRequest) -> None:
-        await self._router.by_id(request.msg_id, "delete", list(request), lambda: self._local.delete(request))
-
-    async def get(self, topic: str, msg_id: str) -> Message:
-        found = await self._router.by_id(msg_id, "get", [topic, msg_id], lambda: self._local.get(topic, msg_id))
-        return found if isinstance(found, Message) else message_of(found)
-
-
-class ShardedBackend:
-    """The Backend the API serves a node of many shards with: this shard's
-    engine for what is its own, the router for what is the node's."""
-
-    def __init__(self, router: ShardRouter, local: Broker) -> None:
-        self._router = router
-        self._local = local
-        self.clock: Clock = local.clock
-        self.defaults: Defaults = local.defaults
-        self.metrics: Metrics = local.metrics
-        self.on_fatal = local.on_fatal
-        self._requests = ShardedRequests(router, local)
-
-    def __repr__(self) -> str:
-        return f"ShardedBackend({self._router!r})"
-
-    @property
-    def requests(self) -> MessageRequests:
-        return self._requests
-
-    @property
-    def failed(self) -> BaseException | None:
-        return self._local.failed
-
-    async def send(self, sends: Sequence[NewSend | NewMessage]) -> list[Message]:
-        return await self._local.send(sends)
-
-    async def pull(self, request: PullRequest | LongPollRequest) -> list[Message]:
-        return await self._requests.pull(request)
-
-    async def long_poll(self, request: LongPollRequest, gone: Callable[[], bool] = lambda: False) -> list[Message]:
-        return await self._requests.long_poll(request, gone)
-
-    async def ack(self, request: AckRequest) -> None:
-        await self._requests.ack(request)
-
-    async def ack_many(self, topic: str, msg_ids: Sequence[str], ack: bool = True) -> list[Status | None]:
-        return await self._requests.ack_many(topic, msg_ids, ack)
-
-    async def delete(self, request: DeleteRequest) -> None:
-        await self._requests.delete(request)
-
-    async def get(self, topic: str, msg_id: str) -> Message:
-        return await self._requests.get(topic, msg_id)
-
-    async def reschedule(self, topic: str, msg_id: str, trigger_ms: int) -> Message:
-        found = await self._router.by_id(msg_id, "reschedule", [topic, msg_id, trigger_ms],
-                                         lambda: self._local.reschedule(topic, msg_id, trigger_ms))
-        return found if isinstance(found, Message) else message_of(found)
-
-    async def retry_at(self, topic: str, msg_id: str, at_ms: int) -> Status | None:
-        """A failed push (the pusher of a topic pushes every shard's
-        messages): on the shard whose message is in flight, the msgId's
-        first (a keyed one lives on its key's: the others then, in turn)."""
-        router = self._router
-        first = placement.owner(msg_id, router.count)
-        for shard in [first, *[i for i in range(router.count) if i != first]]:
-            if shard == router.index:
-                status = await self._local.retry_at(topic, msg_id, at_ms)
-            else:
-                found = await router.call(shard, "retry_at", [topic, msg_id, at_ms])
-                status = None if found is None else Status(found)
-            if status is not None:
-                return status
-        return None
-
-    async def give_back(self, messages: list[Message]) -> None:
-        await self._local.give_back(messages)
-
-    async def list_dead(self, topic: str, statuses: frozenset[Status], cursor: str | None,
-                        limit: int) -> tuple[list[Message], str | None]:
-        router = self._router
-        shard, inner = parse_dead_cursor(cursor, router.count)
-        page: list[Message] = []
-        while True:
-            if shard == router.index:
-                got, inner = await self._local.list_dead(topic, statuses, inner, limit - len(page))
-            else:
-                rows, inner = await router.call(shard, "list_dead",
-                                                [topic, sorted(int(s) for s in statuses), inner, limit - len(page)])
-                got = messages_of(rows)
-            page.extend(got)
-            if inner is not None:  # this shard has more: the next page goes on here
-                return page, dead_cursor(shard, inner)
-            shard += 1
-            if shard == router.count:
-                return page, None
-            if len(page) >= limit:
-                return page, dead_cursor(shard, None)
-
-    async def redrive(self, topic: str, msg_id: str) -> Message:
-        found = await self._router.by_id(msg_id, "redrive", [topic, msg_id],
-                                         lambda: self._local.redrive(topic, msg_id))
-        return found if isinstance(found, Message) else message_of(found)
-
-    async def redrive_all(self, topic: str, limit: int) -> tuple[int, bool]:
-        router = self._router
-        done, more = 0, False
-        for shard in range(router.count):
-            if done >= limit:
-                return done, True
-            if shard == router.index:
-                n, more = await self._local.redrive_all(topic, limit - done)
-            else:
-                n, more = await router.call(shard, "redrive_all", [topic, limit - done])
-            done += n
-        return done, more
-
-    async def list_msgs(self, request: ListMsgRequest) -> tuple[list[Message], str | None]:
-        """Every shard's page after the cursor, merged in page order and cut
-        to the limit; the cursor after the last one kept, if any shard has more."""
-        router = self._router
-        answers = await router.everywhere("list_msgs", [list_fields(request)],
-                                          lambda: self._local.list_msgs(request))
-        return merge_pages([([m if isinstance(m, Message) else message_of(m) for m in got], cursor)
-                            for got, cursor in answers], request.limit)
-
-    async def count_msgs(self, topic: str, flt: BulkFilter) -> int:
-        counts = await self._router.everywhere("count_msgs", [topic, filter_fields(flt)],
-                                               lambda: self._local.count_msgs(topic, flt))
-        return sum(counts)
-
-    async def delete_msgs(self, request: DeleteMsgsRequest) -> tuple[int, bool]:
-        """Shard by shard, each its part whole, up to the limit in all."""
-        router = self._router
-        fields = filter_fields(request.filter)
-
-        def on(shard: int, limit: int) -> Awaitable[Any]:
-            if shard == router.index:
-                return self._local.delete_msgs(request._replace(limit=limit))
-            return router.call(shard, "delete_msgs", [request.topic, fields, limit])
-        return await self._in_turn(request.topic, request.filter, request.limit, on)
-
-    async def reschedule_msgs(self, request: RescheduleMsgsRequest) -> tuple[int, bool]:
-        """Shard by shard, each its part whole, up to the limit in all."""
-        router = self._router
-        fields = filter_fields(request.filter)
-
-        def on(shard: int, limit: int) -> Awaitable[Any]:
-            if shard == router.index:
-                return self._local.reschedule_msgs(request._replace(limit=limit))
-            return router.call(shard, "reschedule_msgs", [request.topic, fields, limit, request.shift_ms,
-                                                          request.trigger_ms])
-        return await self._in_turn(request.topic, request.filter, request.limit, on)
-
-    async def _in_turn(self, topic: str, flt: BulkFilter, limit: int,
-                       on: Callable[[int, int], Awaitable[Any]]) -> tuple[int, bool]:
-        """A bulk call on each shard in turn with what is left of `limit`;
-        how many in all, and whether matches are left on any shard."""
-        done = 0
-        for shard in range(self._router.count):
-            if done >= limit:  # the limit reached: more if a shard not asked has a match
-                for rest in range(shard, self._router.count):
-                    if await self._count_on(rest, topic, flt):
-                        return done, True
-                return done, False
-            n, more = await on(shard, limit - done)
-            done += n
-            if more:
-                return done, True
-        return done, False
-
-    async def _count_on(self, shard: int, topic: str, flt: BulkFilter) -> int:
-        if shard == self._router.index:
-            return await self._local.count_msgs(topic, flt)
-        count: int = await self._router.call(shard, "count_msgs", [topic, filter_fields(flt)])
-        return count
-
-    async def topic_info(self, topic: str) -> dict[str, object]:
-        return (await self.topic_infos([topic]))[0]
-
-    async def topic_infos(self, topics: Sequence[str]) -> list[dict[str, object]]:
-        answers = await self._router.everywhere("topic_infos", [list(topics)],
-                                                lambda: self._local.topic_infos(topics))
-        return [merge_topic_infos(infos) for infos in zip(*answers)]
-
-    async def all_topics(self) -> list[str]:
-        """The topics any shard knows, sorted."""
-        lists = await self._router.everywhere("topic_list", [], self._local_topics)
-        return sorted(set().union(*lists))
-
-    async def _local_topics(self) -> list[str]:
-        return self._local.topic_list()
-
-    def topic_list(self) -> list[str]:
-        return self._local.topic_list()
-
-    async def topic_backlogs(self) -> dict[str, Backlog]:
-        return await self._local.topic_backlogs()
-
-    async def monitor_data(self) -> dict[str, Any]:
-        parts = await self._router.everywhere("monitor_data", [], self._local_monitor_data)
-        return merge_monitor_data(parts)
-
-    async def _local_monitor_data(self) -> dict[str, Any]:
-        return self._local.metrics.monitor_data()
-
-    def wake_all(self) -> None:
-        self._local.wake_all()
-
-    def begin_stop(self) -> None:
-        self._local.begin_stop()
-
-    async def stop(self) -> None:
-        await self._local.stop()
-
-
-async def scheduled_on_owners(router: ShardRouter, here: Callable[[str, Sequence[str]], Awaitable[set[str]]],
-                              topic: str, schedule_ids: Sequence[str]) -> set[str]:
-    """Which of `schedule_ids` are schedules of `topic`, asked of each one's owner."""
-    parts: dict[int, list[str]] = defaultdict(list)
-    for sid in schedule_ids:
-        parts[placement.owner(sid, router.count)].append(sid)
-    found: set[str] = set()
-    for shard, ids in parts.items():
-        found.update(await here(topic, ids) if shard == router.index else await router.call(shard, "scheduled",
-                                                                                            [topic, ids]))
-    return found
