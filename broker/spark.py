@@ -86,15 +86,17 @@ node, or a map that cannot be read: every request goes to `url`. Each
 destination (a shard's port, or `url`) has a thread of the task and
 kept-alive connections of its own, sending its requests in order, one at
 a time, while the task makes the next ones: the shards store a task's
-rows side by side. When a shard's port fails (refused, reset, a timeout,
+rows side by side (a destination holds two requests at most: the one it
+sends and the next). When a shard's port fails (refused, reset, a timeout,
 429, 502, 503, 504) the request goes on at once through `url`, which
 stores any message, and so do the task's later requests; the map is read
 again 60 s later (`broker.shard_map`, as `broker.client` does): a shard
 that restarted listens on a new port. Each request is validated whole by
 the shard that takes it, as a batch sent to `url` is by the node: one
-refused row stores nothing of its request and fails the task, though
-requests to other shards, as earlier requests, may have been stored (the
-task's retry re-sends them harmlessly, below).
+refused row stores nothing of its request and fails the task, which
+sends nothing more; its requests to other shards, as its earlier ones,
+may have been stored by then (the task's retry re-sends them harmlessly,
+below).
 
 A request answered 429, 502, 503 or 504, or failing with a refused or
 reset connection or a timeout, is retried `retries` times by the clients'
@@ -119,7 +121,9 @@ each batch; Spark refuses `update` for Python data sources). A stream needs a
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
+import functools
 import http.client
 import itertools
 import json
@@ -157,6 +161,12 @@ SEND_BATCH_PATH = PREFIX + "sendMsgBatch"
 SHARD_MAP_PATH = PREFIX + "getShardMap"
 # The cap of the backoff between retries.
 MAX_BACKOFF_MS = 10_000
+# Requests a destination's lane holds at once, the one it sends and those
+# waiting for it: the task makes the next ones meanwhile, and the lane's
+# next is at hand the moment an answer comes. 1 and 2 measured alike into
+# a node of 2 shards on 2 cores, Spark on the same cores (docs/benchmarks.md,
+# "Spark into a node"); 2 keeps a round trip off the shard's time.
+LANE_DEPTH = 2
 # Options Spark itself may pass along with ours.
 SPARK_OPTIONS = frozenset({"path", "checkpointlocation"})
 # Local properties Spark sets on a streaming query's tasks.
@@ -565,7 +575,7 @@ class _Sender:
     connections of its own that sends that destination's requests in
     order, one at a time, while the task turns its next rows into
     requests; so a node's shards store a task's rows side by side. `send`
-    hands a request to its lane once the lane's previous one is answered,
+    hands a request to its lane once the lane holds fewer than LANE_DEPTH,
     and raises the first failure of any lane; `finish` waits for them all.
     The node's shard map (getShardMap, `broker.shard_map`) is read at the
     first `shard_map()`.
@@ -578,9 +588,10 @@ class _Sender:
     (the task's later requests go there too until it is read again).
     Every request is idempotent: a retry re-sends the same ids, so it
     cannot duplicate. A 413 for more than one message splits the request in
-    halves. Anything else raises SinkError; the other lanes then stop
-    retrying. Leaving the `with` block waits until every request handed
-    over is sent.
+    halves. Anything else raises SinkError, and the task sends nothing
+    more: the lanes end their retries and drop what they hold. Leaving the
+    `with` block waits until every request handed over is sent (or
+    dropped so).
     """
 
     def __init__(self, options: SinkOptions, where: str) -> None:
@@ -594,7 +605,7 @@ class _Sender:
             self.headers["Authorization"] = f"Bearer {options.token}"
         self.map = ShardMap()  # read and used by the task's thread; a lane may give it up
         self.lanes: dict[str | None, _Lane] = {}  # destination (a shard's base URL; None: the node) -> its lane
-        self.stopping = threading.Event()  # set when the task fails: lanes end their retries
+        self.stopping = threading.Event()  # set when a request failed: the lanes send nothing more
 
     def __repr__(self) -> str:
         return (f"_Sender({self.node!r}, {self.where}, shards={len(self.map.shards)}, lanes={len(self.lanes)}, "
@@ -612,10 +623,8 @@ class _Sender:
     def __enter__(self) -> _Sender:
         return self
 
-    def __exit__(self, kind: object, error: BaseException | None, traceback: object) -> None:
-        if isinstance(error, SinkError):  # a lane failed the task: the others end their retries
-            self.stopping.set()
-        for lane in self.lanes.values():  # what was handed over is sent, as the task's rows before a failure are
+    def __exit__(self, *exc: object) -> None:
+        for lane in self.lanes.values():  # what was handed over is sent (unless a request failed)
             lane.close()
 
     def shard_map(self) -> ShardMap:
@@ -635,16 +644,26 @@ class _Sender:
         if destination not in self.lanes:
             self.lanes[destination] = _Lane(destination or self.node)
         lane = self.lanes[destination]
-        lane.wait()
-        lane.last = lane.pool.submit(self._store, lane, topic, destination, items, rows)
+        lane.hand(functools.partial(self._run, lane, topic, destination, items, rows))
 
     def finish(self) -> None:
         """Wait until every request handed over is answered; raise the first SinkError."""
         for lane in self.lanes.values():
             lane.wait()
 
+    def _run(self, lane: _Lane, topic: str, shard: str | None, items: pa.Array, rows: pa.Array) -> None:
+        """A request in `lane`'s thread: nothing once a request of the task
+        failed (the task fails), and its SinkError stops the others."""
+        if self.stopping.is_set():
+            return
+        try:
+            self._store(lane, topic, shard, items, rows)
+        except BaseException:
+            self.stopping.set()
+            raise
+
     def _store(self, lane: _Lane, topic: str, shard: str | None, items: pa.Array, rows: pa.Array) -> None:
-        """Store `items` in `topic` (in `lane`'s thread); SinkError when they are not."""
+        """Store `items` in `topic`; SinkError when they are not."""
         # strictIdempotence: a retried task's resend of an id whose message has
         # ended meanwhile answers the stored one rather than storing it again
         body = b"".join((b'{"topic":', json.dumps(topic).encode(), b',"strictIdempotence":true,"msgs":[',
@@ -729,13 +748,13 @@ class _Sender:
 class _Lane:
     """One destination's requests of a task: sent in order, one at a time,
     by a thread of its own over kept-alive connections of its own (the
-    destination's, and the node's when a shard's port fails). `last` is its
-    latest request, handed over by the task's thread."""
+    destination's, and the node's when a shard's port fails). The task's
+    thread hands requests over (`hand`), at most LANE_DEPTH at once."""
 
     def __init__(self, name: str) -> None:
         self.pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"hourglass-sink {name}")
         self.connections: dict[str, http.client.HTTPConnection] = {}  # base URL -> connection; the lane's thread's
-        self.last: concurrent.futures.Future[None] | None = None
+        self.handed: collections.deque[concurrent.futures.Future[None]] = collections.deque()  # oldest first
         self.requests = 0
         self.retried = 0
 
@@ -749,15 +768,22 @@ class _Lane:
             connection = self.connections[base] = _connect(base, timeout_s)
         return connection
 
+    def hand(self, store: Callable[[], None]) -> None:
+        """`store` run in the lane's thread after those handed before, once
+        fewer than LANE_DEPTH are held; raises the SinkError of one waited for."""
+        while len(self.handed) >= LANE_DEPTH:
+            self.handed.popleft().result()
+        self.handed.append(self.pool.submit(store))
+
     def wait(self) -> None:
-        """Until the last request is answered; its SinkError raised."""
-        if self.last is not None:
-            self.last.result()
+        """Until every request handed over is answered; the first SinkError raised."""
+        while self.handed:
+            self.handed.popleft().result()
 
     def raise_failure(self) -> None:
-        """The last request's SinkError, if it is answered and failed."""
-        if self.last is not None and self.last.done():
-            self.last.result()
+        """The SinkError of a request answered, if one failed."""
+        while self.handed and self.handed[0].done():
+            self.handed.popleft().result()
 
     def close(self) -> None:
         """Wait for what was handed over, close the connections."""

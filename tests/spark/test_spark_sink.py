@@ -289,6 +289,16 @@ def test_sender_does_not_retry_a_400_and_names_the_row(scripted):
     assert "HTTP 400: msgs[2].delayMillis: must be >= 0, got -1 (row 102 of the partition)" in str(e.value)
 
 
+def test_a_refused_request_ends_the_tasks_sending(scripted):
+    """The task hands requests over ahead of their answers; once one is
+    refused, those still held are not sent and the task fails naming it."""
+    server = scripted(400)
+    opts = SinkOptions.from_options({"url": server.url, "topic": "t", "batchsize": "5"})
+    with pytest.raises(SinkError, match=r"sendMsgBatch of 5 rows \(from row 0\).*HTTP 400"):
+        send_partition(iter([id_rows(30)]), opts, ("msg", "msgId", "key"), "p", 0, "partition 0")
+    assert len(server.bodies) == 1
+
+
 def test_sender_splits_a_batch_refused_as_too_large(scripted):
     server = scripted(413)
     with sender_for(server.url) as sender:
