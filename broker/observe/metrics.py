@@ -143,6 +143,10 @@ MEAN = "mean"  # an average weighted by its count: its family's sample of the sa
 # A series' labels in the order written, each value as it is (`render_text` escapes it).
 Labels = tuple[tuple[str, str], ...]
 
+# A sample's value: an int or a float, each kept as it is (an int is written whole). Not
+# `int | float`: the compiled build (mypyc) takes that for a float, and an int would become one.
+Number = Any
+
 
 class Sample(NamedTuple):
     """One series and its value: `name` its family's, or a histogram's
@@ -150,7 +154,7 @@ class Sample(NamedTuple):
 
     name: str
     labels: Labels
-    value: int | float  # an int is written whole, a float as its family's float_format says
+    value: Number  # an int is written whole, a float as its family's float_format says
     merge: str = SUM
 
 
@@ -166,7 +170,7 @@ class Family(NamedTuple):
     float_format: str = ""
 
 
-def single_series(name: str, kind: str, value: int | float, merge: str = SUM) -> Family:
+def single_series(name: str, kind: str, value: Number, merge: str = SUM) -> Family:
     """A family of one series without labels, as a node's own series are
     (`NodeBase.node_series`): a TYPE line, and a float written to 15
     significant digits (a byte count or log offset given as a float reads whole)."""

@@ -16,7 +16,7 @@ from storage.store import NewMessage
 from ..core.bulk_params import BulkFilter, Cursor, ListMsgRequest
 from ..core.params import NewSend
 from ..http.scrape import Rank
-from ..observe.metrics import MAX, MEAN, MIN, Family, Labels, Sample
+from ..observe.metrics import MAX, MEAN, MIN, Family, Labels, Number, Sample
 
 # -- what travels: a NamedTuple as its fields ------------------------------------------
 
@@ -168,6 +168,7 @@ def merge_families(parts: Iterable[Sequence[Family]]) -> list[Family]:
                 if have is None:
                     samples[key] = s
                     continue
+                value: Number  # (not a float: an int stays one)
                 if s.merge == MEAN:
                     weight = _count_of(s)
                     value = _mean(have.value, merged_counts.get(weight, 0), s.value, counts.get(weight, 0))
@@ -181,7 +182,7 @@ def merge_families(parts: Iterable[Sequence[Family]]) -> list[Family]:
     return [family._replace(samples=list(merged[name].values())) for name, family in heads.items()]
 
 
-def _counts(samples: Iterable[Sample]) -> dict[tuple[str, Labels], int | float]:
+def _counts(samples: Iterable[Sample]) -> dict[tuple[str, Labels], Number]:
     """The counts among `samples` (type="count"), by series: what an average is weighted by."""
     return {(s.name, s.labels): s.value for s in samples if ("type", "count") in s.labels}
 
@@ -191,7 +192,7 @@ def _count_of(s: Sample) -> tuple[str, Labels]:
     return s.name, tuple((label, "count" if label == "type" else text) for label, text in s.labels)
 
 
-def _mean(a: int | float, a_count: int | float, b: int | float, b_count: int | float) -> float:
+def _mean(a: Number, a_count: Number, b: Number, b_count: Number) -> float:
     """Two averages of `a_count` and `b_count` values as one, to 2 places
     as getMonitorData's are (`merge_gaps`)."""
     count = a_count + b_count
