@@ -42,22 +42,9 @@ def test_max_schedules_and_schedule_bytes_hold_for_the_node_of_three_shards(tmp_
         assert server.stop() == 0
 
 
-def test_max_inflight_total_holds_for_the_node_of_three_shards(tmp_path):
-    server = Server.start(tmp_path / "data", "--shards", "3", "--max-inflight-total", "4")
-    try:
-        for i in range(30):
-            assert server.post("sendMsg", topic="t", msgId=f"m{i}", msg="x", delayMillis=0)[1]["code"] == 200
-        pulled = 0
-        for _ in range(10):
-            status, body = server.post("pullMsg", topic="t", batch=30, ackTimeoutMillis=60_000)
-            pulled += len(body.get("delayMsgList") or []) if status == 200 else 0
-        assert 1 <= pulled <= 4, pulled
-    finally:
-        assert server.stop() == 0
-
-
-def test_a_topics_max_inflight_holds_for_the_node_of_three_shards(tmp_path):
-    server = Server.start(tmp_path / "data", "--shards", "3", "--max-inflight", "4")
+@pytest.mark.parametrize("flag", ["--max-inflight-total", "--max-inflight"])
+def test_an_inflight_cap_holds_for_the_node_of_three_shards(tmp_path, flag):
+    server = Server.start(tmp_path / "data", "--shards", "3", flag, "4")
     try:
         for i in range(30):
             assert server.post("sendMsg", topic="t", msgId=f"m{i}", msg="x", delayMillis=0)[1]["code"] == 200
