@@ -157,8 +157,9 @@ class Broker:
         self.topic_list = topics.topic_list
         self.topic_backlogs = topics.topic_backlogs
         self.has_topic = topics.has_topic
-        # the priority a pull of a topic takes first here (a node of shards orders its pulls by it)
-        self.best_priority = self._windows.best_priority
+        # (priority, triggerTime) of what a pull of a topic takes first here (a node of shards
+        # orders its pulls by it)
+        self.best_head = self._windows.best_head
         # == pauses (broker.flow.keeper's PauseGate): pulls, long polls and pushes
         # take nothing more of a paused topic or serial key; a resume wakes its long polls
         self.pause = self._windows.pause

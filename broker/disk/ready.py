@@ -303,16 +303,16 @@ class TopicQueue:
     max_due_age_ms: int = 0
     by_due: list[tuple[int, Location]] = field(default_factory=list)
 
-    def best_priority(self) -> int | None:
-        """The priority of the order's best message, which a pull takes
-        first (its stale heap entries popped); None: none, or an order that
-        is not by priority first (fair, or a due-age cap)."""
+    def best_head(self) -> tuple[int, int] | None:
+        """(priority, triggerTime) of the order's best message, which a pull
+        takes first (its stale heap entries popped); None: none, or an order
+        that is not by priority then trigger time (fair, or a due-age cap)."""
         if self.fair or self.max_due_age_ms:
             return None
         heap, ready = self.heap, self.ready
         while heap and heap[0][2] not in ready:
             heappop(heap)
-        return -heap[0][0] if heap else None
+        return (-heap[0][0], heap[0][1]) if heap else None
 
     def order(self, held: HeldMessage) -> None:
         """Into the pull order."""

@@ -140,14 +140,14 @@ class ReadyWindows:
 
     # == what other parts ask =====================================================
 
-    def best_priority(self, topic: str) -> int | None:
-        """The priority of the topic's best READY message here, the first a
-        pull takes; None: none to take (none, paused), or an order not by
-        priority first (TopicQueue.best_priority)."""
+    def best_head(self, topic: str) -> tuple[int, int] | None:
+        """(priority, triggerTime) of the topic's best READY message here,
+        the first a pull takes; None: none to take (none, paused), or an
+        order not by priority then trigger time (TopicQueue.best_head)."""
         queue = self.topics.get(topic)
         if queue is None or topic in self.paused_topics:
             return None
-        return queue.best_priority()
+        return queue.best_head()
 
     def queue(self, topic: str) -> TopicQueue:
         queue = self.topics.get(topic)

@@ -29,6 +29,7 @@ twice.
 from __future__ import annotations
 
 import asyncio
+import math
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
@@ -44,7 +45,7 @@ from ..core.params import AckRequest, Defaults, DeleteRequest, LongPollRequest, 
 from ..disk.backend import Broker
 from ..observe.metrics import Backlog, Metrics
 from . import placement
-from .router import ShardRouter
+from .router import Head, ShardRouter, outranks
 from .views import (
     dead_cursor,
     filter_fields,
@@ -59,6 +60,12 @@ from .views import (
 )
 
 
+def _rank(said: tuple[Head | None, int]) -> tuple[int, float]:
+    """A shard's place in a pull's order by its head (nothing said: as priority 0, due last)."""
+    head = said[0]
+    return (0, math.inf) if head is None else (-head[0], head[1])
+
+
 class ShardedRequests:
     """The message requests of a node of many shards (MessageRequests):
     see the module docstring."""
@@ -68,7 +75,7 @@ class ShardedRequests:
         self._local = engine.requests
         self._long_polls = engine.long_polls
         self._give_back_here = engine.give_back
-        self._best_here = engine.best_priority
+        self._head_here = engine.best_head
         self._has_topic = engine.has_topic
         self._topic_list = engine.topic_list
         self._max_topics = engine.limits.topics
@@ -128,29 +135,29 @@ class ShardedRequests:
 
     async def pull(self, request: PullRequest | LongPollRequest) -> list[Message]:
         """The node's best READY messages of the topic (docs/api.md,
-        "Shards"). The shards are asked best first: those that said they
-        have a higher priority than this one's best, this one, then the
-        others; each for the batch's room left and for as many as it may
-        outrank of those taken (its best above theirs: a shard that said
-        nothing above 0 may hold 0). Of all taken, the batch's best in pull
-        order (priority, then trigger time) are the answer; the rest are
-        given back, READY again on their shards."""
+        "Shards"). The shards are asked best first by the heads they said
+        (broker.shards.router.outranks): those whose head outranks this
+        one's, this one, then the others; each for the batch's room left
+        and for as many as its head outranks of those taken (a shard that
+        said nothing may hold priority 0). Of all taken, the batch's best
+        in pull order (priority, then trigger time) are the answer; the
+        rest are given back, READY again on their shards."""
         router = self._router
         topic = request.topic
         drained = router.drained(topic, request.tags)
-        here = self._best_here(topic)
+        here = self._head_here(topic)
         others = [shard for shard in router.others() if shard not in drained]
-        # the others by what they said, best first: above this shard's best before it, the rest after
-        said = sorted(((router.best_of(shard, topic), shard) for shard in others), key=lambda b: -b[0])
-        order: list[tuple[int | None, int]] = [(best, shard) for best, shard in said if here is None or best > here]
-        if here is not None:  # (None: nothing READY here)
-            order.append((here, router.index))
-        order += [(best, shard) for best, shard in said if here is not None and best <= here]
+        # the others by what they said, best first: those outranking this shard's head before it
+        said = sorted(((router.head_of(shard, topic), shard) for shard in others), key=_rank)
+        order: list[tuple[Head | None, int]]
+        if here is None:  # nothing READY here
+            order = said
+        else:
+            order = [b for b in said if outranks(b[0], *here)]
+            order += [(here, router.index)] + [b for b in said if not outranks(b[0], *here)]
         pulled: list[Message] = []
-        for best, shard in order:
-            want = request.batch - len(pulled)
-            if best is not None:
-                want += sum(1 for m in pulled if m.priority < best)
+        for head, shard in order:
+            want = request.batch - len(pulled) + sum(1 for m in pulled if outranks(head, m.priority, m.trigger_ms))
             if want <= 0:
                 continue
             if shard == router.index:
@@ -166,15 +173,15 @@ class ShardedRequests:
 
     async def _pull_from(self, shard: int, request: PullRequest | LongPollRequest, want: int,
                          drained: set[int]) -> list[Message]:
-        """Up to `want` of `shard`'s best (taken there: CONSUMING); its best
-        priority after, as its answer says, kept for the next pulls."""
+        """Up to `want` of `shard`'s best (taken there: CONSUMING); its head
+        after, as its answer says, kept for the next pulls."""
         router = self._router
         heard = router.heard(shard, request.topic)
         try:
-            rows, best = await router.call(shard, "pull", [list(request._replace(batch=want))])
+            rows, head = await router.call(shard, "pull", [list(request._replace(batch=want)), router.index])
         except Unavailable:
             return []
-        router.heard_best(shard, request.topic, best)
+        router.heard_head(shard, request.topic, head)
         if len(rows) < want and router.heard(shard, request.topic) == heard:
             drained.add(shard)
         return messages_of(rows)

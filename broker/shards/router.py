@@ -9,8 +9,9 @@ its links to the other shards and what travels on them.
     route       a command as its `where` declares (broker.http.commands):
                 forwarded whole to the owner of a parameter, or to every
                 shard with a merge (broker.shards.answers)
-    best        this shard's best READY priority of a topic, told the others
-                when it rises; what each told, for the node's pull order
+    head        (priority, trigger time) of this shard's best READY message
+                of a topic, told each other shard when it betters what that
+                one was told; what each told, for the node's pull order
     rates       a topic's releaseRate and a job's rate held node-wide: each
                 shard's share moved by demand (broker.shards.rates)
 
@@ -54,6 +55,32 @@ from .views import (
 
 log = logging.getLogger("hourglass.shards")
 
+# (priority, triggerTime) of a shard's best READY message of a topic: what a pull there takes first
+Head = tuple[int, int]
+# Within a priority, a shard's message outranks another's due more than this after it (docs/api.md,
+# "Shards"): messages due about together are taken where the pull is, with no hop to sort them
+ORDER_SLACK_MS = 100
+
+
+def outranks(head: Head | None, priority: int, trigger_ms: int) -> bool:
+    """Whether a shard whose best READY message is `head` holds one a pull
+    takes before a message of (priority, trigger_ms). A shard that told
+    nothing (None) may hold priority 0, due whenever."""
+    if head is None:
+        return priority < 0
+    return head[0] > priority or (head[0] == priority and head[1] + ORDER_SLACK_MS < trigger_ms)
+
+
+def _betters(head: Head | None, told: Head | None) -> bool:
+    """Whether `head` is a better best than `told` (what a shard was told): a higher priority, or
+    an earlier trigger time within it."""
+    return head is not None and (told is None or head[0] > told[0] or (head[0] == told[0] and head[1] < told[1]))
+
+
+def _head_of(said: Any) -> Head | None:
+    return None if said is None else (int(said[0]), int(said[1]))
+
+
 def _ignore_outcome(done: asyncio.Future[Any]) -> None:
     """A call made for its side effect only (a hello, a dial back): a shard
     that does not answer is found again by the next call."""
@@ -82,13 +109,13 @@ class ShardRouter:
         # (shard, topic) -> the "ready" notices heard from it: a pull marks a shard drained only if none
         # came while it waited for the answer (the notice may be read before the pull resumes)
         self._notices: dict[tuple[int, str], int] = {}
-        # topic -> the connections of shards that found this one drained: told when one is READY here
-        self._watchers: dict[str, set[link.Connection]] = defaultdict(set)
-        # The node's pull order across shards (docs/api.md, "Shards"): topic -> the best priority
-        # above 0 this shard told the others it has READY (told again only when it rises above it);
-        # (shard, topic) -> what that shard told (or its last pull's answer said) of its own
-        self._announced: dict[str, int] = {}
-        self._best: dict[tuple[int, str], int] = {}
+        # topic -> the shards that found this one drained (their connections): told when one is READY here
+        self._watchers: dict[str, dict[link.Connection, int]] = defaultdict(dict)
+        # The node's pull order across shards (docs/api.md, "Shards"): (shard, topic) -> the head this
+        # shard last told that shard it has (a notice, a tell or a pull's answer; told again when its
+        # head betters it); (shard, topic) -> the head that shard told of its own
+        self._told: dict[tuple[int, str], Head] = {}
+        self._heads: dict[tuple[int, str], Head] = {}
         self._server: asyncio.AbstractServer | None = None
         self._backend: Broker | None = None
         self._long_polls: LongPolls | None = None
@@ -159,51 +186,58 @@ class ShardRouter:
 
     def _connected(self, shard: int) -> None:
         # a shard (re)connected: what it was known to hold is unknown again; it is told who dialled it,
-        # and the best priorities this one has
+        # and the heads this one has of the topics it was told of
         for drained in self._drained.values():
             drained.discard(shard)
-        for key in [key for key in self._best if key[0] == shard]:
-            del self._best[key]
+        for key in [key for key in self._heads if key[0] == shard]:
+            del self._heads[key]
         hello = self.peers[shard].call("hello", [self.index])
         asyncio.ensure_future(hello).add_done_callback(_ignore_outcome)
-        for topic, priority in self._announced.items():
-            asyncio.ensure_future(self.peers[shard].call("best", [topic, self.index, priority])).add_done_callback(
-                _ignore_outcome)
+        topics = [key[1] for key in self._told if key[0] == shard]
+        for topic in topics:
+            del self._told[(shard, topic)]
+        if self._backend is not None:
+            for topic in topics:
+                self._tell_head(topic)
 
     def announce_all(self) -> None:
-        """Tell the others of every topic whose best READY priority here is
-        above 0 (at start: what recovery made READY woke no one)."""
+        """Tell the others the head of every topic with a READY message here
+        (at start: what recovery made READY woke no one)."""
         for topic in self.backend.topic_list():
             self._ready_here(topic)
 
-    def heard_best(self, shard: int, topic: str, best: int | None) -> None:
-        """`shard`'s best READY priority of `topic` now, as a pull's answer says."""
-        if best is not None and best > 0:
-            self._best[(shard, topic)] = best
+    def heard_head(self, shard: int, topic: str, said: Any) -> None:
+        """`shard`'s head of `topic` now, as it said (a pull's answer, a notice, a tell)."""
+        head = _head_of(said)
+        if head is not None:
+            self._heads[(shard, topic)] = head
         else:
-            self._best.pop((shard, topic), None)
+            self._heads.pop((shard, topic), None)
 
-    def best_of(self, shard: int, topic: str) -> int:
-        """The best READY priority `shard` has of `topic`, as it last said (0: it said none above 0)."""
-        return self._best.get((shard, topic), 0)
+    def head_of(self, shard: int, topic: str) -> Head | None:
+        """The head `shard` last said it has of `topic` (None: none said)."""
+        return self._heads.get((shard, topic))
 
-    def _tell_best(self, topic: str) -> int | None:
-        """This shard's best READY priority of `topic`; the others told if it
-        rose above what they were last told (only above 0: a node whose
-        messages have no priority tells nothing)."""
-        best = self.backend.best_priority(topic)
-        told = self._announced.get(topic, 0)
-        if best is not None and best > told:
-            self._announced[topic] = best
-            for peer in self.peers.values():
-                asyncio.ensure_future(peer.call("best", [topic, self.index, best])).add_done_callback(_ignore_outcome)
-        elif told and (best is None or best < told):
-            # fell: the others learn it from their next pull here (its answer says it)
-            if best is None or best <= 0:
-                del self._announced[topic]
-            else:
-                self._announced[topic] = best
-        return best
+    def _tell_head(self, topic: str, answered: int | None = None) -> Head | None:
+        """This shard's head of `topic`: told each other shard whose last
+        told it betters (a higher priority, or an earlier trigger time), the
+        shard `answered` by a pull's answer that says it. One told more than
+        there is learns the rest from its next pull here."""
+        head = self.backend.best_head(topic)
+        told = self._told
+        for shard, peer in self.peers.items():
+            key = (shard, topic)
+            if shard == answered:
+                if head is None:
+                    told.pop(key, None)
+                else:
+                    told[key] = head
+            elif _betters(head, told.get(key)):
+                assert head is not None
+                told[key] = head
+                asyncio.ensure_future(peer.call("best", [topic, self.index, list(head)])).add_done_callback(
+                    _ignore_outcome)
+        return head
 
     def _hello(self, shard: int) -> None:
         """Shard `shard` dialled this one, having (re)started: it is dialled
@@ -216,27 +250,37 @@ class ShardRouter:
 
     def _lost(self, connection: link.Connection) -> None:
         for watchers in self._watchers.values():
-            watchers.discard(connection)
+            watchers.pop(connection, None)
 
     def _hear(self, op: str, args: Sequence[Any]) -> None:
         if op == "ready":
-            topic, shard = args
+            topic, shard, head = args
             self._notices[(shard, topic)] = self._notices.get((shard, topic), 0) + 1
-            for (drained_topic, _), drained in self._drained.items():
-                if drained_topic == topic:
-                    drained.discard(shard)
-            if self._long_polls is not None:
-                self._long_polls.wake_waiters(topic)
+            self.heard_head(shard, topic, head)
+            self._has_ready(shard, topic)
+
+    def _has_ready(self, shard: int, topic: str) -> None:
+        """`shard` said it has a READY message of `topic`: pulls ask it again, and long polls here pull."""
+        for (drained_topic, _), drained in self._drained.items():
+            if drained_topic == topic:
+                drained.discard(shard)
+        if self._long_polls is not None:
+            self._long_polls.wake_waiters(topic)
 
     def _ready_here(self, topic: str) -> None:
-        """A message became READY here (LongPolls.wake): tell the shards that
-        found none, and all of them if it outranks what they were told."""
+        """A message became READY here (LongPolls.wake): the shards that
+        found none are told, with the head; the others if it betters what
+        they were told."""
+        if self._backend is None:
+            return
         watchers = self._watchers.pop(topic, None)
         if watchers:
-            for connection in watchers:
-                connection.notify("ready", [topic, self.index])
-        if self._backend is not None:
-            self._tell_best(topic)
+            head = self.backend.best_head(topic)
+            for connection, shard in watchers.items():
+                connection.notify("ready", [topic, self.index, None if head is None else list(head)])
+                if head is not None:
+                    self._told[(shard, topic)] = head
+        self._tell_head(topic)
 
     def call(self, shard: int, op: str, args: list[Any]) -> Awaitable[Any]:
         self.forwarded += 1
@@ -262,21 +306,22 @@ class ShardRouter:
         self._hello(int(args[0]))
 
     async def _on_best(self, args: Sequence[Any], connection: link.Connection) -> None:
-        topic, shard, priority = str(args[0]), int(args[1]), int(args[2])
-        self._best[(shard, topic)] = priority
-        if self._long_polls is not None:
-            self._long_polls.wake_waiters(topic)
+        topic, shard = str(args[0]), int(args[1])
+        self.heard_head(shard, topic, args[2])
+        self._has_ready(shard, topic)
 
     async def _on_pull(self, args: Sequence[Any], connection: link.Connection) -> list[Any]:
         """This shard's best READY messages; if fewer than asked, the asker is
-        told when one is READY here; the best priority left, as `_tell_best`."""
+        told when one is READY here; the head left, as `_tell_head`."""
         self.served += 1
         request: PullRequest | LongPollRequest = PullRequest(*args[0]) if len(args[0]) == 4 \
             else LongPollRequest(*args[0])
+        asker = int(args[1])
         pulled = await self.backend.requests.pull(request)
         if len(pulled) < request.batch:
-            self._watchers[request.topic].add(connection)
-        return [[message_fields(m) for m in pulled], self._tell_best(request.topic)]
+            self._watchers[request.topic][connection] = asker
+        head = self._tell_head(request.topic, asker)
+        return [[message_fields(m) for m in pulled], None if head is None else list(head)]
 
     async def _on_call(self, args: Sequence[Any], connection: link.Connection) -> list[Any]:
         self.served += 1

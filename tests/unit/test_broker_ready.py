@@ -78,10 +78,10 @@ class OrderMachine(RuleBasedStateMachine):
             del self.model[h.location]
 
     @rule()
-    def best_priority(self):
-        """What a node of shards tells the others: the priority a pull here takes first."""
+    def best_head(self):
+        """What a node of shards tells the others: the (priority, trigger time) a pull here takes first."""
         best = min(self.model.values(), key=lambda h: h.key, default=None)
-        assert self.queue.best_priority() == (None if best is None else -best.key[0])
+        assert self.queue.best_head() == (None if best is None else (-best.key[0], best.key[1]))
 
     @rule()
     def last(self):
