@@ -1,8 +1,10 @@
 """The local sockets between a node's shards (docs/internals.md, "Shards").
 
 Each shard listens on a Unix socket in the data directory's `links/`
-(private: the directory is its owner's alone, and a connection from
-another user is refused on its peer credentials). A shard dials each other
+(private: the directory is made its owner's alone at every start, and
+both ends of a connection check the other's peer credentials: a
+connection from, or a dial that reached, another user's process is
+dropped). A shard dials each other
 shard once and pipelines its calls on that connection: every frame is one
 msgpack array,
 
@@ -86,6 +88,17 @@ def socket_path(directory: str, index: int) -> str:
     return f"/proc/self/fd/{fd}/{index}.sock"
 
 
+def peer_uid(transport: asyncio.BaseTransport) -> int | None:
+    """The uid of the process at the other end of a Unix socket (SO_PEERCRED:
+    the dialler's for a listener, the listener's for a dialler); None where
+    the system does not say."""
+    sock = transport.get_extra_info("socket")
+    if sock is None or not hasattr(socket, "SO_PEERCRED"):
+        return None
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return int(struct.unpack("3i", creds)[1])
+
+
 class Connection(asyncio.Protocol):
     """One link connection, either end: it reads frames, answers calls
     with `serve`, matches replies to the calls it made, hands notices to
@@ -108,13 +121,11 @@ class Connection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport  # type: ignore[assignment]  # (uvloop's is no asyncio.Transport subclass)
         assert self._transport is not None
-        sock = transport.get_extra_info("socket")
-        if sock is not None and self._serve is not None and hasattr(socket, "SO_PEERCRED"):
-            creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-            _, uid, _ = struct.unpack("3i", creds)
-            if uid != os.getuid():  # only this user's processes are shards of this node
-                log.warning("a link connection from uid %d refused", uid)
-                self._transport.abort()
+        uid = peer_uid(transport)
+        if uid is not None and uid != os.getuid():  # only this user's processes are shards of this node
+            log.warning("a link connection %s uid %d refused", "to a process of" if self._serve is None else "from",
+                        uid)
+            self._transport.abort()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._transport = None
@@ -262,6 +273,9 @@ class Peer:
         except OSError:
             self._failed_at = loop.time()
             raise Unavailable(f"shard {self.index} is not up; retry") from None
+        if not connection.open:  # another user's process listens there (Connection.connection_made)
+            self._failed_at = loop.time()
+            raise Unavailable(f"shard {self.index}'s socket is another user's; refused")
         self._connection = connection
         self._on_connect(self.index)
         return connection

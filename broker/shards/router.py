@@ -25,13 +25,14 @@ import dataclasses
 import functools
 import itertools
 import logging
+import os
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from storage.entry import Status
 from storage.errors import InvalidRequest, InvariantError, NotFound, Unavailable
-from storage.fileutil import make_dir
+from storage.fileutil import DIR_MODE, make_dir
 
 from ..core import params
 from ..core.bodies import BodyLimits
@@ -141,8 +142,10 @@ class ShardRouter:
         long_polls.on_wake = self._ready_here
 
     async def start(self) -> None:
-        """Listen for the other shards' calls."""
+        """Listen for the other shards' calls (`links/` made this user's
+        alone, whatever mode it had: docs/internals.md, "Shards")."""
         make_dir(self._links_dir)
+        os.chmod(self._links_dir, DIR_MODE)
         self._server = await link.listen(link.socket_path(self._links_dir, self.index), self.serve, self._lost)
 
     async def connect_all(self) -> list[int]:
