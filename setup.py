@@ -96,6 +96,7 @@ COMPILED = [
     "broker/clock.py",
     "broker/config.py",
     "broker/core/bodies.py",
+    "broker/core/delay_msg.py",
     "broker/core/lifecycle.py",
     "broker/core/long_polls.py",
     "broker/core/params.py",

@@ -39,13 +39,12 @@ from typing import Protocol
 
 import orjson
 
-from storage.entry import Message
 from storage.errors import BodyTooLarge, Conflict, InvalidRequest, LimitReached, NotFound, Unavailable
 
 from ..backend import Backend, new_msg_id
 from ..core import bulk_params, params
 from ..core.bodies import BodyLimits
-from ..core.recurrence import add_run_fields
+from ..core.delay_msg import delay_msg
 from ..observe import camellia_metrics
 from ..observe.tracing import Spans
 from .commands import NODE, CommandTable, ErrorTable
@@ -82,31 +81,6 @@ API_ERRORS: ErrorTable = (
     (Unavailable, 503, 503),
     (LimitReached, 429, 429),
 )
-
-
-def delay_msg(m: Message) -> dict[str, object]:
-    """camellia's DelayMsg, plus the extensions `priority`, `tag` and `key`
-    (and a schedule's run's `scheduleId` and `scheduledTime`, and the
-    trace context `traceparent` and `tracestate` of a message sent with
-    them, `fairKey` of a message sent with one, `redriveCount` of a
-    message a redriveMsgs job put back, and `endReason` of one a resume's
-    `expire` ended, only then)."""
-    d: dict[str, object] = {"topic": m.topic, "msgId": m.msg_id, "msg": m.msg, "produceTime": m.produce_ms,
-                            "triggerTime": m.trigger_ms, "expireTime": m.trigger_ms + m.ttl_ms,  # (m.expire_ms)
-                            "maxRetry": m.max_retry,
-                            "retry": m.retry, "status": int(m.status), "priority": m.priority, "tag": m.tag,
-                            "key": m.key}
-    if m.traceparent:
-        d["traceparent"] = m.traceparent
-        if m.tracestate:
-            d["tracestate"] = m.tracestate
-    if m.fair_key:
-        d["fairKey"] = m.fair_key
-    if m.redrive_count:
-        d["redriveCount"] = m.redrive_count
-    if m.end_reason:
-        d["endReason"] = m.end_reason
-    return add_run_fields(d) if "@" in m.msg_id else d
 
 
 def console_auth(sessions: ConsoleSessions) -> Callable[[Request], bool]:

@@ -54,8 +54,8 @@ from storage.fileutil import atomic_write
 from wheel.clock import Clock, Timer
 
 from ..backend import Backend
+from ..core.delay_msg import delay_msg
 from ..core.params import LongPollRequest
-from ..core.recurrence import add_run_fields
 from ..http.descriptors import DescriptorBudget
 from ..observe.metrics import COUNTER, GAUGE, HISTOGRAM, Family, Sample, topic_labels
 from ..observe.tracing import Spans
@@ -83,21 +83,6 @@ ACK_BATCH = 1000
 ACK_MARGIN_MS = 60_000
 # Upper bounds of the trigger -> 2xx latency histogram, in ms.
 LATENCY_BUCKETS_MS = (5, 10, 25, 50, 100, 250, 500, 1000, 5000, 30_000, 300_000)
-
-
-def delay_msg(m: Message) -> dict[str, object]:
-    """The body POSTed: camellia's DelayMsg as getMsg answers it (broker.http.api.delay_msg)."""
-    d: dict[str, object] = {"topic": m.topic, "msgId": m.msg_id, "msg": m.msg, "produceTime": m.produce_ms,
-                            "triggerTime": m.trigger_ms, "expireTime": m.expire_ms, "maxRetry": m.max_retry,
-                            "retry": m.retry, "status": int(m.status), "priority": m.priority, "tag": m.tag,
-                            "key": m.key}
-    if m.traceparent:  # the trace context the sender gave, as getMsg answers it
-        d["traceparent"] = m.traceparent
-        if m.tracestate:
-            d["tracestate"] = m.tracestate
-    if m.fair_key:
-        d["fairKey"] = m.fair_key
-    return add_run_fields(d) if "@" in m.msg_id else d
 
 
 @dataclass

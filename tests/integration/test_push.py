@@ -58,3 +58,36 @@ def test_a_delivery_in_flight_at_sigkill_is_delivered_after_the_restart(tmp_path
     finally:
         sub.stop()
         server.kill()
+
+
+@pytest.mark.parametrize("shards", ["1", "2"])
+def test_a_push_body_is_the_message_as_getmsg_answers_it_redrive_count_and_all(tmp_path, shards):
+    """A dead letter that a redriveMsgs job put back (redriveCount 1),
+    with a tag, a key, a priority and a trace context, is pushed with the
+    body getMsg answers for it: the same fields, the same values (its
+    status is the push's moment's: consuming)."""
+    import json
+
+    server = Server.start(tmp_path / "data", "--shards", shards, "--push-allow", "127.0.0.1",
+                          log_path=tmp_path / "serve.log")
+    sub = Subscriber(str(tmp_path), "ok")
+    try:
+        sent = {"topic": "p", "msgId": "m1", "msg": "body", "maxRetry": 0, "tag": "t1", "key": "k1", "priority": 3,
+                "traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
+        assert server.post("sendMsg", **sent)[1]["code"] == 200
+        assert [m["msgId"] for m in server.post("pullMsg", topic="p", batch=1)[1]["delayMsgList"]] == ["m1"]
+        assert server.post("ackMsg", topic="p", msgId="m1", ack="false")[1]["code"] == 200
+        wait_for(lambda: status(server, "p", "m1") in (5, 6), 10, "m1 dead")
+        assert server.post("redriveMsgs", topic="p")[1]["code"] == 200
+        wait_for(lambda: status(server, "p", "m1") == 2, 20, "m1 re-driven")
+        stored = server.post("getMsg", topic="p", msgId="m1")[1]["delayMsg"]
+        assert stored["redriveCount"] == 1
+        assert server.post("subscribe", topic="p", url=sub.url)[0] == 200
+        wait_for(lambda: sub.received(), 20, "the push")
+        pushed = json.loads(sub.received()[0]["body"])
+        assert pushed["status"] == 3
+        assert {**pushed, "status": None} == {**stored, "status": None, "retry": pushed["retry"]}
+        assert pushed["retry"] == stored["retry"] + 1  # (the push is a delivery)
+    finally:
+        sub.stop()
+        server.kill()
