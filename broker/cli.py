@@ -88,8 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
                             f"429 (default {schedules.max_bytes})")
     jobs = JobLimits()
     serve.add_argument("--max-jobs", type=int, default=jobs.max_jobs,
-                       help=f"redriveMsgs jobs the node keeps, running and ended; a redriveMsgs past it is "
-                            f"answered 429 (default {jobs.max_jobs})")
+                       help=f"redriveMsgs jobs running at once (a redriveMsgs while this many run is answered "
+                            f"429), and job records kept (a new job drops the oldest ended one's) "
+                            f"(default {jobs.max_jobs})")
     serve.add_argument("--job-retention-ms", type=int, default=jobs.retention_ms,
                        help=f"ms an ended redriveMsgs job stays listed by getJob (default {jobs.retention_ms})")
     push = PushLimits()

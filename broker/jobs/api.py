@@ -151,7 +151,12 @@ class JobApi:
         shards = self.shards
         if shards is None:
             job = (await jobs.create(r)).public()
-        else:
+        else:  # the node's running jobs (a job runs while any shard's part does) against --max-jobs first
+            running = sum(r["state"] == JobState.RUNNING.value for r in await self._list(jobs))
+            if running >= jobs.limits.max_jobs:
+                raise LimitReached(f"the node runs {running} redriveMsgs jobs and --max-jobs is "
+                                   f"{jobs.limits.max_jobs}: a job more is refused until one ends (cancelJob ends "
+                                   f"one); retry later")
             job_id = new_job_id()
             job = merge_jobs(await shards.everywhere(
                 "job_create", [request_fields(r), job_id],
@@ -182,7 +187,8 @@ class JobApi:
                                                                        shards.count)))
         records = [r for r in found if r is not None]
         if not records:
-            raise NotFound(f"no job {job_id!r} (an ended job is kept --job-retention-ms)")
+            jobs.get(job_id)  # this shard's NotFound: it says if the job's record was dropped, and why
+            raise NotFound(f"no job {job_id!r}")
         return merge_jobs(records)
 
     async def _list(self, jobs: RedriveJobs) -> list[dict[str, Any]]:

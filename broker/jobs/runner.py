@@ -34,9 +34,12 @@ record then counts fewer than were re-driven. A message the job re-drove
 that ends again before the job's scan reaches its new place is re-driven
 again (its redriveCount says so).
 
-Bounds: at most `max_jobs` jobs are kept (running and ended), a job more
-is refused (LimitReached, 429); an ended job is kept `retention_ms`, then
-dropped at the next create or list.
+Bounds: at most `max_jobs` jobs run at once, a job more is refused
+(LimitReached, 429); the records kept, running and ended, are at most
+`max_jobs` too: a new job takes the room of the oldest ended one (its
+record dropped), and an ended job is kept `retention_ms` at most, then
+dropped at the next create or list. getJob of a job whose record was
+dropped says so while this node remembers it (the last DROPPED_KEPT).
 
 Who calls what: the API (broker.jobs.api) calls `create`, `get`, `jobs`,
 `cancel`; the node calls `start(backend)` once its broker serves (a
@@ -84,6 +87,8 @@ DEFAULT_RETENTION_MS = 24 * 3_600_000
 # read again this often, and the answer given after this long at most.
 CANCEL_LOOK_S = 0.05
 CANCEL_WAIT_S = 30.0
+# Dropped jobs' ids remembered (RAM), so getJob says what became of them.
+DROPPED_KEPT = 1000
 
 
 class JobState(enum.Enum):
@@ -97,7 +102,8 @@ class JobState(enum.Enum):
 class JobLimits:
     """What the node's jobs may hold (flags of `hourglass serve`)."""
 
-    # Jobs kept, running and ended (--max-jobs); a redriveMsgs past it: 429.
+    # Jobs running at once, and records kept, running and ended (--max-jobs): a redriveMsgs while
+    # this many run is answered 429; past the records, the oldest ended one makes room.
     max_jobs: int = DEFAULT_MAX_JOBS
     # How long an ended job stays listed (--job-retention-ms).
     retention_ms: int = DEFAULT_RETENTION_MS
@@ -265,6 +271,8 @@ class RedriveJobs:
         self._cancelled: set[str] = set()
         # jobId -> when its next slice is due (monotonic s), while it runs here
         self._due_s: dict[str, float] = {}
+        # jobId -> why and when its record was dropped (the last DROPPED_KEPT), for getJob's 404
+        self._dropped: dict[str, str] = {}
         self.slices = 0  # slices run (tests)
         # Whether other nodes write the store too (broker.redis.jobs): its
         # records are read again before each call (`sync`).
@@ -308,9 +316,7 @@ class RedriveJobs:
         await self.sync()
         now_ms = self._clock.now_ms()
         await self._drop_expired(now_ms)
-        if len(self._jobs) >= self.limits.max_jobs:
-            raise LimitReached(f"the node keeps {len(self._jobs)} jobs and --max-jobs is {self.limits.max_jobs}: "
-                               f"a job more is refused until ended ones pass --job-retention-ms; retry later")
+        await self._make_room(now_ms)
         job_id = job_id or new_job_id()
         if job_id in self._jobs:
             raise InvalidRequest("jobId", f"job {job_id} exists")
@@ -327,7 +333,11 @@ class RedriveJobs:
     def get(self, job_id: str) -> Job:
         job = self._jobs.get(job_id)
         if job is None:
-            raise NotFound(f"no job {job_id!r} (an ended job is kept --job-retention-ms)")
+            dropped = self._dropped.get(job_id)
+            if dropped is not None:
+                raise NotFound(f"job {job_id!r} ended and its record was dropped: {dropped}")
+            raise NotFound(f"no job {job_id!r} (an ended job is kept --job-retention-ms, and until --max-jobs "
+                           f"newer ones need its room)")
         return job
 
     async def jobs(self) -> list[Job]:
@@ -402,8 +412,29 @@ class RedriveJobs:
     async def _drop_expired(self, now_ms: int) -> None:
         for job in list(self._jobs.values()):
             if job.ended_ms is not None and now_ms - job.ended_ms >= self.limits.retention_ms:
-                await self._store.remove(job.job_id)
-                self._jobs.pop(job.job_id, None)
+                await self._drop(job, now_ms, f"kept --job-retention-ms ({self.limits.retention_ms} ms) after it ended")
+
+    async def _make_room(self, now_ms: int) -> None:
+        """Room for a job more: LimitReached while --max-jobs run; else, at
+        --max-jobs records, the oldest ended ones dropped (oldest made first:
+        on a node of shards every shard drops the same)."""
+        limit = self.limits.max_jobs
+        if len(self._jobs) < limit:
+            return
+        ended = sorted((job for job in self._jobs.values() if job.state is not JobState.RUNNING),
+                       key=lambda job: (job.created_ms, job.job_id))
+        if len(self._jobs) - len(ended) >= limit:
+            raise LimitReached(f"the node runs {len(self._jobs) - len(ended)} redriveMsgs jobs and --max-jobs is "
+                               f"{limit}: a job more is refused until one ends (cancelJob ends one); retry later")
+        for job in ended[:len(self._jobs) - limit + 1]:
+            await self._drop(job, now_ms, f"its room was taken by a newer job (--max-jobs {limit})")
+
+    async def _drop(self, job: Job, now_ms: int, why: str) -> None:
+        await self._store.remove(job.job_id)
+        self._jobs.pop(job.job_id, None)
+        self._dropped[job.job_id] = f"{why}, at {now_ms} ms"
+        if len(self._dropped) > DROPPED_KEPT:
+            del self._dropped[next(iter(self._dropped))]
 
     # == a job's task =============================================================
 

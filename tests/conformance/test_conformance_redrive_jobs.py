@@ -125,11 +125,30 @@ def test_get_job_lists_and_cancel_job_stops_a_paced_job(api, topic):
     assert api.post("cancelJob")[0] == 400
 
 
-def test_jobs_past_max_jobs_are_refused(serve, topic):
+def test_max_jobs_bounds_the_running_jobs_and_an_ended_one_makes_room(serve, topic):
+    """--max-jobs 1: a job that ended does not lock out the next (its
+    record makes room, and getJob says it was dropped); while one runs, a
+    job more is refused 429 naming the flag, no job made; once it is
+    cancelled, the next is made."""
     api = serve("--max-jobs", "1", own_state=True)  # (on Redis: no other test's jobs counted)
-    code, body = api.post("redriveMsgs", topic=topic)
+    code, body = api.post("redriveMsgs", topic=topic + "-empty")
+    assert code == 200, body
+    first = body["jobId"]
+    wait_job(api, first)
+    code, body = api.post("redriveMsgs", topic=topic + "-empty")
     assert code == 200, body
     wait_job(api, body["jobId"])
+    code, body = api.get("getJob", jobId=first)
+    assert code == 404 and "dropped" in body["msg"] and "--max-jobs" in body["msg"], body
+    assert job_count(api) == 1
+    make_dead(api, topic, [(f"d{i}", None) for i in range(8)])
+    code, body = api.post("redriveMsgs", topic=topic, rate=1)  # some seconds: 8 at one a second
+    assert code == 200, body
+    running = body["jobId"]
     code, body = api.post("redriveMsgs", topic=topic)
     assert code == 429 and "--max-jobs" in body["msg"], body
+    assert [j["jobId"] for j in api.get("getJob")[1]["jobs"]] == [running]
+    assert api.post("cancelJob", jobId=running)[0] == 200
+    code, body = api.post("redriveMsgs", topic=topic)
+    assert code == 200, body
     assert job_count(api) == 1
