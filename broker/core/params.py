@@ -263,11 +263,14 @@ class NewSend(NamedTuple):
     message and its release script decides; the disk backend asks
     `Schedules.on_release` at the release instead (broker.schedules.keeper).
     `run`: a schedule's run (the Redis backend holds it back while its
-    topic or serial key is paused; docs/redis.md, "Flow")."""
+    topic or serial key is paused; docs/redis.md, "Flow"). `made_id`: the
+    request gave no msgId, the node made it (a node of shards takes such a
+    message back if its batch answers 503: broker.shards.backend)."""
     message: NewMessage
     strict: bool
     skip_after_ms: int | None = None
     run: bool = False
+    made_id: bool = False
 
 
 def as_sends(items: Sequence[NewSend | NewMessage]) -> list[NewSend]:
@@ -292,9 +295,10 @@ def parse_send(params: Params, *, now_ms: int, make_id: Callable[[], str], defau
                max_msg_bytes: int) -> NewSend:
     """sendMsg: produce time is `now_ms`; see the module docstring for the rules."""
     message = _message(params, "", _required_name(params, "topic"), now_ms, make_id, defaults, max_msg_bytes)
+    made = not params.get("msgId")  # (None or "": _message made it)
     if params.get("strictIdempotence") is None:
-        return tuple.__new__(NewSend, (message, False, None, False))  # (every field: tuple.__new__ fills no default)
-    return NewSend(message, _bool(params, "strictIdempotence", default=False))
+        return tuple.__new__(NewSend, (message, False, None, False, made))  # (every field: no default filled)
+    return NewSend(message, _bool(params, "strictIdempotence", default=False), made_id=made)
 
 
 def with_trace_headers(params: Params, headers: Mapping[str, str]) -> Params:
@@ -333,7 +337,8 @@ def parse_send_batch(body: Params, *, now_ms: int, make_id: Callable[[], str], d
             message = _message(item, "", topic, now_ms, make_id, defaults, max_msg_bytes)
             own_strict = item.get("strictIdempotence")
             out.append(new(NewSend, (message, strict if own_strict is None
-                                     else _bool(item, "strictIdempotence", default=strict), None, False)))
+                                     else _bool(item, "strictIdempotence", default=strict), None, False,
+                                     not item.get("msgId"))))
         except InvalidRequest as e:
             raise _within(e, f"msgs[{i}].") from None
     return tuple(out)

@@ -150,7 +150,7 @@ class RedisRequests:
         dedup_from = str(now_ms - window_ms + self._config.retention_ms) if window_ms else ""
         args = [str(now_ms), str(now_ms + self._config.retention_ms), dedup_from]
         batch = []
-        for n, is_strict, skip_after_ms, run in sends:
+        for n, is_strict, skip_after_ms, run, _ in sends:
             batch.append(n)
             args += [n.msg_id, n.msg, str(n.produce_ms), str(n.trigger_ms), str(n.ttl_ms),
                      str(n.trigger_ms + n.ttl_ms), str(n.max_retry), str(n.priority), n.tag,

@@ -29,13 +29,14 @@ twice.
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from storage.entry import Message, Status
-from storage.errors import Unavailable
+from storage.errors import HourglassError, Unavailable
 from storage.store import NewMessage
 from wheel.clock import Clock
 
@@ -58,6 +59,8 @@ from .views import (
     messages_of,
     parse_dead_cursor,
 )
+
+log = logging.getLogger("hourglass.shards")
 
 
 def _rank(said: tuple[Head | None, int]) -> tuple[int, float]:
@@ -96,6 +99,9 @@ class ShardedRequests:
         parts: dict[int, list[int]] = defaultdict(list)
         for at, shard in enumerate(owners):
             parts[shard].append(at)
+        down = [shard for shard in router.down() if shard in parts]
+        if down:  # a part's shard is known down: nothing stored anywhere
+            raise Unavailable(f"shard {down[0]} of the node is not up; the batch stored nothing; retry")
         calls: list[Awaitable[Any]] = []
         for shard, ats in parts.items():
             part = [sends[at] for at in ats]
@@ -113,9 +119,28 @@ class ShardedRequests:
                 continue
             for at, m in zip(ats, answer):
                 stored[at] = m if isinstance(m, Message) else message_of(m)
-        if failed is not None:  # a part not stored: the client sends the batch again (ids dedup what was)
+        if failed is not None:
+            # a part not stored: the client sends the batch again, and its ids dedup what was stored;
+            # what had no id of the client's (made here) is taken back, or the retry would store it twice
+            await self._take_back([(owners[at], m) for at, m in enumerate(stored)
+                                   if m is not None and sends[at].made_id])
             raise failed
         return [m for m in stored if m is not None]
+
+    async def _take_back(self, stored: list[tuple[int, Message]]) -> None:
+        """Delete (releasing the id) each (shard, message) a failed batch
+        stored under an id the node made; a shard that cannot is logged."""
+        router = self._router
+        for shard, m in stored:
+            request = DeleteRequest(m.topic, m.msg_id, True)
+            try:
+                if shard == router.index:
+                    await self._local.delete(request)
+                else:
+                    await router.call(shard, "delete", list(request))
+            except HourglassError as e:
+                log.warning("a message of a batch answered 503 not taken back: %s on shard %d: %s",
+                            m.msg_id, shard, e)
 
     async def _admit_topic(self, topic: str) -> None:
         """A send to a topic this shard has no message of: refused (429) if

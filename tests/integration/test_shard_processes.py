@@ -305,3 +305,51 @@ def test_a_data_directory_with_a_long_path_serves_its_shards(tmp_path):
         assert all(server.post("getMsg", topic="l", msgId=i)[1]["code"] == 200 for i in ids)
     finally:
         assert server.stop() == 0
+
+
+def _post_batch(port: int, batch: dict) -> tuple[int, dict]:
+    import http.client
+    import json
+
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        connection.request("POST", "/camellia/delayQueue/sendMsgBatch", json.dumps(batch),
+                           {"Content-Type": "application/json"})
+        answer = connection.getresponse()
+        return answer.status, json.loads(answer.read())
+    finally:
+        connection.close()
+
+
+def test_a_batch_answered_503_while_a_shard_is_down_is_stored_once_when_sent_again(tmp_path):
+    """A sendMsgBatch of keyed messages without msgIds, split over both
+    shards, sent to shard 0 right after shard 1 is killed: answered 503,
+    then sent again (as a client does) once the node is whole. Each round
+    stores the batch's ten messages once, not shard 0's five again."""
+    server = Server.start(tmp_path / "data", "--shards", "2")
+    try:
+        ports = server.get("/camellia/delayQueue/getShardMap")[1]["ports"]
+        keys = {placement.owner(f"key{i}", 2): f"key{i}" for i in range(20)}
+        batch = {"topic": "b", "msgs": [{"msg": f"{i}", "key": keys[i % 2], "delayMillis": 600_000}
+                                        for i in range(10)]}
+        refused = stored = 0
+        for _ in range(3):
+            victim = shard_pids(server)[1]
+            os.kill(victim, signal.SIGKILL)
+            status, body = _post_batch(ports[0], batch)
+            if status == 200 and body["code"] == 200:
+                stored += 1
+            else:
+                assert status == 503, (status, body)
+                refused += 1
+            wait_until(lambda gone=victim: len(shard_pids(server)) == 2 and gone not in shard_pids(server), 60,
+                       "the killed shard started again")
+            wait_until(lambda: server.get("/health")[0] == 200, 60, "the node whole again")
+            status, body = _post_batch(ports[0], batch)
+            assert status == 200 and body["code"] == 200, body
+            stored += 1
+        assert refused >= 1
+        _, info = server.get("/camellia/delayQueue/getTopicInfo?topic=b")
+        assert info["data"]["waitingQueueSize"] == 10 * stored, (info, stored, refused)
+    finally:
+        assert server.stop() == 0
