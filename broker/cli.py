@@ -16,7 +16,7 @@ from .config import ServeConfig, fsync_policy
 from .core.bodies import BodyLimits
 from .core.params import Defaults
 from .disk.ready import QueueLimits
-from .flow.settings import DEFAULT_MAX_PAUSED_KEYS
+from .flow.settings import DEFAULT_MAX_PAUSED_KEYS, DEFAULT_MAX_PAUSED_KEYS_TOTAL
 from .http.httpd import Limits
 from .http.sessions import ConsoleConfig
 from .jobs.runner import JobLimits
@@ -78,6 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-paused-keys", type=int, default=DEFAULT_MAX_PAUSED_KEYS,
                        help=f"serial keys of one topic paused at once; a pauseTopic of one more is answered 429 "
                             f"(default {DEFAULT_MAX_PAUSED_KEYS})")
+    serve.add_argument("--max-paused-keys-total", type=int, default=DEFAULT_MAX_PAUSED_KEYS_TOTAL,
+                       help=f"serial keys of the node paused at once, all topics together; a pauseTopic of one "
+                            f"more is answered 429 (default {DEFAULT_MAX_PAUSED_KEYS_TOTAL})")
     schedules = ScheduleLimits()
     serve.add_argument("--max-schedules", type=int, default=schedules.max_schedules,
                        help=f"recurring schedules the node keeps; a putSchedule of one more is answered 429 "
@@ -294,6 +297,7 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
                        redis_bulk_batch=args.redis_bulk_batch,
                        push_allow=tuple(h.strip() for h in args.push_allow.split(",") if h.strip()),
                        max_subscriptions=args.max_subscriptions, max_paused_keys=args.max_paused_keys,
+                       max_paused_keys_total=args.max_paused_keys_total,
                        schedules=ScheduleLimits(max_schedules=args.max_schedules,
                                                 max_bytes=args.max_schedule_bytes),
                        jobs=JobLimits(max_jobs=args.max_jobs, retention_ms=args.job_retention_ms),

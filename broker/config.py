@@ -12,7 +12,7 @@ from storage.errors import ConfigError
 from .core.bodies import BodyLimits
 from .core.params import Defaults
 from .disk.ready import QueueLimits
-from .flow.settings import DEFAULT_MAX_PAUSED_KEYS
+from .flow.settings import DEFAULT_MAX_PAUSED_KEYS, DEFAULT_MAX_PAUSED_KEYS_TOTAL
 from .http.httpd import Limits
 from .http.sessions import ConsoleConfig
 from .jobs.runner import JobLimits
@@ -89,6 +89,9 @@ class ServeConfig:
     # Serial keys of one topic paused at once (--max-paused-keys); a
     # pauseTopic of one more answers 429 naming the flag (broker.flow).
     max_paused_keys: int = DEFAULT_MAX_PAUSED_KEYS
+    # Serial keys of the node paused at once, all topics (--max-paused-keys-total); a pauseTopic of
+    # one more answers 429 naming the flag.
+    max_paused_keys_total: int = DEFAULT_MAX_PAUSED_KEYS_TOTAL
     # What a subscriber's answers may cost (--push-max-head-bytes and the
     # other --push-* limits), and the descriptors push connections may hold
     # (--push-max-fds): broker.push.rules.PushLimits.
@@ -135,6 +138,8 @@ class ServeConfig:
             raise ConfigError(f"--max-subscriptions must be at least 0, got {self.max_subscriptions}")
         if self.max_paused_keys < 0:
             raise ConfigError(f"--max-paused-keys must be at least 0, got {self.max_paused_keys}")
+        if self.max_paused_keys_total < 0:
+            raise ConfigError(f"--max-paused-keys-total must be at least 0, got {self.max_paused_keys_total}")
         PushAllow.parse(self.push_allow)  # a bad entry is a ConfigError now, not at the first subscribe
         if self.checkpoint_interval_ms < 10:
             raise ConfigError(f"checkpoint_interval_ms must be at least 10, got {self.checkpoint_interval_ms}")

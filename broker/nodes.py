@@ -114,7 +114,8 @@ class DiskNode(NodeBase):
                                 clock, config.jobs)
         # topic settings and pauses in the data dir, carried out before anything is handed out (broker.flow)
         self.flow = TopicFlow(SettingsFile(settings_path(config.data_path)), clock.now_ms, config.queues.topics,
-                              config.max_paused_keys, 1 if config.shard is None else config.shard[1])
+                              config.max_paused_keys, 1 if config.shard is None else config.shard[1],
+                              max_paused_keys_total=config.max_paused_keys_total)
         self.flow.start(self.broker, schedules)
         if self.router is not None:
             self._serve_shards(self.router, served)
@@ -310,17 +311,21 @@ class RedisNode(NodeBase):
         super().__init__(config, clock, metrics, self.broker, None)
         # topic settings and pauses in Redis, read again every poll_ms (broker.redis.flow): `open_flow`
         self._flow_reload: asyncio.Task[None] | None = None
+        # this node's id in Redis, kept in --data-dir across restarts (its lock's descriptor held while it
+        # runs): a restarted node takes its own leases back at once (broker.redis.identity)
+        from .redis.identity import node_identity
+        self.node_id, self._node_id_lock = node_identity(config.data_path)
         # recurring schedules, served by every node, their runs made by the one holding their lease in Redis
         # (broker.redis.schedules)
         from .redis.schedules import ScheduleLease
         self.schedule_lease = ScheduleLease(self.broker.redis, self.broker.config.key_prefix, self.broker, clock,
                                             config.schedules, self._hold_schedules,
-                                            lease_ms=self.broker.config.lease_ms)
+                                            lease_ms=self.broker.config.lease_ms, node=self.node_id)
         # redriveMsgs jobs, their records in Redis, served by every node, run by the one holding their lease
         # (broker.redis.jobs)
         from .redis.jobs import JobLease
         self.job_lease = JobLease(self.broker.redis, self.broker.config.key_prefix, self.broker, clock, config.jobs,
-                                  self._hold_jobs, lease_ms=self.broker.config.lease_ms)
+                                  self._hold_jobs, lease_ms=self.broker.config.lease_ms, node=self.node_id)
         if config.push_allow:  # subscriptions in this node's --data-dir (docs/api.md, "Push delivery")
             from .push.pusher import Pushers, SubscriptionFile, subscription_path
             os.makedirs(config.data_path, mode=0o700, exist_ok=True)
@@ -339,7 +344,7 @@ class RedisNode(NodeBase):
         store = self.broker.topic_settings
         await store.read()
         flow = TopicFlow(store, self.clock.now_ms, self.config.queues.topics, self.config.max_paused_keys,
-                         shared=store)
+                         shared=store, max_paused_keys_total=self.config.max_paused_keys_total)
         flow.start(self.broker)
         self.flow = flow
         self._flow_reload = asyncio.create_task(self._reload_flow(flow), name="flow-reload")

@@ -16,7 +16,7 @@ from __future__ import annotations
 from replication.election import Election
 from storage.errors import Unavailable
 
-from ..flow.settings import TopicSettings, entries, rows
+from ..flow.settings import Changes, TopicSettings, rows
 from .schedules import COMMAND_BYTES
 
 
@@ -32,15 +32,14 @@ class RaftTopicSettings:
     def load(self) -> dict[str, TopicSettings]:
         return rows(self._election.topic_settings())
 
-    async def save(self, settings: dict[str, TopicSettings]) -> None:
-        """The entries that changed, replicated; Unavailable if a majority
-        did not commit them in time."""
+    async def save(self, settings: dict[str, TopicSettings], changes: Changes) -> None:
+        """The entries that changed (`changes`: those of one change),
+        replicated; Unavailable if a majority did not commit them in time."""
         current = self._election.topic_settings()
-        wanted = entries(settings.values())
-        changes = [(k, wanted.get(k)) for k in sorted(set(current) | set(wanted)) if current.get(k) != wanted.get(k)]
+        changed = [(k, v) for k, v in sorted(changes.items()) if current.get(k) != v]
         command: list[tuple[str, bytes | None]] = []
         size = 0
-        for key, value in changes:
+        for key, value in changed:
             cost = len(key) + (0 if value is None else len(value))
             if command and size + cost > COMMAND_BYTES:
                 await self._send(command)

@@ -101,7 +101,8 @@ class ClusterNode(NodeBase):
                                    config.max_subscriptions, limits=config.push, descriptors=self.descriptors,
                                    spans=self.spans)
         # topic settings and pauses in the Raft group's state, carried out by the leader (broker.cluster.flow)
-        self.flow = TopicFlow(RaftTopicSettings(election), clock.now_ms, config.queues.topics, config.max_paused_keys)
+        self.flow = TopicFlow(RaftTopicSettings(election), clock.now_ms, config.queues.topics, config.max_paused_keys,
+                              max_paused_keys_total=config.max_paused_keys_total)
         self.routes = Routes(state)
         self.snapshots = Snapshots(state, self.peers)
         self.peer_calls = PeerCalls(state, self.snapshots)

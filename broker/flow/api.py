@@ -28,7 +28,7 @@ from ..http.commands import EVERY_SHARD, HERE, CommandTable, ErrorTable
 from ..http.http_types import Request, Response
 from ..http.paths import PREFIX
 from .keeper import TopicFlow
-from .settings import TopicConfig, parse_config, parse_pause
+from .settings import TopicConfig, TopicSettings, parse_config, parse_pause
 
 
 class NotSupported(HourglassError):
@@ -91,8 +91,13 @@ class FlowApi:
 
     async def pause(self, request: Request) -> Response:
         pause = dataclasses.replace(parse_pause(self._params(request)), at_ms=request.at_ms)
-        return answer(200, "success", data=(await self.flow("pauseTopic").pause(pause)).public())
+        return answer(200, "success", data=_public(await self.flow("pauseTopic").pause(pause), pause.key))
 
     async def resume(self, request: Request) -> Response:
         pause = dataclasses.replace(parse_pause(self._params(request)), at_ms=request.at_ms)
-        return answer(200, "success", data=(await self.flow("resumeTopic").resume(pause)).public())
+        return answer(200, "success", data=_public(await self.flow("resumeTopic").resume(pause), pause.key))
+
+
+def _public(settings: TopicSettings, key: str | None) -> dict[str, object]:
+    """A pause's or resume's answer: the topic's settings, or with a key, that key's (TopicSettings.public_of_key)."""
+    return settings.public() if key is None else settings.public_of_key(key)

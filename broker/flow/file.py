@@ -1,8 +1,10 @@
-"""The topic settings file: a node's topic settings and pauses on disk
-(`<data-dir>/topic-settings`, docs/internals.md, "Files"), replaced whole
-on each change (written, fsync'ed, renamed, the directory fsync'ed:
-storage.fileutil.atomic_write), so a change answered survives kill -9 and
-a crash leaves the old file or the new.
+"""The topic settings files: a node's topic settings and pauses on disk
+(docs/internals.md, "Files"): a base file replaced whole now and then,
+and a log of the changes since, so a change costs that change (one record
+appended and fsync'ed), not a rewrite of every pause of the node.
+
+`<data-dir>/topic-settings`, the base, written whole (written, fsync'ed,
+renamed, the directory fsync'ed: storage.fileutil.atomic_write):
 
     offset  size  field
     0       4     magic b"HGTS"
@@ -15,10 +17,33 @@ a crash leaves the old file or the new.
                   entries of broker.flow.settings (one per topic with
                   settings, one per paused serial key)
 
+`<data-dir>/topic-settings.log`, the changes since the base, in order:
+
+    offset  size  field
+    0       4     magic b"HGTL"
+    4       2     version (1), little-endian
+    6       2     zero
+    8       ...   records, each:
+                    0  4  length n of the body (u32 LE)
+                    4  4  CRC-32 of the body (u32 LE)
+                    8  n  body: a JSON object {entry name: the entry's new
+                          value as a JSON string, or null: removed}
+
+A change is one record, appended and fdatasync'ed off the event loop
+before the call is answered (broker.flow.keeper). Once the log outgrows
+COMPACT_MIN_BYTES and the base, the base is written anew from the
+settings as they are (in a thread: the loop is not held by the node's
+pauses) and the log emptied after it. A crash between the two leaves the
+new base and the old log: replayed over it, the log's last value of each
+entry is the base's, so the outcome is the same.
+
 Opening validates and fails loudly: a short header, a wrong magic or
 version, a length other than the file's, a CRC that fails or a body that
 is not the entries raises CorruptionError naming the path, the offset and
-the reason (atomic_write never leaves a torn file: one is damage).
+the reason. The one damage a crash makes -- the log's last record cut
+short (a record running past the end of the file, or the last record's
+CRC failing) -- is a change never answered: dropped, and the log cut
+back to the records before it.
 """
 
 from __future__ import annotations
@@ -31,14 +56,20 @@ import zlib
 import orjson
 
 from storage.errors import CorruptionError
-from storage.fileutil import atomic_write, check_header
+from storage.fileutil import FILE_MODE, atomic_write, check_header, fsync_dir
 
-from .settings import Entries, TopicSettings, entries, rows
+from .settings import Changes, Entries, TopicSettings, entries, rows
 
 MAGIC = b"HGTS"
 VERSION = 1
 HEADER = struct.Struct("<4sHHII")
 FILE_NAME = "topic-settings"
+LOG_MAGIC = b"HGTL"
+LOG_HEADER = struct.Struct("<4sHH")
+RECORD = struct.Struct("<II")
+LOG_SUFFIX = ".log"
+# The log is folded into a new base once it is larger than this and than the base.
+COMPACT_MIN_BYTES = 1 << 20
 
 
 def settings_path(data_path: str) -> str:
@@ -76,23 +107,130 @@ def decode(path: str, data: bytes) -> Entries:
     return out
 
 
+def encode_record(changes: Changes) -> bytes:
+    """One log record of these changes."""
+    body = orjson.dumps({k: None if v is None else v.decode() for k, v in changes.items()})
+    return RECORD.pack(len(body), zlib.crc32(body)) + body
+
+
+def replay(path: str, data: bytes, kept: Entries) -> int:
+    """Apply the log's records (its bytes `data`) to `kept`; the length of
+    its whole records (a torn last one left out); CorruptionError for any
+    other damage."""
+    _, _, zero = check_header(path, data, LOG_HEADER, LOG_MAGIC, VERSION)
+    if zero != 0:
+        raise CorruptionError(path, 6, f"reserved field is {zero}, expected 0")
+    at = LOG_HEADER.size
+    while at < len(data):
+        if len(data) - at < RECORD.size:
+            return at  # torn: a record's header cut short
+        length, crc = RECORD.unpack_from(data, at)
+        end = at + RECORD.size + length
+        if end > len(data):
+            return at  # torn: a record cut short
+        body = data[at + RECORD.size:end]
+        if zlib.crc32(body) != crc:
+            if end == len(data):
+                return at  # torn: the last record's bytes not all written
+            raise CorruptionError(path, at + 4, f"record CRC {zlib.crc32(body):#010x}, expected {crc:#010x}")
+        try:
+            changes = orjson.loads(body)
+        except orjson.JSONDecodeError as e:
+            raise CorruptionError(path, at + RECORD.size, f"record is not JSON: {e}") from None
+        if not isinstance(changes, dict) or not all(v is None or isinstance(v, str) for v in changes.values()):
+            raise CorruptionError(path, at + RECORD.size, "record is not an object of entries")
+        for name, value in changes.items():
+            if value is None:
+                kept.pop(name, None)
+            else:
+                kept[name] = value.encode()
+        at = end
+    return at
+
+
 class SettingsFile:
-    """broker.flow.keeper's SettingsStore on a node's disk."""
+    """broker.flow.keeper's SettingsStore on a node's disk: the base file
+    and the log of changes since (the module docstring)."""
 
     def __init__(self, path: str) -> None:
         self.path = path
+        self.log_path = path + LOG_SUFFIX
+        self._log_fd: int | None = None
+        self._log_bytes = 0  # the log's length, its header included
+        self._base_bytes = 0
+        self.appended = 0  # bytes appended to the log (tests, benchmarks)
+        self.compactions = 0
 
     def __repr__(self) -> str:
-        return f"SettingsFile({self.path!r})"
+        return f"SettingsFile({self.path!r}, log={self._log_bytes} bytes)"
 
     def load(self) -> dict[str, TopicSettings]:
+        """The settings kept: the base, then the log replayed over it (a
+        torn last record cut off the log)."""
         try:
             with open(self.path, "rb") as f:
                 data = f.read()
         except FileNotFoundError:
-            return {}
-        return rows(decode(self.path, data))
+            kept: Entries = {}
+            self._base_bytes = 0
+        else:
+            kept = decode(self.path, data)
+            self._base_bytes = len(data)
+        self._log_bytes = 0
+        try:
+            with open(self.log_path, "rb") as f:
+                log = f.read()
+        except FileNotFoundError:
+            pass
+        else:
+            if len(log) < LOG_HEADER.size:  # torn at its creation: nothing was appended
+                os.unlink(self.log_path)
+            else:
+                whole = replay(self.log_path, log, kept)
+                if whole < len(log):
+                    os.truncate(self.log_path, whole)
+                self._log_bytes = whole
+        try:
+            return rows(kept)
+        except ValueError as e:
+            raise CorruptionError(self.log_path if self._log_bytes else self.path, 0, str(e)) from None
 
-    async def save(self, settings: dict[str, TopicSettings]) -> None:
-        """Durable once it returns (fsync'ed, renamed)."""
-        await asyncio.to_thread(atomic_write, self.path, encode(entries(settings.values())))
+    async def save(self, settings: dict[str, TopicSettings], changes: Changes) -> None:
+        """Durable once it returns: `changes` appended to the log and
+        fdatasync'ed; past COMPACT_MIN_BYTES and the base, `settings` (all
+        of them, as they are now) written as the new base and the log
+        emptied (both in a thread)."""
+        record = encode_record(changes)
+        await asyncio.to_thread(self._append, record)
+        if self._log_bytes > max(COMPACT_MIN_BYTES, self._base_bytes):
+            await asyncio.to_thread(self._compact, list(settings.values()))
+
+    def _append(self, record: bytes) -> None:
+        if self._log_fd is None:
+            created = not os.path.exists(self.log_path)
+            self._log_fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, FILE_MODE)
+            if created or self._log_bytes == 0:
+                os.ftruncate(self._log_fd, 0)
+                os.write(self._log_fd, LOG_HEADER.pack(LOG_MAGIC, VERSION, 0))
+                self._log_bytes = LOG_HEADER.size
+                os.fdatasync(self._log_fd)
+                fsync_dir(os.path.dirname(self.log_path) or ".")
+        os.write(self._log_fd, record)
+        os.fdatasync(self._log_fd)
+        self._log_bytes += len(record)
+        self.appended += len(record)
+
+    def _compact(self, settings: list[TopicSettings]) -> None:
+        base = encode(entries(settings))
+        atomic_write(self.path, base)
+        self._base_bytes = len(base)
+        assert self._log_fd is not None
+        os.ftruncate(self._log_fd, LOG_HEADER.size)
+        os.fdatasync(self._log_fd)
+        self._log_bytes = LOG_HEADER.size
+        self.compactions += 1
+
+    def close(self) -> None:
+        if self._log_fd is not None:
+            os.close(self._log_fd)
+            self._log_fd = None

@@ -58,7 +58,17 @@ from storage.entry import Location, Status
 from storage.errors import LimitReached, Unavailable
 
 from ..core.bulk_params import BulkFilter, RescheduleMsgsRequest
-from .settings import DEFAULT_MAX_PAUSED_KEYS, OnResume, Pause, PauseRequest, TopicConfig, TopicSettings
+from .settings import (
+    DEFAULT_MAX_PAUSED_KEYS,
+    DEFAULT_MAX_PAUSED_KEYS_TOTAL,
+    Changes,
+    OnResume,
+    Pause,
+    PauseRequest,
+    TopicConfig,
+    TopicSettings,
+    entry_changes,
+)
 
 # Messages one call of a shift moves (rescheduleMsgs' default limit): each
 # call whole and durable, the event loop free between its slices.
@@ -72,8 +82,10 @@ class SettingsStore(Protocol):
     def load(self) -> dict[str, TopicSettings]:
         ...
 
-    async def save(self, settings: dict[str, TopicSettings]) -> None:
-        """Durable (and replicated) once it returns; raises Unavailable if not."""
+    async def save(self, settings: dict[str, TopicSettings], changes: Changes) -> None:
+        """`settings`, all of them as they are after one change, whose
+        entries `changes` says (broker.flow.settings.entry_changes):
+        durable (and replicated) once it returns; raises Unavailable if not."""
         ...
 
 
@@ -138,6 +150,7 @@ class TopicFlow:
 
     def __init__(self, store: SettingsStore, clock_ms: Callable[[], int], max_topics: int,
                  max_paused_keys: int = DEFAULT_MAX_PAUSED_KEYS, shares: int = 1,
+                 max_paused_keys_total: int = DEFAULT_MAX_PAUSED_KEYS_TOTAL,
                  shared: SharedSettings | None = None) -> None:
         self._store = store
         # The same store when other nodes change it too (Redis): each change
@@ -150,7 +163,9 @@ class TopicFlow:
         self._now_ms = clock_ms
         self.max_topics = max_topics  # --max-topics: topics with settings at most
         self.max_paused_keys = max_paused_keys  # --max-paused-keys: paused serial keys of a topic at most
+        self.max_paused_keys_total = max_paused_keys_total  # --max-paused-keys-total: of the node at most
         self.settings: dict[str, TopicSettings] = store.load()
+        self.paused_keys = sum(len(s.keys) for s in self.settings.values())
         self._gate: PauseGate | None = None
         self._runs: HeldRuns | None = None
         self._lock = asyncio.Lock()
@@ -169,6 +184,7 @@ class TopicFlow:
         released by `runs` on resume. Before the gate's backend hands
         anything out or takes a send."""
         self.settings = self._store.load()
+        self.paused_keys = sum(len(s.keys) for s in self.settings.values())
         self._gate, self._runs = gate, runs
         for s in self.settings.values():
             self._carry_out(gate, s)
@@ -211,6 +227,7 @@ class TopicFlow:
         """The topic's settings as a shared store keeps them, taken as this
         node's, and what changed carried out on the gate."""
         before, after = self.get(topic), found or TopicSettings(topic)
+        self.paused_keys += len(after.keys) - len(before.keys)
         if found is None:
             self.settings.pop(topic, None)
         else:
@@ -231,7 +248,9 @@ class TopicFlow:
         s = self.settings.get(topic)
         return False if s is None else s.paused_json()
 
-    async def _save(self, settings: TopicSettings) -> None:
+    async def _save(self, settings: TopicSettings, key: str | None = None) -> None:
+        """The topic's settings, changed (only its `key`'s pause, when
+        given), kept: the store writes what changed."""
         new = dict(self.settings)
         if settings.is_default:
             new.pop(settings.topic, None)
@@ -240,8 +259,10 @@ class TopicFlow:
         if settings.topic not in self.settings and len(new) > self.max_topics:
             raise LimitReached(f"{len(self.settings)} topics have settings and --max-topics is {self.max_topics}: "
                                f"clear a topic's settings first, or raise --max-topics")
-        await self._store.save(new)
+        old = self.settings.get(settings.topic)
+        await self._store.save(new, entry_changes(settings, key))
         self.settings = new
+        self.paused_keys += len(settings.keys) - (0 if old is None else len(old.keys))
 
     async def set_config(self, config: TopicConfig) -> TopicSettings:
         """setTopicConfig (validated whole by broker.flow.settings.parse_config):
@@ -273,13 +294,17 @@ class TopicFlow:
                     raise LimitReached(f"topic {request.topic!r} has {len(current.keys)} paused keys and "
                                        f"--max-paused-keys is {self.max_paused_keys}: resume one first, pause "
                                        f"the topic, or raise --max-paused-keys")
+                if request.key is not None and self.paused_keys >= self.max_paused_keys_total:
+                    raise LimitReached(f"the node has {self.paused_keys} paused keys and --max-paused-keys-total "
+                                       f"is {self.max_paused_keys_total}: resume one first, pause a topic, or "
+                                       f"raise --max-paused-keys-total")
                 pause = Pause(self._at(request), request.on_resume or OnResume.HOLD)
             else:
                 pause = replace(had, on_resume=request.on_resume or had.on_resume)
             if had is None:
                 gate.pause(request.topic, request.key)
             try:
-                await self._save(current.with_pause(request.key, pause))
+                await self._save(current.with_pause(request.key, pause), request.key)
             except BaseException:
                 if had is None:
                     gate.resume(request.topic, request.key)
@@ -305,13 +330,13 @@ class TopicFlow:
             if policy is not OnResume.HOLD:
                 if pause.resume_ms is None:
                     pause = replace(pause, resume_ms=max(self._at(request), pause.since_ms))
-                    await self._save(current.with_pause(request.key, pause))
+                    await self._save(current.with_pause(request.key, pause), request.key)
                     current = self.get(request.topic)
                 if policy is OnResume.SHIFT:
                     await self._shift(gate, request, pause)
                 else:
                     await self._expire(gate, request, pause)
-            await self._save(current.with_pause(request.key, None))
+            await self._save(current.with_pause(request.key, None), request.key)
             gate.resume(request.topic, request.key)
             if self._runs is not None:  # the runs it held, judged by their misfire rule now
                 await self._runs.resumed(request.topic, request.key)

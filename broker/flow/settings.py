@@ -9,7 +9,8 @@ how they are answered and how they are kept (docs/api.md, "Flow").
     parse_pause       pauseTopic's and resumeTopic's parameters
     entries / rows    the settings as kept: one entry per topic and one per
                       paused key (broker.flow.file on a node's disk, the
-                      Raft group's state on a cluster: broker.cluster.flow)
+                      Raft group's state on a cluster: broker.cluster.flow);
+                      entry_changes, what one change does to them
 
 Every setting of the contract is carried out: none is stored and
 ignored (a value out of its range is refused with code 400 naming it).
@@ -31,6 +32,8 @@ from ..core.params import Params, parse_topic
 
 # --max-paused-keys' default: serial keys of one topic paused at once.
 DEFAULT_MAX_PAUSED_KEYS = 1000
+# --max-paused-keys-total's default: serial keys of the node paused at once.
+DEFAULT_MAX_PAUSED_KEYS_TOTAL = 100_000
 
 # The longest dedupWindowMillis: the disk store's retention of ended
 # messages (storage.config), within which the id index finds them.
@@ -107,11 +110,24 @@ class TopicSettings:
         return sorted(self.keys) if self.keys else False
 
     def public(self) -> dict[str, object]:
-        """setTopicConfig's, getTopicConfig's, pauseTopic's and resumeTopic's `data`."""
+        """setTopicConfig's, getTopicConfig's, and a topic's pauseTopic's and resumeTopic's `data`."""
         return {"topic": self.topic, "releaseRate": self.release_rate, "fairness": self.fairness,
                 "maxDueAgeMillis": self.max_due_age_ms, "dedupWindowMillis": self.dedup_window_ms,
                 "paused": self.paused_json(), "pause": None if self.pause is None else self.pause.public(),
-                "pausedKeys": [{"key": k, **self.keys[k].public()} for k in sorted(self.keys)]}
+                "pausedKeys": [{"key": k, **self.keys[k].public()} for k in sorted(self.keys)],
+                "pausedKeyCount": len(self.keys)}
+
+    def public_of_key(self, key: str) -> dict[str, object]:
+        """A key's pauseTopic's and resumeTopic's `data`: as `public`, but
+        `paused` and `pausedKeys` say that key alone (a change of one key
+        answers that change, not every paused key of the topic)."""
+        pause = self.keys.get(key)
+        return {"topic": self.topic, "releaseRate": self.release_rate, "fairness": self.fairness,
+                "maxDueAgeMillis": self.max_due_age_ms, "dedupWindowMillis": self.dedup_window_ms,
+                "paused": True if self.pause is not None else [key] if pause is not None else False,
+                "pause": None if self.pause is None else self.pause.public(),
+                "pausedKeys": [] if pause is None else [{"key": key, **pause.public()}],
+                "pausedKeyCount": len(self.keys)}
 
     def with_config(self, config: TopicConfig) -> TopicSettings:
         return replace(self, release_rate=config.release_rate, fairness=config.fairness,
@@ -231,18 +247,38 @@ def entry_key(topic: str, key: str | None = None) -> str:
     return orjson.dumps(["c", topic] if key is None else ["k", topic, key]).decode()
 
 
+# Entries changed by one change: each name with its new value, or None (removed).
+Changes = dict[str, bytes | None]
+
+
+def _topic_entry(s: TopicSettings) -> bytes:
+    return orjson.dumps({
+        "releaseRate": s.release_rate, "fairness": s.fairness, "maxDueAgeMillis": s.max_due_age_ms,
+        "dedupWindowMillis": s.dedup_window_ms, "pause": None if s.pause is None else s.pause.stored()})
+
+
 def entries(settings: Iterable[TopicSettings]) -> Entries:
     """Every topic's entries (a topic of defaults and no pause has none)."""
     out: Entries = {}
     for s in settings:
         if s.is_default:
             continue
-        out[entry_key(s.topic)] = orjson.dumps({
-            "releaseRate": s.release_rate, "fairness": s.fairness, "maxDueAgeMillis": s.max_due_age_ms,
-            "dedupWindowMillis": s.dedup_window_ms, "pause": None if s.pause is None else s.pause.stored()})
+        out[entry_key(s.topic)] = _topic_entry(s)
         for key, pause in s.keys.items():
             out[entry_key(s.topic, key)] = orjson.dumps(pause.stored())
     return out
+
+
+def entry_changes(s: TopicSettings, key: str | None = None) -> Changes:
+    """What a change of one topic's settings, or of one of its keys' pause
+    (`key`), does to the entries: its topic entry as it is now (None: a
+    topic of defaults and no pause keeps none), and the key's (None: not
+    paused). O(1) whatever the topic's paused keys."""
+    changes: Changes = {entry_key(s.topic): None if s.is_default else _topic_entry(s)}
+    if key is not None:
+        pause = s.keys.get(key)
+        changes[entry_key(s.topic, key)] = None if pause is None else orjson.dumps(pause.stored())
+    return changes
 
 
 def rows(kept: Mapping[str, bytes]) -> dict[str, TopicSettings]:

@@ -43,7 +43,7 @@ from typing import cast
 from storage.errors import Unavailable
 from wheel.clock import Clock
 
-from ..flow.settings import TopicSettings, entries, entry_key, rows
+from ..flow.settings import Changes, TopicSettings, entries, entry_key, rows
 from .link import REDIS_ERRORS, RedisLink
 
 # Topics' hashes one pipelined round trip reads (`read`).
@@ -135,10 +135,11 @@ class RedisTopicSettings:
             self._known[topic] = settings
         return settings
 
-    async def save(self, settings: dict[str, TopicSettings]) -> None:
+    async def save(self, settings: dict[str, TopicSettings], changes: Changes | None = None) -> None:
         """The topics whose settings differ from what this node last knew
         written, each in one script; a topic with settings is named in the
-        index before its hash is written, and taken out after it is emptied."""
+        index before its hash is written, and taken out after it is emptied.
+        (`changes` is not needed: other nodes' changes are found too.)"""
         redis = self._link.redis
         for topic in sorted(set(settings) | set(self._known)):
             new = settings.get(topic)

@@ -168,7 +168,8 @@ class JobLease:
     jobs lease (the module docstring). Renewed every lease_ms / 3."""
 
     def __init__(self, client: aioredis.Redis | RedisCluster, key_prefix: str, backend: JobBackend, clock: Clock,
-                 limits: JobLimits, publish: Callable[[RedriveJobs], None], *, lease_ms: int = 10_000) -> None:
+                 limits: JobLimits, publish: Callable[[RedriveJobs], None], *, lease_ms: int = 10_000,
+                 node: str | None = None) -> None:
         self._redis = client
         self._prefix = key_prefix
         self._backend = backend
@@ -176,7 +177,7 @@ class JobLease:
         self._limits = limits
         self._publish = publish
         self.lease_ms = lease_ms
-        self.node = uuid.uuid4().hex
+        self.node = node or uuid.uuid4().hex  # (broker.redis.identity: kept across restarts)
         self._lease_key = job_keys(key_prefix)[2]
         self._renew = client.register_script(RENEW)
         self._release = client.register_script(RELEASE)
@@ -223,7 +224,9 @@ class JobLease:
                 jobs = self.jobs
                 assert jobs is not None
                 if not self.holding:
-                    if await self._redis.set(self._lease_key, self.node, nx=True, px=self.lease_ms):
+                    # free, or this node's own from before a restart (its id kept: broker.redis.identity)
+                    if await self._redis.set(self._lease_key, self.node, nx=True, px=self.lease_ms) \
+                            or await self._renew(keys=[self._lease_key], args=[self.node, str(self.lease_ms)]):
                         renewed_ms = synced_ms = now_ms
                         await jobs.sync()
                         jobs.start(self._backend)

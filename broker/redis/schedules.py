@@ -494,7 +494,8 @@ class ScheduleLease:
 
     def __init__(self, client: aioredis.Redis | RedisCluster, key_prefix: str, backend: Backend, clock: Clock,
                  limits: ScheduleLimits, publish: Callable[[Schedules | None], None], *,
-                 lease_ms: int = 10_000) -> None:
+                 lease_ms: int = 10_000,
+                 node: str | None = None) -> None:
         self._redis = client
         self._prefix = key_prefix
         self._backend = backend
@@ -502,7 +503,7 @@ class ScheduleLease:
         self._limits = limits
         self._publish = publish
         self.lease_ms = lease_ms
-        self.node = uuid.uuid4().hex
+        self.node = node or uuid.uuid4().hex  # (broker.redis.identity: kept across restarts)
         self._renew = client.register_script(RENEW)
         self._release = client.register_script(RELEASE)
         self.view: Schedules | None = None  # serves the API while this node does not hold the lease
@@ -556,7 +557,9 @@ class ScheduleLease:
                 if self.view is None and self.schedules is None:
                     await self.open()
                 if self.schedules is None:
-                    if await self._redis.set(self.lease_key, self.node, nx=True, px=self.lease_ms):
+                    # free, or this node's own from before a restart (its id kept: broker.redis.identity)
+                    if await self._redis.set(self.lease_key, self.node, nx=True, px=self.lease_ms) \
+                            or await self._renew(keys=[self.lease_key], args=[self.node, str(self.lease_ms)]):
                         renewed_ms = now_ms
                         await self._take()
                     else:  # looked at again when it would lapse (a dead holder's: its lease time at most)

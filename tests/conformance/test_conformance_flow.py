@@ -15,7 +15,7 @@ import zlib
 import pytest
 
 DEFAULTS = {"releaseRate": 0, "fairness": "none", "maxDueAgeMillis": 0, "dedupWindowMillis": 0, "paused": False,
-            "pause": None, "pausedKeys": []}
+            "pause": None, "pausedKeys": [], "pausedKeyCount": 0}
 
 
 def settings(api, topic: str) -> dict:
@@ -112,6 +112,11 @@ def test_paused_key_holds_its_messages_only(api, topic):
     others = [api.send(topic, "b", key="b")["msgId"], api.send(topic, "none")["msgId"]]
     data = call(api, "pauseTopic", topic=topic, key="a", onResume="hold")
     assert data["paused"] == ["a"] and data["pausedKeys"][0]["key"] == "a", data
+    data = call(api, "pauseTopic", topic=topic, key="c")  # a key's answer says that key alone, and the count
+    assert data["paused"] == ["c"] and [k["key"] for k in data["pausedKeys"]] == ["c"], data
+    assert data["pausedKeyCount"] == 2 and settings(api, topic)["paused"] == ["a", "c"]
+    data = call(api, "resumeTopic", topic=topic, key="c")
+    assert data["paused"] is False and data["pausedKeys"] == [] and data["pausedKeyCount"] == 1, data
     got = api.pull_until(topic, 2)
     assert sorted(m["msgId"] for m in got) == sorted(others)
     for m in got:

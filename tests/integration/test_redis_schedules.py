@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 import pytest
 from drill_history import Delivery, History, check
-from serving import Server
+from serving import Server, wait_for
 
 pytest.importorskip("redis", reason="the redis extra is not installed (pip install 'hourglass[redis]')")
 pytestmark = pytest.mark.slow
@@ -425,3 +425,57 @@ def test_a_purge_and_a_run_id_send_through_the_other_node(two_nodes):
         assert all(at >= m["triggerTime"] and m["msg"] == sid for m, at in runs)
         schedule = nodes[held].get("getSchedule", topic=topic, scheduleId=sid)[1]["schedule"]
         assert first not in [r["scheduledTime"] for r in schedule["lastRuns"]]
+
+
+def _lease_left_ms(redis_url: str, key: str) -> int:
+    import redis
+    with redis.Redis.from_url(redis_url) as client:
+        return int(client.pttl(key))
+
+
+def _holds(node: Server, lease: bytes) -> bool:
+    try:
+        code, text = node.get("/metrics")
+    except OSError:
+        return False
+    return code == 200 and b"\n" + lease + b" 1" in text
+
+
+@pytest.mark.parametrize("misfire", ["once", "skip", "all"])
+def test_the_only_node_restarted_after_kill_9_takes_its_own_leases_back_at_once(redis_url, tmp_path, misfire):
+    """The only node, killed with SIGKILL and started again on its
+    configuration (its --data-dir, where its id is kept: docs/redis.md),
+    holds the schedules and jobs leases again before the dead process's
+    leases would have lapsed, and the schedule (each misfire policy) makes
+    a run before then too: its misfire judged at once, not 10 s late."""
+    url = own_database(redis_url)
+    topic = "own-" + uuid.uuid4().hex[:8]
+    data = tmp_path / "node"
+    node = Server.start(data, "--backend", url, log_path=tmp_path / "node.log")
+    try:
+        wait_for(lambda: _holds(node, b"hourglass_schedules_lease") and _holds(node, b"hourglass_jobs_lease"),
+                 HOLDER_WAIT_S, "the leases")
+        code, answer = node.post("putSchedule", topic=topic, scheduleId="s", everyMillis=1000, msg="run",
+                                 misfire=misfire, maxCatchUp=3, misfireGraceMillis=1000)
+        assert code == 200, answer
+        time.sleep(2.5)
+        port = int(node.base.rsplit(":", 1)[1])
+        node.kill()
+        killed_ms = int(time.time() * 1000)
+        from broker.redis.jobs import job_keys
+        from broker.redis.keys import RedisConfig
+        prefix = RedisConfig().key_prefix
+        lapse_ms = killed_ms + min(_lease_left_ms(url, f"{prefix}:schedlease"), _lease_left_ms(url, job_keys(prefix)[2]))
+        node = Server.start(data, "--backend", url, port=port, log_path=tmp_path / "node.log")
+        wait_for(lambda: _holds(node, b"hourglass_schedules_lease") and _holds(node, b"hourglass_jobs_lease"),
+                 HOLDER_WAIT_S, "the leases after the restart")
+        took_ms = int(time.time() * 1000)
+        assert took_ms < lapse_ms, (took_ms - killed_ms, lapse_ms - killed_ms)
+        runs = []
+        while int(time.time() * 1000) < lapse_ms and not runs:
+            batch = node.post("pullMsg", topic=topic, batch=50)[1]["delayMsgList"]
+            runs = [m for m in batch if m["produceTime"] > killed_ms]
+            time.sleep(0.05)
+        assert runs, "no run made after the restart before the dead process's lease would have lapsed"
+    finally:
+        node.kill()

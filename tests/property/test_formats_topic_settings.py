@@ -1,8 +1,13 @@
-"""The topic settings file (broker.flow.file) and its entries
-(broker.flow.settings): any settings round-trip through the file and
-through a reopened copy of the same directory; a torn file (cut anywhere)
-and a file with any byte flipped are refused loudly with CorruptionError
-naming the path, never read as other settings."""
+"""The topic settings files (broker.flow.file) and their entries
+(broker.flow.settings): any sequence of changes, each appended to the log
+(and now and then folded into a new base), reads back from a reopened copy
+of the directory as the model of those changes; the log cut at any byte (a
+crash mid-append) reads as the changes whose records are whole, and the
+next change appends after them; a crash between a new base and the log's
+emptying reads the same; a torn base file (cut anywhere) and a base with
+any byte flipped, or a log record before the last with any byte flipped,
+are refused loudly with CorruptionError naming the path, never read as
+other settings."""
 
 from __future__ import annotations
 
@@ -15,8 +20,9 @@ from corruption import xor_byte
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.flow.file import HEADER, SettingsFile, decode, encode
-from broker.flow.settings import OnResume, Pause, TopicSettings, entries, rows
+from broker.flow import file as settings_file
+from broker.flow.file import HEADER, LOG_HEADER, RECORD, SettingsFile, decode, encode
+from broker.flow.settings import OnResume, Pause, TopicConfig, TopicSettings, entries, entry_changes, rows
 from storage.errors import CorruptionError
 
 names = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\0"), min_size=1, max_size=20)
@@ -29,15 +35,129 @@ all_settings = st.lists(topics, max_size=6, unique_by=lambda s: s.topic).map(
     lambda found: {s.topic: s for s in found if not s.is_default})
 
 
+def write_base(path: str, kept: dict[str, TopicSettings]) -> None:
+    with open(path, "wb") as f:
+        f.write(encode(entries(kept.values())))
+
+
 @settings(max_examples=200, deadline=None)
 @given(all_settings)
-def test_settings_round_trip_through_the_file_and_a_reopened_copy(kept):
+def test_settings_round_trip_through_the_base_file_and_a_reopened_copy(kept):
     with tempfile.TemporaryDirectory() as root:
         path = os.path.join(root, "topic-settings")
-        asyncio.run(SettingsFile(path).save(kept))
+        write_base(path, kept)
         assert SettingsFile(path).load() == kept
         assert rows(entries(kept.values())) == kept
+
+
+# A change: (topic, key or None, a pause or None, a release rate for a config change or None)
+changes = st.lists(st.tuples(st.sampled_from(["a", "b", "c"]), st.one_of(st.none(), st.sampled_from(["k1", "k2", "k3"])),
+                             st.one_of(st.none(), pauses), st.one_of(st.none(), st.integers(0, 1000))),
+                   min_size=1, max_size=25)
+
+
+def apply(model: dict[str, TopicSettings], change) -> tuple[TopicSettings, str | None]:
+    """The model after one change (as broker.flow.keeper makes them), and the key changed."""
+    topic, key, pause, rate = change
+    current = model.get(topic) or TopicSettings(topic)
+    if rate is not None:
+        new = current.with_config(TopicConfig(topic, rate, current.fairness, current.max_due_age_ms,
+                                              current.dedup_window_ms))
+        key = None
+    else:
+        new = current.with_pause(key, pause)
+    if new.is_default:
+        model.pop(topic, None)
+    else:
+        model[topic] = new
+    return new, key
+
+
+def run_changes(path: str, steps) -> list[dict[str, TopicSettings]]:
+    """Each change saved through one SettingsFile; the model after each (the first: before any)."""
+    store = SettingsFile(path)
+    model = dict(store.load())
+    states = [dict(model)]
+    try:
+        for change in steps:
+            new, key = apply(model, change)
+            asyncio.run(store.save(dict(model), entry_changes(new, key)))
+            states.append(dict(model))
+    finally:
+        store.close()
+    return states
+
+
+@settings(max_examples=150, deadline=None)
+@given(changes, st.sampled_from([0, 300, 1 << 20]))
+def test_changes_read_back_as_their_model_through_the_log_and_its_compactions(steps, compact_at):
+    with tempfile.TemporaryDirectory() as root, pytest.MonkeyPatch.context() as patch:
+        patch.setattr(settings_file, "COMPACT_MIN_BYTES", compact_at)
+        path = os.path.join(root, "topic-settings")
+        states = run_changes(path, steps)
+        assert SettingsFile(path).load() == states[-1]
         assert not os.path.exists(path + ".tmp")
+        if compact_at == 1 << 20:  # (no compaction: a change appends its record, no more)
+            assert not os.path.exists(path)
+
+
+def record_ends(log: bytes) -> list[int]:
+    """Where each whole record of a log ends."""
+    at, ends = LOG_HEADER.size, []
+    while at < len(log):
+        length, _ = RECORD.unpack_from(log, at)
+        at += RECORD.size + length
+        ends.append(at)
+    return ends
+
+
+@settings(max_examples=150, deadline=None)
+@given(changes, st.data())
+def test_a_log_cut_at_any_byte_reads_as_its_whole_records_and_the_next_change_follows(steps, data):
+    with tempfile.TemporaryDirectory() as root:
+        path = os.path.join(root, "topic-settings")
+        states = run_changes(path, steps)
+        with open(path + ".log", "rb") as f:
+            log = f.read()
+        cut = data.draw(st.integers(LOG_HEADER.size, len(log)))
+        os.truncate(path + ".log", cut)
+        whole = sum(1 for end in record_ends(log) if end <= cut)
+        assert SettingsFile(path).load() == states[whole]
+        assert os.path.getsize(path + ".log") == [LOG_HEADER.size, *record_ends(log)][whole]  # the torn tail cut
+        more = data.draw(changes)
+        model = dict(states[whole])
+        after = run_changes(path, more)  # (reads what is kept, then appends)
+        assert after[0] == model
+        assert SettingsFile(path).load() == after[-1]
+
+
+@settings(max_examples=100, deadline=None)
+@given(changes.filter(lambda steps: len(steps) >= 2))
+def test_a_crash_between_a_new_base_and_the_logs_emptying_reads_the_same(steps):
+    with tempfile.TemporaryDirectory() as root:
+        path = os.path.join(root, "topic-settings")
+        states = run_changes(path, steps)
+        write_base(path, states[-1])  # the new base written, the log not yet emptied
+        assert SettingsFile(path).load() == states[-1]
+
+
+@settings(max_examples=100, deadline=None)
+@given(changes.filter(lambda steps: len(steps) >= 2), st.data())
+def test_a_flipped_byte_in_the_logs_header_or_a_record_before_the_last_is_refused(steps, data):
+    with tempfile.TemporaryDirectory() as root:
+        path = os.path.join(root, "topic-settings")
+        run_changes(path, steps)
+        log_path = path + ".log"
+        with open(log_path, "rb") as f:
+            log = f.read()
+        ends = record_ends(log)
+        # a body byte of a record before the last, or a header byte of the file
+        position = data.draw(st.one_of(st.integers(0, 5), st.integers(LOG_HEADER.size + RECORD.size, ends[-2] - 1)
+                                       .filter(lambda at: not any(end <= at < end + RECORD.size for end in ends))))
+        xor_byte(log_path, position, data.draw(st.integers(1, 255)))
+        with pytest.raises(CorruptionError) as refused:
+            SettingsFile(path).load()
+        assert refused.value.path == log_path, refused.value
 
 
 @settings(max_examples=200, deadline=None)
@@ -52,10 +172,10 @@ def test_a_torn_file_is_refused(kept, data):
 
 @settings(max_examples=200, deadline=None)
 @given(all_settings.filter(bool), st.data())
-def test_a_flipped_byte_is_refused(kept, data):
+def test_a_flipped_byte_in_the_base_is_refused(kept, data):
     with tempfile.TemporaryDirectory() as root:
         path = os.path.join(root, "topic-settings")
-        asyncio.run(SettingsFile(path).save(kept))
+        write_base(path, kept)
         size = os.path.getsize(path)
         position = data.draw(st.integers(0, size - 1))
         xor_byte(path, position, data.draw(st.integers(1, 255)))
