@@ -2,8 +2,9 @@
 pauses and topic settings"): --keys serial keys of one topic paused
 first, then --pauses pauses of distinct keys of --key-bytes each, one
 call at a time, each timed; the bytes the node's processes wrote meanwhile
-(/proc/PID/io wchar: the settings files and the answers) and the
-settings files' sizes after. Prints ONE JSON object.
+(/proc/PID/io: wchar, files and sockets -- the answers, the shards'
+forwards --, and write_bytes, to the disk), and how much the settings
+files grew. Prints ONE JSON object.
 
     .venv/bin/python bench/pauses.py                          # 10,000 keys paused, then 300 pauses of 1 KB keys
     HOURGLASS_SERVE_PYTHON=.venv/bin/python .venv/bin/python bench/pauses.py   # the installed (compiled) build
@@ -25,12 +26,15 @@ import time
 from harness import Server, children, percentile, serve_version
 
 
-def written_bytes(server: Server) -> int:
+def written_bytes(server: Server, field: str = "wchar") -> int:
+    """/proc/PID/io's `field` summed over the node's processes: wchar, what
+    they passed to write calls (files and sockets: the answers, the
+    forwards between shards); write_bytes, what they sent to the disk."""
     total = 0
     for pid in [server.proc.pid, *children(server.proc.pid)]:
         with open(f"/proc/{pid}/io") as f:
             fields = dict(line.split(": ") for line in f.read().splitlines())
-        total += int(fields["wchar"])
+        total += int(fields[field])
     return total
 
 
@@ -58,7 +62,8 @@ def main() -> None:
                 code, body = server.post("pauseTopic", topic="t", key=f"pre-{i}")
                 assert code == 200, body
             setup_s = time.monotonic() - began
-            before = written_bytes(server)
+            before, disk_before = written_bytes(server), written_bytes(server, "write_bytes")
+            files_before = settings_bytes(data)
             took = []
             for i in range(args.pauses):
                 key = f"{i:06d}-" + "k" * (args.key_bytes - 7)
@@ -67,6 +72,8 @@ def main() -> None:
                 took.append((time.perf_counter() - began) * 1000)
                 assert code == 200, body
             written = written_bytes(server) - before
+            time.sleep(1)  # (write_bytes counts at writeback; the appends were fdatasync'ed already)
+            to_disk = written_bytes(server, "write_bytes") - disk_before
             took.sort()
             print(json.dumps({
                 "benchmark": "bench/pauses.py", "build": serve_version(), "flags": flags,
@@ -74,6 +81,7 @@ def main() -> None:
                 "key_bytes": args.key_bytes, "pause_ms_p50": round(percentile(took, 0.5), 2),
                 "pause_ms_p99": round(percentile(took, 0.99), 2), "pause_ms_max": round(took[-1], 2),
                 "written_bytes": written, "written_per_pause_bytes": written // args.pauses,
+                "disk_write_bytes": to_disk, "settings_files_grew_bytes": settings_bytes(data) - files_before,
                 "settings_files_bytes": settings_bytes(data),
             }, indent=1))
         finally:
