@@ -175,8 +175,8 @@ class ShardedRequests:
         # the others by what they said, best first: those outranking this shard's head before it
         said = sorted(((router.head_of(shard, topic), shard) for shard in others), key=_rank)
         order: list[tuple[Head | None, int]]
-        if here is None:  # nothing READY here
-            order = said
+        if here is None:  # none in the window, or a topic not ordered by priority here (fair, a due-age cap):
+            order = [(None, router.index), *said]  # asked first all the same (its own order decides)
         else:
             order = [b for b in said if outranks(b[0], *here)]
             order += [(here, router.index)] + [b for b in said if not outranks(b[0], *here)]

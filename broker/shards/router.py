@@ -78,8 +78,9 @@ def _betters(head: Head | None, told: Head | None) -> bool:
     return head is not None and (told is None or head[0] > told[0] or (head[0] == told[0] and head[1] < told[1]))
 
 
-def _head_of(said: Any) -> Head | None:
-    return None if said is None else (int(said[0]), int(said[1]))
+def _head_of(said: Sequence[Any]) -> Head | None:
+    """The head a shard said: [its saying's number, priority, trigger time], or [number] (none)."""
+    return (int(said[1]), int(said[2])) if len(said) == 3 else None
 
 
 def _ignore_outcome(done: asyncio.Future[Any]) -> None:
@@ -117,6 +118,11 @@ class ShardRouter:
         # head betters it); (shard, topic) -> the head that shard told of its own
         self._told: dict[tuple[int, str], Head] = {}
         self._heads: dict[tuple[int, str], Head] = {}
+        # Each head said is numbered (one count for all this shard says): a pull's answer and a tell
+        # travel on the two connections of a pair of shards, so one said later may be read first;
+        # (shard, topic) -> the number of the last heard, older ones ignored.
+        self._sayings = itertools.count(1)
+        self._heard_numbers: dict[tuple[int, str], int] = {}
         self._server: asyncio.AbstractServer | None = None
         self._backend: Broker | None = None
         self._long_polls: LongPolls | None = None
@@ -192,10 +198,20 @@ class ShardRouter:
         # and the heads this one has of the topics it was told of
         for drained in self._drained.values():
             drained.discard(shard)
-        for key in [key for key in self._heads if key[0] == shard]:
-            del self._heads[key]
+        self._forget(shard)
         hello = self.peers[shard].call("hello", [self.index])
         asyncio.ensure_future(hello).add_done_callback(_ignore_outcome)
+        self._tell_again(shard)
+
+    def _forget(self, shard: int) -> None:
+        """What `shard` said of its heads: unknown again (it may have restarted, its numbers from 1)."""
+        for key in [key for key in self._heads if key[0] == shard]:
+            del self._heads[key]
+        for key in [key for key in self._heard_numbers if key[0] == shard]:
+            del self._heard_numbers[key]
+
+    def _tell_again(self, shard: int) -> None:
+        """`shard` is told again the heads of the topics it was told of (what it heard may be lost)."""
         topics = [key[1] for key in self._told if key[0] == shard]
         for topic in topics:
             del self._told[(shard, topic)]
@@ -209,8 +225,14 @@ class ShardRouter:
         for topic in self.backend.topic_list():
             self._ready_here(topic)
 
-    def heard_head(self, shard: int, topic: str, said: Any) -> None:
-        """`shard`'s head of `topic` now, as it said (a pull's answer, a notice, a tell)."""
+    def heard_head(self, shard: int, topic: str, said: Sequence[Any]) -> None:
+        """`shard`'s head of `topic` now, as it said (a pull's answer, a
+        notice, a tell), unless it said a newer one already."""
+        key = (shard, topic)
+        number = int(said[0])
+        if number < self._heard_numbers.get(key, 0):
+            return
+        self._heard_numbers[key] = number
         head = _head_of(said)
         if head is not None:
             self._heads[(shard, topic)] = head
@@ -238,15 +260,22 @@ class ShardRouter:
             elif _betters(head, told.get(key)):
                 assert head is not None
                 told[key] = head
-                asyncio.ensure_future(peer.call("best", [topic, self.index, list(head)])).add_done_callback(
+                asyncio.ensure_future(peer.call("best", [topic, self.index, self.say(head)])).add_done_callback(
                     _ignore_outcome)
         return head
+
+    def say(self, head: Head | None) -> list[int]:
+        """A head as said to another shard: numbered (`heard_head`)."""
+        number = next(self._sayings)
+        return [number] if head is None else [number, head[0], head[1]]
 
     def _hello(self, shard: int) -> None:
         """Shard `shard` dialled this one, having (re)started: it is dialled
         back now, so that a call forwarded to it does not meet the backoff
         of a dial that failed while it was down (a 503 to a client)."""
         peer = self.peers.get(shard)
+        self._forget(shard)  # (what it says from now on, numbered from 1 if it restarted, follows this hello)
+        self._tell_again(shard)
         if peer is not None and not peer.up:
             peer.heard_from()
             asyncio.ensure_future(peer.connect()).add_done_callback(_ignore_outcome)
@@ -280,8 +309,10 @@ class ShardRouter:
         if watchers:
             head = self.backend.best_head(topic)
             for connection, shard in watchers.items():
-                connection.notify("ready", [topic, self.index, None if head is None else list(head)])
-                if head is not None:
+                connection.notify("ready", [topic, self.index, self.say(head)])
+                if head is None:  # (as it hears it: nothing said, so the next head is told)
+                    self._told.pop((shard, topic), None)
+                else:
                     self._told[(shard, topic)] = head
         self._tell_head(topic)
 
@@ -324,7 +355,7 @@ class ShardRouter:
         if len(pulled) < request.batch:
             self._watchers[request.topic][connection] = asker
         head = self._tell_head(request.topic, asker)
-        return [[message_fields(m) for m in pulled], None if head is None else list(head)]
+        return [[message_fields(m) for m in pulled], self.say(head)]
 
     async def _on_call(self, args: Sequence[Any], connection: link.Connection) -> list[Any]:
         self.served += 1

@@ -290,6 +290,24 @@ def test_within_a_priority_a_pull_takes_the_nodes_earliest_due_whichever_shard_i
         assert server.stop() == 0
 
 
+@pytest.mark.parametrize("config", [{"fairness": "fairKey"}, {"maxDueAgeMillis": 60_000}])
+def test_a_topic_in_its_own_order_hands_out_the_messages_of_the_shard_a_pull_reaches(tmp_path, config):
+    """A fair topic, or one with a due-age cap, is not ordered by priority
+    (no head to tell): a pull on a shard's port still takes that shard's
+    own READY messages, not only the other shards'."""
+    server = Server.start(tmp_path / "data", "--shards", "2")
+    try:
+        ports = server.get("/camellia/delayQueue/getShardMap")[1]["ports"]
+        assert server.post("setTopicConfig", topic="f", **config)[1]["code"] == 200
+        mine = _ids_on(0, 2, "own", 3)
+        for msg_id in mine:
+            assert server.post("sendMsg", topic="f", msgId=msg_id, msg="x", fairKey="g")[1]["code"] == 200
+        got = _port_post(ports[0], "pullMsg", topic="f", batch=10)["delayMsgList"]
+        assert sorted(m["msgId"] for m in got) == sorted(mine)
+    finally:
+        assert server.stop() == 0
+
+
 def placement_of(msg_id: str, count: int) -> int:
     from broker.shards import placement
 

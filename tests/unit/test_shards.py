@@ -475,3 +475,21 @@ def test_a_shards_windows_and_schedule_caps_are_its_share_of_the_nodes():
     assert [shard_queues(QueueLimits(inflight=2), i, 3).inflight for i in range(3)] == [1, 1, 1]
     limits = [shard_schedules(ScheduleLimits(max_schedules=5, max_bytes=1000), i, 3) for i in range(3)]
     assert sum(s.max_schedules for s in limits) == 5 and sum(s.max_bytes for s in limits) == 1000
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.one_of(st.none(), st.tuples(st.integers(-5, 5), st.integers(0, 10**6)))),
+                min_size=1, max_size=12), st.randoms())
+def test_a_head_said_earlier_and_heard_later_does_not_replace_a_newer_one(tmp_path_factory, heads, rnd):
+    """The heads one shard says (its pull answers, its notices, its tells)
+    are numbered in the order said; another shard that hears them in any
+    order keeps the last said (they travel on two connections)."""
+    links = str(tmp_path_factory.mktemp("links"))
+    speaker = ShardRouter(1, 2, links, BodyLimits(), 1024)
+    listener = ShardRouter(0, 2, links, BodyLimits(), 1024)
+    said = [speaker.say(head) for (head,) in heads]
+    heard = list(said)
+    rnd.shuffle(heard)
+    for saying in heard:
+        listener.heard_head(1, "t", saying)
+    assert listener.head_of(1, "t") == heads[-1][0]
