@@ -49,6 +49,8 @@ back to the records before it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import os
 import struct
 import zlib
@@ -59,6 +61,8 @@ from storage.errors import CorruptionError
 from storage.fileutil import FILE_MODE, atomic_write, check_header, fsync_dir
 
 from .settings import Changes, Entries, TopicSettings, entries, rows
+
+log = logging.getLogger("hourglass.flow")
 
 MAGIC = b"HGTS"
 VERSION = 1
@@ -128,6 +132,10 @@ def replay(path: str, data: bytes, kept: Entries) -> int:
         end = at + RECORD.size + length
         if end > len(data):
             return at  # torn: a record cut short
+        if length == 0:  # never written (a record holds at least "{}"): zeros a crash left, or damage
+            if not any(data[at:]):
+                return at
+            raise CorruptionError(path, at, "a record of length 0")
         body = data[at + RECORD.size:end]
         if zlib.crc32(body) != crc:
             if end == len(data):
@@ -203,7 +211,10 @@ class SettingsFile:
         record = encode_record(changes)
         await asyncio.to_thread(self._append, record)
         if self._log_bytes > max(COMPACT_MIN_BYTES, self._base_bytes):
-            await asyncio.to_thread(self._compact, list(settings.values()))
+            try:
+                await asyncio.to_thread(self._compact, list(settings.values()))
+            except OSError as e:  # (the change is durable in the log: the next save tries again)
+                log.warning("the topic settings log could not be folded into %s: %s", self.path, e)
 
     def _append(self, record: bytes) -> None:
         if self._log_fd is None:
@@ -215,8 +226,19 @@ class SettingsFile:
                 self._log_bytes = LOG_HEADER.size
                 os.fdatasync(self._log_fd)
                 fsync_dir(os.path.dirname(self.log_path) or ".")
-        os.write(self._log_fd, record)
-        os.fdatasync(self._log_fd)
+        try:
+            written = 0
+            while written < len(record):
+                written += os.write(self._log_fd, record[written:])
+            os.fdatasync(self._log_fd)
+        except OSError:
+            # nothing of a change not answered may stay before the next one's record: cut back to the
+            # records before it (best effort; the fd opened again at the next append)
+            fd, self._log_fd = self._log_fd, None
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, self._log_bytes)
+            os.close(fd)
+            raise
         self._log_bytes += len(record)
         self.appended += len(record)
 

@@ -194,3 +194,17 @@ def test_an_entry_no_node_wrote_is_refused(tmp_path):
     with pytest.raises(CorruptionError) as refused:
         SettingsFile(str(path)).load()
     assert refused.value.offset == HEADER.size and "unknown kind" in refused.value.reason
+
+
+@settings(max_examples=50, deadline=None)
+@given(changes, st.integers(1, 64))
+def test_a_log_with_zeros_after_its_records_reads_as_its_records(steps, zeros):
+    """A crash may leave a file's new length with its bytes unwritten (zeros)."""
+    with tempfile.TemporaryDirectory() as root:
+        path = os.path.join(root, "topic-settings")
+        states = run_changes(path, steps)
+        size = os.path.getsize(path + ".log")
+        with open(path + ".log", "ab") as f:
+            f.write(b"\0" * zeros)
+        assert SettingsFile(path).load() == states[-1]
+        assert os.path.getsize(path + ".log") == size
