@@ -80,7 +80,7 @@ async def serve_job_call(jobs: RedriveJobs, op: str, args: Sequence[Any], index:
         limit = r.limit if r.limit >= MAX_REDRIVE else r.limit // count + (1 if index < r.limit % count else 0)
         node_rate = r.rate  # (each shard's share of it moved by demand: broker.shards.rates)
         r = r._replace(rate=share(r.rate, index, count), limit=limit)
-        return (await jobs.create(r, args[1], node_rate)).public()
+        return (await jobs.create(r, args[1], node_rate, drop=args[2] if len(args) > 2 else ())).public()
     if op == "job_get":
         return jobs.get(args[0]).public()
     if op == "job_list":
@@ -152,15 +152,20 @@ class JobApi:
         if shards is None:
             job = (await jobs.create(r)).public()
         else:  # the node's running jobs (a job runs while any shard's part does) against --max-jobs first
-            running = sum(r["state"] == JobState.RUNNING.value for r in await self._list(jobs))
-            if running >= jobs.limits.max_jobs:
-                raise LimitReached(f"the node runs {running} redriveMsgs jobs and --max-jobs is "
-                                   f"{jobs.limits.max_jobs}: a job more is refused until one ends (cancelJob ends "
-                                   f"one); retry later")
+            listed = await self._list(jobs)
+            limit = jobs.limits.max_jobs
+            running = sum(r["state"] == JobState.RUNNING.value for r in listed)
+            if running >= limit:
+                raise LimitReached(f"the node runs {running} redriveMsgs jobs and --max-jobs is {limit}: a job "
+                                   f"more is refused until one ends (cancelJob ends one); retry later")
+            # the records that make room, the node's oldest ended jobs: the same dropped on every shard
+            ended = sorted((rec for rec in listed if rec["state"] != JobState.RUNNING.value),
+                           key=lambda rec: (rec["createTime"], rec["jobId"]))
+            drop = [rec["jobId"] for rec in ended[:max(0, len(listed) - limit + 1)]]
             job_id = new_job_id()
+            args = [request_fields(r), job_id, drop]
             job = merge_jobs(await shards.everywhere(
-                "job_create", [request_fields(r), job_id],
-                lambda: serve_job_call(jobs, "job_create", [request_fields(r), job_id], shards.index, shards.count)))
+                "job_create", args, lambda: serve_job_call(jobs, "job_create", args, shards.index, shards.count)))
         return answer(200, "success", jobId=job["jobId"], job=job)
 
     async def get(self, request: Request) -> Response:

@@ -63,7 +63,7 @@ import enum
 import logging
 import secrets
 from collections import deque
-from collections.abc import Coroutine, Mapping
+from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -269,6 +269,7 @@ class RedriveJobs:
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._wakes: dict[str, asyncio.Event] = {}
         self._cancelled: set[str] = set()
+        self._creating = asyncio.Lock()
         # jobId -> when its next slice is due (monotonic s), while it runs here
         self._due_s: dict[str, float] = {}
         # jobId -> why and when its record was dropped (the last DROPPED_KEPT), for getJob's 404
@@ -309,21 +310,29 @@ class RedriveJobs:
 
     # == the calls ================================================================
 
-    async def create(self, request: RedriveMsgsRequest, job_id: str | None = None, node_rate: int = -1) -> Job:
-        """A new job, saved (durable) and started; LimitReached past
-        --max-jobs. `node_rate`: the rate of the whole job when this is a
-        shard's part of it (its `rate` a share), else its rate."""
-        await self.sync()
-        now_ms = self._clock.now_ms()
-        await self._drop_expired(now_ms)
-        await self._make_room(now_ms)
-        job_id = job_id or new_job_id()
-        if job_id in self._jobs:
-            raise InvalidRequest("jobId", f"job {job_id} exists")
-        job = Job(job_id, request.topic, request.filter, request.trigger_ms, request.rate, request.limit, now_ms,
-                  node_rate=node_rate)
-        await self._store.save(job.stored())
-        self._jobs[job_id] = job
+    async def create(self, request: RedriveMsgsRequest, job_id: str | None = None, node_rate: int = -1,
+                     drop: Sequence[str] = ()) -> Job:
+        """A new job, saved (durable) and started; LimitReached while
+        --max-jobs run. `node_rate`: the rate of the whole job when this is a
+        shard's part of it (its `rate` a share), else its rate. `drop`: the
+        ended jobs whose records make room (a node of shards picks the same
+        on every shard); more, the oldest ended, if need be."""
+        async with self._creating:  # (two creates at once: each counts the other's job)
+            await self.sync()
+            now_ms = self._clock.now_ms()
+            await self._drop_expired(now_ms)
+            for old in [self._jobs.get(i) for i in drop]:
+                if old is not None and old.state is not JobState.RUNNING:
+                    await self._drop(old, now_ms, f"its room was taken by a newer job (--max-jobs "
+                                                  f"{self.limits.max_jobs})")
+            await self._make_room(now_ms)
+            job_id = job_id or new_job_id()
+            if job_id in self._jobs:
+                raise InvalidRequest("jobId", f"job {job_id} exists")
+            job = Job(job_id, request.topic, request.filter, request.trigger_ms, request.rate, request.limit, now_ms,
+                      node_rate=node_rate)
+            await self._store.save(job.stored())
+            self._jobs[job_id] = job
         if self._backend is not None:
             self._launch(job)
         log.info("job %s: redriveMsgs of topic %s started (rate %d, limit %d)", job_id, job.topic, job.rate,
@@ -531,8 +540,12 @@ class RedriveJobs:
             wake.set()
 
     async def _end(self, job: Job, state: JobState) -> None:
+        """The job's record saved ended, then the job ended in RAM: once a
+        job reads as ended, no save of it is left to come (a record dropped
+        to make room is not written back)."""
+        ended_ms = self._clock.now_ms()
+        await self._store.save({**job.stored(), "state": state.value, "endTime": ended_ms})
         job.state = state
-        job.ended_ms = self._clock.now_ms()
+        job.ended_ms = ended_ms
         self._cancelled.discard(job.job_id)
-        await self._store.save(job.stored())
         log.info("job %s %s: %d matched, %d re-driven", job.job_id, state.value, job.matched, job.redriven)
