@@ -40,6 +40,15 @@ def _wait(predicate, wait_s: float = 15, what: str = "condition"):
     raise AssertionError(f"{what} not reached within {wait_s} s")
 
 
+def _status(node, topic: str, msg_id: str) -> int | None:
+    """A message's status; None while the node answers 503 (docs/cluster.md: retried)."""
+    code, body = node.post("getMsg", topic=topic, msgId=msg_id)
+    if code == 503:
+        return None
+    assert code == 200, (code, body)
+    return body["delayMsg"]["status"]
+
+
 def _pulled(node, topic: str, **params) -> list:
     """One pull's messages; a 503 (no leader yet, or stepping down) is what
     docs/cluster.md tells clients to retry, so it reads as nothing yet; any
@@ -323,8 +332,7 @@ def test_only_the_leader_pushes_and_the_next_one_resumes_after_a_kill(tmp_path):
             code, body = node.get("getSubscription", topic="p")
             assert code == 200 and body["data"]["url"] == subscriber.url, body
             assert "s3cret" not in json.dumps(body)
-        _wait(lambda: all(c.nodes[new].post("getMsg", topic="p", msgId=m)[1]["delayMsg"]["status"] == 4
-                          for m in triggers), wait_s=30, what="every message acked")
+        _wait(lambda: all(_status(c.nodes[new], "p", m) == 4 for m in triggers), wait_s=30, what="every message acked")
     finally:
         c.stop()
         subscriber.stop()
