@@ -111,23 +111,22 @@ class TopicSettings:
 
     def public(self) -> dict[str, object]:
         """setTopicConfig's, getTopicConfig's, and a topic's pauseTopic's and resumeTopic's `data`."""
-        return {"topic": self.topic, "releaseRate": self.release_rate, "fairness": self.fairness,
-                "maxDueAgeMillis": self.max_due_age_ms, "dedupWindowMillis": self.dedup_window_ms,
-                "paused": self.paused_json(), "pause": None if self.pause is None else self.pause.public(),
-                "pausedKeys": [{"key": k, **self.keys[k].public()} for k in sorted(self.keys)],
-                "pausedKeyCount": len(self.keys)}
+        return {**self._config_public(), "paused": self.paused_json(),
+                "pausedKeys": [{"key": k, **self.keys[k].public()} for k in sorted(self.keys)]}
 
     def public_of_key(self, key: str) -> dict[str, object]:
         """A key's pauseTopic's and resumeTopic's `data`: as `public`, but
         `paused` and `pausedKeys` say that key alone (a change of one key
         answers that change, not every paused key of the topic)."""
         pause = self.keys.get(key)
+        return {**self._config_public(),
+                "paused": True if self.pause is not None else [key] if pause is not None else False,
+                "pausedKeys": [] if pause is None else [{"key": key, **pause.public()}]}
+
+    def _config_public(self) -> dict[str, object]:
         return {"topic": self.topic, "releaseRate": self.release_rate, "fairness": self.fairness,
                 "maxDueAgeMillis": self.max_due_age_ms, "dedupWindowMillis": self.dedup_window_ms,
-                "paused": True if self.pause is not None else [key] if pause is not None else False,
-                "pause": None if self.pause is None else self.pause.public(),
-                "pausedKeys": [] if pause is None else [{"key": key, **pause.public()}],
-                "pausedKeyCount": len(self.keys)}
+                "pause": None if self.pause is None else self.pause.public(), "pausedKeyCount": len(self.keys)}
 
     def with_config(self, config: TopicConfig) -> TopicSettings:
         return replace(self, release_rate=config.release_rate, fairness=config.fairness,

@@ -6,20 +6,10 @@ a node of two (every shard keeps every pause: the count is the node's)."""
 from __future__ import annotations
 
 import pytest
-from harness import children
+from pauses import written_bytes
 from serving import Server
 
 pytestmark = pytest.mark.slow
-
-
-def written_bytes(server: Server) -> int:
-    """Bytes the node's processes passed to write calls so far (/proc/PID/io wchar)."""
-    total = 0
-    for pid in [server.proc.pid, *children(server.proc.pid)]:
-        with open(f"/proc/{pid}/io") as f:
-            fields = dict(line.split(": ") for line in f.read().splitlines())
-        total += int(fields["wchar"])
-    return total
 
 
 @pytest.mark.parametrize("shards", ["1", "2"])
