@@ -29,7 +29,7 @@ import aiohttp
 
 from broker.http.api import answer
 from broker.http.commands import Command
-from broker.http.http_types import Handler, Request, Response, StreamResponse
+from broker.http.http_types import BatchHandler, Handler, Request, Response, StreamResponse
 from broker.http.paths import PREFIX
 from broker.http.scrape import disk_series
 from broker.observe.metrics import COUNTER, GAUGE, Family, Sample, single_series
@@ -72,7 +72,8 @@ class Routes:
             # path is its command's exactly, so checking the table's paths
             # checks every request's (any other path is answered 404).
             raise InvariantError(f"{command.path} has a dot segment: forwarding would change it")
-        return dataclasses.replace(command, handler=functools.partial(self._route, command.handler))
+        batch = None if command.batch is None else functools.partial(self._route_run, command.batch, command.handler)
+        return dataclasses.replace(command, handler=functools.partial(self._route, command.handler), batch=batch)
 
     def peer_proof(self) -> Callable[[Request], bool] | None:
         """/_cluster/* needs the cluster secret's proof (the client token is
@@ -98,6 +99,24 @@ class Routes:
         # in a Task of its own: aiohttp's client asks for the current Task,
         # and this may run in the connection's frame (broker.http.httpd)
         return await asyncio.ensure_future(self._forward(request, leader))
+
+    async def _route_run(self, serve_run: BatchHandler, serve: Handler,
+                         requests: list[Request]) -> list[Response | Exception]:
+        """A pipelined run of an API command: served here as one run
+        (`serve_run`) while this node leads, else each request as `_route`."""
+        state = self.state
+        if state.leads and state.broker is not None and not state.stopping:
+            return await serve_run(requests)
+        outcomes: list[Response | Exception] = []
+        for request in requests:
+            try:
+                response = await self._route(serve, request)
+            except Exception as error:
+                outcomes.append(error)
+            else:
+                outcomes.append(response if isinstance(response, Response) else
+                                InvariantError("a forwarded run's answer is streamed"))
+        return outcomes
 
     async def _forward(self, request: Request, leader: str) -> Response:
         url = self.state.cluster.peers[leader].http_url + request.path_qs

@@ -34,12 +34,12 @@ from __future__ import annotations
 
 import hmac
 import logging
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Protocol
+from collections.abc import Awaitable, Callable, Hashable, Sequence
+from typing import Protocol, TypeVar
 
 import orjson
 
-from storage.errors import BodyTooLarge, Conflict, InvalidRequest, LimitReached, NotFound, Unavailable
+from storage.errors import BodyTooLarge, Conflict, InvalidRequest, InvariantError, LimitReached, NotFound, Unavailable
 
 from ..backend import Backend, new_msg_id
 from ..core import bulk_params, params
@@ -125,6 +125,61 @@ def console_entry(token: str | None, sessions: ConsoleSessions | None, handler: 
     return entry
 
 
+_SUCCESS = answer(200, "success")  # (a Response is not changed once made: one serves every such answer)
+
+Parsed = TypeVar("Parsed")
+
+
+async def in_runs(requests: list[Request], parse: Callable[[Request], Parsed],
+                  key: Callable[[Parsed], Hashable | None],
+                  together: Callable[[list[Parsed]], Awaitable[list[Response]]],
+                  alone: Callable[[Parsed], Awaitable[Response]]) -> list[Response | Exception]:
+    """A pipelined run of one command's requests (broker.http.commands.Command.batch),
+    each answered as it would be alone, one after the other: each parsed
+    alone (what its parsing raises is its own answer, and changes nothing);
+    those in a row of one `key` carried out `together` (a key None: `alone`);
+    a group the backend refuses whole carried out again one at a time, so
+    that each request meets what it alone would have met."""
+    outcomes: list[Response | Exception | None] = []
+    group: list[tuple[int, Parsed]] = []
+    group_key: Hashable | None = None
+
+    async def one(at: int, item: Parsed) -> None:
+        try:
+            outcomes[at] = await alone(item)
+        except Exception as error:
+            outcomes[at] = error
+
+    async def carry_out() -> None:
+        if len(group) > 1:
+            try:
+                answers = await together([item for _, item in group])
+            except Exception:  # (nothing of a refused batch is kept: each goes alone)
+                for at, item in group:
+                    await one(at, item)
+            else:
+                for (at, _), response in zip(group, answers):
+                    outcomes[at] = response
+        elif group:
+            await one(*group[0])
+        group.clear()
+
+    for at, request in enumerate(requests):
+        try:
+            item = parse(request)
+        except Exception as error:
+            outcomes.append(error)
+            continue
+        outcomes.append(None)  # (its place, answered below)
+        item_key = key(item)
+        if group and (item_key is None or item_key != group_key):
+            await carry_out()
+        group.append((at, item))
+        group_key = item_key
+    await carry_out()
+    return [InvariantError("a request of a run left unanswered") if o is None else o for o in outcomes]
+
+
 class NodeViews(Protocol):
     """What a node of many shards answers for all of them (broker.shards.backend.ShardedBackend)."""
 
@@ -204,10 +259,12 @@ class Api:
         get = {"getMonitorData": self.monitor_data, "getTopicInfo": self.topic_info,
                "getTopicInfoList": self.topic_info_list, "getMonitorString": self.monitor_string,
                "listDeadMsg": self.list_dead, "listMsg": self.list_msgs}
+        runs = {"sendMsg": self.send_run, "ackMsg": self.ack_run}
         for method, handlers in (("POST", post), ("GET", get)):
             for name, handle in handlers.items():
                 table.add(method, PREFIX + name, handle, where=NODE, errors=API_ERRORS, inline=inline,
-                          body_cap=self.batch_cap if name == "sendMsgBatch" else self.single_cap)
+                          body_cap=self.batch_cap if name == "sendMsgBatch" else self.single_cap,
+                          batch=runs.get(name) if method == "POST" else None)
 
     # -- reading parameters: broker.core.params turns a request's bytes into them -----------
 
@@ -223,18 +280,46 @@ class Api:
     async def send(self, request: Request) -> Response:
         backend = self._broker or self.backend  # (the property raises Unavailable when none)
         now_ms = backend.clock.now_ms()
+        return await self._send_one(backend, self._parse_send(backend, request, now_ms), now_ms)
+
+    def _parse_send(self, backend: Backend, request: Request, now_ms: int) -> params.NewSend:
         given = self._params(request)
         headers = request.headers
         if "traceparent" in headers or "tracestate" in headers:  # W3C trace context as headers
             given = params.with_trace_headers(given, headers)
-        send = params.parse_send(given, now_ms=now_ms, make_id=self.make_id,
+        return params.parse_send(given, now_ms=now_ms, make_id=self.make_id,
                                  defaults=backend.defaults, max_msg_bytes=self.max_msg_bytes)
+
+    async def _send_one(self, backend: Backend, send: params.NewSend, now_ms: int) -> Response:
         if "@" in send.message.msg_id:
             await self._refuse_run_ids([send], batch=False)
         stored, = await backend.requests.send([send], now_ms)
         if self.spans is not None:
             self.spans.sent((stored,), now_ms)
         return answer(200, "success", delayMsg=delay_msg(stored))
+
+    async def send_run(self, requests: list[Request]) -> list[Response | Exception]:
+        """sendMsg's pipelined run (broker.http.commands.Command.batch): each
+        request parsed alone (a bad one answers its own 400), the sends of
+        one topic in a row stored as one batch (one record, one commit),
+        each answered as sendMsg answers it."""
+        backend = self._broker or self.backend
+        now_ms = backend.clock.now_ms()
+
+        def parse(request: Request) -> params.NewSend:
+            return self._parse_send(backend, request, now_ms)
+
+        def topic_of(send: params.NewSend) -> str | None:  # (a schedule's run id is checked alone)
+            return None if "@" in send.message.msg_id else send.message.topic
+
+        async def together(sends: list[params.NewSend]) -> list[Response]:
+            stored = await backend.requests.send(sends, now_ms)
+            if self.spans is not None:
+                self.spans.sent(stored, now_ms)
+            return [answer(200, "success", delayMsg=delay_msg(m)) for m in stored]
+
+        return await in_runs(requests, parse, topic_of, together,
+                             lambda send: self._send_one(backend, send, now_ms))
 
     async def send_batch(self, request: Request) -> Response:
         backend = self.backend
@@ -285,14 +370,36 @@ class Api:
 
     async def ack(self, request: Request) -> Response:
         backend = self._broker or self.backend
-        ack = params.parse_ack(self._params(request))
+        return await self._ack_one(backend, params.parse_ack(self._params(request)))
+
+    async def ack_run(self, requests: list[Request]) -> list[Response | Exception]:
+        """ackMsg's pipelined run (broker.http.commands.Command.batch): each
+        request parsed alone, the acks (or nacks) of one topic in a row
+        carried out as one `ack_many` (one record, one commit)."""
+        backend = self._broker or self.backend
+
+        def parse(request: Request) -> params.AckRequest | params.AckManyRequest:
+            return params.parse_ack(self._params(request))
+
+        def kind(ack: params.AckRequest | params.AckManyRequest) -> tuple[str, bool] | None:
+            return None if isinstance(ack, params.AckManyRequest) else (ack.topic, ack.ack)
+
+        async def together(acks: list[params.AckRequest | params.AckManyRequest]) -> list[Response]:
+            first = acks[0]
+            await backend.requests.ack_many(first.topic, [a.msg_id for a in acks  # (`kind`: single acks)
+                                                          if isinstance(a, params.AckRequest)], first.ack)
+            return [_SUCCESS] * len(acks)
+
+        return await in_runs(requests, parse, kind, together, lambda ack: self._ack_one(backend, ack))
+
+    async def _ack_one(self, backend: Backend, ack: params.AckRequest | params.AckManyRequest) -> Response:
         if isinstance(ack, params.AckManyRequest):
             after = await backend.requests.ack_many(ack.topic, ack.msg_ids, ack.ack)
             return answer(200, "success", results=[
                 {"msgId": msg_id, "status": None if status is None else int(status)}
                 for msg_id, status in zip(ack.msg_ids, after)])
         await backend.requests.ack(ack)
-        return answer(200, "success")
+        return _SUCCESS
 
     async def get(self, request: Request) -> Response:
         get = params.parse_get(self._params(request))

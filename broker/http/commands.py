@@ -45,7 +45,7 @@ import orjson
 
 from storage.errors import InvariantError
 
-from .http_types import Handler, Request, Response, StreamResponse, plain_answer
+from .http_types import BatchHandler, Handler, Request, Response, StreamResponse, plain_answer
 from .paths import CLUSTER_PREFIX, HEALTH_PREFIX
 from .sessions import CONSOLE
 
@@ -169,6 +169,11 @@ class Command:
     # makes one). A handler that never waits (a pull on a standalone node,
     # /health) costs no Task at all, nor does a send that waits for its fsync.
     inline: bool = False
+    # What runs a pipelined run of its requests as one batch (broker.http.httpd:
+    # the requests of one connection parsed while one runs): each request's
+    # answer, or what that request raised, in order -- each as it would have
+    # had alone, one after the other. None: one at a time.
+    batch: BatchHandler | None = None
 
     def error_answer(self, error: Exception) -> Response | None:
         """The answer its error table gives `error`; None: a bug."""
@@ -183,6 +188,8 @@ class Command:
             flags.append("api call")
         if self.inline:
             flags.append("inline")
+        if self.batch is not None:
+            flags.append("batched")
         return f"Command({self.method} {self.path}, {', '.join(flags)})"
 
 
@@ -202,7 +209,8 @@ class CommandTable:
         return f"CommandTable({len(self.commands)} commands, {len(self.methods)} paths)"
 
     def add(self, method: str, path: str, handler: Handler, *, where: Where, body_cap: int | None = None,
-            errors: ErrorTable = (), inline: bool = False, api_call: bool = False) -> None:
+            errors: ErrorTable = (), inline: bool = False, api_call: bool = False,
+            batch: BatchHandler | None = None) -> None:
         """Serve `method path` with `handler`, run `where` it says on a node
         of many shards. `api_call`: counted as an API call though the
         tracker's rule would not (the console's API calls)."""
@@ -212,7 +220,7 @@ class CommandTable:
         tracked = tracker is not None and (api_call or tracker.tracks(method, path))
         self.commands[(method, path)] = Command(method, path, handler, where,
                                                 self.body_cap if body_cap is None else body_cap, auth_of(path),
-                                                tracker if tracked else None, errors, inline)
+                                                tracker if tracked else None, errors, inline, batch)
         self.methods.setdefault(path, []).append(method)
 
     def alter(self, change: Callable[[Command], Command]) -> None:

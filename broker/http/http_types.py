@@ -80,6 +80,9 @@ class StreamResponse:
 
 # What answers a request (a command's procedure, broker.http.commands).
 Handler = Callable[[Request], Awaitable["Response | StreamResponse"]]
+# What answers a pipelined run of one command's requests at once: each
+# request's answer, or what that request alone raised, in their order.
+BatchHandler = Callable[[list[Request]], Awaitable[list["Response | Exception"]]]
 
 
 def plain_answer(status: int, text: str, headers: dict[str, str] | None = None) -> Response:

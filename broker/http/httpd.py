@@ -34,7 +34,8 @@ stopped by that future's callback (`_step`), still without a Task,
 until it yields bare (then a Task goes on with the frame itself).
 
 What it speaks: HTTP/1.1 and 1.0, keep-alive, pipelined requests (answered
-in order, one at a time per connection), bodies with `Content-Length`
+in order; one at a time per connection, but for a run of one command that
+has a `batch` procedure, which runs as one batch: `_run_batch`), bodies with `Content-Length`
 (`Expect: 100-continue` honoured). A chunked request body is answered 411:
 every client of this API (camellia's SDK on OkHttp, curl, aiohttp, the
 Spark sink) sends a length. Responses have a length, or are streamed in
@@ -155,10 +156,13 @@ class Limits:
 
 # A body is measured against `min_body_rate_bps` only after this long.
 BODY_RATE_GRACE_S = 2.0
-# Bytes handed to the parser at once outside a body: a client pipelining
-# tiny requests gets at most one slice of them parsed ahead of the one
-# running.
+# Bytes handed to the parser at once outside a body.
 HEAD_SLICE_BYTES = 4096
+# Requests of one connection parsed ahead of the one running (a client
+# pipelining them): those of one command with a `batch` procedure run as
+# one batch (`Connection._next`). Reading waits while any is queued, so
+# what they hold is at most what one read brought.
+PIPELINE_DEPTH = 128
 
 
 # Called with a request whose head is complete (body still empty): a
@@ -363,7 +367,7 @@ class Connection(asyncio.Protocol):
         data = self.unparsed
         end = len(data)
         pos = 0
-        while pos < end and not self.done and not self.writing_paused and not self.queue:
+        while pos < end and not self.done and not self.writing_paused and len(self.queue) < PIPELINE_DEPTH:
             size = max(self.body_expected - self.body_received, HEAD_SLICE_BYTES) if self.body_expected \
                 else HEAD_SLICE_BYTES
             piece = data if pos == 0 and end <= size else data[pos:pos + size]
@@ -596,7 +600,11 @@ class Connection(asyncio.Protocol):
                 continue
             self.busy = True
             shared.running += 1
-            frame = self._run(command, request, keep_alive, budgeted)
+            frame: Coroutine[Any, Any, None]
+            if command.batch is not None and keep_alive and self._joins(command):
+                frame = self._run_batch(command, self._pipelined(command, request, budgeted))
+            else:
+                frame = self._run(command, request, keep_alive, budgeted)
             if not command.inline:
                 self.loop.create_task(frame)
                 return
@@ -634,6 +642,77 @@ class Connection(asyncio.Protocol):
             waiting._asyncio_future_blocking = False  # (the handshake a Task makes with `Future.__await__`)
             waiting.add_done_callback(functools.partial(self._step, frame))
         return False
+
+    def _joins(self, command: Command) -> bool:
+        """The next queued request is `command`'s too, on a kept-alive connection."""
+        queue = self.queue
+        return bool(queue) and queue[0][0] is command and queue[0][1] is not None and queue[0][3]
+
+    def _pipelined(self, command: Command, request: Request, budgeted: int) -> list[tuple[Request, int]]:
+        """`request` and the queued requests of `command` right after it:
+        one batch (each kept alive; the first of another command, or one
+        that ends the connection, waits for its own turn)."""
+        run = [(request, budgeted)]
+        queue = self.queue
+        while self._joins(command):
+            _, more, _, _, more_budgeted = queue.popleft()
+            run.append((more, more_budgeted))  # type: ignore[arg-type]  # (`_joins`: a request)
+        return run
+
+    async def _run_batch(self, command: Command, run: list[tuple[Request, int]]) -> None:
+        """A pipelined run of one command's requests in one frame, as `_run`
+        runs one: its `batch` procedure gives each request its answer, or
+        what that request raised (answered by the error table), in order;
+        the answers written with one write. Each answer is as the request
+        alone would have had (broker.http.commands.Command.batch)."""
+        shared = self.shared
+        tracker = command.tracker
+        batch = command.batch
+        requests = [request for request, _ in run]
+        try:
+            if tracker is not None:
+                tracker.in_flight += len(requests)
+            try:
+                if batch is None:
+                    raise InvariantError(f"{command!r} has no batch procedure")
+                outcomes: list[Response | Exception] = await batch(requests)
+                if len(outcomes) != len(requests):
+                    raise InvariantError(f"{len(outcomes)} answers to a batch of {len(requests)}")
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    raise
+                log.warning("a batch of %d %s: what it waited for was cancelled; answered 503", len(requests),
+                            command.path)
+                outcomes = [plain_answer(503, "the request was cancelled on this node; retry")] * len(requests)
+            except Exception as error:
+                outcomes = [error] * len(requests)
+            finally:
+                if tracker is not None:
+                    tracker.in_flight -= len(requests)
+                    tracker.last_used_s = tracker.now_s()
+            answers = []
+            for request, outcome in zip(requests, outcomes):
+                if isinstance(outcome, Exception):
+                    answer = command.error_answer(outcome)
+                    if answer is None:
+                        log.error("bug while serving %s %s", request.method, request.path, exc_info=outcome)
+                        answer = plain_answer(500, "internal error (logged)")
+                    outcome = answer
+                answers.append(outcome)
+            transport = self.transport
+            if transport is None or transport.is_closing():
+                return
+            close = shared.stopping
+            transport.write(b"".join([_encode(answer, close and at == len(answers) - 1)
+                                      for at, answer in enumerate(answers)]))
+            if close:
+                self.done = True
+                transport.close()
+                return
+        finally:
+            self._ran(sum(budgeted for _, budgeted in run))
+        self._after_answer()
 
     async def _run(self, command: Command, request: Request, keep_alive: bool, budgeted: int) -> None:
         """The one frame a request runs in: its command's handler, counted
@@ -683,14 +762,24 @@ class Connection(asyncio.Protocol):
                 transport.close()
                 return
         finally:
-            if budgeted:  # held while the handler parses and holds the body
-                shared.body_bytes -= budgeted
-            self.busy = False
-            shared.running -= 1
-            if not shared.running and shared.idle is not None and not shared.idle.done():
-                shared.idle.set_result(None)
+            self._ran(budgeted)
+        self._after_answer()
+
+    def _ran(self, budgeted: int) -> None:
+        """A frame's request (or run) is done: its body budget (held while
+        the handler parses and holds the body) given back, the connection
+        free for the next."""
+        shared = self.shared
+        if budgeted:
+            shared.body_bytes -= budgeted
+        self.busy = False
+        shared.running -= 1
+        if not shared.running and shared.idle is not None and not shared.idle.done():
+            shared.idle.set_result(None)
+
+    def _after_answer(self) -> None:
         if not self.body_expected and not self.in_head:
-            self.deadline = self.loop.time() + shared.limits.idle_timeout_s
+            self.deadline = self.loop.time() + self.shared.limits.idle_timeout_s
         if not self.inline and (self.queue or self.unparsed or not self.reading):  # (inline, `_next` goes on)
             self._go_on_soon()  # not in this Task's step: the next request may start inline
 

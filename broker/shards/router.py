@@ -388,7 +388,7 @@ class ShardRouter:
             handler = functools.partial(self._on_every, command, merge)
         else:
             return command
-        return dataclasses.replace(command, handler=handler, inline=False)
+        return dataclasses.replace(command, handler=handler, inline=False, batch=None)
 
     def _params(self, request: Request) -> params.Params:
         return params.request_params(request.method, request.query, request.body, request.content_type,
