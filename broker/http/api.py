@@ -39,12 +39,14 @@ from typing import Protocol, TypeVar
 
 import orjson
 
+from storage.entry import Message, Status
 from storage.errors import BodyTooLarge, Conflict, InvalidRequest, InvariantError, LimitReached, NotFound, Unavailable
 
 from ..backend import Backend, new_msg_id
 from ..core import bulk_params, params
 from ..core.bodies import BodyLimits
 from ..core.delay_msg import delay_msg
+from ..core.turns import Turns
 from ..observe import camellia_metrics
 from ..observe.tracing import Spans
 from .commands import NODE, CommandTable, ErrorTable
@@ -218,6 +220,11 @@ class Api:
         self.views: NodeViews | None = None
         # A topic's `paused` for getTopicInfo (the node's pauses: broker.flow); None: none kept.
         self.paused: Callable[[str], bool | list[str] | None] = lambda topic: None
+        # The sends of a topic, and its acks (or nacks), that start in one
+        # turn of the loop -- from any connections -- carried out as one
+        # (broker.core.turns: one record, one commit).
+        self._sends: Turns[str, params.NewSend, Message] = Turns(self._send_together)
+        self._acks: Turns[tuple[str, bool], str, Status | None] = Turns(self._ack_together)
 
     def __repr__(self) -> str:
         return f"Api({self._broker!r}, max_msg_bytes={self.max_msg_bytes})"
@@ -293,10 +300,23 @@ class Api:
     async def _send_one(self, backend: Backend, send: params.NewSend, now_ms: int) -> Response:
         if "@" in send.message.msg_id:
             await self._refuse_run_ids([send], batch=False)
-        stored, = await backend.requests.send([send], now_ms)
-        if self.spans is not None:
-            self.spans.sent((stored,), now_ms)
+        stored, = await self._sends.join(send.message.topic, (send,))
         return answer(200, "success", delayMsg=delay_msg(stored))
+
+    async def _send_together(self, topic: str, sends: list[params.NewSend]) -> list[Message]:
+        """The sends of a topic that joined one turn of the loop (`_sends`):
+        one batch, stored at the turn's time."""
+        backend = self.backend
+        now_ms = backend.clock.now_ms()
+        stored = await backend.requests.send(sends, now_ms)
+        if self.spans is not None:
+            self.spans.sent(stored, now_ms)
+        return stored
+
+    async def _ack_together(self, kind: tuple[str, bool], msg_ids: list[str]) -> list[Status | None]:
+        """The acks (or nacks) of a topic that joined one turn of the loop (`_acks`): one `ack_many`."""
+        topic, ack = kind
+        return await self.backend.requests.ack_many(topic, msg_ids, ack)
 
     async def send_run(self, requests: list[Request]) -> list[Response | Exception]:
         """sendMsg's pipelined run (broker.http.commands.Command.batch): each
@@ -313,9 +333,7 @@ class Api:
             return None if "@" in send.message.msg_id else send.message.topic
 
         async def together(sends: list[params.NewSend]) -> list[Response]:
-            stored = await backend.requests.send(sends, now_ms)
-            if self.spans is not None:
-                self.spans.sent(stored, now_ms)
+            stored = await self._sends.join(sends[0].message.topic, sends)
             return [answer(200, "success", delayMsg=delay_msg(m)) for m in stored]
 
         return await in_runs(requests, parse, topic_of, together,
@@ -386,8 +404,8 @@ class Api:
 
         async def together(acks: list[params.AckRequest | params.AckManyRequest]) -> list[Response]:
             first = acks[0]
-            await backend.requests.ack_many(first.topic, [a.msg_id for a in acks  # (`kind`: single acks)
-                                                          if isinstance(a, params.AckRequest)], first.ack)
+            await self._acks.join((first.topic, first.ack), [a.msg_id for a in acks  # (`kind`: single acks)
+                                                             if isinstance(a, params.AckRequest)])
             return [_SUCCESS] * len(acks)
 
         return await in_runs(requests, parse, kind, together, lambda ack: self._ack_one(backend, ack))
@@ -398,7 +416,7 @@ class Api:
             return answer(200, "success", results=[
                 {"msgId": msg_id, "status": None if status is None else int(status)}
                 for msg_id, status in zip(ack.msg_ids, after)])
-        await backend.requests.ack(ack)
+        await self._acks.join((ack.topic, ack.ack), (ack.msg_id,))
         return _SUCCESS
 
     async def get(self, request: Request) -> Response:
