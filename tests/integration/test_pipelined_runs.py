@@ -217,3 +217,70 @@ def test_pipelines_on_many_connections_store_what_each_alone_would(node, parts):
         return {f"c{c}-{i}": node.post("getMsg", topic=topic, msgId=f"c{c}-{i}")[1].get("delayMsg", {}).get("status")
                 for c, part in enumerate(parts) for _, i in part}
     assert ends(together) == ends(alone)
+
+
+# -- kill -9 in the middle of pipelined runs ------------------------------------------------
+
+def test_every_answered_send_and_ack_of_pipelines_survives_a_kill_9(tmp_path):
+    """Four connections pipeline sends (50 a write) then their acks, as
+    fast as they are answered; the node is killed with SIGKILL part way.
+    After a restart every send answered 200 is stored whole, every ack
+    answered 200 holds, and nothing unanswered is half there: each id is
+    whole or absent."""
+    import threading
+    import time
+
+    server = Server.start(tmp_path / "data", "--shards", "1")
+    answered_sends: list[str] = []
+    answered_acks: list[str] = []
+    lock = threading.Lock()
+    stop = threading.Event()
+
+    def client(c: int) -> None:
+        try:
+            with connect(server) as s:
+                reader = Answers(s)
+                for round_ in range(10_000):
+                    if stop.is_set():
+                        return
+                    ids = [f"c{c}-{round_}-{i}" for i in range(50)]
+                    s.sendall(b"".join(encoded("sendMsg", topic="kill", msgId=i, msg=f"body of {i}") for i in ids))
+                    for i in ids:
+                        if reader.next()[1]["code"] == 200:
+                            with lock:
+                                answered_sends.append(i)
+                    s.sendall(b"".join(encoded("ackMsg", topic="kill", msgId=i) for i in ids))
+                    for i in ids:
+                        if reader.next()[1]["code"] == 200:
+                            with lock:
+                                answered_acks.append(i)
+        except (OSError, ValueError):
+            return  # the node was killed
+
+    threads = [threading.Thread(target=client, args=(c,), daemon=True) for c in range(4)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 20
+    while len(answered_acks) < 2_000 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    server.kill()
+    stop.set()
+    for t in threads:
+        t.join(timeout=10)
+    with lock:
+        sends, acks = list(answered_sends), set(answered_acks)
+    assert len(acks) >= 2_000, f"only {len(acks)} acks answered in 20 s"
+    server = Server.start(tmp_path / "data", "--shards", "1")
+    try:
+        for msg_id in sends:
+            status, body = server.post("getMsg", topic="kill", msgId=msg_id)
+            assert status == 200 and body["code"] == 200, (msg_id, body)
+            m = body["delayMsg"]
+            assert m["msg"] == f"body of {msg_id}", m
+            if msg_id in acks:
+                assert m["status"] == 4, m
+        status, page = server.post("listMsg", topic="kill", limit=1000)
+        assert status == 200
+        assert all(m["msg"] == f"body of {m['msgId']}" for m in page["delayMsgList"])
+    finally:
+        server.stop()
