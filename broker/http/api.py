@@ -44,7 +44,7 @@ from storage.errors import BodyTooLarge, Conflict, InvalidRequest, InvariantErro
 
 from ..backend import Backend, new_msg_id
 from ..core import bulk_params, params
-from ..core.bodies import BodyLimits
+from ..core.bodies import MAX_SEND_BATCH, BodyLimits
 from ..core.delay_msg import delay_msg
 from ..core.turns import Turns
 from ..observe import camellia_metrics
@@ -127,6 +127,19 @@ def console_entry(token: str | None, sessions: ConsoleSessions | None, handler: 
     return entry
 
 
+# The text of the sends one turn of the loop joins at most (one record: far
+# below storage.types.MAX_RECORD_CHARS; a send larger goes alone).
+TURN_CHARS = 4 * 1024 * 1024
+
+
+def _send_chars(send: params.NewSend) -> int:
+    return len(send.message.msg)
+
+
+def _msg_id_of_send(send: params.NewSend) -> str:
+    return send.message.msg_id
+
+
 _SUCCESS = answer(200, "success")  # (a Response is not changed once made: one serves every such answer)
 
 Parsed = TypeVar("Parsed")
@@ -135,16 +148,20 @@ Parsed = TypeVar("Parsed")
 async def in_runs(requests: list[Request], parse: Callable[[Request], Parsed],
                   key: Callable[[Parsed], Hashable | None],
                   together: Callable[[list[Parsed]], Awaitable[list[Response]]],
-                  alone: Callable[[Parsed], Awaitable[Response]]) -> list[Response | Exception]:
+                  alone: Callable[[Parsed], Awaitable[Response]],
+                  ident: Callable[[Parsed], Hashable] | None = None) -> list[Response | Exception]:
     """A pipelined run of one command's requests (broker.http.commands.Command.batch),
     each answered as it would be alone, one after the other: each parsed
     alone (what its parsing raises is its own answer, and changes nothing);
-    those in a row of one `key` carried out `together` (a key None: `alone`);
-    a group the backend refuses whole carried out again one at a time, so
-    that each request meets what it alone would have met."""
+    those in a row of one `key` carried out `together` (a key None: `alone`;
+    an `ident` seen already in the group starts the next, as a batch stores
+    a repeated id otherwise than two requests in turn); a group the backend
+    refuses whole carried out again one at a time, so that each request
+    meets what it alone would have met."""
     outcomes: list[Response | Exception | None] = []
     group: list[tuple[int, Parsed]] = []
     group_key: Hashable | None = None
+    idents: set[Hashable] = set()
 
     async def one(at: int, item: Parsed) -> None:
         try:
@@ -165,6 +182,7 @@ async def in_runs(requests: list[Request], parse: Callable[[Request], Parsed],
         elif group:
             await one(*group[0])
         group.clear()
+        idents.clear()
 
     for at, request in enumerate(requests):
         try:
@@ -174,10 +192,13 @@ async def in_runs(requests: list[Request], parse: Callable[[Request], Parsed],
             continue
         outcomes.append(None)  # (its place, answered below)
         item_key = key(item)
-        if group and (item_key is None or item_key != group_key):
+        item_ident = None if ident is None else ident(item)
+        if group and (item_key is None or item_key != group_key or item_ident in idents):
             await carry_out()
         group.append((at, item))
         group_key = item_key
+        if item_ident is not None:
+            idents.add(item_ident)
     await carry_out()
     return [InvariantError("a request of a run left unanswered") if o is None else o for o in outcomes]
 
@@ -223,8 +244,13 @@ class Api:
         # The sends of a topic, and its acks (or nacks), that start in one
         # turn of the loop -- from any connections -- carried out as one
         # (broker.core.turns: one record, one commit).
-        self._sends: Turns[str, params.NewSend, Message] = Turns(self._send_together)
-        self._acks: Turns[tuple[str, bool], str, Status | None] = Turns(self._ack_together)
+        # Only on a backend whose calls are one commit however many they
+        # carry (the disk broker: `add_routes`' `inline`); the Redis
+        # backend's acks are a script each, best run side by side.
+        self._joins = False
+        self._sends: Turns[str, params.NewSend, Message] = Turns(
+            self._send_together, MAX_SEND_BATCH, _send_chars, TURN_CHARS)
+        self._acks: Turns[tuple[str, bool], str, Status | None] = Turns(self._ack_together, params.MAX_ACK_BATCH)
 
     def __repr__(self) -> str:
         return f"Api({self._broker!r}, max_msg_bytes={self.max_msg_bytes})"
@@ -258,7 +284,9 @@ class Api:
         """camellia's paths, answered with API_ERRORS. `inline`: the
         backend's calls ask for no current Task before they first wait (the
         disk broker's; not redis-py's), so a request may start in the
-        connection's frame (broker.http.commands.Command)."""
+        connection's frame (broker.http.commands.Command), and the sends
+        and acks of one turn of the loop are joined (broker.core.turns)."""
+        self._joins = inline
         post = {"sendMsg": self.send, "sendMsgBatch": self.send_batch, "deleteMsg": self.delete,
                 "pullMsg": self.pull, "longPollingMsg": self.long_poll, "ackMsg": self.ack, "getMsg": self.get,
                 "rescheduleMsg": self.reschedule, "redriveMsg": self.redrive, "listMsg": self.list_msgs,
@@ -297,17 +325,24 @@ class Api:
         return params.parse_send(given, now_ms=now_ms, make_id=self.make_id,
                                  defaults=backend.defaults, max_msg_bytes=self.max_msg_bytes)
 
-    async def _send_one(self, backend: Backend, send: params.NewSend, now_ms: int) -> Response:
+    async def _send_one(self, backend: Backend, send: params.NewSend, now_ms: int, join: bool = True) -> Response:
+        """One send: joined with the topic's sends of this turn of the loop
+        (`join`, on a backend that joins), else stored alone."""
         if "@" in send.message.msg_id:
             await self._refuse_run_ids([send], batch=False)
-        stored, = await self._sends.join(send.message.topic, (send,))
+        if join and self._joins:
+            stored, = await self._sends.join(send.message.topic, (send,))
+        else:
+            stored, = await self._send_together(send.message.topic, [send], now_ms)
         return answer(200, "success", delayMsg=delay_msg(stored))
 
-    async def _send_together(self, topic: str, sends: list[params.NewSend]) -> list[Message]:
-        """The sends of a topic that joined one turn of the loop (`_sends`):
-        one batch, stored at the turn's time."""
+    async def _send_together(self, topic: str, sends: list[params.NewSend], now_ms: int | None = None) -> list[Message]:
+        """Sends of a topic as one batch: those that joined one turn of the
+        loop (`_sends`: stored at the turn's time, never before any was
+        read), or one request's."""
         backend = self.backend
-        now_ms = backend.clock.now_ms()
+        if now_ms is None:
+            now_ms = backend.clock.now_ms()
         stored = await backend.requests.send(sends, now_ms)
         if self.spans is not None:
             self.spans.sent(stored, now_ms)
@@ -324,20 +359,22 @@ class Api:
         one topic in a row stored as one batch (one record, one commit),
         each answered as sendMsg answers it."""
         backend = self._broker or self.backend
-        now_ms = backend.clock.now_ms()
+        clock = backend.clock
 
         def parse(request: Request) -> params.NewSend:
-            return self._parse_send(backend, request, now_ms)
+            return self._parse_send(backend, request, clock.now_ms())
 
         def topic_of(send: params.NewSend) -> str | None:  # (a schedule's run id is checked alone)
             return None if "@" in send.message.msg_id else send.message.topic
 
         async def together(sends: list[params.NewSend]) -> list[Response]:
-            stored = await self._sends.join(sends[0].message.topic, sends)
+            topic = sends[0].message.topic
+            stored = await (self._sends.join(topic, sends) if self._joins else self._send_together(topic, sends))
             return [answer(200, "success", delayMsg=delay_msg(m)) for m in stored]
 
         return await in_runs(requests, parse, topic_of, together,
-                             lambda send: self._send_one(backend, send, now_ms))
+                             lambda send: self._send_one(backend, send, clock.now_ms(), join=False),
+                             _msg_id_of_send)
 
     async def send_batch(self, request: Request) -> Response:
         backend = self.backend
@@ -404,19 +441,26 @@ class Api:
 
         async def together(acks: list[params.AckRequest | params.AckManyRequest]) -> list[Response]:
             first = acks[0]
-            await self._acks.join((first.topic, first.ack), [a.msg_id for a in acks  # (`kind`: single acks)
-                                                             if isinstance(a, params.AckRequest)])
+            ids = [a.msg_id for a in acks if isinstance(a, params.AckRequest)]  # (`kind`: single acks)
+            await (self._acks.join((first.topic, first.ack), ids) if self._joins
+                   else backend.requests.ack_many(first.topic, ids, first.ack))
             return [_SUCCESS] * len(acks)
 
-        return await in_runs(requests, parse, kind, together, lambda ack: self._ack_one(backend, ack))
+        return await in_runs(requests, parse, kind, together, lambda ack: self._ack_one(backend, ack, join=False))
 
-    async def _ack_one(self, backend: Backend, ack: params.AckRequest | params.AckManyRequest) -> Response:
+    async def _ack_one(self, backend: Backend, ack: params.AckRequest | params.AckManyRequest,
+                       join: bool = True) -> Response:
+        """One ackMsg: a single ack joined with the topic's acks of this turn
+        of the loop (`join`, on a backend that joins), else alone."""
         if isinstance(ack, params.AckManyRequest):
             after = await backend.requests.ack_many(ack.topic, ack.msg_ids, ack.ack)
             return answer(200, "success", results=[
                 {"msgId": msg_id, "status": None if status is None else int(status)}
                 for msg_id, status in zip(ack.msg_ids, after)])
-        await self._acks.join((ack.topic, ack.ack), (ack.msg_id,))
+        if join and self._joins:
+            await self._acks.join((ack.topic, ack.ack), (ack.msg_id,))
+        else:
+            await backend.requests.ack(ack)
         return _SUCCESS
 
     async def get(self, request: Request) -> Response:

@@ -61,8 +61,10 @@ What a stranger can make it spend, each bounded by `Limits`:
 |   at once                  | held until the answer is written       |                           |
 | answers the client does    | `write_buffer_bytes`                   | reading and parsing stop  |
 |   not read                 |                                        | until it reads            |
-| pipelined requests parsed  | those in one 4 KiB slice, while one    | reading stops             |
-|   ahead                    | runs                                   |                           |
+| pipelined requests parsed  | PIPELINE_DEPTH (128) queued, and no    | parsing waits; reading    |
+|   ahead                    | more than one read holds               | stops while any is queued |
+| a pipelined run's answers  | written a write buffer at a time, each | the run waits for the     |
+|                            | once the last was taken                | client to read            |
 
 Deadlines are plain numbers checked by one sweep a second, so a request
 costs no timer.
@@ -249,10 +251,11 @@ _Queued = tuple[Command | None, Request | None, Response | None, bool, int]
 class Connection(asyncio.Protocol):
     """One client connection: llhttp (httptools) parses, `admit` decides on
     each head and gives the request's command, which answers it (`_run`),
-    in order, one request at a time.
+    in order, one request at a time -- or a run of one command's pipelined
+    requests at once (`_run_batch`).
 
-    Reading stops (and parsing with it) while a request waits behind the
-    one running, and while the transport holds more than
+    Reading stops while a request waits behind the one running (parsing
+    goes on through what was read, up to PIPELINE_DEPTH requests), and while the transport holds more than
     `write_buffer_bytes` of answers the client has not read
     (`pause_writing`); both resume as soon as the cause is gone, with no
     polling."""
@@ -704,8 +707,23 @@ class Connection(asyncio.Protocol):
             if transport is None or transport.is_closing():
                 return
             close = shared.stopping
-            transport.write(b"".join([_encode(answer, close and at == len(answers) - 1)
-                                      for at, answer in enumerate(answers)]))
+            last = len(answers) - 1
+            limit = shared.limits.write_buffer_bytes
+            chunk: list[bytes] = []
+            size = 0
+            for at, answer in enumerate(answers):  # in writes of about the buffer's limit, each when it drained
+                encoded = _encode(answer, close and at == last)
+                chunk.append(encoded)
+                size += len(encoded)
+                if size < limit and at < last:
+                    continue
+                transport.write(b"".join(chunk))
+                chunk, size = [], 0
+                if self.writing_paused and at < last:
+                    self.drained = self.loop.create_future()
+                    await self.drained
+                    if transport.is_closing():
+                        return
             if close:
                 self.done = True
                 transport.close()

@@ -136,6 +136,18 @@ def test_a_pipelined_run_of_acks_is_one_commit(one_shard):
     assert {one_shard.post("getMsg", topic=topic, msgId=i)[1]["delayMsg"]["status"] for i in ids} == {4}
 
 
+def test_a_pipeline_longer_than_the_parse_ahead_is_answered_whole_and_in_order(node):
+    """300 sends then 300 acks written at once: more than the 128 parsed
+    ahead, so the connection parses on as runs end."""
+    topic = f"long{next(_TOPICS)}"
+    ids = [f"n{i}" for i in range(300)]
+    answers = pipelined(node, [encoded("sendMsg", topic=topic, msgId=i, msg=f"m{i}", delayMillis=3_600_000)
+                               for i in ids] + [encoded("ackMsg", topic=topic, msgId=i) for i in ids])
+    assert [body["delayMsg"]["msgId"] for _, body in answers[:300]] == ids
+    assert [body["code"] for _, body in answers[300:]] == [200] * 300
+    assert {node.post("getMsg", topic=topic, msgId=i)[1]["delayMsg"]["status"] for i in ids[::37]} == {4}
+
+
 # -- any pipeline: the answers and the state of the requests one at a time --------------------
 
 _IDS = [f"k{i}" for i in range(6)]
@@ -254,14 +266,14 @@ def test_every_answered_send_and_ack_of_pipelines_survives_a_kill_9(tmp_path):
                         if reader.next()[1]["code"] == 200:
                             with lock:
                                 answered_acks.append(i)
-        except (OSError, ValueError):
-            return  # the node was killed
+        except OSError:
+            return  # the node was killed (a reset, or closed before an answer)
 
     threads = [threading.Thread(target=client, args=(c,), daemon=True) for c in range(4)]
     for t in threads:
         t.start()
     deadline = time.monotonic() + 20
-    while len(answered_acks) < 2_000 and time.monotonic() < deadline:
+    while len(answered_acks) < 500 and time.monotonic() < deadline:
         time.sleep(0.05)
     server.kill()
     stop.set()
@@ -269,7 +281,7 @@ def test_every_answered_send_and_ack_of_pipelines_survives_a_kill_9(tmp_path):
         t.join(timeout=10)
     with lock:
         sends, acks = list(answered_sends), set(answered_acks)
-    assert len(acks) >= 2_000, f"only {len(acks)} acks answered in 20 s"
+    assert len(acks) >= 500, f"only {len(acks)} acks answered in 20 s"
     server = Server.start(tmp_path / "data", "--shards", "1")
     try:
         for msg_id in sends:
@@ -279,8 +291,14 @@ def test_every_answered_send_and_ack_of_pipelines_survives_a_kill_9(tmp_path):
             assert m["msg"] == f"body of {msg_id}", m
             if msg_id in acks:
                 assert m["status"] == 4, m
-        status, page = server.post("listMsg", topic="kill", limit=1000)
-        assert status == 200
-        assert all(m["msg"] == f"body of {m['msgId']}" for m in page["delayMsgList"])
+        cursor = None
+        while True:  # every message stored is whole, answered or not
+            status, page = server.post("listMsg", topic="kill", limit=1000,
+                                       **({} if cursor is None else {"cursor": cursor}))
+            assert status == 200 and page["code"] == 200, page
+            assert all(m["msg"] == f"body of {m['msgId']}" for m in page["delayMsgList"])
+            cursor = page.get("cursor")
+            if not cursor:
+                break
     finally:
         server.stop()
