@@ -102,6 +102,7 @@ COMPILED = [
     "broker/core/params.py",
     "broker/core/trace_context.py",
     "broker/core/transitions.py",
+    "broker/core/turns.py",
     "broker/disk/backend.py",
     "broker/disk/dead_letters.py",
     "broker/disk/filing.py",

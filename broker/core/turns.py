@@ -28,8 +28,6 @@ Result = TypeVar("Result")
 
 
 class _Turn(Generic[Item, Result]):
-    __slots__ = ("items", "waiting", "weight")
-
     def __init__(self, items: list[Item], weight: int) -> None:
         self.items = items
         self.weight = weight
