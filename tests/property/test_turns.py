@@ -26,31 +26,48 @@ class Recorder:
         return [2 * i for i in items]
 
 
-# Each turn: the calls started in it, each (key, items).
+# Each burst: calls started together (each key's first goes at once; the
+# others of its key come while it is carried out, and join one turn).
 _CALLS = st.lists(st.tuples(st.sampled_from("abc"), st.lists(st.integers(0, 99), min_size=1, max_size=4)),
                   min_size=1, max_size=12)
 
 
 @settings(max_examples=200, deadline=None)
-@given(turns=st.lists(_CALLS, min_size=1, max_size=4))
-def test_each_call_gets_its_own_results_and_each_key_is_one_call_a_turn(turns):
+@given(bursts=st.lists(_CALLS, min_size=1, max_size=4))
+def test_each_call_gets_its_own_results_and_those_that_came_meanwhile_are_one_call(bursts):
     recorder = Recorder()
 
     async def main() -> list[list[list[int]]]:
         joined = Turns(recorder.carry_out, max_items=1000)
         answers = []
-        for calls in turns:  # the calls of one turn start together, then the turn ends
+        for calls in bursts:
             answers.append(await asyncio.gather(*(joined.join(key, items) for key, items in calls)))
         return answers
 
     answers = asyncio.run(main())
-    for calls, got in zip(turns, answers):
+    for calls, got in zip(bursts, answers):
         assert got == [[2 * i for i in items] for _, items in calls]
     expected_calls = []
-    for calls in turns:
-        keys = list(dict.fromkeys(key for key, _ in calls))
-        expected_calls += [(key, [i for k, items in calls if k == key for i in items]) for key in keys]
+    for calls in bursts:
+        for key in dict.fromkeys(key for key, _ in calls):
+            mine = [items for k, items in calls if k == key]
+            expected_calls.append((key, mine[0]))  # at once
+            if mine[1:]:
+                expected_calls.append((key, [i for items in mine[1:] for i in items]))  # one turn, after it
     assert sorted(recorder.calls) == sorted(expected_calls)
+
+
+def test_a_lone_call_goes_at_once_and_waits_for_no_turn():
+    recorder = Recorder()
+
+    async def main() -> list[int]:
+        joined = Turns(recorder.carry_out, max_items=1000)
+        call = asyncio.ensure_future(joined.join("a", [4]))
+        await asyncio.sleep(0)  # its first step: carried out already (nothing else of "a" in progress)
+        assert recorder.calls == [("a", [4])]
+        return await call
+
+    assert asyncio.run(main()) == [8]
 
 
 def test_a_refused_turn_has_each_call_carry_its_own_out_alone():
@@ -66,7 +83,7 @@ def test_a_refused_turn_has_each_call_carry_its_own_out_alone():
     first, second, third, other = asyncio.run(main())
     assert first == [2] and third == [4, 6] and other == [6]
     assert isinstance(second, ValueError)
-    assert ("a", [1, 7, 2, 3]) in recorder.calls and ("a", [7]) in recorder.calls
+    assert ("a", [7, 2, 3]) in recorder.calls and ("a", [7]) in recorder.calls  # ([1] went at once)
 
 
 @settings(max_examples=100, deadline=None)
@@ -102,7 +119,7 @@ def test_a_cancelled_call_leaves_the_others_answered():
     assert got == [2, 6] and cancelled
 
 
-def test_a_cancelled_first_call_leaves_those_that_joined_it_to_carry_their_own_out():
+def test_a_cancelled_call_in_progress_lets_the_next_turn_go():
     async def main() -> None:
         never = asyncio.Event()
 
@@ -112,12 +129,13 @@ def test_a_cancelled_first_call_leaves_those_that_joined_it_to_carry_their_own_o
             return items
 
         joined = Turns(carry_out, max_items=1000)
-        leader = asyncio.ensure_future(joined.join("a", [1]))
-        follower = asyncio.ensure_future(joined.join("a", [2]))
+        first = asyncio.ensure_future(joined.join("a", [1]))
+        await asyncio.sleep(0)
+        waiting = asyncio.ensure_future(joined.join("a", [2]))
         await asyncio.sleep(0.01)
-        leader.cancel()
-        assert await asyncio.wait_for(follower, 1) == [2]
-        # a call after it is a turn of its own, not the cancelled one's
+        assert not waiting.done()  # its turn waits for the call in progress
+        first.cancel()
+        assert await asyncio.wait_for(waiting, 1) == [2]
         assert await asyncio.wait_for(joined.join("a", [5]), 1) == [5]
 
     asyncio.run(main())
