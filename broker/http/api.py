@@ -315,7 +315,7 @@ class Api:
     async def send(self, request: Request) -> Response:
         backend = self._broker or self.backend  # (the property raises Unavailable when none)
         now_ms = backend.clock.now_ms()
-        return await self._send_one(backend, self._parse_send(backend, request, now_ms), now_ms)
+        return await self._send_one(self._parse_send(backend, request, now_ms), now_ms)
 
     def _parse_send(self, backend: Backend, request: Request, now_ms: int) -> params.NewSend:
         given = self._params(request)
@@ -325,7 +325,7 @@ class Api:
         return params.parse_send(given, now_ms=now_ms, make_id=self.make_id,
                                  defaults=backend.defaults, max_msg_bytes=self.max_msg_bytes)
 
-    async def _send_one(self, backend: Backend, send: params.NewSend, now_ms: int, join: bool = True) -> Response:
+    async def _send_one(self, send: params.NewSend, now_ms: int, join: bool = True) -> Response:
         """One send: joined with the topic's sends of this turn of the loop
         (`join`, on a backend that joins), else stored alone."""
         if "@" in send.message.msg_id:
@@ -373,7 +373,7 @@ class Api:
             return [answer(200, "success", delayMsg=delay_msg(m)) for m in stored]
 
         return await in_runs(requests, parse, topic_of, together,
-                             lambda send: self._send_one(backend, send, clock.now_ms(), join=False),
+                             lambda send: self._send_one(send, clock.now_ms(), join=False),
                              _msg_id_of_send)
 
     async def send_batch(self, request: Request) -> Response:
