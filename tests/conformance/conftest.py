@@ -52,7 +52,8 @@ def shared_server(backend_flags, tmp_path_factory):
     server = Server.start(tmp_path_factory.mktemp(name) / "data", "--max-msg-bytes", str(MAX_MSG_BYTES),
                           "--monitor-interval-s", "1", *flags)  # getMonitorData per 1 s interval
     yield server
-    assert server.stop() == 0
+    code = server.stop()
+    assert code == 0, f"exit {code} (None: it outlived SIGTERM and was killed); log: {server.process.log_tail(4000)}"
 
 
 def _skip_if_marked(request, backend: str) -> None:

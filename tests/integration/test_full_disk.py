@@ -137,7 +137,11 @@ def test_a_cluster_node_stopped_on_a_full_disk_says_so_and_loses_nothing(tmp_pat
             assert "the last checkpoint failed" in log, log[-3000:]
         nodes.free_disk(full)
         nodes.restart(full)
-        wait_until(lambda: nodes.converged(at_least=0), 30, f"{full} following a leader again", every_s=0.05)
+        try:
+            wait_until(lambda: nodes.converged(at_least=0), 60, f"{full} following a leader again", every_s=0.05)
+        except RuntimeError as e:  # what each node says, and the restarted node's own account
+            healths = {n: nodes.health(n) for n in nodes.ids}
+            raise AssertionError(f"{e}; healths: {healths}; {full}'s log: {nodes.servers[full].log_tail(3000)}") from e
         for msg_id in sent:
             status, body = nodes.servers[full].post("getMsg", topic="t", msgId=msg_id)
             assert status == 200 and body["delayMsg"]["msg"] == BODY, (msg_id, status, body)
