@@ -6,7 +6,9 @@
 The ready windows (broker.disk.windows) build the queue and run its task, and
 set a timer when they take a message in
 (EXPIRY) or hand messages out (ACK: one timer for a pull's whole batch,
-which shares its deadline). The timer task sleeps on the injected clock
+which shares its deadline); a timer set right after one of the same kind
+and due time joins it (a batch filed together expires together: one entry,
+not one a message). The timer task sleeps on the injected clock
 until the earliest (woken early when an earlier one is set), hands every
 due timer to the windows, which apply its event (broker.core.transitions:
 `AckTimeout`, `Ttl`) to its messages still held, and makes the changes
@@ -72,6 +74,9 @@ class Timers:
         self._queue: DelayQueue[Timer] = DelayQueue()
         self._wake = asyncio.Event()  # an earlier timer was set, or the node stops
         self.locations = 0  # places in the queued timers: what a compaction weighs
+        # The last timer set while it is still queued: a timer of its kind and due time joins it
+        # (messages filed together expire together: one heap entry for a batch, not one each).
+        self._last: Timer | None = None
 
     def __repr__(self) -> str:
         return f"Timers({self._queue!r}, locations={self.locations})"
@@ -81,9 +86,16 @@ class Timers:
 
     def set(self, kind: TimerKind, due_ms: int, locations: list[Location]) -> None:
         """A timer of `kind` due at `due_ms` for the messages at `locations`
-        (the list is the timer's from now on)."""
+        (the list is the timer's from now on). When the last timer set is of
+        the same kind and due time and has not fired, the places join it."""
         self.locations += len(locations)
-        if self._queue.offer(tuple.__new__(Timer, (kind, due_ms, locations)), due_ms):  # (no Python __new__)
+        last = self._last
+        if last is not None and last.due_ms == due_ms and last.kind is kind:
+            last.locations.extend(locations)
+            return
+        timer = tuple.__new__(Timer, (kind, due_ms, locations))  # (no Python __new__)
+        self._last = timer
+        if self._queue.offer(timer, due_ms):
             self._wake.set()
 
     def compact(self, trim: Callable[[Timer], bool]) -> None:
@@ -101,6 +113,7 @@ class Timers:
             return True
         self._queue.retain(keep)
         self.locations = left
+        self._last = None  # (it may have gone)
 
     def wake(self) -> None:
         self._wake.set()
@@ -110,6 +123,8 @@ class Timers:
         while (timer := self._queue.poll_expired(now_ms)) is not None:
             due.append(timer)
             self.locations -= len(timer.locations)
+            if timer is self._last:  # fired: no later place joins it
+                self._last = None
         return due
 
     async def run(self, fire: Fire) -> None:
