@@ -245,7 +245,7 @@ class FairGroup:
 
 @dataclass
 class TopicQueue:
-    """One topic's window of ready messages, its count of consuming ones,
+    """One topic's window of ready messages, its consuming ones by id,
     where its spilled ones start, and its serial keys' state. Data that
     broker.disk.windows' ReadyWindows keeps (and alone changes): the methods here
     are the order's and the places' bookkeeping, no counts of the part's.
@@ -278,7 +278,7 @@ class TopicQueue:
     by_tag: dict[str, list[OrderKey]] = field(default_factory=dict)
     worst: list[tuple[int, int, int, int, Location]] = field(default_factory=list)
     entries: int = 0  # at least the length of each heap
-    consuming: int = 0
+    flying: dict[str, HeldMessage] = field(default_factory=dict)  # its CONSUMING messages by msgId
     # READY messages of this topic may lie on disk beyond the window, none
     # before `scan` (hour, globalIndex).
     spilled: bool = False

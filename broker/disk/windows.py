@@ -103,7 +103,7 @@ class ReadyWindows:
         self._lifecycle = lifecycle
         self.topics: dict[str, TopicQueue] = {}
         self.held: dict[Location, HeldMessage] = {}  # every window and consuming message
-        self._in_flight: dict[tuple[str, str], HeldMessage] = {}  # the consuming ones by (topic, msgId)
+        self.consuming_total = 0  # CONSUMING messages over all topics (each topic's: its queue's `flying`)
         # The totals over all topics (each topic's own: its TopicQueue), kept
         # where the counts change, in this part alone:
         self.window_total = 0  # READY messages held in windows (parked ones included)
@@ -132,11 +132,6 @@ class ReadyWindows:
     def __repr__(self) -> str:
         return (f"ReadyWindows(topics={len(self.topics)}, window={self.window_total}, parked={self.parked_total}, "
                 f"consuming={self.consuming_total}, to_refill={len(self._to_refill)}, {self._timers!r})")
-
-    @property
-    def consuming_total(self) -> int:
-        """CONSUMING messages, over all topics (every one is held)."""
-        return len(self._in_flight)
 
     # == what other parts ask =====================================================
 
@@ -207,10 +202,13 @@ class ReadyWindows:
 
     def in_flight_of(self, topic: str, msg_ids: Iterable[str]) -> dict[str, HeldMessage]:
         """Those of the ids whose message is CONSUMING, each's held message."""
-        flying = self._in_flight
+        queue = self.topics.get(topic)
+        if queue is None:
+            return {}
+        flying = queue.flying
         found = {}
         for msg_id in msg_ids:
-            held = flying.get((topic, msg_id))
+            held = flying.get(msg_id)
             if held is not None:
                 found[msg_id] = held
         return found
@@ -224,7 +222,7 @@ class ReadyWindows:
         if queue is None or topic in self.paused_topics:
             return []
         limits = self._limits
-        room = min(batch, limits.inflight - queue.consuming, limits.inflight_total - len(self._in_flight))
+        room = min(batch, limits.inflight - len(queue.flying), limits.inflight_total - self.consuming_total)
         if room <= 0:
             return []
         if queue.key_spills and len(queue.ready) < limits.window:
@@ -502,12 +500,12 @@ class ReadyWindows:
         """Consuming messages (each in `held`) counted against the caps,
         found by id, given their ack timers (one a deadline); each one's
         serial key busy, its other window messages parked."""
-        topics, flying = self.topics, self._in_flight
+        topics = self.topics
         acks: dict[int, list[Location]] = {}
+        self.consuming_total += len(batch)
         for held in batch:
             queue = topics[held.topic]
-            queue.consuming += 1
-            flying[held.topic, held.msg_id] = held
+            queue.flying[held.msg_id] = held
             deadline_ms = held.state.deadline_ms
             at_deadline = acks.get(deadline_ms)
             if at_deadline is None:
@@ -543,14 +541,14 @@ class ReadyWindows:
         A pull held back by a cap may go on, and so may one of a serial key
         now free: the topic is added to `woken`; True when every topic's
         long polls are to be woken (the total cap)."""
-        topics, flying, limits = self.topics, self._in_flight, self._limits
-        total_capped = len(flying) >= limits.inflight_total
+        topics, limits = self.topics, self._limits
+        total_capped = self.consuming_total >= limits.inflight_total
+        self.consuming_total -= len(batch)
         for held in batch:
             queue = topics[held.topic]
-            del flying[held.topic, held.msg_id]
-            if queue.consuming >= limits.inflight:
+            if len(queue.flying) >= limits.inflight:
                 woken.add(queue.name)
-            queue.consuming -= 1
+            del queue.flying[held.msg_id]
             if held.serial_key and self._key_freed(queue, held.serial_key):
                 woken.add(queue.name)
         return total_capped

@@ -285,8 +285,8 @@ class BrokerWindowMachine(HarnessMachine, RuleBasedStateMachine):
         assert windows <= LIMITS.window_total + self.last_batch
         for q in broker.topics.values():
             assert len(q.ready) <= LIMITS.window + self.last_batch, q.name
-            assert q.consuming <= LIMITS.inflight, q.name
-        assert broker.consuming_total == sum(q.consuming for q in broker.topics.values())
+            assert len(q.flying) <= LIMITS.inflight, q.name
+        assert broker.consuming_total == sum(len(q.flying) for q in broker.topics.values())
         assert broker.consuming_total <= LIMITS.inflight_total
         assert len(broker.live) == broker.window_total + broker.consuming_total
 
@@ -301,7 +301,7 @@ class BrokerWindowMachine(HarnessMachine, RuleBasedStateMachine):
         for topic in TOPICS:
             queue = broker.topics.get(topic)
             consuming = self._in(topic, CONSUMING)
-            assert (queue.consuming if queue else 0) == len(consuming), topic
+            assert (set(queue.flying) if queue else set()) == {m.msg_id for m in consuming}, topic
             for m in consuming:
                 assert m.location in broker.live, f"{m.msg_id} is CONSUMING but not held: it would never time out"
             for m in self._in(topic, READY):
