@@ -23,15 +23,12 @@ The holder saves a running job's record at most every SAVE_EVERY_S; what a
 node death loses is the counts of the slices since (the record counts
 fewer than were re-driven, never more).
 
-The lease. Every node tries to take it (SET NX PX; one that finds it taken
-looks again when it would lapse) and renews it every lease_ms / 3; the
-holder reads the records (`RedriveJobs.sync`) and runs the running jobs
-from their cursors, then reads them again every SYNC_S: jobs made by other
-nodes start within that, and a cancel another node asked is carried out
-after the current slice. A renewal that fails, or none for 2/3 of lease_ms,
-stops the jobs (their records stay running) before the lease can lapse for
-another node to take. A holder killed: the next takes the jobs within
-lease_ms.
+The lease (broker.redis.lease): its holder reads the records
+(`RedriveJobs.sync`) and runs the running jobs from their cursors, then
+reads them again every SYNC_S: jobs made by other nodes start within that,
+and a cancel another node asked is carried out after the current slice.
+A holder that loses the lease stops the jobs (their records stay running);
+one killed: the next takes the jobs within lease_ms.
 
 The other nodes read the records afresh before each call (`sync`): a
 getJob shows a running job's counts as of the holder's last save; a
@@ -41,22 +38,19 @@ job ended.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
-import uuid
 from collections.abc import Callable, Mapping
 
 import orjson
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 
-from storage.errors import CorruptionError, HourglassError, Unavailable
+from storage.errors import CorruptionError, Unavailable
 from wheel.clock import Clock
 
 from ..jobs.runner import JobBackend, JobLimits, JobState, RedriveJobs
+from .lease import RedisLease
 from .link import REDIS_ERRORS
-from .schedules import LEASE_LOOK_MIN_MS, RELEASE, RENEW
 
 log = logging.getLogger("hourglass.redis.jobs")
 
@@ -162,32 +156,32 @@ class RedisJobStore:
             raise Unavailable(f"cannot ask the job's cancel in Redis: {e}") from e
 
 
-class JobLease:
+class JobLease(RedisLease):
     """The node's jobs: a `RedriveJobs` over the records in Redis that serves
     the API (published by `open`), run by this node while it holds the
-    jobs lease (the module docstring). Renewed every lease_ms / 3."""
+    jobs lease (broker.redis.lease), which reads the records again every
+    SYNC_S."""
+
+    what = "jobs"
 
     def __init__(self, client: aioredis.Redis | RedisCluster, key_prefix: str, backend: JobBackend, clock: Clock,
                  limits: JobLimits, publish: Callable[[RedriveJobs], None], *, lease_ms: int = 10_000,
                  node: str | None = None) -> None:
-        self._redis = client
+        super().__init__(client, job_keys(key_prefix)[2], clock, lease_ms=lease_ms, node=node,
+                         tick_ms=int(SYNC_S * 1000))
         self._prefix = key_prefix
         self._backend = backend
-        self._clock = clock
         self._limits = limits
         self._publish = publish
-        self.lease_ms = lease_ms
-        self.node = node or uuid.uuid4().hex  # (broker.redis.identity: kept across restarts)
-        self._lease_key = job_keys(key_prefix)[2]
-        self._renew = client.register_script(RENEW)
-        self._release = client.register_script(RELEASE)
         self.jobs: RedriveJobs | None = None
-        self.holding = False
-        self._task: asyncio.Task[None] | None = None
-        self.takes = 0  # times this node took the lease (tests)
+        self._synced_ms = 0
 
     def __repr__(self) -> str:
         return f"JobLease(node={self.node}, holding={self.holding})"
+
+    @property
+    def opened(self) -> bool:
+        return self.jobs is not None
 
     async def open(self) -> None:
         """Read the records and serve the API's calls (before the node listens)."""
@@ -196,66 +190,23 @@ class JobLease:
         self.jobs = RedriveJobs(store, self._clock, self._limits, shared=True)
         self._publish(self.jobs)
 
-    def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="job-lease")
+    async def _take(self) -> None:
+        assert self.jobs is not None
+        self._synced_ms = self._clock.now_ms()
+        await self.jobs.sync()
+        self.jobs.start(self._backend)
+        log.info("jobs: this node holds the jobs lease and runs the jobs")
 
-    async def stop(self) -> None:
-        """Stop the jobs (their records stay running) and let the lease go:
-        another node takes them at once."""
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-        held = self.holding
-        await self._let_go()
-        if held:
-            with contextlib.suppress(*REDIS_ERRORS):
-                await self._release(keys=[self._lease_key], args=[self.node])
-
-    async def _run(self) -> None:
-        renewed_ms = 0
-        synced_ms = 0
-        while True:
-            now_ms = self._clock.now_ms()
-            wait_ms = min(self.lease_ms // 3, int(SYNC_S * 1000))
-            try:
-                if self.jobs is None:
-                    await self.open()
-                jobs = self.jobs
-                assert jobs is not None
-                if not self.holding:
-                    # free, or this node's own from before a restart (its id kept: broker.redis.identity)
-                    if await self._redis.set(self._lease_key, self.node, nx=True, px=self.lease_ms) \
-                            or await self._renew(keys=[self._lease_key], args=[self.node, str(self.lease_ms)]):
-                        renewed_ms = synced_ms = now_ms
-                        await jobs.sync()
-                        jobs.start(self._backend)
-                        self.holding = True
-                        self.takes += 1
-                        log.info("jobs: this node holds the jobs lease and runs the jobs")
-                    else:  # looked at again when it would lapse (a dead holder's: its lease time at most)
-                        left_ms = int(await self._redis.pttl(self._lease_key))
-                        wait_ms = max(LEASE_LOOK_MIN_MS, min(self.lease_ms // 3, left_ms + LEASE_LOOK_MIN_MS))
-                else:
-                    if now_ms - renewed_ms >= self.lease_ms // 3:
-                        if await self._renew(keys=[self._lease_key], args=[self.node, str(self.lease_ms)]):
-                            renewed_ms = now_ms
-                        else:
-                            log.warning("jobs: the lease passed to another node; this node stops its jobs")
-                            await self._let_go()
-                    if self.holding and now_ms - synced_ms >= SYNC_S * 1000:
-                        synced_ms = now_ms
-                        await jobs.sync()
-            except (*REDIS_ERRORS, HourglassError, OSError) as e:
-                log.warning("jobs: lease: %s", e)
-                if self.holding and self._clock.now_ms() - renewed_ms > 2 * self.lease_ms // 3:
-                    await self._let_go()  # it may lapse before a renewal gets through
-            await self._clock.sleep(wait_ms / 1000)
+    async def _tick(self) -> None:
+        now_ms = self._clock.now_ms()
+        if self.jobs is not None and now_ms - self._synced_ms >= SYNC_S * 1000:
+            self._synced_ms = now_ms
+            await self.jobs.sync()
 
     async def _let_go(self) -> None:
-        if self.holding and self.jobs is not None:
+        """Stop the jobs (their records stay running)."""
+        if self.jobs is not None:
             await self.jobs.stop()
-        self.holding = False
 
 
 __all__ = ["JobLease", "RedisJobStore"]

@@ -42,8 +42,7 @@ changing one schedule at once are ordered by the revision. A node without
 the lease adds what it changed to the topic's `schedchanged` in the same
 script, and the topic to `scheddirty` after it.
 
-The runs. A node takes the free lease (SET NX PX; a node that finds it
-taken looks again when it would lapse), reads every schedule afresh and
+The runs. A node takes the free lease (broker.redis.lease), reads every schedule afresh and
 starts a `Schedules` of its own that makes the runs, recovering as after a
 restart on disk: each pending run that does not exist is sent, strictly
 (msgId `<scheduleId>@<nominal ms>`: a run the old holder sent meanwhile is
@@ -84,7 +83,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import uuid
 from collections.abc import Callable, Sequence
 
 import orjson
@@ -99,6 +97,7 @@ from ..backend import Backend
 from ..schedules.file import Key, Row, RowError, RunProgress
 from ..schedules.keeper import ADVANCE_SLICE, Fresh, ScheduleLimits, Schedules, StaleRows, seen_released_ms
 from .keys import escape_topic
+from .lease import RedisLease
 from .link import REDIS_ERRORS
 
 log = logging.getLogger("hourglass.redis.schedules")
@@ -148,19 +147,6 @@ local revs = {}
 if #ids > 0 then revs = redis.call('HMGET', KEYS[2], unpack(ids)) end
 return {page[1], page[2], revs}
 """
-# KEYS: schedlease. ARGV: node lease_ms -> 1 renewed | 0 another's (or lapsed).
-RENEW = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return 1
-end
-return 0
-"""
-# KEYS: schedlease. ARGV: node -> 1 released | 0 not ours.
-RELEASE = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
-"""
 # Rows read at a time when the lease is taken (HSCAN's COUNT), and
 # changed scheduleIds popped at a time by the holder.
 READ_PAGE = 200
@@ -174,9 +160,6 @@ HELD_AFTER_MS = 1_000
 # The longest the watch sleeps: a run put or made since its last look is
 # seen within this; and how often the holder reads what other nodes changed.
 WATCH_MAX_SLEEP_MS = 200
-# A node that finds the lease taken looks again at most this often, and
-# at least this long after the lease was to lapse (PTTL).
-LEASE_LOOK_MIN_MS = 20
 
 
 def _parse_row(topic: str, schedule_id: str, value: str) -> Row:
@@ -484,42 +467,35 @@ class RunWatch:
             await self._clock.sleep(max(0, next_ms - self._clock.now_ms()) / 1000)
 
 
-class ScheduleLease:
+class ScheduleLease(RedisLease):
     """The node's schedules: a `Schedules` that serves the API (handed to
-    `publish` by `open`), and the schedules lease, taken and held for this
-    node; while it holds it, a `Schedules` that makes the runs serves the
-    API too (published in its place). Renewed every lease_ms / 3; a renewal
-    that fails, or no renewal for 2/3 of lease_ms, stops making runs before
-    the lease can have lapsed for another node to take."""
+    `publish` by `open`), and the schedules lease (broker.redis.lease),
+    taken and held for this node; while it holds it, a `Schedules` that
+    makes the runs serves the API too (published in its place)."""
+
+    what = "schedules"
 
     def __init__(self, client: aioredis.Redis | RedisCluster, key_prefix: str, backend: Backend, clock: Clock,
                  limits: ScheduleLimits, publish: Callable[[Schedules | None], None], *,
                  lease_ms: int = 10_000,
                  node: str | None = None) -> None:
-        self._redis = client
+        super().__init__(client, f"{key_prefix}:schedlease", clock, lease_ms=lease_ms, node=node)
         self._prefix = key_prefix
         self._backend = backend
-        self._clock = clock
         self._limits = limits
         self._publish = publish
-        self.lease_ms = lease_ms
-        self.node = node or uuid.uuid4().hex  # (broker.redis.identity: kept across restarts)
-        self._renew = client.register_script(RENEW)
-        self._release = client.register_script(RELEASE)
         self.view: Schedules | None = None  # serves the API while this node does not hold the lease
         self.schedules: Schedules | None = None  # makes the runs: while this node holds the lease
         self._store: RedisScheduleStore | None = None  # the store of `schedules`
         self._tasks: list[asyncio.Task[None]] = []  # the holder's RunWatch and ChangeFeed
-        self._task: asyncio.Task[None] | None = None
         self.epoch = 0
-        self.takes = 0  # times this node took the lease (tests)
 
     def __repr__(self) -> str:
         return f"ScheduleLease(node={self.node}, holding={self.schedules is not None}, epoch={self.epoch})"
 
     @property
-    def lease_key(self) -> str:
-        return f"{self._prefix}:schedlease"
+    def opened(self) -> bool:
+        return self.view is not None or self.schedules is not None
 
     async def open(self) -> None:
         """Read the schedules and serve the API's calls (before the node
@@ -532,50 +508,6 @@ class ScheduleLease:
         if self.schedules is None:
             self._publish(view)
 
-    def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="schedule-lease")
-        self._task.add_done_callback(_lease_loop_ended)
-
-    async def stop(self) -> None:
-        """Stop making runs and let the lease go (another node takes it at once)."""
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-        held = self.schedules is not None
-        await self._let_go()
-        if held:
-            with contextlib.suppress(*REDIS_ERRORS):
-                await self._release(keys=[self.lease_key], args=[self.node])
-
-    async def _run(self) -> None:
-        renewed_ms = 0
-        while True:
-            now_ms = self._clock.now_ms()
-            wait_ms = self.lease_ms // 3
-            try:
-                if self.view is None and self.schedules is None:
-                    await self.open()
-                if self.schedules is None:
-                    # free, or this node's own from before a restart (its id kept: broker.redis.identity)
-                    if await self._redis.set(self.lease_key, self.node, nx=True, px=self.lease_ms) \
-                            or await self._renew(keys=[self.lease_key], args=[self.node, str(self.lease_ms)]):
-                        renewed_ms = now_ms
-                        await self._take()
-                    else:  # looked at again when it would lapse (a dead holder's: its lease time at most)
-                        left_ms = int(await self._redis.pttl(self.lease_key))
-                        wait_ms = max(LEASE_LOOK_MIN_MS, min(wait_ms, left_ms + LEASE_LOOK_MIN_MS))
-                elif await self._renew(keys=[self.lease_key], args=[self.node, str(self.lease_ms)]):
-                    renewed_ms = now_ms
-                else:
-                    log.warning("schedules: the lease passed to another node; this node stops making runs")
-                    await self._let_go()
-            except (*REDIS_ERRORS, HourglassError, OSError) as e:
-                log.warning("schedules: lease: %s", e)
-                if self.schedules is not None and self._clock.now_ms() - renewed_ms > 2 * self.lease_ms // 3:
-                    await self._let_go()  # it may lapse before a renewal gets through
-            await self._clock.sleep(wait_ms / 1000)
-
     async def _take(self) -> None:
         self.epoch = int(await self._redis.incr(f"{self._prefix}:schedepoch"))
         store = RedisScheduleStore(self._redis, self._prefix, announce=False)
@@ -587,7 +519,6 @@ class ScheduleLease:
         self._tasks = [asyncio.create_task(RunWatch(schedules, self._backend, self._clock).run(), name="run-watch"),
                        asyncio.create_task(ChangeFeed(self._redis, store, schedules, self._clock,
                                                       self.lease_ms).run(), name="schedule-changes")]
-        self.takes += 1
         self._publish(schedules)
         log.info("schedules: this node holds the lease (epoch %d): %d schedules", self.epoch, len(schedules))
 
@@ -607,14 +538,6 @@ class ScheduleLease:
             self._store.announce = True
         schedules.serve(self._backend)
         self.view = schedules
-
-
-def _lease_loop_ended(task: asyncio.Task[None]) -> None:
-    """The lease loop ends only when stopped; an error that ended it is
-    logged (this node would not take the schedules lease again)."""
-    if not task.cancelled() and task.exception() is not None:
-        log.critical("schedules: the lease loop ended: %r; this node takes the schedules lease no more",
-                     task.exception(), exc_info=task.exception())
 
 
 __all__ = ["ADVANCE_SLICE", "ChangeFeed", "RedisScheduleStore", "RunWatch", "ScheduleLease"]

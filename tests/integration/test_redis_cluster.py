@@ -29,6 +29,7 @@ from broker.clock import SystemClock
 from broker.core.bulk_params import BulkFilter, DeleteMsgsRequest, RescheduleMsgsRequest
 from broker.core.params import AckRequest, Defaults, DeleteRequest, LongPollRequest, PullRequest
 from broker.observe.metrics import Metrics
+from broker.redis import lease as redis_lease
 from broker.redis import link as redis_link
 from broker.redis import schedules as redis_schedules
 from broker.redis.backend import RedisBroker
@@ -336,8 +337,10 @@ def test_schedules_across_masters_touch_only_declared_keys(cluster_url, cluster_
     schedules' own scripts (WRITE, READ, PAGE, RENEW, RELEASE) and the
     backend's checked for undeclared keys like every other."""
     monkeypatch.setattr(redis_link, "SCRIPTS", {n: declared_only(s) for n, s in redis_link.SCRIPTS.items()})
-    for name in ("WRITE", "READ", "PAGE", "RENEW", "RELEASE"):
+    for name in ("WRITE", "READ", "PAGE"):
         monkeypatch.setattr(redis_schedules, name, declared_only(getattr(redis_schedules, name)))
+    for name in ("RENEW", "RELEASE"):
+        monkeypatch.setattr(redis_lease, name, declared_only(getattr(redis_lease, name)))
     topics = topics_on_every_master(cluster_url, len(cluster_ports), per_master=1)
     config = RedisConfig(key_prefix="sched", poll_ms=50, lease_ms=600)
     clock = SystemClock()
@@ -446,8 +449,10 @@ def test_redrive_jobs_across_masters_touch_only_declared_keys(cluster_url, clust
     from broker.redis import jobs as redis_jobs
 
     monkeypatch.setattr(redis_link, "SCRIPTS", {n: declared_only(s) for n, s in redis_link.SCRIPTS.items()})
-    for name in ("SAVE", "ASK_CANCEL", "FETCH", "REMOVE", "RENEW", "RELEASE"):
+    for name in ("SAVE", "ASK_CANCEL", "FETCH", "REMOVE"):
         monkeypatch.setattr(redis_jobs, name, declared_only(getattr(redis_jobs, name)))
+    for name in ("RENEW", "RELEASE"):
+        monkeypatch.setattr(redis_lease, name, declared_only(getattr(redis_lease, name)))
     topics = topics_on_every_master(cluster_url, len(cluster_ports), per_master=1)
     config = RedisConfig(key_prefix="jobs", poll_ms=50, lease_ms=600)
     clock = SystemClock()

@@ -1,0 +1,163 @@
+"""A lease in Redis: the right of one node at a time, of the nodes sharing
+a Redis, to do a node-wide work -- making the schedules' runs
+(broker.redis.schedules' `ScheduleLease`) or running the redriveMsgs jobs
+(broker.redis.jobs' `JobLease`). Each is a `RedisLease` that says what
+taking the work and letting it go are.
+
+    <key>   string   the id of the node holding the lease (expires after
+                     lease_ms unless renewed)
+
+Every node tries to take it: SET NX PX, or a renewal when the key already
+names this node (its own lease from before a restart: the node's id is
+kept in its --data-dir by broker.redis.identity, so a restarted node takes
+it back at once; another node waits for it to lapse). A node that finds it
+taken looks again when it would lapse (PTTL), at least LEASE_LOOK_MIN_MS
+later. The holder renews it every lease_ms / 3; a renewal refused (the
+lease passed to another node), or none for 2/3 of lease_ms (Redis not
+answering), lets the work go before the lease can lapse for another node
+to take. `stop` lets the work go and releases the lease: another node
+takes it at once.
+
+The loop's turn is lease_ms / 3, or `tick_ms` when shorter: the holder's
+`_tick` runs each turn (the jobs read their records again).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+
+import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
+
+from storage.errors import HourglassError
+from wheel.clock import Clock
+
+from .link import REDIS_ERRORS
+
+log = logging.getLogger("hourglass.redis.lease")
+
+# KEYS: lease. ARGV: node lease_ms -> 1 renewed | 0 another's (or lapsed).
+RENEW = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return 1
+end
+return 0
+"""
+# KEYS: lease. ARGV: node -> 1 released | 0 not ours.
+RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+# A node that finds the lease taken looks again at most this often, and
+# at least this long after the lease was to lapse (PTTL).
+LEASE_LOOK_MIN_MS = 20
+
+
+class RedisLease:
+    """The lease at `key` for this `node`, and the work it holds. A kind
+    of work says `what` it is (logs), `opened` / `open` (what serves the
+    API before the node listens, opened again by the loop if it failed),
+    `_take` (the lease was just taken), `_let_go` (the lease is lost or
+    given back: stop the work) and, if it has one, `_tick` (each turn
+    while holding)."""
+
+    what = "work"
+
+    def __init__(self, client: aioredis.Redis | RedisCluster, key: str, clock: Clock, *, lease_ms: int,
+                 node: str | None, tick_ms: int | None = None) -> None:
+        self._redis = client
+        self.lease_key = key
+        self._clock = clock
+        self.lease_ms = lease_ms
+        self.node = node or uuid.uuid4().hex  # (broker.redis.identity: kept across restarts)
+        self._turn_ms = lease_ms // 3 if tick_ms is None else min(lease_ms // 3, tick_ms)
+        self._renew = client.register_script(RENEW)
+        self._release = client.register_script(RELEASE)
+        self.holding = False
+        self.takes = 0  # times this node took the lease (tests)
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def opened(self) -> bool:
+        raise NotImplementedError
+
+    async def open(self) -> None:
+        raise NotImplementedError
+
+    async def _take(self) -> None:
+        raise NotImplementedError
+
+    async def _let_go(self) -> None:
+        raise NotImplementedError
+
+    async def _tick(self) -> None:
+        """Each turn while holding: nothing unless the work says."""
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name=f"{self.what}-lease")
+        self._task.add_done_callback(self._loop_ended)
+
+    async def stop(self) -> None:
+        """Let the work go and the lease too: another node takes it at once."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        held = self.holding
+        await self._lose()
+        if held:
+            with contextlib.suppress(*REDIS_ERRORS):
+                await self._release(keys=[self.lease_key], args=[self.node])
+
+    async def _run(self) -> None:
+        renewed_ms = 0
+        while True:
+            now_ms = self._clock.now_ms()
+            wait_ms = self._turn_ms
+            try:
+                if not self.opened:
+                    await self.open()
+                if not self.holding:
+                    if await self._redis.set(self.lease_key, self.node, nx=True, px=self.lease_ms) \
+                            or await self._renew(keys=[self.lease_key], args=[self.node, str(self.lease_ms)]):
+                        renewed_ms = now_ms
+                        await self._take()
+                        self.holding = True
+                        self.takes += 1
+                    else:  # looked at again when it would lapse (a dead holder's: its lease time at most)
+                        left_ms = int(await self._redis.pttl(self.lease_key))
+                        wait_ms = max(LEASE_LOOK_MIN_MS, min(wait_ms, left_ms + LEASE_LOOK_MIN_MS))
+                else:
+                    if now_ms - renewed_ms >= self.lease_ms // 3:
+                        if await self._renew(keys=[self.lease_key], args=[self.node, str(self.lease_ms)]):
+                            renewed_ms = now_ms
+                        else:
+                            log.warning("%s: the lease passed to another node; this node lets its %s go",
+                                        self.what, self.what)
+                            await self._lose()
+                    if self.holding:
+                        await self._tick()
+            except (*REDIS_ERRORS, HourglassError, OSError) as e:
+                log.warning("%s: lease: %s", self.what, e)
+                if self.holding and self._clock.now_ms() - renewed_ms > 2 * self.lease_ms // 3:
+                    await self._lose()  # it may lapse before a renewal gets through
+            await self._clock.sleep(wait_ms / 1000)
+
+    async def _lose(self) -> None:
+        if self.holding:
+            self.holding = False
+            await self._let_go()
+
+    def _loop_ended(self, task: asyncio.Task[None]) -> None:
+        """The loop ends only when stopped; an error that ended it is logged
+        (this node would not take the lease again)."""
+        if not task.cancelled() and task.exception() is not None:
+            log.critical("%s: the lease loop ended: %r; this node takes the %s lease no more",
+                         self.what, task.exception(), self.what, exc_info=task.exception())
+
+
+__all__ = ["LEASE_LOOK_MIN_MS", "RELEASE", "RENEW", "RedisLease"]
