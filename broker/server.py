@@ -15,6 +15,7 @@ commit, take a last checkpoint, exit 0.
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import gc
 import logging
 import os
@@ -273,6 +274,32 @@ def shard_count(config: ServeConfig) -> int:
     return resolve(config.node_path, config.shards)
 
 
+# glibc's mallopt parameters (malloc.h), and the environment variables that set them instead.
+M_MMAP_THRESHOLD, M_ARENA_MAX = -3, -8
+MALLOC_ENV = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_ARENA_MAX")
+# A block this large or larger is a mapping of its own, given back to the system when freed.
+MMAP_THRESHOLD_BYTES = 128 * 1024
+# Arenas the process's threads share (the fsync threads allocate little).
+ARENA_MAX = 2
+
+
+def keep_malloc_lean() -> None:
+    """glibc's malloc held to what the node keeps (docs/configuration.md,
+    "Memory"): a fixed mmap threshold (glibc raises it after each large
+    block freed, and then a pull's large answers come from the heap, whose
+    holes stay resident among the messages held) and ARENA_MAX arenas. Not
+    when the environment sets either (the user's choice), nor where the C
+    library has no mallopt (musl answers it and ignores it; macOS has none)."""
+    if any(name in os.environ for name in MALLOC_ENV):
+        return
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return
+    mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
+    mallopt(M_ARENA_MAX, ARENA_MAX)
+
+
 def serve(config: ServeConfig, argv: Sequence[str] = ()) -> int:
     """Run the node `config` describes; `argv`, its command line's
     arguments, starts its shards when it runs many."""
@@ -297,6 +324,7 @@ def serve(config: ServeConfig, argv: Sequence[str] = ()) -> int:
             supervisor.become(config.host, config.port, config.node_path, count, argv)
     if config.backend == "disk":
         raise_descriptor_limit()  # before its store sizes its cache of open files by it
+    keep_malloc_lean()
     try:
         import uvloop  # a faster event loop where it is installed (Linux, macOS)
     except ImportError:
