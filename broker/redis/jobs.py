@@ -174,7 +174,7 @@ class JobLease(RedisLease):
         self._limits = limits
         self._publish = publish
         self.jobs: RedriveJobs | None = None
-        self._synced_ms = 0
+        self._synced_s = 0.0  # (monotonic)
 
     def __repr__(self) -> str:
         return f"JobLease(node={self.node}, holding={self.holding})"
@@ -192,15 +192,15 @@ class JobLease(RedisLease):
 
     async def _take(self) -> None:
         assert self.jobs is not None
-        self._synced_ms = self._clock.now_ms()
+        self._synced_s = self._clock.monotonic_s()
         await self.jobs.sync()
         self.jobs.start(self._backend)
         log.info("jobs: this node holds the jobs lease and runs the jobs")
 
     async def _tick(self) -> None:
-        now_ms = self._clock.now_ms()
-        if self.jobs is not None and now_ms - self._synced_ms >= SYNC_S * 1000:
-            self._synced_ms = now_ms
+        now_s = self._clock.monotonic_s()
+        if self.jobs is not None and now_s - self._synced_s >= SYNC_S:
+            self._synced_s = now_s
             await self.jobs.sync()
 
     async def _let_go(self) -> None:

@@ -102,21 +102,21 @@ class RedisLease:
         self._task.add_done_callback(self._loop_ended)
 
     async def stop(self) -> None:
-        """Let the work go and the lease too: another node takes it at once."""
+        """Let the work go and the lease too: another node takes it at once
+        (the release deletes the key only while it names this node)."""
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
-        held = self.holding
         await self._lose()
-        if held:
-            with contextlib.suppress(*REDIS_ERRORS):
-                await self._release(keys=[self.lease_key], args=[self.node])
+        with contextlib.suppress(*REDIS_ERRORS):
+            await self._release(keys=[self.lease_key], args=[self.node])
 
     async def _run(self) -> None:
-        renewed_ms = 0
+        clock = self._clock
+        renewed_s = 0.0  # (the monotonic clock: a wall clock set back must not hold renewals off)
         while True:
-            now_ms = self._clock.now_ms()
+            now_s = clock.monotonic_s()
             wait_ms = self._turn_ms
             try:
                 if not self.opened:
@@ -124,7 +124,7 @@ class RedisLease:
                 if not self.holding:
                     if await self._redis.set(self.lease_key, self.node, nx=True, px=self.lease_ms) \
                             or await self._renew(keys=[self.lease_key], args=[self.node, str(self.lease_ms)]):
-                        renewed_ms = now_ms
+                        renewed_s = now_s
                         await self._take()
                         self.holding = True
                         self.takes += 1
@@ -132,9 +132,9 @@ class RedisLease:
                         left_ms = int(await self._redis.pttl(self.lease_key))
                         wait_ms = max(LEASE_LOOK_MIN_MS, min(wait_ms, left_ms + LEASE_LOOK_MIN_MS))
                 else:
-                    if now_ms - renewed_ms >= self.lease_ms // 3:
+                    if (now_s - renewed_s) * 1000 >= self.lease_ms // 3:
                         if await self._renew(keys=[self.lease_key], args=[self.node, str(self.lease_ms)]):
-                            renewed_ms = now_ms
+                            renewed_s = now_s
                         else:
                             log.warning("%s: the lease passed to another node; this node lets its %s go",
                                         self.what, self.what)
@@ -143,14 +143,16 @@ class RedisLease:
                         await self._tick()
             except (*REDIS_ERRORS, HourglassError, OSError) as e:
                 log.warning("%s: lease: %s", self.what, e)
-                if self.holding and self._clock.now_ms() - renewed_ms > 2 * self.lease_ms // 3:
+                if self.holding and (clock.monotonic_s() - renewed_s) * 1000 > 2 * self.lease_ms // 3:
                     await self._lose()  # it may lapse before a renewal gets through
-            await self._clock.sleep(wait_ms / 1000)
+            await clock.sleep(wait_ms / 1000)
 
     async def _lose(self) -> None:
         if self.holding:
-            self.holding = False
-            await self._let_go()
+            try:
+                await self._let_go()
+            finally:
+                self.holding = False
 
     def _loop_ended(self, task: asyncio.Task[None]) -> None:
         """The loop ends only when stopped; an error that ended it is logged

@@ -1,0 +1,77 @@
+"""broker.redis.lease on a real redis-server: the holder keeps its lease
+while the wall clock steps back (renewals are timed on the monotonic
+clock), a second node waits while it is held, and a stop hands it over at
+once."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from broker.clock import SystemClock
+
+redis = pytest.importorskip("redis", reason="the redis extra is not installed (pip install 'hourglass[redis]')")
+
+from broker.redis.lease import RedisLease  # noqa: E402
+
+LEASE_MS = 300
+
+
+class SteppedBack(SystemClock):
+    """Wall time an hour behind from the first time it is read on."""
+
+    def now_ms(self) -> int:
+        return super().now_ms() - 3_600_000
+
+
+class Work(RedisLease):
+    what = "test work"
+
+    def __init__(self, client, key: str, clock: SystemClock, node: str) -> None:
+        super().__init__(client, key, clock, lease_ms=LEASE_MS, node=node)
+        self.taken = self.let_go = 0
+
+    @property
+    def opened(self) -> bool:
+        return True
+
+    async def open(self) -> None:
+        pass
+
+    async def _take(self) -> None:
+        self.taken += 1
+
+    async def _let_go(self) -> None:
+        self.let_go += 1
+
+
+def test_a_holder_keeps_its_lease_through_a_wall_clock_set_back_and_hands_it_over_at_stop(redis_url):
+    async def main() -> None:
+        client = redis.asyncio.Redis.from_url(redis_url)
+        key = "leasetest:lease"
+        await client.delete(key)
+        first = Work(client, key, SteppedBack(), "node-a")
+        second = Work(client, key, SystemClock(), "node-b")
+        first.start()
+        for _ in range(100):
+            if first.holding:
+                break
+            await asyncio.sleep(0.01)
+        assert first.holding
+        second.start()
+        await asyncio.sleep(4 * LEASE_MS / 1000)  # four lease times: renewed throughout, by the monotonic clock
+        assert first.holding and first.let_go == 0 and not second.holding
+        assert (await client.get(key)) == b"node-a"
+        await first.stop()
+        assert first.let_go == 1
+        for _ in range(100):  # released: the other takes it within its next look, not a lease time later
+            if second.holding:
+                break
+            await asyncio.sleep(0.01)
+        assert second.holding and second.taken == 1
+        await second.stop()
+        assert await client.get(key) is None
+        await client.aclose()
+
+    asyncio.run(main())
