@@ -275,10 +275,11 @@ def shard_count(config: ServeConfig) -> int:
 
 
 # glibc's mallopt parameters (malloc.h), and the environment variables that set them instead.
-M_MMAP_THRESHOLD, M_ARENA_MAX = -3, -8
-MALLOC_ENV = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_ARENA_MAX")
-# A block this large or larger is a mapping of its own, given back to the system when freed.
-MMAP_THRESHOLD_BYTES = 128 * 1024
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_ARENA_MAX = -1, -3, -8
+MALLOC_ENV = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_ARENA_MAX")
+# A block this large or larger is a mapping of its own, given back to the system when freed; the
+# heap's free top beyond this much is given back too (glibc's defaults, before it moves them).
+MMAP_THRESHOLD_BYTES = TRIM_THRESHOLD_BYTES = 128 * 1024
 # Arenas the process's threads share (the fsync threads allocate little).
 ARENA_MAX = 2
 
@@ -287,8 +288,10 @@ def keep_malloc_lean() -> None:
     """glibc's malloc held to what the node keeps (docs/configuration.md,
     "Memory"): a fixed mmap threshold (glibc raises it after each large
     block freed, and then a pull's large answers come from the heap, whose
-    holes stay resident among the messages held) and ARENA_MAX arenas. Not
-    when the environment sets either (the user's choice), nor where the C
+    holes stay resident among the messages held), the trim threshold at
+    its default (glibc doubles it with the other, and may have done so
+    while the node's modules were imported) and ARENA_MAX arenas. Not when
+    the environment sets any of them (the user's choice), nor where the C
     library has no mallopt (musl answers it and ignores it; macOS has none)."""
     if any(name in os.environ for name in MALLOC_ENV):
         return
@@ -297,6 +300,7 @@ def keep_malloc_lean() -> None:
     except (OSError, AttributeError):
         return
     mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
+    mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES)
     mallopt(M_ARENA_MAX, ARENA_MAX)
 
 
