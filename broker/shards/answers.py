@@ -5,7 +5,8 @@ reached, and the request, and returns the answer to give.
 
     all_ok          a change every shard carries out alike (a pause, a
                     subscription, the health switch): the first answer that
-                    is not a success, else the reached shard's
+                    is not a success, else the reached shard's (the others
+                    answer a success as SUCCESS_ONLY: its body is not read)
     subscription    getSubscription: each shard pushes the topic's messages
                     it owns; their deliveries' health summed (the last error
                     the latest)
@@ -28,11 +29,22 @@ from ..schedules.params import DEFAULT_PAGE as DEFAULT_SCHEDULE_PAGE
 Merge = Callable[[Sequence[Response], int, params.Params], Response]
 
 
+def succeeded(response: Response) -> bool:
+    """An answer of code 200 (broker.http.api: the code leads the body)."""
+    return response.status == 200 and b'"code":200' in response.body[:40]
+
+
 def all_ok(answers: Sequence[Response], here: int, given: params.Params) -> Response:
     for response in answers:
-        if response.status != 200 or b'"code":200' not in response.body[:40]:
+        if not succeeded(response):
             return response
     return answers[here]
+
+
+# A success as a shard answers it to the shard that fanned out a command whose merge reads
+# no other shard's success but its code (the reached shard's own answer is the node's).
+SUCCESS_ONLY = Response(200, b'{"code":200}')
+CODE_ONLY_MERGES = frozenset({"all_ok"})
 
 
 def subscription(answers: Sequence[Response], here: int, given: params.Params) -> Response:

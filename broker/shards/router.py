@@ -44,7 +44,7 @@ from ..http.commands import Command, Runs
 from ..http.http_types import Handler, Request, Response
 from ..jobs.runner import RedriveJobs
 from . import link, placement
-from .answers import MERGES, Merge
+from .answers import CODE_ONLY_MERGES, MERGES, SUCCESS_ONLY, Merge, succeeded
 from .rates import RateShares
 from .views import (
     filter_of,
@@ -423,6 +423,8 @@ class ShardRouter:
         request = Request(method, path, query, headers, body, None)
         request.at_ms = at_ms if type(at_ms) is int else None
         response = await self._run(command, request)
+        if command.where.merge in CODE_ONLY_MERGES and succeeded(response):
+            response = SUCCESS_ONLY  # (the asker's merge reads its code alone)
         return [response.status, response.body, response.content_type, response.headers]
 
     async def _on_owner(self, command: Command, request: Request) -> Response:
