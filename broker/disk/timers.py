@@ -63,40 +63,36 @@ class Timer(NamedTuple):
 Fire = Callable[[list[Timer], int], list[StateChange]]
 
 
-class Timers:
-    """The timer queue and its task. Runs on the event loop."""
+class TimerQueue:
+    """The timers, on one DelayQueue: what they hold, set, compacted and
+    taken when due (the data structure; `Timers` adds its task)."""
 
-    def __init__(self, clock: Clock, lifecycle: Lifecycle, journal: Journal, commits: GroupCommit) -> None:
-        self._clock = clock
-        self._lifecycle = lifecycle
-        self._journal = journal
-        self._commits = commits
+    def __init__(self) -> None:
         self._queue: DelayQueue[Timer] = DelayQueue()
-        self._wake = asyncio.Event()  # an earlier timer was set, or the node stops
         self.locations = 0  # places in the queued timers: what a compaction weighs
         # The last timer set while it is still queued: a timer of its kind and due time joins it
         # (messages filed together expire together: one heap entry for a batch, not one each).
         self._last: Timer | None = None
 
     def __repr__(self) -> str:
-        return f"Timers({self._queue!r}, locations={self.locations})"
+        return f"{type(self).__name__}({self._queue!r}, locations={self.locations})"
 
     def __len__(self) -> int:
         return len(self._queue)
 
-    def set(self, kind: TimerKind, due_ms: int, locations: list[Location]) -> None:
+    def set(self, kind: TimerKind, due_ms: int, locations: list[Location]) -> bool:
         """A timer of `kind` due at `due_ms` for the messages at `locations`
         (the list is the timer's from now on). When the last timer set is of
-        the same kind and due time and has not fired, the places join it."""
+        the same kind and due time and has not fired, the places join it.
+        True when the timer is now the first due (a sleeper re-plans)."""
         self.locations += len(locations)
         last = self._last
         if last is not None and last.due_ms == due_ms and last.kind is kind:
             last.locations.extend(locations)
-            return
+            return False
         timer = tuple.__new__(Timer, (kind, due_ms, locations))  # (no Python __new__)
         self._last = timer
-        if self._queue.offer(timer, due_ms):
-            self._wake.set()
+        return self._queue.offer(timer, due_ms)
 
     def compact(self, trim: Callable[[Timer], bool]) -> None:
         """`trim` drops each timer's stale places (their messages acked,
@@ -115,10 +111,8 @@ class Timers:
         self.locations = left
         self._last = None  # (it may have gone)
 
-    def wake(self) -> None:
-        self._wake.set()
-
-    def _due(self, now_ms: int) -> list[Timer]:
+    def due(self, now_ms: int) -> list[Timer]:
+        """The timers due at `now_ms`, taken out of the queue."""
         due = []
         while (timer := self._queue.poll_expired(now_ms)) is not None:
             due.append(timer)
@@ -127,6 +121,27 @@ class Timers:
                 self._last = None
         return due
 
+
+class Timers(TimerQueue):
+    """The timer queue and its task. Runs on the event loop."""
+
+    def __init__(self, clock: Clock, lifecycle: Lifecycle, journal: Journal, commits: GroupCommit) -> None:
+        super().__init__()
+        self._clock = clock
+        self._lifecycle = lifecycle
+        self._journal = journal
+        self._commits = commits
+        self._wake = asyncio.Event()  # an earlier timer was set, or the node stops
+
+    def set(self, kind: TimerKind, due_ms: int, locations: list[Location]) -> bool:
+        first = super().set(kind, due_ms, locations)
+        if first:
+            self._wake.set()
+        return first
+
+    def wake(self) -> None:
+        self._wake.set()
+
     async def run(self, fire: Fire) -> None:
         """Hand due timers to `fire` and make its changes durable, until the node stops."""
         clock = self._clock
@@ -134,7 +149,7 @@ class Timers:
             self._wake.clear()
             now_ms = clock.now_ms()
             changes: list[StateChange] = []
-            while due := self._due(now_ms):  # (firing may set timers due already)
+            while due := self.due(now_ms):  # (firing may set timers due already)
                 changes += fire(due, now_ms)
             if changes:
                 self._journal.append(changes, now_ms)

@@ -1,4 +1,4 @@
-"""broker.disk.timers: every place set fires once, at its own due time and
+"""broker.disk.timers' TimerQueue: every place set fires once, at its own due time and
 with its own kind, whether it joined the timer set before it or not; a
 compaction keeps exactly the places its trim keeps; the count of queued
 places is what the queue holds."""
@@ -10,7 +10,7 @@ from collections import Counter
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.disk.timers import Timer, TimerKind, Timers
+from broker.disk.timers import Timer, TimerKind, TimerQueue
 from storage.entry import Location
 
 # set(kind, due, n places) / fire everything due at `now` / compact dropping odd global indexes
@@ -21,7 +21,7 @@ _OPS = st.lists(st.one_of(
 ), min_size=1, max_size=60)
 
 
-def _queued(timers: Timers) -> Counter[tuple[TimerKind, int, Location]]:
+def _queued(timers: TimerQueue) -> Counter[tuple[TimerKind, int, Location]]:
     queued: list[Timer] = []
     timers._queue.retain(lambda timer, _due: queued.append(timer) is None)  # (keeps every one)
     return Counter((t.kind, t.due_ms, loc) for t in queued for loc in t.locations)
@@ -30,7 +30,7 @@ def _queued(timers: Timers) -> Counter[tuple[TimerKind, int, Location]]:
 @settings(max_examples=300, deadline=None)
 @given(ops=_OPS)
 def test_each_place_fires_once_at_its_time_joined_or_not(ops):
-    timers = Timers(None, None, None, None)  # (set, compact and what is due use none of them)
+    timers = TimerQueue()
     model: Counter[tuple[TimerKind, int, Location]] = Counter()  # (kind, due, place) still queued
     fired: list[tuple[TimerKind, int, Location]] = []
     next_index = 0
@@ -45,7 +45,7 @@ def test_each_place_fires_once_at_its_time_joined_or_not(ops):
             model.update((kind, due, p) for p in places)
         elif op[0] == "fire":
             now = max(now, op[1])
-            due: list[Timer] = timers._due(now)
+            due: list[Timer] = timers.due(now)
             assert all(t.due_ms <= now for t in due)
             got = [(t.kind, t.due_ms, loc) for t in due for loc in t.locations]
             fired += got
@@ -67,11 +67,11 @@ def test_each_place_fires_once_at_its_time_joined_or_not(ops):
 def test_places_set_one_after_another_for_one_due_time_are_one_queued_timer():
     """A batch filed together expires together: one entry of the queue,
     not one a message; another due time or kind starts another."""
-    timers = Timers(None, None, None, None)
+    timers = TimerQueue()
     for i in range(100):
         timers.set(TimerKind.EXPIRY, 5_000, [Location(0, i)])
     timers.set(TimerKind.ACK, 5_000, [Location(0, 100)])
     timers.set(TimerKind.ACK, 6_000, [Location(0, 101)])
     assert len(timers) == 3 and timers.locations == 102
-    due = timers._due(5_000)
+    due = timers.due(5_000)
     assert [(t.kind, len(t.locations)) for t in due] == [(TimerKind.EXPIRY, 100), (TimerKind.ACK, 1)]
