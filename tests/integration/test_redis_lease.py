@@ -19,14 +19,18 @@ LEASE_MS = 300
 
 
 class SteppedBack:
-    """The system's clock, its wall time an hour behind (a compiled
-    SystemClock takes no interpreted subclass)."""
+    """The system's clock, its wall time set back an hour by `step_back`
+    (a compiled SystemClock takes no interpreted subclass)."""
 
     def __init__(self) -> None:
         self._clock = SystemClock()
+        self.offset_ms = 0
+
+    def step_back(self) -> None:
+        self.offset_ms = -3_600_000
 
     def now_ms(self) -> int:
-        return self._clock.now_ms() - 3_600_000
+        return self._clock.now_ms() + self.offset_ms
 
     def monotonic_s(self) -> float:
         return self._clock.monotonic_s()
@@ -67,7 +71,8 @@ def test_a_holder_keeps_its_lease_through_a_wall_clock_set_back_and_hands_it_ove
     async def run(client) -> None:
         key = "leasetest:lease"
         await client.delete(key)
-        first = Work(client, key, SteppedBack(), "node-a")
+        clock = SteppedBack()
+        first = Work(client, key, clock, "node-a")
         second = Work(client, key, SystemClock(), "node-b")
         first.start()
         for _ in range(100):
@@ -75,6 +80,7 @@ def test_a_holder_keeps_its_lease_through_a_wall_clock_set_back_and_hands_it_ove
                 break
             await asyncio.sleep(0.01)
         assert first.holding
+        clock.step_back()  # while it holds the lease
         second.start()
         await asyncio.sleep(4 * LEASE_MS / 1000)  # four lease times: renewed throughout, by the monotonic clock
         assert first.holding and first.let_go == 0 and not second.holding
