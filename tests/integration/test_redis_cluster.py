@@ -435,7 +435,8 @@ def test_schedules_across_masters_touch_only_declared_keys(cluster_url, cluster_
                 await lease.stop()
             for broker in brokers:
                 await broker.stop()
-    asyncio.run(main())
+    # a bound of its own (it takes some 5 s): a hang is cancelled where it waits, and its traceback names the await
+    asyncio.run(asyncio.wait_for(main(), 120))
 
 
 def test_redrive_jobs_across_masters_touch_only_declared_keys(cluster_url, cluster_ports, monkeypatch):
