@@ -114,12 +114,13 @@ class Applier:
         (the event loop applies them a slice at a time); else applied now."""
         n = len(self._pending) if count is None else count
         new_entries: list[IndexEntry] = []
-        for kind, now_ms, items in self._pending.take(n):
+        taken = self._pending.take(n)
+        for kind, now_ms, items in taken:
             self.apply(kind, now_ms, items, new_entries)
         if not defer:
             self.apply_deferred(None)
         self._hours.flush_staged(everything=False)
-        self._pending.applied(keep_states=bool(self.held or self.deferred))  # (parts_pending)
+        self._pending.applied(taken, keep_states=bool(self.held or self.deferred))  # (parts_pending)
         return new_entries
 
     def parts_pending(self) -> bool:

@@ -29,7 +29,9 @@ and `states` holds READY for m1, so status(m1) says READY. commit()
 applies both records, and with none left `applied()` empties every
 overlay.
 
-Invariant: the overlays describe exactly the records held, so they are
+Invariant: the overlays describe exactly the records held. `ids` loses
+each applied record's messages as it is applied (a node whose sends never
+pause holds a sent message's form for one commit round); the others are
 emptied only when no record is. One thread calls it; `CommitLog.sync` may
 run in a worker thread meanwhile (storage.applying).
 """
@@ -153,11 +155,13 @@ class Pending:
         batch, self.records = self.records[:count], self.records[count:]
         return batch
 
-    def applied(self, keep_states: bool = False) -> None:
-        """The records taken were applied: with none left, nothing pends.
-        `keep_states`: status changes of PART records are held, or applied
-        later, still (storage.applying): the states stay, as the files do
-        not hold them yet."""
+    def applied(self, taken: Sequence[Record] = (), keep_states: bool = False) -> None:
+        """The records `taken` were applied: with none left, nothing pends;
+        else their messages leave `ids` (the id index finds them now), so a
+        node never idle between commits holds each sent message's form for
+        one round, not until the sends pause. `keep_states`: status changes
+        of PART records are held, or applied later, still (storage.applying):
+        the states stay, as the files do not hold them yet."""
         if not self.records:
             self.far_bytes = 0
             self._slots.clear()
@@ -165,6 +169,14 @@ class Pending:
             if not keep_states:
                 self._states.packed.clear()
                 self._state_hours.clear()
+            return
+        for kind, _, items in taken:
+            if kind is records.Kind.SEND:
+                for item in cast(Sequence[records.SendItem], items):
+                    self._forget_message(item.key, item.hour, item.global_index)
+            elif kind is records.Kind.MOVE:
+                for move in cast(Sequence[records.MoveItem], items):
+                    self._forget_message(move.to.key, move.to.hour, move.to.global_index)
 
     def item_at(self, where: Location) -> tuple[records.SendItem, int] | None:
         """The entry a pending record places at `where` -- a send's, or a
@@ -202,6 +214,18 @@ class Pending:
             self._ids[key] = [message]
         else:
             same_key.append(message)
+
+    def _forget_message(self, key: int, hour: int, global_index: int) -> None:
+        """The message placed at (hour, global_index) under id key `key` is applied."""
+        same_key = self._ids.get(key)
+        if same_key is None:
+            return
+        for i, message in enumerate(same_key):
+            if message.location[1] == global_index and message.location[0] == hour:
+                del same_key[i]
+                if not same_key:
+                    del self._ids[key]
+                return
 
     def drop_last_message(self, key: int) -> None:
         """Undo the last `add_message(key, ...)`."""

@@ -75,3 +75,16 @@ def test_the_states_are_nothing_the_garbage_collector_walks(pending):
     gc.collect()
     pending.set_states({Location(WHERE.hour, 1000): (7, 0, 0, 77)})
     assert not gc.is_tracked(pending.states.packed)
+
+
+def test_an_applied_records_messages_leave_the_ids_while_later_records_pend(pending):
+    later_where = Location(WHERE.hour, 1)
+    later = SEND._replace(global_index=1)
+    append_send(pending)
+    pending.append(records.encode(records.Kind.SEND, 0, [later]), records.Kind.SEND, 0, [later])
+    pending.add_message(later.key, MESSAGE._replace(location=later_where))
+    pending.applied(pending.take(1))
+    assert [m.location for m in pending.messages(SEND.key)] == [later_where]  # the first's form let go
+    assert pending.states and pending.slot((WHERE.hour, SEND.second)) == (0, 1)  # the rest wait for none
+    pending.applied(pending.take(1))
+    assert pending.messages(SEND.key) == () and not pending.states
