@@ -14,12 +14,13 @@ trigger time nominal + jitter (broker.core.recurrence); the state names it
     run as pending (synced), and only then sends that run's message.
 
 The worker takes the releases queued meanwhile in slices of at most
-ADVANCE_SLICE (sendMsgBatch's most): a slice's next runs are worked out,
+ADVANCE_SLICE (250): a slice's next runs are worked out,
 written as one record of their progress (one sync: the schedules file's
 "runs" record, or one Raft write), then sent as one batch (the send path
-sendMsgBatch takes), so 100,000 schedules firing at one instant cost 100
-writes and 100 sends, not 100,000 of each, and no slice holds the event
-loop long or RAM for more than itself. The lock is let go between slices.
+sendMsgBatch takes), so 100,000 schedules firing at one instant cost 400
+writes and 400 sends, not 100,000 of each, and no slice holds the event
+loop long (some 5 ms: a /health asked meanwhile waits behind a few
+slices, not a second's worth) or RAM for more than itself. The lock is let go between slices.
 
 So a crash anywhere leaves one of: the release not durable (the wheel
 releases the run again after the restart: at least once, as any
@@ -103,7 +104,6 @@ from storage.types import NewMessage
 from wheel.clock import Clock
 
 from ..backend import Backend
-from ..core.bodies import MAX_SEND_BATCH
 from ..core.params import DeleteRequest, NewSend
 from ..core.recurrence import Misfire, Recurrence, jitter_ms, parse_run_msg_id, released, run_msg_id
 from .file import LAST_RUNS, Key, OpenedRowsLike, Row, RowError, RunProgress
@@ -113,8 +113,10 @@ log = logging.getLogger("hourglass.schedules")
 T = TypeVar("T")
 
 # Released runs a schedule's answer lists (getSchedule's lastRuns): LAST_RUNS.
-# Releases the worker follows at a time: one write of their progress, one send.
-ADVANCE_SLICE = MAX_SEND_BATCH
+# Releases the worker follows at a time: one write of their progress, one send
+# (a quarter of sendMsgBatch's most: 10,000 every-second schedules keep the loop
+# answering within 50 ms, docs/benchmarks.md).
+ADVANCE_SLICE = 250
 # --max-schedules' default: schedules a node keeps (each in RAM with its
 # msg); a put of one more answers 429.
 DEFAULT_MAX_SCHEDULES = 10_000
