@@ -150,7 +150,7 @@ class Applier:
             else:
                 self.deferred[0] = (now_ms, items[take:])
         if not self.deferred and not self.held and not len(self._pending):
-            self._pending.applied()  # the states the parts kept can go
+            self._pending.applied(())  # the states the parts kept can go
         return bool(self.deferred)
 
     def commit(self) -> list[IndexEntry]:

@@ -26,7 +26,7 @@ Worked example: send(m1) appends a SEND record; `ids` now holds m1 and
 `slots` the tail of its second, so get(m1) finds it and the next send to
 that second chains onto it. update(m1 -> READY) appends a STATE record,
 and `states` holds READY for m1, so status(m1) says READY. commit()
-applies both records, and with none left `applied()` empties every
+applies both records, and with none left `applied(...)` empties every
 overlay.
 
 Invariant: the overlays describe exactly the records held. `ids` loses
@@ -151,11 +151,11 @@ class Pending:
 
     def take(self, count: int) -> list[Record]:
         """The first `count` records, no longer held: the caller applies them,
-        then calls `applied()`."""
+        then calls `applied(them)`."""
         batch, self.records = self.records[:count], self.records[count:]
         return batch
 
-    def applied(self, taken: Sequence[Record] = (), keep_states: bool = False) -> None:
+    def applied(self, taken: Sequence[Record], keep_states: bool = False) -> None:
         """The records `taken` were applied: with none left, nothing pends;
         else their messages leave `ids` (the id index finds them now), so a
         node never idle between commits holds each sent message's form for

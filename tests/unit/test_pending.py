@@ -34,11 +34,13 @@ def append_send(pending):
 def test_the_overlays_last_while_any_record_is_held(pending):
     append_send(pending)
     append_send(pending)
-    assert len(pending.take(1)) == 1
-    pending.applied()
-    assert pending.messages(SEND.key) and pending.states and pending.far_bytes == 200
-    assert [kind for kind, _, _ in pending.take(1)] == [records.Kind.SEND]
-    pending.applied()
+    taken = pending.take(1)
+    assert len(taken) == 1
+    pending.applied(taken)
+    assert pending.states and pending.far_bytes == 200 and pending.slot((WHERE.hour, SEND.second)) == (0, 1)
+    taken = pending.take(1)
+    assert [kind for kind, _, _ in taken] == [records.Kind.SEND]
+    pending.applied(taken)
     assert (pending.messages(SEND.key), len(pending.states), pending.far_bytes) == ((), 0, 0)
     assert pending.slot((WHERE.hour, SEND.second)) is None
 

@@ -151,7 +151,7 @@ def node() -> Any:
     n.close()
 
 
-@pytest.mark.parametrize("count", [600, 2 * ADVANCE_SLICE + 300])
+@pytest.mark.parametrize("count", [ADVANCE_SLICE - 50, 2 * ADVANCE_SLICE + 300])
 def test_the_runs_one_tick_releases_make_one_write_and_one_send_a_slice(node: Node, count: int) -> None:
     node.put(count)
     first = (START_MS // MINUTE_MS + 1) * MINUTE_MS
