@@ -221,7 +221,7 @@ class Pending:
         if same_key is None:
             return
         for i, message in enumerate(same_key):
-            if message.location[1] == global_index and message.location[0] == hour:
+            if message.location == (hour, global_index):
                 del same_key[i]
                 if not same_key:
                     del self._ids[key]

@@ -14,13 +14,14 @@ trigger time nominal + jitter (broker.core.recurrence); the state names it
     run as pending (synced), and only then sends that run's message.
 
 The worker takes the releases queued meanwhile in slices of at most
-ADVANCE_SLICE (250): a slice's next runs are worked out,
-written as one record of their progress (one sync: the schedules file's
-"runs" record, or one Raft write), then sent as one batch (the send path
-sendMsgBatch takes), so 100,000 schedules firing at one instant cost 400
-writes and 400 sends, not 100,000 of each, and no slice holds the event
-loop long (some 5 ms: a /health asked meanwhile waits behind a few
-slices, not a second's worth) or RAM for more than itself. The lock is let go between slices.
+ADVANCE_SLICE (250): a slice's next runs are worked out, written as one
+record of their progress (one sync: the schedules file's "runs" record,
+or one Raft write), then sent as one batch (the send path sendMsgBatch
+takes), so 100,000 schedules firing at one instant cost 400 writes and
+400 sends, not 100,000 of each, and no slice holds the event loop long
+(some 5 ms: a /health asked meanwhile waits behind a few slices, not a
+second's worth) or RAM for more than itself. The lock is let go between
+slices.
 
 So a crash anywhere leaves one of: the release not durable (the wheel
 releases the run again after the restart: at least once, as any
