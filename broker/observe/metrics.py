@@ -356,6 +356,7 @@ class Metrics:
         self._counts_at_start: dict[str, tuple[int, ...]] = {}
         self._published: MonitorData = {"requestStatsList": [], "pullMsgTimeGapStatsList": [],
                                  "readyQueueTimeGapStatsList": []}
+        self._before: MonitorData | None = None  # the interval published before it
 
     def topic(self, name: str, exists: bool = True) -> TopicMetrics:
         """The counters of topic `name`. `exists=False` (a request naming a
@@ -463,6 +464,8 @@ class Metrics:
                 delta = [a - b for a, b in zip(now, before)]
                 if any(delta):
                     stats.append({"topic": t, **dict(zip(REQUEST_STATS, delta))})
+            if "intervalEndTime" in self._published:
+                self._before = self._published
             self._published = {
                 "requestStatsList": stats,
                 "pullMsgTimeGapStatsList": [m.pull_gap.as_json(t) for t, m in topics if m.pull_gap.count],
@@ -479,4 +482,10 @@ class Metrics:
         """getMonitorData's `data`, in camellia's shape: the last interval
         `roll` published."""
         return self._published
+
+    def recent_monitor_data(self) -> list[MonitorData]:
+        """The last two intervals `roll` published, oldest first: a node of
+        shards answers the newest one every shard has closed (shards roll
+        at the same wall-clock boundaries, not at the same instant)."""
+        return [self._published] if self._before is None else [self._before, self._published]
 

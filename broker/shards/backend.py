@@ -461,8 +461,8 @@ class ShardedBackend:
         parts = await self._router.everywhere("monitor_data", [], self._local_monitor_data)
         return merge_monitor_data(parts)
 
-    async def _local_monitor_data(self) -> dict[str, Any]:
-        return self._local.metrics.monitor_data()
+    async def _local_monitor_data(self) -> list[dict[str, Any]]:
+        return self._local.metrics.recent_monitor_data()
 
     def wake_all(self) -> None:
         self._local.wake_all()

@@ -548,7 +548,7 @@ async def _topic_backlogs(b: Broker, a: Sequence[Any]) -> Any:
 
 
 async def _monitor_data(b: Broker, a: Sequence[Any]) -> Any:
-    return b.metrics.monitor_data()
+    return b.metrics.recent_monitor_data()
 
 
 ENGINE_OPS: dict[str, Callable[[Broker, Sequence[Any]], Awaitable[Any]]] = {

@@ -91,25 +91,33 @@ def merge_gaps(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     return [by_topic[t] for t in sorted(by_topic)]
 
 
-def merge_monitor_data(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """getMonitorData over shards: each topic's counts summed, its gap stats merged."""
+def merge_monitor_data(recent: Sequence[Sequence[dict[str, Any]]]) -> dict[str, Any]:
+    """getMonitorData over shards, from each shard's recent intervals
+    (oldest first): the newest interval every shard has closed (none
+    until each has closed one), each topic's counts summed, its gap stats
+    merged. Shards close an interval at the same wall-clock boundary but
+    not at the same instant: merging one shard's newest with another's
+    previous would count the one twice and lose the other."""
+    closed = [[p for p in parts if "intervalEndTime" in p] for parts in recent]
+    if not all(closed):
+        return {"requestStatsList": [], "pullMsgTimeGapStatsList": [], "readyQueueTimeGapStatsList": []}
+    ends = [{p["intervalEndTime"] for p in parts} for parts in closed]
+    common = set.intersection(*ends)
+    end = max(common) if common else min(max(e) for e in ends)
+    parts = [p for shard in closed for p in shard if p["intervalEndTime"] == end]
     stats: dict[str, dict[str, Any]] = {}
     for part in parts:
-        for row in part.get("requestStatsList", ()):
+        for row in part["requestStatsList"]:
             have = stats.setdefault(row["topic"], {"topic": row["topic"]})
             for name, value in row.items():
                 if name != "topic":
                     have[name] = have.get(name, 0) + value
-    merged: dict[str, Any] = {
+    return {
         "requestStatsList": [stats[t] for t in sorted(stats)],
-        "pullMsgTimeGapStatsList": merge_gaps([r for p in parts for r in p.get("pullMsgTimeGapStatsList", ())]),
-        "readyQueueTimeGapStatsList": merge_gaps([r for p in parts for r in p.get("readyQueueTimeGapStatsList", ())]),
+        "pullMsgTimeGapStatsList": merge_gaps([r for p in parts for r in p["pullMsgTimeGapStatsList"]]),
+        "readyQueueTimeGapStatsList": merge_gaps([r for p in parts for r in p["readyQueueTimeGapStatsList"]]),
+        "intervalStartTime": min(p["intervalStartTime"] for p in parts), "intervalEndTime": end,
     }
-    starts = [p["intervalStartTime"] for p in parts if "intervalStartTime" in p]
-    if starts:
-        merged["intervalStartTime"] = min(starts)
-        merged["intervalEndTime"] = max(p["intervalEndTime"] for p in parts if "intervalEndTime" in p)
-    return merged
 
 
 def merge_ranks(parts: Iterable[Mapping[str, Sequence[Any]]]) -> dict[str, Rank]:

@@ -50,6 +50,7 @@ def test_each_interval_publishes_what_happened_in_it_and_no_more():
     m.roll(120_000)
     assert stats(m, "t")["sendMsg"] == 0 and stats(m, "t")["pullMsg"] == 1
     assert m.monitor_data()["pullMsgTimeGapStatsList"] == []  # gaps reset with the interval
+    assert [d["intervalEndTime"] for d in m.recent_monitor_data()] == [60_000, 120_000]
     m.roll(180_000)
     assert stats(m, "t") is None  # a topic with nothing in the interval is not listed
     assert m.topic("t").sends == 2  # the hourglass_* counters never reset

@@ -7,6 +7,7 @@ import asyncio
 import os
 import re
 import zlib
+from typing import Any
 
 import msgpack
 import pytest
@@ -238,11 +239,36 @@ def test_monitor_data_sums_counts_and_weighs_gaps():
     b = {"requestStatsList": [{"topic": "t", "sendMsg": 3, "pullMsg": 0}, {"topic": "u", "sendMsg": 1, "pullMsg": 0}],
          "pullMsgTimeGapStatsList": [{"topic": "t", "count": 3, "avg": 2.0, "max": 4}],
          "readyQueueTimeGapStatsList": [], "intervalStartTime": 1000, "intervalEndTime": 2000}
-    merged = merge_monitor_data([a, b])
+    merged = merge_monitor_data([[a], [b]])
     assert merged["requestStatsList"] == [{"topic": "t", "sendMsg": 5, "pullMsg": 1},
                                           {"topic": "u", "sendMsg": 1, "pullMsg": 0}]
     assert merged["pullMsgTimeGapStatsList"] == [{"topic": "t", "count": 4, "avg": 4.0, "max": 10}]
     assert (merged["intervalStartTime"], merged["intervalEndTime"]) == (1000, 2000)
+
+
+def interval(start_ms: int, sends: int) -> dict[str, Any]:
+    return {"requestStatsList": [{"topic": "t", "sendMsg": sends}] if sends else [],
+            "pullMsgTimeGapStatsList": [], "readyQueueTimeGapStatsList": [],
+            "intervalStartTime": start_ms, "intervalEndTime": start_ms + 1000}
+
+
+def test_monitor_data_of_shards_is_the_newest_interval_every_shard_closed():
+    """One shard has closed the interval ending at 3000, the other not yet:
+    the node answers the one ending at 2000, each shard's own count of it,
+    and the one ending at 3000 once both have closed it."""
+    leading = [interval(1000, 1), interval(2000, 4)]
+    lagging = [interval(0, 7), interval(1000, 2)]
+    merged = merge_monitor_data([leading, lagging])
+    assert merged["requestStatsList"] == [{"topic": "t", "sendMsg": 3}]
+    assert (merged["intervalStartTime"], merged["intervalEndTime"]) == (1000, 2000)
+    merged = merge_monitor_data([leading, [interval(1000, 2), interval(2000, 5)]])
+    assert merged["requestStatsList"] == [{"topic": "t", "sendMsg": 9}]
+    assert merged["intervalEndTime"] == 3000
+
+
+def test_monitor_data_of_shards_waits_for_every_shard_to_close_one():
+    unclosed = {"requestStatsList": [], "pullMsgTimeGapStatsList": [], "readyQueueTimeGapStatsList": []}
+    assert "intervalEndTime" not in merge_monitor_data([[interval(1000, 1)], [unclosed]])
 
 
 # -- /metrics of a node: families merged by their labels ----------------------------------
