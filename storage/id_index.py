@@ -107,12 +107,14 @@ MAX_LOAD = 0.7
 MAX_PROBE_SLOTS = 64
 MIN_LOAD_TO_GROW = 0.25  # below it, a run too long is of equal keys: probing on beats doubling
 # Resident pages between sheds: an index whose shards are larger than
-# SHED_ABOVE_BYTES sheds its mapped pages (`shed`) once SHED_EVERY_CALLS
-# lookups and inserts touched them since the last shed -- each touches a
-# page or two, so at most some 4 to 8 MB stay resident however fast ids
-# come (a checkpoint's shed, every second, lets a busy index hold a
-# second's pages: 100s of MB at 10,000 ids a second). A smaller index
-# stays resident: its pages cost at most SHED_ABOVE_BYTES.
+# SHED_ABOVE_BYTES (--index-resident-mb) sheds its mapped pages (`shed`)
+# once it made as many lookups and inserts since the last shed as half
+# that size has pages, and at most SHED_EVERY_CALLS -- each touches a page
+# or two, so at most that size (and at most 4 to 8 MB) stays resident
+# however fast ids come, a large batch's shed between its ids (a
+# checkpoint's shed, every second, would let a busy index hold a second's
+# pages: 100s of MB at 10,000 ids a second). A smaller index stays
+# resident: its pages cost at most SHED_ABOVE_BYTES.
 SHED_EVERY_CALLS = 1024
 SHED_ABOVE_BYTES = 16 << 20
 # A read of a page not mapped yet maps its neighbours too (the kernel's
@@ -304,8 +306,8 @@ class IdIndex:
     Cost: O(1) expected per call, at most MAX_PROBE_SLOTS slots read per
     insert before the shard grows; `probes` counts every slot read. Memory
     is the mapped pages touched, which `shed()` returns to the page cache
-    after each checkpoint, and every SHED_EVERY_CALLS calls once the index
-    is larger than SHED_ABOVE_BYTES (`_touched`).
+    after each checkpoint, and every `shed_every_calls` calls once the
+    index is larger than `shed_above_bytes` (`_touched`).
     """
 
     def __init__(self, directory: str, initial_slots: int, is_live: Callable[[int], bool], secret: bytes,
@@ -321,7 +323,8 @@ class IdIndex:
         self.probes = 0  # slots read by put and candidates, for tests and metrics
         self.sheds = 0  # sheds of its pages, for tests
         # (--index-resident-mb: the size above which the index keeps its pages out of RSS)
-        self.shed_every_calls, self.shed_above_bytes = SHED_EVERY_CALLS, resident_bytes
+        self.shed_above_bytes = resident_bytes
+        self.shed_every_calls = max(1, min(SHED_EVERY_CALLS, resident_bytes // PAGE_BYTES // 2))
         self._calls = 0  # lookups and inserts since the last shed
         self._paged = False  # each probe maps its page alone first (large: MADV_POPULATE_WRITE)
         self._can_page = sys.platform.startswith("linux")  # (False once the kernel refused it)
@@ -469,7 +472,12 @@ class IdIndex:
         found: set[int] = set()
         unpack, shards, paged = GROUP.unpack_from, self.shards, self._paged
         probes = 0
+        calls, shed_at = 0, self.shed_every_calls - self._calls
         for key in keys:
+            calls += 1
+            if calls >= shed_at:  # a large batch sheds between its ids
+                self._touched(calls)
+                calls, shed_at, paged = 0, self.shed_every_calls - self._calls, self._paged
             shard = shards[key >> SHARD_SHIFT]
             mm, mask = shard.mm, shard.group_mask
             group, stride = probe_start(key, mask)
@@ -491,7 +499,7 @@ class IdIndex:
                         break
                 group = (group + stride) & mask
         self.probes += probes
-        self._touched(len(keys))
+        self._touched(calls)
         return keys, found
 
     # -- counters (the key index's buckets: storage.key_index) --------------------------
@@ -579,9 +587,12 @@ class IdIndex:
         """`put` each (key, hour, global_index), in order (a commit's sends:
         a Python call each, the probe's)."""
         shards, crc, check, free_slot = self.shards, zlib.crc32, _CHECK.pack, self._free_slot
-        n = 0
+        n, shed_at = 0, self.shed_every_calls - self._calls
         for key, hour, global_index in entries:
             n += 1
+            if n >= shed_at:  # a large batch sheds between its ids
+                self._touched(n)
+                n, shed_at = 0, self.shed_every_calls - self._calls
             loc = hour << 40 | global_index << 8 | crc(check(key, hour, global_index)) & 0xFF  # pack_loc
             bounded = True
             while True:
@@ -663,45 +674,49 @@ class IdIndex:
         # a shard's doubling is one short pause, not a probe of the map a slot.
         group_mask, is_live = new.group_mask, self.is_live
         live: dict[int, bool] = {}  # file -> is_live, asked once a file
-        words = array("Q", bytes(new.slot_count * SLOT_BYTES))
+        words = array("Q", [0]) * (new.slot_count * 2)  # (no bytes of that size made first)
         # The old slots' words read from the file (the page cache the mapping
-        # writes to), not through the mapping, and the new ones written so:
-        # a doubling maps no page of either shard into the node's RSS.
-        pairs = array("Q")
+        # writes to), a MB at a time, not through the mapping, and the new
+        # ones written so: a doubling maps no page of either shard into the
+        # node's RSS, and holds the new shard's words and one MB of the old.
+        used = 0
         with open(old.path, "rb") as f:
             f.seek(HEADER_BYTES)
-            pairs.fromfile(f, old.slot_count * 2)
-        used = 0
-        for i in range(0, len(pairs), 2):
-            key = pairs[i]
-            if key == 0:
-                continue
-            loc = pairs[i + 1]
-            hour = loc >> 40
-            alive = live.get(hour)
-            if alive is None:
-                alive = live[hour] = is_live(hour)
-            if not alive:
-                continue
-            group, stride = key & group_mask, ((key >> 32) & group_mask) | 1
-            while True:
-                at = group << 3  # 4 slots of 2 words a group
-                if words[at] == 0:
-                    break
-                if words[at + 2] == 0:
-                    at += 2
-                    break
-                if words[at + 4] == 0:
-                    at += 4
-                    break
-                if words[at + 6] == 0:
-                    at += 6
-                    break
-                group = (group + stride) & group_mask
-            words[at] = key
-            words[at + 1] = loc
-            used += 1
-        del pairs
+            left = old.slot_count * 2
+            while left:
+                pairs = array("Q")
+                pairs.fromfile(f, min(left, OPEN_READ_BYTES // 8))
+                left -= len(pairs)
+                for i in range(0, len(pairs), 2):
+                    key = pairs[i]
+                    if key == 0:
+                        continue
+                    loc = pairs[i + 1]
+                    hour = loc >> 40
+                    alive = live.get(hour)
+                    if alive is None:
+                        alive = live[hour] = is_live(hour)
+                    if not alive:
+                        continue
+                    group, stride = key & group_mask, ((key >> 32) & group_mask) | 1
+                    while True:
+                        at = group << 3  # 4 slots of 2 words a group
+                        if words[at] == 0:
+                            break
+                        if words[at + 2] == 0:
+                            at += 2
+                            break
+                        if words[at + 4] == 0:
+                            at += 4
+                            break
+                        if words[at + 6] == 0:
+                            at += 6
+                            break
+                        group = (group + stride) & group_mask
+                    words[at] = key
+                    words[at + 1] = loc
+                    used += 1
+            del pairs
         new.write_slots(words)
         del words
         new.used = used

@@ -11,6 +11,7 @@ import os
 from broker.server import checkpoint_every
 from storage.config import StoreConfig
 from storage.entry import MS_PER_HOUR, Status
+from storage.id_index import PAGE_BYTES, SHED_EVERY_CALLS, IdIndex
 from storage.store import NewMessage, StateChange, Store
 
 CONFIG = StoreConfig(segment_bytes=1 << 20, id_shard_initial_slots=4096, retention_ms=MS_PER_HOUR)
@@ -93,6 +94,29 @@ def test_a_large_index_sheds_its_pages_every_so_many_calls_between_checkpoints(t
             store.send([NewMessage("t", f"k{n}-{i}", "x", NOW, NOW, MS_PER_HOUR, 3) for i in range(50)], NOW)
             store.commit()
         assert ids.sheds == before
+
+
+def test_one_large_batch_sheds_between_its_ids(tmp_path):
+    """A batch of more ids than the calls between sheds (a sendMsgBatch of
+    1,000) sheds as it goes, not once at its end: its pages never add up
+    to more than those of `shed_every_calls` calls."""
+    directory = os.path.realpath(str(tmp_path))
+    with Store.open(directory, CONFIG, now_ms=NOW) as store:
+        ids = store.ids
+        ids.shed_every_calls, ids.shed_above_bytes = 64, 0
+        store.send([NewMessage("t", f"m{i}", "x", NOW, NOW, MS_PER_HOUR, 3) for i in range(1000)], NOW)
+        store.commit()
+        assert ids.sheds >= 2 * 1000 // 64  # a look-up and a put an id
+        assert all(store.get("t", f"m{i}") is not None for i in range(0, 1000, 37))
+
+
+def test_the_calls_between_sheds_keep_the_resident_size():
+    """Half the resident size's pages (a call touches one or two), and
+    never more than SHED_EVERY_CALLS."""
+    small = IdIndex("unused", 4096, lambda hour: True, b"k" * 32, resident_bytes=4 << 20)
+    assert small.shed_every_calls == min(SHED_EVERY_CALLS, (4 << 20) // PAGE_BYTES // 2)
+    assert IdIndex("unused", 4096, lambda hour: True, b"k" * 32, resident_bytes=1 << 30).shed_every_calls == SHED_EVERY_CALLS
+    assert IdIndex("unused", 4096, lambda hour: True, b"k" * 32, resident_bytes=0).shed_every_calls == 1
 
 
 def test_a_large_index_maps_one_page_a_probe_not_its_neighbours(tmp_path):
