@@ -2,7 +2,7 @@
 `--index-resident-mb`): N ids looked up and inserted (keys_present and
 put_many of 1,000, as a batch of sends does) into an index of 8 MB, with
 its pages resident and with them paged (each probe's page mapped alone,
-the pages shed every 1,024 calls). Prints ONE JSON object.
+the pages shed every 256 calls: --index-resident-mb 0). Prints ONE JSON object.
 
     .venv/bin/python bench/index_pages.py
     .venv/bin/python -P bench/index_pages.py     # the installed (compiled) build, from another directory

@@ -114,8 +114,11 @@ MIN_LOAD_TO_GROW = 0.25  # below it, a run too long is of equal keys: probing on
 # however fast ids come, a large batch's shed between its ids (a
 # checkpoint's shed, every second, would let a busy index hold a second's
 # pages: 100s of MB at 10,000 ids a second). A smaller index stays
-# resident: its pages cost at most SHED_ABOVE_BYTES.
+# resident: its pages cost at most SHED_ABOVE_BYTES. However small that
+# size (0: every index paged), a shed comes after SHED_MIN_CALLS calls at
+# the soonest: a shed is a madvise a shard, 64 system calls.
 SHED_EVERY_CALLS = 1024
+SHED_MIN_CALLS = 256
 SHED_ABOVE_BYTES = 16 << 20
 # A read of a page not mapped yet maps its neighbours too (the kernel's
 # fault-around: 64 kB a read on Linux), so a large index's random probes
@@ -324,7 +327,7 @@ class IdIndex:
         self.sheds = 0  # sheds of its pages, for tests
         # (--index-resident-mb: the size above which the index keeps its pages out of RSS)
         self.shed_above_bytes = resident_bytes
-        self.shed_every_calls = max(1, min(SHED_EVERY_CALLS, resident_bytes // PAGE_BYTES // 2))
+        self.shed_every_calls = min(SHED_EVERY_CALLS, max(SHED_MIN_CALLS, resident_bytes // PAGE_BYTES // 2))
         self._calls = 0  # lookups and inserts since the last shed
         self._paged = False  # each probe maps its page alone first (large: MADV_POPULATE_WRITE)
         self._can_page = sys.platform.startswith("linux")  # (False once the kernel refused it)

@@ -11,7 +11,7 @@ import os
 from broker.server import checkpoint_every
 from storage.config import StoreConfig
 from storage.entry import MS_PER_HOUR, Status
-from storage.id_index import PAGE_BYTES, SHED_EVERY_CALLS, IdIndex
+from storage.id_index import PAGE_BYTES, SHED_EVERY_CALLS, SHED_MIN_CALLS, IdIndex
 from storage.store import NewMessage, StateChange, Store
 
 CONFIG = StoreConfig(segment_bytes=1 << 20, id_shard_initial_slots=4096, retention_ms=MS_PER_HOUR)
@@ -111,12 +111,12 @@ def test_one_large_batch_sheds_between_its_ids(tmp_path):
 
 
 def test_the_calls_between_sheds_keep_the_resident_size():
-    """Half the resident size's pages (a call touches one or two), and
-    never more than SHED_EVERY_CALLS."""
+    """Half the resident size's pages (a call touches one or two), never
+    more than SHED_EVERY_CALLS nor fewer than SHED_MIN_CALLS."""
     small = IdIndex("unused", 4096, lambda hour: True, b"k" * 32, resident_bytes=4 << 20)
-    assert small.shed_every_calls == min(SHED_EVERY_CALLS, (4 << 20) // PAGE_BYTES // 2)
+    assert small.shed_every_calls == (4 << 20) // PAGE_BYTES // 2 == 512
     assert IdIndex("unused", 4096, lambda hour: True, b"k" * 32, resident_bytes=1 << 30).shed_every_calls == SHED_EVERY_CALLS
-    assert IdIndex("unused", 4096, lambda hour: True, b"k" * 32, resident_bytes=0).shed_every_calls == 1
+    assert IdIndex("unused", 4096, lambda hour: True, b"k" * 32, resident_bytes=0).shed_every_calls == SHED_MIN_CALLS
 
 
 def test_a_large_index_maps_one_page_a_probe_not_its_neighbours(tmp_path):
