@@ -109,14 +109,15 @@ MIN_LOAD_TO_GROW = 0.25  # below it, a run too long is of equal keys: probing on
 # Resident pages between sheds: an index whose shards are larger than
 # SHED_ABOVE_BYTES (--index-resident-mb) sheds its mapped pages (`shed`)
 # once it made as many lookups and inserts since the last shed as half
-# that size has pages, and at most SHED_EVERY_CALLS -- each touches a page
-# or two, so at most that size (and at most 4 to 8 MB) stays resident
-# however fast ids come, a large batch's shed between its ids (a
-# checkpoint's shed, every second, would let a busy index hold a second's
-# pages: 100s of MB at 10,000 ids a second). A smaller index stays
-# resident: its pages cost at most SHED_ABOVE_BYTES. However small that
-# size (0: every index paged), a shed comes after SHED_MIN_CALLS calls at
-# the soonest: a shed is a madvise a shard, 64 system calls.
+# that size has pages, at most SHED_EVERY_CALLS and at least SHED_MIN_CALLS
+# (a shed is a madvise a shard, 64 system calls) -- each touches a page or
+# two. A batch's look-ups (`keys_present`) shed first when they would pass
+# that count, and its inserts (`put_many`, of the same keys: their pages
+# still resident) after: so about one batch's pages, or that count's, stay
+# resident however fast ids come (a checkpoint's shed, every second, would
+# let a busy index hold a second's pages: 100s of MB at 10,000 ids a
+# second). A smaller index stays resident: its pages cost at most
+# SHED_ABOVE_BYTES.
 SHED_EVERY_CALLS = 1024
 SHED_MIN_CALLS = 256
 SHED_ABOVE_BYTES = 16 << 20
@@ -475,12 +476,10 @@ class IdIndex:
         found: set[int] = set()
         unpack, shards, paged = GROUP.unpack_from, self.shards, self._paged
         probes = 0
-        calls, shed_at = 0, self.shed_every_calls - self._calls
+        if self._calls and self._calls + len(keys) > self.shed_every_calls:
+            self._shed_if_large()  # first: the batch's inserts then find its look-ups' pages resident
+            paged = self._paged
         for key in keys:
-            calls += 1
-            if calls >= shed_at:  # a large batch sheds between its ids
-                self._touched(calls)
-                calls, shed_at, paged = 0, self.shed_every_calls - self._calls, self._paged
             shard = shards[key >> SHARD_SHIFT]
             mm, mask = shard.mm, shard.group_mask
             group, stride = probe_start(key, mask)
@@ -502,7 +501,7 @@ class IdIndex:
                         break
                 group = (group + stride) & mask
         self.probes += probes
-        self._touched(calls)
+        self._calls += len(keys)
         return keys, found
 
     # -- counters (the key index's buckets: storage.key_index) --------------------------
@@ -590,12 +589,9 @@ class IdIndex:
         """`put` each (key, hour, global_index), in order (a commit's sends:
         a Python call each, the probe's)."""
         shards, crc, check, free_slot = self.shards, zlib.crc32, _CHECK.pack, self._free_slot
-        n, shed_at = 0, self.shed_every_calls - self._calls
+        n = 0
         for key, hour, global_index in entries:
             n += 1
-            if n >= shed_at:  # a large batch sheds between its ids
-                self._touched(n)
-                n, shed_at = 0, self.shed_every_calls - self._calls
             loc = hour << 40 | global_index << 8 | crc(check(key, hour, global_index)) & 0xFF  # pack_loc
             bounded = True
             while True:
@@ -747,10 +743,13 @@ class IdIndex:
         since the last shed and the index is large (SHED_EVERY_CALLS)."""
         self._calls += calls
         if self._calls >= self.shed_every_calls:
-            self._calls = 0
-            if self.disk_bytes() > self.shed_above_bytes:
-                self._page_probes()
-                self.shed()
+            self._shed_if_large()
+
+    def _shed_if_large(self) -> None:
+        self._calls = 0
+        if self.disk_bytes() > self.shed_above_bytes:
+            self._page_probes()
+            self.shed()
 
     def _page_probes(self) -> None:
         """From now on each probe maps its page alone first (the index is

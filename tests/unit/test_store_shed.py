@@ -96,18 +96,26 @@ def test_a_large_index_sheds_its_pages_every_so_many_calls_between_checkpoints(t
         assert ids.sheds == before
 
 
-def test_one_large_batch_sheds_between_its_ids(tmp_path):
-    """A batch of more ids than the calls between sheds (a sendMsgBatch of
-    1,000) sheds as it goes, not once at its end: its pages never add up
-    to more than those of `shed_every_calls` calls."""
-    directory = os.path.realpath(str(tmp_path))
-    with Store.open(directory, CONFIG, now_ms=NOW) as store:
-        ids = store.ids
-        ids.shed_every_calls, ids.shed_above_bytes = 64, 0
-        store.send([NewMessage("t", f"m{i}", "x", NOW, NOW, MS_PER_HOUR, 3) for i in range(1000)], NOW)
-        store.commit()
-        assert ids.sheds >= 2 * 1000 // 64  # a look-up and a put an id
-        assert all(store.get("t", f"m{i}") is not None for i in range(0, 1000, 37))
+def test_a_batch_sheds_before_its_look_ups_and_after_its_inserts(tmp_path):
+    """A batch's look-ups that would pass the calls between sheds shed
+    first what the calls before left resident; its inserts (the same keys)
+    find their pages resident and shed after: one batch's pages at most."""
+    directory = os.path.realpath(str(tmp_path)) + "/ids"
+    index = IdIndex.build(directory, 8192, lambda hour: True, resident_bytes=0)
+    index.publish()
+    try:
+        index.shed_every_calls = 64
+        keys, _ = index.keys_present([("t", f"a{i}") for i in range(20)])
+        index.put_many([(key, 490_000, i) for i, key in enumerate(keys)])
+        assert index.sheds == 0 and resident_kb(directory) > 0  # 40 calls: no shed yet
+        keys, _ = index.keys_present([("t", f"b{i}") for i in range(1000)])
+        assert index.sheds == 1 and resident_kb(directory) > 0  # before the look-ups: theirs stay for the inserts
+        index.put_many([(key, 490_000, 100 + i) for i, key in enumerate(keys)])
+        assert index.sheds == 2 and resident_kb(directory) == 0
+        keys, found = index.keys_present([("t", "a3"), ("t", "b999")])
+        assert found == set(keys)
+    finally:
+        index.close()
 
 
 def test_the_calls_between_sheds_keep_the_resident_size():
