@@ -283,8 +283,10 @@ def test_a_node_catching_up_on_a_thousand_claims_gets_frames_far_below_the_bound
             lagging = next(n for n in ids if n != leader)
             elections[lagging].close()
             term = elections[leader].term
-            committed = await asyncio.gather(*(elections[leader].claim(term + i) for i in range(1000)))
-            assert sum(committed) > 900  # (a claim not above the last one applied is refused)
+            # (each claim answers False if not committed within the write timeout, which a busy machine may
+            # pass: what counts is that the leader applies all 1,000, in order)
+            await asyncio.gather(*(elections[leader].claim(term + i) for i in range(1000)))
+            await wait(lambda: elections[leader].claimed[0] == term + 999)
             # (back with an empty Raft log: pysyncobj leaves a file open when it reopens its journal)
             elections[lagging] = elect(lagging, lagging + "-again")
             await wait(lambda: elections[lagging].claimed == elections[leader].claimed)
