@@ -83,7 +83,7 @@ import struct
 import sys
 import zlib
 from array import array
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from .disk import DISK, Disk
 from .entry import Location
@@ -679,43 +679,36 @@ class IdIndex:
         # ones written so: a doubling maps no page of either shard into the
         # node's RSS, and holds the new shard's words and one MB of the old.
         used = 0
-        with open(old.path, "rb") as f:
-            f.seek(HEADER_BYTES)
-            left = old.slot_count * 2
-            while left:
-                pairs = array("Q")
-                pairs.fromfile(f, min(left, OPEN_READ_BYTES // 8))
-                left -= len(pairs)
-                for i in range(0, len(pairs), 2):
-                    key = pairs[i]
-                    if key == 0:
-                        continue
-                    loc = pairs[i + 1]
-                    hour = loc >> 40
-                    alive = live.get(hour)
-                    if alive is None:
-                        alive = live[hour] = is_live(hour)
-                    if not alive:
-                        continue
-                    group, stride = key & group_mask, ((key >> 32) & group_mask) | 1
-                    while True:
-                        at = group << 3  # 4 slots of 2 words a group
-                        if words[at] == 0:
-                            break
-                        if words[at + 2] == 0:
-                            at += 2
-                            break
-                        if words[at + 4] == 0:
-                            at += 4
-                            break
-                        if words[at + 6] == 0:
-                            at += 6
-                            break
-                        group = (group + stride) & group_mask
-                    words[at] = key
-                    words[at + 1] = loc
-                    used += 1
-            del pairs
+        for pairs in _slot_words(old.path, old.slot_count):
+            for i in range(0, len(pairs), 2):
+                key = pairs[i]
+                if key == 0:
+                    continue
+                loc = pairs[i + 1]
+                hour = loc >> 40
+                alive = live.get(hour)
+                if alive is None:
+                    alive = live[hour] = is_live(hour)
+                if not alive:
+                    continue
+                group, stride = key & group_mask, ((key >> 32) & group_mask) | 1
+                while True:
+                    at = group << 3  # 4 slots of 2 words a group
+                    if words[at] == 0:
+                        break
+                    if words[at + 2] == 0:
+                        at += 2
+                        break
+                    if words[at + 4] == 0:
+                        at += 4
+                        break
+                    if words[at + 6] == 0:
+                        at += 6
+                        break
+                    group = (group + stride) & group_mask
+                words[at] = key
+                words[at + 1] = loc
+                used += 1
         new.write_slots(words)
         del words
         new.used = used
@@ -776,6 +769,19 @@ class IdIndex:
         used = sum(s.used for s in self.shards)
         slots = sum(s.slot_count for s in self.shards)
         return f"IdIndex({self.directory!r}, used={used}, slots={slots})"
+
+
+def _slot_words(path: str, slot_count: int) -> Iterator[array[int]]:
+    """A shard file's slots as words (key, location, ...), read from the
+    file, not through a mapping, a MB at a time."""
+    with open(path, "rb") as f:
+        f.seek(HEADER_BYTES)
+        left = slot_count * 2
+        while left:
+            words = array("Q")
+            words.fromfile(f, min(left, OPEN_READ_BYTES // 8))
+            left -= len(words)
+            yield words
 
 
 def _finish_publish(directory: str) -> None:
