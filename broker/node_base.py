@@ -63,7 +63,7 @@ from .http.descriptors import DescriptorBudget
 from .http.gate import Gate
 from .http.health import ServingStatus
 from .http.http_types import Request, Response
-from .http.httpd import HttpServer
+from .http.httpd import HttpServer, NodeConnections
 from .http.paths import PREFIX
 from .http.scrape import Choice, metrics_answer, metrics_families
 from .http.sessions import CONSOLE, ConsoleSessions
@@ -347,12 +347,18 @@ class NodeBase(ABC):
             await asyncio.gather(*samplers)
         return asyncio.create_task(monitors(), name="monitor")
 
+    def node_connections(self) -> NodeConnections | None:
+        """The connections of the other processes on this node's port, which
+        --max-connections bounds with this one's (a node of shards'); None:
+        this process is the node."""
+        return None
+
     async def serve(self, describe: str, app: Gate | None = None) -> HttpServer:
         """Listen on --host:--port; from now on SIGTERM and SIGINT set
         `stop_asked`. `describe` names the node in the log line; `app`, its
         app if built already (a shard builds it before other shards call it)."""
         config = self.config
-        server = HttpServer((app or self.app()).admit, config.http, self.descriptors)
+        server = HttpServer((app or self.app()).admit, config.http, self.descriptors, self.node_connections())
         await server.start(config.host, config.port, reuse_port=config.shard is not None)
         self.own_port = server.own_port
         log.info("serving on http://%s:%d (%s; %s)", config.host, config.port, describe, build_info.describe())

@@ -39,6 +39,7 @@ from .schedules.keeper import Schedules
 if TYPE_CHECKING:
     from .http.commands import Command
     from .http.http_types import Request, Response
+    from .http.httpd import NodeConnections
     from .redis.backend import RedisBroker
     from .shards.backend import ShardedBackend
     from .shards.router import ShardRouter
@@ -151,6 +152,13 @@ class DiskNode(NodeBase):
         """What the pushers pull from and ack through: the node's messages
         (a node of shards: every shard's, by the router), as the API's are."""
         return self.broker if self.served is None else self.served
+
+    def node_connections(self) -> NodeConnections | None:
+        if self.config.shard is None:
+            return None
+        from .shards.connections import ConnectionBoard
+        from .shards.layout import links_path
+        return ConnectionBoard(links_path(self.config.node_path), *self.config.shard)
 
     def _serve_shards(self, router: ShardRouter, served: object) -> None:
         """The API's hooks of a shard: new msgIds it owns, the node's views,

@@ -48,7 +48,9 @@ What a stranger can make it spend, each bounded by `Limits`:
 | connections                | `max_connections`, and the descriptors | the stalled connection    |
 |                            | left after `reserved_fds` for storage  | nearest its deadline is   |
 |                            | and the push connections' pool         | closed for it; none: 503  |
-|                            | (`broker.http.descriptors`)                 |                           |
+|                            | (`broker.http.descriptors`); on a node |                           |
+|                            | of shards, all its shards' together    |                           |
+|                            | (`NodeConnections`)                    |                           |
 | descriptors at accept      | EMFILE                                 | 503 through a spare one   |
 | head size                  | `max_head_bytes`                       | 431, closed               |
 | time to send a head        | `head_timeout_s` (from its first byte) | closed                    |
@@ -97,7 +99,7 @@ from collections import deque
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from http import HTTPStatus
-from typing import Any
+from typing import Any, Protocol
 
 import httptools
 
@@ -173,6 +175,21 @@ PIPELINE_DEPTH = 128
 Admit = Callable[[Request], "Response | Command"]
 
 
+class NodeConnections(Protocol):
+    """The node's connections when other processes accept on its port too
+    (a node of shards: broker.shards.connections): `max_connections` holds
+    for all of them together."""
+
+    def take(self, here: int, cap: int) -> bool:
+        """True, and this process counted at `here` + 1, if the node holds
+        fewer than `cap` with this process's `here`."""
+
+    def publish(self, here: int) -> None:
+        """This process holds `here` connections now."""
+
+    def close(self) -> None: ...
+
+
 def _head(status: int, content_type: str, length: int | None, headers: dict[str, str] | None,
           close: bool) -> bytes:
     start = _STARTS.get((status, content_type))
@@ -200,9 +217,12 @@ _STARTS: dict[tuple[int, str], bytes] = {}
 class _Shared:
     """State every connection of one server shares."""
 
-    def __init__(self, admit: Admit, limits: Limits, descriptors: DescriptorBudget | None = None) -> None:
+    def __init__(self, admit: Admit, limits: Limits, descriptors: DescriptorBudget | None = None,
+                 node: NodeConnections | None = None) -> None:
         self.admit = admit
         self.limits = limits
+        self.node = node  # the other processes' connections on the same port, if any
+        self.published = 0  # this process's connections as `node` last heard
         self.connections: set[Connection] = set()
         self.adopting = 0  # accepted, not yet made a Connection
         # The node's (its push connections are in it too: broker.http.descriptors)
@@ -224,9 +244,29 @@ class _Shared:
     def make_room(self, now: float) -> bool:
         """True if one more connection may be taken: under the cap, or a
         stalled connection (the one nearest its deadline) was closed for it."""
-        if len(self.connections) + self.adopting < self.cap():
+        return self._take() or (self.shed(1, now) == 1 and self._take())
+
+    def _take(self) -> bool:
+        """Under this process's cap and, with other processes on the port,
+        the node's: then counted."""
+        here = len(self.connections) + self.adopting
+        if here >= self.cap():
+            return False
+        if self.node is None:
             return True
-        return self.shed(1, now) == 1
+        if not self.node.take(here, self.limits.max_connections):
+            return False
+        self.published = here + 1
+        return True
+
+    def recount(self) -> None:
+        """Tell the other processes of a connection gone (or one taken that
+        did not become a connection)."""
+        if self.node is not None:
+            here = len(self.connections) + self.adopting
+            if here != self.published:
+                self.published = here
+                self.node.publish(here)
 
     def shed(self, count: int, now: float) -> int:
         """Close up to `count` stalled connections, those nearest their
@@ -321,11 +361,13 @@ class Connection(asyncio.Protocol):
 
     def evict(self) -> None:
         self.shared.connections.discard(self)  # its slot is free now; its descriptor once closed
+        self.shared.recount()
         if self.transport is not None:
             self.transport.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.shared.connections.discard(self)
+        self.shared.recount()
         self.done = True
         self._release(self.budget)
         self.budget = 0
@@ -869,8 +911,8 @@ class HttpServer:
     (broker.http.gate); `close()` stops gracefully."""
 
     def __init__(self, admit: Admit, limits: Limits | None = None,
-                 descriptors: DescriptorBudget | None = None) -> None:
-        self.shared = _Shared(admit, limits or Limits(), descriptors)
+                 descriptors: DescriptorBudget | None = None, node: NodeConnections | None = None) -> None:
+        self.shared = _Shared(admit, limits or Limits(), descriptors, node)
         self.listeners: list[socket.socket] = []
         self.spare: int | None = None  # a descriptor held to answer 503 at EMFILE
         self.own_port: int | None = None  # a shard's own port beside the node's (`start`)
@@ -958,6 +1000,7 @@ class HttpServer:
             sock.close()
         finally:
             self.shared.adopting -= 1
+            self.shared.recount()
 
     def _answer_without_descriptors(self, listener: socket.socket) -> None:
         """EMFILE: every descriptor is taken (by storage: connections stop
@@ -1087,6 +1130,9 @@ class HttpServer:
         for conn in list(shared.connections):
             if conn.transport is not None:
                 conn.transport.close()
+        if shared.node is not None:  # (the connections' ends counted no more)
+            node, shared.node = shared.node, None
+            node.close()
 
 
 # After EMFILE at accept, how long the listening sockets rest.

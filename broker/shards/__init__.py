@@ -18,6 +18,7 @@ and merges the node's views.
     answers     how every shard's answer to a command becomes one
     budgets     the node's caps and windows, each shard's share
     rates       a topic's releaseRate, a job's rate: shares moved by demand
+    connections --max-connections over the shards: one board they all count on
     supervisor  the process around the shards: the port, start, restart, stop
 
 It may call broker.core, broker.http and broker.disk's public parts; no

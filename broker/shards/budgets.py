@@ -18,7 +18,9 @@ hand out nothing). Not split, because every shard already counts the
 node's: --max-jobs (a job is made on every shard), --max-paused-keys and
 --max-subscriptions (a pause and a subscription are kept by every shard),
 --max-topics (a topic lives on every shard), and --key-window (a serial
-key's messages all live on its shard).
+key's messages all live on its shard). --max-connections is neither split
+nor counted apart: the shards count the node's connections on one board
+(broker.shards.connections).
 """
 
 from __future__ import annotations

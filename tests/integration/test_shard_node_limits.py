@@ -6,8 +6,10 @@ not opened as a new, empty shard."""
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
+import time
 
 import pytest
 from serving import ROOT, Server
@@ -341,4 +343,39 @@ def test_metrics_topics_holds_for_the_node_of_two_shards_not_for_each_shard(tmp_
             assert "hourglass_topics 3" in lines and "hourglass_topics_shown 1" in lines
             assert "hourglass_node_waiting_messages 16" in lines
     finally:
+        assert server.stop() == 0
+
+
+def test_max_connections_holds_for_the_node_of_three_shards_and_a_closed_one_frees_its_place(tmp_path):
+    """Before: each shard took --max-connections of its own, the node up to
+    three times the flag's value."""
+    server = Server.start(tmp_path / "data", "--shards", "3", "--max-connections", "3")
+    host, port = server.base.removeprefix("http://").split(":")
+    form = b"topic=idle&longPollingTimeoutMillis=30000"
+    poll = (b"POST /camellia/delayQueue/longPollingMsg HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            b"Content-Type: application/x-www-form-urlencoded\r\nContent-Length: %d\r\n\r\n%s" % (len(form), form))
+    sockets = []
+    try:
+        held, refused = [], []
+        for _ in range(9):  # long polls of a topic nothing is sent to: running, never stalled
+            s = socket.create_connection((host, int(port)), timeout=10)
+            sockets.append(s)
+            s.sendall(poll)
+            s.settimeout(1.5)
+            try:
+                answer = s.recv(65536)
+            except TimeoutError:
+                held.append(s)
+                continue
+            assert answer.startswith(b"HTTP/1.1 503") and b"too many connections" in answer, answer
+            refused.append(s)
+        assert (len(held), len(refused)) == (3, 6)
+        held[0].close()  # its shard tells the others: a new connection finds its place, whichever shard takes it
+        deadline = time.monotonic() + 10
+        while (status := server.post("sendMsg", topic="t", msg="x")[0]) != 200 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert status == 200
+    finally:
+        for s in sockets:
+            s.close()
         assert server.stop() == 0
