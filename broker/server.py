@@ -41,6 +41,8 @@ log = logging.getLogger("hourglass.server")
 
 # How long a stop waits for requests in flight (long polls are answered at once).
 SHUTDOWN_TIMEOUT_S = 10
+# A stop still running this long after SIGTERM logs what it waits on.
+STOP_REPORT_S = 12.0
 # The serving process's umask: besides the store's own files (made 0600,
 # storage.fileutil), what libraries make in the data directory (pysyncobj's
 # Raft journal, a snapshot's tar, the leadership log) is its owner's alone.
@@ -70,6 +72,21 @@ async def checkpoint_every(interval_ms: int, checkpoint: Callable[[], Awaitable[
             return
         finally:
             running.cancel()  # (done already, but when this loop is cancelled)
+
+
+def report_slow_stop(after_s: float = STOP_REPORT_S) -> asyncio.TimerHandle:
+    """Log every task still running (its name and the innermost lines of its
+    stack) if the process has not stopped `after_s` from now: a stop that
+    hangs says where."""
+    def report() -> None:
+        waits = []
+        for task in asyncio.all_tasks():
+            frames = task.get_stack(limit=6)
+            where = " <- ".join(f"{os.path.basename(f.f_code.co_filename)}:{f.f_lineno} {f.f_code.co_name}"
+                                for f in reversed(frames)) or repr(task.get_coro())
+            waits.append(f"{task.get_name()} at {where}")
+        log.warning("still stopping after %.0f s, waiting on: %s", after_s, "; ".join(sorted(waits)))
+    return asyncio.get_running_loop().call_later(after_s, report)
 
 
 async def linked(router: ShardRouter) -> None:
@@ -103,6 +120,7 @@ async def _serve_until_stopped(node: DiskNode | RedisNode, describe: str, app: G
         tell_ready()
     gc.freeze()  # what opening made lives as long as the node: no collection walks it again
     await node.stop_asked.wait()
+    report_slow_stop()
     if node.pushers is not None:  # first: what they have in flight is delivered again after the restart
         await node.pushers.stop()
     log.info("stopping: answering long polls, finishing requests")
@@ -159,6 +177,7 @@ async def run_cluster(config: ServeConfig, cluster: ClusterConfig) -> int:
     monitor = node.start_monitor()
     roles.add_done_callback(lambda task: _roles_ended(node, task))
     await node.stop_asked.wait()
+    report_slow_stop()
     log.info("stopping: handing over")
     roles.cancel()
     checkpoints.cancel()
