@@ -244,7 +244,10 @@ class _Shared:
     def make_room(self, now: float) -> bool:
         """True if one more connection may be taken: under the cap, or a
         stalled connection (the one nearest its deadline) was closed for it."""
-        return self._take() or (self.shed(1, now) == 1 and self._take())
+        if self._take():
+            return True
+        # (a cap lowered under what is open: a stalled one closed would not make room)
+        return len(self.connections) + self.adopting - 1 < self.cap() and self.shed(1, now) == 1 and self._take()
 
     def _take(self) -> bool:
         """Under this process's cap and, with other processes on the port,
@@ -361,13 +364,12 @@ class Connection(asyncio.Protocol):
 
     def evict(self) -> None:
         self.shared.connections.discard(self)  # its slot is free now; its descriptor once closed
-        self.shared.recount()
         if self.transport is not None:
             self.transport.close()
+        self.shared.recount()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.shared.connections.discard(self)
-        self.shared.recount()
         self.done = True
         self._release(self.budget)
         self.budget = 0
@@ -377,6 +379,7 @@ class Connection(asyncio.Protocol):
         self.unparsed = b""
         self.body = []
         self._wake_writer()
+        self.shared.recount()
 
     def pause_writing(self) -> None:
         self.writing_paused = True

@@ -17,18 +17,32 @@ and every read-and-write made under an exclusive `flock` of the file.
               its connections died with it
 
 Cost: two flock calls and a read of 16 bytes a shard per connection opened
-and closed, never per request.
+and closed, never per request. The lock is held for microseconds; one not
+had within LOCK_WAIT_S (a shard stopped while holding it: SIGSTOP, a
+debugger), or a file system without locks, leaves the shard to its own
+count for that connection, logged: a stopped shard never stops the others.
+The supervisor removes the file before it starts the shards: a node's
+board starts empty.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
+import logging
 import mmap
 import os
 import struct
+import time
+from collections.abc import Iterator
+
+log = logging.getLogger("hourglass.shards")
 
 SLOT = struct.Struct("=qq")  # pid, connections
 FILE_NAME = "connections"
+# How long a shard tries for the board's lock before it counts alone.
+LOCK_WAIT_S = 0.02
+LOCK_RETRY_S = 0.0005
 
 
 def _running(pid: int) -> bool:
@@ -66,9 +80,11 @@ class ConnectionBoard:
 
     def take(self, here: int, cap: int) -> bool:
         """True, and this shard counted at `here` + 1, if the node holds
-        fewer than `cap` connections with this shard's `here`."""
-        fcntl.flock(self.fd, fcntl.LOCK_EX)
-        try:
+        fewer than `cap` connections with this shard's `here` (without the
+        lock: `here` < `cap`, this shard alone)."""
+        with self._locked() as locked:
+            if not locked:
+                return here < cap
             others = self._others(stale_too=False)
             if others + here >= cap:
                 others = self._others(stale_too=True)
@@ -76,23 +92,41 @@ class ConnectionBoard:
                     return False
             SLOT.pack_into(self.map, self.index * SLOT.size, self.pid, here + 1)
             return True
-        finally:
-            fcntl.flock(self.fd, fcntl.LOCK_UN)
 
     def publish(self, here: int) -> None:
         """This shard holds `here` connections now."""
-        fcntl.flock(self.fd, fcntl.LOCK_EX)
-        try:
-            SLOT.pack_into(self.map, self.index * SLOT.size, self.pid, here)
-        finally:
-            fcntl.flock(self.fd, fcntl.LOCK_UN)
+        with self._locked() as locked:
+            if locked:
+                SLOT.pack_into(self.map, self.index * SLOT.size, self.pid, here)
 
     def total(self) -> int:
         """The node's connections, as the slots say now."""
-        fcntl.flock(self.fd, fcntl.LOCK_EX)
-        try:
+        with self._locked():
             here: int = SLOT.unpack_from(self.map, self.index * SLOT.size)[1]
             return self._others(stale_too=False) + here
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[bool]:
+        """The board's lock, held for the block: True; not had within
+        LOCK_WAIT_S, or the file system has none: False, logged."""
+        deadline = time.monotonic() + LOCK_WAIT_S
+        while True:
+            try:
+                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() < deadline:
+                    time.sleep(LOCK_RETRY_S)
+                    continue
+                log.warning("the node's connection board (%s) stayed locked for %.0f ms: shard %d counts its "
+                            "own connections for this one", FILE_NAME, LOCK_WAIT_S * 1000, self.index)
+            except OSError as e:
+                log.warning("the node's connection board (%s) cannot be locked (%s): shard %d counts its own "
+                            "connections for this one", FILE_NAME, e.strerror, self.index)
+            yield False
+            return
+        try:
+            yield True
         finally:
             fcntl.flock(self.fd, fcntl.LOCK_UN)
 

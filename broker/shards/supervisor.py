@@ -27,6 +27,7 @@ shard processes, starts again one that dies, and stops them (docs/operations.md,
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import os
@@ -37,6 +38,9 @@ import sys
 import time
 from collections.abc import Sequence
 from typing import NoReturn
+
+from .connections import FILE_NAME as BOARD_FILE
+from .layout import links_path
 
 log = logging.getLogger("hourglass.shards")
 
@@ -171,6 +175,8 @@ def run(host: str, port: int, node_path: str, count: int, argv: Sequence[str]) -
     stop = []
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, frame: stop.append(signum))
+    with contextlib.suppress(FileNotFoundError):  # the node's connections start from none (broker.shards.connections)
+        os.unlink(os.path.join(links_path(node_path), BOARD_FILE))
     shards = [Shard(i, shard_command(argv, port, i, count)) for i in range(count)]
     log.info("starting %d shards on http://%s:%d (%s)", count, host, port, node_path)
     for shard in shards:

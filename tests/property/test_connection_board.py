@@ -5,9 +5,12 @@ shard's slot does not keep its places."""
 
 from __future__ import annotations
 
+import fcntl
+import os
 import struct
 import subprocess
 import sys
+import time
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -62,3 +65,17 @@ def test_a_restarted_shard_starts_from_none(tmp_path):
     finally:
         again.close()
         first.close()
+
+
+def test_a_board_held_locked_by_a_stopped_shard_leaves_each_shard_to_its_own_count(tmp_path, caplog):
+    board = ConnectionBoard(str(tmp_path), 0, 2)
+    stuck = os.open(tmp_path / "connections", os.O_RDWR)
+    try:
+        fcntl.flock(stuck, fcntl.LOCK_EX)  # (as a shard stopped inside its step would hold it)
+        started = time.monotonic()
+        assert board.take(0, 1) and not board.take(1, 1)
+        assert time.monotonic() - started < 1
+        assert "stayed locked" in caplog.text
+    finally:
+        os.close(stuck)
+        board.close()
