@@ -71,7 +71,7 @@ def redis_cli(port: int, *args: str) -> str:
 
 
 @contextlib.contextmanager
-def redis_cluster(workdir: str | os.PathLike[str], masters: int = 3, timeout_s: float = 8) -> Iterator[list[int]]:
+def redis_cluster(workdir: str | os.PathLike[str], masters: int = 3, timeout_s: float = 30) -> Iterator[list[int]]:
     """A Redis Cluster of `masters` redis-servers on loopback, the slots
     split evenly among them (CLUSTER ADDSLOTSRANGE, then MEET); yields their
     ports once every node says cluster_state:ok and knows every other."""
@@ -90,8 +90,10 @@ def redis_cluster(workdir: str | os.PathLike[str], masters: int = 3, timeout_s: 
             redis_cli(port, "CLUSTER", "MEET", "127.0.0.1", str(ports[0]), str(bus_port))
         deadline = time.monotonic() + timeout_s
         while not all(_cluster_ready(port, masters) for port in ports):
-            if time.monotonic() > deadline:
-                pytest.fail(f"the Redis Cluster on ports {ports} did not reach cluster_state:ok")
+            if time.monotonic() > deadline:  # (a loaded machine's gossip may take its time: 30 s)
+                views = "; ".join(f"{port}: {redis_cli(port, 'CLUSTER', 'NODES')!r}" for port in ports)
+                pytest.fail(f"the Redis Cluster on ports {ports} did not reach cluster_state:ok in {timeout_s:.0f} s: "
+                            f"{views}")
             time.sleep(0.05)
         yield ports
 

@@ -1029,7 +1029,7 @@ class HttpServer:
         log.warning("out of file descriptors while accepting (%d answered 503); pausing accepts for %.1f s",
                     answered, EMFILE_PAUSE_S)
         loop = self._loop()
-        loop.remove_reader(listener.fileno())
+        _stop_reading(loop, listener.fileno())
         loop.call_later(EMFILE_PAUSE_S, self._resume_accepting, listener)
 
     def _resume_accepting(self, listener: socket.socket) -> None:
@@ -1075,7 +1075,7 @@ class HttpServer:
             return
         self.lingering.discard(sock)
         if self.loop is not None and sock.fileno() >= 0:
-            self.loop.remove_reader(sock.fileno())
+            _stop_reading(self.loop, sock.fileno())
         sock.close()
 
     # -- deadlines and stopping --------------------------------------------------------
@@ -1110,7 +1110,7 @@ class HttpServer:
         shared.stopping = True
         for listener in self.listeners:
             if listener.fileno() >= 0:
-                self._loop().remove_reader(listener.fileno())
+                _stop_reading(self._loop(), listener.fileno())
                 listener.close()
         if self.spare is not None:
             os.close(self.spare)
@@ -1184,6 +1184,14 @@ def _open_spare() -> int | None:
         return os.open(os.devnull, os.O_RDONLY)
     except OSError:
         return None
+
+
+def _stop_reading(loop: asyncio.AbstractEventLoop, fd: int) -> None:
+    """`loop.remove_reader(fd)`, its answer not read: uvloop's answers None
+    where asyncio's is typed bool, which the compiled build would check
+    (TypeError)."""
+    remove: Callable[[int], object] = loop.remove_reader
+    remove(fd)
 
 
 def _send_refusal(sock: socket.socket, text: str) -> None:

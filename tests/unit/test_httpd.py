@@ -10,9 +10,11 @@ import os
 import resource
 import socket
 
+import pytest
+
 from broker.http.commands import HERE, Auth, Command
 from broker.http.http_types import Request, Response, StreamResponse
-from broker.http.httpd import EMFILE_PAUSE_S, HttpServer, Limits
+from broker.http.httpd import EMFILE_PAUSE_S, LINGER_S, HttpServer, Limits
 
 
 @contextlib.contextmanager
@@ -173,6 +175,31 @@ def test_connection_cap_answers_503_when_every_connection_is_running_a_request()
         await _stop(server)
         return status, headers["connection"], refused
     assert asyncio.run(main()) == (503, "close", 1)
+
+
+def test_a_refused_socket_held_open_past_its_linger_ends_cleanly_on_uvloop():
+    """uvloop's remove_reader answers None (asyncio's is typed bool): the
+    compiled build raised TypeError in the callback that ends a linger."""
+    uvloop = pytest.importorskip("uvloop")
+
+    async def main():
+        errors: list[dict] = []
+        asyncio.get_running_loop().set_exception_handler(lambda loop, context: errors.append(context))
+        release = asyncio.Event()
+        server, _ = await _serve(Limits(max_connections=1), slow=release)
+        _, writer = await _connect(server.port)
+        writer.write(b"GET /slow HTTP/1.1\r\n\r\n")
+        await asyncio.sleep(0.05)
+        reader, _ = await _connect(server.port)  # refused, and held open past LINGER_S
+        status, _, _ = await _read_response(reader)
+        await asyncio.sleep(LINGER_S + 0.3)
+        lingering = len(server.lingering)
+        release.set()
+        await _stop(server)
+        return status, lingering, errors
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        assert runner.run(main()) == (503, 0, [])
 
 
 def test_at_the_cap_a_stalled_connection_makes_room_for_a_new_one():
