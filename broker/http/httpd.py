@@ -242,21 +242,21 @@ class _Shared:
         return self.limits.max_connections if ceiling is None else min(self.limits.max_connections, ceiling)
 
     def make_room(self, now: float) -> bool:
-        """True if one more connection may be taken: under the cap, or a
-        stalled connection (the one nearest its deadline) was closed for it."""
-        if self._take():
+        """True if one more connection may be taken (and then counted):
+        under this process's cap and the node's, or a stalled connection of
+        this process (the one nearest its deadline) was closed for it. (A
+        cap the descriptors lowered under what is open: the sweep sheds the
+        rest.)"""
+        if len(self.connections) + self.adopting < self.cap() and self._node_takes():
             return True
-        # (a cap lowered under what is open: a stalled one closed would not make room)
-        return len(self.connections) + self.adopting - 1 < self.cap() and self.shed(1, now) == 1 and self._take()
+        return self.shed(1, now) == 1 and self._node_takes()
 
-    def _take(self) -> bool:
-        """Under this process's cap and, with other processes on the port,
-        the node's: then counted."""
-        here = len(self.connections) + self.adopting
-        if here >= self.cap():
-            return False
+    def _node_takes(self) -> bool:
+        """With other processes on the port: the node under its cap with
+        this one more, then counted."""
         if self.node is None:
             return True
+        here = len(self.connections) + self.adopting
         if not self.node.take(here, self.limits.max_connections):
             return False
         self.published = here + 1

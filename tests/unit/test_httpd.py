@@ -219,6 +219,26 @@ def test_at_the_cap_a_stalled_connection_makes_room_for_a_new_one():
     assert asyncio.run(main()) == (200, "/new", b"", 1, 2)
 
 
+def test_below_a_ceiling_lowered_under_what_is_open_a_stalled_connection_still_makes_room():
+    """Storage opened files since the connections came: the cap fell under
+    what is open. A new connection takes a stalled one's place (the sweep
+    sheds the rest), as at the cap."""
+    async def main():
+        server, _ = await _serve(Limits(reserved_fds=10))
+        for _ in range(3):
+            await _connect(server.port)  # silent: stalled
+        await asyncio.sleep(0.05)
+        budget = server.shared.descriptors
+        budget.limit = budget.others + 10 + 1  # room for one connection: three are open
+        reader, writer = await _connect(server.port)
+        writer.write(b"GET /new HTTP/1.1\r\n\r\n")
+        status = (await _read_response(reader))[0]
+        evicted = server.shared.evicted
+        await _stop(server)
+        return status, evicted >= 1
+    assert asyncio.run(main()) == (200, True)
+
+
 def test_emfile_at_accept_is_answered_503_through_the_spare_descriptor():
     async def main():
         server, _ = await _serve()
