@@ -83,7 +83,6 @@ from __future__ import annotations
 import json
 import math
 import re
-import urllib.parse
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -534,10 +533,37 @@ def parse_form(raw: bytes) -> dict[str, str]:
         if not escaped:
             continue
         key_raw, _, value_raw = escaped.partition(b"=")
-        key = decode_utf8(urllib.parse.unquote_to_bytes(key_raw.replace(b"+", b" ")), "parameter name")
-        value = decode_utf8(urllib.parse.unquote_to_bytes(value_raw.replace(b"+", b" ")), key)
-        out.setdefault(key, value)
+        key = decode_utf8(unquote_plus(key_raw), "parameter name")
+        out.setdefault(key, decode_utf8(unquote_plus(value_raw), key))
     return out
+
+
+# "%xx" -> its byte, for every pair of hex digits of either case (as urllib.parse's)
+_HEX_BYTES = {(a + b).encode(): bytes([int(a + b, 16)])
+              for a in "0123456789abcdefABCDEF" for b in "0123456789abcdefABCDEF"}
+
+
+def unquote_plus(raw: bytes) -> bytes:
+    """A form's part unescaped: "+" a space, "%xx" its byte, a "%" not
+    followed by two hex digits kept as it is -- as
+    urllib.parse.unquote_to_bytes(raw.replace(b"+", b" ")), compiled (a
+    form camellia's SDK sends escapes every quote of a JSON message)."""
+    if b"+" in raw:
+        raw = raw.replace(b"+", b" ")
+    if b"%" not in raw:
+        return raw
+    chunks = raw.split(b"%")
+    out = [chunks[0]]
+    hex_bytes = _HEX_BYTES
+    for chunk in chunks[1:]:
+        byte = hex_bytes.get(chunk[:2])
+        if byte is None:
+            out.append(b"%")
+            out.append(chunk)
+        else:
+            out.append(byte)
+            out.append(chunk[2:])
+    return b"".join(out)
 
 
 # 19 digits in a row: a number orjson may read as a float where json keeps the int. Found as a run

@@ -231,3 +231,33 @@ def test_max_retry_is_capped_at_what_a_message_can_count(default_retry, given_re
                     MAX_MSG_BYTES)
     wanted = default_retry if given_retry in (None, "", -1) else int(given_retry)
     assert made.max_retry == min(wanted, MAX_RETRY_COUNT - 1)
+
+
+# -- a form's escapes --------------------------------------------------------------------------
+
+FORM_BYTES = st.binary(max_size=40) | st.lists(
+    st.sampled_from([b"%", b"+", b"%2", b"%7C", b"%7c", b"%zz", b"%e2%82%ac", b"a", b"=", b"&", b"%%41"]),
+    max_size=12).map(b"".join)
+
+
+@settings(max_examples=500)
+@given(FORM_BYTES)
+def test_a_forms_part_unescapes_as_urllib_does(raw):
+    import urllib.parse
+
+    from broker.core.params import unquote_plus
+    assert unquote_plus(raw) == urllib.parse.unquote_to_bytes(raw.replace(b"+", b" "))
+
+
+@settings(max_examples=300)
+@given(st.dictionaries(st.text(min_size=1, max_size=8), st.text(max_size=20), min_size=1, max_size=5))
+def test_a_form_escaped_by_any_client_reads_back_as_sent(fields):
+    import urllib.parse
+
+    from broker.core.params import parse_form
+    for encode in (urllib.parse.urlencode, lambda f: urllib.parse.urlencode(f, quote_via=urllib.parse.quote)):
+        try:
+            raw = encode(fields).encode()
+        except UnicodeEncodeError:  # (a lone surrogate: no client can send it)
+            return
+        assert parse_form(raw) == fields
