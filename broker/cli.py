@@ -116,7 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help=f"file descriptors all push connections hold at once, at most half of what "
                             f"RLIMIT_NOFILE leaves after --reserved-fds and storage's files, shared equally by the "
                             f"subscriptions; "
-                            f"client connections never take them (default {push.max_fds})")
+                            f"client connections never take them; a shard's (default {push.max_fds})")
     serve.add_argument("--allow-readable-token", action="store_true",
                        help="accept an --auth-token-file that group or others may read, with a warning")
     serve.add_argument("--node-id", default=None, help="this node's id in --cluster")
@@ -153,11 +153,12 @@ def build_parser() -> argparse.ArgumentParser:
                             "(default 256 MiB); one further behind gets a snapshot")
     limits = Limits()
     serve.add_argument("--max-connections", type=int, default=limits.max_connections,
-                       help=f"open client connections (default {limits.max_connections}); at the cap a new one "
-                            f"replaces a stalled one or is answered 503; lowered to keep --reserved-fds free")
+                       help=f"open client connections of the node, all its shards together (default "
+                            f"{limits.max_connections}); at the cap a new one replaces a stalled one or is answered "
+                            f"503; lowered to keep --reserved-fds free")
     serve.add_argument("--reserved-fds", type=int, default=limits.reserved_fds,
                        help=f"file descriptors below RLIMIT_NOFILE that connections never take, kept for "
-                            f"storage (default {limits.reserved_fds})")
+                            f"storage; a shard's (default {limits.reserved_fds})")
     serve.add_argument("--head-timeout", type=float, default=limits.head_timeout_s,
                        help=f"seconds a client has to send a request's headers (default {limits.head_timeout_s:g})")
     serve.add_argument("--body-timeout", type=float, default=limits.body_timeout_s,
@@ -173,7 +174,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help=f"seconds an idle keep-alive connection is kept (default {limits.idle_timeout_s:g})")
     serve.add_argument("--body-budget-bytes", type=int, default=limits.body_budget_bytes,
                        help=f"bytes of large bodies (>64 KiB) received or handled at once, all connections "
-                            f"together; over it: 429 (default {limits.body_budget_bytes})")
+                            f"of a shard together (a shard's: a node of N shards may hold N times this); over it: "
+                            f"429 (default {limits.body_budget_bytes})")
     bodies = BodyLimits()
     serve.add_argument("--max-form-pairs", type=int, default=bodies.max_form_pairs,
                        help=f"parameters in one form body or query string; more: 413 (default "
