@@ -1,10 +1,14 @@
-"""A pause costs its own change (broker.flow.file: one record appended to
-the settings log), not a rewrite of every pause of the node, and paused
-keys have a node-wide cap (--max-paused-keys-total), on one shard and on
-a node of two (every shard keeps every pause: the count is the node's),
-300 pauses of 1 KB keys writing at most 2 MB whatever the shards."""
+"""A pause costs its own change, not a rewrite of every pause of the node
+(on disk, broker.flow.file: one record appended to the settings log; on
+Redis, broker.redis.flow: the fields it changes written, the topic's other
+paused keys neither read nor written), and paused keys have a node-wide
+cap (--max-paused-keys-total), on one shard, on a node of two (every shard
+keeps every pause: the count is the node's) and on Redis: 300 pauses of
+1 KB keys writing at most 2 MB whatever the node."""
 
 from __future__ import annotations
+
+import uuid
 
 import pytest
 from pauses import written_bytes
@@ -12,43 +16,65 @@ from serving import Server
 
 pytestmark = pytest.mark.slow
 
+NODES = ["1 shard", "2 shards", "redis"]
 
-@pytest.mark.parametrize("shards", ["1", "2"])
-def test_300_pauses_of_distinct_1_kb_keys_write_what_they_change(tmp_path, shards):
+
+def _flags(request: pytest.FixtureRequest, node: str) -> list[str]:
+    if node == "redis":
+        pytest.importorskip("redis", reason="the redis extra is not installed (pip install 'hourglass[redis]')")
+        import redis
+        url = request.getfixturevalue("redis_url")
+        with redis.Redis.from_url(url) as client:  # (the session's server: another test's pauses count too)
+            client.flushdb()
+        return ["--backend", url]
+    return ["--shards", node.split()[0]]
+
+
+def _read_bytes(server: Server) -> int:
+    """/proc/PID/io's rchar summed over the node's processes (files and sockets: on Redis, its answers)."""
+    return written_bytes(server, "rchar")
+
+
+@pytest.mark.parametrize("node", NODES)
+def test_300_pauses_of_distinct_1_kb_keys_write_what_they_change(request, tmp_path, node):
     """300 keys of 1 KB paused one after another (the whole file rewritten
-    each time wrote some 186 times the keys); read back after a restart."""
-    server = Server.start(tmp_path / "data", "--shards", shards)
+    each time wrote some 186 times the keys; on Redis, the topic's hash
+    read and written whole: 74 MB written for 300 pauses beside 1,000
+    keys); read back after a restart."""
+    flags, topic = _flags(request, node), "t-" + uuid.uuid4().hex[:8]
+    server = Server.start(tmp_path / "data", *flags)
     try:
-        before = written_bytes(server)
+        before, read_before = written_bytes(server), _read_bytes(server)
         for i in range(300):
-            code, body = server.post("pauseTopic", topic="t", key=f"{i:04d}" + "k" * 1020)
+            code, body = server.post("pauseTopic", topic=topic, key=f"{i:04d}" + "k" * 1020)
             assert code == 200, body
-        written = written_bytes(server) - before
+        written, read = written_bytes(server) - before, _read_bytes(server) - read_before
         # the node's processes all told (each shard keeps every pause; the shards that carried out a
         # forwarded pause answer its success alone: broker.shards.answers' SUCCESS_ONLY)
         assert written <= 2_000_000, written
+        assert read <= 2_000_000, read
     finally:
         assert server.stop() == 0
-    server = Server.start(tmp_path / "data", "--shards", shards)
+    server = Server.start(tmp_path / "data", *flags)
     try:
-        paused = server.get("/camellia/delayQueue/getTopicInfo?topic=t")[1]["data"]["paused"]
+        paused = server.get(f"/camellia/delayQueue/getTopicInfo?topic={topic}")[1]["data"]["paused"]
         assert sorted(paused) == sorted(f"{i:04d}" + "k" * 1020 for i in range(300))
     finally:
         assert server.stop() == 0
 
 
-@pytest.mark.parametrize("shards", ["1", "2"])
-def test_paused_keys_have_a_node_wide_cap(tmp_path, shards):
-    server = Server.start(tmp_path / "data", "--shards", shards, "--max-paused-keys-total", "5",
-                          "--max-paused-keys", "100")
+@pytest.mark.parametrize("node", NODES)
+def test_paused_keys_have_a_node_wide_cap(request, tmp_path, node):
+    flags, run = _flags(request, node), uuid.uuid4().hex[:8]
+    server = Server.start(tmp_path / "data", *flags, "--max-paused-keys-total", "5", "--max-paused-keys", "100")
     try:
         for i in range(5):
-            assert server.post("pauseTopic", topic=f"t{i % 2}", key=f"k{i}")[0] == 200
-        code, body = server.post("pauseTopic", topic="t9", key="k9")
+            assert server.post("pauseTopic", topic=f"t{i % 2}-{run}", key=f"k{i}")[0] == 200
+        code, body = server.post("pauseTopic", topic=f"t9-{run}", key="k9")
         assert code == 429 and "--max-paused-keys-total" in body["msg"], body
-        assert server.get("/camellia/delayQueue/getTopicInfo?topic=t9")[1]["data"]["paused"] is False
-        assert server.post("pauseTopic", topic="t9")[0] == 200  # a topic's own pause: no key, no cap
-        assert server.post("resumeTopic", topic="t0", key="k0")[0] == 200
-        assert server.post("pauseTopic", topic="t9", key="k9")[0] == 200
+        assert server.get(f"/camellia/delayQueue/getTopicInfo?topic=t9-{run}")[1]["data"]["paused"] is False
+        assert server.post("pauseTopic", topic=f"t9-{run}")[0] == 200  # a topic's own pause: no key, no cap
+        assert server.post("resumeTopic", topic=f"t0-{run}", key="k0")[0] == 200
+        assert server.post("pauseTopic", topic=f"t9-{run}", key="k9")[0] == 200
     finally:
         assert server.stop() == 0

@@ -11,6 +11,7 @@ the first slice) is finished by another's, each message once."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import pytest
 from hypothesis import given, settings
@@ -64,6 +65,52 @@ def test_settings_saved_by_one_node_read_the_same_on_another(redis_url, sequence
             assert [k for k in await one.redis.keys("hg:*") if k.endswith(":flow")] == []
         finally:
             for b in (one, other):
+                await b.redis.aclose()
+    asyncio.run(main())
+
+
+# One change of one topic, made by node 0 or 1: (node, topic, key or None for the topic's own
+# settings, the new pause of that key or topic (None: resumed), a release rate for the topic's own)
+changes = st.tuples(st.integers(0, 1), st.sampled_from(["a", "c{x}"]), st.one_of(st.none(), st.sampled_from(["k", "l:m", "n"])),
+                    st.one_of(st.none(), pauses), st.integers(0, 3))
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(changes, min_size=1, max_size=12))
+def test_changes_made_by_either_node_read_the_same_on_both(redis_url, sequence):
+    """Each change written as the fields it changes (broker.redis.flow's
+    CHANGE mode), each node reading the topic first as the keeper does:
+    both nodes then read what the changes made, whichever node made each,
+    and a topic back at its defaults leaves no hash behind."""
+    from broker.flow.settings import entry_changes
+
+    async def main() -> None:
+        nodes = brokers(redis_url)
+        await nodes[0].redis.flushdb()
+        model: dict[str, TopicSettings] = {}
+        try:
+            for who, topic, key, pause, rate in sequence:
+                store = nodes[who].topic_settings
+                current = await store.read_topic(topic) or TopicSettings(topic)
+                assert current == model.get(topic, TopicSettings(topic))
+                changed = current.with_pause(key, pause)
+                if key is None:
+                    changed = dataclasses.replace(changed, release_rate=rate)
+                new = dict(store.load())
+                if changed.is_default:
+                    new.pop(topic, None)
+                    model.pop(topic, None)
+                else:
+                    new[topic] = model[topic] = changed
+                await store.save(new, entry_changes(changed, key))
+                for node in nodes:
+                    assert await node.topic_settings.read() == model
+                    for name in ("a", "c{x}"):
+                        assert await node.topic_settings.read_topic(name) == model.get(name)
+            flows = [k for k in await nodes[0].redis.keys("hg:*") if k.endswith(":flow")]
+            assert len(flows) == len(model), flows
+        finally:
+            for b in nodes:
                 await b.redis.aclose()
     asyncio.run(main())
 
