@@ -36,7 +36,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from storage.entry import Message, Status
-from storage.errors import HourglassError, Unavailable
+from storage.errors import BodyTooLarge, HourglassError, InvalidRequest, LimitReached, NotFound, Unavailable
 from storage.store import NewMessage
 from wheel.clock import Clock
 
@@ -62,6 +62,35 @@ from .views import (
 
 log = logging.getLogger("hourglass.shards")
 
+# What a part's shard answers having stored nothing of it. Any other failure -- a link lost above
+# all -- leaves the part's outcome unknown: its shard may have committed it before the answer was lost.
+STORED_NOTHING = (InvalidRequest, LimitReached, BodyTooLarge)
+# Take-backs kept for shards that could not be reached (a failed batch's messages: owed_back)
+MAX_OWED = 100_000
+# (shard, topic, msgId)
+Owed = tuple[int, str, str]
+
+
+def owed_back(sends: Sequence[NewSend], owners: Sequence[int], parts: dict[int, list[int]],
+              answers: Sequence[object]) -> list[Owed]:
+    """What a batch answered 503 takes back (docs/api.md, "Shards"), so
+    the client's retry stores nothing twice: each message whose id the
+    node made (the client never saw it: its retry gets new ones), in a
+    part its shard stored or may have stored (`answers`, a part's each:
+    its messages, or what it raised). A client's own ids are left: the
+    retry's send of them finds them stored."""
+    out = []
+    for (shard, ats), answer in zip(parts.items(), answers):
+        if isinstance(answer, STORED_NOTHING):
+            continue
+        out += [(shard, sends[at].message.topic, sends[at].message.msg_id) for at in ats if sends[at].made_id]
+    return out
+
+
+def _log_failure(done: asyncio.Future[Any]) -> None:
+    if not done.cancelled() and done.exception() is not None:
+        log.error("taking back a failed batch's messages failed", exc_info=done.exception())
+
 
 def _rank(said: tuple[Head | None, int]) -> tuple[int, float]:
     """A shard's place in a pull's order by its head (nothing said: as priority 0, due last)."""
@@ -83,6 +112,8 @@ class ShardedRequests:
         self._topic_list = engine.topic_list
         self._max_topics = engine.limits.topics
         self._admitted: set[str] = set()  # topics the node was found to have
+        self._owed: list[Owed] = []  # take-backs of failed batches, for shards not reachable then
+        router.on_connected = self._shard_back
 
     def __repr__(self) -> str:
         return f"ShardedRequests({self._router!r})"
@@ -90,6 +121,10 @@ class ShardedRequests:
     async def send(self, sends: Sequence[NewSend], now_ms: int) -> list[Message]:
         router = self._router
         count, index = router.count, router.index
+        if self._owed:
+            down = router.down()
+            for shard in {o[0] for o in self._owed if o[0] not in down}:
+                self._shard_back(shard)
         topic = sends[0].message.topic if sends else ""
         if sends and topic not in self._admitted and not self._has_topic(topic):
             await self._admit_topic(topic)
@@ -122,25 +157,46 @@ class ShardedRequests:
         if failed is not None:
             # a part not stored: the client sends the batch again, and its ids dedup what was stored;
             # what had no id of the client's (made here) is taken back, or the retry would store it twice
-            await self._take_back([(owners[at], m) for at, m in enumerate(stored)
-                                   if m is not None and sends[at].made_id])
+            await self._take_back(owed_back(sends, owners, parts, answers))
             raise failed
         return [m for m in stored if m is not None]
 
-    async def _take_back(self, stored: list[tuple[int, Message]]) -> None:
-        """Delete (releasing the id) each (shard, message) a failed batch
-        stored under an id the node made; a shard that cannot is logged."""
+    async def _take_back(self, owed: list[Owed]) -> None:
+        """Delete (releasing the id) each message a failed batch stored, or
+        may have stored, under an id the node made. A shard that cannot be
+        reached is owed it: taken back once that shard is connected again
+        (its store then holds whatever it committed). Past MAX_OWED, and
+        on any other failure, logged."""
         router = self._router
-        for shard, m in stored:
-            request = DeleteRequest(m.topic, m.msg_id, True)
+        for shard, topic, msg_id in owed:
+            request = DeleteRequest(topic, msg_id, True)
             try:
                 if shard == router.index:
                     await self._local.delete(request)
                 else:
                     await router.call(shard, "delete", list(request))
+            except NotFound:
+                continue  # (never stored: that part's outcome was unknown)
+            except Unavailable:
+                if len(self._owed) < MAX_OWED:
+                    self._owed.append((shard, topic, msg_id))
+                else:
+                    log.warning("a message of a batch answered 503 not taken back (%d owed already): %s on "
+                                "shard %d", MAX_OWED, msg_id, shard)
             except HourglassError as e:
                 log.warning("a message of a batch answered 503 not taken back: %s on shard %d: %s",
-                            m.msg_id, shard, e)
+                            msg_id, shard, e)
+
+    def _shard_back(self, shard: int) -> None:
+        """A shard connected again (or up at a batch's send: one that was
+        starting when it was connected is asked again): what it is owed
+        taken back now."""
+        mine = [o for o in self._owed if o[0] == shard]
+        if not mine:
+            return
+        self._owed = [o for o in self._owed if o[0] != shard]
+        log.info("taking back %d messages of batches answered 503 from shard %d", len(mine), shard)
+        asyncio.ensure_future(self._take_back(mine)).add_done_callback(_log_failure)
 
     async def _admit_topic(self, topic: str) -> None:
         """A send to a topic this shard has no message of: refused (429) if

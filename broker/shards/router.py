@@ -135,6 +135,7 @@ class ShardRouter:
                                 lambda: self.backend.clock.monotonic_s())
         self.forwarded = 0  # calls this shard made of others
         self.served = 0  # calls others made of this shard
+        self.on_connected: Callable[[int], None] | None = None  # told each shard (re)connected
 
     def __repr__(self) -> str:
         return f"ShardRouter({self.index} of {self.count}, peers={list(self.peers.values())})"
@@ -202,6 +203,8 @@ class ShardRouter:
         hello = self.peers[shard].call("hello", [self.index])
         asyncio.ensure_future(hello).add_done_callback(_ignore_outcome)
         self._tell_again(shard)
+        if self.on_connected is not None:
+            self.on_connected(shard)
 
     def _forget(self, shard: int) -> None:
         """What `shard` said of its heads: unknown again (it may have restarted, its numbers from 1)."""

@@ -321,6 +321,44 @@ def _post_batch(port: int, batch: dict) -> tuple[int, dict]:
         connection.close()
 
 
+def test_a_batch_whose_part_was_lost_with_its_shard_is_taken_back_there_once_it_is_back(tmp_path):
+    """Shard 1 stopped (SIGSTOP) while a batch split over both shards is
+    sent to shard 0, then killed: its part's answer is lost with the link,
+    so shard 0 cannot tell whether it was stored. The batch is answered
+    503, shard 0's part taken back at once, and shard 1's owed until it is
+    connected again; sent again, the batch's ten messages are stored once."""
+    log_path = tmp_path / "node.log"
+    server = Server.start(tmp_path / "data", "--shards", "2", log_path=log_path)
+    try:
+        ports = server.get("/camellia/delayQueue/getShardMap")[1]["ports"]
+        keys = {placement.owner(f"key{i}", 2): f"key{i}" for i in range(20)}
+        batch = {"topic": "lost", "msgs": [{"msg": f"{i}", "key": keys[i % 2], "delayMillis": 600_000}
+                                           for i in range(10)]}
+        # the topic known first (a new topic's first send asks every shard whether the node has it)
+        assert _post_batch(ports[0], {"topic": "lost", "msgs": [{"msg": "first", "delayMillis": 600_000}]})[0] == 200
+        victim = shard_pids(server)[1]
+        os.kill(victim, signal.SIGSTOP)
+        answered: list[tuple[int, dict]] = []
+        sender = threading.Thread(target=lambda: answered.append(_post_batch(ports[0], batch)))
+        sender.start()
+        time.sleep(1.0)  # (the part is with shard 1's link, unanswered)
+        assert not answered, answered
+        os.kill(victim, signal.SIGKILL)
+        sender.join(30)
+        assert answered and answered[0][0] == 503, answered
+        wait_until(lambda: len(shard_pids(server)) == 2 and victim not in shard_pids(server), 60,
+                   "the killed shard started again")
+        wait_until(lambda: server.get("/health")[0] == 200, 60, "the node whole again")
+        wait_until(lambda: "taking back 5 messages of batches answered 503 from shard 1" in log_path.read_text(),
+                   30, "shard 1's part taken back once it was connected again")
+        status, body = _post_batch(ports[0], batch)
+        assert status == 200 and body["code"] == 200, body
+        _, info = server.get("/camellia/delayQueue/getTopicInfo?topic=lost")
+        assert info["data"]["waitingQueueSize"] == 11, info
+    finally:
+        assert server.stop() == 0
+
+
 def test_a_batch_answered_503_while_a_shard_is_down_is_stored_once_when_sent_again(tmp_path):
     """A sendMsgBatch of keyed messages without msgIds, split over both
     shards, sent to shard 0 right after shard 1 is killed: answered 503,

@@ -519,3 +519,39 @@ def test_a_head_said_earlier_and_heard_later_does_not_replace_a_newer_one(tmp_pa
     for saying in heard:
         listener.heard_head(1, "t", saying)
     assert listener.head_of(1, "t") == heads[-1][0]
+
+
+# -- a batch answered 503: what it takes back ---------------------------------------------
+
+part_outcomes = st.sampled_from(["stored", "refused", "lost, stored", "lost, not stored"])
+
+
+@given(st.lists(st.tuples(st.integers(0, 2), st.booleans()), min_size=1, max_size=12), st.data())
+def test_a_batch_answered_503_leaves_nothing_its_retry_would_store_twice(batch, data):
+    """A model of one failed sendMsgBatch split over 3 shards: each part
+    stored, refused (nothing stored), or lost with its answer (stored or
+    not: the asking shard cannot tell). After what owed_back takes back,
+    no message whose id the node made is left (the client's retry gets new
+    ids and would store them again); every id of the client's a part stored
+    stays (the retry finds it)."""
+    from broker.core.params import NewSend
+    from broker.shards.backend import owed_back
+    from storage.store import NewMessage
+
+    sends = [NewSend(NewMessage("t", f"m{at}", "x", 0, 0, 60_000, 3, 0, ""), False, made_id=made)
+             for at, (_, made) in enumerate(batch)]
+    owners = [shard for shard, _ in batch]
+    parts: dict[int, list[int]] = {}
+    for at, shard in enumerate(owners):
+        parts.setdefault(shard, []).append(at)
+    outcomes = {shard: data.draw(part_outcomes) for shard in parts}
+    errors = {"refused": InvalidRequest("msgs", "a bad one"), "lost, stored": Unavailable("link lost"),
+              "lost, not stored": Unavailable("link lost")}
+    answers = [[] if outcomes[shard] == "stored" else errors[outcomes[shard]] for shard in parts]
+    stored = {(owners[at], sends[at].message.msg_id) for shard, ats in parts.items() for at in ats
+              if outcomes[shard] in ("stored", "lost, stored")}
+    taken = owed_back(sends, owners, parts, answers)
+    assert all(topic == "t" for _, topic, _ in taken)
+    left = stored - {(shard, msg_id) for shard, _, msg_id in taken}
+    assert all(not sends[int(msg_id[1:])].made_id for _, msg_id in left), left
+    assert {m for m in stored if not sends[int(m[1][1:])].made_id} <= left
