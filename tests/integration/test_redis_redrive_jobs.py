@@ -79,6 +79,12 @@ def _finished_each_once(server: Server, topic: str, job_id: str, wait_s: float) 
 
 
 def test_a_paced_job_killed_midway_resumes_and_redrives_each_once(redis_url, tmp_path):
+    """...and resumes before the killed process's jobs lease would have
+    lapsed: the node started again on the same --data-dir is the same node
+    (its id kept there: docs/redis.md) and takes its own lease back at once."""
+    from broker.redis.jobs import job_keys
+    from broker.redis.keys import RedisConfig
+
     url = own_database(redis_url)
     server = Server.start(tmp_path / "data", "--backend", url, log_path=tmp_path / "serve.log")
     topic = "kill9-redrive-" + uuid.uuid4().hex[:8]
@@ -90,9 +96,15 @@ def test_a_paced_job_killed_midway_resumes_and_redrives_each_once(redis_url, tmp
         _wait_midway(server, job_id)
     finally:
         server.kill()
-    # (its lease, not let go, lapses before the new process takes the jobs)
+    import redis
+    with redis.Redis.from_url(url) as client:
+        lapse_s = time.monotonic() + int(client.pttl(job_keys(RedisConfig().key_prefix)[2])) / 1000
     again = Server.start(tmp_path / "data", "--backend", url, log_path=tmp_path / "serve2.log")
     try:
+        at_start = _job(again, job_id)["redriven"]  # (as the killed process last saved it, or more)
+        while _job(again, job_id)["redriven"] <= at_start:
+            assert time.monotonic() < lapse_s, ("the job did not move before the dead lease lapsed", at_start)
+            time.sleep(0.05)
         _finished_each_once(again, topic, job_id, TAKEOVER_S + 10)
     finally:
         assert again.stop() == 0
