@@ -125,6 +125,25 @@ def test_get_job_lists_and_cancel_job_stops_a_paced_job(api, topic):
     assert api.post("cancelJob")[0] == 400
 
 
+def test_an_ended_job_makes_room_oldest_first(serve, topic):
+    """--max-jobs 3 and three jobs ended: each new one drops the oldest
+    ended record (getJob 404 saying so), the newer ones still answered."""
+    api = serve("--max-jobs", "3", own_state=True)
+    made = []
+    for _ in range(5):
+        code, body = api.post("redriveMsgs", topic=topic + "-empty")
+        assert code == 200, body
+        made.append(body["jobId"])
+        wait_job(api, made[-1])
+        kept, dropped = made[-3:], made[:-3]
+        for job_id in kept:
+            code, body = api.get("getJob", jobId=job_id)
+            assert code == 200 and body["job"]["state"] == "done", body
+        for job_id in dropped:
+            code, body = api.get("getJob", jobId=job_id)
+            assert code == 404 and "dropped" in body["msg"], body
+
+
 def test_max_jobs_bounds_the_running_jobs_and_an_ended_one_makes_room(serve, topic):
     """--max-jobs 1: a job that ended does not lock out the next (its
     record makes room, and getJob says it was dropped); while one runs, a
