@@ -10,6 +10,14 @@ times /health every 10 ms; then the console's forecast is asked for
 
     PYTHONPATH=tests .venv/bin/python bench/schedule_catchup.py                     # 10,000 schedules a day behind
     PYTHONPATH=tests .venv/bin/python bench/schedule_catchup.py --schedules 100 --behind-s 600
+    .venv/bin/python bench/schedule_catchup.py --live --serve-flags="--shards 2"    # put live, then steady
+    .venv/bin/python bench/schedule_catchup.py --live --serve-flags="--backend redis://127.0.0.1:6379/0"
+
+--live: no day-behind data dir (its store is one shard's): a fresh node
+started with --serve-flags (serve's default node, a node of shards, a
+Redis node), the N schedules put over HTTP (putSchedule, 8 at a time;
+put_s), then, once each has made a run (hourglass_node_schedule_runs_total
+>= N), /health timed for --steady-s: steady_health_ms only.
 
   ready_s               from the spawn until /health answered 200 (the
                         data dir opened, the schedules file read)
@@ -36,9 +44,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
 import json
 import os
 import re
+import shlex
 import tempfile
 import threading
 import time
@@ -170,6 +180,36 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
             "cut": answer.get("scheduleRunsCut")}
 
 
+def live(args: argparse.Namespace) -> dict[str, Any]:
+    """--live: the schedules put over HTTP on a fresh node of --serve-flags, then the steady /health."""
+    with tempfile.TemporaryDirectory(prefix="hourglass-schedule-live-") as root:
+        server = Server.spawn(os.path.join(root, "data"), "--port", str(port := free_port()),
+                              "--max-schedules", str(args.schedules), *shlex.split(args.serve_flags),
+                              base=f"http://127.0.0.1:{port}", log_path=os.path.join(root, "serve.log"))
+        try:
+            server.wait_healthy(300)
+            started = time.monotonic()
+
+            def put(i: int) -> None:
+                status, raw = request(f"{server.base}/camellia/delayQueue/putSchedule",
+                                      data=f"topic={TOPIC}&scheduleId=s{i:05d}&cron={CRON}&msg=run".encode(),
+                                      headers={"Content-Type": "application/x-www-form-urlencoded"})
+                assert status == 200, raw[:300]
+            with concurrent.futures.ThreadPoolExecutor(8) as pool:
+                list(pool.map(put, range(args.schedules)))
+            put_s = time.monotonic() - started
+            wait_until(lambda: metric(server.base, "hourglass_node_schedule_runs_total") >= args.schedules, 600,
+                       "a run of every schedule", server.process, every_s=0.05)
+            timer = HealthTimer(server.base)
+            timer.start()
+            time.sleep(args.steady_s)  # the schedules firing, nothing else asked
+            steady = timer.stop()
+        finally:
+            server.stop()
+    return {"build": serve_version(), "schedules": args.schedules, "serve_flags": args.serve_flags,
+            "put_s": round(put_s, 3), "steady_health_ms": steady}
+
+
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--schedules", type=int, default=10_000)
@@ -177,8 +217,11 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--forecasts", type=int, default=5, help="console forecasts asked for, one after another")
     p.add_argument("--steady-s", type=float, default=5.0,
                    help="seconds /health is timed after the catch-up with nothing else asked (the schedules firing)")
+    p.add_argument("--live", action="store_true", help="put the schedules over HTTP on a fresh node (above)")
+    p.add_argument("--serve-flags", default="", help="with --live: more flags for hourglass serve")
     return p.parse_args()
 
 
 if __name__ == "__main__":
-    print(json.dumps(main(parse_args())))
+    arguments = parse_args()
+    print(json.dumps(live(arguments) if arguments.live else main(arguments)))
