@@ -32,7 +32,7 @@ class SchedulerConfig:
     # (10,000 every-second schedules: 10,000 a second, delivered with their
     # next runs' sends in one turn held the loop some 100 ms at 10,000, and
     # 20 ms at 1,000 each turn: a /health waits behind a few turns).
-    max_release_per_poll: int = 250
+    max_release_per_poll: int = 100
     # A release later than this after it was due (`due_ms`) counts as
     # overdue and opens (or extends) a catch-up report.
     late_ms: int = 1_000

@@ -28,7 +28,7 @@ Each change of one topic's schedules is ONE script (`WRITE`) over its
 keys, a compare-and-set: each row is written only if its revision is the
 one this node read or wrote last, all of them or none (else the write is
 refused, `StaleRows`, and the caller reads them again and decides anew).
-The caller writes at most ADVANCE_SLICE (250) rows a script
+The caller writes at most ADVANCE_SLICE (100) rows a script
 (broker.schedules.keeper's slices), so a script is bounded by 250 rows of at most
 --max-msg-bytes each. Reads of rows with their revisions are one script
 too (`READ`, `PAGE`), so a row is never paired with another's revision.

@@ -14,7 +14,7 @@ trigger time nominal + jitter (broker.core.recurrence); the state names it
     run as pending (synced), and only then sends that run's message.
 
 The worker takes the releases queued meanwhile in slices of at most
-ADVANCE_SLICE (250): a slice's next runs are worked out, written as one
+ADVANCE_SLICE (100): a slice's next runs are worked out, written as one
 record of their progress (one sync: the schedules file's "runs" record,
 or one Raft write), then sent as one batch (the send path sendMsgBatch
 takes), so 100,000 schedules firing at one instant cost 400 writes and
@@ -117,7 +117,7 @@ T = TypeVar("T")
 # Releases the worker follows at a time: one write of their progress, one send
 # (a quarter of sendMsgBatch's most: 10,000 every-second schedules keep the loop
 # answering within 50 ms, docs/benchmarks.md).
-ADVANCE_SLICE = 250
+ADVANCE_SLICE = 100
 # --max-schedules' default: schedules a node keeps (each in RAM with its
 # msg); a put of one more answers 429.
 DEFAULT_MAX_SCHEDULES = 10_000
