@@ -489,6 +489,7 @@ def test_the_only_node_restarted_after_kill_9_takes_its_own_leases_back_at_once(
             ("no run after the restart before the dead process's lease would have lapsed", runs)
         # (a missed run may be the one made ahead before the kill: its produceTime is then before it)
         missed = sorted(m["scheduledTime"] for m in runs if m["scheduledTime"] < restarted_ms - 1000)
-        assert len(missed) == CAUGHT_UP[misfire], (misfire, missed, restarted_ms, killed_ms, [(m["scheduledTime"], m["produceTime"], m["msgId"]) for m in runs])
+        assert len(missed) == CAUGHT_UP[misfire], (misfire, missed, restarted_ms, killed_ms,
+                                                   [(m["scheduledTime"], m["produceTime"]) for m in runs])
     finally:
         node.kill()
