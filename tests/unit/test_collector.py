@@ -1,0 +1,60 @@
+"""broker.server's ShortCollections (docs/internals.md, "The collector"):
+what survives a full collection is frozen, so the next ones walk only
+what came since; a cycle of frozen objects that dies is found once the
+frozen objects have grown past their bound, by one collection that walks
+them all. In a fresh interpreter: the collector is the process's."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+_PROBE = """
+import gc, json, weakref
+from broker.server import FROZEN_GROWTH, FROZEN_SLACK, ShortCollections
+
+class Node:
+    def __init__(self):
+        self.me = self  # a cycle: only the collector frees it
+
+out = {}
+collections = ShortCollections.install()
+kept = [Node() for _ in range(1000)]
+frozen_before = gc.get_freeze_count()
+gc.collect()
+out["survivors_frozen"] = gc.get_freeze_count() - frozen_before
+# a cycle that dies once frozen is not found by the collections that walk only what is new
+dying = Node()
+gc.collect()
+gone = weakref.ref(dying)
+del dying
+for _ in range(3):
+    gc.collect()
+out["dead_cycle_kept_while_frozen"] = gone() is not None
+out["walks_before"] = collections.walks
+# the frozen objects grow past their bound: thawed, and the next full collection walks them all
+more = [Node() for _ in range(FROZEN_GROWTH * collections.walked + FROZEN_SLACK)]
+gc.collect()  # leaves the many frozen: past the bound, the next one walks everything
+out["thawed"] = collections.thawed or collections.walks > 0
+gc.collect()
+out["walks_after"] = collections.walks
+out["dead_cycle_found"] = gone() is None
+out["alive_kept"] = all(n.me is n for n in kept) and len(more) > 0
+out["frozen_again"] = gc.get_freeze_count() >= len(kept) + len(more)
+collections.uninstall()
+out["uninstalled"] = gc.get_freeze_count() == 0 and collections.on_gc not in gc.callbacks
+print(json.dumps(out))
+"""
+
+
+def test_survivors_are_frozen_and_a_dead_frozen_cycle_is_found_once_the_frozen_grow_past_their_bound():
+    done = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = json.loads(done.stdout)
+    assert out["survivors_frozen"] >= 1000, out  # the 1,000 kept (and their attributes) frozen
+    assert out["dead_cycle_kept_while_frozen"] is True, out
+    assert out["walks_before"] == 0 and out["thawed"] is True, out
+    assert out["walks_after"] == 1 and out["dead_cycle_found"] is True, out
+    assert out["alive_kept"] is True and out["frozen_again"] is True, out
+    assert out["uninstalled"] is True, out
