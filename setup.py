@@ -122,6 +122,7 @@ COMPILED = [
     "broker/http/httpd.py",
     "broker/observe/metrics.py",
     "broker/retry.py",
+    "broker/schedules/checks.py",
     "broker/schedules/keeper.py",
     "broker/shards/placement.py",
     "broker/shards/backend.py",

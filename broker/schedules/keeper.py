@@ -48,7 +48,7 @@ conflict, counted, and the schedule goes on past it too: no message
 stands in for a run. The safety net for any path that tells no one (the
 Redis backend, where any node deletes; a run refiled from a far span): a
 pending run not released CHECK_AFTER_MS after its trigger time is read
-(`_checks`, a heap: O(log n) a run, no walk over every schedule) and
+(`_checks`: broker.schedules.checks, O(1) a run, no walk over every schedule) and
 followed as deleted, a conflict, a release, or looked at again later.
 
 A release more than misfireGraceMillis after the run's nominal time has
@@ -92,7 +92,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import heapq
 import logging
 from array import array
 from collections.abc import Awaitable, Callable, Sequence
@@ -107,6 +106,7 @@ from wheel.clock import Clock
 from ..backend import Backend
 from ..core.params import DeleteRequest, NewSend
 from ..core.recurrence import Misfire, Recurrence, jitter_ms, parse_run_msg_id, released, run_msg_id
+from .checks import Checks
 from .file import LAST_RUNS, Key, OpenedRowsLike, Row, RowError, RunProgress
 from .params import ScheduleSpec
 
@@ -140,8 +140,12 @@ REPAIR_INTERVAL_S = 1.0
 # safety net of the module docstring); one found still WAITING, as made, is
 # read again this long after.
 CHECK_AFTER_MS = 500
-# Entries of the check heap popped between two turns of the loop.
+# Pending runs of the checks looked at between two turns of the loop.
 CHECK_SLICE = 1000
+# Checks taken between two turns of the loop, most of them stale (their run
+# released and followed since): taken as they come due, they keep the checks
+# from growing to a pass over all of them (`_send_runs`).
+POP_SLICE = 10 * CHECK_SLICE
 
 
 class ScheduleStore(Protocol):
@@ -399,8 +403,9 @@ class Schedules:
         # after REPAIR_INTERVAL_S (a follow is idempotent: a schedule moved
         # on already is skipped)
         self._held_back: list[tuple[Key, int, int]] = []
-        # (when, schedule, nominal): a run sent, read then if still pending (a heap)
-        self._checks: list[tuple[int, Key, int]] = []
+        # (when, schedule, nominal): a run sent, read then if still pending
+        self._checks = Checks()
+        self._compact_at = CHECK_SLICE  # `_checks` kept to the pending ones past this many (`_send_runs`)
         self._places: dict[Location, Key] = {}  # each pending run's place -> its schedule (ScheduleState.place)
         # since the node started (on a cluster: since it last started
         # leading), /metrics': pending runs deleted (the schedule went on
@@ -518,7 +523,7 @@ class Schedules:
             retry_ms = self._clock.now_ms() + CHECK_AFTER_MS
             for k, n in runs:
                 self._held.pop(k, None)
-                heapq.heappush(self._checks, (retry_ms, k, n))
+                self._checks.add(retry_ms, k, n)
             self._wake.set()
         return len(runs)
 
@@ -633,7 +638,8 @@ class Schedules:
                         log.warning("schedules: %d pending runs not looked at yet: %s", len(looked), e)
                         retry_ms = self._clock.now_ms() + CHECK_AFTER_MS
                         for key, nominal_ms in looked:
-                            heapq.heappush(self._checks, (retry_ms, key, nominal_ms))
+                            self._checks.add(retry_ms, key, nominal_ms)
+                await asyncio.sleep(0)  # (a look reads each run without a wait: the loop's turn between slices)
             del gone
 
     def _wait_s(self) -> float | None:
@@ -641,23 +647,27 @@ class Schedules:
         if self._gone or self._released:
             return 0
         wait_s = REPAIR_INTERVAL_S if self._unsettled or self._held_back else None
-        if self._checks:
-            due_s = max(0, self._checks[0][0] - self._clock.now_ms()) / 1000
+        due_ms = self._checks.due_ms()
+        if due_ms is not None:
+            due_s = max(0, due_ms - self._clock.now_ms()) / 1000
             wait_s = due_s if wait_s is None else min(wait_s, due_s)
         return wait_s
 
     def _due_checks(self) -> list[tuple[Key, int]]:
-        """The runs to look at now: those told of, and those of the check
-        heap due (at most CHECK_SLICE entries popped) that are still pending."""
+        """The runs to look at now: those told of, and those of the checks
+        due that are still pending (taken CHECK_SLICE at a time until that
+        many are pending, or POP_SLICE taken: most are of runs released
+        and followed since)."""
         gone, self._gone = self._gone, []
-        checks, now_ms = self._checks, self._clock.now_ms()
-        for _ in range(CHECK_SLICE):
-            if not checks or checks[0][0] > now_ms:
+        now_ms, states = self._clock.now_ms(), self._states
+        for _ in range(POP_SLICE // CHECK_SLICE):
+            due = self._checks.take_due(now_ms, CHECK_SLICE)
+            for key, nominal_ms in due:
+                state = states.get(key)
+                if state is not None and state.pending == nominal_ms:
+                    gone.append((key, nominal_ms))
+            if len(due) < CHECK_SLICE or len(gone) >= CHECK_SLICE:
                 break
-            _, key, nominal_ms = heapq.heappop(checks)
-            state = self._states.get(key)
-            if state is not None and state.pending == nominal_ms:
-                gone.append((key, nominal_ms))
         return gone
 
     async def _look(self, runs: list[tuple[Key, int]]) -> None:
@@ -687,12 +697,12 @@ class Schedules:
                 if held is not None and held[0] == nominal_ms:
                     continue  # held back by a pause: its resume releases it
                 if holds is None or message.trigger_ms > self._clock.now_ms():
-                    heapq.heappush(self._checks, (self._clock.now_ms() + CHECK_AFTER_MS, key, nominal_ms))
+                    self._checks.add(self._clock.now_ms() + CHECK_AFTER_MS, key, nominal_ms)
                 elif holds.paused_for(message.topic, message.key):  # (a restart during the pause, a send due now)
                     self._held[key] = (nominal_ms, message.location)
                 else:  # due and not released: a pause's resume cut short, a restart's tick past it
                     due.setdefault(message.topic, []).append(message.msg_id)
-                    heapq.heappush(self._checks, (self._clock.now_ms() + CHECK_AFTER_MS, key, nominal_ms))
+                    self._checks.add(self._clock.now_ms() + CHECK_AFTER_MS, key, nominal_ms)
             else:  # released (or acked while waiting) with no release told: followed as one
                 self._released.append((key, nominal_ms, self._clock.now_ms()))
                 self._wake.set()
@@ -754,14 +764,15 @@ class Schedules:
             self._unplace(state)
             state.place = message.location
             self._places[message.location] = state.key
-            heapq.heappush(self._checks, (state.trigger_ms(nominal_ms) + CHECK_AFTER_MS, state.key, nominal_ms))
-        if len(self._checks) > 2 * len(self._states) + CHECK_SLICE:
+            self._checks.add(state.trigger_ms(nominal_ms) + CHECK_AFTER_MS, state.key, nominal_ms)
+        if len(self._checks) > max(self._compact_at, 2 * len(self._states) + CHECK_SLICE):
             # the checks of runs no longer pending (a schedule put, paused or
-            # deleted before its run's time), and repeats, kept only as long
-            # as the live ones: one pass per as many pushes as there are schedules
-            self._checks = list({c for c in self._checks if (s := self._states.get(c[1])) is not None
-                                 and s.pending == c[2]})
-            heapq.heapify(self._checks)
+            # deleted before its run's time), and repeats: one pass, again
+            # once as many are added as are kept (those of runs released and
+            # followed go as they come due: `_due_checks`)
+            states = self._states
+            self._checks.keep(lambda key, nominal_ms: (s := states.get(key)) is not None and s.pending == nominal_ms)
+            self._compact_at = 2 * len(self._checks) + CHECK_SLICE
         self._wake.set()  # (the worker's wait ends by the first check)
 
     def _unplace(self, state: ScheduleState) -> None:
@@ -838,8 +849,8 @@ class Schedules:
                         self._held[state.key] = (state.pending, message.location)
                         continue
                     due.setdefault(message.topic, []).append(message.msg_id)  # its pause is over
-                heapq.heappush(self._checks, (max(now_ms, state.trigger_ms(state.pending)) + CHECK_AFTER_MS,
-                                              state.key, state.pending))
+                self._checks.add(max(now_ms, state.trigger_ms(state.pending)) + CHECK_AFTER_MS, state.key,
+                                 state.pending)
         await self._send_runs(missing, strict=True)
         if holds is not None:
             for topic, msg_ids in due.items():
