@@ -11,10 +11,17 @@ every-second schedules put their checks at the same few milliseconds,
 where a heap of (time, schedule, run) entries compared each tie's
 schedule names, some 5-7 us a pop.
 
-    checks.add(at_ms, key, nominal_ms)
+    checks.add(at_ms, key, nominal_ms, now_ms)
     checks.due_ms()                  # when the first bucket comes due (None: empty)
     checks.take_due(now_ms, most)    # up to `most` of the due ones, earliest bucket first
     checks.keep(wanted)              # only those `wanted(key, nominal_ms)` says, once each
+    checks.far_added                 # added more than FAR_MS ahead since the last `keep`
+
+A check whose run has moved on (released and followed, deleted) stays
+until it comes due, and is then taken and passed over: those of runs
+due soon go by themselves. Those far ahead (a schedule put, paused or
+deleted long before its run's time) would stay for as long: the keeper
+calls `keep` once enough were added far ahead (`far_added`).
 """
 
 from __future__ import annotations
@@ -25,6 +32,8 @@ from collections.abc import Callable
 from .file import Key
 
 BUCKET_MS = 100
+# A check this far ahead of its adding counts in `far_added`.
+FAR_MS = 10_000
 
 
 class Checks:
@@ -32,6 +41,7 @@ class Checks:
         self._buckets: dict[int, list[tuple[Key, int]]] = {}  # bucket's end (ms) -> its checks
         self._ends: list[int] = []  # the buckets' ends, a heap
         self._count = 0
+        self.far_added = 0
 
     def __len__(self) -> int:
         return self._count
@@ -39,8 +49,10 @@ class Checks:
     def __repr__(self) -> str:
         return f"Checks({self._count} in {len(self._ends)} buckets)"
 
-    def add(self, at_ms: int, key: Key, nominal_ms: int) -> None:
+    def add(self, at_ms: int, key: Key, nominal_ms: int, now_ms: int) -> None:
         """Check `key`'s run `nominal_ms` once `at_ms` has come (in its bucket's end)."""
+        if at_ms - now_ms > FAR_MS:
+            self.far_added += 1
         end = -(-at_ms // BUCKET_MS) * BUCKET_MS
         bucket = self._buckets.get(end)
         if bucket is None:
@@ -86,3 +98,4 @@ class Checks:
         self._buckets = buckets
         self._ends = sorted(buckets)  # (a sorted list is a heap)
         self._count = len(seen)
+        self.far_added = 0

@@ -405,7 +405,6 @@ class Schedules:
         self._held_back: list[tuple[Key, int, int]] = []
         # (when, schedule, nominal): a run sent, read then if still pending
         self._checks = Checks()
-        self._compact_at = CHECK_SLICE  # `_checks` kept to the pending ones past this many (`_send_runs`)
         self._places: dict[Location, Key] = {}  # each pending run's place -> its schedule (ScheduleState.place)
         # since the node started (on a cluster: since it last started
         # leading), /metrics': pending runs deleted (the schedule went on
@@ -520,10 +519,9 @@ class Schedules:
                                                  if k in self._states])
         except (HourglassError, OSError) as e:  # looked at again: released by `_look`
             log.warning("schedules: the runs held by topic %s's pause not released yet: %s", topic, e)
-            retry_ms = self._clock.now_ms() + CHECK_AFTER_MS
             for k, n in runs:
                 self._held.pop(k, None)
-                self._checks.add(retry_ms, k, n)
+                self._check_again(k, n)
             self._wake.set()
         return len(runs)
 
@@ -636,9 +634,8 @@ class Schedules:
                         await self._look(looked)
                     except (HourglassError, OSError) as e:  # read again a moment later
                         log.warning("schedules: %d pending runs not looked at yet: %s", len(looked), e)
-                        retry_ms = self._clock.now_ms() + CHECK_AFTER_MS
                         for key, nominal_ms in looked:
-                            self._checks.add(retry_ms, key, nominal_ms)
+                            self._check_again(key, nominal_ms)
                 await asyncio.sleep(0)  # (a look reads each run without a wait: the loop's turn between slices)
             del gone
 
@@ -697,12 +694,12 @@ class Schedules:
                 if held is not None and held[0] == nominal_ms:
                     continue  # held back by a pause: its resume releases it
                 if holds is None or message.trigger_ms > self._clock.now_ms():
-                    self._checks.add(self._clock.now_ms() + CHECK_AFTER_MS, key, nominal_ms)
+                    self._check_again(key, nominal_ms)
                 elif holds.paused_for(message.topic, message.key):  # (a restart during the pause, a send due now)
                     self._held[key] = (nominal_ms, message.location)
                 else:  # due and not released: a pause's resume cut short, a restart's tick past it
                     due.setdefault(message.topic, []).append(message.msg_id)
-                    self._checks.add(self._clock.now_ms() + CHECK_AFTER_MS, key, nominal_ms)
+                    self._check_again(key, nominal_ms)
             else:  # released (or acked while waiting) with no release told: followed as one
                 self._released.append((key, nominal_ms, self._clock.now_ms()))
                 self._wake.set()
@@ -754,6 +751,7 @@ class Schedules:
         if not runs:
             return
         answers = await self.backend().send([self._run_send(s, nominal_ms, strict) for s, nominal_ms in runs])
+        now_ms = self._clock.now_ms()
         for (state, nominal_ms), message in zip(runs, answers):
             if state.pending != nominal_ms or self._states.get(state.key) is not state:
                 continue
@@ -764,16 +762,20 @@ class Schedules:
             self._unplace(state)
             state.place = message.location
             self._places[message.location] = state.key
-            self._checks.add(state.trigger_ms(nominal_ms) + CHECK_AFTER_MS, state.key, nominal_ms)
-        if len(self._checks) > max(self._compact_at, 2 * len(self._states) + CHECK_SLICE):
-            # the checks of runs no longer pending (a schedule put, paused or
-            # deleted before its run's time), and repeats: one pass, again
-            # once as many are added as are kept (those of runs released and
-            # followed go as they come due: `_due_checks`)
+            self._checks.add(state.trigger_ms(nominal_ms) + CHECK_AFTER_MS, state.key, nominal_ms, now_ms)
+        if self._checks.far_added > 2 * len(self._states) + CHECK_SLICE:
+            # the checks of runs no longer pending far ahead (a schedule put,
+            # paused or deleted long before its run's time), and repeats: one
+            # pass once twice as many were added far ahead as there are
+            # schedules (those of runs due soon go as they come due: `_due_checks`)
             states = self._states
             self._checks.keep(lambda key, nominal_ms: (s := states.get(key)) is not None and s.pending == nominal_ms)
-            self._compact_at = 2 * len(self._checks) + CHECK_SLICE
         self._wake.set()  # (the worker's wait ends by the first check)
+
+    def _check_again(self, key: Key, nominal_ms: int) -> None:
+        """Read `key`'s pending run `nominal_ms` again CHECK_AFTER_MS from now."""
+        now_ms = self._clock.now_ms()
+        self._checks.add(now_ms + CHECK_AFTER_MS, key, nominal_ms, now_ms)
 
     def _unplace(self, state: ScheduleState) -> None:
         """Forget where the state's pending run was (it moved on, or is gone)."""
@@ -850,7 +852,7 @@ class Schedules:
                         continue
                     due.setdefault(message.topic, []).append(message.msg_id)  # its pause is over
                 self._checks.add(max(now_ms, state.trigger_ms(state.pending)) + CHECK_AFTER_MS, state.key,
-                                 state.pending)
+                                 state.pending, now_ms)
         await self._send_runs(missing, strict=True)
         if holds is not None:
             for topic, msg_ids in due.items():

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from broker.schedules.checks import BUCKET_MS, Checks
+from broker.schedules.checks import BUCKET_MS, FAR_MS, Checks
 
 KEYS = st.sampled_from([("t", "a"), ("t", "b"), ("u", "a")])
 NOMINALS = st.integers(0, 3)
@@ -22,13 +22,16 @@ class ChecksMachine(RuleBasedStateMachine):
         self.checks = Checks()
         self.model: list[tuple[int, tuple[str, str], int]] = []  # (time, key, nominal)
         self.now_ms = 0
+        self.far_added = 0
 
-    @rule(ahead=st.integers(0, 3 * BUCKET_MS), key=KEYS, nominal=NOMINALS)
+    @rule(ahead=st.one_of(st.integers(0, 3 * BUCKET_MS), st.integers(FAR_MS - 1, FAR_MS + 1)), key=KEYS,
+          nominal=NOMINALS)
     def add(self, ahead: int, key: tuple[str, str], nominal: int) -> None:
-        self.checks.add(self.now_ms + ahead, key, nominal)
+        self.checks.add(self.now_ms + ahead, key, nominal, self.now_ms)
         self.model.append((self.now_ms + ahead, key, nominal))
+        self.far_added += ahead > FAR_MS
 
-    @rule(step=st.integers(0, 2 * BUCKET_MS))
+    @rule(step=st.one_of(st.integers(0, 2 * BUCKET_MS), st.just(FAR_MS)))
     def advance(self, step: int) -> None:
         self.now_ms += step
 
@@ -61,10 +64,12 @@ class ChecksMachine(RuleBasedStateMachine):
                 kept.setdefault((key, nominal), at)
         # each once, in its earliest bucket: the model keeps the one of the earliest bucket
         self.model = [(at, key, nominal) for (key, nominal), at in kept.items()]
+        self.far_added = 0
 
     @invariant()
     def counts_and_first_due(self) -> None:
         assert len(self.checks) == len(self.model)
+        assert self.checks.far_added == self.far_added
         due = self.checks.due_ms()
         if not self.model:
             assert due is None
@@ -80,7 +85,7 @@ TestChecks.settings = settings(max_examples=300, stateful_step_count=40, deadlin
 def test_take_due_takes_exactly_the_checks_whose_bucket_has_ended_earliest_first(adds, now_ms):
     checks = Checks()
     for at, key, nominal in adds:
-        checks.add(at, key, nominal)
+        checks.add(at, key, nominal, 0)
     ends: list[int] = []
     while True:
         first = checks.due_ms()
