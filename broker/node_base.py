@@ -333,7 +333,7 @@ class NodeBase(ABC):
             families += push_families(self.pushers.stats, self.config.metrics_topics)
         if self.schedules is not None:  # recurring schedules' series, at most --metrics-topics of them
             from .schedules.metrics import schedule_families
-            families += schedule_families(self.schedules, self.config.metrics_topics)
+            families += await schedule_families(self.schedules, self.config.metrics_topics)
         return families
 
     def start_monitor(self) -> asyncio.Task[None]:

@@ -445,9 +445,6 @@ class Schedules:
         """No release is waiting to be followed and no change is under way (tests)."""
         return not self._released and not self._gone and not self._lock.locked()
 
-    def paused_count(self) -> int:
-        return sum(s.paused for s in self._states.values())
-
     def scheduled(self, topic: str, schedule_ids: Sequence[str]) -> set[str]:
         """Those of `schedule_ids` that are schedules of `topic` (a send
         under one's run msgId is refused: broker.http.api)."""
