@@ -20,6 +20,7 @@ import ctypes
 import gc
 import logging
 import os
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING
 
@@ -305,9 +306,11 @@ ARENA_MAX = 2
 
 
 # The objects frozen after the last full collection that walked all of them, times this plus
-# FROZEN_SLACK, and the next full collection walks all of them again (`ShortCollections`).
+# FROZEN_SLACK, or THAW_S since that walk, and the next full collection walks all of them again
+# (`ShortCollections`).
 FROZEN_GROWTH = 2
 FROZEN_SLACK = 50_000
+THAW_S = 600.0
 
 
 class ShortCollections:
@@ -319,20 +322,25 @@ class ShortCollections:
     and the next full collections walk only what came since. A cycle among
     frozen objects that dies is not found by those; so once the frozen
     objects pass FROZEN_GROWTH times their count after the last walk of
-    everything (plus FROZEN_SLACK), they are thawed and the next full
-    collection walks them all once. Frozen objects freed by their count of
-    references are freed as ever."""
+    everything (plus FROZEN_SLACK), or THAW_S after that walk (a dead
+    cycle may hold large buffers: a count bounds their number, not their
+    bytes), they are thawed and the next full collection walks them all
+    once. Frozen objects freed by their count of references are freed as
+    ever. (Python 3.11-3.13's collector; on 3.14, incremental, the node
+    freezes once at its start and the rest does nothing.)"""
 
-    def __init__(self) -> None:
+    def __init__(self, now: Callable[[], float] = time.monotonic) -> None:
+        self.now = now
         self.walked = gc.get_freeze_count()  # frozen after the last full collection that walked everything
+        self.walked_at = now()
         self.thawed = False  # the next full collection walks everything
-        self.walks = 0  # full collections that walked everything (for tests)
+        self.walks = 0  # full collections that walked everything (logged, and for tests)
 
     @classmethod
-    def install(cls) -> ShortCollections:
+    def install(cls, now: Callable[[], float] = time.monotonic) -> ShortCollections:
         """What opening made frozen now, and every full collection's survivors after it."""
         gc.freeze()
-        collections = cls()
+        collections = cls(now)
         gc.callbacks.append(collections.on_gc)
         return collections
 
@@ -348,8 +356,10 @@ class ShortCollections:
             self.thawed = False
             self.walks += 1
             gc.freeze()
-            self.walked = gc.get_freeze_count()
-        elif gc.get_freeze_count() > FROZEN_GROWTH * self.walked + FROZEN_SLACK:
+            self.walked, self.walked_at = gc.get_freeze_count(), self.now()
+            log.debug("the collector walked every object (%d), %d alive after it", self.walks, self.walked)
+        elif (gc.get_freeze_count() > FROZEN_GROWTH * self.walked + FROZEN_SLACK
+              or self.now() - self.walked_at > THAW_S):
             gc.unfreeze()  # into the oldest generation: the next full collection walks them all
             self.thawed = True
         else:

@@ -140,7 +140,8 @@ REPAIR_INTERVAL_S = 1.0
 # safety net of the module docstring); one found still WAITING, as made, is
 # read again this long after.
 CHECK_AFTER_MS = 500
-# Pending runs of the checks looked at between two turns of the loop.
+# Pending runs of the checks a pass of the worker looks at (in slices of
+# ADVANCE_SLICE, a turn of the loop between them).
 CHECK_SLICE = 1000
 # Checks taken between two turns of the loop, most of them stale (their run
 # released and followed since): taken as they come due, they keep the checks
@@ -403,7 +404,7 @@ class Schedules:
         # after REPAIR_INTERVAL_S (a follow is idempotent: a schedule moved
         # on already is skipped)
         self._held_back: list[tuple[Key, int, int]] = []
-        # (when, schedule, nominal): a run sent, read then if still pending
+        # a run sent (schedule, nominal time), read at a time if still pending
         self._checks = Checks()
         self._places: dict[Location, Key] = {}  # each pending run's place -> its schedule (ScheduleState.place)
         # since the node started (on a cluster: since it last started
@@ -760,11 +761,12 @@ class Schedules:
             state.place = message.location
             self._places[message.location] = state.key
             self._checks.add(state.trigger_ms(nominal_ms) + CHECK_AFTER_MS, state.key, nominal_ms, now_ms)
-        if self._checks.far_added > 2 * len(self._states) + CHECK_SLICE:
+        most = 2 * len(self._states) + CHECK_SLICE
+        if self._checks.far_added > most and len(self._checks) > most:
             # the checks of runs no longer pending far ahead (a schedule put,
             # paused or deleted long before its run's time), and repeats: one
-            # pass once twice as many were added far ahead as there are
-            # schedules (those of runs due soon go as they come due: `_due_checks`)
+            # pass once more were added far ahead, and are kept, than twice
+            # the schedules (those of runs due soon go as they come due: `_due_checks`)
             states = self._states
             self._checks.keep(lambda key, nominal_ms: (s := states.get(key)) is not None and s.pending == nominal_ms)
         self._wake.set()  # (the worker's wait ends by the first check)

@@ -1,8 +1,8 @@
 """broker.server's ShortCollections (docs/internals.md, "The collector"):
 what survives a full collection is frozen, so the next ones walk only
 what came since; a cycle of frozen objects that dies is found once the
-frozen objects have grown past their bound, by one collection that walks
-them all. In a fresh interpreter: the collector is the process's."""
+frozen objects have grown past their bound, or THAW_S after the last
+walk of everything, by one collection that walks them all. In a fresh interpreter: the collector is the process's."""
 
 from __future__ import annotations
 
@@ -12,14 +12,15 @@ import sys
 
 _PROBE = """
 import gc, json, weakref
-from broker.server import FROZEN_GROWTH, FROZEN_SLACK, ShortCollections
+from broker.server import FROZEN_GROWTH, FROZEN_SLACK, THAW_S, ShortCollections
 
 class Node:
     def __init__(self):
         self.me = self  # a cycle: only the collector frees it
 
 out = {}
-collections = ShortCollections.install()
+clock = [0.0]
+collections = ShortCollections.install(lambda: clock[0])
 kept = [Node() for _ in range(1000)]
 frozen_before = gc.get_freeze_count()
 gc.collect()
@@ -42,6 +43,17 @@ out["walks_after"] = collections.walks
 out["dead_cycle_found"] = gone() is None
 out["alive_kept"] = all(n.me is n for n in kept) and len(more) > 0
 out["frozen_again"] = gc.get_freeze_count() >= len(kept) + len(more)
+# THAW_S after that walk, a dead frozen cycle is found too, however few the frozen
+late = Node()
+gc.collect()
+late_gone = weakref.ref(late)
+del late
+gc.collect()
+out["late_kept_before_thaw_s"] = late_gone() is not None and collections.walks == 1
+clock[0] += THAW_S + 1
+gc.collect()
+gc.collect()
+out["late_found_after_thaw_s"] = late_gone() is None and collections.walks == 2
 collections.uninstall()
 out["uninstalled"] = gc.get_freeze_count() == 0 and collections.on_gc not in gc.callbacks
 print(json.dumps(out))
@@ -57,4 +69,5 @@ def test_survivors_are_frozen_and_a_dead_frozen_cycle_is_found_once_the_frozen_g
     assert out["walks_before"] == 0 and out["thawed"] is True, out
     assert out["walks_after"] == 1 and out["dead_cycle_found"] is True, out
     assert out["alive_kept"] is True and out["frozen_again"] is True, out
+    assert out["late_kept_before_thaw_s"] is True and out["late_found_after_thaw_s"] is True, out
     assert out["uninstalled"] is True, out

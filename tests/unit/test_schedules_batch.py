@@ -435,8 +435,11 @@ def test_the_checks_of_runs_no_longer_pending_are_dropped_in_time(node: Node) ->
     yearly = spec(0, cron="0 0 1 1 *")
     for _ in range(CHECK_SLICE + 200):
         node.h.run(node.schedules.put(yearly, None))
-    assert len(node.schedules._checks) <= 2 + CHECK_SLICE  # (white box: the checks themselves)
-    assert node.schedules.get(TOPIC, "s00000").version == CHECK_SLICE + 200
+    checks = node.schedules._checks  # (white box: the checks themselves)
+    assert len(checks) <= 2 + CHECK_SLICE
+    state = node.schedules.get(TOPIC, "s00000")
+    assert state.version == CHECK_SLICE + 200
+    assert (state.key, state.pending) in checks.take_due(state.pending + 10 * MINUTE_MS, len(checks))  # the live one kept
 
 
 def test_a_release_met_by_a_failing_repair_is_followed_once_the_failure_passes(node: Node) -> None:
@@ -474,3 +477,20 @@ def test_a_release_met_by_a_failing_repair_is_followed_once_the_failure_passes(n
     assert sorted(node.drain()) == sorted([f"{early}@{early_ms}", f"{late}@{late_ms}"])
     node.advance_to(late_ms + MINUTE_MS)
     assert sorted(node.drain()) == sorted([f"{early}@{early_ms + MINUTE_MS}", f"{late}@{late_ms + MINUTE_MS}"])
+
+
+def test_a_pending_run_due_for_its_check_is_found_behind_thousands_of_stale_checks(node: Node) -> None:
+    """The worker takes the checks due CHECK_SLICE at a time, passing over
+    those of runs no longer pending: a pending run's check due behind
+    3 x CHECK_SLICE stale ones is looked at, and the stale ones are gone."""
+    node.put(1)
+    state = node.schedules.get(TOPIC, "s00000")
+    now_ms = node.h.clock.now_ms()
+    checks = node.schedules._checks  # (white box: the checks themselves)
+    checks.add(now_ms, state.key, state.pending, now_ms)
+    for i in range(3 * CHECK_SLICE):
+        checks.add(now_ms, (TOPIC, f"gone{i}"), i, now_ms)  # no such schedule: stale
+    looked = [run for _ in range(3) for run in node.schedules._due_checks()]
+    assert looked == [(state.key, state.pending)]
+    due_ms = checks.due_ms()
+    assert due_ms is not None and due_ms > now_ms  # what is left: the run's own check, at its time
