@@ -17,7 +17,7 @@ import tempfile
 import time
 
 from storage import id_index
-from storage.id_index import IdIndex
+from storage.id_index import IdIndex, Residency
 
 
 def run(ids: int, paged: bool) -> tuple[float, int]:
@@ -25,7 +25,7 @@ def run(ids: int, paged: bool) -> tuple[float, int]:
     directory = tempfile.mkdtemp(prefix="hourglass-index-pages-")
     try:
         index = IdIndex.build(directory + "/ids", 8192, lambda hour: True,
-                              resident_bytes=0 if paged else 1 << 40)
+                              residency=Residency(0 if paged else 1 << 40))
         index.publish()
         began = time.perf_counter()
         for batch in range(ids // 1000):

@@ -74,12 +74,13 @@ class DiskNode(NodeBase):
     def __init__(self, config: ServeConfig) -> None:
         clock = SystemClock()
         started = time.perf_counter()
-        self.store = Store.open(config.data_path, config.store, now_ms=clock.now_ms())
-        metrics = Metrics()
-        queues, schedule_limits = config.queues, config.schedules
+        store_config, queues, schedule_limits = config.store, config.queues, config.schedules
         if config.shard is not None:  # the node's budgets, this shard's share (broker.shards.budgets)
-            from .shards.budgets import shard_queues, shard_schedules
+            from .shards.budgets import shard_queues, shard_schedules, shard_store
             queues, schedule_limits = shard_queues(queues, *config.shard), shard_schedules(schedule_limits, *config.shard)
+            store_config = shard_store(store_config, *config.shard)
+        self.store = Store.open(config.data_path, store_config, now_ms=clock.now_ms())
+        metrics = Metrics()
         self.broker = Broker(self.store, clock, config.defaults, metrics,
                              tick_path=os.path.join(config.data_path, "tick"), limits=queues)
         self.broker.on_fatal = lambda error: self.stop_asked.set()

@@ -64,7 +64,7 @@ from .config import StoreConfig
 from .disk import Disk
 from .entry import Location
 from .errors import CorruptionError, NewerFormatError
-from .id_index import IdIndex
+from .id_index import IdIndex, Residency
 from .key_index import derive
 
 HI_SHIFT = 31
@@ -92,14 +92,15 @@ class EndIndex:
         self.damaged = 0  # slots whose check byte failed at a look-up (that end forgotten)
 
     @classmethod
-    def open(cls, directory: str, config: StoreConfig, is_live: Callable[[int], bool], disk: Disk) -> EndIndex:
+    def open(cls, directory: str, config: StoreConfig, is_live: Callable[[int], bool], disk: Disk,
+             residency: Residency | None = None) -> EndIndex:
         """The index in `directory`, or a new empty one when it is missing or
         damaged (a torn or corrupt shard: its ends are forgotten)."""
         reason = None
         if IdIndex.is_current(directory):
             try:
                 return cls(IdIndex.open(directory, config.id_shard_initial_slots, is_live, disk=disk,
-                                        resident_bytes=config.index_resident_bytes))
+                                        residency=residency))
             except NewerFormatError:  # not damage: refused, never made again
                 raise
             except CorruptionError as e:
@@ -109,7 +110,7 @@ class EndIndex:
             reason = f"{directory} is incomplete"
             shutil.rmtree(directory)
         slots = IdIndex.build(directory, config.id_shard_initial_slots, is_live, disk=disk,
-                              resident_bytes=config.index_resident_bytes)
+                              residency=residency)
         try:
             slots.publish()
         except BaseException:

@@ -106,21 +106,23 @@ SHARD_SHIFT = 58  # 64 - log2(SHARDS)
 MAX_LOAD = 0.7
 MAX_PROBE_SLOTS = 64
 MIN_LOAD_TO_GROW = 0.25  # below it, a run too long is of equal keys: probing on beats doubling
-# Resident pages between sheds: an index whose shards are larger than
-# SHED_ABOVE_BYTES (--index-resident-mb) sheds its mapped pages (`shed`)
-# once it made as many lookups and inserts since the last shed as half
-# that size has pages, at most SHED_EVERY_CALLS and at least SHED_MIN_CALLS
-# (a shed is a madvise a shard, 64 system calls) -- each touches a page or
-# two. A batch's look-ups (`keys_present`) shed first when they would pass
-# that count, and its inserts (`put_many`, of the same keys: their pages
-# still resident) after: so about one batch's pages, or that count's, stay
-# resident however fast ids come (a checkpoint's shed, every second, would
-# let a busy index hold a second's pages: 100s of MB at 10,000 ids a
-# second). A smaller index stays resident: its pages cost at most
-# SHED_ABOVE_BYTES.
+# Resident pages between sheds: a store's indexes (id, key, end) share one
+# budget, SHED_ABOVE_BYTES (--index-resident-mb; `Residency`). Once their
+# files together are larger, each index sheds its mapped pages (`shed`)
+# once it made as many lookups and inserts since the last shed as half its
+# share of the budget (a third of it) has pages, at most SHED_EVERY_CALLS
+# and at least SHED_MIN_CALLS (a shed is a madvise a shard, 64 system
+# calls) -- each touches a page or two. A batch's look-ups (`keys_present`)
+# shed first when they would pass that count, and its inserts (`put_many`,
+# of the same keys: their pages still resident) after: so about one
+# batch's pages, or that count's, stay resident however fast ids come (a
+# checkpoint's shed, every second, would let a busy index hold a second's
+# pages: 100s of MB at 10,000 ids a second). Smaller indexes stay
+# resident: their pages cost at most SHED_ABOVE_BYTES together.
 SHED_EVERY_CALLS = 1024
 SHED_MIN_CALLS = 256
 SHED_ABOVE_BYTES = 16 << 20
+RESIDENCY_SHARES = 3  # the indexes a store may have: ids, keys, ends
 # A read of a page not mapped yet maps its neighbours too (the kernel's
 # fault-around: 64 kB a read on Linux), so a large index's random probes
 # would each make 16 pages resident. Above SHED_ABOVE_BYTES each probe
@@ -296,6 +298,33 @@ class Shard:
 # -- the index -----------------------------------------------------------------------
 
 
+class Residency:
+    """The budget of resident index pages a store's indexes share
+    (--index-resident-mb): while their files together are no larger, every
+    page they touch stays resident (shed at each checkpoint); once larger,
+    each of them sheds its pages as it works (`IdIndex._touched`). An index
+    made alone has a budget of its own."""
+
+    def __init__(self, budget_bytes: int = SHED_ABOVE_BYTES) -> None:
+        self.budget_bytes = budget_bytes
+        self._indexes: list[IdIndex] = []
+
+    def join(self, index: IdIndex) -> None:
+        self._indexes.append(index)
+
+    def leave(self, index: IdIndex) -> None:
+        self._indexes = [i for i in self._indexes if i is not index]
+
+    def over(self) -> bool:
+        """Whether the indexes' files together are larger than the budget."""
+        return sum(index.disk_bytes() for index in self._indexes) > self.budget_bytes
+
+    def shed_every_calls(self) -> int:
+        """An index's calls between sheds: half its share's pages, within bounds."""
+        share = self.budget_bytes // RESIDENCY_SHARES
+        return min(SHED_EVERY_CALLS, max(SHED_MIN_CALLS, share // PAGE_BYTES // 2))
+
+
 class IdIndex:
     """Maps a 64-bit id key to the locations of messages that may hold it.
 
@@ -311,12 +340,12 @@ class IdIndex:
     insert before the shard grows; `probes` counts every slot read. Memory
     is the mapped pages touched, which `shed()` returns to the page cache
     after each checkpoint, and every `shed_every_calls` calls once the
-    index is larger than `shed_above_bytes` (`_touched`).
+    store's indexes are larger than their `residency`'s budget (`_touched`).
     """
 
     def __init__(self, directory: str, initial_slots: int, is_live: Callable[[int], bool], secret: bytes,
                  is_released: Callable[[int, int], bool] | None = None, disk: Disk = DISK,
-                 resident_bytes: int = SHED_ABOVE_BYTES) -> None:
+                 residency: Residency | None = None) -> None:
         self.directory = directory
         self.disk = disk  # what a new shard reserves its blocks through (storage.disk)
         self.initial_slots = initial_slots
@@ -326,9 +355,10 @@ class IdIndex:
         self.shards: list[Shard] = []
         self.probes = 0  # slots read by put and candidates, for tests and metrics
         self.sheds = 0  # sheds of its pages, for tests
-        # (--index-resident-mb: the size above which the index keeps its pages out of RSS)
-        self.shed_above_bytes = resident_bytes
-        self.shed_every_calls = min(SHED_EVERY_CALLS, max(SHED_MIN_CALLS, resident_bytes // PAGE_BYTES // 2))
+        # (--index-resident-mb: the budget above which the store's indexes keep their pages out of RSS)
+        self.residency = Residency() if residency is None else residency
+        self.residency.join(self)
+        self.shed_every_calls = self.residency.shed_every_calls()
         self._calls = 0  # lookups and inserts since the last shed
         self._paged = False  # each probe maps its page alone first (large: MADV_POPULATE_WRITE)
         self._can_page = sys.platform.startswith("linux")  # (False once the kernel refused it)
@@ -363,18 +393,18 @@ class IdIndex:
     @classmethod
     def open(cls, directory: str, initial_slots: int, is_live: Callable[[int], bool],
              is_released: Callable[[int, int], bool] | None = None, disk: Disk = DISK,
-             resident_bytes: int = SHED_ABOVE_BYTES) -> IdIndex:
+             residency: Residency | None = None) -> IdIndex:
         """Open the index in `directory`, creating an empty one if there is
         none. Refuses an index older than the keyed hash (rebuild it with
         `build` from the messages it should hold)."""
         if not cls.is_current(directory):
             if os.path.isdir(directory) and any(n.endswith(".hix") for n in os.listdir(directory)):
                 raise CorruptionError(directory, 0, "id index from before the keyed hash (no secret): rebuild it")
-            index = cls.build(directory, initial_slots, is_live, is_released, disk, resident_bytes)
+            index = cls.build(directory, initial_slots, is_live, is_released, disk, residency)
             index.publish()
             return index
         secret = read_secret(os.path.join(directory, SECRET_FILE))
-        index = cls(directory, initial_slots, is_live, secret, is_released, disk, resident_bytes)
+        index = cls(directory, initial_slots, is_live, secret, is_released, disk, residency)
         try:
             for n in range(SHARDS):
                 path = index._path(n)
@@ -389,14 +419,14 @@ class IdIndex:
     @classmethod
     def build(cls, directory: str, initial_slots: int, is_live: Callable[[int], bool],
               is_released: Callable[[int, int], bool] | None = None, disk: Disk = DISK,
-             resident_bytes: int = SHED_ABOVE_BYTES) -> IdIndex:
+             residency: Residency | None = None) -> IdIndex:
         """A new, empty index with a new secret, made in `directory`.new:
         fill it with `put`, then `publish()` it in place of `directory`."""
         building = directory + ".new"
         if os.path.exists(building):
             shutil.rmtree(building)
         make_dir(building)
-        index = cls(building, initial_slots, is_live, os.urandom(SECRET_BYTES), is_released, disk, resident_bytes)
+        index = cls(building, initial_slots, is_live, os.urandom(SECRET_BYTES), is_released, disk, residency)
         try:
             for n in range(SHARDS):
                 shard = Shard.create(index._path(n), initial_slots, index._secret_tag, disk)
@@ -740,7 +770,7 @@ class IdIndex:
 
     def _shed_if_large(self) -> None:
         self._calls = 0
-        if self.disk_bytes() > self.shed_above_bytes:
+        if self.residency.over():
             self._page_probes()
             self.shed()
 
@@ -764,6 +794,7 @@ class IdIndex:
             shard.mm.flush()
             shard.close()
         self.shards.clear()
+        self.residency.leave(self)
 
     def __repr__(self) -> str:
         used = sum(s.used for s in self.shards)

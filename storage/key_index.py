@@ -109,7 +109,7 @@ from .entry import MS_PER_HOUR, Location
 from .errors import CorruptionError, NewerFormatError
 from .fileutil import atomic_write
 from .hour_table import HourTable
-from .id_index import IdIndex
+from .id_index import IdIndex, Residency
 
 # The first byte of a delay-log body with a serial key: a msgpack fixarray of 8.
 KEYED_BODY = 0x98
@@ -488,7 +488,8 @@ def key_of_body(index: KeyIndex, body: bytes | memoryview, known: dict[tuple[str
     return key
 
 
-def open_key_index(directory: str, config: StoreConfig, hours: HourTable, disk: Disk) -> KeyIndex:
+def open_key_index(directory: str, config: StoreConfig, hours: HourTable, disk: Disk,
+                   residency: Residency | None = None) -> KeyIndex:
     """The key index in `directory` (on `disk`), or a new one (new secret) holding every
     keyed, unreleased message of the checkpointed files when it is
     missing, damaged or of an older layout: every entry and every keyed
@@ -497,14 +498,14 @@ def open_key_index(directory: str, config: StoreConfig, hours: HourTable, disk: 
         if os.path.exists(os.path.join(directory, LAYOUT_FILE)):
             try:
                 return KeyIndex(IdIndex.open(directory, config.id_shard_initial_slots, hours.__contains__,
-                                             disk=disk, resident_bytes=config.index_resident_bytes))
+                                             disk=disk, residency=residency))
             except NewerFormatError:  # not damage: refused, never rebuilt
                 raise
             except CorruptionError:  # a torn or damaged shard: derived data, made again
                 pass
         shutil.rmtree(directory)
     slots = IdIndex.build(directory, config.id_shard_initial_slots, hours.__contains__, disk=disk,
-                          resident_bytes=config.index_resident_bytes)
+                          residency=residency)
     keys = KeyIndex(slots)
     try:
         atomic_write(os.path.join(slots.directory, LAYOUT_FILE), b"")

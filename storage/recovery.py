@@ -47,7 +47,7 @@ from .fileutil import make_dir, refuse_newer_file
 from .hour import Hour
 from .hour_files import hour_paths, parse_hour_name
 from .hour_table import HourTable
-from .id_index import IdIndex
+from .id_index import IdIndex, Residency
 from .reading import Reader
 
 
@@ -91,16 +91,17 @@ def load_hours(hours: HourTable, ck: Checkpoint) -> None:
             os.unlink(os.path.join(hours.delay_dir, name))
 
 
-def open_id_index(directory: str, config: StoreConfig, hours: HourTable, disk: Disk) -> IdIndex:
+def open_id_index(directory: str, config: StoreConfig, hours: HourTable, disk: Disk,
+                  residency: Residency) -> IdIndex:
     """Step 3: the id index in `directory` (on `disk`), or a new one (new secret) holding
     every unreleased message of the checkpointed hours when it is missing
     or from before the keyed hash: every entry and the front of every body
     read once; replaying the log adds the rest."""
     if IdIndex.is_current(directory):
         return IdIndex.open(directory, config.id_shard_initial_slots, hours.__contains__, hours.released, disk,
-                            config.index_resident_bytes)
+                            residency)
     ids = IdIndex.build(directory, config.id_shard_initial_slots, hours.__contains__, hours.released, disk,
-                        config.index_resident_bytes)
+                        residency)
     try:
         for h in hours.ascending():
             files = hours.files(h)

@@ -110,7 +110,7 @@ from .entry import STATUS_BY_VALUE, IndexEntry, Location, Message, Status
 from .errors import ContractError, CorruptionError, StoreClosedError
 from .files import far_hours_limit
 from .hour_table import HourTable
-from .id_index import IdIndex
+from .id_index import IdIndex, Residency
 from .key_index import BucketPlaces, KeyBucket, KeyIndex, KeyPart, key_dir, open_key_index
 from .pending import Pending
 from .placement import Placement
@@ -177,7 +177,7 @@ class Store:
         consuming = {Location(hour, gi): deadline for hour, gi, deadline in checkpoint.consuming or ()}
         self._applier = Applier(hours, ids, log, self._pending, dict(checkpoint.topic_names), consuming,
                                 keys, ends, lambda: EndIndex.open(os.path.join(directory, "ends"), config,
-                                                                  hours.__contains__, disk))
+                                                                  hours.__contains__, disk, ids.residency))
         # The names of the topics with a message in a live hour (as
         # `has_topic`), the applier's own set: read it, never change it.
         self.topic_set: AbstractSet[str] = self._applier.topics_by_name
@@ -222,11 +222,12 @@ class Store:
         ends: EndIndex | None = None
         try:
             recovery.load_hours(hours, checkpoint)
-            ids = recovery.open_id_index(os.path.join(directory, "ids"), config, hours, disk)
-            keys = open_key_index(key_dir(directory), config, hours, disk)
+            residency = Residency(config.index_resident_bytes)  # (the indexes' one budget: --index-resident-mb)
+            ids = recovery.open_id_index(os.path.join(directory, "ids"), config, hours, disk, residency)
+            keys = open_key_index(key_dir(directory), config, hours, disk, residency)
             ends_dir = os.path.join(directory, "ends")
             if os.path.isdir(ends_dir):  # (else made when a first end is kept: Applier)
-                ends = EndIndex.open(ends_dir, config, hours.__contains__, disk)
+                ends = EndIndex.open(ends_dir, config, hours.__contains__, disk, residency)
             store = cls(directory, config, log, hours, ids, checkpoint, keys, disk, ends)
             recovery.replay(checkpoint, log, hours, store._applier, store._reader)
         except BaseException:  # a refused directory keeps no descriptor open, and is not cut

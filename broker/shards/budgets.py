@@ -12,6 +12,8 @@ a limit before the flag's value, never after it.
     --max-inflight          ... of one topic
     --max-schedules         schedules (each lives on its scheduleId's shard)
     --max-schedule-bytes    their messages' UTF-8 bytes
+    --index-resident-mb     index pages kept resident (each shard's store
+                            shares its share over its indexes)
 
 The windows keep at least one message a shard (a shard with none could
 hand out nothing). Not split, because every shard already counts the
@@ -26,6 +28,8 @@ nor counted apart: the shards count the node's connections on one board
 from __future__ import annotations
 
 import dataclasses
+
+from storage.config import StoreConfig
 
 from ..disk.ready import QueueLimits
 from ..schedules.keeper import ScheduleLimits
@@ -49,3 +53,8 @@ def shard_schedules(limits: ScheduleLimits, index: int, count: int) -> ScheduleL
     """The schedules a shard holds: its share of the node's caps."""
     return dataclasses.replace(limits, max_schedules=split(limits.max_schedules, index, count),
                                max_bytes=split(limits.max_bytes, index, count), shards=count)
+
+
+def shard_store(store: StoreConfig, index: int, count: int) -> StoreConfig:
+    """The store a shard opens: its share of the node's resident index pages."""
+    return dataclasses.replace(store, index_resident_bytes=split(store.index_resident_bytes, index, count))

@@ -503,6 +503,15 @@ def test_a_shards_windows_and_schedule_caps_are_its_share_of_the_nodes():
     assert sum(s.max_schedules for s in limits) == 5 and sum(s.max_bytes for s in limits) == 1000
 
 
+def test_a_shards_store_keeps_its_share_of_the_nodes_resident_index_pages():
+    from broker.shards.budgets import shard_store
+    from storage.config import StoreConfig
+
+    stores = [shard_store(StoreConfig(index_resident_bytes=16 << 20), i, 3) for i in range(3)]
+    assert sum(s.index_resident_bytes for s in stores) == 16 << 20
+    assert stores[0].fsync == StoreConfig().fsync  # the rest as the node's
+
+
 @settings(max_examples=100, deadline=None)
 @given(st.lists(st.tuples(st.one_of(st.none(), st.tuples(st.integers(-5, 5), st.integers(0, 10**6)))),
                 min_size=1, max_size=12), st.randoms())

@@ -11,7 +11,7 @@ import os
 from broker.server import checkpoint_every
 from storage.config import StoreConfig
 from storage.entry import MS_PER_HOUR, Status
-from storage.id_index import PAGE_BYTES, SHED_EVERY_CALLS, SHED_MIN_CALLS, IdIndex
+from storage.id_index import PAGE_BYTES, SHED_EVERY_CALLS, SHED_MIN_CALLS, IdIndex, Residency
 from storage.store import NewMessage, StateChange, Store
 
 CONFIG = StoreConfig(segment_bytes=1 << 20, id_shard_initial_slots=4096, retention_ms=MS_PER_HOUR)
@@ -80,7 +80,7 @@ def test_a_large_index_sheds_its_pages_every_so_many_calls_between_checkpoints(t
     directory = os.path.realpath(str(tmp_path))
     with Store.open(directory, CONFIG, now_ms=NOW) as store:
         ids = store.ids
-        ids.shed_every_calls, ids.shed_above_bytes = 64, 0
+        ids.shed_every_calls, ids.residency.budget_bytes = 64, 0
         for n in range(40):  # 40 commits of 50 sends: a shed every 64 puts and look-ups
             store.send([NewMessage("t", f"m{n}-{i}", "x", NOW, NOW, MS_PER_HOUR, 3) for i in range(50)], NOW)
             store.commit()
@@ -88,7 +88,7 @@ def test_a_large_index_sheds_its_pages_every_so_many_calls_between_checkpoints(t
         # at most the pages of the calls since the last shed: 64 calls, a page or two each
         assert resident_kb(os.path.join(directory, "ids")) <= 2 * 64 * 4
         assert store.get("t", "m0-0") is not None and store.get("t", "m39-49") is not None
-        ids.shed_above_bytes = 1 << 40  # a small index: never shed but by the checkpoints
+        ids.residency.budget_bytes = 1 << 40  # small indexes: never shed but by the checkpoints
         before = ids.sheds
         for n in range(10):
             store.send([NewMessage("t", f"k{n}-{i}", "x", NOW, NOW, MS_PER_HOUR, 3) for i in range(50)], NOW)
@@ -101,7 +101,7 @@ def test_a_batch_sheds_before_its_look_ups_and_after_its_inserts(tmp_path):
     first what the calls before left resident; its inserts (the same keys)
     find their pages resident and shed after: one batch's pages at most."""
     directory = os.path.realpath(str(tmp_path)) + "/ids"
-    index = IdIndex.build(directory, 8192, lambda hour: True, resident_bytes=0)
+    index = IdIndex.build(directory, 8192, lambda hour: True, residency=Residency(0))
     index.publish()
     try:
         index.shed_every_calls = 64
@@ -119,12 +119,13 @@ def test_a_batch_sheds_before_its_look_ups_and_after_its_inserts(tmp_path):
 
 
 def test_the_calls_between_sheds_keep_the_resident_size():
-    """Half the resident size's pages (a call touches one or two), never
-    more than SHED_EVERY_CALLS nor fewer than SHED_MIN_CALLS."""
-    small = IdIndex("unused", 4096, lambda hour: True, b"k" * 32, resident_bytes=4 << 20)
+    """Half the pages of an index's share of the budget (a third: ids, keys,
+    ends; a call touches one or two), never more than SHED_EVERY_CALLS nor
+    fewer than SHED_MIN_CALLS."""
+    small = IdIndex("unused", 4096, lambda hour: True, b"k" * 32, residency=Residency(12 << 20))
     assert small.shed_every_calls == (4 << 20) // PAGE_BYTES // 2 == 512
-    assert IdIndex("unused", 4096, lambda hour: True, b"k" * 32, resident_bytes=1 << 30).shed_every_calls == SHED_EVERY_CALLS
-    assert IdIndex("unused", 4096, lambda hour: True, b"k" * 32, resident_bytes=0).shed_every_calls == SHED_MIN_CALLS
+    assert IdIndex("unused", 4096, lambda hour: True, b"k" * 32, residency=Residency(1 << 30)).shed_every_calls == SHED_EVERY_CALLS
+    assert IdIndex("unused", 4096, lambda hour: True, b"k" * 32, residency=Residency(0)).shed_every_calls == SHED_MIN_CALLS
 
 
 def test_a_large_index_maps_one_page_a_probe_not_its_neighbours(tmp_path):
@@ -137,7 +138,7 @@ def test_a_large_index_maps_one_page_a_probe_not_its_neighbours(tmp_path):
         ids = store.ids
         store.send([NewMessage("t", f"m{i}", "x", NOW, NOW, MS_PER_HOUR, 3) for i in range(3000)], NOW)
         store.commit()
-        ids.shed_every_calls, ids.shed_above_bytes = 1, 0  # large from the next call on
+        ids.shed_every_calls, ids.residency.budget_bytes = 1, 0  # large from the next call on
         assert store.get("t", "m0") is not None
         ids.shed_every_calls = 1 << 30  # no shed while the look-ups below are counted
         ids.shed()
@@ -156,8 +157,33 @@ def test_the_resident_size_comes_from_the_store_config_to_every_index(tmp_path):
         store.commit()
         store.update([StateChange(sent[0].message.location, Status.ACKED, 0)], NOW + 1)
         store.commit()
-        assert store.ids.shed_above_bytes == 3 << 20
-        assert store.ends is not None and store.ends.slots.shed_above_bytes == 3 << 20
+        assert store.ids.residency.budget_bytes == 3 << 20
+        assert store.ends is not None and store.ends.slots.residency is store.ids.residency
+        assert store.keys is not None and store.keys.slots.residency is store.ids.residency
+
+
+def test_the_store_s_indexes_share_one_budget(tmp_path):
+    """--index-resident-mb is the store's: two indexes each under the budget
+    but larger together shed their pages; under it together, neither does."""
+    first = IdIndex.build(str(tmp_path / "a"), 4096, lambda hour: True, residency=Residency(0))
+    budget = first.disk_bytes() + first.disk_bytes() // 2  # one index fits, two do not
+    first.close()
+    shared = Residency(budget)
+    a = IdIndex.build(str(tmp_path / "a"), 4096, lambda hour: True, residency=shared)
+    try:
+        assert not shared.over()
+        a.shed_every_calls = 1
+        a.keys_present([("t", "x")])
+        a.keys_present([("t", "y")])
+        assert a.sheds == 0  # alone under the budget: resident
+        b = IdIndex.build(str(tmp_path / "b"), 4096, lambda hour: True, residency=shared)
+        assert shared.over()
+        a.keys_present([("t", "z")])
+        assert a.sheds == 1  # two together over it: shed
+        b.close()  # a closed index leaves the budget
+        assert not shared.over()
+    finally:
+        a.close()
 
 
 def test_a_shard_doubled_maps_none_of_its_pages(tmp_path):
