@@ -24,7 +24,7 @@ from .clock import SystemClock
 from .config import ServeConfig
 from .console.api import Console, standalone_info
 from .disk.backend import Broker
-from .flow.file import SettingsFile, settings_path
+from .flow.file import SettingsFile, ShardSettings, settings_path
 from .flow.keeper import TopicFlow
 from .http.scrape import Choice, disk_series, largest, metrics_answer, topic_ranks
 from .jobs.api import JOB_OPS, serve_shard_call
@@ -114,8 +114,13 @@ class DiskNode(NodeBase):
         # redriveMsgs jobs, their records in the data dir (broker.jobs)
         self.jobs = RedriveJobs(JobFiles(jobs_path(config.data_path), config.store.fsync is not FsyncPolicy.NEVER),
                                 clock, config.jobs)
-        # topic settings and pauses in the data dir, carried out before anything is handed out (broker.flow)
-        self.flow = TopicFlow(SettingsFile(settings_path(config.data_path)), clock.now_ms, config.queues.topics,
+        # topic settings and pauses in the data dir (shard 0's, on a node of shards), carried out
+        # before anything is handed out (broker.flow)
+        settings: SettingsFile | ShardSettings = SettingsFile(settings_path(config.data_path))
+        if config.shard is not None and config.shard[0] != 0:
+            from .shards.layout import shard_path
+            settings = ShardSettings(settings_path(shard_path(config.node_path, 0, config.shard[1])))
+        self.flow = TopicFlow(settings, clock.now_ms, config.queues.topics,
                               config.max_paused_keys, 1 if config.shard is None else config.shard[1],
                               max_paused_keys_total=config.max_paused_keys_total)
         self.flow.start(self.broker, schedules)

@@ -44,16 +44,27 @@ the reason. The one damage a crash makes -- the log's last record cut
 short (a record running past the end of the file, or the last record's
 CRC failing) -- is a change never answered: dropped, and the log cut
 back to the records before it.
+
+On a node of shards every shard carries out every change (the router
+sends it to all), and shard 0's files keep them for the node: a change
+is appended and fdatasync'ed once, not once a shard. Shard i > 0 reads
+shard 0's files when it starts (`ShardSettings`: read only, a torn last
+record left to its writer) and keeps what changes since in RAM. A reader
+holds a shared flock on the log while it reads the base and the log; the
+compaction holds it exclusive, so a reader never reads the old base and
+then the emptied log.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import logging
 import os
 import struct
 import zlib
+from typing import BinaryIO
 
 import orjson
 
@@ -156,6 +167,29 @@ def replay(path: str, data: bytes, kept: Entries) -> int:
     return at
 
 
+def read(path: str) -> tuple[Entries, int, bytes | None]:
+    """The base's entries, its length, and the log's bytes (None: no log),
+    read together: under a shared flock of the log, which a compaction
+    holds exclusive (the module docstring)."""
+    with contextlib.ExitStack() as stack:
+        log_file: BinaryIO | None
+        try:
+            log_file = stack.enter_context(open(path + LOG_SUFFIX, "rb"))
+        except FileNotFoundError:
+            log_file = None
+        if log_file is not None:
+            fcntl.flock(log_file.fileno(), fcntl.LOCK_SH)
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            kept: Entries = {}
+            base_bytes = 0
+        else:
+            kept, base_bytes = decode(path, data), len(data)
+        return kept, base_bytes, None if log_file is None else log_file.read()
+
+
 class SettingsFile:
     """broker.flow.keeper's SettingsStore on a node's disk: the base file
     and the log of changes since (the module docstring)."""
@@ -175,22 +209,9 @@ class SettingsFile:
     def load(self) -> dict[str, TopicSettings]:
         """The settings kept: the base, then the log replayed over it (a
         torn last record cut off the log)."""
-        try:
-            with open(self.path, "rb") as f:
-                data = f.read()
-        except FileNotFoundError:
-            kept: Entries = {}
-            self._base_bytes = 0
-        else:
-            kept = decode(self.path, data)
-            self._base_bytes = len(data)
+        kept, self._base_bytes, log = read(self.path)
         self._log_bytes = 0
-        try:
-            with open(self.log_path, "rb") as f:
-                log = f.read()
-        except FileNotFoundError:
-            pass
-        else:
+        if log is not None:
             if len(log) < LOG_HEADER.size:  # torn at its creation: nothing was appended
                 os.unlink(self.log_path)
             else:
@@ -244,11 +265,15 @@ class SettingsFile:
 
     def _compact(self, settings: list[TopicSettings]) -> None:
         base = encode(entries(settings))
-        atomic_write(self.path, base)
-        self._base_bytes = len(base)
         assert self._log_fd is not None
-        os.ftruncate(self._log_fd, LOG_HEADER.size)
-        os.fdatasync(self._log_fd)
+        fcntl.flock(self._log_fd, fcntl.LOCK_EX)  # (the shards reading it: `read`)
+        try:
+            atomic_write(self.path, base)
+            self._base_bytes = len(base)
+            os.ftruncate(self._log_fd, LOG_HEADER.size)
+            os.fdatasync(self._log_fd)
+        finally:
+            fcntl.flock(self._log_fd, fcntl.LOCK_UN)
         self._log_bytes = LOG_HEADER.size
         self.compactions += 1
 
@@ -256,3 +281,33 @@ class SettingsFile:
         if self._log_fd is not None:
             os.close(self._log_fd)
             self._log_fd = None
+
+
+class ShardSettings:
+    """broker.flow.keeper's SettingsStore on shard i > 0 of a node of
+    shards: shard 0's files keep the node's settings (the module
+    docstring), read at start; a change, carried out by every shard and
+    saved by shard 0, is kept here in RAM."""
+
+    def __init__(self, keeper_path: str) -> None:
+        self.path = keeper_path  # shard 0's settings file
+
+    def __repr__(self) -> str:
+        return f"ShardSettings({self.path!r})"
+
+    def load(self) -> dict[str, TopicSettings]:
+        """The settings shard 0 keeps: its base, its log's whole records
+        replayed over it (a torn last one is its writer's to cut)."""
+        kept, _, log = read(self.path)
+        if log is not None and len(log) >= LOG_HEADER.size:
+            replay(self.path + LOG_SUFFIX, log, kept)
+        try:
+            return rows(kept)
+        except ValueError as e:
+            raise CorruptionError(self.path, 0, str(e)) from None
+
+    async def save(self, settings: dict[str, TopicSettings], changes: Changes) -> None:
+        """Nothing to write: shard 0 saves the change before the node answers."""
+
+    def close(self) -> None:
+        pass

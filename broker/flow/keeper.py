@@ -3,8 +3,9 @@ a cluster, replicated) and carried out on the backend that serves
 (docs/api.md, "Flow").
 
 The settings live in a `SettingsStore`: `broker.flow.file.SettingsFile`
-on a standalone node (one per shard of a node of many: the router sends
-every change to every shard), the Raft group's state on a cluster
+on a standalone node (shard 0's on a node of many: the router sends every
+change to every shard, and the others read shard 0's files at start,
+`ShardSettings`), the Raft group's state on a cluster
 (broker.cluster.flow), read again by each node that comes to lead. A
 change is durable (and on a majority) before it is answered.
 

@@ -18,7 +18,7 @@ a limit before the flag's value, never after it.
 The windows keep at least one message a shard (a shard with none could
 hand out nothing). Not split, because every shard already counts the
 node's: --max-jobs (a job is made on every shard), --max-paused-keys and
---max-subscriptions (a pause and a subscription are kept by every shard),
+--max-subscriptions (every shard carries out a pause and keeps a subscription),
 --max-topics (a topic lives on every shard), and --key-window (a serial
 key's messages all live on its shard). --max-connections is neither split
 nor counted apart: the shards count the node's connections on one board

@@ -21,7 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broker.flow import file as settings_file
-from broker.flow.file import HEADER, LOG_HEADER, RECORD, SettingsFile, decode, encode
+from broker.flow.file import HEADER, LOG_HEADER, RECORD, SettingsFile, ShardSettings, decode, encode
 from broker.flow.settings import OnResume, Pause, TopicConfig, TopicSettings, entries, entry_changes, rows
 from storage.errors import CorruptionError
 
@@ -129,6 +129,66 @@ def test_a_log_cut_at_any_byte_reads_as_its_whole_records_and_the_next_change_fo
         after = run_changes(path, more)  # (reads what is kept, then appends)
         assert after[0] == model
         assert SettingsFile(path).load() == after[-1]
+
+
+@settings(max_examples=150, deadline=None)
+@given(changes, st.sampled_from([0, 300, 1 << 20]), st.data())
+def test_another_shard_reads_the_keepers_files_as_the_keeper_does_and_changes_nothing(steps, compact_at, data):
+    """Shard i > 0 of a node reads shard 0's files (broker.flow.file's
+    ShardSettings): the same settings as shard 0 would, a torn last record
+    left out and left in place (its writer's to cut)."""
+    with tempfile.TemporaryDirectory() as root, pytest.MonkeyPatch.context() as patch:
+        patch.setattr(settings_file, "COMPACT_MIN_BYTES", compact_at)
+        path = os.path.join(root, "topic-settings")
+        states = run_changes(path, steps)
+        assert ShardSettings(path).load() == states[-1]
+        if not os.path.exists(path + ".log"):
+            return
+        with open(path + ".log", "rb") as f:
+            log = f.read()
+        cut = data.draw(st.integers(LOG_HEADER.size, len(log)))
+        os.truncate(path + ".log", cut)
+        whole = sum(1 for end in record_ends(log) if end <= cut)
+        before = files_in(root)
+        read = ShardSettings(path).load()
+        assert files_in(root) == before
+        assert read == SettingsFile(path).load()  # (the keeper's read, which cuts the torn tail)
+        if compact_at == 1 << 20:  # no compaction: the log holds every change
+            assert read == states[whole]
+
+
+def files_in(root: str) -> dict[str, bytes]:
+    found = {}
+    for name in os.listdir(root):
+        with open(os.path.join(root, name), "rb") as f:
+            found[name] = f.read()
+    return found
+
+
+def test_a_compaction_waits_for_a_shard_reading_the_files(tmp_path):
+    """A compaction writes the new base and empties the log under an
+    exclusive flock of the log; a shard reading holds it shared, so it
+    never reads the old base and then the emptied log."""
+    import fcntl
+    import threading
+
+    path = str(tmp_path / "topic-settings")
+    store = SettingsFile(path)
+    store.load()
+    kept = {"a": TopicSettings("a", release_rate=5)}
+    asyncio.run(store.save(kept, entry_changes(kept["a"], None)))
+    with open(path + ".log", "rb") as reader:
+        fcntl.flock(reader.fileno(), fcntl.LOCK_SH)  # a shard's read in progress
+        done = threading.Event()
+        compacting = threading.Thread(target=lambda: (store._compact(list(kept.values())), done.set()))
+        compacting.start()
+        assert not done.wait(0.3)  # held until the read ends
+        assert not os.path.exists(path)
+        fcntl.flock(reader.fileno(), fcntl.LOCK_UN)
+        assert done.wait(10)
+        compacting.join()
+    store.close()
+    assert ShardSettings(path).load() == kept
 
 
 @settings(max_examples=100, deadline=None)
