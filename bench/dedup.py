@@ -65,7 +65,7 @@ def main() -> None:
     parser.add_argument("--probes", type=int, default=2_000, help="duplicate sends timed (and as many new ones)")
     parser.add_argument("--shards", default="1", help="the node's --shards")
     parser.add_argument("--index-resident-mb", type=int, default=None,
-                        help="the node's --index-resident-mb (default: the node's own, 16)")
+                        help="the node's --index-resident-mb (default: the node's own, 8)")
     args = parser.parse_args()
     topic = "dedup"
     with tempfile.TemporaryDirectory(prefix="hourglass-dedup-") as work:

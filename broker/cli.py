@@ -143,11 +143,13 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--segment-bytes", type=int, default=64 * 1024 * 1024,
                        help="size of a commit-log segment file (default 64 MiB); whole segments are deleted "
                             "once checkpointed")
-    serve.add_argument("--index-resident-mb", type=int, default=16,
-                       help="an id, key or end index larger than this (MB) keeps its pages out of the node's RSS "
-                            "as it works: each probe maps one page (a system call: some 4 us an id looked up and inserted) and its "
-                            "pages are dropped every 1,024 calls; smaller ones stay resident (default 16; 0: every "
-                            "index from the start). See docs/internals.md, \"Writing\"")
+    serve.add_argument("--index-resident-mb", type=int, default=8,
+                       help="the node's budget of resident index pages (MB), shared by each store's id, key and "
+                            "end indexes and split between the shards: once a store's indexes together are larger "
+                            "than its share, each keeps its pages out of the node's RSS as it works (each probe "
+                            "maps one page, a system call: some 4 us an id looked up and inserted; its pages "
+                            "dropped every so many calls); smaller ones stay resident (default 8; 0: every index "
+                            "from the start). See docs/internals.md, \"Writing\"")
     serve.add_argument("--retain-log-bytes", type=int, default=256 * 1024 * 1024,
                        help="cluster only: the leader keeps this much commit log for followers that fall behind "
                             "(default 256 MiB); one further behind gets a snapshot")

@@ -38,10 +38,11 @@ class StoreConfig:
     # Slots each id-index shard starts with (a power of two); shards double
     # independently when 70% full.
     id_shard_initial_slots: int = 1024
-    # An id, key or end index larger than this keeps its mapped pages out of
-    # the process's RSS as it works (storage.id_index, SHED_ABOVE_BYTES);
-    # one this size or smaller stays resident. `--index-resident-mb`.
-    index_resident_bytes: int = 16 << 20
+    # The store's id, key and end indexes together larger than this keep
+    # their mapped pages out of the process's RSS as they work
+    # (storage.id_index, Residency); smaller, they stay resident.
+    # `--index-resident-mb`.
+    index_resident_bytes: int = 8 << 20
     # Far (not memory-mapped) hours whose files may be open at once (three
     # descriptors each; lowered to fit the process's file limit).
     open_far_hours: int = 2048

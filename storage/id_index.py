@@ -121,7 +121,7 @@ MIN_LOAD_TO_GROW = 0.25  # below it, a run too long is of equal keys: probing on
 # resident: their pages cost at most SHED_ABOVE_BYTES together.
 SHED_EVERY_CALLS = 1024
 SHED_MIN_CALLS = 256
-SHED_ABOVE_BYTES = 16 << 20
+SHED_ABOVE_BYTES = 8 << 20
 RESIDENCY_SHARES = 3  # the indexes a store may have: ids, keys, ends
 # A read of a page not mapped yet maps its neighbours too (the kernel's
 # fault-around: 64 kB a read on Linux), so a large index's random probes
