@@ -24,7 +24,7 @@ from .clock import SystemClock
 from .config import ServeConfig
 from .console.api import Console, standalone_info
 from .disk.backend import Broker
-from .flow.file import SettingsFile, ShardSettings, settings_path
+from .flow.file import SettingsFile, ShardSettings, resumes_path, settings_path
 from .flow.keeper import TopicFlow
 from .http.scrape import Choice, disk_series, largest, metrics_answer, topic_ranks
 from .jobs.api import JOB_OPS, serve_shard_call
@@ -119,7 +119,8 @@ class DiskNode(NodeBase):
         settings: SettingsFile | ShardSettings = SettingsFile(settings_path(config.data_path))
         if config.shard is not None and config.shard[0] != 0:
             from .shards.layout import shard_path
-            settings = ShardSettings(settings_path(shard_path(config.node_path, 0, config.shard[1])))
+            settings = ShardSettings(settings_path(shard_path(config.node_path, 0, config.shard[1])),
+                                     resumes_path(config.data_path))
         self.flow = TopicFlow(settings, clock.now_ms, config.queues.topics,
                               config.max_paused_keys, 1 if config.shard is None else config.shard[1],
                               max_paused_keys_total=config.max_paused_keys_total)

@@ -64,6 +64,7 @@ import logging
 import os
 import struct
 import zlib
+from collections.abc import Callable
 from typing import BinaryIO
 
 import orjson
@@ -79,6 +80,7 @@ MAGIC = b"HGTS"
 VERSION = 1
 HEADER = struct.Struct("<4sHHII")
 FILE_NAME = "topic-settings"
+RESUMES_NAME = "topic-resumes"
 LOG_MAGIC = b"HGTL"
 LOG_HEADER = struct.Struct("<4sHH")
 RECORD = struct.Struct("<II")
@@ -89,6 +91,11 @@ COMPACT_MIN_BYTES = 1 << 20
 
 def settings_path(data_path: str) -> str:
     return os.path.join(data_path, FILE_NAME)
+
+
+def resumes_path(data_path: str) -> str:
+    """Where shard i > 0 keeps its resumes in progress (`ShardSettings`), in this format."""
+    return os.path.join(data_path, RESUMES_NAME)
 
 
 def encode(kept: Entries) -> bytes:
@@ -209,6 +216,14 @@ class SettingsFile:
     def load(self) -> dict[str, TopicSettings]:
         """The settings kept: the base, then the log replayed over it (a
         torn last record cut off the log)."""
+        kept = self.load_entries()
+        try:
+            return rows(kept)
+        except ValueError as e:
+            raise CorruptionError(self.log_path if self._log_bytes else self.path, 0, str(e)) from None
+
+    def load_entries(self) -> Entries:
+        """The entries kept, as `load` reads them."""
         kept, self._base_bytes, log = read(self.path)
         self._log_bytes = 0
         if log is not None:
@@ -219,21 +234,23 @@ class SettingsFile:
                 if whole < len(log):
                     os.truncate(self.log_path, whole)
                 self._log_bytes = whole
-        try:
-            return rows(kept)
-        except ValueError as e:
-            raise CorruptionError(self.log_path if self._log_bytes else self.path, 0, str(e)) from None
+        return kept
 
     async def save(self, settings: dict[str, TopicSettings], changes: Changes) -> None:
         """Durable once it returns: `changes` appended to the log and
         fdatasync'ed; past COMPACT_MIN_BYTES and the base, `settings` (all
         of them, as they are now) written as the new base and the log
         emptied (both in a thread)."""
+        values = list(settings.values())
+        await self.save_entries(lambda: entries(values), changes)
+
+    async def save_entries(self, kept: Callable[[], Entries], changes: Changes) -> None:
+        """As `save`, the new base (when one is written) the entries `kept()` makes."""
         record = encode_record(changes)
         await asyncio.to_thread(self._append, record)
         if self._log_bytes > max(COMPACT_MIN_BYTES, self._base_bytes):
             try:
-                await asyncio.to_thread(self._compact, list(settings.values()))
+                await asyncio.to_thread(self._compact, kept)
             except OSError as e:  # (the change is durable in the log: the next save tries again)
                 log.warning("the topic settings log could not be folded into %s: %s", self.path, e)
 
@@ -263,8 +280,8 @@ class SettingsFile:
         self._log_bytes += len(record)
         self.appended += len(record)
 
-    def _compact(self, settings: list[TopicSettings]) -> None:
-        base = encode(entries(settings))
+    def _compact(self, kept: Callable[[], Entries]) -> None:
+        base = encode(kept())
         assert self._log_fd is not None
         fcntl.flock(self._log_fd, fcntl.LOCK_EX)  # (the shards reading it: `read`)
         try:
@@ -283,31 +300,67 @@ class SettingsFile:
             self._log_fd = None
 
 
+def _resuming(name: str, value: bytes | None) -> bool:
+    """Whether an entry holds a resume in progress: a pause whose resume
+    time is kept (a `shift` or an `expire` moving or ending its messages)."""
+    if value is None:
+        return False
+    row = orjson.loads(value)
+    pause = row.get("pause") if name.startswith('["c"') else row
+    return isinstance(pause, dict) and pause.get("resumeAt") is not None
+
+
 class ShardSettings:
     """broker.flow.keeper's SettingsStore on shard i > 0 of a node of
     shards: shard 0's files keep the node's settings (the module
     docstring), read at start; a change, carried out by every shard and
-    saved by shard 0, is kept here in RAM."""
+    saved by shard 0, is kept here in RAM -- but for a resume in progress
+    (`shift`, `expire`), which each shard carries out on its own messages
+    and may be cut short on this one while shard 0 finished: its entry is
+    kept in this shard's own files (`own_path`) until its resume ends, and
+    read over shard 0's at start, so the next resumeTopic ends it here."""
 
-    def __init__(self, keeper_path: str) -> None:
+    def __init__(self, keeper_path: str, own_path: str) -> None:
         self.path = keeper_path  # shard 0's settings file
+        self._own = SettingsFile(own_path)
+        self._resuming: Entries = {}  # this shard's resumes in progress, by entry
 
     def __repr__(self) -> str:
-        return f"ShardSettings({self.path!r})"
+        return f"ShardSettings({self.path!r}, resuming={len(self._resuming)})"
 
     def load(self) -> dict[str, TopicSettings]:
         """The settings shard 0 keeps: its base, its log's whole records
-        replayed over it (a torn last one is its writer's to cut)."""
+        replayed over it (a torn last one is its writer's to cut); this
+        shard's resumes in progress over them."""
         kept, _, log = read(self.path)
         if log is not None and len(log) >= LOG_HEADER.size:
             replay(self.path + LOG_SUFFIX, log, kept)
+        self._resuming = {n: v for n, v in self._own.load_entries().items() if _resuming(n, v)}
+        kept.update(self._resuming)
         try:
             return rows(kept)
         except ValueError as e:
             raise CorruptionError(self.path, 0, str(e)) from None
 
     async def save(self, settings: dict[str, TopicSettings], changes: Changes) -> None:
-        """Nothing to write: shard 0 saves the change before the node answers."""
+        """Shard 0 saves the change before the node answers; a resume in
+        progress here, started or ended, is saved here too."""
+        own: Changes = {}
+        for name, value in changes.items():
+            if _resuming(name, value):
+                own[name] = value
+            elif name in self._resuming:
+                own[name] = None
+        if not own:
+            return
+        resuming = dict(self._resuming)
+        for name, value in own.items():
+            if value is None:
+                resuming.pop(name, None)
+            else:
+                resuming[name] = value
+        await self._own.save_entries(lambda: resuming, own)
+        self._resuming = resuming
 
     def close(self) -> None:
-        pass
+        self._own.close()

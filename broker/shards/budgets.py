@@ -13,7 +13,9 @@ a limit before the flag's value, never after it.
     --max-schedules         schedules (each lives on its scheduleId's shard)
     --max-schedule-bytes    their messages' UTF-8 bytes
     --index-resident-mb     index pages kept resident (each shard's store
-                            shares its share over its indexes)
+                            shares its share over its indexes; at least
+                            4 MB a shard: past 2 shards the node's may
+                            pass the flag's value)
 
 The windows keep at least one message a shard (a shard with none could
 hand out nothing). Not split, because every shard already counts the
@@ -55,6 +57,15 @@ def shard_schedules(limits: ScheduleLimits, index: int, count: int) -> ScheduleL
                                max_bytes=split(limits.max_bytes, index, count), shards=count)
 
 
+# A shard store's resident index pages at least (when the node's are at least
+# this): an empty store's id and key indexes take some 2 MB, which a share of
+# 8 MB over many cores would not hold (each shard's indexes paged from the start).
+MIN_SHARD_RESIDENT_BYTES = 4 << 20
+
+
 def shard_store(store: StoreConfig, index: int, count: int) -> StoreConfig:
-    """The store a shard opens: its share of the node's resident index pages."""
-    return dataclasses.replace(store, index_resident_bytes=split(store.index_resident_bytes, index, count))
+    """The store a shard opens: its share of the node's resident index pages
+    (at least MIN_SHARD_RESIDENT_BYTES, or the node's when less)."""
+    total = store.index_resident_bytes
+    return dataclasses.replace(store, index_resident_bytes=max(split(total, index, count),
+                                                               min(total, MIN_SHARD_RESIDENT_BYTES)))

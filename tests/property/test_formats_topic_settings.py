@@ -141,7 +141,7 @@ def test_another_shard_reads_the_keepers_files_as_the_keeper_does_and_changes_no
         patch.setattr(settings_file, "COMPACT_MIN_BYTES", compact_at)
         path = os.path.join(root, "topic-settings")
         states = run_changes(path, steps)
-        assert ShardSettings(path).load() == states[-1]
+        assert ShardSettings(path, path + "-resumes").load() == states[-1]
         if not os.path.exists(path + ".log"):
             return
         with open(path + ".log", "rb") as f:
@@ -150,7 +150,7 @@ def test_another_shard_reads_the_keepers_files_as_the_keeper_does_and_changes_no
         os.truncate(path + ".log", cut)
         whole = sum(1 for end in record_ends(log) if end <= cut)
         before = files_in(root)
-        read = ShardSettings(path).load()
+        read = ShardSettings(path, path + "-resumes").load()
         assert files_in(root) == before
         assert read == SettingsFile(path).load()  # (the keeper's read, which cuts the torn tail)
         if compact_at == 1 << 20:  # no compaction: the log holds every change
@@ -180,7 +180,7 @@ def test_a_compaction_waits_for_a_shard_reading_the_files(tmp_path):
     with open(path + ".log", "rb") as reader:
         fcntl.flock(reader.fileno(), fcntl.LOCK_SH)  # a shard's read in progress
         done = threading.Event()
-        compacting = threading.Thread(target=lambda: (store._compact(list(kept.values())), done.set()))
+        compacting = threading.Thread(target=lambda: (store._compact(lambda: entries(kept.values())), done.set()))
         compacting.start()
         assert not done.wait(0.3)  # held until the read ends
         assert not os.path.exists(path)
@@ -188,7 +188,7 @@ def test_a_compaction_waits_for_a_shard_reading_the_files(tmp_path):
         assert done.wait(10)
         compacting.join()
     store.close()
-    assert ShardSettings(path).load() == kept
+    assert ShardSettings(path, path + "-resumes").load() == kept
 
 
 @settings(max_examples=100, deadline=None)
@@ -268,3 +268,35 @@ def test_a_log_with_zeros_after_its_records_reads_as_its_records(steps, zeros):
             f.write(b"\0" * zeros)
         assert SettingsFile(path).load() == states[-1]
         assert os.path.getsize(path + ".log") == size
+
+
+def test_a_resume_in_progress_on_a_shard_is_kept_there_until_it_ends(tmp_path):
+    """Shard i > 0 saves nothing of a pause (shard 0 does), but a resume in
+    progress (`shift`, `expire`: its resume time kept) is saved in its own
+    files until it ends: killed in the middle while shard 0 finished, it
+    reads the topic still paused with that time, so the next resumeTopic
+    ends its part; once ended, shard 0's settings are read again."""
+    keeper = SettingsFile(str(tmp_path / "keeper"))
+    keeper.load()
+    own_path = str(tmp_path / "topic-resumes")
+    paused = TopicSettings("t", pause=Pause(1_000, OnResume.SHIFT))
+    resuming = TopicSettings("t", pause=Pause(1_000, OnResume.SHIFT, 5_000))
+    done = TopicSettings("t")
+    shard = ShardSettings(keeper.path, own_path)
+    assert shard.load() == {}
+    for s in (paused, resuming):
+        asyncio.run(keeper.save({"t": s}, entry_changes(s)))
+        asyncio.run(shard.save({"t": s}, entry_changes(s)))
+    assert not os.path.exists(own_path + ".log") or ShardSettings(keeper.path, own_path).load() == {"t": resuming}
+    asyncio.run(keeper.save({}, entry_changes(done)))  # shard 0 ended its part; this shard is killed
+    assert ShardSettings(keeper.path, own_path).load() == {"t": resuming}  # still resuming here
+    shard = ShardSettings(keeper.path, own_path)
+    shard.load()
+    asyncio.run(shard.save({}, entry_changes(done)))  # the next resumeTopic ended it here
+    assert ShardSettings(keeper.path, own_path).load() == {}
+    key_paused = TopicSettings("t", keys={"k": Pause(2_000, OnResume.HOLD)})
+    asyncio.run(keeper.save({"t": key_paused}, entry_changes(key_paused, "k")))
+    asyncio.run(shard.save({"t": key_paused}, entry_changes(key_paused, "k")))  # a pause: nothing saved here
+    assert ShardSettings(keeper.path, own_path).load() == {"t": key_paused}
+    keeper.close()
+    shard.close()

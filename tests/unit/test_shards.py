@@ -509,6 +509,10 @@ def test_a_shards_store_keeps_its_share_of_the_nodes_resident_index_pages():
 
     stores = [shard_store(StoreConfig(index_resident_bytes=16 << 20), i, 3) for i in range(3)]
     assert sum(s.index_resident_bytes for s in stores) == 16 << 20
+    # at least 4 MB a shard (an empty store's indexes take 2): 8 MB over 8 cores is 4 MB each
+    assert [shard_store(StoreConfig(index_resident_bytes=8 << 20), i, 8).index_resident_bytes
+            for i in range(8)] == [4 << 20] * 8
+    assert shard_store(StoreConfig(index_resident_bytes=0), 1, 8).index_resident_bytes == 0  # 0: paged from the start
     assert stores[0].fsync == StoreConfig().fsync  # the rest as the node's
 
 
