@@ -10,6 +10,7 @@ keys writing at most 2 MB whatever the node."""
 from __future__ import annotations
 
 import os
+import pathlib
 import signal
 import uuid
 
@@ -96,7 +97,8 @@ def test_a_shard_killed_and_started_again_reads_the_nodes_pauses(tmp_path):
         assert server.post("pauseTopic", topic="t", key="before")[0] == 200
         assert server.post("setTopicConfig", topic="t", releaseRate=50)[0] == 200
         assert not os.path.exists(tmp_path / "data" / "shard-1" / "topic-settings.log")
-        victim = children(server.proc.pid)[1]
+        victim = next(pid for pid in children(server.proc.pid)  # shard 1, by its command line
+                      if b"--shard-of\x001/2" in pathlib.Path(f"/proc/{pid}/cmdline").read_bytes())
         os.kill(victim, signal.SIGKILL)
         wait_until(lambda: len(children(server.proc.pid)) == 2 and victim not in children(server.proc.pid), 60,
                    "shard 1 started again")
