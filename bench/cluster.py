@@ -35,6 +35,7 @@ NODE_IDS = ("n1", "n2", "n3")
 # The cluster secret every test cluster shares (tests/integration/test_cluster_auth.py
 # proves what a caller without it cannot do).
 SECRET = "test-cluster-secret-0123456789"
+MIN_SENT_GRACE_S = 15.0  # how long past run_s a drill may send to reach min_sent
 
 
 @dataclass
@@ -215,7 +216,7 @@ class DrillResult:
 
 
 async def _drive(cluster: Cluster, fault: str, *, rate: int, run_s: float, fault_at_s: float,
-                 delay_ms: tuple[int, int], freeze_s: float) -> DrillResult:
+                 delay_ms: tuple[int, int], freeze_s: float, min_sent: int) -> DrillResult:
     from broker.client import DelayQueueClient
 
     topic = f"drill-{uuid.uuid4().hex[:8]}"
@@ -234,7 +235,10 @@ async def _drive(cluster: Cluster, fault: str, *, rate: int, run_s: float, fault
         nonlocal send_errors
         loop_started = time.monotonic()
         i = 0
-        while time.monotonic() - loop_started < run_s:
+        # run_s, and past it until min_sent were answered 200 (a loaded
+        # machine's sends are slower), within MIN_SENT_GRACE_S
+        while (time.monotonic() - loop_started < run_s
+               or (len(sent) < min_sent and time.monotonic() - loop_started < run_s + MIN_SENT_GRACE_S)):
             msg_id = f"{topic}-{i}"
             i += 1
             delay = random.randint(*delay_ms)
@@ -358,11 +362,12 @@ def _percentiles(values: list[int]) -> dict:
 
 
 def drill(cluster: Cluster, fault: str, *, rate: int = 100, run_s: float = 4.0, fault_at_s: float = 1.5,
-          delay_ms: tuple[int, int] = (300, 2500), freeze_s: float = 5.0) -> dict:
+          delay_ms: tuple[int, int] = (300, 2500), freeze_s: float = 5.0, min_sent: int = 0) -> dict:
     """One failover drill (fault: sigkill | sigstop | sigterm); returns a
-    DrillResult as a dict."""
+    DrillResult as a dict. The producer sends for run_s seconds, and on
+    until min_sent messages were stored (at most MIN_SENT_GRACE_S more)."""
     if fault not in ("sigkill", "sigstop", "sigterm"):
         raise ValueError(f"fault must be sigkill, sigstop or sigterm, got {fault!r}")
     result = asyncio.run(_drive(cluster, fault, rate=rate, run_s=run_s, fault_at_s=fault_at_s,
-                                delay_ms=delay_ms, freeze_s=freeze_s))
+                                delay_ms=delay_ms, freeze_s=freeze_s, min_sent=min_sent))
     return asdict(result)
