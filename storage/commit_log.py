@@ -54,7 +54,7 @@ from collections.abc import Iterator
 from .config import FsyncPolicy
 from .disk import DISK, Disk
 from .errors import ContractError, CorruptionError
-from .fileutil import PAGE_BYTES, create_file, fsync_dir, make_dir, refuse_newer
+from .fileutil import PAGE_BYTES, create_file, fsync_dir, make_dir, map_file, refuse_newer
 from .framing import (
     FRAME_HEADER_BYTES,
     FrameProblem,
@@ -106,7 +106,7 @@ class Segment:
         try:
             os.ftruncate(fd, size_bytes)
             disk.allocate(fd, 0, min(size_bytes, ALLOCATE_STEP_BYTES))
-            mm = mmap.mmap(fd, size_bytes)
+            mm = map_file(fd, size_bytes)  # (a segment opened again, to replay it, keeps read-ahead)
         except BaseException:
             os.close(fd)
             os.unlink(made)
@@ -158,7 +158,7 @@ class Segment:
         self._disk.preallocate(self._fd, size_bytes)
         self.mm.close()
         self.allocated = size_bytes
-        self.mm = mmap.mmap(self._fd, size_bytes)
+        self.mm = map_file(self._fd, size_bytes)
 
     def reserve(self, end_pos: int) -> None:
         """Reserve disk blocks up to end_pos plus one step (a no-op for

@@ -20,7 +20,7 @@ import resource
 from collections.abc import Iterable
 
 from .disk import DISK, Disk
-from .fileutil import FILE_MODE, PAGE_BYTES
+from .fileutil import FILE_MODE, PAGE_BYTES, map_file
 
 
 class PlainFile:
@@ -79,7 +79,7 @@ class MappedFile:
             capacity = max(min_bytes, _round_up(size, PAGE_BYTES))
             if capacity > size:
                 disk.preallocate(self.fd, capacity)
-            self.mm = mmap.mmap(self.fd, capacity)
+            self.mm = map_file(self.fd, capacity)
         except BaseException:
             os.close(self.fd)
             raise
@@ -117,7 +117,7 @@ class MappedFile:
             capacity *= 2
         self._disk.preallocate(self.fd, capacity)  # first: on a full disk the old mapping stays usable
         self.mm.close()
-        self.mm = mmap.mmap(self.fd, capacity)
+        self.mm = map_file(self.fd, capacity)
 
     def file_bytes(self) -> int:
         return len(self.mm)

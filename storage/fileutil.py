@@ -18,6 +18,31 @@ PAGE_BYTES = 4096
 # group and others get none.
 FILE_MODE = 0o600
 DIR_MODE = 0o700
+# A write of `n` bytes through the file makes page-cache folios up to `n`
+# large (Linux 6.x, ext4 and xfs), and a later fault on any page of a large
+# folio maps the whole folio into the process (up to 2 MB: the RSS of one
+# probe). Writes that mapped files later read go through in pieces of at
+# most this size (`write_in_pieces`).
+WRITE_PIECE_BYTES = 16 * 1024
+
+
+def map_file(fd: int, size_bytes: int) -> mmap.mmap:
+    """`fd` mapped shared and writable, its first `size_bytes`, read without
+    read-around (MADV_RANDOM): a fault reads and maps the page it needs (and
+    the kernel's fault-around of pages cached already, 64 kB), not a
+    read-ahead window of large folios -- a write fault into a preallocated
+    tail would otherwise make folios of hundreds of kB whose every later
+    touch maps them whole into the node's RSS (docs/internals.md, "Writing")."""
+    mm = mmap.mmap(fd, size_bytes)
+    mm.madvise(mmap.MADV_RANDOM)
+    return mm
+
+
+def write_in_pieces(fd: int, data: memoryview, offset: int) -> None:
+    """`data` written at `offset` through the file, WRITE_PIECE_BYTES a call."""
+    done = 0
+    while done < len(data):
+        done += os.pwrite(fd, data[done:done + WRITE_PIECE_BYTES], offset + done)
 
 
 def fsync_dir(path: str) -> None:

@@ -88,7 +88,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from .disk import DISK, Disk
 from .entry import Location
 from .errors import ContractError, CorruptionError, InvariantError, NewerFormatError
-from .fileutil import atomic_write, check_header, create_file, fsync_dir, make_dir
+from .fileutil import atomic_write, check_header, create_file, fsync_dir, make_dir, map_file, write_in_pieces
 
 HEADER = struct.Struct("<4sHHII44xI")
 MAGIC = b"HGID"
@@ -222,7 +222,7 @@ class Shard:
         size = HEADER_BYTES + slot_count * SLOT_BYTES
         try:
             disk.preallocate(fd, size)
-            mm = mmap.mmap(fd, size)
+            mm = map_file(fd, size)
         except BaseException:
             os.close(fd)
             os.unlink(tmp)
@@ -248,12 +248,15 @@ class Shard:
             # not through the mapping: the pages stay in the page cache, out
             # of the process's RSS, until a look-up touches them (10,000,000
             # ids: 240 MB of mapped pages otherwise resident after a restart).
+            # (read without read-ahead: a cold file's pages come in as small
+            # folios, not large ones a probe would later map whole: map_file)
+            os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_RANDOM)
             empty = 0
             while chunk := f.read(OPEN_READ_BYTES):
                 empty += array("Q", chunk)[::2].count(0)
         fd = os.open(path, os.O_RDWR)
         try:
-            mm = mmap.mmap(fd, size)
+            mm = map_file(fd, size)
         finally:
             os.close(fd)
         shard = cls(path, mm, slot_count)
@@ -263,12 +266,9 @@ class Shard:
     def write_slots(self, words: array[int]) -> None:
         """Every slot's two words written at once, through the file (the
         page cache the mapping shares), none of its pages mapped."""
-        data = memoryview(words).cast("B")
         fd = os.open(self.path, os.O_RDWR)
         try:
-            done = 0
-            while done < len(data):
-                done += os.pwrite(fd, data[done:], HEADER_BYTES + done)
+            write_in_pieces(fd, memoryview(words).cast("B"), HEADER_BYTES)
         finally:
             os.close(fd)
 
@@ -806,6 +806,7 @@ def _slot_words(path: str, slot_count: int) -> Iterator[array[int]]:
     """A shard file's slots as words (key, location, ...), read from the
     file, not through a mapping, a MB at a time."""
     with open(path, "rb") as f:
+        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_RANDOM)  # (small folios: Shard.open)
         f.seek(HEADER_BYTES)
         left = slot_count * 2
         while left:
