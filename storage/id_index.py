@@ -100,12 +100,18 @@ GROUP_SLOTS = 4
 # Bytes a shard's opening reads at a time to count its slots in use (whole slots).
 OPEN_READ_BYTES = 1 << 20
 GROUP = struct.Struct("<8Q")
+SLOT_PAIR = struct.Struct("<2Q")
 GROUP_BYTES = GROUP.size
 SHARDS = 64
 SHARD_SHIFT = 58  # 64 - log2(SHARDS)
 MAX_LOAD = 0.7
 MAX_PROBE_SLOTS = 64
 MIN_LOAD_TO_GROW = 0.25  # below it, a run too long is of equal keys: probing on beats doubling
+# A doubling fills its new shard a slice of this many bytes of groups at a
+# time (`_fill_in_slices`), and reads the old one so many bytes at a time:
+# the RAM it holds.
+DOUBLING_SLICE_BYTES = 2 << 20
+DOUBLING_READ_BYTES = 256 << 10
 # Resident pages between sheds: a store's indexes (id, key, end) share one
 # budget, SHED_ABOVE_BYTES (--index-resident-mb; `Residency`). Once their
 # files together are larger, each index sheds its mapped pages (`shed`)
@@ -262,15 +268,6 @@ class Shard:
         shard = cls(path, mm, slot_count)
         shard.used = slot_count - empty
         return shard
-
-    def write_slots(self, words: array[int]) -> None:
-        """Every slot's two words written at once, through the file (the
-        page cache the mapping shares), none of its pages mapped."""
-        fd = os.open(self.path, os.O_RDWR)
-        try:
-            write_in_pieces(fd, memoryview(words).cast("B"), HEADER_BYTES)
-        finally:
-            os.close(fd)
 
     def publish(self, final_path: str, durable: bool = True) -> None:
         """Make a freshly built shard the live one, atomically (`durable`:
@@ -699,48 +696,9 @@ class IdIndex:
             if old.used < old.slot_count - 1:
                 return False
             raise
-        # Filled in RAM (an array of the new slots' words), written once:
-        # a shard's doubling is one short pause, not a probe of the map a slot.
-        group_mask, is_live = new.group_mask, self.is_live
-        live: dict[int, bool] = {}  # file -> is_live, asked once a file
-        words = array("Q", [0]) * (new.slot_count * 2)  # (no bytes of that size made first)
-        # The old slots' words read from the file (the page cache the mapping
-        # writes to), a MB at a time, not through the mapping, and the new
-        # ones written so: a doubling maps no page of either shard into the
-        # node's RSS, and holds the new shard's words and one MB of the old.
-        used = 0
-        for pairs in _slot_words(old.path, old.slot_count):
-            for i in range(0, len(pairs), 2):
-                key = pairs[i]
-                if key == 0:
-                    continue
-                loc = pairs[i + 1]
-                hour = loc >> 40
-                alive = live.get(hour)
-                if alive is None:
-                    alive = live[hour] = is_live(hour)
-                if not alive:
-                    continue
-                group, stride = key & group_mask, ((key >> 32) & group_mask) | 1
-                while True:
-                    at = group << 3  # 4 slots of 2 words a group
-                    if words[at] == 0:
-                        break
-                    if words[at + 2] == 0:
-                        at += 2
-                        break
-                    if words[at + 4] == 0:
-                        at += 4
-                        break
-                    if words[at + 6] == 0:
-                        at += 6
-                        break
-                    group = (group + stride) & group_mask
-                words[at] = key
-                words[at + 1] = loc
-                used += 1
-        new.write_slots(words)
-        del words
+        self.shed()  # (the pages the last calls mapped: not resident beside the doubling's own)
+        used, overflow = _fill_in_slices(old, new, self.is_live)
+        used += _place_overflow(new, overflow)
         new.used = used
         new.publish(self._path(n))
         old.close()
@@ -802,7 +760,7 @@ class IdIndex:
         return f"IdIndex({self.directory!r}, used={used}, slots={slots})"
 
 
-def _slot_words(path: str, slot_count: int) -> Iterator[array[int]]:
+def _slot_words(path: str, slot_count: int, read_bytes: int = OPEN_READ_BYTES) -> Iterator[array[int]]:
     """A shard file's slots as words (key, location, ...), read from the
     file, not through a mapping, a MB at a time."""
     with open(path, "rb") as f:
@@ -811,9 +769,99 @@ def _slot_words(path: str, slot_count: int) -> Iterator[array[int]]:
         left = slot_count * 2
         while left:
             words = array("Q")
-            words.fromfile(f, min(left, OPEN_READ_BYTES // 8))
+            words.fromfile(f, min(left, read_bytes // 8))
             left -= len(words)
             yield words
+
+
+def _fill_in_slices(old: Shard, new: Shard, is_live: Callable[[int], bool]) -> tuple[int, array[int]]:
+    """Write `old`'s live slots into `new` (twice its groups) through the
+    file, a slice of DOUBLING_SLICE_BYTES of the new groups at a time: each
+    slot whose home group (probe_start) lies in the slice goes there while
+    the group has room. Returns the slots placed and the others' words
+    (key, location, ...): those whose home group was full, for
+    `_place_overflow`. A doubling holds in RAM one slice of the new words
+    and DOUBLING_READ_BYTES of the old (some 3 MB), not the whole new
+    shard's and a MB of the old (9 MB for a shard of 4 MB), and maps no page
+    of either shard into the node's RSS."""
+    group_mask = new.group_mask
+    groups = group_mask + 1
+    slice_groups = max(1, min(groups, DOUBLING_SLICE_BYTES // GROUP_BYTES))
+    live: dict[int, bool] = {}  # hour -> is_live, asked once an hour
+    overflow = array("Q")
+    used = 0
+    fd = os.open(new.path, os.O_RDWR)
+    try:
+        for first in range(0, groups, slice_groups):
+            past = first + slice_groups
+            words = array("Q", [0]) * (slice_groups * GROUP_SLOTS * 2)
+            for pairs in _slot_words(old.path, old.slot_count, DOUBLING_READ_BYTES):
+                for i in range(0, len(pairs), 2):
+                    key = pairs[i]
+                    if key == 0:
+                        continue
+                    group = key & group_mask
+                    if group < first or group >= past:
+                        continue
+                    loc = pairs[i + 1]
+                    hour = loc >> 40
+                    alive = live.get(hour)
+                    if alive is None:
+                        alive = live[hour] = is_live(hour)
+                    if not alive:
+                        continue
+                    at = (group - first) << 3  # 4 slots of 2 words a group
+                    if words[at] != 0:
+                        if words[at + 2] == 0:
+                            at += 2
+                        elif words[at + 4] == 0:
+                            at += 4
+                        elif words[at + 6] == 0:
+                            at += 6
+                        else:
+                            overflow.append(key)
+                            overflow.append(loc)
+                            continue
+                    words[at] = key
+                    words[at + 1] = loc
+                    used += 1
+            write_in_pieces(fd, memoryview(words).cast("B"), HEADER_BYTES + first * GROUP_BYTES)
+            del words  # (before the next slice's: one slice's words at a time)
+    finally:
+        os.close(fd)
+    return used, overflow
+
+
+def _place_overflow(new: Shard, overflow: array[int]) -> int:
+    """Each (key, location) of `overflow`, whose home group in `new` is full,
+    put in the first free slot along its probe sequence past it (read and
+    written through the file: a few percent of a doubling's slots). Every
+    slot `_fill_in_slices` placed sits in its home group and a group never
+    loses a slot, so each probe sequence still meets its key before any
+    empty slot (the lookup's rule: `candidates`). Returns the slots placed."""
+    if not overflow:
+        return 0
+    group_mask = new.group_mask
+    fd = os.open(new.path, os.O_RDWR)
+    try:
+        for j in range(0, len(overflow), 2):
+            key, loc = overflow[j], overflow[j + 1]
+            group, stride = probe_start(key, group_mask)
+            while True:
+                group = (group + stride) & group_mask
+                base = HEADER_BYTES + group * GROUP_BYTES
+                slots = GROUP.unpack(os.pread(fd, GROUP_BYTES, base))
+                free = -1
+                for i in range(0, 8, 2):
+                    if slots[i] == 0:
+                        free = i
+                        break
+                if free >= 0:
+                    os.pwrite(fd, SLOT_PAIR.pack(key, loc), base + free * 8)
+                    break
+    finally:
+        os.close(fd)
+    return len(overflow) // 2
 
 
 def _finish_publish(directory: str) -> None:

@@ -347,3 +347,39 @@ def test_reopening_counts_the_slots_in_use_without_making_the_shards_resident(tm
         assert index.candidates(keys[0]) == [Location(LIVE, 0)]
     finally:
         index.close()
+
+
+def test_a_doubling_in_slices_keeps_every_key_and_maps_no_page(tmp_path):
+    """A shard whose doubling spans two slices of DOUBLING_SLICE_BYTES: the
+    keys fill their home groups slice by slice, the ones whose home group is
+    full (here many: a crowd sharing one group at the end of the first
+    slice, their strides reaching into the second) are placed after, and
+    every key is found again, in the new shard and after a reopening. The
+    doubling goes through the files: the shards' mappings hold no page."""
+    slots = id_index.DOUBLING_SLICE_BYTES // SLOT_BYTES  # doubled: two slices
+    index = IdIndex.open(str(tmp_path / "ids"), slots, lambda hour: True, None, DISK)
+    rng = random.Random(7)
+    last_group = id_index.DOUBLING_SLICE_BYTES // id_index.GROUP_BYTES - 1  # of the doubled shard's first slice
+    crowd = [rng.getrandbits(38) << 20 | last_group for _ in range(200)]  # shard 0, one home group
+    plain = [rng.getrandbits(58) | 1 for _ in range(int(slots * 0.69) - len(crowd))]
+    keys = list(dict.fromkeys(crowd + plain))
+    try:
+        index.put_many([(key, LIVE, gi) for gi, key in enumerate(keys)])
+        shard = index.shards[0]
+        assert shard.slot_count == slots
+        index.shed()
+        assert index._double(shard)
+        shard = index.shards[0]
+        assert shard.slot_count == 2 * slots and shard.used == len(keys)
+        assert sum(_mapped_rss_kb(s.path) for s in index.shards) <= 4  # (the new header page, written mapped)
+        for gi, key in enumerate(keys):
+            assert index.candidates(key) == [Location(LIVE, gi)], gi
+    finally:
+        index.close()
+    index = IdIndex.open(str(tmp_path / "ids"), slots, lambda hour: True, None, DISK)
+    try:
+        assert index.shards[0].used == len(keys)
+        for gi, key in enumerate(keys[::7]):
+            assert index.candidates(key) == [Location(LIVE, gi * 7)]
+    finally:
+        index.close()
