@@ -104,6 +104,7 @@ def main() -> None:
         "rss_peak_mb": after.get("rss_peak_mb"), "rss_mb_settled": settled.get("rss_mb"),
         "rss_growth_mb_settled": round(settled.get("rss_mb", 0) - before.get("rss_mb", 0), 1),
         "rss_anon_mb_settled": settled.get("rss_anon_mb"), "rss_mb_after_probes": probed.get("rss_mb"),
+        "rss_peak_mb_after_probes": probed.get("rss_peak_mb"),  # (VmHWM: the ending and the probes)
         "end_index_bytes": ends_bytes, "end_index_bytes_per_id": round(ends_bytes / max(1, args.ids), 1),
         "data_dir_bytes": data_bytes,
         "duplicate_sends": args.probes, "answered_ended": answered_ended,

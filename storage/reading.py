@@ -45,6 +45,13 @@ from .types import total_counts
 
 # Index entries read at once by a scan (scan_ready): 192 KiB.
 SCAN_SLICE = 4096
+# A look-up by id reads an entry and a body at random places of the mapped
+# hours, and each read of a page not mapped maps the kernel's fault-around
+# with it (64 kB): 2,000 look-ups of old ids between two checkpoints made
+# 38 MB of the hours resident (bench/dedup.py's duplicate sends). So the
+# reader sheds the hours' pages every FIND_SHED_EVERY look-ups (a few
+# madvise calls): some 4 MB at most stay mapped by them.
+FIND_SHED_EVERY = 32
 
 # A bulk scan's match: where, its status and retry (pending changes
 # included), and its trigger time.
@@ -119,6 +126,7 @@ class Reader:
         self._hours = hours
         self._pending = pending
         self._ids = ids
+        self._finds = 0  # look-ups by id since the hours were last shed
 
     # -- by id and by place ------------------------------------------------------------
 
@@ -134,6 +142,10 @@ class Reader:
                 found = self.read_message(pending.location, pending)
                 if found is not None:  # released in this batch: a later resend may follow
                     return found
+        self._finds += 1
+        if self._finds >= FIND_SHED_EVERY:
+            self._finds = 0
+            self._hours.shed()
         for where in self._ids.candidates(key):
             h = self._hours[where.hour]
             if where.global_index >= h.applied:

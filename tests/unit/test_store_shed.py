@@ -203,3 +203,29 @@ def test_a_shard_doubled_maps_none_of_its_pages(tmp_path):
         assert resident_kb(os.path.join(directory, "ids")) <= 4  # (the new header's page)
         for i in range(3000):  # every id still found
             assert store.get("t", f"m{i}") is not None
+
+
+def test_look_ups_by_id_keep_a_bounded_part_of_the_hours_resident(tmp_path):
+    """A look-up by id reads an entry and a body at random places of the
+    mapped hours (each read maps the kernel's fault-around with it): the
+    reader sheds the hours every FIND_SHED_EVERY look-ups, so 3,000 look-ups
+    of old ids without a checkpoint keep some MB resident, not the hours'
+    files whole. Every look-up still finds its message."""
+    from storage.reading import FIND_SHED_EVERY
+
+    directory = os.path.realpath(str(tmp_path))
+    body = "x" * 2000  # a message a page or so: the files far larger than the bound
+    with Store.open(directory, CONFIG, now_ms=NOW) as store:
+        for first in range(0, 20_000, 1000):
+            store.send([NewMessage("t", f"m{i}", body, NOW, NOW + 60_000, MS_PER_HOUR, 3)
+                        for i in range(first, first + 1000)], NOW)
+            store.commit()
+        store.shed()
+        delay = os.path.join(directory, "delay")
+        files_kb = sum(os.path.getsize(os.path.join(delay, n)) for n in os.listdir(delay)) // 1024
+        most = 0
+        for i in range(0, 20_000, 7):
+            assert store.get("t", f"m{i}").msg_id == f"m{i}"
+            most = max(most, resident_kb(delay))
+        bound_kb = FIND_SHED_EVERY * 2 * 64 + 64  # two reads a look-up, 64 kB of fault-around each
+        assert most <= bound_kb < files_kb // 4, (most, bound_kb, files_kb)
