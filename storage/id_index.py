@@ -100,7 +100,6 @@ GROUP_SLOTS = 4
 # Bytes a shard's opening reads at a time to count its slots in use (whole slots).
 OPEN_READ_BYTES = 1 << 20
 GROUP = struct.Struct("<8Q")
-SLOT_PAIR = struct.Struct("<2Q")
 GROUP_BYTES = GROUP.size
 SHARDS = 64
 SHARD_SHIFT = 58  # 64 - log2(SHARDS)
@@ -762,7 +761,7 @@ class IdIndex:
 
 def _slot_words(path: str, slot_count: int, read_bytes: int = OPEN_READ_BYTES) -> Iterator[array[int]]:
     """A shard file's slots as words (key, location, ...), read from the
-    file, not through a mapping, a MB at a time."""
+    file, not through a mapping, `read_bytes` at a time."""
     with open(path, "rb") as f:
         os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_RANDOM)  # (small folios: Shard.open)
         f.seek(HEADER_BYTES)
@@ -857,7 +856,7 @@ def _place_overflow(new: Shard, overflow: array[int]) -> int:
                         free = i
                         break
                 if free >= 0:
-                    os.pwrite(fd, SLOT_PAIR.pack(key, loc), base + free * 8)
+                    os.pwrite(fd, SLOT.pack(key, loc), base + free * 8)
                     break
     finally:
         os.close(fd)
