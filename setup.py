@@ -97,6 +97,7 @@ COMPILED = [
     "broker/config.py",
     "broker/core/bodies.py",
     "broker/core/delay_msg.py",
+    "broker/core/leases.py",
     "broker/core/lifecycle.py",
     "broker/core/long_polls.py",
     "broker/core/params.py",

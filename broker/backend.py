@@ -33,7 +33,8 @@ from storage.store import NewMessage
 from wheel.clock import Clock
 
 from .core.bulk_params import BulkFilter, DeleteMsgsRequest, ListMsgRequest, RescheduleMsgsRequest
-from .core.params import AckRequest, Defaults, DeleteRequest, LongPollRequest, NewSend, PullRequest
+from .core.params import AckRequest, Defaults, DeleteRequest, FencedRequest, LongPollRequest, NewSend, PullRequest
+from .core.transitions import Fencing
 from .observe.metrics import Backlog, Metrics
 
 
@@ -57,6 +58,8 @@ class MessageRequests(Protocol):
     def ack(self, request: AckRequest) -> Awaitable[object]: ...
 
     async def ack_many(self, topic: str, msg_ids: Sequence[str], ack: bool = True) -> list[Status | None]: ...
+
+    async def fenced(self, request: FencedRequest) -> list[Fencing]: ...
 
     async def delete(self, request: DeleteRequest) -> None: ...
 
@@ -224,11 +227,14 @@ def waiting_bucket(until_trigger_ms: int) -> int:
 
 
 def topic_info_json(topic: str, waiting: int, buckets: list[int], ready: int, consuming: int,
-                    oldest_ready_ms: int | None = None, now_ms: int = 0) -> dict[str, object]:
+                    oldest_ready_ms: int | None = None, now_ms: int = 0,
+                    longest_held_ms: int | None = None) -> dict[str, object]:
     """camellia's TopicInfo: queue sizes and the waiting queue by delay
     bucket (`buckets` counts per WAITING_BUCKETS entry); and hourglass's
-    `dueUndelivered` (READY: due, not handed out) and `oldestDueAgeMillis`
-    (now - the oldest READY message's trigger time, 0 if none).
+    `dueUndelivered` (READY: due, not handed out), `oldestDueAgeMillis`
+    (now - the oldest READY message's trigger time, 0 if none) and, where
+    the backend keeps it, `longestHeldMillis` (now - the hand-over of the
+    consuming message held longest, 0 if none: docs/api.md, "Leases").
     (`paused` is the node's to add: broker.flow.)"""
     return {
         "topic": topic,
@@ -238,4 +244,5 @@ def topic_info_json(topic: str, waiting: int, buckets: list[int], ready: int, co
         "ackQueueSize": consuming,
         "dueUndelivered": ready,
         "oldestDueAgeMillis": 0 if oldest_ready_ms is None else max(0, now_ms - oldest_ready_ms),
+        **({} if longest_held_ms is None else {"longestHeldMillis": longest_held_ms}),
     }

@@ -189,6 +189,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-ack-timeout-ms", type=int, default=defaults.max_ack_timeout_ms,
                        help=f"largest ackTimeoutMillis a pull gets; larger ones are clamped to it (default "
                             f"{defaults.max_ack_timeout_ms}, 1 h)")
+    serve.add_argument("--max-lease-ms", type=int, default=defaults.max_lease_ms,
+                       help=f"longest a message stays with one holder by extendMsg, from its hand-over; an "
+                            f"extension past it is answered 409 (default {defaults.max_lease_ms}, 12 h; a pull's own "
+                            f"ackTimeoutMillis is not bound by it)")
     serve.add_argument("--max-ttl-ms", type=int, default=defaults.max_ttl_ms,
                        help=f"largest ttlMillis a message gets; larger ones are clamped to it (default "
                             f"{defaults.max_ttl_ms}, 30 days)")
@@ -287,7 +291,8 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
                                    write_buffer_bytes=args.write_buffer_bytes),
                        allowed_hosts=tuple(h.strip() for h in args.allowed_hosts.split(",") if h.strip()),
                        bodies=BodyLimits(max_form_pairs=args.max_form_pairs, max_batch_msgs=args.max_batch_msgs),
-                       defaults=Defaults(max_ack_timeout_ms=args.max_ack_timeout_ms, max_ttl_ms=args.max_ttl_ms),
+                       defaults=Defaults(max_ack_timeout_ms=args.max_ack_timeout_ms, max_ttl_ms=args.max_ttl_ms,
+                                         max_lease_ms=args.max_lease_ms),
                        monitor_interval_s=args.monitor_interval_s, offline_idle_s=args.offline_idle_s,
                        queues=QueueLimits(window=args.ready_window, window_total=args.ready_window_total,
                                           inflight=args.max_inflight, inflight_total=args.max_inflight_total,

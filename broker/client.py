@@ -91,6 +91,9 @@ MAX_REDIRECTS = 5
 # What the server waits in a long poll that names no timeout (camellia's 10 s);
 # the client's HTTP timeout must outlast it.
 SERVER_LONG_POLL_DEFAULT_MS = 10_000
+# The ack timeout a pull gets from the server when it names none (docs/api.md):
+# what a Consumer without `ack_timeout_ms` extends its messages by.
+SERVER_ACK_TIMEOUT_DEFAULT_MS = 30_000
 # Failures that a retry may cure: the node is down, restarting or electing.
 TRANSIENT_ERRORS = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, asyncio.TimeoutError)
 
@@ -153,17 +156,20 @@ class DelayMsg:
     # schedule and nominal time (ms); None for any other message
     schedule_id: str | None = None
     scheduled_time: int | None = None
+    # the hand-over a pull made of it (docs/api.md, "Leases"): fences its
+    # ack and extensions; None in any other answer, or from a camellia server
+    delivery_id: str | None = None
 
     @classmethod
     def from_json(cls, obj: Mapping[str, Any]) -> DelayMsg:
         """From the camelCase JSON object; `priority`, `tag`, `key`,
-        `scheduleId` and `scheduledTime` (hourglass extensions) may be
-        absent, as from a camellia server."""
+        `scheduleId`, `scheduledTime` and `deliveryId` (hourglass
+        extensions) may be absent, as from a camellia server."""
         scheduled = obj.get("scheduledTime")
         return cls(obj["topic"], obj["msgId"], obj["msg"], int(obj["produceTime"]), int(obj["triggerTime"]),
                    int(obj["expireTime"]), int(obj["maxRetry"]), int(obj["retry"]), Status(obj["status"]),
                    int(obj.get("priority") or 0), obj.get("tag") or "", obj.get("key") or "",
-                   obj.get("scheduleId"), None if scheduled is None else int(scheduled))
+                   obj.get("scheduleId"), None if scheduled is None else int(scheduled), obj.get("deliveryId"))
 
 
 @dataclass(frozen=True)
@@ -294,13 +300,43 @@ class DelayQueueClient:
     async def ack_many(self, topic: str, msg_ids: Sequence[str]) -> dict[str, int | None]:
         """ackMsg with msgIds (1..1000, one request, one fsync on the
         server): each id's status after it, None for an unknown one."""
-        parts: dict[str | None, list[str]] = {}
-        for msg_id in msg_ids:
-            parts.setdefault(await self._shard(msg_id), []).append(msg_id)
-        answers = await asyncio.gather(*(self._call("POST", "ackMsg", idempotent=True, shard=shard,
-                                                    body={"topic": topic, "msgIds": ids})
-                                         for shard, ids in parts.items()))
-        return {r["msgId"]: r["status"] for answer in answers for r in answer["results"]}
+        return {msg_id: result["status"] for msg_id, result in
+                (await self._many("ackMsg", topic, msg_ids, None, {})).items()}
+
+    async def ack_leased(self, topic: str, msg_ids: Sequence[str], delivery_ids: Sequence[str],
+                         ack: bool = True) -> dict[str, dict[str, Any]]:
+        """ackMsg (`ack` False: nack) with msgIds and deliveryIds (each
+        msgId's, in order): fenced (docs/api.md, "Leases"). Each id's
+        result: `code` 200 and its `status` after it, or 409 with `msg`,
+        the message left with its current holder."""
+        return await self._many("ackMsg", topic, msg_ids, delivery_ids, {} if ack else {"ack": False})
+
+    async def extend_many(self, topic: str, msg_ids: Sequence[str], delivery_ids: Sequence[str],
+                          ack_timeout_ms: int | None = None) -> dict[str, dict[str, Any]]:
+        """extendMsg with msgIds (1..1000): each message, while `delivery_ids`'
+        (in order) is its current hand-over, stays consuming `ack_timeout_ms`
+        from now (None: the server's default). Each id's result: `code` 200
+        with its new `deadline`, or 409 with `msg` (docs/api.md, "Leases")."""
+        extra = {} if ack_timeout_ms is None else {"ackTimeoutMillis": ack_timeout_ms}
+        return await self._many("extendMsg", topic, msg_ids, delivery_ids, extra)
+
+    async def _many(self, endpoint: str, topic: str, msg_ids: Sequence[str], delivery_ids: Sequence[str] | None,
+                    extra: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+        """`endpoint` with msgIds (and deliveryIds), one request a shard of
+        the node: each id's result."""
+        parts: dict[str | None, list[int]] = {}
+        for at, msg_id in enumerate(msg_ids):
+            parts.setdefault(await self._shard(msg_id), []).append(at)
+
+        def body(ats: list[int]) -> dict[str, Any]:
+            b: dict[str, Any] = {"topic": topic, "msgIds": [msg_ids[at] for at in ats], **extra}
+            if delivery_ids is not None:
+                b["deliveryIds"] = [delivery_ids[at] for at in ats]
+            return b
+
+        answers = await asyncio.gather(*(self._call("POST", endpoint, idempotent=True, shard=shard, body=body(ats))
+                                         for shard, ats in parts.items()))
+        return {r["msgId"]: r for answer in answers for r in answer["results"]}
 
     async def nack(self, topic: str, msg_id: str) -> None:
         """ackMsg with ack=false: deliverable again now (its next delivery
@@ -633,6 +669,15 @@ class Consumer:
     returned meanwhile (up to 1000), so a busy consumer makes one request
     and the server one fsync for many messages.
 
+    It holds each message as long as its handler runs (docs/api.md,
+    "Leases"): every third of the ack timeout (`ack_timeout_ms`, else the
+    server's default 30 s) one extendMsg a topic carries every message
+    whose handler still runs, and its acks and nacks are fenced by the
+    message's deliveryId. A lease lost (code 409: the message timed out and
+    went to another consumer meanwhile) is logged, and that message is not
+    acked or nacked by this consumer. (A server that hands no deliveryId
+    out, camellia's, gets plain acks and no extensions.)
+
     It never holds more messages than it has free handler slots: each poll
     asks for min(`batch`, free slots), so a slow handler leaves the rest of
     the topic to other consumers. `stop()` ends `run()` after the handlers
@@ -663,8 +708,12 @@ class Consumer:
         self._slots = asyncio.Semaphore(concurrency)
         self._running: set[asyncio.Task[None]] = set()
         self._stopping = asyncio.Event()
-        self._to_ack: list[str] = []
+        self._to_ack: list[DelayMsg] = []
         self._ack_wake = asyncio.Event()
+        self._holding: dict[str, DelayMsg] = {}  # msgId -> the message its handler runs on
+        self._lost: set[tuple[str, str]] = set()  # (msgId, deliveryId) of leases lost while their handler ran
+        self.extended = 0  # extensions the server granted
+        self.lost = 0  # leases lost (409)
         self._acks_done = False
 
     def __repr__(self) -> str:
@@ -678,6 +727,7 @@ class Consumer:
 
     async def run(self) -> None:
         acker = asyncio.create_task(self._run_acks())
+        extender = asyncio.create_task(self._run_extensions())
         try:
             while not self._stopping.is_set():
                 free = await self._take_slots()
@@ -695,6 +745,8 @@ class Consumer:
         finally:  # stopped, failed or cancelled: no handler outlives run(); their acks are sent
             if self._running:
                 await asyncio.wait(set(self._running))
+            extender.cancel()
+            await asyncio.wait({extender})
             self._acks_done = True
             self._ack_wake.set()
             await acker  # sends what the handlers left
@@ -709,14 +761,54 @@ class Consumer:
                 return
 
     async def _send_acks(self) -> None:
-        """One ackMsg with the ids waiting (up to MAX_ACK_BATCH); a failure is
-        logged, not raised: those messages come back after their ack timeout."""
-        ids, self._to_ack = self._to_ack[:MAX_ACK_BATCH], self._to_ack[MAX_ACK_BATCH:]
+        """One ackMsg with the ids waiting (up to MAX_ACK_BATCH), fenced by
+        their deliveryIds when the server gave them; a failure is logged,
+        not raised: those messages come back after their ack timeout."""
+        msgs, self._to_ack = self._to_ack[:MAX_ACK_BATCH], self._to_ack[MAX_ACK_BATCH:]
+        leased = [m for m in msgs if m.delivery_id]
+        plain = [m.msg_id for m in msgs if not m.delivery_id]
         try:
-            await self.client.ack_many(self.topic, ids)
-            self.acked += len(ids)
+            if leased:
+                results = await self.client.ack_leased(self.topic, [m.msg_id for m in leased],
+                                                       [m.delivery_id or "" for m in leased])
+                self._note_lost(leased, results, "ack")
+                self.acked += sum(1 for r in results.values() if r.get("code") == 200)
+            if plain:
+                await self.client.ack_many(self.topic, plain)
+                self.acked += len(plain)
         except (DelayQueueError, *TRANSIENT_ERRORS) as error:
-            log.warning("ack of %d messages of %s failed: %r", len(ids), self.topic, error)
+            log.warning("ack of %d messages of %s failed: %r", len(msgs), self.topic, error)
+
+    async def _run_extensions(self) -> None:
+        """Every third of the ack timeout, extend the messages whose handlers
+        still run, MAX_ACK_BATCH a call; a lost lease is noted (`_note_lost`)."""
+        timeout_ms = self.ack_timeout_ms or SERVER_ACK_TIMEOUT_DEFAULT_MS
+        while True:
+            await asyncio.sleep(timeout_ms / 3 / 1000)
+            held = [m for m in self._holding.values() if m.delivery_id and (m.msg_id, m.delivery_id) not in self._lost]
+            for at in range(0, len(held), MAX_ACK_BATCH):
+                part = held[at:at + MAX_ACK_BATCH]
+                try:
+                    results = await self.client.extend_many(self.topic, [m.msg_id for m in part],
+                                                            [m.delivery_id or "" for m in part], timeout_ms)
+                except (DelayQueueError, *TRANSIENT_ERRORS) as error:
+                    log.warning("extension of %d messages of %s failed: %r", len(part), self.topic, error)
+                    continue
+                self.extended += sum(1 for r in results.values() if r.get("code") == 200)
+                self._note_lost(part, results, "extension")
+
+    def _note_lost(self, msgs: Sequence[DelayMsg], results: Mapping[str, Mapping[str, Any]], what: str) -> None:
+        """The messages of `msgs` a fenced call was refused (409): their lease
+        is lost, logged; this consumer neither acks nor nacks them."""
+        for m in msgs:
+            result = results.get(m.msg_id, {})
+            lease = (m.msg_id, m.delivery_id or "")
+            if result.get("code") == 409 and lease not in self._lost:
+                if what != "ack":  # (an ack comes after its handler: nothing is left to skip)
+                    self._lost.add(lease)
+                self.lost += 1
+                log.warning("lost the lease of %s/%s (%s refused: %s); not acked here", self.topic, m.msg_id, what,
+                            result.get("msg"))
 
     async def _take_slots(self) -> int:
         """Wait for one free handler slot, then take up to `batch` that are
@@ -757,25 +849,35 @@ class Consumer:
         return None if task.cancelled() else task.result()
 
     async def _handle(self, msg: DelayMsg) -> None:
+        self._holding[msg.msg_id] = msg
         try:
             try:
                 await self.handler(msg)
             except Exception:
                 log.exception("handler failed on %s/%s (retry %d); nack", msg.topic, msg.msg_id, msg.retry)
-                if await self._settle(self.client.nack, msg):
+                if (msg.msg_id, msg.delivery_id or "") not in self._lost and await self._nack(msg):
                     self.nacked += 1
             else:
-                self._to_ack.append(msg.msg_id)
-                self._ack_wake.set()
+                if (msg.msg_id, msg.delivery_id or "") not in self._lost:
+                    self._to_ack.append(msg)
+                    self._ack_wake.set()
         finally:
+            if self._holding.get(msg.msg_id) is msg:  # (not a later delivery of it, handed here again)
+                del self._holding[msg.msg_id]
+            self._lost.discard((msg.msg_id, msg.delivery_id or ""))
             self._slots.release()
 
-    async def _settle(self, ack_or_nack: Callable[[str, str], Awaitable[None]], msg: DelayMsg) -> bool:
-        """Ack or nack; a failure is logged, not raised: the message comes
-        back after its ack timeout either way."""
+    async def _nack(self, msg: DelayMsg) -> bool:
+        """Nack, fenced by its deliveryId when it has one; a failure is
+        logged, not raised: the message comes back after its ack timeout
+        either way."""
         try:
-            await ack_or_nack(msg.topic, msg.msg_id)
+            if msg.delivery_id:
+                results = await self.client.ack_leased(msg.topic, [msg.msg_id], [msg.delivery_id], ack=False)
+                self._note_lost([msg], results, "nack")
+                return results[msg.msg_id].get("code") == 200
+            await self.client.nack(msg.topic, msg.msg_id)
             return True
         except (DelayQueueError, *TRANSIENT_ERRORS) as error:
-            log.warning("%s of %s/%s failed: %r", ack_or_nack.__name__, msg.topic, msg.msg_id, error)
+            log.warning("nack of %s/%s failed: %r", msg.topic, msg.msg_id, error)
             return False

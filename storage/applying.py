@@ -46,8 +46,11 @@ from .pending import Pending
 
 WAITING = Status.WAITING
 # A StateItem's fields as a plain tuple: (hour, globalIndex, status, retry,
-# flags, prev_status, topic hash, deadline ms).
-_State = tuple[int, int, int, int, int, int, int, int]
+# flags, prev_status, topic hash, deadline ms, delivery).
+_State = tuple[int, int, int, int, int, int, int, int, int]
+# A CONSUMING message's (ack deadline ms, delivery): 0 where unknown.
+Lease = tuple[int, int]
+_UNKNOWN_LEASE: Lease = (0, 0)
 CONSUMING, ACKED, DELETED = int(Status.CONSUMING), int(Status.ACKED), int(Status.DELETED)
 
 
@@ -57,7 +60,7 @@ class Applier:
     `sync_log`."""
 
     def __init__(self, hours: HourTable, ids: IdIndex, log: CommitLog, pending: Pending,
-                 topic_names: dict[int, str], consuming: dict[Location, int], keys: KeyIndex | None = None,
+                 topic_names: dict[int, str], consuming: dict[Location, Lease], keys: KeyIndex | None = None,
                  ends: EndIndex | None = None, open_ends: Callable[[], EndIndex] | None = None) -> None:
         self._hours = hours
         self._ids = ids
@@ -73,9 +76,9 @@ class Applier:
         # the same topics by name, read by the store's `has_topic` without a
         # call (a send's); one set for the applier's life (`Store.topic_set`)
         self.topics_by_name = set(topic_names.values())
-        # Every CONSUMING message and its ack deadline (0: unknown), kept in
-        # the checkpoint and by every record applied: O(messages in flight),
-        # which the broker caps.
+        # Every CONSUMING message, its ack deadline and its delivery (0:
+        # unknown), kept in the checkpoint and by every record applied:
+        # O(messages in flight), which the broker caps.
         self._consuming = consuming
         # (`held` and `deferred` are read by the store that owns this part, without a call.)
         # PART records (storage.records) held until their call's COMMIT:
@@ -172,8 +175,8 @@ class Applier:
         elif kind is records.Kind.PART:
             for part in cast(Sequence[records.PartItem], items):
                 self.held.setdefault(part.call_id, []).append((now_ms, [
-                    (h, gi, st, retry, flags, prev, topic, deadline)
-                    for h, gi, st, retry, flags, prev, topic, deadline in part.items]))
+                    (h, gi, st, retry, flags, prev, topic, deadline, delivery)
+                    for h, gi, st, retry, flags, prev, topic, deadline, delivery in part.items]))
         elif kind is records.Kind.COMMIT:
             for commit in cast(Sequence[records.CommitItem], items):
                 if commit.call_id:
@@ -247,7 +250,7 @@ class Applier:
         deltas: dict[tuple[Hour, int, int], int] = {}
         ends: list[tuple[int, int, int]] = []  # (file, gi, time): the end index's puts
         h: Hour | None = None
-        for hour, gi, status, retry, flags, prev_status, topic_hash, deadline_ms in items:
+        for hour, gi, status, retry, flags, prev_status, topic_hash, deadline_ms, delivery in items:
             if h is None or h.hour != hour:
                 h = get(hour)
                 if h is None:
@@ -262,7 +265,7 @@ class Applier:
                     h.last_end_ms = max(h.last_end_ms, now_ms)  # (a send again: its file kept as long again)
             h.stage_state(gi, status, flags, retry)
             if status == CONSUMING:
-                consuming[tuple.__new__(Location, (hour, gi))] = deadline_ms
+                consuming[tuple.__new__(Location, (hour, gi))] = (deadline_ms, delivery)
             elif prev_status == CONSUMING:
                 consuming.pop(tuple.__new__(Location, (hour, gi)), None)
             key = (h, topic_hash, prev_status)
@@ -350,19 +353,20 @@ class Applier:
 
     def ack_deadline(self, where: Location) -> int | None:
         """The ack deadline of a CONSUMING message (None: not in flight, or unknown)."""
-        return self._consuming.get(where) or None
+        lease = self._consuming.get(where)
+        return lease[0] or None if lease is not None else None
 
-    def consuming(self) -> dict[Location, int]:
+    def consuming(self) -> dict[Location, Lease]:
         return dict(self._consuming)
 
-    def consuming_rows(self) -> tuple[tuple[int, int, int], ...]:
-        """The in-flight set as the checkpoint keeps it: (hour, globalIndex, deadline)."""
-        return tuple((hour, gi, deadline) for (hour, gi), deadline in self._consuming.items())
+    def consuming_rows(self) -> tuple[tuple[int, int, int, int], ...]:
+        """The in-flight set as the checkpoint keeps it: (hour, globalIndex, deadline, delivery)."""
+        return tuple((hour, gi, deadline, delivery) for (hour, gi), (deadline, delivery) in self._consuming.items())
 
     def found_consuming(self, where: Location) -> None:
         """A CONSUMING message found by a scan (a checkpoint from before the
-        in-flight set was kept): in flight, its deadline unknown."""
-        self._consuming.setdefault(where, 0)
+        in-flight set was kept): in flight, its deadline and delivery unknown."""
+        self._consuming.setdefault(where, _UNKNOWN_LEASE)
 
     def __repr__(self) -> str:
         return f"Applier(topics={len(self._topic_names)}, consuming={len(self._consuming)}, pending={len(self._pending)})"

@@ -22,6 +22,10 @@ File `checkpoint`, replaced atomically (write, fsync, rename):
                                    commit_offset (deadline 0: unknown).
                                    Absent in files written before it was
                                    kept: then unknown (see Store.consuming)
+                    deliveries     [delivery, ...]: each of those's
+                                   hand-over (docs/api.md, "Leases"), in
+                                   the same order; absent in files written
+                                   before it was kept: then 0, unknown
                     layout         int: 2 when an hour number of 2**23 or
                                    more names a span of hours
                                    (storage.spans); 1, or absent, before
@@ -72,9 +76,9 @@ class Checkpoint:
     hours: tuple[HourRecord, ...] = field(default_factory=tuple)
     written_ms: int = 0
     topic_names: dict[int, str] = field(default_factory=dict)
-    # (hour, global_index, deadline_ms) of every CONSUMING message; None: the
-    # file predates the key, so the set is unknown.
-    consuming: tuple[tuple[int, int, int], ...] | None = ()
+    # (hour, global_index, deadline_ms, delivery) of every CONSUMING
+    # message; None: the file predates the key, so the set is unknown.
+    consuming: tuple[tuple[int, int, int, int], ...] | None = ()
     layout: int = 2  # see storage.spans.LAYOUT
 
     def encode(self) -> bytes:
@@ -85,7 +89,9 @@ class Checkpoint:
             "topic_names": self.topic_names,
             "layout": self.layout,
             # None (unknown, an old file's) stays unknown: the key is left out
-            **({} if self.consuming is None else {"consuming": [v for c in self.consuming for v in c]}),
+            **({} if self.consuming is None else {
+                "consuming": [v for c in self.consuming for v in c[:3]],
+                "deliveries": [c[3] for c in self.consuming]}),
         })
         return HEADER.pack(MAGIC, VERSION, 0, len(body), zlib.crc32(body)) + body
 
@@ -101,7 +107,8 @@ class Checkpoint:
             raise CorruptionError(path, HEADER.size, "checkpoint checksum mismatch")
         fields = msgpack.unpackb(body, strict_map_key=False)
         flat = fields.get("consuming")
-        consuming = None if flat is None else tuple(zip(flat[0::3], flat[1::3], flat[2::3]))
+        deliveries = fields.get("deliveries") or [0] * (len(flat or ()) // 3)  # (a file from before them: 0, unknown)
+        consuming = None if flat is None else tuple(zip(flat[0::3], flat[1::3], flat[2::3], deliveries))
         return cls(fields["commit_offset"], tuple(HourRecord(*h) for h in fields["hours"]), fields["written_ms"],
                    fields["topic_names"], consuming, fields.get("layout", 1))
 

@@ -84,6 +84,9 @@ class Message(NamedTuple):
     # Why an ended message ended, when its entry says (END_PAUSED: a
     # resume's `expire`, flag FLAG_PAUSED of storage.delay_index); "" else
     end_reason: str = ""
+    # The hand-over a pull's answer made of it (its `deliveryId`: docs/api.md,
+    # "Leases"); 0 in every other answer
+    delivery: int = 0
 
     @property
     def expire_ms(self) -> int:
@@ -94,6 +97,11 @@ class Message(NamedTuple):
         result, built without its Python-level keyword handling (the
         release and pull paths make one per message)."""
         return tuple.__new__(Message, (*self[:9], status, retry, *self[11:]))
+
+    def handed_over(self, retry: int, delivery: int) -> Message:
+        """The same message CONSUMING with `retry`, handed over in `delivery`
+        (as `with_state`, for a pull's answer)."""
+        return tuple.__new__(Message, (*self[:9], Status.CONSUMING, retry, *self[11:18], delivery))
 
 
 def hour_and_second(ms: int) -> tuple[int, int]:

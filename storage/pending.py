@@ -267,14 +267,14 @@ class Pending:
             packed[hour << 32 | gi] = s[0] | s[1] << 8 | s[2] << 16 | s[3] << 32  # (pack_state)
             state_hours.add(hour)
 
-    def drop_states(self, items: Iterable[tuple[int, int, int, int, int, int, int, int]]) -> None:
+    def drop_states(self, items: Iterable[tuple[int, int, int, int, int, int, int, int, int]]) -> None:
         """The states of these StateItem fields are staged in their hours now
         (a committed PART applied late, storage.applying): each leaves the
         overlay unless a later change gave its entry another state since.
         A delete-all's million states held here until its last part was
         applied grew the heap by over 100 MB."""
         packed = self._states.packed
-        for hour, gi, status, retry, flags, _, topic_hash, _ in items:
+        for hour, gi, status, retry, flags, _, topic_hash, _, _ in items:
             key = hour << 32 | gi
             if packed.get(key) == status | flags << 8 | retry << 16 | topic_hash << 32:  # (pack_state)
                 del packed[key]

@@ -205,7 +205,7 @@ class Placement:
             append_item(item)
             message = new(Message, (topic, msg_id, msg, m.produce_ms, trigger_ms, m.ttl_ms, m.max_retry,
                                     m.priority, tag, WAITING, 0, new(Location, (h.hour, item.global_index)), m.key,
-                                    m.traceparent, m.tracestate, 0, m.fair_key, ""))
+                                    m.traceparent, m.tracestate, 0, m.fair_key, "", 0))
             self.pend_id(key, message, undo_ids)
             append_result(new(SendResult, (STORED, message)))
         if chars > MAX_RECORD_CHARS:
@@ -266,7 +266,7 @@ class Placement:
         new_item = tuple.__new__  # a StateItem made without its generated (Python-level) __new__
         item_type = records.StateItem
         end_topics = self.end_topics
-        for where, new_status, retry, released, deadline_ms, prev_status, known_topic, more_flags in changes:
+        for where, new_status, retry, released, deadline_ms, prev_status, known_topic, more_flags, delivery in changes:
             known = staged.get(where)
             if known is None and prev_status:
                 known = (prev_status, 0, retry, known_topic)
@@ -279,7 +279,8 @@ class Placement:
             to = int(new_status)
             if end_topics and to >= ACKED > status and topic_hash in end_topics:
                 new_flags |= FLAG_END_TIME  # its end kept (storage.end_index)
-            items.append(new_item(item_type, (where[0], where[1], to, retry, new_flags, status, topic_hash, deadline_ms)))
+            items.append(new_item(item_type, (where[0], where[1], to, retry, new_flags, status, topic_hash, deadline_ms,
+                                              delivery)))
             staged[where] = (to, new_flags, retry, topic_hash)
         if items and part_of:
             part = [records.PartItem(part_of, items)]

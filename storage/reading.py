@@ -200,7 +200,7 @@ class Reader:
         return tuple.__new__(Message, (body.topic, body.msg_id, body.msg, body.produce_ms, entry.trigger_ms, body.ttl_ms,
                                        body.max_retry, entry.priority, body.tag, STATUS_BY_VALUE[status], retry, where,
                                        body.key, body.traceparent, body.tracestate, body.redrive_count,
-                                       body.fair_key, END_PAUSED if flags & FLAG_PAUSED else ""))
+                                       body.fair_key, END_PAUSED if flags & FLAG_PAUSED else "", 0))
 
     def state(self, where: Location) -> State:
         """(status, flags, retry, topic hash) at `where`, pending changes

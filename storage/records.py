@@ -11,12 +11,16 @@ Every body is a msgpack array `[kind, now_ms, items]`:
            record read back from a log or sent by a leader hashes the body's
            topic and msgId again, see Store._decode)
     STATE  items: [hour, global_index, status, retry, flags, prev_status,
-                   topic_hash, deadline_ms]
+                   topic_hash, deadline_ms, delivery]
            (prev_status and topic_hash keep the per-topic status counts
            exact on replay, whatever the index file already holds;
            deadline_ms, for a change to CONSUMING, is its ack deadline, so
            a follower that takes over redelivers it on time; 0 otherwise,
-           and absent from records written before it existed)
+           and absent from records written before it existed; delivery,
+           for a change to CONSUMING, the hand-over it is -- a pull's new
+           one, an extension's kept --, so an ack fenced by it is judged
+           alike after a restart or on a new leader; 0 otherwise, and
+           absent from records written before it existed)
     MOVE   items: [from_hour, from_global_index, prev_status, retry,
                    [a SEND item]]
            (a message filed again: a waiting one of a due span, see
@@ -98,6 +102,7 @@ class StateItem(NamedTuple):
     prev_status: int
     topic_hash: int
     deadline_ms: int = 0
+    delivery: int = 0
 
 
 class MoveItem(NamedTuple):

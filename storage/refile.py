@@ -167,7 +167,7 @@ class Refiler:
         message = _new(Message, (body.topic, body.msg_id, body.msg, body.produce_ms, trigger_ms, body.ttl_ms,
                                  body.max_retry, entry.priority, body.tag, Status.WAITING, retry,
                                  _new(Location, (to.hour, to.global_index)), body.key, body.traceparent,
-                                 body.tracestate, body.redrive_count, body.fair_key, ""))
+                                 body.tracestate, body.redrive_count, body.fair_key, "", 0))
         self._placement.pend_id(key, message, batch.undo_ids)
         return message
 

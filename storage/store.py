@@ -99,7 +99,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from collections.abc import Set as AbstractSet  # (typing's name for it is deprecated)
 
 from . import records, recovery
-from .applying import Applier
+from .applying import Applier, Lease
 from .checkpoint import Checkpoint
 from .commit_log import CommitLog
 from .config import StoreConfig
@@ -174,7 +174,8 @@ class Store:
         self._closed = False
         self._hours = hours
         self._pending = Pending(log)
-        consuming = {Location(hour, gi): deadline for hour, gi, deadline in checkpoint.consuming or ()}
+        consuming = {Location(hour, gi): (deadline, delivery)
+                     for hour, gi, deadline, delivery in checkpoint.consuming or ()}
         self._applier = Applier(hours, ids, log, self._pending, dict(checkpoint.topic_names), consuming,
                                 keys, ends, lambda: EndIndex.open(os.path.join(directory, "ends"), config,
                                                                   hours.__contains__, disk, ids.residency))
@@ -675,9 +676,9 @@ class Store:
         one (records since version 2 of the checkpoint all do)."""
         return self._applier.ack_deadline(where)
 
-    def consuming(self) -> dict[Location, int]:
-        """Every CONSUMING message (as of the records applied) and its ack
-        deadline, 0 where unknown: found without a scan, from the checkpoint
+    def consuming(self) -> dict[Location, Lease]:
+        """Every CONSUMING message (as of the records applied), its ack
+        deadline and its delivery, 0 where unknown: found without a scan, from the checkpoint
         and the records replayed after it (a checkpoint written before the
         set was kept costs one scan of the hours holding any, at open)."""
         return self._applier.consuming()

@@ -91,6 +91,9 @@ class StateChange(NamedTuple):
     # Flag bits the change adds to the entry's (storage.delay_index: only
     # FLAG_PAUSED, an end's reason, is given here; 0 none).
     flags: int = 0
+    # To CONSUMING: the hand-over's delivery (its `deliveryId`, docs/api.md
+    # "Leases"), kept by an extension; 0 otherwise.
+    delivery: int = 0
 
 
 class CheckpointReport(NamedTuple):
@@ -105,7 +108,7 @@ class PreparedCheckpoint(NamedTuple):
     retired: tuple[int, ...]
     now_ms: int
     topic_names: dict[int, str]
-    consuming: tuple[tuple[int, int, int], ...]
+    consuming: tuple[tuple[int, int, int, int], ...]  # (hour, globalIndex, deadline, delivery)
 
 
 def total_counts(hours: Iterable[tuple[int, list[int]]]) -> list[int]:

@@ -7,13 +7,16 @@ behind the node's bearer token like the API:
 
     /console/api/topics?offset=&limit=&prefix=
         {"total", "offset", "topics": [{"topic", "waiting", "ready",
-        "consuming", "dead", "paused", "oldestDueAgeMillis"}]}: topics by
+        "consuming", "dead", "paused", "oldestDueAgeMillis",
+        "longestHeldMillis"}]}: topics by
         name, a page of at most 500 (counts: the per-hour, per-topic
         counts; dead = status 5 + 6 still retained; ready: due, not handed
         out, a paused topic's held backlog; paused: getTopicInfo's, true,
-        the paused keys, or false; oldestDueAgeMillis: getTopicInfo's, of
-        the first AGED_ROWS rows with ready messages, else null -- and
-        null on a node no broker serves, a cluster follower)
+        the paused keys, or false; oldestDueAgeMillis and
+        longestHeldMillis: getTopicInfo's, of the first AGED_ROWS rows
+        with ready or consuming messages, else null -- and null on a node
+        no broker serves, a cluster follower; longestHeldMillis null on
+        Redis too)
     /console/api/forecast[?topic=]
         {"nowMs", "secondStartMs", "perSecond": [3600 counts: messages
         due in each second of the next hour], "minuteStartMs", "perMinute":
@@ -206,11 +209,13 @@ class Console:
         rows: list[dict[str, object]] = []
         for name, (waiting, ready, consuming, dead) in zip(page, await self.node_counts(page)):
             rows.append({"topic": name, "waiting": waiting, "ready": ready, "consuming": consuming, "dead": dead,
-                         "paused": self.paused(name) or False, "oldestDueAgeMillis": None})
-        due = [row for row in rows if row["ready"]][:AGED_ROWS]
-        infos = await self.topic_infos([str(row["topic"]) for row in due]) if due else None
-        for row, info in zip(due, infos or ()):
+                         "paused": self.paused(name) or False, "oldestDueAgeMillis": None,
+                         "longestHeldMillis": None})
+        aged = [row for row in rows if row["ready"] or row["consuming"]][:AGED_ROWS]
+        infos = await self.topic_infos([str(row["topic"]) for row in aged]) if aged else None
+        for row, info in zip(aged, infos or ()):
             row["oldestDueAgeMillis"] = info.get("oldestDueAgeMillis")
+            row["longestHeldMillis"] = info.get("longestHeldMillis")
         return _json(total=len(names), offset=offset, topics=rows)
 
     async def forecast(self, request: Request) -> Response:

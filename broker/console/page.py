@@ -54,7 +54,7 @@ svg{width:100%;height:160px;background:#fbfcfd}.bar{fill:#3b82f6}.over{fill:#ef4
 <main>
 <section><h2>Topics <span class="muted" id="topicCount"></span></h2>
 <input id="prefix" placeholder="filter by prefix"> <button id="prev">‹</button><button id="next">›</button>
-<table id="topics"><thead><tr><th>topic</th><th>waiting</th><th title="due, not handed out: a paused topic's held backlog">ready</th><th>consuming</th><th>dead</th><th>paused</th><th title="how long ago the oldest ready message fell due">oldest due</th></tr></thead><tbody></tbody></table>
+<table id="topics"><thead><tr><th>topic</th><th>waiting</th><th title="due, not handed out: a paused topic's held backlog">ready</th><th>consuming</th><th>dead</th><th>paused</th><th title="how long ago the oldest ready message fell due">oldest due</th><th title="how long ago the consuming message held longest was handed over (leases extended by extendMsg)">longest held</th></tr></thead><tbody></tbody></table>
 <div id="flow"><h2>Pause <span class="muted" id="flowTopic">(pick a topic)</span></h2>
 <div id="flowInfo" class="muted"></div>
 <span id="flowControls" hidden>on resume <select id="flowOnResume"><option value="hold">hold: hand out what fell due</option><option value="shift">shift: move what fell due by the pause's length</option></select>
@@ -132,7 +132,8 @@ async function topics() {
   $("topics").tBodies[0].innerHTML = d.topics.map(t => `<tr data-topic="${esc(t.topic)}" class="${t.topic === selected ? "sel" : ""}">` +
     `<td>${esc(t.topic)}</td><td>${t.waiting}</td><td>${t.ready}</td><td>${t.consuming}</td><td>${t.dead}</td>` +
     `<td class="paused">${t.paused === true ? "⏸ paused" : t.paused ? `⏸ ${t.paused.length} key${t.paused.length > 1 ? "s" : ""}` : ""}</td>` +
-    `<td>${t.oldestDueAgeMillis ? age(t.oldestDueAgeMillis) : t.ready ? "—" : ""}</td></tr>`).join("");
+    `<td>${t.oldestDueAgeMillis ? age(t.oldestDueAgeMillis) : t.ready ? "—" : ""}</td>` +
+    `<td>${t.longestHeldMillis ? age(t.longestHeldMillis) : t.consuming ? "—" : ""}</td></tr>`).join("");
 }
 const age = ms => ms < 1000 ? `${ms} ms` : ms < 120000 ? `${(ms / 1000).toFixed(1)} s` : ms < 7200000 ? `${Math.round(ms / 60000)} min` : `${(ms / 3600000).toFixed(1)} h`;
 let fellDue = {};  // the last count of what fell due while the selected topic was paused

@@ -12,8 +12,9 @@ bound either.
     any call but batch   6 x max-msg-bytes + 64 KiB             (6.06 MiB)
     sendMsgBatch         that + 4 KiB x --max-batch-msgs        (9.97 MiB)
     form / query string  --max-form-pairs `&`-separated pairs   (1,000)
-    JSON, any call       1,024 marks
-    JSON, sendMsgBatch   1,024 + 64 x --max-batch-msgs marks    (65,024)
+    JSON, any call       2,112 marks (an ackMsg's or extendMsg's msgIds and deliveryIds:
+                         two lists of 1,000 ids)
+    JSON, sendMsgBatch   2,112 + 64 x --max-batch-msgs marks    (66,112)
 
 6 x: `msg` escaped the worst way, a control character as JSON's \\u00XX
 (%-encoding triples a byte at most). A mark is one of `{ [ , :` outside a
@@ -38,8 +39,10 @@ MAX_SEND_BATCH = 1000
 BODY_SLACK_BYTES = 64 * 1024
 # Slack per sendMsgBatch item for its keys, id, tag and numbers.
 BATCH_ITEM_BYTES = 4 * 1024
-# JSON marks allowed in any body, and per sendMsgBatch item on top.
-JSON_MARKS_PER_BODY = 1024
+# JSON marks allowed in any body (two lists of 1,000 ids -- an ackMsg's or
+# extendMsg's msgIds and deliveryIds -- and some keys), and per
+# sendMsgBatch item on top.
+JSON_MARKS_PER_BODY = 2112
 JSON_MARKS_PER_ITEM = 64
 
 # A whole JSON string (possessive: a string that never ends is not tried

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from storage.entry import Message
 
+from .leases import delivery_id
 from .recurrence import add_run_fields
 
 
@@ -15,8 +16,8 @@ def delay_msg(m: Message) -> dict[str, object]:
     (and a schedule's run's `scheduleId` and `scheduledTime`, and the
     trace context `traceparent` and `tracestate` of a message sent with
     them, `fairKey` of a message sent with one, `redriveCount` of a
-    message a redriveMsgs job put back, and `endReason` of one a resume's
-    `expire` ended, only then)."""
+    message a redriveMsgs job put back, `endReason` of one a resume's
+    `expire` ended, and `deliveryId` of one a pull hands over, only then)."""
     d: dict[str, object] = {"topic": m.topic, "msgId": m.msg_id, "msg": m.msg, "produceTime": m.produce_ms,
                             "triggerTime": m.trigger_ms, "expireTime": m.trigger_ms + m.ttl_ms,  # (m.expire_ms)
                             "maxRetry": m.max_retry,
@@ -32,4 +33,6 @@ def delay_msg(m: Message) -> dict[str, object]:
         d["redriveCount"] = m.redrive_count
     if m.end_reason:
         d["endReason"] = m.end_reason
+    if m.delivery:
+        d["deliveryId"] = delivery_id(m.delivery)
     return add_run_fields(d) if "@" in m.msg_id else d

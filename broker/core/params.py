@@ -20,7 +20,9 @@ parameter. sendMsgBatch goes from bytes to sends in one call,
     deleteMsg       parse_delete           DeleteRequest
     pullMsg         parse_pull             PullRequest
     longPollingMsg  parse_long_poll        LongPollRequest
-    ackMsg          parse_ack              AckRequest | AckManyRequest
+    ackMsg          parse_ack              AckRequest | AckManyRequest, or
+                                           FencedRequest with deliveryId(s)
+    extendMsg       parse_extend           FencedRequest
     getMsg          parse_get              GetRequest
     rescheduleMsg   parse_reschedule       RescheduleRequest
     listDeadMsg     parse_list_dead        ListDeadRequest
@@ -80,6 +82,7 @@ beside them in a second, faster copy.
 
 from __future__ import annotations
 
+import enum
 import json
 import math
 import re
@@ -95,6 +98,7 @@ from storage.store import MAX_FAIR_KEY_BYTES, MAX_PRIORITY, MAX_RETRY_COUNT, MIN
 from storage.types import validate_message
 
 from .bodies import JSON_MARKS_PER_BODY, MAX_SEND_BATCH, BodyLimits, check_json_marks, check_size
+from .leases import parse_delivery_id
 from .recurrence import parse_run_msg_id
 from .trace_context import trace_fields
 
@@ -157,6 +161,9 @@ class Defaults:
     # The largest ttlMillis a message gets (larger ones are clamped): how
     # long an ended-unconsumed message can hold a ready slot. --max-ttl-ms.
     max_ttl_ms: int = 30 * 24 * 60 * 60 * 1000
+    # The longest a message stays with one holder by extendMsg, from its
+    # hand-over (docs/api.md, "Leases"): SQS's 12 h. --max-lease-ms.
+    max_lease_ms: int = 12 * 60 * 60 * 1000
 
     def __post_init__(self) -> None:
         if not 1 <= self.ttl_ms <= MAX_DURATION_MS:
@@ -173,6 +180,8 @@ class Defaults:
         if not self.ack_timeout_ms <= self.max_ack_timeout_ms <= MAX_DURATION_MS:
             raise ConfigError(f"--max-ack-timeout-ms must be in {self.ack_timeout_ms}..{MAX_DURATION_MS} "
                              f"(at least the default ack timeout), got {self.max_ack_timeout_ms}")
+        if not 1 <= self.max_lease_ms <= MAX_DURATION_MS:
+            raise ConfigError(f"--max-lease-ms must be in 1..{MAX_DURATION_MS}, got {self.max_lease_ms}")
         if not self.ttl_ms <= self.max_ttl_ms <= MAX_DURATION_MS:
             raise ConfigError(f"--max-ttl-ms must be in {self.ttl_ms}..{MAX_DURATION_MS} (at least the default "
                              f"ttl), got {self.max_ttl_ms}")
@@ -213,6 +222,27 @@ class AckManyRequest(NamedTuple):
     topic: str
     msg_ids: tuple[str, ...]
     ack: bool
+
+
+class Fenced(enum.Enum):
+    """What a request fenced by deliveries does (docs/api.md, "Leases")."""
+
+    ACK = "ack"
+    NACK = "nack"
+    EXTEND = "extend"
+
+
+class FencedRequest(NamedTuple):
+    """An ackMsg with `deliveryId` (or `deliveryIds`), or an extendMsg: each
+    msgId's change only while `deliveries`' is its current hand-over."""
+
+    topic: str
+    msg_ids: tuple[str, ...]
+    deliveries: tuple[int, ...]  # each msgId's, in order
+    kind: Fenced
+    many: bool  # given as msgIds: answered a result per id
+    ack_timeout_ms: int = 0  # EXTEND: consuming until this long from now
+    max_lease_ms: int = 0  # EXTEND: the longest from the hand-over (--max-lease-ms)
 
 
 class GetRequest(NamedTuple):
@@ -391,15 +421,40 @@ def parse_long_poll(params: Params, defaults: Defaults) -> LongPollRequest:
     return LongPollRequest(*pull, timeout_ms)
 
 
-def parse_ack(params: Params) -> AckRequest | AckManyRequest:
+def parse_ack(params: Params) -> AckRequest | AckManyRequest | FencedRequest:
     """ackMsg: `msgId`, or `msgIds` (ext) -- a comma list in a form, or a JSON
-    list in a JSON body (for ids holding a comma) -- of 1..MAX_ACK_BATCH."""
+    list in a JSON body (for ids holding a comma) -- of 1..MAX_ACK_BATCH.
+    With `deliveryId` (`deliveryIds` with msgIds, in their order): fenced."""
     topic = _required_name(params, "topic")
     given = params.get("ack")  # (its usual values read here: `_bool`'s rules, no call)
     ack = True if given is None or given is True or given == "true" else _bool(params, "ack", default=True)
     many = params.get("msgIds")
     if many is None or many == "":
-        return tuple.__new__(AckRequest, (topic, _required_name(params, "msgId"), ack))
+        msg_id = _required_name(params, "msgId")
+        if params.get("deliveryId") in (None, "") and params.get("deliveryIds") in (None, ""):
+            return tuple.__new__(AckRequest, (topic, msg_id, ack))
+        return _fenced(params, topic, (msg_id,), Fenced.ACK if ack else Fenced.NACK)
+    ids = _msg_ids(params)
+    if params.get("deliveryIds") in (None, "") and params.get("deliveryId") in (None, ""):
+        return AckManyRequest(topic, ids, ack)
+    return _fenced(params, topic, ids, Fenced.ACK if ack else Fenced.NACK, many=True)
+
+
+def parse_extend(params: Params, defaults: Defaults) -> FencedRequest:
+    """extendMsg: `topic`, `msgId` and `deliveryId`, or `msgIds` and
+    `deliveryIds` in the same order; `ackTimeoutMillis` from now (not
+    given or <= 0: the default ack timeout; above --max-ack-timeout-ms:
+    that)."""
+    topic = _required_name(params, "topic")
+    timeout_ms = _defaulted(params, "ackTimeoutMillis", defaults.ack_timeout_ms, defaults.max_ack_timeout_ms)
+    many = params.get("msgIds") not in (None, "")
+    ids = _msg_ids(params) if many else (_required_name(params, "msgId"),)
+    return _fenced(params, topic, ids, Fenced.EXTEND, many, timeout_ms, defaults.max_lease_ms)
+
+
+def _msg_ids(params: Params) -> tuple[str, ...]:
+    """`msgIds`: a comma list or a JSON list of 1..MAX_ACK_BATCH ids."""
+    many = params.get("msgIds")
     if params.get("msgId") not in (None, ""):
         raise InvalidRequest("msgIds", "and msgId exclude each other")
     if isinstance(many, str):
@@ -414,7 +469,39 @@ def parse_ack(params: Params) -> AckRequest | AckManyRequest:
         if msg_id is None:
             raise InvalidRequest(f"msgIds[{i}]", "is empty")
         ids.append(msg_id)
-    return AckManyRequest(topic, tuple(ids), ack)
+    return tuple(ids)
+
+
+def _fenced(params: Params, topic: str, ids: tuple[str, ...], kind: Fenced, many: bool = False,
+            ack_timeout_ms: int = 0, max_lease_ms: int = 0) -> FencedRequest:
+    """The deliveries of `ids`: `deliveryId` for one msgId, `deliveryIds` (a
+    comma list or a JSON list, as msgIds) for msgIds, in their order."""
+    if not many:
+        if params.get("deliveryIds") not in (None, ""):
+            raise InvalidRequest("deliveryIds", "goes with msgIds; with msgId, give deliveryId")
+        one = params.get("deliveryId")
+        if one is None or one == "":
+            raise InvalidRequest("deliveryId", "is required")
+        if not isinstance(one, str):
+            raise InvalidRequest("deliveryId", f"must be a string of hex digits, got {type(one).__name__}")
+        return FencedRequest(topic, ids, (parse_delivery_id(one),), kind, False, ack_timeout_ms, max_lease_ms)
+    if params.get("deliveryId") not in (None, ""):
+        raise InvalidRequest("deliveryId", "goes with msgId; with msgIds, give deliveryIds")
+    given = params.get("deliveryIds")
+    if given is None or given == "":
+        raise InvalidRequest("deliveryIds", "is required, one a msgId in the same order")
+    if isinstance(given, str):
+        given = given.split(",")
+    if not isinstance(given, list):
+        raise InvalidRequest("deliveryIds", f"must be a comma list or a JSON list, got {type(given).__name__}")
+    if len(given) != len(ids):
+        raise InvalidRequest("deliveryIds", f"must hold one a msgId ({len(ids)}), got {len(given)}")
+    deliveries = []
+    for i, value in enumerate(given):
+        if not isinstance(value, str):
+            raise InvalidRequest(f"deliveryIds[{i}]", f"must be a string of hex digits, got {type(value).__name__}")
+        deliveries.append(parse_delivery_id(value, f"deliveryIds[{i}]"))
+    return FencedRequest(topic, ids, tuple(deliveries), kind, True, ack_timeout_ms, max_lease_ms)
 
 
 def parse_get(params: Params) -> GetRequest:

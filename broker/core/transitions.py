@@ -85,6 +85,8 @@ from typing import Any, NamedTuple
 from storage.entry import Message, Status
 from storage.types import NewMessage
 
+from .leases import handed_over_ms
+
 WAITING, READY, CONSUMING = Status.WAITING, Status.READY, Status.CONSUMING
 ACKED, EXPIRED, ENDED, DELETED = Status.ACKED, Status.EXPIRED, Status.ENDED, Status.DELETED
 
@@ -98,6 +100,7 @@ class MessageState(NamedTuple):
     trigger_ms: int
     ttl_ms: int
     deadline_ms: int = 0  # CONSUMING: when the ack times out
+    delivery: int = 0  # CONSUMING: its hand-over (`deliveryId`: `delivery_id`); 0 otherwise
 
     @property
     def expire_ms(self) -> int:
@@ -105,7 +108,7 @@ class MessageState(NamedTuple):
 
     @classmethod
     def of(cls, message: Message) -> MessageState:
-        return _new(cls, (message.status, message.retry, message.max_retry, message.trigger_ms, message.ttl_ms, 0))
+        return _new(cls, (message.status, message.retry, message.max_retry, message.trigger_ms, message.ttl_ms, 0, 0))
 
     @classmethod
     def sent(cls, message: NewMessage) -> MessageState:
@@ -139,6 +142,7 @@ class Effect(enum.Enum):
     TAKE = "take"  # out of the window, in flight, with an ack timer at its deadline
     REQUEUE = "requeue"  # from in flight back to the ready window
     FORGET = "forget"  # RAM lets it go (window or in flight), if it holds it
+    EXTEND = "extend"  # stays in flight, its ack timer at its new deadline
     WAKE = "wake"  # its topic's long polls pull again
     MOVE = "move"  # filed anew (a MOVE record): its old place never delivers it
     RELEASE_ID = "release id"  # the msgId is free: getMsg answers 404, a send stores it anew
@@ -158,12 +162,24 @@ class Refusal(enum.Enum):
     ENDED = "ended"  # a delete of a final message (404)
     NOT_MOVABLE = "not movable"  # a reschedule of a consuming or final message (409)
     NOT_DEAD = "not dead"  # a redrive of a message neither EXPIRED nor ENDED (409)
+    STALE = "stale"  # an ack, nack or extension fenced by a delivery that is not the current one (409)
+    LEASE_CAP = "lease cap"  # an extension past its lease's longest (409)
 
 
 class Step(NamedTuple):
     state: MessageState | None
     effects: tuple[Effect, ...] = ()
     refusal: Refusal | None = None
+
+
+class Fencing(NamedTuple):
+    """A fenced ack, nack or extension's outcome for one msgId (docs/api.md,
+    "Leases"): the message's status after it (None: no such message), why
+    it was refused (None: done), and an extension's new ack deadline."""
+
+    status: Status | None
+    refusal: Refusal | None = None
+    deadline_ms: int = 0
 
 
 # == events ======================================================================
@@ -188,16 +204,31 @@ class Release:
 
 class Pull(NamedTuple):  # (a tuple: one is made for every pull, by tuple.__new__ without a Python call)
     deadline_ms: int  # when this delivery's ack times out
+    delivery: int  # this hand-over (`new_delivery`)
 
 
-@dataclass(frozen=True, slots=True)
-class Ack:
-    """ackMsg with ack=true."""
+# (Ack, Nack and Extend are tuples, as Pull: a fenced call makes one a delivery it names.)
+class Ack(NamedTuple):
+    """ackMsg with ack=true; `delivery` its deliveryId's (0: none given,
+    camellia's ack by msgId)."""
+
+    delivery: int = 0
 
 
-@dataclass(frozen=True, slots=True)
-class Nack:
-    """ackMsg with ack=false."""
+class Nack(NamedTuple):
+    """ackMsg with ack=false; `delivery` as Ack's."""
+
+    delivery: int = 0
+
+
+class Extend(NamedTuple):
+    """extendMsg: consuming until `deadline_ms`, for the holder of
+    `delivery`, as long as the lease stays within `max_lease_ms` of its
+    hand-over."""
+
+    deadline_ms: int
+    delivery: int
+    max_lease_ms: int
 
 
 class AckTimeout(NamedTuple):  # (a tuple, as Pull: one for every ack timer that fires)
@@ -246,8 +277,8 @@ class EndPaused:
     """resumeTopic with onResume=expire: it fell due while paused."""
 
 
-Event = (Send | Release | Pull | Ack | Nack | AckTimeout | Ttl | Delete | Reschedule | Redrive | GiveBack | RetryAt
-         | EndPaused)
+Event = (Send | Release | Pull | Ack | Nack | Extend | AckTimeout | Ttl | Delete | Reschedule | Redrive | GiveBack
+         | RetryAt | EndPaused)
 
 RELEASE, ACK, NACK, TTL, REDRIVE, GIVE_BACK = Release(), Ack(), Nack(), Ttl(), Redrive(), GiveBack()
 END_PAUSED = EndPaused()
@@ -258,6 +289,7 @@ _FILED = (E.FILE,)
 _FILED_DUE = (E.FILE, E.DUE_NOW)
 _HELD = (E.HOLD, E.WAKE, E.COUNT_READY)
 _TAKEN = (E.TAKE,)
+_EXTENDED = (E.EXTEND,)
 _ENDED_AT_RELEASE = (E.COUNT_ENDED,)
 _ENDED = (E.FORGET, E.COUNT_ENDED)
 _ACKED_WAITING = (E.CANCEL, E.COUNT_ACK)
@@ -320,19 +352,39 @@ def _release(state: MessageState, event: Release, now_ms: int) -> Step:
 
 def _pull(state: MessageState, event: Pull, now_ms: int) -> Step:
     return _new(Step, (_new(MessageState, (CONSUMING, state.retry + 1, state.max_retry, state.trigger_ms,
-                                           state.ttl_ms, event.deadline_ms)), _TAKEN, None))
+                                           state.ttl_ms, event.deadline_ms, event.delivery)), _TAKEN, None))
 
 
 def _ack_waiting(state: MessageState, event: Ack, now_ms: int) -> Step:
+    if event.delivery:
+        return _new(Step, (state, _NOTHING, Refusal.STALE))  # (never handed over: no delivery is current)
     return _new(Step, (_to(state, ACKED, state.retry), _ACKED_WAITING, None))
 
 
 def _ack_held(state: MessageState, event: Ack, now_ms: int) -> Step:
-    return _new(Step, (_new(MessageState, (ACKED, *state[1:5], 0)), _ACKED_HELD, None))  # (_to, inline: hot)
+    if event.delivery and event.delivery != state.delivery:
+        return _new(Step, (state, _NOTHING, Refusal.STALE))
+    return _new(Step, (_new(MessageState, (ACKED, *state[1:5], 0, 0)), _ACKED_HELD, None))  # (_to, inline: hot)
 
 
 def _nack(state: MessageState, event: Nack, now_ms: int) -> Step:
+    if event.delivery and event.delivery != state.delivery:
+        return _new(Step, (state, _NOTHING, Refusal.STALE))
     return _retry_or_end(state, now_ms, _NACK_REQUEUED, _NACK_ENDED)
+
+
+def _fenced_elsewhere(state: MessageState | None, event: Ack | Nack | Extend, now_ms: int) -> Step:
+    """An ack or nack not consuming (or of no such id): "-" by msgId; fenced
+    by a delivery, refused: none is current."""
+    return _new(Step, (state, _NOTHING, Refusal.STALE if event.delivery else None))
+
+
+def _extend(state: MessageState, event: Extend, now_ms: int) -> Step:
+    if event.delivery != state.delivery:
+        return _new(Step, (state, _NOTHING, Refusal.STALE))
+    if event.deadline_ms - handed_over_ms(state.delivery) > event.max_lease_ms:
+        return _new(Step, (state, _NOTHING, Refusal.LEASE_CAP))
+    return _new(Step, (_new(MessageState, (*state[:5], event.deadline_ms, state.delivery)), _EXTENDED, None))
 
 
 def _ack_timeout(state: MessageState, event: AckTimeout, now_ms: int) -> Step:
@@ -362,21 +414,21 @@ def _delete_ended(state: MessageState, event: Delete, now_ms: int) -> Step:
 
 
 def _reschedule(state: MessageState, event: Reschedule, now_ms: int) -> Step:
-    moved = _new(MessageState, (WAITING, state.retry, state.max_retry, event.trigger_ms, state.ttl_ms, 0))
+    moved = _new(MessageState, (WAITING, state.retry, state.max_retry, event.trigger_ms, state.ttl_ms, 0, 0))
     return _new(Step, (moved, (E.CANCEL if state.status is WAITING else E.FORGET, E.MOVE,
                                *(_FILED_DUE if due(event.trigger_ms, now_ms) else _FILED)), None))
 
 
 def _redrive(state: MessageState, event: Redrive, now_ms: int) -> Step:
     trigger_ms = now_ms if event.trigger_ms is None else event.trigger_ms
-    return _new(Step, (_new(MessageState, (WAITING, 0, state.max_retry, trigger_ms, state.ttl_ms, 0)),
+    return _new(Step, (_new(MessageState, (WAITING, 0, state.max_retry, trigger_ms, state.ttl_ms, 0, 0)),
                        (E.MOVE, *(_FILED_DUE if due(trigger_ms, now_ms) else _FILED)), None))
 
 
 def _retry_at(state: MessageState, event: RetryAt, now_ms: int) -> Step:
     if state.retry > state.max_retry or expired(state.trigger_ms, state.ttl_ms, max(now_ms, event.at_ms)):
         return _new(Step, (_to(state, ENDED, state.retry), _NACK_ENDED, None))
-    later = _new(MessageState, (WAITING, state.retry, state.max_retry, event.at_ms, state.ttl_ms, 0))
+    later = _new(MessageState, (WAITING, state.retry, state.max_retry, event.at_ms, state.ttl_ms, 0, 0))
     return _new(Step, (later, (E.FORGET, E.MOVE, *(_FILED_DUE if due(event.at_ms, now_ms) else _FILED),
                                E.COUNT_NACK, E.COUNT_RETRY), None))
 
@@ -403,8 +455,8 @@ def _retry_or_end(state: MessageState, now_ms: int, requeued: tuple[Effect, ...]
 
 
 def _to(state: MessageState, status: Status, retry: int) -> MessageState:
-    """`state` in `status` with `retry`, no ack deadline (not consuming)."""
-    return _new(MessageState, (status, retry, state.max_retry, state.trigger_ms, state.ttl_ms, 0))
+    """`state` in `status` with `retry`, no ack deadline nor delivery (not consuming)."""
+    return _new(MessageState, (status, retry, state.max_retry, state.trigger_ms, state.ttl_ms, 0, 0))
 
 
 # == the table ===================================================================
@@ -425,8 +477,9 @@ TABLE: dict[type[Event], dict[Status | None, Rule]] = {
                 DELETED: _send_ended}),
     Release: _row({WAITING: _release}),
     Pull: _row({READY: _pull}),
-    Ack: _row({WAITING: _ack_waiting, READY: _ack_held, CONSUMING: _ack_held}),
-    Nack: _row({CONSUMING: _nack}),
+    Ack: _row({WAITING: _ack_waiting, READY: _ack_held, CONSUMING: _ack_held}, _fenced_elsewhere),
+    Nack: _row({CONSUMING: _nack}, _fenced_elsewhere),
+    Extend: _row({CONSUMING: _extend}, _fenced_elsewhere),
     AckTimeout: _row({CONSUMING: _ack_timeout}),
     Ttl: _row({READY: _ttl}),
     Delete: _row({None: _not_found, WAITING: _delete_waiting, READY: _delete_held, CONSUMING: _delete_held},

@@ -33,7 +33,8 @@ from storage.reading import Match
 from storage.store import SendOutcome, SendResult, StateChange, Store, text_hash
 from wheel.clock import Clock
 
-from ..core.params import DeleteRequest, LongPollRequest, NewSend, PullRequest
+from ..core.leases import new_delivery
+from ..core.params import DeleteRequest, Fenced, FencedRequest, LongPollRequest, NewSend, PullRequest
 from ..core.release_rate import smoothing_ms
 from ..core.transitions import (
     ACK,
@@ -43,13 +44,18 @@ from ..core.transitions import (
     SKIPPED_RELEASE,
     TABLE,
     TTL,
+    Ack,
     Delete,
     Effect,
     EndPaused,
     Event,
+    Extend,
+    Fencing,
     MessageState,
+    Nack,
     Pull,
     Redrive,
+    Refusal,
     Reschedule,
     RetryAt,
     Send,
@@ -67,9 +73,10 @@ from .windows import ReadyWindows
 STORED = SendOutcome.STORED
 READY, CONSUMING, WAITING, ACKED = Status.READY, Status.CONSUMING, Status.WAITING, Status.ACKED
 TAKE, REQUEUE, FORGET, HOLD, WAKE = Effect.TAKE, Effect.REQUEUE, Effect.FORGET, Effect.HOLD, Effect.WAKE
-CANCEL, DUE_NOW = Effect.CANCEL, Effect.DUE_NOW
+CANCEL, DUE_NOW, EXTEND = Effect.CANCEL, Effect.DUE_NOW, Effect.EXTEND
 _new = tuple.__new__  # (a NamedTuple without its Python-level __new__)
 _TRIGGER_MS = operator.attrgetter("trigger_ms")
+_UNDECIDED = Fencing(None)  # (a fenced call's message held, its outcome once applied)
 _MESSAGE = operator.itemgetter(0)  # a NewSend's message
 
 
@@ -115,31 +122,41 @@ class Messages:
 
     # == held messages: a batch, one event =========================================
 
-    def apply(self, event: Event, batch: Sequence[HeldMessage], now_ms: int) -> list[StateChange]:
+    def apply(self, event: Event, batch: Sequence[HeldMessage], now_ms: int,
+              events: Sequence[Event] | None = None,
+              refused: list[tuple[HeldMessage, Refusal]] | None = None) -> list[StateChange]:
         """`event` to each message of `batch` (held, or WAITING on its way in:
         a release), in one pass: its step (its status's cell of the event's
         row); then the windows move the batch at once (`carry_out`: out of a
         window or flight, into flight, a window, disk only or nowhere, long
-        polls woken); counts kept (COUNT_*). The status changes, to append."""
+        polls woken); counts kept (COUNT_*). `events`: each message's own
+        event instead, all of `event`'s type (a fenced call's, each with
+        its delivery); `refused`: where the refused ones go, with why. The
+        status changes, to append."""
         cells = TABLE[type(event)]
         changes: list[StateChange] = []
         out_of_window: list[HeldMessage] = []
         out_of_flight: list[HeldMessage] = []
         into_flight: list[HeldMessage] = []
         into_window: list[HeldMessage] = []
+        extended: list[HeldMessage] = []
         forgotten: list[Location] = []
         woken: set[str] = set()
         counted_topic, times = "", 0  # a run of one topic's same effects: counted once
         topic_metrics = self._metrics.topic
         counted: tuple[Effect, ...] = ()
-        for held in batch:
+        for i, held in enumerate(batch):
             before = held.state
             status = before.status
-            state, effects, _ = cells[status](before, event, now_ms)
+            state, effects, refusal = cells[status](before, event if events is None else events[i], now_ms)
             if state is None or not effects:
+                if refusal is not None and refused is not None:
+                    refused.append((held, refusal))
                 continue
             held.state = state
-            if status is READY:
+            if EXTEND in effects:  # (in flight still: only its ack timer moves)
+                extended.append(held)
+            elif status is READY:
                 out_of_window.append(held)
             elif status is CONSUMING:
                 out_of_flight.append(held)  # (a WAITING one, released, was not held)
@@ -152,7 +169,7 @@ class Messages:
             if WAKE in effects:
                 woken.add(held.topic)
             changes.append(_new(StateChange, (held.location, state.status, state.retry, False, state.deadline_ms,
-                                              status, held.topic_hash, 0)))
+                                              status, held.topic_hash, 0, state.delivery)))
             if effects is not counted or held.topic != counted_topic:
                 if times:
                     topic_metrics(counted_topic).count(counted, times)
@@ -160,6 +177,8 @@ class Messages:
             times += 1
         if times:
             topic_metrics(counted_topic).count(counted, times)
+        if extended:
+            self._windows.extend(extended)
         if changes:
             self._windows.carry_out(out_of_window, out_of_flight, into_flight, into_window, forgotten, woken)
         return changes
@@ -175,16 +194,18 @@ class Messages:
                                      frozenset(request.tags) if request.tags else None)
         if not taken:
             return None
-        self._journal.append(self.apply(_new(Pull, (now_ms + request.ack_timeout_ms,)), taken, now_ms), now_ms)
+        delivery = new_delivery(now_ms)
+        self._journal.append(self.apply(_new(Pull, (now_ms + request.ack_timeout_ms, delivery)), taken, now_ms),
+                             now_ms)
         messages = []
         for held in taken:
             cached = held.message
             if cached is None:
                 message = self._store.read_message(held.location)
                 if message is not None:
-                    messages.append(message)
+                    messages.append(message.handed_over(held.state.retry, delivery))
             else:
-                messages.append(cached.with_state(CONSUMING, held.state.retry))
+                messages.append(cached.handed_over(held.state.retry, delivery))
                 held.message = None
         self._metrics.topic(request.topic).pulled(messages, now_ms)
         if rate is not None:  # (a topic without a rate: its lateness is all load, the pull gap's)
@@ -229,6 +250,60 @@ class Messages:
         if changes:
             self._journal.append(changes, now_ms)
         return list(map(after.__getitem__, msg_ids)), bool(changes)
+
+    def fenced(self, request: FencedRequest) -> tuple[list[Fencing], bool]:
+        """A fenced ack, nack or extension (docs/api.md, "Leases") of each id
+        (a repeated one once, by its first delivery): stepped with its
+        delivery, those not refused applied in one pass and appended as one
+        record. Each one's outcome, and whether any changed."""
+        now_ms = self._clock.now_ms()
+        kind, topic = request.kind, request.topic
+        flying = self._windows.in_flight_of(topic, request.msg_ids)
+        deadline_ms, max_lease_ms = now_ms + request.ack_timeout_ms, request.max_lease_ms
+        outcomes: dict[str, Fencing] = {}
+        taken: list[HeldMessage] = []
+        events: list[Event] = []
+        of_delivery: dict[int, Event] = {}  # (one event a delivery: a pull's messages share theirs)
+        for msg_id, delivery in zip(request.msg_ids, request.deliveries):
+            if msg_id in outcomes:
+                continue
+            event = of_delivery.get(delivery)
+            if event is None:
+                event = of_delivery[delivery] = (
+                    _new(Ack, (delivery,)) if kind is Fenced.ACK else _new(Nack, (delivery,)) if kind is Fenced.NACK
+                    else _new(Extend, (deadline_ms, delivery, max_lease_ms)))
+            held = flying.get(msg_id)
+            if held is None:  # (not consuming: no delivery of it is current)
+                stored = self._store.get(topic, msg_id)
+                state = None if stored is None else MessageState.of(stored)
+                outcomes[msg_id] = _new(Fencing, (None if state is None else state.status,
+                                                  step(state, event, now_ms).refusal, 0))
+                continue
+            outcomes[msg_id] = _UNDECIDED
+            taken.append(held)
+            events.append(event)
+        refused: list[tuple[HeldMessage, Refusal]] = []
+        changes = self.apply(events[0], taken, now_ms, events, refused) if taken else []
+        stale = 0
+        for held, refusal in refused:
+            outcomes[held.msg_id] = _new(Fencing, (held.state.status, refusal, 0))
+        for held in taken:
+            if outcomes[held.msg_id] is _UNDECIDED:
+                state = held.state
+                outcomes[held.msg_id] = _new(Fencing, (state.status, None, state.deadline_ms if kind is Fenced.EXTEND
+                                                       else 0))
+        for outcome in outcomes.values():
+            if outcome.refusal is Refusal.STALE:
+                stale += 1
+        counts = self._metrics.topic(topic, exists=bool(taken) or self._store.has_topic(topic))
+        if kind is Fenced.EXTEND:
+            counts.extensions += len(taken) - len(refused)
+        counts.stale += stale
+        if kind is Fenced.ACK and taken:
+            self._metrics.acked([held.state.trigger_ms for held in taken if held.state.status is ACKED], now_ms)
+        if changes:
+            self._journal.append(changes, now_ms)
+        return [outcomes[msg_id] for msg_id in request.msg_ids], bool(changes)
 
     def _ack_stored(self, topic: str, msg_id: str, ack: bool,
                     now_ms: int) -> tuple[StateChange | None, Status | None]:
@@ -458,7 +533,7 @@ class Messages:
             if done.state is None or not done.effects:
                 continue  # ended meanwhile
             self._leave(where, done.effects)
-            changes.append(_new(StateChange, (where, done.state.status, retry, False, 0, status, topic_hash, flags)))
+            changes.append(_new(StateChange, (where, done.state.status, retry, False, 0, status, topic_hash, flags, 0)))
         if changes:
             self._journal.append(changes, now_ms, call_id)
             m = self._metrics.topic(topic)

@@ -147,7 +147,7 @@ class HeldMessage:
         return cls(location, message.topic, message.tag, message.msg_id, topic_hash, message.key,
                    (-message.priority, message.trigger_ms, location),
                    _new_state(MessageState, (message.status, message.retry, message.max_retry, message.trigger_ms,
-                                             message.ttl_ms, 0)),
+                                             message.ttl_ms, 0, 0)),
                    message if len(message.msg) <= CACHED_MSG_CHARS else None, message.fair_key)
 
     # (for readers: the part itself reads `state`'s fields)

@@ -31,12 +31,13 @@ def recover(store: Store, windows: ReadyWindows, ack_timeout_ms: int, now_ms: in
     its first hour holding any."""
     fresh_ms = now_ms + ack_timeout_ms
     held = 0
-    for location, deadline_ms in store.consuming().items():
+    for location, (deadline_ms, delivery) in store.consuming().items():
         message = store.read_message(location)
         if message is None or message.status is not Status.CONSUMING:
             continue
-        # its own deadline if its pull's record gave one, capped by the default timeout
-        windows.hold_consuming(message, min(deadline_ms or fresh_ms, fresh_ms))
+        # its own deadline if its pull's record gave one, capped by the default
+        # timeout; its hand-over's delivery, so its holder's fenced calls still match
+        windows.hold_consuming(message, min(deadline_ms or fresh_ms, fresh_ms), delivery)
         held += 1
     names = store.topic_names()
     spilled = 0

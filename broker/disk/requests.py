@@ -15,6 +15,7 @@ one fsync; an ackMsg of many ids is one record.
     long_poll  pull, or wait (broker.core.long_polls) until the topic has READY
                messages or the timeout passes
     ack        CONSUMING/READY/WAITING -> ACKED; nack: CONSUMING -> READY
+    fenced     an ack, nack or extension of a delivery, only while it is current
     delete     live -> DELETED; `release` frees the msgId
 """
 
@@ -31,8 +32,8 @@ from wheel.clock import Clock
 
 from ..core.lifecycle import Lifecycle
 from ..core.long_polls import LongPolls
-from ..core.params import AckRequest, DeleteRequest, LongPollRequest, NewSend, PullRequest, as_sends
-from ..core.transitions import Refusal
+from ..core.params import AckRequest, DeleteRequest, FencedRequest, LongPollRequest, NewSend, PullRequest, as_sends
+from ..core.transitions import Fencing, Refusal
 from .journal import Journal
 from .messages import Messages
 
@@ -117,6 +118,18 @@ class Requests:
         else:
             await self._journal.settled()  # an earlier change to them may still be in its commit, or unreplicated
         return after
+
+    async def fenced(self, request: FencedRequest) -> list[Fencing]:
+        """A fenced ack, nack or extension of each id (docs/api.md, "Leases"):
+        carried out only while its delivery is the current one, one record
+        and one fsync for all; each one's outcome."""
+        self._lifecycle.check_serving()
+        outcomes, changed = self._messages.fenced(request)
+        if changed:
+            await self._journal.durable()
+        else:
+            await self._journal.settled()
+        return outcomes
 
     async def delete(self, request: DeleteRequest) -> None:
         """WAITING, READY or CONSUMING -> DELETED; `release` also frees the id.

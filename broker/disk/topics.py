@@ -126,8 +126,10 @@ class Topics:
         answers = []
         for topic, totals, buckets in infos:
             oldest_ms = self._windows.oldest_ready_ms(topic) if totals[Status.READY] else None
+            held_ms = self._windows.first_handed_over_ms(topic) if totals[Status.CONSUMING] else None
             answers.append(topic_info_json(topic, totals[Status.WAITING], buckets, totals[Status.READY],
-                                           totals[Status.CONSUMING], oldest_ms, now_ms))
+                                           totals[Status.CONSUMING], oldest_ms, now_ms,
+                                           0 if held_ms is None else max(0, now_ms - held_ms)))
         return answers
 
     async def topic_backlogs(self) -> dict[str, Backlog]:

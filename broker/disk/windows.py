@@ -51,6 +51,7 @@ from storage.entry import MS_PER_HOUR, Location, Message, Status
 from storage.store import StateChange, Store, text_hash
 from wheel.clock import Clock
 
+from ..core.leases import handed_over_ms
 from ..core.lifecycle import Lifecycle
 from ..core.long_polls import LongPolls
 from ..core.release_rate import ReleaseRate
@@ -336,6 +337,16 @@ class ReadyWindows:
             for name in woken:
                 self._long_polls.wake(name)
 
+    def extend(self, batch: list[HeldMessage]) -> None:
+        """EXTEND of consuming messages (an extendMsg: broker.disk.messages'
+        `apply`): each stays in flight, an ack timer set at its new deadline
+        (the one it had goes stale: it changes nothing when it fires)."""
+        acks: dict[int, list[Location]] = {}
+        for held in batch:
+            acks.setdefault(held.state.deadline_ms, []).append(held.location)
+        for deadline_ms, locations in acks.items():
+            self._set_timer(TimerKind.ACK, deadline_ms, locations)
+
     def forget_at(self, location: Location) -> None:
         """FORGET of a message changed by its stored copy's step (acked,
         deleted or moved by id): RAM lets it go, if it holds it."""
@@ -370,6 +381,14 @@ class ReadyWindows:
         held by a pause: the topic's, or its key's."""
         return topic in self.paused_topics or (bool(serial_key) and (topic, serial_key) in self.paused_keys)
 
+    def first_handed_over_ms(self, topic: str) -> int | None:
+        """When the topic's longest-held consuming message was handed over
+        (None: none in flight, or none with a known hand-over): O(in flight
+        of the topic, which --max-inflight caps)."""
+        queue = self.topics.get(topic)
+        deliveries = [held.state.delivery for held in queue.flying.values() if held.state.delivery] if queue else []
+        return handed_over_ms(min(deliveries)) if deliveries else None
+
     def oldest_ready_ms(self, topic: str) -> int | None:
         """The oldest trigger time among the topic's READY messages (None:
         none): those the window holds, parked ones included, and the first
@@ -400,11 +419,12 @@ class ReadyWindows:
 
     # == recovery (broker.disk.recovery) ================================================
 
-    def hold_consuming(self, message: Message, deadline_ms: int) -> None:
-        """A CONSUMING message found at a restart, its ack due at `deadline_ms`."""
+    def hold_consuming(self, message: Message, deadline_ms: int, delivery: int) -> None:
+        """A CONSUMING message found at a restart, its ack due at `deadline_ms`,
+        held by `delivery` (0: unknown, no fenced call matches it)."""
         held = HeldMessage.of(message, text_hash(message.topic))
         held.message = None
-        held.state = held.state._replace(deadline_ms=deadline_ms)
+        held.state = held.state._replace(deadline_ms=deadline_ms, delivery=delivery)
         self.queue(message.topic)
         self.held[held.location] = held
         self._enter_flight([held])

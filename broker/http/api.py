@@ -6,7 +6,9 @@ names and answers, over a `broker.backend.Backend` (the disk broker or Redis).
     POST /camellia/delayQueue/deleteMsg
     POST /camellia/delayQueue/pullMsg          -> delayMsgList
     POST /camellia/delayQueue/longPollingMsg   -> delayMsgList
-    POST /camellia/delayQueue/ackMsg           (ack=false: nack; msgIds: many -> results)
+    POST /camellia/delayQueue/ackMsg           (ack=false: nack; msgIds: many -> results;
+                                                deliveryId(s): fenced, 409 when stale)
+    POST /camellia/delayQueue/extendMsg        -> deadline (msgIds: results; 409 when stale)
     POST /camellia/delayQueue/getMsg           -> delayMsg
     GET  /camellia/delayQueue/getMonitorData   -> data
     GET  /camellia/delayQueue/getTopicInfo     -> data
@@ -46,6 +48,8 @@ from ..backend import Backend, new_msg_id
 from ..core import bulk_params, params
 from ..core.bodies import MAX_SEND_BATCH, BodyLimits
 from ..core.delay_msg import delay_msg
+from ..core.leases import delivery_id
+from ..core.transitions import Fencing, Refusal
 from ..core.turns import Turns
 from ..observe import camellia_metrics
 from ..observe.tracing import Spans
@@ -61,6 +65,21 @@ log = logging.getLogger("hourglass.api")
 # Codes answered with HTTP 200, the code in the body, as camellia does: its
 # SDK takes any other HTTP status for a failed server (throws, tries another).
 IN_BODY_CODES = frozenset((200, 400, 404, 409, 413))
+
+
+def _status(status: Status | None) -> int | None:
+    return None if status is None else int(status)
+
+
+def _refused(request: params.FencedRequest, at: int, outcome: Fencing) -> str:
+    """The 409 of a fenced call's msgId, naming what was refused."""
+    given = delivery_id(request.deliveries[at])
+    if outcome.refusal is Refusal.LEASE_CAP:
+        return (f"ackTimeoutMillis: would hold message {request.msg_ids[at]!r} past --max-lease-ms "
+                f"({request.max_lease_ms} ms) since its hand-over {given}")
+    why = ("no such message" if outcome.status is None else "it is not consuming" if outcome.status is not
+           Status.CONSUMING else "it was handed over again since")
+    return f"deliveryId: {given} is not the current delivery of message {request.msg_ids[at]!r} ({why})"
 
 
 def answer(code: int, msg: str, **extra: object) -> Response:
@@ -290,7 +309,7 @@ class Api:
         post = {"sendMsg": self.send, "sendMsgBatch": self.send_batch, "deleteMsg": self.delete,
                 "pullMsg": self.pull, "longPollingMsg": self.long_poll, "ackMsg": self.ack, "getMsg": self.get,
                 "rescheduleMsg": self.reschedule, "redriveMsg": self.redrive, "listMsg": self.list_msgs,
-                "deleteMsgs": self.delete_msgs, "rescheduleMsgs": self.reschedule_msgs}
+                "deleteMsgs": self.delete_msgs, "rescheduleMsgs": self.reschedule_msgs, "extendMsg": self.extend}
         get = {"getMonitorData": self.monitor_data, "getTopicInfo": self.topic_info,
                "getTopicInfoList": self.topic_info_list, "getMonitorString": self.monitor_string,
                "listDeadMsg": self.list_dead, "listMsg": self.list_msgs}
@@ -433,25 +452,31 @@ class Api:
         carried out as one `ack_many` (one record, one commit)."""
         backend = self._broker or self.backend
 
-        def parse(request: Request) -> params.AckRequest | params.AckManyRequest:
+        def parse(request: Request) -> params.AckRequest | params.AckManyRequest | params.FencedRequest:
             return params.parse_ack(self._params(request))
 
-        def kind(ack: params.AckRequest | params.AckManyRequest) -> tuple[str, bool] | None:
-            return None if isinstance(ack, params.AckManyRequest) else (ack.topic, ack.ack)
+        def kind(ack: params.AckRequest | params.AckManyRequest | params.FencedRequest) -> tuple[str, bool] | None:
+            return (ack.topic, ack.ack) if isinstance(ack, params.AckRequest) else None
 
-        async def together(acks: list[params.AckRequest | params.AckManyRequest]) -> list[Response]:
+        async def together(acks: list[params.AckRequest | params.AckManyRequest | params.FencedRequest]
+                           ) -> list[Response]:
             first = acks[0]
-            ids = [a.msg_id for a in acks if isinstance(a, params.AckRequest)]  # (`kind`: single acks)
+            if not isinstance(first, params.AckRequest):
+                raise InvariantError("a run of acks joins single acks only")  # (`kind`)
+            ids = [a.msg_id for a in acks if isinstance(a, params.AckRequest)]
             await (self._acks.join((first.topic, first.ack), ids) if self._joins
                    else backend.requests.ack_many(first.topic, ids, first.ack))
             return [_SUCCESS] * len(acks)
 
         return await in_runs(requests, parse, kind, together, lambda ack: self._ack_one(backend, ack, join=False))
 
-    async def _ack_one(self, backend: Backend, ack: params.AckRequest | params.AckManyRequest,
+    async def _ack_one(self, backend: Backend, ack: params.AckRequest | params.AckManyRequest | params.FencedRequest,
                        join: bool = True) -> Response:
         """One ackMsg: a single ack joined with the topic's acks of this turn
-        of the loop (`join`, on a backend that joins), else alone."""
+        of the loop (`join`, on a backend that joins), else alone; one with
+        deliveryIds fenced (`_fenced`)."""
+        if isinstance(ack, params.FencedRequest):
+            return await self._fenced(backend, ack)
         if isinstance(ack, params.AckManyRequest):
             after = await backend.requests.ack_many(ack.topic, ack.msg_ids, ack.ack)
             return answer(200, "success", results=[
@@ -462,6 +487,33 @@ class Api:
         else:
             await backend.requests.ack(ack)
         return _SUCCESS
+
+    async def extend(self, request: Request) -> Response:
+        backend = self.backend
+        return await self._fenced(backend, params.parse_extend(self._params(request), backend.defaults))
+
+    async def _fenced(self, backend: Backend, request: params.FencedRequest) -> Response:
+        """An ackMsg with deliveryIds, or an extendMsg (docs/api.md, "Leases"):
+        one msgId's answered 200, or 409 naming its deliveryId; msgIds' a
+        result per id."""
+        outcomes = await backend.requests.fenced(request)
+        extend = request.kind is params.Fenced.EXTEND
+        if not request.many:
+            outcome = outcomes[0]
+            if outcome.refusal is not None:
+                return answer(409, _refused(request, 0, outcome), status=_status(outcome.status))
+            return answer(200, "success", deadline=outcome.deadline_ms) if extend else _SUCCESS
+        results: list[dict[str, object]] = []
+        for at, (msg_id, outcome) in enumerate(zip(request.msg_ids, outcomes)):
+            result: dict[str, object] = {"msgId": msg_id, "status": _status(outcome.status)}
+            if outcome.refusal is not None:
+                result["code"], result["msg"] = 409, _refused(request, at, outcome)
+            else:
+                result["code"] = 200
+                if extend:
+                    result["deadline"] = outcome.deadline_ms
+            results.append(result)
+        return answer(200, "success", results=results)
 
     async def get(self, request: Request) -> Response:
         get = params.parse_get(self._params(request))

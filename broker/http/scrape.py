@@ -101,7 +101,8 @@ async def metrics_families(backend: Backend | None, metrics: Metrics, process: c
         with contextlib.suppress(Unavailable):
             infos = await backend.topic_infos([t for t in selection.shown if t in backlogs])
     if infos:
-        selection = replace(selection, due=due_of(infos))
+        selection = replace(selection, due=due_of(infos), held={str(info["topic"]): held for info in infos
+                                                                if isinstance(held := info.get("longestHeldMillis"), int)})
     return [*metrics.families(selection), *node,
             *camellia_metrics.families(process, metrics.monitor_data(), infos, frozenset(selection.shown))]
 

@@ -260,6 +260,8 @@ class TopicMetrics:
     ready: int = 0
     reschedules: int = 0
     redrives: int = 0
+    extensions: int = 0
+    stale: int = 0
     # Of the current monitor interval only (reset by Metrics.roll):
     pull_gap: GapStats = field(default_factory=GapStats)  # pull time - trigger time
     ready_gap: GapStats = field(default_factory=GapStats)  # ready time - trigger time
@@ -312,7 +314,9 @@ COUNTERS = (("sends", "messages stored by sendMsg/sendMsgBatch"),
             ("deletes", "messages deleted"), ("gets", "getMsg calls"),
             ("ready", "messages made ready by the wheel"),
             ("reschedules", "messages given a new trigger time by rescheduleMsg"),
-            ("redrives", "dead letters (status 5 or 6) made ready again by redriveMsg"))
+            ("redrives", "dead letters (status 5 or 6) made ready again by redriveMsg"),
+            ("extensions", "consuming messages whose lease extendMsg extended"),
+            ("stale", "acks, nacks and extensions refused: their deliveryId not the current delivery"))
 
 
 REQUEST_STATS = ("sendMsg", "pullMsg", "deleteMsg", "ackMsg", "getMsg", "triggerMsgReady", "triggerMsgEndLife",
@@ -335,6 +339,8 @@ class TopicSelection:
     # Of the shown topics, getTopicInfo's (dueUndelivered, oldestDueAgeMillis);
     # the age None where the backend does not tell it.
     due: dict[str, tuple[int, int | None]] = field(default_factory=dict)
+    # Of the shown topics, getTopicInfo's longestHeldMillis, where the backend tells it.
+    held: dict[str, int] = field(default_factory=dict)
 
 
 def _states(backlog: Backlog) -> tuple[int, int, int]:
@@ -432,7 +438,11 @@ class Metrics:
             Family("hourglass_topic_oldest_due_age_seconds", "how long ago the oldest message due and not handed "
                    "out fell due (getTopicInfo's oldestDueAgeMillis)", GAUGE,
                    [Sample("hourglass_topic_oldest_due_age_seconds", labels, age / 1000, MAX) for labels, t, _ in shown
-                    if t in due and (age := due[t][1]) is not None])]
+                    if t in due and (age := due[t][1]) is not None]),
+            Family("hourglass_topic_longest_held_seconds", "how long ago the consuming message held longest was "
+                   "handed over (getTopicInfo's longestHeldMillis: leases extended by extendMsg)", GAUGE,
+                   [Sample("hourglass_topic_longest_held_seconds", labels, selection.held[t] / 1000, MAX)
+                    for labels, t, _ in shown if t in selection.held])]
         name = "hourglass_release_lateness_seconds"
         families += [
             Family(name, "ready or hand-out time minus due time, by cause: load (the wheel behind) or smoothing (a "

@@ -48,7 +48,7 @@ REDIS_ERRORS = (RedisError, RedisClusterException)
 # test may wrap them).
 SCRIPTS = load_scripts("backend", with_common=("send", "tick", "pull", "give_back", "ack", "delete", "get", "info",
                                                "reschedule", "dead", "redrive", "redrive_slice", "scan", "bulk_commit", "bulk_apply",
-                                               "retry_at", "flow_save"),
+                                               "retry_at", "flow_save", "lease"),
                        alone=("register",))  # (register: KEYS is the topic set, not a topic's keys)
 # The error a script of a topic answers while a bulk call is applied to it
 # (common.lua's fence; broker.redis.bulk).

@@ -22,9 +22,20 @@ from wheel.clock import Clock
 
 from ..backend import DEAD_SCAN, REDRIVE_STEP, WAITING_BUCKETS, topic_info_json
 from ..core.bulk_params import DeadFilter, JobCursor
+from ..core.leases import delivery_id, handed_over_ms, new_delivery
 from ..core.lifecycle import Lifecycle
-from ..core.params import AckRequest, DeleteRequest, LongPollRequest, NewSend, PullRequest, as_sends
+from ..core.params import (
+    AckRequest,
+    DeleteRequest,
+    Fenced,
+    FencedRequest,
+    LongPollRequest,
+    NewSend,
+    PullRequest,
+    as_sends,
+)
 from ..core.release_rate import ReleaseRate, smoothing_ms
+from ..core.transitions import Fencing, Refusal
 from ..observe.metrics import Backlog, Metrics, due_ms
 from .keys import NO_LOCATION, message_of, ready_member
 from .link import RedisLink, made_ready
@@ -206,10 +217,11 @@ class RedisRequests:
         push_ms = request.push_timeout_ms if isinstance(request, LongPollRequest) else 0
         held = ([self._state.node, str(now_ms + push_ms), str(now_ms + self._config.lease_ms)] if push_ms
                 else ["", "", ""])
+        delivery = new_delivery(now_ms)
         ended, *rows = await self._script("pull", request.topic, [
             str(now_ms), deadline, str(batch), str(now_ms + self._config.retention_ms), *held,
-            "" if cap_ms is None else str(now_ms - cap_ms), *request.tags])
-        messages = [_message(request.topic, *row) for row in rows]
+            "" if cap_ms is None else str(now_ms - cap_ms), delivery_id(delivery), *request.tags])
+        messages = [_message(request.topic, *row)._replace(delivery=delivery) for row in rows]
         if rate is not None:
             limited = len(messages) == batch < request.batch
             rate.took(len(messages), limited, now_ms)
@@ -325,6 +337,55 @@ class RedisRequests:
                 found = await self._script("get", topic, [msg_id])
                 after[msg_id] = _message(topic, msg_id, *found).status if found else None
         return [after[msg_id] for msg_id in msg_ids]
+
+    async def fenced(self, request: FencedRequest) -> list[Fencing]:
+        """A fenced ack, nack or extension of each id (docs/api.md, "Leases"),
+        as the disk broker's: one script for all (lease.lua), each id
+        carried out only while its delivery is the current one (a repeated
+        id once, by its first delivery); each one's outcome."""
+        self._lifecycle.check_serving()
+        now_ms = self._clock.now_ms()
+        first: dict[str, int] = {}
+        for msg_id, delivery in zip(request.msg_ids, request.deliveries):
+            first.setdefault(msg_id, delivery)
+        args = [request.kind.value, str(now_ms), str(now_ms + self._config.retention_ms),
+                str(now_ms + request.ack_timeout_ms)]
+        for msg_id, delivery in first.items():
+            args += [msg_id, delivery_id(delivery), str(handed_over_ms(delivery) + request.max_lease_ms)]
+        answers = await self._script("lease", request.topic, args)
+        woke = bool(answers) and answers[-1] == "+"
+        outcomes: dict[str, Fencing] = {}
+        m = self._metrics.topic(request.topic, exists=request.topic in self._state.topics)
+        requeued = False
+        for msg_id, answer in zip(first, answers):
+            if answer == "NF":
+                outcomes[msg_id] = Fencing(None, Refusal.STALE)
+                m.stale += 1
+            elif answer == "CAP":
+                outcomes[msg_id] = Fencing(Status.CONSUMING, Refusal.LEASE_CAP)
+            elif answer.startswith("STALE "):
+                outcomes[msg_id] = Fencing(Status(int(answer[6:])), Refusal.STALE)
+                m.stale += 1
+            else:
+                _, status, trigger = answer.split(" ")
+                after = Status(int(status))
+                outcomes[msg_id] = Fencing(after, None, now_ms + request.ack_timeout_ms
+                                           if request.kind is Fenced.EXTEND else 0)
+                if request.kind is Fenced.EXTEND:
+                    m.extensions += 1
+                elif request.kind is Fenced.ACK:
+                    m.acks += 1
+                    self._metrics.acked((int(trigger),), now_ms)
+                else:
+                    m.nacks += 1
+                    if after is Status.READY:
+                        m.retries += 1
+                        requeued = True
+                    else:
+                        m.ended += 1
+        if requeued or woke:  # a nack's message, or a key's next one, is pullable
+            await self._publish(request.topic)
+        return [outcomes[msg_id] for msg_id in request.msg_ids]
 
     async def delete(self, request: DeleteRequest) -> None:
         """WAITING, READY or CONSUMING -> DELETED; `release` also frees the

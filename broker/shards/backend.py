@@ -13,8 +13,8 @@ twice.
     ack, get, delete,    to the msgId's owner; a NotFound there (for an ack:
     reschedule, redrive  no such message) asks the others (a keyed message
                          lives on its key's shard)
-    ackMsg msgIds        split by owner, the statuses in the ids' order; the
-                         ids an owner has no message of asked of the others
+    ackMsg msgIds,       split by owner, the statuses in the ids' order; the
+    fenced calls         ids an owner has no message of asked of the others
     pull, long poll      the node's best first (ShardedRequests.pull); never
                          early: a shard hands over only its READY ones; a
                          shard that had fewer than asked is skipped until it
@@ -42,13 +42,16 @@ from wheel.clock import Clock
 
 from ..backend import MessageRequests, topic_cap_error
 from ..core.bulk_params import BulkFilter, DeleteMsgsRequest, ListMsgRequest, RescheduleMsgsRequest
-from ..core.params import AckRequest, Defaults, DeleteRequest, LongPollRequest, NewSend, PullRequest
+from ..core.params import AckRequest, Defaults, DeleteRequest, FencedRequest, LongPollRequest, NewSend, PullRequest
+from ..core.transitions import Fencing
 from ..disk.backend import Broker
 from ..observe.metrics import Backlog, Metrics
 from . import placement
 from .router import Head, ShardRouter, outranks
 from .views import (
     dead_cursor,
+    fenced_fields,
+    fencing_of,
     filter_fields,
     list_fields,
     merge_monitor_data,
@@ -291,29 +294,54 @@ class ShardedRequests:
 
     async def ack_many(self, topic: str, msg_ids: Sequence[str], ack: bool = True) -> list[Status | None]:
         """Each id acked by its msgId's owner; an id that shard has no
-        message of is asked of the others in turn (a keyed message lives on
-        its key's shard: acked at its msgId's alone, it would be left
-        consuming and delivered again after its ack timeout)."""
+        message of is asked of the others in turn (`_by_owner`)."""
+        local, router = self._local, self._router
+
+        def part(shard: int, ats: list[int]) -> Awaitable[Any]:
+            ids = [msg_ids[at] for at in ats]
+            return (local.ack_many(topic, ids, ack) if shard == router.index
+                    else router.call(shard, "ack_many", [topic, ids, ack]))
+
+        found = await self._by_owner(msg_ids, part, lambda status: status is not None)
+        return [None if status is None else Status(status) for status in found]
+
+    async def fenced(self, request: FencedRequest) -> list[Fencing]:
+        """Each id's fenced call on its msgId's owner; an id that shard has
+        no message of is asked of the others in turn (`_by_owner`)."""
+        local, router = self._local, self._router
+
+        def part(shard: int, ats: list[int]) -> Awaitable[Any]:
+            one = request._replace(msg_ids=tuple(request.msg_ids[at] for at in ats),
+                                   deliveries=tuple(request.deliveries[at] for at in ats))
+            return (local.fenced(one) if shard == router.index
+                    else router.call(shard, "fenced", fenced_fields(one)))
+
+        found = await self._by_owner(request.msg_ids, part, lambda outcome: outcome[0] is not None)
+        return [fencing_of(outcome) for outcome in found]
+
+    async def _by_owner(self, msg_ids: Sequence[str], part: Callable[[int, list[int]], Awaitable[Any]],
+                        found: Callable[[Any], bool]) -> list[Any]:
+        """Each id's answer from its msgId's owner (`part(shard, the ids'
+        places)`: its answers, in order); an id whose answer is not `found`
+        there is asked of the others in turn (a keyed message lives on its
+        key's shard: acked at its msgId's alone, it would be left consuming
+        and delivered again after its ack timeout)."""
         router = self._router
-        statuses: list[Status | None] = [None] * len(msg_ids)
+        answers: list[Any] = [None] * len(msg_ids)
         missing = list(range(len(msg_ids)))
         first = {at: placement.owner(msg_ids[at], router.count) for at in missing}
         for turn in range(router.count):
             parts: dict[int, list[int]] = defaultdict(list)
             for at in missing:
                 parts[(first[at] + turn) % router.count].append(at)
-            calls: list[Awaitable[Any]] = []
-            for shard, ats in parts.items():
-                ids = [msg_ids[at] for at in ats]
-                calls.append(self._local.ack_many(topic, ids, ack) if shard == router.index
-                             else router.call(shard, "ack_many", [topic, ids, ack]))
-            for (_, ats), answer in zip(parts.items(), await asyncio.gather(*calls)):
-                for at, status in zip(ats, answer):
-                    statuses[at] = None if status is None else Status(status)
-            missing = [at for at in missing if statuses[at] is None]
+            calls = [part(shard, ats) for shard, ats in parts.items()]
+            for ats, answer in zip(parts.values(), await asyncio.gather(*calls)):
+                for at, one in zip(ats, answer):
+                    answers[at] = one
+            missing = [at for at in missing if not found(answers[at])]
             if not missing:
                 break
-        return statuses
+        return answers
 
     async def delete(self, request: DeleteRequest) -> None:
         await self._router.by_id(request.msg_id, "delete", list(request), lambda: self._local.delete(request))

@@ -47,6 +47,8 @@ from . import link, placement
 from .answers import CODE_ONLY_MERGES, MERGES, SUCCESS_ONLY, Merge, succeeded
 from .rates import RateShares
 from .views import (
+    fenced_of,
+    fencing_fields,
     filter_of,
     list_of,
     message_fields,
@@ -496,6 +498,10 @@ async def _ack_many(b: Broker, a: Sequence[Any]) -> Any:
     return [None if s is None else int(s) for s in await b.requests.ack_many(a[0], a[1], a[2])]
 
 
+async def _fenced(b: Broker, a: Sequence[Any]) -> Any:
+    return [fencing_fields(outcome) for outcome in await b.requests.fenced(fenced_of(a))]
+
+
 async def _get(b: Broker, a: Sequence[Any]) -> Any:
     return message_fields(await b.requests.get(a[0], a[1]))
 
@@ -555,7 +561,8 @@ async def _monitor_data(b: Broker, a: Sequence[Any]) -> Any:
 
 
 ENGINE_OPS: dict[str, Callable[[Broker, Sequence[Any]], Awaitable[Any]]] = {
-    "send": _send, "give_back": _give_back, "retry_at": _retry_at, "ack_many": _ack_many, "get": _get,
+    "send": _send, "give_back": _give_back, "retry_at": _retry_at, "ack_many": _ack_many, "fenced": _fenced,
+    "get": _get,
     "delete": _delete, "reschedule": _reschedule, "redrive": _redrive, "redrive_all": _redrive_all,
     "list_dead": _list_dead, "list_msgs": _list_msgs, "count_msgs": _count_msgs, "delete_msgs": _delete_msgs,
     "reschedule_msgs": _reschedule_msgs, "topic_list": _topic_list, "topic_infos": _topic_infos,

@@ -14,7 +14,8 @@ from storage.errors import InvalidRequest, Unavailable
 from storage.store import NewMessage
 
 from ..core.bulk_params import BulkFilter, Cursor, ListMsgRequest
-from ..core.params import NewSend
+from ..core.params import Fenced, FencedRequest, NewSend
+from ..core.transitions import Fencing, Refusal
 from ..http.scrape import Rank
 from ..observe.metrics import MAX, MEAN, MIN, Family, Labels, Number, Sample
 
@@ -27,7 +28,7 @@ def message_fields(m: Message) -> list[Any]:
 def message_of(f: Sequence[Any]) -> Message:
     return Message(f[0], f[1], f[2], f[3], f[4], f[5], f[6], f[7], f[8], Status(f[9]), f[10], Location(*f[11]),
                    f[12], f[13], f[14], f[15] if len(f) > 15 else 0, f[16] if len(f) > 16 else "",
-                   f[17] if len(f) > 17 else "")
+                   f[17] if len(f) > 17 else "", f[18] if len(f) > 18 else 0)
 
 
 def messages_of(rows: Iterable[Sequence[Any]]) -> list[Message]:
@@ -36,6 +37,26 @@ def messages_of(rows: Iterable[Sequence[Any]]) -> list[Message]:
 
 def send_of(fields: Sequence[Any]) -> NewSend:
     return NewSend(NewMessage(*fields[0]), fields[1], fields[2])
+
+
+def fenced_fields(r: FencedRequest) -> list[Any]:
+    return [r.topic, list(r.msg_ids), list(r.deliveries), r.kind.value, r.many, r.ack_timeout_ms, r.max_lease_ms]
+
+
+def fenced_of(f: Sequence[Any]) -> FencedRequest:
+    return FencedRequest(f[0], tuple(f[1]), tuple(f[2]), Fenced(f[3]), f[4], f[5], f[6])
+
+
+def fencing_fields(outcome: Fencing) -> list[Any]:
+    status, refusal, deadline_ms = outcome
+    return [None if status is None else int(status), None if refusal is None else refusal.value, deadline_ms]
+
+
+def fencing_of(f: Sequence[Any]) -> Fencing:
+    """A Fencing as it travels (or this shard's own, as it is)."""
+    if isinstance(f, Fencing):
+        return f
+    return Fencing(None if f[0] is None else Status(f[0]), None if f[1] is None else Refusal(f[1]), f[2])
 
 
 def filter_fields(f: BulkFilter) -> list[Any]:
@@ -59,7 +80,8 @@ def list_of(fields: Sequence[Any]) -> ListMsgRequest:
 # -- merging views ------------------------------------------------------------------------
 
 def merge_topic_infos(infos: Iterable[dict[str, Any]]) -> dict[str, Any]:
-    """camellia's TopicInfo of a topic over shards: every size summed, the oldest due age the largest."""
+    """camellia's TopicInfo of a topic over shards: every size summed, the oldest due age and the longest
+    held the largest."""
     merged: dict[str, Any] | None = None
     for info in infos:
         if merged is None:
@@ -68,6 +90,8 @@ def merge_topic_infos(infos: Iterable[dict[str, Any]]) -> dict[str, Any]:
         for field in ("waitingQueueSize", "readyQueueSize", "ackQueueSize", "dueUndelivered"):
             merged[field] += info[field]
         merged["oldestDueAgeMillis"] = max(merged["oldestDueAgeMillis"], info["oldestDueAgeMillis"])
+        if "longestHeldMillis" in info:
+            merged["longestHeldMillis"] = max(merged.get("longestHeldMillis", 0), info["longestHeldMillis"])
         buckets = merged["waitingQueueInfo"]
         for name, n in info["waitingQueueInfo"].items():
             buckets[name] = buckets.get(name, 0) + n

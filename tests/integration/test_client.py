@@ -58,8 +58,10 @@ def wire_msg(topic: str, msg_id: str) -> dict:
 def test_delay_msg_from_json_with_and_without_the_extensions():
     camellia = wire_msg("t", "a")
     assert DelayMsg.from_json(camellia) == DelayMsg("t", "a", "m", 1, 1, 2, 3, 0, Status.READY, 0, "")
-    ours = DelayMsg.from_json({**camellia, "priority": 5, "tag": "vip", "extra": "ignored"})
-    assert (ours.priority, ours.tag, ours.status) == (5, "vip", Status.READY)
+    ours = DelayMsg.from_json({**camellia, "priority": 5, "tag": "vip", "extra": "ignored",
+                               "deliveryId": "0190a2b3c4d5e6f7"})
+    assert (ours.priority, ours.tag, ours.status, ours.delivery_id) == (5, "vip", Status.READY, "0190a2b3c4d5e6f7")
+    assert DelayMsg.from_json(camellia).delivery_id is None
 
 
 def test_client_refuses_nonsense_settings_and_has_a_repr():
@@ -231,6 +233,63 @@ def test_consumer_holds_no_more_than_its_slots_and_stops_gracefully(server):
             statuses = [(await client.get("jobs", m.msg_id)).status for m in sent]
             assert statuses.count(Status.ACKED) == 3 and statuses.count(Status.READY) == 7
     run(body())
+
+
+def test_consumer_extends_a_message_as_long_as_its_handler_runs(server):
+    async def body():
+        async with DelayQueueClient(server.base) as client:
+            await client.send("jobs", "long work", msg_id="long")
+            states = []
+            done = asyncio.Event()
+
+            async def handler(msg: DelayMsg) -> None:
+                assert msg.delivery_id
+                for _ in range(5):  # 2.5 s of work against a 0.9 s ack timeout
+                    await asyncio.sleep(0.5)
+                    held = await client.get("jobs", "long")
+                    states.append((held.status, held.retry))
+                done.set()
+
+            consumer = Consumer(client, "jobs", handler, concurrency=1, ack_timeout_ms=900, long_poll_ms=300)
+            task = asyncio.create_task(consumer.run())
+            await done.wait()
+            consumer.stop()
+            await task
+            assert states == [(Status.CONSUMING, 1)] * 5  # never delivered again meanwhile
+            assert consumer.extended >= 5 and (consumer.acked, consumer.lost) == (1, 0)
+            acked = await client.get("jobs", "long")
+            assert (acked.status, acked.retry) == (Status.ACKED, 1)
+    run(body())
+
+
+def test_consumer_that_lost_its_lease_neither_acks_nor_nacks(tmp_path):
+    server = Server.start(tmp_path / "data", "--max-lease-ms", "1500")
+    try:
+        async def body():
+            async with DelayQueueClient(server.base) as client:
+                await client.send("jobs", "long work", msg_id="long")
+                seen = []
+                done = asyncio.Event()
+
+                async def handler(msg: DelayMsg) -> None:
+                    seen.append(msg.retry)
+                    if msg.retry == 1:  # outlives the lease's 1.5 s: an extension is refused
+                        await asyncio.sleep(2.5)
+                        raise RuntimeError("would nack, but the lease is lost")
+                    done.set()
+
+                consumer = Consumer(client, "jobs", handler, concurrency=2, ack_timeout_ms=900, long_poll_ms=300)
+                task = asyncio.create_task(consumer.run())
+                await done.wait()
+                consumer.stop()
+                await task
+                assert seen == [1, 2] and consumer.lost == 1
+                assert (consumer.acked, consumer.nacked) == (1, 0)  # the second delivery's ack only
+                acked = await client.get("jobs", "long")
+                assert (acked.status, acked.retry) == (Status.ACKED, 2)
+        run(body())
+    finally:
+        server.stop()
 
 
 def test_consumer_stops_while_idle_in_a_long_poll(server):

@@ -86,6 +86,7 @@ def test_a_push_body_is_the_message_as_getmsg_answers_it_redrive_count_and_all(t
         wait_for(lambda: sub.received(), 20, "the push")
         pushed = json.loads(sub.received()[0]["body"])
         assert pushed["status"] == 3
+        assert len(pushed.pop("deliveryId")) == 16  # the push is a hand-over: its delivery (docs/api.md, "Leases")
         assert {**pushed, "status": None} == {**stored, "status": None, "retry": pushed["retry"]}
         assert pushed["retry"] == stored["retry"] + 1  # (the push is a delivery)
     finally:

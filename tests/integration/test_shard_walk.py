@@ -112,7 +112,7 @@ class Walker:
     def step(self, method: str, path: str, reduce: Callable[[int, Any], Any], **params: Any) -> Any:
         status, body = self.call(method, path, params)
         reduced = reduce(status, body)
-        named = {k: ("..." if k in ("jobId", "startTime") else v) for k, v in params.items()}
+        named = {k: ("..." if k in ("jobId", "startTime", "deliveryId") else v) for k, v in params.items()}
         self.answers.append((f"{method} {path} {named}", reduced))
         return body
 
@@ -162,7 +162,11 @@ def walk(server: Server, shards: int) -> Walker:
     w.step("GET", "getTopicInfo", info, topic=T)
     w.step("GET", "getTopicInfoList", infos)
     # -- pull: the node's order (priority 5 first, whichever shard holds them)
-    w.step("POST", "pullMsg", pulled, topic=T, batch=3, ackTimeoutMillis=60_000)
+    first = w.step("POST", "pullMsg", pulled, topic=T, batch=3, ackTimeoutMillis=60_000)
+    handed = {m["msgId"]: m["deliveryId"] for m in first["delayMsgList"]}
+    # -- leases: the holder's extension, a stale one (each on the msgId's shard, wherever it was asked)
+    w.step("POST", "extendMsg", ok, topic=T, msgId="m3", deliveryId=handed["m3"], ackTimeoutMillis=60_000)
+    w.step("POST", "extendMsg", ok, topic=T, msgId="m3", deliveryId="1", ackTimeoutMillis=60_000)
     w.step("POST", "longPollingMsg", pulled, topic=T, batch=2, ackTimeoutMillis=60_000, longPollingTimeoutMillis=500)
     w.step("GET", "getTopicInfo", info, topic=T)
     w.step("POST", "ackMsg", ok, topic=T, msgId="m3")
@@ -243,7 +247,7 @@ def walk(server: Server, shards: int) -> Walker:
     w.step("GET", "/console/login", lambda s, b: s)
     w.step("POST", "/console/login", lambda s, b: s)
     w.step("POST", "/console/logout", lambda s, b: s)
-    w.step("GET", "/console/api/topics", without("oldestDueAgeMillis"))
+    w.step("GET", "/console/api/topics", without("oldestDueAgeMillis", "longestHeldMillis"))
     w.step("GET", "/console/api/node", lambda s, b: s)
     w.step("GET", "/console/api/stats", lambda s, b: s)
     w.step("GET", "/console/api/forecast", lambda s, b: s)

@@ -210,8 +210,8 @@ def _write_legacy(path: str) -> None:
 
 
 u63 = st.integers(0, 2**63 - 1)
-consuming_sets = st.lists(st.tuples(st.integers(0, 2**24 - 1), st.integers(0, 2**32 - 1), u63),
-                          max_size=30).map(tuple)
+consuming_sets = st.lists(st.tuples(st.integers(0, 2**24 - 1), st.integers(0, 2**32 - 1), u63,
+                                    st.integers(0, 2**64 - 1)), max_size=30).map(tuple)
 checkpoints = st.builds(
     Checkpoint, commit_offset=st.integers(0, 2**64 - 1),
     hours=st.lists(st.builds(HourRecord, hour=st.integers(0, 2**24 - 1), entries=st.integers(0, 2**32 - 1),
@@ -272,7 +272,8 @@ class ConsumingMachine(RuleBasedStateMachine):
         return sorted(w for w in self.status if self._now_status(w) in statuses)
 
     def _change(self, changes: list[tuple[Location, Status, int]]) -> None:
-        self.store.update([StateChange(w, s, 1, deadline_ms=d) for w, s, d in changes], self.now_ms)
+        self.store.update([StateChange(w, s, 1, deadline_ms=d, delivery=d * 3 + 1 if d else 0) for w, s, d in changes],
+                          self.now_ms)
         self.pending.extend(changes)
 
     def _committed(self) -> None:
@@ -348,7 +349,8 @@ class ConsumingMachine(RuleBasedStateMachine):
 
     @invariant()
     def consuming_agrees(self):
-        assert self.store.consuming() == self.deadline
+        # (the delivery each change to CONSUMING gave, as `_change` made it; 0 where the deadline is unknown)
+        assert self.store.consuming() == {w: (d, d * 3 + 1 if d else 0) for w, d in self.deadline.items()}
         for where, deadline in self.deadline.items():
             assert self.store.ack_deadline(where) == (deadline or None)
             assert self.store.read_entry(where).status is Status.CONSUMING or any(
@@ -372,14 +374,14 @@ def test_an_old_checkpoint_makes_the_store_find_consuming_entries_by_scan(tmp_pa
     store.update([StateChange(w, Status.CONSUMING, 1, deadline_ms=NOW + 1_000) for w in (a, b)], NOW)
     store.checkpoint(NOW)
     path = os.path.join(str(tmp_path), "checkpoint")
-    assert Checkpoint.load(path).consuming == ((H0, 0, NOW + 1_000), (H0, 1, NOW + 1_000))
+    assert Checkpoint.load(path).consuming == ((H0, 0, NOW + 1_000, 0), (H0, 1, NOW + 1_000, 0))
     _write_legacy(path)
     store.update([StateChange(b, Status.ACKED, 1), StateChange(c, Status.CONSUMING, 1, deadline_ms=NOW + 7_000)],
                  NOW)
     store.close()
     store = Store.open(str(tmp_path), CONFIG, now_ms=NOW)
-    assert store.consuming() == {a: 0, c: NOW + 7_000}
+    assert store.consuming() == {a: (0, 0), c: (NOW + 7_000, 0)}
     assert store.ack_deadline(a) is None and store.ack_deadline(c) == NOW + 7_000
     store.checkpoint(NOW)  # written in today's format: the scan is not needed again
-    assert sorted(Checkpoint.load(path).consuming) == [(H0, 0, 0), (H0, 2, NOW + 7_000)]
+    assert sorted(Checkpoint.load(path).consuming) == [(H0, 0, 0, 0), (H0, 2, NOW + 7_000, 0)]
     store.close()

@@ -59,7 +59,7 @@ def test_form_pairs_are_counted_before_splitting():
 
 def test_a_flood_of_empty_objects_is_refused_and_a_real_batch_is_not():
     flood = b'{"topic":"t","msgs":[' + b"{}," * 1_000_000 + b"{}]}"
-    with pytest.raises(BodyTooLarge, match="more than 65024 JSON marks"):
+    with pytest.raises(BodyTooLarge, match="more than 66112 JSON marks"):
         check_json_marks(flood, BodyLimits().batch_json_marks, "the body")
     batch = json.dumps({"topic": "t", "msgs": [
         {"msg": json.dumps({"order": i, "lines": [1, 2, 3], "note": "a,b:c{d["}), "msgId": str(i),

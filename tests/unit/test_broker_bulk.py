@@ -187,9 +187,10 @@ def _events(now: int) -> dict[type, list]:
     return {
         transitions.Send: [transitions.Send(sent), transitions.Send(sent, strict=True)],
         transitions.Release: [transitions.RELEASE],
-        transitions.Pull: [transitions.Pull(now + 30_000)],
-        transitions.Ack: [transitions.ACK],
-        transitions.Nack: [transitions.NACK],
+        transitions.Pull: [transitions.Pull(now + 30_000, 1)],
+        transitions.Ack: [transitions.ACK, transitions.Ack(1)],
+        transitions.Nack: [transitions.NACK, transitions.Nack(1)],
+        transitions.Extend: [transitions.Extend(now + 30_000, 1, MS_PER_HOUR)],
         transitions.AckTimeout: [transitions.AckTimeout(0), transitions.AckTimeout(now)],
         transitions.Ttl: [transitions.TTL],
         transitions.Delete: [transitions.Delete(), transitions.Delete(release=True)],
@@ -213,7 +214,8 @@ def test_every_status_change_the_lifecycle_makes_at_a_messages_entry_is_in_in_pl
         for retry in (0, 1, 4):
             for trigger_ms, ttl_ms in ((now - 10, 5), (now - 10, MS_PER_HOUR), (now + 10, MS_PER_HOUR)):
                 for deadline_ms in (0, now):
-                    state = transitions.MessageState(status, retry, 3, trigger_ms, ttl_ms, deadline_ms)
+                    state = transitions.MessageState(status, retry, 3, trigger_ms, ttl_ms, deadline_ms,
+                                                     1 if status is Status.CONSUMING else 0)
                     for event in (e for es in events.values() for e in es):
                         done = transitions.step(state, event, now)
                         moved = transitions.Effect.MOVE in done.effects or transitions.Effect.REPLACE in done.effects

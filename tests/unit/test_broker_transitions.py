@@ -8,6 +8,7 @@ import typing
 
 import pytest
 
+from broker.core.leases import new_delivery
 from broker.core.transitions import (
     ACK,
     GIVE_BACK,
@@ -16,11 +17,14 @@ from broker.core.transitions import (
     RELEASE,
     TABLE,
     TTL,
+    Ack,
     AckTimeout,
     Delete,
     Effect,
     Event,
+    Extend,
     MessageState,
+    Nack,
     Pull,
     Redrive,
     Refusal,
@@ -40,12 +44,15 @@ FINAL = (ACKED, EXPIRED, ENDED, DELETED)
 ALIVE = (WAITING, READY, CONSUMING)
 
 NOW = 1_000_000
+DELIVERY_MS = NOW - 1_000  # a hand-over a second ago
+DELIVERY, OTHER = new_delivery(DELIVERY_MS), new_delivery(NOW - 500)
+LEASE_MS = 12 * 3600 * 1000
 TRIGGER, TTL_MS = NOW - 5_000, 60_000  # expire: NOW + 55_000
 
 
 def state(status: Status, retry: int = 0, max_retry: int = 2, deadline_ms: int = 0,
-          trigger_ms: int = TRIGGER, ttl_ms: int = TTL_MS) -> MessageState:
-    return MessageState(status, retry, max_retry, trigger_ms, ttl_ms, deadline_ms)
+          trigger_ms: int = TRIGGER, ttl_ms: int = TTL_MS, delivery: int = 0) -> MessageState:
+    return MessageState(status, retry, max_retry, trigger_ms, ttl_ms, deadline_ms, delivery)
 
 
 SENT = MessageState(WAITING, 0, 2, NOW + 1_000, TTL_MS)  # what a send stores, due in a second
@@ -104,13 +111,13 @@ def test_a_release_of_a_message_no_longer_waiting_changes_nothing(status):
 
 
 def test_a_pull_takes_a_ready_message_counting_the_delivery_with_its_deadline():
-    done = step(state(READY, retry=1), Pull(NOW + 30_000), NOW)
-    assert done == Step(state(CONSUMING, retry=2, deadline_ms=NOW + 30_000), (E.TAKE,))
+    done = step(state(READY, retry=1), Pull(NOW + 30_000, DELIVERY), NOW)
+    assert done == Step(state(CONSUMING, retry=2, deadline_ms=NOW + 30_000, delivery=DELIVERY), (E.TAKE,))
 
 
 @pytest.mark.parametrize("status", [WAITING, CONSUMING, *FINAL])
 def test_a_pull_takes_nothing_but_ready_messages(status):
-    assert step(state(status), Pull(NOW + 30_000), NOW) == Step(state(status))
+    assert step(state(status), Pull(NOW + 30_000, DELIVERY), NOW) == Step(state(status))
 
 
 # -- ack and nack --------------------------------------------------------------------------------
@@ -261,7 +268,7 @@ def test_an_unknown_id_is_not_found_for_what_names_one_message(event):
 
 
 def test_a_give_back_undoes_a_pull():
-    pulled = step(state(READY, retry=1), Pull(NOW + 30_000), NOW).state
+    pulled = step(state(READY, retry=1), Pull(NOW + 30_000, DELIVERY), NOW).state
     assert step(pulled, GIVE_BACK, NOW) == Step(state(READY, retry=1), (E.REQUEUE, E.WAKE))
 
 
@@ -270,18 +277,67 @@ def test_a_give_back_of_a_message_not_consuming_changes_nothing(status):
     assert step(state(status), GIVE_BACK, NOW) == Step(state(status))
 
 
+# -- leases: fenced acks, nacks and extensions ------------------------------------------------------
+
+
+def test_a_pull_hands_the_message_over_in_its_delivery():
+    assert step(state(READY), Pull(NOW + 30_000, DELIVERY), NOW).state.delivery == DELIVERY
+
+
+@pytest.mark.parametrize(("event", "after"), [(Ack(DELIVERY), ACKED), (Nack(DELIVERY), READY)])
+def test_an_ack_or_nack_fenced_by_the_current_delivery_acts_as_one_by_msg_id(event, after):
+    held = state(CONSUMING, retry=1, deadline_ms=NOW + 5, delivery=DELIVERY)
+    plain = step(held, ACK if after is ACKED else NACK, NOW)
+    assert step(held, event, NOW) == plain and plain.state.status is after
+
+
+@pytest.mark.parametrize("event", [Ack(OTHER), Nack(OTHER), Extend(NOW + 60_000, OTHER, LEASE_MS)])
+def test_a_fenced_call_of_another_delivery_is_refused_stale_and_changes_nothing(event):
+    held = state(CONSUMING, retry=1, deadline_ms=NOW + 5, delivery=DELIVERY)
+    assert step(held, event, NOW) == Step(held, (), Refusal.STALE)
+
+
+@pytest.mark.parametrize("status", [None, WAITING, READY, *FINAL])
+@pytest.mark.parametrize("event", [Ack(DELIVERY), Nack(DELIVERY), Extend(NOW + 60_000, DELIVERY, LEASE_MS)])
+def test_a_fenced_call_of_a_message_not_consuming_is_refused_stale(status, event):
+    before = None if status is None else state(status, retry=1)
+    assert step(before, event, NOW) == Step(before, (), Refusal.STALE)
+
+
+def test_an_extension_moves_the_deadline_only():
+    held = state(CONSUMING, retry=1, deadline_ms=NOW + 5, delivery=DELIVERY)
+    done = step(held, Extend(NOW + 60_000, DELIVERY, LEASE_MS), NOW)
+    assert done == Step(held._replace(deadline_ms=NOW + 60_000), (E.EXTEND,))
+
+
+def test_an_extension_may_reach_the_lease_bound_but_not_pass_it():
+    held = state(CONSUMING, retry=1, deadline_ms=NOW + 5, delivery=DELIVERY)
+    assert step(held, Extend(DELIVERY_MS + LEASE_MS, DELIVERY, LEASE_MS), NOW).refusal is None
+    assert step(held, Extend(DELIVERY_MS + LEASE_MS + 1, DELIVERY, LEASE_MS), NOW) == Step(held, (), Refusal.LEASE_CAP)
+
+
+def test_an_extended_message_times_out_at_its_new_deadline_only():
+    held = state(CONSUMING, retry=1, deadline_ms=NOW + 5, delivery=DELIVERY)
+    extended = step(held, Extend(NOW + 30_000, DELIVERY, LEASE_MS), NOW).state
+    assert step(extended, AckTimeout(NOW + 5), NOW + 5) == Step(extended)  # the old timer: stale
+    assert step(extended, AckTimeout(NOW + 30_000), NOW + 30_000).state.status is READY
+
+
 # -- the table as a whole ------------------------------------------------------------------------
 
-EVENTS: list[Event] = [Send(SENT), Send(SENT, strict=True), RELEASE, Pull(NOW + 1), ACK, NACK, AckTimeout(NOW),
+EVENTS: list[Event] = [Send(SENT), Send(SENT, strict=True), RELEASE, Pull(NOW + 1, DELIVERY), ACK, NACK, AckTimeout(NOW),
                        TTL, Delete(), Delete(release=True), Reschedule(NOW + 1), Reschedule(NOW), REDRIVE,
-                       GIVE_BACK]
+                       GIVE_BACK, Ack(DELIVERY), Ack(OTHER), Nack(DELIVERY), Nack(OTHER),
+                       Extend(NOW + 60_000, DELIVERY, LEASE_MS), Extend(NOW + 60_000, OTHER, LEASE_MS),
+                       Extend(DELIVERY_MS + LEASE_MS + 1, DELIVERY, LEASE_MS)]
 
 
 @pytest.mark.parametrize("status", [None, *Status])
 def test_every_event_in_every_status_is_answered_and_changes_what_it_says(status):
     """A step that changes the status says so by an effect, a refusal
     changes nothing, and nothing is answered with a state out of the table."""
-    before = None if status is None else state(status, retry=1, deadline_ms=NOW)
+    before = None if status is None else state(status, retry=1, deadline_ms=NOW,
+                                               delivery=DELIVERY if status is CONSUMING else 0)
     for event in EVENTS:
         done = step(before, event, NOW)
         if done.refusal is not None:
@@ -289,10 +345,11 @@ def test_every_event_in_every_status_is_answered_and_changes_what_it_says(status
             assert set(done.effects) <= {E.RELEASE_ID, E.COUNT_DELETE}, (status, event)
         elif done.state != before and before is not None:
             assert done.effects, (status, event)
-            assert done.state.status is not before.status or isinstance(event, (Reschedule, Redrive)), \
+            assert done.state.status is not before.status or isinstance(event, (Reschedule, Redrive, Extend)), \
                 (status, event)
         if done.state is not None and done.state.status is not CONSUMING:
             assert done.state.deadline_ms in (0, NOW), (status, event)
+            assert done.state.delivery == 0, (status, event)  # a delivery is a consuming message's only
 
 
 def test_the_table_has_a_cell_for_every_event_in_every_column():

@@ -132,6 +132,7 @@ local function consuming_end(id, m)
   redis.call('ZREM', ACK, id)
   redis.call('ZREM', HELD, id)
   m.node = nil
+  m.delivery = nil  -- (its hand-over is over: no fenced call matches it: lease.lua)
   if keyed(m) and redis.call('HGET', BUSY, m.key) == id then
     redis.call('HDEL', BUSY, m.key)
     key_promote(m.key)

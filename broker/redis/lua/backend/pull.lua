@@ -16,12 +16,15 @@
 -- kept there for the next pull): each turn takes the group's best. The
 -- overdue ones (maxDueAgeMillis) still go first, taking no turn; a pull by
 -- tags follows the plain order among its tags (docs/redis.md).
+-- Each message taken keeps the pull's delivery (its deliveryId: docs/api.md,
+-- "Leases") in m.delivery until it leaves CONSUMING (lease.lua fences by it).
 -- ARGV: now deadline batch retire_at node ('': a consumer's) held_until
--- lease_until overdue_at tag... -> {ended, {id, meta, body}...}
+-- lease_until overdue_at delivery tag... -> {ended, {id, meta, body}...}
 if fenced() then return redis.error_reply(FENCE) end
 local now, deadline, batch, retire_at = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3]), ARGV[4]
 local node, held_until = ARGV[5], ARGV[6]
-local FIRST_TAG = 9
+local FIRST_TAG = 10
+local delivery = ARGV[9]
 local overdue_at = tonumber(ARGV[8])
 local OLDEST_BANDS = 16
 -- The oldest rk due at or before overdue_at among the first of each
@@ -95,6 +98,7 @@ while #out < batch do
     m.status = '3'
     if group then turn, turned = group, true end  -- its turn taken: the next group's is next
     m.retry = tostring(tonumber(m.retry) + 1)  -- retry counts deliveries (camellia)
+    m.delivery = delivery
     redis.call('ZADD', ACK, deadline, id)
     if node ~= '' then
       m.node = node

@@ -1,0 +1,144 @@
+"""Leases (docs/api.md, "Leases") on broker.disk.backend.Broker over a real
+Store and a FakeClock (tests/broker_harness.py): a message extended every
+10 s with a 30 s ack timeout stays with its holder for 6 hours and is
+never delivered again meanwhile; a stale delivery is refused and changes
+nothing, before and after a restart (with and without a checkpoint); the
+lease's bound; an extension survives a restart."""
+
+from __future__ import annotations
+
+import pytest
+from broker_harness import BrokerHarness
+
+from broker.core.leases import new_delivery
+from broker.core.params import Defaults, Fenced, FencedRequest, NewSend, PullRequest
+from broker.core.transitions import Refusal
+from broker.disk.ready import QueueLimits
+from storage.entry import MS_PER_HOUR, Status
+from storage.store import NewMessage
+
+START_MS = 490_000 * MS_PER_HOUR + 1_000
+TOPIC = "t"
+ACK_TIMEOUT_MS = 30_000
+LEASE_MS = 12 * MS_PER_HOUR
+CONSUMING, READY, ACKED = Status.CONSUMING, Status.READY, Status.ACKED
+
+
+class Node:
+    def __init__(self, h: BrokerHarness) -> None:
+        self.h = h
+
+    @property
+    def now(self) -> int:
+        return self.h.clock.now_ms()
+
+    def _call(self, coro):
+        async def call():
+            result = await coro
+            await self.h.quiesce()
+            return result
+        return self.h.run(call())
+
+    def send(self, msg_id: str, max_retry: int = 3) -> None:
+        now = self.now
+        self._call(self.h.broker.send([NewSend(NewMessage(TOPIC, msg_id, "m", now, now, 24 * MS_PER_HOUR,
+                                                          max_retry), False)]))
+
+    def pull(self, ack_timeout_ms: int = ACK_TIMEOUT_MS):
+        return self._call(self.h.broker.pull(PullRequest(TOPIC, ack_timeout_ms, 10, ())))
+
+    def fenced(self, kind: Fenced, msg_ids: tuple[str, ...], deliveries: tuple[int, ...],
+               ack_timeout_ms: int = ACK_TIMEOUT_MS):
+        return self._call(self.h.broker.requests.fenced(FencedRequest(TOPIC, msg_ids, deliveries, kind,
+                                                                      len(msg_ids) > 1, ack_timeout_ms, LEASE_MS)))
+
+    def state(self, msg_id: str) -> tuple[Status, int]:
+        m = self._call(self.h.broker.get(TOPIC, msg_id))
+        return m.status, m.retry
+
+    def advance(self, delta_ms: int) -> None:
+        self.h.advance_to(self.now + delta_ms)
+
+
+@pytest.fixture
+def node():
+    h = BrokerHarness("hourglass-leases-", START_MS, QueueLimits(), Defaults(max_lease_ms=LEASE_MS))
+    h.open_broker()
+    try:
+        yield Node(h)
+    finally:
+        h.teardown()
+
+
+def test_a_message_extended_every_10_s_stays_consuming_for_6_hours_then_times_out(node):
+    node.send("a")
+    (got,) = node.pull()
+    assert got.delivery and got.status is CONSUMING and got.retry == 1
+    for _ in range(6 * 360):  # 6 h of extensions, 10 s apart
+        node.advance(10_000)
+        (outcome,) = node.fenced(Fenced.EXTEND, ("a",), (got.delivery,))
+        assert outcome.refusal is None and outcome.deadline_ms == node.now + ACK_TIMEOUT_MS
+    assert node.pull() == [] and node.state("a") == (CONSUMING, 1)  # 0 redeliveries
+    node.advance(ACK_TIMEOUT_MS - 1)
+    assert node.pull() == [] and node.state("a") == (CONSUMING, 1)  # not before its deadline
+    node.advance(1)  # the holder stopped extending: delivered again at its deadline, under a new delivery
+    (again,) = node.pull()
+    assert again.retry == 2 and again.delivery != got.delivery
+
+
+def test_a_stale_delivery_is_refused_and_the_current_holder_goes_on(node):
+    node.send("a")
+    (first,) = node.pull(ack_timeout_ms=1_000)
+    node.advance(1_000)
+    (second,) = node.pull()
+    for kind in (Fenced.ACK, Fenced.NACK, Fenced.EXTEND):
+        (outcome,) = node.fenced(kind, ("a",), (first.delivery,))
+        assert (outcome.status, outcome.refusal) == (CONSUMING, Refusal.STALE)
+        assert node.state("a") == (CONSUMING, 2)
+    (outcome,) = node.fenced(Fenced.ACK, ("a",), (second.delivery,))
+    assert (outcome.status, outcome.refusal) == (ACKED, None)
+    (outcome,) = node.fenced(Fenced.ACK, ("a",), (second.delivery,))  # a retried ack: no delivery is current
+    assert (outcome.status, outcome.refusal) == (ACKED, Refusal.STALE)
+
+
+@pytest.mark.parametrize("checkpoint", [False, True])
+def test_the_holders_delivery_and_its_extension_survive_a_restart(node, checkpoint):
+    node.send("a")
+    (got,) = node.pull()
+    node.advance(20_000)
+    node.fenced(Fenced.EXTEND, ("a",), (got.delivery,), ack_timeout_ms=25_000)
+    node.h.restart(checkpoint)
+    (outcome,) = node.fenced(Fenced.EXTEND, ("a",), (new_delivery(node.now),))
+    assert outcome.refusal is Refusal.STALE  # a made-up delivery is no holder's
+    node.advance(24_999)  # the extended deadline (within the default timeout after the restart) kept
+    assert node.state("a") == (CONSUMING, 1)
+    (outcome,) = node.fenced(Fenced.EXTEND, ("a",), (got.delivery,))
+    assert outcome.refusal is None  # the holder's delivery is still its own after the restart
+    (outcome,) = node.fenced(Fenced.ACK, ("a",), (got.delivery,))
+    assert (outcome.status, outcome.refusal) == (ACKED, None)
+
+
+def test_an_extension_past_the_lease_bound_is_refused_and_changes_nothing(node):
+    node.send("a")
+    (got,) = node.pull()
+    for _ in range(int(LEASE_MS / 20_000) - 2):
+        node.advance(20_000)
+        (outcome,) = node.fenced(Fenced.EXTEND, ("a",), (got.delivery,))
+        assert outcome.refusal is None
+    node.advance(20_000)  # now + 30 s passes the 12 h since the hand-over
+    (outcome,) = node.fenced(Fenced.EXTEND, ("a",), (got.delivery,))
+    assert (outcome.status, outcome.refusal) == (CONSUMING, Refusal.LEASE_CAP)
+    assert node.state("a") == (CONSUMING, 1)
+
+
+def test_many_ids_each_answered_alone_and_counted(node):
+    for msg_id in "abc":
+        node.send(msg_id)
+    got = {m.msg_id: m.delivery for m in node.pull()}
+    outcomes = node.fenced(Fenced.EXTEND, ("a", "b", "c", "nope", "a"),
+                           (got["a"], got["b"] + 1, got["c"], got["a"], got["b"]))
+    assert [(o.status, o.refusal) for o in outcomes] == [
+        (CONSUMING, None), (CONSUMING, Refusal.STALE), (CONSUMING, None), (None, Refusal.STALE),
+        (CONSUMING, None)]  # a repeated id: its first delivery's outcome
+    assert node.h.broker.metrics.topic(TOPIC).extensions == 2
+    assert node.h.broker.metrics.topic(TOPIC).stale == 2
