@@ -98,6 +98,7 @@ class HttpModel(RuleBasedStateMachine):
         super().__init__()
         self.topic = f"model-{uuid.uuid4().hex[:12]}"
         self.messages: dict[str, dict] = {}  # msgId -> what getMsg must answer
+        self.handed: set[tuple[str, str]] = set()  # (msgId, deliveryId) of every hand-over (docs/api.md, "Leases")
         self.absent: set[str] = set()  # ids that must answer 404
         self.next_id = 0
         self.stored_any = False  # a send answered 200 (getTopicInfo is 200 from then on)
@@ -296,6 +297,9 @@ class HttpModel(RuleBasedStateMachine):
             assert model["status"] == READY
             model["status"] = CONSUMING
             model["retry"] += 1  # retry counts deliveries (camellia)
+            handed = (m["msgId"], m.pop("deliveryId"))  # a hand-over's, not the message's: getMsg has none
+            assert len(handed[1]) == 16 and handed not in self.handed  # new at each hand-over
+            self.handed.add(handed)
             assert m == model
 
     @precondition(lambda self: self.messages)
