@@ -90,8 +90,9 @@ class RedisBroker:
         lifecycle   Lifecycle: serving, stopping, failed (broker.core.lifecycle)
         bulk        RedisBulk: listMsg, deleteMsgs, rescheduleMsgs; applies
                     a bulk call a script met the fence of (broker.redis.bulk)
-        requests    RedisRequests: send, pull, long poll, ack, delete, get,
-                    reschedule, dead letters, topic info (broker.redis.requests)
+        requests    RedisRequests: send, pull, long poll, ack, fenced acks and
+                    extensions, delete, get, reschedule, dead letters, topic
+                    info (broker.redis.requests)
 
     The Backend's calls are the parts' methods, bound once below: the API
     calls them with no forwarding frame between.
@@ -121,6 +122,7 @@ class RedisBroker:
         self.long_poll = requests.long_poll
         self.ack = requests.ack
         self.ack_many = requests.ack_many
+        self.fenced = requests.fenced  # (docs/api.md, "Leases": lua/backend/lease.lua)
         self.delete = requests.delete
         self.get = requests.get
         self.reschedule = requests.reschedule

@@ -13,6 +13,10 @@ slot, and escaping keeps a topic from forging another topic's keys):
     P meta     hash  msgId -> JSON of strings: produce trigger ttl expire
                      maxRetry priority tag rk status retry, key (if it has
                      one), node (while a pusher's delivery of it is held),
+                     delivery (while CONSUMING: the pull's deliveryId, 16
+                     hex digits, that a fenced ack, nack or extension must
+                     name: lua/backend/lease.lua; none in a message pulled
+                     before leases, which no fenced call matches),
                      redrives (its redriveCount, once a redriveMsgs job put
                      it back: lua/backend/redrive_slice.lua)
     P body     hash  msgId -> msg

@@ -1,5 +1,6 @@
 """The Redis backend's requests: send, pull and long poll, ack and nack,
-delete, get, reschedule, dead letters and topic info, each ONE Lua script
+fenced acks, nacks and extensions (docs/api.md, "Leases"), delete, get,
+reschedule, dead letters and topic info, each ONE Lua script
 over one topic's keys (broker/redis/lua/backend/), so Redis runs it
 atomically and several hourglass processes may share one Redis.
 
@@ -355,8 +356,10 @@ class RedisRequests:
         answers = await self._script("lease", request.topic, args)
         woke = bool(answers) and answers[-1] == "+"
         outcomes: dict[str, Fencing] = {}
-        m = self._metrics.topic(request.topic, exists=request.topic in self._state.topics)
-        requeued = False
+        # (a message found: its topic exists, if another node registered it since this one's mover looked)
+        m = self._metrics.topic(request.topic, exists=request.topic in self._state.topics
+                                or any(answer != "NF" for answer in answers))
+        requeued = extended = False
         for msg_id, answer in zip(first, answers):
             if answer == "NF":
                 outcomes[msg_id] = Fencing(None, Refusal.STALE)
@@ -373,6 +376,7 @@ class RedisRequests:
                                            if request.kind is Fenced.EXTEND else 0)
                 if request.kind is Fenced.EXTEND:
                     m.extensions += 1
+                    extended = True
                 elif request.kind is Fenced.ACK:
                     m.acks += 1
                     self._metrics.acked((int(trigger),), now_ms)
@@ -385,6 +389,8 @@ class RedisRequests:
                         m.ended += 1
         if requeued or woke:  # a nack's message, or a key's next one, is pullable
             await self._publish(request.topic)
+        if extended and now_ms + request.ack_timeout_ms < self._state.next_due_ms:
+            self._state.mover_wake.set()  # (a shorter lease: its timeout before the mover meant to wake)
         return [outcomes[msg_id] for msg_id in request.msg_ids]
 
     async def delete(self, request: DeleteRequest) -> None:
