@@ -140,6 +140,7 @@ class Messages:
         into_flight: list[HeldMessage] = []
         into_window: list[HeldMessage] = []
         extended: list[HeldMessage] = []
+        extended_from: list[MessageState] = []
         forgotten: list[Location] = []
         woken: set[str] = set()
         counted_topic, times = "", 0  # a run of one topic's same effects: counted once
@@ -156,6 +157,7 @@ class Messages:
             held.state = state
             if EXTEND in effects:  # (in flight still: only its ack timer moves)
                 extended.append(held)
+                extended_from.append(before)
             elif status is READY:
                 out_of_window.append(held)
             elif status is CONSUMING:
@@ -178,7 +180,7 @@ class Messages:
         if times:
             topic_metrics(counted_topic).count(counted, times)
         if extended:
-            self._windows.extend(extended)
+            self._windows.extend(extended, extended_from)
         if changes:
             self._windows.carry_out(out_of_window, out_of_flight, into_flight, into_window, forgotten, woken)
         return changes
@@ -259,42 +261,43 @@ class Messages:
         now_ms = self._clock.now_ms()
         kind, topic = request.kind, request.topic
         flying = self._windows.in_flight_of(topic, request.msg_ids)
-        deadline_ms, max_lease_ms = now_ms + request.ack_timeout_ms, request.max_lease_ms
+        deadline_ms = now_ms + request.ack_timeout_ms
+        first = dict(zip(reversed(request.msg_ids), reversed(request.deliveries)))  # (an id's first delivery)
         outcomes: dict[str, Fencing] = {}
+        stale = 0
         taken: list[HeldMessage] = []
         events: list[Event] = []
         of_delivery: dict[int, Event] = {}  # (one event a delivery: a pull's messages share theirs)
-        for msg_id, delivery in zip(request.msg_ids, request.deliveries):
-            if msg_id in outcomes:
-                continue
+        for msg_id, held in flying.items():
+            delivery = first[msg_id]
             event = of_delivery.get(delivery)
             if event is None:
-                event = of_delivery[delivery] = (
-                    _new(Ack, (delivery,)) if kind is Fenced.ACK else _new(Nack, (delivery,)) if kind is Fenced.NACK
-                    else _new(Extend, (deadline_ms, delivery, max_lease_ms)))
-            held = flying.get(msg_id)
-            if held is None:  # (not consuming: no delivery of it is current)
-                stored = self._store.get(topic, msg_id)
-                state = None if stored is None else MessageState.of(stored)
-                outcomes[msg_id] = _new(Fencing, (None if state is None else state.status,
-                                                  step(state, event, now_ms).refusal, 0))
-                continue
-            outcomes[msg_id] = _UNDECIDED
+                event = of_delivery[delivery] = _fenced_event(kind, delivery, deadline_ms, request.max_lease_ms)
             taken.append(held)
             events.append(event)
+        if len(flying) < len(first):
+            for msg_id, delivery in first.items():
+                if msg_id not in flying:  # (not consuming: no delivery of it is current)
+                    stored = self._store.get(topic, msg_id)
+                    state = None if stored is None else MessageState.of(stored)
+                    refusal = step(state, _fenced_event(kind, delivery, deadline_ms, request.max_lease_ms),
+                                   now_ms).refusal
+                    stale += refusal is Refusal.STALE
+                    outcomes[msg_id] = _new(Fencing, (None if state is None else state.status, refusal, 0))
         refused: list[tuple[HeldMessage, Refusal]] = []
         changes = self.apply(events[0], taken, now_ms, events, refused) if taken else []
-        stale = 0
         for held, refusal in refused:
+            stale += refusal is Refusal.STALE
             outcomes[held.msg_id] = _new(Fencing, (held.state.status, refusal, 0))
+        done: dict[Status, Fencing] = {}  # (the outcome of those it changed, by status: shared)
         for held in taken:
-            if outcomes[held.msg_id] is _UNDECIDED:
-                state = held.state
-                outcomes[held.msg_id] = _new(Fencing, (state.status, None, state.deadline_ms if kind is Fenced.EXTEND
-                                                       else 0))
-        for outcome in outcomes.values():
-            if outcome.refusal is Refusal.STALE:
-                stale += 1
+            if held.msg_id not in outcomes:
+                status = held.state.status
+                outcome = done.get(status)
+                if outcome is None:
+                    outcome = done[status] = _new(Fencing, (status, None,
+                                                            deadline_ms if kind is Fenced.EXTEND else 0))
+                outcomes[held.msg_id] = outcome
         counts = self._metrics.topic(topic, exists=bool(taken) or self._store.has_topic(topic))
         if kind is Fenced.EXTEND:
             counts.extensions += len(taken) - len(refused)
@@ -326,9 +329,9 @@ class Messages:
         """Due timers (broker.disk.timers): each one's event (an ack timeout,
         an expiry) to its messages still held; the status changes."""
         changes: list[StateChange] = []
-        held_at = self._windows.held
+        fired = self._windows.fired
         for timer in timers:
-            batch = [held for location in timer.locations if (held := held_at.get(location)) is not None]
+            batch = fired(timer)
             if batch:
                 changes += self.apply(timer.event, batch, now_ms)
         return changes
@@ -614,3 +617,12 @@ class Messages:
 
 def not_found(topic: str, msg_id: str) -> NotFound:
     return NotFound(f"no message {msg_id!r} in topic {topic!r}")
+
+
+def _fenced_event(kind: Fenced, delivery: int, deadline_ms: int, max_lease_ms: int) -> Ack | Nack | Extend:
+    """A fenced call's event for one delivery (broker.core.transitions)."""
+    if kind is Fenced.ACK:
+        return _new(Ack, (delivery,))
+    if kind is Fenced.NACK:
+        return _new(Nack, (delivery,))
+    return _new(Extend, (deadline_ms, delivery, max_lease_ms))

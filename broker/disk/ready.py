@@ -138,6 +138,9 @@ class HeldMessage:
     # answers it without reading the disk); None otherwise and once pulled.
     message: Message | None = None
     fair_key: str = ""  # the tenant a fair topic groups it by (docs/api.md): "" none
+    # CONSUMING, extended past the deadline its ack timer was set at: that
+    # timer's due time (broker.disk.windows' `extend`, `fired`); 0 none.
+    armed_ms: int = 0
 
     @classmethod
     def of(cls, message: Message, topic_hash: int) -> HeldMessage:

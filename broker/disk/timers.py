@@ -14,8 +14,11 @@ due timer to the windows, which apply its event (broker.core.transitions:
 `AckTimeout`, `Ttl`) to its messages still held, and makes the changes
 durable as one record before it sleeps again.
 
-A timer is never removed when its messages move on (an ack, a new
-deadline): the step says a stale timer changes nothing when it fires, and
+A message extended to a later deadline (extendMsg) keeps the timer it has:
+when that fires, the windows set it again at the message's deadline then
+(one timer a lease period, however often a consumer extends). A timer is
+never removed when its messages move on (an ack, a new deadline): the step
+says a stale timer changes nothing when it fires, and
 the windows compact the queue (dropping the places a timer would no longer
 change) once its places outnumber the held messages, so it stays O(held).
 A spilled READY message has no timer: the refill that reads it back ends

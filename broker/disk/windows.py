@@ -55,6 +55,7 @@ from ..core.leases import handed_over_ms
 from ..core.lifecycle import Lifecycle
 from ..core.long_polls import LongPolls
 from ..core.release_rate import ReleaseRate
+from ..core.transitions import MessageState
 from .group_commit import GroupCommit
 from .journal import Journal
 from .ready import HeldMessage, OrderKey, QueueLimits, Spills, TopicQueue
@@ -337,15 +338,47 @@ class ReadyWindows:
             for name in woken:
                 self._long_polls.wake(name)
 
-    def extend(self, batch: list[HeldMessage]) -> None:
+    def extend(self, batch: list[HeldMessage], before: list[MessageState]) -> None:
         """EXTEND of consuming messages (an extendMsg: broker.disk.messages'
-        `apply`): each stays in flight, an ack timer set at its new deadline
-        (the one it had goes stale: it changes nothing when it fires)."""
-        acks: dict[int, list[Location]] = {}
-        for held in batch:
-            acks.setdefault(held.state.deadline_ms, []).append(held.location)
-        for deadline_ms, locations in acks.items():
+        `apply`), with their states before: each stays in flight. A later
+        deadline sets no timer: the one armed for the message sets it again
+        at its deadline then, when it fires (`fired`), so a lease extended
+        every few seconds costs one timer a lease period, not one an
+        extension. A sooner one is given its own timer now (the armed one
+        goes stale: it changes nothing when it fires)."""
+        sooner: dict[int, list[Location]] = {}
+        for held, was in zip(batch, before):
+            armed_ms = held.armed_ms or was.deadline_ms  # (0: armed at the deadline it had)
+            deadline_ms = held.state.deadline_ms
+            if deadline_ms > armed_ms:
+                held.armed_ms = armed_ms
+            else:
+                held.armed_ms = 0
+                if deadline_ms < armed_ms:
+                    sooner.setdefault(deadline_ms, []).append(held.location)
+        for deadline_ms, locations in sooner.items():
             self._set_timer(TimerKind.ACK, deadline_ms, locations)
+
+    def fired(self, timer: Timer) -> list[HeldMessage]:
+        """A due timer's messages still held, for its event (broker.disk.messages'
+        `fire`); those extended past it are not among them: their timer
+        is set again, at their deadline."""
+        held_at = self.held
+        batch = [held for location in timer.locations if (held := held_at.get(location)) is not None]
+        if timer.kind is not TimerKind.ACK:
+            return batch
+        due_ms = timer.due_ms
+        kept: list[HeldMessage] = []
+        later: dict[int, list[Location]] = {}
+        for held in batch:
+            if held.armed_ms == due_ms:
+                held.armed_ms = 0
+                later.setdefault(held.state.deadline_ms, []).append(held.location)
+            else:
+                kept.append(held)
+        for deadline_ms, locations in later.items():
+            self._set_timer(TimerKind.ACK, deadline_ms, locations)
+        return kept
 
     def forget_at(self, location: Location) -> None:
         """FORGET of a message changed by its stored copy's step (acked,
@@ -565,6 +598,7 @@ class ReadyWindows:
         total_capped = self.consuming_total >= limits.inflight_total
         self.consuming_total -= len(batch)
         for held in batch:
+            held.armed_ms = 0  # (its armed timer, if extended, is stale now)
             queue = topics[held.topic]
             if len(queue.flying) >= limits.inflight:
                 woken.add(queue.name)
@@ -627,8 +661,21 @@ class ReadyWindows:
     def _set_timer(self, kind: TimerKind, due_ms: int, locations: list[Location]) -> None:
         timers = self._timers
         if timers.locations > 2 * len(self.held) + COMPACT_SLACK:
-            timers.compact(self.messages.trim)
+            timers.compact(self._trim)
         timers.set(kind, due_ms, locations)
+
+    def _trim(self, timer: Timer) -> bool:
+        """The compaction's question of a timer (`TimerQueue.compact`): its
+        places whose messages' steps it would still change (broker.disk.messages'
+        `trim`) and those it sets again (`fired`); whether any is left."""
+        if timer.kind is not TimerKind.ACK:
+            return self.messages.trim(timer)
+        held_at, due_ms = self.held, timer.due_ms
+        armed = [location for location in timer.locations
+                 if (held := held_at.get(location)) is not None and held.armed_ms == due_ms]
+        left = self.messages.trim(timer)  # (drops the armed ones: their steps change nothing yet)
+        timer.locations.extend(armed)
+        return left or bool(armed)
 
     # == refilling windows from disk ==============================================
 

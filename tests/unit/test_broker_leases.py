@@ -3,12 +3,19 @@ Store and a FakeClock (tests/broker_harness.py): a message extended every
 10 s with a 30 s ack timeout stays with its holder for 6 hours and is
 never delivered again meanwhile; a stale delivery is refused and changes
 nothing, before and after a restart (with and without a checkpoint); the
-lease's bound; an extension survives a restart."""
+lease's bound; an extension survives a restart; extensions to sooner
+and later deadlines, in any order, time a message out at its last
+deadline to the millisecond (the timer re-armed when it fires), also
+through the timers' compaction."""
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 from broker_harness import BrokerHarness
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from broker.core.leases import new_delivery
 from broker.core.params import Defaults, Fenced, FencedRequest, NewSend, PullRequest
@@ -44,8 +51,8 @@ class Node:
         self._call(self.h.broker.send([NewSend(NewMessage(TOPIC, msg_id, "m", now, now, 24 * MS_PER_HOUR,
                                                           max_retry), False)]))
 
-    def pull(self, ack_timeout_ms: int = ACK_TIMEOUT_MS):
-        return self._call(self.h.broker.pull(PullRequest(TOPIC, ack_timeout_ms, 10, ())))
+    def pull(self, ack_timeout_ms: int = ACK_TIMEOUT_MS, batch: int = 10):
+        return self._call(self.h.broker.pull(PullRequest(TOPIC, ack_timeout_ms, batch, ())))
 
     def fenced(self, kind: Fenced, msg_ids: tuple[str, ...], deliveries: tuple[int, ...],
                ack_timeout_ms: int = ACK_TIMEOUT_MS):
@@ -60,14 +67,20 @@ class Node:
         self.h.advance_to(self.now + delta_ms)
 
 
-@pytest.fixture
-def node():
-    h = BrokerHarness("hourglass-leases-", START_MS, QueueLimits(), Defaults(max_lease_ms=LEASE_MS))
+@contextlib.contextmanager
+def _node(limits: QueueLimits | None = None):
+    h = BrokerHarness("hourglass-leases-", START_MS, limits or QueueLimits(), Defaults(max_lease_ms=LEASE_MS))
     h.open_broker()
     try:
         yield Node(h)
     finally:
         h.teardown()
+
+
+@pytest.fixture
+def node():
+    with _node() as n:
+        yield n
 
 
 def test_a_message_extended_every_10_s_stays_consuming_for_6_hours_then_times_out(node):
@@ -142,3 +155,65 @@ def test_many_ids_each_answered_alone_and_counted(node):
         (CONSUMING, None)]  # a repeated id: its first delivery's outcome
     assert node.h.broker.metrics.topic(TOPIC).extensions == 2
     assert node.h.broker.metrics.topic(TOPIC).stale == 2
+
+
+def _statuses(node: Node, msg_ids) -> dict[str, Status]:
+    return {msg_id: node.state(msg_id)[0] for msg_id in msg_ids}
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 2), st.integers(1, 60_000), st.integers(0, 20_000)), max_size=12))
+def test_extensions_sooner_and_later_time_out_at_the_last_deadline(steps):
+    with _node() as node:
+        _extend_and_time_out(node, steps)
+
+
+def _extend_and_time_out(node: Node, steps) -> None:
+    for msg_id in "abc":
+        node.send(msg_id)
+    got = {m.msg_id: m for m in node.pull()}
+    deadline = {msg_id: node.now + ACK_TIMEOUT_MS for msg_id in "abc"}  # the model: each one's last deadline
+    for which, timeout_ms, wait_ms in steps:
+        node.advance(wait_ms)
+        assert _statuses(node, "abc") == {m: CONSUMING if node.now < d else READY for m, d in deadline.items()}
+        msg_id = "abc"[which]
+        (outcome,) = node.fenced(Fenced.EXTEND, (msg_id,), (got[msg_id].delivery,), ack_timeout_ms=timeout_ms)
+        if node.now < deadline[msg_id]:
+            assert outcome.refusal is None and outcome.deadline_ms == node.now + timeout_ms
+            deadline[msg_id] = node.now + timeout_ms
+        else:
+            assert outcome.refusal is Refusal.STALE
+    for at in sorted(set(deadline.values())):
+        if at - 1 > node.now:
+            node.advance(at - 1 - node.now)
+            assert _statuses(node, "abc") == {m: CONSUMING if node.now < d else READY for m, d in deadline.items()}
+        if at > node.now:
+            node.advance(at - node.now)
+        assert _statuses(node, "abc") == {m: CONSUMING if node.now < d else READY for m, d in deadline.items()}
+
+
+def test_extensions_through_the_timers_compaction_each_time_out_at_their_deadline():
+    with _node(QueueLimits(inflight=3_000, inflight_total=3_000)) as node:
+        ids = [f"m{i}" for i in range(1_500)]
+        for msg_id in ids:
+            node.send(msg_id)
+        got = {m.msg_id: m.delivery for m in node.pull(batch=1_500)}
+        assert len(got) == 1_500
+        later, sooner = ids[:750], ids[750:]
+        # Sooner deadlines set timers: 1,500 + 8 x 750 places pass the compaction's bound (2 x 1,500 + 1,024).
+        for round_ in range(8):
+            node.advance(1_000)
+            for part, timeout_ms in ((later, 60_000 + round_), (sooner, 20_000 - 2_000 * round_)):
+                outcomes = node.fenced(Fenced.EXTEND, tuple(part), tuple(got[m] for m in part),
+                                       ack_timeout_ms=timeout_ms)
+                assert all(o.refusal is None for o in outcomes)
+        sooner_at, later_at = node.now + 6_000, node.now + 60_007
+        node.advance(sooner_at - 1 - node.now)
+        assert set(_statuses(node, ids).values()) == {CONSUMING}
+        node.advance(1)
+        assert set(_statuses(node, sooner).values()) == {READY}
+        assert set(_statuses(node, later).values()) == {CONSUMING}
+        node.advance(later_at - 1 - node.now)
+        assert set(_statuses(node, later).values()) == {CONSUMING}
+        node.advance(1)
+        assert set(_statuses(node, later).values()) == {READY}
