@@ -13,58 +13,22 @@ from __future__ import annotations
 import contextlib
 
 import pytest
-from broker_harness import BrokerHarness
+from broker_harness import TOPIC, BrokerHarness
+from broker_harness import BrokerNode as Node
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broker.core.leases import new_delivery
-from broker.core.params import Defaults, Fenced, FencedRequest, NewSend, PullRequest
+from broker.core.params import Defaults, Fenced
 from broker.core.transitions import Refusal
 from broker.disk.ready import QueueLimits
 from storage.entry import MS_PER_HOUR, Status
-from storage.store import NewMessage
 
 START_MS = 490_000 * MS_PER_HOUR + 1_000
-TOPIC = "t"
 ACK_TIMEOUT_MS = 30_000
 LEASE_MS = 12 * MS_PER_HOUR
+TTL_MS = 24 * MS_PER_HOUR  # (longer than any lease here: a timeout redelivers, never ends)
 CONSUMING, READY, ACKED = Status.CONSUMING, Status.READY, Status.ACKED
-
-
-class Node:
-    def __init__(self, h: BrokerHarness) -> None:
-        self.h = h
-
-    @property
-    def now(self) -> int:
-        return self.h.clock.now_ms()
-
-    def _call(self, coro):
-        async def call():
-            result = await coro
-            await self.h.quiesce()
-            return result
-        return self.h.run(call())
-
-    def send(self, msg_id: str, max_retry: int = 3) -> None:
-        now = self.now
-        self._call(self.h.broker.send([NewSend(NewMessage(TOPIC, msg_id, "m", now, now, 24 * MS_PER_HOUR,
-                                                          max_retry), False)]))
-
-    def pull(self, ack_timeout_ms: int = ACK_TIMEOUT_MS, batch: int = 10):
-        return self._call(self.h.broker.pull(PullRequest(TOPIC, ack_timeout_ms, batch, ())))
-
-    def fenced(self, kind: Fenced, msg_ids: tuple[str, ...], deliveries: tuple[int, ...],
-               ack_timeout_ms: int = ACK_TIMEOUT_MS):
-        return self._call(self.h.broker.requests.fenced(FencedRequest(TOPIC, msg_ids, deliveries, kind,
-                                                                      len(msg_ids) > 1, ack_timeout_ms, LEASE_MS)))
-
-    def state(self, msg_id: str) -> tuple[Status, int]:
-        m = self._call(self.h.broker.get(TOPIC, msg_id))
-        return m.status, m.retry
-
-    def advance(self, delta_ms: int) -> None:
-        self.h.advance_to(self.now + delta_ms)
 
 
 @contextlib.contextmanager
@@ -84,7 +48,7 @@ def node():
 
 
 def test_a_message_extended_every_10_s_stays_consuming_for_6_hours_then_times_out(node):
-    node.send("a")
+    node.send("a", ttl_ms=TTL_MS)
     (got,) = node.pull()
     assert got.delivery and got.status is CONSUMING and got.retry == 1
     for _ in range(6 * 360):  # 6 h of extensions, 10 s apart
@@ -100,7 +64,7 @@ def test_a_message_extended_every_10_s_stays_consuming_for_6_hours_then_times_ou
 
 
 def test_a_stale_delivery_is_refused_and_the_current_holder_goes_on(node):
-    node.send("a")
+    node.send("a", ttl_ms=TTL_MS)
     (first,) = node.pull(ack_timeout_ms=1_000)
     node.advance(1_000)
     (second,) = node.pull()
@@ -116,7 +80,7 @@ def test_a_stale_delivery_is_refused_and_the_current_holder_goes_on(node):
 
 @pytest.mark.parametrize("checkpoint", [False, True])
 def test_the_holders_delivery_and_its_extension_survive_a_restart(node, checkpoint):
-    node.send("a")
+    node.send("a", ttl_ms=TTL_MS)
     (got,) = node.pull()
     node.advance(20_000)
     node.fenced(Fenced.EXTEND, ("a",), (got.delivery,), ack_timeout_ms=25_000)
@@ -132,7 +96,7 @@ def test_the_holders_delivery_and_its_extension_survive_a_restart(node, checkpoi
 
 
 def test_an_extension_past_the_lease_bound_is_refused_and_changes_nothing(node):
-    node.send("a")
+    node.send("a", ttl_ms=TTL_MS)
     (got,) = node.pull()
     for _ in range(int(LEASE_MS / 20_000) - 2):
         node.advance(20_000)
@@ -146,7 +110,7 @@ def test_an_extension_past_the_lease_bound_is_refused_and_changes_nothing(node):
 
 def test_many_ids_each_answered_alone_and_counted(node):
     for msg_id in "abc":
-        node.send(msg_id)
+        node.send(msg_id, ttl_ms=TTL_MS)
     got = {m.msg_id: m.delivery for m in node.pull()}
     outcomes = node.fenced(Fenced.EXTEND, ("a", "b", "c", "nope", "a"),
                            (got["a"], got["b"] + 1, got["c"], got["a"], got["b"]))
@@ -170,7 +134,7 @@ def test_extensions_sooner_and_later_time_out_at_the_last_deadline(steps):
 
 def _extend_and_time_out(node: Node, steps) -> None:
     for msg_id in "abc":
-        node.send(msg_id)
+        node.send(msg_id, ttl_ms=TTL_MS)
     got = {m.msg_id: m for m in node.pull()}
     deadline = {msg_id: node.now + ACK_TIMEOUT_MS for msg_id in "abc"}  # the model: each one's last deadline
     for which, timeout_ms, wait_ms in steps:
@@ -196,7 +160,7 @@ def test_extensions_through_the_timers_compaction_each_time_out_at_their_deadlin
     with _node(QueueLimits(inflight=3_000, inflight_total=3_000)) as node:
         ids = [f"m{i}" for i in range(1_500)]
         for msg_id in ids:
-            node.send(msg_id)
+            node.send(msg_id, ttl_ms=TTL_MS)
         got = {m.msg_id: m.delivery for m in node.pull(batch=1_500)}
         assert len(got) == 1_500
         later, sooner = ids[:750], ids[750:]
