@@ -259,11 +259,20 @@ def test_a_post_that_gets_no_connection_within_its_timeout_fails_as_no_connectio
     async def test() -> None:
         port = await sub.start()
         shared = PushDescriptors(DescriptorBudget(0, limit=10_000), max_fds=1)
+        # the pool's one descriptor is held by a POST whose own timeout is far off, so the
+        # other's 0.5 s run out while it waits (two equal timeouts would race each other)
+        holder = PushClient(f"http://127.0.0.1:{port}/", LOCAL, 60, 1000, descriptors=shared)
         client = PushClient(f"http://127.0.0.1:{port}/", LOCAL, 0.5, 1000, descriptors=shared)
-        first, second = await asyncio.gather(client.post(b"1", []), client.post(b"2", []), return_exceptions=True)
-        assert isinstance(first, PostFailed) and isinstance(second, PostFailed)
-        assert sorted([first.reason, second.reason]) == ["no connection", "timeout"]
-        assert sub.connections == 1  # the second never opened one of its own
+        held = asyncio.create_task(holder.post(b"1", []))
+        while sub.connections < 1:
+            await asyncio.sleep(0.01)
+        with pytest.raises(PostFailed) as failed:
+            await client.post(b"2", [])
+        assert failed.value.reason == "no connection"
+        assert sub.connections == 1 and not held.done()  # the second never opened one of its own
+        held.cancel()
+        await asyncio.gather(held, return_exceptions=True)
+        await holder.close()
         await client.close()
         sub.close()
     sub = Subscriber(handler)
