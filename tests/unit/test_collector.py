@@ -71,3 +71,39 @@ def test_survivors_are_frozen_and_a_dead_frozen_cycle_is_found_once_the_frozen_g
     assert out["alive_kept"] is True and out["frozen_again"] is True, out
     assert out["late_kept_before_thaw_s"] is True and out["late_found_after_thaw_s"] is True, out
     assert out["uninstalled"] is True, out
+
+
+_CHURN = """
+import gc, json
+from broker.server import FROZEN_GROWTH, FROZEN_SLACK, ShortCollections
+
+class Leaf:  # tracked by the collector, freed by its count of references
+    pass
+
+counted = []
+exact = gc.get_freeze_count
+gc.get_freeze_count = lambda: counted.append(1) or exact()
+collections = ShortCollections.install(lambda: 0.0)
+counted.clear()
+batch = (FROZEN_GROWTH * collections.walked + FROZEN_SLACK) // 20
+for _ in range(20):  # each round's leaves frozen by a full collection, then freed
+    leaves = [Leaf() for _ in range(batch)]
+    gc.collect()
+    del leaves
+print(json.dumps({"full_collections": 20, "exact_counts": len(counted), "walks": collections.walks,
+                  "thawed": collections.thawed, "frozen_bound": collections.frozen,
+                  "frozen": exact(), "limit": FROZEN_GROWTH * collections.walked + FROZEN_SLACK}))
+"""
+
+
+def test_frozen_objects_that_come_and_go_are_counted_exactly_only_when_their_bound_passes_the_limit():
+    """Survivors frozen and freed again and again (held messages replaced by
+    their extensions): the frozen set is walked to count it only when the
+    bound passes the limit, not at every full collection, and the churn
+    alone does not thaw it."""
+    done = subprocess.run([sys.executable, "-c", _CHURN], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = json.loads(done.stdout)
+    assert 1 <= out["exact_counts"] <= 4, out  # the bound grows by a twentieth of the limit a round
+    assert out["walks"] == 0 and out["thawed"] is False, out
+    assert out["frozen"] <= out["frozen_bound"] <= out["limit"], out
