@@ -264,8 +264,11 @@ def test_a_post_that_gets_no_connection_within_its_timeout_fails_as_no_connectio
         holder = PushClient(f"http://127.0.0.1:{port}/", LOCAL, 60, 1000, descriptors=shared)
         client = PushClient(f"http://127.0.0.1:{port}/", LOCAL, 0.5, 1000, descriptors=shared)
         held = asyncio.create_task(holder.post(b"1", []))
-        while sub.connections < 1:
+        for _ in range(500):
+            if sub.connections:
+                break
             await asyncio.sleep(0.01)
+        assert sub.connections == 1  # the holder's, within 5 s
         with pytest.raises(PostFailed) as failed:
             await client.post(b"2", [])
         assert failed.value.reason == "no connection"
