@@ -308,7 +308,9 @@ def test_bulk_calls_in_steps_across_masters_touch_only_declared_keys(cluster_url
     topics = topics_on_every_master(cluster_url, len(cluster_ports), per_master=1)
 
     async def bulk(b: RedisBroker, topic: str) -> None:
-        await b.send([new(topic, f"m{i:02d}", delay_ms=60_000 + i, tag="red" if i % 2 else "") for i in range(20)])
+        # (an hour to live: moved 2 minutes back, a minute's ttl would end the red ones as the calls run)
+        await b.send([new(topic, f"m{i:02d}", delay_ms=60_000 + i, ttl_ms=3_600_000, tag="red" if i % 2 else "")
+                      for i in range(20)])
         moved, more = await b.reschedule_msgs(RescheduleMsgsRequest(topic, BulkFilter(tag="red"), 100, -120_000, None))
         assert (moved, more) == (10, False)
         assert (await b.get(topic, "m01")).status is Status.READY
