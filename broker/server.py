@@ -311,6 +311,9 @@ ARENA_MAX = 2
 FROZEN_GROWTH = 2
 FROZEN_SLACK = 50_000
 THAW_S = 600.0
+# The youngest generation's threshold: a collection once this many more objects the collector
+# tracks were made than freed (Python 3.11's 700, 3.13's 2,000).
+YOUNG_THRESHOLD = 10_000
 
 
 class ShortCollections:
@@ -331,7 +334,11 @@ class ShortCollections:
     freed since are not taken off; only when the bound passes the limit is
     the frozen set counted exactly (`gc.get_freeze_count` walks it: some
     7 ms for 300,000 objects, too much for every full collection while
-    messages are extended or held). (Python 3.11-3.13's collector; on
+    messages are extended or held). The youngest generation is collected
+    every YOUNG_THRESHOLD objects, not 700: a call of 1,000 ids makes a
+    few thousand short-lived objects (its answer's rows, its changes), and
+    at 700 each call had them walked 3-5 times while they lived (some
+    1 µs a message of an ack pass). (Python 3.11-3.13's collector; on
     3.14, incremental, the node freezes once at its start and the rest
     does nothing.)"""
 
@@ -342,12 +349,16 @@ class ShortCollections:
         self.walked_at = now()
         self.thawed = False  # the next full collection walks everything
         self.walks = 0  # full collections that walked everything (logged, and for tests)
+        self.threshold = gc.get_threshold()  # (as it was: `uninstall` puts it back)
 
     @classmethod
     def install(cls, now: Callable[[], float] = time.monotonic) -> ShortCollections:
-        """What opening made frozen now, and every full collection's survivors after it."""
+        """What opening made frozen now, and every full collection's survivors
+        after it; the youngest generation collected every YOUNG_THRESHOLD."""
         gc.freeze()
         collections = cls(now)
+        young, *older = collections.threshold
+        gc.set_threshold(max(YOUNG_THRESHOLD, young), *older)
         gc.callbacks.append(collections.on_gc)
         return collections
 
@@ -355,6 +366,7 @@ class ShortCollections:
         with contextlib.suppress(ValueError):
             gc.callbacks.remove(self.on_gc)
         gc.unfreeze()
+        gc.set_threshold(*self.threshold)
 
     def on_gc(self, phase: str, info: dict[str, int]) -> None:
         if phase != "stop" or info.get("generation") != 2:

@@ -75,7 +75,7 @@ def test_survivors_are_frozen_and_a_dead_frozen_cycle_is_found_once_the_frozen_g
 
 _CHURN = """
 import gc, json
-from broker.server import FROZEN_GROWTH, FROZEN_SLACK, ShortCollections
+from broker.server import FROZEN_GROWTH, FROZEN_SLACK, YOUNG_THRESHOLD, ShortCollections
 
 class Leaf:  # tracked by the collector, freed by its count of references
     pass
@@ -83,16 +83,21 @@ class Leaf:  # tracked by the collector, freed by its count of references
 counted = []
 exact = gc.get_freeze_count
 gc.get_freeze_count = lambda: counted.append(1) or exact()
+before = gc.get_threshold()
 collections = ShortCollections.install(lambda: 0.0)
+young = gc.get_threshold()[0]
 counted.clear()
 batch = (FROZEN_GROWTH * collections.walked + FROZEN_SLACK) // 20
 for _ in range(20):  # each round's leaves frozen by a full collection, then freed
     leaves = [Leaf() for _ in range(batch)]
     gc.collect()
     del leaves
-print(json.dumps({"full_collections": 20, "exact_counts": len(counted), "walks": collections.walks,
-                  "thawed": collections.thawed, "frozen_bound": collections.frozen,
-                  "frozen": exact(), "limit": FROZEN_GROWTH * collections.walked + FROZEN_SLACK}))
+out = {"young": young, "young_wanted": YOUNG_THRESHOLD, "full_collections": 20, "exact_counts": len(counted),
+       "walks": collections.walks, "thawed": collections.thawed, "frozen_bound": collections.frozen,
+       "frozen": exact(), "limit": FROZEN_GROWTH * collections.walked + FROZEN_SLACK}
+collections.uninstall()
+out["restored"] = gc.get_threshold() == before
+print(json.dumps(out))
 """
 
 
@@ -107,3 +112,4 @@ def test_frozen_objects_that_come_and_go_are_counted_exactly_only_when_their_bou
     assert 1 <= out["exact_counts"] <= 4, out  # the bound grows by a twentieth of the limit a round
     assert out["walks"] == 0 and out["thawed"] is False, out
     assert out["frozen"] <= out["frozen_bound"] <= out["limit"], out
+    assert out["young"] == out["young_wanted"] and out["restored"] is True, out  # (the youngest's threshold, and back)
