@@ -215,7 +215,9 @@ def main() -> None:
     p.add_argument("--hold-s", type=float, default=600.0, help="seconds the hold part keeps its message (600)")
     p.add_argument("--serve-flags", default="", help="more flags for hourglass serve")
     args = p.parse_args()
-    held = 3 * max(args.messages, 1000)  # (the cost part holds a set for each kind at once)
+    # (the cost part holds a set for each kind at once; a third more, as a node of shards splits
+    # its in-flight budget evenly and the ids do not split exactly so)
+    held = 4 * max(args.messages, 1000)
     flags = ["--max-inflight", str(held), "--max-inflight-total", str(held),
              "--max-ack-timeout-ms", "600000",
              *shlex.split(args.serve_flags)]
