@@ -111,7 +111,7 @@ def cost(server: Server, count: int, rounds: int) -> dict:
         _idle(server)
         this_round = {name: 0.0 for name in names}
         for i, at in enumerate(range(0, count, CALL_IDS)):
-            for name in names[i % 3:] + names[:i % 3]:
+            for name in names[i % len(names):] + names[:i % len(names)]:
                 path, fenced, extra = KINDS[name]
                 before, began = run_time_s(node), time.perf_counter()
                 _call(server, path, held[name][at:at + CALL_IDS], fenced, extra)

@@ -497,14 +497,10 @@ def _fenced(params: Params, topic: str, ids: tuple[str, ...], kind: Fenced, many
     if len(given) != len(ids):
         raise InvalidRequest("deliveryIds", f"must hold one a msgId ({len(ids)}), got {len(given)}")
     deliveries = []
-    parsed: dict[str, int] = {}  # (a pull's messages share their deliveryId: each text parsed once)
     for i, value in enumerate(given):
-        delivery = parsed.get(value) if isinstance(value, str) else None
-        if delivery is None:
-            if not isinstance(value, str):
-                raise InvalidRequest(f"deliveryIds[{i}]", f"must be a string of hex digits, got {type(value).__name__}")
-            delivery = parsed[value] = parse_delivery_id(value, f"deliveryIds[{i}]")
-        deliveries.append(delivery)
+        if not isinstance(value, str):
+            raise InvalidRequest(f"deliveryIds[{i}]", f"must be a string of hex digits, got {type(value).__name__}")
+        deliveries.append(parse_delivery_id(value, f"deliveryIds[{i}]"))
     return FencedRequest(topic, ids, tuple(deliveries), kind, True, ack_timeout_ms, max_lease_ms)
 
 

@@ -504,17 +504,15 @@ class Api:
                 return answer(409, _refused(request, 0, outcome), status=_status(outcome.status))
             return answer(200, "success", deadline=outcome.deadline_ms) if extend else _SUCCESS
         results: list[dict[str, object]] = []
-        last: Fencing | None = None  # (the changed ones share their outcome: read once a run)
-        status: int | None = None
         for at, (msg_id, outcome) in enumerate(zip(request.msg_ids, outcomes)):
+            result: dict[str, object] = {"msgId": msg_id, "status": _status(outcome.status)}
             if outcome.refusal is not None:
-                results.append({"msgId": msg_id, "status": _status(outcome.status), "code": 409,
-                                "msg": _refused(request, at, outcome)})
-                continue
-            if outcome is not last:
-                last, status = outcome, _status(outcome.status)
-            results.append({"msgId": msg_id, "status": status, "code": 200, "deadline": outcome.deadline_ms}
-                           if extend else {"msgId": msg_id, "status": status, "code": 200})
+                result["code"], result["msg"] = 409, _refused(request, at, outcome)
+            else:
+                result["code"] = 200
+                if extend:
+                    result["deadline"] = outcome.deadline_ms
+            results.append(result)
         return answer(200, "success", results=results)
 
     async def get(self, request: Request) -> Response:

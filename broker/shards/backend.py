@@ -35,7 +35,7 @@ from collections import defaultdict
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from storage.entry import STATUS_BY_VALUE, Message, Status
+from storage.entry import Message, Status
 from storage.errors import BodyTooLarge, HourglassError, InvalidRequest, LimitReached, NotFound, Unavailable
 from storage.store import NewMessage
 from wheel.clock import Clock
@@ -51,7 +51,7 @@ from .router import Head, ShardRouter, outranks
 from .views import (
     dead_cursor,
     fenced_fields,
-    fencings_of,
+    fencing_of,
     filter_fields,
     list_fields,
     merge_monitor_data,
@@ -303,7 +303,7 @@ class ShardedRequests:
                     else router.call(shard, "ack_many", [topic, ids, ack]))
 
         found = await self._by_owner(msg_ids, part, lambda status: status is not None)
-        return [None if status is None else STATUS_BY_VALUE[status] for status in found]
+        return [None if status is None else Status(status) for status in found]
 
     async def fenced(self, request: FencedRequest) -> list[Fencing]:
         """Each id's fenced call on its msgId's owner; an id that shard has
@@ -317,7 +317,7 @@ class ShardedRequests:
                     else router.call(shard, "fenced", fenced_fields(one)))
 
         found = await self._by_owner(request.msg_ids, part, lambda outcome: outcome[0] is not None)
-        return fencings_of(found)
+        return [fencing_of(outcome) for outcome in found]
 
     async def _by_owner(self, msg_ids: Sequence[str], part: Callable[[int, list[int]], Awaitable[Any]],
                         found: Callable[[Any], bool]) -> list[Any]:

@@ -499,14 +499,7 @@ async def _ack_many(b: Broker, a: Sequence[Any]) -> Any:
 
 
 async def _fenced(b: Broker, a: Sequence[Any]) -> Any:
-    rows: list[Any] = []
-    last: Any = None
-    row: list[Any] = []
-    for outcome in await b.requests.fenced(fenced_of(a)):
-        if outcome is not last:  # (the changed ones share their outcome: one row a run)
-            last, row = outcome, fencing_fields(outcome)
-        rows.append(row)
-    return rows
+    return [fencing_fields(outcome) for outcome in await b.requests.fenced(fenced_of(a))]
 
 
 async def _get(b: Broker, a: Sequence[Any]) -> Any:

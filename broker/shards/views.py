@@ -52,23 +52,6 @@ def fencing_fields(outcome: Fencing) -> list[Any]:
     return [None if status is None else int(status), None if refusal is None else refusal.value, deadline_ms]
 
 
-def fencings_of(rows: Iterable[Sequence[Any]]) -> list[Fencing]:
-    """Fencings as they travel (or a shard's own), each distinct one made
-    once: the ids a call changed share their outcome."""
-    made: dict[tuple[Any, ...], Fencing] = {}
-    out: list[Fencing] = []
-    for row in rows:
-        if isinstance(row, Fencing):
-            out.append(row)
-            continue
-        key = tuple(row)
-        outcome = made.get(key)
-        if outcome is None:
-            outcome = made[key] = fencing_of(row)
-        out.append(outcome)
-    return out
-
-
 def fencing_of(f: Sequence[Any]) -> Fencing:
     """A Fencing as it travels (or this shard's own, as it is)."""
     if isinstance(f, Fencing):
