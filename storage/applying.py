@@ -29,8 +29,9 @@ from the checkpoint and written back into the next one (storage.retention).
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Sequence, Set
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 from . import delay_log, records
 from .commit_log import CommitLog
@@ -48,9 +49,21 @@ WAITING = Status.WAITING
 # A StateItem's fields as a plain tuple: (hour, globalIndex, status, retry,
 # flags, prev_status, topic hash, deadline ms, delivery).
 _State = tuple[int, int, int, int, int, int, int, int, int]
-# A CONSUMING message's (ack deadline ms, delivery): 0 where unknown.
-Lease = tuple[int, int]
-_UNKNOWN_LEASE: Lease = (0, 0)
+# A record's fields read as objects, by index: a field read as an `int` the
+# compiled build turns into a C integer and boxes anew (a heap allocation
+# for each large one) where it goes into a tuple or a dict; read as an
+# object, it goes on as it is.
+_Fields = tuple[object, ...]
+
+
+class Lease(NamedTuple):
+    """A CONSUMING message's ack deadline and delivery: 0 where unknown."""
+
+    deadline_ms: int
+    delivery: int
+
+
+_UNKNOWN_LEASE = Lease(0, 0)
 CONSUMING, ACKED, DELETED = int(Status.CONSUMING), int(Status.ACKED), int(Status.DELETED)
 
 
@@ -250,7 +263,9 @@ class Applier:
         deltas: dict[tuple[Hour, int, int], int] = {}
         ends: list[tuple[int, int, int]] = []  # (file, gi, time): the end index's puts
         h: Hour | None = None
-        for hour, gi, status, retry, flags, prev_status, topic_hash, deadline_ms, delivery in items:
+        fields: Sequence[_Fields] = items  # (a consuming one's place and lease go on as they are)
+        for row in fields:
+            hour, gi, status, retry, flags, prev_status, topic_hash, _, _ = cast(_State, row)
             if h is None or h.hour != hour:
                 h = get(hour)
                 if h is None:
@@ -265,9 +280,9 @@ class Applier:
                     h.last_end_ms = max(h.last_end_ms, now_ms)  # (a send again: its file kept as long again)
             h.stage_state(gi, status, flags, retry)
             if status == CONSUMING:
-                consuming[tuple.__new__(Location, (hour, gi))] = (deadline_ms, delivery)
+                consuming[tuple.__new__(Location, row[:2])] = tuple.__new__(Lease, row[7:])
             elif prev_status == CONSUMING:
-                consuming.pop(tuple.__new__(Location, (hour, gi)), None)
+                consuming.pop(tuple.__new__(Location, row[:2]), None)
             key = (h, topic_hash, prev_status)
             deltas[key] = deltas.get(key, 0) - 1
             key = (h, topic_hash, status)
@@ -361,7 +376,9 @@ class Applier:
 
     def consuming_rows(self) -> tuple[tuple[int, int, int, int], ...]:
         """The in-flight set as the checkpoint keeps it: (hour, globalIndex, deadline, delivery)."""
-        return tuple((hour, gi, deadline, delivery) for (hour, gi), (deadline, delivery) in self._consuming.items())
+        places: Sequence[_Fields] = tuple(self._consuming)  # (read as objects: each row joins them as they are)
+        leases: Sequence[_Fields] = tuple(self._consuming.values())
+        return cast(tuple[tuple[int, int, int, int], ...], tuple(map(operator.add, places, leases)))
 
     def found_consuming(self, where: Location) -> None:
         """A CONSUMING message found by a scan (a checkpoint from before the

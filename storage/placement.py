@@ -266,7 +266,12 @@ class Placement:
         new_item = tuple.__new__  # a StateItem made without its generated (Python-level) __new__
         item_type = records.StateItem
         end_topics = self.end_topics
-        for where, new_status, retry, released, deadline_ms, prev_status, known_topic, more_flags, delivery in changes:
+        for change in changes:
+            where, new_status, retry, released, _, prev_status, known_topic, more_flags, _ = change
+            # (its place, deadline and delivery read by index, as objects: they go into the item as
+            # they are; read as ints, the compiled build would box each large one anew)
+            w: tuple[object, ...] = where
+            f: tuple[object, ...] = change
             known = staged.get(where)
             if known is None and prev_status:
                 known = (prev_status, 0, retry, known_topic)
@@ -279,8 +284,7 @@ class Placement:
             to = int(new_status)
             if end_topics and to >= ACKED > status and topic_hash in end_topics:
                 new_flags |= FLAG_END_TIME  # its end kept (storage.end_index)
-            items.append(new_item(item_type, (where[0], where[1], to, retry, new_flags, status, topic_hash, deadline_ms,
-                                              delivery)))
+            items.append(new_item(item_type, (w[0], w[1], to, retry, new_flags, status, topic_hash, f[4], f[8])))
             staged[where] = (to, new_flags, retry, topic_hash)
         if items and part_of:
             part = [records.PartItem(part_of, items)]

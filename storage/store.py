@@ -174,7 +174,7 @@ class Store:
         self._closed = False
         self._hours = hours
         self._pending = Pending(log)
-        consuming = {Location(hour, gi): (deadline, delivery)
+        consuming = {Location(hour, gi): Lease(deadline, delivery)
                      for hour, gi, deadline, delivery in checkpoint.consuming or ()}
         self._applier = Applier(hours, ids, log, self._pending, dict(checkpoint.topic_names), consuming,
                                 keys, ends, lambda: EndIndex.open(os.path.join(directory, "ends"), config,

@@ -88,7 +88,7 @@ import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 import orjson
 
@@ -496,12 +496,19 @@ def _fenced(params: Params, topic: str, ids: tuple[str, ...], kind: Fenced, many
         raise InvalidRequest("deliveryIds", f"must be a comma list or a JSON list, got {type(given).__name__}")
     if len(given) != len(ids):
         raise InvalidRequest("deliveryIds", f"must hold one a msgId ({len(ids)}), got {len(given)}")
-    deliveries = []
+    # Each distinct deliveryId parsed once (a pull's messages share theirs);
+    # the deliveries held as objects, so that the compiled build hands on
+    # the one int, not a new one an id.
+    parsed: dict[str, object] = {}
+    deliveries: list[object] = []
     for i, value in enumerate(given):
-        if not isinstance(value, str):
-            raise InvalidRequest(f"deliveryIds[{i}]", f"must be a string of hex digits, got {type(value).__name__}")
-        deliveries.append(parse_delivery_id(value, f"deliveryIds[{i}]"))
-    return FencedRequest(topic, ids, tuple(deliveries), kind, True, ack_timeout_ms, max_lease_ms)
+        delivery = parsed.get(value) if isinstance(value, str) else None
+        if delivery is None:
+            if not isinstance(value, str):
+                raise InvalidRequest(f"deliveryIds[{i}]", f"must be a string of hex digits, got {type(value).__name__}")
+            delivery = parsed[value] = parse_delivery_id(value, f"deliveryIds[{i}]")
+        deliveries.append(delivery)
+    return FencedRequest(topic, ids, cast(tuple[int, ...], tuple(deliveries)), kind, True, ack_timeout_ms, max_lease_ms)
 
 
 def parse_get(params: Params) -> GetRequest:

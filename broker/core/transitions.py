@@ -120,6 +120,14 @@ class MessageState(NamedTuple):
 # lifecycle makes several per message, and this is a third of the cost.
 _new = tuple.__new__
 
+# A state (or an event) read as a plain tuple, by index: a field read by
+# name is typed `int`, so the compiled build turns it into a C integer and
+# back into a new Python int when it goes into the next tuple (a heap
+# allocation for each large one: a trigger time, a deadline, a delivery).
+# Read through this view, a field the step passes on unchanged is the
+# same object. Indexes: MessageState's field order.
+Fields = tuple[object, ...]
+
 
 def due(trigger_ms: int, now_ms: int) -> bool:
     """The release rule: a message is due once its trigger time has come
@@ -351,8 +359,9 @@ def _release(state: MessageState, event: Release, now_ms: int) -> Step:
 
 
 def _pull(state: MessageState, event: Pull, now_ms: int) -> Step:
-    return _new(Step, (_new(MessageState, (CONSUMING, state.retry + 1, state.max_retry, state.trigger_ms,
-                                           state.ttl_ms, event.deadline_ms, event.delivery)), _TAKEN, None))
+    s: Fields = state
+    e: Fields = event
+    return _new(Step, (_new(MessageState, (CONSUMING, state.retry + 1, s[2], s[3], s[4], e[0], e[1])), _TAKEN, None))
 
 
 def _ack_waiting(state: MessageState, event: Ack, now_ms: int) -> Step:
@@ -364,7 +373,8 @@ def _ack_waiting(state: MessageState, event: Ack, now_ms: int) -> Step:
 def _ack_held(state: MessageState, event: Ack, now_ms: int) -> Step:
     if event.delivery and event.delivery != state.delivery:
         return _new(Step, (state, _NOTHING, Refusal.STALE))
-    return _new(Step, (_new(MessageState, (ACKED, *state[1:5], 0, 0)), _ACKED_HELD, None))  # (_to, inline: hot)
+    s: Fields = state
+    return _new(Step, (_new(MessageState, (ACKED, s[1], s[2], s[3], s[4], 0, 0)), _ACKED_HELD, None))  # (_to, inline)
 
 
 def _nack(state: MessageState, event: Nack, now_ms: int) -> Step:
@@ -384,7 +394,9 @@ def _extend(state: MessageState, event: Extend, now_ms: int) -> Step:
         return _new(Step, (state, _NOTHING, Refusal.STALE))
     if event.deadline_ms - handed_over_ms(state.delivery) > event.max_lease_ms:
         return _new(Step, (state, _NOTHING, Refusal.LEASE_CAP))
-    return _new(Step, (_new(MessageState, (*state[:5], event.deadline_ms, state.delivery)), _EXTENDED, None))
+    s: Fields = state
+    e: Fields = event
+    return _new(Step, (_new(MessageState, (s[0], s[1], s[2], s[3], s[4], e[0], s[6])), _EXTENDED, None))
 
 
 def _ack_timeout(state: MessageState, event: AckTimeout, now_ms: int) -> Step:
@@ -456,7 +468,8 @@ def _retry_or_end(state: MessageState, now_ms: int, requeued: tuple[Effect, ...]
 
 def _to(state: MessageState, status: Status, retry: int) -> MessageState:
     """`state` in `status` with `retry`, no ack deadline nor delivery (not consuming)."""
-    return _new(MessageState, (status, retry, state.max_retry, state.trigger_ms, state.ttl_ms, 0, 0))
+    s: Fields = state
+    return _new(MessageState, (status, retry, s[2], s[3], s[4], 0, 0))
 
 
 # == the table ===================================================================

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable, Collection, Iterable, Sequence
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 from storage.delay_index import FLAG_PAUSED
 from storage.entry import STATUS_BY_VALUE, IndexEntry, Location, Message, Status
@@ -51,6 +51,7 @@ from ..core.transitions import (
     Event,
     Extend,
     Fencing,
+    Fields,
     MessageState,
     Nack,
     Pull,
@@ -170,8 +171,8 @@ class Messages:
                 forgotten.append(held.location)
             if WAKE in effects:
                 woken.add(held.topic)
-            changes.append(_new(StateChange, (held.location, state.status, state.retry, False, state.deadline_ms,
-                                              status, held.topic_hash, 0, state.delivery)))
+            f: Fields = state  # (by index: its ints go into the change as they are)
+            changes.append(_new(StateChange, (held.location, f[0], f[1], False, f[5], status, held.topic_hash, 0, f[6])))
             if effects is not counted or held.topic != counted_topic:
                 if times:
                     topic_metrics(counted_topic).count(counted, times)
@@ -262,17 +263,20 @@ class Messages:
         kind, topic = request.kind, request.topic
         flying = self._windows.in_flight_of(topic, request.msg_ids)
         deadline_ms = now_ms + request.ack_timeout_ms
-        first = dict(zip(reversed(request.msg_ids), reversed(request.deliveries)))  # (an id's first delivery)
+        # An id's first delivery, as an object: the request's own int, not
+        # boxed anew a message by the compiled build (transitions' Fields).
+        first: dict[str, object] = dict(zip(reversed(request.msg_ids), reversed(request.deliveries)))
         outcomes: dict[str, Fencing] = {}
         stale = 0
         taken: list[HeldMessage] = []
         events: list[Event] = []
-        of_delivery: dict[int, Event] = {}  # (one event a delivery: a pull's messages share theirs)
+        of_delivery: dict[object, Event] = {}  # (one event a delivery: a pull's messages share theirs)
         for msg_id, held in flying.items():
             delivery = first[msg_id]
             event = of_delivery.get(delivery)
             if event is None:
-                event = of_delivery[delivery] = _fenced_event(kind, delivery, deadline_ms, request.max_lease_ms)
+                event = of_delivery[delivery] = _fenced_event(kind, cast(int, delivery), deadline_ms,
+                                                              request.max_lease_ms)
             taken.append(held)
             events.append(event)
         if len(flying) < len(first):
@@ -280,7 +284,7 @@ class Messages:
                 if msg_id not in flying:  # (not consuming: no delivery of it is current)
                     stored = self._store.get(topic, msg_id)
                     state = None if stored is None else MessageState.of(stored)
-                    refusal = step(state, _fenced_event(kind, delivery, deadline_ms, request.max_lease_ms),
+                    refusal = step(state, _fenced_event(kind, cast(int, delivery), deadline_ms, request.max_lease_ms),
                                    now_ms).refusal
                     stale += refusal is Refusal.STALE
                     outcomes[msg_id] = _new(Fencing, (None if state is None else state.status, refusal, 0))
