@@ -33,7 +33,7 @@ import logging
 import math
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 from storage.entry import Message, Status
 from storage.errors import BodyTooLarge, HourglassError, InvalidRequest, LimitReached, NotFound, Unavailable
@@ -51,7 +51,7 @@ from .router import Head, ShardRouter, outranks
 from .views import (
     dead_cursor,
     fenced_fields,
-    fencing_of,
+    fencings_of,
     filter_fields,
     list_fields,
     merge_monitor_data,
@@ -309,15 +309,18 @@ class ShardedRequests:
         """Each id's fenced call on its msgId's owner; an id that shard has
         no message of is asked of the others in turn (`_by_owner`)."""
         local, router = self._local, self._router
+        deliveries: tuple[object, ...] = request.deliveries  # (by index: each int goes on as it is)
 
-        def part(shard: int, ats: list[int]) -> Awaitable[Any]:
-            one = request._replace(msg_ids=tuple(request.msg_ids[at] for at in ats),
-                                   deliveries=tuple(request.deliveries[at] for at in ats))
-            return (local.fenced(one) if shard == router.index
-                    else router.call(shard, "fenced", fenced_fields(one)))
+        async def elsewhere(shard: int, one: FencedRequest) -> list[Fencing]:
+            return fencings_of(await router.call(shard, "fenced", fenced_fields(one)))
 
-        found = await self._by_owner(request.msg_ids, part, lambda outcome: outcome[0] is not None)
-        return [fencing_of(outcome) for outcome in found]
+        def part(shard: int, ats: list[int]) -> Awaitable[list[Fencing]]:
+            one = request._replace(msg_ids=tuple([request.msg_ids[at] for at in ats]),
+                                   deliveries=cast(tuple[int, ...], tuple([deliveries[at] for at in ats])))
+            return local.fenced(one) if shard == router.index else elsewhere(shard, one)
+
+        found: list[Fencing] = await self._by_owner(request.msg_ids, part, lambda outcome: outcome.status is not None)
+        return found
 
     async def _by_owner(self, msg_ids: Sequence[str], part: Callable[[int, list[int]], Awaitable[Any]],
                         found: Callable[[Any], bool]) -> list[Any]:

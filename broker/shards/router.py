@@ -48,7 +48,7 @@ from .answers import CODE_ONLY_MERGES, MERGES, SUCCESS_ONLY, Merge, succeeded
 from .rates import RateShares
 from .views import (
     fenced_of,
-    fencing_fields,
+    fencings_fields,
     filter_of,
     list_of,
     message_fields,
@@ -499,7 +499,7 @@ async def _ack_many(b: Broker, a: Sequence[Any]) -> Any:
 
 
 async def _fenced(b: Broker, a: Sequence[Any]) -> Any:
-    return [fencing_fields(outcome) for outcome in await b.requests.fenced(fenced_of(a))]
+    return fencings_fields(await b.requests.fenced(fenced_of(a)))
 
 
 async def _get(b: Broker, a: Sequence[Any]) -> Any:

@@ -47,16 +47,28 @@ def fenced_of(f: Sequence[Any]) -> FencedRequest:
     return FencedRequest(f[0], tuple(f[1]), tuple(f[2]), Fenced(f[3]), f[4], f[5], f[6])
 
 
-def fencing_fields(outcome: Fencing) -> list[Any]:
-    status, refusal, deadline_ms = outcome
-    return [None if status is None else int(status), None if refusal is None else refusal.value, deadline_ms]
+def fencings_fields(outcomes: Sequence[Fencing]) -> list[Any]:
+    """A fenced call's outcomes as they travel: each run of one shared
+    outcome (a call's changed messages share theirs, by status) sent once,
+    then each id's place among them -- an int an id, not a row an id.
+    Example: [a, a, a, b] -> [[a's fields, b's fields], [0, 0, 0, 1]]."""
+    rows: list[list[Any]] = []
+    at: list[int] = []
+    last: Fencing | None = None
+    for outcome in outcomes:
+        if outcome is not last:
+            status, refusal, deadline_ms = last = outcome
+            rows.append([None if status is None else int(status), None if refusal is None else refusal.value,
+                         deadline_ms])
+        at.append(len(rows) - 1)
+    return [rows, at]
 
 
-def fencing_of(f: Sequence[Any]) -> Fencing:
-    """A Fencing as it travels (or this shard's own, as it is)."""
-    if isinstance(f, Fencing):
-        return f
-    return Fencing(None if f[0] is None else Status(f[0]), None if f[1] is None else Refusal(f[1]), f[2])
+def fencings_of(f: Sequence[Any]) -> list[Fencing]:
+    """`fencings_fields` undone: each distinct outcome made once, shared by its ids."""
+    distinct = [Fencing(None if row[0] is None else Status(row[0]), None if row[1] is None else Refusal(row[1]), row[2])
+                for row in f[0]]
+    return [distinct[i] for i in f[1]]
 
 
 def filter_fields(f: BulkFilter) -> list[Any]:
