@@ -37,7 +37,7 @@ from __future__ import annotations
 import hmac
 import logging
 from collections.abc import Awaitable, Callable, Hashable, Sequence
-from typing import Protocol, TypeVar, cast
+from typing import Protocol, TypeVar
 
 import orjson
 
@@ -510,8 +510,9 @@ class Api:
                 result["code"], result["msg"] = 409, _refused(request, at, outcome)
             else:
                 result["code"] = 200
-                if extend:  # (by index: the outcome's int as it is, not boxed anew a row by the compiled build)
-                    result["deadline"] = cast(tuple[object, ...], outcome)[2]
+                if extend:
+                    fields: tuple[object, ...] = outcome  # (by index: its int as it is, not boxed anew a row)
+                    result["deadline"] = fields[2]
             results.append(result)
         return answer(200, "success", results=results)
 

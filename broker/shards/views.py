@@ -65,7 +65,7 @@ def fencings_fields(outcomes: Sequence[Fencing]) -> list[Any]:
 
 
 def fencings_of(f: Sequence[Any]) -> list[Fencing]:
-    """`fencings_fields` undone: each distinct outcome made once, shared by its ids."""
+    """`fencings_fields` undone: each run's outcome made once, shared by its ids."""
     distinct = [Fencing(None if row[0] is None else Status(row[0]), None if row[1] is None else Refusal(row[1]), row[2])
                 for row in f[0]]
     return [distinct[i] for i in f[1]]
