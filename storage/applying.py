@@ -37,7 +37,7 @@ from . import delay_log, records
 from .commit_log import CommitLog
 from .delay_index import FLAG_END_TIME, FLAG_MOVED, FLAG_RELEASED
 from .end_index import EndIndex
-from .entry import IndexEntry, Location, Status
+from .entry import Fields, IndexEntry, Location, Status
 from .errors import ContractError
 from .hour import Hour
 from .hour_table import HourTable
@@ -49,11 +49,6 @@ WAITING = Status.WAITING
 # A StateItem's fields as a plain tuple: (hour, globalIndex, status, retry,
 # flags, prev_status, topic hash, deadline ms, delivery).
 _State = tuple[int, int, int, int, int, int, int, int, int]
-# A record's fields read as objects, by index: a field read as an `int` the
-# compiled build turns into a C integer and boxes anew (a heap allocation
-# for each large one) where it goes into a tuple or a dict; read as an
-# object, it goes on as it is.
-_Fields = tuple[object, ...]
 
 
 class Lease(NamedTuple):
@@ -263,7 +258,7 @@ class Applier:
         deltas: dict[tuple[Hour, int, int], int] = {}
         ends: list[tuple[int, int, int]] = []  # (file, gi, time): the end index's puts
         h: Hour | None = None
-        fields: Sequence[_Fields] = items  # (a consuming one's place and lease go on as they are)
+        fields: Sequence[Fields] = items  # (a consuming one's place and lease go on as they are)
         for row in fields:
             hour, gi, status, retry, flags, prev_status, topic_hash, _, _ = cast(_State, row)
             if h is None or h.hour != hour:
@@ -376,8 +371,8 @@ class Applier:
 
     def consuming_rows(self) -> tuple[tuple[int, int, int, int], ...]:
         """The in-flight set as the checkpoint keeps it: (hour, globalIndex, deadline, delivery)."""
-        places: Sequence[_Fields] = tuple(self._consuming)  # (read as objects: each row joins them as they are)
-        leases: Sequence[_Fields] = tuple(self._consuming.values())
+        places: Sequence[Fields] = tuple(self._consuming)  # (read as objects: each row joins them as they are)
+        leases: Sequence[Fields] = tuple(self._consuming.values())
         return cast(tuple[tuple[int, int, int, int], ...], tuple(map(operator.add, places, leases)))
 
     def found_consuming(self, where: Location) -> None:

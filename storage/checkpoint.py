@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 
 import msgpack
 
+from .entry import Fields
 from .errors import CorruptionError, OlderFormatError
 from .fileutil import atomic_write, check_header
 
@@ -139,7 +140,7 @@ def _engine_only(data: bytes) -> bool:
     return isinstance(fields, dict) and "commit_offset" in fields and "topic_names" not in fields
 
 
-def _consuming_fields(rows: Sequence[tuple[object, ...]]) -> dict[str, list[object]]:
+def _consuming_fields(rows: Sequence[Fields]) -> dict[str, list[object]]:
     """The in-flight rows as the file keeps them, flat: "consuming" the
     (hour, globalIndex, deadline) of each, "deliveries" the delivery. (The
     rows read as objects: their ints go into the lists as they are, not

@@ -38,6 +38,15 @@ STATUS_BY_VALUE: dict[int, Status] = {int(s): s for s in Status}
 END_PAUSED = "paused"
 
 
+# A record's fields read by index, as objects: a NamedTuple's `int` field
+# read by name (or a slice of one) the compiled build turns into a C
+# integer and boxes anew where it goes into the next tuple, list or dict,
+# a heap allocation for each value past 256. Where a hot path only passes
+# such fields on, it reads them through this view, and the same objects
+# go on (docs/dependencies.md, "Ints passed on, read as objects").
+Fields = tuple[object, ...]
+
+
 class Location(NamedTuple):
     """Where a message's index entry lives: hour number and globalIndex."""
 

@@ -42,7 +42,7 @@ from .commit_log import CommitLog
 from .delay_index import FLAG_END_TIME, FLAG_RELEASED
 from .disk import DISK, Disk
 from .disk_room import DiskRoom
-from .entry import MS_PER_HOUR, MS_PER_SECOND, Location, Message, Status
+from .entry import MS_PER_HOUR, MS_PER_SECOND, Fields, Location, Message, Status
 from .errors import InvalidRequest, InvariantError, StoreClosedError
 from .fileutil import PAGE_BYTES
 from .framing import FRAME_HEADER_BYTES
@@ -270,8 +270,8 @@ class Placement:
             where, new_status, retry, released, _, prev_status, known_topic, more_flags, _ = change
             # (its place, deadline and delivery read by index, as objects: they go into the item as
             # they are; read as ints, the compiled build would box each large one anew)
-            w: tuple[object, ...] = where
-            f: tuple[object, ...] = change
+            w: Fields = where
+            f: Fields = change
             known = staged.get(where)
             if known is None and prev_status:
                 known = (prev_status, 0, retry, known_topic)

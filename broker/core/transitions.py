@@ -82,7 +82,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from storage.entry import Message, Status
+from storage.entry import Fields, Message, Status
 from storage.types import NewMessage
 
 from .leases import handed_over_ms
@@ -119,14 +119,6 @@ class MessageState(NamedTuple):
 # NamedTuples made without their generated (Python-level) __new__: the
 # lifecycle makes several per message, and this is a third of the cost.
 _new = tuple.__new__
-
-# A state (or an event) read as a plain tuple, by index: a field read by
-# name is typed `int`, so the compiled build turns it into a C integer and
-# back into a new Python int when it goes into the next tuple (a heap
-# allocation for each large one: a trigger time, a deadline, a delivery).
-# Read through this view, a field the step passes on unchanged is the
-# same object. Indexes: MessageState's field order.
-Fields = tuple[object, ...]
 
 
 def due(trigger_ms: int, now_ms: int) -> bool:

@@ -27,7 +27,7 @@ from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import NamedTuple, cast
 
 from storage.delay_index import FLAG_PAUSED
-from storage.entry import STATUS_BY_VALUE, IndexEntry, Location, Message, Status
+from storage.entry import STATUS_BY_VALUE, Fields, IndexEntry, Location, Message, Status
 from storage.errors import InvariantError, NotFound
 from storage.reading import Match
 from storage.store import SendOutcome, SendResult, StateChange, Store, text_hash
@@ -51,7 +51,6 @@ from ..core.transitions import (
     Event,
     Extend,
     Fencing,
-    Fields,
     MessageState,
     Nack,
     Pull,
@@ -264,7 +263,7 @@ class Messages:
         flying = self._windows.in_flight_of(topic, request.msg_ids)
         deadline_ms = now_ms + request.ack_timeout_ms
         # An id's first delivery, as an object: the request's own int, not
-        # boxed anew a message by the compiled build (transitions' Fields).
+        # boxed anew a message by the compiled build (storage.entry's Fields).
         first: dict[str, object] = dict(zip(reversed(request.msg_ids), reversed(request.deliveries)))
         outcomes: dict[str, Fencing] = {}
         stale = 0

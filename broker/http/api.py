@@ -41,7 +41,7 @@ from typing import Protocol, TypeVar
 
 import orjson
 
-from storage.entry import Message, Status
+from storage.entry import Fields, Message, Status
 from storage.errors import BodyTooLarge, Conflict, InvalidRequest, InvariantError, LimitReached, NotFound, Unavailable
 
 from ..backend import Backend, new_msg_id
@@ -511,7 +511,7 @@ class Api:
             else:
                 result["code"] = 200
                 if extend:
-                    fields: tuple[object, ...] = outcome  # (by index: its int as it is, not boxed anew a row)
+                    fields: Fields = outcome  # (by index: its int as it is, not boxed anew a row)
                     result["deadline"] = fields[2]
             results.append(result)
         return answer(200, "success", results=results)

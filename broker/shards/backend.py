@@ -35,7 +35,7 @@ from collections import defaultdict
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, cast
 
-from storage.entry import Message, Status
+from storage.entry import Fields, Message, Status
 from storage.errors import BodyTooLarge, HourglassError, InvalidRequest, LimitReached, NotFound, Unavailable
 from storage.store import NewMessage
 from wheel.clock import Clock
@@ -309,7 +309,7 @@ class ShardedRequests:
         """Each id's fenced call on its msgId's owner; an id that shard has
         no message of is asked of the others in turn (`_by_owner`)."""
         local, router = self._local, self._router
-        deliveries: tuple[object, ...] = request.deliveries  # (by index: each int goes on as it is)
+        deliveries: Fields = request.deliveries  # (by index: each int goes on as it is)
 
         async def elsewhere(shard: int, one: FencedRequest) -> list[Fencing]:
             return fencings_of(await router.call(shard, "fenced", fenced_fields(one)))
