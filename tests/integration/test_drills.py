@@ -37,9 +37,11 @@ def drill(*flags: str) -> dict:
 
 def check_zeros(report: dict) -> None:
     figures = {name: report[name] for name in ZEROS}
-    # on a failure, the whole history is in the test's tmp_path (history.json)
-    assert figures == dict.fromkeys(ZEROS, 0), (figures, report["examples"], report.get("lost_status"),
-                                                report["stderr"])
+    # on a failure, the whole history is in the test's tmp_path (history.json); the message is a
+    # string, so pytest shows it whole (a tuple's repr it cuts at 240 characters)
+    assert figures == dict.fromkeys(ZEROS, 0), "\n".join((
+        json.dumps(figures), json.dumps(report["examples"], indent=1), json.dumps(report.get("lost_status")),
+        json.dumps(report.get("replay")), report["stderr"]))
     assert report["failed"] == [], report
     assert not [kind for kind in report["faults_skipped"] if "and later" in kind], report["faults_skipped"]  # in budget
     assert report["sends_ok"] > 500 and report["deliveries"] >= report["sends_ok"] * 0.9
