@@ -107,6 +107,11 @@ class PeerCalls:
             result["status"] = "ok"
             result["promised"] = epoch
             if state.leads:  # a newer candidate: this node's term is over
+                # At once, not at the role loop's next poll: the candidate
+                # catches up to `end` only, and a write answered past it could
+                # rest on a follower that has not promised yet (docs/cluster.md).
+                if state.leader_log is not None:
+                    state.leader_log.close(f"this node promised epoch {epoch} to a newer candidate; retry")
                 asyncio.get_running_loop().call_soon(state.deposed.set)
         return Response(200, protocol.pack(result), protocol.CONTENT_TYPE)
 

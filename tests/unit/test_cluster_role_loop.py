@@ -485,6 +485,32 @@ def test_a_newer_candidates_promise_makes_the_leader_stand_down(tmp_path):
     drive(tmp_path, scenario)
 
 
+def test_a_leader_that_promised_a_newer_candidate_answers_no_write_past_what_it_reported(tmp_path):
+    """The candidate n2 of term 4 has this leader's promise and catches up
+    to the log end it reported. A send reaching the leader before its role
+    loop's next poll was answered 200 once n3 -- which never promised term
+    4, n2 having its majority already -- fetched it: a record past the end
+    n2 leads from, lost with this node's tail (a fault drill lost such a
+    message). A leader's log now stops acknowledging at its promise."""
+    async def scenario(h: Harness):
+        node, broker = await leading(h, 3)
+        request = Request("POST", "/_cluster/position", b"", {}, protocol.pack({"node": "n2", "epoch": 4}), None)
+        answer = protocol.unpack((await node.peer_calls.on_position(request)).body)
+        assert answer["status"] == "ok"
+        reported = answer["end_offset"]
+        sending = asyncio.create_task(broker.send([NewMessage("t", "late", "body", START_MS, START_MS + 60_000,
+                                                              60_000, 1)]))
+        for _ in range(500):  # (its fsync runs in a real thread: real time, the fake clock stands still)
+            if sending.done() or node.state.store.log.end_offset > reported:
+                break
+            await asyncio.sleep(0.01)
+        await fetched_by(node, "n3", 3)  # n3 follows term 3 still, and acknowledges the whole log
+        await h.clock.settle()
+        await asyncio.wait({sending}, timeout=5)
+        assert sending.done() and isinstance(sending.exception(), Unavailable), sending
+    drive(tmp_path, scenario)
+
+
 def test_a_failed_broker_makes_the_leader_stand_down_and_leave(tmp_path):
     """Raft would keep the node its leader, unable to claim its own term
     again: it stands down and stops, so that another node is elected."""
