@@ -81,7 +81,13 @@ class Epochs:
 
     def diverges(self, other_epoch: int, other_end: int, end_offset: int) -> bool:
         """Is a log whose last record is of `other_epoch`, ending at
-        `other_end`, NOT a prefix of this log (which ends at `end_offset`)?"""
+        `other_end`, NOT a prefix of this log (which ends at `end_offset`)?
+        An epoch this log has no record of (a leader's that reached none of
+        the next leader's majority) diverges wherever it ends: its records
+        lie where this log holds an earlier epoch's (epoch 0: the records
+        of a store from before its cluster, every node's alike)."""
+        if other_epoch and all(epoch != other_epoch for epoch, _ in self.history):
+            return True
         return other_end > self.end_of(other_epoch, end_offset)
 
     def begin(self, epoch: int, start_offset: int) -> Epochs:

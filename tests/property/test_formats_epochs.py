@@ -84,6 +84,13 @@ def test_a_follower_diverges_exactly_when_it_holds_records_the_leader_replaced(l
         last_epoch = leader_records[keep - 1] if keep else 0
     leader = Epochs(current, history)
     assert leader.diverges(last_epoch, keep + extra, len(leader_records)) == (extra > 0)
+    # and so does one whose last records are of an epoch this leader has none of, wherever they
+    # end: an older leader's, begun inside an epoch this leader kept on (KIP-279's case)
+    absent = [e for e in range(1, current) if all(e != h for h, _ in history)]
+    if absent:
+        inside = data.draw(st.integers(0, len(leader_records)))
+        assert leader.diverges(data.draw(st.sampled_from(absent)), inside + data.draw(st.integers(1, 5)),
+                               len(leader_records))
     # and a follower's own history, taken from the leader, names its last epoch
     follower = Epochs().follow(history)
     if not extra:
