@@ -35,6 +35,7 @@ from .observe.metrics import COUNTER, GAUGE, MAX, Family, Metrics, single_series
 from .push.rules import PushAllow
 from .schedules.file import ScheduleFile, schedules_path
 from .schedules.keeper import Schedules
+from .tasks import cancel_and_wait
 
 if TYPE_CHECKING:
     from .http.commands import Command
@@ -380,8 +381,7 @@ class RedisNode(NodeBase):
     async def close_flow(self) -> None:
         task, self._flow_reload = self._flow_reload, None
         if task is not None:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+            await cancel_and_wait((task,))
 
     def paused(self, topic: str) -> bool | list[str] | None:
         """None: getTopicInfo's `paused` is the backend's, read from Redis

@@ -72,6 +72,7 @@ from wheel.clock import Clock
 
 from ..core.bulk_params import DeadFilter, JobCursor, RedriveMsgsRequest
 from ..core.redact import client_text
+from ..tasks import cancel_and_wait
 
 log = logging.getLogger("hourglass.jobs")
 
@@ -296,10 +297,7 @@ class RedriveJobs:
         """Stop every job's task between or in a slice; their records stay
         running (what a slice cut short made durable, the next start passes)."""
         self._backend = None
-        tasks = list(self._tasks.values())
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await cancel_and_wait(list(self._tasks.values()))
         self._tasks.clear()
 
     def _launch(self, job: Job) -> None:

@@ -59,6 +59,7 @@ from ..core.long_polls import LongPolls
 from ..core.params import Defaults
 from ..disk.ready import QueueLimits
 from ..observe.metrics import Metrics
+from ..tasks import cancel_and_wait
 from .bulk import RedisBulk
 from .flow import RedisTopicSettings
 from .keys import RedisConfig, split_cluster_flag
@@ -234,9 +235,7 @@ class RedisBroker:
 
     async def stop(self) -> None:
         self.begin_stop()
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await cancel_and_wait(self._tasks)
         await self.redis.aclose()
 
     # == background tasks ==========================================================

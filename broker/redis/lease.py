@@ -35,6 +35,7 @@ from redis.asyncio.cluster import RedisCluster
 from storage.errors import HourglassError
 from wheel.clock import Clock
 
+from ..tasks import cancel_and_wait, raise_swallowed_cancel
 from .link import REDIS_ERRORS
 
 log = logging.getLogger("hourglass.redis.lease")
@@ -55,6 +56,9 @@ return 0
 # A node that finds the lease taken looks again at most this often, and
 # at least this long after the lease was to lapse (PTTL).
 LEASE_LOOK_MIN_MS = 20
+# How long a stopping node waits for its lease's release (an optimisation:
+# unreleased, the lease lapses after lease_ms for another node to take).
+RELEASE_WAIT_S = 2.0
 
 
 class RedisLease:
@@ -103,14 +107,15 @@ class RedisLease:
 
     async def stop(self) -> None:
         """Let the work go and the lease too: another node takes it at once
-        (the release deletes the key only while it names this node)."""
+        (the release deletes the key only while it names this node; one
+        not answered within RELEASE_WAIT_S lapses by itself)."""
         task, self._task = self._task, None
         if task is not None:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+            await cancel_and_wait((task,))
         await self._lose()
-        with contextlib.suppress(*REDIS_ERRORS):
-            await self._release(keys=[self.lease_key], args=[self.node])
+        with contextlib.suppress(*REDIS_ERRORS, TimeoutError):
+            async with asyncio.timeout(RELEASE_WAIT_S):
+                await self._release(keys=[self.lease_key], args=[self.node])
 
     async def _run(self) -> None:
         clock = self._clock
@@ -145,6 +150,7 @@ class RedisLease:
                 log.warning("%s: lease: %s", self.what, e)
                 if self.holding and (clock.monotonic_s() - renewed_s) * 1000 > 2 * self.lease_ms // 3:
                     await self._lose()  # it may lapse before a renewal gets through
+            raise_swallowed_cancel()
             await clock.sleep(wait_ms / 1000)
 
     async def _lose(self) -> None:
@@ -162,4 +168,4 @@ class RedisLease:
                          self.what, task.exception(), self.what, exc_info=task.exception())
 
 
-__all__ = ["LEASE_LOOK_MIN_MS", "RELEASE", "RENEW", "RedisLease"]
+__all__ = ["LEASE_LOOK_MIN_MS", "RELEASE", "RELEASE_WAIT_S", "RENEW", "RedisLease"]

@@ -96,6 +96,7 @@ from wheel.clock import Clock
 from ..backend import Backend
 from ..schedules.file import Key, Row, RowError, RunProgress
 from ..schedules.keeper import ADVANCE_SLICE, Fresh, ScheduleLimits, Schedules, StaleRows, seen_released_ms
+from ..tasks import cancel_and_wait
 from .keys import escape_topic
 from .lease import RedisLease
 from .link import REDIS_ERRORS
@@ -528,12 +529,13 @@ class ScheduleLease(RedisLease):
         of each change."""
         schedules, self.schedules = self.schedules, None
         tasks, self._tasks = self._tasks, []
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        try:
+            await cancel_and_wait(tasks)
+        finally:  # (a stop that cancels this wait still stops the runs: nothing else would)
+            if schedules is not None:
+                await schedules.stop()  # (it serves the API meanwhile, and again at once after)
         if schedules is None:
             return
-        await schedules.stop()  # (it serves the API meanwhile, and again at once after)
         if self._store is not None:
             self._store.announce = True
         schedules.serve(self._backend)

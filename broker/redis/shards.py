@@ -22,6 +22,7 @@ from redis.exceptions import AuthenticationError, ConnectionError, ResponseError
 from storage.errors import HourglassError, InvalidRequest
 
 from ..clock import SystemClock
+from ..tasks import raise_swallowed_cancel
 from .keys import at_least, check_key_prefix, escape_topic
 from .scripts import Reply
 
@@ -153,16 +154,6 @@ def check_int(parameter: str, value: int, low: int, high: int) -> None:
 def check_text(parameter: str, value: str, *, empty: bool = False) -> None:
     if not isinstance(value, str) or (not empty and not value):
         raise InvalidRequest(parameter, f"must be a{'' if empty else ' non-empty'} string, got {value!r}")
-
-
-def raise_swallowed_cancel() -> None:
-    """Re-raise a cancel() that was lost: on Python 3.11, asyncio.wait_for
-    (which redis-py uses to send each command) returns normally when the
-    cancel lands as the send completes (CPython gh-86296), so a loop over
-    Redis calls would run on. Called between the rounds of our loops."""
-    task = asyncio.current_task()
-    if task is not None and task.cancelling():
-        raise asyncio.CancelledError
 
 
 async def poll(attempt: Callable[[], Awaitable[tuple[list[T], int | None]]], wait_ms: int, poll_ms: int,

@@ -106,6 +106,7 @@ from wheel.clock import Clock
 from ..backend import Backend
 from ..core.params import DeleteRequest, NewSend
 from ..core.recurrence import Misfire, Recurrence, jitter_ms, parse_run_msg_id, released, run_msg_id
+from ..tasks import cancel_and_wait
 from .checks import Checks
 from .file import LAST_RUNS, Key, OpenedRowsLike, Row, RowError, RunProgress
 from .params import ScheduleSpec
@@ -587,8 +588,7 @@ class Schedules:
     async def stop(self) -> None:
         task, self._task = self._task, None
         if task is not None:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+            await cancel_and_wait((task,))
         self._backend = None
 
     def close(self) -> None:
