@@ -40,13 +40,15 @@ async def cancel_and_wait(tasks: Iterable[asyncio.Task[Any]]) -> None:
     does."""
     every = list(tasks)
     pending = {task for task in every if not task.done()}
-    while pending:
-        for task in pending:
-            task.cancel()
-        _, pending = await asyncio.wait(pending, timeout=AGAIN_S)
-    for task in every:
-        if not task.cancelled():
-            task.exception()
+    try:
+        while pending:
+            for task in pending:
+                task.cancel()
+            _, pending = await asyncio.wait(pending, timeout=AGAIN_S)
+    finally:  # (this wait itself cancelled: those ended are taken all the same)
+        for task in every:
+            if task.done() and not task.cancelled():
+                task.exception()
 
 
 __all__ = ["AGAIN_S", "cancel_and_wait", "raise_swallowed_cancel"]

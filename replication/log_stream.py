@@ -143,6 +143,8 @@ class LeaderLog:
         if int(request["epoch"]) > self.epoch:
             self.deposed.set()
             return {"status": "stale", "epoch": self.epoch}
+        if self._closed is not None:  # (it stopped leading, or promised a newer candidate: nothing to follow)
+            return {"status": "not_leader", "epoch": self.epoch}
         answer = {"epoch": self.epoch, "leader": self.config.node_id, "history": self.epochs.history,
                   "end_offset": self.durable_offset, "log_start": self.store.log_start_offset}
         if self.epochs.diverges(int(request["last_epoch"]), offset, self.durable_offset) \

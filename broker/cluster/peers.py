@@ -110,6 +110,10 @@ class PeerCalls:
                 # At once, not at the role loop's next poll: the candidate
                 # catches up to `end` only, and a write answered past it could
                 # rest on a follower that has not promised yet (docs/cluster.md).
+                # Stopping first: work cut short by the close (a bulk call's
+                # slices) is a stop's, not a failure of the broker.
+                if state.broker is not None:
+                    state.broker.begin_stop()
                 if state.leader_log is not None:
                     state.leader_log.close(f"this node promised epoch {epoch} to a newer candidate; retry")
                 asyncio.get_running_loop().call_soon(state.deposed.set)

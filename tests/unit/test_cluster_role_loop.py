@@ -35,7 +35,9 @@ from broker.cluster.peer_client import PeerClient
 from broker.cluster.role_loop import POLL_S, POSITION_TIMEOUT_S
 from broker.cluster.snapshots import Snapshots
 from broker.config import ServeConfig
+from broker.core.bulk_params import BulkFilter, RescheduleMsgsRequest
 from broker.disk.backend import Broker
+from broker.disk.bulk import MOVE_SLICE
 from broker.http.http_types import Request
 from replication import protocol, snapshot
 from replication.config import ClusterConfig, Peer
@@ -508,6 +510,33 @@ def test_a_leader_that_promised_a_newer_candidate_answers_no_write_past_what_it_
         await h.clock.settle()
         await asyncio.wait({sending}, timeout=5)
         assert sending.done() and isinstance(sending.exception(), Unavailable), sending
+    drive(tmp_path, scenario)
+
+
+def test_a_leader_promising_in_the_middle_of_a_bulk_reschedule_stands_down_and_stays(tmp_path):
+    """The promise cuts the reschedule's slices short (their commits fail):
+    a stop's doing, not a failure of the broker. The node stands down as
+    a follower; it does not exit."""
+    async def scenario(h: Harness):
+        node, broker = await leading(h, 3)
+        messages = 8 * MOVE_SLICE
+        await fetched_by(node, "n3", 3)
+        sending = asyncio.create_task(broker.send([NewMessage("t", f"m{i}", "body", START_MS, START_MS + MS_PER_HOUR + i,
+                                                              0, 1) for i in range(messages)]))
+        while not sending.done():
+            await fetched_by(node, "n3", 3)
+            await asyncio.sleep(0.01)
+        await sending
+        moving = asyncio.create_task(broker.reschedule_msgs(RescheduleMsgsRequest("t", BulkFilter(), messages,
+                                                                                 24 * MS_PER_HOUR, None)))
+        await asyncio.sleep(0.01)  # (a slice or so appended, waiting for the followers)
+        request = Request("POST", "/_cluster/position", b"", {}, protocol.pack({"node": "n2", "epoch": 4}), None)
+        assert protocol.unpack((await node.peer_calls.on_position(request)).body)["status"] == "ok"
+        await asyncio.wait({moving}, timeout=5)
+        assert moving.done() and isinstance(moving.exception(), Unavailable), moving
+        await h.run_for(POLL_MS)
+        assert stood_down(node, broker, 3)
+        assert node.state.failed is None and broker.failed is None
     drive(tmp_path, scenario)
 
 
