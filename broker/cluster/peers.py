@@ -100,10 +100,11 @@ class PeerCalls:
         if epoch > ceiling:
             log.warning("refused a promise of epoch %d from %s: beyond %d", epoch, message.get("node"), ceiling)
             result["status"] = "refused"
-        elif epoch < state.epochs.promised or (state.leads and epoch <= state.leading_term):
+        elif epoch < state.epochs.promised or (state.leads and epoch <= state.leading_term) \
+                or state.epochs.promised_elsewhere(epoch, message["node"]):  # (two candidates of one term)
             result["status"] = "refused"
         else:
-            state.set_epochs(state.epochs.promise(epoch))
+            state.set_epochs(state.epochs.promise(epoch, message["node"]))
             result["status"] = "ok"
             result["promised"] = epoch
             if state.leads:  # a newer candidate: this node's term is over
