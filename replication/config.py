@@ -10,8 +10,6 @@ from dataclasses import dataclass, field
 
 from storage.errors import ConfigError
 
-from .epochs import MAX_NODE_ID_BYTES
-
 
 class Acks(enum.Enum):
     """When a write is answered 200.
@@ -180,8 +178,6 @@ def parse_cluster(text: str) -> dict[str, Peer]:
             raise ConfigError(f"--cluster entry {entry!r}: ports must be in 1..65535")
         if node_id in peers:
             raise ConfigError(f"--cluster names node {node_id!r} twice")
-        if len(node_id.encode()) > MAX_NODE_ID_BYTES:  # (kept with a promise: replication.epochs)
-            raise ConfigError(f"--cluster entry {entry!r}: a node id of at most {MAX_NODE_ID_BYTES} bytes")
         peers[node_id] = Peer(node_id, host, *ports)
     if not peers:
         raise ConfigError("--cluster names no node")

@@ -12,32 +12,24 @@ not past the point where its last epoch ended in the leader's history (see
 `promised` is the highest epoch this node has promised a candidate: from
 then on it takes no records from a leader of a lower epoch. A candidate
 needs that promise from a majority before it leads, so a deposed leader can
-never again reach a quorum. `promised_to` is the candidate it went to
-(empty: not known, an epoch learnt from a leader's history or a version 1
-file): the same epoch is promised to no other, so two candidates of one
-Raft term -- Raft's promise of one vote a term is kept in a file
-pysyncobj does not fsync, which a power loss can take -- cannot both
-gather a majority (theirs overlap on a node that promised one of them).
+never again reach a quorum.
 
 File `epochs`, replaced atomically (write, fsync, rename), little-endian:
 
     offset  size  field
     ------  ----  ---------------------------------------------
          0     4  magic        b"HGEP"
-         4     2  version      u16 = 2 (1: without the last two fields)
+         4     2  version      u16 = 1
          6     2  reserved     0
          8     8  promised     u64: highest epoch promised
         16     4  count        u32: history entries
         20  16*n  entries      (epoch u64, start_offset u64), epochs rising
-     20+16n    2  to_length    u16: bytes of promised_to (at most 255)
-     22+16n    k  promised_to  UTF-8: the candidate's node id
-   22+16n+k    4  crc          u32 crc32 of every byte before it
+     20+16n    4  crc          u32 crc32 of every byte before it
 
 Opening refuses a wrong magic, version, length or CRC, or a history that is
 not rising, with `EpochFileError` naming the path, offset and reason; a
-version above 2 (a newer hourglass's) with NewerFormatError, which says
-what to do. A version 1 file is read (promised to no one known) and
-written as version 2 at the next change.
+version above 1 (a newer hourglass's) with NewerFormatError, which says
+what to do.
 """
 
 from __future__ import annotations
@@ -52,12 +44,10 @@ from storage.errors import ContractError, CorruptionError
 from storage.fileutil import atomic_write, refuse_newer, refuse_newer_file
 
 MAGIC = b"HGEP"
-VERSION = 2
+VERSION = 1
 HEADER = struct.Struct("<4sHHQI")
 ENTRY = struct.Struct("<QQ")
-TO_LENGTH = struct.Struct("<H")
 CRC = struct.Struct("<I")
-MAX_NODE_ID_BYTES = 255
 
 
 class EpochFileError(CorruptionError):
@@ -68,14 +58,11 @@ class EpochFileError(CorruptionError):
 class Epochs:
     promised: int = 0
     history: tuple[tuple[int, int], ...] = field(default_factory=tuple)  # (epoch, start_offset)
-    promised_to: str = ""  # the candidate `promised` went to ("": not known)
 
     def __post_init__(self) -> None:
         for (e1, o1), (e2, o2) in zip(self.history, self.history[1:]):
             if not (e1 < e2 and o1 <= o2):
                 raise ContractError(f"epoch history must rise: ({e1}, {o1}) then ({e2}, {o2})")
-        if len(self.promised_to.encode()) > MAX_NODE_ID_BYTES:
-            raise ContractError(f"a node id of at most {MAX_NODE_ID_BYTES} bytes, got {self.promised_to!r}")
 
     def last_epoch(self, end_offset: int) -> int:
         """Epoch of the last record before `end_offset` (0: none)."""
@@ -106,36 +93,20 @@ class Epochs:
     def begin(self, epoch: int, start_offset: int) -> Epochs:
         """This node leads `epoch` from `start_offset` on."""
         history = tuple((e, o) for e, o in self.history if e < epoch and o <= start_offset)
-        return Epochs(max(self.promised, epoch), (*history, (epoch, start_offset)), self._to(epoch))
+        return Epochs(max(self.promised, epoch), (*history, (epoch, start_offset)))
 
-    def promised_elsewhere(self, epoch: int, candidate: str) -> bool:
-        """Was `epoch` promised to another candidate than `candidate`?"""
-        return epoch == self.promised and self.promised_to not in ("", candidate)
-
-    def promise(self, epoch: int, candidate: str) -> Epochs:
-        """`epoch` promised to `candidate` (a lower one changes nothing;
-        `promised_elsewhere` is asked first)."""
-        if epoch < self.promised:
-            return self
-        return Epochs(epoch, self.history, self.promised_to if epoch == self.promised and self.promised_to
-                      else candidate)
+    def promise(self, epoch: int) -> Epochs:
+        return Epochs(max(self.promised, epoch), self.history)
 
     def follow(self, history: tuple[tuple[int, int], ...]) -> Epochs:
         """Take the leader's history (this log is a prefix of its log)."""
-        epoch = history[-1][0] if history else 0
-        return Epochs(max(self.promised, epoch), tuple((epoch, offset) for epoch, offset in history), self._to(epoch))
-
-    def _to(self, epoch: int) -> str:
-        """`promised_to` once `epoch` is taken as promised: kept while the
-        promise stays; not known once a later epoch is learnt otherwise."""
-        return self.promised_to if epoch <= self.promised else ""
+        return Epochs(max(self.promised, history[-1][0] if history else 0), tuple((epoch, offset) for epoch, offset in history))
 
     # == the file ================================================================
 
     def encode(self) -> bytes:
-        to = self.promised_to.encode()
         body = HEADER.pack(MAGIC, VERSION, 0, self.promised, len(self.history))
-        body += b"".join(ENTRY.pack(e, o) for e, o in self.history) + TO_LENGTH.pack(len(to)) + to
+        body += b"".join(ENTRY.pack(e, o) for e, o in self.history)
         return body + CRC.pack(zlib.crc32(body))
 
     @classmethod
@@ -146,16 +117,9 @@ class Epochs:
         if magic != MAGIC:
             raise EpochFileError(path, 0, f"magic is {magic!r}, expected {MAGIC!r}")
         refuse_newer(path, version, VERSION)  # a newer hourglass's: refused with what to do, never rewritten
-        if version not in (1, VERSION):
-            raise EpochFileError(path, 4, f"version {version} is not 1 or {VERSION}")
-        entries_end = HEADER.size + count * ENTRY.size
-        to_length = 0
-        if version >= 2:
-            if len(data) < entries_end + TO_LENGTH.size + CRC.size:
-                raise EpochFileError(path, len(data), f"file is {len(data)} bytes, {count} entries need more")
-            (to_length,) = TO_LENGTH.unpack_from(data, entries_end)
-            entries_end += TO_LENGTH.size
-        size = entries_end + to_length + CRC.size
+        if version != VERSION:
+            raise EpochFileError(path, 4, f"version {version} is not {VERSION}")
+        size = HEADER.size + count * ENTRY.size + CRC.size
         if len(data) != size:
             raise EpochFileError(path, len(data), f"file is {len(data)} bytes, {count} entries need {size}")
         (crc,) = CRC.unpack_from(data, size - CRC.size)
@@ -163,8 +127,8 @@ class Epochs:
             raise EpochFileError(path, size - CRC.size, "crc mismatch")
         history = tuple(ENTRY.unpack_from(data, HEADER.size + i * ENTRY.size) for i in range(count))
         try:
-            return cls(promised, history, data[entries_end:entries_end + to_length].decode())
-        except ValueError as e:  # (a ContractError, or bytes that are not UTF-8)
+            return cls(promised, history)
+        except ValueError as e:
             raise EpochFileError(path, HEADER.size, str(e)) from None
 
     @classmethod

@@ -100,11 +100,10 @@ class PeerCalls:
         if epoch > ceiling:
             log.warning("refused a promise of epoch %d from %s: beyond %d", epoch, message.get("node"), ceiling)
             result["status"] = "refused"
-        elif epoch < state.epochs.promised or (state.leads and epoch <= state.leading_term) \
-                or state.epochs.promised_elsewhere(epoch, message["node"]):  # (two candidates of one term)
+        elif epoch < state.epochs.promised or (state.leads and epoch <= state.leading_term):
             result["status"] = "refused"
         else:
-            state.set_epochs(state.epochs.promise(epoch, message["node"]))
+            state.set_epochs(state.epochs.promise(epoch))
             result["status"] = "ok"
             result["promised"] = epoch
             if state.leads:  # a newer candidate: this node's term is over

@@ -184,10 +184,7 @@ class RoleLoop:
         quorum acknowledged is on at least one of its nodes, and waiting for
         a peer cut off (a partition) would only delay the failover."""
         state, cluster = self.state, self.state.cluster
-        if state.epochs.promised_elsewhere(term, cluster.node_id):  # (Raft elected two in one term)
-            return PositionsGathered(term, (), ((state.epochs.promised_to, term),), state.election.is_leader,
-                                     state.election.term)
-        state.set_epochs(state.epochs.promise(term, cluster.node_id))
+        state.set_epochs(state.epochs.promise(term))
         end = state.store.log_end_offset
         positions = [(cluster.node_id, Position(state.epochs.last_epoch(end), end, state.epochs.history))]
         refusals: list[tuple[str, int]] = []

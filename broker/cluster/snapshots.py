@@ -114,7 +114,7 @@ class Snapshots:
             state.store.close()
             # On this thread, without a pause: no promise can be made between
             # reading `promised` and the swap that writes it with the store.
-            epochs = Epochs(state.epochs.promised, (), state.epochs.promised_to).follow(history)
+            epochs = Epochs(state.epochs.promised, ()).follow(history)
             try:
                 snapshot.swap_in(state.data_dir, {os.path.basename(Epochs.path(state.data_dir)): epochs.encode()})
                 state.set_epochs(epochs, saved=True)

@@ -293,14 +293,14 @@ def test_a_cluster_nodes_newer_epochs_file_is_refused_with_a_sentence_and_left_a
         data = Path(cluster.root) / node
         path = data / "epochs"
         raw = bytearray(path.read_bytes())
-        assert raw[:4] == b"HGEP" and int.from_bytes(raw[4:6], "little") == 2
-        raw[4:6] = (3).to_bytes(2, "little")
+        assert raw[:4] == b"HGEP" and int.from_bytes(raw[4:6], "little") == 1
+        raw[4:6] = (2).to_bytes(2, "little")
         path.write_bytes(raw)
 
         def start() -> Server:
             cluster.restart(node, wait=False)
             return cluster.nodes[node]
-        assert_refused(data, path, 3, 2, start)
+        assert_refused(data, path, 2, 1, start)
     finally:
         cluster.stop()
 

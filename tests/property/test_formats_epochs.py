@@ -1,18 +1,16 @@
-"""Property tests of the epoch file (replication.epochs): its bytes, the
-prefix check a leader makes of a follower's log, and one candidate an
-epoch's promise."""
+"""Property tests of the epoch file (replication.epochs): its bytes, and the
+prefix check a leader makes of a follower's log."""
 
 from __future__ import annotations
 
 import os
 import tempfile
-import zlib
 
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from replication.epochs import CRC, ENTRY, HEADER, MAGIC, MAX_NODE_ID_BYTES, EpochFileError, Epochs
+from replication.epochs import EpochFileError, Epochs
 from storage.errors import NewerFormatError
 
 SETTINGS = settings(max_examples=150, deadline=None)
@@ -24,8 +22,7 @@ def epoch_files(draw):
     epochs = sorted(set(draw(st.lists(st.integers(1, 2**40), max_size=12))))
     offsets = sorted(draw(st.lists(st.integers(0, 2**50), min_size=len(epochs), max_size=len(epochs))))
     promised = draw(st.integers(0, 2**63 - 1))
-    to = draw(st.text(max_size=40).filter(lambda t: len(t.encode()) <= MAX_NODE_ID_BYTES))
-    return Epochs(promised, tuple(zip(epochs, offsets)), to)
+    return Epochs(promised, tuple(zip(epochs, offsets)))
 
 
 @SETTINGS
@@ -48,8 +45,8 @@ def test_any_changed_byte_or_length_is_refused(epochs, data):
     flipped[position] ^= data.draw(st.integers(1, 255))
     with pytest.raises((EpochFileError, NewerFormatError)) as refused:
         Epochs.decode(bytes(flipped), "epochs")
-    if isinstance(refused.value, NewerFormatError):  # only a version above 2: a newer hourglass's, said so
-        assert position in (4, 5) and int.from_bytes(flipped[4:6], "little") > 2
+    if isinstance(refused.value, NewerFormatError):  # only a version above 1: a newer hourglass's, said so
+        assert position in (4, 5) and int.from_bytes(flipped[4:6], "little") > 1
     cut = data.draw(st.integers(0, len(raw) - 1))
     with pytest.raises(EpochFileError):
         Epochs.decode(raw[:cut], "epochs")
@@ -108,42 +105,3 @@ def test_begin_keeps_history_rising_and_promises_the_new_epoch(epochs, epoch, st
     assert began.history[-1] == (epoch, start)
     assert began.promised >= epoch
     assert Epochs.decode(began.encode()) == began
-
-
-@SETTINGS
-@given(epoch_files())
-def test_a_version_1_file_reads_as_promised_to_no_one_known(epochs):
-    """Version 1 (before `promised_to`): the same bytes less that field."""
-    body = HEADER.pack(MAGIC, 1, 0, epochs.promised, len(epochs.history))
-    body += b"".join(ENTRY.pack(e, o) for e, o in epochs.history)
-    read = Epochs.decode(body + CRC.pack(zlib.crc32(body)), "epochs")
-    assert read == Epochs(epochs.promised, epochs.history)
-    assert Epochs.decode(read.encode()) == read  # written as version 2 at the next change
-
-
-@SETTINGS
-@given(st.lists(st.tuples(st.integers(0, 4), st.integers(1, 4), st.sampled_from("abc"),
-                          st.sampled_from(("promise", "follow", "begin"))), max_size=50))
-def test_no_node_promises_one_epoch_to_two_candidates(steps):
-    """Five nodes, each promising epochs to candidates as peers.on_position
-    does (refusing a lower epoch, or one promised elsewhere), learning
-    epochs from a leader's history, or beginning one, in any order, each
-    change read back from its file: every (node, epoch) was promised to
-    one candidate at most, so two candidates of one term cannot both have
-    a majority's promises."""
-    nodes = [Epochs() for _ in range(5)]
-    given: dict[tuple[int, int], set[str]] = {}
-    for node, epoch, candidate, how in steps:
-        e = nodes[node]
-        if how == "promise":
-            if epoch < e.promised or e.promised_elsewhere(epoch, candidate):
-                continue
-            e = e.promise(epoch, candidate)
-            given.setdefault((node, epoch), set()).add(candidate)
-        elif how == "follow":
-            e = e.follow(((epoch, 0),))
-        elif epoch >= e.promised and not e.promised_elsewhere(epoch, candidate):
-            e = e.promise(epoch, candidate).begin(epoch, 0)  # (a candidate promises itself first)
-            given.setdefault((node, epoch), set()).add(candidate)
-        nodes[node] = Epochs.decode(e.encode())
-    assert all(len(candidates) == 1 for candidates in given.values()), given

@@ -115,21 +115,20 @@ class FakePeer:
             await self.clock.sleep(timeout_s)
             raise TimeoutError(f"{self.node_id} did not answer {call}")
         if call == "position":
-            return self._position(int(message["epoch"]), message["node"])
+            return self._position(int(message["epoch"]))
         if message.get("catchup"):
             return serve_catchup(self.store, self.epochs, message)
         if self.leader_log is not None:
             return await self.leader_log.fetch(message)
         return {"status": "not_leader", "epoch": self.epochs.promised}
 
-    def _position(self, epoch: int, candidate: str) -> dict:
+    def _position(self, epoch: int) -> dict:
         end = self.store.log.end_offset
         answer = {"promised": self.epochs.promised, "end_offset": end, "last_epoch": self.epochs.last_epoch(end),
                   "history": self.epochs.history}
-        if epoch < self.epochs.promised or (self.leader_log is not None and epoch <= self.leader_log.epoch) \
-                or self.epochs.promised_elsewhere(epoch, candidate):
+        if epoch < self.epochs.promised or (self.leader_log is not None and epoch <= self.leader_log.epoch):
             return {**answer, "status": "refused"}
-        self.epochs = self.epochs.promise(epoch, candidate)
+        self.epochs = self.epochs.promise(epoch)
         return {**answer, "status": "ok", "promised": epoch}
 
 
@@ -322,7 +321,7 @@ def test_a_follower_elected_by_raft_gathers_positions_claims_and_leads(tmp_path)
         assert node.state.leader_log is not None and node.state.leader_log.epoch == 3
         assert node.role_loop._follow_task is None  # a leader fetches from no one
         assert node.state.tick_file is None  # the broker's wheel writes the tick now
-        assert epochs_file(node) == node.state.epochs == Epochs(3, ((3, 0),), "n1")
+        assert epochs_file(node) == node.state.epochs == Epochs(3, ((3, 0),))
         assert leadership(node) == [(3, "n1", "start")]
         assert await health(node) == ("leader", 3)
         assert node.state.known_leader() == "n1"
@@ -379,7 +378,7 @@ def test_without_a_majority_it_stays_a_follower_and_tries_again_after_the_retry(
         assert node.state.roles.role is Role.FOLLOWER and node.state.roles.next_try_ms == gave_up_ms + RETRY_MS
         assert node.role_loop._follow_task is not None and not node.role_loop._follow_task.done()
         assert node.state.broker is None and h.election.claims == [] and leadership(node) == []
-        assert epochs_file(node) == Epochs(3, (), "n1")  # it promised itself term 3, and leads nothing
+        assert epochs_file(node) == Epochs(3, ())  # it promised itself term 3, and leads nothing
 
         # Raft still calls it leader: no new attempt before RETRY_MS, one at the first poll after
         await h.clock.run_until(gave_up_ms + RETRY_MS - 1)
@@ -406,52 +405,6 @@ def test_a_peer_that_promised_a_later_term_makes_it_give_up_at_once(tmp_path):
     drive(tmp_path, scenario)
 
 
-def test_a_peer_that_promised_the_same_term_to_another_candidate_refuses_it(tmp_path):
-    """Raft elected two nodes in term 3 (a vote forgotten: pysyncobj keeps
-    it in a file it does not fsync); n2 promised term 3 to n3 already. Of
-    this node's two possible majorities, {n1, n2} is refused and n3 is the
-    other candidate: it does not lead."""
-    async def scenario(h: Harness):
-        h.peers["n2"].epochs = Epochs(3, (), "n3")
-        h.peers["n3"].epochs = Epochs(3, (), "n3")
-        node = await h.start()
-        await h.elect(3)
-        assert node.state.roles.role is Role.FOLLOWER
-        assert node.state.broker is None and h.election.claims == [] and leadership(node) == []
-        assert h.peers["n2"].epochs.promised_to == "n3"  # its promise unchanged
-        assert epochs_file(node) == Epochs(3, (), "n1")  # its own, to itself
-    drive(tmp_path, scenario)
-
-
-def test_a_follower_promises_one_term_to_one_candidate(tmp_path):
-    async def scenario(h: Harness):
-        node = await h.start()
-
-        async def ask(candidate: str, epoch: int) -> dict:
-            request = Request("POST", "/_cluster/position", b"", {},
-                              protocol.pack({"node": candidate, "epoch": epoch}), None)
-            return protocol.unpack((await node.peer_calls.on_position(request)).body)
-
-        assert (await ask("n2", 4))["status"] == "ok"
-        assert (await ask("n2", 4))["status"] == "ok"  # (its own repeat)
-        refused = await ask("n3", 4)
-        assert refused["status"] == "refused" and refused["promised"] == 4
-        assert epochs_file(node) == Epochs(4, (), "n2")
-        assert (await ask("n3", 5))["status"] == "ok" and epochs_file(node) == Epochs(5, (), "n3")
-    drive(tmp_path, scenario)
-
-
-def test_a_node_that_promised_its_term_to_another_candidate_does_not_stand_itself(tmp_path):
-    async def scenario(h: Harness):
-        os.makedirs(h.data_dir, exist_ok=True)
-        Epochs(3, (), "n2").save(Epochs.path(h.data_dir))
-        node = await h.start()
-        await h.elect(3)
-        assert node.state.roles.role is Role.FOLLOWER and node.posted == []  # it asked no peer
-        assert node.state.broker is None and h.election.claims == [] and epochs_file(node) == Epochs(3, (), "n2")
-    drive(tmp_path, scenario)
-
-
 def test_a_claim_that_is_not_committed_leaves_it_a_follower(tmp_path):
     async def scenario(h: Harness):
         h.election.claims_commit = False
@@ -461,7 +414,7 @@ def test_a_claim_that_is_not_committed_leaves_it_a_follower(tmp_path):
         assert node.state.roles.role is Role.FOLLOWER and node.state.broker is None and node.state.leader_log is None
         assert leadership(node) == [] and await health(node) == ("follower", 0)
         assert node.role_loop._follow_task is not None and not node.role_loop._follow_task.done()
-        assert epochs_file(node) == Epochs(3, (), "n1")  # promised, never begun
+        assert epochs_file(node) == Epochs(3, ())  # promised, never begun
 
         await h.run_for(RETRY_MS + POLL_MS)  # Raft still calls it leader: it tries again
         assert h.election.claims == [3, 3] and node.state.broker is None
@@ -523,7 +476,7 @@ def test_a_newer_candidates_promise_makes_the_leader_stand_down(tmp_path):
         request = Request("POST", "/_cluster/position", b"", {}, protocol.pack({"node": "n2", "epoch": 4}), None)
         answer = protocol.unpack((await node.peer_calls.on_position(request)).body)
         assert answer["status"] == "ok" and answer["promised"] == 4
-        assert epochs_file(node) == Epochs(4, ((3, 0),), "n2")
+        assert epochs_file(node) == Epochs(4, ((3, 0),))
         await h.run_for(POLL_MS)
         assert stood_down(node, broker, 3)
 
@@ -630,7 +583,7 @@ def test_a_peer_with_a_longer_log_in_a_later_epoch_is_caught_up_from_before_lead
         assert node.state.store.log.end_offset == longer
         assert node.state.store.read_log(0, longer, 1 << 20) == h.peers["n2"].store.read_log(0, longer, 1 << 20)
         assert node.state.leads and h.election.claims == [3] and leadership(node) == [(3, "n1", "start")]
-        assert epochs_file(node) == node.state.epochs == Epochs(3, ((1, 0), (2, shared), (3, longer)), "n1")
+        assert epochs_file(node) == node.state.epochs == Epochs(3, ((1, 0), (2, shared), (3, longer)))
         assert node.state.leader_log.durable_offset == longer
         assert (await node.state.broker.get("t", "m4")).msg_id == "m4"  # a record only n2 had
         assert node.state.leader_log.quorum_offset() == 0  # n2 has all of it, but has not said so yet
@@ -682,12 +635,12 @@ def test_a_catch_up_that_fails_leaves_it_a_follower_until_the_peer_answers(tmp_p
         assert [to for to, _ in posted(node, "fetch")] == ["n2"]
         assert node.state.roles.role is Role.FOLLOWER and node.state.roles.next_try_ms == asked_ms + RETRY_MS
         assert node.state.broker is None and h.election.claims == [] and leadership(node) == []
-        assert node.state.store.log.end_offset == shared and epochs_file(node) == Epochs(3, ((1, 0),), "n1")
+        assert node.state.store.log.end_offset == shared and epochs_file(node) == Epochs(3, ((1, 0),))
 
         h.peers["n2"].heal()
         await h.run_for(RETRY_MS + POLL_MS)
         assert node.state.leads and node.state.store.log.end_offset == longer and h.election.claims == [3]
-        assert epochs_file(node) == Epochs(3, ((1, 0), (2, shared), (3, longer)), "n1")
+        assert epochs_file(node) == Epochs(3, ((1, 0), (2, shared), (3, longer)))
         await fetched_by(node, "n2", 3)  # n2 follows: the new leader's log reaches a quorum
         assert node.state.leader_log.quorum_offset() == longer
     drive(tmp_path, scenario)
