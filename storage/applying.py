@@ -278,7 +278,7 @@ class Applier:
                 consuming[tuple.__new__(Location, row[:2])] = tuple.__new__(Lease, row[7:])
             elif prev_status == CONSUMING:
                 consuming.pop(tuple.__new__(Location, row[:2]), None)
-            if status == prev_status:  # (an extension: its lease only, no count moves)
+            if status == prev_status:  # (an extension, an end time moved on: no count moves)
                 continue
             key = (h, topic_hash, prev_status)
             deltas[key] = deltas.get(key, 0) - 1

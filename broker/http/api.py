@@ -505,15 +505,15 @@ class Api:
             return answer(200, "success", deadline=outcome.deadline_ms) if extend else _SUCCESS
         results: list[dict[str, object]] = []
         for at, (msg_id, outcome) in enumerate(zip(request.msg_ids, outcomes)):
+            result: dict[str, object] = {"msgId": msg_id, "status": _status(outcome.status)}
             if outcome.refusal is not None:
-                results.append({"msgId": msg_id, "status": _status(outcome.status), "code": 409,
-                                "msg": _refused(request, at, outcome)})
-            elif extend:
-                fields: Fields = outcome  # (by index: its int as it is, not boxed anew a row)
-                results.append({"msgId": msg_id, "status": _status(outcome.status), "code": 200,
-                                "deadline": fields[2]})
+                result["code"], result["msg"] = 409, _refused(request, at, outcome)
             else:
-                results.append({"msgId": msg_id, "status": _status(outcome.status), "code": 200})
+                result["code"] = 200
+                if extend:
+                    fields: Fields = outcome  # (by index: its int as it is, not boxed anew a row)
+                    result["deadline"] = fields[2]
+            results.append(result)
         return answer(200, "success", results=results)
 
     async def get(self, request: Request) -> Response:
