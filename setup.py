@@ -34,8 +34,8 @@ from setuptools.command.build_ext import build_ext
 #                           interpreted class cannot subclass a compiled one
 #   broker/node_base.py     the cluster's node subclasses it, and an
 #                           interpreted class cannot subclass a compiled one
-#   broker/nodes.py, console/, cli.py, server.py, client.py, spark.py:
-#                           start-up, the console, clients: not per request
+#   broker/nodes.py, console/, cli.py, server.py, client.py, spark.py,
+#   transfer/:              start-up, the console, clients: not per request
 #   broker/disk/syncer.py   per commit round, but its work is the fsync in
 #                           its own thread (the GIL released); and
 #                           tests/fakes.py wraps Syncer.sync (FakeClock's

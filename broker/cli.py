@@ -10,7 +10,7 @@ import sys
 
 from replication.config import Acks, ClusterConfig, parse_cluster, reach_peers
 from storage.config import StoreConfig
-from storage.errors import ConfigError
+from storage.errors import ConfigError, HourglassError
 
 from .config import ServeConfig, fsync_policy
 from .core.bodies import BodyLimits
@@ -251,7 +251,83 @@ def build_parser() -> argparse.ArgumentParser:
                             "run on, for a new data directory; a directory keeps the count it was made with "
                             "(one made before shards: 1), and another count is refused")
     serve.add_argument("--shard-of", default=None, help=argparse.SUPPRESS)  # I/N: set by the node for its shards
+    _transfer_commands(sub)
     return parser
+
+
+def _transfer_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """`hourglass export` and `hourglass import` (broker.transfer; docs/operations.md, "Moving messages")."""
+    export = sub.add_parser("export", help="write a node's messages as JSON lines, one message a line")
+    imports = sub.add_parser("import", help="send messages to a node: from an export's lines, or from "
+                                            "camellia-delay-queue's Redis (--from-camellia)")
+    for command in (export, imports):
+        command.add_argument("--url", required=True, help="the node: http://HOST:PORT (a cluster: its nodes, "
+                                                          "separated by commas)")
+        command.add_argument("--token-file", default=None, help="a file holding the node's bearer token "
+                                                                "(its --auth-token-file)")
+        command.add_argument("--allow-readable-token", action="store_true",
+                             help="take a --token-file group or others may read, with a warning")
+        command.add_argument("--timeout", type=float, default=30.0,
+                             help="seconds an attempt of a call may take (default 30)")
+        command.add_argument("--log-level", default="INFO", help="DEBUG, INFO (default), WARNING, ERROR")
+    export.add_argument("--out", default="-", help="the file to write (default -: stdout); written beside "
+                                                   "as FILE.part and renamed once whole")
+    export.add_argument("--topic", action="append", default=[],
+                        help="a topic to export (again for more; default: every topic the node lists)")
+    source = imports.add_mutually_exclusive_group(required=True)
+    source.add_argument("--from", dest="from_file", default=None, help="an export's file of JSON lines")
+    source.add_argument("--from-camellia", default=None,
+                        help="camellia-delay-queue's Redis, redis://[:PASSWORD@]HOST:PORT/DB: its pending "
+                             "messages, read only")
+    imports.add_argument("--namespace", default="", help="with --from-camellia: camellia's namespace")
+    imports.add_argument("--state", default=None,
+                         help="a file keeping where the import is: run again with it after a kill and it goes "
+                              "on from there (default: none, a rerun reads the source again and stores "
+                              "nothing twice)")
+    imports.add_argument("--rate", type=float, default=None,
+                         help="at most this many messages a second (default: as fast as the node answers)")
+    imports.add_argument("--batch", type=int, default=500,
+                         help="messages of a topic a sendMsgBatch call, 1..1000 (default 500)")
+    imports.add_argument("--in-flight", type=int, default=4, help="calls at once, 1..64 (default 4)")
+    imports.add_argument("--rejects", default=None,
+                         help="a file to add a JSON line to for each message the node refused, with its reason")
+    imports.add_argument("--dry-run", action="store_true",
+                         help="read the source and count what would be sent and why the rest would not; "
+                              "send nothing")
+
+
+def run_transfer(args: argparse.Namespace) -> int:
+    """`hourglass export` or `hourglass import`: its counts as one JSON line on stdout."""
+    import asyncio
+
+    import orjson
+
+    from .transfer import run
+
+    token = read_token_file(args.token_file, args.allow_readable_token, "--token-file") if args.token_file else None
+    if args.command == "export":
+        target = run.Target(args.url, token, timeout_s=args.timeout)
+        outcome = asyncio.run(run.export(target, args.out, args.topic))
+        print(orjson.dumps(outcome).decode(), file=sys.stderr if args.out == "-" else sys.stdout)
+        return 0
+    if not 1 <= args.batch <= 1000:
+        raise ConfigError(f"--batch must be in 1..1000, got {args.batch}")
+    if not 1 <= args.in_flight <= 64:
+        raise ConfigError(f"--in-flight must be in 1..64, got {args.in_flight}")
+    if args.rate is not None and not args.rate > 0:
+        raise ConfigError(f"--rate must be above 0, got {args.rate}")
+    if args.namespace and args.from_camellia is None:
+        raise ConfigError("--namespace goes with --from-camellia")
+    target = run.Target(args.url, token, batch=args.batch, in_flight=args.in_flight, rate=args.rate,
+                        timeout_s=args.timeout)
+    if args.from_camellia is not None:
+        outcome = asyncio.run(run.import_camellia(target, args.from_camellia, args.namespace, state_path=args.state,
+                                                  dry_run=args.dry_run, rejects_path=args.rejects))
+    else:
+        outcome = asyncio.run(run.import_lines(target, args.from_file, state_path=args.state,
+                                               dry_run=args.dry_run, rejects_path=args.rejects))
+    print(orjson.dumps(outcome).decode())
+    return 0
 
 
 def config_from_args(args: argparse.Namespace) -> ServeConfig:
@@ -348,6 +424,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.command in ("export", "import"):
+        try:
+            return run_transfer(args)
+        except ConfigError as e:
+            parser.error(str(e))
+        except (HourglassError, OSError) as e:  # the node or the source failed after the retries
+            log.error("%s stopped: %s", args.command, e)
+            return 1
     try:
         config = config_from_args(args)
     except (ValueError, OSError) as e:

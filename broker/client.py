@@ -468,12 +468,19 @@ class DelayQueueClient:
 
             async for page in client.list_msgs("orders", key="order-42"):
                 ..."""
+        async for page in self.list_msg_rows(topic, limit=limit, **filters):
+            yield [DelayMsg.from_json(m) for m in page]
+
+    async def list_msg_rows(self, topic: str, *, limit: int | None = None,
+                            **filters: Any) -> AsyncIterator[list[dict[str, Any]]]:
+        """`list_msgs`' pages as the node wrote each message: every field
+        of its `delayMsg`, those `DelayMsg` has no place for included."""
         query = _bulk_form(topic, filters)
         if limit is not None:
             query["limit"] = str(limit)
         while True:
             answer = await self._call("GET", "listMsg", idempotent=True, query=query)
-            yield [DelayMsg.from_json(m) for m in answer["delayMsgList"]]
+            yield answer["delayMsgList"]
             if answer["cursor"] is None:
                 return
             query["cursor"] = answer["cursor"]

@@ -1,0 +1,188 @@
+"""`hourglass import --from-camellia`, `hourglass export` and `hourglass
+import --from` against real processes: a real redis-server holding
+camellia-delay-queue's layout (bench/camellia_layout.py, which follows
+camellia's server code), real `hourglass serve` nodes, and the import run
+as a user runs it, killed with SIGKILL midway and run again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from camellia_layout import populate
+from serving import ROOT, Server, wait_for
+
+redis = pytest.importorskip("redis", reason="the redis extra is not installed (pip install 'hourglass[redis]')")
+
+pytestmark = pytest.mark.slow
+
+N = 20_000
+LIVE_AND_DEAD = "1,2,3,4,5,6,7"
+
+
+def hourglass(*args: str) -> list[str]:
+    """The command line a user runs, on the build under test (bench/harness.py's choice of python)."""
+    python = os.environ.get("HOURGLASS_SERVE_PYTHON")
+    head = [python, "-P", "-m", "broker.cli"] if python else [sys.executable, "-m", "broker.cli"]
+    return [*head, *args]
+
+
+def run(*args: str, check: bool = True) -> dict[str, object]:
+    done = subprocess.run(hourglass(*args), cwd=ROOT, capture_output=True, text=True, timeout=300)
+    if check:
+        assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1]) if done.stdout.strip() else {}
+
+
+def every_message(server: Server) -> dict[tuple[str, str], dict[str, object]]:
+    """Every message the node keeps, whatever its status, by (topic, msgId); a key seen twice fails."""
+    found: dict[tuple[str, str], dict[str, object]] = {}
+    status, answer = server.get("getTopicInfoList")
+    assert status == 200, answer
+    for info in answer["data"]:
+        query = {"topic": info["topic"], "status": LIVE_AND_DEAD, "limit": 1000}
+        while True:
+            status, page = server.get("listMsg", **query)
+            assert status == 200, page
+            for row in page["delayMsgList"]:
+                key = (row["topic"], row["msgId"])
+                assert key not in found, f"{key} listed twice"
+                found[key] = row
+            if page["cursor"] is None:
+                break
+            query["cursor"] = page["cursor"]
+    return found
+
+
+def digest(r: redis.Redis) -> str:
+    """Every key of the Redis and its whole value, hashed: the same before and after means nothing was written."""
+    h = hashlib.sha256()
+    for key in sorted(r.scan_iter(count=1000)):
+        kind = r.type(key)
+        value = {b"string": lambda k: r.get(k), b"zset": lambda k: r.zrange(k, 0, -1, withscores=True),
+                 b"list": lambda k: r.lrange(k, 0, -1)}[kind](key)
+        h.update(repr((key, kind, value)).encode())
+    return h.hexdigest()
+
+
+def test_from_camellia_every_pending_message_once_across_a_kill9(redis_url, tmp_path: Path):
+    r = redis.Redis.from_url(redis_url)
+    r.flushall()
+    now = int(time.time() * 1000)
+    populated = populate(r, "prod", N, now)
+    before = digest(r)
+    node = Server.start(tmp_path / "data", "--shards", "2", log_path=tmp_path / "serve.log")
+    state = tmp_path / "import.state"
+    try:
+        args = ("import", "--url", node.base, "--from-camellia", redis_url, "--namespace", "prod",
+                "--state", str(state))
+        dry = run(*args[:-2], "--dry-run")
+        assert dry["skipped"] == {**populated.left, "another namespace": 10, "would send": len(populated.expected)}
+        assert every_message(node) == {}
+
+        first = subprocess.Popen(hourglass(*args, "--rate", "3000", "--batch", "200"), cwd=ROOT,
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            wait_for(lambda: state.exists() and json.loads(state.read_text())["place"] != 0, 60,
+                     "the import's first saved place")
+            time.sleep(0.3)  # well inside a page: some of it sent, the rest not
+            first.send_signal(signal.SIGKILL)
+        finally:
+            first.wait(10)
+        kept = json.loads(state.read_text())
+        assert not kept["done"] and 0 < kept["counts"]["sent"] < len(populated.expected)
+
+        second = run(*args)
+        assert second["done"] is True and second["refused"] == 0
+        assert second["skipped"] == {**populated.left, "another namespace": 10}
+        assert run(*args)["done"] is True  # a third run: finished, nothing sent
+
+        stored = every_message(node)
+        assert {key: row["triggerTime"] for key, row in stored.items()} == populated.expected
+        assert all(row["status"] in (1, 2) and row["retry"] == 0 for row in stored.values())
+        consuming = [row for row in stored.values() if row["triggerTime"] == now - 100 + 30_000]
+        assert consuming and all(row["maxRetry"] == 2 for row in consuming)  # 3 less the delivery under way
+        assert digest(r) == before  # read only
+    finally:
+        node.stop()
+
+
+def test_export_then_import_keeps_each_message_and_stores_nothing_twice(redis_url, tmp_path: Path):
+    redis.Redis.from_url(redis_url).flushall()
+    old = Server.start(tmp_path / "old", log_path=tmp_path / "old.log")
+    new_disk = Server.start(tmp_path / "new", "--shards", "2", log_path=tmp_path / "new.log")
+    new_redis = Server.start(tmp_path / "new-redis", "--backend", redis_url, log_path=tmp_path / "new-redis.log")
+    try:
+        now = int(time.time() * 1000)
+        msgs = [{"msg": f"body {i} \u00e9\n\"q\"", "msgId": f"m{i}", "triggerTime": now + 3_600_000 + i * 1000,
+                 "ttlMillis": 7_200_000, "maxRetry": 5, "priority": i % 4,
+                 **({"tag": f"tag{i % 3}"} if i % 2 else {}), **({"key": f"k{i % 5}"} if i % 7 == 0 else {})}
+                for i in range(300)]
+        status, answer = old.post_json("sendMsgBatch", {"topic": "orders", "msgs": msgs})
+        assert status == 200 and answer["code"] == 200, answer
+        status, answer = old.post_json("sendMsgBatch", {"topic": "due", "msgs": [
+            {"msg": f"d{i}", "msgId": f"d{i}", "delayMillis": 0, "maxRetry": 3} for i in range(20)]})
+        assert answer["code"] == 200, answer
+        status, pulled = old.post("pullMsg", topic="due", batch=10)  # 10 consuming, retry 1
+        assert len(pulled["delayMsgList"]) == 10
+        for row in pulled["delayMsgList"][:4]:
+            old.post("ackMsg", topic="due", msgId=row["msgId"], ack="true")
+        before = every_message(old)
+
+        out = tmp_path / "export.jsonl"
+        written = run("export", "--url", old.base, "--out", str(out))
+        assert written["written"] == 316 and not (tmp_path / "export.jsonl.part").exists()
+        for new in (new_disk, new_redis):
+            for _ in range(2):  # the second stores nothing twice
+                outcome = run("import", "--url", new.base, "--from", str(out))
+                assert outcome["sent"] == 316 and outcome["refused"] == 0 and outcome["skipped"] == {}
+            after = every_message(new)
+            assert after.keys() == {k for k, row in before.items() if row["status"] != 4}
+            for key, row in after.items():
+                was = before[key]
+                for field in ("msg", "triggerTime", "expireTime", "priority", "tag", "key"):
+                    assert row[field] == was[field], (key, field, new.base)
+                assert row["maxRetry"] == was["maxRetry"] - was["retry"] and row["retry"] == 0
+    finally:
+        for server in (old, new_disk, new_redis):
+            server.stop()
+
+
+def test_a_message_the_node_refuses_is_set_aside_and_the_rest_of_its_batch_stored(tmp_path: Path):
+    node = Server.start(tmp_path / "data", "--max-msg-bytes", "100", log_path=tmp_path / "serve.log")
+    try:
+        now = int(time.time() * 1000)
+        lines = [{"topic": "t", "msgId": f"m{i}", "msg": "y" * (200 if i == 3 else 10), "produceTime": now,
+                  "triggerTime": now + 60_000, "expireTime": now + 120_000, "maxRetry": 2, "retry": 0, "status": 1}
+                 for i in range(8)]
+        lines.append({**lines[0], "msgId": "acked", "status": 4})
+        source = tmp_path / "in.jsonl"
+        source.write_text("".join(json.dumps(line) + "\n" for line in lines) + "not json\n")
+        rejects = tmp_path / "rejects.jsonl"
+        outcome = run("import", "--url", node.base, "--from", str(source), "--rejects", str(rejects))
+        assert outcome["sent"] == 7 and outcome["refused"] == 1
+        assert outcome["skipped"] == {"acked": 1, "unreadable": 1}
+        refused = [json.loads(line) for line in rejects.read_text().splitlines()]
+        assert [(r["topic"], r["msgId"]) for r in refused] == [("t", "m3")] and "413" in refused[0]["reason"]
+        assert sorted(k[1] for k in every_message(node)) == [f"m{i}" for i in range(8) if i != 3]
+    finally:
+        node.stop()
+
+
+def test_bad_flags_answer_a_sentence(tmp_path: Path):
+    for args, words in ((("--batch", "0"), "--batch must be in 1..1000"),
+                        (("--namespace", "x"), "--namespace goes with --from-camellia")):
+        done = subprocess.run(hourglass("import", "--url", "http://127.0.0.1:1", "--from", "nothing", *args),
+                              cwd=ROOT, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2 and words in done.stderr, done.stderr
+    done = subprocess.run(hourglass("import", "--url", "http://127.0.0.1:1", "--from", str(tmp_path / "none")),
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "cannot read" in done.stderr, done.stderr
