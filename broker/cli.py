@@ -291,20 +291,43 @@ def _transfer_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
     imports.add_argument("--in-flight", type=int, default=4, help="calls at once, 1..64 (default 4)")
     imports.add_argument("--rejects", default=None,
                          help="a file to add a JSON line to for each message the node refused, with its reason")
+    backup = sub.add_parser("backup", help="an online backup of a running disk node, into a new directory")
+    backup.add_argument("--url", required=True, help="the node: http://HOST:PORT")
+    backup.add_argument("--token-file", default=None, help="a file holding the node's bearer token")
+    backup.add_argument("--allow-readable-token", action="store_true",
+                        help="take a --token-file group or others may read, with a warning")
+    backup.add_argument("--to", required=True, help="the backup's directory (written as DIR.part, renamed once "
+                                                    "whole; an existing DIR is replaced then)")
+    backup.add_argument("--timeout", type=float, default=30.0, help="seconds to connect (default 30)")
+    backup.add_argument("--log-level", default="INFO", help="DEBUG, INFO (default), WARNING, ERROR")
+    restore = sub.add_parser("restore", help="a new data directory from a backup, checked whole first")
+    restore.add_argument("--from", dest="from_dir", required=True, help="the backup's directory")
+    restore.add_argument("--data-dir", required=True, help="the data directory to make (empty or absent)")
+    restore.add_argument("--log-level", default="INFO", help="DEBUG, INFO (default), WARNING, ERROR")
     imports.add_argument("--dry-run", action="store_true",
                          help="read the source and count what would be sent and why the rest would not; "
                               "send nothing")
 
 
 def run_transfer(args: argparse.Namespace) -> int:
-    """`hourglass export` or `hourglass import`: its counts as one JSON line on stdout."""
+    """`hourglass export`, `import`, `backup` or `restore`: what it did as one JSON line on stdout."""
     import asyncio
 
     import orjson
 
     from .transfer import run
 
+    if args.command == "restore":
+        from .transfer import backup
+
+        print(orjson.dumps(backup.restore(args.from_dir, args.data_dir)).decode())
+        return 0
     token = read_token_file(args.token_file, args.allow_readable_token, "--token-file") if args.token_file else None
+    if args.command == "backup":
+        from .transfer import backup
+
+        print(orjson.dumps(backup.take(args.url, token, args.to, args.timeout)).decode())
+        return 0
     if args.command == "export":
         target = run.Target(args.url, token, timeout_s=args.timeout)
         outcome = asyncio.run(run.export(target, args.out, args.topic))
@@ -424,7 +447,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if args.command in ("export", "import"):
+    if args.command in ("export", "import", "backup", "restore"):
         try:
             return run_transfer(args)
         except ConfigError as e:

@@ -24,8 +24,13 @@ from .clock import SystemClock
 from .config import ServeConfig
 from .console.api import Console, standalone_info
 from .disk.backend import Broker
+from .disk.backups import Backups, clear_staging
 from .flow.file import SettingsFile, ShardSettings, resumes_path, settings_path
 from .flow.keeper import TopicFlow
+from .http.api import API_ERRORS
+from .http.commands import HERE
+from .http.http_types import StreamResponse
+from .http.paths import PREFIX
 from .http.scrape import Choice, disk_series, largest, metrics_answer, topic_ranks
 from .jobs.api import JOB_OPS, serve_shard_call
 from .jobs.file import JobFiles, jobs_path
@@ -38,7 +43,7 @@ from .schedules.keeper import Schedules
 from .tasks import cancel_and_wait
 
 if TYPE_CHECKING:
-    from .http.commands import Command
+    from .http.commands import Command, CommandTable
     from .http.http_types import Request, Response
     from .http.httpd import NodeConnections
     from .redis.backend import RedisBroker
@@ -93,6 +98,10 @@ class DiskNode(NodeBase):
         self.opened_s = time.perf_counter() - started
         self.checkpoints = 0
         self.checkpoint_seconds = 0.0
+        # online backups of the store (GET backupShard), which hold checkpoints off while they run
+        clear_staging(config.data_path)
+        self.backups = Backups(lambda: self.store, config.data_path, self.broker.commits.at_quiet_point,
+                               self.checkpoint, config.shard or (0, 1))
         self.last_checkpoint_ms: int | None = None
         # Shard i of a node of many (broker.shards): the API serves the node through its router.
         self.router: ShardRouter | None = None
@@ -138,6 +147,15 @@ class DiskNode(NodeBase):
         if self.store.ends is not None and self.store.ends.rebuilt is not None:
             log.warning("the end index was made again, empty (%s): ids that ended before the last checkpoint "
                         "under a dedupWindowMillis are stored anew if sent again", self.store.ends.rebuilt)
+
+    def add_own_routes(self, table: CommandTable) -> None:
+        """GET backupShard: an online backup of this shard's store, as a
+        stream (broker.disk.backups); on a node of shards, each shard's own
+        port (getShardMap) answers for its own."""
+        table.add("GET", PREFIX + "backupShard", self.backup_shard, where=HERE, errors=API_ERRORS)
+
+    async def backup_shard(self, request: Request) -> StreamResponse:
+        return StreamResponse(self.backups.stream(), content_type="application/octet-stream")
 
     def scraped(self) -> Backend | None:
         """A shard's own broker: each shard shows its part of the node's
@@ -297,12 +315,13 @@ class DiskNode(NodeBase):
         node reaches every commit; its syncfs runs in a worker thread while
         requests go on. Skipped when it would change nothing (an idle node
         rewrites nothing)."""
-        if not self.store.checkpoint_due(self.clock.now_ms()):
-            return
-        started = time.perf_counter()
-        prepared = await at_quiet_point(self.broker, lambda: self.store.prepare_checkpoint(self.clock.now_ms()))
-        await asyncio.to_thread(self.store.sync_checkpoint)  # the slow part, off the event loop
-        self.store.finish_checkpoint(prepared)
+        async with self.backups.lock:  # (a backup running keeps the files its first step reads)
+            if not self.store.checkpoint_due(self.clock.now_ms()):
+                return
+            started = time.perf_counter()
+            prepared = await at_quiet_point(self.broker, lambda: self.store.prepare_checkpoint(self.clock.now_ms()))
+            await asyncio.to_thread(self.store.sync_checkpoint)  # the slow part, off the event loop
+            self.store.finish_checkpoint(prepared)
         self.checkpoints += 1
         self.checkpoint_seconds += time.perf_counter() - started
         self.last_checkpoint_ms = self.clock.now_ms()

@@ -1,0 +1,141 @@
+"""A store's online backup, sent as it is taken (docs/operations.md,
+"Backup and restore"; the steps and the frames: storage.backup).
+
+    GET backupShard   (the node's token) answers a stream of frames: the
+                      store's files in two steps, then an end frame with the
+                      log position E the copy stands at. One at a time a
+                      store: a second asked meanwhile answers an error frame
+
+    1. a checkpoint, so the log to replay is short; then none until the end
+       (the node's checkpoints wait on `lock`: the files step 1 reads are
+       not retired, the log from the checkpoint's offset is kept)
+    2. step 1's pieces read in a worker thread while the node serves
+    3. step 2's pieces copied into a staging directory beside the store at
+       one quiet point of the group commit (the node answers nothing for
+       that long: some 100 bytes a message of in-place files), then sent
+    4. the end frame; the staging directory deleted (and any a killed
+       node left, at the next start: `clear_staging`)
+
+A client that goes away cuts the stream: what it wrote is no backup
+(storage.backup: a stream without its end frame), and the lock is let go.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shutil
+import time
+from collections.abc import AsyncGenerator, Awaitable, Callable
+from typing import NamedTuple
+
+from storage import backup
+from storage.checkpoint import Checkpoint
+from storage.fileutil import make_dir
+from storage.store import Store
+
+log = logging.getLogger("hourglass.backup")
+
+STAGING_PREFIX = "backup.staging-"
+
+
+class Staged(NamedTuple):
+    """Step 2's outcome: the log end E, and each piece staged (the piece, its staged file, its length)."""
+
+    position: int
+    pieces: list[tuple[backup.Piece, str, int]]
+
+
+def clear_staging(data_path: str) -> None:
+    """Delete the staging directories a node killed during a backup left."""
+    for name in os.listdir(data_path):
+        if name.startswith(STAGING_PREFIX):
+            shutil.rmtree(os.path.join(data_path, name), ignore_errors=True)
+
+
+class Backups:
+    """The online backups of one store (`data_path`)."""
+
+    def __init__(self, store: Callable[[], Store], data_path: str,
+                 quiet_point: Callable[[Callable[[], object]], Awaitable[object]],
+                 checkpoint: Callable[[], Awaitable[None]], shard: tuple[int, int]) -> None:
+        self._store = store
+        self._data_path = data_path
+        self._quiet_point = quiet_point
+        self._checkpoint = checkpoint
+        self._shard = shard
+        self.lock = asyncio.Lock()  # held for a backup's whole run; a checkpoint takes it too
+        self._running = False
+        self.taken = 0
+
+    def __repr__(self) -> str:
+        return f"Backups({self._data_path!r}, running={self._running}, taken={self.taken})"
+
+    async def stream(self) -> AsyncGenerator[bytes, None]:
+        """The frames of one backup (module docstring)."""
+        if self._running:
+            yield backup.frame({"error": "a backup of this store is under way: one at a time"})
+            return
+        self._running = True
+        started = time.perf_counter()
+        staging = os.path.join(self._data_path, f"{STAGING_PREFIX}{os.getpid()}-{time.monotonic_ns()}")
+        try:
+            await self._checkpoint()
+            async with self.lock:
+                checkpoint = Checkpoint.load(os.path.join(self._data_path, "checkpoint")) or Checkpoint()
+                sent = 0
+                for piece in backup.prefixes(self._data_path, checkpoint):
+                    async for chunk in self._read(os.path.join(self._data_path, piece.path), piece.path, piece.start,
+                                                  piece.end):
+                        sent += len(chunk)
+                        yield chunk
+                make_dir(staging)
+                blocked = time.perf_counter()
+                stepped: object = await self._quiet_point(lambda: self._stage(checkpoint, staging))
+                assert isinstance(stepped, Staged)
+                position, staged = stepped
+                blocked_s = time.perf_counter() - blocked
+                for piece, path, length in staged:
+                    async for chunk in self._read(path, piece.path, 0, length, at=piece.start):
+                        sent += len(chunk)
+                        yield chunk
+                seconds = time.perf_counter() - started
+                self.taken += 1
+                log.info("backup of %s sent: %d bytes up to log offset %d in %.2f s (the node paused %.3f s)",
+                         self._data_path, sent, position, seconds, blocked_s)
+                yield backup.frame({"end": True, "position": position, "shard": self._shard[0],
+                                    "shards": self._shard[1], "bytes": sent, "seconds": round(seconds, 3),
+                                    "pausedSeconds": round(blocked_s, 4), "checkpointOffset": checkpoint.commit_offset})
+        finally:
+            self._running = False
+            await asyncio.to_thread(shutil.rmtree, staging, True)
+
+    def _stage(self, checkpoint: Checkpoint, staging: str) -> Staged:
+        """Step 2, at the quiet point: the log end E, and the pieces copied under `staging`."""
+        store = self._store()
+        pieces = backup.rest(self._data_path, checkpoint, store.log_segment_ends())
+        return Staged(store.log_end_offset, backup.stage(self._data_path, pieces, staging))
+
+    async def _read(self, path: str, name: str, start: int, end: int | None,
+                    at: int | None = None) -> AsyncGenerator[bytes, None]:
+        """Frames of `path`'s bytes [start, end) (None: to its end), said to
+        start at `at` of `name` (default: `start`), read in a worker thread."""
+        try:
+            fd = await asyncio.to_thread(os.open, path, os.O_RDONLY)
+        except FileNotFoundError:  # (a file gone since it was listed: its hour retired before the lock)
+            return
+        try:
+            size = os.fstat(fd).st_size
+            stop = size if end is None else min(end, size)
+            offset = start
+            first = True
+            while offset < stop or first:
+                data = await asyncio.to_thread(os.pread, fd, min(backup.FRAME_DATA_BYTES, stop - offset), offset)
+                if not data and not first:
+                    break
+                yield backup.frame({"path": name, "at": offset - start + (start if at is None else at)}, data)
+                offset += len(data)
+                first = False
+        finally:
+            os.close(fd)

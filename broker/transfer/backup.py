@@ -1,0 +1,232 @@
+"""`hourglass backup` and `hourglass restore` (docs/operations.md, "Backup
+and restore").
+
+A backup is a directory:
+
+    manifest.json          written last: the format, the shard count, each
+                           shard's log position, and every file's size and
+                           SHA-256 (of its bytes as written here)
+    shard-<i>/...          shard i's store and small files, as its node
+                           sent them (GET backupShard on the shard's own
+                           port, storage.backup's frames); the whole of a
+                           one-shard node's in `shard-0/` too
+
+It is written as DIR.part and renamed to DIR only once every shard's
+stream ended whole and every file is fsynced: a backup killed midway
+leaves DIR.part, which restore refuses (no manifest), and never a DIR. A
+second backup to an existing DIR replaces it once whole.
+
+`restore` checks every file against the manifest (size and SHA-256; a
+damaged or missing file is refused, naming it), then writes a new data
+directory (refused unless empty or absent) that a node opens as it was at
+the backup's positions: its start replays each shard's log as after a
+crash.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import os
+import shutil
+import struct
+import time
+from typing import Any
+
+import aiohttp
+from yarl import URL
+
+from storage import backup as frames
+from storage.errors import ConfigError, HourglassError
+from storage.fileutil import FILE_MODE, fsync_dir, make_dir
+
+from ..http.paths import PREFIX
+
+log = logging.getLogger("hourglass.transfer")
+
+MANIFEST = "manifest.json"
+FORMAT = 1
+
+
+class BackupFailed(HourglassError):
+    """The node refused a backup, or its stream ended before its end frame."""
+
+
+def shard_dir(index: int) -> str:
+    return f"shard-{index}"
+
+
+def take(url: str, token: str | None, out: str, timeout_s: float = 30.0) -> dict[str, Any]:
+    """A backup of the node at `url` into the directory `out` (module docstring); what it did."""
+    started = time.monotonic()
+    part = out.rstrip("/") + ".part"
+    if os.path.exists(part):
+        shutil.rmtree(part)
+    make_dir(part)
+    shards = asyncio.run(_streams(url, token, part, timeout_s))
+    files = _files(part)
+    manifest = {"format": FORMAT, "shards": len(shards), "taken": int(time.time() * 1000),
+                "positions": [s["position"] for s in shards], "files": files}
+    with open(os.path.join(part, MANIFEST), "w", encoding="utf-8") as f:
+        json.dump(manifest, f, indent=1, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+    _fsync_tree(part)
+    if os.path.exists(out):
+        old = out.rstrip("/") + ".old"
+        shutil.rmtree(old, ignore_errors=True)
+        os.rename(out, old)
+        os.rename(part, out)
+        shutil.rmtree(old)
+    else:
+        os.rename(part, out)
+    fsync_dir(os.path.dirname(os.path.abspath(out)))
+    return {"to": out, "shards": len(shards), "positions": manifest["positions"], "files": len(files),
+            "bytes": sum(f["size"] for f in files.values()), "received": sum(s["bytes"] for s in shards),
+            "pausedSeconds": max(s["pausedSeconds"] for s in shards), "seconds": round(time.monotonic() - started, 3)}
+
+
+async def _streams(url: str, token: str | None, part: str, timeout_s: float) -> list[dict[str, Any]]:
+    """Every shard's stream written under `part`, one shard after another; their end frames."""
+    base = URL(url.split(",")[0].strip().rstrip("/"))
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=timeout_s, sock_read=max(timeout_s, 600))
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        async with session.get(base / PREFIX.strip("/") / "getShardMap", headers=headers) as r:
+            if r.status != 200:
+                raise BackupFailed(f"{url} answered {r.status} to getShardMap: {(await r.text())[:300]}")
+            shard_map = await r.json(content_type=None)
+        ports = [int(p) for p in shard_map.get("ports") or [base.port]]
+        return [await _shard(session, base.with_port(port), headers, index, part) for index, port in enumerate(ports)]
+
+
+async def _shard(session: aiohttp.ClientSession, base: URL, headers: dict[str, str], index: int,
+                 part: str) -> dict[str, Any]:
+    """Shard `index`'s stream written under `part`; its end frame."""
+    into = os.path.join(part, shard_dir(index))
+    make_dir(into)
+    open_files: dict[str, int] = {}
+    try:
+        async with session.get(base / PREFIX.strip("/") / "backupShard", headers=headers) as r:
+            if r.status == 404:
+                raise BackupFailed(f"{base} serves no backups: a cluster node or a node on --backend redis:// "
+                                   f"(docs/operations.md, \"Backup and restore\")")
+            if r.status != 200:
+                raise BackupFailed(f"{base} answered {r.status} to backupShard: {(await r.text())[:300]}")
+            while True:
+                try:
+                    head = await r.content.readexactly(frames.FRAME.size)
+                    header_length, data_length = frames.FRAME.unpack(head)
+                    header = json.loads(await r.content.readexactly(header_length))
+                    data = await r.content.readexactly(data_length) if data_length else b""
+                except (aiohttp.ClientPayloadError, EOFError, struct.error) as e:  # IncompleteReadError is an EOFError
+                    raise BackupFailed(f"shard {index}'s backup stream ended before its end: {e!r}") from None
+                if "error" in header:
+                    raise BackupFailed(f"shard {index}: {header['error']}")
+                if header.get("end"):
+                    return dict(header)
+                path = _inside(into, header["path"])
+                fd = open_files.get(path)
+                if fd is None:
+                    make_dir(os.path.dirname(path))
+                    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
+                    open_files[path] = fd
+                os.pwrite(fd, data, int(header["at"]))
+    finally:
+        for fd in open_files.values():
+            os.close(fd)
+
+
+def _inside(root: str, relative: str) -> str:
+    """`relative` under `root`, refusing a path that would leave it."""
+    top = os.path.abspath(root)
+    path = os.path.abspath(os.path.join(top, relative))
+    if os.path.isabs(relative) or not path.startswith(top + os.sep):
+        raise BackupFailed(f"the node sent a file outside the backup: {relative!r}")
+    return path
+
+
+def _files(root: str) -> dict[str, dict[str, Any]]:
+    """Every file under `root`: relative path -> size and SHA-256."""
+    found = {}
+    for folder, _, names in os.walk(root):
+        for name in sorted(names):
+            path = os.path.join(folder, name)
+            found[os.path.relpath(path, root)] = {"size": os.path.getsize(path), "sha256": _sha256(path)}
+    return found
+
+
+def _sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _fsync_tree(root: str) -> None:
+    for folder, _, names in os.walk(root):
+        for name in names:
+            fd = os.open(os.path.join(folder, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        fsync_dir(folder)
+
+
+def check(source: str) -> dict[str, Any]:
+    """The backup's manifest, once every file it names is there with its
+    size and SHA-256; ConfigError naming the first that is not."""
+    path = os.path.join(source, MANIFEST)
+    try:
+        with open(path, encoding="utf-8") as f:
+            manifest: dict[str, Any] = json.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"{source} is no whole backup: it has no {MANIFEST} (a backup cut short leaves "
+                          f"DIR.part, never DIR)") from None
+    except ValueError as e:
+        raise ConfigError(f"{path} is damaged: {e}") from None
+    if manifest.get("format") != FORMAT:
+        raise ConfigError(f"{path} is of backup format {manifest.get('format')!r}; this hourglass reads {FORMAT}")
+    for relative, want in sorted(manifest["files"].items()):
+        file_path = os.path.join(source, relative)
+        if not os.path.isfile(file_path):
+            raise ConfigError(f"{file_path} is missing from the backup; nothing was restored")
+        if os.path.getsize(file_path) != want["size"] or _sha256(file_path) != want["sha256"]:
+            raise ConfigError(f"{file_path} is damaged (its size or SHA-256 is not the manifest's); nothing was "
+                              f"restored")
+    return manifest
+
+
+def restore(source: str, data_dir: str) -> dict[str, Any]:
+    """A new data directory from the backup at `source` (module docstring)."""
+    started = time.monotonic()
+    if os.path.exists(data_dir) and (not os.path.isdir(data_dir) or os.listdir(data_dir)):
+        raise ConfigError(f"--data-dir {data_dir} is not empty: restore writes a new data directory; name an "
+                          f"empty or absent one")
+    manifest = check(source)
+    count = int(manifest["shards"])
+    part = data_dir.rstrip("/") + ".restoring"
+    shutil.rmtree(part, ignore_errors=True)
+    make_dir(part)
+    for index in range(count):
+        target = part if count == 1 else os.path.join(part, shard_dir(index))
+        shutil.copytree(os.path.join(source, shard_dir(index)), target, dirs_exist_ok=True,
+                        copy_function=shutil.copyfile)
+    if count > 1:
+        with open(os.path.join(part, "shards"), "w", encoding="ascii") as f:
+            f.write(f"{count}\n")
+    for folder, _, names in os.walk(part):
+        os.chmod(folder, 0o700)
+        for name in names:
+            os.chmod(os.path.join(folder, name), FILE_MODE)
+    _fsync_tree(part)
+    if os.path.exists(data_dir):
+        os.rmdir(data_dir)
+    os.rename(part, data_dir)
+    fsync_dir(os.path.dirname(os.path.abspath(data_dir)))
+    return {"dataDir": data_dir, "shards": count, "positions": manifest["positions"],
+            "files": len(manifest["files"]), "seconds": round(time.monotonic() - started, 3)}

@@ -1,0 +1,167 @@
+"""`hourglass backup` and `hourglass restore` against real nodes: a backup
+taken while producers send, restored into a new data directory that a
+node then opens; a backup killed with SIGKILL midway; a damaged backup; a
+node that takes no backups (Redis).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from serving import ROOT, Server, wait_for
+
+pytestmark = pytest.mark.slow
+
+
+def hourglass(*args: str) -> list[str]:
+    python = os.environ.get("HOURGLASS_SERVE_PYTHON")
+    head = [python, "-P", "-m", "broker.cli"] if python else [sys.executable, "-m", "broker.cli"]
+    return [*head, *args]
+
+
+def run(*args: str, code: int = 0) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(hourglass(*args), cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == code, (done.returncode, done.stderr[-3000:])
+    return done
+
+
+def status_of(server: Server, topic: str, msg_id: str) -> int | None:
+    code, answer = server.post("getMsg", topic=topic, msgId=msg_id)
+    if code == 404 or answer.get("code") == 404:
+        return None
+    assert code == 200, answer
+    return answer["delayMsg"]["status"]
+
+
+class Producer(threading.Thread):
+    """Sends one message at a time until stopped; keeps when each send began and was answered."""
+
+    def __init__(self, server: Server, name: str) -> None:
+        super().__init__(daemon=True)
+        self.server, self.name_ = server, name
+        self.sent: list[tuple[str, float, float]] = []  # (msgId, began, answered 200)
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        i = 0
+        while not self.stop.is_set():
+            msg_id = f"{self.name_}-{i}"
+            began = time.monotonic()
+            code, answer = self.server.post("sendMsg", topic="live", msgId=msg_id, msg=f"body {msg_id}",
+                                            delayMillis=3_600_000)
+            if code == 200 and answer["code"] == 200:
+                self.sent.append((msg_id, began, time.monotonic()))
+            i += 1
+
+
+@pytest.mark.parametrize("shards", ["1", "2"])
+def test_a_backup_taken_while_producers_send_restores_everything_answered_before_it(tmp_path: Path, shards: str):
+    node = Server.start(tmp_path / "data", "--shards", shards, log_path=tmp_path / "serve.log")
+    restored = None
+    try:
+        now = int(time.time() * 1000)
+        for start in range(0, 3000, 500):
+            _, answer = node.post_json("sendMsgBatch", {"topic": "t", "msgs": [
+                {"msg": f"m{i} " + "x" * 200, "msgId": f"m{i}", "triggerTime": now + (i % 50) * 3_600_000 - 60_000}
+                for i in range(start, start + 500)]})
+            assert answer["code"] == 200, answer
+        _, pulled = node.post("pullMsg", topic="t", batch=40)
+        acked = [row["msgId"] for row in pulled["delayMsgList"][:20]]
+        for msg_id in acked:
+            node.post("ackMsg", topic="t", msgId=msg_id, ack="true")
+        producers = [Producer(node, f"p{i}") for i in range(2)]
+        for p in producers:
+            p.start()
+        time.sleep(0.5)
+        began = time.monotonic()
+        out = run("backup", "--url", node.base, "--to", str(tmp_path / "backup"))
+        ended = time.monotonic()
+        time.sleep(0.3)
+        for p in producers:
+            p.stop.set()
+            p.join(30)
+        taken = json.loads(out.stdout)
+        assert taken["shards"] == int(shards) and len(taken["positions"]) == int(shards)
+        assert not (tmp_path / "backup.part").exists()
+
+        node.stop()
+        restore = json.loads(run("restore", "--from", str(tmp_path / "backup"), "--data-dir",
+                                 str(tmp_path / "restored")).stdout)
+        assert restore["shards"] == int(shards)
+        restored = Server.start(tmp_path / "restored", "--shards", shards, log_path=tmp_path / "restored.log")
+        for i in range(0, 3000, 7):
+            want = 4 if f"m{i}" in acked else None
+            got = status_of(restored, "t", f"m{i}")
+            assert got is not None and (want is None or got == want), (i, got)
+        before = [m for p in producers for m, _, answered in p.sent if answered < began]
+        after = [m for p in producers for m, started, _ in p.sent if started > ended]
+        assert before and after
+        assert all(status_of(restored, "live", m) == 1 for m in before)  # answered 200 before: there
+        assert all(status_of(restored, "live", m) is None for m in after)  # begun after: not there at all
+    finally:
+        node.stop()
+        if restored is not None:
+            restored.stop()
+
+
+def test_a_backup_killed_midway_leaves_nothing_a_restore_takes(tmp_path: Path):
+    node = Server.start(tmp_path / "data", log_path=tmp_path / "serve.log")
+    try:
+        now = int(time.time() * 1000)
+        for start in range(0, 20_000, 1000):  # some 100 MB of bodies: the stream takes a while
+            _, answer = node.post_json("sendMsgBatch", {"topic": "t", "msgs": [
+                {"msg": "y" * 5000, "msgId": f"m{i}", "triggerTime": now + 3_600_000} for i in range(start, start + 1000)]})
+            assert answer["code"] == 200, answer
+        proc = subprocess.Popen(hourglass("backup", "--url", node.base, "--to", str(tmp_path / "backup")), cwd=ROOT,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_for(lambda: any((tmp_path / "backup.part").rglob("*.log")), 60, "the backup's first file")
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        assert not (tmp_path / "backup").exists()
+        for source in ("backup", "backup.part"):
+            done = run("restore", "--from", str(tmp_path / source), "--data-dir", str(tmp_path / "new"), code=2)
+            assert "no whole backup" in done.stderr and not (tmp_path / "new").exists()
+        run("backup", "--url", node.base, "--to", str(tmp_path / "backup"))  # the next one is whole, and served
+        assert (tmp_path / "backup" / "manifest.json").exists()
+    finally:
+        node.stop()
+
+
+def test_a_damaged_or_missing_file_is_refused_by_name_and_nothing_restored(tmp_path: Path):
+    node = Server.start(tmp_path / "data", log_path=tmp_path / "serve.log")
+    try:
+        node.post("sendMsg", topic="t", msgId="a", msg="hello", delayMillis=60_000)
+        run("backup", "--url", node.base, "--to", str(tmp_path / "backup"))
+    finally:
+        node.stop()
+    checkpoint = tmp_path / "backup" / "shard-0" / "checkpoint"
+    data = bytearray(checkpoint.read_bytes())
+    data[-1] ^= 0xFF
+    checkpoint.write_bytes(bytes(data))
+    done = run("restore", "--from", str(tmp_path / "backup"), "--data-dir", str(tmp_path / "new"), code=2)
+    assert "shard-0/checkpoint is damaged" in done.stderr and not (tmp_path / "new").exists()
+    checkpoint.unlink()
+    done = run("restore", "--from", str(tmp_path / "backup"), "--data-dir", str(tmp_path / "new"), code=2)
+    assert "shard-0/checkpoint is missing" in done.stderr
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "x").write_text("x")
+    done = run("restore", "--from", str(tmp_path / "backup"), "--data-dir", str(tmp_path / "full"), code=2)
+    assert "is not empty" in done.stderr
+
+
+def test_a_node_on_redis_answers_that_it_takes_no_backups(redis_url, tmp_path: Path):
+    pytest.importorskip("redis", reason="the redis extra is not installed (pip install 'hourglass[redis]')")
+    node = Server.start(tmp_path / "data", "--backend", redis_url, log_path=tmp_path / "serve.log")
+    try:
+        done = run("backup", "--url", node.base, "--to", str(tmp_path / "backup"), code=1)
+        assert "serves no backups" in done.stderr and not (tmp_path / "backup").exists()
+    finally:
+        node.stop()
