@@ -268,6 +268,17 @@ class PageKeeper:
         trigger times are known to start there)."""
         return self.more and len(self._heap) >= self._limit and low_ms > -self._heap[0][0]
 
+    def scan_range(self) -> tuple[int | None, int | None]:
+        """The trigger times [low, high) a candidate may still have (None:
+        unbounded): not before the cursor's, and, once the page is full, not
+        after its last one (nor after the first that did not fit)."""
+        low = None if self._after is None else self._after[0]
+        high = None if self._cut is None else self._cut[0] + 1
+        if len(self._heap) >= self._limit:
+            last = -self._heap[0][0] + 1
+            high = last if high is None else min(high, last)
+        return low, high
+
     def before_cursor(self, high_ms: int) -> bool:
         """Whether every candidate triggering before `high_ms` lies before
         the cursor (so need not be read)."""

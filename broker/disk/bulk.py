@@ -59,10 +59,11 @@ from itertools import chain
 from operator import itemgetter
 from typing import NamedTuple
 
-from storage.entry import STATUS_BY_VALUE, Location, Message, Status
+from storage.entry import MS_PER_HOUR, STATUS_BY_VALUE, Location, Message, Status
 from storage.errors import HourglassError, InvalidRequest
 from storage.key_index import KeyPart
 from storage.reading import Match, ScanFloors
+from storage.spans import is_span
 from storage.store import Store, text_hash
 
 from ..core.bulk_params import MOVABLE, BulkFilter, DeleteMsgsRequest, ListMsgRequest, PageKeeper, RescheduleMsgsRequest
@@ -214,11 +215,17 @@ class Bulk:
             del self._floors[next(iter(self._floors))]
 
     async def _slices(self, topic: str, flt: BulkFilter, skip: bool = False,
-                      floors: ScanFloors | None = None) -> AsyncIterator[list[Match]]:
+                      floors: ScanFloors | None = None,
+                      narrowed: Callable[[], tuple[int | None, int | None]] | None = None
+                      ) -> AsyncIterator[list[Match]]:
         """The topic's entries passing the entry-level tests (status, trigger
         range, tag hash: storage's `scan_matches`), a slice at a time, the
         loop free between (none if `skip`: the key index found them); each
-        file from its floor in `floors`, which the scan raises."""
+        file from its floor in `floors`, which the scan raises. `narrowed`
+        (a page's): the trigger range its candidates may still have, asked
+        before each slice, so files outside it are not read (a page after a
+        cursor reads from the cursor's time on, and stops reading files
+        once it is full: a topic paged through whole is read about once)."""
         self._lifecycle.check_serving()
         await self._journal.flush()  # a change still in its commit is seen
         if skip or not flt.statuses or not self._store.has_topic(topic):  # (one RAM alone holds: none on disk)
@@ -227,9 +234,15 @@ class Bulk:
         tag_hash = None if flt.tag is None else text_hash(flt.tag)
         cursor = Location(0, 0)
         while True:
+            low, high = flt.trigger_from_ms, flt.trigger_to_ms
+            if narrowed is not None:
+                page_low, page_high = narrowed()
+                low = page_low if low is None else low if page_low is None else max(low, page_low)
+                high = page_high if high is None else high if page_high is None else min(high, page_high)
+            if low is not None and cursor.hour < low // MS_PER_HOUR and not is_span(low // MS_PER_HOUR):
+                cursor = Location(low // MS_PER_HOUR, 0)  # (a message is filed in its trigger's hour or later)
             matches, after = self._store.scan_matches(topic_hash, statuses, cursor, BULK_SCAN, BULK_SCAN, tag_hash,
-                                                      flt.trigger_from_ms, flt.trigger_to_ms, self._messages.now_ms(),
-                                                      floors)
+                                                      low, high, self._messages.now_ms(), floors)
             yield matches
             if after is None:
                 return
@@ -332,7 +345,7 @@ class Bulk:
         if parts is not None and not await self._keyed_page(request.topic, request.filter, parts, keeper):
             parts, keeper = None, PageKeeper(request.cursor, request.limit, request.max_bytes)  # a damaged slot: scan
         async for matches in self._slices(request.topic, request.filter, parts is not None,
-                                          self._floors_of(request.topic, request.filter)):
+                                          self._floors_of(request.topic, request.filter), keeper.scan_range):
             for where, _, _, trigger_ms in matches:
                 if keeper.worth(trigger_ms) and (m := self._full_match(request.filter, where)) is not None:
                     keeper.offer(m)
