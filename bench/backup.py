@@ -131,6 +131,7 @@ def main() -> None:
     parser.add_argument("--before-s", type=float, default=10.0)
     parser.add_argument("--after-s", type=float, default=5.0)
     parser.add_argument("--shards", default="auto")
+    parser.add_argument("--max-rate-mb", default=None, help="passed to hourglass backup (default: none)")
     args = parser.parse_args()
     unwind_on_signals()
     with tempfile.TemporaryDirectory(prefix="hg-backup-") as work:
@@ -147,14 +148,15 @@ def main() -> None:
                                     "maxRetry": 5, "retry": 0, "status": 1}) + "\n")
         data = os.path.join(work, "data")
         node = Server.start(data, "--shards", args.shards, log_path=os.path.join(work, "serve.log"))
-        out: dict[str, Any] = {"n": args.n, "shards": args.shards, "rate": args.rate}
+        out: dict[str, Any] = {"n": args.n, "shards": args.shards, "rate": args.rate, "maxRateMb": args.max_rate_mb}
         try:
             out["fill"] = command("import", "--url", node.base, "--from", source)
             producers = Producers(node.base, args.rate)
             producers.start()
             time.sleep(args.before_s)
             began = time.monotonic()
-            out["backup"] = command("backup", "--url", node.base, "--to", os.path.join(work, "backup"))
+            rate = () if args.max_rate_mb is None else ("--max-rate-mb", args.max_rate_mb)
+            out["backup"] = command("backup", "--url", node.base, "--to", os.path.join(work, "backup"), *rate)
             ended = time.monotonic()
             time.sleep(args.after_s)
             producers.stop()

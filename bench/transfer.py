@@ -186,8 +186,9 @@ def lines(args: argparse.Namespace, work: str) -> dict[str, Any]:
             out[f"compare_{name}"] = say({
                 "stored": len(got), "listedTwice": twice,
                 "missing": sum(k not in got for k in a_part), "extra": sum(k not in a_part for k in got),
-                "differing": sum(any(got[k].get(f) != row.get(f) for f in FIELDS) for k, row in a_part.items()
-                                 if k in got)})
+                "differing": {f: n for f in FIELDS
+                              if (n := sum(got[k].get(f) != row.get(f) for k, row in a_part.items() if k in got))},
+                "statusNote": "a status differs where a message fell due between the two listings"})
         return out
     finally:
         for node in nodes.values():

@@ -58,15 +58,19 @@ def shard_dir(index: int) -> str:
     return f"shard-{index}"
 
 
-def take(url: str, token: str | None, out: str, timeout_s: float = 30.0) -> dict[str, Any]:
-    """A backup of the node at `url` into the directory `out` (module docstring); what it did."""
+def take(url: str, token: str | None, out: str, timeout_s: float = 30.0,
+         max_rate: float | None = None) -> dict[str, Any]:
+    """A backup of the node at `url` into the directory `out` (module
+    docstring), read at most `max_rate` bytes a second (None: as fast as
+    it comes); what it did."""
     started = time.monotonic()
-    part = out.rstrip("/") + ".part"
+    part = os.path.abspath(out.rstrip("/") + ".part")
     if os.path.exists(part):
         shutil.rmtree(part)
     make_dir(part)
-    shards = asyncio.run(_streams(url, token, part, timeout_s))
-    files = _files(part)
+    hashes: dict[str, Any] = {}
+    shards = asyncio.run(_streams(url, token, part, timeout_s, Pace(max_rate), hashes))
+    files = _files(part, hashes)
     manifest = {"format": FORMAT, "shards": len(shards), "taken": int(time.time() * 1000),
                 "positions": [s["position"] for s in shards], "files": files}
     with open(os.path.join(part, MANIFEST), "w", encoding="utf-8") as f:
@@ -88,7 +92,28 @@ def take(url: str, token: str | None, out: str, timeout_s: float = 30.0) -> dict
             "pausedSeconds": max(s["pausedSeconds"] for s in shards), "seconds": round(time.monotonic() - started, 3)}
 
 
-async def _streams(url: str, token: str | None, part: str, timeout_s: float) -> list[dict[str, Any]]:
+class Pace:
+    """At most `rate` bytes a second over the whole backup (None: no bound):
+    a reader that pauses lets TCP slow the node's stream, so a backup of a
+    busy node can take its CPU and disk in smaller bites."""
+
+    def __init__(self, rate: float | None) -> None:
+        if rate is not None and not rate > 0:
+            raise ConfigError(f"--max-rate-mb must be above 0, got {rate / 1e6}")
+        self.rate = rate
+        self.started = time.monotonic()
+        self.bytes = 0
+
+    async def took(self, count: int) -> None:
+        self.bytes += count
+        if self.rate is not None:
+            ahead = self.started + self.bytes / self.rate - time.monotonic()
+            if ahead > 0:
+                await asyncio.sleep(ahead)
+
+
+async def _streams(url: str, token: str | None, part: str, timeout_s: float, pace: Pace,
+                   hashes: dict[str, Any]) -> list[dict[str, Any]]:
     """Every shard's stream written under `part`, one shard after another; their end frames."""
     base = URL(url.split(",")[0].strip().rstrip("/"))
     headers = {"Authorization": f"Bearer {token}"} if token else {}
@@ -99,14 +124,19 @@ async def _streams(url: str, token: str | None, part: str, timeout_s: float) -> 
                 raise BackupFailed(f"{url} answered {r.status} to getShardMap: {(await r.text())[:300]}")
             shard_map = await r.json(content_type=None)
         ports = [int(p) for p in shard_map.get("ports") or [base.port]]
-        return [await _shard(session, base.with_port(port), headers, index, part) for index, port in enumerate(ports)]
+        return [await _shard(session, base.with_port(port), headers, index, part, pace, hashes)
+                for index, port in enumerate(ports)]
 
 
 async def _shard(session: aiohttp.ClientSession, base: URL, headers: dict[str, str], index: int,
-                 part: str) -> dict[str, Any]:
-    """Shard `index`'s stream written under `part`; its end frame."""
+                 part: str, pace: Pace, hashes: dict[str, Any]) -> dict[str, Any]:
+    """Shard `index`'s stream written under `part`; its end frame. Each
+    file's SHA-256 is taken as its bytes arrive, in order (`hashes`: path
+    relative to `part` -> [the hash, bytes hashed]; a file written out of
+    order is hashed again at the end)."""
     into = os.path.join(part, shard_dir(index))
     make_dir(into)
+    top = part + os.sep  # (absolute: a file's key in `hashes` is its path after this)
     open_files: dict[str, int] = {}
     try:
         async with session.get(base / PREFIX.strip("/") / "backupShard", headers=headers) as r:
@@ -133,7 +163,15 @@ async def _shard(session: aiohttp.ClientSession, base: URL, headers: dict[str, s
                     make_dir(os.path.dirname(path))
                     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
                     open_files[path] = fd
-                os.pwrite(fd, data, int(header["at"]))
+                at = int(header["at"])
+                os.pwrite(fd, data, at)
+                running = hashes.setdefault(path[len(top):], [hashlib.sha256(), 0])
+                if running[0] is not None and running[1] == at:
+                    running[0].update(data)
+                    running[1] += len(data)
+                else:
+                    running[0] = None  # (out of order: hashed from the file)
+                await pace.took(len(data))
     finally:
         for fd in open_files.values():
             os.close(fd)
@@ -148,13 +186,18 @@ def _inside(root: str, relative: str) -> str:
     return path
 
 
-def _files(root: str) -> dict[str, dict[str, Any]]:
-    """Every file under `root`: relative path -> size and SHA-256."""
+def _files(root: str, hashes: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Every file under `root`: relative path -> size and SHA-256 (the one
+    taken as it arrived, when it covers the whole file)."""
     found = {}
     for folder, _, names in os.walk(root):
         for name in sorted(names):
             path = os.path.join(folder, name)
-            found[os.path.relpath(path, root)] = {"size": os.path.getsize(path), "sha256": _sha256(path)}
+            relative, size = os.path.relpath(path, root), os.path.getsize(path)
+            running = hashes.get(relative)
+            digest = running[0].hexdigest() if running and running[0] is not None and running[1] == size \
+                else _sha256(path)
+            found[relative] = {"size": size, "sha256": digest}
     return found
 
 
