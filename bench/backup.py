@@ -131,7 +131,7 @@ def main() -> None:
     parser.add_argument("--before-s", type=float, default=10.0)
     parser.add_argument("--after-s", type=float, default=5.0)
     parser.add_argument("--shards", default="auto")
-    parser.add_argument("--max-rate-mb", default=None, help="passed to hourglass backup (default: none)")
+    parser.add_argument("--max-rate-mb", default=None, help="passed to hourglass backup (default: its default)")
     args = parser.parse_args()
     unwind_on_signals()
     with tempfile.TemporaryDirectory(prefix="hg-backup-") as work:

@@ -299,9 +299,9 @@ def _transfer_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
     backup.add_argument("--to", required=True, help="the backup's directory (written as DIR.part, renamed once "
                                                     "whole; an existing DIR is replaced then)")
     backup.add_argument("--timeout", type=float, default=30.0, help="seconds to connect (default 30)")
-    backup.add_argument("--max-rate-mb", type=float, default=None,
+    backup.add_argument("--max-rate-mb", type=float, default=25.0,
                         help="read the backup at most this many MB (10^6 bytes) a second, so a busy node serves "
-                             "on at its pace (default: as fast as it comes)")
+                             "on at its pace (default 25; 0: as fast as it comes)")
     backup.add_argument("--log-level", default="INFO", help="DEBUG, INFO (default), WARNING, ERROR")
     restore = sub.add_parser("restore", help="a new data directory from a backup, checked whole first")
     restore.add_argument("--from", dest="from_dir", required=True, help="the backup's directory")
@@ -329,7 +329,7 @@ def run_transfer(args: argparse.Namespace) -> int:
     if args.command == "backup":
         from .transfer import backup
 
-        rate = None if args.max_rate_mb is None else args.max_rate_mb * 1e6
+        rate = None if args.max_rate_mb == 0 else args.max_rate_mb * 1e6
         print(orjson.dumps(backup.take(args.url, token, args.to, args.timeout, rate)).decode())
         return 0
     if args.command == "export":
