@@ -101,7 +101,7 @@ class DiskNode(NodeBase):
         # online backups of the store (GET backupShard), which hold checkpoints off while they run
         clear_staging(config.data_path)
         self.backups = Backups(lambda: self.store, config.data_path, self.broker.commits.at_quiet_point,
-                               self.checkpoint, config.shard or (0, 1))
+                               self._backup_checkpoint, config.shard or (0, 1))
         self.last_checkpoint_ms: int | None = None
         # Shard i of a node of many (broker.shards): the API serves the node through its router.
         self.router: ShardRouter | None = None
@@ -308,6 +308,14 @@ class DiskNode(NodeBase):
                     # calls this shard made of the others, and they of it (docs/operations.md, "Shards")
                     single_series("hourglass_shard_forwards_total", COUNTER, self.router.forwarded),
                     single_series("hourglass_shard_calls_served_total", COUNTER, self.router.served)))]
+
+    async def _backup_checkpoint(self) -> None:
+        """A backup's first checkpoint: one that fails fails the node, as in the checkpoint loop (broker.server)."""
+        try:
+            await self.checkpoint()
+        except Exception as e:
+            self.broker.fail(e, "a checkpoint")
+            raise
 
     async def checkpoint(self) -> None:
         """The checkpoint is prepared by the group commit at a quiet point

@@ -23,6 +23,10 @@ it is in the copy at all.
             files beside the store (schedules, topic settings, jobs, push
             subscriptions, the tick). An hour the checkpoint does not list is
             left out: recovery deletes such files and replay makes them again.
+            The small files are their writers' own: a copy may end in a torn
+            last record, which their readers drop as after a crash; a base
+            and its log (topic settings) are copied under the log's shared
+            flock, as their reader reads them.
 
 A `Piece` is (the file's path relative to the store, where it starts,
 where it ends; None: to its end when copied). Step 2's pieces are copied at
@@ -33,6 +37,8 @@ take.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import struct
@@ -51,6 +57,8 @@ from .hour_files import hour_paths
 NODE_FILES = ("tick", "schedules", "topic-settings", "topic-settings.log", "topic-resumes", "topic-resumes.log",
               "push-subscriptions.json")
 NODE_FOLDERS = ("jobs",)
+# Logs whose base file is replaced under their exclusive flock (broker.flow.file): a copy holds the shared one.
+LOCKED_LOGS = ("topic-settings.log", "topic-resumes.log")
 INDEX_FOLDERS = ("ids", "keys", "ends")
 
 
@@ -134,24 +142,38 @@ def stage(directory: str, pieces: list[Piece], staging: str) -> list[tuple[Piece
     (the piece, its staged file, its length) of each; a file gone since the
     pieces were listed is left out."""
     staged = []
-    for number, piece in enumerate(pieces):
-        try:
-            source = os.open(os.path.join(directory, piece.path), os.O_RDONLY)
-        except FileNotFoundError:
-            continue
-        try:
-            end = os.fstat(source).st_size if piece.end is None else min(piece.end, os.fstat(source).st_size)
-            length = max(0, end - piece.start)
-            target_path = os.path.join(staging, f"{number:08d}")
-            target = os.open(target_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE)
+    with contextlib.ExitStack() as held:
+        for log_name in LOCKED_LOGS:  # (a base and its log read together, as their reader does)
             try:
-                copy_range(source, piece.start, length, target)
-            finally:
-                os.close(target)
-        finally:
-            os.close(source)
-        staged.append((piece, target_path, length))
+                fd = os.open(os.path.join(directory, log_name), os.O_RDONLY)
+            except FileNotFoundError:
+                continue
+            held.callback(os.close, fd)
+            fcntl.flock(fd, fcntl.LOCK_SH)
+        for number, piece in enumerate(pieces):
+            copied = _stage_piece(directory, piece, os.path.join(staging, f"{number:08d}"))
+            if copied is not None:
+                staged.append((piece, copied[0], copied[1]))
     return staged
+
+
+def _stage_piece(directory: str, piece: Piece, target_path: str) -> tuple[str, int] | None:
+    """One piece copied to `target_path`: (that path, its length); None if its file is gone."""
+    try:
+        source = os.open(os.path.join(directory, piece.path), os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    try:
+        end = os.fstat(source).st_size if piece.end is None else min(piece.end, os.fstat(source).st_size)
+        length = max(0, end - piece.start)
+        target = os.open(target_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE)
+        try:
+            copy_range(source, piece.start, length, target)
+        finally:
+            os.close(target)
+    finally:
+        os.close(source)
+    return target_path, length
 
 
 def copy_range(source: int, start: int, length: int, target: int) -> None:

@@ -270,9 +270,14 @@ class PageKeeper:
 
     def scan_range(self) -> tuple[int | None, int | None]:
         """The trigger times [low, high) a candidate may still have (None:
-        unbounded): not before the cursor's, and, once the page is full, not
-        after its last one (nor after the first that did not fit)."""
+        unbounded): not before the cursor's; and once a match beyond the
+        page was seen (`more`: the page gets its cursor), not after the page's
+        last one nor after the first that did not fit. Until then the scan
+        goes on, however full the page: a match beyond it must be seen for
+        the page to say there is more."""
         low = None if self._after is None else self._after[0]
+        if not self.more:
+            return low, None
         high = None if self._cut is None else self._cut[0] + 1
         if len(self._heap) >= self._limit:
             last = -self._heap[0][0] + 1

@@ -167,6 +167,9 @@ HEAD_SLICE_BYTES = 4096
 # one batch (`Connection._next`). Reading waits while any is queued, so
 # what they hold is at most what one read brought.
 PIPELINE_DEPTH = 128
+# A streamed answer (a snapshot, a backup) whose reader takes nothing for this long is cut: it
+# holds what the stream holds (a backup: the store's checkpoints) no longer.
+STREAM_STALL_S = 60.0
 
 
 # Called with a request whose head is complete (body still empty): a
@@ -871,7 +874,13 @@ class Connection(asyncio.Protocol):
                     transport.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
                 if self.writing_paused:  # let the socket drain: bounded RAM per stream
                     self.drained = self.loop.create_future()
-                    await self.drained
+                    try:
+                        await asyncio.wait_for(self.drained, STREAM_STALL_S)
+                    except TimeoutError:  # a reader that stopped reading holds nothing longer (a backup's lock)
+                        log.warning("a streamed answer's reader read nothing for %.0f s: connection closed",
+                                    STREAM_STALL_S)
+                        transport.abort()
+                        return
         finally:
             await response.chunks.aclose()
         transport.write(b"0\r\n\r\n")

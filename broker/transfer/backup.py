@@ -14,7 +14,8 @@ A backup is a directory:
 It is written as DIR.part and renamed to DIR only once every shard's
 stream ended whole and every file is fsynced: a backup killed midway
 leaves DIR.part, which restore refuses (no manifest), and never a DIR. A
-second backup to an existing DIR replaces it once whole.
+second backup to an existing DIR (a backup: it has a manifest) replaces it
+once whole; a directory that is not a backup is refused, nothing fetched.
 
 `restore` checks every file against the manifest (size and SHA-256; a
 damaged or missing file is refused, naming it), then writes a new data
@@ -64,6 +65,7 @@ def take(url: str, token: str | None, out: str, timeout_s: float = 30.0,
     docstring), read at most `max_rate` bytes a second (None: as fast as
     it comes); what it did."""
     started = time.monotonic()
+    _replaceable(out)
     part = os.path.abspath(out.rstrip("/") + ".part")
     if os.path.exists(part):
         shutil.rmtree(part)
@@ -78,7 +80,7 @@ def take(url: str, token: str | None, out: str, timeout_s: float = 30.0,
         f.flush()
         os.fsync(f.fileno())
     _fsync_tree(part)
-    if os.path.exists(out):
+    if os.path.exists(out):  # (checked before anything was fetched: `_replaceable`)
         old = out.rstrip("/") + ".old"
         shutil.rmtree(old, ignore_errors=True)
         os.rename(out, old)
@@ -90,6 +92,18 @@ def take(url: str, token: str | None, out: str, timeout_s: float = 30.0,
     return {"to": out, "shards": len(shards), "positions": manifest["positions"], "files": len(files),
             "bytes": sum(f["size"] for f in files.values()), "received": sum(s["bytes"] for s in shards),
             "pausedSeconds": max(s["pausedSeconds"] for s in shards), "seconds": round(time.monotonic() - started, 3)}
+
+
+def _replaceable(out: str) -> None:
+    """ConfigError unless `out` is absent, an empty directory, or a backup
+    (it holds a manifest): a backup replaces nothing else."""
+    if not os.path.exists(out):
+        return
+    if not os.path.isdir(out):
+        raise ConfigError(f"--to {out} is a file, not a backup's directory")
+    if os.listdir(out) and not os.path.isfile(os.path.join(out, MANIFEST)):
+        raise ConfigError(f"--to {out} holds files and no {MANIFEST}: not a backup, so not replaced; name a new "
+                          f"directory")
 
 
 class Pace:
@@ -137,7 +151,8 @@ async def _shard(session: aiohttp.ClientSession, base: URL, headers: dict[str, s
     into = os.path.join(part, shard_dir(index))
     make_dir(into)
     top = part + os.sep  # (absolute: a file's key in `hashes` is its path after this)
-    open_files: dict[str, int] = {}
+    current: tuple[str, int] | None = None  # the one file open (a piece's frames come in a row)
+    made: set[str] = set()
     try:
         async with session.get(base / PREFIX.strip("/") / "backupShard", headers=headers) as r:
             if r.status == 404:
@@ -158,11 +173,16 @@ async def _shard(session: aiohttp.ClientSession, base: URL, headers: dict[str, s
                 if header.get("end"):
                     return dict(header)
                 path = _inside(into, header["path"])
-                fd = open_files.get(path)
-                if fd is None:
-                    make_dir(os.path.dirname(path))
-                    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
-                    open_files[path] = fd
+                if current is None or current[0] != path:
+                    if current is not None:
+                        os.close(current[1])
+                        current = None
+                    if path not in made:
+                        make_dir(os.path.dirname(path))
+                    flags = os.O_WRONLY | os.O_CREAT | (0 if path in made else os.O_TRUNC)
+                    current = (path, os.open(path, flags, FILE_MODE))
+                    made.add(path)
+                fd = current[1]
                 at = int(header["at"])
                 os.pwrite(fd, data, at)
                 running = hashes.setdefault(path[len(top):], [hashlib.sha256(), 0])
@@ -173,8 +193,8 @@ async def _shard(session: aiohttp.ClientSession, base: URL, headers: dict[str, s
                     running[0] = None  # (out of order: hashed from the file)
                 await pace.took(len(data))
     finally:
-        for fd in open_files.values():
-            os.close(fd)
+        if current is not None:
+            os.close(current[1])
 
 
 def _inside(root: str, relative: str) -> str:

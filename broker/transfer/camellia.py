@@ -21,7 +21,7 @@ message is its JSON's status (ended or not), its times and its counts.
 
 What an import makes of each message (`pending`):
 
-    ended (4-7)                    not sent
+    ended (4-7, or unknown)        not sent
     expireTime passed              not sent: camellia ends it at its next
                                    look (5 or 6)
     retry > maxRetry               not sent: no delivery left
@@ -37,7 +37,9 @@ The messages are found by SCAN over the namespace's message keys (so one
 the server stored but had not filed yet is found too), COUNT a page, and
 each page's keys read with MGET and the ack zsets' ZSCORE: read-only
 commands only. A key is taken only if its JSON's topic and msgId make
-exactly that key (a namespace "a" pattern also matches "a|b"'s keys).
+exactly that key (a namespace "a" pattern also matches "a|b"'s keys). A
+message camellia stored but never filed in a queue (its server stopped
+between the two writes of a send) is brought too: at least once.
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ from ..client import NewMsg
 
 MSG_TAG = "camellia_delay_queue_msg"
 ACK_TAG = "camellia_delay_queue_ack"
-ENDED = frozenset((4, 5, 6, 7))
+LIVE = frozenset((1, 2, 3))
 # The glob characters SCAN's MATCH gives a meaning to.
 _GLOB = re.compile(r"([*?\[\]\\])")
 
@@ -101,7 +103,7 @@ def pending(found: Found, namespace: str, now_ms: int) -> tuple[str, NewMsg] | s
         return "unreadable"
     if msg_key(namespace, topic, msg_id).encode() != found.key:
         return "another namespace"
-    if status in ENDED:
+    if status not in LIVE:  # (4-7, or a status camellia does not know: it ends those too)
         return "ended"
     due = trigger if found.ack_deadline is None else max(trigger, int(found.ack_deadline))
     if expire <= max(now_ms, due):

@@ -42,6 +42,30 @@ def test_paging_walks_every_candidate_once_in_order(by_id, limit, rnd):
     assert got == want
 
 
+@given(candidates, st.integers(1, 7), st.randoms())
+def test_a_scan_narrowed_to_the_pages_range_still_walks_every_candidate_once(by_id, limit, rnd):
+    """A scan asks the page's `scan_range` before each candidate (the disk
+    broker's listMsg: files outside it are not read); what it leaves out
+    never changes a page, and a page ends its walk only at the end."""
+    want = sorted((t, i) for i, t in by_id.items())
+    got: list[tuple[int, str]] = []
+    cursor = None
+    for _ in range(len(want) + 2):
+        items = [message(t, i) for i, t in by_id.items()]
+        rnd.shuffle(items)
+        keeper = PageKeeper(cursor, limit)
+        for m in items:
+            low, high = keeper.scan_range()
+            if (low is None or m.trigger_ms >= low) and (high is None or m.trigger_ms < high) and \
+                    keeper.worth(m.trigger_ms):
+                keeper.offer(m)
+        page, cursor = keeper.page()
+        got += [(m.trigger_ms, m.msg_id) for m in page]
+        if cursor is None:
+            break
+    assert got == want
+
+
 @given(st.integers(0, 10**15), st.text(st.characters(codec="utf-8", exclude_characters="\0"), min_size=1))
 def test_a_cursor_parses_back(trigger_ms, msg_id):
     assert parse_cursor(Cursor(trigger_ms, msg_id).text()) == Cursor(trigger_ms, msg_id)

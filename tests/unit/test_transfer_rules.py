@@ -21,7 +21,7 @@ def camellia_rows(draw):
     return {"topic": draw(st.text(min_size=1, max_size=8)), "msgId": draw(st.text(min_size=1, max_size=8)),
             "msg": draw(st.text(min_size=1, max_size=8)), "produceTime": trigger - 1000, "triggerTime": trigger,
             "expireTime": draw(times), "maxRetry": draw(st.integers(0, 20)), "retry": draw(st.integers(0, 22)),
-            "status": draw(st.integers(1, 7))}
+            "status": draw(st.integers(0, 9))}
 
 
 @given(camellia_rows(), st.none() | times)
@@ -29,7 +29,7 @@ def test_a_camellia_message_is_sent_as_camellia_would_deliver_it(row, ack_deadli
     key = camellia.msg_key("ns", row["topic"], row["msgId"]).encode()
     outcome = camellia.pending(camellia.Found(key, row, ack_deadline), "ns", NOW)
     due = row["triggerTime"] if ack_deadline is None else max(row["triggerTime"], ack_deadline)
-    if row["status"] >= 4:
+    if row["status"] not in (1, 2, 3):  # ended, or a status camellia does not know (it ends those)
         assert outcome == "ended"
     elif row["expireTime"] <= NOW or row["expireTime"] <= due:
         assert outcome == "expired"
@@ -62,6 +62,8 @@ def test_an_exported_line_keeps_its_fields_or_says_why_not(row, priority, tag, k
     outcome = lines.pending(orjson.dumps(row), NOW)
     if row["status"] in lines.NOT_SENT:
         assert outcome == lines.NOT_SENT[row["status"]]
+    elif row["status"] not in (1, 2, 3):
+        return  # (not a status a node writes)
     elif row["expireTime"] <= max(NOW, row["triggerTime"]):
         assert outcome == "expired"
     elif row["retry"] > row["maxRetry"]:
