@@ -20,17 +20,20 @@ candidates = st.dictionaries(st.text(st.characters(codec="utf-8", exclude_charac
                              st.integers(0, 20), max_size=40)
 
 
-@given(candidates, st.integers(1, 7), st.randoms())
-def test_paging_walks_every_candidate_once_in_order(by_id, limit, rnd):
-    want = sorted((t, i) for i, t in by_id.items())
+def walk(by_id: dict[str, int], limit: int, rnd, narrowed: bool) -> list[tuple[int, str]]:
+    """Every page in turn, each offered the candidates in a random order
+    (`narrowed`: only those in the page's `scan_range` when offered, as
+    the disk broker's listMsg scan reads only the files in it)."""
     got: list[tuple[int, str]] = []
     cursor = None
-    for _ in range(len(want) + 2):
+    for _ in range(len(by_id) + 2):
         items = [message(t, i) for i, t in by_id.items()]
         rnd.shuffle(items)
         keeper = PageKeeper(cursor, limit)
         for m in items:
-            if keeper.worth(m.trigger_ms):
+            low, high = keeper.scan_range() if narrowed else (None, None)
+            if (low is None or m.trigger_ms >= low) and (high is None or m.trigger_ms < high) and \
+                    keeper.worth(m.trigger_ms):
                 keeper.offer(m)
         page, cursor = keeper.page()
         assert len(page) <= limit
@@ -39,31 +42,19 @@ def test_paging_walks_every_candidate_once_in_order(by_id, limit, rnd):
             break
         assert len(page) == limit
         assert parse_cursor(cursor.text()) == cursor
-    assert got == want
+    return got
+
+
+@given(candidates, st.integers(1, 7), st.randoms())
+def test_paging_walks_every_candidate_once_in_order(by_id, limit, rnd):
+    assert walk(by_id, limit, rnd, narrowed=False) == sorted((t, i) for i, t in by_id.items())
 
 
 @given(candidates, st.integers(1, 7), st.randoms())
 def test_a_scan_narrowed_to_the_pages_range_still_walks_every_candidate_once(by_id, limit, rnd):
-    """A scan asks the page's `scan_range` before each candidate (the disk
-    broker's listMsg: files outside it are not read); what it leaves out
-    never changes a page, and a page ends its walk only at the end."""
-    want = sorted((t, i) for i, t in by_id.items())
-    got: list[tuple[int, str]] = []
-    cursor = None
-    for _ in range(len(want) + 2):
-        items = [message(t, i) for i, t in by_id.items()]
-        rnd.shuffle(items)
-        keeper = PageKeeper(cursor, limit)
-        for m in items:
-            low, high = keeper.scan_range()
-            if (low is None or m.trigger_ms >= low) and (high is None or m.trigger_ms < high) and \
-                    keeper.worth(m.trigger_ms):
-                keeper.offer(m)
-        page, cursor = keeper.page()
-        got += [(m.trigger_ms, m.msg_id) for m in page]
-        if cursor is None:
-            break
-    assert got == want
+    """What a narrowed scan leaves out never changes a page, and a page
+    ends the walk only at the end."""
+    assert walk(by_id, limit, rnd, narrowed=True) == sorted((t, i) for i, t in by_id.items())
 
 
 @given(st.integers(0, 10**15), st.text(st.characters(codec="utf-8", exclude_characters="\0"), min_size=1))
