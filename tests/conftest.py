@@ -48,3 +48,11 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """One real redis-server for the session (each test flushes it)."""
     with redis_server(tmp_path_factory.mktemp("redis")) as port:
         yield f"redis://127.0.0.1:{port}/0"
+
+
+@pytest.fixture
+def own_redis_url(tmp_path: os.PathLike[str]) -> Iterator[str]:
+    """A redis-server of the test's own, stopped after it: for a test whose
+    Redis no other test's node may write to (one that checks what changed)."""
+    with redis_server(tmp_path) as port:
+        yield f"redis://127.0.0.1:{port}/0"

@@ -157,7 +157,8 @@ def test_a_damaged_or_missing_file_is_refused_by_name_and_nothing_restored(tmp_p
     assert "is not empty" in done.stderr
 
 
-def test_a_node_on_redis_answers_that_it_takes_no_backups(redis_url, tmp_path: Path):
+def test_a_node_on_redis_answers_that_it_takes_no_backups(own_redis_url, tmp_path: Path):
+    redis_url = own_redis_url
     pytest.importorskip("redis", reason="the redis extra is not installed (pip install 'hourglass[redis]')")
     node = Server.start(tmp_path / "data", "--backend", redis_url, log_path=tmp_path / "serve.log")
     try:

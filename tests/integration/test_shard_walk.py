@@ -86,6 +86,20 @@ def schedule(status: int, body: Any) -> Any:
     return body.get("code"), s.get("scheduleId"), s.get("paused"), s.get("everyMillis")
 
 
+def backup_ends(status: int, body: Any) -> Any:
+    """A backup stream (storage.backup's frames): its status, and whether its last frame is the end."""
+    from storage.backup import FRAME
+
+    last: dict[str, Any] = {}
+    at = 0
+    raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+    while at + FRAME.size <= len(raw):
+        head, data = FRAME.unpack_from(raw, at)
+        last = json.loads(raw[at + FRAME.size:at + FRAME.size + head])
+        at += FRAME.size + head + data
+    return status, at == len(raw) and bool(last.get("end"))
+
+
 class Walker:
     """One node's walk: each step's answer, reduced."""
 
@@ -146,6 +160,7 @@ def walk(server: Server, shards: int) -> Walker:
     w.step("GET", "/camellia/health/status", ok)
     shard_map = w.step("GET", "getShardMap", ok)
     assert shard_map["shards"] == shards and len(shard_map["ports"]) == shards
+    w.step("GET", "backupShard", backup_ends)  # (the shard reached: its own store's backup)
     # -- sends: ten due now over every shard (two of priority 5), five in an hour
     batch = [{"topic": T, "msgId": f"m{i}", "msg": f"body {i}", "delayMillis": 0, "priority": 5 if i in (3, 7) else 0}
              for i in range(10)]
