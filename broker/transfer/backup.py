@@ -75,7 +75,8 @@ def take(url: str, token: str | None, out: str, timeout_s: float = 30.0,
     files = _files(part, hashes)
     manifest = {"format": FORMAT, "shards": len(shards), "taken": int(time.time() * 1000),
                 "positions": [s["position"] for s in shards], "files": files}
-    with open(os.path.join(part, MANIFEST), "w", encoding="utf-8") as f:
+    with open(os.open(os.path.join(part, MANIFEST), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE), "w",
+              encoding="utf-8") as f:
         json.dump(manifest, f, indent=1, sort_keys=True)
         f.flush()
         os.fsync(f.fileno())
