@@ -24,26 +24,19 @@ import asyncio
 import json
 import os
 import subprocess
-import sys
 import tempfile
 import threading
 import time
 from typing import Any
 
 import aiohttp
-from harness import ROOT, Server, unwind_on_signals
+from harness import ROOT, Server, every_message, hourglass_command, unwind_on_signals
 
 PREFIX = "/camellia/delayQueue/"
 
 
-def hourglass(*args: str) -> list[str]:
-    python = os.environ.get("HOURGLASS_SERVE_PYTHON")
-    head = [python, "-P", "-m", "broker.cli"] if python else [sys.executable, "-m", "broker.cli"]
-    return [*head, *args]
-
-
 def command(*args: str) -> dict[str, Any]:
-    done = subprocess.run(hourglass(*args), cwd=ROOT, capture_output=True, text=True, timeout=3600)
+    done = subprocess.run(hourglass_command(*args), cwd=ROOT, capture_output=True, text=True, timeout=3600)
     if done.returncode != 0:
         raise SystemExit(f"{args[0]} failed: {done.stderr[-2000:]}")
     result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
@@ -97,31 +90,6 @@ class Producers:
     def rate_between(self, start: float, end: float) -> float:
         done = sum(1 for _, _, _, answered in self.sent if start <= answered < end)
         return done / (end - start) if end > start else 0.0
-
-
-def listed(base: str) -> tuple[dict[tuple[str, str], int], int]:
-    """Every message of the node: (topic, msgId) -> trigger time; and how many were listed twice."""
-    import urllib.parse
-    import urllib.request
-
-    def get(path: str, **query: Any) -> Any:
-        with urllib.request.urlopen(base + PREFIX + path + "?" + urllib.parse.urlencode(query), timeout=120) as r:
-            return json.load(r)
-
-    found: dict[tuple[str, str], int] = {}
-    twice = 0
-    for info in get("getTopicInfoList")["data"]:
-        query: dict[str, Any] = {"topic": info["topic"], "status": "1,2,3,4,5,6,7", "limit": 1000}
-        while True:
-            page = get("listMsg", **query)
-            for row in page["delayMsgList"]:
-                key = (row["topic"], row["msgId"])
-                twice += key in found
-                found[key] = row["triggerTime"]
-            if page["cursor"] is None:
-                break
-            query["cursor"] = page["cursor"]
-    return found, twice
 
 
 def main() -> None:
@@ -179,7 +147,8 @@ def main() -> None:
                                 log_path=os.path.join(work, "restored.log"), wait_s=600)
         out["restoredStartSeconds"] = round(time.monotonic() - started, 2)
         try:
-            stored, twice = listed(restored.base)
+            rows, twice = every_message(restored)
+            stored = {key: row["triggerTime"] for key, row in rows.items()}
         finally:
             restored.stop()
         before = {("live", m): t for m, t, _, answered in producers.sent if answered < began}

@@ -154,17 +154,20 @@ def wait_until(check: Callable[[], T], limit_s: float, what: str, process: Proce
         time.sleep(every_s)
 
 
+def hourglass_command(*args: str) -> list[str]:
+    """The command line of `hourglass ARGS...` (run it with cwd ROOT) on
+    the build under test: the hourglass HOURGLASS_SERVE_PYTHON has
+    installed, else this tree's sources."""
+    serve_python = os.environ.get("HOURGLASS_SERVE_PYTHON")
+    head = [serve_python, "-P", "-m", "broker.cli"] if serve_python else [sys.executable, "-m", "broker.cli"]
+    return [*head, *args]
+
+
 def serve_command(data_dir: PathLike, *flags: str, launcher: Sequence[str] = ()) -> list[str]:
     """The command line of `hourglass serve` on `data_dir` (run it with cwd
     ROOT); `launcher`, python's arguments that run the CLI in place of
     `-m broker.cli` (`-m bench.drill_slow_disk CONTROL`)."""
-    serve_python = os.environ.get("HOURGLASS_SERVE_PYTHON")
-    if launcher:
-        head = [sys.executable, *launcher]
-    elif serve_python:
-        head = [serve_python, "-P", "-m", "broker.cli"]
-    else:
-        head = [sys.executable, "-m", "broker.cli"]
+    head = [sys.executable, *launcher] if launcher else hourglass_command()
     if "--shards" not in flags:  # one shard unless asked (HOURGLASS_SHARDS: another count, or auto)
         flags = ("--shards", os.environ.get("HOURGLASS_SHARDS", "1"), *flags)
     return [*head, "serve", "--data-dir", str(data_dir), *flags]
@@ -474,3 +477,27 @@ def disk_bytes(directory: str) -> int:
             with contextlib.suppress(OSError):  # removed meanwhile
                 total += os.stat(os.path.join(path, name)).st_blocks * 512
     return total
+
+
+def every_message(server: Server) -> tuple[dict[tuple[str, str], dict[str, Any]], int]:
+    """Every message the node keeps, whatever its status (each topic of
+    getTopicInfoList paged through listMsg), by (topic, msgId); and how
+    many were listed twice."""
+    found: dict[tuple[str, str], dict[str, Any]] = {}
+    twice = 0
+    status, answer = server.get("getTopicInfoList")
+    assert status == 200 and isinstance(answer, dict), answer
+    for info in answer["data"]:
+        query: dict[str, Any] = {"topic": info["topic"], "status": "1,2,3,4,5,6,7", "limit": 1000}
+        while True:
+            status, page = server.get("listMsg", **query)
+            assert status == 200 and isinstance(page, dict), page
+            for row in page["delayMsgList"]:
+                key = (row["topic"], row["msgId"])
+                twice += key in found
+                found[key] = row
+            if page["cursor"] is None:
+                break
+            query["cursor"] = page["cursor"]
+    return found, twice
+

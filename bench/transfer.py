@@ -37,23 +37,17 @@ import time
 from typing import Any
 
 from camellia_layout import populate
-from harness import ROOT, Process, Server, free_port, tree_cpu_s, unwind_on_signals, wait_until
+from harness import ROOT, Process, Server, every_message, free_port, hourglass_command, tree_cpu_s, unwind_on_signals, wait_until
 
 LIVE_AND_DEAD = "1,2,3,4,5,6,7"
 FIELDS = ("msg", "triggerTime", "expireTime", "maxRetry", "retry", "priority", "tag", "key", "status")
-
-
-def hourglass(*args: str) -> list[str]:
-    python = os.environ.get("HOURGLASS_SERVE_PYTHON")
-    head = [python, "-P", "-m", "broker.cli"] if python else [sys.executable, "-m", "broker.cli"]
-    return [*head, *args]
 
 
 def timed(node: Server, *args: str, already: int = 0) -> dict[str, Any]:
     """One command to its end: its JSON, with its wall seconds and the node's CPU a message (of
     those it moved: `already` of its counts were sent by a run before, as a state file keeps them)."""
     before, started = tree_cpu_s(node.proc.pid, set()), time.monotonic()
-    done = subprocess.run(hourglass(*args), cwd=ROOT, capture_output=True, text=True, timeout=3600)
+    done = subprocess.run(hourglass_command(*args), cwd=ROOT, capture_output=True, text=True, timeout=3600)
     seconds = time.monotonic() - started
     if done.returncode != 0:
         raise SystemExit(f"{args[0]} failed: {done.stderr[-2000:]}")
@@ -68,28 +62,6 @@ def say(figures: dict[str, Any]) -> dict[str, Any]:
     """A stage's figures, also on stderr as it ends."""
     print(json.dumps(figures), file=sys.stderr, flush=True)
     return figures
-
-
-def listed(node: Server) -> dict[tuple[str, str], dict[str, Any]]:
-    """Every message the node keeps; (topic, msgId) listed twice counted under ("", "twice")."""
-    found: dict[tuple[str, str], dict[str, Any]] = {}
-    twice = 0
-    status, answer = node.get("getTopicInfoList")
-    assert status == 200, answer
-    for info in answer["data"]:
-        query: dict[str, Any] = {"topic": info["topic"], "status": LIVE_AND_DEAD, "limit": 1000}
-        while True:
-            status, page = node.get("listMsg", **query)
-            assert status == 200, page
-            for row in page["delayMsgList"]:
-                key = (row["topic"], row["msgId"])
-                twice += key in found
-                found[key] = row
-            if page["cursor"] is None:
-                break
-            query["cursor"] = page["cursor"]
-    found[("", "twice")] = {"count": twice}
-    return found
 
 
 def camellia(args: argparse.Namespace, work: str) -> dict[str, Any]:
@@ -109,7 +81,7 @@ def camellia(args: argparse.Namespace, work: str) -> dict[str, Any]:
     state = os.path.join(work, "import.state")
     command = ("import", "--url", node.base, "--from-camellia", url, "--namespace", "prod", "--state", state)
     try:
-        first = subprocess.Popen(hourglass(*command), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        first = subprocess.Popen(hourglass_command(*command), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         target = 0.4 * len(populated.expected)
 
         def sent() -> int:
@@ -124,8 +96,7 @@ def camellia(args: argparse.Namespace, work: str) -> dict[str, Any]:
         first.wait()
         at_kill = sent()
         rerun = timed(node, *command, already=at_kill)
-        stored = listed(node)
-        twice = stored.pop(("", "twice"))["count"]
+        stored, twice = every_message(node)
         lost = [k for k in populated.expected if k not in stored]
         extra = [k for k in stored if k not in populated.expected]
         wrong = [k for k, t in populated.expected.items() if k in stored and stored[k]["triggerTime"] != t]
@@ -164,8 +135,7 @@ def lines(args: argparse.Namespace, work: str) -> dict[str, Any]:
         out: dict[str, Any] = {"part": "lines", "n": args.n, "shards": args.shards}
         out["importIntoA"] = say(timed(nodes["a"], "import", "--url", nodes["a"].base, "--from", source))
         out["export"] = say(timed(nodes["a"], "export", "--url", nodes["a"].base, "--out", exported))
-        a = listed(nodes["a"])
-        a.pop(("", "twice"))
+        a, _ = every_message(nodes["a"])
         for name in [n for n in nodes if n != "a"]:
             source_of = exported
             if name == "redis":  # the first --redis-n lines (listing a Redis topic pages through all of it)
@@ -180,9 +150,8 @@ def lines(args: argparse.Namespace, work: str) -> dict[str, Any]:
                                                   source_of))
             out[f"importInto_{name}_again"] = say(timed(nodes[name], "import", "--url", nodes[name].base, "--from",
                                                         source_of))
-            got = listed(nodes[name])
+            got, twice = every_message(nodes[name])
             a_part = {k: a[k] for k in keys}
-            twice = got.pop(("", "twice"))["count"]
             out[f"compare_{name}"] = say({
                 "stored": len(got), "listedTwice": twice,
                 "missing": sum(k not in got for k in a_part), "extra": sum(k not in a_part for k in got),

@@ -38,6 +38,7 @@ import os
 import shutil
 import tarfile
 
+from storage.backup import copy_range
 from storage.checkpoint import Checkpoint
 from storage.disk import DISK
 from storage.errors import ContractError
@@ -85,34 +86,12 @@ def write_tar(data_dir: str, files: list[tuple[str, int | None]], out: str) -> i
                 info.size = length
                 info.mode = FILE_MODE
                 tar.write(info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape"))
-                _copy(f.fileno(), tar.fileno(), length)
+                copy_range(f.fileno(), 0, length, tar.fileno())
                 tar.write(bytes(-length % tarfile.BLOCKSIZE))
         tar.write(bytes(2 * tarfile.BLOCKSIZE))  # the end of the archive
         end = tar.tell()
         tar.write(bytes(-end % tarfile.RECORDSIZE))
     return os.path.getsize(out)
-
-
-def _copy(source: int, target: int, length: int) -> None:
-    """`length` bytes from the start of `source` to `target`'s position."""
-    copied = 0
-    while copied < length:
-        try:
-            n = os.copy_file_range(source, target, length - copied, copied)
-        except OSError:  # a kernel or file system without it: through this process
-            os.lseek(source, copied, os.SEEK_SET)
-            while copied < length:
-                chunk = os.read(source, min(1 << 20, length - copied))
-                if not chunk:
-                    break
-                os.write(target, chunk)
-                copied += len(chunk)
-            n = 0
-        if n == 0:
-            break
-        copied += n
-    if copied != length:
-        raise ContractError(f"a snapshot file ended after {copied} of {length} bytes while it was copied")
 
 
 def unpack(tar_path: str, data_dir: str) -> str:

@@ -177,12 +177,15 @@ def _stage_piece(directory: str, piece: Piece, target_path: str) -> tuple[str, i
 
 
 def copy_range(source: int, start: int, length: int, target: int) -> None:
-    """`length` bytes of `source` from `start` to `target`'s position."""
+    """`length` bytes of `source` from `start` to `target`'s position, in
+    the kernel (copy_file_range; through this process where the file
+    system has none). A backup's pieces and a cluster's snapshot
+    (replication.snapshot) are copied so."""
     copied = 0
     while copied < length:
         try:
             n = os.copy_file_range(source, target, length - copied, start + copied)
-        except OSError:  # a file system without it: through this process
+        except OSError:
             n = len(chunk := os.pread(source, min(1 << 20, length - copied), start + copied))
             os.write(target, chunk)
         if n == 0:

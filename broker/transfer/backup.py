@@ -40,6 +40,7 @@ import aiohttp
 from yarl import URL
 
 from storage import backup as frames
+from storage.disk import DISK
 from storage.errors import ConfigError, HourglassError
 from storage.fileutil import FILE_MODE, fsync_dir, make_dir
 
@@ -80,7 +81,7 @@ def take(url: str, token: str | None, out: str, timeout_s: float = 30.0,
         json.dump(manifest, f, indent=1, sort_keys=True)
         f.flush()
         os.fsync(f.fileno())
-    _fsync_tree(part)
+    DISK.fsync_tree(part)
     if os.path.exists(out):  # (checked before anything was fetched: `_replaceable`)
         old = out.rstrip("/") + ".old"
         shutil.rmtree(old, ignore_errors=True)
@@ -147,8 +148,8 @@ async def _shard(session: aiohttp.ClientSession, base: URL, headers: dict[str, s
                  part: str, pace: Pace, hashes: dict[str, Any]) -> dict[str, Any]:
     """Shard `index`'s stream written under `part`; its end frame. Each
     file's SHA-256 is taken as its bytes arrive, in order (`hashes`: path
-    relative to `part` -> [the hash, bytes hashed]; a file written out of
-    order is hashed again at the end)."""
+    relative to `part` -> [the hash, bytes hashed]; a file whose frames
+    came out of order is hashed again at the end)."""
     into = os.path.join(part, shard_dir(index))
     make_dir(into)
     top = part + os.sep  # (absolute: a file's key in `hashes` is its path after this)
@@ -230,17 +231,6 @@ def _sha256(path: str) -> str:
     return digest.hexdigest()
 
 
-def _fsync_tree(root: str) -> None:
-    for folder, _, names in os.walk(root):
-        for name in names:
-            fd = os.open(os.path.join(folder, name), os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        fsync_dir(folder)
-
-
 def check(source: str) -> dict[str, Any]:
     """The backup's manifest, once every file it names is there with its
     size and SHA-256; ConfigError naming the first that is not."""
@@ -287,7 +277,7 @@ def restore(source: str, data_dir: str) -> dict[str, Any]:
         os.chmod(folder, 0o700)
         for name in names:
             os.chmod(os.path.join(folder, name), FILE_MODE)
-    _fsync_tree(part)
+    DISK.fsync_tree(part)
     if os.path.exists(data_dir):
         os.rmdir(data_dir)
     os.rename(part, data_dir)

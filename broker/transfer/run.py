@@ -131,10 +131,11 @@ async def import_camellia(target: Target, redis_url: str, namespace: str, *, sta
                           dry_run: bool = False, rejects_path: str | None = None,
                           page: int = 1000) -> dict[str, object]:
     """Every pending message of camellia's namespace sent to the node (broker.transfer.camellia)."""
+    from ..redis.keys import redact
     from .camellia import CamelliaSource
 
     source = CamelliaSource(redis_url, namespace, page=page)
-    state = State(state_path, f"camellia {_without_password(redis_url)} {namespace}")
+    state = State(state_path, f"camellia {redact(redis_url)} {namespace}")
 
     async def steps(sender: Sender | None, tally: Tally) -> None:
         async for cursor, sends, skipped in source.pages(state.place if sender is not None else 0, _now_ms()):
@@ -211,13 +212,3 @@ def _opened(path: str) -> BinaryIO:
         return open(path, "rb")
     except OSError as e:
         raise ConfigError(f"cannot read {path}: {e.strerror}") from None
-
-
-def _without_password(url: str) -> str:
-    """A Redis URL as it may be shown (its password as ***)."""
-    scheme, sep, rest = url.partition("://")
-    credentials, at, host = rest.rpartition("@")
-    if not at or ":" not in credentials:
-        return url
-    user = credentials.split(":", 1)[0]
-    return f"{scheme}{sep}{user}:***@{host}"

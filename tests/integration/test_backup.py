@@ -7,28 +7,21 @@ node that takes no backups (Redis).
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
+from harness import hourglass_command
 from serving import ROOT, Server, wait_for
 
 pytestmark = pytest.mark.slow
 
 
-def hourglass(*args: str) -> list[str]:
-    python = os.environ.get("HOURGLASS_SERVE_PYTHON")
-    head = [python, "-P", "-m", "broker.cli"] if python else [sys.executable, "-m", "broker.cli"]
-    return [*head, *args]
-
-
 def run(*args: str, code: int = 0) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run(hourglass(*args), cwd=ROOT, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(hourglass_command(*args), cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == code, (done.returncode, done.stderr[-3000:])
     return done
 
@@ -120,7 +113,7 @@ def test_a_backup_killed_midway_leaves_nothing_a_restore_takes(tmp_path: Path):
             _, answer = node.post_json("sendMsgBatch", {"topic": "t", "msgs": [
                 {"msg": "y" * 5000, "msgId": f"m{i}", "triggerTime": now + 3_600_000} for i in range(start, start + 1000)]})
             assert answer["code"] == 200, answer
-        proc = subprocess.Popen(hourglass("backup", "--url", node.base, "--to", str(tmp_path / "backup")), cwd=ROOT,
+        proc = subprocess.Popen(hourglass_command("backup", "--url", node.base, "--to", str(tmp_path / "backup")), cwd=ROOT,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wait_for(lambda: any((tmp_path / "backup.part").rglob("*.log")), 60, "the backup's first file")
         proc.send_signal(signal.SIGKILL)

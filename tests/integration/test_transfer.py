@@ -9,15 +9,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from camellia_layout import populate
+from harness import every_message, hourglass_command
 from serving import ROOT, Server, wait_for
 
 redis = pytest.importorskip("redis", reason="the redis extra is not installed (pip install 'hourglass[redis]')")
@@ -28,37 +28,17 @@ N = 20_000
 LIVE_AND_DEAD = "1,2,3,4,5,6,7"
 
 
-def hourglass(*args: str) -> list[str]:
-    """The command line a user runs, on the build under test (bench/harness.py's choice of python)."""
-    python = os.environ.get("HOURGLASS_SERVE_PYTHON")
-    head = [python, "-P", "-m", "broker.cli"] if python else [sys.executable, "-m", "broker.cli"]
-    return [*head, *args]
-
-
 def run(*args: str, check: bool = True) -> dict[str, object]:
-    done = subprocess.run(hourglass(*args), cwd=ROOT, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(hourglass_command(*args), cwd=ROOT, capture_output=True, text=True, timeout=300)
     if check:
         assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1]) if done.stdout.strip() else {}
 
 
-def every_message(server: Server) -> dict[tuple[str, str], dict[str, object]]:
-    """Every message the node keeps, whatever its status, by (topic, msgId); a key seen twice fails."""
-    found: dict[tuple[str, str], dict[str, object]] = {}
-    status, answer = server.get("getTopicInfoList")
-    assert status == 200, answer
-    for info in answer["data"]:
-        query = {"topic": info["topic"], "status": LIVE_AND_DEAD, "limit": 1000}
-        while True:
-            status, page = server.get("listMsg", **query)
-            assert status == 200, page
-            for row in page["delayMsgList"]:
-                key = (row["topic"], row["msgId"])
-                assert key not in found, f"{key} listed twice"
-                found[key] = row
-            if page["cursor"] is None:
-                break
-            query["cursor"] = page["cursor"]
+def every_of(server: Server) -> dict[tuple[str, str], dict[str, Any]]:
+    """Every message the node keeps; one listed twice fails."""
+    found, twice = every_message(server)
+    assert twice == 0, f"{twice} listed twice"
     return found
 
 
@@ -87,9 +67,9 @@ def test_from_camellia_every_pending_message_once_across_a_kill9(own_redis_url, 
                 "--state", str(state))
         dry = run(*args[:-2], "--dry-run")
         assert dry["skipped"] == {**populated.left, "another namespace": 10, "would send": len(populated.expected)}
-        assert every_message(node) == {}
+        assert every_of(node) == {}
 
-        first = subprocess.Popen(hourglass(*args, "--rate", "3000", "--batch", "200"), cwd=ROOT,
+        first = subprocess.Popen(hourglass_command(*args, "--rate", "3000", "--batch", "200"), cwd=ROOT,
                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             wait_for(lambda: state.exists() and json.loads(state.read_text())["place"] != 0, 60,
@@ -106,7 +86,7 @@ def test_from_camellia_every_pending_message_once_across_a_kill9(own_redis_url, 
         assert second["skipped"] == {**populated.left, "another namespace": 10}
         assert run(*args)["done"] is True  # a third run: finished, nothing sent
 
-        stored = every_message(node)
+        stored = every_of(node)
         assert {key: row["triggerTime"] for key, row in stored.items()} == populated.expected
         assert all(row["status"] in (1, 2) and row["retry"] == 0 for row in stored.values())
         consuming = [row for row in stored.values() if row["triggerTime"] == now - 100 + 30_000]
@@ -136,7 +116,7 @@ def test_export_then_import_keeps_each_message_and_stores_nothing_twice(own_redi
         assert len(pulled["delayMsgList"]) == 10
         for row in pulled["delayMsgList"][:4]:
             old.post("ackMsg", topic="due", msgId=row["msgId"], ack="true")
-        before = every_message(old)
+        before = every_of(old)
 
         out = tmp_path / "export.jsonl"
         written = run("export", "--url", old.base, "--out", str(out))
@@ -145,7 +125,7 @@ def test_export_then_import_keeps_each_message_and_stores_nothing_twice(own_redi
             for _ in range(2):  # the second stores nothing twice
                 outcome = run("import", "--url", new.base, "--from", str(out))
                 assert outcome["sent"] == 316 and outcome["refused"] == 0 and outcome["skipped"] == {}
-            after = every_message(new)
+            after = every_of(new)
             assert after.keys() == {k for k, row in before.items() if row["status"] != 4}
             for key, row in after.items():
                 was = before[key]
@@ -173,7 +153,7 @@ def test_a_message_the_node_refuses_is_set_aside_and_the_rest_of_its_batch_store
         assert outcome["skipped"] == {"acked": 1, "unreadable": 1}
         refused = [json.loads(line) for line in rejects.read_text().splitlines()]
         assert [(r["topic"], r["msgId"]) for r in refused] == [("t", "m3")] and "413" in refused[0]["reason"]
-        assert sorted(k[1] for k in every_message(node)) == [f"m{i}" for i in range(8) if i != 3]
+        assert sorted(k[1] for k in every_of(node)) == [f"m{i}" for i in range(8) if i != 3]
     finally:
         node.stop()
 
@@ -181,9 +161,9 @@ def test_a_message_the_node_refuses_is_set_aside_and_the_rest_of_its_batch_store
 def test_bad_flags_answer_a_sentence(tmp_path: Path):
     for args, words in ((("--batch", "0"), "--batch must be in 1..1000"),
                         (("--namespace", "x"), "--namespace goes with --from-camellia")):
-        done = subprocess.run(hourglass("import", "--url", "http://127.0.0.1:1", "--from", "nothing", *args),
+        done = subprocess.run(hourglass_command("import", "--url", "http://127.0.0.1:1", "--from", "nothing", *args),
                               cwd=ROOT, capture_output=True, text=True, timeout=60)
         assert done.returncode == 2 and words in done.stderr, done.stderr
-    done = subprocess.run(hourglass("import", "--url", "http://127.0.0.1:1", "--from", str(tmp_path / "none")),
+    done = subprocess.run(hourglass_command("import", "--url", "http://127.0.0.1:1", "--from", str(tmp_path / "none")),
                           cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "cannot read" in done.stderr, done.stderr
