@@ -60,6 +60,7 @@ Match = tuple[Location, int, int, int]
 # for a tag looks for both at once in the raw bytes.
 _TOPIC_TAG = struct.Struct("<II")
 _TOPIC_TAG_OFFSET = 28
+_TOPIC = struct.Struct("<I")
 
 
 class ScanFloors:
@@ -308,7 +309,10 @@ class Reader:
         fixed_bytes = delay_index.FIXED.size
         unpack = delay_index.ENTRY.unpack_from
         crc32 = zlib.crc32
-        pattern = None if tag_hash is None else _TOPIC_TAG.pack(topic_hash, tag_hash)
+        # A file is searched for the entries' bytes (C) rather than walked
+        # entry by entry when a tag is asked or the topic holds under half of it.
+        tagged = None if tag_hash is None else _TOPIC_TAG.pack(topic_hash, tag_hash)
+        topic_only = _TOPIC.pack(topic_hash)
         changing = self._pending.state_hours  # files whose counts a pending change may leave behind
         for h in self._hours.ascending(start.hour, None):
             hour = h.hour
@@ -324,6 +328,9 @@ class Reader:
                 if floors is not None:
                     floors.raise_to(h, h.applied)
                 continue
+            pattern = tagged
+            if pattern is None and counts is not None and 2 * sum(counts) < h.applied:
+                pattern = topic_only
             files = self._hours.readable(h)
             path = files.idx.path
             while first < h.applied:
