@@ -150,6 +150,12 @@ class Backend(Protocol):
         """listMsg countOnly=true: the exact number of matches."""
         ...
 
+    async def export_msgs(self, topic: str, statuses: frozenset[Status], cursor: str | None,
+                          limit: int) -> tuple[list[Message], str | None]:
+        """exportMsg: a page of the topic's messages in `statuses` in the
+        order the backend holds them, and the next page's cursor."""
+        ...
+
     async def delete_msgs(self, request: DeleteMsgsRequest) -> tuple[int, bool]:
         """deleteMsgs: live matches DELETED, all or nothing; how many, and if more remain."""
         ...

@@ -485,6 +485,36 @@ class DelayQueueClient:
                 return
             query["cursor"] = answer["cursor"]
 
+    async def export_rows(self, topic: str, statuses: Iterable[int] = ()) -> AsyncIterator[list[dict[str, Any]]]:
+        """exportMsg, page after page: the topic's messages in `statuses`
+        (default: the live and the dead) in the order the node holds them,
+        each as its `delayMsg`, every field. On a node of shards each
+        shard's part of the walk is asked of that shard's own port
+        (getShardMap), so no page is forwarded. A message moved while the
+        walk goes on may come twice (docs/api.md, "exportMsg")."""
+        query = {"topic": topic}
+        if statuses:
+            query["status"] = ",".join(str(int(s)) for s in statuses)
+        if self._shard_map.due(self.base_url, time.monotonic()):
+            await self._read_shard_map()
+        cursor: str | None = None
+        while True:
+            answer = await self._call("GET", "exportMsg", idempotent=True, shard=self._walk_shard(cursor),
+                                      query=query if cursor is None else {**query, "cursor": cursor})
+            yield answer["delayMsgList"]
+            cursor = answer["cursor"]
+            if cursor is None:
+                return
+
+    def _walk_shard(self, cursor: str | None) -> str | None:
+        """The base URL of the shard a walk's `cursor` ("s<shard>.…") goes on
+        in; None: the node's own port (one shard, or no map)."""
+        shards = self._shard_map.shards
+        index, dot, _ = (cursor or "s0.").partition(".")
+        if len(shards) < 2 or not dot or not index[1:].isascii() or not index[1:].isdigit():
+            return None
+        return shards[int(index[1:])] if int(index[1:]) < len(shards) else None
+
     async def count_msgs(self, topic: str, **filters: Any) -> int:
         """listMsg countOnly=true: how many messages match (filters as `list_msgs`)."""
         answer = await self._call("GET", "listMsg", idempotent=True, query={**_bulk_form(topic, filters),

@@ -99,6 +99,11 @@ class HourTable:
         for hour in self._order.irange(first, last):
             yield self._hours[hour]
 
+    def descending(self, first: int | None = None) -> Iterator[Hour]:
+        """The hours from `first` (included; None: the last) down to the first."""
+        for hour in self._order.irange(None, first, reverse=True):
+            yield self._hours[hour]
+
     def retire(self, hour: int) -> Hour:
         """Forget `hour` (its files closed, not deleted: see `delete_files`)."""
         h = self._hours.pop(hour)

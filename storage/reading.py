@@ -282,11 +282,13 @@ class Reader:
 
     def scan_matches(self, topic_hash: int, statuses: Sequence[Status], start: Location, max_scan: int,
                      max_found: int, tag_hash: int | None, trigger_from: int | None, trigger_to: int | None,
-                     now_ms: int, floors: ScanFloors | None = None) -> tuple[list[Match], Location | None]:
+                     now_ms: int, floors: ScanFloors | None = None, descending: bool = False
+                     ) -> tuple[list[Match], Location | None]:
         """The topic's unreleased entries in `statuses` with tag hash
         `tag_hash` (None: any) and trigger time in [trigger_from,
         trigger_to) (None: unbounded), pending changes included, from
-        `start` in file order: up to
+        `start` in file order (`descending`: the files from start's down,
+        each still read from its first entry on): up to
         `max_found`, reading at most about `max_scan` entries; the place to
         go on from, None at the end. An entry is checked (its checksum, its
         globalIndex) only when it matches: a damaged one raises
@@ -314,7 +316,8 @@ class Reader:
         tagged = None if tag_hash is None else _TOPIC_TAG.pack(topic_hash, tag_hash)
         topic_only = _TOPIC.pack(topic_hash)
         changing = self._pending.state_hours  # files whose counts a pending change may leave behind
-        for h in self._hours.ascending(start.hour, None):
+        walk = self._hours.descending(start.hour) if descending else self._hours.ascending(start.hour, None)
+        for h in walk:
             hour = h.hour
             if self._outside(h, trigger_from, trigger_to, now_ms):
                 continue

@@ -587,17 +587,18 @@ class Store:
 
     def scan_matches(self, topic_hash: int, statuses: Sequence[Status], start: Location, max_scan: int,
                      max_found: int, tag_hash: int | None = None, trigger_from: int | None = None,
-                     trigger_to: int | None = None, now_ms: int = 0, floors: ScanFloors | None = None
-                     ) -> tuple[list[Match], Location | None]:
+                     trigger_to: int | None = None, now_ms: int = 0, floors: ScanFloors | None = None,
+                     descending: bool = False) -> tuple[list[Match], Location | None]:
         """The bulk calls' scan (storage.reading.Reader.scan_matches): the
         topic's unreleased entries in `statuses`, of tag hash `tag_hash` and
         trigger time in [trigger_from, trigger_to), as (place, status,
-        retry, trigger_ms), from `start` in file order; each file from its
-        floor in `floors`, which the scan raises as it goes (ScanFloors:
-        below a floor, nothing matches)."""
+        retry, trigger_ms), from `start` in file order (`descending`: the
+        files from start's down); each file from its floor in `floors`,
+        which the scan raises as it goes (ScanFloors: below a floor,
+        nothing matches)."""
         self._check_open()
         return self._reader.scan_matches(topic_hash, statuses, start, max_scan, max_found, tag_hash, trigger_from,
-                                         trigger_to, now_ms, floors)
+                                         trigger_to, now_ms, floors, descending)
 
     def count_waiting(self, hour: int, first: int, count: int, topics: dict[int, list[int]],
                       edges: Sequence[int]) -> int:

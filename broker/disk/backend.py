@@ -130,7 +130,7 @@ class Broker:
         self.requests = requests = Requests(messages, journal, self._lifecycle, long_polls, clock,
                                             pull_waits=replicated is not None)
         dead_letters = DeadLetters(store, messages, journal, self._lifecycle, page_bytes=limits.page_bytes)
-        self._bulk = bulk = Bulk(store, messages, journal, self._lifecycle)
+        self._bulk = bulk = Bulk(store, messages, journal, self._lifecycle, limits.page_bytes)
         recover(store, self._windows, defaults.ack_timeout_ms, now_ms)
         self._tasks: list[asyncio.Task[None]] = []
         # == the Backend's calls (broker.backend.Backend) ==========================
@@ -149,6 +149,7 @@ class Broker:
         self.redrive_all = dead_letters.redrive_all
         self.redrive_slice = dead_letters.redrive_slice  # (a redriveMsgs job's: broker.jobs)
         self.list_msgs = bulk.page
+        self.export_msgs = bulk.export_page
         self.count_msgs = bulk.count
         self.delete_msgs = bulk.delete
         self.reschedule_msgs = bulk.reschedule

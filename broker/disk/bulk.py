@@ -38,6 +38,7 @@ whole call, after it keeps the whole call, and a moved message's old
 place never delivers it.
 
     list        a page in (trigger time, msgId) order, or the count
+    export      a page in the order the store holds them (exportMsg)
     delete      live (1, 2, 3) -> DELETED; in RAM out of the wheel (CANCEL)
                 or its window / in flight (FORGET), as deleteMsg does
     reschedule  WAITING, READY -> WAITING at the new time (READY if due),
@@ -66,7 +67,7 @@ from storage.reading import Match, ScanFloors
 from storage.spans import is_span
 from storage.store import Store, text_hash
 
-from ..core.bulk_params import MOVABLE, BulkFilter, DeleteMsgsRequest, ListMsgRequest, PageKeeper, RescheduleMsgsRequest
+from ..core.bulk_params import MOVABLE, BulkFilter, DeleteMsgsRequest, ListMsgRequest, PageKeeper, RescheduleMsgsRequest, answer_bytes
 from ..core.lifecycle import Lifecycle
 from ..core.transitions import END_PAUSED, Delete, EndPaused, MessageState, Reschedule
 from .journal import Journal
@@ -74,6 +75,8 @@ from .messages import Messages, Moved
 
 # Index entries read per slice of a scan, between which the loop runs.
 BULK_SCAN = 1024
+# Above every file id (hours and spans: storage.spans).
+MAX_FILE_ID = 1 << 24
 # Messages a deleteMsgs changes between two turns of the loop (~3 ms): a
 # call of more appends a PART record a slice and a COMMIT last.
 DELETE_SLICE = 512
@@ -176,11 +179,13 @@ class _Gathered(NamedTuple):
 class Bulk:
     """listMsg, deleteMsgs, rescheduleMsgs of the disk broker. Runs on the event loop."""
 
-    def __init__(self, store: Store, messages: Messages, journal: Journal, lifecycle: Lifecycle) -> None:
+    def __init__(self, store: Store, messages: Messages, journal: Journal, lifecycle: Lifecycle,
+                 page_bytes: int) -> None:
         self._store = store
         self._messages = messages
         self._journal = journal
         self._lifecycle = lifecycle
+        self._page_bytes = page_bytes  # an export page's answer at most (--max-page-bytes)
         self.slices = 0  # PART records of sliced deletes appended, for the tests
         # (topic, filter) -> the scan floors the last call of the filter that
         # changed every match it took left (a delete, or a move of WAITING
@@ -351,6 +356,50 @@ class Bulk:
                     keeper.offer(m)
         page, cursor = keeper.page()
         return page, None if cursor is None else cursor.text()
+
+    async def export_page(self, topic: str, statuses: frozenset[Status], cursor: str | None,
+                          limit: int) -> tuple[list[Message], str | None]:
+        """exportMsg: a page of the topic's messages in `statuses` in the
+        order the store holds them -- its files from the last down, each
+        from its first entry -- so a whole topic is read once however its
+        trigger times spread (a listMsg page reads every file its trigger
+        times may lie in, a span's whole); at most `limit` messages and
+        --max-page-bytes of answer (at least one), BULK_SCAN entries a
+        slice with the loop free between; the cursor, a place
+        (`place_text`), None after the last.
+
+        A message filed again while the walk goes on is met where it goes:
+        a span come due files its messages in nearer files, whose ids are
+        always lower (storage.spans), so still ahead of the walk; one that
+        moves from behind the walk is met twice. One rescheduled meanwhile
+        may be met twice or not at all (as by listMsg's pages)."""
+        self._lifecycle.check_serving()
+        where = place_cursor(cursor, "exportMsg") or Location(MAX_FILE_ID, 0)
+        await self._journal.flush()  # the index holds applied records only
+        self._lifecycle.check_serving()
+        if not self._store.has_topic(topic):
+            return [], None
+        topic_hash, wanted = text_hash(topic), sorted(statuses)
+        page: list[Message] = []
+        size = 0
+        while True:
+            matches, after = self._store.scan_matches(topic_hash, wanted, where, BULK_SCAN, limit - len(page),
+                                                      descending=True)
+            for place, _, _, _ in matches:
+                m = self._store.read_message(place)
+                if m is None or m.topic != topic:
+                    continue
+                size += answer_bytes(m)
+                if size > self._page_bytes and page:
+                    return page, place_text(place)
+                page.append(m)
+            if after is None:
+                return page, None
+            if len(page) >= limit:
+                return page, place_text(after)
+            where = after
+            await asyncio.sleep(0)
+            self._lifecycle.check_serving()
 
     async def count(self, topic: str, flt: BulkFilter) -> int:
         """How many messages match, exactly."""
@@ -564,3 +613,21 @@ class Bulk:
             stale = _Stale(self._store, {f[0] for f in found}, mark)
             moved = await self._carry_out(intent.topic, intent.call_id, found, stale, request.new_trigger_ms)
             log.info("a rescheduleMsgs of topic %s cut short was carried out: %d moved", intent.topic, moved)
+
+
+def place_text(where: Location) -> str:
+    """A cursor of a walk in the store's order (exportMsg, listDeadMsg):
+    "<file id>-<globalIndex>"."""
+    return f"{where.hour}-{where.global_index}"
+
+
+def place_cursor(cursor: str | None, command: str) -> Location | None:
+    """The place a `command` page's cursor names (`place_text`); None when
+    not given; InvalidRequest (cursor) for anything else."""
+    if not cursor:
+        return None
+    hour, dash, gi = cursor.partition("-")
+    if not (dash and hour.isascii() and hour.isdigit() and gi.isascii() and gi.isdigit()
+            and len(hour) < 12 and len(gi) < 12):
+        raise InvalidRequest("cursor", f"must be a cursor a {command} page answered, got {cursor[:40]!r}")
+    return Location(int(hour), int(gi))

@@ -29,18 +29,18 @@ from collections.abc import Coroutine
 from typing import Any
 
 from storage.entry import Location, Message, Status
-from storage.errors import Conflict, InvalidRequest
+from storage.errors import Conflict
 from storage.store import Store, text_hash
 
 from ..backend import DEAD_SCAN, REDRIVE_STEP
 from ..core.bulk_params import DeadFilter, JobCursor, answer_bytes
 from ..core.lifecycle import Lifecycle
 from ..core.transitions import REDRIVE, MessageState, Redrive, Reschedule
+from .bulk import MAX_FILE_ID, place_cursor, place_text
 from .journal import Journal
 from .messages import Messages, Moved, not_found
 
 # Past every hour and span id (storage.spans): "scan to the end".
-MAX_FILE_ID = 1 << 24
 # Index entries a redriveMsgs job's slice reads at most (a few ms of the loop).
 JOB_SCAN = 16384
 
@@ -115,7 +115,7 @@ class DeadLetters:
         cursor then names the first entry not read."""
         self._lifecycle.check_serving()
         await self._journal.flush()
-        start = _parse_cursor(cursor)
+        start = place_cursor(cursor, "listDeadMsg") or Location(0, 0)
         topic_hash = text_hash(topic)
         if not self._store.has_topic(topic):  # (a topic RAM alone holds has no dead letters)
             return [], None
@@ -131,7 +131,7 @@ class DeadLetters:
                 after = e.location
                 break
             messages.append(m)
-        return messages, None if after is None else f"{after.hour}-{after.global_index}"
+        return messages, None if after is None else place_text(after)
 
     async def redrive(self, topic: str, msg_id: str) -> Message:
         """A dead letter (5 or 6) READY again now, with a fresh retry budget
@@ -211,14 +211,3 @@ class DeadLetters:
 
 def _status_words(status: Status) -> str:
     return f"{status.name.lower()} (status {int(status)})"
-
-
-def _parse_cursor(cursor: str | None) -> Location:
-    """listDeadMsg's cursor, "<file id>-<globalIndex>" as a page answered it."""
-    if not cursor:
-        return Location(0, 0)
-    hour, dash, gi = cursor.partition("-")
-    if not (dash and hour.isascii() and hour.isdigit() and gi.isascii() and gi.isdigit()
-            and len(hour) < 12 and len(gi) < 12):
-        raise InvalidRequest("cursor", f"must be a cursor a listDeadMsg page answered, got {cursor[:40]!r}")
-    return Location(int(hour), int(gi))

@@ -312,7 +312,7 @@ class Api:
                 "deleteMsgs": self.delete_msgs, "rescheduleMsgs": self.reschedule_msgs, "extendMsg": self.extend}
         get = {"getMonitorData": self.monitor_data, "getTopicInfo": self.topic_info,
                "getTopicInfoList": self.topic_info_list, "getMonitorString": self.monitor_string,
-               "listDeadMsg": self.list_dead, "listMsg": self.list_msgs}
+               "listDeadMsg": self.list_dead, "listMsg": self.list_msgs, "exportMsg": self.export_msgs}
         runs = {"sendMsg": self.send_run, "ackMsg": self.ack_run}
         for method, handlers in (("POST", post), ("GET", get)):
             for name, handle in handlers.items():
@@ -528,6 +528,11 @@ class Api:
     async def list_dead(self, request: Request) -> Response:
         r = params.parse_list_dead(self._params(request))
         messages, cursor = await self.backend.list_dead(r.topic, r.statuses, r.cursor, r.limit)
+        return answer(200, "success", delayMsgList=[delay_msg(m) for m in messages], cursor=cursor)
+
+    async def export_msgs(self, request: Request) -> Response:
+        r = params.parse_export_msg(self._params(request))
+        messages, cursor = await self.backend.export_msgs(r.topic, r.statuses, r.cursor, r.limit)
         return answer(200, "success", delayMsgList=[delay_msg(m) for m in messages], cursor=cursor)
 
     async def redrive(self, request: Request) -> Response:

@@ -137,6 +137,7 @@ class RedisBroker:
         self.topic_list = requests.topic_list
         self.topic_backlogs = requests.topic_backlogs
         self.list_msgs = self._bulk.page
+        self.export_msgs = self._bulk.export_page
         self.count_msgs = self._bulk.count
         self.delete_msgs = self._bulk.delete
         self.reschedule_msgs = self._bulk.reschedule

@@ -45,8 +45,8 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import cast
 
-from storage.entry import Message
-from storage.errors import Unavailable
+from storage.entry import Message, Status
+from storage.errors import InvalidRequest, Unavailable
 from wheel.clock import Clock
 
 from ..core.bulk_params import BulkFilter, DeleteMsgsRequest, ListMsgRequest, PageKeeper, RescheduleMsgsRequest
@@ -151,14 +151,42 @@ class RedisBulk:
             for msg_id, meta in found:
                 keeper.offer(message_of(request.topic, msg_id, meta, ""))
         page, cursor = keeper.page()
-        if page:
-            key = self._link.keys(request.topic).body
-            try:
-                bodies = cast(list[str | None], await self._link.redis.hmget(key, [m.msg_id for m in page]))
-            except REDIS_ERRORS as e:
-                raise Unavailable(await self._link.problem(e, [key])) from e
-            page = [m._replace(msg=body or "") for m, body in zip(page, bodies)]
-        return page, None if cursor is None else cursor.text()
+        return await self._with_bodies(request.topic, page), None if cursor is None else cursor.text()
+
+    async def export_page(self, topic: str, statuses: frozenset[Status], cursor: str | None,
+                          limit: int) -> tuple[list[Message], str | None]:
+        """exportMsg: the topic's messages in `statuses` in HSCAN's order
+        of its `meta` hash, a round trip (SCAN_COUNT fields) after another
+        until `limit` are found or the scan ends (HSCAN's last batch may
+        take the page a little past `limit`); the cursor, HSCAN's. A
+        message present throughout the walk is met at least once (twice if
+        the hash is resized meanwhile)."""
+        self._lifecycle.check_serving()
+        scan = cursor or "0"
+        if not (scan.isascii() and scan.isdigit() and len(scan) < 21):
+            raise InvalidRequest("cursor", f"must be a cursor an exportMsg page answered, got {scan[:40]!r}")
+        wanted = {str(int(s)) for s in statuses}
+        page: list[Message] = []
+        while len(page) < limit:
+            scan, flat = await self._link.script("scan", topic, ["meta", scan, "", str(min(SCAN_COUNT, limit))])
+            flat = cast(list[str], flat)  # (decode_responses: text)
+            page.extend(message_of(topic, msg_id, meta, "") for msg_id, raw in zip(flat[::2], flat[1::2])
+                        if raw is not None and (meta := json.loads(raw))["status"] in wanted and "held" not in meta)
+            self._lifecycle.check_serving()
+            if scan == "0":
+                break
+        return await self._with_bodies(topic, page), None if scan == "0" else scan
+
+    async def _with_bodies(self, topic: str, page: list[Message]) -> list[Message]:
+        """The page's messages with their bodies (`body` hash), one round trip."""
+        if not page:
+            return page
+        key = self._link.keys(topic).body
+        try:
+            bodies = cast(list[str | None], await self._link.redis.hmget(key, [m.msg_id for m in page]))
+        except REDIS_ERRORS as e:
+            raise Unavailable(await self._link.problem(e, [key])) from e
+        return [m._replace(msg=body or "") for m, body in zip(page, bodies)]
 
     async def count(self, topic: str, flt: BulkFilter) -> int:
         n = 0

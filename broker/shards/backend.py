@@ -49,7 +49,6 @@ from ..observe.metrics import Backlog, Metrics
 from . import placement
 from .router import Head, ShardRouter, outranks
 from .views import (
-    dead_cursor,
     fenced_fields,
     fencings_of,
     filter_fields,
@@ -60,7 +59,8 @@ from .views import (
     message_fields,
     message_of,
     messages_of,
-    parse_dead_cursor,
+    parse_walk_cursor,
+    walk_cursor,
 )
 
 log = logging.getLogger("hourglass.shards")
@@ -425,24 +425,40 @@ class ShardedBackend:
 
     async def list_dead(self, topic: str, statuses: frozenset[Status], cursor: str | None,
                         limit: int) -> tuple[list[Message], str | None]:
+        return await self._shard_walk("list_dead", "listDeadMsg", self._local.list_dead, topic, statuses, cursor,
+                                      limit)
+
+    async def export_msgs(self, topic: str, statuses: frozenset[Status], cursor: str | None,
+                          limit: int) -> tuple[list[Message], str | None]:
+        return await self._shard_walk("export_msgs", "exportMsg", self._local.export_msgs, topic, statuses, cursor,
+                                      limit)
+
+    async def _shard_walk(self, op: str, command: str,
+                          local: Callable[[str, frozenset[Status], str | None, int],
+                                          Awaitable[tuple[list[Message], str | None]]],
+                          topic: str, statuses: frozenset[Status], cursor: str | None,
+                          limit: int) -> tuple[list[Message], str | None]:
+        """A walk's page (listDeadMsg, exportMsg) shard by shard: each
+        shard's own walk to its end, then the next shard's; the cursor
+        names the shard and its own cursor (`walk_cursor`)."""
         router = self._router
-        shard, inner = parse_dead_cursor(cursor, router.count)
+        shard, inner = parse_walk_cursor(cursor, router.count, command)
         page: list[Message] = []
         while True:
             if shard == router.index:
-                got, inner = await self._local.list_dead(topic, statuses, inner, limit - len(page))
+                got, inner = await local(topic, statuses, inner, limit - len(page))
             else:
-                rows, inner = await router.call(shard, "list_dead",
+                rows, inner = await router.call(shard, op,
                                                 [topic, sorted(int(s) for s in statuses), inner, limit - len(page)])
                 got = messages_of(rows)
             page.extend(got)
             if inner is not None:  # this shard has more: the next page goes on here
-                return page, dead_cursor(shard, inner)
+                return page, walk_cursor(shard, inner)
             shard += 1
             if shard == router.count:
                 return page, None
             if len(page) >= limit:
-                return page, dead_cursor(shard, None)
+                return page, walk_cursor(shard, None)
 
     async def redrive(self, topic: str, msg_id: str) -> Message:
         found = await self._router.by_id(msg_id, "redrive", [topic, msg_id],

@@ -527,6 +527,11 @@ async def _list_dead(b: Broker, a: Sequence[Any]) -> Any:
     return [[message_fields(m) for m in page], cursor]
 
 
+async def _export_msgs(b: Broker, a: Sequence[Any]) -> Any:
+    page, cursor = await b.export_msgs(a[0], frozenset(Status(s) for s in a[1]), a[2], a[3])
+    return [[message_fields(m) for m in page], cursor]
+
+
 async def _list_msgs(b: Broker, a: Sequence[Any]) -> Any:
     page, cursor = await b.list_msgs(list_of(a[0]))
     return [[message_fields(m) for m in page], cursor]
@@ -564,7 +569,7 @@ ENGINE_OPS: dict[str, Callable[[Broker, Sequence[Any]], Awaitable[Any]]] = {
     "send": _send, "give_back": _give_back, "retry_at": _retry_at, "ack_many": _ack_many, "fenced": _fenced,
     "get": _get,
     "delete": _delete, "reschedule": _reschedule, "redrive": _redrive, "redrive_all": _redrive_all,
-    "list_dead": _list_dead, "list_msgs": _list_msgs, "count_msgs": _count_msgs, "delete_msgs": _delete_msgs,
+    "list_dead": _list_dead, "export_msgs": _export_msgs, "list_msgs": _list_msgs, "count_msgs": _count_msgs, "delete_msgs": _delete_msgs,
     "reschedule_msgs": _reschedule_msgs, "topic_list": _topic_list, "topic_infos": _topic_infos,
     "topic_backlogs": _topic_backlogs, "monitor_data": _monitor_data}
 

@@ -269,18 +269,19 @@ def merge_pages(pages: Sequence[tuple[list[Message], str | None]], limit: int) -
     return merged, Cursor(*bound).text()
 
 
-def dead_cursor(shard: int, inner: str | None) -> str:
+def walk_cursor(shard: int, inner: str | None) -> str:
+    """The cursor of a walk shard by shard (listDeadMsg, exportMsg): "s<shard>.<that shard's cursor>"."""
     return f"s{shard}.{inner or ''}"
 
 
-def parse_dead_cursor(cursor: str | None, count: int) -> tuple[int, str | None]:
-    """(shard, that shard's cursor) of a listDeadMsg cursor of a node of
-    `count` shards: the walk goes shard by shard."""
+def parse_walk_cursor(cursor: str | None, count: int, command: str) -> tuple[int, str | None]:
+    """(shard, that shard's cursor) of a `command` cursor of a node of
+    `count` shards (`walk_cursor`)."""
     if cursor is None:
         return 0, None
     shard_text, dot, inner = cursor.partition(".")
     index = shard_text[1:]  # ASCII digits only ("²".isdigit() is true, and int() refuses it)
     if not dot or not shard_text.startswith("s") or not (0 < len(index) <= 6 and index.isascii() and index.isdigit()) \
             or int(index) >= count:
-        raise InvalidRequest("cursor", f"must be a cursor a listDeadMsg page answered, got {cursor[:40]!r}")
+        raise InvalidRequest("cursor", f"must be a cursor a {command} page answered, got {cursor[:40]!r}")
     return int(index), inner or None

@@ -3,9 +3,11 @@ message a line, exactly as getMsg and listMsg answer it (`delayMsg`: every
 field, the times absolute, ms since the epoch).
 
 `export` pages each topic (getTopicInfoList's, or those named) out with
-listMsg, 1,000 a page, in (trigger time, msgId) order: the live messages
-(1, 2, 3) and the dead ones listDeadMsg would show (5, 6), or the
-statuses asked. What a line becomes on import (`pending`):
+exportMsg, 1,000 a page, in the order the node holds them (each shard's
+part from its own port): the live messages (1, 2, 3) and the dead ones
+listDeadMsg would show (5, 6), or the statuses asked. A message the node
+moved during the walk may be written twice; an import stores it once.
+What a line becomes on import (`pending`):
 
     waiting, ready           due at its triggerTime (at once if past)
     consuming                due at its triggerTime, so at once: its
@@ -33,7 +35,6 @@ import orjson
 from ..client import DelayQueueClient, NewMsg
 
 EXPORTED = (1, 2, 3, 5, 6)
-PAGE = 1000
 # What a line of each status becomes if it is not sent.
 NOT_SENT = {4: "acked", 5: "dead", 6: "dead", 7: "deleted"}
 
@@ -47,7 +48,7 @@ async def export(client: DelayQueueClient, out: TextIO, topics: Sequence[str] = 
     wanted = sorted(set(statuses))
     written: Counter[str] = Counter()
     for topic in topics:
-        async for page in client.list_msg_rows(topic, limit=PAGE, statuses=wanted):
+        async for page in client.export_rows(topic, wanted):
             out.write(b"".join(orjson.dumps(row) + b"\n" for row in page).decode())
             written[topic] += len(page)
     out.flush()

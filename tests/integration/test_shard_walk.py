@@ -130,8 +130,9 @@ class Walker:
         self.answers.append((f"{method} {path} {named}", reduced))
         return body
 
-    def pages(self, method: str, path: str, rows: str, **params: Any) -> list[str]:
-        """Every page of a paged view, cursor by cursor: the ids (or scheduleIds) in order."""
+    def pages(self, method: str, path: str, rows: str, *, ordered: bool = True, **params: Any) -> list[str]:
+        """Every page of a paged view, cursor by cursor: the ids (or
+        scheduleIds) in order (not `ordered`: sorted, each as often as met)."""
         seen: list[str] = []
         cursor = None
         for _ in range(100):
@@ -142,7 +143,7 @@ class Walker:
             cursor = body.get("cursor")
             if not cursor:
                 break
-        self.answers.append((f"{method} {path} pages {params}", seen))
+        self.answers.append((f"{method} {path} pages {params}", seen if ordered else sorted(seen)))
         return seen
 
 
@@ -205,6 +206,8 @@ def walk(server: Server, shards: int) -> Walker:
     time.sleep(0.5)
     w.step("POST", "pullMsg", pulled, topic=T, batch=20, ackTimeoutMillis=60_000)
     w.pages("GET", "listDeadMsg", "delayMsgList", topic=T, limit=1)
+    w.pages("GET", "exportMsg", "delayMsgList", ordered=False, topic=T, limit=3)  # (in the order each shard holds them)
+    w.step("GET", "exportMsg", code, topic=T, cursor="s0.x")  # (a cursor no page answered: 400)
     w.step("POST", "redriveMsg", lambda s, b: message(s, b)[:2], topic=T, msgId="dead0")  # (its ttl, 1 ms, may pass)
     w.step("POST", "redriveMsg", ok, topic=T, msgId="m0")  # (not dead: 409)
     job = w.step("POST", "redriveMsgs", ok, topic=T, msgIdPrefix="dead", delayMillis=HOUR_MS)

@@ -33,7 +33,6 @@ from broker.observe.metrics import (
 from broker.shards import layout, placement
 from broker.shards.router import ShardRouter
 from broker.shards.views import (
-    dead_cursor,
     families_of,
     family_fields,
     merge_families,
@@ -42,7 +41,8 @@ from broker.shards.views import (
     merge_ranks,
     merge_topic_infos,
     node_topics,
-    parse_dead_cursor,
+    parse_walk_cursor,
+    walk_cursor,
 )
 from storage.entry import Location, Message, Status
 from storage.errors import ConfigError, InvalidRequest, Unavailable
@@ -199,14 +199,14 @@ def test_one_cursor_walks_every_message_of_every_shard_once_in_order(rows, limit
 
 @given(st.integers(0, 3), st.text(alphabet="0123456789abcdef-", max_size=20) | st.none())
 def test_a_dead_letter_cursor_names_its_shard_and_that_shards_cursor(shard, inner):
-    cursor = dead_cursor(shard, inner)
-    assert parse_dead_cursor(cursor, 4) == (shard, inner or None)
+    cursor = walk_cursor(shard, inner)
+    assert parse_walk_cursor(cursor, 4, "listDeadMsg") == (shard, inner or None)
 
 
 @pytest.mark.parametrize("cursor", ["s9.x", "x1.", "s.", "1-2", "s1", "s\u00b2.x", "s\u0661.x", "s" + "9" * 5000 + ".x"])
 def test_a_dead_letter_cursor_no_page_answered_is_400(cursor):
     with pytest.raises(InvalidRequest, match="cursor"):
-        parse_dead_cursor(cursor, 4)
+        parse_walk_cursor(cursor, 4, "listDeadMsg")
 
 
 @given(st.text(max_size=30))
@@ -215,7 +215,7 @@ def test_any_dead_letter_cursor_is_a_shard_of_the_node_or_a_400(cursor):
     own cursor, or InvalidRequest (the 400 naming `cursor`), never another
     exception (the 500 a cursor of non-ASCII digits once made)."""
     try:
-        shard, _ = parse_dead_cursor(cursor, 4)
+        shard, _ = parse_walk_cursor(cursor, 4, "listDeadMsg")
     except InvalidRequest:
         return
     assert 0 <= shard < 4
