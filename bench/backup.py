@@ -6,7 +6,9 @@
     2. producers sending single messages at --rate a second (paced; each
        send's answer time kept), for --before-s seconds
     3. `hourglass backup` while they go on; the producers' rate during the
-       backup against their rate before it; then --after-s seconds more
+       backup against their rate before it; then --after-s seconds more,
+       and a second backup to the same place (it fetches only what
+       changed: its bytes received and kept), --after-s seconds more
     4. the node stopped (SIGTERM) and started again on its own directory:
        a restart's time to /health 200; stopped again
     5. `hourglass restore` into a new directory, a node started on it (its
@@ -127,12 +129,21 @@ def main() -> None:
             out["backup"] = command("backup", "--url", node.base, "--to", os.path.join(work, "backup"), *rate)
             ended = time.monotonic()
             time.sleep(args.after_s)
+            first = (began, ended)
+            began = time.monotonic()
+            out["secondBackup"] = command("backup", "--url", node.base, "--to", os.path.join(work, "backup"), *rate)
+            ended = time.monotonic()  # (the restore is the second backup's: what it must and must not hold)
+            time.sleep(args.after_s)
             producers.stop()
-            before_rate = producers.rate_between(began - args.before_s + 2, began)
-            during_rate = producers.rate_between(began, ended)
+            before_rate = producers.rate_between(first[0] - args.before_s + 2, first[0])
+            during_rate = producers.rate_between(*first)
+            second_rate = producers.rate_between(began, ended)
             out["sends"] = {"beforePerSecond": round(before_rate, 1), "duringPerSecond": round(during_rate, 1),
                             "ratio": round(during_rate / before_rate, 3) if before_rate else None,
-                            "backupSeconds": round(ended - began, 2), "failed": producers.failed,
+                            "backupSeconds": round(first[1] - first[0], 2),
+                            "duringSecondPerSecond": round(second_rate, 1),
+                            "secondRatio": round(second_rate / before_rate, 3) if before_rate else None,
+                            "secondBackupSeconds": round(ended - began, 2), "failed": producers.failed,
                             "answered": len(producers.sent)}
         finally:
             node.stop()

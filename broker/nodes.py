@@ -24,7 +24,7 @@ from .clock import SystemClock
 from .config import ServeConfig
 from .console.api import Console, standalone_info
 from .disk.backend import Broker
-from .disk.backups import Backups, clear_staging
+from .disk.backups import Backups, clear_staging, parse_have
 from .flow.file import SettingsFile, ShardSettings, resumes_path, settings_path
 from .flow.keeper import TopicFlow
 from .http.api import API_ERRORS
@@ -153,9 +153,11 @@ class DiskNode(NodeBase):
         stream (broker.disk.backups); on a node of shards, each shard's own
         port (getShardMap) answers for its own."""
         table.add("GET", PREFIX + "backupShard", self.backup_shard, where=HERE, errors=API_ERRORS)
+        table.add("POST", PREFIX + "backupShard", self.backup_shard, where=HERE, errors=API_ERRORS)
 
     async def backup_shard(self, request: Request) -> StreamResponse:
-        return StreamResponse(self.backups.stream(), content_type="application/octet-stream")
+        have = parse_have(request.body) if request.method == "POST" else None
+        return StreamResponse(self.backups.stream(have), content_type="application/octet-stream")
 
     def scraped(self) -> Backend | None:
         """A shard's own broker: each shard shows its part of the node's

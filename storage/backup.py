@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import json
 import os
 import struct
@@ -193,10 +194,47 @@ def copy_range(source: int, start: int, length: int, target: int) -> None:
         copied += n
 
 
+# A delay log or a commit-log segment is appended to, never changed below
+# its end: a file a backup already holds (the last one to the same place)
+# is the node's own below its size when their last TAIL_BYTES there agree
+# (`tail_digest`; a file retired and made again under its id, or a log cut
+# back after a crash and written on, holds other bytes there), and only
+# what lies past that size is sent again.
+TAIL_BYTES = 1 << 16
+
+
+def tail_digest(fd: int, size: int) -> str:
+    """The SHA-256 of `size` and of the file's last TAIL_BYTES below it ("" when the file is shorter)."""
+    start = max(0, size - TAIL_BYTES)
+    data = os.pread(fd, size - start, start)
+    if len(data) != size - start:
+        return ""
+    return hashlib.sha256(size.to_bytes(8, "little") + data).hexdigest()
+
+
+def appended_only(path: str) -> bool:
+    """Whether a store's file (relative path) is one that only grows: a delay log or a commit-log segment."""
+    return path.startswith(("delay" + os.sep, "commitlog" + os.sep)) and path.endswith(".log")
+
+
+def holds(path: str, size: int, digest: str) -> bool:
+    """Whether the file at `path` is at least `size` bytes with `tail_digest` `digest` there."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        return os.fstat(fd).st_size >= size and tail_digest(fd, size) == digest
+    finally:
+        os.close(fd)
+
+
 # The stream a node sends (GET backupShard) and `hourglass backup` reads: frames
 #     u32 header length | u32 data length | header (JSON) | data
-# a piece's bytes in frames of at most FRAME_DATA_BYTES, each header {"path", "at"}; the last frame's
-# header {"end": true, "position": E, ...} and no data. A stream cut before it is not a backup.
+# a piece's bytes in frames of at most FRAME_DATA_BYTES, each header {"path", "at"}; a frame
+# {"path", "keep": size} and no data: the first `size` bytes of that file are the ones the
+# asker said it holds (POST backupShard's `have`); the last frame's header {"end": true,
+# "position": E, ...} and no data. A stream cut before it is not a backup.
 FRAME = struct.Struct("<II")
 FRAME_DATA_BYTES = 1 << 20
 

@@ -5,6 +5,11 @@
                       store's files in two steps, then an end frame with the
                       log position E the copy stands at. One at a time a
                       store: a second asked meanwhile answers an error frame
+    POST backupShard  the same, the body {"have": {path: [size, digest]}}:
+                      delay logs and log segments the asker holds from an
+                      earlier backup (storage.backup's `tail_digest`): of
+                      each the node still holds below that size, only what
+                      lies past it is sent (a `keep` frame first)
 
     1. a checkpoint, so the log to replay is short; then none until the end
        (the node's checkpoints wait on `lock`: the files step 1 reads are
@@ -23,15 +28,17 @@ A client that goes away cuts the stream: what it wrote is no backup
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import shutil
 import time
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from typing import NamedTuple
 
 from storage import backup
 from storage.checkpoint import Checkpoint
+from storage.errors import InvalidRequest
 from storage.fileutil import make_dir
 from storage.store import Store
 
@@ -72,8 +79,9 @@ class Backups:
     def __repr__(self) -> str:
         return f"Backups({self._data_path!r}, running={self._running}, taken={self.taken})"
 
-    async def stream(self) -> AsyncGenerator[bytes, None]:
-        """The frames of one backup (module docstring)."""
+    async def stream(self, have: Mapping[str, tuple[int, str]] | None = None) -> AsyncGenerator[bytes, None]:
+        """The frames of one backup (module docstring); `have`: the files
+        that only grow the asker holds (relative path -> size, tail digest)."""
         if self._running:
             yield backup.frame({"error": "a backup of this store is under way: one at a time"})
             return
@@ -84,10 +92,16 @@ class Backups:
             await self._checkpoint()
             async with self.lock:
                 checkpoint = Checkpoint.load(os.path.join(self._data_path, "checkpoint")) or Checkpoint()
-                sent = 0
+                sent = kept = 0
                 for piece in backup.prefixes(self._data_path, checkpoint):
-                    async for chunk in self._read(os.path.join(self._data_path, piece.path), piece.path, piece.start,
-                                                  piece.end):
+                    path, start = os.path.join(self._data_path, piece.path), piece.start
+                    held = (have or {}).get(piece.path)
+                    if held is not None and start == 0 and piece.end is not None and 0 < held[0] <= piece.end \
+                            and await asyncio.to_thread(backup.holds, path, *held):
+                        yield backup.frame({"path": piece.path, "keep": held[0]})
+                        start = held[0]
+                        kept += start
+                    async for chunk in self._read(path, piece.path, start, piece.end):
                         sent += len(chunk)
                         yield chunk
                 make_dir(staging)
@@ -102,10 +116,10 @@ class Backups:
                         yield chunk
                 seconds = time.perf_counter() - started
                 self.taken += 1
-                log.info("backup of %s sent: %d bytes up to log offset %d in %.2f s (the node paused %.3f s)",
-                         self._data_path, sent, position, seconds, blocked_s)
+                log.info("backup of %s sent: %d bytes up to log offset %d in %.2f s (%d bytes the asker held; "
+                         "the node paused %.3f s)", self._data_path, sent, position, seconds, kept, blocked_s)
                 yield backup.frame({"end": True, "position": position, "shard": self._shard[0],
-                                    "shards": self._shard[1], "bytes": sent, "seconds": round(seconds, 3),
+                                    "shards": self._shard[1], "bytes": sent, "kept": kept, "seconds": round(seconds, 3),
                                     "pausedSeconds": round(blocked_s, 4), "checkpointOffset": checkpoint.commit_offset})
         finally:
             self._running = False
@@ -139,3 +153,27 @@ class Backups:
                 first = False
         finally:
             os.close(fd)
+
+
+# Files a POST backupShard's `have` may name: a store holds under 500 delay
+# logs (storage.spans), an hour's a day more, and a few log segments.
+MAX_HAVE = 100_000
+
+
+def parse_have(body: bytes) -> dict[str, tuple[int, str]]:
+    """POST backupShard's body, {"have": {path: [size, digest]}}: the files
+    that only grow the asker holds; InvalidRequest (have) for anything else."""
+    try:
+        have = json.loads(body or b"{}").get("have") or {}
+        if not isinstance(have, dict) or len(have) > MAX_HAVE:
+            raise ValueError("not an object of at most 100,000 files")
+        out: dict[str, tuple[int, str]] = {}
+        for path, held in have.items():
+            size, digest = held
+            if not (backup.appended_only(path) and ".." not in path and isinstance(size, int) and 0 < size < 1 << 62
+                    and isinstance(digest, str) and len(digest) == 64):
+                raise ValueError(f"{path[:80]!r}: {str(held)[:80]}")
+            out[path] = (size, digest)
+        return out
+    except (ValueError, TypeError, AttributeError) as e:
+        raise InvalidRequest("have", f"must be {{\"have\": {{\"delay/<file>.log\": [size, sha256 hex]}}}}: {e}") from None

@@ -16,6 +16,11 @@ stream ended whole and every file is fsynced: a backup killed midway
 leaves DIR.part, which restore refuses (no manifest), and never a DIR. A
 second backup to an existing DIR (a backup: it has a manifest) replaces it
 once whole; a directory that is not a backup is refused, nothing fetched.
+It fetches only what changed: the files that only grow (delay logs, log
+segments) DIR holds whole (their SHA-256 the manifest's) are named to each
+shard (POST backupShard's `have`), and of each the node still holds, DIR's
+bytes are copied here and the node sends what lies past them (hourly
+files once full, the far spans' older messages, are not sent again).
 
 `restore` checks every file against the manifest (size and SHA-256; a
 damaged or missing file is refused, naming it), then writes a new data
@@ -34,7 +39,7 @@ import os
 import shutil
 import struct
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import aiohttp
 from yarl import URL
@@ -72,7 +77,8 @@ def take(url: str, token: str | None, out: str, timeout_s: float = 30.0,
         shutil.rmtree(part)
     make_dir(part)
     hashes: dict[str, Any] = {}
-    shards = asyncio.run(_streams(url, token, part, timeout_s, Pace(max_rate), hashes))
+    earlier = _held(out)
+    shards = asyncio.run(_streams(url, token, part, timeout_s, Pace(max_rate), hashes, earlier))
     files = _files(part, hashes)
     manifest = {"format": FORMAT, "shards": len(shards), "taken": int(time.time() * 1000),
                 "positions": [s["position"] for s in shards], "files": files}
@@ -93,6 +99,7 @@ def take(url: str, token: str | None, out: str, timeout_s: float = 30.0,
     fsync_dir(os.path.dirname(os.path.abspath(out)))
     return {"to": out, "shards": len(shards), "positions": manifest["positions"], "files": len(files),
             "bytes": sum(f["size"] for f in files.values()), "received": sum(s["bytes"] for s in shards),
+            "kept": sum(s.get("kept", 0) for s in shards),
             "pausedSeconds": max(s["pausedSeconds"] for s in shards), "seconds": round(time.monotonic() - started, 3)}
 
 
@@ -106,6 +113,45 @@ def _replaceable(out: str) -> None:
     if os.listdir(out) and not os.path.isfile(os.path.join(out, MANIFEST)):
         raise ConfigError(f"--to {out} holds files and no {MANIFEST}: not a backup, so not replaced; name a new "
                           f"directory")
+
+
+class Held(NamedTuple):
+    """A file that only grows (a delay log, a log segment) an earlier backup to the same place holds whole."""
+    path: str  # absolute
+    size: int
+    digest: str  # storage.backup's tail_digest
+    sha256: Any  # hashlib's, after its every byte (copied to go on hashing what the node appends)
+
+
+def _held(out: str) -> dict[str, Held]:
+    """The files that only grow of the backup at `out` (none: {}) whose bytes are the
+    manifest's (size and SHA-256: a damaged one is fetched whole again),
+    by their path relative to the backup."""
+    try:
+        with open(os.path.join(out, MANIFEST), encoding="utf-8") as f:
+            files = json.load(f)["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+    held = {}
+    for relative, want in files.items():
+        inner = relative.partition(os.sep)[2]
+        if not frames.appended_only(inner) or not isinstance(want, dict):
+            continue
+        path = os.path.join(out, relative)
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            digest = hashlib.sha256()
+            while chunk := os.read(fd, 1 << 20):
+                digest.update(chunk)
+            size = os.fstat(fd).st_size
+            if size == want.get("size") and digest.hexdigest() == want.get("sha256") and size > 0:
+                held[relative] = Held(path, size, frames.tail_digest(fd, size), digest)
+        finally:
+            os.close(fd)
+    return held
 
 
 class Pace:
@@ -129,7 +175,7 @@ class Pace:
 
 
 async def _streams(url: str, token: str | None, part: str, timeout_s: float, pace: Pace,
-                   hashes: dict[str, Any]) -> list[dict[str, Any]]:
+                   hashes: dict[str, Any], earlier: dict[str, Held]) -> list[dict[str, Any]]:
     """Every shard's stream written under `part`, one shard after another; their end frames."""
     base = URL(url.split(",")[0].strip().rstrip("/"))
     headers = {"Authorization": f"Bearer {token}"} if token else {}
@@ -140,23 +186,28 @@ async def _streams(url: str, token: str | None, part: str, timeout_s: float, pac
                 raise BackupFailed(f"{url} answered {r.status} to getShardMap: {(await r.text())[:300]}")
             shard_map = await r.json(content_type=None)
         ports = [int(p) for p in shard_map.get("ports") or [base.port]]
-        return [await _shard(session, base.with_port(port), headers, index, part, pace, hashes)
+        return [await _shard(session, base.with_port(port), headers, index, part, pace, hashes, earlier)
                 for index, port in enumerate(ports)]
 
 
 async def _shard(session: aiohttp.ClientSession, base: URL, headers: dict[str, str], index: int,
-                 part: str, pace: Pace, hashes: dict[str, Any]) -> dict[str, Any]:
+                 part: str, pace: Pace, hashes: dict[str, Any], earlier: dict[str, Held]) -> dict[str, Any]:
     """Shard `index`'s stream written under `part`; its end frame. Each
     file's SHA-256 is taken as its bytes arrive, in order (`hashes`: path
     relative to `part` -> [the hash, bytes hashed]; a file whose frames
-    came out of order is hashed again at the end)."""
+    came out of order is hashed again at the end). A `keep` frame: the
+    first bytes of the file are `earlier`'s, copied here."""
     into = os.path.join(part, shard_dir(index))
     make_dir(into)
     top = part + os.sep  # (absolute: a file's key in `hashes` is its path after this)
     current: tuple[str, int] | None = None  # the one file open (a piece's frames come in a row)
     made: set[str] = set()
+    mine = shard_dir(index) + os.sep
+    have = {relative[len(mine):]: [h.size, h.digest] for relative, h in earlier.items() if relative.startswith(mine)}
+    url = base / PREFIX.strip("/") / "backupShard"
     try:
-        async with session.get(base / PREFIX.strip("/") / "backupShard", headers=headers) as r:
+        async with (session.post(url, headers=headers, json={"have": have}) if have
+                    else session.get(url, headers=headers)) as r:
             if r.status == 404:
                 raise BackupFailed(f"{base} serves no backups: a cluster node or a node on --backend redis:// "
                                    f"(docs/operations.md, \"Backup and restore\")")
@@ -175,6 +226,13 @@ async def _shard(session: aiohttp.ClientSession, base: URL, headers: dict[str, s
                 if header.get("end"):
                     return dict(header)
                 path = _inside(into, header["path"])
+                if "keep" in header:
+                    if current is not None:
+                        os.close(current[1])
+                        current = None
+                    _keep(earlier.get(path[len(top):]), int(header["keep"]), path, hashes, top)
+                    made.add(path)
+                    continue
                 if current is None or current[0] != path:
                     if current is not None:
                         os.close(current[1])
@@ -197,6 +255,25 @@ async def _shard(session: aiohttp.ClientSession, base: URL, headers: dict[str, s
     finally:
         if current is not None:
             os.close(current[1])
+
+
+def _keep(held: Held | None, size: int, path: str, hashes: dict[str, Any], top: str) -> None:
+    """`path` made of the earlier backup's copy of it (`held`), `size`
+    bytes: all of it, as the node said it holds."""
+    if held is None or held.size != size:
+        raise BackupFailed(f"the node kept {size} bytes of {path[len(top):]!r}, which the earlier backup does not "
+                           f"hold")
+    make_dir(os.path.dirname(path))
+    source = os.open(held.path, os.O_RDONLY)
+    try:
+        target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
+        try:
+            frames.copy_range(source, 0, size, target)
+        finally:
+            os.close(target)
+    finally:
+        os.close(source)
+    hashes[path[len(top):]] = [held.sha256.copy(), size]
 
 
 def _inside(root: str, relative: str) -> str:

@@ -105,6 +105,49 @@ def test_a_backup_taken_while_producers_send_restores_everything_answered_before
             restored.stop()
 
 
+@pytest.mark.parametrize("shards", ["1", "2"])
+def test_a_second_backup_to_the_same_place_fetches_only_what_changed(tmp_path: Path, shards: str):
+    """The far messages' delay logs, whole in the first backup, are copied
+    from it, not sent again; one the first backup holds damaged is sent
+    whole; the restore has every message of both rounds."""
+    node = Server.start(tmp_path / "data", "--shards", shards, log_path=tmp_path / "serve.log")
+    restored = None
+    far = 30 * 24 * 3_600_000  # (a span's files)
+
+    def send(first: int, count: int) -> None:
+        now = int(time.time() * 1000)
+        for start in range(first, first + count, 500):
+            _, answer = node.post_json("sendMsgBatch", {"topic": "t", "msgs": [
+                {"msg": f"m{i} " + "x" * 3000, "msgId": f"m{i}", "triggerTime": now + far + (i % 97) * 60_000}
+                for i in range(start, start + 500)]})
+            assert answer["code"] == 200, answer
+
+    try:
+        send(0, 4000)
+        first = json.loads(run("backup", "--url", node.base, "--to", str(tmp_path / "backup")).stdout)
+        assert first["kept"] == 0 and first["received"] > 10_000_000
+        send(4000, 500)
+        second = json.loads(run("backup", "--url", node.base, "--to", str(tmp_path / "backup")).stdout)
+        assert second["kept"] > 10_000_000, second  # the first round's bodies: not sent again
+        assert second["received"] < first["received"] / 2, (first, second)
+        logs = sorted((tmp_path / "backup").rglob("delay/*.log"), key=lambda p: p.stat().st_size)
+        damaged = bytearray(logs[-1].read_bytes())
+        damaged[len(damaged) // 2] ^= 0xFF
+        logs[-1].write_bytes(bytes(damaged))
+        third = json.loads(run("backup", "--url", node.base, "--to", str(tmp_path / "backup")).stdout)
+        assert third["kept"] < second["kept"]  # (the damaged one sent whole)
+    finally:
+        node.stop()
+    try:
+        run("restore", "--from", str(tmp_path / "backup"), "--data-dir", str(tmp_path / "restored"))
+        restored = Server.start(tmp_path / "restored", "--shards", shards, log_path=tmp_path / "restored.log")
+        assert all(status_of(restored, "t", f"m{i}") == 1 for i in range(0, 4500, 3))
+        assert status_of(restored, "t", "m4499") == 1
+    finally:
+        if restored is not None:
+            restored.stop()
+
+
 def test_a_backup_killed_midway_leaves_nothing_a_restore_takes(tmp_path: Path):
     node = Server.start(tmp_path / "data", log_path=tmp_path / "serve.log")
     try:
