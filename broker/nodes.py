@@ -30,7 +30,7 @@ from .flow.keeper import TopicFlow
 from .http.api import API_ERRORS
 from .http.commands import HERE
 from .http.http_types import StreamResponse
-from .http.paths import PREFIX
+from .http.paths import BACKUP_PATH
 from .http.scrape import Choice, disk_series, largest, metrics_answer, topic_ranks
 from .jobs.api import JOB_OPS, serve_shard_call
 from .jobs.file import JobFiles, jobs_path
@@ -72,6 +72,19 @@ async def at_quiet_point(broker: Broker, prepare: Callable[[], PreparedCheckpoin
     if not isinstance(prepared, PreparedCheckpoint):
         raise InvariantError(f"a quiet point answered {prepared!r}, not the checkpoint prepared")
     return prepared
+
+
+def add_backup_routes(table: CommandTable, backups: Backups) -> None:
+    """GET and POST backupShard: an online backup of the store of the node
+    it reaches, as a stream (broker.disk.backups); on a node of shards
+    each shard's own port (getShardMap) answers for its own, on a cluster
+    any node for its own."""
+    async def backup_shard(request: Request) -> StreamResponse:
+        have = parse_have(request.body) if request.method == "POST" else None
+        return StreamResponse(backups.stream(have), content_type="application/octet-stream")
+
+    for method in ("GET", "POST"):
+        table.add(method, BACKUP_PATH, backup_shard, where=HERE, errors=API_ERRORS)
 
 
 class DiskNode(NodeBase):
@@ -149,15 +162,7 @@ class DiskNode(NodeBase):
                         "under a dedupWindowMillis are stored anew if sent again", self.store.ends.rebuilt)
 
     def add_own_routes(self, table: CommandTable) -> None:
-        """GET backupShard: an online backup of this shard's store, as a
-        stream (broker.disk.backups); on a node of shards, each shard's own
-        port (getShardMap) answers for its own."""
-        table.add("GET", PREFIX + "backupShard", self.backup_shard, where=HERE, errors=API_ERRORS)
-        table.add("POST", PREFIX + "backupShard", self.backup_shard, where=HERE, errors=API_ERRORS)
-
-    async def backup_shard(self, request: Request) -> StreamResponse:
-        have = parse_have(request.body) if request.method == "POST" else None
-        return StreamResponse(self.backups.stream(have), content_type="application/octet-stream")
+        add_backup_routes(table, self.backups)
 
     def scraped(self) -> Backend | None:
         """A shard's own broker: each shard shows its part of the node's

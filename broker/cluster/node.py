@@ -19,10 +19,12 @@ from collections.abc import Callable, Mapping, Sequence
 
 from broker.config import ServeConfig
 from broker.console.api import Console
+from broker.disk.backups import Backups, clear_staging
 from broker.flow.keeper import TopicFlow
 from broker.http.commands import Command, CommandTable
 from broker.http.http_types import Request
 from broker.node_base import NodeBase
+from broker.nodes import add_backup_routes
 from broker.observe.metrics import Family, Metrics
 from broker.push.rules import PushAllow
 from replication import snapshot
@@ -105,6 +107,10 @@ class ClusterNode(NodeBase):
                               max_paused_keys_total=config.max_paused_keys_total)
         self.routes = Routes(state)
         self.snapshots = Snapshots(state, self.peers)
+        # online backups of this node's store (backupShard), without stopping the group
+        clear_staging(data_dir)
+        self.backups = Backups(lambda: self.state.store, data_dir, self.snapshots.quiet_point,
+                               self.snapshots.checkpoint, (0, 1), lock=state.checkpoint_lock)
         self.peer_calls = PeerCalls(state, self.snapshots)
         self.lead = Lead(state, self)
         self.role_loop = RoleLoop(state, self.peers, self.snapshots, self.lead)
@@ -162,6 +168,7 @@ class ClusterNode(NodeBase):
 
     def add_own_routes(self, table: CommandTable) -> None:
         self.peer_calls.add_own_routes(table)
+        add_backup_routes(table, self.backups)
 
     def routed(self, command: Command) -> Command:
         return self.routes.routed(command)

@@ -30,7 +30,7 @@ import aiohttp
 from broker.http.api import answer
 from broker.http.commands import Command
 from broker.http.http_types import BatchHandler, Handler, Request, Response, StreamResponse
-from broker.http.paths import PREFIX
+from broker.http.paths import BACKUP_PATH, PREFIX
 from broker.http.scrape import disk_series
 from broker.observe.metrics import COUNTER, GAUGE, Family, Sample, single_series
 from replication import peer_auth
@@ -62,8 +62,9 @@ class Routes:
 
     def routed(self, command: Command) -> Command:
         """An API command (under PREFIX) served here while this node leads,
-        else forwarded (`_route`); the others as they are."""
-        if not command.path.startswith(PREFIX):
+        else forwarded (`_route`); the others, and backupShard (of this
+        node's own store), as they are."""
+        if not command.path.startswith(PREFIX) or command.path == BACKUP_PATH:  # (a backup: this node's store)
             return command
         if has_dot_segment(command.path):
             # The URL library that forwards would remove the dot segments

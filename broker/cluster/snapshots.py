@@ -23,6 +23,7 @@ import asyncio
 import json
 import logging
 import os
+from collections.abc import Callable
 
 import aiohttp
 
@@ -58,6 +59,18 @@ class Snapshots:
             size = await asyncio.to_thread(snapshot.write_tar, state.data_dir, files, path)
         log.info("made a snapshot of %d files, %d bytes, up to offset %d", len(files), size, end)
         return path
+
+    async def quiet_point(self, run: Callable[[], object]) -> object:
+        """`run` with everything appended applied and nothing applied
+        meanwhile (an online backup's second step, broker.disk.backups):
+        the lead's group commit's quiet point on a leader, the apply lock
+        on a follower."""
+        state = self.state
+        if state.broker is not None:
+            return await state.broker.commits.at_quiet_point(run)
+        async with state.apply_lock:
+            state.store.commit()
+            return run()
 
     async def take_snapshot(self, source: str) -> None:
         """Replace this node's store with `source`'s snapshot.

@@ -66,13 +66,15 @@ class Backups:
 
     def __init__(self, store: Callable[[], Store], data_path: str,
                  quiet_point: Callable[[Callable[[], object]], Awaitable[object]],
-                 checkpoint: Callable[[], Awaitable[None]], shard: tuple[int, int]) -> None:
+                 checkpoint: Callable[[], Awaitable[None]], shard: tuple[int, int],
+                 lock: asyncio.Lock | None = None) -> None:
         self._store = store
         self._data_path = data_path
         self._quiet_point = quiet_point
         self._checkpoint = checkpoint
         self._shard = shard
-        self.lock = asyncio.Lock()  # held for a backup's whole run; a checkpoint takes it too
+        # held for a backup's whole run; a checkpoint takes it too (a cluster node's: its checkpoint lock)
+        self.lock = asyncio.Lock() if lock is None else lock
         self._running = False
         self.taken = 0
 

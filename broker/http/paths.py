@@ -9,3 +9,6 @@ PREFIX = "/camellia/delayQueue/"
 HEALTH_PREFIX = "/camellia/health/"
 # the calls between the nodes of a cluster (broker.cluster.peers)
 CLUSTER_PREFIX = "/_cluster/"
+# an online backup of the store of the node (or shard) it reaches, answered
+# there on any node of a cluster, not forwarded (broker.disk.backups)
+BACKUP_PATH = PREFIX + "backupShard"

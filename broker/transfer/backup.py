@@ -209,8 +209,8 @@ async def _shard(session: aiohttp.ClientSession, base: URL, headers: dict[str, s
         async with (session.post(url, headers=headers, json={"have": have}) if have
                     else session.get(url, headers=headers)) as r:
             if r.status == 404:
-                raise BackupFailed(f"{base} serves no backups: a cluster node or a node on --backend redis:// "
-                                   f"(docs/operations.md, \"Backup and restore\")")
+                raise BackupFailed(f"{base} serves no backups: a node on --backend redis:// keeps its messages in "
+                                   f"Redis (docs/operations.md, \"Backup and restore\")")
             if r.status != 200:
                 raise BackupFailed(f"{base} answered {r.status} to backupShard: {(await r.text())[:300]}")
             while True:

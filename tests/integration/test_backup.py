@@ -202,3 +202,49 @@ def test_a_node_on_redis_answers_that_it_takes_no_backups(own_redis_url, tmp_pat
         assert "serves no backups" in done.stderr and not (tmp_path / "backup").exists()
     finally:
         node.stop()
+
+
+def test_a_backup_of_a_cluster_node_is_taken_from_a_follower_while_the_group_serves(tmp_path: Path):
+    """From a follower, while the leader takes sends: every message the
+    leader answered before the backup began is in it, and a restore opens
+    as a standalone node holding them; the group served throughout."""
+    from cluster import Cluster  # (bench/cluster.py, on the tests' path)
+
+    cluster = Cluster.start(tmp_path / "cluster")
+    restored = None
+    try:
+        leader = cluster.wait_leader()
+        cluster.wait_known(leader)
+        node = cluster.nodes[leader]
+        follower = next(n for n in cluster.nodes if n != leader)
+        now = int(time.time() * 1000)
+        for start in range(0, 2000, 500):
+            _, answer = node.post_json("sendMsgBatch", {"topic": "t", "msgs": [
+                {"msg": f"m{i} " + "x" * 300, "msgId": f"m{i}", "triggerTime": now + 3_600_000 + i * 1000}
+                for i in range(start, start + 500)]})
+            assert answer["code"] == 200, answer
+        deadline = time.monotonic() + 15  # the follower has the leader's log
+        while len(set(cluster.log_ends().values())) != 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        producer = Producer(node, "p")
+        producer.start()
+        time.sleep(1.5)
+        began = time.monotonic()
+        taken = json.loads(run("backup", "--url", cluster.url(follower), "--to", str(tmp_path / "backup")).stdout)
+        time.sleep(0.3)
+        producer.stop.set()
+        producer.join(30)
+        assert taken["shards"] == 1 and taken["bytes"] > 600_000, taken
+        assert cluster.leader() is not None and cluster.leader()[0] == leader  # (no election: the group went on)
+        answered = [m for m, _, done in producer.sent if done < began - 0.5]  # (replicated to the follower by then)
+        assert len(producer.sent) > 20 and answered
+    finally:
+        cluster.stop()
+    try:
+        run("restore", "--from", str(tmp_path / "backup"), "--data-dir", str(tmp_path / "restored"))
+        restored = Server.start(tmp_path / "restored", log_path=tmp_path / "restored.log")
+        assert all(status_of(restored, "t", f"m{i}") == 1 for i in range(0, 2000, 7))
+        assert all(status_of(restored, "live", m) == 1 for m in answered)
+    finally:
+        if restored is not None:
+            restored.stop()
