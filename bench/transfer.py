@@ -14,7 +14,9 @@ one JSON object.
                       A from a file of lines, exported, imported into node
                       B twice (the second: nothing stored twice) and into
                       a node on Redis (--redis), each node's messages then
-                      listed and compared field by field with A's
+                      listed and compared field by field with A's; the
+                      node on Redis exported in turn and imported into a
+                      disk node C (and back), compared alike
 
 Rates are messages a second of each command's own run; the node's CPU
 (every process of it, from /proc) a message beside it.
@@ -109,6 +111,16 @@ def camellia(args: argparse.Namespace, work: str) -> dict[str, Any]:
         redis_proc.stop()
 
 
+def compare(node: Server, want: dict[Any, dict[str, Any]]) -> dict[str, Any]:
+    """Every message `node` holds against `want` (A's rows), field by field."""
+    got, twice = every_message(node)
+    return {"stored": len(got), "listedTwice": twice,
+            "missing": sum(k not in got for k in want), "extra": sum(k not in want for k in got),
+            "differing": {f: n for f in FIELDS
+                          if (n := sum(got[k].get(f) != row.get(f) for k, row in want.items() if k in got))},
+            "statusNote": "a status differs where a message fell due between the two listings"}
+
+
 def lines(args: argparse.Namespace, work: str) -> dict[str, Any]:
     now = int(time.time() * 1000)
     source = os.path.join(work, "source.jsonl")
@@ -150,14 +162,14 @@ def lines(args: argparse.Namespace, work: str) -> dict[str, Any]:
                                                   source_of))
             out[f"importInto_{name}_again"] = say(timed(nodes[name], "import", "--url", nodes[name].base, "--from",
                                                         source_of))
-            got, twice = every_message(nodes[name])
-            a_part = {k: a[k] for k in keys}
-            out[f"compare_{name}"] = say({
-                "stored": len(got), "listedTwice": twice,
-                "missing": sum(k not in got for k in a_part), "extra": sum(k not in a_part for k in got),
-                "differing": {f: n for f in FIELDS
-                              if (n := sum(got[k].get(f) != row.get(f) for k, row in a_part.items() if k in got))},
-                "statusNote": "a status differs where a message fell due between the two listings"})
+            out[f"compare_{name}"] = say(compare(nodes[name], {k: a[k] for k in keys}))
+        if "redis" in nodes:  # and back: Redis -> a disk node
+            back = os.path.join(work, "back.jsonl")
+            out["exportFromRedis"] = say(timed(nodes["redis"], "export", "--url", nodes["redis"].base, "--out", back))
+            nodes["c"] = Server.start(os.path.join(work, "c"), "--shards", args.shards,
+                                      log_path=os.path.join(work, "c.log"))
+            out["importInto_c"] = say(timed(nodes["c"], "import", "--url", nodes["c"].base, "--from", back))
+            out["compare_c"] = say(compare(nodes["c"], {k: a[k] for k in keys}))
         return out
     finally:
         for node in nodes.values():

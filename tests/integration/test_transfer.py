@@ -132,6 +132,21 @@ def test_export_then_import_keeps_each_message_and_stores_nothing_twice(own_redi
                 for field in ("msg", "triggerTime", "expireTime", "priority", "tag", "key"):
                     assert row[field] == was[field], (key, field, new.base)
                 assert row["maxRetry"] == was["maxRetry"] - was["retry"] and row["retry"] == 0
+        imported = every_of(new_redis)
+        for source in (new_redis, new_disk):  # and back: from Redis (HSCAN's walk), from a node of shards
+            back = tmp_path / f"back-{source.base.rsplit(':', 1)[1]}.jsonl"
+            assert run("export", "--url", source.base, "--out", str(back))["written"] == len(imported)
+            lines = [json.loads(line) for line in back.read_text().splitlines()]
+            assert sorted((row["topic"], row["msgId"]) for row in lines) == sorted(imported)  # each once
+            third = Server.start(tmp_path / f"third-{len(lines)}-{back.name}", log_path=tmp_path / "third.log")
+            try:
+                assert run("import", "--url", third.base, "--from", str(back))["sent"] == len(imported)
+                again = every_of(third)
+                assert again.keys() == imported.keys()
+                assert all(again[k][f] == imported[k][f] for k in again for f in
+                           ("msg", "triggerTime", "expireTime", "priority", "tag", "key", "maxRetry"))
+            finally:
+                third.stop()
     finally:
         for server in (old, new_disk, new_redis):
             server.stop()
