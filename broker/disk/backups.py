@@ -172,10 +172,10 @@ def parse_have(body: bytes) -> dict[str, tuple[int, str]]:
         out: dict[str, tuple[int, str]] = {}
         for path, held in have.items():
             size, digest = held
-            if not (backup.appended_only(path) and ".." not in path and isinstance(size, int) and 0 < size < 1 << 62
+            if not (backup.appended_only(path) and ".." not in path and type(size) is int and 0 < size < 1 << 62
                     and isinstance(digest, str) and len(digest) == 64):
                 raise ValueError(f"{path[:80]!r}: {str(held)[:80]}")
             out[path] = (size, digest)
         return out
-    except (ValueError, TypeError, AttributeError) as e:
+    except (ValueError, TypeError, AttributeError, RecursionError) as e:
         raise InvalidRequest("have", f"must be {{\"have\": {{\"delay/<file>.log\": [size, sha256 hex]}}}}: {e}") from None
