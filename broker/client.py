@@ -271,6 +271,15 @@ class DelayQueueClient:
         answer = await self._call("POST", "sendMsgBatch", idempotent=True, body=body)
         return [DelayMsg.from_json(m) for m in answer["delayMsgList"]]
 
+    async def import_batch(self, topic: str, msgs: Iterable[tuple[NewMsg, int, int]]) -> list[DelayMsg]:
+        """importMsgBatch: `send_batch`'s, strict, each (message, status,
+        retry) stored with that status (1: pending; 5, 6: dead) and retry
+        count (docs/api.md, "Export and import")."""
+        wire = [{**m.params(), "msgId": m.msg_id or uuid.uuid4().hex, "status": status, "retry": retry}
+                for m, status, retry in msgs]
+        answer = await self._call("POST", "importMsgBatch", idempotent=True, body={"topic": topic, "msgs": wire})
+        return [DelayMsg.from_json(m) for m in answer["delayMsgList"]]
+
     # ------------------------------------------------------------ consume
 
     async def pull(self, topic: str, *, batch: int | None = None, ack_timeout_ms: int | None = None,

@@ -300,12 +300,16 @@ class NewSend(NamedTuple):
     `run`: a schedule's run (the Redis backend holds it back while its
     topic or serial key is paused; docs/redis.md, "Flow"). `made_id`: the
     request gave no msgId, the node made it (a node of shards takes such a
-    message back if its batch answers 503: broker.shards.backend)."""
+    message back if its batch answers 503: broker.shards.backend).
+    `kept`: an import's (importMsgBatch) status and retry count, the
+    message stored with them (1: pending, at its trigger time; 5, 6:
+    dead); None: a send's, WAITING with retry 0."""
     message: NewMessage
     strict: bool
     skip_after_ms: int | None = None
     run: bool = False
     made_id: bool = False
+    kept: tuple[int, int] | None = None
 
 
 def as_sends(items: Sequence[NewSend | NewMessage]) -> list[NewSend]:
@@ -332,7 +336,7 @@ def parse_send(params: Params, *, now_ms: int, make_id: Callable[[], str], defau
     message = _message(params, "", _required_name(params, "topic"), now_ms, make_id, defaults, max_msg_bytes)
     made = not params.get("msgId")  # (None or "": _message made it)
     if params.get("strictIdempotence") is None:
-        return tuple.__new__(NewSend, (message, False, None, False, made))  # (every field: no default filled)
+        return tuple.__new__(NewSend, (message, False, None, False, made, None))  # (every field: no default filled)
     return NewSend(message, _bool(params, "strictIdempotence", default=False), made_id=made)
 
 
@@ -373,7 +377,7 @@ def parse_send_batch(body: Params, *, now_ms: int, make_id: Callable[[], str], d
             own_strict = item.get("strictIdempotence")
             out.append(new(NewSend, (message, strict if own_strict is None
                                      else _bool(item, "strictIdempotence", default=strict), None, False,
-                                     not item.get("msgId"))))
+                                     not item.get("msgId"), None)))
         except InvalidRequest as e:
             raise _within(e, f"msgs[{i}].") from None
     return tuple(out)
@@ -633,6 +637,38 @@ def parse_send_batch_body(body: bytes, content_type: str, *, limits: BodyLimits,
     if isinstance(items, list):
         limits.check_batch_msgs(len(items))
     return parse_send_batch(decoded, now_ms=now_ms, make_id=make_id, defaults=defaults, max_msg_bytes=max_msg_bytes)
+
+
+def parse_import_batch_body(body: bytes, *, limits: BodyLimits, now_ms: int, make_id: Callable[[], str],
+                            defaults: Defaults, max_msg_bytes: int) -> tuple[NewSend, ...]:
+    """importMsgBatch (docs/api.md, "Export and import"): sendMsgBatch's
+    JSON body, strict always (an id stored before answers as stored,
+    whatever it became), each message's `status` (1, 2, 3: pending, due at
+    its trigger time; 5, 6: dead, as listDeadMsg shows it; default 1) and
+    `retry` (the deliveries it had: 0..maxRetry, a dead one's to maxRetry +
+    1; default 0) kept; validated whole as sendMsgBatch (`msgs[i].status`)."""
+    check_size(body, limits.batch_body_bytes(max_msg_bytes))
+    check_json_marks(body, limits.batch_json_marks, "the body")
+    decoded = parse_json(body)
+    items = decoded.get("msgs")
+    if isinstance(items, list):
+        limits.check_batch_msgs(len(items))
+    sends = parse_send_batch({**decoded, "strictIdempotence": True}, now_ms=now_ms, make_id=make_id,
+                             defaults=defaults, max_msg_bytes=max_msg_bytes)
+    assert isinstance(items, list)  # (parse_send_batch refused anything else)
+    out = []
+    for i, (send, item) in enumerate(zip(sends, items)):
+        status = _int(f"msgs[{i}].status", item.get("status"))
+        status = 1 if status in (None, 2, 3) else status
+        if status not in (1, 5, 6):
+            raise InvalidRequest(f"msgs[{i}].status", f"must be 1, 2, 3 (pending) or 5, 6 (dead), got {status}")
+        retry = _int(f"msgs[{i}].retry", item.get("retry")) or 0
+        most = send.message.max_retry + (0 if status == 1 else 1)
+        if not 0 <= retry <= most:
+            raise InvalidRequest(f"msgs[{i}].retry", f"must be in 0..{most} (maxRetry{'' if status == 1 else ' + 1'} "
+                                 f"for a {'pending' if status == 1 else 'dead'} message), got {retry}")
+        out.append(send._replace(strict=True, kept=None if (status, retry) == (1, 0) else (status, retry)))
+    return tuple(out)
 
 
 def parse_form(raw: bytes) -> dict[str, str]:

@@ -166,16 +166,21 @@ def parse_have(body: bytes) -> dict[str, tuple[int, str]]:
     """POST backupShard's body, {"have": {path: [size, digest]}}: the files
     that only grow the asker holds; InvalidRequest (have) for anything else."""
     try:
-        have = json.loads(body or b"{}").get("have") or {}
-        if not isinstance(have, dict) or len(have) > MAX_HAVE:
-            raise ValueError("not an object of at most 100,000 files")
-        out: dict[str, tuple[int, str]] = {}
-        for path, held in have.items():
-            size, digest = held
-            if not (backup.appended_only(path) and ".." not in path and type(size) is int and 0 < size < 1 << 62
-                    and isinstance(digest, str) and len(digest) == 64):
-                raise ValueError(f"{path[:80]!r}: {str(held)[:80]}")
-            out[path] = (size, digest)
-        return out
-    except (ValueError, TypeError, AttributeError, RecursionError) as e:
-        raise InvalidRequest("have", f"must be {{\"have\": {{\"delay/<file>.log\": [size, sha256 hex]}}}}: {e}") from None
+        decoded = json.loads(body or b"{}")
+    except (ValueError, RecursionError) as e:
+        raise _bad_have(f"not JSON: {e}") from None
+    have = decoded.get("have") or {} if isinstance(decoded, dict) else None
+    if not isinstance(have, dict) or len(have) > MAX_HAVE:
+        raise _bad_have("not an object of at most 100,000 files")
+    out: dict[str, tuple[int, str]] = {}
+    for path, held in have.items():
+        size, digest = held if isinstance(held, list) and len(held) == 2 else (None, None)
+        if not (backup.appended_only(path) and ".." not in path and type(size) is int and 0 < size < 1 << 62
+                and isinstance(digest, str) and len(digest) == 64):
+            raise _bad_have(f"{path[:80]!r}: {str(held)[:80]}")
+        out[path] = (size, digest)
+    return out
+
+
+def _bad_have(why: str) -> InvalidRequest:
+    return InvalidRequest("have", f"must be {{\"have\": {{\"delay/<file>.log\": [size, sha256 hex]}}}}: {why}")

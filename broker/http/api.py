@@ -306,7 +306,8 @@ class Api:
         connection's frame (broker.http.commands.Command), and the sends
         and acks of one turn of the loop are joined (broker.core.turns)."""
         self._joins = inline
-        post = {"sendMsg": self.send, "sendMsgBatch": self.send_batch, "deleteMsg": self.delete,
+        post = {"sendMsg": self.send, "sendMsgBatch": self.send_batch, "importMsgBatch": self.import_batch,
+                "deleteMsg": self.delete,
                 "pullMsg": self.pull, "longPollingMsg": self.long_poll, "ackMsg": self.ack, "getMsg": self.get,
                 "rescheduleMsg": self.reschedule, "redriveMsg": self.redrive, "listMsg": self.list_msgs,
                 "deleteMsgs": self.delete_msgs, "rescheduleMsgs": self.reschedule_msgs, "extendMsg": self.extend}
@@ -317,7 +318,7 @@ class Api:
         for method, handlers in (("POST", post), ("GET", get)):
             for name, handle in handlers.items():
                 table.add(method, PREFIX + name, handle, where=NODE, errors=API_ERRORS, inline=inline,
-                          body_cap=self.batch_cap if name == "sendMsgBatch" else self.single_cap,
+                          body_cap=self.batch_cap if name in ("sendMsgBatch", "importMsgBatch") else self.single_cap,
                           batch=runs.get(name) if method == "POST" else None)
 
     # -- reading parameters: broker.core.params turns a request's bytes into them -----------
@@ -406,6 +407,16 @@ class Api:
         if self.spans is not None:
             self.spans.sent(stored, now_ms)
         return answer(200, "success", delayMsgList=[delay_msg(m) for m in stored])
+
+    async def import_batch(self, request: Request) -> Response:
+        """importMsgBatch: sendMsgBatch's, each message's status and retry kept (an import's)."""
+        backend = self.backend
+        now_ms = backend.clock.now_ms()
+        batch = params.parse_import_batch_body(request.body, limits=self.bodies, now_ms=now_ms,
+                                               make_id=self.make_id, defaults=backend.defaults,
+                                               max_msg_bytes=self.max_msg_bytes)
+        await self._refuse_run_ids(batch, batch=True)
+        return answer(200, "success", delayMsgList=[delay_msg(m) for m in await backend.requests.send(batch, now_ms)])
 
     async def _refuse_run_ids(self, sends: Sequence[params.NewSend], batch: bool) -> None:
         """InvalidRequest (400, nothing stored) if a send's msgId is a run's

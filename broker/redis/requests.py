@@ -59,13 +59,16 @@ class SendOutcome(enum.StrEnum):
         WAITING    "1"  stored; its trigger time is not reached
         READY      "2"  stored already due: in the ready queue at once
         EXPIRED    "5"  stored already past its ttl: ended, never delivered
+                        (or an import's dead one, expired)
+        ENDED      "6"  an import's dead one (importMsgBatch), stored ended
 
-    The last three are the new message's `Status`."""
+    The last four are the new message's `Status`."""
 
     DUPLICATE = "0"
     WAITING = "1"
     READY = "2"
     EXPIRED = "5"
+    ENDED = "6"
 
 
 def _woke(result: Reply) -> tuple[Reply, bool]:
@@ -162,13 +165,17 @@ class RedisRequests:
         dedup_from = str(now_ms - window_ms + self._config.retention_ms) if window_ms else ""
         args = [str(now_ms), str(now_ms + self._config.retention_ms), dedup_from]
         batch = []
-        for n, is_strict, skip_after_ms, run, _ in sends:
+        retries: dict[str, int] = {}  # an import's kept retry count (NewSend.kept)
+        for n, is_strict, skip_after_ms, run, _, kept in sends:
             batch.append(n)
+            if kept is not None:
+                retries[n.msg_id] = kept[1]
             args += [n.msg_id, n.msg, str(n.produce_ms), str(n.trigger_ms), str(n.ttl_ms),
                      str(n.trigger_ms + n.ttl_ms), str(n.max_retry), str(n.priority), n.tag,
                      ready_member(n.priority, n.trigger_ms, n.msg_id), "1" if is_strict else "0", n.key,
                      n.traceparent, n.tracestate, run_mark(skip_after_ms, run),
-                     n.fair_key]
+                     n.fair_key, "0" if kept is None else str(kept[1]),
+                     "" if kept is None or kept[0] == Status.WAITING else str(kept[0])]
         results = await self._script("send", topic, args)
         m = self._metrics.topic(topic)
         out, ready = [], []
@@ -179,12 +186,13 @@ class RedisRequests:
                 out.append(answered.get(n.msg_id) or _message(topic, n.msg_id, *stored))
                 continue
             m.sends += 1
-            out.append(Message(*n[:9], status=Status(int(state)), retry=0, location=NO_LOCATION, key=n.key,
+            out.append(Message(*n[:9], status=Status(int(state)), retry=retries.get(n.msg_id, 0), location=NO_LOCATION,
+                               key=n.key,
                                traceparent=n.traceparent, tracestate=n.tracestate, fair_key=n.fair_key))
             answered[n.msg_id] = out[-1]
             if state == SendOutcome.READY:
                 ready.append(due_ms(n.trigger_ms, n.produce_ms))
-            elif state == SendOutcome.EXPIRED:
+            elif state in (SendOutcome.EXPIRED, SendOutcome.ENDED):
                 m.ended += 1
             elif n.trigger_ms < self._state.next_due_ms:
                 self._state.mover_wake.set()

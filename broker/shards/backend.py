@@ -146,7 +146,8 @@ class ShardedRequests:
             if shard == index:
                 calls.append(self._local.send(part, now_ms))
             else:
-                calls.append(router.call(shard, "send", [[[list(s.message), s.strict, s.skip_after_ms]
+                calls.append(router.call(shard, "send", [[[list(s.message), s.strict, s.skip_after_ms,
+                                                             None if s.kept is None else list(s.kept)]
                                                             for s in part], now_ms]))
         answers = await asyncio.gather(*calls, return_exceptions=True)
         stored: list[Message | None] = [None] * len(sends)

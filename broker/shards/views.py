@@ -36,7 +36,8 @@ def messages_of(rows: Iterable[Sequence[Any]]) -> list[Message]:
 
 
 def send_of(fields: Sequence[Any]) -> NewSend:
-    return NewSend(NewMessage(*fields[0]), fields[1], fields[2])
+    return NewSend(NewMessage(*fields[0]), fields[1], fields[2],
+                   kept=None if fields[3] is None else (int(fields[3][0]), int(fields[3][1])))
 
 
 def fenced_fields(r: FencedRequest) -> list[Any]:

@@ -30,8 +30,9 @@ What an import makes of each message (`pending`):
     else                           due at its triggerTime (at once if past)
 
 kept: msgId, msg, triggerTime, expireTime (as ttlMillis from the trigger
-time, so the same instant), and the deliveries left (maxRetry - retry:
-camellia delivers while retry <= maxRetry, and counts the one under way).
+time, so the same instant), maxRetry and retry (the deliveries it had:
+camellia delivers while retry <= maxRetry, and counts the one under way;
+so does hourglass).
 
 The messages are found by SCAN over the namespace's message keys (so one
 the server stored but had not filed yet is found too), COUNT a page, and
@@ -55,6 +56,7 @@ import orjson
 from storage.errors import ConfigError
 
 from ..client import NewMsg
+from .sending import Outgoing
 
 MSG_TAG = "camellia_delay_queue_msg"
 ACK_TAG = "camellia_delay_queue_ack"
@@ -87,7 +89,7 @@ class Found:
     ack_deadline: float | None
 
 
-def pending(found: Found, namespace: str, now_ms: int) -> tuple[str, NewMsg] | str:
+def pending(found: Found, namespace: str, now_ms: int) -> Outgoing | str:
     """(topic, the send) of a message camellia would still deliver, or
     why it is not sent (module docstring)."""
     row: Any = found.row
@@ -110,7 +112,8 @@ def pending(found: Found, namespace: str, now_ms: int) -> tuple[str, NewMsg] | s
         return "expired"
     if retry > max_retry:
         return "retries used"
-    return topic, NewMsg(body, msg_id=msg_id, trigger_time_ms=due, ttl_ms=expire - due, max_retry=max_retry - retry)
+    return Outgoing(topic, NewMsg(body, msg_id=msg_id, trigger_time_ms=due, ttl_ms=expire - due, max_retry=max_retry),
+                    1, retry)
 
 
 class CamelliaSource:
@@ -134,13 +137,13 @@ class CamelliaSource:
     async def close(self) -> None:
         await self._redis.aclose()
 
-    async def pages(self, cursor: int, now_ms: int) -> AsyncIterator[tuple[int, list[tuple[str, NewMsg]], Counter[str]]]:
+    async def pages(self, cursor: int, now_ms: int) -> AsyncIterator[tuple[int, list[Outgoing], Counter[str]]]:
         """(the cursor after the page, its messages to send, the others
         counted by why), until the cursor comes back to 0."""
         pattern = msg_pattern(self.namespace)
         while True:
             cursor, raw_keys = await self._redis.scan(cursor, match=pattern, count=self._page)
-            sends: list[tuple[str, NewMsg]] = []
+            sends: list[Outgoing] = []
             skipped: Counter[str] = Counter()
             for found in await self._read([k if isinstance(k, bytes) else k.encode() for k in raw_keys]):
                 outcome = pending(found, self.namespace, now_ms)

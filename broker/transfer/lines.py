@@ -14,14 +14,15 @@ What a line becomes on import (`pending`):
                              holder's ack goes to the old node (at least
                              once)
     acked, deleted           not sent
-    dead (5, 6)              not sent: a send cannot store a message ended
-                             (redrive them on the old node first, or keep it)
-    past its expireTime      not sent
-    no delivery left         not sent (retry > maxRetry)
+    dead (5, 6)              stored dead, as listDeadMsg shows it (it can
+                             be re-driven there)
+    live, past expireTime    not sent
+    live, no delivery left   stored dead (6): retry > maxRetry, as the old
+                             node ends it
 
-kept: msgId, msg, triggerTime, expireTime (as ttlMillis from the trigger
-time), priority, tag, key and the deliveries left (maxRetry - retry: the
-new node counts retry from 0).
+kept (importMsgBatch): msgId, msg, triggerTime, expireTime (as ttlMillis
+from the trigger time), maxRetry, retry, priority, tag, key, and the
+status as above.
 """
 
 from __future__ import annotations
@@ -33,10 +34,11 @@ from typing import Any, TextIO
 import orjson
 
 from ..client import DelayQueueClient, NewMsg
+from .sending import Outgoing
 
 EXPORTED = (1, 2, 3, 5, 6)
 # What a line of each status becomes if it is not sent.
-NOT_SENT = {4: "acked", 5: "dead", 6: "dead", 7: "deleted"}
+NOT_SENT = {4: "acked", 7: "deleted"}
 
 
 async def export(client: DelayQueueClient, out: TextIO, topics: Sequence[str] = (),
@@ -55,7 +57,7 @@ async def export(client: DelayQueueClient, out: TextIO, topics: Sequence[str] = 
     return written
 
 
-def pending(line: bytes, now_ms: int) -> tuple[str, NewMsg] | str:
+def pending(line: bytes, now_ms: int) -> Outgoing | str:
     """(topic, the send) of one exported line, or why it is not sent (module docstring)."""
     try:
         row: Any = orjson.loads(line)
@@ -71,9 +73,13 @@ def pending(line: bytes, now_ms: int) -> tuple[str, NewMsg] | str:
         return "unreadable"
     if status in NOT_SENT:
         return NOT_SENT[status]
-    if expire <= max(now_ms, trigger):
+    if status not in (1, 2, 3, 5, 6) or expire <= trigger or not retry >= 0 or not max_retry >= 0:
+        return "unreadable"
+    dead = status in (5, 6)
+    if not dead and expire <= now_ms:
         return "expired"
-    if retry > max_retry:
-        return "retries used"
-    return topic, NewMsg(body, msg_id=msg_id, trigger_time_ms=trigger, ttl_ms=expire - trigger,
-                         max_retry=max_retry - retry, priority=priority, tag=tag, key=key)
+    if not dead and retry > max_retry:
+        status, dead = 6, True  # (its last delivery under way or done: the old node ends it)
+    return Outgoing(topic, NewMsg(body, msg_id=msg_id, trigger_time_ms=trigger, ttl_ms=expire - trigger,
+                                  max_retry=max_retry, priority=priority, tag=tag, key=key),
+                    status if dead else 1, min(retry, max_retry + 1))

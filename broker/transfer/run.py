@@ -27,9 +27,9 @@ import orjson
 
 from storage.errors import ConfigError
 
-from ..client import DelayQueueClient, NewMsg
+from ..client import DelayQueueClient
 from . import lines
-from .sending import Sender, Tally
+from .sending import Outgoing, Sender, Tally
 
 log = logging.getLogger("hourglass.transfer")
 
@@ -121,7 +121,7 @@ async def _importing(target: Target, state: State, dry_run: bool, rejects_path: 
             "perSecond": round(sent / seconds, 1) if seconds > 0 else 0.0}
 
 
-def _count(tally: Tally, sends: list[tuple[str, NewMsg]], skipped: Counter[str]) -> None:
+def _count(tally: Tally, sends: list[Outgoing], skipped: Counter[str]) -> None:
     """A dry run's tally of one step."""
     tally.skipped.update(skipped)
     tally.skipped["would send"] += len(sends)
@@ -167,7 +167,7 @@ async def import_lines(target: Target, path: str, *, state_path: str | None = No
                 if not chunk:
                     break
                 now_ms = _now_ms()
-                sends: list[tuple[str, NewMsg]] = []
+                sends: list[Outgoing] = []
                 skipped: Counter[str] = Counter()
                 for line in chunk:
                     if not line.strip():

@@ -1,7 +1,8 @@
 """The one way in: messages sent to a node in batches a topic
-(docs/operations.md, "Moving messages").
+(docs/operations.md, "Moving messages"), by importMsgBatch: each with the
+status (pending or dead) and retry count it keeps.
 
-Every message carries its msgId and every batch `strictIdempotence=true`:
+Every message carries its msgId and every batch is strict:
 a message the node holds (or ended and still keeps) is answered as stored,
 never stored again, so an import killed anywhere and run again stores
 nothing twice. A batch the node refuses for one message (400 naming
@@ -21,7 +22,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TextIO
+from typing import NamedTuple, TextIO
 
 import orjson
 
@@ -33,6 +34,15 @@ log = logging.getLogger("hourglass.transfer")
 _ITEM = re.compile(r"msgs\[(\d+)\]")
 # Seconds between two progress lines.
 PROGRESS_S = 5.0
+
+
+class Outgoing(NamedTuple):
+    """A message to import: its topic, the send, and the status (1:
+    pending, at its trigger time; 5, 6: dead) and retry count it keeps."""
+    topic: str
+    msg: NewMsg
+    status: int = 1
+    retry: int = 0
 
 
 @dataclass
@@ -69,12 +79,12 @@ class Sender:
         self._paced = 0  # messages the pace has let through
         self._said = self._started
 
-    async def send(self, messages: Sequence[tuple[str, NewMsg]]) -> None:
+    async def send(self, messages: Sequence[Outgoing]) -> None:
         """Every message sent (or set aside), in batches a topic; returns
         once each batch is answered. Raises what a batch failed with."""
-        by_topic: dict[str, list[NewMsg]] = {}
-        for topic, msg in messages:
-            by_topic.setdefault(topic, []).append(msg)
+        by_topic: dict[str, list[Outgoing]] = {}
+        for out in messages:
+            by_topic.setdefault(out.topic, []).append(out)
         calls = [self._call(topic, msgs[i:i + self._batch])
                  for topic, msgs in by_topic.items() for i in range(0, len(msgs), self._batch)]
         results = await asyncio.gather(*calls, return_exceptions=True)
@@ -83,7 +93,7 @@ class Sender:
                 raise result
         self._progress()
 
-    async def _call(self, topic: str, msgs: list[NewMsg]) -> None:
+    async def _call(self, topic: str, msgs: list[Outgoing]) -> None:
         async with self._slots:
             await self._pace(len(msgs))
             await self._batch_of(topic, msgs)
@@ -96,10 +106,10 @@ class Sender:
         if wait_s > 0:
             await asyncio.sleep(wait_s)
 
-    async def _batch_of(self, topic: str, msgs: list[NewMsg]) -> None:
+    async def _batch_of(self, topic: str, msgs: list[Outgoing]) -> None:
         while msgs:
             try:
-                await self._client.send_batch(topic, msgs, strict_idempotence=True)
+                await self._client.import_batch(topic, [(o.msg, o.status, o.retry) for o in msgs])
             except DelayQueueError as error:
                 if error.code == 413 and len(msgs) > 1:
                     half = len(msgs) // 2
@@ -118,11 +128,12 @@ class Sender:
             self.tally.sent += len(msgs)
             return
 
-    def _refuse(self, topic: str, msg: NewMsg, reason: str) -> None:
+    def _refuse(self, topic: str, out: Outgoing, reason: str) -> None:
         self.tally.refused += 1
-        log.warning("the node refused %s/%s: %s", topic, msg.msg_id, reason)
+        log.warning("the node refused %s/%s: %s", topic, out.msg.msg_id, reason)
         if self._rejects is not None:
-            self._rejects.write(orjson.dumps({"topic": topic, "msgId": msg.msg_id, "reason": reason}).decode() + "\n")
+            self._rejects.write(orjson.dumps({"topic": topic, "msgId": out.msg.msg_id, "reason": reason}).decode()
+                                + "\n")
             self._rejects.flush()
 
     def _progress(self) -> None:

@@ -162,6 +162,7 @@ def walk(server: Server, shards: int) -> Walker:
     shard_map = w.step("GET", "getShardMap", ok)
     assert shard_map["shards"] == shards and len(shard_map["ports"]) == shards
     w.step("GET", "backupShard", backup_ends)  # (the shard reached: its own store's backup)
+    w.step("POST", "backupShard", code, have="x")  # (not the files an earlier backup holds: 400)
     # -- sends: ten due now over every shard (two of priority 5), five in an hour
     batch = [{"topic": T, "msgId": f"m{i}", "msg": f"body {i}", "delayMillis": 0, "priority": 5 if i in (3, 7) else 0}
              for i in range(10)]
@@ -173,6 +174,18 @@ def walk(server: Server, shards: int) -> Walker:
     assert status == 200 and json.loads(answer)["code"] == 200, answer
     for i in range(5):
         w.step("POST", "sendMsg", ok, topic=T, msgId=f"later{i}", msg="x", delayMillis=HOUR_MS)
+    # -- an import's: dead ones dead, a pending one with its retry count (each on its shard)
+    status, body = w.call("POST", "importMsgBatch", {})  # (no body: the error it is)
+    w.answers.append(("importMsgBatch empty", code(status, body)))
+    imported = [{"msgId": "imp-dead", "msg": "x", "delayMillis": 0, "maxRetry": 1, "status": 6, "retry": 2},
+                {"msgId": "imp-expired", "msg": "x", "delayMillis": 0, "status": 5},
+                {"msgId": "imp-later", "msg": "x", "delayMillis": HOUR_MS, "maxRetry": 3, "retry": 2}]
+    w.walked.add(("POST", PREFIX + "importMsgBatch"))
+    status, answer = request(server.base + PREFIX + "importMsgBatch", headers={"Content-Type": "application/json"},
+                             data=json.dumps({"topic": "imports", "msgs": imported}).encode())
+    w.answers.append(("importMsgBatch", sorted((m["msgId"], m["status"], m["retry"])
+                                               for m in json.loads(answer)["delayMsgList"])))
+    w.pages("GET", "listDeadMsg", "delayMsgList", ordered=False, topic="imports")
     w.step("POST", "sendMsg", ok, topic=T, msgId="later0", msg="x", delayMillis=HOUR_MS)  # (a repeat: deduped)
     time.sleep(0.3)  # (due now: READY within the wheel's tick, on every shard)
     w.step("GET", "getTopicInfo", info, topic=T)

@@ -88,9 +88,9 @@ def test_from_camellia_every_pending_message_once_across_a_kill9(own_redis_url, 
 
         stored = every_of(node)
         assert {key: row["triggerTime"] for key, row in stored.items()} == populated.expected
-        assert all(row["status"] in (1, 2) and row["retry"] == 0 for row in stored.values())
+        assert all(row["status"] in (1, 2) for row in stored.values())
         consuming = [row for row in stored.values() if row["triggerTime"] == now - 100 + 30_000]
-        assert consuming and all(row["maxRetry"] == 2 for row in consuming)  # 3 less the delivery under way
+        assert consuming and all((row["maxRetry"], row["retry"]) == (3, 1) for row in consuming)  # (camellia's kept)
         assert digest(r) == before  # read only
     finally:
         node.stop()
@@ -116,22 +116,34 @@ def test_export_then_import_keeps_each_message_and_stores_nothing_twice(own_redi
         assert len(pulled["delayMsgList"]) == 10
         for row in pulled["delayMsgList"][:4]:
             old.post("ackMsg", topic="due", msgId=row["msgId"], ack="true")
+        status, answer = old.post_json("sendMsgBatch", {"topic": "dead", "msgs": [  # two expired, two ended
+            {"msg": f"x{i}", "msgId": f"x{i}", "delayMillis": 0, "ttlMillis": 1 if i < 2 else 600_000, "maxRetry": 0}
+            for i in range(4)]})
+        assert answer["code"] == 200, answer
+        time.sleep(0.1)
+        status, pulled = old.post("pullMsg", topic="dead", batch=10)
+        for row in pulled["delayMsgList"]:
+            old.post("ackMsg", topic="dead", msgId=row["msgId"], ack="false")  # (no delivery left: ended, 6)
         before = every_of(old)
+        assert sorted(row["status"] for k, row in before.items() if k[0] == "dead") == [5, 5, 6, 6]
 
         out = tmp_path / "export.jsonl"
         written = run("export", "--url", old.base, "--out", str(out))
-        assert written["written"] == 316 and not (tmp_path / "export.jsonl.part").exists()
+        assert written["written"] == 320 and not (tmp_path / "export.jsonl.part").exists()
         for new in (new_disk, new_redis):
             for _ in range(2):  # the second stores nothing twice
                 outcome = run("import", "--url", new.base, "--from", str(out))
-                assert outcome["sent"] == 316 and outcome["refused"] == 0 and outcome["skipped"] == {}
+                assert outcome["sent"] == 320 and outcome["refused"] == 0 and outcome["skipped"] == {}
             after = every_of(new)
             assert after.keys() == {k for k, row in before.items() if row["status"] != 4}
             for key, row in after.items():
                 was = before[key]
-                for field in ("msg", "triggerTime", "expireTime", "priority", "tag", "key"):
+                for field in ("msg", "triggerTime", "expireTime", "priority", "tag", "key", "maxRetry", "retry"):
                     assert row[field] == was[field], (key, field, new.base)
-                assert row["maxRetry"] == was["maxRetry"] - was["retry"] and row["retry"] == 0
+                # the dead dead (listDeadMsg shows them), a consuming one pending again (due at once)
+                assert row["status"] == was["status"] if was["status"] in (5, 6) else row["status"] in (1, 2)
+            code, dead = new.get("listDeadMsg", topic="dead")
+            assert code == 200 and sorted(m["msgId"] for m in dead["delayMsgList"]) == ["x0", "x1", "x2", "x3"]
         imported = every_of(new_redis)
         for source in (new_redis, new_disk):  # and back: from Redis (HSCAN's walk), from a node of shards
             back = tmp_path / f"back-{source.base.rsplit(':', 1)[1]}.jsonl"

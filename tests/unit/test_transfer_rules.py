@@ -1,7 +1,8 @@
 """What an import makes of each message it reads (broker.transfer's
 `pending` rules), for camellia's layout and hourglass's own lines: never
-earlier than the source would deliver it, the same expiry instant, the
-deliveries it has left, and nothing the source has ended."""
+earlier than the source would deliver it, the same expiry instant, its
+maxRetry and retry count, a dead one dead, and nothing the source has
+ended otherwise (acked, deleted)."""
 
 from __future__ import annotations
 
@@ -36,11 +37,11 @@ def test_a_camellia_message_is_sent_as_camellia_would_deliver_it(row, ack_deadli
     elif row["retry"] > row["maxRetry"]:
         assert outcome == "retries used"
     else:
-        topic, msg = outcome
+        topic, msg, status, retry = outcome
         assert topic == row["topic"] and msg.msg_id == row["msgId"] and msg.msg == row["msg"]
         assert msg.trigger_time_ms == due >= row["triggerTime"]  # never before camellia would hand it out
         assert msg.trigger_time_ms + msg.ttl_ms == row["expireTime"] and msg.ttl_ms > 0
-        assert msg.max_retry == row["maxRetry"] - row["retry"] >= 0
+        assert (msg.max_retry, status, retry) == (row["maxRetry"], 1, row["retry"]) and retry <= msg.max_retry
 
 
 @given(camellia_rows())
@@ -60,21 +61,26 @@ def test_the_scan_pattern_escapes_the_namespaces_glob_characters():
 def test_an_exported_line_keeps_its_fields_or_says_why_not(row, priority, tag, key):
     row = {**row, "priority": priority, "tag": tag, "key": key}
     outcome = lines.pending(orjson.dumps(row), NOW)
+    dead = row["status"] in (5, 6)
     if row["status"] in lines.NOT_SENT:
         assert outcome == lines.NOT_SENT[row["status"]]
-    elif row["status"] not in (1, 2, 3):
-        return  # (not a status a node writes)
-    elif row["expireTime"] <= max(NOW, row["triggerTime"]):
+    elif row["status"] not in (1, 2, 3, 5, 6) or row["expireTime"] <= row["triggerTime"]:
+        assert outcome == "unreadable"  # (not a status, or an expiry, a node writes)
+    elif not dead and row["expireTime"] <= NOW:
         assert outcome == "expired"
-    elif row["retry"] > row["maxRetry"]:
-        assert outcome == "retries used"
     else:
-        topic, msg = outcome
+        topic, msg, status, retry = outcome
         assert (topic, msg.msg_id, msg.msg, msg.trigger_time_ms) == (row["topic"], row["msgId"], row["msg"],
                                                                     row["triggerTime"])
         assert msg.trigger_time_ms + msg.ttl_ms == row["expireTime"]
-        assert (msg.priority, msg.tag, msg.key) == (priority, tag or None, key or None)
-        assert msg.max_retry == row["maxRetry"] - row["retry"]
+        assert (msg.priority, msg.tag, msg.key, msg.max_retry) == (priority, tag or None, key or None,
+                                                                  row["maxRetry"])
+        if dead:
+            assert status == row["status"] and retry == min(row["retry"], row["maxRetry"] + 1)
+        elif row["retry"] > row["maxRetry"]:  # no delivery left: dead, as the old node ends it
+            assert (status, retry) == (6, row["maxRetry"] + 1)
+        else:
+            assert (status, retry) == (1, row["retry"])
 
 
 def test_a_line_that_is_not_a_message_is_unreadable():

@@ -1,7 +1,9 @@
 -- ARGV: now retire_at dedup_from, then per message: id msg produce trigger ttl expire
--- maxRetry priority tag rk strict key traceparent tracestate skip fairKey
--- ('': none; the meta holds the last five only when given). -> per message {'1'|'2'|'5'}
--- (stored: waiting, ready, expired) or {'0', meta, body} (the id exists: the stored
+-- maxRetry priority tag rk strict key traceparent tracestate skip fairKey retry dead
+-- ('': none; the meta holds the last five only when given; `retry`, the deliveries it
+-- had, '0' but for an import's, and `dead`, '5' or '6' for an import's dead message, which
+-- is stored ended so). -> per message {'1'|'2'|'5'|'6'}
+-- (stored: waiting, ready, expired, ended) or {'0', meta, body} (the id exists: the stored
 -- message). An id whose message has ended (4-7) is stored anew unless
 -- `strict` is '1' (camellia stores the new one), or it ended within the
 -- topic's dedupWindowMillis: its purge time in RETIRE is at or after
@@ -22,7 +24,7 @@ local out = {}
 -- A topic holding no message from here on has every tagged message in TAGS:
 -- the member '' says so (topics from before TAGS are scanned until then).
 if redis.call('HLEN', META) == 0 then redis.call('ZADD', TAGS, 0, '') end
-for i = 4, #ARGV, 16 do
+for i = 4, #ARGV, 18 do
   local id = ARGV[i]
   local raw = redis.call('HGET', META, id)
   if raw and ARGV[i + 10] ~= '1' and tonumber(cjson.decode(raw).status) >= 4 then
@@ -38,7 +40,7 @@ for i = 4, #ARGV, 16 do
   else
     local m = {produce = ARGV[i + 2], trigger = ARGV[i + 3], ttl = ARGV[i + 4], expire = ARGV[i + 5],
                maxRetry = ARGV[i + 6], priority = ARGV[i + 7], tag = ARGV[i + 8], rk = ARGV[i + 9],
-               retry = '0', status = '1'}
+               retry = ARGV[i + 16], status = '1'}
     if ARGV[i + 11] ~= '' then m.key = ARGV[i + 11] end
     if ARGV[i + 12] ~= '' then
       m.traceparent = ARGV[i + 12]
@@ -47,7 +49,9 @@ for i = 4, #ARGV, 16 do
     if ARGV[i + 14] ~= '' then m.run = '1' end
     if ARGV[i + 14] ~= '' and ARGV[i + 14] ~= 'r' then m.skip = ARGV[i + 14] end
     if ARGV[i + 15] ~= '' then m.fairKey = ARGV[i + 15] end
-    if tonumber(m.trigger) > now then
+    if ARGV[i + 17] ~= '' then
+      finish(id, m, ARGV[i + 17], retire_at)
+    elseif tonumber(m.trigger) > now then
       redis.call('ZADD', WAITING, m.trigger, id)
     elseif now < tonumber(m.expire) and run_paused(m) then
       hold(id, m)
