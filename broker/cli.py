@@ -291,8 +291,12 @@ def _transfer_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
     imports.add_argument("--in-flight", type=int, default=4, help="calls at once, 1..64 (default 4)")
     imports.add_argument("--rejects", default=None,
                          help="a file to add a JSON line to for each message the node refused, with its reason")
-    backup = sub.add_parser("backup", help="an online backup of a running disk node, into a new directory")
-    backup.add_argument("--url", required=True, help="the node: http://HOST:PORT")
+    backup = sub.add_parser("backup", help="a backup of a disk node: online (--url), or of a stopped one's "
+                                           "--data-dir; into a new directory")
+    whose = backup.add_mutually_exclusive_group(required=True)
+    whose.add_argument("--url", help="the running node: http://HOST:PORT (a cluster: any one node)")
+    whose.add_argument("--data-dir", dest="stopped_dir", help="a stopped node's data directory, copied as it lies "
+                       "(refused if a file changes meanwhile: a node runs on it)")
     backup.add_argument("--token-file", default=None, help="a file holding the node's bearer token")
     backup.add_argument("--allow-readable-token", action="store_true",
                         help="take a --token-file group or others may read, with a warning")
@@ -329,6 +333,9 @@ def run_transfer(args: argparse.Namespace) -> int:
     if args.command == "backup":
         from .transfer import backup
 
+        if args.stopped_dir is not None:
+            print(orjson.dumps(backup.take_stopped(args.stopped_dir, args.to)).decode())
+            return 0
         rate = None if args.max_rate_mb == 0 else args.max_rate_mb * 1e6
         print(orjson.dumps(backup.take(args.url, token, args.to, args.timeout, rate)).decode())
         return 0

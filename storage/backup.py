@@ -104,14 +104,20 @@ def prefixes(directory: str, checkpoint: Checkpoint) -> list[Piece]:
     return pieces
 
 
-def rest(directory: str, checkpoint: Checkpoint, segment_ends: dict[str, int]) -> list[Piece]:
+def rest(directory: str, checkpoint: Checkpoint, segment_ends: dict[str, int],
+         log_ends: dict[int, int]) -> list[Piece]:
     """Step 2, at the quiet point: everything else a restore needs (module
     docstring). `segment_ends`: each commit-log segment's name -> where its
-    records end now (E)."""
+    records end now (E); `log_ends`: each file's delay-log bytes written
+    now (Store.delay_log_ends): a delay log is copied to there, never into
+    the zeros a mapped one is grown by (a later backup takes what it holds
+    of a delay log as the node's own bytes: storage.backup's `holds`)."""
     pieces = [Piece("checkpoint", 0, None)] if os.path.exists(os.path.join(directory, "checkpoint")) else []
     for h in checkpoint.hours:
         log_path, index_path, seconds_path = hour_paths(os.path.join(directory, "delay"), h.hour)
-        pieces.append(Piece(os.path.relpath(log_path, directory), LOG_HEADER_BYTES + h.log_bytes, None))
+        written = log_ends.get(h.hour)
+        pieces.append(Piece(os.path.relpath(log_path, directory), LOG_HEADER_BYTES + h.log_bytes,
+                            None if written is None else LOG_HEADER_BYTES + max(written, h.log_bytes)))
         pieces.extend(Piece(os.path.relpath(p, directory), 0, None) for p in (index_path, seconds_path))
     for folder in INDEX_FOLDERS:
         path = os.path.join(directory, folder)

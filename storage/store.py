@@ -768,6 +768,13 @@ class Store:
         segments were deleted by a checkpoint)."""
         return self.log.start_offset
 
+    def delay_log_ends(self) -> dict[int, int]:
+        """Each live file's delay-log bytes (after its header) written to
+        the file itself, not staged: how much of each an online backup
+        copies (storage.backup; the rest, past a mapped file's written
+        bytes, is zeros, and replay writes what was staged)."""
+        return {h.hour: h.written_log_bytes for h in self._hours.ascending()}
+
     def log_segment_ends(self) -> dict[str, int]:
         """Each commit-log segment's file name -> the file position where
         its records end: how much of each a snapshot copies."""

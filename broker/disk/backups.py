@@ -130,7 +130,7 @@ class Backups:
     def _stage(self, checkpoint: Checkpoint, staging: str) -> Staged:
         """Step 2, at the quiet point: the log end E, and the pieces copied under `staging`."""
         store = self._store()
-        pieces = backup.rest(self._data_path, checkpoint, store.log_segment_ends())
+        pieces = backup.rest(self._data_path, checkpoint, store.log_segment_ends(), store.delay_log_ends())
         return Staged(store.log_end_offset, backup.stage(self._data_path, pieces, staging))
 
     async def _read(self, path: str, name: str, start: int, end: int | None,

@@ -472,12 +472,14 @@ class Messages:
                 results[i] = result
                 if result.outcome is STORED:
                     fresh.append(result.message)
+        live = fresh
         if fresh and any(s.kept is not None for s in sends):  # (an import's: importMsgBatch)
             fresh = self._keep_imported(sends, results, fresh, now_ms)
-        self._filing.add_many(fresh, now_ms)  # (FILE: every new id's step)
+            live = [m for m in fresh if m.status is Status.WAITING]
+        self._filing.add_many(fresh, now_ms)  # (FILE: every new id's step; a dead import's too, as its entry is)
         due: list[Message] = []
-        if fresh and DUE_NOW in step(None, Send(MessageState.of(min(fresh, key=_TRIGGER_MS))), now_ms).effects:
-            due = [m for m in fresh if DUE_NOW in step(None, Send(MessageState.of(m)), now_ms).effects]
+        if live and DUE_NOW in step(None, Send(MessageState.of(min(live, key=_TRIGGER_MS))), now_ms).effects:
+            due = [m for m in live if DUE_NOW in step(None, Send(MessageState.of(m)), now_ms).effects]
         self._count_sends(results)
         return results, due
 
@@ -485,28 +487,32 @@ class Messages:
                        now_ms: int) -> list[Message]:
         """The status and retry an import keeps (NewSend.kept) of each
         message stored just now, appended in the same turn as its send (one
-        STATE record, durable with it): a dead one (5, 6) is not filed, and
-        is answered dead; a pending one keeps its retry (its deliveries
-        left: maxRetry + 1 - retry). The messages to file."""
-        kept = {(s.message.topic, s.message.msg_id): s.kept for s in sends if s.kept is not None}
-        changes, filed, now = [], [], {}
+        STATE record, durable with it): a dead one (5, 6) is answered dead
+        (filed as its entry is, but the wheel releases WAITING ones only,
+        and it is never made READY); a pending one keeps its retry (its
+        deliveries left: maxRetry + 1 - retry). The messages stored, as
+        they now are."""
+        kept: dict[tuple[str, str], tuple[int, int] | None] = {}
+        for s in sends:  # (an id twice in a batch: its first send is the one stored)
+            kept.setdefault((s.message.topic, s.message.msg_id), s.kept)
+        changes, now = [], {}
         for m in fresh:
             k = kept.get((m.topic, m.msg_id))
             if k is None:
-                filed.append(m)
                 continue
             status, retry = STATUS_BY_VALUE[k[0]], k[1]
             changes.append(_new(StateChange, (m.location, status, retry, False, 0, int(m.status), text_hash(m.topic),
                                               0, 0)))
-            now[m.location] = changed = m._replace(status=status, retry=retry)
-            if status is Status.WAITING:
-                filed.append(changed)
+            now[m.location] = m._replace(status=status, retry=retry)
         if changes:
             self._journal.append(changes, now_ms)
             for i, (outcome, m) in enumerate(results):
                 if outcome is STORED and m.location in now:
                     results[i] = SendResult(outcome, now[m.location])
-        return filed
+            dead = len(changes) - sum(1 for m in now.values() if m.status is Status.WAITING)
+            if dead:
+                self._metrics.topic(fresh[0].topic).ended += dead
+        return [now.get(m.location, m) for m in fresh]
 
     def _in_window(self, ended: Message, now_ms: int) -> bool:
         """Whether the ended message's topic has a dedup window and the

@@ -163,7 +163,7 @@ class RedisBulk:
         the hash is resized meanwhile)."""
         self._lifecycle.check_serving()
         scan = cursor or "0"
-        if not (scan.isascii() and scan.isdigit() and len(scan) < 21):
+        if not (scan.isascii() and scan.isdigit() and len(scan) < 21 and int(scan) < 1 << 64):
             raise InvalidRequest("cursor", f"must be a cursor an exportMsg page answered, got {scan[:40]!r}")
         wanted = {str(int(s)) for s in statuses}
         page: list[Message] = []

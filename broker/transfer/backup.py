@@ -22,6 +22,13 @@ shard (POST backupShard's `have`), and of each the node still holds, DIR's
 bytes are copied here and the node sends what lies past them (hourly
 files once full, the far spans' older messages, are not sent again).
 
+A stopped node's data directory (`take_stopped`, `--data-dir`) is
+copied file by file, each shard's store whole as it lies (a restore
+opens it as the node's next start would), into the same layout; every
+file is looked at (size, change time) before and after, and a copy
+during which one changed -- the node is running -- is refused, nothing
+kept: a node serving is backed up over its API.
+
 `restore` checks every file against the manifest (size and SHA-256; a
 damaged or missing file is refused, naming it), then writes a new data
 directory (refused unless empty or absent) that a node opens as it was at
@@ -37,6 +44,7 @@ import json
 import logging
 import os
 import shutil
+import stat
 import struct
 import time
 from typing import Any, NamedTuple
@@ -71,17 +79,24 @@ def take(url: str, token: str | None, out: str, timeout_s: float = 30.0,
     docstring), read at most `max_rate` bytes a second (None: as fast as
     it comes); what it did."""
     started = time.monotonic()
-    _replaceable(out)
-    part = os.path.abspath(out.rstrip("/") + ".part")
-    if os.path.exists(part):
-        shutil.rmtree(part)
-    make_dir(part)
+    part = _fresh_part(out)
     hashes: dict[str, Any] = {}
     earlier = _held(out)
     shards = asyncio.run(_streams(url, token, part, timeout_s, Pace(max_rate), hashes, earlier))
-    files = _files(part, hashes)
-    manifest = {"format": FORMAT, "shards": len(shards), "taken": int(time.time() * 1000),
-                "positions": [s["position"] for s in shards], "files": files}
+    return _finish(part, out, len(shards), [s["position"] for s in shards], _files(part, hashes), started,
+                   {"received": sum(s["bytes"] for s in shards), "kept": sum(s.get("kept", 0) for s in shards),
+                    "pausedSeconds": max(s["pausedSeconds"] for s in shards)}, online=True)
+
+
+def _finish(part: str, out: str, count: int, positions: list[int | None], files: dict[str, dict[str, Any]],
+            started: float, counts: dict[str, Any], online: bool) -> dict[str, Any]:
+    """The manifest written last into `part`, everything fsynced, `part`
+    renamed to `out` (an earlier backup there replaced); what was done.
+    `online`: taken from a node (a later one may keep its files that only
+    grow); else a stopped node's files as they lay (a mapped delay log's
+    zeros too: nothing of it is kept)."""
+    manifest = {"format": FORMAT, "shards": count, "taken": int(time.time() * 1000), "positions": positions,
+                "online": online, "files": files}
     with open(os.open(os.path.join(part, MANIFEST), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE), "w",
               encoding="utf-8") as f:
         json.dump(manifest, f, indent=1, sort_keys=True)
@@ -97,10 +112,70 @@ def take(url: str, token: str | None, out: str, timeout_s: float = 30.0,
     else:
         os.rename(part, out)
     fsync_dir(os.path.dirname(os.path.abspath(out)))
-    return {"to": out, "shards": len(shards), "positions": manifest["positions"], "files": len(files),
-            "bytes": sum(f["size"] for f in files.values()), "received": sum(s["bytes"] for s in shards),
-            "kept": sum(s.get("kept", 0) for s in shards),
-            "pausedSeconds": max(s["pausedSeconds"] for s in shards), "seconds": round(time.monotonic() - started, 3)}
+    return {"to": out, "shards": count, "positions": positions, "files": len(files),
+            "bytes": sum(f["size"] for f in files.values()), **counts, "seconds": round(time.monotonic() - started, 3)}
+
+
+def take_stopped(data_dir: str, out: str) -> dict[str, Any]:
+    """A backup of the stopped node whose data directory is `data_dir`
+    into `out` (module docstring); what it did."""
+    from ..disk.backups import STAGING_PREFIX
+    from ..shards import layout
+
+    started = time.monotonic()
+    if not os.path.isdir(data_dir):
+        raise ConfigError(f"--data-dir {data_dir} is not a directory")
+    count = layout.kept(data_dir)
+    if count is None:
+        raise ConfigError(f"--data-dir {data_dir} holds no node's store (no checkpoint, no commit log)")
+    stores = [layout.shard_path(data_dir, i, count) for i in range(count)]
+
+    def files() -> dict[str, tuple[int, int]]:
+        """Each regular file of the stores (relative to the backup) -> its size and change time."""
+        found = {}
+        for index, store in enumerate(stores):
+            for folder, folders, names in os.walk(store):
+                folders[:] = [f for f in folders if not f.startswith(STAGING_PREFIX)]
+                for name in names:
+                    path = os.path.join(folder, name)
+                    st = os.lstat(path)
+                    if stat.S_ISREG(st.st_mode) and not name.startswith("snapshot") and not name.endswith(".tmp"):
+                        found[os.path.join(shard_dir(index), os.path.relpath(path, store))] = (st.st_size,
+                                                                                             st.st_mtime_ns)
+        return found
+
+    part = _fresh_part(out)
+    before = files()
+    for relative in sorted(before):
+        index, _, inner = relative.partition(os.sep)
+        target = os.path.join(part, relative)
+        make_dir(os.path.dirname(target))
+        source_fd = os.open(os.path.join(stores[int(index[len("shard-"):])], inner), os.O_RDONLY)
+        try:
+            target_fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
+            try:
+                frames.copy_range(source_fd, 0, os.fstat(source_fd).st_size, target_fd)
+            finally:
+                os.close(target_fd)
+        finally:
+            os.close(source_fd)
+    if files() != before:
+        shutil.rmtree(part)
+        raise ConfigError(f"files of {data_dir} changed while they were copied: a node runs on it; back it up "
+                          f"with --url (an online backup), nothing was kept")
+    return _finish(part, out, count, [None] * count, _files(part, {}), started,
+                   {"received": 0, "kept": 0, "pausedSeconds": 0.0}, online=False)
+
+
+def _fresh_part(out: str) -> str:
+    """DIR.part, empty (what a backup cut short left there deleted), once
+    `out` is one a backup may replace."""
+    _replaceable(out)
+    part = os.path.abspath(out.rstrip("/") + ".part")
+    if os.path.exists(part):
+        shutil.rmtree(part)
+    make_dir(part)
+    return part
 
 
 def _replaceable(out: str) -> None:
@@ -129,8 +204,9 @@ def _held(out: str) -> dict[str, Held]:
     by their path relative to the backup."""
     try:
         with open(os.path.join(out, MANIFEST), encoding="utf-8") as f:
-            files = json.load(f)["files"]
-    except (OSError, ValueError, KeyError, TypeError):
+            manifest = json.load(f)
+        files = manifest["files"] if manifest.get("online") is True else {}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return {}
     held = {}
     for relative, want in files.items():

@@ -248,3 +248,36 @@ def test_a_backup_of_a_cluster_node_is_taken_from_a_follower_while_the_group_ser
     finally:
         if restored is not None:
             restored.stop()
+
+
+@pytest.mark.parametrize("shards", ["1", "2"])
+def test_a_stopped_nodes_data_directory_is_backed_up_and_a_running_ones_refused(tmp_path: Path, shards: str):
+    node = Server.start(tmp_path / "data", "--shards", shards, log_path=tmp_path / "serve.log")
+    restored = None
+    try:
+        now = int(time.time() * 1000)
+        _, answer = node.post_json("sendMsgBatch", {"topic": "t", "msgs": [
+            {"msg": f"m{i}", "msgId": f"m{i}", "triggerTime": now + 3_600_000 + i} for i in range(300)]})
+        assert answer["code"] == 200, answer
+        producer = Producer(node, "p")
+        producer.start()
+        time.sleep(0.3)
+        done = run("backup", "--data-dir", str(tmp_path / "data"), "--to", str(tmp_path / "backup"), code=2)
+        producer.stop.set()
+        producer.join(30)
+        assert "a node runs on it" in done.stderr
+        assert not (tmp_path / "backup").exists() and not (tmp_path / "backup.part").exists()
+    finally:
+        node.stop()
+    try:
+        taken = json.loads(run("backup", "--data-dir", str(tmp_path / "data"), "--to", str(tmp_path / "backup")).stdout)
+        assert taken["shards"] == int(shards) and taken["files"] > 0
+        run("restore", "--from", str(tmp_path / "backup"), "--data-dir", str(tmp_path / "restored"))
+        restored = Server.start(tmp_path / "restored", "--shards", shards, log_path=tmp_path / "restored.log")
+        assert all(status_of(restored, "t", f"m{i}") == 1 for i in range(300))
+        assert all(status_of(restored, "live", m) == 1 for m, _, _ in producer.sent)
+    finally:
+        if restored is not None:
+            restored.stop()
+    done = run("backup", "--data-dir", str(tmp_path / "nothing"), "--to", str(tmp_path / "b2"), code=2)
+    assert "not a directory" in done.stderr

@@ -144,6 +144,9 @@ def test_export_then_import_keeps_each_message_and_stores_nothing_twice(own_redi
                 assert row["status"] == was["status"] if was["status"] in (5, 6) else row["status"] in (1, 2)
             code, dead = new.get("listDeadMsg", topic="dead")
             assert code == 200 and sorted(m["msgId"] for m in dead["delayMsgList"]) == ["x0", "x1", "x2", "x3"]
+            for cursor in ("99999999999999999999", "s9.1", "x"):  # a cursor no page answered: 400, never a 500
+                code, bad = new.get("exportMsg", topic="orders", cursor=cursor)
+                assert code == 400 and "cursor" in bad["msg"], (new.base, cursor, bad)
         imported = every_of(new_redis)
         for source in (new_redis, new_disk):  # and back: from Redis (HSCAN's walk), from a node of shards
             back = tmp_path / f"back-{source.base.rsplit(':', 1)[1]}.jsonl"
