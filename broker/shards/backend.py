@@ -441,10 +441,7 @@ class ShardedBackend:
                           limit: int) -> tuple[list[Message], str | None]:
         """A walk's page (listDeadMsg, exportMsg) shard by shard: each
         shard's own walk to its end, then the next shard's; the cursor
-        names the shard and its own cursor (`walk_cursor`). A page holds
-        one shard's messages (so at most one shard's --max-page-bytes): a
-        shard whose walk ends mid-page ends the page, the next one begins
-        the next."""
+        names the shard and its own cursor (`walk_cursor`)."""
         router = self._router
         shard, inner = parse_walk_cursor(cursor, router.count, command)
         page: list[Message] = []
@@ -461,7 +458,7 @@ class ShardedBackend:
             shard += 1
             if shard == router.count:
                 return page, None
-            if page:
+            if len(page) >= limit:
                 return page, walk_cursor(shard, None)
 
     async def redrive(self, topic: str, msg_id: str) -> Message:
