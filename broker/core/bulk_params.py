@@ -46,7 +46,7 @@ import orjson
 from storage.entry import Location, Message, Status
 from storage.errors import InvalidRequest
 
-from .params import MAX_TRIGGER_MS, Params, _bool, _int, _name, _required_name
+from .params import MAX_DEAD_PAGE, MAX_TRIGGER_MS, Params, WalkRequest, _bool, _int, _name, _required_name
 
 # listMsg: messages a page holds at most.
 MAX_LIST_PAGE = 1000
@@ -68,6 +68,10 @@ MAX_REDRIVE_RATE = 1_000_000
 LIVE = frozenset((Status.WAITING, Status.READY, Status.CONSUMING))
 MOVABLE = frozenset((Status.WAITING, Status.READY))
 DEAD = frozenset((Status.EXPIRED, Status.ENDED))
+# exportMsg's statuses unless asked: the live (1, 2, 3) and the dead (5, 6).
+EXPORTED = LIVE | DEAD
+# A walk's cursor is a shard and a place, or a Redis HSCAN cursor: far shorter.
+MAX_CURSOR_CHARS = 100
 
 
 class BulkFilter(NamedTuple):
@@ -372,6 +376,21 @@ def cut_page(page: list[Message], cursor: str | None, max_bytes: int) -> tuple[l
         if size > max_bytes and i:
             return page[:i], Cursor(page[i - 1].trigger_ms, page[i - 1].msg_id).text()
     return page, cursor
+
+
+def parse_export_msg(params: Params) -> WalkRequest:
+    """exportMsg: `status`, a comma list of 1..7 (default EXPORTED: live and
+    dead), `cursor` from the previous page, `limit` 1..MAX_DEAD_PAGE
+    (default the most)."""
+    topic = _required_name(params, "topic")
+    statuses = _statuses(params.get("status"))
+    cursor = params.get("cursor")
+    if cursor in (None, ""):
+        cursor = None
+    elif not isinstance(cursor, str) or len(cursor) > MAX_CURSOR_CHARS:
+        raise InvalidRequest("cursor", f"must be a cursor an exportMsg page answered, got {str(cursor)[:40]!r}")
+    return WalkRequest(topic, EXPORTED if statuses is None else statuses, cursor,
+                       _limit(params, MAX_DEAD_PAGE, MAX_DEAD_PAGE))
 
 
 def parse_delete_msgs(params: Params) -> DeleteMsgsRequest:

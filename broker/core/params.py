@@ -26,7 +26,7 @@ parameter. sendMsgBatch goes from bytes to sends in one call,
     getMsg          parse_get              GetRequest
     rescheduleMsg   parse_reschedule       RescheduleRequest
     listDeadMsg     parse_list_dead        WalkRequest
-    exportMsg       parse_export_msg       WalkRequest
+    exportMsg       (bulk_params) parse_export_msg  WalkRequest
     redriveMsg      parse_redrive          RedriveRequest
     getTopicInfo    parse_topic            TopicRequest
 
@@ -117,10 +117,6 @@ MAX_ACK_BATCH = 1000
 MAX_TAGS = 64
 # listDeadMsg: messages a page holds at most.
 MAX_DEAD_PAGE = 1000
-# exportMsg's statuses unless asked: the live (1, 2, 3) and the dead (5, 6).
-EXPORTED = frozenset((Status.WAITING, Status.READY, Status.CONSUMING, Status.EXPIRED, Status.ENDED))
-# A walk's cursor is a shard and a place, or a Redis HSCAN cursor: far shorter.
-MAX_CURSOR_CHARS = 100
 # redriveMsg all=true: messages one call re-drives at most (it answers
 # whether more are left; call again).
 MAX_REDRIVE_ALL = 100_000
@@ -553,26 +549,6 @@ def parse_list_dead(params: Params) -> WalkRequest:
     cursor = _text("cursor", params.get("cursor"), allow_empty=True) or None
     return WalkRequest(topic, frozenset(statuses), cursor, _defaulted(params, "limit", 100, MAX_DEAD_PAGE))
 
-
-def parse_export_msg(params: Params) -> WalkRequest:
-    """exportMsg: `status`, a comma list of 1..7 (default EXPORTED: live and
-    dead), `cursor` from the previous page, `limit` 1..MAX_DEAD_PAGE
-    (default the most)."""
-    topic = _required_name(params, "topic")
-    raw = params.get("status")
-    statuses = set(EXPORTED)
-    if raw not in (None, ""):
-        parts = raw.split(",") if isinstance(raw, str) else [raw]
-        statuses = set()
-        for part in parts:
-            value = _int("status", part)
-            if value is None or not 1 <= value <= 7:
-                raise InvalidRequest("status", f"must be a comma list of statuses 1..7, got {str(raw)[:40]!r}")
-            statuses.add(Status(value))
-    cursor = _text("cursor", params.get("cursor"), allow_empty=True) or None
-    if cursor is not None and len(cursor) > MAX_CURSOR_CHARS:
-        raise InvalidRequest("cursor", f"must be a cursor an exportMsg page answered, got {cursor[:40]!r}")
-    return WalkRequest(topic, frozenset(statuses), cursor, _defaulted(params, "limit", MAX_DEAD_PAGE, MAX_DEAD_PAGE))
 
 
 def parse_redrive(params: Params) -> RedriveRequest:

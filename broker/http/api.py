@@ -542,7 +542,7 @@ class Api:
         return answer(200, "success", delayMsgList=[delay_msg(m) for m in messages], cursor=cursor)
 
     async def export_msgs(self, request: Request) -> Response:
-        r = params.parse_export_msg(self._params(request))
+        r = bulk_params.parse_export_msg(self._params(request))
         messages, cursor = await self.backend.export_msgs(r.topic, r.statuses, r.cursor, r.limit)
         return answer(200, "success", delayMsgList=[delay_msg(m) for m in messages], cursor=cursor)
 
