@@ -32,9 +32,9 @@ from setuptools.command.build_ext import build_ext
 #                           store a subclass of its Disk that is full, fails
 #                           its syncs or counts them (tests/fakes.py), and an
 #                           interpreted class cannot subclass a compiled one
-#   broker/node_base.py     the cluster's node subclasses it, and an
+#   broker/node/base.py     the cluster's node subclasses it, and an
 #                           interpreted class cannot subclass a compiled one
-#   broker/nodes.py, console/, cli.py, server.py, client.py, spark.py,
+#   broker/node/ (but config.py), console/, cli.py, client.py, spark.py,
 #   transfer/:              start-up, the console, clients: not per request
 #   broker/disk/syncer.py   per commit round, but its work is the fsync in
 #                           its own thread (the GIL released); and
@@ -94,7 +94,7 @@ COMPILED = [
     "wheel/window.py",
     "broker/backend.py",
     "broker/clock.py",
-    "broker/config.py",
+    "broker/node/config.py",
     "broker/core/bodies.py",
     "broker/core/delay_msg.py",
     "broker/core/leases.py",

@@ -68,7 +68,7 @@ from broker.cli import build_parser, config_from_args
 from broker.disk.group_commit import INLINE_SYNC_AFTER
 from broker.http.httpd import Connection
 from broker.http.paths import PREFIX
-from broker.nodes import DiskNode
+from broker.node.standalone import DiskNode
 
 HOST = "127.0.0.1"
 
@@ -422,7 +422,7 @@ def main() -> None:
     parser.add_argument("--write-doc", metavar="MARKDOWN",
                         help="with --paths: write them as that file's section " + repr(DOC_SECTION.strip()))
     args = parser.parse_args()
-    try:  # the loop `hourglass serve` runs on (broker.server)
+    try:  # the loop `hourglass serve` runs on (broker.node.server)
         import uvloop
     except ImportError:
         result = asyncio.run(measure(args.repeat, args.batch, args.paths))

@@ -41,12 +41,12 @@ import uvloop
 from front_cpu import front_costs, loopback_costs
 
 from broker.clock import SystemClock
-from broker.config import ServeConfig
 from broker.core.delay_msg import delay_msg
 from broker.core.params import AckRequest, Defaults, NewSend, PullRequest
 from broker.disk.backend import Broker
 from broker.http.http_types import Request, Response
-from broker.nodes import DiskNode
+from broker.node.config import ServeConfig
+from broker.node.standalone import DiskNode
 from broker.observe.metrics import Metrics
 from storage.config import StoreConfig
 from storage.store import NewMessage, Store

@@ -50,8 +50,8 @@ import uvloop
 from front_cpu import _Transport as _FrontTransport
 
 import broker.http.httpd as httpd
-from broker.config import ServeConfig
-from broker.nodes import DiskNode
+from broker.node.config import ServeConfig
+from broker.node.standalone import DiskNode
 from storage.config import FsyncPolicy, StoreConfig
 
 API = b"/camellia/delayQueue/"

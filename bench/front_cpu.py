@@ -40,7 +40,11 @@ import uvloop
 from harness import Server, cpu_s, free_port
 
 import broker.http.httpd as httpd
-from broker.config import ServeConfig
+
+try:
+    from broker.node.config import ServeConfig
+except ImportError:  # a checkout before the node's room
+    from broker.config import ServeConfig  # type: ignore[no-redef]
 
 PULL_BODY = b"topic=nothing-here&batch=1"
 GET_BODY = b"topic=nothing-here&msgId=no-such-id"
@@ -83,9 +87,12 @@ class _Transport:
 
 def _disk_node(config: ServeConfig):  # (the node class of the checkout measured)
     try:
-        from broker.nodes import DiskNode
-    except ImportError:  # before the node base
-        from broker.server import Node as DiskNode  # type: ignore[no-redef]
+        from broker.node.standalone import DiskNode
+    except ImportError:
+        try:  # before the node's room
+            from broker.nodes import DiskNode  # type: ignore[no-redef]
+        except ImportError:  # before the node base
+            from broker.server import Node as DiskNode  # type: ignore[no-redef]
     return DiskNode(config)
 
 

@@ -9,8 +9,9 @@ the one way they import).
     http/       the HTTP front and camellia's API
     schedules/  recurring schedules      push/      push delivery
     console/    the built-in console
-    node_base.py, nodes.py, config.py, cluster/   the nodes
-    server.py, cli.py                             the process, `hourglass`
+    flow/, jobs/, shards/, transfer/              topic flow, re-drive jobs, shards, moves
+    node/, cluster/                               the nodes and the process
+    cli.py                                        `hourglass`
     client.py, spark.py, retry.py                 the clients
     clock.py, build_info.py                       the clock; which build runs
 """

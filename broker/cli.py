@@ -12,7 +12,6 @@ from replication.config import Acks, ClusterConfig, parse_cluster, reach_peers
 from storage.config import StoreConfig
 from storage.errors import ConfigError, HourglassError
 
-from .config import ServeConfig, fsync_policy
 from .core.bodies import BodyLimits
 from .core.params import Defaults
 from .disk.ready import QueueLimits
@@ -20,6 +19,7 @@ from .flow.settings import DEFAULT_MAX_PAUSED_KEYS, DEFAULT_MAX_PAUSED_KEYS_TOTA
 from .http.httpd import Limits
 from .http.sessions import ConsoleConfig
 from .jobs.runner import JobLimits
+from .node.config import ServeConfig, fsync_policy
 from .observe.tracing import exporters_from_env
 from .push.rules import DEFAULT_MAX_SUBSCRIPTIONS, PushLimits
 from .schedules.keeper import ScheduleLimits
@@ -470,7 +470,7 @@ def main(argv: list[str] | None = None) -> int:
         config = config_from_args(args)
     except (ValueError, OSError) as e:
         parser.error(str(e))
-    from .server import serve
+    from .node.server import serve
 
     return serve(config, sys.argv[1:] if argv is None else argv)
 

@@ -729,7 +729,7 @@ class Store:
         """Drop every mapped file's resident pages (the commit log's, the
         hours', the id, key and end indexes'): the data stays in the files
         and the page cache, and the next touch faults it back in. After
-        each checkpoint, and every second between (broker.server): pages
+        each checkpoint, and every second between (broker.node.server): pages
         touched while a slow syncfs runs would otherwise count in the
         node's RSS until the checkpoint ends (docs/internals.md, "Writing").
         A closed store has nothing mapped: nothing to do."""

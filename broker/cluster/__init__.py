@@ -40,7 +40,7 @@ Any node answers any call: a follower forwards API requests to the leader
 (503 naming no leader while none is known).
 
 The node is one class, built of parts it holds, on the base every node
-shares (broker.node_base: clock, metrics, health switch, API, console, the
+shares (broker.node.base: clock, metrics, health switch, API, console, the
 HTTP app, /health and /metrics). Its state is one object every part is
 given; each part is given too the parts it calls, and no others:
 
@@ -60,7 +60,3 @@ given; each part is given too the parts it calls, and no others:
                     down, or handed over on SIGTERM
     snapshots.py    making, fetching and installing snapshots; checkpoints
 """
-
-from .node import ClusterNode
-
-__all__ = ["ClusterNode"]

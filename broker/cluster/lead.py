@@ -4,9 +4,10 @@ loop (broker.cluster.role_loop):
 
     action        what it does
     StartLeading  `start`: record epoch T from the log end, build the
-                  broker over the store (its wheel from the streamed tick),
-                  its LeaderLog and the schedules; the API serves the
-                  broker, the pushers and the schedules run on it
+                  broker over the store (its wheel from the streamed tick)
+                  and its LeaderLog, the node's features attached to it
+                  (their records read from the Raft group's state); the
+                  API serves the broker, the features run on it
     StandDown     `stand_down`: the reverse; requests waiting for
                   followers are answered 503, and a broker that failed
                   fails the node
@@ -27,54 +28,44 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from broker.disk.backend import Broker
 from broker.http.api import Api
-from broker.jobs.runner import RedriveJobs
 from broker.observe.metrics import Metrics
-from broker.schedules.keeper import Schedules
 from replication.log_stream import LeaderLog
 from storage.errors import InvariantError
 from wheel.tick_state import TickStateFile
 
-from .jobs import RaftJobs
-from .schedules import RaftScheduleStore
 from .state import NodeState
-
-if TYPE_CHECKING:
-    from broker.flow.keeper import TopicFlow
-    from broker.push.pusher import Pushers
 
 log = logging.getLogger("hourglass.cluster")
 
 HANDOVER_TIMEOUT_S = 3.0
 
 
-class Serving(Protocol):
-    """What serves the leader's broker: the node's base (NodeBase,
-    broker.node_base) -- its API, its pushers (None: it pushes nothing),
-    its `schedules` (the leader's, None while following), and the metrics
-    the broker counts into."""
+class Features(Protocol):
+    """The node's features (broker.node.features): flow, push, schedules,
+    jobs, run on the leader's broker for its term."""
 
-    api: Api
-    pushers: Pushers | None
-    flow: TopicFlow | None
-    schedules: Schedules | None
-    jobs: RedriveJobs | None
-    metrics: Metrics
+    def attach(self, broker: Broker) -> None: ...
+    def start(self, broker: Broker) -> None: ...
+    async def stop(self) -> None: ...
 
 
 class Lead:
-    """The leader's broker over `state`'s store, served through `serving`."""
+    """The leader's broker over `state`'s store, served through `api`, the
+    node's `features` run on it, counting into `metrics`."""
 
-    def __init__(self, state: NodeState, serving: Serving) -> None:
+    def __init__(self, state: NodeState, api: Api, features: Features, metrics: Metrics) -> None:
         self.state = state
-        self.serving = serving
+        self.api = api
+        self.features = features
+        self.metrics = metrics
 
     def start(self, term: int) -> None:
-        """Lead `term` (its claim committed): the broker, its LeaderLog and
-        the schedules built and served."""
+        """Lead `term` (its claim committed): the broker and its LeaderLog
+        built and served, the features run on it."""
         state = self.state
         if state.tick_file is None:
             raise InvariantError("only a follower starts leading")
@@ -83,27 +74,17 @@ class Lead:
         state.tick_file = None
         config, clock = state.config, state.clock
         leader_log = LeaderLog(state.store, state.cluster, term, state.epochs, lambda: broker.tick, clock)
-        serving = self.serving
-        broker = Broker(state.store, clock, config.defaults, serving.metrics, tick_path=state.tick_path,
+        broker = Broker(state.store, clock, config.defaults, self.metrics, tick_path=state.tick_path,
                         replicated=leader_log.replicated, apply_lock=state.apply_lock, limits=config.queues)
         broker.on_fatal = lambda error: None  # a failed broker makes this node stand down
-        # only the leader makes schedules' runs, from the state Raft holds (broker.cluster.schedules)
-        schedules = Schedules(RaftScheduleStore(state.election), clock, config.schedules)
-        broker.on_release, broker.on_cancel = schedules.on_release, schedules.on_cancel
-        broker.on_hold, schedules.holds = schedules.on_hold, broker  # (runs a pause holds back)
-        if serving.flow is not None:  # the pauses the last leader replicated, before anything is handed out
-            serving.flow.start(broker, schedules)
+        # only the leader pushes, makes schedules' runs and runs jobs, from the records Raft holds
+        # (broker.cluster.records); the pauses the last leader replicated carried out before anything is
+        # handed out
+        self.features.attach(broker)
         broker.start()
         state.leader_log, state.broker = leader_log, broker
-        serving.api.serve_with(broker)
-        if serving.pushers is not None:  # only the leader pushes (broker.cluster.push)
-            serving.pushers.start(broker)
-        schedules.start(broker)
-        serving.schedules = schedules
-        # only the leader runs redriveMsgs jobs, from the records Raft holds (broker.cluster.jobs)
-        jobs = RedriveJobs(RaftJobs(state.election), clock, config.jobs)
-        jobs.start(broker)
-        serving.jobs = jobs
+        self.api.serve_with(broker)
+        self.features.start(broker)
         log.info("leading term %d from offset %d, tick %s, %.3f s after Raft elected it", term,
                  state.store.log_end_offset, broker.tick, clock.monotonic_s() - state.elected_s)
 
@@ -116,12 +97,8 @@ class Lead:
             raise InvariantError("only a leader stands down")
         failed = broker.failed  # why it stands down, if its broker failed (not what abandoning it fails)
         state.broker = state.leader_log = None
-        self.serving.api.stop_serving()
-        if self.serving.flow is not None:
-            self.serving.flow.stop()
-        if self.serving.pushers is not None:  # what they have in flight the next leader delivers again
-            await self.serving.pushers.stop()
-        await self.stop_schedules()
+        self.api.stop_serving()
+        await self.features.stop()  # what the pushers have in flight, and what the rest leave, the next leader does
         leader_log.close(f"this node no longer leads ({reason}); retry")
         await broker.abandon()
         state.tick_file = TickStateFile(state.tick_path, fsync=True)
@@ -140,9 +117,9 @@ class Lead:
         state = self.state
         broker, leader_log, clock = state.broker, state.leader_log, state.clock
         if broker is not None and leader_log is not None:
-            if self.serving.pushers is not None:  # first: what they have in flight the next leader delivers again
-                await self.serving.pushers.stop()
-            await self.stop_schedules()  # a release not followed yet, the next leader follows
+            # first: what the pushers have in flight the next leader delivers again, a release the
+            # schedules did not follow yet it follows
+            await self.features.stop()
             broker.begin_stop()
             with contextlib.suppress(Exception):
                 await clock.wait_for(broker.stop(), HANDOVER_TIMEOUT_S)
@@ -157,15 +134,3 @@ class Lead:
             await clock.sleep(2 * state.cluster.tick_sync_ms / 1000)
             leader_log.close("this node is stopping; retry")
             log.info("handed over at offset %d, tick %s", end, broker.tick)
-
-    async def stop_schedules(self) -> None:
-        """The leader's schedules stop making runs and its jobs stop
-        (standing down, handing over); what they leave undone the next
-        leader does."""
-        jobs, self.serving.jobs = self.serving.jobs, None
-        if jobs is not None:
-            await jobs.stop()
-        schedules, self.serving.schedules = self.serving.schedules, None
-        if schedules is not None:
-            await schedules.stop()
-            schedules.close()

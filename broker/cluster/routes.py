@@ -1,5 +1,5 @@
 """What a cluster node's HTTP app holds of its own. One port serves the
-API, /health, /metrics, the console (broker.node_base, as every node) and
+API, /health, /metrics, the console (broker.node.base, as every node) and
 the peers' /_cluster/* calls (broker.cluster.peers).
 
     request                       on the leader     on a follower
@@ -52,7 +52,7 @@ def has_dot_segment(path: str) -> bool:
 
 
 class Routes:
-    """What a cluster node's HTTP app (broker.node_base.NodeBase.app) holds
+    """What a cluster node's HTTP app (broker.node.base.NodeBase.app) holds
     of its own: API calls forwarded, the peer proof, and its view in
     /health, /metrics and the console; all of it read from `state`."""
 
@@ -149,7 +149,7 @@ class Routes:
         answered 503 now (the client retries on another node), instead of
         holding this node's stop for as long as the leader takes (a long
         poll waits up to its timeout, 10 s by default: the whole shutdown
-        grace, broker.server.SHUTDOWN_TIMEOUT_S)."""
+        grace, broker.node.server.SHUTDOWN_TIMEOUT_S)."""
         session, self._forward_session = self._forward_session, None
         if session is not None:
             await session.close()

@@ -62,6 +62,21 @@ def entry_key(kind: str, key: Key, *more: int) -> str:
     return orjson.dumps([kind, key[0], key[1], *more]).decode()
 
 
+def pack(units: list[list[Change]]) -> list[list[Change]]:
+    """`units` (each a group of changes that go in one command) packed in
+    order into commands of at most COMMAND_BYTES (a unit larger alone in one)."""
+    commands: list[list[Change]] = []
+    size = 0
+    for unit in units:
+        weight = sum(len(k) + (0 if v is None else len(v)) for k, v in unit)
+        if not commands or (size and size + weight > COMMAND_BYTES):
+            commands.append([])
+            size = 0
+        commands[-1].extend(unit)
+        size += weight
+    return [command for command in commands if command]
+
+
 class RaftScheduleStore:
     """broker.schedules.keeper' ScheduleStore over the Raft group's state."""
 
@@ -83,7 +98,7 @@ class RaftScheduleStore:
             elif kind == "x":
                 self.stale[key] = value.decode()
             elif kind == "j":
-                continue  # a redriveMsgs job's record (broker.cluster.jobs)
+                continue  # a redriveMsgs job's record (broker.cluster.records)
             else:
                 raise RowError(f"a schedules entry of unknown kind {kind!r}")
         self.commands = 0  # Raft commands sent (tests)
@@ -173,19 +188,11 @@ class RaftScheduleStore:
             raise Unavailable("a schedules change did not reach a majority of the cluster in time; retry")
 
     async def _commit(self, units: list[list[Change]]) -> bool:
-        """The units packed into commands of at most COMMAND_BYTES, sent in
-        order; True once a majority committed every one."""
-        commands: list[list[Change]] = [[]]
-        size = 0
-        for unit in units:
-            weight = sum(len(k) + (0 if v is None else len(v)) for k, v in unit)
-            if size and size + weight > COMMAND_BYTES:
-                commands.append([])
-                size = 0
-            commands[-1].extend(unit)
-            size += weight
+        """The units packed into commands (`pack`), sent in order; True once
+        a majority committed every one."""
+        commands = pack(units)
         self.commands += len(commands)
-        return all(await asyncio.gather(*(self._election.set_schedules(c) for c in commands if c)))
+        return all(await asyncio.gather(*(self._election.set_schedules(c) for c in commands)))
 
     def _note(self, record: Row) -> None:
         row = record.get("put")

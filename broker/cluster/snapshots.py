@@ -27,7 +27,6 @@ from collections.abc import Callable
 
 import aiohttp
 
-from broker.nodes import at_quiet_point
 from replication import protocol, snapshot
 from replication.epochs import Epochs
 from storage.errors import Unavailable
@@ -154,7 +153,7 @@ class Snapshots:
                 return
             if broker is not None:
                 try:
-                    prepared = await at_quiet_point(broker, lambda: state.store.prepare_checkpoint(now_ms))
+                    prepared = await broker.prepared_at_quiet_point(lambda: state.store.prepare_checkpoint(now_ms))
                 except Unavailable:
                     if state.broker is broker:
                         raise

@@ -5,21 +5,23 @@ LeaderLog while leading, the follower, failure. It holds no part: a part that ca
 Beside the state, the small things every part asks of it: whether this
 node leads, the known leader, persisting epochs and the leader's tick,
 failing. What every kind of node has (clock, metrics, serving switch, Api,
-console, the HTTP app) is broker.node_base's."""
+console, the HTTP app) is broker.node.base's."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from typing import Any, Protocol
 
-from broker.config import ServeConfig
+from broker.core.params import Defaults
 from broker.disk.backend import Broker
+from broker.disk.ready import QueueLimits
 from replication.config import ClusterConfig
 from replication.election import Election
 from replication.epochs import Epochs
 from replication.log_stream import Follower, LeaderLog
 from replication.roles import Role, RoleState
+from storage.config import StoreConfig
 from storage.errors import InvariantError
 from storage.store import Store
 from wheel.clock import Clock
@@ -28,6 +30,21 @@ from wheel.tick_state import TickState, TickStateFile
 from .peer_client import PeerClient
 
 log = logging.getLogger("hourglass.cluster")
+
+
+class NodeSettings(Protocol):
+    """What the parts read of the node's settings (its `ServeConfig`,
+    broker.node.config): where its store is, how it is opened, and what the
+    leader's broker is built with."""
+
+    @property
+    def data_path(self) -> str: ...
+    @property
+    def store(self) -> StoreConfig: ...
+    @property
+    def defaults(self) -> Defaults: ...
+    @property
+    def queues(self) -> QueueLimits: ...
 
 
 class NodeState:
@@ -62,7 +79,7 @@ class NodeState:
     The rest is fixed once built; the follower's fields are its own.
     tests/unit/test_cluster_state_owners.py checks the one writer."""
 
-    def __init__(self, config: ServeConfig, cluster: ClusterConfig, clock: Clock, store: Store, epochs: Epochs,
+    def __init__(self, config: NodeSettings, cluster: ClusterConfig, clock: Clock, store: Store, epochs: Epochs,
                  tick_file: TickStateFile, election: Election, peers: PeerClient, stop_asked: asyncio.Event) -> None:
         self.config = config
         self.cluster = cluster

@@ -131,12 +131,12 @@ class Console:
         self._now_ms = now_ms
         # (ms, [sends, pulls, acks] so far) every SAMPLE_S
         self._samples: collections.deque[tuple[int, list[int]]] = collections.deque(maxlen=SAMPLES + 1)
-        # The node's hooks (broker.node_base): getTopicInfo's `paused` of a
+        # The node's hooks (broker.node.base): getTopicInfo's `paused` of a
         # topic (None: no pauses kept), and getTopicInfo of topics.
         self.paused: Callable[[str], bool | list[str] | None] = lambda topic: None
         self.topic_infos: TopicInfos = _no_infos
         # The node's topics and their counts, and its schedules' rows (a
-        # node of many shards: every shard's, broker.nodes); this process's by default.
+        # node of many shards: every shard's, broker.node.standalone); this process's by default.
         self.node_topics: Callable[[], Awaitable[list[str]]] = self._topics_here
         self.node_counts: Callable[[list[str]], Awaitable[list[list[int]]]] = self.counts_here
         self.node_schedule_rows: Callable[[str | None, int], Awaitable[tuple[int, list[dict[str, object]]]]] = \

@@ -19,6 +19,6 @@ timing wheel (wheel), a broker.backend.Backend beside broker.redis's.
     recovery.py      what a restarted broker holds in RAM
 
 It imports storage, wheel, broker.core, broker.observe and broker.backend,
-nothing of the HTTP front. The nodes (broker.nodes, broker.cluster) build
-it; broker.redis and broker.config take its limits (ready.QueueLimits).
+nothing of the HTTP front. The nodes (broker.node.standalone, broker.cluster) build
+it; broker.redis and broker.node.config take its limits (ready.QueueLimits).
 """

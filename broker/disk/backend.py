@@ -61,8 +61,8 @@ import logging
 from collections.abc import Callable, Collection, Sequence
 
 from storage.entry import Location, Message
-from storage.errors import NotFound, Unavailable
-from storage.store import Store
+from storage.errors import InvariantError, NotFound, Unavailable
+from storage.store import PreparedCheckpoint, Store
 from wheel.clock import Clock
 from wheel.driver import WheelDriver
 from wheel.scheduler import Scheduler, SchedulerConfig
@@ -266,6 +266,14 @@ class Broker:
         its second); releases a quorum did not acknowledge in time leave it."""
         if await self._journal.background_durable("released messages"):
             self._tick_file.write(self._filing.cap(tick))
+
+    async def prepared_at_quiet_point(self, prepare: Callable[[], PreparedCheckpoint]) -> PreparedCheckpoint:
+        """`prepare` (a checkpoint's first step) run by the group commit at a
+        quiet point: everything appended applied, and the wheel told of it."""
+        prepared = await self.commits.at_quiet_point(prepare)
+        if not isinstance(prepared, PreparedCheckpoint):
+            raise InvariantError(f"a quiet point answered {prepared!r}, not the checkpoint prepared")
+        return prepared
 
     def begin_stop(self) -> None:
         """Refuse new work (503) and answer every long poll now."""

@@ -11,7 +11,7 @@ durable and replicated, carried out where messages are handed out.
 
 It may call broker.core and, through the PauseGate protocol, the backend
 serving (the disk broker: broker.disk.windows parks what is paused); a
-cluster keeps the entries in the Raft group's state (broker.cluster.flow),
+cluster keeps the entries in the Raft group's state (broker.cluster.records),
 a Redis node in Redis (broker.redis.flow), where its scripts carry the
 pauses out for every node sharing it.
 """

@@ -6,7 +6,7 @@ The settings live in a `SettingsStore`: `broker.flow.file.SettingsFile`
 on a standalone node (shard 0's on a node of many: the router sends every
 change to every shard, and the others read shard 0's files at start,
 `ShardSettings`), the Raft group's state on a cluster
-(broker.cluster.flow), read again by each node that comes to lead. A
+(broker.cluster.records), read again by each node that comes to lead. A
 change is durable (and on a majority) before it is answered.
 
 A topic's fairness, release rate and due-age cap are set on the backend's
@@ -216,7 +216,7 @@ class TopicFlow:
     async def reload(self) -> None:
         """Every topic's settings read again from a shared store, and the
         changes other nodes made carried out on the gate (a node on Redis,
-        every poll_ms: broker.nodes.RedisNode)."""
+        every poll_ms: broker.node.standalone.RedisNode)."""
         if self._shared is None:
             return
         async with self._lock:

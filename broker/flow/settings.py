@@ -9,7 +9,7 @@ how they are answered and how they are kept (docs/api.md, "Flow").
     parse_pause       pauseTopic's and resumeTopic's parameters
     entries / rows    the settings as kept: one entry per topic and one per
                       paused key (broker.flow.file on a node's disk, the
-                      Raft group's state on a cluster: broker.cluster.flow);
+                      Raft group's state on a cluster: broker.cluster.records);
                       entry_changes, what one change does to them
 
 Every setting of the contract is carried out: none is stored and
@@ -237,7 +237,7 @@ def parse_pause(params: Params) -> PauseRequest:
 # One entry per topic (its settings and its own pause) and one per paused
 # serial key, keyed by the JSON of ["c", topic] or ["k", topic, key], so a
 # pause of one key writes one small entry (a Raft command holds at most a
-# few KiB: broker.cluster.flow).
+# few KiB: broker.cluster.records).
 
 Entries = dict[str, bytes]
 

@@ -232,7 +232,7 @@ class NodeViews(Protocol):
 
 class Api:
     """camellia's endpoints over a backend. `broker` may be None (a cluster
-    node that does not lead yet, broker.cluster.node): requests are then
+    node that does not lead yet, broker.node.cluster): requests are then
     answered 503 by `backend`, though such a node forwards them instead.
     A cluster node hands it the broker it runs while it leads
     (`serve_with`) and takes it back when it stands down (`stop_serving`)."""
@@ -251,7 +251,7 @@ class Api:
         self.single_cap = BodyLimits.body_bytes(max_msg_bytes)
         self.batch_cap = self.bodies.batch_body_bytes(max_msg_bytes)
         # Which of these scheduleIds are schedules of the topic (the node's:
-        # broker.node_base); a send under one's run msgId is refused. None:
+        # broker.node.base); a send under one's run msgId is refused. None:
         # no schedules here.
         self.scheduled: Callable[[str, Sequence[str]], Awaitable[set[str]]] | None = None
         # A new msgId for a send without one (a node of many shards: one this shard owns).

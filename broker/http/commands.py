@@ -23,7 +23,7 @@ or on every shard with a named merge of the answers. A command cannot be
 added without it; broker.shards.router serves each as it declares, and
 nothing else decides it.
 
-Who adds what (broker.node_base.NodeBase.app builds one table a node):
+Who adds what (broker.node.base.NodeBase.app builds one table a node):
 /health and /metrics the node itself, the health switch broker.http.health,
 camellia's API broker.http.api, push delivery broker.push.api, the console
 broker.console.api and broker.console.login, a cluster's peer calls
@@ -225,7 +225,7 @@ class CommandTable:
 
     def alter(self, change: Callable[[Command], Command]) -> None:
         """Replace every command by what `change` makes of it (a cluster
-        node's API calls forward to the leader: broker.node_base)."""
+        node's API calls forward to the leader: broker.node.base)."""
         for key, command in self.commands.items():
             self.commands[key] = change(command)
 

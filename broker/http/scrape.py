@@ -19,7 +19,7 @@ bounded whatever the topics.
                 the sums; each topic label at most MAX_LABEL_CHARS long; written
                 as text once (`metrics_answer`)
 
-A node of shards chooses for the node (broker.nodes.DiskNode.metrics_text):
+A node of shards chooses for the node (broker.node.standalone.DiskNode.metrics_text):
 the shards' `topic_ranks` summed, the `largest` of them, and each shard's
 families of exactly those topics (a `Choice`), merged by their labels
 (broker.shards.views.merge_families).

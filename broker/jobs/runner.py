@@ -118,7 +118,7 @@ class JobLimits:
 
 class JobStore(Protocol):
     """Where job records are kept: a data directory's jobs files
-    (broker.jobs.file), a cluster's replicated state (broker.cluster.jobs),
+    (broker.jobs.file), a cluster's replicated state (broker.cluster.records),
     or a Redis several nodes share (broker.redis.jobs). `save` and `remove`
     are durable on return."""
 

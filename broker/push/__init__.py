@@ -8,5 +8,5 @@ messages POSTed to its URL.
 
 It imports storage, wheel, broker.core, broker.observe, broker.backend
 and broker.http (descriptors, the endpoints' answers). The nodes, the
-cluster and broker.config import it.
+cluster and broker.node.config import it.
 """

@@ -47,10 +47,9 @@ class PushApi:
     on this node now, answered 503)."""
 
     def __init__(self, pushers: Callable[[], Pushers | None], allow: PushAllow, bodies: BodyLimits,
-                 max_msg_bytes: int, refusal: str | None = None) -> None:
+                 max_msg_bytes: int) -> None:
         self._pushers = pushers
         self._allow = allow
-        self._refusal = refusal  # why this kind of node pushes nothing (403), if it does not
         self._bodies = bodies
         self._max_msg_bytes = max_msg_bytes
 
@@ -63,8 +62,6 @@ class PushApi:
     def pushers(self, topic: str) -> Pushers:
         pushers = self._pushers()
         if pushers is None:
-            if self._refusal is not None:
-                raise NotFound(f"topic {topic!r} has no push subscription ({self._refusal})")
             if not self._allow:
                 raise NotFound(f"topic {topic!r} has no push subscription (push is off: no --push-allow)")
             raise Unavailable("no broker runs on this node yet; retry")
@@ -76,8 +73,6 @@ class PushApi:
 
     async def subscribe(self, request: Request) -> Response:
         subscription = parse_subscribe(self._params(request), self._allow)  # 403 with push off
-        if self._refusal is not None:
-            raise Forbidden(self._refusal)
         await self.pushers(subscription.topic).subscribe(subscription)
         return answer(200, "success", data=subscription.public())
 

@@ -356,7 +356,7 @@ class TopicPusher:
 class SubscriptionStore(Protocol):
     """Where a node keeps its push subscriptions: `SubscriptionFile` on a
     standalone or Redis-backed node, the Raft group's replicated state on a
-    cluster node (broker.cluster.push)."""
+    cluster node (broker.cluster.records)."""
 
     def load(self) -> dict[str, Subscription]:
         ...

@@ -12,6 +12,6 @@
     scripts.py  loads the Lua scripts of lua/<family>/*.lua
 
 The package needs the `redis` extra; nothing outside it imports it except
-where `--backend redis://` is chosen (broker.nodes.RedisNode), so the disk
+where `--backend redis://` is chosen (broker.node.standalone.RedisNode), so the disk
 broker runs without it.
 """

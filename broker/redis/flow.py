@@ -36,7 +36,7 @@ messages stay parked (common.lua), so once pauseTopic is answered no node
 sharing the Redis hands anything of it out, whichever node took the call.
 What a node carries out itself -- the release rate and the due-age cap of
 its pulls -- it reads from here: each change it makes, and every poll_ms
-all of them again (`read`, broker.nodes.RedisNode), so a change made on
+all of them again (`read`, broker.node.standalone.RedisNode), so a change made on
 another node takes effect here within poll_ms. Before each change the
 keeper reads the topic again (`read_topic`): a change builds on what is
 kept, not on this node's copy. Two nodes changing one topic's settings at

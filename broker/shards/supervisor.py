@@ -3,7 +3,7 @@ shard processes, starts again one that dies, and stops them (docs/operations.md,
 "Shards").
 
     exec     the node's process, having read its flags and checked its data
-             directory (broker.server), becomes this module alone
+             directory (broker.node.server), becomes this module alone
              (`python -m broker.shards.supervisor`): it keeps no import of
              the engine it does not run, a few MB where the node's whole
              code would be some 30

@@ -2,7 +2,7 @@
 the leader's handover after a SIGKILL and a SIGSTOP drill, and a node's
 stop while a request it forwarded is in flight. Each bound below is about
 which path is taken, not about speed: the bug was a stop that waited its
-10 s shutdown grace (broker.server.SHUTDOWN_TIMEOUT_S) for a request in
+10 s shutdown grace (broker.node.server.SHUTDOWN_TIMEOUT_S) for a request in
 flight, against well under 2 s otherwise."""
 
 from __future__ import annotations

@@ -172,7 +172,7 @@ class InvariantMachine(RuleBasedStateMachine):
             self.run(b.reschedule_msgs(RescheduleMsgsRequest(TOPIC, flt, 100, shift, None)))
 
     def flow(self, node: int) -> TopicFlow:
-        """The node's keeper of pauses, as broker.nodes.RedisNode builds it
+        """The node's keeper of pauses, as broker.node.standalone.RedisNode builds it
         (each change reads the topic again from Redis first)."""
         b = self.nodes[node].broker
         flow = TopicFlow(b.topic_settings, self.clock.now_ms, 10, shared=b.topic_settings)

@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 from serving import PREFIX, Server, request
 
-from broker.config import ServeConfig
-from broker.nodes import DiskNode
+from broker.node.config import ServeConfig
+from broker.node.standalone import DiskNode
 
 pytestmark = pytest.mark.slow
 

@@ -29,16 +29,16 @@ import orjson
 import pytest
 from fakes import FakeClock, FakeElection
 
-from broker.cluster import ClusterNode
 from broker.cluster.lead import HANDOVER_TIMEOUT_S
 from broker.cluster.peer_client import PeerClient
 from broker.cluster.role_loop import POLL_S, POSITION_TIMEOUT_S
 from broker.cluster.snapshots import Snapshots
-from broker.config import ServeConfig
 from broker.core.bulk_params import BulkFilter, RescheduleMsgsRequest
 from broker.disk.backend import Broker
 from broker.disk.bulk import MOVE_SLICE
 from broker.http.http_types import Request
+from broker.node.cluster import ClusterNode
+from broker.node.config import ServeConfig
 from replication import protocol, snapshot
 from replication.config import ClusterConfig, Peer
 from replication.epochs import Epochs
@@ -211,7 +211,7 @@ class Harness:
         return took
 
     async def stop(self) -> int:
-        """SIGTERM, as broker.server.run_cluster handles it: the role loop
+        """SIGTERM, as broker.node.server.run_cluster handles it: the role loop
         cancelled, the lead handed over, the node closed. Returns how long
         the handover took."""
         self.task.cancel()

@@ -1,4 +1,4 @@
-"""broker.server's ShortCollections (docs/internals.md, "The collector"):
+"""broker.node.server's ShortCollections (docs/internals.md, "The collector"):
 what survives a full collection is frozen, so the next ones walk only
 what came since; a cycle of frozen objects that dies is found once the
 frozen objects have grown past their bound, or THAW_S after the last
@@ -12,7 +12,7 @@ import sys
 
 _PROBE = """
 import gc, json, weakref
-from broker.server import FROZEN_GROWTH, FROZEN_SLACK, THAW_S, ShortCollections
+from broker.node.server import FROZEN_GROWTH, FROZEN_SLACK, THAW_S, ShortCollections
 
 class Node:
     def __init__(self):
@@ -75,7 +75,7 @@ def test_survivors_are_frozen_and_a_dead_frozen_cycle_is_found_once_the_frozen_g
 
 _CHURN = """
 import gc, json
-from broker.server import FROZEN_GROWTH, FROZEN_SLACK, YOUNG_THRESHOLD, ShortCollections
+from broker.node.server import FROZEN_GROWTH, FROZEN_SLACK, YOUNG_THRESHOLD, ShortCollections
 
 class Leaf:  # tracked by the collector, freed by its count of references
     pass

@@ -23,7 +23,7 @@ FORM = {"content-type": "application/x-www-form-urlencoded"}
 
 class Node:
     """A command table with a console page (behind console_entry), one API
-    path and the login, behind the gate, as broker.node_base builds them;
+    path and the login, behind the gate, as broker.node.base builds them;
     `api_seen` keeps what the API path was called with."""
 
     def __init__(self, token: str | None = TOKEN, ttl_s: float = 60) -> None:

@@ -56,14 +56,14 @@ def test_the_check_sees_imports_inside_functions_and_every_form():
 
 
 def test_a_standalone_node_loads_none_of_the_clusters_modules():
-    """broker.server imports the cluster (and with it aiohttp's client,
+    """broker.node.server imports the cluster (and with it aiohttp's client,
     about 0.3 s of start-up) only to run a cluster node, and the cluster
     node loads pysyncobj and cryptography (about 6 MB) only to build its
     Raft election; a standalone or Redis node loads none of them."""
     import subprocess
     import sys
 
-    code = ("import sys, broker.cli, broker.server; "
+    code = ("import sys, broker.cli, broker.node.server; "
             "print(sorted(m for m in ('aiohttp', 'broker.cluster', 'pysyncobj', 'cryptography') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     assert out.stdout.strip() == "[]"

@@ -1,4 +1,4 @@
-"""broker.server's keep_malloc_lean: glibc's mmap threshold stays fixed, so
+"""broker.node.server's keep_malloc_lean: glibc's mmap threshold stays fixed, so
 a large block freed does not make the next ones come from the heap (where
 their holes stay resident among what the node keeps); an environment that
 sets malloc's parameters itself is left alone. Each case in a fresh
@@ -17,7 +17,7 @@ import pytest
 # keep_malloc_lean first, as the node calls it when it starts.
 _PROBE = """
 import ctypes
-from broker.server import keep_malloc_lean
+from broker.node.server import keep_malloc_lean
 class MallInfo2(ctypes.Structure):
     _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
                                                 "fsmblks", "uordblks", "fordblks", "keepcost")]

@@ -1,4 +1,4 @@
-"""broker.node_base.NodeBase, in process on a fake clock: /health's
+"""broker.node.base.NodeBase, in process on a fake clock: /health's
 states in their order, the app a node's own routes, `routed` and peer
 proof make (served by a real HttpServer over loopback), and the API's
 backend swapped by the node (serve_with, stop_serving) with going offline
@@ -10,11 +10,11 @@ import dataclasses
 import orjson
 from fakes import FakeClock
 
-from broker.config import ServeConfig
 from broker.http.commands import HERE
 from broker.http.http_types import Request, Response
 from broker.http.httpd import HttpServer
-from broker.node_base import NodeBase
+from broker.node.base import NodeBase
+from broker.node.config import ServeConfig
 from broker.observe.metrics import Family, Metrics, single_series
 
 PEER_HEADER = "x-test-peer"
@@ -30,11 +30,25 @@ class Backend:
         self.woken += 1
 
 
+class NoRecords:
+    """Where the test node keeps its features' records: nowhere (it keeps
+    no topic settings and runs no schedules, jobs or pushers)."""
+
+    def settings(self) -> "NoRecords":
+        return self
+
+    def load(self) -> dict:
+        return {}
+
+    async def save(self, settings: dict, changes: dict) -> None:
+        return None
+
+
 class Node(NodeBase):
     """A node whose failure, degradation and peers a test sets."""
 
     def __init__(self, peers: bool = False) -> None:
-        super().__init__(ServeConfig(), FakeClock(now_ms=5_000), Metrics(), None, None)
+        super().__init__(ServeConfig(), FakeClock(now_ms=5_000), Metrics(), None, None, NoRecords())
         self.failed: BaseException | None = None
         self.problem: str | None = None
         self.peers = peers

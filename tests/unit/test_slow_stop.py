@@ -1,4 +1,4 @@
-"""A stop that hangs says where (broker.server.report_slow_stop): every
+"""A stop that hangs says where (broker.node.server.report_slow_stop): every
 task still running, by name and the innermost lines of its stack."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from broker.server import report_slow_stop
+from broker.node.server import report_slow_stop
 
 
 async def waits_on_redis(forever: asyncio.Event) -> None:

@@ -1,14 +1,14 @@
 """What a node's RSS holds of the store's mapped files: `Store.shed` drops
 every mapped file's resident pages (the data stays), and the checkpoint
 loop sheds every interval while a checkpoint runs long
-(broker.server.checkpoint_every)."""
+(broker.node.server.checkpoint_every)."""
 
 from __future__ import annotations
 
 import asyncio
 import os
 
-from broker.server import checkpoint_every
+from broker.node.server import checkpoint_every
 from storage.config import StoreConfig
 from storage.entry import MS_PER_HOUR, Status
 from storage.id_index import PAGE_BYTES, SHED_EVERY_CALLS, SHED_MIN_CALLS, IdIndex, Residency

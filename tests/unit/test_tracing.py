@@ -18,8 +18,8 @@ import textwrap
 
 import pytest
 
-from broker.config import ServeConfig
 from broker.http.paths import PREFIX
+from broker.node.config import ServeConfig
 from broker.observe import tracing
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -65,8 +65,8 @@ def test_a_node_without_spans_loads_no_opentelemetry(tmp_path):
     script = textwrap.dedent(f"""
         import asyncio, json, sys, urllib.parse
         sys.path.insert(0, {ROOT!r})
-        from broker.config import ServeConfig
-        from broker.nodes import DiskNode
+        from broker.node.config import ServeConfig
+        from broker.node.standalone import DiskNode
 
         async def call(port, path, **params):
             body = urllib.parse.urlencode(params).encode()
@@ -116,7 +116,7 @@ def test_send_pull_and_push_spans_link_to_the_stored_context(tmp_path):
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
     from opentelemetry.trace import SpanKind
 
-    from broker.nodes import DiskNode
+    from broker.node.standalone import DiskNode
 
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
@@ -142,10 +142,10 @@ def test_send_pull_and_push_spans_link_to_the_stored_context(tmp_path):
 
         node = DiskNode(ServeConfig(data_dir=str(tmp_path / "data"), port=0, push_allow=("127.0.0.1",)))
         node.api.spans = spans  # as the OTEL_* variables would have it, to an in-memory exporter
-        assert node.pushers is not None
-        node.pushers.spans = spans
+        assert node.features.pushers is not None
+        node.features.pushers.spans = spans
         node.broker.start()
-        node.pushers.start(node.broker)
+        node.features.pushers.start(node.broker)
         server = await node.serve("test")
         try:
             port = server.port
@@ -164,7 +164,7 @@ def test_send_pull_and_push_spans_link_to_the_stored_context(tmp_path):
                     break
                 await asyncio.sleep(0.01)
         finally:
-            await node.pushers.stop()
+            await node.features.pushers.stop()
             await server.close(1)
             await node.broker.stop()
             node.store.close()

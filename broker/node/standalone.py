@@ -1,6 +1,6 @@
 """The nodes that run alone: `DiskNode` (a data directory) and `RedisNode`
-(`--backend redis://...`). Both serve through broker.node_base; the
-process around them is broker.server, and a node of a cluster is
+(`--backend redis://...`). Both serve through broker.node.base; the
+process around them is broker.node.server, and a node of a cluster is
 broker.cluster's `ClusterNode`.
 """
 
@@ -16,39 +16,41 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from storage.config import FsyncPolicy
-from storage.errors import HourglassError, InvariantError, Unavailable
-from storage.store import PreparedCheckpoint, Store
+from storage.errors import ContractError, HourglassError, Unavailable
+from storage.store import Store
 
-from .backend import Backend
-from .clock import SystemClock
+from ..backend import Backend
+from ..clock import SystemClock
+from ..console.api import Console, standalone_info
+from ..disk.backend import Broker
+from ..disk.backups import Backups, clear_staging, parse_have
+from ..flow.file import SettingsFile, ShardSettings, resumes_path, settings_path
+from ..flow.keeper import TopicFlow
+from ..http.api import API_ERRORS
+from ..http.commands import HERE
+from ..http.http_types import StreamResponse
+from ..http.paths import BACKUP_PATH
+from ..http.scrape import Choice, disk_series, largest, metrics_answer, topic_ranks
+from ..jobs.file import JobFiles, jobs_path
+from ..jobs.runner import RedriveJobs
+from ..observe.metrics import COUNTER, GAUGE, MAX, Family, Metrics, single_series
+from ..schedules.file import ScheduleFile, schedules_path
+from ..schedules.keeper import Schedules
+from ..tasks import cancel_and_wait
+from .base import NodeBase
 from .config import ServeConfig
-from .console.api import Console, standalone_info
-from .disk.backend import Broker
-from .disk.backups import Backups, clear_staging, parse_have
-from .flow.file import SettingsFile, ShardSettings, resumes_path, settings_path
-from .flow.keeper import TopicFlow
-from .http.api import API_ERRORS
-from .http.commands import HERE
-from .http.http_types import StreamResponse
-from .http.paths import BACKUP_PATH
-from .http.scrape import Choice, disk_series, largest, metrics_answer, topic_ranks
-from .jobs.api import JOB_OPS, serve_shard_call
-from .jobs.file import JobFiles, jobs_path
-from .jobs.runner import RedriveJobs
-from .node_base import NodeBase
-from .observe.metrics import COUNTER, GAUGE, MAX, Family, Metrics, single_series
-from .push.rules import PushAllow
-from .schedules.file import ScheduleFile, schedules_path
-from .schedules.keeper import Schedules
-from .tasks import cancel_and_wait
 
 if TYPE_CHECKING:
-    from .http.commands import Command, CommandTable
-    from .http.http_types import Request, Response
-    from .http.httpd import NodeConnections
-    from .redis.backend import RedisBroker
-    from .shards.backend import ShardedBackend
-    from .shards.router import ShardRouter
+    from ..http.commands import Command, CommandTable
+    from ..http.http_types import Request, Response
+    from ..http.httpd import NodeConnections
+    from ..jobs.runner import JobStore
+    from ..push.pusher import SubscriptionFile
+    from ..redis.backend import RedisBroker
+    from ..redis.flow import RedisTopicSettings
+    from ..schedules.keeper import ScheduleStore
+    from ..shards.backend import ShardedBackend
+    from ..shards.router import ShardRouter
 
 log = logging.getLogger("hourglass.server")
 
@@ -65,15 +67,6 @@ RANKS, FAMILIES = "ranks", "families"
 STANDALONE: Mapping[str, object] = MappingProxyType({"role": "standalone", "leader": None, "node": None})
 
 
-async def at_quiet_point(broker: Broker, prepare: Callable[[], PreparedCheckpoint]) -> PreparedCheckpoint:
-    """`prepare` (a checkpoint's first step) run by the group commit at a
-    quiet point: everything appended applied, and the wheel told of it."""
-    prepared = await broker.commits.at_quiet_point(prepare)
-    if not isinstance(prepared, PreparedCheckpoint):
-        raise InvariantError(f"a quiet point answered {prepared!r}, not the checkpoint prepared")
-    return prepared
-
-
 def add_backup_routes(table: CommandTable, backups: Backups) -> None:
     """GET and POST backupShard: an online backup of the store of the node
     it reaches, as a stream (broker.disk.backups); on a node of shards
@@ -87,6 +80,37 @@ def add_backup_routes(table: CommandTable, backups: Backups) -> None:
         table.add(method, BACKUP_PATH, backup_shard, where=HERE, errors=API_ERRORS)
 
 
+class DiskRecords:
+    """A standalone node's features' records (broker.node.features): files
+    in its data directory; on a node of shards, the topic settings are
+    shard 0's (the others keep only their resumes' progress)."""
+
+    def __init__(self, config: ServeConfig) -> None:
+        self._path = config.data_path
+        self._fsync = config.store.fsync is not FsyncPolicy.NEVER
+        self._shard, self._node_path = config.shard, config.node_path
+
+    def __repr__(self) -> str:
+        return f"DiskRecords({self._path!r})"
+
+    def settings(self) -> SettingsFile | ShardSettings:
+        shard = self._shard
+        if shard is None or shard[0] == 0:
+            return SettingsFile(settings_path(self._path))
+        from ..shards.layout import shard_path
+        return ShardSettings(settings_path(shard_path(self._node_path, 0, shard[1])), resumes_path(self._path))
+
+    def subscriptions(self) -> SubscriptionFile:
+        from ..push.pusher import SubscriptionFile, subscription_path
+        return SubscriptionFile(subscription_path(self._path))
+
+    def schedules(self) -> ScheduleFile:
+        return ScheduleFile(schedules_path(self._path), self._fsync)
+
+    def jobs(self) -> JobFiles:
+        return JobFiles(jobs_path(self._path), self._fsync)
+
+
 class DiskNode(NodeBase):
     """A standalone node: store, broker, HTTP app, checkpoints."""
 
@@ -95,7 +119,7 @@ class DiskNode(NodeBase):
         started = time.perf_counter()
         store_config, queues, schedule_limits = config.store, config.queues, config.schedules
         if config.shard is not None:  # the node's budgets, this shard's share (broker.shards.budgets)
-            from .shards.budgets import shard_queues, shard_schedules, shard_store
+            from ..shards.budgets import shard_queues, shard_schedules, shard_store
             queues, schedule_limits = shard_queues(queues, *config.shard), shard_schedules(schedule_limits, *config.shard)
             store_config = shard_store(store_config, *config.shard)
         self.store = Store.open(config.data_path, store_config, now_ms=clock.now_ms())
@@ -103,12 +127,7 @@ class DiskNode(NodeBase):
         self.broker = Broker(self.store, clock, config.defaults, metrics,
                              tick_path=os.path.join(config.data_path, "tick"), limits=queues)
         self.broker.on_fatal = lambda error: self.stop_asked.set()
-        # recurring schedules in the data dir, told of the broker's releases (broker.schedules.keeper)
-        schedules = Schedules(ScheduleFile(schedules_path(config.data_path), config.store.fsync is not FsyncPolicy.NEVER),
-                              clock, schedule_limits)
-        self.broker.on_release, self.broker.on_cancel = schedules.on_release, schedules.on_cancel
-        self.broker.on_hold, schedules.holds = schedules.on_hold, self.broker  # (runs a pause holds back)
-        self.opened_s = time.perf_counter() - started
+        opened_s = time.perf_counter() - started
         self.checkpoints = 0
         self.checkpoint_seconds = 0.0
         # online backups of the store (GET backupShard), which hold checkpoints off while they run
@@ -121,9 +140,9 @@ class DiskNode(NodeBase):
         self.served: ShardedBackend | None = None  # a shard's node-wide backend (its API's, its pushers')
         served: Broker | ShardedBackend = self.broker
         if config.shard is not None:
-            from .shards.backend import ShardedBackend
-            from .shards.layout import links_path
-            from .shards.router import ShardRouter
+            from ..shards.backend import ShardedBackend
+            from ..shards.layout import links_path
+            from ..shards.router import ShardRouter
             self.router = ShardRouter(*config.shard, links_path(config.node_path), config.bodies,
                                       config.max_msg_bytes)
             self.router.attach(self.broker, self.broker.long_polls)
@@ -131,31 +150,17 @@ class DiskNode(NodeBase):
             self.served = served
         console = Console(lambda: self.store, metrics, self.broker.topic_list,
                           lambda: standalone_info(self.store, lambda: self.last_checkpoint_ms), clock.now_ms,
-                          lambda: [] if self.pushers is None else self.pushers.public(), lambda: self.schedules)
-        super().__init__(config, clock, metrics, served, console)
-        self.schedules = schedules
-        # redriveMsgs jobs, their records in the data dir (broker.jobs)
-        self.jobs = RedriveJobs(JobFiles(jobs_path(config.data_path), config.store.fsync is not FsyncPolicy.NEVER),
-                                clock, config.jobs)
-        # topic settings and pauses in the data dir (shard 0's, on a node of shards), carried out
-        # before anything is handed out (broker.flow)
-        settings: SettingsFile | ShardSettings = SettingsFile(settings_path(config.data_path))
-        if config.shard is not None and config.shard[0] != 0:
-            from .shards.layout import shard_path
-            settings = ShardSettings(settings_path(shard_path(config.node_path, 0, config.shard[1])),
-                                     resumes_path(config.data_path))
-        self.flow = TopicFlow(settings, clock.now_ms, config.queues.topics,
-                              config.max_paused_keys, 1 if config.shard is None else config.shard[1],
-                              max_paused_keys_total=config.max_paused_keys_total)
-        self.flow.start(self.broker, schedules)
+                          lambda: [] if self.features.pushers is None else self.features.pushers.public(),
+                          lambda: self.features.schedules)
+        super().__init__(config, clock, metrics, served, console, DiskRecords(config),
+                         schedule_limits=schedule_limits)
+        # the schedules read and told of the broker's releases, the pauses carried out before anything is
+        # handed out, the jobs read (broker.node.features): with the store, the node's opening
+        started = time.perf_counter()
+        self.features.attach(self.broker)
+        self.opened_s = opened_s + time.perf_counter() - started
         if self.router is not None:
             self._serve_shards(self.router, served)
-        if config.push_allow:  # pushers load aiohttp's client: only on a node that pushes
-            from .push.pusher import Pushers, SubscriptionFile, subscription_path
-            self.pushers = Pushers(clock, PushAllow.parse(config.push_allow),
-                                   SubscriptionFile(subscription_path(config.data_path)),
-                                   config.max_subscriptions, limits=config.push, descriptors=self.descriptors,
-                                   spans=self.spans, pushes_here=self._pushes_here)
         log.info("opened %s in %.3f s: %s", config.data_path, self.opened_s, self.store)
         if self.store.ends is not None and self.store.ends.rebuilt is not None:
             log.warning("the end index was made again, empty (%s): ids that ended before the last checkpoint "
@@ -172,12 +177,12 @@ class DiskNode(NodeBase):
     def __repr__(self) -> str:
         return f"DiskNode({self.config.data_path!r}, checkpoints={self.checkpoints}, {self.store!r})"
 
-    def _pushes_here(self, topic: str) -> bool:
+    def pushes_here(self, topic: str) -> bool:
         """One shard pushes a topic's subscription for the node, through the
         node's backend (`pushed_through`): the shard its name places it on."""
         if self.router is None:
             return True
-        from .shards.placement import owner
+        from ..shards.placement import owner
         return owner(topic, self.router.count) == self.router.index
 
     @property
@@ -189,21 +194,22 @@ class DiskNode(NodeBase):
     def node_connections(self) -> NodeConnections | None:
         if self.config.shard is None:
             return None
-        from .shards.connections import ConnectionBoard
-        from .shards.layout import links_path
+        from ..shards.connections import ConnectionBoard
+        from ..shards.layout import links_path
         return ConnectionBoard(links_path(self.config.node_path), *self.config.shard)
 
     def _serve_shards(self, router: ShardRouter, served: object) -> None:
         """The API's hooks of a shard: new msgIds it owns, the node's views,
         a run msgId's schedule asked of its owner; the calls other shards make."""
-        from .shards.backend import ShardedBackend, scheduled_on_owners
+        from ..shards.backend import ShardedBackend, scheduled_on_owners
+        from ..shards.jobs import JOB_OPS, ShardJobs
         assert isinstance(served, ShardedBackend)
         here = NodeBase.scheduled.__get__(self)
         self.api.make_id = router.owns_new
         self.api.views = served
         self.api.scheduled = lambda topic, ids: scheduled_on_owners(router, here, topic, ids)
-        self.job_api.shards = router  # a job on every shard (broker.jobs.api)
-        router.jobs_here = lambda: self.jobs
+        self.job_api.calls = ShardJobs(router)  # a job on every shard (broker.shards.jobs)
+        router.jobs_here = lambda: self.features.jobs
         # the calls this shard's features answer for the others
         router.ops["scheduled"] = lambda args: self._scheduled_here(here, args)
         router.ops["metrics"] = self._metrics_here
@@ -234,7 +240,8 @@ class DiskNode(NodeBase):
         return sorted(await here(str(args[0]), list(args[1])))
 
     async def _job_call(self, router: ShardRouter, op: str, args: Sequence[Any]) -> Any:
-        return await serve_shard_call(self.jobs, op, args, router.index, router.count)
+        from ..shards.jobs import serve_shard_call
+        return await serve_shard_call(self.features.jobs, op, args, router.index, router.count)
 
     async def metrics_text(self, request: Request) -> Response:
         """/metrics: a shard answers for the node. Every shard's topics'
@@ -245,7 +252,7 @@ class DiskNode(NodeBase):
         router = self.router
         if router is None:
             return await super().metrics_text(request)
-        from .shards.views import families_of, merge_families, merge_ranks, node_topics
+        from ..shards.views import families_of, merge_families, merge_ranks, node_topics
         ranks = merge_ranks(await router.everywhere("metrics", [RANKS], lambda: self._metrics_here([RANKS])))
         asked = [FAMILIES, await largest(ranks, self.config.metrics_topics), node_topics(ranks)]
         parts = await router.everywhere("metrics", asked, lambda: self._metrics_here(asked))
@@ -256,7 +263,7 @@ class DiskNode(NodeBase):
         if args[0] == RANKS:
             ranks = await topic_ranks(self.metrics, await self.broker.topic_backlogs())
             return {topic: list(rank) for topic, rank in ranks.items()}
-        from .shards.views import family_fields
+        from ..shards.views import family_fields
         families = await self.metrics_families(Choice(list(args[1]), int(args[2])))
         return [family_fields(family) for family in families]
 
@@ -317,7 +324,7 @@ class DiskNode(NodeBase):
                     single_series("hourglass_shard_calls_served_total", COUNTER, self.router.served)))]
 
     async def _backup_checkpoint(self) -> None:
-        """A backup's first checkpoint: one that fails fails the node, as in the checkpoint loop (broker.server)."""
+        """A backup's first checkpoint: one that fails fails the node, as in the checkpoint loop (broker.node.server)."""
         try:
             await self.checkpoint()
         except Exception as e:
@@ -334,7 +341,7 @@ class DiskNode(NodeBase):
             if not self.store.checkpoint_due(self.clock.now_ms()):
                 return
             started = time.perf_counter()
-            prepared = await at_quiet_point(self.broker, lambda: self.store.prepare_checkpoint(self.clock.now_ms()))
+            prepared = await self.broker.prepared_at_quiet_point(lambda: self.store.prepare_checkpoint(self.clock.now_ms()))
             await asyncio.to_thread(self.store.sync_checkpoint)  # the slow part, off the event loop
             self.store.finish_checkpoint(prepared)
         self.checkpoints += 1
@@ -342,15 +349,44 @@ class DiskNode(NodeBase):
         self.last_checkpoint_ms = self.clock.now_ms()
 
 
+class RedisRecords:
+    """A Redis node's features' records (broker.node.features): topic
+    settings in Redis, shared by every node on it (broker.redis.flow); push
+    subscriptions in the node's own --data-dir (docs/api.md, "Push
+    delivery"). The schedules and the jobs are not attached: the node that
+    holds their lease runs them (broker.redis.schedules, broker.redis.jobs)."""
+
+    def __init__(self, broker: RedisBroker, data_path: str) -> None:
+        self._broker = broker
+        self._path = data_path
+
+    def __repr__(self) -> str:
+        return f"RedisRecords({self._broker!r}, {self._path!r})"
+
+    def settings(self) -> RedisTopicSettings:
+        return self._broker.topic_settings
+
+    def subscriptions(self) -> SubscriptionFile:
+        from ..push.pusher import SubscriptionFile, subscription_path
+        os.makedirs(self._path, mode=0o700, exist_ok=True)
+        return SubscriptionFile(subscription_path(self._path))
+
+    def schedules(self) -> ScheduleStore:
+        raise ContractError("a Redis node's schedules are run by the holder of their lease, not attached")
+
+    def jobs(self) -> JobStore:
+        raise ContractError("a Redis node's jobs are run by the holder of their lease, not attached")
+
+
 class RedisNode(NodeBase):
     """A node whose state lives in Redis (`--backend redis://...`): no data
     dir and no checkpoints; any number of such nodes may share the Redis."""
 
-    backend_inline = False  # redis-py's timeouts ask for the current Task (broker.node_base)
+    backend_inline = False  # redis-py's timeouts ask for the current Task (broker.node.base)
 
     def __init__(self, config: ServeConfig) -> None:
-        from .redis.backend import RedisBroker  # the redis extra is optional
-        from .redis.keys import RedisConfig
+        from ..redis.backend import RedisBroker  # the redis extra is optional
+        from ..redis.keys import RedisConfig
 
         clock = SystemClock()
         metrics = Metrics()
@@ -358,31 +394,25 @@ class RedisNode(NodeBase):
                                                         RedisConfig(bulk_batch=config.redis_bulk_batch),
                                                         max_topics=config.queues.topics)
         self.broker.on_fatal = lambda error: self.stop_asked.set()
-        super().__init__(config, clock, metrics, self.broker, None)
+        super().__init__(config, clock, metrics, self.broker, None, RedisRecords(self.broker, config.data_path),
+                         shared_settings=self.broker.topic_settings)
         # topic settings and pauses in Redis, read again every poll_ms (broker.redis.flow): `open_flow`
         self._flow_reload: asyncio.Task[None] | None = None
         # this node's id in Redis, kept in --data-dir across restarts (its lock's descriptor held while it
         # runs): a restarted node takes its own leases back at once (broker.redis.identity)
-        from .redis.identity import node_identity
+        from ..redis.identity import node_identity
         self.node_id, self._node_id_lock = node_identity(config.data_path)
         # recurring schedules, served by every node, their runs made by the one holding their lease in Redis
         # (broker.redis.schedules)
-        from .redis.schedules import ScheduleLease
+        from ..redis.schedules import ScheduleLease
         self.schedule_lease = ScheduleLease(self.broker.redis, self.broker.config.key_prefix, self.broker, clock,
                                             config.schedules, self._hold_schedules,
                                             lease_ms=self.broker.config.lease_ms, node=self.node_id)
         # redriveMsgs jobs, their records in Redis, served by every node, run by the one holding their lease
         # (broker.redis.jobs)
-        from .redis.jobs import JobLease
+        from ..redis.jobs import JobLease
         self.job_lease = JobLease(self.broker.redis, self.broker.config.key_prefix, self.broker, clock, config.jobs,
                                   self._hold_jobs, lease_ms=self.broker.config.lease_ms, node=self.node_id)
-        if config.push_allow:  # subscriptions in this node's --data-dir (docs/api.md, "Push delivery")
-            from .push.pusher import Pushers, SubscriptionFile, subscription_path
-            os.makedirs(config.data_path, mode=0o700, exist_ok=True)
-            self.pushers = Pushers(clock, PushAllow.parse(config.push_allow),
-                                   SubscriptionFile(subscription_path(config.data_path)),
-                                   config.max_subscriptions, limits=config.push, descriptors=self.descriptors,
-                                   spans=self.spans)
 
     def __repr__(self) -> str:
         return f"RedisNode({self.broker!r}, {self.schedule_lease!r}, {self.job_lease!r})"
@@ -391,12 +421,9 @@ class RedisNode(NodeBase):
         """Read the topic settings and pauses from Redis and carry them out
         (before the node listens), then read them again every poll_ms, so
         that another node's change takes effect here within it."""
-        store = self.broker.topic_settings
-        await store.read()
-        flow = TopicFlow(store, self.clock.now_ms, self.config.queues.topics, self.config.max_paused_keys,
-                         shared=store, max_paused_keys_total=self.config.max_paused_keys_total)
+        await self.broker.topic_settings.read()
+        flow = self.features.flow
         flow.start(self.broker)
-        self.flow = flow
         self._flow_reload = asyncio.create_task(self._reload_flow(flow), name="flow-reload")
 
     async def _reload_flow(self, flow: TopicFlow) -> None:
@@ -423,17 +450,17 @@ class RedisNode(NodeBase):
         return None
 
     def _hold_schedules(self, schedules: Schedules | None) -> None:
-        self.schedules = schedules
+        self.features.schedules = schedules
 
     def _hold_jobs(self, jobs: RedriveJobs) -> None:
-        self.jobs = jobs
+        self.features.jobs = jobs
 
     def jobs_absent(self) -> HourglassError | None:
         return Unavailable("the node is reading the redriveMsgs jobs from Redis (starting); retry")
 
     async def scheduled(self, topic: str, schedule_ids: Sequence[str]) -> set[str]:
         """As Redis holds the schedules: any node takes sends."""
-        from .redis.schedules import scheduled
+        from ..redis.schedules import scheduled
         return await scheduled(self.broker.redis, self.broker.config.key_prefix, topic, schedule_ids)
 
     def schedules_absent(self) -> HourglassError | None:

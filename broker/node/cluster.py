@@ -1,7 +1,7 @@
 """`ClusterNode`: one node of a cluster, put together from its parts (see
 broker.cluster for the roles and the module of each concern).
 
-Built once at start-up by broker.server.run_cluster: it opens (and
+Built once at start-up by broker.node.server.run_cluster: it opens (and
 recovers) the data directory, its epochs and tick file, joins the Raft
 group, builds its state and parts, and starts as a follower; `run` (the
 role loop) then moves it between roles until `handover` and `close` stop
@@ -17,16 +17,22 @@ import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
 
-from broker.config import ServeConfig
+from broker.cluster.lead import Lead
+from broker.cluster.peer_client import PeerClient
+from broker.cluster.peers import PeerCalls
+from broker.cluster.records import RaftRecords
+from broker.cluster.role_loop import RoleLoop
+from broker.cluster.routes import Routes
+from broker.cluster.snapshots import Snapshots
+from broker.cluster.state import NodeState
 from broker.console.api import Console
 from broker.disk.backups import Backups, clear_staging
-from broker.flow.keeper import TopicFlow
 from broker.http.commands import Command, CommandTable
 from broker.http.http_types import Request
-from broker.node_base import NodeBase
-from broker.nodes import add_backup_routes
+from broker.node.base import NodeBase
+from broker.node.config import ServeConfig
+from broker.node.standalone import add_backup_routes
 from broker.observe.metrics import Family, Metrics
-from broker.push.rules import PushAllow
 from replication import snapshot
 from replication.config import ClusterConfig
 from replication.election import Election
@@ -35,15 +41,6 @@ from storage.errors import HourglassError, Unavailable
 from storage.store import Store
 from wheel.clock import Clock
 from wheel.tick_state import TickStateFile
-
-from .flow import RaftTopicSettings
-from .lead import Lead
-from .peer_client import PeerClient
-from .peers import PeerCalls
-from .role_loop import RoleLoop
-from .routes import Routes
-from .snapshots import Snapshots
-from .state import NodeState
 
 log = logging.getLogger("hourglass.cluster")
 
@@ -54,17 +51,18 @@ class ClusterNode(NodeBase):
     Its state is one `NodeState`; each concern is a part it holds, given
     the state and the parts it calls:
 
-        part         given                             module
+        part         given                             module (broker.cluster)
         routes       state                             routes.py
         snapshots    state, peers                      snapshots.py
         peer_calls   state, snapshots                  peers.py
-        lead         state, the node as Serving        lead.py
+        lead         state, api, features, metrics     lead.py
         role_loop    state, peers, snapshots, lead     role_loop.py
 
     (`peers` is the PeerClient, peer_client.py; the lead serves the
-    broker through NodeBase's api, pushers and schedules.) What NodeBase
-    asks of a node, and what broker.server calls, the node hands to the
-    part that does it."""
+    broker through NodeBase's api and runs the node's features on it,
+    their records in the Raft group's state: broker.cluster.records.) What
+    NodeBase asks of a node, and what broker.node.server calls, the node
+    hands to the part that does it."""
 
     def __init__(self, config: ServeConfig, cluster: ClusterConfig, clock: Clock,
                  election: Election | None = None, peers: PeerClient | None = None) -> None:
@@ -85,26 +83,17 @@ class ClusterNode(NodeBase):
         # (the console reads the state and the routes, built below once Raft is joined)
         console = Console(lambda: self.state.store, metrics, lambda: self.routes.topic_list(),
                           lambda: self.routes.console_info(), clock.now_ms,
-                          schedules=lambda: self.schedules)  # the leader's (broker.cluster.schedules)
-        super().__init__(config, clock, metrics, None, console)  # no broker until this node leads
+                          schedules=lambda: self.features.schedules)  # the leader's (broker.cluster.lead)
         if election is None:
             # pysyncobj and cryptography (about 6 MB) load here, on a cluster
-            # node only, not wherever broker.server is imported.
+            # node only, not wherever broker.node.server is imported.
             from replication.raft import RaftElection
             election = RaftElection(cluster, data_dir, clock)
+        # no broker until this node leads; the features' records are in the Raft group's state
+        super().__init__(config, clock, metrics, None, console, RaftRecords(election))
         self.peers = peers if peers is not None else PeerClient(cluster, config.auth_token)
         self.state = state = NodeState(config, cluster, clock, store, epochs, tick_file, election, self.peers,
                                        self.stop_asked)
-        if config.push_allow:  # pushers load aiohttp's client: only on a node that pushes
-            from broker.push.pusher import Pushers
-
-            from .push import RaftSubscriptions
-            self.pushers = Pushers(clock, PushAllow.parse(config.push_allow), RaftSubscriptions(election),
-                                   config.max_subscriptions, limits=config.push, descriptors=self.descriptors,
-                                   spans=self.spans)
-        # topic settings and pauses in the Raft group's state, carried out by the leader (broker.cluster.flow)
-        self.flow = TopicFlow(RaftTopicSettings(election), clock.now_ms, config.queues.topics, config.max_paused_keys,
-                              max_paused_keys_total=config.max_paused_keys_total)
         self.routes = Routes(state)
         self.snapshots = Snapshots(state, self.peers)
         # online backups of this node's store (backupShard), without stopping the group
@@ -112,14 +101,14 @@ class ClusterNode(NodeBase):
         self.backups = Backups(lambda: self.state.store, data_dir, self.snapshots.quiet_point,
                                self.snapshots.checkpoint, (0, 1), lock=state.checkpoint_lock)
         self.peer_calls = PeerCalls(state, self.snapshots)
-        self.lead = Lead(state, self)
+        self.lead = Lead(state, self.api, self.features, metrics)
         self.role_loop = RoleLoop(state, self.peers, self.snapshots, self.lead)
         log.info("node %s opened %s in %.3f s: %s, %s", cluster.node_id, data_dir, opened_s, store, epochs)
         if cluster.secret is None:
             log.warning("--insecure-cluster: no cluster secret, so anyone who reaches the Raft port %s can run code "
                         "on this node and anyone who reaches /_cluster/* is taken for a peer", cluster.me.raft_address)
 
-    # == what broker.server calls =================================================
+    # == what broker.node.server calls =================================================
 
     async def run(self) -> None:
         """Follow, and lead whenever Raft elects this node; until stopped."""

@@ -1,7 +1,7 @@
 """`NodeBase`: what every kind of node serves the same way, written once.
 
 Three kinds of node build on it: `DiskNode` and `RedisNode` run alone
-(broker.nodes), `ClusterNode` is one node of a cluster (broker.cluster).
+(broker.node.standalone), `ClusterNode` is one node of a cluster (broker.node.cluster).
 Each builds its own backend (or, a cluster node, the broker it runs while
 it leads) and hands the base what every node has:
 
@@ -15,6 +15,9 @@ it leads) and hands the base what every node has:
                   (broker.http.api)
     console       the web console, or None (the Redis backend has none: no
                   second tables; broker.console.api)
+    features      topic settings and pauses, push, recurring schedules,
+                  redriveMsgs jobs, over the records the node's kind keeps
+                  (broker.node.features)
 
 and serves from them, the same way on every node:
 
@@ -50,38 +53,36 @@ from typing import TYPE_CHECKING, Any
 from storage.errors import HourglassError, Unavailable
 from wheel.clock import Clock
 
-from . import build_info
-from .backend import Backend
+from .. import build_info
+from ..backend import Backend
+from ..console.api import Console
+from ..console.login import ConsoleLogin
+from ..core.redact import client_text
+from ..flow.api import FlowApi
+from ..http.api import API_ERRORS, Api, answer, console_auth, console_entry
+from ..http.commands import HERE, NODE, Auth, Command, CommandTable
+from ..http.descriptors import DescriptorBudget
+from ..http.gate import Gate
+from ..http.health import ServingStatus
+from ..http.http_types import Request, Response
+from ..http.httpd import HttpServer, NodeConnections
+from ..http.paths import PREFIX
+from ..http.scrape import Choice, metrics_answer, metrics_families
+from ..http.sessions import CONSOLE, ConsoleSessions
+from ..jobs.api import JobApi
+from ..observe import tracing
+from ..observe.camellia_metrics import ProcessStats
+from ..observe.metrics import GAUGE, MAX, Family, Metrics, single_series
+from ..observe.tracing import Spans
+from ..push.api import PushApi
+from ..push.rules import PushAllow
+from ..schedules.api import ScheduleApi
 from .config import ServeConfig
-from .console.api import Console
-from .console.login import ConsoleLogin
-from .core.redact import client_text
-from .flow.api import FlowApi
-from .http.api import API_ERRORS, Api, answer, console_auth, console_entry
-from .http.commands import HERE, NODE, Auth, Command, CommandTable
-from .http.descriptors import DescriptorBudget
-from .http.gate import Gate
-from .http.health import ServingStatus
-from .http.http_types import Request, Response
-from .http.httpd import HttpServer, NodeConnections
-from .http.paths import PREFIX
-from .http.scrape import Choice, metrics_answer, metrics_families
-from .http.sessions import CONSOLE, ConsoleSessions
-from .jobs.api import JobApi
-from .observe import tracing
-from .observe.camellia_metrics import ProcessStats
-from .observe.metrics import GAUGE, MAX, Family, Metrics, single_series
-from .observe.tracing import Spans
-from .push.api import PushApi
-from .push.rules import PushAllow
-from .schedules.api import ScheduleApi
+from .features import Features, Records
 
 if TYPE_CHECKING:
-    from .flow.keeper import TopicFlow
-    from .flow.settings import TopicConfig
-    from .jobs.runner import RedriveJobs
-    from .push.pusher import Pushers
-    from .schedules.keeper import Schedules
+    from ..flow.keeper import SharedSettings
+    from ..schedules.keeper import ScheduleLimits
 
 log = logging.getLogger("hourglass.server")
 
@@ -126,7 +127,8 @@ class NodeBase(ABC):
     that serves no API of its own yet (a cluster follower)."""
 
     def __init__(self, config: ServeConfig, clock: Clock, metrics: Metrics, backend: Backend | None,
-                 console: Console | None) -> None:
+                 console: Console | None, records: Records, *, schedule_limits: ScheduleLimits | None = None,
+                 shared_settings: SharedSettings | None = None) -> None:
         self.config = config
         self.clock = clock
         self.metrics = metrics
@@ -143,26 +145,22 @@ class NodeBase(ABC):
         if console is not None:  # a topic's pause and oldest due age in the topics' table
             console.paused = self.paused
             console.topic_infos = self._topic_infos
-        # Push subscriptions (broker.push.pusher): None while no backend serves here.
-        self.pushers: Pushers | None = None
-        # Recurring schedules (broker.schedules.keeper): None on a node that keeps none.
-        self.schedules: Schedules | None = None
-        # redriveMsgs jobs (broker.jobs.runner): None while no broker serves
-        # here (a cluster follower) or its records are not read yet (Redis).
-        self.jobs: RedriveJobs | None = None
-        self.job_api = JobApi(lambda: self.jobs, config.bodies, config.max_msg_bytes, clock.now_ms,
-                              lambda: self.jobs_absent())
-        # Topic settings and pauses (broker.flow.keeper): None on a node that keeps none.
-        self.flow: TopicFlow | None = None
         self.api.paused = self.paused
         # The process's file descriptors: client connections (broker.http.httpd),
         # push connections (broker.push.client) and storage share them
         # (broker.http.descriptors).
         self.descriptors = DescriptorBudget(config.http.reserved_fds)
+        # Topic settings and pauses, push subscriptions, recurring schedules,
+        # redriveMsgs jobs (broker.node.features)
+        self.features = Features(config, clock, records, self.descriptors, self.spans,
+                                 schedule_limits=schedule_limits, shares=1 if config.shard is None else config.shard[1],
+                                 shared=shared_settings, pushes_here=self.pushes_here)
+        self.job_api = JobApi(lambda: self.features.jobs, config.bodies, config.max_msg_bytes, clock.now_ms,
+                              lambda: self.jobs_absent())
         # A shard's own port beside the node's (broker.http.httpd), once serving; None: one process.
         self.own_port: int | None = None
         # Set by SIGTERM or SIGINT (once serving) or by a fatal error: the
-        # process (broker.server) then stops the node.
+        # process (broker.node.server) then stops the node.
         self.stop_asked = asyncio.Event()
 
     # == what each kind of node supplies ===========================================
@@ -201,28 +199,19 @@ class NodeBase(ABC):
         none serves here now)."""
         return self.api.broker
 
-    # Why this kind of node keeps no topic settings or pauses (the flow
-    # calls answer code 400 with it); None: it keeps them (broker.flow).
-    flow_refusal: str | None = None
-
-    def flow_unsupported(self, config: TopicConfig) -> str | None:
-        """Why this node refuses a setTopicConfig (code 400, nothing stored):
-        a setting its backend does not carry out; None: it takes it."""
-        return None
-
     def paused(self, topic: str) -> bool | list[str] | None:
-        """getTopicInfo's `paused` (None: this node keeps no pauses)."""
-        flow = self.flow
-        return None if flow is None else flow.paused(topic)
+        """getTopicInfo's `paused`."""
+        return self.features.flow.paused(topic)
 
-    # Why this kind of node takes no push subscription (subscribe answers
-    # 403 with it); None: it takes them (broker.push.pusher).
-    push_refusal: str | None = None
+    def pushes_here(self, topic: str) -> bool:
+        """Whether this process pushes `topic`'s subscription (a node of
+        shards: one shard pushes it for the node)."""
+        return True
 
     async def scheduled(self, topic: str, schedule_ids: Sequence[str]) -> set[str]:
         """Which of `schedule_ids` are schedules of `topic`: the node's own
         (a cluster's leader's, which every API call reaches)."""
-        schedules = self.schedules
+        schedules = self.features.schedules
         return set() if schedules is None else schedules.scheduled(topic, schedule_ids)
 
     def schedules_absent(self) -> HourglassError | None:
@@ -271,11 +260,11 @@ class NodeBase(ABC):
         self.add_own_routes(table)
         self.serving.add_routes(table)
         self.api.add_routes(table, inline=self.backend_inline)
-        PushApi(lambda: self.pushers, PushAllow.parse(self.config.push_allow), self.config.bodies,
-                self.config.max_msg_bytes, self.push_refusal).add_routes(table)
-        FlowApi(lambda: self.flow, self.config.bodies, self.config.max_msg_bytes, self.flow_refusal,
-                self.flow_unsupported).add_routes(table)
-        ScheduleApi(lambda: self.schedules, self.config.defaults, self.config.bodies, self.config.max_msg_bytes,
+        features = self.features
+        PushApi(lambda: features.pushers, PushAllow.parse(self.config.push_allow), self.config.bodies,
+                self.config.max_msg_bytes).add_routes(table)
+        FlowApi(features.flow, self.config.bodies, self.config.max_msg_bytes).add_routes(table)
+        ScheduleApi(lambda: features.schedules, self.config.defaults, self.config.bodies, self.config.max_msg_bytes,
                     self.clock.now_ms, self.schedules_absent).add_routes(table)
         self.job_api.add_routes(table)
         token = self.config.auth_token
@@ -328,12 +317,13 @@ class NodeBase(ABC):
                   single_series("hourglass_inflight_total_limit", GAUGE, queues.inflight_total, MAX)]
         families = await metrics_families(self.scraped(), self.metrics, self.process, self.config.metrics_topics,
                                           [*self.node_series(), *limits], choice)
-        if self.pushers is not None:  # broker.push.pusher's series, at most --metrics-topics topics of them
-            from .push.pusher import push_families
-            families += push_families(self.pushers.stats, self.config.metrics_topics)
-        if self.schedules is not None:  # recurring schedules' series, at most --metrics-topics of them
-            from .schedules.metrics import schedule_families
-            families += await schedule_families(self.schedules, self.config.metrics_topics)
+        pushers, schedules = self.features.pushers, self.features.schedules
+        if pushers is not None:  # broker.push.pusher's series, at most --metrics-topics topics of them
+            from ..push.pusher import push_families
+            families += push_families(pushers.stats, self.config.metrics_topics)
+        if schedules is not None:  # recurring schedules' series, at most --metrics-topics of them
+            from ..schedules.metrics import schedule_families
+            families += await schedule_families(schedules, self.config.metrics_topics)
         return families
 
     def start_monitor(self) -> asyncio.Task[None]:

@@ -9,16 +9,16 @@ from replication.config import ClusterConfig
 from storage.config import FsyncPolicy, StoreConfig
 from storage.errors import ConfigError
 
-from .core.bodies import BodyLimits
-from .core.params import Defaults
-from .disk.ready import QueueLimits
-from .flow.settings import DEFAULT_MAX_PAUSED_KEYS, DEFAULT_MAX_PAUSED_KEYS_TOTAL
-from .http.httpd import Limits
-from .http.sessions import ConsoleConfig
-from .jobs.runner import JobLimits
-from .push.rules import DEFAULT_MAX_SUBSCRIPTIONS, PushAllow, PushLimits
-from .redis.keys import RedisConfig
-from .schedules.keeper import ScheduleLimits
+from ..core.bodies import BodyLimits
+from ..core.params import Defaults
+from ..disk.ready import QueueLimits
+from ..flow.settings import DEFAULT_MAX_PAUSED_KEYS, DEFAULT_MAX_PAUSED_KEYS_TOTAL
+from ..http.httpd import Limits
+from ..http.sessions import ConsoleConfig
+from ..jobs.runner import JobLimits
+from ..push.rules import DEFAULT_MAX_SUBSCRIPTIONS, PushAllow, PushLimits
+from ..redis.keys import RedisConfig
+from ..schedules.keeper import ScheduleLimits
 
 # The shortest client token accepted: a short one is guessed.
 MIN_TOKEN_CHARS = 16

@@ -1,5 +1,5 @@
 """`hourglass serve`: the process around a node (a DiskNode or RedisNode
-of broker.nodes, or a ClusterNode of broker.cluster).
+of broker.node.standalone, or a ClusterNode of broker.node.cluster).
 
 Start: set the umask to 077; make the data directory ready (made private
 if missing; refused if read-only, or open to group or others without
@@ -28,16 +28,16 @@ from storage import data_dir
 from storage.errors import ConfigError, DataDirError, NewerFormatError, OlderFormatError
 from storage.files import raise_descriptor_limit
 
-from .clock import SystemClock
+from ..clock import SystemClock
 from .config import ServeConfig
-from .nodes import DiskNode, RedisNode
+from .standalone import DiskNode, RedisNode
 
 if TYPE_CHECKING:
     from replication.config import ClusterConfig
 
+    from ..http.gate import Gate
+    from ..shards.router import ShardRouter
     from .cluster import ClusterNode
-    from .http.gate import Gate
-    from .shards.router import ShardRouter
 
 log = logging.getLogger("hourglass.server")
 
@@ -118,13 +118,12 @@ async def _serve_until_stopped(node: DiskNode | RedisNode, describe: str, app: G
     work: answer long polls and finish the requests in flight."""
     server = await node.serve(describe, app)
     if node.config.shard is not None:
-        from .shards.supervisor import tell_ready
+        from ..shards.supervisor import tell_ready
         tell_ready()
     ShortCollections.install()  # what opening made lives as long as the node: no collection walks it again
     await node.stop_asked.wait()
     report_slow_stop()
-    if node.pushers is not None:  # first: what they have in flight is delivered again after the restart
-        await node.pushers.stop()
+    await node.features.stop_pushing()  # first: what they have in flight is delivered again after the restart
     log.info("stopping: answering long polls, finishing requests")
     node.broker.begin_stop()
     await server.close(SHUTDOWN_TIMEOUT_S)
@@ -144,8 +143,9 @@ async def run_redis(config: ServeConfig) -> int:
             await node.broker.stop()
         return 1
     monitor = node.start_monitor()
-    if node.pushers is not None:
-        node.pushers.start(node.broker)
+    pushers = node.features.pushers  # (the schedules and jobs are the leases' to run)
+    if pushers is not None:
+        pushers.start(node.broker)
     node.schedule_lease.start()
     node.job_lease.start()
     await _serve_until_stopped(node, f"state in {node.broker.url}")
@@ -212,14 +212,7 @@ async def run_disk(config: ServeConfig) -> int:
     checkpoints = asyncio.create_task(checkpoint_every(config.checkpoint_interval_ms, node.checkpoint,
                                                        node.broker.fail, node.store.shed))
     monitor = node.start_monitor()
-    if node.pushers is not None:
-        node.pushers.start(node.pushed_through)
-    schedules = node.schedules
-    if schedules is not None:
-        schedules.start(node.broker)
-    jobs = node.jobs
-    if jobs is not None:  # running redriveMsgs jobs resume from their cursors
-        jobs.start(node.broker)
+    node.features.start(node.broker, node.pushed_through)  # running redriveMsgs jobs resume from their cursors
     links = rates = app = None
     if node.router is not None:  # a shard: the others' calls (all it serves running), and links to them
         app = node.app()
@@ -236,11 +229,7 @@ async def run_disk(config: ServeConfig) -> int:
         await node.router.stop()
     checkpoints.cancel()
     monitor.cancel()
-    if jobs is not None:  # running jobs go on at the next start
-        await jobs.stop()
-    if schedules is not None:  # a release it did not follow yet is followed at the next start
-        await schedules.stop()
-        schedules.close()
+    await node.features.stop()  # running jobs go on, a release not followed yet is followed, at the next start
     if node.failure() is not None:  # no last checkpoint over a state RAM and disk disagree on
         log.critical("exiting after a failure; the next start recovers from the commit log")
         return 1
@@ -291,7 +280,7 @@ def shard_count(config: ServeConfig) -> int:
             raise ConfigError(f"--shards {config.shards}: {kind} runs one process (docs/configuration.md, "
                               f"\"--shards\"); start it without --shards")
         return 1
-    from .shards.layout import resolve
+    from ..shards.layout import resolve
     return resolve(config.node_path, config.shards)
 
 
@@ -416,7 +405,7 @@ def serve(config: ServeConfig, argv: Sequence[str] = ()) -> int:
     arguments, starts its shards when it runs many."""
     os.umask(PRIVATE_UMASK)
     if config.shard is not None:
-        from .shards.supervisor import die_with_node
+        from ..shards.supervisor import die_with_node
         die_with_node()
     if config.backend == "disk":  # a standalone or cluster node
         try:
@@ -431,7 +420,7 @@ def serve(config: ServeConfig, argv: Sequence[str] = ()) -> int:
             log.critical("%s", e)
             return 1
         if count > 1:
-            from .shards import supervisor
+            from ..shards import supervisor
             supervisor.become(config.host, config.port, config.node_path, count, argv)
     if config.backend == "disk":
         raise_descriptor_limit()  # before its store sizes its cache of open files by it
