@@ -403,16 +403,17 @@ class RedisNode(NodeBase):
         from ..redis.identity import node_identity
         self.node_id, self._node_id_lock = node_identity(config.data_path)
         # recurring schedules, served by every node, their runs made by the one holding their lease in Redis
-        # (broker.redis.schedules)
-        from ..redis.schedules import ScheduleLease
-        self.schedule_lease = ScheduleLease(self.broker.redis, self.broker.config.key_prefix, self.broker, clock,
-                                            config.schedules, self._hold_schedules,
-                                            lease_ms=self.broker.config.lease_ms, node=self.node_id)
-        # redriveMsgs jobs, their records in Redis, served by every node, run by the one holding their lease
-        # (broker.redis.jobs)
-        from ..redis.jobs import JobLease
-        self.job_lease = JobLease(self.broker.redis, self.broker.config.key_prefix, self.broker, clock, config.jobs,
-                                  self._hold_jobs, lease_ms=self.broker.config.lease_ms, node=self.node_id)
+        # (broker.redis.schedules); redriveMsgs jobs, their records in Redis, served by every node, run by the
+        # one holding their lease (broker.redis.jobs)
+        from ..redis.jobs import JobWork
+        from ..redis.lease import RedisLease
+        from ..redis.schedules import ScheduleWork
+        redis, prefix, lease_ms = self.broker.redis, self.broker.config.key_prefix, self.broker.config.lease_ms
+        self.schedule_lease = RedisLease(redis, ScheduleWork(redis, prefix, self.broker, clock, config.schedules,
+                                                             self._hold_schedules, lease_ms=lease_ms),
+                                         clock, lease_ms=lease_ms, node=self.node_id)
+        self.job_lease = RedisLease(redis, JobWork(redis, prefix, self.broker, clock, config.jobs, self._hold_jobs),
+                                    clock, lease_ms=lease_ms, node=self.node_id)
 
     def __repr__(self) -> str:
         return f"RedisNode({self.broker!r}, {self.schedule_lease!r}, {self.job_lease!r})"
@@ -477,5 +478,5 @@ class RedisNode(NodeBase):
 
     def node_series(self) -> Sequence[Family]:
         # 1 on the node that holds the schedules lease (makes the runs), 0 on the others; the same of the jobs'
-        return [single_series("hourglass_schedules_lease", GAUGE, float(self.schedule_lease.schedules is not None)),
+        return [single_series("hourglass_schedules_lease", GAUGE, float(self.schedule_lease.holding)),
                 single_series("hourglass_jobs_lease", GAUGE, float(self.job_lease.holding))]

@@ -1,7 +1,7 @@
 """redriveMsgs jobs on the Redis backend (docs/redis.md, "redriveMsgs jobs
 on Redis"): broker.jobs.runner's `RedriveJobs`, unchanged in what a job is,
 over a `RedisJobStore`, run by the one node that holds the jobs lease
-(`JobLease`); every node sharing the Redis serves getJob, cancelJob and
+(`JobWork`); every node sharing the Redis serves getJob, cancelJob and
 redriveMsgs from the records in Redis.
 
 Keys (J = "<prefix>:{jobs}:", one hash tag: one Redis Cluster slot):
@@ -49,7 +49,6 @@ from storage.errors import CorruptionError, Unavailable
 from wheel.clock import Clock
 
 from ..jobs.runner import JobBackend, JobLimits, JobState, RedriveJobs
-from .lease import RedisLease
 from .link import REDIS_ERRORS
 
 log = logging.getLogger("hourglass.redis.jobs")
@@ -156,19 +155,20 @@ class RedisJobStore:
             raise Unavailable(f"cannot ask the job's cancel in Redis: {e}") from e
 
 
-class JobLease(RedisLease):
+class JobWork:
     """The node's jobs: a `RedriveJobs` over the records in Redis that serves
     the API (published by `open`), run by this node while it holds the
     jobs lease (broker.redis.lease), which reads the records again every
     SYNC_S."""
 
     what = "jobs"
+    tick_ms: int | None = int(SYNC_S * 1000)
 
     def __init__(self, client: aioredis.Redis | RedisCluster, key_prefix: str, backend: JobBackend, clock: Clock,
-                 limits: JobLimits, publish: Callable[[RedriveJobs], None], *, lease_ms: int = 10_000,
-                 node: str | None = None) -> None:
-        super().__init__(client, job_keys(key_prefix)[2], clock, lease_ms=lease_ms, node=node,
-                         tick_ms=int(SYNC_S * 1000))
+                 limits: JobLimits, publish: Callable[[RedriveJobs], None]) -> None:
+        self.key = job_keys(key_prefix)[2]
+        self._redis = client
+        self._clock = clock
         self._prefix = key_prefix
         self._backend = backend
         self._limits = limits
@@ -177,7 +177,7 @@ class JobLease(RedisLease):
         self._synced_s = 0.0  # (monotonic)
 
     def __repr__(self) -> str:
-        return f"JobLease(node={self.node}, holding={self.holding})"
+        return f"JobWork({self._prefix!r}, open={self.jobs is not None})"
 
     @property
     def opened(self) -> bool:
@@ -190,23 +190,23 @@ class JobLease(RedisLease):
         self.jobs = RedriveJobs(store, self._clock, self._limits, shared=True)
         self._publish(self.jobs)
 
-    async def _take(self) -> None:
+    async def take(self) -> None:
         assert self.jobs is not None
         self._synced_s = self._clock.monotonic_s()
         await self.jobs.sync()
         self.jobs.start(self._backend)
         log.info("jobs: this node holds the jobs lease and runs the jobs")
 
-    async def _tick(self) -> None:
+    async def tick(self) -> None:
         now_s = self._clock.monotonic_s()
         if self.jobs is not None and now_s - self._synced_s >= SYNC_S:
             self._synced_s = now_s
             await self.jobs.sync()
 
-    async def _let_go(self) -> None:
+    async def let_go(self) -> None:
         """Stop the jobs (their records stay running)."""
         if self.jobs is not None:
             await self.jobs.stop()
 
 
-__all__ = ["JobLease", "RedisJobStore"]
+__all__ = ["JobWork", "RedisJobStore"]

@@ -1,8 +1,8 @@
 """A lease in Redis: the right of one node at a time, of the nodes sharing
 a Redis, to do a node-wide work -- making the schedules' runs
-(broker.redis.schedules' `ScheduleLease`) or running the redriveMsgs jobs
-(broker.redis.jobs' `JobLease`). Each is a `RedisLease` that says what
-taking the work and letting it go are.
+(broker.redis.schedules' `ScheduleWork`) or running the redriveMsgs jobs
+(broker.redis.jobs' `JobWork`). One `RedisLease` holds each; the work
+says what taking it and letting it go are (`LeaseWork`).
 
     <key>   string   the id of the node holding the lease (expires after
                      lease_ms unless renewed)
@@ -18,8 +18,8 @@ answering), lets the work go before the lease can lapse for another node
 to take. `stop` lets the work go and releases the lease: another node
 takes it at once.
 
-The loop's turn is lease_ms / 3, or `tick_ms` when shorter: the holder's
-`_tick` runs each turn (the jobs read their records again).
+The loop's turn is lease_ms / 3, or the work's `tick_ms` when shorter:
+the holder's `tick` runs each turn (the jobs read their records again).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ import asyncio
 import contextlib
 import logging
 import uuid
+from typing import Protocol
 
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
@@ -61,48 +62,57 @@ LEASE_LOOK_MIN_MS = 20
 RELEASE_WAIT_S = 2.0
 
 
+class LeaseWork(Protocol):
+    """A node-wide work a `RedisLease` holds for the node."""
+
+    what: str  # what it is (logs)
+    key: str  # the lease's key
+    tick_ms: int | None  # the holder's turn, when shorter than lease_ms / 3
+
+    @property
+    def opened(self) -> bool:
+        """Whether what serves the API is open (`open`)."""
+
+    async def open(self) -> None:
+        """What serves the API, opened before the node listens (and again by
+        the lease's loop if that failed)."""
+
+    async def take(self) -> None:
+        """The lease was just taken: do the work."""
+
+    async def let_go(self) -> None:
+        """The lease is lost or given back: stop the work."""
+
+    async def tick(self) -> None:
+        """Each turn while holding."""
+
+
 class RedisLease:
-    """The lease at `key` for this `node`, and the work it holds. A kind
-    of work says `what` it is (logs), `opened` / `open` (what serves the
-    API before the node listens, opened again by the loop if it failed),
-    `_take` (the lease was just taken), `_let_go` (the lease is lost or
-    given back: stop the work) and, if it has one, `_tick` (each turn
-    while holding)."""
+    """The lease of `work` for this `node` (see the module docstring)."""
 
-    what = "work"
-
-    def __init__(self, client: aioredis.Redis | RedisCluster, key: str, clock: Clock, *, lease_ms: int,
-                 node: str | None, tick_ms: int | None = None) -> None:
+    def __init__(self, client: aioredis.Redis | RedisCluster, work: LeaseWork, clock: Clock, *, lease_ms: int,
+                 node: str | None) -> None:
         self._redis = client
-        self.lease_key = key
+        self.work = work
+        self.lease_key = work.key
         self._clock = clock
         self.lease_ms = lease_ms
         self.node = node or uuid.uuid4().hex  # (broker.redis.identity: kept across restarts)
-        self._turn_ms = lease_ms // 3 if tick_ms is None else min(lease_ms // 3, tick_ms)
+        self._turn_ms = lease_ms // 3 if work.tick_ms is None else min(lease_ms // 3, work.tick_ms)
         self._renew = client.register_script(RENEW)
         self._release = client.register_script(RELEASE)
         self.holding = False
         self.takes = 0  # times this node took the lease (tests)
         self._task: asyncio.Task[None] | None = None
 
-    @property
-    def opened(self) -> bool:
-        raise NotImplementedError
+    def __repr__(self) -> str:
+        return f"RedisLease({self.work!r}, node={self.node}, holding={self.holding})"
 
     async def open(self) -> None:
-        raise NotImplementedError
-
-    async def _take(self) -> None:
-        raise NotImplementedError
-
-    async def _let_go(self) -> None:
-        raise NotImplementedError
-
-    async def _tick(self) -> None:
-        """Each turn while holding: nothing unless the work says."""
+        await self.work.open()
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name=f"{self.what}-lease")
+        self._task = asyncio.create_task(self._run(), name=f"{self.work.what}-lease")
         self._task.add_done_callback(self._loop_ended)
 
     async def stop(self) -> None:
@@ -124,13 +134,13 @@ class RedisLease:
             now_s = clock.monotonic_s()
             wait_ms = self._turn_ms
             try:
-                if not self.opened:
-                    await self.open()
+                if not self.work.opened:
+                    await self.work.open()
                 if not self.holding:
                     if await self._redis.set(self.lease_key, self.node, nx=True, px=self.lease_ms) \
                             or await self._renew(keys=[self.lease_key], args=[self.node, str(self.lease_ms)]):
                         renewed_s = now_s
-                        await self._take()
+                        await self.work.take()
                         self.holding = True
                         self.takes += 1
                     else:  # looked at again when it would lapse (a dead holder's: its lease time at most)
@@ -142,12 +152,12 @@ class RedisLease:
                             renewed_s = now_s
                         else:
                             log.warning("%s: the lease passed to another node; this node lets its %s go",
-                                        self.what, self.what)
+                                        self.work.what, self.work.what)
                             await self._lose()
                     if self.holding:
-                        await self._tick()
+                        await self.work.tick()
             except (*REDIS_ERRORS, HourglassError, OSError) as e:
-                log.warning("%s: lease: %s", self.what, e)
+                log.warning("%s: lease: %s", self.work.what, e)
                 if self.holding and (clock.monotonic_s() - renewed_s) * 1000 > 2 * self.lease_ms // 3:
                     await self._lose()  # it may lapse before a renewal gets through
             raise_swallowed_cancel()
@@ -156,7 +166,7 @@ class RedisLease:
     async def _lose(self) -> None:
         if self.holding:
             try:
-                await self._let_go()
+                await self.work.let_go()
             finally:
                 self.holding = False
 
@@ -165,7 +175,7 @@ class RedisLease:
         (this node would not take the lease again)."""
         if not task.cancelled() and task.exception() is not None:
             log.critical("%s: the lease loop ended: %r; this node takes the %s lease no more",
-                         self.what, task.exception(), self.what, exc_info=task.exception())
+                         self.work.what, task.exception(), self.work.what, exc_info=task.exception())
 
 
-__all__ = ["LEASE_LOOK_MIN_MS", "RELEASE", "RELEASE_WAIT_S", "RENEW", "RedisLease"]
+__all__ = ["LEASE_LOOK_MIN_MS", "RELEASE", "RELEASE_WAIT_S", "RENEW", "LeaseWork", "RedisLease"]

@@ -2,7 +2,7 @@
 schedules on Redis"): broker.schedules.keeper' `Schedules`, unchanged, over a
 `RedisScheduleStore`. Every node sharing the Redis serves the API's calls
 (put, delete, pause, resume, get, list) from Redis; the runs are made by
-the one node that holds the schedules lease (`ScheduleLease`).
+the one node that holds the schedules lease (`ScheduleWork`).
 
 Keys (P = "<prefix>:{T'}:", the topic's hash tag as broker.redis.keys
 makes it, so every script of a topic's schedules is on one Cluster slot):
@@ -98,7 +98,6 @@ from ..schedules.file import Key, Row, RowError, RunProgress
 from ..schedules.keeper import ADVANCE_SLICE, Fresh, ScheduleLimits, Schedules, StaleRows, seen_released_ms
 from ..tasks import cancel_and_wait
 from .keys import escape_topic
-from .lease import RedisLease
 from .link import REDIS_ERRORS
 
 log = logging.getLogger("hourglass.redis.schedules")
@@ -468,19 +467,23 @@ class RunWatch:
             await self._clock.sleep(max(0, next_ms - self._clock.now_ms()) / 1000)
 
 
-class ScheduleLease(RedisLease):
+class ScheduleWork:
     """The node's schedules: a `Schedules` that serves the API (handed to
-    `publish` by `open`), and the schedules lease (broker.redis.lease),
-    taken and held for this node; while it holds it, a `Schedules` that
-    makes the runs serves the API too (published in its place)."""
+    `publish` by `open`), and, while this node holds the schedules lease
+    (broker.redis.lease), a `Schedules` that makes the runs, serving the API
+    too (published in its place). `lease_ms`: the lease's (the change feed
+    looks at every topic that often)."""
 
     what = "schedules"
+    tick_ms: int | None = None
 
     def __init__(self, client: aioredis.Redis | RedisCluster, key_prefix: str, backend: Backend, clock: Clock,
                  limits: ScheduleLimits, publish: Callable[[Schedules | None], None], *,
-                 lease_ms: int = 10_000,
-                 node: str | None = None) -> None:
-        super().__init__(client, f"{key_prefix}:schedlease", clock, lease_ms=lease_ms, node=node)
+                 lease_ms: int = 10_000) -> None:
+        self.key = f"{key_prefix}:schedlease"
+        self._redis = client
+        self._clock = clock
+        self.lease_ms = lease_ms
         self._prefix = key_prefix
         self._backend = backend
         self._limits = limits
@@ -492,7 +495,7 @@ class ScheduleLease(RedisLease):
         self.epoch = 0
 
     def __repr__(self) -> str:
-        return f"ScheduleLease(node={self.node}, holding={self.schedules is not None}, epoch={self.epoch})"
+        return f"ScheduleWork(holding={self.schedules is not None}, epoch={self.epoch})"
 
     @property
     def opened(self) -> bool:
@@ -509,7 +512,7 @@ class ScheduleLease(RedisLease):
         if self.schedules is None:
             self._publish(view)
 
-    async def _take(self) -> None:
+    async def take(self) -> None:
         self.epoch = int(await self._redis.incr(f"{self._prefix}:schedepoch"))
         store = RedisScheduleStore(self._redis, self._prefix, announce=False)
         await store.open(clear_changes=True)
@@ -523,7 +526,10 @@ class ScheduleLease(RedisLease):
         self._publish(schedules)
         log.info("schedules: this node holds the lease (epoch %d): %d schedules", self.epoch, len(schedules))
 
-    async def _let_go(self) -> None:
+    async def tick(self) -> None:
+        return None  # (the run watch and the change feed are tasks of their own)
+
+    async def let_go(self) -> None:
         """Stop making runs; the schedules that made them serve the API
         from now on (the freshest this node has), telling the next holder
         of each change."""
@@ -542,4 +548,4 @@ class ScheduleLease(RedisLease):
         self.view = schedules
 
 
-__all__ = ["ADVANCE_SLICE", "ChangeFeed", "RedisScheduleStore", "RunWatch", "ScheduleLease"]
+__all__ = ["ADVANCE_SLICE", "ChangeFeed", "RedisScheduleStore", "RunWatch", "ScheduleWork"]

@@ -34,7 +34,8 @@ from broker.redis import link as redis_link
 from broker.redis import schedules as redis_schedules
 from broker.redis.backend import RedisBroker
 from broker.redis.keys import RedisConfig, TopicKeys
-from broker.redis.schedules import ScheduleLease
+from broker.redis.lease import RedisLease
+from broker.redis.schedules import ScheduleWork
 from broker.schedules.keeper import ScheduleLimits
 from broker.schedules.params import ScheduleSpec, parse_put_schedule
 from storage.entry import Status
@@ -351,11 +352,11 @@ def test_schedules_across_masters_touch_only_declared_keys(cluster_url, cluster_
         params = {"topic": topic, "scheduleId": schedule_id, "msg": f"run of {schedule_id}", **when}
         return parse_put_schedule(params, now_ms=clock.now_ms(), defaults=Defaults(), max_msg_bytes=65_536)[0]
 
-    async def holding(leases: list[ScheduleLease]) -> ScheduleLease:
+    async def holding(leases: list[RedisLease]) -> RedisLease:
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             for lease in leases:
-                if lease.schedules is not None:
+                if lease.work.schedules is not None:
                     return lease
             await asyncio.sleep(0.05)
         pytest.fail("no node took the schedules lease")
@@ -379,14 +380,15 @@ def test_schedules_across_masters_touch_only_declared_keys(cluster_url, cluster_
         await brokers[0].redis.flushdb()
         for broker in brokers:
             await broker.start()
-        leases = [ScheduleLease(b.redis, config.key_prefix, b, clock, ScheduleLimits(), lambda _: None,
-                                lease_ms=config.lease_ms) for b in brokers]
+        leases = [RedisLease(b.redis, ScheduleWork(b.redis, config.key_prefix, b, clock, ScheduleLimits(),
+                                                   lambda _: None, lease_ms=config.lease_ms),
+                             clock, lease_ms=config.lease_ms, node=None) for b in brokers]
         for lease in leases:
             lease.start()
         try:
             first = await holding(leases)
             assert all(s.script.startswith(DECLARED_ONLY) for s in (first._renew, first._release))
-            schedules = first.schedules
+            schedules = first.work.schedules
             for topic in topics:
                 every = await schedules.put(spec(topic, "every", everyMillis="1000"), None)
                 cron = await schedules.put(spec(topic, "cron", cron="* * * * * *"), 0)
@@ -407,7 +409,7 @@ def test_schedules_across_masters_touch_only_declared_keys(cluster_url, cluster_
                 assert not resumed.paused and resumed.pending is not None
                 pending = await other.get(topic, resumed.msg_id(resumed.pending))
                 assert pending.status is Status.WAITING
-                view = leases[1 - leases.index(first)].view  # the other node's: served from Redis too
+                view = leases[1 - leases.index(first)].work.view  # the other node's: served from Redis too
                 assert view is not None and not view.firing
                 assert (await view.pause(topic, "cron")).version == 2
                 deadline = time.monotonic() + 5
@@ -417,13 +419,13 @@ def test_schedules_across_masters_touch_only_declared_keys(cluster_url, cluster_
                 assert (await view.resume(topic, "cron")).version == 3
             await first.stop()  # the lease let go: the other node takes it, claiming every topic
             second = await holding([lease for lease in leases if lease is not first])
-            assert second.epoch > first.epoch and len(second.schedules) == 2 * len(topics)
+            assert second.work.epoch > first.work.epoch and len(second.work.schedules) == 2 * len(topics)
             for topic in topics:
-                state = second.schedules.get(topic, "cron")
+                state = second.work.schedules.get(topic, "cron")
                 run = state.msg_id(state.pending)
-                await second.schedules.delete(topic, "cron")
-                await second.schedules.delete(topic, "every")
-                assert second.schedules.page(topic, None, 10) == ([], None)
+                await second.work.schedules.delete(topic, "cron")
+                await second.work.schedules.delete(topic, "every")
+                assert second.work.schedules.page(topic, None, 10) == ([], None)
                 try:  # the pending run deleted with its schedule, if it was still waiting
                     left = await other.get(topic, run)
                 except NotFound:
@@ -466,8 +468,9 @@ def test_redrive_jobs_across_masters_touch_only_declared_keys(cluster_url, clust
         for broker in brokers:
             await broker.start()
         views: list[RedriveJobs] = []
-        leases = [redis_jobs.JobLease(b.redis, config.key_prefix, b, clock, JobLimits(), views.append,
-                                      lease_ms=config.lease_ms) for b in brokers]
+        leases = [RedisLease(b.redis, redis_jobs.JobWork(b.redis, config.key_prefix, b, clock, JobLimits(),
+                                                         views.append), clock, lease_ms=config.lease_ms, node=None)
+                  for b in brokers]
         for lease in leases:
             await lease.open()
             lease.start()

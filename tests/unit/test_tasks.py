@@ -43,21 +43,31 @@ class SwallowingRedis:
         return await self._command(50)
 
 
-class Work(RedisLease):
+class Work:
+    """A work that does nothing."""
+
     what = "work"
+    key = "k"
+    tick_ms = None
     opened = True
 
-    async def _take(self) -> None:
+    async def open(self) -> None:
         pass
 
-    async def _let_go(self) -> None:
+    async def take(self) -> None:
+        pass
+
+    async def let_go(self) -> None:
+        pass
+
+    async def tick(self) -> None:
         pass
 
 
 def test_a_lease_stopped_while_a_redis_call_swallows_the_cancel_stops():
     async def main():
         client = SwallowingRedis()
-        lease = Work(client, "k", SystemClock(), lease_ms=300, node="a")
+        lease = RedisLease(client, Work(), SystemClock(), lease_ms=300, node="a")
         lease.start()
         await client.in_flight.wait()  # the loop is inside a Redis call's wait_for
         task = lease._task
