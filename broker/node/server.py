@@ -36,7 +36,6 @@ if TYPE_CHECKING:
     from replication.config import ClusterConfig
 
     from ..http.gate import Gate
-    from ..shards.router import ShardRouter
     from .cluster import ClusterNode
 
 log = logging.getLogger("hourglass.server")
@@ -49,8 +48,6 @@ STOP_REPORT_S = 12.0
 # storage.fileutil), what libraries make in the data directory (pysyncobj's
 # Raft journal, a snapshot's tar, the leadership log) is its owner's alone.
 PRIVATE_UMASK = 0o077
-# How often a shard dials the shards of its node it has no link to.
-LINK_RETRY_S = 0.25
 
 
 async def checkpoint_every(interval_ms: int, checkpoint: Callable[[], Awaitable[None]],
@@ -89,28 +86,6 @@ def report_slow_stop(after_s: float = STOP_REPORT_S) -> asyncio.TimerHandle:
             waits.append(f"{task.get_name()} at {where}")
         log.warning("still stopping after %.0f s, waiting on: %s", after_s, "; ".join(sorted(waits)))
     return asyncio.get_running_loop().call_later(after_s, report)
-
-
-async def linked(router: ShardRouter) -> None:
-    """Wait until every other shard of the node is dialled (they start
-    together: a shard that does not come up stops the node, broker.shards.supervisor)."""
-    waited_s = 0.0
-    while router.down():
-        await router.connect_all()
-        if router.down():
-            await asyncio.sleep(LINK_RETRY_S)
-            waited_s += LINK_RETRY_S
-            if waited_s % 5 < LINK_RETRY_S:
-                log.info("waiting for shard(s) %s of the node to come up", router.down())
-    router.announce_all()  # the best priorities recovery found READY here, told to the others
-
-
-async def keep_linked(router: ShardRouter) -> None:
-    """Dial every other shard of the node, and again any whose link is lost."""
-    while True:
-        if router.down():
-            await router.connect_all()
-        await asyncio.sleep(LINK_RETRY_S)
 
 
 async def _serve_until_stopped(node: DiskNode | RedisNode, describe: str, app: Gate | None = None) -> None:
@@ -213,20 +188,14 @@ async def run_disk(config: ServeConfig) -> int:
                                                        node.broker.fail, node.store.shed))
     monitor = node.start_monitor()
     node.features.start(node.broker, node.pushed_through)  # running redriveMsgs jobs resume from their cursors
-    links = rates = app = None
+    app = None
     if node.router is not None:  # a shard: the others' calls (all it serves running), and links to them
         app = node.app()
-        await node.router.start()
-        await linked(node.router)  # before its port: any request it takes may need another shard
-        links = asyncio.create_task(keep_linked(node.router), name="shard-links")
-        rates = asyncio.create_task(node.router.rates.run(), name="shard-rates")
+        await node.router.open()  # before its port: any request it takes may need another shard
     await _serve_until_stopped(node, "standalone" if config.shard is None else
                                f"shard {config.shard[0]} of {config.shard[1]} of {config.node_path}", app)
-    if links is not None and node.router is not None:
-        links.cancel()
-        if rates is not None:
-            rates.cancel()
-        await node.router.stop()
+    if node.router is not None:
+        await node.router.close()
     checkpoints.cancel()
     monitor.cancel()
     await node.features.stop()  # running jobs go on, a release not followed yet is followed, at the next start

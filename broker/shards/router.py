@@ -1,6 +1,8 @@
 """A shard's side of a node of many shards (docs/internals.md, "Shards"):
 its links to the other shards and what travels on them.
 
+    open        listen, dial every other shard (waiting for all: the node's
+                shards start together), then keep the links up; `close`
     serve       the calls other shards make of this one: the link's own
                 (hello, best, pull, call, rates), the engine's (ENGINE_OPS:
                 a Backend method's name, run on this shard's engine alone),
@@ -43,6 +45,7 @@ from ..disk.backend import Broker
 from ..http.commands import Command, Runs
 from ..http.http_types import Handler, Request, Response
 from ..jobs.runner import RedriveJobs
+from ..tasks import cancel_and_wait
 from . import link, placement
 from .answers import CODE_ONLY_MERGES, MERGES, SUCCESS_ONLY, Merge, succeeded
 from .rates import RateShares
@@ -63,6 +66,8 @@ Head = tuple[int, int]
 # Within a priority, a shard's message outranks another's due more than this after it (docs/api.md,
 # "Shards"): messages due about together are taken where the pull is, with no hop to sort them
 ORDER_SLACK_MS = 100
+# How often a shard dials the shards of its node it has no link to.
+LINK_RETRY_S = 0.25
 
 
 def outranks(head: Head | None, priority: int, trigger_ms: int) -> bool:
@@ -126,6 +131,7 @@ class ShardRouter:
         self._sayings = itertools.count(1)
         self._heard_numbers: dict[tuple[int, str], int] = {}
         self._server: asyncio.AbstractServer | None = None
+        self._tasks: list[asyncio.Task[Any]] = []  # while open: the links kept up, the rates' shares moved
         self._backend: Broker | None = None
         self._long_polls: LongPolls | None = None
         self.jobs_here: Callable[[], RedriveJobs | None] = lambda: None  # this shard's redriveMsgs jobs
@@ -156,6 +162,36 @@ class ShardRouter:
         make_dir(self._links_dir)
         os.chmod(self._links_dir, DIR_MODE)
         self._server = await link.listen(link.socket_path(self._links_dir, self.index), self.serve, self._lost)
+
+    async def open(self) -> None:
+        """Serve the other shards' calls, dial each of them -- waiting until
+        every one answers: the node's shards start together, and one that
+        does not come up stops the node (broker.shards.supervisor) -- tell
+        them the heads recovery found READY here, then keep the links up
+        (a lost one dialled again) and the rates' shares moving until `close`."""
+        await self.start()
+        waited_s = 0.0
+        while self.down():
+            await self.connect_all()
+            if self.down():
+                await asyncio.sleep(LINK_RETRY_S)
+                waited_s += LINK_RETRY_S
+                if waited_s % 5 < LINK_RETRY_S:
+                    log.info("waiting for shard(s) %s of the node to come up", self.down())
+        self.announce_all()
+        self._tasks = [asyncio.create_task(self._keep_linked(), name="shard-links"),
+                       asyncio.create_task(self.rates.run(), name="shard-rates")]
+
+    async def _keep_linked(self) -> None:
+        while True:
+            if self.down():
+                await self.connect_all()
+            await asyncio.sleep(LINK_RETRY_S)
+
+    async def close(self) -> None:
+        tasks, self._tasks = self._tasks, []
+        await cancel_and_wait(tasks)
+        await self.stop()
 
     async def connect_all(self) -> list[int]:
         """Dial every other shard; the ones that do not answer yet."""
