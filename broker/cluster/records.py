@@ -35,11 +35,11 @@ from collections.abc import Mapping
 import orjson
 
 from replication.election import Election
-from storage.errors import ContractError, InvalidRequest, Unavailable
+from storage.errors import ContractError, InvalidRequest
 
 from ..flow.settings import Changes, TopicSettings, rows
 from ..push.rules import Subscription
-from .schedules import COMMAND_BYTES, RaftScheduleStore, entry_key, pack
+from .schedules import COMMAND_BYTES, RaftScheduleStore, entry_key, not_committed, pack
 
 # Seconds between two writes of a running job's progress.
 SAVE_EVERY_S = 0.5
@@ -68,10 +68,6 @@ class RaftRecords:
         return RaftJobs(self._election)
 
 
-def _unavailable(what: str) -> Unavailable:
-    return Unavailable(f"{what} did not reach a majority of the cluster in time; retry")
-
-
 class RaftTopicSettings:
     """broker.flow.keeper's SettingsStore over the Raft group's state."""
 
@@ -89,7 +85,7 @@ class RaftTopicSettings:
         current = self._election.topic_settings()
         for command in pack([[(k, v)] for k, v in sorted(changes.items()) if current.get(k) != v]):
             if not await self._election.set_topic_settings(command):
-                raise _unavailable("the topic settings")
+                raise not_committed("the topic settings")
 
 
 class RaftSubscriptions:
@@ -112,7 +108,7 @@ class RaftSubscriptions:
             new = subscriptions.get(topic)
             stored = None if new is None else orjson.dumps(new.stored())
             if current.get(topic) != stored and not await self._election.set_subscription(topic, stored):
-                raise _unavailable("the push subscription")
+                raise not_committed("the push subscription")
 
 
 def job_key(job_id: str) -> str:
@@ -154,4 +150,4 @@ class RaftJobs:
 
     async def _write(self, key: str, value: bytes | None) -> None:
         if not await self._election.set_schedules([(key, value)]):
-            raise _unavailable("the job's record")
+            raise not_committed("the job's record")

@@ -62,6 +62,11 @@ def entry_key(kind: str, key: Key, *more: int) -> str:
     return orjson.dumps([kind, key[0], key[1], *more]).decode()
 
 
+def not_committed(what: str) -> Unavailable:
+    """What a change of the Raft group's state a majority did not commit in time answers."""
+    return Unavailable(f"{what} did not reach a majority of the cluster in time; retry")
+
+
 def pack(units: list[list[Change]]) -> list[list[Change]]:
     """`units` (each a group of changes that go in one command) packed in
     order into commands of at most COMMAND_BYTES (a unit larger alone in one)."""
@@ -185,7 +190,7 @@ class RaftScheduleStore:
                 row = record.get("put")
                 if isinstance(row, dict):
                     self._written.pop((str(row["topic"]), str(row["scheduleId"])), None)
-            raise Unavailable("a schedules change did not reach a majority of the cluster in time; retry")
+            raise not_committed("a schedules change")
 
     async def _commit(self, units: list[list[Change]]) -> bool:
         """The units packed into commands (`pack`), sent in order; True once
@@ -216,7 +221,7 @@ class RaftScheduleStore:
 
     async def forget_stale(self, keys: list[Key]) -> None:
         if not await self._commit([[(entry_key("x", key), None)] for key in keys]):
-            raise Unavailable("a schedules change did not reach a majority of the cluster in time; retry")
+            raise not_committed("a schedules change")
 
     async def read(self, keys: Sequence[Key]) -> None:
         return None  # this node alone writes them: RAM is current

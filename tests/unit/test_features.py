@@ -7,6 +7,7 @@ import asyncio
 
 from broker.core.params import Defaults
 from broker.node.config import ServeConfig
+from broker.node.features import Features
 from broker.node.standalone import DiskNode, DiskRecords
 from broker.schedules.params import parse_put_schedule
 
@@ -56,7 +57,7 @@ def test_each_run_reads_the_schedules_and_jobs_again_from_the_records(tmp_path):
         node = DiskNode(config)
         await node.features.stop()  # (its own, over the same files)
         records = Counted(config)
-        features = type(node.features)(config, node.clock, records, node.descriptors, None)
+        features = Features(config, node.clock, records, node.descriptors, None)
         features.attach(node.broker)
         node.broker.start()
         features.start(node.broker)
