@@ -10,7 +10,8 @@ state only (the per-topic counts).
                              preGlobalIndex chain back: O(s's entries)
     scan_status / scan_ready a topic's entries in given statuses, hour by
                              hour, skipping hours whose counts hold none,
-                             SCAN_SLICE raw entries per read
+                             read in slices sized to what is asked
+                             (SCAN_FIRST_SLICE, doubling to SCAN_SLICE)
     scan_matches             the same for the bulk calls, with a tag and a
                              trigger time range tested on the raw entries
                              (files whose times lie outside the range not
@@ -43,8 +44,12 @@ from .id_index import IdIndex
 from .pending import Pending, State, unpack_state
 from .types import total_counts
 
-# Index entries read at once by a scan (scan_ready): 192 KiB.
+# Index entries read at once by a scan (scan_ready): 192 KiB at most. Its
+# first read is sized to what it was asked for (twice `max_found`, at least
+# SCAN_FIRST_SLICE), each next one twice the last: a pull's refill of ten
+# messages reads a few kB, not 192 (and maps only their pages).
 SCAN_SLICE = 4096
+SCAN_FIRST_SLICE = 64
 # A look-up by id reads an entry and a body at random places of the mapped
 # hours, and each read of a page not mapped maps the kernel's fault-around
 # with it (64 kB): 2,000 look-ups of old ids between two checkpoints made
@@ -247,6 +252,7 @@ class Reader:
         worth = tuple(worth_reading or statuses)
         # `start` may lie in an hour no longer held (retired since): then the
         # next hour is read from its first entry
+        size = min(SCAN_SLICE, max(SCAN_FIRST_SLICE, 2 * max_found))
         for h in self._hours.ascending(start.hour, until_hour):
             hour = h.hour
             first = start.global_index if hour == start.hour else 0
@@ -257,7 +263,8 @@ class Reader:
             while first < h.applied:
                 if scanned >= max_scan or len(found) >= max_found:
                     return found, Location(hour, first)
-                n = min(SCAN_SLICE, h.applied - first)
+                n = min(size, h.applied - first)
+                size = min(SCAN_SLICE, 2 * size)
                 raw = files.idx.read(delay_index.entry_offset(first), n * delay_index.ENTRY_BYTES)
                 gi = first
                 for fields in delay_index.ENTRY.iter_unpack(raw):

@@ -4,7 +4,8 @@ scan_ready: messages of three topics are filed into a few hours (some
 hours left out), moved through READY / CONSUMING / ACKED / DELETED, part of
 those changes committed and part still pending, part of the sends not even
 applied; then each topic is scanned from a position with small
-`max_scan`/`max_found` (and index slices of a few entries), resuming from
+`max_scan`/`max_found` (and index slices of a few entries, the first of
+them smaller still, each next one twice the last), resuming from
 the returned position each time. What the scans return together must be
 exactly the topic's READY entries after the position, up to `until_hour`,
 in filing order (hour, then globalIndex), none twice.
@@ -135,10 +136,12 @@ def _scan_all(store: Store, topic: str, start: Location, until_hour: int, max_sc
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(history=histories(), max_scan=st.integers(1, 6), max_found=st.integers(1, 5),
-       slice_entries=st.sampled_from([1, 2, 3, 4096]), until=st.sampled_from([0, 1, 3, 4, 9]))
+       slice_entries=st.sampled_from([1, 2, 3, 4096]), first_slice=st.sampled_from([1, 2, 64]),
+       until=st.sampled_from([0, 1, 3, 4, 9]))
 def test_scans_from_the_start_find_every_ready_entry_once_in_filing_order(history, max_scan, max_found,
-                                                                          slice_entries, until):
-    with built(history) as (store, model), mock.patch.object(reading, "SCAN_SLICE", slice_entries):
+                                                                          slice_entries, first_slice, until):
+    with (built(history) as (store, model), mock.patch.object(reading, "SCAN_SLICE", slice_entries),
+          mock.patch.object(reading, "SCAN_FIRST_SLICE", first_slice)):
         for topic in TOPICS:
             found = _scan_all(store, topic, Location(0, 0), H0 + until, max_scan, max_found)
             expected = sorted(w for w, (t, status) in model.items()
@@ -151,14 +154,16 @@ def test_scans_from_the_start_find_every_ready_entry_once_in_filing_order(histor
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(history=histories(), start_hour=st.sampled_from([-1, 0, 1, 2, 3, 5]), start_index=st.integers(0, 8),
-       max_scan=st.integers(1, 6), max_found=st.integers(1, 5), slice_entries=st.sampled_from([1, 3, 4096]))
+       max_scan=st.integers(1, 6), max_found=st.integers(1, 5), slice_entries=st.sampled_from([1, 3, 4096]),
+       first_slice=st.sampled_from([1, 64]))
 def test_a_scan_from_any_position_finds_the_ready_entries_after_it(history, start_hour, start_index, max_scan,
-                                                                   max_found, slice_entries):
+                                                                   max_found, slice_entries, first_slice):
     """The position may lie in an hour the store does not hold (one never
     filed into, or retired since the position was taken): everything
     filed after it is found all the same, from the next hour's first entry."""
     start = Location(H0 + start_hour, start_index)
-    with built(history) as (store, model), mock.patch.object(reading, "SCAN_SLICE", slice_entries):
+    with (built(history) as (store, model), mock.patch.object(reading, "SCAN_SLICE", slice_entries),
+          mock.patch.object(reading, "SCAN_FIRST_SLICE", first_slice)):
         for topic in TOPICS:
             found = _scan_all(store, topic, start, H0 + 9, max_scan, max_found)
             expected = sorted(w for w, (t, status) in model.items()
