@@ -256,8 +256,11 @@ class TopicQueue:
     The pull order is `ready` (the unparked window messages by place) and
     three heaps of their keys, chosen for what a pull and an ack cost:
     `heap` (the best first: a pull pops it, O(log n) in C), `by_tag` (the
-    same per tag, for a pull by tags) and `worst` (the keys negated: the
-    window's last, which a better arrival evicts when the window is full).
+    same per tag, for a pull by tags: tagged messages only, as a pull never
+    asks for the empty tag) and `worst` (the keys negated: the window's
+    last, which a better arrival evicts when the window is full; made when
+    first asked for, `last`, then kept until the next `rebuild`: a window
+    that never fills while messages arrive -- a drain -- never makes it).
     Leaving the order is `del ready[place]`, O(1): the heaps keep the
     entry, stale, and whoever pops one whose place is not in `ready` skips
     it (an entry twice, after a message left and came back, is the same
@@ -280,6 +283,7 @@ class TopicQueue:
     heap: list[OrderKey] = field(default_factory=list)
     by_tag: dict[str, list[OrderKey]] = field(default_factory=dict)
     worst: list[tuple[int, int, int, int, Location]] = field(default_factory=list)
+    worst_kept: bool = False  # `worst` made and kept up (`last`)
     entries: int = 0  # at least the length of each heap
     flying: dict[str, HeldMessage] = field(default_factory=dict)  # its CONSUMING messages by msgId
     # READY messages of this topic may lie on disk beyond the window, none
@@ -335,11 +339,14 @@ class TopicQueue:
         else:
             heap, by_tag = self.heap, self.by_tag
         heappush(heap, key)
-        tagged = by_tag.get(held.tag)
-        if tagged is None:
-            tagged = by_tag[held.tag] = []
-        heappush(tagged, key)
-        heappush(self.worst, (-key[0], -key[1], -location.hour, -location.global_index, location))
+        tag = held.tag
+        if tag:
+            tagged = by_tag.get(tag)
+            if tagged is None:
+                tagged = by_tag[tag] = []
+            heappush(tagged, key)
+        if self.worst_kept:
+            heappush(self.worst, (-key[0], -key[1], -location.hour, -location.global_index, location))
         if self.max_due_age_ms:
             heappush(self.by_due, (key[1], location))
         self.entries += 1
@@ -387,8 +394,7 @@ class TopicQueue:
             for held in self.ready.values():
                 _file(self.heap, self.by_tag, held)
             _heapify_all(self.heap, self.by_tag)
-        self.worst = [(-p, -t, -at.hour, -at.global_index, at) for p, t, at in keys]
-        heapify(self.worst)
+        self.worst, self.worst_kept = [], False
         self.by_due = [(t, at) for _, t, at in keys] if self.max_due_age_ms else []
         heapify(self.by_due)
         self.entries = len(keys)
@@ -413,7 +419,8 @@ class TopicQueue:
         return 0 if group is None else group.ordered
 
     def best(self, room: int, tags: frozenset[str] | None, now_ms: int = 0) -> list[HeldMessage]:
-        """Up to `room` of the order's best (among `tags`), best first, one
+        """Up to `room` of the order's best (among `tags`: non-empty ones, as
+        broker.core.params gives them), best first, one
         of a serial key at most (taking it parks the key's others): out of
         the heaps, still in `ready` (the caller takes them out of it). A
         fair topic's: one from each group in turn (`rotation`). With a
@@ -485,12 +492,19 @@ class TopicQueue:
     def last(self, fair_key: str | None = None) -> HeldMessage | None:
         """The window's last in pull order: the one a better arrival evicts
         (of a fair topic's group `fair_key`, if given)."""
-        worst, ready = self.worst, self.ready
+        ready = self.ready
         if fair_key is not None:
             group = self.groups.get(fair_key)
             if group is None:
                 return None
             worst = group.worst
+        else:
+            if not self.worst_kept:
+                self.worst = [(-p, -t, -at.hour, -at.global_index, at) for p, t, at in
+                              (held.key for held in ready.values())]
+                heapify(self.worst)
+                self.worst_kept = True
+            worst = self.worst
         while worst:
             held = ready.get(worst[0][4])
             if held is not None:
@@ -541,12 +555,13 @@ def _next(heap: list[OrderKey], tagged: list[list[OrderKey]] | None, ready: dict
 
 
 def _file(heap: list[OrderKey], by_tag: dict[str, list[OrderKey]], held: HeldMessage) -> None:
-    """`held`'s key appended to `heap` and its tag's heap (heapified after)."""
+    """`held`'s key appended to `heap` and, tagged, its tag's heap (heapified after)."""
     heap.append(held.key)
-    tagged = by_tag.get(held.tag)
-    if tagged is None:
-        tagged = by_tag[held.tag] = []
-    tagged.append(held.key)
+    if held.tag:
+        tagged = by_tag.get(held.tag)
+        if tagged is None:
+            tagged = by_tag[held.tag] = []
+        tagged.append(held.key)
 
 
 def _heapify_all(heap: list[OrderKey], by_tag: dict[str, list[OrderKey]]) -> None:
