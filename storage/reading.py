@@ -46,8 +46,9 @@ from .types import total_counts
 
 # Index entries read at once by a scan (scan_ready): 192 KiB at most. Its
 # first read is sized to what it was asked for (twice `max_found`, at least
-# SCAN_FIRST_SLICE), each next one twice the last: a pull's refill of ten
-# messages reads a few kB, not 192 (and maps only their pages).
+# SCAN_FIRST_SLICE), each next one twice the last, none past `max_scan`: a
+# pull's refill of ten messages reads a few kB, not 192 (and maps only
+# their pages).
 SCAN_SLICE = 4096
 SCAN_FIRST_SLICE = 64
 # A look-up by id reads an entry and a body at random places of the mapped
@@ -263,7 +264,7 @@ class Reader:
             while first < h.applied:
                 if scanned >= max_scan or len(found) >= max_found:
                     return found, Location(hour, first)
-                n = min(size, h.applied - first)
+                n = min(size, h.applied - first, max_scan - scanned)  # (never past max_scan)
                 size = min(SCAN_SLICE, 2 * size)
                 raw = files.idx.read(delay_index.entry_offset(first), n * delay_index.ENTRY_BYTES)
                 gi = first

@@ -500,8 +500,8 @@ class TopicQueue:
             worst = group.worst
         else:
             if not self.worst_kept:
-                self.worst = [(-p, -t, -at.hour, -at.global_index, at) for p, t, at in
-                              (held.key for held in ready.values())]
+                keys = [held.key for held in ready.values()]
+                self.worst = [(-p, -t, -at.hour, -at.global_index, at) for p, t, at in keys]
                 heapify(self.worst)
                 self.worst_kept = True
             worst = self.worst
