@@ -1,9 +1,10 @@
 """Batched sends into one Redis (`appendfsync always`) through one or more
 Redis-backed `hourglass serve` processes: what more processes in front of
 the same Redis give on this machine (issue "Every core of every node",
-item 2: `--backend redis:// --shards N`). Prints one JSON object a run.
+item 2: `--backend redis:// --shards N`). Prints one JSON object of
+every run on stdout (and each run on stderr as it ends).
 
-    .venv/bin/python bench/redis_processes.py                       # 1 then 2 processes, 200,000 messages each
+    HOURGLASS_SERVE_PYTHON=.venv/bin/python .venv/bin/python bench/redis_processes.py   # 1 then 2 processes, 200,000 each
     .venv/bin/python bench/redis_processes.py --processes 1,2,1,2 --msgs 100000
 
 Each run starts its own redis-server (AOF, `appendfsync always`, loopback,
@@ -12,7 +13,9 @@ then 4 producer processes send `--msgs` in all with sendMsgBatch, 100
 messages a call (100 bytes each, due in an hour), producer i to node
 i mod N; every answer must be 200. The figures: messages a second, and the
 CPU a message of the nodes (all N summed) and of redis-server, from /proc.
-Everything started is stopped by PID at the end.
+The nodes are the build bench/harness.py's `serve_command` runs
+(HOURGLASS_SERVE_PYTHON's install, else this tree); everything started
+is stopped by PID at the end.
 """
 
 from __future__ import annotations
@@ -23,45 +26,29 @@ import json
 import multiprocessing
 import os
 import shutil
-import socket
-import subprocess
+import signal
 import sys
 import tempfile
 import time
+
+import redis
+from harness import HOST, Process, Server, cpu_s, free_port, unwind_on_signals, wait_until
 
 BATCH = 100
 PRODUCERS = 4
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def cpu_s(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def wait_healthy(port: int, timeout_s: float = 30.0) -> None:
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        try:
-            c = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-            c.request("GET", "/health")
-            if c.getresponse().status == 200:
-                return
-        except OSError:
-            pass
-        time.sleep(0.1)
-    raise SystemExit(f"the node on port {port} did not answer /health within {timeout_s} s")
+def plain_signals() -> None:
+    """A producer ends by the pool's SIGTERM as a process does (not by the
+    benchmark's `unwind_on_signals`, which it inherits)."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_DFL)
 
 
 def produce(args: tuple[int, int]) -> int:
+    """`n` messages to the node on `port`, BATCH a sendMsgBatch, on one keep-alive connection."""
     port, n = args
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    c = http.client.HTTPConnection(HOST, port, timeout=30)
     body = json.dumps({"topic": "t", "msgs": [{"msg": "x" * 100, "delayMillis": 3_600_000}] * BATCH})
     sent = 0
     while sent < n:
@@ -74,45 +61,34 @@ def produce(args: tuple[int, int]) -> int:
     return sent
 
 
-def run(hourglass: str, redis_server: str, processes: int, msgs: int) -> dict[str, object]:
+def run(redis_server: str, processes: int, msgs: int) -> dict[str, object]:
     work = tempfile.mkdtemp(prefix="hg-redis-procs-")
-    started: list[subprocess.Popen[bytes]] = []
+    redis_port = free_port()
+    store = Process([redis_server, "--bind", HOST, "--port", str(redis_port), "--dir", work, "--appendonly", "yes",
+                     "--appendfsync", "always", "--save", ""], os.path.join(work, "redis.log"))
+    nodes: list[Server] = []
     try:
-        redis_port = free_port()
-        redis = subprocess.Popen([redis_server, "--bind", "127.0.0.1", "--port", str(redis_port), "--dir", work,
-                                  "--appendonly", "yes", "--appendfsync", "always", "--save", ""],
-                                 stdout=subprocess.DEVNULL)
-        started.append(redis)
-        ports = [free_port() for _ in range(processes)]
-        for i, port in enumerate(ports):
-            with open(os.path.join(work, f"node{i}.log"), "wb") as log:
-                started.append(subprocess.Popen(
-                    [hourglass, "serve", "--host", "127.0.0.1", "--port", str(port), "--shards", "1",
-                     "--data-dir", os.path.join(work, f"node{i}"), "--backend", f"redis://127.0.0.1:{redis_port}/0"],
-                    stdout=subprocess.DEVNULL, stderr=log))
-        for port in ports:
-            wait_healthy(port)
-        nodes = [p.pid for p in started[1:]]
-        before = [cpu_s(pid) for pid in nodes], cpu_s(redis.pid)
+        wait_until(redis.Redis(host=HOST, port=redis_port).ping, 10, "redis-server", store, every_s=0.02)
+        for i in range(processes):
+            nodes.append(Server.start(os.path.join(work, f"node{i}"), "--shards", "1",
+                                      "--backend", f"redis://{HOST}:{redis_port}/0",
+                                      log_path=os.path.join(work, f"node{i}.log")))
+        ports = [int(node.base.rsplit(":", 1)[1]) for node in nodes]
+        before = sum(cpu_s(node.process.pid) for node in nodes), cpu_s(store.pid)
         t0 = time.perf_counter()
         share = msgs // PRODUCERS // BATCH * BATCH
-        with multiprocessing.Pool(PRODUCERS) as pool:
+        with multiprocessing.Pool(PRODUCERS, initializer=plain_signals) as pool:
             sent = sum(pool.map(produce, [(ports[i % processes], share) for i in range(PRODUCERS)]))
         took = time.perf_counter() - t0
-        node_cpu = sum(cpu_s(pid) for pid in nodes) - sum(before[0])
-        redis_cpu = cpu_s(redis.pid) - before[1]
+        nodes_cpu = sum(cpu_s(node.process.pid) for node in nodes) - before[0]
+        redis_cpu = cpu_s(store.pid) - before[1]
         return {"processes": processes, "msgs": sent, "msgs_per_s": round(sent / took, 1),
-                "nodes_cpu_us_per_msg": round(node_cpu / sent * 1e6, 1),
+                "nodes_cpu_us_per_msg": round(nodes_cpu / sent * 1e6, 1),
                 "redis_cpu_us_per_msg": round(redis_cpu / sent * 1e6, 1)}
     finally:
-        for p in reversed(started):
-            p.terminate()
-        for p in started:
-            try:
-                p.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        for node in nodes:
+            node.stop()
+        store.stop()
         shutil.rmtree(work, ignore_errors=True)
 
 
@@ -120,13 +96,12 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--processes", default="1,2", help="comma list of process counts, a run each (default 1,2)")
     p.add_argument("--msgs", type=int, default=200_000, help="messages a run (default 200,000)")
-    p.add_argument("--hourglass", default=os.path.join(os.path.dirname(sys.executable), "hourglass"),
-                   help="the hourglass command (default: beside this Python)")
     p.add_argument("--redis-server", default=shutil.which("redis-server") or "redis-server")
     a = p.parse_args()
+    unwind_on_signals()
     runs = []
     for n in (int(x) for x in a.processes.split(",")):
-        result = run(a.hourglass, a.redis_server, n, a.msgs)
+        result = run(a.redis_server, n, a.msgs)
         print(json.dumps(result), file=sys.stderr)
         runs.append(result)
     print(json.dumps({"runs": runs}))
