@@ -334,7 +334,7 @@ class TopicQueue:
                 group.queued = True
                 self.rotation.append(held.fair_key)
             group.ordered += 1
-            heappush(group.worst, (-key[0], -key[1], -location.hour, -location.global_index, location))
+            heappush(group.worst, _negated(key))
             heap, by_tag = group.heap, group.by_tag
         else:
             heap, by_tag = self.heap, self.by_tag
@@ -346,7 +346,7 @@ class TopicQueue:
                 tagged = by_tag[tag] = []
             heappush(tagged, key)
         if self.worst_kept:
-            heappush(self.worst, (-key[0], -key[1], -location.hour, -location.global_index, location))
+            heappush(self.worst, _negated(key))
         if self.max_due_age_ms:
             heappush(self.by_due, (key[1], location))
         self.entries += 1
@@ -384,7 +384,7 @@ class TopicQueue:
                     groups[name] = FairGroup(queued=True)
             for group in groups.values():
                 _heapify_all(group.heap, group.by_tag)
-                group.worst = [(-p, -t, -at.hour, -at.global_index, at) for p, t, at in group.heap]
+                group.worst = [_negated(key) for key in group.heap]
                 heapify(group.worst)
             rotation = list(self.rotation)
             rotation.extend([name for name in groups if name not in self.groups or not self.groups[name].queued])
@@ -500,8 +500,7 @@ class TopicQueue:
             worst = group.worst
         else:
             if not self.worst_kept:
-                keys = [held.key for held in ready.values()]
-                self.worst = [(-p, -t, -at.hour, -at.global_index, at) for p, t, at in keys]
+                self.worst = [_negated(held.key) for held in ready.values()]
                 heapify(self.worst)
                 self.worst_kept = True
             worst = self.worst
@@ -552,6 +551,12 @@ def _next(heap: list[OrderKey], tagged: list[list[OrderKey]] | None, ready: dict
                 continue  # (parked once the key's first is taken)
             serial_keys.add(held.serial_key)
         return held
+
+
+def _negated(key: OrderKey) -> tuple[int, int, int, int, Location]:
+    """`key` as the worst-first heaps hold it: the worst smallest."""
+    location = key[2]
+    return (-key[0], -key[1], -location.hour, -location.global_index, location)
 
 
 def _file(heap: list[OrderKey], by_tag: dict[str, list[OrderKey]], held: HeldMessage) -> None:
